@@ -1,0 +1,75 @@
+# nas build. Every module folder's .c files go into build/libnas.a; cli/ makes bin/nas;
+# each tests/test_*.c is its own cmocka binary. New files are picked up without edits here.
+CC      ?= cc
+BUILD   ?= build
+BIN     ?= bin
+PKGS    := gsl nlopt sqlite3 libpq yaml-0.1 jansson
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$(shell pg_config --includedir 2>/dev/null)
+LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null | sed 's/-lgslcblas//') -lopenblas -lz -lm -lpthread -fopenmp
+
+MODULES := common spec storage runners metrics optimizer scheduler trainer
+LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/*.c))
+EX_SRC  := $(wildcard examples/*.c)
+EX_BIN  := $(EX_SRC:examples/%.c=$(BIN)/%)
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(wildcard bench/*.c)
+BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
+
+.PHONY: all deps test asan demo bench clean
+all: $(BIN)/nas $(EX_BIN)
+
+deps:
+	@scripts/deps.sh
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/libnas.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN)/nas: $(CLI_OBJ) $(BUILD)/libnas.a
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/%: examples/%.c
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $< -lm
+
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libnas.a tests/testutil.h
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS) -lcmocka
+
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libnas.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS)
+
+# The whole suite: unit binaries, then end-to-end runs of bin/nas. NAS_BIN tells the
+# e2e tests which binary to run; tests/run.sh prints one closing "N passed, N failed" line.
+test: deps
+	@$(MAKE) --no-print-directory all $(TEST_BIN)
+	@NAS_BIN=$(abspath $(BIN)/nas) NAS_EXAMPLES_BIN=$(abspath $(BIN)) tests/run.sh $(TEST_BIN)
+
+# Same tests under AddressSanitizer and UndefinedBehaviorSanitizer, in separate folders.
+asan: deps
+	@$(MAKE) --no-print-directory test BUILD=build-asan BIN=build-asan/bin \
+	  CFLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+
+demo: deps all
+	@scripts/demo.sh
+
+bench: all $(BENCH_BIN)
+
+# bench-NAME runs bench/NAME.sh when there is one, else the binary built from bench/bench_NAME.c.
+bench-%: all $(BENCH_BIN)
+	@if [ -x bench/$*.sh ]; then BUILD=$(BUILD) bench/$*.sh; else $(BUILD)/bench/bench_$*; fi
+
+clean:
+	rm -rf build build-asan bin
+
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)

@@ -1,0 +1,158 @@
+/* bench_engine: the engine's speed on the CPU, per BENCH.md section 2. Prints "key value"
+ * lines that bench/engine.sh sets beside PyTorch's (bench/engine_torch.py) in one table.
+ *
+ * Measured: training samples/s at batch 128 (MLP 784-256-128-10 and the small CNN, ReLU,
+ * cross-entropy, SGD momentum 0.9, random inputs of Fashion-MNIST's shape, a fixed number
+ * of steps after warm-up); batch-1 inference latency p50/p99 over 1000 runs after warm-up
+ * (evaluation mode, no graph); sgemm 1024^3 through tr_matmul and through cblas_sgemm.
+ * Thread counts come from the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS). */
+#include <cblas.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/trainer.h"
+
+#define BATCH 128
+
+static void die(const char *what, const tr_ctx *ctx) {
+  fprintf(stderr, "bench_engine: %s: %s\n", what, ctx->err.msg);
+  exit(1);
+}
+
+static void add(tr_ctx *ctx, tr_module *seq, tr_module *m) {
+  if (tr_sequential_add(ctx, seq, m)) die("model", ctx);
+}
+
+static tr_module *mlp_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
+  add(ctx, m, tr_linear_new(ctx, 784, 256, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 256, 128, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 128, 10, true));
+  return m;
+}
+
+static tr_module *cnn_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_conv2d_new(ctx, 1, 16, 3, 1, 0, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, 2));
+  add(ctx, m, tr_conv2d_new(ctx, 16, 32, 3, 1, 0, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, 2));
+  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
+  add(ctx, m, tr_linear_new(ctx, 32 * 5 * 5, 10, true));
+  return m;
+}
+
+/* One SGD step on (x, labels). */
+static void train_step(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_tensor *x, const int32_t *labels) {
+  tr_optim_zero_grad(opt);
+  tr_tensor *logits = tr_module_forward(ctx, m, x);
+  tr_tensor *loss = logits ? tr_cross_entropy(ctx, logits, labels) : NULL;
+  if (!loss || tr_backward(ctx, loss, NULL, false) || tr_optim_step(ctx, opt)) die("train step", ctx);
+  tr_free(loss);
+  tr_free(logits);
+}
+
+static double train_rate(tr_ctx *ctx, tr_module *m, int warmup, int steps) {
+  tr_tensor *x = tr_randn(ctx, TR_F32, 4, (int64_t[]){BATCH, 1, 28, 28}, 1.0);
+  int32_t labels[BATCH];
+  for (int i = 0; i < BATCH; i++) labels[i] = (int32_t)(tr_rand_u64(ctx) % 10);
+  tr_param_list params = {0};
+  if (tr_module_parameters(m, false, &params, &ctx->err)) die("parameters", ctx);
+  tr_optim *opt = tr_optim_new(ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.01, .momentum = 0.9},
+                               params.items, params.n);
+  for (int i = 0; i < warmup; i++) train_step(ctx, m, opt, x, labels);
+  double start = nas_monotonic();
+  for (int i = 0; i < steps; i++) train_step(ctx, m, opt, x, labels);
+  double rate = (double)steps * BATCH / (nas_monotonic() - start);
+  tr_optim_free(opt);
+  tr_param_list_free(&params);
+  tr_free(x);
+  return rate;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+/* Batch-1 forward latency in microseconds: p50 and p99 of runs after warm-up. */
+static void latency(tr_ctx *ctx, tr_module *m, double *p50, double *p99) {
+  enum { WARMUP = 200, RUNS = 1000 };
+  static const int64_t shape[4] = {1, 1, 28, 28};
+  tr_tensor *x = tr_randn(ctx, TR_F32, 4, shape, 1.0);
+  double *us = malloc(sizeof(double) * RUNS);
+  tr_module_train(m, false);
+  bool prev = tr_set_grad_enabled(ctx, false);
+  for (int i = 0; i < WARMUP + RUNS; i++) {
+    double start = nas_monotonic();
+    tr_tensor *y = tr_module_forward(ctx, m, x);
+    if (!y) die("inference", ctx);
+    tr_free(y);
+    if (i >= WARMUP) us[i - WARMUP] = (nas_monotonic() - start) * 1e6;
+  }
+  tr_set_grad_enabled(ctx, prev);
+  tr_module_train(m, true);
+  qsort(us, RUNS, sizeof *us, cmp_double);
+  *p50 = us[RUNS / 2];
+  *p99 = us[RUNS * 99 / 100];
+  free(us);
+  tr_free(x);
+}
+
+/* Best GFLOP/s over reps of 1024^3: through the engine, and OpenBLAS called directly. */
+static void sgemm_rates(tr_ctx *ctx, double *engine, double *direct) {
+  enum { N = 1024, REPS = 8 };
+  const int64_t shape[2] = {N, N};
+  tr_tensor *a = tr_randn(ctx, TR_F32, 2, shape, 1.0), *b = tr_randn(ctx, TR_F32, 2, shape, 1.0);
+  tr_tensor *c = tr_zeros(ctx, TR_F32, 2, shape);
+  double flops = 2.0 * N * N * N, best_e = 1e9, best_d = 1e9;
+  bool prev = tr_set_grad_enabled(ctx, false);
+  for (int r = 0; r < REPS; r++) {
+    double t0 = nas_monotonic();
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, N, N, 1.0f, tr_f32(a), N, tr_f32(b), N,
+                0.0f, tr_f32(c), N);
+    double t1 = nas_monotonic();
+    tr_tensor *e = tr_matmul(ctx, a, b);
+    double t2 = nas_monotonic();
+    if (!e) die("matmul", ctx);
+    tr_free(e);
+    if (t1 - t0 < best_d) best_d = t1 - t0;
+    if (t2 - t1 < best_e) best_e = t2 - t1;
+  }
+  tr_set_grad_enabled(ctx, prev);
+  *engine = flops / best_e * 1e-9;
+  *direct = flops / best_d * 1e-9;
+  tr_free(a);
+  tr_free(b);
+  tr_free(c);
+}
+
+int main(int argc, char **argv) {
+  /* --quick: a few steps of each, for a smoke test of the benchmark itself */
+  bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  ctx.alloc = tr_allocator_new((size_t)1 << 30); /* reuse step buffers: see trainer.h */
+  printf("openblas_threads %d\n", openblas_get_num_threads());
+  tr_module *mlp = mlp_new(&ctx), *cnn = cnn_new(&ctx);
+  printf("mlp_train_samples_per_s %.0f\n", train_rate(&ctx, mlp, quick ? 2 : 50, quick ? 5 : 400));
+  printf("cnn_train_samples_per_s %.0f\n", train_rate(&ctx, cnn, quick ? 1 : 10, quick ? 2 : 60));
+  double p50, p99;
+  latency(&ctx, mlp, &p50, &p99);
+  printf("mlp_infer_p50_us %.2f\nmlp_infer_p99_us %.2f\n", p50, p99);
+  latency(&ctx, cnn, &p50, &p99);
+  printf("cnn_infer_p50_us %.2f\ncnn_infer_p99_us %.2f\n", p50, p99);
+  double engine, direct;
+  sgemm_rates(&ctx, &engine, &direct);
+  printf("sgemm_engine_gflops %.1f\nsgemm_openblas_gflops %.1f\n", engine, direct);
+  tr_module_free(mlp);
+  tr_module_free(cnn);
+  tr_allocator_release(ctx.alloc);
+  return 0;
+}

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# bench-engine (BENCH.md section 2): the engine against PyTorch on the CPU, in one run.
+# Runs $BUILD/bench/bench_engine under three thread configurations and bench/engine_torch.py
+# under the two PyTorch ones BENCH.md names, then prints one markdown table: each
+# configuration's numbers, the best of each side, and the ratios. QUICK=1 runs a few steps
+# only (a smoke test of this script, not a measurement).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+bin=$BUILD/bench/bench_engine
+py=/usr/bin/python3
+quick=${QUICK:+--quick}
+[ -x "$bin" ] || { echo "engine.sh: $bin is missing (make bench-engine builds it)" >&2; exit 1; }
+"$py" -c 'import torch' 2>/dev/null || {
+  echo "engine.sh: PyTorch is missing: scripts/deps.sh bench installs python3-torch" >&2; exit 1; }
+
+# The machine's environment may pin OpenBLAS to an older kernel; measure its native one.
+if [ -n "${OPENBLAS_CORETYPE:-}${OPENBLAS_L2_SIZE:-}" ]; then
+  echo "engine.sh: unsetting OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-} OPENBLAS_L2_SIZE=${OPENBLAS_L2_SIZE:-} for this benchmark"
+fi
+unset OPENBLAS_CORETYPE OPENBLAS_L2_SIZE
+
+raw=$(mktemp)
+trap 'rm -f "$raw"' EXIT
+run() { # label, then the command; prefixes every "key value" line with the label
+  local label=$1; shift
+  "$@" 2>/dev/null | sed "s/^/$label /" >>"$raw"
+}
+run "engine:blas1,omp2" env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 "$bin" $quick
+run "engine:blas2,omp1" env OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=1 "$bin" $quick
+run "engine:blas1,omp1" env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$bin" $quick
+run "torch:2thr,blas1" env OPENBLAS_NUM_THREADS=1 "$py" bench/engine_torch.py 2 $quick
+run "torch:1thr,blas1" env OPENBLAS_NUM_THREADS=1 "$py" bench/engine_torch.py 1 $quick
+
+echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%dT%H:%MZ)"
+echo "load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
+"$py" - "$raw" <<'PY'
+import sys
+rows = {}
+for line in open(sys.argv[1]):
+    label, key, value = line.split()
+    rows.setdefault(key, {})[label] = value
+labels = sorted({l for d in rows.values() for l in d}, key=lambda l: (not l.startswith("engine"), l))
+higher = {"mlp_train_samples_per_s", "cnn_train_samples_per_s"}
+lower = {"mlp_infer_p50_us", "mlp_infer_p99_us", "cnn_infer_p50_us", "cnn_infer_p99_us"}
+flops = {"mlp_train_samples_per_s": 1.007e6, "cnn_train_samples_per_s": 3.783e6}
+
+def best(key, side):
+    vals = [(float(v), l) for l, v in rows.get(key, {}).items() if l.startswith(side)]
+    if not vals:
+        return None, None
+    return (max if key in higher else min)(vals)
+
+print("| metric | " + " | ".join(labels) + " | engine best / torch best |")
+print("|---" * (len(labels) + 2) + "|")
+for key in [k for k in rows if k in higher | lower]:
+    cells = [rows[key].get(l, "") for l in labels]
+    (e, el), (t, tl) = best(key, "engine"), best(key, "torch")
+    ratio = e / t if key in higher else t / e
+    what = "x faster" if key in higher else "x lower latency"
+    print(f"| {key} | " + " | ".join(cells) + f" | {ratio:.2f}{what} ({el} vs {tl}) |")
+for key in ("sgemm_engine_gflops", "sgemm_openblas_gflops", "sgemm_torch_gflops"):
+    cells = [rows.get(key, {}).get(l, "") for l in labels]
+    print(f"| {key} | " + " | ".join(cells) + " | |")
+print()
+for l in labels:
+    if not l.startswith("engine"):
+        continue
+    d = rows["sgemm_engine_gflops"]
+    eng, blas = float(d[l]), float(rows["sgemm_openblas_gflops"][l])
+    parts = [f"tr_matmul {eng / blas:.3f} of OpenBLAS sgemm"]
+    for key, f in flops.items():
+        gf = float(rows[key][l]) * f / 1e9
+        parts.append(f"{key.split('_')[0].upper()} training {gf:.1f} GFLOP/s = {gf / blas:.2f} of sgemm")
+    print(f"- {l}: " + "; ".join(parts))
+PY

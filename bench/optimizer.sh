@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# bench/optimizer.sh: `make bench-optimizer` (BENCH.md section 1): nas's gp, sobol and random
+# against Optuna 3.1's TPE and NSGA-II on BraninCurrin, ZDT1 and DTLZ2 (M = 2, 3), then the
+# time of one gp suggestion at 50, 100, 200 and 500 observations.
+#
+# Knobs (environment): SEEDS (default 10), Q (default 1,4), PROBLEMS (default all four),
+# METHODS (nas methods, default gp,gp-ref,sobol,random; gp-ref is gp told the reference point
+# as objective thresholds), OPTUNA_METHODS (default tpe,nsga2), OUT (folder for the CSV files,
+# default a fresh temporary one), TIMING=0 to skip the timing.
+# The quality runs of nas and of Optuna go side by side (one core each); the timing runs
+# alone afterwards.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build}
+SEEDS=${SEEDS:-10}
+Q=${Q:-1,4}
+PROBLEMS=${PROBLEMS:-BraninCurrin,ZDT1,DTLZ2_M2,DTLZ2_M3}
+METHODS=${METHODS:-gp,gp-ref,sobol,random}
+OPTUNA_METHODS=${OPTUNA_METHODS:-tpe,nsga2}
+OUT=${OUT:-$(mktemp -d)}
+bin=$BUILD/bench/bench_optimizer
+
+if ! /usr/bin/python3 -c 'import optuna' 2>/dev/null; then
+  echo "bench/optimizer.sh: Optuna missing: run scripts/deps.sh bench (python3-optuna)" >&2
+  exit 1
+fi
+mkdir -p "$OUT"
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | xargs)"
+echo "date: $(date -u +%Y-%m-%dT%H:%MZ); seeds: $SEEDS; q: $Q; CSV files in $OUT"
+
+"$bin" run --seeds "$SEEDS" --q "$Q" --methods "$METHODS" --problems "$PROBLEMS" >"$OUT/nas.csv" &
+nas_pid=$!
+/usr/bin/python3 -W ignore bench/optuna_problems.py --seeds "$SEEDS" --q "$Q" \
+  --methods "$OPTUNA_METHODS" --problems "$PROBLEMS" >"$OUT/optuna.csv" 2>"$OUT/optuna.log"
+wait "$nas_pid"
+
+echo
+echo "log10(max HV - HV of the evaluations so far), mean ± std over seeds, after N evaluations:"
+"$bin" table "$OUT/nas.csv" "$OUT/optuna.csv"
+echo
+cat "$OUT/optuna.log"
+if [ "${TIMING:-1}" != 0 ]; then
+  echo
+  echo "time of one gp suggestion (q = 1), DTLZ2 M = 2, d = 6, random observations:"
+  "$bin" timing
+fi

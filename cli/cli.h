@@ -1,0 +1,54 @@
+/* cli: the `nas` command. Each command is a function taking its own argv; only this
+ * folder decides how a process ends and what goes to stdout. Exit codes (docs/cli.md):
+ * 0 done, 1 failed, 2 bad usage, 3 interrupted (resume continues it). */
+#ifndef NAS_CLI_H
+#define NAS_CLI_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/common.h"
+#include "spec/spec.h"
+#include "storage/storage.h"
+
+enum { EXIT_DONE = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 3 };
+
+int cmd_run(int argc, char **argv);
+int cmd_resume(int argc, char **argv);
+int cmd_status(int argc, char **argv);
+int cmd_trials(int argc, char **argv);
+int cmd_pareto(int argc, char **argv);
+int cmd_report(int argc, char **argv);
+
+/* Prints "nas: message" to stderr and returns EXIT_FAILED. */
+int cli_fail(const nas_err *err);
+/* Prints "nas CMD: message\nTry 'nas CMD --help'." and returns EXIT_USAGE. */
+int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* The storage URL for commands that name an experiment: --storage, else NAS_STORAGE,
+ * else sqlite:nas.db. flag may be NULL. Borrowed. */
+const char *cli_storage_url(const char *flag);
+/* Opens storage and loads the named experiment with its spec (parsed from the stored
+ * text). */
+int cli_open_experiment(const char *url, const char *name, storage **st, experiment_row *exp,
+                        spec **s, nas_err *err);
+
+/* Output of rows in one of three formats: an aligned table, CSV, or a JSON array. */
+typedef enum { FORMAT_TABLE, FORMAT_CSV, FORMAT_JSON } out_format;
+int cli_parse_format(const char *text, out_format *out);
+
+typedef struct {
+  char **columns;  /* owned names */
+  size_t n_columns;
+  json_t *rows;    /* owned JSON array of arrays, n_columns cells each (null = empty) */
+} cli_table;
+
+int cli_table_init(cli_table *t, const char *const *columns, size_t n);
+int cli_table_add_column(cli_table *t, const char *name);
+/* Appends a row (steals the reference to row, a JSON array). */
+int cli_table_add_row(cli_table *t, json_t *row);
+void cli_table_print(const cli_table *t, out_format format);
+void cli_table_free(cli_table *t);
+
+#endif

@@ -1,0 +1,56 @@
+/* cli/main.c: `nas COMMAND …` dispatch, --help and --version. */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+#define NAS_VERSION "0.1.0"
+
+typedef struct {
+  const char *name;
+  int (*run)(int argc, char **argv);
+  const char *summary;
+} command;
+
+static const command commands[] = {
+    {"run", cmd_run, "run an experiment from its YAML spec (continues it if it exists)"},
+    {"resume", cmd_resume, "continue an interrupted experiment"},
+    {"status", cmd_status, "list experiments, or show one experiment's progress"},
+    {"trials", cmd_trials, "list an experiment's trials with parameters and metrics"},
+    {"pareto", cmd_pareto, "show the Pareto front of an experiment and its hypervolume"},
+    {"report", cmd_report, "report metrics of the current trial from a script"},
+};
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: nas COMMAND [options]\n\n"
+             "Multi-objective Bayesian optimisation of experiments, trials run by runners.\n\n"
+             "commands:\n");
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+    fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
+  fprintf(f, "\n'nas COMMAND --help' describes one command. Storage: --storage URL, else "
+             "$NAS_STORAGE, else sqlite:nas.db.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return EXIT_USAGE;
+  }
+  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+      strcmp(argv[1], "help") == 0) {
+    usage(stdout);
+    return EXIT_DONE;
+  }
+  if (strcmp(argv[1], "--version") == 0) {
+    printf("nas %s\n", NAS_VERSION);
+    return EXIT_DONE;
+  }
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+  fprintf(stderr, "nas: unknown command '%s'\n", argv[1]);
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+    if (nas_edit_distance(argv[1], commands[i].name) <= 2)
+      fprintf(stderr, "nas: did you mean '%s'?\n", commands[i].name);
+  fprintf(stderr, "Try 'nas --help'.\n");
+  return EXIT_USAGE;
+}

@@ -1,0 +1,134 @@
+/* cli/output.c: rows printed as an aligned table for people, or as CSV or JSON for
+ * programs. CSV and JSON keep full precision; the table rounds numbers to 6 digits. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+int cli_parse_format(const char *text, out_format *out) {
+  if (strcmp(text, "table") == 0) *out = FORMAT_TABLE;
+  else if (strcmp(text, "csv") == 0) *out = FORMAT_CSV;
+  else if (strcmp(text, "json") == 0) *out = FORMAT_JSON;
+  else return NAS_ERR;
+  return NAS_OK;
+}
+
+int cli_table_init(cli_table *t, const char *const *columns, size_t n) {
+  memset(t, 0, sizeof *t);
+  t->rows = json_array();
+  if (!t->rows) return NAS_ERR;
+  for (size_t i = 0; i < n; i++)
+    if (cli_table_add_column(t, columns[i]) != NAS_OK) return NAS_ERR;
+  return NAS_OK;
+}
+
+int cli_table_add_column(cli_table *t, const char *name) {
+  char **bigger = realloc(t->columns, (t->n_columns + 1) * sizeof *bigger);
+  if (!bigger) return NAS_ERR;
+  t->columns = bigger;
+  t->columns[t->n_columns] = strdup(name);
+  return t->columns[t->n_columns++] ? NAS_OK : NAS_ERR;
+}
+
+int cli_table_add_row(cli_table *t, json_t *row) {
+  return json_array_append_new(t->rows, row) == 0 ? NAS_OK : NAS_ERR;
+}
+
+void cli_table_free(cli_table *t) {
+  for (size_t i = 0; i < t->n_columns; i++) free(t->columns[i]);
+  free(t->columns);
+  json_decref(t->rows);
+  memset(t, 0, sizeof *t);
+}
+
+/* A cell as text: exact for CSV, 6 significant digits in a table. Owned. */
+static char *cell_text(const json_t *cell, bool round) {
+  if (!cell || json_is_null(cell)) return strdup("");
+  if (json_is_real(cell) && round) return nas_asprintf("%.6g", json_real_value(cell));
+  return spec_value_text(cell);
+}
+
+static void print_csv_field(const char *text) {
+  if (!strpbrk(text, ",\"\n\r")) {
+    fputs(text, stdout);
+    return;
+  }
+  putchar('"');
+  for (const char *p = text; *p; p++) {
+    if (*p == '"') putchar('"');
+    putchar(*p);
+  }
+  putchar('"');
+}
+
+static void print_csv(const cli_table *t) {
+  for (size_t c = 0; c < t->n_columns; c++) {
+    if (c) putchar(',');
+    print_csv_field(t->columns[c]);
+  }
+  putchar('\n');
+  size_t r;
+  json_t *row;
+  json_array_foreach(t->rows, r, row) {
+    for (size_t c = 0; c < t->n_columns; c++) {
+      char *text = cell_text(json_array_get(row, c), false);
+      if (c) putchar(',');
+      print_csv_field(text ? text : "");
+      free(text);
+    }
+    putchar('\n');
+  }
+}
+
+static void print_json(const cli_table *t) {
+  json_t *out = json_array();
+  size_t r;
+  json_t *row;
+  json_array_foreach(t->rows, r, row) {
+    json_t *obj = json_object();
+    for (size_t c = 0; c < t->n_columns; c++) {
+      json_t *cell = json_array_get(row, c);
+      json_object_set(obj, t->columns[c], cell ? cell : json_null());
+    }
+    json_array_append_new(out, obj);
+  }
+  json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+  putchar('\n');
+  json_decref(out);
+}
+
+static void print_aligned(const cli_table *t) {
+  size_t n_rows = json_array_size(t->rows), nc = t->n_columns;
+  char **cells = calloc((n_rows + 1) * (nc ? nc : 1), sizeof *cells);
+  size_t *width = calloc(nc ? nc : 1, sizeof *width);
+  if (!cells || !width) {
+    free(cells), free(width);
+    return;
+  }
+  for (size_t c = 0; c < nc; c++) cells[c] = strdup(t->columns[c]);
+  for (size_t r = 0; r < n_rows; r++)
+    for (size_t c = 0; c < nc; c++)
+      cells[(r + 1) * nc + c] = cell_text(json_array_get(json_array_get(t->rows, r), c), true);
+  for (size_t i = 0; i < (n_rows + 1) * nc; i++) {
+    size_t len = cells[i] ? strlen(cells[i]) : 0;
+    if (len > width[i % nc]) width[i % nc] = len;
+  }
+  for (size_t r = 0; r <= n_rows; r++) {
+    for (size_t c = 0; c < nc; c++)
+      printf("%s%-*s", c ? "  " : "", c + 1 < nc ? (int)width[c] : 0,
+             cells[r * nc + c] ? cells[r * nc + c] : "");
+    putchar('\n');
+  }
+  for (size_t i = 0; i < (n_rows + 1) * nc; i++) free(cells[i]);
+  free(cells), free(width);
+}
+
+void cli_table_print(const cli_table *t, out_format format) {
+  switch (format) {
+  case FORMAT_CSV: print_csv(t); break;
+  case FORMAT_JSON: print_json(t); break;
+  case FORMAT_TABLE: print_aligned(t); break;
+  }
+  fflush(stdout);
+}

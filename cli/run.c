@@ -1,0 +1,113 @@
+/* cli/run.c: `nas run FILE` and `nas resume EXPERIMENT`. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "scheduler/scheduler.h"
+
+static const char run_help[] =
+    "usage: nas run FILE [--storage URL] [--no-progress]\n\n"
+    "Runs the experiment described by the YAML spec FILE (format: docs/spec.md) until its\n"
+    "budget is spent. If an experiment of that name already exists in the storage, it is\n"
+    "continued: the spec must be the same, except for its budget.\n\n"
+    "  --storage URL   where trials are stored (sqlite:PATH or postgresql://…); default:\n"
+    "                  $NAS_STORAGE, else the spec's `storage`, else sqlite:nas.db\n"
+    "  --no-progress   plain log lines even on a terminal\n\n"
+    "Ctrl-C once: launch no more trials and wait for the running ones; twice: stop them.\n"
+    "Exit status: 0 budget spent, 1 error, 2 bad usage, 3 interrupted ('nas resume' goes on).\n";
+
+static const char resume_help[] =
+    "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
+    "Continues an interrupted experiment from its storage: running trials are re-attached\n"
+    "(or recorded as failed when their process is gone), queued ones are launched, and the\n"
+    "optimizer goes on from everything stored.\n\n"
+    "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n"
+    "  --no-progress   plain log lines even on a terminal\n"
+    "Exit status: as for 'nas run'.\n";
+
+typedef struct {
+  const char *storage;
+  bool no_progress;
+  const char *target; /* FILE or EXPERIMENT */
+} run_args;
+
+/* Returns -1 when the command should go on, else the exit status. */
+static int parse_args(const char *cmd, const char *help, int argc, char **argv, run_args *a) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"no-progress", no_argument, NULL, 'q'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  memset(a, 0, sizeof *a);
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "s:qh", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(help, stdout);
+      return EXIT_DONE;
+    }
+    if (c == 's') a->storage = optarg;
+    else if (c == 'q') a->no_progress = true;
+    else return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+  }
+  if (optind != argc - 1)
+    return cli_usage_error(cmd, "expected exactly one %s", strcmp(cmd, "run") ? "EXPERIMENT" : "FILE");
+  a->target = argv[optind];
+  return -1;
+}
+
+static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
+                          const char *url, bool no_progress) {
+  sched_options opt = {.storage_url = url, .progress = stderr,
+                       .progress_tty = !no_progress && isatty(STDERR_FILENO),
+                       .poll_interval = 0.2};
+  sched_outcome outcome;
+  nas_err err;
+  if (sched_run(s, st, exp, &opt, &outcome, &err) != NAS_OK) return cli_fail(&err);
+  if (outcome == SCHED_INTERRUPTED) {
+    fprintf(stderr, "nas: interrupted; continue with: nas resume %s\n", exp->name);
+    return EXIT_INTERRUPTED;
+  }
+  return EXIT_DONE;
+}
+
+int cmd_run(int argc, char **argv) {
+  run_args a;
+  int status = parse_args("run", run_help, argc, argv, &a);
+  if (status >= 0) return status;
+  nas_err err;
+  spec *s;
+  if (spec_load(a.target, &s, &err) != NAS_OK) return cli_fail(&err);
+  const char *env = getenv("NAS_STORAGE");
+  const char *url = a.storage ? a.storage : env && *env ? env : s->storage;
+  storage *st = NULL;
+  experiment_row exp = {0};
+  if (storage_open(url, &st, &err) != NAS_OK || sched_prepare(s, st, &exp, &err) != NAS_OK)
+    status = cli_fail(&err);
+  else
+    status = run_experiment(s, st, &exp, url, a.no_progress);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  spec_free(s);
+  return status;
+}
+
+int cmd_resume(int argc, char **argv) {
+  run_args a;
+  int status = parse_args("resume", resume_help, argc, argv, &a);
+  if (status >= 0) return status;
+  const char *url = cli_storage_url(a.storage);
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(url, a.target, &st, &exp, &s, &err) != NAS_OK) return cli_fail(&err);
+  status = run_experiment(s, st, &exp, url, a.no_progress);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  spec_free(s);
+  return status;
+}

@@ -1,0 +1,304 @@
+/* cli/show.c: read-only commands — `nas status`, `nas trials`, `nas pareto`. */
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli/cli.h"
+#include "optimizer/optimizer.h"
+#include "scheduler/scheduler.h"
+
+typedef struct {
+  const char *storage;
+  out_format format;
+  const char *experiment; /* NULL when not given */
+} show_args;
+
+/* Returns -1 when the command should go on, else the exit status. */
+static int parse_args(const char *cmd, const char *help, bool need_experiment, int argc,
+                      char **argv, show_args *a) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"format", required_argument, NULL, 'f'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  memset(a, 0, sizeof *a);
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "s:f:h", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(help, stdout);
+      return EXIT_DONE;
+    } else if (c == 's') {
+      a->storage = optarg;
+    } else if (c == 'f') {
+      if (cli_parse_format(optarg, &a->format) != NAS_OK)
+        return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", optarg);
+    } else {
+      return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (argc - optind > 1) return cli_usage_error(cmd, "too many arguments");
+  if (need_experiment && optind == argc) return cli_usage_error(cmd, "expected EXPERIMENT");
+  a->experiment = optind < argc ? argv[optind] : NULL;
+  return -1;
+}
+
+/* A number cell, or null for NaN (never reported). */
+static json_t *number_cell(double v) { return isnan(v) ? json_null() : json_real(v); }
+
+static json_t *param_cell(const json_t *params, const char *name) {
+  json_t *v = json_object_get(params, name);
+  return v ? json_incref(v) : json_null();
+}
+
+/* ---- nas trials ------------------------------------------------------------------------- */
+
+static const char trials_help[] =
+    "usage: nas trials EXPERIMENT [--format table|csv|json] [--storage URL]\n\n"
+    "Lists every trial of EXPERIMENT: number, status, one column per parameter and per\n"
+    "metric (named as in the spec; empty where inactive or never reported), and the error\n"
+    "of failed trials. Numbers are exact in csv and json.\n";
+
+static int add_trial_row(cli_table *t, const spec *s, const sched_results *r, size_t i) {
+  const trial_row *row = &r->trials[i];
+  json_t *params = json_loads(row->params_json, 0, NULL);
+  json_t *cells = json_array();
+  json_array_append_new(cells, json_integer(row->number));
+  json_array_append_new(cells, json_string(trial_status_name(row->status)));
+  for (size_t p = 0; p < s->n_params; p++)
+    json_array_append_new(cells, param_cell(params, s->params[p].name));
+  for (size_t m = 0; m < r->n_metrics; m++)
+    json_array_append_new(cells, number_cell(r->values[i * r->n_metrics + m]));
+  json_array_append_new(cells, row->error ? json_string(row->error) : json_null());
+  json_decref(params);
+  return cli_table_add_row(t, cells);
+}
+
+static int print_trials(const spec *s, const sched_results *r, out_format format) {
+  cli_table t;
+  static const char *const head[] = {"trial", "status"};
+  int rc = cli_table_init(&t, head, 2);
+  for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
+    rc = cli_table_add_column(&t, s->params[p].name);
+  for (size_t m = 0; rc == NAS_OK && m < r->n_metrics; m++)
+    rc = cli_table_add_column(&t, r->metric_names[m]);
+  if (rc == NAS_OK) rc = cli_table_add_column(&t, "error");
+  for (size_t i = 0; rc == NAS_OK && i < r->n_trials; i++) rc = add_trial_row(&t, s, r, i);
+  if (rc == NAS_OK) cli_table_print(&t, format);
+  cli_table_free(&t);
+  return rc;
+}
+
+/* Loads the experiment named in a and hands its results to show(). */
+static int with_results(const show_args *a,
+                        int (*show)(const spec *, const experiment_row *, const sched_results *,
+                                    out_format)) {
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(cli_storage_url(a->storage), a->experiment, &st, &exp, &s, &err) !=
+      NAS_OK)
+    return cli_fail(&err);
+  sched_results r;
+  int status = EXIT_DONE;
+  if (sched_results_load(st, s, exp.id, &r, &err) != NAS_OK) {
+    status = cli_fail(&err);
+  } else {
+    if (show(s, &exp, &r, a->format) != NAS_OK) {
+      fprintf(stderr, "nas: out of memory\n");
+      status = EXIT_FAILED;
+    }
+    sched_results_free(&r);
+  }
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return status;
+}
+
+static int show_trials(const spec *s, const experiment_row *exp, const sched_results *r,
+                       out_format format) {
+  (void)exp;
+  return print_trials(s, r, format);
+}
+
+int cmd_trials(int argc, char **argv) {
+  show_args a;
+  int status = parse_args("trials", trials_help, true, argc, argv, &a);
+  return status >= 0 ? status : with_results(&a, show_trials);
+}
+
+/* ---- nas pareto ------------------------------------------------------------------------- */
+
+static const char pareto_help[] =
+    "usage: nas pareto EXPERIMENT [--format table|csv|json] [--storage URL]\n\n"
+    "Shows the completed trials that meet every constraint and that no other such trial\n"
+    "dominates (better or equal in every objective, better in one), sorted by the first\n"
+    "objective, with the hypervolume they dominate up to the reference point (the\n"
+    "objectives' thresholds, else inferred from the observed values).\n";
+
+static int cmp_first_objective(const void *a, const void *b, void *ctx) {
+  const double *key = ctx;
+  double x = key[*(const size_t *)a], y = key[*(const size_t *)b];
+  return (x > y) - (x < y);
+}
+
+static void print_front_summary(const spec *s, const experiment_row *exp, size_t n_front,
+                                double hv, const double *ref, out_format format) {
+  if (format == FORMAT_JSON) return;
+  FILE *f = format == FORMAT_TABLE ? stdout : stderr;
+  fprintf(f, "%s: %zu trials on the front; hypervolume %.6g (reference point", exp->name,
+          n_front, hv);
+  double raw;
+  for (size_t j = 0; j < s->n_objectives; j++) {
+    raw = s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j];
+    fprintf(f, "%s %s=%.6g", j ? "," : "", s->objectives[j].name, raw);
+  }
+  fprintf(f, ")\n");
+}
+
+static int pareto_table(const spec *s, const sched_results *r, const size_t *front,
+                        size_t n_front, cli_table *t) {
+  static const char *const head[] = {"trial"};
+  int rc = cli_table_init(t, head, 1);
+  for (size_t j = 0; rc == NAS_OK && j < s->n_objectives; j++)
+    rc = cli_table_add_column(t, s->objectives[j].name);
+  for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
+    rc = cli_table_add_column(t, s->params[p].name);
+  for (size_t k = 0; rc == NAS_OK && k < n_front; k++) {
+    size_t i = front[k];
+    json_t *params = json_loads(r->trials[i].params_json, 0, NULL);
+    json_t *cells = json_array();
+    json_array_append_new(cells, json_integer(r->trials[i].number));
+    for (size_t j = 0; j < s->n_objectives; j++)
+      json_array_append_new(cells, number_cell(r->values[i * r->n_metrics + j]));
+    for (size_t p = 0; p < s->n_params; p++)
+      json_array_append_new(cells, param_cell(params, s->params[p].name));
+    json_decref(params);
+    rc = cli_table_add_row(t, cells);
+  }
+  return rc;
+}
+
+static void print_pareto_json(const spec *s, const experiment_row *exp, const cli_table *t,
+                              double hv, const double *ref) {
+  json_t *refs = json_object();
+  for (size_t j = 0; j < s->n_objectives; j++)
+    json_object_set_new(refs, s->objectives[j].name,
+                        json_real(s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j]));
+  json_t *front = json_array();
+  size_t r;
+  json_t *row;
+  json_array_foreach(t->rows, r, row) {
+    json_t *obj = json_object();
+    for (size_t c = 0; c < t->n_columns; c++)
+      json_object_set(obj, t->columns[c], json_array_get(row, c));
+    json_array_append_new(front, obj);
+  }
+  json_t *out = json_pack("{s:s, s:f, s:o, s:o}", "experiment", exp->name, "hypervolume", hv,
+                          "reference_point", refs, "front", front);
+  json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+  putchar('\n');
+  json_decref(out);
+}
+
+static int show_pareto(const spec *s, const experiment_row *exp, const sched_results *r,
+                       out_format format) {
+  size_t *front, n_front;
+  double hv, *ref = calloc(s->n_objectives, sizeof *ref);
+  nas_err err;
+  if (!ref || sched_front(s, r, &front, &n_front, &hv, ref, &err) != NAS_OK) {
+    free(ref);
+    return NAS_ERR;
+  }
+  double *key = malloc((r->n_trials ? r->n_trials : 1) * sizeof *key);
+  for (size_t i = 0; key && i < r->n_trials; i++) key[i] = r->values[i * r->n_metrics];
+  if (key) qsort_r(front, n_front, sizeof *front, cmp_first_objective, key);
+  cli_table t;
+  int rc = key ? pareto_table(s, r, front, n_front, &t) : NAS_ERR;
+  if (rc == NAS_OK) {
+    print_front_summary(s, exp, n_front, hv, ref, format);
+    if (format == FORMAT_JSON) print_pareto_json(s, exp, &t, hv, ref);
+    else cli_table_print(&t, format);
+  }
+  if (key) cli_table_free(&t);
+  free(key), free(front), free(ref);
+  return rc;
+}
+
+int cmd_pareto(int argc, char **argv) {
+  show_args a;
+  int status = parse_args("pareto", pareto_help, true, argc, argv, &a);
+  return status >= 0 ? status : with_results(&a, show_pareto);
+}
+
+/* ---- nas status ------------------------------------------------------------------------- */
+
+static const char status_help[] =
+    "usage: nas status [EXPERIMENT] [--format table|csv|json] [--storage URL]\n\n"
+    "Without EXPERIMENT: every experiment in the storage with its trial counts.\n"
+    "With one: its trial counts by status and its front.\n";
+
+static json_t *count_cells(const experiment_row *exp, const trial_row *rows, size_t n) {
+  int by[TRIAL_STATUS_COUNT] = {0};
+  for (size_t i = 0; i < n; i++) by[rows[i].status]++;
+  char created[32];
+  time_t when = (time_t)exp->created_at;
+  struct tm tm;
+  gmtime_r(&when, &tm);
+  strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  json_t *cells = json_pack("[s, s, i]", exp->name, exp->status, (int)n);
+  for (int st = 0; st < TRIAL_STATUS_COUNT; st++) json_array_append_new(cells, json_integer(by[st]));
+  json_array_append_new(cells, json_string(created));
+  return cells;
+}
+
+static int status_table(cli_table *t) {
+  static const char *const head[] = {"experiment", "state", "trials"};
+  int rc = cli_table_init(t, head, 3);
+  for (int st = 0; rc == NAS_OK && st < TRIAL_STATUS_COUNT; st++)
+    rc = cli_table_add_column(t, trial_status_name((trial_status)st));
+  return rc == NAS_OK ? cli_table_add_column(t, "created") : rc;
+}
+
+static int add_status_row(storage *st, cli_table *t, const experiment_row *exp, nas_err *err) {
+  trial_row *rows;
+  size_t n;
+  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  int rc = cli_table_add_row(t, count_cells(exp, rows, n));
+  trial_rows_free(rows, n);
+  return rc == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
+}
+
+int cmd_status(int argc, char **argv) {
+  show_args a;
+  int status = parse_args("status", status_help, false, argc, argv, &a);
+  if (status >= 0) return status;
+  nas_err err;
+  storage *st;
+  if (storage_open(cli_storage_url(a.storage), &st, &err) != NAS_OK) return cli_fail(&err);
+  experiment_row *exps = NULL;
+  size_t n = 0;
+  cli_table t;
+  int rc = status_table(&t);
+  if (rc == NAS_OK && a.experiment) {
+    exps = calloc(1, sizeof *exps);
+    rc = exps ? storage_experiment_get(st, a.experiment, exps, &err) : nas_errf(&err, "out of memory");
+    if (rc == NAS_ENOTFOUND)
+      rc = nas_errf(&err, "no experiment '%s' (see 'nas status' for the ones there)", a.experiment);
+    n = rc == NAS_OK ? 1 : 0;
+  } else if (rc == NAS_OK) {
+    rc = storage_experiment_list(st, &exps, &n, &err);
+  }
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) rc = add_status_row(st, &t, &exps[i], &err);
+  if (rc == NAS_OK) cli_table_print(&t, a.format);
+  else status = cli_fail(&err);
+  cli_table_free(&t);
+  experiment_rows_free(exps, n);
+  storage_close(st);
+  return rc == NAS_OK ? EXIT_DONE : status;
+}

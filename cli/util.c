@@ -1,0 +1,54 @@
+/* cli/util.c: what every command shares — error and usage messages, where storage is,
+ * loading an experiment with its spec. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+
+int cli_fail(const nas_err *err) {
+  fprintf(stderr, "nas: %s\n", err->msg);
+  return EXIT_FAILED;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "nas %s: ", cmd);
+  vfprintf(stderr, fmt, ap);
+  fprintf(stderr, "\nTry 'nas %s --help'.\n", cmd);
+  va_end(ap);
+  return EXIT_USAGE;
+}
+
+const char *cli_storage_url(const char *flag) {
+  if (flag) return flag;
+  const char *env = getenv("NAS_STORAGE");
+  return env && *env ? env : STORAGE_DEFAULT_URL;
+}
+
+int cli_open_experiment(const char *url, const char *name, storage **st, experiment_row *exp,
+                        spec **s, nas_err *err) {
+  *st = NULL;
+  *s = NULL;
+  memset(exp, 0, sizeof *exp);
+  if (storage_open(url, st, err) != NAS_OK) return NAS_ERR;
+  int rc = storage_experiment_get(*st, name, exp, err);
+  if (rc == NAS_ENOTFOUND) {
+    char *shown = storage_url_redacted(url);
+    nas_errf(err, "no experiment '%s' in %s (see 'nas status' for the ones there)", name,
+             shown ? shown : "storage");
+    free(shown);
+  }
+  char *dir = rc == NAS_OK ? nas_dirname(exp->spec_path) : NULL;
+  if (rc == NAS_OK)
+    rc = dir ? spec_parse(exp->spec_text, exp->spec_path, dir, s, err)
+             : nas_errf(err, "out of memory");
+  free(dir);
+  if (rc == NAS_OK) return NAS_OK;
+  experiment_row_clear(exp);
+  storage_close(*st);
+  *st = NULL;
+  return NAS_ERR;
+}

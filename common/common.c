@@ -1,0 +1,241 @@
+/* common: error messages, clocks, files and small string helpers (see common.h). */
+#include "common/common.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static int errv(nas_err *err, int code, const char *fmt, va_list ap) {
+  if (err) vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  return code;
+}
+
+int nas_errf(nas_err *err, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = errv(err, NAS_ERR, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int nas_errc(nas_err *err, int code, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  int rc = errv(err, code, fmt, ap);
+  va_end(ap);
+  return rc;
+}
+
+int nas_err_prefix(nas_err *err, const char *fmt, ...) {
+  if (!err) return NAS_ERR;
+  /* Room for the prefix and the old message together; the result is cut to fit. */
+  char joined[sizeof err->msg * 2];
+  va_list ap;
+  va_start(ap, fmt);
+  int n = vsnprintf(joined, sizeof err->msg, fmt, ap);
+  va_end(ap);
+  size_t used = n < 0 ? 0 : (size_t)n < sizeof err->msg ? (size_t)n : sizeof err->msg - 1;
+  snprintf(joined + used, sizeof joined - used, ": %s", err->msg);
+  memcpy(err->msg, joined, sizeof err->msg - 1);
+  err->msg[sizeof err->msg - 1] = '\0';
+  return NAS_ERR;
+}
+
+static double clock_seconds(clockid_t id) {
+  struct timespec ts;
+  clock_gettime(id, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+double nas_now(void) { return clock_seconds(CLOCK_REALTIME); }
+double nas_monotonic(void) { return clock_seconds(CLOCK_MONOTONIC); }
+
+void nas_sleep(double seconds) {
+  if (seconds <= 0) return;
+  struct timespec ts = {.tv_sec = (time_t)seconds,
+                        .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+int nas_read_file(const char *path, char **out, size_t *len, nas_err *err) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return nas_errf(err, "%s: %s", path, strerror(errno));
+  size_t cap = 4096, n = 0;
+  char *buf = malloc(cap);
+  while (buf) {
+    n += fread(buf + n, 1, cap - n - 1, f);
+    if (n < cap - 1) break;
+    char *bigger = realloc(buf, cap * 2);
+    if (!bigger) {
+      free(buf);
+      buf = NULL;
+      break;
+    }
+    buf = bigger;
+    cap *= 2;
+  }
+  int read_error = ferror(f);
+  fclose(f);
+  if (!buf) return nas_errf(err, "%s: out of memory", path);
+  if (read_error) {
+    free(buf);
+    return nas_errf(err, "%s: read error", path);
+  }
+  buf[n] = '\0';
+  *out = buf;
+  if (len) *len = n;
+  return NAS_OK;
+}
+
+int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_err *err) {
+  char *tmp = nas_asprintf("%s.tmp.%ld", path, (long)getpid());
+  if (!tmp) return nas_errf(err, "%s: out of memory", path);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    int rc = nas_errf(err, "%s: %s", tmp, strerror(errno));
+    free(tmp);
+    return rc;
+  }
+  size_t done = 0;
+  while (done < len) {
+    ssize_t w = write(fd, data + done, len - done);
+    if (w < 0 && errno == EINTR) continue;
+    if (w < 0) break;
+    done += (size_t)w;
+  }
+  int ok = done == len && fsync(fd) == 0;
+  ok = (close(fd) == 0) && ok;
+  if (!ok || rename(tmp, path) != 0) {
+    int rc = nas_errf(err, "%s: %s", path, strerror(errno));
+    unlink(tmp);
+    free(tmp);
+    return rc;
+  }
+  free(tmp);
+  return NAS_OK;
+}
+
+int nas_mkdirs(const char *path, nas_err *err) {
+  char *copy = strdup(path);
+  if (!copy) return nas_errf(err, "%s: out of memory", path);
+  for (char *p = copy + 1;; p++) {
+    bool end = *p == '\0';
+    if (*p == '/' || end) {
+      *p = '\0';
+      if (mkdir(copy, 0755) != 0 && errno != EEXIST) {
+        int rc = nas_errf(err, "cannot create folder %s: %s", copy, strerror(errno));
+        free(copy);
+        return rc;
+      }
+      if (end) break;
+      *p = '/';
+    }
+  }
+  free(copy);
+  return NAS_OK;
+}
+
+/* Appends segment to the normalised absolute path in out (capacity cap), resolving "."
+ * and "..". */
+static void push_segment(char *out, size_t cap, const char *seg, size_t seglen) {
+  if (seglen == 0 || (seglen == 1 && seg[0] == '.')) return;
+  if (seglen == 2 && seg[0] == '.' && seg[1] == '.') {
+    char *slash = strrchr(out, '/');
+    if (slash) *(slash == out ? slash + 1 : slash) = '\0';
+    return;
+  }
+  size_t n = strlen(out);
+  if (n > 1 || out[0] != '/') out[n++] = '/';
+  size_t room = cap - n - 1;
+  if (seglen > room) seglen = room;
+  memcpy(out + n, seg, seglen);
+  out[n + seglen] = '\0';
+}
+
+char *nas_abspath(const char *path, const char *base) {
+  char cwd[4096];
+  char *joined;
+  if (path[0] == '/') {
+    joined = strdup(path);
+  } else if (base) {
+    char *abs_base = nas_abspath(base, NULL);
+    joined = abs_base ? nas_asprintf("%s/%s", abs_base, path) : NULL;
+    free(abs_base);
+  } else {
+    if (!getcwd(cwd, sizeof cwd)) return NULL;
+    joined = nas_asprintf("%s/%s", cwd, path);
+  }
+  if (!joined) return NULL;
+  size_t cap = strlen(joined) + 2;
+  char *out = malloc(cap);
+  if (out) {
+    strcpy(out, "/");
+    for (const char *s = joined; *s;) {
+      while (*s == '/') s++;
+      const char *e = strchr(s, '/');
+      size_t len = e ? (size_t)(e - s) : strlen(s);
+      push_segment(out, cap, s, len);
+      s += len;
+    }
+  }
+  free(joined);
+  return out;
+}
+
+char *nas_dirname(const char *path) {
+  const char *slash = strrchr(path, '/');
+  if (!slash) return strdup(".");
+  if (slash == path) return strdup("/");
+  return strndup(path, (size_t)(slash - path));
+}
+
+char *nas_asprintf(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  char *out = NULL;
+  int n = vasprintf(&out, fmt, ap);
+  va_end(ap);
+  return n < 0 ? NULL : out;
+}
+
+size_t nas_edit_distance(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  size_t *row = malloc((lb + 1) * sizeof *row);
+  if (!row) return SIZE_MAX;
+  for (size_t j = 0; j <= lb; j++) row[j] = j;
+  for (size_t i = 1; i <= la; i++) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= lb; j++) {
+      size_t up = row[j];
+      size_t best = diag + (a[i - 1] != b[j - 1]);
+      if (row[j] + 1 < best) best = row[j] + 1;
+      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
+      row[j] = best;
+      diag = up;
+    }
+  }
+  size_t d = row[lb];
+  free(row);
+  return d;
+}
+
+void nas_log(const char *fmt, ...) {
+  char stamp[32];
+  time_t now = time(NULL);
+  struct tm tm;
+  gmtime_r(&now, &tm);
+  strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  va_list ap;
+  va_start(ap, fmt);
+  fprintf(stderr, "%s nas: ", stamp);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+}

@@ -1,0 +1,61 @@
+/* common: small helpers every module shares.
+ *
+ * Errors: a function that can fail returns 0 on success and a negative NAS_E* code on
+ * failure, after writing a one-line message with its context ("file:line:col: …",
+ * "trial 7: …") into the caller's nas_err. Only cli/ decides how a process ends. */
+#ifndef NAS_COMMON_H
+#define NAS_COMMON_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  NAS_OK = 0,
+  NAS_ERR = -1,       /* any failure; the message says what */
+  NAS_ENOTFOUND = -2, /* the thing asked for does not exist */
+  NAS_EEXIST = -3,    /* the thing to create exists already */
+};
+
+/* The message of the last failure, filled by nas_errf. */
+typedef struct nas_err {
+  char msg[1024];
+} nas_err;
+
+/* Writes a printf-style message into err (which may be NULL) and returns NAS_ERR, so a
+ * failing path reads `return nas_errf(err, "...", ...);`. */
+int nas_errf(nas_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* Same, returning `code` instead of NAS_ERR. */
+int nas_errc(nas_err *err, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* Puts "prefix: " in front of the message already in err; returns NAS_ERR. */
+int nas_err_prefix(nas_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* Wall-clock time as Unix seconds, and a monotonic clock in seconds for intervals. */
+double nas_now(void);
+double nas_monotonic(void);
+/* Sleeps for the given seconds (fractions allowed). */
+void nas_sleep(double seconds);
+
+/* Reads a whole file into a NUL-terminated owned buffer; *len gets its size if not NULL. */
+int nas_read_file(const char *path, char **out, size_t *len, nas_err *err);
+/* Writes data to path atomically (temporary file in the same folder, fsync, rename). */
+int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_err *err);
+/* mkdir -p. */
+int nas_mkdirs(const char *path, nas_err *err);
+/* Owned absolute form of path (relative to base when base is not NULL, else to the
+ * current directory); the path need not exist. Removes "." and "x/.." segments. */
+char *nas_abspath(const char *path, const char *base);
+/* Owned copy of the directory part of path ("." when there is none). */
+char *nas_dirname(const char *path);
+
+/* Owned printf. Returns NULL only when out of memory. */
+char *nas_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Levenshtein distance, for "did you mean" suggestions. */
+size_t nas_edit_distance(const char *a, const char *b);
+
+/* Log lines to stderr: "2026-11-23T05:03:35Z nas: message". */
+void nas_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+#endif

@@ -1,0 +1,334 @@
+/* metrics/metrics.c: the stdout line protocol a trial reports metrics with
+ * (`nas-metric {"accuracy": 0.93, "step": 3}`; docs/metrics-protocol.md).
+ *
+ * Invariants:
+ * - A line adds all of its observations or none of them.
+ * - Reading a log holds at most one block and METRIC_LINE_MAX bytes of one line in
+ *   memory, whatever the log holds (binary output, lines of gigabytes).
+ * - The offset only ever moves to the end of a complete line (or of the file, for a log
+ *   read to its end), and only when the whole call succeeds; on failure the set, the
+ *   offset and the counters are as they were.
+ */
+#include "metrics/metrics.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <unistd.h>
+
+#define METRIC_LINE_MAX (64 * 1024) /* longer metric lines are malformed, never buffered */
+#define READ_BLOCK (64 * 1024)
+#define STEP_MAX 9007199254740992.0 /* 2^53: above it a real no longer holds every integer */
+
+/* ---- metric sets ---- */
+
+int metric_set_add(metric_set *set, const char *name, int64_t step, double value,
+                   double time, nas_err *err) {
+  if (set->n == set->cap) {
+    size_t cap = set->cap ? set->cap * 2 : 16;
+    metric_obs *grown = realloc(set->obs, cap * sizeof *grown);
+    if (!grown) return nas_errf(err, "metric %s: out of memory", name);
+    set->obs = grown;
+    set->cap = cap;
+  }
+  char *name_copy = strdup(name);
+  if (!name_copy) return nas_errf(err, "metric %s: out of memory", name);
+  set->obs[set->n++] = (metric_obs){.name = name_copy, .step = step, .value = value, .time = time};
+  return NAS_OK;
+}
+
+/* Drops the observations past the first n. */
+static void set_truncate(metric_set *set, size_t n) {
+  while (set->n > n) free((char *)set->obs[--set->n].name);
+}
+
+void metric_set_free(metric_set *set) {
+  set_truncate(set, 0);
+  free(set->obs);
+  *set = (metric_set){0};
+}
+
+/* ---- one line ---- */
+
+/* Where the JSON of a metric line starts, or NULL when line is not a metric line: blanks,
+ * "nas-metric", then a blank or the end of the line. */
+static const char *metric_json_start(const char *line, size_t len) {
+  size_t prefix_len = strlen(METRIC_LINE_PREFIX) - 1; /* without its space */
+  size_t i = 0;
+  while (i < len && (line[i] == ' ' || line[i] == '\t')) i++;
+  if (len - i < prefix_len || memcmp(line + i, METRIC_LINE_PREFIX, prefix_len) != 0) return NULL;
+  i += prefix_len;
+  if (i < len && line[i] != ' ' && line[i] != '\t' && line[i] != '\r') return NULL;
+  return line + i;
+}
+
+/* Length of a non-finite number at p as Python ("NaN", "-Infinity") or printf ("nan",
+ * "-inf") write them; 0 when there is none. */
+static size_t nonfinite_len(const char *p) {
+  static const char *const words[] = {"infinity", "inf", "nan"};
+  size_t sign = *p == '-' || *p == '+';
+  for (size_t i = 0; i < sizeof words / sizeof words[0]; i++) {
+    size_t len = strlen(words[i]);
+    if (strncasecmp(p + sign, words[i], len) == 0 && !isalnum((unsigned char)p[sign + len]))
+      return sign + len;
+  }
+  return 0;
+}
+
+/* Owned copy of json with every bare non-finite number put in quotes, so that the parse
+ * succeeds and the check can name the metric that holds it. Outside strings JSON has no
+ * other word these could be part of. */
+static char *nonfinite_quoted(const char *json) {
+  size_t len = strlen(json);
+  char *out = malloc(len * 2 + 1); /* each word of >= 3 bytes gains 2 */
+  if (!out) return NULL;
+  bool in_string = false;
+  size_t k = 0;
+  for (const char *p = json; *p;) {
+    size_t word = in_string || (p > json && isalnum((unsigned char)p[-1])) ? 0 : nonfinite_len(p);
+    if (word) {
+      out[k++] = '"';
+      memcpy(out + k, p, word);
+      k += word;
+      out[k++] = '"';
+      p += word;
+      continue;
+    }
+    if (*p == '"') in_string = !in_string;
+    if (in_string && *p == '\\' && p[1]) out[k++] = *p++; /* an escaped quote stays inside */
+    out[k++] = *p++;
+  }
+  out[k] = '\0';
+  return out;
+}
+
+static const char *json_kind(const json_t *value) {
+  switch (json_typeof(value)) {
+  case JSON_OBJECT: return "an object";
+  case JSON_ARRAY: return "an array";
+  case JSON_STRING: return "a string";
+  case JSON_TRUE:
+  case JSON_FALSE: return "a boolean";
+  case JSON_NULL: return "null";
+  default: return "a number";
+  }
+}
+
+static int step_read(const json_t *value, int64_t *step, nas_err *err) {
+  double real = json_number_value(value);
+  if (json_is_integer(value) && json_integer_value(value) >= 0) {
+    *step = json_integer_value(value);
+  } else if (json_is_real(value) && real >= 0 && real <= STEP_MAX && real == floor(real)) {
+    *step = (int64_t)real;
+  } else {
+    return nas_errf(err, "\"step\" must be a non-negative integer");
+  }
+  return NAS_OK;
+}
+
+static int value_check(const char *name, const json_t *value, nas_err *err) {
+  if (!name[0]) return nas_errf(err, "a metric has an empty name");
+  const char *text = json_is_string(value) ? json_string_value(value) : "";
+  if (text[0] && nonfinite_len(text) == strlen(text))
+    return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
+  if (!json_is_number(value))
+    return nas_errf(err, "metric \"%s\" is %s, not a number", name, json_kind(value));
+  return NAS_OK;
+}
+
+/* Checks the object of a metric line; *step gets its step (METRIC_FINAL when none). */
+static int object_check(json_t *root, int64_t *step, nas_err *err) {
+  if (!json_is_object(root)) return nas_errf(err, "metric line holds %s, not a JSON object",
+                                             json_kind(root));
+  *step = METRIC_FINAL;
+  size_t n_metrics = 0;
+  const char *key;
+  json_t *value;
+  json_object_foreach(root, key, value) {
+    int rc = strcmp(key, "step") == 0 ? step_read(value, step, err)
+                                      : value_check(key, value, err);
+    if (rc != NAS_OK) return NAS_ERR;
+    n_metrics += strcmp(key, "step") != 0;
+  }
+  if (n_metrics == 0) return nas_errf(err, "metric line holds no metric");
+  return NAS_OK;
+}
+
+/* Parses and checks the JSON of a metric line into an owned *root. NAS_ERR: malformed. */
+static int line_check(const char *json, json_t **root, int64_t *step, nas_err *err) {
+  char *quoted = nonfinite_quoted(json);
+  if (!quoted) return nas_errf(err, "out of memory");
+  json_error_t jerr;
+  *root = json_loads(quoted, JSON_REJECT_DUPLICATES, &jerr);
+  free(quoted);
+  if (!*root) return nas_errf(err, "malformed metric line: %s", jerr.text);
+  if (object_check(*root, step, err) != NAS_OK) {
+    json_decref(*root);
+    *root = NULL;
+    return NAS_ERR;
+  }
+  return NAS_OK;
+}
+
+/* Appends every metric of a checked object; all or none. */
+static int object_append(json_t *root, int64_t step, double time, metric_set *set,
+                         nas_err *err) {
+  size_t n_before = set->n;
+  const char *key;
+  json_t *value;
+  json_object_foreach(root, key, value) {
+    if (strcmp(key, "step") == 0) continue;
+    if (metric_set_add(set, key, step, json_number_value(value), time, err) != NAS_OK) {
+      set_truncate(set, n_before);
+      return NAS_ERR;
+    }
+  }
+  return NAS_OK;
+}
+
+int metric_line_parse(const char *line, double time, metric_set *set, nas_err *err) {
+  const char *json = metric_json_start(line, strlen(line));
+  if (!json) return 0;
+  json_t *root;
+  int64_t step;
+  if (line_check(json, &root, &step, err) != NAS_OK) return NAS_ERR;
+  int rc = object_append(root, step, time, set, err);
+  json_decref(root);
+  return rc == NAS_OK ? 1 : NAS_ERR;
+}
+
+/* ---- a log file ---- */
+
+/* One call's reading of a log. */
+typedef struct {
+  const char *path;
+  metric_set *set;
+  double time;       /* when the lines were read: the time of their observations */
+  size_t bad;        /* malformed metric lines so far */
+  nas_err first_bad; /* the first one's message */
+  char *line;        /* the line being assembled: its first METRIC_LINE_MAX bytes */
+  size_t line_len;
+  bool overlong;     /* the line has more bytes than line holds */
+  int64_t line_at;   /* file offset where the line starts */
+} log_reader;
+
+static void bad_line(log_reader *r, const char *message) {
+  if (r->bad++ == 0)
+    nas_errf(&r->first_bad, "%s, byte %lld: %s", r->path, (long long)r->line_at, message);
+}
+
+/* Takes one whole line (without its newline). Malformed metric lines are counted;
+ * NAS_ERR only when the observations cannot be stored (out of memory). */
+static int line_take(log_reader *r, nas_err *err) {
+  const char *json = metric_json_start(r->line, r->line_len);
+  if (!json) return NAS_OK;
+  if (r->overlong) {
+    bad_line(r, "metric line longer than 64 KiB");
+    return NAS_OK;
+  }
+  if (memchr(r->line, '\0', r->line_len)) {
+    bad_line(r, "metric line holds a NUL byte");
+    return NAS_OK;
+  }
+  r->line[r->line_len] = '\0';
+  json_t *root;
+  int64_t step;
+  nas_err msg;
+  if (line_check(json, &root, &step, &msg) != NAS_OK) {
+    bad_line(r, msg.msg);
+    return NAS_OK;
+  }
+  int rc = object_append(root, step, r->time, r->set, err);
+  json_decref(root);
+  return rc;
+}
+
+/* Adds bytes (no newline among them) to the line being assembled. */
+static void line_extend(log_reader *r, const char *bytes, size_t n) {
+  size_t room = METRIC_LINE_MAX - r->line_len;
+  if (n > room) {
+    r->overlong = true;
+    n = room;
+  }
+  memcpy(r->line + r->line_len, bytes, n);
+  r->line_len += n;
+}
+
+static void line_restart(log_reader *r, int64_t at) {
+  r->line_len = 0;
+  r->overlong = false;
+  r->line_at = at;
+}
+
+/* Reads fd from *offset to its end, taking each complete line; *offset moves past the
+ * last one, or to the end of the file when the last line is to be taken unfinished. */
+static int lines_read(log_reader *r, int fd, int64_t *offset, bool take_unfinished,
+                      nas_err *err) {
+  char *block = malloc(READ_BLOCK);
+  if (!block) return nas_errf(err, "%s: out of memory", r->path);
+  int64_t pos = *offset;
+  line_restart(r, pos);
+  int rc = NAS_OK;
+  for (;;) {
+    ssize_t got = pread(fd, block, READ_BLOCK, (off_t)pos);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) rc = nas_errf(err, "%s: %s", r->path, strerror(errno));
+    if (got <= 0) break;
+    for (const char *p = block, *end = block + got; p < end && rc == NAS_OK;) {
+      const char *newline = memchr(p, '\n', (size_t)(end - p));
+      line_extend(r, p, (size_t)((newline ? newline : end) - p));
+      pos += (newline ? newline + 1 : end) - p;
+      p = newline ? newline + 1 : end;
+      if (!newline) continue;
+      rc = line_take(r, err);
+      line_restart(r, pos);
+      *offset = pos;
+    }
+    if (rc != NAS_OK) break;
+  }
+  if (rc == NAS_OK && take_unfinished && pos > r->line_at) {
+    rc = line_take(r, err);
+    *offset = pos;
+  }
+  free(block);
+  return rc;
+}
+
+static int log_read(const char *path, int64_t *offset, metric_set *set, size_t *bad,
+                    nas_err *warn, bool to_end, nas_err *err) {
+  if (*offset < 0) return nas_errf(err, "%s: negative offset %lld", path, (long long)*offset);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return NAS_OK;
+  if (fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
+  log_reader r = {.path = path, .set = set, .time = nas_now(), .line = malloc(METRIC_LINE_MAX + 1)};
+  size_t n_before = set->n;
+  int64_t new_offset = *offset;
+  int rc = r.line ? lines_read(&r, fd, &new_offset, to_end, err)
+                  : nas_errf(err, "%s: out of memory", path);
+  close(fd);
+  free(r.line);
+  if (rc != NAS_OK) {
+    set_truncate(set, n_before);
+    return NAS_ERR;
+  }
+  *offset = new_offset;
+  if (bad) *bad += r.bad;
+  if (warn && r.bad) *warn = r.first_bad;
+  return NAS_OK;
+}
+
+int metric_log_read(const char *path, int64_t *offset, metric_set *set, size_t *bad,
+                    nas_err *warn, nas_err *err) {
+  return log_read(path, offset, set, bad, warn, false, err);
+}
+
+int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set, size_t *bad,
+                         nas_err *warn, nas_err *err) {
+  return log_read(path, offset, set, bad, warn, true, err);
+}

@@ -1,0 +1,49 @@
+/* metrics: what a trial measures and how it reports it.
+ *
+ * Any program reports metrics by printing lines to its stdout:
+ *   nas-metric {"accuracy": 0.93, "step": 3}
+ *   nas-metric {"accuracy": 0.95, "params": 120000}
+ * A line with "step" (a non-negative integer) holds intermediate values at that step; one
+ * without holds final values. Every other key is a metric name with a number value. Lines
+ * that are not metric lines are ignored; a malformed metric line is reported, never fatal.
+ * `nas report NAME=VALUE … [--step N]` does the same from a shell script. */
+#ifndef NAS_METRICS_H
+#define NAS_METRICS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "common/common.h"
+#include "storage/storage.h"
+
+#define METRIC_LINE_PREFIX "nas-metric "
+
+/* Observations parsed from text; names are owned by the set. */
+typedef struct {
+  metric_obs *obs;
+  size_t n, cap;
+} metric_set;
+
+void metric_set_free(metric_set *set);
+/* Appends one observation (name copied). */
+int metric_set_add(metric_set *set, const char *name, int64_t step, double value,
+                   double time, nas_err *err);
+
+/* Parses one line (without its newline). Returns 1 and appends to set when it is a metric
+ * line, 0 when it is not one, NAS_ERR (with a message) when it is a malformed one. */
+int metric_line_parse(const char *line, double time, metric_set *set, nas_err *err);
+
+/* Reads the complete lines of the file at path from byte offset *offset on, appends every
+ * metric line to set and advances *offset past the last complete line (a partial last
+ * line is left for the next call). Malformed lines are added to the count in *bad (may be
+ * NULL) and the first one's message is left in warn (may be NULL). A missing file reads as
+ * empty. On failure (I/O, memory) set, *offset and *bad are left as they were. */
+int metric_log_read(const char *path, int64_t *offset, metric_set *set, size_t *bad,
+                    nas_err *warn, nas_err *err);
+/* Same for a log that will not grow any more (its job has ended): a last line without
+ * its newline is read too, and *offset ends at the end of the file. */
+int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set, size_t *bad,
+                         nas_err *warn, nas_err *err);
+
+#endif

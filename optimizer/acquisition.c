@@ -1,0 +1,445 @@
+/* optimizer/acquisition.c: the Monte Carlo acquisitions qLogNEHVI and qLogNParEGO, and the
+ * pruning of their baseline (see acquisition.h).
+ *
+ * Joint sampling with fixed base samples. Per outcome o, the baseline's posterior
+ * N(μ_B, Σ_B) is factorised once, Σ_B = L Lᵀ, and sample s of the baseline is
+ * f_B = μ_B + L z_B[s]. For a candidate x with cross covariance Σ_Bx, l = L⁻¹Σ_Bx and
+ * σ_r² = σ_x² − lᵀl, sample s of f(x) conditional on the baseline's is
+ *   f_x[s] = μ_x + lᵀ z_B[s] + σ_r z_x[s],
+ * exactly the joint posterior, at O(nb²) per candidate. The base samples z_B (pseudo-random)
+ * and z_x (randomised Sobol through the normal quantile) are drawn once from the seed, so
+ * the acquisition is a smooth, deterministic function of x that L-BFGS can climb.
+ *
+ * Per sample, the utility is log HVI over the disjoint boxes of that sample's non-dominated
+ * region (computed once at creation from the feasible baseline values), or the log of the
+ * smoothed improvement of a Chebyshev scalarisation over the sample's best baseline value;
+ * constraints add log s(−slack/η) with a fat-tailed sigmoid s. The acquisition is the log of
+ * the mean over samples of exp(utility). Gradients flow back through f_x[s] analytically. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gsl/gsl_cblas.h>
+#include <gsl/gsl_cdf.h>
+#include <gsl/gsl_randist.h>
+#include <gsl/gsl_rng.h>
+
+#include "optimizer/acquisition.h"
+#include "optimizer/design.h"
+#include "optimizer/small_blas.h"
+
+static const double TAU_RELU = 1e-6;   /* smoothing of max(0, ·), standardised units */
+static const double ETA_CON = 1e-3;    /* smoothing of the feasibility indicator */
+static const double PAREGO_RHO = 0.05; /* weight of the linear part of the scalarisation */
+static const double MIN_VAR = 1e-12;
+static const double BASE_JITTER = 1e-10; /* added to baseline covariances (round-off) */
+static const size_t DEFAULT_SAMPLES = 64;
+
+struct mc_acq {
+  acq_models models;
+  mc_utility utility;
+  size_t n_obj, K, nb, N, d; /* K outcomes: objectives then constraints */
+  gp_baseline *base;         /* K */
+  double *L;                 /* K·nb·nb: Cholesky factors of the baseline covariances */
+  double *Zb;                /* K·N·nb: Zb[(o·N + s)·nb + i] */
+  double *zx;                /* K·N: zx[o·N + s] */
+  double *offset;            /* K: sample value = posterior value + offset */
+  double *scal;              /* n_obj: ParEGO weights with the normalisation folded in */
+  box_list boxes;            /* MC_HVI: all samples' boxes */
+  size_t *box_first, *box_count; /* N */
+  double *best;              /* MC_PAREGO: N best scalarised baseline values (≤ 0) */
+  /* scratch for one evaluation */
+  double *work, *dvar;
+  double *l, *dl;            /* K·nb and K·nb·d: L⁻¹Σ_Bx and its gradient */
+  double *mean, *dmean;      /* K, K·d */
+  double *sd, *dsd;          /* K, K·d: residual standard deviation σ_r */
+  double *F, *G;             /* N·K: sample values F[s·K + o] and ∂acq/∂F */
+  double *u;                 /* N: per-sample utilities */
+  double *tmp;               /* max(nb, 1) */
+};
+
+static const gp *outcome(const mc_acq *a, size_t o) {
+  return o < a->n_obj ? a->models.obj[o] : a->models.con[o - a->n_obj];
+}
+
+void mc_acq_free(mc_acq *a) {
+  if (!a) return;
+  for (size_t o = 0; a->base && o < a->K; o++) gp_baseline_clear(&a->base[o]);
+  void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->box_first,
+                   a->box_count,     a->best, a->work, a->dvar, a->l,   a->dl,
+                   a->mean, a->dmean, a->sd,  a->dsd, a->F,    a->G,    a->u,
+                   a->tmp};
+  for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) free(owned[i]);
+  box_list_clear(&a->boxes);
+  free(a);
+}
+
+static int alloc_arrays(mc_acq *a) {
+  size_t K = a->K, N = a->N, nb = a->nb, d = a->d, work = 0;
+  for (size_t o = 0; o < K; o++)
+    if (gp_work_len(outcome(a, o)) > work) work = gp_work_len(outcome(a, o));
+  a->base = calloc(K, sizeof *a->base);
+  a->L = malloc((K * nb * nb + 1) * sizeof *a->L);
+  a->Zb = malloc((K * N * nb + 1) * sizeof *a->Zb);
+  a->zx = malloc(K * N * sizeof *a->zx);
+  a->offset = malloc(K * sizeof *a->offset);
+  a->scal = malloc(a->n_obj * sizeof *a->scal);
+  a->box_first = malloc(N * sizeof *a->box_first);
+  a->box_count = malloc(N * sizeof *a->box_count);
+  a->best = malloc(N * sizeof *a->best);
+  a->work = malloc(work * sizeof *a->work);
+  a->dvar = malloc(d * sizeof *a->dvar);
+  a->l = malloc((K * nb + 1) * sizeof *a->l);
+  a->dl = malloc((K * nb * d + 1) * sizeof *a->dl);
+  a->mean = malloc(K * sizeof *a->mean);
+  a->dmean = malloc(K * d * sizeof *a->dmean);
+  a->sd = malloc(K * sizeof *a->sd);
+  a->dsd = malloc(K * d * sizeof *a->dsd);
+  a->F = malloc(N * K * sizeof *a->F);
+  a->G = malloc(N * K * sizeof *a->G);
+  a->u = malloc(N * sizeof *a->u);
+  a->tmp = malloc((nb + 1) * sizeof *a->tmp);
+  return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->box_first &&
+                 a->box_count && a->best && a->work && a->dvar && a->l && a->dl && a->mean &&
+                 a->dmean && a->sd && a->dsd && a->F && a->G && a->u && a->tmp
+             ? NAS_OK
+             : NAS_ERR;
+}
+
+/* Base samples: z_B from the seeded generator, z_x from a randomised Sobol design mapped
+ * through the normal quantile (clamped away from 0 and 1). */
+static int draw_base_samples(mc_acq *a, uint64_t seed, nas_err *err) {
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double *u = malloc(a->N * a->K * sizeof *u);
+  if (!rng || !u) {
+    gsl_rng_free(rng);
+    free(u);
+    return nas_errf(err, "acquisition: out of memory for base samples");
+  }
+  gsl_rng_set(rng, (unsigned long)seed);
+  for (size_t i = 0; i < a->K * a->N * a->nb; i++) a->Zb[i] = gsl_ran_gaussian_ziggurat(rng, 1.0);
+  int rc = design_sobol(a->K, (long)(seed & 0x7fffffff), 0, a->N, u, err);
+  for (size_t s = 0; rc == NAS_OK && s < a->N; s++)
+    for (size_t o = 0; o < a->K; o++)
+      a->zx[o * a->N + s] = gsl_cdf_ugaussian_Pinv(fmin(fmax(u[s * a->K + o], 1e-10), 1 - 1e-10));
+  gsl_rng_free(rng);
+  free(u);
+  return rc;
+}
+
+/* Posterior of every outcome at the baseline, and its factor. */
+static int make_baselines(mc_acq *a, const double *Xb, nas_err *err) {
+  size_t nb = a->nb;
+  for (size_t o = 0; o < a->K; o++) {
+    if (gp_baseline_make(outcome(a, o), Xb, nb, &a->base[o], err) != NAS_OK) return NAS_ERR;
+    double *L = a->L + o * nb * nb;
+    memcpy(L, a->base[o].cov, nb * nb * sizeof *L);
+    for (size_t i = 0; i < nb; i++) L[i * nb + i] += BASE_JITTER;
+    if (nb > 0 && gp_cholesky(L, nb, NULL, err) != NAS_OK)
+      return nas_err_prefix(err, "acquisition baseline of outcome %zu", o);
+  }
+  return NAS_OK;
+}
+
+static void set_offsets(mc_acq *a, const double *ref) {
+  for (size_t o = 0; o < a->K; o++) {
+    const gp *g = outcome(a, o);
+    double target = o < a->n_obj ? ref[o] : 0.0;
+    a->offset[o] = (gp_shift(g) - target) / gp_scale(g);
+  }
+}
+
+/* Fb[(s·nb + i)·K + o]: sample s of outcome o at baseline point i. */
+static double *baseline_samples(const mc_acq *a) {
+  size_t K = a->K, N = a->N, nb = a->nb;
+  double *Fb = malloc((N * nb * K + 1) * sizeof *Fb), *row = malloc((nb + 1) * sizeof *row);
+  if (!Fb || !row) {
+    free(Fb);
+    free(row);
+    return NULL;
+  }
+  for (size_t o = 0; o < K; o++)
+    for (size_t s = 0; s < N; s++) {
+      memcpy(row, a->Zb + (o * N + s) * nb, nb * sizeof *row);
+      cblas_dtrmv(CblasRowMajor, CblasLower, CblasNoTrans, CblasNonUnit, (int)nb,
+                  a->L + o * nb * nb, (int)nb, row, 1);
+      for (size_t i = 0; i < nb; i++)
+        Fb[(s * nb + i) * K + o] = a->base[o].mean[i] + a->offset[o] + row[i];
+    }
+  free(row);
+  return Fb;
+}
+
+static bool sample_feasible(const mc_acq *a, const double *f) {
+  for (size_t o = a->n_obj; o < a->K; o++)
+    if (f[o] > 0) return false;
+  return true;
+}
+
+/* Chebyshev scalarisation of the objective values y (≤ 0 where y dominates the reference
+ * point); grad (n_obj) receives ∂/∂y when not NULL. */
+static double scalarise(const mc_acq *a, const double *y, double *grad) {
+  size_t arg = 0;
+  double linear = 0;
+  for (size_t j = 0; j < a->n_obj; j++) {
+    linear += a->scal[j] * y[j];
+    if (a->scal[j] * y[j] > a->scal[arg] * y[arg]) arg = j;
+  }
+  for (size_t j = 0; grad && j < a->n_obj; j++)
+    grad[j] = a->scal[j] * (PAREGO_RHO + (j == arg ? 1.0 : 0.0));
+  return a->scal[arg] * y[arg] + PAREGO_RHO * linear;
+}
+
+/* Per sample: the boxes of its feasible baseline front (MC_HVI) or its best scalarised
+ * value (MC_PAREGO). */
+static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
+  double *Fb = baseline_samples(a), zero_ref[a->n_obj];
+  double *front = malloc((a->nb * a->n_obj + 1) * sizeof *front);
+  if (!Fb || !front) {
+    free(Fb);
+    free(front);
+    return nas_errf(err, "acquisition: out of memory for baseline samples");
+  }
+  memset(zero_ref, 0, sizeof zero_ref);
+  int rc = NAS_OK;
+  for (size_t s = 0; s < a->N && rc == NAS_OK; s++) {
+    size_t k = 0;
+    a->best[s] = 0; /* the reference point itself */
+    for (size_t i = 0; i < a->nb; i++) {
+      const double *f = Fb + (s * a->nb + i) * a->K;
+      if (!sample_feasible(a, f)) continue;
+      memcpy(front + k++ * a->n_obj, f, a->n_obj * sizeof *f);
+      if (a->utility == MC_PAREGO) a->best[s] = fmin(a->best[s], scalarise(a, f, NULL));
+    }
+    if (a->utility != MC_HVI) continue;
+    a->box_first[s] = a->boxes.n;
+    rc = box_decompose(front, k, a->n_obj, zero_ref, &a->boxes, err);
+    a->box_count[s] = a->boxes.n - a->box_first[s];
+  }
+  free(front);
+  free(Fb);
+  return rc;
+}
+
+static void set_scalarisation(mc_acq *a, const mc_options *opt) {
+  for (size_t j = 0; j < a->n_obj; j++) {
+    double range = opt->utility == MC_PAREGO ? opt->ref[j] - opt->ideal[j] : 0;
+    double norm = range > 0 ? gp_scale(a->models.obj[j]) / range : 1.0;
+    a->scal[j] = (opt->utility == MC_PAREGO ? opt->weights[j] : 1.0) * norm;
+  }
+}
+
+int mc_acq_create(const acq_models *models, const double *Xb, size_t nb, const mc_options *opt,
+                  mc_acq **out, nas_err *err) {
+  if (models->n_obj == 0) return nas_errf(err, "acquisition: no objective to model");
+  mc_acq *a = calloc(1, sizeof *a);
+  if (!a) return nas_errf(err, "acquisition: out of memory");
+  a->models = *models;
+  a->utility = opt->utility;
+  a->n_obj = models->n_obj;
+  a->K = models->n_obj + models->n_con;
+  a->nb = nb;
+  a->N = opt->n_samples ? opt->n_samples : DEFAULT_SAMPLES;
+  a->d = gp_dim(models->obj[0]);
+  a->boxes.m = a->n_obj;
+  int rc = alloc_arrays(a) == NAS_OK ? NAS_OK : nas_errf(err, "acquisition: out of memory");
+  if (rc == NAS_OK) rc = draw_base_samples(a, opt->seed, err);
+  if (rc == NAS_OK) rc = make_baselines(a, Xb, err);
+  if (rc == NAS_OK) {
+    set_offsets(a, opt->ref);
+    set_scalarisation(a, opt);
+    rc = summarise_baseline_samples(a, err);
+  }
+  if (rc != NAS_OK) {
+    mc_acq_free(a);
+    return NAS_ERR;
+  }
+  *out = a;
+  return NAS_OK;
+}
+
+/* Outcome o at x: mean, residual sd, l = L⁻¹Σ_Bx (and gradients), then its N samples. */
+static void sample_outcome(mc_acq *a, size_t o, const double *x, bool grad) {
+  size_t nb = a->nb, d = a->d, N = a->N, K = a->K;
+  double *l = a->l + o * nb, *dl = a->dl + o * nb * d, *dsd = a->dsd + o * d;
+  gp_prediction p = {.dmean = grad ? a->dmean + o * d : NULL,
+                     .dvar = grad ? a->dvar : NULL,
+                     .cov_b = nb ? l : NULL,
+                     .dcov_b = nb && grad ? dl : NULL};
+  gp_predict(outcome(a, o), x, &a->base[o], &p, a->work);
+  const double *L = a->L + o * nb * nb;
+  double ll = 0;
+  if (nb > 0) {
+    sb_lower_solve(nb, 1, L, nb, l, 1);
+    ll = sb_dot(nb, l, l);
+    if (grad) sb_lower_solve(nb, d, L, nb, dl, d);
+  }
+  double rest = p.var - ll;
+  a->sd[o] = sqrt(fmax(rest, MIN_VAR));
+  a->mean[o] = p.mean + a->offset[o];
+  for (size_t j = 0; grad && j < d; j++) {
+    double dll = 0;
+    for (size_t i = 0; i < nb; i++) dll += 2 * l[i] * dl[i * d + j];
+    dsd[j] = rest > MIN_VAR ? (a->dvar[j] - dll) / (2 * a->sd[o]) : 0.0;
+  }
+  for (size_t s = 0; s < N; s++) a->F[s * K + o] = a->mean[o] + a->sd[o] * a->zx[o * N + s];
+  if (nb > 0) sb_mv(N, nb, 1.0, a->Zb + o * N * nb, nb, l, 1.0, a->F + o, K);
+}
+
+/* Utility of sample s from its values F[s·K ..]; ∂u/∂F into G[s·K ..]. */
+static double sample_utility(const mc_acq *a, size_t s, bool grad) {
+  const double *f = a->F + s * a->K;
+  double *g = grad ? a->G + s * a->K : NULL, u, slope;
+  if (a->utility == MC_HVI) {
+    u = box_log_hvi(&a->boxes, a->box_first[s], a->box_count[s], f, TAU_RELU, g);
+  } else {
+    double t = a->best[s] - scalarise(a, f, g);
+    u = log(0.5 * TAU_RELU) + asinh(t / TAU_RELU);
+    for (size_t j = 0; g && j < a->n_obj; j++) g[j] *= -1.0 / hypot(TAU_RELU, t);
+  }
+  for (size_t o = a->n_obj; o < a->K; o++) {
+    u += log_fat_sigmoid(-f[o] / ETA_CON, &slope);
+    if (g) g[o] = -slope / ETA_CON;
+  }
+  return u;
+}
+
+/* ∂acq/∂x from G = ∂acq/∂F through F[s·K + o] = mean_o + l_oᵀ z_B[s] + σ_r,o z_x[s]. */
+static void backpropagate(mc_acq *a, double *grad) {
+  size_t N = a->N, K = a->K, nb = a->nb, d = a->d;
+  memset(grad, 0, d * sizeof *grad);
+  for (size_t o = 0; o < K; o++) {
+    double gsum = 0, gz = 0;
+    for (size_t s = 0; s < N; s++) {
+      gsum += a->G[s * K + o];
+      gz += a->G[s * K + o] * a->zx[o * N + s];
+    }
+    for (size_t j = 0; j < d; j++)
+      grad[j] += gsum * a->dmean[o * d + j] + gz * a->dsd[o * d + j];
+    if (nb == 0) continue;
+    sb_mtv(N, nb, 1.0, a->Zb + o * N * nb, nb, a->G + o, K, 0.0, a->tmp);
+    sb_mtv(nb, d, 1.0, a->dl + o * nb * d, d, a->tmp, 1, 1.0, grad);
+  }
+}
+
+double mc_acq_eval(void *ctx, const double *x, double *grad) {
+  mc_acq *a = ctx;
+  size_t N = a->N, K = a->K;
+  for (size_t o = 0; o < K; o++) sample_outcome(a, o, x, grad != NULL);
+  double max = -HUGE_VAL;
+  for (size_t s = 0; s < N; s++) {
+    a->u[s] = sample_utility(a, s, grad != NULL);
+    max = fmax(max, a->u[s]);
+  }
+  if (!isfinite(max)) {
+    if (grad) memset(grad, 0, a->d * sizeof *grad);
+    return max;
+  }
+  double sum = 0;
+  for (size_t s = 0; s < N; s++) sum += exp(a->u[s] - max);
+  if (grad) {
+    for (size_t s = 0; s < N; s++) {
+      double w = exp(a->u[s] - max) / sum; /* ∂ logmeanexp/∂u_s */
+      for (size_t o = 0; o < K; o++) a->G[s * K + o] *= w;
+    }
+    backpropagate(a, grad);
+  }
+  return max + log(sum / (double)N);
+}
+
+/* ---- baseline pruning ------------------------------------------------------------------- */
+
+typedef struct {
+  double mean, sd;
+} marginal;
+
+static int marginals(const acq_models *m, const double *X, size_t n, marginal *out,
+                     nas_err *err) {
+  size_t K = m->n_obj + m->n_con, work = 0;
+  for (size_t o = 0; o < K; o++) {
+    const gp *g = o < m->n_obj ? m->obj[o] : m->con[o - m->n_obj];
+    if (gp_work_len(g) > work) work = gp_work_len(g);
+  }
+  double *w = malloc(work * sizeof *w);
+  if (!w) return nas_errf(err, "acquisition: out of memory");
+  for (size_t i = 0; i < n; i++)
+    for (size_t o = 0; o < K; o++) {
+      const gp *g = o < m->n_obj ? m->obj[o] : m->con[o - m->n_obj];
+      gp_prediction p = {0};
+      gp_predict(g, X + i * gp_dim(g), NULL, &p, w);
+      /* slack units for constraints: ≤ 0 feasible */
+      out[i * K + o] = (marginal){gp_shift(g) + gp_scale(g) * p.mean, gp_scale(g) * sqrt(p.var)};
+    }
+  free(w);
+  return NAS_OK;
+}
+
+/* Whether j beats i in every objective by more than two standard deviations on each side. */
+static bool surely_dominates(const marginal *j, const marginal *i, size_t n_obj) {
+  for (size_t o = 0; o < n_obj; o++)
+    if (!(j[o].mean + 2 * j[o].sd < i[o].mean - 2 * i[o].sd)) return false;
+  return true;
+}
+
+static bool mean_dominates(const marginal *j, const marginal *i, size_t n_obj) {
+  bool strict = false;
+  for (size_t o = 0; o < n_obj; o++) {
+    if (j[o].mean > i[o].mean) return false;
+    strict = strict || j[o].mean < i[o].mean;
+  }
+  return strict;
+}
+
+static bool surely_infeasible(const marginal *i, size_t n_obj, size_t K) {
+  for (size_t o = n_obj; o < K; o++)
+    if (i[o].mean - 2 * i[o].sd > 0) return true;
+  return false;
+}
+
+/* Keeps the cap entries of keep[0..kept) dominated by the fewest points in posterior mean
+ * (ties to the earlier point), in their order. */
+static size_t keep_least_dominated(size_t *keep, size_t kept, const size_t *beaten, size_t cap) {
+  if (kept <= cap) return kept;
+  size_t limit = 0, at_most = 0, below = 0;
+  for (;; limit++) {
+    at_most = 0;
+    for (size_t r = 0; r < kept; r++) at_most += beaten[keep[r]] <= limit;
+    if (at_most >= cap) break;
+    below = at_most;
+  }
+  size_t room = cap - below, w = 0;
+  for (size_t r = 0; r < kept; r++) {
+    size_t b = beaten[keep[r]];
+    if (b < limit || (b == limit && room > 0)) {
+      room -= b == limit;
+      keep[w++] = keep[r];
+    }
+  }
+  return w;
+}
+
+int acq_prune_baseline(const acq_models *models, const double *X, size_t n, size_t cap,
+                       size_t *keep, size_t *n_keep, nas_err *err) {
+  size_t K = models->n_obj + models->n_con, kept = 0;
+  marginal *mg = malloc((n * K + 1) * sizeof *mg);
+  size_t *beaten = malloc((n + 1) * sizeof *beaten); /* points dominating it in mean */
+  if (!mg || !beaten || marginals(models, X, n, mg, err) != NAS_OK) {
+    free(mg);
+    free(beaten);
+    return nas_errf(err, "acquisition: cannot prune the baseline");
+  }
+  for (size_t i = 0; i < n; i++) {
+    bool drop = surely_infeasible(mg + i * K, models->n_obj, K);
+    beaten[i] = 0;
+    for (size_t j = 0; j < n && !drop; j++) {
+      drop = surely_dominates(mg + j * K, mg + i * K, models->n_obj);
+      beaten[i] += mean_dominates(mg + j * K, mg + i * K, models->n_obj);
+    }
+    if (!drop) keep[kept++] = i;
+  }
+  kept = keep_least_dominated(keep, kept, beaten, cap);
+  free(mg);
+  free(beaten);
+  *n_keep = kept;
+  return NAS_OK;
+}

@@ -1,0 +1,24 @@
+/* optimizer/backend.h: the table each optimizer type fills (internal to optimizer/).
+ * optimizer.c keeps the list of types and does the argument checks common to all. */
+#ifndef NAS_OPTIMIZER_BACKEND_H
+#define NAS_OPTIMIZER_BACKEND_H
+
+#include "optimizer/optimizer.h"
+
+typedef struct optimizer_backend {
+  const char *type; /* name in the spec's `optimizer: {type: …}` */
+  /* Reads options (a JSON object of the spec's other keys, never NULL) and makes the
+   * backend's state in *state. The space is borrowed and outlives the state. */
+  int (*create)(const space *sp, const json_t *options, void **state, nas_err *err);
+  void (*free)(void *state);
+  /* As optimizer_suggest; out[0..n-1] receive owned JSON objects. */
+  int (*suggest)(void *state, const observation *obs, size_t n_obs,
+                 const json_t *const *pending, size_t n_pending, size_t n, int first_number,
+                 json_t **out, nas_err *err);
+} optimizer_backend;
+
+extern const optimizer_backend optimizer_random_backend;
+extern const optimizer_backend optimizer_sobol_backend;
+extern const optimizer_backend optimizer_gp_backend;
+
+#endif

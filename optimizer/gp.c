@@ -1,0 +1,266 @@
+/* optimizer/gp.c: the GP model of one outcome: its factorisation, its posterior at a point
+ * (mean, variance, covariance with a baseline, and their gradients in x) and its
+ * conditioning on extra (fantasy) observations (see gp.h).
+ *
+ * Invariants of a gp: L is the lower Cholesky factor of K + (noise + jitter) I over the n
+ * training inputs, kinv its inverse and alpha = kinv (y − c), all at the stored θ; the
+ * standardisation (shift, scale) is fixed when the GP is made and kept by gp_condition, so
+ * conditioned GPs share the units of the GP they came from. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gsl/gsl_cblas.h>
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_linalg.h>
+
+#include "optimizer/gp.h"
+#include "optimizer/small_blas.h"
+
+struct gp {
+  gp_kernel kernel;
+  size_t n, d;
+  double *X;       /* n×d training inputs */
+  double *y;       /* n standardised outcomes */
+  double shift;    /* raw = shift + scale · standardised */
+  double scale;
+  double *theta;   /* GP_THETA_LEN(d) */
+  double *inv_ls2; /* d: 1/ℓ_k² */
+  double noise;    /* noise variance */
+  double *L;       /* n×n lower Cholesky factor of K + (noise + jitter) I (upper part zero) */
+  double *kinv;    /* n×n: (K + (noise + jitter) I)^-1 */
+  double *alpha;   /* n: kinv (y − c) */
+};
+
+/* Largest relative jitter tried; beyond it the matrix is treated as broken. */
+static const double MAX_JITTER = 1e-3;
+
+int gp_cholesky(double *A, size_t n, double *jitter, nas_err *err) {
+  gsl_set_error_handler_off(); /* GSL's default handler aborts the process on EDOM */
+  double *orig = malloc(n * n * sizeof *orig);
+  if (!orig) return nas_errf(err, "gp: out of memory for a %zux%zu factorisation", n, n);
+  memcpy(orig, A, n * n * sizeof *orig);
+  double mean_diag = 0;
+  for (size_t i = 0; i < n; i++) mean_diag += orig[i * n + i] / (double)n;
+  gsl_matrix_view view = gsl_matrix_view_array(A, n, n);
+  for (double rel = 0; rel <= MAX_JITTER; rel = rel == 0 ? 1e-9 : rel * 10) {
+    if (rel > 0) memcpy(A, orig, n * n * sizeof *orig);
+    double add = rel * mean_diag;
+    for (size_t i = 0; i < n; i++) A[i * n + i] += add;
+    if (gsl_linalg_cholesky_decomp1(&view.matrix) == GSL_SUCCESS) {
+      for (size_t i = 0; i < n; i++) memset(A + i * n + i + 1, 0, (n - i - 1) * sizeof *A);
+      if (jitter) *jitter = add;
+      free(orig);
+      return NAS_OK;
+    }
+  }
+  free(orig);
+  return nas_errf(err, "gp: %zux%zu covariance matrix is not positive definite even with "
+                  "jitter %g times its mean diagonal", n, n, MAX_JITTER);
+}
+
+void gp_standardise(const double *y, size_t n, double *ystd, double *shift, double *scale) {
+  double mean = 0, ss = 0;
+  for (size_t i = 0; i < n; i++) mean += y[i] / (double)n;
+  for (size_t i = 0; i < n; i++) ss += (y[i] - mean) * (y[i] - mean);
+  double sd = n > 1 ? sqrt(ss / (double)(n - 1)) : 0;
+  *shift = mean;
+  *scale = sd > 1e-8 * fmax(1.0, fabs(mean)) ? sd : 1.0; /* constant outcomes: unit scale */
+  for (size_t i = 0; i < n; i++) ystd[i] = (y[i] - *shift) / *scale;
+}
+
+static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
+  gp *g = calloc(1, sizeof *g);
+  if (!g) return NULL;
+  g->kernel = kind;
+  g->n = n;
+  g->d = d;
+  g->X = malloc(n * d * sizeof *g->X);
+  g->y = malloc(n * sizeof *g->y);
+  g->theta = malloc(GP_THETA_LEN(d) * sizeof *g->theta);
+  g->inv_ls2 = malloc(d * sizeof *g->inv_ls2);
+  g->L = malloc(n * n * sizeof *g->L);
+  g->kinv = malloc(n * n * sizeof *g->kinv);
+  g->alpha = malloc(n * sizeof *g->alpha);
+  if (!g->X || !g->y || !g->theta || !g->inv_ls2 || !g->L || !g->kinv || !g->alpha) {
+    gp_free(g);
+    return NULL;
+  }
+  return g;
+}
+
+void gp_free(gp *g) {
+  if (!g) return;
+  free(g->X);
+  free(g->y);
+  free(g->theta);
+  free(g->inv_ls2);
+  free(g->L);
+  free(g->kinv);
+  free(g->alpha);
+  free(g);
+}
+
+static void set_theta(gp *g, const double *theta) {
+  memcpy(g->theta, theta, GP_THETA_LEN(g->d) * sizeof *theta);
+  for (size_t k = 0; k < g->d; k++) g->inv_ls2[k] = exp(-2.0 * theta[k]);
+  g->noise = exp(theta[GP_THETA_NOISE(g->d)]);
+}
+
+/* kinv and alpha from L (which must already hold the factor). */
+static int finish_factor(gp *g, nas_err *err) {
+  size_t n = g->n;
+  memcpy(g->kinv, g->L, n * n * sizeof *g->kinv);
+  gsl_matrix_view kinv = gsl_matrix_view_array(g->kinv, n, n);
+  if (gsl_linalg_cholesky_invert(&kinv.matrix) != GSL_SUCCESS)
+    return nas_errf(err, "gp: cannot invert the %zux%zu kernel matrix", n, n);
+  for (size_t i = 0; i < n; i++) /* both triangles, for the full-matrix products */
+    for (size_t j = 0; j < i; j++) g->kinv[j * n + i] = g->kinv[i * n + j];
+  double c = g->theta[GP_THETA_MEAN(g->d)];
+  double *resid = malloc(n * sizeof *resid);
+  if (!resid) return nas_errf(err, "gp: out of memory");
+  for (size_t i = 0; i < n; i++) resid[i] = g->y[i] - c;
+  cblas_dsymv(CblasRowMajor, CblasLower, (int)n, 1.0, g->kinv, (int)n, resid, 1, 0.0, g->alpha,
+              1);
+  free(resid);
+  return NAS_OK;
+}
+
+static int factorise(gp *g, nas_err *err) {
+  size_t n = g->n;
+  kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
+  for (size_t i = 0; i < n; i++) g->L[i * n + i] += g->noise;
+  if (gp_cholesky(g->L, n, NULL, err) != NAS_OK) return NAS_ERR;
+  return finish_factor(g, err);
+}
+
+int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
+              const double *theta, gp **out, nas_err *err) {
+  if (n == 0) return nas_errf(err, "gp: no observations to model");
+  gp *g = gp_alloc(kind, n, d);
+  if (!g) return nas_errf(err, "gp: out of memory for %zu observations", n);
+  memcpy(g->X, X, n * d * sizeof *X);
+  gp_standardise(y, n, g->y, &g->shift, &g->scale);
+  set_theta(g, theta);
+  if (factorise(g, err) != NAS_OK) {
+    gp_free(g);
+    return NAS_ERR;
+  }
+  *out = g;
+  return NAS_OK;
+}
+
+/* Block update of the factor: with L the old factor, the new one is [[L, 0], [B, C]] where
+ * B = K(Xf, X) L^-T and C C^T = K(Xf, Xf) + noise I − B B^T. O(n²·nf) instead of O(n³). */
+static int extend_factor(const gp *old, gp *g, size_t nf, nas_err *err) {
+  size_t n = old->n, m = g->n, d = g->d;
+  for (size_t i = 0; i < n; i++) {
+    memcpy(g->L + i * m, old->L + i * n, n * sizeof *g->L);
+    memset(g->L + i * m + n, 0, nf * sizeof *g->L);
+  }
+  double *B = g->L + n * m; /* rows n..m−1, columns 0..n−1 (leading dimension m) */
+  for (size_t f = 0; f < nf; f++)
+    kernel_column(g->kernel, old->X, n, d, g->inv_ls2, g->X + (n + f) * d, B + f * m, NULL);
+  /* B ← B L^-T, i.e. solve B L^T = K(Xf, X) */
+  cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, (int)nf, (int)n,
+              1.0, old->L, (int)n, B, (int)m);
+  double *C = malloc(nf * nf * sizeof *C);
+  if (!C) return nas_errf(err, "gp: out of memory");
+  kernel_matrix(g->kernel, g->X + n * d, nf, d, g->inv_ls2, C);
+  for (size_t f = 0; f < nf; f++) C[f * nf + f] += g->noise;
+  cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)nf, (int)n, -1.0, B, (int)m, 1.0, C,
+              (int)nf);
+  int rc = gp_cholesky(C, nf, NULL, err);
+  for (size_t f = 0; rc == NAS_OK && f < nf; f++)
+    memcpy(g->L + (n + f) * m + n, C + f * nf, nf * sizeof *C);
+  free(C);
+  return rc;
+}
+
+int gp_condition(const gp *old, const double *Xf, const double *yf, size_t nf, gp **out,
+                 nas_err *err) {
+  size_t n = old->n, d = old->d, m = n + nf;
+  gp *g = gp_alloc(old->kernel, m, d);
+  if (!g) return nas_errf(err, "gp: out of memory for %zu observations", m);
+  memcpy(g->X, old->X, n * d * sizeof *g->X);
+  memcpy(g->X + n * d, Xf, nf * d * sizeof *g->X);
+  memcpy(g->y, old->y, n * sizeof *g->y);
+  for (size_t f = 0; f < nf; f++) g->y[n + f] = (yf[f] - old->shift) / old->scale;
+  g->shift = old->shift;
+  g->scale = old->scale;
+  set_theta(g, old->theta);
+  if (extend_factor(old, g, nf, err) != NAS_OK || finish_factor(g, err) != NAS_OK) {
+    gp_free(g);
+    return nas_err_prefix(err, "conditioning on %zu fantasies", nf);
+  }
+  *out = g;
+  return NAS_OK;
+}
+
+size_t gp_n(const gp *g) { return g->n; }
+size_t gp_dim(const gp *g) { return g->d; }
+const double *gp_theta(const gp *g) { return g->theta; }
+double gp_shift(const gp *g) { return g->shift; }
+double gp_scale(const gp *g) { return g->scale; }
+
+void gp_baseline_clear(gp_baseline *b) {
+  free(b->X);
+  free(b->mean);
+  free(b->cov);
+  free(b->A);
+  memset(b, 0, sizeof *b);
+}
+
+/* mean_B = c + K(B,X) alpha; A = K(B,X) kinv; cov_B = K(B,B) − A K(X,B). */
+int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out, nas_err *err) {
+  size_t n = g->n, d = g->d;
+  memset(out, 0, sizeof *out);
+  out->nb = nb;
+  out->X = malloc((nb * d + 1) * sizeof *out->X);
+  out->mean = malloc((nb + 1) * sizeof *out->mean);
+  out->cov = malloc((nb * nb + 1) * sizeof *out->cov);
+  out->A = malloc((nb * n + 1) * sizeof *out->A);
+  double *KbX = malloc((nb * n + 1) * sizeof *KbX);
+  if (!out->X || !out->mean || !out->cov || !out->A || !KbX) {
+    free(KbX);
+    gp_baseline_clear(out);
+    return nas_errf(err, "gp: out of memory for a baseline of %zu points", nb);
+  }
+  if (nb > 0) memcpy(out->X, Xb, nb * d * sizeof *Xb);
+  double c = g->theta[GP_THETA_MEAN(d)];
+  for (size_t b = 0; b < nb; b++) {
+    kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
+    out->mean[b] = c + cblas_ddot((int)n, KbX + b * n, 1, g->alpha, 1);
+  }
+  if (nb > 0) {
+    cblas_dsymm(CblasRowMajor, CblasRight, CblasLower, (int)nb, (int)n, 1.0, g->kinv, (int)n,
+                KbX, (int)n, 0.0, out->A, (int)n);
+    kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
+    cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nb, (int)n, -1.0, out->A,
+                (int)n, KbX, (int)n, 1.0, out->cov, (int)nb);
+  }
+  free(KbX);
+  return NAS_OK;
+}
+
+size_t gp_work_len(const gp *g) { return g->n * (g->d + 2); }
+
+/* With k = k(X, x), w = kinv k: mean = c + k·alpha, var = 1 − k·w, and for the baseline
+ * cov_b = k(B, x) − A k; gradients follow from dk = ∂k/∂x. */
+void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_prediction *p,
+                double *work) {
+  size_t n = g->n, d = g->d;
+  bool grad = p->dmean || p->dvar || p->dcov_b;
+  double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
+  kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
+  sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
+  p->mean = g->theta[GP_THETA_MEAN(d)] + sb_dot(n, k, g->alpha);
+  p->var = fmax(1.0 - sb_dot(n, k, w), 0.0);
+  if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
+  if (p->dvar) sb_mtv(n, d, -2.0, dk, d, w, 1, 0.0, p->dvar);
+  if (!b || !p->cov_b || b->nb == 0) return;
+  kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
+  sb_mv(b->nb, n, -1.0, b->A, n, k, 1.0, p->cov_b, 1);
+  if (p->dcov_b) sb_mm_sub(b->nb, d, n, b->A, n, dk, d, p->dcov_b, d);
+}

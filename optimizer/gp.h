@@ -1,0 +1,125 @@
+/* optimizer/gp.h: exact Gaussian-process regression of one outcome over the unit cube
+ * (internal to optimizer/; used by the acquisition functions and the gp backend).
+ *
+ * Model: outcome = shift + scale · (c + f(x) + ε), where shift/scale standardise the
+ * observed values (mean 0, sample variance 1), c is a constant mean, f ~ GP(0, k) with an
+ * ARD kernel of unit variance (RBF or Matérn-5/2) and ε ~ N(0, noise). Everything below
+ * works on the standardised scale unless it says otherwise.
+ *
+ * Hyperparameters θ (GP_THETA_LEN(d) values): log lengthscales (d), log noise variance,
+ * constant mean. They are fitted by maximum a posteriori with the priors of BoTorch's
+ * current defaults (Hvarfner et al. 2024): lengthscale ~ LogNormal(√2 + log(d)/2, √3),
+ * lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-4. */
+#ifndef NAS_OPTIMIZER_GP_H
+#define NAS_OPTIMIZER_GP_H
+
+#include <stddef.h>
+
+#include <gsl/gsl_rng.h>
+
+#include "common/common.h"
+
+typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
+
+#define GP_THETA_LEN(d) ((d) + 2)
+#define GP_THETA_NOISE(d) (d)
+#define GP_THETA_MEAN(d) ((d) + 1)
+
+/* ---- kernels (gp_kernel.c) ---------------------------------------------------------------
+ * A kernel is a function of the scaled squared distance r² = Σ_k (a_k − b_k)²/ℓ_k².
+ * kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
+ * ∂k/∂a_k = −g·(a_k − b_k)/ℓ_k² and ∂k/∂log ℓ_k = g·(a_k − b_k)²/ℓ_k² (finite at r = 0). */
+double kernel_eval(gp_kernel kind, double r2, double *slope);
+double kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
+/* K[i·n + j] = k(X_i, X_j) for the n×d rows of X (full symmetric matrix). */
+void kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+                   double *K);
+/* k[i] = k(X_i, x); when dk is not NULL, dk[i·d + j] = ∂k[i]/∂x_j. */
+void kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+                   const double *x, double *k, double *dk);
+
+/* ---- priors and the fitting objective (gp_fit.c) --------------------------------------- */
+
+/* The box the fit searches θ in, and the prior's mode (the fit's first start). */
+void gp_theta_bounds(size_t d, double *lower, double *upper);
+void gp_theta_prior_mode(size_t d, double *theta);
+/* Log prior density of θ (lengthscale and noise priors, flat in the mean); adds its
+ * gradient to grad when grad is not NULL. */
+double gp_log_prior(size_t d, const double *theta, double *grad);
+
+/* Log marginal likelihood + log prior of standardised outcomes y (n) at X (n×d) under θ;
+ * grad (GP_THETA_LEN(d)) receives its gradient when not NULL. Returns -HUGE_VAL when the
+ * kernel matrix cannot be factorised even with the largest jitter. */
+double gp_log_posterior(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
+                        const double *theta, double *grad, nas_err *err);
+
+typedef struct {
+  gp_kernel kernel;
+  int restarts;     /* extra L-BFGS starts drawn around the prior's mode (0 = prior mode only) */
+  int max_evals;    /* per start */
+} gp_fit_options;
+
+typedef struct gp gp;
+
+/* Fits a GP to the n observations (X n×d in the unit cube, y raw values, all finite) and
+ * factorises it at the fitted θ. rng draws the extra starts. Owned result in *out. */
+int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_options *opt,
+           gsl_rng *rng, gp **out, nas_err *err);
+
+/* ---- the model (gp.c) ------------------------------------------------------------------ */
+
+/* ystd = (y − shift)/scale with the mean and sample standard deviation of the n values
+ * (scale 1 when they are constant or n = 1). */
+void gp_standardise(const double *y, size_t n, double *ystd, double *shift, double *scale);
+/* A GP with the given hyperparameters (no fitting); y raw values. */
+int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
+              const double *theta, gp **out, nas_err *err);
+/* The same GP with extra observations (Xf nf×d, raw values yf) appended, e.g. fantasies at
+ * pending points; hyperparameters and standardisation are kept and the Cholesky factor is
+ * extended by a block rather than recomputed. */
+int gp_condition(const gp *g, const double *Xf, const double *yf, size_t nf, gp **out,
+                 nas_err *err);
+void gp_free(gp *g);
+
+size_t gp_n(const gp *g);
+size_t gp_dim(const gp *g);
+const double *gp_theta(const gp *g);
+/* raw outcome = shift + scale · standardised value */
+double gp_shift(const gp *g);
+double gp_scale(const gp *g);
+
+/* Points whose posterior is evaluated jointly with a candidate x (the baseline of noisy
+ * acquisition functions): their posterior mean, covariance and the cross terms needed for
+ * cov(f(B), f(x)) in O(nb·n) per candidate. */
+typedef struct {
+  size_t nb;
+  double *X;     /* nb×d (owned copy) */
+  double *mean;  /* nb: posterior mean of c + f, standardised */
+  double *cov;   /* nb×nb: posterior covariance of f */
+  double *A;     /* nb×n: K(B, X) (K + noise I)^-1 */
+} gp_baseline;
+
+int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out, nas_err *err);
+void gp_baseline_clear(gp_baseline *b);
+
+/* Posterior of c + f(x) on the standardised scale. The pointers marked "or NULL" select what
+ * is computed; work holds gp_work_len(g) doubles. */
+typedef struct {
+  double mean, var;
+  double *dmean;  /* d, or NULL: ∂mean/∂x */
+  double *dvar;   /* d, or NULL: ∂var/∂x */
+  double *cov_b;  /* nb, or NULL: cov(f(B_i), f(x)) with the baseline */
+  double *dcov_b; /* nb×d, or NULL (needs cov_b): ∂cov_b[i]/∂x_j at [i·d + j] */
+} gp_prediction;
+
+size_t gp_work_len(const gp *g);
+void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_prediction *p,
+                double *work);
+
+/* Cholesky factorisation with jitter escalation: factorises A (n×n, row-major, symmetric;
+ * only the lower triangle is read) in place into its lower factor, adding the smallest
+ * jitter from 0, 1e-9, 1e-8, … 1e-3 times the mean diagonal that makes it work. *jitter
+ * receives what was added. Returns NAS_ERR when even the largest fails. */
+int gp_cholesky(double *A, size_t n, double *jitter, nas_err *err);
+
+#endif

@@ -1,0 +1,236 @@
+/* optimizer/gp_fit.c: fitting a GP's hyperparameters by maximum a posteriori (see gp.h).
+ *
+ * The objective is the log marginal likelihood of the standardised outcomes plus the log
+ * densities of BoTorch's default priors, with its analytic gradient:
+ *   log p(y|θ) = −½ rᵀα − ½ log|K| − (n/2) log 2π,  r = y − c,  α = K⁻¹r,
+ *   ∂/∂θ_i = ½ tr((ααᵀ − K⁻¹) ∂K/∂θ_i),  ∂/∂c = Σ α.
+ * It is maximised by NLopt's bound-constrained L-BFGS from the prior's mode and from
+ * `restarts` further starts drawn around it; the best θ ever evaluated wins, so a start
+ * that stops early (round-off, evaluation limit) still contributes what it found. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gsl/gsl_cblas.h>
+#include <gsl/gsl_errno.h>
+#include <gsl/gsl_linalg.h>
+#include <gsl/gsl_randist.h>
+#include <nlopt.h>
+
+#include "optimizer/gp.h"
+
+static const double SQRT2 = 1.41421356237309504880;
+static const double SQRT3 = 1.73205080756887729353;
+static const double LOG_2PI = 1.83787706640934548356;
+static const double MIN_LENGTHSCALE = 0.025, MAX_LENGTHSCALE = 1e3;
+static const double MIN_NOISE = 1e-4, MAX_NOISE = 10.0;
+static const double NOISE_PRIOR_LOC = -4.0, NOISE_PRIOR_SCALE = 1.0;
+static const double MEAN_BOUND = 10.0;
+
+static double lengthscale_prior_loc(size_t d) { return SQRT2 + 0.5 * log((double)d); }
+
+/* log LogNormal(v; loc, scale) at log v = u, and its derivative in u. The density is the
+ * one of v itself (with its −log v term), as gpytorch evaluates priors: this is what makes
+ * BoTorch's MAP lengthscales sit near exp(loc − scale²) rather than exp(loc). */
+static double log_lognormal(double u, double loc, double scale, double *d_du) {
+  double z = (u - loc) / scale;
+  if (d_du) *d_du = -1.0 - z / scale;
+  return -u - log(scale) - 0.5 * LOG_2PI - 0.5 * z * z;
+}
+
+void gp_theta_bounds(size_t d, double *lower, double *upper) {
+  for (size_t k = 0; k < d; k++) {
+    lower[k] = log(MIN_LENGTHSCALE);
+    upper[k] = log(MAX_LENGTHSCALE);
+  }
+  lower[GP_THETA_NOISE(d)] = log(MIN_NOISE);
+  upper[GP_THETA_NOISE(d)] = log(MAX_NOISE);
+  lower[GP_THETA_MEAN(d)] = -MEAN_BOUND;
+  upper[GP_THETA_MEAN(d)] = MEAN_BOUND;
+}
+
+void gp_theta_prior_mode(size_t d, double *theta) {
+  for (size_t k = 0; k < d; k++) theta[k] = lengthscale_prior_loc(d) - SQRT3 * SQRT3;
+  theta[GP_THETA_NOISE(d)] = NOISE_PRIOR_LOC - NOISE_PRIOR_SCALE * NOISE_PRIOR_SCALE;
+  theta[GP_THETA_MEAN(d)] = 0.0;
+}
+
+double gp_log_prior(size_t d, const double *theta, double *grad) {
+  double lp = 0, du;
+  for (size_t k = 0; k < d; k++) {
+    lp += log_lognormal(theta[k], lengthscale_prior_loc(d), SQRT3, &du);
+    if (grad) grad[k] += du;
+  }
+  size_t in = GP_THETA_NOISE(d);
+  lp += log_lognormal(theta[in], NOISE_PRIOR_LOC, NOISE_PRIOR_SCALE, &du);
+  if (grad) grad[in] += du;
+  return lp;
+}
+
+/* K (with noise on the diagonal) and the slopes G_ij = g(r²_ij) of its entries. */
+static void kernel_and_slopes(gp_kernel kind, const double *X, size_t n, size_t d,
+                              const double *inv_ls2, double noise, double *K, double *G) {
+  for (size_t i = 0; i < n; i++) {
+    K[i * n + i] = 1.0 + noise;
+    for (size_t j = 0; j < i; j++) {
+      K[i * n + j] = kernel_eval(kind, kernel_r2(X + i * d, X + j * d, inv_ls2, d), &G[i * n + j]);
+      K[j * n + i] = K[i * n + j];
+    }
+  }
+}
+
+/* ∂/∂log ℓ_k = ½ Σ_ij W_ij G_ij Δ²_ijk/ℓ_k² = Σ_{i>j} W_ij G_ij Δ²_ijk/ℓ_k² (Δ = 0 on the
+ * diagonal). W = ααᵀ − K⁻¹ is passed as kinv and alpha. */
+static void lengthscale_gradient(const double *X, size_t n, size_t d, const double *inv_ls2,
+                                 const double *G, const double *kinv, const double *alpha,
+                                 double *grad) {
+  for (size_t i = 0; i < n; i++)
+    for (size_t j = 0; j < i; j++) {
+      double wg = (alpha[i] * alpha[j] - kinv[i * n + j]) * G[i * n + j];
+      for (size_t k = 0; k < d; k++) {
+        double diff = X[i * d + k] - X[j * d + k];
+        grad[k] += wg * diff * diff;
+      }
+    }
+  for (size_t k = 0; k < d; k++) grad[k] *= inv_ls2[k];
+}
+
+typedef struct {
+  double *K, *G, *alpha;
+} lml_work;
+
+static double lml_with_work(gp_kernel kind, const double *X, const double *y, size_t n,
+                            size_t d, const double *theta, double *grad, lml_work *w,
+                            nas_err *err) {
+  double inv_ls2[d > 0 ? d : 1];
+  for (size_t k = 0; k < d; k++) inv_ls2[k] = exp(-2.0 * theta[k]);
+  double noise = exp(theta[GP_THETA_NOISE(d)]), c = theta[GP_THETA_MEAN(d)];
+  kernel_and_slopes(kind, X, n, d, inv_ls2, noise, w->K, w->G);
+  if (gp_cholesky(w->K, n, NULL, err) != NAS_OK) return -HUGE_VAL;
+  double logdet = 0;
+  for (size_t i = 0; i < n; i++) logdet += 2.0 * log(w->K[i * n + i]);
+  for (size_t i = 0; i < n; i++) w->alpha[i] = y[i] - c;
+  double quad = 0;
+  gsl_vector_view alpha = gsl_vector_view_array(w->alpha, n);
+  gsl_matrix_view L = gsl_matrix_view_array(w->K, n, n);
+  gsl_linalg_cholesky_svx(&L.matrix, &alpha.vector);
+  for (size_t i = 0; i < n; i++) quad += (y[i] - c) * w->alpha[i];
+  double value = -0.5 * quad - 0.5 * logdet - 0.5 * (double)n * LOG_2PI;
+  if (grad) {
+    memset(grad, 0, GP_THETA_LEN(d) * sizeof *grad);
+    gsl_linalg_cholesky_invert(&L.matrix); /* w->K now holds K⁻¹ */
+    double trace_w = 0, sum_alpha = 0;
+    for (size_t i = 0; i < n; i++) {
+      trace_w += w->alpha[i] * w->alpha[i] - w->K[i * n + i];
+      sum_alpha += w->alpha[i];
+    }
+    lengthscale_gradient(X, n, d, inv_ls2, w->G, w->K, w->alpha, grad);
+    grad[GP_THETA_NOISE(d)] = 0.5 * noise * trace_w;
+    grad[GP_THETA_MEAN(d)] = sum_alpha;
+  }
+  return value + gp_log_prior(d, theta, grad);
+}
+
+static int lml_work_alloc(size_t n, lml_work *w) {
+  w->K = malloc(n * n * sizeof *w->K);
+  w->G = malloc(n * n * sizeof *w->G);
+  w->alpha = malloc(n * sizeof *w->alpha);
+  return w->K && w->G && w->alpha ? NAS_OK : NAS_ERR;
+}
+
+static void lml_work_free(lml_work *w) {
+  free(w->K);
+  free(w->G);
+  free(w->alpha);
+}
+
+double gp_log_posterior(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
+                        const double *theta, double *grad, nas_err *err) {
+  lml_work w;
+  double value = -HUGE_VAL;
+  if (lml_work_alloc(n, &w) == NAS_OK)
+    value = lml_with_work(kind, X, y, n, d, theta, grad, &w, err);
+  else
+    nas_errf(err, "gp: out of memory for %zu observations", n);
+  lml_work_free(&w);
+  return value;
+}
+
+/* What NLopt's callback needs, and the best point it has seen. */
+typedef struct {
+  gp_kernel kind;
+  const double *X, *y;
+  size_t n, d;
+  lml_work work;
+  double best_value;
+  double *best_theta;
+} fit_problem;
+
+static double fit_objective(unsigned len, const double *theta, double *grad, void *data) {
+  fit_problem *p = data;
+  double value = lml_with_work(p->kind, p->X, p->y, p->n, p->d, theta, grad, &p->work, NULL);
+  if (!isfinite(value)) {
+    if (grad) memset(grad, 0, len * sizeof *grad);
+    return -1e300; /* unfactorisable: worse than anything, so the line search backs off */
+  }
+  if (value > p->best_value) {
+    p->best_value = value;
+    memcpy(p->best_theta, theta, len * sizeof *theta);
+  }
+  return value;
+}
+
+/* Start number `start`: the prior's mode, then points drawn around it. */
+static void fit_start(size_t d, int start, gsl_rng *rng, const double *lower,
+                      const double *upper, double *theta) {
+  gp_theta_prior_mode(d, theta);
+  if (start == 0) return;
+  for (size_t i = 0; i < GP_THETA_LEN(d) - 1; i++) {
+    theta[i] += gsl_ran_gaussian(rng, 1.0);
+    theta[i] = fmin(fmax(theta[i], lower[i]), upper[i]);
+  }
+}
+
+static void fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng) {
+  unsigned len = (unsigned)GP_THETA_LEN(p->d);
+  double lower[len], upper[len], theta[len];
+  gp_theta_bounds(p->d, lower, upper);
+  nlopt_opt nl = nlopt_create(NLOPT_LD_LBFGS, len);
+  if (!nl) return;
+  nlopt_set_lower_bounds(nl, lower);
+  nlopt_set_upper_bounds(nl, upper);
+  nlopt_set_max_objective(nl, fit_objective, p);
+  nlopt_set_maxeval(nl, opt->max_evals > 0 ? opt->max_evals : 200);
+  nlopt_set_ftol_rel(nl, 1e-7);
+  for (int start = 0; start <= opt->restarts; start++) {
+    fit_start(p->d, start, rng, lower, upper, theta);
+    double value;
+    nlopt_optimize(nl, theta, &value); /* whatever it returns, best_theta holds the best */
+  }
+  nlopt_destroy(nl);
+}
+
+int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_options *opt,
+           gsl_rng *rng, gp **out, nas_err *err) {
+  if (n == 0) return nas_errf(err, "gp: no observations to fit");
+  size_t len = GP_THETA_LEN(d);
+  fit_problem p = {.kind = opt->kernel, .X = X, .n = n, .d = d, .best_value = -HUGE_VAL};
+  double *ystd = malloc(n * sizeof *ystd);
+  p.best_theta = malloc(len * sizeof *p.best_theta);
+  int rc = NAS_ERR;
+  if (!ystd || !p.best_theta || lml_work_alloc(n, &p.work) != NAS_OK) {
+    nas_errf(err, "gp: out of memory fitting %zu observations", n);
+    goto done;
+  }
+  double shift, scale; /* the same standardisation gp_create will make */
+  gp_standardise(y, n, ystd, &shift, &scale);
+  gp_theta_prior_mode(d, p.best_theta);
+  p.y = ystd;
+  fit_runs(&p, opt, rng);
+  rc = gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);
+done:
+  lml_work_free(&p.work);
+  free(ystd);
+  free(p.best_theta);
+  return rc;
+}

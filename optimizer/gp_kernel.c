@@ -1,0 +1,58 @@
+/* optimizer/gp_kernel.c: the ARD kernels of the GP (RBF and Matérn-5/2), their kernel
+ * matrices and their gradients (see gp.h).
+ *
+ * Both kernels have unit variance and are written as functions of the scaled squared
+ * distance r², so that lengthscale and input gradients share one factor, the slope
+ * g(r²) = −2 dk/d(r²), which stays finite at r = 0 (Matérn-5/2 has no 1/r there). */
+#include <math.h>
+
+#include "optimizer/gp.h"
+
+static const double SQRT5 = 2.23606797749978969641;
+
+/* RBF: k = exp(−r²/2), so g = k. Matérn-5/2: k(r) = (1 + √5 r + 5r²/3)e^{−√5 r},
+ * dk/dr = −(5/3) r (1 + √5 r) e^{−√5 r}, and −2 dk/d(r²) = −(dk/dr)/r. */
+double kernel_eval(gp_kernel kind, double r2, double *slope) {
+  if (kind == GP_KERNEL_RBF) {
+    double k = exp(-0.5 * r2);
+    if (slope) *slope = k;
+    return k;
+  }
+  double s5r = SQRT5 * sqrt(r2);
+  double e = exp(-s5r);
+  if (slope) *slope = 5.0 / 3.0 * (1.0 + s5r) * e;
+  return (1.0 + s5r + 5.0 / 3.0 * r2) * e;
+}
+
+double kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d) {
+  double r2 = 0;
+  for (size_t k = 0; k < d; k++) {
+    double diff = a[k] - b[k];
+    r2 += diff * diff * inv_ls2[k];
+  }
+  return r2;
+}
+
+void kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+                   double *K) {
+  for (size_t i = 0; i < n; i++) {
+    K[i * n + i] = 1.0;
+    for (size_t j = 0; j < i; j++) {
+      double kij = kernel_eval(kind, kernel_r2(X + i * d, X + j * d, inv_ls2, d), NULL);
+      K[i * n + j] = kij;
+      K[j * n + i] = kij;
+    }
+  }
+}
+
+void kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+                   const double *x, double *k, double *dk) {
+  for (size_t i = 0; i < n; i++) {
+    const double *xi = X + i * d;
+    double r2 = kernel_r2(x, xi, inv_ls2, d);
+    double g;
+    k[i] = kernel_eval(kind, r2, &g);
+    if (!dk) continue;
+    for (size_t j = 0; j < d; j++) dk[i * d + j] = -g * (x[j] - xi[j]) * inv_ls2[j];
+  }
+}

@@ -1,0 +1,497 @@
+/* optimizer/gp_optimizer.c: the `gp` optimizer (the default): multi-objective Bayesian
+ * optimisation over Gaussian processes.
+ *
+ * A call to suggest:
+ *  1. encodes the observations and pending trials into the unit cube;
+ *  2. while fewer than n_initial trials exist (default max(5, 2·d), d the number of
+ *     searched parameters) or fewer than two observations have every objective, trial k
+ *     gets point k of the randomised Sobol design, as the sobol optimizer would give it;
+ *  3. otherwise fits one GP per objective (minimisation convention) and per constraint
+ *     (its slack, ≤ 0 when feasible) on the observations that report it, then picks the
+ *     n suggestions one after the other (sequential greedy), each maximising an
+ *     acquisition that treats the pending trials and the earlier picks as pending:
+ *     LogEI over GPs conditioned on fantasies at them (1 objective), qLogNEHVI with them
+ *     in the sampled baseline (2–4 objectives), qLogNParEGO with a random Chebyshev
+ *     weighting per pick (more);
+ *  4. never returns an observed, pending or already suggested assignment (taken.h).
+ * Everything random comes from streams of (spec.seed, trial number), so the same spec,
+ * observations, pending trials and first_number give the same suggestions. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <gsl/gsl_randist.h>
+#include <gsl/gsl_rng.h>
+
+#include "optimizer/acq_optimize.h"
+#include "optimizer/acquisition.h"
+#include "optimizer/backend.h"
+#include "optimizer/design.h"
+#include "optimizer/gp.h"
+#include "optimizer/options.h"
+#include "optimizer/taken.h"
+
+/* Streams of (spec.seed, ·) this file draws from: a purpose tag above the trial number,
+ * far from the streams taken.c uses (number | attempt << 32). */
+static const uint64_t STREAM_FIT = UINT64_C(0x6770100000000000);
+static const uint64_t STREAM_MC = UINT64_C(0x6770200000000000);
+static const uint64_t STREAM_RAW = UINT64_C(0x6770300000000000);
+static const uint64_t STREAM_WEIGHTS = UINT64_C(0x6770400000000000);
+
+enum { max_hvi_objectives = 4 };
+
+typedef struct {
+  const space *sp;    /* borrowed */
+  gp_kernel kernel;
+  size_t n_initial;   /* 0: max(5, 2·d) */
+  size_t raw_samples; /* acquisition raw samples */
+  size_t restarts;    /* acquisition local optimisations */
+  size_t mc_samples;  /* MC samples of the noisy acquisitions */
+  size_t max_baseline;
+  int fit_restarts;   /* extra hyperparameter starts per GP */
+} gp_state;
+
+/* ---- options --------------------------------------------------------------------------- */
+
+static const char *const known_options[] = {"kernel",     "n_initial",    "raw_samples",
+                                            "restarts",   "mc_samples",   "fit_restarts",
+                                            "max_baseline", NULL};
+
+static int read_count(const json_t *options, const char *key, long min, size_t *out,
+                      nas_err *err) {
+  const json_t *v = json_object_get(options, key);
+  if (!v) return NAS_OK;
+  if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > 1000000)
+    return nas_errf(err, "optimizer gp: option '%s' must be an integer from %ld to 1000000",
+                    key, min);
+  *out = (size_t)json_integer_value(v);
+  return NAS_OK;
+}
+
+static int read_kernel(const json_t *options, gp_kernel *out, nas_err *err) {
+  const json_t *v = json_object_get(options, "kernel");
+  if (!v) return NAS_OK;
+  const char *name = json_string_value(v);
+  if (name && strcmp(name, "rbf") == 0) *out = GP_KERNEL_RBF;
+  else if (name && strcmp(name, "matern52") == 0) *out = GP_KERNEL_MATERN52;
+  else return nas_errf(err, "optimizer gp: option 'kernel' must be \"rbf\" or \"matern52\"");
+  return NAS_OK;
+}
+
+static int read_options(const json_t *options, gp_state *st, nas_err *err) {
+  size_t fit_restarts = 1;
+  if (optimizer_check_options("gp", options, known_options, err) != NAS_OK ||
+      read_kernel(options, &st->kernel, err) != NAS_OK ||
+      read_count(options, "n_initial", 1, &st->n_initial, err) != NAS_OK ||
+      read_count(options, "raw_samples", 1, &st->raw_samples, err) != NAS_OK ||
+      read_count(options, "restarts", 1, &st->restarts, err) != NAS_OK ||
+      read_count(options, "mc_samples", 1, &st->mc_samples, err) != NAS_OK ||
+      read_count(options, "max_baseline", 1, &st->max_baseline, err) != NAS_OK ||
+      read_count(options, "fit_restarts", 0, &fit_restarts, err) != NAS_OK)
+    return NAS_ERR;
+  st->fit_restarts = (int)fit_restarts;
+  return NAS_OK;
+}
+
+static int gp_create_state(const space *sp, const json_t *options, void **state, nas_err *err) {
+  gp_state *st = malloc(sizeof *st);
+  if (!st) return nas_errf(err, "optimizer gp: out of memory");
+  *st = (gp_state){.sp = sp,
+                   .kernel = GP_KERNEL_MATERN52,
+                   .raw_samples = 512,
+                   .restarts = 8,
+                   .mc_samples = 64,
+                   .max_baseline = 48};
+  if (read_options(options, st, err) != NAS_OK) {
+    free(st);
+    return NAS_ERR;
+  }
+  *state = st;
+  return NAS_OK;
+}
+
+static void gp_free_state(void *state) { free(state); }
+
+/* ---- data ------------------------------------------------------------------------------ */
+
+/* Observations (those that encode in the space) and pending trials in the cube, then the
+ * suggestions picked so far in this call, appended to P. */
+typedef struct {
+  size_t dim, m, c;
+  size_t n;   /* observations */
+  double *X;  /* n×dim */
+  double *Y;  /* n×m objectives, minimisation convention; NaN where missing */
+  double *C;  /* n×c constraint slacks (≤ 0 feasible); NaN where missing */
+  size_t np;  /* pending trials and picks */
+  double *P;  /* np×dim, room for the call's picks */
+} bo_data;
+
+static void data_clear(bo_data *d) {
+  free(d->X);
+  free(d->Y);
+  free(d->C);
+  free(d->P);
+}
+
+static double slack(const constraint_spec *c, double value) {
+  return c->op == CONSTRAINT_LE ? value - c->bound : c->bound - value;
+}
+
+static void add_observation(bo_data *d, const spec *s, const observation *o) {
+  objectives_to_min(s, o->objectives, d->Y + d->n * d->m);
+  for (size_t k = 0; k < d->c; k++)
+    d->C[d->n * d->c + k] = slack(&s->constraints[k], o->constraints[k]);
+  d->n++;
+}
+
+static int data_load(const space *sp, const observation *obs, size_t n_obs,
+                     const json_t *const *pending, size_t n_pending, size_t n_picks,
+                     bo_data *d, nas_err *err) {
+  const spec *s = space_spec(sp);
+  *d = (bo_data){.dim = space_ndim(sp), .m = s->n_objectives, .c = s->n_constraints};
+  d->X = malloc((n_obs * d->dim + 1) * sizeof *d->X);
+  d->Y = malloc((n_obs * d->m + 1) * sizeof *d->Y);
+  d->C = malloc((n_obs * d->c + 1) * sizeof *d->C);
+  d->P = malloc(((n_pending + n_picks) * d->dim + 1) * sizeof *d->P);
+  if (!d->X || !d->Y || !d->C || !d->P) return nas_errf(err, "optimizer gp: out of memory");
+  nas_err ignored; /* assignments of an earlier version of the spec: not in this space */
+  for (size_t i = 0; i < n_obs; i++)
+    if (space_encode(sp, obs[i].params, d->X + d->n * d->dim, &ignored) == NAS_OK)
+      add_observation(d, s, &obs[i]);
+  for (size_t i = 0; i < n_pending; i++)
+    if (space_encode(sp, pending[i], d->P + d->np * d->dim, &ignored) == NAS_OK) d->np++;
+  return NAS_OK;
+}
+
+static bool row_finite(const double *v, size_t m) {
+  for (size_t j = 0; j < m; j++)
+    if (!isfinite(v[j])) return false;
+  return true;
+}
+
+static size_t complete_rows(const bo_data *d) {
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++) k += row_finite(d->Y + i * d->m, d->m);
+  return k;
+}
+
+/* ---- models ---------------------------------------------------------------------------- */
+
+typedef struct {
+  size_t m, c;   /* objectives; constraints with data (the others cannot be modelled) */
+  gp **obj;      /* m */
+  gp **con;      /* c */
+  double *ref;   /* m: reference point, minimisation convention */
+  double *ideal; /* m: best observed value per objective */
+} bo_models;
+
+static void models_clear(bo_models *md) {
+  for (size_t j = 0; md->obj && j < md->m; j++) gp_free(md->obj[j]);
+  for (size_t k = 0; md->con && k < md->c; k++) gp_free(md->con[k]);
+  free(md->obj);
+  free(md->con);
+  free(md->ref);
+  free(md->ideal);
+}
+
+/* Fits a GP to column `col` (stride `stride`) of V over the rows where it is finite; *out
+ * stays NULL when no row is. */
+static int fit_column(const gp_state *st, const bo_data *d, const double *V, size_t stride,
+                      size_t col, gsl_rng *rng, gp **out, nas_err *err) {
+  double *X = malloc((d->n * d->dim + 1) * sizeof *X), *y = malloc((d->n + 1) * sizeof *y);
+  if (!X || !y) {
+    free(X);
+    free(y);
+    return nas_errf(err, "optimizer gp: out of memory");
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++) {
+    if (!isfinite(V[i * stride + col])) continue;
+    memcpy(X + k * d->dim, d->X + i * d->dim, d->dim * sizeof *X);
+    y[k++] = V[i * stride + col];
+  }
+  gp_fit_options fo = {.kernel = st->kernel, .restarts = st->fit_restarts, .max_evals = 200};
+  *out = NULL;
+  int rc = k > 0 ? gp_fit(X, y, k, d->dim, &fo, rng, out, err) : NAS_OK;
+  free(X);
+  free(y);
+  return rc;
+}
+
+static void set_ideal(const bo_data *d, bo_models *md) {
+  for (size_t j = 0; j < d->m; j++) {
+    md->ideal[j] = HUGE_VAL;
+    for (size_t i = 0; i < d->n; i++)
+      if (isfinite(d->Y[i * d->m + j])) md->ideal[j] = fmin(md->ideal[j], d->Y[i * d->m + j]);
+  }
+}
+
+static int fit_models(const gp_state *st, const bo_data *d, int number, bo_models *md,
+                      nas_err *err) {
+  const spec *s = space_spec(st->sp);
+  *md = (bo_models){.m = d->m};
+  md->obj = calloc(d->m + 1, sizeof *md->obj);
+  md->con = calloc(d->c + 1, sizeof *md->con);
+  md->ref = malloc((d->m + 1) * sizeof *md->ref);
+  md->ideal = malloc((d->m + 1) * sizeof *md->ideal);
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  int rc = md->obj && md->con && md->ref && md->ideal && rng
+               ? NAS_OK
+               : nas_errf(err, "optimizer gp: out of memory");
+  if (rng) gsl_rng_set(rng, design_stream_seed(s->seed, STREAM_FIT | (uint64_t)number));
+  for (size_t j = 0; rc == NAS_OK && j < d->m; j++) {
+    rc = fit_column(st, d, d->Y, d->m, j, rng, &md->obj[j], err);
+    if (rc != NAS_OK) nas_err_prefix(err, "objective '%s'", s->objectives[j].name);
+  }
+  for (size_t k = 0; rc == NAS_OK && k < d->c; k++) {
+    rc = fit_column(st, d, d->C, d->c, k, rng, &md->con[md->c], err);
+    if (rc != NAS_OK) nas_err_prefix(err, "constraint on '%s'", s->constraints[k].metric);
+    else if (md->con[md->c]) md->c++;
+  }
+  gsl_rng_free(rng);
+  if (rc != NAS_OK) return rc;
+  double *complete = malloc((d->n * d->m + 1) * sizeof *complete);
+  if (!complete) return nas_errf(err, "optimizer gp: out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++)
+    if (row_finite(d->Y + i * d->m, d->m))
+      memcpy(complete + k++ * d->m, d->Y + i * d->m, d->m * sizeof *complete);
+  reference_point(s, complete, k, md->ref);
+  free(complete);
+  set_ideal(d, md);
+  return NAS_OK;
+}
+
+/* ---- one pick -------------------------------------------------------------------------- */
+
+/* An acquisition ready to optimise, and what it owns. */
+typedef struct {
+  acq_fn f;
+  void *ctx;
+  logei *ei;
+  mc_acq *mc;
+  gp **models;  /* LogEI: objective then constraints, as the acquisition reads them */
+  gp **fantasy; /* LogEI: the models conditioned on the pending points (owned) */
+  size_t n_fantasy;
+} bo_acq;
+
+static void acq_clear(bo_acq *a) {
+  logei_free(a->ei);
+  mc_acq_free(a->mc);
+  for (size_t k = 0; a->fantasy && k < a->n_fantasy; k++) gp_free(a->fantasy[k]);
+  free(a->fantasy);
+  free(a->models);
+}
+
+/* g conditioned on its own posterior mean at the np rows of P (kriging believer). */
+static int believe(const gp *g, const double *P, size_t np, gp **out, nas_err *err) {
+  double *mean = malloc((np + 1) * sizeof *mean), *work = malloc(gp_work_len(g) * sizeof *work);
+  int rc = mean && work ? NAS_OK : nas_errf(err, "optimizer gp: out of memory");
+  for (size_t i = 0; rc == NAS_OK && i < np; i++) {
+    gp_prediction p = {0};
+    gp_predict(g, P + i * gp_dim(g), NULL, &p, work);
+    mean[i] = gp_shift(g) + gp_scale(g) * p.mean;
+  }
+  if (rc == NAS_OK) rc = gp_condition(g, P, mean, np, out, err);
+  free(mean);
+  free(work);
+  return rc;
+}
+
+/* Rows of the observations with some objective value, then the pending points. */
+static double *incumbent_points(const bo_data *d, size_t *n) {
+  double *X = malloc(((d->n + d->np) * d->dim + 1) * sizeof *X);
+  if (!X) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++)
+    if (isfinite(d->Y[i * d->m])) memcpy(X + k++ * d->dim, d->X + i * d->dim, d->dim * sizeof *X);
+  memcpy(X + k * d->dim, d->P, d->np * d->dim * sizeof *X);
+  *n = k + d->np;
+  return X;
+}
+
+/* LogEI over the models conditioned on fantasies at the pending points (the models
+ * themselves when nothing is pending). */
+static int make_logei(const bo_data *d, const bo_models *md, bo_acq *a, nas_err *err) {
+  size_t K = 1 + md->c;
+  gp **models = a->models = malloc(K * sizeof *models);
+  if (!models) return nas_errf(err, "optimizer gp: out of memory");
+  models[0] = md->obj[0];
+  for (size_t k = 1; k < K; k++) models[k] = md->con[k - 1];
+  int rc = NAS_OK;
+  if (d->np > 0) {
+    a->fantasy = calloc(K, sizeof *a->fantasy);
+    if (!a->fantasy) return nas_errf(err, "optimizer gp: out of memory");
+    for (size_t k = 0; rc == NAS_OK && k < K; k++) {
+      rc = believe(models[k], d->P, d->np, &a->fantasy[k], err);
+      if (rc == NAS_OK) models[k] = a->fantasy[a->n_fantasy++];
+    }
+  }
+  size_t n_inc = 0;
+  double *Xinc = rc == NAS_OK ? incumbent_points(d, &n_inc) : NULL;
+  if (rc == NAS_OK && !Xinc) rc = nas_errf(err, "optimizer gp: out of memory");
+  acq_models m = {.n_obj = 1, .n_con = md->c, .obj = models, .con = models + 1};
+  if (rc == NAS_OK) rc = logei_create(&m, Xinc, n_inc, &a->ei, err);
+  free(Xinc);
+  a->f = logei_eval;
+  a->ctx = a->ei;
+  return rc;
+}
+
+/* The observations that may still be optimal (pruned), then the pending points. */
+static double *mc_baseline(const bo_data *d, const acq_models *m, size_t cap, size_t *nb,
+                           nas_err *err) {
+  double *obs = malloc((d->n * d->dim + 1) * sizeof *obs);
+  size_t *keep = malloc((d->n + 1) * sizeof *keep), n_obs = 0, n_keep = 0;
+  double *B = malloc(((d->n + d->np) * d->dim + 1) * sizeof *B);
+  int rc = obs && keep && B ? NAS_OK : nas_errf(err, "optimizer gp: out of memory");
+  for (size_t i = 0; rc == NAS_OK && i < d->n; i++) /* rows with some objective value */
+    for (size_t j = 0; j < d->m; j++)
+      if (isfinite(d->Y[i * d->m + j])) {
+        memcpy(obs + n_obs++ * d->dim, d->X + i * d->dim, d->dim * sizeof *obs);
+        break;
+      }
+  if (rc == NAS_OK) rc = acq_prune_baseline(m, obs, n_obs, cap, keep, &n_keep, err);
+  for (size_t k = 0; rc == NAS_OK && k < n_keep; k++)
+    memcpy(B + k * d->dim, obs + keep[k] * d->dim, d->dim * sizeof *B);
+  if (rc == NAS_OK) memcpy(B + n_keep * d->dim, d->P, d->np * d->dim * sizeof *B);
+  free(obs);
+  free(keep);
+  if (rc != NAS_OK) {
+    free(B);
+    return NULL;
+  }
+  *nb = n_keep + d->np;
+  return B;
+}
+
+/* Chebyshev weights uniform on the simplex (normalised exponentials). */
+static void draw_weights(long seed, int number, size_t m, double *w) {
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double sum = 0;
+  if (rng) gsl_rng_set(rng, design_stream_seed(seed, STREAM_WEIGHTS | (uint64_t)number));
+  for (size_t j = 0; j < m; j++) sum += (w[j] = rng ? gsl_ran_exponential(rng, 1.0) : 1.0);
+  for (size_t j = 0; j < m; j++) w[j] /= sum;
+  gsl_rng_free(rng);
+}
+
+static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, int number,
+                   bo_acq *a, nas_err *err) {
+  const spec *s = space_spec(st->sp);
+  acq_models m = {.n_obj = md->m, .n_con = md->c, .obj = md->obj, .con = md->con};
+  size_t nb = 0;
+  double *B = mc_baseline(d, &m, st->max_baseline, &nb, err), weights[md->m];
+  if (!B) return NAS_ERR;
+  draw_weights(s->seed, number, md->m, weights);
+  mc_options opt = {.utility = md->m <= max_hvi_objectives ? MC_HVI : MC_PAREGO,
+                    .n_samples = st->mc_samples,
+                    .seed = design_stream_seed(s->seed, STREAM_MC | (uint64_t)number),
+                    .ref = md->ref,
+                    .weights = weights,
+                    .ideal = md->ideal};
+  int rc = mc_acq_create(&m, B, nb, &opt, &a->mc, err);
+  free(B);
+  a->f = mc_acq_eval;
+  a->ctx = a->mc;
+  return rc;
+}
+
+/* Centres for the raw samples: the observed front (complete rows only). */
+static double *front_centres(const bo_data *d, size_t *n) {
+  double *Yc = malloc((d->n * d->m + 1) * sizeof *Yc), *Xc = malloc((d->n * d->dim + 1) * sizeof *Xc);
+  bool *mask = malloc((d->n + 1) * sizeof *mask);
+  size_t k = 0, kept = 0;
+  if (Yc && Xc && mask) {
+    for (size_t i = 0; i < d->n; i++)
+      if (row_finite(d->Y + i * d->m, d->m)) {
+        memcpy(Yc + k * d->m, d->Y + i * d->m, d->m * sizeof *Yc);
+        memcpy(Xc + k++ * d->dim, d->X + i * d->dim, d->dim * sizeof *Xc);
+      }
+    pareto_mask(Yc, k, d->m, mask);
+    for (size_t i = 0; i < k; i++)
+      if (mask[i]) memmove(Xc + kept++ * d->dim, Xc + i * d->dim, d->dim * sizeof *Xc);
+  }
+  free(Yc);
+  free(mask);
+  *n = kept;
+  return Xc;
+}
+
+static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int number,
+                taken_set *taken, double *x, nas_err *err) {
+  const spec *s = space_spec(st->sp);
+  bo_acq a = {0};
+  int rc = md->m == 1 ? make_logei(d, md, &a, err) : make_mc(st, d, md, number, &a, err);
+  size_t n_centres = 0;
+  double *centres = rc == NAS_OK ? front_centres(d, &n_centres) : NULL;
+  if (rc == NAS_OK && !centres) rc = nas_errf(err, "optimizer gp: out of memory");
+  acq_search search = {.sp = st->sp,
+                       .f = a.f,
+                       .ctx = a.ctx,
+                       .raw_samples = st->raw_samples,
+                       .restarts = st->restarts,
+                       .max_evals = 100,
+                       .seed = (long)(design_stream_seed(s->seed, STREAM_RAW | (uint64_t)number) >> 1),
+                       .centres = centres,
+                       .n_centres = n_centres,
+                       .taken = taken};
+  double value;
+  if (rc == NAS_OK) rc = acq_optimize(&search, x, &value, err);
+  if (rc == NAS_OK) rc = taken_add(taken, x, err);
+  else if (rc == NAS_ENOTFOUND) rc = taken_fresh(taken, s->seed, number, NULL, x, err);
+  free(centres);
+  acq_clear(&a);
+  return rc;
+}
+
+/* ---- suggest --------------------------------------------------------------------------- */
+
+static size_t initial_design_size(const gp_state *st) {
+  size_t d = space_uniform_dims(st->sp);
+  return st->n_initial ? st->n_initial : (2 * d > 5 ? 2 * d : 5);
+}
+
+/* Point `number` of the Sobol design, or a free one near it in its streams. */
+static int design_pick(const gp_state *st, int number, taken_set *taken, double *x,
+                       nas_err *err) {
+  size_t n_u = space_uniform_dims(st->sp);
+  double u[n_u + 1];
+  long seed = space_spec(st->sp)->seed;
+  if (n_u > 0 && design_sobol(n_u, seed, (size_t)number, 1, u, err) != NAS_OK) return NAS_ERR;
+  space_from_uniform(st->sp, u, x);
+  return taken_fresh(taken, seed, number, x, x, err);
+}
+
+static int gp_suggest(void *state, const observation *obs, size_t n_obs,
+                      const json_t *const *pending, size_t n_pending, size_t n, int first_number,
+                      json_t **out, nas_err *err) {
+  const gp_state *st = state;
+  bo_data d;
+  bo_models md = {0};
+  taken_set *taken = NULL;
+  bool fitted = false;
+  int rc = data_load(st->sp, obs, n_obs, pending, n_pending, n, &d, err);
+  if (rc == NAS_OK) rc = taken_create(st->sp, obs, n_obs, pending, n_pending, &taken, err);
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    int number = first_number + (int)i;
+    double *x = d.P + d.np * d.dim;
+    bool bo = n_obs + n_pending + i >= initial_design_size(st) && complete_rows(&d) >= 2;
+    if (bo && !fitted) rc = fit_models(st, &d, first_number, &md, err);
+    fitted = fitted || bo;
+    if (rc == NAS_OK) rc = bo ? pick(st, &d, &md, number, taken, x, err)
+                              : design_pick(st, number, taken, x, err);
+    if (rc == NAS_OK) rc = space_decode(st->sp, x, &out[i], err);
+    d.np++;
+  }
+  models_clear(&md);
+  taken_free(taken);
+  data_clear(&d);
+  return rc;
+}
+
+const optimizer_backend optimizer_gp_backend = {
+    .type = "gp",
+    .create = gp_create_state,
+    .free = gp_free_state,
+    .suggest = gp_suggest,
+};

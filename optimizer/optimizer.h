@@ -1,0 +1,96 @@
+/* optimizer: what to try next, and how good the results are.
+ *
+ * - The search space encoded as a unit cube (space_*): what every model-based method works in.
+ * - Optimizers behind one interface (optimizer_*), chosen by the spec's `optimizer: {type}`:
+ *   `random` (seeded uniform over the space), `sobol` (scrambled Sobol sequence), `gp`
+ *   (multi-objective Bayesian optimisation over Gaussian processes; the default).
+ * - Pareto fronts and hypervolumes (pareto_*, hypervolume).
+ *
+ * Optimizers hold no state between calls: every suggestion is computed from the
+ * observations and pending trials handed in, which come from storage. With the same spec,
+ * seed, observations and first_number the suggestions are the same, so a resumed
+ * experiment continues exactly as an uninterrupted one would. */
+#ifndef NAS_OPTIMIZER_H
+#define NAS_OPTIMIZER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/common.h"
+#include "spec/spec.h"
+
+/* ---- search space ↔ unit cube ---------------------------------------------------------
+ * Floats and ints map to one dimension each (log scale when `log`), categoricals to one
+ * dimension per choice (one-hot), fixed parameters to none. Inactive conditional
+ * parameters are pinned to the middle of their range (0 in one-hot). */
+typedef enum {
+  DIM_CONTINUOUS, /* float without step */
+  DIM_DISCRETE,   /* int or stepped float: n_levels evenly spaced values in [0, 1] */
+  DIM_ONEHOT,     /* one choice of a categorical: group of n_levels dimensions */
+} space_dim_kind;
+
+typedef struct {
+  space_dim_kind kind;
+  size_t param;        /* index into spec.params */
+  size_t n_levels;     /* DIM_DISCRETE: number of values; DIM_ONEHOT: choices in the group */
+  size_t group_start;  /* DIM_ONEHOT: first dimension of the group */
+} space_dim;
+
+typedef struct space space;
+
+int space_create(const spec *s, space **out, nas_err *err);
+void space_free(space *sp);
+size_t space_ndim(const space *sp);
+const space_dim *space_dims(const space *sp); /* space_ndim entries */
+const spec *space_spec(const space *sp);      /* borrowed */
+/* params (JSON object, a valid assignment) → x[space_ndim]. */
+int space_encode(const space *sp, const json_t *params, double *x, nas_err *err);
+/* x (any point of the cube) → the nearest valid assignment (integers and steps rounded,
+ * argmax of one-hot groups, inactive parameters left out). Owned JSON object. */
+int space_decode(const space *sp, const double *x, json_t **params, nas_err *err);
+/* x → encode(decode(x)) in place: the point the assignment really lies at. */
+int space_snap(const space *sp, double *x, nas_err *err);
+
+/* ---- optimizers ------------------------------------------------------------------------ */
+
+/* A finished trial as the optimizer sees it. Values are the raw reported metrics, in the
+ * order of spec.objectives and spec.constraints; NaN where missing. */
+typedef struct {
+  const json_t *params;       /* borrowed */
+  const double *objectives;   /* spec.n_objectives values */
+  const double *constraints;  /* spec.n_constraints values */
+} observation;
+
+typedef struct optimizer optimizer;
+
+/* Creates the optimizer named by s->optimizer.type with its options. s is borrowed and
+ * must outlive the optimizer. Unknown types or options are errors. */
+int optimizer_create(const spec *s, optimizer **out, nas_err *err);
+void optimizer_free(optimizer *opt);
+/* Suggests n assignments (owned JSON objects written to out[0..n-1]) given completed
+ * observations and the parameters of pending (queued or running) trials, which it must
+ * not propose again. first_number is the trial number the first suggestion will get; it
+ * seeds the randomness together with spec.seed. */
+int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
+                      const json_t *const *pending, size_t n_pending, size_t n,
+                      int first_number, json_t **out, nas_err *err);
+
+/* ---- fronts and hypervolume ------------------------------------------------------------
+ * Y is n×m, row-major, every objective to be minimised. */
+
+/* Objective values in the minimisation convention: maximised objectives negated. */
+void objectives_to_min(const spec *s, const double *raw, double *out);
+/* on_front[i] = no other row dominates row i (rows with NaN are never on the front). */
+void pareto_mask(const double *Y, size_t n, size_t m, bool *on_front);
+/* Non-dominated sorting: rank[i] = 0 for the front, 1 for the front of the rest, … */
+int pareto_ranks(const double *Y, size_t n, size_t m, int *rank, nas_err *err);
+/* Volume dominated by the rows of Y and bounded by ref (rows not strictly better than
+ * ref in every objective add nothing). Exact: O(n log n) for m = 2 and 3, WFG beyond. */
+double hypervolume(const double *Y, size_t n, size_t m, const double *ref);
+/* Reference point (minimisation convention) for an experiment: the objectives'
+ * thresholds where given, else inferred from the observed values (the nadir of the
+ * front pushed out by 10% of the observed range). */
+void reference_point(const spec *s, const double *Y, size_t n, double *ref);
+
+#endif

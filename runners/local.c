@@ -1,0 +1,562 @@
+/* runners/local.c: the local backend — every job runs on this machine under a monitor.
+ *
+ * runner_start forks a monitor: a copy of the caller (no exec) that calls setsid(), forks
+ * the job into a process group of its own, waits for it, enforces its time limit and stop
+ * requests (TERM to the group, KILL kill_grace seconds later), kills whatever is left of
+ * the group when the job ends, writes run_dir/exit.json and exits. The monitor does not
+ * depend on the caller, so a scheduler killed with -9 and started again finds every job
+ * through its handle "PID:STARTTIME" (the monitor's pid and field 22 of /proc/PID/stat,
+ * so that a reused pid is never taken for the monitor) and its run_dir.
+ *
+ * Invariants:
+ * - The caller keeps no state per job: handle and run_dir are all that poll and stop need.
+ * - exit.json appears atomically and only after the job's process group is gone;
+ *   runner_start removes one left from an earlier run first.
+ * - The monitor never returns into the caller's code and ends with _exit: no atexit
+ *   handlers, no flush of the caller's stdio buffers. What can fail in a way the caller
+ *   must hear about (folders, log files, environment) is prepared before the fork.
+ * - The caller waits only for a pid whose start time matches a handle and whose parent it
+ *   is: it never reaps a process it did not start, and it reaps each monitor it started as
+ *   soon as a poll sees that monitor's end.
+ * - A job does not outlive its monitor: it gets SIGKILL when the monitor dies
+ *   (PR_SET_PDEATHSIG), since nobody could observe or time it any more.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/pidfd.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "runners/backend.h"
+
+#define DEFAULT_KILL_GRACE_S 5.0
+#define EXIT_NOT_STARTED 127 /* exit code of a job whose command could not run (as in sh) */
+#define EXIT_FILE "exit.json"
+
+typedef struct {
+  double kill_grace; /* seconds between TERM and KILL */
+} local_runner;
+
+/* The monitor a handle names. */
+typedef struct {
+  pid_t pid;
+  unsigned long long start; /* field 22 of /proc/PID/stat: clock ticks after boot */
+} monitor_id;
+
+/* What /proc/PID/stat says about a process. */
+typedef struct {
+  char state; /* 'R', 'S', 'Z', … */
+  pid_t ppid;
+  unsigned long long start;
+} proc_stat;
+
+/* Everything the monitor needs, prepared by the caller before the fork. */
+typedef struct {
+  char *const *argv;   /* borrowed from the job */
+  const char *workdir; /* borrowed from the job */
+  char **envp;         /* owned array of borrowed strings: the job's whole environment */
+  char *exit_path;     /* owned: run_dir/exit.json */
+  int null_fd;         /* owned, -1 when closed: the job's stdin (/dev/null) */
+  int out_fd;          /* owned, -1 when closed: stdout.log, appended to */
+  int err_fd;          /* owned, -1 when closed: stderr.log, appended to */
+  double timeout_s;    /* 0 = none */
+  double kill_grace;
+} launch;
+
+/* ---- /proc and handles ---- */
+
+/* Reads /proc/pid/stat into *out; -1 when there is no such process. */
+static int proc_stat_read(pid_t pid, proc_stat *out) {
+  char path[32], text[1024];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, text, sizeof text - 1);
+  close(fd);
+  if (n <= 0) return -1;
+  text[n] = '\0';
+  /* The command name (field 2) may hold spaces and ')': fields go on after the last ')'.
+   * Then come state (3), ppid (4), 17 fields we skip (5-21) and the start time (22). */
+  const char *rest = strrchr(text, ')');
+  int ppid;
+  if (!rest || sscanf(rest + 1,
+                      " %c %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s"
+                      " %*s %llu",
+                      &out->state, &ppid, &out->start) != 3)
+    return -1;
+  out->ppid = (pid_t)ppid;
+  return 0;
+}
+
+static int handle_parse(const char *handle, monitor_id *id, nas_err *err) {
+  char *end;
+  errno = 0;
+  long pid = isdigit((unsigned char)handle[0]) ? strtol(handle, &end, 10) : 0;
+  bool ok = pid > 0 && pid <= INT_MAX && *end == ':' && isdigit((unsigned char)end[1]);
+  if (ok) {
+    id->pid = (pid_t)pid;
+    id->start = strtoull(end + 1, &end, 10);
+    ok = *end == '\0' && errno == 0;
+  }
+  if (!ok) return nas_errf(err, "malformed local job handle '%s' (expected PID:STARTTIME)", handle);
+  return NAS_OK;
+}
+
+/* Whether the monitor id names is still running (an ended one waiting to be reaped is not). */
+static bool monitor_running(monitor_id id) {
+  proc_stat st;
+  if (proc_stat_read(id.pid, &st) != 0 || st.start != id.start) return false;
+  return st.state != 'Z' && st.state != 'X';
+}
+
+/* Reaps the monitor when it is the caller's child. Called once it has ended or written
+ * exit.json, after which its only step left is _exit, so waiting cannot last. */
+static void monitor_reap(monitor_id id) {
+  proc_stat st;
+  if (proc_stat_read(id.pid, &st) != 0 || st.start != id.start || st.ppid != getpid()) return;
+  while (waitpid(id.pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+}
+
+/* Sends sig to the monitor unless it has ended. The pidfd pins the process before its
+ * start time is compared, so the signal cannot reach another process that reused the pid;
+ * kernels without pidfd_open fall back to kill() after the same check. */
+static int monitor_signal(monitor_id id, int sig, nas_err *err) {
+  int pidfd = pidfd_open(id.pid, 0);
+  if (pidfd < 0 && errno == ESRCH) return NAS_OK;
+  if (pidfd < 0 && errno != ENOSYS)
+    return nas_errf(err, "monitor %d: %s", (int)id.pid, strerror(errno));
+  int rc = 0;
+  if (monitor_running(id))
+    rc = pidfd >= 0 ? pidfd_send_signal(pidfd, sig, NULL, 0) : kill(id.pid, sig);
+  int sent_errno = errno;
+  if (pidfd >= 0) close(pidfd);
+  if (rc != 0 && sent_errno != ESRCH)
+    return nas_errf(err, "cannot signal monitor %d: %s", (int)id.pid, strerror(sent_errno));
+  return NAS_OK;
+}
+
+/* ---- exit.json ---- */
+
+static char *exit_path_of(const char *run_dir) {
+  return nas_asprintf("%s/" EXIT_FILE, run_dir);
+}
+
+static int state_from_name(const char *name, job_state *state) {
+  for (job_state s = JOB_EXITED; s <= JOB_STOPPED; s++) {
+    if (strcmp(job_state_name(s), name) == 0) {
+      *state = s;
+      return NAS_OK;
+    }
+  }
+  return NAS_ERR;
+}
+
+static int exit_json_parse(json_t *root, job_status *out) {
+  const char *state;
+  if (json_unpack(root, "{s:s, s:i, s:i}", "state", &state, "exit_code", &out->exit_code,
+                  "signal", &out->signal) != 0)
+    return NAS_ERR;
+  return state_from_name(state, &out->state);
+}
+
+/* Reads run_dir/exit.json into *out: 1 when it exists, 0 when not (yet), else NAS_ERR. */
+static int exit_file_read(const char *run_dir, job_status *out, nas_err *err) {
+  char *path = exit_path_of(run_dir);
+  if (!path) return nas_errf(err, "%s: out of memory", run_dir);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    int rc = errno == ENOENT ? 0 : nas_errf(err, "%s: %s", path, strerror(errno));
+    free(path);
+    return rc;
+  }
+  json_error_t jerr;
+  json_t *root = json_loadfd(fd, 0, &jerr);
+  close(fd);
+  int rc = 1;
+  if (!root) rc = nas_errf(err, "%s: %s", path, jerr.text);
+  else if (exit_json_parse(root, out) != NAS_OK)
+    rc = nas_errf(err, "%s: expected {\"state\": exited|signaled|timeout|stopped, "
+                       "\"exit_code\": N, \"signal\": N}", path);
+  json_decref(root);
+  free(path);
+  return rc;
+}
+
+/* ---- the monitor (runs in the forked child; never returns) ---- */
+
+/* Signals the monitor waits for: its job's end, and stop requests. */
+static sigset_t monitor_signals(void) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
+/* Undoes the caller's handlers and ignored signals (exec keeps ignored ones, and a job
+ * that inherits an ignored SIGPIPE or SIGTERM misbehaves). */
+static void signals_reset(void) {
+  struct sigaction dfl = {.sa_handler = SIG_DFL};
+  sigemptyset(&dfl.sa_mask);
+  for (int sig = 1; sig < NSIG; sig++) sigaction(sig, &dfl, NULL); /* fails for KILL/STOP */
+}
+
+static _Noreturn void monitor_fail(int report_fd, const char *what) {
+  dprintf(report_fd, "-%s: %s", what, strerror(errno));
+  _exit(1);
+}
+
+/* Makes stdin /dev/null and stdout/stderr the logs (the job inherits them), puts the report
+ * pipe on fd 3 and closes every other descriptor inherited from the caller. The copies
+ * above 9 come first so that no dup2 overwrites a descriptor still to be moved. */
+static void monitor_fds_install(const launch *l, int report_fd) {
+  int from[] = {l->null_fd, l->out_fd, l->err_fd, report_fd};
+  int high[4];
+  for (int i = 0; i < 4; i++) {
+    high[i] = fcntl(from[i], F_DUPFD_CLOEXEC, 10);
+    if (high[i] < 0) monitor_fail(report_fd, "cannot set up the job's files");
+  }
+  for (int i = 0; i < 3; i++)
+    if (dup2(high[i], i) < 0) monitor_fail(high[3], "cannot set up the job's files");
+  if (dup3(high[3], 3, O_CLOEXEC) < 0) monitor_fail(high[3], "cannot set up the job's files");
+  if (close_range(4, ~0U, 0) != 0) {
+    for (int fd = 4; fd < 1024; fd++) close(fd); /* kernels before 5.9 */
+  }
+}
+
+/* The job's side of the fork: its own process group, default signals, its folder, its
+ * environment, then the command. */
+static _Noreturn void job_exec(const launch *l, pid_t monitor) {
+  setpgid(0, 0);
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != monitor) _exit(EXIT_NOT_STARTED); /* the monitor died before prctl */
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, NULL);
+  if (chdir(l->workdir) != 0) {
+    dprintf(2, "nas: cannot enter workdir %s: %s\n", l->workdir, strerror(errno));
+    _exit(EXIT_NOT_STARTED);
+  }
+  environ = l->envp; /* so that execvp searches the job's PATH, not the caller's */
+  execvp(l->argv[0], l->argv);
+  dprintf(2, "nas: cannot run '%s' (in %s): %s\n", l->argv[0], l->workdir, strerror(errno));
+  _exit(EXIT_NOT_STARTED);
+}
+
+/* Whether the job has ended. If so, kills what is left of its process group while the
+ * ended job, not yet reaped, still holds the group's id (so the kill cannot reach a new
+ * group that reused it), then reaps it into *wstatus. */
+static bool job_reap(pid_t job, int *wstatus) {
+  siginfo_t info;
+  memset(&info, 0, sizeof info);
+  if (waitid(P_PID, (id_t)job, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
+    return false;
+  killpg(job, SIGKILL);
+  while (waitpid(job, wstatus, 0) < 0 && errno == EINTR) {
+  }
+  return true;
+}
+
+/* Waits for one of the monitor's signals for up to seconds (INFINITY = no limit). */
+static int signal_wait(const sigset_t *set, double seconds) {
+  if (isinf(seconds)) return sigwaitinfo(set, NULL);
+  if (seconds < 0) seconds = 0;
+  time_t whole = (time_t)seconds;
+  struct timespec ts = {.tv_sec = whole, .tv_nsec = (long)((seconds - (double)whole) * 1e9)};
+  return sigtimedwait(set, NULL, &ts);
+}
+
+/* Waits for the job to end, ending it at its time limit or on a stop request: TERM to
+ * its group, KILL once kill_grace has passed. Every event is acted on only after checking
+ * that the job has not ended meanwhile, so a job ending at its deadline counts as exited. */
+static job_status monitor_wait(pid_t job, const launch *l) {
+  sigset_t waited = monitor_signals();
+  job_state cause = JOB_EXITED; /* JOB_TIMEOUT or JOB_STOPPED once the monitor ends it */
+  bool stop_requested = false;
+  double deadline = l->timeout_s > 0 ? nas_monotonic() + l->timeout_s : INFINITY;
+  int wstatus = 0;
+  while (!job_reap(job, &wstatus)) {
+    double now = nas_monotonic();
+    if (cause == JOB_EXITED && (stop_requested || now >= deadline)) {
+      cause = stop_requested ? JOB_STOPPED : JOB_TIMEOUT;
+      killpg(job, SIGTERM);
+      deadline = now + l->kill_grace;
+    } else if (cause != JOB_EXITED && now >= deadline) {
+      killpg(job, SIGKILL);
+      deadline = INFINITY;
+    }
+    int sig = signal_wait(&waited, deadline - nas_monotonic());
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP) stop_requested = true;
+  }
+  job_status end = {.state = cause};
+  if (WIFEXITED(wstatus)) end.exit_code = WEXITSTATUS(wstatus);
+  if (WIFSIGNALED(wstatus)) {
+    end.signal = WTERMSIG(wstatus);
+    if (cause == JOB_EXITED) end.state = JOB_SIGNALED;
+  }
+  return end;
+}
+
+/* Records how the job ended in exit.json and ends the monitor. */
+static _Noreturn void monitor_exit(const char *path, const job_status *end) {
+  char text[128];
+  int n = snprintf(text, sizeof text, "{\"state\": \"%s\", \"exit_code\": %d, \"signal\": %d}\n",
+                   job_state_name(end->state), end->exit_code, end->signal);
+  nas_err err;
+  if (nas_write_file_atomic(path, text, (size_t)n, &err) != NAS_OK) {
+    dprintf(2, "nas monitor: %s\n", err.msg); /* stderr.log; poll will say JOB_LOST */
+    _exit(1);
+  }
+  _exit(0);
+}
+
+/* The monitor: reports "+" on the pipe once the job is forked ("-message" on failure),
+ * then waits for the job and records how it ended. Starts with every signal blocked. */
+static _Noreturn void monitor_main(const launch *l, int report_fd) {
+  setsid(); /* out of the caller's session: a Ctrl-C in its terminal reaches neither */
+  signals_reset();
+  monitor_fds_install(l, report_fd);
+  report_fd = 3;
+  sigset_t waited = monitor_signals();
+  sigprocmask(SIG_SETMASK, &waited, NULL);
+  pid_t monitor = getpid();
+  pid_t job = fork();
+  if (job < 0) monitor_fail(report_fd, "cannot fork the job");
+  if (job == 0) job_exec(l, monitor);
+  setpgid(job, job); /* as the job does: whichever runs first, the group exists from now on */
+  if (write(report_fd, "+", 1) != 1) _exit(1); /* the caller is gone; so is the job (PDEATHSIG) */
+  close(report_fd);
+  job_status end = monitor_wait(job, l);
+  monitor_exit(l->exit_path, &end);
+}
+
+/* ---- the caller's side ---- */
+
+/* Whether the variable of entry ("NAME=…") is set again by one of extra[from…]. */
+static bool env_set_later(const char *entry, char *const *extra, size_t from) {
+  size_t name_len = strcspn(entry, "=");
+  for (size_t i = from; extra[i]; i++)
+    if (strncmp(extra[i], entry, name_len) == 0 && extra[i][name_len] == '=') return true;
+  return false;
+}
+
+/* The caller's environment with extra on top: a later entry wins over an earlier one. */
+static int env_merge(char *const *extra, char ***out, nas_err *err) {
+  size_t n_base = 0, n_extra = 0;
+  while (environ && environ[n_base]) n_base++;
+  while (extra && extra[n_extra]) n_extra++;
+  for (size_t i = 0; i < n_extra; i++)
+    if (extra[i][0] == '=' || !strchr(extra[i], '='))
+      return nas_errf(err, "environment entry '%s' is not NAME=VALUE", extra[i]);
+  char **envp = calloc(n_base + n_extra + 1, sizeof *envp);
+  if (!envp) return nas_errf(err, "out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < n_base; i++)
+    if (!extra || !env_set_later(environ[i], extra, 0)) envp[k++] = environ[i];
+  for (size_t i = 0; i < n_extra; i++)
+    if (!env_set_later(extra[i], extra, i + 1)) envp[k++] = extra[i];
+  *out = envp;
+  return NAS_OK;
+}
+
+static int log_open(const char *run_dir, const char *name, int *fd, nas_err *err) {
+  char *path = nas_asprintf("%s/%s", run_dir, name);
+  if (!path) return nas_errf(err, "%s: out of memory", run_dir);
+  *fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int rc = *fd < 0 ? nas_errf(err, "cannot open %s: %s", path, strerror(errno)) : NAS_OK;
+  free(path);
+  return rc;
+}
+
+static int job_check(const runner_job *job, nas_err *err) {
+  if (!job->argv || !job->argv[0] || !job->argv[0][0]) return nas_errf(err, "job has no command");
+  if (!job->workdir || !job->run_dir) return nas_errf(err, "job needs a workdir and a run_dir");
+  if (!(job->timeout_s >= 0) || !isfinite(job->timeout_s))
+    return nas_errf(err, "job timeout must be a non-negative number of seconds");
+  return NAS_OK;
+}
+
+static void launch_release(launch *l) {
+  free(l->envp);
+  free(l->exit_path);
+  int *fds[] = {&l->null_fd, &l->out_fd, &l->err_fd};
+  for (int i = 0; i < 3; i++) {
+    if (*fds[i] >= 0) close(*fds[i]);
+    *fds[i] = -1;
+  }
+}
+
+/* Creates run_dir, removes an old exit.json and opens the job's files. */
+static int launch_prepare(const local_runner *lr, const runner_job *job, launch *l,
+                          nas_err *err) {
+  *l = (launch){.argv = job->argv, .workdir = job->workdir, .null_fd = -1, .out_fd = -1,
+                .err_fd = -1, .timeout_s = job->timeout_s, .kill_grace = lr->kill_grace};
+  if (nas_mkdirs(job->run_dir, err) != NAS_OK) return NAS_ERR;
+  l->exit_path = exit_path_of(job->run_dir);
+  if (!l->exit_path) return nas_errf(err, "%s: out of memory", job->run_dir);
+  if (unlink(l->exit_path) != 0 && errno != ENOENT)
+    return nas_errf(err, "cannot remove old %s: %s", l->exit_path, strerror(errno));
+  l->null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
+  if (l->null_fd < 0) return nas_errf(err, "cannot open /dev/null: %s", strerror(errno));
+  if (log_open(job->run_dir, "stdout.log", &l->out_fd, err) != NAS_OK ||
+      log_open(job->run_dir, "stderr.log", &l->err_fd, err) != NAS_OK)
+    return NAS_ERR;
+  return env_merge(job->env, &l->envp, err);
+}
+
+/* Reads the monitor's report until it and the job have closed the pipe (the job's copy
+ * closes at exec). Returns the bytes read, NUL-terminated in buf. */
+static size_t report_read(int fd, char *buf, size_t cap) {
+  size_t n = 0;
+  while (n < cap - 1) {
+    ssize_t got = read(fd, buf + n, cap - 1 - n);
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) break;
+    n += (size_t)got;
+  }
+  buf[n] = '\0';
+  return n;
+}
+
+/* Ends a monitor whose job cannot be handed to the caller (the job dies with it). */
+static void monitor_abandon(pid_t pid) {
+  kill(pid, SIGKILL);
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+}
+
+/* Forks the monitor for l and waits for its report; *handle names it. */
+static int monitor_spawn(const launch *l, char **handle, nas_err *err) {
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) return nas_errf(err, "pipe: %s", strerror(errno));
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old); /* nothing reaches the monitor before it is ready */
+  pid_t pid = fork();
+  if (pid == 0) {
+    close(pipe_fds[0]);
+    monitor_main(l, pipe_fds[1]);
+  }
+  int fork_errno = errno;
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  close(pipe_fds[1]);
+  if (pid < 0) {
+    close(pipe_fds[0]);
+    return nas_errf(err, "cannot fork a monitor: %s", strerror(fork_errno));
+  }
+  char report[512];
+  report_read(pipe_fds[0], report, sizeof report);
+  close(pipe_fds[0]);
+  if (report[0] != '+') {
+    monitor_abandon(pid);
+    return nas_errf(err, "monitor: %s",
+                    report[0] == '-' ? report + 1 : "ended before the job started");
+  }
+  proc_stat st;
+  if (proc_stat_read(pid, &st) != 0) {
+    monitor_abandon(pid);
+    return nas_errf(err, "cannot read /proc/%d/stat of the monitor", (int)pid);
+  }
+  *handle = nas_asprintf("%d:%llu", (int)pid, st.start);
+  if (!*handle) {
+    monitor_abandon(pid);
+    return nas_errf(err, "out of memory");
+  }
+  return NAS_OK;
+}
+
+/* ---- the backend ---- */
+
+static int options_read(const json_t *options, local_runner *lr, nas_err *err) {
+  if (!json_is_object(options)) return nas_errf(err, "options must be a mapping");
+  const char *key;
+  json_t *value;
+  json_object_foreach((json_t *)options, key, value) {
+    if (strcmp(key, "kill_grace") != 0)
+      return nas_errf(err, "unknown option '%s' (known: kill_grace)", key);
+    double grace = json_number_value(value);
+    if (!json_is_number(value) || !(grace >= 0) || !isfinite(grace))
+      return nas_errf(err, "option kill_grace: expected a non-negative number of seconds");
+    lr->kill_grace = grace;
+  }
+  return NAS_OK;
+}
+
+static int local_create(const json_t *options, void **state, nas_err *err) {
+  local_runner *lr = malloc(sizeof *lr);
+  if (!lr) return nas_errf(err, "out of memory");
+  lr->kill_grace = DEFAULT_KILL_GRACE_S;
+  if (options && options_read(options, lr, err) != NAS_OK) {
+    free(lr);
+    return NAS_ERR;
+  }
+  *state = lr;
+  return NAS_OK;
+}
+
+static void local_free(void *state) { free(state); }
+
+static int local_start(void *state, const runner_job *job, char **handle, nas_err *err) {
+  if (job_check(job, err) != NAS_OK) return NAS_ERR;
+  launch l;
+  int rc = launch_prepare(state, job, &l, err);
+  if (rc == NAS_OK) rc = monitor_spawn(&l, handle, err);
+  launch_release(&l);
+  if (rc != NAS_OK) return nas_err_prefix(err, "cannot start %s", job->argv[0]);
+  return NAS_OK;
+}
+
+/* exit.json first: once it exists the monitor is done. Otherwise a running monitor means
+ * a running job; a monitor gone without exit.json (checked again, as it may have just
+ * written it) means the job is lost. */
+static int poll_one(const char *handle, const char *run_dir, job_status *out, nas_err *err) {
+  monitor_id id;
+  if (handle_parse(handle, &id, err) != NAS_OK) return NAS_ERR;
+  *out = (job_status){.state = JOB_RUNNING};
+  int found = exit_file_read(run_dir, out, err);
+  if (found == 0 && monitor_running(id)) return NAS_OK;
+  if (found == 0) found = exit_file_read(run_dir, out, err);
+  if (found < 0) return NAS_ERR;
+  if (found == 0) out->state = JOB_LOST;
+  monitor_reap(id);
+  return NAS_OK;
+}
+
+static int local_poll(void *state, char *const *handles, char *const *run_dirs, size_t n,
+                      job_status *out, nas_err *err) {
+  (void)state;
+  for (size_t i = 0; i < n; i++)
+    if (poll_one(handles[i], run_dirs[i], &out[i], err) != NAS_OK)
+      return nas_err_prefix(err, "job %s", handles[i]);
+  return NAS_OK;
+}
+
+static int local_stop(void *state, const char *handle, const char *run_dir, nas_err *err) {
+  (void)state;
+  (void)run_dir;
+  monitor_id id;
+  if (handle_parse(handle, &id, err) != NAS_OK) return NAS_ERR;
+  if (monitor_signal(id, SIGTERM, err) != NAS_OK) return nas_err_prefix(err, "job %s", handle);
+  return NAS_OK;
+}
+
+const runner_backend runner_local_backend = {
+    .type = "local",
+    .create = local_create,
+    .free = local_free,
+    .start = local_start,
+    .poll = local_poll,
+    .stop = local_stop,
+};

@@ -1,0 +1,80 @@
+/* runners/runner.c: the runner interface — picks a backend by type name and forwards to it.
+ *
+ * Invariants: a runner always holds a backend and that backend's state; the list of
+ * backends is constant. Job state names are the words exit.json files and messages use. */
+#include "runners/runner.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "runners/backend.h"
+
+struct runner {
+  const runner_backend *backend; /* borrowed: a constant table */
+  void *state;                   /* owned by the backend */
+};
+
+static const runner_backend *const backends[] = {&runner_local_backend};
+#define N_BACKENDS (sizeof backends / sizeof backends[0])
+
+const char *job_state_name(job_state state) {
+  switch (state) {
+  case JOB_RUNNING: return "running";
+  case JOB_EXITED: return "exited";
+  case JOB_SIGNALED: return "signaled";
+  case JOB_TIMEOUT: return "timeout";
+  case JOB_STOPPED: return "stopped";
+  case JOB_LOST: return "lost";
+  }
+  return "unknown";
+}
+
+static const runner_backend *backend_named(const char *type) {
+  for (size_t i = 0; i < N_BACKENDS; i++)
+    if (strcmp(backends[i]->type, type) == 0) return backends[i];
+  return NULL;
+}
+
+/* Writes "local, slurm, …" into buf for messages. */
+static void backend_names(char *buf, size_t cap) {
+  buf[0] = '\0';
+  for (size_t i = 0, used = 0; i < N_BACKENDS && used < cap; i++)
+    used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", backends[i]->type);
+}
+
+int runner_create(const char *type, const json_t *options, runner **out, nas_err *err) {
+  const runner_backend *backend = backend_named(type);
+  if (!backend) {
+    char known[256];
+    backend_names(known, sizeof known);
+    return nas_errf(err, "unknown runner type '%s' (known: %s)", type, known);
+  }
+  runner *r = calloc(1, sizeof *r);
+  if (!r) return nas_errf(err, "runner %s: out of memory", type);
+  r->backend = backend;
+  if (backend->create(options, &r->state, err) != NAS_OK) {
+    free(r);
+    return nas_err_prefix(err, "runner %s", type);
+  }
+  *out = r;
+  return NAS_OK;
+}
+
+void runner_free(runner *r) {
+  if (!r) return;
+  r->backend->free(r->state);
+  free(r);
+}
+
+int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err) {
+  return r->backend->start(r->state, job, handle, err);
+}
+
+int runner_poll(runner *r, char *const *handles, char *const *run_dirs, size_t n,
+                job_status *out, nas_err *err) {
+  return r->backend->poll(r->state, handles, run_dirs, n, out, err);
+}
+
+int runner_stop(runner *r, const char *handle, const char *run_dir, nas_err *err) {
+  return r->backend->stop(r->state, handle, run_dir, err);
+}

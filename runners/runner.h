@@ -1,0 +1,62 @@
+/* runners: where trials run. One interface, a backend per file (local.c now; slurm.c
+ * later), chosen by the spec's `runner: {type: …}`.
+ *
+ * A runner starts a job for a trial and gives back a handle: a short string the scheduler
+ * stores before it does anything else with it, so that a scheduler restarted after a crash
+ * can attach to the same job again and learn how it ended. Every job writes its stdout and
+ * stderr to stdout.log / stderr.log in its run folder; the scheduler reads metric lines
+ * from stdout.log (metrics/metrics.h), whichever runner ran it. */
+#ifndef NAS_RUNNER_H
+#define NAS_RUNNER_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/common.h"
+
+typedef struct runner runner;
+
+/* What to run. All pointers are borrowed for the duration of runner_start. */
+typedef struct {
+  char *const *argv;    /* NULL-terminated; argv[0] without '/' is searched in PATH,
+                           with '/' it is relative to workdir */
+  const char *workdir;  /* the job's current directory */
+  const char *run_dir;  /* folder for stdout.log, stderr.log and the runner's own files;
+                           created when missing */
+  char *const *env;     /* NULL-terminated "NAME=VALUE" set on top of the caller's env */
+  double timeout_s;     /* 0 = none; past it the job's process group gets TERM, then KILL */
+} runner_job;
+
+typedef enum {
+  JOB_RUNNING,   /* still going (or pending in a queue) */
+  JOB_EXITED,    /* ended by itself: see exit_code */
+  JOB_SIGNALED,  /* killed by a signal it did not ask for: see signal */
+  JOB_TIMEOUT,   /* killed at its time limit */
+  JOB_STOPPED,   /* stopped through runner_stop */
+  JOB_LOST,      /* the runner can no longer tell (its process vanished without a word) */
+} job_state;
+
+typedef struct {
+  job_state state;
+  int exit_code;  /* JOB_EXITED */
+  int signal;     /* JOB_SIGNALED */
+} job_status;
+
+const char *job_state_name(job_state state);
+
+/* Creates the runner named by type ("local") with its spec options (a JSON object,
+ * borrowed; NULL = defaults). Unknown types and options are errors. */
+int runner_create(const char *type, const json_t *options, runner **out, nas_err *err);
+void runner_free(runner *r);
+
+/* Starts a job; *handle (owned) identifies it from now on, also to another process. */
+int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err);
+/* Learns the state of n jobs in one go; run_dirs[i] is the run folder handles[i] was
+ * started with. Works for handles started by an earlier process too (after a restart). */
+int runner_poll(runner *r, char *const *handles, char *const *run_dirs, size_t n,
+                job_status *out, nas_err *err);
+/* Asks a job to stop (TERM, then KILL after a grace period); returns at once. */
+int runner_stop(runner *r, const char *handle, const char *run_dir, nas_err *err);
+
+#endif

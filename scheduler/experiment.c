@@ -1,0 +1,60 @@
+/* scheduler/experiment.c: finding or creating the experiment a spec describes, and
+ * refusing to continue one whose spec changed in ways that would mix incomparable trials. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "scheduler/scheduler.h"
+
+/* Whether every line of a spec_diff is about the budget, the one section that may change
+ * between runs of one experiment. */
+static bool only_budget_changed(const char *diff) {
+  for (const char *line = diff; *line;) {
+    if (strncmp(line, "budget.", 7) != 0) return false;
+    const char *nl = strchr(line, '\n');
+    if (!nl) break;
+    line = nl + 1;
+  }
+  return true;
+}
+
+static int compare_with_stored(const spec *s, storage *st, const experiment_row *exp,
+                               nas_err *err) {
+  char *dir = nas_dirname(exp->spec_path);
+  spec *stored = NULL;
+  int rc = dir ? spec_parse(exp->spec_text, exp->spec_path, dir, &stored, err)
+               : nas_errf(err, "out of memory");
+  free(dir);
+  if (rc != NAS_OK)
+    return nas_err_prefix(err, "experiment '%s': its stored spec no longer loads", exp->name);
+  char *diff = spec_diff(stored, s);
+  spec_free(stored);
+  if (!diff) return NAS_OK;
+  if (only_budget_changed(diff)) {
+    nas_log("experiment '%s': budget changed:\n%s", exp->name, diff);
+    rc = storage_experiment_set_spec(st, exp->id, s->text, err);
+  } else {
+    rc = nas_errf(err,
+                  "experiment '%s' already exists with a different spec:\n%s"
+                  "Only the budget may change between runs of one experiment: give the "
+                  "experiment a new name, or undo the other changes.",
+                  exp->name, diff);
+  }
+  free(diff);
+  return rc;
+}
+
+int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err) {
+  int rc = storage_experiment_get(st, s->name, exp, err);
+  if (rc == NAS_OK) {
+    rc = compare_with_stored(s, st, exp, err);
+    experiment_row_clear(exp);
+    return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
+  }
+  if (rc != NAS_ENOTFOUND) return rc;
+  char cwd[4096];
+  if (!getcwd(cwd, sizeof cwd)) return nas_errf(err, "cannot read the current folder");
+  int64_t id;
+  rc = storage_experiment_create(st, s->name, s->text, s->path, cwd, &id, err);
+  return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
+}

@@ -1,0 +1,62 @@
+/* scheduler/internal.h: the loop's state, shared by the files of scheduler/ only. */
+#ifndef NAS_SCHEDULER_INTERNAL_H
+#define NAS_SCHEDULER_INTERNAL_H
+
+#include <signal.h>
+
+#include "metrics/metrics.h"
+#include "optimizer/optimizer.h"
+#include "runners/runner.h"
+#include "scheduler/scheduler.h"
+
+/* A trial this process is watching: launched now or found running after a restart. */
+typedef struct {
+  trial_row row;   /* owned; status and log_offset kept current */
+  char *run_dir;   /* owned */
+} inflight;
+
+/* Counts of trials per status, for progress and stopping decisions. */
+typedef struct {
+  int by_status[TRIAL_STATUS_COUNT];
+  int total;
+} trial_counts;
+
+typedef struct {
+  const spec *s;              /* borrowed */
+  storage *st;                /* borrowed */
+  const experiment_row *exp;  /* borrowed */
+  const sched_options *opt;   /* borrowed */
+  runner *rn;                 /* owned */
+  optimizer *opt_model;       /* owned */
+  char *storage_url;          /* owned: absolute, handed to trials */
+  inflight *jobs;             /* owned; n_jobs in flight */
+  size_t n_jobs, cap_jobs;
+  trial_row *queued;          /* owned: queued trials found at start-up, oldest first */
+  size_t n_queued;
+  trial_counts counts;
+  bool draining;              /* launch nothing more (first signal, wall time) */
+  bool stopping;              /* running trials were told to stop */
+  double deadline;            /* monotonic seconds; 0 = none */
+  sigset_t waited;            /* signals the loop blocks and waits on */
+  sigset_t old_mask;
+  char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */
+} sched;
+
+/* launch.c */
+char *sched_run_dir(const sched *sc, int number);
+/* Launches a queued trial: job started, job id stored, trial tracked. A job that cannot
+ * start is recorded as a failed trial (not an error of the loop). row's contents move
+ * into the job list on success. */
+int sched_launch(sched *sc, trial_row *row, nas_err *err);
+/* Adds a running trial to the job list, taking over row's contents and run_dir. */
+int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err);
+
+/* progress.c */
+/* Shows a trial's new state; what (may be NULL) says why it ended, or for a running
+ * trial replaces "started" (e.g. "re-attached"). */
+void sched_progress_event(sched *sc, const trial_row *row, const char *what);
+void sched_progress_tick(sched *sc);
+void sched_progress_done(sched *sc);
+void sched_count(sched *sc, trial_status from, trial_status to);
+
+#endif

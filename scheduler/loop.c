@@ -1,0 +1,387 @@
+/* scheduler/loop.c: the closed loop of one `nas run` / `nas resume`.
+ *
+ *   rebuild ← storage (running trials re-attached, queued ones launched)
+ *   repeat: poll jobs → metrics and final states → storage
+ *           suggestions ← optimizer(completed observations, pending trials)
+ *           queued trial → storage, then job → runner, then job id → storage
+ *           wait for a child to end, a signal, or the poll interval
+ * until the trial budget is spent (or the wall time, or the user says stop). */
+#include <errno.h>
+#include <math.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <pthread.h>
+#include <string.h>
+#include <time.h>
+
+#include "scheduler/internal.h"
+
+/* ---- metrics and final states ---------------------------------------------------------- */
+
+/* Stores the metric lines the job printed since the last look; `ended` reads a last line
+ * without its newline too, since the log will not grow any more. */
+static int ingest_metrics(sched *sc, inflight *job, bool ended, nas_err *err) {
+  char *log = nas_asprintf("%s/stdout.log", job->run_dir);
+  if (!log) return nas_errf(err, "out of memory");
+  metric_set set = {0};
+  size_t bad = 0;
+  int64_t offset = job->row.log_offset;
+  nas_err warn = {{0}};
+  int rc = (ended ? metric_log_read_rest : metric_log_read)(log, &offset, &set, &bad, &warn, err);
+  free(log);
+  if (rc == NAS_OK && offset != job->row.log_offset) {
+    rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
+    if (rc == NAS_OK) job->row.log_offset = offset;
+  }
+  if (rc == NAS_OK && bad > 0)
+    sched_progress_event(sc, &job->row, warn.msg);
+  metric_set_free(&set);
+  return rc;
+}
+
+/* The first objective the trial never reported, or NULL when it reported them all. */
+static const char *missing_objective(sched *sc, const trial_row *row, nas_err *err,
+                                     int *rc) {
+  sched_results r;
+  *rc = sched_results_load(sc->st, sc->s, sc->exp->id, &r, err);
+  if (*rc != NAS_OK) return NULL;
+  const char *missing = NULL;
+  for (size_t t = 0; t < r.n_trials && !missing; t++) {
+    if (r.trials[t].id != row->id) continue;
+    for (size_t j = 0; j < sc->s->n_objectives && !missing; j++)
+      if (isnan(r.values[t * r.n_metrics + j])) missing = sc->s->objectives[j].name;
+  }
+  sched_results_free(&r);
+  return missing;
+}
+
+/* Decides a finished job's trial status and error text (owned, or NULL). */
+static int judge(sched *sc, const inflight *job, const job_status *js, trial_status *status,
+                 char **why, nas_err *err) {
+  *why = NULL;
+  switch (js->state) {
+  case JOB_EXITED:
+    if (js->exit_code != 0) {
+      *status = TRIAL_FAILED;
+      *why = nas_asprintf("exited with status %d (see %s/stderr.log)", js->exit_code,
+                          job->run_dir);
+      return NAS_OK;
+    }
+    int rc;
+    const char *missing = missing_objective(sc, &job->row, err, &rc);
+    if (rc != NAS_OK) return rc;
+    *status = missing ? TRIAL_FAILED : TRIAL_COMPLETED;
+    if (missing)
+      *why = nas_asprintf("exited 0 without reporting objective '%s' (print a line "
+                          "'nas-metric {\"%s\": VALUE}' or run 'nas report %s=VALUE')",
+                          missing, missing, missing);
+    return NAS_OK;
+  case JOB_SIGNALED:
+    *status = TRIAL_FAILED;
+    *why = nas_asprintf("killed by signal %d (%s)", js->signal, strsignal(js->signal));
+    return NAS_OK;
+  case JOB_TIMEOUT:
+    *status = TRIAL_TIMEOUT;
+    *why = nas_asprintf("stopped at its time limit of %g s", sc->s->trial.timeout_s);
+    return NAS_OK;
+  case JOB_STOPPED:
+    *status = TRIAL_STOPPED;
+    *why = strdup("stopped on request");
+    return NAS_OK;
+  case JOB_LOST:
+  case JOB_RUNNING:
+    break;
+  }
+  *status = TRIAL_FAILED;
+  *why = strdup("lost: its process vanished without leaving an exit status");
+  return NAS_OK;
+}
+
+static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
+  inflight *job = &sc->jobs[i];
+  trial_status status;
+  char *why = NULL;
+  int rc = ingest_metrics(sc, job, true, err);
+  if (rc == NAS_OK) rc = judge(sc, job, js, &status, &why, err);
+  if (rc == NAS_OK)
+    rc = storage_trial_finish(sc->st, job->row.id, status, js->state == JOB_EXITED,
+                              js->exit_code, why, err);
+  if (rc != NAS_OK) {
+    free(why);
+    return nas_err_prefix(err, "trial %d", job->row.number);
+  }
+  sched_count(sc, job->row.status, status);
+  job->row.status = status;
+  sched_progress_event(sc, &job->row, why);
+  free(why);
+  trial_row_clear(&job->row);
+  free(job->run_dir);
+  sc->jobs[i] = sc->jobs[--sc->n_jobs];
+  return NAS_OK;
+}
+
+/* Polls every job once; stores new metrics of running ones, finishes ended ones. */
+static int poll_jobs(sched *sc, nas_err *err) {
+  size_t n = sc->n_jobs;
+  if (n == 0) return NAS_OK;
+  char **handles = malloc(n * sizeof *handles), **dirs = malloc(n * sizeof *dirs);
+  job_status *states = malloc(n * sizeof *states);
+  int rc = handles && dirs && states ? NAS_OK : nas_errf(err, "out of memory");
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    handles[i] = sc->jobs[i].row.job_id;
+    dirs[i] = sc->jobs[i].run_dir;
+  }
+  if (rc == NAS_OK) rc = runner_poll(sc->rn, handles, dirs, n, states, err);
+  /* Walk backwards: finish_job moves the last job into the finished one's place. */
+  for (size_t i = n; rc == NAS_OK && i-- > 0;)
+    rc = states[i].state == JOB_RUNNING ? ingest_metrics(sc, &sc->jobs[i], false, err)
+                                        : finish_job(sc, i, &states[i], err);
+  free(handles), free(dirs), free(states);
+  return rc;
+}
+
+/* ---- suggestions and launches ----------------------------------------------------------- */
+
+/* Completed trials as observations, and the parameters of pending ones. */
+typedef struct {
+  sched_results r;
+  observation *obs;
+  json_t **params;          /* owned, one per trial */
+  double *values;           /* objectives then constraints, per observation */
+  const json_t **pending;
+  size_t n_obs, n_pending;
+} history;
+
+static void history_free(history *h) {
+  for (size_t i = 0; i < h->r.n_trials && h->params; i++) json_decref(h->params[i]);
+  free(h->params), free(h->obs), free(h->values), free(h->pending);
+  sched_results_free(&h->r);
+}
+
+static int history_load(sched *sc, history *h, nas_err *err) {
+  memset(h, 0, sizeof *h);
+  if (sched_results_load(sc->st, sc->s, sc->exp->id, &h->r, err) != NAS_OK) return NAS_ERR;
+  size_t n = h->r.n_trials ? h->r.n_trials : 1, k = sc->s->n_objectives + sc->s->n_constraints;
+  h->params = calloc(n, sizeof *h->params);
+  h->obs = calloc(n, sizeof *h->obs);
+  h->values = calloc(n * (k ? k : 1), sizeof *h->values);
+  h->pending = calloc(n, sizeof *h->pending);
+  if (!h->params || !h->obs || !h->values || !h->pending) {
+    history_free(h);
+    return nas_errf(err, "out of memory");
+  }
+  for (size_t t = 0; t < h->r.n_trials; t++) {
+    const trial_row *row = &h->r.trials[t];
+    h->params[t] = json_loads(row->params_json, 0, NULL);
+    if (!h->params[t]) {
+      history_free(h);
+      return nas_errf(err, "trial %d: stored parameters are not JSON", row->number);
+    }
+    if (row->status == TRIAL_QUEUED || row->status == TRIAL_RUNNING) {
+      h->pending[h->n_pending++] = h->params[t];
+    } else if (row->status == TRIAL_COMPLETED) {
+      /* metric_names begin with the objectives, then the constraints (results.c). */
+      double *v = h->values + h->n_obs * k;
+      memcpy(v, h->r.values + t * h->r.n_metrics, k * sizeof *v);
+      h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
+                                         .constraints = v + sc->s->n_objectives};
+    }
+  }
+  return NAS_OK;
+}
+
+/* Asks the optimizer for n trials and stores them queued; *rows gets them (owned). */
+static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
+  history h;
+  if (history_load(sc, &h, err) != NAS_OK) return NAS_ERR;
+  json_t **suggested = calloc(n, sizeof *suggested);
+  *rows = calloc(n, sizeof **rows);
+  int rc = suggested && *rows ? NAS_OK : nas_errf(err, "out of memory");
+  if (rc == NAS_OK)
+    rc = optimizer_suggest(sc->opt_model, h.obs, h.n_obs, h.pending, h.n_pending, n,
+                           (int)h.r.n_trials, suggested, err);
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    char *text = json_dumps(suggested[i], JSON_COMPACT | JSON_SORT_KEYS);
+    rc = text ? storage_trial_create(sc->st, sc->exp->id, text, &(*rows)[i], err)
+              : nas_errf(err, "out of memory");
+    free(text);
+    if (rc == NAS_OK) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
+  }
+  for (size_t i = 0; suggested && i < n; i++) json_decref(suggested[i]);
+  free(suggested);
+  history_free(&h);
+  if (rc != NAS_OK) {
+    trial_rows_free(*rows, n);
+    *rows = NULL;
+  }
+  return rc;
+}
+
+static size_t launch_room(const sched *sc) {
+  if (sc->draining) return 0;
+  int left = sc->s->budget.max_trials - sc->counts.total;
+  int free_slots = sc->s->budget.parallel - (int)sc->n_jobs;
+  int n = left < free_slots ? left : free_slots;
+  return n > 0 ? (size_t)n : 0;
+}
+
+/* Launches trials left queued by an earlier process, oldest first, as room allows. */
+static int launch_queued(sched *sc, nas_err *err) {
+  int rc = NAS_OK;
+  while (rc == NAS_OK && sc->n_queued > 0 && !sc->draining &&
+         (int)sc->n_jobs < sc->s->budget.parallel) {
+    trial_row row = sc->queued[0];
+    memmove(sc->queued, sc->queued + 1, --sc->n_queued * sizeof *sc->queued);
+    rc = sched_launch(sc, &row, err);
+    trial_row_clear(&row);
+  }
+  return rc;
+}
+
+static int launch_new(sched *sc, nas_err *err) {
+  if (launch_queued(sc, err) != NAS_OK) return NAS_ERR;
+  size_t n = sc->n_queued ? 0 : launch_room(sc);
+  if (n == 0) return NAS_OK;
+  trial_row *rows;
+  if (suggest_trials(sc, n, &rows, err) != NAS_OK) return NAS_ERR;
+  int rc = NAS_OK;
+  for (size_t i = 0; i < n && rc == NAS_OK; i++) rc = sched_launch(sc, &rows[i], err);
+  trial_rows_free(rows, n);
+  return rc;
+}
+
+/* ---- start-up: rebuild from storage ----------------------------------------------------- */
+
+/* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
+ * (created before a crash, never launched) to be launched first as room allows. */
+static int rebuild(sched *sc, nas_err *err) {
+  trial_row *rows;
+  size_t n;
+  if (storage_trial_list(sc->st, sc->exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  sc->queued = calloc(n ? n : 1, sizeof *sc->queued);
+  int rc = sc->queued ? NAS_OK : nas_errf(err, "out of memory");
+  for (size_t i = 0; i < n && rc == NAS_OK; i++) {
+    sched_count(sc, TRIAL_STATUS_COUNT, rows[i].status);
+    if (rows[i].status == TRIAL_RUNNING) {
+      sched_progress_event(sc, &rows[i], "re-attached");
+      char *run_dir = sched_run_dir(sc, rows[i].number);
+      rc = run_dir ? sched_track(sc, &rows[i], run_dir, err) : nas_errf(err, "out of memory");
+      if (rc != NAS_OK) free(run_dir);
+    } else if (rows[i].status == TRIAL_QUEUED) {
+      sc->queued[sc->n_queued++] = rows[i];
+      memset(&rows[i], 0, sizeof rows[i]);
+    }
+  }
+  trial_rows_free(rows, n);
+  return rc;
+}
+
+/* ---- signals, waiting, stopping -------------------------------------------------------- */
+
+static void stop_all(sched *sc) {
+  for (size_t i = 0; i < sc->n_jobs; i++) {
+    nas_err ignored;
+    runner_stop(sc->rn, sc->jobs[i].row.job_id, sc->jobs[i].run_dir, &ignored);
+  }
+  sc->stopping = true;
+}
+
+/* First SIGINT/SIGTERM: launch nothing more, let running trials finish. Second: stop them. */
+static void on_signal(sched *sc, int sig) {
+  if (!sc->draining) {
+    sc->draining = true;
+    nas_log("%s: launching no new trials; waiting for %zu running (signal again to stop "
+            "them)", strsignal(sig), sc->n_jobs);
+  } else if (!sc->stopping) {
+    nas_log("%s: stopping %zu running trials", strsignal(sig), sc->n_jobs);
+    stop_all(sc);
+  }
+}
+
+/* Sleeps until a child process ends (a job may be done), a signal arrives, or the poll
+ * interval passes. Every signal waited on is blocked, so none is lost between checks. */
+static void wait_for_event(sched *sc, bool *interrupted) {
+  double interval = sc->opt->poll_interval > 0 ? sc->opt->poll_interval : 0.2;
+  struct timespec ts = {.tv_sec = (time_t)interval,
+                        .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9)};
+  int sig = sigtimedwait(&sc->waited, NULL, &ts);
+  if (sig == SIGINT || sig == SIGTERM) {
+    *interrupted = true;
+    on_signal(sc, sig);
+  }
+}
+
+static void check_deadline(sched *sc) {
+  if (sc->deadline <= 0 || nas_monotonic() < sc->deadline || sc->stopping) return;
+  nas_log("wall-time budget of %g s spent: stopping %zu running trials",
+          sc->s->budget.max_wall_s, sc->n_jobs);
+  sc->draining = true;
+  stop_all(sc);
+}
+
+static bool done(const sched *sc) {
+  if (sc->n_jobs > 0) return false;
+  return sc->draining || (sc->counts.total >= sc->s->budget.max_trials && sc->n_queued == 0);
+}
+
+static int loop(sched *sc, bool *interrupted, nas_err *err) {
+  while (true) {
+    if (poll_jobs(sc, err) != NAS_OK) return NAS_ERR;
+    check_deadline(sc);
+    if (launch_new(sc, err) != NAS_OK) return NAS_ERR;
+    sched_progress_tick(sc);
+    if (done(sc)) return NAS_OK;
+    wait_for_event(sc, interrupted);
+  }
+}
+
+/* ---- set-up and tear-down --------------------------------------------------------------- */
+
+static void sched_free(sched *sc) {
+  for (size_t i = 0; i < sc->n_jobs; i++) {
+    trial_row_clear(&sc->jobs[i].row);
+    free(sc->jobs[i].run_dir);
+  }
+  free(sc->jobs);
+  trial_rows_free(sc->queued, sc->n_queued);
+  optimizer_free(sc->opt_model);
+  runner_free(sc->rn);
+  free(sc->storage_url);
+  free(sc->best_text);
+  pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
+}
+
+static int sched_init(sched *sc, const spec *s, storage *st, const experiment_row *exp,
+                      const sched_options *opt, nas_err *err) {
+  memset(sc, 0, sizeof *sc);
+  sc->s = s, sc->st = st, sc->exp = exp, sc->opt = opt;
+  sigemptyset(&sc->waited);
+  sigaddset(&sc->waited, SIGINT);
+  sigaddset(&sc->waited, SIGTERM);
+  sigaddset(&sc->waited, SIGCHLD);
+  pthread_sigmask(SIG_BLOCK, &sc->waited, &sc->old_mask);
+  if (s->budget.max_wall_s > 0) sc->deadline = nas_monotonic() + s->budget.max_wall_s;
+  sc->storage_url = storage_url_absolute(opt->storage_url);
+  if (!sc->storage_url) return nas_errf(err, "out of memory");
+  if (runner_create(s->runner.type, s->runner.options, &sc->rn, err) != NAS_OK)
+    return nas_err_prefix(err, "runner '%s'", s->runner.type);
+  if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
+    return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
+  return NAS_OK;
+}
+
+int sched_run(const spec *s, storage *st, const experiment_row *exp,
+              const sched_options *opt, sched_outcome *outcome, nas_err *err) {
+  sched sc;
+  bool interrupted = false;
+  int rc = sched_init(&sc, s, st, exp, opt, err);
+  if (rc == NAS_OK) rc = storage_experiment_set_status(st, exp->id, "running", err);
+  if (rc == NAS_OK) rc = rebuild(&sc, err);
+  if (rc == NAS_OK) rc = loop(&sc, &interrupted, err);
+  if (rc == NAS_OK)
+    rc = storage_experiment_set_status(st, exp->id, interrupted ? "stopped" : "finished", err);
+  sched_progress_done(&sc);
+  *outcome = interrupted ? SCHED_INTERRUPTED : SCHED_FINISHED;
+  sched_free(&sc);
+  return rc;
+}

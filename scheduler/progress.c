@@ -1,0 +1,95 @@
+/* scheduler/progress.c: what `nas run` shows while it works. On a terminal, finished
+ * trials scroll by above one status line that is rewritten in place; otherwise every
+ * event is a plain timestamped log line, which suits files and CI logs. */
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "scheduler/internal.h"
+
+void sched_count(sched *sc, trial_status from, trial_status to) {
+  if (from == TRIAL_STATUS_COUNT) sc->counts.total++;
+  else sc->counts.by_status[from]--;
+  sc->counts.by_status[to]++;
+}
+
+static FILE *out(const sched *sc) { return sc->opt->progress ? sc->opt->progress : stderr; }
+
+/* "f1=1.23 f2=4.5" for a trial, and the front summary kept in sc->best_text. */
+static char *describe_result(sched *sc, const trial_row *row) {
+  sched_results r;
+  nas_err err;
+  if (sched_results_load(sc->st, sc->s, sc->exp->id, &r, &err) != NAS_OK) return NULL;
+  char buf[512] = "";
+  size_t len = 0;
+  for (size_t t = 0; t < r.n_trials; t++) {
+    if (r.trials[t].id != row->id) continue;
+    for (size_t j = 0; j < sc->s->n_objectives && len < sizeof buf; j++)
+      len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s=%.6g", j ? " " : "",
+                              r.metric_names[j], r.values[t * r.n_metrics + j]);
+  }
+  size_t *front, n_front;
+  double hv, ref[16];
+  if (sc->s->n_objectives <= 16 && sched_front(sc->s, &r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
+    free(sc->best_text);
+    if (sc->s->n_objectives == 1 && n_front > 0)
+      sc->best_text = nas_asprintf("best %s=%.6g (trial %d)", r.metric_names[0],
+                                   r.values[front[0] * r.n_metrics], r.trials[front[0]].number);
+    else
+      sc->best_text = nas_asprintf("front %zu, HV %.6g", n_front, hv);
+    free(front);
+  }
+  sched_results_free(&r);
+  return strdup(buf);
+}
+
+static void clear_status_line(const sched *sc) {
+  if (sc->opt->progress_tty) fputs("\r\033[K", out(sc));
+}
+
+void sched_progress_event(sched *sc, const trial_row *row, const char *what) {
+  char *detail = NULL;
+  if (row->status == TRIAL_COMPLETED) detail = describe_result(sc, row);
+  clear_status_line(sc);
+  char stamp[32] = "";
+  if (!sc->opt->progress_tty) {
+    time_t now = time(NULL);
+    struct tm tm;
+    gmtime_r(&now, &tm);
+    strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%M:%SZ ", &tm);
+  }
+  /* "trial 3 started", "trial 3 re-attached", "trial 3 failed: exited with status 2",
+   * "trial 3 completed: f1=… f2=…". */
+  bool running = row->status == TRIAL_RUNNING;
+  const char *label = running ? (what ? what : "started") : trial_status_name(row->status);
+  const char *reason = running ? NULL : what;
+  fprintf(out(sc), "%snas: %s: trial %d %s%s%s%s%s\n", stamp, sc->exp->name, row->number, label,
+          reason ? ": " : "", reason ? reason : "", detail && *detail ? ": " : "",
+          detail ? detail : "");
+  free(detail);
+  sched_progress_tick(sc);
+}
+
+void sched_progress_tick(sched *sc) {
+  if (!sc->opt->progress_tty) return;
+  const int *by = sc->counts.by_status;
+  int failed = by[TRIAL_FAILED] + by[TRIAL_TIMEOUT];
+  fprintf(out(sc), "\r\033[K%s: %d/%d trials · %d running · %d completed · %d failed",
+          sc->exp->name, sc->counts.total, sc->s->budget.max_trials, by[TRIAL_RUNNING],
+          by[TRIAL_COMPLETED], failed);
+  if (by[TRIAL_STOPPED]) fprintf(out(sc), " · %d stopped", by[TRIAL_STOPPED]);
+  if (sc->best_text) fprintf(out(sc), " · %s", sc->best_text);
+  fflush(out(sc));
+}
+
+void sched_progress_done(sched *sc) {
+  clear_status_line(sc);
+  const int *by = sc->counts.by_status;
+  fprintf(out(sc), "nas: %s: %d trials: %d completed, %d failed, %d timed out, %d stopped%s%s\n",
+          sc->exp->name, sc->counts.total, by[TRIAL_COMPLETED], by[TRIAL_FAILED],
+          by[TRIAL_TIMEOUT], by[TRIAL_STOPPED], sc->best_text ? "; " : "",
+          sc->best_text ? sc->best_text : "");
+}

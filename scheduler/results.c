@@ -1,0 +1,177 @@
+/* scheduler/results.c: an experiment's trials joined with their metric values, and the
+ * Pareto front over them. Commands (status, trials, pareto) and the loop (observations
+ * for the optimizer) all read results through here, so a metric means the same everywhere:
+ * a trial's value of a metric is its last final report, else its report at the highest
+ * step. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optimizer/optimizer.h"
+#include "scheduler/scheduler.h"
+
+static int name_index(char *const *names, size_t n, const char *name) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(names[i], name) == 0) return (int)i;
+  return -1;
+}
+
+static int cmp_str(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Objectives, then constraints, then every other name seen in rows, sorted. */
+static int collect_names(const spec *s, const metric_row *rows, size_t n_rows,
+                         sched_results *out, nas_err *err) {
+  size_t cap = s->n_objectives + s->n_constraints + n_rows;
+  out->metric_names = calloc(cap ? cap : 1, sizeof *out->metric_names);
+  if (!out->metric_names) return nas_errf(err, "out of memory");
+  size_t n = 0;
+  for (size_t i = 0; i < s->n_objectives; i++)
+    if (name_index(out->metric_names, n, s->objectives[i].name) < 0)
+      out->metric_names[n++] = strdup(s->objectives[i].name);
+  for (size_t i = 0; i < s->n_constraints; i++)
+    if (name_index(out->metric_names, n, s->constraints[i].metric) < 0)
+      out->metric_names[n++] = strdup(s->constraints[i].metric);
+  size_t declared = n;
+  for (size_t i = 0; i < n_rows; i++)
+    if (name_index(out->metric_names, n, rows[i].name) < 0)
+      out->metric_names[n++] = strdup(rows[i].name);
+  qsort(out->metric_names + declared, n - declared, sizeof *out->metric_names, cmp_str);
+  out->n_metrics = n;
+  for (size_t i = 0; i < n; i++)
+    if (!out->metric_names[i]) return nas_errf(err, "out of memory");
+  return NAS_OK;
+}
+
+/* Trial position (in r->trials) of each trial id, sorted by id for binary search. */
+typedef struct {
+  int64_t id;
+  size_t pos;
+} id_pos;
+
+static int cmp_id_pos(const void *a, const void *b) {
+  int64_t x = ((const id_pos *)a)->id, y = ((const id_pos *)b)->id;
+  return (x > y) - (x < y);
+}
+
+static int trial_index(const id_pos *by_id, size_t n, int64_t trial_id) {
+  size_t lo = 0, hi = n;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (by_id[mid].id < trial_id) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo < n && by_id[lo].id == trial_id ? (int)by_id[lo].pos : -1;
+}
+
+/* Fills values: final reports win over intermediate ones; among intermediates the
+ * highest step wins; among equals the later report wins. */
+static int fill_values(sched_results *r, const metric_row *rows, size_t n_rows,
+                       nas_err *err) {
+  size_t cells = r->n_trials * r->n_metrics;
+  int64_t *best_step = malloc((cells ? cells : 1) * sizeof *best_step);
+  id_pos *by_id = malloc((r->n_trials ? r->n_trials : 1) * sizeof *by_id);
+  if (!best_step || !by_id) {
+    free(best_step), free(by_id);
+    return nas_errf(err, "out of memory");
+  }
+  for (size_t i = 0; i < r->n_trials; i++) by_id[i] = (id_pos){r->trials[i].id, i};
+  qsort(by_id, r->n_trials, sizeof *by_id, cmp_id_pos);
+  for (size_t i = 0; i < cells; i++) {
+    r->values[i] = NAN;
+    best_step[i] = INT64_MIN;
+  }
+  for (size_t i = 0; i < n_rows; i++) {
+    int t = trial_index(by_id, r->n_trials, rows[i].trial_id);
+    int m = name_index(r->metric_names, r->n_metrics, rows[i].name);
+    if (t < 0 || m < 0) continue;
+    size_t cell = (size_t)t * r->n_metrics + (size_t)m;
+    int64_t rank = rows[i].step == METRIC_FINAL ? INT64_MAX : rows[i].step;
+    if (rank >= best_step[cell]) {
+      best_step[cell] = rank;
+      r->values[cell] = rows[i].value;
+    }
+  }
+  free(best_step), free(by_id);
+  return NAS_OK;
+}
+
+int sched_results_load(storage *st, const spec *s, int64_t experiment_id,
+                       sched_results *out, nas_err *err) {
+  memset(out, 0, sizeof *out);
+  metric_row *rows = NULL;
+  size_t n_rows = 0;
+  if (storage_trial_list(st, experiment_id, &out->trials, &out->n_trials, err) != NAS_OK ||
+      storage_metrics_list(st, experiment_id, &rows, &n_rows, err) != NAS_OK)
+    goto fail;
+  if (collect_names(s, rows, n_rows, out, err) != NAS_OK) goto fail;
+  size_t cells = out->n_trials * out->n_metrics;
+  out->values = malloc((cells ? cells : 1) * sizeof *out->values);
+  if (!out->values) {
+    nas_errf(err, "out of memory");
+    goto fail;
+  }
+  if (fill_values(out, rows, n_rows, err) != NAS_OK) goto fail;
+  metric_rows_free(rows, n_rows);
+  return NAS_OK;
+fail:
+  metric_rows_free(rows, n_rows);
+  sched_results_free(out);
+  return NAS_ERR;
+}
+
+void sched_results_free(sched_results *r) {
+  trial_rows_free(r->trials, r->n_trials);
+  for (size_t i = 0; i < r->n_metrics; i++) free(r->metric_names[i]);
+  free(r->metric_names);
+  free(r->values);
+  memset(r, 0, sizeof *r);
+}
+
+int sched_results_metric(const sched_results *r, const char *name) {
+  return name_index(r->metric_names, r->n_metrics, name);
+}
+
+/* Whether trial t met every outcome constraint. */
+static bool feasible(const spec *s, const sched_results *r, size_t t) {
+  for (size_t c = 0; c < s->n_constraints; c++) {
+    int m = sched_results_metric(r, s->constraints[c].metric);
+    double v = m < 0 ? NAN : r->values[t * r->n_metrics + (size_t)m];
+    if (isnan(v)) return false;
+    if (s->constraints[c].op == CONSTRAINT_LE ? v > s->constraints[c].bound
+                                              : v < s->constraints[c].bound)
+      return false;
+  }
+  return true;
+}
+
+int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, double *hv,
+                double *ref, nas_err *err) {
+  size_t m = s->n_objectives;
+  size_t *cand = malloc((r->n_trials ? r->n_trials : 1) * sizeof *cand);
+  double *Y = calloc((r->n_trials ? r->n_trials : 1) * m, sizeof *Y);
+  double *raw = calloc(m, sizeof *raw);
+  bool *on_front = malloc((r->n_trials ? r->n_trials : 1) * sizeof *on_front);
+  if (!cand || !Y || !raw || !on_front) {
+    free(cand), free(Y), free(raw), free(on_front);
+    return nas_errf(err, "out of memory");
+  }
+  size_t k = 0;
+  for (size_t t = 0; t < r->n_trials; t++) {
+    if (r->trials[t].status != TRIAL_COMPLETED || !feasible(s, r, t)) continue;
+    for (size_t j = 0; j < m; j++) raw[j] = r->values[t * r->n_metrics + j]; /* objectives first */
+    objectives_to_min(s, raw, Y + k * m);
+    cand[k++] = t;
+  }
+  pareto_mask(Y, k, m, on_front);
+  reference_point(s, Y, k, ref);
+  *hv = hypervolume(Y, k, m, ref);
+  size_t f = 0;
+  for (size_t i = 0; i < k; i++)
+    if (on_front[i]) cand[f++] = cand[i];
+  *idx = cand;
+  *n = f;
+  free(Y), free(raw), free(on_front);
+  return NAS_OK;
+}

@@ -1,0 +1,291 @@
+/* spec/diff.c: what changed between two loaded specs, one line per changed field.
+ *
+ * Each field is written as canonical text (numbers as their shortest exact text, strings
+ * quoted, env sorted, options with sorted keys) and two specs differ in a field exactly
+ * when those texts differ, so comments, key order in mappings, quoting style and number
+ * spelling (1e-3 vs 0.001) never show up as changes. Field names are the YAML keys
+ * ("budget.trials: 20 -> 30"); parameters are matched by name. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec/internal.h"
+
+static void write_quoted(FILE *out, const char *text) {
+  json_t *string = json_string(text);
+  char *quoted = string ? json_dumps(string, JSON_ENCODE_ANY) : NULL;
+  fputs(quoted ? quoted : text, out);
+  free(quoted);
+  json_decref(string);
+}
+
+/* Strings quoted so that "1" and 1 differ; other values as spec_value_text writes them. */
+static void write_value(FILE *out, const json_t *value) {
+  if (json_is_string(value)) {
+    write_quoted(out, json_string_value(value));
+    return;
+  }
+  char *text = spec_value_text(value);
+  fputs(text ? text : "?", out);
+  free(text);
+}
+
+static void write_values(FILE *out, const json_t *array) {
+  fputc('[', out);
+  for (size_t i = 0; i < json_array_size(array); i++) {
+    if (i) fputs(", ", out);
+    write_value(out, json_array_get(array, i));
+  }
+  fputc(']', out);
+}
+
+static void write_number(FILE *out, double x) {
+  char text[32];
+  format_double(x, text, sizeof text);
+  fputs(text, out);
+}
+
+static void write_param(FILE *out, const spec *s, const param_spec *p) {
+  static const char *const kinds[] = {"float", "int", "categorical", "fixed"};
+  fprintf(out, "%s", kinds[p->kind]);
+  if (p->kind == PARAM_FLOAT || p->kind == PARAM_INT) {
+    fputs(" [", out);
+    write_number(out, p->low);
+    fputs(", ", out);
+    write_number(out, p->high);
+    fputs("]", out);
+    if (p->log) fputs(" log", out);
+    if (p->step > 0) {
+      fputs(" step ", out);
+      write_number(out, p->step);
+    }
+  } else {
+    fputc(' ', out);
+    if (p->kind == PARAM_CATEGORICAL)
+      write_values(out, p->choices);
+    else
+      write_value(out, p->fixed);
+  }
+  if (!p->conditional) return;
+  fprintf(out, " when %s %s ", s->params[p->cond.parent].name, cond_op_text(p->cond.op));
+  if (p->cond.op == COND_IN)
+    write_values(out, p->cond.values);
+  else
+    write_value(out, json_array_get(p->cond.values, 0));
+}
+
+static void write_strings(FILE *out, char *const *list, size_t n) {
+  fputc('[', out);
+  for (size_t i = 0; i < n; i++) {
+    if (i) fputs(", ", out);
+    write_quoted(out, list[i]);
+  }
+  fputc(']', out);
+}
+
+static int compare_strings(const void *a, const void *b) {
+  return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Mapping order of env means nothing: compare it sorted. */
+static void write_env(FILE *out, const spec *s) {
+  char **sorted = malloc((s->trial.n_env + 1) * sizeof *sorted);
+  if (!sorted) return;
+  if (s->trial.n_env) memcpy(sorted, s->trial.env, s->trial.n_env * sizeof *sorted);
+  qsort(sorted, s->trial.n_env, sizeof *sorted, compare_strings);
+  write_strings(out, sorted, s->trial.n_env);
+  free(sorted);
+}
+
+static void write_duration(FILE *out, double seconds) {
+  if (seconds <= 0) {
+    fputs("none", out);
+    return;
+  }
+  write_number(out, seconds);
+  fputc('s', out);
+}
+
+static void write_options(FILE *out, const json_t *options) {
+  char *text = json_dumps(options, JSON_COMPACT | JSON_SORT_KEYS);
+  fputs(text ? text : "?", out);
+  free(text);
+}
+
+static void write_name(FILE *out, const spec *s) { fputs(s->name, out); }
+static void write_storage(FILE *out, const spec *s) { fputs(s->storage, out); }
+static void write_seed(FILE *out, const spec *s) { fprintf(out, "%ld", s->seed); }
+static void write_objectives(FILE *out, const spec *s) {
+  fputc('[', out);
+  for (size_t i = 0; i < s->n_objectives; i++) {
+    const objective_spec *o = &s->objectives[i];
+    fprintf(out, "%s%s %s", i ? ", " : "", o->name,
+            o->goal == GOAL_MINIMIZE ? "minimize" : "maximize");
+    if (o->has_threshold) {
+      fputs(" threshold ", out);
+      write_number(out, o->threshold);
+    }
+  }
+  fputc(']', out);
+}
+static void write_constraints(FILE *out, const spec *s) {
+  fputc('[', out);
+  for (size_t i = 0; i < s->n_constraints; i++) {
+    const constraint_spec *k = &s->constraints[i];
+    fprintf(out, "%s%s %s ", i ? ", " : "", k->metric, k->op == CONSTRAINT_LE ? "<=" : ">=");
+    write_number(out, k->bound);
+  }
+  fputc(']', out);
+}
+static void write_command(FILE *out, const spec *s) {
+  write_strings(out, s->trial.argv, s->trial.argc);
+}
+static void write_workdir(FILE *out, const spec *s) { fputs(s->trial.workdir, out); }
+static void write_timeout(FILE *out, const spec *s) { write_duration(out, s->trial.timeout_s); }
+static void write_trials(FILE *out, const spec *s) { fprintf(out, "%d", s->budget.max_trials); }
+static void write_parallel(FILE *out, const spec *s) { fprintf(out, "%d", s->budget.parallel); }
+static void write_wall_time(FILE *out, const spec *s) { write_duration(out, s->budget.max_wall_s); }
+static void write_runner(FILE *out, const spec *s) { fputs(s->runner.type, out); }
+static void write_runner_options(FILE *out, const spec *s) {
+  write_options(out, s->runner.options);
+}
+static void write_optimizer(FILE *out, const spec *s) { fputs(s->optimizer.type, out); }
+static void write_optimizer_options(FILE *out, const spec *s) {
+  write_options(out, s->optimizer.options);
+}
+
+/* A field of the spec and the writer of its canonical text. */
+typedef struct {
+  const char *field;
+  void (*write)(FILE *, const spec *);
+} field_writer;
+
+/* In file order: these come before the parameters, the rest after. */
+static const field_writer head_fields[] = {
+    {"name", write_name},
+    {"storage", write_storage},
+    {"seed", write_seed},
+};
+static const field_writer tail_fields[] = {
+    {"objectives", write_objectives},
+    {"constraints", write_constraints},
+    {"trial.command", write_command},
+    {"trial.workdir", write_workdir},
+    {"trial.env", write_env},
+    {"trial.timeout", write_timeout},
+    {"budget.trials", write_trials},
+    {"budget.parallel", write_parallel},
+    {"budget.wall_time", write_wall_time},
+    {"runner.type", write_runner},
+    {"runner.options", write_runner_options},
+    {"optimizer.type", write_optimizer},
+    {"optimizer.options", write_optimizer_options},
+};
+
+/* Canonical texts are built in memory streams: open_text starts one on *text,
+ * close_text ends it and returns the owned text, or NULL when out of memory. */
+static FILE *open_text(char **text, size_t *len) {
+  *text = NULL;
+  return open_memstream(text, len);
+}
+
+static char *close_text(FILE *out, char **text) {
+  if (fclose(out) == 0) return *text;
+  free(*text);
+  return NULL;
+}
+
+static char *field_text(void (*write)(FILE *, const spec *), const spec *s) {
+  char *text;
+  size_t len;
+  FILE *out = open_text(&text, &len);
+  if (!out) return NULL;
+  write(out, s);
+  return close_text(out, &text);
+}
+
+static char *param_text(const spec *s, const param_spec *p) {
+  char *text;
+  size_t len;
+  FILE *out = open_text(&text, &len);
+  if (!out) return NULL;
+  write_param(out, s, p);
+  return close_text(out, &text);
+}
+
+/* The names of from's parameters that other has too, in from's order. */
+static char *common_order_text(const spec *from, const spec *other) {
+  char *text;
+  size_t len;
+  FILE *out = open_text(&text, &len);
+  if (!out) return NULL;
+  const char *sep = "";
+  for (size_t i = 0; i < from->n_params; i++) {
+    if (spec_param_index(other, from->params[i].name) < 0) continue;
+    fprintf(out, "%s%s", sep, from->params[i].name);
+    sep = ", ";
+  }
+  return close_text(out, &text);
+}
+
+/* Writes "field: A -> B" when the texts differ; false when either is missing (no memory). */
+static bool diff_texts(FILE *out, const char *field, char *a, char *b) {
+  bool ok = a && b;
+  if (ok && strcmp(a, b) != 0) fprintf(out, "%s: %s -> %s\n", field, a, b);
+  free(a);
+  free(b);
+  return ok;
+}
+
+/* Parameters only `from` has, written as "parameters.NAME: VERB (definition)". */
+static bool diff_lone_params(FILE *out, const spec *from, const spec *other, const char *verb) {
+  for (size_t i = 0; i < from->n_params; i++) {
+    const param_spec *p = &from->params[i];
+    if (spec_param_index(other, p->name) >= 0) continue;
+    char *text = param_text(from, p);
+    if (!text) return false;
+    fprintf(out, "parameters.%s: %s (%s)\n", p->name, verb, text);
+    free(text);
+  }
+  return true;
+}
+
+/* Order matters too: it is the order parameters are searched, stored and shown in. */
+static bool diff_params(FILE *out, const spec *a, const spec *b) {
+  bool ok = diff_lone_params(out, a, b, "removed");
+  for (size_t i = 0; ok && i < a->n_params; i++) {
+    int j = spec_param_index(b, a->params[i].name);
+    if (j < 0) continue;
+    char field[300];
+    snprintf(field, sizeof field, "parameters.%s", a->params[i].name);
+    ok = diff_texts(out, field, param_text(a, &a->params[i]), param_text(b, &b->params[j]));
+  }
+  ok = ok && diff_lone_params(out, b, a, "added");
+  return ok &&
+         diff_texts(out, "parameters order", common_order_text(a, b), common_order_text(b, a));
+}
+
+static bool diff_fields(FILE *out, const field_writer *table, size_t n, const spec *a,
+                        const spec *b) {
+  bool ok = true;
+  for (size_t i = 0; ok && i < n; i++)
+    ok = diff_texts(out, table[i].field, field_text(table[i].write, a),
+                    field_text(table[i].write, b));
+  return ok;
+}
+
+char *spec_diff(const spec *a, const spec *b) {
+  char *text;
+  size_t len;
+  FILE *out = open_text(&text, &len);
+  if (!out) return NULL;
+  bool ok = diff_fields(out, head_fields, sizeof head_fields / sizeof head_fields[0], a, b) &&
+            diff_params(out, a, b) &&
+            diff_fields(out, tail_fields, sizeof tail_fields / sizeof tail_fields[0], a, b);
+  text = close_text(out, &text);
+  if (!ok || (text && text[0] == '\0')) {
+    free(text);
+    return NULL;
+  }
+  return text;
+}

@@ -1,0 +1,400 @@
+/* spec/node.c: reading libyaml document nodes into checked values.
+ *
+ * Every reader takes the node it reads and a dotted field path ("parameters.lr.low"), so a
+ * failure reads "FILE:LINE:COL: parameters.lr.low: expected a number, got 'abc'". Lines
+ * and columns are 1-based (libyaml's marks are 0-based). Scalars are typed the way a user
+ * expects: plain true/false are bools, plain numbers are numbers, quoted text is always a
+ * string. Readers return borrowed pointers into the document except where they say owned. */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec/internal.h"
+
+/* Deep enough for any sensible options block; stops alias loops (`&a [*a]`). */
+enum { JSON_MAX_DEPTH = 64 };
+
+const char *field_join(char *buf, const char *what, const char *key) {
+  snprintf(buf, FIELD_CAP, "%s.%s", what, key);
+  return buf;
+}
+
+static bool word_in(const char *text, const char *const *words) {
+  for (; *words; words++)
+    if (strcmp(text, *words) == 0) return true;
+  return false;
+}
+
+static bool skip_digits(const char **p) {
+  const char *start = *p;
+  while (isdigit((unsigned char)**p)) (*p)++;
+  return *p > start;
+}
+
+static void skip_sign(const char **p) {
+  if (**p == '+' || **p == '-') (*p)++;
+}
+
+static bool looks_integer(const char *t) {
+  skip_sign(&t);
+  return skip_digits(&t) && *t == '\0';
+}
+
+/* Decimal reals only: no hex, inf or nan, which strtod would also take. */
+static bool looks_real(const char *t) {
+  skip_sign(&t);
+  bool whole = skip_digits(&t), frac = false;
+  if (*t == '.') {
+    t++;
+    frac = skip_digits(&t);
+  }
+  if (!whole && !frac) return false;
+  if (*t == 'e' || *t == 'E') {
+    t++;
+    skip_sign(&t);
+    if (!skip_digits(&t)) return false;
+  }
+  return *t == '\0';
+}
+
+scalar_kind scalar_kind_of(const char *text, bool plain) {
+  static const char *const nulls[] = {"", "~", "null", "Null", "NULL", NULL};
+  static const char *const bools[] = {"true", "True", "TRUE", "false", "False", "FALSE", NULL};
+  if (!plain) return SCALAR_STRING;
+  if (word_in(text, nulls)) return SCALAR_NULL;
+  if (word_in(text, bools)) return SCALAR_BOOL;
+  if (looks_integer(text)) {
+    errno = 0;
+    (void)strtoll(text, NULL, 10);
+    if (errno != ERANGE) return SCALAR_INT;
+  }
+  if (looks_real(text) && isfinite(strtod(text, NULL))) return SCALAR_REAL;
+  return SCALAR_STRING;
+}
+
+json_t *scalar_json(const char *text, bool plain) {
+  switch (scalar_kind_of(text, plain)) {
+  case SCALAR_NULL: return json_null();
+  case SCALAR_BOOL: return json_boolean(tolower((unsigned char)text[0]) == 't');
+  case SCALAR_INT: return json_integer(strtoll(text, NULL, 10));
+  case SCALAR_REAL: return json_real(strtod(text, NULL));
+  case SCALAR_STRING: break;
+  }
+  return json_string(text);
+}
+
+size_t name_span(const char *text, const char *extra) {
+  size_t n = 0;
+  for (char ch = text[0]; ch; ch = text[++n]) {
+    bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+    if (!alnum && ch != '_' && !strchr(extra, ch)) break;
+  }
+  return n;
+}
+
+bool is_identifier(const char *text, const char *extra) {
+  char first = text[0];
+  bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') || first == '_';
+  return starts && text[name_span(text, extra)] == '\0';
+}
+
+json_t *inline_value(const char *text) {
+  text += strspn(text, " ");
+  size_t len = strlen(text);
+  while (len > 0 && text[len - 1] == ' ') len--;
+  if (len == 0) return NULL;
+  if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0])
+    return json_stringn(text + 1, len - 2);
+  char *plain = strndup(text, len);
+  json_t *value = plain ? scalar_json(plain, true) : NULL;
+  free(plain);
+  return value;
+}
+
+const char *nearest_name(const char *word, const char *const *names) {
+  const char *best = NULL;
+  size_t best_dist = 3, word_len = strlen(word);
+  for (; *names; names++) {
+    size_t dist = nas_edit_distance(word, *names);
+    if (dist < best_dist && dist < word_len) {
+      best = *names;
+      best_dist = dist;
+    }
+  }
+  return best;
+}
+
+int node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...) {
+  char msg[800];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  return nas_errf(c->err, "%s:%zu:%zu: %s", c->file, node->start_mark.line + 1,
+                  node->start_mark.column + 1, msg);
+}
+
+const char *node_scalar_text(const yaml_node_t *node) {
+  return node->type == YAML_SCALAR_NODE ? (const char *)node->data.scalar.value : NULL;
+}
+
+static bool node_plain(const yaml_node_t *node) {
+  return node->data.scalar.style == YAML_PLAIN_SCALAR_STYLE;
+}
+
+static scalar_kind node_scalar_kind(const yaml_node_t *node) {
+  return scalar_kind_of(node_scalar_text(node), node_plain(node));
+}
+
+bool node_is_null(const yaml_node_t *node) {
+  return node->type == YAML_SCALAR_NODE && node_scalar_kind(node) == SCALAR_NULL;
+}
+
+/* What a node holds, for "got ..." in messages; long text is cut short. */
+static void node_describe(const yaml_node_t *node, char *buf, size_t cap) {
+  if (node->type == YAML_MAPPING_NODE) {
+    snprintf(buf, cap, "a mapping");
+  } else if (node->type == YAML_SEQUENCE_NODE) {
+    snprintf(buf, cap, "a list");
+  } else if (node_is_null(node)) {
+    snprintf(buf, cap, "nothing");
+  } else {
+    const char *text = node_scalar_text(node);
+    int shown = strlen(text) > 40 ? 37 : 40;
+    const char *more = strlen(text) > 40 ? "..." : "";
+    if (node_plain(node))
+      snprintf(buf, cap, "'%.*s%s'", shown, text, more);
+    else
+      snprintf(buf, cap, "the quoted string \"%.*s%s\"", shown, text, more);
+  }
+}
+
+int node_expected(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                  const char *expected) {
+  char got[96];
+  node_describe(node, got, sizeof got);
+  return node_errf(c, node, "%s: expected %s, got %s", what, expected, got);
+}
+
+yaml_node_t *node_at(const yaml_ctx *c, int id) { return yaml_document_get_node(c->doc, id); }
+
+static yaml_node_pair_t *node_pair(const yaml_ctx *c, const yaml_node_t *map, const char *key) {
+  for (yaml_node_pair_t *pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top;
+       pair++) {
+    const char *text = node_scalar_text(node_at(c, pair->key));
+    if (text && strcmp(text, key) == 0) return pair;
+  }
+  return NULL;
+}
+
+yaml_node_t *node_optional(const yaml_ctx *c, const yaml_node_t *map, const char *key) {
+  yaml_node_pair_t *pair = node_pair(c, map, key);
+  if (!pair) return NULL;
+  yaml_node_t *value = node_at(c, pair->value);
+  return node_is_null(value) ? NULL : value;
+}
+
+int node_required(const yaml_ctx *c, const yaml_node_t *map, const char *what, const char *key,
+                  yaml_node_t **out) {
+  yaml_node_pair_t *pair = node_pair(c, map, key);
+  if (!pair) return node_errf(c, map, "%s: missing required key '%s'", what, key);
+  yaml_node_t *value = node_at(c, pair->value);
+  if (node_is_null(value))
+    return node_errf(c, node_at(c, pair->key), "%s: '%s' has no value", what, key);
+  *out = value;
+  return NAS_OK;
+}
+
+/* "a, b, c" for the keys a message lists. */
+static void join_names(const char *const *names, char *buf, size_t cap) {
+  size_t used = 0;
+  buf[0] = '\0';
+  for (const char *const *n = names; *n && used < cap; n++) {
+    int w = snprintf(buf + used, cap - used, "%s%s", n == names ? "" : ", ", *n);
+    if (w < 0) break;
+    used += (size_t)w;
+  }
+}
+
+int node_check_keys(const yaml_ctx *c, const yaml_node_t *map, const char *what,
+                    const char *const *known) {
+  for (yaml_node_pair_t *pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top;
+       pair++) {
+    yaml_node_t *key = node_at(c, pair->key);
+    const char *text = node_scalar_text(key);
+    if (word_in(text, known)) continue;
+    const char *guess = nearest_name(text, known);
+    if (guess)
+      return node_errf(c, key, "%s: unknown key '%s'; did you mean '%s'?", what, text, guess);
+    char list[400];
+    join_names(known, list, sizeof list);
+    return node_errf(c, key, "%s: unknown key '%s' (known keys: %s)", what, text, list);
+  }
+  return NAS_OK;
+}
+
+static int check_mapping_keys_unique(const yaml_ctx *c, const yaml_node_t *map) {
+  yaml_node_pair_t *start = map->data.mapping.pairs.start, *top = map->data.mapping.pairs.top;
+  for (yaml_node_pair_t *pair = start; pair < top; pair++) {
+    yaml_node_t *key = node_at(c, pair->key);
+    const char *text = node_scalar_text(key);
+    if (!text)
+      return node_errf(c, key, "mapping keys must be plain names, not %s",
+                       key->type == YAML_MAPPING_NODE ? "mappings" : "lists");
+    for (yaml_node_pair_t *earlier = start; earlier < pair; earlier++) {
+      yaml_node_t *first = node_at(c, earlier->key);
+      if (strcmp(node_scalar_text(first), text) == 0)
+        return node_errf(c, key, "duplicate key '%s' (first at line %zu, column %zu)", text,
+                         first->start_mark.line + 1, first->start_mark.column + 1);
+    }
+  }
+  return NAS_OK;
+}
+
+int node_check_unique_keys(const yaml_ctx *c) {
+  for (yaml_node_t *node = c->doc->nodes.start; node < c->doc->nodes.top; node++) {
+    if (node->type != YAML_MAPPING_NODE) continue;
+    int rc = check_mapping_keys_unique(c, node);
+    if (rc) return rc;
+  }
+  return NAS_OK;
+}
+
+int node_expect_mapping(const yaml_ctx *c, const yaml_node_t *node, const char *what) {
+  return node->type == YAML_MAPPING_NODE ? NAS_OK : node_expected(c, node, what, "a mapping");
+}
+
+int node_expect_list(const yaml_ctx *c, const yaml_node_t *node, const char *what) {
+  return node->type == YAML_SEQUENCE_NODE ? NAS_OK : node_expected(c, node, what, "a list");
+}
+
+int node_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, const char **out) {
+  if (node->type != YAML_SCALAR_NODE || node_is_null(node))
+    return node_expected(c, node, what, "a string");
+  *out = node_scalar_text(node);
+  return NAS_OK;
+}
+
+int node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out) {
+  const char *text = NULL;
+  int rc = node_text(c, node, what, &text);
+  if (rc) return rc;
+  *out = strdup(text);
+  return *out ? NAS_OK : node_errf(c, node, "%s: out of memory", what);
+}
+
+/* The quoted number hint turns `low: "0.5"` into an error that says how to fix it. */
+static int expected_number(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                           const char *expected) {
+  if (node->type == YAML_SCALAR_NODE && !node_plain(node) &&
+      scalar_kind_of(node_scalar_text(node), true) != SCALAR_STRING) {
+    char want[80];
+    snprintf(want, sizeof want, "%s (write it without quotes)", expected);
+    return node_expected(c, node, what, want);
+  }
+  return node_expected(c, node, what, expected);
+}
+
+int node_number(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
+  scalar_kind kind = node->type == YAML_SCALAR_NODE ? node_scalar_kind(node) : SCALAR_STRING;
+  if (kind != SCALAR_INT && kind != SCALAR_REAL) return expected_number(c, node, what, "a number");
+  *out = strtod(node_scalar_text(node), NULL);
+  return NAS_OK;
+}
+
+int node_integer(const yaml_ctx *c, const yaml_node_t *node, const char *what, long long *out) {
+  if (node->type != YAML_SCALAR_NODE || node_scalar_kind(node) != SCALAR_INT)
+    return expected_number(c, node, what, "an integer");
+  *out = strtoll(node_scalar_text(node), NULL, 10);
+  return NAS_OK;
+}
+
+int node_bool(const yaml_ctx *c, const yaml_node_t *node, const char *what, bool *out) {
+  if (node->type != YAML_SCALAR_NODE || node_scalar_kind(node) != SCALAR_BOOL)
+    return node_expected(c, node, what, "true or false");
+  *out = tolower((unsigned char)node_scalar_text(node)[0]) == 't';
+  return NAS_OK;
+}
+
+/* Seconds in text such as "90", "-1", "90s" or "1.5h"; false when it is not a duration. */
+static bool duration_seconds(const char *text, double *seconds) {
+  static const char units[] = "smhd";
+  static const double unit_seconds[] = {1, 60, 3600, 86400};
+  size_t len = strlen(text);
+  char number[48];
+  if (len == 0 || len >= sizeof number) return false;
+  const char *unit = strchr(units, text[len - 1]);
+  size_t digits = unit ? len - 1 : len;
+  memcpy(number, text, digits);
+  number[digits] = '\0';
+  if (!looks_real(number)) return false;
+  *seconds = strtod(number, NULL) * (unit ? unit_seconds[unit - units] : 1);
+  return true;
+}
+
+int node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
+  const char *text = node_scalar_text(node);
+  double seconds;
+  if (!text || node_is_null(node) || !duration_seconds(text, &seconds))
+    return node_expected(c, node, what,
+                         "a duration such as 90, \"90s\", \"10m\", \"1.5h\" or \"2d\"");
+  if (!(seconds > 0) || !isfinite(seconds))
+    return node_errf(c, node, "%s: must be more than 0 seconds (leave it out for no limit)", what);
+  *out = seconds;
+  return NAS_OK;
+}
+
+int node_scalar_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
+  if (node->type != YAML_SCALAR_NODE || node_is_null(node))
+    return node_expected(c, node, what, "a string, number or bool");
+  *out = scalar_json(node_scalar_text(node), node_plain(node));
+  return *out ? NAS_OK : node_errf(c, node, "%s: not valid UTF-8 text", what);
+}
+
+static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth);
+
+static json_t *mapping_json(const yaml_ctx *c, const yaml_node_t *map, int depth) {
+  json_t *object = json_object();
+  for (yaml_node_pair_t *pair = map->data.mapping.pairs.start;
+       object && pair < map->data.mapping.pairs.top; pair++) {
+    json_t *value = node_json_at(c, node_at(c, pair->value), depth + 1);
+    const char *key = node_scalar_text(node_at(c, pair->key));
+    if (!value || json_object_set_new(object, key, value) != 0) {
+      json_decref(object);
+      object = NULL;
+    }
+  }
+  return object;
+}
+
+static json_t *list_json(const yaml_ctx *c, const yaml_node_t *list, int depth) {
+  json_t *array = json_array();
+  for (yaml_node_item_t *item = list->data.sequence.items.start;
+       array && item < list->data.sequence.items.top; item++) {
+    if (json_array_append_new(array, node_json_at(c, node_at(c, *item), depth + 1)) != 0) {
+      json_decref(array);
+      array = NULL;
+    }
+  }
+  return array;
+}
+
+/* NULL when out of memory, the text is not UTF-8, or nesting passes JSON_MAX_DEPTH. */
+static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth) {
+  if (depth > JSON_MAX_DEPTH) return NULL;
+  if (node->type == YAML_MAPPING_NODE) return mapping_json(c, node, depth);
+  if (node->type == YAML_SEQUENCE_NODE) return list_json(c, node, depth);
+  return scalar_json(node_scalar_text(node), node_plain(node));
+}
+
+int node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
+  *out = node_json_at(c, node, 0);
+  if (*out) return NAS_OK;
+  return node_errf(c, node,
+                   "%s: cannot be stored (nested over %d levels deep, an alias "
+                   "that contains itself, or text that is not UTF-8)",
+                   what, JSON_MAX_DEPTH);
+}

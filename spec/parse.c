@@ -1,0 +1,370 @@
+/* spec/parse.c: loading a spec file: YAML text -> validated, complete `spec`.
+ *
+ * The whole document is loaded with libyaml's document API, then read section by section
+ * in a fixed order (parameters before trial, so placeholders can be checked). The first
+ * problem found is reported as "FILE:LINE:COL: field: message" and everything built so far
+ * is freed, so a failed load owns nothing. Defaults are filled here; nothing later needs
+ * to re-validate a spec that loaded. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec/internal.h"
+
+static const char *const root_keys[] = {"name",       "storage",     "seed",  "parameters",
+                                        "objectives", "constraints", "trial", "budget",
+                                        "runner",     "optimizer",   NULL};
+static const char *const runner_types[] = {"local", "slurm", NULL};
+static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
+
+static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
+  yaml_node_t *node;
+  int rc = node_required(c, root, "spec", "name", &node);
+  if (!rc) rc = node_dup_text(c, node, "name", &s->name);
+  if (!rc && (s->name[0] == '\0' || s->name[name_span(s->name, ".-")] != '\0'))
+    rc = node_errf(c, node, "name: '%s' may only hold letters, digits, '_', '.' and '-'", s->name);
+  if (rc) return rc;
+  node = node_optional(c, root, "storage");
+  if (node)
+    rc = node_dup_text(c, node, "storage", &s->storage);
+  else if (!(s->storage = strdup("sqlite:nas.db")))
+    rc = nas_errf(c->err, "out of memory");
+  if (rc) return rc;
+  long long seed = 0;
+  node = node_optional(c, root, "seed");
+  if (node && (rc = node_integer(c, node, "seed", &seed))) return rc;
+  if (seed < 0) return node_errf(c, node, "seed: must be 0 or more, got %lld", seed);
+  s->seed = (long)seed;
+  return NAS_OK;
+}
+
+static int check_metric_name(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                             const char *name) {
+  if (is_identifier(name, ".-")) return NAS_OK;
+  return node_errf(c, node,
+                   "%s: '%s' is not a metric name (a letter or '_', then letters, "
+                   "digits, '_', '.' or '-')",
+                   what, name);
+}
+
+static int parse_metric_name(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                             char **out) {
+  int rc = node_dup_text(c, node, what, out);
+  return rc ? rc : check_metric_name(c, node, what, *out);
+}
+
+static int parse_goal(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                      objective_goal *goal) {
+  static const char *const goals[] = {"minimize", "maximize", NULL};
+  const char *text = NULL;
+  int rc = node_text(c, node, what, &text);
+  if (rc) return rc;
+  if (strcmp(text, "minimize") == 0 || strcmp(text, "maximize") == 0) {
+    *goal = text[1] == 'i' ? GOAL_MINIMIZE : GOAL_MAXIMIZE;
+    return NAS_OK;
+  }
+  const char *guess = nearest_name(text, goals);
+  if (guess)
+    return node_errf(c, node, "%s: '%s' is not a goal; did you mean '%s'?", what, text, guess);
+  return node_errf(c, node, "%s: '%s' is not a goal (minimize or maximize)", what, text);
+}
+
+static int parse_objective(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                           objective_spec *o) {
+  static const char *const keys[] = {"name", "goal", "threshold", NULL};
+  char field[FIELD_CAP];
+  yaml_node_t *value;
+  int rc = node_expect_mapping(c, node, what);
+  if (!rc) rc = node_check_keys(c, node, what, keys);
+  if (!rc) rc = node_required(c, node, what, "name", &value);
+  field_join(field, what, "name");
+  if (!rc) rc = parse_metric_name(c, value, field, &o->name);
+  if (!rc) rc = node_required(c, node, what, "goal", &value);
+  field_join(field, what, "goal");
+  if (!rc) rc = parse_goal(c, value, field, &o->goal);
+  if (rc) return rc;
+  value = node_optional(c, node, "threshold");
+  o->has_threshold = value != NULL;
+  field_join(field, what, "threshold");
+  return value ? node_number(c, value, field, &o->threshold) : NAS_OK;
+}
+
+static int parse_objectives(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
+  yaml_node_t *list;
+  int rc = node_required(c, root, "spec", "objectives", &list);
+  if (!rc) rc = node_expect_list(c, list, "objectives");
+  if (rc) return rc;
+  size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+  if (n == 0) return node_errf(c, list, "objectives: at least one objective is needed");
+  if (!(s->objectives = calloc(n, sizeof *s->objectives))) return nas_errf(c->err, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    yaml_node_t *item = node_at(c, list->data.sequence.items.start[i]);
+    char what[48];
+    snprintf(what, sizeof what, "objectives[%zu]", i);
+    s->n_objectives = i + 1;
+    if ((rc = parse_objective(c, item, what, &s->objectives[i]))) return rc;
+    for (size_t j = 0; j < i; j++)
+      if (strcmp(s->objectives[j].name, s->objectives[i].name) == 0)
+        return node_errf(c, item, "%s: objective '%s' appears twice", what, s->objectives[i].name);
+  }
+  return NAS_OK;
+}
+
+/* "metric <= number" or "metric >= number". */
+static int parse_constraint(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                            constraint_spec *k) {
+  const char *text = NULL;
+  int rc = node_text(c, node, what, &text);
+  if (rc) return rc;
+  const char *metric = text + strspn(text, " ");
+  size_t metric_len = name_span(metric, ".-");
+  const char *op = metric + metric_len + strspn(metric + metric_len, " ");
+  bool le = strncmp(op, "<=", 2) == 0, ge = strncmp(op, ">=", 2) == 0;
+  json_t *bound = le || ge ? inline_value(op + 2) : NULL;
+  bool numeric = json_is_number(bound);
+  k->bound = json_number_value(bound);
+  json_decref(bound);
+  if (metric_len == 0 || !numeric)
+    return node_errf(c, node,
+                     "%s: '%s' is not a constraint; write \"metric <= number\" or "
+                     "\"metric >= number\"",
+                     what, text);
+  if (!(k->metric = strndup(metric, metric_len))) return nas_errf(c->err, "out of memory");
+  k->op = le ? CONSTRAINT_LE : CONSTRAINT_GE;
+  return check_metric_name(c, node, what, k->metric);
+}
+
+static int parse_constraints(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
+  yaml_node_t *list = node_optional(c, root, "constraints");
+  if (!list) return NAS_OK;
+  int rc = node_expect_list(c, list, "constraints");
+  if (rc) return rc;
+  size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+  if (n == 0) return NAS_OK;
+  if (!(s->constraints = calloc(n, sizeof *s->constraints)))
+    return nas_errf(c->err, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    char what[48];
+    snprintf(what, sizeof what, "constraints[%zu]", i);
+    s->n_constraints = i + 1;
+    rc = parse_constraint(c, node_at(c, list->data.sequence.items.start[i]), what,
+                          &s->constraints[i]);
+    if (rc) return rc;
+  }
+  return NAS_OK;
+}
+
+static int parse_budget(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
+  static const char *const keys[] = {"trials", "parallel", "wall_time", NULL};
+  yaml_node_t *budget, *node;
+  long long trials, parallel = 1;
+  int rc = node_required(c, root, "spec", "budget", &budget);
+  if (!rc) rc = node_expect_mapping(c, budget, "budget");
+  if (!rc) rc = node_check_keys(c, budget, "budget", keys);
+  if (!rc) rc = node_required(c, budget, "budget", "trials", &node);
+  if (!rc) rc = node_integer(c, node, "budget.trials", &trials);
+  if (rc) return rc;
+  if (trials < 1 || trials > 1000000000)
+    return node_errf(c, node, "budget.trials: must be between 1 and 1000000000, got %lld", trials);
+  node = node_optional(c, budget, "parallel");
+  if (node && (rc = node_integer(c, node, "budget.parallel", &parallel))) return rc;
+  if (parallel < 1 || parallel > 1000000)
+    return node_errf(c, node, "budget.parallel: must be between 1 and 1000000, got %lld", parallel);
+  s->budget.max_trials = (int)trials;
+  s->budget.parallel = (int)parallel;
+  node = node_optional(c, budget, "wall_time");
+  return node ? node_duration(c, node, "budget.wall_time", &s->budget.max_wall_s) : NAS_OK;
+}
+
+static int parse_plugin_type(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                             const char *const *types, char **out) {
+  const char *text = NULL;
+  int rc = node_text(c, node, what, &text);
+  if (rc) return rc;
+  for (const char *const *t = types; *t; t++)
+    if (strcmp(*t, text) == 0) return node_dup_text(c, node, what, out);
+  const char *guess = nearest_name(text, types);
+  if (guess)
+    return node_errf(c, node, "%s: unknown type '%s'; did you mean '%s'?", what, text, guess);
+  return node_errf(c, node, "%s: unknown type '%s'", what, text);
+}
+
+/* runner: / optimizer: a `type` (default given) and options for that plug-in. */
+static int parse_plugin(const yaml_ctx *c, const yaml_node_t *root, const char *section,
+                        const char *const *types, plugin_spec *out) {
+  yaml_node_t *node = node_optional(c, root, section), *type = NULL;
+  int rc = node ? node_expect_mapping(c, node, section) : NAS_OK;
+  if (!rc) rc = node ? node_json(c, node, section, &out->options) : NAS_OK;
+  if (rc) return rc;
+  if (!out->options && !(out->options = json_object())) return nas_errf(c->err, "out of memory");
+  json_object_del(out->options, "type");
+  if (node) type = node_optional(c, node, "type");
+  char what[FIELD_CAP];
+  field_join(what, section, "type");
+  if (type) return parse_plugin_type(c, type, what, types, &out->type);
+  return (out->type = strdup(types[0])) ? NAS_OK : nas_errf(c->err, "out of memory");
+}
+
+static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *dir, spec *s) {
+  yaml_node_t *params;
+  int rc = node_expect_mapping(c, root, "spec");
+  if (!rc) rc = node_check_keys(c, root, "spec", root_keys);
+  if (!rc) rc = parse_identity(c, root, s);
+  if (!rc) rc = node_required(c, root, "spec", "parameters", &params);
+  if (!rc) rc = parse_parameters(c, params, s);
+  if (!rc) rc = parse_objectives(c, root, s);
+  if (!rc) rc = parse_constraints(c, root, s);
+  yaml_node_t *trial;
+  if (!rc) rc = node_required(c, root, "spec", "trial", &trial);
+  if (!rc) rc = parse_trial(c, trial, dir, s);
+  if (!rc) rc = parse_budget(c, root, s);
+  if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
+  if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);
+  return rc;
+}
+
+/* Line and column (1-based) of a byte offset, for libyaml reader errors that carry only
+ * the offset. */
+static void offset_position(const char *text, size_t offset, size_t *line, size_t *col) {
+  *line = 1;
+  *col = 1;
+  for (size_t i = 0; i < offset && text[i]; i++) {
+    if (text[i] == '\n') {
+      (*line)++;
+      *col = 1;
+    } else {
+      (*col)++;
+    }
+  }
+}
+
+static int syntax_error(const yaml_parser_t *parser, const char *text, const char *file,
+                        nas_err *err) {
+  size_t line = parser->problem_mark.line + 1, col = parser->problem_mark.column + 1;
+  if (parser->error == YAML_READER_ERROR)
+    offset_position(text, parser->problem_offset, &line, &col);
+  const char *problem = parser->problem ? parser->problem : "cannot be read";
+  /* libyaml's words for a tab are "cannot start any token"; say what to change. */
+  bool tab = parser->error == YAML_SCANNER_ERROR && parser->problem_mark.index < strlen(text) &&
+             text[parser->problem_mark.index] == '\t';
+  const char *hint = tab ? "; indent with spaces, YAML does not allow tabs there" : "";
+  if (parser->context)
+    return nas_errf(err, "%s:%zu:%zu: YAML syntax error: %s (%s at line %zu, column %zu)%s", file,
+                    line, col, problem, parser->context, parser->context_mark.line + 1,
+                    parser->context_mark.column + 1, hint);
+  return nas_errf(err, "%s:%zu:%zu: YAML syntax error: %s%s", file, line, col, problem, hint);
+}
+
+/* Loads the one document of text into doc (which the caller deletes on success). */
+static int load_document(const char *text, const char *file, yaml_document_t *doc, nas_err *err) {
+  yaml_parser_t parser;
+  if (!yaml_parser_initialize(&parser)) return nas_errf(err, "%s: out of memory", file);
+  yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+  int rc = NAS_OK;
+  if (!yaml_parser_load(&parser, doc)) {
+    rc = syntax_error(&parser, text, file, err);
+    yaml_parser_delete(&parser);
+    return rc;
+  }
+  yaml_document_t extra;
+  if (!yaml_parser_load(&parser, &extra)) {
+    rc = syntax_error(&parser, text, file, err);
+  } else {
+    yaml_node_t *root = yaml_document_get_root_node(&extra);
+    if (root)
+      rc = nas_errf(err, "%s:%zu:%zu: only one YAML document is allowed ('---' starts another)",
+                    file, extra.start_mark.line + 1, extra.start_mark.column + 1);
+    yaml_document_delete(&extra);
+  }
+  yaml_parser_delete(&parser);
+  if (rc) yaml_document_delete(doc);
+  return rc;
+}
+
+/* Parses text into *out; path is what spec.path records. */
+static int parse_spec(const char *text, const char *file, const char *dir, const char *path,
+                      spec **out, nas_err *err) {
+  *out = NULL;
+  yaml_document_t doc;
+  int rc = load_document(text, file, &doc, err);
+  if (rc) return rc;
+  yaml_ctx c = {.doc = &doc, .file = file, .err = err};
+  spec *s = calloc(1, sizeof *s);
+  yaml_node_t *root = yaml_document_get_root_node(&doc);
+  if (!s)
+    rc = nas_errf(err, "%s: out of memory", file);
+  else if (!root)
+    rc = nas_errf(err,
+                  "%s:1:1: the file is empty; a spec needs name, parameters, "
+                  "objectives, trial and budget",
+                  file);
+  if (!rc) rc = node_check_unique_keys(&c);
+  if (!rc) rc = parse_root(&c, root, dir, s);
+  if (!rc && (!(s->text = strdup(text)) || !(s->path = strdup(path))))
+    rc = nas_errf(err, "%s: out of memory", file);
+  yaml_document_delete(&doc);
+  if (rc) {
+    spec_free(s);
+    return rc;
+  }
+  *out = s;
+  return NAS_OK;
+}
+
+int spec_parse(const char *text, const char *name, const char *dir, spec **out, nas_err *err) {
+  char *abs_dir = nas_abspath(dir ? dir : ".", NULL);
+  if (!abs_dir) return nas_errf(err, "cannot resolve the folder '%s'", dir ? dir : ".");
+  int rc = parse_spec(text, name ? name : "<string>", abs_dir, "<string>", out, err);
+  free(abs_dir);
+  return rc;
+}
+
+int spec_load(const char *path, spec **out, nas_err *err) {
+  *out = NULL;
+  char *text = NULL, *abs_path = NULL, *dir = NULL;
+  size_t len;
+  int rc = nas_read_file(path, &text, &len, err);
+  if (rc) return rc;
+  if (strlen(text) != len)
+    rc = nas_errf(err, "%s: holds a NUL byte; a spec is a text file", path);
+  else if (!(abs_path = nas_abspath(path, NULL)) || !(dir = nas_dirname(abs_path)))
+    rc = nas_errf(err, "%s: out of memory", path);
+  if (!rc) rc = parse_spec(text, path, dir, abs_path, out, err);
+  free(text);
+  free(abs_path);
+  free(dir);
+  return rc;
+}
+
+static void free_strings(char **list) {
+  if (!list) return;
+  for (char **p = list; *p; p++) free(*p);
+  free(list);
+}
+
+void spec_free(spec *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->n_params; i++) {
+    param_spec *p = &s->params[i];
+    free(p->name);
+    json_decref(p->choices);
+    json_decref(p->fixed);
+    json_decref(p->cond.values);
+  }
+  free(s->params);
+  for (size_t i = 0; i < s->n_objectives; i++) free(s->objectives[i].name);
+  free(s->objectives);
+  for (size_t i = 0; i < s->n_constraints; i++) free(s->constraints[i].metric);
+  free(s->constraints);
+  free_strings(s->trial.argv);
+  free(s->trial.workdir);
+  free_strings(s->trial.env);
+  free(s->runner.type);
+  json_decref(s->runner.options);
+  free(s->optimizer.type);
+  json_decref(s->optimizer.options);
+  free(s->path);
+  free(s->text);
+  free(s->name);
+  free(s->storage);
+  free(s);
+}

@@ -1,0 +1,134 @@
+/* spec: the experiment specification a user writes in YAML (format in docs/spec.md).
+ *
+ * spec_load parses and validates a whole file: every error names file:line:column and
+ * what was expected, unknown keys are errors with a "did you mean" for near misses. A spec
+ * that loads is complete: defaults are filled in and cross references (condition parents,
+ * {param} placeholders, constraint metrics) are checked, so later stages never re-validate.
+ * A spec is immutable after loading and owns all of its memory. */
+#ifndef NAS_SPEC_H
+#define NAS_SPEC_H
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "common/common.h"
+
+typedef enum {
+  PARAM_FLOAT,       /* real in [low, high], optionally on a log scale or a step grid */
+  PARAM_INT,         /* integer in [low, high], optionally log scale or step */
+  PARAM_CATEGORICAL, /* one of `choices` */
+  PARAM_FIXED,       /* always `fixed`; not searched, still substituted and stored */
+} param_kind;
+
+typedef enum { COND_EQ, COND_NE, COND_LT, COND_LE, COND_GT, COND_GE, COND_IN } cond_op;
+
+/* "active only when <parent> <op> <value>" (e.g. `when: "layers >= 3"`, or
+ * `when: {param: opt, in: [adam, adamw]}`). The parent comes earlier in `params`. */
+typedef struct {
+  size_t parent;   /* index into spec.params */
+  cond_op op;
+  json_t *values;  /* owned JSON array: one value for comparisons, several for COND_IN */
+} param_condition;
+
+typedef struct {
+  char *name;
+  param_kind kind;
+  double low, high;    /* PARAM_FLOAT / PARAM_INT bounds, inclusive */
+  double step;         /* grid step from low; 0 = none */
+  bool log;            /* search on a log scale (low > 0) */
+  json_t *choices;     /* owned JSON array of strings/numbers/bools (PARAM_CATEGORICAL) */
+  json_t *fixed;       /* owned JSON value (PARAM_FIXED) */
+  bool conditional;    /* cond is meaningful */
+  param_condition cond;
+  int line;            /* where it was declared, for later messages */
+} param_spec;
+
+typedef enum { GOAL_MINIMIZE, GOAL_MAXIMIZE } objective_goal;
+
+typedef struct {
+  char *name;          /* metric name the trial reports */
+  objective_goal goal;
+  bool has_threshold;  /* threshold is the reference point coordinate */
+  double threshold;
+} objective_spec;
+
+typedef enum { CONSTRAINT_LE, CONSTRAINT_GE } constraint_op;
+
+/* An outcome constraint such as "latency_ms <= 5". */
+typedef struct {
+  char *metric;
+  constraint_op op;
+  double bound;
+} constraint_spec;
+
+typedef struct {
+  char **argv;         /* NULL-terminated; may hold {param} placeholders */
+  size_t argc;
+  char *workdir;       /* absolute; default: the spec file's folder */
+  char **env;          /* NULL-terminated "NAME=VALUE" list added to the trial's environment */
+  size_t n_env;
+  double timeout_s;    /* 0 = none */
+} trial_spec;
+
+typedef struct {
+  int max_trials;      /* trials that end completed, failed or stopped count towards it */
+  int parallel;        /* trials in flight at once, >= 1 */
+  double max_wall_s;   /* 0 = none */
+} budget_spec;
+
+/* A plug-in section: `type` plus options that only that plug-in reads. */
+typedef struct {
+  char *type;
+  json_t *options;     /* owned JSON object of the remaining keys */
+} plugin_spec;
+
+typedef struct spec {
+  char *path;          /* absolute path of the file it was loaded from ("<string>" otherwise) */
+  char *text;          /* the file's exact text, stored with the experiment */
+  char *name;
+  char *storage;       /* storage URL as written; default "sqlite:nas.db" */
+  long seed;           /* default 0 */
+  param_spec *params;
+  size_t n_params;
+  objective_spec *objectives;
+  size_t n_objectives;
+  constraint_spec *constraints;
+  size_t n_constraints;
+  trial_spec trial;
+  budget_spec budget;
+  plugin_spec runner;    /* default type "local" */
+  plugin_spec optimizer; /* default type "gp" */
+} spec;
+
+/* Loads and validates the YAML file at path. */
+int spec_load(const char *path, spec **out, nas_err *err);
+/* Same from text already in memory; `name` stands for the file in messages and `dir` is
+ * the folder relative paths in it are resolved against. */
+int spec_parse(const char *text, const char *name, const char *dir, spec **out, nas_err *err);
+void spec_free(spec *s);
+
+/* Index of the parameter called name, or -1. */
+int spec_param_index(const spec *s, const char *name);
+/* Whether parameter i is active given the (partial) assignment params, a JSON object of
+ * the values chosen so far (parents are decided before children). */
+bool spec_param_active(const spec *s, size_t i, const json_t *params);
+/* Checks that params (a JSON object) is a valid full assignment: every active parameter
+ * present and in range, no inactive or unknown one. */
+int spec_check_params(const spec *s, const json_t *params, nas_err *err);
+
+/* The trial's argv with every {name} replaced by the parameter's value (numbers printed
+ * exactly, `{{` and `}}` for literal braces). Owned NULL-terminated array; free with
+ * spec_argv_free. Placeholders of inactive parameters become empty strings. */
+int spec_render_argv(const spec *s, const json_t *params, char ***argv_out, nas_err *err);
+void spec_argv_free(char **argv);
+/* A JSON value as command-line text: integers without a decimal point, reals with the
+ * shortest text that reads back exactly, strings as they are, bools as true/false. */
+char *spec_value_text(const json_t *value);
+
+/* Lines describing how two specs differ in meaning ("budget.trials: 20 -> 30"), one per
+ * line, each ending in '\n'; fields are named by their YAML keys. NULL when they are the
+ * same (or when out of memory). Owned. */
+char *spec_diff(const spec *a, const spec *b);
+
+#endif

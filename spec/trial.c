@@ -1,0 +1,107 @@
+/* spec/trial.c: the `trial:` section -> spec.trial.
+ *
+ * The command is a list of arguments, never a string to split: nas executes it with
+ * execvp, no shell. Every {name} placeholder in it names a declared parameter and braces
+ * are balanced ({{ and }} for literal ones), so rendering a loaded spec cannot fail on the
+ * text. workdir is made absolute against the spec file's folder; env holds "NAME=VALUE". */
+#include <stdlib.h>
+#include <string.h>
+
+#include "spec/internal.h"
+
+static int check_placeholders(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                              const spec *s, const char *arg) {
+  size_t pos = 0;
+  command_piece piece;
+  int more;
+  while ((more = command_piece_next(arg, &pos, &piece)) > 0) {
+    if (!piece.is_param || param_find(s->params, s->n_params, piece.start, piece.len) >= 0)
+      continue;
+    int len = (int)piece.len;
+    const char *guess = param_nearest(s, piece.start, piece.len);
+    if (guess)
+      return node_errf(c, node, "%s: unknown placeholder {%.*s}; did you mean '%s'?", what, len,
+                       piece.start, guess);
+    return node_errf(c, node,
+                     "%s: unknown placeholder {%.*s} (no parameter has that name; "
+                     "write {{ and }} for literal braces)",
+                     what, len, piece.start);
+  }
+  return more < 0 ? node_errf(c, node, "%s: %s", what, piece.error) : NAS_OK;
+}
+
+static int parse_command(const yaml_ctx *c, const yaml_node_t *trial, spec *s) {
+  yaml_node_t *list;
+  int rc = node_required(c, trial, "trial", "command", &list);
+  if (rc) return rc;
+  if (list->type == YAML_SCALAR_NODE)
+    return node_errf(c, list,
+                     "trial.command: write the command as a list of arguments, e.g. "
+                     "[python3, train.py, \"--lr={lr}\"]; a single string is not split into "
+                     "arguments");
+  if ((rc = node_expect_list(c, list, "trial.command"))) return rc;
+  size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+  if (n == 0) return node_errf(c, list, "trial.command: needs at least the program to run");
+  if (!(s->trial.argv = calloc(n + 1, sizeof *s->trial.argv)))
+    return nas_errf(c->err, "out of memory");
+  for (size_t i = 0; i < n && !rc; i++) {
+    yaml_node_t *node = node_at(c, list->data.sequence.items.start[i]);
+    char what[48];
+    snprintf(what, sizeof what, "trial.command[%zu]", i);
+    rc = node_dup_text(c, node, what, &s->trial.argv[i]);
+    if (!rc) rc = check_placeholders(c, node, what, s, s->trial.argv[i]);
+    s->trial.argc = i + 1;
+  }
+  if (!rc && s->trial.argv[0][0] == '\0')
+    rc = node_errf(c, node_at(c, list->data.sequence.items.start[0]),
+                   "trial.command[0]: the program to run is empty");
+  return rc;
+}
+
+static int parse_workdir(const yaml_ctx *c, const yaml_node_t *trial, const char *dir, spec *s) {
+  yaml_node_t *node = node_optional(c, trial, "workdir");
+  const char *text = dir;
+  int rc = node ? node_text(c, node, "trial.workdir", &text) : NAS_OK;
+  if (rc) return rc;
+  s->trial.workdir = nas_abspath(text, dir);
+  return s->trial.workdir ? NAS_OK : nas_errf(c->err, "out of memory");
+}
+
+static int parse_env(const yaml_ctx *c, const yaml_node_t *trial, spec *s) {
+  yaml_node_t *map = node_optional(c, trial, "env");
+  if (!map) return NAS_OK;
+  int rc = node_expect_mapping(c, map, "trial.env");
+  if (rc) return rc;
+  size_t n = (size_t)(map->data.mapping.pairs.top - map->data.mapping.pairs.start);
+  if (!(s->trial.env = calloc(n + 1, sizeof *s->trial.env)))
+    return nas_errf(c->err, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    yaml_node_pair_t *pair = &map->data.mapping.pairs.start[i];
+    yaml_node_t *key = node_at(c, pair->key);
+    const char *name = node_scalar_text(key), *value;
+    char what[FIELD_CAP];
+    field_join(what, "trial.env", name);
+    /* POSIX portable names: no '.' or '-'. */
+    if (!is_identifier(name, ""))
+      return node_errf(c, key,
+                       "trial.env: '%s' is not an environment variable name (a letter "
+                       "or '_', then letters, digits or '_')",
+                       name);
+    if ((rc = node_text(c, node_at(c, pair->value), what, &value))) return rc;
+    if (!(s->trial.env[i] = nas_asprintf("%s=%s", name, value)))
+      return nas_errf(c->err, "out of memory");
+    s->trial.n_env = i + 1;
+  }
+  return NAS_OK;
+}
+
+int parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s) {
+  static const char *const keys[] = {"command", "workdir", "env", "timeout", NULL};
+  int rc = node_expect_mapping(c, node, "trial");
+  if (!rc) rc = node_check_keys(c, node, "trial", keys);
+  if (!rc) rc = parse_command(c, node, s);
+  if (!rc) rc = parse_workdir(c, node, dir, s);
+  if (!rc) rc = parse_env(c, node, s);
+  yaml_node_t *timeout = rc ? NULL : node_optional(c, node, "timeout");
+  return timeout ? node_duration(c, timeout, "trial.timeout", &s->trial.timeout_s) : rc;
+}

@@ -1,0 +1,65 @@
+/* storage/backend.h: the table each storage backend fills (internal to storage/).
+ *
+ * storage.c parses the URL, picks the backend by its scheme, checks the arguments every
+ * backend would check alike, reads the clock, and puts the operation ("start trial 7") in
+ * front of any error message. A backend does the database work: each function that writes
+ * runs as one transaction, and the transition rules below are applied inside it, so two
+ * processes can never both move the same trial. Error messages from a backend say what
+ * went wrong and, for database errors, the database's own message and where the database
+ * is (never a password). */
+#ifndef NAS_STORAGE_BACKEND_H
+#define NAS_STORAGE_BACKEND_H
+
+#include "storage/storage.h"
+
+typedef struct storage_backend {
+  const char *name; /* "sqlite", "postgresql": the URL schemes it serves map to it */
+  /* Connects to target (sqlite: the file path as written in the URL; postgresql: the
+   * whole libpq URI) and brings the schema to the current version. *conn is owned and
+   * released with close. */
+  int (*open)(const char *target, void **conn, nas_err *err);
+  void (*close)(void *conn);
+
+  /* As the storage_* functions of the same names; strings are non-NULL unless storage.h
+   * says otherwise, `now` is the Unix time to record. */
+  int (*experiment_create)(void *conn, const char *name, const char *spec_text,
+                           const char *spec_path, const char *run_root, double now,
+                           int64_t *id, nas_err *err);
+  int (*experiment_get)(void *conn, const char *name, experiment_row *out, nas_err *err);
+  int (*experiment_list)(void *conn, experiment_row **out, size_t *n, nas_err *err);
+  int (*experiment_set_status)(void *conn, int64_t id, const char *status, nas_err *err);
+  int (*experiment_set_spec)(void *conn, int64_t id, const char *spec_text, nas_err *err);
+
+  int (*trial_create)(void *conn, int64_t experiment_id, const char *params_json, double now,
+                      trial_row *out, nas_err *err);
+  /* Must call storage_check_start on the trial's current status inside the transaction. */
+  int (*trial_start)(void *conn, int64_t trial_id, const char *job_id, double now,
+                     nas_err *err);
+  /* Must call storage_check_finish likewise; status is final (checked by storage.c). */
+  int (*trial_finish)(void *conn, int64_t trial_id, trial_status status, bool has_exit_code,
+                      int exit_code, const char *error, double now, nas_err *err);
+  int (*trial_get)(void *conn, int64_t trial_id, trial_row *out, nas_err *err);
+  int (*trial_list)(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
+                    nas_err *err);
+
+  /* obs[0..n-1] are valid (names non-empty, steps >= 0 or METRIC_FINAL). */
+  int (*metrics_add)(void *conn, int64_t trial_id, const metric_obs *obs, size_t n,
+                     int64_t new_log_offset, nas_err *err);
+  int (*metrics_list)(void *conn, int64_t experiment_id, metric_row **out, size_t *n,
+                      nas_err *err);
+} storage_backend;
+
+extern const storage_backend storage_sqlite_backend;
+
+/* The trial state machine, shared by every backend so the rules cannot drift apart.
+ * Each returns NAS_OK when a trial in `current` may make the move, else NAS_ERR with a
+ * message naming the current status. */
+int storage_check_start(trial_status current, nas_err *err);
+int storage_check_finish(trial_status current, trial_status to, nas_err *err);
+
+/* The experiment statuses storage accepts ("running", "finished", "stopped"); a new
+ * experiment starts as the first. */
+#define STORAGE_EXPERIMENT_STATUS_COUNT 3
+extern const char *const storage_experiment_statuses[STORAGE_EXPERIMENT_STATUS_COUNT];
+
+#endif

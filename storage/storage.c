@@ -1,0 +1,392 @@
+/* storage: the public face of storage/ (see storage.h).
+ *
+ * Picks the backend from the URL's scheme, checks the arguments once for every backend,
+ * reads the clock, and names the operation in front of any error ("start trial 7: …").
+ * Also holds what needs no database: trial status names, the trial state machine the
+ * backends apply inside their transactions, row clean-up, and URL rewriting.
+ * Invariants: a storage handle always has a backend and an open connection; URLs shown
+ * to people pass through storage_url_redacted first, so no password reaches a message. */
+#include "storage/storage.h"
+
+#include <inttypes.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "storage/backend.h"
+
+struct storage {
+  const storage_backend *backend; /* borrowed, static */
+  void *conn;                     /* owned by the backend */
+};
+
+/* Every backend this binary has, looked up by name from the URL's scheme. */
+static const storage_backend *const storage_backends[] = {&storage_sqlite_backend};
+
+static const char *const accepted_urls =
+    "sqlite:PATH, sqlite:///ABSOLUTE/PATH, postgresql://… or postgres://…";
+
+const char *const storage_experiment_statuses[STORAGE_EXPERIMENT_STATUS_COUNT] = {
+    "running", "finished", "stopped"};
+
+/* ---- trial statuses ----------------------------------------------------------------- */
+
+static const char *const trial_status_names[TRIAL_STATUS_COUNT] = {
+    "queued", "running", "completed", "failed", "timeout", "stopped"};
+
+const char *trial_status_name(trial_status status) {
+  if ((unsigned)status >= TRIAL_STATUS_COUNT) return "unknown";
+  return trial_status_names[status];
+}
+
+int trial_status_parse(const char *name, trial_status *out) {
+  for (int i = 0; name && i < TRIAL_STATUS_COUNT; i++) {
+    if (strcmp(name, trial_status_names[i]) == 0) {
+      *out = (trial_status)i;
+      return NAS_OK;
+    }
+  }
+  return NAS_ERR;
+}
+
+bool trial_status_final(trial_status status) {
+  return status == TRIAL_COMPLETED || status == TRIAL_FAILED || status == TRIAL_TIMEOUT ||
+         status == TRIAL_STOPPED;
+}
+
+/* A final trial may start again: that is a retry (a new attempt of the same number). */
+int storage_check_start(trial_status current, nas_err *err) {
+  if (current == TRIAL_QUEUED || trial_status_final(current)) return NAS_OK;
+  return nas_errf(err, "it is %s; only a queued trial, or a finished one to retry it, can start",
+                  trial_status_name(current));
+}
+
+int storage_check_finish(trial_status current, trial_status to, nas_err *err) {
+  /* A queued trial can only fail: its job could not be started at all. */
+  if (current == TRIAL_RUNNING || (current == TRIAL_QUEUED && to == TRIAL_FAILED)) return NAS_OK;
+  return nas_errf(err, "it is %s, not running", trial_status_name(current));
+}
+
+/* ---- URLs ---------------------------------------------------------------------------- */
+
+/* The sqlite file path inside url, or NULL when url is not an sqlite URL. The
+ * "sqlite://" form must go on with an absolute path (sqlite:///abs/path); a bare
+ * "sqlite://rel" yields "" so that it fails as an empty path would. */
+static const char *sqlite_url_path(const char *url) {
+  if (strncmp(url, "sqlite://", 9) == 0) return url[9] == '/' ? url + 9 : "";
+  if (strncmp(url, "sqlite:", 7) == 0) return url + 7;
+  return NULL;
+}
+
+static bool is_postgres_url(const char *url) {
+  return strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0;
+}
+
+static const storage_backend *backend_named(const char *name) {
+  for (size_t i = 0; i < sizeof storage_backends / sizeof storage_backends[0]; i++) {
+    if (strcmp(storage_backends[i]->name, name) == 0) return storage_backends[i];
+  }
+  return NULL;
+}
+
+/* The backend for url and the target string it opens (borrowed from url). */
+static int url_backend(const char *url, const storage_backend **backend, const char **target,
+                       nas_err *err) {
+  const char *path = sqlite_url_path(url);
+  if (path) {
+    if (path[0] == '\0') {
+      return nas_errf(err, "no database path (expected sqlite:PATH or sqlite:///ABSOLUTE/PATH)");
+    }
+    *backend = backend_named("sqlite");
+    *target = path;
+    return NAS_OK;
+  }
+  if (is_postgres_url(url)) {
+    *backend = backend_named("postgresql");
+    *target = url;
+    if (!*backend) return nas_errf(err, "PostgreSQL backend not built yet");
+    return NAS_OK;
+  }
+  return nas_errf(err, "not a storage URL; accepted forms: %s", accepted_urls);
+}
+
+char *storage_url_absolute(const char *url) {
+  const char *path = sqlite_url_path(url);
+  if (!path || path[0] == '\0') return strdup(url);
+  char *abs = nas_abspath(path, NULL);
+  char *out = abs ? nas_asprintf("sqlite:%s", abs) : NULL;
+  free(abs);
+  return out;
+}
+
+/* Redaction errs toward hiding too much: an odd URL may lose more than its password, but
+ * a password never shows. */
+
+/* URI form: scheme://user:password@host…?password=…&…. The user part ends at the last
+ * '@' (an unencoded '@' or '/' inside a password must not end it early); from its first
+ * ':' on it is the password. Query parameters named password are masked too. */
+static void redact_uri(FILE *out, const char *url) {
+  const char *auth = strstr(url, "://") + 3;
+  const char *at = strrchr(auth, '@');
+  const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+  const char *s = url;
+  if (colon) {
+    fwrite(url, 1, (size_t)(colon + 1 - url), out);
+    fputs("***", out);
+    s = at;
+  }
+  while (*s) {
+    bool param_start = s > url && (s[-1] == '?' || s[-1] == '&');
+    if (param_start && strncmp(s, "password=", 9) == 0) {
+      fputs("password=***", out);
+      s += 9 + strcspn(s + 9, "&#");
+    } else {
+      fputc(*s++, out);
+    }
+  }
+}
+
+/* The end of a conninfo value starting at s: 'quoted' with backslash escapes, or up to
+ * the next blank (backslash escapes too). */
+static const char *conninfo_value_end(const char *s) {
+  if (*s == '\'') {
+    for (s++; *s && *s != '\''; s++) {
+      if (*s == '\\' && s[1]) s++;
+    }
+    return *s ? s + 1 : s;
+  }
+  for (; *s && *s != ' ' && *s != '\t' && *s != '\n'; s++) {
+    if (*s == '\\' && s[1]) s++;
+  }
+  return s;
+}
+
+/* key=value form ("host=h password='p w' dbname=d"): the value of password is masked;
+ * when the text stops following the grammar, all the rest is. */
+static void redact_conninfo(FILE *out, const char *s) {
+  while (*s) {
+    size_t blanks = strspn(s, " \t\n");
+    fwrite(s, 1, blanks, out);
+    s += blanks;
+    if (!*s) break;
+    size_t key_len = strcspn(s, "= \t\n");
+    const char *eq = s + key_len + strspn(s + key_len, " \t\n");
+    if (key_len == 0 || *eq != '=') {
+      fputs("***", out);
+      return;
+    }
+    const char *value = eq + 1 + strspn(eq + 1, " \t\n");
+    const char *end = conninfo_value_end(value);
+    fwrite(s, 1, (size_t)(value - s), out);
+    bool secret = key_len == 8 && strncmp(s, "password", 8) == 0;
+    if (secret) fputs("***", out);
+    else fwrite(value, 1, (size_t)(end - value), out);
+    s = end;
+  }
+}
+
+char *storage_url_redacted(const char *url) {
+  if (sqlite_url_path(url) || (!strstr(url, "://") && !strchr(url, '='))) return strdup(url);
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *out = open_memstream(&buf, &len);
+  if (!out) return NULL;
+  if (strstr(url, "://")) redact_uri(out, url);
+  else redact_conninfo(out, url);
+  if (fclose(out) != 0) {
+    free(buf);
+    return NULL;
+  }
+  return buf;
+}
+
+/* ---- open and close ------------------------------------------------------------------ */
+
+int storage_open(const char *url, storage **out, nas_err *err) {
+  if (!url) return nas_errf(err, "open storage: no URL");
+  const storage_backend *backend = NULL;
+  const char *target = NULL;
+  storage *st = NULL;
+  int rc = url_backend(url, &backend, &target, err);
+  if (rc == NAS_OK) {
+    st = calloc(1, sizeof *st);
+    rc = st ? NAS_OK : nas_errf(err, "out of memory");
+  }
+  if (rc == NAS_OK) {
+    st->backend = backend;
+    rc = backend->open(target, &st->conn, err);
+  }
+  if (rc != NAS_OK) {
+    free(st);
+    char *shown = storage_url_redacted(url);
+    nas_err_prefix(err, "storage %s", shown ? shown : "(out of memory)");
+    free(shown);
+    return rc;
+  }
+  *out = st;
+  return NAS_OK;
+}
+
+void storage_close(storage *st) {
+  if (!st) return;
+  st->backend->close(st->conn);
+  free(st);
+}
+
+/* ---- operations ---------------------------------------------------------------------- */
+
+/* Puts the operation in front of a failure's message and passes rc through (nas_err_prefix
+ * alone would turn NAS_ENOTFOUND into NAS_ERR). */
+static int in_context(int rc, nas_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int in_context(int rc, nas_err *err, const char *fmt, ...) {
+  if (rc >= 0) return rc;
+  char what[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  nas_err_prefix(err, "%s", what);
+  return rc;
+}
+
+int storage_experiment_create(storage *st, const char *name, const char *spec_text,
+                              const char *spec_path, const char *run_root, int64_t *id,
+                              nas_err *err) {
+  if (!name || !name[0]) return nas_errf(err, "create experiment: empty name");
+  if (!spec_text || !spec_path || !run_root) {
+    return nas_errf(err, "create experiment '%s': spec text, spec path and run root are required",
+                    name);
+  }
+  int rc = st->backend->experiment_create(st->conn, name, spec_text, spec_path, run_root,
+                                          nas_now(), id, err);
+  return in_context(rc, err, "create experiment '%s'", name);
+}
+
+int storage_experiment_get(storage *st, const char *name, experiment_row *out, nas_err *err) {
+  if (!name) return nas_errf(err, "get experiment: no name");
+  return in_context(st->backend->experiment_get(st->conn, name, out, err), err,
+                    "get experiment '%s'", name);
+}
+
+int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_err *err) {
+  return in_context(st->backend->experiment_list(st->conn, out, n, err), err,
+                    "list experiments");
+}
+
+int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err) {
+  bool known = false;
+  for (size_t i = 0; status && i < STORAGE_EXPERIMENT_STATUS_COUNT; i++) {
+    known |= strcmp(status, storage_experiment_statuses[i]) == 0;
+  }
+  if (!known) {
+    return nas_errf(err, "set status of experiment %" PRId64 ": '%s' is not running, finished "
+                    "or stopped", id, status ? status : "(null)");
+  }
+  return in_context(st->backend->experiment_set_status(st->conn, id, status, err), err,
+                    "set status of experiment %" PRId64, id);
+}
+
+int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, nas_err *err) {
+  if (!spec_text) return nas_errf(err, "set spec of experiment %" PRId64 ": no text", id);
+  return in_context(st->backend->experiment_set_spec(st->conn, id, spec_text, err), err,
+                    "set spec of experiment %" PRId64, id);
+}
+
+int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,
+                         trial_row *out, nas_err *err) {
+  if (!params_json) {
+    return nas_errf(err, "create trial in experiment %" PRId64 ": no parameters", experiment_id);
+  }
+  int rc = st->backend->trial_create(st->conn, experiment_id, params_json, nas_now(), out, err);
+  return in_context(rc, err, "create trial in experiment %" PRId64, experiment_id);
+}
+
+int storage_trial_start(storage *st, int64_t trial_id, const char *job_id, nas_err *err) {
+  if (!job_id) return nas_errf(err, "start trial %" PRId64 ": no job id", trial_id);
+  return in_context(st->backend->trial_start(st->conn, trial_id, job_id, nas_now(), err), err,
+                    "start trial %" PRId64, trial_id);
+}
+
+int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
+                         bool has_exit_code, int exit_code, const char *error, nas_err *err) {
+  if (!trial_status_final(status)) {
+    return nas_errf(err, "finish trial %" PRId64 ": %s is not a final status", trial_id,
+                    trial_status_name(status));
+  }
+  int rc = st->backend->trial_finish(st->conn, trial_id, status, has_exit_code, exit_code, error,
+                                     nas_now(), err);
+  return in_context(rc, err, "finish trial %" PRId64 " as %s", trial_id,
+                    trial_status_name(status));
+}
+
+int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err) {
+  return in_context(st->backend->trial_get(st->conn, trial_id, out, err), err,
+                    "get trial %" PRId64, trial_id);
+}
+
+int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
+                       nas_err *err) {
+  return in_context(st->backend->trial_list(st->conn, experiment_id, out, n, err), err,
+                    "list trials of experiment %" PRId64, experiment_id);
+}
+
+static int check_observations(const metric_obs *obs, size_t n, nas_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    if (!obs[i].name || !obs[i].name[0]) return nas_errf(err, "observation %zu has no name", i);
+    if (obs[i].step < 0 && obs[i].step != METRIC_FINAL) {
+      return nas_errf(err, "observation %zu (%s) has step %" PRId64 "; steps are >= 0, or "
+                      "METRIC_FINAL for a final value", i, obs[i].name, obs[i].step);
+    }
+  }
+  return NAS_OK;
+}
+
+int storage_metrics_add(storage *st, int64_t trial_id, const metric_obs *obs, size_t n,
+                        int64_t new_log_offset, nas_err *err) {
+  int rc = check_observations(obs, n, err);
+  if (rc == NAS_OK) rc = st->backend->metrics_add(st->conn, trial_id, obs, n, new_log_offset, err);
+  return in_context(rc, err, "add metrics to trial %" PRId64, trial_id);
+}
+
+int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, size_t *n,
+                         nas_err *err) {
+  return in_context(st->backend->metrics_list(st->conn, experiment_id, out, n, err), err,
+                    "list metrics of experiment %" PRId64, experiment_id);
+}
+
+/* ---- rows ---------------------------------------------------------------------------- */
+
+void experiment_row_clear(experiment_row *row) {
+  if (!row) return;
+  free(row->name);
+  free(row->spec_text);
+  free(row->spec_path);
+  free(row->run_root);
+  free(row->status);
+  memset(row, 0, sizeof *row);
+}
+
+void experiment_rows_free(experiment_row *rows, size_t n) {
+  for (size_t i = 0; rows && i < n; i++) experiment_row_clear(&rows[i]);
+  free(rows);
+}
+
+void trial_row_clear(trial_row *row) {
+  if (!row) return;
+  free(row->params_json);
+  free(row->job_id);
+  free(row->error);
+  memset(row, 0, sizeof *row);
+}
+
+void trial_rows_free(trial_row *rows, size_t n) {
+  for (size_t i = 0; rows && i < n; i++) trial_row_clear(&rows[i]);
+  free(rows);
+}
+
+void metric_rows_free(metric_row *rows, size_t n) {
+  for (size_t i = 0; rows && i < n; i++) free(rows[i].name);
+  free(rows);
+}

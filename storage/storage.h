@@ -1,0 +1,131 @@
+/* storage: the one place experiments, trials and metric observations live.
+ *
+ * Storage is the source of truth: the scheduler writes every decision here before acting
+ * on it, so a crash at any instant loses nothing and resume is "open, rebuild, continue".
+ * Backends (sqlite now, postgresql later) sit behind this interface, chosen by the URL:
+ *   sqlite:PATH            (relative PATH is relative to the current directory)
+ *   postgresql://…         (libpq connection URI)
+ * Every state change of a trial is one transaction. Several processes may use the same
+ * storage at once (the scheduler, trials reporting with `nas report`). */
+#ifndef NAS_STORAGE_H
+#define NAS_STORAGE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+#define STORAGE_DEFAULT_URL "sqlite:nas.db"
+
+typedef struct storage storage;
+
+typedef enum {
+  TRIAL_QUEUED = 0, /* created with its parameters, not launched yet */
+  TRIAL_RUNNING,    /* launched; job_id names the runner's handle */
+  TRIAL_COMPLETED,  /* exited 0 and reported every objective */
+  TRIAL_FAILED,     /* non-zero exit, signal, lost, missing objective, launch error */
+  TRIAL_TIMEOUT,    /* killed at its time limit */
+  TRIAL_STOPPED,    /* stopped by the user or by early stopping; its data is kept */
+} trial_status;
+#define TRIAL_STATUS_COUNT 6
+
+/* "queued", "running", …; and back. */
+const char *trial_status_name(trial_status status);
+int trial_status_parse(const char *name, trial_status *out);
+/* Whether no further change is expected (completed, failed, timeout, stopped). */
+bool trial_status_final(trial_status status);
+
+typedef struct {
+  int64_t id;
+  char *name;          /* unique within the storage */
+  char *spec_text;     /* the YAML text it was started from */
+  char *spec_path;     /* absolute path of that file when it started */
+  char *run_root;      /* absolute folder holding runs/<name>/<trial>/ */
+  char *status;        /* "running", "finished", "stopped" */
+  double created_at;   /* Unix seconds */
+} experiment_row;
+
+typedef struct {
+  int64_t id;            /* unique within the storage */
+  int64_t experiment_id;
+  int number;            /* 0, 1, 2, … within the experiment, in creation order */
+  trial_status status;
+  char *params_json;     /* JSON object of the active parameters' values */
+  int attempts;          /* launches so far */
+  double created_at, started_at, finished_at; /* Unix seconds; 0 when not yet */
+  char *job_id;          /* runner handle of the current attempt; NULL before launch */
+  bool has_exit_code;
+  int exit_code;
+  char *error;           /* why it failed; NULL when it did not */
+  int64_t log_offset;    /* bytes of the trial's stdout.log already read for metrics */
+} trial_row;
+
+#define METRIC_FINAL (-1) /* step of a final (not intermediate) observation */
+
+/* One observation as reported by a trial. `name` is borrowed. */
+typedef struct {
+  const char *name;
+  int64_t step;   /* >= 0 for intermediate values, METRIC_FINAL for final ones */
+  double value;
+  double time;    /* Unix seconds when it was reported */
+} metric_obs;
+
+/* One stored observation; `name` is owned by the row. */
+typedef struct {
+  int64_t id;
+  int64_t trial_id;
+  char *name;
+  int64_t step;
+  double value;
+  double time;
+} metric_row;
+
+/* Opens (creating when missing) the storage at url and brings its schema to the current
+ * version; a schema newer than this binary knows is an error. */
+int storage_open(const char *url, storage **out, nas_err *err);
+void storage_close(storage *st);
+/* The URL with a relative sqlite path made absolute (to hand to trials). Owned. */
+char *storage_url_absolute(const char *url);
+/* The URL as it may be shown: any password replaced by "***". Owned. */
+char *storage_url_redacted(const char *url);
+
+/* Experiments. create returns NAS_EEXIST when the name is taken; get returns
+ * NAS_ENOTFOUND when there is none. Rows are filled with owned strings. */
+int storage_experiment_create(storage *st, const char *name, const char *spec_text,
+                              const char *spec_path, const char *run_root, int64_t *id,
+                              nas_err *err);
+int storage_experiment_get(storage *st, const char *name, experiment_row *out, nas_err *err);
+int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_err *err);
+int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err);
+int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, nas_err *err);
+void experiment_row_clear(experiment_row *row);
+void experiment_rows_free(experiment_row *rows, size_t n);
+
+/* Trials. create stores a queued trial and gives it the next number. */
+int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,
+                         trial_row *out, nas_err *err);
+/* queued (or a retried final trial) → running: attempts + 1, job_id and started_at set. */
+int storage_trial_start(storage *st, int64_t trial_id, const char *job_id, nas_err *err);
+/* running → a final status, with exit code (when has_exit_code) and error text (or NULL);
+ * also queued → failed, for a trial whose job could not be started at all. */
+int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
+                         bool has_exit_code, int exit_code, const char *error, nas_err *err);
+int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err);
+/* All trials of an experiment ordered by number. */
+int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
+                       nas_err *err);
+void trial_row_clear(trial_row *row);
+void trial_rows_free(trial_row *rows, size_t n);
+
+/* Adds n observations of one trial in one transaction, and in the same transaction sets
+ * the trial's log_offset to new_log_offset when that is >= 0, so a log line is never
+ * counted twice nor lost across a crash. */
+int storage_metrics_add(storage *st, int64_t trial_id, const metric_obs *obs, size_t n,
+                        int64_t new_log_offset, nas_err *err);
+/* Every observation of an experiment's trials, ordered by trial then insertion. */
+int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, size_t *n,
+                         nas_err *err);
+void metric_rows_free(metric_row *rows, size_t n);
+
+#endif

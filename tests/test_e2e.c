@@ -1,0 +1,375 @@
+/* End-to-end: the real bin/nas on real trials (processes), SQLite storage in a temporary
+ * folder. What a user sees: budgets kept exactly, parallelism never exceeded, every way a
+ * trial can end recorded, a bad spec writing nothing, Ctrl-C then resume, and a front
+ * that matches one computed here independently. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "tests/testutil.h"
+
+typedef struct {
+  char *dir;    /* temporary working folder of the test */
+  char *db;     /* "sqlite:<dir>/nas.db" */
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = test_tmpdir();
+  assert_non_null(f->dir);
+  assert_true(asprintf(&f->db, "sqlite:%s/nas.db", f->dir) > 0);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  test_rmtree(f->dir);
+  free(f->dir);
+  free(f->db);
+  free(f);
+  return 0;
+}
+
+static const char *examples_bin(void) {
+  const char *dir = getenv("NAS_EXAMPLES_BIN");
+  return dir ? dir : "bin";
+}
+
+/* Runs `nas ARGS…` in the fixture folder with --storage; returns the exit status. */
+static int nas(fixture *f, char **output, const char *cmd, const char *arg, const char *extra) {
+  char *argv[] = {(char *)test_nas_bin(), (char *)cmd, (char *)arg, "--storage", f->db,
+                  (char *)extra, NULL};
+  if (!arg) argv[2] = "--storage", argv[3] = f->db, argv[4] = (char *)extra, argv[5] = NULL;
+  return test_run(f->dir, argv, output);
+}
+
+/* `nas trials NAME --format json`, parsed. */
+static json_t *trials_json(fixture *f, const char *name) {
+  char *out;
+  assert_int_equal(nas(f, &out, "trials", name, "--format=json"), 0);
+  json_error_t jerr;
+  json_t *rows = json_loads(out, 0, &jerr);
+  if (!rows) fail_msg("trials output is not JSON (%s): %s", jerr.text, out);
+  free(out);
+  assert_true(json_is_array(rows));
+  return rows;
+}
+
+static size_t count_status(const json_t *rows, const char *status) {
+  size_t n = 0, i;
+  json_t *row;
+  json_array_foreach(rows, i, row)
+    n += strcmp(json_string_value(json_object_get(row, "status")), status) == 0;
+  return n;
+}
+
+/* The quickstart example with its command pointed at the built example binary. */
+static char *quickstart_spec(fixture *f) {
+  FILE *in = fopen("examples/quickstart.yaml", "r");
+  assert_non_null(in);
+  char text[8192];
+  size_t n = fread(text, 1, sizeof text - 1, in);
+  fclose(in);
+  text[n] = '\0';
+  char *at = strstr(text, "../bin/branin_currin");
+  assert_non_null(at);
+  char *abs_bin = realpath(examples_bin(), NULL);
+  assert_non_null(abs_bin);
+  char *spec;
+  assert_true(asprintf(&spec, "%.*s%s/branin_currin%s", (int)(at - text), text, abs_bin,
+                       at + strlen("../bin/branin_currin")) > 0);
+  free(abs_bin);
+  char *path = test_write(f->dir, "quickstart.yaml", spec);
+  free(spec);
+  return path;
+}
+
+static double num(const json_t *row, const char *key) {
+  const json_t *v = json_object_get(row, key);
+  assert_true(json_is_number(v));
+  return json_number_value(v);
+}
+
+static void quickstart_gives_20_trials_and_the_true_front(void **state) {
+  fixture *f = *state;
+  char *spec = quickstart_spec(f), *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "quickstart");
+  assert_int_equal(json_array_size(rows), 20);
+  assert_int_equal(count_status(rows, "completed"), 20);
+
+  /* The front computed here: trials no other trial dominates. */
+  size_t n = json_array_size(rows), expected = 0;
+  bool *on_front = calloc(n, sizeof *on_front);
+  for (size_t i = 0; i < n; i++) {
+    double bi = num(json_array_get(rows, i), "branin"), ci = num(json_array_get(rows, i), "currin");
+    bool dominated = false;
+    for (size_t j = 0; j < n && !dominated; j++) {
+      double bj = num(json_array_get(rows, j), "branin"), cj = num(json_array_get(rows, j), "currin");
+      dominated = bj <= bi && cj <= ci && (bj < bi || cj < ci);
+    }
+    on_front[i] = !dominated;
+    expected += !dominated;
+  }
+  assert_int_equal(nas(f, &out, "pareto", "quickstart", "--format=json"), 0);
+  json_t *pareto = json_loads(out, 0, NULL);
+  free(out);
+  assert_non_null(pareto);
+  json_t *front = json_object_get(pareto, "front");
+  assert_int_equal(json_array_size(front), expected);
+  size_t k;
+  json_t *row;
+  json_array_foreach(front, k, row) {
+    json_int_t number = json_integer_value(json_object_get(row, "trial"));
+    assert_true(on_front[number]);
+  }
+  assert_true(json_number_value(json_object_get(pareto, "hypervolume")) > 0);
+  json_decref(pareto);
+  json_decref(rows);
+  free(on_front);
+  free(spec);
+}
+
+/* A spec whose trials record when they ran: start and end times as metrics. */
+static char *timing_spec(fixture *f, int trials, int parallel, const char *sleep_s) {
+  char *text;
+  assert_true(asprintf(&text,
+                       "name: timing\n"
+                       "parameters:\n"
+                       "  x: {type: float, low: 0, high: 1}\n"
+                       "objectives: [{name: y, goal: minimize}]\n"
+                       "trial:\n"
+                       "  command: [sh, -c, 'echo \"nas-metric {{\\\"start\\\": $(date +%%s.%%N)}}\"; "
+                       "sleep %s; echo \"nas-metric {{\\\"end\\\": $(date +%%s.%%N), \\\"y\\\": {x}}}\"']\n"
+                       "budget: {trials: %d, parallel: %d}\n"
+                       "optimizer: {type: random}\n",
+                       sleep_s, trials, parallel) > 0);
+  char *path = test_write(f->dir, "timing.yaml", text);
+  free(text);
+  return path;
+}
+
+static void parallelism_is_never_exceeded_and_budget_is_exact(void **state) {
+  fixture *f = *state;
+  char *spec = timing_spec(f, 9, 3, "0.3"), *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "timing");
+  assert_int_equal(json_array_size(rows), 9);
+  assert_int_equal(count_status(rows, "completed"), 9);
+  /* At each trial's start, count the trials whose [start, end] interval covers it. */
+  size_t i, j;
+  json_t *a, *b;
+  int most = 0;
+  json_array_foreach(rows, i, a) {
+    int overlapping = 0;
+    json_array_foreach(rows, j, b)
+      overlapping += num(b, "start") <= num(a, "start") && num(a, "start") < num(b, "end");
+    if (overlapping > most) most = overlapping;
+  }
+  assert_true(most <= 3);
+  assert_true(most >= 2); /* it did run trials side by side */
+  json_decref(rows);
+  free(spec);
+}
+
+static void every_way_a_trial_ends_is_recorded(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(
+      f->dir, "ends.yaml",
+      "name: ends\n"
+      "parameters:\n"
+      "  mode: {type: categorical, choices: [ok, fail, silent, garbage, slow, crash]}\n"
+      "  noise: {type: float, low: 0, high: 1}\n"
+      "objectives: [{name: y, goal: minimize}]\n"
+      "trial:\n"
+      "  command: [sh, -c, 'case {mode} in\n"
+      "    ok) echo \"nas-metric {{\\\"y\\\": 1}}\";;\n"
+      "    fail) echo broken >&2; exit 3;;\n"
+      "    silent) ;;\n"
+      "    garbage) head -c 3000 /dev/urandom; echo; echo \"nas-metric {{oops\"; echo \"nas-metric {{\\\"y\\\": 2}}\";;\n"
+      "    slow) sleep 30;;\n"
+      "    crash) kill -SEGV $$;;\n"
+      "  esac']\n"
+      "  timeout: 1s\n"
+      "budget: {trials: 30, parallel: 6}\n"
+      "optimizer: {type: random}\n");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "ends");
+  assert_int_equal(json_array_size(rows), 30);
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    const char *mode = json_string_value(json_object_get(row, "mode"));
+    const char *status = json_string_value(json_object_get(row, "status"));
+    const char *error = json_string_value(json_object_get(row, "error"));
+    if (strcmp(mode, "ok") == 0 || strcmp(mode, "garbage") == 0) {
+      assert_string_equal(status, "completed");
+      assert_true(num(row, "y") == (mode[0] == 'o' ? 1 : 2));
+    } else if (strcmp(mode, "slow") == 0) {
+      assert_string_equal(status, "timeout");
+    } else {
+      assert_string_equal(status, "failed");
+      assert_non_null(error);
+      if (strcmp(mode, "fail") == 0) assert_non_null(strstr(error, "status 3"));
+      if (strcmp(mode, "silent") == 0) assert_non_null(strstr(error, "without reporting"));
+      if (strcmp(mode, "crash") == 0) assert_non_null(strstr(error, "signal 11"));
+    }
+  }
+  json_decref(rows);
+  free(spec);
+}
+
+static void bad_spec_writes_nothing(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "bad.yaml",
+                          "name: bad\n"
+                          "parameters:\n"
+                          "  x: {type: float, low: 0, hihg: 1}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [true]}\n"
+                          "budget: {trials: 2}\n");
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, NULL), 1);
+  assert_non_null(strstr(out, "bad.yaml:3:"));
+  assert_non_null(strstr(out, "high"));
+  free(out);
+  char *db;
+  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+  struct stat sb;
+  assert_int_not_equal(stat(db, &sb), 0); /* not even created */
+  free(db);
+  free(spec);
+}
+
+/* Starts `nas run` in the background; returns its pid. */
+static pid_t start_nas_run(fixture *f, const char *spec) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (chdir(f->dir) != 0) _exit(126);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1), dup2(null, 2);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", f->db, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+static void interrupt_lets_running_trials_finish_and_resume_completes(void **state) {
+  fixture *f = *state;
+  char *spec = timing_spec(f, 6, 2, "0.8"), *out;
+  pid_t pid = start_nas_run(f, spec);
+  nas_sleep_ms(400);
+  kill(pid, SIGINT);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 3);
+  json_t *rows = trials_json(f, "timing");
+  assert_int_equal(json_array_size(rows), 2);             /* nothing launched after Ctrl-C */
+  assert_int_equal(count_status(rows, "completed"), 2);   /* and those running finished */
+  json_decref(rows);
+  int rc = nas(f, &out, "resume", "timing", "--no-progress");
+  if (rc != 0) fail_msg("nas resume failed (%d): %s", rc, out);
+  free(out);
+  rows = trials_json(f, "timing");
+  assert_int_equal(json_array_size(rows), 6);
+  assert_int_equal(count_status(rows, "completed"), 6);
+  json_decref(rows);
+  free(spec);
+}
+
+static void report_command_stores_metrics_for_the_trial(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "report.yaml",
+                          "name: report\n"
+                          "parameters:\n"
+                          "  x: {type: int, low: 1, high: 9}\n"
+                          "objectives: [{name: y, goal: maximize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, '\"$NAS_BIN\" report y={x} z=$NAS_PARAM_X --step 1 && "
+                          "\"$NAS_BIN\" report y={x}']\n"
+                          "budget: {trials: 3, parallel: 3}\n"
+                          "optimizer: {type: random}\n");
+  setenv("NAS_BIN", test_nas_bin(), 1);
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "report");
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
+    assert_true(num(row, "y") == num(row, "x"));
+    assert_true(num(row, "z") == num(row, "x"));
+  }
+  json_decref(rows);
+  free(spec);
+}
+
+static void changed_spec_is_refused_with_its_differences(void **state) {
+  fixture *f = *state;
+  char *spec = timing_spec(f, 2, 2, "0"), *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  free(spec);
+  spec = test_write(f->dir, "timing.yaml",
+                    "name: timing\n"
+                    "parameters:\n"
+                    "  x: {type: float, low: 0, high: 2}\n"
+                    "objectives: [{name: y, goal: minimize}]\n"
+                    "trial: {command: [true]}\n"
+                    "budget: {trials: 2}\n");
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 1);
+  assert_non_null(strstr(out, "different spec"));
+  free(out);
+  free(spec);
+}
+
+static void every_command_has_help_and_bad_usage_exits_2(void **state) {
+  fixture *f = *state;
+  const char *cmds[] = {"run", "resume", "status", "trials", "pareto", "report"};
+  char *out;
+  for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+    char *argv[] = {(char *)test_nas_bin(), (char *)cmds[i], "--help", NULL};
+    assert_int_equal(test_run(f->dir, argv, &out), 0);
+    assert_non_null(strstr(out, "usage: nas"));
+    free(out);
+  }
+  char *bad[] = {(char *)test_nas_bin(), "rnu", NULL};
+  assert_int_equal(test_run(f->dir, bad, &out), 2);
+  assert_non_null(strstr(out, "did you mean 'run'"));
+  free(out);
+  char *version[] = {(char *)test_nas_bin(), "--version", NULL};
+  assert_int_equal(test_run(f->dir, version, &out), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "trials", "nope", NULL), 1);
+  assert_non_null(strstr(out, "no experiment 'nope'"));
+  free(out);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(quickstart_gives_20_trials_and_the_true_front, setup, teardown),
+      cmocka_unit_test_setup_teardown(parallelism_is_never_exceeded_and_budget_is_exact, setup, teardown),
+      cmocka_unit_test_setup_teardown(every_way_a_trial_ends_is_recorded, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_spec_writes_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
+      cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
+      cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

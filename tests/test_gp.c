@@ -1,0 +1,279 @@
+/* Tests of the GP model (optimizer/gp*.c): posterior against closed forms, analytic
+ * gradients against central finite differences, conditioning, fitting, factorisation. */
+#include <math.h>
+
+#include <gsl/gsl_rng.h>
+
+#include "optimizer/gp.h"
+#include "tests/testutil.h"
+
+static double rbf(double a, double b, double ls) {
+  return exp(-0.5 * (a - b) * (a - b) / (ls * ls));
+}
+
+static void fill_uniform(gsl_rng *rng, double *v, size_t n) {
+  for (size_t i = 0; i < n; i++) v[i] = gsl_rng_uniform(rng);
+}
+
+/* Two points in 1-D with known θ: mean = c + kᵀK⁻¹(y − c), var = 1 − kᵀK⁻¹k with the 2×2
+ * inverse written out, on the standardised scale (mean 2, sd √2 for y = 1, 3). */
+static void posterior_matches_closed_form_for_two_points(void **state) {
+  (void)state;
+  double X[2] = {0.2, 0.7}, y[2] = {1.0, 3.0}, ls = 0.5, noise = 0.01, c = 0.3;
+  double theta[3] = {log(ls), log(noise), c};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_create(GP_KERNEL_RBF, X, y, 2, 1, theta, &g, &err), NAS_OK);
+  assert_float_equal(gp_shift(g), 2.0, 1e-12);
+  assert_float_equal(gp_scale(g), sqrt(2.0), 1e-12);
+  double ys[2] = {-1 / sqrt(2.0), 1 / sqrt(2.0)};
+  double a = 1 + noise, b = rbf(0.2, 0.7, ls), det = a * a - b * b;
+  double x = 0.4, k[2] = {rbf(x, 0.2, ls), rbf(x, 0.7, ls)};
+  double kinv_k[2] = {(a * k[0] - b * k[1]) / det, (a * k[1] - b * k[0]) / det};
+  double mean = c + kinv_k[0] * (ys[0] - c) + kinv_k[1] * (ys[1] - c);
+  double var = 1 - k[0] * kinv_k[0] - k[1] * kinv_k[1];
+  double work[16];
+  gp_prediction p = {0};
+  gp_predict(g, &x, NULL, &p, work);
+  assert_float_equal(p.mean, mean, 1e-12);
+  assert_float_equal(p.var, var, 1e-12);
+  gp_free(g);
+}
+
+/* One point: mean = c + k(x)(0 − c)/(1 + noise), var = 1 − k(x)²/(1 + noise), with the
+ * Matérn-5/2 formula written out. */
+static void matern_posterior_matches_closed_form_for_one_point(void **state) {
+  (void)state;
+  double X[2] = {0.1, 0.9}, y[1] = {5.0}, theta[4] = {log(0.3), log(0.7), log(0.05), 0.4};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y, 1, 2, theta, &g, &err), NAS_OK);
+  double x[2] = {0.25, 0.6};
+  double r = sqrt(pow(0.15 / 0.3, 2) + pow(0.3 / 0.7, 2));
+  double k = (1 + sqrt(5.0) * r + 5.0 / 3.0 * r * r) * exp(-sqrt(5.0) * r);
+  double work[16];
+  gp_prediction p = {0};
+  gp_predict(g, x, NULL, &p, work);
+  assert_float_equal(p.mean, 0.4 - k * 0.4 / 1.05, 1e-12);
+  assert_float_equal(p.var, 1 - k * k / 1.05, 1e-12);
+  gp_free(g);
+}
+
+static void check_log_posterior_gradient(gp_kernel kind) {
+  enum { N = 14, D = 3, LEN = D + 2 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double X[N * D], y[N];
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1] * X[i * D + 2];
+  double theta[LEN] = {log(0.4), log(0.9), log(0.25), log(0.02), 0.1}, grad[LEN];
+  nas_err err;
+  double value = gp_log_posterior(kind, X, y, N, D, theta, grad, &err);
+  assert_true(isfinite(value));
+  for (size_t i = 0; i < LEN; i++) {
+    double h = 1e-5, save = theta[i];
+    theta[i] = save + h;
+    double up = gp_log_posterior(kind, X, y, N, D, theta, NULL, &err);
+    theta[i] = save - h;
+    double down = gp_log_posterior(kind, X, y, N, D, theta, NULL, &err);
+    theta[i] = save;
+    double fd = (up - down) / (2 * h);
+    assert_float_equal(grad[i], fd, 1e-5 * fmax(1.0, fabs(fd)));
+  }
+  gsl_rng_free(rng);
+}
+
+static void log_posterior_gradient_matches_finite_differences(void **state) {
+  (void)state;
+  check_log_posterior_gradient(GP_KERNEL_RBF);
+  check_log_posterior_gradient(GP_KERNEL_MATERN52);
+}
+
+typedef struct {
+  double mean, var, cov[3];
+} point_values;
+
+static point_values predict_values(const gp *g, const gp_baseline *b, const double *x) {
+  double work[256];
+  point_values v;
+  gp_prediction p = {.cov_b = v.cov};
+  gp_predict(g, x, b, &p, work);
+  v.mean = p.mean;
+  v.var = p.var;
+  return v;
+}
+
+static void check_prediction_gradients(gp_kernel kind) {
+  enum { N = 10, D = 2, NB = 3 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double X[N * D], y[N], Xb[NB * D], x[D] = {0.37, 0.61};
+  fill_uniform(rng, X, N * D);
+  fill_uniform(rng, y, N);
+  fill_uniform(rng, Xb, NB * D);
+  double theta[D + 2] = {log(0.3), log(0.5), log(1e-3), 0.2};
+  gp *g;
+  gp_baseline b;
+  nas_err err;
+  assert_int_equal(gp_create(kind, X, y, N, D, theta, &g, &err), NAS_OK);
+  assert_int_equal(gp_baseline_make(g, Xb, NB, &b, &err), NAS_OK);
+  double dmean[D], dvar[D], cov[NB], dcov[NB * D], work[256];
+  gp_prediction p = {.dmean = dmean, .dvar = dvar, .cov_b = cov, .dcov_b = dcov};
+  gp_predict(g, x, &b, &p, work);
+  for (size_t j = 0; j < D; j++) {
+    double h = 1e-6, save = x[j];
+    x[j] = save + h;
+    point_values up = predict_values(g, &b, x);
+    x[j] = save - h;
+    point_values down = predict_values(g, &b, x);
+    x[j] = save;
+    assert_float_equal(dmean[j], (up.mean - down.mean) / (2 * h), 1e-6);
+    assert_float_equal(dvar[j], (up.var - down.var) / (2 * h), 1e-6);
+    for (size_t i = 0; i < NB; i++)
+      assert_float_equal(dcov[i * D + j], (up.cov[i] - down.cov[i]) / (2 * h), 1e-6);
+  }
+  gp_baseline_clear(&b);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+static void prediction_gradients_match_finite_differences(void **state) {
+  (void)state;
+  check_prediction_gradients(GP_KERNEL_RBF);
+  check_prediction_gradients(GP_KERNEL_MATERN52);
+}
+
+/* The baseline's joint posterior agrees with predictions point by point: its mean and
+ * diagonal are the marginal means and variances, and its covariance with x is symmetric
+ * to x's covariance with it. */
+static void baseline_covariance_agrees_with_point_predictions(void **state) {
+  (void)state;
+  enum { N = 8, D = 2, NB = 3 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double X[N * D], y[N], Xb[NB * D];
+  fill_uniform(rng, X, N * D);
+  fill_uniform(rng, y, N);
+  fill_uniform(rng, Xb, NB * D);
+  double theta[D + 2] = {log(0.4), log(0.2), log(1e-2), -0.1};
+  gp *g;
+  gp_baseline b;
+  nas_err err;
+  assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y, N, D, theta, &g, &err), NAS_OK);
+  assert_int_equal(gp_baseline_make(g, Xb, NB, &b, &err), NAS_OK);
+  for (size_t i = 0; i < NB; i++) {
+    point_values v = predict_values(g, &b, Xb + i * D);
+    assert_float_equal(b.mean[i], v.mean, 1e-10);
+    assert_float_equal(b.cov[i * NB + i], v.var, 1e-10);
+    for (size_t j = 0; j < NB; j++) assert_float_equal(b.cov[j * NB + i], v.cov[j], 1e-10);
+  }
+  gp_baseline_clear(&b);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* Conditioning on an observation yf at xf is Gaussian conditioning: at any x,
+ * mean' = mean + cov(x, xf)(yf − mean_f)/(var_f + noise), var' = var − cov²/(var_f + noise). */
+static void conditioning_matches_gaussian_update(void **state) {
+  (void)state;
+  enum { N = 6, D = 2 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double X[N * D], y[N], xf[D] = {0.5, 0.45}, x[D] = {0.55, 0.3};
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N; i++) y[i] = 3 + 2 * X[i * D] - X[i * D + 1];
+  double noise = 0.03, theta[D + 2] = {log(0.35), log(0.6), log(noise), 0.0};
+  gp *g, *gf;
+  gp_baseline b;
+  nas_err err;
+  assert_int_equal(gp_create(GP_KERNEL_RBF, X, y, N, D, theta, &g, &err), NAS_OK);
+  double yf = 4.2;
+  assert_int_equal(gp_condition(g, xf, &yf, 1, &gf, &err), NAS_OK);
+  assert_int_equal(gp_n(gf), N + 1);
+  assert_int_equal(gp_baseline_make(g, xf, 1, &b, &err), NAS_OK);
+  point_values before = predict_values(g, &b, x), after = predict_values(gf, NULL, x);
+  double s = b.cov[0] + noise, yf_std = (yf - gp_shift(g)) / gp_scale(g);
+  assert_float_equal(after.mean, before.mean + before.cov[0] * (yf_std - b.mean[0]) / s, 1e-10);
+  assert_float_equal(after.var, before.var - before.cov[0] * before.cov[0] / s, 1e-10);
+  gp_baseline_clear(&b);
+  gp_free(gf);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* A smooth 2-D function from 30 points: the fitted GP predicts held-out points well, and
+ * fitting raises the log posterior above its value at the prior's mode. */
+static void fit_predicts_a_smooth_function(void **state) {
+  (void)state;
+  enum { N = 30, D = 2 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double X[N * D], y[N];
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N; i++) y[i] = 10 * sin(3 * X[i * D]) + 4 * X[i * D + 1];
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 200};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
+  double mode[D + 2], ystd[N], shift, scale;
+  gp_theta_prior_mode(D, mode);
+  gp_standardise(y, N, ystd, &shift, &scale);
+  double fitted = gp_log_posterior(opt.kernel, X, ystd, N, D, gp_theta(g), NULL, &err);
+  assert_true(fitted > gp_log_posterior(opt.kernel, X, ystd, N, D, mode, NULL, &err) + 1.0);
+  double worst = 0;
+  for (int t = 0; t < 20; t++) {
+    double x[D];
+    fill_uniform(rng, x, D);
+    point_values v = predict_values(g, NULL, x);
+    double truth = 10 * sin(3 * x[0]) + 4 * x[1];
+    worst = fmax(worst, fabs(gp_shift(g) + gp_scale(g) * v.mean - truth));
+  }
+  assert_true(worst < 0.2);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* Same data, same rng seed: the same hyperparameters. */
+static void fit_is_deterministic(void **state) {
+  (void)state;
+  enum { N = 12, D = 3 };
+  double X[N * D], y[N];
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  fill_uniform(rng, y, N);
+  gp_fit_options opt = {.kernel = GP_KERNEL_RBF, .restarts = 2, .max_evals = 100};
+  gp *a, *b;
+  nas_err err;
+  gsl_rng_set(rng, 7);
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &a, &err), NAS_OK);
+  gsl_rng_set(rng, 7);
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &b, &err), NAS_OK);
+  assert_memory_equal(gp_theta(a), gp_theta(b), (D + 2) * sizeof(double));
+  gp_free(a);
+  gp_free(b);
+  gsl_rng_free(rng);
+}
+
+/* Duplicate inputs with tiny noise make K singular in floating point: jitter rescues it. */
+static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
+  (void)state;
+  double A[9] = {1, 1, 1, 1, 1, 1, 1, 1, 1}, jitter = 0;
+  nas_err err;
+  assert_int_equal(gp_cholesky(A, 3, &jitter, &err), NAS_OK);
+  assert_true(jitter > 0 && jitter <= 1e-3);
+  assert_float_equal(A[0], 1.0, 1e-3);
+  assert_float_equal(A[1], 0.0, 0.0); /* upper triangle cleared */
+  double B[4] = {-1, 0, 0, -1};
+  assert_int_equal(gp_cholesky(B, 2, NULL, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not positive definite"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(posterior_matches_closed_form_for_two_points),
+      cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
+      cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
+      cmocka_unit_test(prediction_gradients_match_finite_differences),
+      cmocka_unit_test(baseline_covariance_agrees_with_point_predictions),
+      cmocka_unit_test(conditioning_matches_gaussian_update),
+      cmocka_unit_test(fit_predicts_a_smooth_function),
+      cmocka_unit_test(fit_is_deterministic),
+      cmocka_unit_test(cholesky_adds_jitter_to_a_singular_matrix),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,336 @@
+/* Tests of the `gp` optimizer (optimizer/gp_optimizer.c) through the optimizer interface:
+ * options, the initial design, determinism, batches, taken points, mixed and conditional
+ * spaces, constraints, many objectives, and a smoke run against random search. */
+#include <math.h>
+
+#include "optimizer/optimizer.h"
+#include "tests/testutil.h"
+
+/* ---- a small experiment loop ---------------------------------------------------------- */
+
+typedef void (*problem_fn)(const json_t *params, double *objectives, double *constraints);
+
+typedef struct {
+  spec *s;
+  optimizer *opt;
+  size_t n;
+  json_t *params[64];
+  double obj[64][5], con[64][1];
+} experiment;
+
+static void start(experiment *e, const char *yaml) {
+  memset(e, 0, sizeof *e);
+  nas_err err = {{0}};
+  if (spec_parse(yaml, "<test>", "/tmp", &e->s, &err) < 0) fail_msg("spec: %s", err.msg);
+  if (optimizer_create(e->s, &e->opt, &err) < 0) fail_msg("optimizer: %s", err.msg);
+}
+
+static void finish(experiment *e) {
+  for (size_t i = 0; i < e->n; i++) json_decref(e->params[i]);
+  optimizer_free(e->opt);
+  spec_free(e->s);
+}
+
+static void observations(const experiment *e, observation *obs) {
+  for (size_t i = 0; i < e->n; i++)
+    obs[i] = (observation){e->params[i], e->obj[i], e->con[i]};
+}
+
+/* Asks for q suggestions given everything observed so far (nothing pending). */
+static void suggest(experiment *e, size_t q, json_t **out) {
+  observation obs[64];
+  observations(e, obs);
+  nas_err err = {{0}};
+  if (optimizer_suggest(e->opt, obs, e->n, NULL, 0, q, (int)e->n, out, &err) < 0)
+    fail_msg("suggest: %s", err.msg);
+}
+
+/* Runs batches of q until `budget` evaluations. */
+static void run(experiment *e, problem_fn f, size_t budget, size_t q) {
+  while (e->n < budget) {
+    json_t *out[64];
+    size_t k = budget - e->n < q ? budget - e->n : q;
+    suggest(e, k, out);
+    for (size_t i = 0; i < k; i++) {
+      nas_err err = {{0}};
+      if (spec_check_params(e->s, out[i], &err) < 0) fail_msg("invalid suggestion: %s", err.msg);
+      f(out[i], e->obj[e->n], e->con[e->n]);
+      e->params[e->n++] = out[i];
+    }
+  }
+}
+
+static double param(const json_t *params, const char *name) {
+  return json_number_value(json_object_get(params, name));
+}
+
+/* BoTorch's BraninCurrin on [0,1]² (both minimised). */
+static void branin_currin(const json_t *p, double *obj, double *con) {
+  (void)con;
+  double x0 = param(p, "x0"), x1 = param(p, "x1");
+  double u = 15 * x0 - 5, v = 15 * x1;
+  double t = v - 5.1 / (4 * M_PI * M_PI) * u * u + 5 / M_PI * u - 6;
+  obj[0] = t * t + 10 * (1 - 1 / (8 * M_PI)) * cos(u) + 10;
+  double factor = 1 - exp(-1 / (2 * x1));
+  obj[1] = factor * (2300 * pow(x0, 3) + 1900 * x0 * x0 + 2092 * x0 + 60) /
+           (100 * pow(x0, 3) + 500 * x0 * x0 + 4 * x0 + 20);
+}
+
+static const char *branin_currin_yaml(const char *type, long seed, const char *extra) {
+  static char text[1024];
+  snprintf(text, sizeof text,
+           "name: bc\nseed: %ld\n"
+           "parameters:\n  x0: {type: float, low: 0, high: 1}\n  x1: {type: float, low: 0, high: 1}\n"
+           "objectives:\n  - {name: branin, goal: minimize}\n  - {name: currin, goal: minimize}\n"
+           "trial: {command: [x]}\nbudget: {trials: 20}\n"
+           "optimizer: {type: %s%s}\n",
+           seed, type, extra);
+  return text;
+}
+
+static double front_hypervolume(const experiment *e, const double *ref) {
+  double Y[64 * 2];
+  for (size_t i = 0; i < e->n; i++) memcpy(Y + 2 * i, e->obj[i], 2 * sizeof(double));
+  return hypervolume(Y, e->n, 2, ref);
+}
+
+/* ---- options ---------------------------------------------------------------------------- */
+
+static void expect_spec_error(const char *yaml, const char *needle) {
+  spec *s;
+  optimizer *opt = NULL;
+  nas_err err = {{0}};
+  if (spec_parse(yaml, "<test>", "/tmp", &s, &err) < 0) fail_msg("spec: %s", err.msg);
+  assert_int_equal(optimizer_create(s, &opt, &err), NAS_ERR);
+  assert_null(opt);
+  if (!strstr(err.msg, needle)) fail_msg("'%s' does not mention '%s'", err.msg, needle);
+  spec_free(s);
+}
+
+static void unknown_or_invalid_options_are_rejected(void **state) {
+  (void)state;
+  expect_spec_error(branin_currin_yaml("gp", 0, ", restart: 3"), "did you mean 'restarts'");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", kernel: cubic"), "kernel");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", n_initial: 0"), "n_initial");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", mc_samples: many"), "mc_samples");
+}
+
+static void gp_is_the_default_optimizer(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, "name: d\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+            "objectives: [{name: y, goal: minimize}]\ntrial: {command: [x]}\nbudget: {trials: 5}\n");
+  assert_string_equal(e.s->optimizer.type, "gp");
+  finish(&e);
+}
+
+/* ---- behaviour -------------------------------------------------------------------------- */
+
+/* The first n_initial trials are the sobol optimizer's points. */
+static void initial_design_is_the_sobol_design(void **state) {
+  (void)state;
+  experiment g, s;
+  start(&g, branin_currin_yaml("gp", 3, ", n_initial: 4"));
+  start(&s, branin_currin_yaml("sobol", 3, ""));
+  run(&g, branin_currin, 4, 4);
+  run(&s, branin_currin, 4, 4);
+  for (size_t i = 0; i < 4; i++) assert_true(json_equal(g.params[i], s.params[i]));
+  finish(&g);
+  finish(&s);
+}
+
+static void same_seed_and_data_give_the_same_suggestions(void **state) {
+  (void)state;
+  experiment a, b;
+  const char *yaml = branin_currin_yaml("gp", 5, ", raw_samples: 64, restarts: 2");
+  start(&a, yaml);
+  start(&b, yaml);
+  run(&a, branin_currin, 9, 3);
+  run(&b, branin_currin, 9, 3);
+  for (size_t i = 0; i < 9; i++) assert_true(json_equal(a.params[i], b.params[i]));
+  finish(&a);
+  finish(&b);
+}
+
+/* After a Sobol start, a batch of four holds four different points that are not all in
+ * one spot. */
+static void batch_points_are_distinct_and_spread(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, branin_currin_yaml("gp", 1, ", raw_samples: 128, restarts: 4"));
+  run(&e, branin_currin, 10, 10);
+  json_t *out[4];
+  suggest(&e, 4, out);
+  double widest = 0;
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < i; j++) {
+      double dx = param(out[i], "x0") - param(out[j], "x0");
+      double dy = param(out[i], "x1") - param(out[j], "x1");
+      assert_true(hypot(dx, dy) > 1e-3);
+      widest = fmax(widest, hypot(dx, dy));
+    }
+  assert_true(widest > 0.05);
+  for (int i = 0; i < 4; i++) json_decref(out[i]);
+  finish(&e);
+}
+
+static void count_objective(const json_t *p, double *obj, double *con) {
+  (void)con;
+  obj[0] = param(p, "a") + (strcmp(json_string_value(json_object_get(p, "b")), "x") == 0);
+}
+
+/* Six assignments, five observed: the suggestion is the sixth, whatever the model says. */
+static void taken_assignments_are_never_proposed(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, "name: f\nparameters:\n  a: {type: int, low: 0, high: 2}\n"
+            "  b: {type: categorical, choices: [x, y]}\nobjectives: [{name: c, goal: minimize}]\n"
+            "trial: {command: [x]}\nbudget: {trials: 6}\noptimizer: {type: gp, n_initial: 2}\n");
+  const char *seen[5] = {"{\"a\":0,\"b\":\"x\"}", "{\"a\":1,\"b\":\"x\"}", "{\"a\":2,\"b\":\"x\"}",
+                         "{\"a\":1,\"b\":\"y\"}", "{\"a\":2,\"b\":\"y\"}"};
+  for (int i = 0; i < 5; i++) {
+    e.params[e.n] = json_loads(seen[i], 0, NULL);
+    count_objective(e.params[e.n], e.obj[e.n], e.con[e.n]);
+    e.n++;
+  }
+  json_t *out[1];
+  suggest(&e, 1, out);
+  json_t *want = json_loads("{\"a\":0,\"b\":\"y\"}", 0, NULL);
+  assert_true(json_equal(out[0], want));
+  json_decref(want);
+  json_decref(out[0]);
+  finish(&e);
+}
+
+/* Pending assignments are avoided and steer the batch away from themselves. */
+static void pending_trials_are_not_proposed_again(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, branin_currin_yaml("gp", 2, ", raw_samples: 128, restarts: 3"));
+  run(&e, branin_currin, 8, 8);
+  json_t *first[1], *second[1];
+  suggest(&e, 1, first);
+  observation obs[64];
+  observations(&e, obs);
+  nas_err err = {{0}};
+  const json_t *pending[1] = {first[0]};
+  if (optimizer_suggest(e.opt, obs, e.n, pending, 1, 1, (int)e.n + 1, second, &err) < 0)
+    fail_msg("suggest: %s", err.msg);
+  assert_false(json_equal(first[0], second[0]));
+  json_decref(first[0]);
+  json_decref(second[0]);
+  finish(&e);
+}
+
+static void mixed_problem(const json_t *p, double *obj, double *con) {
+  (void)con;
+  double lr = param(p, "lr"), layers = param(p, "layers");
+  const json_t *w3 = json_object_get(p, "width3");
+  bool sgd = strcmp(json_string_value(json_object_get(p, "opt")), "sgd") == 0;
+  obj[0] = pow(log10(lr) + 2.5, 2) + (sgd ? 0.5 - param(p, "momentum") * 0.4 : 0.2) - 0.1 * layers;
+  obj[1] = layers + (w3 ? json_integer_value(w3) / 64.0 : 0);
+}
+
+/* Mixed and conditional parameters: every suggestion is a valid assignment. */
+static void mixed_conditional_space_gives_valid_assignments(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, "name: m\nseed: 4\nparameters:\n"
+            "  lr: {type: float, low: 1.0e-4, high: 0.1, log: true}\n"
+            "  layers: {type: int, low: 1, high: 4}\n"
+            "  width3: {type: int, low: 8, high: 256, log: true, when: \"layers >= 3\"}\n"
+            "  opt: {type: categorical, choices: [sgd, adam]}\n"
+            "  momentum: {type: float, low: 0, high: 0.99, when: {param: opt, in: [sgd]}}\n"
+            "objectives: [{name: loss, goal: minimize}, {name: size, goal: minimize}]\n"
+            "trial: {command: [x]}\nbudget: {trials: 14}\n"
+            "optimizer: {type: gp, n_initial: 6, raw_samples: 64, restarts: 2}\n");
+  run(&e, mixed_problem, 14, 2); /* run() checks every suggestion with spec_check_params */
+  finish(&e);
+}
+
+static void parabola(const json_t *p, double *obj, double *con) {
+  double x = param(p, "x");
+  obj[0] = (x - 0.3) * (x - 0.3);
+  con[0] = x;
+}
+
+/* One objective and a constraint: LogEI with feasibility finds the constrained optimum
+ * x = 0.6 of (x − 0.3)² subject to x ≥ 0.6. */
+static void constrained_single_objective_finds_the_feasible_optimum(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, "name: c\nseed: 2\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+            "objectives: [{name: y, goal: minimize}]\nconstraints: [\"x_copy >= 0.6\"]\n"
+            "trial: {command: [x]}\nbudget: {trials: 14}\n"
+            "optimizer: {type: gp, n_initial: 5, raw_samples: 64, restarts: 2}\n");
+  run(&e, parabola, 14, 1);
+  double best = HUGE_VAL;
+  for (size_t i = 0; i < e.n; i++)
+    if (e.con[i][0] >= 0.6) best = fmin(best, e.obj[i][0]);
+  assert_true(best < 0.09 + 0.01); /* (0.6 − 0.3)² = 0.09 */
+  finish(&e);
+}
+
+static void spread(const json_t *p, double *obj, double *con) {
+  (void)con;
+  double a = param(p, "a"), b = param(p, "b"), c = param(p, "c");
+  double v[5] = {a + c, 1 - a + b, b * a, (1 - b) * c, 1 - c};
+  memcpy(obj, v, sizeof v);
+}
+
+/* Three objectives go through the box decomposition, five through ParEGO. */
+static void three_and_five_objectives_run(void **state) {
+  (void)state;
+  for (int m = 3; m <= 5; m += 2) {
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "name: many\nparameters:\n  a: {type: float, low: 0, high: 1}\n"
+             "  b: {type: float, low: 0, high: 1}\n  c: {type: float, low: 0, high: 1}\n"
+             "objectives:\n  - {name: o0, goal: minimize}\n  - {name: o1, goal: minimize}\n"
+             "  - {name: o2, goal: maximize}\n%s"
+             "trial: {command: [x]}\nbudget: {trials: 10}\n"
+             "optimizer: {type: gp, n_initial: 6, raw_samples: 64, restarts: 2}\n",
+             m == 5 ? "  - {name: o3, goal: minimize}\n  - {name: o4, goal: minimize}\n" : "");
+    experiment e;
+    start(&e, yaml);
+    run(&e, spread, 10, 2);
+    finish(&e);
+  }
+}
+
+/* Over a fixed set of seeds and 20 evaluations, gp's front dominates more hypervolume than
+ * random search's on every seed. */
+static void gp_beats_random_on_branin_currin(void **state) {
+  (void)state;
+  const double ref[2] = {18, 6};
+  for (long seed = 0; seed < 3; seed++) {
+    experiment g, r;
+    start(&g, branin_currin_yaml("gp", seed, ", raw_samples: 128, restarts: 4"));
+    start(&r, branin_currin_yaml("random", seed, ""));
+    run(&g, branin_currin, 20, 1);
+    run(&r, branin_currin, 20, 20);
+    double hv_gp = front_hypervolume(&g, ref), hv_random = front_hypervolume(&r, ref);
+    print_message("seed %ld: hypervolume gp %.3f, random %.3f (max 59.360)\n", seed, hv_gp,
+                  hv_random);
+    assert_true(hv_gp > hv_random);
+    finish(&g);
+    finish(&r);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(unknown_or_invalid_options_are_rejected),
+      cmocka_unit_test(gp_is_the_default_optimizer),
+      cmocka_unit_test(initial_design_is_the_sobol_design),
+      cmocka_unit_test(same_seed_and_data_give_the_same_suggestions),
+      cmocka_unit_test(batch_points_are_distinct_and_spread),
+      cmocka_unit_test(taken_assignments_are_never_proposed),
+      cmocka_unit_test(pending_trials_are_not_proposed_again),
+      cmocka_unit_test(mixed_conditional_space_gives_valid_assignments),
+      cmocka_unit_test(constrained_single_objective_finds_the_feasible_optimum),
+      cmocka_unit_test(three_and_five_objectives_run),
+      cmocka_unit_test(gp_beats_random_on_branin_currin),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,641 @@
+/* Tests of the local runner with real processes: exit codes, signals, time limits, stop,
+ * environment, folders, logs, attaching from another process, lost monitors, zombies. */
+#include "tests/testutil.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include "metrics/metrics.h"
+#include "runners/runner.h"
+
+#define KILL_GRACE_S 0.2
+
+typedef struct {
+  char *dir;  /* a fresh folder per test */
+  runner *r;  /* local runner with kill_grace 0.2 s */
+  int n_runs; /* run folders handed out so far */
+} fixture;
+
+static int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = test_tmpdir();
+  json_t *options = json_pack("{s:f}", "kill_grace", KILL_GRACE_S);
+  nas_err err;
+  if (runner_create("local", options, &f->r, &err) != NAS_OK) fail_msg("%s", err.msg);
+  json_decref(options);
+  *state = f;
+  return 0;
+}
+
+static int teardown(void **state) {
+  fixture *f = *state;
+  runner_free(f->r);
+  test_rmtree(f->dir);
+  free(f->dir);
+  free(f);
+  return 0;
+}
+
+/* An owned path inside the test's folder. */
+static char *path_in(const fixture *f, const char *name) {
+  char *path = NULL;
+  assert_true(asprintf(&path, "%s/%s", f->dir, name) > 0);
+  return path;
+}
+
+/* An owned fresh run folder path (not created: the runner does that). */
+static char *run_dir_new(fixture *f) {
+  char name[32];
+  snprintf(name, sizeof name, "runs/%d", f->n_runs++);
+  return path_in(f, name);
+}
+
+/* Starts argv in workdir (the test folder when NULL); returns the owned handle. */
+static char *start(fixture *f, const char *run_dir, char *const *argv, const char *workdir,
+                   char *const *env, double timeout_s) {
+  runner_job job = {.argv = argv, .workdir = workdir ? workdir : f->dir, .run_dir = run_dir,
+                    .env = env, .timeout_s = timeout_s};
+  char *handle = NULL;
+  nas_err err;
+  if (runner_start(f->r, &job, &handle, &err) != NAS_OK) fail_msg("runner_start: %s", err.msg);
+  return handle;
+}
+
+static job_status poll1(fixture *f, char *handle, char *run_dir) {
+  job_status st;
+  nas_err err;
+  if (runner_poll(f->r, &handle, &run_dir, 1, &st, &err) != NAS_OK) fail_msg("poll: %s", err.msg);
+  return st;
+}
+
+/* Polls until the job is no longer running; fails past limit_s seconds. */
+static job_status wait_end(fixture *f, char *handle, char *run_dir, double limit_s) {
+  double until = nas_monotonic() + limit_s;
+  for (;;) {
+    job_status st = poll1(f, handle, run_dir);
+    if (st.state != JOB_RUNNING) return st;
+    if (nas_monotonic() > until) fail_msg("job %s still running after %.1f s", handle, limit_s);
+    nas_sleep(0.01);
+  }
+}
+
+/* Runs a shell script to its end; returns how it ended. */
+static job_status run_sh(fixture *f, const char *script, double timeout_s, char **run_dir_out) {
+  char *argv[] = {"sh", "-c", (char *)script, NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, timeout_s);
+  job_status st = wait_end(f, handle, run_dir, 10);
+  free(handle);
+  if (run_dir_out) *run_dir_out = run_dir;
+  else free(run_dir);
+  return st;
+}
+
+/* The owned contents of dir/name ("" when missing). */
+static char *file_text(const char *dir, const char *name) {
+  char *path = NULL, *text = NULL;
+  assert_true(asprintf(&path, "%s/%s", dir, name) > 0);
+  if (nas_read_file(path, &text, NULL, NULL) != NAS_OK) text = strdup("");
+  free(path);
+  return text;
+}
+
+/* Waits up to 5 s for dir/name to hold a pid, and returns it. */
+static pid_t pid_file_wait(const char *dir, const char *name) {
+  double until = nas_monotonic() + 5;
+  for (;;) {
+    char *text = file_text(dir, name);
+    pid_t pid = (pid_t)atoi(text);
+    free(text);
+    if (pid > 0) return pid;
+    if (nas_monotonic() > until) fail_msg("no pid in %s/%s", dir, name);
+    nas_sleep(0.01);
+  }
+}
+
+/* Whether pid names a process that still runs (a zombie does not). */
+static bool process_running(pid_t pid) {
+  char path[64], text[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *fp = fopen(path, "r");
+  if (!fp) return false;
+  size_t n = fread(text, 1, sizeof text - 1, fp);
+  fclose(fp);
+  text[n] = '\0';
+  const char *rest = strrchr(text, ')');
+  return rest && rest[2] != 'Z' && rest[2] != 'X';
+}
+
+/* Waits up to limit_s seconds for pid to stop running; returns whether it did. */
+static bool process_ends_within(pid_t pid, double limit_s) {
+  double until = nas_monotonic() + limit_s;
+  while (process_running(pid)) {
+    if (nas_monotonic() > until) return false;
+    nas_sleep(0.01);
+  }
+  return true;
+}
+
+/* Number of processes whose parent is this one, zombies included. */
+static int children_count(void) {
+  DIR *proc = opendir("/proc");
+  assert_non_null(proc);
+  int count = 0;
+  struct dirent *e;
+  while ((e = readdir(proc))) {
+    char path[300], text[512];
+    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
+    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
+    FILE *fp = fopen(path, "r");
+    if (!fp) continue;
+    size_t n = fread(text, 1, sizeof text - 1, fp);
+    fclose(fp);
+    text[n] = '\0';
+    const char *rest = strrchr(text, ')');
+    int ppid = 0;
+    if (rest && sscanf(rest + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) count++;
+  }
+  closedir(proc);
+  return count;
+}
+
+static void assert_no_children(void) {
+  assert_int_equal(children_count(), 0);
+  assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
+  assert_int_equal(errno, ECHILD);
+}
+
+static void exit_codes_are_reported(void **state) {
+  fixture *f = *state;
+  job_status st = run_sh(f, "exit 0", 0, NULL);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 0);
+  st = run_sh(f, "exit 3", 0, NULL);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 3);
+  assert_no_children();
+}
+
+static void death_by_signal_is_signaled(void **state) {
+  fixture *f = *state;
+  job_status st = run_sh(f, "kill -USR1 $$", 0, NULL);
+  assert_int_equal(st.state, JOB_SIGNALED);
+  assert_int_equal(st.signal, SIGUSR1);
+  assert_no_children();
+}
+
+static void timeout_kills_whole_process_group(void **state) {
+  fixture *f = *state;
+  double t0 = nas_monotonic();
+  char *run_dir;
+  job_status st = run_sh(f, "sleep 100 & echo $! > grandchild.pid; echo $$ > job.pid; wait", 0.3,
+                         &run_dir);
+  double took = nas_monotonic() - t0;
+  assert_int_equal(st.state, JOB_TIMEOUT);
+  assert_int_equal(st.signal, SIGTERM);
+  assert_true(took >= 0.3 && took < 0.3 + KILL_GRACE_S + 1);
+  assert_true(process_ends_within(pid_file_wait(f->dir, "job.pid"), 0));
+  assert_true(process_ends_within(pid_file_wait(f->dir, "grandchild.pid"), 0));
+  char *exit_json = file_text(run_dir, "exit.json");
+  assert_non_null(strstr(exit_json, "\"state\": \"timeout\""));
+  free(exit_json);
+  free(run_dir);
+  assert_no_children();
+}
+
+static void timeout_escalates_to_kill_when_term_is_ignored(void **state) {
+  fixture *f = *state;
+  double t0 = nas_monotonic();
+  job_status st =
+      run_sh(f, "trap '' TERM; sleep 100 & echo $! > grandchild.pid; wait; wait", 0.3, NULL);
+  double took = nas_monotonic() - t0;
+  assert_int_equal(st.state, JOB_TIMEOUT);
+  assert_int_equal(st.signal, SIGKILL);
+  assert_true(took >= 0.3 + KILL_GRACE_S);
+  assert_true(process_ends_within(pid_file_wait(f->dir, "grandchild.pid"), 0));
+  assert_no_children();
+}
+
+static void leftovers_of_an_ended_job_are_killed(void **state) {
+  fixture *f = *state;
+  job_status st = run_sh(f, "sleep 100 & echo $! > grandchild.pid; exit 5", 0, NULL);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 5);
+  assert_true(process_ends_within(pid_file_wait(f->dir, "grandchild.pid"), 0));
+}
+
+static void job_ending_at_its_deadline_is_exited_or_timeout(void **state) {
+  fixture *f = *state;
+  char *argv[] = {"sleep", "0.2", NULL};
+  char *handles[4], *run_dirs[4];
+  for (int i = 0; i < 4; i++) {
+    run_dirs[i] = run_dir_new(f);
+    handles[i] = start(f, run_dirs[i], argv, NULL, NULL, 0.2);
+  }
+  for (int i = 0; i < 4; i++) {
+    job_status st = wait_end(f, handles[i], run_dirs[i], 5);
+    assert_true((st.state == JOB_EXITED && st.exit_code == 0) || st.state == JOB_TIMEOUT);
+    free(handles[i]);
+    free(run_dirs[i]);
+  }
+  assert_no_children();
+}
+
+static void stop_ends_a_running_job(void **state) {
+  fixture *f = *state;
+  char *argv[] = {"sleep", "100", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_RUNNING);
+  nas_err err;
+  double t0 = nas_monotonic();
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_STOPPED);
+  assert_int_equal(st.signal, SIGTERM);
+  assert_true(nas_monotonic() - t0 < KILL_GRACE_S + 1);
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK); /* ended: no error */
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_STOPPED);
+  free(handle);
+  free(run_dir);
+  assert_no_children();
+}
+
+static void stop_escalates_to_kill_when_term_is_ignored(void **state) {
+  fixture *f = *state;
+  char *argv[] = {"sh", "-c", "trap '' TERM; echo $$ > ready.pid; while :; do sleep 0.05; done",
+                  NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  pid_file_wait(f->dir, "ready.pid"); /* the trap is set */
+  nas_err err;
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_STOPPED);
+  assert_int_equal(st.signal, SIGKILL);
+  free(handle);
+  free(run_dir);
+  assert_no_children();
+}
+
+static void job_starts_with_default_signals_whatever_the_caller_blocks(void **state) {
+  fixture *f = *state;
+  sigset_t blocked, old;
+  sigemptyset(&blocked);
+  sigaddset(&blocked, SIGTERM);
+  sigaddset(&blocked, SIGINT);
+  sigprocmask(SIG_BLOCK, &blocked, &old);
+  struct sigaction ignore = {.sa_handler = SIG_IGN}, old_pipe;
+  sigaction(SIGPIPE, &ignore, &old_pipe);
+
+  char *argv[] = {"grep", "-E", "^Sig(Blk|Ign)", "/proc/self/status", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  char *out = file_text(run_dir, "stdout.log");
+  unsigned long long blk, ign;
+  assert_int_equal(sscanf(out, "SigBlk:\t%llx\nSigIgn:\t%llx", &blk, &ign), 2);
+  /* Signals 32 and 33 are glibc's own (threads); no program can set them through libc,
+   * so an environment that ignores them passes that on. Every other one must be reset. */
+  unsigned long long glibc_reserved = (1ULL << 31) | (1ULL << 32);
+  assert_int_equal(blk, 0);
+  assert_int_equal(ign & ~glibc_reserved, 0);
+  free(out);
+  free(handle);
+  free(run_dir);
+
+  sigaction(SIGPIPE, &old_pipe, NULL);
+  sigprocmask(SIG_SETMASK, &old, NULL);
+  assert_no_children();
+}
+
+static void env_reaches_the_job_and_overrides(void **state) {
+  fixture *f = *state;
+  setenv("NAS_T_INHERITED", "base", 1);
+  setenv("NAS_T_OVERRIDDEN", "old", 1);
+  char *env[] = {"NAS_T_OVERRIDDEN=new", "NAS_T_NEW=first", "NAS_T_NEW=last", NULL};
+  char *argv[] = {"sh", "-c", "echo \"$NAS_T_INHERITED $NAS_T_OVERRIDDEN $NAS_T_NEW\"", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, env, 0);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).state, JOB_EXITED);
+  char *out = file_text(run_dir, "stdout.log");
+  assert_string_equal(out, "base new last\n");
+  free(out);
+  free(handle);
+  free(run_dir);
+  unsetenv("NAS_T_INHERITED");
+  unsetenv("NAS_T_OVERRIDDEN");
+}
+
+static void command_is_searched_in_the_jobs_path(void **state) {
+  fixture *f = *state;
+  char *bin = path_in(f, "bin");
+  assert_int_equal(mkdir(bin, 0755), 0);
+  char *tool = test_write(bin, "nas-test-tool", "#!/bin/sh\necho from-job-path\n");
+  assert_int_equal(chmod(tool, 0755), 0);
+  char *path_env = NULL;
+  assert_true(asprintf(&path_env, "PATH=%s:/usr/bin:/bin", bin) > 0);
+  char *env[] = {path_env, NULL};
+  char *argv[] = {"nas-test-tool", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, env, 0);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 0);
+  char *out = file_text(run_dir, "stdout.log");
+  assert_string_equal(out, "from-job-path\n");
+  free(out);
+  free(handle);
+  free(run_dir);
+  free(path_env);
+  free(tool);
+  free(bin);
+}
+
+static void relative_command_runs_from_workdir(void **state) {
+  fixture *f = *state;
+  char *workdir = path_in(f, "work");
+  char *tools = path_in(f, "work/tools");
+  assert_int_equal(mkdir(workdir, 0755), 0);
+  assert_int_equal(mkdir(tools, 0755), 0);
+  char *script = test_write(tools, "where.sh", "#!/bin/sh\npwd -P\n");
+  assert_int_equal(chmod(script, 0755), 0);
+  char *argv[] = {"tools/where.sh", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, workdir, NULL, 0);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 0);
+  char *out = file_text(run_dir, "stdout.log");
+  char *real = realpath(workdir, NULL);
+  assert_true(strlen(out) > 0);
+  out[strlen(out) - 1] = '\0';
+  assert_string_equal(out, real);
+  free(real);
+  free(out);
+  free(handle);
+  free(run_dir);
+  free(script);
+  free(tools);
+  free(workdir);
+}
+
+static void output_lands_in_the_logs_of_a_new_run_dir(void **state) {
+  fixture *f = *state;
+  char *argv[] = {"sh", "-c", "echo out; echo err >&2; cat; echo after-stdin", NULL};
+  char *run_dir = path_in(f, "deep/er/run");
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).state, JOB_EXITED);
+  char *out = file_text(run_dir, "stdout.log"), *err_text = file_text(run_dir, "stderr.log");
+  assert_string_equal(out, "out\nafter-stdin\n"); /* stdin is empty, never the caller's */
+  assert_string_equal(err_text, "err\n");
+  free(out);
+  free(err_text);
+  free(handle);
+  free(run_dir);
+}
+
+static void missing_command_exits_127_with_a_message(void **state) {
+  fixture *f = *state;
+  char *argv[] = {"nas-no-such-command", "x", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 127);
+  char *err_text = file_text(run_dir, "stderr.log");
+  assert_non_null(strstr(err_text, "cannot run 'nas-no-such-command'"));
+  assert_non_null(strstr(err_text, "No such file or directory"));
+  free(err_text);
+  free(handle);
+  free(run_dir);
+
+  char *missing_dir = path_in(f, "no-such-workdir");
+  char *ls[] = {"ls", NULL};
+  run_dir = run_dir_new(f);
+  handle = start(f, run_dir, ls, missing_dir, NULL, 0);
+  st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.exit_code, 127);
+  err_text = file_text(run_dir, "stderr.log");
+  assert_non_null(strstr(err_text, "cannot enter workdir"));
+  free(err_text);
+  free(handle);
+  free(run_dir);
+  free(missing_dir);
+  assert_no_children();
+}
+
+static void garbage_output_keeps_its_metric_lines(void **state) {
+  fixture *f = *state;
+  char *run_dir;
+  job_status st = run_sh(f,
+                         "head -c 300000 /dev/urandom; printf '\\nnas-metric {\"acc\": 0.5}\\n';"
+                         "head -c 1000 /dev/urandom",
+                         0, &run_dir);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 0);
+  char *log = NULL;
+  assert_true(asprintf(&log, "%s/stdout.log", run_dir) > 0);
+  metric_set set = {0};
+  int64_t offset = 0;
+  nas_err err;
+  assert_int_equal(metric_log_read_rest(log, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(set.n, 1);
+  assert_string_equal(set.obs[0].name, "acc");
+  assert_true(set.obs[0].value == 0.5);
+  assert_int_equal(offset, 300000 + strlen("\nnas-metric {\"acc\": 0.5}\n") + 1000);
+  metric_set_free(&set);
+  free(log);
+  free(run_dir);
+}
+
+static void attach_from_another_process_sees_running_then_exit(void **state) {
+  fixture *f = *state;
+  char *run_dir = run_dir_new(f);
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  pid_t starter = fork();
+  assert_true(starter >= 0);
+  if (starter == 0) { /* a scheduler that starts a job and dies */
+    char *argv[] = {"sh", "-c", "sleep 0.5; exit 4", NULL};
+    runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+    char *handle = NULL;
+    if (runner_start(f->r, &job, &handle, NULL) != NAS_OK) _exit(1);
+    ssize_t w = write(fds[1], handle, strlen(handle));
+    _exit(w > 0 ? 0 : 1);
+  }
+  close(fds[1]);
+  char handle[128] = {0};
+  assert_true(read(fds[0], handle, sizeof handle - 1) > 0);
+  close(fds[0]);
+  int status;
+  assert_int_equal(waitpid(starter, &status, 0), starter);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_RUNNING);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 4);
+  free(run_dir);
+  assert_no_children();
+}
+
+static void killed_monitor_means_lost_and_takes_the_job_along(void **state) {
+  fixture *f = *state;
+  char *argv[] = {"sh", "-c", "echo $$ > job.pid; exec sleep 100", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  pid_t job = pid_file_wait(f->dir, "job.pid");
+  pid_t monitor = (pid_t)atoi(handle);
+  assert_int_equal(kill(monitor, SIGKILL), 0);
+  assert_true(process_ends_within(monitor, 5));
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_LOST);
+  assert_true(process_ends_within(job, 5));
+  nas_err err;
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK);
+  free(handle);
+  free(run_dir);
+  assert_no_children();
+}
+
+static void many_jobs_are_polled_at_once(void **state) {
+  fixture *f = *state;
+  enum { N = 16 };
+  char *handles[N], *run_dirs[N], scripts[N][32];
+  for (int i = 0; i < N; i++) {
+    snprintf(scripts[i], sizeof scripts[i], "sleep 0.%d; exit %d", i % 3, i);
+    char *argv[] = {"sh", "-c", scripts[i], NULL};
+    run_dirs[i] = run_dir_new(f);
+    handles[i] = start(f, run_dirs[i], argv, NULL, NULL, 0);
+  }
+  job_status st[N];
+  double until = nas_monotonic() + 10;
+  for (;;) {
+    nas_err err;
+    assert_int_equal(runner_poll(f->r, handles, run_dirs, N, st, &err), NAS_OK);
+    int running = 0;
+    for (int i = 0; i < N; i++) running += st[i].state == JOB_RUNNING;
+    if (running == 0) break;
+    assert_true(nas_monotonic() < until);
+    nas_sleep(0.02);
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(st[i].state, JOB_EXITED);
+    assert_int_equal(st[i].exit_code, i);
+    free(handles[i]);
+    free(run_dirs[i]);
+  }
+  assert_no_children();
+}
+
+static void restart_in_the_same_run_dir_forgets_the_old_end(void **state) {
+  fixture *f = *state;
+  char *run_dir = run_dir_new(f);
+  char *exit3[] = {"sh", "-c", "exit 3", NULL};
+  char *handle = start(f, run_dir, exit3, NULL, NULL, 0);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).exit_code, 3);
+  free(handle);
+  char *sleeper[] = {"sleep", "100", NULL};
+  handle = start(f, run_dir, sleeper, NULL, NULL, 0);
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_RUNNING);
+  nas_err err;
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).state, JOB_STOPPED);
+  free(handle);
+  free(run_dir);
+}
+
+static void reused_pid_is_never_taken_for_the_monitor(void **state) {
+  fixture *f = *state;
+  char handle[64];
+  snprintf(handle, sizeof handle, "%d:1", (int)getpid()); /* our pid, another start time */
+  char *run_dir = run_dir_new(f);
+  nas_err err;
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK); /* and we live on */
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_LOST);
+  free(run_dir);
+}
+
+static void bad_options_handles_and_jobs_are_errors(void **state) {
+  fixture *f = *state;
+  runner *r = NULL;
+  nas_err err;
+  json_t *options = json_pack("{s:f, s:i}", "kill_grace", 1.0, "kill_grase", 2);
+  assert_int_equal(runner_create("local", options, &r, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "unknown option 'kill_grase'"));
+  json_decref(options);
+  options = json_pack("{s:i}", "kill_grace", -1);
+  assert_int_equal(runner_create("local", options, &r, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "kill_grace"));
+  json_decref(options);
+  options = json_pack("{s:s}", "kill_grace", "5s");
+  assert_int_equal(runner_create("local", options, &r, &err), NAS_ERR);
+  json_decref(options);
+  assert_int_equal(runner_create("slurmy", NULL, &r, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "unknown runner type 'slurmy' (known: local)"));
+  assert_null(r);
+  assert_int_equal(runner_create("local", NULL, &r, &err), NAS_OK);
+  runner_free(r);
+
+  char *handle = "12ab", *run_dir = f->dir;
+  job_status st;
+  assert_int_equal(runner_poll(f->r, &handle, &run_dir, 1, &st, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "'12ab'"));
+  assert_int_equal(runner_stop(f->r, ":5", f->dir, &err), NAS_ERR);
+
+  char *argv[] = {"true", NULL}, *no_argv[] = {NULL};
+  char *bad_env[] = {"NOEQUALS", NULL};
+  runner_job job = {.argv = no_argv, .workdir = f->dir, .run_dir = f->dir};
+  char *out = NULL;
+  assert_int_equal(runner_start(f->r, &job, &out, &err), NAS_ERR);
+  job = (runner_job){.argv = argv, .workdir = f->dir, .run_dir = f->dir, .env = bad_env};
+  assert_int_equal(runner_start(f->r, &job, &out, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "'NOEQUALS'"));
+  job = (runner_job){.argv = argv, .workdir = f->dir, .run_dir = f->dir, .timeout_s = -1};
+  assert_int_equal(runner_start(f->r, &job, &out, &err), NAS_ERR);
+  job = (runner_job){.argv = argv, .workdir = f->dir, .run_dir = "/proc/nas-cannot-create"};
+  assert_int_equal(runner_start(f->r, &job, &out, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "nas-cannot-create"));
+  assert_null(out);
+  assert_no_children();
+}
+
+static void job_states_have_names(void **state) {
+  (void)state;
+  const char *names[] = {"running", "exited", "signaled", "timeout", "stopped", "lost"};
+  for (job_state s = JOB_RUNNING; s <= JOB_LOST; s++)
+    assert_string_equal(job_state_name(s), names[s]);
+}
+
+int main(void) {
+#define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
+  const struct CMUnitTest tests[] = {
+      T(exit_codes_are_reported),
+      T(death_by_signal_is_signaled),
+      T(timeout_kills_whole_process_group),
+      T(timeout_escalates_to_kill_when_term_is_ignored),
+      T(leftovers_of_an_ended_job_are_killed),
+      T(job_ending_at_its_deadline_is_exited_or_timeout),
+      T(stop_ends_a_running_job),
+      T(stop_escalates_to_kill_when_term_is_ignored),
+      T(job_starts_with_default_signals_whatever_the_caller_blocks),
+      T(env_reaches_the_job_and_overrides),
+      T(command_is_searched_in_the_jobs_path),
+      T(relative_command_runs_from_workdir),
+      T(output_lands_in_the_logs_of_a_new_run_dir),
+      T(missing_command_exits_127_with_a_message),
+      T(garbage_output_keeps_its_metric_lines),
+      T(attach_from_another_process_sees_running_then_exit),
+      T(killed_monitor_means_lost_and_takes_the_job_along),
+      T(many_jobs_are_polled_at_once),
+      T(restart_in_the_same_run_dir_forgets_the_old_end),
+      T(reused_pid_is_never_taken_for_the_monitor),
+      T(bad_options_handles_and_jobs_are_errors),
+      T(job_states_have_names),
+  };
+#undef T
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,1084 @@
+/* Tests for spec/: loading experiment specs, their error messages (file:line:col and
+ * text), parameter activity and checks, command rendering, value text and spec diffs. */
+#include <float.h>
+#include <math.h>
+
+#include "spec/spec.h"
+#include "tests/testutil.h"
+
+#define DIR "/tmp/nas-spec-dir"
+/* The pieces of a minimal valid spec, one line each unless noted. */
+#define NAME "name: t\n"
+#define PARAMS_X "parameters:\n  x: {type: float, low: 0, high: 1}\n" /* 2 lines */
+#define OBJECTIVES "objectives:\n  - {name: f, goal: minimize}\n"     /* 2 lines */
+#define TRIAL "trial:\n  command: [run, \"{x}\"]\n"                   /* 2 lines */
+#define BUDGET "budget: {trials: 5}\n"
+#define TRIAL_RUN "trial:\n  command: [run]\n" /* 2 lines, no placeholder */
+#define AFTER_PARAMS OBJECTIVES TRIAL_RUN BUDGET
+#define MINIMAL NAME PARAMS_X OBJECTIVES TRIAL BUDGET
+
+static const char full_example[] =
+    "name: quickstart               # required\n"
+    "storage: sqlite:runs.db\n"
+    "seed: 7\n"
+    "parameters:\n"
+    "  x1: {type: float, low: 0, high: 1}\n"
+    "  lr: {type: float, low: 1e-4, high: 0.1, log: true}\n"
+    "  layers: {type: int, low: 1, high: 4}\n"
+    "  width: {type: int, low: 16, high: 256, step: 16}\n"
+    "  width3: {type: int, low: 8, high: 256, log: true, when: \"layers >= 3\"}\n"
+    "  opt: {type: categorical, choices: [sgd, adam, adamw]}\n"
+    "  momentum: {type: float, low: 0, high: 0.99, when: {param: opt, in: [sgd]}}\n"
+    "  use_bn: {type: categorical, choices: [true, false]}\n"
+    "  epochs: 5\n"
+    "objectives:\n"
+    "  - {name: f1, goal: minimize, threshold: 300}\n"
+    "  - {name: accuracy, goal: maximize}\n"
+    "constraints:\n"
+    "  - \"latency_ms <= 5\"\n"
+    "  - \"accuracy >= 0.5\"\n"
+    "trial:\n"
+    "  command: [python3, train.py, \"--lr={lr}\", \"--layers={layers}\"]\n"
+    "  workdir: .\n"
+    "  env: {OMP_NUM_THREADS: \"1\", MODE: fast}\n"
+    "  timeout: 10m\n"
+    "budget: {trials: 20, parallel: 4, wall_time: 2h}\n"
+    "runner: {type: local}\n"
+    "optimizer: {type: gp, n_initial: 8}\n";
+
+static spec *load_ok(const char *yaml) {
+  spec *s = NULL;
+  nas_err err = {{0}};
+  int rc = spec_parse(yaml, "t.yaml", DIR, &s, &err);
+  if (rc) print_message("unexpected error: %s\n", err.msg);
+  assert_int_equal(rc, NAS_OK);
+  assert_non_null(s);
+  return s;
+}
+
+/* Loading yaml fails with a message that starts with `where` ("t.yaml:3:28: ") and holds
+ * `fragment`; nothing is returned (and ASan checks nothing leaked). */
+static void expect_error(const char *yaml, const char *where, const char *fragment) {
+  spec *s = (spec *)&s;
+  nas_err err = {{0}};
+  int rc = spec_parse(yaml, "t.yaml", DIR, &s, &err);
+  if (rc == NAS_OK) spec_free(s);
+  if (rc == NAS_OK || strncmp(err.msg, where, strlen(where)) != 0 || !strstr(err.msg, fragment))
+    print_message("expected %s...%s\n     got %s\n", where, fragment,
+                  rc == NAS_OK ? "(loaded)" : err.msg);
+  assert_int_not_equal(rc, NAS_OK);
+  assert_null(s);
+  assert_int_equal(strncmp(err.msg, where, strlen(where)), 0);
+  assert_non_null(strstr(err.msg, fragment));
+}
+
+static json_t *json(const char *text) {
+  json_error_t error;
+  json_t *value = json_loads(text, JSON_DECODE_ANY, &error);
+  assert_non_null(value);
+  return value;
+}
+
+/* ---- what a valid spec loads as ---- */
+
+static void full_example_loads_every_field(void **state) {
+  (void)state;
+  spec *s = load_ok(full_example);
+  assert_string_equal(s->name, "quickstart");
+  assert_string_equal(s->storage, "sqlite:runs.db");
+  assert_int_equal(s->seed, 7);
+  assert_string_equal(s->path, "<string>");
+  assert_string_equal(s->text, full_example);
+  assert_int_equal(s->n_params, 9);
+
+  const param_spec *p = s->params;
+  assert_string_equal(p[0].name, "x1");
+  assert_int_equal(p[0].kind, PARAM_FLOAT);
+  assert_true(p[0].low == 0 && p[0].high == 1 && !p[0].log && p[0].step == 0);
+  assert_int_equal(p[0].line, 5);
+  assert_true(p[1].log && p[1].low == 1e-4 && p[1].high == 0.1);
+  assert_int_equal(p[2].kind, PARAM_INT);
+  assert_true(p[3].step == 16 && p[3].low == 16 && p[3].high == 256);
+  assert_true(p[4].conditional && p[4].log);
+  assert_int_equal(p[4].cond.parent, 2);
+  assert_int_equal(p[4].cond.op, COND_GE);
+  assert_int_equal(json_integer_value(json_array_get(p[4].cond.values, 0)), 3);
+  assert_int_equal(p[5].kind, PARAM_CATEGORICAL);
+  assert_int_equal(json_array_size(p[5].choices), 3);
+  assert_string_equal(json_string_value(json_array_get(p[5].choices, 2)), "adamw");
+  assert_true(p[6].conditional);
+  assert_int_equal(p[6].cond.parent, 5);
+  assert_int_equal(p[6].cond.op, COND_IN);
+  assert_string_equal(json_string_value(json_array_get(p[6].cond.values, 0)), "sgd");
+  assert_true(json_is_true(json_array_get(p[7].choices, 0)));
+  assert_true(json_is_false(json_array_get(p[7].choices, 1)));
+  assert_int_equal(p[8].kind, PARAM_FIXED);
+  assert_true(json_is_integer(p[8].fixed));
+  assert_int_equal(json_integer_value(p[8].fixed), 5);
+  assert_false(p[8].conditional);
+
+  assert_int_equal(s->n_objectives, 2);
+  assert_string_equal(s->objectives[0].name, "f1");
+  assert_int_equal(s->objectives[0].goal, GOAL_MINIMIZE);
+  assert_true(s->objectives[0].has_threshold && s->objectives[0].threshold == 300);
+  assert_int_equal(s->objectives[1].goal, GOAL_MAXIMIZE);
+  assert_false(s->objectives[1].has_threshold);
+  assert_int_equal(s->n_constraints, 2);
+  assert_string_equal(s->constraints[0].metric, "latency_ms");
+  assert_int_equal(s->constraints[0].op, CONSTRAINT_LE);
+  assert_true(s->constraints[0].bound == 5);
+  assert_int_equal(s->constraints[1].op, CONSTRAINT_GE);
+  assert_true(s->constraints[1].bound == 0.5);
+
+  assert_int_equal(s->trial.argc, 4);
+  assert_string_equal(s->trial.argv[2], "--lr={lr}");
+  assert_null(s->trial.argv[4]);
+  assert_string_equal(s->trial.workdir, DIR);
+  assert_int_equal(s->trial.n_env, 2);
+  assert_string_equal(s->trial.env[0], "OMP_NUM_THREADS=1");
+  assert_string_equal(s->trial.env[1], "MODE=fast");
+  assert_null(s->trial.env[2]);
+  assert_true(s->trial.timeout_s == 600);
+  assert_int_equal(s->budget.max_trials, 20);
+  assert_int_equal(s->budget.parallel, 4);
+  assert_true(s->budget.max_wall_s == 7200);
+  assert_string_equal(s->runner.type, "local");
+  assert_int_equal(json_object_size(s->runner.options), 0);
+  assert_string_equal(s->optimizer.type, "gp");
+  assert_int_equal(json_object_size(s->optimizer.options), 1);
+  assert_int_equal(json_integer_value(json_object_get(s->optimizer.options, "n_initial")), 8);
+  spec_free(s);
+}
+
+static void minimal_spec_gets_defaults(void **state) {
+  (void)state;
+  spec *s = load_ok(MINIMAL);
+  assert_string_equal(s->storage, "sqlite:nas.db");
+  assert_int_equal(s->seed, 0);
+  assert_int_equal(s->n_constraints, 0);
+  assert_string_equal(s->trial.workdir, DIR);
+  assert_int_equal(s->trial.n_env, 0);
+  assert_true(s->trial.timeout_s == 0);
+  assert_int_equal(s->budget.parallel, 1);
+  assert_true(s->budget.max_wall_s == 0);
+  assert_string_equal(s->runner.type, "local");
+  assert_true(json_is_object(s->runner.options) && json_object_size(s->runner.options) == 0);
+  assert_string_equal(s->optimizer.type, "gp");
+  assert_true(json_is_object(s->optimizer.options));
+  spec_free(s);
+}
+
+static void optional_keys_without_value_take_defaults(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME "seed:\nstorage: ~\nconstraints:\nrunner:\n" PARAMS_X AFTER_PARAMS);
+  assert_int_equal(s->seed, 0);
+  assert_string_equal(s->storage, "sqlite:nas.db");
+  assert_int_equal(s->n_constraints, 0);
+  assert_string_equal(s->runner.type, "local");
+  spec_free(s);
+}
+
+static void scalars_are_typed_as_users_expect(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME
+                    "parameters:\n"
+                    "  c: {type: categorical, choices: [1, 2.5, \"3\", true, abc, 1e-4, "
+                    "'false', -7, +.5, 1_000]}\n" AFTER_PARAMS);
+  const json_t *c = s->params[0].choices;
+  assert_true(json_is_integer(json_array_get(c, 0)));
+  assert_true(json_is_real(json_array_get(c, 1)));
+  assert_true(json_is_string(json_array_get(c, 2)));
+  assert_true(json_is_true(json_array_get(c, 3)));
+  assert_string_equal(json_string_value(json_array_get(c, 4)), "abc");
+  assert_true(json_real_value(json_array_get(c, 5)) == 1e-4);
+  assert_string_equal(json_string_value(json_array_get(c, 6)), "false");
+  assert_int_equal(json_integer_value(json_array_get(c, 7)), -7);
+  assert_true(json_real_value(json_array_get(c, 8)) == 0.5);
+  assert_string_equal(json_string_value(json_array_get(c, 9)), "1_000");
+  spec_free(s);
+}
+
+static void every_parameter_type_loads(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME
+                    "parameters:\n"
+                    "  f: {type: float, low: -1.5, high: 2.5, step: 0.5}\n"
+                    "  i: {type: int, low: -3, high: 9, step: 3}\n"
+                    "  il: {type: int, low: 1, high: 1024, log: true}\n"
+                    "  c: {type: categorical, choices: [a, 2]}\n"
+                    "  fx: {type: fixed, value: hello}\n"
+                    "  fs: 'quoted'\n"
+                    "  fb: true\n"
+                    "  fr: 0.25\n" AFTER_PARAMS);
+  assert_int_equal(s->n_params, 8);
+  assert_true(s->params[0].step == 0.5 && s->params[0].low == -1.5);
+  assert_true(s->params[1].kind == PARAM_INT && s->params[1].step == 3);
+  assert_true(s->params[2].log);
+  assert_string_equal(json_string_value(s->params[4].fixed), "hello");
+  assert_string_equal(json_string_value(s->params[5].fixed), "quoted");
+  assert_true(json_is_true(s->params[6].fixed));
+  assert_true(json_real_value(s->params[7].fixed) == 0.25);
+  for (int i = 4; i < 8; i++) assert_int_equal(s->params[i].kind, PARAM_FIXED);
+  spec_free(s);
+}
+
+static void float_step_tolerates_rounding(void **state) {
+  (void)state;
+  spec *s = load_ok(
+      NAME "parameters:\n  x: {type: float, low: 0.1, high: 0.7, step: 0.1}\n" AFTER_PARAMS);
+  assert_true(s->params[0].step == 0.1);
+  spec_free(s);
+}
+
+static void conditions_load_in_both_syntaxes(void **state) {
+  (void)state;
+  spec *s = load_ok(
+      NAME
+      "parameters:\n"
+      "  x: {type: float, low: 0, high: 1}\n"
+      "  opt: {type: categorical, choices: [sgd, adam, adamw]}\n"
+      "  a: {type: float, low: 0, high: 1, when: \"opt != sgd\"}\n"
+      "  b: {type: float, low: 0, high: 1, when: \"x<0.5\"}\n"
+      "  c: {type: float, low: 0, high: 1, when: {param: opt, equals: adam}}\n"
+      "  d: {type: float, low: 0, high: 1, when: \"opt == 'adamw'\"}\n"
+      "  e: {type: float, low: 0, high: 1, when: \"  x   <=   1  \"}\n"
+      "  g: {type: float, low: 0, high: 1, when: \"x > 0\"}\n"
+      "  h: {type: float, low: 0, high: 1, when: {param: opt, in: [sgd, adam]}}\n" AFTER_PARAMS);
+  const param_spec *p = s->params;
+  assert_int_equal(p[2].cond.op, COND_NE);
+  assert_int_equal(p[2].cond.parent, 1);
+  assert_int_equal(p[3].cond.op, COND_LT);
+  assert_true(json_real_value(json_array_get(p[3].cond.values, 0)) == 0.5);
+  assert_int_equal(p[4].cond.op, COND_EQ);
+  assert_string_equal(json_string_value(json_array_get(p[4].cond.values, 0)), "adam");
+  assert_string_equal(json_string_value(json_array_get(p[5].cond.values, 0)), "adamw");
+  assert_int_equal(p[6].cond.op, COND_LE);
+  assert_int_equal(json_integer_value(json_array_get(p[6].cond.values, 0)), 1);
+  assert_int_equal(p[7].cond.op, COND_GT);
+  assert_int_equal(p[8].cond.op, COND_IN);
+  assert_int_equal(json_array_size(p[8].cond.values), 2);
+  spec_free(s);
+}
+
+static void durations_accept_numbers_and_suffixes(void **state) {
+  (void)state;
+  const char *texts[] = {"90", "\"90s\"", "10m", "1.5h", "2d", "0.5", "'45'"};
+  const double seconds[] = {90, 90, 600, 5400, 172800, 0.5, 45};
+  for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+    char *yaml = nas_asprintf(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: %s\n" BUDGET, texts[i]);
+    spec *s = load_ok(yaml);
+    assert_true(s->trial.timeout_s == seconds[i]);
+    spec_free(s);
+    free(yaml);
+  }
+}
+
+static void workdir_is_resolved_against_the_spec_folder(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME PARAMS_X OBJECTIVES TRIAL "  workdir: sub/../runs\n" BUDGET);
+  assert_string_equal(s->trial.workdir, DIR "/runs");
+  spec_free(s);
+  s = load_ok(NAME PARAMS_X OBJECTIVES TRIAL "  workdir: /srv/work/\n" BUDGET);
+  assert_string_equal(s->trial.workdir, "/srv/work");
+  spec_free(s);
+}
+
+static void spec_load_keeps_exact_text_and_absolute_path(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *text = "# my experiment\n" MINIMAL "# trailing comment\n";
+  char *path = test_write(dir, "exp.yaml", text);
+  spec *s = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_load(path, &s, &err), NAS_OK);
+  assert_string_equal(s->text, text);
+  assert_string_equal(s->path, path);
+  assert_string_equal(s->trial.workdir, dir);
+  spec_free(s);
+
+  char *bad = test_write(dir, "bad.yaml", NAME "sed: 3\n");
+  assert_int_equal(spec_load(bad, &s, &err), NAS_ERR);
+  assert_null(s);
+  char *where = nas_asprintf("%s:2:1: spec: unknown key 'sed'; did you mean 'seed'?", bad);
+  assert_string_equal(err.msg, where);
+  free(where);
+
+  char *missing = nas_asprintf("%s/none.yaml", dir);
+  assert_int_equal(spec_load(missing, &s, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "none.yaml"));
+  free(missing);
+  free(bad);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* ---- errors: YAML and structure ---- */
+
+static void yaml_syntax_errors_have_line_and_column(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0\n" AFTER_PARAMS,
+               "t.yaml:4:", "YAML syntax error");
+  expect_error(NAME "seed: 1\n\tbad: 2\n", "t.yaml:3:1: ", "YAML does not allow tabs");
+  expect_error(NAME "a: b: c\n", "t.yaml:2:5: ", "mapping values are not allowed");
+}
+
+static void empty_and_odd_documents_are_errors(void **state) {
+  (void)state;
+  expect_error("", "t.yaml:1:1: ", "the file is empty");
+  expect_error("# only a comment\n", "t.yaml:1:1: ", "the file is empty");
+  expect_error("- a\n- b\n", "t.yaml:1:1: ", "spec: expected a mapping, got a list");
+  expect_error(MINIMAL "---\nname: u\n", "t.yaml:9:1: ", "only one YAML document");
+}
+
+static void unknown_keys_suggest_the_nearest(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, hihg: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:28: ", "parameters.x: unknown key 'hihg'; did you mean 'high'?");
+  expect_error(NAME PARAMS_X "objectivs:\n",
+               "t.yaml:4:1: ", "spec: unknown key 'objectivs'; did you mean 'objectives'?");
+  expect_error(NAME "colour: red\n", "t.yaml:2:1: ",
+               "spec: unknown key 'colour' (known keys: name, storage, seed, parameters,");
+  expect_error(MINIMAL "trial2: {}\n", "t.yaml:9:1: ", "did you mean 'trial'?");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  timout: 5\n" BUDGET,
+               "t.yaml:8:3: ", "trial: unknown key 'timout'; did you mean 'timeout'?");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 5, paralel: 2}\n",
+               "t.yaml:8:21: ", "budget: unknown key 'paralel'; did you mean 'parallel'?");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: f, gaol: minimize}\n" TRIAL BUDGET,
+               "t.yaml:5:15: ", "objectives[0]: unknown key 'gaol'; did you mean 'goal'?");
+}
+
+static void keys_of_another_parameter_type_are_named(void **state) {
+  (void)state;
+  expect_error(NAME
+               "parameters:\n  x: {type: float, low: 0, high: 1, choices: [a, b]}\n" AFTER_PARAMS,
+               "t.yaml:3:37: ", "parameters.x: 'choices' does not apply to a float parameter");
+  expect_error(NAME "parameters:\n  x: {type: categorical, choices: [a, b], low: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:43: ", "'low' does not apply to a categorical parameter");
+}
+
+static void missing_required_keys_are_named(void **state) {
+  (void)state;
+  expect_error(PARAMS_X AFTER_PARAMS, "t.yaml:1:1: ", "spec: missing required key 'name'");
+  expect_error(NAME AFTER_PARAMS, "t.yaml:1:1: ", "spec: missing required key 'parameters'");
+  expect_error(NAME PARAMS_X TRIAL BUDGET, "t.yaml:1:1: ", "missing required key 'objectives'");
+  expect_error(NAME PARAMS_X OBJECTIVES BUDGET, "t.yaml:1:1: ", "missing required key 'trial'");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL, "t.yaml:1:1: ", "missing required key 'budget'");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0}\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "parameters.x: missing required key 'high'");
+  expect_error(NAME "parameters:\n  x: {low: 0, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "parameters.x: missing required key 'type'");
+  expect_error(NAME "parameters:\n  x: {tpye: int, low: 0, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:7: ", "parameters.x: unknown key 'tpye'; did you mean 'type'?");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial: {workdir: .}\n" BUDGET,
+               "t.yaml:6:8: ", "trial: missing required key 'command'");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {parallel: 2}\n",
+               "t.yaml:8:9: ", "budget: missing required key 'trials'");
+  expect_error(NAME PARAMS_X "objectives:\n  - {goal: minimize}\n" TRIAL BUDGET,
+               "t.yaml:5:5: ", "objectives[0]: missing required key 'name'");
+  expect_error("name:\n" PARAMS_X AFTER_PARAMS, "t.yaml:1:1: ", "spec: 'name' has no value");
+}
+
+static void duplicate_keys_are_errors(void **state) {
+  (void)state;
+  expect_error(NAME "name: u\n",
+               "t.yaml:2:1: ", "duplicate key 'name' (first at line 1, column 1)");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: 1}\n  x: 3\n" AFTER_PARAMS,
+               "t.yaml:4:3: ", "duplicate key 'x' (first at line 3, column 3)");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, low: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:28: ", "duplicate key 'low' (first at line 3, column 20)");
+}
+
+static void wrong_types_say_what_was_expected(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  x: {type: float, low: abc, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:25: ", "parameters.x.low: expected a number, got 'abc'");
+  expect_error(NAME "parameters:\n  x: {type: float, low: \"0.5\", high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:25: ",
+               "expected a number (write it without quotes), got the quoted "
+               "string \"0.5\"");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: [1]}\n" AFTER_PARAMS,
+               "t.yaml:3:34: ", "parameters.x.high: expected a number, got a list");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: 1, log: yes}\n" AFTER_PARAMS,
+               "t.yaml:3:42: ", "parameters.x.log: expected true or false, got 'yes'");
+  expect_error(NAME "seed: 1.5\n" PARAMS_X AFTER_PARAMS,
+               "t.yaml:2:7: ", "seed: expected an integer, got '1.5'");
+  expect_error(NAME "seed: -1\n" PARAMS_X AFTER_PARAMS, "t.yaml:2:7: ", "seed: must be 0 or more");
+  expect_error(NAME "parameters: [x]\n" AFTER_PARAMS,
+               "t.yaml:2:13: ", "parameters: expected a mapping, got a list");
+  expect_error(NAME "parameters:\n  x: [1, 2]\n" AFTER_PARAMS, "t.yaml:3:6: ",
+               "parameters.x: expected a mapping such as {type: float, low: 0, high: 1}");
+  expect_error(NAME "parameters:\n  x:\n" AFTER_PARAMS,
+               "t.yaml:3:5: ", "parameters.x: expected a mapping");
+  expect_error(NAME "parameters: {}\n" AFTER_PARAMS,
+               "t.yaml:2:13: ", "at least one parameter is needed");
+}
+
+static void names_must_be_well_formed(void **state) {
+  (void)state;
+  expect_error("name: my exp\n" PARAMS_X AFTER_PARAMS,
+               "t.yaml:1:7: ", "name: 'my exp' may only hold letters, digits");
+  expect_error(NAME "parameters:\n  2x: 3\n" AFTER_PARAMS,
+               "t.yaml:3:3: ", "parameters: '2x' is not a parameter name");
+  expect_error(NAME "parameters:\n  x: {type: flaot, low: 0, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:13: ", "parameters.x.type: unknown type 'flaot'; did you mean 'float'?");
+  expect_error(NAME "parameters:\n  x: {type: real, low: 0, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:13: ", "unknown type 'real' (float, int, categorical or fixed)");
+}
+
+/* ---- errors: parameter definitions ---- */
+
+static void bounds_must_be_ordered(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  x: {type: float, low: 1, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:34: ", "parameters.x: high (1) must be above low (1)");
+  expect_error(NAME "parameters:\n  x: {type: int, low: 5, high: -2}\n" AFTER_PARAMS,
+               "t.yaml:3:32: ", "high (-2) must be above low (5)");
+}
+
+static void log_needs_positive_low(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: 1, log: true}\n" AFTER_PARAMS,
+               "t.yaml:3:25: ", "parameters.x: log: true needs low above 0, got 0");
+  expect_error(NAME "parameters:\n  x: {type: int, low: -1, high: 8, log: true}\n" AFTER_PARAMS,
+               "t.yaml:3:23: ", "needs low above 0, got -1");
+}
+
+static void int_bounds_must_be_integers(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  n: {type: int, low: 1, high: 4.5}\n" AFTER_PARAMS,
+               "t.yaml:3:32: ", "parameters.n.high: expected an integer, got '4.5'");
+  expect_error(NAME "parameters:\n  n: {type: int, low: 1.0, high: 4}\n" AFTER_PARAMS,
+               "t.yaml:3:23: ", "parameters.n.low: expected an integer, got '1.0'");
+  expect_error(NAME "parameters:\n  n: {type: int, low: 1, high: 4, step: 0.5}\n" AFTER_PARAMS,
+               "t.yaml:3:41: ", "parameters.n.step: expected an integer");
+  expect_error(NAME "parameters:\n  n: {type: int, low: 0, high: 90071992547409930}\n" AFTER_PARAMS,
+               "t.yaml:3:32: ", "must be within +-2^53");
+}
+
+static void steps_must_be_positive_and_divide_the_range(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: 1, step: 0}\n" AFTER_PARAMS,
+               "t.yaml:3:43: ", "parameters.x.step: must be above 0, got 0");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: 1, step: 0.3}\n" AFTER_PARAMS,
+               "t.yaml:3:43: ", "parameters.x.step: high - low (1) is not a multiple of step 0.3");
+  expect_error(NAME "parameters:\n  n: {type: int, low: 16, high: 250, step: 16}\n" AFTER_PARAMS,
+               "t.yaml:3:44: ", "high - low (234) is not a multiple of step 16");
+  expect_error(
+      NAME "parameters:\n  x: {type: float, low: 1, high: 8, log: true, step: 1}\n" AFTER_PARAMS,
+      "t.yaml:3:54: ", "step cannot be combined with log: true");
+}
+
+static void categorical_needs_distinct_scalar_choices(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a]}\n" AFTER_PARAMS,
+               "t.yaml:3:35: ", "parameters.c.choices: needs at least 2 choices");
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a, b, a]}\n" AFTER_PARAMS,
+               "t.yaml:3:42: ", "parameters.c.choices: 'a' appears twice");
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [1, 1.0]}\n" AFTER_PARAMS,
+               "t.yaml:3:39: ", "1 appears twice");
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a, [b]]}\n" AFTER_PARAMS,
+               "t.yaml:3:39: ", "expected a string, number or bool, got a list");
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a, ~]}\n" AFTER_PARAMS,
+               "t.yaml:3:39: ", "got nothing");
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: a}\n" AFTER_PARAMS,
+               "t.yaml:3:35: ", "parameters.c.choices: expected a list, got 'a'");
+  expect_error(NAME "parameters:\n  c: {type: fixed}\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "parameters.c: missing required key 'value'");
+}
+
+/* ---- errors: conditions ---- */
+
+#define COND_PARAMS                       \
+  "parameters:\n"                         \
+  "  x: {type: float, low: 0, high: 1}\n" \
+  "  opt: {type: categorical, choices: [sgd, adam]}\n" /* line 4 */
+
+static void condition_parents_must_exist_earlier(void **state) {
+  (void)state;
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"otp == sgd\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "parameters.m.when: unknown parameter 'otp'; did you mean 'opt'?");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: {param: late, equals: 1}}\n"
+               "  late: {type: int, low: 0, high: 3}\n" AFTER_PARAMS,
+               "t.yaml:5:51: ",
+               "'late' is declared after 'm'; a condition can only use parameters declared "
+               "before it");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"m > 0\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "a parameter cannot depend on itself");
+}
+
+static void condition_values_must_be_possible(void **state) {
+  (void)state;
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"opt == rmsprop\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ",
+               "parameters.m.when: 'opt' can never hold that: 'rmsprop' is not one of ['sgd', "
+               "'adam']");
+  expect_error(
+      NAME COND_PARAMS
+      "  m: {type: float, low: 0, high: 1, when: {param: opt, in: [sgd, rms]}}\n" AFTER_PARAMS,
+      "t.yaml:5:60: ", "'rms' is not one of");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"opt < adam\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ",
+               "'<' compares a categorical parameter ('opt'); only float and int parameters");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"x >= 2\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "2 is outside the range of 'x' [0, 1]");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"x >= big\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "'x' can only be compared with a number");
+  expect_error(NAME
+               "parameters:\n  n: {type: int, low: 1, high: 4}\n"
+               "  m: {type: float, low: 0, high: 1, when: \"n == 2.5\"}\n" AFTER_PARAMS,
+               "t.yaml:4:43: ", "'n' can never hold that: expected an integer, got 2.5");
+}
+
+static void condition_syntax_errors_are_explained(void **state) {
+  (void)state;
+  expect_error(
+      NAME COND_PARAMS "  m: {type: float, low: 0, high: 1, when: \"x >=\"}\n" AFTER_PARAMS,
+      "t.yaml:5:43: ", "parameters.m.when: 'x >=' is not a condition; write \"PARAM OP VALUE\"");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"x = 1\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "is not a condition");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: {param: opt, in: [sgd], equals: "
+               "sgd}}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "needs exactly one of 'in' (a list) and 'equals'");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: {param: opt}}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "needs exactly one of 'in'");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: {param: opt, in: []}}\n" AFTER_PARAMS,
+               "t.yaml:5:60: ", "parameters.m.when.in: needs at least one value");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: {parm: opt, in: [sgd]}}\n" AFTER_PARAMS,
+               "t.yaml:5:44: ", "parameters.m.when: unknown key 'parm'; did you mean 'param'?");
+  expect_error(NAME COND_PARAMS "  m: {type: float, low: 0, high: 1, when: [x]}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "parameters.m.when: expected a condition such as");
+}
+
+/* ---- errors: objectives, constraints, trial, budget, plug-ins ---- */
+
+static void objectives_are_checked(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X "objectives: []\n" TRIAL BUDGET,
+               "t.yaml:4:13: ", "objectives: at least one objective is needed");
+  expect_error(NAME PARAMS_X "objectives: {name: f}\n" TRIAL BUDGET,
+               "t.yaml:4:13: ", "objectives: expected a list, got a mapping");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: f, goal: minimise}\n" TRIAL BUDGET,
+               "t.yaml:5:21: ",
+               "objectives[0].goal: 'minimise' is not a goal; did you mean "
+               "'minimize'?");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: f, goal: best}\n" TRIAL BUDGET,
+               "t.yaml:5:21: ", "'best' is not a goal (minimize or maximize)");
+  expect_error(NAME PARAMS_X
+               "objectives:\n  - {name: f, goal: minimize}\n"
+               "  - {name: f, goal: maximize}\n" TRIAL BUDGET,
+               "t.yaml:6:5: ", "objectives[1]: objective 'f' appears twice");
+  expect_error(NAME PARAMS_X
+               "objectives:\n  - {name: f, goal: minimize, threshold: high}\n" TRIAL BUDGET,
+               "t.yaml:5:42: ", "objectives[0].threshold: expected a number");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: 1f, goal: minimize}\n" TRIAL BUDGET,
+               "t.yaml:5:12: ", "objectives[0].name: '1f' is not a metric name");
+}
+
+static void constraints_need_metric_op_number(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"latency_ms < 5\"\n", "t.yaml:10:5: ",
+               "constraints[0]: 'latency_ms < 5' is not a constraint; write "
+               "\"metric <= number\" or \"metric >= number\"");
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - ok >= 1\n  - \"lat <= fast\"\n",
+               "t.yaml:11:5: ", "constraints[1]: 'lat <= fast' is not a constraint");
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"<= 5\"\n",
+               "t.yaml:10:5: ", "is not a constraint");
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"9lat <= 5\"\n",
+               "t.yaml:10:5: ", "'9lat' is not a metric name");
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints: \"lat <= 5\"\n",
+               "t.yaml:9:14: ", "constraints: expected a list");
+}
+
+static void trial_command_must_be_a_list(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: python3 train.py\n" BUDGET,
+               "t.yaml:7:12: ", "trial.command: write the command as a list of arguments");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: []\n" BUDGET,
+               "t.yaml:7:12: ", "trial.command: needs at least the program to run");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [\"\", a]\n" BUDGET,
+               "t.yaml:7:13: ", "trial.command[0]: the program to run is empty");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run, {a: b}]\n" BUDGET,
+               "t.yaml:7:18: ", "trial.command[1]: expected a string, got a mapping");
+}
+
+static void placeholders_must_name_parameters(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run, \"--x={xx}\"]\n" BUDGET,
+               "t.yaml:7:18: ", "trial.command[1]: unknown placeholder {xx}; did you mean 'x'?");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run, \"{width}\"]\n" BUDGET,
+               "t.yaml:7:18: ", "unknown placeholder {width} (no parameter has that name");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run, \"{x\"]\n" BUDGET,
+               "t.yaml:7:18: ", "trial.command[1]: '{' without a closing '}'");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run, \"x}\"]\n" BUDGET,
+               "t.yaml:7:18: ", "'}' without an opening '{'");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run, \"{}\"]\n" BUDGET,
+               "t.yaml:7:18: ", "empty placeholder {}");
+}
+
+static void trial_env_workdir_timeout_are_checked(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  env: {1BAD: x}\n" BUDGET,
+               "t.yaml:8:9: ", "trial.env: '1BAD' is not an environment variable name");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  env: {A: [1]}\n" BUDGET,
+               "t.yaml:8:12: ", "trial.env.A: expected a string, got a list");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  env: [A=1]\n" BUDGET,
+               "t.yaml:8:8: ", "trial.env: expected a mapping, got a list");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: 10 minutes\n" BUDGET,
+               "t.yaml:8:12: ", "trial.timeout: expected a duration such as 90, \"90s\"");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: 0\n" BUDGET,
+               "t.yaml:8:12: ", "trial.timeout: must be more than 0 seconds");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  workdir: [a]\n" BUDGET,
+               "t.yaml:8:12: ", "trial.workdir: expected a string");
+}
+
+static void budget_is_checked(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 0}\n",
+               "t.yaml:8:18: ", "budget.trials: must be between 1 and");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: many}\n",
+               "t.yaml:8:18: ", "budget.trials: expected an integer, got 'many'");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 3, parallel: 0}\n",
+               "t.yaml:8:31: ", "budget.parallel: must be between 1 and");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 3, wall_time: soon}\n",
+               "t.yaml:8:32: ", "budget.wall_time: expected a duration");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: 10\n",
+               "t.yaml:8:9: ", "budget: expected a mapping, got '10'");
+}
+
+static void plugin_types_are_checked(void **state) {
+  (void)state;
+  expect_error(MINIMAL "runner: {type: slrum}\n",
+               "t.yaml:9:16: ", "runner.type: unknown type 'slrum'; did you mean 'slurm'?");
+  expect_error(MINIMAL "optimizer: {type: bayes}\n",
+               "t.yaml:9:19: ", "optimizer.type: unknown type 'bayes'");
+  expect_error(MINIMAL "optimizer: [gp]\n", "t.yaml:9:12: ", "optimizer: expected a mapping");
+  expect_error(MINIMAL "optimizer: &a {type: gp, loop: *a}\n",
+               "t.yaml:9:12: ", "optimizer: cannot be stored");
+  spec *s = load_ok(MINIMAL "runner: {type: slurm, partition: gpu, nodes: [1, 2]}\n");
+  assert_string_equal(s->runner.type, "slurm");
+  assert_string_equal(json_string_value(json_object_get(s->runner.options, "partition")), "gpu");
+  assert_int_equal(json_array_size(json_object_get(s->runner.options, "nodes")), 2);
+  assert_null(json_object_get(s->runner.options, "type"));
+  spec_free(s);
+}
+
+/* ---- parameters at run time ---- */
+
+static const char chain_spec[] = NAME
+    "parameters:\n"
+    "  layers: {type: int, low: 1, high: 4}\n"
+    "  width3: {type: int, low: 8, high: 256, log: true, when: \"layers >= 3\"}\n"
+    "  opt: {type: categorical, choices: [sgd, adam, adamw]}\n"
+    "  momentum: {type: float, low: 0, high: 0.99, when: {param: opt, in: [sgd]}}\n"
+    "  nesterov: {type: categorical, choices: [true, false], when: \"momentum > 0.5\"}\n"
+    "  lr: {type: float, low: 0.001, high: 0.1, step: 0.001}\n"
+    "  epochs: 5\n" AFTER_PARAMS;
+
+static void comparison_condition_decides_activity(void **state) {
+  (void)state;
+  spec *s = load_ok(chain_spec);
+  json_t *params = json("{\"layers\": 3}");
+  assert_true(spec_param_active(s, 1, params));
+  json_object_set_new(params, "layers", json_integer(2));
+  assert_false(spec_param_active(s, 1, params));
+  json_object_del(params, "layers");
+  assert_false(spec_param_active(s, 1, params)); /* parent not decided yet */
+  assert_true(spec_param_active(s, 0, params));
+  json_decref(params);
+  spec_free(s);
+}
+
+static void conditions_chain_through_inactive_parents(void **state) {
+  (void)state;
+  spec *s = load_ok(chain_spec);
+  json_t *params = json("{\"opt\": \"sgd\", \"momentum\": 0.9}");
+  assert_true(spec_param_active(s, 3, params));
+  assert_true(spec_param_active(s, 4, params));
+  json_object_set_new(params, "momentum", json_real(0.2));
+  assert_false(spec_param_active(s, 4, params));
+  /* A stale momentum does not make nesterov active once opt turns momentum off. */
+  json_object_set_new(params, "opt", json_string("adam"));
+  json_object_set_new(params, "momentum", json_real(0.9));
+  assert_false(spec_param_active(s, 3, params));
+  assert_false(spec_param_active(s, 4, params));
+  json_decref(params);
+  spec_free(s);
+}
+
+static void check_params_accepts_valid_assignments(void **state) {
+  (void)state;
+  spec *s = load_ok(chain_spec);
+  nas_err err = {{0}};
+  json_t *a = json(
+      "{\"layers\": 4, \"width3\": 64, \"opt\": \"sgd\", \"momentum\": 0.9, "
+      "\"nesterov\": true, \"lr\": 0.037, \"epochs\": 5}");
+  assert_int_equal(spec_check_params(s, a, &err), NAS_OK);
+  json_decref(a);
+  a = json("{\"layers\": 1, \"opt\": \"adam\", \"lr\": 0.1, \"epochs\": 5.0}");
+  assert_int_equal(spec_check_params(s, a, &err), NAS_OK);
+  json_decref(a);
+  spec_free(s);
+}
+
+static void expect_rejected(const spec *s, const char *params, const char *fragment) {
+  nas_err err = {{0}};
+  json_t *a = json(params);
+  int rc = spec_check_params(s, a, &err);
+  if (rc == NAS_OK || !strstr(err.msg, fragment))
+    print_message("expected ...%s\n     got %s\n", fragment, rc ? err.msg : "(accepted)");
+  assert_int_equal(rc, NAS_ERR);
+  assert_non_null(strstr(err.msg, fragment));
+  json_decref(a);
+}
+
+static void check_params_rejects_invalid_assignments(void **state) {
+  (void)state;
+  spec *s = load_ok(chain_spec);
+#define OK_TAIL "\"opt\": \"adam\", \"lr\": 0.01, \"epochs\": 5"
+  expect_rejected(s, "[1]", "expected a JSON object");
+  expect_rejected(s, "{\"layers\": 2, " OK_TAIL ", \"depth\": 1}", "unknown parameter 'depth'");
+  expect_rejected(s, "{" OK_TAIL "}", "parameter 'layers' is missing");
+  expect_rejected(s, "{\"layers\": 3, " OK_TAIL "}", "parameter 'width3' is missing");
+  expect_rejected(s, "{\"layers\": 2, \"width3\": 16, " OK_TAIL "}",
+                  "parameter 'width3' is inactive (its condition layers >= 3 does not hold)");
+  expect_rejected(s, "{\"layers\": 5, " OK_TAIL "}", "parameter 'layers': 5 is outside [1, 4]");
+  expect_rejected(s, "{\"layers\": 2.0, " OK_TAIL "}",
+                  "parameter 'layers': expected an integer, got 2");
+  expect_rejected(s, "{\"layers\": \"2\", " OK_TAIL "}", "expected an integer, got '2'");
+  expect_rejected(s, "{\"layers\": 2, \"opt\": \"rmsprop\", \"lr\": 0.01, \"epochs\": 5}",
+                  "parameter 'opt': 'rmsprop' is not one of ['sgd', 'adam', 'adamw']");
+  expect_rejected(s, "{\"layers\": 2, \"opt\": \"adam\", \"lr\": 0.0105, \"epochs\": 5}",
+                  "parameter 'lr': 0.0105 is not on the grid 0.001 + k * 0.001");
+  expect_rejected(s, "{\"layers\": 2, \"opt\": \"adam\", \"lr\": 0.2, \"epochs\": 5}",
+                  "0.2 is outside [0.001, 0.1]");
+  expect_rejected(s, "{\"layers\": 2, \"opt\": \"adam\", \"lr\": 0.01, \"epochs\": 6}",
+                  "parameter 'epochs': the value is fixed at 5, got 6");
+  expect_rejected(s, "{\"layers\": 2, \"opt\": \"adam\", \"lr\": 0.01}",
+                  "parameter 'epochs' is missing");
+  expect_rejected(s,
+                  "{\"layers\": 2, \"opt\": \"sgd\", \"momentum\": 0.9, \"nesterov\": 1, "
+                  "\"lr\": 0.01, \"epochs\": 5}",
+                  "parameter 'nesterov': 1 is not one of [true, false]");
+#undef OK_TAIL
+  spec_free(s);
+}
+
+static void param_index_finds_by_exact_name(void **state) {
+  (void)state;
+  spec *s = load_ok(chain_spec);
+  assert_int_equal(spec_param_index(s, "layers"), 0);
+  assert_int_equal(spec_param_index(s, "epochs"), 6);
+  assert_int_equal(spec_param_index(s, "epoch"), -1);
+  assert_int_equal(spec_param_index(s, "epochss"), -1);
+  spec_free(s);
+}
+
+static void names_with_dots_and_dashes_work_everywhere(void **state) {
+  (void)state;
+  spec *s = load_ok(
+      NAME
+      "parameters:\n"
+      "  weight-decay: {type: float, low: 0, high: 0.1}\n"
+      "  opt.beta1: {type: float, low: 0.5, high: 0.99, when: \"weight-decay>=0.01\"}\n" OBJECTIVES
+      "trial:\n  command: [run, \"--wd={weight-decay}\", \"--b1={opt.beta1}\"]\n" BUDGET);
+  json_t *params = json("{\"weight-decay\": 0.05, \"opt.beta1\": 0.9}");
+  nas_err err = {{0}};
+  assert_int_equal(spec_check_params(s, params, &err), NAS_OK);
+  char **argv;
+  assert_int_equal(spec_render_argv(s, params, &argv, &err), NAS_OK);
+  assert_string_equal(argv[1], "--wd=0.05");
+  assert_string_equal(argv[2], "--b1=0.9");
+  spec_argv_free(argv);
+  json_decref(params);
+  spec_free(s);
+}
+
+static void int_conditions_compare_numbers_by_value(void **state) {
+  (void)state;
+  spec *s =
+      load_ok(NAME
+              "parameters:\n"
+              "  n: {type: int, low: 1, high: 4}\n"
+              "  m: {type: float, low: 0, high: 1, when: {param: n, in: [2, 4]}}\n" AFTER_PARAMS);
+  json_t *params = json("{\"n\": 4.0}");
+  assert_true(spec_param_active(s, 1, params));
+  json_object_set_new(params, "n", json_integer(3));
+  assert_false(spec_param_active(s, 1, params));
+  json_decref(params);
+  spec_free(s);
+}
+
+static void parse_without_a_name_reports_string(void **state) {
+  (void)state;
+  spec *s = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_parse("name: [\n", NULL, NULL, &s, &err), NAS_ERR);
+  assert_int_equal(strncmp(err.msg, "<string>:2:1: YAML syntax error", 31), 0);
+  assert_int_equal(spec_parse(MINIMAL, NULL, NULL, &s, &err), NAS_OK);
+  char cwd[4096];
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  assert_string_equal(s->trial.workdir, cwd);
+  assert_string_equal(s->path, "<string>");
+  spec_free(s);
+}
+
+/* ---- rendering and value text ---- */
+
+static void render_argv_substitutes_values(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME
+                    "parameters:\n"
+                    "  lr: {type: float, low: 1e-5, high: 1}\n"
+                    "  n: {type: int, low: 1, high: 4}\n"
+                    "  opt: {type: categorical, choices: [sgd, adam]}\n"
+                    "  bn: {type: categorical, choices: [true, false]}\n"
+                    "  m: {type: float, low: 0, high: 1, when: \"opt == sgd\"}\n"
+                    "  tag: run 1\n" OBJECTIVES
+                    "trial:\n  command: [python3, \"--lr={lr}\", \"--n={n}\", \"{opt}\", "
+                    "\"--bn={bn}\", \"--m={m}\", \"{{lr}}={lr}\", \"}}{{\", \"{tag}\"]\n" BUDGET);
+  json_t *params = json(
+      "{\"lr\": 0.1, \"n\": 3, \"opt\": \"adam\", \"bn\": false, "
+      "\"tag\": \"run 1\"}");
+  char **argv = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_render_argv(s, params, &argv, &err), NAS_OK);
+  const char *want[] = {"python3", "--lr=0.1", "--n=3", "adam",  "--bn=false",
+                        "--m=",    "{lr}=0.1", "}{",    "run 1", NULL};
+  for (size_t i = 0; want[i]; i++) assert_string_equal(argv[i], want[i]);
+  assert_null(argv[9]);
+  spec_argv_free(argv);
+
+  json_object_set_new(params, "opt", json_string("sgd"));
+  json_object_set_new(params, "m", json_real(1e-7 * 3));
+  assert_int_equal(spec_render_argv(s, params, &argv, &err), NAS_OK);
+  assert_string_equal(argv[5], "--m=3e-07");
+  spec_argv_free(argv);
+
+  json_object_del(params, "n");
+  argv = (char **)&argv;
+  assert_int_equal(spec_render_argv(s, params, &argv, &err), NAS_ERR);
+  assert_null(argv);
+  assert_string_equal(err.msg, "parameter 'n' has no value");
+  json_decref(params);
+  spec_free(s);
+}
+
+static void expect_text(json_t *value, const char *want) {
+  char *text = spec_value_text(value);
+  assert_string_equal(text, want);
+  free(text);
+  json_decref(value);
+}
+
+static void value_text_is_shortest_exact(void **state) {
+  (void)state;
+  expect_text(json_real(0.1), "0.1");
+  expect_text(json_real(0.1 + 0.2), "0.30000000000000004");
+  expect_text(json_real(1.0 / 3), "0.3333333333333333");
+  expect_text(json_real(1e-4), "0.0001");
+  expect_text(json_real(5.0), "5");
+  expect_text(json_real(-2.5), "-2.5");
+  expect_text(json_real(1e21), "1e+21");
+  expect_text(json_real(3600.0), "3600");
+  expect_text(json_real(1.5e15), "1500000000000000");
+  expect_text(json_real(1e16), "1e+16");
+  expect_text(json_real(1e-5), "1e-05");
+  expect_text(json_real(0.00012), "0.00012");
+  expect_text(json_real(123456789.0), "123456789");
+  expect_text(json_real(DBL_MAX), "1.7976931348623157e+308");
+  expect_text(json_real(5e-324), "5e-324");
+  expect_text(json_integer(9007199254740993LL), "9007199254740993");
+  expect_text(json_integer(-42), "-42");
+  expect_text(json_true(), "true");
+  expect_text(json_false(), "false");
+  expect_text(json_string("a b{c}"), "a b{c}");
+  expect_text(json_null(), "null");
+}
+
+static void value_text_reads_back_exactly(void **state) {
+  (void)state;
+  /* A deterministic spread of doubles across magnitudes, including awkward mantissas. */
+  uint64_t x = 0x9E3779B97F4A7C15ULL;
+  for (int i = 0; i < 20000; i++) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    double mantissa = (double)(x >> 11) / 9007199254740992.0;
+    double v = ldexp(mantissa, (int)(x % 200) - 100) * ((x & 1) ? -1 : 1);
+    json_t *real = json_real(v);
+    char *text = spec_value_text(real);
+    assert_true(strtod(text, NULL) == v);
+    assert_true(strlen(text) <= 24);
+    free(text);
+    json_decref(real);
+  }
+}
+
+/* ---- diff ---- */
+
+static void diff_is_null_for_the_same_content(void **state) {
+  (void)state;
+  spec *a = load_ok(full_example);
+  spec *b = load_ok(
+      "# reformatted, same meaning\n"
+      "name: \"quickstart\"\n"
+      "seed: 7\n"
+      "storage: 'sqlite:runs.db'\n"
+      "parameters:\n"
+      "  x1: {high: 1.0, low: 0, type: float}\n"
+      "  lr: {type: float, low: 0.0001, high: 1e-1, log: true}\n"
+      "  layers: {type: int, low: 1, high: 4}\n"
+      "  width: {type: int, low: 16, high: 256, step: 16}\n"
+      "  width3:\n"
+      "    type: int\n"
+      "    low: 8\n"
+      "    high: 256\n"
+      "    log: true\n"
+      "    when: layers >= 3\n"
+      "  opt: {type: categorical, choices: [sgd, adam, adamw]}\n"
+      "  momentum: {type: float, low: 0, high: 0.99, when: {in: [sgd], param: opt}}\n"
+      "  use_bn: {type: categorical, choices: [true, false]}\n"
+      "  epochs: {type: fixed, value: 5}\n"
+      "objectives:\n"
+      "  - {name: f1, goal: minimize, threshold: 3e2}\n"
+      "  - {name: accuracy, goal: maximize}\n"
+      "constraints: [\"latency_ms <= 5.0\", \"accuracy >= 0.50\"]\n"
+      "trial:\n"
+      "  command: [python3, train.py, \"--lr={lr}\", \"--layers={layers}\"]\n"
+      "  env: {MODE: fast, OMP_NUM_THREADS: 1}\n"
+      "  timeout: 600\n"
+      "budget: {trials: 20, parallel: 4, wall_time: 120m}\n"
+      "optimizer: {n_initial: 8}\n");
+  char *diff = spec_diff(a, b);
+  if (diff) print_message("unexpected diff:\n%s", diff);
+  assert_null(diff);
+  spec_free(a);
+  spec_free(b);
+}
+
+static void diff_lists_each_changed_field(void **state) {
+  (void)state;
+  spec *a = load_ok(MINIMAL);
+  spec *b = load_ok("# same, commented\n" NAME PARAMS_X OBJECTIVES TRIAL BUDGET);
+  assert_null(spec_diff(a, b));
+  spec_free(b);
+  b = load_ok(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 30}\n");
+  char *diff = spec_diff(a, b);
+  assert_string_equal(diff, "budget.trials: 5 -> 30\n");
+  free(diff);
+  spec_free(b);
+
+  b = load_ok(
+      "name: t2\nseed: 3\n"
+      "parameters:\n"
+      "  x: {type: float, low: 0, high: 2, step: 0.5}\n"
+      "  y: {type: categorical, choices: [a, \"1\"], when: \"x > 1\"}\n"
+      "objectives:\n  - {name: f, goal: maximize, threshold: 0.1}\n"
+      "constraints: [\"mem <= 2.5\"]\n"
+      "trial:\n  command: [run, \"{x}\"]\n  env: {A: b}\n  timeout: 1h\n"
+      "budget: {trials: 5, parallel: 2, wall_time: 90s}\n"
+      "runner: {type: slurm, partition: gpu}\n"
+      "optimizer: {type: random}\n");
+  diff = spec_diff(a, b);
+  assert_string_equal(diff,
+                      "name: t -> t2\n"
+                      "seed: 0 -> 3\n"
+                      "parameters.x: float [0, 1] -> float [0, 2] step 0.5\n"
+                      "parameters.y: added (categorical [\"a\", \"1\"] when x > 1)\n"
+                      "objectives: [f minimize] -> [f maximize threshold 0.1]\n"
+                      "constraints: [] -> [mem <= 2.5]\n"
+                      "trial.env: [] -> [\"A=b\"]\n"
+                      "trial.timeout: none -> 3600s\n"
+                      "budget.parallel: 1 -> 2\n"
+                      "budget.wall_time: none -> 90s\n"
+                      "runner.type: local -> slurm\n"
+                      "runner.options: {} -> {\"partition\":\"gpu\"}\n"
+                      "optimizer.type: gp -> random\n");
+  free(diff);
+  diff = spec_diff(b, a);
+  assert_non_null(strstr(diff, "parameters.y: removed (categorical [\"a\", \"1\"] when x > 1)\n"));
+  free(diff);
+  spec_free(b);
+  spec_free(a);
+}
+
+static void diff_reports_parameter_order_and_commands(void **state) {
+  (void)state;
+  spec *a = load_ok(
+      NAME "parameters:\n  x: {type: float, low: 0, high: 1}\n  y: 1\n" OBJECTIVES TRIAL BUDGET);
+  spec *b = load_ok(NAME "parameters:\n  y: 1\n  x: {type: float, low: 0, high: 1}\n" OBJECTIVES
+                         "trial:\n  command: [run, \"{x}\", \"{y}\"]\n" BUDGET);
+  char *diff = spec_diff(a, b);
+  assert_string_equal(diff,
+                      "parameters order: x, y -> y, x\n"
+                      "trial.command: [\"run\", \"{x}\"] -> [\"run\", \"{x}\", \"{y}\"]\n");
+  free(diff);
+  spec_free(a);
+  spec_free(b);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(full_example_loads_every_field),
+      cmocka_unit_test(minimal_spec_gets_defaults),
+      cmocka_unit_test(optional_keys_without_value_take_defaults),
+      cmocka_unit_test(scalars_are_typed_as_users_expect),
+      cmocka_unit_test(every_parameter_type_loads),
+      cmocka_unit_test(float_step_tolerates_rounding),
+      cmocka_unit_test(conditions_load_in_both_syntaxes),
+      cmocka_unit_test(durations_accept_numbers_and_suffixes),
+      cmocka_unit_test(workdir_is_resolved_against_the_spec_folder),
+      cmocka_unit_test(spec_load_keeps_exact_text_and_absolute_path),
+      cmocka_unit_test(yaml_syntax_errors_have_line_and_column),
+      cmocka_unit_test(empty_and_odd_documents_are_errors),
+      cmocka_unit_test(unknown_keys_suggest_the_nearest),
+      cmocka_unit_test(keys_of_another_parameter_type_are_named),
+      cmocka_unit_test(missing_required_keys_are_named),
+      cmocka_unit_test(duplicate_keys_are_errors),
+      cmocka_unit_test(wrong_types_say_what_was_expected),
+      cmocka_unit_test(names_must_be_well_formed),
+      cmocka_unit_test(bounds_must_be_ordered),
+      cmocka_unit_test(log_needs_positive_low),
+      cmocka_unit_test(int_bounds_must_be_integers),
+      cmocka_unit_test(steps_must_be_positive_and_divide_the_range),
+      cmocka_unit_test(categorical_needs_distinct_scalar_choices),
+      cmocka_unit_test(condition_parents_must_exist_earlier),
+      cmocka_unit_test(condition_values_must_be_possible),
+      cmocka_unit_test(condition_syntax_errors_are_explained),
+      cmocka_unit_test(objectives_are_checked),
+      cmocka_unit_test(constraints_need_metric_op_number),
+      cmocka_unit_test(trial_command_must_be_a_list),
+      cmocka_unit_test(placeholders_must_name_parameters),
+      cmocka_unit_test(trial_env_workdir_timeout_are_checked),
+      cmocka_unit_test(budget_is_checked),
+      cmocka_unit_test(plugin_types_are_checked),
+      cmocka_unit_test(comparison_condition_decides_activity),
+      cmocka_unit_test(conditions_chain_through_inactive_parents),
+      cmocka_unit_test(check_params_accepts_valid_assignments),
+      cmocka_unit_test(check_params_rejects_invalid_assignments),
+      cmocka_unit_test(param_index_finds_by_exact_name),
+      cmocka_unit_test(names_with_dots_and_dashes_work_everywhere),
+      cmocka_unit_test(int_conditions_compare_numbers_by_value),
+      cmocka_unit_test(parse_without_a_name_reports_string),
+      cmocka_unit_test(render_argv_substitutes_values),
+      cmocka_unit_test(value_text_is_shortest_exact),
+      cmocka_unit_test(value_text_reads_back_exactly),
+      cmocka_unit_test(diff_is_null_for_the_same_content),
+      cmocka_unit_test(diff_lists_each_changed_field),
+      cmocka_unit_test(diff_reports_parameter_order_and_commands),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

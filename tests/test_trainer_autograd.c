@@ -1,0 +1,217 @@
+/* The tensor and autograd engine's contracts: views share storage and version, in-place
+ * writes after a save are caught, no-grad mode builds nothing, gradients accumulate, graphs
+ * are freed (ASan checks the leaks), and float32 agrees with float64. */
+#include "tests/testutil.h"
+
+#include <math.h>
+
+#include "trainer/trainer.h"
+
+#define SHAPE(...) (int64_t[]){__VA_ARGS__}
+
+static tr_tensor *leaf(tr_ctx *ctx, int ndim, const int64_t *shape) {
+  tr_tensor *t = tr_rand(ctx, TR_F64, ndim, shape, -1, 1);
+  assert_non_null(t);
+  tr_set_requires_grad(t, true);
+  return t;
+}
+
+static void views_share_storage_and_version(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_tensor *a = tr_rand(&ctx, TR_F32, 2, SHAPE(3, 4), 0, 1);
+  tr_tensor *t = tr_transpose(&ctx, a, 0, 1);
+  assert_false(tr_is_contiguous(t));
+  assert_ptr_equal(t->storage, a->storage);
+  assert_true(tr_get(t, 1) == tr_get(a, 4)); /* t[0][1] is a[1][0] */
+  uint64_t v0 = a->storage->version;
+  tr_tensor *row = tr_narrow(&ctx, a, 0, 1, 1);
+  assert_int_equal(tr_fill_(&ctx, row, 7.0), NAS_OK);
+  assert_true(a->storage->version == v0 + 1);
+  assert_true(tr_get(a, 4) == 7.0 && tr_get(a, 0) != 7.0);
+  tr_tensor *r = tr_reshape(&ctx, a, 1, SHAPE(12));
+  assert_ptr_equal(r->storage, a->storage); /* contiguous: a view, not a copy */
+  tr_tensor *rt = tr_reshape(&ctx, t, 1, SHAPE(12));
+  assert_ptr_not_equal(rt->storage, a->storage); /* transposed: must copy */
+  assert_true(tr_get(rt, 1) == tr_get(a, 4));
+  tr_free(rt);
+  tr_free(r);
+  tr_free(row);
+  tr_free(t);
+  tr_free(a);
+}
+
+static void in_place_write_after_save_fails_backward_with_a_clear_error(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 2);
+  tr_tensor *a = leaf(&ctx, 1, SHAPE(5));
+  tr_tensor *e = tr_exp(&ctx, a); /* saves its output */
+  tr_tensor *s = tr_sum(&ctx, e, 0, NULL, false);
+  assert_int_equal(tr_mul_scalar_(&ctx, e, 2.0), NAS_OK);
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "ExpBackward"));
+  assert_non_null(strstr(ctx.err.msg, "modified by an in-place operation"));
+  assert_null(a->grad);
+  tr_free(s);
+  tr_free(e);
+  tr_free(a);
+}
+
+static void leaf_that_requires_grad_cannot_be_written_with_grad_mode_on(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_tensor *a = leaf(&ctx, 1, SHAPE(3));
+  assert_int_equal(tr_fill_(&ctx, a, 1.0), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "leaf"));
+  tr_set_grad_enabled(&ctx, false);
+  assert_int_equal(tr_fill_(&ctx, a, 1.0), NAS_OK);
+  tr_free(a);
+}
+
+static void no_grad_mode_builds_no_graph(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 4);
+  tr_tensor *a = leaf(&ctx, 2, SHAPE(2, 3));
+  bool prev = tr_set_grad_enabled(&ctx, false);
+  assert_true(prev);
+  tr_tensor *b = tr_tanh(&ctx, a);
+  assert_null(b->grad_fn);
+  assert_false(b->requires_grad);
+  tr_set_grad_enabled(&ctx, true);
+  tr_tensor *c = tr_tanh(&ctx, a);
+  assert_string_equal(tr_grad_fn_name(c), "TanhBackward");
+  assert_int_equal(tr_backward(&ctx, b, NULL, false), NAS_ERR); /* nothing to run */
+  tr_free(c);
+  tr_free(b);
+  tr_free(a);
+}
+
+static void gradients_of_a_reused_tensor_add_up(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_tensor *x = leaf(&ctx, 1, SHAPE(4));
+  /* y = sum(x * x + x): dy/dx = 2x + 1 */
+  tr_tensor *sq = tr_mul(&ctx, x, x);
+  tr_tensor *p = tr_add(&ctx, sq, x);
+  tr_tensor *y = tr_sum(&ctx, p, 0, NULL, false);
+  assert_int_equal(tr_backward(&ctx, y, NULL, true), NAS_OK);
+  for (int i = 0; i < 4; i++) assert_true(fabs(tr_get(x->grad, i) - (2 * tr_get(x, i) + 1)) < 1e-12);
+  /* retained graph: a second backward adds the same again */
+  assert_int_equal(tr_backward(&ctx, y, NULL, false), NAS_OK);
+  for (int i = 0; i < 4; i++) assert_true(fabs(tr_get(x->grad, i) - 2 * (2 * tr_get(x, i) + 1)) < 1e-12);
+  /* not retained the second time: a third is an error, not a wrong gradient */
+  assert_int_equal(tr_backward(&ctx, y, NULL, false), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "second time"));
+  tr_zero_grad(x);
+  assert_true(tr_get(x->grad, 0) == 0.0);
+  tr_free(y);
+  tr_free(p);
+  tr_free(sq);
+  tr_free(x);
+}
+
+static void deep_graph_is_run_and_freed_without_recursion(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 6);
+  tr_tensor *x = leaf(&ctx, 1, SHAPE(8));
+  tr_tensor *cur = tr_retain(x);
+  for (int i = 0; i < 20000; i++) {
+    tr_tensor *next = tr_scale(&ctx, cur, 1.0);
+    tr_free(cur);
+    cur = next;
+  }
+  tr_tensor *s = tr_sum(&ctx, cur, 0, NULL, false);
+  tr_free(cur);
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_OK);
+  assert_true(tr_get(x->grad, 3) == 1.0);
+  tr_free(s); /* frees 20000 nodes; ASan reports any leak */
+  tr_free(x);
+}
+
+static void float32_ops_agree_with_float64(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 7);
+  tr_tensor *x64 = tr_rand(&ctx, TR_F64, 2, SHAPE(16, 32), -1, 1);
+  tr_tensor *w64 = leaf(&ctx, 2, SHAPE(10, 32));
+  tr_tensor *x32 = tr_to_dtype(&ctx, x64, TR_F32), *w32 = tr_to_dtype(&ctx, w64, TR_F32);
+  tr_set_requires_grad(w32, true);
+  int32_t labels[16];
+  for (int i = 0; i < 16; i++) labels[i] = i % 10;
+  tr_tensor *w[2] = {w64, w32}, *x[2] = {x64, x32}, *loss[2];
+  for (int k = 0; k < 2; k++) {
+    tr_tensor *h = tr_linear(&ctx, x[k], w[k], NULL);
+    tr_tensor *g = tr_gelu(&ctx, h);
+    loss[k] = tr_cross_entropy(&ctx, g, labels);
+    assert_int_equal(tr_backward(&ctx, loss[k], NULL, false), NAS_OK);
+    tr_free(g);
+    tr_free(h);
+  }
+  assert_true(fabs(tr_item(loss[0]) - tr_item(loss[1])) < 1e-5);
+  for (int64_t i = 0; i < w64->numel; i++)
+    assert_true(fabs(tr_get(w64->grad, i) - tr_get(w32->grad, i)) < 1e-5);
+  for (int k = 0; k < 2; k++) {
+    tr_free(loss[k]);
+    tr_free(w[k]);
+    tr_free(x[k]);
+  }
+}
+
+static void mismatched_shapes_are_reported(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 8);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3)), *b = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 4));
+  assert_null(tr_add(&ctx, a, b));
+  assert_non_null(strstr(ctx.err.msg, "broadcast"));
+  assert_null(tr_matmul(&ctx, a, b));
+  assert_non_null(strstr(ctx.err.msg, "matmul"));
+  assert_null(tr_cross_entropy(&ctx, a, (int32_t[]){0, 3}));
+  assert_non_null(strstr(ctx.err.msg, "label 3"));
+  tr_free(a);
+  tr_free(b);
+}
+
+static void allocator_reuses_freed_blocks_and_outlives_its_creator(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 9);
+  ctx.alloc = tr_allocator_new(1 << 20);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(100, 100)); /* 40 000 bytes: 10 pages */
+  void *block = a->storage->data;
+  tr_alloc_stats st;
+  tr_allocator_stats(ctx.alloc, &st);
+  assert_int_equal(st.in_use, 40960);
+  tr_free(a);
+  tr_allocator_stats(ctx.alloc, &st);
+  assert_true(st.in_use == 0 && st.cached == 40960 && st.peak == 40960);
+  tr_tensor *b = tr_empty(&ctx, TR_F32, 1, SHAPE(10000)); /* same block size: reused */
+  assert_ptr_equal(b->storage->data, block);
+  tr_tensor *c = tr_empty(&ctx, TR_F32, 1, SHAPE(3));
+  tr_allocator_release(ctx.alloc); /* the tensors still hold it */
+  ctx.alloc = NULL;
+  tr_f32(b)[9999] = 1.0f;
+  tr_free(b);
+  tr_free(c); /* the last one frees the allocator (ASan checks) */
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(views_share_storage_and_version),
+      cmocka_unit_test(in_place_write_after_save_fails_backward_with_a_clear_error),
+      cmocka_unit_test(leaf_that_requires_grad_cannot_be_written_with_grad_mode_on),
+      cmocka_unit_test(no_grad_mode_builds_no_graph),
+      cmocka_unit_test(gradients_of_a_reused_tensor_add_up),
+      cmocka_unit_test(deep_graph_is_run_and_freed_without_recursion),
+      cmocka_unit_test(float32_ops_agree_with_float64),
+      cmocka_unit_test(mismatched_shapes_are_reported),
+      cmocka_unit_test(allocator_reuses_freed_blocks_and_outlives_its_creator),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,287 @@
+/* Data loading (IDX and CSV, gzip or plain), split, normalisation and batching, and the
+ * end-to-end check: an MLP trained on scikit-learn's digits (tests/data/digits.csv.gz)
+ * reaches at least 95% validation accuracy. */
+#include "tests/testutil.h"
+
+#include <math.h>
+#include <zlib.h>
+
+#include "trainer/trainer.h"
+
+#define DIGITS "tests/data/digits.csv.gz"
+
+/* Writes bytes to dir/name, gzip-compressed when gz. Returns the owned path. */
+static char *write_bytes(const char *dir, const char *name, const unsigned char *data, size_t n, bool gz) {
+  char *path = nas_asprintf("%s/%s", dir, name);
+  if (gz) {
+    gzFile f = gzopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(gzwrite(f, data, (unsigned)n), (int)n);
+    gzclose(f);
+  } else {
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    fclose(f);
+  }
+  return path;
+}
+
+static void idx_loader_reads_gzip_and_plain_files(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  /* 3 images of 2x2, labels 4, 0, 2 */
+  const unsigned char images[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 2,
+                                  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 255};
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 3, 4, 0, 2};
+  for (int gz = 0; gz < 2; gz++) {
+    char *ip = write_bytes(dir, gz ? "i.gz" : "i", images, sizeof images, gz);
+    char *lp = write_bytes(dir, gz ? "l.gz" : "l", labels, sizeof labels, gz);
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 1);
+    tr_dataset ds;
+    nas_err err = {{0}};
+    assert_int_equal(tr_idx_load(&ctx, ip, lp, &ds, &err), NAS_OK);
+    assert_int_equal(ds.n, 3);
+    assert_int_equal(ds.x->ndim, 3);
+    assert_int_equal(ds.x->shape[1], 2);
+    assert_int_equal(ds.nclasses, 5);
+    assert_true(tr_get(ds.x, 11) == 255.0f && tr_get(ds.x, 4) == 5.0f);
+    assert_int_equal(ds.y[0], 4);
+    assert_int_equal(ds.y[2], 2);
+    tr_dataset_free(&ds);
+    /* an images file where the labels should be */
+    assert_int_equal(tr_idx_load(&ctx, ip, ip, &ds, &err), NAS_ERR);
+    assert_non_null(strstr(err.msg, "labels for"));
+    free(ip);
+    free(lp);
+  }
+  char *bad = write_bytes(dir, "bad", (const unsigned char *)"PK\3\4", 4, false);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  nas_err err = {{0}};
+  assert_int_equal(tr_idx_load(&ctx, bad, bad, &ds, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not an IDX file"));
+  free(bad);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void csv_loader_skips_a_header_and_reports_bad_lines(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = test_write(dir, "d.csv", "label,a,b\n1,0.5,2\n\n0,1.5,-3\n2,2.5,4\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 2);
+  tr_dataset ds;
+  nas_err err = {{0}};
+  assert_int_equal(tr_csv_load(&ctx, path, 0, &ds, &err), NAS_OK);
+  assert_int_equal(ds.n, 3);
+  assert_int_equal(ds.x->shape[1], 2);
+  assert_int_equal(ds.nclasses, 3);
+  assert_int_equal(ds.y[1], 0);
+  assert_true(tr_get(ds.x, 3) == -3.0f);
+  tr_dataset_free(&ds);
+  free(path);
+  path = test_write(dir, "e.csv", "1,2,0\n3,x,1\n");
+  assert_int_equal(tr_csv_load(&ctx, path, -1, &ds, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "e.csv:2"));
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void digits_csv_loads_with_all_examples(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_dataset ds;
+  nas_err err = {{0}};
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds, &err), NAS_OK);
+  assert_int_equal(ds.n, 1797);
+  assert_int_equal(ds.x->shape[1], 64);
+  assert_int_equal(ds.nclasses, 10);
+  tr_dataset_free(&ds);
+}
+
+static void split_is_seeded_and_keeps_every_example_once(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 4);
+  tr_dataset ds, tr1, va1, tr2, va2;
+  nas_err err = {{0}};
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds, &err), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 42, &tr1, &va1, &err), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 42, &tr2, &va2, &err), NAS_OK);
+  assert_int_equal(va1.n, 359);
+  assert_int_equal(tr1.n + va1.n, ds.n);
+  assert_memory_equal(va1.y, va2.y, sizeof(int32_t) * (size_t)va1.n);
+  double total = 0, parts = 0; /* same multiset of pixels overall */
+  for (int64_t i = 0; i < ds.x->numel; i++) total += tr_get(ds.x, i);
+  for (int64_t i = 0; i < tr1.x->numel; i++) parts += tr_get(tr1.x, i);
+  for (int64_t i = 0; i < va1.x->numel; i++) parts += tr_get(va1.x, i);
+  assert_true(total == parts);
+  tr_dataset_free(&tr2);
+  tr_dataset_free(&va2);
+  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 43, &tr2, &va2, &err), NAS_OK);
+  assert_true(memcmp(va1.y, va2.y, sizeof(int32_t) * (size_t)va1.n) != 0);
+  tr_dataset_free(&tr2);
+  tr_dataset_free(&va2);
+  tr_dataset_free(&tr1);
+  tr_dataset_free(&va1);
+  tr_dataset_free(&ds);
+}
+
+static void loader_yields_each_example_once_per_epoch_then_reshuffles(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  float xs[10];
+  int32_t ys[10];
+  for (int i = 0; i < 10; i++) {
+    xs[i] = (float)i;
+    ys[i] = i;
+  }
+  tr_dataset ds = {tr_from_data(&ctx, TR_F32, 2, (int64_t[]){10, 1}, xs), ys, 10, 10};
+  tr_loader ld;
+  nas_err err = {{0}};
+  assert_int_equal(tr_loader_init(&ld, &ds, 4, true, 7, &err), NAS_OK);
+  int32_t first[10], second[10];
+  for (int epoch = 0; epoch < 2; epoch++) {
+    int seen = 0, sizes[3] = {0};
+    int32_t *order = epoch ? second : first;
+    tr_tensor *x;
+    int32_t *y;
+    int64_t b;
+    for (int k = 0; (b = tr_loader_next(&ctx, &ld, &x, &y)) > 0; k++) {
+      sizes[k] = (int)b;
+      for (int64_t i = 0; i < b; i++) {
+        assert_true(tr_get(x, i) == (float)y[i]); /* features travel with their label */
+        order[seen++] = y[i];
+      }
+      tr_free(x);
+      free(y);
+    }
+    assert_int_equal(seen, 10);
+    assert_true(sizes[0] == 4 && sizes[1] == 4 && sizes[2] == 2);
+    int mask = 0;
+    for (int i = 0; i < 10; i++) mask |= 1 << order[i];
+    assert_int_equal(mask, 0x3ff);
+  }
+  assert_true(memcmp(first, second, sizeof first) != 0);
+  tr_loader_free(&ld);
+  tr_free(ds.x);
+}
+
+static void normalizer_gives_zero_mean_unit_variance_features(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 6);
+  tr_dataset ds;
+  tr_normalizer nz;
+  nas_err err = {{0}};
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds, &err), NAS_OK);
+  assert_int_equal(tr_normalizer_fit(&ds, &nz, &err), NAS_OK);
+  assert_int_equal(tr_normalizer_apply(&nz, &ds, &err), NAS_OK);
+  double mean = 0, var = 0;
+  int f = 20; /* a pixel that varies */
+  for (int64_t i = 0; i < ds.n; i++) mean += tr_get(ds.x, i * 64 + f);
+  mean /= (double)ds.n;
+  for (int64_t i = 0; i < ds.n; i++) var += pow(tr_get(ds.x, i * 64 + f) - mean, 2);
+  assert_true(fabs(mean) < 1e-4 && fabs(var / (double)ds.n - 1) < 1e-3);
+  tr_normalizer_free(&nz);
+  tr_dataset_free(&ds);
+}
+
+/* ---------------------------------------------------------------- training */
+
+static double accuracy(tr_ctx *ctx, tr_module *m, const tr_dataset *ds) {
+  tr_module_train(m, false);
+  bool prev = tr_set_grad_enabled(ctx, false);
+  tr_tensor *logits = tr_module_forward(ctx, m, ds->x);
+  tr_set_grad_enabled(ctx, prev);
+  tr_module_train(m, true);
+  assert_non_null(logits);
+  int64_t right = 0, c = logits->shape[1];
+  for (int64_t i = 0; i < ds->n; i++) {
+    const float *row = tr_f32(logits) + i * c;
+    int64_t best = 0;
+    for (int64_t k = 1; k < c; k++)
+      if (row[k] > row[best]) best = k;
+    right += best == ds->y[i];
+  }
+  tr_free(logits);
+  return (double)right / (double)ds->n;
+}
+
+static void mlp_on_digits_reaches_95_percent_validation_accuracy(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 2024);
+  ctx.alloc = tr_allocator_new((size_t)64 << 20);
+  tr_dataset all, train, val;
+  tr_normalizer nz;
+  nas_err err = {{0}};
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &all, &err), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &all, 0.2, 1, &train, &val, &err), NAS_OK);
+  assert_int_equal(tr_normalizer_fit(&train, &nz, &err), NAS_OK);
+  assert_int_equal(tr_normalizer_apply(&nz, &train, &err), NAS_OK);
+  assert_int_equal(tr_normalizer_apply(&nz, &val, &err), NAS_OK);
+  tr_module *m = tr_sequential_new(&ctx);
+  tr_sequential_add(&ctx, m, tr_linear_new(&ctx, 64, 128, true));
+  tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_RELU));
+  tr_sequential_add(&ctx, m, tr_linear_new(&ctx, 128, 10, true));
+  tr_param_list params = {0};
+  tr_module_parameters(m, false, &params, &err);
+  tr_optim *opt = tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.05, .momentum = 0.9},
+                               params.items, params.n);
+  tr_lr_schedule sched = {.kind = TR_LR_COSINE, .base_lr = 0.05, .warmup = 20, .total = 20 * 45};
+  tr_loader ld;
+  assert_int_equal(tr_loader_init(&ld, &train, 32, true, 3, &err), NAS_OK);
+  int64_t step = 0;
+  double start = nas_monotonic();
+  for (int epoch = 0; epoch < 20; epoch++) {
+    tr_tensor *x;
+    int32_t *y;
+    while (tr_loader_next(&ctx, &ld, &x, &y) > 0) {
+      tr_optim_set_lr(opt, tr_lr_at(&sched, step++));
+      tr_tensor *logits = tr_module_forward(&ctx, m, x);
+      tr_tensor *loss = tr_cross_entropy(&ctx, logits, y);
+      assert_non_null(loss);
+      tr_optim_zero_grad(opt);
+      assert_int_equal(tr_backward(&ctx, loss, NULL, false), NAS_OK);
+      assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
+      tr_free(loss);
+      tr_free(logits);
+      tr_free(x);
+      free(y);
+    }
+  }
+  double acc = accuracy(&ctx, m, &val);
+  print_message("digits MLP: validation accuracy %.4f after %lld steps in %.2f s\n", acc,
+                (long long)step, nas_monotonic() - start);
+  assert_true(acc >= 0.95);
+  tr_loader_free(&ld);
+  tr_optim_free(opt);
+  tr_param_list_free(&params);
+  tr_module_free(m);
+  tr_normalizer_free(&nz);
+  tr_dataset_free(&train);
+  tr_dataset_free(&val);
+  tr_dataset_free(&all);
+  tr_allocator_release(ctx.alloc);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(idx_loader_reads_gzip_and_plain_files),
+      cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
+      cmocka_unit_test(digits_csv_loads_with_all_examples),
+      cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),
+      cmocka_unit_test(loader_yields_each_example_once_per_epoch_then_reshuffles),
+      cmocka_unit_test(normalizer_gives_zero_mean_unit_variance_features),
+      cmocka_unit_test(mlp_on_digits_reaches_95_percent_validation_accuracy),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

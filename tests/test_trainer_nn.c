@@ -1,0 +1,313 @@
+/* nn modules, weights files, flat parameter buffers, optimisers (against hand-computed and
+ * torch-checked steps), learning-rate schedules and gradient clipping. */
+#include "tests/testutil.h"
+
+#include <math.h>
+
+#include "trainer/trainer.h"
+
+#define SHAPE(...) (int64_t[]){__VA_ARGS__}
+#define NEAR(a, b) assert_true(fabs((a) - (b)) < 1e-9)
+
+/* ---------------------------------------------------------------- optimisers */
+
+/* Two steps with grad 0.5 on a parameter starting at 1; returns its value after each. */
+static void two_steps(const tr_optim_config *cfg, double out[2]) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_tensor *p = tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0);
+  tr_set_requires_grad(p, true);
+  tr_optim *opt = tr_optim_new(&ctx, cfg, &p, 1);
+  assert_non_null(opt);
+  for (int s = 0; s < 2; s++) {
+    if (!p->grad) p->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
+    else tr_f64(p->grad)[0] = 0.5;
+    assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
+    out[s] = tr_item(p);
+  }
+  tr_optim_free(opt);
+  tr_free(p);
+}
+
+static void sgd_steps_match_hand_computed_values(void **state) {
+  (void)state;
+  double v[2];
+  /* momentum: buf = 0.5, p = 1 - 0.05; buf = 0.9*0.5 + 0.5 = 0.95, p = 0.95 - 0.095 */
+  two_steps(&(tr_optim_config){.kind = TR_SGD, .lr = 0.1, .momentum = 0.9}, v);
+  NEAR(v[0], 0.95);
+  NEAR(v[1], 0.855);
+  /* Nesterov: step along g + 0.9 buf: 0.95 then 0.5 + 0.855 */
+  two_steps(&(tr_optim_config){.kind = TR_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = true}, v);
+  NEAR(v[0], 0.905);
+  NEAR(v[1], 0.7695);
+  /* weight decay 0.1: g = 0.5 + 0.1 p */
+  two_steps(&(tr_optim_config){.kind = TR_SGD, .lr = 0.1, .weight_decay = 0.1}, v);
+  NEAR(v[0], 0.94);
+  NEAR(v[1], 0.8806);
+}
+
+static void adam_and_adamw_steps_match_hand_computed_values(void **state) {
+  (void)state;
+  double v[2];
+  /* bias-corrected moments are exactly g and g^2 under a constant g: each step moves lr */
+  two_steps(&(tr_optim_config){.kind = TR_ADAM, .lr = 0.1}, v);
+  NEAR(v[0], 0.900000002);
+  NEAR(v[1], 0.800000004);
+  /* coupled decay (values from torch.optim.Adam in float64) */
+  two_steps(&(tr_optim_config){.kind = TR_ADAM, .lr = 0.1, .weight_decay = 0.1}, v);
+  NEAR(v[0], 0.9000000016666666);
+  NEAR(v[1], 0.8000473404883315);
+  /* decoupled: p *= 1 - 0.01 first, then the Adam step */
+  two_steps(&(tr_optim_config){.kind = TR_ADAMW, .lr = 0.1, .weight_decay = 0.1}, v);
+  NEAR(v[0], 0.890000002);
+  NEAR(v[1], 0.78110000398);
+}
+
+static void lr_schedules_warm_up_then_decay(void **state) {
+  (void)state;
+  tr_lr_schedule warm_step = {.kind = TR_LR_STEP, .base_lr = 1.0, .warmup = 4, .step_size = 2, .gamma = 0.5};
+  NEAR(tr_lr_at(&warm_step, 0), 0.25);
+  NEAR(tr_lr_at(&warm_step, 3), 1.0);
+  NEAR(tr_lr_at(&warm_step, 5), 1.0);
+  NEAR(tr_lr_at(&warm_step, 6), 0.5);
+  NEAR(tr_lr_at(&warm_step, 8), 0.25);
+  tr_lr_schedule cosine = {.kind = TR_LR_COSINE, .base_lr = 1.0, .total = 10, .min_lr = 0.1};
+  NEAR(tr_lr_at(&cosine, 0), 1.0);
+  NEAR(tr_lr_at(&cosine, 5), 0.55);
+  NEAR(tr_lr_at(&cosine, 10), 0.1);
+  NEAR(tr_lr_at(&cosine, 50), 0.1);
+}
+
+static void clip_grad_norm_scales_all_grads_jointly(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 2);
+  tr_tensor *p[2] = {tr_zeros(&ctx, TR_F32, 1, SHAPE(1)), tr_zeros(&ctx, TR_F32, 1, SHAPE(1))};
+  p[0]->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 3.0);
+  p[1]->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 4.0);
+  NEAR(tr_clip_grad_norm(p, 2, 10.0), 5.0); /* under the limit: untouched */
+  assert_true(tr_item(p[0]->grad) == 3.0f);
+  NEAR(tr_clip_grad_norm(p, 2, 1.0), 5.0);
+  assert_true(fabs(tr_item(p[0]->grad) - 0.6) < 1e-5 && fabs(tr_item(p[1]->grad) - 0.8) < 1e-5);
+  tr_free(p[0]);
+  tr_free(p[1]);
+}
+
+/* ---------------------------------------------------------------- modules */
+
+static tr_module *mlp(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  assert_int_equal(tr_sequential_add(ctx, m, tr_linear_new(ctx, 4, 8, true)), NAS_OK);
+  assert_int_equal(tr_sequential_add(ctx, m, tr_batchnorm_new(ctx, 8)), NAS_OK);
+  assert_int_equal(tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_RELU)), NAS_OK);
+  assert_int_equal(tr_sequential_add(ctx, m, tr_dropout_new(ctx, 0.2)), NAS_OK);
+  assert_int_equal(tr_sequential_add(ctx, m, tr_linear_new(ctx, 8, 3, true)), NAS_OK);
+  return m;
+}
+
+static void sequential_names_parameters_like_torch(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_module *m = mlp(&ctx);
+  tr_param_list list = {0};
+  assert_int_equal(tr_module_parameters(m, true, &list, NULL), NAS_OK);
+  const char *want[] = {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
+                        "1.running_var", "4.weight", "4.bias"};
+  assert_int_equal(list.n, 8);
+  for (size_t i = 0; i < list.n; i++) assert_string_equal(list.names[i], want[i]);
+  assert_int_equal(tr_module_param_count(m), 4 * 8 + 8 + 8 + 8 + 8 * 3 + 3);
+  tr_param_list_free(&list);
+  tr_module_free(m);
+}
+
+static void cnn_forward_gives_logits_per_example(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 4);
+  tr_module *m = tr_sequential_new(&ctx);
+  tr_sequential_add(&ctx, m, tr_conv2d_new(&ctx, 1, 16, 3, 1, 0, true));
+  tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_RELU));
+  tr_sequential_add(&ctx, m, tr_pool_new(&ctx, TR_MAXPOOL2D, 2));
+  tr_sequential_add(&ctx, m, tr_conv2d_new(&ctx, 16, 32, 3, 1, 0, true));
+  tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_RELU));
+  tr_sequential_add(&ctx, m, tr_pool_new(&ctx, TR_MAXPOOL2D, 2));
+  tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_FLATTEN));
+  tr_sequential_add(&ctx, m, tr_linear_new(&ctx, 32 * 5 * 5, 10, true));
+  assert_int_equal(tr_module_init(&ctx, m, TR_INIT_KAIMING), NAS_OK);
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 4, SHAPE(2, 1, 28, 28), 1.0);
+  tr_tensor *y = tr_module_forward(&ctx, m, x);
+  assert_non_null(y);
+  assert_int_equal(y->ndim, 2);
+  assert_int_equal(y->shape[0], 2);
+  assert_int_equal(y->shape[1], 10);
+  tr_tensor *loss = tr_cross_entropy(&ctx, y, (int32_t[]){3, 7});
+  assert_int_equal(tr_backward(&ctx, loss, NULL, false), NAS_OK);
+  tr_param_list list = {0};
+  tr_module_parameters(m, false, &list, NULL);
+  for (size_t i = 0; i < list.n; i++) assert_non_null(list.items[i]->grad);
+  tr_param_list_free(&list);
+  tr_free(loss);
+  tr_free(y);
+  tr_free(x);
+  tr_module_free(m);
+}
+
+static void batchnorm_moves_running_statistics_only_in_training(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_module *bn = tr_batchnorm_new(&ctx, 2);
+  tr_tensor *x = tr_from_data(&ctx, TR_F32, 2, SHAPE(2, 2), (float[]){1, 10, 3, 20});
+  tr_tensor *y = tr_module_forward(&ctx, bn, x);
+  tr_param_list list = {0};
+  tr_module_parameters(bn, true, &list, NULL);
+  tr_tensor *rm = list.items[2], *rv = list.items[3];
+  assert_true(fabs(tr_get(rm, 0) - 0.2) < 1e-6 && fabs(tr_get(rm, 1) - 1.5) < 1e-6);
+  /* unbiased batch variance: 2 and 50 */
+  assert_true(fabs(tr_get(rv, 0) - (0.9 + 0.1 * 2)) < 1e-6 && fabs(tr_get(rv, 1) - (0.9 + 5)) < 1e-5);
+  tr_module_train(bn, false);
+  tr_tensor *z = tr_module_forward(&ctx, bn, x);
+  assert_true(fabs(tr_get(rm, 0) - 0.2) < 1e-6); /* evaluation leaves them */
+  assert_true(fabs(tr_get(z, 0) - (1 - 0.2) / sqrt(1.1 + 1e-5)) < 1e-5);
+  tr_param_list_free(&list);
+  tr_free(z);
+  tr_free(y);
+  tr_free(x);
+  tr_module_free(bn);
+}
+
+/* ---------------------------------------------------------------- weights files */
+
+static tr_tensor *eval_output(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  tr_module_train(m, false);
+  bool prev = tr_set_grad_enabled(ctx, false);
+  tr_tensor *y = tr_module_forward(ctx, m, x);
+  tr_set_grad_enabled(ctx, prev);
+  assert_non_null(y);
+  return y;
+}
+
+static void save_then_load_restores_weights_and_running_statistics(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 6);
+  char *dir = test_tmpdir();
+  char *path = nas_asprintf("%s/w.nasw", dir);
+  tr_module *a = mlp(&ctx);
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, SHAPE(5, 4), 1.0);
+  tr_free(tr_module_forward(&ctx, a, x)); /* moves the running statistics */
+  nas_err err = {{0}};
+  assert_int_equal(tr_module_save(a, path, &err), NAS_OK);
+  tr_ctx other;
+  tr_ctx_init(&other, 7);
+  tr_module *b = mlp(&other);
+  tr_tensor *ya = eval_output(&ctx, a, x), *yb = eval_output(&ctx, b, x);
+  assert_true(fabs(tr_get(ya, 0) - tr_get(yb, 0)) > 1e-6);
+  tr_free(yb);
+  assert_int_equal(tr_module_load(b, path, &err), NAS_OK);
+  yb = eval_output(&ctx, b, x);
+  for (int64_t i = 0; i < ya->numel; i++) assert_true(tr_get(ya, i) == tr_get(yb, i));
+  tr_free(ya);
+  tr_free(yb);
+  tr_free(x);
+  tr_module_free(a);
+  tr_module_free(b);
+  test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
+static void corrupt_truncated_or_mismatched_weights_are_rejected(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 8);
+  char *dir = test_tmpdir();
+  char *path = nas_asprintf("%s/w.nasw", dir);
+  tr_module *a = mlp(&ctx);
+  nas_err err = {{0}};
+  assert_int_equal(tr_module_save(a, path, &err), NAS_OK);
+  char *data;
+  size_t len;
+  assert_int_equal(nas_read_file(path, &data, &len, &err), NAS_OK);
+  data[len / 2] ^= 0x10; /* one flipped bit in the middle of the weights */
+  assert_int_equal(nas_write_file_atomic(path, data, len, &err), NAS_OK);
+  assert_int_equal(tr_module_load(a, path, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "checksum"));
+  data[len / 2] ^= 0x10;
+  assert_int_equal(nas_write_file_atomic(path, data, len - 9, &err), NAS_OK);
+  assert_int_equal(tr_module_load(a, path, &err), NAS_ERR);
+  tr_module *wider = tr_sequential_new(&ctx);
+  tr_sequential_add(&ctx, wider, tr_linear_new(&ctx, 4, 9, true));
+  assert_int_equal(nas_write_file_atomic(path, data, len, &err), NAS_OK);
+  assert_int_equal(tr_module_load(wider, path, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "tensors"));
+  free(data);
+  tr_module_free(wider);
+  tr_module_free(a);
+  test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
+/* ---------------------------------------------------------------- flat buffers */
+
+static void flattened_parameters_live_in_one_buffer_and_still_train(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 9);
+  tr_module *m = mlp(&ctx);
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, SHAPE(6, 4), 1.0);
+  tr_tensor *before = eval_output(&ctx, m, x);
+  tr_module_train(m, true);
+  tr_tensor *flat, *gflat;
+  assert_int_equal(tr_module_flatten(&ctx, m, &flat, &gflat), NAS_OK);
+  tr_param_list list = {0};
+  tr_module_parameters(m, false, &list, NULL);
+  int64_t total = 0;
+  for (size_t i = 0; i < list.n; i++) {
+    assert_ptr_equal(list.items[i]->storage, flat->storage);
+    assert_ptr_equal(list.items[i]->grad->storage, gflat->storage);
+    total += list.items[i]->numel;
+  }
+  assert_int_equal(flat->numel, total);
+  tr_tensor *after = eval_output(&ctx, m, x); /* same function after the move */
+  for (int64_t i = 0; i < before->numel; i++) assert_true(tr_get(before, i) == tr_get(after, i));
+  tr_module_train(m, true);
+  tr_tensor *y = tr_module_forward(&ctx, m, x);
+  tr_tensor *loss = tr_cross_entropy(&ctx, y, (int32_t[]){0, 1, 2, 0, 1, 2});
+  assert_int_equal(tr_backward(&ctx, loss, NULL, false), NAS_OK);
+  double gsum = 0;
+  for (int64_t i = 0; i < gflat->numel; i++) gsum += fabs(tr_get(gflat, i));
+  assert_true(gsum > 0); /* the gradients arrived in the flat buffer */
+  tr_optim *opt = tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.1}, list.items, list.n);
+  double p0 = tr_get(flat, 0);
+  assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
+  assert_true(tr_get(flat, 0) != p0);
+  tr_optim_free(opt);
+  tr_param_list_free(&list);
+  tr_free(loss);
+  tr_free(y);
+  tr_free(after);
+  tr_free(before);
+  tr_free(x);
+  tr_free(flat);
+  tr_free(gflat);
+  tr_module_free(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(sgd_steps_match_hand_computed_values),
+      cmocka_unit_test(adam_and_adamw_steps_match_hand_computed_values),
+      cmocka_unit_test(lr_schedules_warm_up_then_decay),
+      cmocka_unit_test(clip_grad_norm_scales_all_grads_jointly),
+      cmocka_unit_test(sequential_names_parameters_like_torch),
+      cmocka_unit_test(cnn_forward_gives_logits_per_example),
+      cmocka_unit_test(batchnorm_moves_running_statistics_only_in_training),
+      cmocka_unit_test(save_then_load_restores_weights_and_running_statistics),
+      cmocka_unit_test(corrupt_truncated_or_mismatched_weights_are_rejected),
+      cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

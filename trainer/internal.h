@@ -1,0 +1,162 @@
+/* trainer internals shared by the engine's files: the autograd node, saved variables, and
+ * tensor helpers that ops use. Not part of the public API (trainer.h). */
+#ifndef NAS_TRAINER_INTERNAL_H
+#define NAS_TRAINER_INTERNAL_H
+
+#include "trainer/trainer.h"
+
+/* ---------------------------------------------------------------- autograd graph */
+
+/* Where a gradient goes: input number input_nr of node fn (NULL: nowhere, the input does
+ * not need grad). Every node here has one output, so input_nr is always 0 for now. */
+typedef struct {
+  tr_node *fn;
+  int input_nr;
+} tr_edge;
+
+/* A tensor kept for backward, with the storage version it had when saved. */
+typedef struct {
+  tr_tensor *t; /* owned detached alias (no grad_fn: saving never makes a cycle) */
+  uint64_t version;
+} tr_saved;
+
+/* What an op's backward node does. apply gets the gradient of the node's output and writes
+ * one owned gradient per next edge into grad_in (left NULL where the edge's fn is NULL). */
+typedef struct {
+  const char *name;
+  int (*apply)(tr_ctx *ctx, tr_node *node, tr_tensor *grad_out, tr_tensor **grad_in);
+} tr_node_ops;
+
+/* Shape and dtype of an op input, recorded when the node is made. */
+typedef struct {
+  int ndim;
+  int64_t shape[TR_MAX_DIMS];
+} tr_meta;
+
+#define TR_MAX_SAVED 6
+#define TR_MAX_META 3
+
+struct tr_node {
+  int refs;                     /* output tensors and next_edges of later nodes */
+  const tr_node_ops *ops;
+  int n_next;
+  tr_edge *next_edges;          /* owned array; each fn an owned reference */
+  tr_saved saved[TR_MAX_SAVED];
+  int n_saved;
+  bool released;                /* saved variables freed by a backward without retain */
+  tr_meta in_meta[TR_MAX_META]; /* shapes of the first inputs */
+  int64_t ia[8];                /* op attributes (axes, stride, ...) */
+  double fa[4];                 /* op attributes (scale, eps, ...) */
+  void *aux;                    /* owned op buffer (dropout mask, pool argmax, ...) */
+  tr_tensor *variable;          /* AccumulateGrad: the leaf (owned) */
+  /* engine scratch, valid during one tr_backward */
+  uint64_t mark;
+  int deps;
+  tr_tensor *grad_buf;
+};
+
+/* Whether an op on these inputs must record a node (grad mode on and an input needs grad). */
+bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs);
+/* When ag_needs_grad, makes the node with edges to the inputs' nodes, makes out point at it
+ * and returns it in *node (borrowed: out holds it); else *node = NULL. */
+int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs,
+              tr_tensor *out, tr_node **node);
+/* Saves t (its data and current version) in node; NULL node is a no-op. */
+int ag_save(tr_ctx *ctx, tr_node *node, tr_tensor *t);
+/* The i-th saved tensor (borrowed), or NULL with an error when it was modified in place
+ * since it was saved or freed by an earlier backward. */
+tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, int i);
+void ag_node_unref(tr_node *node);
+/* Whether edge i of node wants a gradient. */
+static inline bool ag_wants(const tr_node *node, int i) { return node->next_edges[i].fn != NULL; }
+
+/* ---------------------------------------------------------------- memory */
+
+/* Block size the allocator hands out for nbytes. */
+size_t tn_alloc_size(size_t nbytes);
+/* A 64-byte aligned block of size (from tn_alloc_size) from a, or from malloc when a is
+ * NULL; tn_dealloc gives it back the same way. */
+void *tn_alloc(tr_allocator *a, size_t size);
+void tn_dealloc(tr_allocator *a, void *ptr, size_t size);
+tr_allocator *tn_allocator_retain(tr_allocator *a);
+/* Drops a reference to s; the last one frees its memory. */
+void tn_storage_unref(tr_storage *s);
+
+/* ---------------------------------------------------------------- tensor helpers */
+
+/* xoshiro256** step on an explicit state (ctx->rng, or a loader's own). */
+uint64_t tr_rng_next(uint64_t s[4]);
+/* Seeds a xoshiro256** state from one number (splitmix64). */
+void tr_rng_seed(uint64_t s[4], uint64_t seed);
+/* node->aux, or NULL with an error when a backward without retain_graph freed it. */
+void *ag_aux(tr_ctx *ctx, tr_node *node);
+
+/* Returns NULL after writing the message into ctx->err. */
+tr_tensor *tr_fail(tr_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* New tensor header over t's storage with t's layout and no history. */
+tr_tensor *tn_alias(tr_ctx *ctx, const tr_tensor *t);
+/* t itself (retained) when contiguous, else a contiguous copy; no history either way. */
+tr_tensor *tn_contig(tr_ctx *ctx, const tr_tensor *t);
+tr_tensor *tn_empty_like(tr_ctx *ctx, const tr_tensor *t);
+tr_tensor *tn_empty_meta(tr_ctx *ctx, tr_dtype dtype, const tr_meta *m);
+tr_tensor *tn_zeros_meta(tr_ctx *ctx, tr_dtype dtype, const tr_meta *m);
+/* Sets strides of a contiguous layout for shape; returns numel. */
+int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
+/* Copies src (any strides) into contiguous dst of the same dtype and numel. */
+void tn_copy_to_contig(const tr_tensor *src, void *dst);
+/* Normalises a possibly negative dim; -1 when out of range. */
+int tn_dim(int ndim, int dim);
+/* Sizes around dim of a contiguous shape: outer * n * inner = numel. */
+void tn_split_at(const tr_tensor *t, int dim, int64_t *outer, int64_t *n, int64_t *inner);
+/* Checks that all tensors share dtype (op names the caller in errors). */
+int tn_check_dtypes(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts);
+tr_meta tn_meta(const tr_tensor *t);
+/* Reshape as a view of a contiguous tensor (no history). */
+tr_tensor *tn_view(tr_ctx *ctx, const tr_tensor *t, int ndim, const int64_t *shape);
+
+/* Fills t with value and bumps its version, with no grad-mode check (internal writes). */
+void tn_fill(tr_tensor *t, double value);
+
+/* t *= s for a contiguous t (no version bump: for buffers the caller just made). */
+void tn_scale_contig(tr_tensor *t, double s);
+/* y[0..n) += alpha * x[0..n) on contiguous data of dtype (BLAS axpy). */
+void tn_axpy(tr_dtype dtype, int64_t n, double alpha, const void *x, void *y);
+
+/* Writes the i-th element in logical order (any strides); no version bump. */
+void tn_set(tr_tensor *t, int64_t i, double v);
+/* Sum of squares of all elements, accumulated in double. */
+double tn_sumsq(const tr_tensor *t);
+
+/* Adds src into dst->grad-style accumulator: *acc = *acc + g (steals g when *acc is NULL). */
+int tn_accumulate(tr_ctx *ctx, tr_tensor **acc, tr_tensor *g);
+
+/* Broadcasting sum back to a shape (the backward of broadcasting): g reduced over the axes
+ * where m has size 1 or is missing. Returns an owned contiguous tensor shaped like m. */
+tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m);
+
+/* Kernels are written once over a type T and suffix S() in kern_*.h files, each included
+ * twice (float → _f32, double → _f64); they take void pointers so that one call site serves
+ * both. TR_DISPATCH calls the one for dtype. */
+#define TR_DISPATCH(dtype, fn, ...)      \
+  do {                                    \
+    if ((dtype) == TR_F32) fn##_f32(__VA_ARGS__); \
+    else fn##_f64(__VA_ARGS__);           \
+  } while (0)
+
+/* Hot kernels are compiled for AVX-512 and AVX2 besides the baseline, and the loader picks
+ * the best the CPU has (GCC function multi-versioning), since the build uses no -march. */
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TR_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define TR_KERNEL
+#endif
+
+/* Below this many elements a loop runs on one thread: forking costs more than it saves. */
+#define TR_PAR_MIN 32768
+
+/* C = alpha * op(A) op(B) + beta * C on row-major contiguous data of t's dtype. */
+void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+             void *c, int64_t ldc);
+
+#endif

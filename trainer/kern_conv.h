@@ -1,0 +1,195 @@
+/* Convolution and pooling kernels over type T (included twice by ops_conv.c, which also
+ * defines TDT, the matching tr_dtype, for GEMM).
+ *
+ * Geometry g: x (N, C, H, W), kernel KH x KW, stride, padding, output OH x OW (P = OH*OW).
+ * Convolution runs image by image: im2col lays one image out as col (C*KH*KW, P), row
+ * (c, kh, kw) and column (oh, ow) holding x[c, oh*stride - pad + kh, ow*stride - pad + kw]
+ * (0 outside), and one GEMM with the weights (O, C*KH*KW) gives that image's output. One
+ * image's columns stay in cache between im2col and GEMM, where a whole batch's would not;
+ * images spread over threads, each with its own scratch. col2im is im2col's adjoint. */
+
+/* The output columns [lo, hi) whose input column ow*stride - pad + kw is inside the image. */
+static inline void S(valid_cols)(const conv_geom *g, int64_t kw, int64_t *lo, int64_t *hi) {
+  int64_t first = g->pad - kw, last = g->w - 1 + g->pad - kw;
+  *lo = first <= 0 ? 0 : (first + g->stride - 1) / g->stride;
+  *hi = last < 0 ? 0 : last / g->stride + 1;
+  if (*hi > g->ow) *hi = g->ow;
+  if (*lo > *hi) *lo = *hi;
+}
+
+static inline void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
+  int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw;
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw, lo, hi;
+    S(valid_cols)(g, kw, &lo, &hi);
+    const T *plane = x + c * g->h * g->w;
+    for (int64_t oh = 0; oh < g->oh; oh++) {
+      int64_t ih = oh * g->stride - g->pad + kh;
+      T *d = col + row * p + oh * g->ow;
+      if (ih < 0 || ih >= g->h) {
+        memset(d, 0, sizeof(T) * (size_t)g->ow);
+        continue;
+      }
+      const T *src = plane + ih * g->w + kw - g->pad;
+      for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0;
+      if (g->stride == 1) memcpy(d + lo, src + lo, sizeof(T) * (size_t)(hi - lo));
+      else
+        for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow * g->stride];
+      for (int64_t ow = hi; ow < g->ow; ow++) d[ow] = 0;
+    }
+  }
+}
+
+static inline void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
+  int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw;
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw, lo, hi;
+    S(valid_cols)(g, kw, &lo, &hi);
+    T *plane = dx + c * g->h * g->w;
+    for (int64_t oh = 0; oh < g->oh; oh++) {
+      int64_t ih = oh * g->stride - g->pad + kh;
+      if (ih < 0 || ih >= g->h) continue;
+      const T *s = col + row * p + oh * g->ow;
+      T *dst = plane + ih * g->w + kw - g->pad;
+      for (int64_t ow = lo; ow < hi; ow++) dst[ow * g->stride] += s[ow];
+    }
+  }
+}
+
+/* y (N, O, P) = W (O, C*KH*KW) @ im2col(x_n) + b, image by image on nt threads; scratch
+ * holds nt column buffers of C*KH*KW*P. */
+TR_KERNEL static void S(conv_fwd)(const void *xv, const void *wv, const void *bv, void *yv,
+                                  const conv_geom *g, int64_t o, void *scratchv, int nt) {
+  const T *x = xv, *w = wv, *b = bv;
+  T *y = yv, *scratch = scratchv;
+  int64_t p = g->oh * g->ow, ckk = g->c * g->kh * g->kw;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    T *col = scratch + (int64_t)omp_get_thread_num() * ckk * p;
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g->n; n++) {
+      S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
+      T *yn = y + n * o * p;
+      for (int64_t oc = 0; b && oc < o; oc++)
+        for (int64_t j = 0; j < p; j++) yn[oc * p + j] = b[oc];
+      tn_gemm(TDT, false, false, o, p, ckk, 1.0, w, ckk, col, p, b ? 1.0 : 0.0, yn, p);
+    }
+  }
+}
+
+/* Gradients of conv_fwd from dy (N, O, P): dw (O, C*KH*KW) and dx (N, C, H, W, zeroed) when
+ * not NULL; db is done apart (conv_bias_grad). scratch per thread: a column buffer, a dcol
+ * buffer, and (threads past the first) a partial dw, summed into dw at the end. */
+TR_KERNEL static void S(conv_bwd)(const void *xv, const void *wv, const void *dyv, void *dxv,
+                                  void *dwv, const conv_geom *g, int64_t o, void *scratchv,
+                                  int nt) {
+  const T *x = xv, *w = wv, *dy = dyv;
+  T *dx = dxv, *dw = dwv, *scratch = scratchv;
+  int64_t p = g->oh * g->ow, ckk = g->c * g->kh * g->kw, per = 2 * ckk * p + o * ckk;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+  {
+    int tid = omp_get_thread_num();
+    T *col = scratch + tid * per, *dcol = col + ckk * p, *dwp = tid == 0 ? dw : dcol + ckk * p;
+    if (dwp) memset(dwp, 0, sizeof(T) * (size_t)(o * ckk));
+#pragma omp for schedule(static)
+    for (int64_t n = 0; n < g->n; n++) {
+      const T *dyn = dy + n * o * p;
+      if (dw) {
+        S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
+        tn_gemm(TDT, false, true, o, ckk, p, 1.0, dyn, p, col, p, 1.0, dwp, ckk);
+      }
+      if (dx) {
+        tn_gemm(TDT, true, false, ckk, p, o, 1.0, w, ckk, dyn, p, 0.0, dcol, p);
+        S(col2im_image)(dcol, dx + n * g->c * g->h * g->w, g);
+      }
+    }
+  }
+  for (int t = 1; dw && t < nt; t++) {
+    const T *part = scratch + t * per + 2 * ckk * p;
+    for (int64_t i = 0; i < o * ckk; i++) dw[i] += part[i];
+  }
+}
+
+/* db[o] = sum of dy (N, O, P) over n and p. */
+TR_KERNEL static void S(conv_bias_grad)(const void *dyv, void *dbv, int64_t n, int64_t o,
+                                        int64_t p) {
+  const T *dy = dyv;
+  T *db = dbv;
+  for (int64_t oc = 0; oc < o; oc++) {
+    T acc = 0;
+    for (int64_t i = 0; i < n; i++) {
+      const T *src = dy + (i * o + oc) * p;
+#pragma omp simd reduction(+ : acc)
+      for (int64_t j = 0; j < p; j++) acc += src[j];
+    }
+    db[oc] = acc;
+  }
+}
+
+/* Pooling over k x k windows with stride s (no padding) on planes of x (N*C, H, W).
+ * max: y = window max, argmax[i] = its index in the plane; avg: y = window mean. */
+/* One output of a max pool: the window's largest value and its index in the plane. */
+static inline T S(window_max)(const T *src, const conv_geom *g, int64_t oh, int64_t ow,
+                              int32_t *arg) {
+  int64_t best = (oh * g->stride) * g->w + ow * g->stride;
+  T acc = src[best];
+  for (int64_t kh = 0; kh < g->kh; kh++)
+    for (int64_t kw = 0; kw < g->kw; kw++) {
+      int64_t idx = (oh * g->stride + kh) * g->w + ow * g->stride + kw;
+      if (src[idx] > acc) {
+        acc = src[idx];
+        best = idx;
+      }
+    }
+  *arg = (int32_t)best;
+  return acc;
+}
+
+static inline T S(window_mean)(const T *src, const conv_geom *g, int64_t oh, int64_t ow) {
+  T acc = 0;
+  for (int64_t kh = 0; kh < g->kh; kh++)
+    for (int64_t kw = 0; kw < g->kw; kw++) acc += src[(oh * g->stride + kh) * g->w + ow * g->stride + kw];
+  return acc / (T)(g->kh * g->kw);
+}
+
+TR_KERNEL static void S(pool_fwd)(const void *xv, void *yv, int32_t *argmax, const conv_geom *g,
+                                  bool is_max) {
+  const T *x = xv;
+  T *y = yv;
+  int64_t planes = g->n * g->c, per = g->oh * g->ow;
+#pragma omp parallel for if (planes * per * g->kh * g->kw > TR_PAR_MIN)
+  for (int64_t pl = 0; pl < planes; pl++) {
+    const T *src = x + pl * g->h * g->w;
+    T *out = y + pl * per;
+    for (int64_t oh = 0; oh < g->oh; oh++)
+      for (int64_t ow = 0; ow < g->ow; ow++) {
+        int64_t o = oh * g->ow + ow;
+        if (is_max) out[o] = S(window_max)(src, g, oh, ow, argmax + pl * per + o);
+        else out[o] = S(window_mean)(src, g, oh, ow);
+      }
+  }
+}
+
+/* dx (zeroed) gets dy routed back: to the argmax (max) or spread evenly (avg). */
+TR_KERNEL static void S(pool_bwd)(const void *dyv, void *dxv, const int32_t *argmax, const conv_geom *g,
+                        bool is_max) {
+  const T *dy = dyv;
+  T *dx = dxv;
+  int64_t planes = g->n * g->c;
+  T inv = 1 / (T)(g->kh * g->kw);
+#pragma omp parallel for if (planes * g->oh * g->ow > TR_PAR_MIN)
+  for (int64_t pl = 0; pl < planes; pl++) {
+    T *dst = dx + pl * g->h * g->w;
+    for (int64_t oh = 0; oh < g->oh; oh++)
+      for (int64_t ow = 0; ow < g->ow; ow++) {
+        int64_t o = (pl * g->oh + oh) * g->ow + ow;
+        if (is_max) {
+          dst[argmax[o]] += dy[o];
+          continue;
+        }
+        for (int64_t kh = 0; kh < g->kh; kh++)
+          for (int64_t kw = 0; kw < g->kw; kw++)
+            dst[(oh * g->stride + kh) * g->w + ow * g->stride + kw] += dy[o] * inv;
+      }
+  }
+}

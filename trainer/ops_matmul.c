@@ -1,0 +1,198 @@
+/* ops_matmul: matrix multiply and the linear layer on OpenBLAS GEMM, forward beside
+ * backward.
+ *
+ * Operands go to BLAS without copying when they are contiguous or a transposed contiguous
+ * matrix (the transpose becomes a GEMM flag); anything else is copied first.
+ *   matmul: C (M,N) = A (M,K) B (K,N);  dA = dC B^T,  dB = A^T dC.
+ *   linear: y (R,out) = x (R,in) W^T + b; dx = dy W, dW = dy^T x, db = column sums of dy. */
+#include <cblas.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/internal.h"
+
+void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+             double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
+             void *c, int64_t ldc) {
+  enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
+  enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
+  if (dtype == TR_F32)
+    cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, (float)alpha, a,
+                (blasint)lda, b, (blasint)ldb, (float)beta, c, (blasint)ldc);
+  else
+    cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, alpha, a,
+                (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+}
+
+/* A 2-D matrix as BLAS sees it: data, whether it is stored transposed, leading dim. */
+typedef struct {
+  tr_tensor *owner; /* owned: t itself (retained) or a contiguous copy */
+  bool trans;
+  int64_t ld;
+} gemm_operand;
+
+static int operand_of(tr_ctx *ctx, tr_tensor *t, gemm_operand *op) {
+  int64_t rows = t->shape[0], cols = t->shape[1];
+  if (t->strides[1] == 1 && (t->strides[0] == cols || rows == 1)) {
+    *op = (gemm_operand){tr_retain(t), false, cols};
+  } else if (t->strides[0] == 1 && (t->strides[1] == rows || cols == 1)) {
+    *op = (gemm_operand){tr_retain(t), true, rows};
+  } else {
+    *op = (gemm_operand){tn_contig(ctx, t), false, cols};
+    if (!op->owner) return NAS_ERR;
+  }
+  if (op->ld < 1) op->ld = 1;
+  return NAS_OK;
+}
+
+/* C = op(A) op(B) for 2-D tensors, op() adding the transposes asked for; C is new. */
+static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb) {
+  gemm_operand oa, ob;
+  if (operand_of(ctx, a, &oa)) return NULL;
+  if (operand_of(ctx, b, &ob)) {
+    tr_free(oa.owner);
+    return NULL;
+  }
+  int64_t m = ta ? a->shape[1] : a->shape[0], k = ta ? a->shape[0] : a->shape[1];
+  int64_t n = tb ? b->shape[0] : b->shape[1];
+  int64_t shape[2] = {m, n};
+  tr_tensor *c = tr_empty(ctx, a->dtype, 2, shape);
+  if (c && m && n) {
+    if (k == 0) memset(tr_data(c), 0, c->storage->nbytes);
+    else
+      tn_gemm(a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
+              tr_data(ob.owner), ob.ld, 0.0, tr_data(c), n);
+  }
+  tr_free(oa.owner);
+  tr_free(ob.owner);
+  return c;
+}
+
+/* ---------------------------------------------------------------- matmul */
+
+static int matmul_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  tr_tensor *a = ag_saved(ctx, node, 0), *b = a ? ag_saved(ctx, node, 1) : NULL;
+  if (!b) return NAS_ERR;
+  if (ag_wants(node, 0) && !(gi[0] = gemm_new(ctx, g, false, b, true))) return NAS_ERR;
+  if (ag_wants(node, 1) && !(gi[1] = gemm_new(ctx, a, true, g, false))) return NAS_ERR;
+  return NAS_OK;
+}
+static const tr_node_ops matmul_ops = {"MmBackward", matmul_backward};
+
+tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
+  tr_tensor *in[2] = {a, b};
+  if (tn_check_dtypes(ctx, "matmul", 2, in)) return NULL;
+  if (a->ndim != 2 || b->ndim != 2 || a->shape[1] != b->shape[0])
+    return tr_fail(ctx, "matmul: shapes (%lld, %lld) @ (%lld, %lld) do not fit",
+                   (long long)a->shape[0], (long long)(a->ndim > 1 ? a->shape[1] : 0),
+                   (long long)b->shape[0], (long long)(b->ndim > 1 ? b->shape[1] : 0));
+  tr_tensor *c = gemm_new(ctx, a, false, b, false);
+  if (!c) return NULL;
+  tr_node *node;
+  int rc = ag_record(ctx, &matmul_ops, 2, in, c, &node);
+  if (rc == NAS_OK) rc = ag_save(ctx, node, a) || ag_save(ctx, node, b);
+  if (rc) {
+    tr_free(c);
+    return NULL;
+  }
+  return c;
+}
+
+/* ---------------------------------------------------------------- linear */
+
+/* x (..., in) seen as (rows, in), without copying when contiguous. */
+static tr_tensor *as_rows(tr_ctx *ctx, const tr_tensor *x) {
+  int64_t shape[2] = {x->numel / x->shape[x->ndim - 1], x->shape[x->ndim - 1]};
+  tr_tensor *c = tn_contig(ctx, x);
+  tr_tensor *v = c ? tn_view(ctx, c, 2, shape) : NULL;
+  tr_free(c);
+  return v;
+}
+
+/* db[j] = sum_r dy[r, j]. */
+static void bias_grad(const tr_tensor *dy, tr_tensor *db) {
+  int64_t rows = dy->shape[0], cols = dy->shape[1];
+  memset(tr_data(db), 0, (size_t)cols * tr_dtype_size(dy->dtype));
+  size_t row_bytes = (size_t)cols * tr_dtype_size(dy->dtype);
+  for (int64_t r = 0; r < rows; r++)
+    tn_axpy(dy->dtype, cols, 1.0, (const char *)tr_data(dy) + (size_t)r * row_bytes, tr_data(db));
+}
+
+static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  tr_tensor *x = ag_saved(ctx, node, 0), *w = x ? ag_saved(ctx, node, 1) : NULL;
+  tr_tensor *dy = w ? as_rows(ctx, g) : NULL;
+  if (!dy) return NAS_ERR;
+  int rc = NAS_OK;
+  if (ag_wants(node, 0)) {
+    tr_tensor *dx = gemm_new(ctx, dy, false, w, false);
+    gi[0] = dx ? tn_view(ctx, dx, node->in_meta[0].ndim, node->in_meta[0].shape) : NULL;
+    tr_free(dx);
+    if (!gi[0]) rc = NAS_ERR;
+  }
+  if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = gemm_new(ctx, dy, true, x, false)))
+    rc = NAS_ERR;
+  if (rc == NAS_OK && ag_wants(node, 2)) {
+    gi[2] = tn_empty_meta(ctx, g->dtype, &node->in_meta[2]);
+    if (gi[2]) bias_grad(dy, gi[2]);
+    else rc = NAS_ERR;
+  }
+  tr_free(dy);
+  return rc;
+}
+static const tr_node_ops linear_ops = {"LinearBackward", linear_backward};
+
+/* y = x W^T (+ b): the bias is copied into every row first, then GEMM adds onto it. */
+static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_tensor *b) {
+  int64_t rows = x2->shape[0], out_f = w->shape[0];
+  int64_t shape[2] = {rows, out_f};
+  tr_tensor *y = tr_empty(ctx, x2->dtype, 2, shape);
+  if (!y) return NULL;
+  size_t row_bytes = (size_t)out_f * tr_dtype_size(x2->dtype);
+  tr_tensor *bc = b ? tn_contig(ctx, b) : NULL;
+  if (b && !bc) {
+    tr_free(y);
+    return NULL;
+  }
+  for (int64_t r = 0; bc && r < rows; r++)
+    memcpy((char *)tr_data(y) + (size_t)r * row_bytes, tr_data(bc), row_bytes);
+  tr_free(bc);
+  gemm_operand ow;
+  if (operand_of(ctx, w, &ow)) {
+    tr_free(y);
+    return NULL;
+  }
+  if (rows && out_f)
+    tn_gemm(x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2),
+            x2->shape[1], tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
+  tr_free(ow.owner);
+  return y;
+}
+
+tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
+  tr_tensor *in[3] = {x, w, b};
+  if (tn_check_dtypes(ctx, "linear", b ? 3 : 2, in)) return NULL;
+  if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1] ||
+      (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
+    return tr_fail(ctx, "linear: input features %lld, weight (%lld, %lld), bias %lld",
+                   (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), (long long)w->shape[0],
+                   (long long)(w->ndim > 1 ? w->shape[1] : 0),
+                   (long long)(b ? b->shape[0] : -1));
+  tr_tensor *x2 = as_rows(ctx, x);
+  tr_tensor *y2 = x2 ? linear_forward(ctx, x2, w, b) : NULL;
+  tr_tensor *y = NULL;
+  if (y2) {
+    tr_meta m = tn_meta(x);
+    m.shape[m.ndim - 1] = w->shape[0];
+    y = tn_view(ctx, y2, m.ndim, m.shape);
+  }
+  tr_free(y2);
+  tr_node *node;
+  int rc = y ? ag_record(ctx, &linear_ops, 3, in, y, &node) : NAS_ERR;
+  if (rc == NAS_OK) rc = ag_save(ctx, node, x2) || ag_save(ctx, node, w);
+  tr_free(x2);
+  if (rc) {
+    tr_free(y);
+    return NULL;
+  }
+  return y;
+}

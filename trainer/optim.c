@@ -1,0 +1,154 @@
+/* optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW; learning-rate schedules;
+ * gradient clipping by global norm.
+ *
+ * The optimiser retains its parameters and keeps one state tensor per parameter and slot
+ * (momentum buffer; Adam's first and second moments), made on the first step that sees a
+ * gradient. Updates write the parameters in place and bump their version, so a graph that
+ * saved a parameter before the step cannot silently run backward after it. */
+#include <stdlib.h>
+#include <string.h>
+#include <tgmath.h>
+
+#include "trainer/internal.h"
+
+#define T float
+#define S(name) name##_f32
+#include "trainer/kern_optim.h"
+#undef T
+#undef S
+#define T double
+#define S(name) name##_f64
+#include "trainer/kern_optim.h"
+#undef T
+#undef S
+
+struct tr_optim {
+  tr_optim_config cfg;
+  tr_tensor **params; /* owned references */
+  tr_tensor **state;  /* 2 per parameter (momentum | m, v); owned, NULL until first used */
+  size_t n;
+  int64_t steps;      /* steps taken, for Adam's bias correction */
+};
+
+tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
+                       size_t n) {
+  if (cfg->lr < 0 || cfg->momentum < 0 || cfg->weight_decay < 0 || (cfg->nesterov && cfg->momentum <= 0)) {
+    tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g%s", cfg->lr, cfg->momentum,
+            cfg->weight_decay, cfg->nesterov ? " (Nesterov needs momentum > 0)" : "");
+    return NULL;
+  }
+  tr_optim *opt = calloc(1, sizeof *opt);
+  tr_tensor **ps = calloc(n ? n : 1, sizeof *ps), **st = calloc(2 * (n ? n : 1), sizeof *st);
+  if (!opt || !ps || !st) {
+    free(opt);
+    free(ps);
+    free(st);
+    tr_fail(ctx, "optim: out of memory");
+    return NULL;
+  }
+  opt->cfg = *cfg;
+  if (opt->cfg.beta1 == 0) opt->cfg.beta1 = 0.9;
+  if (opt->cfg.beta2 == 0) opt->cfg.beta2 = 0.999;
+  if (opt->cfg.eps == 0) opt->cfg.eps = 1e-8;
+  for (size_t i = 0; i < n; i++) ps[i] = tr_retain(params[i]);
+  opt->params = ps;
+  opt->state = st;
+  opt->n = n;
+  return opt;
+}
+
+void tr_optim_free(tr_optim *opt) {
+  if (!opt) return;
+  for (size_t i = 0; i < opt->n; i++) {
+    tr_free(opt->params[i]);
+    tr_free(opt->state[2 * i]);
+    tr_free(opt->state[2 * i + 1]);
+  }
+  free(opt->params);
+  free(opt->state);
+  free(opt);
+}
+
+void tr_optim_set_lr(tr_optim *opt, double lr) { opt->cfg.lr = lr; }
+
+void tr_optim_zero_grad(tr_optim *opt) {
+  for (size_t i = 0; i < opt->n; i++) {
+    tr_tensor *p = opt->params[i];
+    if (p->grad && p->grad->refs == 1 && p->grad->storage->refs == 1) {
+      /* a private grad is dropped: backward then hands over its own buffer, no zeroing
+       * and no adding (torch's set_to_none) */
+      tr_free(p->grad);
+      p->grad = NULL;
+    } else {
+      tr_zero_grad(p);
+    }
+  }
+}
+
+/* State slot k of parameter i, zeroed on creation. */
+static tr_tensor *state_of(tr_ctx *ctx, tr_optim *opt, size_t i, int k) {
+  tr_tensor **slot = &opt->state[2 * i + (size_t)k];
+  if (!*slot) *slot = tr_zeros(ctx, opt->params[i]->dtype, opt->params[i]->ndim, opt->params[i]->shape);
+  return *slot;
+}
+
+static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double bc2) {
+  const tr_optim_config *c = &opt->cfg;
+  tr_tensor *p = opt->params[i], *g = p->grad;
+  if (!tr_is_contiguous(p) || !tr_is_contiguous(g) || g->dtype != p->dtype || g->numel != p->numel)
+    return nas_errf(&ctx->err, "optim: parameter %zu and its grad must be contiguous and alike", i);
+  if (c->kind == TR_SGD) {
+    tr_tensor *buf = c->momentum > 0 ? state_of(ctx, opt, i, 0) : NULL;
+    if (c->momentum > 0 && !buf) return NAS_ERR;
+    TR_DISPATCH(p->dtype, sgd_update, tr_data(p), tr_data(g), buf ? tr_data(buf) : NULL, p->numel,
+                c->lr, c->momentum, c->weight_decay, c->nesterov);
+  } else {
+    tr_tensor *m = state_of(ctx, opt, i, 0), *v = m ? state_of(ctx, opt, i, 1) : NULL;
+    if (!v) return NAS_ERR;
+    TR_DISPATCH(p->dtype, adam_update, tr_data(p), tr_data(g), tr_data(m), tr_data(v), p->numel,
+                c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, c->kind == TR_ADAMW, bc1, bc2);
+  }
+  p->storage->version++;
+  return NAS_OK;
+}
+
+int tr_optim_step(tr_ctx *ctx, tr_optim *opt) {
+  opt->steps++;
+  double bc1 = 1 - pow(opt->cfg.beta1, (double)opt->steps);
+  double bc2 = 1 - pow(opt->cfg.beta2, (double)opt->steps);
+  for (size_t i = 0; i < opt->n; i++)
+    if (opt->params[i]->grad && step_param(ctx, opt, i, bc1, bc2)) return NAS_ERR;
+  return NAS_OK;
+}
+
+double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
+  if (s->warmup > 0 && step < s->warmup) return s->base_lr * (double)(step + 1) / (double)s->warmup;
+  int64_t t = step - (s->warmup > 0 ? s->warmup : 0);
+  switch (s->kind) {
+  case TR_LR_STEP:
+    return s->step_size > 0 ? s->base_lr * pow(s->gamma, (double)(t / s->step_size)) : s->base_lr;
+  case TR_LR_COSINE:
+    if (s->total <= 0 || t >= s->total) return s->min_lr;
+    return s->min_lr + (s->base_lr - s->min_lr) * 0.5 * (1 + cos(M_PI * (double)t / (double)s->total));
+  case TR_LR_CONSTANT: break;
+  }
+  return s->base_lr;
+}
+
+double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
+  double sq = 0;
+  for (size_t i = 0; i < n; i++)
+    if (params[i]->grad) sq += tn_sumsq(params[i]->grad);
+  double norm = sqrt(sq);
+  if (norm > max_norm && norm > 0) {
+    double scale = max_norm / (norm + 1e-6); /* torch's epsilon: the result stays just below */
+    for (size_t i = 0; i < n; i++) {
+      tr_tensor *g = params[i]->grad;
+      if (!g) continue;
+      if (tr_is_contiguous(g)) tn_scale_contig(g, scale);
+      else for (int64_t j = 0; j < g->numel; j++) tn_set(g, j, tr_get(g, j) * scale);
+      g->storage->version++;
+    }
+  }
+  return norm;
+}

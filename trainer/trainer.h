@@ -1,0 +1,365 @@
+/* trainer: the embedded training engine (CPU now; the device field leaves room for CUDA).
+ *
+ * Layers, each built on the one before (docs/engine.md tells the design):
+ *   tensor    float32/float64 data with shape and strides over a reference-counted storage
+ *             that carries a version counter; views share the storage.
+ *   autograd  define-by-run: an op whose inputs need grad creates a backward node (tr_node)
+ *             with next_edges to its inputs' nodes (leaves get an AccumulateGrad node);
+ *             tr_backward runs the nodes in dependency order and frees the graph's buffers.
+ *   ops       forward + backward per op (elementwise, reduce, matmul, conv, norm, loss, shape).
+ *   nn        modules (Linear, Conv2d, norms, activations, Sequential), init, save/load.
+ *   optim     SGD (momentum, Nesterov, weight decay), Adam, AdamW, LR schedules, clipping.
+ *   data      IDX (gzip ok) and CSV loaders, split, normalisation, seeded shuffled batches.
+ *
+ * Conventions:
+ * - All mutable engine state (grad mode, random generator, last error) lives in a tr_ctx the
+ *   caller owns; there is no global state. One ctx per thread.
+ * - Ops take borrowed inputs and return an owned new reference, or NULL with ctx->err set.
+ *   tr_retain adds a reference, tr_free drops one; a tensor goes with its last reference.
+ * - Ops compute in the dtype of their inputs (all inputs must share it); float64 exists so
+ *   gradient checks by central differences are exact enough to mean something.
+ * - Functions that return int return 0 (NAS_OK) or a negative NAS_E* code with a message. */
+#ifndef NAS_TRAINER_H
+#define NAS_TRAINER_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/common.h"
+
+/* ---------------------------------------------------------------- context */
+
+/* Where tensor memory comes from: a cache of freed blocks by size, so that a training
+ * step's buffers are reused instead of coming back from the kernel as fresh pages, and
+ * byte counts (in use, peak) for memory accounting. Reference counted: every storage made
+ * from it holds a reference, so releasing the creator's reference is safe at any time. */
+typedef struct tr_allocator tr_allocator;
+typedef struct {
+  size_t in_use, peak, cached; /* bytes */
+} tr_alloc_stats;
+
+/* Keeps at most cache_limit bytes of freed blocks; NULL when out of memory. */
+tr_allocator *tr_allocator_new(size_t cache_limit);
+void tr_allocator_release(tr_allocator *a);
+void tr_allocator_stats(tr_allocator *a, tr_alloc_stats *out);
+/* Frees the cached blocks (not the ones in use). */
+void tr_allocator_trim(tr_allocator *a);
+
+/* Everything the engine would otherwise keep in globals. */
+typedef struct tr_ctx {
+  bool grad_enabled;  /* false: ops build no graph at all (inference, evaluation) */
+  tr_allocator *alloc; /* borrowed; NULL: plain malloc. Training loops should set one: it
+                          is worth ~30% of a CNN step (bench/bench_engine.c shows how). */
+  uint64_t rng[4];    /* xoshiro256** state: dropout masks, init, shuffles */
+  uint64_t epoch;     /* increments once per backward; marks the nodes a pass visited */
+  nas_err err;        /* the message of the last failed call */
+} tr_ctx;
+
+/* Grad mode on, generator seeded from seed (same seed, same numbers). */
+void tr_ctx_init(tr_ctx *ctx, uint64_t seed);
+/* Sets grad mode; returns the previous one so a caller can restore it. */
+bool tr_set_grad_enabled(tr_ctx *ctx, bool enabled);
+uint64_t tr_rand_u64(tr_ctx *ctx);
+/* Uniform in [0, 1). */
+double tr_rand_uniform(tr_ctx *ctx);
+/* Standard normal (Box-Muller). */
+double tr_rand_normal(tr_ctx *ctx);
+
+/* ---------------------------------------------------------------- tensor */
+
+#define TR_MAX_DIMS 6
+
+
+typedef enum { TR_F32 = 0, TR_F64 = 1 } tr_dtype;
+typedef enum { TR_CPU = 0, TR_CUDA = 1 } tr_device_kind;
+typedef struct {
+  tr_device_kind kind;
+  int index; /* which device of that kind; 0 on CPU */
+} tr_device;
+
+/* The memory a tensor and all its views look into. */
+typedef struct tr_storage {
+  int refs;          /* tensors (and views) holding it */
+  void *data;        /* owned: nbytes of it (alloc_size reserved) */
+  size_t nbytes;
+  size_t alloc_size; /* the block's size in its allocator */
+  tr_allocator *alloc; /* owned reference, or NULL (malloc) */
+  uint64_t version;  /* bumped by every in-place write; saved tensors check it */
+  tr_device device;
+} tr_storage;
+
+typedef struct tr_node tr_node;
+
+typedef struct tr_tensor {
+  int refs;
+  tr_storage *storage;               /* owned reference */
+  int64_t offset;                    /* in elements from storage->data */
+  tr_dtype dtype;
+  int ndim;
+  int64_t shape[TR_MAX_DIMS];
+  int64_t strides[TR_MAX_DIMS];      /* in elements */
+  int64_t numel;
+  bool requires_grad;
+  struct tr_tensor *grad;            /* owned; same shape; filled by backward on leaves */
+  tr_node *grad_fn;                  /* owned reference; NULL on leaves */
+} tr_tensor;
+
+/* New tensors (contiguous, on the CPU). shape has ndim entries; ndim 0 is a scalar. */
+tr_tensor *tr_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape);
+tr_tensor *tr_zeros(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape);
+tr_tensor *tr_full(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, double value);
+/* Copies numel values of dtype from data. */
+tr_tensor *tr_from_data(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape,
+                        const void *data);
+/* Normal(0, std) or Uniform[lo, hi) entries from ctx's generator. */
+tr_tensor *tr_randn(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, double std);
+tr_tensor *tr_rand(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, double lo,
+                   double hi);
+
+tr_tensor *tr_retain(tr_tensor *t);
+/* Drops one reference; NULL is fine. */
+void tr_free(tr_tensor *t);
+
+size_t tr_dtype_size(tr_dtype dtype);
+bool tr_is_contiguous(const tr_tensor *t);
+/* Pointer to the element at offset 0 (views: their first element). */
+void *tr_data(const tr_tensor *t);
+float *tr_f32(const tr_tensor *t);
+double *tr_f64(const tr_tensor *t);
+/* The i-th element in row-major logical order, whatever the strides, as a double. */
+double tr_get(const tr_tensor *t, int64_t i);
+/* Value of a one-element tensor. */
+double tr_item(const tr_tensor *t);
+bool tr_same_shape(const tr_tensor *a, const tr_tensor *b);
+
+void tr_set_requires_grad(tr_tensor *t, bool requires_grad);
+/* A new tensor on the same storage with no history (shares the version counter). */
+tr_tensor *tr_detach(tr_ctx *ctx, tr_tensor *t);
+/* A contiguous copy converted to dtype, with no history. */
+tr_tensor *tr_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype);
+
+/* In-place writes: each bumps the storage's version. A leaf that requires grad may only be
+ * written with grad mode off (what optimisers do). */
+int tr_fill_(tr_ctx *ctx, tr_tensor *t, double value);
+/* dst += alpha * src (same shape). */
+int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha);
+int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s);
+/* dst = src (same shape, any strides). */
+int tr_copy_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src);
+
+/* ---------------------------------------------------------------- autograd */
+
+/* Runs backward from root. grad NULL means 1 (root must then have one element). Gradients
+ * accumulate into the .grad of the leaves that require grad. Unless retain_graph, the
+ * graph's saved tensors are freed and a second backward through it is an error. */
+int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph);
+/* Sets t->grad to zeros when it exists (keeps the buffer: it may be a flat-buffer view). */
+void tr_zero_grad(tr_tensor *t);
+/* Name of the op that made t ("MulBackward"), or NULL on a leaf. */
+const char *tr_grad_fn_name(const tr_tensor *t);
+
+/* ---------------------------------------------------------------- ops */
+/* Shape: views share storage; reshape copies only when it must. */
+tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape);
+tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1);
+/* The view t[..., start:start+length, ...] along dim. */
+tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length);
+tr_tensor *tr_contiguous(tr_ctx *ctx, tr_tensor *t);
+tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim);
+/* weight (V, D), ids n indices in [0, V) → (n, D). */
+tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids);
+
+/* Elementwise; binary ops broadcast numpy-style. */
+tr_tensor *tr_add(tr_ctx *ctx, tr_tensor *a, tr_tensor *b);
+tr_tensor *tr_sub(tr_ctx *ctx, tr_tensor *a, tr_tensor *b);
+tr_tensor *tr_mul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b);
+tr_tensor *tr_div(tr_ctx *ctx, tr_tensor *a, tr_tensor *b);
+tr_tensor *tr_scale(tr_ctx *ctx, tr_tensor *a, double s);
+tr_tensor *tr_relu(tr_ctx *ctx, tr_tensor *a);
+/* tanh approximation, as GPT-2 and torch's approximate="tanh". */
+tr_tensor *tr_gelu(tr_ctx *ctx, tr_tensor *a);
+tr_tensor *tr_tanh(tr_ctx *ctx, tr_tensor *a);
+tr_tensor *tr_sigmoid(tr_ctx *ctx, tr_tensor *a);
+tr_tensor *tr_exp(tr_ctx *ctx, tr_tensor *a);
+tr_tensor *tr_log(tr_ctx *ctx, tr_tensor *a);
+/* Inverted dropout: zeroes with probability p and scales the rest by 1/(1-p) when training;
+ * the identity otherwise. */
+tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training);
+
+/* Reductions over the listed axes (negative counts from the end; naxes 0 means all). */
+tr_tensor *tr_sum(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim);
+tr_tensor *tr_mean(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim);
+tr_tensor *tr_softmax(tr_ctx *ctx, tr_tensor *a, int dim);
+tr_tensor *tr_log_softmax(tr_ctx *ctx, tr_tensor *a, int dim);
+
+/* a (M, K) @ b (K, N) → (M, N). */
+tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b);
+/* x (..., in) @ w (out, in)^T + b (out) → (..., out); b may be NULL. */
+tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b);
+
+/* Mean over rows of -log softmax(logits)[label]; logits (N, C), labels N values in [0, C). */
+tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels);
+tr_tensor *tr_mse_loss(tr_ctx *ctx, tr_tensor *pred, tr_tensor *target);
+
+/* Normalises over the last dim; w and b (D) may be NULL. */
+tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps);
+/* x (N, C) or (N, C, H, W), per channel. Training: batch statistics, and running_mean/var
+ * (C, may be NULL) move by momentum (torch's convention, unbiased variance). Evaluation:
+ * the running statistics. */
+tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
+                         tr_tensor *running_mean, tr_tensor *running_var, bool training,
+                         double momentum, double eps);
+
+/* x (N, C, H, W), w (O, C, KH, KW), b (O) or NULL → (N, O, OH, OW). */
+tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
+                     int padding);
+tr_tensor *tr_max_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
+tr_tensor *tr_avg_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
+
+/* ---------------------------------------------------------------- nn */
+
+typedef enum {
+  TR_LINEAR, TR_CONV2D, TR_BATCHNORM, TR_LAYERNORM, TR_RELU, TR_GELU, TR_TANH, TR_SIGMOID,
+  TR_DROPOUT, TR_MAXPOOL2D, TR_AVGPOOL2D, TR_FLATTEN, TR_SEQUENTIAL
+} tr_module_kind;
+
+typedef struct tr_module tr_module;
+
+/* Parameters (or buffers) with their state-dict names ("0.weight"); borrowed tensors. */
+typedef struct {
+  tr_tensor **items;
+  char **names; /* owned strings */
+  size_t n, cap;
+} tr_param_list;
+void tr_param_list_free(tr_param_list *list);
+
+/* Constructors: weights get Kaiming-uniform (a = sqrt 5) init as torch's defaults do. */
+tr_module *tr_linear_new(tr_ctx *ctx, int64_t in, int64_t out, bool bias);
+tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel, int stride,
+                         int padding, bool bias);
+tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features);
+tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features);
+/* Parameterless modules; p is dropout's probability, k the pool's kernel (and stride). */
+tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind);
+tr_module *tr_dropout_new(tr_ctx *ctx, double p);
+tr_module *tr_pool_new(tr_ctx *ctx, tr_module_kind kind, int kernel);
+tr_module *tr_sequential_new(tr_ctx *ctx);
+/* Appends child (ownership moves to seq). */
+int tr_sequential_add(tr_ctx *ctx, tr_module *seq, tr_module *child);
+void tr_module_free(tr_module *m);
+
+tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x);
+/* Training mode (dropout, batch norm statistics) for m and its children. */
+void tr_module_train(tr_module *m, bool training);
+/* Appends m's parameters (and, with buffers, its running statistics) to list. */
+int tr_module_parameters(tr_module *m, bool buffers, tr_param_list *list, nas_err *err);
+int64_t tr_module_param_count(tr_module *m);
+
+/* Re-initialises weights: Kaiming-normal (fan_in, ReLU gain) or Xavier-uniform; biases 0. */
+typedef enum { TR_INIT_KAIMING, TR_INIT_XAVIER } tr_init_kind;
+int tr_module_init(tr_ctx *ctx, tr_module *m, tr_init_kind kind);
+
+/* Moves every parameter of m into one flat storage (and its grads into another), so each
+ * parameter is a view at an offset: the unit that sharding later splits. *params and
+ * *grads (may be NULL) get owned 1-D views of the whole buffers. */
+int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor **grads);
+
+/* Weights file (docs/engine.md): "NASW", version, then per tensor its name, dtype, shape and
+ * little-endian data, then a CRC-32 of everything before. Load checks the checksum and that
+ * names and shapes match m's parameters and buffers. */
+int tr_module_save(tr_module *m, const char *path, nas_err *err);
+int tr_module_load(tr_module *m, const char *path, nas_err *err);
+
+/* ---------------------------------------------------------------- optim */
+
+typedef enum { TR_SGD, TR_ADAM, TR_ADAMW } tr_optim_kind;
+
+typedef struct {
+  tr_optim_kind kind;
+  double lr;
+  double momentum;     /* SGD */
+  bool nesterov;       /* SGD, needs momentum > 0 */
+  double weight_decay; /* SGD and Adam: added to the gradient; AdamW: decoupled */
+  double beta1, beta2, eps; /* Adam, AdamW (0 means the defaults 0.9, 0.999, 1e-8) */
+} tr_optim_config;
+
+typedef struct tr_optim tr_optim;
+
+/* params are borrowed (retained by the optimiser). */
+tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
+                       size_t n);
+void tr_optim_free(tr_optim *opt);
+/* One update from the parameters' current .grad (parameters without grad are skipped). */
+int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
+/* Clears the parameters' gradients: a grad of its own is dropped (set to none, so the next
+ * backward writes a fresh one without a zeroing pass), one in a shared (flat) buffer is
+ * zeroed in place. */
+void tr_optim_zero_grad(tr_optim *opt);
+void tr_optim_set_lr(tr_optim *opt, double lr);
+
+/* Learning rate at a step: linear warm-up from 0 over warmup steps, then the schedule. */
+typedef enum { TR_LR_CONSTANT, TR_LR_STEP, TR_LR_COSINE } tr_lr_kind;
+typedef struct {
+  tr_lr_kind kind;
+  double base_lr;
+  int64_t warmup;     /* steps of linear warm-up (0: none) */
+  int64_t step_size;  /* TR_LR_STEP: multiply by gamma every step_size steps */
+  double gamma;
+  int64_t total;      /* TR_LR_COSINE: steps from the end of warm-up to min_lr */
+  double min_lr;
+} tr_lr_schedule;
+double tr_lr_at(const tr_lr_schedule *s, int64_t step);
+
+/* Scales all grads so their joint L2 norm is at most max_norm; returns the norm before. */
+double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm);
+
+/* ---------------------------------------------------------------- data */
+
+/* Examples as float32 features (n, ...sample shape) with int32 labels. */
+typedef struct {
+  tr_tensor *x;     /* owned */
+  int32_t *y;       /* owned, n labels */
+  int64_t n;
+  int32_t nclasses; /* 1 + largest label */
+} tr_dataset;
+
+void tr_dataset_free(tr_dataset *ds);
+/* IDX images (n, rows, cols as floats 0..255) and labels; gzip-compressed or plain. */
+int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out,
+                nas_err *err);
+/* CSV of numbers, one example a line, the label in column label_col (-1: last); gzip ok.
+ * A first line that does not parse as numbers is taken as a header and skipped. */
+int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out, nas_err *err);
+/* Shuffles with seed and moves the first round(n * val_fraction) examples to val. Both
+ * outputs are new datasets; src is left as it was. */
+int tr_dataset_split(tr_ctx *ctx, const tr_dataset *src, double val_fraction, uint64_t seed,
+                     tr_dataset *train, tr_dataset *val, nas_err *err);
+/* Per-feature mean and std of ds (std floored at 1e-6 so constant pixels stay finite); then
+ * x = (x - mean) / std in place. Call fit on training data, apply to both. */
+typedef struct {
+  float *mean, *std; /* owned, one per feature */
+  int64_t nfeat;
+} tr_normalizer;
+int tr_normalizer_fit(const tr_dataset *ds, tr_normalizer *out, nas_err *err);
+int tr_normalizer_apply(const tr_normalizer *nz, tr_dataset *ds, nas_err *err);
+void tr_normalizer_free(tr_normalizer *nz);
+
+/* Batches over a dataset (borrowed), reshuffled each epoch by its own seeded generator. */
+typedef struct {
+  const tr_dataset *ds;
+  int64_t batch;
+  bool shuffle;
+  int64_t *order; /* owned permutation */
+  int64_t pos;
+  uint64_t rng[4];
+} tr_loader;
+int tr_loader_init(tr_loader *ld, const tr_dataset *ds, int64_t batch, bool shuffle,
+                   uint64_t seed, nas_err *err);
+void tr_loader_free(tr_loader *ld);
+/* Next batch: *x (owned, (b, ...)) and *y (owned, b labels); returns the batch size b, 0
+ * at the end of an epoch (after which the next call starts a new, reshuffled one), or
+ * NAS_ERR with ctx->err set. */
+int64_t tr_loader_next(tr_ctx *ctx, tr_loader *ld, tr_tensor **x, int32_t **y);
+
+#endif
