@@ -5,7 +5,9 @@ BUILD   ?= build
 BIN     ?= bin
 PKGS    := gsl nlopt sqlite3 libpq yaml-0.1 jansson
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$(shell pg_config --includedir 2>/dev/null)
+# Project flags stay separate so that `make CFLAGS=…` (as `asan` does) only changes
+# optimisation and instrumentation.
+NAS_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$(shell pg_config --includedir 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null | sed 's/-lgslcblas//') -lopenblas -lz -lm -lpthread -fopenmp
 
 MODULES := common spec storage runners metrics optimizer scheduler trainer
@@ -19,15 +21,19 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps test asan demo bench clean
+.PHONY: all deps deps-test test asan demo bench clean
 all: $(BIN)/nas $(EX_BIN)
 
 deps:
 	@scripts/deps.sh
 
+# The suite also starts a throwaway PostgreSQL and a single-node Slurm cluster of its own.
+deps-test:
+	@scripts/deps.sh postgres slurm
+
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	$(CC) $(CFLAGS) $(NAS_CFLAGS) -MMD -MP -c $< -o $@
 
 $(BUILD)/libnas.a: $(LIB_OBJ)
 	@rm -f $@
@@ -35,23 +41,23 @@ $(BUILD)/libnas.a: $(LIB_OBJ)
 
 $(BIN)/nas: $(CLI_OBJ) $(BUILD)/libnas.a
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(BIN)/%: examples/%.c
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -o $@ $< -lm
+	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< -lm
 
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libnas.a tests/testutil.h
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS) -lcmocka
 
 $(BUILD)/bench/%: bench/%.c $(BUILD)/libnas.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS)
+	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS)
 
 # The whole suite: unit binaries, then end-to-end runs of bin/nas. NAS_BIN tells the
 # e2e tests which binary to run; tests/run.sh prints one closing "N passed, N failed" line.
-test: deps
+test: deps deps-test
 	@$(MAKE) --no-print-directory all $(TEST_BIN)
 	@NAS_BIN=$(abspath $(BIN)/nas) NAS_EXAMPLES_BIN=$(abspath $(BIN)) tests/run.sh $(TEST_BIN)
 

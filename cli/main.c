@@ -1,4 +1,5 @@
 /* cli/main.c: `nas COMMAND …` dispatch, --help and --version. */
+#include <gsl/gsl_errno.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -32,6 +33,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* GSL aborts the process on errors by default; every GSL call here checks its result. */
+  gsl_set_error_handler_off();
   if (argc < 2) {
     usage(stderr);
     return EXIT_USAGE;

@@ -9,10 +9,10 @@
  *  3. otherwise fits one GP per objective (minimisation convention) and per constraint
  *     (its slack, ≤ 0 when feasible) on the observations that report it, then picks the
  *     n suggestions one after the other (sequential greedy), each maximising an
- *     acquisition that treats the pending trials and the earlier picks as pending:
- *     LogEI over GPs conditioned on fantasies at them (1 objective), qLogNEHVI with them
- *     in the sampled baseline (2–4 objectives), qLogNParEGO with a random Chebyshev
- *     weighting per pick (more);
+ *     acquisition that treats the pending trials and the earlier picks as pending, i.e.
+ *     samples their outcomes jointly with the candidate's: qLogNEHVI for 1–4 objectives
+ *     (for one, noisy EI; analytic LogEI when nothing is pending), qLogNParEGO with a
+ *     random Chebyshev weighting per pick beyond;
  *  4. never returns an observed, pending or already suggested assignment (taken.h).
  * Everything random comes from streams of (spec.seed, trial number), so the same spec,
  * observations, pending trials and first_number give the same suggestions. */
@@ -226,6 +226,20 @@ static void set_ideal(const bo_data *d, bo_models *md) {
   }
 }
 
+/* The reference point from the thresholds, else inferred from the observations that have
+ * every objective (reference_point, as `nas pareto` computes it). */
+static int set_reference(const bo_data *d, const spec *s, bo_models *md, nas_err *err) {
+  double *complete = malloc((d->n * d->m + 1) * sizeof *complete);
+  if (!complete) return nas_errf(err, "optimizer gp: out of memory");
+  size_t k = 0;
+  for (size_t i = 0; i < d->n; i++)
+    if (row_finite(d->Y + i * d->m, d->m))
+      memcpy(complete + k++ * d->m, d->Y + i * d->m, d->m * sizeof *complete);
+  reference_point(s, complete, k, md->ref);
+  free(complete);
+  return NAS_OK;
+}
+
 static int fit_models(const gp_state *st, const bo_data *d, int number, bo_models *md,
                       nas_err *err) {
   const spec *s = space_spec(st->sp);
@@ -249,17 +263,9 @@ static int fit_models(const gp_state *st, const bo_data *d, int number, bo_model
     else if (md->con[md->c]) md->c++;
   }
   gsl_rng_free(rng);
-  if (rc != NAS_OK) return rc;
-  double *complete = malloc((d->n * d->m + 1) * sizeof *complete);
-  if (!complete) return nas_errf(err, "optimizer gp: out of memory");
-  size_t k = 0;
-  for (size_t i = 0; i < d->n; i++)
-    if (row_finite(d->Y + i * d->m, d->m))
-      memcpy(complete + k++ * d->m, d->Y + i * d->m, d->m * sizeof *complete);
-  reference_point(s, complete, k, md->ref);
-  free(complete);
-  set_ideal(d, md);
-  return NAS_OK;
+  if (rc == NAS_OK) rc = set_reference(d, s, md, err);
+  if (rc == NAS_OK) set_ideal(d, md);
+  return rc;
 }
 
 /* ---- one pick -------------------------------------------------------------------------- */
@@ -270,69 +276,24 @@ typedef struct {
   void *ctx;
   logei *ei;
   mc_acq *mc;
-  gp **models;  /* LogEI: objective then constraints, as the acquisition reads them */
-  gp **fantasy; /* LogEI: the models conditioned on the pending points (owned) */
-  size_t n_fantasy;
 } bo_acq;
 
 static void acq_clear(bo_acq *a) {
   logei_free(a->ei);
   mc_acq_free(a->mc);
-  for (size_t k = 0; a->fantasy && k < a->n_fantasy; k++) gp_free(a->fantasy[k]);
-  free(a->fantasy);
-  free(a->models);
 }
 
-/* g conditioned on its own posterior mean at the np rows of P (kriging believer). */
-static int believe(const gp *g, const double *P, size_t np, gp **out, nas_err *err) {
-  double *mean = malloc((np + 1) * sizeof *mean), *work = malloc(gp_work_len(g) * sizeof *work);
-  int rc = mean && work ? NAS_OK : nas_errf(err, "optimizer gp: out of memory");
-  for (size_t i = 0; rc == NAS_OK && i < np; i++) {
-    gp_prediction p = {0};
-    gp_predict(g, P + i * gp_dim(g), NULL, &p, work);
-    mean[i] = gp_shift(g) + gp_scale(g) * p.mean;
-  }
-  if (rc == NAS_OK) rc = gp_condition(g, P, mean, np, out, err);
-  free(mean);
-  free(work);
-  return rc;
-}
-
-/* Rows of the observations with some objective value, then the pending points. */
-static double *incumbent_points(const bo_data *d, size_t *n) {
-  double *X = malloc(((d->n + d->np) * d->dim + 1) * sizeof *X);
-  if (!X) return NULL;
+/* Analytic LogEI (one objective, nothing pending), the incumbent taken among the
+ * observations that report the objective. */
+static int make_logei(const bo_data *d, const bo_models *md, bo_acq *a, nas_err *err) {
+  double *X = malloc((d->n * d->dim + 1) * sizeof *X);
+  if (!X) return nas_errf(err, "optimizer gp: out of memory");
   size_t k = 0;
   for (size_t i = 0; i < d->n; i++)
-    if (isfinite(d->Y[i * d->m])) memcpy(X + k++ * d->dim, d->X + i * d->dim, d->dim * sizeof *X);
-  memcpy(X + k * d->dim, d->P, d->np * d->dim * sizeof *X);
-  *n = k + d->np;
-  return X;
-}
-
-/* LogEI over the models conditioned on fantasies at the pending points (the models
- * themselves when nothing is pending). */
-static int make_logei(const bo_data *d, const bo_models *md, bo_acq *a, nas_err *err) {
-  size_t K = 1 + md->c;
-  gp **models = a->models = malloc(K * sizeof *models);
-  if (!models) return nas_errf(err, "optimizer gp: out of memory");
-  models[0] = md->obj[0];
-  for (size_t k = 1; k < K; k++) models[k] = md->con[k - 1];
-  int rc = NAS_OK;
-  if (d->np > 0) {
-    a->fantasy = calloc(K, sizeof *a->fantasy);
-    if (!a->fantasy) return nas_errf(err, "optimizer gp: out of memory");
-    for (size_t k = 0; rc == NAS_OK && k < K; k++) {
-      rc = believe(models[k], d->P, d->np, &a->fantasy[k], err);
-      if (rc == NAS_OK) models[k] = a->fantasy[a->n_fantasy++];
-    }
-  }
-  size_t n_inc = 0;
-  double *Xinc = rc == NAS_OK ? incumbent_points(d, &n_inc) : NULL;
-  if (rc == NAS_OK && !Xinc) rc = nas_errf(err, "optimizer gp: out of memory");
-  acq_models m = {.n_obj = 1, .n_con = md->c, .obj = models, .con = models + 1};
-  if (rc == NAS_OK) rc = logei_create(&m, Xinc, n_inc, &a->ei, err);
-  free(Xinc);
+    if (isfinite(d->Y[i])) memcpy(X + k++ * d->dim, d->X + i * d->dim, d->dim * sizeof *X);
+  acq_models m = {.n_obj = 1, .n_con = md->c, .obj = md->obj, .con = md->con};
+  int rc = logei_create(&m, X, k, &a->ei, err);
+  free(X);
   a->f = logei_eval;
   a->ctx = a->ei;
   return rc;
@@ -421,7 +382,12 @@ static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int n
                 taken_set *taken, double *x, nas_err *err) {
   const spec *s = space_spec(st->sp);
   bo_acq a = {0};
-  int rc = md->m == 1 ? make_logei(d, md, &a, err) : make_mc(st, d, md, number, &a, err);
+  /* One objective with pending points goes through the MC path too: its one-objective
+   * hypervolume improvement is the improvement over the best of each joint sample, i.e.
+   * noisy EI that integrates over the pending outcomes (fantasising them at their
+   * posterior mean instead let single-objective batches cluster on one spot). */
+  int rc = md->m == 1 && d->np == 0 ? make_logei(d, md, &a, err)
+                                    : make_mc(st, d, md, number, &a, err);
   size_t n_centres = 0;
   double *centres = rc == NAS_OK ? front_centres(d, &n_centres) : NULL;
   if (rc == NAS_OK && !centres) rc = nas_errf(err, "optimizer gp: out of memory");
@@ -475,7 +441,8 @@ static int gp_suggest(void *state, const observation *obs, size_t n_obs,
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     int number = first_number + (int)i;
     double *x = d.P + d.np * d.dim;
-    bool bo = n_obs + n_pending + i >= initial_design_size(st) && complete_rows(&d) >= 2;
+    bool bo = n_obs + n_pending + i >= initial_design_size(st) && complete_rows(&d) >= 2 &&
+              d.dim > 0; /* nothing to model in a space of fixed parameters only */
     if (bo && !fitted) rc = fit_models(st, &d, first_number, &md, err);
     fitted = fitted || bo;
     if (rc == NAS_OK) rc = bo ? pick(st, &d, &md, number, taken, x, err)

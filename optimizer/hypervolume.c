@@ -57,9 +57,9 @@ enum { rank_set_max_levels = 12 }; /* 64^11 > 2^64 */
 typedef struct {
   size_t levels;
   size_t n_words[rank_set_max_levels];
-  uint64_t *words[rank_set_max_levels];  /* level 0: one bit per rank; level l+1: one bit
-                                            per non-zero word of level l */
-  uint64_t *block;                       /* owns all the words */
+  uint64_t *words[rank_set_max_levels]; /* level 0: one bit per rank; level l+1: one bit
+                                           per non-zero word of level l */
+  uint64_t *block;                      /* owns all the words */
 } rank_set;
 
 static int rank_set_init(rank_set *s, size_t n) {
@@ -106,8 +106,8 @@ static bool rank_set_next(const rank_set *s, size_t key, size_t *out) {
   size_t want = key + 1; /* at each level: the smallest index worth looking at */
   for (size_t l = 0; l < s->levels; l++, want = want / 64 + 1) {
     if (want / 64 >= s->n_words[l]) return false;
-    uint64_t bits = want % 64 ? s->words[l][want / 64] & (~UINT64_C(0) << (want % 64))
-                              : s->words[l][want / 64];
+    uint64_t bits =
+        want % 64 ? s->words[l][want / 64] & (~UINT64_C(0) << (want % 64)) : s->words[l][want / 64];
     if (bits) {
       *out = rank_set_descend(s, l, want / 64 * 64 + (size_t)__builtin_ctzll(bits), false);
       return true;

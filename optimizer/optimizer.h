@@ -71,7 +71,8 @@ void optimizer_free(optimizer *opt);
 /* Suggests n assignments (owned JSON objects written to out[0..n-1]) given completed
  * observations and the parameters of pending (queued or running) trials, which it must
  * not propose again. first_number is the trial number the first suggestion will get; it
- * seeds the randomness together with spec.seed. */
+ * seeds the randomness together with spec.seed. Returns NAS_ENOTFOUND when the space has
+ * no n assignments left that are neither observed nor pending (a finite space used up). */
 int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
                       const json_t *const *pending, size_t n_pending, size_t n,
                       int first_number, json_t **out, nas_err *err);
@@ -83,14 +84,17 @@ int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
 void objectives_to_min(const spec *s, const double *raw, double *out);
 /* on_front[i] = no other row dominates row i (rows with NaN are never on the front). */
 void pareto_mask(const double *Y, size_t n, size_t m, bool *on_front);
-/* Non-dominated sorting: rank[i] = 0 for the front, 1 for the front of the rest, … */
+/* Non-dominated sorting: rank[i] = 0 for the front, 1 for the front of the rest, …;
+ * -1 for rows with a NaN. */
 int pareto_ranks(const double *Y, size_t n, size_t m, int *rank, nas_err *err);
 /* Volume dominated by the rows of Y and bounded by ref (rows not strictly better than
- * ref in every objective add nothing). Exact: O(n log n) for m = 2 and 3, WFG beyond. */
+ * ref in every objective add nothing). Exact: O(n log n) for m = 2 and 3, WFG beyond.
+ * NaN only when out of memory. */
 double hypervolume(const double *Y, size_t n, size_t m, const double *ref);
 /* Reference point (minimisation convention) for an experiment: the objectives'
  * thresholds where given, else inferred from the observed values (the nadir of the
- * front pushed out by 10% of the observed range). */
+ * front pushed out by 10% of the observed range). Rows with a NaN or an infinity are
+ * ignored; with none left, the inferred coordinates are NaN. */
 void reference_point(const spec *s, const double *Y, size_t n, double *ref);
 
 #endif

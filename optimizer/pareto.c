@@ -44,12 +44,12 @@ void pareto_mask(const double *Y, size_t n, size_t m, bool *mask) {
 
 typedef struct {
   size_t n, words_per_row;
-  uint64_t *bits;    /* bits[i·words_per_row …]: rows that row i dominates */
+  uint64_t *bits; /* bits[i·words_per_row …]: rows that row i dominates */
   size_t *n_dominators;
 } dominance;
 
-static int dominance_build(const double *Y, size_t n, size_t m, const bool *valid,
-                           dominance *d, nas_err *err) {
+static int dominance_build(const double *Y, size_t n, size_t m, const bool *valid, dominance *d,
+                           nas_err *err) {
   d->n = n;
   d->words_per_row = (n + 63) / 64;
   if (n && d->words_per_row > SIZE_MAX / sizeof(uint64_t) / n)
@@ -166,7 +166,9 @@ void reference_point(const spec *s, const double *Y, size_t n, double *ref) {
   size_t m = s->n_objectives;
   for (size_t j = 0; j < m; j++) {
     const objective_spec *o = &s->objectives[j];
-    if (o->has_threshold) ref[j] = o->goal == GOAL_MAXIMIZE ? -o->threshold : o->threshold;
-    else ref[j] = inferred_reference(Y, n, m, j);
+    if (o->has_threshold)
+      ref[j] = o->goal == GOAL_MAXIMIZE ? -o->threshold : o->threshold;
+    else
+      ref[j] = inferred_reference(Y, n, m, j);
   }
 }

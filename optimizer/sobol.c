@@ -27,8 +27,7 @@ static int sobol_create(const space *sp, const json_t *options, void **state, na
 static void sobol_free(void *state) { free(state); }
 
 /* The design's points first .. first+n-1 as points of the cube (n×space_ndim, owned). */
-static int sobol_candidates(const space *sp, size_t first, size_t n, double **out,
-                            nas_err *err) {
+static int sobol_candidates(const space *sp, size_t first, size_t n, double **out, nas_err *err) {
   size_t n_u = space_uniform_dims(sp), dim = space_ndim(sp);
   double *u = malloc((n * n_u + 1) * sizeof *u);
   double *x = malloc((n * dim + 1) * sizeof *x);
@@ -45,8 +44,8 @@ static int sobol_candidates(const space *sp, size_t first, size_t n, double **ou
 }
 
 static int sobol_suggest(void *state, const observation *obs, size_t n_obs,
-                         const json_t *const *pending, size_t n_pending, size_t n,
-                         int first_number, json_t **out, nas_err *err) {
+                         const json_t *const *pending, size_t n_pending, size_t n, int first_number,
+                         json_t **out, nas_err *err) {
   const sobol_state *ss = state;
   double *candidates;
   if (sobol_candidates(ss->sp, (size_t)first_number, n, &candidates, err) < 0) return NAS_ERR;

@@ -31,27 +31,27 @@
 
 /* A float or int parameter's range in the cube. */
 typedef struct {
-  double low, high;    /* values at positions 0 and 1 (discrete: first and last level) */
-  bool log;            /* positions are linear in log(value) */
-  double t_low;        /* low on the position scale: log(low) or low */
-  double t_span;       /* high - low on the position scale; 0 for a single value */
-  size_t n_levels;     /* 0: continuous; else levels low + k·step, k < n_levels */
+  double low, high; /* values at positions 0 and 1 (discrete: first and last level) */
+  bool log;         /* positions are linear in log(value) */
+  double t_low;     /* low on the position scale: log(low) or low */
+  double t_span;    /* high - low on the position scale; 0 for a single value */
+  size_t n_levels;  /* 0: continuous; else levels low + k·step, k < n_levels */
   double step;
-  bool integer;        /* values are integers, written as JSON integers */
+  bool integer; /* values are integers, written as JSON integers */
 } axis;
 
 /* Where a parameter lives in the cube. */
 typedef struct {
-  size_t dim;          /* first dimension; SIZE_MAX for fixed parameters */
-  axis ax;             /* PARAM_FLOAT and PARAM_INT only */
+  size_t dim; /* first dimension; SIZE_MAX for fixed parameters */
+  axis ax;    /* PARAM_FLOAT and PARAM_INT only */
 } param_layout;
 
 struct space {
-  const spec *s;         /* borrowed */
-  space_dim *dims;       /* ndim entries */
+  const spec *s;   /* borrowed */
+  space_dim *dims; /* ndim entries */
   size_t ndim;
-  param_layout *layout;  /* s->n_params entries */
-  size_t n_uniform;      /* non-fixed parameters */
+  param_layout *layout; /* s->n_params entries */
+  size_t n_uniform;     /* non-fixed parameters */
 };
 
 static const double pinned_position = 0.5;
@@ -105,8 +105,10 @@ typedef struct {
 static void bisect_position(const axis *ax, double u, bracket *b) {
   while (b->above - b->below > 1) {
     uint64_t mid = b->below + (b->above - b->below) / 2;
-    if (axis_position(ax, key_value(mid)) >= u) b->above = mid;
-    else b->below = mid;
+    if (axis_position(ax, key_value(mid)) >= u)
+      b->above = mid;
+    else
+      b->below = mid;
   }
 }
 
@@ -150,8 +152,10 @@ static void position_class(const axis *ax, double w, double *first, double *last
   double ignored;
   *first = first_at_or_above(ax, w, &ignored);
   double next_w = nextafter(w, 2.0);
-  if (next_w < 1) first_at_or_above(ax, next_w, last);
-  else *last = key_value(order_key(ax->high) - 1); /* only high sits at 1 */
+  if (next_w < 1)
+    first_at_or_above(ax, next_w, last);
+  else
+    *last = key_value(order_key(ax->high) - 1); /* only high sits at 1 */
 }
 
 /* v to p significant decimal digits, read back. */
@@ -351,8 +355,7 @@ static int choice_index(const json_t *choices, const json_t *value) {
 
 static int encode_numeric(const param_spec *p, const axis *ax, const json_t *value, double *x,
                           nas_err *err) {
-  if (!json_is_number(value))
-    return nas_errf(err, "parameter '%s': expected a number", p->name);
+  if (!json_is_number(value)) return nas_errf(err, "parameter '%s': expected a number", p->name);
   double v = json_number_value(value);
   if (!(v >= p->low && v <= p->high))
     return nas_errf(err, "parameter '%s': %g is outside [%g, %g]", p->name, v, p->low, p->high);
@@ -362,13 +365,11 @@ static int encode_numeric(const param_spec *p, const axis *ax, const json_t *val
   return 0;
 }
 
-static int encode_categorical(const param_spec *p, const json_t *value, double *x,
-                              nas_err *err) {
+static int encode_categorical(const param_spec *p, const json_t *value, double *x, nas_err *err) {
   int c = choice_index(p->choices, value);
   if (c < 0) {
     char *text = json_dumps(value, JSON_ENCODE_ANY | JSON_COMPACT);
-    nas_errf(err, "parameter '%s': %s is not one of its choices", p->name,
-             text ? text : "value");
+    nas_errf(err, "parameter '%s': %s is not one of its choices", p->name, text ? text : "value");
     free(text);
     return NAS_ERR;
   }
@@ -378,8 +379,10 @@ static int encode_categorical(const param_spec *p, const json_t *value, double *
 }
 
 static void pin_inactive(const param_spec *p, double *x) {
-  if (p->kind == PARAM_CATEGORICAL) memset(x, 0, json_array_size(p->choices) * sizeof *x);
-  else *x = pinned_position;
+  if (p->kind == PARAM_CATEGORICAL)
+    memset(x, 0, json_array_size(p->choices) * sizeof *x);
+  else
+    *x = pinned_position;
 }
 
 static bool param_active(const spec *s, size_t i, const json_t *params) {
@@ -399,9 +402,8 @@ int space_encode(const space *sp, const json_t *params, double *x, nas_err *err)
     }
     const json_t *value = json_object_get(params, p->name);
     if (!value) return nas_errf(err, "parameter '%s' is missing", p->name);
-    int rc = p->kind == PARAM_CATEGORICAL
-                 ? encode_categorical(p, value, xi, err)
-                 : encode_numeric(p, &sp->layout[i].ax, value, xi, err);
+    int rc = p->kind == PARAM_CATEGORICAL ? encode_categorical(p, value, xi, err)
+                                          : encode_numeric(p, &sp->layout[i].ax, value, xi, err);
     if (rc < 0) return rc;
   }
   return 0;

@@ -22,9 +22,9 @@ enum {
 };
 
 struct taken_set {
-  const space *sp;  /* borrowed */
+  const space *sp; /* borrowed */
   size_t dim;
-  double *rows;     /* n×dim, sorted */
+  double *rows; /* n×dim, sorted */
   size_t n, cap;
 };
 
@@ -45,8 +45,10 @@ static size_t lower_bound(const taken_set *t, const double *x) {
   size_t lo = 0, hi = t->n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (compare_rows(t->rows + mid * t->dim, x, t->dim) < 0) lo = mid + 1;
-    else hi = mid;
+    if (compare_rows(t->rows + mid * t->dim, x, t->dim) < 0)
+      lo = mid + 1;
+    else
+      hi = mid;
   }
   return lo;
 }
@@ -88,8 +90,7 @@ static int append_assignment(taken_set *t, const json_t *params, nas_err *err) {
 }
 
 int taken_create(const space *sp, const observation *obs, size_t n_obs,
-                 const json_t *const *pending, size_t n_pending, taken_set **out,
-                 nas_err *err) {
+                 const json_t *const *pending, size_t n_pending, taken_set **out, nas_err *err) {
   *out = NULL;
   taken_set *t = calloc(1, sizeof *t);
   if (!t) return nas_errf(err, "optimizer: out of memory");
@@ -208,8 +209,9 @@ static int take_listed(taken_set *t, long seed, int number, double *x, nas_err *
   if (!radix) return nas_errf(err, "optimizer: out of memory");
   if (!finite_radices(t->sp, radix, &count)) {
     free(radix);
-    return nas_errf(err, "optimizer: found no assignment that is not observed or pending in "
-                         "%d random tries",
+    return nas_errc(err, NAS_ENOTFOUND,
+                    "optimizer: found no assignment that is not observed or pending in "
+                    "%d random tries",
                     random_attempts);
   }
   double *rows = malloc((count * t->dim + 1) * sizeof *rows);
@@ -217,8 +219,9 @@ static int take_listed(taken_set *t, long seed, int number, double *x, nas_err *
   int rc = rows ? list_free(t, radix, n_u, count, rows, &n_all, &n_free, err)
                 : nas_errf(err, "optimizer: out of memory");
   if (rc == 0 && n_free == 0)
-    rc = nas_errf(err, "optimizer: search space exhausted: all %zu of its assignments are "
-                       "observed or pending",
+    rc = nas_errc(err, NAS_ENOTFOUND,
+                  "optimizer: search space exhausted: all %zu of its assignments are "
+                  "observed or pending",
                   n_all);
   gsl_rng *rng = rc == 0 ? stream_rng(seed, number, random_attempts, err) : NULL;
   if (rc == 0 && !rng) rc = NAS_ERR;
@@ -235,8 +238,10 @@ static int take_listed(taken_set *t, long seed, int number, double *x, nas_err *
 int taken_fresh(taken_set *t, long seed, int number, const double *candidate, double *x,
                 nas_err *err) {
   for (unsigned attempt = 0; attempt < random_attempts; attempt++) {
-    if (attempt == 0 && candidate) memcpy(x, candidate, t->dim * sizeof *x);
-    else if (taken_random_point(t->sp, seed, number, attempt, x, err) < 0) return NAS_ERR;
+    if (attempt == 0 && candidate)
+      memmove(x, candidate, t->dim * sizeof *x);
+    else if (taken_random_point(t->sp, seed, number, attempt, x, err) < 0)
+      return NAS_ERR;
     if (space_snap(t->sp, x, err) < 0) return NAS_ERR;
     if (!taken_contains(t, x)) return taken_add(t, x, err);
   }

@@ -16,8 +16,7 @@ typedef struct taken_set taken_set;
 /* The set of observed and pending assignments. Ones that do not encode in sp (written for
  * an earlier version of the spec) are left out: no assignment of sp can equal them. */
 int taken_create(const space *sp, const observation *obs, size_t n_obs,
-                 const json_t *const *pending, size_t n_pending, taken_set **out,
-                 nas_err *err);
+                 const json_t *const *pending, size_t n_pending, taken_set **out, nas_err *err);
 void taken_free(taken_set *t);
 /* Whether the snapped point x (space_ndim values) is taken. */
 bool taken_contains(const taken_set *t, const double *x);
@@ -25,10 +24,10 @@ bool taken_contains(const taken_set *t, const double *x);
 int taken_add(taken_set *t, const double *x, nas_err *err);
 
 /* Finds a free assignment for trial `number` and takes it: x receives its snapped point.
- * Tries the candidate first (when not NULL; any point of the cube), then up to 100 random
- * points from the trial's streams (see taken_random_point); a finite space that still has
- * room then gets a uniform pick among its free assignments. Fails when the space is
- * exhausted, saying so. Deterministic in (seed, number, the taken set). */
+ * Tries the candidate first (when not NULL; any point of the cube; it may be x itself),
+ * then up to 100 random points from the trial's streams (see taken_random_point); a finite
+ * space that still has room then gets a uniform pick among its free assignments. Fails when the
+ * space is exhausted, saying so. Deterministic in (seed, number, the taken set). */
 int taken_fresh(taken_set *t, long seed, int number, const double *candidate, double *x,
                 nas_err *err);
 

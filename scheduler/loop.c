@@ -243,8 +243,15 @@ static int launch_new(sched *sc, nas_err *err) {
   size_t n = sc->n_queued ? 0 : launch_room(sc);
   if (n == 0) return NAS_OK;
   trial_row *rows;
-  if (suggest_trials(sc, n, &rows, err) != NAS_OK) return NAS_ERR;
-  int rc = NAS_OK;
+  int rc = suggest_trials(sc, n, &rows, err);
+  /* A finite space may have fewer fresh assignments than free slots: ask one by one. */
+  if (rc == NAS_ENOTFOUND && n > 1) rc = suggest_trials(sc, n = 1, &rows, err);
+  if (rc == NAS_ENOTFOUND) {
+    nas_log("%s: %s; ending the experiment once running trials finish", sc->exp->name, err->msg);
+    sc->draining = true;
+    return NAS_OK;
+  }
+  if (rc != NAS_OK) return NAS_ERR;
   for (size_t i = 0; i < n && rc == NAS_OK; i++) rc = sched_launch(sc, &rows[i], err);
   trial_rows_free(rows, n);
   return rc;

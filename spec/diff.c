@@ -46,8 +46,7 @@ static void write_number(FILE *out, double x) {
 }
 
 static void write_param(FILE *out, const spec *s, const param_spec *p) {
-  static const char *const kinds[] = {"float", "int", "categorical", "fixed"};
-  fprintf(out, "%s", kinds[p->kind]);
+  fputs(param_kind_name(p->kind), out);
   if (p->kind == PARAM_FLOAT || p->kind == PARAM_INT) {
     fputs(" [", out);
     write_number(out, p->low);

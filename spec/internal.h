@@ -106,6 +106,8 @@ int param_find(const param_spec *params, size_t n, const char *name, size_t len)
 /* The parameter name nearest to the len bytes at name, when it is a likely typo; else
  * NULL. Borrowed from s. */
 const char *param_nearest(const spec *s, const char *name, size_t len);
+/* The YAML name of a parameter kind ("float", "categorical"). */
+const char *param_kind_name(param_kind kind);
 /* Text of a condition's operator ("<=", "in"). */
 const char *cond_op_text(cond_op op);
 

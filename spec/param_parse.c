@@ -70,7 +70,7 @@ static int check_param_keys(const yaml_ctx *c, const yaml_node_t *map, const cha
     const char *text = node_scalar_text(key);
     if (in_list(text, any_kind_keys) && !in_list(text, keys))
       return node_errf(c, key, "%s: '%s' does not apply to a %s parameter", what, text,
-                       kind_names[kind]);
+                       param_kind_name(kind));
   }
   return NAS_OK;
 }
@@ -279,7 +279,7 @@ static int check_condition_values(const yaml_ctx *c, const param_spec *parent, c
       return node_errf(c, read->values_at,
                        "%s: '%s' compares a %s parameter ('%s'); only "
                        "float and int parameters can be compared",
-                       what, cond_op_text(cond->op), kind_names[parent->kind], parent->name);
+                       what, cond_op_text(cond->op), param_kind_name(parent->kind), parent->name);
     if (!json_is_number(value))
       return node_errf(c, read->values_at, "%s: '%s' can only be compared with a number, not %s",
                        what, parent->name, text);

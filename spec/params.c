@@ -88,6 +88,16 @@ const char *param_nearest(const spec *s, const char *name, size_t len) {
   return guess;
 }
 
+const char *param_kind_name(param_kind kind) {
+  switch (kind) {
+  case PARAM_FLOAT: return "float";
+  case PARAM_INT: return "int";
+  case PARAM_CATEGORICAL: return "categorical";
+  case PARAM_FIXED: break;
+  }
+  return "fixed";
+}
+
 const char *cond_op_text(cond_op op) {
   switch (op) {
   case COND_EQ: return "==";

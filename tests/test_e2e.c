@@ -338,6 +338,27 @@ static void changed_spec_is_refused_with_its_differences(void **state) {
   free(spec);
 }
 
+static void used_up_finite_space_ends_the_experiment_early(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "finite.yaml",
+                          "name: finite\n"
+                          "parameters:\n"
+                          "  c: {type: categorical, choices: [a, b, c]}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "budget: {trials: 5, parallel: 2}\n");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  assert_non_null(strstr(out, "exhausted"));
+  free(out);
+  json_t *rows = trials_json(f, "finite");
+  assert_int_equal(json_array_size(rows), 3); /* each choice once, none twice */
+  assert_int_equal(count_status(rows, "completed"), 3);
+  json_decref(rows);
+  free(spec);
+}
+
 static void every_command_has_help_and_bad_usage_exits_2(void **state) {
   fixture *f = *state;
   const char *cmds[] = {"run", "resume", "status", "trials", "pareto", "report"};
@@ -369,6 +390,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
+      cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

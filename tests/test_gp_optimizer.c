@@ -278,6 +278,27 @@ static void spread(const json_t *p, double *obj, double *con) {
   memcpy(obj, v, sizeof v);
 }
 
+/* One objective: a batch of four, picked over GPs conditioned on fantasies at the earlier
+ * picks, holds four different points. */
+static void single_objective_batch_is_distinct(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, "name: s\nseed: 3\nparameters: {x: {type: float, low: 0, high: 1}, "
+            "y: {type: float, low: 0, high: 1}}\nobjectives: [{name: v, goal: minimize}]\n"
+            "trial: {command: [x]}\nbudget: {trials: 12}\n"
+            "optimizer: {type: gp, n_initial: 6, raw_samples: 64, restarts: 2}\n");
+  run(&e, parabola, 8, 8);
+  json_t *out[4];
+  suggest(&e, 4, out);
+  for (int i = 0; i < 4; i++)
+    for (int j = 0; j < i; j++) {
+      double dx = param(out[i], "x") - param(out[j], "x"), dy = param(out[i], "y") - param(out[j], "y");
+      assert_true(hypot(dx, dy) > 1e-3);
+    }
+  for (int i = 0; i < 4; i++) json_decref(out[i]);
+  finish(&e);
+}
+
 /* Three objectives go through the box decomposition, five through ParEGO. */
 static void three_and_five_objectives_run(void **state) {
   (void)state;
@@ -329,6 +350,7 @@ int main(void) {
       cmocka_unit_test(pending_trials_are_not_proposed_again),
       cmocka_unit_test(mixed_conditional_space_gives_valid_assignments),
       cmocka_unit_test(constrained_single_objective_finds_the_feasible_optimum),
+      cmocka_unit_test(single_objective_batch_is_distinct),
       cmocka_unit_test(three_and_five_objectives_run),
       cmocka_unit_test(gp_beats_random_on_branin_currin),
   };

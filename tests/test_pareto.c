@@ -100,7 +100,8 @@ static double ref_hv_grid(const double *Y, size_t n, size_t m, const double *ref
     if (vol == 0) continue;
     for (size_t i = 0; i < n; i++) {
       bool covers = true;
-      for (size_t j = 0; j < m && covers; j++) covers = Y[i * m + j] <= corner[j] && Y[i * m + j] < ref[j];
+      for (size_t j = 0; j < m && covers; j++)
+        covers = Y[i * m + j] <= corner[j] && Y[i * m + j] < ref[j];
       if (covers) {
         total += vol;
         break;
@@ -139,14 +140,14 @@ static void assert_close(double got, double want) {
 static void front_keeps_duplicates_and_drops_nan_rows(void **state) {
   (void)state;
   const double Y[] = {
-      1, 5,   /* front */
-      1, 5,   /* its duplicate: also front */
-      2, 2,   /* front */
-      2, 3,   /* dominated by (2,2) */
-      NAN, 0, /* NaN: never on the front, dominates nothing */
-      5, 1,   /* front */
-      0, NAN, /* NaN */
-      6, 1,   /* dominated by (5,1) */
+      1,   5,   /* front */
+      1,   5,   /* its duplicate: also front */
+      2,   2,   /* front */
+      2,   3,   /* dominated by (2,2) */
+      NAN, 0,   /* NaN: never on the front, dominates nothing */
+      5,   1,   /* front */
+      0,   NAN, /* NaN */
+      6,   1,   /* dominated by (5,1) */
   };
   bool mask[8];
   int rank[8];
@@ -240,8 +241,10 @@ static void hypervolume_matches_grid_on_larger_sets(void **state) {
   double Y[120 * 4], ref[4] = {10, 10, 10, 10};
   for (int t = 0; t < 30; t++) {
     size_t m = 2 + t % 3, n = m == 2 ? 120 : m == 3 ? 40 : 14;
-    if (t % 2) sphere_points(rng, Y, n, m);
-    else random_points(rng, Y, n, m, t % 4 == 0);
+    if (t % 2)
+      sphere_points(rng, Y, n, m);
+    else
+      random_points(rng, Y, n, m, t % 4 == 0);
     const double *r = t % 2 ? (const double[]){1, 1, 1, 1} : ref;
     assert_close(hypervolume(Y, n, m, r), ref_hv_grid(Y, n, m, r));
   }
@@ -283,9 +286,10 @@ static void hypervolume_is_fast_enough(void **state) {
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
   double t2 = timed_hypervolume(rng, 1000, 2), t3 = timed_hypervolume(rng, 1000, 3);
   double t3big = timed_hypervolume(rng, 100000, 3), t5 = timed_hypervolume(rng, 100, 5);
-  print_message("hypervolume: n=1000 m=2 %.2f ms, n=1000 m=3 %.2f ms, n=100000 m=3 %.1f ms, "
-                "n=100 m=5 %.1f ms\n",
-                t2 * 1e3, t3 * 1e3, t3big * 1e3, t5 * 1e3);
+  print_message(
+      "hypervolume: n=1000 m=2 %.2f ms, n=1000 m=3 %.2f ms, n=100000 m=3 %.1f ms, "
+      "n=100 m=5 %.1f ms\n",
+      t2 * 1e3, t3 * 1e3, t3big * 1e3, t5 * 1e3);
   assert_true(t2 < 0.1 && t3 < 0.1 && t3big < 2 && t5 < 2);
   gsl_rng_free(rng);
 }
@@ -308,8 +312,9 @@ static spec *two_objectives(const char *objectives) {
 
 static void reference_point_uses_thresholds_in_minimisation_terms(void **state) {
   (void)state;
-  spec *s = two_objectives("  - {name: loss, goal: minimize, threshold: 2.5}\n"
-                           "  - {name: acc, goal: maximize, threshold: 0.8}\n");
+  spec *s = two_objectives(
+      "  - {name: loss, goal: minimize, threshold: 2.5}\n"
+      "  - {name: acc, goal: maximize, threshold: 0.8}\n");
   const double Y[] = {1, -0.9, 2, -0.95};
   double ref[2];
   reference_point(s, Y, 2, ref);

@@ -246,6 +246,9 @@ static void matmul_linear_and_losses_match_central_differences(void **state) {
   gradcheck("linear (3-d input)", &ctx, f_linear, 3, c);
   tr_tensor *d[] = {leaf(&ctx, 2, SHAPE(3, 4), -1, 1), leaf(&ctx, 2, SHAPE(2, 4), -1, 1)};
   gradcheck("linear (no bias)", &ctx, f_linear_nobias, 2, d);
+  tr_tensor *one[] = {leaf(&ctx, 2, SHAPE(1, 4), -1, 1), leaf(&ctx, 2, SHAPE(5, 4), -1, 1),
+                      leaf(&ctx, 1, SHAPE(5), -1, 1)};
+  gradcheck("linear (one row: gemv)", &ctx, f_linear, 3, one);
   tr_tensor *e[] = {leaf(&ctx, 2, SHAPE(4, 5), -3, 3)};
   gradcheck("cross_entropy", &ctx, f_cross_entropy, 1, e);
   tr_tensor *f[] = {leaf(&ctx, 2, SHAPE(3, 4), -1, 1), leaf(&ctx, 2, SHAPE(3, 4), -1, 1)};

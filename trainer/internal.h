@@ -149,6 +149,10 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m);
 #define TR_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TR_KERNEL
+/* y (m) = A (m, n, row-major) x + beta y. */
+void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
+             double beta, void *y);
+
 #endif
 
 /* Below this many elements a loop runs on one thread: forking costs more than it saves. */
@@ -158,5 +162,9 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m);
 void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
              void *c, int64_t ldc);
+
+/* y (m) = A (m, n, row-major) x + beta y. */
+void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
+             double beta, void *y);
 
 #endif

@@ -32,7 +32,8 @@ static inline void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
       }
       const T *src = plane + ih * g->w + kw - g->pad;
       for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0;
-      if (g->stride == 1) memcpy(d + lo, src + lo, sizeof(T) * (size_t)(hi - lo));
+      if (g->stride == 1) /* rows are short (OW values): a loop, not a memcpy call */
+        for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow];
       else
         for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow * g->stride];
       for (int64_t ow = hi; ow < g->ow; ow++) d[ow] = 0;
@@ -51,7 +52,10 @@ static inline void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
       if (ih < 0 || ih >= g->h) continue;
       const T *s = col + row * p + oh * g->ow;
       T *dst = plane + ih * g->w + kw - g->pad;
-      for (int64_t ow = lo; ow < hi; ow++) dst[ow * g->stride] += s[ow];
+      if (g->stride == 1)
+        for (int64_t ow = lo; ow < hi; ow++) dst[ow] += s[ow];
+      else
+        for (int64_t ow = lo; ow < hi; ow++) dst[ow * g->stride] += s[ow];
     }
   }
 }
@@ -152,6 +156,27 @@ static inline T S(window_mean)(const T *src, const conv_geom *g, int64_t oh, int
   return acc / (T)(g->kh * g->kw);
 }
 
+/* The common 2x2, stride 2 max pool of one plane, written without branches so that it
+ * vectorises (random data makes the branches a coin toss for the predictor). Ties go to
+ * the first in row-major window order, as in window_max. */
+static inline void S(max_pool_2x2)(const T *src, const conv_geom *g, T *out, int32_t *arg) {
+  const int ow_n = (int)g->ow, w = (int)g->w;
+  for (int oh = 0; oh < (int)g->oh; oh++) {
+    const T *r0 = src + 2 * oh * w, *r1 = r0 + w;
+    T *o = out + oh * ow_n;
+    int32_t *a = arg + oh * ow_n;
+#pragma omp simd
+    for (int ow = 0; ow < ow_n; ow++) {
+      T x0 = r0[2 * ow], x1 = r0[2 * ow + 1], y0 = r1[2 * ow], y1 = r1[2 * ow + 1];
+      int top_right = x1 > x0, bottom_right = y1 > y0;
+      T top = top_right ? x1 : x0, bottom = bottom_right ? y1 : y0;
+      int below = bottom > top;
+      o[ow] = below ? bottom : top;
+      a[ow] = 2 * oh * w + 2 * ow + below * (w + bottom_right) + (1 - below) * top_right;
+    }
+  }
+}
+
 TR_KERNEL static void S(pool_fwd)(const void *xv, void *yv, int32_t *argmax, const conv_geom *g,
                                   bool is_max) {
   const T *x = xv;
@@ -161,6 +186,10 @@ TR_KERNEL static void S(pool_fwd)(const void *xv, void *yv, int32_t *argmax, con
   for (int64_t pl = 0; pl < planes; pl++) {
     const T *src = x + pl * g->h * g->w;
     T *out = y + pl * per;
+    if (is_max && g->kh == 2 && g->kw == 2 && g->stride == 2) {
+      S(max_pool_2x2)(src, g, out, argmax + pl * per);
+      continue;
+    }
     for (int64_t oh = 0; oh < g->oh; oh++)
       for (int64_t ow = 0; ow < g->ow; ow++) {
         int64_t o = oh * g->ow + ow;

@@ -54,11 +54,11 @@ static int image_threads(int64_t images) {
   return images < nt ? (int)(images > 0 ? images : 1) : nt;
 }
 
-/* Scratch of n elements of dtype for the per-image loop (owned by the caller), or NULL. */
-static void *scratch_new(tr_ctx *ctx, tr_dtype dtype, int64_t n) {
-  void *p = malloc((size_t)(n > 0 ? n : 1) * tr_dtype_size(dtype));
-  if (!p) tr_fail(ctx, "conv2d: out of memory for %lld scratch values", (long long)n);
-  return p;
+/* Scratch of n elements for the per-image loop (owned by the caller), from ctx's allocator
+ * like any tensor, so that it is reused from step to step. */
+static tr_tensor *scratch_new(tr_ctx *ctx, tr_dtype dtype, int64_t n) {
+  int64_t shape[1] = {n > 0 ? n : 1};
+  return tr_empty(ctx, dtype, 1, shape);
 }
 
 /* ---------------------------------------------------------------- conv2d */
@@ -72,7 +72,7 @@ static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   int64_t o = w->shape[0], ckk = geo.c * geo.kh * geo.kw, p = geo.oh * geo.ow;
   int nt = image_threads(geo.n);
   tr_tensor *gc = tn_contig(ctx, g);
-  void *scratch = gc ? scratch_new(ctx, x->dtype, nt * (2 * ckk * p + o * ckk)) : NULL;
+  tr_tensor *scratch = gc ? scratch_new(ctx, x->dtype, nt * (2 * ckk * p + o * ckk)) : NULL;
   int rc = scratch ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tr_zeros(ctx, x->dtype, 4, x->shape))) rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = tn_empty_like(ctx, w))) rc = NAS_ERR;
@@ -80,9 +80,9 @@ static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
     rc = NAS_ERR;
   if (rc == NAS_OK && (gi[0] || gi[1]))
     TR_DISPATCH(x->dtype, conv_bwd, tr_data(x), tr_data(w), tr_data(gc), gi[0] ? tr_data(gi[0]) : NULL,
-                gi[1] ? tr_data(gi[1]) : NULL, &geo, o, scratch, nt);
+                gi[1] ? tr_data(gi[1]) : NULL, &geo, o, tr_data(scratch), nt);
   if (rc == NAS_OK && gi[2]) TR_DISPATCH(x->dtype, conv_bias_grad, tr_data(gc), tr_data(gi[2]), geo.n, o, p);
-  free(scratch);
+  tr_free(scratch);
   tr_free(gc);
   return rc;
 }
@@ -108,12 +108,12 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
   int nt = image_threads(geo.n);
   tr_tensor *xc = tn_contig(ctx, x), *wc = tn_contig(ctx, w), *bc = b ? tn_contig(ctx, b) : NULL;
   tr_tensor *y = xc && wc && (!b || bc) ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, o, geo.oh, geo.ow}) : NULL;
-  void *scratch = y ? scratch_new(ctx, x->dtype, nt * ckk * geo.oh * geo.ow) : NULL;
+  tr_tensor *scratch = y ? scratch_new(ctx, x->dtype, nt * ckk * geo.oh * geo.ow) : NULL;
   int rc = scratch ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, conv_fwd, tr_data(xc), tr_data(wc), bc ? tr_data(bc) : NULL, tr_data(y), &geo,
-                o, scratch, nt);
-  free(scratch);
+                o, tr_data(scratch), nt);
+  tr_free(scratch);
   tr_node *node = NULL;
   if (rc == NAS_OK) rc = ag_record(ctx, &conv_ops, 3, in, y, &node);
   if (node) {

@@ -24,6 +24,16 @@ void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, i
                 (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
+void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
+             double beta, void *y) {
+  if (dtype == TR_F32)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)m, (blasint)n, 1.0f, a, (blasint)lda, x, 1,
+                (float)beta, y, 1);
+  else
+    cblas_dgemv(CblasRowMajor, CblasNoTrans, (blasint)m, (blasint)n, 1.0, a, (blasint)lda, x, 1,
+                beta, y, 1);
+}
+
 /* A 2-D matrix as BLAS sees it: data, whether it is stored transposed, leading dim. */
 typedef struct {
   tr_tensor *owner; /* owned: t itself (retained) or a contiguous copy */
@@ -161,7 +171,10 @@ static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_te
     tr_free(y);
     return NULL;
   }
-  if (rows && out_f)
+  if (rows == 1 && !ow.trans) /* one example (inference): W x reads W row by row */
+    tn_gemv(x2->dtype, out_f, x2->shape[1], tr_data(ow.owner), ow.ld, tr_data(x2), b ? 1.0 : 0.0,
+            tr_data(y));
+  else if (rows && out_f)
     tn_gemm(x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2),
             x2->shape[1], tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
   tr_free(ow.owner);

@@ -1,0 +1,384 @@
+/* Tests of the acquisition functions (optimizer/boxes.c, logei.c, acquisition.c): box
+ * decompositions against brute-force hypervolume, log-space values against their plain
+ * counterparts, analytic gradients against central finite differences. */
+#include <math.h>
+
+#include <gsl/gsl_rng.h>
+
+#include "optimizer/acquisition.h"
+#include "tests/testutil.h"
+
+/* ---- brute force ---------------------------------------------------------------------- */
+
+/* Hypervolume of the k points P (k×m) below ref by the grid of all their coordinates: a
+ * cell counts when its lower corner is dominated by some point. O(k^(m+1)), tiny k only. */
+static double brute_hv(const double *P, size_t k, size_t m, const double *ref) {
+  double grid[4][16];
+  size_t len[4], cell[4] = {0};
+  for (size_t j = 0; j < m; j++) {
+    len[j] = 0;
+    grid[j][len[j]++] = ref[j];
+    for (size_t i = 0; i < k; i++)
+      if (P[i * m + j] < ref[j]) grid[j][len[j]++] = P[i * m + j];
+    for (size_t a = 1; a < len[j]; a++) /* insertion sort */
+      for (size_t b = a; b > 0 && grid[j][b - 1] > grid[j][b]; b--) {
+        double t = grid[j][b];
+        grid[j][b] = grid[j][b - 1];
+        grid[j][b - 1] = t;
+      }
+  }
+  double total = 0;
+  for (;;) {
+    bool inside = true;
+    double vol = 1, corner[4];
+    for (size_t j = 0; j < m; j++) {
+      inside = inside && cell[j] + 1 < len[j];
+      if (!inside) break;
+      corner[j] = grid[j][cell[j]];
+      vol *= grid[j][cell[j] + 1] - grid[j][cell[j]];
+    }
+    if (inside) {
+      bool dominated = false;
+      for (size_t i = 0; i < k && !dominated; i++) {
+        bool all = true;
+        for (size_t j = 0; j < m; j++) all = all && P[i * m + j] <= corner[j];
+        dominated = all;
+      }
+      if (dominated) total += vol;
+    }
+    size_t j = 0;
+    while (j < m && ++cell[j] >= len[j]) cell[j++] = 0;
+    if (j == m) break;
+  }
+  return total;
+}
+
+static double brute_hvi(const double *P, size_t k, size_t m, const double *ref, const double *y) {
+  double Q[16 * 4];
+  memcpy(Q, P, k * m * sizeof *P);
+  memcpy(Q + k * m, y, m * sizeof *y);
+  return brute_hv(Q, k + 1, m, ref) - brute_hv(P, k, m, ref);
+}
+
+/* A front-like set: points near the simplex Σ x = 1 (some dominated) in [0,1]^m. */
+static void random_points(gsl_rng *rng, double *P, size_t k, size_t m) {
+  for (size_t i = 0; i < k; i++) {
+    double sum = 0;
+    for (size_t j = 0; j < m; j++) sum += (P[i * m + j] = 0.05 + gsl_rng_uniform(rng));
+    for (size_t j = 0; j < m; j++) P[i * m + j] = P[i * m + j] / sum + 0.2 * gsl_rng_uniform(rng);
+  }
+}
+
+/* ---- box decompositions --------------------------------------------------------------- */
+
+static void box_hvi_equals_brute_force_hypervolume_improvement(void **state) {
+  (void)state;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  nas_err err;
+  for (size_t m = 1; m <= 4; m++)
+    for (int trial = 0; trial < 12; trial++) {
+      size_t k = (size_t)trial % (m == 4 ? 7 : 10);
+      double P[16 * 4], ref[4], y[4];
+      random_points(rng, P, k, m);
+      for (size_t j = 0; j < m; j++) ref[j] = 1.1;
+      box_list boxes = {0};
+      assert_int_equal(box_decompose(P, k, m, ref, &boxes, &err), NAS_OK);
+      for (int t = 0; t < 20; t++) {
+        for (size_t j = 0; j < m; j++) y[j] = 1.2 * gsl_rng_uniform(rng);
+        double expect = brute_hvi(P, k, m, ref, y);
+        assert_float_equal(box_hvi(&boxes, 0, boxes.n, y), expect, 1e-12);
+      }
+      box_list_clear(&boxes);
+    }
+  gsl_rng_free(rng);
+}
+
+/* Below everything, HVI is the box [y, ref] minus the front's hypervolume. */
+static void boxes_cover_the_non_dominated_region_exactly(void **state) {
+  (void)state;
+  double P[3 * 3] = {0.2, 0.5, 0.6, 0.5, 0.2, 0.4, 0.4, 0.4, 0.1}, ref[3] = {1, 1, 1};
+  double y[3] = {0, 0, 0};
+  box_list boxes = {0};
+  nas_err err;
+  assert_int_equal(box_decompose(P, 3, 3, ref, &boxes, &err), NAS_OK);
+  assert_float_equal(box_hvi(&boxes, 0, boxes.n, y), 1.0 - brute_hv(P, 3, 3, ref), 1e-12);
+  box_list_clear(&boxes);
+}
+
+static void log_hvi_equals_log_of_hvi_where_hvi_is_not_tiny(void **state) {
+  (void)state;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double P[8 * 3], ref[3] = {1.1, 1.1, 1.1}, y[3];
+  random_points(rng, P, 8, 3);
+  box_list boxes = {0};
+  nas_err err;
+  assert_int_equal(box_decompose(P, 8, 3, ref, &boxes, &err), NAS_OK);
+  int checked = 0;
+  for (int t = 0; t < 200; t++) {
+    for (size_t j = 0; j < 3; j++) y[j] = gsl_rng_uniform(rng);
+    double hvi = box_hvi(&boxes, 0, boxes.n, y);
+    if (hvi < 1e-3) continue;
+    assert_float_equal(box_log_hvi(&boxes, 0, boxes.n, y, 1e-6, NULL), log(hvi), 1e-4);
+    checked++;
+  }
+  assert_true(checked > 20);
+  box_list_clear(&boxes);
+  gsl_rng_free(rng);
+}
+
+/* Where y improves nothing the exact HVI is 0 everywhere around it; the smoothed log HVI
+ * stays finite and still rises as y moves towards the front. */
+static void log_hvi_rises_towards_the_front_where_hvi_is_zero(void **state) {
+  (void)state;
+  double P[2 * 2] = {0.2, 0.6, 0.6, 0.2}, ref[2] = {1, 1};
+  box_list boxes = {0};
+  nas_err err;
+  assert_int_equal(box_decompose(P, 2, 2, ref, &boxes, &err), NAS_OK);
+  double previous = -HUGE_VAL;
+  for (double t = 3.0; t >= 0.7; t -= 0.1) {
+    double y[2] = {t, t}, grad[2];
+    assert_float_equal(box_hvi(&boxes, 0, boxes.n, y), 0.0, 0.0);
+    double v = box_log_hvi(&boxes, 0, boxes.n, y, 1e-6, grad);
+    assert_true(isfinite(v) && v > previous);
+    assert_true(grad[0] < 0 && grad[1] < 0);
+    previous = v;
+  }
+  box_list_clear(&boxes);
+}
+
+static void log_hvi_gradient_matches_finite_differences(void **state) {
+  (void)state;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double P[6 * 3], ref[3] = {1.1, 1.1, 1.1};
+  random_points(rng, P, 6, 3);
+  box_list boxes = {0};
+  nas_err err;
+  assert_int_equal(box_decompose(P, 6, 3, ref, &boxes, &err), NAS_OK);
+  for (int t = 0; t < 20; t++) {
+    double y[3], grad[3], tau = 1e-2;
+    for (size_t j = 0; j < 3; j++) y[j] = 1.5 * gsl_rng_uniform(rng);
+    box_log_hvi(&boxes, 0, boxes.n, y, tau, grad);
+    for (size_t j = 0; j < 3; j++) {
+      double h = 1e-6, save = y[j];
+      y[j] = save + h;
+      double up = box_log_hvi(&boxes, 0, boxes.n, y, tau, NULL);
+      y[j] = save - h;
+      double down = box_log_hvi(&boxes, 0, boxes.n, y, tau, NULL);
+      y[j] = save;
+      assert_float_equal(grad[j], (up - down) / (2 * h), 1e-4 * fmax(1, fabs(grad[j])));
+    }
+  }
+  box_list_clear(&boxes);
+  gsl_rng_free(rng);
+}
+
+/* ---- scalar log-space functions -------------------------------------------------------- */
+
+static long double h_direct(long double z) {
+  long double pdf = expl(-0.5L * z * z) / sqrtl(2 * acosl(-1.0L));
+  return pdf + z * 0.5L * erfcl(-z / sqrtl(2.0L));
+}
+
+static void log_h_equals_log_ei_where_ei_is_not_tiny(void **state) {
+  (void)state;
+  for (double z = -8; z <= 8; z += 0.125) {
+    double slope, value = log_h(z, &slope);
+    assert_float_equal(value, (double)logl(h_direct(z)), 1e-9 * fmax(1, fabs(value)));
+    /* d log h/dz = Φ(z)/h(z) */
+    long double cdf = 0.5L * erfcl(-(long double)z / sqrtl(2.0L));
+    assert_float_equal(slope, (double)(cdf / h_direct(z)), 1e-8 * fmax(1, slope));
+  }
+}
+
+/* Far in the tail EI underflows to 0 but log h stays finite, increasing, and follows its
+ * asymptote log φ(z) − 2 log|z|. */
+static void log_h_stays_finite_and_monotone_in_the_far_tail(void **state) {
+  (void)state;
+  double previous = -HUGE_VAL;
+  for (double z = -1e4; z <= 0; z = z < -100 ? z / 1.5 : z + 0.25) {
+    double v = log_h(z, NULL);
+    assert_true(isfinite(v) && v > previous);
+    previous = v;
+  }
+  double z = -1e3;
+  assert_float_equal(log_h(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - 2 * log(-z), 1e-5);
+  assert_float_equal(log_ndtr(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - log(-z), 1e-5);
+}
+
+static void log_ndtr_and_fat_sigmoid_slopes_match_finite_differences(void **state) {
+  (void)state;
+  for (double z = -40; z <= 10; z += 0.37) {
+    double h = 1e-6, s1, s2;
+    log_ndtr(z, &s1);
+    assert_float_equal(s1, (log_ndtr(z + h, NULL) - log_ndtr(z - h, NULL)) / (2 * h),
+                       1e-5 * fmax(1, fabs(s1)));
+    log_fat_sigmoid(z, &s2);
+    assert_float_equal(s2, (log_fat_sigmoid(z + h, NULL) - log_fat_sigmoid(z - h, NULL)) / (2 * h),
+                       1e-5 * fmax(1, fabs(s2)));
+    assert_float_equal(log_ndtr(z, NULL), log(0.5 * erfc(-z / sqrt(2))), 1e-9 * fmax(1, -z * z));
+  }
+}
+
+/* ---- acquisitions over GPs ------------------------------------------------------------ */
+
+enum { N_OBS = 9, D = 2 };
+
+/* GPs with fixed hyperparameters over 9 points: 2 objectives (Branin-like shapes) and 1
+ * constraint. */
+typedef struct {
+  gp *g[3];
+  double X[N_OBS * D];
+} toy_models;
+
+static void toy_make(toy_models *t, size_t n_gp) {
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  for (size_t i = 0; i < N_OBS * D; i++) t->X[i] = gsl_rng_uniform(rng);
+  for (size_t k = 0; k < n_gp; k++) {
+    double y[N_OBS], theta[D + 2] = {log(0.3 + 0.1 * k), log(0.5), log(1e-3), 0.05};
+    for (size_t i = 0; i < N_OBS; i++) {
+      double a = t->X[i * D], b = t->X[i * D + 1];
+      y[i] = k == 0 ? a + 0.3 * b * b : k == 1 ? 1 - sqrt(a) + b : a + b - 0.9;
+    }
+    nas_err err;
+    assert_int_equal(gp_create(GP_KERNEL_MATERN52, t->X, y, N_OBS, D, theta, &t->g[k], &err),
+                     NAS_OK);
+  }
+  gsl_rng_free(rng);
+}
+
+static void toy_free(toy_models *t, size_t n_gp) {
+  for (size_t k = 0; k < n_gp; k++) gp_free(t->g[k]);
+}
+
+static void check_gradient(acq_fn f, void *ctx, const double *x0, double tol) {
+  double x[D], grad[D];
+  memcpy(x, x0, sizeof x);
+  double value = f(ctx, x, grad);
+  assert_true(isfinite(value));
+  for (size_t j = 0; j < D; j++) {
+    double h = 1e-6, save = x[j];
+    x[j] = save + h;
+    double up = f(ctx, x, NULL);
+    x[j] = save - h;
+    double down = f(ctx, x, NULL);
+    x[j] = save;
+    assert_float_equal(grad[j], (up - down) / (2 * h), tol * fmax(1, fabs(grad[j])));
+  }
+}
+
+/* EI = σ h((best − μ)/σ) computed from gp_predict by hand, best the lowest posterior mean. */
+static void logei_equals_log_of_expected_improvement(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 1);
+  acq_models m = {.n_obj = 1, .obj = t.g};
+  logei *a;
+  nas_err err;
+  assert_int_equal(logei_create(&m, t.X, N_OBS, &a, &err), NAS_OK);
+  double work[256], best = HUGE_VAL;
+  for (size_t i = 0; i < N_OBS; i++) {
+    gp_prediction p = {0};
+    gp_predict(t.g[0], t.X + i * D, NULL, &p, work);
+    best = fmin(best, p.mean);
+  }
+  double x[D] = {0.02, 0.1};
+  gp_prediction p = {0};
+  gp_predict(t.g[0], x, NULL, &p, work);
+  double sd = sqrt(p.var), ei = sd * (double)h_direct((best - p.mean) / sd);
+  assert_true(ei > 1e-6);
+  assert_float_equal(logei_eval(a, x, NULL), log(ei), 1e-9);
+  logei_free(a);
+  toy_free(&t, 1);
+}
+
+static void logei_gradient_matches_finite_differences(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 3);
+  acq_models m = {.n_obj = 1, .n_con = 1, .obj = t.g, .con = t.g + 2};
+  logei *a;
+  nas_err err;
+  assert_int_equal(logei_create(&m, t.X, N_OBS, &a, &err), NAS_OK);
+  double xs[3][D] = {{0.3, 0.8}, {0.9, 0.1}, {0.05, 0.5}};
+  for (int i = 0; i < 3; i++) check_gradient(logei_eval, a, xs[i], 1e-5);
+  logei_free(a);
+  toy_free(&t, 3);
+}
+
+static void mc_acquisition_gradients_match_finite_differences(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 3);
+  acq_models m = {.n_obj = 2, .n_con = 1, .obj = t.g, .con = t.g + 2};
+  double ref[2] = {1.5, 1.5}, ideal[2] = {0, 0}, weights[2] = {0.3, 0.7};
+  double xs[3][D] = {{0.3, 0.8}, {0.9, 0.1}, {0.05, 0.5}};
+  for (int kind = 0; kind < 2; kind++) {
+    mc_options opt = {.utility = kind ? MC_PAREGO : MC_HVI, .n_samples = 32, .seed = 5,
+                      .ref = ref, .weights = weights, .ideal = ideal};
+    mc_acq *a;
+    nas_err err;
+    assert_int_equal(mc_acq_create(&m, t.X, 4, &opt, &a, &err), NAS_OK);
+    for (int i = 0; i < 3; i++) check_gradient(mc_acq_eval, a, xs[i], 1e-4);
+    mc_acq_free(a);
+  }
+  toy_free(&t, 3);
+}
+
+/* Same seed: same value; a candidate at an observed point adds little next to one in an
+ * unexplored corner that the models predict to be good. */
+static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 2);
+  acq_models m = {.n_obj = 2, .obj = t.g};
+  double ref[2] = {2.0, 2.0};
+  mc_options opt = {.utility = MC_HVI, .n_samples = 64, .seed = 9, .ref = ref};
+  mc_acq *a, *b;
+  nas_err err;
+  assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &opt, &a, &err), NAS_OK);
+  assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &opt, &b, &err), NAS_OK);
+  double x[D] = {0.4, 0.02};
+  assert_float_equal(mc_acq_eval(a, x, NULL), mc_acq_eval(b, x, NULL), 0.0);
+  double worst[D] = {1.0, 1.0};
+  assert_true(mc_acq_eval(a, worst, NULL) < mc_acq_eval(a, x, NULL) - 1.0);
+  assert_true(mc_acq_eval(a, t.X, NULL) < mc_acq_eval(a, x, NULL));
+  mc_acq_free(a);
+  mc_acq_free(b);
+  toy_free(&t, 2);
+}
+
+/* Points far worse than another in both objectives go; the rest stay. */
+static void pruning_drops_surely_dominated_points(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 2);
+  acq_models m = {.n_obj = 2, .obj = t.g};
+  size_t keep[N_OBS], n_keep;
+  nas_err err;
+  assert_int_equal(acq_prune_baseline(&m, t.X, N_OBS, N_OBS, keep, &n_keep, &err), NAS_OK);
+  assert_true(n_keep >= 1 && n_keep < N_OBS);
+  size_t capped[N_OBS], n_capped;
+  assert_int_equal(acq_prune_baseline(&m, t.X, N_OBS, 2, capped, &n_capped, &err), NAS_OK);
+  assert_int_equal(n_capped, n_keep < 2 ? n_keep : 2);
+  for (size_t i = 1; i < n_keep; i++) assert_true(keep[i - 1] < keep[i]);
+  toy_free(&t, 2);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(box_hvi_equals_brute_force_hypervolume_improvement),
+      cmocka_unit_test(boxes_cover_the_non_dominated_region_exactly),
+      cmocka_unit_test(log_hvi_equals_log_of_hvi_where_hvi_is_not_tiny),
+      cmocka_unit_test(log_hvi_rises_towards_the_front_where_hvi_is_zero),
+      cmocka_unit_test(log_hvi_gradient_matches_finite_differences),
+      cmocka_unit_test(log_h_equals_log_ei_where_ei_is_not_tiny),
+      cmocka_unit_test(log_h_stays_finite_and_monotone_in_the_far_tail),
+      cmocka_unit_test(log_ndtr_and_fat_sigmoid_slopes_match_finite_differences),
+      cmocka_unit_test(logei_equals_log_of_expected_improvement),
+      cmocka_unit_test(logei_gradient_matches_finite_differences),
+      cmocka_unit_test(mc_acquisition_gradients_match_finite_differences),
+      cmocka_unit_test(mc_hvi_is_deterministic_and_prefers_improvement),
+      cmocka_unit_test(pruning_drops_surely_dominated_points),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
