@@ -47,7 +47,7 @@ $(BIN)/%: examples/%.c
 	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< -lm
 
-$(BUILD)/tests/%: tests/%.c $(BUILD)/libnas.a tests/testutil.h
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libnas.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS) -lcmocka
 

@@ -93,7 +93,8 @@ static char *problem_yaml(const problem *p, const char *method, long seed, const
              j, threshold);
   }
   if (strcmp(type, "gp") == 0)
-    snprintf(options, sizeof options, ", n_initial: %zu%s", 2 * (p->d + 1), gp_extra ? gp_extra : "");
+    snprintf(options, sizeof options, ", n_initial: %zu%s", 2 * (p->d + 1),
+             gp_extra ? gp_extra : "");
   return nas_asprintf("name: bench\nseed: %ld\nparameters:\n%sobjectives:\n%s"
                       "trial: {command: [x]}\nbudget: {trials: %d}\n"
                       "optimizer: {type: %s%s}\n",
@@ -251,7 +252,8 @@ static int cmd_timing(int argc, char **argv) {
   const size_t all_sizes[] = {50, 100, 200, 500};
   int repeats = repeats_arg ? atoi(repeats_arg) : 3;
   nas_err err = {{0}};
-  printf("| observations | gp suggestion, s (mean of %d) | min | max |\n|---|---|---|---|\n", repeats);
+  printf("| observations | gp suggestion, s (mean of %d) | min | max |\n", repeats);
+  printf("|---|---|---|---|\n");
   for (size_t i = 0; i < 4; i++) {
     char text[16];
     snprintf(text, sizeof text, "%zu", all_sizes[i]);
@@ -352,8 +354,10 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "run") == 0) return cmd_run(argc, argv);
   if (strcmp(cmd, "timing") == 0) return cmd_timing(argc, argv);
   if (strcmp(cmd, "table") == 0) return cmd_table(argc, argv);
-  fprintf(stderr, "usage: bench_optimizer run [--seeds N] [--q 1,4] [--methods gp,gp-ref,sobol,random] "
-                  "[--problems NAMES] [--gp-options TEXT]\n       bench_optimizer timing [--sizes 50,100,200,500] "
-                  "[--repeats N]\n       bench_optimizer table FILE...\n");
+  fprintf(stderr,
+          "usage: bench_optimizer run [--seeds N] [--q 1,4] [--methods gp,gp-ref,sobol,random]\n"
+          "                           [--problems NAMES] [--gp-options TEXT]\n"
+          "       bench_optimizer timing [--sizes 50,100,200,500] [--repeats N]\n"
+          "       bench_optimizer table FILE...\n");
   return 2;
 }

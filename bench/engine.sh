@@ -2,14 +2,18 @@
 # bench-engine (BENCH.md section 2): the engine against PyTorch on the CPU, in one run.
 # Runs $BUILD/bench/bench_engine under three thread configurations and bench/engine_torch.py
 # under the two PyTorch ones BENCH.md names, then prints one markdown table: each
-# configuration's numbers, the best of each side, and the ratios. QUICK=1 runs a few steps
-# only (a smoke test of this script, not a measurement).
+# configuration's numbers, the best of each side, and the ratios. All configurations run
+# ROUNDS times (default 3), interleaved, and each number is the best of its rounds: on a
+# machine shared with other work that is the least disturbed estimate. QUICK=1 runs a few
+# steps once (a smoke test of this script, not a measurement).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 bin=$BUILD/bench/bench_engine
 py=/usr/bin/python3
 quick=${QUICK:+--quick}
+rounds=${ROUNDS:-3}
+[ -n "$quick" ] && rounds=1
 [ -x "$bin" ] || { echo "engine.sh: $bin is missing (make bench-engine builds it)" >&2; exit 1; }
 "$py" -c 'import torch' 2>/dev/null || {
   echo "engine.sh: PyTorch is missing: scripts/deps.sh bench installs python3-torch" >&2; exit 1; }
@@ -26,23 +30,31 @@ run() { # label, then the command; prefixes every "key value" line with the labe
   local label=$1; shift
   "$@" 2>/dev/null | sed "s/^/$label /" >>"$raw"
 }
-run "engine:blas1,omp2" env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 "$bin" $quick
-run "engine:blas2,omp1" env OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=1 "$bin" $quick
-run "engine:blas1,omp1" env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$bin" $quick
-run "torch:2thr,blas1" env OPENBLAS_NUM_THREADS=1 "$py" bench/engine_torch.py 2 $quick
-run "torch:1thr,blas1" env OPENBLAS_NUM_THREADS=1 "$py" bench/engine_torch.py 1 $quick
+for _ in $(seq "$rounds"); do
+  run "engine:blas1,omp2" env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=2 "$bin" $quick
+  run "engine:blas2,omp1" env OPENBLAS_NUM_THREADS=2 OMP_NUM_THREADS=1 "$bin" $quick
+  run "engine:blas1,omp1" env OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1 "$bin" $quick
+  run "torch:2thr,blas1" env OPENBLAS_NUM_THREADS=1 "$py" bench/engine_torch.py 2 $quick
+  run "torch:1thr,blas1" env OPENBLAS_NUM_THREADS=1 "$py" bench/engine_torch.py 1 $quick
+done
 
 echo "machine: $(nproc) cores, $(sed -n 's/^model name\s*: //p' /proc/cpuinfo | head -1); $(date -u +%Y-%m-%dT%H:%MZ)"
-echo "load average before the table: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "rounds: $rounds (best of each); load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
 "$py" - "$raw" <<'PY'
 import sys
-rows = {}
+higher = {"mlp_train_samples_per_s", "cnn_train_samples_per_s",
+          "mlp_train_samples_per_cpu_s", "cnn_train_samples_per_cpu_s"}
+lower = {"mlp_infer_p50_us", "mlp_infer_p99_us", "cnn_infer_p50_us", "cnn_infer_p99_us"}
+rows = {}  # key -> label -> best value over the rounds
 for line in open(sys.argv[1]):
     label, key, value = line.split()
-    rows.setdefault(key, {})[label] = value
+    if key == "torch_version" or key == "openblas_threads":
+        continue
+    old = rows.setdefault(key, {}).get(label)
+    v = float(value)
+    if old is None or (v < float(old) if key in lower else v > float(old)):
+        rows[key][label] = value
 labels = sorted({l for d in rows.values() for l in d}, key=lambda l: (not l.startswith("engine"), l))
-higher = {"mlp_train_samples_per_s", "cnn_train_samples_per_s"}
-lower = {"mlp_infer_p50_us", "mlp_infer_p99_us", "cnn_infer_p50_us", "cnn_infer_p99_us"}
 flops = {"mlp_train_samples_per_s": 1.007e6, "cnn_train_samples_per_s": 3.783e6}
 
 def best(key, side):
@@ -63,14 +75,15 @@ for key in ("sgemm_engine_gflops", "sgemm_openblas_gflops", "sgemm_torch_gflops"
     cells = [rows.get(key, {}).get(l, "") for l in labels]
     print(f"| {key} | " + " | ".join(cells) + " | |")
 print()
+ceiling = max(float(v) for v in rows["sgemm_openblas_gflops"].values())
+print(f"- machine sgemm rate (best OpenBLAS 1024^3 of any configuration): {ceiling:.1f} GFLOP/s")
 for l in labels:
     if not l.startswith("engine"):
         continue
-    d = rows["sgemm_engine_gflops"]
-    eng, blas = float(d[l]), float(rows["sgemm_openblas_gflops"][l])
-    parts = [f"tr_matmul {eng / blas:.3f} of OpenBLAS sgemm"]
+    eng, blas = float(rows["sgemm_engine_gflops"][l]), float(rows["sgemm_openblas_gflops"][l])
+    parts = [f"tr_matmul {eng / blas:.3f} of OpenBLAS sgemm in the same run"]
     for key, f in flops.items():
         gf = float(rows[key][l]) * f / 1e9
-        parts.append(f"{key.split('_')[0].upper()} training {gf:.1f} GFLOP/s = {gf / blas:.2f} of sgemm")
+        parts.append(f"{key.split('_')[0].upper()} training {gf:.1f} GFLOP/s = {gf / ceiling:.2f} of the sgemm rate")
     print(f"- {l}: " + "; ".join(parts))
 PY

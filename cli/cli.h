@@ -1,6 +1,7 @@
 /* cli: the `nas` command. Each command is a function taking its own argv; only this
  * folder decides how a process ends and what goes to stdout. Exit codes (docs/cli.md):
- * 0 done, 1 failed, 2 bad usage, 3 interrupted (resume continues it). */
+ * 0 done, 1 failed, 2 bad usage, 3 interrupted (resume continues it), 4 stopped because
+ * too many trials failed. */
 #ifndef NAS_CLI_H
 #define NAS_CLI_H
 
@@ -12,7 +13,13 @@
 #include "spec/spec.h"
 #include "storage/storage.h"
 
-enum { EXIT_DONE = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_INTERRUPTED = 3 };
+enum {
+  EXIT_DONE = 0,
+  EXIT_FAILED = 1,
+  EXIT_USAGE = 2,
+  EXIT_INTERRUPTED = 3,   /* a signal or `nas stop`; `nas resume` continues */
+  EXIT_TOO_MANY_FAILURES = 4,
+};
 
 int cmd_run(int argc, char **argv);
 int cmd_resume(int argc, char **argv);
@@ -20,6 +27,8 @@ int cmd_status(int argc, char **argv);
 int cmd_trials(int argc, char **argv);
 int cmd_pareto(int argc, char **argv);
 int cmd_report(int argc, char **argv);
+int cmd_stop(int argc, char **argv);
+int cmd_worker(int argc, char **argv);
 
 /* Prints "nas: message" to stderr and returns EXIT_FAILED. */
 int cli_fail(const nas_err *err);

@@ -19,7 +19,9 @@ static const command commands[] = {
     {"status", cmd_status, "list experiments, or show one experiment's progress"},
     {"trials", cmd_trials, "list an experiment's trials with parameters and metrics"},
     {"pareto", cmd_pareto, "show the Pareto front of an experiment and its hypervolume"},
+    {"stop", cmd_stop, "stop a running experiment (from any terminal)"},
     {"report", cmd_report, "report metrics of the current trial from a script"},
+    {"worker", cmd_worker, "run one built-in trial (what nas starts for trial.builtin)"},
 };
 
 static void usage(FILE *f) {

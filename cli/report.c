@@ -81,6 +81,9 @@ int cmd_report(int argc, char **argv) {
   storage *st = NULL;
   rc = storage_open(cli_storage_url(url), &st, &err);
   if (rc == NAS_OK) rc = storage_metrics_add(st, trial, set.obs, set.n, -1, &err);
+  /* A report is a sign of life too (trial.heartbeat_timeout); only running trials take one. */
+  nas_err ignored;
+  if (rc == NAS_OK) storage_trial_heartbeat(st, trial, &ignored);
   storage_close(st);
   metric_set_free(&set);
   return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);

@@ -17,7 +17,8 @@ static const char run_help[] =
     "                  $NAS_STORAGE, else the spec's `storage`, else sqlite:nas.db\n"
     "  --no-progress   plain log lines even on a terminal\n\n"
     "Ctrl-C once: launch no more trials and wait for the running ones; twice: stop them.\n"
-    "Exit status: 0 budget spent, 1 error, 2 bad usage, 3 interrupted ('nas resume' goes on).\n";
+    "Exit status: 0 budget spent, 1 error, 2 bad usage, 3 interrupted ('nas resume' goes on),\n"
+    "4 stopped because more than budget.max_failure_rate of the trials failed.\n";
 
 static const char resume_help[] =
     "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
@@ -67,9 +68,16 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
   sched_outcome outcome;
   nas_err err;
   if (sched_run(s, st, exp, &opt, &outcome, &err) != NAS_OK) return cli_fail(&err);
-  if (outcome == SCHED_INTERRUPTED) {
+  switch (outcome) {
+  case SCHED_INTERRUPTED:
     fprintf(stderr, "nas: interrupted; continue with: nas resume %s\n", exp->name);
     return EXIT_INTERRUPTED;
+  case SCHED_TOO_MANY_FAILURES:
+    fprintf(stderr, "nas: too many trials failed; see 'nas trials %s' for their errors, fix "
+                    "the trial, then 'nas resume %s'\n", exp->name, exp->name);
+    return EXIT_TOO_MANY_FAILURES;
+  case SCHED_FINISHED:
+    break;
   }
   return EXIT_DONE;
 }

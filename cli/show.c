@@ -274,6 +274,28 @@ static int add_status_row(storage *st, cli_table *t, const experiment_row *exp, 
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
 }
 
+/* One line under a single experiment's status: the front so far. */
+static void print_front_line(storage *st, const experiment_row *exp) {
+  nas_err err;
+  spec *s = NULL;
+  sched_results r;
+  if (sched_experiment_spec(exp, &s, &err) != NAS_OK ||
+      sched_results_load(st, s, exp->id, &r, &err) != NAS_OK) {
+    spec_free(s);
+    return;
+  }
+  size_t *front, n_front;
+  double hv, *ref = calloc(s->n_objectives, sizeof *ref);
+  if (ref && sched_front(s, &r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
+    printf("front: %zu trials, hypervolume %.6g ('nas pareto %s' lists them)\n", n_front, hv,
+           exp->name);
+    free(front);
+  }
+  free(ref);
+  sched_results_free(&r);
+  spec_free(s);
+}
+
 int cmd_status(int argc, char **argv) {
   show_args a;
   int status = parse_args("status", status_help, false, argc, argv, &a);
@@ -297,6 +319,7 @@ int cmd_status(int argc, char **argv) {
   for (size_t i = 0; rc == NAS_OK && i < n; i++) rc = add_status_row(st, &t, &exps[i], &err);
   if (rc == NAS_OK) cli_table_print(&t, a.format);
   else status = cli_fail(&err);
+  if (rc == NAS_OK && a.experiment && a.format == FORMAT_TABLE) print_front_line(st, &exps[0]);
   cli_table_free(&t);
   experiment_rows_free(exps, n);
   storage_close(st);

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
+#include "scheduler/scheduler.h"
 
 int cli_fail(const nas_err *err) {
   fprintf(stderr, "nas: %s\n", err->msg);
@@ -41,11 +42,7 @@ int cli_open_experiment(const char *url, const char *name, storage **st, experim
              shown ? shown : "storage");
     free(shown);
   }
-  char *dir = rc == NAS_OK ? nas_dirname(exp->spec_path) : NULL;
-  if (rc == NAS_OK)
-    rc = dir ? spec_parse(exp->spec_text, exp->spec_path, dir, s, err)
-             : nas_errf(err, "out of memory");
-  free(dir);
+  if (rc == NAS_OK) rc = sched_experiment_spec(exp, s, err);
   if (rc == NAS_OK) return NAS_OK;
   experiment_row_clear(exp);
   storage_close(*st);

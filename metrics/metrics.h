@@ -46,4 +46,41 @@ int metric_log_read(const char *path, int64_t *offset, metric_set *set, size_t *
 int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set, size_t *bad,
                          nas_err *warn, nas_err *err);
 
+/* ---- standard metrics (docs/metrics.md) -----------------------------------------------
+ * What built-in trials report, by these names and in these units; a trial of its own that
+ * measures the same things should report them the same way, so fronts compare. */
+#define METRIC_ACCURACY "accuracy"           /* share of validation examples right, 0..1 */
+#define METRIC_TEST_ACCURACY "test_accuracy" /* same on the dataset's test split, if any */
+#define METRIC_PARAMS "params"               /* trainable parameters, a count */
+#define METRIC_MODEL_BYTES "model_bytes"     /* bytes of parameters and buffers as stored */
+#define METRIC_FLOPS "flops"                 /* floating-point operations of one example's
+                                                forward pass (2 per multiply-add) */
+#define METRIC_LATENCY_P50 "latency_ms_p50"  /* batch-1 request latency, milliseconds, */
+#define METRIC_LATENCY_P99 "latency_ms_p99"  /* median and 99th percentile */
+#define METRIC_TRAIN_SECONDS "train_seconds" /* wall-clock seconds of training, validation
+                                                passes included */
+
+/* ---- latency ----------------------------------------------------------------------------
+ * Measured as a serving system measures it: one request at a time at batch 1, the wall
+ * clock (monotonic) around each whole request, after warm-up requests that are not
+ * counted, then percentiles of the per-request times. The caller fixes the thread count
+ * before measuring (built-in trials use one thread). */
+enum { METRIC_LATENCY_WARMUP = 100, METRIC_LATENCY_RUNS = 1000 };
+
+/* One request: the work to time, once. Returns NAS_OK or an error with a message. */
+typedef int (*metric_request_fn)(void *arg, nas_err *err);
+
+typedef struct {
+  int runs;                       /* timed requests */
+  double p50_ms, p99_ms;          /* nearest-rank percentiles */
+  double mean_ms, min_ms, max_ms;
+} metric_latency;
+
+/* Runs warmup untimed requests, then runs timed ones (runs >= 1), and summarises them. */
+int metric_latency_measure(metric_request_fn request, void *arg, int warmup, int runs,
+                           metric_latency *out, nas_err *err);
+/* The p-th percentile (0 < p <= 100) of n >= 1 ascending values by the nearest-rank rule:
+ * the smallest value with at least p% of the values at or below it. */
+double metric_percentile(const double *sorted, size_t n, double p);
+
 #endif

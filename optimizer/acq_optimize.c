@@ -314,7 +314,8 @@ int acq_optimize(const acq_search *s, double *x, double *value, nas_err *err) {
   double *X = NULL, *opt = NULL, *opt_value = NULL;
   ranked *r = NULL;
   size_t n_raw = 0, n_opt = 0, dim = space_ndim(s->sp);
-  int rc = work_alloc(&w, s) == NAS_OK ? NAS_OK : nas_errf(err, "acquisition search: out of memory");
+  int rc = work_alloc(&w, s) == NAS_OK ? NAS_OK
+                                        : nas_errf(err, "acquisition search: out of memory");
   if (rc == NAS_OK) rc = raw_points(s, &X, &n_raw, err);
   if (rc == NAS_OK) {
     r = rank_points(s, X, n_raw);

@@ -359,7 +359,8 @@ static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, in
 
 /* Centres for the raw samples: the observed front (complete rows only). */
 static double *front_centres(const bo_data *d, size_t *n) {
-  double *Yc = malloc((d->n * d->m + 1) * sizeof *Yc), *Xc = malloc((d->n * d->dim + 1) * sizeof *Xc);
+  double *Yc = malloc((d->n * d->m + 1) * sizeof *Yc);
+  double *Xc = malloc((d->n * d->dim + 1) * sizeof *Xc);
   bool *mask = malloc((d->n + 1) * sizeof *mask);
   size_t k = 0, kept = 0;
   if (Yc && Xc && mask) {
@@ -391,13 +392,14 @@ static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int n
   size_t n_centres = 0;
   double *centres = rc == NAS_OK ? front_centres(d, &n_centres) : NULL;
   if (rc == NAS_OK && !centres) rc = nas_errf(err, "optimizer gp: out of memory");
+  uint64_t raw_seed = design_stream_seed(s->seed, STREAM_RAW | (uint64_t)number);
   acq_search search = {.sp = st->sp,
                        .f = a.f,
                        .ctx = a.ctx,
                        .raw_samples = st->raw_samples,
                        .restarts = st->restarts,
                        .max_evals = 100,
-                       .seed = (long)(design_stream_seed(s->seed, STREAM_RAW | (uint64_t)number) >> 1),
+                       .seed = (long)(raw_seed >> 1), /* non-negative */
                        .centres = centres,
                        .n_centres = n_centres,
                        .taken = taken};

@@ -20,17 +20,20 @@ static inline double sb_dot(size_t n, const double *x, const double *y) {
   return s;
 }
 
-/* y[i·incy] = beta·y[i·incy] + alpha·Σ_j A[i·lda + j] x[j], i < m, j < n. */
+/* y[i·incy] = beta·y[i·incy] + alpha·Σ_j A[i·lda + j] x[j], i < m, j < n. As in BLAS,
+ * beta = 0 ignores what y held (which may be uninitialised, even NaN). */
 static inline void sb_mv(size_t m, size_t n, double alpha, const double *A, size_t lda,
                          const double *x, double beta, double *y, size_t incy) {
-  for (size_t i = 0; i < m; i++)
-    y[i * incy] = beta * y[i * incy] + alpha * sb_dot(n, A + i * lda, x);
+  for (size_t i = 0; i < m; i++) {
+    double prior = beta == 0 ? 0.0 : beta * y[i * incy];
+    y[i * incy] = prior + alpha * sb_dot(n, A + i * lda, x);
+  }
 }
 
-/* y[j] = beta·y[j] + alpha·Σ_i A[i·lda + j] x[i·incx], i < m, j < n. */
+/* y[j] = beta·y[j] + alpha·Σ_i A[i·lda + j] x[i·incx], i < m, j < n (beta = 0: as sb_mv). */
 static inline void sb_mtv(size_t m, size_t n, double alpha, const double *A, size_t lda,
                           const double *x, size_t incx, double beta, double *y) {
-  for (size_t j = 0; j < n; j++) y[j] *= beta;
+  for (size_t j = 0; j < n; j++) y[j] = beta == 0 ? 0.0 : beta * y[j];
   for (size_t i = 0; i < m; i++) {
     double xi = alpha * x[i * incx];
     const double *row = A + i * lda;

@@ -17,11 +17,29 @@ typedef struct runner_backend {
   void (*free)(void *state);
   /* Same contracts as runner_start / runner_poll / runner_stop in runner.h. */
   int (*start)(void *state, const runner_job *job, char **handle, nas_err *err);
+  /* Optional (NULL: runner.c starts a batch job by job). Starts the n jobs as one unit,
+   * all or nothing; returns NAS_ENOTFOUND, having done nothing, when the backend's
+   * options do not ask for batches, and runner.c then starts them one by one. */
+  int (*start_batch)(void *state, const runner_job *jobs, size_t n, char **handles,
+                     nas_err *err);
   int (*poll)(void *state, char *const *handles, char *const *run_dirs, size_t n,
               job_status *out, nas_err *err);
   int (*stop)(void *state, const char *handle, const char *run_dir, nas_err *err);
+  /* Optional (NULL when the backend cannot hold a job): runner_start_held and
+   * runner_release. */
+  int (*start_held)(void *state, const runner_job *job, char **handle, nas_err *err);
+  int (*release)(void *state, const char *handle, nas_err *err);
 } runner_backend;
 
+/* exit.json (runners/exit_file.c): how a job ended, written into its run folder by the
+ * local runner's monitor and by the Slurm runner's job script. */
+#define RUNNER_EXIT_FILE "exit.json"
+/* Owned path of run_dir/exit.json; NULL when out of memory. */
+char *runner_exit_path(const char *run_dir);
+/* Reads run_dir/exit.json into *out: 1 when it exists, 0 when not (yet), else NAS_ERR. */
+int runner_exit_file_read(const char *run_dir, job_status *out, nas_err *err);
+
 extern const runner_backend runner_local_backend; /* runners/local.c */
+extern const runner_backend runner_slurm_backend; /* runners/slurm.c */
 
 #endif

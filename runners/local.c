@@ -20,12 +20,16 @@
  *   soon as a poll sees that monitor's end.
  * - A job does not outlive its monitor: it gets SIGKILL when the monitor dies
  *   (PR_SET_PDEATHSIG), since nobody could observe or time it any more.
+ * - A job started held runs only once the caller writes "go" on the hold pipe (fd 4 in
+ *   the monitor). If the caller dies first, or frees the runner, the pipe closes and the
+ *   monitor ends without running the job and without exit.json (polling says JOB_LOST).
  */
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,10 +44,17 @@
 
 #define DEFAULT_KILL_GRACE_S 5.0
 #define EXIT_NOT_STARTED 127 /* exit code of a job whose command could not run (as in sh) */
-#define EXIT_FILE "exit.json"
+
+/* A job started held: the write end of the pipe its monitor waits on. */
+typedef struct {
+  char *handle; /* owned */
+  int fd;       /* owned */
+} held_job;
 
 typedef struct {
   double kill_grace; /* seconds between TERM and KILL */
+  held_job *held;    /* owned: jobs started held and not released yet */
+  size_t n_held;
 } local_runner;
 
 /* The monitor a handle names. */
@@ -70,6 +81,7 @@ typedef struct {
   int err_fd;          /* owned, -1 when closed: stderr.log, appended to */
   double timeout_s;    /* 0 = none */
   double kill_grace;
+  int hold_fd;         /* borrowed, -1 when not held: the pipe end the monitor waits on */
 } launch;
 
 /* ---- /proc and handles ---- */
@@ -145,53 +157,6 @@ static int monitor_signal(monitor_id id, int sig, nas_err *err) {
   return NAS_OK;
 }
 
-/* ---- exit.json ---- */
-
-static char *exit_path_of(const char *run_dir) {
-  return nas_asprintf("%s/" EXIT_FILE, run_dir);
-}
-
-static int state_from_name(const char *name, job_state *state) {
-  for (job_state s = JOB_EXITED; s <= JOB_STOPPED; s++) {
-    if (strcmp(job_state_name(s), name) == 0) {
-      *state = s;
-      return NAS_OK;
-    }
-  }
-  return NAS_ERR;
-}
-
-static int exit_json_parse(json_t *root, job_status *out) {
-  const char *state;
-  if (json_unpack(root, "{s:s, s:i, s:i}", "state", &state, "exit_code", &out->exit_code,
-                  "signal", &out->signal) != 0)
-    return NAS_ERR;
-  return state_from_name(state, &out->state);
-}
-
-/* Reads run_dir/exit.json into *out: 1 when it exists, 0 when not (yet), else NAS_ERR. */
-static int exit_file_read(const char *run_dir, job_status *out, nas_err *err) {
-  char *path = exit_path_of(run_dir);
-  if (!path) return nas_errf(err, "%s: out of memory", run_dir);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
-    int rc = errno == ENOENT ? 0 : nas_errf(err, "%s: %s", path, strerror(errno));
-    free(path);
-    return rc;
-  }
-  json_error_t jerr;
-  json_t *root = json_loadfd(fd, 0, &jerr);
-  close(fd);
-  int rc = 1;
-  if (!root) rc = nas_errf(err, "%s: %s", path, jerr.text);
-  else if (exit_json_parse(root, out) != NAS_OK)
-    rc = nas_errf(err, "%s: expected {\"state\": exited|signaled|timeout|stopped, "
-                       "\"exit_code\": N, \"signal\": N}", path);
-  json_decref(root);
-  free(path);
-  return rc;
-}
-
 /* ---- the monitor (runs in the forked child; never returns) ---- */
 
 /* Signals the monitor waits for: its job's end, and stop requests. */
@@ -219,21 +184,34 @@ static _Noreturn void monitor_fail(int report_fd, const char *what) {
 }
 
 /* Makes stdin /dev/null and stdout/stderr the logs (the job inherits them), puts the report
- * pipe on fd 3 and closes every other descriptor inherited from the caller. The copies
- * above 9 come first so that no dup2 overwrites a descriptor still to be moved. */
+ * pipe on fd 3 and the hold pipe (when held) on fd 4, and closes every other descriptor
+ * inherited from the caller. The copies above 9 come first so that no dup2 overwrites a
+ * descriptor still to be moved. */
 static void monitor_fds_install(const launch *l, int report_fd) {
-  int from[] = {l->null_fd, l->out_fd, l->err_fd, report_fd};
-  int high[4];
-  for (int i = 0; i < 4; i++) {
+  int from[] = {l->null_fd, l->out_fd, l->err_fd, report_fd, l->hold_fd};
+  int n = l->hold_fd >= 0 ? 5 : 4, high[5];
+  for (int i = 0; i < n; i++) {
     high[i] = fcntl(from[i], F_DUPFD_CLOEXEC, 10);
     if (high[i] < 0) monitor_fail(report_fd, "cannot set up the job's files");
   }
   for (int i = 0; i < 3; i++)
     if (dup2(high[i], i) < 0) monitor_fail(high[3], "cannot set up the job's files");
-  if (dup3(high[3], 3, O_CLOEXEC) < 0) monitor_fail(high[3], "cannot set up the job's files");
-  if (close_range(4, ~0U, 0) != 0) {
-    for (int fd = 4; fd < 1024; fd++) close(fd); /* kernels before 5.9 */
+  for (int i = 3; i < n; i++)
+    if (dup3(high[i], i, O_CLOEXEC) < 0) monitor_fail(high[3], "cannot set up the job's files");
+  if (close_range((unsigned)n, ~0U, 0) != 0) {
+    for (int fd = n; fd < 1024; fd++) close(fd); /* kernels before 5.9 */
   }
+}
+
+/* A held monitor waits for "g" on fd 4; anything else (the caller died) ends it quietly. */
+static void hold_wait(const launch *l) {
+  if (l->hold_fd < 0) return;
+  char go = 0;
+  ssize_t got;
+  while ((got = read(4, &go, 1)) < 0 && errno == EINTR) {
+  }
+  if (got != 1 || go != 'g') _exit(0);
+  close(4);
 }
 
 /* The job's side of the fork: its own process group, default signals, its folder, its
@@ -322,8 +300,23 @@ static _Noreturn void monitor_exit(const char *path, const job_status *end) {
   _exit(0);
 }
 
-/* The monitor: reports "+" on the pipe once the job is forked ("-message" on failure),
- * then waits for the job and records how it ended. Starts with every signal blocked. */
+/* Forks the job; when that fails after the caller stopped listening (a held job), the
+ * failure is recorded like a command that could not run. */
+static pid_t job_fork(const launch *l, int report_fd) {
+  pid_t monitor = getpid(), job = fork();
+  if (job == 0) job_exec(l, monitor);
+  if (job > 0) {
+    setpgid(job, job); /* as the job does: whichever runs first, the group exists from now on */
+    return job;
+  }
+  if (report_fd >= 0) monitor_fail(report_fd, "cannot fork the job");
+  dprintf(2, "nas monitor: cannot fork the job: %s\n", strerror(errno));
+  monitor_exit(l->exit_path, &(job_status){.state = JOB_EXITED, .exit_code = EXIT_NOT_STARTED});
+}
+
+/* The monitor: reports "+" on the pipe once the job is forked ("-message" on failure) —
+ * or, when held, once it is ready, then waits for "go" — then waits for the job and
+ * records how it ended. Starts with every signal blocked. */
 static _Noreturn void monitor_main(const launch *l, int report_fd) {
   setsid(); /* out of the caller's session: a Ctrl-C in its terminal reaches neither */
   signals_reset();
@@ -331,13 +324,17 @@ static _Noreturn void monitor_main(const launch *l, int report_fd) {
   report_fd = 3;
   sigset_t waited = monitor_signals();
   sigprocmask(SIG_SETMASK, &waited, NULL);
-  pid_t monitor = getpid();
-  pid_t job = fork();
-  if (job < 0) monitor_fail(report_fd, "cannot fork the job");
-  if (job == 0) job_exec(l, monitor);
-  setpgid(job, job); /* as the job does: whichever runs first, the group exists from now on */
-  if (write(report_fd, "+", 1) != 1) _exit(1); /* the caller is gone; so is the job (PDEATHSIG) */
-  close(report_fd);
+  if (l->hold_fd >= 0) {
+    if (write(report_fd, "+", 1) != 1) _exit(1);
+    close(report_fd);
+    report_fd = -1;
+    hold_wait(l);
+  }
+  pid_t job = job_fork(l, report_fd);
+  if (report_fd >= 0) {
+    if (write(report_fd, "+", 1) != 1) _exit(1); /* caller gone; so is the job (PDEATHSIG) */
+    close(report_fd);
+  }
   job_status end = monitor_wait(job, l);
   monitor_exit(l->exit_path, &end);
 }
@@ -402,9 +399,10 @@ static void launch_release(launch *l) {
 static int launch_prepare(const local_runner *lr, const runner_job *job, launch *l,
                           nas_err *err) {
   *l = (launch){.argv = job->argv, .workdir = job->workdir, .null_fd = -1, .out_fd = -1,
-                .err_fd = -1, .timeout_s = job->timeout_s, .kill_grace = lr->kill_grace};
+                .err_fd = -1, .timeout_s = job->timeout_s, .kill_grace = lr->kill_grace,
+                .hold_fd = -1};
   if (nas_mkdirs(job->run_dir, err) != NAS_OK) return NAS_ERR;
-  l->exit_path = exit_path_of(job->run_dir);
+  l->exit_path = runner_exit_path(job->run_dir);
   if (!l->exit_path) return nas_errf(err, "%s: out of memory", job->run_dir);
   if (unlink(l->exit_path) != 0 && errno != ENOENT)
     return nas_errf(err, "cannot remove old %s: %s", l->exit_path, strerror(errno));
@@ -495,7 +493,7 @@ static int options_read(const json_t *options, local_runner *lr, nas_err *err) {
 }
 
 static int local_create(const json_t *options, void **state, nas_err *err) {
-  local_runner *lr = malloc(sizeof *lr);
+  local_runner *lr = calloc(1, sizeof *lr);
   if (!lr) return nas_errf(err, "out of memory");
   lr->kill_grace = DEFAULT_KILL_GRACE_S;
   if (options && options_read(options, lr, err) != NAS_OK) {
@@ -506,16 +504,85 @@ static int local_create(const json_t *options, void **state, nas_err *err) {
   return NAS_OK;
 }
 
-static void local_free(void *state) { free(state); }
+/* Closing a held job's pipe without "go" ends its monitor before the job runs. */
+static void local_free(void *state) {
+  local_runner *lr = state;
+  for (size_t i = 0; i < lr->n_held; i++) {
+    close(lr->held[i].fd);
+    free(lr->held[i].handle);
+  }
+  free(lr->held);
+  free(lr);
+}
 
-static int local_start(void *state, const runner_job *job, char **handle, nas_err *err) {
+/* Starts a job, held when hold_fd (the monitor's end of the hold pipe) is >= 0. */
+static int start_job(local_runner *lr, const runner_job *job, int hold_fd, char **handle,
+                     nas_err *err) {
   if (job_check(job, err) != NAS_OK) return NAS_ERR;
   launch l;
-  int rc = launch_prepare(state, job, &l, err);
+  int rc = launch_prepare(lr, job, &l, err);
+  l.hold_fd = hold_fd;
   if (rc == NAS_OK) rc = monitor_spawn(&l, handle, err);
   launch_release(&l);
   if (rc != NAS_OK) return nas_err_prefix(err, "cannot start %s", job->argv[0]);
   return NAS_OK;
+}
+
+static int local_start(void *state, const runner_job *job, char **handle, nas_err *err) {
+  return start_job(state, job, -1, handle, err);
+}
+
+static int local_start_held(void *state, const runner_job *job, char **handle, nas_err *err) {
+  local_runner *lr = state;
+  int fds[2];
+  held_job *bigger = realloc(lr->held, (lr->n_held + 1) * sizeof *bigger);
+  if (!bigger) return nas_errf(err, "out of memory");
+  lr->held = bigger;
+  if (pipe2(fds, O_CLOEXEC) != 0) return nas_errf(err, "pipe: %s", strerror(errno));
+  int rc = start_job(lr, job, fds[0], handle, err);
+  close(fds[0]);
+  if (rc != NAS_OK) {
+    close(fds[1]);
+    return rc;
+  }
+  char *key = strdup(*handle);
+  if (!key) { /* closing the pipe ends the monitor before its job runs */
+    close(fds[1]);
+    free(*handle);
+    *handle = NULL;
+    return nas_errf(err, "out of memory");
+  }
+  lr->held[lr->n_held++] = (held_job){.handle = key, .fd = fds[1]};
+  return NAS_OK;
+}
+
+/* Writes "go" without dying of SIGPIPE when the monitor is already gone: the signal is
+ * blocked for the write and a pending one taken back. */
+static bool go_send(int fd) {
+  sigset_t pipe_only, old;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &old);
+  bool sent = write(fd, "g", 1) == 1;
+  if (!sent && errno == EPIPE) {
+    struct timespec none = {0, 0};
+    sigtimedwait(&pipe_only, NULL, &none);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  return sent;
+}
+
+static int local_release(void *state, const char *handle, nas_err *err) {
+  local_runner *lr = state;
+  for (size_t i = 0; i < lr->n_held; i++) {
+    if (!lr->held[i].handle || strcmp(lr->held[i].handle, handle) != 0) continue;
+    bool sent = go_send(lr->held[i].fd);
+    close(lr->held[i].fd);
+    free(lr->held[i].handle);
+    lr->held[i] = lr->held[--lr->n_held];
+    return sent ? NAS_OK : nas_errf(err, "job %s: its monitor is gone", handle);
+  }
+  return nas_errf(err, "job %s was not started held by this runner", handle);
 }
 
 /* exit.json first: once it exists the monitor is done. Otherwise a running monitor means
@@ -525,9 +592,9 @@ static int poll_one(const char *handle, const char *run_dir, job_status *out, na
   monitor_id id;
   if (handle_parse(handle, &id, err) != NAS_OK) return NAS_ERR;
   *out = (job_status){.state = JOB_RUNNING};
-  int found = exit_file_read(run_dir, out, err);
+  int found = runner_exit_file_read(run_dir, out, err);
   if (found == 0 && monitor_running(id)) return NAS_OK;
-  if (found == 0) found = exit_file_read(run_dir, out, err);
+  if (found == 0) found = runner_exit_file_read(run_dir, out, err);
   if (found < 0) return NAS_ERR;
   if (found == 0) out->state = JOB_LOST;
   monitor_reap(id);
@@ -559,4 +626,6 @@ const runner_backend runner_local_backend = {
     .start = local_start,
     .poll = local_poll,
     .stop = local_stop,
+    .start_held = local_start_held,
+    .release = local_release,
 };

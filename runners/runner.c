@@ -14,7 +14,7 @@ struct runner {
   void *state;                   /* owned by the backend */
 };
 
-static const runner_backend *const backends[] = {&runner_local_backend};
+static const runner_backend *const backends[] = {&runner_local_backend, &runner_slurm_backend};
 #define N_BACKENDS (sizeof backends / sizeof backends[0])
 
 const char *job_state_name(job_state state) {
@@ -68,6 +68,41 @@ void runner_free(runner *r) {
 
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err) {
   return r->backend->start(r->state, job, handle, err);
+}
+
+int runner_start_held(runner *r, const runner_job *job, char **handle, nas_err *err) {
+  if (!r->backend->start_held) return r->backend->start(r->state, job, handle, err);
+  return r->backend->start_held(r->state, job, handle, err);
+}
+
+int runner_release(runner *r, const char *handle, nas_err *err) {
+  return r->backend->release ? r->backend->release(r->state, handle, err) : NAS_OK;
+}
+
+/* Starts the jobs one by one; stops those started when one fails. */
+static int start_each(runner *r, const runner_job *jobs, size_t n, char **handles,
+                      nas_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    if (runner_start(r, &jobs[i], &handles[i], err) == NAS_OK) continue;
+    while (i-- > 0) {
+      runner_stop(r, handles[i], jobs[i].run_dir, NULL);
+      free(handles[i]);
+      handles[i] = NULL;
+    }
+    return NAS_ERR;
+  }
+  return NAS_OK;
+}
+
+int runner_start_batch(runner *r, const runner_job *jobs, size_t n, char **handles,
+                       nas_err *err) {
+  for (size_t i = 0; i < n; i++) handles[i] = NULL;
+  if (n == 0) return NAS_OK;
+  if (r->backend->start_batch) {
+    int rc = r->backend->start_batch(r->state, jobs, n, handles, err);
+    if (rc != NAS_ENOTFOUND) return rc;
+  }
+  return start_each(r, jobs, n, handles, err);
 }
 
 int runner_poll(runner *r, char *const *handles, char *const *run_dirs, size_t n,

@@ -1,5 +1,5 @@
-/* runners: where trials run. One interface, a backend per file (local.c now; slurm.c
- * later), chosen by the spec's `runner: {type: …}`.
+/* runners: where trials run. One interface, a backend per file (local.c, slurm.c), chosen
+ * by the spec's `runner: {type: …}`.
  *
  * A runner starts a job for a trial and gives back a handle: a short string the scheduler
  * stores before it does anything else with it, so that a scheduler restarted after a crash
@@ -39,8 +39,10 @@ typedef enum {
 
 typedef struct {
   job_state state;
-  int exit_code;  /* JOB_EXITED */
-  int signal;     /* JOB_SIGNALED */
+  int exit_code;    /* JOB_EXITED */
+  int signal;       /* JOB_SIGNALED */
+  char detail[160]; /* the runner's own words on how the job ended, for messages ("Slurm job
+                       12: OUT_OF_MEMORY"); "" when it has none to add */
 } job_status;
 
 const char *job_state_name(job_state state);
@@ -52,6 +54,19 @@ void runner_free(runner *r);
 
 /* Starts a job; *handle (owned) identifies it from now on, also to another process. */
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err);
+/* Starts n jobs; handles[i] (owned) identifies jobs[i] exactly as runner_start's handle
+ * would. A backend that can submits them as one unit (slurm with `array: true`: one job
+ * array); the others start them one by one. All or nothing: on failure no job is left
+ * running and no handle is returned. */
+int runner_start_batch(runner *r, const runner_job *jobs, size_t n, char **handles,
+                       nas_err *err);
+/* Like runner_start, but the job waits until runner_release: the caller stores the handle
+ * first, so a caller that dies between starting and storing leaves no job running that
+ * nobody knows of (a held job whose starter is gone never runs; polling its handle then
+ * says JOB_LOST). Backends that cannot hold start the job at once. */
+int runner_start_held(runner *r, const runner_job *job, char **handle, nas_err *err);
+/* Lets a job started held run. */
+int runner_release(runner *r, const char *handle, nas_err *err);
 /* Learns the state of n jobs in one go; run_dirs[i] is the run folder handles[i] was
  * started with. Works for handles started by an earlier process too (after a restart). */
 int runner_poll(runner *r, char *const *handles, char *const *run_dirs, size_t n,

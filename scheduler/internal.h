@@ -9,10 +9,22 @@
 #include "runners/runner.h"
 #include "scheduler/scheduler.h"
 
+/* Why the loop asked a job to stop, which decides what its trial becomes. */
+typedef enum {
+  STOP_NONE,
+  STOP_REQUESTED, /* signal, `nas stop`, wall time: the trial ends stopped */
+  STOP_EARLY,     /* early-stopping rule: stopped, with the verdict as its reason */
+  STOP_SILENT,    /* no heartbeat for trial.heartbeat_timeout: lost, so retried */
+} stop_reason;
+
 /* A trial this process is watching: launched now or found running after a restart. */
 typedef struct {
-  trial_row row;   /* owned; status and log_offset kept current */
-  char *run_dir;   /* owned */
+  trial_row row;        /* owned; status and log_offset kept current */
+  char *run_dir;        /* owned */
+  double last_heard;    /* Unix seconds of its last sign of life seen here */
+  stop_reason stop;     /* why it was asked to stop, if it was */
+  char *stop_why;       /* owned text for STOP_EARLY / STOP_SILENT */
+  size_t next_rung;     /* ASHA: first rung not yet passed */
 } inflight;
 
 /* Counts of trials per status, for progress and stopping decisions. */
@@ -31,11 +43,13 @@ typedef struct {
   char *storage_url;          /* owned: absolute, handed to trials */
   inflight *jobs;             /* owned; n_jobs in flight */
   size_t n_jobs, cap_jobs;
-  trial_row *queued;          /* owned: queued trials found at start-up, oldest first */
-  size_t n_queued;
+  trial_row *queued;          /* owned: trials to launch before new ones (found queued at
+                                 start-up, or requeued to retry), oldest first */
+  size_t n_queued, cap_queued;
   trial_counts counts;
   bool draining;              /* launch nothing more (first signal, wall time) */
   bool stopping;              /* running trials were told to stop */
+  sched_outcome outcome;      /* what ended (or is ending) the run */
   double deadline;            /* monotonic seconds; 0 = none */
   sigset_t waited;            /* signals the loop blocks and waits on */
   sigset_t old_mask;
@@ -43,7 +57,8 @@ typedef struct {
 } sched;
 
 /* launch.c */
-char *sched_run_dir(const sched *sc, int number);
+/* Appends a trial to the launch queue (taking over row's contents). */
+int sched_enqueue(sched *sc, trial_row *row, nas_err *err);
 /* Launches a queued trial: job started, job id stored, trial tracked. A job that cannot
  * start is recorded as a failed trial (not an error of the loop). row's contents move
  * into the job list on success. */

@@ -2,13 +2,29 @@
  * with parameters substituted, environment — and recording the job id before anything
  * else happens with it. */
 #include <ctype.h>
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "scheduler/internal.h"
 
-char *sched_run_dir(const sched *sc, int number) {
-  return nas_asprintf("%s/runs/%s/%d", sc->exp->run_root, sc->exp->name, number);
+char *sched_run_dir(const experiment_row *exp, int number, int attempt) {
+  if (attempt <= 1) return nas_asprintf("%s/runs/%s/%d", exp->run_root, exp->name, number);
+  return nas_asprintf("%s/runs/%s/%d.%d", exp->run_root, exp->name, number, attempt);
+}
+
+int sched_enqueue(sched *sc, trial_row *row, nas_err *err) {
+  if (sc->n_queued == sc->cap_queued) {
+    size_t cap = sc->cap_queued ? 2 * sc->cap_queued : 8;
+    trial_row *bigger = realloc(sc->queued, cap * sizeof *bigger);
+    if (!bigger) return nas_errf(err, "out of memory");
+    sc->queued = bigger;
+    sc->cap_queued = cap;
+  }
+  sc->queued[sc->n_queued++] = *row;
+  memset(row, 0, sizeof *row);
+  return NAS_OK;
 }
 
 /* NAS_PARAM_<NAME>: the name upper-cased, anything but letters and digits as '_'. */
@@ -31,13 +47,14 @@ static void env_free(char **env) {
  * wins over the spec when names clash). Owned, NULL-terminated. */
 static char **trial_env(const sched *sc, const trial_row *row, const json_t *params,
                         const char *run_dir) {
-  size_t cap = sc->s->trial.n_env + json_object_size(params) + 8, n = 0;
+  size_t cap = sc->s->trial.n_env + json_object_size(params) + 9, n = 0;
   char **env = calloc(cap, sizeof *env);
   if (!env) return NULL;
   for (size_t i = 0; i < sc->s->trial.n_env; i++) env[n++] = strdup(sc->s->trial.env[i]);
   char *params_text = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);
   env[n++] = nas_asprintf("NAS_TRIAL_ID=%lld", (long long)row->id);
   env[n++] = nas_asprintf("NAS_TRIAL_NUMBER=%d", row->number);
+  env[n++] = nas_asprintf("NAS_ATTEMPT=%d", row->attempts + 1);
   env[n++] = nas_asprintf("NAS_EXPERIMENT=%s", sc->exp->name);
   env[n++] = nas_asprintf("NAS_STORAGE=%s", sc->storage_url);
   env[n++] = nas_asprintf("NAS_RUN_DIR=%s", run_dir);
@@ -54,11 +71,41 @@ static char **trial_env(const sched *sc, const trial_row *row, const json_t *par
   return env;
 }
 
-/* Starts the job; on success *handle is owned by the caller. */
+/* What the job executes: the spec's command with the parameters filled in, or for a
+ * built-in trial this same nas binary as `nas worker --trial ID --storage URL`. A URL
+ * with a password stays out of the arguments (others can read them); the worker then
+ * takes it from NAS_STORAGE. Owned, NULL-terminated (spec_argv_free). */
+static int trial_argv(const sched *sc, const trial_row *row, const json_t *params,
+                      char ***argv, nas_err *err) {
+  if (!sc->s->trial.builtin) return spec_render_argv(sc->s, params, argv, err);
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len < 0) return nas_errf(err, "cannot find the nas binary: /proc/self/exe: %s", strerror(errno));
+  exe[len] = '\0';
+  char *shown = storage_url_redacted(sc->storage_url);
+  bool secret = !shown || strcmp(shown, sc->storage_url) != 0;
+  free(shown);
+  char *list[] = {strdup(exe), strdup("worker"), strdup("--trial"),
+                  nas_asprintf("%lld", (long long)row->id), secret ? NULL : strdup("--storage"),
+                  secret ? NULL : strdup(sc->storage_url), NULL};
+  size_t n = secret ? 4 : 6;
+  bool complete = true;
+  for (size_t i = 0; i < n; i++) complete = complete && list[i];
+  *argv = complete ? calloc(n + 1, sizeof **argv) : NULL;
+  if (*argv) {
+    memcpy(*argv, list, n * sizeof *list);
+    return NAS_OK;
+  }
+  for (size_t i = 0; i < n; i++) free(list[i]);
+  return nas_errf(err, "out of memory");
+}
+
+/* Starts the job held (see runner_start_held); on success *handle is owned by the
+ * caller. */
 static int start_job(sched *sc, const trial_row *row, const json_t *params,
                      const char *run_dir, char **handle, nas_err *err) {
   char **argv = NULL, **env = NULL;
-  if (spec_render_argv(sc->s, params, &argv, err) != NAS_OK) return NAS_ERR;
+  if (trial_argv(sc, row, params, &argv, err) != NAS_OK) return NAS_ERR;
   env = trial_env(sc, row, params, run_dir);
   if (!env) {
     spec_argv_free(argv);
@@ -66,7 +113,7 @@ static int start_job(sched *sc, const trial_row *row, const json_t *params,
   }
   runner_job job = {.argv = argv, .workdir = sc->s->trial.workdir, .run_dir = run_dir,
                     .env = env, .timeout_s = sc->s->trial.timeout_s};
-  int rc = runner_start(sc->rn, &job, handle, err);
+  int rc = runner_start_held(sc->rn, &job, handle, err);
   spec_argv_free(argv);
   env_free(env);
   return rc;
@@ -90,8 +137,17 @@ int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err) {
     sc->jobs = bigger;
     sc->cap_jobs = cap;
   }
-  sc->jobs[sc->n_jobs++] = (inflight){.row = *row, .run_dir = run_dir};
+  sc->jobs[sc->n_jobs++] = (inflight){.row = *row, .run_dir = run_dir, .last_heard = nas_now()};
   memset(row, 0, sizeof *row); /* ownership moved into the job list */
+  return NAS_OK;
+}
+
+/* A retry reads a fresh log from its start: the stored offset goes back to 0 before the
+ * job exists, so a crash in between cannot make the next process skip its first lines. */
+static int reset_log_offset(sched *sc, trial_row *row, nas_err *err) {
+  if (row->attempts == 0 || row->log_offset == 0) return NAS_OK;
+  if (storage_metrics_add(sc->st, row->id, NULL, 0, 0, err) != NAS_OK) return NAS_ERR;
+  row->log_offset = 0;
   return NAS_OK;
 }
 
@@ -101,7 +157,11 @@ int sched_launch(sched *sc, trial_row *row, nas_err *err) {
   if (!params)
     return nas_errf(err, "trial %d: stored parameters are not JSON: %s", row->number,
                     jerr.text);
-  char *run_dir = sched_run_dir(sc, row->number);
+  if (reset_log_offset(sc, row, err) != NAS_OK) {
+    json_decref(params);
+    return NAS_ERR;
+  }
+  char *run_dir = sched_run_dir(sc->exp, row->number, row->attempts + 1);
   char *handle = NULL;
   nas_err why;
   int rc = NAS_OK;
@@ -110,10 +170,14 @@ int sched_launch(sched *sc, trial_row *row, nas_err *err) {
   } else if (start_job(sc, row, params, run_dir, &handle, &why) != NAS_OK) {
     rc = record_launch_failure(sc, row, why.msg, err);
   } else if (storage_trial_start(sc->st, row->id, handle, err) != NAS_OK) {
-    /* The job runs but storage cannot say so: stop it rather than run it untracked. */
+    /* Storage cannot record the job: it must never run. Stopping a held job ends it. */
     runner_stop(sc->rn, handle, run_dir, NULL);
     rc = NAS_ERR;
   } else {
+    /* Released only now that storage knows it: a crash before this line leaves a held
+     * job that never runs and that the next poll finds lost (and retries). */
+    if (runner_release(sc->rn, handle, &why) != NAS_OK)
+      nas_log("%s: trial %d: %s", sc->exp->name, row->number, why.msg);
     sched_count(sc, row->status, TRIAL_RUNNING);
     row->status = TRIAL_RUNNING;
     row->attempts++;

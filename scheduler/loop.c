@@ -19,8 +19,9 @@
 /* ---- metrics and final states ---------------------------------------------------------- */
 
 /* Stores the metric lines the job printed since the last look; `ended` reads a last line
- * without its newline too, since the log will not grow any more. */
-static int ingest_metrics(sched *sc, inflight *job, bool ended, nas_err *err) {
+ * without its newline too, since the log will not grow any more. Any new output counts as
+ * a sign of life; *news (may be NULL) is set when intermediate values arrived. */
+static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_err *err) {
   char *log = nas_asprintf("%s/stdout.log", job->run_dir);
   if (!log) return nas_errf(err, "out of memory");
   metric_set set = {0};
@@ -32,7 +33,10 @@ static int ingest_metrics(sched *sc, inflight *job, bool ended, nas_err *err) {
   if (rc == NAS_OK && offset != job->row.log_offset) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
     if (rc == NAS_OK) job->row.log_offset = offset;
+    job->last_heard = nas_now();
   }
+  for (size_t i = 0; news && rc == NAS_OK && i < set.n; i++)
+    *news |= set.obs[i].step != METRIC_FINAL;
   if (rc == NAS_OK && bad > 0)
     sched_progress_event(sc, &job->row, warn.msg);
   metric_set_free(&set);
@@ -53,6 +57,18 @@ static const char *missing_objective(sched *sc, const trial_row *row, nas_err *e
   }
   sched_results_free(&r);
   return missing;
+}
+
+/* A lost job (vanished, silent, its node failed) is no fault of the trial: it goes back
+ * to the queue until it has had trial.max_attempts launches. */
+static int judge_lost(const sched *sc, const inflight *job, const char *cause,
+                      trial_status *status, char **why) {
+  int attempts = job->row.attempts, most = sc->s->trial.max_attempts;
+  *status = attempts < most ? TRIAL_QUEUED : TRIAL_FAILED;
+  *why = attempts < most
+             ? nas_asprintf("lost (%s); retrying, attempt %d of %d", cause, attempts + 1, most)
+             : nas_asprintf("lost (%s) on each of its %d attempts", cause, attempts);
+  return NAS_OK;
 }
 
 /* Decides a finished job's trial status and error text (owned, or NULL). */
@@ -85,23 +101,61 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
     *why = nas_asprintf("stopped at its time limit of %g s", sc->s->trial.timeout_s);
     return NAS_OK;
   case JOB_STOPPED:
+    if (job->stop == STOP_SILENT) return judge_lost(sc, job, job->stop_why, status, why);
     *status = TRIAL_STOPPED;
-    *why = strdup("stopped on request");
+    *why = strdup(job->stop == STOP_EARLY ? job->stop_why : "stopped on request");
     return NAS_OK;
   case JOB_LOST:
   case JOB_RUNNING:
     break;
   }
-  *status = TRIAL_FAILED;
-  *why = strdup("lost: its process vanished without leaving an exit status");
+  return judge_lost(sc, job, "its process vanished without leaving an exit status", status,
+                    why);
+}
+
+/* Too many failures: launch nothing more and end with a failure outcome. */
+static void check_failure_rate(sched *sc, const char *last_error) {
+  const int *by = sc->counts.by_status;
+  int failed = by[TRIAL_FAILED] + by[TRIAL_TIMEOUT];
+  int ended = failed + by[TRIAL_COMPLETED] + by[TRIAL_STOPPED];
+  double rate = sc->s->budget.max_failure_rate;
+  if (sc->outcome == SCHED_TOO_MANY_FAILURES || rate >= 1 || ended < 5 ||
+      failed <= rate * ended)
+    return;
+  nas_log("%s: %d of %d ended trials failed, more than budget.max_failure_rate %g allows; "
+          "launching no more (last error: %s)",
+          sc->exp->name, failed, ended, rate, last_error ? last_error : "none recorded");
+  sc->draining = true;
+  sc->outcome = SCHED_TOO_MANY_FAILURES;
+}
+
+/* Patience: the front stopped improving. */
+static int check_patience(sched *sc, nas_err *err) {
+  if (sc->s->budget.patience_trials == 0 || sc->draining) return NAS_OK;
+  sched_results r;
+  if (sched_results_load(sc->st, sc->s, sc->exp->id, &r, err) != NAS_OK) return NAS_ERR;
+  double before, now;
+  if (sched_patience_spent(sc->s, &r, &before, &now)) {
+    nas_log("%s: hypervolume %.6g → %.6g over the last %d completed trials, less than "
+            "budget.patience allows; launching no more",
+            sc->exp->name, before, now, sc->s->budget.patience_trials);
+    sc->draining = true;
+  }
+  sched_results_free(&r);
   return NAS_OK;
+}
+
+/* Checks that follow every trial that ended for good; why is its error, if any. */
+static int after_trial_end(sched *sc, const char *why, nas_err *err) {
+  check_failure_rate(sc, why);
+  return check_patience(sc, err);
 }
 
 static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   inflight *job = &sc->jobs[i];
   trial_status status;
   char *why = NULL;
-  int rc = ingest_metrics(sc, job, true, err);
+  int rc = ingest_metrics(sc, job, true, NULL, err);
   if (rc == NAS_OK) rc = judge(sc, job, js, &status, &why, err);
   if (rc == NAS_OK)
     rc = storage_trial_finish(sc->st, job->row.id, status, js->state == JOB_EXITED,
@@ -113,14 +167,79 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   sched_count(sc, job->row.status, status);
   job->row.status = status;
   sched_progress_event(sc, &job->row, why);
-  free(why);
+  rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
   trial_row_clear(&job->row);
   free(job->run_dir);
+  free(job->stop_why);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
+  if (rc == NAS_OK && trial_status_final(status)) rc = after_trial_end(sc, why, err);
+  free(why);
+  return rc;
+}
+
+/* Asks a running job to stop, remembering why (owned text, may be NULL). */
+static void stop_job(sched *sc, inflight *job, stop_reason reason, char *why) {
+  nas_err ignored;
+  runner_stop(sc->rn, job->row.job_id, job->run_dir, &ignored);
+  job->stop = reason;
+  free(job->stop_why);
+  job->stop_why = why;
+}
+
+/* When the job last showed life: output seen here, or a heartbeat stored by the trial
+ * itself (`nas report`, `nas worker`), re-read only when the first looks stale. */
+static double last_sign_of_life(sched *sc, inflight *job, double timeout, double now) {
+  if (now - job->last_heard <= timeout) return job->last_heard;
+  trial_row fresh;
+  nas_err ignored;
+  if (storage_trial_get(sc->st, job->row.id, &fresh, &ignored) == NAS_OK) {
+    job->row.heartbeat_at = fresh.heartbeat_at;
+    trial_row_clear(&fresh);
+  }
+  return job->row.heartbeat_at > job->last_heard ? job->row.heartbeat_at : job->last_heard;
+}
+
+/* A trial silent for longer than trial.heartbeat_timeout is treated as lost. */
+static void check_heartbeats(sched *sc) {
+  double timeout = sc->s->trial.heartbeat_timeout_s, now = nas_now();
+  if (timeout <= 0) return;
+  for (size_t i = 0; i < sc->n_jobs; i++) {
+    inflight *job = &sc->jobs[i];
+    if (job->stop != STOP_NONE) continue;
+    double heard = last_sign_of_life(sc, job, timeout, now);
+    if (now - heard > timeout)
+      stop_job(sc, job, STOP_SILENT, nas_asprintf("no output nor heartbeat for %.0f s", now - heard));
+  }
+}
+
+static int find_curve(const sched_curve *curves, size_t n, int64_t trial_id) {
+  for (size_t i = 0; i < n; i++)
+    if (curves[i].trial_id == trial_id) return (int)i;
+  return -1;
+}
+
+/* Applies the early-stopping rule to every running trial. */
+static int check_early_stopping(sched *sc, nas_err *err) {
+  sched_curve *curves;
+  size_t n;
+  if (sched_curves_load(sc->st, sc->s, sc->exp->id, &curves, &n, err) != NAS_OK) return NAS_ERR;
+  for (size_t i = 0; i < sc->n_jobs; i++) {
+    inflight *job = &sc->jobs[i];
+    int c = find_curve(curves, n, job->row.id);
+    if (job->stop != STOP_NONE || c < 0) continue;
+    sched_verdict v;
+    sched_early_stop_judge(sc->s, curves, n, (size_t)c, &job->next_rung, &v);
+    if (v.stop)
+      stop_job(sc, job, STOP_EARLY,
+               nas_asprintf("stopped early at step %lld: %zu of the %zu trials there did better",
+                            (long long)v.step, v.better, v.compared));
+  }
+  sched_curves_free(curves, n);
   return NAS_OK;
 }
 
-/* Polls every job once; stores new metrics of running ones, finishes ended ones. */
+/* Polls every job once; stores new metrics of running ones, finishes ended ones, then
+ * applies heartbeats and early stopping to those still running. */
 static int poll_jobs(sched *sc, nas_err *err) {
   size_t n = sc->n_jobs;
   if (n == 0) return NAS_OK;
@@ -132,12 +251,16 @@ static int poll_jobs(sched *sc, nas_err *err) {
     dirs[i] = sc->jobs[i].run_dir;
   }
   if (rc == NAS_OK) rc = runner_poll(sc->rn, handles, dirs, n, states, err);
+  bool news = false;
   /* Walk backwards: finish_job moves the last job into the finished one's place. */
   for (size_t i = n; rc == NAS_OK && i-- > 0;)
-    rc = states[i].state == JOB_RUNNING ? ingest_metrics(sc, &sc->jobs[i], false, err)
+    rc = states[i].state == JOB_RUNNING ? ingest_metrics(sc, &sc->jobs[i], false, &news, err)
                                         : finish_job(sc, i, &states[i], err);
   free(handles), free(dirs), free(states);
-  return rc;
+  if (rc != NAS_OK) return rc;
+  check_heartbeats(sc);
+  return news && sc->s->early_stopping.rule != EARLY_STOP_NONE ? check_early_stopping(sc, err)
+                                                                 : NAS_OK;
 }
 
 /* ---- suggestions and launches ----------------------------------------------------------- */
@@ -265,18 +388,16 @@ static int rebuild(sched *sc, nas_err *err) {
   trial_row *rows;
   size_t n;
   if (storage_trial_list(sc->st, sc->exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
-  sc->queued = calloc(n ? n : 1, sizeof *sc->queued);
-  int rc = sc->queued ? NAS_OK : nas_errf(err, "out of memory");
+  int rc = NAS_OK;
   for (size_t i = 0; i < n && rc == NAS_OK; i++) {
     sched_count(sc, TRIAL_STATUS_COUNT, rows[i].status);
     if (rows[i].status == TRIAL_RUNNING) {
       sched_progress_event(sc, &rows[i], "re-attached");
-      char *run_dir = sched_run_dir(sc, rows[i].number);
+      char *run_dir = sched_run_dir(sc->exp, rows[i].number, rows[i].attempts);
       rc = run_dir ? sched_track(sc, &rows[i], run_dir, err) : nas_errf(err, "out of memory");
       if (rc != NAS_OK) free(run_dir);
     } else if (rows[i].status == TRIAL_QUEUED) {
-      sc->queued[sc->n_queued++] = rows[i];
-      memset(&rows[i], 0, sizeof rows[i]);
+      rc = sched_enqueue(sc, &rows[i], err);
     }
   }
   trial_rows_free(rows, n);
@@ -286,10 +407,8 @@ static int rebuild(sched *sc, nas_err *err) {
 /* ---- signals, waiting, stopping -------------------------------------------------------- */
 
 static void stop_all(sched *sc) {
-  for (size_t i = 0; i < sc->n_jobs; i++) {
-    nas_err ignored;
-    runner_stop(sc->rn, sc->jobs[i].row.job_id, sc->jobs[i].run_dir, &ignored);
-  }
+  for (size_t i = 0; i < sc->n_jobs; i++)
+    if (sc->jobs[i].stop != STOP_SILENT) stop_job(sc, &sc->jobs[i], STOP_REQUESTED, NULL);
   sc->stopping = true;
 }
 
@@ -326,6 +445,21 @@ static void check_deadline(sched *sc) {
   stop_all(sc);
 }
 
+/* `nas stop` from another terminal marks the experiment stopped in storage. */
+static int check_stop_request(sched *sc, bool *interrupted, nas_err *err) {
+  if (sc->stopping) return NAS_OK;
+  experiment_row now;
+  if (storage_experiment_get(sc->st, sc->exp->name, &now, err) != NAS_OK) return NAS_ERR;
+  if (strcmp(now.status, "stopped") == 0) {
+    nas_log("%s: stopped by 'nas stop': stopping %zu running trials", sc->exp->name, sc->n_jobs);
+    *interrupted = true;
+    sc->draining = true;
+    stop_all(sc);
+  }
+  experiment_row_clear(&now);
+  return NAS_OK;
+}
+
 static bool done(const sched *sc) {
   if (sc->n_jobs > 0) return false;
   return sc->draining || (sc->counts.total >= sc->s->budget.max_trials && sc->n_queued == 0);
@@ -333,7 +467,8 @@ static bool done(const sched *sc) {
 
 static int loop(sched *sc, bool *interrupted, nas_err *err) {
   while (true) {
-    if (poll_jobs(sc, err) != NAS_OK) return NAS_ERR;
+    if (poll_jobs(sc, err) != NAS_OK || check_stop_request(sc, interrupted, err) != NAS_OK)
+      return NAS_ERR;
     check_deadline(sc);
     if (launch_new(sc, err) != NAS_OK) return NAS_ERR;
     sched_progress_tick(sc);
@@ -348,6 +483,7 @@ static void sched_free(sched *sc) {
   for (size_t i = 0; i < sc->n_jobs; i++) {
     trial_row_clear(&sc->jobs[i].row);
     free(sc->jobs[i].run_dir);
+    free(sc->jobs[i].stop_why);
   }
   free(sc->jobs);
   trial_rows_free(sc->queued, sc->n_queued);
@@ -385,10 +521,12 @@ int sched_run(const spec *s, storage *st, const experiment_row *exp,
   if (rc == NAS_OK) rc = storage_experiment_set_status(st, exp->id, "running", err);
   if (rc == NAS_OK) rc = rebuild(&sc, err);
   if (rc == NAS_OK) rc = loop(&sc, &interrupted, err);
+  if (interrupted) sc.outcome = SCHED_INTERRUPTED;
   if (rc == NAS_OK)
-    rc = storage_experiment_set_status(st, exp->id, interrupted ? "stopped" : "finished", err);
+    rc = storage_experiment_set_status(st, exp->id,
+                                       sc.outcome == SCHED_FINISHED ? "finished" : "stopped", err);
   sched_progress_done(&sc);
-  *outcome = interrupted ? SCHED_INTERRUPTED : SCHED_FINISHED;
+  *outcome = sc.outcome;
   sched_free(&sc);
   return rc;
 }

@@ -146,23 +146,35 @@ static bool feasible(const spec *s, const sched_results *r, size_t t) {
   return true;
 }
 
-int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, double *hv,
-                double *ref, nas_err *err) {
-  size_t m = s->n_objectives;
-  size_t *cand = malloc((r->n_trials ? r->n_trials : 1) * sizeof *cand);
-  double *Y = calloc((r->n_trials ? r->n_trials : 1) * m, sizeof *Y);
-  double *raw = calloc(m, sizeof *raw);
-  bool *on_front = malloc((r->n_trials ? r->n_trials : 1) * sizeof *on_front);
-  if (!cand || !Y || !raw || !on_front) {
-    free(cand), free(Y), free(raw), free(on_front);
+int sched_completed_points(const spec *s, const sched_results *r, double **Y, size_t **idx,
+                           size_t *n, nas_err *err) {
+  size_t m = s->n_objectives, cap = r->n_trials ? r->n_trials : 1;
+  *Y = calloc(cap * m, sizeof **Y);
+  *idx = malloc(cap * sizeof **idx);
+  *n = 0;
+  if (!*Y || !*idx) {
+    free(*Y), free(*idx);
+    *Y = NULL, *idx = NULL;
     return nas_errf(err, "out of memory");
   }
-  size_t k = 0;
   for (size_t t = 0; t < r->n_trials; t++) {
     if (r->trials[t].status != TRIAL_COMPLETED || !feasible(s, r, t)) continue;
-    for (size_t j = 0; j < m; j++) raw[j] = r->values[t * r->n_metrics + j]; /* objectives first */
-    objectives_to_min(s, raw, Y + k * m);
-    cand[k++] = t;
+    objectives_to_min(s, r->values + t * r->n_metrics, *Y + *n * m); /* objectives first */
+    (*idx)[(*n)++] = t;
+  }
+  return NAS_OK;
+}
+
+int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, double *hv,
+                double *ref, nas_err *err) {
+  size_t m = s->n_objectives, k;
+  double *Y;
+  size_t *cand;
+  if (sched_completed_points(s, r, &Y, &cand, &k, err) != NAS_OK) return NAS_ERR;
+  bool *on_front = malloc((k ? k : 1) * sizeof *on_front);
+  if (!on_front) {
+    free(Y), free(cand);
+    return nas_errf(err, "out of memory");
   }
   pareto_mask(Y, k, m, on_front);
   reference_point(s, Y, k, ref);
@@ -172,6 +184,6 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, 
     if (on_front[i]) cand[f++] = cand[i];
   *idx = cand;
   *n = f;
-  free(Y), free(raw), free(on_front);
+  free(Y), free(on_front);
   return NAS_OK;
 }

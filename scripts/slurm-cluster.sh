@@ -2,7 +2,10 @@
 # A throwaway single-node Slurm cluster on localhost, for tests and benchmarks.
 #
 #   scripts/slurm-cluster.sh start DIR   # prints "export SLURM_CONF=DIR/slurm.conf" when ready
-#   scripts/slurm-cluster.sh stop DIR    # stops the daemons started in DIR
+#   scripts/slurm-cluster.sh stop DIR    # cancels its jobs, stops the daemons started in DIR
+#   scripts/slurm-cluster.sh guard DIR   # waits until stdin closes, then stops (for callers
+#                                        # that may die without cleaning up: they hold the
+#                                        # other end of the pipe)
 #
 # Everything lives in DIR (a folder the caller made and later removes; its parents must be
 # searchable by the munge user): munge's socket,
@@ -18,7 +21,7 @@
 # `scontrol show job` for an hour, like a cluster without accounting.
 set -euo pipefail
 
-usage() { echo "usage: $0 start|stop DIR" >&2; exit 2; }
+usage() { echo "usage: $0 start|stop|guard DIR" >&2; exit 2; }
 [[ $# -eq 2 ]] || usage
 action=$1
 dir=$(realpath -m "$2")
@@ -123,7 +126,20 @@ start() {
   exit 1
 }
 
+# Cancels every job of this cluster and waits (up to 10 s) for their processes to end, so
+# that no job step outlives the daemons.
+cancel_jobs() {
+  [[ -s $dir/slurmctld.pid ]] && kill -0 "$(<"$dir/slurmctld.pid")" 2>/dev/null || return 0
+  export SLURM_CONF=$dir/slurm.conf
+  scancel --me 2>/dev/null || true
+  for _ in $(seq 100); do
+    [[ -z $(squeue -h -t running,completing,configuring,suspended -o %i 2>/dev/null) ]] && return 0
+    sleep 0.1
+  done
+}
+
 stop() {
+  cancel_jobs
   stop_pidfile "$dir/slurmd.pid"
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/munge/munged.pid"
@@ -132,5 +148,6 @@ stop() {
 case $action in
   start) start ;;
   stop) stop ;;
+  guard) cat >/dev/null; stop ;;
   *) usage ;;
 esac

@@ -139,11 +139,49 @@ static void write_constraints(FILE *out, const spec *s) {
 static void write_command(FILE *out, const spec *s) {
   write_strings(out, s->trial.argv, s->trial.argc);
 }
+/* "none", or the model, the dataset and the settings written (sorted by name). */
+static void write_builtin(FILE *out, const spec *s) {
+  const builtin_spec *b = s->trial.builtin;
+  if (!b) {
+    fputs("none", out);
+    return;
+  }
+  fprintf(out, "%s on ", b->model);
+  write_quoted(out, b->dataset);
+  fputc(' ', out);
+  write_options(out, b->settings);
+}
 static void write_workdir(FILE *out, const spec *s) { fputs(s->trial.workdir, out); }
 static void write_timeout(FILE *out, const spec *s) { write_duration(out, s->trial.timeout_s); }
 static void write_trials(FILE *out, const spec *s) { fprintf(out, "%d", s->budget.max_trials); }
 static void write_parallel(FILE *out, const spec *s) { fprintf(out, "%d", s->budget.parallel); }
 static void write_wall_time(FILE *out, const spec *s) { write_duration(out, s->budget.max_wall_s); }
+static void write_max_attempts(FILE *out, const spec *s) { fprintf(out, "%d", s->trial.max_attempts); }
+static void write_heartbeat(FILE *out, const spec *s) {
+  write_duration(out, s->trial.heartbeat_timeout_s);
+}
+static void write_failure_rate(FILE *out, const spec *s) {
+  write_number(out, s->budget.max_failure_rate);
+}
+static void write_patience(FILE *out, const spec *s) {
+  fprintf(out, "%d trials, min_improvement ", s->budget.patience_trials);
+  write_number(out, s->budget.patience_min_improvement);
+}
+static void write_early_stopping(FILE *out, const spec *s) {
+  const early_stop_spec *es = &s->early_stopping;
+  static const char *const rules[] = {"none", "median", "asha"};
+  fprintf(out, "%s", rules[es->rule]);
+  if (es->rule == EARLY_STOP_NONE) return;
+  fputs(" on", out);
+  for (size_t i = 0; i < es->n_objectives; i++)
+    fprintf(out, " %s", s->objectives[es->objectives[i]].name);
+  fprintf(out, ", min_steps %ld, min_trials %d", es->min_steps, es->min_trials);
+  if (es->rule != EARLY_STOP_ASHA) return;
+  fputs(", reduction_factor ", out);
+  write_number(out, es->reduction_factor);
+  fputs(", rungs", out);
+  for (size_t i = 0; i < es->n_rungs; i++) fprintf(out, " %ld", es->rungs[i]);
+}
 static void write_runner(FILE *out, const spec *s) { fputs(s->runner.type, out); }
 static void write_runner_options(FILE *out, const spec *s) {
   write_options(out, s->runner.options);
@@ -169,16 +207,22 @@ static const field_writer tail_fields[] = {
     {"objectives", write_objectives},
     {"constraints", write_constraints},
     {"trial.command", write_command},
+    {"trial.builtin", write_builtin},
     {"trial.workdir", write_workdir},
     {"trial.env", write_env},
     {"trial.timeout", write_timeout},
+    {"trial.max_attempts", write_max_attempts},
+    {"trial.heartbeat_timeout", write_heartbeat},
     {"budget.trials", write_trials},
     {"budget.parallel", write_parallel},
     {"budget.wall_time", write_wall_time},
+    {"budget.max_failure_rate", write_failure_rate},
+    {"budget.patience", write_patience},
     {"runner.type", write_runner},
     {"runner.options", write_runner_options},
     {"optimizer.type", write_optimizer},
     {"optimizer.options", write_optimizer_options},
+    {"early_stopping", write_early_stopping},
 };
 
 /* Canonical texts are built in memory streams: open_text starts one on *text,

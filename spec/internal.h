@@ -90,6 +90,11 @@ int node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json
 
 int parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s);
 int parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s);
+/* builtin.c: trial.builtin (after parameters, which it checks) -> s->trial.builtin. */
+int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir, spec *s);
+void builtin_spec_free(builtin_spec *b);
+/* early_stopping: (optional; after objectives, which it refers to). */
+int parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 
 /* ---- params.c: what values parameters take ---- */
 

@@ -12,7 +12,8 @@
 
 static const char *const root_keys[] = {"name",       "storage",     "seed",  "parameters",
                                         "objectives", "constraints", "trial", "budget",
-                                        "runner",     "optimizer",   NULL};
+                                        "runner",     "optimizer",   "early_stopping",
+                                        NULL};
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
@@ -153,8 +154,45 @@ static int parse_constraints(const yaml_ctx *c, const yaml_node_t *root, spec *s
   return NAS_OK;
 }
 
+/* budget.patience: {trials: N, min_improvement: share}. */
+static int parse_patience(const yaml_ctx *c, const yaml_node_t *budget, spec *s) {
+  static const char *const keys[] = {"trials", "min_improvement", NULL};
+  yaml_node_t *patience = node_optional(c, budget, "patience"), *node;
+  if (!patience) return NAS_OK;
+  long long trials;
+  double share = 0.001;
+  int rc = node_expect_mapping(c, patience, "budget.patience");
+  if (!rc) rc = node_check_keys(c, patience, "budget.patience", keys);
+  if (!rc) rc = node_required(c, patience, "budget.patience", "trials", &node);
+  if (!rc) rc = node_integer(c, node, "budget.patience.trials", &trials);
+  if (rc) return rc;
+  if (trials < 1 || trials > 1000000)
+    return node_errf(c, node, "budget.patience.trials: must be between 1 and 1000000, got %lld",
+                     trials);
+  node = node_optional(c, patience, "min_improvement");
+  if (node && (rc = node_number(c, node, "budget.patience.min_improvement", &share))) return rc;
+  if (!(share >= 0 && share < 1))
+    return node_errf(c, node, "budget.patience.min_improvement: must be in [0, 1), a share of "
+                     "the hypervolume, got %g", share);
+  s->budget.patience_trials = (int)trials;
+  s->budget.patience_min_improvement = share;
+  return NAS_OK;
+}
+
+static int parse_failure_rate(const yaml_ctx *c, const yaml_node_t *budget, spec *s) {
+  yaml_node_t *node = node_optional(c, budget, "max_failure_rate");
+  s->budget.max_failure_rate = 0.5;
+  int rc = node ? node_number(c, node, "budget.max_failure_rate", &s->budget.max_failure_rate)
+                : NAS_OK;
+  if (!rc && !(s->budget.max_failure_rate >= 0 && s->budget.max_failure_rate <= 1))
+    rc = node_errf(c, node, "budget.max_failure_rate: must be in [0, 1], got %g",
+                   s->budget.max_failure_rate);
+  return rc;
+}
+
 static int parse_budget(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
-  static const char *const keys[] = {"trials", "parallel", "wall_time", NULL};
+  static const char *const keys[] = {"trials",           "parallel", "wall_time",
+                                     "max_failure_rate", "patience", NULL};
   yaml_node_t *budget, *node;
   long long trials, parallel = 1;
   int rc = node_required(c, root, "spec", "budget", &budget);
@@ -172,7 +210,8 @@ static int parse_budget(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   s->budget.max_trials = (int)trials;
   s->budget.parallel = (int)parallel;
   node = node_optional(c, budget, "wall_time");
-  return node ? node_duration(c, node, "budget.wall_time", &s->budget.max_wall_s) : NAS_OK;
+  if (node && (rc = node_duration(c, node, "budget.wall_time", &s->budget.max_wall_s))) return rc;
+  return (rc = parse_failure_rate(c, budget, s)) ? rc : parse_patience(c, budget, s);
 }
 
 static int parse_plugin_type(const yaml_ctx *c, const yaml_node_t *node, const char *what,
@@ -219,6 +258,7 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   if (!rc) rc = parse_budget(c, root, s);
   if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
   if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);
+  if (!rc) rc = parse_early_stopping(c, root, s);
   return rc;
 }
 
@@ -355,9 +395,12 @@ void spec_free(spec *s) {
   free(s->objectives);
   for (size_t i = 0; i < s->n_constraints; i++) free(s->constraints[i].metric);
   free(s->constraints);
+  builtin_spec_free(s->trial.builtin);
   free_strings(s->trial.argv);
   free(s->trial.workdir);
   free_strings(s->trial.env);
+  free(s->early_stopping.objectives);
+  free(s->early_stopping.rungs);
   free(s->runner.type);
   json_decref(s->runner.options);
   free(s->optimizer.type);

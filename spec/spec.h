@@ -62,20 +62,61 @@ typedef struct {
   double bound;
 } constraint_spec;
 
+/* A built-in trial (`trial.builtin`): a model family that `nas worker` builds, trains on a
+ * dataset and measures (docs/spec.md, "Built-in trials"). */
 typedef struct {
-  char **argv;         /* NULL-terminated; may hold {param} placeholders */
+  char *model;         /* "mlp" or "cnn" */
+  char *dataset;       /* "digits", "fashion-mnist", or an absolute path (a folder of IDX
+                          files or a CSV file) */
+  json_t *settings;    /* owned JSON object: the settings written in the section (not
+                          model or dataset); see spec_builtin_settings for a trial's all */
+} builtin_spec;
+
+typedef struct {
+  builtin_spec *builtin; /* owned; NULL for a command trial. A trial has exactly one of a
+                            command (argv) and builtin */
+  char **argv;         /* NULL-terminated; may hold {param} placeholders; empty (argc 0)
+                          for a built-in trial */
   size_t argc;
   char *workdir;       /* absolute; default: the spec file's folder */
   char **env;          /* NULL-terminated "NAME=VALUE" list added to the trial's environment */
   size_t n_env;
   double timeout_s;    /* 0 = none */
+  int max_attempts;    /* launches of one trial whose job is lost (process vanished, heartbeat
+                          stopped, node failure or preemption); default 3 */
+  double heartbeat_timeout_s; /* a running trial silent for longer is lost; 0 = never */
 } trial_spec;
 
 typedef struct {
   int max_trials;      /* trials that end completed, failed or stopped count towards it */
   int parallel;        /* trials in flight at once, >= 1 */
   double max_wall_s;   /* 0 = none */
+  double max_failure_rate; /* stop once more than this share of ended trials failed
+                              (judged from 5 ended trials on); default 0.5; 1 = never */
+  int patience_trials;     /* stop when the front's hypervolume grew by less than */
+  double patience_min_improvement; /* this share over the last patience_trials completed
+                                      trials; 0 trials = never */
 } budget_spec;
+
+typedef enum {
+  EARLY_STOP_NONE,
+  EARLY_STOP_MEDIAN, /* at every step from min_steps: stop when more than half of the other
+                        trials at that step did better */
+  EARLY_STOP_ASHA,   /* at rung steps only: stop unless among the best 1/reduction_factor */
+} early_stop_rule;
+
+/* Early stopping on intermediate (per-step) values of the objectives. With several
+ * objectives "did better" means "dominates". */
+typedef struct {
+  early_stop_rule rule;
+  size_t *objectives;      /* owned: indices into spec.objectives judged (default: all) */
+  size_t n_objectives;
+  long min_steps;          /* no decision before this step; default 1 */
+  int min_trials;          /* other trials needed at a step before deciding; default 4 */
+  double reduction_factor; /* ASHA's η; default 3 */
+  long *rungs;             /* owned: ASHA's steps, ascending (default min_steps·η^k) */
+  size_t n_rungs;
+} early_stop_spec;
 
 /* A plug-in section: `type` plus options that only that plug-in reads. */
 typedef struct {
@@ -99,6 +140,7 @@ typedef struct spec {
   budget_spec budget;
   plugin_spec runner;    /* default type "local" */
   plugin_spec optimizer; /* default type "gp" */
+  early_stop_spec early_stopping;
 } spec;
 
 /* Loads and validates the YAML file at path. */
@@ -125,6 +167,13 @@ void spec_argv_free(char **argv);
 /* A JSON value as command-line text: integers without a decimal point, reals with the
  * shortest text that reads back exactly, strings as they are, bools as true/false. */
 char *spec_value_text(const json_t *value);
+
+/* Every setting of a built-in trial for the assignment params (a JSON object of the
+ * active parameters' values): each setting of its model at its default, overridden by the
+ * section's values, overridden by the search parameters of the same names. Per-layer
+ * settings (width3, channels2) appear only when given. Owned JSON object; an error for a
+ * spec without trial.builtin. */
+int spec_builtin_settings(const spec *s, const json_t *params, json_t **out, nas_err *err);
 
 /* Lines describing how two specs differ in meaning ("budget.trials: 20 -> 30"), one per
  * line, each ending in '\n'; fields are named by their YAML keys. NULL when they are the

@@ -1,6 +1,7 @@
 /* spec/trial.c: the `trial:` section -> spec.trial.
  *
- * The command is a list of arguments, never a string to split: nas executes it with
+ * A trial runs either a command or a built-in model (`builtin`, spec/builtin.c), never
+ * both; a built-in trial's argv is empty. The command is a list of arguments, never a string to split: nas executes it with
  * execvp, no shell. Every {name} placeholder in it names a declared parameter and braces
  * are balanced ({{ and }} for literal ones), so rendering a loaded spec cannot fail on the
  * text. workdir is made absolute against the spec file's folder; env holds "NAME=VALUE". */
@@ -33,7 +34,11 @@ static int check_placeholders(const yaml_ctx *c, const yaml_node_t *node, const 
 static int parse_command(const yaml_ctx *c, const yaml_node_t *trial, spec *s) {
   yaml_node_t *list;
   int rc = node_required(c, trial, "trial", "command", &list);
-  if (rc) return rc;
+  if (rc) { /* the one other way to say what runs */
+    size_t len = strlen(c->err->msg);
+    snprintf(c->err->msg + len, sizeof c->err->msg - len, " (or 'builtin' for a built-in model)");
+    return rc;
+  }
   if (list->type == YAML_SCALAR_NODE)
     return node_errf(c, list,
                      "trial.command: write the command as a list of arguments, e.g. "
@@ -95,13 +100,42 @@ static int parse_env(const yaml_ctx *c, const yaml_node_t *trial, spec *s) {
   return NAS_OK;
 }
 
+/* max_attempts (default 3) and the optional durations. */
+static int parse_limits(const yaml_ctx *c, const yaml_node_t *trial, spec *s) {
+  long long attempts = 3;
+  yaml_node_t *node = node_optional(c, trial, "max_attempts");
+  int rc = node ? node_integer(c, node, "trial.max_attempts", &attempts) : NAS_OK;
+  if (rc) return rc;
+  if (attempts < 1 || attempts > 100)
+    return node_errf(c, node, "trial.max_attempts: must be between 1 and 100, got %lld", attempts);
+  s->trial.max_attempts = (int)attempts;
+  if ((node = node_optional(c, trial, "timeout")) &&
+      (rc = node_duration(c, node, "trial.timeout", &s->trial.timeout_s)))
+    return rc;
+  node = node_optional(c, trial, "heartbeat_timeout");
+  return node ? node_duration(c, node, "trial.heartbeat_timeout", &s->trial.heartbeat_timeout_s)
+              : NAS_OK;
+}
+
+/* What a trial runs: exactly one of a command and a built-in model (spec/builtin.c). */
+static int parse_what_runs(const yaml_ctx *c, const yaml_node_t *trial, const char *dir,
+                           spec *s) {
+  yaml_node_t *builtin = node_optional(c, trial, "builtin");
+  if (!builtin) return parse_command(c, trial, s);
+  if (node_optional(c, trial, "command"))
+    return node_errf(c, builtin, "trial: give either command or builtin, not both");
+  if (!(s->trial.argv = calloc(1, sizeof *s->trial.argv))) return nas_errf(c->err, "out of memory");
+  return parse_builtin(c, builtin, dir, s);
+}
+
 int parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s) {
-  static const char *const keys[] = {"command", "workdir", "env", "timeout", NULL};
+  static const char *const keys[] = {"command",      "builtin",           "workdir", "env",
+                                     "timeout",      "max_attempts",      "heartbeat_timeout",
+                                     NULL};
   int rc = node_expect_mapping(c, node, "trial");
   if (!rc) rc = node_check_keys(c, node, "trial", keys);
-  if (!rc) rc = parse_command(c, node, s);
+  if (!rc) rc = parse_what_runs(c, node, dir, s);
   if (!rc) rc = parse_workdir(c, node, dir, s);
   if (!rc) rc = parse_env(c, node, s);
-  yaml_node_t *timeout = rc ? NULL : node_optional(c, node, "timeout");
-  return timeout ? node_duration(c, timeout, "trial.timeout", &s->trial.timeout_s) : rc;
+  return rc ? rc : parse_limits(c, node, s);
 }

@@ -35,6 +35,12 @@ typedef struct storage_backend {
   /* Must call storage_check_start on the trial's current status inside the transaction. */
   int (*trial_start)(void *conn, int64_t trial_id, const char *job_id, double now,
                      nas_err *err);
+  /* Takes only a queued trial (no state check needed): oldest first, skipping rows other
+   * transactions hold. Resets the attempt's fields exactly as trial_start does. */
+  int (*trial_claim)(void *conn, int64_t experiment_id, const char *worker, double now,
+                     trial_row *out, nas_err *err);
+  /* Must call storage_check_heartbeat on the trial's current status inside the transaction. */
+  int (*trial_heartbeat)(void *conn, int64_t trial_id, double now, nas_err *err);
   /* Must call storage_check_finish likewise; status is final (checked by storage.c). */
   int (*trial_finish)(void *conn, int64_t trial_id, trial_status status, bool has_exit_code,
                       int exit_code, const char *error, double now, nas_err *err);
@@ -50,12 +56,14 @@ typedef struct storage_backend {
 } storage_backend;
 
 extern const storage_backend storage_sqlite_backend;
+extern const storage_backend storage_postgres_backend;
 
 /* The trial state machine, shared by every backend so the rules cannot drift apart.
  * Each returns NAS_OK when a trial in `current` may make the move, else NAS_ERR with a
  * message naming the current status. */
 int storage_check_start(trial_status current, nas_err *err);
 int storage_check_finish(trial_status current, trial_status to, nas_err *err);
+int storage_check_heartbeat(trial_status current, nas_err *err);
 
 /* The experiment statuses storage accepts ("running", "finished", "stopped"); a new
  * experiment starts as the first. */

@@ -11,8 +11,9 @@
  * - Each storage operation that writes is exactly one transaction; on any failure it is
  *   rolled back whole.
  * - SQL text is constant; every value travels as a bound parameter.
- * - The schema only moves forward through `migrations` (version i → i+1), one transaction
- *   per step. A database from a newer nas is refused before anything is written to it.
+ * - The schema only moves forward through `migrations` (version i → i+1), all pending
+ *   steps in one transaction. A database from a newer nas is refused before anything is
+ *   written to it.
  * - Times are REAL Unix seconds; NULL stands for "not yet" (read back as 0), for a final
  *   metric's step (METRIC_FINAL) and for a NaN metric value (SQLite stores NaN as NULL). */
 #include <errno.h>
@@ -29,6 +30,7 @@
 /* How long a connection waits for another process's write to finish. Transactions here
  * last milliseconds, so ten seconds of waiting means something is stuck. */
 #define STORAGE_SQLITE_BUSY_MS 10000
+#define STORAGE_SQLITE_WAL_RETRY_MS 5
 
 typedef struct sqlite_conn {
   sqlite3 *db;
@@ -76,6 +78,9 @@ static const char *const migrations[] = {
     "  value REAL,"
     "  time REAL NOT NULL);"
     "CREATE INDEX metrics_by_trial ON metrics (trial_id);",
+    /* 1 → 2: heartbeats of running trials; an index for claiming the oldest queued trial. */
+    "ALTER TABLE trials ADD COLUMN heartbeat_at REAL;"
+    "CREATE INDEX trials_queued ON trials (experiment_id, number) WHERE status = 'queued';",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -253,7 +258,7 @@ static const row_kind experiment_kind = {sizeof(experiment_row), experiment_read
 
 #define TRIAL_COLUMNS                                                                      \
   "id, experiment_id, number, status, params_json, attempts, created_at, started_at, "    \
-  "finished_at, job_id, exit_code, error, log_offset"
+  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at"
 
 static int trial_read(sqlite3_stmt *s, void *row, nas_err *err) {
   trial_row *t = row;
@@ -273,6 +278,7 @@ static int trial_read(sqlite3_stmt *s, void *row, nas_err *err) {
   t->has_exit_code = sqlite3_column_type(s, 10) != SQLITE_NULL;
   t->exit_code = sqlite3_column_int(s, 10);
   t->log_offset = sqlite3_column_int64(s, 12);
+  t->heartbeat_at = column_time(s, 13);
   int rc = column_text(s, 4, &t->params_json, err);
   if (rc == NAS_OK) rc = column_text(s, 9, &t->job_id, err);
   if (rc == NAS_OK) rc = column_text(s, 11, &t->error, err);
@@ -395,32 +401,41 @@ static int schema_version_check(const sqlite_conn *c, int64_t version, nas_err *
                   PRId64 "; use a newer nas", c->path, version, SCHEMA_VERSION);
 }
 
-/* Applies migration steps one transaction each until the schema is current. The version
- * is read again inside each transaction: another process may be migrating the same file
- * at the same moment, and then finds the work done. */
+/* Applies the pending migration steps in order, all in one transaction, so that no
+ * process ever sees a schema half-way between two versions. The version is read again
+ * inside the transaction: another process may have migrated the same file meanwhile, and
+ * then there is nothing left to do. */
 static int migrate(const sqlite_conn *c, nas_err *err) {
-  for (;;) {
-    int rc = tx_begin(c, err);
-    if (rc != NAS_OK) return rc;
-    int64_t version = 0;
-    rc = schema_version_read(c, &version, err);
-    if (rc == NAS_OK) rc = schema_version_check(c, version, err);
-    bool current = version >= SCHEMA_VERSION;
-    if (rc == NAS_OK && !current) rc = exec(c, migrations[version], err);
-    if (rc == NAS_OK && !current) {
-      rc = run(c, err, "UPDATE schema_version SET version = ?", "i", version + 1);
-    }
-    rc = tx_end(c, rc, err);
-    if (rc != NAS_OK || current) return rc;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  int64_t version = 0;
+  rc = schema_version_read(c, &version, err);
+  if (rc == NAS_OK) rc = schema_version_check(c, version, err);
+  for (int64_t step = version; rc == NAS_OK && step < SCHEMA_VERSION; step++) {
+    rc = exec(c, migrations[step], err);
   }
+  if (rc == NAS_OK && version < SCHEMA_VERSION) {
+    rc = run(c, err, "UPDATE schema_version SET version = ?", "i", SCHEMA_VERSION);
+  }
+  return tx_end(c, rc, err);
 }
 
 /* journal_mode answers with the mode it ended up in, which is not WAL where the file
- * system cannot share memory between processes (network file systems). */
+ * system cannot share memory between processes (network file systems). Switching a new
+ * file to WAL answers SQLITE_BUSY at once, without the busy handler, while another process
+ * holds a lock on it (several processes creating the same storage); so it is tried again
+ * for as long as the busy timeout. Once one process has switched, the others find WAL. */
 static int use_wal(const sqlite_conn *c, nas_err *err) {
   sqlite3_stmt *s = NULL;
   int rc = stmt_open(c, &s, err, "PRAGMA journal_mode = WAL", "");
-  if (rc == NAS_OK) rc = stmt_step(c, s, err);
+  int step = SQLITE_BUSY;
+  for (int waited_ms = 0; rc == NAS_OK; waited_ms += STORAGE_SQLITE_WAL_RETRY_MS) {
+    step = sqlite3_step(s);
+    if (step != SQLITE_BUSY || waited_ms >= STORAGE_SQLITE_BUSY_MS) break;
+    sqlite3_reset(s);
+    sqlite3_sleep(STORAGE_SQLITE_WAL_RETRY_MS);
+  }
+  if (rc == NAS_OK) rc = step == SQLITE_ROW ? 1 : db_fail(c, err);
   const char *mode = rc == 1 ? (const char *)sqlite3_column_text(s, 0) : NULL;
   if (rc == 1 && (!mode || strcmp(mode, "wal") != 0)) {
     rc = nas_errf(err, "cannot use WAL journal mode for %s (got %s); is it on a network file "
@@ -471,7 +486,13 @@ static int prepare_schema(const sqlite_conn *c, nas_err *err) {
   if (rc == NAS_OK) rc = use_wal(c, err);
   if (rc == NAS_OK) rc = exec(c, "PRAGMA synchronous = FULL", err);
   /* Most opens (every `nas report`) find the schema current and take no write lock. */
-  if (rc == NAS_OK && version < SCHEMA_VERSION) rc = migrate(c, err);
+  if (rc == NAS_OK && version < SCHEMA_VERSION) {
+    if (version > 0) {
+      nas_log("storage sqlite:%s: upgrading schema version %" PRId64 " to %" PRId64, c->path,
+              version, SCHEMA_VERSION);
+    }
+    rc = migrate(c, err);
+  }
   return rc;
 }
 
@@ -572,6 +593,14 @@ static int trial_get(const sqlite_conn *c, int64_t trial_id, trial_row *out, nas
                    "SELECT " TRIAL_COLUMNS " FROM trials WHERE id = ?", "i", trial_id);
 }
 
+/* Hands a row read inside a transaction to the caller only once the transaction has
+ * committed (rc is tx_end's result); else frees it. */
+static int row_after_commit(int rc, trial_row *row, trial_row *out) {
+  if (rc == NAS_OK) *out = *row;
+  else trial_row_clear(row);
+  return rc;
+}
+
 /* The number is computed in the INSERT itself, inside the write lock, so two processes
  * creating trials at once get consecutive numbers and never the same one. */
 static int trial_create_in_tx(const sqlite_conn *c, int64_t experiment_id,
@@ -594,10 +623,11 @@ static int trial_create_in_tx(const sqlite_conn *c, int64_t experiment_id,
 static int sqlite_trial_create(void *conn, int64_t experiment_id, const char *params_json,
                                double now, trial_row *out, nas_err *err) {
   sqlite_conn *c = conn;
+  trial_row made = {0};
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
-  rc = trial_create_in_tx(c, experiment_id, params_json, now, out, err);
-  return tx_end(c, rc, err);
+  rc = trial_create_in_tx(c, experiment_id, params_json, now, &made, err);
+  return row_after_commit(tx_end(c, rc, err), &made, out);
 }
 
 static int trial_status_read(const sqlite_conn *c, int64_t trial_id, trial_status *status,
@@ -610,16 +640,23 @@ static int trial_status_read(const sqlite_conn *c, int64_t trial_id, trial_statu
   return NAS_OK;
 }
 
+/* A new attempt: everything about the previous one is cleared (see storage.h). */
+static int attempt_begin(const sqlite_conn *c, int64_t trial_id, const char *job_id, double now,
+                         nas_err *err) {
+  return run(c, err,
+             "UPDATE trials SET status = 'running', attempts = attempts + 1, job_id = ?,"
+             " started_at = ?, finished_at = NULL, exit_code = NULL, error = NULL,"
+             " log_offset = 0, heartbeat_at = NULL WHERE id = ?",
+             "tdi", job_id, now, trial_id);
+}
+
 static int trial_start_in_tx(const sqlite_conn *c, int64_t trial_id, const char *job_id,
                              double now, nas_err *err) {
   trial_status current;
   int rc = trial_status_read(c, trial_id, &current, err);
   if (rc == NAS_OK) rc = storage_check_start(current, err);
   if (rc != NAS_OK) return rc;
-  return run(c, err,
-             "UPDATE trials SET status = 'running', attempts = attempts + 1, job_id = ?,"
-             " started_at = ?, finished_at = NULL, exit_code = NULL, error = NULL WHERE id = ?",
-             "tdi", job_id, now, trial_id);
+  return attempt_begin(c, trial_id, job_id, now, err);
 }
 
 static int sqlite_trial_start(void *conn, int64_t trial_id, const char *job_id, double now,
@@ -628,6 +665,50 @@ static int sqlite_trial_start(void *conn, int64_t trial_id, const char *job_id, 
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = trial_start_in_tx(c, trial_id, job_id, now, err);
+  return tx_end(c, rc, err);
+}
+
+/* The write lock taken by BEGIN IMMEDIATE makes pick-then-start atomic: no other process
+ * can pick the same trial in between. */
+static int trial_claim_in_tx(const sqlite_conn *c, int64_t experiment_id, const char *worker,
+                             double now, trial_row *out, nas_err *err) {
+  trial_row oldest;
+  int rc = query_row(c, &trial_kind, &oldest, "no queued trial", err,
+                     "SELECT " TRIAL_COLUMNS " FROM trials WHERE experiment_id = ?"
+                     " AND status = 'queued' ORDER BY number LIMIT 1",
+                     "i", experiment_id);
+  if (rc != NAS_OK) return rc;
+  int64_t trial_id = oldest.id;
+  trial_row_clear(&oldest);
+  rc = attempt_begin(c, trial_id, worker, now, err);
+  if (rc == NAS_OK) rc = trial_get(c, trial_id, out, err);
+  return rc;
+}
+
+static int sqlite_trial_claim(void *conn, int64_t experiment_id, const char *worker, double now,
+                              trial_row *out, nas_err *err) {
+  sqlite_conn *c = conn;
+  trial_row claimed = {0};
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = trial_claim_in_tx(c, experiment_id, worker, now, &claimed, err);
+  return row_after_commit(tx_end(c, rc, err), &claimed, out);
+}
+
+static int trial_heartbeat_in_tx(const sqlite_conn *c, int64_t trial_id, double now,
+                                 nas_err *err) {
+  trial_status current;
+  int rc = trial_status_read(c, trial_id, &current, err);
+  if (rc == NAS_OK) rc = storage_check_heartbeat(current, err);
+  if (rc != NAS_OK) return rc;
+  return run(c, err, "UPDATE trials SET heartbeat_at = ? WHERE id = ?", "di", now, trial_id);
+}
+
+static int sqlite_trial_heartbeat(void *conn, int64_t trial_id, double now, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = trial_heartbeat_in_tx(c, trial_id, now, err);
   return tx_end(c, rc, err);
 }
 
@@ -736,6 +817,8 @@ const storage_backend storage_sqlite_backend = {
     .experiment_set_spec = sqlite_experiment_set_spec,
     .trial_create = sqlite_trial_create,
     .trial_start = sqlite_trial_start,
+    .trial_claim = sqlite_trial_claim,
+    .trial_heartbeat = sqlite_trial_heartbeat,
     .trial_finish = sqlite_trial_finish,
     .trial_get = sqlite_trial_get,
     .trial_list = sqlite_trial_list,

@@ -22,7 +22,8 @@ struct storage {
 };
 
 /* Every backend this binary has, looked up by name from the URL's scheme. */
-static const storage_backend *const storage_backends[] = {&storage_sqlite_backend};
+static const storage_backend *const storage_backends[] = {&storage_sqlite_backend,
+                                                          &storage_postgres_backend};
 
 static const char *const accepted_urls =
     "sqlite:PATH, sqlite:///ABSOLUTE/PATH, postgresql://… or postgres://…";
@@ -68,6 +69,13 @@ int storage_check_finish(trial_status current, trial_status to, nas_err *err) {
   return nas_errf(err, "it is %s, not running", trial_status_name(current));
 }
 
+/* Only the attempt in progress beats: a late heartbeat of a finished attempt must not make
+ * the trial look alive. */
+int storage_check_heartbeat(trial_status current, nas_err *err) {
+  if (current == TRIAL_RUNNING) return NAS_OK;
+  return nas_errf(err, "it is %s, not running", trial_status_name(current));
+}
+
 /* ---- URLs ---------------------------------------------------------------------------- */
 
 /* The sqlite file path inside url, or NULL when url is not an sqlite URL. The
@@ -105,7 +113,6 @@ static int url_backend(const char *url, const storage_backend **backend, const c
   if (is_postgres_url(url)) {
     *backend = backend_named("postgresql");
     *target = url;
-    if (!*backend) return nas_errf(err, "PostgreSQL backend not built yet");
     return NAS_OK;
   }
   return nas_errf(err, "not a storage URL; accepted forms: %s", accepted_urls);
@@ -309,9 +316,24 @@ int storage_trial_start(storage *st, int64_t trial_id, const char *job_id, nas_e
                     "start trial %" PRId64, trial_id);
 }
 
+int storage_trial_claim(storage *st, int64_t experiment_id, const char *worker, trial_row *out,
+                        nas_err *err) {
+  if (!worker || !worker[0]) {
+    return nas_errf(err, "claim a trial of experiment %" PRId64 ": no worker name", experiment_id);
+  }
+  int rc = st->backend->trial_claim(st->conn, experiment_id, worker, nas_now(), out, err);
+  return in_context(rc, err, "claim a trial of experiment %" PRId64 " for %s", experiment_id,
+                    worker);
+}
+
+int storage_trial_heartbeat(storage *st, int64_t trial_id, nas_err *err) {
+  return in_context(st->backend->trial_heartbeat(st->conn, trial_id, nas_now(), err), err,
+                    "heartbeat of trial %" PRId64, trial_id);
+}
+
 int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
                          bool has_exit_code, int exit_code, const char *error, nas_err *err) {
-  if (!trial_status_final(status)) {
+  if (!trial_status_final(status) && status != TRIAL_QUEUED) {
     return nas_errf(err, "finish trial %" PRId64 ": %s is not a final status", trial_id,
                     trial_status_name(status));
   }

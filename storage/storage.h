@@ -2,11 +2,25 @@
  *
  * Storage is the source of truth: the scheduler writes every decision here before acting
  * on it, so a crash at any instant loses nothing and resume is "open, rebuild, continue".
- * Backends (sqlite now, postgresql later) sit behind this interface, chosen by the URL:
+ * Backends sit behind this interface, chosen by the URL:
  *   sqlite:PATH            (relative PATH is relative to the current directory)
- *   postgresql://…         (libpq connection URI)
+ *   postgresql://… or postgres://…  (libpq connection URI; every libpq option, TLS ones
+ *                          included, passes through untouched)
  * Every state change of a trial is one transaction. Several processes may use the same
- * storage at once (the scheduler, trials reporting with `nas report`). */
+ * storage at once (the scheduler, workers claiming trials, trials reporting with
+ * `nas report`), on one machine (SQLite) or many (PostgreSQL).
+ *
+ * A schema older than the binary's is migrated on open (in one transaction, with a line
+ * on stderr when an existing storage is upgraded); a newer one is refused.
+ *
+ * PostgreSQL connection loss (server restart, network blip): every operation retries with
+ * backoff and reconnects for up to NAS_STORAGE_RETRY_S seconds (environment, read at open;
+ * default 30, 0 = no retries), the first connection included. An operation then either
+ * happened exactly once or returned an error: writes that are not idempotent carry a
+ * receipt committed in their own transaction, and after a connection lost while the
+ * outcome was unknown the receipt is looked up (and fenced off when missing) before the
+ * operation is tried again. Only when the server stays out of reach for the whole budget
+ * after the outcome became unknown does the error say that the write may have happened. */
 #ifndef NAS_STORAGE_H
 #define NAS_STORAGE_H
 
@@ -58,7 +72,8 @@ typedef struct {
   bool has_exit_code;
   int exit_code;
   char *error;           /* why it failed; NULL when it did not */
-  int64_t log_offset;    /* bytes of the trial's stdout.log already read for metrics */
+  int64_t log_offset;    /* bytes of the current attempt's stdout.log already read */
+  double heartbeat_at;   /* Unix seconds of the current attempt's last heartbeat; 0 when none */
 } trial_row;
 
 #define METRIC_FINAL (-1) /* step of a final (not intermediate) observation */
@@ -105,10 +120,23 @@ void experiment_rows_free(experiment_row *rows, size_t n);
 /* Trials. create stores a queued trial and gives it the next number. */
 int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,
                          trial_row *out, nas_err *err);
-/* queued (or a retried final trial) → running: attempts + 1, job_id and started_at set. */
+/* queued (or a retried final trial) → running: attempts + 1, job_id and started_at set.
+ * Every start begins a new attempt from a clean slate: exit code, error, finished_at and
+ * heartbeat_at are cleared and log_offset goes back to 0, because a retry writes a fresh
+ * log in a new run folder (metrics already stored from earlier attempts stay). */
 int storage_trial_start(storage *st, int64_t trial_id, const char *job_id, nas_err *err);
+/* Atomically takes the oldest (lowest number) queued trial of the experiment and starts it
+ * as storage_trial_start would, with job_id = worker; *out gets the started row. Trials
+ * another process is claiming at the same moment are skipped, never taken twice.
+ * NAS_ENOTFOUND when the experiment has no queued trial (or does not exist). */
+int storage_trial_claim(storage *st, int64_t experiment_id, const char *worker, trial_row *out,
+                        nas_err *err);
+/* Records that a running trial is alive: heartbeat_at = now. NAS_ENOTFOUND for an unknown
+ * trial; an error naming the status for a trial that is not running. */
+int storage_trial_heartbeat(storage *st, int64_t trial_id, nas_err *err);
 /* running → a final status, with exit code (when has_exit_code) and error text (or NULL);
- * also queued → failed, for a trial whose job could not be started at all. */
+ * also queued → failed, for a trial whose job could not be started at all; and running →
+ * queued, to retry a trial whose job was lost (error says why; attempts are kept). */
 int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
                          bool has_exit_code, int exit_code, const char *error, nas_err *err);
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err);

@@ -141,6 +141,36 @@ static void prediction_gradients_match_finite_differences(void **state) {
   check_prediction_gradients(GP_KERNEL_MATERN52);
 }
 
+/* Work memory and output buffers may hold anything, NaN included, before a prediction. */
+static void prediction_ignores_stale_memory(void **state) {
+  (void)state;
+  enum { N = 6, D = 2, NB = 2 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double X[N * D], y[N], Xb[NB * D], x[D] = {0.2, 0.9};
+  fill_uniform(rng, X, N * D);
+  fill_uniform(rng, y, N);
+  fill_uniform(rng, Xb, NB * D);
+  double theta[D + 2] = {log(0.3), log(0.5), log(1e-3), 0.0};
+  gp *g;
+  gp_baseline b;
+  nas_err err;
+  assert_int_equal(gp_create(GP_KERNEL_RBF, X, y, N, D, theta, &g, &err), NAS_OK);
+  assert_int_equal(gp_baseline_make(g, Xb, NB, &b, &err), NAS_OK);
+  double work[N * (D + 2)], dmean[D], dvar[D], cov[NB], dcov[NB * D];
+  double *buffers[] = {work, dmean, dvar, cov, dcov};
+  size_t lens[] = {N * (D + 2), D, D, NB, NB * D};
+  for (size_t k = 0; k < 5; k++)
+    for (size_t i = 0; i < lens[k]; i++) buffers[k][i] = NAN;
+  gp_prediction p = {.dmean = dmean, .dvar = dvar, .cov_b = cov, .dcov_b = dcov};
+  gp_predict(g, x, &b, &p, work);
+  assert_true(isfinite(p.mean) && isfinite(p.var));
+  for (size_t k = 1; k < 5; k++)
+    for (size_t i = 0; i < lens[k]; i++) assert_true(isfinite(buffers[k][i]));
+  gp_baseline_clear(&b);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
 /* The baseline's joint posterior agrees with predictions point by point: its mean and
  * diagonal are the marginal means and variances, and its covariance with x is symmetric
  * to x's covariance with it. */
@@ -269,6 +299,7 @@ int main(void) {
       cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
       cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
       cmocka_unit_test(prediction_gradients_match_finite_differences),
+      cmocka_unit_test(prediction_ignores_stale_memory),
       cmocka_unit_test(baseline_covariance_agrees_with_point_predictions),
       cmocka_unit_test(conditioning_matches_gaussian_update),
       cmocka_unit_test(fit_predicts_a_smooth_function),

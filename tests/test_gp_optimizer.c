@@ -80,7 +80,8 @@ static const char *branin_currin_yaml(const char *type, long seed, const char *e
   static char text[1024];
   snprintf(text, sizeof text,
            "name: bc\nseed: %ld\n"
-           "parameters:\n  x0: {type: float, low: 0, high: 1}\n  x1: {type: float, low: 0, high: 1}\n"
+           "parameters:\n  x0: {type: float, low: 0, high: 1}\n"
+           "  x1: {type: float, low: 0, high: 1}\n"
            "objectives:\n  - {name: branin, goal: minimize}\n  - {name: currin, goal: minimize}\n"
            "trial: {command: [x]}\nbudget: {trials: 20}\n"
            "optimizer: {type: %s%s}\n",
@@ -119,7 +120,8 @@ static void gp_is_the_default_optimizer(void **state) {
   (void)state;
   experiment e;
   start(&e, "name: d\nparameters: {x: {type: float, low: 0, high: 1}}\n"
-            "objectives: [{name: y, goal: minimize}]\ntrial: {command: [x]}\nbudget: {trials: 5}\n");
+            "objectives: [{name: y, goal: minimize}]\ntrial: {command: [x]}\n"
+            "budget: {trials: 5}\n");
   assert_string_equal(e.s->optimizer.type, "gp");
   finish(&e);
 }
@@ -292,7 +294,8 @@ static void single_objective_batch_is_distinct(void **state) {
   suggest(&e, 4, out);
   for (int i = 0; i < 4; i++)
     for (int j = 0; j < i; j++) {
-      double dx = param(out[i], "x") - param(out[j], "x"), dy = param(out[i], "y") - param(out[j], "y");
+      double dx = param(out[i], "x") - param(out[j], "x");
+      double dy = param(out[i], "y") - param(out[j], "y");
       assert_true(hypot(dx, dy) > 1e-3);
     }
   for (int i = 0; i < 4; i++) json_decref(out[i]);

@@ -575,7 +575,7 @@ static void bad_options_handles_and_jobs_are_errors(void **state) {
   assert_int_equal(runner_create("local", options, &r, &err), NAS_ERR);
   json_decref(options);
   assert_int_equal(runner_create("slurmy", NULL, &r, &err), NAS_ERR);
-  assert_non_null(strstr(err.msg, "unknown runner type 'slurmy' (known: local)"));
+  assert_non_null(strstr(err.msg, "unknown runner type 'slurmy' (known: local, slurm)"));
   assert_null(r);
   assert_int_equal(runner_create("local", NULL, &r, &err), NAS_OK);
   runner_free(r);
@@ -600,6 +600,52 @@ static void bad_options_handles_and_jobs_are_errors(void **state) {
   assert_int_equal(runner_start(f->r, &job, &out, &err), NAS_ERR);
   assert_non_null(strstr(err.msg, "nas-cannot-create"));
   assert_null(out);
+  assert_no_children();
+}
+
+static void held_job_runs_only_once_released(void **state) {
+  fixture *f = *state;
+  char *marker = path_in(f, "ran");
+  char *argv[] = {"touch", marker, NULL};
+  char *run_dir = run_dir_new(f);
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  char *handle = NULL;
+  nas_err err;
+  assert_int_equal(runner_start_held(f->r, &job, &handle, &err), NAS_OK);
+  nas_sleep_ms(300);
+  assert_int_not_equal(access(marker, F_OK), 0); /* held: not run yet */
+  job_status st;
+  assert_int_equal(runner_poll(f->r, &handle, &run_dir, 1, &st, &err), NAS_OK);
+  assert_int_equal(st.state, JOB_RUNNING);
+  assert_int_equal(runner_release(f->r, handle, &err), NAS_OK);
+  st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(access(marker, F_OK), 0);
+  assert_int_equal(runner_release(f->r, handle, &err), NAS_ERR); /* only once */
+  free(handle), free(run_dir), free(marker);
+  assert_no_children();
+}
+
+/* The starter dies (here: frees its runner) before releasing: the job never runs and the
+ * handle reads as lost, so a scheduler that crashed there retries it exactly once. */
+static void held_job_whose_starter_is_gone_never_runs(void **state) {
+  fixture *f = *state;
+  char *marker = path_in(f, "ran");
+  char *argv[] = {"touch", marker, NULL};
+  char *run_dir = run_dir_new(f);
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  char *handle = NULL;
+  nas_err err;
+  runner *starter;
+  json_t *options = json_pack("{s:f}", "kill_grace", KILL_GRACE_S);
+  assert_int_equal(runner_create("local", options, &starter, &err), NAS_OK);
+  json_decref(options);
+  assert_int_equal(runner_start_held(starter, &job, &handle, &err), NAS_OK);
+  runner_free(starter);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_LOST);
+  assert_int_not_equal(access(marker, F_OK), 0);
+  free(handle), free(run_dir), free(marker);
   assert_no_children();
 }
 
@@ -634,6 +680,8 @@ int main(void) {
       T(restart_in_the_same_run_dir_forgets_the_old_end),
       T(reused_pid_is_never_taken_for_the_monitor),
       T(bad_options_handles_and_jobs_are_errors),
+      T(held_job_runs_only_once_released),
+      T(held_job_whose_starter_is_gone_never_runs),
       T(job_states_have_names),
   };
 #undef T

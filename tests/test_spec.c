@@ -929,6 +929,76 @@ static void value_text_reads_back_exactly(void **state) {
 
 /* ---- diff ---- */
 
+
+static void retries_heartbeats_and_stopping_rules_load(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME PARAMS_X OBJECTIVES
+                    "trial:\n  command: [run]\n  max_attempts: 5\n  heartbeat_timeout: 30s\n"
+                    "budget:\n  trials: 9\n  max_failure_rate: 0.25\n"
+                    "  patience: {trials: 10, min_improvement: 0.01}\n");
+  assert_int_equal(s->trial.max_attempts, 5);
+  assert_true(s->trial.heartbeat_timeout_s == 30);
+  assert_true(s->budget.max_failure_rate == 0.25);
+  assert_int_equal(s->budget.patience_trials, 10);
+  assert_true(s->budget.patience_min_improvement == 0.01);
+  assert_int_equal(s->early_stopping.rule, EARLY_STOP_NONE);
+  spec_free(s);
+  s = load_ok(MINIMAL);
+  assert_int_equal(s->trial.max_attempts, 3);
+  assert_true(s->trial.heartbeat_timeout_s == 0);
+  assert_true(s->budget.max_failure_rate == 0.5);
+  assert_int_equal(s->budget.patience_trials, 0);
+  spec_free(s);
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [run]\n  max_attempts: 0\n" BUDGET,
+               "t.yaml:8:17: ", "between 1 and 100");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL_RUN "budget: {trials: 2, max_failure_rate: 2}\n",
+               "t.yaml:8:39: ", "[0, 1]");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL_RUN "budget: {trials: 2, patience: {trails: 3}}\n",
+               "t.yaml:8:32: ", "did you mean 'trials'");
+}
+
+static void early_stopping_loads_with_defaults_and_rungs(void **state) {
+  (void)state;
+  spec *s = load_ok(MINIMAL "early_stopping: {rule: median}\n");
+  assert_int_equal(s->early_stopping.rule, EARLY_STOP_MEDIAN);
+  assert_int_equal(s->early_stopping.n_objectives, 1);
+  assert_int_equal(s->early_stopping.min_steps, 1);
+  assert_int_equal(s->early_stopping.min_trials, 4);
+  spec_free(s);
+  s = load_ok(MINIMAL "early_stopping: {rule: asha, min_steps: 2, reduction_factor: 2}\n");
+  assert_int_equal(s->early_stopping.rule, EARLY_STOP_ASHA);
+  assert_true(s->early_stopping.n_rungs > 5);
+  assert_int_equal(s->early_stopping.rungs[0], 2);
+  assert_int_equal(s->early_stopping.rungs[1], 4);
+  assert_int_equal(s->early_stopping.rungs[2], 8);
+  spec_free(s);
+  s = load_ok(MINIMAL "early_stopping: {rule: asha, rungs: [1, 5, 25], objectives: [f]}\n");
+  assert_int_equal(s->early_stopping.n_rungs, 3);
+  assert_int_equal(s->early_stopping.rungs[2], 25);
+  spec_free(s);
+  expect_error(MINIMAL "early_stopping: {rule: medain}\n", "t.yaml:9:24: ", "did you mean 'median'");
+  expect_error(MINIMAL "early_stopping: {rule: median, objectives: [g]}\n", "t.yaml:9:45: ",
+               "'g' is not an objective");
+  expect_error(MINIMAL "early_stopping: {rule: asha, rungs: [3, 2]}\n", "t.yaml:9:41: ",
+               "ascending");
+  expect_error(MINIMAL "early_stopping: {rule: median, rungs: [3]}\n", "t.yaml:9:39: ",
+               "only the asha rule");
+}
+
+static void diff_names_new_fields(void **state) {
+  (void)state;
+  spec *a = load_ok(MINIMAL), *b = load_ok(NAME PARAMS_X OBJECTIVES TRIAL
+                                           "budget: {trials: 5, max_failure_rate: 1}\n"
+                                           "early_stopping: {rule: median}\n");
+  char *diff = spec_diff(a, b);
+  assert_non_null(diff);
+  assert_non_null(strstr(diff, "budget.max_failure_rate: 0.5 -> 1\n"));
+  assert_non_null(strstr(diff, "early_stopping: none -> median on f, min_steps 1, min_trials 4\n"));
+  free(diff);
+  spec_free(a);
+  spec_free(b);
+}
+
 static void diff_is_null_for_the_same_content(void **state) {
   (void)state;
   spec *a = load_ok(full_example);
@@ -1030,9 +1100,159 @@ static void diff_reports_parameter_order_and_commands(void **state) {
   spec_free(b);
 }
 
+/* ---- built-in trials ---- */
+
+#define BUILTIN_PARAMS                                                                     \
+  "parameters:\n"                                                                          \
+  "  layers: {type: int, low: 1, high: 3}\n"                                               \
+  "  width3: {type: int, low: 8, high: 64, when: \"layers >= 3\"}\n"                      \
+  "  lr: {type: float, low: 1e-4, high: 1e-1, log: true}\n" /* 4 lines */
+#define BUILTIN_OBJECTIVES                                                                 \
+  "objectives:\n  - {name: accuracy, goal: maximize}\n  - {name: params, goal: minimize}\n"
+/* The spec with a trial section of `trial` (starting at line 9). */
+#define BUILTIN_SPEC(trial) NAME BUILTIN_PARAMS BUILTIN_OBJECTIVES trial BUDGET
+
+static void builtin_trial_loads_without_a_command(void **state) {
+  (void)state;
+  spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 2, "
+                                 "optimizer: sgd, lr: 0.05}\n  timeout: 1m\n"));
+  const builtin_spec *b = s->trial.builtin;
+  assert_non_null(b);
+  assert_string_equal(b->model, "mlp");
+  assert_string_equal(b->dataset, "digits");
+  assert_int_equal(json_object_size(b->settings), 3);
+  assert_int_equal(json_integer_value(json_object_get(b->settings, "epochs")), 2);
+  assert_string_equal(json_string_value(json_object_get(b->settings, "optimizer")), "sgd");
+  assert_int_equal(s->trial.argc, 0);
+  assert_null(s->trial.argv[0]);
+  assert_true(s->trial.timeout_s == 60);
+  spec_free(s);
+}
+
+static void builtin_dataset_path_is_made_absolute(void **state) {
+  (void)state;
+  spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: data/../my.csv.gz}\n"));
+  assert_string_equal(s->trial.builtin->dataset, DIR "/my.csv.gz");
+  spec_free(s);
+  s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: ./fashion}\n"));
+  assert_string_equal(s->trial.builtin->dataset, DIR "/fashion");
+  spec_free(s);
+}
+
+/* Defaults, then the section, then the active parameters of the same names. */
+static void builtin_settings_layer_defaults_section_and_parameters(void **state) {
+  (void)state;
+  spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 2, "
+                                 "lr: 0.5, width: 32}\n"));
+  json_t *params = json("{\"layers\": 3, \"width3\": 16, \"lr\": 0.01}"), *all;
+  nas_err err;
+  assert_int_equal(spec_builtin_settings(s, params, &all, &err), NAS_OK);
+  assert_int_equal(json_integer_value(json_object_get(all, "epochs")), 2);     /* section */
+  assert_int_equal(json_integer_value(json_object_get(all, "batch_size")), 64); /* default */
+  assert_int_equal(json_integer_value(json_object_get(all, "width")), 32);
+  assert_int_equal(json_integer_value(json_object_get(all, "width3")), 16);     /* parameter */
+  assert_int_equal(json_integer_value(json_object_get(all, "layers")), 3);
+  assert_true(json_real_value(json_object_get(all, "lr")) == 0.01); /* parameter over section */
+  assert_string_equal(json_string_value(json_object_get(all, "activation")), "relu");
+  assert_null(json_object_get(all, "stages")); /* a cnn setting */
+  json_decref(all);
+  json_decref(params);
+  /* width3 inactive: the layer takes width. */
+  params = json("{\"layers\": 2, \"lr\": 0.01}");
+  assert_int_equal(spec_builtin_settings(s, params, &all, &err), NAS_OK);
+  assert_null(json_object_get(all, "width3"));
+  json_decref(all);
+  json_decref(params);
+  spec_free(s);
+  s = load_ok(MINIMAL);
+  assert_int_equal(spec_builtin_settings(s, NULL, &all, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not a built-in trial"));
+  spec_free(s);
+}
+
+static void builtin_section_errors_point_at_the_value(void **state) {
+  (void)state;
+  expect_error(BUILTIN_SPEC("trial:\n  command: [run]\n  builtin: {model: mlp, dataset: digits}\n"),
+               "t.yaml:11:12: ", "trial: give either command or builtin, not both");
+  expect_error(BUILTIN_SPEC("trial:\n  timeout: 1m\n"), "t.yaml:10:3: ",
+               "missing required key 'command' (or 'builtin' for a built-in model)");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mpl, dataset: digits}\n"),
+               "t.yaml:10:20: ", "unknown model 'mpl'; did you mean 'mlp'?");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp}\n"), "t.yaml:10:12: ",
+               "trial.builtin: missing required key 'dataset'");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: fashion_mnist}\n"),
+               "t.yaml:10:34: ", "unknown dataset 'fashion_mnist'; did you mean 'fashion-mnist'?");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epoch: 3}\n"),
+               "t.yaml:10:42: ", "unknown setting 'epoch'; did you mean 'epochs'?");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, stages: 3}\n"),
+               "t.yaml:10:42: ", "'stages' is a setting of cnn models, not of mlp");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, width9: 3}\n"),
+               "t.yaml:10:42: ", "'width9': width goes from width1 to width8");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 0}\n"),
+               "t.yaml:10:50: ", "trial.builtin.epochs: 0 is outside [1, 100000]");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 2.5}\n"),
+               "t.yaml:10:50: ", "trial.builtin.epochs: expected an integer, got 2.5");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, lr: 0}\n"),
+               "t.yaml:10:46: ", "trial.builtin.lr: 0 is outside (0, 10]");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: cnn, dataset: digits, norm: layer}\n"),
+               "t.yaml:10:48: ", "'layer' is not one of ['none', 'batch']");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: [mlp]\n"), "t.yaml:10:12: ",
+               "trial.builtin: expected a mapping, got a list");
+}
+
+/* Every value a search parameter can take must be a valid value of its setting. */
+static void builtin_parameters_must_be_settings_with_valid_values(void **state) {
+  (void)state;
+  const char *trial = OBJECTIVES "trial:\n  builtin: {model: mlp, dataset: digits}\n" BUDGET;
+  char yaml[1024];
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  widht: {type: int, low: 8, high: 64}\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "parameters.widht: a built-in mlp trial has no setting of "
+                                     "this name; did you mean 'width'?");
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  lr: {type: float, low: 0, high: 0.1}\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "parameters.lr: not a valid value of the built-in setting: 0 "
+                                     "is outside (0, 10]");
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  epochs: {type: float, low: 1, high: 4}\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "the setting takes integers: declare an int parameter");
+  snprintf(yaml, sizeof yaml,
+           NAME "parameters:\n  activation: {type: categorical, choices: [relu, swish]}\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "'swish' is not one of ['relu', 'gelu', 'tanh', 'sigmoid']");
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  norm: {type: int, low: 0, high: 1}\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "the setting takes words: declare a categorical parameter");
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  batch_size: 0\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "0 is outside [1, 65536]");
+  snprintf(yaml, sizeof yaml,
+           NAME "parameters:\n  batch_size: {type: categorical, choices: [32, 64]}\n"
+                "  dropout: {type: int, low: 0, high: 0}\n%s", trial);
+  expect_error(yaml, "t.yaml:4:38: ", "high (0) must be above low (0)");
+}
+
+static void diff_reports_builtin_changes(void **state) {
+  (void)state;
+  spec *a = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 2}\n"));
+  spec *b = load_ok(BUILTIN_SPEC("trial:\n  builtin: {epochs: 2, dataset: digits, model: mlp}\n"));
+  assert_null(spec_diff(a, b));
+  spec_free(b);
+  b = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 3, lr: 1e-2}\n"));
+  char *diff = spec_diff(a, b);
+  assert_string_equal(diff, "trial.builtin: mlp on \"digits\" {\"epochs\":2} -> "
+                            "mlp on \"digits\" {\"epochs\":3,\"lr\":0.01}\n");
+  free(diff);
+  spec_free(b);
+  b = load_ok(NAME "parameters:\n  layers: 2\n" BUILTIN_OBJECTIVES TRIAL_RUN BUDGET);
+  diff = spec_diff(a, b);
+  assert_non_null(strstr(diff, "trial.command: [] -> [\"run\"]\n"
+                               "trial.builtin: mlp on \"digits\" {\"epochs\":2} -> none\n"));
+  free(diff);
+  spec_free(b);
+  spec_free(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(full_example_loads_every_field),
+      cmocka_unit_test(retries_heartbeats_and_stopping_rules_load),
+      cmocka_unit_test(early_stopping_loads_with_defaults_and_rungs),
+      cmocka_unit_test(diff_names_new_fields),
       cmocka_unit_test(minimal_spec_gets_defaults),
       cmocka_unit_test(optional_keys_without_value_take_defaults),
       cmocka_unit_test(scalars_are_typed_as_users_expect),
@@ -1079,6 +1299,12 @@ int main(void) {
       cmocka_unit_test(diff_is_null_for_the_same_content),
       cmocka_unit_test(diff_lists_each_changed_field),
       cmocka_unit_test(diff_reports_parameter_order_and_commands),
+      cmocka_unit_test(builtin_trial_loads_without_a_command),
+      cmocka_unit_test(builtin_dataset_path_is_made_absolute),
+      cmocka_unit_test(builtin_settings_layer_defaults_section_and_parameters),
+      cmocka_unit_test(builtin_section_errors_point_at_the_value),
+      cmocka_unit_test(builtin_parameters_must_be_settings_with_valid_values),
+      cmocka_unit_test(diff_reports_builtin_changes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

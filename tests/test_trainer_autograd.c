@@ -7,7 +7,8 @@
 
 #include "trainer/trainer.h"
 
-#define SHAPE(...) (int64_t[]){__VA_ARGS__}
+#define SHAPE(...) \
+  (int64_t[]) { __VA_ARGS__ }
 
 static tr_tensor *leaf(tr_ctx *ctx, int ndim, const int64_t *shape) {
   tr_tensor *t = tr_rand(ctx, TR_F64, ndim, shape, -1, 1);
@@ -100,10 +101,12 @@ static void gradients_of_a_reused_tensor_add_up(void **state) {
   tr_tensor *p = tr_add(&ctx, sq, x);
   tr_tensor *y = tr_sum(&ctx, p, 0, NULL, false);
   assert_int_equal(tr_backward(&ctx, y, NULL, true), NAS_OK);
-  for (int i = 0; i < 4; i++) assert_true(fabs(tr_get(x->grad, i) - (2 * tr_get(x, i) + 1)) < 1e-12);
+  for (int i = 0; i < 4; i++)
+    assert_true(fabs(tr_get(x->grad, i) - (2 * tr_get(x, i) + 1)) < 1e-12);
   /* retained graph: a second backward adds the same again */
   assert_int_equal(tr_backward(&ctx, y, NULL, false), NAS_OK);
-  for (int i = 0; i < 4; i++) assert_true(fabs(tr_get(x->grad, i) - 2 * (2 * tr_get(x, i) + 1)) < 1e-12);
+  for (int i = 0; i < 4; i++)
+    assert_true(fabs(tr_get(x->grad, i) - 2 * (2 * tr_get(x, i) + 1)) < 1e-12);
   /* not retained the second time: a third is an error, not a wrong gradient */
   assert_int_equal(tr_backward(&ctx, y, NULL, false), NAS_ERR);
   assert_non_null(strstr(ctx.err.msg, "second time"));
@@ -167,7 +170,8 @@ static void mismatched_shapes_are_reported(void **state) {
   (void)state;
   tr_ctx ctx;
   tr_ctx_init(&ctx, 8);
-  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3)), *b = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 4));
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3)),
+            *b = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 4));
   assert_null(tr_add(&ctx, a, b));
   assert_non_null(strstr(ctx.err.msg, "broadcast"));
   assert_null(tr_matmul(&ctx, a, b));

@@ -11,7 +11,8 @@
 #define DIGITS "tests/data/digits.csv.gz"
 
 /* Writes bytes to dir/name, gzip-compressed when gz. Returns the owned path. */
-static char *write_bytes(const char *dir, const char *name, const unsigned char *data, size_t n, bool gz) {
+static char *write_bytes(const char *dir, const char *name, const unsigned char *data, size_t n,
+                         bool gz) {
   char *path = nas_asprintf("%s/%s", dir, name);
   if (gz) {
     gzFile f = gzopen(path, "wb");
@@ -31,8 +32,8 @@ static void idx_loader_reads_gzip_and_plain_files(void **state) {
   (void)state;
   char *dir = test_tmpdir();
   /* 3 images of 2x2, labels 4, 0, 2 */
-  const unsigned char images[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 2,
-                                  1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 255};
+  const unsigned char images[] = {0, 0, 8, 3, 0, 0, 0, 3, 0, 0, 0, 2,  0,  0,
+                                  0, 2, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 255};
   const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 3, 4, 0, 2};
   for (int gz = 0; gz < 2; gz++) {
     char *ip = write_bytes(dir, gz ? "i.gz" : "i", images, sizeof images, gz);
@@ -66,6 +67,36 @@ static void idx_loader_reads_gzip_and_plain_files(void **state) {
   free(bad);
   test_rmtree(dir);
   free(dir);
+}
+
+/* The real Fashion-MNIST test set (Debian dataset-fashion-mnist, scripts/deps.sh datasets):
+ * skipped, saying so, where the package is not installed. */
+static void fashion_mnist_test_set_loads_when_installed(void **state) {
+  (void)state;
+  const char *dir = "/usr/share/datasets/fashion-mnist";
+  char *images = nas_asprintf("%s/t10k-images-idx3-ubyte.gz", dir);
+  char *labels = nas_asprintf("%s/t10k-labels-idx1-ubyte.gz", dir);
+  if (access(images, R_OK) != 0 || access(labels, R_OK) != 0) {
+    print_message("skipped: %s is missing (apt-get install dataset-fashion-mnist)\n", images);
+    free(images);
+    free(labels);
+    skip();
+  }
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  nas_err err = {{0}};
+  assert_int_equal(tr_idx_load(&ctx, images, labels, &ds, &err), NAS_OK);
+  assert_int_equal(ds.n, 10000);
+  assert_int_equal(ds.x->shape[1], 28);
+  assert_int_equal(ds.x->shape[2], 28);
+  assert_int_equal(ds.nclasses, 10);
+  int counts[10] = {0}; /* the test set has 1000 of each class */
+  for (int64_t i = 0; i < ds.n; i++) counts[ds.y[i]]++;
+  for (int k = 0; k < 10; k++) assert_int_equal(counts[k], 1000);
+  tr_dataset_free(&ds);
+  free(images);
+  free(labels);
 }
 
 static void csv_loader_skips_a_header_and_reports_bad_lines(void **state) {
@@ -234,8 +265,9 @@ static void mlp_on_digits_reaches_95_percent_validation_accuracy(void **state) {
   tr_sequential_add(&ctx, m, tr_linear_new(&ctx, 128, 10, true));
   tr_param_list params = {0};
   tr_module_parameters(m, false, &params, &err);
-  tr_optim *opt = tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.05, .momentum = 0.9},
-                               params.items, params.n);
+  tr_optim *opt =
+      tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.05, .momentum = 0.9},
+                   params.items, params.n);
   tr_lr_schedule sched = {.kind = TR_LR_COSINE, .base_lr = 0.05, .warmup = 20, .total = 20 * 45};
   tr_loader ld;
   assert_int_equal(tr_loader_init(&ld, &train, 32, true, 3, &err), NAS_OK);
@@ -276,6 +308,7 @@ static void mlp_on_digits_reaches_95_percent_validation_accuracy(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(idx_loader_reads_gzip_and_plain_files),
+      cmocka_unit_test(fashion_mnist_test_set_loads_when_installed),
       cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),

@@ -3,7 +3,9 @@
  * Inputs include broadcast shapes, each reduction axis, and non-contiguous views. */
 #include "tests/testutil.h"
 
+#include <cblas.h>
 #include <math.h>
+#include <omp.h>
 
 #include "trainer/trainer.h"
 
@@ -64,8 +66,8 @@ static void gradcheck(const char *name, tr_ctx *ctx, op_fn f, int n, tr_tensor *
       double err = fabs(numeric - analytic) / (1.0 + fabs(numeric));
       if (err > worst) worst = err;
       if (err > 1e-6)
-        fail_msg("%s: input %d element %lld: backward %.9g, numeric %.9g", name, i,
-                 (long long)j, analytic, numeric);
+        fail_msg("%s: input %d element %lld: backward %.9g, numeric %.9g", name, i, (long long)j,
+                 analytic, numeric);
     }
   }
   print_message("%-28s max rel err %.2e\n", name, worst);
@@ -73,7 +75,8 @@ static void gradcheck(const char *name, tr_ctx *ctx, op_fn f, int n, tr_tensor *
   for (int i = 0; i < n; i++) tr_free(in[i]);
 }
 
-#define SHAPE(...) (int64_t[]){__VA_ARGS__}
+#define SHAPE(...) \
+  (int64_t[]) { __VA_ARGS__ }
 
 /* ---------------------------------------------------------------- elementwise */
 
@@ -132,12 +135,22 @@ static void unary_ops_match_central_differences(void **state) {
 /* ---------------------------------------------------------------- reductions */
 
 static int g_axis;
-static tr_tensor *f_sum_axis(tr_ctx *c, tr_tensor **in) { return tr_sum(c, in[0], 1, &g_axis, false); }
-static tr_tensor *f_mean_axis(tr_ctx *c, tr_tensor **in) { return tr_mean(c, in[0], 1, &g_axis, true); }
-static tr_tensor *f_sum_two(tr_ctx *c, tr_tensor **in) { return tr_sum(c, in[0], 2, (int[]){0, 2}, false); }
-static tr_tensor *f_mean_all(tr_ctx *c, tr_tensor **in) { return tr_mean(c, in[0], 0, NULL, false); }
+static tr_tensor *f_sum_axis(tr_ctx *c, tr_tensor **in) {
+  return tr_sum(c, in[0], 1, &g_axis, false);
+}
+static tr_tensor *f_mean_axis(tr_ctx *c, tr_tensor **in) {
+  return tr_mean(c, in[0], 1, &g_axis, true);
+}
+static tr_tensor *f_sum_two(tr_ctx *c, tr_tensor **in) {
+  return tr_sum(c, in[0], 2, (int[]){0, 2}, false);
+}
+static tr_tensor *f_mean_all(tr_ctx *c, tr_tensor **in) {
+  return tr_mean(c, in[0], 0, NULL, false);
+}
 static tr_tensor *f_softmax(tr_ctx *c, tr_tensor **in) { return tr_softmax(c, in[0], g_axis); }
-static tr_tensor *f_log_softmax(tr_ctx *c, tr_tensor **in) { return tr_log_softmax(c, in[0], g_axis); }
+static tr_tensor *f_log_softmax(tr_ctx *c, tr_tensor **in) {
+  return tr_log_softmax(c, in[0], g_axis);
+}
 
 /* The axis is a file-level variable only because op_fn takes no closure; tests run in
  * sequence within this one binary. */
@@ -227,7 +240,9 @@ static tr_tensor *f_matmul_t(tr_ctx *c, tr_tensor **in) {
   return out;
 }
 static tr_tensor *f_linear(tr_ctx *c, tr_tensor **in) { return tr_linear(c, in[0], in[1], in[2]); }
-static tr_tensor *f_linear_nobias(tr_ctx *c, tr_tensor **in) { return tr_linear(c, in[0], in[1], NULL); }
+static tr_tensor *f_linear_nobias(tr_ctx *c, tr_tensor **in) {
+  return tr_linear(c, in[0], in[1], NULL);
+}
 static tr_tensor *f_cross_entropy(tr_ctx *c, tr_tensor **in) {
   return tr_cross_entropy(c, in[0], (int32_t[]){2, 0, 4, 1});
 }
@@ -257,12 +272,20 @@ static void matmul_linear_and_losses_match_central_differences(void **state) {
 
 /* ---------------------------------------------------------------- conv, pool, norms */
 
-static tr_tensor *f_conv_pad(tr_ctx *c, tr_tensor **in) { return tr_conv2d(c, in[0], in[1], in[2], 1, 1); }
-static tr_tensor *f_conv_stride(tr_ctx *c, tr_tensor **in) { return tr_conv2d(c, in[0], in[1], NULL, 2, 0); }
+static tr_tensor *f_conv_pad(tr_ctx *c, tr_tensor **in) {
+  return tr_conv2d(c, in[0], in[1], in[2], 1, 1);
+}
+static tr_tensor *f_conv_stride(tr_ctx *c, tr_tensor **in) {
+  return tr_conv2d(c, in[0], in[1], NULL, 2, 0);
+}
 static tr_tensor *f_max_pool(tr_ctx *c, tr_tensor **in) { return tr_max_pool2d(c, in[0], 2, 2); }
 static tr_tensor *f_avg_pool(tr_ctx *c, tr_tensor **in) { return tr_avg_pool2d(c, in[0], 2, 1); }
-static tr_tensor *f_layer_norm(tr_ctx *c, tr_tensor **in) { return tr_layer_norm(c, in[0], in[1], in[2], 1e-5); }
-static tr_tensor *f_layer_norm_plain(tr_ctx *c, tr_tensor **in) { return tr_layer_norm(c, in[0], NULL, NULL, 1e-5); }
+static tr_tensor *f_layer_norm(tr_ctx *c, tr_tensor **in) {
+  return tr_layer_norm(c, in[0], in[1], in[2], 1e-5);
+}
+static tr_tensor *f_layer_norm_plain(tr_ctx *c, tr_tensor **in) {
+  return tr_layer_norm(c, in[0], NULL, NULL, 1e-5);
+}
 static tr_tensor *f_batch_norm_train(tr_ctx *c, tr_tensor **in) {
   return tr_batch_norm(c, in[0], in[1], in[2], NULL, NULL, true, 0.1, 1e-5);
 }
@@ -274,11 +297,21 @@ static void conv_and_pools_match_central_differences(void **state) {
   (void)state;
   tr_ctx ctx;
   tr_ctx_init(&ctx, 6);
-  tr_tensor *a[] = {leaf(&ctx, 4, SHAPE(2, 3, 5, 5), -1, 1), leaf(&ctx, 4, SHAPE(4, 3, 3, 3), -1, 1),
-                    leaf(&ctx, 1, SHAPE(4), -1, 1)};
-  gradcheck("conv2d (pad 1)", &ctx, f_conv_pad, 3, a);
-  tr_tensor *b[] = {leaf(&ctx, 4, SHAPE(2, 2, 7, 6), -1, 1), leaf(&ctx, 4, SHAPE(3, 2, 3, 2), -1, 1)};
-  gradcheck("conv2d (stride 2, no bias)", &ctx, f_conv_stride, 2, b);
+  /* Both threading paths: images over OpenMP threads (BLAS on one thread), and one image at
+   * a time with BLAS threads (the test process's settings, restored after). */
+  int blas_threads = openblas_get_num_threads(), omp_threads = omp_get_max_threads();
+  for (int path = 0; path < 2; path++) {
+    openblas_set_num_threads(path == 0 ? 1 : 2);
+    omp_set_num_threads(2);
+    tr_tensor *a[] = {leaf(&ctx, 4, SHAPE(3, 3, 5, 5), -1, 1),
+                      leaf(&ctx, 4, SHAPE(4, 3, 3, 3), -1, 1), leaf(&ctx, 1, SHAPE(4), -1, 1)};
+    gradcheck("conv2d (pad 1)", &ctx, f_conv_pad, 3, a);
+    tr_tensor *b[] = {leaf(&ctx, 4, SHAPE(2, 2, 7, 6), -1, 1),
+                      leaf(&ctx, 4, SHAPE(3, 2, 3, 2), -1, 1)};
+    gradcheck("conv2d (stride 2, no bias)", &ctx, f_conv_stride, 2, b);
+  }
+  openblas_set_num_threads(blas_threads);
+  omp_set_num_threads(omp_threads);
   tr_tensor *c[] = {leaf(&ctx, 4, SHAPE(2, 3, 6, 4), -1, 1)};
   gradcheck("max_pool2d", &ctx, f_max_pool, 1, c);
   tr_tensor *d[] = {leaf(&ctx, 4, SHAPE(2, 3, 4, 5), -1, 1)};

@@ -6,7 +6,8 @@
 
 #include "trainer/trainer.h"
 
-#define SHAPE(...) (int64_t[]){__VA_ARGS__}
+#define SHAPE(...) \
+  (int64_t[]) { __VA_ARGS__ }
 #define NEAR(a, b) assert_true(fabs((a) - (b)) < 1e-9)
 
 /* ---------------------------------------------------------------- optimisers */
@@ -20,8 +21,10 @@ static void two_steps(const tr_optim_config *cfg, double out[2]) {
   tr_optim *opt = tr_optim_new(&ctx, cfg, &p, 1);
   assert_non_null(opt);
   for (int s = 0; s < 2; s++) {
-    if (!p->grad) p->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
-    else tr_f64(p->grad)[0] = 0.5;
+    if (!p->grad)
+      p->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
+    else
+      tr_f64(p->grad)[0] = 0.5;
     assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
     out[s] = tr_item(p);
   }
@@ -65,7 +68,8 @@ static void adam_and_adamw_steps_match_hand_computed_values(void **state) {
 
 static void lr_schedules_warm_up_then_decay(void **state) {
   (void)state;
-  tr_lr_schedule warm_step = {.kind = TR_LR_STEP, .base_lr = 1.0, .warmup = 4, .step_size = 2, .gamma = 0.5};
+  tr_lr_schedule warm_step = {
+      .kind = TR_LR_STEP, .base_lr = 1.0, .warmup = 4, .step_size = 2, .gamma = 0.5};
   NEAR(tr_lr_at(&warm_step, 0), 0.25);
   NEAR(tr_lr_at(&warm_step, 3), 1.0);
   NEAR(tr_lr_at(&warm_step, 5), 1.0);
@@ -112,8 +116,8 @@ static void sequential_names_parameters_like_torch(void **state) {
   tr_module *m = mlp(&ctx);
   tr_param_list list = {0};
   assert_int_equal(tr_module_parameters(m, true, &list, NULL), NAS_OK);
-  const char *want[] = {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean",
-                        "1.running_var", "4.weight", "4.bias"};
+  const char *want[] = {"0.weight",       "0.bias",        "1.weight", "1.bias",
+                        "1.running_mean", "1.running_var", "4.weight", "4.bias"};
   assert_int_equal(list.n, 8);
   for (size_t i = 0; i < list.n; i++) assert_string_equal(list.names[i], want[i]);
   assert_int_equal(tr_module_param_count(m), 4 * 8 + 8 + 8 + 8 + 8 * 3 + 3);
@@ -165,7 +169,8 @@ static void batchnorm_moves_running_statistics_only_in_training(void **state) {
   tr_tensor *rm = list.items[2], *rv = list.items[3];
   assert_true(fabs(tr_get(rm, 0) - 0.2) < 1e-6 && fabs(tr_get(rm, 1) - 1.5) < 1e-6);
   /* unbiased batch variance: 2 and 50 */
-  assert_true(fabs(tr_get(rv, 0) - (0.9 + 0.1 * 2)) < 1e-6 && fabs(tr_get(rv, 1) - (0.9 + 5)) < 1e-5);
+  assert_true(fabs(tr_get(rv, 0) - (0.9 + 0.1 * 2)) < 1e-6 &&
+              fabs(tr_get(rv, 1) - (0.9 + 5)) < 1e-5);
   tr_module_train(bn, false);
   tr_tensor *z = tr_module_forward(&ctx, bn, x);
   assert_true(fabs(tr_get(rm, 0) - 0.2) < 1e-6); /* evaluation leaves them */
@@ -280,7 +285,8 @@ static void flattened_parameters_live_in_one_buffer_and_still_train(void **state
   double gsum = 0;
   for (int64_t i = 0; i < gflat->numel; i++) gsum += fabs(tr_get(gflat, i));
   assert_true(gsum > 0); /* the gradients arrived in the flat buffer */
-  tr_optim *opt = tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.1}, list.items, list.n);
+  tr_optim *opt =
+      tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.1}, list.items, list.n);
   double p0 = tr_get(flat, 0);
   assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
   assert_true(tr_get(flat, 0) != p0);

@@ -40,6 +40,14 @@ static inline void test_rmtree(const char *dir) {
   waitpid(pid, &status, 0);
 }
 
+/* Removes dir/name and everything in it. */
+static inline void test_rmtree_child(const char *dir, const char *name) {
+  char *path = NULL;
+  if (asprintf(&path, "%s/%s", dir, name) < 0) return;
+  test_rmtree(path);
+  free(path);
+}
+
 /* Writes text to dir/name; returns the owned path. */
 static inline char *test_write(const char *dir, const char *name, const char *text) {
   char *path = NULL;

@@ -25,8 +25,8 @@ typedef struct {
 struct tr_allocator {
   pthread_mutex_t lock;
   int refs;
-  size_t limit;                /* most bytes kept cached */
-  free_block *blocks;          /* the cache (owned blocks) */
+  size_t limit;       /* most bytes kept cached */
+  free_block *blocks; /* the cache (owned blocks) */
   size_t n, cap;
   size_t in_use, peak, cached; /* bytes */
 };

@@ -78,24 +78,10 @@ static tr_node *node_new(tr_ctx *ctx, const tr_node_ops *ops, int n_next) {
 static int accumulate_apply(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **grad_in) {
   (void)grad_in;
   tr_tensor *leaf = node->variable;
-  if (!leaf->grad) {
-    /* A buffer nobody else sees becomes the grad; a shared one is copied. */
-    if (g->refs == 1 && g->storage->refs == 1 && tr_is_contiguous(g)) {
-      leaf->grad = tr_retain(g);
-      return NAS_OK;
-    }
-    leaf->grad = tn_contig(ctx, g);
-    if (leaf->grad && leaf->grad->storage == g->storage) {
-      tr_free(leaf->grad);
-      leaf->grad = tn_empty_like(ctx, g);
-      if (leaf->grad) tn_copy_to_contig(g, tr_data(leaf->grad));
-    }
-    return leaf->grad ? NAS_OK : NAS_ERR;
-  }
-  bool prev = tr_set_grad_enabled(ctx, false);
-  int rc = tr_add_(ctx, leaf->grad, g, 1.0);
-  tr_set_grad_enabled(ctx, prev);
-  return rc;
+  if (leaf->grad) return tn_add(ctx, leaf->grad, g, 1.0);
+  /* A buffer nobody else sees becomes the grad; a shared one is copied. */
+  leaf->grad = tn_is_private(g) ? tr_retain(g) : tn_clone(ctx, g);
+  return leaf->grad ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops accumulate_ops = {"AccumulateGrad", accumulate_apply};
 
@@ -106,8 +92,8 @@ bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs) {
   return false;
 }
 
-int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs,
-              tr_tensor *out, tr_node **node_out) {
+int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs, tr_tensor *out,
+              tr_node **node_out) {
   *node_out = NULL;
   if (!ag_needs_grad(ctx, n, inputs)) return NAS_OK;
   tr_node *node = node_new(ctx, ops, n);
@@ -140,8 +126,7 @@ int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inpu
 int ag_save(tr_ctx *ctx, tr_node *node, tr_tensor *t) {
   if (!node) return NAS_OK;
   if (node->n_saved == TR_MAX_SAVED)
-    return nas_errf(&ctx->err, "%s: more than %d saved tensors", node->ops->name,
-                    TR_MAX_SAVED);
+    return nas_errf(&ctx->err, "%s: more than %d saved tensors", node->ops->name, TR_MAX_SAVED);
   tr_tensor *alias = tn_alias(ctx, t);
   if (!alias) return NAS_ERR;
   node->saved[node->n_saved].t = alias;
@@ -174,7 +159,9 @@ void *ag_aux(tr_ctx *ctx, tr_node *node) {
   return node->aux;
 }
 
-const char *tr_grad_fn_name(const tr_tensor *t) { return t->grad_fn ? t->grad_fn->ops->name : NULL; }
+const char *tr_grad_fn_name(const tr_tensor *t) {
+  return t->grad_fn ? t->grad_fn->ops->name : NULL;
+}
 
 void tr_zero_grad(tr_tensor *t) {
   if (t->grad) tn_fill(t->grad, 0.0);
@@ -243,8 +230,10 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
       tr_free(g);
       continue;
     }
-    if (g && rc == NAS_OK) rc = tn_accumulate(ctx, &fn->grad_buf, g);
-    else tr_free(g);
+    if (g && rc == NAS_OK)
+      rc = tn_accumulate(ctx, &fn->grad_buf, g);
+    else
+      tr_free(g);
     if (--fn->deps == 0 && rc == NAS_OK) rc = vec_push(ctx, ready, fn);
   }
   free(grad_in);
@@ -259,8 +248,9 @@ static tr_tensor *initial_grad(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad) {
     return tn_contig(ctx, grad);
   }
   if (root->numel != 1)
-    return tr_fail(ctx, "backward: a gradient is needed for a tensor of %lld elements "
-                        "(only one-element outputs get 1 implicitly)",
+    return tr_fail(ctx,
+                   "backward: a gradient is needed for a tensor of %lld elements "
+                   "(only one-element outputs get 1 implicitly)",
                    (long long)root->numel);
   return tr_full(ctx, root->dtype, root->ndim, root->shape, 1.0);
 }
@@ -285,7 +275,8 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
     g0 = NULL;
     rc = vec_push(ctx, &ready, root->grad_fn);
   }
-  while (rc == NAS_OK && ready.n > 0) rc = run_node(ctx, ready.items[--ready.n], retain_graph, &ready);
+  while (rc == NAS_OK && ready.n > 0)
+    rc = run_node(ctx, ready.items[--ready.n], retain_graph, &ready);
   /* After a failure some nodes still hold gradients that will never be used. */
   for (size_t i = 0; i < all.n; i++) {
     tr_free(all.items[i]->grad_buf);

@@ -42,7 +42,7 @@ static int read_gz(const char *path, unsigned char **out, size_t *len, nas_err *
   }
   int errnum = 0;
   const char *msg = got < 0 ? gzerror(f, &errnum) : NULL;
-  int rc = !buf ? nas_errf(err, "%s: out of memory", path)
+  int rc = !buf  ? nas_errf(err, "%s: out of memory", path)
            : msg ? nas_errf(err, "%s: read failed: %s", path, msg)
                  : NAS_OK;
   gzclose(f);
@@ -72,8 +72,10 @@ static int idx_read(const char *path, idx_file *f, nas_err *err) {
   memset(f, 0, sizeof *f);
   if (read_gz(path, &f->raw, &len, err)) return NAS_ERR;
   const unsigned char *p = f->raw;
-  if (len < 4 || p[0] != 0 || p[1] != 0) return nas_errf(err, "%s: not an IDX file (bad magic)", path);
-  if (p[2] != 0x08) return nas_errf(err, "%s: IDX element type 0x%02x (only unsigned bytes, 0x08)", path, p[2]);
+  if (len < 4 || p[0] != 0 || p[1] != 0)
+    return nas_errf(err, "%s: not an IDX file (bad magic)", path);
+  if (p[2] != 0x08)
+    return nas_errf(err, "%s: IDX element type 0x%02x (only unsigned bytes, 0x08)", path, p[2]);
   f->ndims = p[3];
   if (f->ndims < 1 || f->ndims > 4 || len < 4 + 4 * (size_t)f->ndims)
     return nas_errf(err, "%s: IDX header with %d dims", path, f->ndims);
@@ -85,7 +87,8 @@ static int idx_read(const char *path, idx_file *f, nas_err *err) {
   }
   f->data = p + 4 + 4 * f->ndims;
   if ((size_t)(f->data - p) + (size_t)f->count > len)
-    return nas_errf(err, "%s: IDX data truncated (%lld values expected)", path, (long long)f->count);
+    return nas_errf(err, "%s: IDX data truncated (%lld values expected)", path,
+                    (long long)f->count);
   return NAS_OK;
 }
 
@@ -148,7 +151,8 @@ static int64_t parse_line(char *line, double *vals, int64_t cap) {
 static int64_t split_lines(char *buf, char ***lines) {
   int64_t n = 0, cap = 1024;
   char **ls = malloc(sizeof *ls * (size_t)cap);
-  for (char *save = NULL, *line = strtok_r(buf, "\n", &save); ls && line; line = strtok_r(NULL, "\n", &save)) {
+  for (char *save = NULL, *line = strtok_r(buf, "\n", &save); ls && line;
+       line = strtok_r(NULL, "\n", &save)) {
     while (isspace((unsigned char)*line)) line++;
     if (*line == '\0') continue;
     if (n == cap) {
@@ -182,9 +186,11 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   if ((ncols = parse_line(lines[0], probe, 4096)) < 0) first = 1; /* a header */
   if (first == 1 && (nlines < 2 || (ncols = parse_line(lines[1], probe, 4096)) < 0))
     return nas_errf(err, "%s:%lld: not a line of numbers", path, (long long)(first + 1));
-  if (ncols < 2 || ncols > 4096) return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
+  if (ncols < 2 || ncols > 4096)
+    return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
   int64_t lc = label_col < 0 ? ncols + label_col : label_col, n = nlines - first;
-  if (lc < 0 || lc >= ncols) return nas_errf(err, "%s: label column %d of %lld", path, label_col, (long long)ncols);
+  if (lc < 0 || lc >= ncols)
+    return nas_errf(err, "%s: label column %d of %lld", path, label_col, (long long)ncols);
   tr_tensor *x = tr_empty(ctx, TR_F32, 2, (int64_t[]){n, ncols - 1});
   int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
   if (!x || !y) {
@@ -213,7 +219,7 @@ int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out, n
   if (read_gz(path, &buf, &len, err)) return NAS_ERR;
   char **lines = NULL;
   int64_t nlines = split_lines((char *)buf, &lines);
-  int rc = nlines < 0 ? nas_errf(err, "%s: out of memory", path)
+  int rc = nlines < 0    ? nas_errf(err, "%s: out of memory", path)
            : nlines == 0 ? nas_errf(err, "%s: no data", path)
                          : csv_rows(ctx, path, lines, nlines, label_col, out, err);
   free(lines);
@@ -233,7 +239,8 @@ static void shuffle(int64_t *order, int64_t n, uint64_t rng[4]) {
 }
 
 /* A new dataset of the rows of src listed in idx. */
-static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_t n, tr_dataset *out) {
+static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_t n,
+                  tr_dataset *out) {
   tr_meta m = tn_meta(src->x);
   m.shape[0] = n;
   int64_t row = src->n ? src->x->numel / src->n : 0;
@@ -254,7 +261,8 @@ static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_
 
 int tr_dataset_split(tr_ctx *ctx, const tr_dataset *src, double val_fraction, uint64_t seed,
                      tr_dataset *train, tr_dataset *val, nas_err *err) {
-  if (val_fraction < 0 || val_fraction > 1) return nas_errf(err, "split: fraction %g outside [0, 1]", val_fraction);
+  if (val_fraction < 0 || val_fraction > 1)
+    return nas_errf(err, "split: fraction %g outside [0, 1]", val_fraction);
   if (!tr_is_contiguous(src->x)) return nas_errf(err, "split: features must be contiguous");
   int64_t *order = malloc(sizeof(int64_t) * (size_t)(src->n ? src->n : 1));
   if (!order) return nas_errf(err, "split: out of memory");
@@ -264,7 +272,8 @@ int tr_dataset_split(tr_ctx *ctx, const tr_dataset *src, double val_fraction, ui
   shuffle(order, src->n, rng);
   int64_t nval = (int64_t)((double)src->n * val_fraction + 0.5);
   int rc = gather(ctx, src, order, nval, val);
-  if (rc == NAS_OK && (rc = gather(ctx, src, order + nval, src->n - nval, train)) != NAS_OK) tr_dataset_free(val);
+  if (rc == NAS_OK && (rc = gather(ctx, src, order + nval, src->n - nval, train)) != NAS_OK)
+    tr_dataset_free(val);
   if (rc) nas_errf(err, "%s", ctx->err.msg);
   free(order);
   return rc;
@@ -278,7 +287,8 @@ void tr_normalizer_free(tr_normalizer *nz) {
 
 int tr_normalizer_fit(const tr_dataset *ds, tr_normalizer *out, nas_err *err) {
   int64_t nfeat = ds->n ? ds->x->numel / ds->n : 0;
-  double *sum = calloc((size_t)(nfeat ? nfeat : 1), sizeof *sum), *sq = calloc((size_t)(nfeat ? nfeat : 1), sizeof *sq);
+  double *sum = calloc((size_t)(nfeat ? nfeat : 1), sizeof *sum),
+         *sq = calloc((size_t)(nfeat ? nfeat : 1), sizeof *sq);
   out->mean = malloc(sizeof(float) * (size_t)(nfeat ? nfeat : 1));
   out->std = malloc(sizeof(float) * (size_t)(nfeat ? nfeat : 1));
   out->nfeat = nfeat;
@@ -309,10 +319,12 @@ int tr_normalizer_fit(const tr_dataset *ds, tr_normalizer *out, nas_err *err) {
 int tr_normalizer_apply(const tr_normalizer *nz, tr_dataset *ds, nas_err *err) {
   int64_t nfeat = ds->n ? ds->x->numel / ds->n : nz->nfeat;
   if (nfeat != nz->nfeat || !tr_is_contiguous(ds->x))
-    return nas_errf(err, "normalizer: fitted on %lld features, data has %lld", (long long)nz->nfeat, (long long)nfeat);
+    return nas_errf(err, "normalizer: fitted on %lld features, data has %lld", (long long)nz->nfeat,
+                    (long long)nfeat);
   float *x = tr_f32(ds->x);
   for (int64_t i = 0; i < ds->n; i++)
-    for (int64_t f = 0; f < nfeat; f++) x[i * nfeat + f] = (x[i * nfeat + f] - nz->mean[f]) / nz->std[f];
+    for (int64_t f = 0; f < nfeat; f++)
+      x[i * nfeat + f] = (x[i * nfeat + f] - nz->mean[f]) / nz->std[f];
   ds->x->storage->version++;
   return NAS_OK;
 }

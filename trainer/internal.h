@@ -27,7 +27,7 @@ typedef struct {
   int (*apply)(tr_ctx *ctx, tr_node *node, tr_tensor *grad_out, tr_tensor **grad_in);
 } tr_node_ops;
 
-/* Shape and dtype of an op input, recorded when the node is made. */
+/* Shape of an op input, recorded when the node is made. */
 typedef struct {
   int ndim;
   int64_t shape[TR_MAX_DIMS];
@@ -37,10 +37,10 @@ typedef struct {
 #define TR_MAX_META 3
 
 struct tr_node {
-  int refs;                     /* output tensors and next_edges of later nodes */
+  int refs; /* output tensors and next_edges of later nodes */
   const tr_node_ops *ops;
   int n_next;
-  tr_edge *next_edges;          /* owned array; each fn an owned reference */
+  tr_edge *next_edges; /* owned array; each fn an owned reference */
   tr_saved saved[TR_MAX_SAVED];
   int n_saved;
   bool released;                /* saved variables freed by a backward without retain */
@@ -59,13 +59,15 @@ struct tr_node {
 bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs);
 /* When ag_needs_grad, makes the node with edges to the inputs' nodes, makes out point at it
  * and returns it in *node (borrowed: out holds it); else *node = NULL. */
-int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs,
-              tr_tensor *out, tr_node **node);
+int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs, tr_tensor *out,
+              tr_node **node);
 /* Saves t (its data and current version) in node; NULL node is a no-op. */
 int ag_save(tr_ctx *ctx, tr_node *node, tr_tensor *t);
 /* The i-th saved tensor (borrowed), or NULL with an error when it was modified in place
  * since it was saved or freed by an earlier backward. */
 tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, int i);
+/* node->aux, or NULL with an error when a backward without retain_graph freed it. */
+void *ag_aux(tr_ctx *ctx, tr_node *node);
 void ag_node_unref(tr_node *node);
 /* Whether edge i of node wants a gradient. */
 static inline bool ag_wants(const tr_node *node, int i) { return node->next_edges[i].fn != NULL; }
@@ -88,8 +90,6 @@ void tn_storage_unref(tr_storage *s);
 uint64_t tr_rng_next(uint64_t s[4]);
 /* Seeds a xoshiro256** state from one number (splitmix64). */
 void tr_rng_seed(uint64_t s[4], uint64_t seed);
-/* node->aux, or NULL with an error when a backward without retain_graph freed it. */
-void *ag_aux(tr_ctx *ctx, tr_node *node);
 
 /* Returns NULL after writing the message into ctx->err. */
 tr_tensor *tr_fail(tr_ctx *ctx, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -104,6 +104,8 @@ tr_tensor *tn_zeros_meta(tr_ctx *ctx, tr_dtype dtype, const tr_meta *m);
 int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* Copies src (any strides) into contiguous dst of the same dtype and numel. */
 void tn_copy_to_contig(const tr_tensor *src, void *dst);
+/* Product of shape[from..to) (1 when empty): a numel that needs no division. */
+int64_t tn_prod(const int64_t *shape, int from, int to);
 /* Normalises a possibly negative dim; -1 when out of range. */
 int tn_dim(int ndim, int dim);
 /* Sizes around dim of a contiguous shape: outer * n * inner = numel. */
@@ -127,7 +129,13 @@ void tn_set(tr_tensor *t, int64_t i, double v);
 /* Sum of squares of all elements, accumulated in double. */
 double tn_sumsq(const tr_tensor *t);
 
-/* Adds src into dst->grad-style accumulator: *acc = *acc + g (steals g when *acc is NULL). */
+/* Whether only the caller can see t's data (one reference to t and to its storage). */
+bool tn_is_private(const tr_tensor *t);
+/* A contiguous copy of t, no history. */
+tr_tensor *tn_clone(tr_ctx *ctx, const tr_tensor *t);
+/* dst += alpha * src (same numel, any strides), bumping dst's version; no grad-mode check. */
+int tn_add(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha);
+/* A gradient buffer: *acc = *acc + g, taking g as *acc when *acc is NULL. Consumes g. */
 int tn_accumulate(tr_ctx *ctx, tr_tensor **acc, tr_tensor *g);
 
 /* Broadcasting sum back to a shape (the backward of broadcasting): g reduced over the axes
@@ -137,10 +145,12 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m);
 /* Kernels are written once over a type T and suffix S() in kern_*.h files, each included
  * twice (float → _f32, double → _f64); they take void pointers so that one call site serves
  * both. TR_DISPATCH calls the one for dtype. */
-#define TR_DISPATCH(dtype, fn, ...)      \
-  do {                                    \
-    if ((dtype) == TR_F32) fn##_f32(__VA_ARGS__); \
-    else fn##_f64(__VA_ARGS__);           \
+#define TR_DISPATCH(dtype, fn, ...) \
+  do {                              \
+    if ((dtype) == TR_F32)          \
+      fn##_f32(__VA_ARGS__);        \
+    else                            \
+      fn##_f64(__VA_ARGS__);        \
   } while (0)
 
 /* Hot kernels are compiled for AVX-512 and AVX2 besides the baseline, and the loader picks
@@ -149,16 +159,45 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m);
 #define TR_KERNEL __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TR_KERNEL
-/* y (m) = A (m, n, row-major) x + beta y. */
-void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
-             double beta, void *y);
-
 #endif
 
 /* Below this many elements a loop runs on one thread: forking costs more than it saves. */
 #define TR_PAR_MIN 32768
+/* Threads for the engine's own parallel loops: OpenMP's count when OpenBLAS runs on one
+ * thread, else 1. Only one of the two thread pools works at a time: both at once put four
+ * spinning threads on two cores (measured: an MLP step 6x slower, bench/RESULTS.md). */
+int tn_par_threads(void);
+/* The OpenMP clauses for a loop over n elements (macros expand inside omp pragmas). */
+#define TR_PAR(n) \
+  if ((n) > TR_PAR_MIN) num_threads(tn_par_threads())
+/* clang-format off */
+/* for (i = 0; i < n; i++) { body }, vectorised, on the engine's threads when n is large.
+ * Small loops skip the parallel construct altogether: even with if(false) OpenMP enters
+ * the runtime and makes a futex call, a syscall per op that batch-1 inference notices. */
+#define TR_PAR_FOR(n, ...)                                                  \
+  do {                                                                      \
+    if ((n) > TR_PAR_MIN && tn_par_threads() > 1) {                         \
+      _Pragma("omp parallel for simd num_threads(tn_par_threads())")        \
+      for (int64_t i = 0; i < (n); i++) { __VA_ARGS__ }                     \
+    } else {                                                                \
+      _Pragma("omp simd")                                                   \
+      for (int64_t i = 0; i < (n); i++) { __VA_ARGS__ }                     \
+    }                                                                       \
+  } while (0)
+/* The same for an outer loop of n iterations whose total work is `work` elements (rows of
+ * a reduction, planes of a pool): threads split the iterations, no simd. */
+#define TR_PAR_LOOP(n, work, ...)                                           \
+  do {                                                                      \
+    if ((work) > TR_PAR_MIN && (n) > 1 && tn_par_threads() > 1) {           \
+      _Pragma("omp parallel for num_threads(tn_par_threads())")             \
+      for (int64_t i = 0; i < (n); i++) { __VA_ARGS__ }                     \
+    } else {                                                                \
+      for (int64_t i = 0; i < (n); i++) { __VA_ARGS__ }                     \
+    }                                                                       \
+  } while (0)
+/* clang-format on */
 
-/* C = alpha * op(A) op(B) + beta * C on row-major contiguous data of t's dtype. */
+/* C = alpha * op(A) op(B) + beta * C on row-major contiguous data of dtype (OpenBLAS). */
 void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
              void *c, int64_t ldc);

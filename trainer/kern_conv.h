@@ -17,7 +17,7 @@ static inline void S(valid_cols)(const conv_geom *g, int64_t kw, int64_t *lo, in
   if (*lo > *hi) *lo = *hi;
 }
 
-static inline void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
+TR_KERNEL static void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
   int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw;
   for (int64_t row = 0; row < rows; row++) {
     int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw, lo, hi;
@@ -33,6 +33,7 @@ static inline void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
       const T *src = plane + ih * g->w + kw - g->pad;
       for (int64_t ow = 0; ow < lo; ow++) d[ow] = 0;
       if (g->stride == 1) /* rows are short (OW values): a loop, not a memcpy call */
+#pragma omp simd
         for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow];
       else
         for (int64_t ow = lo; ow < hi; ow++) d[ow] = src[ow * g->stride];
@@ -41,7 +42,7 @@ static inline void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
   }
 }
 
-static inline void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
+TR_KERNEL static void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
   int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw;
   for (int64_t row = 0; row < rows; row++) {
     int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw, lo, hi;
@@ -53,6 +54,7 @@ static inline void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
       const T *s = col + row * p + oh * g->ow;
       T *dst = plane + ih * g->w + kw - g->pad;
       if (g->stride == 1)
+#pragma omp simd
         for (int64_t ow = lo; ow < hi; ow++) dst[ow] += s[ow];
       else
         for (int64_t ow = lo; ow < hi; ow++) dst[ow * g->stride] += s[ow];
@@ -60,23 +62,51 @@ static inline void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
   }
 }
 
+/* conv_fwd's loop over images: an orphaned omp for, so it runs split over the threads of
+ * an enclosing parallel region, or serially (no OpenMP runtime call) without one. */
+TR_KERNEL static void S(conv_fwd_images)(const T *x, const T *w, const T *b, T *y,
+                                         const conv_geom *g, int64_t o, T *scratch) {
+  int64_t p = g->oh * g->ow, ckk = g->c * g->kh * g->kw;
+  T *col = scratch + (int64_t)omp_get_thread_num() * ckk * p;
+#pragma omp for schedule(static)
+  for (int64_t n = 0; n < g->n; n++) {
+    S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
+    T *yn = y + n * o * p;
+    for (int64_t oc = 0; b && oc < o; oc++)
+      for (int64_t j = 0; j < p; j++) yn[oc * p + j] = b[oc];
+    tn_gemm(TDT, false, false, o, p, ckk, 1.0, w, ckk, col, p, b ? 1.0 : 0.0, yn, p);
+  }
+}
+
 /* y (N, O, P) = W (O, C*KH*KW) @ im2col(x_n) + b, image by image on nt threads; scratch
  * holds nt column buffers of C*KH*KW*P. */
-TR_KERNEL static void S(conv_fwd)(const void *xv, const void *wv, const void *bv, void *yv,
-                                  const conv_geom *g, int64_t o, void *scratchv, int nt) {
-  const T *x = xv, *w = wv, *b = bv;
-  T *y = yv, *scratch = scratchv;
-  int64_t p = g->oh * g->ow, ckk = g->c * g->kh * g->kw;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    T *col = scratch + (int64_t)omp_get_thread_num() * ckk * p;
+static void S(conv_fwd)(const void *x, const void *w, const void *b, void *y, const conv_geom *g,
+                        int64_t o, void *scratch, int nt) {
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    S(conv_fwd_images)(x, w, b, y, g, o, scratch);
+  } else {
+    S(conv_fwd_images)(x, w, b, y, g, o, scratch);
+  }
+}
+
+/* conv_bwd's loop over images (an orphaned omp for, as in conv_fwd_images). */
+TR_KERNEL static void S(conv_bwd_images)(const T *x, const T *w, const T *dy, T *dx, T *dw,
+                                         const conv_geom *g, int64_t o, T *scratch) {
+  int64_t p = g->oh * g->ow, ckk = g->c * g->kh * g->kw, per = 2 * ckk * p + o * ckk;
+  int tid = omp_get_thread_num();
+  T *col = scratch + tid * per, *dcol = col + ckk * p, *dwp = tid == 0 ? dw : dcol + ckk * p;
+  if (dwp) memset(dwp, 0, sizeof(T) * (size_t)(o * ckk));
 #pragma omp for schedule(static)
-    for (int64_t n = 0; n < g->n; n++) {
+  for (int64_t n = 0; n < g->n; n++) {
+    const T *dyn = dy + n * o * p;
+    if (dw) {
       S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
-      T *yn = y + n * o * p;
-      for (int64_t oc = 0; b && oc < o; oc++)
-        for (int64_t j = 0; j < p; j++) yn[oc * p + j] = b[oc];
-      tn_gemm(TDT, false, false, o, p, ckk, 1.0, w, ckk, col, p, b ? 1.0 : 0.0, yn, p);
+      tn_gemm(TDT, false, true, o, ckk, p, 1.0, dyn, p, col, p, 1.0, dwp, ckk);
+    }
+    if (dx) {
+      tn_gemm(TDT, true, false, ckk, p, o, 1.0, w, ckk, dyn, p, 0.0, dcol, p);
+      S(col2im_image)(dcol, dx + n * g->c * g->h * g->w, g);
     }
   }
 }
@@ -84,30 +114,16 @@ TR_KERNEL static void S(conv_fwd)(const void *xv, const void *wv, const void *bv
 /* Gradients of conv_fwd from dy (N, O, P): dw (O, C*KH*KW) and dx (N, C, H, W, zeroed) when
  * not NULL; db is done apart (conv_bias_grad). scratch per thread: a column buffer, a dcol
  * buffer, and (threads past the first) a partial dw, summed into dw at the end. */
-TR_KERNEL static void S(conv_bwd)(const void *xv, const void *wv, const void *dyv, void *dxv,
-                                  void *dwv, const conv_geom *g, int64_t o, void *scratchv,
-                                  int nt) {
-  const T *x = xv, *w = wv, *dy = dyv;
-  T *dx = dxv, *dw = dwv, *scratch = scratchv;
-  int64_t p = g->oh * g->ow, ckk = g->c * g->kh * g->kw, per = 2 * ckk * p + o * ckk;
-#pragma omp parallel num_threads(nt) if (nt > 1)
-  {
-    int tid = omp_get_thread_num();
-    T *col = scratch + tid * per, *dcol = col + ckk * p, *dwp = tid == 0 ? dw : dcol + ckk * p;
-    if (dwp) memset(dwp, 0, sizeof(T) * (size_t)(o * ckk));
-#pragma omp for schedule(static)
-    for (int64_t n = 0; n < g->n; n++) {
-      const T *dyn = dy + n * o * p;
-      if (dw) {
-        S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
-        tn_gemm(TDT, false, true, o, ckk, p, 1.0, dyn, p, col, p, 1.0, dwp, ckk);
-      }
-      if (dx) {
-        tn_gemm(TDT, true, false, ckk, p, o, 1.0, w, ckk, dyn, p, 0.0, dcol, p);
-        S(col2im_image)(dcol, dx + n * g->c * g->h * g->w, g);
-      }
-    }
+static void S(conv_bwd)(const void *x, const void *w, const void *dy, void *dxv, void *dwv,
+                        const conv_geom *g, int64_t o, void *scratchv, int nt) {
+  T *dw = dwv, *scratch = scratchv;
+  if (nt > 1) {
+#pragma omp parallel num_threads(nt)
+    S(conv_bwd_images)(x, w, dy, dxv, dw, g, o, scratch);
+  } else {
+    S(conv_bwd_images)(x, w, dy, dxv, dw, g, o, scratch);
   }
+  int64_t ckk = g->c * g->kh * g->kw, p = g->oh * g->ow, per = 2 * ckk * p + o * ckk;
   for (int t = 1; dw && t < nt; t++) {
     const T *part = scratch + t * per + 2 * ckk * p;
     for (int64_t i = 0; i < o * ckk; i++) dw[i] += part[i];
@@ -152,7 +168,8 @@ static inline T S(window_max)(const T *src, const conv_geom *g, int64_t oh, int6
 static inline T S(window_mean)(const T *src, const conv_geom *g, int64_t oh, int64_t ow) {
   T acc = 0;
   for (int64_t kh = 0; kh < g->kh; kh++)
-    for (int64_t kw = 0; kw < g->kw; kw++) acc += src[(oh * g->stride + kh) * g->w + ow * g->stride + kw];
+    for (int64_t kw = 0; kw < g->kw; kw++)
+      acc += src[(oh * g->stride + kh) * g->w + ow * g->stride + kw];
   return acc / (T)(g->kh * g->kw);
 }
 
@@ -177,48 +194,56 @@ static inline void S(max_pool_2x2)(const T *src, const conv_geom *g, T *out, int
   }
 }
 
+/* One plane: max (argmax not NULL) or mean over each window, any window and stride. */
+static inline void S(pool_plane)(const T *src, const conv_geom *g, T *out, int32_t *argmax,
+                                 bool two_by_two) {
+  if (two_by_two) {
+    S(max_pool_2x2)(src, g, out, argmax);
+    return;
+  }
+  for (int64_t oh = 0; oh < g->oh; oh++)
+    for (int64_t ow = 0; ow < g->ow; ow++) {
+      int64_t o = oh * g->ow + ow;
+      out[o] = argmax ? S(window_max)(src, g, oh, ow, argmax + o) : S(window_mean)(src, g, oh, ow);
+    }
+}
+
 TR_KERNEL static void S(pool_fwd)(const void *xv, void *yv, int32_t *argmax, const conv_geom *g,
                                   bool is_max) {
   const T *x = xv;
   T *y = yv;
   int64_t planes = g->n * g->c, per = g->oh * g->ow;
-#pragma omp parallel for if (planes * per * g->kh * g->kw > TR_PAR_MIN)
-  for (int64_t pl = 0; pl < planes; pl++) {
-    const T *src = x + pl * g->h * g->w;
-    T *out = y + pl * per;
-    if (is_max && g->kh == 2 && g->kw == 2 && g->stride == 2) {
-      S(max_pool_2x2)(src, g, out, argmax + pl * per);
-      continue;
-    }
-    for (int64_t oh = 0; oh < g->oh; oh++)
-      for (int64_t ow = 0; ow < g->ow; ow++) {
-        int64_t o = oh * g->ow + ow;
-        if (is_max) out[o] = S(window_max)(src, g, oh, ow, argmax + pl * per + o);
-        else out[o] = S(window_mean)(src, g, oh, ow);
-      }
-  }
+  bool two_by_two = is_max && g->kh == 2 && g->kw == 2 && g->stride == 2;
+  /* i: the plane */
+  TR_PAR_LOOP(planes, planes * per * g->kh * g->kw,
+              S(pool_plane)(x + i * g->h * g->w, g, y + i * per, is_max ? argmax + i * per : NULL,
+                            two_by_two););
 }
 
 /* dx (zeroed) gets dy routed back: to the argmax (max) or spread evenly (avg). */
-TR_KERNEL static void S(pool_bwd)(const void *dyv, void *dxv, const int32_t *argmax, const conv_geom *g,
-                        bool is_max) {
+/* One plane of pool_bwd: dy to its argmax (not NULL) or spread over the window. */
+static inline void S(pool_plane_bwd)(const T *dy, T *dst, const int32_t *argmax,
+                                     const conv_geom *g) {
+  T inv = 1 / (T)(g->kh * g->kw);
+  for (int64_t oh = 0; oh < g->oh; oh++)
+    for (int64_t ow = 0; ow < g->ow; ow++) {
+      int64_t o = oh * g->ow + ow;
+      if (argmax) {
+        dst[argmax[o]] += dy[o];
+        continue;
+      }
+      for (int64_t kh = 0; kh < g->kh; kh++)
+        for (int64_t kw = 0; kw < g->kw; kw++)
+          dst[(oh * g->stride + kh) * g->w + ow * g->stride + kw] += dy[o] * inv;
+    }
+}
+
+TR_KERNEL static void S(pool_bwd)(const void *dyv, void *dxv, const int32_t *argmax,
+                                  const conv_geom *g, bool is_max) {
   const T *dy = dyv;
   T *dx = dxv;
   int64_t planes = g->n * g->c;
-  T inv = 1 / (T)(g->kh * g->kw);
-#pragma omp parallel for if (planes * g->oh * g->ow > TR_PAR_MIN)
-  for (int64_t pl = 0; pl < planes; pl++) {
-    T *dst = dx + pl * g->h * g->w;
-    for (int64_t oh = 0; oh < g->oh; oh++)
-      for (int64_t ow = 0; ow < g->ow; ow++) {
-        int64_t o = (pl * g->oh + oh) * g->ow + ow;
-        if (is_max) {
-          dst[argmax[o]] += dy[o];
-          continue;
-        }
-        for (int64_t kh = 0; kh < g->kh; kh++)
-          for (int64_t kw = 0; kw < g->kw; kw++)
-            dst[(oh * g->stride + kh) * g->w + ow * g->stride + kw] += dy[o] * inv;
-      }
-  }
+  TR_PAR_LOOP(planes, planes * g->oh * g->ow, /* i: the plane */
+              S(pool_plane_bwd)(dy + i * g->oh * g->ow, dx + i * g->h * g->w,
+                                is_max ? argmax + i * g->oh * g->ow : NULL, g););
 }

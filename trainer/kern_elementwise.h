@@ -3,14 +3,7 @@
 
 /* Unary ops: y = f(x); backward dx = dy * f'(...) from what the op saved (x or y). One loop
  * per op (the switch outside), so each loop vectorises on its own. */
-#define S_UNARY_LOOP(EXPR)                                  \
-  do {                                                      \
-    _Pragma("omp parallel for simd if (n > TR_PAR_MIN)")    \
-    for (int64_t i = 0; i < n; i++) {                       \
-      T v = x[i];                                           \
-      y[i] = (EXPR);                                        \
-    }                                                       \
-  } while (0)
+#define S_UNARY_LOOP(EXPR) TR_PAR_FOR(n, T v = x[i]; y[i] = (EXPR);)
 
 TR_KERNEL static void S(unary_fwd)(int op, const void *xv, void *yv, int64_t n, double s) {
   const T *x = xv;
@@ -28,14 +21,7 @@ TR_KERNEL static void S(unary_fwd)(int op, const void *xv, void *yv, int64_t n, 
 }
 
 /* saved is y for relu, tanh, sigmoid, exp; x for gelu, log; unused for scale. */
-#define S_UNARY_BWD_LOOP(EXPR)                              \
-  do {                                                      \
-    _Pragma("omp parallel for simd if (n > TR_PAR_MIN)")    \
-    for (int64_t i = 0; i < n; i++) {                       \
-      T v = sv[i], g = dy[i];                               \
-      dx[i] = (EXPR);                                       \
-    }                                                       \
-  } while (0)
+#define S_UNARY_BWD_LOOP(EXPR) TR_PAR_FOR(n, T v = sv[i], g = dy[i]; dx[i] = (EXPR);)
 
 static T S(gelu_grad)(T v) {
   const T k0 = (T)0.7978845608028654, k1 = (T)0.044715;
@@ -43,8 +29,8 @@ static T S(gelu_grad)(T v) {
   return (T)0.5 * (1 + th) + (T)0.5 * v * (1 - th * th) * du;
 }
 
-TR_KERNEL static void S(unary_bwd)(int op, const void *savedv, const void *dyv, void *dxv, int64_t n,
-                         double s) {
+TR_KERNEL static void S(unary_bwd)(int op, const void *savedv, const void *dyv, void *dxv,
+                                   int64_t n, double s) {
   const T *sv = savedv, *dy = dyv;
   T *dx = dxv;
   const T sc = (T)s;
@@ -55,48 +41,44 @@ TR_KERNEL static void S(unary_bwd)(int op, const void *savedv, const void *dyv, 
   case UN_SIGMOID: S_UNARY_BWD_LOOP(g * v * (1 - v)); break;
   case UN_EXP: S_UNARY_BWD_LOOP(g * v); break;
   case UN_LOG: S_UNARY_BWD_LOOP(g / v); break;
-  default: { /* UN_SCALE: nothing saved */
-#pragma omp parallel for simd if (n > TR_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) dx[i] = dy[i] * sc;
-  }
+  default: TR_PAR_FOR(n, dx[i] = dy[i] * sc;); /* UN_SCALE: nothing saved */
   }
 }
 
 /* Dropout: y = x * mask * scale, dx = dy * mask * scale (mask 0/1 bytes). */
 TR_KERNEL static void S(dropout_apply)(const void *xv, const uint8_t *mask, void *yv, int64_t n,
-                             double scale) {
+                                       double scale) {
   const T *x = xv;
   T *y = yv;
   const T sc = (T)scale;
-#pragma omp parallel for simd if (n > TR_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) y[i] = mask[i] ? x[i] * sc : 0;
+  TR_PAR_FOR(n, y[i] = mask[i] ? x[i] * sc : 0;);
 }
 
 /* One row of a broadcasting binary op: n outputs, inputs stepping by sa and sb (0 or 1
  * after broadcasting, or any stride for views). */
-#define S_BIN_ROW(EXPR)                                                      \
-  do {                                                                       \
-    if (sa == 1 && sb == 1) {                                                \
-      _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                  \
-        T x = a[i], y = b[i];                                                \
-        o[i] = (EXPR);                                                       \
-      }                                                                      \
-    } else if (sa == 1 && sb == 0) {                                         \
-      const T y = b[0];                                                      \
-      _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {                  \
-        T x = a[i];                                                          \
-        o[i] = (EXPR);                                                       \
-      }                                                                      \
-    } else {                                                                 \
-      for (int64_t i = 0; i < n; i++) {                                      \
-        T x = a[i * sa], y = b[i * sb];                                      \
-        o[i] = (EXPR);                                                       \
-      }                                                                      \
-    }                                                                        \
+#define S_BIN_ROW(EXPR)                                     \
+  do {                                                      \
+    if (sa == 1 && sb == 1) {                               \
+      _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { \
+        T x = a[i], y = b[i];                               \
+        o[i] = (EXPR);                                      \
+      }                                                     \
+    } else if (sa == 1 && sb == 0) {                        \
+      const T y = b[0];                                     \
+      _Pragma("omp simd") for (int64_t i = 0; i < n; i++) { \
+        T x = a[i];                                         \
+        o[i] = (EXPR);                                      \
+      }                                                     \
+    } else {                                                \
+      for (int64_t i = 0; i < n; i++) {                     \
+        T x = a[i * sa], y = b[i * sb];                     \
+        o[i] = (EXPR);                                      \
+      }                                                     \
+    }                                                       \
   } while (0)
 
 TR_KERNEL static void S(binary_row)(int op, T *o, const T *a, int64_t sa, const T *b, int64_t sb,
-                          int64_t n) {
+                                    int64_t n) {
   switch (op) {
   case BIN_ADD: S_BIN_ROW(x + y); break;
   case BIN_SUB: S_BIN_ROW(x - y); break;
@@ -105,43 +87,41 @@ TR_KERNEL static void S(binary_row)(int op, T *o, const T *a, int64_t sa, const 
   }
 }
 
+/* Offset, under strides st, of the first element of row r of shape[ndim] (rows are the
+ * last dim). */
+static inline int64_t S(row_offset)(int64_t r, const int64_t *st, const int64_t *shape, int ndim) {
+  int64_t off = 0;
+  for (int d = ndim - 2; d >= 0; d--) {
+    off += (r % shape[d]) * st[d];
+    r /= shape[d];
+  }
+  return off;
+}
+
 /* out (contiguous, shape[ndim]) = a op b with per-dim strides sa, sb (0 where broadcast). */
 TR_KERNEL static void S(binary_fwd)(int op, void *outv, const void *av, const int64_t *sa,
-                          const void *bv, const int64_t *sb, const int64_t *shape, int ndim) {
+                                    const void *bv, const int64_t *sb, const int64_t *shape,
+                                    int ndim) {
   T *out = outv;
   const T *a = av, *b = bv;
-  int64_t n = ndim ? shape[ndim - 1] : 1, rows = 1;
-  for (int d = 0; d < ndim - 1; d++) rows *= shape[d];
+  int64_t n = ndim ? shape[ndim - 1] : 1, rows = tn_prod(shape, 0, ndim - 1);
   int64_t last_a = ndim ? sa[ndim - 1] : 0, last_b = ndim ? sb[ndim - 1] : 0;
-#pragma omp parallel for if (rows * n > TR_PAR_MIN)
-  for (int64_t r = 0; r < rows; r++) {
-    int64_t offa = 0, offb = 0, rem = r;
-    for (int d = ndim - 2; d >= 0; d--) {
-      int64_t idx = rem % shape[d];
-      rem /= shape[d];
-      offa += idx * sa[d];
-      offb += idx * sb[d];
-    }
-    S(binary_row)(op, out + r * n, a + offa, last_a, b + offb, last_b, n);
-  }
+  /* i: the row */
+  TR_PAR_LOOP(rows, rows * n,
+              S(binary_row)(op, out + i * n, a + S(row_offset)(i, sa, shape, ndim), last_a,
+                            b + S(row_offset)(i, sb, shape, ndim), last_b, n););
 }
 
 /* dst (zeroed, strides ts with 0 on reduced dims) += g (contiguous, shape[ndim]). */
 TR_KERNEL static void S(sum_to)(void *dstv, const int64_t *ts, const void *gv, const int64_t *shape,
-                      int ndim) {
+                                int ndim) {
   T *dst = dstv;
   const T *g = gv;
-  int64_t n = ndim ? shape[ndim - 1] : 1, rows = 1;
-  for (int d = 0; d < ndim - 1; d++) rows *= shape[d];
+  int64_t n = ndim ? shape[ndim - 1] : 1, rows = tn_prod(shape, 0, ndim - 1);
   int64_t last = ndim ? ts[ndim - 1] : 0;
   for (int64_t r = 0; r < rows; r++) {
-    int64_t off = 0, rem = r;
-    for (int d = ndim - 2; d >= 0; d--) {
-      off += (rem % shape[d]) * ts[d];
-      rem /= shape[d];
-    }
     const T *grow = g + r * n;
-    T *drow = dst + off;
+    T *drow = dst + S(row_offset)(r, ts, shape, ndim);
     if (last == 0) {
       T acc = 0;
       for (int64_t i = 0; i < n; i++) acc += grow[i];

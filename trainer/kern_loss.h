@@ -2,12 +2,12 @@
 
 /* Cross-entropy forward for logits (N, C): probs = softmax per row (kept for backward);
  * returns the mean over rows of -log probs[label]. */
-TR_KERNEL static double S(cross_entropy_fwd)(const void *logitsv, const int32_t *labels, void *probsv,
-                                   int64_t rows, int64_t classes) {
+TR_KERNEL static double S(cross_entropy_fwd)(const void *logitsv, const int32_t *labels,
+                                             void *probsv, int64_t rows, int64_t classes) {
   const T *logits = logitsv;
   T *probs = probsv;
   double total = 0;
-#pragma omp parallel for reduction(+ : total) if (rows * classes > TR_PAR_MIN)
+#pragma omp parallel for reduction(+ : total) TR_PAR(rows *classes)
   for (int64_t r = 0; r < rows; r++) {
     const T *x = logits + r * classes;
     T *p = probs + r * classes;
@@ -27,7 +27,7 @@ TR_KERNEL static double S(cross_entropy_fwd)(const void *logitsv, const int32_t 
 
 /* dlogits = scale * (probs - onehot(label)), scale = dloss / N. */
 TR_KERNEL static void S(cross_entropy_bwd)(const void *probsv, const int32_t *labels, void *dxv,
-                                 int64_t rows, int64_t classes, double scale) {
+                                           int64_t rows, int64_t classes, double scale) {
   const T *probs = probsv;
   T *dx = dxv;
   const T sc = (T)scale;

@@ -8,10 +8,10 @@
 
 /* x (R, D) → y; stats[2r] = mean, stats[2r+1] = rstd. w, b may be NULL. */
 TR_KERNEL static void S(layer_norm_fwd)(const void *xv, const void *wv, const void *bv, void *yv,
-                              double *stats, int64_t rows, int64_t d, double eps) {
+                                        double *stats, int64_t rows, int64_t d, double eps) {
   const T *x = xv, *w = wv, *b = bv;
   T *y = yv;
-#pragma omp parallel for if (rows * d > TR_PAR_MIN)
+#pragma omp parallel for TR_PAR(rows *d)
   for (int64_t r = 0; r < rows; r++) {
     const T *xr = x + r * d;
     double mean = 0, var = 0;
@@ -29,8 +29,8 @@ TR_KERNEL static void S(layer_norm_fwd)(const void *xv, const void *wv, const vo
 }
 
 TR_KERNEL static void S(layer_norm_bwd)(const void *xv, const void *wv, const void *dyv,
-                              const double *stats, void *dxv, void *dwv, void *dbv,
-                              int64_t rows, int64_t d) {
+                                        const double *stats, void *dxv, void *dwv, void *dbv,
+                                        int64_t rows, int64_t d) {
   const T *x = xv, *w = wv, *dy = dyv;
   T *dx = dxv, *dw = dwv, *db = dbv;
   for (int64_t r = 0; r < rows; r++) {
@@ -56,9 +56,9 @@ TR_KERNEL static void S(layer_norm_bwd)(const void *xv, const void *wv, const vo
 /* Batch statistics per channel of x (N, C, L): stats[2c] mean, stats[2c+1] rstd; var_out[c]
  * gets the biased variance (for the running estimate). */
 TR_KERNEL static void S(batch_norm_stats)(const void *xv, double *stats, double *var_out, int64_t n,
-                                int64_t c, int64_t l, double eps) {
+                                          int64_t c, int64_t l, double eps) {
   const T *x = xv;
-#pragma omp parallel for if (n * c * l > TR_PAR_MIN)
+#pragma omp parallel for TR_PAR(n *c *l)
   for (int64_t ch = 0; ch < c; ch++) {
     double sum = 0, sq = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -79,11 +79,11 @@ TR_KERNEL static void S(batch_norm_stats)(const void *xv, double *stats, double 
 
 /* y = (x - mean) * rstd * w + b per channel. */
 TR_KERNEL static void S(batch_norm_apply)(const void *xv, const void *wv, const void *bv,
-                                const double *stats, void *yv, int64_t n, int64_t c,
-                                int64_t l) {
+                                          const double *stats, void *yv, int64_t n, int64_t c,
+                                          int64_t l) {
   const T *x = xv, *w = wv, *b = bv;
   T *y = yv;
-#pragma omp parallel for collapse(2) if (n * c * l > TR_PAR_MIN)
+#pragma omp parallel for collapse(2) TR_PAR(n *c *l)
   for (int64_t i = 0; i < n; i++)
     for (int64_t ch = 0; ch < c; ch++) {
       T scale = (T)stats[2 * ch + 1] * (w ? w[ch] : 1);
@@ -96,11 +96,11 @@ TR_KERNEL static void S(batch_norm_apply)(const void *xv, const void *wv, const 
 
 /* training: batch statistics (full formula); else fixed statistics. */
 TR_KERNEL static void S(batch_norm_bwd)(const void *xv, const void *wv, const void *dyv,
-                              const double *stats, bool training, void *dxv, void *dwv,
-                              void *dbv, int64_t n, int64_t c, int64_t l) {
+                                        const double *stats, bool training, void *dxv, void *dwv,
+                                        void *dbv, int64_t n, int64_t c, int64_t l) {
   const T *x = xv, *w = wv, *dy = dyv;
   T *dx = dxv, *dw = dwv, *db = dbv;
-#pragma omp parallel for if (n * c * l > TR_PAR_MIN)
+#pragma omp parallel for TR_PAR(n *c *l)
   for (int64_t ch = 0; ch < c; ch++) {
     double mean = stats[2 * ch], rstd = stats[2 * ch + 1], wc = w ? (double)w[ch] : 1.0;
     double sum_dy = 0, sum_dy_xhat = 0;

@@ -10,34 +10,25 @@ TR_KERNEL static void S(sgd_update)(void *pv, const void *gv, void *bufv, int64_
   const T *grad = gv;
   const T lr_t = (T)lr, mo = (T)momentum, wd_t = (T)wd;
   if (!buf) {
-#pragma omp parallel for simd if (n > TR_PAR_MIN)
-    for (int64_t i = 0; i < n; i++) p[i] -= lr_t * (grad[i] + wd_t * p[i]);
+    TR_PAR_FOR(n, p[i] -= lr_t * (grad[i] + wd_t * p[i]););
     return;
   }
   const T from_g = nesterov ? 1 : 0, from_buf = nesterov ? mo : 1;
-#pragma omp parallel for simd if (n > TR_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    T g = grad[i] + wd_t * p[i], b = mo * buf[i] + g;
-    buf[i] = b;
-    p[i] -= lr_t * (from_g * g + from_buf * b);
-  }
+  /* one element: g, then the new buffer b, then the step */
+  TR_PAR_FOR(n, T g = grad[i] + wd_t * p[i]; T b = mo * buf[i] + g; buf[i] = b;
+             p[i] -= lr_t * (from_g * g + from_buf * b););
 }
 
 /* Adam (decoupled = false: wd added to the gradient) and AdamW (decoupled: p *= 1 - lr wd).
  * bc1, bc2 are the bias corrections 1 - beta^t. */
 TR_KERNEL static void S(adam_update)(void *pv, const void *gv, void *mv, void *vv, int64_t n,
-                           double lr, double b1, double b2, double eps, double wd,
-                           bool decoupled, double bc1, double bc2) {
+                                     double lr, double b1, double b2, double eps, double wd,
+                                     bool decoupled, double bc1, double bc2) {
   T *p = pv, *m = mv, *v = vv;
   const T *grad = gv;
   const T step = (T)(lr / bc1), inv_sqrt_bc2 = (T)(1.0 / sqrt(bc2));
-#pragma omp parallel for simd if (n > TR_PAR_MIN)
-  for (int64_t i = 0; i < n; i++) {
-    T g = grad[i];
-    if (decoupled) p[i] *= (T)(1 - lr * wd);
-    else g += (T)wd * p[i];
-    m[i] = (T)b1 * m[i] + (T)(1 - b1) * g;
-    v[i] = (T)b2 * v[i] + (T)(1 - b2) * g * g;
-    p[i] -= step * m[i] / (sqrt(v[i]) * inv_sqrt_bc2 + (T)eps);
-  }
+  const T decay = decoupled ? (T)(1 - lr * wd) : 1, coupled = decoupled ? 0 : (T)wd;
+  TR_PAR_FOR(n, T g = grad[i] + coupled * p[i]; p[i] *= decay;
+             m[i] = (T)b1 * m[i] + (T)(1 - b1) * g; v[i] = (T)b2 * v[i] + (T)(1 - b2) * g * g;
+             p[i] -= step * m[i] / (sqrt(v[i]) * inv_sqrt_bc2 + (T)eps););
 }

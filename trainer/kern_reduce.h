@@ -1,13 +1,14 @@
 /* Reduction kernels over type T (included twice by ops_reduce.c). Inputs are contiguous and
- * seen as (outer, n, inner) around the reduced dim: element (o, j, i) at (o * n + j) * inner + i. */
+ * seen as (outer, n, inner) around the reduced dim: element (o, j, i) at (o * n + j) * inner + i.
+ */
 
 /* out[o, i] = scale * sum_j x[o, j, i]. */
-TR_KERNEL static void S(sum_axis)(const void *xv, void *outv, int64_t outer, int64_t n, int64_t inner,
-                        double scale) {
+TR_KERNEL static void S(sum_axis)(const void *xv, void *outv, int64_t outer, int64_t n,
+                                  int64_t inner, double scale) {
   const T *x = xv;
   T *out = outv;
   const T sc = (T)scale;
-#pragma omp parallel for if (outer * n * inner > TR_PAR_MIN && outer > 1)
+#pragma omp parallel for TR_PAR(outer > 1 ? outer * n * inner : 0)
   for (int64_t o = 0; o < outer; o++) {
     T *row = out + o * inner;
     const T *src = x + o * n * inner;
@@ -27,11 +28,11 @@ TR_KERNEL static void S(sum_axis)(const void *xv, void *outv, int64_t outer, int
 }
 
 /* Softmax (log_softmax when log) along the middle dim. */
-TR_KERNEL static void S(softmax_fwd)(const void *xv, void *yv, int64_t outer, int64_t n, int64_t inner,
-                           bool log_out) {
+TR_KERNEL static void S(softmax_fwd)(const void *xv, void *yv, int64_t outer, int64_t n,
+                                     int64_t inner, bool log_out) {
   const T *x = xv;
   T *y = yv;
-#pragma omp parallel for if (outer * n * inner > TR_PAR_MIN)
+#pragma omp parallel for TR_PAR(outer *n *inner)
   for (int64_t o = 0; o < outer; o++) {
     for (int64_t i = 0; i < inner; i++) {
       const T *xr = x + o * n * inner + i;
@@ -57,10 +58,10 @@ TR_KERNEL static void S(softmax_fwd)(const void *xv, void *yv, int64_t outer, in
 
 /* softmax: dx = y * (dy - sum(dy * y)); log_softmax: dx = dy - exp(y) * sum(dy). */
 TR_KERNEL static void S(softmax_bwd)(const void *yv, const void *dyv, void *dxv, int64_t outer,
-                           int64_t n, int64_t inner, bool log_out) {
+                                     int64_t n, int64_t inner, bool log_out) {
   const T *y = yv, *dy = dyv;
   T *dx = dxv;
-#pragma omp parallel for if (outer * n * inner > TR_PAR_MIN)
+#pragma omp parallel for TR_PAR(outer *n *inner)
   for (int64_t o = 0; o < outer; o++) {
     for (int64_t i = 0; i < inner; i++) {
       int64_t base = o * n * inner + i;

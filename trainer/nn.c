@@ -95,11 +95,16 @@ static tr_module *norm_new(tr_ctx *ctx, tr_module_kind kind, int64_t features) {
   return m;
 }
 
-tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features) { return norm_new(ctx, TR_BATCHNORM, features); }
-tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features) { return norm_new(ctx, TR_LAYERNORM, features); }
+tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features) {
+  return norm_new(ctx, TR_BATCHNORM, features);
+}
+tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features) {
+  return norm_new(ctx, TR_LAYERNORM, features);
+}
 
 tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind) {
-  if (kind != TR_RELU && kind != TR_GELU && kind != TR_TANH && kind != TR_SIGMOID && kind != TR_FLATTEN) {
+  if (kind != TR_RELU && kind != TR_GELU && kind != TR_TANH && kind != TR_SIGMOID &&
+      kind != TR_FLATTEN) {
     tr_fail(ctx, "nn: module kind %d is not a parameterless activation", (int)kind);
     return NULL;
   }
@@ -223,8 +228,10 @@ static int list_add(tr_param_list *list, const char *prefix, const char *name, t
   return NAS_OK;
 }
 
-static int collect(tr_module *m, bool buffers, const char *prefix, tr_param_list *list, nas_err *err) {
-  if (list_add(list, prefix, "weight", m->weight, err) || list_add(list, prefix, "bias", m->bias, err))
+static int collect(tr_module *m, bool buffers, const char *prefix, tr_param_list *list,
+                   nas_err *err) {
+  if (list_add(list, prefix, "weight", m->weight, err) ||
+      list_add(list, prefix, "bias", m->bias, err))
     return NAS_ERR;
   if (buffers && (list_add(list, prefix, "running_mean", m->running_mean, err) ||
                   list_add(list, prefix, "running_var", m->running_var, err)))
@@ -256,7 +263,8 @@ static void fill_normal(tr_ctx *ctx, tr_tensor *t, double std) {
 }
 
 static void fill_uniform(tr_ctx *ctx, tr_tensor *t, double bound) {
-  for (int64_t i = 0; i < t->numel; i++) tr_f32(t)[i] = (float)(bound * (2 * tr_rand_uniform(ctx) - 1));
+  for (int64_t i = 0; i < t->numel; i++)
+    tr_f32(t)[i] = (float)(bound * (2 * tr_rand_uniform(ctx) - 1));
 }
 
 int tr_module_init(tr_ctx *ctx, tr_module *m, tr_init_kind kind) {
@@ -266,8 +274,10 @@ int tr_module_init(tr_ctx *ctx, tr_module *m, tr_init_kind kind) {
   int64_t receptive = m->kind == TR_CONV2D ? m->weight->shape[2] * m->weight->shape[3] : 1;
   double fan_in = (double)(m->weight->shape[1] * receptive);
   double fan_out = (double)(m->weight->shape[0] * receptive);
-  if (kind == TR_INIT_KAIMING) fill_normal(ctx, m->weight, sqrt(2.0 / fan_in));
-  else fill_uniform(ctx, m->weight, sqrt(6.0 / (fan_in + fan_out)));
+  if (kind == TR_INIT_KAIMING)
+    fill_normal(ctx, m->weight, sqrt(2.0 / fan_in));
+  else
+    fill_uniform(ctx, m->weight, sqrt(6.0 / (fan_in + fan_out)));
   m->weight->storage->version++;
   if (m->bias) tn_fill(m->bias, 0.0);
   return NAS_OK;
@@ -292,7 +302,8 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
   int64_t total = 0;
   for (size_t i = 0; i < list.n; i++) total += list.items[i]->numel;
   int64_t shape[1] = {total};
-  tr_tensor *flat = tr_empty(ctx, TR_F32, 1, shape), *gflat = flat ? tr_zeros(ctx, TR_F32, 1, shape) : NULL;
+  tr_tensor *flat = tr_empty(ctx, TR_F32, 1, shape),
+            *gflat = flat ? tr_zeros(ctx, TR_F32, 1, shape) : NULL;
   if (!gflat) {
     tr_free(flat);
     tr_param_list_free(&list);
@@ -311,10 +322,14 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
     off += p->numel;
   }
   tr_param_list_free(&list);
-  if (params) *params = flat;
-  else tr_free(flat);
-  if (grads) *grads = gflat;
-  else tr_free(gflat);
+  if (params)
+    *params = flat;
+  else
+    tr_free(flat);
+  if (grads)
+    *grads = gflat;
+  else
+    tr_free(gflat);
   return NAS_OK;
 }
 
@@ -350,7 +365,8 @@ static int put_u32(byte_buf *b, uint32_t v) {
 }
 
 static int put_i64(byte_buf *b, int64_t v) {
-  return put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu)) || put_u32(b, (uint32_t)((uint64_t)v >> 32));
+  return put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu)) ||
+         put_u32(b, (uint32_t)((uint64_t)v >> 32));
 }
 
 static bool host_is_little_endian(void) {
@@ -360,7 +376,8 @@ static bool host_is_little_endian(void) {
 
 static int put_tensor(byte_buf *b, const char *name, const tr_tensor *t) {
   unsigned char head[2] = {(unsigned char)t->dtype, (unsigned char)t->ndim};
-  if (put_u32(b, (uint32_t)strlen(name)) || put(b, name, strlen(name)) || put(b, head, 2)) return NAS_ERR;
+  if (put_u32(b, (uint32_t)strlen(name)) || put(b, name, strlen(name)) || put(b, head, 2))
+    return NAS_ERR;
   for (int d = 0; d < t->ndim; d++)
     if (put_i64(b, t->shape[d])) return NAS_ERR;
   size_t nbytes = (size_t)t->numel * tr_dtype_size(t->dtype);
@@ -371,15 +388,18 @@ static int put_tensor(byte_buf *b, const char *name, const tr_tensor *t) {
 }
 
 int tr_module_save(tr_module *m, const char *path, nas_err *err) {
-  if (!host_is_little_endian()) return nas_errf(err, "%s: weights files are little-endian only", path);
+  if (!host_is_little_endian())
+    return nas_errf(err, "%s: weights files are little-endian only", path);
   tr_param_list list = {0};
   if (tr_module_parameters(m, true, &list, err)) return NAS_ERR;
   byte_buf b = {0};
   int rc = put(&b, "NASW", 4) || put_u32(&b, 1) || put_u32(&b, (uint32_t)list.n);
   for (size_t i = 0; i < list.n && !rc; i++) rc = put_tensor(&b, list.names[i], list.items[i]);
   if (!rc) rc = put_u32(&b, (uint32_t)crc32(0L, b.data, (uInt)b.n));
-  if (rc) rc = nas_errf(err, "%s: out of memory while serialising weights", path);
-  else rc = nas_write_file_atomic(path, (const char *)b.data, b.n, err);
+  if (rc)
+    rc = nas_errf(err, "%s: out of memory while serialising weights", path);
+  else
+    rc = nas_write_file_atomic(path, (const char *)b.data, b.n, err);
   free(b.data);
   tr_param_list_free(&list);
   return rc;
@@ -421,7 +441,8 @@ static int load_tensor(reader *r, const char *path, const char *name, tr_tensor 
   if (!take_u32(r, &len) || len >= sizeof got || !take(r, got, len) || !take(r, head, 2))
     return nas_errf(err, "%s: truncated record for %s", path, name);
   got[len] = '\0';
-  if (strcmp(got, name) != 0) return nas_errf(err, "%s: found tensor '%s' where '%s' was expected", path, got, name);
+  if (strcmp(got, name) != 0)
+    return nas_errf(err, "%s: found tensor '%s' where '%s' was expected", path, got, name);
   if (head[0] != t->dtype || head[1] != t->ndim)
     return nas_errf(err, "%s: %s has dtype %d with %d dims, the model's has dtype %d with %d", path,
                     name, head[0], head[1], (int)t->dtype, t->ndim);
@@ -434,7 +455,8 @@ static int load_tensor(reader *r, const char *path, const char *name, tr_tensor 
   }
   size_t nbytes = (size_t)t->numel * tr_dtype_size(t->dtype);
   if (r->left < nbytes) return nas_errf(err, "%s: truncated data of %s", path, name);
-  if (!tr_is_contiguous(t)) return nas_errf(err, "%s: %s is not contiguous in the model", path, name);
+  if (!tr_is_contiguous(t))
+    return nas_errf(err, "%s: %s is not contiguous in the model", path, name);
   memcpy(tr_data(t), r->p, nbytes); /* loading writes leaves on purpose: no grad-mode check */
   t->storage->version++;
   take(r, NULL, nbytes);
@@ -443,14 +465,16 @@ static int load_tensor(reader *r, const char *path, const char *name, tr_tensor 
 
 static int parse_weights(const unsigned char *data, size_t n, const char *path, tr_param_list *list,
                          nas_err *err) {
-  if (n < 16 || memcmp(data, "NASW", 4) != 0) return nas_errf(err, "%s: not a nas weights file", path);
-  uint32_t stored = (uint32_t)data[n - 4] | (uint32_t)data[n - 3] << 8 | (uint32_t)data[n - 2] << 16 |
-                    (uint32_t)data[n - 1] << 24;
+  if (n < 16 || memcmp(data, "NASW", 4) != 0)
+    return nas_errf(err, "%s: not a nas weights file", path);
+  uint32_t stored = (uint32_t)data[n - 4] | (uint32_t)data[n - 3] << 8 |
+                    (uint32_t)data[n - 2] << 16 | (uint32_t)data[n - 1] << 24;
   if ((uint32_t)crc32(0L, data, (uInt)(n - 4)) != stored)
     return nas_errf(err, "%s: checksum mismatch (the file is corrupt or truncated)", path);
   reader r = {data + 4, n - 8};
   uint32_t version, count;
-  if (!take_u32(&r, &version) || version != 1) return nas_errf(err, "%s: unsupported version", path);
+  if (!take_u32(&r, &version) || version != 1)
+    return nas_errf(err, "%s: unsupported version", path);
   if (!take_u32(&r, &count) || count != list->n)
     return nas_errf(err, "%s: %u tensors, the model has %zu", path, count, list->n);
   for (size_t i = 0; i < list->n; i++)
@@ -460,7 +484,8 @@ static int parse_weights(const unsigned char *data, size_t n, const char *path, 
 }
 
 int tr_module_load(tr_module *m, const char *path, nas_err *err) {
-  if (!host_is_little_endian()) return nas_errf(err, "%s: weights files are little-endian only", path);
+  if (!host_is_little_endian())
+    return nas_errf(err, "%s: weights files are little-endian only", path);
   char *data = NULL;
   size_t n = 0;
   if (nas_read_file(path, &data, &n, err)) return NAS_ERR;

@@ -9,7 +9,6 @@
  * Threads: images are spread over OpenMP threads when OpenBLAS itself runs on one thread
  * (OPENBLAS_NUM_THREADS=1); with more BLAS threads each GEMM is threaded instead, and
  * nesting the two would put more threads than cores on the machine. */
-#include <cblas.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,12 +36,15 @@ typedef struct {
 
 static int geom_of(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, int64_t kw,
                    int stride, int pad, conv_geom *g) {
-  if (x->ndim != 4) return nas_errf(&ctx->err, "%s: input must be (N, C, H, W), has %d dims", op, x->ndim);
-  if (stride < 1 || pad < 0) return nas_errf(&ctx->err, "%s: stride %d, padding %d", op, stride, pad);
+  if (x->ndim != 4)
+    return nas_errf(&ctx->err, "%s: input must be (N, C, H, W), has %d dims", op, x->ndim);
+  if (stride < 1 || pad < 0)
+    return nas_errf(&ctx->err, "%s: stride %d, padding %d", op, stride, pad);
   *g = (conv_geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], kh, kw, stride, pad, 0, 0};
   if (g->h + 2 * pad < kh || g->w + 2 * pad < kw)
     return nas_errf(&ctx->err, "%s: kernel %lldx%lld larger than the padded input %lldx%lld", op,
-                    (long long)kh, (long long)kw, (long long)(g->h + 2 * pad), (long long)(g->w + 2 * pad));
+                    (long long)kh, (long long)kw, (long long)(g->h + 2 * pad),
+                    (long long)(g->w + 2 * pad));
   g->oh = (g->h + 2 * pad - kh) / stride + 1;
   g->ow = (g->w + 2 * pad - kw) / stride + 1;
   return NAS_OK;
@@ -50,7 +52,7 @@ static int geom_of(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, 
 
 /* Threads for the per-image loop (see the file comment). */
 static int image_threads(int64_t images) {
-  int nt = openblas_get_num_threads() == 1 ? omp_get_max_threads() : 1;
+  int nt = tn_par_threads();
   return images < nt ? (int)(images > 0 ? images : 1) : nt;
 }
 
@@ -74,23 +76,29 @@ static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   tr_tensor *gc = tn_contig(ctx, g);
   tr_tensor *scratch = gc ? scratch_new(ctx, x->dtype, nt * (2 * ckk * p + o * ckk)) : NULL;
   int rc = scratch ? NAS_OK : NAS_ERR;
-  if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tr_zeros(ctx, x->dtype, 4, x->shape))) rc = NAS_ERR;
+  if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tr_zeros(ctx, x->dtype, 4, x->shape)))
+    rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = tn_empty_like(ctx, w))) rc = NAS_ERR;
-  if (rc == NAS_OK && ag_wants(node, 2) && !(gi[2] = tn_empty_meta(ctx, x->dtype, &node->in_meta[2])))
+  if (rc == NAS_OK && ag_wants(node, 2) &&
+      !(gi[2] = tn_empty_meta(ctx, x->dtype, &node->in_meta[2])))
     rc = NAS_ERR;
   if (rc == NAS_OK && (gi[0] || gi[1]))
-    TR_DISPATCH(x->dtype, conv_bwd, tr_data(x), tr_data(w), tr_data(gc), gi[0] ? tr_data(gi[0]) : NULL,
-                gi[1] ? tr_data(gi[1]) : NULL, &geo, o, tr_data(scratch), nt);
-  if (rc == NAS_OK && gi[2]) TR_DISPATCH(x->dtype, conv_bias_grad, tr_data(gc), tr_data(gi[2]), geo.n, o, p);
+    TR_DISPATCH(x->dtype, conv_bwd, tr_data(x), tr_data(w), tr_data(gc),
+                gi[0] ? tr_data(gi[0]) : NULL, gi[1] ? tr_data(gi[1]) : NULL, &geo, o,
+                tr_data(scratch), nt);
+  if (rc == NAS_OK && gi[2])
+    TR_DISPATCH(x->dtype, conv_bias_grad, tr_data(gc), tr_data(gi[2]), geo.n, o, p);
   tr_free(scratch);
   tr_free(gc);
   return rc;
 }
 static const tr_node_ops conv_ops = {"ConvolutionBackward", conv_backward};
 
-static int check_conv_args(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w, const tr_tensor *b) {
+static int check_conv_args(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w,
+                           const tr_tensor *b) {
   if (w->ndim != 4 || x->ndim != 4 || w->shape[1] != x->shape[1])
-    return nas_errf(&ctx->err, "conv2d: input (N, C, H, W) with C = %lld needs weight (O, C, KH, KW)",
+    return nas_errf(&ctx->err,
+                    "conv2d: input (N, C, H, W) with C = %lld needs weight (O, C, KH, KW)",
                     (long long)(x->ndim == 4 ? x->shape[1] : -1));
   if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
     return nas_errf(&ctx->err, "conv2d: bias must have %lld values", (long long)w->shape[0]);
@@ -107,12 +115,14 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
   int64_t o = w->shape[0], ckk = geo.c * geo.kh * geo.kw;
   int nt = image_threads(geo.n);
   tr_tensor *xc = tn_contig(ctx, x), *wc = tn_contig(ctx, w), *bc = b ? tn_contig(ctx, b) : NULL;
-  tr_tensor *y = xc && wc && (!b || bc) ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, o, geo.oh, geo.ow}) : NULL;
+  tr_tensor *y = xc && wc && (!b || bc)
+                     ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, o, geo.oh, geo.ow})
+                     : NULL;
   tr_tensor *scratch = y ? scratch_new(ctx, x->dtype, nt * ckk * geo.oh * geo.ow) : NULL;
   int rc = scratch ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK)
-    TR_DISPATCH(x->dtype, conv_fwd, tr_data(xc), tr_data(wc), bc ? tr_data(bc) : NULL, tr_data(y), &geo,
-                o, tr_data(scratch), nt);
+    TR_DISPATCH(x->dtype, conv_fwd, tr_data(xc), tr_data(wc), bc ? tr_data(bc) : NULL, tr_data(y),
+                &geo, o, tr_data(scratch), nt);
   tr_free(scratch);
   tr_node *node = NULL;
   if (rc == NAS_OK) rc = ag_record(ctx, &conv_ops, 3, in, y, &node);
@@ -159,7 +169,8 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
     return NULL;
   tr_tensor *xc = tn_contig(ctx, x);
   tr_tensor *y = xc ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, geo.c, geo.oh, geo.ow}) : NULL;
-  int32_t *argmax = is_max && y ? malloc(sizeof(int32_t) * (size_t)(y->numel ? y->numel : 1)) : NULL;
+  int32_t *argmax =
+      is_max && y ? malloc(sizeof(int32_t) * (size_t)(y->numel ? y->numel : 1)) : NULL;
   if (!y || (is_max && !argmax)) {
     tr_free(xc);
     tr_free(y);

@@ -28,8 +28,8 @@ enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
 /* ---------------------------------------------------------------- broadcasting */
 
 /* Output shape of broadcasting a with b; error when a dim differs and neither is 1. */
-static int broadcast_shape(tr_ctx *ctx, const char *op, const tr_tensor *a,
-                           const tr_tensor *b, tr_meta *out) {
+static int broadcast_shape(tr_ctx *ctx, const char *op, const tr_tensor *a, const tr_tensor *b,
+                           tr_meta *out) {
   out->ndim = a->ndim > b->ndim ? a->ndim : b->ndim;
   for (int d = 0; d < out->ndim; d++) {
     int da = d - (out->ndim - a->ndim), db = d - (out->ndim - b->ndim);
@@ -68,7 +68,8 @@ static tr_tensor *binary_raw(tr_ctx *ctx, int op, const char *name, const tr_ten
 tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m) {
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NULL;
-  bool same = gc->ndim == m->ndim && !memcmp(gc->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim);
+  bool same =
+      gc->ndim == m->ndim && !memcmp(gc->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim);
   if (same) return gc;
   tr_tensor *out = tn_zeros_meta(ctx, g->dtype, m);
   if (out) {
@@ -195,17 +196,17 @@ static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
   tr_tensor *gc = tn_contig(ctx, g);
   tr_tensor *dx = gc ? tn_empty_like(ctx, gc) : NULL;
   if (dx)
-    TR_DISPATCH(g->dtype, unary_bwd, op, saved ? tr_data(saved) : NULL, tr_data(gc),
-                tr_data(dx), g->numel, node->fa[0]);
+    TR_DISPATCH(g->dtype, unary_bwd, op, saved ? tr_data(saved) : NULL, tr_data(gc), tr_data(dx),
+                g->numel, node->fa[0]);
   tr_free(gc);
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;
 }
 
 static const tr_node_ops unary_ops[] = {
-    {"ReluBackward", unary_backward},    {"GeluBackward", unary_backward},
-    {"TanhBackward", unary_backward},    {"SigmoidBackward", unary_backward},
-    {"ExpBackward", unary_backward},     {"LogBackward", unary_backward},
+    {"ReluBackward", unary_backward},  {"GeluBackward", unary_backward},
+    {"TanhBackward", unary_backward},  {"SigmoidBackward", unary_backward},
+    {"ExpBackward", unary_backward},   {"LogBackward", unary_backward},
     {"ScaleBackward", unary_backward},
 };
 
@@ -247,7 +248,8 @@ static int dropout_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
   if (!mask) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
   tr_tensor *dx = gc ? tn_empty_like(ctx, gc) : NULL;
-  if (dx) TR_DISPATCH(g->dtype, dropout_apply, tr_data(gc), mask, tr_data(dx), g->numel, node->fa[0]);
+  if (dx)
+    TR_DISPATCH(g->dtype, dropout_apply, tr_data(gc), mask, tr_data(dx), g->numel, node->fa[0]);
   tr_free(gc);
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;

@@ -62,9 +62,12 @@ tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *label
   double value;
   if (logits->dtype == TR_F32)
     value = cross_entropy_fwd_f32(tr_data(x), labels, tr_data(probs), rows, classes);
-  else value = cross_entropy_fwd_f64(tr_data(x), labels, tr_data(probs), rows, classes);
-  if (loss->dtype == TR_F32) tr_f32(loss)[0] = (float)value;
-  else tr_f64(loss)[0] = value;
+  else
+    value = cross_entropy_fwd_f64(tr_data(x), labels, tr_data(probs), rows, classes);
+  if (loss->dtype == TR_F32)
+    tr_f32(loss)[0] = (float)value;
+  else
+    tr_f64(loss)[0] = value;
   tr_free(x);
   memcpy(labels_copy, labels, sizeof(int32_t) * (size_t)rows);
   tr_node *node;

@@ -4,12 +4,24 @@
  * Operands go to BLAS without copying when they are contiguous or a transposed contiguous
  * matrix (the transpose becomes a GEMM flag); anything else is copied first.
  *   matmul: C (M,N) = A (M,K) B (K,N);  dA = dC B^T,  dB = A^T dC.
- *   linear: y (R,out) = x (R,in) W^T + b; dx = dy W, dW = dy^T x, db = column sums of dy. */
+ *   linear: y (R,out) = x (R,in) W^T + b; dx = dy W, dW = dy^T x, db = column sums of dy.
+ *   One row (batch-1 inference) goes through our own matrix-vector kernel (kern_matmul.h). */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trainer/internal.h"
+
+#define T float
+#define S(name) name##_f32
+#include "trainer/kern_matmul.h"
+#undef T
+#undef S
+#define T double
+#define S(name) name##_f64
+#include "trainer/kern_matmul.h"
+#undef T
+#undef S
 
 void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
@@ -20,18 +32,13 @@ void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, i
     cblas_sgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, (float)alpha, a,
                 (blasint)lda, b, (blasint)ldb, (float)beta, c, (blasint)ldc);
   else
-    cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, alpha, a,
-                (blasint)lda, b, (blasint)ldb, beta, c, (blasint)ldc);
+    cblas_dgemm(CblasRowMajor, ta, tb, (blasint)m, (blasint)n, (blasint)k, alpha, a, (blasint)lda,
+                b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
 void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
              double beta, void *y) {
-  if (dtype == TR_F32)
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)m, (blasint)n, 1.0f, a, (blasint)lda, x, 1,
-                (float)beta, y, 1);
-  else
-    cblas_dgemv(CblasRowMajor, CblasNoTrans, (blasint)m, (blasint)n, 1.0, a, (blasint)lda, x, 1,
-                beta, y, 1);
+  TR_DISPATCH(dtype, gemv_rows, m, n, a, lda, x, beta, y);
 }
 
 /* A 2-D matrix as BLAS sees it: data, whether it is stored transposed, leading dim. */
@@ -68,7 +75,8 @@ static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, boo
   int64_t shape[2] = {m, n};
   tr_tensor *c = tr_empty(ctx, a->dtype, 2, shape);
   if (c && m && n) {
-    if (k == 0) memset(tr_data(c), 0, c->storage->nbytes);
+    if (k == 0)
+      memset(tr_data(c), 0, c->storage->nbytes);
     else
       tn_gemm(a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
               tr_data(ob.owner), ob.ld, 0.0, tr_data(c), n);
@@ -112,7 +120,7 @@ tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
 
 /* x (..., in) seen as (rows, in), without copying when contiguous. */
 static tr_tensor *as_rows(tr_ctx *ctx, const tr_tensor *x) {
-  int64_t shape[2] = {x->numel / x->shape[x->ndim - 1], x->shape[x->ndim - 1]};
+  int64_t shape[2] = {tn_prod(x->shape, 0, x->ndim - 1), x->shape[x->ndim - 1]};
   tr_tensor *c = tn_contig(ctx, x);
   tr_tensor *v = c ? tn_view(ctx, c, 2, shape) : NULL;
   tr_free(c);
@@ -143,8 +151,10 @@ static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
     rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 2)) {
     gi[2] = tn_empty_meta(ctx, g->dtype, &node->in_meta[2]);
-    if (gi[2]) bias_grad(dy, gi[2]);
-    else rc = NAS_ERR;
+    if (gi[2])
+      bias_grad(dy, gi[2]);
+    else
+      rc = NAS_ERR;
   }
   tr_free(dy);
   return rc;
@@ -175,8 +185,8 @@ static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_te
     tn_gemv(x2->dtype, out_f, x2->shape[1], tr_data(ow.owner), ow.ld, tr_data(x2), b ? 1.0 : 0.0,
             tr_data(y));
   else if (rows && out_f)
-    tn_gemm(x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2),
-            x2->shape[1], tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
+    tn_gemm(x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2), x2->shape[1],
+            tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
   tr_free(ow.owner);
   return y;
 }
@@ -188,8 +198,7 @@ tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
       (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
     return tr_fail(ctx, "linear: input features %lld, weight (%lld, %lld), bias %lld",
                    (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), (long long)w->shape[0],
-                   (long long)(w->ndim > 1 ? w->shape[1] : 0),
-                   (long long)(b ? b->shape[0] : -1));
+                   (long long)(w->ndim > 1 ? w->shape[1] : 0), (long long)(b ? b->shape[0] : -1));
   tr_tensor *x2 = as_rows(ctx, x);
   tr_tensor *y2 = x2 ? linear_forward(ctx, x2, w, b) : NULL;
   tr_tensor *y = NULL;

@@ -62,11 +62,13 @@ tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, 
   if (d < 1 || (w && w->numel != d) || (b && b->numel != d))
     return tr_fail(ctx, "layer_norm: last dim %lld, weight and bias must match it", (long long)d);
   int64_t rows = x->numel / d;
-  tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL, *bc = b ? tn_contig(ctx, b) : NULL;
+  tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL,
+            *bc = b ? tn_contig(ctx, b) : NULL;
   tr_tensor *y = xc ? tn_empty_like(ctx, xc) : NULL;
   double *stats = malloc(sizeof(double) * 2 * (size_t)rows);
-  int rc = y && stats && (!w || wc) && (!b || bc) ? NAS_OK
-                                                  : nas_errf(&ctx->err, "layer_norm: out of memory");
+  int rc = y && stats && (!w || wc) && (!b || bc)
+               ? NAS_OK
+               : nas_errf(&ctx->err, "layer_norm: out of memory");
   if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, layer_norm_fwd, tr_data(xc), data_or_null(wc), data_or_null(bc),
                 tr_data(y), stats, rows, d, eps);
@@ -116,20 +118,22 @@ static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
   if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tn_empty_like(ctx, x))) rc = NAS_ERR;
   if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, batch_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc), stats,
-                node->ia[0] != 0, data_or_null(gi[0]), data_or_null(gi[1]), data_or_null(gi[2]),
-                n, c, l);
+                node->ia[0] != 0, data_or_null(gi[0]), data_or_null(gi[1]), data_or_null(gi[2]), n,
+                c, l);
   tr_free(gc);
   return rc;
 }
 static const tr_node_ops batch_norm_ops = {"BatchNormBackward", batch_norm_backward};
 
 /* running = (1 - m) running + m value, written as the buffer's dtype; bumps its version. */
-static void running_update(tr_tensor *running, const double *values, int64_t stride,
-                           double scale, double momentum) {
+static void running_update(tr_tensor *running, const double *values, int64_t stride, double scale,
+                           double momentum) {
   for (int64_t i = 0; i < running->numel; i++) {
     double v = (1 - momentum) * tr_get(running, i) + momentum * scale * values[i * stride];
-    if (running->dtype == TR_F32) tr_f32(running)[i] = (float)v;
-    else tr_f64(running)[i] = v;
+    if (running->dtype == TR_F32)
+      tr_f32(running)[i] = (float)v;
+    else
+      tr_f64(running)[i] = v;
   }
   running->storage->version++;
 }
@@ -141,14 +145,16 @@ static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tenso
   int64_t n, c, l;
   bn_dims(ctx, xc, &n, &c, &l);
   if (!training) {
-    if (!rmean || !rvar) return nas_errf(&ctx->err, "batch_norm: evaluation needs running statistics");
+    if (!rmean || !rvar)
+      return nas_errf(&ctx->err, "batch_norm: evaluation needs running statistics");
     for (int64_t ch = 0; ch < c; ch++) {
       stats[2 * ch] = tr_get(rmean, ch);
       stats[2 * ch + 1] = 1.0 / sqrt(tr_get(rvar, ch) + eps);
     }
     return NAS_OK;
   }
-  if (n * l < 2) return nas_errf(&ctx->err, "batch_norm: training needs more than one value per channel");
+  if (n * l < 2)
+    return nas_errf(&ctx->err, "batch_norm: training needs more than one value per channel");
   double *var = malloc(sizeof(double) * (size_t)c);
   if (!var) return nas_errf(&ctx->err, "batch_norm: out of memory");
   TR_DISPATCH(xc->dtype, batch_norm_stats, tr_data(xc), stats, var, n, c, l, eps);
@@ -166,13 +172,17 @@ tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
   if (tn_check_dtypes(ctx, "batch_norm", 3, in) || bn_dims(ctx, x, &n, &c, &l)) return NULL;
   if ((w && w->numel != c) || (b && b->numel != c) || (running_mean && running_mean->numel != c) ||
       (running_var && running_var->numel != c))
-    return tr_fail(ctx, "batch_norm: %lld channels; weight, bias and statistics must match", (long long)c);
-  tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL, *bc = b ? tn_contig(ctx, b) : NULL;
+    return tr_fail(ctx, "batch_norm: %lld channels; weight, bias and statistics must match",
+                   (long long)c);
+  tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL,
+            *bc = b ? tn_contig(ctx, b) : NULL;
   tr_tensor *y = xc ? tn_empty_like(ctx, xc) : NULL;
   double *stats = malloc(sizeof(double) * 2 * (size_t)c);
-  int rc = y && stats && (!w || wc) && (!b || bc) ? NAS_OK
-                                                  : nas_errf(&ctx->err, "batch_norm: out of memory");
-  if (rc == NAS_OK) rc = bn_stats(ctx, xc, running_mean, running_var, training, momentum, eps, stats);
+  int rc = y && stats && (!w || wc) && (!b || bc)
+               ? NAS_OK
+               : nas_errf(&ctx->err, "batch_norm: out of memory");
+  if (rc == NAS_OK)
+    rc = bn_stats(ctx, xc, running_mean, running_var, training, momentum, eps, stats);
   if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, batch_norm_apply, tr_data(xc), data_or_null(wc), data_or_null(bc), stats,
                 tr_data(y), n, c, l);

@@ -62,7 +62,8 @@ static int reduced_mask(tr_ctx *ctx, const tr_tensor *a, int naxes, const int *a
   *mask = naxes ? 0 : (1u << a->ndim) - 1;
   for (int i = 0; i < naxes; i++) {
     int d = tn_dim(a->ndim, axes[i]);
-    if (d < 0) return nas_errf(&ctx->err, "sum: axis %d out of range for %d dims", axes[i], a->ndim);
+    if (d < 0)
+      return nas_errf(&ctx->err, "sum: axis %d out of range for %d dims", axes[i], a->ndim);
     *mask |= 1u << d;
   }
   return NAS_OK;
@@ -87,8 +88,8 @@ static tr_tensor *sum_raw(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double
   return cur;
 }
 
-static tr_tensor *reduce_op(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes,
-                            bool keepdim, bool mean) {
+static tr_tensor *reduce_op(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim,
+                            bool mean) {
   uint32_t mask;
   if (reduced_mask(ctx, a, naxes, axes, &mask)) return NULL;
   int64_t count = 1;

@@ -25,15 +25,16 @@ tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape)
   if (ndim < 0 || ndim > TR_MAX_DIMS) return tr_fail(ctx, "reshape: %d dims", ndim);
   for (int d = 0; d < ndim; d++) { /* one -1 is inferred from the others */
     shp[d] = shape[d];
-    if (shape[d] == -1 && infer < 0) infer = d;
-    else known *= shape[d];
+    if (shape[d] == -1 && infer < 0)
+      infer = d;
+    else
+      known *= shape[d];
   }
   if (infer >= 0) shp[infer] = known ? t->numel / known : 0;
-  int64_t numel = 1;
-  for (int d = 0; d < ndim; d++) numel *= shp[d];
+  int64_t numel = tn_prod(shp, 0, ndim);
   if (numel != t->numel)
-    return tr_fail(ctx, "reshape: %lld elements cannot take a shape of %lld",
-                   (long long)t->numel, (long long)numel);
+    return tr_fail(ctx, "reshape: %lld elements cannot take a shape of %lld", (long long)t->numel,
+                   (long long)numel);
   tr_tensor *c = tn_contig(ctx, t);
   tr_tensor *out = c ? tn_view(ctx, c, ndim, shp) : NULL;
   tr_free(c);
@@ -97,7 +98,7 @@ static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   int d = (int)node->ia[0];
   part->offset += node->ia[1] * part->strides[d];
   part->shape[d] = node->ia[2];
-  part->numel = g->numel;
+  part->numel = tn_prod(part->shape, 0, part->ndim);
   int rc = tr_copy_(ctx, part, g);
   tr_free(part);
   gi[0] = full;
@@ -108,13 +109,13 @@ static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward};
 tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
   int d = tn_dim(t->ndim, dim);
   if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d])
-    return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor",
-                   (long long)start, (long long)(start + length), dim);
+    return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor", (long long)start,
+                   (long long)(start + length), dim);
   tr_tensor *out = tn_alias(ctx, t);
   if (!out) return NULL;
   out->offset += start * t->strides[d];
   out->shape[d] = length;
-  out->numel = t->numel / (t->shape[d] ? t->shape[d] : 1) * length;
+  out->numel = tn_prod(out->shape, 0, out->ndim);
   tr_node *node;
   if (ag_record(ctx, &narrow_ops, 1, &t, out, &node)) {
     tr_free(out);
@@ -164,7 +165,7 @@ static int concat_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
       if (view) {
         view->offset += start * view->strides[d];
         view->shape[d] = sizes[i];
-        view->numel = gc->numel / gc->shape[d] * sizes[i];
+        view->numel = tn_prod(view->shape, 0, view->ndim);
         gi[i] = tn_contig(ctx, view);
         tr_free(view);
       }

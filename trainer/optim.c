@@ -27,12 +27,13 @@ struct tr_optim {
   tr_tensor **params; /* owned references */
   tr_tensor **state;  /* 2 per parameter (momentum | m, v); owned, NULL until first used */
   size_t n;
-  int64_t steps;      /* steps taken, for Adam's bias correction */
+  int64_t steps; /* steps taken, for Adam's bias correction */
 };
 
 tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
                        size_t n) {
-  if (cfg->lr < 0 || cfg->momentum < 0 || cfg->weight_decay < 0 || (cfg->nesterov && cfg->momentum <= 0)) {
+  if (cfg->lr < 0 || cfg->momentum < 0 || cfg->weight_decay < 0 ||
+      (cfg->nesterov && cfg->momentum <= 0)) {
     tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g%s", cfg->lr, cfg->momentum,
             cfg->weight_decay, cfg->nesterov ? " (Nesterov needs momentum > 0)" : "");
     return NULL;
@@ -88,7 +89,8 @@ void tr_optim_zero_grad(tr_optim *opt) {
 /* State slot k of parameter i, zeroed on creation. */
 static tr_tensor *state_of(tr_ctx *ctx, tr_optim *opt, size_t i, int k) {
   tr_tensor **slot = &opt->state[2 * i + (size_t)k];
-  if (!*slot) *slot = tr_zeros(ctx, opt->params[i]->dtype, opt->params[i]->ndim, opt->params[i]->shape);
+  if (!*slot)
+    *slot = tr_zeros(ctx, opt->params[i]->dtype, opt->params[i]->ndim, opt->params[i]->shape);
   return *slot;
 }
 
@@ -129,7 +131,8 @@ double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
     return s->step_size > 0 ? s->base_lr * pow(s->gamma, (double)(t / s->step_size)) : s->base_lr;
   case TR_LR_COSINE:
     if (s->total <= 0 || t >= s->total) return s->min_lr;
-    return s->min_lr + (s->base_lr - s->min_lr) * 0.5 * (1 + cos(M_PI * (double)t / (double)s->total));
+    return s->min_lr +
+           (s->base_lr - s->min_lr) * 0.5 * (1 + cos(M_PI * (double)t / (double)s->total));
   case TR_LR_CONSTANT: break;
   }
   return s->base_lr;
@@ -145,8 +148,10 @@ double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
     for (size_t i = 0; i < n; i++) {
       tr_tensor *g = params[i]->grad;
       if (!g) continue;
-      if (tr_is_contiguous(g)) tn_scale_contig(g, scale);
-      else for (int64_t j = 0; j < g->numel; j++) tn_set(g, j, tr_get(g, j) * scale);
+      if (tr_is_contiguous(g))
+        tn_scale_contig(g, scale);
+      else
+        for (int64_t j = 0; j < g->numel; j++) tn_set(g, j, tr_get(g, j) * scale);
       g->storage->version++;
     }
   }

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include <cblas.h>
+#include <omp.h>
 
 #include "trainer/internal.h"
 
@@ -71,6 +72,8 @@ tr_tensor *tr_fail(tr_ctx *ctx, const char *fmt, ...) {
 }
 
 /* ---------------------------------------------------------------- creation and lifetime */
+
+int tn_par_threads(void) { return openblas_get_num_threads() > 1 ? 1 : omp_get_max_threads(); }
 
 size_t tr_dtype_size(tr_dtype dtype) { return dtype == TR_F64 ? 8 : 4; }
 
@@ -150,8 +153,10 @@ tr_tensor *tr_randn(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape,
   if (!t) return NULL;
   for (int64_t i = 0; i < t->numel; i++) {
     double v = std * tr_rand_normal(ctx);
-    if (dtype == TR_F32) tr_f32(t)[i] = (float)v;
-    else tr_f64(t)[i] = v;
+    if (dtype == TR_F32)
+      tr_f32(t)[i] = (float)v;
+    else
+      tr_f64(t)[i] = v;
   }
   return t;
 }
@@ -162,8 +167,10 @@ tr_tensor *tr_rand(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, 
   if (!t) return NULL;
   for (int64_t i = 0; i < t->numel; i++) {
     double v = lo + (hi - lo) * tr_rand_uniform(ctx);
-    if (dtype == TR_F32) tr_f32(t)[i] = (float)v;
-    else tr_f64(t)[i] = v;
+    if (dtype == TR_F32)
+      tr_f32(t)[i] = (float)v;
+    else
+      tr_f64(t)[i] = v;
   }
   return t;
 }
@@ -267,8 +274,10 @@ double tr_item(const tr_tensor *t) { return tr_get(t, 0); }
 
 void tn_set(tr_tensor *t, int64_t i, double v) {
   int64_t off = offset_of(t, i);
-  if (t->dtype == TR_F32) tr_f32(t)[off] = (float)v;
-  else tr_f64(t)[off] = v;
+  if (t->dtype == TR_F32)
+    tr_f32(t)[off] = (float)v;
+  else
+    tr_f64(t)[off] = v;
 }
 
 double tn_sumsq(const tr_tensor *t) {
@@ -297,11 +306,15 @@ int tn_dim(int ndim, int dim) {
   return dim >= 0 && dim < ndim ? dim : -1;
 }
 
+int64_t tn_prod(const int64_t *shape, int from, int to) {
+  int64_t p = 1;
+  for (int d = from; d < to; d++) p *= shape[d];
+  return p;
+}
+
 void tn_split_at(const tr_tensor *t, int dim, int64_t *outer, int64_t *n, int64_t *inner) {
-  *outer = 1;
-  *inner = 1;
-  for (int d = 0; d < dim; d++) *outer *= t->shape[d];
-  for (int d = dim + 1; d < t->ndim; d++) *inner *= t->shape[d];
+  *outer = tn_prod(t->shape, 0, dim);
+  *inner = tn_prod(t->shape, dim + 1, t->ndim);
   *n = t->shape[dim];
 }
 
@@ -316,16 +329,16 @@ int tn_check_dtypes(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts) {
 
 /* Copies the strided block at dim..ndim-1 of src (element offset off) to *dst, advancing
  * it; innermost dim as a plain loop. */
-#define COPY_STRIDED(T)                                                                    \
-  static void copy_strided_##T(const tr_tensor *s, int dim, const T *src, T **dst) {      \
-    int64_t n = s->shape[dim], st = s->strides[dim];                                      \
-    if (dim == s->ndim - 1) {                                                             \
-      T *out = *dst;                                                                      \
-      for (int64_t i = 0; i < n; i++) out[i] = src[i * st];                               \
-      *dst += n;                                                                          \
-      return;                                                                             \
-    }                                                                                     \
-    for (int64_t i = 0; i < n; i++) copy_strided_##T(s, dim + 1, src + i * st, dst);       \
+#define COPY_STRIDED(T)                                                              \
+  static void copy_strided_##T(const tr_tensor *s, int dim, const T *src, T **dst) { \
+    int64_t n = s->shape[dim], st = s->strides[dim];                                 \
+    if (dim == s->ndim - 1) {                                                        \
+      T *out = *dst;                                                                 \
+      for (int64_t i = 0; i < n; i++) out[i] = src[i * st];                          \
+      *dst += n;                                                                     \
+      return;                                                                        \
+    }                                                                                \
+    for (int64_t i = 0; i < n; i++) copy_strided_##T(s, dim + 1, src + i * st, dst); \
   }
 COPY_STRIDED(float)
 COPY_STRIDED(double)
@@ -360,8 +373,10 @@ tr_tensor *tr_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype) {
   tr_tensor *out = tr_empty(ctx, dtype, t->ndim, t->shape);
   if (out) {
     for (int64_t i = 0; i < t->numel; i++) {
-      if (dtype == TR_F32) tr_f32(out)[i] = (float)tr_f64(c)[i];
-      else tr_f64(out)[i] = (double)tr_f32(c)[i];
+      if (dtype == TR_F32)
+        tr_f32(out)[i] = (float)tr_f64(c)[i];
+      else
+        tr_f64(out)[i] = (double)tr_f32(c)[i];
     }
   }
   tr_free(c);
@@ -379,23 +394,27 @@ static int check_inplace(tr_ctx *ctx, const tr_tensor *t, const char *op) {
   return NAS_OK;
 }
 
-/* Applies f(dst_elem, src_elem) over dst's elements in logical order; src may be NULL. */
-static void for_each_pair(tr_tensor *dst, const tr_tensor *src, double alpha, int mode) {
+/* What for_each_pair writes into each element of dst. */
+typedef enum { PAIR_SET, PAIR_AXPY, PAIR_SCALE, PAIR_COPY } pair_op;
+
+/* The slow path of the in-place writes, for any strides and dtypes: walks dst's elements in
+ * logical order with src's (may be NULL) alongside. */
+static void for_each_pair(tr_tensor *dst, const tr_tensor *src, double alpha, pair_op op) {
   for (int64_t i = 0; i < dst->numel; i++) {
-    int64_t off = offset_of(dst, i);
-    double s = src ? tr_get(src, i) : 0.0;
-    double *pd = dst->dtype == TR_F64 ? tr_f64(dst) + off : NULL;
-    float *pf = dst->dtype == TR_F32 ? tr_f32(dst) + off : NULL;
-    double cur = pd ? *pd : (double)*pf;
-    double v = mode == 0 ? alpha : mode == 1 ? cur + alpha * s : mode == 2 ? cur * alpha : s;
-    if (pd) *pd = v;
-    else *pf = (float)v;
+    double cur = tr_get(dst, i), s = src ? tr_get(src, i) : 0.0;
+    double v = op == PAIR_SET     ? alpha
+               : op == PAIR_AXPY  ? cur + alpha * s
+               : op == PAIR_SCALE ? cur * alpha
+                                  : s;
+    tn_set(dst, i, v);
   }
 }
 
 void tn_fill(tr_tensor *t, double value) {
-  if (tr_is_contiguous(t)) fill_contig(t, value);
-  else for_each_pair(t, NULL, value, 0);
+  if (tr_is_contiguous(t))
+    fill_contig(t, value);
+  else
+    for_each_pair(t, NULL, value, PAIR_SET);
   t->storage->version++;
 }
 
@@ -405,8 +424,7 @@ int tr_fill_(tr_ctx *ctx, tr_tensor *t, double value) {
   return NAS_OK;
 }
 
-int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
-  if (check_inplace(ctx, dst, "add_")) return NAS_ERR;
+int tn_add(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
   if (dst->numel != src->numel)
     return nas_errf(&ctx->err, "add_: %lld elements += %lld", (long long)dst->numel,
                     (long long)src->numel);
@@ -415,34 +433,42 @@ int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
     if (dst->dtype == TR_F32) {
       float *d = tr_f32(dst), a = (float)alpha;
       const float *s = tr_f32(src);
-#pragma omp parallel for simd if (n > TR_PAR_MIN)
-      for (int64_t i = 0; i < n; i++) d[i] += a * s[i];
+      TR_PAR_FOR(n, d[i] += a * s[i];);
     } else {
-      double *d = tr_f64(dst);
-      const double *s = tr_f64(src);
-      for (int64_t i = 0; i < n; i++) d[i] += alpha * s[i];
+      tn_axpy(TR_F64, n, alpha, tr_data(src), tr_data(dst));
     }
   } else {
-    for_each_pair(dst, src, alpha, 1);
+    for_each_pair(dst, src, alpha, PAIR_AXPY);
   }
   dst->storage->version++;
   return NAS_OK;
 }
 
+int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
+  if (check_inplace(ctx, dst, "add_")) return NAS_ERR;
+  return tn_add(ctx, dst, src, alpha);
+}
+
 void tn_scale_contig(tr_tensor *t, double s) {
-  if (t->dtype == TR_F32) cblas_sscal((blasint)t->numel, (float)s, tr_f32(t), 1);
-  else cblas_dscal((blasint)t->numel, s, tr_f64(t), 1);
+  if (t->dtype == TR_F32)
+    cblas_sscal((blasint)t->numel, (float)s, tr_f32(t), 1);
+  else
+    cblas_dscal((blasint)t->numel, s, tr_f64(t), 1);
 }
 
 void tn_axpy(tr_dtype dtype, int64_t n, double alpha, const void *x, void *y) {
-  if (dtype == TR_F32) cblas_saxpy((blasint)n, (float)alpha, x, 1, y, 1);
-  else cblas_daxpy((blasint)n, alpha, x, 1, y, 1);
+  if (dtype == TR_F32)
+    cblas_saxpy((blasint)n, (float)alpha, x, 1, y, 1);
+  else
+    cblas_daxpy((blasint)n, alpha, x, 1, y, 1);
 }
 
 int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s) {
   if (check_inplace(ctx, t, "mul_")) return NAS_ERR;
-  if (tr_is_contiguous(t)) tn_scale_contig(t, s);
-  else for_each_pair(t, NULL, s, 2);
+  if (tr_is_contiguous(t))
+    tn_scale_contig(t, s);
+  else
+    for_each_pair(t, NULL, s, PAIR_SCALE);
   t->storage->version++;
   return NAS_OK;
 }
@@ -452,43 +478,41 @@ int tr_copy_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src) {
   if (dst->numel != src->numel)
     return nas_errf(&ctx->err, "copy_: %lld elements from %lld", (long long)dst->numel,
                     (long long)src->numel);
-  if (tr_is_contiguous(dst) && dst->dtype == src->dtype) tn_copy_to_contig(src, tr_data(dst));
-  else for_each_pair(dst, src, 0.0, 3);
+  if (tr_is_contiguous(dst) && dst->dtype == src->dtype)
+    tn_copy_to_contig(src, tr_data(dst));
+  else
+    for_each_pair(dst, src, 0.0, PAIR_COPY);
   dst->storage->version++;
   return NAS_OK;
 }
 
-/* Private buffers (refs 1 on tensor and storage) are summed into in place; anything else
- * may be seen elsewhere, so the sum is a new tensor. */
+bool tn_is_private(const tr_tensor *t) {
+  return t->refs == 1 && t->storage->refs == 1 && tr_is_contiguous(t) && !t->grad_fn;
+}
+
+tr_tensor *tn_clone(tr_ctx *ctx, const tr_tensor *t) {
+  tr_tensor *c = tn_empty_like(ctx, t);
+  if (c) tn_copy_to_contig(t, tr_data(c));
+  return c;
+}
+
+/* A private accumulator is summed into in place; anything else may be seen elsewhere, so
+ * the sum goes into a copy. */
 int tn_accumulate(tr_ctx *ctx, tr_tensor **acc, tr_tensor *g) {
   if (!*acc) {
     *acc = g;
     return NAS_OK;
   }
-  tr_tensor *a = *acc;
-  if (a->refs == 1 && a->storage->refs == 1 && tr_is_contiguous(a) && !a->grad_fn) {
-    bool prev = tr_set_grad_enabled(ctx, false);
-    int rc = tr_add_(ctx, a, g, 1.0);
-    tr_set_grad_enabled(ctx, prev);
-    tr_free(g);
-    return rc;
-  }
-  tr_tensor *sum = tn_contig(ctx, a);
-  tr_tensor *own = sum && sum->storage == a->storage ? NULL : sum;
-  if (!own) {
-    tr_free(sum);
-    own = tn_empty_like(ctx, a);
-    if (!own) {
+  if (!tn_is_private(*acc)) {
+    tr_tensor *copy = tn_clone(ctx, *acc);
+    if (!copy) {
       tr_free(g);
       return NAS_ERR;
     }
-    tn_copy_to_contig(a, tr_data(own));
+    tr_free(*acc);
+    *acc = copy;
   }
-  bool prev = tr_set_grad_enabled(ctx, false);
-  int rc = tr_add_(ctx, own, g, 1.0);
-  tr_set_grad_enabled(ctx, prev);
+  int rc = tn_add(ctx, *acc, g, 1.0);
   tr_free(g);
-  tr_free(a);
-  *acc = own;
   return rc;
 }

@@ -48,12 +48,12 @@ void tr_allocator_trim(tr_allocator *a);
 
 /* Everything the engine would otherwise keep in globals. */
 typedef struct tr_ctx {
-  bool grad_enabled;  /* false: ops build no graph at all (inference, evaluation) */
+  bool grad_enabled;   /* false: ops build no graph at all (inference, evaluation) */
   tr_allocator *alloc; /* borrowed; NULL: plain malloc. Training loops should set one: it
                           is worth ~30% of a CNN step (bench/bench_engine.c shows how). */
-  uint64_t rng[4];    /* xoshiro256** state: dropout masks, init, shuffles */
-  uint64_t epoch;     /* increments once per backward; marks the nodes a pass visited */
-  nas_err err;        /* the message of the last failed call */
+  uint64_t rng[4];     /* xoshiro256** state: dropout masks, init, shuffles */
+  uint64_t epoch;      /* increments once per backward; marks the nodes a pass visited */
+  nas_err err;         /* the message of the last failed call */
 } tr_ctx;
 
 /* Grad mode on, generator seeded from seed (same seed, same numbers). */
@@ -70,7 +70,6 @@ double tr_rand_normal(tr_ctx *ctx);
 
 #define TR_MAX_DIMS 6
 
-
 typedef enum { TR_F32 = 0, TR_F64 = 1 } tr_dtype;
 typedef enum { TR_CPU = 0, TR_CUDA = 1 } tr_device_kind;
 typedef struct {
@@ -80,12 +79,12 @@ typedef struct {
 
 /* The memory a tensor and all its views look into. */
 typedef struct tr_storage {
-  int refs;          /* tensors (and views) holding it */
-  void *data;        /* owned: nbytes of it (alloc_size reserved) */
+  int refs;   /* tensors (and views) holding it */
+  void *data; /* owned: nbytes of it (alloc_size reserved) */
   size_t nbytes;
-  size_t alloc_size; /* the block's size in its allocator */
+  size_t alloc_size;   /* the block's size in its allocator */
   tr_allocator *alloc; /* owned reference, or NULL (malloc) */
-  uint64_t version;  /* bumped by every in-place write; saved tensors check it */
+  uint64_t version;    /* bumped by every in-place write; saved tensors check it */
   tr_device device;
 } tr_storage;
 
@@ -93,16 +92,16 @@ typedef struct tr_node tr_node;
 
 typedef struct tr_tensor {
   int refs;
-  tr_storage *storage;               /* owned reference */
-  int64_t offset;                    /* in elements from storage->data */
+  tr_storage *storage; /* owned reference */
+  int64_t offset;      /* in elements from storage->data */
   tr_dtype dtype;
   int ndim;
   int64_t shape[TR_MAX_DIMS];
-  int64_t strides[TR_MAX_DIMS];      /* in elements */
+  int64_t strides[TR_MAX_DIMS]; /* in elements */
   int64_t numel;
   bool requires_grad;
-  struct tr_tensor *grad;            /* owned; same shape; filled by backward on leaves */
-  tr_node *grad_fn;                  /* owned reference; NULL on leaves */
+  struct tr_tensor *grad; /* owned; same shape; filled by backward on leaves */
+  tr_node *grad_fn;       /* owned reference; NULL on leaves */
 } tr_tensor;
 
 /* New tensors (contiguous, on the CPU). shape has ndim entries; ndim 0 is a scalar. */
@@ -220,8 +219,19 @@ tr_tensor *tr_avg_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
 /* ---------------------------------------------------------------- nn */
 
 typedef enum {
-  TR_LINEAR, TR_CONV2D, TR_BATCHNORM, TR_LAYERNORM, TR_RELU, TR_GELU, TR_TANH, TR_SIGMOID,
-  TR_DROPOUT, TR_MAXPOOL2D, TR_AVGPOOL2D, TR_FLATTEN, TR_SEQUENTIAL
+  TR_LINEAR,
+  TR_CONV2D,
+  TR_BATCHNORM,
+  TR_LAYERNORM,
+  TR_RELU,
+  TR_GELU,
+  TR_TANH,
+  TR_SIGMOID,
+  TR_DROPOUT,
+  TR_MAXPOOL2D,
+  TR_AVGPOOL2D,
+  TR_FLATTEN,
+  TR_SEQUENTIAL
 } tr_module_kind;
 
 typedef struct tr_module tr_module;
@@ -234,13 +244,16 @@ typedef struct {
 } tr_param_list;
 void tr_param_list_free(tr_param_list *list);
 
-/* Constructors: weights get Kaiming-uniform (a = sqrt 5) init as torch's defaults do. */
+/* Constructors return an owned module, or NULL with ctx->err set. Weights get torch's
+ * default init (Kaiming-uniform with a = sqrt 5: U(+-1/sqrt(fan_in)), biases alike). */
 tr_module *tr_linear_new(tr_ctx *ctx, int64_t in, int64_t out, bool bias);
 tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel, int stride,
                          int padding, bool bias);
 tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features);
 tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features);
-/* Parameterless modules; p is dropout's probability, k the pool's kernel (and stride). */
+/* Parameterless modules: tr_activation_new takes TR_RELU, TR_GELU, TR_TANH, TR_SIGMOID or
+ * TR_FLATTEN ((N, ...) to (N, -1)); dropout takes its probability; tr_pool_new takes
+ * TR_MAXPOOL2D or TR_AVGPOOL2D and a kernel that is also the stride. */
 tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind);
 tr_module *tr_dropout_new(tr_ctx *ctx, double p);
 tr_module *tr_pool_new(tr_ctx *ctx, tr_module_kind kind, int kernel);
@@ -278,17 +291,16 @@ typedef enum { TR_SGD, TR_ADAM, TR_ADAMW } tr_optim_kind;
 typedef struct {
   tr_optim_kind kind;
   double lr;
-  double momentum;     /* SGD */
-  bool nesterov;       /* SGD, needs momentum > 0 */
-  double weight_decay; /* SGD and Adam: added to the gradient; AdamW: decoupled */
+  double momentum;          /* SGD */
+  bool nesterov;            /* SGD, needs momentum > 0 */
+  double weight_decay;      /* SGD and Adam: added to the gradient; AdamW: decoupled */
   double beta1, beta2, eps; /* Adam, AdamW (0 means the defaults 0.9, 0.999, 1e-8) */
 } tr_optim_config;
 
 typedef struct tr_optim tr_optim;
 
 /* params are borrowed (retained by the optimiser). */
-tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
-                       size_t n);
+tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params, size_t n);
 void tr_optim_free(tr_optim *opt);
 /* One update from the parameters' current .grad (parameters without grad are skipped). */
 int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
@@ -303,10 +315,10 @@ typedef enum { TR_LR_CONSTANT, TR_LR_STEP, TR_LR_COSINE } tr_lr_kind;
 typedef struct {
   tr_lr_kind kind;
   double base_lr;
-  int64_t warmup;     /* steps of linear warm-up (0: none) */
-  int64_t step_size;  /* TR_LR_STEP: multiply by gamma every step_size steps */
+  int64_t warmup;    /* steps of linear warm-up (0: none) */
+  int64_t step_size; /* TR_LR_STEP: multiply by gamma every step_size steps */
   double gamma;
-  int64_t total;      /* TR_LR_COSINE: steps from the end of warm-up to min_lr */
+  int64_t total; /* TR_LR_COSINE: steps from the end of warm-up to min_lr */
   double min_lr;
 } tr_lr_schedule;
 double tr_lr_at(const tr_lr_schedule *s, int64_t step);
@@ -318,8 +330,8 @@ double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm);
 
 /* Examples as float32 features (n, ...sample shape) with int32 labels. */
 typedef struct {
-  tr_tensor *x;     /* owned */
-  int32_t *y;       /* owned, n labels */
+  tr_tensor *x; /* owned */
+  int32_t *y;   /* owned, n labels */
   int64_t n;
   int32_t nclasses; /* 1 + largest label */
 } tr_dataset;
@@ -354,12 +366,118 @@ typedef struct {
   int64_t pos;
   uint64_t rng[4];
 } tr_loader;
-int tr_loader_init(tr_loader *ld, const tr_dataset *ds, int64_t batch, bool shuffle,
-                   uint64_t seed, nas_err *err);
+int tr_loader_init(tr_loader *ld, const tr_dataset *ds, int64_t batch, bool shuffle, uint64_t seed,
+                   nas_err *err);
 void tr_loader_free(tr_loader *ld);
 /* Next batch: *x (owned, (b, ...)) and *y (owned, b labels); returns the batch size b, 0
  * at the end of an epoch (after which the next call starts a new, reshuffled one), or
  * NAS_ERR with ctx->err set. */
 int64_t tr_loader_next(tr_ctx *ctx, tr_loader *ld, tr_tensor **x, int32_t **y);
+
+/* ================================================================ built-in models
+ * Appended for `nas worker` (built-in trials, docs/spec.md): the two model families,
+ * datasets by name, and a training loop with per-epoch validation. trainer/models.c,
+ * trainer/datasets.c, trainer/fit.c; they use only the API above. */
+
+#define TR_MAX_BLOCKS 8 /* hidden layers of an MLP, stages of a CNN */
+
+typedef enum { TR_NORM_NONE, TR_NORM_BATCH, TR_NORM_LAYER } tr_norm_kind;
+
+/* Flatten, then per hidden layer i: Linear(widths[i]) → norm → activation → dropout (when
+ * dropout > 0), then Linear(classes). */
+typedef struct {
+  int layers;                     /* 1..TR_MAX_BLOCKS */
+  int64_t widths[TR_MAX_BLOCKS];
+  tr_module_kind activation;      /* TR_RELU, TR_GELU, TR_TANH or TR_SIGMOID */
+  tr_norm_kind norm;
+  double dropout;
+} tr_mlp_config;
+
+/* Per stage i: Conv2d(channels[i], kernel, stride 1, padding kernel/2; no bias under
+ * batch norm) → batch norm → activation → pool 2×2 (skipped once the map is 1 pixel
+ * high or wide); then Flatten → dropout → [Linear(head_width) → activation → dropout]
+ * (when head_width > 0) → Linear(classes). Dropout modules only when dropout > 0. */
+typedef struct {
+  int stages;                     /* 1..TR_MAX_BLOCKS */
+  int64_t channels[TR_MAX_BLOCKS];
+  int kernel;
+  tr_module_kind pool;            /* TR_MAXPOOL2D or TR_AVGPOOL2D */
+  int64_t head_width;
+  tr_module_kind activation;
+  tr_norm_kind norm;              /* TR_NORM_NONE or TR_NORM_BATCH */
+  double dropout;
+} tr_cnn_config;
+
+/* One example's shape (channels, height, width); an MLP sees the product. */
+typedef struct {
+  int64_t channels, height, width;
+} tr_input_shape;
+
+/* A built model and what was counted while building it. */
+typedef struct {
+  tr_module *module; /* owned */
+  int64_t params;    /* trainable values (tr_module_param_count) */
+  int64_t buffers;   /* other values saved with it: batch norm's running statistics */
+  int64_t flops;     /* one example's forward pass: 2 per multiply-add of the linear and
+                        convolution layers plus one per bias add; norms, activations,
+                        pools and dropout count 0 (docs/metrics.md) */
+} tr_model;
+
+int tr_mlp_build(tr_ctx *ctx, const tr_mlp_config *cfg, tr_input_shape in, int32_t classes,
+                 tr_model *out);
+int tr_cnn_build(tr_ctx *ctx, const tr_cnn_config *cfg, tr_input_shape in, int32_t classes,
+                 tr_model *out);
+void tr_model_free(tr_model *m);
+
+/* A dataset as images (n, C, H, W) with a training part and, when the source has one, a
+ * test part (test.n == 0 otherwise). */
+typedef struct {
+  tr_dataset train, test;
+  tr_input_shape shape;
+  char *source; /* owned: the file or folder it came from */
+} tr_named_dataset;
+
+/* Loads `name`: "digits" (scikit-learn's 8×8 digits, digits.csv.gz), "fashion-mnist"
+ * (Debian's dataset-fashion-mnist) or a path: a folder of IDX files
+ * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-…; each may end in
+ * .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
+ * Named datasets are looked for in the folders dirs (NULL-terminated): digits.csv.gz in
+ * each, or a fashion-mnist/ folder in each. */
+int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
+                          tr_named_dataset *out, nas_err *err);
+void tr_named_dataset_free(tr_named_dataset *nd);
+/* Keeps the first n examples of ds (all when n is 0 or at least ds->n). */
+int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err);
+/* One mean and one standard deviation over every value of ref; each dataset in sets
+ * (count n) becomes (x - mean) / std in place. One pair for all features, so a pixel that
+ * is constant in ref cannot blow up in another split. */
+int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas_err *err);
+
+/* What tr_fit does; callbacks may be NULL. A callback that returns non-zero stops
+ * training with that return (its message in err). */
+typedef struct {
+  int epochs;
+  int64_t batch_size;
+  tr_optim_config optim;
+  tr_lr_kind schedule;       /* constant; cosine: to 0 over all steps; step: ×0.1 after each
+                                third of the steps */
+  uint64_t shuffle_seed;     /* batch order */
+  /* After every epoch (1-based) with the mean training loss and validation accuracy. */
+  int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);
+  /* After every training step; for heartbeats. */
+  int (*on_step)(void *arg, nas_err *err);
+  void *arg;
+} tr_fit_config;
+
+/* Trains m on train with cross-entropy, evaluating on val after every epoch; *accuracy
+ * (may be NULL) gets the last validation accuracy. */
+int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset *val,
+           const tr_fit_config *cfg, double *accuracy, nas_err *err);
+/* Share of ds's examples whose largest logit is their label, in evaluation mode without a
+ * graph, batch examples at a time; leaves m in training mode. */
+int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
+                double *accuracy, nas_err *err);
+/* Index of the largest of n values (the first on ties). */
+int64_t tr_argmax(const float *values, int64_t n);
 
 #endif

@@ -1,0 +1,44 @@
+/* cli/stop.c: `nas stop EXPERIMENT` — from any terminal, whether or not its scheduler
+ * still runs: the experiment is marked stopped in storage (a live scheduler sees that and
+ * ends) and every running trial's job is asked to stop through its runner. */
+#include <getopt.h>
+#include <stdio.h>
+
+#include "cli/cli.h"
+#include "scheduler/scheduler.h"
+
+static const char stop_help[] =
+    "usage: nas stop EXPERIMENT [--storage URL]\n\n"
+    "Stops an experiment: launches no more trials and stops the running ones (TERM, then\n"
+    "KILL after the runner's grace period); they are recorded as stopped, with their data.\n"
+    "'nas resume EXPERIMENT' continues it later.\n";
+
+int cmd_stop(int argc, char **argv) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  const char *url = NULL;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "s:h", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(stop_help, stdout);
+      return EXIT_DONE;
+    }
+    if (c != 's') return cli_usage_error("stop", "unknown option '%s'", argv[optind - 1]);
+    url = optarg;
+  }
+  if (optind != argc - 1) return cli_usage_error("stop", "expected exactly one EXPERIMENT");
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(cli_storage_url(url), argv[optind], &st, &exp, &s, &err) != NAS_OK)
+    return cli_fail(&err);
+  int rc = sched_stop(s, st, &exp, stderr, &err);
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+}

@@ -1,0 +1,317 @@
+/* cli/worker.c: `nas worker --trial ID` — runs one built-in trial (trial.builtin in the
+ * spec): reads the trial and its experiment's spec from storage, trains the model its
+ * settings describe, stores the validation accuracy after every epoch (step = epoch) with
+ * a heartbeat, then saves the weights in the run folder and stores every final metric.
+ *
+ * Invariant: the final metrics go to storage in one call (one transaction), after the
+ * weights are saved, so a worker killed at any instant leaves either none of them (the
+ * scheduler then sees a failed or lost trial, never a completed one) or all of them.
+ * Progress goes to stdout, the trial's log; no line of it starts with "nas-metric",
+ * because the metrics are stored directly and must not be read twice. */
+#include <cblas.h>
+#include <getopt.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/worker.h"
+#include "metrics/metrics.h"
+#include "scheduler/scheduler.h"
+
+static const char worker_help[] =
+    "usage: nas worker [--trial ID] [--storage URL] [--run-dir DIR]\n\n"
+    "Runs one built-in trial (a spec with trial.builtin; docs/spec.md): trains the model\n"
+    "its settings describe, stores the validation accuracy after every epoch and then\n"
+    "accuracy, params, model_bytes, flops, latency_ms_p50, latency_ms_p99, train_seconds\n"
+    "(and test_accuracy when the dataset has a test split; docs/metrics.md), and saves the\n"
+    "weights as DIR/weights.nasw with DIR/model.json describing them. nas starts it for\n"
+    "every built-in trial; the defaults are what it sets: $NAS_TRIAL_ID, $NAS_STORAGE,\n"
+    "$NAS_RUN_DIR. Named datasets are looked for in $NAS_DATA_DIR first.\n";
+
+/* Seconds between heartbeats while an epoch runs. */
+static const double heartbeat_every_s = 5.0;
+
+typedef struct {
+  const char *storage, *run_dir, *trial;
+} worker_args;
+
+/* One trial being run; everything owned. */
+typedef struct {
+  storage *st;
+  trial_row trial;
+  experiment_row exp;
+  spec *s;
+  json_t *settings;
+  worker_plan plan;
+  tr_ctx ctx;
+  worker_data data;
+  tr_model model;
+  double last_beat;   /* monotonic seconds of the last heartbeat */
+  double started;     /* monotonic seconds when training started */
+} worker;
+
+/* Returns -1 when the command should go on, else the exit status. */
+static int parse_args(int argc, char **argv, worker_args *a) {
+  static const struct option options[] = {{"trial", required_argument, NULL, 't'},
+                                          {"storage", required_argument, NULL, 's'},
+                                          {"run-dir", required_argument, NULL, 'r'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  *a = (worker_args){.trial = getenv("NAS_TRIAL_ID"), .run_dir = getenv("NAS_RUN_DIR")};
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "t:s:r:h", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(worker_help, stdout);
+      return EXIT_DONE;
+    }
+    if (c == 't') a->trial = optarg;
+    else if (c == 's') a->storage = optarg;
+    else if (c == 'r') a->run_dir = optarg;
+    else return cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
+  }
+  if (optind != argc) return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
+  char *end = NULL;
+  if (!a->trial || strtoll(a->trial, &end, 10) < 1 || *end != '\0')
+    return cli_usage_error("worker", "no trial: give --trial ID (or run it as a trial, which "
+                                     "sets NAS_TRIAL_ID)");
+  return -1;
+}
+
+/* ---- the trial and its experiment ---- */
+
+static int experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err) {
+  experiment_row *rows;
+  size_t n;
+  if (storage_experiment_list(st, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  int rc = nas_errc(err, NAS_ENOTFOUND, "no experiment with id %lld", (long long)id);
+  for (size_t i = 0; i < n && rc != NAS_OK; i++) {
+    if (rows[i].id != id) continue;
+    *out = rows[i];
+    memset(&rows[i], 0, sizeof rows[i]); /* moved to out */
+    rc = NAS_OK;
+  }
+  experiment_rows_free(rows, n);
+  return rc;
+}
+
+/* Storage, trial, experiment, spec and the trial's settings. */
+static int worker_open(worker *w, const worker_args *a, nas_err *err) {
+  int64_t id = strtoll(a->trial, NULL, 10);
+  json_t *params = NULL;
+  int rc = storage_open(cli_storage_url(a->storage), &w->st, err);
+  if (rc == NAS_OK) rc = storage_trial_get(w->st, id, &w->trial, err);
+  if (rc == NAS_OK) rc = experiment_by_id(w->st, w->trial.experiment_id, &w->exp, err);
+  if (rc == NAS_OK) rc = sched_experiment_spec(&w->exp, &w->s, err);
+  if (rc == NAS_OK && !(params = json_loads(w->trial.params_json, 0, NULL)))
+    rc = nas_errf(err, "trial %lld: stored parameters are not JSON", (long long)id);
+  if (rc == NAS_OK) rc = spec_builtin_settings(w->s, params, &w->settings, err);
+  if (rc == NAS_OK) rc = worker_plan_read(w->settings, w->s->trial.builtin->model, &w->plan, err);
+  json_decref(params);
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "trial %lld", (long long)id);
+}
+
+static void worker_close(worker *w) {
+  tr_model_free(&w->model);
+  worker_data_free(&w->data);
+  if (w->ctx.alloc) tr_allocator_release(w->ctx.alloc);
+  json_decref(w->settings);
+  spec_free(w->s);
+  experiment_row_clear(&w->exp);
+  trial_row_clear(&w->trial);
+  storage_close(w->st);
+}
+
+/* splitmix64's finaliser: well-spread seeds from small numbers. */
+static uint64_t mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+static void set_threads(int threads) {
+  openblas_set_num_threads(threads);
+  omp_set_num_threads(threads);
+}
+
+/* Data and model. Every trial of an experiment splits off the same validation examples
+ * (the experiment's seed), so their accuracies compare; initial weights and batch order
+ * differ per trial. */
+static int worker_prepare(worker *w, nas_err *err) {
+  uint64_t seed = mix((uint64_t)w->s->seed * 1000003u + (uint64_t)w->trial.number);
+  tr_ctx_init(&w->ctx, seed);
+  w->ctx.alloc = tr_allocator_new((size_t)256 << 20);
+  if (!w->ctx.alloc) return nas_errf(err, "out of memory");
+  set_threads(w->plan.threads);
+  const builtin_spec *b = w->s->trial.builtin;
+  double start = nas_monotonic();
+  int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
+  if (rc == NAS_OK) rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err);
+  if (rc != NAS_OK) return rc;
+  w->plan.fit.shuffle_seed = mix(seed);
+  const tr_input_shape *in = &w->data.all.shape;
+  printf("trial %d of %s: %s on %s (%lldx%lldx%lld, %d classes, read in %.1f s): %lld "
+         "training, %lld validation, %lld test examples; %lld parameters, %lld FLOPs per "
+         "example\n",
+         w->trial.number, w->exp.name, b->model, w->data.all.source, (long long)in->channels,
+         (long long)in->height, (long long)in->width, (int)w->data.all.train.nclasses,
+         nas_monotonic() - start, (long long)w->data.all.train.n, (long long)w->data.val.n,
+         (long long)w->data.all.test.n, (long long)w->model.params, (long long)w->model.flops);
+  fflush(stdout);
+  return NAS_OK;
+}
+
+/* ---- training ---- */
+
+/* A heartbeat only says "alive"; one that fails (a trial run by hand, not running) is no
+ * reason to stop training. */
+static void heartbeat(worker *w) {
+  nas_err ignored;
+  storage_trial_heartbeat(w->st, w->trial.id, &ignored);
+  w->last_beat = nas_monotonic();
+}
+
+static int on_step(void *arg, nas_err *err) {
+  (void)err;
+  worker *w = arg;
+  if (nas_monotonic() - w->last_beat >= heartbeat_every_s) heartbeat(w);
+  return NAS_OK;
+}
+
+/* The epoch's validation accuracy as an intermediate value at step = epoch. */
+static int on_epoch(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err) {
+  worker *w = arg;
+  metric_obs obs = {METRIC_ACCURACY, epoch, val_accuracy, nas_now()};
+  if (storage_metrics_add(w->st, w->trial.id, &obs, 1, -1, err) != NAS_OK) return NAS_ERR;
+  heartbeat(w);
+  printf("epoch %d/%d: training loss %.4f, validation accuracy %.4f (%.1f s)\n", epoch,
+         w->plan.fit.epochs, train_loss, val_accuracy, nas_monotonic() - w->started);
+  fflush(stdout);
+  return NAS_OK;
+}
+
+static int worker_train(worker *w, double *accuracy, double *seconds, nas_err *err) {
+  w->plan.fit.on_epoch = on_epoch;
+  w->plan.fit.on_step = on_step;
+  w->plan.fit.arg = w;
+  w->started = w->last_beat = nas_monotonic();
+  int rc = tr_fit(&w->ctx, w->model.module, &w->data.all.train, &w->data.val, &w->plan.fit,
+                  accuracy, err);
+  *seconds = nas_monotonic() - w->started;
+  return rc;
+}
+
+/* ---- measuring and keeping the trained model ---- */
+
+/* One batch-1 request as a server answers it: the example copied into a fresh input,
+ * the forward pass, the predicted class read out. */
+typedef struct {
+  tr_ctx *ctx;
+  tr_module *module;
+  const tr_dataset *examples;
+  int64_t next, values;  /* next example to send; values per example */
+  int64_t shape[4];
+} serving;
+
+static int serve_one(void *arg, nas_err *err) {
+  serving *sv = arg;
+  const float *example = tr_f32(sv->examples->x) + (sv->next++ % sv->examples->n) * sv->values;
+  tr_tensor *x = tr_from_data(sv->ctx, TR_F32, 4, sv->shape, example);
+  tr_tensor *logits = x ? tr_module_forward(sv->ctx, sv->module, x) : NULL;
+  if (logits) (void)tr_argmax(tr_f32(logits), logits->numel);
+  tr_free(x);
+  tr_free(logits);
+  return logits ? NAS_OK : nas_errf(err, "%s", sv->ctx->err.msg);
+}
+
+/* On one thread, in evaluation mode without a graph, cycling through validation examples. */
+static int measure_latency(worker *w, metric_latency *out, nas_err *err) {
+  const tr_input_shape *in = &w->data.all.shape;
+  serving sv = {&w->ctx, w->model.module, &w->data.val, 0,
+                in->channels * in->height * in->width,
+                {1, in->channels, in->height, in->width}};
+  set_threads(1);
+  tr_module_train(w->model.module, false);
+  bool grad = tr_set_grad_enabled(&w->ctx, false);
+  int rc = metric_latency_measure(serve_one, &sv, METRIC_LATENCY_WARMUP, METRIC_LATENCY_RUNS,
+                                  out, err);
+  tr_set_grad_enabled(&w->ctx, grad);
+  tr_module_train(w->model.module, true);
+  return rc;
+}
+
+/* DIR/weights.nasw (the engine's format) and DIR/model.json, which says what they are. */
+static int save_model(worker *w, const char *dir, nas_err *err) {
+  const tr_input_shape *in = &w->data.all.shape;
+  char *weights = nas_asprintf("%s/weights.nasw", dir), *about = nas_asprintf("%s/model.json", dir);
+  json_t *desc = json_pack("{s:s, s:s, s:O, s:[I,I,I], s:i, s:I, s:s}", "model",
+                           w->s->trial.builtin->model, "dataset", w->data.all.source, "settings",
+                           w->settings, "input", (json_int_t)in->channels, (json_int_t)in->height,
+                           (json_int_t)in->width, "classes", (int)w->data.all.train.nclasses,
+                           "params", (json_int_t)w->model.params, "weights", "weights.nasw");
+  char *text = desc ? json_dumps(desc, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
+  int rc = weights && about && text ? nas_mkdirs(dir, err) : nas_errf(err, "out of memory");
+  if (rc == NAS_OK) rc = tr_module_save(w->model.module, weights, err);
+  if (rc == NAS_OK) rc = nas_write_file_atomic(about, text, strlen(text), err);
+  free(weights), free(about), free(text);
+  json_decref(desc);
+  return rc;
+}
+
+/* Every final metric in one call: all of them are stored, or none. */
+static int report_final(worker *w, double accuracy, double test_accuracy, const metric_latency *lat,
+                        double seconds, nas_err *err) {
+  double now = nas_now();
+  metric_obs obs[] = {
+      {METRIC_ACCURACY, METRIC_FINAL, accuracy, now},
+      {METRIC_PARAMS, METRIC_FINAL, (double)w->model.params, now},
+      {METRIC_MODEL_BYTES, METRIC_FINAL, 4.0 * (double)(w->model.params + w->model.buffers), now},
+      {METRIC_FLOPS, METRIC_FINAL, (double)w->model.flops, now},
+      {METRIC_LATENCY_P50, METRIC_FINAL, lat->p50_ms, now},
+      {METRIC_LATENCY_P99, METRIC_FINAL, lat->p99_ms, now},
+      {METRIC_TRAIN_SECONDS, METRIC_FINAL, seconds, now},
+      {METRIC_TEST_ACCURACY, METRIC_FINAL, test_accuracy, now},
+  };
+  size_t n = sizeof obs / sizeof obs[0] - (w->data.all.test.n > 0 ? 0 : 1);
+  return storage_metrics_add(w->st, w->trial.id, obs, n, -1, err);
+}
+
+static int worker_finish(worker *w, const char *run_dir, double accuracy, double seconds,
+                         nas_err *err) {
+  metric_latency lat;
+  double test_accuracy = 0;
+  int rc = measure_latency(w, &lat, err);
+  if (rc == NAS_OK && w->data.all.test.n > 0)
+    rc = tr_evaluate(&w->ctx, w->model.module, &w->data.all.test, 0, &test_accuracy, err);
+  if (rc == NAS_OK && run_dir) rc = save_model(w, run_dir, err);
+  if (rc == NAS_OK) rc = report_final(w, accuracy, test_accuracy, &lat, seconds, err);
+  if (rc != NAS_OK) return rc;
+  printf("done: accuracy %.4f", accuracy);
+  if (w->data.all.test.n > 0) printf(", test accuracy %.4f", test_accuracy);
+  printf(", %lld parameters, %lld bytes, %lld FLOPs, latency p50 %.4f ms p99 %.4f ms (1 thread, "
+         "%d requests), %.1f s training%s%s\n",
+         (long long)w->model.params, (long long)(4 * (w->model.params + w->model.buffers)),
+         (long long)w->model.flops, lat.p50_ms, lat.p99_ms, lat.runs, seconds,
+         run_dir ? "; weights in " : "; weights not saved (no run folder)", run_dir ? run_dir : "");
+  return NAS_OK;
+}
+
+int cmd_worker(int argc, char **argv) {
+  worker_args a;
+  int status = parse_args(argc, argv, &a);
+  if (status >= 0) return status;
+  worker w;
+  memset(&w, 0, sizeof w);
+  nas_err err;
+  double accuracy = 0, seconds = 0;
+  int rc = worker_open(&w, &a, &err);
+  if (rc == NAS_OK) rc = worker_prepare(&w, &err);
+  if (rc == NAS_OK) rc = worker_train(&w, &accuracy, &seconds, &err);
+  if (rc == NAS_OK) rc = worker_finish(&w, a.run_dir, accuracy, seconds, &err);
+  worker_close(&w);
+  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+}

@@ -1,0 +1,41 @@
+/* cli/worker.h: the parts of `nas worker` (cli/worker.c) that turn a built-in trial's
+ * settings into what the engine trains (cli/worker_setup.c). Internal to cli/. */
+#ifndef NAS_CLI_WORKER_H
+#define NAS_CLI_WORKER_H
+
+#include <jansson.h>
+
+#include "spec/spec.h"
+#include "trainer/trainer.h"
+
+/* Everything a built-in trial's settings decide (spec_builtin_settings). */
+typedef struct {
+  bool cnn;              /* the model family: CNN, else MLP */
+  tr_mlp_config mlp;
+  tr_cnn_config cnn_cfg;
+  tr_fit_config fit;     /* callbacks and shuffle seed left to the caller */
+  double validation;     /* share of the training data held out */
+  int64_t limit_train, limit_val; /* 0: all */
+  int threads;           /* for training; latency is measured on one */
+} worker_plan;
+
+/* Reads the complete settings object of a trial into plan. */
+int worker_plan_read(const json_t *settings, const char *model, worker_plan *plan, nas_err *err);
+
+/* A dataset ready for training: the training part split into train and validation,
+ * subsets kept, all parts standardised by the training part. */
+typedef struct {
+  tr_named_dataset all; /* all.train: the training part (after the split); all.test: the
+                           test part, when the dataset has one */
+  tr_dataset val;
+} worker_data;
+
+int worker_data_load(tr_ctx *ctx, const char *dataset, const worker_plan *plan,
+                     uint64_t split_seed, worker_data *out, nas_err *err);
+void worker_data_free(worker_data *d);
+
+/* Builds the plan's model for the data's example shape and class count. */
+int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *data,
+                       tr_model *out, nas_err *err);
+
+#endif

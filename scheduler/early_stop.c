@@ -1,0 +1,173 @@
+/* scheduler/early_stop.c: stopping trials whose intermediate values are clearly worse
+ * than their peers' at the same step.
+ *
+ * "Worse" is dominance over the judged objectives (for one objective: strictly worse), so
+ * the same rules serve one or many objectives:
+ *   median  at the trial's latest step s >= min_steps: stop when more than half of the
+ *           other trials that reached s dominate its values at s.
+ *   asha    at each rung r the trial reaches: continue only if fewer than (n+1)/η of the
+ *           n other trials that reached r dominate it (it is among the best 1/η).
+ * Values at a step are the last reports at or before it, so trials reporting at different
+ * steps still compare. Nothing is decided with fewer than min_trials others. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler/scheduler.h"
+
+/* Index of the last step <= step, or -1. */
+static long step_index(const sched_curve *c, int64_t step) {
+  long lo = 0, hi = (long)c->n_steps - 1, found = -1;
+  while (lo <= hi) {
+    long mid = (lo + hi) / 2;
+    if (c->steps[mid] <= step) found = mid, lo = mid + 1;
+    else hi = mid - 1;
+  }
+  return found;
+}
+
+/* The curve's values at step (NULL when it has not reported every judged objective by
+ * then); borrowed. */
+static const double *values_at(const sched_curve *c, int64_t step, size_t m) {
+  long k = step_index(c, step);
+  if (k < 0) return NULL;
+  const double *v = c->values + (size_t)k * m;
+  for (size_t j = 0; j < m; j++)
+    if (isnan(v[j])) return NULL;
+  return v;
+}
+
+static bool dominates(const double *a, const double *b, size_t m) {
+  bool better = false;
+  for (size_t j = 0; j < m; j++) {
+    if (a[j] > b[j]) return false;
+    better |= a[j] < b[j];
+  }
+  return better;
+}
+
+/* Compares the candidate with every other curve that reached step. */
+static void compare_at(const sched_curve *curves, size_t n, size_t candidate, int64_t step,
+                       size_t m, sched_verdict *v) {
+  const double *mine = values_at(&curves[candidate], step, m);
+  v->step = step;
+  v->better = v->compared = 0;
+  if (!mine) return;
+  for (size_t i = 0; i < n; i++) {
+    if (i == candidate || curves[i].n_steps == 0 || curves[i].steps[curves[i].n_steps - 1] < step)
+      continue;
+    const double *theirs = values_at(&curves[i], step, m);
+    if (!theirs) continue;
+    v->compared++;
+    v->better += dominates(theirs, mine, m);
+  }
+}
+
+void sched_early_stop_judge(const spec *s, const sched_curve *curves, size_t n,
+                            size_t candidate, size_t *next_rung, sched_verdict *out) {
+  const early_stop_spec *es = &s->early_stopping;
+  const sched_curve *c = &curves[candidate];
+  memset(out, 0, sizeof *out);
+  if (es->rule == EARLY_STOP_NONE || c->n_steps == 0) return;
+  int64_t latest = c->steps[c->n_steps - 1];
+  if (latest < es->min_steps) return;
+  size_t m = es->n_objectives, min_trials = (size_t)es->min_trials;
+  if (es->rule == EARLY_STOP_MEDIAN) {
+    compare_at(curves, n, candidate, latest, m, out);
+    out->stop = out->compared >= min_trials && 2 * out->better > out->compared;
+    return;
+  }
+  while (*next_rung < es->n_rungs && es->rungs[*next_rung] <= latest) {
+    compare_at(curves, n, candidate, es->rungs[*next_rung], m, out);
+    if (out->compared < min_trials) return; /* judged here once enough peers arrive */
+    if ((double)out->better >= (double)(out->compared + 1) / es->reduction_factor) {
+      out->stop = true;
+      return;
+    }
+    (*next_rung)++;
+  }
+}
+
+/* ---- curves from storage ---------------------------------------------------------------- */
+
+static int judged_index(const spec *s, const char *name) {
+  const early_stop_spec *es = &s->early_stopping;
+  for (size_t j = 0; j < es->n_objectives; j++)
+    if (strcmp(s->objectives[es->objectives[j]].name, name) == 0) return (int)j;
+  return -1;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+  int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* Builds one trial's curve from its rows [from, to) (intermediate, judged ones). */
+static int build_curve(const spec *s, const metric_row *rows, size_t from, size_t to,
+                       sched_curve *c) {
+  size_t m = s->early_stopping.n_objectives, n = 0;
+  c->steps = malloc((to - from) * sizeof *c->steps);
+  if (!c->steps) return NAS_ERR;
+  for (size_t i = from; i < to; i++) c->steps[n++] = rows[i].step;
+  qsort(c->steps, n, sizeof *c->steps, cmp_i64);
+  size_t unique = 0;
+  for (size_t i = 0; i < n; i++)
+    if (unique == 0 || c->steps[unique - 1] != c->steps[i]) c->steps[unique++] = c->steps[i];
+  c->n_steps = unique;
+  c->values = malloc((unique ? unique : 1) * m * sizeof *c->values);
+  if (!c->values) return NAS_ERR;
+  for (size_t k = 0; k < unique * m; k++) c->values[k] = NAN;
+  for (size_t i = from; i < to; i++) { /* later rows win at the same step */
+    long k = step_index(c, rows[i].step);
+    c->values[(size_t)k * m + (size_t)judged_index(s, rows[i].name)] = rows[i].value;
+  }
+  for (size_t k = 1; k < unique; k++) /* carry the last report forward */
+    for (size_t j = 0; j < m; j++)
+      if (isnan(c->values[k * m + j])) c->values[k * m + j] = c->values[(k - 1) * m + j];
+  for (size_t k = 0; k < unique * m; k++) /* minimisation convention */
+    if (s->objectives[s->early_stopping.objectives[k % m]].goal == GOAL_MAXIMIZE)
+      c->values[k] = -c->values[k];
+  return NAS_OK;
+}
+
+int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_curve **out,
+                      size_t *n, nas_err *err) {
+  metric_row *rows;
+  size_t n_rows, kept = 0;
+  *out = NULL;
+  *n = 0;
+  if (storage_metrics_list(st, experiment_id, &rows, &n_rows, err) != NAS_OK) return NAS_ERR;
+  for (size_t i = 0; i < n_rows; i++) /* keep judged intermediate rows, in order */
+    if (rows[i].step != METRIC_FINAL && judged_index(s, rows[i].name) >= 0) {
+      metric_row tmp = rows[kept];
+      rows[kept++] = rows[i];
+      rows[i] = tmp;
+    }
+  sched_curve *curves = calloc(kept ? kept : 1, sizeof *curves);
+  int rc = curves ? NAS_OK : nas_errf(err, "out of memory");
+  size_t count = 0;
+  for (size_t from = 0; rc == NAS_OK && from < kept;) { /* rows come grouped by trial */
+    size_t to = from;
+    while (to < kept && rows[to].trial_id == rows[from].trial_id) to++;
+    curves[count].trial_id = rows[from].trial_id;
+    if (build_curve(s, rows, from, to, &curves[count++]) != NAS_OK)
+      rc = nas_errf(err, "out of memory");
+    from = to;
+  }
+  metric_rows_free(rows, n_rows);
+  if (rc != NAS_OK) {
+    sched_curves_free(curves, count);
+    return rc;
+  }
+  *out = curves;
+  *n = count;
+  return NAS_OK;
+}
+
+void sched_curves_free(sched_curve *curves, size_t n) {
+  for (size_t i = 0; curves && i < n; i++) {
+    free(curves[i].steps);
+    free(curves[i].values);
+  }
+  free(curves);
+}

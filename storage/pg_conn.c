@@ -1,0 +1,387 @@
+/* storage/pg_conn.c: a PostgreSQL connection that outlives server restarts (see pg_conn.h).
+ *
+ * Invariants:
+ * - A pg_conn either holds a connection that was working when last used, or none (pg is
+ *   NULL); a statement that finds the connection broken drops it, and the next try of the
+ *   operation connects afresh.
+ * - The URI with its password reaches libpq only; every message names the server by the
+ *   redacted URI and has the password scrubbed out of libpq's own text.
+ * - A try's outcome is known (committed or rolled back) before the next try starts: after
+ *   a lost try of a write with a receipt, its token is settled first (see pg_conn.h).
+ * - Backoff: the first retry is immediate (a single dropped connection costs nothing), then
+ *   25 ms doubling up to 1 s, until the budget is spent. */
+#include "storage/pg_conn.h"
+
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+
+#include "storage/storage.h"
+
+#define PG_RETRY_DEFAULT_S 30.0
+/* Receipts are deleted after a day (postgres.c), so no budget may come near that. */
+#define PG_RETRY_MAX_S 3600.0
+#define PG_BACKOFF_FIRST_S 0.025
+#define PG_BACKOFF_MAX_S 1.0
+
+/* Connection settings placed before the URI, which may override them: a name to show in
+ * pg_stat_activity, and a bound on each connection attempt so that an unreachable host
+ * cannot take the whole retry budget in one go. */
+static const char *const connect_keys[] = {"fallback_application_name", "connect_timeout",
+                                           "dbname", NULL};
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+/* libpq's message text on one line: runs of blanks (its messages end in "\n" and continue
+ * lines with "\n\t") become one space. */
+static void one_line(const char *text, char *out, size_t size) {
+  size_t n = 0;
+  bool blank = true; /* drop leading blanks */
+  for (const char *s = text ? text : ""; *s && n + 1 < size; s++) {
+    bool is_blank = *s == ' ' || *s == '\n' || *s == '\t' || *s == '\r';
+    if (is_blank && blank) continue;
+    out[n++] = is_blank ? ' ' : *s;
+    blank = is_blank;
+  }
+  while (n > 0 && out[n - 1] == ' ') n--;
+  out[n] = '\0';
+}
+
+/* The password as libpq reads it from the URI (owned), or NULL when there is none. */
+static char *uri_password(const char *uri) {
+  PQconninfoOption *options = PQconninfoParse(uri, NULL);
+  char *password = NULL;
+  for (PQconninfoOption *o = options; o && o->keyword; o++) {
+    if (strcmp(o->keyword, "password") == 0 && o->val && o->val[0]) password = strdup(o->val);
+  }
+  PQconninfoFree(options);
+  return password;
+}
+
+/* libpq echoes parts of a malformed URI in its messages: every occurrence of the password
+ * in text is masked, in place. */
+static void scrub_password(const pg_conn *c, char *text) {
+  char *password = uri_password(c->uri);
+  size_t len = password ? strlen(password) : 0;
+  for (char *hit; len && (hit = strstr(text, password));) {
+    size_t rest = strlen(hit + len);
+    memmove(hit + 3, hit + len, rest + 1);
+    memcpy(hit, "***", 3);
+  }
+  free(password);
+}
+
+/* Writes "TEXT (postgresql URI)" into err and returns code. */
+static int fail_with(const pg_conn *c, int code, const char *prefix, const char *text,
+                     nas_err *err) {
+  char line[sizeof err->msg];
+  one_line(text, line, sizeof line);
+  scrub_password(c, line);
+  return nas_errc(err, code, "%s%s (postgresql %s)", prefix, line, c->shown);
+}
+
+/* ---- connecting -------------------------------------------------------------------------- */
+
+static void conn_drop(pg_conn *c) {
+  PQfinish(c->pg);
+  c->pg = NULL;
+}
+
+/* Whether a failed connection attempt is worth repeating: the server did not answer, or
+ * answered that it is starting or stopping. A server that accepts connections but refused
+ * this one (password, missing database) will refuse the next one too. */
+static bool server_out_of_reach(const char *const *values) {
+  PGPing ping = PQpingParams(connect_keys, values, 1);
+  return ping == PQPING_NO_RESPONSE || ping == PQPING_REJECT;
+}
+
+static int conn_connect(pg_conn *c, nas_err *err) {
+  const char *values[] = {"nas", "10", c->uri, NULL};
+  PGconn *pg = PQconnectdbParams(connect_keys, values, 1);
+  if (!pg) return nas_errf(err, "out of memory");
+  if (PQstatus(pg) != CONNECTION_OK) {
+    int rc = fail_with(c, NAS_ERR, "", PQerrorMessage(pg), err);
+    PQfinish(pg);
+    return server_out_of_reach(values) ? PG_LOST : rc;
+  }
+  c->pg = pg;
+  return pg_exec(c, NULL, err,
+                 "SELECT set_config('idle_in_transaction_session_timeout', '60s', false)", NULL);
+}
+
+static int conn_ensure(pg_conn *c, nas_err *err) {
+  if (c->pg && PQstatus(c->pg) == CONNECTION_OK) return NAS_OK;
+  conn_drop(c);
+  return conn_connect(c, err);
+}
+
+static int retry_budget(double *seconds, nas_err *err) {
+  const char *text = getenv("NAS_STORAGE_RETRY_S");
+  *seconds = PG_RETRY_DEFAULT_S;
+  if (!text) return NAS_OK;
+  char *end = NULL;
+  errno = 0;
+  double value = strtod(text, &end);
+  if (errno || end == text || *end || !(value >= 0 && value <= PG_RETRY_MAX_S)) {
+    return nas_errf(err, "NAS_STORAGE_RETRY_S='%s' is not a number of seconds from 0 to %g",
+                    text, PG_RETRY_MAX_S);
+  }
+  *seconds = value;
+  return NAS_OK;
+}
+
+void pg_conn_close(pg_conn *c) {
+  if (!c) return;
+  conn_drop(c);
+  free(c->uri);
+  free(c->shown);
+  free(c);
+}
+
+static int nothing_to_do(pg_conn *c, const char *token, void *ctx, nas_err *err) {
+  (void)c, (void)token, (void)ctx, (void)err;
+  return NAS_OK;
+}
+
+int pg_conn_open(const char *uri, pg_conn **out, nas_err *err) {
+  pg_conn *c = calloc(1, sizeof *c);
+  if (!c) return nas_errf(err, "out of memory");
+  c->uri = strdup(uri);
+  c->shown = storage_url_redacted(uri);
+  int rc = c->uri && c->shown ? retry_budget(&c->retry_s, err) : nas_errf(err, "out of memory");
+  /* An operation with nothing to do: pg_run connects before each try. */
+  const pg_op connect_only = {.attempt = nothing_to_do};
+  if (rc == NAS_OK) rc = pg_run(c, &connect_only, NULL, err);
+  if (rc != NAS_OK) {
+    pg_conn_close(c);
+    return rc;
+  }
+  *out = c;
+  return NAS_OK;
+}
+
+/* ---- statements -------------------------------------------------------------------------- */
+
+void pg_format_double(char out[32], double value) {
+  if (isnan(value)) snprintf(out, 32, "NaN");
+  else if (isinf(value)) snprintf(out, 32, "%sInfinity", value < 0 ? "-" : "");
+  else snprintf(out, 32, "%.17g", value);
+}
+
+int pg_params_setv(pg_params *p, int first, nas_err *err, const char *types, va_list ap) {
+  int count = (int)strlen(types);
+  if (first < 1 || first - 1 + count > PG_PARAMS_MAX) {
+    return nas_errf(err, "internal error: parameters $%d…$%d", first, first - 1 + count);
+  }
+  for (int k = 0; k < count; k++) {
+    int i = first - 1 + k;
+    p->is_number[i] = types[k] != 't';
+    switch (types[k]) {
+      case 't': p->text[i] = va_arg(ap, const char *); break;
+      case 'i': snprintf(p->number[i], 32, "%" PRId64, va_arg(ap, int64_t)); break;
+      case 'o': {
+        const int64_t *value = va_arg(ap, const int64_t *);
+        p->is_number[i] = value != NULL;
+        p->text[i] = NULL;
+        if (value) snprintf(p->number[i], 32, "%" PRId64, *value);
+        break;
+      }
+      case 'd': pg_format_double(p->number[i], va_arg(ap, double)); break;
+      default: return nas_errf(err, "internal error: parameter type '%c'", types[k]);
+    }
+  }
+  if (first - 1 + count > p->n) p->n = first - 1 + count;
+  return NAS_OK;
+}
+
+int pg_params_set(pg_params *p, int first, nas_err *err, const char *types, ...) {
+  va_list ap;
+  va_start(ap, types);
+  int rc = pg_params_setv(p, first, err, types, ap);
+  va_end(ap);
+  return rc;
+}
+
+/* Connection-exception class 08, and the server stopping or starting (57P01 admin
+ * shutdown, 57P02 crash shutdown, 57P03 cannot connect now). */
+static bool is_connection_state(const char *state) {
+  return state && (strncmp(state, "08", 2) == 0 || strcmp(state, "57P01") == 0 ||
+                   strcmp(state, "57P02") == 0 || strcmp(state, "57P03") == 0);
+}
+
+/* Serialization failure and deadlock: the server rolled back the whole transaction. */
+static bool is_retryable_state(const char *state) {
+  return state && (strcmp(state, "40001") == 0 || strcmp(state, "40P01") == 0);
+}
+
+/* NAS_OK for a result that succeeded, else the code that says what to do about it. */
+static int result_check(pg_conn *c, const PGresult *res, nas_err *err) {
+  ExecStatusType status = res ? PQresultStatus(res) : PGRES_FATAL_ERROR;
+  if (status == PGRES_COMMAND_OK || status == PGRES_TUPLES_OK) return NAS_OK;
+  const char *state = res ? PQresultErrorField(res, PG_DIAG_SQLSTATE) : NULL;
+  const char *primary = res ? PQresultErrorField(res, PG_DIAG_MESSAGE_PRIMARY) : NULL;
+  const char *text = primary ? primary : PQerrorMessage(c->pg);
+  if (PQstatus(c->pg) != CONNECTION_OK || is_connection_state(state)) {
+    int rc = fail_with(c, PG_LOST, "connection lost: ", text, err);
+    conn_drop(c);
+    return rc;
+  }
+  if (is_retryable_state(state)) return fail_with(c, PG_AGAIN, "", text, err);
+  if (!res) return nas_errf(err, "out of memory");
+  return fail_with(c, NAS_ERR, "", text, err);
+}
+
+int pg_exec(pg_conn *c, PGresult **res, nas_err *err, const char *sql, const pg_params *p) {
+  if (!c->pg) return fail_with(c, PG_LOST, "", "not connected", err);
+  const char *values[PG_PARAMS_MAX];
+  int n = p ? p->n : 0;
+  for (int i = 0; i < n; i++) values[i] = p->is_number[i] ? p->number[i] : p->text[i];
+  PGresult *r = PQexecParams(c->pg, sql, n, NULL, values, NULL, NULL, 0);
+  int rc = result_check(c, r, err);
+  if (rc == NAS_OK && res) *res = r;
+  else PQclear(r);
+  return rc;
+}
+
+int pg_exec_script(pg_conn *c, const char *sql, nas_err *err) {
+  if (!c->pg) return fail_with(c, PG_LOST, "", "not connected", err);
+  PGresult *r = PQexec(c->pg, sql);
+  int rc = result_check(c, r, err);
+  PQclear(r);
+  return rc;
+}
+
+int pg_tx_begin(pg_conn *c, nas_err *err) { return pg_exec(c, NULL, err, "BEGIN", NULL); }
+
+int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err) {
+  if (rc == NAS_OK && token) {
+    pg_params p = {0};
+    rc = pg_params_set(&p, 1, err, "ti", token, result);
+    if (rc == NAS_OK) {
+      rc = pg_exec(c, NULL, err,
+                   "INSERT INTO write_receipts (token, result, done) VALUES ($1, $2, true)", &p);
+    }
+  }
+  if (rc == NAS_OK) rc = pg_exec(c, NULL, err, "COMMIT", NULL);
+  /* A failed rollback is not reported over the error that caused it: the server rolls
+   * the transaction back itself when the connection ends. */
+  if (c->pg && PQtransactionStatus(c->pg) != PQTRANS_IDLE) PQclear(PQexec(c->pg, "ROLLBACK"));
+  return rc;
+}
+
+int64_t pg_int(const PGresult *res, int row, int col) {
+  return PQgetisnull(res, row, col) ? 0 : strtoll(PQgetvalue(res, row, col), NULL, 10);
+}
+
+/* float8's text output is the shortest that reads back exactly, NaN and Infinity
+ * included, all of which strtod reads. */
+double pg_double(const PGresult *res, int row, int col) {
+  return PQgetisnull(res, row, col) ? 0 : strtod(PQgetvalue(res, row, col), NULL);
+}
+
+int pg_text(const PGresult *res, int row, int col, char **out, nas_err *err) {
+  *out = NULL;
+  if (PQgetisnull(res, row, col)) return NAS_OK;
+  *out = strdup(PQgetvalue(res, row, col));
+  return *out ? NAS_OK : nas_errf(err, "out of memory");
+}
+
+/* ---- operations ----------------------------------------------------------------------------- */
+
+#define TOKEN_BYTES 16
+
+/* A fresh receipt token: 128 random bits in hex, so two tries never share one. */
+static int token_new(char out[2 * TOKEN_BYTES + 1], nas_err *err) {
+  unsigned char bytes[TOKEN_BYTES];
+  if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+    return nas_errf(err, "cannot draw a receipt token: %s", strerror(errno));
+  }
+  for (int i = 0; i < TOKEN_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", bytes[i]);
+  return NAS_OK;
+}
+
+typedef enum {
+  PHASE_TRY,     /* the next step is a try of the operation */
+  PHASE_SETTLE,  /* a try with the current token may have committed: find out first */
+  PHASE_RECOVER, /* it did: read back its outcome */
+} run_phase;
+
+/* Learns whether the lost try with token committed (see pg_conn.h): *phase becomes
+ * PHASE_RECOVER with *result from its receipt, or PHASE_TRY with a new token. */
+static int settle(pg_conn *c, char *token, run_phase *phase, int64_t *result, nas_err *err) {
+  pg_params p = {0};
+  PGresult *res = NULL;
+  int rc = pg_params_set(&p, 1, err, "t", token);
+  if (rc == NAS_OK) {
+    rc = pg_exec(c, &res, err,
+                 "INSERT INTO write_receipts (token, done) VALUES ($1, false)"
+                 " ON CONFLICT (token) DO NOTHING RETURNING token",
+                 &p);
+  }
+  if (rc != NAS_OK) return rc;
+  bool fenced = PQntuples(res) == 1;
+  PQclear(res);
+  if (fenced) {
+    *phase = PHASE_TRY;
+    return token_new(token, err);
+  }
+  rc = pg_exec(c, &res, err, "SELECT result FROM write_receipts WHERE token = $1 AND done", &p);
+  if (rc != NAS_OK) return rc;
+  if (PQntuples(res) == 1) {
+    *result = pg_int(res, 0, 0);
+    *phase = PHASE_RECOVER;
+  } else {
+    rc = nas_errf(err, "internal error: receipt %s is neither committed nor fenced", token);
+  }
+  PQclear(res);
+  return rc;
+}
+
+typedef struct backoff {
+  double deadline; /* monotonic seconds after which no retry starts */
+  double delay;    /* the next wait */
+} backoff;
+
+/* Waits before the next retry; false when that would pass the deadline. */
+static bool backoff_wait(backoff *b) {
+  if (nas_monotonic() + b->delay > b->deadline) return false;
+  nas_sleep(b->delay);
+  b->delay = b->delay == 0 ? PG_BACKOFF_FIRST_S : fmin(2 * b->delay, PG_BACKOFF_MAX_S);
+  return true;
+}
+
+static int give_up(const pg_conn *c, bool unsettled, nas_err *err) {
+  if (unsettled) {
+    nas_err_prefix(err, "the connection broke after the write was sent and the server stayed "
+                        "out of reach for %g s, so whether it was stored is unknown", c->retry_s);
+  } else {
+    nas_err_prefix(err, "gave up after %g s of retries", c->retry_s);
+  }
+  return NAS_ERR;
+}
+
+int pg_run(pg_conn *c, const pg_op *op, void *ctx, nas_err *err) {
+  backoff b = {.deadline = nas_monotonic() + c->retry_s, .delay = 0};
+  char token[2 * TOKEN_BYTES + 1] = "";
+  run_phase phase = PHASE_TRY;
+  int64_t result = 0;
+  if (op->receipt && token_new(token, err) != NAS_OK) return NAS_ERR;
+  for (;;) {
+    int rc = conn_ensure(c, err);
+    if (rc == NAS_OK && phase == PHASE_SETTLE) rc = settle(c, token, &phase, &result, err);
+    if (rc == NAS_OK && phase == PHASE_TRY) {
+      rc = op->attempt(c, op->receipt ? token : NULL, ctx, err);
+      if (rc == PG_LOST && op->receipt) phase = PHASE_SETTLE;
+    }
+    if (rc == NAS_OK && phase == PHASE_RECOVER && op->recover) {
+      rc = op->recover(c, result, ctx, err);
+    }
+    if (rc != PG_LOST && rc != PG_AGAIN) return rc;
+    if (!backoff_wait(&b)) return give_up(c, phase == PHASE_SETTLE, err);
+  }
+}

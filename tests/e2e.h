@@ -1,0 +1,88 @@
+/* Helpers for end-to-end tests: a temporary folder with its own SQLite storage, running
+ * the real bin/nas there, and reading its JSON output. */
+#ifndef NAS_TESTS_E2E_H
+#define NAS_TESTS_E2E_H
+
+#include <jansson.h>
+#include <signal.h>
+
+#include "tests/testutil.h"
+
+typedef struct {
+  char *dir;    /* temporary working folder of the test */
+  char *db;     /* "sqlite:<dir>/nas.db" */
+} fixture;
+
+static inline int setup(void **state) {
+  fixture *f = calloc(1, sizeof *f);
+  f->dir = test_tmpdir();
+  assert_non_null(f->dir);
+  assert_true(asprintf(&f->db, "sqlite:%s/nas.db", f->dir) > 0);
+  *state = f;
+  return 0;
+}
+
+static inline int teardown(void **state) {
+  fixture *f = *state;
+  test_rmtree(f->dir);
+  free(f->dir);
+  free(f->db);
+  free(f);
+  return 0;
+}
+
+static inline const char *examples_bin(void) {
+  const char *dir = getenv("NAS_EXAMPLES_BIN");
+  return dir ? dir : "bin";
+}
+
+/* Runs `nas ARGS…` in the fixture folder with --storage; returns the exit status. */
+static inline int nas(fixture *f, char **output, const char *cmd, const char *arg, const char *extra) {
+  char *argv[] = {(char *)test_nas_bin(), (char *)cmd, (char *)arg, "--storage", f->db,
+                  (char *)extra, NULL};
+  if (!arg) argv[2] = "--storage", argv[3] = f->db, argv[4] = (char *)extra, argv[5] = NULL;
+  return test_run(f->dir, argv, output);
+}
+
+/* `nas trials NAME --format json`, parsed. */
+static inline json_t *trials_json(fixture *f, const char *name) {
+  char *out;
+  assert_int_equal(nas(f, &out, "trials", name, "--format=json"), 0);
+  json_error_t jerr;
+  json_t *rows = json_loads(out, 0, &jerr);
+  if (!rows) fail_msg("trials output is not JSON (%s): %s", jerr.text, out);
+  free(out);
+  assert_true(json_is_array(rows));
+  return rows;
+}
+
+static inline size_t count_status(const json_t *rows, const char *status) {
+  size_t n = 0, i;
+  json_t *row;
+  json_array_foreach(rows, i, row)
+    n += strcmp(json_string_value(json_object_get(row, "status")), status) == 0;
+  return n;
+}
+
+static inline double num(const json_t *row, const char *key) {
+  const json_t *v = json_object_get(row, key);
+  assert_true(json_is_number(v));
+  return json_number_value(v);
+}
+
+/* Starts `nas run` in the background; returns its pid. */
+static inline pid_t start_nas_run(fixture *f, const char *spec) {
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (chdir(f->dir) != 0) _exit(126);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1), dup2(null, 2);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", f->db, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  return pid;
+}
+
+#endif

@@ -1,0 +1,400 @@
+/* Built-in trials: the model builders' counts against counts done by hand, the latency
+ * measurement, named datasets, and the real bin/nas running `nas worker` for built-in
+ * trials on scikit-learn's digits (tests/data), end to end: every metric stored, weights
+ * saved and loadable, a front found, and a killed worker leaving no final metric. */
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+
+#include "metrics/metrics.h"
+#include "storage/storage.h"
+#include "tests/e2e.h"
+#include "trainer/trainer.h"
+
+/* ---- model builders ---- */
+
+static tr_model build_mlp(tr_ctx *ctx, const tr_mlp_config *cfg, tr_input_shape in) {
+  tr_model m;
+  int rc = tr_mlp_build(ctx, cfg, in, 10, &m);
+  if (rc) fail_msg("mlp: %s", ctx->err.msg);
+  assert_int_equal(m.params, tr_module_param_count(m.module));
+  return m;
+}
+
+static tr_model build_cnn(tr_ctx *ctx, const tr_cnn_config *cfg, tr_input_shape in) {
+  tr_model m;
+  int rc = tr_cnn_build(ctx, cfg, in, 10, &m);
+  if (rc) fail_msg("cnn: %s", ctx->err.msg);
+  assert_int_equal(m.params, tr_module_param_count(m.module));
+  return m;
+}
+
+static void mlp_counts_match_hand_counts(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_input_shape digits = {1, 8, 8};
+  tr_mlp_config cfg = {.layers = 2, .widths = {32, 16}, .activation = TR_RELU, .dropout = 0.2};
+  tr_model m = build_mlp(&ctx, &cfg, digits);
+  /* 64→32, 32→16, 16→10, each with a bias. */
+  assert_int_equal(m.params, (64 * 32 + 32) + (32 * 16 + 16) + (16 * 10 + 10));
+  assert_int_equal(m.buffers, 0);
+  assert_int_equal(m.flops, (2 * 64 * 32 + 32) + (2 * 32 * 16 + 16) + (2 * 16 * 10 + 10));
+  tr_model_free(&m);
+  /* Batch norm: a scale and shift per unit, and two running statistics per unit. */
+  cfg.norm = TR_NORM_BATCH;
+  m = build_mlp(&ctx, &cfg, digits);
+  assert_int_equal(m.params, 2874); /* 2080 + 64 + 528 + 32 + 170 */
+  assert_int_equal(m.buffers, 2 * 32 + 2 * 16);
+  tr_model_free(&m);
+  cfg = (tr_mlp_config){.layers = 1, .widths = {100}, .activation = TR_TANH, .norm = TR_NORM_LAYER};
+  m = build_mlp(&ctx, &cfg, (tr_input_shape){1, 28, 28});
+  assert_int_equal(m.params, (784 * 100 + 100) + 200 + (100 * 10 + 10));
+  assert_int_equal(m.buffers, 0);
+  tr_model_free(&m);
+}
+
+static void cnn_counts_match_hand_counts(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 2);
+  tr_cnn_config cfg = {.stages = 2, .channels = {4, 8}, .kernel = 3, .pool = TR_MAXPOOL2D,
+                       .head_width = 16, .activation = TR_RELU};
+  tr_model m = build_cnn(&ctx, &cfg, (tr_input_shape){1, 8, 8});
+  /* conv 1→4 3x3 (+4) on 8x8, pool → 4x4; conv 4→8 (+8) on 4x4, pool → 2x2; 32→16→10. */
+  assert_int_equal(m.params, (1 * 4 * 9 + 4) + (4 * 8 * 9 + 8) + (32 * 16 + 16) + (16 * 10 + 10));
+  assert_int_equal(m.flops, (2 * 36 * 64 + 4 * 64) + (2 * 288 * 16 + 8 * 16) + (2 * 32 * 16 + 16) +
+                                (2 * 16 * 10 + 10));
+  tr_model_free(&m);
+  /* Batch norm drops the conv bias; no head; 5x5 kernels; pools take 28 → 14 → 7 → 3 → 1
+   * and the fifth stage, on one pixel, has none. */
+  cfg = (tr_cnn_config){.stages = 5, .channels = {2, 2, 2, 2, 2}, .kernel = 5,
+                        .pool = TR_AVGPOOL2D, .activation = TR_GELU, .norm = TR_NORM_BATCH,
+                        .dropout = 0.5};
+  m = build_cnn(&ctx, &cfg, (tr_input_shape){1, 28, 28});
+  assert_int_equal(m.params, (1 * 2 * 25 + 4) + 4 * (2 * 2 * 25 + 4) + (2 * 1 * 1 * 10 + 10));
+  assert_int_equal(m.buffers, 5 * 2 * 2);
+  tr_model_free(&m);
+  cfg.norm = TR_NORM_LAYER;
+  tr_model none;
+  assert_int_equal(tr_cnn_build(&ctx, &cfg, (tr_input_shape){1, 28, 28}, 10, &none), NAS_ERR);
+  assert_null(none.module);
+}
+
+/* A built model runs: a forward pass gives one row of class scores per example. */
+static void built_models_run_forward(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_cnn_config cfg = {.stages = 3, .channels = {3, 5, 7}, .kernel = 3, .pool = TR_MAXPOOL2D,
+                       .head_width = 6, .activation = TR_RELU, .norm = TR_NORM_BATCH};
+  tr_model m = build_cnn(&ctx, &cfg, (tr_input_shape){1, 8, 8});
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 4, (int64_t[]){5, 1, 8, 8}, 1.0);
+  tr_tensor *y = tr_module_forward(&ctx, m.module, x);
+  if (!y) fail_msg("forward: %s", ctx.err.msg);
+  assert_int_equal(y->ndim, 2);
+  assert_int_equal(y->shape[0], 5);
+  assert_int_equal(y->shape[1], 10);
+  tr_free(y);
+  tr_free(x);
+  tr_model_free(&m);
+}
+
+/* ---- latency ---- */
+
+/* A request that spins for 20 µs, and for 200 µs on every 10th call. */
+static int spin(void *arg, nas_err *err) {
+  (void)err;
+  int *calls = arg;
+  double until = nas_monotonic() + (++*calls % 10 == 0 ? 200e-6 : 20e-6);
+  while (nas_monotonic() < until) {
+  }
+  return NAS_OK;
+}
+
+static int fail_third(void *arg, nas_err *err) {
+  int *calls = arg;
+  return ++*calls == 3 ? nas_errf(err, "model gone") : NAS_OK;
+}
+
+static void latency_percentiles_are_positive_and_ordered(void **state) {
+  (void)state;
+  int calls = 0;
+  metric_latency lat;
+  nas_err err;
+  assert_int_equal(metric_latency_measure(spin, &calls, 10, 200, &lat, &err), NAS_OK);
+  assert_int_equal(calls, 210);
+  assert_int_equal(lat.runs, 200);
+  assert_true(lat.min_ms > 0);
+  assert_true(lat.min_ms <= lat.p50_ms && lat.p50_ms <= lat.p99_ms && lat.p99_ms <= lat.max_ms);
+  assert_true(lat.p50_ms >= 0.02);  /* every request spins at least 20 µs */
+  assert_true(lat.p99_ms >= 0.2);   /* 10% of them spin 200 µs */
+  calls = 0;
+  assert_int_equal(metric_latency_measure(fail_third, &calls, 1, 5, &lat, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "latency: request 2: model gone"));
+  assert_int_equal(metric_latency_measure(spin, &calls, 0, 0, &lat, &err), NAS_ERR);
+}
+
+static void percentiles_use_the_nearest_rank(void **state) {
+  (void)state;
+  double v[100];
+  for (int i = 0; i < 100; i++) v[i] = i + 1;
+  assert_true(metric_percentile(v, 100, 50) == 50);
+  assert_true(metric_percentile(v, 100, 99) == 99);
+  assert_true(metric_percentile(v, 100, 100) == 100);
+  assert_true(metric_percentile(v, 3, 50) == 2);  /* rank ceil(1.5) = 2 */
+  assert_true(metric_percentile(v, 3, 99) == 3);
+  assert_true(metric_percentile(v, 1, 1) == 1);
+}
+
+/* ---- datasets ---- */
+
+static void digits_load_by_name_as_8x8_images(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 4);
+  tr_named_dataset nd;
+  nas_err err;
+  const char *const dirs[] = {"/nonexistent", "tests/data", NULL};
+  if (tr_named_dataset_load(&ctx, "digits", dirs, &nd, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(nd.train.n, 1797);
+  assert_int_equal(nd.train.nclasses, 10);
+  assert_int_equal(nd.test.n, 0);
+  assert_int_equal(nd.shape.channels, 1);
+  assert_int_equal(nd.shape.height, 8);
+  assert_int_equal(nd.train.x->ndim, 4);
+  assert_int_equal(nd.train.x->shape[3], 8);
+  assert_int_equal(tr_dataset_truncate(&ctx, &nd.train, 100, &err), NAS_OK);
+  assert_int_equal(nd.train.n, 100);
+  assert_int_equal(nd.train.x->shape[0], 100);
+  tr_dataset *const parts[] = {&nd.train};
+  assert_int_equal(tr_standardize(&nd.train, parts, 1, &err), NAS_OK);
+  double sum = 0, sum2 = 0;
+  for (int64_t i = 0; i < nd.train.x->numel; i++) sum += tr_get(nd.train.x, i);
+  for (int64_t i = 0; i < nd.train.x->numel; i++) sum2 += pow(tr_get(nd.train.x, i), 2);
+  assert_true(fabs(sum / (double)nd.train.x->numel) < 1e-4);
+  assert_true(fabs(sum2 / (double)nd.train.x->numel - 1) < 1e-3);
+  tr_named_dataset_free(&nd);
+  assert_int_equal(tr_named_dataset_load(&ctx, "digits", dirs + 2, &nd, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "dataset 'digits' not found"));
+}
+
+/* A CSV path: 3 features are no square image, so each example is 3×1×1. */
+static void csv_paths_load_with_their_shape(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = test_write(dir, "small.csv", "a,b,c,label\n1,2,3,0\n4,5,6,1\n7,8,9,2\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_named_dataset nd;
+  nas_err err;
+  if (tr_named_dataset_load(&ctx, path, NULL, &nd, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(nd.train.n, 3);
+  assert_int_equal(nd.shape.channels, 3);
+  assert_int_equal(nd.shape.height, 1);
+  assert_int_equal(nd.train.nclasses, 3);
+  tr_named_dataset_free(&nd);
+  assert_int_equal(tr_named_dataset_load(&ctx, "/nonexistent/x.csv", NULL, &nd, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "no such file or folder"));
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* ---- end to end: bin/nas and `nas worker` ---- */
+
+static const char *const final_metrics[] = {
+    METRIC_ACCURACY,    METRIC_PARAMS,      METRIC_MODEL_BYTES,   METRIC_FLOPS,
+    METRIC_LATENCY_P50, METRIC_LATENCY_P99, METRIC_TRAIN_SECONDS, NULL};
+
+/* A built-in experiment on digits; `settings` go into the builtin section. */
+static char *digits_spec(fixture *f, const char *name, const char *settings, int trials,
+                         int parallel, const char *timeout) {
+  char *text;
+  assert_true(asprintf(&text,
+                       "name: %s\n"
+                       "seed: 3\n"
+                       "parameters:\n"
+                       "  layers: {type: int, low: 1, high: 3}\n"
+                       "  width: {type: int, low: 8, high: 64, log: true}\n"
+                       "  width3: {type: int, low: 4, high: 16, when: \"layers >= 3\"}\n"
+                       "  lr: {type: float, low: 0.003, high: 0.03, log: true}\n"
+                       "objectives:\n"
+                       "  - {name: accuracy, goal: maximize}\n"
+                       "  - {name: params, goal: minimize}\n"
+                       "trial:\n"
+                       "  builtin: {model: mlp, dataset: digits, %s}\n"
+                       "  timeout: %s\n"
+                       "budget: {trials: %d, parallel: %d}\n"
+                       "optimizer: {type: random}\n",
+                       name, settings, timeout, trials, parallel) > 0);
+  char *file;
+  assert_true(asprintf(&file, "%s.yaml", name) > 0);
+  char *path = test_write(f->dir, file, text);
+  free(file);
+  free(text);
+  return path;
+}
+
+/* The stored observations of the experiment's trials. */
+static metric_row *stored_metrics(fixture *f, const char *name, size_t *n) {
+  storage *st;
+  experiment_row exp;
+  metric_row *rows;
+  nas_err err;
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_int_equal(storage_metrics_list(st, exp.id, &rows, n, &err), NAS_OK);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return rows;
+}
+
+static bool has_metric(const metric_row *rows, size_t n, const char *name, int64_t step) {
+  for (size_t i = 0; i < n; i++)
+    if (strcmp(rows[i].name, name) == 0 && rows[i].step == step) return true;
+  return false;
+}
+
+/* The weights the worker saved load into the same architecture built anew. */
+static void assert_weights_load(fixture *f, const char *name, const json_t *trial,
+                                tr_norm_kind norm) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 9);
+  json_int_t layers = json_integer_value(json_object_get(trial, "layers"));
+  tr_mlp_config cfg = {.layers = (int)layers, .activation = TR_RELU, .norm = norm};
+  for (int i = 0; i < layers; i++)
+    cfg.widths[i] = json_integer_value(json_object_get(trial, i == 2 ? "width3" : "width"));
+  tr_model m;
+  assert_int_equal(tr_mlp_build(&ctx, &cfg, (tr_input_shape){1, 8, 8}, 10, &m), NAS_OK);
+  assert_int_equal(m.params, (int64_t)num(trial, "params"));
+  char *weights;
+  assert_true(asprintf(&weights, "%s/runs/%s/%d/weights.nasw", f->dir, name,
+                       (int)num(trial, "trial")) > 0);
+  nas_err err;
+  if (tr_module_load(m.module, weights, &err)) fail_msg("%s", err.msg);
+  free(weights);
+  tr_model_free(&m);
+}
+
+static void worker_stores_every_metric_and_the_weights(void **state) {
+  fixture *f = *state;
+  char *spec = digits_spec(f, "one", "epochs: 2, limit_train: 400, norm: batch", 1, 1, "2m"), *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "one");
+  assert_int_equal(count_status(rows, "completed"), 1);
+  json_t *trial = json_array_get(rows, 0);
+  for (const char *const *m = final_metrics; *m; m++) assert_true(num(trial, *m) >= 0);
+  assert_true(num(trial, METRIC_ACCURACY) > 0.1 && num(trial, METRIC_ACCURACY) <= 1);
+  assert_true(num(trial, METRIC_PARAMS) > 0 && num(trial, METRIC_FLOPS) > num(trial, METRIC_PARAMS));
+  assert_true(num(trial, METRIC_LATENCY_P50) > 0);
+  assert_true(num(trial, METRIC_LATENCY_P50) <= num(trial, METRIC_LATENCY_P99));
+  /* Parameters and batch norm's running statistics, 4 bytes each. */
+  assert_true(num(trial, METRIC_MODEL_BYTES) > 4 * num(trial, METRIC_PARAMS));
+  assert_null(json_object_get(trial, METRIC_TEST_ACCURACY)); /* digits has no test split */
+  size_t n;
+  metric_row *metrics = stored_metrics(f, "one", &n);
+  assert_true(has_metric(metrics, n, METRIC_ACCURACY, 1)); /* after each epoch */
+  assert_true(has_metric(metrics, n, METRIC_ACCURACY, 2));
+  metric_rows_free(metrics, n);
+  char *log;
+  assert_true(asprintf(&log, "%s/runs/one/0/stdout.log", f->dir) > 0);
+  char *text = NULL;
+  size_t len;
+  nas_err err;
+  assert_int_equal(nas_read_file(log, &text, &len, &err), NAS_OK);
+  assert_non_null(strstr(text, "epoch 2/2: training loss"));
+  assert_null(strstr(text, "nas-metric")); /* stored directly, never read twice */
+  free(text);
+  free(log);
+  assert_weights_load(f, "one", trial, TR_NORM_BATCH);
+  json_decref(rows);
+  free(spec);
+}
+
+static void builtin_experiment_finds_a_front(void **state) {
+  fixture *f = *state;
+  char *spec = digits_spec(f, "few", "epochs: 1, limit_train: 300, activation: tanh", 4, 2, "2m"), *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "few");
+  assert_int_equal(count_status(rows, "completed"), 4);
+  json_decref(rows);
+  assert_int_equal(nas(f, &out, "pareto", "few", "--format=json"), 0);
+  json_t *pareto = json_loads(out, 0, NULL);
+  free(out);
+  assert_non_null(pareto);
+  assert_true(json_array_size(json_object_get(pareto, "front")) >= 1);
+  assert_true(json_number_value(json_object_get(pareto, "hypervolume")) > 0);
+  json_decref(pareto);
+  free(spec);
+}
+
+/* Killed at its time limit mid-training: intermediate values, but no final metric. */
+static void killed_worker_leaves_no_final_metric(void **state) {
+  fixture *f = *state;
+  char *spec = digits_spec(f, "killed", "epochs: 100000, limit_train: 50", 1, 1, "1.5s"), *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  free(out);
+  assert_int_equal(rc, 0);
+  json_t *rows = trials_json(f, "killed");
+  assert_int_equal(count_status(rows, "timeout"), 1);
+  json_decref(rows);
+  size_t n;
+  metric_row *metrics = stored_metrics(f, "killed", &n);
+  assert_true(has_metric(metrics, n, METRIC_ACCURACY, 1));
+  for (size_t i = 0; i < n; i++) assert_int_not_equal(metrics[i].step, METRIC_FINAL);
+  metric_rows_free(metrics, n);
+  free(spec);
+}
+
+/* A dataset that is not there: the worker fails with the reason in its stderr. */
+static void missing_dataset_fails_the_trial_with_the_reason(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "gone.yaml",
+                          "name: gone\n"
+                          "parameters:\n  width: {type: int, low: 8, high: 16}\n"
+                          "objectives: [{name: accuracy, goal: maximize}]\n"
+                          "trial:\n  builtin: {model: mlp, dataset: ./nowhere.csv}\n"
+                          "budget: {trials: 1}\n"),
+       *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, "gone");
+  assert_int_equal(count_status(rows, "failed"), 1);
+  json_decref(rows);
+  char *log, *text = NULL;
+  size_t len;
+  nas_err err;
+  assert_true(asprintf(&log, "%s/runs/gone/0/stderr.log", f->dir) > 0);
+  assert_int_equal(nas_read_file(log, &text, &len, &err), NAS_OK);
+  assert_non_null(strstr(text, "nowhere.csv: no such file or folder"));
+  free(text);
+  free(log);
+  free(spec);
+}
+
+int main(void) {
+  /* The worker bin/nas starts finds digits here, wherever the binary is. */
+  char *data = realpath("tests/data", NULL);
+  if (data) setenv("NAS_DATA_DIR", data, 1);
+  free(data);
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(mlp_counts_match_hand_counts),
+      cmocka_unit_test(cnn_counts_match_hand_counts),
+      cmocka_unit_test(built_models_run_forward),
+      cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
+      cmocka_unit_test(percentiles_use_the_nearest_rank),
+      cmocka_unit_test(digits_load_by_name_as_8x8_images),
+      cmocka_unit_test(csv_paths_load_with_their_shape),
+      cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
+      cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
+      cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
+      cmocka_unit_test_setup_teardown(missing_dataset_fails_the_trial_with_the_reason, setup,
+                                      teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,235 @@
+/* End-to-end recovery and stopping: the real bin/nas with real trial processes. A lost
+ * trial is retried, a silent one is retried then failed, too many failures stop the run,
+ * `nas stop` works from another process, early stopping ends bad trials, and a scheduler
+ * killed with -9 at random moments resumes to exactly its budget with nothing run twice. */
+#include <dirent.h>
+#include <sys/stat.h>
+
+#include "common/common.h"
+#include "tests/e2e.h"
+
+static void run_ok(fixture *f, const char *spec) {
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  free(out);
+}
+
+static const json_t *row_of(const json_t *rows, json_int_t number) {
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row)
+    if (json_integer_value(json_object_get(row, "trial")) == number) return row;
+  fail_msg("no trial %lld", (long long)number);
+  return NULL;
+}
+
+static void lost_trial_is_retried_and_completes(void **state) {
+  fixture *f = *state;
+  /* The first attempt kills its own monitor (the process nas watches it through). */
+  char *spec = test_write(f->dir, "lost.yaml",
+                          "name: lost\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'if [ $NAS_ATTEMPT = 1 ]; then kill -9 $PPID; sleep 5; fi;"
+                          " echo \"nas-metric {{\\\"y\\\": {x}}}\"']\n"
+                          "  max_attempts: 2\n"
+                          "budget: {trials: 1}\n");
+  run_ok(f, spec);
+  json_t *rows = trials_json(f, "lost");
+  assert_int_equal(json_array_size(rows), 1);
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "completed");
+  char *second;
+  assert_true(asprintf(&second, "%s/runs/lost/0.2/stdout.log", f->dir) > 0);
+  struct stat sb;
+  assert_int_equal(stat(second, &sb), 0); /* the retry ran in its own folder */
+  free(second);
+  json_decref(rows);
+  free(spec);
+}
+
+static void silent_trial_is_retried_then_failed(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "silent.yaml",
+                          "name: silent\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sleep, '30'], heartbeat_timeout: 1s, max_attempts: 2}\n"
+                          "budget: {trials: 1}\n"
+                          "runner: {type: local, kill_grace: 1}\n");
+  double start = nas_now();
+  run_ok(f, spec);
+  assert_true(nas_now() - start < 15);
+  json_t *rows = trials_json(f, "silent");
+  const json_t *row = row_of(rows, 0);
+  assert_string_equal(json_string_value(json_object_get(row, "status")), "failed");
+  const char *error = json_string_value(json_object_get(row, "error"));
+  assert_non_null(strstr(error, "no output nor heartbeat"));
+  assert_non_null(strstr(error, "each of its 2 attempts"));
+  json_decref(rows);
+  free(spec);
+}
+
+static void too_many_failures_stop_the_run_with_status_4(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "failing.yaml",
+                          "name: failing\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo typo >&2; exit 2']}\n"
+                          "budget: {trials: 40, parallel: 2}\n");
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 4);
+  assert_non_null(strstr(out, "max_failure_rate"));
+  free(out);
+  json_t *rows = trials_json(f, "failing");
+  assert_true(json_array_size(rows) >= 5 && json_array_size(rows) <= 8);
+  assert_int_equal(count_status(rows, "failed"), json_array_size(rows));
+  json_decref(rows);
+  free(spec);
+}
+
+static void nas_stop_from_another_process_stops_the_run(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "long.yaml",
+                          "name: long\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sleep, '30']}\n"
+                          "budget: {trials: 10, parallel: 2}\n"
+                          "runner: {type: local, kill_grace: 1}\n");
+  pid_t pid = start_nas_run(f, spec);
+  nas_sleep_ms(1000);
+  char *out;
+  double start = nas_now();
+  assert_int_equal(nas(f, &out, "stop", "long", NULL), 0);
+  free(out);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(nas_now() - start < 10);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 3);
+  json_t *rows = trials_json(f, "long");
+  assert_int_equal(json_array_size(rows), 2);
+  assert_int_equal(count_status(rows, "stopped"), 2);
+  json_decref(rows);
+  free(spec);
+}
+
+static void early_stopping_ends_bad_trials_and_keeps_good_ones(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(
+      f->dir, "curves.yaml",
+      "name: curves\n"
+      "seed: 3\n"
+      "parameters:\n"
+      "  quality: {type: categorical, choices: [good, bad]}\n"
+      "  x: {type: float, low: 0, high: 1}\n"
+      "objectives: [{name: loss, goal: minimize}]\n"
+      "trial:\n"
+      "  command: [sh, -c, 'for s in 1 2 3 4 5 6 7 8; do\n"
+      "      if [ {quality} = good ]; then v=0.$((9 - s)); else v=5; fi;\n"
+      "      echo \"nas-metric {{\\\"loss\\\": $v, \\\"step\\\": $s}}\"; sleep 0.25; done;\n"
+      "    echo \"nas-metric {{\\\"loss\\\": $v}}\"']\n"
+      "budget: {trials: 10, parallel: 5}\n"
+      "optimizer: {type: random}\n"
+      "early_stopping: {rule: median, min_steps: 2, min_trials: 2}\n"
+      "runner: {type: local, kill_grace: 1}\n");
+  run_ok(f, spec);
+  json_t *rows = trials_json(f, "curves");
+  size_t i, bad_stopped = 0, bad = 0;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    const char *quality = json_string_value(json_object_get(row, "quality"));
+    const char *status = json_string_value(json_object_get(row, "status"));
+    if (strcmp(quality, "good") == 0) {
+      assert_string_equal(status, "completed");
+    } else {
+      bad++;
+      bad_stopped += strcmp(status, "stopped") == 0;
+    }
+  }
+  assert_true(bad > 0);
+  assert_true(bad_stopped > 0);
+  json_decref(rows);
+  free(spec);
+}
+
+/* Lines starting "nas-metric" in the stdout.log of one run folder. */
+static int metric_lines_in(const char *path) {
+  FILE *in = fopen(path, "r");
+  if (!in) return 0;
+  char line[512];
+  int n = 0;
+  while (fgets(line, sizeof line, in)) n += strncmp(line, "nas-metric", 10) == 0;
+  fclose(in);
+  return n;
+}
+
+/* Metric lines a trial printed over all its attempts (runs/crash/N, N.2, N.3, …). */
+static int metric_lines(const char *dir, long long number) {
+  int total = 0;
+  for (int attempt = 1; attempt <= 3; attempt++) {
+    char *path;
+    if (attempt == 1) assert_true(asprintf(&path, "%s/runs/crash/%lld/stdout.log", dir, number) > 0);
+    else assert_true(asprintf(&path, "%s/runs/crash/%lld.%d/stdout.log", dir, number, attempt) > 0);
+    total += metric_lines_in(path);
+    free(path);
+  }
+  return total;
+}
+
+static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "crash.yaml",
+                          "name: crash\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 0.{x}; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 6, parallel: 3}\n"
+                          "optimizer: {type: random}\n");
+  unsigned seed = 20261123;
+  for (int run = 0; run < 20; run++) {
+    char *db;
+    assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+    unlink(db);
+    free(db);
+    test_rmtree_child(f->dir, "runs");
+    pid_t pid = start_nas_run(f, spec);
+    nas_sleep_ms(50 + (long)(rand_r(&seed) % 900));
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+    /* `nas run` again continues the experiment (or starts it, when the kill came before
+     * it was even created); `nas resume` is the same loop, tested elsewhere. */
+    char *out;
+    int rc = nas(f, &out, "run", spec, "--no-progress");
+    if (rc != 0) fail_msg("run %d: second nas run exited %d: %s", run, rc, out);
+    free(out);
+    json_t *rows = trials_json(f, "crash");
+    assert_int_equal(json_array_size(rows), 6);
+    assert_int_equal(count_status(rows, "completed"), 6);
+    size_t i, j;
+    json_t *a, *b;
+    json_array_foreach(rows, i, a) {
+      json_array_foreach(rows, j, b) if (i < j) assert_true(num(a, "x") != num(b, "x"));
+      assert_true(num(a, "y") == num(a, "x"));
+      long long number = (long long)json_integer_value(json_object_get(a, "trial"));
+      assert_int_equal(metric_lines(f->dir, number), 1); /* ran once, not twice */
+    }
+    json_decref(rows);
+  }
+  free(spec);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(lost_trial_is_retried_and_completes, setup, teardown),
+      cmocka_unit_test_setup_teardown(silent_trial_is_retried_then_failed, setup, teardown),
+      cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
+      cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,168 @@
+/* Scheduler decisions that need no processes: early stopping on constructed learning
+ * curves (median and ASHA, one and two objectives) and the patience rule. */
+#include <math.h>
+
+#include "scheduler/scheduler.h"
+#include "tests/testutil.h"
+
+static spec *load(const char *early_stopping, const char *objectives, const char *budget) {
+  char *text;
+  assert_true(asprintf(&text,
+                       "name: t\nparameters:\n  x: {type: float, low: 0, high: 1}\n"
+                       "objectives: %s\ntrial: {command: [run]}\nbudget: %s\n%s\n",
+                       objectives, budget, early_stopping) > 0);
+  spec *s;
+  nas_err err;
+  if (spec_parse(text, "t.yaml", "/tmp", &s, &err) != NAS_OK) fail_msg("%s", err.msg);
+  free(text);
+  return s;
+}
+
+/* A curve reporting value v(step) = start + slope·step at steps 1..n (one objective). */
+static sched_curve line(int64_t id, size_t n, double start, double slope) {
+  sched_curve c = {.trial_id = id, .n_steps = n};
+  c.steps = malloc(n * sizeof *c.steps);
+  c.values = malloc(n * sizeof *c.values);
+  for (size_t k = 0; k < n; k++) {
+    c.steps[k] = (int64_t)k + 1;
+    c.values[k] = start + slope * (double)(k + 1);
+  }
+  return c;
+}
+
+static void free_curves(sched_curve *c, size_t n) {
+  for (size_t i = 0; i < n; i++) free(c[i].steps), free(c[i].values);
+}
+
+/* Ten trials minimising a loss: eight good ones on the same descending curve and two
+ * clearly bad ones stuck near 5; the median rule must stop exactly the two bad ones. (The
+ * median rule stops whatever is worse than half of its peers, so good trials that differ
+ * would lose their worse half too: that is the rule, not a fault.) */
+static void median_rule_stops_the_clearly_bad_trials_and_no_others(void **state) {
+  (void)state;
+  spec *s = load("early_stopping: {rule: median, min_steps: 2, min_trials: 4}",
+                 "[{name: loss, goal: minimize}]", "{trials: 10}");
+  sched_curve curves[10];
+  for (int i = 0; i < 8; i++) curves[i] = line(i, 6, 1.0, -0.1);
+  curves[8] = line(8, 6, 5.0, 0.0);
+  curves[9] = line(9, 6, 4.8, 0.01);
+  for (size_t i = 0; i < 10; i++) {
+    size_t rung = 0;
+    sched_verdict v;
+    sched_early_stop_judge(s, curves, 10, i, &rung, &v);
+    assert_int_equal(v.stop, i >= 8);
+    assert_int_equal(v.step, 6);
+    assert_int_equal(v.compared, 9);
+  }
+  free_curves(curves, 10);
+  spec_free(s);
+}
+
+static void median_rule_waits_for_min_steps_and_min_trials(void **state) {
+  (void)state;
+  spec *s = load("early_stopping: {rule: median, min_steps: 3, min_trials: 4}",
+                 "[{name: loss, goal: minimize}]", "{trials: 10}");
+  sched_curve curves[4] = {line(0, 2, 9, 0), line(1, 5, 1, 0), line(2, 5, 1, 0), line(3, 5, 1, 0)};
+  size_t rung = 0;
+  sched_verdict v;
+  sched_early_stop_judge(s, curves, 4, 0, &rung, &v); /* step 2 < min_steps */
+  assert_false(v.stop);
+  free(curves[0].steps), free(curves[0].values);
+  curves[0] = line(0, 4, 9, 0);
+  sched_early_stop_judge(s, curves, 4, 0, &rung, &v); /* only 3 others at step 4 */
+  assert_false(v.stop);
+  assert_int_equal(v.compared, 3);
+  free_curves(curves, 4);
+  spec_free(s);
+}
+
+/* Maximised accuracy: ASHA with η = 3 keeps the best third at each rung. */
+static void asha_keeps_the_best_third_at_each_rung(void **state) {
+  (void)state;
+  spec *s = load("early_stopping: {rule: asha, rungs: [2, 4], min_trials: 3, reduction_factor: 3}",
+                 "[{name: accuracy, goal: maximize}]", "{trials: 10}");
+  sched_curve curves[6];
+  for (int i = 0; i < 6; i++) curves[i] = line(i, 4, 0.1 * i, 0.01); /* trial 5 best */
+  /* Curves hold the minimisation convention: maximised accuracy is negated. */
+  for (int i = 0; i < 6; i++)
+    for (size_t k = 0; k < 4; k++) curves[i].values[k] = -curves[i].values[k];
+  int stopped = 0;
+  for (size_t i = 0; i < 6; i++) {
+    size_t rung = 0;
+    sched_verdict v;
+    sched_early_stop_judge(s, curves, 6, i, &rung, &v);
+    stopped += v.stop;
+    assert_int_equal(v.stop, i < 4); /* best two of six survive: 1/η of them */
+    if (!v.stop) assert_int_equal(rung, 2); /* passed both rungs */
+  }
+  assert_int_equal(stopped, 4);
+  free_curves(curves, 6);
+  spec_free(s);
+}
+
+/* Two objectives: a trial is worse only when others dominate it; a trade-off survives. */
+static void two_objective_rule_stops_only_dominated_trials(void **state) {
+  (void)state;
+  spec *s = load("early_stopping: {rule: median, min_steps: 1, min_trials: 3}",
+                 "[{name: loss, goal: minimize}, {name: size, goal: minimize}]", "{trials: 9}");
+  double points[5][2] = {{1, 5}, {2, 4}, {3, 3}, {5, 1}, {6, 6}}; /* last one dominated */
+  sched_curve curves[5];
+  for (int i = 0; i < 5; i++) {
+    curves[i] = (sched_curve){.trial_id = i, .n_steps = 1};
+    curves[i].steps = malloc(sizeof *curves[i].steps);
+    curves[i].values = malloc(2 * sizeof *curves[i].values);
+    curves[i].steps[0] = 1;
+    curves[i].values[0] = points[i][0];
+    curves[i].values[1] = points[i][1];
+  }
+  for (size_t i = 0; i < 5; i++) {
+    size_t rung = 0;
+    sched_verdict v;
+    sched_early_stop_judge(s, curves, 5, i, &rung, &v);
+    assert_int_equal(v.stop, i == 4);
+  }
+  free_curves(curves, 5);
+  spec_free(s);
+}
+
+static void results_with(const spec *s, sched_results *r, const double *values, size_t n) {
+  memset(r, 0, sizeof *r);
+  r->n_trials = n;
+  r->trials = calloc(n, sizeof *r->trials);
+  r->n_metrics = s->n_objectives;
+  r->values = malloc(n * r->n_metrics * sizeof *r->values);
+  memcpy(r->values, values, n * r->n_metrics * sizeof *values);
+  for (size_t i = 0; i < n; i++) r->trials[i].status = TRIAL_COMPLETED, r->trials[i].number = (int)i;
+  r->metric_names = calloc(r->n_metrics, sizeof *r->metric_names);
+  for (size_t j = 0; j < r->n_metrics; j++) r->metric_names[j] = strdup(s->objectives[j].name);
+}
+
+static void patience_is_spent_when_the_front_stops_growing(void **state) {
+  (void)state;
+  spec *s = load("", "[{name: a, goal: minimize, threshold: 10}, {name: b, goal: minimize, threshold: 10}]",
+                 "{trials: 20, patience: {trials: 3, min_improvement: 0.01}}");
+  /* A front that improves, then three trials that add nothing to it. */
+  double improving[] = {5, 5, 4, 4, 3, 3, 2, 2, 9, 9, 8, 8, 7, 7};
+  sched_results r;
+  double before, now;
+  results_with(s, &r, improving, 4);
+  assert_false(sched_patience_spent(s, &r, &before, &now)); /* still growing */
+  sched_results_free(&r);
+  results_with(s, &r, improving, 7);
+  assert_true(sched_patience_spent(s, &r, &before, &now));
+  assert_true(before == now);
+  assert_true(now == 64); /* (10-2)² */
+  sched_results_free(&r);
+  spec_free(s);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(median_rule_stops_the_clearly_bad_trials_and_no_others),
+      cmocka_unit_test(median_rule_waits_for_min_steps_and_min_trials),
+      cmocka_unit_test(asha_keeps_the_best_third_at_each_rung),
+      cmocka_unit_test(two_objective_rule_stops_only_dominated_trials),
+      cmocka_unit_test(patience_is_spent_when_the_front_stops_growing),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
