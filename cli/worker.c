@@ -133,6 +133,14 @@ static uint64_t mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+/* A heartbeat only says "alive"; one that fails (a trial run by hand, not running) is no
+ * reason to stop training. */
+static void heartbeat(worker *w) {
+  nas_err ignored;
+  storage_trial_heartbeat(w->st, w->trial.id, &ignored);
+  w->last_beat = nas_monotonic();
+}
+
 static void set_threads(int threads) {
   openblas_set_num_threads(threads);
   omp_set_num_threads(threads);
@@ -142,16 +150,17 @@ static void set_threads(int threads) {
  * (the experiment's seed), so their accuracies compare; initial weights and batch order
  * differ per trial. */
 static int worker_prepare(worker *w, nas_err *err) {
+  heartbeat(w); /* reading a large dataset takes seconds */
   uint64_t seed = mix((uint64_t)w->s->seed * 1000003u + (uint64_t)w->trial.number);
   tr_ctx_init(&w->ctx, seed);
-  w->ctx.alloc = tr_allocator_new((size_t)256 << 20);
-  if (!w->ctx.alloc) return nas_errf(err, "out of memory");
   set_threads(w->plan.threads);
   const builtin_spec *b = w->s->trial.builtin;
   double start = nas_monotonic();
   int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
-  if (rc == NAS_OK) rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err);
   if (rc != NAS_OK) return rc;
+  /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
+  if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
+  if ((rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err)) != NAS_OK) return rc;
   w->plan.fit.shuffle_seed = mix(seed);
   const tr_input_shape *in = &w->data.all.shape;
   printf("trial %d of %s: %s on %s (%lldx%lldx%lld, %d classes, read in %.1f s): %lld "
@@ -166,14 +175,6 @@ static int worker_prepare(worker *w, nas_err *err) {
 }
 
 /* ---- training ---- */
-
-/* A heartbeat only says "alive"; one that fails (a trial run by hand, not running) is no
- * reason to stop training. */
-static void heartbeat(worker *w) {
-  nas_err ignored;
-  storage_trial_heartbeat(w->st, w->trial.id, &ignored);
-  w->last_beat = nas_monotonic();
-}
 
 static int on_step(void *arg, nas_err *err) {
   (void)err;

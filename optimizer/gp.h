@@ -76,7 +76,8 @@ int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t
               const double *theta, gp **out, nas_err *err);
 /* The same GP with extra observations (Xf nf×d, raw values yf) appended, e.g. fantasies at
  * pending points; hyperparameters and standardisation are kept and the Cholesky factor is
- * extended by a block rather than recomputed. */
+ * extended by a block rather than recomputed. (The gp backend does not fantasise: it samples
+ * pending outcomes jointly with the candidate's, see acquisition.h.) */
 int gp_condition(const gp *g, const double *Xf, const double *yf, size_t nf, gp **out,
                  nas_err *err);
 void gp_free(gp *g);

@@ -63,6 +63,10 @@ int sched_enqueue(sched *sc, trial_row *row, nas_err *err);
  * start is recorded as a failed trial (not an error of the loop). row's contents move
  * into the job list on success. */
 int sched_launch(sched *sc, trial_row *row, nas_err *err);
+/* Launches n queued trials as one batch (runner_start_batch: one Slurm job array). Batch
+ * jobs are not held, so a crash between submitting and storing their handles can run
+ * them twice; the spec asks for this trade (`runner: {array: true}`). */
+int sched_launch_batch(sched *sc, trial_row *rows, size_t n, nas_err *err);
 /* Adds a running trial to the job list, taking over row's contents and run_dir. */
 int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err);
 

@@ -100,23 +100,21 @@ static int trial_argv(const sched *sc, const trial_row *row, const json_t *param
   return nas_errf(err, "out of memory");
 }
 
-/* Starts the job held (see runner_start_held); on success *handle is owned by the
- * caller. */
-static int start_job(sched *sc, const trial_row *row, const json_t *params,
-                     const char *run_dir, char **handle, nas_err *err) {
-  char **argv = NULL, **env = NULL;
-  if (trial_argv(sc, row, params, &argv, err) != NAS_OK) return NAS_ERR;
-  env = trial_env(sc, row, params, run_dir);
-  if (!env) {
-    spec_argv_free(argv);
-    return nas_errf(err, "out of memory");
-  }
-  runner_job job = {.argv = argv, .workdir = sc->s->trial.workdir, .run_dir = run_dir,
-                    .env = env, .timeout_s = sc->s->trial.timeout_s};
-  int rc = runner_start_held(sc->rn, &job, handle, err);
-  spec_argv_free(argv);
-  env_free(env);
-  return rc;
+/* Everything one job needs, built from its trial. */
+typedef struct {
+  json_t *params;  /* owned */
+  char *run_dir;   /* owned until the trial is tracked */
+  char **argv;     /* owned */
+  char **env;      /* owned */
+  runner_job job;  /* borrows the above */
+} prepared;
+
+static void prepared_free(prepared *p) {
+  json_decref(p->params);
+  free(p->run_dir);
+  spec_argv_free(p->argv);
+  env_free(p->env);
+  memset(p, 0, sizeof *p);
 }
 
 /* Records a trial that could not even be started as failed, so it is never lost. */
@@ -151,45 +149,87 @@ static int reset_log_offset(sched *sc, trial_row *row, nas_err *err) {
   return NAS_OK;
 }
 
-int sched_launch(sched *sc, trial_row *row, nas_err *err) {
+/* Builds a trial's job. Returns NAS_ERR for errors of the loop (storage, memory); a trial
+ * whose job cannot be built gets *ready = false and the reason in why. */
+static int prepare(sched *sc, trial_row *row, prepared *p, bool *ready, nas_err *why,
+                   nas_err *err) {
   json_error_t jerr;
-  json_t *params = json_loads(row->params_json, 0, &jerr);
-  if (!params)
-    return nas_errf(err, "trial %d: stored parameters are not JSON: %s", row->number,
-                    jerr.text);
-  if (reset_log_offset(sc, row, err) != NAS_OK) {
-    json_decref(params);
+  memset(p, 0, sizeof *p);
+  *ready = false;
+  if (!(p->params = json_loads(row->params_json, 0, &jerr)))
+    return nas_errf(err, "trial %d: stored parameters are not JSON: %s", row->number, jerr.text);
+  if (reset_log_offset(sc, row, err) != NAS_OK) return NAS_ERR;
+  if (!(p->run_dir = sched_run_dir(sc->exp, row->number, row->attempts + 1)))
+    return nas_errf(err, "out of memory");
+  if (trial_argv(sc, row, p->params, &p->argv, why) != NAS_OK) return NAS_OK;
+  if (!(p->env = trial_env(sc, row, p->params, p->run_dir))) return nas_errf(err, "out of memory");
+  p->job = (runner_job){.argv = p->argv, .workdir = sc->s->trial.workdir, .run_dir = p->run_dir,
+                        .env = p->env, .timeout_s = sc->s->trial.timeout_s};
+  *ready = true;
+  return NAS_OK;
+}
+
+/* Stores a started job's handle (taking it over), releases the job when it was started
+ * held — only now that storage knows it, so a crash before this point leaves a held job
+ * that never runs and that the next poll finds lost, then retries — and tracks the trial. */
+static int record_start(sched *sc, trial_row *row, prepared *p, char *handle, bool held,
+                        nas_err *err) {
+  if (storage_trial_start(sc->st, row->id, handle, err) != NAS_OK) {
+    runner_stop(sc->rn, handle, p->run_dir, NULL); /* a held job never runs, then */
+    free(handle);
     return NAS_ERR;
   }
-  char *run_dir = sched_run_dir(sc->exp, row->number, row->attempts + 1);
-  char *handle = NULL;
   nas_err why;
-  int rc = NAS_OK;
-  if (!run_dir) {
-    rc = nas_errf(err, "out of memory");
-  } else if (start_job(sc, row, params, run_dir, &handle, &why) != NAS_OK) {
-    rc = record_launch_failure(sc, row, why.msg, err);
-  } else if (storage_trial_start(sc->st, row->id, handle, err) != NAS_OK) {
-    /* Storage cannot record the job: it must never run. Stopping a held job ends it. */
-    runner_stop(sc->rn, handle, run_dir, NULL);
-    rc = NAS_ERR;
-  } else {
-    /* Released only now that storage knows it: a crash before this line leaves a held
-     * job that never runs and that the next poll finds lost (and retries). */
-    if (runner_release(sc->rn, handle, &why) != NAS_OK)
-      nas_log("%s: trial %d: %s", sc->exp->name, row->number, why.msg);
-    sched_count(sc, row->status, TRIAL_RUNNING);
-    row->status = TRIAL_RUNNING;
-    row->attempts++;
-    free(row->job_id);
-    row->job_id = handle;
-    handle = NULL;
-    sched_progress_event(sc, row, NULL);
-    rc = sched_track(sc, row, run_dir, err);
-    if (rc == NAS_OK) run_dir = NULL;
+  if (held && runner_release(sc->rn, handle, &why) != NAS_OK)
+    nas_log("%s: trial %d: %s", sc->exp->name, row->number, why.msg);
+  sched_count(sc, row->status, TRIAL_RUNNING);
+  row->status = TRIAL_RUNNING;
+  row->attempts++;
+  free(row->job_id);
+  row->job_id = handle;
+  sched_progress_event(sc, row, NULL);
+  if (sched_track(sc, row, p->run_dir, err) != NAS_OK) return NAS_ERR;
+  p->run_dir = NULL; /* now the job list's */
+  return NAS_OK;
+}
+
+int sched_launch(sched *sc, trial_row *row, nas_err *err) {
+  prepared p;
+  bool ready;
+  nas_err why;
+  char *handle = NULL;
+  int rc = prepare(sc, row, &p, &ready, &why, err);
+  if (rc == NAS_OK && ready && runner_start_held(sc->rn, &p.job, &handle, &why) != NAS_OK)
+    ready = false;
+  if (rc == NAS_OK)
+    rc = ready ? record_start(sc, row, &p, handle, true, err)
+               : record_launch_failure(sc, row, why.msg, err);
+  prepared_free(&p);
+  return rc;
+}
+
+int sched_launch_batch(sched *sc, trial_row *rows, size_t n, nas_err *err) {
+  prepared *p = calloc(n, sizeof *p);
+  runner_job *jobs = calloc(n, sizeof *jobs);
+  char **handles = calloc(n, sizeof *handles);
+  size_t *which = calloc(n, sizeof *which), k = 0;
+  int rc = p && jobs && handles && which ? NAS_OK : nas_errf(err, "out of memory");
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    bool ready;
+    nas_err why;
+    rc = prepare(sc, &rows[i], &p[i], &ready, &why, err);
+    if (rc == NAS_OK && !ready) rc = record_launch_failure(sc, &rows[i], why.msg, err);
+    if (rc == NAS_OK && ready) which[k] = i, jobs[k++] = p[i].job;
   }
-  free(handle);
-  free(run_dir);
-  json_decref(params);
+  nas_err why;
+  bool started = rc == NAS_OK && k > 0 && runner_start_batch(sc->rn, jobs, k, handles, &why) == NAS_OK;
+  for (size_t j = 0; rc == NAS_OK && j < k; j++) {
+    rc = started ? record_start(sc, &rows[which[j]], &p[which[j]], handles[j], false, err)
+                 : record_launch_failure(sc, &rows[which[j]], why.msg, err);
+    handles[j] = NULL;
+  }
+  for (size_t j = 0; handles && j < k; j++) free(handles[j]);
+  for (size_t i = 0; p && i < n; i++) prepared_free(&p[i]);
+  free(p), free(jobs), free(handles), free(which);
   return rc;
 }

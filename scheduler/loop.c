@@ -94,7 +94,8 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
     return NAS_OK;
   case JOB_SIGNALED:
     *status = TRIAL_FAILED;
-    *why = nas_asprintf("killed by signal %d (%s)", js->signal, strsignal(js->signal));
+    *why = nas_asprintf("killed by signal %d (%s)%s%s", js->signal, strsignal(js->signal),
+                        js->detail[0] ? ": " : "", js->detail);
     return NAS_OK;
   case JOB_TIMEOUT:
     *status = TRIAL_TIMEOUT;
@@ -109,8 +110,9 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
   case JOB_RUNNING:
     break;
   }
-  return judge_lost(sc, job, "its process vanished without leaving an exit status", status,
-                    why);
+  return judge_lost(sc, job,
+                    js->detail[0] ? js->detail : "its process vanished without leaving an exit status",
+                    status, why);
 }
 
 /* Too many failures: launch nothing more and end with a failure outcome. */
@@ -375,7 +377,10 @@ static int launch_new(sched *sc, nas_err *err) {
     return NAS_OK;
   }
   if (rc != NAS_OK) return NAS_ERR;
-  for (size_t i = 0; i < n && rc == NAS_OK; i++) rc = sched_launch(sc, &rows[i], err);
+  if (n > 1 && json_is_true(json_object_get(sc->s->runner.options, "array")))
+    rc = sched_launch_batch(sc, rows, n, err);
+  else
+    for (size_t i = 0; i < n && rc == NAS_OK; i++) rc = sched_launch(sc, &rows[i], err);
   trial_rows_free(rows, n);
   return rc;
 }

@@ -99,7 +99,7 @@ static const builtin_setting *setting_find(const char *name, unsigned bits) {
 /* The model's setting names and the section's own keys, for suggestions. Owned array of
  * borrowed names; NULL when out of memory. */
 static const char **setting_names(unsigned bits) {
-  const char **names = calloc(2 * N_SETTINGS + 3, sizeof *names);
+  const char **names = calloc(N_SETTINGS + 3, sizeof *names);
   size_t n = 0;
   for (size_t i = 0; names && i < N_SETTINGS; i++)
     if (settings[i].models & bits) names[n++] = settings[i].name;

@@ -52,6 +52,30 @@ static void one_line(const char *text, char *out, size_t size) {
   out[n] = '\0';
 }
 
+/* Replaces, in text (a buffer of size bytes), every occurrence of from by to; what does
+ * not fit is cut. */
+static void replace_all(char *text, size_t size, const char *from, const char *to) {
+  size_t from_len = strlen(from), n = 0;
+  if (!from_len) return;
+  char *out = malloc(size);
+  if (!out) {
+    snprintf(text, size, "(message withheld: out of memory)");
+    return;
+  }
+  for (const char *s = text; *s && n + 1 < size;) {
+    bool hit = strncmp(s, from, from_len) == 0;
+    const char *piece = hit ? to : s;
+    size_t len = hit ? strlen(to) : 1;
+    if (len > size - 1 - n) len = size - 1 - n;
+    memcpy(out + n, piece, len);
+    n += len;
+    s += hit ? from_len : 1;
+  }
+  out[n] = '\0';
+  memcpy(text, out, n + 1);
+  free(out);
+}
+
 /* The password as libpq reads it from the URI (owned), or NULL when there is none. */
 static char *uri_password(const char *uri) {
   PQconninfoOption *options = PQconninfoParse(uri, NULL);
@@ -63,26 +87,37 @@ static char *uri_password(const char *uri) {
   return password;
 }
 
-/* libpq echoes parts of a malformed URI in its messages: every occurrence of the password
- * in text is masked, in place. */
-static void scrub_password(const pg_conn *c, char *text) {
-  char *password = uri_password(c->uri);
-  size_t len = password ? strlen(password) : 0;
-  for (char *hit; len && (hit = strstr(text, password));) {
-    size_t rest = strlen(hit + len);
-    memmove(hit + 3, hit + len, rest + 1);
-    memcpy(hit, "***", 3);
-  }
-  free(password);
+/* The password as written in the URI's user part (owned), or NULL. */
+static char *uri_raw_password(const char *uri) {
+  const char *user = strstr(uri, "://") + 3;
+  const char *at = memrchr(user, '@', strcspn(user, "?"));
+  const char *colon = at ? memchr(user, ':', (size_t)(at - user)) : NULL;
+  return colon && at > colon + 1 ? strndup(colon + 1, (size_t)(at - colon - 1)) : NULL;
 }
 
-/* Writes "TEXT (postgresql URI)" into err and returns code. */
+/* Masks in text whatever of the URI's secrets libpq may echo: the whole URI (its parse
+ * errors quote it) and the password, as written and as decoded. */
+static void scrub(const pg_conn *c, char *text, size_t size) {
+  replace_all(text, size, c->uri, c->shown);
+  char *secrets[] = {uri_raw_password(c->uri), uri_password(c->uri)};
+  for (size_t i = 0; i < 2; i++) {
+    if (secrets[i]) replace_all(text, size, secrets[i], "***");
+    free(secrets[i]);
+  }
+}
+
+/* Writes "PREFIX TEXT (postgresql URI)" into err and returns code. The text is scrubbed
+ * whole before anything cuts it, so that no cut can leave a piece of a secret behind. */
 static int fail_with(const pg_conn *c, int code, const char *prefix, const char *text,
                      nas_err *err) {
-  char line[sizeof err->msg];
-  one_line(text, line, sizeof line);
-  scrub_password(c, line);
-  return nas_errc(err, code, "%s%s (postgresql %s)", prefix, line, c->shown);
+  size_t size = 2 * strlen(text ? text : "") + 256;
+  char *line = malloc(size);
+  if (!line) return nas_errc(err, code, "%s(message withheld: out of memory)", prefix);
+  one_line(text, line, size);
+  scrub(c, line, size);
+  nas_errc(err, code, "%s%s (postgresql %s)", prefix, line, c->shown);
+  free(line);
+  return code;
 }
 
 /* ---- connecting -------------------------------------------------------------------------- */
@@ -92,23 +127,35 @@ static void conn_drop(pg_conn *c) {
   c->pg = NULL;
 }
 
-/* Whether a failed connection attempt is worth repeating: the server did not answer, or
- * answered that it is starting or stopping. A server that accepts connections but refused
- * this one (password, missing database) will refuse the next one too. */
-static bool server_out_of_reach(const char *const *values) {
-  PGPing ping = PQpingParams(connect_keys, values, 1);
-  return ping == PQPING_NO_RESPONSE || ping == PQPING_REJECT;
-}
-
-static int conn_connect(pg_conn *c, nas_err *err) {
-  const char *values[] = {"nas", "10", c->uri, NULL};
+/* One connection attempt: NAS_OK with *out set, or NAS_ERR. */
+static int connect_once(pg_conn *c, const char *const *values, PGconn **out, nas_err *err) {
   PGconn *pg = PQconnectdbParams(connect_keys, values, 1);
   if (!pg) return nas_errf(err, "out of memory");
-  if (PQstatus(pg) != CONNECTION_OK) {
-    int rc = fail_with(c, NAS_ERR, "", PQerrorMessage(pg), err);
-    PQfinish(pg);
-    return server_out_of_reach(values) ? PG_LOST : rc;
+  if (PQstatus(pg) == CONNECTION_OK) {
+    *out = pg;
+    return NAS_OK;
   }
+  int rc = fail_with(c, NAS_ERR, "", PQerrorMessage(pg), err);
+  PQfinish(pg);
+  return rc;
+}
+
+/* A failed connection is worth trying again later (PG_LOST) when the server did not
+ * answer, or answered that it is starting or stopping (libpq gives no SQLSTATE for a
+ * failed connection, so PQping asks). A server that accepts connections and still refuses
+ * ours (password, missing database) will refuse the next one too: NAS_ERR. But the ping
+ * may find the server accepting just after it refused us while it was starting, so the
+ * refusal is final only when a second attempt meets it too. */
+static int conn_connect(pg_conn *c, nas_err *err) {
+  const char *values[] = {"nas", "10", c->uri, NULL};
+  PGconn *pg = NULL;
+  int rc = connect_once(c, values, &pg, err);
+  if (rc != NAS_OK) {
+    PGPing ping = PQpingParams(connect_keys, values, 1);
+    if (ping == PQPING_NO_RESPONSE || ping == PQPING_REJECT) return PG_LOST;
+    if (ping == PQPING_OK) rc = connect_once(c, values, &pg, err);
+  }
+  if (rc != NAS_OK) return rc;
   c->pg = pg;
   return pg_exec(c, NULL, err,
                  "SELECT set_config('idle_in_transaction_session_timeout', '60s', false)", NULL);
@@ -148,12 +195,36 @@ static int nothing_to_do(pg_conn *c, const char *token, void *ctx, nas_err *err)
   return NAS_OK;
 }
 
+/* libpq ends the user name and password at the first '@' or '/', where storage_url_redacted
+ * (like any URL reader) takes the last '@': unencoded in a password, either would make libpq
+ * connect elsewhere and show the rest of the password as a host name. */
+static int uri_check(const pg_conn *c, nas_err *err) {
+  const char *user = strstr(c->uri, "://") + 3;
+  const char *at = memrchr(user, '@', strcspn(user, "?"));
+  size_t len = at ? (size_t)(at - user) : 0;
+  if (memchr(user, '@', len) || memchr(user, '/', len)) {
+    return nas_errf(err, "the user name or password holds '@' or '/'; write them as %%40 and "
+                    "%%2F in the URL");
+  }
+  char *message = NULL;
+  PQconninfoOption *options = PQconninfoParse(c->uri, &message);
+  int rc = NAS_OK;
+  if (!options) {
+    rc = fail_with(c, NAS_ERR, "not a PostgreSQL URL: ", message ? message : "out of memory",
+                   err);
+  }
+  PQfreemem(message);
+  PQconninfoFree(options);
+  return rc;
+}
+
 int pg_conn_open(const char *uri, pg_conn **out, nas_err *err) {
   pg_conn *c = calloc(1, sizeof *c);
   if (!c) return nas_errf(err, "out of memory");
   c->uri = strdup(uri);
   c->shown = storage_url_redacted(uri);
-  int rc = c->uri && c->shown ? retry_budget(&c->retry_s, err) : nas_errf(err, "out of memory");
+  int rc = c->uri && c->shown ? uri_check(c, err) : nas_errf(err, "out of memory");
+  if (rc == NAS_OK) rc = retry_budget(&c->retry_s, err);
   /* An operation with nothing to do: pg_run connects before each try. */
   const pg_op connect_only = {.attempt = nothing_to_do};
   if (rc == NAS_OK) rc = pg_run(c, &connect_only, NULL, err);

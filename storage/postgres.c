@@ -335,8 +335,9 @@ static int schema_version_attempt(pg_conn *c, const char *token, void *ctx, nas_
   return schema_version_read_in(c, ctx, err);
 }
 
-/* Key of the advisory lock that serialises migrations of one database ("nas-sch"). */
-#define MIGRATION_LOCK_KEY "7953637779514216"
+/* Key of the advisory lock that serialises migrations in one database: "nas-sch" read as
+ * a big-endian integer. */
+#define MIGRATION_LOCK_KEY "31069394749842280"
 
 /* Applies the pending migration steps in order, all in one transaction, so that no
  * process ever sees a schema half-way between two versions. The version is read under the

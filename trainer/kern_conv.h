@@ -195,8 +195,8 @@ static inline void S(max_pool_2x2)(const T *src, const conv_geom *g, T *out, int
 }
 
 /* One plane: max (argmax not NULL) or mean over each window, any window and stride. */
-static inline void S(pool_plane)(const T *src, const conv_geom *g, T *out, int32_t *argmax,
-                                 bool two_by_two) {
+TR_KERNEL static void S(pool_plane)(const T *src, const conv_geom *g, T *out, int32_t *argmax,
+                                    bool two_by_two) {
   if (two_by_two) {
     S(max_pool_2x2)(src, g, out, argmax);
     return;
@@ -222,8 +222,8 @@ TR_KERNEL static void S(pool_fwd)(const void *xv, void *yv, int32_t *argmax, con
 
 /* dx (zeroed) gets dy routed back: to the argmax (max) or spread evenly (avg). */
 /* One plane of pool_bwd: dy to its argmax (not NULL) or spread over the window. */
-static inline void S(pool_plane_bwd)(const T *dy, T *dst, const int32_t *argmax,
-                                     const conv_geom *g) {
+TR_KERNEL static void S(pool_plane_bwd)(const T *dy, T *dst, const int32_t *argmax,
+                                        const conv_geom *g) {
   T inv = 1 / (T)(g->kh * g->kw);
   for (int64_t oh = 0; oh < g->oh; oh++)
     for (int64_t ow = 0; ow < g->ow; ow++) {

@@ -1,0 +1,332 @@
+/* bench/bench_storage.c: `make bench-storage` (BENCH.md section 4, storage part).
+ *
+ * Metric observations per second into SQLite and PostgreSQL with 1, 8 and 32 writer
+ * processes at once (each its own connection and its own running trial, as trials
+ * reporting with `nas report` are), one observation per call and a batch of 64 per call
+ * (the scheduler reading a log); then the latency of storage_trial_claim, p50 and p99,
+ * with 1 and 8 processes claiming from the same queue.
+ *
+ * PostgreSQL is a throwaway server started here (tests/pgserver.h), switched to durable
+ * commits (fsync = on, full_page_writes = on) so that it is compared with SQLite at
+ * synchronous = FULL on the same disk. SQLite files go under $TMPDIR (or /tmp).
+ *
+ * Knobs (environment): SECONDS_PER_RUN (default 2), CLAIM_TRIALS (default 1000),
+ * BACKENDS (default "sqlite,postgresql"), PG_FSYNC=off to measure PostgreSQL as the tests
+ * run it. Processes start together at an agreed moment of the monotonic clock, which all
+ * processes of the machine share, and count what they finished before the end. */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "storage/storage.h"
+#include "tests/pgserver.h"
+
+enum { BATCH_BIG = 64, MAX_PROCS = 32 };
+
+typedef struct bench {
+  const char *backend; /* "sqlite" or "postgresql" */
+  pgserver *server;    /* for postgresql */
+  char *dir;           /* owned folder for SQLite files */
+  int made;            /* storages made so far; names the next one */
+  double seconds;      /* length of one throughput run */
+} bench;
+
+/* ---- storages ---------------------------------------------------------------------------- */
+
+/* The owned URL of a fresh storage: a new SQLite file, or a new PostgreSQL schema. */
+static char *fresh_url(bench *b) {
+  int n = b->made++;
+  if (strcmp(b->backend, "sqlite") == 0) return nas_asprintf("sqlite:%s/bench-%d.db", b->dir, n);
+  char sql[64], why[512];
+  snprintf(sql, sizeof sql, "CREATE SCHEMA bench_%d", n);
+  if (pgserver_exec(b->server, "postgres", sql, why, sizeof why) != 0) {
+    fprintf(stderr, "bench_storage: %s\n", why);
+    return NULL;
+  }
+  return nas_asprintf("postgresql://nas@127.0.0.1:%d/postgres?options=-csearch_path%%3Dbench_%d",
+                      b->server->port, n);
+}
+
+static storage *open_or_die(const char *url) {
+  nas_err err = {{0}};
+  storage *st = NULL;
+  if (storage_open(url, &st, &err) != NAS_OK) {
+    fprintf(stderr, "bench_storage: %s\n", err.msg);
+    exit(1);
+  }
+  return st;
+}
+
+static void check(int rc, const nas_err *err) {
+  if (rc == NAS_OK) return;
+  fprintf(stderr, "bench_storage: %s\n", err->msg);
+  exit(1);
+}
+
+/* ---- processes ----------------------------------------------------------------------------- */
+
+/* What one process does; it writes its results to out_fd. */
+typedef void (*proc_work)(const char *url, int64_t id, int batch, double start_at,
+                          double end_at, int out_fd);
+
+/* Runs n processes of work at once (process i gets ids[i]) and returns the read end of the
+ * pipe they write to; the caller reads it to EOF and then calls wait_all. */
+static int start_all(int n, proc_work work, const char *url, const int64_t *ids, int batch,
+                     double start_at, double end_at, pid_t *pids) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    perror("pipe");
+    exit(1);
+  }
+  fflush(NULL);
+  for (int i = 0; i < n; i++) {
+    pids[i] = fork();
+    if (pids[i] < 0) {
+      perror("fork");
+      exit(1);
+    }
+    if (pids[i] == 0) {
+      close(fds[0]);
+      work(url, ids[i], batch, start_at, end_at, fds[1]);
+      _exit(0);
+    }
+  }
+  close(fds[1]);
+  return fds[0];
+}
+
+static void wait_all(int n, const pid_t *pids) {
+  for (int i = 0; i < n; i++) {
+    int status = 0;
+    waitpid(pids[i], &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      fprintf(stderr, "bench_storage: a process failed\n");
+      exit(1);
+    }
+  }
+}
+
+static void sleep_until(double when) { nas_sleep(when - nas_monotonic()); }
+
+/* ---- throughput ------------------------------------------------------------------------------ */
+
+/* Adds batches of observations to its trial until end_at; writes how many it added. */
+static void writer(const char *url, int64_t trial_id, int batch, double start_at, double end_at,
+                   int out_fd) {
+  storage *st = open_or_die(url);
+  metric_obs obs[BATCH_BIG];
+  int64_t added = 0;
+  nas_err err = {{0}};
+  sleep_until(start_at);
+  while (nas_monotonic() < end_at) {
+    for (int k = 0; k < batch; k++) obs[k] = (metric_obs){"loss", added + k, 0.5, nas_now()};
+    check(storage_metrics_add(st, trial_id, obs, (size_t)batch, -1, &err), &err);
+    added += batch;
+  }
+  storage_close(st);
+  if (write(out_fd, &added, sizeof added) != sizeof added) _exit(1);
+}
+
+/* Observations per second of `writers` processes adding `batch` per call. */
+static double throughput(bench *b, int writers, int batch) {
+  char *url = fresh_url(b);
+  storage *st = open_or_die(url);
+  nas_err err = {{0}};
+  int64_t experiment = 0, trials[MAX_PROCS] = {0};
+  check(storage_experiment_create(st, "bench", "x", "/x", "/r", &experiment, &err), &err);
+  for (int i = 0; i < writers; i++) {
+    trial_row t;
+    check(storage_trial_create(st, experiment, "{}", &t, &err), &err);
+    check(storage_trial_start(st, t.id, "bench", &err), &err);
+    trials[i] = t.id;
+    trial_row_clear(&t);
+  }
+  storage_close(st);
+  pid_t pids[MAX_PROCS];
+  /* Time for every process to connect before the clock starts. */
+  double start_at = nas_monotonic() + 0.5 + 0.02 * writers, end_at = start_at + b->seconds;
+  int in = start_all(writers, writer, url, trials, batch, start_at, end_at, pids);
+  int64_t total = 0, added = 0;
+  while (read(in, &added, sizeof added) == sizeof added) total += added;
+  close(in);
+  wait_all(writers, pids);
+  free(url);
+  return (double)total / b->seconds;
+}
+
+/* ---- claim latency --------------------------------------------------------------------------- */
+
+/* Claims trials until none is queued; writes the seconds each claim took. */
+static void claimer(const char *url, int64_t experiment, int batch, double start_at,
+                    double end_at, int out_fd) {
+  (void)batch, (void)end_at;
+  storage *st = open_or_die(url);
+  nas_err err = {{0}};
+  sleep_until(start_at);
+  for (;;) {
+    trial_row t;
+    double began = nas_monotonic();
+    int rc = storage_trial_claim(st, experiment, "bench", &t, &err);
+    double took = nas_monotonic() - began;
+    if (rc == NAS_ENOTFOUND) break;
+    check(rc, &err);
+    trial_row_clear(&t);
+    if (write(out_fd, &took, sizeof took) != sizeof took) _exit(1);
+  }
+  storage_close(st);
+}
+
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct latency {
+  size_t n;
+  double p50_ms, p99_ms, per_s;
+} latency;
+
+/* Latency of claims by `claimers` processes emptying a queue of `queued` trials. */
+static latency claim_latency(bench *b, int claimers, int queued) {
+  char *url = fresh_url(b);
+  storage *st = open_or_die(url);
+  nas_err err = {{0}};
+  int64_t experiment = 0;
+  check(storage_experiment_create(st, "bench", "x", "/x", "/r", &experiment, &err), &err);
+  for (int i = 0; i < queued; i++) {
+    trial_row t;
+    check(storage_trial_create(st, experiment, "{}", &t, &err), &err);
+    trial_row_clear(&t);
+  }
+  storage_close(st);
+  int64_t ids[MAX_PROCS] = {0};
+  for (int i = 0; i < claimers; i++) ids[i] = experiment;
+  pid_t pids[MAX_PROCS];
+  double start_at = nas_monotonic() + 0.5;
+  int in = start_all(claimers, claimer, url, ids, 0, start_at, 0, pids);
+  double *took = malloc((size_t)queued * sizeof *took);
+  size_t n = 0;
+  while (n < (size_t)queued && read(in, &took[n], sizeof *took) == sizeof *took) n++;
+  close(in);
+  wait_all(claimers, pids);
+  double wall = nas_monotonic() - start_at;
+  qsort(took, n, sizeof *took, compare_doubles);
+  latency out = {n, 0, 0, 0};
+  if (n) {
+    out.p50_ms = 1e3 * took[n / 2];
+    out.p99_ms = 1e3 * took[(size_t)(0.99 * (double)(n - 1))];
+    out.per_s = (double)n / wall;
+  }
+  free(took);
+  free(url);
+  return out;
+}
+
+/* ---- main ---------------------------------------------------------------------------------------- */
+
+static double env_number(const char *name, double fallback) {
+  const char *text = getenv(name);
+  return text && text[0] ? strtod(text, NULL) : fallback;
+}
+
+static void run_backend(bench *b, int claim_trials) {
+  const int writer_counts[] = {1, 8, 32}, batches[] = {1, BATCH_BIG};
+  for (size_t w = 0; w < 3; w++) {
+    for (size_t k = 0; k < 2; k++) {
+      double rate = throughput(b, writer_counts[w], batches[k]);
+      printf("| %-10s | metrics_add | %2d writers | batch %2d | %10.0f obs/s |\n", b->backend,
+             writer_counts[w], batches[k], rate);
+      fflush(stdout);
+    }
+  }
+  const int claimer_counts[] = {1, 8};
+  for (size_t c = 0; c < 2; c++) {
+    latency l = claim_latency(b, claimer_counts[c], claim_trials);
+    printf("| %-10s | trial_claim | %2d claimers | %zu claims | p50 %.3f ms, p99 %.3f ms, "
+           "%.0f claims/s |\n",
+           b->backend, claimer_counts[c], l.n, l.p50_ms, l.p99_ms, l.per_s);
+    fflush(stdout);
+  }
+}
+
+/* Durable commits, as a production server has them (the test settings turn them off). */
+static int make_durable(pgserver *server, char *why, size_t size) {
+  if (pgserver_exec(server, "postgres", "ALTER SYSTEM SET fsync = on", why, size) != 0 ||
+      pgserver_exec(server, "postgres", "ALTER SYSTEM SET full_page_writes = on", why, size) != 0 ||
+      pgserver_down(server, "fast", why, size) != 0) {
+    return -1;
+  }
+  return pgserver_up(server, why, size);
+}
+
+static void print_machine(void) {
+  char model[256] = "unknown";
+  FILE *f = fopen("/proc/cpuinfo", "r");
+  for (char line[512]; f && fgets(line, sizeof line, f);) {
+    if (strncmp(line, "model name", 10) == 0) {
+      snprintf(model, sizeof model, "%s", strchr(line, ':') + 2);
+      model[strcspn(model, "\n")] = '\0';
+      break;
+    }
+  }
+  if (f) fclose(f);
+  double load[3] = {0};
+  getloadavg(load, 3);
+  char stamp[32];
+  time_t now = time(NULL);
+  strftime(stamp, sizeof stamp, "%Y-%m-%dT%H:%MZ", gmtime(&now));
+  printf("machine: %ld cores, %s; load average %.2f at start; date %s\n",
+         sysconf(_SC_NPROCESSORS_ONLN), model, load[0], stamp);
+}
+
+int main(void) {
+  bench base = {.seconds = env_number("SECONDS_PER_RUN", 2)};
+  int claim_trials = (int)env_number("CLAIM_TRIALS", 1000);
+  const char *backends = getenv("BACKENDS") ? getenv("BACKENDS") : "sqlite,postgresql";
+  const char *pg_fsync = getenv("PG_FSYNC") ? getenv("PG_FSYNC") : "on";
+  print_machine();
+  printf("%.1f s per throughput run, %d queued trials per claim run, PostgreSQL fsync %s\n\n",
+         base.seconds, claim_trials, pg_fsync);
+  if (strstr(backends, "sqlite")) {
+    bench b = base;
+    b.backend = "sqlite";
+    const char *tmp = getenv("TMPDIR");
+    b.dir = nas_asprintf("%s/nas-bench-XXXXXX", tmp ? tmp : "/tmp");
+    if (!mkdtemp(b.dir)) {
+      perror(b.dir);
+      return 1;
+    }
+    run_backend(&b, claim_trials);
+    char *rm[] = {"rm", "-rf", "--", b.dir, NULL};
+    pid_t pid = fork();
+    if (pid == 0) {
+      execvp("rm", rm);
+      _exit(127);
+    }
+    waitpid(pid, NULL, 0);
+    free(b.dir);
+  }
+  if (strstr(backends, "postgresql")) {
+    pgserver server;
+    char why[1024];
+    if (pgserver_start(&server, why, sizeof why) != 0) {
+      fprintf(stderr, "bench_storage: no PostgreSQL server: %s\n", why);
+      return 1;
+    }
+    bench b = base;
+    b.backend = "postgresql";
+    b.server = &server;
+    int rc = strcmp(pg_fsync, "off") == 0 ? 0 : make_durable(&server, why, sizeof why);
+    if (rc == 0) run_backend(&b, claim_trials);
+    else fprintf(stderr, "bench_storage: %s\n", why);
+    pgserver_stop(&server);
+    if (rc != 0) return 1;
+  }
+  return 0;
+}
