@@ -1,11 +1,9 @@
 /* optimizer/gp.c: the GP model of one outcome: its factorisation, its posterior at a point
- * (mean, variance, covariance with a baseline, and their gradients in x) and its
- * conditioning on extra (fantasy) observations (see gp.h).
+ * (mean, variance, covariance with a baseline, and their gradients in x) (see gp.h).
  *
  * Invariants of a gp: L is the lower Cholesky factor of K + (noise + jitter) I over the n
  * training inputs, kinv its inverse and alpha = kinv (y − c), all at the stored θ; the
- * standardisation (shift, scale) is fixed when the GP is made and kept by gp_condition, so
- * conditioned GPs share the units of the GP they came from. */
+ * standardisation (shift, scale) is fixed when the GP is made. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -146,53 +144,6 @@ int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t
   if (factorise(g, err) != NAS_OK) {
     gp_free(g);
     return NAS_ERR;
-  }
-  *out = g;
-  return NAS_OK;
-}
-
-/* Block update of the factor: with L the old factor, the new one is [[L, 0], [B, C]] where
- * B = K(Xf, X) L^-T and C C^T = K(Xf, Xf) + noise I − B B^T. O(n²·nf) instead of O(n³). */
-static int extend_factor(const gp *old, gp *g, size_t nf, nas_err *err) {
-  size_t n = old->n, m = g->n, d = g->d;
-  for (size_t i = 0; i < n; i++) {
-    memcpy(g->L + i * m, old->L + i * n, n * sizeof *g->L);
-    memset(g->L + i * m + n, 0, nf * sizeof *g->L);
-  }
-  double *B = g->L + n * m; /* rows n..m−1, columns 0..n−1 (leading dimension m) */
-  for (size_t f = 0; f < nf; f++)
-    kernel_column(g->kernel, old->X, n, d, g->inv_ls2, g->X + (n + f) * d, B + f * m, NULL);
-  /* B ← B L^-T, i.e. solve B L^T = K(Xf, X) */
-  cblas_dtrsm(CblasRowMajor, CblasRight, CblasLower, CblasTrans, CblasNonUnit, (int)nf, (int)n,
-              1.0, old->L, (int)n, B, (int)m);
-  double *C = malloc(nf * nf * sizeof *C);
-  if (!C) return nas_errf(err, "gp: out of memory");
-  kernel_matrix(g->kernel, g->X + n * d, nf, d, g->inv_ls2, C);
-  for (size_t f = 0; f < nf; f++) C[f * nf + f] += g->noise;
-  cblas_dsyrk(CblasRowMajor, CblasLower, CblasNoTrans, (int)nf, (int)n, -1.0, B, (int)m, 1.0, C,
-              (int)nf);
-  int rc = gp_cholesky(C, nf, NULL, err);
-  for (size_t f = 0; rc == NAS_OK && f < nf; f++)
-    memcpy(g->L + (n + f) * m + n, C + f * nf, nf * sizeof *C);
-  free(C);
-  return rc;
-}
-
-int gp_condition(const gp *old, const double *Xf, const double *yf, size_t nf, gp **out,
-                 nas_err *err) {
-  size_t n = old->n, d = old->d, m = n + nf;
-  gp *g = gp_alloc(old->kernel, m, d);
-  if (!g) return nas_errf(err, "gp: out of memory for %zu observations", m);
-  memcpy(g->X, old->X, n * d * sizeof *g->X);
-  memcpy(g->X + n * d, Xf, nf * d * sizeof *g->X);
-  memcpy(g->y, old->y, n * sizeof *g->y);
-  for (size_t f = 0; f < nf; f++) g->y[n + f] = (yf[f] - old->shift) / old->scale;
-  g->shift = old->shift;
-  g->scale = old->scale;
-  set_theta(g, old->theta);
-  if (extend_factor(old, g, nf, err) != NAS_OK || finish_factor(g, err) != NAS_OK) {
-    gp_free(g);
-    return nas_err_prefix(err, "conditioning on %zu fantasies", nf);
   }
   *out = g;
   return NAS_OK;

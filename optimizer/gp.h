@@ -74,12 +74,6 @@ void gp_standardise(const double *y, size_t n, double *ystd, double *shift, doub
 /* A GP with the given hyperparameters (no fitting); y raw values. */
 int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
               const double *theta, gp **out, nas_err *err);
-/* The same GP with extra observations (Xf nf×d, raw values yf) appended, e.g. fantasies at
- * pending points; hyperparameters and standardisation are kept and the Cholesky factor is
- * extended by a block rather than recomputed. (The gp backend does not fantasise: it samples
- * pending outcomes jointly with the candidate's, see acquisition.h.) */
-int gp_condition(const gp *g, const double *Xf, const double *yf, size_t nf, gp **out,
-                 nas_err *err);
 void gp_free(gp *g);
 
 size_t gp_n(const gp *g);

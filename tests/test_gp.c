@@ -199,34 +199,6 @@ static void baseline_covariance_agrees_with_point_predictions(void **state) {
   gsl_rng_free(rng);
 }
 
-/* Conditioning on an observation yf at xf is Gaussian conditioning: at any x,
- * mean' = mean + cov(x, xf)(yf − mean_f)/(var_f + noise), var' = var − cov²/(var_f + noise). */
-static void conditioning_matches_gaussian_update(void **state) {
-  (void)state;
-  enum { N = 6, D = 2 };
-  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-  double X[N * D], y[N], xf[D] = {0.5, 0.45}, x[D] = {0.55, 0.3};
-  fill_uniform(rng, X, N * D);
-  for (size_t i = 0; i < N; i++) y[i] = 3 + 2 * X[i * D] - X[i * D + 1];
-  double noise = 0.03, theta[D + 2] = {log(0.35), log(0.6), log(noise), 0.0};
-  gp *g, *gf;
-  gp_baseline b;
-  nas_err err;
-  assert_int_equal(gp_create(GP_KERNEL_RBF, X, y, N, D, theta, &g, &err), NAS_OK);
-  double yf = 4.2;
-  assert_int_equal(gp_condition(g, xf, &yf, 1, &gf, &err), NAS_OK);
-  assert_int_equal(gp_n(gf), N + 1);
-  assert_int_equal(gp_baseline_make(g, xf, 1, &b, &err), NAS_OK);
-  point_values before = predict_values(g, &b, x), after = predict_values(gf, NULL, x);
-  double s = b.cov[0] + noise, yf_std = (yf - gp_shift(g)) / gp_scale(g);
-  assert_float_equal(after.mean, before.mean + before.cov[0] * (yf_std - b.mean[0]) / s, 1e-10);
-  assert_float_equal(after.var, before.var - before.cov[0] * before.cov[0] / s, 1e-10);
-  gp_baseline_clear(&b);
-  gp_free(gf);
-  gp_free(g);
-  gsl_rng_free(rng);
-}
-
 /* A smooth 2-D function from 30 points: the fitted GP predicts held-out points well, and
  * fitting raises the log posterior above its value at the prior's mode. */
 static void fit_predicts_a_smooth_function(void **state) {
@@ -301,7 +273,6 @@ int main(void) {
       cmocka_unit_test(prediction_gradients_match_finite_differences),
       cmocka_unit_test(prediction_ignores_stale_memory),
       cmocka_unit_test(baseline_covariance_agrees_with_point_predictions),
-      cmocka_unit_test(conditioning_matches_gaussian_update),
       cmocka_unit_test(fit_predicts_a_smooth_function),
       cmocka_unit_test(fit_is_deterministic),
       cmocka_unit_test(cholesky_adds_jitter_to_a_singular_matrix),

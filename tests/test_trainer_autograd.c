@@ -205,6 +205,46 @@ static void allocator_reuses_freed_blocks_and_outlives_its_creator(void **state)
   tr_free(c); /* the last one frees the allocator (ASan checks) */
 }
 
+static void dropout_zeroes_about_p_and_scales_the_rest(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 10);
+  tr_tensor *x = tr_full(&ctx, TR_F32, 1, SHAPE(100000), 1.0);
+  tr_tensor *y = tr_dropout(&ctx, x, 0.25, true);
+  int64_t zeros = 0;
+  for (int64_t i = 0; i < y->numel; i++) {
+    double v = tr_get(y, i);
+    if (v == 0.0) zeros++;
+    else assert_true(fabs(v - 1.0 / 0.75) < 1e-6);
+  }
+  assert_true(zeros > 24000 && zeros < 26000); /* 25 000 expected, sd ~137 */
+  tr_tensor *z = tr_dropout(&ctx, x, 0.25, false); /* evaluation: the identity */
+  for (int64_t i = 0; i < z->numel; i += 997) assert_true(tr_get(z, i) == 1.0);
+  tr_free(z);
+  tr_free(y);
+  tr_free(x);
+}
+
+static void concat_and_embedding_put_values_in_place(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 11);
+  tr_tensor *a = tr_from_data(&ctx, TR_F32, 2, SHAPE(2, 2), (float[]){1, 2, 3, 4});
+  tr_tensor *b = tr_from_data(&ctx, TR_F32, 2, SHAPE(2, 1), (float[]){5, 6});
+  tr_tensor *c = tr_concat(&ctx, 2, (tr_tensor *[]){a, b}, 1);
+  const float want[] = {1, 2, 5, 3, 4, 6};
+  for (int i = 0; i < 6; i++) assert_true(tr_get(c, i) == want[i]);
+  tr_tensor *e = tr_embedding(&ctx, a, 3, (int32_t[]){1, 0, 1});
+  const float rows[] = {3, 4, 1, 2, 3, 4};
+  for (int i = 0; i < 6; i++) assert_true(tr_get(e, i) == rows[i]);
+  assert_null(tr_embedding(&ctx, a, 1, (int32_t[]){2}));
+  assert_non_null(strstr(ctx.err.msg, "outside"));
+  tr_free(e);
+  tr_free(c);
+  tr_free(b);
+  tr_free(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -216,6 +256,8 @@ int main(void) {
       cmocka_unit_test(float32_ops_agree_with_float64),
       cmocka_unit_test(mismatched_shapes_are_reported),
       cmocka_unit_test(allocator_reuses_freed_blocks_and_outlives_its_creator),
+      cmocka_unit_test(dropout_zeroes_about_p_and_scales_the_rest),
+      cmocka_unit_test(concat_and_embedding_put_values_in_place),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
