@@ -90,8 +90,8 @@ static const builtin_setting *setting_find(const char *name, unsigned bits) {
   for (size_t i = 0; i < N_SETTINGS; i++) {
     const builtin_setting *st = &settings[i];
     int layer = st->per_layer ? layer_of(name, st->name) : 0;
-    if ((st->models & bits) && (strcmp(name, st->name) == 0 || (layer > 0 && layer <= st->per_layer)))
-      return st;
+    bool named = strcmp(name, st->name) == 0 || (layer > 0 && layer <= st->per_layer);
+    if ((st->models & bits) && named) return st;
   }
   return NULL;
 }
@@ -158,8 +158,10 @@ static int unknown_setting(const yaml_ctx *c, const yaml_node_t *key, const char
   const char *guess = names ? nearest_name(name, names) : NULL;
   int rc = guess ? node_errf(c, key, "trial.builtin: unknown setting '%s'; did you mean '%s'?",
                              name, guess)
-                 : node_errf(c, key, "trial.builtin: unknown setting '%s' of %s models (docs/spec.md"
-                             " lists them)", name, model);
+                 : node_errf(c, key,
+                             "trial.builtin: unknown setting '%s' of %s models (docs/spec.md "
+                             "lists them)",
+                             name, model);
   free(names);
   return rc;
 }
@@ -188,7 +190,8 @@ static int parse_dataset(const yaml_ctx *c, const yaml_node_t *section, const ch
   if (!rc) rc = node_text(c, node, "trial.builtin.dataset", &text);
   if (rc) return rc;
   for (const char *const *name = dataset_names; *name; name++)
-    if (strcmp(text, *name) == 0) return node_dup_text(c, node, "trial.builtin.dataset", &b->dataset);
+    if (strcmp(text, *name) == 0)
+      return node_dup_text(c, node, "trial.builtin.dataset", &b->dataset);
   if (!strchr(text, '/') && !strchr(text, '.')) {
     const char *guess = nearest_name(text, dataset_names);
     return node_errf(c, node,
@@ -233,8 +236,8 @@ static yaml_node_t *param_node(const yaml_ctx *c, const char *name) {
   return root;
 }
 
-/* Whether every value parameter p can take is valid for st; when not, why says so. A numeric range is valid when both ends are (the setting's ranges have
- * no holes). */
+/* Whether every value parameter p can take is valid for st; when not, why says so. A
+ * numeric range is valid when both ends are (the setting's ranges have no holes). */
 static bool param_fits(const param_spec *p, const builtin_setting *st, char *why, size_t cap) {
   if (p->kind == PARAM_FIXED) return setting_accepts(st, p->fixed, why, cap);
   if (p->kind == PARAM_CATEGORICAL) {
@@ -324,7 +327,8 @@ int spec_builtin_settings(const spec *s, const json_t *params, json_t **out, nas
     if (json_object_set_new(all, settings[i].name, scalar_json(settings[i].fallback, true)) != 0)
       rc = nas_errf(err, "out of memory");
   }
-  if (rc == NAS_OK && json_object_update(all, b->settings) != 0) rc = nas_errf(err, "out of memory");
+  if (rc == NAS_OK && json_object_update(all, b->settings) != 0)
+    rc = nas_errf(err, "out of memory");
   for (size_t i = 0; rc == NAS_OK && i < s->n_params; i++) {
     const json_t *value = json_object_get(params, s->params[i].name);
     if (value && json_object_set(all, s->params[i].name, (json_t *)value) != 0)

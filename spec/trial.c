@@ -1,10 +1,11 @@
 /* spec/trial.c: the `trial:` section -> spec.trial.
  *
  * A trial runs either a command or a built-in model (`builtin`, spec/builtin.c), never
- * both; a built-in trial's argv is empty. The command is a list of arguments, never a string to split: nas executes it with
- * execvp, no shell. Every {name} placeholder in it names a declared parameter and braces
- * are balanced ({{ and }} for literal ones), so rendering a loaded spec cannot fail on the
- * text. workdir is made absolute against the spec file's folder; env holds "NAME=VALUE". */
+ * both; a built-in trial's argv is empty. The command is a list of arguments, never a
+ * string to split: nas executes it with execvp, no shell. Every {name} placeholder in it
+ * names a declared parameter and braces are balanced ({{ and }} for literal ones), so
+ * rendering a loaded spec cannot fail on the text. workdir is made absolute against the
+ * spec file's folder; env holds "NAME=VALUE". */
 #include <stdlib.h>
 #include <string.h>
 

@@ -288,7 +288,8 @@ static void worker_stores_every_metric_and_the_weights(void **state) {
   json_t *trial = json_array_get(rows, 0);
   for (const char *const *m = final_metrics; *m; m++) assert_true(num(trial, *m) >= 0);
   assert_true(num(trial, METRIC_ACCURACY) > 0.1 && num(trial, METRIC_ACCURACY) <= 1);
-  assert_true(num(trial, METRIC_PARAMS) > 0 && num(trial, METRIC_FLOPS) > num(trial, METRIC_PARAMS));
+  assert_true(num(trial, METRIC_PARAMS) > 0);
+  assert_true(num(trial, METRIC_FLOPS) > num(trial, METRIC_PARAMS));
   assert_true(num(trial, METRIC_LATENCY_P50) > 0);
   assert_true(num(trial, METRIC_LATENCY_P50) <= num(trial, METRIC_LATENCY_P99));
   /* Parameters and batch norm's running statistics, 4 bytes each. */
@@ -316,7 +317,8 @@ static void worker_stores_every_metric_and_the_weights(void **state) {
 
 static void builtin_experiment_finds_a_front(void **state) {
   fixture *f = *state;
-  char *spec = digits_spec(f, "few", "epochs: 1, limit_train: 300, activation: tanh", 4, 2, "2m"), *out;
+  char *spec = digits_spec(f, "few", "epochs: 1, limit_train: 300, activation: tanh", 4, 2, "2m");
+  char *out;
   int rc = nas(f, &out, "run", spec, "--no-progress");
   if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
   free(out);

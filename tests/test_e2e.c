@@ -168,6 +168,33 @@ static void every_way_a_trial_ends_is_recorded(void **state) {
   free(spec);
 }
 
+static void parallel_trials_get_a_share_of_the_cores_as_thread_counts(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "threads.yaml",
+                          "name: threads\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: omp, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"omp\\\": "
+                          "$OMP_NUM_THREADS, \\\"blas\\\": $OPENBLAS_NUM_THREADS}}\"']}\n"
+                          "budget: {trials: 2, parallel: 2}\n");
+  unsetenv("OMP_NUM_THREADS");
+  unsetenv("OPENBLAS_NUM_THREADS");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  long share = sysconf(_SC_NPROCESSORS_ONLN) / 2;
+  json_t *rows = trials_json(f, "threads");
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    assert_true(num(row, "omp") == (share > 0 ? share : 1));
+    assert_true(num(row, "blas") == (share > 0 ? share : 1));
+  }
+  json_decref(rows);
+  free(spec);
+}
+
 static void bad_spec_writes_nothing(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "bad.yaml",
@@ -311,6 +338,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(quickstart_gives_20_trials_and_the_true_front, setup, teardown),
       cmocka_unit_test_setup_teardown(parallelism_is_never_exceeded_and_budget_is_exact, setup, teardown),
       cmocka_unit_test_setup_teardown(every_way_a_trial_ends_is_recorded, setup, teardown),
+      cmocka_unit_test_setup_teardown(parallel_trials_get_a_share_of_the_cores_as_thread_counts, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_spec_writes_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),

@@ -81,8 +81,8 @@ static int finish(tr_ctx *ctx, tr_named_dataset *nd, nas_err *err) {
     if (train_row != test_row)
       return nas_errf(err, "%s: training examples have %lld values, test examples %lld",
                       nd->source, (long long)train_row, (long long)test_row);
-    int32_t classes = nd->train.nclasses > nd->test.nclasses ? nd->train.nclasses : nd->test.nclasses;
-    nd->train.nclasses = nd->test.nclasses = classes;
+    int32_t train = nd->train.nclasses, test = nd->test.nclasses;
+    nd->train.nclasses = nd->test.nclasses = train > test ? train : test;
   }
   int rc = reshape_to(ctx, &nd->train, nd->shape, err);
   return rc ? rc : reshape_to(ctx, &nd->test, nd->shape, err);
