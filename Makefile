@@ -51,7 +51,7 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libnas.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS) -lcmocka
 
-$(BUILD)/bench/%: bench/%.c $(BUILD)/libnas.a
+$(BUILD)/bench/%: bench/%.c $(BUILD)/libnas.a $(wildcard tests/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS)
 

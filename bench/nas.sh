@@ -13,6 +13,7 @@
 # binary, default bin/nas), OUT (folder for storage, runs and specs; default a fresh one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+scripts/deps.sh datasets # Fashion-MNIST comes from Debian's dataset-fashion-mnist
 METHODS=${METHODS:-gp,random}
 SEEDS=${SEEDS:-0,1,2}
 TRIALS=${TRIALS:-30}

@@ -50,6 +50,7 @@ typedef struct {
   bool draining;              /* launch nothing more (first signal, wall time) */
   bool stopping;              /* running trials were told to stop */
   sched_outcome outcome;      /* what ended (or is ending) the run */
+  double early_checked;       /* monotonic time of the last early-stopping check */
   double deadline;            /* monotonic seconds; 0 = none */
   sigset_t waited;            /* signals the loop blocks and waits on */
   sigset_t old_mask;

@@ -179,6 +179,9 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   return rc;
 }
 
+/* Seconds between early-stopping checks when no new log lines arrived. */
+#define EARLY_STOP_RECHECK_S 2.0
+
 /* Asks a running job to stop, remembering why (owned text, may be NULL). */
 static void stop_job(sched *sc, inflight *job, stop_reason reason, char *why) {
   nas_err ignored;
@@ -261,8 +264,13 @@ static int poll_jobs(sched *sc, nas_err *err) {
   free(handles), free(dirs), free(states);
   if (rc != NAS_OK) return rc;
   check_heartbeats(sc);
-  return news && sc->s->early_stopping.rule != EARLY_STOP_NONE ? check_early_stopping(sc, err)
-                                                                 : NAS_OK;
+  /* Values stored directly (`nas worker`, `nas report --step`) bring no log lines: look
+   * at least every few seconds too. */
+  if (sc->s->early_stopping.rule == EARLY_STOP_NONE) return NAS_OK;
+  double now = nas_monotonic();
+  if (!news && now - sc->early_checked < EARLY_STOP_RECHECK_S) return NAS_OK;
+  sc->early_checked = now;
+  return check_early_stopping(sc, err);
 }
 
 /* ---- suggestions and launches ----------------------------------------------------------- */

@@ -133,6 +133,18 @@ int sched_results_metric(const sched_results *r, const char *name) {
   return name_index(r->metric_names, r->n_metrics, name);
 }
 
+/* Whether trial t is within every objective threshold the user gave (the worst values
+ * still of interest). */
+static bool within_thresholds(const spec *s, const sched_results *r, size_t t) {
+  for (size_t j = 0; j < s->n_objectives; j++) {
+    const objective_spec *o = &s->objectives[j];
+    double v = r->values[t * r->n_metrics + j]; /* objectives come first */
+    if (o->has_threshold && (o->goal == GOAL_MINIMIZE ? v > o->threshold : v < o->threshold))
+      return false;
+  }
+  return true;
+}
+
 /* Whether trial t met every outcome constraint. */
 static bool feasible(const spec *s, const sched_results *r, size_t t) {
   for (size_t c = 0; c < s->n_constraints; c++) {
@@ -181,7 +193,7 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, 
   *hv = hypervolume(Y, k, m, ref);
   size_t f = 0;
   for (size_t i = 0; i < k; i++)
-    if (on_front[i]) cand[f++] = cand[i];
+    if (on_front[i] && within_thresholds(s, r, cand[i])) cand[f++] = cand[i];
   *idx = cand;
   *n = f;
   free(Y), free(on_front);

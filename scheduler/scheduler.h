@@ -78,8 +78,8 @@ int sched_results_metric(const sched_results *r, const char *name);
 int sched_completed_points(const spec *s, const sched_results *r, double **Y, size_t **idx,
                            size_t *n, nas_err *err);
 
-/* The completed, feasible trials on the Pareto front (indices into r->trials, in trial
- * order), with the hypervolume of the front and the reference point it used (ref has
+/* The completed, feasible trials on the Pareto front that are within every objective
+ * threshold given (indices into r->trials, in trial order), with the hypervolume of the front and the reference point it used (ref has
  * s->n_objectives entries, minimisation convention). Owned *idx. */
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);

@@ -16,8 +16,8 @@
  * PostgreSQL connection loss (server restart, network blip): every operation retries with
  * backoff and reconnects for up to NAS_STORAGE_RETRY_S seconds (environment, read at open;
  * default 30, 0 = no retries), the first connection included. An operation then either
- * happened exactly once or returned an error: writes that are not idempotent carry a
- * receipt committed in their own transaction, and after a connection lost while the
+ * happened exactly once or returned an error: writes that are not idempotent commit a
+ * receipt in the same transaction as the write, and after a connection lost while the
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the
  * operation is tried again. Only when the server stays out of reach for the whole budget
  * after the outcome became unknown does the error say that the write may have happened. */

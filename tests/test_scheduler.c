@@ -156,6 +156,25 @@ static void patience_is_spent_when_the_front_stops_growing(void **state) {
   spec_free(s);
 }
 
+static void front_leaves_out_trials_beyond_a_threshold(void **state) {
+  (void)state;
+  spec *s = load("", "[{name: a, goal: minimize, threshold: 10}, {name: b, goal: maximize}]",
+                 "{trials: 5}");
+  /* Trial 1 is not dominated (best b) but its a is worse than the threshold. */
+  double values[] = {2, 5, 12, 9, 3, 1};
+  sched_results r;
+  results_with(s, &r, values, 3);
+  size_t *front, n;
+  double hv, ref[2];
+  nas_err err;
+  assert_int_equal(sched_front(s, &r, &front, &n, &hv, ref, &err), NAS_OK);
+  assert_int_equal(n, 1);
+  assert_int_equal(front[0], 0);
+  free(front);
+  sched_results_free(&r);
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(median_rule_stops_the_clearly_bad_trials_and_no_others),
@@ -163,6 +182,7 @@ int main(void) {
       cmocka_unit_test(asha_keeps_the_best_third_at_each_rung),
       cmocka_unit_test(two_objective_rule_stops_only_dominated_trials),
       cmocka_unit_test(patience_is_spent_when_the_front_stops_growing),
+      cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
