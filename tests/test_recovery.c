@@ -222,6 +222,57 @@ static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void *
   free(spec);
 }
 
+/* The parameters of every trial, in trial order, as JSON text. */
+static char *params_in_order(fixture *f, const char *name) {
+  json_t *rows = trials_json(f, name), *params = json_array();
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    json_t *p = json_pack("[O, O]", json_object_get(row, "x1"), json_object_get(row, "x2"));
+    json_array_append_new(params, p);
+  }
+  char *text = json_dumps(params, JSON_COMPACT);
+  json_decref(params);
+  json_decref(rows);
+  return text;
+}
+
+/* With one trial at a time the GP's suggestions depend only on what storage holds, so a
+ * run killed with -9 and resumed proposes exactly the trials an uninterrupted run does. */
+static void suggestions_after_a_crash_are_those_without_it(void **state) {
+  fixture *f = *state;
+  char *bin = realpath(examples_bin(), NULL), *text;
+  assert_non_null(bin);
+  const char *templ = "name: %s\n"
+                      "seed: 11\n"
+                      "parameters: {x1: {type: float, low: 0, high: 1}, x2: {type: float, low: 0, high: 1}}\n"
+                      "objectives: [{name: branin, goal: minimize}, {name: currin, goal: minimize}]\n"
+                      "trial: {command: [sh, -c, 'sleep 0.1; exec %s/branin_currin --x1={x1} --x2={x2}']}\n"
+                      "budget: {trials: 9}\n"
+                      "optimizer: {type: gp, n_initial: 4}\n";
+  assert_true(asprintf(&text, templ, "same", bin) > 0);
+  char *whole = test_write(f->dir, "whole.yaml", text);
+  free(text);
+  run_ok(f, whole);
+  char *expected = params_in_order(f, "same");
+  /* The same experiment in a second storage, killed twice along the way. */
+  char *second;
+  assert_true(asprintf(&second, "sqlite:%s/second.db", f->dir) > 0);
+  char *first_db = f->db;
+  f->db = second;
+  for (int kill_after_ms = 700; kill_after_ms <= 1400; kill_after_ms += 700) {
+    pid_t pid = start_nas_run(f, whole);
+    nas_sleep_ms(kill_after_ms);
+    kill(pid, SIGKILL);
+    waitpid(pid, NULL, 0);
+  }
+  run_ok(f, whole);
+  char *got = params_in_order(f, "same");
+  assert_string_equal(got, expected);
+  f->db = first_db;
+  free(second), free(got), free(expected), free(whole), free(bin);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(lost_trial_is_retried_and_completes, setup, teardown),
@@ -230,6 +281,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
+      cmocka_unit_test_setup_teardown(suggestions_after_a_crash_are_those_without_it, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
