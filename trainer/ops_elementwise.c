@@ -14,16 +14,8 @@
 enum { UN_RELU, UN_GELU, UN_TANH, UN_SIGMOID, UN_EXP, UN_LOG, UN_SCALE };
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
 
-#define T float
-#define S(name) name##_f32
-#include "trainer/kern_elementwise.h"
-#undef T
-#undef S
-#define T double
-#define S(name) name##_f64
-#include "trainer/kern_elementwise.h"
-#undef T
-#undef S
+#define KERN_FILE "trainer/kern_elementwise.h"
+#include "trainer/kern_both.h"
 
 /* ---------------------------------------------------------------- broadcasting */
 

@@ -10,16 +10,8 @@
 
 #include "trainer/internal.h"
 
-#define T float
-#define S(name) name##_f32
-#include "trainer/kern_loss.h"
-#undef T
-#undef S
-#define T double
-#define S(name) name##_f64
-#include "trainer/kern_loss.h"
-#undef T
-#undef S
+#define KERN_FILE "trainer/kern_loss.h"
+#include "trainer/kern_both.h"
 
 /* saved 0: probs (N, C); aux: the labels (int32, N). */
 static int cross_entropy_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {

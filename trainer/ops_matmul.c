@@ -12,16 +12,8 @@
 
 #include "trainer/internal.h"
 
-#define T float
-#define S(name) name##_f32
-#include "trainer/kern_matmul.h"
-#undef T
-#undef S
-#define T double
-#define S(name) name##_f64
-#include "trainer/kern_matmul.h"
-#undef T
-#undef S
+#define KERN_FILE "trainer/kern_matmul.h"
+#include "trainer/kern_both.h"
 
 void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
              double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,

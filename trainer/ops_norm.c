@@ -10,16 +10,8 @@
 
 #include "trainer/internal.h"
 
-#define T float
-#define S(name) name##_f32
-#include "trainer/kern_norm.h"
-#undef T
-#undef S
-#define T double
-#define S(name) name##_f64
-#include "trainer/kern_norm.h"
-#undef T
-#undef S
+#define KERN_FILE "trainer/kern_norm.h"
+#include "trainer/kern_both.h"
 
 /* The gradient buffers of w and b a norm backward fills (zeroed), NULL where not wanted. */
 static int param_grads(tr_ctx *ctx, tr_node *node, tr_tensor **gi) {

@@ -10,16 +10,8 @@
 
 #include "trainer/internal.h"
 
-#define T float
-#define S(name) name##_f32
-#include "trainer/kern_reduce.h"
-#undef T
-#undef S
-#define T double
-#define S(name) name##_f64
-#include "trainer/kern_reduce.h"
-#undef T
-#undef S
+#define KERN_FILE "trainer/kern_reduce.h"
+#include "trainer/kern_both.h"
 
 /* ---------------------------------------------------------------- sum and mean */
 

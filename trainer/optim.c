@@ -11,16 +11,8 @@
 
 #include "trainer/internal.h"
 
-#define T float
-#define S(name) name##_f32
-#include "trainer/kern_optim.h"
-#undef T
-#undef S
-#define T double
-#define S(name) name##_f64
-#include "trainer/kern_optim.h"
-#undef T
-#undef S
+#define KERN_FILE "trainer/kern_optim.h"
+#include "trainer/kern_both.h"
 
 struct tr_optim {
   tr_optim_config cfg;
