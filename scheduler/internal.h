@@ -51,6 +51,8 @@ typedef struct {
   bool stopping;              /* running trials were told to stop */
   sched_outcome outcome;      /* what ended (or is ending) the run */
   double early_checked;       /* monotonic time of the last early-stopping check */
+  sched_results results;      /* owned: the results view as last loaded */
+  bool results_fresh;         /* results match storage (statuses kept current in place) */
   double deadline;            /* monotonic seconds; 0 = none */
   sigset_t waited;            /* signals the loop blocks and waits on */
   sigset_t old_mask;
@@ -70,6 +72,14 @@ int sched_launch(sched *sc, trial_row *row, nas_err *err);
 int sched_launch_batch(sched *sc, trial_row *rows, size_t n, nas_err *err);
 /* Adds a running trial to the job list, taking over row's contents and run_dir. */
 int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err);
+
+/* results cache (loop.c): one load serves every reader until storage changes. */
+/* The current results, loaded when stale; NULL on error. Borrowed. */
+const sched_results *sched_results_now(sched *sc, nas_err *err);
+/* Storage changed in a way the cache cannot follow (new trials, new metric values). */
+void sched_results_stale(sched *sc);
+/* A trial's status changed: updated in the cache when it holds the trial. */
+void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status);
 
 /* progress.c */
 /* Shows a trial's new state; what (may be NULL) says why it ended, or for a running

@@ -143,6 +143,7 @@ static int record_launch_failure(sched *sc, trial_row *row, const char *why, nas
     return NAS_ERR;
   sched_count(sc, row->status, TRIAL_FAILED);
   row->status = TRIAL_FAILED;
+  sched_results_set_status(sc, row->id, TRIAL_FAILED);
   sched_progress_event(sc, row, why);
   return NAS_OK;
 }
@@ -204,6 +205,7 @@ static int record_start(sched *sc, trial_row *row, prepared *p, char *handle, bo
     nas_log("%s: trial %d: %s", sc->exp->name, row->number, why.msg);
   sched_count(sc, row->status, TRIAL_RUNNING);
   row->status = TRIAL_RUNNING;
+  sched_results_set_status(sc, row->id, TRIAL_RUNNING);
   row->attempts++;
   free(row->job_id);
   row->job_id = handle;

@@ -16,6 +16,23 @@
 
 #include "scheduler/internal.h"
 
+/* ---- the results cache ------------------------------------------------------------------- */
+
+const sched_results *sched_results_now(sched *sc, nas_err *err) {
+  if (sc->results_fresh) return &sc->results;
+  sched_results_free(&sc->results);
+  if (sched_results_load(sc->st, sc->s, sc->exp->id, &sc->results, err) != NAS_OK) return NULL;
+  sc->results_fresh = true;
+  return &sc->results;
+}
+
+void sched_results_stale(sched *sc) { sc->results_fresh = false; }
+
+void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status) {
+  for (size_t t = 0; sc->results_fresh && t < sc->results.n_trials; t++)
+    if (sc->results.trials[t].id == trial_id) sc->results.trials[t].status = status;
+}
+
 /* ---- metrics and final states ---------------------------------------------------------- */
 
 /* Stores the metric lines the job printed since the last look; `ended` reads a last line
@@ -33,6 +50,7 @@ static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_
   if (rc == NAS_OK && offset != job->row.log_offset) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
     if (rc == NAS_OK) job->row.log_offset = offset;
+    if (set.n > 0) sched_results_stale(sc);
     job->last_heard = nas_now();
   }
   for (size_t i = 0; news && rc == NAS_OK && i < set.n; i++)
@@ -46,16 +64,14 @@ static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_
 /* The first objective the trial never reported, or NULL when it reported them all. */
 static const char *missing_objective(sched *sc, const trial_row *row, nas_err *err,
                                      int *rc) {
-  sched_results r;
-  *rc = sched_results_load(sc->st, sc->s, sc->exp->id, &r, err);
-  if (*rc != NAS_OK) return NULL;
+  const sched_results *r = sched_results_now(sc, err);
+  *rc = r ? NAS_OK : NAS_ERR;
   const char *missing = NULL;
-  for (size_t t = 0; t < r.n_trials && !missing; t++) {
-    if (r.trials[t].id != row->id) continue;
+  for (size_t t = 0; r && t < r->n_trials && !missing; t++) {
+    if (r->trials[t].id != row->id) continue;
     for (size_t j = 0; j < sc->s->n_objectives && !missing; j++)
-      if (isnan(r.values[t * r.n_metrics + j])) missing = sc->s->objectives[j].name;
+      if (isnan(r->values[t * r->n_metrics + j])) missing = sc->s->objectives[j].name;
   }
-  sched_results_free(&r);
   return missing;
 }
 
@@ -134,16 +150,15 @@ static void check_failure_rate(sched *sc, const char *last_error) {
 /* Patience: the front stopped improving. */
 static int check_patience(sched *sc, nas_err *err) {
   if (sc->s->budget.patience_trials == 0 || sc->draining) return NAS_OK;
-  sched_results r;
-  if (sched_results_load(sc->st, sc->s, sc->exp->id, &r, err) != NAS_OK) return NAS_ERR;
+  const sched_results *r = sched_results_now(sc, err);
+  if (!r) return NAS_ERR;
   double before, now;
-  if (sched_patience_spent(sc->s, &r, &before, &now)) {
+  if (sched_patience_spent(sc->s, r, &before, &now)) {
     nas_log("%s: hypervolume %.6g → %.6g over the last %d completed trials, less than "
             "budget.patience allows; launching no more",
             sc->exp->name, before, now, sc->s->budget.patience_trials);
     sc->draining = true;
   }
-  sched_results_free(&r);
   return NAS_OK;
 }
 
@@ -157,8 +172,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   inflight *job = &sc->jobs[i];
   trial_status status;
   char *why = NULL;
-  int rc = ingest_metrics(sc, job, true, NULL, err);
-  if (rc == NAS_OK) rc = judge(sc, job, js, &status, &why, err);
+  int rc = judge(sc, job, js, &status, &why, err);
   if (rc == NAS_OK)
     rc = storage_trial_finish(sc->st, job->row.id, status, js->state == JOB_EXITED,
                               js->exit_code, why, err);
@@ -168,6 +182,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   }
   sched_count(sc, job->row.status, status);
   job->row.status = status;
+  sched_results_set_status(sc, job->row.id, status);
   sched_progress_event(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
   trial_row_clear(&job->row);
@@ -256,11 +271,19 @@ static int poll_jobs(sched *sc, nas_err *err) {
     dirs[i] = sc->jobs[i].run_dir;
   }
   if (rc == NAS_OK) rc = runner_poll(sc->rn, handles, dirs, n, states, err);
-  bool news = false;
+  bool news = false, ended = false;
+  /* Every job's new lines first, the last ones of ended jobs included; then one fresh
+   * results view (values stored by `nas report` cannot be seen otherwise) judges all
+   * ended jobs. */
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    bool running = states[i].state == JOB_RUNNING;
+    ended |= !running;
+    rc = ingest_metrics(sc, &sc->jobs[i], !running, running ? &news : NULL, err);
+  }
+  if (ended) sched_results_stale(sc);
   /* Walk backwards: finish_job moves the last job into the finished one's place. */
   for (size_t i = n; rc == NAS_OK && i-- > 0;)
-    rc = states[i].state == JOB_RUNNING ? ingest_metrics(sc, &sc->jobs[i], false, &news, err)
-                                        : finish_job(sc, i, &states[i], err);
+    if (states[i].state != JOB_RUNNING) rc = finish_job(sc, i, &states[i], err);
   free(handles), free(dirs), free(states);
   if (rc != NAS_OK) return rc;
   check_heartbeats(sc);
@@ -277,7 +300,7 @@ static int poll_jobs(sched *sc, nas_err *err) {
 
 /* Completed trials as observations, and the parameters of pending ones. */
 typedef struct {
-  sched_results r;
+  const sched_results *r;   /* borrowed from the loop's cache */
   observation *obs;
   json_t **params;          /* owned, one per trial */
   double *values;           /* objectives then constraints, per observation */
@@ -286,15 +309,14 @@ typedef struct {
 } history;
 
 static void history_free(history *h) {
-  for (size_t i = 0; i < h->r.n_trials && h->params; i++) json_decref(h->params[i]);
+  for (size_t i = 0; h->r && i < h->r->n_trials && h->params; i++) json_decref(h->params[i]);
   free(h->params), free(h->obs), free(h->values), free(h->pending);
-  sched_results_free(&h->r);
 }
 
 static int history_load(sched *sc, history *h, nas_err *err) {
   memset(h, 0, sizeof *h);
-  if (sched_results_load(sc->st, sc->s, sc->exp->id, &h->r, err) != NAS_OK) return NAS_ERR;
-  size_t n = h->r.n_trials ? h->r.n_trials : 1, k = sc->s->n_objectives + sc->s->n_constraints;
+  if (!(h->r = sched_results_now(sc, err))) return NAS_ERR;
+  size_t n = h->r->n_trials ? h->r->n_trials : 1, k = sc->s->n_objectives + sc->s->n_constraints;
   h->params = calloc(n, sizeof *h->params);
   h->obs = calloc(n, sizeof *h->obs);
   h->values = calloc(n * (k ? k : 1), sizeof *h->values);
@@ -303,8 +325,8 @@ static int history_load(sched *sc, history *h, nas_err *err) {
     history_free(h);
     return nas_errf(err, "out of memory");
   }
-  for (size_t t = 0; t < h->r.n_trials; t++) {
-    const trial_row *row = &h->r.trials[t];
+  for (size_t t = 0; t < h->r->n_trials; t++) {
+    const trial_row *row = &h->r->trials[t];
     h->params[t] = json_loads(row->params_json, 0, NULL);
     if (!h->params[t]) {
       history_free(h);
@@ -315,7 +337,7 @@ static int history_load(sched *sc, history *h, nas_err *err) {
     } else if (row->status == TRIAL_COMPLETED) {
       /* metric_names begin with the objectives, then the constraints (results.c). */
       double *v = h->values + h->n_obs * k;
-      memcpy(v, h->r.values + t * h->r.n_metrics, k * sizeof *v);
+      memcpy(v, h->r->values + t * h->r->n_metrics, k * sizeof *v);
       h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
                                          .constraints = v + sc->s->n_objectives};
     }
@@ -332,7 +354,7 @@ static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
   int rc = suggested && *rows ? NAS_OK : nas_errf(err, "out of memory");
   if (rc == NAS_OK)
     rc = optimizer_suggest(sc->opt_model, h.obs, h.n_obs, h.pending, h.n_pending, n,
-                           (int)h.r.n_trials, suggested, err);
+                           (int)h.r->n_trials, suggested, err);
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     char *text = json_dumps(suggested[i], JSON_COMPACT | JSON_SORT_KEYS);
     rc = text ? storage_trial_create(sc->st, sc->exp->id, text, &(*rows)[i], err)
@@ -340,6 +362,7 @@ static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
     free(text);
     if (rc == NAS_OK) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
   }
+  sched_results_stale(sc); /* new trials; h still reads the old view until freed below */
   for (size_t i = 0; suggested && i < n; i++) json_decref(suggested[i]);
   free(suggested);
   history_free(&h);
@@ -499,6 +522,7 @@ static void sched_free(sched *sc) {
     free(sc->jobs[i].stop_why);
   }
   free(sc->jobs);
+  sched_results_free(&sc->results);
   trial_rows_free(sc->queued, sc->n_queued);
   optimizer_free(sc->opt_model);
   runner_free(sc->rn);

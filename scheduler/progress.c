@@ -20,29 +20,28 @@ static FILE *out(const sched *sc) { return sc->opt->progress ? sc->opt->progress
 
 /* "f1=1.23 f2=4.5" for a trial, and the front summary kept in sc->best_text. */
 static char *describe_result(sched *sc, const trial_row *row) {
-  sched_results r;
   nas_err err;
-  if (sched_results_load(sc->st, sc->s, sc->exp->id, &r, &err) != NAS_OK) return NULL;
+  const sched_results *r = sched_results_now(sc, &err);
+  if (!r) return NULL;
   char buf[512] = "";
   size_t len = 0;
-  for (size_t t = 0; t < r.n_trials; t++) {
-    if (r.trials[t].id != row->id) continue;
+  for (size_t t = 0; t < r->n_trials; t++) {
+    if (r->trials[t].id != row->id) continue;
     for (size_t j = 0; j < sc->s->n_objectives && len < sizeof buf; j++)
       len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s=%.6g", j ? " " : "",
-                              r.metric_names[j], r.values[t * r.n_metrics + j]);
+                              r->metric_names[j], r->values[t * r->n_metrics + j]);
   }
   size_t *front, n_front;
   double hv, ref[16];
-  if (sc->s->n_objectives <= 16 && sched_front(sc->s, &r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
+  if (sc->s->n_objectives <= 16 && sched_front(sc->s, r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
     free(sc->best_text);
     if (sc->s->n_objectives == 1 && n_front > 0)
-      sc->best_text = nas_asprintf("best %s=%.6g (trial %d)", r.metric_names[0],
-                                   r.values[front[0] * r.n_metrics], r.trials[front[0]].number);
+      sc->best_text = nas_asprintf("best %s=%.6g (trial %d)", r->metric_names[0],
+                                   r->values[front[0] * r->n_metrics], r->trials[front[0]].number);
     else
       sc->best_text = nas_asprintf("front %zu, HV %.6g", n_front, hv);
     free(front);
   }
-  sched_results_free(&r);
   return strdup(buf);
 }
 

@@ -480,4 +480,56 @@ int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
 /* Index of the largest of n values (the first on ties). */
 int64_t tr_argmax(const float *values, int64_t n);
 
+/* ================================================================ collectives (issue 9)
+ *
+ * A communicator group joins world ranks that run the same program in lockstep; each rank
+ * calls the same collectives in the same order with matching arguments (NCCL's and MPI's
+ * contract). The backend here makes the ranks threads of one process over shared memory;
+ * docs/engine-comm.md tells how NCCL and ranks in other processes (srun) fit behind the
+ * same calls.
+ *
+ * - Buffers are contiguous arrays of count elements of dtype (float32 or float64). send and
+ *   recv may be the same pointer (in place) where noted; the buffers of different ranks must
+ *   not overlap. A call returns when this rank's output is complete and its input may be
+ *   reused.
+ * - Sums are taken in rank order, ((x0 + x1) + x2) + ..., in the buffer's dtype, whatever
+ *   the world size or which thread computes them, so results are bit-identical run to run.
+ *   TR_REDUCE_AVG divides that sum by world.
+ * - Arguments are checked on every rank against every other rank's: a mismatch (another
+ *   collective, dtype, count, root or reduce op) or a bad argument on any rank makes the
+ *   call fail on all ranks with the same message, and the group stays usable. */
+
+typedef struct tr_comm_group tr_comm_group;
+typedef struct tr_comm tr_comm;
+
+typedef enum { TR_REDUCE_SUM = 0, TR_REDUCE_AVG = 1 } tr_reduce_op;
+
+/* Shared state for world thread ranks (world >= 1); NULL with err set on failure. */
+tr_comm_group *tr_comm_group_new(int world, nas_err *err);
+/* Frees the group and its communicators; no rank may be inside a call. */
+void tr_comm_group_free(tr_comm_group *group);
+/* The communicator of rank (borrowed from the group), for the thread that plays it; NULL
+ * with err set when rank is not in [0, world). */
+tr_comm *tr_comm_group_comm(tr_comm_group *group, int rank, nas_err *err);
+int tr_comm_rank(const tr_comm *comm);
+int tr_comm_world(const tr_comm *comm);
+
+/* recv = op over all ranks of send (count elements each); in place allowed. */
+int tr_comm_all_reduce(tr_comm *comm, tr_dtype dtype, const void *send, void *recv,
+                       int64_t count, tr_reduce_op op, nas_err *err);
+/* recv (world * count) = the send (count) of rank 0, then rank 1, ...; in place allowed
+ * when send is recv + rank * count. */
+int tr_comm_all_gather(tr_comm *comm, tr_dtype dtype, const void *send, void *recv,
+                       int64_t count, nas_err *err);
+/* recv (count) = op over all ranks of chunk `rank` of send (world * count); in place
+ * allowed when recv is send + rank * count. */
+int tr_comm_reduce_scatter(tr_comm *comm, tr_dtype dtype, const void *send, void *recv,
+                           int64_t count, tr_reduce_op op, nas_err *err);
+/* buf (count) on every rank = buf of rank root. */
+int tr_comm_broadcast(tr_comm *comm, tr_dtype dtype, void *buf, int64_t count, int root,
+                      nas_err *err);
+/* Returns once every rank has called it; whatever a rank wrote before is visible to all
+ * ranks after. */
+int tr_comm_barrier(tr_comm *comm, nas_err *err);
+
 #endif
