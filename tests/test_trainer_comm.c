@@ -57,16 +57,20 @@ static void run_ranks(int world, rank_body body, void *shared) {
   rank_job jobs[MAX_WORLD] = {{0}};
   pthread_t threads[MAX_WORLD];
   for (int r = 0; r < world; r++) {
-    jobs[r] = (rank_job){.comm = tr_comm_group_comm(group, r, &err), .rank = r, .world = world,
-                         .body = body, .shared = shared};
+    jobs[r] = (rank_job){.comm = tr_comm_group_comm(group, r, &err),
+                         .rank = r,
+                         .world = world,
+                         .body = body,
+                         .shared = shared};
     assert_non_null(jobs[r].comm);
     assert_int_equal(pthread_create(&threads[r], NULL, rank_main, &jobs[r]), 0);
   }
   for (int r = 0; r < world; r++) assert_int_equal(pthread_join(threads[r], NULL), 0);
   tr_comm_group_free(group);
   for (int r = 0; r < world; r++) {
-    if (jobs[r].failures) print_error("world %d rank %d: %d failures, first: %s\n", world, r,
-                                      jobs[r].failures, jobs[r].first);
+    if (jobs[r].failures)
+      print_error("world %d rank %d: %d failures, first: %s\n", world, r, jobs[r].failures,
+                  jobs[r].first);
     assert_int_equal(jobs[r].failures, 0);
   }
 }
@@ -143,8 +147,7 @@ static void all_reduce_body(rank_job *job) {
       job_fail(job, "round %d: %s", round, err.msg);
     for (int64_t j = 0; j < s.count; j++)
       if (element(s.dtype, recv, j) != reference(s.dtype, job->world, round, j, s.op))
-        job_fail(job, "round %d element %lld differs from the rank-order sum", round,
-                 (long long)j);
+        job_fail(job, "round %d element %lld differs from the rank-order sum", round, (long long)j);
     if (!s.in_place) free(recv);
     free(send);
   }
@@ -164,8 +167,8 @@ static void all_gather_body(rank_job *job) {
       for (int64_t j = 0; j < s.count; j++) {
         double want = s.dtype == TR_F32 ? (float)input(r, round, j) : input(r, round, j);
         if (element(s.dtype, recv, r * s.count + j) != want)
-          job_fail(job, "round %d: chunk %d element %lld is not rank %d's", round, r,
-                   (long long)j, r);
+          job_fail(job, "round %d: chunk %d element %lld is not rank %d's", round, r, (long long)j,
+                   r);
       }
     if (!s.in_place) free(send);
     free(recv);
@@ -184,8 +187,7 @@ static void reduce_scatter_body(rank_job *job) {
       job_fail(job, "round %d: %s", round, err.msg);
     for (int64_t j = 0; j < s.count; j++)
       if (element(s.dtype, recv, j) != reference(s.dtype, job->world, round, mine + j, s.op))
-        job_fail(job, "round %d element %lld differs from the rank-order sum", round,
-                 (long long)j);
+        job_fail(job, "round %d element %lld differs from the rank-order sum", round, (long long)j);
     if (!s.in_place) free(recv);
     free(send);
   }
@@ -299,7 +301,8 @@ static void mismatch_body(rank_job *job) {
     rc = tr_comm_all_reduce(job->comm, TR_F32, buf, buf, odd && mc->wrong == WRONG_COUNT ? 9 : 8,
                             TR_REDUCE_SUM, &err);
   if (rc != NAS_ERR) job_fail(job, "mismatched call succeeded");
-  if (!strstr(err.msg, mc->expect)) job_fail(job, "message \"%s\" lacks \"%s\"", err.msg, mc->expect);
+  if (!strstr(err.msg, mc->expect))
+    job_fail(job, "message \"%s\" lacks \"%s\"", err.msg, mc->expect);
   for (int i = 0; i < 8; i++) buf[i] = (float)(job->rank + 1);
   if (tr_comm_all_reduce(job->comm, TR_F32, buf, buf, 8, TR_REDUCE_SUM, &err) != NAS_OK)
     job_fail(job, "group unusable after a mismatch: %s", err.msg);

@@ -155,8 +155,7 @@ static int call_check_args(const comm_call *c, int world, int rank, nas_err *err
   if (comm_is_reduction(c->kind) && c->op != TR_REDUCE_SUM && c->op != TR_REDUCE_AVG)
     return nas_errf(err, "%s: rank %d passed unknown reduce op %d", name, rank, (int)c->op);
   if (c->kind == COMM_BROADCAST && (c->root < 0 || c->root >= world))
-    return nas_errf(err, "%s: rank %d passed root %d, not in [0, %d)", name, rank, c->root,
-                    world);
+    return nas_errf(err, "%s: rank %d passed root %d, not in [0, %d)", name, rank, c->root, world);
   return NAS_OK;
 }
 
@@ -178,8 +177,7 @@ static int call_check_match(const comm_call *c0, const comm_call *c, int rank, n
     return nas_errf(err, "%s: rank %d passed reduce op %d, rank 0 %d", name, rank, (int)c->op,
                     (int)c0->op);
   if (c->kind == COMM_BROADCAST && c->root != c0->root)
-    return nas_errf(err, "broadcast: rank %d passed root %d, rank 0 %d", rank, c->root,
-                    c0->root);
+    return nas_errf(err, "broadcast: rank %d passed root %d, rank 0 %d", rank, c->root, c0->root);
   return NAS_OK;
 }
 
@@ -213,8 +211,7 @@ static const char *at(const void *p, int64_t i, size_t size) {
 }
 
 /* block[0..n) = the reduce op over ranks, in rank order, of send[from, from + n). */
-static void reduce_block(const comm_call *calls, int world, int64_t from, int64_t n,
-                         void *block) {
+static void reduce_block(const comm_call *calls, int world, int64_t from, int64_t n, void *block) {
   tr_dtype dtype = calls[0].dtype;
   size_t size = tr_dtype_size(dtype);
   memcpy(block, at(calls[0].send, from, size), (size_t)n * size);
@@ -256,8 +253,7 @@ static int comm_run(tr_comm *comm, const comm_call *call, nas_err *err) {
     reduce_range(calls, world, lo, hi, 0, 0, world);
     break;
   case COMM_REDUCE_SCATTER: /* chunk rank of every send, into this rank's recv */
-    reduce_range(calls, world, rank * count, (rank + 1) * count, -rank * count, rank,
-                 rank + 1);
+    reduce_range(calls, world, rank * count, (rank + 1) * count, -rank * count, rank, rank + 1);
     break;
   case COMM_ALL_GATHER:
     for (int r = 0; r < world; r++) {
@@ -275,14 +271,14 @@ static int comm_run(tr_comm *comm, const comm_call *call, nas_err *err) {
   return NAS_OK;
 }
 
-int tr_comm_all_reduce(tr_comm *comm, tr_dtype dtype, const void *send, void *recv,
-                       int64_t count, tr_reduce_op op, nas_err *err) {
+int tr_comm_all_reduce(tr_comm *comm, tr_dtype dtype, const void *send, void *recv, int64_t count,
+                       tr_reduce_op op, nas_err *err) {
   comm_call call = {COMM_ALL_REDUCE, dtype, op, count, 0, send, recv};
   return comm_run(comm, &call, err);
 }
 
-int tr_comm_all_gather(tr_comm *comm, tr_dtype dtype, const void *send, void *recv,
-                       int64_t count, nas_err *err) {
+int tr_comm_all_gather(tr_comm *comm, tr_dtype dtype, const void *send, void *recv, int64_t count,
+                       nas_err *err) {
   comm_call call = {COMM_ALL_GATHER, dtype, TR_REDUCE_SUM, count, 0, send, recv};
   return comm_run(comm, &call, err);
 }
