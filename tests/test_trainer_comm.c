@@ -338,7 +338,10 @@ static void bad_group_arguments_are_errors(void **state) {
   tr_comm_group_free(group);
   /* one rank alone: negative count is refused and the group goes on */
   group = tr_comm_group_new(1, &err);
+  assert_non_null(group);
+  assert_null(tr_comm_group_comm(NULL, 0, &err));
   tr_comm *c0 = tr_comm_group_comm(group, 0, &err);
+  assert_non_null(c0);
   double x = 2;
   assert_int_equal(tr_comm_all_reduce(c0, TR_F64, &x, &x, -1, TR_REDUCE_SUM, &err), NAS_ERR);
   assert_non_null(strstr(err.msg, "count -1"));

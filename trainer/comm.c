@@ -109,6 +109,10 @@ void tr_comm_group_free(tr_comm_group *group) {
 }
 
 tr_comm *tr_comm_group_comm(tr_comm_group *group, int rank, nas_err *err) {
+  if (!group) {
+    nas_errf(err, "comm group: no group");
+    return NULL;
+  }
   if (rank < 0 || rank >= group->world) {
     nas_errf(err, "comm group: rank %d is not in [0, %d)", rank, group->world);
     return NULL;
