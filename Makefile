@@ -56,10 +56,12 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libnas.a $(wildcard tests/*.h)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -o $@ $< $(BUILD)/libnas.a $(LDLIBS)
 
 # The whole suite: unit binaries, then end-to-end runs of bin/nas. NAS_BIN tells the
-# e2e tests which binary to run; tests/run.sh prints one closing "N passed, N failed" line.
+# e2e tests which binary to run, NAS_DATA_DIR where built-in trials find the digits data
+# (wherever the binary was built); tests/run.sh prints one closing "N passed, N failed" line.
 test: deps deps-test
 	@$(MAKE) --no-print-directory all $(TEST_BIN)
-	@NAS_BIN=$(abspath $(BIN)/nas) NAS_EXAMPLES_BIN=$(abspath $(BIN)) tests/run.sh $(TEST_BIN)
+	@NAS_BIN=$(abspath $(BIN)/nas) NAS_EXAMPLES_BIN=$(abspath $(BIN)) \
+	  NAS_DATA_DIR=$(abspath tests/data) tests/run.sh $(TEST_BIN)
 
 # Same tests under AddressSanitizer and UndefinedBehaviorSanitizer, in separate folders.
 asan: deps

@@ -380,10 +380,6 @@ static void missing_dataset_fails_the_trial_with_the_reason(void **state) {
 }
 
 int main(void) {
-  /* The worker bin/nas starts finds digits here, wherever the binary is. */
-  char *data = realpath("tests/data", NULL);
-  if (data) setenv("NAS_DATA_DIR", data, 1);
-  free(data);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(mlp_counts_match_hand_counts),
       cmocka_unit_test(cnn_counts_match_hand_counts),
