@@ -199,8 +199,11 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
 
 /* Asks a running job to stop, remembering why (owned text, may be NULL). */
 static void stop_job(sched *sc, inflight *job, stop_reason reason, char *why) {
-  nas_err ignored;
-  runner_stop(sc->rn, job->row.job_id, job->run_dir, &ignored);
+  nas_err err;
+  /* The loop goes on: a job that did not hear will still end or time out, and polls see it. */
+  if (runner_stop(sc->rn, job->row.job_id, job->run_dir, &err) != NAS_OK)
+    nas_log("%s: trial %d: could not stop job %s: %s", sc->exp->name, job->row.number,
+            job->row.job_id, err.msg);
   job->stop = reason;
   free(job->stop_why);
   job->stop_why = why;

@@ -603,12 +603,18 @@ static void bad_options_handles_and_jobs_are_errors(void **state) {
   assert_no_children();
 }
 
+/* A job that leaves the file `marker` behind when it runs. */
+static runner_job touch_job(fixture *f, char **argv, char **marker, char **run_dir) {
+  *marker = path_in(f, "ran");
+  argv[0] = "touch", argv[1] = *marker, argv[2] = NULL;
+  *run_dir = run_dir_new(f);
+  return (runner_job){.argv = argv, .workdir = f->dir, .run_dir = *run_dir};
+}
+
 static void held_job_runs_only_once_released(void **state) {
   fixture *f = *state;
-  char *marker = path_in(f, "ran");
-  char *argv[] = {"touch", marker, NULL};
-  char *run_dir = run_dir_new(f);
-  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  char *argv[3], *marker, *run_dir;
+  runner_job job = touch_job(f, argv, &marker, &run_dir);
   char *handle = NULL;
   nas_err err;
   assert_int_equal(runner_start_held(f->r, &job, &handle, &err), NAS_OK);
@@ -630,10 +636,8 @@ static void held_job_runs_only_once_released(void **state) {
  * handle reads as lost, so a scheduler that crashed there retries it exactly once. */
 static void held_job_whose_starter_is_gone_never_runs(void **state) {
   fixture *f = *state;
-  char *marker = path_in(f, "ran");
-  char *argv[] = {"touch", marker, NULL};
-  char *run_dir = run_dir_new(f);
-  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  char *argv[3], *marker, *run_dir;
+  runner_job job = touch_job(f, argv, &marker, &run_dir);
   char *handle = NULL;
   nas_err err;
   runner *starter;

@@ -828,31 +828,39 @@ static void end_is_learnt_from_exit_json_long_before_the_poll_interval(void **st
   runner_free(r);
 }
 
-static void another_process_reattaches_by_handle(void **state) {
-  fixture *f = cluster_fixture(state);
-  char *run_dir = run_dir_new(f);
+/* A scheduler that submits one job (held when `held`) in a child process and dies at
+ * once; its handle comes back through a pipe into handle (cap bytes). */
+static void submit_from_a_process_that_dies(fixture *f, char *run_dir, char **argv, bool held,
+                                            char *handle, size_t cap) {
   int fds[2];
   assert_int_equal(pipe(fds), 0);
   pid_t starter = fork();
   assert_true(starter >= 0);
-  if (starter == 0) { /* a scheduler that submits a job and dies */
+  if (starter == 0) {
     runner *r = NULL;
-    char *argv[] = {"sh", "-c", "sleep 2; exit 4", NULL};
     runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
-    char *handle = NULL;
+    char *got = NULL;
     if (runner_create("slurm", NULL, &r, NULL) != NAS_OK ||
-        runner_start(r, &job, &handle, NULL) != NAS_OK)
+        (held ? runner_start_held : runner_start)(r, &job, &got, NULL) != NAS_OK)
       _exit(1);
-    ssize_t w = write(fds[1], handle, strlen(handle));
+    ssize_t w = write(fds[1], got, strlen(got));
     _exit(w > 0 ? 0 : 1);
   }
   close(fds[1]);
-  char handle[64] = {0};
-  assert_true(read(fds[0], handle, sizeof handle - 1) > 0);
+  memset(handle, 0, cap);
+  assert_true(read(fds[0], handle, cap - 1) > 0);
   close(fds[0]);
   int status;
   assert_int_equal(waitpid(starter, &status, 0), starter);
   assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+static void another_process_reattaches_by_handle(void **state) {
+  fixture *f = cluster_fixture(state);
+  char *run_dir = run_dir_new(f);
+  char handle[64];
+  char *argv[] = {"sh", "-c", "sleep 2; exit 4", NULL};
+  submit_from_a_process_that_dies(f, run_dir, argv, false, handle, sizeof handle);
   assert_int_equal(poll1(f->r, handle, run_dir).state, JOB_RUNNING);
   job_status st = wait_end(f->r, handle, run_dir, WAIT_LIMIT_S);
   assert_int_equal(st.state, JOB_EXITED);
@@ -902,28 +910,9 @@ static void held_job_runs_only_once_released(void **state) {
 static void held_job_whose_starter_died_is_cancelled_and_lost(void **state) {
   fixture *f = cluster_fixture(state);
   char *run_dir = run_dir_new(f);
-  int fds[2];
-  assert_int_equal(pipe(fds), 0);
-  pid_t starter = fork();
-  assert_true(starter >= 0);
-  if (starter == 0) { /* submits held, dies before storing and releasing */
-    runner *r = NULL;
-    char *argv[] = {"sh", "-c", "echo ran", NULL};
-    runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
-    char *handle = NULL;
-    if (runner_create("slurm", NULL, &r, NULL) != NAS_OK ||
-        runner_start_held(r, &job, &handle, NULL) != NAS_OK)
-      _exit(1);
-    ssize_t w = write(fds[1], handle, strlen(handle));
-    _exit(w > 0 ? 0 : 1);
-  }
-  close(fds[1]);
-  char handle[64] = {0};
-  assert_true(read(fds[0], handle, sizeof handle - 1) > 0);
-  close(fds[0]);
-  int status;
-  assert_int_equal(waitpid(starter, &status, 0), starter);
-  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  char handle[64];
+  char *argv[] = {"sh", "-c", "echo ran", NULL};
+  submit_from_a_process_that_dies(f, run_dir, argv, true, handle, sizeof handle);
   job_status st = poll1(f->r, handle, run_dir);
   assert_int_equal(st.state, JOB_LOST);
   assert_non_null(strstr(st.detail, "never released"));
