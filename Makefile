@@ -12,7 +12,27 @@ LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null | sed 's/-lgslcblas//')
 
 MODULES := common spec storage runners metrics optimizer scheduler trainer
 LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
-LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o)
+
+# CUDA is on where nvcc is found (`make CUDA=0` turns it off). Everything that touches the
+# CUDA runtime, cuBLAS or NCCL lives in trainer/*.cu; with CUDA those are compiled by nvcc
+# and the stand-ins trainer/*_nocuda.c (which report "built without CUDA") are left out,
+# without CUDA the reverse. The default build and the test suite never need a GPU.
+NVCC    ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
+CUDA    ?= $(if $(NVCC),1,0)
+ifeq ($(CUDA),1)
+CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
+# PTX for every GPU from Ampere on (JIT-compiled once by the driver), machine code for Hopper.
+NVCC_ARCH  ?= -gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90
+NVCC_FLAGS := -std=c++17 -O2 -g -I. $(NVCC_ARCH) -Xcompiler -Wall,-Wextra,-Werror
+LIB_SRC    := $(filter-out %_nocuda.c,$(LIB_SRC))
+CU_OBJ     := $(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard trainer/*.cu))
+NAS_CFLAGS += -DNAS_HAVE_CUDA
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl \
+              -lcudart_static -ldl -lrt -lstdc++
+else
+CU_OBJ     :=
+endif
+LIB_OBJ := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CU_OBJ)
 CLI_OBJ := $(patsubst %.c,$(BUILD)/%.o,$(wildcard cli/*.c))
 EX_SRC  := $(wildcard examples/*.c)
 EX_BIN  := $(EX_SRC:examples/%.c=$(BIN)/%)
@@ -34,6 +54,10 @@ deps-test:
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -MMD -MP -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu $(wildcard trainer/*.h)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 
 $(BUILD)/libnas.a: $(LIB_OBJ)
 	@rm -f $@
@@ -80,4 +104,4 @@ bench-%: all $(BENCH_BIN)
 clean:
 	rm -rf build build-asan bin
 
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(filter-out %.cu.d,$(LIB_OBJ:.o=.d)) $(CLI_OBJ:.o=.d)

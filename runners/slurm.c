@@ -63,11 +63,13 @@ static const struct {
     {"gpus", "--gpus", true, true},
     {"gres", "--gres", false, true},
     {"nodes", "--nodes", true, true},
+    {"ntasks", "--ntasks", true, false},
+    {"gpus_per_task", "--gpus-per-task", true, true},
 };
 #define N_FLAG_OPTIONS (sizeof flag_options / sizeof *flag_options)
 
 static const char other_options[] =
-    "time, sbatch_args, setup, array, poll_interval, retries, retry_backoff";
+    "time, sbatch_args, setup, array, srun, poll_interval, retries, retry_backoff";
 
 typedef struct {
   char **items; /* owned strings */
@@ -91,6 +93,8 @@ typedef struct {
   text_list sbatch_args;             /* extra sbatch arguments, after the runner's own */
   text_list setup;                   /* job script lines run before the command */
   bool array;                        /* batches go as job arrays */
+  bool srun;                         /* the command runs as `srun -- command`: once per
+                                        task of the allocation (ntasks) */
   double poll_interval;              /* seconds between squeue calls */
   slurm_retry retry;
   seen_job *seen; /* owned, sorted by handle */
@@ -181,9 +185,9 @@ static int other_option_read(const char *key, const json_t *value, slurm_runner 
   if (strcmp(key, "setup") == 0) return text_list_read(key, value, true, &sr->setup, err);
   if (strcmp(key, "poll_interval") == 0) return seconds_read(key, value, &sr->poll_interval, err);
   if (strcmp(key, "retry_backoff") == 0) return seconds_read(key, value, &sr->retry.backoff_s, err);
-  if (strcmp(key, "array") == 0) {
-    if (!json_is_boolean(value)) return nas_errf(err, "option array: expected true or false");
-    sr->array = json_is_true(value);
+  if (strcmp(key, "array") == 0 || strcmp(key, "srun") == 0) {
+    if (!json_is_boolean(value)) return nas_errf(err, "option %s: expected true or false", key);
+    *(key[0] == 'a' ? &sr->array : &sr->srun) = json_is_true(value);
     return NAS_OK;
   }
   if (strcmp(key, "retries") == 0) {
@@ -394,7 +398,8 @@ static int prepare(const slurm_runner *sr, const runner_job *job, prepared *p, n
       file_in_remove(p->run_dir, HELD_FILE, err) != NAS_OK) /* left by an earlier job */
     return NAS_ERR;
   slurm_task task = {.argv = job->argv, .workdir = p->workdir, .run_dir = p->run_dir,
-                     .env = job->env, .setup = sr->setup.items, .n_setup = sr->setup.n};
+                     .env = job->env, .setup = sr->setup.items, .n_setup = sr->setup.n,
+                     .srun = sr->srun};
   return slurm_job_script_write(&task, &p->script, err);
 }
 

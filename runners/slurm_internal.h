@@ -23,6 +23,7 @@ typedef struct {
   char *const *env;      /* NULL-terminated NAME=VALUE, or NULL */
   char *const *setup;    /* preamble lines (module loads), run before the command */
   size_t n_setup;
+  bool srun;             /* run argv as `srun -- argv`: one copy per task of the job */
 } slurm_task;
 
 /* Checks that every env entry is NAME=VALUE with a NAME bash can export. */

@@ -91,6 +91,7 @@ static int trial_put(FILE *f, const slurm_task *task) {
   fputs(" || { printf 'nas: cannot enter workdir %s\\n' ", f);
   if (rc == NAS_OK) rc = word_put(f, task->workdir);
   fputs(" >&2; exit 127; }\n  exec --", f);
+  if (task->srun) fputs(" srun --", f);
   for (size_t i = 0; task->argv[i] && rc == NAS_OK; i++) {
     fputc(' ', f);
     rc = word_put(f, task->argv[i]);

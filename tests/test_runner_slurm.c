@@ -657,6 +657,22 @@ static void environment_and_setup_reach_the_job_in_order(void **state) {
   runner_free(r);
 }
 
+/* ntasks: 2 with srun: the command runs once per task, each seeing its own rank. */
+static void srun_runs_the_command_once_per_task(void **state) {
+  fixture *f = cluster_fixture(state);
+  runner *r = runner_with("{\"poll_interval\": 0.2, \"ntasks\": 2, \"srun\": true}");
+  char *argv[] = {"sh", "-c", "echo \"task $SLURM_PROCID of $SLURM_NTASKS\"", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start_on(r, run_dir, argv, f->dir, NULL, 0);
+  assert_int_equal(wait_end(r, handle, run_dir, WAIT_LIMIT_S).exit_code, 0);
+  char *out = file_text(run_dir, "stdout.log");
+  bool in_order = strcmp(out, "task 0 of 2\ntask 1 of 2\n") == 0;
+  bool reversed = strcmp(out, "task 1 of 2\ntask 0 of 2\n") == 0;
+  if (!in_order && !reversed) fail_msg("stdout.log: '%s'", out);
+  free(out), free(handle), free(run_dir);
+  runner_free(r);
+}
+
 static void job_array_runs_each_trial_in_its_own_run_dir(void **state) {
   fixture *f = cluster_fixture(state);
   runner *r = runner_with("{\"poll_interval\": 0.2, \"array\": true}");
@@ -1070,7 +1086,8 @@ int main(void) {
       T(missing_command_or_workdir_exits_127),
       T(hostile_argv_env_and_paths_round_trip_exactly),
       T(environment_and_setup_reach_the_job_in_order),
-      T(job_array_runs_each_trial_in_its_own_run_dir),
+      T(srun_runs_the_command_once_per_task),
+    T(job_array_runs_each_trial_in_its_own_run_dir),
       T(batch_without_array_starts_one_job_each),
       T(each_poll_asks_slurm_at_most_once_for_all_jobs),
       T(end_is_learnt_from_exit_json_long_before_the_poll_interval),
