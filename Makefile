@@ -17,18 +17,21 @@ LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 # CUDA runtime, cuBLAS or NCCL lives in trainer/*.cu; with CUDA those are compiled by nvcc
 # and the stand-ins trainer/*_nocuda.c (which report "built without CUDA") are left out,
 # without CUDA the reverse. The default build and the test suite never need a GPU.
+# cuBLAS and NCCL are not linked: they cost every process ~0.4 s and ~230 MB at start-up,
+# so the engine and the NCCL communicators dlopen them when made (trainer/cuda_dl.h), first
+# from NAS_CUDA_LIBDIR. Only the static CUDA runtime is linked; it costs nothing until used.
 NVCC    ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
 CUDA    ?= $(if $(NVCC),1,0)
 ifeq ($(CUDA),1)
 CUDA_HOME  ?= $(patsubst %/bin/nvcc,%,$(NVCC))
 # PTX for every GPU from Ampere on (JIT-compiled once by the driver), machine code for Hopper.
 NVCC_ARCH  ?= -gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,code=sm_90
-NVCC_FLAGS := -std=c++17 -O2 -g -I. $(NVCC_ARCH) -Xcompiler -Wall,-Wextra,-Werror
+NVCC_FLAGS := -std=c++17 -O2 -g -I. $(NVCC_ARCH) -Xcompiler -Wall,-Wextra,-Werror \
+              -DNAS_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 LIB_SRC    := $(filter-out %_nocuda.c,$(LIB_SRC))
 CU_OBJ     := $(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard trainer/*.cu))
 NAS_CFLAGS += -DNAS_HAVE_CUDA
-LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcublas -lnccl \
-              -lcudart_static -ldl -lrt -lstdc++
+LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 CU_OBJ     :=
 endif

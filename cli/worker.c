@@ -50,6 +50,11 @@ typedef struct {
   tr_model model;
   double last_beat;   /* monotonic seconds of the last heartbeat */
   double started;     /* monotonic seconds when training started */
+  tr_comm *comm;      /* owned: this process's rank when launched as one of several (srun
+                         tasks); NULL otherwise */
+  tr_cuda *cuda;      /* owned: the device with device: cuda; NULL on the CPU */
+  uint64_t seed;      /* of the trial's generators */
+  double accuracy;    /* validation accuracy after the last epoch (rank 0's) */
 } worker;
 
 /* Returns -1 when the command should go on, else the exit status. */
@@ -115,7 +120,9 @@ static int worker_open(worker *w, const worker_args *a, nas_err *err) {
 }
 
 static void worker_close(worker *w) {
+  tr_comm_free(w->comm);
   tr_model_free(&w->model);
+  tr_cuda_free(w->cuda);
   worker_data_free(&w->data);
   if (w->ctx.alloc) tr_allocator_release(w->ctx.alloc);
   json_decref(w->settings);
@@ -146,14 +153,58 @@ static void set_threads(int threads) {
   omp_set_num_threads(threads);
 }
 
+/* ---- devices ---- */
+
+/* Whether a launcher started this process as one rank of several: a task of an srun step
+ * with more than one task, or NAS_RANK (tr_comm_env reads the rest). */
+static bool launched_as_rank(void) {
+  const char *tasks = getenv("SLURM_STEP_NUM_TASKS");
+  return getenv("NAS_RANK") || (getenv("SLURM_STEP_ID") && tasks && atoi(tasks) > 1);
+}
+
+static bool lead_rank(const worker *w) { return !w->comm || tr_comm_rank(w->comm) == 0; }
+
+/* Joins the group of ranks the launcher started; there must be as many as the trial's
+ * devices. GPUs meet over NCCL (the id through the run folder), CPU ranks in shared memory. */
+static int join_ranks(worker *w, const char *run_dir, int *local_rank, nas_err *err) {
+  tr_comm_options opts = {.backend = w->plan.device == TR_CUDA ? TR_COMM_NCCL : TR_COMM_PROCESSES,
+                          .run_dir = w->plan.device == TR_CUDA ? run_dir : NULL};
+  if (tr_comm_env(&opts, err) != NAS_OK) return NAS_ERR;
+  if (opts.world != w->plan.devices)
+    return nas_errf(err, "the trial has devices: %d but runs as %d ranks (srun tasks): make "
+                    "the runner's ntasks equal to devices", w->plan.devices, opts.world);
+  *local_rank = opts.local_rank;
+  return tr_comm_join(&opts, &w->comm, err);
+}
+
+/* Ranks and device, before any data is read: a rank of a launched group joins it; several
+ * devices in one process are CPU threads (GPUs take one process each); device: cuda gets
+ * the GPU of this rank on its node. */
+static int worker_devices(worker *w, const char *run_dir, nas_err *err) {
+  int local_rank = 0;
+  if (launched_as_rank() && join_ranks(w, run_dir, &local_rank, err) != NAS_OK) return NAS_ERR;
+  if (w->plan.device != TR_CUDA) return NAS_OK;
+  if (w->plan.devices > 1 && !w->comm)
+    return nas_errf(err, "devices: %d with device: cuda takes one process per GPU: run the trial "
+                    "as %d srun tasks (runner options ntasks: %d, srun: true)", w->plan.devices,
+                    w->plan.devices, w->plan.devices);
+  int count = tr_cuda_device_count(err);
+  if (count < 1) return nas_err_prefix(err, "device: cuda");
+  w->cuda = tr_cuda_new(local_rank % count, (size_t)1 << 30, err);
+  return w->cuda ? NAS_OK : nas_err_prefix(err, "device: cuda");
+}
+
 /* Data and model. Every trial of an experiment splits off the same validation examples
  * (the experiment's seed), so their accuracies compare; initial weights and batch order
  * differ per trial. */
 static int worker_prepare(worker *w, nas_err *err) {
-  heartbeat(w); /* reading a large dataset takes seconds */
-  uint64_t seed = mix((uint64_t)w->s->seed * 1000003u + (uint64_t)w->trial.number);
+  if (lead_rank(w)) heartbeat(w); /* reading a large dataset takes seconds */
+  uint64_t seed = w->seed = mix((uint64_t)w->s->seed * 1000003u + (uint64_t)w->trial.number);
   tr_ctx_init(&w->ctx, seed);
   set_threads(w->plan.threads);
+  /* Thread ranks share the OpenMP threads (tr_fsdp_run_threads); OpenBLAS, called by all
+   * of them at once, stays on one thread each. */
+  if (w->plan.devices > 1 && !w->comm) openblas_set_num_threads(1);
   const builtin_spec *b = w->s->trial.builtin;
   double start = nas_monotonic();
   int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
@@ -161,8 +212,15 @@ static int worker_prepare(worker *w, nas_err *err) {
   /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
   if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
   if ((rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err)) != NAS_OK) return rc;
+  if (w->cuda) {
+    w->ctx.cuda = w->cuda;
+    w->plan.fit.device = TR_DEVICE_CUDA(tr_cuda_device(w->cuda));
+    if (tr_module_to_device(&w->ctx, w->model.module, w->plan.fit.device) != NAS_OK)
+      return nas_errf(err, "model to the device: %s", w->ctx.err.msg);
+  }
   w->plan.fit.shuffle_seed = mix(seed);
   const tr_input_shape *in = &w->data.all.shape;
+  if (!lead_rank(w)) return NAS_OK;
   printf("trial %d of %s: %s on %s (%lldx%lldx%lld, %d classes, read in %.1f s): %lld "
          "training, %lld validation, %lld test examples; %lld parameters, %lld FLOPs per "
          "example\n",
@@ -195,14 +253,53 @@ static int on_epoch(void *arg, int epoch, double train_loss, double val_accuracy
   return NAS_OK;
 }
 
-static int worker_train(worker *w, double *accuracy, double *seconds, nas_err *err) {
+/* ---- training on several ranks (docs/spec.md, "Training on several devices") ---- */
+
+/* One thread rank: rank 0 trains the worker's own model with its context, the others a
+ * model of their own (FSDP gives them rank 0's parameters). */
+static int thread_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
+  worker *w = arg;
+  tr_fit_ranks ranks = {rank->comm, rank->prefetch_comm, w->plan.fsdp};
+  if (rank->rank == 0)
+    return tr_fit_sharded(&w->ctx, w->model.module, &ranks, &w->data.all.train, &w->data.val,
+                          &w->plan.fit, &w->accuracy, err);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, w->seed + (uint64_t)rank->rank);
+  tr_model model = {0};
+  int rc = (ctx.alloc = tr_allocator_new((size_t)256 << 20)) ? NAS_OK
+                                                              : nas_errf(err, "out of memory");
+  if (rc == NAS_OK) rc = worker_model_build(&ctx, &w->plan, &w->data, &model, err);
+  if (rc == NAS_OK)
+    rc = tr_fit_sharded(&ctx, model.module, &ranks, &w->data.all.train, &w->data.val,
+                        &w->plan.fit, NULL, err);
+  tr_model_free(&model);
+  if (ctx.alloc) tr_allocator_release(ctx.alloc);
+  return rc;
+}
+
+/* This process as one rank of the group its launcher started; prefetch needs a second
+ * group and is left out. */
+static int process_rank(worker *w, nas_err *err) {
+  tr_fit_ranks ranks = {w->comm, NULL, w->plan.fsdp};
+  return tr_fit_sharded(&w->ctx, w->model.module, &ranks, &w->data.all.train, &w->data.val,
+                        &w->plan.fit, &w->accuracy, err);
+}
+
+static int worker_train(worker *w, double *seconds, nas_err *err) {
   w->plan.fit.on_epoch = on_epoch;
   w->plan.fit.on_step = on_step;
   w->plan.fit.arg = w;
   w->started = w->last_beat = nas_monotonic();
-  int rc = tr_fit(&w->ctx, w->model.module, &w->data.all.train, &w->data.val, &w->plan.fit,
-                  accuracy, err);
+  int rc;
+  if (w->comm) rc = process_rank(w, err);
+  else if (w->plan.devices > 1) rc = tr_fsdp_run_threads(w->plan.devices, thread_rank, w, err);
+  else rc = tr_fit(&w->ctx, w->model.module, &w->data.all.train, &w->data.val, &w->plan.fit,
+                   &w->accuracy, err);
   *seconds = nas_monotonic() - w->started;
+  /* Latency, test accuracy and the weights file are measured and written on the CPU. */
+  if (rc == NAS_OK && w->cuda &&
+      tr_module_to_device(&w->ctx, w->model.module, TR_DEVICE_CPU) != NAS_OK)
+    rc = nas_errf(err, "model back from the device: %s", w->ctx.err.msg);
   return rc;
 }
 
@@ -308,11 +405,13 @@ int cmd_worker(int argc, char **argv) {
   worker w;
   memset(&w, 0, sizeof w);
   nas_err err;
-  double accuracy = 0, seconds = 0;
+  double seconds = 0;
   int rc = worker_open(&w, &a, &err);
+  if (rc == NAS_OK) rc = worker_devices(&w, a.run_dir, &err);
   if (rc == NAS_OK) rc = worker_prepare(&w, &err);
-  if (rc == NAS_OK) rc = worker_train(&w, &accuracy, &seconds, &err);
-  if (rc == NAS_OK) rc = worker_finish(&w, a.run_dir, accuracy, seconds, &err);
+  if (rc == NAS_OK) rc = worker_train(&w, &seconds, &err);
+  /* Rank 0 measures, saves and reports for the whole group. */
+  if (rc == NAS_OK && lead_rank(&w)) rc = worker_finish(&w, a.run_dir, w.accuracy, seconds, &err);
   worker_close(&w);
   return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
 }

@@ -17,6 +17,9 @@ typedef struct {
   double validation;     /* share of the training data held out */
   int64_t limit_train, limit_val; /* 0: all */
   int threads;           /* for training; latency is measured on one */
+  tr_device_kind device; /* where training runs */
+  int devices;           /* ranks one model is trained across (docs/spec.md) */
+  tr_fsdp_config fsdp;   /* how, when devices > 1 */
 } worker_plan;
 
 /* Reads the complete settings object of a trial into plan. */

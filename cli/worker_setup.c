@@ -27,6 +27,9 @@ static const word_value optimizers[] = {
 static const word_value schedules[] = {
     {"constant", TR_LR_CONSTANT}, {"cosine", TR_LR_COSINE}, {"step", TR_LR_STEP}, {NULL, 0}};
 static const word_value poolings[] = {{"max", TR_MAXPOOL2D}, {"avg", TR_AVGPOOL2D}, {NULL, 0}};
+static const word_value device_kinds[] = {{"cpu", TR_CPU}, {"cuda", TR_CUDA}, {NULL, 0}};
+static const word_value shardings[] = {
+    {"full", TR_SHARD_FULL}, {"grad_op", TR_SHARD_GRAD_OP}, {"none", TR_SHARD_NONE}, {NULL, 0}};
 
 static int word_of(const json_t *settings, const char *name, const word_value *table, int *out,
                    nas_err *err) {
@@ -107,11 +110,27 @@ static int read_training(const json_t *settings, worker_plan *plan, nas_err *err
   return NAS_OK;
 }
 
+/* Devices and sharding: one unit per layer, prefetch on (it changes no result). */
+static int read_devices(const json_t *settings, worker_plan *plan, nas_err *err) {
+  int device, sharding;
+  int rc = word_of(settings, "device", device_kinds, &device, err);
+  if (rc == NAS_OK) rc = word_of(settings, "sharding", shardings, &sharding, err);
+  if (rc != NAS_OK) return rc;
+  plan->device = (tr_device_kind)device;
+  plan->devices = (int)int_of(settings, "devices");
+  plan->fsdp = (tr_fsdp_config){
+      .mode = (tr_shard_mode)sharding,
+      .checkpoint = json_is_true(json_object_get(settings, "checkpoint_activations")),
+      .prefetch = true};
+  return NAS_OK;
+}
+
 int worker_plan_read(const json_t *settings, const char *model, worker_plan *plan, nas_err *err) {
   memset(plan, 0, sizeof *plan);
   plan->cnn = strcmp(model, "cnn") == 0;
   int rc = read_model(settings, plan, err);
-  return rc == NAS_OK ? read_training(settings, plan, err) : rc;
+  if (rc == NAS_OK) rc = read_training(settings, plan, err);
+  return rc == NAS_OK ? read_devices(settings, plan, err) : rc;
 }
 
 /* ---- data ---- */

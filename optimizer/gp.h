@@ -13,6 +13,7 @@
 #ifndef NAS_OPTIMIZER_GP_H
 #define NAS_OPTIMIZER_GP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include <gsl/gsl_rng.h>
@@ -57,6 +58,12 @@ typedef struct {
   gp_kernel kernel;
   int restarts;     /* extra L-BFGS starts drawn around the prior's mode (0 = prior mode only) */
   int max_evals;    /* per start */
+  /* Fix the constant mean at the largest standardised outcome instead of fitting it: away
+   * from the data the model then expects the worst value seen (outcomes are minimised),
+   * which stops the acquisition from chasing the far corners of a high-dimensional cube
+   * only because nothing is known there (De Ath et al. 2021, "What do you mean? The role
+   * of the mean function in Bayesian optimisation"). */
+  bool worst_mean;
 } gp_fit_options;
 
 typedef struct gp gp;

@@ -6,7 +6,9 @@
  *   ∂/∂θ_i = ½ tr((ααᵀ − K⁻¹) ∂K/∂θ_i),  ∂/∂c = Σ α.
  * It is maximised by NLopt's bound-constrained L-BFGS from the prior's mode and from
  * `restarts` further starts drawn around it; the best θ ever evaluated wins, so a start
- * that stops early (round-off, evaluation limit) still contributes what it found. */
+ * that stops early (round-off, evaluation limit) still contributes what it found. With
+ * worst_mean the constant mean is held at the largest standardised outcome (its bounds
+ * closed on that value), and only the lengthscales and the noise move. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -162,6 +164,7 @@ typedef struct {
   const double *X, *y;
   size_t n, d;
   lml_work work;
+  double lower_mean, upper_mean; /* bounds of the constant mean (equal when it is fixed) */
   double best_value;
   double *best_theta;
 } fit_problem;
@@ -180,10 +183,13 @@ static double fit_objective(unsigned len, const double *theta, double *grad, voi
   return value;
 }
 
-/* Start number `start`: the prior's mode, then points drawn around it. */
+/* Start number `start`: the prior's mode, then points drawn around it; the mean within its
+ * bounds. */
 static void fit_start(size_t d, int start, gsl_rng *rng, const double *lower,
                       const double *upper, double *theta) {
   gp_theta_prior_mode(d, theta);
+  size_t im = GP_THETA_MEAN(d);
+  theta[im] = fmin(fmax(theta[im], lower[im]), upper[im]);
   if (start == 0) return;
   for (size_t i = 0; i < GP_THETA_LEN(d) - 1; i++) {
     theta[i] += gsl_ran_gaussian(rng, 1.0);
@@ -195,6 +201,8 @@ static void fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng) {
   unsigned len = (unsigned)GP_THETA_LEN(p->d);
   double lower[len], upper[len], theta[len];
   gp_theta_bounds(p->d, lower, upper);
+  lower[GP_THETA_MEAN(p->d)] = p->lower_mean;
+  upper[GP_THETA_MEAN(p->d)] = p->upper_mean;
   nlopt_opt nl = nlopt_create(NLOPT_LD_LBFGS, len);
   if (!nl) return;
   nlopt_set_lower_bounds(nl, lower);
@@ -208,6 +216,17 @@ static void fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng) {
     nlopt_optimize(nl, theta, &value); /* whatever it returns, best_theta holds the best */
   }
   nlopt_destroy(nl);
+}
+
+/* The constant mean's bounds: the fixed worst outcome, or the general box. */
+static void set_mean_bounds(fit_problem *p, const double *ystd, bool worst_mean) {
+  double lower[GP_THETA_LEN(p->d)], upper[GP_THETA_LEN(p->d)], worst = -HUGE_VAL;
+  gp_theta_bounds(p->d, lower, upper);
+  p->lower_mean = lower[GP_THETA_MEAN(p->d)];
+  p->upper_mean = upper[GP_THETA_MEAN(p->d)];
+  if (!worst_mean) return;
+  for (size_t i = 0; i < p->n; i++) worst = fmax(worst, ystd[i]);
+  p->lower_mean = p->upper_mean = fmin(fmax(worst, p->lower_mean), p->upper_mean);
 }
 
 int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_options *opt,
@@ -224,7 +243,9 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   }
   double shift, scale; /* the same standardisation gp_create will make */
   gp_standardise(y, n, ystd, &shift, &scale);
+  set_mean_bounds(&p, ystd, opt->worst_mean);
   gp_theta_prior_mode(d, p.best_theta);
+  p.best_theta[GP_THETA_MEAN(d)] = fmin(fmax(0.0, p.lower_mean), p.upper_mean);
   p.y = ystd;
   fit_runs(&p, opt, rng);
   rc = gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);

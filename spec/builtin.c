@@ -18,7 +18,7 @@
 
 enum { FOR_MLP = 1, FOR_CNN = 2, FOR_BOTH = 3 };
 
-typedef enum { SETTING_INT, SETTING_FLOAT, SETTING_CHOICE } setting_kind;
+typedef enum { SETTING_INT, SETTING_FLOAT, SETTING_CHOICE, SETTING_BOOL } setting_kind;
 
 typedef struct {
   const char *name;
@@ -40,6 +40,8 @@ static const char *const cnn_norms[] = {"none", "batch", NULL};
 static const char *const poolings[] = {"max", "avg", NULL};
 static const char *const models[] = {"mlp", "cnn", NULL};
 static const char *const dataset_names[] = {"digits", "fashion-mnist", NULL};
+static const char *const device_kinds[] = {"cpu", "cuda", NULL};
+static const char *const shardings[] = {"full", "grad_op", "none", NULL};
 
 /* Per-layer counts must stay within the trainer's TR_MAX_BLOCKS (8). */
 static const builtin_setting settings[] = {
@@ -56,6 +58,10 @@ static const builtin_setting settings[] = {
     {"dropout", FOR_BOTH, SETTING_FLOAT, 0, 1, .open_high = true, .fallback = "0"},
     {"activation", FOR_BOTH, SETTING_CHOICE, .choices = activations, .fallback = "relu"},
     {"threads", FOR_BOTH, SETTING_INT, 1, 256, .fallback = "1"},
+    {"device", FOR_BOTH, SETTING_CHOICE, .choices = device_kinds, .fallback = "cpu"},
+    {"devices", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "1"},
+    {"sharding", FOR_BOTH, SETTING_CHOICE, .choices = shardings, .fallback = "full"},
+    {"checkpoint_activations", FOR_BOTH, SETTING_BOOL, .fallback = "false"},
     {"layers", FOR_MLP, SETTING_INT, 1, 8, .fallback = "2"},
     {"width", FOR_MLP, SETTING_INT, 1, 65536, .fallback = "128", .per_layer = 8},
     {"norm", FOR_MLP, SETTING_CHOICE, .choices = mlp_norms, .fallback = "none"},
@@ -121,6 +127,11 @@ static bool setting_accepts(const builtin_setting *st, const json_t *value, char
     describe_list(choices, list, sizeof list);
     json_decref(choices);
     snprintf(why, cap, "%s is not one of %s", text, list);
+    return false;
+  }
+  if (st->kind == SETTING_BOOL) {
+    if (json_is_boolean(value)) return true;
+    snprintf(why, cap, "expected true or false, got %s", text);
     return false;
   }
   if (st->kind == SETTING_INT ? !json_is_integer(value) : !json_is_number(value)) {
@@ -245,8 +256,9 @@ static bool param_fits(const param_spec *p, const builtin_setting *st, char *why
       if (!setting_accepts(st, json_array_get(p->choices, i), why, cap)) return false;
     return true;
   }
-  if (st->kind == SETTING_CHOICE) {
-    snprintf(why, cap, "the setting takes words: declare a categorical parameter");
+  if (st->kind == SETTING_CHOICE || st->kind == SETTING_BOOL) {
+    snprintf(why, cap, "the setting takes %s: declare a categorical parameter",
+             st->kind == SETTING_BOOL ? "true or false" : "words");
     return false;
   }
   if (st->kind == SETTING_INT && p->kind == PARAM_FLOAT) {

@@ -315,6 +315,44 @@ static void worker_stores_every_metric_and_the_weights(void **state) {
   free(spec);
 }
 
+/* Accuracy of trial i of an experiment (trials in order). */
+static double trial_accuracy(fixture *f, const char *name, size_t i) {
+  json_t *rows = trials_json(f, name);
+  assert_true(i < json_array_size(rows));
+  double accuracy = num(json_array_get(rows, i), METRIC_ACCURACY);
+  json_decref(rows);
+  return accuracy;
+}
+
+/* devices: 2 trains one model on two thread ranks (FSDP, docs/spec.md): whatever the
+ * sharding and with activation checkpointing, the same trials reach the accuracy one rank
+ * does (batches of 32 split in two; only float rounding differs). */
+static void two_thread_ranks_train_the_same_model(void **state) {
+  fixture *f = *state;
+  const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
+                                  "devices: 2, sharding: grad_op, checkpoint_activations: true",
+                                  "devices: 2, sharding: none"};
+  double accuracy[4][2];
+  for (int v = 0; v < 4; v++) {
+    char name[16], settings[160], *out;
+    snprintf(name, sizeof name, "ranks%d", v);
+    snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, %s",
+             variants[v]);
+    char *spec = digits_spec(f, name, settings, 2, 1, "2m");
+    int rc = nas(f, &out, "run", spec, "--no-progress");
+    if (rc != 0) fail_msg("%s: nas run failed (%d): %s", variants[v], rc, out);
+    free(out);
+    free(spec);
+    for (size_t i = 0; i < 2; i++) {
+      accuracy[v][i] = trial_accuracy(f, name, i);
+      assert_true(accuracy[v][i] > 0.5);
+      if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > 0.02)
+        fail_msg("%s: trial %zu accuracy %g, one rank %g", variants[v], i, accuracy[v][i],
+                 accuracy[0][i]);
+    }
+  }
+}
+
 static void builtin_experiment_finds_a_front(void **state) {
   fixture *f = *state;
   char *spec = digits_spec(f, "few", "epochs: 1, limit_train: 300, activation: tanh", 4, 2, "2m");
@@ -390,6 +428,7 @@ int main(void) {
       cmocka_unit_test(csv_paths_load_with_their_shape),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
+      cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
       cmocka_unit_test_setup_teardown(missing_dataset_fails_the_trial_with_the_reason, setup,
                                       teardown),

@@ -251,6 +251,31 @@ static void fit_is_deterministic(void **state) {
   gsl_rng_free(rng);
 }
 
+/* With worst_mean the constant mean is the largest standardised outcome, whatever the fit
+ * does with the lengthscales and the noise; far from the data the posterior mean returns
+ * to it, i.e. to the worst value observed. */
+static void worst_mean_is_held_at_the_largest_outcome(void **state) {
+  (void)state;
+  enum { N = 12, D = 3 };
+  double X[N * D], y[N], ystd[N], shift, scale, far[D] = {1, 1, 1}, largest = -HUGE_VAL;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N * D; i++) X[i] *= 0.05; /* all data in one small corner */
+  fill_uniform(rng, y, N);
+  gp_standardise(y, N, ystd, &shift, &scale);
+  for (size_t i = 0; i < N; i++) largest = fmax(largest, ystd[i]);
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 100,
+                        .worst_mean = true};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
+  assert_true(gp_theta(g)[GP_THETA_MEAN(D)] == largest);
+  point_values v = predict_values(g, NULL, far);
+  assert_true(fabs(v.mean - largest) < 0.05);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
 /* Duplicate inputs with tiny noise make K singular in floating point: jitter rescues it. */
 static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
   (void)state;
@@ -275,6 +300,7 @@ int main(void) {
       cmocka_unit_test(baseline_covariance_agrees_with_point_predictions),
       cmocka_unit_test(fit_predicts_a_smooth_function),
       cmocka_unit_test(fit_is_deterministic),
+      cmocka_unit_test(worst_mean_is_held_at_the_largest_outcome),
       cmocka_unit_test(cholesky_adds_jitter_to_a_singular_matrix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -114,6 +114,7 @@ static void unknown_or_invalid_options_are_rejected(void **state) {
   expect_spec_error(branin_currin_yaml("gp", 0, ", kernel: cubic"), "kernel");
   expect_spec_error(branin_currin_yaml("gp", 0, ", n_initial: 0"), "n_initial");
   expect_spec_error(branin_currin_yaml("gp", 0, ", mc_samples: many"), "mc_samples");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", mean: best"), "mean");
 }
 
 static void gp_is_the_default_optimizer(void **state) {
@@ -141,10 +142,9 @@ static void initial_design_is_the_sobol_design(void **state) {
   finish(&s);
 }
 
-static void same_seed_and_data_give_the_same_suggestions(void **state) {
-  (void)state;
+static void expect_same_runs(const char *options) {
   experiment a, b;
-  const char *yaml = branin_currin_yaml("gp", 5, ", raw_samples: 64, restarts: 2");
+  const char *yaml = branin_currin_yaml("gp", 5, options);
   start(&a, yaml);
   start(&b, yaml);
   run(&a, branin_currin, 9, 3);
@@ -152,6 +152,13 @@ static void same_seed_and_data_give_the_same_suggestions(void **state) {
   for (size_t i = 0; i < 9; i++) assert_true(json_equal(a.params[i], b.params[i]));
   finish(&a);
   finish(&b);
+}
+
+/* Both constant means (2-d defaults to the fitted one), batches with moving references. */
+static void same_seed_and_data_give_the_same_suggestions(void **state) {
+  (void)state;
+  expect_same_runs(", raw_samples: 64, restarts: 2");
+  expect_same_runs(", raw_samples: 64, restarts: 2, mean: worst");
 }
 
 /* After a Sobol start, a batch of four holds four different points that are not all in

@@ -15,6 +15,7 @@
  * fail when CI=true. */
 #include "tests/testutil.h"
 
+#include <jansson.h>
 #include <signal.h>
 #include <sys/stat.h>
 
@@ -767,6 +768,50 @@ static void experiment_runs_through_slurm_as_job_arrays(void **state) {
   free(out), free(spec), free(db);
 }
 
+/* A built-in trial with devices: 2 run as two srun tasks: the tasks form one group by
+ * themselves (SLURM_PROCID, SLURM_NTASKS), train one model together, and rank 0 alone
+ * stores the metrics. */
+static void builtin_trial_trains_across_two_srun_tasks(void **state) {
+  fixture *f = cluster_fixture(state);
+  char *spec = NULL, *db = NULL, *out = NULL;
+  assert_true(asprintf(&spec, "%s/exp.yaml", f->dir) > 0);
+  assert_true(asprintf(&db, "sqlite:%s/nas.db", f->dir) > 0);
+  FILE *file = fopen(spec, "w");
+  assert_non_null(file);
+  fputs("name: ranks\n"
+        "objectives: [{name: accuracy, goal: maximize}]\n"
+        "parameters: {lr: {type: float, low: 0.003, high: 0.03, log: true}}\n"
+        "trial:\n"
+        "  builtin: {model: mlp, dataset: digits, epochs: 2, batch_size: 32, width: 32,\n"
+        "            limit_train: 512, devices: 2}\n"
+        "budget: {trials: 1}\n"
+        "optimizer: {type: random}\n"
+        "runner: {type: slurm, ntasks: 2, srun: true, poll_interval: 0.2}\n",
+        file);
+  fclose(file);
+  char *run[] = {(char *)test_nas_bin(), "run", spec, "--storage", db, "--no-progress", NULL};
+  int rc = test_run(f->dir, run, &out);
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  free(out);
+  char *trials[] = {(char *)test_nas_bin(), "trials", "ranks", "--storage", db,
+                    "--format", "json", NULL};
+  assert_int_equal(test_run(f->dir, trials, &out), 0);
+  json_t *rows = json_loads(out, 0, NULL);
+  assert_non_null(rows);
+  json_t *trial = json_array_get(rows, 0);
+  if (strcmp(json_string_value(json_object_get(trial, "status")), "completed") != 0)
+    fail_msg("trial: %s", out);
+  assert_true(json_number_value(json_object_get(trial, "accuracy")) > 0.5);
+  char *log = NULL;
+  assert_true(asprintf(&log, "%s/runs/ranks/0", f->dir) > 0);
+  char *text = file_text(log, "stdout.log");
+  char *first = strstr(text, "epoch 2/2"); /* rank 0 alone reports */
+  assert_non_null(first);
+  assert_null(strstr(first + 1, "epoch 2/2"));
+  json_decref(rows);
+  free(text), free(log), free(out), free(spec), free(db);
+}
+
 static void batch_without_array_starts_one_job_each(void **state) {
   fixture *f = cluster_fixture(state);
   char *argv[] = {"true", NULL};
@@ -1087,6 +1132,7 @@ int main(void) {
       T(hostile_argv_env_and_paths_round_trip_exactly),
       T(environment_and_setup_reach_the_job_in_order),
       T(srun_runs_the_command_once_per_task),
+      T(builtin_trial_trains_across_two_srun_tasks),
     T(job_array_runs_each_trial_in_its_own_run_dir),
       T(batch_without_array_starts_one_job_each),
       T(each_poll_asks_slurm_at_most_once_for_all_jobs),

@@ -1155,6 +1155,9 @@ static void builtin_settings_layer_defaults_section_and_parameters(void **state)
   assert_true(json_real_value(json_object_get(all, "lr")) == 0.01); /* parameter over section */
   assert_string_equal(json_string_value(json_object_get(all, "activation")), "relu");
   assert_null(json_object_get(all, "stages")); /* a cnn setting */
+  assert_int_equal(json_integer_value(json_object_get(all, "devices")), 1);
+  assert_string_equal(json_string_value(json_object_get(all, "sharding")), "full");
+  assert_true(json_is_false(json_object_get(all, "checkpoint_activations")));
   json_decref(all);
   json_decref(params);
   /* width3 inactive: the layer takes width. */
@@ -1196,6 +1199,11 @@ static void builtin_section_errors_point_at_the_value(void **state) {
                "t.yaml:10:46: ", "trial.builtin.lr: 0 is outside (0, 10]");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: cnn, dataset: digits, norm: layer}\n"),
                "t.yaml:10:48: ", "'layer' is not one of ['none', 'batch']");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, sharding: half}\n"),
+               "t.yaml:10:52: ", "'half' is not one of ['full', 'grad_op', 'none']");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: cnn, dataset: digits, "
+                            "checkpoint_activations: 1}\n"),
+               "t.yaml:10:66: ", "checkpoint_activations: expected true or false, got 1");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: [mlp]\n"), "t.yaml:10:12: ",
                "trial.builtin: expected a mapping, got a list");
 }
@@ -1218,6 +1226,9 @@ static void builtin_parameters_must_be_settings_with_valid_values(void **state) 
   expect_error(yaml, "t.yaml:3:3: ", "'swish' is not one of ['relu', 'gelu', 'tanh', 'sigmoid']");
   snprintf(yaml, sizeof yaml, NAME "parameters:\n  norm: {type: int, low: 0, high: 1}\n%s", trial);
   expect_error(yaml, "t.yaml:3:3: ", "the setting takes words: declare a categorical parameter");
+  snprintf(yaml, sizeof yaml,
+           NAME "parameters:\n  checkpoint_activations: {type: int, low: 0, high: 1}\n%s", trial);
+  expect_error(yaml, "t.yaml:3:3: ", "the setting takes true or false: declare a categorical");
   snprintf(yaml, sizeof yaml, NAME "parameters:\n  batch_size: 0\n%s", trial);
   expect_error(yaml, "t.yaml:3:3: ", "0 is outside [1, 65536]");
   snprintf(yaml, sizeof yaml,

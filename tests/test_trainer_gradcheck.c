@@ -278,6 +278,9 @@ static tr_tensor *f_conv_pad(tr_ctx *c, tr_tensor **in) {
 static tr_tensor *f_conv_stride(tr_ctx *c, tr_tensor **in) {
   return tr_conv2d(c, in[0], in[1], NULL, 2, 0);
 }
+static tr_tensor *f_conv_unpadded(tr_ctx *c, tr_tensor **in) {
+  return tr_conv2d(c, in[0], in[1], in[2], 1, 0);
+}
 static tr_tensor *f_max_pool(tr_ctx *c, tr_tensor **in) { return tr_max_pool2d(c, in[0], 2, 2); }
 static tr_tensor *f_avg_pool(tr_ctx *c, tr_tensor **in) { return tr_avg_pool2d(c, in[0], 2, 1); }
 static tr_tensor *f_layer_norm(tr_ctx *c, tr_tensor **in) {
@@ -309,11 +312,21 @@ static void conv_and_pools_match_central_differences(void **state) {
     tr_tensor *b[] = {leaf(&ctx, 4, SHAPE(2, 2, 7, 6), -1, 1),
                       leaf(&ctx, 4, SHAPE(3, 2, 3, 2), -1, 1)};
     gradcheck("conv2d (stride 2, no bias)", &ctx, f_conv_stride, 2, b);
+    /* stride 1, no padding: im2col and col2im copy whole runs in fixed-size chunks; output
+     * rows of 7 and of 19 (two chunks), images too small for the last rows' chunks */
+    tr_tensor *e[] = {leaf(&ctx, 4, SHAPE(2, 3, 5, 9), -1, 1),
+                      leaf(&ctx, 4, SHAPE(2, 3, 3, 3), -1, 1), leaf(&ctx, 1, SHAPE(2), -1, 1)};
+    gradcheck("conv2d (stride 1, unpadded)", &ctx, f_conv_unpadded, 3, e);
+    tr_tensor *f[] = {leaf(&ctx, 4, SHAPE(1, 2, 4, 21), -1, 1),
+                      leaf(&ctx, 4, SHAPE(3, 2, 2, 3), -1, 1), leaf(&ctx, 1, SHAPE(3), -1, 1)};
+    gradcheck("conv2d (unpadded, wide rows)", &ctx, f_conv_unpadded, 3, f);
   }
   openblas_set_num_threads(blas_threads);
   omp_set_num_threads(omp_threads);
   tr_tensor *c[] = {leaf(&ctx, 4, SHAPE(2, 3, 6, 4), -1, 1)};
   gradcheck("max_pool2d", &ctx, f_max_pool, 1, c);
+  tr_tensor *c_odd[] = {leaf(&ctx, 4, SHAPE(1, 2, 5, 7), -1, 1)}; /* a last row and column in no window */
+  gradcheck("max_pool2d (odd sizes)", &ctx, f_max_pool, 1, c_odd);
   tr_tensor *d[] = {leaf(&ctx, 4, SHAPE(2, 3, 4, 5), -1, 1)};
   gradcheck("avg_pool2d (overlapping)", &ctx, f_avg_pool, 1, d);
 }

@@ -10,7 +10,11 @@
  * back, cached the bytes held in the free list (at most limit). The allocator is reference
  * counted: each storage made from it holds a reference, so it outlives its last tensor
  * whatever order the owner frees things in. A mutex guards it, so tensors may be freed on
- * another thread than the one that made them. */
+ * another thread than the one that made them.
+ *
+ * The same cache serves CUDA device memory (tn_allocator_new_device): blocks then come from
+ * cudaMalloc on that device and go back with cudaFree, through trainer/cuda_kernels.h;
+ * cudaMalloc synchronises and costs far more than malloc, so the cache matters more. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +29,7 @@ typedef struct {
 struct tr_allocator {
   pthread_mutex_t lock;
   int refs;
+  int device;         /* CUDA device the blocks live on; -1: host memory */
   size_t limit;       /* most bytes kept cached */
   free_block *blocks; /* the cache (owned blocks) */
   size_t n, cap;
@@ -36,12 +41,41 @@ tr_allocator *tr_allocator_new(size_t cache_limit) {
   if (!a) return NULL;
   pthread_mutex_init(&a->lock, NULL);
   a->refs = 1;
+  a->device = -1;
   a->limit = cache_limit;
   return a;
 }
 
+tr_allocator *tn_allocator_new_device(int device, size_t cache_limit) {
+  tr_allocator *a = tr_allocator_new(cache_limit);
+  if (a) a->device = device;
+  return a;
+}
+
+/* A fresh block from the host or the device; NULL when out of memory. */
+static void *block_new(const tr_allocator *a, size_t size) {
+  if (!a || a->device < 0) return aligned_alloc(64, size);
+  void *ptr = NULL;
+  return tck_malloc(a->device, size, &ptr) ? NULL : ptr;
+}
+
+/* A cudaFree error here has no caller to tell: the block is lost either way. */
+static void block_free(const tr_allocator *a, void *ptr) {
+  if (!a || a->device < 0)
+    free(ptr);
+  else
+    (void)tck_free(a->device, ptr);
+}
+
+/* Frees every cached block (the lock held, or a dying allocator). */
+static void cache_drop(tr_allocator *a) {
+  for (size_t i = 0; i < a->n; i++) block_free(a, a->blocks[i].ptr);
+  a->n = 0;
+  a->cached = 0;
+}
+
 static void allocator_destroy(tr_allocator *a) {
-  for (size_t i = 0; i < a->n; i++) free(a->blocks[i].ptr);
+  cache_drop(a);
   free(a->blocks);
   pthread_mutex_destroy(&a->lock);
   free(a);
@@ -70,7 +104,7 @@ size_t tn_alloc_size(size_t nbytes) {
 }
 
 void *tn_alloc(tr_allocator *a, size_t size) {
-  if (!a) return aligned_alloc(64, size);
+  if (!a) return block_new(a, size);
   pthread_mutex_lock(&a->lock);
   void *ptr = NULL;
   for (size_t i = a->n; i-- > 0;) { /* newest first: likeliest still in cache */
@@ -80,7 +114,11 @@ void *tn_alloc(tr_allocator *a, size_t size) {
     a->cached -= size;
     break;
   }
-  if (!ptr) ptr = aligned_alloc(64, size);
+  if (!ptr) ptr = block_new(a, size);
+  if (!ptr && a->n > 0) { /* out of memory: give the cached blocks back, then try again */
+    cache_drop(a);
+    ptr = block_new(a, size);
+  }
   if (ptr) {
     a->in_use += size;
     if (a->in_use > a->peak) a->peak = a->in_use;
@@ -91,7 +129,7 @@ void *tn_alloc(tr_allocator *a, size_t size) {
 
 void tn_dealloc(tr_allocator *a, void *ptr, size_t size) {
   if (!a || !ptr) {
-    free(ptr);
+    block_free(a, ptr);
     return;
   }
   pthread_mutex_lock(&a->lock);
@@ -112,7 +150,7 @@ void tn_dealloc(tr_allocator *a, void *ptr, size_t size) {
     a->cached += size;
   }
   pthread_mutex_unlock(&a->lock);
-  if (!keep) free(ptr);
+  if (!keep) block_free(a, ptr);
 }
 
 void tr_allocator_stats(tr_allocator *a, tr_alloc_stats *out) {
@@ -123,8 +161,6 @@ void tr_allocator_stats(tr_allocator *a, tr_alloc_stats *out) {
 
 void tr_allocator_trim(tr_allocator *a) {
   pthread_mutex_lock(&a->lock);
-  for (size_t i = 0; i < a->n; i++) free(a->blocks[i].ptr);
-  a->n = 0;
-  a->cached = 0;
+  cache_drop(a);
   pthread_mutex_unlock(&a->lock);
 }

@@ -1,10 +1,17 @@
 /* trainer/fit.c: the training loop of built-in trials — cross-entropy, an optimiser with a
- * learning-rate schedule, shuffled batches, validation after every epoch — and accuracy.
+ * learning-rate schedule, shuffled batches, validation after every epoch — and accuracy;
+ * and the same loop on one rank of several (tr_fit_sharded), the model sharded by FSDP.
  *
  * The loop is the one docs/engine.md shows, with every error checked. Evaluation runs in
  * evaluation mode without a graph, in slices (views) of the dataset, and puts the model
- * back in training mode. Only the API of trainer.h is used. */
+ * back in training mode. Only the API of trainer.h is used.
+ *
+ * Ranks stay in lockstep: every rank draws the same global batches (same shuffle seed),
+ * trains on its slice, and after every step all ranks add up [failed, loss sum, examples]
+ * in one all-reduce, so a failure anywhere outside a collective (a callback, the loader)
+ * stops every rank at the same step instead of leaving the others waiting. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "trainer/trainer.h"
 
@@ -18,10 +25,35 @@ int64_t tr_argmax(const float *values, int64_t n) {
   return best;
 }
 
-/* Correct predictions among the rows of x (a slice of a dataset) with labels y. */
+/* The device m's parameters are on (the CPU for a model without any). */
+static tr_device module_device(tr_module *m) {
+  tr_param_list params = {0};
+  nas_err ignored;
+  tr_device device = TR_DEVICE_CPU;
+  if (tr_module_parameters(m, false, &params, &ignored) == NAS_OK && params.n > 0)
+    device = tr_tensor_device(params.items[0]);
+  tr_param_list_free(&params);
+  return device;
+}
+
+/* *t moved to device (a CPU tensor stays as it is); NAS_ERR with ctx->err set. */
+static int move_to(tr_ctx *ctx, tr_tensor **t, tr_device device) {
+  if (tr_tensor_device(*t).kind == device.kind) return NAS_OK;
+  tr_tensor *moved = tr_to_device(ctx, *t, device);
+  tr_free(*t);
+  *t = moved;
+  return moved ? NAS_OK : NAS_ERR;
+}
+
+/* Correct predictions among the rows of x (a slice of a dataset, on the CPU) with labels
+ * y, by m on its device. */
 static int count_correct(tr_ctx *ctx, tr_module *m, tr_tensor *x, const int32_t *y,
                          int64_t *correct, nas_err *err) {
-  tr_tensor *logits = tr_module_forward(ctx, m, x);
+  tr_tensor *input = tr_retain(x);
+  tr_tensor *logits = move_to(ctx, &input, module_device(m)) == NAS_OK
+                          ? tr_module_forward(ctx, m, input) : NULL;
+  tr_free(input);
+  if (logits && move_to(ctx, &logits, TR_DEVICE_CPU) != NAS_OK) logits = NULL;
   tr_tensor *dense = logits ? tr_contiguous(ctx, logits) : NULL;
   tr_free(logits);
   if (!dense) return nas_errf(err, "evaluation: %s", ctx->err.msg);
@@ -91,7 +123,9 @@ static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
   while (rc == NAS_OK && (b = tr_loader_next(ctx, ld, &x, &y)) > 0) {
     double loss = 0;
     tr_optim_set_lr(opt, tr_lr_at(sched, (*step)++));
-    rc = train_step(ctx, m, opt, x, y, &loss, err);
+    if (move_to(ctx, &x, cfg->device) != NAS_OK)
+      rc = nas_errf(err, "batch to the device: %s", ctx->err.msg);
+    if (rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, &loss, err);
     tr_free(x);
     free(y);
     sum += loss * (double)b;
@@ -125,5 +159,126 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   tr_loader_free(&ld);
   tr_optim_free(opt);
   tr_param_list_free(&params);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- on one rank of several */
+
+/* One rank's training state. */
+typedef struct {
+  tr_ctx *ctx;
+  tr_module *model;
+  tr_fsdp *fsdp;
+  tr_optim *opt;
+  tr_comm *comm;
+  bool lead; /* rank 0: runs the callbacks and evaluates */
+} rank_run;
+
+/* Adds up sums (n values) over the ranks in place; a rank that failed (own_rc) counts in
+ * sums[0]. Returns NAS_ERR when any rank failed, with err saying which; own_rc's message
+ * is kept when this rank is the one. */
+static int ranks_agree(rank_run *r, int own_rc, double *sums, int64_t n, nas_err *err) {
+  sums[0] = own_rc != NAS_OK;
+  /* through FSDP: on a GPU the sums travel via device memory, which is all NCCL moves */
+  if (tr_fsdp_all_reduce_host(r->ctx, r->fsdp, sums, n, TR_REDUCE_SUM) != NAS_OK)
+    return own_rc != NAS_OK ? own_rc : nas_errf(err, "%s", r->ctx->err.msg);
+  if (own_rc != NAS_OK) return own_rc;
+  if (sums[0] > 0) return nas_errf(err, "stopped: %g other rank(s) failed", sums[0]);
+  return NAS_OK;
+}
+
+/* One step on this rank's slice of the global batch x (b examples) with labels y. */
+static int rank_step(rank_run *r, tr_tensor *x, const int32_t *y, int64_t b, double *loss,
+                     int64_t *count, nas_err *err) {
+  int64_t start;
+  if (tr_fsdp_batch_slice(r->fsdp, b, &start, count, err) != NAS_OK) return NAS_ERR;
+  tr_tensor *slice = tr_narrow(r->ctx, x, 0, start, *count);
+  tr_tensor *logits = slice ? tr_fsdp_forward(r->ctx, r->fsdp, slice) : NULL;
+  tr_tensor *value = logits ? tr_cross_entropy(r->ctx, logits, y + start) : NULL;
+  int rc = value ? NAS_OK : NAS_ERR;
+  if (rc == NAS_OK) {
+    *loss = tr_item(value);
+    tr_optim_zero_grad(r->opt);
+    rc = tr_fsdp_backward(r->ctx, r->fsdp, value);
+  }
+  if (rc == NAS_OK) rc = tr_optim_step(r->ctx, r->opt);
+  tr_free(value);
+  tr_free(logits);
+  tr_free(slice);
+  return rc == NAS_OK ? NAS_OK : nas_errf(err, "training step: %s", r->ctx->err.msg);
+}
+
+/* One pass over the data. A batch is cut to a multiple of the world size (the last batch
+ * of an epoch may lose up to world - 1 examples); one smaller than the world is skipped. */
+static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
+                      const tr_lr_schedule *sched, int64_t *step, double *mean_loss,
+                      nas_err *err) {
+  int64_t world = tr_comm_world(r->comm), b;
+  double seen = 0, loss_sum = 0;
+  tr_tensor *x;
+  int32_t *y;
+  int rc = NAS_OK;
+  while (rc == NAS_OK && (b = tr_loader_next(r->ctx, ld, &x, &y)) > 0) {
+    int64_t usable = b - b % world, count = 0;
+    double loss = 0;
+    tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
+    int own = move_to(r->ctx, &x, cfg->device) == NAS_OK
+                  ? NAS_OK : nas_errf(err, "batch to the device: %s", r->ctx->err.msg);
+    if (own == NAS_OK && usable > 0) own = rank_step(r, x, y, usable, &loss, &count, err);
+    if (own == NAS_OK && r->lead && cfg->on_step) own = cfg->on_step(cfg->arg, err);
+    double sums[3] = {0, loss * (double)count, (double)count};
+    rc = ranks_agree(r, own, sums, 3, err);
+    loss_sum += sums[1];
+    seen += sums[2];
+    tr_free(x);
+    free(y);
+  }
+  if (rc == NAS_OK && b < 0) rc = nas_errf(err, "batches: %s", r->ctx->err.msg);
+  *mean_loss = seen > 0 ? loss_sum / seen : 0;
+  return rc;
+}
+
+/* Validation on rank 0 with the full parameters gathered, then its callback. */
+static int rank_validate(rank_run *r, const tr_dataset *val, const tr_fit_config *cfg, int epoch,
+                         double loss, double *accuracy, nas_err *err) {
+  int own = tr_fsdp_summon_full(r->ctx, r->fsdp);
+  if (own != NAS_OK) return nas_errf(err, "gathering the parameters: %s", r->ctx->err.msg);
+  if (r->lead) own = tr_evaluate(r->ctx, r->model, val, EVAL_BATCH, accuracy, err);
+  if (own == NAS_OK && tr_fsdp_release_full(r->ctx, r->fsdp) != NAS_OK)
+    own = nas_errf(err, "releasing the parameters: %s", r->ctx->err.msg);
+  if (own == NAS_OK && r->lead && cfg->on_epoch)
+    own = cfg->on_epoch(cfg->arg, epoch, loss, *accuracy, err);
+  double sums[1];
+  return ranks_agree(r, own, sums, 1, err);
+}
+
+int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const tr_dataset *train,
+                   const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
+                   nas_err *err) {
+  if (train->n == 0) return nas_errf(err, "training: no examples");
+  rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0};
+  tr_fsdp_config fc = ranks->fsdp;
+  fc.prefetch = fc.prefetch && ranks->prefetch_comm && cfg->device.kind != TR_CUDA;
+  if (!(r.fsdp = tr_fsdp_new(ctx, m, ranks->comm, ranks->prefetch_comm, &fc)))
+    return nas_errf(err, "sharding the model: %s", ctx->err.msg);
+  r.opt = tr_fsdp_optim_new(ctx, r.fsdp, &cfg->optim);
+  tr_loader ld = {0};
+  int rc = r.opt ? tr_loader_init(&ld, train, cfg->batch_size, true, cfg->shuffle_seed, err)
+                 : nas_errf(err, "optimiser: %s", ctx->err.msg);
+  int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size, step = 0;
+  tr_lr_schedule sched = schedule_for(cfg, per_epoch * cfg->epochs);
+  tr_module_train(m, true);
+  for (int epoch = 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
+    double loss = 0, acc = 0;
+    rc = rank_epoch(&r, &ld, cfg, &sched, &step, &loss, err);
+    if (rc == NAS_OK) rc = rank_validate(&r, val, cfg, epoch, loss, &acc, err);
+    if (rc == NAS_OK && accuracy) *accuracy = acc;
+  }
+  /* Every rank leaves with the whole model in m's own tensors. */
+  if (rc == NAS_OK && tr_fsdp_summon_full(ctx, r.fsdp) != NAS_OK)
+    rc = nas_errf(err, "gathering the parameters: %s", ctx->err.msg);
+  tr_loader_free(&ld);
+  tr_optim_free(r.opt);
+  tr_fsdp_free(r.fsdp);
   return rc;
 }

@@ -84,6 +84,12 @@ tr_allocator *tn_allocator_retain(tr_allocator *a);
 /* Drops a reference to s; the last one frees its memory. */
 void tn_storage_unref(tr_storage *s);
 
+/* ---------------------------------------------------------------- modules */
+
+/* The children of a Sequential (borrowed; *n of them), in order; *n is 0 for other kinds.
+ * FSDP (fsdp.c) cuts a model into units along them. */
+tr_module *const *tn_module_children(const tr_module *m, size_t *n);
+
 /* ---------------------------------------------------------------- tensor helpers */
 
 /* xoshiro256** step on an explicit state (ctx->rng, or a loader's own). */
@@ -197,13 +203,28 @@ int tn_par_threads(void);
   } while (0)
 /* clang-format on */
 
-/* C = alpha * op(A) op(B) + beta * C on row-major contiguous data of dtype (OpenBLAS). */
-void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-             double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-             void *c, int64_t ldc);
+/* How many parts tn_par_run splits work into for ctx (NULL: no context): the threads of
+ * ctx's pool, or OpenMP's (tn_par_threads) outside a parallel region; 1 inside a part, or
+ * when OpenBLAS runs on several threads. */
+int tn_par_parts(const tr_ctx *ctx);
+/* fn(arg, part, parts) for each part in [0, tn_par_parts(ctx)), on ctx's pool, OpenMP's
+ * threads, or (one part) the caller's; returns when all are done (par.c). */
+void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), void *arg);
+/* The range [lo, hi) of `part` of `parts` over n items: even parts in multiples of 16 (a
+ * cache line of floats), so that parts start aligned and write separate lines. */
+void tn_par_range(int64_t n, int part, int parts, int64_t *lo, int64_t *hi);
 
-/* y (m) = A (m, n, row-major) x + beta y. */
-void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
-             double beta, void *y);
+/* C = alpha * op(A) op(B) + beta * C on row-major contiguous data of dtype (OpenBLAS); large
+ * ones split over ctx's threads (ctx may be NULL: one call). */
+void tn_gemm(const tr_ctx *ctx, tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+             int64_t k, double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+             double beta, void *c, int64_t ldc);
+
+/* y (m) = A (m, n, row-major) x + beta y; large ones split by rows over ctx's threads. */
+void tn_gemv(const tr_ctx *ctx, tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda,
+             const void *x, double beta, void *y);
+
+/* The CUDA backend's entry points (tn_on_cuda, tc_*): ops dispatch to them on CUDA inputs. */
+#include "trainer/cuda_ops.h"
 
 #endif

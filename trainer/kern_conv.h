@@ -17,7 +17,74 @@ static inline void S(valid_cols)(const conv_geom *g, int64_t kw, int64_t *lo, in
   if (*lo > *hi) *lo = *hi;
 }
 
+/* For stride 1 without padding (the common case), row (c, kh, kw) of col holds OH runs of
+ * OW values of plane c, W apart in x, one per output row: the two functions below copy them
+ * into col and add them back into dx. The runs are short (11 values on a 28x28 CNN's second
+ * layer) and a loop of unknown length spends most of its time outside its vector part, so
+ * each run goes in chunks of a fixed RUN_CHUNK values, whole vectors: a copy's last chunk
+ * runs on into col's next run, which is written after it, and an add's last chunk adds 0
+ * past the run's end. The last runs of a row, whose chunks would reach past the image or
+ * col, go value by value. col2im adds the even runs, then the odd ones: run oh + 1 starts
+ * W values after run oh, inside its last chunk, and a load that overlaps a store still in
+ * flight waits for it (col2im took 8.6 us an image on the CNN's second layer in run order,
+ * 3.1 us this way, 5.6 us before chunks). */
+#define RUN_CHUNK 16
+
+/* How many of the runs of a col row (starting at x_at in the image and col_at in col) can
+ * go in whole chunks; *span gets the values the chunks of one run cover. */
+static inline int64_t S(chunked_runs)(const conv_geom *g, int64_t x_at, int64_t col_at,
+                                      int64_t *span) {
+  *span = (g->ow + RUN_CHUNK - 1) / RUN_CHUNK * RUN_CHUNK;
+  int64_t x_room = g->c * g->h * g->w - x_at - *span;
+  int64_t col_room = g->c * g->kh * g->kw * g->oh * g->ow - col_at - *span;
+  if (x_room < 0 || col_room < 0) return 0;
+  int64_t by_x = x_room / g->w + 1, by_col = col_room / g->ow + 1;
+  int64_t runs = by_x < by_col ? by_x : by_col;
+  return runs < g->oh ? runs : g->oh;
+}
+
+TR_KERNEL static void S(im2col_unpadded)(const T *x, T *col, const conv_geom *g) {
+  int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw, span;
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw;
+    int64_t from = (c * g->h + kh) * g->w + kw, chunked = S(chunked_runs)(g, from, row * p, &span);
+    const T *src = x + from;
+    T *dst = col + row * p;
+    int64_t oh = 0;
+    for (; oh < chunked; oh++, src += g->w, dst += g->ow)
+      for (int64_t ow = 0; ow < span; ow += RUN_CHUNK)
+#pragma omp simd
+        for (int64_t j = 0; j < RUN_CHUNK; j++) dst[ow + j] = src[ow + j];
+    for (; oh < g->oh; oh++, src += g->w, dst += g->ow)
+      for (int64_t ow = 0; ow < g->ow; ow++) dst[ow] = src[ow];
+  }
+}
+
+TR_KERNEL static void S(col2im_unpadded)(const T *col, T *dx, const conv_geom *g) {
+  int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw, span;
+  for (int64_t row = 0; row < rows; row++) {
+    int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw;
+    int64_t to = (c * g->h + kh) * g->w + kw, chunked = S(chunked_runs)(g, to, row * p, &span);
+    const T *src = col + row * p;
+    T *dst = dx + to;
+    for (int64_t first = 0; first < 2; first++)
+      for (int64_t oh = first; oh < chunked; oh += 2)
+        for (int64_t ow = 0; ow < span; ow += RUN_CHUNK)
+#pragma omp simd
+          for (int64_t j = 0; j < RUN_CHUNK; j++) {
+            T v = src[oh * g->ow + ow + j];
+            dst[oh * g->w + ow + j] += ow + j < g->ow ? v : 0;
+          }
+    for (int64_t oh = chunked; oh < g->oh; oh++)
+      for (int64_t ow = 0; ow < g->ow; ow++) dst[oh * g->w + ow] += src[oh * g->ow + ow];
+  }
+}
+
 TR_KERNEL static void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
+  if (g->stride == 1 && g->pad == 0) {
+    S(im2col_unpadded)(x, col, g);
+    return;
+  }
   int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw;
   for (int64_t row = 0; row < rows; row++) {
     int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw, lo, hi;
@@ -43,6 +110,10 @@ TR_KERNEL static void S(im2col_image)(const T *x, T *col, const conv_geom *g) {
 }
 
 TR_KERNEL static void S(col2im_image)(const T *col, T *dx, const conv_geom *g) {
+  if (g->stride == 1 && g->pad == 0) {
+    S(col2im_unpadded)(col, dx, g);
+    return;
+  }
   int64_t p = g->oh * g->ow, rows = g->c * g->kh * g->kw;
   for (int64_t row = 0; row < rows; row++) {
     int64_t c = row / (g->kh * g->kw), kh = row / g->kw % g->kh, kw = row % g->kw, lo, hi;
@@ -72,9 +143,13 @@ TR_KERNEL static void S(conv_fwd_images)(const T *x, const T *w, const T *b, T *
   for (int64_t n = 0; n < g->n; n++) {
     S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
     T *yn = y + n * o * p;
-    for (int64_t oc = 0; b && oc < o; oc++)
-      for (int64_t j = 0; j < p; j++) yn[oc * p + j] = b[oc];
-    tn_gemm(TDT, false, false, o, p, ckk, 1.0, w, ckk, col, p, b ? 1.0 : 0.0, yn, p);
+    for (int64_t oc = 0; b && oc < o; oc++) {
+      const T bias = b[oc]; /* a local: a store through yn might otherwise change b[oc] */
+      T *row = yn + oc * p;
+#pragma omp simd
+      for (int64_t j = 0; j < p; j++) row[j] = bias;
+    }
+    tn_gemm(NULL, TDT, false, false, o, p, ckk, 1.0, w, ckk, col, p, b ? 1.0 : 0.0, yn, p);
   }
 }
 
@@ -102,10 +177,10 @@ TR_KERNEL static void S(conv_bwd_images)(const T *x, const T *w, const T *dy, T 
     const T *dyn = dy + n * o * p;
     if (dw) {
       S(im2col_image)(x + n * g->c * g->h * g->w, col, g);
-      tn_gemm(TDT, false, true, o, ckk, p, 1.0, dyn, p, col, p, 1.0, dwp, ckk);
+      tn_gemm(NULL, TDT, false, true, o, ckk, p, 1.0, dyn, p, col, p, 1.0, dwp, ckk);
     }
     if (dx) {
-      tn_gemm(TDT, true, false, ckk, p, o, 1.0, w, ckk, dyn, p, 0.0, dcol, p);
+      tn_gemm(NULL, TDT, true, false, ckk, p, o, 1.0, w, ckk, dyn, p, 0.0, dcol, p);
       S(col2im_image)(dcol, dx + n * g->c * g->h * g->w, g);
     }
   }
@@ -220,10 +295,12 @@ TR_KERNEL static void S(pool_fwd)(const void *xv, void *yv, int32_t *argmax, con
                             two_by_two););
 }
 
-/* dx (zeroed) gets dy routed back: to the argmax (max) or spread evenly (avg). */
-/* One plane of pool_bwd: dy to its argmax (not NULL) or spread over the window. */
+/* One plane of pool_bwd, all of it written: dy routed to its argmax (not NULL) or spread
+ * evenly over the window. The plane is zeroed here, while it is in cache, rather than the
+ * whole dx beforehand (megabytes, written twice). */
 TR_KERNEL static void S(pool_plane_bwd)(const T *dy, T *dst, const int32_t *argmax,
                                         const conv_geom *g) {
+  memset(dst, 0, sizeof(T) * (size_t)(g->h * g->w));
   T inv = 1 / (T)(g->kh * g->kw);
   for (int64_t oh = 0; oh < g->oh; oh++)
     for (int64_t ow = 0; ow < g->ow; ow++) {
@@ -238,12 +315,14 @@ TR_KERNEL static void S(pool_plane_bwd)(const T *dy, T *dst, const int32_t *argm
     }
 }
 
+/* dx (N, C, H, W), every element written, from dy: to the argmax (max) or spread evenly
+ * over each window (avg). */
 TR_KERNEL static void S(pool_bwd)(const void *dyv, void *dxv, const int32_t *argmax,
                                   const conv_geom *g, bool is_max) {
   const T *dy = dyv;
   T *dx = dxv;
   int64_t planes = g->n * g->c;
-  TR_PAR_LOOP(planes, planes * g->oh * g->ow, /* i: the plane */
+  TR_PAR_LOOP(planes, planes * g->h * g->w, /* i: the plane */
               S(pool_plane_bwd)(dy + i * g->oh * g->ow, dx + i * g->h * g->w,
                                 is_max ? argmax + i * g->oh * g->ow : NULL, g););
 }

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <zlib.h>
 
+#include "trainer/infer.h"
 #include "trainer/internal.h"
 
 struct tr_module {
@@ -159,10 +160,37 @@ void tr_module_free(tr_module *m) {
 
 /* ---------------------------------------------------------------- forward */
 
+/* No-grad mode: children i.. of seq as one fused inference step where infer.c has one
+ * (conv2d, then optionally ReLU, then optionally a max pool; linear then ReLU), else child i
+ * alone. *used gets how many children ran. A fused step computes the same function. */
+static tr_tensor *inference_forward(tr_ctx *ctx, const tr_module *seq, size_t i, tr_tensor *x,
+                                    size_t *used) {
+  tr_module *const *c = seq->children + i;
+  size_t left = seq->n_children - i;
+  *used = 1;
+  if (c[0]->kind == TR_CONV2D) {
+    bool relu = left > 1 && c[1]->kind == TR_RELU;
+    size_t at = relu ? 2 : 1;
+    bool pools = left > at && c[at]->kind == TR_MAXPOOL2D && c[at]->stride == c[at]->kernel;
+    int pool = pools ? c[at]->kernel : 0;
+    if (tn_conv_block_fits(x, c[0]->weight, c[0]->bias, c[0]->stride, c[0]->padding, pool)) {
+      *used = at + (pool > 0);
+      return tn_conv_block_infer(ctx, x, c[0]->weight, c[0]->bias, c[0]->padding, relu, pool);
+    }
+  }
+  if (c[0]->kind == TR_LINEAR && left > 1 && c[1]->kind == TR_RELU &&
+      tn_linear_relu_fits(x, c[0]->weight)) {
+    *used = 2;
+    return tn_linear_relu_infer(ctx, x, c[0]->weight, c[0]->bias);
+  }
+  return tr_module_forward(ctx, c[0], x);
+}
+
 static tr_tensor *sequential_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   tr_tensor *cur = tr_retain(x);
-  for (size_t i = 0; i < m->n_children && cur; i++) {
-    tr_tensor *next = tr_module_forward(ctx, m->children[i], cur);
+  for (size_t i = 0, used = 1; i < m->n_children && cur; i += used) {
+    tr_tensor *next = ctx->grad_enabled ? tr_module_forward(ctx, m->children[i], cur)
+                                        : inference_forward(ctx, m, i, cur, &used);
     tr_free(cur);
     cur = next;
   }
@@ -254,6 +282,11 @@ int64_t tr_module_param_count(tr_module *m) {
   int64_t n = (m->weight ? m->weight->numel : 0) + (m->bias ? m->bias->numel : 0);
   for (size_t i = 0; i < m->n_children; i++) n += tr_module_param_count(m->children[i]);
   return n;
+}
+
+tr_module *const *tn_module_children(const tr_module *m, size_t *n) {
+  *n = m->n_children;
+  return m->children;
 }
 
 /* ---------------------------------------------------------------- init */

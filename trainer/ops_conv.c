@@ -107,6 +107,8 @@ static int check_conv_args(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w,
 
 tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
                      int padding) {
+  if (tn_on_cuda(x) || tn_on_cuda(w) || tn_on_cuda(b))
+    return tc_conv2d(ctx, x, w, b, stride, padding);
   tr_tensor *in[3] = {x, w, b};
   conv_geom geo;
   if (tn_check_dtypes(ctx, "conv2d", 3, in) || check_conv_args(ctx, x, w, b) ||
@@ -149,7 +151,7 @@ static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   const int32_t *argmax = is_max ? ag_aux(ctx, node) : NULL;
   if (is_max && !argmax) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
-  tr_tensor *dx = gc ? tn_zeros_meta(ctx, g->dtype, &node->in_meta[0]) : NULL;
+  tr_tensor *dx = gc ? tn_empty_meta(ctx, g->dtype, &node->in_meta[0]) : NULL; /* all written */
   if (dx) {
     conv_geom geo;
     geom_of(ctx, "pool", dx, node->ia[0], node->ia[0], (int)node->ia[1], 0, &geo);
@@ -196,8 +198,10 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
 }
 
 tr_tensor *tr_max_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride) {
+  if (tn_on_cuda(x)) return tc_pool2d(ctx, x, kernel, stride, true);
   return pool_op(ctx, x, kernel, stride, true);
 }
 tr_tensor *tr_avg_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride) {
+  if (tn_on_cuda(x)) return tc_pool2d(ctx, x, kernel, stride, false);
   return pool_op(ctx, x, kernel, stride, false);
 }

@@ -162,15 +162,19 @@ static tr_tensor *binary_op(tr_ctx *ctx, int op, const char *name, const tr_node
 }
 
 tr_tensor *tr_add(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
+  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_ADD, a, b);
   return binary_op(ctx, BIN_ADD, "add", &add_ops, a, b);
 }
 tr_tensor *tr_sub(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
+  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_SUB, a, b);
   return binary_op(ctx, BIN_SUB, "sub", &sub_ops, a, b);
 }
 tr_tensor *tr_mul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
+  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_MUL, a, b);
   return binary_op(ctx, BIN_MUL, "mul", &mul_ops, a, b);
 }
 tr_tensor *tr_div(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
+  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_DIV, a, b);
   return binary_op(ctx, BIN_DIV, "div", &div_ops, a, b);
 }
 
@@ -225,13 +229,34 @@ static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
   return y;
 }
 
-tr_tensor *tr_relu(tr_ctx *ctx, tr_tensor *a) { return unary_op(ctx, UN_RELU, a, 0); }
-tr_tensor *tr_gelu(tr_ctx *ctx, tr_tensor *a) { return unary_op(ctx, UN_GELU, a, 0); }
-tr_tensor *tr_tanh(tr_ctx *ctx, tr_tensor *a) { return unary_op(ctx, UN_TANH, a, 0); }
-tr_tensor *tr_sigmoid(tr_ctx *ctx, tr_tensor *a) { return unary_op(ctx, UN_SIGMOID, a, 0); }
-tr_tensor *tr_exp(tr_ctx *ctx, tr_tensor *a) { return unary_op(ctx, UN_EXP, a, 0); }
-tr_tensor *tr_log(tr_ctx *ctx, tr_tensor *a) { return unary_op(ctx, UN_LOG, a, 0); }
-tr_tensor *tr_scale(tr_ctx *ctx, tr_tensor *a, double s) { return unary_op(ctx, UN_SCALE, a, s); }
+tr_tensor *tr_relu(tr_ctx *ctx, tr_tensor *a) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_RELU, a, 0);
+  return unary_op(ctx, UN_RELU, a, 0);
+}
+tr_tensor *tr_gelu(tr_ctx *ctx, tr_tensor *a) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_GELU, a, 0);
+  return unary_op(ctx, UN_GELU, a, 0);
+}
+tr_tensor *tr_tanh(tr_ctx *ctx, tr_tensor *a) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_TANH, a, 0);
+  return unary_op(ctx, UN_TANH, a, 0);
+}
+tr_tensor *tr_sigmoid(tr_ctx *ctx, tr_tensor *a) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_SIGMOID, a, 0);
+  return unary_op(ctx, UN_SIGMOID, a, 0);
+}
+tr_tensor *tr_exp(tr_ctx *ctx, tr_tensor *a) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_EXP, a, 0);
+  return unary_op(ctx, UN_EXP, a, 0);
+}
+tr_tensor *tr_log(tr_ctx *ctx, tr_tensor *a) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_LOG, a, 0);
+  return unary_op(ctx, UN_LOG, a, 0);
+}
+tr_tensor *tr_scale(tr_ctx *ctx, tr_tensor *a, double s) {
+  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_SCALE, a, s);
+  return unary_op(ctx, UN_SCALE, a, s);
+}
 
 /* ---------------------------------------------------------------- dropout */
 
@@ -249,6 +274,7 @@ static int dropout_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
 static const tr_node_ops dropout_ops = {"DropoutBackward", dropout_backward};
 
 tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training) {
+  if (tn_on_cuda(a)) return tc_dropout(ctx, a, p, training);
   if (p < 0 || p >= 1) return tr_fail(ctx, "dropout: p = %g is outside [0, 1)", p);
   if (!training || p == 0) return unary_op(ctx, UN_SCALE, a, 1.0);
   uint8_t *mask = malloc((size_t)a->numel ? (size_t)a->numel : 1);

@@ -37,6 +37,7 @@ static int check_labels(tr_ctx *ctx, const int32_t *labels, int64_t rows, int64_
 }
 
 tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels) {
+  if (tn_on_cuda(logits)) return tc_cross_entropy(ctx, logits, labels);
   if (logits->ndim != 2 || logits->shape[0] < 1)
     return tr_fail(ctx, "cross_entropy: logits must be (N >= 1, C)");
   int64_t rows = logits->shape[0], classes = logits->shape[1];

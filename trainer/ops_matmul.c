@@ -15,9 +15,10 @@
 #define KERN_FILE "trainer/kern_matmul.h"
 #include "trainer/kern_both.h"
 
-void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
-             double alpha, const void *a, int64_t lda, const void *b, int64_t ldb, double beta,
-             void *c, int64_t ldc) {
+/* One OpenBLAS call. */
+static void blas_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k,
+                      double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+                      double beta, void *c, int64_t ldc) {
   enum CBLAS_TRANSPOSE ta = trans_a ? CblasTrans : CblasNoTrans;
   enum CBLAS_TRANSPOSE tb = trans_b ? CblasTrans : CblasNoTrans;
   if (dtype == TR_F32)
@@ -28,9 +29,103 @@ void tn_gemm(tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n, i
                 b, (blasint)ldb, beta, c, (blasint)ldc);
 }
 
-void tn_gemv(tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda, const void *x,
-             double beta, void *y) {
-  TR_DISPATCH(dtype, gemv_rows, m, n, a, lda, x, beta, y);
+/* Below this many multiply-adds a GEMM runs as one call: a part must take well over the
+ * microsecond that handing it to another thread costs. */
+#define GEMM_SPLIT_MIN ((int64_t)1 << 20)
+
+/* Whether to split C by rows (else by columns): along the largest matrix, so that each
+ * thread reads or writes its own part of it. In a training step that is the weight: the
+ * forward splits W's rows (C's columns), the weight gradient its rows (C's rows), which
+ * are also the halves the optimiser updates on each thread. Each core then keeps its half
+ * of the weights in its own cache from step to step; split the other way, every step
+ * moved half of the weights between the cores. Ties go to C, then B; a dimension too short
+ * to split is not chosen. */
+static bool split_by_rows(int64_t m, int64_t n, int64_t k, int parts) {
+  if (m < 16 * parts || n < 16 * parts) return m >= n;
+  int64_t size_a = m * k, size_b = k * n, size_c = m * n;
+  if (size_c >= size_a && size_c >= size_b) return true;
+  return size_b < size_a;
+}
+
+/* One GEMM and how it is split (gemm_part's argument). */
+typedef struct {
+  tr_dtype dtype;
+  bool trans_a, trans_b, by_rows;
+  int64_t m, n, k, lda, ldb, ldc;
+  double alpha, beta;
+  const char *a, *b;
+  char *c;
+} gemm_job;
+
+static void gemm_part(void *arg, int part, int parts) {
+  const gemm_job *j = arg;
+  size_t es = tr_dtype_size(j->dtype);
+  int64_t lo, hi;
+  tn_par_range(j->by_rows ? j->m : j->n, part, parts, &lo, &hi);
+  if (hi <= lo) return;
+  if (j->by_rows) /* rows of C: rows of op(A) */
+    blas_gemm(j->dtype, j->trans_a, j->trans_b, hi - lo, j->n, j->k, j->alpha,
+              j->a + (size_t)(j->trans_a ? lo : lo * j->lda) * es, j->lda, j->b, j->ldb, j->beta,
+              j->c + (size_t)(lo * j->ldc) * es, j->ldc);
+  else /* columns of C: columns of op(B) */
+    blas_gemm(j->dtype, j->trans_a, j->trans_b, j->m, hi - lo, j->k, j->alpha, j->a, j->lda,
+              j->b + (size_t)(j->trans_b ? lo * j->ldb : lo) * es, j->ldb, j->beta,
+              j->c + (size_t)lo * es, j->ldc);
+}
+
+/* The GEMMs of a training step are small (batch 128: 128x784x256 and less), and OpenBLAS's
+ * own threading splits them badly (two BLAS threads train the MLP no faster than one).
+ * With OpenBLAS on one thread, the engine splits C into one block of whole rows or columns
+ * per thread (tn_par_run) and makes one single-threaded call per block. Each element is
+ * the same sum of the same products, but OpenBLAS may tile a block differently from the
+ * whole, so a few percent of the elements round differently (within float tolerance:
+ * tests/test_trainer_speedpaths.c). */
+void tn_gemm(const tr_ctx *ctx, tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
+             int64_t k, double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
+             double beta, void *c, int64_t ldc) {
+  int parts = m * n * k < GEMM_SPLIT_MIN ? 1 : tn_par_parts(ctx);
+  if (parts < 2) {
+    blas_gemm(dtype, trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    return;
+  }
+  gemm_job job = {dtype, trans_a, trans_b, split_by_rows(m, n, k, parts), m, n, k, lda, ldb,
+                  ldc, alpha, beta, a, b, c};
+  tn_par_run(ctx, gemm_part, &job);
+}
+
+/* Below this many matrix elements a matrix-vector product runs on one thread. */
+#define GEMV_SPLIT_MIN ((int64_t)1 << 16)
+
+typedef struct {
+  tr_dtype dtype;
+  int64_t m, n, lda;
+  const char *a;
+  const void *x;
+  double beta;
+  char *y;
+} gemv_job;
+
+static void gemv_part(void *arg, int part, int parts) {
+  const gemv_job *j = arg;
+  size_t es = tr_dtype_size(j->dtype);
+  int64_t lo, hi;
+  tn_par_range(j->m, part, parts, &lo, &hi);
+  if (hi > lo)
+    TR_DISPATCH(j->dtype, gemv_rows, hi - lo, j->n, j->a + (size_t)(lo * j->lda) * es, j->lda,
+                j->x, j->beta, j->y + (size_t)lo * es);
+}
+
+/* Batch-1 inference reads each weight once, so it is bound by how fast the weights come
+ * in: from two cores' caches at once, each reading its own rows, that is nearly twice as
+ * fast as from one (a 784x256 layer, 0.8 MB, also fits the two L2 caches where it does
+ * not quite fit one). Each y[i] is computed exactly as on one thread. */
+void tn_gemv(const tr_ctx *ctx, tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda,
+             const void *x, double beta, void *y) {
+  gemv_job job = {dtype, m, n, lda, a, x, beta, y};
+  if (m * n < GEMV_SPLIT_MIN)
+    gemv_part(&job, 0, 1);
+  else
+    tn_par_run(ctx, gemv_part, &job);
 }
 
 /* A 2-D matrix as BLAS sees it: data, whether it is stored transposed, leading dim. */
@@ -70,7 +165,7 @@ static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, boo
     if (k == 0)
       memset(tr_data(c), 0, c->storage->nbytes);
     else
-      tn_gemm(a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
+      tn_gemm(ctx, a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
               tr_data(ob.owner), ob.ld, 0.0, tr_data(c), n);
   }
   tr_free(oa.owner);
@@ -90,6 +185,7 @@ static int matmul_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
 static const tr_node_ops matmul_ops = {"MmBackward", matmul_backward};
 
 tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
+  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_matmul(ctx, a, b);
   tr_tensor *in[2] = {a, b};
   if (tn_check_dtypes(ctx, "matmul", 2, in)) return NULL;
   if (a->ndim != 2 || b->ndim != 2 || a->shape[1] != b->shape[0])
@@ -174,16 +270,17 @@ static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_te
     return NULL;
   }
   if (rows == 1 && !ow.trans) /* one example (inference): W x reads W row by row */
-    tn_gemv(x2->dtype, out_f, x2->shape[1], tr_data(ow.owner), ow.ld, tr_data(x2), b ? 1.0 : 0.0,
-            tr_data(y));
+    tn_gemv(ctx, x2->dtype, out_f, x2->shape[1], tr_data(ow.owner), ow.ld, tr_data(x2),
+            b ? 1.0 : 0.0, tr_data(y));
   else if (rows && out_f)
-    tn_gemm(x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2), x2->shape[1],
+    tn_gemm(ctx, x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2), x2->shape[1],
             tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
   tr_free(ow.owner);
   return y;
 }
 
 tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
+  if (tn_on_cuda(x) || tn_on_cuda(w) || tn_on_cuda(b)) return tc_linear(ctx, x, w, b);
   tr_tensor *in[3] = {x, w, b};
   if (tn_check_dtypes(ctx, "linear", b ? 3 : 2, in)) return NULL;
   if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1] ||

@@ -48,6 +48,7 @@ static int layer_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
 static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backward};
 
 tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps) {
+  if (tn_on_cuda(x) || tn_on_cuda(w) || tn_on_cuda(b)) return tc_layer_norm(ctx, x, w, b, eps);
   tr_tensor *in[3] = {x, w, b};
   if (tn_check_dtypes(ctx, "layer_norm", 3, in)) return NULL;
   int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0;
@@ -159,6 +160,8 @@ static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tenso
 tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
                          tr_tensor *running_mean, tr_tensor *running_var, bool training,
                          double momentum, double eps) {
+  if (tn_any_on_cuda(5, (tr_tensor *[]){x, w, b, running_mean, running_var}))
+    return tc_batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps);
   tr_tensor *in[3] = {x, w, b};
   int64_t n, c, l;
   if (tn_check_dtypes(ctx, "batch_norm", 3, in) || bn_dims(ctx, x, &n, &c, &l)) return NULL;

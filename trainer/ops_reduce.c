@@ -110,10 +110,12 @@ static tr_tensor *reduce_op(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axe
 }
 
 tr_tensor *tr_sum(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim) {
+  if (tn_on_cuda(a)) return tc_reduce(ctx, a, naxes, axes, keepdim, false);
   return reduce_op(ctx, a, naxes, axes, keepdim, false);
 }
 
 tr_tensor *tr_mean(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim) {
+  if (tn_on_cuda(a)) return tc_reduce(ctx, a, naxes, axes, keepdim, true);
   return reduce_op(ctx, a, naxes, axes, keepdim, true);
 }
 
@@ -163,7 +165,11 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
   return y;
 }
 
-tr_tensor *tr_softmax(tr_ctx *ctx, tr_tensor *a, int dim) { return softmax_op(ctx, a, dim, false); }
+tr_tensor *tr_softmax(tr_ctx *ctx, tr_tensor *a, int dim) {
+  if (tn_on_cuda(a)) return tc_softmax(ctx, a, dim, false);
+  return softmax_op(ctx, a, dim, false);
+}
 tr_tensor *tr_log_softmax(tr_ctx *ctx, tr_tensor *a, int dim) {
+  if (tn_on_cuda(a)) return tc_softmax(ctx, a, dim, true);
   return softmax_op(ctx, a, dim, true);
 }

@@ -20,6 +20,7 @@ static int reshape_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
 static const tr_node_ops reshape_ops = {"ViewBackward", reshape_backward};
 
 tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape) {
+  if (tn_on_cuda(t)) return tc_reshape(ctx, t, ndim, shape);
   int64_t shp[TR_MAX_DIMS], known = 1;
   int infer = -1;
   if (ndim < 0 || ndim > TR_MAX_DIMS) return tr_fail(ctx, "reshape: %d dims", ndim);
@@ -65,6 +66,7 @@ static int transpose_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
 static const tr_node_ops transpose_ops = {"TransposeBackward", transpose_backward};
 
 tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1) {
+  if (tn_on_cuda(t)) return tc_transpose(ctx, t, dim0, dim1);
   int d0 = tn_dim(t->ndim, dim0), d1 = tn_dim(t->ndim, dim1);
   if (d0 < 0 || d1 < 0)
     return tr_fail(ctx, "transpose: dims %d, %d out of range for %d dims", dim0, dim1, t->ndim);
@@ -107,6 +109,7 @@ static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
 static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward};
 
 tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
+  if (tn_on_cuda(t)) return tc_narrow(ctx, t, dim, start, length);
   int d = tn_dim(t->ndim, dim);
   if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d])
     return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor", (long long)start,
@@ -139,6 +142,7 @@ static int clone_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
 static const tr_node_ops clone_ops = {"CloneBackward", clone_backward};
 
 tr_tensor *tr_contiguous(tr_ctx *ctx, tr_tensor *t) {
+  if (tn_on_cuda(t)) return tc_contiguous(ctx, t);
   if (tr_is_contiguous(t)) return tr_retain(t);
   tr_tensor *out = tn_contig(ctx, t);
   tr_node *node;
@@ -198,6 +202,7 @@ static int concat_shape(tr_ctx *ctx, int n, tr_tensor *const *ts, int d, tr_meta
 }
 
 tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
+  if (n > 0 && tn_any_on_cuda(n, ts)) return tc_concat(ctx, n, ts, dim);
   if (n < 1) return tr_fail(ctx, "concat: no inputs");
   int d = tn_dim(ts[0]->ndim, dim);
   tr_meta m;
@@ -265,6 +270,7 @@ static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
 static const tr_node_ops embedding_ops = {"EmbeddingBackward", embedding_backward};
 
 tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids) {
+  if (tn_on_cuda(weight)) return tc_embedding(ctx, weight, n, ids);
   if (weight->ndim != 2) return tr_fail(ctx, "embedding: weight must be (V, D)");
   for (int64_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= weight->shape[0])

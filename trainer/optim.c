@@ -86,22 +86,52 @@ static tr_tensor *state_of(tr_ctx *ctx, tr_optim *opt, size_t i, int k) {
   return *slot;
 }
 
+/* One parameter's update (update_part's argument): the tensors' data, state NULL where
+ * the method has none (SGD without momentum: both; SGD: v). */
+typedef struct {
+  const tr_optim_config *cfg;
+  tr_dtype dtype;
+  int64_t n;
+  char *p, *m, *v;
+  const char *g;
+  double bc1, bc2;
+} update_job;
+
+/* Elements [lo, hi) of part `part`: the kernels update element by element. */
+static void update_part(void *arg, int part, int parts) {
+  const update_job *j = arg;
+  const tr_optim_config *c = j->cfg;
+  size_t at;
+  int64_t lo, hi;
+  tn_par_range(j->n, part, parts, &lo, &hi);
+  if (hi <= lo) return;
+  at = (size_t)lo * tr_dtype_size(j->dtype);
+  if (c->kind == TR_SGD)
+    TR_DISPATCH(j->dtype, sgd_update, j->p + at, j->g + at, j->m ? j->m + at : NULL, hi - lo, c->lr,
+                c->momentum, c->weight_decay, c->nesterov);
+  else
+    TR_DISPATCH(j->dtype, adam_update, j->p + at, j->g + at, j->m + at, j->v + at, hi - lo, c->lr,
+                c->beta1, c->beta2, c->eps, c->weight_decay, c->kind == TR_ADAMW, j->bc1, j->bc2);
+}
+
 static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double bc2) {
   const tr_optim_config *c = &opt->cfg;
   tr_tensor *p = opt->params[i], *g = p->grad;
+  if (tn_on_cuda(p) || tn_on_cuda(g))
+    return tc_optim_update(ctx, c, p, &opt->state[2 * i], bc1, bc2);
   if (!tr_is_contiguous(p) || !tr_is_contiguous(g) || g->dtype != p->dtype || g->numel != p->numel)
     return nas_errf(&ctx->err, "optim: parameter %zu and its grad must be contiguous and alike", i);
-  if (c->kind == TR_SGD) {
-    tr_tensor *buf = c->momentum > 0 ? state_of(ctx, opt, i, 0) : NULL;
-    if (c->momentum > 0 && !buf) return NAS_ERR;
-    TR_DISPATCH(p->dtype, sgd_update, tr_data(p), tr_data(g), buf ? tr_data(buf) : NULL, p->numel,
-                c->lr, c->momentum, c->weight_decay, c->nesterov);
-  } else {
-    tr_tensor *m = state_of(ctx, opt, i, 0), *v = m ? state_of(ctx, opt, i, 1) : NULL;
-    if (!v) return NAS_ERR;
-    TR_DISPATCH(p->dtype, adam_update, tr_data(p), tr_data(g), tr_data(m), tr_data(v), p->numel,
-                c->lr, c->beta1, c->beta2, c->eps, c->weight_decay, c->kind == TR_ADAMW, bc1, bc2);
-  }
+  bool momentum = c->kind != TR_SGD || c->momentum > 0, adam = c->kind != TR_SGD;
+  tr_tensor *m = momentum ? state_of(ctx, opt, i, 0) : NULL, *v = adam && m ? state_of(ctx, opt, i, 1) : NULL;
+  if ((momentum && !m) || (adam && !v)) return NAS_ERR;
+  update_job job = {c,  p->dtype, p->numel, tr_data(p), m ? tr_data(m) : NULL, v ? tr_data(v) : NULL,
+                    tr_data(g), bc1, bc2};
+  /* With the engine's own pool, large parameters are split over it (the kernels' OpenMP
+   * loops then run on one thread); without, those loops use OpenMP's threads. */
+  if (ctx->threads && p->numel > TR_PAR_MIN)
+    tn_par_run(ctx, update_part, &job);
+  else
+    update_part(&job, 0, 1);
   p->storage->version++;
   return NAS_OK;
 }
@@ -131,6 +161,7 @@ double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
 }
 
 double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
+  if (tn_grads_on_cuda(params, n)) return tc_clip_grad_norm(params, n, max_norm);
   double sq = 0;
   for (size_t i = 0; i < n; i++)
     if (params[i]->grad) sq += tn_sumsq(params[i]->grad);

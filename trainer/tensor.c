@@ -75,7 +75,7 @@ tr_tensor *tr_fail(tr_ctx *ctx, const char *fmt, ...) {
 
 int tn_par_threads(void) { return openblas_get_num_threads() > 1 ? 1 : omp_get_max_threads(); }
 
-size_t tr_dtype_size(tr_dtype dtype) { return dtype == TR_F64 ? 8 : 4; }
+size_t tr_dtype_size(tr_dtype dtype) { return dtype == TR_F64 ? 8 : dtype == TR_BF16 ? 2 : 4; }
 
 int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) {
   int64_t n = 1;
@@ -87,6 +87,11 @@ int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) 
 }
 
 tr_tensor *tr_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape) {
+  return tn_empty_on(ctx, ctx->alloc, (tr_device){TR_CPU, 0}, dtype, ndim, shape);
+}
+
+tr_tensor *tn_empty_on(tr_ctx *ctx, tr_allocator *alloc, tr_device device, tr_dtype dtype,
+                       int ndim, const int64_t *shape) {
   if (ndim < 0 || ndim > TR_MAX_DIMS)
     return tr_fail(ctx, "tensor: %d dims (at most %d)", ndim, TR_MAX_DIMS);
   for (int d = 0; d < ndim; d++)
@@ -107,13 +112,15 @@ tr_tensor *tr_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape)
   s->nbytes = (size_t)t->numel * tr_dtype_size(dtype);
   /* 64-byte alignment: whole cache lines and aligned AVX-512 loads for the kernels. */
   s->alloc_size = tn_alloc_size(s->nbytes);
-  s->data = tn_alloc(ctx->alloc, s->alloc_size);
-  if (s->data && ctx->alloc) s->alloc = tn_allocator_retain(ctx->alloc);
+  s->data = tn_alloc(alloc, s->alloc_size);
+  if (s->data && alloc) s->alloc = tn_allocator_retain(alloc);
+  s->device = device;
   if (!s->data) {
     size_t nbytes = s->nbytes;
     free(t);
     free(s);
-    return tr_fail(ctx, "tensor: out of memory for %zu bytes", nbytes);
+    return tr_fail(ctx, "tensor: out of %s memory for %zu bytes",
+                   device.kind == TR_CUDA ? "device" : "host", nbytes);
   }
   t->storage = s;
   return t;
@@ -266,6 +273,7 @@ static int64_t offset_of(const tr_tensor *t, int64_t i) {
 }
 
 double tr_get(const tr_tensor *t, int64_t i) {
+  if (tn_on_cuda(t)) return tc_get(t, i);
   int64_t off = offset_of(t, i);
   return t->dtype == TR_F32 ? (double)tr_f32(t)[off] : tr_f64(t)[off];
 }
@@ -281,6 +289,7 @@ void tn_set(tr_tensor *t, int64_t i, double v) {
 }
 
 double tn_sumsq(const tr_tensor *t) {
+  if (tn_on_cuda(t)) return tc_sumsq(t);
   double sq = 0;
   if (tr_is_contiguous(t) && t->dtype == TR_F32) {
     const float *p = tr_f32(t);
@@ -358,6 +367,7 @@ void tn_copy_to_contig(const tr_tensor *src, void *dst) {
 }
 
 tr_tensor *tn_contig(tr_ctx *ctx, const tr_tensor *t) {
+  if (tn_on_cuda(t)) return tc_contig(ctx, t);
   if (tr_is_contiguous(t)) {
     tr_tensor *a = tn_alias(ctx, t);
     return a;
@@ -368,6 +378,9 @@ tr_tensor *tn_contig(tr_ctx *ctx, const tr_tensor *t) {
 }
 
 tr_tensor *tr_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype) {
+  if (tn_on_cuda(t)) return tc_to_dtype(ctx, t, dtype);
+  if (dtype == TR_BF16 || t->dtype == TR_BF16)
+    return tr_fail(ctx, "to_dtype: bfloat16 exists only on CUDA devices (mixed precision)");
   tr_tensor *c = tn_contig(ctx, t);
   if (!c || c->dtype == dtype) return c;
   tr_tensor *out = tr_empty(ctx, dtype, t->ndim, t->shape);
@@ -411,6 +424,7 @@ static void for_each_pair(tr_tensor *dst, const tr_tensor *src, double alpha, pa
 }
 
 void tn_fill(tr_tensor *t, double value) {
+  if (tn_on_cuda(t)) { tc_fill(t, value); return; }
   if (tr_is_contiguous(t))
     fill_contig(t, value);
   else
@@ -425,6 +439,7 @@ int tr_fill_(tr_ctx *ctx, tr_tensor *t, double value) {
 }
 
 int tn_add(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
+  if (tn_on_cuda(dst) || tn_on_cuda(src)) return tc_add_(ctx, dst, src, alpha);
   if (dst->numel != src->numel)
     return nas_errf(&ctx->err, "add_: %lld elements += %lld", (long long)dst->numel,
                     (long long)src->numel);
@@ -450,6 +465,7 @@ int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
 }
 
 void tn_scale_contig(tr_tensor *t, double s) {
+  if (tn_on_cuda(t)) { tc_scale(t, s); return; }
   if (t->dtype == TR_F32)
     cblas_sscal((blasint)t->numel, (float)s, tr_f32(t), 1);
   else
@@ -465,6 +481,7 @@ void tn_axpy(tr_dtype dtype, int64_t n, double alpha, const void *x, void *y) {
 
 int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s) {
   if (check_inplace(ctx, t, "mul_")) return NAS_ERR;
+  if (tn_on_cuda(t)) return tc_mul_scalar_(ctx, t, s);
   if (tr_is_contiguous(t))
     tn_scale_contig(t, s);
   else
@@ -475,6 +492,7 @@ int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s) {
 
 int tr_copy_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src) {
   if (check_inplace(ctx, dst, "copy_")) return NAS_ERR;
+  if (tn_on_cuda(dst) || tn_on_cuda(src)) return tc_copy_(ctx, dst, src);
   if (dst->numel != src->numel)
     return nas_errf(&ctx->err, "copy_: %lld elements from %lld", (long long)dst->numel,
                     (long long)src->numel);
@@ -491,6 +509,7 @@ bool tn_is_private(const tr_tensor *t) {
 }
 
 tr_tensor *tn_clone(tr_ctx *ctx, const tr_tensor *t) {
+  if (tn_on_cuda(t)) return tc_clone(ctx, t);
   tr_tensor *c = tn_empty_like(ctx, t);
   if (c) tn_copy_to_contig(t, tr_data(c));
   return c;

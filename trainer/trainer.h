@@ -1,4 +1,4 @@
-/* trainer: the embedded training engine (CPU now; the device field leaves room for CUDA).
+/* trainer: the embedded training engine (CPU, and CUDA devices: see the devices section).
  *
  * Layers, each built on the one before (docs/engine.md tells the design):
  *   tensor    float32/float64 data with shape and strides over a reference-counted storage
@@ -46,6 +46,17 @@ void tr_allocator_stats(tr_allocator *a, tr_alloc_stats *out);
 /* Frees the cached blocks (not the ones in use). */
 void tr_allocator_trim(tr_allocator *a);
 
+/* The engine's own worker threads, for the work it splits finer than an OpenMP parallel
+ * region pays for (the GEMMs and matrix-vector products of a training step or of batch-1
+ * inference, the optimiser's updates): `threads` counts the caller, so 2 starts one worker.
+ * A context uses it when ctx->threads points at it and OpenBLAS runs on one thread; run
+ * OpenMP on one thread then too (OMP_NUM_THREADS=1), so that one pool works at a time.
+ * Idle workers spin a few hundred microseconds, then sleep. Used by one thread at a time;
+ * free it after the last op that uses it. NULL with err set on failure. */
+typedef struct tr_threadpool tr_threadpool;
+tr_threadpool *tr_threadpool_new(int threads, nas_err *err);
+void tr_threadpool_free(tr_threadpool *pool);
+
 /* Everything the engine would otherwise keep in globals. */
 typedef struct tr_ctx {
   bool grad_enabled;   /* false: ops build no graph at all (inference, evaluation) */
@@ -54,6 +65,8 @@ typedef struct tr_ctx {
   uint64_t rng[4];     /* xoshiro256** state: dropout masks, init, shuffles */
   uint64_t epoch;      /* increments once per backward; marks the nodes a pass visited */
   nas_err err;         /* the message of the last failed call */
+  struct tr_cuda *cuda; /* borrowed; NULL: no device. Ops on CUDA tensors run on it (devices) */
+  tr_threadpool *threads; /* borrowed; NULL: the engine's loops use OpenMP's threads */
 } tr_ctx;
 
 /* Grad mode on, generator seeded from seed (same seed, same numbers). */
@@ -70,7 +83,8 @@ double tr_rand_normal(tr_ctx *ctx);
 
 #define TR_MAX_DIMS 6
 
-typedef enum { TR_F32 = 0, TR_F64 = 1 } tr_dtype;
+/* TR_BF16 (bfloat16) exists only on CUDA devices, for mixed precision (devices section). */
+typedef enum { TR_F32 = 0, TR_F64 = 1, TR_BF16 = 2 } tr_dtype;
 typedef enum { TR_CPU = 0, TR_CUDA = 1 } tr_device_kind;
 typedef struct {
   tr_device_kind kind;
@@ -462,6 +476,7 @@ typedef struct {
   tr_lr_kind schedule;       /* constant; cosine: to 0 over all steps; step: ×0.1 after each
                                 third of the steps */
   uint64_t shuffle_seed;     /* batch order */
+  tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
   /* After every epoch (1-based) with the mean training loss and validation accuracy. */
   int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);
   /* After every training step; for heartbeats. */
@@ -480,24 +495,83 @@ int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
 /* Index of the largest of n values (the first on ties). */
 int64_t tr_argmax(const float *values, int64_t n);
 
+/* ================================================================ devices (issue 9)
+ *
+ * CUDA tensors (docs/engine-cuda.md). A tr_cuda is the engine of one device: a stream that
+ * all its work is queued on, a cuBLAS handle, and a caching device allocator. The caller
+ * owns it and points ctx->cuda at it; ops whose inputs are on that device then run there
+ * (every op of the "ops" section, backward included) and return tensors on it. Inputs on
+ * different devices are an error, never a silent copy: tr_to_device moves data, as a
+ * differentiable copy (PyTorch's .to()). Without nvcc (make CUDA=0), or without a device,
+ * every call here fails saying why, and nothing else changes.
+ *
+ * On a CUDA tensor tr_data() is a device pointer: read values with tr_get / tr_item (each
+ * copies back and waits) or tr_to_device to the CPU. Work is asynchronous: a call returns
+ * when its kernels are queued; copies to the host, tr_get and tr_cuda_sync wait. */
+
+typedef struct tr_cuda tr_cuda;
+
+/* The CPU, and CUDA device i. */
+#define TR_DEVICE_CPU ((tr_device){TR_CPU, 0})
+#define TR_DEVICE_CUDA(i) ((tr_device){TR_CUDA, (i)})
+
+/* Number of usable CUDA devices; 0 with the reason in err (may be NULL) when there is none
+ * (built without CUDA, no driver, no device). */
+int tr_cuda_device_count(nas_err *err);
+/* The engine for device: its stream, cuBLAS handle and a caching allocator that keeps at most
+ * cache_limit bytes of freed device blocks. NULL with err set when the device cannot be
+ * used. Free it after the last op that uses it; tensors may outlive it (their storage holds
+ * the allocator). */
+tr_cuda *tr_cuda_new(int device, size_t cache_limit, nas_err *err);
+void tr_cuda_free(tr_cuda *cu);
+int tr_cuda_device(const tr_cuda *cu);
+/* Waits until all work queued on cu's stream is done; reports an error a kernel raised. */
+int tr_cuda_sync(tr_cuda *cu, nas_err *err);
+/* Device memory of cu's allocator: in use, peak, cached (bytes), and a trim of the cache. */
+void tr_cuda_memory_stats(tr_cuda *cu, tr_alloc_stats *out);
+void tr_cuda_trim(tr_cuda *cu);
+/* Mixed precision: with bf16 on, linear, matmul and conv2d on float32 inputs run their
+ * GEMMs on bf16 copies of the operands with float32 accumulation and float32 results; the
+ * parameters, their gradients and optimiser states stay float32 (the master weights). */
+void tr_cuda_set_autocast(tr_cuda *cu, bool bf16);
+
+tr_device tr_tensor_device(const tr_tensor *t);
+/* t on device: t itself (a new reference) when already there, else a copy that records a
+ * node when t requires grad, so gradients flow back to t on its own device. Copies between
+ * two CUDA devices are not supported (one engine per ctx). */
+tr_tensor *tr_to_device(tr_ctx *ctx, tr_tensor *t, tr_device device);
+/* Moves every parameter, gradient and buffer of m to device in place (the same tensor
+ * objects, new storage; tensors that shared a storage, as flat buffers, still share one). */
+int tr_module_to_device(tr_ctx *ctx, tr_module *m, tr_device device);
+
 /* ================================================================ collectives (issue 9)
  *
  * A communicator group joins world ranks that run the same program in lockstep; each rank
  * calls the same collectives in the same order with matching arguments (NCCL's and MPI's
- * contract). The backend here makes the ranks threads of one process over shared memory;
- * docs/engine-comm.md tells how NCCL and ranks in other processes (srun) fit behind the
- * same calls.
+ * contract). Three backends sit behind the same calls (docs/engine-comm.md):
+ *   threads    ranks are threads of one process (tr_comm_group_new);
+ *   processes  ranks are processes on one node, meeting in POSIX shared memory;
+ *   NCCL       one CUDA device per rank, on any number of nodes; buffers in device memory.
+ * Processes form a group by a name (tr_comm_join), which tr_comm_init_env takes from the
+ * environment `srun` gives its tasks (SLURM_PROCID, SLURM_NTASKS, ...) or from NAS_RANK,
+ * NAS_WORLD and NAS_COMM_ID.
  *
  * - Buffers are contiguous arrays of count elements of dtype (float32 or float64). send and
  *   recv may be the same pointer (in place) where noted; the buffers of different ranks must
  *   not overlap. A call returns when this rank's output is complete and its input may be
  *   reused.
- * - Sums are taken in rank order, ((x0 + x1) + x2) + ..., in the buffer's dtype, whatever
- *   the world size or which thread computes them, so results are bit-identical run to run.
- *   TR_REDUCE_AVG divides that sum by world.
- * - Arguments are checked on every rank against every other rank's: a mismatch (another
- *   collective, dtype, count, root or reduce op) or a bad argument on any rank makes the
- *   call fail on all ranks with the same message, and the group stays usable. */
+ * - CPU backends: sums are taken in rank order, ((x0 + x1) + x2) + ..., in the buffer's
+ *   dtype, whatever the world size or which rank computes them, so results are
+ *   bit-identical run to run. TR_REDUCE_AVG divides that sum by world. NCCL sums in the
+ *   order of its rings and trees: equal within rounding.
+ * - CPU backends: arguments are checked on every rank against every other rank's: a
+ *   mismatch (another collective, dtype, count, root or reduce op) or a bad argument on any
+ *   rank makes the call fail on all ranks with the same message, and the group stays
+ *   usable. NCCL checks each rank's own arguments only.
+ * - Processes and NCCL: a rank never waits for the others longer than the group's timeout,
+ *   and (processes) stops waiting as soon as a rank it waits for has exited; it then fails
+ *   with a message naming the ranks it waited for, the group is broken, and every rank's
+ *   calls fail from then on. Threads wait without a limit. */
 
 typedef struct tr_comm_group tr_comm_group;
 typedef struct tr_comm tr_comm;
@@ -531,5 +605,196 @@ int tr_comm_broadcast(tr_comm *comm, tr_dtype dtype, void *buf, int64_t count, i
 /* Returns once every rank has called it; whatever a rank wrote before is visible to all
  * ranks after. */
 int tr_comm_barrier(tr_comm *comm, nas_err *err);
+
+typedef enum {
+  TR_COMM_THREADS = 0,   /* tr_comm_group_new */
+  TR_COMM_PROCESSES = 1, /* processes on one node, over POSIX shared memory */
+  TR_COMM_NCCL = 2       /* a CUDA device per rank, any nodes (CUDA=1 builds) */
+} tr_comm_backend;
+
+/* Default longest wait for another rank: generous, since ranks may rightly wait minutes
+ * for a slow one (rank 0 evaluating); an exited rank is noticed at once anyway. */
+#define TR_COMM_TIMEOUT_S 600.0
+#define TR_COMM_NAME_MAX 128
+
+/* How this process joins a group of processes. */
+typedef struct {
+  tr_comm_backend backend; /* TR_COMM_PROCESSES or TR_COMM_NCCL */
+  int rank, world;         /* 0 <= rank < world */
+  int local_rank;          /* rank among the group's ranks on this node; NCCL uses CUDA
+                              device local_rank mod the number of devices it sees */
+  int nodes;               /* nodes the ranks run on (1 for one node); processes need 1 */
+  /* The group's name: letters, digits, '.', '_', '-'; unique among the groups that may
+   * exist at the same time (on this node, or in run_dir). */
+  char name[TR_COMM_NAME_MAX];
+  /* Borrowed, may be NULL. NCCL: a folder every rank sees (the trial's run folder on a
+   * shared filesystem), where rank 0 publishes its NCCL id; required when nodes > 1, and
+   * used whenever given. Without it one node meets in shared memory. */
+  const char *run_dir;
+  double timeout_s;   /* longest wait for another rank, joining and in each call; <= 0:
+                         TR_COMM_TIMEOUT_S */
+  size_t stage_bytes; /* processes: shared memory each rank stages its buffers through
+                         per round (a call moves larger buffers in pieces); 0: 1 MiB */
+} tr_comm_options;
+
+/* Fills rank, world, local_rank, nodes and name of opts from the environment, leaving the
+ * other fields alone: NAS_RANK, NAS_WORLD and NAS_COMM_ID (the name) when NAS_RANK is set
+ * (processes a launcher starts on one node); else, in a task of srun, SLURM_PROCID,
+ * SLURM_NTASKS, SLURM_LOCALID, SLURM_NNODES and the name "slurm-JOB.STEP" from
+ * SLURM_JOB_ID and SLURM_STEP_ID, prefixed by "NAS_COMM_ID-" when that is set. An error
+ * names the variable that is missing or malformed. */
+int tr_comm_env(tr_comm_options *opts, nas_err *err);
+/* Joins the group opts describes and returns this rank's communicator in *out (owned:
+ * tr_comm_free). Every rank of the group calls it; it returns once all world ranks have
+ * joined, or fails after opts->timeout_s naming the ranks that did not come. */
+int tr_comm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err);
+/* tr_comm_env, then tr_comm_join. opts (may be NULL: processes, default timeout) gives
+ * backend, run_dir, timeout_s and stage_bytes. */
+int tr_comm_init_env(const tr_comm_options *opts, tr_comm **out, nas_err *err);
+/* Frees a communicator made by tr_comm_join (not collective: each rank frees its own once
+ * it is done with its calls). NULL and communicators of a tr_comm_group are ignored. */
+void tr_comm_free(tr_comm *comm);
+tr_comm_backend tr_comm_backend_of(const tr_comm *comm);
+
+/* ================================================================ FSDP (issue 9)
+ *
+ * Fully sharded data parallel training in the sense of PyTorch's FSDP
+ * (docs/engine-fsdp.md). Every rank holds the same model (a Sequential), its own tr_ctx
+ * with its own allocator, and a slice of each global batch. The model is cut into units
+ * along its children; each unit's parameters become one flat buffer, padded to a multiple
+ * of world and split evenly, and a rank keeps only its shard, the shard's gradient and the
+ * optimiser state of the shard. A unit's full parameters are all-gathered before its
+ * forward and again before its backward and freed after; its gradient is reduce-scattered
+ * (averaged) so each rank keeps the gradient of its shard. Each unit is one autograd node
+ * (FsdpUnitBackward) in the rank's graph, so tr_backward drives all of it.
+ *
+ * Contract (as for collectives): every rank calls the same tr_fsdp functions in the same
+ * order with the same shapes; the loss is the mean over the rank's slice, so the averaged
+ * gradient is the gradient of the mean over the global batch. While a tr_fsdp lives, the
+ * model's parameter tensors hold data only between tr_fsdp_summon_full and
+ * tr_fsdp_release_full (always in mode none); graphs made by tr_fsdp_forward must go before
+ * the tr_fsdp does. Ranks are threads (tr_fsdp_run_threads) or processes over a CPU
+ * communicator for a model on the CPU; for a model on a CUDA device (ctx->cuda its engine)
+ * every FSDP buffer lives on that device and the communicator must be NCCL's (one GPU per
+ * rank; no prefetch there). Batch norm keeps per-rank batch statistics (no sync batch
+ * norm); its running statistics start from rank 0's. */
+
+typedef enum {
+  TR_SHARD_FULL = 0,    /* parameters, gradients and optimiser state sharded; full
+                           parameters gathered per unit for its forward and its backward */
+  TR_SHARD_GRAD_OP = 1, /* gradients and optimiser state sharded; full parameters gathered
+                           once per step in forward and kept until the unit's backward */
+  TR_SHARD_NONE = 2     /* plain data parallel: full parameters, gradients and optimiser on
+                           every rank; gradients all-reduced (averaged) */
+} tr_shard_mode;
+
+typedef struct {
+  tr_shard_mode mode;
+  /* Unit policy. 0: one unit per child of the model that has parameters. > 0: consecutive
+   * children grouped until a unit holds at least this many parameters (a smaller rest is a
+   * unit of its own). Parameterless children ride along in the unit before them (the first
+   * unit for leading ones). */
+  int64_t unit_params;
+  bool checkpoint; /* activation checkpointing per unit: the forward keeps only the unit's
+                      input; backward recomputes the unit (same dropout masks) */
+  bool prefetch;   /* all-gather the next unit (forward order in forward, reverse in
+                      backward) on a helper thread while this one computes; needs
+                      prefetch_comm; nothing to do in mode none. Results are bit-identical. */
+} tr_fsdp_config;
+
+typedef struct tr_fsdp tr_fsdp;
+
+/* Wraps model (borrowed; it must outlive the tr_fsdp) for the rank of comm (borrowed).
+ * prefetch_comm (borrowed, may be NULL without prefetch) is this rank's communicator in a
+ * second group of the same world, used only for prefetch. A collective call: every rank's
+ * model gets rank 0's parameters and buffers, then the parameters are sharded (the model's
+ * parameter tensors become views of the units' flat buffers; old gradients are dropped).
+ * ctx must have an allocator (per-rank memory accounting). NULL with ctx->err set: a
+ * config or model that makes no sense is refused before the model is touched. */
+tr_fsdp *tr_fsdp_new(tr_ctx *ctx, tr_module *model, tr_comm *comm, tr_comm *prefetch_comm,
+                     const tr_fsdp_config *cfg);
+/* Waits for prefetches in flight, then frees the shards and buffers. The model's parameter
+ * tensors keep their data only if it was summoned (or in mode none); otherwise the model
+ * may only be freed. */
+void tr_fsdp_free(tr_fsdp *f);
+int tr_fsdp_unit_count(const tr_fsdp *f);
+
+/* This rank's slice [*start, *start + *count) of a global batch of `global` examples;
+ * an error unless global is a positive multiple of world. */
+int tr_fsdp_batch_slice(const tr_fsdp *f, int64_t global, int64_t *start, int64_t *count,
+                        nas_err *err);
+
+/* The model's forward on this rank's slice x (borrowed), unit by unit. With grad mode on
+ * the result's graph holds one FsdpUnitBackward node per unit. */
+tr_tensor *tr_fsdp_forward(tr_ctx *ctx, tr_fsdp *f, tr_tensor *x);
+/* tr_backward from loss (one element), then waits for any prefetch still in flight. After
+ * it, each rank's shard tensors carry the averaged gradient of their shard. */
+int tr_fsdp_backward(tr_ctx *ctx, tr_fsdp *f, tr_tensor *loss);
+
+/* An optimiser (owned by the caller; tr_optim_step/zero_grad/free as usual) over this
+ * rank's flat shards: its state is sharded too. Mode none: over the full flat buffers. */
+tr_optim *tr_fsdp_optim_new(tr_ctx *ctx, tr_fsdp *f, const tr_optim_config *cfg);
+/* Gradient clipping by the global norm over all ranks (an all-reduce of the squared
+ * norms of the shards): as tr_clip_grad_norm on the unsharded model. *norm (may be NULL)
+ * gets the norm before clipping. A collective call. */
+int tr_fsdp_clip_grad_norm(tr_ctx *ctx, tr_fsdp *f, double max_norm, double *norm);
+/* values (n host float64s) = op over all ranks of values, on f's main communicator: what a
+ * training loop adds up between steps (losses, failure flags). For a device model the
+ * values travel through device memory, the only memory NCCL moves. A collective call. */
+int tr_fsdp_all_reduce_host(tr_ctx *ctx, tr_fsdp *f, double *values, int64_t n,
+                            tr_reduce_op op);
+
+/* Gathers every unit's full parameters into the model's own parameter tensors, so the
+ * model can be evaluated (tr_evaluate, tr_module_forward), saved or read on any rank;
+ * release hands the memory back. Both are collective calls (release only for symmetry: it
+ * moves no data). An optimiser step while summoned is fine: the next use re-gathers. */
+int tr_fsdp_summon_full(tr_ctx *ctx, tr_fsdp *f);
+int tr_fsdp_release_full(tr_ctx *ctx, tr_fsdp *f);
+
+/* What this rank holds. */
+typedef struct {
+  int units;
+  int64_t params;      /* parameters of the whole model (unsharded) */
+  int64_t local;       /* parameter values this rank keeps between steps: its shards with
+                          padding (all parameters in mode none); gradients and optimiser
+                          state match it */
+  tr_alloc_stats alloc; /* the rank's allocator: in_use, peak, cached bytes (a model on a
+                           CUDA device: its engine's device allocator) */
+} tr_fsdp_memory;
+void tr_fsdp_memory_stats(const tr_fsdp *f, tr_fsdp_memory *out);
+
+/* A driver for ranks that are threads: starts world threads, each running fn with its
+ * rank's communicators (a main group and a prefetch group made here), joins them and
+ * returns the first failing rank's error ("rank 2: ..."). Each thread gets an equal share
+ * of the process's OpenMP threads (at least one). fn must make its own tr_ctx and
+ * allocator. A rank that fails alone while the others wait in a collective hangs them, as
+ * with NCCL: fail on all ranks alike (the collectives' own checks do). */
+typedef struct {
+  int rank, world;
+  tr_comm *comm;          /* borrowed: the main group */
+  tr_comm *prefetch_comm; /* borrowed: the prefetch group */
+} tr_fsdp_rank;
+typedef int (*tr_fsdp_rank_fn)(const tr_fsdp_rank *rank, void *arg, nas_err *err);
+int tr_fsdp_run_threads(int world, tr_fsdp_rank_fn fn, void *arg, nas_err *err);
+
+/* ================================================================ sharded built-in training
+ * trainer/fit.c; uses the collectives and FSDP above. */
+
+/* Data-parallel training on one rank of several (docs/engine-fsdp.md): what tr_fit does,
+ * with m sharded by FSDP across the ranks of comm and each rank training on its slice of
+ * every global batch. Every rank calls it with the same data and cfg (shuffle seed
+ * included); the callbacks run on rank 0 only, which also validates; a failure on any
+ * rank stops all of them at the same step. A batch is cut to a multiple of the world size
+ * (the last batch of an epoch may lose up to world - 1 examples). *accuracy is rank 0's
+ * (0 elsewhere). On return m holds the whole trained model on every rank. */
+typedef struct {
+  tr_comm *comm;          /* borrowed: this rank's communicator */
+  tr_comm *prefetch_comm; /* borrowed; NULL: no prefetch whatever fsdp says (nor on a
+                             CUDA device, where FSDP has none) */
+  tr_fsdp_config fsdp;
+} tr_fit_ranks;
+int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const tr_dataset *train,
+                   const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
+                   nas_err *err);
 
 #endif

@@ -1,0 +1,204 @@
+/* par: the engine's own worker threads (tr_threadpool), and tn_par_run, which splits a piece of
+ * work into parts over them, or over OpenMP's threads when the context has no pool.
+ *
+ * Why a pool of our own: an OpenMP parallel region costs libgomp two futex system calls
+ * (it wakes the team's barrier every time, sleeping or not), and on this project's machines
+ * (virtual CPUs where a system call and a wake-up cost microseconds) a region took 20-30 us
+ * from start to end: the second thread began a GEMM half 10-15 us late and the end took as
+ * long again. That is a tenth of a split 128x784x256 GEMM, and more than a whole batch-1
+ * matrix-vector product. Here the caller publishes a job with one atomic store, workers
+ * that are spinning see it within a cache-line transfer (~0.3 us), and completion is one
+ * atomic counter: no system call while the threads are busy.
+ *
+ * Protocol. `word` holds the current job: its number (32 bits), its number of parts and the
+ * next part to claim (16 bits each). Every thread, the caller included, claims parts with
+ * one fetch_add on word and runs those below the number of parts; the caller returns when
+ * `done` counts all parts. So the caller never waits for a worker that has not started (it
+ * claims that part itself), only for parts a worker is running. A claim always belongs to
+ * the job in the word it returned, and a job's fn and arg are not replaced until all its
+ * parts are done, so a claimed part always runs the right function. Idle workers spin a
+ * while, then sleep on a futex (`epoch`, with a count of sleepers so that the caller makes
+ * the wake-up system call only when someone sleeps).
+ *
+ * Invariants: one caller at a time (a pool belongs to one tr_ctx, used by one thread); a
+ * part that calls the pool again runs that job inline (the pool is busy). Workers run
+ * OpenMP loops on one thread (their own nthreads setting), so a pool never nests OpenMP
+ * teams under its threads. */
+#include <cblas.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdalign.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "trainer/internal.h"
+
+/* Spins of an idle worker before it sleeps: a few hundred microseconds, longer than the
+ * gaps between the GEMMs of a training step, far shorter than a scheduler time slice. */
+#define IDLE_SPINS (1 << 16)
+#define FIELD_MASK 0xffff /* parts and next part in word; next passes parts by at most a
+                             * few claims per thread, so threads stay far below this */
+#define MAX_THREADS 1024
+
+struct tr_threadpool {
+  alignas(64) _Atomic uint64_t word; /* job number << 32 | parts << 16 | next part */
+  alignas(64) _Atomic int64_t done;  /* parts of the current job finished */
+  alignas(64) _Atomic uint32_t epoch; /* the futex idle workers sleep on: the job number */
+  _Atomic int sleepers;               /* workers asleep or about to be */
+  _Atomic bool stop;
+  void (*fn)(void *arg, int part, int parts); /* the current job (caller's) */
+  void *arg;
+  uint32_t job;  /* the caller's count of jobs */
+  bool busy;     /* a job is running: nested calls run inline */
+  int threads;   /* workers + the caller */
+  pthread_t *workers; /* owned */
+};
+
+static uint32_t word_job(uint64_t w) { return (uint32_t)(w >> 32); }
+static int word_parts(uint64_t w) { return (int)((w >> 16) & FIELD_MASK); }
+static int word_next(uint64_t w) { return (int)(w & FIELD_MASK); }
+
+static void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+static void futex_wait(_Atomic uint32_t *addr, uint32_t expected) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAIT_PRIVATE, expected, NULL, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *addr) {
+  syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+}
+
+/* Claims and runs parts of the job in word until none is left. */
+static void run_parts(tr_threadpool *p) {
+  for (;;) {
+    uint64_t w = atomic_fetch_add_explicit(&p->word, 1, memory_order_acq_rel);
+    int part = word_next(w), parts = word_parts(w);
+    if (part >= parts) return;
+    p->fn(p->arg, part, parts);
+    atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
+  }
+}
+
+/* Waits until word holds another job than `seen` (or the pool stops): spinning first, then
+ * asleep on epoch. The seq_cst order of sleepers++, the re-check of word, and the caller's
+ * store of word and epoch then load of sleepers makes sure no wake-up is missed. */
+static void wait_for_job(tr_threadpool *p, uint32_t seen) {
+  for (int spins = 0;; spins++) {
+    if (word_job(atomic_load_explicit(&p->word, memory_order_acquire)) != seen ||
+        atomic_load_explicit(&p->stop, memory_order_acquire))
+      return;
+    if (spins < IDLE_SPINS) {
+      cpu_relax();
+      continue;
+    }
+    uint32_t epoch = atomic_load(&p->epoch);
+    atomic_fetch_add(&p->sleepers, 1);
+    if (word_job(atomic_load(&p->word)) == seen && !atomic_load(&p->stop))
+      futex_wait(&p->epoch, epoch);
+    atomic_fetch_sub(&p->sleepers, 1);
+    spins = 0;
+  }
+}
+
+static void *worker_main(void *arg) {
+  tr_threadpool *p = arg;
+  omp_set_num_threads(1); /* this thread's own setting: no OpenMP team under a worker */
+  uint32_t seen = 0;
+  while (!atomic_load_explicit(&p->stop, memory_order_acquire)) {
+    wait_for_job(p, seen);
+    seen = word_job(atomic_load_explicit(&p->word, memory_order_acquire));
+    run_parts(p);
+  }
+  return NULL;
+}
+
+static void pool_stop(tr_threadpool *p, int started) {
+  atomic_store(&p->stop, true);
+  atomic_fetch_add(&p->epoch, 1);
+  futex_wake_all(&p->epoch);
+  for (int i = 0; i < started; i++) pthread_join(p->workers[i], NULL);
+}
+
+tr_threadpool *tr_threadpool_new(int threads, nas_err *err) {
+  if (threads < 1 || threads > MAX_THREADS) {
+    nas_errf(err, "threadpool: %d threads (1 to %d)", threads, MAX_THREADS);
+    return NULL;
+  }
+  tr_threadpool *p = calloc(1, sizeof *p);
+  pthread_t *workers = p ? calloc((size_t)threads, sizeof *workers) : NULL;
+  if (!workers) {
+    free(p);
+    nas_errf(err, "threadpool: out of memory");
+    return NULL;
+  }
+  p->threads = threads;
+  p->workers = workers;
+  for (int i = 0; i < threads - 1; i++) {
+    if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) {
+      pool_stop(p, i);
+      free(p->workers);
+      free(p);
+      nas_errf(err, "threadpool: cannot start thread %d of %d", i + 2, threads);
+      return NULL;
+    }
+  }
+  return p;
+}
+
+void tr_threadpool_free(tr_threadpool *p) {
+  if (!p) return;
+  pool_stop(p, p->threads - 1);
+  free(p->workers);
+  free(p);
+}
+
+/* fn(arg, part, parts) for every part in [0, threads): the caller takes part of the work. */
+static void pool_run(tr_threadpool *p, void (*fn)(void *arg, int part, int parts), void *arg) {
+  int parts = p->threads;
+  p->busy = true;
+  p->fn = fn;
+  p->arg = arg;
+  atomic_store_explicit(&p->done, 0, memory_order_relaxed);
+  p->job++;
+  atomic_store(&p->word, (uint64_t)p->job << 32 | (uint64_t)parts << 16);
+  atomic_store(&p->epoch, p->job);
+  if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->epoch);
+  run_parts(p);
+  while (atomic_load_explicit(&p->done, memory_order_acquire) < parts) cpu_relax();
+  p->busy = false;
+}
+
+/* ---------------------------------------------------------------- splitting work */
+
+int tn_par_parts(const tr_ctx *ctx) {
+  if (ctx && ctx->threads) /* BLAS on several threads has the cores (see tn_par_threads) */
+    return ctx->threads->busy || openblas_get_num_threads() > 1 ? 1 : ctx->threads->threads;
+  return omp_in_parallel() ? 1 : tn_par_threads();
+}
+
+void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), void *arg) {
+  int parts = tn_par_parts(ctx);
+  if (parts < 2) {
+    fn(arg, 0, 1);
+  } else if (ctx && ctx->threads) {
+    pool_run(ctx->threads, fn, arg);
+  } else {
+#pragma omp parallel num_threads(parts)
+    fn(arg, omp_get_thread_num(), omp_get_num_threads());
+  }
+}
+
+void tn_par_range(int64_t n, int part, int parts, int64_t *lo, int64_t *hi) {
+  int64_t chunk = (n + parts - 1) / parts;
+  if (chunk > 16) chunk = (chunk + 15) / 16 * 16;
+  *lo = chunk * part < n ? chunk * part : n;
+  *hi = *lo + chunk < n ? *lo + chunk : n;
+}
