@@ -725,37 +725,42 @@ static void job_array_runs_each_trial_in_its_own_run_dir(void **state) {
   runner_free(r);
 }
 
-/* The whole product on Slurm: `nas run` of an experiment whose trials go out as one job
- * array per launch round, some succeeding and some failing, all recorded. */
-static void experiment_runs_through_slurm_as_job_arrays(void **state) {
-  fixture *f = cluster_fixture(state);
-  char *spec = NULL, *db = NULL, *out = NULL;
-  assert_true(asprintf(&spec, "%s/exp.yaml", f->dir) > 0);
+/* Writes the spec text to the fixture's folder, runs `nas run` on it (storage in that
+ * folder) and returns what `nas trials NAME --format FORMAT` prints (owned). */
+static char *experiment_run(fixture *f, const char *name, const char *yaml, const char *format) {
+  char *db = NULL, *out = NULL;
+  char *spec = test_write(f->dir, "exp.yaml", yaml);
   assert_true(asprintf(&db, "sqlite:%s/nas.db", f->dir) > 0);
-  FILE *file = fopen(spec, "w");
-  assert_non_null(file);
-  fputs("name: onslurm\n"
-        "seed: 5\n"
-        "parameters:\n"
-        "  mode: {type: categorical, choices: [ok, fail]}\n"
-        "  x: {type: float, low: 0, high: 1}\n"
-        "objectives: [{name: y, goal: minimize}]\n"
-        "trial: {command: [sh, -c, 'if [ {mode} = fail ]; then exit 3; fi; "
-        "echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
-        "budget: {trials: 4, parallel: 4, max_failure_rate: 1}\n"
-        "optimizer: {type: random}\n"
-        "runner: {type: slurm, array: true, poll_interval: 0.2}\n",
-        file);
-  fclose(file);
-  int sbatch_before = calls_of(f->g, "sbatch");
   char *run[] = {(char *)test_nas_bin(), "run", spec, "--storage", db, "--no-progress", NULL};
   int rc = test_run(f->dir, run, &out);
   if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
   free(out);
-  assert_int_equal(calls_of(f->g, "sbatch"), sbatch_before + 1); /* one array of 4 */
-  char *trials[] = {(char *)test_nas_bin(), "trials", "onslurm", "--storage", db,
-                    "--format", "csv", NULL};
+  char *trials[] = {(char *)test_nas_bin(), "trials", (char *)name, "--storage", db,
+                    "--format", (char *)format, NULL};
   assert_int_equal(test_run(f->dir, trials, &out), 0);
+  free(spec), free(db);
+  return out;
+}
+
+/* The whole product on Slurm: `nas run` of an experiment whose trials go out as one job
+ * array per launch round, some succeeding and some failing, all recorded. */
+static void experiment_runs_through_slurm_as_job_arrays(void **state) {
+  fixture *f = cluster_fixture(state);
+  int sbatch_before = calls_of(f->g, "sbatch");
+  char *out = experiment_run(f, "onslurm",
+                             "name: onslurm\n"
+                             "seed: 5\n"
+                             "parameters:\n"
+                             "  mode: {type: categorical, choices: [ok, fail]}\n"
+                             "  x: {type: float, low: 0, high: 1}\n"
+                             "objectives: [{name: y, goal: minimize}]\n"
+                             "trial: {command: [sh, -c, 'if [ {mode} = fail ]; then exit 3; fi; "
+                             "echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                             "budget: {trials: 4, parallel: 4, max_failure_rate: 1}\n"
+                             "optimizer: {type: random}\n"
+                             "runner: {type: slurm, array: true, poll_interval: 0.2}\n",
+                             "csv");
+  assert_int_equal(calls_of(f->g, "sbatch"), sbatch_before + 1); /* one array of 4 */
   int completed = 0, failed = 0;
   for (char *line = strchr(out, '\n'); line && line[1]; line = strchr(line + 1, '\n')) {
     completed += strncmp(strchr(line, ',') + 1, "completed,", 10) == 0;
@@ -765,7 +770,7 @@ static void experiment_runs_through_slurm_as_job_arrays(void **state) {
     }
   }
   assert_int_equal(completed + failed, 4);
-  free(out), free(spec), free(db);
+  free(out);
 }
 
 /* A built-in trial with devices: 2 run as two srun tasks: the tasks form one group by
@@ -773,29 +778,18 @@ static void experiment_runs_through_slurm_as_job_arrays(void **state) {
  * stores the metrics. */
 static void builtin_trial_trains_across_two_srun_tasks(void **state) {
   fixture *f = cluster_fixture(state);
-  char *spec = NULL, *db = NULL, *out = NULL;
-  assert_true(asprintf(&spec, "%s/exp.yaml", f->dir) > 0);
-  assert_true(asprintf(&db, "sqlite:%s/nas.db", f->dir) > 0);
-  FILE *file = fopen(spec, "w");
-  assert_non_null(file);
-  fputs("name: ranks\n"
-        "objectives: [{name: accuracy, goal: maximize}]\n"
-        "parameters: {lr: {type: float, low: 0.003, high: 0.03, log: true}}\n"
-        "trial:\n"
-        "  builtin: {model: mlp, dataset: digits, epochs: 2, batch_size: 32, width: 32,\n"
-        "            limit_train: 512, devices: 2}\n"
-        "budget: {trials: 1}\n"
-        "optimizer: {type: random}\n"
-        "runner: {type: slurm, ntasks: 2, srun: true, poll_interval: 0.2}\n",
-        file);
-  fclose(file);
-  char *run[] = {(char *)test_nas_bin(), "run", spec, "--storage", db, "--no-progress", NULL};
-  int rc = test_run(f->dir, run, &out);
-  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
-  free(out);
-  char *trials[] = {(char *)test_nas_bin(), "trials", "ranks", "--storage", db,
-                    "--format", "json", NULL};
-  assert_int_equal(test_run(f->dir, trials, &out), 0);
+  char *out = experiment_run(
+      f, "ranks",
+      "name: ranks\n"
+      "objectives: [{name: accuracy, goal: maximize}]\n"
+      "parameters: {lr: {type: float, low: 0.003, high: 0.03, log: true}}\n"
+      "trial:\n"
+      "  builtin: {model: mlp, dataset: digits, epochs: 2, batch_size: 32, width: 32,\n"
+      "            limit_train: 512, devices: 2}\n"
+      "budget: {trials: 1}\n"
+      "optimizer: {type: random}\n"
+      "runner: {type: slurm, ntasks: 2, srun: true, poll_interval: 0.2}\n",
+      "json");
   json_t *rows = json_loads(out, 0, NULL);
   assert_non_null(rows);
   json_t *trial = json_array_get(rows, 0);
@@ -809,7 +803,7 @@ static void builtin_trial_trains_across_two_srun_tasks(void **state) {
   assert_non_null(first);
   assert_null(strstr(first + 1, "epoch 2/2"));
   json_decref(rows);
-  free(text), free(log), free(out), free(spec), free(db);
+  free(text), free(log), free(out);
 }
 
 static void batch_without_array_starts_one_job_each(void **state) {
