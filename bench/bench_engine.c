@@ -5,7 +5,8 @@
  * cross-entropy, SGD momentum 0.9, random inputs of Fashion-MNIST's shape, a fixed number
  * of steps after warm-up); batch-1 inference latency p50/p99 over 1000 runs after warm-up
  * (evaluation mode, no graph); sgemm 1024^3 through tr_matmul and through cblas_sgemm.
- * Thread counts come from the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS). */
+ * Thread counts come from the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS), and
+ * `--pool N` gives the context the engine's own pool of N threads (tr_threadpool). */
 #include <cblas.h>
 #include <stdio.h>
 #include <time.h>
@@ -148,10 +149,22 @@ static void sgemm_rates(tr_ctx *ctx, double *engine, double *direct) {
 
 int main(int argc, char **argv) {
   /* --quick: a few steps of each, for a smoke test of the benchmark itself */
-  bool quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
+  bool quick = false;
+  int pool = 0;
+  for (int i = 1; i < argc; i++) {
+    if (strcmp(argv[i], "--quick") == 0) {
+      quick = true;
+    } else if (strcmp(argv[i], "--pool") == 0 && i + 1 < argc) {
+      pool = atoi(argv[++i]);
+    } else {
+      fprintf(stderr, "usage: bench_engine [--quick] [--pool THREADS]\n");
+      return 2;
+    }
+  }
   tr_ctx ctx;
   tr_ctx_init(&ctx, 1);
   ctx.alloc = tr_allocator_new((size_t)1 << 30); /* reuse step buffers: see trainer.h */
+  if (pool && !(ctx.threads = tr_threadpool_new(pool, &ctx.err))) die("pool", &ctx);
   printf("openblas_threads %d\n", openblas_get_num_threads());
   tr_module *mlp = mlp_new(&ctx), *cnn = cnn_new(&ctx);
   double per_cpu, rate = train_rate(&ctx, mlp, quick ? 2 : 50, quick ? 5 : 400, &per_cpu);
@@ -168,6 +181,7 @@ int main(int argc, char **argv) {
   printf("sgemm_engine_gflops %.1f\nsgemm_openblas_gflops %.1f\n", engine, direct);
   tr_module_free(mlp);
   tr_module_free(cnn);
+  tr_threadpool_free(ctx.threads);
   tr_allocator_release(ctx.alloc);
   return 0;
 }

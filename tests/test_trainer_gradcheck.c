@@ -325,7 +325,8 @@ static void conv_and_pools_match_central_differences(void **state) {
   omp_set_num_threads(omp_threads);
   tr_tensor *c[] = {leaf(&ctx, 4, SHAPE(2, 3, 6, 4), -1, 1)};
   gradcheck("max_pool2d", &ctx, f_max_pool, 1, c);
-  tr_tensor *c_odd[] = {leaf(&ctx, 4, SHAPE(1, 2, 5, 7), -1, 1)}; /* a last row and column in no window */
+  /* a last row and column in no window */
+  tr_tensor *c_odd[] = {leaf(&ctx, 4, SHAPE(1, 2, 5, 7), -1, 1)};
   gradcheck("max_pool2d (odd sizes)", &ctx, f_max_pool, 1, c_odd);
   tr_tensor *d[] = {leaf(&ctx, 4, SHAPE(2, 3, 4, 5), -1, 1)};
   gradcheck("avg_pool2d (overlapping)", &ctx, f_avg_pool, 1, d);

@@ -1,13 +1,16 @@
 /* The engine's fast paths compute what the plain paths compute: GEMMs and matrix-vector
- * products split over threads against one call on one thread, and the fused inference of
- * conv2d + ReLU + max pool and of linear + ReLU against the modules run one by one. Sizes are odd on purpose
- * (not multiples of 16, batch 1, 3 and 127), so that ragged edges and parts of unequal
- * size are exercised. The thread settings are the process's; each test restores them. */
+ * products split over threads (OpenMP's, or the engine's own pool) against one call on one
+ * thread, the pool itself (every part of every job runs once, also after its workers slept),
+ * and the fused inference of conv2d + ReLU + max pool and of linear + ReLU against the
+ * modules run one by one. Sizes are odd on purpose (not multiples of 16, batch 1, 3 and
+ * 127), so that ragged edges and parts of unequal size are exercised. Thread settings are
+ * the process's; each test restores them. */
 #include "tests/testutil.h"
 
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <stdatomic.h>
 
 #include "trainer/infer.h"
 #include "trainer/trainer.h"
@@ -15,36 +18,118 @@
 #define SHAPE(...) \
   (int64_t[]) { __VA_ARGS__ }
 
-/* The engine's own threads in use (OpenBLAS on one thread), or one thread for everything. */
-typedef struct {
-  int blas, omp;
-} thread_settings;
+/* How the engine may use threads: not at all, OpenMP's two, or a pool of two. */
+typedef enum { ONE_THREAD, OPENMP, POOL } thread_mode;
+static const char *const mode_names[] = {"one thread", "OpenMP", "pool"};
 
-static thread_settings threads_set(int omp) {
-  thread_settings old = {openblas_get_num_threads(), omp_get_max_threads()};
+/* A context set up for a mode, and the process settings to restore. */
+typedef struct {
+  tr_ctx ctx;
+  int blas, omp;
+} run_env;
+
+static void env_begin(run_env *e, thread_mode mode, uint64_t seed) {
+  tr_ctx_init(&e->ctx, seed);
+  e->blas = openblas_get_num_threads();
+  e->omp = omp_get_max_threads();
   openblas_set_num_threads(1);
-  omp_set_num_threads(omp);
-  return old;
+  omp_set_num_threads(mode == OPENMP ? 2 : 1);
+  if (mode == POOL) assert_non_null(e->ctx.threads = tr_threadpool_new(2, &e->ctx.err));
 }
 
-static void threads_restore(thread_settings old) {
-  openblas_set_num_threads(old.blas);
-  omp_set_num_threads(old.omp);
+static void env_end(run_env *e) {
+  tr_threadpool_free(e->ctx.threads);
+  openblas_set_num_threads(e->blas);
+  omp_set_num_threads(e->omp);
 }
 
 /* |a - b| <= tol * scale[i] for every element (scale NULL: 1). */
-static void assert_close(const tr_tensor *a, const tr_tensor *b, const tr_tensor *scale, double tol,
-                         const char *what) {
+static void assert_close(const tr_tensor *a, const tr_tensor *b, const tr_tensor *scale,
+                         double tol, const char *what, thread_mode mode) {
   assert_int_equal(a->numel, b->numel);
   for (int64_t i = 0; i < a->numel; i++) {
     double d = fabs(tr_get(a, i) - tr_get(b, i)), s = scale ? tr_get(scale, i) : 1.0;
-    if (!(d <= tol * s)) fail_msg("%s: element %lld: %g vs %g", what, (long long)i, tr_get(a, i), tr_get(b, i));
+    if (!(d <= tol * s))
+      fail_msg("%s (%s): element %lld: %g vs %g", what, mode_names[mode], (long long)i,
+               tr_get(a, i), tr_get(b, i));
   }
 }
 
-static void assert_equal(const tr_tensor *a, const tr_tensor *b, const char *what) {
-  assert_close(a, b, NULL, 0.0, what);
+/* ---------------------------------------------------------------- the pool */
+
+enum { COUNTED_PARTS = 4 };
+
+typedef struct {
+  _Atomic int runs[COUNTED_PARTS];
+  _Atomic int bad_parts; /* calls whose parts was not the pool's size */
+  int want_parts;
+} part_counts;
+
+static void count_part(void *arg, int part, int parts) {
+  part_counts *c = arg;
+  if (parts != c->want_parts || part < 0 || part >= parts) atomic_fetch_add(&c->bad_parts, 1);
+  else atomic_fetch_add(&c->runs[part], 1);
 }
+
+static void pool_runs_every_part_of_every_job_once(void **state) {
+  (void)state;
+  for (int threads = 1; threads <= 3; threads++) {
+    run_env e;
+    env_begin(&e, ONE_THREAD, 1);
+    assert_non_null(e.ctx.threads = tr_threadpool_new(threads, &e.ctx.err));
+    assert_int_equal(tn_par_parts(&e.ctx), threads);
+    for (int job = 0; job < 20000; job++) {
+      part_counts c = {.want_parts = threads};
+      tn_par_run(&e.ctx, count_part, &c);
+      /* every part has run when tn_par_run returns: nothing may arrive later */
+      for (int p = 0; p < threads; p++) assert_int_equal(atomic_load(&c.runs[p]), 1);
+      assert_int_equal(atomic_load(&c.bad_parts), 0);
+      if (job % 5000 == 4999) usleep(20000); /* long enough for idle workers to sleep */
+    }
+    env_end(&e);
+  }
+}
+
+/* A part that splits work again: the inner job runs inline, as one part. Parts may run on
+ * a worker thread, where cmocka cannot assert: they count what is wrong instead. */
+typedef struct {
+  const tr_ctx *ctx;
+  part_counts inner[2];
+  _Atomic int bad; /* outer parts out of range, or inner jobs offered more than one part */
+} nested_job;
+
+static void run_inner(void *arg, int part, int parts) {
+  nested_job *j = arg;
+  if (part >= 2 || parts != 2 || tn_par_parts(j->ctx) != 1) {
+    atomic_fetch_add(&j->bad, 1);
+    return;
+  }
+  tn_par_run(j->ctx, count_part, &j->inner[part]);
+}
+
+static void pool_job_inside_a_pool_job_runs_inline(void **state) {
+  (void)state;
+  run_env e;
+  env_begin(&e, POOL, 2);
+  nested_job j = {.ctx = &e.ctx, .inner = {{.want_parts = 1}, {.want_parts = 1}}};
+  tn_par_run(&e.ctx, run_inner, &j);
+  assert_int_equal(atomic_load(&j.bad), 0);
+  for (int p = 0; p < 2; p++) {
+    assert_int_equal(atomic_load(&j.inner[p].runs[0]), 1);
+    assert_int_equal(atomic_load(&j.inner[p].bad_parts), 0);
+  }
+  env_end(&e);
+}
+
+static void threadpool_refuses_a_count_out_of_range(void **state) {
+  (void)state;
+  nas_err err = {0};
+  assert_null(tr_threadpool_new(0, &err));
+  assert_non_null(strstr(err.msg, "0 threads"));
+  tr_threadpool_free(NULL); /* like free(NULL) */
+}
+
+/* ---------------------------------------------------------------- split GEMMs */
 
 /* A (rows, cols) operand: contiguous, or a transposed view of a contiguous (cols, rows). */
 static tr_tensor *operand(tr_ctx *ctx, int64_t rows, int64_t cols, bool transposed) {
@@ -66,11 +151,21 @@ static tr_tensor *abs_product(tr_ctx *ctx, const tr_tensor *a, const tr_tensor *
   return p;
 }
 
+/* tr_matmul of a and b with the engine's threads in `mode`. */
+static tr_tensor *matmul_in(thread_mode mode, tr_tensor *a, tr_tensor *b) {
+  run_env e;
+  env_begin(&e, mode, 1);
+  tr_set_grad_enabled(&e.ctx, false);
+  tr_tensor *c = tr_matmul(&e.ctx, a, b);
+  env_end(&e);
+  assert_non_null(c);
+  return c;
+}
+
 static void split_gemm_matches_one_call_in_every_layout(void **state) {
   (void)state;
   tr_ctx ctx;
   tr_ctx_init(&ctx, 1);
-  tr_set_grad_enabled(&ctx, false);
   /* m, n, k: split by columns (B the largest: the MLP's first layer; ragged), by rows (C the
    * largest), by columns and by rows where the other dimension is too short */
   static const int64_t sizes[][3] = {{128, 256, 784}, {127, 301, 129}, {300, 257, 40},
@@ -79,56 +174,70 @@ static void split_gemm_matches_one_call_in_every_layout(void **state) {
     for (int layout = 0; layout < 4; layout++) {
       int64_t m = sizes[s][0], n = sizes[s][1], k = sizes[s][2];
       tr_tensor *a = operand(&ctx, m, k, layout & 1), *b = operand(&ctx, k, n, layout & 2);
-      thread_settings old = threads_set(1);
-      tr_tensor *one = tr_matmul(&ctx, a, b);
-      omp_set_num_threads(2);
-      tr_tensor *split = tr_matmul(&ctx, a, b);
-      threads_restore(old);
-      tr_tensor *scale = abs_product(&ctx, a, b);
-      assert_close(split, one, scale, 1e-5, "split GEMM");
+      tr_tensor *one = matmul_in(ONE_THREAD, a, b), *scale = abs_product(&ctx, a, b);
+      for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
+        tr_tensor *split = matmul_in(mode, a, b);
+        assert_close(split, one, scale, 1e-5, "split GEMM", mode);
+        tr_free(split);
+      }
       tr_free(scale);
-      tr_free(split);
       tr_free(one);
       tr_free(a);
       tr_free(b);
     }
 }
 
-/* One training step of a linear layer (forward, then dx, dW, db) at batch 127 with the
- * GEMMs split over two threads and on one. */
-static void split_linear_step_matches_one_thread(void **state) {
+enum { STEP_OUTPUTS = 5 };
+
+/* Two SGD steps of a linear layer at batch 127 (forward, then dx, dW, db, and the updated
+ * weight after the second step) with the engine's threads in `mode`; out gets y, dx, dW,
+ * db, W. */
+static void linear_steps_in(thread_mode mode, tr_tensor **out) {
+  run_env e;
+  env_begin(&e, mode, 2);
+  tr_module *lin = tr_linear_new(&e.ctx, 300, 257, true);
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(lin, false, &ps, &e.ctx.err), NAS_OK);
+  tr_optim_config sgd = {.kind = TR_SGD, .lr = 0.1, .momentum = 0.9};
+  tr_optim *opt = tr_optim_new(&e.ctx, &sgd, ps.items, ps.n);
+  tr_tensor *x = tr_rand(&e.ctx, TR_F32, 2, SHAPE(127, 300), -1, 1);
+  tr_tensor *g = tr_rand(&e.ctx, TR_F32, 2, SHAPE(127, 257), -1, 1);
+  tr_set_requires_grad(x, true);
+  for (int step = 0; step < 2; step++) {
+    tr_optim_zero_grad(opt);
+    tr_free(out[0]);
+    out[0] = tr_module_forward(&e.ctx, lin, x);
+    assert_non_null(out[0]);
+    assert_int_equal(tr_backward(&e.ctx, out[0], g, false), NAS_OK);
+    assert_int_equal(tr_optim_step(&e.ctx, opt), NAS_OK);
+  }
+  out[1] = tr_retain(x->grad);
+  out[2] = tr_retain(ps.items[0]->grad);
+  out[3] = tr_retain(ps.items[1]->grad);
+  out[4] = tr_detach(&e.ctx, ps.items[0]); /* the weight storage outlives the module */
+  tr_optim_free(opt);
+  tr_free(g);
+  tr_free(x);
+  tr_param_list_free(&ps);
+  tr_module_free(lin);
+  env_end(&e);
+}
+
+static void split_linear_steps_match_one_thread(void **state) {
   (void)state;
-  tr_tensor *out[2][4];
-  for (int run = 0; run < 2; run++) {
-    tr_ctx ctx;
-    tr_ctx_init(&ctx, 2);
-    thread_settings old = threads_set(run + 1);
-    tr_module *lin = tr_linear_new(&ctx, 300, 257, true);
-    tr_param_list ps = {0};
-    assert_int_equal(tr_module_parameters(lin, false, &ps, &ctx.err), NAS_OK);
-    tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(127, 300), -1, 1);
-    tr_set_requires_grad(x, true);
-    tr_tensor *y = tr_module_forward(&ctx, lin, x);
-    assert_non_null(y);
-    tr_tensor *g = tr_rand(&ctx, TR_F32, 2, SHAPE(127, 257), -1, 1);
-    assert_int_equal(tr_backward(&ctx, y, g, false), NAS_OK);
-    threads_restore(old);
-    out[run][0] = y;
-    out[run][1] = tr_retain(x->grad);
-    out[run][2] = tr_retain(ps.items[0]->grad);
-    out[run][3] = tr_retain(ps.items[1]->grad);
-    tr_free(g);
-    tr_free(x);
-    tr_param_list_free(&ps);
-    tr_module_free(lin);
+  static const char *names[STEP_OUTPUTS] = {"y", "dx", "dW", "db", "W after two steps"};
+  tr_tensor *one[STEP_OUTPUTS] = {0};
+  linear_steps_in(ONE_THREAD, one);
+  for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
+    tr_tensor *split[STEP_OUTPUTS] = {0};
+    linear_steps_in(mode, split);
+    for (int i = 0; i < STEP_OUTPUTS; i++) {
+      /* entries are sums of at most 300 products of values in [-1, 1], some grown by lr 0.1 */
+      assert_close(split[i], one[i], NULL, 300 * 1e-6, names[i], mode);
+      tr_free(split[i]);
+    }
   }
-  static const char *names[4] = {"y", "dx", "dW", "db"};
-  for (int i = 0; i < 4; i++) {
-    /* entries are sums of at most 300 products of values in [-1, 1] */
-    assert_close(out[1][i], out[0][i], NULL, 300 * 1e-6, names[i]);
-    tr_free(out[0][i]);
-    tr_free(out[1][i]);
-  }
+  for (int i = 0; i < STEP_OUTPUTS; i++) tr_free(one[i]);
 }
 
 static tr_module *mlp_new(tr_ctx *ctx, int64_t in, int64_t hidden) {
@@ -145,19 +254,20 @@ static void split_matrix_vector_is_identical_to_one_thread(void **state) {
   (void)state;
   tr_ctx ctx;
   tr_ctx_init(&ctx, 3);
-  tr_set_grad_enabled(&ctx, false);
   tr_module *m = mlp_new(&ctx, 301, 1001);
-  tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(1, 301), -1, 1);
-  thread_settings old = threads_set(1);
-  tr_tensor *one = tr_module_forward(&ctx, m, x);
-  omp_set_num_threads(2);
-  tr_tensor *split = tr_module_forward(&ctx, m, x);
-  threads_restore(old);
-  assert_non_null(one);
-  assert_non_null(split);
-  assert_equal(split, one, "batch-1 MLP");
-  tr_free(one);
-  tr_free(split);
+  tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(1, 301), -1, 1), *out[3];
+  for (thread_mode mode = ONE_THREAD; mode <= POOL; mode++) {
+    run_env e;
+    env_begin(&e, mode, 3);
+    tr_set_grad_enabled(&e.ctx, false);
+    assert_non_null(out[mode] = tr_module_forward(&e.ctx, m, x));
+    env_end(&e);
+  }
+  for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
+    assert_close(out[mode], out[ONE_THREAD], NULL, 0.0, "batch-1 MLP", mode);
+    tr_free(out[mode]);
+  }
+  tr_free(out[ONE_THREAD]);
   tr_free(x);
   tr_module_free(m);
 }
@@ -180,7 +290,7 @@ static void fused_linear_relu_equals_the_modules(void **state) {
     assert_non_null(plain);
     assert_non_null(fused);
     assert_null(fused->grad_fn);
-    assert_equal(fused, plain, "linear + ReLU");
+    assert_close(fused, plain, NULL, 0.0, "linear + ReLU", ONE_THREAD);
     tr_free(plain);
     tr_free(fused);
     tr_free(x);
@@ -200,34 +310,35 @@ static tr_module *block_new(tr_ctx *ctx, const block_case *bc) {
   assert_int_equal(tr_sequential_add(ctx, m, tr_conv2d_new(ctx, bc->c, bc->o, bc->kernel,
                                                            bc->stride, bc->padding, true)),
                    NAS_OK);
-  if (bc->relu) assert_int_equal(tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_RELU)), NAS_OK);
+  if (bc->relu)
+    assert_int_equal(tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_RELU)), NAS_OK);
   if (bc->pool)
     assert_int_equal(tr_sequential_add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, bc->pool)), NAS_OK);
   return m;
 }
 
 /* The module forward with grad mode on (ops one by one, building a graph) and in no-grad
- * mode (the fused path where it fits) agree; with `threads` engine threads. */
-static void check_block(const block_case *bc, int threads) {
-  tr_ctx ctx;
-  tr_ctx_init(&ctx, 4);
-  tr_module *m = block_new(&ctx, bc);
-  tr_tensor *x = tr_rand(&ctx, TR_F32, 4, SHAPE(bc->n, bc->c, bc->h, bc->w), -1, 1);
-  thread_settings old = threads_set(threads);
-  tr_tensor *plain = tr_module_forward(&ctx, m, x);
-  tr_set_grad_enabled(&ctx, false);
-  tr_tensor *fused = tr_module_forward(&ctx, m, x);
-  threads_restore(old);
+ * mode (the fused path where it fits) agree, with the engine's threads in `mode`. */
+static void check_block(const block_case *bc, thread_mode mode) {
+  run_env e;
+  env_begin(&e, mode, 4);
+  tr_module *m = block_new(&e.ctx, bc);
+  tr_tensor *x = tr_rand(&e.ctx, TR_F32, 4, SHAPE(bc->n, bc->c, bc->h, bc->w), -1, 1);
+  tr_tensor *plain = tr_module_forward(&e.ctx, m, x);
+  tr_set_grad_enabled(&e.ctx, false);
+  tr_tensor *fused = tr_module_forward(&e.ctx, m, x);
   assert_non_null(plain);
   assert_non_null(fused);
   assert_int_equal(fused->ndim, 4);
   for (int d = 0; d < 4; d++) assert_int_equal(fused->shape[d], plain->shape[d]);
   /* sums of C*K*K products of values in [-1, 1] (weights smaller), rounded differently */
-  assert_close(fused, plain, NULL, 1e-6 * (double)(bc->c * bc->kernel * bc->kernel), "conv block");
+  assert_close(fused, plain, NULL, 1e-6 * (double)(bc->c * bc->kernel * bc->kernel), "conv block",
+               mode);
   tr_free(plain);
   tr_free(fused);
   tr_free(x);
   tr_module_free(m);
+  env_end(&e);
 }
 
 static void fused_conv_block_equals_the_modules_one_by_one(void **state) {
@@ -241,7 +352,7 @@ static void fused_conv_block_equals_the_modules_one_by_one(void **state) {
       {1, 4, 5, 6, 17, 1, 1, 0, false, 0},   /* conv alone, 1x1 kernel */
       {2, 3, 9, 9, 4, 3, 2, 1, true, 2},     /* stride 2: not fused, still the same */
   };
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_block(&cases[i], 1);
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_block(&cases[i], ONE_THREAD);
 }
 
 /* Images spread over threads, each with its own scratch; batch 127 and batch 3. */
@@ -249,7 +360,8 @@ static void fused_conv_block_on_two_threads_equals_the_modules(void **state) {
   (void)state;
   static const block_case cases[] = {{127, 1, 28, 28, 16, 3, 1, 0, true, 2},
                                      {3, 16, 13, 13, 32, 3, 1, 1, true, 2}};
-  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_block(&cases[i], 2);
+  for (thread_mode mode = OPENMP; mode <= POOL; mode++)
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) check_block(&cases[i], mode);
 }
 
 /* The fused op itself, called directly, on the shapes tn_conv_block_fits accepts. */
@@ -284,8 +396,11 @@ static void conv_block_fits_only_what_it_can_run(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(pool_runs_every_part_of_every_job_once),
+      cmocka_unit_test(pool_job_inside_a_pool_job_runs_inline),
+      cmocka_unit_test(threadpool_refuses_a_count_out_of_range),
       cmocka_unit_test(split_gemm_matches_one_call_in_every_layout),
-      cmocka_unit_test(split_linear_step_matches_one_thread),
+      cmocka_unit_test(split_linear_steps_match_one_thread),
       cmocka_unit_test(split_matrix_vector_is_identical_to_one_thread),
       cmocka_unit_test(fused_linear_relu_equals_the_modules),
       cmocka_unit_test(fused_conv_block_equals_the_modules_one_by_one),

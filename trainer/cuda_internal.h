@@ -25,13 +25,8 @@ static inline tck_stream tc_stream_of(const tr_tensor *t) {
 
 /* NAS_OK when st is NULL, else an error "cuda <what>: <st>" in ctx->err. */
 int tc_ok(tr_ctx *ctx, const char *what, tck_status st);
-/* Checks that ctx has an engine and that every non-NULL input of op is a float32 or
- * float64 tensor on its device, all of one dtype. */
-int tc_check(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts);
 /* t's layout for the kernels (shape and strides). */
 tck_layout tc_layout(const tr_tensor *t);
-/* dst = src, both CUDA on ctx's device, same numel, any strides and dtypes; no version bump. */
-int tc_copy_raw(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src);
 tr_tensor *tc_empty_meta(tr_ctx *ctx, tr_dtype dtype, const tr_meta *m);
 tr_tensor *tc_empty_like(tr_ctx *ctx, const tr_tensor *t);
 /* A device tensor of n int32 values copied from the host. The engine has no integer dtype:

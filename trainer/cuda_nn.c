@@ -1,5 +1,8 @@
-/* cuda_nn: the CUDA twins of the norm, convolution and pooling ops and of the optimiser
- * updates and gradient clipping, each forward beside its backward.
+/* cuda_nn: the CUDA side of the norm, convolution and pooling ops and of the optimiser
+ * updates and gradient clipping, each forward beside its backward. The public ops
+ * (trainer/ops_norm.c, ops_conv.c) check inputs and shapes for both devices and hand checked
+ * inputs here; convolution's node and saved tensors are recorded there too, so only its
+ * compute (tc_conv2d_fwd / tc_conv2d_bwd) is here.
  *
  * Norm statistics (mean and 1/std per group, doubles) stay on the device in a float64
  * tensor saved with the node; max-pool argmax is int32 on the device (tc_upload_i32's
@@ -49,11 +52,7 @@ static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backw
 
 tr_tensor *tc_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps) {
   tr_tensor *in[3] = {x, w, b};
-  if (tc_check(ctx, "layer_norm", 3, in)) return NULL;
-  int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0;
-  if (d < 1 || (w && w->numel != d) || (b && b->numel != d))
-    return tr_fail(ctx, "layer_norm: last dim %lld, weight and bias must match it", (long long)d);
-  int64_t rows = x->numel / d;
+  int64_t d = x->shape[x->ndim - 1], rows = x->numel / d;
   tr_tensor *xc = tc_contig(ctx, x), *wc = w ? tc_contig(ctx, w) : NULL,
             *bc = b ? tc_contig(ctx, b) : NULL;
   tr_tensor *y = xc && (!w || wc) && (!b || bc) ? tc_empty_like(ctx, xc) : NULL;
@@ -162,13 +161,9 @@ static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tenso
 tr_tensor *tc_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
                          tr_tensor *running_mean, tr_tensor *running_var, bool training,
                          double momentum, double eps) {
-  tr_tensor *in[5] = {x, w, b, running_mean, running_var};
+  tr_tensor *in[3] = {x, w, b};
   int64_t n, c, l;
-  if (tc_check(ctx, "batch_norm", 5, in) || bn_dims(ctx, x, &n, &c, &l)) return NULL;
-  if ((w && w->numel != c) || (b && b->numel != c) || (running_mean && running_mean->numel != c) ||
-      (running_var && running_var->numel != c))
-    return tr_fail(ctx, "batch_norm: %lld channels; weight, bias and statistics must match",
-                   (long long)c);
+  bn_dims(ctx, x, &n, &c, &l);
   tr_tensor *xc = tc_contig(ctx, x), *wc = w ? tc_contig(ctx, w) : NULL,
             *bc = b ? tc_contig(ctx, b) : NULL;
   tr_tensor *y = xc && (!w || wc) && (!b || bc) ? tc_empty_like(ctx, xc) : NULL;
@@ -199,23 +194,6 @@ tr_tensor *tc_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
 
 /* ---------------------------------------------------------------- conv2d */
 
-static int geom_of(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, int64_t kw,
-                   int stride, int pad, tck_conv_geom *g) {
-  if (x->ndim != 4)
-    return nas_errf(&ctx->err, "%s: input must be (N, C, H, W), has %d dims", op, x->ndim);
-  if (stride < 1 || pad < 0)
-    return nas_errf(&ctx->err, "%s: stride %d, padding %d", op, stride, pad);
-  *g = (tck_conv_geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], kh,
-                       kw,          stride,      pad,         0,           0};
-  if (g->h + 2 * pad < kh || g->w + 2 * pad < kw)
-    return nas_errf(&ctx->err, "%s: kernel %lldx%lld larger than the padded input %lldx%lld", op,
-                    (long long)kh, (long long)kw, (long long)(g->h + 2 * pad),
-                    (long long)(g->w + 2 * pad));
-  g->oh = (g->h + 2 * pad - kh) / stride + 1;
-  g->ow = (g->w + 2 * pad - kw) / stride + 1;
-  return NAS_OK;
-}
-
 /* col (C*KH*KW, N*P) of x. */
 static tr_tensor *im2col(tr_ctx *ctx, const tr_tensor *x, const tck_conv_geom *g) {
   int64_t shape[2] = {g->c * g->kh * g->kw, g->n * g->oh * g->ow};
@@ -234,104 +212,58 @@ static tr_tensor *weight_matrix(tr_ctx *ctx, const tr_tensor *w) {
   return tn_view(ctx, w, 2, shape);
 }
 
-/* saved: x, w (contiguous); ia: stride, padding. */
-static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *w = x ? ag_saved(ctx, node, 1) : NULL;
-  if (!w) return NAS_ERR;
-  tck_conv_geom geo;
-  geom_of(ctx, "conv2d", x, w->shape[2], w->shape[3], (int)node->ia[0], (int)node->ia[1], &geo);
-  int64_t o = w->shape[0], p = geo.oh * geo.ow, oshape[2] = {o, geo.n * p};
+int tc_conv2d_bwd(tr_ctx *ctx, const tr_node *node, tr_tensor *x, tr_tensor *w,
+                  const tr_tensor *g, const tck_conv_geom *geo, tr_tensor **gi) {
+  int64_t o = w->shape[0], p = geo->oh * geo->ow, oshape[2] = {o, geo->n * p};
   tr_tensor *gc = tc_contig(ctx, g);
   tr_tensor *dyo = gc ? tc_empty(ctx, x->dtype, 2, oshape) : NULL;
   int rc = dyo ? tc_ok(ctx, "ConvolutionBackward",
                        tck_conv_from_nop(tc_stream(ctx), (int)x->dtype, tr_data(gc), tr_data(dyo),
-                                         geo.n, o, p))
+                                         geo->n, o, p))
                : NAS_ERR;
   tr_tensor *wm = rc == NAS_OK ? weight_matrix(ctx, w) : NULL;
   if (!wm) rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 1)) { /* dW = dyo @ col^T */
-    tr_tensor *col = im2col(ctx, x, &geo);
-    tr_tensor *col_t = col ? tr_transpose(ctx, col, 0, 1) : NULL;
-    tr_tensor *dwm = col_t ? tc_matmul(ctx, dyo, col_t) : NULL;
+    tr_tensor *col = im2col(ctx, x, geo);
+    tr_tensor *dwm = col ? tc_gemm(ctx, dyo, false, col, true) : NULL;
     gi[1] = dwm ? tn_view(ctx, dwm, 4, w->shape) : NULL;
     tr_free(dwm);
-    tr_free(col_t);
     tr_free(col);
     if (!gi[1]) rc = NAS_ERR;
   }
   if (rc == NAS_OK && ag_wants(node, 0)) { /* dx = col2im(W^T @ dyo) */
-    tr_tensor *wt = tr_transpose(ctx, wm, 0, 1);
-    tr_tensor *dcol = wt ? tc_matmul(ctx, wt, dyo) : NULL;
+    tr_tensor *dcol = tc_gemm(ctx, wm, true, dyo, false);
     gi[0] = dcol ? tc_empty_like(ctx, x) : NULL;
     rc = gi[0]
              ? tc_ok(ctx, "ConvolutionBackward",
-                     tck_col2im(tc_stream(ctx), (int)x->dtype, tr_data(dcol), tr_data(gi[0]), &geo))
+                     tck_col2im(tc_stream(ctx), (int)x->dtype, tr_data(dcol), tr_data(gi[0]), geo))
              : NAS_ERR;
     tr_free(dcol);
-    tr_free(wt);
   }
-  if (rc == NAS_OK && ag_wants(node, 2)) { /* db = row sums of dyo */
+  if (rc == NAS_OK && ag_wants(node, 2)) { /* db = row sums of dyo (grad mode is off) */
     int axis = 1;
-    tr_tensor *db = tc_reduce(ctx, dyo, 1, &axis, false, false);
-    gi[2] = db;
-    if (!db) rc = NAS_ERR;
+    gi[2] = tr_sum(ctx, dyo, 1, &axis, false);
+    if (!gi[2]) rc = NAS_ERR;
   }
   tr_free(wm);
   tr_free(dyo);
   tr_free(gc);
   return rc;
 }
-static const tr_node_ops conv_ops = {"ConvolutionBackward", conv_backward};
 
-static int check_conv_args(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w,
-                           const tr_tensor *b) {
-  if (w->ndim != 4 || x->ndim != 4 || w->shape[1] != x->shape[1])
-    return nas_errf(&ctx->err,
-                    "conv2d: input (N, C, H, W) with C = %lld needs weight (O, C, KH, KW)",
-                    (long long)(x->ndim == 4 ? x->shape[1] : -1));
-  if (b && (b->ndim != 1 || b->shape[0] != w->shape[0]))
-    return nas_errf(&ctx->err, "conv2d: bias must have %lld values", (long long)w->shape[0]);
-  return NAS_OK;
-}
-
-tr_tensor *tc_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
-                     int padding) {
-  tr_tensor *in[3] = {x, w, b};
-  tck_conv_geom geo;
-  if (tc_check(ctx, "conv2d", 3, in) || check_conv_args(ctx, x, w, b) ||
-      geom_of(ctx, "conv2d", x, w->shape[2], w->shape[3], stride, padding, &geo))
-    return NULL;
-  int64_t o = w->shape[0], p = geo.oh * geo.ow;
-  /* The GEMMs below run with grad mode off: the node is this op's, not matmul's. */
-  bool prev = tr_set_grad_enabled(ctx, false);
-  tr_tensor *xc = tc_contig(ctx, x), *wc = tc_contig(ctx, w), *bc = b ? tc_contig(ctx, b) : NULL;
-  tr_tensor *col = xc && wc && (!b || bc) ? im2col(ctx, xc, &geo) : NULL;
+int tc_conv2d_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const tr_tensor *bc,
+                  const tck_conv_geom *geo, tr_tensor *y) {
+  tr_tensor *col = im2col(ctx, xc, geo);
   tr_tensor *wm = col ? weight_matrix(ctx, wc) : NULL;
-  tr_tensor *yo = wm ? tc_matmul(ctx, wm, col) : NULL;
-  tr_tensor *y = yo ? tc_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, o, geo.oh, geo.ow}) : NULL;
-  tr_set_grad_enabled(ctx, prev);
-  int rc = y ? tc_ok(ctx, "conv2d",
-                     tck_conv_to_nop(tc_stream(ctx), (int)x->dtype, tr_data(yo), data_or_null(bc),
-                                     tr_data(y), geo.n, o, p))
-             : NAS_ERR;
+  tr_tensor *yo = wm ? tc_gemm(ctx, wm, false, col, false) : NULL;
+  int rc = yo ? tc_ok(ctx, "conv2d",
+                      tck_conv_to_nop(tc_stream(ctx), (int)xc->dtype, tr_data(yo), data_or_null(bc),
+                                      tr_data(y), geo->n, wc->shape[0], geo->oh * geo->ow))
+              : NAS_ERR;
   tr_free(yo);
   tr_free(wm);
   tr_free(col);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &conv_ops, 3, in, y, &node);
-  if (node) {
-    node->ia[0] = stride;
-    node->ia[1] = padding;
-    rc = ag_save(ctx, node, xc) || ag_save(ctx, node, wc);
-  }
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return rc;
 }
 
 /* ---------------------------------------------------------------- pooling */
@@ -343,9 +275,10 @@ static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   if (is_max && !argmax) return NAS_ERR;
   tr_tensor *gc = tc_contig(ctx, g);
   tr_tensor *dx = gc ? tc_empty_meta(ctx, g->dtype, &node->in_meta[0]) : NULL;
-  tck_conv_geom geo;
-  int rc =
-      dx ? geom_of(ctx, "pool", dx, node->ia[0], node->ia[0], (int)node->ia[1], 0, &geo) : NAS_ERR;
+  const tr_meta *in = &node->in_meta[0];
+  tck_conv_geom geo = {in->shape[0], in->shape[1], in->shape[2], in->shape[3], node->ia[0],
+                       node->ia[0],  node->ia[1],  0,            g->shape[2],  g->shape[3]};
+  int rc = dx ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK)
     rc = tc_ok(ctx, node->ops->name,
                tck_pool_bwd(tc_stream(ctx), (int)g->dtype, tr_data(gc), tr_data(dx),
@@ -361,13 +294,9 @@ static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
 static const tr_node_ops max_pool_ops = {"MaxPool2DBackward", pool_backward};
 static const tr_node_ops avg_pool_ops = {"AvgPool2DBackward", pool_backward};
 
-tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, bool is_max) {
+tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, const tck_conv_geom *geo, bool is_max) {
   const char *name = is_max ? "max_pool2d" : "avg_pool2d";
-  tck_conv_geom geo;
-  if (tc_check(ctx, name, 1, &x)) return NULL;
-  if (kernel < 1) return tr_fail(ctx, "pool: kernel %d", kernel);
-  if (geom_of(ctx, name, x, kernel, kernel, stride, 0, &geo)) return NULL;
-  int64_t oshape[4] = {geo.n, geo.c, geo.oh, geo.ow};
+  int64_t oshape[4] = {geo->n, geo->c, geo->oh, geo->ow};
   tr_tensor *xc = tc_contig(ctx, x);
   tr_tensor *y = xc ? tc_empty(ctx, x->dtype, 4, oshape) : NULL;
   /* argmax: int32 per output, in a 4-byte tensor (tc_upload_i32's convention) */
@@ -375,14 +304,14 @@ tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, bool is_
   int rc = y && (argmax || !is_max)
                ? tc_ok(ctx, name,
                        tck_pool_fwd(tc_stream(ctx), (int)x->dtype, tr_data(xc), tr_data(y),
-                                    argmax ? (int32_t *)tr_data(argmax) : NULL, &geo, is_max))
+                                    argmax ? (int32_t *)tr_data(argmax) : NULL, geo, is_max))
                : NAS_ERR;
   tr_free(xc);
   tr_node *node = NULL;
   if (rc == NAS_OK) rc = ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &node);
   if (node) {
-    node->ia[0] = kernel;
-    node->ia[1] = stride;
+    node->ia[0] = geo->kh;
+    node->ia[1] = geo->stride;
     node->ia[2] = is_max;
     if (is_max) rc = ag_save(ctx, node, argmax);
   }

@@ -1,11 +1,13 @@
 /* cuda_ops: the engine's entry points into the CUDA backend (internal; trainer/internal.h
- * includes it). Public ops, in-place writes and the optimiser check their inputs with
- * tn_on_cuda and hand a CUDA input to the tc_* twin here, which runs on ctx->cuda and
- * records autograd nodes whose backward runs on the device too (trainer/cuda*.c).
+ * includes it). Each public op in ops_*.c checks its inputs, computes output shapes, records
+ * its node and composes its backward for every device; only the compute step dispatches
+ * (tn_on_cuda) to the tc_* kernel functions here, which run the launchers of
+ * trainer/cuda_kernels.cu on ctx->cuda's stream (trainer/cuda*.c). A few ops whose side data
+ * differs by device (dropout, cross-entropy, embedding, norms, pools) hand their checked
+ * inputs to a tc_* function that computes and records.
  *
- * The tc_* functions follow the conventions of the public ops they stand for (borrowed
- * inputs, a new reference or NULL with ctx->err set); inputs on different devices, or a CUDA
- * input with no ctx->cuda for its device, are errors. */
+ * The tc_* functions take borrowed inputs and return a new reference or NULL, or NAS_OK /
+ * NAS_ERR, with ctx->err set; they expect inputs already checked by tc_check. */
 #ifndef NAS_TRAINER_CUDA_OPS_H
 #define NAS_TRAINER_CUDA_OPS_H
 
@@ -47,35 +49,65 @@ tr_tensor *tc_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype);
 /* The gradient backward starts from for a CUDA root (grad may be NULL or on the host). */
 tr_tensor *tc_initial_grad(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad);
 
+/* ---------------------------------------------------------------- checks (cuda.c) */
+
+/* Checks that ctx has an engine and that every non-NULL input of op is a float32 or
+ * float64 tensor on its device, all of one dtype. */
+int tc_check(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts);
+/* dst = src, both CUDA on ctx's device, same numel, any strides and dtypes; no version bump. */
+int tc_copy_raw(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src);
+
+/* ---------------------------------------------------------------- kernels (cuda_ops.c) */
+
+/* out = a op b (op: TCK_ADD ... TCK_DIV); sa, sb: the inputs' strides aligned to out's
+ * shape, 0 on broadcast dims. */
+int tc_binary_fwd(tr_ctx *ctx, int op, const char *name, tr_tensor *out, const tr_tensor *a,
+                  const int64_t *sa, const tr_tensor *b, const int64_t *sb);
+/* y = op(x) and dx = op'(saved) dy on contiguous tensors (op: TCK_RELU ... TCK_SCALE). */
+int tc_unary_fwd(tr_ctx *ctx, const char *name, int op, const tr_tensor *x, tr_tensor *y,
+                 double s);
+int tc_unary_bwd(tr_ctx *ctx, const char *name, int op, const tr_tensor *saved,
+                 const tr_tensor *dy, tr_tensor *dx, double s);
+/* out (outer, 1, inner) = scale * the sums of x (outer, n, inner) over n; contiguous. */
+int tc_sum_axis(tr_ctx *ctx, const tr_tensor *x, tr_tensor *out, int64_t outer, int64_t n,
+                int64_t inner, double scale);
+/* Softmax (log_out: log-softmax) of contiguous x (outer, n, inner) over n, and its backward
+ * from the output y. */
+int tc_softmax_fwd(tr_ctx *ctx, const tr_tensor *x, tr_tensor *y, int64_t outer, int64_t n,
+                   int64_t inner, bool log_out);
+int tc_softmax_bwd(tr_ctx *ctx, const char *name, const tr_tensor *y, const tr_tensor *dy,
+                   tr_tensor *dx, int64_t outer, int64_t n, int64_t inner, bool log_out);
+/* C = op(A) op(B) for 2-D tensors (any strides), new (cuBLAS; bf16 operands under autocast). */
+tr_tensor *tc_gemm(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb);
+/* y (R, out) = x2 (R, in) W^T (+ b). */
+tr_tensor *tc_linear_fwd(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_tensor *b);
+
 /* ---------------------------------------------------------------- ops (cuda_ops.c) */
 
-/* op: TCK_ADD, TCK_SUB, TCK_MUL, TCK_DIV. */
-tr_tensor *tc_binary(tr_ctx *ctx, int op, tr_tensor *a, tr_tensor *b);
-/* op: TCK_RELU ... TCK_SCALE (s: the scale). */
-tr_tensor *tc_unary(tr_ctx *ctx, int op, tr_tensor *a, double s);
-tr_tensor *tc_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training);
-tr_tensor *tc_reduce(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim,
-                     bool mean);
-tr_tensor *tc_softmax(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out);
-tr_tensor *tc_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b);
-tr_tensor *tc_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b);
+/* Training dropout (0 < p < 1) of a checked input: the mask is a saved device tensor. */
+tr_tensor *tc_dropout(tr_ctx *ctx, tr_tensor *a, double p);
+/* Cross-entropy of checked logits (N, C) and labels in [0, C): labels saved on the device. */
 tr_tensor *tc_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels);
-tr_tensor *tc_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape);
-tr_tensor *tc_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1);
-tr_tensor *tc_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length);
-tr_tensor *tc_contiguous(tr_ctx *ctx, tr_tensor *t);
-tr_tensor *tc_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim);
+/* Embedding rows of a checked weight (V, D) for ids in [0, V): ids saved on the device. */
 tr_tensor *tc_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids);
 
-/* ---------------------------------------------------------------- nn ops (cuda_nn.c) */
+/* ---------------------------------------------------------------- nn (cuda_nn.c) */
 
+/* Norms of checked inputs (shapes already validated): statistics saved as a float64 device
+ * tensor. */
 tr_tensor *tc_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps);
 tr_tensor *tc_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
                          tr_tensor *running_mean, tr_tensor *running_var, bool training,
                          double momentum, double eps);
-tr_tensor *tc_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
-                     int padding);
-tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, bool is_max);
+/* Convolution of contiguous xc, wc, bc (may be NULL) with geometry geo into y (N, O, OH, OW);
+ * and its backward from dy into gi[i] for each input i that node wants. */
+int tc_conv2d_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const tr_tensor *bc,
+                  const tck_conv_geom *geo, tr_tensor *y);
+int tc_conv2d_bwd(tr_ctx *ctx, const tr_node *node, tr_tensor *x, tr_tensor *w,
+                  const tr_tensor *dy, const tck_conv_geom *geo, tr_tensor **gi);
+/* Pooling of a checked x with geometry geo (kernel and stride validated): max-pool's argmax
+ * is saved on the device. */
+tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, const tck_conv_geom *geo, bool is_max);
 /* One optimiser update of p (CUDA) from p->grad; state[0..1] its slots (made on first use). */
 int tc_optim_update(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *p, tr_tensor **state,
                     double bc1, double bc2);

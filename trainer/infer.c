@@ -95,8 +95,9 @@ static inline float activate(float v, float bias, bool relu) {
  * a chunk never runs past the image's output (`room`: floats from the row's start to the
  * image's end), since the next image may be another thread's. Reads run past a row too,
  * into later wide rows, but never past the wide output: a chunk that fits in y's room reads
- * at most as far into out, whose rows are at least as long as y's. Each store is inlined twice, with relu a constant in each copy: a run-time
- * flag in the loop stops vectorisation. */
+ * at most as far into out, whose rows are at least as long as y's. Each store is inlined
+ * twice, with relu a constant in each copy: a run-time flag in the loop stops
+ * vectorisation. */
 #define TR_INLINE static inline __attribute__((always_inline))
 #define PLAIN_CHUNK 16
 #define POOL2_CHUNK 8

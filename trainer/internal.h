@@ -210,8 +210,9 @@ int tn_par_parts(const tr_ctx *ctx);
 /* fn(arg, part, parts) for each part in [0, tn_par_parts(ctx)), on ctx's pool, OpenMP's
  * threads, or (one part) the caller's; returns when all are done (par.c). */
 void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), void *arg);
-/* The range [lo, hi) of `part` of `parts` over n items: even parts in multiples of 16 (a
- * cache line of floats), so that parts start aligned and write separate lines. */
+/* The range [lo, hi) of `part` of `parts` over n items: near-even parts that start at
+ * multiples of 16 (a cache line of floats) when n allows, so that parts start aligned and
+ * write separate lines. */
 void tn_par_range(int64_t n, int part, int parts, int64_t *lo, int64_t *hi);
 
 /* C = alpha * op(A) op(B) + beta * C on row-major contiguous data of dtype (OpenBLAS); large
@@ -226,5 +227,33 @@ void tn_gemv(const tr_ctx *ctx, tr_dtype dtype, int64_t m, int64_t n, const void
 
 /* The CUDA backend's entry points (tn_on_cuda, tc_*): ops dispatch to them on CUDA inputs. */
 #include "trainer/cuda_ops.h"
+
+/* ---------------------------------------------------------------- device dispatch */
+
+/* An op's input check for every device: on a device, all inputs on ctx->cuda's device, of
+ * one float dtype (tc_check); on the host, of one dtype. NULL inputs (after the first) are
+ * skipped. */
+static inline int tn_check_inputs(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts) {
+  return tn_any_on_cuda(n, ts) ? tc_check(ctx, op, n, ts) : tn_check_dtypes(ctx, op, n, ts);
+}
+/* A new contiguous tensor of dtype and shape m on the device of like (an op's output or
+ * gradient); on the host exactly tn_empty_meta. */
+static inline tr_tensor *tn_empty_dev(tr_ctx *ctx, const tr_tensor *like, tr_dtype dtype,
+                                      const tr_meta *m) {
+  return tn_on_cuda(like) ? tc_empty(ctx, dtype, m->ndim, m->shape) : tn_empty_meta(ctx, dtype, m);
+}
+/* tn_empty_like on t's device. */
+static inline tr_tensor *tn_empty_like_dev(tr_ctx *ctx, const tr_tensor *t) {
+  return tn_on_cuda(t) ? tc_empty(ctx, t->dtype, t->ndim, t->shape) : tn_empty_like(ctx, t);
+}
+/* tn_zeros_meta on like's device. */
+static inline tr_tensor *tn_zeros_dev(tr_ctx *ctx, const tr_tensor *like, tr_dtype dtype,
+                                      const tr_meta *m) {
+  return tn_on_cuda(like) ? tc_zeros(ctx, dtype, m->ndim, m->shape) : tn_zeros_meta(ctx, dtype, m);
+}
+
+/* Sums a over the dims in mask (bit d: dim d), times scale, keeping them as size 1; no
+ * history; on a's device (ops_reduce.c). */
+tr_tensor *tn_sum_dims(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double scale);
 
 #endif

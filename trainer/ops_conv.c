@@ -8,16 +8,19 @@
  *
  * Threads: images are spread over OpenMP threads when OpenBLAS itself runs on one thread
  * (OPENBLAS_NUM_THREADS=1); with more BLAS threads each GEMM is threaded instead, and
- * nesting the two would put more threads than cores on the machine. */
+ * nesting the two would put more threads than cores on the machine.
+ *
+ * Checks, geometry, nodes and saved tensors serve both devices; on a device the compute goes
+ * to tc_conv2d_fwd / tc_conv2d_bwd (trainer/cuda_nn.c: the whole batch in one GEMM), and
+ * pooling, whose argmax lives on the device there, to tc_pool2d after the checks. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "trainer/internal.h"
 
-typedef struct {
-  int64_t n, c, h, w, kh, kw, stride, pad, oh, ow;
-} conv_geom;
+/* x (n, c, h, w), kernel kh x kw, stride, pad, output oh x ow: the CUDA kernels' struct. */
+typedef tck_conv_geom conv_geom;
 
 #define T float
 #define S(name) name##_f32
@@ -71,6 +74,7 @@ static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   if (!w) return NAS_ERR;
   conv_geom geo;
   geom_of(ctx, "conv2d", x, w->shape[2], w->shape[3], (int)node->ia[0], (int)node->ia[1], &geo);
+  if (tn_on_cuda(x)) return tc_conv2d_bwd(ctx, node, x, w, g, &geo, gi);
   int64_t o = w->shape[0], ckk = geo.c * geo.kh * geo.kw, p = geo.oh * geo.ow;
   int nt = image_threads(geo.n);
   tr_tensor *gc = tn_contig(ctx, g);
@@ -107,25 +111,28 @@ static int check_conv_args(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w,
 
 tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
                      int padding) {
-  if (tn_on_cuda(x) || tn_on_cuda(w) || tn_on_cuda(b))
-    return tc_conv2d(ctx, x, w, b, stride, padding);
   tr_tensor *in[3] = {x, w, b};
   conv_geom geo;
-  if (tn_check_dtypes(ctx, "conv2d", 3, in) || check_conv_args(ctx, x, w, b) ||
+  if (tn_check_inputs(ctx, "conv2d", 3, in) || check_conv_args(ctx, x, w, b) ||
       geom_of(ctx, "conv2d", x, w->shape[2], w->shape[3], stride, padding, &geo))
     return NULL;
   int64_t o = w->shape[0], ckk = geo.c * geo.kh * geo.kw;
   int nt = image_threads(geo.n);
   tr_tensor *xc = tn_contig(ctx, x), *wc = tn_contig(ctx, w), *bc = b ? tn_contig(ctx, b) : NULL;
-  tr_tensor *y = xc && wc && (!b || bc)
-                     ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, o, geo.oh, geo.ow})
-                     : NULL;
-  tr_tensor *scratch = y ? scratch_new(ctx, x->dtype, nt * ckk * geo.oh * geo.ow) : NULL;
-  int rc = scratch ? NAS_OK : NAS_ERR;
-  if (rc == NAS_OK)
-    TR_DISPATCH(x->dtype, conv_fwd, tr_data(xc), tr_data(wc), bc ? tr_data(bc) : NULL, tr_data(y),
-                &geo, o, tr_data(scratch), nt);
-  tr_free(scratch);
+  tr_meta ym = {4, {geo.n, o, geo.oh, geo.ow}};
+  tr_tensor *y = xc && wc && (!b || bc) ? tn_empty_dev(ctx, x, x->dtype, &ym) : NULL;
+  int rc = y ? NAS_OK : NAS_ERR;
+  if (rc == NAS_OK && tn_on_cuda(y)) {
+    rc = tc_conv2d_fwd(ctx, xc, wc, bc, &geo, y);
+  } else if (rc == NAS_OK) {
+    tr_tensor *scratch = scratch_new(ctx, x->dtype, nt * ckk * geo.oh * geo.ow);
+    if (scratch)
+      TR_DISPATCH(x->dtype, conv_fwd, tr_data(xc), tr_data(wc), bc ? tr_data(bc) : NULL,
+                  tr_data(y), &geo, o, tr_data(scratch), nt);
+    else
+      rc = NAS_ERR;
+    tr_free(scratch);
+  }
   tr_node *node = NULL;
   if (rc == NAS_OK) rc = ag_record(ctx, &conv_ops, 3, in, y, &node);
   if (node) {
@@ -165,10 +172,12 @@ static const tr_node_ops max_pool_ops = {"MaxPool2DBackward", pool_backward};
 static const tr_node_ops avg_pool_ops = {"AvgPool2DBackward", pool_backward};
 
 static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, bool is_max) {
+  const char *name = is_max ? "max_pool2d" : "avg_pool2d";
   conv_geom geo;
+  if (tn_check_inputs(ctx, name, 1, &x)) return NULL;
   if (kernel < 1) return tr_fail(ctx, "pool: kernel %d", kernel);
-  if (geom_of(ctx, is_max ? "max_pool2d" : "avg_pool2d", x, kernel, kernel, stride, 0, &geo))
-    return NULL;
+  if (geom_of(ctx, name, x, kernel, kernel, stride, 0, &geo)) return NULL;
+  if (tn_on_cuda(x)) return tc_pool2d(ctx, x, &geo, is_max); /* argmax kept on the device */
   tr_tensor *xc = tn_contig(ctx, x);
   tr_tensor *y = xc ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, geo.c, geo.oh, geo.ow}) : NULL;
   int32_t *argmax =
@@ -198,10 +207,8 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
 }
 
 tr_tensor *tr_max_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride) {
-  if (tn_on_cuda(x)) return tc_pool2d(ctx, x, kernel, stride, true);
   return pool_op(ctx, x, kernel, stride, true);
 }
 tr_tensor *tr_avg_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride) {
-  if (tn_on_cuda(x)) return tc_pool2d(ctx, x, kernel, stride, false);
   return pool_op(ctx, x, kernel, stride, false);
 }

@@ -4,7 +4,9 @@
  * Binary ops broadcast numpy-style: shapes align from the right, a size-1 (or missing) dim
  * stretches. Their backward sums the gradient back over the stretched dims (tn_sum_to).
  * Inputs may be any view: the kernels read through strides; outputs are contiguous.
- * Backward functions compute with grad mode off (no double backward). */
+ * Backward functions compute with grad mode off (no double backward).
+ * Every function here serves both devices: on CUDA inputs only the kernel calls go to the
+ * tc_* kernel functions (trainer/cuda_ops.c), whose op numbers are the same (TCK_*). */
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
@@ -13,6 +15,10 @@
 
 enum { UN_RELU, UN_GELU, UN_TANH, UN_SIGMOID, UN_EXP, UN_LOG, UN_SCALE };
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };
+_Static_assert((int)UN_LOG == (int)TCK_LOG && (int)UN_SCALE == (int)TCK_SCALE,
+               "unary op numbers are the CUDA kernels' (TCK_*)");
+_Static_assert((int)BIN_MUL == (int)TCK_MUL && (int)BIN_DIV == (int)TCK_DIV,
+               "binary op numbers are the CUDA kernels' (TCK_*)");
 
 #define KERN_FILE "trainer/kern_elementwise.h"
 #include "trainer/kern_both.h"
@@ -47,13 +53,32 @@ static tr_tensor *binary_raw(tr_ctx *ctx, int op, const char *name, const tr_ten
                              const tr_tensor *b) {
   tr_meta m;
   if (broadcast_shape(ctx, name, a, b, &m)) return NULL;
-  tr_tensor *out = tn_empty_meta(ctx, a->dtype, &m);
+  tr_tensor *out = tn_empty_dev(ctx, a, a->dtype, &m);
   if (!out) return NULL;
   int64_t sa[TR_MAX_DIMS], sb[TR_MAX_DIMS];
   broadcast_strides(a, m.ndim, sa);
   broadcast_strides(b, m.ndim, sb);
-  TR_DISPATCH(a->dtype, binary_fwd, op, tr_data(out), tr_data(a), sa, tr_data(b), sb, m.shape,
-              m.ndim);
+  if (!tn_on_cuda(out)) {
+    TR_DISPATCH(a->dtype, binary_fwd, op, tr_data(out), tr_data(a), sa, tr_data(b), sb, m.shape,
+                m.ndim);
+  } else if (tc_binary_fwd(ctx, op, name, out, a, sa, b, sb)) {
+    tr_free(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* The device sums the stretched dims by reductions (tn_sum_dims), then drops the missing
+ * leading ones. */
+static tr_tensor *sum_to_by_reduction(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m) {
+  uint32_t mask = 0;
+  for (int d = 0; d < g->ndim; d++) {
+    int dm = d - (g->ndim - m->ndim);
+    if ((dm < 0 || m->shape[dm] == 1) && g->shape[d] != 1) mask |= 1u << d;
+  }
+  tr_tensor *r = tn_sum_dims(ctx, g, mask, 1.0);
+  tr_tensor *out = r ? tn_view(ctx, r, m->ndim, m->shape) : NULL;
+  tr_free(r);
   return out;
 }
 
@@ -63,6 +88,11 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m) {
   bool same =
       gc->ndim == m->ndim && !memcmp(gc->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim);
   if (same) return gc;
+  if (tn_on_cuda(gc)) {
+    tr_tensor *sum = sum_to_by_reduction(ctx, gc, m);
+    tr_free(gc);
+    return sum;
+  }
   tr_tensor *out = tn_zeros_meta(ctx, g->dtype, m);
   if (out) {
     int64_t mstrides[TR_MAX_DIMS], ts[TR_MAX_DIMS];
@@ -147,7 +177,7 @@ static const tr_node_ops div_ops = {"DivBackward", div_backward};
 static tr_tensor *binary_op(tr_ctx *ctx, int op, const char *name, const tr_node_ops *ops,
                             tr_tensor *a, tr_tensor *b) {
   tr_tensor *in[2] = {a, b};
-  if (tn_check_dtypes(ctx, name, 2, in)) return NULL;
+  if (tn_check_inputs(ctx, name, 2, in)) return NULL;
   tr_tensor *out = binary_raw(ctx, op, name, a, b);
   if (!out) return NULL;
   tr_node *node;
@@ -162,19 +192,15 @@ static tr_tensor *binary_op(tr_ctx *ctx, int op, const char *name, const tr_node
 }
 
 tr_tensor *tr_add(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
-  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_ADD, a, b);
   return binary_op(ctx, BIN_ADD, "add", &add_ops, a, b);
 }
 tr_tensor *tr_sub(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
-  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_SUB, a, b);
   return binary_op(ctx, BIN_SUB, "sub", &sub_ops, a, b);
 }
 tr_tensor *tr_mul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
-  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_MUL, a, b);
   return binary_op(ctx, BIN_MUL, "mul", &mul_ops, a, b);
 }
 tr_tensor *tr_div(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
-  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_binary(ctx, TCK_DIV, a, b);
   return binary_op(ctx, BIN_DIV, "div", &div_ops, a, b);
 }
 
@@ -190,10 +216,14 @@ static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
   tr_tensor *saved = NULL;
   if (op != UN_SCALE && !(saved = ag_saved(ctx, node, 0))) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
-  tr_tensor *dx = gc ? tn_empty_like(ctx, gc) : NULL;
-  if (dx)
+  tr_tensor *dx = gc ? tn_empty_like_dev(ctx, gc) : NULL;
+  if (dx && !tn_on_cuda(dx)) {
     TR_DISPATCH(g->dtype, unary_bwd, op, saved ? tr_data(saved) : NULL, tr_data(gc), tr_data(dx),
                 g->numel, node->fa[0]);
+  } else if (dx && tc_unary_bwd(ctx, node->ops->name, op, saved, gc, dx, node->fa[0])) {
+    tr_free(dx);
+    dx = NULL;
+  }
   tr_free(gc);
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;
@@ -207,15 +237,21 @@ static const tr_node_ops unary_ops[] = {
 };
 
 static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
+  static const char *const names[] = {"relu", "gelu", "tanh", "sigmoid", "exp", "log", "scale"};
+  if (tn_check_inputs(ctx, names[op], 1, &a)) return NULL;
   tr_tensor *x = tn_contig(ctx, a);
-  tr_tensor *y = x ? tn_empty_like(ctx, x) : NULL;
+  tr_tensor *y = x ? tn_empty_like_dev(ctx, x) : NULL;
   if (!y) {
     tr_free(x);
     return NULL;
   }
-  TR_DISPATCH(a->dtype, unary_fwd, op, tr_data(x), tr_data(y), a->numel, s);
-  tr_node *node;
-  int rc = ag_record(ctx, &unary_ops[op], 1, &a, y, &node);
+  int rc = NAS_OK;
+  if (!tn_on_cuda(y))
+    TR_DISPATCH(a->dtype, unary_fwd, op, tr_data(x), tr_data(y), a->numel, s);
+  else
+    rc = tc_unary_fwd(ctx, names[op], op, x, y, s);
+  tr_node *node = NULL;
+  if (rc == NAS_OK) rc = ag_record(ctx, &unary_ops[op], 1, &a, y, &node);
   if (node) {
     node->ia[0] = op;
     node->fa[0] = s;
@@ -230,31 +266,24 @@ static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
 }
 
 tr_tensor *tr_relu(tr_ctx *ctx, tr_tensor *a) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_RELU, a, 0);
   return unary_op(ctx, UN_RELU, a, 0);
 }
 tr_tensor *tr_gelu(tr_ctx *ctx, tr_tensor *a) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_GELU, a, 0);
   return unary_op(ctx, UN_GELU, a, 0);
 }
 tr_tensor *tr_tanh(tr_ctx *ctx, tr_tensor *a) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_TANH, a, 0);
   return unary_op(ctx, UN_TANH, a, 0);
 }
 tr_tensor *tr_sigmoid(tr_ctx *ctx, tr_tensor *a) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_SIGMOID, a, 0);
   return unary_op(ctx, UN_SIGMOID, a, 0);
 }
 tr_tensor *tr_exp(tr_ctx *ctx, tr_tensor *a) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_EXP, a, 0);
   return unary_op(ctx, UN_EXP, a, 0);
 }
 tr_tensor *tr_log(tr_ctx *ctx, tr_tensor *a) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_LOG, a, 0);
   return unary_op(ctx, UN_LOG, a, 0);
 }
 tr_tensor *tr_scale(tr_ctx *ctx, tr_tensor *a, double s) {
-  if (tn_on_cuda(a)) return tc_unary(ctx, TCK_SCALE, a, s);
   return unary_op(ctx, UN_SCALE, a, s);
 }
 
@@ -274,9 +303,9 @@ static int dropout_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
 static const tr_node_ops dropout_ops = {"DropoutBackward", dropout_backward};
 
 tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training) {
-  if (tn_on_cuda(a)) return tc_dropout(ctx, a, p, training);
   if (p < 0 || p >= 1) return tr_fail(ctx, "dropout: p = %g is outside [0, 1)", p);
   if (!training || p == 0) return unary_op(ctx, UN_SCALE, a, 1.0);
+  if (tn_on_cuda(a)) return tn_check_inputs(ctx, "dropout", 1, &a) ? NULL : tc_dropout(ctx, a, p);
   uint8_t *mask = malloc((size_t)a->numel ? (size_t)a->numel : 1);
   tr_tensor *x = mask ? tn_contig(ctx, a) : NULL;
   tr_tensor *y = x ? tn_empty_like(ctx, x) : NULL;

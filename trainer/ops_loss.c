@@ -37,11 +37,13 @@ static int check_labels(tr_ctx *ctx, const int32_t *labels, int64_t rows, int64_
 }
 
 tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels) {
-  if (tn_on_cuda(logits)) return tc_cross_entropy(ctx, logits, labels);
+  if (tn_check_inputs(ctx, "cross_entropy", 1, &logits)) return NULL;
   if (logits->ndim != 2 || logits->shape[0] < 1)
     return tr_fail(ctx, "cross_entropy: logits must be (N >= 1, C)");
   int64_t rows = logits->shape[0], classes = logits->shape[1];
   if (check_labels(ctx, labels, rows, classes)) return NULL;
+  /* On a device the labels are kept there and the loss stays there (trainer/cuda_ops.c). */
+  if (tn_on_cuda(logits)) return tc_cross_entropy(ctx, logits, labels);
   tr_tensor *x = tn_contig(ctx, logits);
   tr_tensor *probs = x ? tn_empty_like(ctx, x) : NULL;
   tr_tensor *loss = probs ? tr_empty(ctx, logits->dtype, 0, NULL) : NULL;

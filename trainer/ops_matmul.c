@@ -5,7 +5,9 @@
  * matrix (the transpose becomes a GEMM flag); anything else is copied first.
  *   matmul: C (M,N) = A (M,K) B (K,N);  dA = dC B^T,  dB = A^T dC.
  *   linear: y (R,out) = x (R,in) W^T + b; dx = dy W, dW = dy^T x, db = column sums of dy.
- *   One row (batch-1 inference) goes through our own matrix-vector kernel (kern_matmul.h). */
+ *   One row (batch-1 inference) goes through our own matrix-vector kernel (kern_matmul.h).
+ * The ops serve both devices: on CUDA inputs the products go to cuBLAS (tc_gemm,
+ * tc_linear_fwd in trainer/cuda_ops.c); checks, shapes, nodes and backward are these. */
 #include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
@@ -149,8 +151,10 @@ static int operand_of(tr_ctx *ctx, tr_tensor *t, gemm_operand *op) {
   return NAS_OK;
 }
 
-/* C = op(A) op(B) for 2-D tensors, op() adding the transposes asked for; C is new. */
+/* C = op(A) op(B) for 2-D tensors, op() adding the transposes asked for; C is new, on A's
+ * device. */
 static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb) {
+  if (tn_on_cuda(a)) return tc_gemm(ctx, a, ta, b, tb);
   gemm_operand oa, ob;
   if (operand_of(ctx, a, &oa)) return NULL;
   if (operand_of(ctx, b, &ob)) {
@@ -185,9 +189,8 @@ static int matmul_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
 static const tr_node_ops matmul_ops = {"MmBackward", matmul_backward};
 
 tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
-  if (tn_on_cuda(a) || tn_on_cuda(b)) return tc_matmul(ctx, a, b);
   tr_tensor *in[2] = {a, b};
-  if (tn_check_dtypes(ctx, "matmul", 2, in)) return NULL;
+  if (tn_check_inputs(ctx, "matmul", 2, in)) return NULL;
   if (a->ndim != 2 || b->ndim != 2 || a->shape[1] != b->shape[0])
     return tr_fail(ctx, "matmul: shapes (%lld, %lld) @ (%lld, %lld) do not fit",
                    (long long)a->shape[0], (long long)(a->ndim > 1 ? a->shape[1] : 0),
@@ -224,6 +227,14 @@ static void bias_grad(const tr_tensor *dy, tr_tensor *db) {
     tn_axpy(dy->dtype, cols, 1.0, (const char *)tr_data(dy) + (size_t)r * row_bytes, tr_data(db));
 }
 
+/* db (shape m) = column sums of dy: by a reduction on the device. */
+static tr_tensor *bias_grad_new(tr_ctx *ctx, const tr_tensor *dy, const tr_meta *m) {
+  if (tn_on_cuda(dy)) return tn_sum_to(ctx, dy, m);
+  tr_tensor *db = tn_empty_meta(ctx, dy->dtype, m);
+  if (db) bias_grad(dy, db);
+  return db;
+}
+
 static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   tr_tensor *x = ag_saved(ctx, node, 0), *w = x ? ag_saved(ctx, node, 1) : NULL;
   tr_tensor *dy = w ? as_rows(ctx, g) : NULL;
@@ -237,13 +248,8 @@ static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   }
   if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = gemm_new(ctx, dy, true, x, false)))
     rc = NAS_ERR;
-  if (rc == NAS_OK && ag_wants(node, 2)) {
-    gi[2] = tn_empty_meta(ctx, g->dtype, &node->in_meta[2]);
-    if (gi[2])
-      bias_grad(dy, gi[2]);
-    else
-      rc = NAS_ERR;
-  }
+  if (rc == NAS_OK && ag_wants(node, 2) && !(gi[2] = bias_grad_new(ctx, dy, &node->in_meta[2])))
+    rc = NAS_ERR;
   tr_free(dy);
   return rc;
 }
@@ -273,23 +279,24 @@ static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_te
     tn_gemv(ctx, x2->dtype, out_f, x2->shape[1], tr_data(ow.owner), ow.ld, tr_data(x2),
             b ? 1.0 : 0.0, tr_data(y));
   else if (rows && out_f)
-    tn_gemm(ctx, x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2), x2->shape[1],
-            tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
+    tn_gemm(ctx, x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2),
+            x2->shape[1], tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
   tr_free(ow.owner);
   return y;
 }
 
 tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
-  if (tn_on_cuda(x) || tn_on_cuda(w) || tn_on_cuda(b)) return tc_linear(ctx, x, w, b);
   tr_tensor *in[3] = {x, w, b};
-  if (tn_check_dtypes(ctx, "linear", b ? 3 : 2, in)) return NULL;
+  if (tn_check_inputs(ctx, "linear", b ? 3 : 2, in)) return NULL;
   if (x->ndim < 1 || w->ndim != 2 || x->shape[x->ndim - 1] != w->shape[1] ||
       (b && (b->ndim != 1 || b->shape[0] != w->shape[0])))
     return tr_fail(ctx, "linear: input features %lld, weight (%lld, %lld), bias %lld",
                    (long long)(x->ndim ? x->shape[x->ndim - 1] : 0), (long long)w->shape[0],
                    (long long)(w->ndim > 1 ? w->shape[1] : 0), (long long)(b ? b->shape[0] : -1));
   tr_tensor *x2 = as_rows(ctx, x);
-  tr_tensor *y2 = x2 ? linear_forward(ctx, x2, w, b) : NULL;
+  tr_tensor *y2 = !x2                ? NULL
+                  : tn_on_cuda(x2) ? tc_linear_fwd(ctx, x2, w, b)
+                                   : linear_forward(ctx, x2, w, b);
   tr_tensor *y = NULL;
   if (y2) {
     tr_meta m = tn_meta(x);

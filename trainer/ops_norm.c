@@ -3,7 +3,10 @@
  * Each keeps its per-group mean and 1/std (aux, doubles) for backward, and saves x and w.
  * Batch norm in training normalises with the batch's statistics and moves the running ones
  * (torch's convention: running = (1 - momentum) running + momentum batch, the variance
- * unbiased); in evaluation it uses the running statistics, which are constants to backward. */
+ * unbiased); in evaluation it uses the running statistics, which are constants to backward.
+ * The checks here serve both devices; on a device the statistics are a saved float64 tensor
+ * instead of aux, so the ops hand their checked inputs to tc_layer_norm / tc_batch_norm
+ * (trainer/cuda_nn.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
@@ -48,12 +51,12 @@ static int layer_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
 static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backward};
 
 tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps) {
-  if (tn_on_cuda(x) || tn_on_cuda(w) || tn_on_cuda(b)) return tc_layer_norm(ctx, x, w, b, eps);
   tr_tensor *in[3] = {x, w, b};
-  if (tn_check_dtypes(ctx, "layer_norm", 3, in)) return NULL;
+  if (tn_check_inputs(ctx, "layer_norm", 3, in)) return NULL;
   int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0;
   if (d < 1 || (w && w->numel != d) || (b && b->numel != d))
     return tr_fail(ctx, "layer_norm: last dim %lld, weight and bias must match it", (long long)d);
+  if (tn_on_cuda(x)) return tc_layer_norm(ctx, x, w, b, eps);
   int64_t rows = x->numel / d;
   tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL,
             *bc = b ? tn_contig(ctx, b) : NULL;
@@ -160,15 +163,18 @@ static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tenso
 tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
                          tr_tensor *running_mean, tr_tensor *running_var, bool training,
                          double momentum, double eps) {
-  if (tn_any_on_cuda(5, (tr_tensor *[]){x, w, b, running_mean, running_var}))
-    return tc_batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps);
-  tr_tensor *in[3] = {x, w, b};
+  tr_tensor *in[5] = {x, w, b, running_mean, running_var}; /* the node's inputs: the first 3 */
+  bool on_cuda = tn_any_on_cuda(5, in);
   int64_t n, c, l;
-  if (tn_check_dtypes(ctx, "batch_norm", 3, in) || bn_dims(ctx, x, &n, &c, &l)) return NULL;
+  /* on a device the running statistics must be there too */
+  if (tn_check_inputs(ctx, "batch_norm", on_cuda ? 5 : 3, in) || bn_dims(ctx, x, &n, &c, &l))
+    return NULL;
   if ((w && w->numel != c) || (b && b->numel != c) || (running_mean && running_mean->numel != c) ||
       (running_var && running_var->numel != c))
     return tr_fail(ctx, "batch_norm: %lld channels; weight, bias and statistics must match",
                    (long long)c);
+  if (on_cuda)
+    return tc_batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps);
   tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL,
             *bc = b ? tn_contig(ctx, b) : NULL;
   tr_tensor *y = xc ? tn_empty_like(ctx, xc) : NULL;

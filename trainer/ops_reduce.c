@@ -3,7 +3,9 @@
  *
  * A multi-axis reduction runs one axis at a time (highest first), each as an (outer, n,
  * inner) kernel on a contiguous input. Backward expands the gradient back through stride-0
- * views: the reduced dims repeat the same gradient value. */
+ * views: the reduced dims repeat the same gradient value.
+ * Every function here serves both devices: on CUDA inputs only the kernel calls go to the
+ * tc_* kernel functions (trainer/cuda_ops.c). */
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
@@ -22,7 +24,7 @@ static tr_tensor *expand_grad(tr_ctx *ctx, tr_tensor *g, const tr_meta *in, uint
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NULL;
   tr_tensor *view = tn_alias(ctx, gc);
-  tr_tensor *out = view ? tn_empty_meta(ctx, g->dtype, in) : NULL;
+  tr_tensor *out = view ? tn_empty_dev(ctx, gc, g->dtype, in) : NULL;
   if (out) {
     view->ndim = in->ndim;
     memcpy(view->shape, in->shape, sizeof view->shape);
@@ -33,8 +35,13 @@ static tr_tensor *expand_grad(tr_ctx *ctx, tr_tensor *g, const tr_meta *in, uint
       stride *= r ? 1 : in->shape[d];
     }
     view->numel = out->numel;
-    tn_copy_to_contig(view, tr_data(out));
-    if (scale != 1.0) tn_scale_contig(out, scale);
+    if (!tn_on_cuda(out)) {
+      tn_copy_to_contig(view, tr_data(out));
+    } else if (tc_copy_raw(ctx, out, view)) {
+      tr_free(out);
+      out = NULL;
+    }
+    if (out && scale != 1.0) tn_scale_contig(out, scale);
   }
   tr_free(view);
   tr_free(gc);
@@ -61,8 +68,7 @@ static int reduced_mask(tr_ctx *ctx, const tr_tensor *a, int naxes, const int *a
   return NAS_OK;
 }
 
-/* Sums a over the dims in mask, times scale, keeping them as size 1; no history. */
-static tr_tensor *sum_raw(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double scale) {
+tr_tensor *tn_sum_dims(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double scale) {
   tr_tensor *cur = tn_contig(ctx, a);
   for (int d = a->ndim - 1; d >= 0 && cur; d--) {
     if (!(mask & (1u << d))) continue;
@@ -70,8 +76,13 @@ static tr_tensor *sum_raw(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double
     tn_split_at(cur, d, &outer, &n, &inner);
     tr_meta m = tn_meta(cur);
     m.shape[d] = 1;
-    tr_tensor *next = tn_empty_meta(ctx, a->dtype, &m);
-    if (next) TR_DISPATCH(a->dtype, sum_axis, tr_data(cur), tr_data(next), outer, n, inner, scale);
+    tr_tensor *next = tn_empty_dev(ctx, cur, a->dtype, &m);
+    if (next && !tn_on_cuda(next)) {
+      TR_DISPATCH(a->dtype, sum_axis, tr_data(cur), tr_data(next), outer, n, inner, scale);
+    } else if (next && tc_sum_axis(ctx, cur, next, outer, n, inner, scale)) {
+      tr_free(next);
+      next = NULL;
+    }
     scale = 1.0; /* applied once */
     tr_free(cur);
     cur = next;
@@ -83,12 +94,14 @@ static tr_tensor *sum_raw(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double
 static tr_tensor *reduce_op(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim,
                             bool mean) {
   uint32_t mask;
-  if (reduced_mask(ctx, a, naxes, axes, &mask)) return NULL;
+  if (tn_check_inputs(ctx, mean ? "mean" : "sum", 1, &a) ||
+      reduced_mask(ctx, a, naxes, axes, &mask))
+    return NULL;
   int64_t count = 1;
   for (int d = 0; d < a->ndim; d++)
     if (mask & (1u << d)) count *= a->shape[d];
   double scale = mean ? 1.0 / (double)(count ? count : 1) : 1.0;
-  tr_tensor *out = sum_raw(ctx, a, mask, scale);
+  tr_tensor *out = tn_sum_dims(ctx, a, mask, scale);
   if (!out) return NULL;
   if (!keepdim) { /* drop the size-1 dims: same data, fewer dims */
     int nd = 0;
@@ -110,12 +123,10 @@ static tr_tensor *reduce_op(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axe
 }
 
 tr_tensor *tr_sum(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim) {
-  if (tn_on_cuda(a)) return tc_reduce(ctx, a, naxes, axes, keepdim, false);
   return reduce_op(ctx, a, naxes, axes, keepdim, false);
 }
 
 tr_tensor *tr_mean(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim) {
-  if (tn_on_cuda(a)) return tc_reduce(ctx, a, naxes, axes, keepdim, true);
   return reduce_op(ctx, a, naxes, axes, keepdim, true);
 }
 
@@ -127,10 +138,15 @@ static int softmax_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
   int64_t outer, n, inner;
   tn_split_at(y, (int)node->ia[0], &outer, &n, &inner);
   tr_tensor *gc = tn_contig(ctx, g);
-  tr_tensor *dx = gc ? tn_empty_like(ctx, y) : NULL;
-  if (dx)
+  tr_tensor *dx = gc ? tn_empty_like_dev(ctx, y) : NULL;
+  if (dx && !tn_on_cuda(dx)) {
     TR_DISPATCH(y->dtype, softmax_bwd, tr_data(y), tr_data(gc), tr_data(dx), outer, n, inner,
                 node->ia[1] != 0);
+  } else if (dx && tc_softmax_bwd(ctx, node->ops->name, y, gc, dx, outer, n, inner,
+                                  node->ia[1] != 0)) {
+    tr_free(dx);
+    dx = NULL;
+  }
   tr_free(gc);
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;
@@ -139,20 +155,25 @@ static const tr_node_ops softmax_ops = {"SoftmaxBackward", softmax_backward};
 static const tr_node_ops log_softmax_ops = {"LogSoftmaxBackward", softmax_backward};
 
 static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
+  if (tn_check_inputs(ctx, "softmax", 1, &a)) return NULL;
   int d = tn_dim(a->ndim, dim);
   if (d < 0) return tr_fail(ctx, "softmax: dim %d out of range for %d dims", dim, a->ndim);
   tr_tensor *x = tn_contig(ctx, a);
-  tr_tensor *y = x ? tn_empty_like(ctx, x) : NULL;
+  tr_tensor *y = x ? tn_empty_like_dev(ctx, x) : NULL;
   if (!y) {
     tr_free(x);
     return NULL;
   }
   int64_t outer, n, inner;
   tn_split_at(x, d, &outer, &n, &inner);
-  TR_DISPATCH(a->dtype, softmax_fwd, tr_data(x), tr_data(y), outer, n, inner, log_out);
+  int rc = NAS_OK;
+  if (!tn_on_cuda(y))
+    TR_DISPATCH(a->dtype, softmax_fwd, tr_data(x), tr_data(y), outer, n, inner, log_out);
+  else
+    rc = tc_softmax_fwd(ctx, x, y, outer, n, inner, log_out);
   tr_free(x);
-  tr_node *node;
-  int rc = ag_record(ctx, log_out ? &log_softmax_ops : &softmax_ops, 1, &a, y, &node);
+  tr_node *node = NULL;
+  if (rc == NAS_OK) rc = ag_record(ctx, log_out ? &log_softmax_ops : &softmax_ops, 1, &a, y, &node);
   if (node) {
     node->ia[0] = d;
     node->ia[1] = log_out;
@@ -166,10 +187,8 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
 }
 
 tr_tensor *tr_softmax(tr_ctx *ctx, tr_tensor *a, int dim) {
-  if (tn_on_cuda(a)) return tc_softmax(ctx, a, dim, false);
   return softmax_op(ctx, a, dim, false);
 }
 tr_tensor *tr_log_softmax(tr_ctx *ctx, tr_tensor *a, int dim) {
-  if (tn_on_cuda(a)) return tc_softmax(ctx, a, dim, true);
   return softmax_op(ctx, a, dim, true);
 }

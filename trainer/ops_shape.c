@@ -3,11 +3,25 @@
  *
  * reshape, transpose and narrow return views (new tensor headers on the input's storage,
  * sharing its version counter); reshape copies first only when the input is not contiguous.
- * Gradients come back contiguous in the input's shape. */
+ * Gradients come back contiguous in the input's shape.
+ * Every op here serves both devices: views are headers either way, and copies go through
+ * helpers that follow the tensor's device (tn_contig, tn_clone, tr_copy_). Embedding keeps
+ * its ids on the device there (tc_embedding, trainer/cuda_ops.c). */
 #include <stdlib.h>
 #include <string.h>
 
 #include "trainer/internal.h"
+
+/* The view t[..., start:start+length, ...] along dim d (no history). */
+static tr_tensor *narrow_alias(tr_ctx *ctx, const tr_tensor *t, int d, int64_t start,
+                               int64_t length) {
+  tr_tensor *v = tn_alias(ctx, t);
+  if (!v) return NULL;
+  v->offset += start * t->strides[d];
+  v->shape[d] = length;
+  v->numel = tn_prod(v->shape, 0, v->ndim);
+  return v;
+}
 
 /* ---------------------------------------------------------------- reshape */
 
@@ -20,9 +34,9 @@ static int reshape_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
 static const tr_node_ops reshape_ops = {"ViewBackward", reshape_backward};
 
 tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape) {
-  if (tn_on_cuda(t)) return tc_reshape(ctx, t, ndim, shape);
   int64_t shp[TR_MAX_DIMS], known = 1;
   int infer = -1;
+  if (tn_check_inputs(ctx, "reshape", 1, &t)) return NULL;
   if (ndim < 0 || ndim > TR_MAX_DIMS) return tr_fail(ctx, "reshape: %d dims", ndim);
   for (int d = 0; d < ndim; d++) { /* one -1 is inferred from the others */
     shp[d] = shape[d];
@@ -58,15 +72,14 @@ static int transpose_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
   v->strides[d0] = v->strides[d1];
   v->shape[d1] = s;
   v->strides[d1] = st;
-  gi[0] = tn_empty_like(ctx, v);
-  if (gi[0]) tn_copy_to_contig(v, tr_data(gi[0]));
+  gi[0] = tn_clone(ctx, v);
   tr_free(v);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops transpose_ops = {"TransposeBackward", transpose_backward};
 
 tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1) {
-  if (tn_on_cuda(t)) return tc_transpose(ctx, t, dim0, dim1);
+  if (tn_check_inputs(ctx, "transpose", 1, &t)) return NULL;
   int d0 = tn_dim(t->ndim, dim0), d1 = tn_dim(t->ndim, dim1);
   if (d0 < 0 || d1 < 0)
     return tr_fail(ctx, "transpose: dims %d, %d out of range for %d dims", dim0, dim1, t->ndim);
@@ -91,16 +104,12 @@ tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1) {
 /* ---------------------------------------------------------------- narrow */
 
 static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *full = tn_zeros_meta(ctx, g->dtype, &node->in_meta[0]);
-  tr_tensor *part = full ? tn_alias(ctx, full) : NULL;
+  tr_tensor *full = tn_zeros_dev(ctx, g, g->dtype, &node->in_meta[0]);
+  tr_tensor *part = full ? narrow_alias(ctx, full, (int)node->ia[0], node->ia[1], node->ia[2]) : NULL;
   if (!part) {
     tr_free(full);
     return NAS_ERR;
   }
-  int d = (int)node->ia[0];
-  part->offset += node->ia[1] * part->strides[d];
-  part->shape[d] = node->ia[2];
-  part->numel = tn_prod(part->shape, 0, part->ndim);
   int rc = tr_copy_(ctx, part, g);
   tr_free(part);
   gi[0] = full;
@@ -109,16 +118,13 @@ static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
 static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward};
 
 tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
-  if (tn_on_cuda(t)) return tc_narrow(ctx, t, dim, start, length);
+  if (tn_check_inputs(ctx, "narrow", 1, &t)) return NULL;
   int d = tn_dim(t->ndim, dim);
   if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d])
     return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor", (long long)start,
                    (long long)(start + length), dim);
-  tr_tensor *out = tn_alias(ctx, t);
+  tr_tensor *out = narrow_alias(ctx, t, d, start, length);
   if (!out) return NULL;
-  out->offset += start * t->strides[d];
-  out->shape[d] = length;
-  out->numel = tn_prod(out->shape, 0, out->ndim);
   tr_node *node;
   if (ag_record(ctx, &narrow_ops, 1, &t, out, &node)) {
     tr_free(out);
@@ -142,7 +148,7 @@ static int clone_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
 static const tr_node_ops clone_ops = {"CloneBackward", clone_backward};
 
 tr_tensor *tr_contiguous(tr_ctx *ctx, tr_tensor *t) {
-  if (tn_on_cuda(t)) return tc_contiguous(ctx, t);
+  if (tn_check_inputs(ctx, "contiguous", 1, &t)) return NULL;
   if (tr_is_contiguous(t)) return tr_retain(t);
   tr_tensor *out = tn_contig(ctx, t);
   tr_node *node;
@@ -165,11 +171,8 @@ static int concat_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   int64_t start = 0;
   for (int i = 0; i < node->n_next; i++) {
     if (ag_wants(node, i)) {
-      tr_tensor *view = tn_alias(ctx, gc);
+      tr_tensor *view = narrow_alias(ctx, gc, d, start, sizes[i]);
       if (view) {
-        view->offset += start * view->strides[d];
-        view->shape[d] = sizes[i];
-        view->numel = tn_prod(view->shape, 0, view->ndim);
         gi[i] = tn_contig(ctx, view);
         tr_free(view);
       }
@@ -201,38 +204,49 @@ static int concat_shape(tr_ctx *ctx, int n, tr_tensor *const *ts, int d, tr_meta
   return NAS_OK;
 }
 
+/* Copies t into out[..., start:start + t->shape[d], ...] along d: one strided copy into the
+ * view on a device, contiguous chunks on the host. */
+static int copy_into_part(tr_ctx *ctx, tr_tensor *out, int d, int64_t start, const tr_tensor *t) {
+  if (tn_on_cuda(out)) {
+    tr_tensor *part = narrow_alias(ctx, out, d, start, t->shape[d]);
+    int rc = part ? tc_copy_raw(ctx, part, t) : NAS_ERR;
+    tr_free(part);
+    return rc;
+  }
+  tr_tensor *c = tn_contig(ctx, t);
+  if (!c) return NAS_ERR;
+  size_t esz = tr_dtype_size(out->dtype);
+  int64_t outer = tn_prod(out->shape, 0, d), inner = tn_prod(out->shape, d + 1, out->ndim);
+  size_t chunk = (size_t)(t->shape[d] * inner) * esz;
+  for (int64_t o = 0; o < outer; o++)
+    memcpy((char *)tr_data(out) + ((size_t)(o * out->shape[d] + start) * (size_t)inner) * esz,
+           (char *)tr_data(c) + (size_t)o * chunk, chunk);
+  tr_free(c);
+  return NAS_OK;
+}
+
 tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
-  if (n > 0 && tn_any_on_cuda(n, ts)) return tc_concat(ctx, n, ts, dim);
   if (n < 1) return tr_fail(ctx, "concat: no inputs");
+  if (tn_check_inputs(ctx, "concat", n, ts)) return NULL;
   int d = tn_dim(ts[0]->ndim, dim);
   tr_meta m;
   if (d < 0) return tr_fail(ctx, "concat: dim %d out of range", dim);
-  if (tn_check_dtypes(ctx, "concat", n, ts) || concat_shape(ctx, n, ts, d, &m)) return NULL;
-  tr_tensor *out = tn_empty_meta(ctx, ts[0]->dtype, &m);
+  if (concat_shape(ctx, n, ts, d, &m)) return NULL;
+  tr_tensor *out = tn_empty_dev(ctx, ts[0], ts[0]->dtype, &m);
   int64_t *sizes = malloc(sizeof(int64_t) * (size_t)n);
   if (!out || !sizes) {
     tr_free(out);
     free(sizes);
     return out ? tr_fail(ctx, "concat: out of memory") : NULL;
   }
-  size_t esz = tr_dtype_size(out->dtype);
-  int64_t outer = 1, inner = 1, start = 0;
-  for (int k = 0; k < d; k++) outer *= m.shape[k];
-  for (int k = d + 1; k < m.ndim; k++) inner *= m.shape[k];
+  int64_t start = 0;
   for (int i = 0; i < n && out; i++) {
     sizes[i] = ts[i]->shape[d];
-    tr_tensor *c = tn_contig(ctx, ts[i]);
-    if (!c) {
+    if (copy_into_part(ctx, out, d, start, ts[i])) {
       tr_free(out);
       out = NULL;
-      break;
     }
-    size_t chunk = (size_t)(sizes[i] * inner) * esz;
-    for (int64_t o = 0; o < outer; o++)
-      memcpy((char *)tr_data(out) + ((size_t)(o * m.shape[d] + start) * (size_t)inner) * esz,
-             (char *)tr_data(c) + (size_t)o * chunk, chunk);
     start += sizes[i];
-    tr_free(c);
   }
   tr_node *node = NULL;
   if (out && ag_record(ctx, &concat_ops, n, ts, out, &node)) {
@@ -270,12 +284,13 @@ static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
 static const tr_node_ops embedding_ops = {"EmbeddingBackward", embedding_backward};
 
 tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids) {
-  if (tn_on_cuda(weight)) return tc_embedding(ctx, weight, n, ids);
+  if (tn_check_inputs(ctx, "embedding", 1, &weight)) return NULL;
   if (weight->ndim != 2) return tr_fail(ctx, "embedding: weight must be (V, D)");
   for (int64_t i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= weight->shape[0])
       return tr_fail(ctx, "embedding: id %d at %lld outside [0, %lld)", ids[i], (long long)i,
                      (long long)weight->shape[0]);
+  if (tn_on_cuda(weight)) return tc_embedding(ctx, weight, n, ids); /* ids kept on the device */
   int64_t shape[2] = {n, weight->shape[1]};
   tr_tensor *w = tn_contig(ctx, weight);
   tr_tensor *out = w ? tr_empty(ctx, weight->dtype, 2, shape) : NULL;

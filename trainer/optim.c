@@ -121,11 +121,12 @@ static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double b
     return tc_optim_update(ctx, c, p, &opt->state[2 * i], bc1, bc2);
   if (!tr_is_contiguous(p) || !tr_is_contiguous(g) || g->dtype != p->dtype || g->numel != p->numel)
     return nas_errf(&ctx->err, "optim: parameter %zu and its grad must be contiguous and alike", i);
-  bool momentum = c->kind != TR_SGD || c->momentum > 0, adam = c->kind != TR_SGD;
-  tr_tensor *m = momentum ? state_of(ctx, opt, i, 0) : NULL, *v = adam && m ? state_of(ctx, opt, i, 1) : NULL;
+  bool adam = c->kind != TR_SGD, momentum = adam || c->momentum > 0;
+  tr_tensor *m = momentum ? state_of(ctx, opt, i, 0) : NULL;
+  tr_tensor *v = adam && m ? state_of(ctx, opt, i, 1) : NULL;
   if ((momentum && !m) || (adam && !v)) return NAS_ERR;
-  update_job job = {c,  p->dtype, p->numel, tr_data(p), m ? tr_data(m) : NULL, v ? tr_data(v) : NULL,
-                    tr_data(g), bc1, bc2};
+  update_job job = {c,          p->dtype, p->numel, tr_data(p), m ? tr_data(m) : NULL,
+                    v ? tr_data(v) : NULL, tr_data(g), bc1, bc2};
   /* With the engine's own pool, large parameters are split over it (the kernels' OpenMP
    * loops then run on one thread); without, those loops use OpenMP's threads. */
   if (ctx->threads && p->numel > TR_PAR_MIN)

@@ -10,15 +10,18 @@
  * that are spinning see it within a cache-line transfer (~0.3 us), and completion is one
  * atomic counter: no system call while the threads are busy.
  *
- * Protocol. `word` holds the current job: its number (32 bits), its number of parts and the
- * next part to claim (16 bits each). Every thread, the caller included, claims parts with
- * one fetch_add on word and runs those below the number of parts; the caller returns when
- * `done` counts all parts. So the caller never waits for a worker that has not started (it
- * claims that part itself), only for parts a worker is running. A claim always belongs to
- * the job in the word it returned, and a job's fn and arg are not replaced until all its
- * parts are done, so a claimed part always runs the right function. Idle workers spin a
- * while, then sleep on a futex (`epoch`, with a count of sleepers so that the caller makes
- * the wake-up system call only when someone sleeps).
+ * Protocol. `word` holds the current job: its number (32 bits), its number of parts and a
+ * bit per part already claimed (16 bits each). Every thread, the caller included, claims
+ * parts by compare-and-swap on word, its own part first (the caller part 0, worker i part
+ * i + 1), then any part still unclaimed; the caller returns when `done` counts all parts.
+ * Own parts first keep each thread on the same slice of the data from job to job (a GEMM
+ * split by the weight's rows, then the optimiser's update of those rows), so that slice
+ * stays in that core's cache; taking other parts means the caller never waits for a worker
+ * that has not started, only for parts a worker is running. A claim succeeds only on the
+ * word of its own job, and a job's fn and arg are not replaced until all its parts are
+ * done, so a claimed part always runs its job's function. Idle workers spin a while, then
+ * sleep on a futex (`epoch`, with a count of sleepers so that the caller makes the wake-up
+ * system call only when someone sleeps).
  *
  * Invariants: one caller at a time (a pool belongs to one tr_ctx, used by one thread); a
  * part that calls the pool again runs that job inline (the pool is busy). Workers run
@@ -37,15 +40,20 @@
 
 #include "trainer/internal.h"
 
-/* Spins of an idle worker before it sleeps: a few hundred microseconds, longer than the
- * gaps between the GEMMs of a training step, far shorter than a scheduler time slice. */
-#define IDLE_SPINS (1 << 16)
-#define FIELD_MASK 0xffff /* parts and next part in word; next passes parts by at most a
-                             * few claims per thread, so threads stay far below this */
-#define MAX_THREADS 1024
+/* Spins of an idle worker before it sleeps: ~150 us here (a pause takes ~19 ns on an AMD
+ * EPYC of family 26), longer than the gaps between the GEMMs of a training step or between
+ * batch-1 inferences, short enough not to hold a core that other work could use. */
+#define IDLE_SPINS (1 << 13)
+#define MAX_THREADS 16 /* a part per thread, a bit per part in word */
+
+/* A worker's start argument: its pool and its own part (worker i has part i + 1). */
+typedef struct worker_arg {
+  tr_threadpool *pool;
+  int own;
+} worker_arg;
 
 struct tr_threadpool {
-  alignas(64) _Atomic uint64_t word; /* job number << 32 | parts << 16 | next part */
+  alignas(64) _Atomic uint64_t word; /* job number << 32 | parts << 16 | claimed parts */
   alignas(64) _Atomic int64_t done;  /* parts of the current job finished */
   alignas(64) _Atomic uint32_t epoch; /* the futex idle workers sleep on: the job number */
   _Atomic int sleepers;               /* workers asleep or about to be */
@@ -55,12 +63,12 @@ struct tr_threadpool {
   uint32_t job;  /* the caller's count of jobs */
   bool busy;     /* a job is running: nested calls run inline */
   int threads;   /* workers + the caller */
-  pthread_t *workers; /* owned */
+  pthread_t *workers; /* owned, threads - 1 */
+  worker_arg *args;   /* owned, one per worker */
 };
 
 static uint32_t word_job(uint64_t w) { return (uint32_t)(w >> 32); }
-static int word_parts(uint64_t w) { return (int)((w >> 16) & FIELD_MASK); }
-static int word_next(uint64_t w) { return (int)(w & FIELD_MASK); }
+static int word_parts(uint64_t w) { return (int)((w >> 16) & 0xffff); }
 
 static void cpu_relax(void) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -76,12 +84,25 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
   syscall(SYS_futex, (uint32_t *)addr, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
 }
 
-/* Claims and runs parts of the job in word until none is left. */
-static void run_parts(tr_threadpool *p) {
+/* Claims a part of the job in word, `own` if it is free, else the first free one; -1 when
+ * all are claimed. *parts gets the job's number of parts. */
+static int claim_part(tr_threadpool *p, int own, int *parts) {
+  uint64_t w = atomic_load_explicit(&p->word, memory_order_acquire);
   for (;;) {
-    uint64_t w = atomic_fetch_add_explicit(&p->word, 1, memory_order_acq_rel);
-    int part = word_next(w), parts = word_parts(w);
-    if (part >= parts) return;
+    *parts = word_parts(w);
+    uint32_t free_parts = ~(uint32_t)w & ((1u << *parts) - 1);
+    if (!free_parts) return -1;
+    int part = own < *parts && (free_parts >> own & 1) ? own : __builtin_ctz(free_parts);
+    if (atomic_compare_exchange_weak_explicit(&p->word, &w, w | 1u << part, memory_order_acq_rel,
+                                              memory_order_acquire))
+      return part;
+  }
+}
+
+/* Claims and runs parts of the job in word until none is left, `own` first. */
+static void run_parts(tr_threadpool *p, int own) {
+  int part, parts;
+  while ((part = claim_part(p, own, &parts)) >= 0) {
     p->fn(p->arg, part, parts);
     atomic_fetch_add_explicit(&p->done, 1, memory_order_release);
   }
@@ -109,15 +130,24 @@ static void wait_for_job(tr_threadpool *p, uint32_t seen) {
 }
 
 static void *worker_main(void *arg) {
-  tr_threadpool *p = arg;
+  tr_threadpool *p = ((worker_arg *)arg)->pool;
+  int own = ((worker_arg *)arg)->own;
   omp_set_num_threads(1); /* this thread's own setting: no OpenMP team under a worker */
   uint32_t seen = 0;
   while (!atomic_load_explicit(&p->stop, memory_order_acquire)) {
     wait_for_job(p, seen);
     seen = word_job(atomic_load_explicit(&p->word, memory_order_acquire));
-    run_parts(p);
+    run_parts(p, own);
   }
   return NULL;
+}
+
+/* Frees the memory of a pool whose workers are stopped (or were never started). */
+static void pool_release(tr_threadpool *p) {
+  if (!p) return;
+  free(p->workers);
+  free(p->args);
+  free(p);
 }
 
 static void pool_stop(tr_threadpool *p, int started) {
@@ -133,19 +163,21 @@ tr_threadpool *tr_threadpool_new(int threads, nas_err *err) {
     return NULL;
   }
   tr_threadpool *p = calloc(1, sizeof *p);
-  pthread_t *workers = p ? calloc((size_t)threads, sizeof *workers) : NULL;
-  if (!workers) {
-    free(p);
+  if (p) {
+    p->workers = calloc((size_t)threads, sizeof *p->workers);
+    p->args = calloc((size_t)threads, sizeof *p->args);
+  }
+  if (!p || !p->workers || !p->args) {
+    pool_release(p);
     nas_errf(err, "threadpool: out of memory");
     return NULL;
   }
   p->threads = threads;
-  p->workers = workers;
   for (int i = 0; i < threads - 1; i++) {
-    if (pthread_create(&p->workers[i], NULL, worker_main, p) != 0) {
+    p->args[i] = (worker_arg){p, i + 1};
+    if (pthread_create(&p->workers[i], NULL, worker_main, &p->args[i]) != 0) {
       pool_stop(p, i);
-      free(p->workers);
-      free(p);
+      pool_release(p);
       nas_errf(err, "threadpool: cannot start thread %d of %d", i + 2, threads);
       return NULL;
     }
@@ -156,8 +188,7 @@ tr_threadpool *tr_threadpool_new(int threads, nas_err *err) {
 void tr_threadpool_free(tr_threadpool *p) {
   if (!p) return;
   pool_stop(p, p->threads - 1);
-  free(p->workers);
-  free(p);
+  pool_release(p);
 }
 
 /* fn(arg, part, parts) for every part in [0, threads): the caller takes part of the work. */
@@ -171,7 +202,7 @@ static void pool_run(tr_threadpool *p, void (*fn)(void *arg, int part, int parts
   atomic_store(&p->word, (uint64_t)p->job << 32 | (uint64_t)parts << 16);
   atomic_store(&p->epoch, p->job);
   if (atomic_load(&p->sleepers) > 0) futex_wake_all(&p->epoch);
-  run_parts(p);
+  run_parts(p, 0);
   while (atomic_load_explicit(&p->done, memory_order_acquire) < parts) cpu_relax();
   p->busy = false;
 }
@@ -196,9 +227,15 @@ void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), v
   }
 }
 
+/* Where part `part` of n starts: at its even share, moved to the nearest multiple of 16
+ * when there are enough items for that (the last part ends at n whatever). */
+static int64_t part_start(int64_t n, int part, int parts) {
+  if (part >= parts) return n;
+  int64_t even = n * part / parts;
+  return n < 16 * (int64_t)parts ? even : (even + 8) / 16 * 16;
+}
+
 void tn_par_range(int64_t n, int part, int parts, int64_t *lo, int64_t *hi) {
-  int64_t chunk = (n + parts - 1) / parts;
-  if (chunk > 16) chunk = (chunk + 15) / 16 * 16;
-  *lo = chunk * part < n ? chunk * part : n;
-  *hi = *lo + chunk < n ? *lo + chunk : n;
+  *lo = part_start(n, part, parts);
+  *hi = part_start(n, part + 1, parts);
 }

@@ -52,7 +52,7 @@ void tr_allocator_trim(tr_allocator *a);
  * A context uses it when ctx->threads points at it and OpenBLAS runs on one thread; run
  * OpenMP on one thread then too (OMP_NUM_THREADS=1), so that one pool works at a time.
  * Idle workers spin a few hundred microseconds, then sleep. Used by one thread at a time;
- * free it after the last op that uses it. NULL with err set on failure. */
+ * free it after the last op that uses it. 1 to 16 threads; NULL with err set on failure. */
 typedef struct tr_threadpool tr_threadpool;
 tr_threadpool *tr_threadpool_new(int threads, nas_err *err);
 void tr_threadpool_free(tr_threadpool *pool);
