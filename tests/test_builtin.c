@@ -334,7 +334,7 @@ static void two_thread_ranks_train_the_same_model(void **state) {
                                   "devices: 2, sharding: none"};
   double accuracy[4][2];
   for (int v = 0; v < 4; v++) {
-    char name[16], settings[160], *out;
+    char name[32], settings[160], *out;
     snprintf(name, sizeof name, "ranks%d", v);
     snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, %s",
              variants[v]);
