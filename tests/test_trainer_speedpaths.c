@@ -249,7 +249,8 @@ static tr_module *mlp_new(tr_ctx *ctx, int64_t in, int64_t hidden) {
 }
 
 /* Batch 1 through a layer big enough to be split by rows: every output is computed the same
- * way on each thread, so the results are identical. */
+ * way on each thread, so the results are identical. Grad mode stays on so that the layers
+ * run one by one (no-grad mode fuses the whole MLP: batch1_mlp_* below). */
 static void split_matrix_vector_is_identical_to_one_thread(void **state) {
   (void)state;
   tr_ctx ctx;
@@ -259,7 +260,6 @@ static void split_matrix_vector_is_identical_to_one_thread(void **state) {
   for (thread_mode mode = ONE_THREAD; mode <= POOL; mode++) {
     run_env e;
     env_begin(&e, mode, 3);
-    tr_set_grad_enabled(&e.ctx, false);
     assert_non_null(out[mode] = tr_module_forward(&e.ctx, m, x));
     env_end(&e);
   }
@@ -296,6 +296,136 @@ static void fused_linear_relu_equals_the_modules(void **state) {
     tr_free(x);
   }
   tr_module_free(m);
+}
+
+/* A batch-1 MLP with odd widths, a layer without bias, one without ReLU in the middle and
+ * none at the end: flatten, in -> hidden (ReLU) -> 131 (no bias, no ReLU) -> 65 (ReLU) -> 7
+ * (no bias). */
+static tr_module *odd_mlp_new(tr_ctx *ctx, int64_t in, int64_t hidden) {
+  tr_module *m = tr_sequential_new(ctx);
+  tr_module *parts[] = {tr_activation_new(ctx, TR_FLATTEN),
+                        tr_linear_new(ctx, in, hidden, true),
+                        tr_activation_new(ctx, TR_RELU),
+                        tr_linear_new(ctx, hidden, 131, false),
+                        tr_linear_new(ctx, 131, 65, true),
+                        tr_activation_new(ctx, TR_RELU),
+                        tr_linear_new(ctx, 65, 7, false)};
+  for (size_t i = 0; i < sizeof parts / sizeof *parts; i++)
+    assert_int_equal(tr_sequential_add(ctx, m, parts[i]), NAS_OK);
+  return m;
+}
+
+/* The whole MLP in one pass at batch 1 (no-grad mode) against the modules one by one (grad
+ * mode on): to the bit on one thread, for a small MLP and for one whose first layer is
+ * large enough to split over threads. */
+static void batch1_mlp_on_one_thread_equals_the_modules_to_the_bit(void **state) {
+  (void)state;
+  for (int64_t hidden = 23; hidden <= 257; hidden += 234) {
+    run_env e;
+    env_begin(&e, ONE_THREAD, 8);
+    tr_module *m = odd_mlp_new(&e.ctx, 301, hidden);
+    tr_tensor *x = tr_rand(&e.ctx, TR_F32, 3, SHAPE(1, 7, 43), -1, 1);
+    tr_tensor *plain = tr_module_forward(&e.ctx, m, x);
+    tr_set_grad_enabled(&e.ctx, false);
+    tr_tensor *fused = tr_module_forward(&e.ctx, m, x);
+    assert_non_null(plain);
+    assert_non_null(fused);
+    assert_null(fused->grad_fn);
+    assert_int_equal(fused->ndim, 2);
+    assert_int_equal(fused->shape[0], 1);
+    assert_int_equal(fused->shape[1], 7);
+    assert_close(fused, plain, NULL, 0.0, "batch-1 MLP", ONE_THREAD);
+    tr_free(plain);
+    tr_free(fused);
+    tr_free(x);
+    tr_module_free(m);
+    env_end(&e);
+  }
+}
+
+/* With two threads the first layer is split by rows (each output as on one thread) and the
+ * second's sums are added in two halves, so the result is the modules' within float
+ * rounding; and the same on every call. */
+static void batch1_mlp_on_two_threads_equals_the_modules(void **state) {
+  (void)state;
+  for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
+    run_env e;
+    env_begin(&e, mode, 9);
+    tr_module *m = odd_mlp_new(&e.ctx, 301, 257);
+    tr_tensor *x = tr_rand(&e.ctx, TR_F32, 2, SHAPE(1, 301), -1, 1);
+    tr_tensor *plain = tr_module_forward(&e.ctx, m, x);
+    tr_set_grad_enabled(&e.ctx, false);
+    tr_tensor *fused = tr_module_forward(&e.ctx, m, x), *again = tr_module_forward(&e.ctx, m, x);
+    assert_non_null(plain);
+    assert_non_null(fused);
+    assert_non_null(again);
+    assert_close(fused, plain, NULL, 1e-5, "batch-1 MLP", mode);
+    assert_close(again, fused, NULL, 0.0, "batch-1 MLP, second call", mode);
+    tr_free(plain);
+    tr_free(fused);
+    tr_free(again);
+    tr_free(x);
+    tr_module_free(m);
+    env_end(&e);
+  }
+}
+
+/* The fused MLP takes only what it can run: one example, contiguous float32, widths that
+ * chain, hidden widths it has room for. */
+static void batch1_mlp_fits_only_what_it_can_run(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 10);
+  tr_tensor *w1 = tr_rand(&ctx, TR_F32, 2, SHAPE(9, 6), -1, 1);
+  tr_tensor *w2 = tr_rand(&ctx, TR_F32, 2, SHAPE(4, 9), -1, 1);
+  tr_tensor *wide = tr_rand(&ctx, TR_F32, 2, SHAPE(TN_MLP_MAX_WIDTH + 1, 6), -1, 1);
+  tr_tensor *w2_wide = tr_rand(&ctx, TR_F32, 2, SHAPE(4, TN_MLP_MAX_WIDTH + 1), -1, 1);
+  tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(1, 6), -1, 1);
+  tr_tensor *x2 = tr_rand(&ctx, TR_F32, 2, SHAPE(2, 6), -1, 1);
+  tr_tensor *x3d = tr_rand(&ctx, TR_F32, 3, SHAPE(1, 2, 3), -1, 1);
+  tr_tensor *w1t_base = tr_rand(&ctx, TR_F32, 2, SHAPE(6, 9), -1, 1);
+  tr_tensor *w1t = tr_transpose(&ctx, w1t_base, 0, 1); /* (9, 6), not contiguous */
+  tn_mlp_layer two[2] = {{w1, NULL, true}, {w2, NULL, false}};
+  assert_true(tn_mlp_fits(x, false, two, 2));
+  assert_true(tn_mlp_fits(x3d, true, two, 2));
+  assert_false(tn_mlp_fits(x3d, false, two, 2));
+  assert_false(tn_mlp_fits(x2, false, two, 2));
+  assert_false(tn_mlp_fits(x, false, two, 0));
+  assert_false(tn_mlp_fits(x, false, (tn_mlp_layer[]){{w2, NULL, true}}, 1));
+  assert_false(tn_mlp_fits(x, false, (tn_mlp_layer[]){{w1, w1, true}}, 1));
+  assert_false(tn_mlp_fits(x, false, (tn_mlp_layer[]){{w1t, NULL, true}}, 1));
+  assert_true(tn_mlp_fits(x, false, (tn_mlp_layer[]){{wide, NULL, true}}, 1));
+  tn_mlp_layer too_wide[2] = {{wide, NULL, true}, {w2_wide, NULL, false}};
+  assert_false(tn_mlp_fits(x, false, too_wide, 2));
+  tr_free(w1t);
+  tr_free(w1t_base);
+  tr_free(x3d);
+  tr_free(x2);
+  tr_free(x);
+  tr_free(w2_wide);
+  tr_free(wide);
+  tr_free(w2);
+  tr_free(w1);
+}
+
+/* A linear layer without bias at batch 1 writes its output without reading it: a recycled
+ * block full of NaNs under it changes nothing. */
+static void batch1_linear_without_bias_ignores_what_its_buffer_held(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 11);
+  ctx.alloc = tr_allocator_new((size_t)1 << 24);
+  tr_tensor *w = tr_rand(&ctx, TR_F32, 2, SHAPE(13, 29), -1, 1);
+  tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(1, 29), -1, 1);
+  tr_tensor *nans = tr_full(&ctx, TR_F32, 2, SHAPE(1, 13), NAN);
+  tr_free(nans); /* its block goes back to the cache, NaNs and all */
+  tr_tensor *y = tr_linear(&ctx, x, w, NULL);
+  assert_non_null(y);
+  for (int64_t i = 0; i < y->numel; i++) assert_true(isfinite(tr_get(y, i)));
+  tr_free(y);
+  tr_free(x);
+  tr_free(w);
+  tr_allocator_release(ctx.alloc);
 }
 
 typedef struct {
@@ -403,6 +533,10 @@ int main(void) {
       cmocka_unit_test(split_linear_steps_match_one_thread),
       cmocka_unit_test(split_matrix_vector_is_identical_to_one_thread),
       cmocka_unit_test(fused_linear_relu_equals_the_modules),
+      cmocka_unit_test(batch1_mlp_on_one_thread_equals_the_modules_to_the_bit),
+      cmocka_unit_test(batch1_mlp_on_two_threads_equals_the_modules),
+      cmocka_unit_test(batch1_mlp_fits_only_what_it_can_run),
+      cmocka_unit_test(batch1_linear_without_bias_ignores_what_its_buffer_held),
       cmocka_unit_test(fused_conv_block_equals_the_modules_one_by_one),
       cmocka_unit_test(fused_conv_block_on_two_threads_equals_the_modules),
       cmocka_unit_test(conv_block_fits_only_what_it_can_run),

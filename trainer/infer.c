@@ -1,5 +1,5 @@
 /* infer: fused inference in no-grad mode for conv2d (stride 1) + ReLU + max pool, the
- * block small CNNs are made of, and for linear + ReLU.
+ * block small CNNs are made of, for linear + ReLU, and for a whole MLP at batch 1.
  *
  * The training path runs the three as separate ops, with an im2col per image whose rows are
  * OW values long (11 for the second layer of a 28x28 CNN): at batch 1 the short copies, the
@@ -17,6 +17,7 @@
  * applied per element in the same order (the window's first element, then any strictly
  * greater one in row-major order, as the pool kernel does). Only the convolution's sums may
  * round differently, since the GEMM has another shape. */
+#include <stdalign.h>
 #include <string.h>
 
 #include "trainer/infer.h"
@@ -274,5 +275,118 @@ tr_tensor *tn_linear_relu_infer(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tens
   tr_tensor *y = tr_linear(ctx, x, w, b);
   tr_set_grad_enabled(ctx, prev);
   if (y) relu_in_place(tr_f32(y), y->numel); /* contiguous: tr_linear made it */
+  return y;
+}
+
+/* ---------------------------------------------------------------- a batch-1 MLP */
+
+/* Batch-1 latency of a small MLP is a few microseconds of reading weights; the module path
+ * spent a third as much again on what surrounds it: a tensor header, storage and view per
+ * op, the flatten step, the bias copies. Here activations pass between layers in stack
+ * buffers, and only the output is a tensor. A layer is the module path's arithmetic: the
+ * bias copied in first, then tn_gemv adding each row's sum to it, then the ReLU.
+ *
+ * A first layer large enough to split (the 784x256 one: 0.8 MB, more than one core's L2
+ * holds) goes over ctx's threads in one job, each thread on the same rows every call, so
+ * that its share of the weights stays in its cache. That job also does the second layer's
+ * share that needs only those rows' outputs: block k of the first layer's rows [lo, hi)
+ * times the second's columns [lo, hi), a partial sum per output; the caller adds the
+ * partials in block order, after the bias. So the second layer is split too without a
+ * second hand-off, and each core keeps its columns of it in cache as well. With one block
+ * (one thread) that is the module path's sum exactly; with several, the second layer's
+ * sums are added in another order and may round differently (within float rounding), the
+ * first layer's are unchanged. */
+
+#define MLP_SPLIT_MIN ((int64_t)1 << 16) /* weights of a first layer worth splitting */
+#define MLP_PARTIAL_FLOATS 2048          /* stack room for the second layer's partials */
+
+static bool contig_f32(const tr_tensor *t) { return on_cpu_f32(t) && tr_is_contiguous(t); }
+
+bool tn_mlp_fits(const tr_tensor *x, bool flatten, const tn_mlp_layer *layers, int n) {
+  if (n < 1 || n > TN_MLP_MAX_LAYERS || !contig_f32(x) || x->ndim < 1 || x->shape[0] != 1)
+    return false;
+  int64_t width = flatten ? x->numel : x->shape[1];
+  if (!flatten && x->ndim != 2) return false;
+  for (int k = 0; k < n; k++) {
+    const tr_tensor *w = layers[k].w, *b = layers[k].b;
+    if (!contig_f32(w) || w->ndim != 2 || w->shape[1] != width) return false;
+    if (b && (!contig_f32(b) || b->ndim != 1 || b->shape[0] != w->shape[0])) return false;
+    width = w->shape[0];
+    if (k < n - 1 && width > TN_MLP_MAX_WIDTH) return false;
+  }
+  return true;
+}
+
+/* Rows [lo, hi) of y = relu?(W x + b), as the linear module then the ReLU module do them. */
+static void mlp_rows(const tr_ctx *ctx, const tn_mlp_layer *l, int64_t lo, int64_t hi,
+                     const float *x, float *y) {
+  int64_t in = l->w->shape[1];
+  if (l->b) memcpy(y + lo, tr_f32(l->b) + lo, sizeof(float) * (size_t)(hi - lo));
+  tn_gemv(ctx, TR_F32, hi - lo, in, tr_f32(l->w) + lo * in, in, x, l->b ? 1.0 : 0.0, y + lo);
+  if (l->relu) relu_in_place(y + lo, hi - lo);
+}
+
+/* The first two layers split in blocks (mlp_head_part's argument). */
+typedef struct {
+  const tr_ctx *ctx;
+  const tn_mlp_layer *first, *second;
+  const float *x;
+  float *hidden;  /* the first layer's output */
+  float *partial; /* (blocks, second's outputs): each block's share of the second's sums */
+  int blocks;
+} mlp_head_job;
+
+/* Blocks of this part: the first layer's rows of each block, then the second layer's
+ * partial sums over the same range of its inputs. */
+static void mlp_head_part(void *arg, int part, int parts) {
+  const mlp_head_job *j = arg;
+  int64_t mid = j->first->w->shape[0], out = j->second->w->shape[0], first_block, end_block;
+  tn_par_range(j->blocks, part, parts, &first_block, &end_block);
+  for (int64_t k = first_block; k < end_block; k++) {
+    int64_t lo, hi;
+    tn_par_range(mid, (int)k, j->blocks, &lo, &hi);
+    mlp_rows(j->ctx, j->first, lo, hi, j->x, j->hidden);
+    tn_gemv(j->ctx, TR_F32, out, hi - lo, tr_f32(j->second->w) + lo, mid, j->hidden + lo, 0.0,
+            j->partial + k * out);
+  }
+}
+
+/* y (n) = relu?(b + the blocks' partial sums, in block order). */
+static void sum_partials(const tn_mlp_layer *l, const float *partial, int blocks, float *y) {
+  int64_t n = l->w->shape[0];
+  const float *b = l->b ? tr_f32(l->b) : NULL;
+  for (int64_t i = 0; i < n; i++) y[i] = b ? b[i] + partial[i] : partial[i];
+  for (int k = 1; k < blocks; k++)
+    for (int64_t i = 0; i < n; i++) y[i] += partial[k * n + i];
+  if (l->relu) relu_in_place(y, n);
+}
+
+/* How many blocks the first two layers split into: 1 (no split) unless the first is large
+ * and ctx has threads, and the second layer's partials fit the stack room. */
+static int head_blocks(const tr_ctx *ctx, const tn_mlp_layer *layers, int n) {
+  if (n < 2 || layers[0].w->numel < MLP_SPLIT_MIN) return 1;
+  int parts = tn_par_parts(ctx);
+  return parts * layers[1].w->shape[0] <= MLP_PARTIAL_FLOATS ? parts : 1;
+}
+
+tr_tensor *tn_mlp_infer(tr_ctx *ctx, const tr_tensor *x, const tn_mlp_layer *layers, int n) {
+  alignas(64) float hidden[2][TN_MLP_MAX_WIDTH], partial[MLP_PARTIAL_FLOATS];
+  tr_tensor *y = tr_empty(ctx, TR_F32, 2, (int64_t[]){1, layers[n - 1].w->shape[0]});
+  if (!y) return NULL;
+  const float *in = tr_f32(x);
+  int k = 0, blocks = head_blocks(ctx, layers, n);
+  if (blocks > 1) { /* layers 0 and 1, writing hidden[0] and hidden[1] (or y) as below */
+    float *second_out = n == 2 ? tr_f32(y) : hidden[1];
+    mlp_head_job job = {ctx, &layers[0], &layers[1], in, hidden[0], partial, blocks};
+    tn_par_run(ctx, mlp_head_part, &job);
+    sum_partials(&layers[1], partial, blocks, second_out);
+    in = second_out;
+    k = 2;
+  }
+  for (; k < n; k++) { /* layer k writes hidden[k % 2], the last one y */
+    float *out = k == n - 1 ? tr_f32(y) : hidden[k % 2];
+    mlp_rows(ctx, &layers[k], 0, layers[k].w->shape[0], in, out);
+    in = out;
+  }
   return y;
 }

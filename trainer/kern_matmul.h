@@ -2,7 +2,8 @@
  *
  * Batch-1 inference is y = W x with W (m, n) row-major: memory-bound, since every weight is
  * read once. Four rows at a time share each load of x and keep four independent sums in
- * flight; on AVX-512 this reads W about a third faster than OpenBLAS 0.3.21's sgemv here. */
+ * flight; on AVX-512 this reads W about a third faster than OpenBLAS 0.3.21's sgemv here.
+ * beta 0 does not read y, as in BLAS: y may hold anything before, even NaNs. */
 TR_KERNEL static void S(gemv_rows)(int64_t m, int64_t n, const void *av, int64_t lda,
                                    const void *xv, double beta, void *yv) {
   const T *a = av, *x = xv;
@@ -20,16 +21,16 @@ TR_KERNEL static void S(gemv_rows)(int64_t m, int64_t n, const void *av, int64_t
       s2 += a2[j] * v;
       s3 += a3[j] * v;
     }
-    y[i] = keep * y[i] + s0;
-    y[i + 1] = keep * y[i + 1] + s1;
-    y[i + 2] = keep * y[i + 2] + s2;
-    y[i + 3] = keep * y[i + 3] + s3;
+    y[i] = beta != 0 ? keep * y[i] + s0 : s0;
+    y[i + 1] = beta != 0 ? keep * y[i + 1] + s1 : s1;
+    y[i + 2] = beta != 0 ? keep * y[i + 2] + s2 : s2;
+    y[i + 3] = beta != 0 ? keep * y[i + 3] + s3 : s3;
   }
   for (; i < m; i++) {
     const T *ai = a + i * lda;
     T s = 0;
 #pragma omp simd reduction(+ : s)
     for (int64_t j = 0; j < n; j++) s += ai[j] * x[j];
-    y[i] = keep * y[i] + s;
+    y[i] = beta != 0 ? keep * y[i] + s : s;
   }
 }

@@ -160,13 +160,40 @@ void tr_module_free(tr_module *m) {
 
 /* ---------------------------------------------------------------- forward */
 
+/* Children i.. of seq as an MLP run for tn_mlp_infer: an optional flatten, then linear
+ * layers, each optionally followed by a ReLU. Fills layers (*n of them) and *flatten;
+ * returns how many children the run spans (0: it has no linear layer). */
+static size_t mlp_run(const tr_module *seq, size_t i, bool *flatten, tn_mlp_layer *layers,
+                      int *n) {
+  size_t at = i;
+  *flatten = at < seq->n_children && seq->children[at]->kind == TR_FLATTEN;
+  at += *flatten;
+  for (*n = 0; *n < TN_MLP_MAX_LAYERS && at < seq->n_children; (*n)++) {
+    const tr_module *lin = seq->children[at];
+    if (lin->kind != TR_LINEAR) break;
+    bool relu = at + 1 < seq->n_children && seq->children[at + 1]->kind == TR_RELU;
+    layers[*n] = (tn_mlp_layer){lin->weight, lin->bias, relu};
+    at += 1 + relu;
+  }
+  return *n ? at - i : 0;
+}
+
 /* No-grad mode: children i.. of seq as one fused inference step where infer.c has one
- * (conv2d, then optionally ReLU, then optionally a max pool; linear then ReLU), else child i
- * alone. *used gets how many children ran. A fused step computes the same function. */
+ * (at batch 1, a run of [flatten] linear [ReLU] ...; conv2d, then optionally ReLU, then
+ * optionally a max pool; linear then ReLU), else child i alone. *used gets how many
+ * children ran. A fused step computes the same function. */
 static tr_tensor *inference_forward(tr_ctx *ctx, const tr_module *seq, size_t i, tr_tensor *x,
                                     size_t *used) {
   tr_module *const *c = seq->children + i;
   size_t left = seq->n_children - i;
+  tn_mlp_layer layers[TN_MLP_MAX_LAYERS];
+  bool flatten;
+  int n;
+  size_t span = mlp_run(seq, i, &flatten, layers, &n);
+  if (span && tn_mlp_fits(x, flatten, layers, n)) {
+    *used = span;
+    return tn_mlp_infer(ctx, x, layers, n);
+  }
   *used = 1;
   if (c[0]->kind == TR_CONV2D) {
     bool relu = left > 1 && c[1]->kind == TR_RELU;
