@@ -240,6 +240,70 @@ static void split_linear_steps_match_one_thread(void **state) {
   for (int i = 0; i < STEP_OUTPUTS; i++) tr_free(one[i]);
 }
 
+enum { MLP_OUTPUTS = 4 };
+
+/* Two SGD steps of linear 300->97, ReLU, linear 97->130, ReLU, cross-entropy at `batch`
+ * with the engine's threads in `mode`; out gets dx, dW2, db2 and W2 after the steps. At
+ * batch 127 the ReLUs (127x97, 127x130), the bias gradient of 130 columns and the update of
+ * W2 (12 610 elements) are big enough to be split over the pool; at 1 and 3 they are not. */
+static void mlp_steps_in(thread_mode mode, int64_t batch, tr_tensor **out) {
+  run_env e;
+  env_begin(&e, mode, 3);
+  tr_module *m = tr_sequential_new(&e.ctx);
+  assert_int_equal(tr_sequential_add(&e.ctx, m, tr_linear_new(&e.ctx, 300, 97, true)), NAS_OK);
+  assert_int_equal(tr_sequential_add(&e.ctx, m, tr_activation_new(&e.ctx, TR_RELU)), NAS_OK);
+  assert_int_equal(tr_sequential_add(&e.ctx, m, tr_linear_new(&e.ctx, 97, 130, true)), NAS_OK);
+  assert_int_equal(tr_sequential_add(&e.ctx, m, tr_activation_new(&e.ctx, TR_RELU)), NAS_OK);
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(m, false, &ps, &e.ctx.err), NAS_OK);
+  tr_optim_config sgd = {.kind = TR_SGD, .lr = 0.1, .momentum = 0.9};
+  tr_optim *opt = tr_optim_new(&e.ctx, &sgd, ps.items, ps.n);
+  tr_tensor *x = tr_rand(&e.ctx, TR_F32, 2, SHAPE(batch, 300), -1, 1);
+  int32_t labels[127];
+  for (int64_t r = 0; r < batch; r++) labels[r] = (int32_t)(r * 37 % 130);
+  tr_set_requires_grad(x, true);
+  for (int step = 0; step < 2; step++) {
+    tr_optim_zero_grad(opt);
+    tr_tensor *y = tr_module_forward(&e.ctx, m, x);
+    tr_tensor *loss = y ? tr_cross_entropy(&e.ctx, y, labels) : NULL;
+    assert_non_null(loss);
+    assert_int_equal(tr_backward(&e.ctx, loss, NULL, false), NAS_OK);
+    assert_int_equal(tr_optim_step(&e.ctx, opt), NAS_OK);
+    tr_free(loss);
+    tr_free(y);
+  }
+  out[0] = tr_retain(x->grad);
+  out[1] = tr_retain(ps.items[2]->grad);
+  out[2] = tr_retain(ps.items[3]->grad);
+  out[3] = tr_detach(&e.ctx, ps.items[2]);
+  tr_optim_free(opt);
+  tr_free(x);
+  tr_param_list_free(&ps);
+  tr_module_free(m);
+  env_end(&e);
+}
+
+static void split_mlp_steps_with_relu_match_one_thread(void **state) {
+  (void)state;
+  static const char *names[MLP_OUTPUTS] = {"dx", "dW2", "db2", "W2 after two steps"};
+  static const int64_t batches[] = {1, 3, 127};
+  for (size_t b = 0; b < sizeof batches / sizeof *batches; b++) {
+    tr_tensor *one[MLP_OUTPUTS] = {0};
+    mlp_steps_in(ONE_THREAD, batches[b], one);
+    for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
+      tr_tensor *split[MLP_OUTPUTS] = {0};
+      mlp_steps_in(mode, batches[b], split);
+      for (int i = 0; i < MLP_OUTPUTS; i++) {
+        /* sums of at most 300 products of values below 1 in size; a ReLU mask may flip only
+         * where a pre-activation rounds across 0, which these tolerances absorb */
+        assert_close(split[i], one[i], NULL, 300 * 1e-6, names[i], mode);
+        tr_free(split[i]);
+      }
+    }
+    for (int i = 0; i < MLP_OUTPUTS; i++) tr_free(one[i]);
+  }
+}
+
 static tr_module *mlp_new(tr_ctx *ctx, int64_t in, int64_t hidden) {
   tr_module *m = tr_sequential_new(ctx);
   assert_int_equal(tr_sequential_add(ctx, m, tr_linear_new(ctx, in, hidden, true)), NAS_OK);
@@ -531,6 +595,7 @@ int main(void) {
       cmocka_unit_test(threadpool_refuses_a_count_out_of_range),
       cmocka_unit_test(split_gemm_matches_one_call_in_every_layout),
       cmocka_unit_test(split_linear_steps_match_one_thread),
+      cmocka_unit_test(split_mlp_steps_with_relu_match_one_thread),
       cmocka_unit_test(split_matrix_vector_is_identical_to_one_thread),
       cmocka_unit_test(fused_linear_relu_equals_the_modules),
       cmocka_unit_test(batch1_mlp_on_one_thread_equals_the_modules_to_the_bit),

@@ -86,6 +86,12 @@ static tr_tensor *state_of(tr_ctx *ctx, tr_optim *opt, size_t i, int k) {
   return *slot;
 }
 
+/* Parameters of this many elements on are updated on the engine's pool: a hand-off costs
+ * about a microsecond, SGD with momentum of a 256x128 weight several on one thread. At
+ * TR_PAR_MIN (the OpenMP loops' bound, used here before) the MLP's 256x128 weight stayed
+ * on the caller while the worker waited (perf: the caller did 3x the worker's updates). */
+#define OPTIM_SPLIT_MIN 8192
+
 /* One parameter's update (update_part's argument): the tensors' data, state NULL where
  * the method has none (SGD without momentum: both; SGD: v). */
 typedef struct {
@@ -127,9 +133,10 @@ static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double b
   if ((momentum && !m) || (adam && !v)) return NAS_ERR;
   update_job job = {c,          p->dtype, p->numel, tr_data(p), m ? tr_data(m) : NULL,
                     v ? tr_data(v) : NULL, tr_data(g), bc1, bc2};
-  /* With the engine's own pool, large parameters are split over it (the kernels' OpenMP
-   * loops then run on one thread); without, those loops use OpenMP's threads. */
-  if (ctx->threads && p->numel > TR_PAR_MIN)
+  /* With the engine's own pool, parameters from OPTIM_SPLIT_MIN elements on are split over
+   * it (the kernels' OpenMP loops then run on one thread); without, those loops use
+   * OpenMP's threads. */
+  if (ctx->threads && p->numel >= OPTIM_SPLIT_MIN)
     tn_par_run(ctx, update_part, &job);
   else
     update_part(&job, 0, 1);
