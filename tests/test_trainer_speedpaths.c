@@ -10,6 +10,7 @@
 #include <cblas.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdatomic.h>
 
 #include "trainer/infer.h"
@@ -86,6 +87,31 @@ static void pool_runs_every_part_of_every_job_once(void **state) {
       assert_int_equal(atomic_load(&c.bad_parts), 0);
       if (job % 5000 == 4999) usleep(20000); /* long enough for idle workers to sleep */
     }
+    env_end(&e);
+  }
+}
+
+/* Part 0 of every job runs on the thread that called tn_par_run (infer.c gives it a larger
+ * share, since it starts first), in every mode. */
+typedef struct {
+  pthread_t caller;
+  _Atomic int elsewhere; /* jobs whose part 0 ran on another thread */
+} part_zero_check;
+
+static void note_part_zero(void *arg, int part, int parts) {
+  (void)parts;
+  part_zero_check *c = arg;
+  if (part == 0 && !pthread_equal(pthread_self(), c->caller)) atomic_fetch_add(&c->elsewhere, 1);
+}
+
+static void part_zero_runs_on_the_calling_thread(void **state) {
+  (void)state;
+  for (thread_mode mode = ONE_THREAD; mode <= POOL; mode++) {
+    run_env e;
+    env_begin(&e, mode, 1);
+    part_zero_check c = {.caller = pthread_self()};
+    for (int job = 0; job < 2000; job++) tn_par_run(&e.ctx, note_part_zero, &c);
+    assert_int_equal(atomic_load(&c.elsewhere), 0);
     env_end(&e);
   }
 }
@@ -591,6 +617,7 @@ static void conv_block_fits_only_what_it_can_run(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(pool_runs_every_part_of_every_job_once),
+      cmocka_unit_test(part_zero_runs_on_the_calling_thread),
       cmocka_unit_test(pool_job_inside_a_pool_job_runs_inline),
       cmocka_unit_test(threadpool_refuses_a_count_out_of_range),
       cmocka_unit_test(split_gemm_matches_one_call_in_every_layout),

@@ -208,7 +208,8 @@ int tn_par_threads(void);
  * when OpenBLAS runs on several threads. */
 int tn_par_parts(const tr_ctx *ctx);
 /* fn(arg, part, parts) for each part in [0, tn_par_parts(ctx)), on ctx's pool, OpenMP's
- * threads, or (one part) the caller's; returns when all are done (par.c). */
+ * threads, or (one part) the caller's; returns when all are done (par.c). Part 0 always
+ * runs on the calling thread, first. */
 void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), void *arg);
 /* The range [lo, hi) of `part` of `parts` over n items: near-even parts that start at
  * multiples of 16 (a cache line of floats) when n allows, so that parts start aligned and
