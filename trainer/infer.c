@@ -302,7 +302,8 @@ tr_tensor *tn_linear_relu_infer(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tens
  * Block 0 is the caller's part, which starts before any worker: a worker sees the job one
  * cache-line transfer later and reads its argument with another (0.3-0.4 us together here,
  * a tenth of a 784x128 half). So block 0 takes HEAD_LEAD rows more than an even share, from
- * block 1 (measured here: p50 6.6 -> 6.3 us; 32 rows was no better than 16). */
+ * block 1 (bench_engine here: MLP p50 6.05-6.3 us without the lead, 5.6-6.1 with it; 32
+ * rows was no better than 16). */
 
 #define MLP_SPLIT_MIN ((int64_t)1 << 16) /* weights of a first layer worth splitting */
 #define MLP_PARTIAL_FLOATS 2048          /* stack room for the second layer's partials */
@@ -334,12 +335,13 @@ TR_KERNEL static void add_bias_relu(float *y, const float *b, int64_t n, bool re
   if (relu) relu_in_place(y, n);
 }
 
-/* Rows [lo, hi) of y = relu?(W x + b), as the linear module then the ReLU module do them. */
+/* Rows [lo, hi) of relu?(W x + b) into y[0, hi - lo), as the linear module then the ReLU
+ * module do them. */
 static void mlp_rows(const tr_ctx *ctx, const tn_mlp_layer *l, int64_t lo, int64_t hi,
                      const float *x, float *y) {
   int64_t in = l->w->shape[1];
-  tn_gemv(ctx, TR_F32, hi - lo, in, tr_f32(l->w) + lo * in, in, x, 0.0, y + lo);
-  add_bias_relu(y + lo, l->b ? tr_f32(l->b) + lo : NULL, hi - lo, l->relu);
+  tn_gemv(ctx, TR_F32, hi - lo, in, tr_f32(l->w) + lo * in, in, x, 0.0, y);
+  add_bias_relu(y, l->b ? tr_f32(l->b) + lo : NULL, hi - lo, l->relu);
 }
 
 /* The first two layers split in blocks (mlp_head_part's argument). */
@@ -347,7 +349,6 @@ typedef struct {
   const tr_ctx *ctx;
   const tn_mlp_layer *first, *second;
   const float *x;
-  float *hidden;  /* the first layer's output */
   float *partial; /* (blocks, second's outputs): each block's share of the second's sums */
   int blocks;
 } mlp_head_job;
@@ -365,27 +366,39 @@ static void head_block_rows(int64_t rows, int k, int blocks, int64_t *lo, int64_
 }
 
 /* Blocks of this part: the first layer's rows of each block, then the second layer's
- * partial sums over the same range of its inputs. */
+ * partial sums over the same range of its inputs. The first layer's outputs stay on this
+ * thread's stack: only the partial sums go to the caller (writing the caller's stack
+ * would make this core fetch lines the caller wrote since). */
 static void mlp_head_part(void *arg, int part, int parts) {
   const mlp_head_job *j = arg;
+  alignas(64) float hidden[TN_MLP_MAX_WIDTH];
   int64_t mid = j->first->w->shape[0], out = j->second->w->shape[0], first_block, end_block;
   tn_par_range(j->blocks, part, parts, &first_block, &end_block);
   for (int64_t k = first_block; k < end_block; k++) {
     int64_t lo, hi;
     head_block_rows(mid, (int)k, j->blocks, &lo, &hi);
-    mlp_rows(j->ctx, j->first, lo, hi, j->x, j->hidden);
-    tn_gemv(j->ctx, TR_F32, out, hi - lo, tr_f32(j->second->w) + lo, mid, j->hidden + lo, 0.0,
+    mlp_rows(j->ctx, j->first, lo, hi, j->x, hidden);
+    tn_gemv(j->ctx, TR_F32, out, hi - lo, tr_f32(j->second->w) + lo, mid, hidden, 0.0,
             j->partial + k * out);
   }
 }
 
 /* y (n) = relu?(b + the blocks' partial sums, in block order). */
-static void sum_partials(const tn_mlp_layer *l, const float *partial, int blocks, float *y) {
+TR_KERNEL static void sum_partials(const tn_mlp_layer *l, const float *partial, int blocks,
+                                   float *y) {
   int64_t n = l->w->shape[0];
   const float *b = l->b ? tr_f32(l->b) : NULL;
-  for (int64_t i = 0; i < n; i++) y[i] = b ? b[i] + partial[i] : partial[i];
-  for (int k = 1; k < blocks; k++)
-    for (int64_t i = 0; i < n; i++) y[i] += partial[k * n + i];
+  if (b) {
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] = b[i] + partial[i];
+  } else {
+    memcpy(y, partial, sizeof(float) * (size_t)n);
+  }
+  for (int k = 1; k < blocks; k++) {
+    const float *p = partial + k * n;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) y[i] += p[i];
+  }
   if (l->relu) relu_in_place(y, n);
 }
 
@@ -403,9 +416,9 @@ tr_tensor *tn_mlp_infer(tr_ctx *ctx, const tr_tensor *x, const tn_mlp_layer *lay
   if (!y) return NULL;
   const float *in = tr_f32(x);
   int k = 0, blocks = head_blocks(ctx, layers, n);
-  if (blocks > 1) { /* layers 0 and 1, writing hidden[0] and hidden[1] (or y) as below */
+  if (blocks > 1) { /* layers 0 and 1, writing hidden[1] (or y) as below */
     float *second_out = n == 2 ? tr_f32(y) : hidden[1];
-    mlp_head_job job = {ctx, &layers[0], &layers[1], in, hidden[0], partial, blocks};
+    mlp_head_job job = {ctx, &layers[0], &layers[1], in, partial, blocks};
     tn_par_run(ctx, mlp_head_part, &job);
     sum_partials(&layers[1], partial, blocks, second_out);
     in = second_out;
