@@ -48,8 +48,12 @@ higher = {"mlp_train_samples_per_s", "cnn_train_samples_per_s",
           "mlp_train_samples_per_cpu_s", "cnn_train_samples_per_cpu_s"}
 lower = {"mlp_infer_p50_us", "mlp_infer_p99_us", "cnn_infer_p50_us", "cnn_infer_p99_us"}
 rows = {}  # key -> label -> best value over the rounds
+trips = []  # every cross-core round trip the engine runs measured, in order
 for line in open(sys.argv[1]):
     label, key, value = line.split()
+    if key == "core_round_trip_ns":
+        trips.append(float(value))
+        continue
     if key == "torch_version" or key == "openblas_threads":
         continue
     old = rows.setdefault(key, {}).get(label)
@@ -84,6 +88,10 @@ print(f"- machine sgemm rate (best OpenBLAS 1024^3 of any configuration): {ceili
 (e, el) = max((float(v), l) for l, v in rows["sgemm_engine_gflops"].items())
 (o, ol) = max((float(v), l) for l, v in rows["sgemm_openblas_gflops"].items())
 print(f"- matmul: tr_matmul best {e:.1f} GFLOP/s ({el}) = {e / o:.3f} of OpenBLAS best {o:.1f} ({ol})")
+if trips:
+    print(f"- cross-core round trip at the start and end of each engine run (ns, in order): "
+          + " ".join(f"{t:.0f}" for t in trips)
+          + " (two-thread numbers follow it: ~75 ns while the vCPUs share a cache, 400-500 when not)")
 for l in labels:
     if not l.startswith("engine"):
         continue
