@@ -139,7 +139,7 @@ static int run_batch(run_state *r, const problem *p, size_t q, nas_err *err) {
   observation obs[BUDGET];
   for (size_t i = 0; i < r->n; i++) obs[i] = (observation){r->params[i], r->Y + i * p->m, NULL};
   json_t *out[BUDGET];
-  if (optimizer_suggest(r->opt, obs, r->n, NULL, 0, q, (int)r->n, out, err) < 0) return NAS_ERR;
+  if (optimizer_suggest(r->opt, obs, r->n, NULL, 0, q, (int)r->n, out, NULL, err) < 0) return NAS_ERR;
   for (size_t i = 0; i < q; i++) {
     evaluate(p, out[i], r->Y + r->n * p->m);
     r->params[r->n++] = out[i];
@@ -242,7 +242,7 @@ static double time_suggestion(size_t n, long seed, double *cpu, nas_err *err) {
   }
   json_t *out[1];
   double t0 = nas_monotonic(), c0 = cpu_seconds();
-  if (optimizer_suggest(r.opt, obs, n, NULL, 0, 1, (int)n, out, err) == NAS_OK) {
+  if (optimizer_suggest(r.opt, obs, n, NULL, 0, 1, (int)n, out, NULL, err) == NAS_OK) {
     elapsed = nas_monotonic() - t0;
     *cpu = cpu_seconds() - c0;
     json_decref(out[0]);

@@ -142,7 +142,7 @@ static double throughput(bench *b, int writers, int batch) {
   check(storage_experiment_create(st, "bench", "x", "/x", "/r", &experiment, &err), &err);
   for (int i = 0; i < writers; i++) {
     trial_row t;
-    check(storage_trial_create(st, experiment, "{}", &t, &err), &err);
+    check(storage_trial_create(st, experiment, "{}", NULL, &t, &err), &err);
     check(storage_trial_start(st, t.id, "bench", &err), &err);
     trials[i] = t.id;
     trial_row_clear(&t);
@@ -201,7 +201,7 @@ static latency claim_latency(bench *b, int claimers, int queued) {
   check(storage_experiment_create(st, "bench", "x", "/x", "/r", &experiment, &err), &err);
   for (int i = 0; i < queued; i++) {
     trial_row t;
-    check(storage_trial_create(st, experiment, "{}", &t, &err), &err);
+    check(storage_trial_create(st, experiment, "{}", NULL, &t, &err), &err);
     trial_row_clear(&t);
   }
   storage_close(st);

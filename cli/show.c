@@ -60,9 +60,33 @@ static const char trials_help[] =
     "usage: nas trials EXPERIMENT [--format table|csv|json] [--storage URL]\n\n"
     "Lists every trial of EXPERIMENT: number, status, one column per parameter and per\n"
     "metric (named as in the spec; empty where inactive or never reported), and the error\n"
-    "of failed trials. Numbers are exact in csv and json.\n";
+    "of failed trials. With several objectives, also the reference point the optimizer\n"
+    "aimed the trial's hypervolume improvement at when it suggested it (empty for initial\n"
+    "design points and optimizers without one). Numbers are exact in csv and json.\n";
 
-static int add_trial_row(cli_table *t, const spec *s, const sched_results *r, size_t i) {
+/* The recorded reference point (a JSON object of objective → value): the object itself in
+ * JSON, else "name=value, …" in the spec's objective order (6 significant digits in a
+ * table, exact in CSV); null when none was recorded. */
+static json_t *reference_cell(const spec *s, const char *reference_json, out_format format) {
+  json_t *ref = reference_json ? json_loads(reference_json, 0, NULL) : NULL;
+  if (!ref || format == FORMAT_JSON) return ref ? ref : json_null();
+  char *text = strdup("");
+  for (size_t j = 0; text && j < s->n_objectives; j++) {
+    const char *name = s->objectives[j].name;
+    double v = json_number_value(json_object_get(ref, name));
+    char *next = nas_asprintf("%s%s%s=%.*g", text, j ? ", " : "", name,
+                              format == FORMAT_TABLE ? 6 : 17, v);
+    free(text);
+    text = next;
+  }
+  json_decref(ref);
+  json_t *cell = text ? json_string(text) : json_null();
+  free(text);
+  return cell;
+}
+
+static int add_trial_row(cli_table *t, const spec *s, const sched_results *r, size_t i,
+                         out_format format) {
   const trial_row *row = &r->trials[i];
   json_t *params = json_loads(row->params_json, 0, NULL);
   json_t *cells = json_array();
@@ -72,6 +96,8 @@ static int add_trial_row(cli_table *t, const spec *s, const sched_results *r, si
     json_array_append_new(cells, param_cell(params, s->params[p].name));
   for (size_t m = 0; m < r->n_metrics; m++)
     json_array_append_new(cells, number_cell(r->values[i * r->n_metrics + m]));
+  if (s->n_objectives > 1)
+    json_array_append_new(cells, reference_cell(s, row->reference_json, format));
   json_array_append_new(cells, row->error ? json_string(row->error) : json_null());
   json_decref(params);
   return cli_table_add_row(t, cells);
@@ -85,8 +111,10 @@ static int print_trials(const spec *s, const sched_results *r, out_format format
     rc = cli_table_add_column(&t, s->params[p].name);
   for (size_t m = 0; rc == NAS_OK && m < r->n_metrics; m++)
     rc = cli_table_add_column(&t, r->metric_names[m]);
+  if (rc == NAS_OK && s->n_objectives > 1) rc = cli_table_add_column(&t, "reference");
   if (rc == NAS_OK) rc = cli_table_add_column(&t, "error");
-  for (size_t i = 0; rc == NAS_OK && i < r->n_trials; i++) rc = add_trial_row(&t, s, r, i);
+  for (size_t i = 0; rc == NAS_OK && i < r->n_trials; i++)
+    rc = add_trial_row(&t, s, r, i, format);
   if (rc == NAS_OK) cli_table_print(&t, format);
   cli_table_free(&t);
   return rc;

@@ -11,10 +11,12 @@ typedef struct optimizer_backend {
    * backend's state in *state. The space is borrowed and outlives the state. */
   int (*create)(const space *sp, const json_t *options, void **state, nas_err *err);
   void (*free)(void *state);
-  /* As optimizer_suggest; out[0..n-1] receive owned JSON objects. */
+  /* As optimizer_suggest; out[0..n-1] receive owned JSON objects; refs is NULL or filled
+   * with NaN already, and the backend writes the rows of the suggestions that aimed at a
+   * reference point. */
   int (*suggest)(void *state, const observation *obs, size_t n_obs,
                  const json_t *const *pending, size_t n_pending, size_t n, int first_number,
-                 json_t **out, nas_err *err);
+                 json_t **out, double *refs, nas_err *err);
 } optimizer_backend;
 
 extern const optimizer_backend optimizer_random_backend;

@@ -423,13 +423,17 @@ static void draw_weights(long seed, int number, size_t m, double *w) {
   gsl_rng_free(rng);
 }
 
+/* The MC acquisition of one pick; ref_out (NULL: not wanted) gets the reference point its
+ * hypervolume improvement is measured against. */
 static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, int number,
-                   bo_acq *a, nas_err *err) {
+                   bo_acq *a, double *ref_out, nas_err *err) {
   const spec *s = space_spec(st->sp);
   acq_models m = {.n_obj = md->m, .n_con = md->c, .obj = md->obj, .con = md->con};
   size_t nb = 0;
   double weights[md->m], ref[md->m];
   if (pick_reference(d, s, md, ref, err) != NAS_OK) return NAS_ERR;
+  /* ParEGO's scalarisations ignore the reference point */
+  if (ref_out && md->m <= max_hvi_objectives) memcpy(ref_out, ref, md->m * sizeof *ref);
   double *B = mc_baseline(d, &m, st->max_baseline, &nb, err);
   if (!B) return NAS_ERR;
   draw_weights(s->seed, number, md->m, weights);
@@ -468,8 +472,9 @@ static double *front_centres(const bo_data *d, size_t *n) {
   return Xc;
 }
 
+/* The next point x by the acquisition; ref_out as make_mc's (untouched by LogEI). */
 static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int number,
-                taken_set *taken, double *x, nas_err *err) {
+                taken_set *taken, double *x, double *ref_out, nas_err *err) {
   const spec *s = space_spec(st->sp);
   bo_acq a = {0};
   /* One objective with pending points goes through the MC path too: its one-objective
@@ -477,7 +482,7 @@ static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int n
    * noisy EI that integrates over the pending outcomes (fantasising them at their
    * posterior mean instead let single-objective batches cluster on one spot). */
   int rc = md->m == 1 && d->np == 0 ? make_logei(d, md, &a, err)
-                                    : make_mc(st, d, md, number, &a, err);
+                                    : make_mc(st, d, md, number, &a, ref_out, err);
   size_t n_centres = 0;
   double *centres = rc == NAS_OK ? front_centres(d, &n_centres) : NULL;
   if (rc == NAS_OK && !centres) rc = nas_errf(err, "optimizer gp: out of memory");
@@ -521,7 +526,7 @@ static int design_pick(const gp_state *st, int number, taken_set *taken, double 
 
 static int gp_suggest(void *state, const observation *obs, size_t n_obs,
                       const json_t *const *pending, size_t n_pending, size_t n, int first_number,
-                      json_t **out, nas_err *err) {
+                      json_t **out, double *refs, nas_err *err) {
   const gp_state *st = state;
   bo_data d;
   bo_models md = {0};
@@ -536,7 +541,8 @@ static int gp_suggest(void *state, const observation *obs, size_t n_obs,
               d.dim > 0; /* nothing to model in a space of fixed parameters only */
     if (bo && !fitted) rc = fit_models(st, &d, first_number, &md, err);
     fitted = fitted || bo;
-    if (rc == NAS_OK) rc = bo ? pick(st, &d, &md, number, taken, x, err)
+    double *ref = refs && d.m > 1 ? refs + i * d.m : NULL; /* one objective: none */
+    if (rc == NAS_OK) rc = bo ? pick(st, &d, &md, number, taken, x, ref, err)
                               : design_pick(st, number, taken, x, err);
     if (rc == NAS_OK) rc = space_decode(st->sp, x, &out[i], err);
     d.np++;

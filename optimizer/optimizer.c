@@ -6,6 +6,7 @@
  * (non-negative trial numbers, objects for every assignment, non-NULL arrays where counts
  * are positive), and after a failed suggest every out[i] is NULL. */
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -145,13 +146,14 @@ static int check_suggest_args(const optimizer *opt, const observation *obs, size
 
 int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
                       const json_t *const *pending, size_t n_pending, size_t n,
-                      int first_number, json_t **out, nas_err *err) {
+                      int first_number, json_t **out, double *refs, nas_err *err) {
   if (n == 0) return 0;
   if (check_suggest_args(opt, obs, n_obs, pending, n_pending, n, first_number, out, err) < 0)
     return NAS_ERR;
   for (size_t i = 0; i < n; i++) out[i] = NULL;
+  for (size_t i = 0; refs && i < n * opt->s->n_objectives; i++) refs[i] = NAN;
   int rc = opt->backend->suggest(opt->state, obs, n_obs, pending, n_pending, n, first_number,
-                                 out, err);
+                                 out, refs, err);
   for (size_t i = 0; rc == 0 && i < n; i++)
     if (!out[i]) rc = nas_errf(err, "optimizer %s: suggestion %zu missing", opt->backend->type, i);
   if (rc < 0) {

@@ -71,11 +71,15 @@ void optimizer_free(optimizer *opt);
 /* Suggests n assignments (owned JSON objects written to out[0..n-1]) given completed
  * observations and the parameters of pending (queued or running) trials, which it must
  * not propose again. first_number is the trial number the first suggestion will get; it
- * seeds the randomness together with spec.seed. Returns NAS_ENOTFOUND when the space has
- * no n assignments left that are neither observed nor pending (a finite space used up). */
+ * seeds the randomness together with spec.seed. refs (NULL: not wanted) gets n rows of
+ * spec.n_objectives values: the reference point each suggestion's hypervolume improvement
+ * was measured against (minimisation convention, as reference_point), NaN where it was
+ * measured against none (an initial design point, one objective, another optimizer).
+ * Returns NAS_ENOTFOUND when the space has no n assignments left that are neither observed
+ * nor pending (a finite space used up). */
 int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
                       const json_t *const *pending, size_t n_pending, size_t n,
-                      int first_number, json_t **out, nas_err *err);
+                      int first_number, json_t **out, double *refs, nas_err *err);
 
 /* ---- fronts and hypervolume ------------------------------------------------------------
  * Y is n×m, row-major, every objective to be minimised. */

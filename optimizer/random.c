@@ -25,7 +25,8 @@ static void random_free(void *state) { free(state); }
 
 static int random_suggest(void *state, const observation *obs, size_t n_obs,
                           const json_t *const *pending, size_t n_pending, size_t n,
-                          int first_number, json_t **out, nas_err *err) {
+                          int first_number, json_t **out, double *refs, nas_err *err) {
+  (void)refs; /* random search aims at no reference point */
   const random_state *rs = state;
   return taken_suggest(rs->sp, space_spec(rs->sp)->seed, obs, n_obs, pending, n_pending, n,
                        first_number, NULL, out, err);

@@ -45,7 +45,8 @@ static int sobol_candidates(const space *sp, size_t first, size_t n, double **ou
 
 static int sobol_suggest(void *state, const observation *obs, size_t n_obs,
                          const json_t *const *pending, size_t n_pending, size_t n, int first_number,
-                         json_t **out, nas_err *err) {
+                         json_t **out, double *refs, nas_err *err) {
+  (void)refs; /* a design aims at no reference point */
   const sobol_state *ss = state;
   double *candidates;
   if (sobol_candidates(ss->sp, (size_t)first_number, n, &candidates, err) < 0) return NAS_ERR;

@@ -348,26 +348,51 @@ static int history_load(sched *sc, history *h, nas_err *err) {
   return NAS_OK;
 }
 
-/* Asks the optimizer for n trials and stores them queued; *rows gets them (owned). */
+/* The reference point ref (minimisation convention) as the trial records it: a JSON object
+ * of objective name → value in the objective's own direction; NULL text when ref is NaN
+ * (no reference). *text is owned; false when out of memory. */
+static bool reference_text(const spec *s, const double *ref, char **text) {
+  *text = NULL;
+  if (isnan(ref[0])) return true;
+  json_t *obj = json_object();
+  for (size_t j = 0; obj && j < s->n_objectives; j++) {
+    double raw = s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j];
+    if (json_object_set_new(obj, s->objectives[j].name, json_real(raw)) != 0) {
+      json_decref(obj);
+      obj = NULL;
+    }
+  }
+  *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
+  json_decref(obj);
+  return *text != NULL;
+}
+
+/* Asks the optimizer for n trials and stores them queued, each with the reference point
+ * it aimed at; *rows gets them (owned). */
 static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
   history h;
   if (history_load(sc, &h, err) != NAS_OK) return NAS_ERR;
+  size_t m = sc->s->n_objectives;
   json_t **suggested = calloc(n, sizeof *suggested);
+  double *refs = malloc(n * m * sizeof *refs);
   *rows = calloc(n, sizeof **rows);
-  int rc = suggested && *rows ? NAS_OK : nas_errf(err, "out of memory");
+  int rc = suggested && refs && *rows ? NAS_OK : nas_errf(err, "out of memory");
   if (rc == NAS_OK)
     rc = optimizer_suggest(sc->opt_model, h.obs, h.n_obs, h.pending, h.n_pending, n,
-                           (int)h.r->n_trials, suggested, err);
+                           (int)h.r->n_trials, suggested, refs, err);
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
-    char *text = json_dumps(suggested[i], JSON_COMPACT | JSON_SORT_KEYS);
-    rc = text ? storage_trial_create(sc->st, sc->exp->id, text, &(*rows)[i], err)
-              : nas_errf(err, "out of memory");
+    char *text = json_dumps(suggested[i], JSON_COMPACT | JSON_SORT_KEYS), *ref = NULL;
+    rc = text && reference_text(sc->s, refs + i * m, &ref)
+             ? storage_trial_create(sc->st, sc->exp->id, text, ref, &(*rows)[i], err)
+             : nas_errf(err, "out of memory");
     free(text);
+    free(ref);
     if (rc == NAS_OK) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
   }
   sched_results_stale(sc); /* new trials; h still reads the old view until freed below */
   for (size_t i = 0; suggested && i < n; i++) json_decref(suggested[i]);
   free(suggested);
+  free(refs);
   history_free(&h);
   if (rc != NAS_OK) {
     trial_rows_free(*rows, n);

@@ -30,7 +30,8 @@ typedef struct storage_backend {
   int (*experiment_set_status)(void *conn, int64_t id, const char *status, nas_err *err);
   int (*experiment_set_spec)(void *conn, int64_t id, const char *spec_text, nas_err *err);
 
-  int (*trial_create)(void *conn, int64_t experiment_id, const char *params_json, double now,
+  int (*trial_create)(void *conn, int64_t experiment_id, const char *params_json,
+                      const char *reference_json, double now,
                       trial_row *out, nas_err *err);
   /* Must call storage_check_start on the trial's current status inside the transaction. */
   int (*trial_start)(void *conn, int64_t trial_id, const char *job_id, double now,

@@ -76,6 +76,8 @@ static const char *const migrations[] = {
     /* 1 → 2: heartbeats of running trials; an index for claiming the oldest queued trial. */
     "ALTER TABLE trials ADD COLUMN heartbeat_at double precision;"
     "CREATE INDEX trials_queued ON trials (experiment_id, number) WHERE status = 'queued';",
+    /* 2 → 3: the reference point each suggestion aimed at. */
+    "ALTER TABLE trials ADD COLUMN reference_json text;",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -126,7 +128,7 @@ static const row_kind experiment_kind = {sizeof(experiment_row), experiment_read
 
 #define TRIAL_COLUMNS                                                                      \
   "id, experiment_id, number, status, params_json, attempts, created_at, started_at, "    \
-  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at"
+  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at, reference_json"
 
 static int trial_read(const PGresult *res, int row, void *out, nas_err *err) {
   trial_row *t = out;
@@ -149,6 +151,7 @@ static int trial_read(const PGresult *res, int row, void *out, nas_err *err) {
   int rc = pg_text(res, row, 4, &t->params_json, err);
   if (rc == NAS_OK) rc = pg_text(res, row, 9, &t->job_id, err);
   if (rc == NAS_OK) rc = pg_text(res, row, 11, &t->error, err);
+  if (rc == NAS_OK) rc = pg_text(res, row, 14, &t->reference_json, err);
   if (rc != NAS_OK) trial_row_clear(t);
   return rc;
 }
@@ -479,7 +482,7 @@ static int trial_get(pg_conn *c, int64_t trial_id, trial_row *out, nas_err *err)
 
 typedef struct trial_create_ctx {
   int64_t experiment_id;
-  const char *params_json;
+  const char *params_json, *reference_json;
   double now;
   trial_row *out;
 } trial_create_ctx;
@@ -494,7 +497,8 @@ static int trial_create_in_tx(pg_conn *c, const trial_create_ctx *t, PGresult **
   PGresult *res = NULL;
   int rc = pg_params_set(&lock, 1, err, "i", t->experiment_id);
   if (rc == NAS_OK) {
-    rc = pg_params_set(&insert, 1, err, "itd", t->experiment_id, t->params_json, t->now);
+    rc = pg_params_set(&insert, 1, err, "itdt", t->experiment_id, t->params_json, t->now,
+                       t->reference_json);
   }
   if (rc == NAS_OK) {
     rc = pg_exec(c, &res, err, "SELECT 1 FROM experiments WHERE id = $1 FOR NO KEY UPDATE",
@@ -506,8 +510,8 @@ static int trial_create_in_tx(pg_conn *c, const trial_create_ctx *t, PGresult **
   if (!found) return nas_errc(err, NAS_ENOTFOUND, "no such experiment");
   return pg_exec(c, made, err,
                  "INSERT INTO trials (experiment_id, number, status, params_json, attempts,"
-                 " created_at, log_offset)"
-                 " SELECT $1, coalesce(max(number) + 1, 0), 'queued', $2, 0, $3, 0"
+                 " created_at, log_offset, reference_json)"
+                 " SELECT $1, coalesce(max(number) + 1, 0), 'queued', $2, 0, $3, 0, $4"
                  " FROM trials WHERE experiment_id = $1 RETURNING " TRIAL_COLUMNS,
                  &insert);
 }
@@ -533,11 +537,12 @@ static int trial_create_recover(pg_conn *c, int64_t result, void *ctx, nas_err *
 }
 
 static int postgres_trial_create(void *conn, int64_t experiment_id, const char *params_json,
-                                 double now, trial_row *out, nas_err *err) {
+                                 const char *reference_json, double now, trial_row *out,
+                                 nas_err *err) {
   static const pg_op op = {.attempt = trial_create_attempt,
                            .recover = trial_create_recover,
                            .receipt = true};
-  trial_create_ctx t = {experiment_id, params_json, now, out};
+  trial_create_ctx t = {experiment_id, params_json, reference_json, now, out};
   return pg_run(conn, &op, &t, err);
 }
 

@@ -81,6 +81,8 @@ static const char *const migrations[] = {
     /* 1 → 2: heartbeats of running trials; an index for claiming the oldest queued trial. */
     "ALTER TABLE trials ADD COLUMN heartbeat_at REAL;"
     "CREATE INDEX trials_queued ON trials (experiment_id, number) WHERE status = 'queued';",
+    /* 2 → 3: the reference point each suggestion aimed at. */
+    "ALTER TABLE trials ADD COLUMN reference_json TEXT;",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -258,7 +260,7 @@ static const row_kind experiment_kind = {sizeof(experiment_row), experiment_read
 
 #define TRIAL_COLUMNS                                                                      \
   "id, experiment_id, number, status, params_json, attempts, created_at, started_at, "    \
-  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at"
+  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at, reference_json"
 
 static int trial_read(sqlite3_stmt *s, void *row, nas_err *err) {
   trial_row *t = row;
@@ -282,6 +284,7 @@ static int trial_read(sqlite3_stmt *s, void *row, nas_err *err) {
   int rc = column_text(s, 4, &t->params_json, err);
   if (rc == NAS_OK) rc = column_text(s, 9, &t->job_id, err);
   if (rc == NAS_OK) rc = column_text(s, 11, &t->error, err);
+  if (rc == NAS_OK) rc = column_text(s, 14, &t->reference_json, err);
   if (rc != NAS_OK) trial_row_clear(t);
   return rc;
 }
@@ -604,29 +607,30 @@ static int row_after_commit(int rc, trial_row *row, trial_row *out) {
 /* The number is computed in the INSERT itself, inside the write lock, so two processes
  * creating trials at once get consecutive numbers and never the same one. */
 static int trial_create_in_tx(const sqlite_conn *c, int64_t experiment_id,
-                              const char *params_json, double now, trial_row *out,
-                              nas_err *err) {
+                              const char *params_json, const char *reference_json, double now,
+                              trial_row *out, nas_err *err) {
   bool found = false;
   int rc = exists(c, &found, err, "SELECT 1 FROM experiments WHERE id = ?", "i", experiment_id);
   if (rc != NAS_OK) return rc;
   if (!found) return nas_errc(err, NAS_ENOTFOUND, "no such experiment");
   rc = run(c, err,
            "INSERT INTO trials (experiment_id, number, status, params_json, attempts,"
-           " created_at, log_offset)"
-           " SELECT ?1, coalesce(max(number) + 1, 0), 'queued', ?2, 0, ?3, 0"
+           " created_at, log_offset, reference_json)"
+           " SELECT ?1, coalesce(max(number) + 1, 0), 'queued', ?2, 0, ?3, 0, ?4"
            " FROM trials WHERE experiment_id = ?1",
-           "itd", experiment_id, params_json, now);
+           "itdt", experiment_id, params_json, now, reference_json);
   if (rc != NAS_OK) return rc;
   return trial_get(c, sqlite3_last_insert_rowid(c->db), out, err);
 }
 
 static int sqlite_trial_create(void *conn, int64_t experiment_id, const char *params_json,
-                               double now, trial_row *out, nas_err *err) {
+                               const char *reference_json, double now, trial_row *out,
+                               nas_err *err) {
   sqlite_conn *c = conn;
   trial_row made = {0};
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
-  rc = trial_create_in_tx(c, experiment_id, params_json, now, &made, err);
+  rc = trial_create_in_tx(c, experiment_id, params_json, reference_json, now, &made, err);
   return row_after_commit(tx_end(c, rc, err), &made, out);
 }
 

@@ -302,11 +302,12 @@ int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, 
 }
 
 int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,
-                         trial_row *out, nas_err *err) {
+                         const char *reference_json, trial_row *out, nas_err *err) {
   if (!params_json) {
     return nas_errf(err, "create trial in experiment %" PRId64 ": no parameters", experiment_id);
   }
-  int rc = st->backend->trial_create(st->conn, experiment_id, params_json, nas_now(), out, err);
+  int rc = st->backend->trial_create(st->conn, experiment_id, params_json, reference_json,
+                                     nas_now(), out, err);
   return in_context(rc, err, "create trial in experiment %" PRId64, experiment_id);
 }
 
@@ -400,6 +401,7 @@ void trial_row_clear(trial_row *row) {
   free(row->params_json);
   free(row->job_id);
   free(row->error);
+  free(row->reference_json);
   memset(row, 0, sizeof *row);
 }
 

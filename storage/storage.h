@@ -74,6 +74,9 @@ typedef struct {
   char *error;           /* why it failed; NULL when it did not */
   int64_t log_offset;    /* bytes of the current attempt's stdout.log already read */
   double heartbeat_at;   /* Unix seconds of the current attempt's last heartbeat; 0 when none */
+  char *reference_json;  /* JSON object: the reference point (objective name → value, in the
+                            objectives' own direction) the optimizer aimed its hypervolume
+                            improvement at when it suggested this trial; NULL when none */
 } trial_row;
 
 #define METRIC_FINAL (-1) /* step of a final (not intermediate) observation */
@@ -117,9 +120,10 @@ int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, 
 void experiment_row_clear(experiment_row *row);
 void experiment_rows_free(experiment_row *rows, size_t n);
 
-/* Trials. create stores a queued trial and gives it the next number. */
+/* Trials. create stores a queued trial and gives it the next number; reference_json (NULL:
+ * none) is kept as trial_row.reference_json says. */
 int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,
-                         trial_row *out, nas_err *err);
+                         const char *reference_json, trial_row *out, nas_err *err);
 /* queued (or a retried final trial) → running: attempts + 1, job_id and started_at set.
  * Every start begins a new attempt from a clean slate: exit code, error, finished_at and
  * heartbeat_at are cleared and log_offset goes back to 0, because a retry writes a fresh

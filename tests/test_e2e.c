@@ -68,6 +68,17 @@ static void quickstart_gives_20_trials_and_the_true_front(void **state) {
     assert_true(on_front[number]);
   }
   assert_true(json_number_value(json_object_get(pareto, "hypervolume")) > 0);
+  /* The reference point each suggestion aimed at is recorded with it: none for the initial
+   * design (5 points for 2 dimensions), both objectives for every suggestion after it. */
+  json_array_foreach(rows, k, row) {
+    json_t *ref = json_object_get(row, "reference");
+    if (json_integer_value(json_object_get(row, "trial")) < 5) {
+      assert_true(json_is_null(ref));
+    } else {
+      assert_true(json_is_object(ref));
+      assert_true(isfinite(num(ref, "branin")) && isfinite(num(ref, "currin")));
+    }
+  }
   json_decref(pareto);
   json_decref(rows);
   free(on_front);

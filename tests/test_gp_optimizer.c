@@ -41,7 +41,7 @@ static void suggest(experiment *e, size_t q, json_t **out) {
   observation obs[64];
   observations(e, obs);
   nas_err err = {{0}};
-  if (optimizer_suggest(e->opt, obs, e->n, NULL, 0, q, (int)e->n, out, &err) < 0)
+  if (optimizer_suggest(e->opt, obs, e->n, NULL, 0, q, (int)e->n, out, NULL, &err) < 0)
     fail_msg("suggest: %s", err.msg);
 }
 
@@ -223,7 +223,7 @@ static void pending_trials_are_not_proposed_again(void **state) {
   observations(&e, obs);
   nas_err err = {{0}};
   const json_t *pending[1] = {first[0]};
-  if (optimizer_suggest(e.opt, obs, e.n, pending, 1, 1, (int)e.n + 1, second, &err) < 0)
+  if (optimizer_suggest(e.opt, obs, e.n, pending, 1, 1, (int)e.n + 1, second, NULL, &err) < 0)
     fail_msg("suggest: %s", err.msg);
   assert_false(json_equal(first[0], second[0]));
   json_decref(first[0]);
@@ -329,6 +329,34 @@ static void three_and_five_objectives_run(void **state) {
   }
 }
 
+/* Each suggestion reports the reference point its hypervolume improvement aimed at: none
+ * for the initial design; for the first pick of a batch the one `nas pareto` infers from
+ * the observations; the batch's later picks further out (pushed for the pending picks). */
+static void suggestions_report_the_reference_point_they_aimed_at(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, branin_currin_yaml("gp", 1, ", raw_samples: 64, restarts: 2"));
+  json_t *out[3];
+  double refs[3 * 2];
+  nas_err err = {{0}};
+  assert_int_equal(optimizer_suggest(e.opt, NULL, 0, NULL, 0, 1, 0, out, refs, &err), NAS_OK);
+  assert_true(isnan(refs[0]) && isnan(refs[1]));
+  json_decref(out[0]);
+  run(&e, branin_currin, 10, 10);
+  observation obs[64];
+  observations(&e, obs);
+  assert_int_equal(optimizer_suggest(e.opt, obs, e.n, NULL, 0, 3, (int)e.n, out, refs, &err),
+                   NAS_OK);
+  double Y[64 * 2], inferred[2];
+  for (size_t i = 0; i < e.n; i++) memcpy(Y + 2 * i, e.obj[i], sizeof inferred);
+  reference_point(e.s, Y, e.n, inferred);
+  assert_true(refs[0] == inferred[0] && refs[1] == inferred[1]);
+  for (int i = 1; i < 3; i++)
+    for (int j = 0; j < 2; j++) assert_true(refs[2 * i + j] > inferred[j]);
+  for (int i = 0; i < 3; i++) json_decref(out[i]);
+  finish(&e);
+}
+
 /* Over a fixed set of seeds and 20 evaluations, gp's front dominates more hypervolume than
  * random search's on every seed. */
 static void gp_beats_random_on_branin_currin(void **state) {
@@ -362,6 +390,7 @@ int main(void) {
       cmocka_unit_test(constrained_single_objective_finds_the_feasible_optimum),
       cmocka_unit_test(single_objective_batch_is_distinct),
       cmocka_unit_test(three_and_five_objectives_run),
+      cmocka_unit_test(suggestions_report_the_reference_point_they_aimed_at),
       cmocka_unit_test(gp_beats_random_on_branin_currin),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -44,7 +44,7 @@ static optimizer *make(const spec *s) {
 static void suggest(optimizer *opt, const json_t *const *pending, size_t n_pending, size_t n,
                     int first, json_t **out) {
   nas_err err = {{0}};
-  if (optimizer_suggest(opt, NULL, 0, pending, n_pending, n, first, out, &err) < 0)
+  if (optimizer_suggest(opt, NULL, 0, pending, n_pending, n, first, out, NULL, &err) < 0)
     fail_msg("suggest: %s", err.msg);
 }
 
@@ -207,13 +207,13 @@ static void finite_space_is_used_up_without_repeats(void **state) {
       size_t n_obs = i < 2 ? i : 2;
       for (size_t k = 0; k < n_obs; k++) obs[k] = (observation){got[k], &zero, NULL};
       const json_t *const *pending = (const json_t *const *)got + n_obs;
-      if (optimizer_suggest(opt, obs, n_obs, pending, i - n_obs, 1, (int)i, &got[i], &err) < 0)
+      if (optimizer_suggest(opt, obs, n_obs, pending, i - n_obs, 1, (int)i, &got[i], NULL, &err) < 0)
         fail_msg("suggestion %zu: %s", i, err.msg);
       for (size_t k = 0; k < i; k++) assert_false(json_equal(got[k], got[i]));
     }
     got[9] = NULL;
     assert_int_equal(
-        optimizer_suggest(opt, obs, 2, (const json_t *const *)got + 2, 7, 1, 9, &got[9], &err),
+        optimizer_suggest(opt, obs, 2, (const json_t *const *)got + 2, 7, 1, 9, &got[9], NULL, &err),
         NAS_ENOTFOUND);
     assert_null(got[9]);
     if (!strstr(err.msg, "exhausted") || !strstr(err.msg, "all 9"))
@@ -277,14 +277,14 @@ static void bad_arguments_are_errors_and_leave_no_output(void **state) {
   optimizer *opt = make(s);
   nas_err err = {{0}};
   json_t *out[2] = {NULL, NULL};
-  assert_int_equal(optimizer_suggest(opt, NULL, 0, NULL, 0, 2, -1, out, &err), NAS_ERR);
+  assert_int_equal(optimizer_suggest(opt, NULL, 0, NULL, 0, 2, -1, out, NULL, &err), NAS_ERR);
   assert_non_null(strstr(err.msg, "trial numbers"));
-  assert_int_equal(optimizer_suggest(opt, NULL, 1, NULL, 0, 2, 0, out, &err), NAS_ERR);
+  assert_int_equal(optimizer_suggest(opt, NULL, 1, NULL, 0, 2, 0, out, NULL, &err), NAS_ERR);
   const json_t *const not_object[] = {json_integer(3)};
-  assert_int_equal(optimizer_suggest(opt, NULL, 0, not_object, 1, 2, 0, out, &err), NAS_ERR);
+  assert_int_equal(optimizer_suggest(opt, NULL, 0, not_object, 1, 2, 0, out, NULL, &err), NAS_ERR);
   json_decref((json_t *)not_object[0]);
   assert_null(out[0]);
-  assert_int_equal(optimizer_suggest(opt, NULL, 0, NULL, 0, 0, 0, NULL, &err), 0);
+  assert_int_equal(optimizer_suggest(opt, NULL, 0, NULL, 0, 0, 0, NULL, NULL, &err), 0);
   optimizer_free(opt);
   spec_free(s);
 }

@@ -208,7 +208,7 @@ static int64_t make_experiment(fixture *f, const char *name) {
 
 static trial_row make_trial(fixture *f, int64_t experiment_id, const char *params_json) {
   trial_row t;
-  CHECK(storage_trial_create(f->st, experiment_id, params_json, &t, err));
+  CHECK(storage_trial_create(f->st, experiment_id, params_json, NULL, &t, err));
   return t;
 }
 
@@ -256,6 +256,7 @@ static void assert_trials_equal(const trial_row *a, const trial_row *b) {
   assert_string_or_null_equal(a->error, b->error);
   assert_int_equal(a->log_offset, b->log_offset);
   assert_true(a->heartbeat_at == b->heartbeat_at);
+  assert_string_or_null_equal(a->reference_json, b->reference_json);
 }
 
 /* ---- experiments ----------------------------------------------------------------------- */
@@ -378,11 +379,33 @@ static void trial_create_stores_a_queued_trial_and_returns_its_row(void **state)
   assert_null(t.error);
   assert_int_equal(t.log_offset, 0);
   assert_true(t.heartbeat_at == 0);
+  assert_null(t.reference_json);
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_trials_equal(&t, &got);
   trial_row_clear(&t);
   trial_row_clear(&got);
+}
+
+/* The reference point a suggestion aimed at stays with its trial through its attempts. */
+static void trial_keeps_the_reference_point_it_was_suggested_with(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_experiment(f, "e");
+  const char *ref = "{\"accuracy\":0.8,\"params\":20000}";
+  trial_row t;
+  CHECK(storage_trial_create(f->st, exp, "{}", ref, &t, err));
+  assert_string_equal(t.reference_json, ref);
+  CHECK(storage_trial_start(f->st, t.id, "job-1", err));
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_QUEUED, false, 0, "job lost", err));
+  CHECK(storage_trial_start(f->st, t.id, "job-2", err));
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_COMPLETED, true, 0, NULL, err));
+  trial_row *rows = NULL;
+  size_t n = 0;
+  CHECK(storage_trial_list(f->st, exp, &rows, &n, err));
+  assert_int_equal(n, 1);
+  assert_string_equal(rows[0].reference_json, ref);
+  trial_rows_free(rows, n);
+  trial_row_clear(&t);
 }
 
 static void trial_numbers_count_from_zero_within_each_experiment(void **state) {
@@ -402,7 +425,7 @@ static void trial_create_in_unknown_experiment_is_enotfound(void **state) {
   int64_t exp = make_experiment(f, "e");
   nas_err err = {{0}};
   trial_row t;
-  assert_int_equal(storage_trial_create(f->st, exp + 1000, "{}", &t, &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_trial_create(f->st, exp + 1000, "{}", NULL, &t, &err), NAS_ENOTFOUND);
   char id[32];
   snprintf(id, sizeof id, "%" PRId64, exp + 1000);
   assert_contains(err.msg, id);
@@ -635,6 +658,7 @@ static void trial_heartbeat_records_when_a_running_trial_was_last_alive(void **s
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_true(got.heartbeat_at == 0);
+  assert_null(got.reference_json);
   trial_row_clear(&got);
   double before = nas_now();
   CHECK(storage_trial_heartbeat(f->st, t.id, err));
@@ -899,7 +923,7 @@ static int worker_run(const child_args *args, int worker, nas_err *err) {
     snprintf(params, sizeof params, "{\"worker\": %d, \"i\": %d}", worker, i);
     snprintf(job, sizeof job, "w%d-%d", worker, i);
     trial_row t;
-    rc = storage_trial_create(st, args->experiment_id, params, &t, err);
+    rc = storage_trial_create(st, args->experiment_id, params, NULL, &t, err);
     if (rc != NAS_OK) break;
     rc = storage_trial_start(st, t.id, job, err);
     for (int k = 0; rc == NAS_OK && k < METRICS_PER_TRIAL; k++) {
@@ -1125,7 +1149,7 @@ static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
 }
 
 static void schema_version_table_holds_the_current_version(void **state) {
-  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:2");
+  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:3");
 }
 
 static void newer_schema_is_refused_and_left_as_it_is(void **state) {
@@ -1139,13 +1163,14 @@ static void newer_schema_is_refused_and_left_as_it_is(void **state) {
   assert_int_equal(storage_open(f->url, &st, &err), NAS_ERR);
   assert_null(st);
   assert_contains(err.msg, "999");
-  assert_contains(err.msg, "up to 2");
+  assert_contains(err.msg, "up to 3");
   assert_null(strstr(err.msg, TEST_PASSWORD));
   raw_text_is(f, "SELECT version FROM schema_version", "999");
   raw_text_is(f, "SELECT name FROM experiments", "kept");
 }
 
-/* A storage made by a nas of schema version 1 (no heartbeats) is upgraded on open. */
+/* A storage made by a nas of schema version 1 (no heartbeats, no reference points) is
+ * upgraded on open. */
 static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   fixture *f = *state;
   trial_row t = make_running_trial(f);
@@ -1155,9 +1180,10 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   f->st = NULL;
   f->ctx->backend->raw_exec(f->url, "DROP INDEX trials_queued");
   f->ctx->backend->raw_exec(f->url, "ALTER TABLE trials DROP COLUMN heartbeat_at");
+  f->ctx->backend->raw_exec(f->url, "ALTER TABLE trials DROP COLUMN reference_json");
   f->ctx->backend->raw_exec(f->url, "UPDATE schema_version SET version = 1");
   f->st = open_or_fail(f->url);
-  raw_text_is(f, "SELECT max(version) FROM schema_version", "2");
+  raw_text_is(f, "SELECT max(version) FROM schema_version", "3");
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_string_equal(got.job_id, "job-1");
@@ -1344,7 +1370,7 @@ static int restart_writer(const child_args *args, int index, nas_err *err) {
     trial_row made = {0}, claimed = {0};
     metric_obs obs[RESTART_OBS];
     for (int k = 0; k < RESTART_OBS; k++) obs[k] = (metric_obs){"loss", k, i, nas_now()};
-    rc = storage_trial_create(st, args->experiment_id, params, &made, err);
+    rc = storage_trial_create(st, args->experiment_id, params, NULL, &made, err);
     if (rc == NAS_OK) rc = storage_trial_claim(st, args->experiment_id, "writer", &claimed, err);
     if (rc == NAS_OK && claimed.id != made.id) rc = nas_errf(err, "round %d claimed another trial", i);
     if (rc == NAS_OK) rc = storage_metrics_add(st, made.id, obs, RESTART_OBS, 10 * (i + 1), err);
@@ -1591,7 +1617,7 @@ static void postgresql_lost_commit_acknowledgements_are_settled_not_repeated(voi
     experiment_row_clear(&e);
 
     trial_row t;
-    THROUGH_CUT(&proxy, cut, storage_trial_create(st, exp, "{}", &t, err));
+    THROUGH_CUT(&proxy, cut, storage_trial_create(st, exp, "{}", NULL, &t, err));
     assert_int_equal(t.number, 3 * (cut - 1));
     THROUGH_CUT(&proxy, cut, storage_trial_start(st, t.id, name, err));
     metric_obs obs[] = {{"loss", cut, 1, 1}, {"acc", cut, 2, 2}};
@@ -1859,6 +1885,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(experiment_status_and_spec_can_be_changed),
       FIXTURE_TEST(experiment_changes_reject_unknown_ids_and_statuses),
       FIXTURE_TEST(trial_create_stores_a_queued_trial_and_returns_its_row),
+      FIXTURE_TEST(trial_keeps_the_reference_point_it_was_suggested_with),
       FIXTURE_TEST(trial_numbers_count_from_zero_within_each_experiment),
       FIXTURE_TEST(trial_create_in_unknown_experiment_is_enotfound),
       FIXTURE_TEST(trial_start_makes_it_running_with_job_and_attempt),
