@@ -81,24 +81,12 @@ tr_tensor *tc_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, 
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* x as (N, C, L). */
-static int bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t *l) {
-  *n = *c = *l = 0;
-  if (x->ndim != 2 && x->ndim != 4)
-    return nas_errf(&ctx->err, "batch_norm: input must be (N, C) or (N, C, H, W), has %d dims",
-                    x->ndim);
-  *n = x->shape[0];
-  *c = x->shape[1];
-  *l = x->ndim == 4 ? x->shape[2] * x->shape[3] : 1;
-  return NAS_OK;
-}
-
 /* saved: x, stats, w (when ia[1]); ia[0]: training. */
 static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   tr_tensor *x = ag_saved(ctx, node, 0), *stats = x ? ag_saved(ctx, node, 1) : NULL, *w = NULL;
   if (!stats || (node->ia[1] && !(w = ag_saved(ctx, node, 2)))) return NAS_ERR;
   int64_t n, c, l;
-  bn_dims(ctx, x, &n, &c, &l);
+  tn_bn_dims(ctx, x, &n, &c, &l);
   tr_tensor *gc = tc_contig(ctx, g);
   int rc = gc ? param_grads(ctx, node, x->dtype, gi) : NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tc_empty_like(ctx, x))) rc = NAS_ERR;
@@ -118,7 +106,7 @@ static const tr_node_ops batch_norm_ops = {"BatchNormBackward", batch_norm_backw
 static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
                     bool training, double momentum, double eps, tr_tensor *stats) {
   int64_t n, c, l;
-  bn_dims(ctx, xc, &n, &c, &l);
+  tn_bn_dims(ctx, xc, &n, &c, &l);
   tck_stream s = tc_stream(ctx);
   int dt = (int)xc->dtype;
   if (!training) {
@@ -163,7 +151,7 @@ tr_tensor *tc_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
                          double momentum, double eps) {
   tr_tensor *in[3] = {x, w, b};
   int64_t n, c, l;
-  bn_dims(ctx, x, &n, &c, &l);
+  tn_bn_dims(ctx, x, &n, &c, &l);
   tr_tensor *xc = tc_contig(ctx, x), *wc = w ? tc_contig(ctx, w) : NULL,
             *bc = b ? tc_contig(ctx, b) : NULL;
   tr_tensor *y = xc && (!w || wc) && (!b || bc) ? tc_empty_like(ctx, xc) : NULL;

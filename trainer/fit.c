@@ -111,6 +111,19 @@ static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t total_steps
   return s;
 }
 
+/* What both fits set up once they made their optimiser (opt NULL: it failed, and ctx says
+ * why): the shuffled loader of train, the schedule over every epoch's steps, and m in
+ * training mode. */
+static int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
+                     const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched,
+                     nas_err *err) {
+  int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size;
+  *sched = schedule_for(cfg, per_epoch * cfg->epochs);
+  tr_module_train(m, true);
+  return opt ? tr_loader_init(ld, train, cfg->batch_size, true, cfg->shuffle_seed, err)
+             : nas_errf(err, "optimiser: %s", ctx->err.msg);
+}
+
 /* One pass over the training data; *mean_loss gets the loss averaged over examples. */
 static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
                        const tr_fit_config *cfg, const tr_lr_schedule *sched, int64_t *step,
@@ -144,11 +157,9 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   if (tr_module_parameters(m, false, &params, err) != NAS_OK) return NAS_ERR;
   tr_optim *opt = tr_optim_new(ctx, &cfg->optim, params.items, params.n);
   tr_loader ld = {0};
-  int rc = opt ? tr_loader_init(&ld, train, cfg->batch_size, true, cfg->shuffle_seed, err)
-               : nas_errf(err, "optimiser: %s", ctx->err.msg);
-  int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size, step = 0;
-  tr_lr_schedule sched = schedule_for(cfg, per_epoch * cfg->epochs);
-  tr_module_train(m, true);
+  tr_lr_schedule sched;
+  int64_t step = 0;
+  int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, err);
   for (int epoch = 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
     double loss = 0, acc = 0;
     rc = train_epoch(ctx, m, opt, &ld, cfg, &sched, &step, &loss, err);
@@ -263,11 +274,9 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
     return nas_errf(err, "sharding the model: %s", ctx->err.msg);
   r.opt = tr_fsdp_optim_new(ctx, r.fsdp, &cfg->optim);
   tr_loader ld = {0};
-  int rc = r.opt ? tr_loader_init(&ld, train, cfg->batch_size, true, cfg->shuffle_seed, err)
-                 : nas_errf(err, "optimiser: %s", ctx->err.msg);
-  int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size, step = 0;
-  tr_lr_schedule sched = schedule_for(cfg, per_epoch * cfg->epochs);
-  tr_module_train(m, true);
+  tr_lr_schedule sched;
+  int64_t step = 0;
+  int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, err);
   for (int epoch = 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
     double loss = 0, acc = 0;
     rc = rank_epoch(&r, &ld, cfg, &sched, &step, &loss, err);

@@ -211,6 +211,11 @@ int tn_par_parts(const tr_ctx *ctx);
  * threads, or (one part) the caller's; returns when all are done (par.c). Part 0 always
  * runs on the calling thread, first. */
 void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), void *arg);
+/* tn_par_run on ctx's own pool when it has one and work (elements) is at least min_work,
+ * else fn(arg, 0, 1) on the caller, whose kernels' OpenMP loops may split it themselves:
+ * for element-wise passes too short to pay for a hand-off to the pool. */
+void tn_pool_run_from(const tr_ctx *ctx, int64_t work, int64_t min_work,
+                      void (*fn)(void *arg, int part, int parts), void *arg);
 /* The range [lo, hi) of `part` of `parts` over n items: near-even parts that start at
  * multiples of 16 (a cache line of floats) when n allows, so that parts start aligned and
  * write separate lines. */
@@ -221,6 +226,10 @@ void tn_par_range(int64_t n, int part, int parts, int64_t *lo, int64_t *hi);
 void tn_gemm(const tr_ctx *ctx, tr_dtype dtype, bool trans_a, bool trans_b, int64_t m, int64_t n,
              int64_t k, double alpha, const void *a, int64_t lda, const void *b, int64_t ldb,
              double beta, void *c, int64_t ldc);
+
+/* Batch norm's input x, (N, C) or (N, C, H, W), as (N, C, L) with L = H*W (1 for 2-D);
+ * an error naming the op otherwise (ops_norm.c; the CUDA batch norm uses it too). */
+int tn_bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t *l);
 
 /* y (m) = A (m, n, row-major) x + beta y; large ones split by rows over ctx's threads. */
 void tn_gemv(const tr_ctx *ctx, tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda,

@@ -242,13 +242,6 @@ static void unary_part(void *arg, int part, int parts) {
  * one thread. */
 #define UNARY_SPLIT_MIN 8192
 
-static void unary_run(const tr_ctx *ctx, unary_job *job) {
-  if (ctx->threads && job->n >= UNARY_SPLIT_MIN)
-    tn_par_run(ctx, unary_part, job);
-  else
-    unary_part(job, 0, 1);
-}
-
 static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   int op = (int)node->ia[0];
   tr_tensor *saved = NULL;
@@ -258,7 +251,7 @@ static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
   if (dx && !tn_on_cuda(dx)) {
     unary_job job = {g->dtype,    op,          true,     saved ? tr_data(saved) : NULL,
                      tr_data(gc), tr_data(dx), g->numel, node->fa[0]};
-    unary_run(ctx, &job);
+    tn_pool_run_from(ctx, job.n, UNARY_SPLIT_MIN, unary_part, &job);
   } else if (dx && tc_unary_bwd(ctx, node->ops->name, op, saved, gc, dx, node->fa[0])) {
     tr_free(dx);
     dx = NULL;
@@ -287,7 +280,7 @@ static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
   int rc = NAS_OK;
   if (!tn_on_cuda(y)) {
     unary_job job = {a->dtype, op, false, NULL, tr_data(x), tr_data(y), a->numel, s};
-    unary_run(ctx, &job);
+    tn_pool_run_from(ctx, job.n, UNARY_SPLIT_MIN, unary_part, &job);
   } else {
     rc = tc_unary_fwd(ctx, names[op], op, x, y, s);
   }

@@ -250,10 +250,7 @@ static tr_tensor *bias_grad_new(tr_ctx *ctx, const tr_tensor *dy, const tr_meta 
   tr_tensor *db = tn_empty_meta(ctx, dy->dtype, m);
   if (!db) return NULL;
   bias_grad_job job = {dy->dtype, dy->shape[0], dy->shape[1], tr_data(dy), tr_data(db)};
-  if (ctx->threads && dy->numel >= BIAS_GRAD_SPLIT_MIN)
-    tn_par_run(ctx, bias_grad_part, &job);
-  else
-    bias_grad_part(&job, 0, 1);
+  tn_pool_run_from(ctx, dy->numel, BIAS_GRAD_SPLIT_MIN, bias_grad_part, &job);
   return db;
 }
 

@@ -89,8 +89,8 @@ tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, 
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* x as (N, C, L). */
-static int bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t *l) {
+/* x as (N, C, L) (internal.h). */
+int tn_bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t *l) {
   *n = *c = *l = 0;
   if (x->ndim != 2 && x->ndim != 4)
     return nas_errf(&ctx->err, "batch_norm: input must be (N, C) or (N, C, H, W), has %d dims",
@@ -107,7 +107,7 @@ static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
   const double *stats = ag_aux(ctx, node);
   if (!stats) return NAS_ERR;
   int64_t n, c, l;
-  bn_dims(ctx, x, &n, &c, &l);
+  tn_bn_dims(ctx, x, &n, &c, &l);
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NAS_ERR;
   int rc = param_grads(ctx, node, gi);
@@ -139,7 +139,7 @@ static void running_update(tr_tensor *running, const double *values, int64_t str
 static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
                     bool training, double momentum, double eps, double *stats) {
   int64_t n, c, l;
-  bn_dims(ctx, xc, &n, &c, &l);
+  tn_bn_dims(ctx, xc, &n, &c, &l);
   if (!training) {
     if (!rmean || !rvar)
       return nas_errf(&ctx->err, "batch_norm: evaluation needs running statistics");
@@ -167,7 +167,7 @@ tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
   bool on_cuda = tn_any_on_cuda(5, in);
   int64_t n, c, l;
   /* on a device the running statistics must be there too */
-  if (tn_check_inputs(ctx, "batch_norm", on_cuda ? 5 : 3, in) || bn_dims(ctx, x, &n, &c, &l))
+  if (tn_check_inputs(ctx, "batch_norm", on_cuda ? 5 : 3, in) || tn_bn_dims(ctx, x, &n, &c, &l))
     return NULL;
   if ((w && w->numel != c) || (b && b->numel != c) || (running_mean && running_mean->numel != c) ||
       (running_var && running_var->numel != c))

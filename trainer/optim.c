@@ -136,10 +136,7 @@ static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double b
   /* With the engine's own pool, parameters from OPTIM_SPLIT_MIN elements on are split over
    * it (the kernels' OpenMP loops then run on one thread); without, those loops use
    * OpenMP's threads. */
-  if (ctx->threads && p->numel >= OPTIM_SPLIT_MIN)
-    tn_par_run(ctx, update_part, &job);
-  else
-    update_part(&job, 0, 1);
+  tn_pool_run_from(ctx, p->numel, OPTIM_SPLIT_MIN, update_part, &job);
   p->storage->version++;
   return NAS_OK;
 }

@@ -248,6 +248,14 @@ void tn_par_run(const tr_ctx *ctx, void (*fn)(void *arg, int part, int parts), v
   }
 }
 
+void tn_pool_run_from(const tr_ctx *ctx, int64_t work, int64_t min_work,
+                      void (*fn)(void *arg, int part, int parts), void *arg) {
+  if (ctx && ctx->threads && work >= min_work)
+    tn_par_run(ctx, fn, arg);
+  else
+    fn(arg, 0, 1);
+}
+
 /* Where part `part` of n starts: at its even share, moved to the nearest multiple of 16
  * when there are enough items for that (the last part ends at n whatever). */
 static int64_t part_start(int64_t n, int part, int parts) {
