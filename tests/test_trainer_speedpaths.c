@@ -614,6 +614,166 @@ static void conv_block_fits_only_what_it_can_run(void **state) {
   tr_free(x);
 }
 
+/* ---------------------------------------------------------------- the fused MLP in training */
+
+/* An MLP for the fused training op: a 4-D input flattened or a 2-D one, then linear layers
+ * of the given widths, each with or without bias and ReLU. */
+typedef struct {
+  int64_t batch, in_shape[3]; /* in_shape[1] 0: x is (batch, in_shape[0]) */
+  int n;
+  int64_t width[5]; /* width[0]: features in */
+  bool bias[4], relu[4];
+  bool x_grad;
+} mlp_case;
+
+static const mlp_case mlp_cases[] = {
+    /* flattened 3x5x7 input, three layers (the benchmark's shape, smaller and ragged) */
+    {67, {3, 5, 7}, 3, {105, 97, 61, 10}, {true, true, true}, {true, true, false}, true},
+    /* two layers, the first without bias, a ReLU last */
+    {50, {40}, 2, {40, 64, 33}, {false, true}, {true, true}, false},
+    /* four layers, a hidden one without ReLU */
+    {64, {40}, 4, {40, 48, 20, 30, 5}, {true, true, false, true}, {true, false, true, false},
+     true},
+};
+
+enum { MLP_CASE_MAX_OUT = 10 }; /* output, dx, 4 weights and their biases at most */
+
+/* One training step's forward and backward of case c on a context with a pool of `threads`
+ * (1: none): out gets the output, dx (when c->x_grad) and every parameter's gradient, in
+ * that order; *n_out their number. Whether the fused op ran is returned. */
+static bool mlp_case_step(const mlp_case *c, int threads, tr_tensor **out, int *n_out) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 21);
+  int blas = openblas_get_num_threads(), omp = omp_get_max_threads();
+  openblas_set_num_threads(1);
+  omp_set_num_threads(1);
+  if (threads > 1) assert_non_null(ctx.threads = tr_threadpool_new(threads, &ctx.err));
+  tr_module *m = tr_sequential_new(&ctx);
+  if (c->in_shape[1])
+    assert_int_equal(tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_FLATTEN)), NAS_OK);
+  for (int k = 0; k < c->n; k++) {
+    tr_module *lin = tr_linear_new(&ctx, c->width[k], c->width[k + 1], c->bias[k]);
+    assert_int_equal(tr_sequential_add(&ctx, m, lin), NAS_OK);
+    if (c->relu[k])
+      assert_int_equal(tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_RELU)), NAS_OK);
+  }
+  tr_tensor *x = c->in_shape[1]
+                     ? tr_rand(&ctx, TR_F32, 4,
+                               SHAPE(c->batch, c->in_shape[0], c->in_shape[1], c->in_shape[2]),
+                               -1, 1)
+                     : tr_rand(&ctx, TR_F32, 2, SHAPE(c->batch, c->in_shape[0]), -1, 1);
+  tr_set_requires_grad(x, c->x_grad);
+  int32_t labels[128];
+  for (int64_t r = 0; r < c->batch; r++) labels[r] = (int32_t)(r * 7 % c->width[c->n]);
+  tr_tensor *y = tr_module_forward(&ctx, m, x);
+  assert_non_null(y);
+  bool fused = strcmp(tr_grad_fn_name(y), "MlpBackward") == 0;
+  tr_tensor *loss = tr_cross_entropy(&ctx, y, labels);
+  assert_non_null(loss);
+  assert_int_equal(tr_backward(&ctx, loss, NULL, false), NAS_OK);
+  *n_out = 0;
+  out[(*n_out)++] = tr_detach(&ctx, y);
+  if (c->x_grad) {
+    assert_int_equal(x->grad->ndim, x->ndim);
+    out[(*n_out)++] = tr_retain(x->grad);
+  }
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(m, false, &ps, &ctx.err), NAS_OK);
+  for (size_t i = 0; i < ps.n; i++) out[(*n_out)++] = tr_retain(ps.items[i]->grad);
+  tr_param_list_free(&ps);
+  tr_free(loss);
+  tr_free(y);
+  tr_free(x);
+  tr_module_free(m);
+  tr_threadpool_free(ctx.threads);
+  openblas_set_num_threads(blas);
+  omp_set_num_threads(omp);
+  return fused;
+}
+
+/* In grad mode on a pool, a run of linear layers and ReLUs trains as one fused op (one
+ * node, "MlpBackward") whose output, input gradient and parameter gradients are those of
+ * the modules one by one: on 2 and 3 threads, with and without flatten, biases and ReLUs. */
+static void fused_mlp_training_equals_the_modules(void **state) {
+  (void)state;
+  for (size_t i = 0; i < sizeof mlp_cases / sizeof *mlp_cases; i++) {
+    tr_tensor *one[MLP_CASE_MAX_OUT], *split[MLP_CASE_MAX_OUT];
+    int n_one, n_split;
+    assert_false(mlp_case_step(&mlp_cases[i], 1, one, &n_one));
+    for (int threads = 2; threads <= 3; threads++) {
+      assert_true(mlp_case_step(&mlp_cases[i], threads, split, &n_split));
+      assert_int_equal(n_split, n_one);
+      for (int k = 0; k < n_one; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "case %zu, %d threads, tensor %d", i, threads, k);
+        assert_close(split[k], one[k], NULL, 1e-5, what, POOL);
+        tr_free(split[k]);
+      }
+    }
+    for (int k = 0; k < n_one; k++) tr_free(one[k]);
+  }
+}
+
+/* The fused op saves the weights it multiplied by: one changed in place before backward
+ * is the same clear error as on the modules' path, and no gradient is left half made. */
+static void fused_mlp_reports_a_weight_changed_after_forward(void **state) {
+  (void)state;
+  run_env e;
+  env_begin(&e, POOL, 22);
+  tr_module *m = mlp_new(&e.ctx, 40, 64);
+  tr_tensor *x = tr_rand(&e.ctx, TR_F32, 2, SHAPE(48, 40), -1, 1);
+  tr_tensor *y = tr_module_forward(&e.ctx, m, x);
+  assert_non_null(y);
+  assert_string_equal(tr_grad_fn_name(y), "MlpBackward");
+  tr_tensor *s = tr_sum(&e.ctx, y, 0, NULL, false);
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(m, false, &ps, &e.ctx.err), NAS_OK);
+  tr_set_grad_enabled(&e.ctx, false); /* as an optimiser step would, between the two */
+  assert_int_equal(tr_mul_scalar_(&e.ctx, ps.items[2], 0.5), NAS_OK);
+  tr_set_grad_enabled(&e.ctx, true);
+  assert_int_equal(tr_backward(&e.ctx, s, NULL, false), NAS_ERR);
+  assert_non_null(strstr(e.ctx.err.msg, "MlpBackward"));
+  assert_non_null(strstr(e.ctx.err.msg, "modified by an in-place operation"));
+  for (size_t i = 0; i < ps.n; i++) assert_null(ps.items[i]->grad);
+  tr_param_list_free(&ps);
+  tr_free(s);
+  tr_free(y);
+  tr_free(x);
+  tr_module_free(m);
+  env_end(&e);
+}
+
+/* The fused op runs only where it can and pays: not without a pool, not for batches or
+ * first layers of fewer than 16 rows per thread, not for a single layer; there the modules
+ * run one by one. */
+static void fused_mlp_training_fits_only_what_it_can_run(void **state) {
+  (void)state;
+  run_env e;
+  env_begin(&e, POOL, 23);
+  tr_module *m = mlp_new(&e.ctx, 40, 64), *narrow = mlp_new(&e.ctx, 40, 31);
+  tr_module *single = tr_sequential_new(&e.ctx);
+  assert_int_equal(tr_sequential_add(&e.ctx, single, tr_linear_new(&e.ctx, 40, 64, true)), NAS_OK);
+  tr_tensor *x = tr_rand(&e.ctx, TR_F32, 2, SHAPE(32, 40), -1, 1);
+  tr_tensor *small = tr_rand(&e.ctx, TR_F32, 2, SHAPE(31, 40), -1, 1);
+  tr_tensor *y[5] = {tr_module_forward(&e.ctx, m, x), tr_module_forward(&e.ctx, m, small),
+                     tr_module_forward(&e.ctx, narrow, x), tr_module_forward(&e.ctx, single, x)};
+  tr_threadpool_free(e.ctx.threads);
+  e.ctx.threads = NULL;
+  y[4] = tr_module_forward(&e.ctx, m, x);
+  for (int i = 0; i < 5; i++) {
+    assert_non_null(y[i]);
+    bool fused = strcmp(tr_grad_fn_name(y[i]), "MlpBackward") == 0;
+    if (fused != (i == 0)) fail_msg("forward %d: fused %d", i, fused);
+    tr_free(y[i]);
+  }
+  tr_free(small);
+  tr_free(x);
+  tr_module_free(single);
+  tr_module_free(narrow);
+  tr_module_free(m);
+  env_end(&e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(pool_runs_every_part_of_every_job_once),
@@ -632,6 +792,9 @@ int main(void) {
       cmocka_unit_test(fused_conv_block_equals_the_modules_one_by_one),
       cmocka_unit_test(fused_conv_block_on_two_threads_equals_the_modules),
       cmocka_unit_test(conv_block_fits_only_what_it_can_run),
+      cmocka_unit_test(fused_mlp_training_equals_the_modules),
+      cmocka_unit_test(fused_mlp_reports_a_weight_changed_after_forward),
+      cmocka_unit_test(fused_mlp_training_fits_only_what_it_can_run),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -311,23 +311,28 @@ tr_tensor *tn_linear_relu_infer(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tens
 
 static bool contig_f32(const tr_tensor *t) { return on_cpu_f32(t) && tr_is_contiguous(t); }
 
-bool tn_mlp_fits(const tr_tensor *x, bool flatten, const tn_mlp_layer *layers, int n) {
-  if (n < 1 || n > TN_MLP_MAX_LAYERS || !contig_f32(x) || x->ndim < 1 || x->shape[0] != 1)
+bool tn_mlp_chains(const tr_tensor *x, bool flatten, const tn_mlp_layer *layers, int n) {
+  if (n < 1 || n > TN_MLP_MAX_LAYERS || !contig_f32(x) || x->ndim < 1 || x->shape[0] < 1)
     return false;
-  int64_t width = flatten ? x->numel : x->shape[1];
   if (!flatten && x->ndim != 2) return false;
+  int64_t width = x->numel / x->shape[0];
   for (int k = 0; k < n; k++) {
     const tr_tensor *w = layers[k].w, *b = layers[k].b;
     if (!contig_f32(w) || w->ndim != 2 || w->shape[1] != width) return false;
     if (b && (!contig_f32(b) || b->ndim != 1 || b->shape[0] != w->shape[0])) return false;
     width = w->shape[0];
-    if (k < n - 1 && width > TN_MLP_MAX_WIDTH) return false;
   }
   return true;
 }
 
-/* y[i] = relu?(y[i] + b[i]) (no bias: b NULL) for i in [0, n). */
-TR_KERNEL static void add_bias_relu(float *y, const float *b, int64_t n, bool relu) {
+bool tn_mlp_fits(const tr_tensor *x, bool flatten, const tn_mlp_layer *layers, int n) {
+  if (!tn_mlp_chains(x, flatten, layers, n) || x->shape[0] != 1) return false;
+  for (int k = 0; k < n - 1; k++)
+    if (layers[k].w->shape[0] > TN_MLP_MAX_WIDTH) return false;
+  return true;
+}
+
+TR_KERNEL void tn_add_bias_relu(float *y, const float *b, int64_t n, bool relu) {
   if (b) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] += b[i];
@@ -341,7 +346,7 @@ static void mlp_rows(const tr_ctx *ctx, const tn_mlp_layer *l, int64_t lo, int64
                      const float *x, float *y) {
   int64_t in = l->w->shape[1];
   tn_gemv(ctx, TR_F32, hi - lo, in, tr_f32(l->w) + lo * in, in, x, 0.0, y);
-  add_bias_relu(y, l->b ? tr_f32(l->b) + lo : NULL, hi - lo, l->relu);
+  tn_add_bias_relu(y, l->b ? tr_f32(l->b) + lo : NULL, hi - lo, l->relu);
 }
 
 /* The first two layers split in blocks (mlp_head_part's argument). */
@@ -383,11 +388,8 @@ static void mlp_head_part(void *arg, int part, int parts) {
   }
 }
 
-/* y (n) = relu?(b + the blocks' partial sums, in block order). */
-TR_KERNEL static void sum_partials(const tn_mlp_layer *l, const float *partial, int blocks,
-                                   float *y) {
-  int64_t n = l->w->shape[0];
-  const float *b = l->b ? tr_f32(l->b) : NULL;
+TR_KERNEL void tn_sum_partials(float *y, const float *b, const float *partial, int blocks,
+                               int64_t stride, int64_t n, bool relu) {
   if (b) {
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] = b[i] + partial[i];
@@ -395,11 +397,11 @@ TR_KERNEL static void sum_partials(const tn_mlp_layer *l, const float *partial, 
     memcpy(y, partial, sizeof(float) * (size_t)n);
   }
   for (int k = 1; k < blocks; k++) {
-    const float *p = partial + k * n;
+    const float *p = partial + k * stride;
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) y[i] += p[i];
   }
-  if (l->relu) relu_in_place(y, n);
+  if (relu) relu_in_place(y, n);
 }
 
 /* How many blocks the first two layers split into: 1 (no split) unless the first is large
@@ -420,7 +422,9 @@ tr_tensor *tn_mlp_infer(tr_ctx *ctx, const tr_tensor *x, const tn_mlp_layer *lay
     float *second_out = n == 2 ? tr_f32(y) : hidden[1];
     mlp_head_job job = {ctx, &layers[0], &layers[1], in, partial, blocks};
     tn_par_run(ctx, mlp_head_part, &job);
-    sum_partials(&layers[1], partial, blocks, second_out);
+    const tn_mlp_layer *l = &layers[1];
+    int64_t out = l->w->shape[0];
+    tn_sum_partials(second_out, l->b ? tr_f32(l->b) : NULL, partial, blocks, out, out, l->relu);
     in = second_out;
     k = 2;
   }

@@ -1,7 +1,7 @@
-/* trainer/infer.h: fused inference paths (infer.c), internal to the engine. nn.c's
- * sequential forward uses them in no-grad mode where a run of modules fits one: conv2d
- * [+ ReLU] [+ max pool], linear + ReLU, and at batch 1 a whole MLP ([flatten], then linear
- * [+ ReLU] layers). */
+/* trainer/infer.h: fused paths, internal to the engine. nn.c's sequential forward uses them
+ * where a run of modules fits one: in no-grad mode (infer.c) conv2d [+ ReLU] [+ max pool],
+ * linear + ReLU, and at batch 1 a whole MLP ([flatten], then linear [+ ReLU] layers); in
+ * grad mode on the engine's pool (mlp_train.c) an MLP of a batch, as one op. */
 #ifndef NAS_TRAINER_INFER_H
 #define NAS_TRAINER_INFER_H
 
@@ -36,6 +36,11 @@ typedef struct {
 #define TN_MLP_MAX_LAYERS 8    /* a longer run is cut into several */
 #define TN_MLP_MAX_WIDTH 2048  /* hidden widths held on the stack between layers */
 
+/* Whether these n layers (1 to TN_MLP_MAX_LAYERS) chain on x: float32 CPU tensors,
+ * contiguous, x (rows, in) or, when flatten, any (rows, ...) of in values per row, and each
+ * layer's input width the previous one's output width. */
+bool tn_mlp_chains(const tr_tensor *x, bool flatten, const tn_mlp_layer *layers, int n);
+
 /* Whether tn_mlp_infer can run these n layers (1 to TN_MLP_MAX_LAYERS) on x: one example
  * (x (1, in), or any (1, ...) of in values when flatten), float32 CPU tensors, contiguous,
  * widths that chain and hidden ones up to TN_MLP_MAX_WIDTH. */
@@ -47,5 +52,24 @@ bool tn_mlp_fits(const tr_tensor *x, bool flatten, const tn_mlp_layer *layers, i
  * ctx's threads, the second layer's sums are added in parts, so equal within float
  * rounding (and the same from call to call with the same threads). */
 tr_tensor *tn_mlp_infer(tr_ctx *ctx, const tr_tensor *x, const tn_mlp_layer *layers, int n);
+
+/* Whether tn_mlp_train runs these n layers on x: they chain, there are 2 or more, and ctx
+ * has a pool splitting into parts of at least 16 batch rows and 16 of the first layer's
+ * outputs. */
+bool tn_mlp_train_fits(const tr_ctx *ctx, const tr_tensor *x, bool flatten,
+                       const tn_mlp_layer *layers, int n);
+
+/* The layers one after another on x (viewed as (rows, in)), as one op with one backward
+ * node ("MlpBackward") whose inputs are x and every weight and bias: the same function and
+ * gradients as the modules one by one, within float rounding (mlp_train.c). */
+tr_tensor *tn_mlp_train(tr_ctx *ctx, tr_tensor *x, const tn_mlp_layer *layers, int n);
+
+/* y[i] = relu?(y[i] + b[i]) (no bias: b NULL) for i in [0, n). */
+void tn_add_bias_relu(float *y, const float *b, int64_t n, bool relu);
+
+/* y[i] = relu?(b[i] + the blocks' partial sums in block order) for i in [0, n): block k's
+ * values start at partial + k * stride (no bias: b NULL, no ReLU: relu false). */
+void tn_sum_partials(float *y, const float *b, const float *partial, int blocks, int64_t stride,
+                     int64_t n, bool relu);
 
 #endif

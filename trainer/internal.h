@@ -33,7 +33,8 @@ typedef struct {
   int64_t shape[TR_MAX_DIMS];
 } tr_meta;
 
-#define TR_MAX_SAVED 6
+/* 17: the fused MLP (mlp_train.c) keeps its input, 8 weights and 8 layer outputs */
+#define TR_MAX_SAVED 17
 #define TR_MAX_META 3
 
 struct tr_node {

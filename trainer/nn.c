@@ -213,10 +213,26 @@ static tr_tensor *inference_forward(tr_ctx *ctx, const tr_module *seq, size_t i,
   return tr_module_forward(ctx, c[0], x);
 }
 
+/* Grad mode: children i.. of seq as one fused MLP op where it fits (mlp_train.c), else
+ * child i alone; *used gets how many children ran. */
+static tr_tensor *training_forward(tr_ctx *ctx, const tr_module *seq, size_t i, tr_tensor *x,
+                                   size_t *used) {
+  tn_mlp_layer layers[TN_MLP_MAX_LAYERS];
+  bool flatten;
+  int n;
+  size_t span = mlp_run(seq, i, &flatten, layers, &n);
+  if (span && tn_mlp_train_fits(ctx, x, flatten, layers, n)) {
+    *used = span;
+    return tn_mlp_train(ctx, x, layers, n);
+  }
+  *used = 1;
+  return tr_module_forward(ctx, seq->children[i], x);
+}
+
 static tr_tensor *sequential_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   tr_tensor *cur = tr_retain(x);
   for (size_t i = 0, used = 1; i < m->n_children && cur; i += used) {
-    tr_tensor *next = ctx->grad_enabled ? tr_module_forward(ctx, m->children[i], cur)
+    tr_tensor *next = ctx->grad_enabled ? training_forward(ctx, m, i, cur, &used)
                                         : inference_forward(ctx, m, i, cur, &used);
     tr_free(cur);
     cur = next;
