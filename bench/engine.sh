@@ -49,10 +49,14 @@ higher = {"mlp_train_samples_per_s", "cnn_train_samples_per_s",
 lower = {"mlp_infer_p50_us", "mlp_infer_p99_us", "cnn_infer_p50_us", "cnn_infer_p99_us"}
 rows = {}  # key -> label -> best value over the rounds
 trips = []  # every cross-core round trip the engine runs measured, in order
+speedups = []  # every two-core GEMM speedup they measured, in order
 for line in open(sys.argv[1]):
     label, key, value = line.split()
     if key == "core_round_trip_ns":
         trips.append(float(value))
+        continue
+    if key == "gemm_two_core_speedup":
+        speedups.append(float(value))
         continue
     if key == "torch_version" or key == "openblas_threads":
         continue
@@ -92,6 +96,10 @@ if trips:
     print(f"- cross-core round trip at the start and end of each engine run (ns, in order): "
           + " ".join(f"{t:.0f}" for t in trips)
           + " (two-thread numbers follow it: ~75 ns while the vCPUs share a cache, 400-500 when not)")
+if speedups:
+    print(f"- two-core speedup of the MLP's first GEMM, halves on fixed buffers, at the start and "
+          f"end of each engine run (in order): " + " ".join(f"{s:.2f}" for s in speedups)
+          + " (2.0: two busy threads get two cores' compute; seen as low as 1.4 on these VMs)")
 for l in labels:
     if not l.startswith("engine"):
         continue
