@@ -8,7 +8,7 @@
  * other at almost every op. On this project's machines the two vCPUs are sometimes 400-500
  * ns apart, and then moving a 128x256 activation between them took longer than the ReLU on
  * it. Here the parts of the pool keep their own slice of every activation through the
- * whole step, and the whole step is five jobs instead of about twenty.
+ * whole step, and a step of the benchmark's MLP is four jobs instead of eleven.
  *
  * Layout over P parts (part t = worker t, as the pool hands them out):
  *   layer 0, column-parallel: part t computes its columns c_t of the output (its rows of
