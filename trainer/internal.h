@@ -130,6 +130,9 @@ void tn_fill(tr_tensor *t, double value);
 void tn_scale_contig(tr_tensor *t, double s);
 /* y[0..n) += alpha * x[0..n) on contiguous data of dtype (BLAS axpy). */
 void tn_axpy(tr_dtype dtype, int64_t n, double alpha, const void *x, void *y);
+/* out[j] = the sum over r < rows of y[r * ld + j] for j < n, added in row order (so a block
+ * of columns sums to the same bits as the whole): bias gradients. */
+void tn_col_sums(tr_dtype dtype, int64_t rows, int64_t n, const void *y, int64_t ld, void *out);
 
 /* Writes the i-th element in logical order (any strides); no version bump. */
 void tn_set(tr_tensor *t, int64_t i, double v);

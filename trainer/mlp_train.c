@@ -92,10 +92,13 @@ static void forward_rows(void *arg, int part, int parts) {
   for (int k = 2; k < f->n && hi > lo; k++) layer_rows(f, k, lo, hi);
 }
 
+/* How many parts the jobs split into: the pool's (tn_par_run hands each job that many). */
+static int parts_of(const tr_ctx *ctx) { return ctx->threads ? tn_par_parts(ctx) : 1; }
+
 bool tn_mlp_train_fits(const tr_ctx *ctx, const tr_tensor *x, bool flatten,
                        const tn_mlp_layer *layers, int n) {
-  int parts = tn_par_parts(ctx);
-  if (!ctx->threads || parts < 2 || n < 2 || n > TN_MLP_MAX_LAYERS) return false;
+  int parts = parts_of(ctx);
+  if (parts < 2 || n < 2 || n > TN_MLP_MAX_LAYERS) return false;
   if (!tn_mlp_chains(x, flatten, layers, n)) return false;
   return x->shape[0] >= ROWS_PER_PART * parts && layers[0].w->shape[0] >= ROWS_PER_PART * parts;
 }
@@ -121,15 +124,6 @@ TR_KERNEL static void relu_mask(float *dy, const float *g, const float *h, int64
   for (int64_t i = 0; i < n; i++) dy[i] = h[i] > 0 ? g[i] : 0;
 }
 
-/* out[j] = the sum over rows r of y[r * ld + j], j < n, in row order. */
-TR_KERNEL static void col_sums(const float *y, int64_t rows, int64_t ld, int64_t n, float *out) {
-  memset(out, 0, sizeof(float) * (size_t)n);
-  for (int64_t r = 0; r < rows; r++) {
-#pragma omp simd
-    for (int64_t j = 0; j < n; j++) out[j] += y[r * ld + j];
-  }
-}
-
 /* Rows [lo, hi) of the gradient of the last layer's output before its ReLU. */
 static void last_dy_rows(const mlp_bwd *d, int64_t lo, int64_t hi) {
   const mlp_fwd *f = d->f;
@@ -151,7 +145,7 @@ static void backward_rows(void *arg, int part, int parts) {
   for (int k = f->n - 1; k >= 1; k--) {
     int64_t in = f->width[k], out = f->width[k + 1];
     const float *dy = d->dy[k] + lo * out;
-    if (d->pdb[k]) col_sums(dy, hi - lo, out, out, d->pdb[k] + part * out);
+    if (d->pdb[k]) tn_col_sums(TR_F32, hi - lo, out, dy, out, d->pdb[k] + part * out);
     if (k == 1) break;
     float *pdw = d->pdw[k] + part * out * in, *dh = d->dy[k - 1] + lo * in;
     if (hi > lo)
@@ -198,7 +192,7 @@ static void backward_columns(void *arg, int part, int parts) {
   if (f->relu[0])
     for (int64_t r = 0; r < rows; r++)
       relu_mask(dy0 + r * mid, dy0 + r * mid, f->h[0] + r * mid + lo, hi - lo);
-  if (d->db[0]) col_sums(dy0, rows, mid, hi - lo, d->db[0] + lo);
+  if (d->db[0]) tn_col_sums(TR_F32, rows, hi - lo, dy0, mid, d->db[0] + lo);
   sgemm(true, false, hi - lo, in, rows, dy0, mid, f->x, in, d->dw[0] + lo * in, in);
   if (pdx) sgemm(false, false, rows, in, hi - lo, dy0, mid, f->w[0] + lo * in, in, pdx, in);
 }
@@ -217,9 +211,6 @@ static void backward_dx(void *arg, int part, int parts) {
  * bias. Saved: the 2-D input, the n weights, the outputs of layers 0..n-2, and the op's
  * output when the last layer has a ReLU (its mask). Inputs: x, then w and b per layer. */
 enum { IA_LAYERS, IA_RELU, IA_BIAS };
-
-/* How many parts the jobs split into: the pool's (tn_par_run hands each job that many). */
-static int parts_of(const tr_ctx *ctx) { return ctx->threads ? tn_par_parts(ctx) : 1; }
 
 /* fn over `parts` parts: on the pool when it splits into that many now, else in turn here
  * (the same results: each part's work and the order of the sums depend on parts only). */

@@ -233,11 +233,9 @@ static void bias_grad_part(void *arg, int part, int parts) {
   size_t es = tr_dtype_size(j->dtype);
   int64_t lo, hi;
   tn_par_range(j->cols, part, parts, &lo, &hi);
-  if (hi <= lo) return;
-  memset(j->db + (size_t)lo * es, 0, (size_t)(hi - lo) * es);
-  for (int64_t r = 0; r < j->rows; r++)
-    tn_axpy(j->dtype, hi - lo, 1.0, j->dy + (size_t)(r * j->cols + lo) * es,
-            j->db + (size_t)lo * es);
+  if (hi > lo)
+    tn_col_sums(j->dtype, j->rows, hi - lo, j->dy + (size_t)lo * es, j->cols,
+                j->db + (size_t)lo * es);
 }
 
 /* With the engine's own pool, bias gradients of this many elements of dy on are split by

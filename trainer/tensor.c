@@ -479,6 +479,13 @@ void tn_axpy(tr_dtype dtype, int64_t n, double alpha, const void *x, void *y) {
     cblas_daxpy((blasint)n, alpha, x, 1, y, 1);
 }
 
+void tn_col_sums(tr_dtype dtype, int64_t rows, int64_t n, const void *y, int64_t ld, void *out) {
+  size_t es = tr_dtype_size(dtype);
+  memset(out, 0, (size_t)n * es);
+  for (int64_t r = 0; r < rows; r++)
+    tn_axpy(dtype, n, 1.0, (const char *)y + (size_t)(r * ld) * es, out);
+}
+
 int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s) {
   if (check_inplace(ctx, t, "mul_")) return NAS_ERR;
   if (tn_on_cuda(t)) return tc_mul_scalar_(ctx, t, s);
