@@ -269,9 +269,15 @@ int cmd_pareto(int argc, char **argv) {
 static const char status_help[] =
     "usage: nas status [EXPERIMENT] [--format table|csv|json] [--storage URL]\n\n"
     "Without EXPERIMENT: every experiment in the storage with its trial counts.\n"
-    "With one: its trial counts by status and its front.\n";
+    "With one: its trial counts by status and its front.\n"
+    "The scheduler column says whether a scheduler ('nas run'/'nas resume') runs the\n"
+    "experiment now: alive, none, or dead (it stopped renewing its lease; the next\n"
+    "'nas resume' takes over).\n";
 
-static json_t *count_cells(const experiment_row *exp, const trial_row *rows, size_t n) {
+static const char *const liveness_names[] = {"none", "alive", "dead"};
+
+static json_t *count_cells(const experiment_row *exp, const trial_row *rows, size_t n,
+                           sched_liveness scheduler) {
   int by[TRIAL_STATUS_COUNT] = {0};
   for (size_t i = 0; i < n; i++) by[rows[i].status]++;
   char created[32];
@@ -282,6 +288,7 @@ static json_t *count_cells(const experiment_row *exp, const trial_row *rows, siz
   json_t *cells = json_pack("[s, s, i]", exp->name, exp->status, (int)n);
   for (int st = 0; st < TRIAL_STATUS_COUNT; st++) json_array_append_new(cells, json_integer(by[st]));
   json_array_append_new(cells, json_string(created));
+  json_array_append_new(cells, json_string(liveness_names[scheduler]));
   return cells;
 }
 
@@ -290,16 +297,34 @@ static int status_table(cli_table *t) {
   int rc = cli_table_init(t, head, 3);
   for (int st = 0; rc == NAS_OK && st < TRIAL_STATUS_COUNT; st++)
     rc = cli_table_add_column(t, trial_status_name((trial_status)st));
-  return rc == NAS_OK ? cli_table_add_column(t, "created") : rc;
+  if (rc == NAS_OK) rc = cli_table_add_column(t, "created");
+  return rc == NAS_OK ? cli_table_add_column(t, "scheduler") : rc;
 }
 
 static int add_status_row(storage *st, cli_table *t, const experiment_row *exp, nas_err *err) {
   trial_row *rows;
   size_t n;
+  sched_liveness scheduler;
+  char *holder;
+  if (sched_scheduler_state(st, exp, &scheduler, &holder, err) != NAS_OK) return NAS_ERR;
+  free(holder);
   if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
-  int rc = cli_table_add_row(t, count_cells(exp, rows, n));
+  int rc = cli_table_add_row(t, count_cells(exp, rows, n, scheduler));
   trial_rows_free(rows, n);
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
+}
+
+/* One line under a single experiment's status: who runs it. */
+static void print_scheduler_line(storage *st, const experiment_row *exp) {
+  nas_err err;
+  sched_liveness scheduler;
+  char *holder = NULL;
+  if (sched_scheduler_state(st, exp, &scheduler, &holder, &err) != NAS_OK) return;
+  if (scheduler == SCHEDULER_ALIVE) printf("scheduler: alive (%s)\n", holder);
+  else if (scheduler == SCHEDULER_DEAD)
+    printf("scheduler: dead (%s); 'nas resume %s' takes over\n", holder, exp->name);
+  else printf("scheduler: none\n");
+  free(holder);
 }
 
 /* One line under a single experiment's status: the front so far. */
@@ -347,7 +372,10 @@ int cmd_status(int argc, char **argv) {
   for (size_t i = 0; rc == NAS_OK && i < n; i++) rc = add_status_row(st, &t, &exps[i], &err);
   if (rc == NAS_OK) cli_table_print(&t, a.format);
   else status = cli_fail(&err);
-  if (rc == NAS_OK && a.experiment && a.format == FORMAT_TABLE) print_front_line(st, &exps[0]);
+  if (rc == NAS_OK && a.experiment && a.format == FORMAT_TABLE) {
+    print_scheduler_line(st, &exps[0]);
+    print_front_line(st, &exps[0]);
+  }
   cli_table_free(&t);
   experiment_rows_free(exps, n);
   storage_close(st);

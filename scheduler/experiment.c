@@ -52,18 +52,25 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
   return rc;
 }
 
+/* The stored experiment of spec s, its spec checked against s. */
+static int prepare_existing(const spec *s, storage *st, experiment_row *exp, nas_err *err) {
+  int rc = compare_with_stored(s, st, exp, err);
+  experiment_row_clear(exp);
+  return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
+}
+
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err) {
   int rc = storage_experiment_get(st, s->name, exp, err);
-  if (rc == NAS_OK) {
-    rc = compare_with_stored(s, st, exp, err);
-    experiment_row_clear(exp);
-    return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
-  }
+  if (rc == NAS_OK) return prepare_existing(s, st, exp, err);
   if (rc != NAS_ENOTFOUND) return rc;
   char cwd[4096];
   if (!getcwd(cwd, sizeof cwd)) return nas_errf(err, "cannot read the current folder");
   int64_t id;
   rc = storage_experiment_create(st, s->name, s->text, s->path, cwd, &id, err);
+  /* Another process created it meanwhile: the same as finding it (the lease then decides
+   * which of the two runs it). */
+  if (rc == NAS_EEXIST && storage_experiment_get(st, s->name, exp, err) == NAS_OK)
+    return prepare_existing(s, st, exp, err);
   return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
 }
 

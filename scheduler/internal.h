@@ -33,6 +33,15 @@ typedef struct {
   int total;
 } trial_counts;
 
+/* The experiment's lease as this scheduler holds it (lease.c). */
+#define SCHED_LEASE_TOKEN_LEN 32
+typedef struct {
+  char token[SCHED_LEASE_TOKEN_LEN + 1]; /* random hex: this holder */
+  char host[256];
+  bool held;
+  double renewed;                        /* monotonic seconds of the last renewal */
+} sched_lease;
+
 typedef struct {
   const spec *s;              /* borrowed */
   storage *st;                /* borrowed */
@@ -57,7 +66,16 @@ typedef struct {
   sigset_t waited;            /* signals the loop blocks and waits on */
   sigset_t old_mask;
   char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */
+  sched_lease lease;          /* this process's hold on the experiment */
 } sched;
+
+/* lease.c */
+/* Takes the experiment's lease, taking over a dead holder's; refuses with who holds it. */
+int sched_lease_take(sched *sc, nas_err *err);
+/* Renews the lease when due; an error when another scheduler has taken it over. */
+int sched_lease_keep(sched *sc, nas_err *err);
+/* Gives the lease up (when held). */
+void sched_lease_release(sched *sc);
 
 /* launch.c */
 /* Appends a trial to the launch queue (taking over row's contents). */

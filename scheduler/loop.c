@@ -531,7 +531,8 @@ static bool done(const sched *sc) {
 
 static int loop(sched *sc, bool *interrupted, nas_err *err) {
   while (true) {
-    if (poll_jobs(sc, err) != NAS_OK || check_stop_request(sc, interrupted, err) != NAS_OK)
+    if (sched_lease_keep(sc, err) != NAS_OK || poll_jobs(sc, err) != NAS_OK ||
+        check_stop_request(sc, interrupted, err) != NAS_OK)
       return NAS_ERR;
     check_deadline(sc);
     if (launch_new(sc, err) != NAS_OK) return NAS_ERR;
@@ -578,20 +579,29 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   return NAS_OK;
 }
 
+/* The run itself, once this process holds the experiment's lease. */
+static int run_held(sched *sc, nas_err *err) {
+  bool interrupted = false;
+  int rc = storage_experiment_set_status(sc->st, sc->exp->id, "running", err);
+  if (rc == NAS_OK) rc = rebuild(sc, err);
+  if (rc == NAS_OK) rc = loop(sc, &interrupted, err);
+  if (interrupted) sc->outcome = SCHED_INTERRUPTED;
+  if (rc == NAS_OK)
+    rc = storage_experiment_set_status(sc->st, sc->exp->id,
+                                       sc->outcome == SCHED_FINISHED ? "finished" : "stopped",
+                                       err);
+  sched_progress_done(sc);
+  return rc;
+}
+
 int sched_run(const spec *s, storage *st, const experiment_row *exp,
               const sched_options *opt, sched_outcome *outcome, nas_err *err) {
   sched sc;
-  bool interrupted = false;
   int rc = sched_init(&sc, s, st, exp, opt, err);
-  if (rc == NAS_OK) rc = storage_experiment_set_status(st, exp->id, "running", err);
-  if (rc == NAS_OK) rc = rebuild(&sc, err);
-  if (rc == NAS_OK) rc = loop(&sc, &interrupted, err);
-  if (interrupted) sc.outcome = SCHED_INTERRUPTED;
-  if (rc == NAS_OK)
-    rc = storage_experiment_set_status(st, exp->id,
-                                       sc.outcome == SCHED_FINISHED ? "finished" : "stopped", err);
-  sched_progress_done(&sc);
+  if (rc == NAS_OK) rc = sched_lease_take(&sc, err);
+  if (rc == NAS_OK) rc = run_held(&sc, err);
   *outcome = sc.outcome;
+  sched_lease_release(&sc);
   sched_free(&sc);
   return rc;
 }

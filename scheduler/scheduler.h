@@ -36,6 +36,28 @@ typedef struct {
 int sched_run(const spec *s, storage *st, const experiment_row *exp,
               const sched_options *opt, sched_outcome *outcome, nas_err *err);
 
+/* ---- one scheduler per experiment (lease.c) ----------------------------------------------
+ * sched_run holds the experiment's lease in storage while it runs and renews it every few
+ * seconds; a second sched_run of the same experiment is refused. */
+
+/* A lease not renewed for this long belongs to a scheduler that died (docs/cli.md). */
+#define SCHED_LEASE_TIMEOUT_S 30.0
+
+typedef enum {
+  SCHEDULER_NONE,  /* no lease: nothing runs the experiment */
+  SCHEDULER_ALIVE, /* a scheduler holds the lease and renews it */
+  SCHEDULER_DEAD,  /* a lease is left by a scheduler that is gone; the next one takes it */
+} sched_liveness;
+
+/* Whether the holder of lease is gone: its heartbeat older than SCHED_LEASE_TIMEOUT_S at
+ * Unix time now, or it ran on this host and its pid no longer exists. */
+bool sched_lease_holder_dead(const storage_lease *lease, double now);
+/* "host h, pid p, running for …, last heartbeat … ago". Owned; NULL when out of memory. */
+char *sched_lease_describe(const storage_lease *lease, double now);
+/* Whether a scheduler runs exp; *text (owned, NULL for SCHEDULER_NONE) describes it. */
+int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness *state,
+                          char **text, nas_err *err);
+
 /* Marks the experiment stopped (a live sched_run sees it and ends) and asks the runner
  * of every running trial to stop its job. Trials that could not be reached are reported
  * on `report` (may be NULL), one line each. */

@@ -54,6 +54,15 @@ typedef struct storage_backend {
                      int64_t new_log_offset, nas_err *err);
   int (*metrics_list)(void *conn, int64_t experiment_id, metric_row **out, size_t *n,
                       nas_err *err);
+
+  /* The scheduler lease. Each is one statement or transaction; take, renew and release
+   * are idempotent (a retried take finds its own token and succeeds). */
+  int (*lease_take)(void *conn, int64_t experiment_id, const char *token, const char *host,
+                    int64_t pid, const char *replaces, double now, nas_err *err);
+  int (*lease_renew)(void *conn, int64_t experiment_id, const char *token, double now,
+                     nas_err *err);
+  int (*lease_release)(void *conn, int64_t experiment_id, const char *token, nas_err *err);
+  int (*lease_get)(void *conn, int64_t experiment_id, storage_lease *out, nas_err *err);
 } storage_backend;
 
 extern const storage_backend storage_sqlite_backend;
@@ -65,6 +74,17 @@ extern const storage_backend storage_postgres_backend;
 int storage_check_start(trial_status current, nas_err *err);
 int storage_check_finish(trial_status current, trial_status to, nas_err *err);
 int storage_check_heartbeat(trial_status current, nas_err *err);
+
+/* The one statement that takes a lease in both backends, with the placeholders for
+ * (experiment id, token, host, pid, now, replaces): inserts it, or overwrites a lease that
+ * the taker holds already or that it replaces; else changes nothing. */
+#define LEASE_TAKE_SQL(id, token, host, pid, now, replaces)                                  \
+  "INSERT INTO scheduler_leases (experiment_id, token, host, pid, started_at, heartbeat_at)" \
+  " VALUES (" id ", " token ", " host ", " pid ", " now ", " now ")"                         \
+  " ON CONFLICT (experiment_id) DO UPDATE SET token = excluded.token,"                       \
+  " host = excluded.host, pid = excluded.pid, started_at = excluded.started_at,"             \
+  " heartbeat_at = excluded.heartbeat_at"                                                    \
+  " WHERE scheduler_leases.token = " token " OR scheduler_leases.token = " replaces
 
 /* The experiment statuses storage accepts ("running", "finished", "stopped"); a new
  * experiment starts as the first. */

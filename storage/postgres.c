@@ -78,6 +78,14 @@ static const char *const migrations[] = {
     "CREATE INDEX trials_queued ON trials (experiment_id, number) WHERE status = 'queued';",
     /* 2 → 3: the reference point each suggestion aimed at. */
     "ALTER TABLE trials ADD COLUMN reference_json text;",
+    /* 3 → 4: the lease of the one scheduler that runs an experiment. */
+    "CREATE TABLE scheduler_leases ("
+    "  experiment_id bigint PRIMARY KEY REFERENCES experiments (id),"
+    "  token text NOT NULL,"
+    "  host text NOT NULL,"
+    "  pid bigint NOT NULL,"
+    "  started_at double precision NOT NULL,"
+    "  heartbeat_at double precision NOT NULL);",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -755,6 +763,78 @@ static int postgres_metrics_list(void *conn, int64_t experiment_id, metric_row *
   return rc;
 }
 
+/* ---- the scheduler lease ---------------------------------------------------------------- */
+
+#define LEASE_COLUMNS "token, host, pid, started_at, heartbeat_at"
+
+static int lease_read(const PGresult *res, int row, void *out, nas_err *err) {
+  storage_lease *l = out;
+  memset(l, 0, sizeof *l);
+  l->pid = pg_int(res, row, 2);
+  l->started_at = pg_double(res, row, 3);
+  l->heartbeat_at = pg_double(res, row, 4);
+  int rc = pg_text(res, row, 0, &l->token, err);
+  if (rc == NAS_OK) rc = pg_text(res, row, 1, &l->host, err);
+  if (rc != NAS_OK) storage_lease_clear(l);
+  return rc;
+}
+
+static void lease_clear(void *row) { storage_lease_clear(row); }
+
+static const row_kind lease_kind = {sizeof(storage_lease), lease_read, lease_clear};
+
+/* Every lease write is idempotent (see backend.h), so none needs a receipt: the rows
+ * RETURNING gives say whether it took effect. */
+static int lease_write(pg_conn *c, size_t *changed, nas_err *err, const char *sql,
+                       const char *types, ...) {
+  statement s = {.sql = sql, .kind = &id_kind};
+  va_list ap;
+  va_start(ap, types);
+  int rc = statement_runv(c, &s, err, types, ap);
+  va_end(ap);
+  *changed = s.n;
+  statement_free(&s);
+  return rc;
+}
+
+static int postgres_lease_take(void *conn, int64_t experiment_id, const char *token,
+                               const char *host, int64_t pid, const char *replaces, double now,
+                               nas_err *err) {
+  size_t changed = 0;
+  int rc = lease_write(conn, &changed, err,
+                       LEASE_TAKE_SQL("$1", "$2", "$3", "$4", "$5", "$6") " RETURNING experiment_id",
+                       "ittidt", experiment_id, token, host, pid, now, replaces);
+  if (rc == NAS_OK && changed == 0) rc = nas_errc(err, NAS_EEXIST, "another scheduler holds it");
+  return rc;
+}
+
+static int postgres_lease_renew(void *conn, int64_t experiment_id, const char *token,
+                                double now, nas_err *err) {
+  size_t changed = 0;
+  int rc = lease_write(conn, &changed, err,
+                       "UPDATE scheduler_leases SET heartbeat_at = $1"
+                       " WHERE experiment_id = $2 AND token = $3 RETURNING experiment_id",
+                       "dit", now, experiment_id, token);
+  if (rc == NAS_OK && changed == 0) rc = nas_errc(err, NAS_ENOTFOUND, "this process no longer holds it");
+  return rc;
+}
+
+static int postgres_lease_release(void *conn, int64_t experiment_id, const char *token,
+                                  nas_err *err) {
+  size_t changed = 0;
+  return lease_write(conn, &changed, err,
+                     "DELETE FROM scheduler_leases WHERE experiment_id = $1 AND token = $2"
+                     " RETURNING experiment_id",
+                     "it", experiment_id, token);
+}
+
+static int postgres_lease_get(void *conn, int64_t experiment_id, storage_lease *out,
+                              nas_err *err) {
+  return query_row(conn, &lease_kind, out, "no scheduler holds it", err,
+                   "SELECT " LEASE_COLUMNS " FROM scheduler_leases WHERE experiment_id = $1",
+                   "i", experiment_id);
+}
+
 const storage_backend storage_postgres_backend = {
     .name = "postgresql",
     .open = postgres_open,
@@ -773,4 +853,8 @@ const storage_backend storage_postgres_backend = {
     .trial_list = postgres_trial_list,
     .metrics_add = postgres_metrics_add,
     .metrics_list = postgres_metrics_list,
+    .lease_take = postgres_lease_take,
+    .lease_renew = postgres_lease_renew,
+    .lease_release = postgres_lease_release,
+    .lease_get = postgres_lease_get,
 };

@@ -35,6 +35,8 @@
 typedef struct sqlite_conn {
   sqlite3 *db;
   char *path; /* absolute path of the database file, for messages */
+  dev_t dev;  /* identity of the file opened at path, to notice it deleted or replaced */
+  ino_t ino;
 } sqlite_conn;
 
 /* ---- schema ---------------------------------------------------------------------------
@@ -83,6 +85,14 @@ static const char *const migrations[] = {
     "CREATE INDEX trials_queued ON trials (experiment_id, number) WHERE status = 'queued';",
     /* 2 → 3: the reference point each suggestion aimed at. */
     "ALTER TABLE trials ADD COLUMN reference_json TEXT;",
+    /* 3 → 4: the lease of the one scheduler that runs an experiment. */
+    "CREATE TABLE scheduler_leases ("
+    "  experiment_id INTEGER PRIMARY KEY REFERENCES experiments (id),"
+    "  token TEXT NOT NULL,"
+    "  host TEXT NOT NULL,"
+    "  pid INTEGER NOT NULL,"
+    "  started_at REAL NOT NULL,"
+    "  heartbeat_at REAL NOT NULL);",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -197,9 +207,30 @@ static int exec(const sqlite_conn *c, const char *sql, nas_err *err) {
   return sqlite3_exec(c->db, sql, NULL, NULL, NULL) == SQLITE_OK ? NAS_OK : db_fail(c, err);
 }
 
+/* Whether path still names the file this connection opened. A database deleted or
+ * replaced under a running nas would otherwise take every later write into an unlinked
+ * file, and the run would end "completed" with nothing stored. */
+static int check_identity(const sqlite_conn *c, nas_err *err) {
+  struct stat now;
+  if (stat(c->path, &now) != 0) {
+    return nas_errf(err, "the database file %s is gone (%s): it was deleted while nas was "
+                    "using it; stopping, since nothing written now would be kept", c->path,
+                    strerror(errno));
+  }
+  if (now.st_dev != c->dev || now.st_ino != c->ino) {
+    return nas_errf(err, "the database file %s was replaced by another file while nas was "
+                    "using it; stopping, since nothing written now would be kept", c->path);
+  }
+  return NAS_OK;
+}
+
 /* BEGIN IMMEDIATE: take the write lock now (waiting up to the busy timeout), so nothing
- * read inside the transaction can change before it commits. */
-static int tx_begin(const sqlite_conn *c, nas_err *err) { return exec(c, "BEGIN IMMEDIATE", err); }
+ * read inside the transaction can change before it commits. Every write checks first that
+ * the file is still the one opened. */
+static int tx_begin(const sqlite_conn *c, nas_err *err) {
+  int rc = check_identity(c, err);
+  return rc == NAS_OK ? exec(c, "BEGIN IMMEDIATE", err) : rc;
+}
 
 /* Commits when rc is NAS_OK, else rolls back; returns rc, or the commit's failure. A
  * failed rollback is not reported over the error that caused it: SQLite then rolls the
@@ -499,6 +530,15 @@ static int prepare_schema(const sqlite_conn *c, nas_err *err) {
   return rc;
 }
 
+/* SQLite has created the file by the time the connection is open. */
+static int remember_identity(sqlite_conn *c, nas_err *err) {
+  struct stat opened;
+  if (stat(c->path, &opened) != 0) return nas_errf(err, "%s: %s", c->path, strerror(errno));
+  c->dev = opened.st_dev;
+  c->ino = opened.st_ino;
+  return NAS_OK;
+}
+
 static void sqlite_close(void *conn) {
   sqlite_conn *c = conn;
   if (!c) return;
@@ -513,6 +553,7 @@ static int sqlite_open(const char *target, void **conn, nas_err *err) {
   c->path = nas_abspath(target, NULL);
   int rc = c->path ? check_path(c->path, err) : out_of_memory(err);
   if (rc == NAS_OK) rc = connect(c, err);
+  if (rc == NAS_OK) rc = remember_identity(c, err);
   if (rc == NAS_OK) rc = prepare_schema(c, err);
   if (rc != NAS_OK) {
     sqlite_close(c);
@@ -810,6 +851,87 @@ static int sqlite_metrics_list(void *conn, int64_t experiment_id, metric_row **o
   return rc;
 }
 
+/* ---- the scheduler lease ---------------------------------------------------------------- */
+
+#define LEASE_COLUMNS "token, host, pid, started_at, heartbeat_at"
+
+static int lease_read(sqlite3_stmt *s, void *row, nas_err *err) {
+  storage_lease *l = row;
+  memset(l, 0, sizeof *l);
+  l->pid = sqlite3_column_int64(s, 2);
+  l->started_at = sqlite3_column_double(s, 3);
+  l->heartbeat_at = sqlite3_column_double(s, 4);
+  int rc = column_text(s, 0, &l->token, err);
+  if (rc == NAS_OK) rc = column_text(s, 1, &l->host, err);
+  if (rc != NAS_OK) storage_lease_clear(l);
+  return rc;
+}
+
+static void lease_free_rows(void *rows, size_t n) {
+  storage_lease *leases = rows;
+  for (size_t i = 0; i < n; i++) storage_lease_clear(&leases[i]);
+  free(rows);
+}
+
+static const row_kind lease_kind = {sizeof(storage_lease), lease_read, lease_free_rows};
+
+/* One write statement in its own transaction; *changed gets the rows it changed. */
+static int write_counted(const sqlite_conn *c, int *changed, nas_err *err, const char *sql,
+                         const char *types, ...) {
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  sqlite3_stmt *s = NULL;
+  va_list ap;
+  va_start(ap, types);
+  rc = stmt_openv(c, &s, err, sql, types, ap);
+  va_end(ap);
+  if (rc == NAS_OK) {
+    rc = stmt_step(c, s, err);
+    sqlite3_finalize(s);
+  }
+  if (rc >= 0) {
+    rc = NAS_OK;
+    *changed = sqlite3_changes(c->db);
+  }
+  return tx_end(c, rc, err);
+}
+
+static int sqlite_lease_take(void *conn, int64_t experiment_id, const char *token,
+                             const char *host, int64_t pid, const char *replaces, double now,
+                             nas_err *err) {
+  int changed = 0;
+  int rc = write_counted(conn, &changed, err, LEASE_TAKE_SQL("?1", "?2", "?3", "?4", "?5", "?6"),
+                         "ittidt", experiment_id, token, host, pid, now, replaces);
+  if (rc == NAS_OK && changed == 0) rc = nas_errc(err, NAS_EEXIST, "another scheduler holds it");
+  return rc;
+}
+
+static int sqlite_lease_renew(void *conn, int64_t experiment_id, const char *token, double now,
+                              nas_err *err) {
+  int changed = 0;
+  int rc = write_counted(conn, &changed, err,
+                         "UPDATE scheduler_leases SET heartbeat_at = ?"
+                         " WHERE experiment_id = ? AND token = ?",
+                         "dit", now, experiment_id, token);
+  if (rc == NAS_OK && changed == 0) rc = nas_errc(err, NAS_ENOTFOUND, "this process no longer holds it");
+  return rc;
+}
+
+static int sqlite_lease_release(void *conn, int64_t experiment_id, const char *token,
+                                nas_err *err) {
+  int changed = 0;
+  return write_counted(conn, &changed, err,
+                       "DELETE FROM scheduler_leases WHERE experiment_id = ? AND token = ?",
+                       "it", experiment_id, token);
+}
+
+static int sqlite_lease_get(void *conn, int64_t experiment_id, storage_lease *out,
+                            nas_err *err) {
+  return query_row(conn, &lease_kind, out, "no scheduler holds it", err,
+                   "SELECT " LEASE_COLUMNS " FROM scheduler_leases WHERE experiment_id = ?",
+                   "i", experiment_id);
+}
+
 const storage_backend storage_sqlite_backend = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -828,4 +950,8 @@ const storage_backend storage_sqlite_backend = {
     .trial_list = sqlite_trial_list,
     .metrics_add = sqlite_metrics_add,
     .metrics_list = sqlite_metrics_list,
+    .lease_take = sqlite_lease_take,
+    .lease_renew = sqlite_lease_renew,
+    .lease_release = sqlite_lease_release,
+    .lease_get = sqlite_lease_get,
 };

@@ -379,6 +379,35 @@ int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, s
                     "list metrics of experiment %" PRId64, experiment_id);
 }
 
+/* ---- the scheduler lease ------------------------------------------------------------- */
+
+int storage_lease_take(storage *st, int64_t experiment_id, const char *token, const char *host,
+                       int64_t pid, const char *replaces, nas_err *err) {
+  if (!token || !token[0] || !host) {
+    return nas_errf(err, "take the lease of experiment %" PRId64 ": no holder", experiment_id);
+  }
+  int rc = st->backend->lease_take(st->conn, experiment_id, token, host, pid, replaces,
+                                   nas_now(), err);
+  return in_context(rc, err, "take the lease of experiment %" PRId64, experiment_id);
+}
+
+int storage_lease_renew(storage *st, int64_t experiment_id, const char *token, nas_err *err) {
+  if (!token) return nas_errf(err, "renew the lease of experiment %" PRId64 ": no token", experiment_id);
+  return in_context(st->backend->lease_renew(st->conn, experiment_id, token, nas_now(), err),
+                    err, "renew the lease of experiment %" PRId64, experiment_id);
+}
+
+int storage_lease_release(storage *st, int64_t experiment_id, const char *token, nas_err *err) {
+  if (!token) return NAS_OK;
+  return in_context(st->backend->lease_release(st->conn, experiment_id, token, err), err,
+                    "release the lease of experiment %" PRId64, experiment_id);
+}
+
+int storage_lease_get(storage *st, int64_t experiment_id, storage_lease *out, nas_err *err) {
+  return in_context(st->backend->lease_get(st->conn, experiment_id, out, err), err,
+                    "read the lease of experiment %" PRId64, experiment_id);
+}
+
 /* ---- rows ---------------------------------------------------------------------------- */
 
 void experiment_row_clear(experiment_row *row) {
@@ -408,6 +437,13 @@ void trial_row_clear(trial_row *row) {
 void trial_rows_free(trial_row *rows, size_t n) {
   for (size_t i = 0; rows && i < n; i++) trial_row_clear(&rows[i]);
   free(rows);
+}
+
+void storage_lease_clear(storage_lease *lease) {
+  if (!lease) return;
+  free(lease->token);
+  free(lease->host);
+  memset(lease, 0, sizeof *lease);
 }
 
 void metric_rows_free(metric_row *rows, size_t n) {

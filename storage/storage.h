@@ -160,4 +160,32 @@ int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, s
                          nas_err *err);
 void metric_rows_free(metric_row *rows, size_t n);
 
+/* ---- the scheduler lease --------------------------------------------------------------
+ * One scheduler per experiment: a process that runs an experiment holds its lease, a row
+ * naming the holder (host, pid, when it started) and a heartbeat it renews while it runs.
+ * Storage only records and swaps leases; deciding that a holder is dead (its heartbeat too
+ * old, or its pid gone on this host) is the scheduler's (scheduler.h). */
+typedef struct {
+  char *token;         /* the holder's secret-free random identity; proves ownership */
+  char *host;          /* host name of the holder */
+  int64_t pid;         /* its process id on that host */
+  double started_at;   /* Unix seconds when it took the lease */
+  double heartbeat_at; /* Unix seconds of its last renewal */
+} storage_lease;
+
+/* Takes the experiment's lease for (token, host, pid) when there is none, when it holds
+ * it already, or when the current lease's token equals `replaces` (a lease its caller
+ * judged dead: compare-and-swap, so two processes taking over the same dead lease cannot
+ * both win). NAS_EEXIST when another lease is held. */
+int storage_lease_take(storage *st, int64_t experiment_id, const char *token, const char *host,
+                       int64_t pid, const char *replaces, nas_err *err);
+/* heartbeat_at = now for the lease held by token; NAS_ENOTFOUND when token no longer
+ * holds it (another process took it over). */
+int storage_lease_renew(storage *st, int64_t experiment_id, const char *token, nas_err *err);
+/* Gives the lease up; nothing happens when token does not hold it. */
+int storage_lease_release(storage *st, int64_t experiment_id, const char *token, nas_err *err);
+/* The current lease; NAS_ENOTFOUND when no one holds it. */
+int storage_lease_get(storage *st, int64_t experiment_id, storage_lease *out, nas_err *err);
+void storage_lease_clear(storage_lease *lease);
+
 #endif

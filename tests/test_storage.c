@@ -1149,7 +1149,7 @@ static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
 }
 
 static void schema_version_table_holds_the_current_version(void **state) {
-  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:3");
+  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:4");
 }
 
 static void newer_schema_is_refused_and_left_as_it_is(void **state) {
@@ -1163,14 +1163,14 @@ static void newer_schema_is_refused_and_left_as_it_is(void **state) {
   assert_int_equal(storage_open(f->url, &st, &err), NAS_ERR);
   assert_null(st);
   assert_contains(err.msg, "999");
-  assert_contains(err.msg, "up to 3");
+  assert_contains(err.msg, "up to 4");
   assert_null(strstr(err.msg, TEST_PASSWORD));
   raw_text_is(f, "SELECT version FROM schema_version", "999");
   raw_text_is(f, "SELECT name FROM experiments", "kept");
 }
 
-/* A storage made by a nas of schema version 1 (no heartbeats, no reference points) is
- * upgraded on open. */
+/* A storage made by a nas of schema version 1 (no heartbeats, no reference points, no
+ * scheduler leases) is upgraded on open. */
 static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   fixture *f = *state;
   trial_row t = make_running_trial(f);
@@ -1181,9 +1181,10 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   f->ctx->backend->raw_exec(f->url, "DROP INDEX trials_queued");
   f->ctx->backend->raw_exec(f->url, "ALTER TABLE trials DROP COLUMN heartbeat_at");
   f->ctx->backend->raw_exec(f->url, "ALTER TABLE trials DROP COLUMN reference_json");
+  f->ctx->backend->raw_exec(f->url, "DROP TABLE scheduler_leases");
   f->ctx->backend->raw_exec(f->url, "UPDATE schema_version SET version = 1");
   f->st = open_or_fail(f->url);
-  raw_text_is(f, "SELECT max(version) FROM schema_version", "3");
+  raw_text_is(f, "SELECT max(version) FROM schema_version", "4");
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_string_equal(got.job_id, "job-1");
@@ -1191,6 +1192,7 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   assert_true(got.heartbeat_at == 0);
   trial_row_clear(&got);
   CHECK(storage_trial_heartbeat(f->st, t.id, err));
+  CHECK(storage_lease_take(f->st, t.experiment_id, "token", "host", 1, NULL, err));
   assert_int_equal(metric_count(f, t.experiment_id), 1);
   trial_row_clear(&t);
 }

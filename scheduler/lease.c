@@ -1,0 +1,151 @@
+/* scheduler/lease.c: one scheduler per experiment.
+ *
+ * Two schedulers of one experiment would each spend the whole budget (every configuration
+ * run twice) and fight over its trials, so a scheduler holds the experiment's lease in
+ * storage for as long as it runs: it takes the lease before it touches any trial, renews
+ * it every SCHED_LEASE_RENEW_S seconds (also while the optimizer computes, through the
+ * optimizer's keep-alive), and gives it back when it ends. A second scheduler is refused
+ * with who holds the lease. A lease whose holder died is taken over: at once when the
+ * holder ran on this host and its pid is gone, else once its heartbeat is older than
+ * SCHED_LEASE_TIMEOUT_S. A scheduler that finds its lease taken over stops without
+ * touching anything more. */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include "scheduler/internal.h"
+
+#define SCHED_LEASE_RENEW_S 2.0
+
+/* This host's name, as leases record it; "" when it cannot be read. */
+static void host_name(char *out, size_t size) {
+  if (gethostname(out, size) != 0) out[0] = '\0';
+  out[size - 1] = '\0';
+}
+
+bool sched_lease_holder_dead(const storage_lease *lease, double now) {
+  if (now - lease->heartbeat_at > SCHED_LEASE_TIMEOUT_S) return true;
+  char here[256];
+  host_name(here, sizeof here);
+  if (strcmp(lease->host, here) != 0 || lease->pid <= 0) return false;
+  /* A recycled pid keeps a dead holder's lease alive until the timeout: safe, only slow. */
+  return kill((pid_t)lease->pid, 0) != 0 && errno == ESRCH;
+}
+
+char *sched_lease_describe(const storage_lease *lease, double now) {
+  return nas_asprintf("host %s, pid %lld, running for %.0f s, last heartbeat %.0f s ago",
+                      lease->host, (long long)lease->pid, now - lease->started_at,
+                      now - lease->heartbeat_at);
+}
+
+static int new_token(char token[SCHED_LEASE_TOKEN_LEN + 1], nas_err *err) {
+  unsigned char bytes[SCHED_LEASE_TOKEN_LEN / 2];
+  if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes)
+    return nas_errf(err, "cannot draw a lease token: %s", strerror(errno));
+  for (size_t i = 0; i < sizeof bytes; i++) sprintf(token + 2 * i, "%02x", bytes[i]);
+  return NAS_OK;
+}
+
+/* The refusal when a live scheduler holds the lease. */
+static int refuse(const sched *sc, const storage_lease *held, nas_err *err) {
+  char *who = sched_lease_describe(held, nas_now());
+  int rc = nas_errf(err,
+                    "experiment '%s' is being run by another scheduler (%s); only one may run "
+                    "it at a time. Wait for it to end, or stop it with 'nas stop %s'. A "
+                    "scheduler that died is taken over once its heartbeat is %.0f s old (at "
+                    "once on the host it ran on).",
+                    sc->exp->name, who ? who : "out of memory", sc->exp->name,
+                    SCHED_LEASE_TIMEOUT_S);
+  free(who);
+  return rc;
+}
+
+/* One try at taking the lease, replacing the holder when it is dead. NAS_EEXIST (with
+ * *retry) when the lease changed hands between reading and swapping it. */
+static int take_once(sched *sc, bool *retry, nas_err *err) {
+  sched_lease *mine = &sc->lease;
+  int rc = storage_lease_take(sc->st, sc->exp->id, mine->token, mine->host, (int64_t)getpid(),
+                              NULL, err);
+  if (rc != NAS_EEXIST) return rc;
+  storage_lease held;
+  rc = storage_lease_get(sc->st, sc->exp->id, &held, err);
+  if (rc == NAS_ENOTFOUND) *retry = true; /* released meanwhile */
+  if (rc != NAS_OK) return rc;
+  if (!sched_lease_holder_dead(&held, nas_now())) {
+    rc = refuse(sc, &held, err);
+  } else {
+    char *who = sched_lease_describe(&held, nas_now());
+    rc = storage_lease_take(sc->st, sc->exp->id, mine->token, mine->host, (int64_t)getpid(),
+                            held.token, err);
+    if (rc == NAS_OK)
+      nas_log("%s: taking over from a scheduler that is gone (%s)", sc->exp->name,
+              who ? who : "out of memory");
+    *retry = rc == NAS_EEXIST;
+    free(who);
+  }
+  storage_lease_clear(&held);
+  return rc;
+}
+
+int sched_lease_take(sched *sc, nas_err *err) {
+  sched_lease *mine = &sc->lease;
+  host_name(mine->host, sizeof mine->host);
+  if (new_token(mine->token, err) != NAS_OK) return NAS_ERR;
+  int rc = NAS_ERR;
+  bool retry = true;
+  /* Each retry means another process moved the lease meanwhile; a few are plenty. */
+  for (int tries = 0; retry && tries < 3; tries++) {
+    retry = false;
+    rc = take_once(sc, &retry, err);
+  }
+  if (retry) return nas_errf(err, "experiment '%s': its lease keeps changing hands", sc->exp->name);
+  if (rc != NAS_OK) return rc;
+  mine->held = true;
+  mine->renewed = nas_monotonic();
+  return NAS_OK;
+}
+
+int sched_lease_keep(sched *sc, nas_err *err) {
+  sched_lease *mine = &sc->lease;
+  if (!mine->held || nas_monotonic() - mine->renewed < SCHED_LEASE_RENEW_S) return NAS_OK;
+  int rc = storage_lease_renew(sc->st, sc->exp->id, mine->token, err);
+  if (rc == NAS_ENOTFOUND) {
+    mine->held = false;
+    return nas_errf(err, "experiment '%s': another scheduler took this one's lease over (it "
+                    "was silent for more than %.0f s); stopping here and launching nothing "
+                    "more, the other scheduler carries on", sc->exp->name, SCHED_LEASE_TIMEOUT_S);
+  }
+  if (rc == NAS_OK) mine->renewed = nas_monotonic();
+  return rc;
+}
+
+void sched_lease_release(sched *sc) {
+  sched_lease *mine = &sc->lease;
+  if (!mine->held) return;
+  nas_err err;
+  /* A lease left behind only delays the next scheduler until its holder is seen dead. */
+  if (storage_lease_release(sc->st, sc->exp->id, mine->token, &err) != NAS_OK)
+    nas_log("%s: %s", sc->exp->name, err.msg);
+  mine->held = false;
+}
+
+int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness *state,
+                          char **text, nas_err *err) {
+  storage_lease lease;
+  *text = NULL;
+  int rc = storage_lease_get(st, exp->id, &lease, err);
+  if (rc == NAS_ENOTFOUND) {
+    *state = SCHEDULER_NONE;
+    return NAS_OK;
+  }
+  if (rc != NAS_OK) return rc;
+  double now = nas_now();
+  *state = sched_lease_holder_dead(&lease, now) ? SCHEDULER_DEAD : SCHEDULER_ALIVE;
+  *text = sched_lease_describe(&lease, now);
+  storage_lease_clear(&lease);
+  return *text ? NAS_OK : nas_errf(err, "out of memory");
+}

@@ -1,0 +1,224 @@
+/* One scheduler per experiment, and a database that vanishes under a run: the real bin/nas
+ * on SQLite and on a throwaway PostgreSQL. Two schedulers of one experiment never run it
+ * at once (the second is refused with who holds it, nothing runs twice); a scheduler
+ * killed with -9 is taken over at once on its host; a lease that stopped beating is judged
+ * dead; `nas status` says whether a scheduler is alive; deleting the SQLite file mid-run
+ * stops the run with an error instead of a "completed" that stored nothing. */
+#include <fcntl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "common/common.h"
+#include "scheduler/scheduler.h"
+#include "tests/e2e.h"
+#include "tests/pgserver.h"
+
+/* Four trials of a second each, two at a time: long enough to start a rival meanwhile. */
+static const char slow_spec[] =
+    "name: slow\n"
+    "parameters: {x: {type: float, low: 0, high: 1}}\n"
+    "objectives: [{name: y, goal: minimize}]\n"
+    "trial: {command: [sh, -c, 'sleep 1; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+    "optimizer: {type: random}\n"
+    "budget: {trials: 4, parallel: 2}\n";
+
+/* Starts `nas run SPEC` in the background with its stderr into dir/name; returns its pid. */
+static pid_t start_logged(fixture *f, const char *spec, const char *name) {
+  char *log = nas_asprintf("%s/%s", f->dir, name);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (chdir(f->dir) != 0 || fd < 0) _exit(126);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", f->db, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  free(log);
+  return pid;
+}
+
+static int exit_status(pid_t pid) {
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+/* Waits until the experiment has a running trial (its scheduler is well under way). */
+static void wait_for_running_trial(fixture *f, const char *name) {
+  for (int i = 0; i < 100; i++) {
+    char *out = NULL;
+    if (nas(f, &out, "trials", name, "--format=json") == 0 && strstr(out, "\"running\"")) {
+      free(out);
+      return;
+    }
+    free(out);
+    nas_sleep(0.05);
+  }
+  fail_msg("experiment %s never had a running trial", name);
+}
+
+/* `nas status NAME --format json`: the experiment's scheduler column. Owned. */
+static char *scheduler_column(fixture *f, const char *name) {
+  char *out;
+  assert_int_equal(nas(f, &out, "status", name, "--format=json"), 0);
+  json_t *rows = json_loads(out, 0, NULL);
+  assert_non_null(rows);
+  char *state = strdup(json_string_value(json_object_get(json_array_get(rows, 0), "scheduler")));
+  json_decref(rows);
+  free(out);
+  return state;
+}
+
+/* The scenario the fault was found with, on whatever storage f->db names. */
+static void rival_schedulers_never_double_the_budget(fixture *f) {
+  char *spec = test_write(f->dir, "slow.yaml", slow_spec);
+  pid_t first = start_logged(f, spec, "first.log");
+  wait_for_running_trial(f, "slow");
+  char *state = scheduler_column(f, "slow");
+  assert_string_equal(state, "alive");
+  free(state);
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 1);
+  if (!strstr(out, "is being run by another scheduler") || !strstr(out, "pid"))
+    fail_msg("second 'nas run' said: %s", out);
+  free(out);
+  assert_int_equal(nas(f, &out, "resume", "slow", "--no-progress"), 1);
+  assert_non_null(strstr(out, "is being run by another scheduler"));
+  free(out);
+  assert_int_equal(exit_status(first), 0);
+  json_t *rows = trials_json(f, "slow");
+  assert_int_equal(json_array_size(rows), 4);
+  assert_int_equal(count_status(rows, "completed"), 4);
+  json_decref(rows);
+  state = scheduler_column(f, "slow");
+  assert_string_equal(state, "none");
+  free(state);
+  free(spec);
+}
+
+static void second_scheduler_is_refused_on_sqlite(void **state) {
+  rival_schedulers_never_double_the_budget(*state);
+}
+
+static void second_scheduler_is_refused_on_postgresql(void **state) {
+  fixture *f = *state;
+  pgserver srv;
+  char why[512];
+  if (pgserver_start(&srv, why, sizeof why) != 0) {
+    if (pgserver_required()) fail_msg("PostgreSQL did not start: %s", why);
+    skip();
+  }
+  char *sqlite_db = f->db;
+  f->db = pgserver_url(&srv, "postgres", NULL);
+  rival_schedulers_never_double_the_budget(f);
+  free(f->db);
+  f->db = sqlite_db;
+  pgserver_stop(&srv);
+}
+
+static void scheduler_killed_with_9_is_taken_over_at_once(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "slow.yaml", slow_spec);
+  pid_t first = start_logged(f, spec, "first.log");
+  wait_for_running_trial(f, "slow");
+  kill(first, SIGKILL);
+  waitpid(first, NULL, 0);
+  char *state_now = scheduler_column(f, "slow");
+  assert_string_equal(state_now, "dead");
+  free(state_now);
+  char *out;
+  double start = nas_now();
+  int rc = nas(f, &out, "resume", "slow", "--no-progress");
+  if (rc != 0) fail_msg("resume exited %d: %s", rc, out);
+  assert_non_null(strstr(out, "taking over from a scheduler that is gone"));
+  assert_true(nas_now() - start < SCHED_LEASE_TIMEOUT_S);
+  free(out);
+  json_t *rows = trials_json(f, "slow");
+  assert_int_equal(json_array_size(rows), 4);
+  assert_int_equal(count_status(rows, "completed"), 4);
+  json_decref(rows);
+  free(spec);
+}
+
+/* A lease held on another host is alive while it beats and dead once it stops. */
+static void lease_is_judged_by_its_heartbeat_and_its_pid(void **state) {
+  (void)state;
+  double now = nas_now();
+  storage_lease far = {.token = "t", .host = "some-other-host", .pid = 1,
+                       .started_at = now - 100, .heartbeat_at = now - 1};
+  assert_false(sched_lease_holder_dead(&far, now));
+  far.heartbeat_at = now - SCHED_LEASE_TIMEOUT_S - 1;
+  assert_true(sched_lease_holder_dead(&far, now));
+  char host[256];
+  assert_int_equal(gethostname(host, sizeof host), 0);
+  storage_lease here = {.token = "t", .host = host, .pid = getpid(), .started_at = now,
+                        .heartbeat_at = now};
+  assert_false(sched_lease_holder_dead(&here, now));
+  pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, NULL, 0);
+  here.pid = gone;
+  assert_true(sched_lease_holder_dead(&here, now));
+}
+
+/* Storage swaps a lease only for its holder or for the one that replaces a known token. */
+static void lease_changes_hands_only_by_compare_and_swap(void **state) {
+  fixture *f = *state;
+  storage *st;
+  nas_err err;
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  int64_t id;
+  assert_int_equal(storage_experiment_create(st, "e", "x", "/x", "/", &id, &err), NAS_OK);
+  assert_int_equal(storage_lease_take(st, id, "aaa", "h1", 10, NULL, &err), NAS_OK);
+  assert_int_equal(storage_lease_take(st, id, "aaa", "h1", 10, NULL, &err), NAS_OK);
+  assert_int_equal(storage_lease_take(st, id, "bbb", "h2", 20, NULL, &err), NAS_EEXIST);
+  assert_int_equal(storage_lease_take(st, id, "bbb", "h2", 20, "zzz", &err), NAS_EEXIST);
+  assert_int_equal(storage_lease_take(st, id, "bbb", "h2", 20, "aaa", &err), NAS_OK);
+  assert_int_equal(storage_lease_renew(st, id, "aaa", &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_lease_renew(st, id, "bbb", &err), NAS_OK);
+  storage_lease held;
+  assert_int_equal(storage_lease_get(st, id, &held, &err), NAS_OK);
+  assert_string_equal(held.host, "h2");
+  assert_int_equal(held.pid, 20);
+  storage_lease_clear(&held);
+  assert_int_equal(storage_lease_release(st, id, "aaa", &err), NAS_OK);
+  assert_int_equal(storage_lease_get(st, id, &held, &err), NAS_OK);
+  storage_lease_clear(&held);
+  assert_int_equal(storage_lease_release(st, id, "bbb", &err), NAS_OK);
+  assert_int_equal(storage_lease_get(st, id, &held, &err), NAS_ENOTFOUND);
+  storage_close(st);
+}
+
+static void deleting_the_database_mid_run_stops_with_an_error(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "slow.yaml", slow_spec);
+  pid_t run = start_logged(f, spec, "run.log");
+  wait_for_running_trial(f, "slow");
+  const char *suffixes[] = {"", "-wal", "-shm"};
+  for (int i = 0; i < 3; i++) {
+    char *path = nas_asprintf("%s/nas.db%s", f->dir, suffixes[i]);
+    unlink(path);
+    free(path);
+  }
+  assert_int_equal(exit_status(run), 1);
+  char *log = nas_asprintf("%s/run.log", f->dir), *text;
+  nas_err err;
+  assert_int_equal(nas_read_file(log, &text, NULL, &err), NAS_OK);
+  if (!strstr(text, "nas.db is gone") || !strstr(text, "deleted")) fail_msg("run said: %s", text);
+  free(text), free(log), free(spec);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(second_scheduler_is_refused_on_sqlite, setup, teardown),
+      cmocka_unit_test_setup_teardown(second_scheduler_is_refused_on_postgresql, setup, teardown),
+      cmocka_unit_test_setup_teardown(scheduler_killed_with_9_is_taken_over_at_once, setup, teardown),
+      cmocka_unit_test(lease_is_judged_by_its_heartbeat_and_its_pid),
+      cmocka_unit_test_setup_teardown(lease_changes_hands_only_by_compare_and_swap, setup, teardown),
+      cmocka_unit_test_setup_teardown(deleting_the_database_mid_run_stops_with_an_error, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
