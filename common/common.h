@@ -16,6 +16,7 @@ enum {
   NAS_ERR = -1,       /* any failure; the message says what */
   NAS_ENOTFOUND = -2, /* the thing asked for does not exist */
   NAS_EEXIST = -3,    /* the thing to create exists already */
+  NAS_ECANCELED = -4, /* given up because the caller asked (a signal, `nas stop`) */
 };
 
 /* The message of the last failure, filled by nas_errf. */

@@ -36,7 +36,13 @@ typedef struct {
   double *best_x;    /* dim: best point the gradient phase evaluated */
 } search_work;
 
+/* The search's one way to evaluate the acquisition; once the watch says stop, nothing is
+ * evaluated any more and every loop of the search runs out at once. */
 static double acq_value(const acq_search *s, const double *x, double *grad) {
+  if (optimizer_cancelled(s->cancel)) {
+    if (grad) memset(grad, 0, space_ndim(s->sp) * sizeof *grad);
+    return UNUSABLE;
+  }
   double v = s->f(s->ctx, x, grad);
   return isfinite(v) ? v : UNUSABLE;
 }
@@ -324,6 +330,8 @@ int acq_optimize(const acq_search *s, double *x, double *value, nas_err *err) {
     if (!r || !opt || !opt_value) rc = nas_errf(err, "acquisition search: out of memory");
   }
   if (rc == NAS_OK) rc = optimise_starts(&w, X, r, n_raw, opt, opt_value, &n_opt, err);
+  if (rc == NAS_OK && optimizer_cancelled(s->cancel))
+    rc = nas_errc(err, NAS_ECANCELED, "acquisition search given up on request");
   if (rc == NAS_OK) rc = pick_free(s, opt, opt_value, n_opt, X, r, n_raw, x, value);
   work_free(&w);
   free(X);

@@ -14,7 +14,7 @@
 #include <stdint.h>
 
 #include "optimizer/acquisition.h"
-#include "optimizer/optimizer.h"
+#include "optimizer/backend.h"
 #include "optimizer/taken.h"
 
 typedef struct {
@@ -28,10 +28,12 @@ typedef struct {
   const double *centres;   /* n_centres×space_ndim points to sample around (may be NULL) */
   size_t n_centres;
   const taken_set *taken;  /* assignments not to return */
+  optimizer_cancel *cancel; /* NULL: never; once it says stop, every evaluation is skipped */
 } acq_search;
 
 /* Writes the best free snapped point found into x (space_ndim values) and its acquisition
- * value into *value. NAS_ENOTFOUND when every point it looked at is taken. */
+ * value into *value. NAS_ENOTFOUND when every point it looked at is taken; NAS_ECANCELED
+ * when s->cancel said stop. */
 int acq_optimize(const acq_search *s, double *x, double *value, nas_err *err);
 
 #endif

@@ -5,6 +5,18 @@
 
 #include "optimizer/optimizer.h"
 
+/* A suggestion's watch as the backends see it: once the caller's watch has said stop, the
+ * answer stays yes, so every loop of the suggestion ends quickly. */
+typedef struct {
+  optimizer_watch watch;
+  bool stopped;
+} optimizer_cancel;
+
+static inline bool optimizer_cancelled(optimizer_cancel *c) {
+  if (c && !c->stopped && c->watch.cancelled) c->stopped = c->watch.cancelled(c->watch.ctx);
+  return c && c->stopped;
+}
+
 typedef struct optimizer_backend {
   const char *type; /* name in the spec's `optimizer: {type: …}` */
   /* Reads options (a JSON object of the spec's other keys, never NULL) and makes the
@@ -17,6 +29,8 @@ typedef struct optimizer_backend {
   int (*suggest)(void *state, const observation *obs, size_t n_obs,
                  const json_t *const *pending, size_t n_pending, size_t n, int first_number,
                  json_t **out, double *refs, nas_err *err);
+  /* Optional (NULL: the backend's suggestions are quick): keeps the watch for suggest. */
+  void (*set_watch)(void *state, optimizer_watch watch);
 } optimizer_backend;
 
 extern const optimizer_backend optimizer_random_backend;

@@ -19,6 +19,7 @@
 #include <gsl/gsl_rng.h>
 
 #include "common/common.h"
+#include "optimizer/backend.h"
 
 typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
 
@@ -64,6 +65,7 @@ typedef struct {
    * only because nothing is known there (De Ath et al. 2021, "What do you mean? The role
    * of the mean function in Bayesian optimisation"). */
   bool worst_mean;
+  optimizer_cancel *cancel; /* NULL: never; when it says stop, gp_fit returns NAS_ECANCELED */
 } gp_fit_options;
 
 typedef struct gp gp;

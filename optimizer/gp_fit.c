@@ -167,10 +167,17 @@ typedef struct {
   double lower_mean, upper_mean; /* bounds of the constant mean (equal when it is fixed) */
   double best_value;
   double *best_theta;
+  optimizer_cancel *cancel; /* may be NULL */
+  nlopt_opt nl;             /* the optimiser running, to stop it when cancelled */
 } fit_problem;
 
 static double fit_objective(unsigned len, const double *theta, double *grad, void *data) {
   fit_problem *p = data;
+  if (optimizer_cancelled(p->cancel)) {
+    nlopt_force_stop(p->nl);
+    if (grad) memset(grad, 0, len * sizeof *grad);
+    return -1e300;
+  }
   double value = lml_with_work(p->kind, p->X, p->y, p->n, p->d, theta, grad, &p->work, NULL);
   if (!isfinite(value)) {
     if (grad) memset(grad, 0, len * sizeof *grad);
@@ -207,10 +214,11 @@ static void fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng) {
   if (!nl) return;
   nlopt_set_lower_bounds(nl, lower);
   nlopt_set_upper_bounds(nl, upper);
+  p->nl = nl;
   nlopt_set_max_objective(nl, fit_objective, p);
   nlopt_set_maxeval(nl, opt->max_evals > 0 ? opt->max_evals : 200);
   nlopt_set_ftol_rel(nl, 1e-7);
-  for (int start = 0; start <= opt->restarts; start++) {
+  for (int start = 0; start <= opt->restarts && !optimizer_cancelled(p->cancel); start++) {
     fit_start(p->d, start, rng, lower, upper, theta);
     double value;
     nlopt_optimize(nl, theta, &value); /* whatever it returns, best_theta holds the best */
@@ -233,7 +241,8 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
            gsl_rng *rng, gp **out, nas_err *err) {
   if (n == 0) return nas_errf(err, "gp: no observations to fit");
   size_t len = GP_THETA_LEN(d);
-  fit_problem p = {.kind = opt->kernel, .X = X, .n = n, .d = d, .best_value = -HUGE_VAL};
+  fit_problem p = {.kind = opt->kernel, .X = X, .n = n, .d = d, .best_value = -HUGE_VAL,
+                   .cancel = opt->cancel};
   double *ystd = malloc(n * sizeof *ystd);
   p.best_theta = malloc(len * sizeof *p.best_theta);
   int rc = NAS_ERR;
@@ -248,7 +257,9 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   p.best_theta[GP_THETA_MEAN(d)] = fmin(fmax(0.0, p.lower_mean), p.upper_mean);
   p.y = ystd;
   fit_runs(&p, opt, rng);
-  rc = gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);
+  rc = optimizer_cancelled(p.cancel)
+           ? nas_errc(err, NAS_ECANCELED, "gp: fitting given up on request")
+           : gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);
 done:
   lml_work_free(&p.work);
   free(ystd);

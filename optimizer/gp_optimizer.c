@@ -72,6 +72,7 @@ typedef struct {
   size_t mc_samples;  /* MC samples of the noisy acquisitions */
   size_t max_baseline;
   int fit_restarts;   /* extra hyperparameter starts per GP */
+  optimizer_cancel cancel; /* the caller's watch; reset at the start of each suggest */
 } gp_state;
 
 /* ---- options --------------------------------------------------------------------------- */
@@ -233,7 +234,7 @@ static void models_clear(bo_models *md) {
 
 /* Fits a GP to column `col` (stride `stride`) of V over the rows where it is finite; *out
  * stays NULL when no row is. */
-static int fit_column(const gp_state *st, const bo_data *d, const double *V, size_t stride,
+static int fit_column(gp_state *st, const bo_data *d, const double *V, size_t stride,
                       size_t col, gsl_rng *rng, gp **out, nas_err *err) {
   double *X = malloc((d->n * d->dim + 1) * sizeof *X), *y = malloc((d->n + 1) * sizeof *y);
   if (!X || !y) {
@@ -250,7 +251,8 @@ static int fit_column(const gp_state *st, const bo_data *d, const double *V, siz
   gp_fit_options fo = {.kernel = st->kernel,
                        .restarts = st->fit_restarts,
                        .max_evals = 200,
-                       .worst_mean = worst_mean(st)};
+                       .worst_mean = worst_mean(st),
+                       .cancel = &st->cancel};
   *out = NULL;
   int rc = k > 0 ? gp_fit(X, y, k, d->dim, &fo, rng, out, err) : NAS_OK;
   free(X);
@@ -329,7 +331,7 @@ static int pick_reference(const bo_data *d, const spec *s, const bo_models *md, 
   return NAS_OK;
 }
 
-static int fit_models(const gp_state *st, const bo_data *d, int number, bo_models *md,
+static int fit_models(gp_state *st, const bo_data *d, int number, bo_models *md,
                       nas_err *err) {
   const spec *s = space_spec(st->sp);
   *md = (bo_models){.m = d->m};
@@ -473,7 +475,7 @@ static double *front_centres(const bo_data *d, size_t *n) {
 }
 
 /* The next point x by the acquisition; ref_out as make_mc's (untouched by LogEI). */
-static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int number,
+static int pick(gp_state *st, const bo_data *d, const bo_models *md, int number,
                 taken_set *taken, double *x, double *ref_out, nas_err *err) {
   const spec *s = space_spec(st->sp);
   bo_acq a = {0};
@@ -496,7 +498,8 @@ static int pick(const gp_state *st, const bo_data *d, const bo_models *md, int n
                        .seed = (long)(raw_seed >> 1), /* non-negative */
                        .centres = centres,
                        .n_centres = n_centres,
-                       .taken = taken};
+                       .taken = taken,
+                       .cancel = &st->cancel};
   double value;
   if (rc == NAS_OK) rc = acq_optimize(&search, x, &value, err);
   if (rc == NAS_OK) rc = taken_add(taken, x, err);
@@ -527,7 +530,8 @@ static int design_pick(const gp_state *st, int number, taken_set *taken, double 
 static int gp_suggest(void *state, const observation *obs, size_t n_obs,
                       const json_t *const *pending, size_t n_pending, size_t n, int first_number,
                       json_t **out, double *refs, nas_err *err) {
-  const gp_state *st = state;
+  gp_state *st = state;
+  st->cancel.stopped = false;
   bo_data d;
   bo_models md = {0};
   taken_set *taken = NULL;
@@ -553,9 +557,15 @@ static int gp_suggest(void *state, const observation *obs, size_t n_obs,
   return rc;
 }
 
+static void gp_set_watch(void *state, optimizer_watch watch) {
+  gp_state *st = state;
+  st->cancel = (optimizer_cancel){.watch = watch};
+}
+
 const optimizer_backend optimizer_gp_backend = {
     .type = "gp",
     .create = gp_create_state,
     .free = gp_free_state,
     .suggest = gp_suggest,
+    .set_watch = gp_set_watch,
 };

@@ -112,6 +112,10 @@ int optimizer_create(const spec *s, optimizer **out, nas_err *err) {
   return 0;
 }
 
+void optimizer_set_watch(optimizer *opt, optimizer_watch watch) {
+  if (opt->backend->set_watch) opt->backend->set_watch(opt->state, watch);
+}
+
 void optimizer_free(optimizer *opt) {
   if (!opt) return;
   opt->backend->free(opt->state);

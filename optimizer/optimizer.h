@@ -68,6 +68,19 @@ typedef struct optimizer optimizer;
  * must outlive the optimizer. Unknown types or options are errors. */
 int optimizer_create(const spec *s, optimizer **out, nas_err *err);
 void optimizer_free(optimizer *opt);
+/* Asked now and then while a suggestion computes (at every evaluation of the GP's
+ * likelihood and of the acquisition, so at least every few milliseconds): when it answers
+ * true, optimizer_suggest gives up and returns NAS_ECANCELED. A suggestion can take
+ * minutes with large options; this keeps a signal or `nas stop` answered within a second.
+ * The callback should be cheap (it may rate-limit itself with a clock). */
+typedef struct {
+  bool (*cancelled)(void *ctx);
+  void *ctx;
+} optimizer_watch;
+
+/* Installs the watch for later suggestions (replacing any earlier one). */
+void optimizer_set_watch(optimizer *opt, optimizer_watch watch);
+
 /* Suggests n assignments (owned JSON objects written to out[0..n-1]) given completed
  * observations and the parameters of pending (queued or running) trials, which it must
  * not propose again. first_number is the trial number the first suggestion will get; it

@@ -301,6 +301,43 @@ static int poll_jobs(sched *sc, nas_err *err) {
 
 /* ---- suggestions and launches ----------------------------------------------------------- */
 
+/* Whether `nas stop` from another terminal has marked the experiment stopped. */
+static int stop_requested(sched *sc, bool *yes, nas_err *err) {
+  experiment_row now;
+  if (storage_experiment_get(sc->st, sc->exp->name, &now, err) != NAS_OK) return NAS_ERR;
+  *yes = strcmp(now.status, "stopped") == 0;
+  experiment_row_clear(&now);
+  return NAS_OK;
+}
+
+/* How often a long suggestion looks for a pending signal, and for `nas stop` and the
+ * lease in storage. */
+#define WATCH_SIGNALS_S 0.05
+#define WATCH_STORAGE_S 1.0
+
+/* The optimizer's watch (optimizer_watch): a suggestion is given up for a pending SIGINT or
+ * SIGTERM (the loop reads it right after), a `nas stop`, or a lease that can no longer be
+ * kept; meanwhile the lease is renewed, so a long suggestion is not taken for a death. */
+static bool suggestion_cancelled(void *ctx) {
+  sched *sc = ctx;
+  double now = nas_monotonic();
+  if (now - sc->watch_checked < WATCH_SIGNALS_S) return false;
+  sc->watch_checked = now;
+  sigset_t pending;
+  if (sigpending(&pending) == 0 &&
+      (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1))
+    return true;
+  if (now - sc->watch_stored < WATCH_STORAGE_S) return false;
+  sc->watch_stored = now;
+  bool stop = false;
+  if (sched_lease_keep(sc, &sc->watch_err) != NAS_OK ||
+      stop_requested(sc, &stop, &sc->watch_err) != NAS_OK) {
+    sc->watch_failed = true;
+    return true;
+  }
+  return stop;
+}
+
 /* Completed trials as observations, and the parameters of pending ones. */
 typedef struct {
   const sched_results *r;   /* borrowed from the loop's cache */
@@ -430,6 +467,12 @@ static int launch_new(sched *sc, nas_err *err) {
   int rc = suggest_trials(sc, n, &rows, err);
   /* A finite space may have fewer fresh assignments than free slots: ask one by one. */
   if (rc == NAS_ENOTFOUND && n > 1) rc = suggest_trials(sc, n = 1, &rows, err);
+  /* Given up for a signal or `nas stop`: the loop handles those next. */
+  if (rc == NAS_ECANCELED && !sc->watch_failed) return NAS_OK;
+  if (rc == NAS_ECANCELED) {
+    *err = sc->watch_err;
+    return NAS_ERR;
+  }
   if (rc == NAS_ENOTFOUND) {
     nas_log("%s: %s; ending the experiment once running trials finish", sc->exp->name, err->msg);
     sc->draining = true;
@@ -509,18 +552,16 @@ static void check_deadline(sched *sc) {
   stop_all(sc);
 }
 
-/* `nas stop` from another terminal marks the experiment stopped in storage. */
 static int check_stop_request(sched *sc, bool *interrupted, nas_err *err) {
+  bool stop = false;
   if (sc->stopping) return NAS_OK;
-  experiment_row now;
-  if (storage_experiment_get(sc->st, sc->exp->name, &now, err) != NAS_OK) return NAS_ERR;
-  if (strcmp(now.status, "stopped") == 0) {
+  if (stop_requested(sc, &stop, err) != NAS_OK) return NAS_ERR;
+  if (stop) {
     nas_log("%s: stopped by 'nas stop': stopping %zu running trials", sc->exp->name, sc->n_jobs);
     *interrupted = true;
     sc->draining = true;
     stop_all(sc);
   }
-  experiment_row_clear(&now);
   return NAS_OK;
 }
 
@@ -576,6 +617,7 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
     return nas_err_prefix(err, "runner '%s'", s->runner.type);
   if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
     return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
+  optimizer_set_watch(sc->opt_model, (optimizer_watch){.cancelled = suggestion_cancelled, .ctx = sc});
   return NAS_OK;
 }
 
