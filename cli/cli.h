@@ -10,6 +10,7 @@
 #include <stddef.h>
 
 #include "common/common.h"
+#include "metrics/metrics.h"
 #include "spec/spec.h"
 #include "storage/storage.h"
 
@@ -29,6 +30,10 @@ int cmd_pareto(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
 int cmd_worker(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
+int cmd_create(int argc, char **argv);
+int cmd_ask(int argc, char **argv);
+int cmd_tell(int argc, char **argv);
 
 /* Prints "nas: message" to stderr and returns EXIT_FAILED. */
 int cli_fail(const nas_err *err);
@@ -42,6 +47,9 @@ const char *cli_storage_url(const char *flag);
  * text). */
 int cli_open_experiment(const char *url, const char *name, storage **st, experiment_row *exp,
                         spec **s, nas_err *err);
+
+/* Parses NAME=VALUE (a finite number) into set at step (METRIC_FINAL for final values). */
+int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err);
 
 /* Output of rows in one of three formats: an aligned table, CSV, or a JSON array. */
 typedef enum { FORMAT_TABLE, FORMAT_CSV, FORMAT_JSON } out_format;

@@ -22,6 +22,10 @@ static const command commands[] = {
     {"stop", cmd_stop, "stop a running experiment (from any terminal)"},
     {"report", cmd_report, "report metrics of the current trial from a script"},
     {"worker", cmd_worker, "run one built-in trial (what nas starts for trial.builtin)"},
+    {"serve", cmd_serve, "serve the storage's experiments over HTTP (JSON API, ask/tell)"},
+    {"create", cmd_create, "store an experiment without running it (for ask/tell)"},
+    {"ask", cmd_ask, "hand out trials to evaluate in your own loop"},
+    {"tell", cmd_tell, "report a handed-out trial's metrics, or end it"},
 };
 
 static void usage(FILE *f) {

@@ -169,92 +169,56 @@ static const char pareto_help[] =
     "objective, with the hypervolume they dominate up to the reference point (the\n"
     "objectives' thresholds, else inferred from the observed values).\n";
 
-static int cmp_first_objective(const void *a, const void *b, void *ctx) {
-  const double *key = ctx;
-  double x = key[*(const size_t *)a], y = key[*(const size_t *)b];
-  return (x > y) - (x < y);
-}
-
-static void print_front_summary(const spec *s, const experiment_row *exp, size_t n_front,
-                                double hv, const double *ref, out_format format) {
+static void print_front_summary(const spec *s, const json_t *pareto, out_format format) {
   if (format == FORMAT_JSON) return;
   FILE *f = format == FORMAT_TABLE ? stdout : stderr;
-  fprintf(f, "%s: %zu trials on the front; hypervolume %.6g (reference point", exp->name,
-          n_front, hv);
-  double raw;
-  for (size_t j = 0; j < s->n_objectives; j++) {
-    raw = s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j];
-    fprintf(f, "%s %s=%.6g", j ? "," : "", s->objectives[j].name, raw);
-  }
+  const json_t *ref = json_object_get(pareto, "reference_point");
+  fprintf(f, "%s: %zu trials on the front; hypervolume %.6g (reference point",
+          json_string_value(json_object_get(pareto, "experiment")),
+          json_array_size(json_object_get(pareto, "front")),
+          json_number_value(json_object_get(pareto, "hypervolume")));
+  for (size_t j = 0; j < s->n_objectives; j++)
+    fprintf(f, "%s %s=%.6g", j ? "," : "", s->objectives[j].name,
+            json_number_value(json_object_get(ref, s->objectives[j].name)));
   fprintf(f, ")\n");
 }
 
-static int pareto_table(const spec *s, const sched_results *r, const size_t *front,
-                        size_t n_front, cli_table *t) {
+/* The front's rows as a table: trial, the objectives, the parameters. */
+static int pareto_table(const spec *s, const json_t *front, cli_table *t) {
   static const char *const head[] = {"trial"};
   int rc = cli_table_init(t, head, 1);
   for (size_t j = 0; rc == NAS_OK && j < s->n_objectives; j++)
     rc = cli_table_add_column(t, s->objectives[j].name);
   for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
     rc = cli_table_add_column(t, s->params[p].name);
-  for (size_t k = 0; rc == NAS_OK && k < n_front; k++) {
-    size_t i = front[k];
-    json_t *params = json_loads(r->trials[i].params_json, 0, NULL);
+  size_t k;
+  const json_t *row;
+  json_array_foreach(front, k, row) {
     json_t *cells = json_array();
-    json_array_append_new(cells, json_integer(r->trials[i].number));
-    for (size_t j = 0; j < s->n_objectives; j++)
-      json_array_append_new(cells, number_cell(r->values[i * r->n_metrics + j]));
-    for (size_t p = 0; p < s->n_params; p++)
-      json_array_append_new(cells, param_cell(params, s->params[p].name));
-    json_decref(params);
-    rc = cli_table_add_row(t, cells);
+    for (size_t c = 0; rc == NAS_OK && c < t->n_columns; c++)
+      json_array_append(cells, json_object_get(row, t->columns[c]));
+    if (rc == NAS_OK) rc = cli_table_add_row(t, cells);
   }
   return rc;
 }
 
-static void print_pareto_json(const spec *s, const experiment_row *exp, const cli_table *t,
-                              double hv, const double *ref) {
-  json_t *refs = json_object();
-  for (size_t j = 0; j < s->n_objectives; j++)
-    json_object_set_new(refs, s->objectives[j].name,
-                        json_real(s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j]));
-  json_t *front = json_array();
-  size_t r;
-  json_t *row;
-  json_array_foreach(t->rows, r, row) {
-    json_t *obj = json_object();
-    for (size_t c = 0; c < t->n_columns; c++)
-      json_object_set(obj, t->columns[c], json_array_get(row, c));
-    json_array_append_new(front, obj);
-  }
-  json_t *out = json_pack("{s:s, s:f, s:o, s:o}", "experiment", exp->name, "hypervolume", hv,
-                          "reference_point", refs, "front", front);
-  json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-  putchar('\n');
-  json_decref(out);
-}
-
 static int show_pareto(const spec *s, const experiment_row *exp, const sched_results *r,
                        out_format format) {
-  size_t *front, n_front;
-  double hv, *ref = calloc(s->n_objectives, sizeof *ref);
   nas_err err;
-  if (!ref || sched_front(s, r, &front, &n_front, &hv, ref, &err) != NAS_OK) {
-    free(ref);
-    return NAS_ERR;
+  json_t *pareto = sched_pareto_json(s, exp, r, &err);
+  if (!pareto) return NAS_ERR;
+  int rc = NAS_OK;
+  print_front_summary(s, pareto, format);
+  if (format == FORMAT_JSON) {
+    json_dumpf(pareto, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+    putchar('\n');
+  } else {
+    cli_table t;
+    rc = pareto_table(s, json_object_get(pareto, "front"), &t);
+    if (rc == NAS_OK) cli_table_print(&t, format);
+    cli_table_free(&t);
   }
-  double *key = malloc((r->n_trials ? r->n_trials : 1) * sizeof *key);
-  for (size_t i = 0; key && i < r->n_trials; i++) key[i] = r->values[i * r->n_metrics];
-  if (key) qsort_r(front, n_front, sizeof *front, cmp_first_objective, key);
-  cli_table t;
-  int rc = key ? pareto_table(s, r, front, n_front, &t) : NAS_ERR;
-  if (rc == NAS_OK) {
-    print_front_summary(s, exp, n_front, hv, ref, format);
-    if (format == FORMAT_JSON) print_pareto_json(s, exp, &t, hv, ref);
-    else cli_table_print(&t, format);
-  }
-  if (key) cli_table_free(&t);
-  free(key), free(front), free(ref);
+  json_decref(pareto);
   return rc;
 }
 

@@ -1,11 +1,13 @@
 /* cli/util.c: what every command shares — error and usage messages, where storage is,
  * loading an experiment with its spec. */
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/cli.h"
+#include "metrics/metrics.h"
 #include "scheduler/scheduler.h"
 
 int cli_fail(const nas_err *err) {
@@ -48,4 +50,18 @@ int cli_open_experiment(const char *url, const char *name, storage **st, experim
   storage_close(*st);
   *st = NULL;
   return NAS_ERR;
+}
+
+int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err) {
+  const char *eq = strchr(arg, '=');
+  if (!eq || eq == arg) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
+  char *end;
+  double value = strtod(eq + 1, &end);
+  if (end == eq + 1 || *end != '\0' || !isfinite(value))
+    return nas_errf(err, "'%s': the value is not a finite number", arg);
+  char *name = strndup(arg, (size_t)(eq - arg));
+  int rc = name ? metric_set_add(set, name, step, value, nas_now(), err)
+                : nas_errf(err, "out of memory");
+  free(name);
+  return rc;
 }

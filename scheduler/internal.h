@@ -74,12 +74,12 @@ typedef struct {
 } sched;
 
 /* lease.c */
-/* Takes the experiment's lease, taking over a dead holder's; refuses with who holds it. */
-int sched_lease_take(sched *sc, nas_err *err);
-/* Renews the lease when due; an error when another scheduler has taken it over. */
-int sched_lease_keep(sched *sc, nas_err *err);
+/* Takes exp's lease into *mine, taking over a dead holder's; refuses with who holds it. */
+int sched_lease_take(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err);
+/* Renews the lease when due; an error when another process has taken it over. */
+int sched_lease_keep(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err);
 /* Gives the lease up (when held). */
-void sched_lease_release(sched *sc);
+void sched_lease_release(storage *st, const experiment_row *exp, sched_lease *mine);
 
 /* launch.c */
 /* Appends a trial to the launch queue (taking over row's contents). */

@@ -51,14 +51,14 @@ static int new_token(char token[SCHED_LEASE_TOKEN_LEN + 1], nas_err *err) {
 }
 
 /* The refusal when a live scheduler holds the lease. */
-static int refuse(const sched *sc, const storage_lease *held, nas_err *err) {
+static int refuse(const experiment_row *exp, const storage_lease *held, nas_err *err) {
   char *who = sched_lease_describe(held, nas_now());
-  int rc = nas_errf(err,
+  int rc = nas_errc(err, NAS_EEXIST,
                     "experiment '%s' is being run by another scheduler (%s); only one may run "
                     "it at a time. Wait for it to end, or stop it with 'nas stop %s'. A "
                     "scheduler that died is taken over once its heartbeat is %.0f s old (at "
                     "once on the host it ran on).",
-                    sc->exp->name, who ? who : "out of memory", sc->exp->name,
+                    exp->name, who ? who : "out of memory", exp->name,
                     SCHED_LEASE_TIMEOUT_S);
   free(who);
   return rc;
@@ -66,23 +66,22 @@ static int refuse(const sched *sc, const storage_lease *held, nas_err *err) {
 
 /* One try at taking the lease, replacing the holder when it is dead. NAS_EEXIST (with
  * *retry) when the lease changed hands between reading and swapping it. */
-static int take_once(sched *sc, bool *retry, nas_err *err) {
-  sched_lease *mine = &sc->lease;
-  int rc = storage_lease_take(sc->st, sc->exp->id, mine->token, mine->host, (int64_t)getpid(),
-                              NULL, err);
+static int take_once(storage *st, const experiment_row *exp, sched_lease *mine, bool *retry,
+                     nas_err *err) {
+  int rc = storage_lease_take(st, exp->id, mine->token, mine->host, (int64_t)getpid(), NULL, err);
   if (rc != NAS_EEXIST) return rc;
   storage_lease held;
-  rc = storage_lease_get(sc->st, sc->exp->id, &held, err);
+  rc = storage_lease_get(st, exp->id, &held, err);
   if (rc == NAS_ENOTFOUND) *retry = true; /* released meanwhile */
   if (rc != NAS_OK) return rc;
   if (!sched_lease_holder_dead(&held, nas_now())) {
-    rc = refuse(sc, &held, err);
+    rc = refuse(exp, &held, err);
   } else {
     char *who = sched_lease_describe(&held, nas_now());
-    rc = storage_lease_take(sc->st, sc->exp->id, mine->token, mine->host, (int64_t)getpid(),
-                            held.token, err);
+    rc = storage_lease_take(st, exp->id, mine->token, mine->host, (int64_t)getpid(), held.token,
+                            err);
     if (rc == NAS_OK)
-      nas_log("%s: taking over from a scheduler that is gone (%s)", sc->exp->name,
+      nas_log("%s: taking over from a scheduler that is gone (%s)", exp->name,
               who ? who : "out of memory");
     *retry = rc == NAS_EEXIST;
     free(who);
@@ -91,8 +90,7 @@ static int take_once(sched *sc, bool *retry, nas_err *err) {
   return rc;
 }
 
-int sched_lease_take(sched *sc, nas_err *err) {
-  sched_lease *mine = &sc->lease;
+int sched_lease_take(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err) {
   host_name(mine->host, sizeof mine->host);
   if (new_token(mine->token, err) != NAS_OK) return NAS_ERR;
   int rc = NAS_ERR;
@@ -100,36 +98,34 @@ int sched_lease_take(sched *sc, nas_err *err) {
   /* Each retry means another process moved the lease meanwhile; a few are plenty. */
   for (int tries = 0; retry && tries < 3; tries++) {
     retry = false;
-    rc = take_once(sc, &retry, err);
+    rc = take_once(st, exp, mine, &retry, err);
   }
-  if (retry) return nas_errf(err, "experiment '%s': its lease keeps changing hands", sc->exp->name);
+  if (retry) return nas_errf(err, "experiment '%s': its lease keeps changing hands", exp->name);
   if (rc != NAS_OK) return rc;
   mine->held = true;
   mine->renewed = nas_monotonic();
   return NAS_OK;
 }
 
-int sched_lease_keep(sched *sc, nas_err *err) {
-  sched_lease *mine = &sc->lease;
+int sched_lease_keep(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err) {
   if (!mine->held || nas_monotonic() - mine->renewed < SCHED_LEASE_RENEW_S) return NAS_OK;
-  int rc = storage_lease_renew(sc->st, sc->exp->id, mine->token, err);
+  int rc = storage_lease_renew(st, exp->id, mine->token, err);
   if (rc == NAS_ENOTFOUND) {
     mine->held = false;
     return nas_errf(err, "experiment '%s': another scheduler took this one's lease over (it "
                     "was silent for more than %.0f s); stopping here and launching nothing "
-                    "more, the other scheduler carries on", sc->exp->name, SCHED_LEASE_TIMEOUT_S);
+                    "more, the other scheduler carries on", exp->name, SCHED_LEASE_TIMEOUT_S);
   }
   if (rc == NAS_OK) mine->renewed = nas_monotonic();
   return rc;
 }
 
-void sched_lease_release(sched *sc) {
-  sched_lease *mine = &sc->lease;
+void sched_lease_release(storage *st, const experiment_row *exp, sched_lease *mine) {
   if (!mine->held) return;
   nas_err err;
   /* A lease left behind only delays the next scheduler until its holder is seen dead. */
-  if (storage_lease_release(sc->st, sc->exp->id, mine->token, &err) != NAS_OK)
-    nas_log("%s: %s", sc->exp->name, err.msg);
+  if (storage_lease_release(st, exp->id, mine->token, &err) != NAS_OK)
+    nas_log("%s: %s", exp->name, err.msg);
   mine->held = false;
 }
 

@@ -330,7 +330,7 @@ static bool suggestion_cancelled(void *ctx) {
   if (now - sc->watch_stored < WATCH_STORAGE_S) return false;
   sc->watch_stored = now;
   bool stop = false;
-  if (sched_lease_keep(sc, &sc->watch_err) != NAS_OK ||
+  if (sched_lease_keep(sc->st, sc->exp, &sc->lease, &sc->watch_err) != NAS_OK ||
       stop_requested(sc, &stop, &sc->watch_err) != NAS_OK) {
     sc->watch_failed = true;
     return true;
@@ -338,103 +338,13 @@ static bool suggestion_cancelled(void *ctx) {
   return stop;
 }
 
-/* Completed trials as observations, and the parameters of pending ones. */
-typedef struct {
-  const sched_results *r;   /* borrowed from the loop's cache */
-  observation *obs;
-  json_t **params;          /* owned, one per trial */
-  double *values;           /* objectives then constraints, per observation */
-  const json_t **pending;
-  size_t n_obs, n_pending;
-} history;
-
-static void history_free(history *h) {
-  for (size_t i = 0; h->r && i < h->r->n_trials && h->params; i++) json_decref(h->params[i]);
-  free(h->params), free(h->obs), free(h->values), free(h->pending);
-}
-
-static int history_load(sched *sc, history *h, nas_err *err) {
-  memset(h, 0, sizeof *h);
-  if (!(h->r = sched_results_now(sc, err))) return NAS_ERR;
-  size_t n = h->r->n_trials ? h->r->n_trials : 1, k = sc->s->n_objectives + sc->s->n_constraints;
-  h->params = calloc(n, sizeof *h->params);
-  h->obs = calloc(n, sizeof *h->obs);
-  h->values = calloc(n * (k ? k : 1), sizeof *h->values);
-  h->pending = calloc(n, sizeof *h->pending);
-  if (!h->params || !h->obs || !h->values || !h->pending) {
-    history_free(h);
-    return nas_errf(err, "out of memory");
-  }
-  for (size_t t = 0; t < h->r->n_trials; t++) {
-    const trial_row *row = &h->r->trials[t];
-    h->params[t] = json_loads(row->params_json, 0, NULL);
-    if (!h->params[t]) {
-      history_free(h);
-      return nas_errf(err, "trial %d: stored parameters are not JSON", row->number);
-    }
-    if (row->status == TRIAL_QUEUED || row->status == TRIAL_RUNNING) {
-      h->pending[h->n_pending++] = h->params[t];
-    } else if (row->status == TRIAL_COMPLETED) {
-      /* metric_names begin with the objectives, then the constraints (results.c). */
-      double *v = h->values + h->n_obs * k;
-      memcpy(v, h->r->values + t * h->r->n_metrics, k * sizeof *v);
-      h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
-                                         .constraints = v + sc->s->n_objectives};
-    }
-  }
-  return NAS_OK;
-}
-
-/* The reference point ref (minimisation convention) as the trial records it: a JSON object
- * of objective name → value in the objective's own direction; NULL text when ref is NaN
- * (no reference). *text is owned; false when out of memory. */
-static bool reference_text(const spec *s, const double *ref, char **text) {
-  *text = NULL;
-  if (isnan(ref[0])) return true;
-  json_t *obj = json_object();
-  for (size_t j = 0; obj && j < s->n_objectives; j++) {
-    double raw = s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j];
-    if (json_object_set_new(obj, s->objectives[j].name, json_real(raw)) != 0) {
-      json_decref(obj);
-      obj = NULL;
-    }
-  }
-  *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
-  json_decref(obj);
-  return *text != NULL;
-}
-
-/* Asks the optimizer for n trials and stores them queued, each with the reference point
- * it aimed at; *rows gets them (owned). */
+/* Asks the optimizer for n trials and stores them queued; *rows gets them (owned). */
 static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
-  history h;
-  if (history_load(sc, &h, err) != NAS_OK) return NAS_ERR;
-  size_t m = sc->s->n_objectives;
-  json_t **suggested = calloc(n, sizeof *suggested);
-  double *refs = malloc(n * m * sizeof *refs);
-  *rows = calloc(n, sizeof **rows);
-  int rc = suggested && refs && *rows ? NAS_OK : nas_errf(err, "out of memory");
-  if (rc == NAS_OK)
-    rc = optimizer_suggest(sc->opt_model, h.obs, h.n_obs, h.pending, h.n_pending, n,
-                           (int)h.r->n_trials, suggested, refs, err);
-  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
-    char *text = json_dumps(suggested[i], JSON_COMPACT | JSON_SORT_KEYS), *ref = NULL;
-    rc = text && reference_text(sc->s, refs + i * m, &ref)
-             ? storage_trial_create(sc->st, sc->exp->id, text, ref, &(*rows)[i], err)
-             : nas_errf(err, "out of memory");
-    free(text);
-    free(ref);
-    if (rc == NAS_OK) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
-  }
-  sched_results_stale(sc); /* new trials; h still reads the old view until freed below */
-  for (size_t i = 0; suggested && i < n; i++) json_decref(suggested[i]);
-  free(suggested);
-  free(refs);
-  history_free(&h);
-  if (rc != NAS_OK) {
-    trial_rows_free(*rows, n);
-    *rows = NULL;
-  }
+  const sched_results *r = sched_results_now(sc, err);
+  if (!r) return NAS_ERR;
+  int rc = sched_suggest(sc->st, sc->s, sc->exp, sc->opt_model, r, n, rows, err);
+  sched_results_stale(sc); /* new trials */
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
   return rc;
 }
 
@@ -572,7 +482,7 @@ static bool done(const sched *sc) {
 
 static int loop(sched *sc, bool *interrupted, nas_err *err) {
   while (true) {
-    if (sched_lease_keep(sc, err) != NAS_OK || poll_jobs(sc, err) != NAS_OK ||
+    if (sched_lease_keep(sc->st, sc->exp, &sc->lease, err) != NAS_OK || poll_jobs(sc, err) != NAS_OK ||
         check_stop_request(sc, interrupted, err) != NAS_OK)
       return NAS_ERR;
     check_deadline(sc);
@@ -640,10 +550,10 @@ int sched_run(const spec *s, storage *st, const experiment_row *exp,
               const sched_options *opt, sched_outcome *outcome, nas_err *err) {
   sched sc;
   int rc = sched_init(&sc, s, st, exp, opt, err);
-  if (rc == NAS_OK) rc = sched_lease_take(&sc, err);
+  if (rc == NAS_OK) rc = sched_lease_take(st, exp, &sc.lease, err);
   if (rc == NAS_OK) rc = run_held(&sc, err);
   *outcome = sc.outcome;
-  sched_lease_release(&sc);
+  sched_lease_release(st, exp, &sc.lease);
   sched_free(&sc);
   return rc;
 }

@@ -12,7 +12,10 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include <jansson.h>
+
 #include "common/common.h"
+#include "optimizer/optimizer.h"
 #include "spec/spec.h"
 #include "storage/storage.h"
 
@@ -105,6 +108,60 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
  * s->n_objectives entries, minimisation convention). Owned *idx. */
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);
+
+/* ---- suggestions (suggest.c) -------------------------------------------------------------- */
+
+/* Asks opt for n trials given the results r (completed trials observed, queued and running
+ * ones pending) and stores them queued in exp, each with the reference point it aimed at;
+ * *rows gets them (owned, n of them). NAS_ENOTFOUND when a finite space is used up,
+ * NAS_ECANCELED when opt's watch gave up. */
+int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimizer *opt,
+                  const sched_results *r, size_t n, trial_row **rows, nas_err *err);
+
+/* ---- ask and tell (ask.c) ---------------------------------------------------------------
+ * An experiment driven by the user's own loop: ask hands out running trials, tell stores
+ * their metrics and ends them. Handed-out trials carry job ids starting SCHED_ASK_PREFIX;
+ * one silent for longer than trial.heartbeat_timeout (default 10 minutes) is handed out
+ * again (until trial.max_attempts) by a later ask. */
+#define SCHED_ASK_PREFIX "ask:"
+
+/* Trial `number` of exp (owned row); NAS_ENOTFOUND when there is none. */
+int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
+                     nas_err *err);
+/* Hands out up to n trials to worker (a name for people; may be NULL): queued ones first,
+ * then new suggestions, within the trial budget; *out gets *n_out started rows (owned).
+ * NAS_ENOTFOUND when the budget is spent, NAS_EEXIST when a scheduler runs the experiment
+ * or it is stopped. */
+int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
+              const char *worker, trial_row **out, size_t *n_out, nas_err *err);
+/* Stores metrics of running trial `number` (intermediate ones with steps >= 0) as a sign
+ * of life; *stop says whether the early-stopping rule stopped the trial (it is then ended
+ * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
+int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
+                      const metric_obs *obs, size_t n, bool *stop, nas_err *err);
+/* Stores the final metrics (may be none) and ends the trial completed; an error, and the
+ * trial left running, when an objective was never reported. */
+int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
+                        const metric_obs *obs, size_t n, nas_err *err);
+/* Ends the running trial failed with why (may be NULL). */
+int sched_tell_fail(storage *st, const experiment_row *exp, int number, const char *why,
+                    nas_err *err);
+/* A sign of life of the running trial. */
+int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err);
+
+/* ---- results as JSON (views.c): what `nas pareto --format json` and `nas serve` give out */
+
+/* {"experiment", "hypervolume", "reference_point": {objective: value}, "front": [{"trial",
+ * each objective, each parameter}]}, the front sorted by the first objective. Owned. */
+json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_results *r,
+                          nas_err *err);
+/* One trial r->trials[i]: number, status, params, metrics (final values), attempts,
+ * times, error, reference point. Owned; NULL when out of memory. */
+json_t *sched_trial_json(const sched_results *r, size_t i);
+/* An experiment's summary: status, spec, counts by status, progress against the budget,
+ * hypervolume and front size, and whether a scheduler runs it. Owned. */
+json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
+                              const sched_results *r, nas_err *err);
 
 /* ---- early stopping ---------------------------------------------------------------------
  * A trial's learning curve: the steps at which it reported intermediate values of the

@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   build-essential pkg-config
   libgsl-dev libopenblas-dev libnlopt-dev
-  libcmocka-dev libpq-dev libsqlite3-dev libyaml-dev libcurl4-openssl-dev libjansson-dev
+  libcmocka-dev libpq-dev libsqlite3-dev libyaml-dev libcurl4-openssl-dev libjansson-dev libmicrohttpd-dev
   sqlite3 python3
 )
 # Extra groups, asked for by the targets that need them.

@@ -1,0 +1,74 @@
+/* cli/serve.c: `nas serve`, the HTTP service (serve/serve.h, docs/api.md). */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "serve/serve.h"
+
+static const char serve_help[] =
+    "usage: nas serve [--storage URL] [--listen HOST:PORT] [--token-file FILE]\n"
+    "                 [--tls-cert FILE --tls-key FILE]\n\n"
+    "Serves every experiment of one storage over HTTP: a JSON API under /api/v1/ to list\n"
+    "and read experiments, trials and Pareto fronts, create and stop experiments, and drive\n"
+    "trials from your own code with ask and tell (docs/api.md). Runs in the foreground,\n"
+    "logs one line per request, and stops on Ctrl-C or SIGTERM. It can run beside\n"
+    "'nas run' on the same storage.\n\n"
+    "  --storage URL      default: $NAS_STORAGE, else sqlite:nas.db\n"
+    "  --listen HOST:PORT where to listen (default 127.0.0.1:8470; port 0 picks a free one)\n"
+    "  --token-file FILE  lines 'read TOKEN' or 'write TOKEN'; requests then need\n"
+    "                     'Authorization: Bearer TOKEN'. Without it only clients on this\n"
+    "                     machine (loopback) are served. The file must be private (chmod 600).\n"
+    "  --tls-cert FILE, --tls-key FILE  serve HTTPS with this PEM certificate and key\n";
+
+typedef struct {
+  const char *url;
+} listening_ctx;
+
+static void say_listening(void *ctx, int port) {
+  const listening_ctx *l = ctx;
+  char *shown = storage_url_redacted(l->url);
+  fprintf(stderr, "nas serve: listening on port %d (storage %s)\n", port, shown ? shown : "?");
+  fflush(stderr);
+  free(shown);
+}
+
+int cmd_serve(int argc, char **argv) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"listen", required_argument, NULL, 'l'},
+                                          {"token-file", required_argument, NULL, 't'},
+                                          {"tls-cert", required_argument, NULL, 'c'},
+                                          {"tls-key", required_argument, NULL, 'k'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  serve_options opt = {.listen = "127.0.0.1:8470", .log = stderr};
+  const char *storage_flag = NULL;
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, ":s:l:t:c:k:h", options, NULL)) != -1) {
+    switch (c) {
+    case 'h': fputs(serve_help, stdout); return EXIT_DONE;
+    case 's': storage_flag = optarg; break;
+    case 'l': opt.listen = optarg; break;
+    case 't': opt.token_file = optarg; break;
+    case 'c': opt.tls_cert = optarg; break;
+    case 'k': opt.tls_key = optarg; break;
+    case ':': return cli_usage_error("serve", "option '%s' needs a value", argv[optind - 1]);
+    default: return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (optind != argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+  opt.storage_url = cli_storage_url(storage_flag);
+  listening_ctx l = {opt.storage_url};
+  opt.on_listening = say_listening;
+  opt.on_listening_ctx = &l;
+  if (!opt.token_file)
+    fprintf(stderr, "nas serve: no --token-file: serving clients on this machine (loopback) "
+                    "only, without tokens\n");
+  nas_err err;
+  if (serve_run(&opt, &err) != NAS_OK) return cli_fail(&err);
+  fprintf(stderr, "nas serve: stopped\n");
+  return EXIT_DONE;
+}

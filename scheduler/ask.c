@@ -1,0 +1,231 @@
+/* scheduler/ask.c: ask and tell — an experiment driven by the user's own training loop
+ * (`nas ask`/`nas tell`, `nas serve`'s /ask, /report, /complete, /fail) instead of a runner.
+ *
+ * ask hands out running trials: queued ones first (requeued lost trials), then new
+ * suggestions of the experiment's own optimizer, which sees every queued and running trial
+ * as pending. It holds the experiment's lease while it suggests, so two askers never get
+ * the same point and a live `nas run` of the experiment refuses it. A trial handed out is
+ * kept alive by its reports and heartbeats; one silent for longer than
+ * trial.heartbeat_timeout (default ASK_DEFAULT_TIMEOUT_S) is handled as a lost job is:
+ * queued again until trial.max_attempts, then failed. tell stores what the loop measured,
+ * answers whether the early-stopping rule stops the trial, and ends trials. */
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "scheduler/internal.h"
+
+/* A handed-out trial silent this long is lost, unless the spec sets trial.heartbeat_timeout. */
+#define ASK_DEFAULT_TIMEOUT_S 600.0
+/* How long an ask waits for another ask of the same experiment to finish. */
+#define ASK_WAIT_S 5.0
+
+int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
+                     nas_err *err) {
+  trial_row *rows;
+  size_t n;
+  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  int rc = nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d", exp->name, number);
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].number == number) {
+      *out = rows[i];
+      memset(&rows[i], 0, sizeof rows[i]);
+      rc = NAS_OK;
+    }
+  trial_rows_free(rows, n);
+  return rc;
+}
+
+static bool handed_out(const trial_row *t) {
+  return t->status == TRIAL_RUNNING && t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
+}
+
+/* Requeues (or fails, after max_attempts) the handed-out trials that went silent. */
+static int expire_silent(storage *st, const spec *s, const experiment_row *exp, nas_err *err) {
+  double timeout = s->trial.heartbeat_timeout_s > 0 ? s->trial.heartbeat_timeout_s : ASK_DEFAULT_TIMEOUT_S;
+  double now = nas_now();
+  trial_row *rows;
+  size_t n;
+  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  int rc = NAS_OK;
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    const trial_row *t = &rows[i];
+    double heard = t->heartbeat_at > t->started_at ? t->heartbeat_at : t->started_at;
+    if (!handed_out(t) || now - heard <= timeout) continue;
+    bool again = t->attempts < s->trial.max_attempts;
+    char *why = nas_asprintf("lost (no report nor heartbeat for %.0f s)%s", now - heard,
+                             again ? "; handed out again" : "");
+    rc = why ? storage_trial_finish(st, t->id, again ? TRIAL_QUEUED : TRIAL_FAILED, false, 0,
+                                    why, err)
+             : nas_errf(err, "out of memory");
+    free(why);
+  }
+  trial_rows_free(rows, n);
+  return rc;
+}
+
+/* The lease, waiting a little while another asker holds it. */
+static int take_lease(storage *st, const experiment_row *exp, sched_lease *lease, nas_err *err) {
+  double until = nas_monotonic() + ASK_WAIT_S;
+  int rc;
+  while ((rc = sched_lease_take(st, exp, lease, err)) == NAS_EEXIST && nas_monotonic() < until)
+    nas_sleep(0.02);
+  return rc;
+}
+
+/* How many more trials the budget allows, queued ones aside. */
+static size_t budget_left(const spec *s, const sched_results *r) {
+  long left = (long)s->budget.max_trials - (long)r->n_trials;
+  return left > 0 ? (size_t)left : 0;
+}
+
+/* Claims up to n queued trials and suggests the rest; *out gets up to n started rows. */
+static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_t n,
+                    const char *worker, trial_row *out, size_t *n_out, nas_err *err) {
+  int rc = NAS_OK;
+  *n_out = 0;
+  while (*n_out < n && (rc = storage_trial_claim(st, exp->id, worker, &out[*n_out], err)) == NAS_OK)
+    (*n_out)++;
+  if (rc != NAS_ENOTFOUND && rc != NAS_OK) return rc;
+  sched_results r;
+  if (sched_results_load(st, s, exp->id, &r, err) != NAS_OK) return NAS_ERR;
+  size_t fresh = n - *n_out, left = budget_left(s, &r);
+  fresh = fresh < left ? fresh : left;
+  optimizer *opt = NULL;
+  trial_row *made = NULL;
+  rc = fresh == 0 ? NAS_OK : optimizer_create(s, &opt, err);
+  if (rc == NAS_OK && fresh > 0) rc = sched_suggest(st, s, exp, opt, &r, fresh, &made, err);
+  for (size_t i = 0; rc == NAS_OK && i < fresh; i++) {
+    rc = storage_trial_start(st, made[i].id, worker, err);
+    if (rc == NAS_OK) rc = storage_trial_get(st, made[i].id, &out[(*n_out)++], err);
+  }
+  if (made) trial_rows_free(made, fresh);
+  optimizer_free(opt);
+  sched_results_free(&r);
+  return rc;
+}
+
+int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
+              const char *worker, trial_row **out, size_t *n_out, nas_err *err) {
+  *out = NULL;
+  *n_out = 0;
+  if (strcmp(exp->status, "stopped") == 0)
+    return nas_errc(err, NAS_EEXIST, "experiment '%s' is stopped; nothing is handed out", exp->name);
+  char *who = nas_asprintf("%s%s", SCHED_ASK_PREFIX, worker && *worker ? worker : "client");
+  trial_row *rows = calloc(n ? n : 1, sizeof *rows);
+  sched_lease lease = {0};
+  int rc = who && rows ? take_lease(st, exp, &lease, err) : nas_errf(err, "out of memory");
+  if (rc == NAS_OK) rc = expire_silent(st, s, exp, err);
+  if (rc == NAS_OK) rc = hand_out(st, s, exp, n, who, rows, n_out, err);
+  sched_lease_release(st, exp, &lease);
+  free(who);
+  if (rc != NAS_OK) {
+    trial_rows_free(rows, *n_out);
+    *n_out = 0;
+    return rc;
+  }
+  if (*n_out == 0 && n > 0)
+    rc = nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has spent its budget of %d trials",
+                  exp->name, s->budget.max_trials);
+  *out = rows;
+  return rc;
+}
+
+/* The handed-out trial `number`, refusing one that is not running. */
+static int running_trial(storage *st, const experiment_row *exp, int number, trial_row *t,
+                         nas_err *err) {
+  int rc = sched_trial_find(st, exp, number, t, err);
+  if (rc != NAS_OK) return rc;
+  if (t->status == TRIAL_RUNNING) return NAS_OK;
+  rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' is %s, not running; nothing was stored",
+                number, exp->name, trial_status_name(t->status));
+  trial_row_clear(t);
+  return rc;
+}
+
+/* Judges the trial by the early-stopping rule; ends it stopped when the rule says so. */
+static int judge_early(storage *st, const spec *s, const experiment_row *exp,
+                       const trial_row *t, bool *stop, nas_err *err) {
+  sched_curve *curves;
+  size_t n, rung = 0;
+  if (sched_curves_load(st, s, exp->id, &curves, &n, err) != NAS_OK) return NAS_ERR;
+  sched_verdict v = {0};
+  for (size_t i = 0; i < n; i++)
+    if (curves[i].trial_id == t->id) sched_early_stop_judge(s, curves, n, i, &rung, &v);
+  sched_curves_free(curves, n);
+  *stop = v.stop;
+  if (!v.stop) return NAS_OK;
+  char *why = nas_asprintf("stopped early at step %" PRId64 ": %zu of the %zu trials there did better",
+                           v.step, v.better, v.compared);
+  int rc = why ? storage_trial_finish(st, t->id, TRIAL_STOPPED, false, 0, why, err)
+               : nas_errf(err, "out of memory");
+  free(why);
+  return rc;
+}
+
+int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
+                      const metric_obs *obs, size_t n, bool *stop, nas_err *err) {
+  trial_row t;
+  *stop = false;
+  int rc = running_trial(st, exp, number, &t, err);
+  if (rc != NAS_OK) return rc;
+  rc = storage_metrics_add(st, t.id, obs, n, -1, err);
+  if (rc == NAS_OK) rc = storage_trial_heartbeat(st, t.id, err);
+  bool intermediate = false;
+  for (size_t i = 0; i < n; i++) intermediate |= obs[i].step != METRIC_FINAL;
+  if (rc == NAS_OK && intermediate && s->early_stopping.rule != EARLY_STOP_NONE)
+    rc = judge_early(st, s, exp, &t, stop, err);
+  trial_row_clear(&t);
+  return rc;
+}
+
+/* The first objective trial t never reported, or NULL. */
+static const char *missing_objective(const spec *s, const sched_results *r, int64_t trial_id) {
+  for (size_t i = 0; i < r->n_trials; i++) {
+    if (r->trials[i].id != trial_id) continue;
+    for (size_t j = 0; j < s->n_objectives; j++)
+      if (isnan(r->values[i * r->n_metrics + j])) return s->objectives[j].name;
+  }
+  return NULL;
+}
+
+int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
+                        const metric_obs *obs, size_t n, nas_err *err) {
+  trial_row t;
+  int rc = running_trial(st, exp, number, &t, err);
+  if (rc != NAS_OK) return rc;
+  rc = n > 0 ? storage_metrics_add(st, t.id, obs, n, -1, err) : NAS_OK;
+  sched_results r;
+  if (rc == NAS_OK) rc = sched_results_load(st, s, exp->id, &r, err);
+  if (rc == NAS_OK) {
+    const char *missing = missing_objective(s, &r, t.id);
+    rc = missing ? nas_errf(err, "trial %d has not reported objective '%s'; report it, or end "
+                            "the trial as failed", number, missing)
+                 : storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
+    sched_results_free(&r);
+  }
+  trial_row_clear(&t);
+  return rc;
+}
+
+int sched_tell_fail(storage *st, const experiment_row *exp, int number, const char *why,
+                    nas_err *err) {
+  trial_row t;
+  int rc = running_trial(st, exp, number, &t, err);
+  if (rc != NAS_OK) return rc;
+  rc = storage_trial_finish(st, t.id, TRIAL_FAILED, false, 0,
+                                why && *why ? why : "failed (reported by the client)", err);
+  trial_row_clear(&t);
+  return rc;
+}
+
+int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err) {
+  trial_row t;
+  int rc = running_trial(st, exp, number, &t, err);
+  if (rc != NAS_OK) return rc;
+  rc = storage_trial_heartbeat(st, t.id, err);
+  trial_row_clear(&t);
+  return rc;
+}

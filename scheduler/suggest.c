@@ -1,0 +1,106 @@
+/* scheduler/suggest.c: from stored results to new trials — completed trials become the
+ * optimizer's observations, queued and running ones its pending points, and each
+ * suggestion is stored as a queued trial with the reference point it aimed at. The loop of
+ * `nas run` and ask/tell (ask.c) both suggest through here. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "scheduler/internal.h"
+
+/* Completed trials as observations, and the parameters of pending ones. */
+typedef struct {
+  const sched_results *r;   /* borrowed */
+  observation *obs;
+  json_t **params;          /* owned, one per trial */
+  double *values;           /* objectives then constraints, per observation */
+  const json_t **pending;
+  size_t n_obs, n_pending;
+} history;
+
+static void history_free(history *h) {
+  for (size_t i = 0; h->r && i < h->r->n_trials && h->params; i++) json_decref(h->params[i]);
+  free(h->params), free(h->obs), free(h->values), free(h->pending);
+}
+
+static int history_load(const spec *s, const sched_results *r, history *h, nas_err *err) {
+  memset(h, 0, sizeof *h);
+  h->r = r;
+  size_t n = h->r->n_trials ? h->r->n_trials : 1, k = s->n_objectives + s->n_constraints;
+  h->params = calloc(n, sizeof *h->params);
+  h->obs = calloc(n, sizeof *h->obs);
+  h->values = calloc(n * (k ? k : 1), sizeof *h->values);
+  h->pending = calloc(n, sizeof *h->pending);
+  if (!h->params || !h->obs || !h->values || !h->pending) {
+    history_free(h);
+    return nas_errf(err, "out of memory");
+  }
+  for (size_t t = 0; t < h->r->n_trials; t++) {
+    const trial_row *row = &h->r->trials[t];
+    h->params[t] = json_loads(row->params_json, 0, NULL);
+    if (!h->params[t]) {
+      history_free(h);
+      return nas_errf(err, "trial %d: stored parameters are not JSON", row->number);
+    }
+    if (row->status == TRIAL_QUEUED || row->status == TRIAL_RUNNING) {
+      h->pending[h->n_pending++] = h->params[t];
+    } else if (row->status == TRIAL_COMPLETED) {
+      /* metric_names begin with the objectives, then the constraints (results.c). */
+      double *v = h->values + h->n_obs * k;
+      memcpy(v, h->r->values + t * h->r->n_metrics, k * sizeof *v);
+      h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
+                                         .constraints = v + s->n_objectives};
+    }
+  }
+  return NAS_OK;
+}
+
+/* The reference point ref (minimisation convention) as the trial records it: a JSON object
+ * of objective name → value in the objective's own direction; NULL text when ref is NaN
+ * (no reference). *text is owned; false when out of memory. */
+static bool reference_text(const spec *s, const double *ref, char **text) {
+  *text = NULL;
+  if (isnan(ref[0])) return true;
+  json_t *obj = json_object();
+  for (size_t j = 0; obj && j < s->n_objectives; j++) {
+    double raw = s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j];
+    if (json_object_set_new(obj, s->objectives[j].name, json_real(raw)) != 0) {
+      json_decref(obj);
+      obj = NULL;
+    }
+  }
+  *text = obj ? json_dumps(obj, JSON_COMPACT | JSON_SORT_KEYS | JSON_REAL_PRECISION(17)) : NULL;
+  json_decref(obj);
+  return *text != NULL;
+}
+
+int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimizer *opt,
+                  const sched_results *r, size_t n, trial_row **rows, nas_err *err) {
+  history h;
+  if (history_load(s, r, &h, err) != NAS_OK) return NAS_ERR;
+  size_t m = s->n_objectives;
+  json_t **suggested = calloc(n, sizeof *suggested);
+  double *refs = malloc(n * m * sizeof *refs);
+  *rows = calloc(n, sizeof **rows);
+  int rc = suggested && refs && *rows ? NAS_OK : nas_errf(err, "out of memory");
+  if (rc == NAS_OK)
+    rc = optimizer_suggest(opt, h.obs, h.n_obs, h.pending, h.n_pending, n, (int)r->n_trials,
+                           suggested, refs, err);
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    char *text = json_dumps(suggested[i], JSON_COMPACT | JSON_SORT_KEYS), *ref = NULL;
+    rc = text && reference_text(s, refs + i * m, &ref)
+             ? storage_trial_create(st, exp->id, text, ref, &(*rows)[i], err)
+             : nas_errf(err, "out of memory");
+    free(text);
+    free(ref);
+  }
+  for (size_t i = 0; suggested && i < n; i++) json_decref(suggested[i]);
+  free(suggested);
+  free(refs);
+  history_free(&h);
+  if (rc != NAS_OK) {
+    trial_rows_free(*rows, n);
+    *rows = NULL;
+  }
+  return rc;
+}

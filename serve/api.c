@@ -1,0 +1,196 @@
+/* serve/api.c: the routes of /api/v1/ and the read and manage endpoints (docs/api.md).
+ * Each handler loads what it needs through storage and the scheduler's calls — the same
+ * ones the CLI makes — and answers JSON; ask/tell lives in api_trials.c. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "scheduler/scheduler.h"
+#include "serve/api.h"
+
+/* ---- loading an experiment ------------------------------------------------------------- */
+
+int api_load(serve_request *req, const char *name, api_experiment *out, bool with_results) {
+  nas_err err;
+  memset(out, 0, sizeof *out);
+  int rc = storage_experiment_get(req->st, name, &out->exp, &err);
+  if (rc == NAS_ENOTFOUND) return serve_fail(req, MHD_HTTP_NOT_FOUND, "no experiment '%s'", name);
+  if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
+  rc = sched_experiment_spec(&out->exp, &out->s, &err);
+  if (rc == NAS_OK && with_results) {
+    rc = sched_results_load(req->st, out->s, out->exp.id, &out->r, &err);
+    out->has_results = rc == NAS_OK;
+  }
+  if (rc != NAS_OK) {
+    api_unload(out);
+    return serve_fail_err(req, rc, &err);
+  }
+  return NAS_OK;
+}
+
+void api_unload(api_experiment *e) {
+  if (e->has_results) sched_results_free(&e->r);
+  spec_free(e->s);
+  experiment_row_clear(&e->exp);
+  memset(e, 0, sizeof *e);
+}
+
+/* ---- experiments --------------------------------------------------------------------------- */
+
+static int summary_of(serve_request *req, const char *name, json_t **out) {
+  api_experiment e;
+  nas_err err;
+  if (api_load(req, name, &e, true) != NAS_OK) return NAS_ERR;
+  *out = sched_experiment_json(req->st, e.s, &e.exp, &e.r, &err);
+  api_unload(&e);
+  return *out ? NAS_OK : serve_fail_err(req, NAS_ERR, &err);
+}
+
+static int list_experiments(serve_request *req, char **parts) {
+  (void)parts;
+  experiment_row *rows;
+  size_t n;
+  nas_err err;
+  int rc = storage_experiment_list(req->st, &rows, &n, &err);
+  if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
+  json_t *list = json_array();
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    json_t *one;
+    rc = summary_of(req, rows[i].name, &one);
+    if (rc == NAS_OK) json_array_append_new(list, one);
+  }
+  experiment_rows_free(rows, n);
+  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:o}", "experiments", list));
+  else json_decref(list);
+  return rc;
+}
+
+static int get_experiment(serve_request *req, char **parts) {
+  json_t *one;
+  if (summary_of(req, parts[0], &one) != NAS_OK) return NAS_ERR;
+  serve_reply(req, MHD_HTTP_OK, one);
+  return NAS_OK;
+}
+
+/* The body is a YAML spec, checked as `nas run` checks one; its relative paths and run
+ * folders are the server's current folder's. The same spec again is no error. */
+static int create_experiment(serve_request *req, char **parts) {
+  (void)parts;
+  spec *checked = NULL, *s = NULL;
+  nas_err err;
+  const char *text = req->body ? req->body : "";
+  if (spec_parse(text, "request.yaml", req->srv->cwd, &checked, &err) != NAS_OK)
+    return serve_fail(req, MHD_HTTP_BAD_REQUEST, "%s", err.msg);
+  char *path = nas_asprintf("%s/%s.yaml", req->srv->cwd, checked->name);
+  int rc = path ? spec_parse(text, path, req->srv->cwd, &s, &err) : nas_errf(&err, "out of memory");
+  free(path);
+  experiment_row exp = {0};
+  bool existed = rc == NAS_OK && storage_experiment_get(req->st, checked->name, &exp, &err) == NAS_OK;
+  experiment_row_clear(&exp);
+  if (rc == NAS_OK) rc = sched_prepare(s, req->st, &exp, &err);
+  if (rc == NAS_OK) {
+    json_t *one;
+    rc = summary_of(req, exp.name, &one);
+    if (rc == NAS_OK) serve_reply(req, existed ? MHD_HTTP_OK : MHD_HTTP_CREATED, one);
+  } else {
+    serve_fail(req, strstr(err.msg, "already exists") ? MHD_HTTP_CONFLICT : MHD_HTTP_INTERNAL_SERVER_ERROR,
+               "%s", err.msg);
+  }
+  experiment_row_clear(&exp);
+  spec_free(s);
+  spec_free(checked);
+  return rc;
+}
+
+static int stop_experiment(serve_request *req, char **parts) {
+  api_experiment e;
+  nas_err err;
+  if (api_load(req, parts[0], &e, false) != NAS_OK) return NAS_ERR;
+  int rc = sched_stop(e.s, req->st, &e.exp, NULL, &err);
+  api_unload(&e);
+  if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
+  return get_experiment(req, parts);
+}
+
+static int get_pareto(serve_request *req, char **parts) {
+  api_experiment e;
+  nas_err err;
+  if (api_load(req, parts[0], &e, true) != NAS_OK) return NAS_ERR;
+  json_t *pareto = sched_pareto_json(e.s, &e.exp, &e.r, &err);
+  api_unload(&e);
+  if (!pareto) return serve_fail_err(req, NAS_ERR, &err);
+  serve_reply(req, MHD_HTTP_OK, pareto);
+  return NAS_OK;
+}
+
+/* ---- routing ------------------------------------------------------------------------------ */
+
+typedef struct {
+  const char *method;
+  const char *pattern;  /* path segments; "*" matches one segment, handed to the handler */
+  serve_scope needs;
+  int (*handle)(serve_request *req, char **parts);
+} route;
+
+static const route routes[] = {
+    {"GET", "/api/v1/experiments", SCOPE_READ, list_experiments},
+    {"POST", "/api/v1/experiments", SCOPE_WRITE, create_experiment},
+    {"GET", "/api/v1/experiments/*", SCOPE_READ, get_experiment},
+    {"POST", "/api/v1/experiments/*/stop", SCOPE_WRITE, stop_experiment},
+    {"GET", "/api/v1/experiments/*/pareto", SCOPE_READ, get_pareto},
+    {"GET", "/api/v1/experiments/*/trials", SCOPE_READ, api_list_trials},
+    {"GET", "/api/v1/experiments/*/trials/*", SCOPE_READ, api_get_trial},
+    {"POST", "/api/v1/experiments/*/ask", SCOPE_WRITE, api_ask},
+    {"POST", "/api/v1/experiments/*/trials/*/report", SCOPE_WRITE, api_report},
+    {"POST", "/api/v1/experiments/*/trials/*/complete", SCOPE_WRITE, api_complete},
+    {"POST", "/api/v1/experiments/*/trials/*/fail", SCOPE_WRITE, api_fail},
+    {"POST", "/api/v1/experiments/*/trials/*/heartbeat", SCOPE_WRITE, api_heartbeat},
+};
+
+enum { max_parts = 4 };
+
+/* Whether path matches pattern; parts[] point into path (which is cut into segments). */
+static bool match(const char *pattern, char *path, char **parts, size_t *n_parts) {
+  *n_parts = 0;
+  const char *p = pattern;
+  char *s = path;
+  while (*p == '/' && *s == '/') {
+    p++, s++;
+    size_t plen = strcspn(p, "/"), slen = strcspn(s, "/");
+    if (slen == 0) return false;
+    if (plen == 1 && *p == '*') {
+      if (*n_parts == max_parts) return false;
+      parts[(*n_parts)++] = s;
+    } else if (plen != slen || strncmp(p, s, plen) != 0) {
+      return false;
+    }
+    p += plen, s += slen;
+  }
+  return *p == '\0' && *s == '\0';
+}
+
+void serve_route(serve_request *req, serve_scope scope) {
+  bool path_known = false;
+  for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
+    char *path = strdup(req->path), *parts[max_parts];
+    size_t n_parts;
+    if (!path) {
+      serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
+      return;
+    }
+    bool hit = match(routes[i].pattern, path, parts, &n_parts);
+    path_known |= hit;
+    if (hit && strcmp(routes[i].method, req->method) == 0) {
+      for (size_t k = 0; k < n_parts; k++) parts[k][strcspn(parts[k], "/")] = '\0';
+      if (scope < routes[i].needs)
+        serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
+      else
+        routes[i].handle(req, parts);
+      free(path);
+      return;
+    }
+    free(path);
+  }
+  if (path_known) serve_fail(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s is not allowed on %s", req->method, req->path);
+  else serve_fail(req, MHD_HTTP_NOT_FOUND, "no such endpoint: %s (see docs/api.md)", req->path);
+}

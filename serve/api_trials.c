@@ -1,0 +1,294 @@
+/* serve/api_trials.c: the trial endpoints — listing and reading trials, and ask/tell
+ * (docs/api.md). Ask and tell are the scheduler's (scheduler/ask.c), the same calls as
+ * `nas ask` and `nas tell`. */
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/api.h"
+
+/* The most trials one page lists, and the default. */
+enum { PAGE_MAX = 1000, PAGE_DEFAULT = 100 };
+/* The bytes of stdout.log and stderr.log a trial's answer carries. */
+enum { LOG_TAIL_BYTES = 4096 };
+
+/* A non-negative integer query argument; a 400 reply when it is not one. */
+static int query_count(serve_request *req, const char *key, long fallback, long *out) {
+  const char *text = serve_query(req, key);
+  *out = fallback;
+  if (!text) return NAS_OK;
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < 0)
+    return serve_fail(req, MHD_HTTP_BAD_REQUEST, "?%s=%s is not a count", key, text);
+  *out = v;
+  return NAS_OK;
+}
+
+/* The trial number in a path segment; a 404 reply when it is not one. */
+static int trial_number(serve_request *req, const char *text, int *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < 0 || v > INT_MAX)
+    return serve_fail(req, MHD_HTTP_NOT_FOUND, "'%s' is not a trial number", text);
+  *out = (int)v;
+  return NAS_OK;
+}
+
+int api_list_trials(serve_request *req, char **parts) {
+  long offset, limit;
+  const char *status = serve_query(req, "status");
+  trial_status wanted = TRIAL_QUEUED;
+  if (query_count(req, "offset", 0, &offset) != NAS_OK ||
+      query_count(req, "limit", PAGE_DEFAULT, &limit) != NAS_OK)
+    return NAS_ERR;
+  if (status && trial_status_parse(status, &wanted) != NAS_OK)
+    return serve_fail(req, MHD_HTTP_BAD_REQUEST, "?status=%s is not a trial status (queued, "
+                      "running, completed, failed, timeout, stopped)", status);
+  if (limit > PAGE_MAX) limit = PAGE_MAX;
+  api_experiment e;
+  if (api_load(req, parts[0], &e, true) != NAS_OK) return NAS_ERR;
+  json_t *list = json_array();
+  long matching = 0;
+  for (size_t i = 0; list && i < e.r.n_trials; i++) {
+    if (status && e.r.trials[i].status != wanted) continue;
+    if (matching >= offset && matching < offset + limit)
+      json_array_append_new(list, sched_trial_json(&e.r, i));
+    matching++;
+  }
+  api_unload(&e);
+  serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:i, s:i, s:o}", "total", (int)matching,
+                                          "offset", (int)offset, "limit", (int)limit, "trials", list));
+  return NAS_OK;
+}
+
+/* Every intermediate value of one trial: {metric: [[step, value, time], …]}. */
+static json_t *curves_of(serve_request *req, const api_experiment *e, int64_t trial_id) {
+  metric_row *rows;
+  size_t n;
+  nas_err err;
+  if (storage_metrics_list(req->st, e->exp.id, &rows, &n, &err) != NAS_OK) return NULL;
+  json_t *curves = json_object();
+  for (size_t i = 0; curves && i < n; i++) {
+    if (rows[i].trial_id != trial_id || rows[i].step == METRIC_FINAL) continue;
+    json_t *points = json_object_get(curves, rows[i].name);
+    if (!points) json_object_set_new(curves, rows[i].name, points = json_array());
+    json_array_append_new(points, json_pack("[I, o, f]", (json_int_t)rows[i].step,
+                                            isnan(rows[i].value) ? json_null() : json_real(rows[i].value),
+                                            rows[i].time));
+  }
+  metric_rows_free(rows, n);
+  return curves;
+}
+
+/* The last LOG_TAIL_BYTES of run_dir/name, or null when it cannot be read. */
+static json_t *log_tail(const char *run_dir, const char *name) {
+  char *path = nas_asprintf("%s/%s", run_dir, name), *text = NULL;
+  size_t len = 0;
+  nas_err ignored;
+  json_t *tail = json_null();
+  if (path && nas_read_file(path, &text, &len, &ignored) == NAS_OK) {
+    size_t from = len > LOG_TAIL_BYTES ? len - LOG_TAIL_BYTES : 0;
+    while (from < len && ((unsigned char)text[from] & 0xC0) == 0x80) from++; /* a cut character */
+    json_t *text_tail = json_stringn(text + from, len - from); /* NULL when not UTF-8 */
+    if (text_tail) {
+      json_decref(tail);
+      tail = text_tail;
+    }
+  }
+  free(path);
+  free(text);
+  return tail;
+}
+
+int api_get_trial(serve_request *req, char **parts) {
+  int number;
+  api_experiment e;
+  if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, true) != NAS_OK)
+    return NAS_ERR;
+  int rc = serve_fail(req, MHD_HTTP_NOT_FOUND, "experiment '%s' has no trial %d", parts[0], number);
+  for (size_t i = 0; i < e.r.n_trials; i++) {
+    const trial_row *t = &e.r.trials[i];
+    if (t->number != number) continue;
+    json_t *one = sched_trial_json(&e.r, i);
+    char *run_dir = sched_run_dir(&e.exp, t->number, t->attempts > 0 ? t->attempts : 1);
+    json_object_set_new(one, "job_id", t->job_id ? json_string(t->job_id) : json_null());
+    json_object_set_new(one, "intermediate", curves_of(req, &e, t->id));
+    json_object_set_new(one, "run_dir", run_dir ? json_string(run_dir) : json_null());
+    json_object_set_new(one, "stdout_tail", run_dir ? log_tail(run_dir, "stdout.log") : json_null());
+    json_object_set_new(one, "stderr_tail", run_dir ? log_tail(run_dir, "stderr.log") : json_null());
+    free(run_dir);
+    serve_reply(req, MHD_HTTP_OK, one);
+    rc = NAS_OK;
+  }
+  api_unload(&e);
+  return rc;
+}
+
+/* ---- ask and tell ------------------------------------------------------------------------ */
+
+/* A scheduler failure as a reply: a trial that is not running, a budget spent or a
+ * scheduler running the experiment are conflicts; a missing trial is 404. */
+static int tell_failed(serve_request *req, int rc, const nas_err *err) {
+  if (rc == NAS_EEXIST) return serve_fail(req, MHD_HTTP_CONFLICT, "%s", err->msg);
+  return serve_fail_err(req, rc, err);
+}
+
+int api_ask(serve_request *req, char **parts) {
+  json_t *body = serve_body_json(req);
+  if (!body) return NAS_ERR;
+  json_t *n_value = json_object_get(body, "n"), *worker = json_object_get(body, "worker");
+  json_int_t n = n_value ? json_integer_value(n_value) : 1;
+  if ((n_value && !json_is_integer(n_value)) || n < 1 || n > 1000 || (worker && !json_is_string(worker))) {
+    json_decref(body);
+    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT,
+                      "expected {\"n\": 1..1000, \"worker\": \"name\"} (both optional)");
+  }
+  api_experiment e;
+  trial_row *rows = NULL;
+  size_t got = 0;
+  nas_err err;
+  int rc = api_load(req, parts[0], &e, false);
+  if (rc == NAS_OK) {
+    rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker), &rows, &got, &err);
+    if (rc == NAS_ENOTFOUND) serve_fail(req, MHD_HTTP_CONFLICT, "%s", err.msg);
+    else if (rc != NAS_OK) tell_failed(req, rc, &err);
+    api_unload(&e);
+  }
+  json_decref(body);
+  if (rc != NAS_OK) return rc;
+  json_t *list = json_array();
+  for (size_t i = 0; i < got; i++)
+    json_array_append_new(list, json_pack("{s:i, s:o}", "number", rows[i].number, "params",
+                                          json_loads(rows[i].params_json, 0, NULL)));
+  trial_rows_free(rows, got);
+  serve_reply(req, MHD_HTTP_OK, json_pack("{s:o}", "trials", list));
+  return NAS_OK;
+}
+
+/* body's "metrics" object as observations at step (METRIC_FINAL for final values); names
+ * are borrowed from body. A 422 reply when it is not an object of numbers. */
+static int metrics_of(serve_request *req, const json_t *body, bool required, int64_t step,
+                      metric_obs **obs, size_t *n) {
+  const json_t *metrics = json_object_get(body, "metrics");
+  *obs = NULL;
+  *n = 0;
+  if (!metrics && !required) return NAS_OK;
+  if (!json_is_object(metrics) || json_object_size(metrics) == 0)
+    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "expected \"metrics\": {\"name\": number, …}");
+  *obs = calloc(json_object_size(metrics), sizeof **obs);
+  if (!*obs) return serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
+  const char *name;
+  const json_t *value;
+  double now = nas_now();
+  json_object_foreach((json_t *)metrics, name, value) {
+    if (!json_is_number(value) || !name[0]) {
+      free(*obs);
+      *obs = NULL;
+      return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "metric '%s' is not a number", name);
+    }
+    (*obs)[(*n)++] = (metric_obs){.name = name, .step = step, .value = json_number_value(value), .time = now};
+  }
+  return NAS_OK;
+}
+
+/* The step of a report: "step" when given (an intermediate value), else final. */
+static int step_of(serve_request *req, const json_t *body, int64_t *step) {
+  const json_t *v = json_object_get(body, "step");
+  *step = METRIC_FINAL;
+  if (!v || json_is_null(v)) return NAS_OK;
+  if (!json_is_integer(v) || json_integer_value(v) < 0)
+    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"step\" must be an integer >= 0");
+  *step = json_integer_value(v);
+  return NAS_OK;
+}
+
+/* What report, complete and fail share: the body, the trial number, the experiment. */
+typedef struct {
+  json_t *body;
+  int number;
+  api_experiment e;
+} tell_call;
+
+static int tell_begin(serve_request *req, char **parts, tell_call *c) {
+  memset(c, 0, sizeof *c);
+  if (trial_number(req, parts[1], &c->number) != NAS_OK || !(c->body = serve_body_json(req)))
+    return NAS_ERR;
+  if (api_load(req, parts[0], &c->e, false) != NAS_OK) {
+    json_decref(c->body);
+    return NAS_ERR;
+  }
+  return NAS_OK;
+}
+
+static void tell_end(tell_call *c) {
+  api_unload(&c->e);
+  json_decref(c->body);
+}
+
+int api_report(serve_request *req, char **parts) {
+  tell_call c;
+  if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
+  int64_t step;
+  metric_obs *obs = NULL;
+  size_t n = 0;
+  bool stop = false;
+  nas_err err;
+  int rc = step_of(req, c.body, &step);
+  if (rc == NAS_OK) rc = metrics_of(req, c.body, true, step, &obs, &n);
+  if (rc == NAS_OK) {
+    rc = sched_tell_report(req->st, c.e.s, &c.e.exp, c.number, obs, n, &stop, &err);
+    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", stop));
+    else tell_failed(req, rc, &err);
+  }
+  free(obs);
+  tell_end(&c);
+  return rc;
+}
+
+int api_complete(serve_request *req, char **parts) {
+  tell_call c;
+  if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
+  metric_obs *obs = NULL;
+  size_t n = 0;
+  nas_err err;
+  int rc = metrics_of(req, c.body, false, METRIC_FINAL, &obs, &n);
+  if (rc == NAS_OK) {
+    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n, &err);
+    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));
+    else if (strstr(err.msg, "has not reported")) serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", err.msg);
+    else tell_failed(req, rc, &err);
+  }
+  free(obs);
+  tell_end(&c);
+  return rc;
+}
+
+int api_fail(serve_request *req, char **parts) {
+  tell_call c;
+  if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
+  const json_t *why = json_object_get(c.body, "error");
+  nas_err err;
+  int rc = why && !json_is_string(why)
+               ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
+               : sched_tell_fail(req->st, &c.e.exp, c.number, json_string_value(why), &err);
+  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));
+  else if (!req->reply) tell_failed(req, rc, &err);
+  tell_end(&c);
+  return rc;
+}
+
+int api_heartbeat(serve_request *req, char **parts) {
+  tell_call c;
+  if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
+  nas_err err;
+  int rc = sched_tell_heartbeat(req->st, &c.e.exp, c.number, &err);
+  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i}", "number", c.number));
+  else tell_failed(req, rc, &err);
+  tell_end(&c);
+  return rc;
+}

@@ -1,0 +1,86 @@
+/* serve/internal.h: what the files of serve/ share (internal to serve/). */
+#ifndef NAS_SERVE_INTERNAL_H
+#define NAS_SERVE_INTERNAL_H
+
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdbool.h>
+
+#include "serve/serve.h"
+#include "storage/storage.h"
+
+/* What a token (or, without a token file, a loopback client) may do. */
+typedef enum { SCOPE_NONE = 0, SCOPE_READ, SCOPE_WRITE } serve_scope;
+
+/* The tokens of a token file (auth.c). */
+typedef struct {
+  char **tokens;        /* owned */
+  serve_scope *scopes;
+  size_t n;
+} serve_tokens;
+
+int serve_tokens_load(const char *path, serve_tokens *out, nas_err *err);
+void serve_tokens_free(serve_tokens *t);
+/* The scope of the bearer token in an Authorization header value (NULL when absent):
+ * SCOPE_NONE when it matches no token. Every token is compared in constant time. */
+serve_scope serve_tokens_scope(const serve_tokens *t, const char *authorization);
+
+/* Storage connections, one per request in flight (pool.c). */
+typedef struct {
+  const char *url;      /* borrowed */
+  storage **free_list;  /* owned connections not in use */
+  size_t n_free, cap;
+  pthread_mutex_t lock;
+} serve_pool;
+
+int serve_pool_init(serve_pool *p, const char *url, size_t cap, nas_err *err);
+void serve_pool_free(serve_pool *p);
+/* A connection of its own for one request (opened when none is free). */
+int serve_pool_take(serve_pool *p, storage **out, nas_err *err);
+void serve_pool_give(serve_pool *p, storage *st);
+
+/* The server's state, shared by every request thread; immutable after start but the pool. */
+typedef struct {
+  const serve_options *opt;
+  serve_tokens tokens;   /* empty without a token file */
+  bool open_to_loopback; /* no token file: loopback clients get write scope */
+  serve_pool pool;
+  char *cwd;             /* owned: where experiments created over HTTP keep their runs */
+} serve_ctx;
+
+/* One request, from its first byte to its log line. */
+typedef struct {
+  serve_ctx *srv;
+  struct MHD_Connection *conn;
+  const char *method;    /* borrowed from MHD for the request's life */
+  char *path;            /* owned */
+  char *body;            /* owned, NUL-terminated */
+  size_t body_len;
+  bool body_too_big;
+  double started;        /* monotonic seconds */
+  storage *st;           /* taken from the pool while the handler runs */
+  int status;            /* of the reply */
+  json_t *reply;         /* owned until sent */
+} serve_request;
+
+/* The largest body accepted; more is answered 413. */
+#define SERVE_BODY_LIMIT (4u << 20)
+
+/* Sets the reply (taking the reference to body). */
+void serve_reply(serve_request *req, int status, json_t *body);
+/* Sets an error reply {"error": "..."}; returns NAS_ERR for `return serve_fail(…)`. */
+int serve_fail(serve_request *req, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Maps a storage/scheduler failure to its status: NAS_ENOTFOUND 404, NAS_EEXIST 409,
+ * anything else 500. */
+int serve_fail_err(serve_request *req, int code, const nas_err *err);
+/* A query argument (?key=value), or NULL. */
+const char *serve_query(serve_request *req, const char *key);
+/* The body as a JSON object (an empty body is {}); a 400 reply and NULL when it is not. */
+json_t *serve_body_json(serve_request *req);
+
+/* The routes (api.c): answers req, whose scope the caller has worked out. */
+void serve_route(serve_request *req, serve_scope scope);
+
+#endif

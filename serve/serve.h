@@ -1,0 +1,35 @@
+/* serve: `nas serve`, the HTTP service over one storage.
+ *
+ * A JSON API under /api/v1/ (docs/api.md): experiments, trials, Pareto fronts, creating and
+ * stopping experiments, and ask/tell. The server holds no state of its own: every request
+ * reads and writes through the storage interface and the scheduler's calls, exactly as the
+ * CLI does, so a server, `nas run` and the CLI on one storage always agree.
+ *
+ * HTTP itself is libmicrohttpd's (no parsing here). Requests are served by a small pool of
+ * threads, each with a storage connection of its own; bodies are limited in size and slow
+ * clients in time. Without a token file only loopback clients are served; with one, every
+ * request carries `Authorization: Bearer TOKEN` with a read or write scope. */
+#ifndef NAS_SERVE_H
+#define NAS_SERVE_H
+
+#include <stdio.h>
+
+#include "common/common.h"
+
+typedef struct {
+  const char *storage_url; /* borrowed */
+  const char *listen;      /* "HOST:PORT"; port 0 picks a free one (default 127.0.0.1:8470) */
+  const char *token_file;  /* NULL: no tokens, loopback clients only */
+  const char *tls_cert;    /* PEM files; both or neither */
+  const char *tls_key;
+  FILE *log;               /* one line per request; borrowed */
+  /* Called once the server listens, with the port it got (may be NULL). */
+  void (*on_listening)(void *ctx, int port);
+  void *on_listening_ctx;
+} serve_options;
+
+/* Serves until SIGINT or SIGTERM (blocked in the calling thread and waited for), then stops
+ * accepting, lets requests in flight finish, and returns. */
+int serve_run(const serve_options *opt, nas_err *err);
+
+#endif

@@ -1,0 +1,330 @@
+/* serve/server.c: the HTTP side of `nas serve` on libmicrohttpd — listening, reading a
+ * request's body within its limit, telling who the client is, answering, and one log line
+ * per request (method, path, status, milliseconds; never a header, so never a token).
+ *
+ * libmicrohttpd calls the access handler several times per request: first with the
+ * headers (the request's state is made and oversized bodies are refused by their
+ * Content-Length), then with each piece of the body, then once more with none, when the
+ * request is answered. A thread pool serves connections; each handler takes a storage
+ * connection of its own from the pool for the time it runs. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "serve/internal.h"
+
+enum {
+  SERVE_THREADS = 4,            /* requests handled at once */
+  SERVE_CLIENT_TIMEOUT_S = 30,  /* a connection silent this long is closed */
+  SERVE_CONNECTION_LIMIT = 256,
+};
+
+/* ---- replies -------------------------------------------------------------------------- */
+
+void serve_reply(serve_request *req, int status, json_t *body) {
+  json_decref(req->reply);
+  req->status = status;
+  req->reply = body;
+}
+
+int serve_fail(serve_request *req, int status, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  serve_reply(req, status, json_pack("{s:s}", "error", msg));
+  return NAS_ERR;
+}
+
+int serve_fail_err(serve_request *req, int code, const nas_err *err) {
+  int status = code == NAS_ENOTFOUND ? MHD_HTTP_NOT_FOUND
+               : code == NAS_EEXIST  ? MHD_HTTP_CONFLICT
+                                     : MHD_HTTP_INTERNAL_SERVER_ERROR;
+  return serve_fail(req, status, "%s", err->msg);
+}
+
+const char *serve_query(serve_request *req, const char *key) {
+  return MHD_lookup_connection_value(req->conn, MHD_GET_ARGUMENT_KIND, key);
+}
+
+json_t *serve_body_json(serve_request *req) {
+  if (req->body_len == 0) return json_object();
+  json_error_t jerr;
+  json_t *body = json_loadb(req->body, req->body_len, 0, &jerr);
+  if (!body) {
+    serve_fail(req, MHD_HTTP_BAD_REQUEST, "the body is not JSON: %s at line %d column %d",
+               jerr.text, jerr.line, jerr.column);
+  } else if (!json_is_object(body)) {
+    json_decref(body);
+    body = NULL;
+    serve_fail(req, MHD_HTTP_BAD_REQUEST, "the body must be a JSON object");
+  }
+  return body;
+}
+
+static enum MHD_Result send_reply(serve_request *req) {
+  json_t *body = req->reply ? req->reply : json_pack("{s:s}", "error", "no reply");
+  char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(17));
+  if (!req->reply) req->status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+  if (!text) return MHD_NO;
+  size_t len = strlen(text);
+  text[len] = '\n'; /* the NUL's place: a newline ends the body, for people using curl */
+  struct MHD_Response *resp = MHD_create_response_from_buffer(len + 1, text, MHD_RESPMEM_MUST_FREE);
+  if (!resp) {
+    free(text);
+    return MHD_NO;
+  }
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  enum MHD_Result rc = MHD_queue_response(req->conn, (unsigned)req->status, resp);
+  MHD_destroy_response(resp);
+  return rc;
+}
+
+/* ---- who may do what ------------------------------------------------------------------ */
+
+static bool client_is_loopback(struct MHD_Connection *conn) {
+  const union MHD_ConnectionInfo *info =
+      MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+  const struct sockaddr *sa = info ? info->client_addr : NULL;
+  if (!sa) return false;
+  if (sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa->sa_family == AF_INET6) {
+    const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+    return IN6_IS_ADDR_LOOPBACK(a) ||
+           (IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127);
+  }
+  return false;
+}
+
+/* The request's scope; a 401/403 reply and false when it may do nothing. */
+static bool authorise(serve_request *req, serve_scope *scope) {
+  serve_ctx *srv = req->srv;
+  if (srv->open_to_loopback) {
+    *scope = client_is_loopback(req->conn) ? SCOPE_WRITE : SCOPE_NONE;
+    if (*scope == SCOPE_NONE)
+      serve_fail(req, MHD_HTTP_FORBIDDEN, "this server has no token file and serves loopback "
+                                          "clients only");
+    return *scope != SCOPE_NONE;
+  }
+  const char *auth = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
+                                                 MHD_HTTP_HEADER_AUTHORIZATION);
+  *scope = serve_tokens_scope(&srv->tokens, auth);
+  if (*scope == SCOPE_NONE)
+    serve_fail(req, MHD_HTTP_UNAUTHORIZED, auth ? "the bearer token is not valid"
+                                                : "missing 'Authorization: Bearer TOKEN'");
+  return *scope != SCOPE_NONE;
+}
+
+/* ---- the request's life ---------------------------------------------------------------- */
+
+static serve_request *request_new(serve_ctx *srv, struct MHD_Connection *conn, const char *url,
+                                  const char *method) {
+  serve_request *req = calloc(1, sizeof *req);
+  if (!req) return NULL;
+  *req = (serve_request){.srv = srv, .conn = conn, .method = method, .path = strdup(url),
+                         .started = nas_monotonic(), .status = MHD_HTTP_OK};
+  if (!req->path) {
+    free(req);
+    return NULL;
+  }
+  return req;
+}
+
+static void request_free(serve_request *req) {
+  json_decref(req->reply);
+  free(req->path);
+  free(req->body);
+  free(req);
+}
+
+/* Whether the announced body is larger than the limit (then it is not read at all). */
+static bool announced_too_big(struct MHD_Connection *conn) {
+  const char *length = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
+                                                   MHD_HTTP_HEADER_CONTENT_LENGTH);
+  return length && strtoull(length, NULL, 10) > SERVE_BODY_LIMIT;
+}
+
+static void take_body(serve_request *req, const char *data, size_t size) {
+  if (req->body_too_big || req->body_len + size > SERVE_BODY_LIMIT) {
+    req->body_too_big = true;
+    return;
+  }
+  char *grown = realloc(req->body, req->body_len + size + 1);
+  if (!grown) {
+    req->body_too_big = true; /* answered as too big: no memory to hold it */
+    return;
+  }
+  memcpy(grown + req->body_len, data, size);
+  req->body = grown;
+  req->body_len += size;
+  req->body[req->body_len] = '\0';
+}
+
+static void answer(serve_request *req) {
+  serve_scope scope;
+  nas_err err;
+  if (req->body_too_big) {
+    serve_fail(req, MHD_HTTP_CONTENT_TOO_LARGE, "the body is larger than %u bytes", SERVE_BODY_LIMIT);
+  } else if (authorise(req, &scope)) {
+    if (serve_pool_take(&req->srv->pool, &req->st, &err) != NAS_OK) {
+      serve_fail(req, MHD_HTTP_SERVICE_UNAVAILABLE, "%s", err.msg);
+      return;
+    }
+    serve_route(req, scope);
+    serve_pool_give(&req->srv->pool, req->st);
+    req->st = NULL;
+  }
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_size, void **state) {
+  (void)version;
+  serve_request *req = *state;
+  if (!req) {
+    if (!(*state = request_new(cls, conn, url, method))) return MHD_NO;
+    req = *state;
+    if (!announced_too_big(conn)) return MHD_YES;
+    req->body_too_big = true;
+  } else if (*upload_size > 0) {
+    take_body(req, upload_data, *upload_size);
+    *upload_size = 0;
+    return MHD_YES;
+  }
+  answer(req);
+  return send_reply(req);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
+                         enum MHD_RequestTerminationCode why) {
+  (void)conn;
+  serve_ctx *srv = cls;
+  serve_request *req = *state;
+  if (!req) return;
+  double ms = (nas_monotonic() - req->started) * 1e3;
+  if (srv->opt->log)
+    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", req->method, req->path, req->status, ms,
+            why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+  request_free(req);
+  *state = NULL;
+}
+
+/* ---- start and stop ---------------------------------------------------------------------- */
+
+/* HOST:PORT (HOST may be a name, an IPv4 address or [IPv6]) into an address to bind. */
+static int parse_listen(const char *listen, struct sockaddr_storage *addr, nas_err *err) {
+  const char *colon = strrchr(listen, ':');
+  if (!colon || colon == listen || !colon[1])
+    return nas_errf(err, "--listen '%s': expected HOST:PORT, e.g. 127.0.0.1:8470", listen);
+  char host[256];
+  size_t len = (size_t)(colon - listen);
+  if (listen[0] == '[' && colon[-1] == ']') listen++, len -= 2;
+  if (len >= sizeof host) return nas_errf(err, "--listen '%s': host name too long", listen);
+  memcpy(host, listen, len);
+  host[len] = '\0';
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                           .ai_flags = AI_NUMERICSERV}, *found = NULL;
+  int rc = getaddrinfo(host, colon + 1, &hints, &found);
+  if (rc != 0) return nas_errf(err, "--listen '%s': %s", listen, gai_strerror(rc));
+  memcpy(addr, found->ai_addr, found->ai_addrlen);
+  freeaddrinfo(found);
+  return NAS_OK;
+}
+
+static int bound_port(struct MHD_Daemon *d) {
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+  return info ? info->port : -1;
+}
+
+static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_storage *addr,
+                                       char *cert, char *key) {
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
+  if (addr->ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+  if (cert) flags |= MHD_USE_TLS;
+  uint16_t port = ntohs(addr->ss_family == AF_INET6
+                            ? ((const struct sockaddr_in6 *)addr)->sin6_port
+                            : ((const struct sockaddr_in *)addr)->sin_port);
+  return MHD_start_daemon(
+      flags, port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, addr,
+      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SERVE_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
+      (unsigned)SERVE_CLIENT_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned)SERVE_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
+      MHD_OPTION_END);
+}
+
+/* Blocks until SIGINT or SIGTERM. */
+static void wait_for_stop(void) {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  int sig = 0;
+  while (sigwait(&stop, &sig) != 0 || (sig != SIGINT && sig != SIGTERM)) {
+  }
+}
+
+static int read_tls(const serve_options *opt, char **cert, char **key, nas_err *err) {
+  *cert = *key = NULL;
+  if (!opt->tls_cert && !opt->tls_key) return NAS_OK;
+  if (!opt->tls_cert || !opt->tls_key)
+    return nas_errf(err, "--tls-cert and --tls-key go together");
+  if (nas_read_file(opt->tls_cert, cert, NULL, err) != NAS_OK)
+    return nas_err_prefix(err, "--tls-cert");
+  if (nas_read_file(opt->tls_key, key, NULL, err) != NAS_OK) {
+    free(*cert);
+    *cert = NULL;
+    return nas_err_prefix(err, "--tls-key");
+  }
+  return NAS_OK;
+}
+
+static int serve_with(serve_ctx *srv, nas_err *err) {
+  const serve_options *opt = srv->opt;
+  struct sockaddr_storage addr = {0};
+  char *cert = NULL, *key = NULL;
+  if (parse_listen(opt->listen ? opt->listen : "127.0.0.1:8470", &addr, err) != NAS_OK ||
+      read_tls(opt, &cert, &key, err) != NAS_OK)
+    return NAS_ERR;
+  /* Signals are waited for here; the request threads inherit the mask and never see them. */
+  sigset_t stop, old;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, &old);
+  struct MHD_Daemon *d = start_daemon(srv, &addr, cert, key);
+  int rc = d ? NAS_OK : nas_errf(err, "cannot listen on %s: %s", opt->listen ? opt->listen : "127.0.0.1:8470", strerror(errno));
+  if (d) {
+    if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
+    wait_for_stop();
+    MHD_stop_daemon(d);
+  }
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  free(cert);
+  if (key) memset(key, 0, strlen(key));
+  free(key);
+  return rc;
+}
+
+int serve_run(const serve_options *opt, nas_err *err) {
+  serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file};
+  srv.cwd = getcwd(NULL, 0);
+  if (!srv.cwd) return nas_errf(err, "cannot read the current folder: %s", strerror(errno));
+  int rc = opt->token_file ? serve_tokens_load(opt->token_file, &srv.tokens, err) : NAS_OK;
+  if (rc == NAS_OK) rc = serve_pool_init(&srv.pool, opt->storage_url, SERVE_THREADS, err);
+  if (rc == NAS_OK) {
+    rc = serve_with(&srv, err);
+    serve_pool_free(&srv.pool);
+  }
+  serve_tokens_free(&srv.tokens);
+  free(srv.cwd);
+  return rc;
+}
