@@ -1,0 +1,233 @@
+/* End-to-end tests of `nas serve`: the real server on 127.0.0.1 and a random port, asked
+ * with the curl program. Every endpoint answers what the CLI shows; specs posted as YAML
+ * are checked like files; ask/tell drives an experiment over HTTP and from the shell;
+ * tokens decide who may read and write; bad requests get the right status and a message. */
+#include <sys/stat.h>
+
+#include "tests/serve.h"
+
+/* Four quick trials of two objectives, each with an intermediate value. */
+static const char quick_spec[] =
+    "name: quick\n"
+    "parameters: {x: {type: float, low: 0, high: 1}}\n"
+    "objectives: [{name: y, goal: minimize}, {name: z, goal: minimize}]\n"
+    "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}, \\\"step\\\": 1}}\"; echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": 1}}\"; echo out; echo err >&2']}\n"
+    "optimizer: {type: sobol}\n"
+    "budget: {trials: 4, parallel: 2}\n";
+
+/* For ask and tell: no trial section is needed. */
+static const char asked_spec[] =
+    "name: asked\n"
+    "parameters: {x: {type: float, low: 0, high: 1}}\n"
+    "objectives: [{name: loss, goal: minimize}]\n"
+    "trial: {command: [echo, unused]}\n"
+    "optimizer: {type: sobol}\n"
+    "budget: {trials: 3}\n";
+
+static void start_or_fail(test_server *srv, fixture *f, const char *const *extra) {
+  if (!test_server_start(srv, f->dir, f->db, extra)) {
+    char *text = NULL;
+    nas_err ignored;
+    nas_read_file(srv->log, &text, NULL, &ignored);
+    fail_msg("nas serve did not start: %s", text ? text : "(no log)");
+  }
+}
+
+static json_t *get_ok(const test_server *srv, const char *path) {
+  int code;
+  json_t *reply = test_http(srv, "GET", path, NULL, NULL, &code);
+  if (code != 200) fail_msg("GET %s: %d %s", path, code, json_dumps(reply, 0));
+  return reply;
+}
+
+static void expect_status(const test_server *srv, const char *method, const char *path,
+                          const char *body, const char *token, int want, const char *in_error) {
+  int code;
+  json_t *reply = test_http(srv, method, path, body, token, &code);
+  const char *error = json_string_value(json_object_get(reply, "error"));
+  if (code != want || (in_error && (!error || !strstr(error, in_error))))
+    fail_msg("%s %s: wanted %d with '%s', got %d: %s", method, path, want,
+             in_error ? in_error : "", code, json_dumps(reply, 0));
+  json_decref(reply);
+}
+
+static void every_read_endpoint_answers_what_the_cli_shows(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "quick.yaml", quick_spec), *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  json_t *list = get_ok(&srv, "/api/v1/experiments");
+  json_t *exp = json_array_get(json_object_get(list, "experiments"), 0);
+  assert_string_equal(json_string_value(json_object_get(exp, "name")), "quick");
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(exp, "counts"), "completed")), 4);
+  assert_string_equal(json_string_value(json_object_get(json_object_get(exp, "scheduler"), "state")), "none");
+  json_decref(list);
+  /* The front is the very answer of `nas pareto --format json`. */
+  assert_int_equal(nas(f, &out, "pareto", "quick", "--format=json"), 0);
+  json_t *cli = json_loads(out, 0, NULL), *http = get_ok(&srv, "/api/v1/experiments/quick/pareto");
+  free(out);
+  assert_true(json_equal(cli, http));
+  json_decref(cli), json_decref(http);
+  json_t *page = get_ok(&srv, "/api/v1/experiments/quick/trials?status=completed&offset=1&limit=2");
+  assert_int_equal(json_integer_value(json_object_get(page, "total")), 4);
+  assert_int_equal(json_array_size(json_object_get(page, "trials")), 2);
+  assert_int_equal(json_integer_value(json_object_get(json_array_get(json_object_get(page, "trials"), 0), "number")), 1);
+  json_decref(page);
+  json_t *one = get_ok(&srv, "/api/v1/experiments/quick/trials/0");
+  assert_true(json_is_real(json_object_get(json_object_get(one, "params"), "x")));
+  assert_int_equal(json_array_size(json_object_get(json_object_get(one, "intermediate"), "y")), 1);
+  assert_string_equal(json_string_value(json_object_get(one, "stdout_tail")) + strlen(json_string_value(json_object_get(one, "stdout_tail"))) - 4, "out\n");
+  assert_string_equal(json_string_value(json_object_get(one, "stderr_tail")), "err\n");
+  json_decref(one);
+  expect_status(&srv, "GET", "/api/v1/experiments/nope", NULL, NULL, 404, "no experiment 'nope'");
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/99", NULL, NULL, 404, "no trial 99");
+  expect_status(&srv, "GET", "/api/v1/experiments/..%2F..%2Fetc/trials", NULL, NULL, 404, NULL);
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=lost", NULL, NULL, 400, "not a trial status");
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(spec);
+}
+
+static void posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", "name: bad\nparameters: {x: {type: floaty}}\n",
+                NULL, 400, "request.yaml:2:");
+  json_t *list = get_ok(&srv, "/api/v1/experiments");
+  assert_int_equal(json_array_size(json_object_get(list, "experiments")), 0);
+  json_decref(list);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 200, NULL);
+  char *other = strdup(asked_spec);
+  memcpy(strstr(other, "type: sobol"), "type: gp   ", 11);
+  expect_status(&srv, "POST", "/api/v1/experiments", other, NULL, 409, "different spec");
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/stop", NULL, NULL, 200, NULL);
+  json_t *one = get_ok(&srv, "/api/v1/experiments/asked");
+  assert_string_equal(json_string_value(json_object_get(one, "status")), "stopped");
+  json_decref(one);
+  free(other);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
+static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  int code;
+  json_t *asked = test_http(&srv, "POST", "/api/v1/experiments/asked/ask", "{\"n\": 2, \"worker\": \"gpu-7\"}", NULL, &code);
+  assert_int_equal(code, 200);
+  json_t *trials = json_object_get(asked, "trials");
+  assert_int_equal(json_array_size(trials), 2);
+  assert_true(json_is_real(json_object_get(json_object_get(json_array_get(trials, 0), "params"), "x")));
+  json_decref(asked);
+  json_t *reply = test_http(&srv, "POST", "/api/v1/experiments/asked/trials/0/report",
+                            "{\"metrics\": {\"loss\": 0.5}, \"step\": 1}", NULL, &code);
+  assert_int_equal(code, 200);
+  assert_true(json_is_false(json_object_get(reply, "stop")));
+  json_decref(reply);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/complete", "{\"metrics\": {\"loss\": 0.25}}", NULL, 200, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/complete", "{}", NULL, 422, "has not reported objective 'loss'");
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/report", "{\"metrics\": {\"loss\": 9}}", NULL, 409, "is completed, not running");
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/fail", "{\"error\": \"out of memory on the GPU\"}", NULL, 200, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/report", "{\"metrics\": {\"loss\": \"high\"}}", NULL, 422, "not a number");
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/7/heartbeat", NULL, NULL, 404, "no trial 7");
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{\"n\": 0}", NULL, 422, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{\"n\": 5}", NULL, 200, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", NULL, NULL, 409, "spent its budget");
+  json_t *one = get_ok(&srv, "/api/v1/experiments/asked/trials/1");
+  assert_string_equal(json_string_value(json_object_get(one, "error")), "out of memory on the GPU");
+  assert_string_equal(json_string_value(json_object_get(one, "job_id")), "ask:gpu-7");
+  json_decref(one);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
+static void shell_loop_drives_ask_and_tell_without_a_server(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  for (int i = 0; i < 3; i++) {
+    const char *ask[] = {test_nas_bin(), "ask", "asked", "--format", "json", "--storage", f->db, NULL};
+    assert_int_equal(test_run(f->dir, (char *const *)ask, &out), 0);
+    json_t *rows = json_loads(out, 0, NULL);
+    free(out);
+    assert_int_equal(json_array_size(rows), 1);
+    char number[16], metric[64];
+    snprintf(number, sizeof number, "%lld", (long long)json_integer_value(json_object_get(json_array_get(rows, 0), "trial")));
+    snprintf(metric, sizeof metric, "loss=%g", json_number_value(json_object_get(json_array_get(rows, 0), "x")));
+    json_decref(rows);
+    const char *tell[] = {test_nas_bin(), "tell", "asked", number, "--complete", metric, "--storage", f->db, NULL};
+    assert_int_equal(test_run(f->dir, (char *const *)tell, &out), 0);
+    free(out);
+  }
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 1);
+  assert_non_null(strstr(out, "spent its budget"));
+  free(out);
+  json_t *rows = trials_json(f, "asked");
+  assert_int_equal(count_status(rows, "completed"), 3);
+  json_decref(rows);
+  free(spec);
+}
+
+static void tokens_decide_who_may_read_and_write(void **state) {
+  fixture *f = *state;
+  const char *reader = "r0000000000000000000000000000000000000001";
+  const char *writer = "w0000000000000000000000000000000000000002";
+  char *text = nas_asprintf("# tokens\nread %s\nwrite %s\n", reader, writer);
+  char *tokens = test_write(f->dir, "tokens", text);
+  chmod(tokens, 0644);
+  const char *extra[] = {"--token-file", tokens, NULL};
+  test_server srv;
+  assert_false(test_server_start(&srv, f->dir, f->db, extra));
+  free(srv.log);
+  chmod(tokens, 0600);
+  start_or_fail(&srv, f, extra);
+  expect_status(&srv, "GET", "/api/v1/experiments", NULL, NULL, 401, "Authorization");
+  expect_status(&srv, "GET", "/api/v1/experiments", NULL, "wrong", 401, "not valid");
+  expect_status(&srv, "GET", "/api/v1/experiments", NULL, reader, 200, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, reader, 403, "only read");
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, writer, 201, NULL);
+  assert_int_equal(test_server_stop(&srv), 0);
+  /* No token ever reaches the log. */
+  char *log = NULL;
+  nas_err ignored;
+  char *path = nas_asprintf("%s/serve-%d.log", f->dir, (int)getpid());
+  assert_int_equal(nas_read_file(path, &log, NULL, &ignored), NAS_OK);
+  assert_null(strstr(log, reader));
+  assert_null(strstr(log, writer));
+  free(log), free(path), free(text), free(tokens);
+}
+
+static void malformed_and_oversized_requests_get_clear_errors(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{bad", NULL, 400, "not JSON");
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "[1]", NULL, 400, "JSON object");
+  expect_status(&srv, "DELETE", "/api/v1/experiments", NULL, NULL, 405, "not allowed");
+  expect_status(&srv, "GET", "/api/v2/anything", NULL, NULL, 404, "no such endpoint");
+  char *big = malloc(5u << 20);
+  memset(big, 'a', (5u << 20) - 1);
+  big[(5u << 20) - 1] = '\0';
+  char *file = test_write(f->dir, "big.json", big);
+  char *at_file = nas_asprintf("@%s", file);
+  expect_status(&srv, "POST", "/api/v1/experiments", at_file, NULL, 413, "larger than");
+  free(big), free(file), free(at_file);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
+      cmocka_unit_test_setup_teardown(posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
+      cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
+      cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
