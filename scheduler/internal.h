@@ -25,6 +25,8 @@ typedef struct {
   stop_reason stop;     /* why it was asked to stop, if it was */
   char *stop_why;       /* owned text for STOP_EARLY / STOP_SILENT */
   size_t next_rung;     /* ASHA: first rung not yet passed */
+  char *log_problem;    /* owned: why its stdout.log could not be read at the last look;
+                           NULL when it could */
 } inflight;
 
 /* Counts of trials per status, for progress and stopping decisions. */
