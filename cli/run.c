@@ -19,7 +19,8 @@ static const char run_help[] =
     "  --no-progress   plain log lines even on a terminal\n\n"
     "Ctrl-C once: launch no more trials and wait for the running ones; twice: stop them.\n"
     "Exit status: 0 budget spent, 1 error, 2 bad usage, 3 interrupted ('nas resume' goes on),\n"
-    "4 stopped because more than budget.max_failure_rate of the trials failed.\n";
+    "4 stopped because more than budget.max_failure_rate of the trials that ended in this\n"
+    "run failed.\n";
 
 static const char resume_help[] =
     "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
@@ -78,7 +79,8 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
     return EXIT_INTERRUPTED;
   case SCHED_TOO_MANY_FAILURES:
     fprintf(stderr, "nas: too many trials failed; see 'nas trials %s' for their errors, fix "
-                    "the trial, then 'nas resume %s'\n", exp->name, exp->name);
+                    "the trial, then 'nas resume %s' (and 'nas retry %s --failed' to run the "
+                    "failed ones again)\n", exp->name, exp->name, exp->name);
     return EXIT_TOO_MANY_FAILURES;
   case SCHED_FINISHED:
     break;

@@ -49,6 +49,8 @@ typedef struct {
                                  start-up, or requeued to retry), oldest first */
   size_t n_queued, cap_queued;
   trial_counts counts;
+  trial_counts ended_here;    /* trials that ended for good during this sched_run, by
+                                 status: what the failure rate is judged on */
   bool draining;              /* launch nothing more (first signal, wall time) */
   bool stopping;              /* running trials were told to stop */
   sched_outcome outcome;      /* what ended (or is ending) the run */
@@ -89,6 +91,8 @@ void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status);
 void sched_progress_event(sched *sc, const trial_row *row, const char *what);
 void sched_progress_tick(sched *sc);
 void sched_progress_done(sched *sc);
+/* A trial moved from one status to another (from TRIAL_STATUS_COUNT: newly counted, as
+ * at start-up); keeps sc->counts and sc->ended_here. */
 void sched_count(sched *sc, trial_status from, trial_status to);
 
 #endif

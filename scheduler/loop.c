@@ -170,17 +170,19 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
                     status, why);
 }
 
-/* Too many failures: launch nothing more and end with a failure outcome. */
+/* Too many failures: launch nothing more and end with a failure outcome. Only trials that
+ * ended in this run count: the failures of an earlier run (before the trial was fixed)
+ * must not stop the next one. */
 static void check_failure_rate(sched *sc, const char *last_error) {
-  const int *by = sc->counts.by_status;
+  const int *by = sc->ended_here.by_status;
   int failed = by[TRIAL_FAILED] + by[TRIAL_TIMEOUT];
-  int ended = failed + by[TRIAL_COMPLETED] + by[TRIAL_STOPPED];
+  int ended = sc->ended_here.total;
   double rate = sc->s->budget.max_failure_rate;
   if (sc->outcome == SCHED_TOO_MANY_FAILURES || rate >= 1 || ended < 5 ||
       failed <= rate * ended)
     return;
-  nas_log("%s: %d of %d ended trials failed, more than budget.max_failure_rate %g allows; "
-          "launching no more (last error: %s)",
+  nas_log("%s: %d of the %d trials that ended in this run failed, more than "
+          "budget.max_failure_rate %g allows; launching no more (last error: %s)",
           sc->exp->name, failed, ended, rate, last_error ? last_error : "none recorded");
   sc->draining = true;
   sc->outcome = SCHED_TOO_MANY_FAILURES;

@@ -42,6 +42,15 @@ int sched_run(const spec *s, storage *st, const experiment_row *exp,
 int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *report,
                nas_err *err);
 
+/* Queues failed and timed-out trials of exp again (`nas retry`): those numbered in
+ * numbers[0..n-1], or every failed and timed-out one when n is 0. They keep their attempts
+ * and count once in the budget (they are the same trials); the next sched_run launches
+ * them first. A number naming no trial, or a trial in any other status, refuses the whole
+ * request before anything changes. Each trial queued again is reported on `report` (may be
+ * NULL), one line each; *retried gets how many were. */
+int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size_t n,
+                FILE *report, size_t *retried, nas_err *err);
+
 /* The run folder of a trial's attempt: runs/<experiment>/<number> for the first,
  * runs/<experiment>/<number>.<attempt> for later ones, under the experiment's run_root.
  * Owned. */

@@ -91,11 +91,84 @@ static void truncated_log_loses_no_metric_and_is_warned(void **state) {
   free(spec);
 }
 
+/* Runs `nas ARGS` (no --storage added) in the fixture folder; returns the exit status. */
+static int nas_argv(fixture *f, char **out, char *const *args) {
+  char *argv[16] = {(char *)test_nas_bin()};
+  size_t n = 1;
+  for (; args[n - 1]; n++) argv[n] = args[n - 1];
+  argv[n++] = "--storage", argv[n++] = f->db, argv[n] = NULL;
+  return test_run(f->dir, argv, out);
+}
+
+/* The trial fails while the file `broken` exists: the first run stops on the failure rate,
+ * the fixed trial's resume spends the rest of the budget (old failures do not count in
+ * the new run), and `nas retry` queues the failed ones for one more resume that runs them
+ * as the same trials: the budget of 10 is kept throughout. */
+static void fixed_trial_resumes_past_old_failures_and_retry_reruns_them(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "flaky.yaml",
+                          "name: flaky\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'if [ -e broken ]; then exit 3; fi;"
+                          " echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 10, parallel: 1}\n"
+                          "optimizer: {type: random}\n");
+  free(test_write(f->dir, "broken", ""));
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 4);
+  free(out);
+  json_t *rows = trials_json(f, "flaky");
+  assert_int_equal(count_status(rows, "failed"), 5);
+  json_decref(rows);
+  test_rmtree_child(f->dir, "broken");
+
+  int rc = nas(f, &out, "resume", "flaky", "--no-progress");
+  if (rc != 0) fail_msg("resume exited %d: %s", rc, out);
+  free(out);
+  rows = trials_json(f, "flaky");
+  assert_int_equal(json_array_size(rows), 10);
+  assert_int_equal(count_status(rows, "completed"), 5);
+  json_decref(rows);
+
+  assert_int_equal(nas_argv(f, &out, (char *[]){"retry", "flaky", "7", NULL}), 1);
+  assert_non_null(strstr(out, "trial 7 of 'flaky' is completed"));
+  free(out);
+  assert_int_equal(nas_argv(f, &out, (char *[]){"retry", "flaky", "0", "42", NULL}), 1);
+  assert_non_null(strstr(out, "no trial 42"));
+  free(out);
+  assert_int_equal(nas_argv(f, &out, (char *[]){"retry", "flaky", NULL}), 2);
+  free(out);
+  assert_int_equal(nas_argv(f, &out, (char *[]){"retry", "flaky", "0", NULL}), 0);
+  free(out);
+  assert_int_equal(nas_argv(f, &out, (char *[]){"retry", "flaky", "--failed", NULL}), 0);
+  assert_non_null(strstr(out, "4 trials queued"));
+  free(out);
+  rows = trials_json(f, "flaky");
+  assert_int_equal(count_status(rows, "queued"), 5);
+  json_decref(rows);
+
+  rc = nas(f, &out, "resume", "flaky", "--no-progress");
+  if (rc != 0) fail_msg("resume exited %d: %s", rc, out);
+  free(out);
+  rows = trials_json(f, "flaky");
+  assert_int_equal(json_array_size(rows), 10);
+  assert_int_equal(count_status(rows, "completed"), 10);
+  json_decref(rows);
+  char *second;
+  assert_true(asprintf(&second, "%s/runs/flaky/0.2/stdout.log", f->dir) > 0);
+  struct stat sb;
+  assert_int_equal(stat(second, &sb), 0); /* the retry was its second attempt */
+  free(second);
+  free(spec);
+}
+
 int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
   const struct CMUnitTest tests[] = {
       T(malformed_run_folder_files_fail_only_their_trial),
       T(truncated_log_loses_no_metric_and_is_warned),
+      T(fixed_trial_resumes_past_old_failures_and_retry_reruns_them),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);
