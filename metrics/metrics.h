@@ -69,6 +69,9 @@ int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set,
 #define METRIC_LATENCY_P99 "latency_ms_p99"  /* median and 99th percentile */
 #define METRIC_TRAIN_SECONDS "train_seconds" /* wall-clock seconds of training, validation
                                                 passes included */
+/* The one metric built-in trials also report after every epoch, as an intermediate value at
+ * step = epoch: the only one early stopping can judge them on. */
+#define METRIC_PER_EPOCH METRIC_ACCURACY
 
 /* ---- latency ----------------------------------------------------------------------------
  * Measured as a serving system measures it: one request at a time at batch 1, the wall

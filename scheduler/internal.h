@@ -55,6 +55,7 @@ typedef struct {
   bool stopping;              /* running trials were told to stop */
   sched_outcome outcome;      /* what ended (or is ending) the run */
   double early_checked;       /* monotonic time of the last early-stopping check */
+  bool early_futile_said;     /* the warning that early stopping can never fire was shown */
   sched_results results;      /* owned: the results view as last loaded */
   bool results_fresh;         /* results match storage (statuses kept current in place) */
   double deadline;            /* monotonic seconds; 0 = none */

@@ -283,11 +283,33 @@ static int find_curve(const sched_curve *curves, size_t n, int64_t trial_id) {
   return -1;
 }
 
+/* Early stopping that can never fire is said once rather than left to be found out. */
+static void early_futile_say(sched *sc, const char *why) {
+  if (sc->early_futile_said) return;
+  sc->early_futile_said = true;
+  nas_log("%s: early_stopping can never stop a trial: %s", sc->exp->name, why);
+}
+
+/* What a command trial reports is known only once trials have ended: min_trials of them
+ * completed without a single judged value at a step means the rule has nothing to judge. */
+static void early_futile_check_curves(sched *sc, size_t n_curves) {
+  const early_stop_spec *es = &sc->s->early_stopping;
+  int completed = sc->counts.by_status[TRIAL_COMPLETED];
+  if (n_curves > 0 || completed < es->min_trials) return;
+  char why[256];
+  const char *name = sc->s->objectives[es->objectives[0]].name;
+  snprintf(why, sizeof why, "%d trials completed and none reported a judged objective with a "
+           "step (e.g. 'nas-metric {\"%s\": VALUE, \"step\": N}' while it runs)", completed,
+           name);
+  early_futile_say(sc, why);
+}
+
 /* Applies the early-stopping rule to every running trial. */
 static int check_early_stopping(sched *sc, nas_err *err) {
   sched_curve *curves;
   size_t n;
   if (sched_curves_load(sc->st, sc->s, sc->exp->id, &curves, &n, err) != NAS_OK) return NAS_ERR;
+  early_futile_check_curves(sc, n);
   for (size_t i = 0; i < sc->n_jobs; i++) {
     inflight *job = &sc->jobs[i];
     int c = find_curve(curves, n, job->row.id);
@@ -489,8 +511,11 @@ static int launch_new(sched *sc, nas_err *err) {
 /* ---- start-up: rebuild from storage ----------------------------------------------------- */
 
 /* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
- * (created before a crash, never launched) to be launched first as room allows. */
+ * (created before a crash, or retried, never launched) to be launched first as room
+ * allows. Warns first when the spec's early stopping can never fire. */
 static int rebuild(sched *sc, nas_err *err) {
+  char why[256];
+  if (sched_early_stop_futile(sc->s, why, sizeof why)) early_futile_say(sc, why);
   trial_row *rows;
   size_t n;
   if (storage_trial_list(sc->st, sc->exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;

@@ -97,7 +97,9 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
  * A trial's learning curve: the steps at which it reported intermediate values of the
  * judged objectives (spec.early_stopping.objectives) and, for each step, the value of each
  * at that step (its last report at or before it), in the minimisation convention; NaN
- * until first reported. */
+ * until first reported. A judged objective that no trial reports with a step (a built-in
+ * trial's params, reported only at the end) is 0 in every curve: it takes no part in the
+ * comparison, and the objectives reported per step decide. */
 typedef struct {
   int64_t trial_id;
   size_t n_steps;
@@ -123,6 +125,12 @@ typedef struct {
  * goes on. */
 void sched_early_stop_judge(const spec *s, const sched_curve *curves, size_t n,
                             size_t candidate, size_t *next_rung, sched_verdict *out);
+
+/* Whether spec.early_stopping can never stop a trial, judged from the spec alone: a
+ * built-in trial reports only METRIC_PER_EPOCH with a step, and none of the judged
+ * objectives is it; or the budget has fewer trials than min_trials + 1. When so, why
+ * (cap bytes) says which. */
+bool sched_early_stop_futile(const spec *s, char *why, size_t cap);
 
 /* Whether the hypervolume of the front grew by less than budget.patience_min_improvement
  * (a share of the current hypervolume) over the last budget.patience_trials completed

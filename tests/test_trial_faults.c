@@ -163,12 +163,34 @@ static void fixed_trial_resumes_past_old_failures_and_retry_reruns_them(void **s
   free(spec);
 }
 
+/* Command trials that report their objective only at the end: the rule has nothing to
+ * judge, and once min_trials trials have completed `nas run` says so. */
+static void early_stopping_with_nothing_to_judge_is_warned(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "blind.yaml",
+                          "name: blind\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 0.7; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 6, parallel: 1}\n"
+                          "early_stopping: {rule: median, min_trials: 2}\n"
+                          "optimizer: {type: random}\n");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  assert_non_null(strstr(out, "early_stopping can never stop a trial"));
+  assert_non_null(strstr(out, "none reported a judged objective with a step"));
+  free(out);
+  free(spec);
+}
+
 int main(void) {
 #define T(name) cmocka_unit_test_setup_teardown(name, setup, teardown)
   const struct CMUnitTest tests[] = {
       T(malformed_run_folder_files_fail_only_their_trial),
       T(truncated_log_loses_no_metric_and_is_warned),
       T(fixed_trial_resumes_past_old_failures_and_retry_reruns_them),
+      T(early_stopping_with_nothing_to_judge_is_warned),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);
