@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/worker.h"
 #include "scheduler/scheduler.h"
 
 static const char run_help[] =
@@ -95,6 +96,10 @@ int cmd_run(int argc, char **argv) {
   nas_err err;
   spec *s;
   if (spec_load(a.target, &s, &err) != NAS_OK) return cli_fail(&err);
+  if (worker_builtin_check(s, &err) != NAS_OK) { /* before anything is stored */
+    spec_free(s);
+    return cli_fail(&err);
+  }
   const char *env = getenv("NAS_STORAGE");
   const char *url = a.storage ? a.storage : env && *env ? env : s->storage;
   storage *st = NULL;
@@ -119,7 +124,9 @@ int cmd_resume(int argc, char **argv) {
   experiment_row exp;
   spec *s;
   if (cli_open_experiment(url, a.target, &st, &exp, &s, &err) != NAS_OK) return cli_fail(&err);
-  status = run_experiment(s, st, &exp, url, a.no_progress);
+  status = worker_builtin_check(s, &err) == NAS_OK
+               ? run_experiment(s, st, &exp, url, a.no_progress)
+               : cli_fail(&err);
   experiment_row_clear(&exp);
   storage_close(st);
   spec_free(s);
