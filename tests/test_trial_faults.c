@@ -9,16 +9,6 @@
 #include "common/common.h"
 #include "tests/e2e.h"
 
-/* The row of trial `number` in `nas trials` JSON. */
-static const json_t *row_of(const json_t *rows, json_int_t number) {
-  size_t i;
-  json_t *row;
-  json_array_foreach(rows, i, row)
-    if (json_integer_value(json_object_get(row, "trial")) == number) return row;
-  fail_msg("no trial %lld", (long long)number);
-  return NULL;
-}
-
 static const char *text_of(const json_t *row, const char *key) {
   const char *text = json_string_value(json_object_get(row, key));
   if (!text) fail_msg("no %s in trial %lld", key, (long long)json_integer_value(json_object_get(row, "trial")));
