@@ -29,6 +29,7 @@ int cmd_trials(int argc, char **argv);
 int cmd_pareto(int argc, char **argv);
 int cmd_report(int argc, char **argv);
 int cmd_stop(int argc, char **argv);
+int cmd_retry(int argc, char **argv);
 int cmd_worker(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 int cmd_create(int argc, char **argv);

@@ -20,6 +20,7 @@ static const command commands[] = {
     {"trials", cmd_trials, "list an experiment's trials with parameters and metrics"},
     {"pareto", cmd_pareto, "show the Pareto front of an experiment and its hypervolume"},
     {"stop", cmd_stop, "stop a running experiment (from any terminal)"},
+    {"retry", cmd_retry, "queue failed trials again, for the next resume to run"},
     {"report", cmd_report, "report metrics of the current trial from a script"},
     {"worker", cmd_worker, "run one built-in trial (what nas starts for trial.builtin)"},
     {"serve", cmd_serve, "serve the storage's experiments over HTTP (JSON API, ask/tell)"},

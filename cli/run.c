@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/worker.h"
 #include "scheduler/scheduler.h"
 
 static const char run_help[] =
@@ -19,7 +20,8 @@ static const char run_help[] =
     "  --no-progress   plain log lines even on a terminal\n\n"
     "Ctrl-C once: launch no more trials and wait for the running ones; twice: stop them.\n"
     "Exit status: 0 budget spent, 1 error, 2 bad usage, 3 interrupted ('nas resume' goes on),\n"
-    "4 stopped because more than budget.max_failure_rate of the trials failed.\n";
+    "4 stopped because more than budget.max_failure_rate of the trials that ended in this\n"
+    "run failed.\n";
 
 static const char resume_help[] =
     "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
@@ -78,7 +80,8 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
     return EXIT_INTERRUPTED;
   case SCHED_TOO_MANY_FAILURES:
     fprintf(stderr, "nas: too many trials failed; see 'nas trials %s' for their errors, fix "
-                    "the trial, then 'nas resume %s'\n", exp->name, exp->name);
+                    "the trial, then 'nas resume %s' (and 'nas retry %s --failed' to run the "
+                    "failed ones again)\n", exp->name, exp->name, exp->name);
     return EXIT_TOO_MANY_FAILURES;
   case SCHED_FINISHED:
     break;
@@ -93,6 +96,10 @@ int cmd_run(int argc, char **argv) {
   nas_err err;
   spec *s;
   if (spec_load(a.target, &s, &err) != NAS_OK) return cli_fail(&err);
+  if (worker_builtin_check(s, &err) != NAS_OK) { /* before anything is stored */
+    spec_free(s);
+    return cli_fail(&err);
+  }
   const char *env = getenv("NAS_STORAGE");
   const char *url = a.storage ? a.storage : env && *env ? env : s->storage;
   storage *st = NULL;
@@ -117,7 +124,9 @@ int cmd_resume(int argc, char **argv) {
   experiment_row exp;
   spec *s;
   if (cli_open_experiment(url, a.target, &st, &exp, &s, &err) != NAS_OK) return cli_fail(&err);
-  status = run_experiment(s, st, &exp, url, a.no_progress);
+  status = worker_builtin_check(s, &err) == NAS_OK
+               ? run_experiment(s, st, &exp, url, a.no_progress)
+               : cli_fail(&err);
   experiment_row_clear(&exp);
   storage_close(st);
   spec_free(s);

@@ -244,7 +244,7 @@ static int on_step(void *arg, nas_err *err) {
 /* The epoch's validation accuracy as an intermediate value at step = epoch. */
 static int on_epoch(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err) {
   worker *w = arg;
-  metric_obs obs = {METRIC_ACCURACY, epoch, val_accuracy, nas_now()};
+  metric_obs obs = {METRIC_PER_EPOCH, epoch, val_accuracy, nas_now()};
   if (storage_metrics_add(w->st, w->trial.id, &obs, 1, -1, err) != NAS_OK) return NAS_ERR;
   heartbeat(w);
   printf("epoch %d/%d: training loss %.4f, validation accuracy %.4f (%.1f s)\n", epoch,

@@ -37,6 +37,13 @@ int worker_data_load(tr_ctx *ctx, const char *dataset, const worker_plan *plan,
                      uint64_t split_seed, worker_data *out, nas_err *err);
 void worker_data_free(worker_data *d);
 
+/* Checks, in the process about to launch a spec's built-in trials on this machine (the
+ * local runner), what would fail every one of them: a dataset that is not where `nas
+ * worker` looks (trial.env's NAS_DATA_DIR counts, as in the trials), or device: cuda
+ * without a CUDA device. Command trials and other runners (whose trials run elsewhere)
+ * pass. The error says what is missing and what to do. */
+int worker_builtin_check(const spec *s, nas_err *err);
+
 /* Builds the plan's model for the data's example shape and class count. */
 int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *data,
                        tr_model *out, nas_err *err);

@@ -135,14 +135,15 @@ int worker_plan_read(const json_t *settings, const char *model, worker_plan *pla
 
 /* ---- data ---- */
 
-/* Folders named datasets are looked for in, NULL-terminated, owned: $NAS_DATA_DIR; beside
- * the binary <prefix>/share/nas (an install) and <repo>/tests/data (the source tree, where
- * bin/nas lives); Debian's dataset folder; scikit-learn's data folder. */
-static char **data_dirs(void) {
+/* Folders named datasets are looked for in, NULL-terminated, owned: data_dir (the worker's
+ * $NAS_DATA_DIR; may be NULL); beside the binary <prefix>/share/nas (an install) and
+ * <repo>/tests/data (the source tree, where bin/nas lives); Debian's dataset folder;
+ * scikit-learn's data folder. */
+static char **data_dirs(const char *data_dir) {
   char exe[PATH_MAX];
   ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
   exe[len > 0 ? len : 0] = '\0';
-  const char *env = getenv("NAS_DATA_DIR"), *bin = len > 0 ? dirname(exe) : NULL;
+  const char *env = data_dir, *bin = len > 0 ? dirname(exe) : NULL;
   char *found[] = {env && *env ? strdup(env) : NULL,
                    bin ? nas_asprintf("%s/../share/nas", bin) : NULL,
                    bin ? nas_asprintf("%s/../tests/data", bin) : NULL,
@@ -185,7 +186,7 @@ static int prepare(tr_ctx *ctx, const worker_plan *plan, uint64_t split_seed, wo
 int worker_data_load(tr_ctx *ctx, const char *dataset, const worker_plan *plan,
                      uint64_t split_seed, worker_data *out, nas_err *err) {
   memset(out, 0, sizeof *out);
-  char **dirs = data_dirs();
+  char **dirs = data_dirs(getenv("NAS_DATA_DIR"));
   int rc = dirs ? tr_named_dataset_load(ctx, dataset, (const char *const *)dirs, &out->all, err)
                 : nas_errf(err, "out of memory");
   strings_free(dirs);
@@ -205,4 +206,43 @@ int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *
   int rc = plan->cnn ? tr_cnn_build(ctx, &plan->cnn_cfg, all->shape, all->train.nclasses, out)
                      : tr_mlp_build(ctx, &plan->mlp, all->shape, all->train.nclasses, out);
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "model: %s", ctx->err.msg);
+}
+
+/* ---- checks before launching ---- */
+
+/* NAS_DATA_DIR as the trials will see it: the spec's trial.env wins over nas's own
+ * environment, as it does in the job's. Borrowed. */
+static const char *trials_data_dir(const spec *s) {
+  static const char name[] = "NAS_DATA_DIR=";
+  const char *value = getenv("NAS_DATA_DIR");
+  for (size_t i = 0; i < s->trial.n_env; i++)
+    if (strncmp(s->trial.env[i], name, sizeof name - 1) == 0) value = s->trial.env[i] + sizeof name - 1;
+  return value;
+}
+
+static int dataset_check(const spec *s, nas_err *err) {
+  char **dirs = data_dirs(trials_data_dir(s)), *path = NULL;
+  int rc = dirs ? tr_named_dataset_find(s->trial.builtin->dataset, (const char *const *)dirs,
+                                        &path, err)
+                : nas_errf(err, "out of memory");
+  strings_free(dirs);
+  free(path);
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "trial.builtin.dataset");
+}
+
+/* Only a device the spec fixes is checked: one a search parameter picks may be the CPU. */
+static int device_check(const spec *s, nas_err *err) {
+  const char *device = json_string_value(json_object_get(s->trial.builtin->settings, "device"));
+  if (!device || strcmp(device, "cuda") != 0 || spec_param_index(s, "device") >= 0) return NAS_OK;
+  nas_err why;
+  if (tr_cuda_device_count(&why) >= 1) return NAS_OK;
+  return nas_errf(err, "trial.builtin.device: cuda, but this machine has no CUDA device to run "
+                  "the trials on (%s); use device: cpu, or run nas where a GPU is", why.msg);
+}
+
+int worker_builtin_check(const spec *s, nas_err *err) {
+  if (!s->trial.builtin || strcmp(s->runner.type, "local") != 0) return NAS_OK;
+  if (dataset_check(s, err) != NAS_OK || device_check(s, err) != NAS_OK)
+    return nas_err_prefix(err, "nothing launched, as every built-in trial would fail");
+  return NAS_OK;
 }

@@ -7,7 +7,10 @@
  *   memory, whatever the log holds (binary output, lines of gigabytes).
  * - The offset only ever moves to the end of a complete line (or of the file, for a log
  *   read to its end), and only when the whole call succeeds; on failure the set, the
- *   offset and the counters are as they were.
+ *   offset and the counters are as they were. It moves back (to 0) only when the file is
+ *   shorter than the offset, i.e. the trial truncated its log.
+ * - The log is the trial's: whatever it put in its place is opened without waiting and
+ *   refused unless it is a regular file.
  */
 #include "metrics/metrics.h"
 
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define METRIC_LINE_MAX (64 * 1024) /* longer metric lines are malformed, never buffered */
@@ -300,15 +304,38 @@ static int lines_read(log_reader *r, int fd, int64_t *offset, bool take_unfinish
   return rc;
 }
 
-static int log_read(const char *path, int64_t *offset, metric_set *set, size_t *bad,
-                    nas_err *warn, bool to_end, nas_err *err) {
+/* Opens the log for reading without waiting (a FIFO in its place must not block) and
+ * checks it is a regular file; *size gets its length. 1 when open, 0 when there is no
+ * such file, else NAS_ERR. */
+static int log_open(const char *path, int *fd, off_t *size, nas_err *err) {
+  *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (*fd < 0 && errno == ENOENT) return 0;
+  if (*fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
+  struct stat st;
+  const char *problem = fstat(*fd, &st) != 0 ? strerror(errno)
+                        : !S_ISREG(st.st_mode) ? "not a regular file"
+                                               : NULL;
+  if (!problem) {
+    *size = st.st_size;
+    return 1;
+  }
+  close(*fd);
+  return nas_errf(err, "%s: %s", path, problem);
+}
+
+static int log_read(const char *path, int64_t *offset, metric_set *set, metric_log_notes *notes,
+                    bool to_end, nas_err *err) {
   if (*offset < 0) return nas_errf(err, "%s: negative offset %lld", path, (long long)*offset);
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0 && errno == ENOENT) return NAS_OK;
-  if (fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
+  int fd;
+  off_t size = 0;
+  int opened = log_open(path, &fd, &size, err);
+  if (opened <= 0) return opened;
+  /* Shorter than what was read: truncated (a job's log is only ever appended to), so its
+   * new content starts at 0. */
+  int64_t shrank_from = size < *offset ? *offset : 0;
   log_reader r = {.path = path, .set = set, .time = nas_now(), .line = malloc(METRIC_LINE_MAX + 1)};
   size_t n_before = set->n;
-  int64_t new_offset = *offset;
+  int64_t new_offset = shrank_from ? 0 : *offset;
   int rc = r.line ? lines_read(&r, fd, &new_offset, to_end, err)
                   : nas_errf(err, "%s: out of memory", path);
   close(fd);
@@ -318,17 +345,19 @@ static int log_read(const char *path, int64_t *offset, metric_set *set, size_t *
     return NAS_ERR;
   }
   *offset = new_offset;
-  if (bad) *bad += r.bad;
-  if (warn && r.bad) *warn = r.first_bad;
+  if (!notes) return NAS_OK;
+  notes->bad += r.bad;
+  if (r.bad) notes->first_bad = r.first_bad;
+  notes->shrank_from = shrank_from;
   return NAS_OK;
 }
 
-int metric_log_read(const char *path, int64_t *offset, metric_set *set, size_t *bad,
-                    nas_err *warn, nas_err *err) {
-  return log_read(path, offset, set, bad, warn, false, err);
+int metric_log_read(const char *path, int64_t *offset, metric_set *set, metric_log_notes *notes,
+                    nas_err *err) {
+  return log_read(path, offset, set, notes, false, err);
 }
 
-int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set, size_t *bad,
-                         nas_err *warn, nas_err *err) {
-  return log_read(path, offset, set, bad, warn, true, err);
+int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set,
+                         metric_log_notes *notes, nas_err *err) {
+  return log_read(path, offset, set, notes, true, err);
 }

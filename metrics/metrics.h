@@ -34,17 +34,27 @@ int metric_set_add(metric_set *set, const char *name, int64_t step, double value
  * line, 0 when it is not one, NAS_ERR (with a message) when it is a malformed one. */
 int metric_line_parse(const char *line, double time, metric_set *set, nas_err *err);
 
+/* What reading a log noticed besides its metrics. Start it zeroed. */
+typedef struct {
+  size_t bad;          /* malformed metric lines, added to by every read */
+  nas_err first_bad;   /* the first one's message, from the last read that found any */
+  int64_t shrank_from; /* > 0 when the log was shorter than the offset the last read was
+                          given (the trial truncated it): that offset. The read then started
+                          again at 0, where the log's new content begins */
+} metric_log_notes;
+
 /* Reads the complete lines of the file at path from byte offset *offset on, appends every
  * metric line to set and advances *offset past the last complete line (a partial last
- * line is left for the next call). Malformed lines are added to the count in *bad (may be
- * NULL) and the first one's message is left in warn (may be NULL). A missing file reads as
- * empty. On failure (I/O, memory) set, *offset and *bad are left as they were. */
-int metric_log_read(const char *path, int64_t *offset, metric_set *set, size_t *bad,
-                    nas_err *warn, nas_err *err);
+ * line is left for the next call). Malformed lines and a truncated log are noted in notes
+ * (may be NULL). A missing file reads as empty; anything but a regular file (a folder, a
+ * FIFO, a device the trial put there) is an error, never waited on. On failure (I/O,
+ * memory) set, *offset and notes are left as they were. */
+int metric_log_read(const char *path, int64_t *offset, metric_set *set, metric_log_notes *notes,
+                    nas_err *err);
 /* Same for a log that will not grow any more (its job has ended): a last line without
  * its newline is read too, and *offset ends at the end of the file. */
-int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set, size_t *bad,
-                         nas_err *warn, nas_err *err);
+int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set,
+                         metric_log_notes *notes, nas_err *err);
 
 /* ---- standard metrics (docs/metrics.md) -----------------------------------------------
  * What built-in trials report, by these names and in these units; a trial of its own that
@@ -59,6 +69,9 @@ int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set, siz
 #define METRIC_LATENCY_P99 "latency_ms_p99"  /* median and 99th percentile */
 #define METRIC_TRAIN_SECONDS "train_seconds" /* wall-clock seconds of training, validation
                                                 passes included */
+/* The one metric built-in trials also report after every epoch, as an intermediate value at
+ * step = epoch: the only one early stopping can judge them on. */
+#define METRIC_PER_EPOCH METRIC_ACCURACY
 
 /* ---- latency ----------------------------------------------------------------------------
  * Measured as a serving system measures it: one request at a time at batch 1, the wall

@@ -36,7 +36,9 @@ typedef struct runner_backend {
 #define RUNNER_EXIT_FILE "exit.json"
 /* Owned path of run_dir/exit.json; NULL when out of memory. */
 char *runner_exit_path(const char *run_dir);
-/* Reads run_dir/exit.json into *out: 1 when it exists, 0 when not (yet), else NAS_ERR. */
+/* Reads run_dir/exit.json into *out: 1 when it exists, 0 when not (yet), else NAS_ERR with
+ * why it cannot be read (not a small regular file of the right form: the job can write in
+ * its run folder too), *out untouched. */
 int runner_exit_file_read(const char *run_dir, job_status *out, nas_err *err);
 
 extern const runner_backend runner_local_backend; /* runners/local.c */

@@ -11,7 +11,8 @@
  * Invariants:
  * - The caller keeps no state per job: handle and run_dir are all that poll and stop need.
  * - exit.json appears atomically and only after the job's process group is gone;
- *   runner_start removes one left from an earlier run first.
+ *   runner_start removes one left from an earlier run first. Polling reads it only once
+ *   the monitor has ended: until then the job may have written one of its own there.
  * - The monitor never returns into the caller's code and ends with _exit: no atexit
  *   handlers, no flush of the caller's stdio buffers. What can fail in a way the caller
  *   must hear about (folders, log files, environment) is prepared before the fork.
@@ -585,18 +586,22 @@ static int local_release(void *state, const char *handle, nas_err *err) {
   return nas_errf(err, "job %s was not started held by this runner", handle);
 }
 
-/* exit.json first: once it exists the monitor is done. Otherwise a running monitor means
- * a running job; a monitor gone without exit.json (checked again, as it may have just
- * written it) means the job is lost. */
+/* The monitor first: while it runs, so does the job, whatever its run folder holds (the job
+ * can write a file named exit.json there too; the monitor's own replaces it at the end).
+ * Once the monitor has ended, exit.json says how the job ended; without one the job is
+ * lost, and one that cannot be read fails the job with the reason. */
 static int poll_one(const char *handle, const char *run_dir, job_status *out, nas_err *err) {
   monitor_id id;
   if (handle_parse(handle, &id, err) != NAS_OK) return NAS_ERR;
   *out = (job_status){.state = JOB_RUNNING};
-  int found = runner_exit_file_read(run_dir, out, err);
-  if (found == 0 && monitor_running(id)) return NAS_OK;
-  if (found == 0) found = runner_exit_file_read(run_dir, out, err);
-  if (found < 0) return NAS_ERR;
+  if (monitor_running(id)) return NAS_OK;
+  nas_err why;
+  int found = runner_exit_file_read(run_dir, out, &why);
   if (found == 0) out->state = JOB_LOST;
+  if (found < 0) {
+    *out = (job_status){.state = JOB_UNREADABLE};
+    snprintf(out->detail, sizeof out->detail, "%.150s", why.msg);
+  }
   monitor_reap(id);
   return NAS_OK;
 }

@@ -25,6 +25,7 @@ const char *job_state_name(job_state state) {
   case JOB_TIMEOUT: return "timeout";
   case JOB_STOPPED: return "stopped";
   case JOB_LOST: return "lost";
+  case JOB_UNREADABLE: return "unreadable";
   }
   return "unknown";
 }

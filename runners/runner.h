@@ -35,6 +35,8 @@ typedef enum {
   JOB_TIMEOUT,   /* killed at its time limit */
   JOB_STOPPED,   /* stopped through runner_stop */
   JOB_LOST,      /* the runner can no longer tell (its process vanished without a word) */
+  JOB_UNREADABLE, /* ended, but its exit.json cannot be read (detail says why): only the
+                     job itself can have spoilt it, so it is not lost but failed */
 } job_state;
 
 typedef struct {

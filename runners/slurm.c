@@ -643,7 +643,8 @@ static int array_handles(slurm_runner *sr, const char *id, const prepared *ps, s
 
 /* ---- polling ---- */
 
-/* How a job ended that Slurm no longer knows of: exit.json says, else it is lost. */
+/* How a job ended that Slurm no longer knows of: exit.json says, else it is lost (or,
+ * when exit.json cannot be read, failed with the reason). */
 static job_status gone_status(const char *handle, const char *run_dir) {
   job_status st = {.state = JOB_LOST};
   nas_err why;
@@ -653,12 +654,12 @@ static job_status gone_status(const char *handle, const char *run_dir) {
              "it ended", handle, RUNNER_EXIT_FILE);
     return st;
   }
-  st = (job_status){.state = JOB_LOST};
+  st = (job_status){.state = found == 0 ? JOB_LOST : JOB_UNREADABLE};
   if (found == 0)
     snprintf(st.detail, sizeof st.detail, "Slurm does not know job %s (purged, or never "
              "run) and it left no %s", handle, RUNNER_EXIT_FILE);
   else
-    snprintf(st.detail, sizeof st.detail, "Slurm does not know job %.40s: %.90s", handle,
+    snprintf(st.detail, sizeof st.detail, "Slurm no longer knows job %.28s and %.100s", handle,
              why.msg);
   return st;
 }

@@ -8,11 +8,14 @@
  *   asha    at each rung r the trial reaches: continue only if fewer than (n+1)/η of the
  *           n other trials that reached r dominate it (it is among the best 1/η).
  * Values at a step are the last reports at or before it, so trials reporting at different
- * steps still compare. Nothing is decided with fewer than min_trials others. */
+ * steps still compare. Nothing is decided with fewer than min_trials others. Judged
+ * objectives that no trial reports per step are left out (see sched_curve). */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "metrics/metrics.h"
 #include "scheduler/scheduler.h"
 
 /* Index of the last step <= step, or -1. */
@@ -61,6 +64,22 @@ static void compare_at(const sched_curve *curves, size_t n, size_t candidate, in
     v->compared++;
     v->better += dominates(theirs, mine, m);
   }
+}
+
+bool sched_early_stop_futile(const spec *s, char *why, size_t cap) {
+  const early_stop_spec *es = &s->early_stopping;
+  if (es->rule == EARLY_STOP_NONE) return false;
+  if (es->min_trials >= s->budget.max_trials) {
+    snprintf(why, cap, "a decision needs min_trials %d other trials at a step, and "
+             "budget.trials is %d", es->min_trials, s->budget.max_trials);
+    return true;
+  }
+  if (!s->trial.builtin) return false; /* what a command reports is known only from its trials */
+  for (size_t j = 0; j < es->n_objectives; j++)
+    if (strcmp(s->objectives[es->objectives[j]].name, METRIC_PER_EPOCH) == 0) return false;
+  snprintf(why, cap, "built-in trials report only '%s' per epoch, and early_stopping.objectives "
+           "leaves it out", METRIC_PER_EPOCH);
+  return true;
 }
 
 void sched_early_stop_judge(const spec *s, const sched_curve *curves, size_t n,
@@ -130,6 +149,18 @@ static int build_curve(const spec *s, const metric_row *rows, size_t from, size_
   return NAS_OK;
 }
 
+/* Makes each judged objective that no curve reports 0 everywhere (see sched_curve). */
+static void unreported_left_out(sched_curve *curves, size_t n, size_t m) {
+  for (size_t j = 0; j < m; j++) {
+    bool reported = false;
+    for (size_t i = 0; i < n && !reported; i++)
+      for (size_t k = 0; k < curves[i].n_steps && !reported; k++)
+        reported = !isnan(curves[i].values[k * m + j]);
+    for (size_t i = 0; i < n && !reported; i++)
+      for (size_t k = 0; k < curves[i].n_steps; k++) curves[i].values[k * m + j] = 0;
+  }
+}
+
 int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_curve **out,
                       size_t *n, nas_err *err) {
   metric_row *rows;
@@ -159,6 +190,7 @@ int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_c
     sched_curves_free(curves, count);
     return rc;
   }
+  unreported_left_out(curves, count, s->early_stopping.n_objectives);
   *out = curves;
   *n = count;
   return NAS_OK;

@@ -1,5 +1,6 @@
 /* scheduler/experiment.c: finding or creating the experiment a spec describes, and
- * refusing to continue one whose spec changed in ways that would mix incomparable trials. */
+ * refusing to continue one whose spec changed in ways that would mix incomparable trials;
+ * what other commands do to an experiment outside its run: stop it, retry its failures. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -100,4 +101,59 @@ int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *repo
                nas_err *err) {
   if (storage_experiment_set_status(st, exp->id, "stopped", err) != NAS_OK) return NAS_ERR;
   return stop_running(s, st, exp, report, err);
+}
+
+static bool retryable(trial_status status) {
+  return status == TRIAL_FAILED || status == TRIAL_TIMEOUT;
+}
+
+/* The row of trial `number` in rows (ordered by number), or NULL. */
+static const trial_row *trial_numbered(const trial_row *rows, size_t n, int number) {
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].number == number) return &rows[i];
+  return NULL;
+}
+
+/* Checks every number asked for before anything changes. */
+static int retry_check(const experiment_row *exp, const trial_row *rows, size_t n_rows,
+                       const int *numbers, size_t n, nas_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    const trial_row *row = trial_numbered(rows, n_rows, numbers[i]);
+    if (!row)
+      return nas_errf(err, "experiment '%s' has no trial %d (its trials are 0 to %zu)",
+                      exp->name, numbers[i], n_rows ? n_rows - 1 : 0);
+    if (!retryable(row->status))
+      return nas_errf(err, "trial %d of '%s' is %s; only failed or timed-out trials can be "
+                      "retried", numbers[i], exp->name, trial_status_name(row->status));
+    for (size_t j = 0; j < i; j++)
+      if (numbers[j] == numbers[i]) return nas_errf(err, "trial %d is named twice", numbers[i]);
+  }
+  return NAS_OK;
+}
+
+static int retry_one(storage *st, const experiment_row *exp, const trial_row *row, FILE *report,
+                     nas_err *err) {
+  if (storage_trial_requeue(st, row->id, err) != NAS_OK) return NAS_ERR;
+  if (report)
+    fprintf(report, "%s: trial %d queued again (was %s after %d attempt%s)\n", exp->name,
+            row->number, trial_status_name(row->status), row->attempts,
+            row->attempts == 1 ? "" : "s");
+  return NAS_OK;
+}
+
+int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size_t n,
+                FILE *report, size_t *retried, nas_err *err) {
+  trial_row *rows;
+  size_t n_rows;
+  *retried = 0;
+  if (storage_trial_list(st, exp->id, &rows, &n_rows, err) != NAS_OK) return NAS_ERR;
+  int rc = retry_check(exp, rows, n_rows, numbers, n, err);
+  for (size_t i = 0; rc == NAS_OK && i < (n ? n : n_rows); i++) {
+    const trial_row *row = n ? trial_numbered(rows, n_rows, numbers[i]) : &rows[i];
+    if (!retryable(row->status)) continue; /* with no numbers given: the others */
+    rc = retry_one(st, exp, row, report, err);
+    if (rc == NAS_OK) ++*retried;
+  }
+  trial_rows_free(rows, n_rows);
+  return rc;
 }

@@ -25,6 +25,8 @@ typedef struct {
   stop_reason stop;     /* why it was asked to stop, if it was */
   char *stop_why;       /* owned text for STOP_EARLY / STOP_SILENT */
   size_t next_rung;     /* ASHA: first rung not yet passed */
+  char *log_problem;    /* owned: why its stdout.log could not be read at the last look;
+                           NULL when it could */
 } inflight;
 
 /* Counts of trials per status, for progress and stopping decisions. */
@@ -56,10 +58,13 @@ typedef struct {
                                  start-up, or requeued to retry), oldest first */
   size_t n_queued, cap_queued;
   trial_counts counts;
+  trial_counts ended_here;    /* trials that ended for good during this sched_run, by
+                                 status: what the failure rate is judged on */
   bool draining;              /* launch nothing more (first signal, wall time) */
   bool stopping;              /* running trials were told to stop */
   sched_outcome outcome;      /* what ended (or is ending) the run */
   double early_checked;       /* monotonic time of the last early-stopping check */
+  bool early_futile_said;     /* the warning that early stopping can never fire was shown */
   sched_results results;      /* owned: the results view as last loaded */
   bool results_fresh;         /* results match storage (statuses kept current in place) */
   double deadline;            /* monotonic seconds; 0 = none */
@@ -109,6 +114,8 @@ void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status);
 void sched_progress_event(sched *sc, const trial_row *row, const char *what);
 void sched_progress_tick(sched *sc);
 void sched_progress_done(sched *sc);
+/* A trial moved from one status to another (from TRIAL_STATUS_COUNT: newly counted, as
+ * at start-up); keeps sc->counts and sc->ended_here. */
 void sched_count(sched *sc, trial_status from, trial_status to);
 
 #endif

@@ -35,19 +35,53 @@ void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status) 
 
 /* ---- metrics and final states ---------------------------------------------------------- */
 
+/* A log the trial made unreadable (a folder, a FIFO in its place, no permission) is the
+ * trial's fault, not the loop's: said once in the progress output, and kept for the
+ * trial's error should it end without its objectives. */
+static void log_unreadable(sched *sc, inflight *job, const char *why) {
+  if (job->log_problem && strcmp(job->log_problem, why) == 0) return;
+  free(job->log_problem);
+  job->log_problem = strdup(why);
+  char *what = nas_asprintf("cannot read its log: %s", why);
+  sched_progress_event(sc, &job->row, what ? what : why);
+  free(what);
+}
+
+/* Says in the progress output what reading the log noticed besides metrics. */
+static void log_notes_show(sched *sc, const inflight *job, const metric_log_notes *notes,
+                           const char *log) {
+  if (notes->shrank_from > 0) {
+    char *what = nas_asprintf("truncated its log: %s is shorter than the %lld bytes already "
+                              "read; reading it again from its start",
+                              log, (long long)notes->shrank_from);
+    sched_progress_event(sc, &job->row, what ? what : "truncated its log");
+    free(what);
+  }
+  if (notes->bad > 0) sched_progress_event(sc, &job->row, notes->first_bad.msg);
+}
+
 /* Stores the metric lines the job printed since the last look; `ended` reads a last line
  * without its newline too, since the log will not grow any more. Any new output counts as
- * a sign of life; *news (may be NULL) is set when intermediate values arrived. */
+ * a sign of life; *news (may be NULL) is set when intermediate values arrived. Only
+ * storage errors are the loop's: a log that cannot be read fails nothing here. */
 static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_err *err) {
   char *log = nas_asprintf("%s/stdout.log", job->run_dir);
   if (!log) return nas_errf(err, "out of memory");
   metric_set set = {0};
-  size_t bad = 0;
+  metric_log_notes notes = {0};
   int64_t offset = job->row.log_offset;
-  nas_err warn = {{0}};
-  int rc = (ended ? metric_log_read_rest : metric_log_read)(log, &offset, &set, &bad, &warn, err);
+  nas_err why;
+  if ((ended ? metric_log_read_rest : metric_log_read)(log, &offset, &set, &notes, &why) != NAS_OK) {
+    free(log);
+    log_unreadable(sc, job, why.msg);
+    return NAS_OK;
+  }
+  free(job->log_problem);
+  job->log_problem = NULL;
+  log_notes_show(sc, job, &notes, log);
   free(log);
-  if (rc == NAS_OK && offset != job->row.log_offset) {
+  int rc = NAS_OK;
+  if (offset != job->row.log_offset || notes.shrank_from > 0) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
     if (rc == NAS_OK) job->row.log_offset = offset;
     if (set.n > 0) sched_results_stale(sc);
@@ -55,8 +89,6 @@ static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_
   }
   for (size_t i = 0; news && rc == NAS_OK && i < set.n; i++)
     *news |= set.obs[i].step != METRIC_FINAL;
-  if (rc == NAS_OK && bad > 0)
-    sched_progress_event(sc, &job->row, warn.msg);
   metric_set_free(&set);
   return rc;
 }
@@ -105,8 +137,10 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
     *status = missing ? TRIAL_FAILED : TRIAL_COMPLETED;
     if (missing)
       *why = nas_asprintf("exited 0 without reporting objective '%s' (print a line "
-                          "'nas-metric {\"%s\": VALUE}' or run 'nas report %s=VALUE')",
-                          missing, missing, missing);
+                          "'nas-metric {\"%s\": VALUE}' or run 'nas report %s=VALUE')%s%s",
+                          missing, missing, missing,
+                          job->log_problem ? "; its log could not be read: " : "",
+                          job->log_problem ? job->log_problem : "");
     return NAS_OK;
   case JOB_SIGNALED:
     *status = TRIAL_FAILED;
@@ -122,6 +156,11 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
     *status = TRIAL_STOPPED;
     *why = strdup(job->stop == STOP_EARLY ? job->stop_why : "stopped on request");
     return NAS_OK;
+  case JOB_UNREADABLE:
+    *status = TRIAL_FAILED;
+    *why = nas_asprintf("ended, but how cannot be told: %s (nas writes it; the trial must "
+                        "leave it alone)", js->detail);
+    return NAS_OK;
   case JOB_LOST:
   case JOB_RUNNING:
     break;
@@ -131,17 +170,19 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
                     status, why);
 }
 
-/* Too many failures: launch nothing more and end with a failure outcome. */
+/* Too many failures: launch nothing more and end with a failure outcome. Only trials that
+ * ended in this run count: the failures of an earlier run (before the trial was fixed)
+ * must not stop the next one. */
 static void check_failure_rate(sched *sc, const char *last_error) {
-  const int *by = sc->counts.by_status;
+  const int *by = sc->ended_here.by_status;
   int failed = by[TRIAL_FAILED] + by[TRIAL_TIMEOUT];
-  int ended = failed + by[TRIAL_COMPLETED] + by[TRIAL_STOPPED];
+  int ended = sc->ended_here.total;
   double rate = sc->s->budget.max_failure_rate;
   if (sc->outcome == SCHED_TOO_MANY_FAILURES || rate >= 1 || ended < 5 ||
       failed <= rate * ended)
     return;
-  nas_log("%s: %d of %d ended trials failed, more than budget.max_failure_rate %g allows; "
-          "launching no more (last error: %s)",
+  nas_log("%s: %d of the %d trials that ended in this run failed, more than "
+          "budget.max_failure_rate %g allows; launching no more (last error: %s)",
           sc->exp->name, failed, ended, rate, last_error ? last_error : "none recorded");
   sc->draining = true;
   sc->outcome = SCHED_TOO_MANY_FAILURES;
@@ -188,6 +229,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   trial_row_clear(&job->row);
   free(job->run_dir);
   free(job->stop_why);
+  free(job->log_problem);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
   if (rc == NAS_OK && trial_status_final(status)) rc = after_trial_end(sc, why, err);
   free(why);
@@ -241,11 +283,33 @@ static int find_curve(const sched_curve *curves, size_t n, int64_t trial_id) {
   return -1;
 }
 
+/* Early stopping that can never fire is said once rather than left to be found out. */
+static void early_futile_say(sched *sc, const char *why) {
+  if (sc->early_futile_said) return;
+  sc->early_futile_said = true;
+  nas_log("%s: early_stopping can never stop a trial: %s", sc->exp->name, why);
+}
+
+/* What a command trial reports is known only once trials have ended: min_trials of them
+ * completed without a single judged value at a step means the rule has nothing to judge. */
+static void early_futile_check_curves(sched *sc, size_t n_curves) {
+  const early_stop_spec *es = &sc->s->early_stopping;
+  int completed = sc->counts.by_status[TRIAL_COMPLETED];
+  if (n_curves > 0 || completed < es->min_trials) return;
+  char why[256];
+  const char *name = sc->s->objectives[es->objectives[0]].name;
+  snprintf(why, sizeof why, "%d trials completed and none reported a judged objective with a "
+           "step (e.g. 'nas-metric {\"%s\": VALUE, \"step\": N}' while it runs)", completed,
+           name);
+  early_futile_say(sc, why);
+}
+
 /* Applies the early-stopping rule to every running trial. */
 static int check_early_stopping(sched *sc, nas_err *err) {
   sched_curve *curves;
   size_t n;
   if (sched_curves_load(sc->st, sc->s, sc->exp->id, &curves, &n, err) != NAS_OK) return NAS_ERR;
+  early_futile_check_curves(sc, n);
   for (size_t i = 0; i < sc->n_jobs; i++) {
     inflight *job = &sc->jobs[i];
     int c = find_curve(curves, n, job->row.id);
@@ -400,8 +464,11 @@ static int launch_new(sched *sc, nas_err *err) {
 /* ---- start-up: rebuild from storage ----------------------------------------------------- */
 
 /* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
- * (created before a crash, never launched) to be launched first as room allows. */
+ * (created before a crash, or retried, never launched) to be launched first as room
+ * allows. Warns first when the spec's early stopping can never fire. */
 static int rebuild(sched *sc, nas_err *err) {
+  char why[256];
+  if (sched_early_stop_futile(sc->s, why, sizeof why)) early_futile_say(sc, why);
   trial_row *rows;
   size_t n;
   if (storage_trial_list(sc->st, sc->exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
@@ -500,6 +567,7 @@ static void sched_free(sched *sc) {
     trial_row_clear(&sc->jobs[i].row);
     free(sc->jobs[i].run_dir);
     free(sc->jobs[i].stop_why);
+    free(sc->jobs[i].log_problem);
   }
   free(sc->jobs);
   sched_results_free(&sc->results);

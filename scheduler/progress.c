@@ -14,6 +14,10 @@ void sched_count(sched *sc, trial_status from, trial_status to) {
   if (from == TRIAL_STATUS_COUNT) sc->counts.total++;
   else sc->counts.by_status[from]--;
   sc->counts.by_status[to]++;
+  if (from != TRIAL_STATUS_COUNT && trial_status_final(to)) { /* not one found at start-up */
+    sc->ended_here.by_status[to]++;
+    sc->ended_here.total++;
+  }
 }
 
 static FILE *out(const sched *sc) { return sc->opt->progress ? sc->opt->progress : stderr; }

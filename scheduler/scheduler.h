@@ -67,6 +67,15 @@ int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness
 int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *report,
                nas_err *err);
 
+/* Queues failed and timed-out trials of exp again (`nas retry`): those numbered in
+ * numbers[0..n-1], or every failed and timed-out one when n is 0. They keep their attempts
+ * and count once in the budget (they are the same trials); the next sched_run launches
+ * them first. A number naming no trial, or a trial in any other status, refuses the whole
+ * request before anything changes. Each trial queued again is reported on `report` (may be
+ * NULL), one line each; *retried gets how many were. */
+int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size_t n,
+                FILE *report, size_t *retried, nas_err *err);
+
 /* The run folder of a trial's attempt: runs/<experiment>/<number> for the first,
  * runs/<experiment>/<number>.<attempt> for later ones, under the experiment's run_root.
  * Owned. */
@@ -167,7 +176,9 @@ json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *
  * A trial's learning curve: the steps at which it reported intermediate values of the
  * judged objectives (spec.early_stopping.objectives) and, for each step, the value of each
  * at that step (its last report at or before it), in the minimisation convention; NaN
- * until first reported. */
+ * until first reported. A judged objective that no trial reports with a step (a built-in
+ * trial's params, reported only at the end) is 0 in every curve: it takes no part in the
+ * comparison, and the objectives reported per step decide. */
 typedef struct {
   int64_t trial_id;
   size_t n_steps;
@@ -193,6 +204,12 @@ typedef struct {
  * goes on. */
 void sched_early_stop_judge(const spec *s, const sched_curve *curves, size_t n,
                             size_t candidate, size_t *next_rung, sched_verdict *out);
+
+/* Whether spec.early_stopping can never stop a trial, judged from the spec alone: a
+ * built-in trial reports only METRIC_PER_EPOCH with a step, and none of the judged
+ * objectives is it; or the budget has fewer trials than min_trials + 1. When so, why
+ * (cap bytes) says which. */
+bool sched_early_stop_futile(const spec *s, char *why, size_t cap);
 
 /* Whether the hypervolume of the front grew by less than budget.patience_min_improvement
  * (a share of the current hypervolume) over the last budget.patience_trials completed

@@ -45,6 +45,8 @@ typedef struct storage_backend {
   /* Must call storage_check_finish likewise; status is final (checked by storage.c). */
   int (*trial_finish)(void *conn, int64_t trial_id, trial_status status, bool has_exit_code,
                       int exit_code, const char *error, double now, nas_err *err);
+  /* Must call storage_check_requeue likewise. */
+  int (*trial_requeue)(void *conn, int64_t trial_id, nas_err *err);
   int (*trial_get)(void *conn, int64_t trial_id, trial_row *out, nas_err *err);
   int (*trial_list)(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                     nas_err *err);
@@ -74,6 +76,7 @@ extern const storage_backend storage_postgres_backend;
 int storage_check_start(trial_status current, nas_err *err);
 int storage_check_finish(trial_status current, trial_status to, nas_err *err);
 int storage_check_heartbeat(trial_status current, nas_err *err);
+int storage_check_requeue(trial_status current, nas_err *err);
 
 /* The one statement that takes a lease in both backends, with the placeholders for
  * (experiment id, token, host, pid, now, replaces): inserts it, or overwrites a lease that

@@ -630,6 +630,19 @@ static int postgres_trial_finish(void *conn, int64_t trial_id, trial_status stat
   return rc == NAS_OK ? pg_run(conn, &transition_op, &t, err) : rc;
 }
 
+static int requeue_allowed(const transition *t, trial_status current, nas_err *err) {
+  (void)t;
+  return storage_check_requeue(current, err);
+}
+
+static int postgres_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
+  transition t = {.trial_id = trial_id,
+                  .allowed = requeue_allowed,
+                  .update_sql = "UPDATE trials SET status = 'queued', finished_at = NULL,"
+                                " exit_code = NULL, error = NULL WHERE id = $1"};
+  return pg_run(conn, &transition_op, &t, err);
+}
+
 static int heartbeat_allowed(const transition *t, trial_status current, nas_err *err) {
   (void)t;
   return storage_check_heartbeat(current, err);
@@ -849,6 +862,7 @@ const storage_backend storage_postgres_backend = {
     .trial_claim = postgres_trial_claim,
     .trial_heartbeat = postgres_trial_heartbeat,
     .trial_finish = postgres_trial_finish,
+    .trial_requeue = postgres_trial_requeue,
     .trial_get = postgres_trial_get,
     .trial_list = postgres_trial_list,
     .metrics_add = postgres_metrics_add,

@@ -781,6 +781,25 @@ static int sqlite_trial_finish(void *conn, int64_t trial_id, trial_status status
   return tx_end(c, rc, err);
 }
 
+static int trial_requeue_in_tx(const sqlite_conn *c, int64_t trial_id, nas_err *err) {
+  trial_status current;
+  int rc = trial_status_read(c, trial_id, &current, err);
+  if (rc == NAS_OK) rc = storage_check_requeue(current, err);
+  if (rc != NAS_OK) return rc;
+  return run(c, err,
+             "UPDATE trials SET status = 'queued', finished_at = NULL, exit_code = NULL,"
+             " error = NULL WHERE id = ?",
+             "i", trial_id);
+}
+
+static int sqlite_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = trial_requeue_in_tx(c, trial_id, err);
+  return tx_end(c, rc, err);
+}
+
 static int sqlite_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_err *err) {
   return trial_get(conn, trial_id, out, err);
 }
@@ -946,6 +965,7 @@ const storage_backend storage_sqlite_backend = {
     .trial_claim = sqlite_trial_claim,
     .trial_heartbeat = sqlite_trial_heartbeat,
     .trial_finish = sqlite_trial_finish,
+    .trial_requeue = sqlite_trial_requeue,
     .trial_get = sqlite_trial_get,
     .trial_list = sqlite_trial_list,
     .metrics_add = sqlite_metrics_add,

@@ -76,6 +76,13 @@ int storage_check_heartbeat(trial_status current, nas_err *err) {
   return nas_errf(err, "it is %s, not running", trial_status_name(current));
 }
 
+/* Only a trial that ended badly is run again; a completed or stopped one keeps its data. */
+int storage_check_requeue(trial_status current, nas_err *err) {
+  if (current == TRIAL_FAILED || current == TRIAL_TIMEOUT) return NAS_OK;
+  return nas_errf(err, "it is %s; only a failed or timed-out trial can be retried",
+                  trial_status_name(current));
+}
+
 /* ---- URLs ---------------------------------------------------------------------------- */
 
 /* The sqlite file path inside url, or NULL when url is not an sqlite URL. The
@@ -342,6 +349,11 @@ int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
                                      nas_now(), err);
   return in_context(rc, err, "finish trial %" PRId64 " as %s", trial_id,
                     trial_status_name(status));
+}
+
+int storage_trial_requeue(storage *st, int64_t trial_id, nas_err *err) {
+  return in_context(st->backend->trial_requeue(st->conn, trial_id, err), err,
+                    "retry trial %" PRId64, trial_id);
 }
 
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err) {

@@ -143,6 +143,10 @@ int storage_trial_heartbeat(storage *st, int64_t trial_id, nas_err *err);
  * queued, to retry a trial whose job was lost (error says why; attempts are kept). */
 int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
                          bool has_exit_code, int exit_code, const char *error, nas_err *err);
+/* failed or timeout → queued, to run the trial again (`nas retry`): its attempts are kept
+ * (it is the same trial, counted once in the budget) and the last attempt's exit code,
+ * error and finished_at cleared. An error naming the status for any other trial. */
+int storage_trial_requeue(storage *st, int64_t trial_id, nas_err *err);
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err);
 /* All trials of an experiment ordered by number. */
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,

@@ -64,6 +64,16 @@ static inline size_t count_status(const json_t *rows, const char *status) {
   return n;
 }
 
+/* The row of trial `number` in `nas trials` JSON. */
+static inline const json_t *row_of(const json_t *rows, json_int_t number) {
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row)
+    if (json_integer_value(json_object_get(row, "trial")) == number) return row;
+  fail_msg("no trial %lld", (long long)number);
+  return NULL;
+}
+
 static inline double num(const json_t *row, const char *key) {
   const json_t *v = json_object_get(row, key);
   assert_true(json_is_number(v));

@@ -1,7 +1,8 @@
 /* Built-in trials: the model builders' counts against counts done by hand, the latency
  * measurement, named datasets, and the real bin/nas running `nas worker` for built-in
  * trials on scikit-learn's digits (tests/data), end to end: every metric stored, weights
- * saved and loadable, a front found, and a killed worker leaving no final metric. */
+ * saved and loadable, a front found, a killed worker leaving no final metric, and a
+ * missing dataset or device refused before anything is launched. */
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
@@ -391,8 +392,32 @@ static void killed_worker_leaves_no_final_metric(void **state) {
   free(spec);
 }
 
-/* A dataset that is not there: the worker fails with the reason in its stderr. */
-static void missing_dataset_fails_the_trial_with_the_reason(void **state) {
+/* A built-in experiment on a copy of digits in the test folder (dataset: ./d.csv.gz),
+ * run to its end; returns the spec's path. */
+static char *copied_digits_run(fixture *f) {
+  const char *data = getenv("NAS_DATA_DIR");
+  char *copy[] = {"cp", NULL, f->dir, NULL}, *from;
+  assert_true(asprintf(&from, "%s/digits.csv.gz", data ? data : "tests/data") > 0);
+  copy[1] = from;
+  assert_int_equal(test_run(NULL, copy, NULL), 0);
+  free(from);
+  char *spec = test_write(f->dir, "copied.yaml",
+                          "name: copied\n"
+                          "parameters:\n  width: {type: int, low: 8, high: 16}\n"
+                          "objectives: [{name: accuracy, goal: maximize}]\n"
+                          "trial:\n  builtin: {model: mlp, dataset: ./digits.csv.gz, epochs: 1,"
+                          " limit_train: 200}\n"
+                          "budget: {trials: 1}\n"),
+       *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  free(out);
+  return spec;
+}
+
+/* A dataset that is not there fails every trial alike: `nas run` refuses before the
+ * storage is even opened, and `nas resume` before anything is launched. */
+static void missing_dataset_is_refused_before_anything_is_stored(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "gone.yaml",
                           "name: gone\n"
@@ -400,20 +425,69 @@ static void missing_dataset_fails_the_trial_with_the_reason(void **state) {
                           "objectives: [{name: accuracy, goal: maximize}]\n"
                           "trial:\n  builtin: {model: mlp, dataset: ./nowhere.csv}\n"
                           "budget: {trials: 1}\n"),
-       *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+       *out, *db;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 1);
+  assert_non_null(strstr(out, "nowhere.csv: no such file or folder"));
+  assert_non_null(strstr(out, "nothing launched"));
   free(out);
-  json_t *rows = trials_json(f, "gone");
-  assert_int_equal(count_status(rows, "failed"), 1);
+  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+  assert_int_not_equal(access(db, F_OK), 0); /* not even created */
+  free(db);
+  free(spec);
+
+  spec = copied_digits_run(f);
+  test_rmtree_child(f->dir, "digits.csv.gz");
+  assert_int_equal(nas(f, &out, "resume", "copied", "--no-progress"), 1);
+  assert_non_null(strstr(out, "digits.csv.gz: no such file or folder"));
+  free(out);
+  json_t *rows = trials_json(f, "copied");
+  assert_int_equal(json_array_size(rows), 1); /* nothing new */
   json_decref(rows);
-  char *log, *text = NULL;
-  size_t len;
+  free(spec);
+}
+
+/* The worker itself, started by hand (or by a runner elsewhere) on a trial whose dataset
+ * has gone since, fails with the reason. */
+static void worker_fails_a_trial_whose_dataset_is_gone_with_the_reason(void **state) {
+  fixture *f = *state;
+  char *spec = copied_digits_run(f), *out;
+  test_rmtree_child(f->dir, "digits.csv.gz");
+  storage *st;
+  trial_row *rows;
+  size_t n;
+  experiment_row exp;
   nas_err err;
-  assert_true(asprintf(&log, "%s/runs/gone/0/stderr.log", f->dir) > 0);
-  assert_int_equal(nas_read_file(log, &text, &len, &err), NAS_OK);
-  assert_non_null(strstr(text, "nowhere.csv: no such file or folder"));
-  free(text);
-  free(log);
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(st, "copied", &exp, &err), NAS_OK);
+  assert_int_equal(storage_trial_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  char id[32];
+  snprintf(id, sizeof id, "%lld", (long long)rows[0].id);
+  trial_rows_free(rows, n);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db,
+                  "--run-dir", f->dir, NULL};
+  assert_int_not_equal(test_run(f->dir, argv, &out), 0);
+  assert_non_null(strstr(out, "digits.csv.gz: no such file or folder"));
+  free(out);
+  free(spec);
+}
+
+/* device: cuda where there is no CUDA device is refused at the start, with what to do. */
+static void cuda_trials_without_a_device_are_refused(void **state) {
+  fixture *f = *state;
+  if (tr_cuda_device_count(NULL) > 0) skip(); /* a machine with a GPU runs them */
+  char *spec = test_write(f->dir, "gpu.yaml",
+                          "name: gpu\n"
+                          "parameters:\n  width: {type: int, low: 8, high: 16}\n"
+                          "objectives: [{name: accuracy, goal: maximize}]\n"
+                          "trial:\n  builtin: {model: mlp, dataset: digits, device: cuda}\n"
+                          "budget: {trials: 1}\n"),
+       *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 1);
+  assert_non_null(strstr(out, "trial.builtin.device: cuda"));
+  assert_non_null(strstr(out, "use device: cpu"));
+  free(out);
   free(spec);
 }
 
@@ -430,8 +504,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
       cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
-      cmocka_unit_test_setup_teardown(missing_dataset_fails_the_trial_with_the_reason, setup,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(missing_dataset_is_refused_before_anything_is_stored,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(worker_fails_a_trial_whose_dataset_is_gone_with_the_reason,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -324,7 +324,7 @@ static void used_up_finite_space_ends_the_experiment_early(void **state) {
 
 static void every_command_has_help_and_bad_usage_exits_2(void **state) {
   fixture *f = *state;
-  const char *cmds[] = {"run", "resume", "status", "trials", "pareto", "report"};
+  const char *cmds[] = {"run", "resume", "status", "trials", "pareto", "report", "retry"};
   char *out;
   for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
     char *argv[] = {(char *)test_nas_bin(), (char *)cmds[i], "--help", NULL};

@@ -2,6 +2,8 @@
  * offset (partial lines, CRLF, huge lines, binary garbage, missing files). */
 #include "tests/testutil.h"
 
+#include <sys/stat.h>
+
 #include <math.h>
 
 #include "metrics/metrics.h"
@@ -162,13 +164,13 @@ static void missing_log_reads_as_empty(void **state) {
   (void)state;
   metric_set set = {0};
   int64_t offset = 0;
-  size_t bad = 0;
+  metric_log_notes notes = {0};
   nas_err err;
-  assert_int_equal(metric_log_read("/nonexistent/nas/stdout.log", &offset, &set, &bad, NULL, &err),
+  assert_int_equal(metric_log_read("/nonexistent/nas/stdout.log", &offset, &set, &notes, &err),
                    NAS_OK);
   assert_int_equal(offset, 0);
   assert_int_equal(set.n, 0);
-  assert_int_equal(bad, 0);
+  assert_int_equal(notes.bad, 0);
 }
 
 static void partial_last_line_waits_for_its_newline(void **state) {
@@ -179,13 +181,13 @@ static void partial_last_line_waits_for_its_newline(void **state) {
   metric_set set = {0};
   int64_t offset = 0;
   nas_err err;
-  assert_int_equal(metric_log_read(path, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read(path, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 1);
   assert_int_equal(offset, strlen("hello\nnas-metric {\"a\": 1}\n"));
-  assert_int_equal(metric_log_read(path, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read(path, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 1); /* still unfinished */
   append(path, " 2, \"step\": 4}\nbye\n", strlen(" 2, \"step\": 4}\nbye\n"));
-  assert_int_equal(metric_log_read(path, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read(path, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 2);
   assert_string_equal(set.obs[1].name, "b");
   assert_int_equal(set.obs[1].step, 4);
@@ -205,11 +207,11 @@ static void read_rest_takes_the_unfinished_last_line(void **state) {
   metric_set set = {0};
   int64_t offset = 0;
   nas_err err;
-  assert_int_equal(metric_log_read_rest(path, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read_rest(path, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 2);
   assert_string_equal(set.obs[1].name, "b");
   assert_int_equal(offset, strlen(text));
-  assert_int_equal(metric_log_read_rest(path, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read_rest(path, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 2); /* nothing is read twice */
   metric_set_free(&set);
   free(path);
@@ -224,10 +226,10 @@ static void crlf_lines_are_read(void **state) {
   char *path = tmp_file(dir, text, strlen(text));
   metric_set set = {0};
   int64_t offset = 0;
-  size_t bad = 0;
+  metric_log_notes notes = {0};
   nas_err err;
-  assert_int_equal(metric_log_read(path, &offset, &set, &bad, NULL, &err), NAS_OK);
-  assert_int_equal(bad, 0);
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_int_equal(notes.bad, 0);
   assert_int_equal(set.n, 2);
   assert_int_equal(set.obs[0].step, 0);
   assert_int_equal(set.obs[1].step, METRIC_FINAL);
@@ -246,13 +248,13 @@ static void malformed_lines_are_counted_and_the_first_reported(void **state) {
   char *path = tmp_file(dir, text, strlen(text));
   metric_set set = {0};
   int64_t offset = 0;
-  size_t bad = 1; /* counts add up */
-  nas_err warn = {{0}}, err;
-  assert_int_equal(metric_log_read(path, &offset, &set, &bad, &warn, &err), NAS_OK);
-  assert_int_equal(bad, 3);
+  metric_log_notes notes = {.bad = 1}; /* counts add up */
+  nas_err err;
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_int_equal(notes.bad, 3);
   assert_int_equal(set.n, 2);
-  assert_non_null(strstr(warn.msg, "byte 20: metric \"loss\" is NaN"));
-  assert_non_null(strstr(warn.msg, path));
+  assert_non_null(strstr(notes.first_bad.msg, "byte 20: metric \"loss\" is NaN"));
+  assert_non_null(strstr(notes.first_bad.msg, path));
   metric_set_free(&set);
   free(path);
   test_rmtree(dir);
@@ -275,11 +277,11 @@ static void huge_lines_are_skipped_without_harm(void **state) {
   char *path = tmp_file(dir, text, n);
   metric_set set = {0};
   int64_t offset = 0;
-  size_t bad = 0;
-  nas_err warn = {{0}}, err;
-  assert_int_equal(metric_log_read(path, &offset, &set, &bad, &warn, &err), NAS_OK);
-  assert_int_equal(bad, 1); /* the ordinary long line is not a metric line */
-  assert_non_null(strstr(warn.msg, "longer than"));
+  metric_log_notes notes = {0};
+  nas_err err;
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_int_equal(notes.bad, 1); /* the ordinary long line is not a metric line */
+  assert_non_null(strstr(notes.first_bad.msg, "longer than"));
   assert_int_equal(set.n, 1);
   assert_string_equal(set.obs[0].name, "b");
   assert_int_equal(offset, n);
@@ -305,13 +307,13 @@ static void binary_garbage_does_not_hide_metric_lines(void **state) {
   char *path = tmp_file(dir, text, n);
   metric_set set = {0};
   int64_t offset = 0;
-  size_t bad = 0;
-  nas_err warn = {{0}}, err;
-  assert_int_equal(metric_log_read(path, &offset, &set, &bad, &warn, &err), NAS_OK);
+  metric_log_notes notes = {0};
+  nas_err err;
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
   assert_int_equal(set.n, 1);
   assert_string_equal(set.obs[0].name, "a");
-  assert_int_equal(bad, 2);
-  assert_non_null(strstr(warn.msg, "NUL"));
+  assert_int_equal(notes.bad, 2);
+  assert_non_null(strstr(notes.first_bad.msg, "NUL"));
   assert_int_equal(offset, n);
   metric_set_free(&set);
   free(path);
@@ -325,12 +327,65 @@ static void unreadable_log_is_an_error_and_changes_nothing(void **state) {
   metric_set set = {0};
   int64_t offset = 0;
   nas_err err;
-  assert_int_equal(metric_log_read(dir, &offset, &set, NULL, NULL, &err), NAS_ERR); /* a folder */
+  assert_int_equal(metric_log_read(dir, &offset, &set, NULL, &err), NAS_ERR); /* a folder */
   assert_non_null(strstr(err.msg, dir));
   assert_int_equal(offset, 0);
   offset = -1;
-  assert_int_equal(metric_log_read(dir, &offset, &set, NULL, NULL, &err), NAS_ERR);
+  assert_int_equal(metric_log_read(dir, &offset, &set, NULL, &err), NAS_ERR);
   assert_int_equal(set.n, 0);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* A trial that truncates its log (`: > stdout.log`) goes on writing from byte 0 (its
+ * stdout is opened for appending): the lines after the cut are read, and the cut noted. */
+static void truncated_log_is_read_again_from_its_start(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *before = "nas-metric {\"a\": 1, \"step\": 1}\nnas-metric {\"a\": 2, \"step\": 2}\n";
+  char *path = tmp_file(dir, before, strlen(before));
+  metric_set set = {0};
+  int64_t offset = 0;
+  metric_log_notes notes = {0};
+  nas_err err;
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_int_equal(set.n, 2);
+  assert_int_equal(notes.shrank_from, 0);
+  int64_t read_before = offset;
+  const char *after = "nas-metric {\"a\": 3, \"step\": 3}\n";
+  free(tmp_file(dir, after, strlen(after))); /* the same file, cut and written anew */
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_int_equal(notes.shrank_from, read_before);
+  assert_int_equal(set.n, 3);
+  assert_true(set.obs[2].value == 3);
+  assert_int_equal(offset, strlen(after));
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_int_equal(notes.shrank_from, 0); /* only the read that met the cut says so */
+  assert_int_equal(set.n, 3);
+  metric_set_free(&set);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* What a trial can put in place of its log: a FIFO must not block the reader (the alarm
+ * ends a test that hangs), a device is not read without end; both are errors. */
+static void fifo_or_device_in_place_of_the_log_is_refused_at_once(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *fifo;
+  assert_true(asprintf(&fifo, "%s/stdout.log", dir) > 0);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  metric_set set = {0};
+  int64_t offset = 0;
+  nas_err err;
+  alarm(5);
+  assert_int_equal(metric_log_read(fifo, &offset, &set, NULL, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not a regular file"));
+  assert_int_equal(metric_log_read_rest("/dev/zero", &offset, &set, NULL, &err), NAS_ERR);
+  alarm(0);
+  assert_int_equal(set.n, 0);
+  assert_int_equal(offset, 0);
+  free(fifo);
   test_rmtree(dir);
   free(dir);
 }
@@ -353,6 +408,8 @@ int main(void) {
       cmocka_unit_test(huge_lines_are_skipped_without_harm),
       cmocka_unit_test(binary_garbage_does_not_hide_metric_lines),
       cmocka_unit_test(unreadable_log_is_an_error_and_changes_nothing),
+      cmocka_unit_test(truncated_log_is_read_again_from_its_start),
+      cmocka_unit_test(fifo_or_device_in_place_of_the_log_is_refused_at_once),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

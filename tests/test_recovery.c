@@ -15,15 +15,6 @@ static void run_ok(fixture *f, const char *spec) {
   free(out);
 }
 
-static const json_t *row_of(const json_t *rows, json_int_t number) {
-  size_t i;
-  json_t *row;
-  json_array_foreach(rows, i, row)
-    if (json_integer_value(json_object_get(row, "trial")) == number) return row;
-  fail_msg("no trial %lld", (long long)number);
-  return NULL;
-}
-
 static void lost_trial_is_retried_and_completes(void **state) {
   fixture *f = *state;
   /* The first attempt kills its own monitor (the process nas watches it through). */

@@ -442,7 +442,7 @@ static void garbage_output_keeps_its_metric_lines(void **state) {
   metric_set set = {0};
   int64_t offset = 0;
   nas_err err;
-  assert_int_equal(metric_log_read_rest(log, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read_rest(log, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 1);
   assert_string_equal(set.obs[0].name, "acc");
   assert_true(set.obs[0].value == 0.5);
@@ -653,10 +653,61 @@ static void held_job_whose_starter_is_gone_never_runs(void **state) {
   assert_no_children();
 }
 
+/* Waits up to 5 s for dir/name to exist. */
+static void file_wait(const char *dir, const char *name) {
+  char *path = NULL;
+  assert_true(asprintf(&path, "%s/%s", dir, name) > 0);
+  double until = nas_monotonic() + 5;
+  while (access(path, F_OK) != 0) {
+    if (nas_monotonic() > until) fail_msg("no %s", path);
+    nas_sleep(0.01);
+  }
+  free(path);
+}
+
+/* The job can write in its run folder too: an exit.json of its own, malformed or not, is
+ * neither an error nor taken for its end while it runs, and the monitor's replaces it. */
+static void exit_json_the_job_writes_is_not_taken_for_its_end(void **state) {
+  fixture *f = *state;
+  char *run_dir = run_dir_new(f), *script;
+  assert_true(asprintf(&script,
+                       "printf 'garbage{' > %s/exit.json; touch bad; sleep 0.3; "
+                       "printf '{\"state\": \"exited\", \"exit_code\": 0, \"signal\": 0}' > "
+                       "%s/exit.json; touch fake; sleep 0.3; exit 4",
+                       run_dir, run_dir) > 0);
+  char *argv[] = {"sh", "-c", script, NULL};
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  file_wait(f->dir, "bad");
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_RUNNING);
+  file_wait(f->dir, "fake");
+  assert_int_equal(poll1(f, handle, run_dir).state, JOB_RUNNING);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 4);
+  free(handle), free(run_dir), free(script);
+  assert_no_children();
+}
+
+/* A folder named exit.json keeps the monitor from recording the end: the job is not lost
+ * (a retry would meet the same) but ends unreadable, with the reason. */
+static void exit_json_the_job_spoils_ends_it_unreadable_with_the_reason(void **state) {
+  fixture *f = *state;
+  char *run_dir = run_dir_new(f), *script;
+  assert_true(asprintf(&script, "mkdir %s/exit.json", run_dir) > 0);
+  char *argv[] = {"sh", "-c", script, NULL};
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  job_status st = wait_end(f, handle, run_dir, 5);
+  assert_int_equal(st.state, JOB_UNREADABLE);
+  assert_non_null(strstr(st.detail, "exit.json is not a regular file"));
+  free(handle), free(run_dir), free(script);
+  assert_no_children();
+}
+
 static void job_states_have_names(void **state) {
   (void)state;
-  const char *names[] = {"running", "exited", "signaled", "timeout", "stopped", "lost"};
-  for (job_state s = JOB_RUNNING; s <= JOB_LOST; s++)
+  const char *names[] = {"running", "exited", "signaled", "timeout", "stopped", "lost",
+                         "unreadable"};
+  for (job_state s = JOB_RUNNING; s <= JOB_UNREADABLE; s++)
     assert_string_equal(job_state_name(s), names[s]);
 }
 
@@ -686,6 +737,8 @@ int main(void) {
       T(bad_options_handles_and_jobs_are_errors),
       T(held_job_runs_only_once_released),
       T(held_job_whose_starter_is_gone_never_runs),
+      T(exit_json_the_job_writes_is_not_taken_for_its_end),
+      T(exit_json_the_job_spoils_ends_it_unreadable_with_the_reason),
       T(job_states_have_names),
   };
 #undef T

@@ -525,7 +525,7 @@ static void successful_trial_leaves_metrics_logs_and_its_script(void **state) {
   metric_set set = {0};
   int64_t offset = 0;
   nas_err err;
-  assert_int_equal(metric_log_read_rest(log, &offset, &set, NULL, NULL, &err), NAS_OK);
+  assert_int_equal(metric_log_read_rest(log, &offset, &set, NULL, &err), NAS_OK);
   assert_int_equal(set.n, 2);
   assert_true(set.obs[1].value == 0.75);
   metric_set_free(&set);

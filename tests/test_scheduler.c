@@ -175,6 +175,84 @@ static void front_leaves_out_trials_beyond_a_threshold(void **state) {
   spec_free(s);
 }
 
+/* The built-in NAS case: accuracy after every epoch, params only at the end (of the trials
+ * that finished). Curves come from real storage; params, never reported with a step, must
+ * not keep the median rule from stopping the one clearly bad trial. */
+static void final_only_objective_leaves_early_stopping_to_the_others(void **state) {
+  (void)state;
+  spec *s = load("early_stopping: {rule: median, min_steps: 1, min_trials: 4}",
+                 "[{name: accuracy, goal: maximize}, {name: params, goal: minimize}]",
+                 "{trials: 10}");
+  char *dir = test_tmpdir(), *url;
+  assert_true(asprintf(&url, "sqlite:%s/nas.db", dir) > 0);
+  storage *st;
+  nas_err err;
+  int64_t exp;
+  if (storage_open(url, &st, &err) != NAS_OK ||
+      storage_experiment_create(st, "t", s->text, "/tmp/t.yaml", dir, &exp, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  int64_t ids[6];
+  for (int i = 0; i < 6; i++) {
+    trial_row t;
+    if (storage_trial_create(st, exp, "{}", NULL, &t, &err) != NAS_OK) fail_msg("%s", err.msg);
+    ids[i] = t.id;
+    trial_row_clear(&t);
+    double accuracy = i == 5 ? 0.1 : 0.9; /* trial 5 is the bad one, still running */
+    metric_obs obs[4] = {{"accuracy", 1, accuracy, 1}, {"accuracy", 2, accuracy, 2},
+                         {"accuracy", 3, accuracy, 3}, {"params", METRIC_FINAL, 1000 + i, 4}};
+    if (storage_metrics_add(st, ids[i], obs, i == 5 ? 3 : 4, -1, &err) != NAS_OK)
+      fail_msg("%s", err.msg);
+  }
+  sched_curve *curves;
+  size_t n;
+  if (sched_curves_load(st, s, exp, &curves, &n, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_int_equal(n, 6);
+  for (size_t i = 0; i < n; i++) {
+    size_t rung = 0;
+    sched_verdict v;
+    sched_early_stop_judge(s, curves, n, i, &rung, &v);
+    assert_int_equal(v.compared, 5);
+    assert_int_equal(v.stop, curves[i].trial_id == ids[5]);
+  }
+  sched_curves_free(curves, n);
+  storage_close(st);
+  test_rmtree(dir);
+  free(dir), free(url);
+  spec_free(s);
+}
+
+/* A rule that can never fire is told from the spec where it can be: built-in trials report
+ * only accuracy per epoch; a budget too small for min_trials. */
+static void early_stopping_that_can_never_fire_is_told_from_the_spec(void **state) {
+  (void)state;
+  const char *builtin = "name: b\nparameters:\n  width: {type: int, low: 8, high: 16}\n"
+                        "objectives: [{name: accuracy, goal: maximize}, {name: params, goal: minimize}]\n"
+                        "trial: {builtin: {model: mlp, dataset: digits}}\n"
+                        "budget: {trials: 10}\n";
+  char why[256] = "";
+  for (int judged_accuracy = 0; judged_accuracy < 2; judged_accuracy++) {
+    char *text;
+    assert_true(asprintf(&text, "%searly_stopping: {rule: median, objectives: [%s]}\n", builtin,
+                         judged_accuracy ? "accuracy, params" : "params") > 0);
+    spec *s;
+    nas_err err;
+    if (spec_parse(text, "b.yaml", "/tmp", &s, &err) != NAS_OK) fail_msg("%s", err.msg);
+    assert_int_equal(sched_early_stop_futile(s, why, sizeof why), !judged_accuracy);
+    if (!judged_accuracy) assert_non_null(strstr(why, "only 'accuracy' per epoch"));
+    spec_free(s);
+    free(text);
+  }
+  spec *s = load("early_stopping: {rule: median, min_trials: 4}",
+                 "[{name: loss, goal: minimize}]", "{trials: 4}");
+  assert_true(sched_early_stop_futile(s, why, sizeof why));
+  assert_non_null(strstr(why, "min_trials 4"));
+  spec_free(s);
+  s = load("early_stopping: {rule: median, min_trials: 4}", "[{name: loss, goal: minimize}]",
+           "{trials: 5}");
+  assert_false(sched_early_stop_futile(s, why, sizeof why)); /* a command: known only later */
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(median_rule_stops_the_clearly_bad_trials_and_no_others),
@@ -183,6 +261,8 @@ int main(void) {
       cmocka_unit_test(two_objective_rule_stops_only_dominated_trials),
       cmocka_unit_test(patience_is_spent_when_the_front_stops_growing),
       cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
+      cmocka_unit_test(final_only_objective_leaves_early_stopping_to_the_others),
+      cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -597,6 +597,43 @@ static void trial_retry_from_a_final_status_clears_the_previous_outcome(void **s
   trial_row_clear(&got);
 }
 
+/* `nas retry`: a failed or timed-out trial goes back to the queue as the same trial, its
+ * attempts kept; any other status is refused by name and left as it is. */
+static void trial_requeue_takes_back_only_failed_and_timed_out_trials(void **state) {
+  fixture *f = *state;
+  trial_status ends[] = {TRIAL_FAILED, TRIAL_TIMEOUT, TRIAL_COMPLETED, TRIAL_STOPPED};
+  int64_t exp = make_experiment(f, "e");
+  for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
+    trial_row t = make_trial(f, exp, "{}"), got;
+    CHECK(storage_trial_start(f->st, t.id, "job-1", err));
+    CHECK(storage_trial_finish(f->st, t.id, ends[i], true, 3, "broken", err));
+    nas_err err = {{0}};
+    int rc = storage_trial_requeue(f->st, t.id, &err);
+    CHECK(storage_trial_get(f->st, t.id, &got, err));
+    if (i < 2) {
+      assert_int_equal(rc, NAS_OK);
+      assert_int_equal(got.status, TRIAL_QUEUED);
+      assert_int_equal(got.attempts, 1);
+      assert_null(got.error);
+      assert_false(got.has_exit_code);
+      assert_true(got.finished_at == 0);
+    } else {
+      assert_int_equal(rc, NAS_ERR);
+      assert_contains(err.msg, trial_status_name(ends[i]));
+      assert_int_equal(got.status, ends[i]);
+    }
+    trial_row_clear(&t);
+    trial_row_clear(&got);
+  }
+  trial_row running = make_trial(f, exp, "{}");
+  CHECK(storage_trial_start(f->st, running.id, "job-1", err));
+  nas_err err = {{0}};
+  assert_int_equal(storage_trial_requeue(f->st, running.id, &err), NAS_ERR);
+  assert_contains(err.msg, "running");
+  assert_int_equal(storage_trial_requeue(f->st, running.id + 1000, &err), NAS_ENOTFOUND);
+  trial_row_clear(&running);
+}
+
 /* ---- claiming and heartbeats ------------------------------------------------------------ */
 
 static void trial_claim_takes_the_oldest_queued_trial_and_starts_it(void **state) {
@@ -1899,6 +1936,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(trial_finish_to_running_is_refused),
       FIXTURE_TEST(lost_trial_requeued_keeps_attempts_and_starts_again),
       FIXTURE_TEST(trial_retry_from_a_final_status_clears_the_previous_outcome),
+      FIXTURE_TEST(trial_requeue_takes_back_only_failed_and_timed_out_trials),
       FIXTURE_TEST(trial_fields_round_trip_exactly),
       FIXTURE_TEST(trial_list_holds_one_experiment_ordered_by_number),
       FIXTURE_TEST(trial_claim_takes_the_oldest_queued_trial_and_starts_it),

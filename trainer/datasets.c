@@ -97,12 +97,11 @@ static int load_folder(tr_ctx *ctx, const char *dir, tr_named_dataset *out, nas_
   return NAS_OK;
 }
 
-/* A path: a folder of IDX files or a CSV file. */
+/* A path found by tr_named_dataset_find: a folder of IDX files or a CSV file. */
 static int load_path(tr_ctx *ctx, const char *path, tr_named_dataset *out, nas_err *err) {
   out->source = realpath(path, NULL);
   if (!out->source && !(out->source = strdup(path))) return nas_errf(err, "out of memory");
   if (is_folder(path)) return load_folder(ctx, path, out, err);
-  if (!is_file(path)) return nas_errf(err, "dataset %s: no such file or folder", path);
   return tr_csv_load(ctx, path, -1, &out->train, err);
 }
 
@@ -125,26 +124,31 @@ static int not_found(const char *name, const char *const *dirs, const char *hint
                   hint);
 }
 
+int tr_named_dataset_find(const char *name, const char *const *dirs, char **path, nas_err *err) {
+  bool digits = strcmp(name, "digits") == 0, fashion = strcmp(name, fashion_folder) == 0;
+  if (digits || fashion) {
+    *path = search(dirs, digits ? digits_file : fashion_folder, fashion);
+    if (*path) return NAS_OK;
+    return not_found(name, dirs,
+                     digits ? "it is tests/data/digits.csv.gz in nas's source tree, or "
+                              "scikit-learn's sklearn/datasets/data/digits.csv.gz; set "
+                              "NAS_DATA_DIR to its folder"
+                            : "install it with 'apt-get install dataset-fashion-mnist'",
+                     err);
+  }
+  if (!is_folder(name) && !is_file(name))
+    return nas_errf(err, "dataset %s: no such file or folder", name);
+  *path = strdup(name);
+  return *path ? NAS_OK : nas_errf(err, "out of memory");
+}
+
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err) {
   memset(out, 0, sizeof *out);
-  int rc;
-  if (strcmp(name, "digits") == 0) {
-    char *path = search(dirs, digits_file, false);
-    rc = path ? load_path(ctx, path, out, err)
-              : not_found(name, dirs, "it is tests/data/digits.csv.gz in nas's source tree, or "
-                          "scikit-learn's sklearn/datasets/data/digits.csv.gz; set NAS_DATA_DIR "
-                          "to its folder", err);
-    free(path);
-  } else if (strcmp(name, fashion_folder) == 0) {
-    char *path = search(dirs, fashion_folder, true);
-    rc = path ? load_path(ctx, path, out, err)
-              : not_found(name, dirs, "install it with 'apt-get install dataset-fashion-mnist'",
-                          err);
-    free(path);
-  } else {
-    rc = load_path(ctx, name, out, err);
-  }
+  char *path = NULL;
+  int rc = tr_named_dataset_find(name, dirs, &path, err);
+  if (rc == NAS_OK) rc = load_path(ctx, path, out, err);
+  free(path);
   if (rc == NAS_OK && out->train.n == 0) rc = nas_errf(err, "dataset %s holds no examples", name);
   if (rc == NAS_OK) rc = finish(ctx, out, err);
   if (rc != NAS_OK) tr_named_dataset_free(out);

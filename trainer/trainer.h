@@ -459,6 +459,10 @@ typedef struct {
  * each, or a fashion-mnist/ folder in each. */
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err);
+/* Where tr_named_dataset_load would read `name` from, without reading it: *path (owned) is
+ * the file or folder found. When there is none, an error saying where it looked and how to
+ * get the dataset (the same error the load gives). */
+int tr_named_dataset_find(const char *name, const char *const *dirs, char **path, nas_err *err);
 void tr_named_dataset_free(tr_named_dataset *nd);
 /* Keeps the first n examples of ds (all when n is 0 or at least ds->n). */
 int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err);

@@ -1,0 +1,100 @@
+/* cli/retry.c: `nas retry EXPERIMENT [N …|--failed]` — queues failed and timed-out trials
+ * again (after the trial was fixed), for the next `nas resume` or `nas run` to launch. */
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "cli/cli.h"
+#include "scheduler/scheduler.h"
+
+static const char retry_help[] =
+    "usage: nas retry EXPERIMENT N [N …] [--storage URL]\n"
+    "       nas retry EXPERIMENT --failed [--storage URL]\n\n"
+    "Queues the trials numbered N (as 'nas trials' shows them), or with --failed every\n"
+    "failed and timed-out trial, to run again: once the trial is fixed, 'nas resume\n"
+    "EXPERIMENT' (or 'nas run') launches them before any new trial. Each stays the same\n"
+    "trial, with its parameters and its attempts so far, and counts once in budget.trials.\n"
+    "Only failed and timed-out trials can be retried; naming any other refuses the whole\n"
+    "request and changes nothing.\n\n"
+    "  --failed        every failed and timed-out trial\n"
+    "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n";
+
+typedef struct {
+  const char *storage;
+  bool failed;
+  const char *experiment;
+  int *numbers; /* owned */
+  size_t n;
+} retry_args;
+
+/* A trial number: a whole number from 0. */
+static bool number_parse(const char *text, int *out) {
+  char *end;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno || end == text || *end || value < 0 || value > INT_MAX) return false;
+  *out = (int)value;
+  return true;
+}
+
+/* Returns -1 when the command should go on, else the exit status. */
+static int parse_args(int argc, char **argv, retry_args *a) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"failed", no_argument, NULL, 'f'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "s:fh", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(retry_help, stdout);
+      return EXIT_DONE;
+    }
+    if (c == 's') a->storage = optarg;
+    else if (c == 'f') a->failed = true;
+    else return cli_usage_error("retry", "unknown option '%s'", argv[optind - 1]);
+  }
+  if (optind >= argc) return cli_usage_error("retry", "expected an EXPERIMENT");
+  a->experiment = argv[optind++];
+  size_t n = (size_t)(argc - optind);
+  if (a->failed == (n > 0))
+    return cli_usage_error("retry", "name the trials to retry, or give --failed (not both)");
+  a->numbers = calloc(n ? n : 1, sizeof *a->numbers);
+  if (!a->numbers) return cli_usage_error("retry", "out of memory");
+  for (; optind < argc; optind++)
+    if (!number_parse(argv[optind], &a->numbers[a->n++]))
+      return cli_usage_error("retry", "'%s' is not a trial number", argv[optind]);
+  return -1;
+}
+
+int cmd_retry(int argc, char **argv) {
+  retry_args a = {0};
+  int status = parse_args(argc, argv, &a);
+  if (status >= 0) {
+    free(a.numbers);
+    return status;
+  }
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  size_t retried = 0;
+  if (cli_open_experiment(cli_storage_url(a.storage), a.experiment, &st, &exp, &s, &err) != NAS_OK) {
+    free(a.numbers);
+    return cli_fail(&err);
+  }
+  int rc = sched_retry(st, &exp, a.numbers, a.n, stdout, &retried, &err);
+  if (rc == NAS_OK && retried == 0)
+    fprintf(stderr, "nas: %s has no failed or timed-out trial to retry\n", exp.name);
+  else if (rc == NAS_OK)
+    fprintf(stderr, "nas: %zu trial%s queued; run them with: nas resume %s\n", retried,
+            retried == 1 ? "" : "s", exp.name);
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  free(a.numbers);
+  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+}
