@@ -41,7 +41,7 @@ static const char tell_help[] =
 static int open_named(const char *url, const char *name, storage **st, experiment_row *exp,
                       spec **s) {
   nas_err err;
-  return cli_open_experiment(cli_storage_url(url), name, st, exp, s, &err) == NAS_OK
+  return cli_open_experiment(cli_storage_url(url), STORAGE_MUST_EXIST, name, st, exp, s, &err) == NAS_OK
              ? NAS_OK
              : (cli_fail(&err), NAS_ERR);
 }
@@ -52,24 +52,10 @@ static void close_named(storage *st, experiment_row *exp, spec *s) {
   storage_close(st);
 }
 
-int cmd_create(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  const char *url = NULL;
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:h", options, NULL)) != -1) {
-    if (c == 'h') return fputs(create_help, stdout), EXIT_DONE;
-    if (c == 's') url = optarg;
-    else if (c == ':') return cli_usage_error("create", "option '%s' needs a value", argv[optind - 1]);
-    else return cli_usage_error("create", "unknown option '%s'", argv[optind - 1]);
-  }
-  if (optind != argc - 1) return cli_usage_error("create", "expected exactly one FILE");
+static int create_experiment(const char *path, const char *url) {
   spec *s;
   nas_err err;
-  if (spec_load(argv[optind], &s, &err) != NAS_OK) return cli_fail(&err);
+  if (spec_load(path, &s, &err) != NAS_OK) return cli_fail(&err);
   storage *st = NULL;
   experiment_row exp = {0};
   int status = EXIT_DONE;
@@ -81,6 +67,26 @@ int cmd_create(int argc, char **argv) {
   experiment_row_clear(&exp);
   storage_close(st);
   spec_free(s);
+  return status;
+}
+
+int cmd_create(int argc, char **argv) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  char *url = NULL; /* owned (cli_storage_flag) */
+  optind = 1;
+  opterr = 0;
+  int c, status = -1;
+  while (status < 0 && (c = getopt_long(argc, argv, ":s:h", options, NULL)) != -1) {
+    if (c == 'h') status = (fputs(create_help, stdout), EXIT_DONE);
+    else if (c == 's' && !url) url = cli_storage_flag(optarg);
+    else if (c == ':') status = cli_usage_error("create", "option '%s' needs a value", argv[optind - 1]);
+    else status = cli_usage_error("create", "option '%s' is unknown or given twice", argv[optind - 1]);
+  }
+  if (status < 0 && optind != argc - 1) status = cli_usage_error("create", "expected exactly one FILE");
+  if (status < 0) status = create_experiment(argv[optind], url);
+  free(url);
   return status;
 }
 
@@ -110,7 +116,8 @@ int cmd_ask(int argc, char **argv) {
                                           {"format", required_argument, NULL, 'f'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
-  const char *url = NULL, *worker = NULL;
+  const char *worker = NULL;
+  char *url = NULL; /* owned (cli_storage_flag) */
   long n = 1;
   out_format format = FORMAT_TABLE;
   optind = 1;
@@ -118,29 +125,35 @@ int cmd_ask(int argc, char **argv) {
   int c;
   while ((c = getopt_long(argc, argv, ":s:w:f:n:h", options, NULL)) != -1) {
     char *end;
+    if (c != 's' && c != 'w' && c != 'f' && c != 'n') free(url); /* every other case returns */
     switch (c) {
     case 'h': fputs(ask_help, stdout); return EXIT_DONE;
-    case 's': url = optarg; break;
+    case 's':
+      free(url);
+      if (!(url = cli_storage_flag(optarg))) return cli_usage_error("ask", "out of memory");
+      break;
     case 'w': worker = optarg; break;
     case 'f':
       if (cli_parse_format(optarg, &format) != NAS_OK)
-        return cli_usage_error("ask", "unknown format '%s' (expected table, csv or json)", optarg);
+        return free(url), cli_usage_error("ask", "unknown format '%s' (expected table, csv or json)", optarg);
       break;
     case 'n':
       errno = 0;
       n = strtol(optarg, &end, 10);
       if (errno || *end || n < 1 || n > 1000)
-        return cli_usage_error("ask", "-n wants a count from 1 to 1000, not '%s'", optarg);
+        return free(url), cli_usage_error("ask", "-n wants a count from 1 to 1000, not '%s'", optarg);
       break;
     case ':': return cli_usage_error("ask", "option '%s' needs a value", argv[optind - 1]);
     default: return cli_usage_error("ask", "unknown option '%s'", argv[optind - 1]);
     }
   }
-  if (optind != argc - 1) return cli_usage_error("ask", "expected exactly one EXPERIMENT");
+  if (optind != argc - 1) return free(url), cli_usage_error("ask", "expected exactly one EXPERIMENT");
   storage *st;
   experiment_row exp;
   spec *s;
-  if (open_named(url, argv[optind], &st, &exp, &s) != NAS_OK) return EXIT_FAILED;
+  int opened = open_named(url, argv[optind], &st, &exp, &s);
+  free(url);
+  if (opened != NAS_OK) return EXIT_FAILED;
   trial_row *rows;
   size_t got;
   nas_err err;
@@ -157,7 +170,7 @@ int cmd_ask(int argc, char **argv) {
 
 /* What `nas tell` was asked to do. */
 typedef struct {
-  const char *url;
+  char *url;               /* owned (cli_storage_flag) */
   long long step;          /* METRIC_FINAL unless --step */
   bool complete;
   const char *fail;        /* --fail MESSAGE, or NULL */
@@ -182,7 +195,10 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
   while ((c = getopt_long(argc, argv, ":s:n:cx:h", options, NULL)) != -1) {
     switch (c) {
     case 'h': fputs(tell_help, stdout); return EXIT_DONE;
-    case 's': a->url = optarg; break;
+    case 's':
+      free(a->url);
+      if (!(a->url = cli_storage_flag(optarg))) return cli_usage_error("tell", "out of memory");
+      break;
     case 'c': a->complete = true; break;
     case 'x': a->fail = optarg; break;
     case 'n':
@@ -225,7 +241,10 @@ static int tell_it(storage *st, const spec *s, const experiment_row *exp, const 
 int cmd_tell(int argc, char **argv) {
   tell_args a;
   int status = parse_tell(argc, argv, &a);
-  if (status >= 0) return status;
+  if (status >= 0) {
+    free(a.url);
+    return status;
+  }
   metric_set set = {0};
   nas_err err;
   int rc = NAS_OK;
@@ -233,6 +252,7 @@ int cmd_tell(int argc, char **argv) {
     rc = cli_parse_metric(argv[i], a.step, &set, &err);
   if (rc != NAS_OK) {
     metric_set_free(&set);
+    free(a.url);
     return cli_usage_error("tell", "%s", err.msg);
   }
   storage *st;
@@ -244,5 +264,6 @@ int cmd_tell(int argc, char **argv) {
     close_named(st, &exp, s);
   }
   metric_set_free(&set);
+  free(a.url);
   return status;
 }

@@ -41,13 +41,21 @@ int cli_fail(const nas_err *err);
 /* Prints "nas CMD: message\nTry 'nas CMD --help'." and returns EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* The value of --storage (arg: optarg, inside this process's argv), owned. A password in
+ * it is overwritten with '*' in argv itself, so that `ps` shows this process, and every
+ * trial monitor it forks, without it, and a warning says where to keep it instead; the
+ * copy returned keeps it. NULL when out of memory. */
+char *cli_storage_flag(char *arg);
 /* The storage URL for commands that name an experiment: --storage, else NAS_STORAGE,
  * else sqlite:nas.db. flag may be NULL. Borrowed. */
 const char *cli_storage_url(const char *flag);
-/* Opens storage and loads the named experiment with its spec (parsed from the stored
- * text). */
-int cli_open_experiment(const char *url, const char *name, storage **st, experiment_row *exp,
-                        spec **s, nas_err *err);
+/* Opens storage as flags say (storage_open_with: every command but `nas run` gives
+ * STORAGE_MUST_EXIST) and loads the named experiment with its spec (parsed from the
+ * stored text). */
+int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
+                        experiment_row *exp, spec **s, nas_err *err);
+/* The experiment with that id (NAS_ENOTFOUND when none). */
+int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err);
 
 /* Parses NAME=VALUE (a finite number) into set at step (METRIC_FINAL for final values). */
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err);

@@ -1,5 +1,6 @@
 /* cli/report.c: `nas report NAME=VALUE …` — metrics from a trial's shell script, stored
- * directly (the same effect as printing a nas-metric line). */
+ * directly (the same effect as printing a nas-metric line), or given by hand to a trial
+ * named by experiment and number; a finished trial's results change only with --force. */
 #include <errno.h>
 #include <getopt.h>
 #include <math.h>
@@ -11,12 +12,26 @@
 #include "metrics/metrics.h"
 
 static const char report_help[] =
-    "usage: nas report NAME=VALUE [NAME=VALUE …] [--step N] [--trial ID] [--storage URL]\n\n"
-    "Stores metric values for the running trial, as printing\n"
+    "usage: nas report NAME=VALUE [NAME=VALUE …] [--step N]\n"
+    "                  [[--experiment NAME] --trial NUMBER] [--force] [--storage URL]\n\n"
+    "Stores metric values for a trial, as printing\n"
     "  nas-metric {\"NAME\": VALUE, \"step\": N}\n"
     "on its stdout would. Without --step the values are final; with it, intermediate\n"
-    "values at step N (early stopping reads these). The trial and storage default to\n"
-    "$NAS_TRIAL_ID and $NAS_STORAGE, which nas sets for every trial it launches.\n";
+    "values at step N (early stopping reads these).\n\n"
+    "  --trial NUMBER       the trial of that number (as 'nas trials' lists them) in the\n"
+    "                       experiment --experiment names, default $NAS_EXPERIMENT; without\n"
+    "                       --trial: the trial running this command ($NAS_TRIAL_ID)\n"
+    "  --force              also change a finished trial's results (refused otherwise)\n"
+    "  --storage URL        default: $NAS_STORAGE, else sqlite:nas.db\n"
+    "nas sets NAS_TRIAL_ID, NAS_EXPERIMENT and NAS_STORAGE for every trial it launches.\n";
+
+typedef struct {
+  long long step;
+  const char *experiment; /* --experiment; NULL when not given */
+  const char *number;     /* --trial NUMBER; NULL when not given */
+  bool force;
+  char *storage;          /* owned: --storage (cli_storage_flag), NULL when not given */
+} report_args;
 
 static int parse_long(const char *text, long long *out) {
   char *end;
@@ -40,51 +55,127 @@ static int parse_pair(const char *arg, int64_t step, metric_set *set, nas_err *e
   return rc;
 }
 
-int cmd_report(int argc, char **argv) {
+/* Returns -1 when the command should go on, else the exit status; a->storage is to be
+ * freed either way. */
+static int parse_args(int argc, char **argv, report_args *a) {
   static const struct option options[] = {{"step", required_argument, NULL, 'n'},
+                                          {"experiment", required_argument, NULL, 'e'},
                                           {"trial", required_argument, NULL, 't'},
+                                          {"force", no_argument, NULL, 'f'},
                                           {"storage", required_argument, NULL, 's'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
-  long long step = METRIC_FINAL, trial = -1;
-  const char *trial_text = getenv("NAS_TRIAL_ID"), *url = NULL;
+  *a = (report_args){.step = METRIC_FINAL};
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "n:t:s:h", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, "n:e:t:fs:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(report_help, stdout);
       return EXIT_DONE;
     } else if (c == 'n') {
-      if (parse_long(optarg, &step) != NAS_OK || step < 0)
+      if (parse_long(optarg, &a->step) != NAS_OK || a->step < 0)
         return cli_usage_error("report", "--step wants a non-negative integer, not '%s'", optarg);
+    } else if (c == 'e') {
+      a->experiment = optarg;
     } else if (c == 't') {
-      trial_text = optarg;
+      a->number = optarg;
+    } else if (c == 'f') {
+      a->force = true;
     } else if (c == 's') {
-      url = optarg;
+      free(a->storage);
+      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("report", "out of memory");
     } else {
       return cli_usage_error("report", "unknown option '%s'", argv[optind - 1]);
     }
   }
   if (optind == argc) return cli_usage_error("report", "expected NAME=VALUE");
-  if (!trial_text || parse_long(trial_text, &trial) != NAS_OK)
-    return cli_usage_error("report", "no trial: run it inside a trial (NAS_TRIAL_ID) or "
-                                     "give --trial ID");
-  metric_set set = {0};
-  nas_err err;
-  int rc = NAS_OK;
-  for (int i = optind; rc == NAS_OK && i < argc; i++) rc = parse_pair(argv[i], step, &set, &err);
-  if (rc != NAS_OK) {
-    metric_set_free(&set);
-    return cli_usage_error("report", "%s", err.msg);
+  if (a->experiment && !a->number)
+    return cli_usage_error("report", "--experiment needs --trial NUMBER");
+  if (a->number && !a->experiment && !(a->experiment = getenv("NAS_EXPERIMENT")))
+    return cli_usage_error("report", "--trial %s: name its experiment with --experiment NAME",
+                           a->number);
+  if (!a->number && !getenv("NAS_TRIAL_ID"))
+    return cli_usage_error("report", "no trial: run it inside a trial (NAS_TRIAL_ID) or give "
+                                     "--experiment NAME --trial NUMBER");
+  return -1;
+}
+
+/* The trial of that number in the named experiment, and the experiment. */
+static int trial_by_number(storage *st, const report_args *a, trial_row *out,
+                           experiment_row *exp, nas_err *err) {
+  long long number;
+  if (parse_long(a->number, &number) != NAS_OK || number < 0)
+    return nas_errf(err, "--trial wants a trial number (0, 1, …), not '%s'", a->number);
+  int rc = storage_experiment_get(st, a->experiment, exp, err);
+  if (rc == NAS_ENOTFOUND)
+    return nas_errf(err, "no experiment '%s' (see 'nas status' for the ones there)",
+                    a->experiment);
+  trial_row *rows = NULL;
+  size_t n = 0;
+  if (rc == NAS_OK) rc = storage_trial_list(st, exp->id, &rows, &n, err);
+  if (rc != NAS_OK) return rc;
+  rc = nas_errf(err, "experiment '%s' has no trial %lld (see 'nas trials %s')", a->experiment,
+                number, a->experiment);
+  for (size_t i = 0; i < n && rc != NAS_OK; i++) {
+    if (rows[i].number != number) continue;
+    *out = rows[i];
+    memset(&rows[i], 0, sizeof rows[i]); /* moved to out */
+    rc = NAS_OK;
   }
+  trial_rows_free(rows, n);
+  return rc;
+}
+
+/* The trial --trial or NAS_TRIAL_ID names, and its experiment. */
+static int trial_find(storage *st, const report_args *a, trial_row *out, experiment_row *exp,
+                      nas_err *err) {
+  if (a->number) return trial_by_number(st, a, out, exp, err);
+  const char *id_text = getenv("NAS_TRIAL_ID");
+  long long id;
+  if (parse_long(id_text, &id) != NAS_OK)
+    return nas_errf(err, "NAS_TRIAL_ID='%s' is not a trial id", id_text);
+  int rc = storage_trial_get(st, id, out, err);
+  return rc == NAS_OK ? cli_experiment_by_id(st, out->experiment_id, exp, err) : rc;
+}
+
+/* A finished trial's results were final when the scheduler judged it: changing them takes
+ * --force. (A trial that finishes between this check and the write is not caught; the
+ * check is against mistakes, such as a wrong trial number, not against races.) */
+static int check_open(const report_args *a, const trial_row *t, const experiment_row *exp,
+                      nas_err *err) {
+  if (a->force || !trial_status_final(t->status)) return NAS_OK;
+  return nas_errf(err, "trial %d of experiment '%s' is %s: its results are final (give "
+                  "--force to change them)", t->number, exp->name, trial_status_name(t->status));
+}
+
+static int report(const report_args *a, const metric_set *set, nas_err *err) {
   storage *st = NULL;
-  rc = storage_open(cli_storage_url(url), &st, &err);
-  if (rc == NAS_OK) rc = storage_metrics_add(st, trial, set.obs, set.n, -1, &err);
+  trial_row t = {0};
+  experiment_row exp = {0};
+  int rc = storage_open_with(cli_storage_url(a->storage), STORAGE_MUST_EXIST, &st, err);
+  if (rc == NAS_OK) rc = trial_find(st, a, &t, &exp, err);
+  if (rc == NAS_OK) rc = check_open(a, &t, &exp, err);
+  if (rc == NAS_OK) rc = storage_metrics_add(st, t.id, set->obs, set->n, -1, err);
   /* A report is a sign of life too (trial.heartbeat_timeout); only running trials take one. */
   nas_err ignored;
-  if (rc == NAS_OK) storage_trial_heartbeat(st, trial, &ignored);
+  if (rc == NAS_OK) storage_trial_heartbeat(st, t.id, &ignored);
+  trial_row_clear(&t);
+  experiment_row_clear(&exp);
   storage_close(st);
+  return rc;
+}
+
+int cmd_report(int argc, char **argv) {
+  report_args a;
+  int status = parse_args(argc, argv, &a);
+  metric_set set = {0};
+  nas_err err;
+  for (int i = optind; status < 0 && i < argc; i++)
+    if (parse_pair(argv[i], a.step, &set, &err) != NAS_OK)
+      status = cli_usage_error("report", "%s", err.msg);
+  if (status < 0) status = report(&a, &set, &err) == NAS_OK ? EXIT_DONE : cli_fail(&err);
   metric_set_free(&set);
-  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+  free(a.storage);
+  return status;
 }

@@ -82,7 +82,7 @@ int cmd_retry(int argc, char **argv) {
   experiment_row exp;
   spec *s;
   size_t retried = 0;
-  if (cli_open_experiment(cli_storage_url(a.storage), a.experiment, &st, &exp, &s, &err) != NAS_OK) {
+  if (cli_open_experiment(cli_storage_url(a.storage), STORAGE_MUST_EXIST, a.experiment, &st, &exp, &s, &err) != NAS_OK) {
     free(a.numbers);
     return cli_fail(&err);
   }

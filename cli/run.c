@@ -16,7 +16,8 @@ static const char run_help[] =
     "budget is spent. If an experiment of that name already exists in the storage, it is\n"
     "continued: the spec must be the same, except for its budget.\n\n"
     "  --storage URL   where trials are stored (sqlite:PATH or postgresql://…); default:\n"
-    "                  $NAS_STORAGE, else the spec's `storage`, else sqlite:nas.db\n"
+    "                  $NAS_STORAGE, else the spec's `storage`, else sqlite:nas.db. Keep a\n"
+    "                  password out of it (ps shows arguments): ~/.pgpass or $NAS_STORAGE\n"
     "  --no-progress   plain log lines even on a terminal\n\n"
     "Ctrl-C once: launch no more trials and wait for the running ones; twice: stop them.\n"
     "Exit status: 0 budget spent, 1 error, 2 bad usage, 3 interrupted ('nas resume' goes on),\n"
@@ -33,12 +34,13 @@ static const char resume_help[] =
     "Exit status: as for 'nas run'.\n";
 
 typedef struct {
-  const char *storage;
+  char *storage;      /* owned: --storage (cli_storage_flag), NULL when not given */
   bool no_progress;
   const char *target; /* FILE or EXPERIMENT */
 } run_args;
 
-/* Returns -1 when the command should go on, else the exit status. */
+/* Returns -1 when the command should go on, else the exit status; a->storage is to be
+ * freed either way. */
 static int parse_args(const char *cmd, const char *help, int argc, char **argv, run_args *a) {
   static const struct option options[] = {{"storage", required_argument, NULL, 's'},
                                           {"no-progress", no_argument, NULL, 'q'},
@@ -53,8 +55,10 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv, 
       fputs(help, stdout);
       return EXIT_DONE;
     }
-    if (c == 's') a->storage = optarg;
-    else if (c == 'q') a->no_progress = true;
+    if (c == 's') {
+      free(a->storage);
+      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
+    } else if (c == 'q') a->no_progress = true;
     else return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
   }
   if (optind != argc - 1)
@@ -92,12 +96,16 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
 int cmd_run(int argc, char **argv) {
   run_args a;
   int status = parse_args("run", run_help, argc, argv, &a);
-  if (status >= 0) return status;
+  if (status >= 0) {
+    free(a.storage);
+    return status;
+  }
   nas_err err;
-  spec *s;
-  if (spec_load(a.target, &s, &err) != NAS_OK) return cli_fail(&err);
-  if (worker_builtin_check(s, &err) != NAS_OK) { /* before anything is stored */
+  spec *s = NULL;
+  if (spec_load(a.target, &s, &err) != NAS_OK || worker_builtin_check(s, &err) != NAS_OK) {
+    /* the dataset and device are checked before anything is stored */
     spec_free(s);
+    free(a.storage);
     return cli_fail(&err);
   }
   const char *env = getenv("NAS_STORAGE");
@@ -111,24 +119,31 @@ int cmd_run(int argc, char **argv) {
   experiment_row_clear(&exp);
   storage_close(st);
   spec_free(s);
+  free(a.storage);
+  return status;
+}
+
+static int resume_experiment(const run_args *a) {
+  const char *url = cli_storage_url(a->storage);
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(url, STORAGE_MUST_EXIST, a->target, &st, &exp, &s, &err) != NAS_OK)
+    return cli_fail(&err);
+  int status = worker_builtin_check(s, &err) == NAS_OK
+                   ? run_experiment(s, st, &exp, url, a->no_progress)
+                   : cli_fail(&err);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  spec_free(s);
   return status;
 }
 
 int cmd_resume(int argc, char **argv) {
   run_args a;
   int status = parse_args("resume", resume_help, argc, argv, &a);
-  if (status >= 0) return status;
-  const char *url = cli_storage_url(a.storage);
-  nas_err err;
-  storage *st;
-  experiment_row exp;
-  spec *s;
-  if (cli_open_experiment(url, a.target, &st, &exp, &s, &err) != NAS_OK) return cli_fail(&err);
-  status = worker_builtin_check(s, &err) == NAS_OK
-               ? run_experiment(s, st, &exp, url, a.no_progress)
-               : cli_fail(&err);
-  experiment_row_clear(&exp);
-  storage_close(st);
-  spec_free(s);
+  if (status < 0) status = resume_experiment(&a);
+  free(a.storage);
   return status;
 }

@@ -43,23 +43,29 @@ int cmd_serve(int argc, char **argv) {
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   serve_options opt = {.listen = "127.0.0.1:8470", .log = stderr};
-  const char *storage_flag = NULL;
+  char *storage_flag = NULL; /* owned (cli_storage_flag) */
   optind = 1;
   opterr = 0;
   int c;
   while ((c = getopt_long(argc, argv, ":s:l:t:c:k:h", options, NULL)) != -1) {
     switch (c) {
-    case 'h': fputs(serve_help, stdout); return EXIT_DONE;
-    case 's': storage_flag = optarg; break;
+    case 'h': free(storage_flag); fputs(serve_help, stdout); return EXIT_DONE;
+    case 's':
+      free(storage_flag);
+      if (!(storage_flag = cli_storage_flag(optarg))) return cli_usage_error("serve", "out of memory");
+      break;
     case 'l': opt.listen = optarg; break;
     case 't': opt.token_file = optarg; break;
     case 'c': opt.tls_cert = optarg; break;
     case 'k': opt.tls_key = optarg; break;
-    case ':': return cli_usage_error("serve", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
+    case ':': free(storage_flag); return cli_usage_error("serve", "option '%s' needs a value", argv[optind - 1]);
+    default: free(storage_flag); return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
     }
   }
-  if (optind != argc) return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+  if (optind != argc) {
+    free(storage_flag);
+    return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+  }
   opt.storage_url = cli_storage_url(storage_flag);
   listening_ctx l = {opt.storage_url};
   opt.on_listening = say_listening;
@@ -68,7 +74,8 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "nas serve: no --token-file: serving clients on this machine (loopback) "
                     "only, without tokens\n");
   nas_err err;
-  if (serve_run(&opt, &err) != NAS_OK) return cli_fail(&err);
-  fprintf(stderr, "nas serve: stopped\n");
-  return EXIT_DONE;
+  int status = serve_run(&opt, &err) == NAS_OK ? EXIT_DONE : cli_fail(&err);
+  if (status == EXIT_DONE) fprintf(stderr, "nas serve: stopped\n");
+  free(storage_flag);
+  return status;
 }

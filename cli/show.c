@@ -10,13 +10,18 @@
 #include "optimizer/optimizer.h"
 #include "scheduler/scheduler.h"
 
+/* These commands only read: a missing database is a mistyped path, and a person waits on
+ * them, so a server that does not answer fails after one connect_timeout. */
+#define SHOW_OPEN (STORAGE_MUST_EXIST | STORAGE_CONNECT_ONCE)
+
 typedef struct {
-  const char *storage;
+  char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
   out_format format;
   const char *experiment; /* NULL when not given */
 } show_args;
 
-/* Returns -1 when the command should go on, else the exit status. */
+/* Returns -1 when the command should go on, else the exit status; a->storage is to be
+ * freed either way. */
 static int parse_args(const char *cmd, const char *help, bool need_experiment, int argc,
                       char **argv, show_args *a) {
   static const struct option options[] = {{"storage", required_argument, NULL, 's'},
@@ -32,7 +37,8 @@ static int parse_args(const char *cmd, const char *help, bool need_experiment, i
       fputs(help, stdout);
       return EXIT_DONE;
     } else if (c == 's') {
-      a->storage = optarg;
+      free(a->storage);
+      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
     } else if (c == 'f') {
       if (cli_parse_format(optarg, &a->format) != NAS_OK)
         return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", optarg);
@@ -128,8 +134,8 @@ static int with_results(const show_args *a,
   storage *st;
   experiment_row exp;
   spec *s;
-  if (cli_open_experiment(cli_storage_url(a->storage), a->experiment, &st, &exp, &s, &err) !=
-      NAS_OK)
+  if (cli_open_experiment(cli_storage_url(a->storage), SHOW_OPEN, a->experiment, &st, &exp, &s,
+                          &err) != NAS_OK)
     return cli_fail(&err);
   sched_results r;
   int status = EXIT_DONE;
@@ -157,7 +163,9 @@ static int show_trials(const spec *s, const experiment_row *exp, const sched_res
 int cmd_trials(int argc, char **argv) {
   show_args a;
   int status = parse_args("trials", trials_help, true, argc, argv, &a);
-  return status >= 0 ? status : with_results(&a, show_trials);
+  if (status < 0) status = with_results(&a, show_trials);
+  free(a.storage);
+  return status;
 }
 
 /* ---- nas pareto ------------------------------------------------------------------------- */
@@ -225,7 +233,9 @@ static int show_pareto(const spec *s, const experiment_row *exp, const sched_res
 int cmd_pareto(int argc, char **argv) {
   show_args a;
   int status = parse_args("pareto", pareto_help, true, argc, argv, &a);
-  return status >= 0 ? status : with_results(&a, show_pareto);
+  if (status < 0) status = with_results(&a, show_pareto);
+  free(a.storage);
+  return status;
 }
 
 /* ---- nas status ------------------------------------------------------------------------- */
@@ -316,10 +326,16 @@ static void print_front_line(storage *st, const experiment_row *exp) {
 int cmd_status(int argc, char **argv) {
   show_args a;
   int status = parse_args("status", status_help, false, argc, argv, &a);
-  if (status >= 0) return status;
+  if (status >= 0) {
+    free(a.storage);
+    return status;
+  }
   nas_err err;
   storage *st;
-  if (storage_open(cli_storage_url(a.storage), &st, &err) != NAS_OK) return cli_fail(&err);
+  if (storage_open_with(cli_storage_url(a.storage), SHOW_OPEN, &st, &err) != NAS_OK) {
+    free(a.storage);
+    return cli_fail(&err);
+  }
   experiment_row *exps = NULL;
   size_t n = 0;
   cli_table t;
@@ -343,5 +359,6 @@ int cmd_status(int argc, char **argv) {
   cli_table_free(&t);
   experiment_rows_free(exps, n);
   storage_close(st);
+  free(a.storage);
   return rc == NAS_OK ? EXIT_DONE : status;
 }

@@ -3,6 +3,7 @@
  * ends) and every running trial's job is asked to stop through its runner. */
 #include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cli/cli.h"
 #include "scheduler/scheduler.h"
@@ -13,32 +14,43 @@ static const char stop_help[] =
     "KILL after the runner's grace period); they are recorded as stopped, with their data.\n"
     "'nas resume EXPERIMENT' continues it later.\n";
 
-int cmd_stop(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  const char *url = NULL;
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, "s:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(stop_help, stdout);
-      return EXIT_DONE;
-    }
-    if (c != 's') return cli_usage_error("stop", "unknown option '%s'", argv[optind - 1]);
-    url = optarg;
-  }
-  if (optind != argc - 1) return cli_usage_error("stop", "expected exactly one EXPERIMENT");
+static int stop_experiment(const char *url, const char *name) {
   nas_err err;
   storage *st;
   experiment_row exp;
   spec *s;
-  if (cli_open_experiment(cli_storage_url(url), argv[optind], &st, &exp, &s, &err) != NAS_OK)
+  if (cli_open_experiment(cli_storage_url(url), STORAGE_MUST_EXIST, name, &st, &exp, &s,
+                          &err) != NAS_OK)
     return cli_fail(&err);
   int rc = sched_stop(s, st, &exp, stderr, &err);
   spec_free(s);
   experiment_row_clear(&exp);
   storage_close(st);
   return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+}
+
+int cmd_stop(int argc, char **argv) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  char *url = NULL; /* owned: --storage */
+  optind = 1;
+  opterr = 0;
+  int c, status = -1; /* -1: go on */
+  while (status < 0 && (c = getopt_long(argc, argv, "s:h", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(stop_help, stdout);
+      status = EXIT_DONE;
+    } else if (c != 's') {
+      status = cli_usage_error("stop", "unknown option '%s'", argv[optind - 1]);
+    } else {
+      free(url);
+      if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("stop", "out of memory");
+    }
+  }
+  if (status < 0 && optind != argc - 1)
+    status = cli_usage_error("stop", "expected exactly one EXPERIMENT");
+  if (status < 0) status = stop_experiment(url, argv[optind]);
+  free(url);
+  return status;
 }

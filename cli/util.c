@@ -25,18 +25,27 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
   return EXIT_USAGE;
 }
 
+char *cli_storage_flag(char *arg) {
+  char *url = strdup(arg);
+  if (url && storage_url_mask(arg))
+    fprintf(stderr, "nas: warning: the password in --storage was visible to every user of "
+                    "this machine (ps); keep it in ~/.pgpass (or $PGPASSFILE), or give the "
+                    "URL in $NAS_STORAGE\n");
+  return url;
+}
+
 const char *cli_storage_url(const char *flag) {
   if (flag) return flag;
   const char *env = getenv("NAS_STORAGE");
   return env && *env ? env : STORAGE_DEFAULT_URL;
 }
 
-int cli_open_experiment(const char *url, const char *name, storage **st, experiment_row *exp,
-                        spec **s, nas_err *err) {
+int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
+                        experiment_row *exp, spec **s, nas_err *err) {
   *st = NULL;
   *s = NULL;
   memset(exp, 0, sizeof *exp);
-  if (storage_open(url, st, err) != NAS_OK) return NAS_ERR;
+  if (storage_open_with(url, flags, st, err) != NAS_OK) return NAS_ERR;
   int rc = storage_experiment_get(*st, name, exp, err);
   if (rc == NAS_ENOTFOUND) {
     char *shown = storage_url_redacted(url);
@@ -63,5 +72,20 @@ int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *er
   int rc = name ? metric_set_add(set, name, step, value, nas_now(), err)
                 : nas_errf(err, "out of memory");
   free(name);
+  return rc;
+}
+
+int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err) {
+  experiment_row *rows;
+  size_t n;
+  if (storage_experiment_list(st, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  int rc = nas_errc(err, NAS_ENOTFOUND, "no experiment with id %lld", (long long)id);
+  for (size_t i = 0; i < n && rc != NAS_OK; i++) {
+    if (rows[i].id != id) continue;
+    *out = rows[i];
+    memset(&rows[i], 0, sizeof rows[i]); /* moved to out */
+    rc = NAS_OK;
+  }
+  experiment_rows_free(rows, n);
   return rc;
 }

@@ -34,7 +34,8 @@ static const char worker_help[] =
 static const double heartbeat_every_s = 5.0;
 
 typedef struct {
-  const char *storage, *run_dir, *trial;
+  char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
+  const char *run_dir, *trial;
 } worker_args;
 
 /* One trial being run; everything owned. */
@@ -57,7 +58,8 @@ typedef struct {
   double accuracy;    /* validation accuracy after the last epoch (rank 0's) */
 } worker;
 
-/* Returns -1 when the command should go on, else the exit status. */
+/* Returns -1 when the command should go on, else the exit status; a->storage is to be
+ * freed either way. */
 static int parse_args(int argc, char **argv, worker_args *a) {
   static const struct option options[] = {{"trial", required_argument, NULL, 't'},
                                           {"storage", required_argument, NULL, 's'},
@@ -73,10 +75,16 @@ static int parse_args(int argc, char **argv, worker_args *a) {
       fputs(worker_help, stdout);
       return EXIT_DONE;
     }
-    if (c == 't') a->trial = optarg;
-    else if (c == 's') a->storage = optarg;
-    else if (c == 'r') a->run_dir = optarg;
-    else return cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
+    if (c == 't') {
+      a->trial = optarg;
+    } else if (c == 's') {
+      free(a->storage);
+      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("worker", "out of memory");
+    } else if (c == 'r') {
+      a->run_dir = optarg;
+    } else {
+      return cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
+    }
   }
   if (optind != argc) return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
   char *end = NULL;
@@ -88,28 +96,13 @@ static int parse_args(int argc, char **argv, worker_args *a) {
 
 /* ---- the trial and its experiment ---- */
 
-static int experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err) {
-  experiment_row *rows;
-  size_t n;
-  if (storage_experiment_list(st, &rows, &n, err) != NAS_OK) return NAS_ERR;
-  int rc = nas_errc(err, NAS_ENOTFOUND, "no experiment with id %lld", (long long)id);
-  for (size_t i = 0; i < n && rc != NAS_OK; i++) {
-    if (rows[i].id != id) continue;
-    *out = rows[i];
-    memset(&rows[i], 0, sizeof rows[i]); /* moved to out */
-    rc = NAS_OK;
-  }
-  experiment_rows_free(rows, n);
-  return rc;
-}
-
 /* Storage, trial, experiment, spec and the trial's settings. */
 static int worker_open(worker *w, const worker_args *a, nas_err *err) {
   int64_t id = strtoll(a->trial, NULL, 10);
   json_t *params = NULL;
-  int rc = storage_open(cli_storage_url(a->storage), &w->st, err);
+  int rc = storage_open_with(cli_storage_url(a->storage), STORAGE_MUST_EXIST, &w->st, err);
   if (rc == NAS_OK) rc = storage_trial_get(w->st, id, &w->trial, err);
-  if (rc == NAS_OK) rc = experiment_by_id(w->st, w->trial.experiment_id, &w->exp, err);
+  if (rc == NAS_OK) rc = cli_experiment_by_id(w->st, w->trial.experiment_id, &w->exp, err);
   if (rc == NAS_OK) rc = sched_experiment_spec(&w->exp, &w->s, err);
   if (rc == NAS_OK && !(params = json_loads(w->trial.params_json, 0, NULL)))
     rc = nas_errf(err, "trial %lld: stored parameters are not JSON", (long long)id);
@@ -401,7 +394,10 @@ static int worker_finish(worker *w, const char *run_dir, double accuracy, double
 int cmd_worker(int argc, char **argv) {
   worker_args a;
   int status = parse_args(argc, argv, &a);
-  if (status >= 0) return status;
+  if (status >= 0) {
+    free(a.storage);
+    return status;
+  }
   worker w;
   memset(&w, 0, sizeof w);
   nas_err err;
@@ -413,5 +409,6 @@ int cmd_worker(int argc, char **argv) {
   /* Rank 0 measures, saves and reports for the whole group. */
   if (rc == NAS_OK && lead_rank(&w)) rc = worker_finish(&w, a.run_dir, w.accuracy, seconds, &err);
   worker_close(&w);
+  free(a.storage);
   return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
 }

@@ -93,10 +93,19 @@ int nas_read_file(const char *path, char **out, size_t *len, nas_err *err) {
   return NAS_OK;
 }
 
-int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_err *err) {
+/* exact: the bits are mode itself, not mode less the umask, whatever the temporary file
+ * was (one left by a crash keeps its old bits through O_TRUNC). */
+static int write_atomic(const char *path, const char *data, size_t len, mode_t mode,
+                        bool exact, nas_err *err) {
   char *tmp = nas_asprintf("%s.tmp.%ld", path, (long)getpid());
   if (!tmp) return nas_errf(err, "%s: out of memory", path);
-  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd >= 0 && exact && fchmod(fd, mode) != 0) {
+    int fchmod_errno = errno;
+    close(fd);
+    fd = -1;
+    errno = fchmod_errno;
+  }
   if (fd < 0) {
     int rc = nas_errf(err, "%s: %s", tmp, strerror(errno));
     free(tmp);
@@ -119,6 +128,15 @@ int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_er
   }
   free(tmp);
   return NAS_OK;
+}
+
+int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_err *err) {
+  return write_atomic(path, data, len, 0644, false, err);
+}
+
+int nas_write_file_atomic_mode(const char *path, const char *data, size_t len, unsigned mode,
+                               nas_err *err) {
+  return write_atomic(path, data, len, (mode_t)mode, true, err);
 }
 
 int nas_mkdirs(const char *path, nas_err *err) {

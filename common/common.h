@@ -42,6 +42,10 @@ void nas_sleep(double seconds);
 int nas_read_file(const char *path, char **out, size_t *len, nas_err *err);
 /* Writes data to path atomically (temporary file in the same folder, fsync, rename). */
 int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_err *err);
+/* The same with the file's permission bits (0600: only its owner reads it) set before any
+ * byte is written. nas_write_file_atomic is this with 0644 (less the umask). */
+int nas_write_file_atomic_mode(const char *path, const char *data, size_t len, unsigned mode,
+                               nas_err *err);
 /* mkdir -p. */
 int nas_mkdirs(const char *path, nas_err *err);
 /* Owned absolute form of path (relative to base when base is not NULL, else to the

@@ -28,7 +28,11 @@ typedef struct {
 
 /* Checks that every env entry is NAME=VALUE with a NAME bash can export. */
 int slurm_env_check(char *const *env, nas_err *err);
-/* Writes run_dir/job.sh for task; *path (owned) is its path. */
+/* The file beside job.sh holding the trial's environment (mode 0600: values may be
+ * secrets). */
+#define SLURM_ENV_FILE "env.sh"
+/* Writes run_dir/env.sh (0600) and run_dir/job.sh (0700), which reads it, for task;
+ * *path (owned) is job.sh's path. */
 int slurm_job_script_write(const slurm_task *task, char **path, nas_err *err);
 /* Writes dir/array.sh, which runs scripts[SLURM_ARRAY_TASK_ID]; *path (owned). */
 int slurm_array_script_write(const char *dir, char *const *scripts, size_t n, char **path,

@@ -2,12 +2,12 @@
  * trial's run folder.
  *
  * job.sh runs one trial: it appends its output to the run folder's stdout.log and
- * stderr.log, runs the spec's setup lines, exports the trial's environment, enters the
- * workdir and execs the command, all in a subshell so that nothing from the user reaches
- * the script's own shell; then it records how the command ended in exit.json (the local
- * runner's format) and ends the same way, re-raising a signal that killed the command, so
- * that Slurm's ExitCode says what the trial did. array.sh picks a job.sh by
- * SLURM_ARRAY_TASK_ID.
+ * stderr.log, runs the spec's setup lines, exports the trial's environment (read from
+ * env.sh beside it), enters the workdir and execs the command, all in a subshell so that
+ * nothing from the user reaches the script's own shell; then it records how the command
+ * ended in exit.json (the local runner's format) and ends the same way, re-raising a
+ * signal that killed the command, so that Slurm's ExitCode says what the trial did.
+ * array.sh picks a job.sh by SLURM_ARRAY_TASK_ID.
  *
  * Invariants:
  * - Every value that comes from a spec or a trial (argv, environment values, folders)
@@ -16,6 +16,10 @@
  *   globs it holds. Environment names are checked to be bash identifiers. The setup lines
  *   are the only text written as shell code, on purpose: they are the spec author's shell.
  * - A script is written atomically: Slurm never reads half of one.
+ * - The environment's values may be secrets (NAS_STORAGE with a database password), so
+ *   they live only in env.sh, which only the user can read (0600), never in job.sh or in
+ *   any command's arguments; job.sh itself is the user's alone too (0700), as its setup
+ *   lines are the spec author's shell.
  * - The script's own shell traps TERM, INT and HUP so that it outlives a time limit's or a
  *   cancel's SIGTERM long enough to write exit.json; the subshell starts with the default
  *   handlers (bash resets trapped signals there), so the command sees every signal. */
@@ -74,19 +78,30 @@ int slurm_env_check(char *const *env, nas_err *err) {
   return NAS_OK;
 }
 
+/* env.sh: one export per environment entry, in order (a later one wins). */
+static int env_fill(FILE *f, const void *ctx) {
+  const slurm_task *task = ctx;
+  fputs("# The environment of a nas trial, read by job.sh beside it. Readable only by you:\n"
+        "# its values may be secrets (the password in NAS_STORAGE).\n", f);
+  int rc = NAS_OK;
+  for (size_t i = 0; task->env && task->env[i] && rc == NAS_OK; i++) {
+    const char *eq = strchr(task->env[i], '=');
+    fprintf(f, "export %.*s=", (int)(eq - task->env[i]), task->env[i]);
+    rc = word_put(f, eq + 1);
+    fputc('\n', f);
+  }
+  return rc;
+}
+
 /* The subshell that becomes the trial: setup, environment, workdir, command. */
 static int trial_put(FILE *f, const slurm_task *task) {
   int rc = NAS_OK;
   fputs("(\n", f);
   if (task->n_setup) fputs("  # setup (runner.setup in the spec)\n", f);
   for (size_t i = 0; i < task->n_setup; i++) fprintf(f, "  %s\n", task->setup[i]);
-  for (size_t i = 0; task->env && task->env[i] && rc == NAS_OK; i++) {
-    const char *eq = strchr(task->env[i], '=');
-    fprintf(f, "  export %.*s=", (int)(eq - task->env[i]), task->env[i]);
-    rc = word_put(f, eq + 1);
-    fputc('\n', f);
-  }
-  fputs("  cd -- ", f);
+  fputs("  . \"$nas_dir/" SLURM_ENV_FILE "\" || { printf 'nas: cannot read %s\\n' "
+        "\"$nas_dir/" SLURM_ENV_FILE "\" >&2; exit 127; }\n"
+        "  cd -- ", f);
   if (rc == NAS_OK) rc = word_put(f, task->workdir);
   fputs(" || { printf 'nas: cannot enter workdir %s\\n' ", f);
   if (rc == NAS_OK) rc = word_put(f, task->workdir);
@@ -162,8 +177,9 @@ static int array_fill(FILE *f, const void *ctx) {
   return rc;
 }
 
-/* Writes dir/name atomically with the text fill puts into a stream; *path (owned). */
-static int script_write(const char *dir, const char *name,
+/* Writes dir/name atomically with permission bits mode and the text fill puts into a
+ * stream; *path (owned). */
+static int script_write(const char *dir, const char *name, unsigned mode,
                         int (*fill)(FILE *f, const void *ctx), const void *ctx, char **path,
                         nas_err *err) {
   char *text = NULL;
@@ -174,7 +190,7 @@ static int script_write(const char *dir, const char *name,
   if (f && ferror(f)) rc = NAS_ERR;
   if (f && fclose(f) != 0) rc = NAS_ERR;
   if (rc != NAS_OK) nas_errf(err, "%s/%s: out of memory", dir, name);
-  else rc = nas_write_file_atomic(*path, text, len, err);
+  else rc = nas_write_file_atomic_mode(*path, text, len, mode, err);
   free(text);
   if (rc != NAS_OK) {
     free(*path);
@@ -185,11 +201,15 @@ static int script_write(const char *dir, const char *name,
 
 int slurm_job_script_write(const slurm_task *task, char **path, nas_err *err) {
   if (slurm_env_check(task->env, err) != NAS_OK) return NAS_ERR;
-  return script_write(task->run_dir, "job.sh", job_fill, task, path, err);
+  char *env_path = NULL;
+  int rc = script_write(task->run_dir, SLURM_ENV_FILE, 0600, env_fill, task, &env_path, err);
+  free(env_path);
+  if (rc != NAS_OK) return rc;
+  return script_write(task->run_dir, "job.sh", 0700, job_fill, task, path, err);
 }
 
 int slurm_array_script_write(const char *dir, char *const *scripts, size_t n, char **path,
                              nas_err *err) {
   array_list list = {.scripts = scripts, .n = n};
-  return script_write(dir, "array.sh", array_fill, &list, path, err);
+  return script_write(dir, "array.sh", 0644, array_fill, &list, path, err);
 }

@@ -31,12 +31,26 @@ int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err) {
   return NAS_OK;
 }
 
+/* spec_diff of the two specs with their storage lines' passwords masked: a new password
+ * alone is not a change (passwords rotate), and the diff, which messages show, holds none.
+ * Shallow copies with the storage line swapped, since spec_diff only reads. NULL when the
+ * specs do not differ (or out of memory). */
+static char *diff_masked(const spec *stored, const spec *s) {
+  spec old = *stored, new = *s;
+  old.storage = storage_url_redacted(stored->storage);
+  new.storage = storage_url_redacted(s->storage);
+  char *diff = old.storage && new.storage ? spec_diff(&old, &new) : NULL;
+  free(old.storage);
+  free(new.storage);
+  return diff;
+}
+
 static int compare_with_stored(const spec *s, storage *st, const experiment_row *exp,
                                nas_err *err) {
   spec *stored = NULL;
   int rc = sched_experiment_spec(exp, &stored, err);
   if (rc != NAS_OK) return rc;
-  char *diff = spec_diff(stored, s);
+  char *diff = diff_masked(stored, s);
   spec_free(stored);
   if (!diff) return NAS_OK;
   if (only_budget_changed(diff)) {

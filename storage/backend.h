@@ -15,9 +15,9 @@
 typedef struct storage_backend {
   const char *name; /* "sqlite", "postgresql": the URL schemes it serves map to it */
   /* Connects to target (sqlite: the file path as written in the URL; postgresql: the
-   * whole libpq URI) and brings the schema to the current version. *conn is owned and
-   * released with close. */
-  int (*open)(const char *target, void **conn, nas_err *err);
+   * whole libpq URI) as flags (STORAGE_MUST_EXIST, STORAGE_CONNECT_ONCE) say and brings
+   * the schema to the current version. *conn is owned and released with close. */
+  int (*open)(const char *target, unsigned flags, void **conn, nas_err *err);
   void (*close)(void *conn);
 
   /* As the storage_* functions of the same names; strings are non-NULL unless storage.h

@@ -28,10 +28,12 @@
 #define PG_RETRY_MAX_S 3600.0
 #define PG_BACKOFF_FIRST_S 0.025
 #define PG_BACKOFF_MAX_S 1.0
+#define PG_CONNECT_TIMEOUT_S "5" /* libpq's connect_timeout, in seconds (docs/cli.md) */
 
 /* Connection settings placed before the URI, which may override them: a name to show in
- * pg_stat_activity, and a bound on each connection attempt so that an unreachable host
- * cannot take the whole retry budget in one go. */
+ * pg_stat_activity, and a bound on each connection attempt (PG_CONNECT_TIMEOUT_S) so that
+ * a host that does not answer cannot take the whole retry budget in one go, nor keep a
+ * person waiting on `nas status` long. */
 static const char *const connect_keys[] = {"fallback_application_name", "connect_timeout",
                                            "dbname", NULL};
 
@@ -147,10 +149,12 @@ static int connect_once(pg_conn *c, const char *const *values, PGconn **out, nas
  * may find the server accepting just after it refused us while it was starting, so the
  * refusal is final only when a second attempt meets it too. */
 static int conn_connect(pg_conn *c, nas_err *err) {
-  const char *values[] = {"nas", "10", c->uri, NULL};
+  const char *values[] = {"nas", PG_CONNECT_TIMEOUT_S, c->uri, NULL};
   PGconn *pg = NULL;
   int rc = connect_once(c, values, &pg, err);
-  if (rc != NAS_OK) {
+  /* Without a budget there is no retry to decide on: the ping would only wait as long
+   * again for a server that does not answer. */
+  if (rc != NAS_OK && c->retry_s > 0) {
     PGPing ping = PQpingParams(connect_keys, values, 1);
     if (ping == PQPING_NO_RESPONSE || ping == PQPING_REJECT) return PG_LOST;
     if (ping == PQPING_OK) rc = connect_once(c, values, &pg, err);
@@ -218,7 +222,7 @@ static int uri_check(const pg_conn *c, nas_err *err) {
   return rc;
 }
 
-int pg_conn_open(const char *uri, pg_conn **out, nas_err *err) {
+int pg_conn_open(const char *uri, bool once, pg_conn **out, nas_err *err) {
   pg_conn *c = calloc(1, sizeof *c);
   if (!c) return nas_errf(err, "out of memory");
   c->uri = strdup(uri);
@@ -227,7 +231,10 @@ int pg_conn_open(const char *uri, pg_conn **out, nas_err *err) {
   if (rc == NAS_OK) rc = retry_budget(&c->retry_s, err);
   /* An operation with nothing to do: pg_run connects before each try. */
   const pg_op connect_only = {.attempt = nothing_to_do};
+  double budget = c->retry_s;
+  if (once) c->retry_s = 0;
   if (rc == NAS_OK) rc = pg_run(c, &connect_only, NULL, err);
+  c->retry_s = budget;
   if (rc != NAS_OK) {
     pg_conn_close(c);
     return rc;

@@ -43,8 +43,9 @@ typedef struct pg_conn {
   double retry_s; /* how long one operation keeps trying to reach the server */
 } pg_conn;
 
-/* Connects to uri (retrying within the budget from NAS_STORAGE_RETRY_S). */
-int pg_conn_open(const char *uri, pg_conn **out, nas_err *err);
+/* Connects to uri: once when once is set, else retrying within the budget from
+ * NAS_STORAGE_RETRY_S (which every later operation has either way). */
+int pg_conn_open(const char *uri, bool once, pg_conn **out, nas_err *err);
 void pg_conn_close(pg_conn *c);
 
 /* ---- one try's statements ---------------------------------------------------------------- */

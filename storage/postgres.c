@@ -402,9 +402,9 @@ static int receipts_prune(pg_conn *c, nas_err *err) {
 
 static void postgres_close(void *conn) { pg_conn_close(conn); }
 
-static int postgres_open(const char *target, void **conn, nas_err *err) {
+static int postgres_open(const char *target, unsigned flags, void **conn, nas_err *err) {
   pg_conn *c = NULL;
-  int rc = pg_conn_open(target, &c, err);
+  int rc = pg_conn_open(target, flags & STORAGE_CONNECT_ONCE, &c, err);
   if (rc == NAS_OK) rc = prepare_schema(c, err);
   if (rc == NAS_OK) rc = receipts_prune(c, err);
   if (rc != NAS_OK) {

@@ -480,15 +480,18 @@ static int use_wal(const sqlite_conn *c, nas_err *err) {
 }
 
 /* The folder must exist and the path must not be a folder, else SQLite only says
- * "unable to open database file". */
-static int check_path(const char *path, nas_err *err) {
+ * "unable to open database file"; with must_exist, the file must exist. */
+static int check_path(const char *path, bool must_exist, nas_err *err) {
   char *dir = nas_dirname(path);
   if (!dir) return out_of_memory(err);
   struct stat st;
   int rc = NAS_OK;
   if (stat(dir, &st) != 0) rc = nas_errf(err, "folder %s: %s", dir, strerror(errno));
   else if (!S_ISDIR(st.st_mode)) rc = nas_errf(err, "%s is not a folder", dir);
-  else if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) {
+  else if (stat(path, &st) != 0) {
+    if (must_exist && errno == ENOENT)
+      rc = nas_errf(err, "no database file %s ('nas run' creates it; is the path right?)", path);
+  } else if (S_ISDIR(st.st_mode)) {
     rc = nas_errf(err, "%s is a folder, not a database file", path);
   }
   free(dir);
@@ -498,8 +501,8 @@ static int check_path(const char *path, nas_err *err) {
 /* Connection settings, none of which writes to the file:
  * - foreign keys are off by default in SQLite and must be asked for per connection;
  * - the busy timeout makes a connection wait for the write lock instead of failing. */
-static int connect(sqlite_conn *c, nas_err *err) {
-  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE;
+static int connect(sqlite_conn *c, bool create, nas_err *err) {
+  int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
   if (sqlite3_open_v2(c->path, &c->db, flags, NULL) != SQLITE_OK) {
     return c->db ? db_fail(c, err) : out_of_memory(err);
   }
@@ -547,12 +550,13 @@ static void sqlite_close(void *conn) {
   free(c);
 }
 
-static int sqlite_open(const char *target, void **conn, nas_err *err) {
+static int sqlite_open(const char *target, unsigned flags, void **conn, nas_err *err) {
   sqlite_conn *c = calloc(1, sizeof *c);
   if (!c) return out_of_memory(err);
   c->path = nas_abspath(target, NULL);
-  int rc = c->path ? check_path(c->path, err) : out_of_memory(err);
-  if (rc == NAS_OK) rc = connect(c, err);
+  bool must_exist = flags & STORAGE_MUST_EXIST;
+  int rc = c->path ? check_path(c->path, must_exist, err) : out_of_memory(err);
+  if (rc == NAS_OK) rc = connect(c, !must_exist, err);
   if (rc == NAS_OK) rc = remember_identity(c, err);
   if (rc == NAS_OK) rc = prepare_schema(c, err);
   if (rc != NAS_OK) {

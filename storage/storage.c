@@ -137,24 +137,39 @@ char *storage_url_absolute(const char *url) {
 /* Redaction errs toward hiding too much: an odd URL may lose more than its password, but
  * a password never shows. */
 
+/* Writes a password of len bytes in its masked form. */
+typedef void (*secret_put)(FILE *out, size_t len);
+
+static void secret_put_hidden(FILE *out, size_t len) {
+  (void)len;
+  fputs("***", out);
+}
+
+/* As many '*' as the password has bytes: the text keeps its length. */
+static void secret_put_starred(FILE *out, size_t len) {
+  for (size_t i = 0; i < len; i++) fputc('*', out);
+}
+
 /* URI form: scheme://user:password@host…?password=…&…. The user part ends at the last
  * '@' (an unencoded '@' or '/' inside a password must not end it early); from its first
  * ':' on it is the password. Query parameters named password are masked too. */
-static void redact_uri(FILE *out, const char *url) {
+static void redact_uri(FILE *out, const char *url, secret_put put) {
   const char *auth = strstr(url, "://") + 3;
   const char *at = strrchr(auth, '@');
   const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
   const char *s = url;
   if (colon) {
     fwrite(url, 1, (size_t)(colon + 1 - url), out);
-    fputs("***", out);
+    put(out, (size_t)(at - colon - 1));
     s = at;
   }
   while (*s) {
     bool param_start = s > url && (s[-1] == '?' || s[-1] == '&');
     if (param_start && strncmp(s, "password=", 9) == 0) {
-      fputs("password=***", out);
-      s += 9 + strcspn(s + 9, "&#");
+      size_t len = strcspn(s + 9, "&#");
+      fputs("password=", out);
+      put(out, len);
+      s += 9 + len;
     } else {
       fputc(*s++, out);
     }
@@ -178,7 +193,7 @@ static const char *conninfo_value_end(const char *s) {
 
 /* key=value form ("host=h password='p w' dbname=d"): the value of password is masked;
  * when the text stops following the grammar, all the rest is. */
-static void redact_conninfo(FILE *out, const char *s) {
+static void redact_conninfo(FILE *out, const char *s, secret_put put) {
   while (*s) {
     size_t blanks = strspn(s, " \t\n");
     fwrite(s, 1, blanks, out);
@@ -194,20 +209,21 @@ static void redact_conninfo(FILE *out, const char *s) {
     const char *end = conninfo_value_end(value);
     fwrite(s, 1, (size_t)(value - s), out);
     bool secret = key_len == 8 && strncmp(s, "password", 8) == 0;
-    if (secret) fputs("***", out);
+    if (secret) put(out, (size_t)(end - value));
     else fwrite(value, 1, (size_t)(end - value), out);
     s = end;
   }
 }
 
-char *storage_url_redacted(const char *url) {
+/* The URL with every password written by put. Owned; NULL when out of memory. */
+static char *url_masked(const char *url, secret_put put) {
   if (sqlite_url_path(url) || (!strstr(url, "://") && !strchr(url, '='))) return strdup(url);
   char *buf = NULL;
   size_t len = 0;
   FILE *out = open_memstream(&buf, &len);
   if (!out) return NULL;
-  if (strstr(url, "://")) redact_uri(out, url);
-  else redact_conninfo(out, url);
+  if (strstr(url, "://")) redact_uri(out, url, put);
+  else redact_conninfo(out, url, put);
   if (fclose(out) != 0) {
     free(buf);
     return NULL;
@@ -215,9 +231,24 @@ char *storage_url_redacted(const char *url) {
   return buf;
 }
 
+char *storage_url_redacted(const char *url) { return url_masked(url, secret_put_hidden); }
+
+bool storage_url_mask(char *url) {
+  char *starred = url_masked(url, secret_put_starred);
+  bool masked = !starred || strcmp(starred, url) != 0;
+  if (starred && strlen(starred) == strlen(url)) memcpy(url, starred, strlen(url));
+  else if (masked) memset(url, '*', strlen(url)); /* out of memory: hide it all */
+  free(starred);
+  return masked;
+}
+
 /* ---- open and close ------------------------------------------------------------------ */
 
 int storage_open(const char *url, storage **out, nas_err *err) {
+  return storage_open_with(url, 0, out, err);
+}
+
+int storage_open_with(const char *url, unsigned flags, storage **out, nas_err *err) {
   if (!url) return nas_errf(err, "open storage: no URL");
   const storage_backend *backend = NULL;
   const char *target = NULL;
@@ -229,7 +260,7 @@ int storage_open(const char *url, storage **out, nas_err *err) {
   }
   if (rc == NAS_OK) {
     st->backend = backend;
-    rc = backend->open(target, &st->conn, err);
+    rc = backend->open(target, flags, &st->conn, err);
   }
   if (rc != NAS_OK) {
     free(st);

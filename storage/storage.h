@@ -15,7 +15,10 @@
  *
  * PostgreSQL connection loss (server restart, network blip): every operation retries with
  * backoff and reconnects for up to NAS_STORAGE_RETRY_S seconds (environment, read at open;
- * default 30, 0 = no retries), the first connection included. An operation then either
+ * default 30, 0 = no retries), the first connection included unless opened with
+ * STORAGE_CONNECT_ONCE. Each connection attempt waits at most connect_timeout seconds for
+ * the server (5 unless the URL sets it), so a server that does not answer costs one
+ * attempt that long, not the whole budget. An operation then either
  * happened exactly once or returned an error: writes that are not idempotent commit a
  * receipt in the same transaction as the write, and after a connection lost while the
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the
@@ -102,11 +105,24 @@ typedef struct {
 /* Opens (creating when missing) the storage at url and brings its schema to the current
  * version; a schema newer than this binary knows is an error. */
 int storage_open(const char *url, storage **out, nas_err *err);
+/* How storage_open_with opens, beyond storage_open (flags = 0). */
+enum {
+  /* A missing sqlite file is an error naming its path, not a new empty database (a typo
+   * in a path must not make one): for every command but `nas run`. */
+  STORAGE_MUST_EXIST = 1u << 0,
+  /* PostgreSQL: the first connection is tried once, for at most connect_timeout, instead
+   * of for NAS_STORAGE_RETRY_S: for commands a person waits on. */
+  STORAGE_CONNECT_ONCE = 1u << 1,
+};
+int storage_open_with(const char *url, unsigned flags, storage **out, nas_err *err);
 void storage_close(storage *st);
 /* The URL with a relative sqlite path made absolute (to hand to trials). Owned. */
 char *storage_url_absolute(const char *url);
 /* The URL as it may be shown: any password replaced by "***". Owned. */
 char *storage_url_redacted(const char *url);
+/* Overwrites every password in url, in place, with as many '*' (so that a process can
+ * hide one in its own argv, which `ps` shows). Returns whether there was one. */
+bool storage_url_mask(char *url);
 
 /* Experiments. create returns NAS_EEXIST when the name is taken; get returns
  * NAS_ENOTFOUND when there is none. Rows are filled with owned strings. */

@@ -10,7 +10,7 @@
 
 typedef struct {
   char *dir;    /* temporary working folder of the test */
-  char *db;     /* "sqlite:<dir>/nas.db" */
+  char *db;     /* "sqlite:<dir>/nas.db"; NULL: $NAS_STORAGE says */
 } fixture;
 
 static inline int setup(void **state) {
@@ -36,11 +36,16 @@ static inline const char *examples_bin(void) {
   return dir ? dir : "bin";
 }
 
-/* Runs `nas ARGS…` in the fixture folder with --storage; returns the exit status. */
+/* Runs `nas CMD [ARG] [--storage DB] [EXTRA]` in the fixture folder; returns the exit
+ * status. */
 static inline int nas(fixture *f, char **output, const char *cmd, const char *arg, const char *extra) {
-  char *argv[] = {(char *)test_nas_bin(), (char *)cmd, (char *)arg, "--storage", f->db,
-                  (char *)extra, NULL};
-  if (!arg) argv[2] = "--storage", argv[3] = f->db, argv[4] = (char *)extra, argv[5] = NULL;
+  char *argv[7];
+  size_t n = 0;
+  argv[n++] = (char *)test_nas_bin(), argv[n++] = (char *)cmd;
+  if (arg) argv[n++] = (char *)arg;
+  if (f->db) argv[n++] = "--storage", argv[n++] = f->db;
+  if (extra) argv[n++] = (char *)extra;
+  argv[n] = NULL;
   return test_run(f->dir, argv, output);
 }
 

@@ -4,10 +4,14 @@
  * that matches one computed here independently. */
 #include <jansson.h>
 #include <math.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <time.h>
 
+#include "common/common.h"
 #include "tests/e2e.h"
 
 /* The quickstart example with its command pointed at the built example binary. */
@@ -339,9 +343,124 @@ static void every_command_has_help_and_bad_usage_exits_2(void **state) {
   char *version[] = {(char *)test_nas_bin(), "--version", NULL};
   assert_int_equal(test_run(f->dir, version, &out), 0);
   free(out);
+  free(test_write(f->dir, "nas.db", "")); /* an empty database: it exists, without experiments */
   assert_int_equal(nas(f, &out, "trials", "nope", NULL), 1);
   assert_non_null(strstr(out, "no experiment 'nope'"));
   free(out);
+}
+
+/* The spec's storage line as written, with a password: a new password alone is the same
+ * experiment (passwords rotate); any other change to it is refused, and the message shows
+ * both lines with their passwords masked. (The storage used is --storage, so the line is
+ * never connected to.) */
+static void storage_line_password_is_masked_and_may_change_alone(void **state) {
+  fixture *f = *state;
+  const char *body = "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                     "objectives: [{name: y, goal: minimize}]\n"
+                     "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                     "budget: {trials: 1}\n";
+  const char *lines[] = {"postgresql://nas:old-pw@db.example/nas",
+                         "postgresql://nas:new-pw@db.example/nas",
+                         "postgresql://nas:new-pw@other.example/nas"};
+  int want[] = {0, 0, 1};
+  for (size_t i = 0; i < 3; i++) {
+    char *text = NULL, *out = NULL;
+    assert_true(asprintf(&text, "name: rotate\nstorage: %s\n%s", lines[i], body) > 0);
+    char *spec = test_write(f->dir, "rotate.yaml", text);
+    int rc = nas(f, &out, "run", spec, "--no-progress");
+    if (rc != want[i]) fail_msg("run %zu exited %d: %s", i, rc, out);
+    assert_null(strstr(out, "old-pw"));
+    assert_null(strstr(out, "new-pw"));
+    if (want[i]) assert_non_null(strstr(out, "storage: postgresql://nas:***@db.example/nas -> "
+                                             "postgresql://nas:***@other.example/nas"));
+    free(text), free(spec), free(out);
+  }
+}
+
+/* A mistyped path must not become a new, empty database: every command but `nas run`
+ * refuses, naming the path and what creates it, and leaves no file behind. */
+static void commands_other_than_run_refuse_a_missing_database(void **state) {
+  fixture *f = *state;
+  char *url = NULL, *path = NULL;
+  assert_true(asprintf(&url, "sqlite:%s/typo.db", f->dir) > 0);
+  assert_true(asprintf(&path, "%s/typo.db", f->dir) > 0);
+  setenv("NAS_TRIAL_ID", "1", 1);
+  const char *cmds[][3] = {{"status", NULL, NULL}, {"trials", "e", NULL}, {"pareto", "e", NULL},
+                           {"stop", "e", NULL},    {"resume", "e", NULL}, {"report", "y=1", NULL},
+                           {"worker", "--trial", "1"}};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    char *argv[] = {(char *)test_nas_bin(), (char *)cmds[i][0], "--storage", url,
+                    (char *)cmds[i][1], (char *)cmds[i][2], NULL};
+    char *out = NULL;
+    int rc = test_run(f->dir, argv, &out);
+    if (rc != 1) fail_msg("nas %s exited %d: %s", cmds[i][0], rc, out);
+    assert_non_null(strstr(out, path));
+    assert_non_null(strstr(out, "'nas run' creates it"));
+    assert_int_equal(access(path, F_OK), -1);
+    free(out);
+  }
+  unsetenv("NAS_TRIAL_ID");
+  free(url), free(path);
+}
+
+/* `nas report --experiment E --trial N` reaches the trial that listings call N; a finished
+ * trial's result stays as the scheduler judged it unless --force says otherwise. */
+static void report_by_number_to_a_finished_trial_needs_force(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "done.yaml",
+                          "name: done\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 5}}\"']}\n"
+                          "budget: {trials: 1}\n");
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  char *report[] = {(char *)test_nas_bin(), "report", "y=7", "--experiment", "done", "--trial",
+                    "0", "--storage", f->db, NULL, NULL};
+  assert_int_equal(test_run(f->dir, report, &out), 1);
+  assert_non_null(strstr(out, "trial 0 of experiment 'done' is completed"));
+  assert_non_null(strstr(out, "--force"));
+  free(out);
+  json_t *rows = trials_json(f, "done");
+  assert_true(num(json_array_get(rows, 0), "y") == 5);
+  json_decref(rows);
+  report[6] = "3";
+  assert_int_equal(test_run(f->dir, report, &out), 1);
+  assert_non_null(strstr(out, "experiment 'done' has no trial 3"));
+  free(out);
+  report[6] = "0";
+  report[9] = "--force";
+  assert_int_equal(test_run(f->dir, report, &out), 0);
+  free(out);
+  rows = trials_json(f, "done");
+  assert_true(num(json_array_get(rows, 0), "y") == 7);
+  json_decref(rows);
+  free(spec);
+}
+
+/* A PostgreSQL server that accepts the connection and never answers (a listening socket
+ * nobody accepts on): `nas status` gives up after one connect_timeout (5 s), not after
+ * the whole retry budget (30 s). */
+static void status_gives_up_on_a_silent_server_after_the_connect_timeout(void **state) {
+  fixture *f = *state;
+  int silent = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof addr;
+  assert_int_equal(bind(silent, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(listen(silent, 8), 0);
+  assert_int_equal(getsockname(silent, (struct sockaddr *)&addr, &len), 0);
+  char *url = NULL, *out = NULL;
+  assert_true(asprintf(&url, "postgresql://nas@127.0.0.1:%d/nas", ntohs(addr.sin_port)) > 0);
+  char *argv[] = {(char *)test_nas_bin(), "status", "--storage", url, NULL};
+  unsetenv("NAS_STORAGE_RETRY_S");
+  double began = nas_monotonic();
+  assert_int_equal(test_run(f->dir, argv, &out), 1);
+  double took = nas_monotonic() - began;
+  if (took < 4 || took > 12) fail_msg("took %.1f s: %s", took, out);
+  assert_non_null(strstr(out, "timeout"));
+  close(silent);
+  free(url), free(out);
 }
 
 int main(void) {
@@ -356,6 +475,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(storage_line_password_is_masked_and_may_change_alone, setup, teardown),
+      cmocka_unit_test_setup_teardown(commands_other_than_run_refuse_a_missing_database, setup, teardown),
+      cmocka_unit_test_setup_teardown(report_by_number_to_a_finished_trial_needs_force, setup, teardown),
+      cmocka_unit_test_setup_teardown(status_gives_up_on_a_silent_server_after_the_connect_timeout, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

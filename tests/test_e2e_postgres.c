@@ -2,7 +2,10 @@
  * this test starts (tests/pgserver.h) — run with trials reporting through stdout and
  * `nas report`, a built-in trial through `nas worker`, then trials, pareto, status, stop
  * and resume — with a password in the URL that must never be printed. */
+#include <dirent.h>
 #include <libpq-fe.h>
+
+#include "common/common.h"
 
 #include "tests/e2e.h"
 #include "tests/pgserver.h"
@@ -37,8 +40,11 @@ static void every_command_works_on_postgresql(void **state) {
   if (!g->up) skip();
   fixture *f;
   setup((void **)&f);
+  /* The URL with its password in the environment, where others cannot read it. */
   free(f->db);
-  f->db = pgserver_url(&g->srv, "postgres", "s3cret-pw");
+  f->db = NULL;
+  char *url = pgserver_url(&g->srv, "postgres", "s3cret-pw");
+  setenv("NAS_STORAGE", url, 1);
   char *spec = test_write(
       f->dir, "pg.yaml",
       "name: pg\n"
@@ -86,13 +92,101 @@ static void every_command_works_on_postgresql(void **state) {
   free(out);
   assert_int_equal(nas(f, &out, "resume", "pg", "--no-progress"), 0);
   free(out);
-  free(spec), free(builtin);
+  unsetenv("NAS_STORAGE");
+  free(spec), free(builtin), free(url);
+  teardown((void **)&f);
+}
+
+/* The processes of the tree under root, root first (pids read from /proc). */
+static size_t process_tree(pid_t root, pid_t *out, size_t cap) {
+  size_t n = 0;
+  out[n++] = root;
+  for (size_t grew = 1; grew;) {
+    grew = 0;
+    DIR *proc = opendir("/proc");
+    assert_non_null(proc);
+    for (struct dirent *e; (e = readdir(proc)) && n < cap;) {
+      pid_t pid = (pid_t)atoi(e->d_name), ppid = 0;
+      char path[64], text[512] = "";
+      snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+      FILE *f = pid > 0 ? fopen(path, "r") : NULL;
+      if (!f) continue;
+      size_t len = fread(text, 1, sizeof text - 1, f);
+      fclose(f);
+      text[len] = '\0';
+      const char *rest = strrchr(text, ')');
+      if (!rest || sscanf(rest + 1, " %*c %d", &ppid) != 1) continue;
+      bool known = false, parent_known = false;
+      for (size_t i = 0; i < n; i++) known |= out[i] == pid, parent_known |= out[i] == ppid;
+      if (parent_known && !known) out[n++] = pid, grew = 1;
+    }
+    closedir(proc);
+  }
+  return n;
+}
+
+/* Whether /proc/PID/cmdline (what ps shows) holds needle. */
+static bool cmdline_holds(pid_t pid, const char *needle) {
+  char path[64], text[8192];
+  snprintf(path, sizeof path, "/proc/%d/cmdline", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t len = fread(text, 1, sizeof text, f);
+  fclose(f);
+  return memmem(text, len, needle, strlen(needle)) != NULL;
+}
+
+/* A password given with --storage: ps shows it neither for `nas run` (which masks it in
+ * its own arguments, and says so) nor for the monitors it forks nor for the trials. */
+static void password_on_the_command_line_shows_in_no_process(void **state) {
+  group *g = *state;
+  if (!g->up) skip();
+  fixture *f;
+  setup((void **)&f);
+  char *url = pgserver_url(&g->srv, "postgres", "argv-s3cret");
+  char *spec = test_write(f->dir, "argv.yaml",
+                          "name: argv\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sleep, '60']}\n"
+                          "budget: {trials: 2, parallel: 2}\n");
+  char *log = NULL;
+  assert_true(asprintf(&log, "%s/run.log", f->dir) > 0);
+  pid_t run = fork();
+  assert_true(run >= 0);
+  if (run == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", url, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  pid_t tree[64];
+  size_t n = 0, sleeping = 0;
+  for (double until = nas_monotonic() + 30; sleeping < 2; nas_sleep(0.1)) {
+    if (nas_monotonic() > until) fail_msg("the trials never started");
+    n = process_tree(run, tree, 64);
+    sleeping = 0;
+    for (size_t i = 1; i < n; i++) sleeping += cmdline_holds(tree[i], "sleep");
+  }
+  assert_true(n >= 5); /* nas run, two monitors, two trials */
+  for (size_t i = 0; i < n; i++)
+    if (cmdline_holds(tree[i], "argv-s3cret")) fail_msg("process %d shows the password", tree[i]);
+  kill(run, SIGINT), nas_sleep(0.2), kill(run, SIGINT); /* twice: stop the trials */
+  int status;
+  assert_int_equal(waitpid(run, &status, 0), run);
+  char *out = NULL;
+  assert_int_equal(nas_read_file(log, &out, NULL, NULL), NAS_OK);
+  assert_non_null(strstr(out, "warning: the password in --storage"));
+  assert_null(strstr(out, "argv-s3cret"));
+  free(out), free(log), free(spec), free(url);
   teardown((void **)&f);
 }
 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_command_works_on_postgresql),
+      cmocka_unit_test(password_on_the_command_line_shows_in_no_process),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -508,6 +508,44 @@ static void env_names_bash_cannot_export_are_refused_before_submitting(void **st
   free(dir);
 }
 
+static unsigned file_mode(const char *dir, const char *name) {
+  char *path = path_join(dir, name);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  free(path);
+  return st.st_mode & 07777;
+}
+
+/* A trial's environment may hold a database password (NAS_STORAGE): job.sh, which Slurm
+ * keeps and people pass around, holds none of its values and is its owner's alone; the
+ * values are in env.sh beside it, which only its owner can read, and reach the command
+ * exactly (job.sh run here by bash, as a Slurm node would). */
+static void job_script_holds_no_secret_and_only_its_owner_reads_the_environment(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *url = "postgresql://nas:hunter2@db.example/nas?sslmode='require'";
+  char *entry = NULL;
+  assert_true(asprintf(&entry, "NAS_STORAGE=%s", url) > 0);
+  char *argv[] = {"sh", "-c", "printf %s \"$NAS_STORAGE\"", NULL}, *env[] = {entry, NULL};
+  slurm_task task = {.argv = argv, .workdir = dir, .run_dir = dir, .env = env};
+  char *path = NULL;
+  nas_err err;
+  if (slurm_job_script_write(&task, &path, &err) != NAS_OK) fail_msg("%s", err.msg);
+  char *job = file_text(dir, "job.sh"), *vars = file_text(dir, "env.sh");
+  assert_null(strstr(job, "hunter2"));
+  assert_non_null(strstr(vars, "hunter2"));
+  assert_int_equal(file_mode(dir, "job.sh"), 0700);
+  assert_int_equal(file_mode(dir, "env.sh"), 0600);
+  char *run[] = {"bash", path, NULL}, *out = NULL;
+  assert_int_equal(test_run(dir, run, &out), 0);
+  free(out);
+  out = file_text(dir, "stdout.log");
+  assert_string_equal(out, url);
+  free(out), free(job), free(vars), free(path), free(entry);
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* ---- with Slurm ---- */
 
 static void successful_trial_leaves_metrics_logs_and_its_script(void **state) {
@@ -1118,6 +1156,7 @@ int main(void) {
       T(slurm_time_limits_parse),
       T(bad_options_are_errors_that_name_the_option),
       T(env_names_bash_cannot_export_are_refused_before_submitting),
+      T(job_script_holds_no_secret_and_only_its_owner_reads_the_environment),
       T(successful_trial_leaves_metrics_logs_and_its_script),
       T(failing_trial_reports_its_exit_code),
       T(trial_killed_by_a_signal_is_signaled),

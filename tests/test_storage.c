@@ -1878,6 +1878,29 @@ static void redacted_urls_hide_passwords_in_key_value_form(void **state) {
   assert_redacted("host='a b' password=x\\ y", "host='a b' password=***");
 }
 
+/* What a process can do to its own argv, which ps shows: each password starred in place,
+ * the length kept and everything else untouched; a URL with no password is left alone. */
+static void url_mask_stars_every_password_in_place(void **state) {
+  (void)state;
+  const struct {
+    const char *url, *masked;
+  } cases[] = {
+      {"postgresql://nas:s3cret@db:5432/exp", "postgresql://nas:******@db:5432/exp"},
+      {"postgres://nas:p@ss/w:rd@db/exp", "postgres://nas:*********@db/exp"},
+      {"postgresql://db/exp?user=nas&password=s3cret&sslmode=require",
+       "postgresql://db/exp?user=nas&password=******&sslmode=require"},
+      {"host=db password='s 3' dbname=exp", "host=db password=***** dbname=exp"},
+      {"postgresql://nas@db/exp", NULL},
+      {"sqlite:/tmp/pass:word@x.db", NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *url = strdup(cases[i].url);
+    assert_int_equal(storage_url_mask(url), cases[i].masked != NULL);
+    assert_string_equal(url, cases[i].masked ? cases[i].masked : cases[i].url);
+    free(url);
+  }
+}
+
 static void absolute_urls_resolve_relative_sqlite_paths(void **state) {
   (void)state;
   char cwd[4096];
@@ -2024,6 +2047,7 @@ int main(void) {
       cmocka_unit_test(postgresql_connection_errors_never_show_the_password),
       cmocka_unit_test(retry_budget_that_is_not_seconds_is_refused),
       cmocka_unit_test(redacted_urls_hide_passwords_in_uri_form),
+      cmocka_unit_test(url_mask_stars_every_password_in_place),
       cmocka_unit_test(redacted_urls_hide_passwords_in_key_value_form),
       cmocka_unit_test(absolute_urls_resolve_relative_sqlite_paths),
   };
