@@ -143,7 +143,11 @@ typedef struct spec {
   early_stop_spec early_stopping;
 } spec;
 
-/* Loads and validates the YAML file at path. */
+/* The largest spec file, in bytes (1 MiB); larger ones are refused unread. */
+#define SPEC_MAX_BYTES ((size_t)1 << 20)
+
+/* Loads and validates the YAML file at path, which must be a regular file (not a device
+ * or a pipe, which could be endless) of at most SPEC_MAX_BYTES. */
 int spec_load(const char *path, spec **out, nas_err *err);
 /* Same from text already in memory; `name` stands for the file in messages and `dir` is
  * the folder relative paths in it are resolved against. */
