@@ -21,12 +21,28 @@ static const char *const root_keys[] = {"name",       "storage",     "seed",  "p
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
+/* An experiment's name becomes a folder (runs/<name>) and a command argument (`nas
+ * resume NAME`): it starts with a letter or digit (so never '.', '..' or '--option'),
+ * holds only name characters and stays short enough for any path. */
+enum { EXPERIMENT_NAME_MAX = 64 };
+
+static bool is_experiment_name(const char *name) {
+  char first = name[0];
+  bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') ||
+                (first >= '0' && first <= '9');
+  size_t len = name_span(name, ".-");
+  return starts && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX;
+}
+
 static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *node;
   int rc = node_required(c, root, "spec", "name", &node);
   if (!rc) rc = node_dup_text(c, node, "name", &s->name);
-  if (!rc && (s->name[0] == '\0' || s->name[name_span(s->name, ".-")] != '\0'))
-    rc = node_errf(c, node, "name: '%s' may only hold letters, digits, '_', '.' and '-'", s->name);
+  if (!rc && !is_experiment_name(s->name))
+    rc = node_errf(c, node,
+                   "name: '%.40s%s' is not an experiment name: a letter or digit, then letters, "
+                   "digits, '_', '.' or '-', at most %d characters",
+                   s->name, strlen(s->name) > 40 ? "..." : "", EXPERIMENT_NAME_MAX);
   if (rc) return rc;
   node = node_optional(c, root, "storage");
   if (node)

@@ -73,6 +73,19 @@ static void expect_error(const char *yaml, const char *where, const char *fragme
   assert_non_null(strstr(err.msg, fragment));
 }
 
+/* n copies of unit, joined by between; owned. */
+static char *repeated(const char *unit, size_t n, const char *between) {
+  size_t unit_len = strlen(unit), between_len = strlen(between);
+  char *text = malloc(n * (unit_len + between_len) + 1), *end = text;
+  assert_non_null(text);
+  for (size_t i = 0; i < n; i++) {
+    if (i) end = stpcpy(end, between);
+    end = stpcpy(end, unit);
+  }
+  *end = '\0';
+  return text;
+}
+
 static json_t *json(const char *text) {
   json_error_t error;
   json_t *value = json_loads(text, JSON_DECODE_ANY, &error);
@@ -418,13 +431,41 @@ static void wrong_types_say_what_was_expected(void **state) {
 static void names_must_be_well_formed(void **state) {
   (void)state;
   expect_error("name: my exp\n" PARAMS_X AFTER_PARAMS,
-               "t.yaml:1:7: ", "name: 'my exp' may only hold letters, digits");
+               "t.yaml:1:7: ", "name: 'my exp' is not an experiment name: a letter or digit");
   expect_error(NAME "parameters:\n  2x: 3\n" AFTER_PARAMS,
                "t.yaml:3:3: ", "parameters: '2x' is not a parameter name");
   expect_error(NAME "parameters:\n  x: {type: flaot, low: 0, high: 1}\n" AFTER_PARAMS,
                "t.yaml:3:13: ", "parameters.x.type: unknown type 'flaot'; did you mean 'float'?");
   expect_error(NAME "parameters:\n  x: {type: real, low: 0, high: 1}\n" AFTER_PARAMS,
                "t.yaml:3:13: ", "unknown type 'real' (float, int, categorical or fixed)");
+}
+
+/* Names that would leave runs/ (trial N of '..' wrote into the spec's folder), read as an
+ * option, or make every run folder path too long. */
+static void experiment_names_follow_the_documented_pattern(void **state) {
+  (void)state;
+  const char *bad[] = {"..", ".", "--help", "-x", "_x", ".hidden", "a/b", "a b"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *yaml = nas_asprintf("name: '%s'\n" PARAMS_X AFTER_PARAMS, bad[i]);
+    char *what = nas_asprintf("name: '%s' is not an experiment name", bad[i]);
+    expect_error(yaml, "t.yaml:1:7: ", what);
+    free(what);
+    free(yaml);
+  }
+  char *long_name = repeated("n", 65, "");
+  char *yaml = nas_asprintf("name: %s\n" PARAMS_X AFTER_PARAMS, long_name);
+  expect_error(yaml, "t.yaml:1:7: ", "at most 64 characters");
+  free(yaml);
+  long_name[64] = '\0';
+  const char *good[] = {"a", "7", "fashion-nas-3obj", "v1.2_run-3", long_name};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    yaml = nas_asprintf("name: %s\n" PARAMS_X AFTER_PARAMS, good[i]);
+    spec *s = load_ok(yaml);
+    assert_string_equal(s->name, good[i]);
+    spec_free(s);
+    free(yaml);
+  }
+  free(long_name);
 }
 
 /* ---- errors: parameter definitions ---- */
@@ -677,19 +718,6 @@ static void plugin_types_are_checked(void **state) {
 }
 
 /* ---- tags and limits ---- */
-
-/* n copies of unit, joined by between; owned. */
-static char *repeated(const char *unit, size_t n, const char *between) {
-  size_t unit_len = strlen(unit), between_len = strlen(between);
-  char *text = malloc(n * (unit_len + between_len) + 1), *end = text;
-  assert_non_null(text);
-  for (size_t i = 0; i < n; i++) {
-    if (i) end = stpcpy(end, between);
-    end = stpcpy(end, unit);
-  }
-  *end = '\0';
-  return text;
-}
 
 static void standard_tags_are_honoured(void **state) {
   (void)state;
@@ -1433,6 +1461,7 @@ int main(void) {
       cmocka_unit_test(duplicate_keys_are_errors),
       cmocka_unit_test(wrong_types_say_what_was_expected),
       cmocka_unit_test(names_must_be_well_formed),
+      cmocka_unit_test(experiment_names_follow_the_documented_pattern),
       cmocka_unit_test(bounds_must_be_ordered),
       cmocka_unit_test(log_needs_positive_low),
       cmocka_unit_test(int_bounds_must_be_integers),
