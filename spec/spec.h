@@ -154,6 +154,12 @@ int spec_load(const char *path, spec **out, nas_err *err);
 int spec_parse(const char *text, const char *name, const char *dir, spec **out, nas_err *err);
 void spec_free(spec *s);
 
+/* The environment variable a trial finds parameter `name` in: NAS_PARAM_ and the name
+ * upper-cased, every character but a letter or digit as '_' (`drop-out` ->
+ * NAS_PARAM_DROP_OUT). Loading refuses two parameters with the same one. Owned; NULL when
+ * out of memory. */
+char *spec_param_env_name(const char *name);
+
 /* Index of the parameter called name, or -1. */
 int spec_param_index(const spec *s, const char *name);
 /* Whether parameter i is active given the (partial) assignment params, a JSON object of

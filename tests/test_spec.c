@@ -468,6 +468,22 @@ static void experiment_names_follow_the_documented_pattern(void **state) {
   free(long_name);
 }
 
+/* Each runner hands parameter values to the trial as NAS_PARAM_<NAME>; two names that map
+ * to one variable would give the trial one of the two values, depending on the order. */
+static void parameters_sharing_an_environment_variable_are_refused(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  a.b: 1\n  x: 2\n  a-b: 3\n" AFTER_PARAMS, "t.yaml:5:3: ",
+               "parameters: 'a-b' and 'a.b' (line 3, column 3) would both be the environment "
+               "variable NAS_PARAM_A_B; rename one");
+  expect_error(NAME "parameters:\n  lr: 1\n  LR: 2\n" AFTER_PARAMS, "t.yaml:4:3: ",
+               "'LR' and 'lr' (line 3, column 3)");
+  expect_error(NAME "parameters:\n  a_b: 1\n  a.b: 2\n" AFTER_PARAMS, "t.yaml:4:3: ",
+               "NAS_PARAM_A_B");
+  char *env = spec_param_env_name("drop-out.rate2");
+  assert_string_equal(env, "NAS_PARAM_DROP_OUT_RATE2");
+  free(env);
+}
+
 /* ---- errors: parameter definitions ---- */
 
 static void bounds_must_be_ordered(void **state) {
@@ -1462,6 +1478,7 @@ int main(void) {
       cmocka_unit_test(wrong_types_say_what_was_expected),
       cmocka_unit_test(names_must_be_well_formed),
       cmocka_unit_test(experiment_names_follow_the_documented_pattern),
+      cmocka_unit_test(parameters_sharing_an_environment_variable_are_refused),
       cmocka_unit_test(bounds_must_be_ordered),
       cmocka_unit_test(log_needs_positive_low),
       cmocka_unit_test(int_bounds_must_be_integers),
