@@ -93,6 +93,10 @@ int cmd_run(int argc, char **argv) {
   nas_err err;
   spec *s;
   if (spec_load(a.target, &s, &err) != NAS_OK) return cli_fail(&err);
+  if (sched_check_spec(s, &err) != NAS_OK) {
+    spec_free(s);
+    return cli_fail(&err);
+  }
   const char *env = getenv("NAS_STORAGE");
   const char *url = a.storage ? a.storage : env && *env ? env : s->storage;
   storage *st = NULL;

@@ -68,6 +68,9 @@ typedef struct optimizer optimizer;
  * must outlive the optimizer. Unknown types or options are errors. */
 int optimizer_create(const spec *s, optimizer **out, nas_err *err);
 void optimizer_free(optimizer *opt);
+/* Checks options (a JSON object) as optimizer_create would read them for the optimizer
+ * type, without a search space: the same errors, nothing made. */
+int optimizer_validate_options(const char *type, const json_t *options, nas_err *err);
 /* Suggests n assignments (owned JSON objects written to out[0..n-1]) given completed
  * observations and the parameters of pending (queued or running) trials, which it must
  * not propose again. first_number is the trial number the first suggestion will get; it

@@ -247,6 +247,21 @@ static int parse_plugin_type(const yaml_ctx *c, const yaml_node_t *node, const c
   return node_errf(c, node, "%s: unknown type '%s'", what, text);
 }
 
+/* Where each option of a plug-in section was written (plugin_spec.where). */
+static int record_option_places(const yaml_ctx *c, const yaml_node_t *section, json_t *where) {
+  for (yaml_node_pair_t *pair = section->data.mapping.pairs.start;
+       pair < section->data.mapping.pairs.top; pair++) {
+    const char *key = node_scalar_text(node_at(c, pair->key));
+    const yaml_node_t *value = node_at(c, pair->value);
+    char place[FIELD_CAP + 48];
+    snprintf(place, sizeof place, "%s:%zu:%zu", c->file, value->start_mark.line + 1,
+             value->start_mark.column + 1);
+    if (strcmp(key, "type") != 0 && json_object_set_new(where, key, json_string(place)) != 0)
+      return nas_errf(c->err, "out of memory");
+  }
+  return NAS_OK;
+}
+
 /* runner: / optimizer: a `type` (default given) and options for that plug-in. */
 static int parse_plugin(const yaml_ctx *c, const yaml_node_t *root, const char *section,
                         const char *const *types, plugin_spec *out) {
@@ -256,6 +271,8 @@ static int parse_plugin(const yaml_ctx *c, const yaml_node_t *root, const char *
   if (rc) return rc;
   if (!out->options && !(out->options = json_object())) return nas_errf(c->err, "out of memory");
   json_object_del(out->options, "type");
+  if (!(out->where = json_object())) return nas_errf(c->err, "out of memory");
+  if (node && (rc = record_option_places(c, node, out->where))) return rc;
   if (node) type = node_optional(c, node, "type");
   char what[FIELD_CAP];
   field_join(what, section, "type");
@@ -408,8 +425,10 @@ void spec_free(spec *s) {
   free(s->early_stopping.rungs);
   free(s->runner.type);
   json_decref(s->runner.options);
+  json_decref(s->runner.where);
   free(s->optimizer.type);
   json_decref(s->optimizer.options);
+  json_decref(s->optimizer.where);
   free(s->path);
   free(s->text);
   free(s->name);

@@ -118,10 +118,13 @@ typedef struct {
   size_t n_rungs;
 } early_stop_spec;
 
-/* A plug-in section: `type` plus options that only that plug-in reads. */
+/* A plug-in section: `type` plus options that only that plug-in reads (and checks:
+ * sched_check_spec reports a bad one at its place in the file). */
 typedef struct {
   char *type;
   json_t *options;     /* owned JSON object of the remaining keys */
+  json_t *where;       /* owned JSON object: each option's name -> "FILE:LINE:COL" of its
+                          value, for messages */
 } plugin_spec;
 
 typedef struct spec {

@@ -730,6 +730,12 @@ static void plugin_types_are_checked(void **state) {
   assert_string_equal(json_string_value(json_object_get(s->runner.options, "partition")), "gpu");
   assert_int_equal(json_array_size(json_object_get(s->runner.options, "nodes")), 2);
   assert_null(json_object_get(s->runner.options, "type"));
+  assert_string_equal(json_string_value(json_object_get(s->runner.where, "partition")),
+                      "t.yaml:9:34");
+  assert_string_equal(json_string_value(json_object_get(s->runner.where, "nodes")),
+                      "t.yaml:9:46");
+  assert_null(json_object_get(s->runner.where, "type"));
+  assert_int_equal(json_object_size(s->optimizer.where), 0);
   spec_free(s);
 }
 
