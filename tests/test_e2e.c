@@ -206,6 +206,15 @@ static void parallel_trials_get_a_share_of_the_cores_as_thread_counts(void **sta
   free(spec);
 }
 
+/* The fixture's database was not even created. */
+static void assert_no_database(fixture *f) {
+  char *db;
+  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+  struct stat sb;
+  assert_int_not_equal(stat(db, &sb), 0);
+  free(db);
+}
+
 static void bad_spec_writes_nothing(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "bad.yaml",
@@ -220,11 +229,7 @@ static void bad_spec_writes_nothing(void **state) {
   assert_non_null(strstr(out, "bad.yaml:3:"));
   assert_non_null(strstr(out, "high"));
   free(out);
-  char *db;
-  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
-  struct stat sb;
-  assert_int_not_equal(stat(db, &sb), 0); /* not even created */
-  free(db);
+  assert_no_database(f);
   free(spec);
 }
 
@@ -257,11 +262,7 @@ static void bad_plugin_options_are_refused_at_their_place_and_write_nothing(void
     if (!strstr(out, cases[i].where) || !strstr(out, cases[i].words))
       fail_msg("expected %s...%s, got %s", cases[i].where, cases[i].words, out);
     free(out);
-    char *db;
-    assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
-    struct stat sb;
-    assert_int_not_equal(stat(db, &sb), 0); /* not even created */
-    free(db);
+    assert_no_database(f);
     free(spec);
     free(text);
   }
