@@ -44,15 +44,19 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-test test asan demo bench clean
+.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench clean
 all: $(BIN)/nas $(EX_BIN)
 
 deps:
 	@scripts/deps.sh
 
-# The suite also starts a throwaway PostgreSQL and a single-node Slurm cluster of its own.
+# The suite also starts a throwaway PostgreSQL and a single-node Slurm cluster of its own,
+# and runs the fuzzers briefly.
 deps-test:
-	@scripts/deps.sh postgres slurm
+	@scripts/deps.sh postgres slurm fuzz
+
+deps-fuzz:
+	@scripts/deps.sh fuzz
 
 $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -87,6 +91,7 @@ $(BUILD)/bench/%: bench/%.c $(BUILD)/libnas.a $(wildcard tests/*.h)
 # (wherever the binary was built); tests/run.sh prints one closing "N passed, N failed" line.
 test: deps deps-test
 	@$(MAKE) --no-print-directory all $(TEST_BIN)
+	@$(MAKE) --no-print-directory fuzz FUZZ_SECONDS=$(FUZZ_TEST_SECONDS)
 	@NAS_BIN=$(abspath $(BIN)/nas) NAS_EXAMPLES_BIN=$(abspath $(BIN)) \
 	  NAS_DATA_DIR=$(abspath tests/data) tests/run.sh $(TEST_BIN)
 
@@ -94,6 +99,44 @@ test: deps deps-test
 asan: deps
 	@$(MAKE) --no-print-directory test BUILD=build-asan BIN=build-asan/bin \
 	  CFLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
+
+# libFuzzer harnesses (tests/fuzz/fuzz_NAME.c), compiled by clang with ASan and UBSan in
+# $(FUZZ_BUILD)/ against the only sources they need (common/, spec/, metrics/metrics.c: the
+# rest of the library wants OpenMP, CUDA and more). `make fuzz` runs each for FUZZ_SECONDS
+# from its seed corpus tests/fuzz/corpus/NAME/, keeping what it finds new in
+# $(FUZZ_BUILD)/corpus/NAME/; a crash, leak or abort fails it, leaving the input as
+# $(FUZZ_BUILD)/crash-*. `make test` runs each for FUZZ_TEST_SECONDS.
+FUZZ_CC           ?= clang
+FUZZ_SECONDS      ?= 60
+FUZZ_TEST_SECONDS ?= 10
+FUZZ_BUILD        ?= build-fuzz
+FUZZ_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 -fno-omit-frame-pointer \
+               -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. \
+               $(shell pkg-config --cflags yaml-0.1 jansson 2>/dev/null)
+FUZZ_LIBS   := $(shell pkg-config --libs yaml-0.1 jansson 2>/dev/null) -lm
+FUZZ_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(wildcard common/*.c spec/*.c) metrics/metrics.c)
+FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
+
+# Kept between runs (make would delete them as intermediate files of the harnesses).
+.SECONDARY: $(FUZZ_OBJ)
+
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -MMD -MP -c $< -o $@
+
+$(FUZZ_BUILD)/fuzz_%: tests/fuzz/fuzz_%.c $(FUZZ_OBJ)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -o $@ $^ $(FUZZ_LIBS)
+
+fuzz: deps deps-fuzz
+	@$(MAKE) --no-print-directory $(FUZZ_BIN)
+	@for bin in $(FUZZ_BIN); do \
+	  name=$${bin##*/fuzz_}; mkdir -p $(FUZZ_BUILD)/corpus/$$name; \
+	  echo "fuzz: $$name for $(FUZZ_SECONDS) s"; \
+	  $$bin -max_total_time=$(FUZZ_SECONDS) -artifact_prefix=$(FUZZ_BUILD)/ -print_final_stats=1 \
+	    $(FUZZ_BUILD)/corpus/$$name tests/fuzz/corpus/$$name 2>$(FUZZ_BUILD)/$$name.log \
+	    || { tail -n 60 $(FUZZ_BUILD)/$$name.log; echo "fuzz: $$name failed"; exit 1; }; \
+	  grep -E '^stat::number_of_executed_units' $(FUZZ_BUILD)/$$name.log; \
+	done
 
 demo: deps all
 	@scripts/demo.sh
@@ -105,6 +148,6 @@ bench-%: all $(BENCH_BIN)
 	@if [ -x bench/$*.sh ]; then BUILD=$(BUILD) bench/$*.sh; else $(BUILD)/bench/bench_$*; fi
 
 clean:
-	rm -rf build build-asan bin
+	rm -rf build build-asan build-fuzz bin
 
--include $(filter-out %.cu.d,$(LIB_OBJ:.o=.d)) $(CLI_OBJ:.o=.d)
+-include $(filter-out %.cu.d,$(LIB_OBJ:.o=.d)) $(CLI_OBJ:.o=.d) $(FUZZ_OBJ:.o=.d)

@@ -20,7 +20,9 @@ static inline bool optimizer_cancelled(optimizer_cancel *c) {
 typedef struct optimizer_backend {
   const char *type; /* name in the spec's `optimizer: {type: …}` */
   /* Reads options (a JSON object of the spec's other keys, never NULL) and makes the
-   * backend's state in *state. The space is borrowed and outlives the state. */
+   * backend's state in *state. The space is borrowed and outlives the state; it is NULL
+   * when only the options are checked (optimizer_validate_options), and the state is then
+   * freed unused, so create must not look into the space. */
   int (*create)(const space *sp, const json_t *options, void **state, nas_err *err);
   void (*free)(void *state);
   /* As optimizer_suggest; out[0..n-1] receive owned JSON objects; refs is NULL or filled

@@ -81,13 +81,26 @@ static const char *const known_options[] = {"kernel",       "mean",       "n_ini
                                             "raw_samples",  "restarts",   "mc_samples",
                                             "fit_restarts", "max_baseline", NULL};
 
-static int read_count(const json_t *options, const char *key, long min, size_t *out,
-                      nas_err *err) {
+/* The most of each count option. One suggestion's work grows with raw_samples × mc_samples
+ * and restarts × mc_samples (the acquisition's evaluations), with fit_restarts (GP fits) and
+ * with max_baseline (the noisy baseline's boxes); the caps keep even all of them at once
+ * to seconds where the defaults take a fraction of one. n_initial costs nothing per
+ * suggestion (design points). docs/spec.md lists them. */
+static const struct {
+  const char *key;
+  long min, max;
+} count_limits[] = {{"n_initial", 1, 1000000}, {"raw_samples", 1, 8192}, {"restarts", 1, 64},
+                    {"mc_samples", 1, 1024},   {"max_baseline", 1, 256}, {"fit_restarts", 0, 16}};
+
+static int read_count(const json_t *options, const char *key, size_t *out, nas_err *err) {
   const json_t *v = json_object_get(options, key);
   if (!v) return NAS_OK;
-  if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > 1000000)
-    return nas_errf(err, "optimizer gp: option '%s' must be an integer from %ld to 1000000",
-                    key, min);
+  size_t i = 0;
+  while (strcmp(count_limits[i].key, key) != 0) i++;
+  long min = count_limits[i].min, max = count_limits[i].max;
+  if (!json_is_integer(v) || json_integer_value(v) < min || json_integer_value(v) > max)
+    return nas_errf(err, "optimizer gp: option '%s' must be an integer from %ld to %ld", key,
+                    min, max);
   *out = (size_t)json_integer_value(v);
   return NAS_OK;
 }
@@ -117,12 +130,12 @@ static int read_options(const json_t *options, gp_state *st, nas_err *err) {
   if (optimizer_check_options("gp", options, known_options, err) != NAS_OK ||
       read_kernel(options, &st->kernel, err) != NAS_OK ||
       read_mean(options, &st->mean, err) != NAS_OK ||
-      read_count(options, "n_initial", 1, &st->n_initial, err) != NAS_OK ||
-      read_count(options, "raw_samples", 1, &st->raw_samples, err) != NAS_OK ||
-      read_count(options, "restarts", 1, &st->restarts, err) != NAS_OK ||
-      read_count(options, "mc_samples", 1, &st->mc_samples, err) != NAS_OK ||
-      read_count(options, "max_baseline", 1, &st->max_baseline, err) != NAS_OK ||
-      read_count(options, "fit_restarts", 0, &fit_restarts, err) != NAS_OK)
+      read_count(options, "n_initial", &st->n_initial, err) != NAS_OK ||
+      read_count(options, "raw_samples", &st->raw_samples, err) != NAS_OK ||
+      read_count(options, "restarts", &st->restarts, err) != NAS_OK ||
+      read_count(options, "mc_samples", &st->mc_samples, err) != NAS_OK ||
+      read_count(options, "max_baseline", &st->max_baseline, err) != NAS_OK ||
+      read_count(options, "fit_restarts", &fit_restarts, err) != NAS_OK)
     return NAS_ERR;
   st->fit_restarts = (int)fit_restarts;
   return NAS_OK;

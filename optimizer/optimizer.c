@@ -116,6 +116,14 @@ void optimizer_set_watch(optimizer *opt, optimizer_watch watch) {
   if (opt->backend->set_watch) opt->backend->set_watch(opt->state, watch);
 }
 
+int optimizer_validate_options(const char *type, const json_t *options, nas_err *err) {
+  const optimizer_backend *backend = find_backend(type, err);
+  void *state = NULL;
+  if (!backend || backend->create(NULL, options, &state, err) < 0) return NAS_ERR;
+  backend->free(state);
+  return NAS_OK;
+}
+
 void optimizer_free(optimizer *opt) {
   if (!opt) return;
   opt->backend->free(opt->state);

@@ -81,6 +81,9 @@ typedef struct {
 /* Installs the watch for later suggestions (replacing any earlier one). */
 void optimizer_set_watch(optimizer *opt, optimizer_watch watch);
 
+/* Checks options (a JSON object) as optimizer_create would read them for the optimizer
+ * type, without a search space: the same errors, nothing made. */
+int optimizer_validate_options(const char *type, const json_t *options, nas_err *err);
 /* Suggests n assignments (owned JSON objects written to out[0..n-1]) given completed
  * observations and the parameters of pending (queued or running) trials, which it must
  * not propose again. first_number is the trial number the first suggestion will get; it

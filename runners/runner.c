@@ -61,6 +61,13 @@ int runner_create(const char *type, const json_t *options, runner **out, nas_err
   return NAS_OK;
 }
 
+int runner_validate_options(const char *type, const json_t *options, nas_err *err) {
+  runner *r = NULL;
+  if (runner_create(type, options, &r, err) != NAS_OK) return NAS_ERR;
+  runner_free(r);
+  return NAS_OK;
+}
+
 void runner_free(runner *r) {
   if (!r) return;
   r->backend->free(r->state);

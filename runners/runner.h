@@ -53,6 +53,9 @@ const char *job_state_name(job_state state);
  * borrowed; NULL = defaults). Unknown types and options are errors. */
 int runner_create(const char *type, const json_t *options, runner **out, nas_err *err);
 void runner_free(runner *r);
+/* Checks options as runner_create would read them for the runner type: the same errors,
+ * nothing kept. */
+int runner_validate_options(const char *type, const json_t *options, nas_err *err);
 
 /* Starts a job; *handle (owned) identifies it from now on, also to another process. */
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "optimizer/optimizer.h"
 #include "runners/runner.h"
 #include "scheduler/scheduler.h"
 
@@ -72,6 +73,28 @@ static int prepare_existing(const spec *s, storage *st, experiment_row *exp, nas
   int rc = compare_with_stored(s, st, exp, err);
   experiment_row_clear(exp);
   return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
+}
+
+typedef int (*options_validator)(const char *type, const json_t *options, nas_err *err);
+
+static int check_plugin(const plugin_spec *p, const char *section, options_validator validate,
+                        nas_err *err) {
+  const char *key;
+  json_t *value;
+  json_object_foreach(p->options, key, value) {
+    json_t *alone = json_pack("{sO}", key, value);
+    int rc = alone ? validate(p->type, alone, err) : nas_errf(err, "out of memory");
+    json_decref(alone);
+    const char *where = json_string_value(json_object_get(p->where, key));
+    if (rc != NAS_OK) return nas_err_prefix(err, "%s: %s.%s", where ? where : "spec", section, key);
+  }
+  if (validate(p->type, p->options, err) != NAS_OK) return nas_err_prefix(err, "%s", section);
+  return NAS_OK;
+}
+
+int sched_check_spec(const spec *s, nas_err *err) {
+  int rc = check_plugin(&s->runner, "runner", runner_validate_options, err);
+  return rc ? rc : check_plugin(&s->optimizer, "optimizer", optimizer_validate_options, err);
 }
 
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err) {

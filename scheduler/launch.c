@@ -1,7 +1,6 @@
 /* scheduler/launch.c: turning a queued trial into a running job — its run folder, argv
  * with parameters substituted, environment — and recording the job id before anything
  * else happens with it. */
-#include <ctype.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,14 +26,12 @@ int sched_enqueue(sched *sc, trial_row *row, nas_err *err) {
   return NAS_OK;
 }
 
-/* NAS_PARAM_<NAME>: the name upper-cased, anything but letters and digits as '_'. */
+/* NAS_PARAM_<NAME>=value (spec_param_env_name). */
 static char *param_env(const char *name, const json_t *value) {
-  char *text = spec_value_text(value);
-  char *entry = text ? nas_asprintf("NAS_PARAM_%s=%s", name, text) : NULL;
+  char *text = spec_value_text(value), *var = spec_param_env_name(name);
+  char *entry = text && var ? nas_asprintf("%s=%s", var, text) : NULL;
   free(text);
-  if (!entry) return NULL;
-  for (char *p = entry + strlen("NAS_PARAM_"); *p != '='; p++)
-    *p = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
+  free(var);
   return entry;
 }
 

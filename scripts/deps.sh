@@ -17,7 +17,8 @@ for group in "$@"; do
     slurm)    packages+=(slurm-wlm munge) ;;
     datasets) packages+=(dataset-fashion-mnist) ;;
     bench)    packages+=(python3-optuna python3-torch) ;;
-    *) echo "deps.sh: unknown package group '$group' (expected postgres, slurm, datasets or bench)" >&2; exit 2 ;;
+    fuzz)     packages+=(clang libclang-rt-14-dev) ;;  # libFuzzer's runtime is in the latter
+    *) echo "deps.sh: unknown package group '$group' (expected postgres, slurm, datasets, bench or fuzz)" >&2; exit 2 ;;
   esac
 done
 

@@ -1,5 +1,6 @@
 /* spec internals shared by the files of spec/ (not part of the public API).
  *
+ * yaml_load.c  turns the text into a libyaml document within the limits below.
  * node.c    reads libyaml document nodes into checked values (yaml_ctx, node_*).
  * params.c  decides what a parameter accepts (param_accepts, values_equal).
  * render.c  formats values (format_double, describe_value) and splits command arguments
@@ -12,6 +13,24 @@
 #include <yaml.h>
 
 #include "spec/spec.h"
+
+/* ---- yaml_load.c: the text as a YAML document ---- */
+
+/* What one spec may hold (docs/spec.md, "Limits"): nesting depth of lists and mappings,
+ * entries of one list or mapping, values in the whole file with every alias counted as
+ * the values it stands for, and anchors. They keep every reader's work small (the
+ * quadratic checks, such as duplicate keys and choices, see at most SPEC_MAX_ENTRIES). */
+enum {
+  SPEC_MAX_DEPTH = 64,
+  SPEC_MAX_ENTRIES = 1000,
+  SPEC_MAX_VALUES = 100000,
+  SPEC_MAX_ANCHORS = 100,
+};
+
+/* Loads the one document of text into doc (which the caller deletes on success; a text
+ * with no document gives a document without a root). Syntax errors, limits passed and
+ * unsupported tags are reported as "FILE:LINE:COL: ...". */
+int spec_yaml_load(const char *text, const char *file, yaml_document_t *doc, nas_err *err);
 
 /* ---- node.c: reading the YAML document ---- */
 

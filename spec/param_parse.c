@@ -372,13 +372,36 @@ static int read_param_names(const yaml_ctx *c, const yaml_node_t *map, spec *s) 
   return NAS_OK;
 }
 
+/* Parameters reach a trial's environment as NAS_PARAM_<NAME>, where `a.b`, `a_b`, `a-b`
+ * and `A_B` are all NAS_PARAM_A_B: refuse names that would share one variable. */
+static int check_env_names_distinct(const yaml_ctx *c, const yaml_node_t *map, const spec *s) {
+  char **env = calloc(s->n_params, sizeof *env);
+  int rc = env ? NAS_OK : nas_errf(c->err, "out of memory");
+  for (size_t i = 0; !rc && i < s->n_params; i++) {
+    if (!(env[i] = spec_param_env_name(s->params[i].name))) rc = nas_errf(c->err, "out of memory");
+    for (size_t j = 0; !rc && j < i; j++) {
+      if (strcmp(env[i], env[j]) != 0) continue;
+      const yaml_node_t *first = node_at(c, map->data.mapping.pairs.start[j].key);
+      rc = node_errf(c, node_at(c, map->data.mapping.pairs.start[i].key),
+                     "parameters: '%s' and '%s' (line %zu, column %zu) would both be the "
+                     "environment variable %s; rename one",
+                     s->params[i].name, s->params[j].name, first->start_mark.line + 1,
+                     first->start_mark.column + 1, env[i]);
+    }
+  }
+  for (size_t i = 0; env && i < s->n_params; i++) free(env[i]);
+  free(env);
+  return rc;
+}
+
 int parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s) {
   int rc = node_expect_mapping(c, node, "parameters");
   if (rc) return rc;
   size_t n = (size_t)(node->data.mapping.pairs.top - node->data.mapping.pairs.start);
   if (n == 0) return node_errf(c, node, "parameters: at least one parameter is needed");
   if (!(s->params = calloc(n, sizeof *s->params))) return nas_errf(c->err, "out of memory");
-  if ((rc = read_param_names(c, node, s))) return rc;
+  if ((rc = read_param_names(c, node, s)) || (rc = check_env_names_distinct(c, node, s)))
+    return rc;
   for (size_t i = 0; i < n && !rc; i++)
     rc = parse_param(c, node_at(c, node->data.mapping.pairs.start[i].value), s, i);
   return rc;

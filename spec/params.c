@@ -4,11 +4,19 @@
  * condition values and spec_check_params for whole assignments, so both agree. Numbers
  * compare by value (3 == 3.0), but int parameters only take JSON integers, so stored
  * assignments keep their types. Bounds are exact: an optimizer clamps to [low, high]. */
+#include <ctype.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "spec/internal.h"
+
+char *spec_param_env_name(const char *name) {
+  char *env = nas_asprintf("NAS_PARAM_%s", name);
+  for (char *p = env ? env + strlen("NAS_PARAM_") : NULL; p && *p; p++)
+    *p = isalnum((unsigned char)*p) ? (char)toupper((unsigned char)*p) : '_';
+  return env;
+}
 
 bool values_equal(const json_t *a, const json_t *b) {
   if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);

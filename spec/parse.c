@@ -5,8 +5,12 @@
  * problem found is reported as "FILE:LINE:COL: field: message" and everything built so far
  * is freed, so a failed load owns nothing. Defaults are filled here; nothing later needs
  * to re-validate a spec that loaded. */
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "spec/internal.h"
 
@@ -17,12 +21,28 @@ static const char *const root_keys[] = {"name",       "storage",     "seed",  "p
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
+/* An experiment's name becomes a folder (runs/<name>) and a command argument (`nas
+ * resume NAME`): it starts with a letter or digit (so never '.', '..' or '--option'),
+ * holds only name characters and stays short enough for any path. */
+enum { EXPERIMENT_NAME_MAX = 64 };
+
+static bool is_experiment_name(const char *name) {
+  char first = name[0];
+  bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') ||
+                (first >= '0' && first <= '9');
+  size_t len = name_span(name, ".-");
+  return starts && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX;
+}
+
 static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *node;
   int rc = node_required(c, root, "spec", "name", &node);
   if (!rc) rc = node_dup_text(c, node, "name", &s->name);
-  if (!rc && (s->name[0] == '\0' || s->name[name_span(s->name, ".-")] != '\0'))
-    rc = node_errf(c, node, "name: '%s' may only hold letters, digits, '_', '.' and '-'", s->name);
+  if (!rc && !is_experiment_name(s->name))
+    rc = node_errf(c, node,
+                   "name: '%.40s%s' is not an experiment name: a letter or digit, then letters, "
+                   "digits, '_', '.' or '-', at most %d characters",
+                   s->name, strlen(s->name) > 40 ? "..." : "", EXPERIMENT_NAME_MAX);
   if (rc) return rc;
   node = node_optional(c, root, "storage");
   if (node)
@@ -227,6 +247,21 @@ static int parse_plugin_type(const yaml_ctx *c, const yaml_node_t *node, const c
   return node_errf(c, node, "%s: unknown type '%s'", what, text);
 }
 
+/* Where each option of a plug-in section was written (plugin_spec.where). */
+static int record_option_places(const yaml_ctx *c, const yaml_node_t *section, json_t *where) {
+  for (yaml_node_pair_t *pair = section->data.mapping.pairs.start;
+       pair < section->data.mapping.pairs.top; pair++) {
+    const char *key = node_scalar_text(node_at(c, pair->key));
+    const yaml_node_t *value = node_at(c, pair->value);
+    char place[FIELD_CAP + 48];
+    snprintf(place, sizeof place, "%s:%zu:%zu", c->file, value->start_mark.line + 1,
+             value->start_mark.column + 1);
+    if (strcmp(key, "type") != 0 && json_object_set_new(where, key, json_string(place)) != 0)
+      return nas_errf(c->err, "out of memory");
+  }
+  return NAS_OK;
+}
+
 /* runner: / optimizer: a `type` (default given) and options for that plug-in. */
 static int parse_plugin(const yaml_ctx *c, const yaml_node_t *root, const char *section,
                         const char *const *types, plugin_spec *out) {
@@ -236,6 +271,8 @@ static int parse_plugin(const yaml_ctx *c, const yaml_node_t *root, const char *
   if (rc) return rc;
   if (!out->options && !(out->options = json_object())) return nas_errf(c->err, "out of memory");
   json_object_del(out->options, "type");
+  if (!(out->where = json_object())) return nas_errf(c->err, "out of memory");
+  if (node && (rc = record_option_places(c, node, out->where))) return rc;
   if (node) type = node_optional(c, node, "type");
   char what[FIELD_CAP];
   field_join(what, section, "type");
@@ -262,70 +299,55 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   return rc;
 }
 
-/* Line and column (1-based) of a byte offset, for libyaml reader errors that carry only
- * the offset. */
-static void offset_position(const char *text, size_t offset, size_t *line, size_t *col) {
-  *line = 1;
-  *col = 1;
-  for (size_t i = 0; i < offset && text[i]; i++) {
-    if (text[i] == '\n') {
-      (*line)++;
-      *col = 1;
-    } else {
-      (*col)++;
-    }
-  }
+static int too_large(const char *file, nas_err *err) {
+  return nas_errf(err, "%s: larger than %zu bytes (1 MiB), the most a spec may hold", file,
+                  SPEC_MAX_BYTES);
 }
 
-static int syntax_error(const yaml_parser_t *parser, const char *text, const char *file,
-                        nas_err *err) {
-  size_t line = parser->problem_mark.line + 1, col = parser->problem_mark.column + 1;
-  if (parser->error == YAML_READER_ERROR)
-    offset_position(text, parser->problem_offset, &line, &col);
-  const char *problem = parser->problem ? parser->problem : "cannot be read";
-  /* libyaml's words for a tab are "cannot start any token"; say what to change. */
-  bool tab = parser->error == YAML_SCANNER_ERROR && parser->problem_mark.index < strlen(text) &&
-             text[parser->problem_mark.index] == '\t';
-  const char *hint = tab ? "; indent with spaces, YAML does not allow tabs there" : "";
-  if (parser->context)
-    return nas_errf(err, "%s:%zu:%zu: YAML syntax error: %s (%s at line %zu, column %zu)%s", file,
-                    line, col, problem, parser->context, parser->context_mark.line + 1,
-                    parser->context_mark.column + 1, hint);
-  return nas_errf(err, "%s:%zu:%zu: YAML syntax error: %s%s", file, line, col, problem, hint);
-}
-
-/* Loads the one document of text into doc (which the caller deletes on success). */
-static int load_document(const char *text, const char *file, yaml_document_t *doc, nas_err *err) {
-  yaml_parser_t parser;
-  if (!yaml_parser_initialize(&parser)) return nas_errf(err, "%s: out of memory", file);
-  yaml_parser_set_input_string(&parser, (const unsigned char *)text, strlen(text));
+/* Reads the spec file at path into an owned text. Only a regular file is read, and only up
+ * to one byte past the limit: a device (/dev/zero) or a pipe could go on for ever, and
+ * opening without waiting (O_NONBLOCK) keeps a FIFO without a writer from hanging us. */
+static int read_spec_file(const char *path, char **out, size_t *len, nas_err *err) {
+  int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
+  struct stat st;
+  char *text = NULL;
+  size_t n = 0;
   int rc = NAS_OK;
-  if (!yaml_parser_load(&parser, doc)) {
-    rc = syntax_error(&parser, text, file, err);
-    yaml_parser_delete(&parser);
+  if (fstat(fd, &st) != 0)
+    rc = nas_errf(err, "%s: %s", path, strerror(errno));
+  else if (!S_ISREG(st.st_mode))
+    rc = nas_errf(err, "%s: not a regular file; give the path of a spec file (not a folder, "
+                  "device or pipe)", path);
+  else if ((size_t)st.st_size > SPEC_MAX_BYTES)
+    rc = too_large(path, err);
+  else if (!(text = malloc(SPEC_MAX_BYTES + 2)))
+    rc = nas_errf(err, "%s: out of memory", path);
+  while (!rc && n <= SPEC_MAX_BYTES) {
+    ssize_t got = read(fd, text + n, SPEC_MAX_BYTES + 1 - n);
+    if (got == 0) break;
+    if (got > 0) n += (size_t)got;
+    else if (errno != EINTR) rc = nas_errf(err, "%s: %s", path, strerror(errno));
+  }
+  close(fd);
+  if (!rc && n > SPEC_MAX_BYTES) rc = too_large(path, err); /* it grew while read */
+  if (rc) {
+    free(text);
     return rc;
   }
-  yaml_document_t extra;
-  if (!yaml_parser_load(&parser, &extra)) {
-    rc = syntax_error(&parser, text, file, err);
-  } else {
-    yaml_node_t *root = yaml_document_get_root_node(&extra);
-    if (root)
-      rc = nas_errf(err, "%s:%zu:%zu: only one YAML document is allowed ('---' starts another)",
-                    file, extra.start_mark.line + 1, extra.start_mark.column + 1);
-    yaml_document_delete(&extra);
-  }
-  yaml_parser_delete(&parser);
-  if (rc) yaml_document_delete(doc);
-  return rc;
+  text[n] = '\0';
+  *out = text;
+  *len = n;
+  return NAS_OK;
 }
 
 /* Parses text into *out; path is what spec.path records. */
 static int parse_spec(const char *text, const char *file, const char *dir, const char *path,
                       spec **out, nas_err *err) {
   *out = NULL;
+  if (strlen(text) > SPEC_MAX_BYTES) return too_large(file, err);
   yaml_document_t doc;
-  int rc = load_document(text, file, &doc, err);
+  int rc = spec_yaml_load(text, file, &doc, err);
   if (rc) return rc;
   yaml_ctx c = {.doc = &doc, .file = file, .err = err};
   spec *s = calloc(1, sizeof *s);
@@ -361,8 +383,8 @@ int spec_parse(const char *text, const char *name, const char *dir, spec **out, 
 int spec_load(const char *path, spec **out, nas_err *err) {
   *out = NULL;
   char *text = NULL, *abs_path = NULL, *dir = NULL;
-  size_t len;
-  int rc = nas_read_file(path, &text, &len, err);
+  size_t len = 0;
+  int rc = read_spec_file(path, &text, &len, err);
   if (rc) return rc;
   if (strlen(text) != len)
     rc = nas_errf(err, "%s: holds a NUL byte; a spec is a text file", path);
@@ -403,8 +425,10 @@ void spec_free(spec *s) {
   free(s->early_stopping.rungs);
   free(s->runner.type);
   json_decref(s->runner.options);
+  json_decref(s->runner.where);
   free(s->optimizer.type);
   json_decref(s->optimizer.options);
+  json_decref(s->optimizer.where);
   free(s->path);
   free(s->text);
   free(s->name);

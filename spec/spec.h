@@ -118,10 +118,13 @@ typedef struct {
   size_t n_rungs;
 } early_stop_spec;
 
-/* A plug-in section: `type` plus options that only that plug-in reads. */
+/* A plug-in section: `type` plus options that only that plug-in reads (and checks:
+ * sched_check_spec reports a bad one at its place in the file). */
 typedef struct {
   char *type;
   json_t *options;     /* owned JSON object of the remaining keys */
+  json_t *where;       /* owned JSON object: each option's name -> "FILE:LINE:COL" of its
+                          value, for messages */
 } plugin_spec;
 
 typedef struct spec {
@@ -143,12 +146,22 @@ typedef struct spec {
   early_stop_spec early_stopping;
 } spec;
 
-/* Loads and validates the YAML file at path. */
+/* The largest spec file, in bytes (1 MiB); larger ones are refused unread. */
+#define SPEC_MAX_BYTES ((size_t)1 << 20)
+
+/* Loads and validates the YAML file at path, which must be a regular file (not a device
+ * or a pipe, which could be endless) of at most SPEC_MAX_BYTES. */
 int spec_load(const char *path, spec **out, nas_err *err);
 /* Same from text already in memory; `name` stands for the file in messages and `dir` is
  * the folder relative paths in it are resolved against. */
 int spec_parse(const char *text, const char *name, const char *dir, spec **out, nas_err *err);
 void spec_free(spec *s);
+
+/* The environment variable a trial finds parameter `name` in: NAS_PARAM_ and the name
+ * upper-cased, every character but a letter or digit as '_' (`drop-out` ->
+ * NAS_PARAM_DROP_OUT). Loading refuses two parameters with the same one. Owned; NULL when
+ * out of memory. */
+char *spec_param_env_name(const char *name);
 
 /* Index of the parameter called name, or -1. */
 int spec_param_index(const spec *s, const char *name);

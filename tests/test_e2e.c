@@ -210,6 +210,15 @@ static void parallel_trials_get_a_share_of_the_cores_as_thread_counts(void **sta
   free(spec);
 }
 
+/* The fixture's database was not even created. */
+static void assert_no_database(fixture *f) {
+  char *db;
+  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+  struct stat sb;
+  assert_int_not_equal(stat(db, &sb), 0);
+  free(db);
+}
+
 static void bad_spec_writes_nothing(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "bad.yaml",
@@ -224,14 +233,44 @@ static void bad_spec_writes_nothing(void **state) {
   assert_non_null(strstr(out, "bad.yaml:3:"));
   assert_non_null(strstr(out, "high"));
   free(out);
-  char *db;
-  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
-  struct stat sb;
-  assert_int_not_equal(stat(db, &sb), 0); /* not even created */
-  free(db);
+  assert_no_database(f);
   free(spec);
 }
 
+/* Plug-in options used to be checked only once the experiment was stored, without a
+ * place, leaving a name that could not be run again. */
+static void bad_plugin_options_are_refused_at_their_place_and_write_nothing(void **state) {
+  fixture *f = *state;
+  const char *base = "name: opts\n"
+                     "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                     "objectives: [{name: y, goal: minimize}]\n"
+                     "trial: {command: [true]}\n"
+                     "budget: {trials: 2}\n";
+  const struct {
+    const char *section, *where, *words;
+  } cases[] = {
+      {"optimizer: {type: gp, n_initial: -3}\n", "opts.yaml:6:34: optimizer.n_initial: ",
+       "must be an integer from 1 to"},
+      {"runner:\n  type: local\n  kill_grace: -1\n", "opts.yaml:8:15: runner.kill_grace: ",
+       "expected a non-negative number of seconds"},
+      {"runner: {type: slurm, partition: gpu, nodes: [1]}\n", "opts.yaml:6:46: runner.nodes: ",
+       "expected a positive integer or a non-empty string"},
+      {"optimizer: {type: random, n_initial: 3}\n", "opts.yaml:6:38: optimizer.n_initial: ",
+       "unknown option 'n_initial' (it takes no options)"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *text, *out;
+    assert_true(asprintf(&text, "%s%s", base, cases[i].section) > 0);
+    char *spec = test_write(f->dir, "opts.yaml", text);
+    assert_int_equal(nas(f, &out, "run", spec, NULL), 1);
+    if (!strstr(out, cases[i].where) || !strstr(out, cases[i].words))
+      fail_msg("expected %s...%s, got %s", cases[i].where, cases[i].words, out);
+    free(out);
+    assert_no_database(f);
+    free(spec);
+    free(text);
+  }
+}
 
 static void interrupt_lets_running_trials_finish_and_resume_completes(void **state) {
   fixture *f = *state;
@@ -470,6 +509,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(every_way_a_trial_ends_is_recorded, setup, teardown),
       cmocka_unit_test_setup_teardown(parallel_trials_get_a_share_of_the_cores_as_thread_counts, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_spec_writes_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_plugin_options_are_refused_at_their_place_and_write_nothing,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),

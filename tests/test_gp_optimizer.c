@@ -117,6 +117,42 @@ static void unknown_or_invalid_options_are_rejected(void **state) {
   expect_spec_error(branin_currin_yaml("gp", 0, ", mean: best"), "mean");
 }
 
+/* Counts past these made one suggestion take minutes (raw_samples: 1000000); the caps are
+ * in docs/spec.md. */
+static void counts_that_would_make_a_suggestion_slow_are_capped(void **state) {
+  (void)state;
+  expect_spec_error(branin_currin_yaml("gp", 0, ", raw_samples: 8193"), "from 1 to 8192");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", restarts: 65"), "from 1 to 64");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", mc_samples: 1025"), "from 1 to 1024");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", max_baseline: 257"), "from 1 to 256");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", fit_restarts: 17"), "from 0 to 16");
+  spec *s;
+  optimizer *opt = NULL;
+  nas_err err = {{0}};
+  const char *at_caps = branin_currin_yaml("gp", 0, ", raw_samples: 8192, restarts: 64, "
+                                           "mc_samples: 1024, max_baseline: 256, fit_restarts: 16");
+  assert_int_equal(spec_parse(at_caps, "<test>", "/tmp", &s, &err), NAS_OK);
+  assert_int_equal(optimizer_create(s, &opt, &err), NAS_OK);
+  optimizer_free(opt);
+  spec_free(s);
+}
+
+/* The check sched_check_spec runs before anything is stored: optimizer_create's errors
+ * without a search space. */
+static void options_are_validated_without_a_space(void **state) {
+  (void)state;
+  nas_err err = {{0}};
+  json_t *bad = json_pack("{si}", "n_initial", -3), *none = json_object();
+  assert_int_equal(optimizer_validate_options("gp", bad, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "optimizer gp: option 'n_initial' must be an integer"));
+  assert_int_equal(optimizer_validate_options("random", bad, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "it takes no options"));
+  assert_int_equal(optimizer_validate_options("gp", none, &err), NAS_OK);
+  assert_int_equal(optimizer_validate_options("sobol", none, &err), NAS_OK);
+  json_decref(bad);
+  json_decref(none);
+}
+
 static void gp_is_the_default_optimizer(void **state) {
   (void)state;
   experiment e;
@@ -380,6 +416,8 @@ static void gp_beats_random_on_branin_currin(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(unknown_or_invalid_options_are_rejected),
+      cmocka_unit_test(counts_that_would_make_a_suggestion_slow_are_capped),
+      cmocka_unit_test(options_are_validated_without_a_space),
       cmocka_unit_test(gp_is_the_default_optimizer),
       cmocka_unit_test(initial_design_is_the_sobol_design),
       cmocka_unit_test(same_seed_and_data_give_the_same_suggestions),

@@ -2,6 +2,7 @@
  * text), parameter activity and checks, command rendering, value text and spec diffs. */
 #include <float.h>
 #include <math.h>
+#include <sys/stat.h>
 
 #include "spec/spec.h"
 #include "tests/testutil.h"
@@ -70,6 +71,19 @@ static void expect_error(const char *yaml, const char *where, const char *fragme
   assert_null(s);
   assert_int_equal(strncmp(err.msg, where, strlen(where)), 0);
   assert_non_null(strstr(err.msg, fragment));
+}
+
+/* n copies of unit, joined by between; owned. */
+static char *repeated(const char *unit, size_t n, const char *between) {
+  size_t unit_len = strlen(unit), between_len = strlen(between);
+  char *text = malloc(n * (unit_len + between_len) + 1), *end = text;
+  assert_non_null(text);
+  for (size_t i = 0; i < n; i++) {
+    if (i) end = stpcpy(end, between);
+    end = stpcpy(end, unit);
+  }
+  *end = '\0';
+  return text;
 }
 
 static json_t *json(const char *text) {
@@ -417,13 +431,57 @@ static void wrong_types_say_what_was_expected(void **state) {
 static void names_must_be_well_formed(void **state) {
   (void)state;
   expect_error("name: my exp\n" PARAMS_X AFTER_PARAMS,
-               "t.yaml:1:7: ", "name: 'my exp' may only hold letters, digits");
+               "t.yaml:1:7: ", "name: 'my exp' is not an experiment name: a letter or digit");
   expect_error(NAME "parameters:\n  2x: 3\n" AFTER_PARAMS,
                "t.yaml:3:3: ", "parameters: '2x' is not a parameter name");
   expect_error(NAME "parameters:\n  x: {type: flaot, low: 0, high: 1}\n" AFTER_PARAMS,
                "t.yaml:3:13: ", "parameters.x.type: unknown type 'flaot'; did you mean 'float'?");
   expect_error(NAME "parameters:\n  x: {type: real, low: 0, high: 1}\n" AFTER_PARAMS,
                "t.yaml:3:13: ", "unknown type 'real' (float, int, categorical or fixed)");
+}
+
+/* Names that would leave runs/ (trial N of '..' wrote into the spec's folder), read as an
+ * option, or make every run folder path too long. */
+static void experiment_names_follow_the_documented_pattern(void **state) {
+  (void)state;
+  const char *bad[] = {"..", ".", "--help", "-x", "_x", ".hidden", "a/b", "a b"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    char *yaml = nas_asprintf("name: '%s'\n" PARAMS_X AFTER_PARAMS, bad[i]);
+    char *what = nas_asprintf("name: '%s' is not an experiment name", bad[i]);
+    expect_error(yaml, "t.yaml:1:7: ", what);
+    free(what);
+    free(yaml);
+  }
+  char *long_name = repeated("n", 65, "");
+  char *yaml = nas_asprintf("name: %s\n" PARAMS_X AFTER_PARAMS, long_name);
+  expect_error(yaml, "t.yaml:1:7: ", "at most 64 characters");
+  free(yaml);
+  long_name[64] = '\0';
+  const char *good[] = {"a", "7", "fashion-nas-3obj", "v1.2_run-3", long_name};
+  for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+    yaml = nas_asprintf("name: %s\n" PARAMS_X AFTER_PARAMS, good[i]);
+    spec *s = load_ok(yaml);
+    assert_string_equal(s->name, good[i]);
+    spec_free(s);
+    free(yaml);
+  }
+  free(long_name);
+}
+
+/* Each runner hands parameter values to the trial as NAS_PARAM_<NAME>; two names that map
+ * to one variable would give the trial one of the two values, depending on the order. */
+static void parameters_sharing_an_environment_variable_are_refused(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  a.b: 1\n  x: 2\n  a-b: 3\n" AFTER_PARAMS, "t.yaml:5:3: ",
+               "parameters: 'a-b' and 'a.b' (line 3, column 3) would both be the environment "
+               "variable NAS_PARAM_A_B; rename one");
+  expect_error(NAME "parameters:\n  lr: 1\n  LR: 2\n" AFTER_PARAMS, "t.yaml:4:3: ",
+               "'LR' and 'lr' (line 3, column 3)");
+  expect_error(NAME "parameters:\n  a_b: 1\n  a.b: 2\n" AFTER_PARAMS, "t.yaml:4:3: ",
+               "NAS_PARAM_A_B");
+  char *env = spec_param_env_name("drop-out.rate2");
+  assert_string_equal(env, "NAS_PARAM_DROP_OUT_RATE2");
+  free(env);
 }
 
 /* ---- errors: parameter definitions ---- */
@@ -666,13 +724,157 @@ static void plugin_types_are_checked(void **state) {
                "t.yaml:9:19: ", "optimizer.type: unknown type 'bayes'");
   expect_error(MINIMAL "optimizer: [gp]\n", "t.yaml:9:12: ", "optimizer: expected a mapping");
   expect_error(MINIMAL "optimizer: &a {type: gp, loop: *a}\n",
-               "t.yaml:9:12: ", "optimizer: cannot be stored");
+               "t.yaml:9:32: ", "the alias '*a' names no complete node before it");
   spec *s = load_ok(MINIMAL "runner: {type: slurm, partition: gpu, nodes: [1, 2]}\n");
   assert_string_equal(s->runner.type, "slurm");
   assert_string_equal(json_string_value(json_object_get(s->runner.options, "partition")), "gpu");
   assert_int_equal(json_array_size(json_object_get(s->runner.options, "nodes")), 2);
   assert_null(json_object_get(s->runner.options, "type"));
+  assert_string_equal(json_string_value(json_object_get(s->runner.where, "partition")),
+                      "t.yaml:9:34");
+  assert_string_equal(json_string_value(json_object_get(s->runner.where, "nodes")),
+                      "t.yaml:9:46");
+  assert_null(json_object_get(s->runner.where, "type"));
+  assert_int_equal(json_object_size(s->optimizer.where), 0);
   spec_free(s);
+}
+
+/* ---- tags and limits ---- */
+
+static void standard_tags_are_honoured(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME "parameters:\n  a: !!str 7\n  b: !!int '8'\n  c: !!float 2.5\n"
+                    "  d: !!bool 'true'\n  e: ! 9\n"
+                    "  f: !!map {type: categorical, choices: !!seq [!!str 1, 1]}\n" AFTER_PARAMS);
+  assert_string_equal(json_string_value(s->params[0].fixed), "7");
+  assert_true(json_is_integer(s->params[1].fixed));
+  assert_int_equal(json_integer_value(s->params[1].fixed), 8);
+  assert_true(json_is_real(s->params[2].fixed));
+  assert_true(json_is_true(s->params[3].fixed));
+  assert_string_equal(json_string_value(s->params[4].fixed), "9");
+  assert_int_equal(json_array_size(s->params[5].choices), 2);
+  assert_string_equal(json_string_value(json_array_get(s->params[5].choices, 0)), "1");
+  spec_free(s);
+}
+
+static void other_tags_and_mistyped_values_are_refused(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  a: !!python/object:os.system {x: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "the YAML tag '!!python/object:os.system' is not supported");
+  expect_error(NAME "parameters:\n  a: !!set {x, y}\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "the YAML tag '!!set' is not supported");
+  expect_error(NAME "parameters:\n  a: !custom 3\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "the YAML tag '!custom' is not supported");
+  expect_error(NAME "parameters:\n  a: !!binary aGk=\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "the YAML tag '!!binary' is not supported");
+  expect_error(NAME "parameters:\n  a: !!int abc\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "'!!int' needs an integer, got 'abc'");
+  expect_error(NAME "parameters:\n  a: !!float 1e\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "'!!float' needs a decimal number, got '1e'");
+  expect_error(NAME "parameters:\n  a: !!bool yes\n" AFTER_PARAMS,
+               "t.yaml:3:6: ", "'!!bool' needs true or false, got 'yes'");
+}
+
+static void nesting_past_the_limit_is_refused_at_once(void **state) {
+  (void)state;
+  char *open = repeated("[", 100000, ""), *close = repeated("]", 100000, "");
+  char *yaml = nas_asprintf(MINIMAL "optimizer: {type: gp, deep: %s%s}\n", open, close);
+  expect_error(yaml, "t.yaml:9:91: ", "nested more than 64 levels deep");
+  free(yaml);
+  free(open);
+  free(close);
+  open = repeated("[", 62, "");
+  close = repeated("]", 62, "");
+  yaml = nas_asprintf(MINIMAL "optimizer: {type: gp, deep: %s%s}\n", open, close);
+  spec_free(load_ok(yaml)); /* 64 levels with the root and the optimizer */
+  free(yaml);
+  free(open);
+  free(close);
+}
+
+static void lists_and_mappings_past_the_entry_limit_are_refused(void **state) {
+  (void)state;
+  char *many = malloc(1001 * 8), *end = many;
+  for (int i = 0; i < 1001; i++) end += sprintf(end, "%s%d", i ? ", " : "", i);
+  char *yaml = nas_asprintf(NAME "parameters:\n  c: {type: categorical, choices: [%s]}\n"
+                            AFTER_PARAMS, many);
+  expect_error(yaml, "t.yaml:3:35: ", "this list has more than 1000 entries");
+  free(yaml);
+  many[strlen(many) - strlen(", 1000")] = '\0';
+  yaml = nas_asprintf(NAME "parameters:\n  c: {type: categorical, choices: [%s]}\n" AFTER_PARAMS,
+                      many);
+  spec *s = load_ok(yaml);
+  assert_int_equal(json_array_size(s->params[0].choices), 1000);
+  spec_free(s);
+  free(yaml);
+  free(many);
+}
+
+static void aliases_past_the_value_limit_are_refused(void **state) {
+  (void)state;
+  /* Each level names the previous one ten times: a5 stands for a million values. */
+  expect_error(MINIMAL "runner:\n  type: local\n  a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+               "  a1: &a1 [*a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0, *a0]\n"
+               "  a2: &a2 [*a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1, *a1]\n"
+               "  a3: &a3 [*a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2, *a2]\n"
+               "  a4: &a4 [*a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3, *a3]\n"
+               "  a5: [*a4, *a4, *a4, *a4, *a4, *a4, *a4, *a4, *a4, *a4]\n",
+               "t.yaml:15:", "the file holds more than 100000 values");
+  char *anchors = malloc(101 * 24), *end = anchors;
+  for (int i = 0; i < 101; i++) end += sprintf(end, "%s&a%d %d", i ? ", " : "", i, i);
+  char *yaml = nas_asprintf(MINIMAL "runner: {type: local, many: [%s]}\n", anchors);
+  expect_error(yaml, "t.yaml:9:", "more than 100 anchors");
+  free(yaml);
+  free(anchors);
+  expect_error(MINIMAL "runner: {type: local, a: &x 1, b: &x 2}\n",
+               "t.yaml:9:", "the anchor '&x' is defined twice (first at line 9, column");
+  expect_error(MINIMAL "runner: {type: local, b: *x, a: &x 1}\n",
+               "t.yaml:9:", "the alias '*x' names no complete node before it");
+  spec *s = load_ok(MINIMAL "runner: {type: local, a: &x [1, 2], b: *x}\n");
+  assert_int_equal(json_array_size(json_object_get(s->runner.options, "b")), 2);
+  spec_free(s);
+}
+
+static void text_over_a_mebibyte_is_refused(void **state) {
+  (void)state;
+  size_t room = SPEC_MAX_BYTES - strlen(MINIMAL "#\n");
+  char *pad = repeated("x", room, "");
+  char *yaml = nas_asprintf(MINIMAL "#%s\n", pad);
+  assert_int_equal(strlen(yaml), SPEC_MAX_BYTES);
+  spec_free(load_ok(yaml));
+  free(yaml);
+  yaml = nas_asprintf(MINIMAL "#%sx\n", pad);
+  expect_error(yaml, "t.yaml: ", "larger than 1048576 bytes (1 MiB)");
+  char *dir = test_tmpdir(), *path = test_write(dir, "big.yaml", yaml);
+  spec *s = (spec *)&s;
+  nas_err err = {{0}};
+  assert_int_equal(spec_load(path, &s, &err), NAS_ERR);
+  assert_null(s);
+  assert_non_null(strstr(err.msg, "big.yaml: larger than 1048576 bytes"));
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+  free(yaml);
+  free(pad);
+}
+
+static void devices_pipes_and_folders_are_not_read(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *fifo = nas_asprintf("%s/fifo.yaml", dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  const char *paths[] = {"/dev/zero", fifo, dir};
+  for (size_t i = 0; i < 3; i++) {
+    spec *s = (spec *)&s;
+    nas_err err = {{0}};
+    assert_int_equal(spec_load(paths[i], &s, &err), NAS_ERR);
+    assert_null(s);
+    char *want = nas_asprintf("%s: not a regular file", paths[i]);
+    assert_string_equal(strstr(err.msg, want) ? want : err.msg, want);
+    free(want);
+  }
+  free(fifo);
+  test_rmtree(dir);
+  free(dir);
 }
 
 /* ---- parameters at run time ---- */
@@ -1281,6 +1483,8 @@ int main(void) {
       cmocka_unit_test(duplicate_keys_are_errors),
       cmocka_unit_test(wrong_types_say_what_was_expected),
       cmocka_unit_test(names_must_be_well_formed),
+      cmocka_unit_test(experiment_names_follow_the_documented_pattern),
+      cmocka_unit_test(parameters_sharing_an_environment_variable_are_refused),
       cmocka_unit_test(bounds_must_be_ordered),
       cmocka_unit_test(log_needs_positive_low),
       cmocka_unit_test(int_bounds_must_be_integers),
@@ -1296,6 +1500,13 @@ int main(void) {
       cmocka_unit_test(trial_env_workdir_timeout_are_checked),
       cmocka_unit_test(budget_is_checked),
       cmocka_unit_test(plugin_types_are_checked),
+      cmocka_unit_test(standard_tags_are_honoured),
+      cmocka_unit_test(other_tags_and_mistyped_values_are_refused),
+      cmocka_unit_test(nesting_past_the_limit_is_refused_at_once),
+      cmocka_unit_test(lists_and_mappings_past_the_entry_limit_are_refused),
+      cmocka_unit_test(aliases_past_the_value_limit_are_refused),
+      cmocka_unit_test(text_over_a_mebibyte_is_refused),
+      cmocka_unit_test(devices_pipes_and_folders_are_not_read),
       cmocka_unit_test(comparison_condition_decides_activity),
       cmocka_unit_test(conditions_chain_through_inactive_parents),
       cmocka_unit_test(check_params_accepts_valid_assignments),
