@@ -101,17 +101,20 @@ bool is_identifier(const char *text, const char *extra) {
   return starts && text[name_span(text, extra)] == '\0';
 }
 
-json_t *inline_value(const char *text) {
+int inline_value(const char *text, json_t **out, nas_err *err) {
+  *out = NULL;
   text += strspn(text, " ");
   size_t len = strlen(text);
   while (len > 0 && text[len - 1] == ' ') len--;
-  if (len == 0) return NULL;
-  if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0])
-    return json_stringn(text + 1, len - 2);
-  char *plain = strndup(text, len);
-  json_t *value = plain ? scalar_json(plain, true) : NULL;
-  free(plain);
-  return value;
+  if (len == 0) return NAS_OK;
+  if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0]) {
+    *out = json_stringn(text + 1, len - 2);
+  } else {
+    char *plain = strndup(text, len);
+    *out = plain ? scalar_json(plain, true) : NULL;
+    free(plain);
+  }
+  return *out ? NAS_OK : nas_errf(err, "out of memory");
 }
 
 const char *nearest_name(const char *word, const char *const *names) {

@@ -5,6 +5,7 @@
  * problem found is reported as "FILE:LINE:COL: field: message" and everything built so far
  * is freed, so a failed load owns nothing. Defaults are filled here; nothing later needs
  * to re-validate a spec that loaded. */
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -120,7 +121,8 @@ static int parse_constraint(const yaml_ctx *c, const yaml_node_t *node, const ch
   size_t metric_len = name_span(metric, ".-");
   const char *op = metric + metric_len + strspn(metric + metric_len, " ");
   bool le = strncmp(op, "<=", 2) == 0, ge = strncmp(op, ">=", 2) == 0;
-  json_t *bound = le || ge ? inline_value(op + 2) : NULL;
+  json_t *bound = NULL;
+  if ((le || ge) && inline_value(op + 2, &bound, c->err)) return NAS_ERR;
   bool numeric = json_is_number(bound);
   k->bound = json_number_value(bound);
   json_decref(bound);
@@ -279,6 +281,9 @@ static void offset_position(const char *text, size_t offset, size_t *line, size_
 
 static int syntax_error(const yaml_parser_t *parser, const char *text, const char *file,
                         nas_err *err) {
+  /* libyaml leaves error unset when copying a tag fails, so that is a memory error too. */
+  if (parser->error == YAML_MEMORY_ERROR || parser->error == YAML_NO_ERROR)
+    return nas_errf(err, "%s: out of memory", file);
   size_t line = parser->problem_mark.line + 1, col = parser->problem_mark.column + 1;
   if (parser->error == YAML_READER_ERROR)
     offset_position(text, parser->problem_offset, &line, &col);
@@ -352,7 +357,8 @@ static int parse_spec(const char *text, const char *file, const char *dir, const
 
 int spec_parse(const char *text, const char *name, const char *dir, spec **out, nas_err *err) {
   char *abs_dir = nas_abspath(dir ? dir : ".", NULL);
-  if (!abs_dir) return nas_errf(err, "cannot resolve the folder '%s'", dir ? dir : ".");
+  if (!abs_dir)
+    return nas_errf(err, "cannot resolve the folder '%s': %s", dir ? dir : ".", strerror(errno));
   int rc = parse_spec(text, name ? name : "<string>", abs_dir, "<string>", out, err);
   free(abs_dir);
   return rc;
