@@ -233,9 +233,7 @@ static FILE *open_text(char **text, size_t *len) {
 }
 
 static char *close_text(FILE *out, char **text) {
-  if (fclose(out) == 0) return *text;
-  free(*text);
-  return NULL;
+  return nas_memstream_close(out, text, NULL) == NAS_OK ? *text : NULL;
 }
 
 static char *field_text(void (*write)(FILE *, const spec *), const spec *s) {

@@ -201,11 +201,7 @@ char *storage_url_redacted(const char *url) {
   if (!out) return NULL;
   if (strstr(url, "://")) redact_uri(out, url);
   else redact_conninfo(out, url);
-  if (fclose(out) != 0) {
-    free(buf);
-    return NULL;
-  }
-  return buf;
+  return nas_memstream_close(out, &buf, NULL) == NAS_OK ? buf : NULL;
 }
 
 /* ---- open and close ------------------------------------------------------------------ */
