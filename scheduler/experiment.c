@@ -35,9 +35,10 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
   spec *stored = NULL;
   int rc = sched_experiment_spec(exp, &stored, err);
   if (rc != NAS_OK) return rc;
-  char *diff = spec_diff(stored, s);
+  char *diff = NULL;
+  rc = spec_diff(stored, s, &diff, err);
   spec_free(stored);
-  if (!diff) return NAS_OK;
+  if (rc != NAS_OK || !diff) return rc;
   if (only_budget_changed(diff)) {
     nas_log("experiment '%s': budget changed:\n%s", exp->name, diff);
     rc = storage_experiment_set_spec(st, exp->id, s->text, err);
