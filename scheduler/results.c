@@ -35,7 +35,8 @@ static int collect_names(const spec *s, const metric_row *rows, size_t n_rows,
   out->metric_names = calloc(cap ? cap : 1, sizeof *out->metric_names);
   if (!out->metric_names) return nas_errf(err, "out of memory");
   int rc = NAS_OK;
-  for (size_t i = 0; !rc && i < s->n_objectives; i++) rc = add_name(out, s->objectives[i].name, err);
+  for (size_t i = 0; !rc && i < s->n_objectives; i++)
+    rc = add_name(out, s->objectives[i].name, err);
   for (size_t i = 0; !rc && i < s->n_constraints; i++)
     rc = add_name(out, s->constraints[i].metric, err);
   size_t declared = out->n_metrics;
