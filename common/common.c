@@ -213,6 +213,15 @@ char *nas_dirname(const char *path) {
   return strndup(path, (size_t)(slash - path));
 }
 
+int nas_memstream_close(FILE *stream, char **buf, nas_err *err) {
+  bool failed = ferror(stream) != 0;
+  failed = fclose(stream) != 0 || failed;
+  if (!failed && *buf) return NAS_OK;
+  free(*buf);
+  *buf = NULL;
+  return nas_errf(err, "out of memory");
+}
+
 char *nas_asprintf(const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

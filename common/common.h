@@ -10,6 +10,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 enum {
   NAS_OK = 0,
@@ -53,6 +54,12 @@ int nas_mkdirs(const char *path, nas_err *err);
 char *nas_abspath(const char *path, const char *base);
 /* Owned copy of the directory part of path ("." when there is none). */
 char *nas_dirname(const char *path);
+
+/* Closes a stream made by open_memstream(buf, …). NAS_OK: *buf is the owned text. NAS_ERR
+ * ("out of memory" in err, which may be NULL): a write or the final resize failed, and *buf
+ * is freed and NULL. glibc's fclose reports a failed final resize only by leaving *buf
+ * NULL, so checking its result alone is not enough. */
+int nas_memstream_close(FILE *stream, char **buf, nas_err *err);
 
 /* Owned printf. Returns NULL only when out of memory. */
 char *nas_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

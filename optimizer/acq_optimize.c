@@ -55,11 +55,11 @@ static bool same_point(const double *a, const double *b, size_t dim) {
 
 /* Gaussian perturbations of the centres in their numeric dimensions, alternating a small
  * and a wider spread; categorical choices stay the centre's. */
-static void sample_around(const acq_search *s, double *X, size_t n) {
+static int sample_around(const acq_search *s, double *X, size_t n, nas_err *err) {
   size_t dim = space_ndim(s->sp);
   const space_dim *dims = space_dims(s->sp);
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-  if (!rng) return;
+  if (!rng) return nas_errf(err, "acquisition search: out of memory");
   gsl_rng_set(rng, design_stream_seed(s->seed, AROUND_STREAM));
   for (size_t i = 0; i < n; i++) {
     double *x = X + i * dim, sigma = i % 2 ? 0.1 : 0.02;
@@ -69,6 +69,7 @@ static void sample_around(const acq_search *s, double *X, size_t n) {
         x[d] = fmin(fmax(x[d] + gsl_ran_gaussian_ziggurat(rng, sigma), 0.0), 1.0);
   }
   gsl_rng_free(rng);
+  return NAS_OK;
 }
 
 /* n_raw Sobol points then the perturbed centres, all snapped: *X owned, *n its rows. */
@@ -81,7 +82,7 @@ static int raw_points(const acq_search *s, double **X, size_t *n, nas_err *err) 
   if (rc == NAS_OK && n_u > 0) rc = design_sobol(n_u, s->seed, 0, n_raw, u, err);
   for (size_t i = 0; rc == NAS_OK && i < n_raw; i++)
     space_from_uniform(s->sp, u + i * n_u, pts + i * dim);
-  if (rc == NAS_OK) sample_around(s, pts + n_raw * dim, n_around);
+  if (rc == NAS_OK) rc = sample_around(s, pts + n_raw * dim, n_around, err);
   for (size_t i = 0; rc == NAS_OK && i < n_raw + n_around; i++)
     rc = space_snap(s->sp, pts + i * dim, err);
   free(u);
@@ -170,35 +171,42 @@ static int climb(search_work *w, double *x, nas_err *err) {
   nlopt_set_xtol_abs1(nl, 1e-7);
   memcpy(w->full, x, w->dim * sizeof *x);
   w->best_value = -HUGE_VAL;
-  nlopt_optimize(nl, z, &value); /* whatever it returns, best_x holds the best point seen */
+  /* Whatever else it returns, best_x holds the best point seen. */
+  nlopt_result result = nlopt_optimize(nl, z, &value);
   nlopt_destroy(nl);
+  if (result == NLOPT_OUT_OF_MEMORY) return nas_errf(err, "acquisition search: out of memory");
   if (w->best_value > -HUGE_VAL) memcpy(x, w->best_x, w->dim * sizeof *x);
   return NAS_OK;
 }
 
 /* ---- neighbourhood search -------------------------------------------------------------- */
 
-/* The nearest snapped point one level up (dir = 1) or down (−1) in discrete dimension d;
- * false when there is none. Log-scaled levels are unevenly spaced, hence growing steps. */
-static bool level_neighbour(search_work *w, const double *x, size_t d, int dir, nas_err *err) {
+/* The nearest snapped point one level up (dir = 1) or down (−1) in discrete dimension d
+ * into w->trial; *found is false when there is none. Log-scaled levels are unevenly
+ * spaced, hence growing steps. */
+static int level_neighbour(search_work *w, const double *x, size_t d, int dir, bool *found,
+                           nas_err *err) {
   const space_dim *dims = space_dims(w->s->sp);
   double spacing = 1.0 / (double)(dims[d].n_levels > 1 ? dims[d].n_levels - 1 : 1);
-  for (double mult = 0.6; mult <= 8; mult *= 2) {
+  *found = false;
+  for (double mult = 0.6; !*found && mult <= 8; mult *= 2) {
     memcpy(w->trial, x, w->dim * sizeof *x);
     w->trial[d] = fmin(fmax(x[d] + dir * mult * spacing, 0.0), 1.0);
-    if (space_snap(w->s->sp, w->trial, err) != NAS_OK) return false;
-    if (!same_point(w->trial, x, w->dim)) return true;
+    if (space_snap(w->s->sp, w->trial, err) != NAS_OK) return NAS_ERR;
+    *found = !same_point(w->trial, x, w->dim);
   }
-  return false;
+  return NAS_OK;
 }
 
-static bool choice_neighbour(search_work *w, const double *x, size_t group, size_t choice,
-                             nas_err *err) {
+static int choice_neighbour(search_work *w, const double *x, size_t group, size_t choice,
+                            bool *found, nas_err *err) {
   const space_dim *dims = space_dims(w->s->sp);
   memcpy(w->trial, x, w->dim * sizeof *x);
   memset(w->trial + group, 0, dims[group].n_levels * sizeof *x);
   w->trial[group + choice] = 1.0;
-  return space_snap(w->s->sp, w->trial, err) == NAS_OK && !same_point(w->trial, x, w->dim);
+  if (space_snap(w->s->sp, w->trial, err) != NAS_OK) return NAS_ERR;
+  *found = !same_point(w->trial, x, w->dim);
+  return NAS_OK;
 }
 
 /* Scores w->trial and keeps it in best when it beats *best_value. */
@@ -210,22 +218,30 @@ static void consider(search_work *w, double *best, double *best_value) {
   }
 }
 
-/* Best neighbour of x that beats *value, into x (returns whether one did). */
-static bool improve_once(search_work *w, double *x, double *value, double *best, nas_err *err) {
+/* Best neighbour of x that beats *value, into x (*improved says whether one did). */
+static int improve_once(search_work *w, double *x, double *value, double *best, bool *improved,
+                        nas_err *err) {
   const space_dim *dims = space_dims(w->s->sp);
   double best_value = *value;
+  bool found;
   for (size_t d = 0; d < w->dim; d++) {
     if (dims[d].kind == DIM_DISCRETE)
-      for (int dir = -1; dir <= 1; dir += 2)
-        if (level_neighbour(w, x, d, dir, err)) consider(w, best, &best_value);
+      for (int dir = -1; dir <= 1; dir += 2) {
+        if (level_neighbour(w, x, d, dir, &found, err) != NAS_OK) return NAS_ERR;
+        if (found) consider(w, best, &best_value);
+      }
     if (dims[d].kind == DIM_ONEHOT && dims[d].group_start == d)
-      for (size_t c = 0; c < dims[d].n_levels; c++)
-        if (choice_neighbour(w, x, d, c, err)) consider(w, best, &best_value);
+      for (size_t c = 0; c < dims[d].n_levels; c++) {
+        if (choice_neighbour(w, x, d, c, &found, err) != NAS_OK) return NAS_ERR;
+        if (found) consider(w, best, &best_value);
+      }
   }
-  if (!(best_value > *value)) return false;
-  memcpy(x, best, w->dim * sizeof *x);
-  *value = best_value;
-  return true;
+  *improved = best_value > *value;
+  if (*improved) {
+    memcpy(x, best, w->dim * sizeof *x);
+    *value = best_value;
+  }
+  return NAS_OK;
 }
 
 static bool has_discrete_dims(const space *sp) {
@@ -241,10 +257,12 @@ static int optimise_from(search_work *w, double *x, double *value, nas_err *err)
   if (!has_discrete_dims(w->s->sp)) return NAS_OK;
   double *best = malloc(w->dim * sizeof *best);
   if (!best) return nas_errf(err, "acquisition search: out of memory");
-  for (int round = 0; round < neighbourhood_rounds; round++)
-    if (!improve_once(w, x, value, best, err)) break;
+  bool improved = true;
+  int rc = NAS_OK;
+  for (int round = 0; rc == NAS_OK && improved && round < neighbourhood_rounds; round++)
+    rc = improve_once(w, x, value, best, &improved, err);
   free(best);
-  return NAS_OK;
+  return rc;
 }
 
 /* ---- the search ------------------------------------------------------------------------ */

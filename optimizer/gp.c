@@ -35,9 +35,15 @@ struct gp {
 static const double MAX_JITTER = 1e-3;
 
 int gp_cholesky(double *A, size_t n, double *jitter, nas_err *err) {
-  gsl_set_error_handler_off(); /* GSL's default handler aborts the process on EDOM */
   double *orig = malloc(n * n * sizeof *orig);
   if (!orig) return nas_errf(err, "gp: out of memory for a %zux%zu factorisation", n, n);
+  int rc = gp_cholesky_with(A, n, orig, jitter, err);
+  free(orig);
+  return rc;
+}
+
+int gp_cholesky_with(double *A, size_t n, double *orig, double *jitter, nas_err *err) {
+  gsl_set_error_handler_off(); /* GSL's default handler aborts the process on EDOM */
   memcpy(orig, A, n * n * sizeof *orig);
   double mean_diag = 0;
   for (size_t i = 0; i < n; i++) mean_diag += orig[i * n + i] / (double)n;
@@ -49,11 +55,9 @@ int gp_cholesky(double *A, size_t n, double *jitter, nas_err *err) {
     if (gsl_linalg_cholesky_decomp1(&view.matrix) == GSL_SUCCESS) {
       for (size_t i = 0; i < n; i++) memset(A + i * n + i + 1, 0, (n - i - 1) * sizeof *A);
       if (jitter) *jitter = add;
-      free(orig);
       return NAS_OK;
     }
   }
-  free(orig);
   return nas_errf(err, "gp: %zux%zu covariance matrix is not positive definite even with "
                   "jitter %g times its mean diagonal", n, n, MAX_JITTER);
 }

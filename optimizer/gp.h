@@ -125,5 +125,8 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
  * jitter from 0, 1e-9, 1e-8, … 1e-3 times the mean diagonal that makes it work. *jitter
  * receives what was added. Returns NAS_ERR when even the largest fails. */
 int gp_cholesky(double *A, size_t n, double *jitter, nas_err *err);
+/* Same, keeping A's original in copy (n×n) instead of memory of its own, so that it cannot
+ * fail for want of memory: its only failure is a matrix beyond the largest jitter. */
+int gp_cholesky_with(double *A, size_t n, double *copy, double *jitter, nas_err *err);
 
 #endif

@@ -99,6 +99,7 @@ static void lengthscale_gradient(const double *X, size_t n, size_t d, const doub
 
 typedef struct {
   double *K, *G, *alpha;
+  double *copy; /* n×n room for gp_cholesky_with */
 } lml_work;
 
 static double lml_with_work(gp_kernel kind, const double *X, const double *y, size_t n,
@@ -108,7 +109,7 @@ static double lml_with_work(gp_kernel kind, const double *X, const double *y, si
   for (size_t k = 0; k < d; k++) inv_ls2[k] = exp(-2.0 * theta[k]);
   double noise = exp(theta[GP_THETA_NOISE(d)]), c = theta[GP_THETA_MEAN(d)];
   kernel_and_slopes(kind, X, n, d, inv_ls2, noise, w->K, w->G);
-  if (gp_cholesky(w->K, n, NULL, err) != NAS_OK) return -HUGE_VAL;
+  if (gp_cholesky_with(w->K, n, w->copy, NULL, err) != NAS_OK) return -HUGE_VAL;
   double logdet = 0;
   for (size_t i = 0; i < n; i++) logdet += 2.0 * log(w->K[i * n + i]);
   for (size_t i = 0; i < n; i++) w->alpha[i] = y[i] - c;
@@ -137,13 +138,15 @@ static int lml_work_alloc(size_t n, lml_work *w) {
   w->K = malloc(n * n * sizeof *w->K);
   w->G = malloc(n * n * sizeof *w->G);
   w->alpha = malloc(n * sizeof *w->alpha);
-  return w->K && w->G && w->alpha ? NAS_OK : NAS_ERR;
+  w->copy = malloc(n * n * sizeof *w->copy);
+  return w->K && w->G && w->alpha && w->copy ? NAS_OK : NAS_ERR;
 }
 
 static void lml_work_free(lml_work *w) {
   free(w->K);
   free(w->G);
   free(w->alpha);
+  free(w->copy);
 }
 
 double gp_log_posterior(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
@@ -204,26 +207,35 @@ static void fit_start(size_t d, int start, gsl_rng *rng, const double *lower,
   }
 }
 
-static void fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng) {
+/* The NLopt runs from each start. Out of memory is an error, not a worse fit: a fit must
+ * not depend on how much memory there was, or a resumed experiment would not continue as
+ * the uninterrupted one. */
+static int fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng, nas_err *err) {
   unsigned len = (unsigned)GP_THETA_LEN(p->d);
   double lower[len], upper[len], theta[len];
   gp_theta_bounds(p->d, lower, upper);
   lower[GP_THETA_MEAN(p->d)] = p->lower_mean;
   upper[GP_THETA_MEAN(p->d)] = p->upper_mean;
   nlopt_opt nl = nlopt_create(NLOPT_LD_LBFGS, len);
-  if (!nl) return;
+  if (!nl) return nas_errf(err, "gp: out of memory fitting %zu observations", p->n);
+  int rc = NAS_OK;
   nlopt_set_lower_bounds(nl, lower);
   nlopt_set_upper_bounds(nl, upper);
   p->nl = nl;
   nlopt_set_max_objective(nl, fit_objective, p);
   nlopt_set_maxeval(nl, opt->max_evals > 0 ? opt->max_evals : 200);
   nlopt_set_ftol_rel(nl, 1e-7);
-  for (int start = 0; start <= opt->restarts && !optimizer_cancelled(p->cancel); start++) {
+  for (int start = 0; rc == NAS_OK && start <= opt->restarts && !optimizer_cancelled(p->cancel);
+       start++) {
     fit_start(p->d, start, rng, lower, upper, theta);
     double value;
-    nlopt_optimize(nl, theta, &value); /* whatever it returns, best_theta holds the best */
+    /* Whatever else it returns, best_theta holds the best point seen. */
+    nlopt_result result = nlopt_optimize(nl, theta, &value);
+    if (result == NLOPT_OUT_OF_MEMORY)
+      rc = nas_errf(err, "gp: out of memory fitting %zu observations", p->n);
   }
   nlopt_destroy(nl);
+  return rc;
 }
 
 /* The constant mean's bounds: the fixed worst outcome, or the general box. */
@@ -256,10 +268,10 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   gp_theta_prior_mode(d, p.best_theta);
   p.best_theta[GP_THETA_MEAN(d)] = fmin(fmax(0.0, p.lower_mean), p.upper_mean);
   p.y = ystd;
-  fit_runs(&p, opt, rng);
-  rc = optimizer_cancelled(p.cancel)
-           ? nas_errc(err, NAS_ECANCELED, "gp: fitting given up on request")
-           : gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);
+  rc = fit_runs(&p, opt, rng, err);
+  if (rc == NAS_OK && optimizer_cancelled(p.cancel))
+    rc = nas_errc(err, NAS_ECANCELED, "gp: fitting given up on request");
+  if (rc == NAS_OK) rc = gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);
 done:
   lml_work_free(&p.work);
   free(ystd);

@@ -78,13 +78,15 @@ int taken_add(taken_set *t, const double *x, nas_err *err) {
   return 0;
 }
 
-/* Appends the snapped encoding of params unless it does not encode. */
+/* Appends the snapped encoding of params unless it does not encode. Snapping an encoded
+ * point fails only for want of memory, which is an error: a point left out could be
+ * suggested again. */
 static int append_assignment(taken_set *t, const json_t *params, nas_err *err) {
   if (reserve_rows(t, t->n + 1, err) < 0) return NAS_ERR;
   double *row = t->rows + t->n * t->dim;
   nas_err ignored;
-  if (space_encode(t->sp, params, row, &ignored) < 0 || space_snap(t->sp, row, &ignored) < 0)
-    return 0;
+  if (space_encode(t->sp, params, row, &ignored) < 0) return 0;
+  if (space_snap(t->sp, row, err) < 0) return NAS_ERR;
   t->n++;
   return 0;
 }

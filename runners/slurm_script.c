@@ -187,8 +187,7 @@ static int script_write(const char *dir, const char *name, unsigned mode,
   *path = nas_asprintf("%s/%s", dir, name);
   FILE *f = *path ? open_memstream(&text, &len) : NULL;
   int rc = f ? fill(f, ctx) : NAS_ERR;
-  if (f && ferror(f)) rc = NAS_ERR;
-  if (f && fclose(f) != 0) rc = NAS_ERR;
+  if (f && nas_memstream_close(f, &text, NULL) != NAS_OK) rc = NAS_ERR;
   if (rc != NAS_OK) nas_errf(err, "%s/%s: out of memory", dir, name);
   else rc = nas_write_file_atomic_mode(*path, text, len, mode, err);
   free(text);

@@ -34,16 +34,17 @@ int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err) {
 
 /* spec_diff of the two specs with their storage lines' passwords masked: a new password
  * alone is not a change (passwords rotate), and the diff, which messages show, holds none.
- * Shallow copies with the storage line swapped, since spec_diff only reads. NULL when the
- * specs do not differ (or out of memory). */
-static char *diff_masked(const spec *stored, const spec *s) {
+ * Shallow copies with the storage line swapped, since spec_diff only reads; *diff is NULL
+ * when the specs do not differ. */
+static int diff_masked(const spec *stored, const spec *s, char **diff, nas_err *err) {
   spec old = *stored, new = *s;
   old.storage = storage_url_redacted(stored->storage);
   new.storage = storage_url_redacted(s->storage);
-  char *diff = old.storage && new.storage ? spec_diff(&old, &new) : NULL;
+  int rc = old.storage && new.storage ? spec_diff(&old, &new, diff, err)
+                                      : nas_errf(err, "out of memory");
   free(old.storage);
   free(new.storage);
-  return diff;
+  return rc;
 }
 
 static int compare_with_stored(const spec *s, storage *st, const experiment_row *exp,
@@ -51,9 +52,10 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
   spec *stored = NULL;
   int rc = sched_experiment_spec(exp, &stored, err);
   if (rc != NAS_OK) return rc;
-  char *diff = diff_masked(stored, s);
+  char *diff = NULL;
+  rc = diff_masked(stored, s, &diff, err);
   spec_free(stored);
-  if (!diff) return NAS_OK;
+  if (rc != NAS_OK || !diff) return rc;
   if (only_budget_changed(diff)) {
     nas_log("experiment '%s': budget changed:\n%s", exp->name, diff);
     rc = storage_experiment_set_spec(st, exp->id, s->text, err);

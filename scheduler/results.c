@@ -20,28 +20,31 @@ static int cmp_str(const void *a, const void *b) {
   return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* Appends a copy of name to out's metric names unless it is there already. */
+static int add_name(sched_results *out, const char *name, nas_err *err) {
+  if (name_index(out->metric_names, out->n_metrics, name) >= 0) return NAS_OK;
+  if (!(out->metric_names[out->n_metrics] = strdup(name))) return nas_errf(err, "out of memory");
+  out->n_metrics++;
+  return NAS_OK;
+}
+
 /* Objectives, then constraints, then every other name seen in rows, sorted. */
 static int collect_names(const spec *s, const metric_row *rows, size_t n_rows,
                          sched_results *out, nas_err *err) {
   size_t cap = s->n_objectives + s->n_constraints + n_rows;
   out->metric_names = calloc(cap ? cap : 1, sizeof *out->metric_names);
   if (!out->metric_names) return nas_errf(err, "out of memory");
-  size_t n = 0;
-  for (size_t i = 0; i < s->n_objectives; i++)
-    if (name_index(out->metric_names, n, s->objectives[i].name) < 0)
-      out->metric_names[n++] = strdup(s->objectives[i].name);
-  for (size_t i = 0; i < s->n_constraints; i++)
-    if (name_index(out->metric_names, n, s->constraints[i].metric) < 0)
-      out->metric_names[n++] = strdup(s->constraints[i].metric);
-  size_t declared = n;
-  for (size_t i = 0; i < n_rows; i++)
-    if (name_index(out->metric_names, n, rows[i].name) < 0)
-      out->metric_names[n++] = strdup(rows[i].name);
-  qsort(out->metric_names + declared, n - declared, sizeof *out->metric_names, cmp_str);
-  out->n_metrics = n;
-  for (size_t i = 0; i < n; i++)
-    if (!out->metric_names[i]) return nas_errf(err, "out of memory");
-  return NAS_OK;
+  int rc = NAS_OK;
+  for (size_t i = 0; !rc && i < s->n_objectives; i++)
+    rc = add_name(out, s->objectives[i].name, err);
+  for (size_t i = 0; !rc && i < s->n_constraints; i++)
+    rc = add_name(out, s->constraints[i].metric, err);
+  size_t declared = out->n_metrics;
+  for (size_t i = 0; !rc && i < n_rows; i++) rc = add_name(out, rows[i].name, err);
+  if (!rc)
+    qsort(out->metric_names + declared, out->n_metrics - declared, sizeof *out->metric_names,
+          cmp_str);
+  return rc;
 }
 
 /* Trial position (in r->trials) of each trial id, sorted by id for binary search. */
@@ -191,6 +194,10 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, 
   pareto_mask(Y, k, m, on_front);
   reference_point(s, Y, k, ref);
   *hv = hypervolume(Y, k, m, ref);
+  if (isnan(*hv)) { /* hypervolume's only failure */
+    free(Y), free(cand), free(on_front);
+    return nas_errf(err, "hypervolume of the front: out of memory");
+  }
   size_t f = 0;
   for (size_t i = 0; i < k; i++)
     if (on_front[i] && within_thresholds(s, r, cand[i])) cand[f++] = cand[i];

@@ -113,9 +113,23 @@ static const char **setting_names(unsigned bits) {
   return names;
 }
 
+/* Whether x lies in st's range; when not, why says so (text is x as the message shows it). */
+static bool setting_range_accepts(const builtin_setting *st, double x, const char *text,
+                                  char *why, size_t cap) {
+  bool above = st->open_low ? x > st->low : x >= st->low;
+  bool below = st->open_high ? x < st->high : x <= st->high;
+  if (above && below) return true;
+  char low[32], high[32];
+  format_double(st->low, low, sizeof low);
+  format_double(st->high, high, sizeof high);
+  snprintf(why, cap, "%s is outside %c%s, %s%c", text, st->open_low ? '(' : '[', low, high,
+           st->open_high ? ')' : ']');
+  return false;
+}
+
 /* Whether st takes value; when not, why says so. */
 static bool setting_accepts(const builtin_setting *st, const json_t *value, char *why, size_t cap) {
-  char text[64], list[200], low[32], high[32];
+  char text[64], list[200];
   describe_value(value, text, sizeof text);
   if (st->kind == SETTING_CHOICE) {
     const char *word = json_string_value(value);
@@ -139,15 +153,7 @@ static bool setting_accepts(const builtin_setting *st, const json_t *value, char
              text);
     return false;
   }
-  double x = json_number_value(value);
-  bool above = st->open_low ? x > st->low : x >= st->low;
-  bool below = st->open_high ? x < st->high : x <= st->high;
-  if (above && below) return true;
-  format_double(st->low, low, sizeof low);
-  format_double(st->high, high, sizeof high);
-  snprintf(why, cap, "%s is outside %c%s, %s%c", text, st->open_low ? '(' : '[', low, high,
-           st->open_high ? ')' : ']');
-  return false;
+  return setting_range_accepts(st, json_number_value(value), text, why, cap);
 }
 
 /* ---- the section ---- */
@@ -265,12 +271,12 @@ static bool param_fits(const param_spec *p, const builtin_setting *st, char *why
     snprintf(why, cap, "the setting takes integers: declare an int parameter");
     return false;
   }
-  json_t *low = p->kind == PARAM_INT ? json_integer((json_int_t)p->low) : json_real(p->low);
-  json_t *high = p->kind == PARAM_INT ? json_integer((json_int_t)p->high) : json_real(p->high);
-  bool fits = setting_accepts(st, low, why, cap) && setting_accepts(st, high, why, cap);
-  json_decref(low);
-  json_decref(high);
-  return fits;
+  /* Both ends checked as numbers, not JSON values, so the check needs no memory. */
+  char low[32], high[32];
+  format_double(p->low, low, sizeof low);
+  format_double(p->high, high, sizeof high);
+  return setting_range_accepts(st, p->low, low, why, cap) &&
+         setting_range_accepts(st, p->high, high, why, cap);
 }
 
 /* Every search parameter sets a setting of the model, with values it takes. */

@@ -233,9 +233,7 @@ static FILE *open_text(char **text, size_t *len) {
 }
 
 static char *close_text(FILE *out, char **text) {
-  if (fclose(out) == 0) return *text;
-  free(*text);
-  return NULL;
+  return nas_memstream_close(out, text, NULL) == NAS_OK ? *text : NULL;
 }
 
 static char *field_text(void (*write)(FILE *, const spec *), const spec *s) {
@@ -317,18 +315,21 @@ static bool diff_fields(FILE *out, const field_writer *table, size_t n, const sp
   return ok;
 }
 
-char *spec_diff(const spec *a, const spec *b) {
+int spec_diff(const spec *a, const spec *b, char **diff, nas_err *err) {
+  *diff = NULL;
   char *text;
   size_t len;
   FILE *out = open_text(&text, &len);
-  if (!out) return NULL;
+  if (!out) return nas_errf(err, "comparing specs: out of memory");
   bool ok = diff_fields(out, head_fields, sizeof head_fields / sizeof head_fields[0], a, b) &&
             diff_params(out, a, b) &&
             diff_fields(out, tail_fields, sizeof tail_fields / sizeof tail_fields[0], a, b);
   text = close_text(out, &text);
-  if (!ok || (text && text[0] == '\0')) {
+  if (!ok || !text) {
     free(text);
-    return NULL;
+    return nas_errf(err, "comparing specs: out of memory");
   }
-  return text;
+  if (text[0] == '\0') free(text);
+  else *diff = text;
+  return NAS_OK;
 }

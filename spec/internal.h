@@ -59,9 +59,9 @@ size_t name_span(const char *text, const char *extra);
  * Parameter and metric names allow ".-" as extra, environment names nothing. */
 bool is_identifier(const char *text, const char *extra);
 /* A value written inline in a string ("3", "adam", "'a b'"), surrounding spaces ignored:
- * quoted text is a string, the rest is typed like a plain scalar. Owned; NULL when the
- * text is empty (or out of memory). */
-json_t *inline_value(const char *text);
+ * quoted text is a string, the rest is typed like a plain scalar. *out is owned, NULL when
+ * the text is blank; NAS_ERR only when out of memory. */
+int inline_value(const char *text, json_t **out, nas_err *err);
 /* The name in names (NULL-terminated) nearest to word when close enough to be a likely
  * typo (edit distance <= 2 and below word's length), else NULL. */
 const char *nearest_name(const char *word, const char *const *names);

@@ -101,17 +101,20 @@ bool is_identifier(const char *text, const char *extra) {
   return starts && text[name_span(text, extra)] == '\0';
 }
 
-json_t *inline_value(const char *text) {
+int inline_value(const char *text, json_t **out, nas_err *err) {
+  *out = NULL;
   text += strspn(text, " ");
   size_t len = strlen(text);
   while (len > 0 && text[len - 1] == ' ') len--;
-  if (len == 0) return NULL;
-  if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0])
-    return json_stringn(text + 1, len - 2);
-  char *plain = strndup(text, len);
-  json_t *value = plain ? scalar_json(plain, true) : NULL;
-  free(plain);
-  return value;
+  if (len == 0) return NAS_OK;
+  if (len >= 2 && (text[0] == '\'' || text[0] == '"') && text[len - 1] == text[0]) {
+    *out = json_stringn(text + 1, len - 2);
+  } else {
+    char *plain = strndup(text, len);
+    *out = plain ? scalar_json(plain, true) : NULL;
+    free(plain);
+  }
+  return *out ? NAS_OK : nas_errf(err, "out of memory");
 }
 
 const char *nearest_name(const char *word, const char *const *names) {
@@ -350,17 +353,21 @@ int node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, 
 int node_scalar_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
   if (node->type != YAML_SCALAR_NODE || node_is_null(node))
     return node_expected(c, node, what, "a string, number or bool");
+  /* libyaml's reader lets only valid UTF-8 through, so jansson fails here only for want
+   * of memory. */
   *out = scalar_json(node_scalar_text(node), node_plain(node));
-  return *out ? NAS_OK : node_errf(c, node, "%s: not valid UTF-8 text", what);
+  return *out ? NAS_OK : node_errf(c, node, "%s: out of memory", what);
 }
 
-static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth);
+static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth,
+                            bool *too_deep);
 
-static json_t *mapping_json(const yaml_ctx *c, const yaml_node_t *map, int depth) {
+static json_t *mapping_json(const yaml_ctx *c, const yaml_node_t *map, int depth,
+                            bool *too_deep) {
   json_t *object = json_object();
   for (yaml_node_pair_t *pair = map->data.mapping.pairs.start;
        object && pair < map->data.mapping.pairs.top; pair++) {
-    json_t *value = node_json_at(c, node_at(c, pair->value), depth + 1);
+    json_t *value = node_json_at(c, node_at(c, pair->value), depth + 1, too_deep);
     const char *key = node_scalar_text(node_at(c, pair->key));
     if (!value || json_object_set_new(object, key, value) != 0) {
       json_decref(object);
@@ -370,11 +377,13 @@ static json_t *mapping_json(const yaml_ctx *c, const yaml_node_t *map, int depth
   return object;
 }
 
-static json_t *list_json(const yaml_ctx *c, const yaml_node_t *list, int depth) {
+static json_t *list_json(const yaml_ctx *c, const yaml_node_t *list, int depth,
+                         bool *too_deep) {
   json_t *array = json_array();
   for (yaml_node_item_t *item = list->data.sequence.items.start;
        array && item < list->data.sequence.items.top; item++) {
-    if (json_array_append_new(array, node_json_at(c, node_at(c, *item), depth + 1)) != 0) {
+    json_t *value = node_json_at(c, node_at(c, *item), depth + 1, too_deep);
+    if (json_array_append_new(array, value) != 0) {
       json_decref(array);
       array = NULL;
     }
@@ -382,19 +391,25 @@ static json_t *list_json(const yaml_ctx *c, const yaml_node_t *list, int depth) 
   return array;
 }
 
-/* NULL when out of memory, the text is not UTF-8, or nesting passes JSON_MAX_DEPTH. */
-static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth) {
-  if (depth > JSON_MAX_DEPTH) return NULL;
-  if (node->type == YAML_MAPPING_NODE) return mapping_json(c, node, depth);
-  if (node->type == YAML_SEQUENCE_NODE) return list_json(c, node, depth);
+/* NULL when nesting passes JSON_MAX_DEPTH (*too_deep is then set) or out of memory. */
+static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth,
+                            bool *too_deep) {
+  if (depth > JSON_MAX_DEPTH) {
+    *too_deep = true;
+    return NULL;
+  }
+  if (node->type == YAML_MAPPING_NODE) return mapping_json(c, node, depth, too_deep);
+  if (node->type == YAML_SEQUENCE_NODE) return list_json(c, node, depth, too_deep);
   return scalar_json(node_scalar_text(node), node_plain(node));
 }
 
 int node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
-  *out = node_json_at(c, node, 0);
+  bool too_deep = false;
+  *out = node_json_at(c, node, 0, &too_deep);
   if (*out) return NAS_OK;
+  if (!too_deep) return node_errf(c, node, "%s: out of memory", what);
   return node_errf(c, node,
-                   "%s: cannot be stored (nested over %d levels deep, an alias "
-                   "that contains itself, or text that is not UTF-8)",
+                   "%s: cannot be stored (nested over %d levels deep, or an alias that "
+                   "contains itself)",
                    what, JSON_MAX_DEPTH);
 }

@@ -188,7 +188,8 @@ static int parse_condition_text(const yaml_ctx *c, const yaml_node_t *node, cons
   for (size_t k = 0; name_len > 0 && k < sizeof op_table / sizeof op_table[0]; k++) {
     size_t op_len = strlen(op_table[k].text);
     if (strncmp(op, op_table[k].text, op_len) != 0) continue;
-    json_t *value = inline_value(op + op_len);
+    json_t *value;
+    if (inline_value(op + op_len, &value, c->err)) return NAS_ERR;
     if (!value) break;
     cond->op = op_table[k].op;
     if (!(cond->values = json_pack("[o]", value))) return nas_errf(c->err, "out of memory");

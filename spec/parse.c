@@ -140,7 +140,8 @@ static int parse_constraint(const yaml_ctx *c, const yaml_node_t *node, const ch
   size_t metric_len = name_span(metric, ".-");
   const char *op = metric + metric_len + strspn(metric + metric_len, " ");
   bool le = strncmp(op, "<=", 2) == 0, ge = strncmp(op, ">=", 2) == 0;
-  json_t *bound = le || ge ? inline_value(op + 2) : NULL;
+  json_t *bound = NULL;
+  if ((le || ge) && inline_value(op + 2, &bound, c->err)) return NAS_ERR;
   bool numeric = json_is_number(bound);
   k->bound = json_number_value(bound);
   json_decref(bound);
@@ -374,7 +375,8 @@ static int parse_spec(const char *text, const char *file, const char *dir, const
 
 int spec_parse(const char *text, const char *name, const char *dir, spec **out, nas_err *err) {
   char *abs_dir = nas_abspath(dir ? dir : ".", NULL);
-  if (!abs_dir) return nas_errf(err, "cannot resolve the folder '%s'", dir ? dir : ".");
+  if (!abs_dir)
+    return nas_errf(err, "cannot resolve the folder '%s': %s", dir ? dir : ".", strerror(errno));
   int rc = parse_spec(text, name ? name : "<string>", abs_dir, "<string>", out, err);
   free(abs_dir);
   return rc;

@@ -140,7 +140,8 @@ static int render_arg(const spec *s, const json_t *params, const char *arg, char
       fwrite(piece.start, 1, piece.len, text);
   }
   if (!rc && more < 0) rc = nas_errf(err, "command argument '%s': %s", arg, piece.error);
-  if (fclose(text) != 0 && !rc) rc = nas_errf(err, "out of memory");
+  int closed = nas_memstream_close(text, &buf, rc ? NULL : err);
+  if (!rc) rc = closed;
   if (rc) {
     free(buf);
     return rc;

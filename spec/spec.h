@@ -189,8 +189,8 @@ char *spec_value_text(const json_t *value);
 int spec_builtin_settings(const spec *s, const json_t *params, json_t **out, nas_err *err);
 
 /* Lines describing how two specs differ in meaning ("budget.trials: 20 -> 30"), one per
- * line, each ending in '\n'; fields are named by their YAML keys. NULL when they are the
- * same (or when out of memory). Owned. */
-char *spec_diff(const spec *a, const spec *b);
+ * line, each ending in '\n'; fields are named by their YAML keys. *out is owned, NULL when
+ * they are the same; NAS_ERR only when out of memory. */
+int spec_diff(const spec *a, const spec *b, char **out, nas_err *err);
 
 #endif

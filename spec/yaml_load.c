@@ -85,6 +85,9 @@ static void offset_position(const char *text, size_t offset, size_t *line, size_
 
 static int syntax_error(const yaml_parser_t *parser, const char *text, const char *file,
                         nas_err *err) {
+  /* libyaml leaves error unset when copying a tag fails, so that is a memory error too. */
+  if (parser->error == YAML_MEMORY_ERROR || parser->error == YAML_NO_ERROR)
+    return nas_errf(err, "%s: out of memory", file);
   size_t line = parser->problem_mark.line + 1, col = parser->problem_mark.column + 1;
   if (parser->error == YAML_READER_ERROR)
     offset_position(text, parser->problem_offset, &line, &col);

@@ -729,7 +729,8 @@ static int metric_columns(const metric_obs *obs, size_t n, char *columns[4], nas
   }
   for (int k = 0; k < 4; k++) {
     if (out[k]) fputs(n ? "}" : "{}", out[k]);
-    if (out[k] && fclose(out[k]) != 0 && rc == NAS_OK) rc = nas_errf(err, "out of memory");
+    int closed = out[k] ? nas_memstream_close(out[k], &columns[k], rc ? NULL : err) : NAS_OK;
+    if (rc == NAS_OK) rc = closed;
   }
   if (rc != NAS_OK) {
     for (int k = 0; k < 4; k++) free(columns[k]);

@@ -224,11 +224,7 @@ static char *url_masked(const char *url, secret_put put) {
   if (!out) return NULL;
   if (strstr(url, "://")) redact_uri(out, url, put);
   else redact_conninfo(out, url, put);
-  if (fclose(out) != 0) {
-    free(buf);
-    return NULL;
-  }
-  return buf;
+  return nas_memstream_close(out, &buf, NULL) == NAS_OK ? buf : NULL;
 }
 
 char *storage_url_redacted(const char *url) { return url_masked(url, secret_put_hidden); }

@@ -1187,12 +1187,20 @@ static void early_stopping_loads_with_defaults_and_rungs(void **state) {
                "only the asha rule");
 }
 
+/* spec_diff's text (NULL: the same), failing the test when the comparison fails. */
+static char *diff_of(const spec *a, const spec *b) {
+  char *diff = NULL;
+  nas_err err = {{0}};
+  if (spec_diff(a, b, &diff, &err) != NAS_OK) fail_msg("spec_diff: %s", err.msg);
+  return diff;
+}
+
 static void diff_names_new_fields(void **state) {
   (void)state;
   spec *a = load_ok(MINIMAL), *b = load_ok(NAME PARAMS_X OBJECTIVES TRIAL
                                            "budget: {trials: 5, max_failure_rate: 1}\n"
                                            "early_stopping: {rule: median}\n");
-  char *diff = spec_diff(a, b);
+  char *diff = diff_of(a, b);
   assert_non_null(diff);
   assert_non_null(strstr(diff, "budget.max_failure_rate: 0.5 -> 1\n"));
   assert_non_null(strstr(diff, "early_stopping: none -> median on f, min_steps 1, min_trials 4\n"));
@@ -1234,7 +1242,7 @@ static void diff_is_null_for_the_same_content(void **state) {
       "  timeout: 600\n"
       "budget: {trials: 20, parallel: 4, wall_time: 120m}\n"
       "optimizer: {n_initial: 8}\n");
-  char *diff = spec_diff(a, b);
+  char *diff = diff_of(a, b);
   if (diff) print_message("unexpected diff:\n%s", diff);
   assert_null(diff);
   spec_free(a);
@@ -1245,10 +1253,10 @@ static void diff_lists_each_changed_field(void **state) {
   (void)state;
   spec *a = load_ok(MINIMAL);
   spec *b = load_ok("# same, commented\n" NAME PARAMS_X OBJECTIVES TRIAL BUDGET);
-  assert_null(spec_diff(a, b));
+  assert_null(diff_of(a, b));
   spec_free(b);
   b = load_ok(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 30}\n");
-  char *diff = spec_diff(a, b);
+  char *diff = diff_of(a, b);
   assert_string_equal(diff, "budget.trials: 5 -> 30\n");
   free(diff);
   spec_free(b);
@@ -1264,7 +1272,7 @@ static void diff_lists_each_changed_field(void **state) {
       "budget: {trials: 5, parallel: 2, wall_time: 90s}\n"
       "runner: {type: slurm, partition: gpu}\n"
       "optimizer: {type: random}\n");
-  diff = spec_diff(a, b);
+  diff = diff_of(a, b);
   assert_string_equal(diff,
                       "name: t -> t2\n"
                       "seed: 0 -> 3\n"
@@ -1280,7 +1288,7 @@ static void diff_lists_each_changed_field(void **state) {
                       "runner.options: {} -> {\"partition\":\"gpu\"}\n"
                       "optimizer.type: gp -> random\n");
   free(diff);
-  diff = spec_diff(b, a);
+  diff = diff_of(b, a);
   assert_non_null(strstr(diff, "parameters.y: removed (categorical [\"a\", \"1\"] when x > 1)\n"));
   free(diff);
   spec_free(b);
@@ -1293,7 +1301,7 @@ static void diff_reports_parameter_order_and_commands(void **state) {
       NAME "parameters:\n  x: {type: float, low: 0, high: 1}\n  y: 1\n" OBJECTIVES TRIAL BUDGET);
   spec *b = load_ok(NAME "parameters:\n  y: 1\n  x: {type: float, low: 0, high: 1}\n" OBJECTIVES
                          "trial:\n  command: [run, \"{x}\", \"{y}\"]\n" BUDGET);
-  char *diff = spec_diff(a, b);
+  char *diff = diff_of(a, b);
   assert_string_equal(diff,
                       "parameters order: x, y -> y, x\n"
                       "trial.command: [\"run\", \"{x}\"] -> [\"run\", \"{x}\", \"{y}\"]\n");
@@ -1443,16 +1451,16 @@ static void diff_reports_builtin_changes(void **state) {
   (void)state;
   spec *a = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 2}\n"));
   spec *b = load_ok(BUILTIN_SPEC("trial:\n  builtin: {epochs: 2, dataset: digits, model: mlp}\n"));
-  assert_null(spec_diff(a, b));
+  assert_null(diff_of(a, b));
   spec_free(b);
   b = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 3, lr: 1e-2}\n"));
-  char *diff = spec_diff(a, b);
+  char *diff = diff_of(a, b);
   assert_string_equal(diff, "trial.builtin: mlp on \"digits\" {\"epochs\":2} -> "
                             "mlp on \"digits\" {\"epochs\":3,\"lr\":0.01}\n");
   free(diff);
   spec_free(b);
   b = load_ok(NAME "parameters:\n  layers: 2\n" BUILTIN_OBJECTIVES TRIAL_RUN BUDGET);
-  diff = spec_diff(a, b);
+  diff = diff_of(a, b);
   assert_non_null(strstr(diff, "trial.command: [] -> [\"run\"]\n"
                                "trial.builtin: mlp on \"digits\" {\"epochs\":2} -> none\n"));
   free(diff);
