@@ -53,9 +53,12 @@ static void close_named(storage *st, experiment_row *exp, spec *s) {
 }
 
 static int create_experiment(const char *path, const char *url) {
-  spec *s;
+  spec *s = NULL;
   nas_err err;
-  if (spec_load(path, &s, &err) != NAS_OK) return cli_fail(&err);
+  if (spec_load(path, &s, &err) != NAS_OK || sched_check_spec(s, &err) != NAS_OK) {
+    spec_free(s);
+    return cli_fail(&err);
+  }
   storage *st = NULL;
   experiment_row exp = {0};
   int status = EXIT_DONE;

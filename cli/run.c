@@ -103,7 +103,7 @@ int cmd_run(int argc, char **argv) {
   nas_err err;
   spec *s = NULL;
   if (spec_load(a.target, &s, &err) != NAS_OK || sched_check_spec(s, &err) != NAS_OK ||
-      worker_builtin_check(s, &err) != NAS_OK) {
+      sched_check_runnable(s, &err) != NAS_OK || worker_builtin_check(s, &err) != NAS_OK) {
     /* options, the dataset and the device are checked before anything is stored */
     spec_free(s);
     free(a.storage);

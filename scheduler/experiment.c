@@ -99,6 +99,14 @@ int sched_check_spec(const spec *s, nas_err *err) {
   return rc ? rc : check_plugin(&s->optimizer, "optimizer", optimizer_validate_options, err);
 }
 
+int sched_check_runnable(const spec *s, nas_err *err) {
+  if (spec_trial_runs(s)) return NAS_OK;
+  return nas_errf(err, "%s: the spec's trial section runs nothing (neither trial.command nor "
+                  "trial.builtin), so there is nothing for 'nas run' to launch; hand its "
+                  "trials out with 'nas ask'/'nas tell' or 'nas serve' (docs/api.md)",
+                  s->path);
+}
+
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err) {
   int rc = storage_experiment_get(st, s->name, exp, err);
   if (rc == NAS_OK) return prepare_existing(s, st, exp, err);

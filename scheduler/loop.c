@@ -617,7 +617,9 @@ static int run_held(sched *sc, nas_err *err) {
 int sched_run(const spec *s, storage *st, const experiment_row *exp,
               const sched_options *opt, sched_outcome *outcome, nas_err *err) {
   sched sc;
-  int rc = sched_init(&sc, s, st, exp, opt, err);
+  int rc = sched_check_runnable(s, err);
+  if (rc != NAS_OK) return rc;
+  rc = sched_init(&sc, s, st, exp, opt, err);
   if (rc == NAS_OK) rc = sched_lease_take(st, exp, &sc.lease, err);
   if (rc == NAS_OK) rc = run_held(&sc, err);
   *outcome = sc.outcome;

@@ -91,6 +91,9 @@ int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err);
  * check them itself (the plug-ins depend on spec/, not the reverse). Call it before storing
  * anything of a spec: a stored experiment whose options are refused cannot be run. */
 int sched_check_spec(const spec *s, nas_err *err);
+/* Whether the spec's trials run something a runner can launch (else the experiment is for
+ * ask and tell only); what `nas run` checks before storing anything, and sched_run again. */
+int sched_check_runnable(const spec *s, nas_err *err);
 
 /* Finds the experiment of spec s in st, creating it when new. An existing experiment
  * with a different spec is refused with the differences listed, except for changes

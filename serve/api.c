@@ -79,8 +79,11 @@ static int create_experiment(serve_request *req, char **parts) {
   spec *checked = NULL, *s = NULL;
   nas_err err;
   const char *text = req->body ? req->body : "";
-  if (spec_parse(text, "request.yaml", req->srv->cwd, &checked, &err) != NAS_OK)
+  if (spec_parse(text, "request.yaml", req->srv->cwd, &checked, &err) != NAS_OK ||
+      sched_check_spec(checked, &err) != NAS_OK) {
+    spec_free(checked);
     return serve_fail(req, MHD_HTTP_BAD_REQUEST, "%s", err.msg);
+  }
   char *path = nas_asprintf("%s/%s.yaml", req->srv->cwd, checked->name);
   int rc = path ? spec_parse(text, path, req->srv->cwd, &s, &err) : nas_errf(&err, "out of memory");
   free(path);

@@ -108,6 +108,7 @@ int node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json
 /* ---- param_parse.c, trial.c: sections of the file ---- */
 
 int parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s);
+/* The trial section; node NULL when the spec has none (ask and tell only). */
 int parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s);
 /* builtin.c: trial.builtin (after parameters, which it checks) -> s->trial.builtin. */
 int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir, spec *s);

@@ -290,9 +290,7 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   if (!rc) rc = parse_parameters(c, params, s);
   if (!rc) rc = parse_objectives(c, root, s);
   if (!rc) rc = parse_constraints(c, root, s);
-  yaml_node_t *trial;
-  if (!rc) rc = node_required(c, root, "spec", "trial", &trial);
-  if (!rc) rc = parse_trial(c, trial, dir, s);
+  if (!rc) rc = parse_trial(c, node_optional(c, root, "trial"), dir, s);
   if (!rc) rc = parse_budget(c, root, s);
   if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
   if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);

@@ -165,6 +165,9 @@ char *spec_param_env_name(const char *name);
 
 /* Index of the parameter called name, or -1. */
 int spec_param_index(const spec *s, const char *name);
+/* Whether the spec's trials run something (a command or a built-in model); a spec without
+ * either is driven by ask and tell only. */
+bool spec_trial_runs(const spec *s);
 /* Whether parameter i is active given the (partial) assignment params, a JSON object of
  * the values chosen so far (parents are decided before children). */
 bool spec_param_active(const spec *s, size_t i, const json_t *params);

@@ -118,10 +118,17 @@ static int parse_limits(const yaml_ctx *c, const yaml_node_t *trial, spec *s) {
               : NAS_OK;
 }
 
-/* What a trial runs: exactly one of a command and a built-in model (spec/builtin.c). */
+/* An experiment driven by ask and tell runs nothing itself: an empty command. */
+static int no_program(const yaml_ctx *c, spec *s) {
+  s->trial.argv = calloc(1, sizeof *s->trial.argv);
+  return s->trial.argv ? NAS_OK : nas_errf(c->err, "out of memory");
+}
+
+/* What a trial runs: at most one of a command and a built-in model (spec/builtin.c). */
 static int parse_what_runs(const yaml_ctx *c, const yaml_node_t *trial, const char *dir,
                            spec *s) {
   yaml_node_t *builtin = node_optional(c, trial, "builtin");
+  if (!builtin && !node_optional(c, trial, "command")) return no_program(c, s);
   if (!builtin) return parse_command(c, trial, s);
   if (node_optional(c, trial, "command"))
     return node_errf(c, builtin, "trial: give either command or builtin, not both");
@@ -129,10 +136,17 @@ static int parse_what_runs(const yaml_ctx *c, const yaml_node_t *trial, const ch
   return parse_builtin(c, builtin, dir, s);
 }
 
+bool spec_trial_runs(const spec *s) { return s->trial.argc > 0 || s->trial.builtin; }
+
 int parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s) {
   static const char *const keys[] = {"command",      "builtin",           "workdir", "env",
                                      "timeout",      "max_attempts",      "heartbeat_timeout",
                                      NULL};
+  if (!node) { /* no trial section: ask and tell only, with the defaults */
+    s->trial.max_attempts = 3;
+    s->trial.workdir = nas_abspath(dir, NULL);
+    return s->trial.workdir ? no_program(c, s) : nas_errf(c->err, "out of memory");
+  }
   int rc = node_expect_mapping(c, node, "trial");
   if (!rc) rc = node_check_keys(c, node, "trial", keys);
   if (!rc) rc = parse_what_runs(c, node, dir, s);

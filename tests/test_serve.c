@@ -20,7 +20,6 @@ static const char asked_spec[] =
     "name: asked\n"
     "parameters: {x: {type: float, low: 0, high: 1}}\n"
     "objectives: [{name: loss, goal: minimize}]\n"
-    "trial: {command: [echo, unused]}\n"
     "optimizer: {type: sobol}\n"
     "budget: {trials: 3}\n";
 
@@ -172,6 +171,22 @@ static void shell_loop_drives_ask_and_tell_without_a_server(void **state) {
   free(spec);
 }
 
+static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 1);
+  assert_non_null(strstr(out, "nothing for 'nas run' to launch"));
+  free(out);
+  assert_int_equal(nas(f, &out, "status", NULL, NULL), 1); /* nothing was stored: no database */
+  free(out);
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "resume", "asked", "--no-progress"), 1);
+  assert_non_null(strstr(out, "nothing for 'nas run' to launch"));
+  free(out);
+  free(spec);
+}
+
 static void tokens_decide_who_may_read_and_write(void **state) {
   fixture *f = *state;
   const char *reader = "r0000000000000000000000000000000000000001";
@@ -226,6 +241,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
   };

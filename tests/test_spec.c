@@ -376,7 +376,6 @@ static void missing_required_keys_are_named(void **state) {
   expect_error(PARAMS_X AFTER_PARAMS, "t.yaml:1:1: ", "spec: missing required key 'name'");
   expect_error(NAME AFTER_PARAMS, "t.yaml:1:1: ", "spec: missing required key 'parameters'");
   expect_error(NAME PARAMS_X TRIAL BUDGET, "t.yaml:1:1: ", "missing required key 'objectives'");
-  expect_error(NAME PARAMS_X OBJECTIVES BUDGET, "t.yaml:1:1: ", "missing required key 'trial'");
   expect_error(NAME PARAMS_X OBJECTIVES TRIAL, "t.yaml:1:1: ", "missing required key 'budget'");
   expect_error(NAME "parameters:\n  x: {type: float, low: 0}\n" AFTER_PARAMS,
                "t.yaml:3:6: ", "parameters.x: missing required key 'high'");
@@ -384,13 +383,28 @@ static void missing_required_keys_are_named(void **state) {
                "t.yaml:3:6: ", "parameters.x: missing required key 'type'");
   expect_error(NAME "parameters:\n  x: {tpye: int, low: 0, high: 1}\n" AFTER_PARAMS,
                "t.yaml:3:7: ", "parameters.x: unknown key 'tpye'; did you mean 'type'?");
-  expect_error(NAME PARAMS_X OBJECTIVES "trial: {workdir: .}\n" BUDGET,
-               "t.yaml:6:8: ", "trial: missing required key 'command'");
   expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {parallel: 2}\n",
                "t.yaml:8:9: ", "budget: missing required key 'trials'");
   expect_error(NAME PARAMS_X "objectives:\n  - {goal: minimize}\n" TRIAL BUDGET,
                "t.yaml:5:5: ", "objectives[0]: missing required key 'name'");
   expect_error("name:\n" PARAMS_X AFTER_PARAMS, "t.yaml:1:1: ", "spec: 'name' has no value");
+}
+
+/* For ask and tell: no trial section, or one with limits only, runs nothing. */
+static void trial_section_may_run_nothing(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME PARAMS_X OBJECTIVES BUDGET);
+  assert_false(spec_trial_runs(s));
+  assert_int_equal(s->trial.max_attempts, 3);
+  spec_free(s);
+  s = load_ok(NAME PARAMS_X OBJECTIVES "trial: {heartbeat_timeout: 5m, max_attempts: 2}\n" BUDGET);
+  assert_false(spec_trial_runs(s));
+  assert_true(s->trial.heartbeat_timeout_s == 300);
+  assert_int_equal(s->trial.max_attempts, 2);
+  spec_free(s);
+  s = load_ok(NAME PARAMS_X OBJECTIVES TRIAL BUDGET);
+  assert_true(spec_trial_runs(s));
+  spec_free(s);
 }
 
 static void duplicate_keys_are_errors(void **state) {
@@ -1387,8 +1401,6 @@ static void builtin_section_errors_point_at_the_value(void **state) {
   (void)state;
   expect_error(BUILTIN_SPEC("trial:\n  command: [run]\n  builtin: {model: mlp, dataset: digits}\n"),
                "t.yaml:11:12: ", "trial: give either command or builtin, not both");
-  expect_error(BUILTIN_SPEC("trial:\n  timeout: 1m\n"), "t.yaml:10:3: ",
-               "missing required key 'command' (or 'builtin' for a built-in model)");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mpl, dataset: digits}\n"),
                "t.yaml:10:20: ", "unknown model 'mpl'; did you mean 'mlp'?");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp}\n"), "t.yaml:10:12: ",
@@ -1488,6 +1500,7 @@ int main(void) {
       cmocka_unit_test(unknown_keys_suggest_the_nearest),
       cmocka_unit_test(keys_of_another_parameter_type_are_named),
       cmocka_unit_test(missing_required_keys_are_named),
+      cmocka_unit_test(trial_section_may_run_nothing),
       cmocka_unit_test(duplicate_keys_are_errors),
       cmocka_unit_test(wrong_types_say_what_was_expected),
       cmocka_unit_test(names_must_be_well_formed),
