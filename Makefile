@@ -101,8 +101,8 @@ asan: deps
 	  CFLAGS="-O1 -g -fno-omit-frame-pointer -fsanitize=address,undefined -fno-sanitize-recover=all"
 
 # libFuzzer harnesses (tests/fuzz/fuzz_NAME.c), compiled by clang with ASan and UBSan in
-# $(FUZZ_BUILD)/ against the only sources they need (common/, spec/, metrics/metrics.c: the
-# rest of the library wants OpenMP, CUDA and more). `make fuzz` runs each for FUZZ_SECONDS
+# $(FUZZ_BUILD)/ against the only sources they need (common/, spec/, metrics/metrics.c and
+# the request parsers of serve/: the rest of the library wants OpenMP, CUDA and more). `make fuzz` runs each for FUZZ_SECONDS
 # from its seed corpus tests/fuzz/corpus/NAME/, keeping what it finds new in
 # $(FUZZ_BUILD)/corpus/NAME/; a crash, leak or abort fails it, leaving the input as
 # $(FUZZ_BUILD)/crash-*. `make test` runs each for FUZZ_TEST_SECONDS.
@@ -112,9 +112,10 @@ FUZZ_TEST_SECONDS ?= 10
 FUZZ_BUILD        ?= build-fuzz
 FUZZ_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -g -O1 -fno-omit-frame-pointer \
                -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -I. \
-               $(shell pkg-config --cflags yaml-0.1 jansson 2>/dev/null)
+               $(shell pkg-config --cflags yaml-0.1 jansson libmicrohttpd 2>/dev/null)
 FUZZ_LIBS   := $(shell pkg-config --libs yaml-0.1 jansson 2>/dev/null) -lm
-FUZZ_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(wildcard common/*.c spec/*.c) metrics/metrics.c)
+FUZZ_OBJ    := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(wildcard common/*.c spec/*.c) metrics/metrics.c \
+                 serve/parse.c serve/auth.c)
 FUZZ_BIN    := $(patsubst tests/fuzz/%.c,$(FUZZ_BUILD)/%,$(wildcard tests/fuzz/fuzz_*.c))
 
 # Kept between runs (make would delete them as intermediate files of the harnesses).

@@ -152,26 +152,6 @@ static const route routes[] = {
 
 enum { max_parts = 4 };
 
-/* Whether path matches pattern; parts[] point into path (which is cut into segments). */
-static bool match(const char *pattern, char *path, char **parts, size_t *n_parts) {
-  *n_parts = 0;
-  const char *p = pattern;
-  char *s = path;
-  while (*p == '/' && *s == '/') {
-    p++, s++;
-    size_t plen = strcspn(p, "/"), slen = strcspn(s, "/");
-    if (slen == 0) return false;
-    if (plen == 1 && *p == '*') {
-      if (*n_parts == max_parts) return false;
-      parts[(*n_parts)++] = s;
-    } else if (plen != slen || strncmp(p, s, plen) != 0) {
-      return false;
-    }
-    p += plen, s += slen;
-  }
-  return *p == '\0' && *s == '\0';
-}
-
 void serve_route(serve_request *req, serve_scope scope) {
   bool path_known = false;
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
@@ -181,10 +161,9 @@ void serve_route(serve_request *req, serve_scope scope) {
       serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
       return;
     }
-    bool hit = match(routes[i].pattern, path, parts, &n_parts);
+    bool hit = serve_path_match(routes[i].pattern, path, parts, max_parts, &n_parts);
     path_known |= hit;
     if (hit && strcmp(routes[i].method, req->method) == 0) {
-      for (size_t k = 0; k < n_parts; k++) parts[k][strcspn(parts[k], "/")] = '\0';
       if (scope < routes[i].needs)
         serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
       else

@@ -1,7 +1,6 @@
 /* serve/api_trials.c: the trial endpoints — listing and reading trials, and ask/tell
  * (docs/api.md). Ask and tell are the scheduler's (scheduler/ask.c), the same calls as
  * `nas ask` and `nas tell`. */
-#include <errno.h>
 #include <limits.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,26 +13,19 @@ enum { PAGE_MAX = 1000, PAGE_DEFAULT = 100 };
 /* The bytes of stdout.log and stderr.log a trial's answer carries. */
 enum { LOG_TAIL_BYTES = 4096 };
 
-/* A non-negative integer query argument; a 400 reply when it is not one. */
+/* A count in a query argument (?key=N); a 400 reply when it is not one. */
 static int query_count(serve_request *req, const char *key, long fallback, long *out) {
   const char *text = serve_query(req, key);
   *out = fallback;
-  if (!text) return NAS_OK;
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno || end == text || *end || v < 0)
+  if (text && serve_parse_count(text, INT_MAX, out) != NAS_OK)
     return serve_fail(req, MHD_HTTP_BAD_REQUEST, "?%s=%s is not a count", key, text);
-  *out = v;
   return NAS_OK;
 }
 
 /* The trial number in a path segment; a 404 reply when it is not one. */
 static int trial_number(serve_request *req, const char *text, int *out) {
-  char *end;
-  errno = 0;
-  long v = strtol(text, &end, 10);
-  if (errno || end == text || *end || v < 0 || v > INT_MAX)
+  long v;
+  if (serve_parse_count(text, INT_MAX, &v) != NAS_OK)
     return serve_fail(req, MHD_HTTP_NOT_FOUND, "'%s' is not a trial number", text);
   *out = (int)v;
   return NAS_OK;
@@ -106,7 +98,7 @@ static json_t *log_tail(const char *run_dir, const char *name) {
 }
 
 int api_get_trial(serve_request *req, char **parts) {
-  int number;
+  int number = -1;
   api_experiment e;
   if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, true) != NAS_OK)
     return NAS_ERR;
@@ -170,40 +162,14 @@ int api_ask(serve_request *req, char **parts) {
   return NAS_OK;
 }
 
-/* body's "metrics" object as observations at step (METRIC_FINAL for final values); names
- * are borrowed from body. A 422 reply when it is not an object of numbers. */
-static int metrics_of(serve_request *req, const json_t *body, bool required, int64_t step,
-                      metric_obs **obs, size_t *n) {
-  const json_t *metrics = json_object_get(body, "metrics");
-  *obs = NULL;
-  *n = 0;
-  if (!metrics && !required) return NAS_OK;
-  if (!json_is_object(metrics) || json_object_size(metrics) == 0)
-    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "expected \"metrics\": {\"name\": number, …}");
-  *obs = calloc(json_object_size(metrics), sizeof **obs);
-  if (!*obs) return serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
-  const char *name;
-  const json_t *value;
-  double now = nas_now();
-  json_object_foreach((json_t *)metrics, name, value) {
-    if (!json_is_number(value) || !name[0]) {
-      free(*obs);
-      *obs = NULL;
-      return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "metric '%s' is not a number", name);
-    }
-    (*obs)[(*n)++] = (metric_obs){.name = name, .step = step, .value = json_number_value(value), .time = now};
-  }
-  return NAS_OK;
-}
-
-/* The step of a report: "step" when given (an intermediate value), else final. */
-static int step_of(serve_request *req, const json_t *body, int64_t *step) {
-  const json_t *v = json_object_get(body, "step");
-  *step = METRIC_FINAL;
-  if (!v || json_is_null(v)) return NAS_OK;
-  if (!json_is_integer(v) || json_integer_value(v) < 0)
-    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"step\" must be an integer >= 0");
-  *step = json_integer_value(v);
+/* The observations of a report body; a 422 reply when it holds none that fit. */
+static int body_metrics(serve_request *req, const json_t *body, bool required, bool with_step,
+                        metric_obs **obs, size_t *n) {
+  char why[256];
+  int64_t step = METRIC_FINAL;
+  if ((with_step && serve_parse_step(body, &step, why, sizeof why) != NAS_OK) ||
+      serve_parse_metrics(body, required, step, nas_now(), obs, n, why, sizeof why) != NAS_OK)
+    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", why);
   return NAS_OK;
 }
 
@@ -233,13 +199,11 @@ static void tell_end(tell_call *c) {
 int api_report(serve_request *req, char **parts) {
   tell_call c;
   if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
-  int64_t step;
   metric_obs *obs = NULL;
   size_t n = 0;
   bool stop = false;
   nas_err err;
-  int rc = step_of(req, c.body, &step);
-  if (rc == NAS_OK) rc = metrics_of(req, c.body, true, step, &obs, &n);
+  int rc = body_metrics(req, c.body, true, true, &obs, &n);
   if (rc == NAS_OK) {
     rc = sched_tell_report(req->st, c.e.s, &c.e.exp, c.number, obs, n, &stop, &err);
     if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", stop));
@@ -256,7 +220,7 @@ int api_complete(serve_request *req, char **parts) {
   metric_obs *obs = NULL;
   size_t n = 0;
   nas_err err;
-  int rc = metrics_of(req, c.body, false, METRIC_FINAL, &obs, &n);
+  int rc = body_metrics(req, c.body, false, false, &obs, &n);
   if (rc == NAS_OK) {
     rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n, &err);
     if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));

@@ -80,6 +80,22 @@ const char *serve_query(serve_request *req, const char *key);
 /* The body as a JSON object (an empty body is {}); a 400 reply and NULL when it is not. */
 json_t *serve_body_json(serve_request *req);
 
+/* ---- reading what clients send (parse.c; pure, fuzzed by tests/fuzz/fuzz_request.c) ---- */
+
+/* Whether path matches pattern, whose "*" segments match one segment each; parts[] get
+ * those segments (cut out of path in place, so only on a match). */
+bool serve_path_match(const char *pattern, char *path, char **parts, size_t max_parts,
+                      size_t *n_parts);
+/* A decimal count from 0 to max. */
+int serve_parse_count(const char *text, long max, long *out);
+/* body's "step": an integer >= 0 (an intermediate report), else METRIC_FINAL. */
+int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_size);
+/* body's "metrics" object of numbers as observations at step, reported at time now; names
+ * are borrowed from body, *obs is owned. NAS_ERR with why when it is not such an object
+ * (absent is fine unless required). */
+int serve_parse_metrics(const json_t *body, bool required, int64_t step, double now,
+                        metric_obs **obs, size_t *n, char *why, size_t why_size);
+
 /* The routes (api.c): answers req, whose scope the caller has worked out. */
 void serve_route(serve_request *req, serve_scope scope);
 

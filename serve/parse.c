@@ -1,0 +1,82 @@
+/* serve/parse.c: reading the parts of a request that clients control — its path against a
+ * route's pattern, counts and trial numbers in it, and the JSON bodies of reports — as pure
+ * functions (no connection, no storage), so that tests/fuzz/fuzz_request.c can throw
+ * arbitrary bytes at them. Each failure says what was expected, for a 4xx reply. */
+#include <errno.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serve/internal.h"
+
+bool serve_path_match(const char *pattern, char *path, char **parts, size_t max_parts,
+                      size_t *n_parts) {
+  *n_parts = 0;
+  const char *p = pattern;
+  char *s = path;
+  while (*p == '/' && *s == '/') {
+    p++, s++;
+    size_t plen = strcspn(p, "/"), slen = strcspn(s, "/");
+    if (slen == 0) return false;
+    if (plen == 1 && *p == '*') {
+      if (*n_parts == max_parts) return false;
+      parts[(*n_parts)++] = s;
+    } else if (plen != slen || strncmp(p, s, plen) != 0) {
+      return false;
+    }
+    p += plen, s += slen;
+  }
+  if (*p != '\0' || *s != '\0') return false;
+  for (size_t k = 0; k < *n_parts; k++) parts[k][strcspn(parts[k], "/")] = '\0';
+  return true;
+}
+
+int serve_parse_count(const char *text, long max, long *out) {
+  char *end;
+  errno = 0;
+  long v = strtol(text, &end, 10);
+  if (errno || end == text || *end || v < 0 || v > max) return NAS_ERR;
+  *out = v;
+  return NAS_OK;
+}
+
+int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_size) {
+  const json_t *v = json_object_get(body, "step");
+  *step = METRIC_FINAL;
+  if (!v || json_is_null(v)) return NAS_OK;
+  if (!json_is_integer(v) || json_integer_value(v) < 0) {
+    snprintf(why, why_size, "\"step\" must be an integer >= 0");
+    return NAS_ERR;
+  }
+  *step = json_integer_value(v);
+  return NAS_OK;
+}
+
+int serve_parse_metrics(const json_t *body, bool required, int64_t step, double now,
+                        metric_obs **obs, size_t *n, char *why, size_t why_size) {
+  const json_t *metrics = json_object_get(body, "metrics");
+  *obs = NULL;
+  *n = 0;
+  if (!metrics && !required) return NAS_OK;
+  if (!json_is_object(metrics) || json_object_size(metrics) == 0) {
+    snprintf(why, why_size, "expected \"metrics\": {\"name\": number, …}");
+    return NAS_ERR;
+  }
+  if (!(*obs = calloc(json_object_size(metrics), sizeof **obs))) {
+    snprintf(why, why_size, "out of memory");
+    return NAS_ERR;
+  }
+  const char *name;
+  const json_t *value;
+  json_object_foreach((json_t *)metrics, name, value) {
+    if (!json_is_number(value) || !name[0]) {
+      snprintf(why, why_size, "metric '%.100s' is not a number", name);
+      free(*obs);
+      *obs = NULL;
+      *n = 0;
+      return NAS_ERR;
+    }
+    (*obs)[(*n)++] = (metric_obs){.name = name, .step = step, .value = json_number_value(value), .time = now};
+  }
+  return NAS_OK;
+}
