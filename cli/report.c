@@ -3,7 +3,6 @@
  * named by experiment and number; a finished trial's results change only with --force. */
 #include <errno.h>
 #include <getopt.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,21 +37,6 @@ static int parse_long(const char *text, long long *out) {
   errno = 0;
   *out = strtoll(text, &end, 10);
   return errno == 0 && end != text && *end == '\0' ? NAS_OK : NAS_ERR;
-}
-
-/* Parses NAME=VALUE into set. */
-static int parse_pair(const char *arg, int64_t step, metric_set *set, nas_err *err) {
-  const char *eq = strchr(arg, '=');
-  if (!eq || eq == arg) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
-  char *end;
-  double value = strtod(eq + 1, &end);
-  if (end == eq + 1 || *end != '\0' || !isfinite(value))
-    return nas_errf(err, "'%s': the value is not a finite number", arg);
-  char *name = strndup(arg, (size_t)(eq - arg));
-  int rc = name ? metric_set_add(set, name, step, value, nas_now(), err)
-                : nas_errf(err, "out of memory");
-  free(name);
-  return rc;
 }
 
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
@@ -172,7 +156,7 @@ int cmd_report(int argc, char **argv) {
   metric_set set = {0};
   nas_err err;
   for (int i = optind; status < 0 && i < argc; i++)
-    if (parse_pair(argv[i], a.step, &set, &err) != NAS_OK)
+    if (cli_parse_metric(argv[i], a.step, &set, &err) != NAS_OK)
       status = cli_usage_error("report", "%s", err.msg);
   if (status < 0) status = report(&a, &set, &err) == NAS_OK ? EXIT_DONE : cli_fail(&err);
   metric_set_free(&set);
