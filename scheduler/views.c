@@ -92,6 +92,18 @@ static json_t *counts_json(const sched_results *r) {
 
 static const char *const liveness_names[] = {"none", "alive", "dead"};
 
+/* The spec's text with the password of its storage line masked (the text is shown to
+ * anyone who may read the experiment). Owned; NULL when out of memory. */
+static char *spec_text_shown(const spec *s, const char *text) {
+  char *masked = storage_url_redacted(s->storage);
+  const char *at = masked && strcmp(masked, s->storage) != 0 ? strstr(text, s->storage) : NULL;
+  char *shown = at ? nas_asprintf("%.*s%s%s", (int)(at - text), text, masked,
+                                  at + strlen(s->storage))
+                   : strdup(text);
+  free(masked);
+  return shown;
+}
+
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
                               const sched_results *r, nas_err *err) {
   sched_liveness alive;
@@ -104,10 +116,11 @@ json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *
   }
   size_t ended = 0;
   for (size_t i = 0; i < r->n_trials; i++) ended += trial_status_final(r->trials[i].status);
-  json_t *out = json_pack(
+  char *text = spec_text_shown(s, exp->spec_text);
+  json_t *out = !text ? NULL : json_pack(
       "{s:s, s:s, s:f, s:s, s:s, s:i, s:o, s:{s:i, s:i, s:f}, s:O, s:i, s:{s:s, s:o}}",
       "name", exp->name, "status", exp->status, "created_at", exp->created_at, "spec",
-      exp->spec_text, "spec_path", exp->spec_path, "trials", (int)r->n_trials, "counts",
+      text, "spec_path", exp->spec_path, "trials", (int)r->n_trials, "counts",
       counts_json(r), "progress", "ended", (int)ended, "budget", s->budget.max_trials,
       "fraction", s->budget.max_trials > 0 ? (double)ended / s->budget.max_trials : 0.0,
       "hypervolume", json_object_get(pareto, "hypervolume"), "front_size",
@@ -115,6 +128,7 @@ json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *
       liveness_names[alive], "holder", holder ? json_string(holder) : json_null());
   json_decref(pareto);
   free(holder);
+  free(text);
   if (!out) nas_errf(err, "out of memory");
   return out;
 }

@@ -102,6 +102,16 @@ static void posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing(void *
   char *other = strdup(asked_spec);
   memcpy(strstr(other, "type: sobol"), "type: gp   ", 11);
   expect_status(&srv, "POST", "/api/v1/experiments", other, NULL, 409, "different spec");
+  /* A password in the spec's storage line is never shown. */
+  char *with_password = nas_asprintf("storage: postgresql://nas:s3cret-pw@127.0.0.1:1/db\n%s",
+                                     strstr(asked_spec, "name: asked") + 0);
+  memcpy(strstr(with_password, "name: asked"), "name: other", 11);
+  expect_status(&srv, "POST", "/api/v1/experiments", with_password, NULL, 201, NULL);
+  json_t *shown = get_ok(&srv, "/api/v1/experiments/other");
+  assert_null(strstr(json_string_value(json_object_get(shown, "spec")), "s3cret-pw"));
+  assert_non_null(strstr(json_string_value(json_object_get(shown, "spec")), "nas:***@"));
+  json_decref(shown);
+  free(with_password);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/stop", NULL, NULL, 200, NULL);
   json_t *one = get_ok(&srv, "/api/v1/experiments/asked");
   assert_string_equal(json_string_value(json_object_get(one, "status")), "stopped");
