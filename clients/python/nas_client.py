@@ -4,7 +4,7 @@ hyperparameters, reports how training goes, and ends each trial. Standard librar
 
     import nas_client
 
-    client = nas_client.Client("http://127.0.0.1:8080")   # token: $NAS_TOKEN, if the server wants one
+    client = nas_client.Client("http://127.0.0.1:8470")   # token: $NAS_TOKEN, if the server wants one
     exp = client.experiment_handle("mnist")
     for trial in exp.ask_until_done(worker="gpu-0"):       # ends when the budget is handed out
         with trial:                                       # an exception fails the trial, then propagates
@@ -15,23 +15,24 @@ hyperparameters, reports how training goes, and ends each trial. Standard librar
             trial.complete(loss=model.validate())         # leaving the block does this too
 
 The endpoints are those of docs/api.md; clients/python/README.md tells the rest. Errors are
-NasError subclasses carrying the server's message and HTTP status. Requests that cannot
-have taken effect (refused connections, 5xx answers) are retried with exponential backoff.
+NasError subclasses carrying the server's message and HTTP status. Refused connections and
+5xx answers are retried with exponential backoff (Client says when else).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
 import pathlib
 import random
+import ssl
 import time
 import traceback
 import urllib.error
 import urllib.parse
 import urllib.request
-import http.client
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -41,6 +42,8 @@ __all__ = [
     "Conflict", "ExperimentDone", "ServerError",
 ]
 
+#: Where `nas serve` listens unless told otherwise.
+DEFAULT_URL = "http://127.0.0.1:8470"
 #: Sent as User-Agent, so that the server's log tells which client asked.
 USER_AGENT = "nas-client-python/1"
 #: The most trials one page of GET .../trials holds (the server's cap).
@@ -121,6 +124,15 @@ def _error_of(status: int, body: bytes, method: str, url: str) -> NasError:
     return cls(str(message), status, method, url)
 
 
+class _Retry(Exception):
+    """An attempt failed in a way that sending the request again may mend; `error` is what
+    to raise when no attempt is left."""
+
+    def __init__(self, error: NasError):
+        super().__init__(str(error))
+        self.error = error
+
+
 # ---- the client -------------------------------------------------------------------------------
 
 def _read_token_file(path: str | os.PathLike[str]) -> str:
@@ -160,10 +172,13 @@ def _metrics_of(metrics: Mapping[str, Any] | None, named: Mapping[str, Any]) -> 
 class Client:
     """A connection to ``nas serve``; cheap to make, safe to share between threads.
 
-    url: the server, ``http://HOST:PORT`` (default $NAS_URL); a trailing ``/api/v1`` is fine.
+    url: the server, ``http://HOST:PORT`` or ``https://…`` (default $NAS_URL, else nas serve's
+        default address); a trailing ``/api/v1`` is fine.
     token, token_file: the bearer token, or a file holding it alone on its first line; when
         neither is given, $NAS_TOKEN, then the file $NAS_TOKEN_FILE. The token is sent only
         in the Authorization header, and never shows in errors or repr().
+    cafile: the PEM certificate(s) to trust for https, e.g. the server's own --tls-cert when
+        it signed it itself; default: the system's certificate authorities.
     timeout: seconds one attempt may take.
     retries, backoff: a refused connection and a 5xx answer are tried again up to `retries`
         times, after backoff, 2·backoff, 4·backoff … seconds (each at most 30, with jitter).
@@ -172,12 +187,10 @@ class Client:
     """
 
     def __init__(self, url: str | None = None, *, token: str | None = None,
-                 token_file: str | os.PathLike[str] | None = None, timeout: float = 30.0,
+                 token_file: str | os.PathLike[str] | None = None,
+                 cafile: str | os.PathLike[str] | None = None, timeout: float = 30.0,
                  retries: int = 5, backoff: float = 0.25):
-        url = url or os.environ.get("NAS_URL")
-        if not url:
-            raise ValueError("no server URL: pass one (http://HOST:PORT) or set NAS_URL")
-        url = url.rstrip("/")
+        url = (url or os.environ.get("NAS_URL") or DEFAULT_URL).rstrip("/")
         self.url = url[: -len("/api/v1")] if url.endswith("/api/v1") else url
         if token is None and token_file is not None:
             token = _read_token_file(token_file)
@@ -191,7 +204,8 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        self._opener = urllib.request.build_opener()
+        handlers = [urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile))] if cafile else []
+        self._opener = urllib.request.build_opener(*handlers)
 
     def __repr__(self) -> str:
         return f"Client({self.url!r}{', token=…' if self._token else ''})"
@@ -213,31 +227,38 @@ class Client:
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
         for attempt in range(self.retries + 1):
-            last = attempt == self.retries
-            request = urllib.request.Request(url, data=data, headers=headers, method=method)
             try:
-                with self._opener.open(request, timeout=self.timeout) as answer:
-                    text = answer.read()
-                try:
-                    return json.loads(text)
-                except ValueError:
-                    raise NasError(f"the answer is not JSON: {text[:200]!r}", answer.status, method, url) from None
-            except urllib.error.HTTPError as e:
-                error = _error_of(e.code, e.read(), method, url)
-                if e.code < 500 or last:
-                    raise error from None
-            except urllib.error.URLError as e:
-                # Raised while connecting or sending: the server cannot have acted on a
-                # request it did not get whole.
-                if not isinstance(e.reason, (ConnectionError, TimeoutError)) or last:
-                    raise ServerUnreachable(str(e.reason), None, method, url) from e
-            except (http.client.HTTPException, ConnectionError, TimeoutError) as e:
-                # Raised after the request was sent: only a read is safe to send again.
-                if method != "GET" or last:
-                    raise ServerUnreachable(f"the connection broke: {e!r}", None, method, url) from e
+                return self._send(method, url, data, headers)
+            except _Retry as retry:
+                if attempt == self.retries:
+                    raise retry.error from retry.__cause__
             delay = min(self.backoff * 2 ** attempt, 30.0)
             time.sleep(delay * random.uniform(0.5, 1.0))
         raise AssertionError("unreachable")
+
+    def _send(self, method: str, url: str, data: bytes | None, headers: dict[str, str]) -> Any:
+        """One attempt: the parsed JSON answer, a NasError, or _Retry when another attempt
+        may succeed."""
+        request = urllib.request.Request(url, data=data, headers=headers, method=method)
+        try:
+            with self._opener.open(request, timeout=self.timeout) as answer:
+                status, text = answer.status, answer.read()
+        except urllib.error.HTTPError as e:
+            error = _error_of(e.code, e.read(), method, url)
+            raise (_Retry(error) if e.code >= 500 else error) from None
+        except urllib.error.URLError as e:
+            # Raised while connecting or sending: the server cannot have acted on a request
+            # it did not get whole. Other reasons (DNS, certificates) will not mend.
+            error = ServerUnreachable(str(e.reason), None, method, url)
+            raise (_Retry(error) if isinstance(e.reason, (ConnectionError, TimeoutError)) else error) from e
+        except (http.client.HTTPException, ConnectionError, TimeoutError) as e:
+            # Raised after the request was sent: only a read is safe to send again.
+            error = ServerUnreachable(f"the connection broke: {e!r}", None, method, url)
+            raise (_Retry(error) if method == "GET" else error) from e
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise NasError(f"the answer is not JSON: {text[:200]!r}", status, method, url) from None
 
     @staticmethod
     def _experiment_path(name: str, *rest: Any) -> str:

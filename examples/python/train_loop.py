@@ -2,7 +2,7 @@
 """examples/python/train_loop.py: a plain training loop searched by nas — logistic regression
 trained by minibatch SGD on synthetic data, standard library only. One file, three ways:
 
-  python3 train_loop.py --url http://127.0.0.1:8080   your loop asks `nas serve` for trials
+  python3 train_loop.py --url http://127.0.0.1:8470   your loop asks `nas serve` for trials
                                                       (nas_client) until the budget is handed out
   nas run spec.yaml                                   nas starts it once per trial: parameters in
                                                       $NAS_PARAMS, metrics as nas-metric lines
