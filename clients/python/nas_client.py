@@ -48,8 +48,8 @@ DEFAULT_URL = "http://127.0.0.1:8470"
 USER_AGENT = "nas-client-python/1"
 #: The most trials one page of GET .../trials holds (the server's cap).
 _PAGE_MAX = 1000
-#: The longest failure message sent: the end of a long exception text is dropped.
-_FAIL_MESSAGE_MAX = 4000
+#: The most characters of an exception's text that a with block's failure message keeps.
+_EXCEPTION_TEXT_MAX = 2000
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -441,7 +441,7 @@ class Trial:
         """Ends the trial failed, with why (shown by `nas trials` and the API)."""
         if self.status == "stopped":
             return
-        self._tell("fail", {"error": message[:_FAIL_MESSAGE_MAX]} if message else {})
+        self._tell("fail", {"error": message} if message else {})
         self.status = "failed"
 
     def heartbeat(self) -> None:
@@ -472,7 +472,8 @@ class Trial:
 
 def _failure_text(exc: BaseException, tb: Any) -> str:
     """``ValueError: lr is negative (at train.py:42 in step)``: the innermost frame's place."""
-    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    said = str(exc)[:_EXCEPTION_TEXT_MAX]
+    text = f"{type(exc).__name__}: {said}" if said else type(exc).__name__
     frames = traceback.extract_tb(tb)
     if frames:
         frame = frames[-1]
