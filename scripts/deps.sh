@@ -8,7 +8,7 @@ packages=(
   build-essential pkg-config
   libgsl-dev libopenblas-dev libnlopt-dev
   libcmocka-dev libpq-dev libsqlite3-dev libyaml-dev libcurl4-openssl-dev libjansson-dev libmicrohttpd-dev
-  sqlite3 python3 openssl
+  sqlite3 python3 openssl curl
 )
 # Extra groups, asked for by the targets that need them.
 for group in "$@"; do
