@@ -83,9 +83,8 @@ int cmd_create(int argc, char **argv) {
   int c, status = -1;
   while (status < 0 && (c = getopt_long(argc, argv, ":s:h", options, NULL)) != -1) {
     if (c == 'h') status = (fputs(create_help, stdout), EXIT_DONE);
-    else if (c == 's' && !url) url = cli_storage_flag(optarg);
-    else if (c == ':') status = cli_usage_error("create", "option '%s' needs a value", argv[optind - 1]);
-    else status = cli_usage_error("create", "option '%s' is unknown or given twice", argv[optind - 1]);
+    else if (c == 's') free(url), url = cli_storage_flag(optarg);
+    else status = cli_option_error("create", c, argv);
   }
   if (status < 0 && optind != argc - 1) status = cli_usage_error("create", "expected exactly one FILE");
   if (status < 0) status = create_experiment(argv[optind], url);
@@ -146,8 +145,7 @@ int cmd_ask(int argc, char **argv) {
       if (errno || *end || n < 1 || n > 1000)
         return free(url), cli_usage_error("ask", "-n wants a count from 1 to 1000, not '%s'", optarg);
       break;
-    case ':': return cli_usage_error("ask", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("ask", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_option_error("ask", c, argv);
     }
   }
   if (optind != argc - 1) return free(url), cli_usage_error("ask", "expected exactly one EXPERIMENT");
@@ -210,8 +208,7 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
       if (errno || *end || a->step < 0)
         return cli_usage_error("tell", "--step wants a non-negative integer, not '%s'", optarg);
       break;
-    case ':': return cli_usage_error("tell", "option '%s' needs a value", argv[optind - 1]);
-    default: return cli_usage_error("tell", "unknown option '%s'", argv[optind - 1]);
+    default: return cli_option_error("tell", c, argv);
     }
   }
   if (argc - optind < 2) return cli_usage_error("tell", "expected EXPERIMENT TRIAL");

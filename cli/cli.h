@@ -57,6 +57,16 @@ int cli_open_experiment(const char *url, unsigned flags, const char *name, stora
 /* The experiment with that id (NAS_ENOTFOUND when none). */
 int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err);
 
+/* The usage error for what getopt_long returned as c for an option it did not take: a
+ * missing value (c == ':', with a leading ':' in the option string) or an unknown option. */
+int cli_option_error(const char *cmd, int c, char *const argv[]);
+
+/* The " --storage URL" a printed hint ("continue with: nas resume X") needs for a command
+ * to find url again: "" when url is where commands look anyway ($NAS_STORAGE, else
+ * sqlite:nas.db); a password shows masked. Written into out. */
+enum { CLI_HINT_MAX = 1200 };
+void cli_storage_hint(const char *url, char *out, size_t size);
+
 /* Parses NAME=VALUE (a finite number) into set at step (METRIC_FINAL for final values). */
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err);
 

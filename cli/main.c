@@ -46,8 +46,14 @@ int main(int argc, char **argv) {
     usage(stderr);
     return EXIT_USAGE;
   }
-  if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
-      strcmp(argv[1], "help") == 0) {
+  if (strcmp(argv[1], "help") == 0 && argc > 2) {
+    /* `nas help run` is `nas run --help`. */
+    char *help_argv[] = {argv[2], "--help", NULL};
+    for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
+      if (strcmp(argv[2], commands[i].name) == 0) return commands[i].run(2, help_argv);
+    argv[1] = argv[2]; /* an unknown command: said as such below */
+  } else if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
+             strcmp(argv[1], "help") == 0) {
     usage(stdout);
     return EXIT_DONE;
   }

@@ -53,7 +53,7 @@ static int parse_args(int argc, char **argv, report_args *a) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "n:e:t:fs:h", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":n:e:t:fs:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(report_help, stdout);
       return EXIT_DONE;
@@ -70,7 +70,7 @@ static int parse_args(int argc, char **argv, report_args *a) {
       free(a->storage);
       if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("report", "out of memory");
     } else {
-      return cli_usage_error("report", "unknown option '%s'", argv[optind - 1]);
+      return cli_option_error("report", c, argv);
     }
   }
   if (optind == argc) return cli_usage_error("report", "expected NAME=VALUE");

@@ -22,7 +22,7 @@ static const char retry_help[] =
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n";
 
 typedef struct {
-  const char *storage;
+  char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
   bool failed;
   const char *experiment;
   int *numbers; /* owned */
@@ -48,14 +48,19 @@ static int parse_args(int argc, char **argv, retry_args *a) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "s:fh", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":s:fh", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(retry_help, stdout);
       return EXIT_DONE;
     }
-    if (c == 's') a->storage = optarg;
-    else if (c == 'f') a->failed = true;
-    else return cli_usage_error("retry", "unknown option '%s'", argv[optind - 1]);
+    if (c == 's') {
+      free(a->storage);
+      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("retry", "out of memory");
+    } else if (c == 'f') {
+      a->failed = true;
+    } else {
+      return cli_option_error("retry", c, argv);
+    }
   }
   if (optind >= argc) return cli_usage_error("retry", "expected an EXPERIMENT");
   a->experiment = argv[optind++];
@@ -75,6 +80,7 @@ int cmd_retry(int argc, char **argv) {
   int status = parse_args(argc, argv, &a);
   if (status >= 0) {
     free(a.numbers);
+    free(a.storage);
     return status;
   }
   nas_err err;
@@ -82,19 +88,26 @@ int cmd_retry(int argc, char **argv) {
   experiment_row exp;
   spec *s;
   size_t retried = 0;
-  if (cli_open_experiment(cli_storage_url(a.storage), STORAGE_MUST_EXIST, a.experiment, &st, &exp, &s, &err) != NAS_OK) {
+  if (cli_open_experiment(cli_storage_url(a.storage), STORAGE_MUST_EXIST, a.experiment, &st,
+                          &exp, &s, &err) != NAS_OK) {
     free(a.numbers);
+    free(a.storage);
     return cli_fail(&err);
   }
   int rc = sched_retry(st, &exp, a.numbers, a.n, stdout, &retried, &err);
   if (rc == NAS_OK && retried == 0)
     fprintf(stderr, "nas: %s has no failed or timed-out trial to retry\n", exp.name);
   else if (rc == NAS_OK)
-    fprintf(stderr, "nas: %zu trial%s queued; run them with: nas resume %s\n", retried,
-            retried == 1 ? "" : "s", exp.name);
+  {
+    char at[CLI_HINT_MAX];
+    cli_storage_hint(cli_storage_url(a.storage), at, sizeof at);
+    fprintf(stderr, "nas: %zu trial%s queued; run them with: nas resume %s%s\n", retried,
+            retried == 1 ? "" : "s", exp.name, at);
+  }
   spec_free(s);
   experiment_row_clear(&exp);
   storage_close(st);
   free(a.numbers);
+  free(a.storage);
   return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
 }

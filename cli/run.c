@@ -50,7 +50,7 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv, 
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "s:qh", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":s:qh", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(help, stdout);
       return EXIT_DONE;
@@ -59,7 +59,7 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv, 
       free(a->storage);
       if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
     } else if (c == 'q') a->no_progress = true;
-    else return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    else return cli_option_error(cmd, c, argv);
   }
   if (optind != argc - 1)
     return cli_usage_error(cmd, "expected exactly one %s", strcmp(cmd, "run") ? "EXPERIMENT" : "FILE");
@@ -78,14 +78,16 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
   sched_outcome outcome;
   nas_err err;
   if (sched_run(s, st, exp, &opt, &outcome, &err) != NAS_OK) return cli_fail(&err);
+  char at[CLI_HINT_MAX];
+  cli_storage_hint(url, at, sizeof at);
   switch (outcome) {
   case SCHED_INTERRUPTED:
-    fprintf(stderr, "nas: interrupted; continue with: nas resume %s\n", exp->name);
+    fprintf(stderr, "nas: interrupted; continue with: nas resume %s%s\n", exp->name, at);
     return EXIT_INTERRUPTED;
   case SCHED_TOO_MANY_FAILURES:
-    fprintf(stderr, "nas: too many trials failed; see 'nas trials %s' for their errors, fix "
-                    "the trial, then 'nas resume %s' (and 'nas retry %s --failed' to run the "
-                    "failed ones again)\n", exp->name, exp->name, exp->name);
+    fprintf(stderr, "nas: too many trials failed; see 'nas trials %s%s' for their errors, fix "
+                    "the trial, then 'nas resume %s%s' (and 'nas retry %s --failed%s' to run "
+                    "the failed ones again)\n", exp->name, at, exp->name, at, exp->name, at);
     return EXIT_TOO_MANY_FAILURES;
   case SCHED_FINISHED:
     break;

@@ -58,8 +58,7 @@ int cmd_serve(int argc, char **argv) {
     case 't': opt.token_file = optarg; break;
     case 'c': opt.tls_cert = optarg; break;
     case 'k': opt.tls_key = optarg; break;
-    case ':': free(storage_flag); return cli_usage_error("serve", "option '%s' needs a value", argv[optind - 1]);
-    default: free(storage_flag); return cli_usage_error("serve", "unknown option '%s'", argv[optind - 1]);
+    default: free(storage_flag); return cli_option_error("serve", c, argv);
     }
   }
   if (optind != argc) {

@@ -32,7 +32,7 @@ static int parse_args(const char *cmd, const char *help, bool need_experiment, i
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "s:f:h", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":s:f:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(help, stdout);
       return EXIT_DONE;
@@ -43,7 +43,7 @@ static int parse_args(const char *cmd, const char *help, bool need_experiment, i
       if (cli_parse_format(optarg, &a->format) != NAS_OK)
         return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", optarg);
     } else {
-      return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+      return cli_option_error(cmd, c, argv);
     }
   }
   if (argc - optind > 1) return cli_usage_error(cmd, "too many arguments");

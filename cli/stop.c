@@ -22,7 +22,16 @@ static int stop_experiment(const char *url, const char *name) {
   if (cli_open_experiment(cli_storage_url(url), STORAGE_MUST_EXIST, name, &st, &exp, &s,
                           &err) != NAS_OK)
     return cli_fail(&err);
-  int rc = sched_stop(s, st, &exp, stderr, &err);
+  sched_stopped done;
+  int rc = sched_stop(s, st, &exp, stderr, &done, &err);
+  char at[CLI_HINT_MAX];
+  cli_storage_hint(cli_storage_url(url), at, sizeof at);
+  if (rc == NAS_OK && done.was_finished)
+    printf("%s: finished already (its budget is spent); nothing to stop\n", exp.name);
+  else if (rc == NAS_OK)
+    printf("%s: marked stopped (a running 'nas run' ends within a second); asked %zu running "
+           "trial%s to stop; 'nas resume %s%s' continues it\n", exp.name, done.asked,
+           done.asked == 1 ? "" : "s", exp.name, at);
   spec_free(s);
   experiment_row_clear(&exp);
   storage_close(st);
@@ -37,12 +46,12 @@ int cmd_stop(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c, status = -1; /* -1: go on */
-  while (status < 0 && (c = getopt_long(argc, argv, "s:h", options, NULL)) != -1) {
+  while (status < 0 && (c = getopt_long(argc, argv, ":s:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(stop_help, stdout);
       status = EXIT_DONE;
     } else if (c != 's') {
-      status = cli_usage_error("stop", "unknown option '%s'", argv[optind - 1]);
+      status = cli_option_error("stop", c, argv);
     } else {
       free(url);
       if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("stop", "out of memory");

@@ -1,5 +1,6 @@
 /* cli/util.c: what every command shares — error and usage messages, where storage is,
  * loading an experiment with its spec. */
+#include <getopt.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -40,6 +41,30 @@ const char *cli_storage_url(const char *flag) {
   return env && *env ? env : STORAGE_DEFAULT_URL;
 }
 
+/* The experiment name nearest to name when it is a likely typo, else NULL; owned. */
+static char *nearest_experiment(storage *st, const char *name) {
+  experiment_row *rows;
+  size_t n;
+  nas_err ignored;
+  if (storage_experiment_list(st, &rows, &n, &ignored) != NAS_OK) return NULL;
+  const char **names = calloc(n ? n : 1, sizeof *names);
+  for (size_t i = 0; names && i < n; i++) names[i] = rows[i].name;
+  const char *best = names ? nas_nearest(name, names, n) : NULL;
+  char *found = best ? strdup(best) : NULL;
+  free(names);
+  experiment_rows_free(rows, n);
+  return found;
+}
+
+static void no_such_experiment(storage *st, const char *url, const char *name, nas_err *err) {
+  char *shown = storage_url_redacted(url), *hint = nearest_experiment(st, name);
+  nas_errf(err, "no experiment '%s' in %s%s%s%s (see 'nas status' for the ones there)", name,
+           shown ? shown : "storage", hint ? "; did you mean '" : "", hint ? hint : "",
+           hint ? "'?" : "");
+  free(shown);
+  free(hint);
+}
+
 int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
                         experiment_row *exp, spec **s, nas_err *err) {
   *st = NULL;
@@ -47,12 +72,7 @@ int cli_open_experiment(const char *url, unsigned flags, const char *name, stora
   memset(exp, 0, sizeof *exp);
   if (storage_open_with(url, flags, st, err) != NAS_OK) return NAS_ERR;
   int rc = storage_experiment_get(*st, name, exp, err);
-  if (rc == NAS_ENOTFOUND) {
-    char *shown = storage_url_redacted(url);
-    nas_errf(err, "no experiment '%s' in %s (see 'nas status' for the ones there)", name,
-             shown ? shown : "storage");
-    free(shown);
-  }
+  if (rc == NAS_ENOTFOUND) no_such_experiment(*st, url, name, err);
   if (rc == NAS_OK) rc = sched_experiment_spec(exp, s, err);
   if (rc == NAS_OK) return NAS_OK;
   experiment_row_clear(exp);
@@ -88,4 +108,22 @@ int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *
   }
   experiment_rows_free(rows, n);
   return rc;
+}
+
+void cli_storage_hint(const char *url, char *out, size_t size) {
+  out[0] = '\0';
+  if (!url || strcmp(url, cli_storage_url(NULL)) == 0) return;
+  char *shown = storage_url_redacted(url);
+  if (!shown) return;
+  /* Quoted for the shell unless every character is plainly safe. */
+  bool plain = strspn(shown, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
+                             "_/:.@=-+,%") == strlen(shown) && !strchr(shown, '\'');
+  snprintf(out, size, plain ? " --storage %s" : " --storage '%s'", shown);
+  free(shown);
+}
+
+int cli_option_error(const char *cmd, int c, char *const argv[]) {
+  /* With a leading ':' in the option string getopt says ':' for a missing value. */
+  if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+  return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
 }

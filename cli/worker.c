@@ -70,7 +70,7 @@ static int parse_args(int argc, char **argv, worker_args *a) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "t:s:r:h", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":t:s:r:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(worker_help, stdout);
       return EXIT_DONE;
@@ -83,7 +83,7 @@ static int parse_args(int argc, char **argv, worker_args *a) {
     } else if (c == 'r') {
       a->run_dir = optarg;
     } else {
-      return cli_usage_error("worker", "unknown option '%s'", argv[optind - 1]);
+      return cli_option_error("worker", c, argv);
     }
   }
   if (optind != argc) return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);

@@ -266,3 +266,16 @@ void nas_log(const char *fmt, ...) {
   fputc('\n', stderr);
   va_end(ap);
 }
+
+const char *nas_nearest(const char *word, const char *const *names, size_t n) {
+  const char *best = NULL;
+  size_t best_distance = 3, word_len = strlen(word);
+  for (size_t i = 0; i < n; i++) {
+    size_t distance = nas_edit_distance(word, names[i]);
+    if (distance < best_distance && distance < word_len) {
+      best = names[i];
+      best_distance = distance;
+    }
+  }
+  return best;
+}

@@ -66,6 +66,9 @@ char *nas_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* Levenshtein distance, for "did you mean" suggestions. */
 size_t nas_edit_distance(const char *a, const char *b);
+/* The name in names[0..n) nearest to word when it is a likely typo (at most 2 edits, and
+ * fewer than word has letters), else NULL; borrowed from names. */
+const char *nas_nearest(const char *word, const char *const *names, size_t n);
 
 /* Log lines to stderr: "2026-11-23T05:03:35Z nas: message". */
 void nas_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

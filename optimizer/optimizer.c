@@ -30,20 +30,6 @@ struct optimizer {
   void *state;                       /* the backend's, freed by backend->free */
 };
 
-/* The name in names[0..n) nearest to word when it is a likely typo, else NULL. */
-static const char *nearest(const char *word, const char *const *names, size_t n) {
-  const char *best = NULL;
-  size_t best_distance = 3; /* at most 2 edits, and fewer than the word has letters */
-  for (size_t i = 0; i < n; i++) {
-    size_t distance = nas_edit_distance(word, names[i]);
-    if (distance < best_distance && distance < strlen(word)) {
-      best = names[i];
-      best_distance = distance;
-    }
-  }
-  return best;
-}
-
 static size_t list_length(const char *const *list) {
   size_t n = 0;
   while (list && list[n]) n++;
@@ -59,7 +45,7 @@ int optimizer_check_options(const char *type, const json_t *options, const char 
     size_t i = 0;
     while (i < n_known && strcmp(known[i], key) != 0) i++;
     if (i < n_known) continue;
-    const char *hint = nearest(key, known, n_known);
+    const char *hint = nas_nearest(key, known, n_known);
     if (n_known == 0)
       return nas_errf(err, "optimizer %s: unknown option '%s' (it takes no options)", type, key);
     return nas_errf(err, "optimizer %s: unknown option '%s'%s%s%s", type, key,
@@ -79,7 +65,7 @@ static const optimizer_backend *find_backend(const char *type, nas_err *err) {
     size_t used = strlen(known);
     snprintf(known + used, sizeof known - used, "%s%s", i ? ", " : "", names[i]);
   }
-  const char *hint = nearest(type, names, n_backends);
+  const char *hint = nas_nearest(type, names, n_backends);
   nas_errf(err, "optimizer: unknown type '%s'%s%s%s (known: %s)", type,
            hint ? " (did you mean '" : "", hint ? hint : "", hint ? "'?)" : "", known);
   return NULL;

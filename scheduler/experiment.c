@@ -122,9 +122,9 @@ int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err)
   return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
 }
 
-/* Asks the runner of each running trial's job to stop it. */
+/* Asks the runner of each running trial's job to stop it; *asked counts them. */
 static int stop_running(const spec *s, storage *st, const experiment_row *exp, FILE *report,
-                        nas_err *err) {
+                        size_t *asked, nas_err *err) {
   trial_row *rows;
   size_t n;
   runner *rn = NULL;
@@ -137,6 +137,7 @@ static int stop_running(const spec *s, storage *st, const experiment_row *exp, F
     if (!run_dir) rc = nas_errf(err, "out of memory");
     else if (runner_stop(rn, rows[i].job_id, run_dir, &why) != NAS_OK && report)
       fprintf(report, "nas: %s: trial %d: %s\n", exp->name, rows[i].number, why.msg);
+    else ++*asked;
     free(run_dir);
   }
   if (rn) runner_free(rn);
@@ -145,9 +146,11 @@ static int stop_running(const spec *s, storage *st, const experiment_row *exp, F
 }
 
 int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *report,
-               nas_err *err) {
+               sched_stopped *done, nas_err *err) {
+  *done = (sched_stopped){.was_finished = strcmp(exp->status, "finished") == 0};
+  if (done->was_finished) return NAS_OK;
   if (storage_experiment_set_status(st, exp->id, "stopped", err) != NAS_OK) return NAS_ERR;
-  return stop_running(s, st, exp, report, err);
+  return stop_running(s, st, exp, report, &done->asked, err);
 }
 
 static bool retryable(trial_status status) {

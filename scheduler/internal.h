@@ -23,7 +23,7 @@ typedef struct {
   char *run_dir;        /* owned */
   double last_heard;    /* Unix seconds of its last sign of life seen here */
   stop_reason stop;     /* why it was asked to stop, if it was */
-  char *stop_why;       /* owned text for STOP_EARLY / STOP_SILENT */
+  char *stop_why;       /* owned: what the trial will say it was stopped for (NULL: on request) */
   size_t next_rung;     /* ASHA: first rung not yet passed */
   char *log_problem;    /* owned: why its stdout.log could not be read at the last look;
                            NULL when it could */
@@ -68,6 +68,7 @@ typedef struct {
   sched_results results;      /* owned: the results view as last loaded */
   bool results_fresh;         /* results match storage (statuses kept current in place) */
   double deadline;            /* monotonic seconds; 0 = none */
+  double started;             /* monotonic seconds when this run began */
   sigset_t waited;            /* signals the loop blocks and waits on */
   sigset_t old_mask;
   char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */

@@ -154,7 +154,7 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
   case JOB_STOPPED:
     if (job->stop == STOP_SILENT) return judge_lost(sc, job, job->stop_why, status, why);
     *status = TRIAL_STOPPED;
-    *why = strdup(job->stop == STOP_EARLY ? job->stop_why : "stopped on request");
+    *why = strdup(job->stop_why ? job->stop_why : "stopped on request");
     return NAS_OK;
   case JOB_UNREADABLE:
     *status = TRIAL_FAILED;
@@ -490,9 +490,12 @@ static int rebuild(sched *sc, nas_err *err) {
 
 /* ---- signals, waiting, stopping -------------------------------------------------------- */
 
-static void stop_all(sched *sc) {
+/* Asks every running job to stop; why is what its trial will say ("stopped on request"
+ * when NULL). */
+static void stop_all(sched *sc, const char *why) {
   for (size_t i = 0; i < sc->n_jobs; i++)
-    if (sc->jobs[i].stop != STOP_SILENT) stop_job(sc, &sc->jobs[i], STOP_REQUESTED, NULL);
+    if (sc->jobs[i].stop != STOP_SILENT)
+      stop_job(sc, &sc->jobs[i], STOP_REQUESTED, why ? strdup(why) : NULL);
   sc->stopping = true;
 }
 
@@ -504,7 +507,7 @@ static void on_signal(sched *sc, int sig) {
             "them)", strsignal(sig), sc->n_jobs);
   } else if (!sc->stopping) {
     nas_log("%s: stopping %zu running trials", strsignal(sig), sc->n_jobs);
-    stop_all(sc);
+    stop_all(sc, NULL);
   }
 }
 
@@ -526,7 +529,10 @@ static void check_deadline(sched *sc) {
   nas_log("wall-time budget of %g s spent: stopping %zu running trials",
           sc->s->budget.max_wall_s, sc->n_jobs);
   sc->draining = true;
-  stop_all(sc);
+  char *why = nas_asprintf("stopped when the wall-time budget (budget.wall_time, %g s) was spent",
+                           sc->s->budget.max_wall_s);
+  stop_all(sc, why);
+  free(why);
 }
 
 static int check_stop_request(sched *sc, bool *interrupted, nas_err *err) {
@@ -537,7 +543,7 @@ static int check_stop_request(sched *sc, bool *interrupted, nas_err *err) {
     nas_log("%s: stopped by 'nas stop': stopping %zu running trials", sc->exp->name, sc->n_jobs);
     *interrupted = true;
     sc->draining = true;
-    stop_all(sc);
+    stop_all(sc, "stopped by 'nas stop'");
   }
   return NAS_OK;
 }
@@ -588,7 +594,8 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   sigaddset(&sc->waited, SIGTERM);
   sigaddset(&sc->waited, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &sc->waited, &sc->old_mask);
-  if (s->budget.max_wall_s > 0) sc->deadline = nas_monotonic() + s->budget.max_wall_s;
+  sc->started = nas_monotonic();
+  if (s->budget.max_wall_s > 0) sc->deadline = sc->started + s->budget.max_wall_s;
   sc->storage_url = storage_url_absolute(opt->storage_url);
   if (!sc->storage_url) return nas_errf(err, "out of memory");
   if (runner_create(s->runner.type, s->runner.options, &sc->rn, err) != NAS_OK)

@@ -76,14 +76,41 @@ void sched_progress_event(sched *sc, const trial_row *row, const char *what) {
   sched_progress_tick(sc);
 }
 
+/* "45s", "3m05s", "2h07m". */
+static void format_duration(double seconds, char *out, size_t size) {
+  long s = seconds > 0 ? (long)(seconds + 0.5) : 0;
+  if (s < 60) snprintf(out, size, "%lds", s);
+  else if (s < 3600) snprintf(out, size, "%ldm%02lds", s / 60, s % 60);
+  else snprintf(out, size, "%ldh%02ldm", s / 3600, s % 3600 / 60);
+}
+
+/* The time left: trials still to end at the pace of this run so far (none yet: unknown),
+ * and never past the wall-time budget. Negative when unknown. */
+static double eta_seconds(const sched *sc, int ended, double elapsed) {
+  int left = sc->s->budget.max_trials - ended;
+  double eta = sc->ended_here.total > 0 ? elapsed / sc->ended_here.total * (left > 0 ? left : 0) : -1;
+  if (sc->deadline > 0) {
+    double wall_left = sc->deadline - nas_monotonic();
+    if (eta < 0 || wall_left < eta) eta = wall_left > 0 ? wall_left : 0;
+  }
+  return eta;
+}
+
 void sched_progress_tick(sched *sc) {
   if (!sc->opt->progress_tty) return;
   const int *by = sc->counts.by_status;
   int failed = by[TRIAL_FAILED] + by[TRIAL_TIMEOUT];
-  fprintf(out(sc), "\r\033[K%s: %d/%d trials · %d running · %d completed · %d failed",
-          sc->exp->name, sc->counts.total, sc->s->budget.max_trials, by[TRIAL_RUNNING],
+  int ended = by[TRIAL_COMPLETED] + failed + by[TRIAL_STOPPED];
+  double elapsed = nas_monotonic() - sc->started;
+  char spent[48], left[48] = "?";
+  format_duration(elapsed, spent, sizeof spent);
+  double eta = eta_seconds(sc, ended, elapsed);
+  if (eta >= 0) format_duration(eta, left, sizeof left);
+  fprintf(out(sc), "\r\033[K%s: %d of %d ended · %d running · %d completed · %d failed",
+          sc->exp->name, ended, sc->s->budget.max_trials, by[TRIAL_RUNNING],
           by[TRIAL_COMPLETED], failed);
   if (by[TRIAL_STOPPED]) fprintf(out(sc), " · %d stopped", by[TRIAL_STOPPED]);
+  fprintf(out(sc), " · %s, ETA %s", spent, left);
   if (sc->best_text) fprintf(out(sc), " · %s", sc->best_text);
   fflush(out(sc));
 }

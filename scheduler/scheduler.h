@@ -61,11 +61,17 @@ char *sched_lease_describe(const storage_lease *lease, double now);
 int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness *state,
                           char **text, nas_err *err);
 
+/* What sched_stop did. */
+typedef struct {
+  bool was_finished; /* the experiment had spent its budget: left as it was */
+  size_t asked;      /* running trials whose jobs were asked to stop */
+} sched_stopped;
+
 /* Marks the experiment stopped (a live sched_run sees it and ends) and asks the runner
- * of every running trial to stop its job. Trials that could not be reached are reported
- * on `report` (may be NULL), one line each. */
+ * of every running trial to stop its job; a finished experiment stays finished. Trials
+ * that could not be reached are reported on `report` (may be NULL), one line each. */
 int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *report,
-               nas_err *err);
+               sched_stopped *done, nas_err *err);
 
 /* Queues failed and timed-out trials of exp again (`nas retry`): those numbered in
  * numbers[0..n-1], or every failed and timed-out one when n is 0. They keep their attempts

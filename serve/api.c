@@ -109,7 +109,8 @@ static int stop_experiment(serve_request *req, char **parts) {
   api_experiment e;
   nas_err err;
   if (api_load(req, parts[0], &e, false) != NAS_OK) return NAS_ERR;
-  int rc = sched_stop(e.s, req->st, &e.exp, NULL, &err);
+  sched_stopped done;
+  int rc = sched_stop(e.s, req->st, &e.exp, NULL, &done, &err);
   api_unload(&e);
   if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
   return get_experiment(req, parts);

@@ -118,16 +118,9 @@ int inline_value(const char *text, json_t **out, nas_err *err) {
 }
 
 const char *nearest_name(const char *word, const char *const *names) {
-  const char *best = NULL;
-  size_t best_dist = 3, word_len = strlen(word);
-  for (; *names; names++) {
-    size_t dist = nas_edit_distance(word, *names);
-    if (dist < best_dist && dist < word_len) {
-      best = *names;
-      best_dist = dist;
-    }
-  }
-  return best;
+  size_t n = 0;
+  while (names[n]) n++;
+  return nas_nearest(word, names, n);
 }
 
 int node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...) {

@@ -1,0 +1,162 @@
+/* The run as seen from a terminal (issue "Managing experiments as users expect"): the
+ * progress line counts ended trials and shows elapsed time and an ETA; trials stopped by
+ * the wall-time budget say so; `nas stop` says what it did and leaves a finished
+ * experiment finished; printed hints carry the --storage they need; `nas help CMD`, a
+ * missing option value and a mistyped experiment name are answered helpfully; a seed gives
+ * the same initial design whatever `parallel` is. The real bin/nas throughout. */
+#include <pty.h>
+#include <sys/wait.h>
+
+#include "common/common.h"
+#include "tests/e2e.h"
+
+static const char sleepy_spec[] =
+    "name: sleepy\n"
+    "parameters: {x: {type: float, low: 0, high: 1}}\n"
+    "objectives: [{name: y, goal: minimize}]\n"
+    "trial: {command: [sleep, '30']}\n"
+    "budget: {trials: 4, parallel: 2, wall_time: 1}\n"
+    "runner: {type: local, kill_grace: 1}\n";
+
+static const char quick_spec[] =
+    "name: quick\n"
+    "parameters: {x: {type: float, low: 0, high: 1}}\n"
+    "objectives: [{name: y, goal: minimize}]\n"
+    "trial: {command: [sh, -c, 'sleep 0.3; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+    "optimizer: {type: random}\n"
+    "budget: {trials: 4, parallel: 2}\n";
+
+static void wall_time_stops_trials_and_says_so(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "sleepy.yaml", sleepy_spec), *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, "sleepy");
+  assert_int_equal(count_status(rows, "stopped"), 2);
+  const char *error = json_string_value(json_object_get(json_array_get(rows, 0), "error"));
+  if (!error || !strstr(error, "wall-time budget")) fail_msg("trial 0 says: %s", error ? error : "(null)");
+  json_decref(rows);
+  free(spec);
+}
+
+static void nas_stop_says_what_it_did_and_leaves_a_finished_experiment_finished(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "quick.yaml", quick_spec), *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "stop", "quick", NULL), 0);
+  assert_non_null(strstr(out, "finished already"));
+  free(out);
+  assert_int_equal(nas(f, &out, "status", "quick", "--format=json"), 0);
+  assert_non_null(strstr(out, "\"finished\""));
+  free(out);
+  free(spec);
+}
+
+static void hints_carry_the_storage_they_need(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "sleepy.yaml", sleepy_spec), *out;
+  assert_int_equal(nas(f, &out, "stop", "sleepy", NULL), 1); /* no database yet */
+  free(out);
+  pid_t pid = start_nas_run(f, spec);
+  nas_sleep(0.4);
+  kill(pid, SIGINT);
+  waitpid(pid, NULL, 0);
+  /* `nas stop` prints the same hint as an interrupted run; f->db is not the default. */
+  assert_int_equal(nas(f, &out, "stop", "sleepy", NULL), 0);
+  char *want = nas_asprintf("nas resume sleepy --storage %s", f->db);
+  if (!strstr(out, want)) fail_msg("no '%s' in: %s", want, out);
+  free(want), free(out), free(spec);
+}
+
+static void help_missing_values_and_typos_are_answered(void **state) {
+  fixture *f = *state;
+  char *a, *b;
+  const char *help[] = {test_nas_bin(), "help", "run", NULL}, *dash[] = {test_nas_bin(), "run", "--help", NULL};
+  assert_int_equal(test_run(f->dir, (char *const *)help, &a), 0);
+  assert_int_equal(test_run(f->dir, (char *const *)dash, &b), 0);
+  assert_string_equal(a, b);
+  free(a), free(b);
+  const char *missing[] = {test_nas_bin(), "trials", "quick", "--format", NULL};
+  assert_int_equal(test_run(f->dir, (char *const *)missing, &a), 2);
+  assert_non_null(strstr(a, "option '--format' needs a value"));
+  free(a);
+  char *spec = test_write(f->dir, "quick.yaml", quick_spec);
+  assert_int_equal(nas(f, &a, "run", spec, "--no-progress"), 0);
+  free(a);
+  assert_int_equal(nas(f, &a, "pareto", "quikc", NULL), 1);
+  assert_non_null(strstr(a, "did you mean 'quick'?"));
+  free(a), free(spec);
+}
+
+static void progress_line_shows_ended_counts_elapsed_and_eta(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "quick.yaml", quick_spec);
+  int master;
+  pid_t pid = forkpty(&master, NULL, NULL, NULL);
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (chdir(f->dir) != 0) _exit(126);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", f->db, (char *)NULL);
+    _exit(127);
+  }
+  char screen[65536];
+  size_t len = 0;
+  ssize_t got;
+  while (len < sizeof screen - 1 && (got = read(master, screen + len, sizeof screen - 1 - len)) > 0)
+    len += (size_t)got;
+  screen[len] = '\0';
+  waitpid(pid, NULL, 0);
+  close(master);
+  if (!strstr(screen, "4 of 4 ended") || !strstr(screen, ", ETA ") || !strstr(screen, "2 of 4 ended"))
+    fail_msg("progress line: %s", screen);
+  free(spec);
+}
+
+/* The trials' parameters in number order, as one text. */
+static char *params_of(fixture *f, const char *name) {
+  json_t *rows = trials_json(f, name);
+  char *text = strdup("");
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    char *next = nas_asprintf("%s%.17g/%lld;", text, json_number_value(json_object_get(row, "x")),
+                              (long long)json_integer_value(json_object_get(row, "k")));
+    free(text);
+    text = next;
+  }
+  json_decref(rows);
+  return text;
+}
+
+static void seed_gives_the_same_initial_design_whatever_parallel(void **state) {
+  fixture *f = *state;
+  char *designs[2];
+  for (int p = 0; p < 2; p++) {
+    char *text = nas_asprintf("name: design%d\nseed: 11\n"
+                              "parameters: {x: {type: float, low: 0, high: 1}, k: {type: int, low: 1, high: 9}}\n"
+                              "objectives: [{name: y, goal: minimize}]\n"
+                              "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                              "optimizer: {type: gp, n_initial: 5}\n"
+                              "budget: {trials: 5, parallel: %d}\n", p, p ? 4 : 1);
+    char *spec = test_write(f->dir, "design.yaml", text), *out, name[16];
+    assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+    free(out), free(spec), free(text);
+    snprintf(name, sizeof name, "design%d", p);
+    designs[p] = params_of(f, name);
+  }
+  assert_string_equal(designs[0], designs[1]);
+  free(designs[0]), free(designs[1]);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(wall_time_stops_trials_and_says_so, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_stop_says_what_it_did_and_leaves_a_finished_experiment_finished, setup, teardown),
+      cmocka_unit_test_setup_teardown(hints_carry_the_storage_they_need, setup, teardown),
+      cmocka_unit_test_setup_teardown(help_missing_values_and_typos_are_answered, setup, teardown),
+      cmocka_unit_test_setup_teardown(progress_line_shows_ended_counts_elapsed_and_eta, setup, teardown),
+      cmocka_unit_test_setup_teardown(seed_gives_the_same_initial_design_whatever_parallel, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
