@@ -145,6 +145,8 @@ static const route routes[] = {
     {"POST", "/api/v1/experiments/*/trials/*/complete", SCOPE_WRITE, api_complete},
     {"POST", "/api/v1/experiments/*/trials/*/fail", SCOPE_WRITE, api_fail},
     {"POST", "/api/v1/experiments/*/trials/*/heartbeat", SCOPE_WRITE, api_heartbeat},
+    /* The storage RPC (storage/rpc.h); writes need SCOPE_WRITE, checked per operation. */
+    {"POST", "/api/v1/storage/*", SCOPE_READ, api_storage},
 };
 
 enum { max_parts = 4 };
@@ -182,6 +184,7 @@ void serve_route(serve_request *req, serve_scope scope) {
     path_known |= hit;
     if (hit && strcmp(routes[i].method, req->method) == 0) {
       for (size_t k = 0; k < n_parts; k++) parts[k][strcspn(parts[k], "/")] = '\0';
+      req->scope = scope;
       if (scope < routes[i].needs)
         serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
       else
