@@ -4,6 +4,7 @@
  * tokens decide who may read and write; bad requests get the right status and a message. */
 #include <sys/stat.h>
 
+#include "tests/e2e.h"
 #include "tests/serve.h"
 
 /* Four quick trials of two objectives, each with an intermediate value. */
