@@ -143,13 +143,16 @@ static char *pg_raw_text(const backend_ctx *ctx, const char *url, const char *sq
   return text;
 }
 
+#define SQLITE_BOOM_TRIGGER                                                     \
+  "CREATE TRIGGER boom BEFORE INSERT ON metrics WHEN NEW.name = 'boom'"         \
+  " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+
 static const test_backend sqlite_backend = {
     .name = "sqlite",
     .fresh_url = sqlite_fresh_url,
     .raw_exec = sqlite_raw_exec,
     .raw_text = sqlite_raw_text,
-    .boom_trigger = "CREATE TRIGGER boom BEFORE INSERT ON metrics WHEN NEW.name = 'boom'"
-                    " BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+    .boom_trigger = SQLITE_BOOM_TRIGGER,
     .undo_version_5 = "DROP TABLE write_receipts",
 };
 
@@ -207,8 +210,7 @@ static const test_backend http_backend = {
     .fresh_url = http_fresh_url,
     .raw_exec = http_raw_exec,
     .raw_text = http_raw_text,
-    .boom_trigger = "CREATE TRIGGER boom BEFORE INSERT ON metrics WHEN NEW.name = 'boom'"
-                    " BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+    .boom_trigger = SQLITE_BOOM_TRIGGER,
     .release = http_release,
 };
 
