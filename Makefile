@@ -3,7 +3,7 @@
 CC      ?= cc
 BUILD   ?= build
 BIN     ?= bin
-PKGS    := gsl nlopt sqlite3 libpq yaml-0.1 jansson libmicrohttpd
+PKGS    := gsl nlopt sqlite3 libpq yaml-0.1 jansson libmicrohttpd libcurl
 CFLAGS  ?= -O2 -g
 # Project flags stay separate so that `make CFLAGS=…` (as `asan` does) only changes
 # optimisation and instrumentation.

@@ -3,8 +3,12 @@
  * Metric observations per second into SQLite and PostgreSQL with 1, 8 and 32 writer
  * processes at once (each its own connection and its own running trial, as trials
  * reporting with `nas report` are), one observation per call and a batch of 64 per call
- * (the scheduler reading a log); then the latency of storage_trial_claim, p50 and p99,
- * with 1 and 8 processes claiming from the same queue.
+ * (the scheduler reading a log), with the p50 and p99 latency of a call; then the latency
+ * of storage_trial_claim, p50 and p99, with 1 and 8 processes claiming from the same queue.
+ *
+ * Backend "http" (`make bench-serve`, bench/serve.sh) is the http storage backend in front
+ * of a `nas serve` ($NAS_BIN, default bin/nas) of a fresh SQLite file, started here for each
+ * run: the same numbers through the server, beside the direct ones.
  *
  * PostgreSQL is a throwaway server started here (tests/pgserver.h), switched to durable
  * commits (fsync = on, full_page_writes = on) so that it is compared with SQLite at
@@ -15,6 +19,7 @@
  * run it. Processes start together at an agreed moment of the monotonic clock, which all
  * processes of the machine share, and count what they finished before the end. */
 #include <errno.h>
+#include <signal.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -30,8 +35,9 @@
 enum { BATCH_BIG = 64, MAX_PROCS = 32 };
 
 typedef struct bench {
-  const char *backend; /* "sqlite" or "postgresql" */
+  const char *backend; /* "sqlite", "postgresql" or "http" */
   pgserver *server;    /* for postgresql */
+  pid_t serve_pid;     /* for http: the `nas serve` of the current run, or 0 */
   char *dir;           /* owned folder for SQLite files */
   int made;            /* storages made so far; names the next one */
   double seconds;      /* length of one throughput run */
@@ -39,10 +45,51 @@ typedef struct bench {
 
 /* ---- storages ---------------------------------------------------------------------------- */
 
-/* The owned URL of a fresh storage: a new SQLite file, or a new PostgreSQL schema. */
+/* Stops the http backend's server of the previous run. */
+static void serve_stop(bench *b) {
+  if (b->serve_pid <= 0) return;
+  kill(b->serve_pid, SIGTERM);
+  waitpid(b->serve_pid, NULL, 0);
+  b->serve_pid = 0;
+}
+
+/* Starts `nas serve` of db on a free loopback port, logging to a file beside db; its URL. */
+static char *serve_start(bench *b, const char *db, int n) {
+  char *log = nas_asprintf("%s/serve-%d.log", b->dir, n);
+  const char *bin = getenv("NAS_BIN") ? getenv("NAS_BIN") : "bin/nas";
+  fflush(NULL);
+  b->serve_pid = fork();
+  if (b->serve_pid == 0) {
+    FILE *out = freopen(log, "w", stderr);
+    if (out) execl(bin, bin, "serve", "--storage", db, "--listen", "127.0.0.1:0", (char *)NULL);
+    _exit(127);
+  }
+  int port = -1;
+  for (int i = 0; i < 400 && port < 0 && waitpid(b->serve_pid, NULL, WNOHANG) == 0; i++) {
+    nas_sleep(0.01);
+    char *text = NULL;
+    nas_err ignored;
+    const char *at = nas_read_file(log, &text, NULL, &ignored) == NAS_OK
+                         ? strstr(text, "listening on port ") : NULL;
+    if (at) port = atoi(at + strlen("listening on port "));
+    free(text);
+  }
+  if (port < 0) fprintf(stderr, "bench_storage: %s serve did not start (%s)\n", bin, log);
+  free(log);
+  return port < 0 ? NULL : nas_asprintf("http://127.0.0.1:%d", port);
+}
+
+/* The owned URL of a fresh storage: a new SQLite file, a new PostgreSQL schema, or a new
+ * server of a new SQLite file. */
 static char *fresh_url(bench *b) {
   int n = b->made++;
   if (strcmp(b->backend, "sqlite") == 0) return nas_asprintf("sqlite:%s/bench-%d.db", b->dir, n);
+  if (strcmp(b->backend, "http") == 0) {
+    serve_stop(b);
+    char *db = nas_asprintf("sqlite:%s/bench-%d.db", b->dir, n), *url = serve_start(b, db, n);
+    free(db);
+    return url;
+  }
   char sql[64], why[512];
   snprintf(sql, sizeof sql, "CREATE SCHEMA bench_%d", n);
   if (pgserver_exec(b->server, "postgres", sql, why, sizeof why) != 0) {
@@ -116,7 +163,7 @@ static void sleep_until(double when) { nas_sleep(when - nas_monotonic()); }
 
 /* ---- throughput ------------------------------------------------------------------------------ */
 
-/* Adds batches of observations to its trial until end_at; writes how many it added. */
+/* Adds batches of observations to its trial until end_at; writes the seconds each call took. */
 static void writer(const char *url, int64_t trial_id, int batch, double start_at, double end_at,
                    int out_fd) {
   storage *st = open_or_die(url);
@@ -126,15 +173,56 @@ static void writer(const char *url, int64_t trial_id, int batch, double start_at
   sleep_until(start_at);
   while (nas_monotonic() < end_at) {
     for (int k = 0; k < batch; k++) obs[k] = (metric_obs){"loss", added + k, 0.5, nas_now()};
+    double began = nas_monotonic();
     check(storage_metrics_add(st, trial_id, obs, (size_t)batch, -1, &err), &err);
+    double took = nas_monotonic() - began;
+    if (write(out_fd, &took, sizeof took) != sizeof took) _exit(1);
     added += batch;
   }
   storage_close(st);
-  if (write(out_fd, &added, sizeof added) != sizeof added) _exit(1);
 }
 
-/* Observations per second of `writers` processes adding `batch` per call. */
-static double throughput(bench *b, int writers, int batch) {
+static int compare_doubles(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+typedef struct latency {
+  size_t n;
+  double p50_ms, p99_ms, per_s;
+} latency;
+
+/* The latency of n calls (sorted here) made in `wall` seconds. */
+static latency latency_of(double *took, size_t n, double wall) {
+  latency out = {n, 0, 0, 0};
+  qsort(took, n, sizeof *took, compare_doubles);
+  if (n) {
+    out.p50_ms = 1e3 * took[n / 2];
+    out.p99_ms = 1e3 * took[(size_t)(0.99 * (double)(n - 1))];
+    out.per_s = (double)n / wall;
+  }
+  return out;
+}
+
+/* Reads the seconds each call took, written as doubles, until in closes. Owned. */
+static double *read_took(int in, size_t *n) {
+  size_t cap = 4096;
+  double *took = malloc(cap * sizeof *took);
+  *n = 0;
+  while (took && read(in, &took[*n], sizeof *took) == sizeof *took) {
+    if (++*n == cap) took = realloc(took, (cap *= 2) * sizeof *took);
+  }
+  close(in);
+  if (!took) {
+    fprintf(stderr, "bench_storage: out of memory\n");
+    exit(1);
+  }
+  return took;
+}
+
+/* Calls per second (per_s) and their latency, of `writers` processes adding `batch`
+ * observations per call. */
+static latency throughput(bench *b, int writers, int batch) {
   char *url = fresh_url(b);
   storage *st = open_or_die(url);
   nas_err err = {{0}};
@@ -152,12 +240,13 @@ static double throughput(bench *b, int writers, int batch) {
   /* Time for every process to connect before the clock starts. */
   double start_at = nas_monotonic() + 0.5 + 0.02 * writers, end_at = start_at + b->seconds;
   int in = start_all(writers, writer, url, trials, batch, start_at, end_at, pids);
-  int64_t total = 0, added = 0;
-  while (read(in, &added, sizeof added) == sizeof added) total += added;
-  close(in);
+  size_t n = 0;
+  double *took = read_took(in, &n);
   wait_all(writers, pids);
   free(url);
-  return (double)total / b->seconds;
+  latency out = latency_of(took, n, b->seconds);
+  free(took);
+  return out;
 }
 
 /* ---- claim latency --------------------------------------------------------------------------- */
@@ -182,16 +271,6 @@ static void claimer(const char *url, int64_t experiment, int batch, double start
   storage_close(st);
 }
 
-static int compare_doubles(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-typedef struct latency {
-  size_t n;
-  double p50_ms, p99_ms, per_s;
-} latency;
-
 /* Latency of claims by `claimers` processes emptying a queue of `queued` trials. */
 static latency claim_latency(bench *b, int claimers, int queued) {
   char *url = fresh_url(b);
@@ -210,19 +289,10 @@ static latency claim_latency(bench *b, int claimers, int queued) {
   pid_t pids[MAX_PROCS];
   double start_at = nas_monotonic() + 0.5;
   int in = start_all(claimers, claimer, url, ids, 0, start_at, 0, pids);
-  double *took = malloc((size_t)queued * sizeof *took);
   size_t n = 0;
-  while (n < (size_t)queued && read(in, &took[n], sizeof *took) == sizeof *took) n++;
-  close(in);
+  double *took = read_took(in, &n);
   wait_all(claimers, pids);
-  double wall = nas_monotonic() - start_at;
-  qsort(took, n, sizeof *took, compare_doubles);
-  latency out = {n, 0, 0, 0};
-  if (n) {
-    out.p50_ms = 1e3 * took[n / 2];
-    out.p99_ms = 1e3 * took[(size_t)(0.99 * (double)(n - 1))];
-    out.per_s = (double)n / wall;
-  }
+  latency out = latency_of(took, n, nas_monotonic() - start_at);
   free(took);
   free(url);
   return out;
@@ -239,9 +309,10 @@ static void run_backend(bench *b, int claim_trials) {
   const int writer_counts[] = {1, 8, 32}, batches[] = {1, BATCH_BIG};
   for (size_t w = 0; w < 3; w++) {
     for (size_t k = 0; k < 2; k++) {
-      double rate = throughput(b, writer_counts[w], batches[k]);
-      printf("| %-10s | metrics_add | %2d writers | batch %2d | %10.0f obs/s |\n", b->backend,
-             writer_counts[w], batches[k], rate);
+      latency l = throughput(b, writer_counts[w], batches[k]);
+      printf("| %-10s | metrics_add | %2d writers | batch %2d | %10.0f obs/s | p50 %.3f ms, "
+             "p99 %.3f ms |\n", b->backend, writer_counts[w], batches[k],
+             l.per_s * batches[k], l.p50_ms, l.p99_ms);
       fflush(stdout);
     }
   }
@@ -293,9 +364,11 @@ int main(void) {
   print_machine();
   printf("%.1f s per throughput run, %d queued trials per claim run, PostgreSQL fsync %s\n\n",
          base.seconds, claim_trials, pg_fsync);
-  if (strstr(backends, "sqlite")) {
+  const char *const file_backends[] = {"sqlite", "http"};
+  for (size_t i = 0; i < 2; i++) {
+    if (!strstr(backends, file_backends[i])) continue;
     bench b = base;
-    b.backend = "sqlite";
+    b.backend = file_backends[i];
     const char *tmp = getenv("TMPDIR");
     b.dir = nas_asprintf("%s/nas-bench-XXXXXX", tmp ? tmp : "/tmp");
     if (!mkdtemp(b.dir)) {
@@ -303,6 +376,7 @@ int main(void) {
       return 1;
     }
     run_backend(&b, claim_trials);
+    serve_stop(&b);
     char *rm[] = {"rm", "-rf", "--", b.dir, NULL};
     pid_t pid = fork();
     if (pid == 0) {

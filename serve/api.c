@@ -149,6 +149,8 @@ static const route routes[] = {
     {"POST", "/api/v1/experiments/*/trials/*/complete", SCOPE_WRITE, api_complete},
     {"POST", "/api/v1/experiments/*/trials/*/fail", SCOPE_WRITE, api_fail},
     {"POST", "/api/v1/experiments/*/trials/*/heartbeat", SCOPE_WRITE, api_heartbeat},
+    /* The storage RPC (storage/rpc.h); writes need SCOPE_WRITE, checked per operation. */
+    {"POST", "/api/v1/storage/*", SCOPE_READ, api_storage},
 };
 
 enum { max_parts = 4 };
@@ -165,6 +167,7 @@ void serve_route(serve_request *req, serve_scope scope) {
     bool hit = serve_path_match(routes[i].pattern, path, parts, max_parts, &n_parts);
     path_known |= hit;
     if (hit && strcmp(routes[i].method, req->method) == 0) {
+      req->scope = scope;
       if (scope < routes[i].needs)
         serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
       else

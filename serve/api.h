@@ -26,4 +26,7 @@ int api_complete(serve_request *req, char **parts);
 int api_fail(serve_request *req, char **parts);
 int api_heartbeat(serve_request *req, char **parts);
 
+/* api_storage.c: parts[0] is the storage operation. */
+int api_storage(serve_request *req, char **parts);
+
 #endif

@@ -60,6 +60,7 @@ typedef struct {
   bool body_too_big;
   double started;        /* monotonic seconds */
   storage *st;           /* taken from the pool while the handler runs */
+  serve_scope scope;     /* what the client may do (set before the handler runs) */
   int status;            /* of the reply */
   json_t *reply;         /* owned until sent */
 } serve_request;

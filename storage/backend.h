@@ -65,10 +65,31 @@ typedef struct storage_backend {
                      nas_err *err);
   int (*lease_release)(void *conn, int64_t experiment_id, const char *token, nas_err *err);
   int (*lease_get)(void *conn, int64_t experiment_id, storage_lease *out, nas_err *err);
+
+  /* Idempotency keys (storage.h). arm makes the next write that is not idempotent
+   * (experiment_create, trial_create, trial_start, trial_claim, trial_finish, trial_requeue,
+   * metrics_add) commit key, borrowed until armed again, with its result (the id of the
+   * experiment or trial it made, took or changed) in its own transaction; NULL disarms.
+   * receipt_find looks a committed key up. */
+  void (*receipt_arm)(void *conn, const char *key);
+  int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);
 } storage_backend;
 
 extern const storage_backend storage_sqlite_backend;
 extern const storage_backend storage_postgres_backend;
+extern const storage_backend storage_http_backend;
+
+/* How long an operation keeps retrying a storage server it cannot reach: NAS_STORAGE_RETRY_S
+ * (seconds, 0 to STORAGE_RETRY_MAX_S; default STORAGE_RETRY_DEFAULT_S), read at open. */
+#define STORAGE_RETRY_DEFAULT_S 30.0
+/* Receipts and idempotency keys are deleted after a day, so no budget may come near that. */
+#define STORAGE_RETRY_MAX_S 3600.0
+#define STORAGE_RECEIPT_KEEP_S 86400
+int storage_retry_budget(double *seconds, nas_err *err);
+
+/* 128 random bits in hex: receipt tokens and idempotency keys. */
+#define STORAGE_TOKEN_LEN 32
+int storage_random_token(char out[STORAGE_TOKEN_LEN + 1], nas_err *err);
 
 /* The trial state machine, shared by every backend so the rules cannot drift apart.
  * Each returns NAS_OK when a trial in `current` may make the move, else NAS_ERR with a

@@ -19,13 +19,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/random.h>
 
-#include "storage/storage.h"
+#include "storage/backend.h"
 
-#define PG_RETRY_DEFAULT_S 30.0
-/* Receipts are deleted after a day (postgres.c), so no budget may come near that. */
-#define PG_RETRY_MAX_S 3600.0
 #define PG_BACKOFF_FIRST_S 0.025
 #define PG_BACKOFF_MAX_S 1.0
 #define PG_CONNECT_TIMEOUT_S "5" /* libpq's connect_timeout, in seconds (docs/cli.md) */
@@ -171,21 +167,6 @@ static int conn_ensure(pg_conn *c, nas_err *err) {
   return conn_connect(c, err);
 }
 
-static int retry_budget(double *seconds, nas_err *err) {
-  const char *text = getenv("NAS_STORAGE_RETRY_S");
-  *seconds = PG_RETRY_DEFAULT_S;
-  if (!text) return NAS_OK;
-  char *end = NULL;
-  errno = 0;
-  double value = strtod(text, &end);
-  if (errno || end == text || *end || !(value >= 0 && value <= PG_RETRY_MAX_S)) {
-    return nas_errf(err, "NAS_STORAGE_RETRY_S='%s' is not a number of seconds from 0 to %g",
-                    text, PG_RETRY_MAX_S);
-  }
-  *seconds = value;
-  return NAS_OK;
-}
-
 void pg_conn_close(pg_conn *c) {
   if (!c) return;
   conn_drop(c);
@@ -228,7 +209,7 @@ int pg_conn_open(const char *uri, bool once, pg_conn **out, nas_err *err) {
   c->uri = strdup(uri);
   c->shown = storage_url_redacted(uri);
   int rc = c->uri && c->shown ? uri_check(c, err) : nas_errf(err, "out of memory");
-  if (rc == NAS_OK) rc = retry_budget(&c->retry_s, err);
+  if (rc == NAS_OK) rc = storage_retry_budget(&c->retry_s, err);
   /* An operation with nothing to do: pg_run connects before each try. */
   const pg_op connect_only = {.attempt = nothing_to_do};
   double budget = c->retry_s;
@@ -334,15 +315,23 @@ int pg_exec_script(pg_conn *c, const char *sql, nas_err *err) {
   return rc;
 }
 
+void pg_receipt_tokens(const pg_conn *c, const char *token, char out[PG_RECEIPT_TOKENS_LEN]) {
+  if (c->request_key) snprintf(out, PG_RECEIPT_TOKENS_LEN, "{%s,%s}", token, c->request_key);
+  else snprintf(out, PG_RECEIPT_TOKENS_LEN, "{%s}", token);
+}
+
 int pg_tx_begin(pg_conn *c, nas_err *err) { return pg_exec(c, NULL, err, "BEGIN", NULL); }
 
 int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err) {
   if (rc == NAS_OK && token) {
     pg_params p = {0};
-    rc = pg_params_set(&p, 1, err, "ti", token, result);
+    char tokens[PG_RECEIPT_TOKENS_LEN];
+    pg_receipt_tokens(c, token, tokens);
+    rc = pg_params_set(&p, 1, err, "ti", tokens, result);
     if (rc == NAS_OK) {
       rc = pg_exec(c, NULL, err,
-                   "INSERT INTO write_receipts (token, result, done) VALUES ($1, $2, true)", &p);
+                   "INSERT INTO write_receipts (token, result, done)"
+                   " SELECT unnest($1::text[]), $2, true", &p);
     }
   }
   if (rc == NAS_OK) rc = pg_exec(c, NULL, err, "COMMIT", NULL);
@@ -371,18 +360,6 @@ int pg_text(const PGresult *res, int row, int col, char **out, nas_err *err) {
 
 /* ---- operations ----------------------------------------------------------------------------- */
 
-#define TOKEN_BYTES 16
-
-/* A fresh receipt token: 128 random bits in hex, so two tries never share one. */
-static int token_new(char out[2 * TOKEN_BYTES + 1], nas_err *err) {
-  unsigned char bytes[TOKEN_BYTES];
-  if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
-    return nas_errf(err, "cannot draw a receipt token: %s", strerror(errno));
-  }
-  for (int i = 0; i < TOKEN_BYTES; i++) snprintf(out + 2 * i, 3, "%02x", bytes[i]);
-  return NAS_OK;
-}
-
 typedef enum {
   PHASE_TRY,     /* the next step is a try of the operation */
   PHASE_SETTLE,  /* a try with the current token may have committed: find out first */
@@ -406,7 +383,7 @@ static int settle(pg_conn *c, char *token, run_phase *phase, int64_t *result, na
   PQclear(res);
   if (fenced) {
     *phase = PHASE_TRY;
-    return token_new(token, err);
+    return storage_random_token(token, err);
   }
   rc = pg_exec(c, &res, err, "SELECT result FROM write_receipts WHERE token = $1 AND done", &p);
   if (rc != NAS_OK) return rc;
@@ -445,10 +422,10 @@ static int give_up(const pg_conn *c, bool unsettled, nas_err *err) {
 
 int pg_run(pg_conn *c, const pg_op *op, void *ctx, nas_err *err) {
   backoff b = {.deadline = nas_monotonic() + c->retry_s, .delay = 0};
-  char token[2 * TOKEN_BYTES + 1] = "";
+  char token[STORAGE_TOKEN_LEN + 1] = "";
   run_phase phase = PHASE_TRY;
   int64_t result = 0;
-  if (op->receipt && token_new(token, err) != NAS_OK) return NAS_ERR;
+  if (op->receipt && storage_random_token(token, err) != NAS_OK) return NAS_ERR;
   for (;;) {
     int rc = conn_ensure(c, err);
     if (rc == NAS_OK && phase == PHASE_SETTLE) rc = settle(c, token, &phase, &result, err);

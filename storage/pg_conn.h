@@ -18,6 +18,10 @@
  * Sessions set idle_in_transaction_session_timeout, so that a transaction orphaned by a
  * network blip cannot hold its receipt (and its row locks) for more than a minute.
  *
+ * An idempotency key armed on the connection (a request of the storage RPC, storage.h)
+ * rides along: the try commits it as a second receipt row with the same result, so a key
+ * is stored exactly when its write is.
+ *
  * The schema must hold write_receipts (token text primary key, result bigint, done boolean
  * not null, at double precision, defaulting to the server's clock); see postgres.c. */
 #ifndef NAS_STORAGE_PG_CONN_H
@@ -41,6 +45,9 @@ typedef struct pg_conn {
   char *uri;      /* owned: as given, password included; only ever handed to libpq */
   char *shown;    /* owned: the URI with any password masked, for messages */
   double retry_s; /* how long one operation keeps trying to reach the server */
+  /* Borrowed: the idempotency key the next write with a receipt commits beside its own
+   * token (storage.h); NULL when none is armed. */
+  const char *request_key;
 } pg_conn;
 
 /* Connects to uri: once when once is set, else retrying within the budget from
@@ -83,6 +90,11 @@ int pg_tx_begin(pg_conn *c, nas_err *err);
  * (when not NULL) with result and commits, else rolls back. Returns rc, or the failure of
  * the receipt or the commit. */
 int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err);
+
+/* The receipt tokens a try commits, as a text[] literal: its own token, and the armed
+ * request key when there is one (keys are checked to hold only [A-Za-z0-9_-]). */
+#define PG_RECEIPT_TOKENS_LEN 160
+void pg_receipt_tokens(const pg_conn *c, const char *token, char out[PG_RECEIPT_TOKENS_LEN]);
 
 /* Values of a result's fields; SQL NULL reads as 0 (pg_text: NULL). */
 int64_t pg_int(const PGresult *res, int row, int col);

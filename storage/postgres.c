@@ -86,17 +86,20 @@ static const char *const migrations[] = {
     "  pid bigint NOT NULL,"
     "  started_at double precision NOT NULL,"
     "  heartbeat_at double precision NOT NULL);",
+    /* 4 → 5: idempotency keys of storage RPC requests (storage.h) are receipts too: they
+     * share write_receipts, which version 1 made, so only its description changes. */
+    "COMMENT ON TABLE write_receipts IS"
+    " 'receipts of writes: per-try tokens (pg_conn.h) and idempotency keys of requests';",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
-/* A receipt is looked up only by the process that wrote it, within its retry budget (at
- * most an hour); a day later it can go. */
-#define RECEIPT_KEEP_S 86400
 
 /* The receipt of a single-statement write, as its last common table expression: $1 is the
- * token, `rel` the rows it made or took (the receipt records the id of one). */
-#define RECEIPT_FROM(rel) \
-  "receipt AS (INSERT INTO write_receipts (token, result, done) SELECT $1, id, true FROM " rel ")"
+ * array of tokens (pg_receipt_tokens), `rel` the rows it made or took (the receipt records
+ * the id of one). */
+#define RECEIPT_FROM(rel)                                                       \
+  "receipt AS (INSERT INTO write_receipts (token, result, done)"                \
+  " SELECT tokens.token, id, true FROM " rel ", unnest($1::text[]) AS tokens (token))"
 
 /* ---- rows ------------------------------------------------------------------------------ */
 
@@ -228,11 +231,15 @@ typedef struct statement {
   size_t n;
   bool recovered;       /* a lost try committed: rows is empty, recovered_id says what */
   int64_t recovered_id; /* the id its receipt recorded */
+  char tokens[PG_RECEIPT_TOKENS_LEN]; /* $1 of a write with a receipt */
 } statement;
 
 static int statement_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
   statement *s = ctx;
-  if (token) s->params.text[0] = token;
+  if (token) {
+    pg_receipt_tokens(c, token, s->tokens);
+    s->params.text[0] = s->tokens;
+  }
   PGresult *res = NULL;
   int rc = pg_exec(c, &res, err, s->sql, &s->params);
   if (rc == NAS_OK) rc = rows_read(res, s->kind, &s->rows, &s->n, err);
@@ -395,7 +402,7 @@ static int receipts_prune(pg_conn *c, nas_err *err) {
                       "WITH pruned AS (DELETE FROM write_receipts"
                       "   WHERE at < extract(epoch FROM now()) - $1)"
                       " SELECT 0",
-                      "i", (int64_t)RECEIPT_KEEP_S);
+                      "i", (int64_t)STORAGE_RECEIPT_KEEP_S);
   free(rows);
   return rc;
 }
@@ -849,6 +856,25 @@ static int postgres_lease_get(void *conn, int64_t experiment_id, storage_lease *
                    "i", experiment_id);
 }
 
+/* ---- idempotency keys ------------------------------------------------------------------- */
+
+static void postgres_receipt_arm(void *conn, const char *key) {
+  pg_conn *c = conn;
+  c->request_key = key;
+}
+
+static int postgres_receipt_find(void *conn, const char *key, bool *found, int64_t *result,
+                                 nas_err *err) {
+  int64_t *rows = NULL;
+  size_t n = 0;
+  int rc = query_rows(conn, &id_kind, (void **)&rows, &n, err,
+                      "SELECT result FROM write_receipts WHERE token = $1 AND done", "t", key);
+  *found = rc == NAS_OK && n == 1;
+  *result = *found ? rows[0] : 0;
+  free(rows);
+  return rc;
+}
+
 const storage_backend storage_postgres_backend = {
     .name = "postgresql",
     .open = postgres_open,
@@ -872,4 +898,6 @@ const storage_backend storage_postgres_backend = {
     .lease_renew = postgres_lease_renew,
     .lease_release = postgres_lease_release,
     .lease_get = postgres_lease_get,
+    .receipt_arm = postgres_receipt_arm,
+    .receipt_find = postgres_receipt_find,
 };

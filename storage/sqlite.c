@@ -37,6 +37,7 @@ typedef struct sqlite_conn {
   char *path; /* absolute path of the database file, for messages */
   dev_t dev;  /* identity of the file opened at path, to notice it deleted or replaced */
   ino_t ino;
+  const char *request_key; /* borrowed: the idempotency key armed (storage.h), or NULL */
 } sqlite_conn;
 
 /* ---- schema ---------------------------------------------------------------------------
@@ -93,6 +94,13 @@ static const char *const migrations[] = {
     "  pid INTEGER NOT NULL,"
     "  started_at REAL NOT NULL,"
     "  heartbeat_at REAL NOT NULL);",
+    /* 4 → 5: idempotency keys of storage RPC requests (storage.h), each committed in the
+     * transaction of its write, with the id that write made, took or changed. */
+    "CREATE TABLE write_receipts ("
+    "  token TEXT PRIMARY KEY,"
+    "  result INTEGER,"
+    "  at REAL NOT NULL);"
+    "CREATE INDEX write_receipts_by_age ON write_receipts (at);",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -239,6 +247,22 @@ static int tx_end(const sqlite_conn *c, int rc, nas_err *err) {
   if (rc == NAS_OK) rc = exec(c, "COMMIT", err);
   if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
+}
+
+/* tx_end for a write that is not idempotent: when a request key is armed, commits it with
+ * result (see storage.h) in the same transaction, and lets keys older than any retry go.
+ * Two requests with the same key cannot both commit: the second's insert collides. */
+static int tx_end_receipt(const sqlite_conn *c, int rc, int64_t result, nas_err *err) {
+  if (rc == NAS_OK && c->request_key) {
+    double now = nas_now();
+    rc = run(c, err, "INSERT INTO write_receipts (token, result, at) VALUES (?, ?, ?)", "tid",
+             c->request_key, result, now);
+    if (rc == NAS_OK) {
+      rc = run(c, err, "DELETE FROM write_receipts WHERE at < ?", "d",
+               now - STORAGE_RECEIPT_KEEP_S);
+    }
+  }
+  return tx_end(c, rc, err);
 }
 
 /* ---- rows ------------------------------------------------------------------------------ */
@@ -592,7 +616,7 @@ static int sqlite_experiment_create(void *conn, const char *name, const char *sp
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = experiment_create_in_tx(c, name, spec_text, spec_path, run_root, now, id, err);
-  return tx_end(c, rc, err);
+  return tx_end_receipt(c, rc, rc == NAS_OK ? *id : 0, err);
 }
 
 static int sqlite_experiment_get(void *conn, const char *name, experiment_row *out,
@@ -676,7 +700,7 @@ static int sqlite_trial_create(void *conn, int64_t experiment_id, const char *pa
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = trial_create_in_tx(c, experiment_id, params_json, reference_json, now, &made, err);
-  return row_after_commit(tx_end(c, rc, err), &made, out);
+  return row_after_commit(tx_end_receipt(c, rc, made.id, err), &made, out);
 }
 
 static int trial_status_read(const sqlite_conn *c, int64_t trial_id, trial_status *status,
@@ -714,7 +738,7 @@ static int sqlite_trial_start(void *conn, int64_t trial_id, const char *job_id, 
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = trial_start_in_tx(c, trial_id, job_id, now, err);
-  return tx_end(c, rc, err);
+  return tx_end_receipt(c, rc, trial_id, err);
 }
 
 /* The write lock taken by BEGIN IMMEDIATE makes pick-then-start atomic: no other process
@@ -741,7 +765,7 @@ static int sqlite_trial_claim(void *conn, int64_t experiment_id, const char *wor
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = trial_claim_in_tx(c, experiment_id, worker, now, &claimed, err);
-  return row_after_commit(tx_end(c, rc, err), &claimed, out);
+  return row_after_commit(tx_end_receipt(c, rc, claimed.id, err), &claimed, out);
 }
 
 static int trial_heartbeat_in_tx(const sqlite_conn *c, int64_t trial_id, double now,
@@ -782,7 +806,7 @@ static int sqlite_trial_finish(void *conn, int64_t trial_id, trial_status status
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = trial_finish_in_tx(c, trial_id, status, has_exit_code ? &code : NULL, error, now, err);
-  return tx_end(c, rc, err);
+  return tx_end_receipt(c, rc, trial_id, err);
 }
 
 static int trial_requeue_in_tx(const sqlite_conn *c, int64_t trial_id, nas_err *err) {
@@ -801,7 +825,7 @@ static int sqlite_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = trial_requeue_in_tx(c, trial_id, err);
-  return tx_end(c, rc, err);
+  return tx_end_receipt(c, rc, trial_id, err);
 }
 
 static int sqlite_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_err *err) {
@@ -859,7 +883,7 @@ static int sqlite_metrics_add(void *conn, int64_t trial_id, const metric_obs *ob
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = metrics_add_in_tx(c, trial_id, obs, n, new_log_offset, err);
-  return tx_end(c, rc, err);
+  return tx_end_receipt(c, rc, trial_id, err);
 }
 
 static int sqlite_metrics_list(void *conn, int64_t experiment_id, metric_row **out, size_t *n,
@@ -955,6 +979,25 @@ static int sqlite_lease_get(void *conn, int64_t experiment_id, storage_lease *ou
                    "i", experiment_id);
 }
 
+/* ---- idempotency keys ------------------------------------------------------------------- */
+
+static void sqlite_receipt_arm(void *conn, const char *key) {
+  sqlite_conn *c = conn;
+  c->request_key = key;
+}
+
+static int sqlite_receipt_find(void *conn, const char *key, bool *found, int64_t *result,
+                               nas_err *err) {
+  const sqlite_conn *c = conn;
+  sqlite3_stmt *s = NULL;
+  int rc = stmt_open(c, &s, err, "SELECT result FROM write_receipts WHERE token = ?", "t", key);
+  if (rc == NAS_OK) rc = stmt_step(c, s, err);
+  *found = rc == 1;
+  *result = rc == 1 ? sqlite3_column_int64(s, 0) : 0;
+  sqlite3_finalize(s);
+  return rc < 0 ? rc : NAS_OK;
+}
+
 const storage_backend storage_sqlite_backend = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -978,4 +1021,6 @@ const storage_backend storage_sqlite_backend = {
     .lease_renew = sqlite_lease_renew,
     .lease_release = sqlite_lease_release,
     .lease_get = sqlite_lease_get,
+    .receipt_arm = sqlite_receipt_arm,
+    .receipt_find = sqlite_receipt_find,
 };

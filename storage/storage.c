@@ -13,20 +13,25 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <errno.h>
 
 #include "storage/backend.h"
 
 struct storage {
   const storage_backend *backend; /* borrowed, static */
   void *conn;                     /* owned by the backend */
+  bool bare_errors;               /* failures without the operation in front (storage.h) */
+  char *request_key;              /* owned: the armed idempotency key, or NULL */
 };
 
 /* Every backend this binary has, looked up by name from the URL's scheme. */
-static const storage_backend *const storage_backends[] = {&storage_sqlite_backend,
-                                                          &storage_postgres_backend};
+static const storage_backend *const storage_backends[] = {
+    &storage_sqlite_backend, &storage_postgres_backend, &storage_http_backend};
 
 static const char *const accepted_urls =
-    "sqlite:PATH, sqlite:///ABSOLUTE/PATH, postgresql://… or postgres://…";
+    "sqlite:PATH, sqlite:///ABSOLUTE/PATH, postgresql://… or postgres://…, http://HOST:PORT or "
+    "https://HOST:PORT (a nas serve)";
 
 const char *const storage_experiment_statuses[STORAGE_EXPERIMENT_STATUS_COUNT] = {
     "running", "finished", "stopped"};
@@ -98,6 +103,10 @@ static bool is_postgres_url(const char *url) {
   return strncmp(url, "postgresql://", 13) == 0 || strncmp(url, "postgres://", 11) == 0;
 }
 
+static bool is_http_url(const char *url) {
+  return strncmp(url, "http://", 7) == 0 || strncmp(url, "https://", 8) == 0;
+}
+
 static const storage_backend *backend_named(const char *name) {
   for (size_t i = 0; i < sizeof storage_backends / sizeof storage_backends[0]; i++) {
     if (strcmp(storage_backends[i]->name, name) == 0) return storage_backends[i];
@@ -117,8 +126,8 @@ static int url_backend(const char *url, const storage_backend **backend, const c
     *target = path;
     return NAS_OK;
   }
-  if (is_postgres_url(url)) {
-    *backend = backend_named("postgresql");
+  if (is_postgres_url(url) || is_http_url(url)) {
+    *backend = backend_named(is_http_url(url) ? "http" : "postgresql");
     *target = url;
     return NAS_OK;
   }
@@ -272,17 +281,73 @@ int storage_open_with(const char *url, unsigned flags, storage **out, nas_err *e
 void storage_close(storage *st) {
   if (!st) return;
   st->backend->close(st->conn);
+  free(st->request_key);
   free(st);
+}
+
+int storage_retry_budget(double *seconds, nas_err *err) {
+  const char *text = getenv("NAS_STORAGE_RETRY_S");
+  *seconds = STORAGE_RETRY_DEFAULT_S;
+  if (!text) return NAS_OK;
+  char *end = NULL;
+  errno = 0;
+  double value = strtod(text, &end);
+  if (errno || end == text || *end || !(value >= 0 && value <= STORAGE_RETRY_MAX_S)) {
+    return nas_errf(err, "NAS_STORAGE_RETRY_S='%s' is not a number of seconds from 0 to %g",
+                    text, STORAGE_RETRY_MAX_S);
+  }
+  *seconds = value;
+  return NAS_OK;
+}
+
+int storage_random_token(char out[STORAGE_TOKEN_LEN + 1], nas_err *err) {
+  unsigned char bytes[STORAGE_TOKEN_LEN / 2];
+  if (getrandom(bytes, sizeof bytes, 0) != (ssize_t)sizeof bytes) {
+    return nas_errf(err, "cannot draw a random token: %s", strerror(errno));
+  }
+  for (size_t i = 0; i < sizeof bytes; i++) snprintf(out + 2 * i, 3, "%02x", bytes[i]);
+  return NAS_OK;
+}
+
+/* ---- idempotency keys and bare errors (the storage RPC) ------------------------------- */
+
+void storage_bare_errors(storage *st, bool bare) { st->bare_errors = bare; }
+
+int storage_key_check(const char *key, nas_err *err) {
+  size_t len = key ? strlen(key) : 0;
+  bool plain = len >= 1 && len <= STORAGE_KEY_MAX &&
+               strspn(key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == len;
+  if (plain) return NAS_OK;
+  return nas_errf(err, "an idempotency key has 1 to %d of the characters A-Z a-z 0-9 _ -",
+                  STORAGE_KEY_MAX);
+}
+
+int storage_receipt_arm(storage *st, const char *key, nas_err *err) {
+  if (key && storage_key_check(key, err) != NAS_OK) return NAS_ERR;
+  char *copy = key ? strdup(key) : NULL;
+  if (key && !copy) return nas_errf(err, "out of memory");
+  st->backend->receipt_arm(st->conn, copy);
+  free(st->request_key);
+  st->request_key = copy;
+  return NAS_OK;
+}
+
+int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *result,
+                         nas_err *err) {
+  *found = false;
+  *result = 0;
+  if (storage_key_check(key, err) != NAS_OK) return NAS_ERR;
+  return st->backend->receipt_find(st->conn, key, found, result, err);
 }
 
 /* ---- operations ---------------------------------------------------------------------- */
 
 /* Puts the operation in front of a failure's message and passes rc through (nas_err_prefix
  * alone would turn NAS_ENOTFOUND into NAS_ERR). */
-static int in_context(int rc, nas_err *err, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static int in_context(int rc, nas_err *err, const char *fmt, ...) {
-  if (rc >= 0) return rc;
+static int in_context(const storage *st, int rc, nas_err *err, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int in_context(const storage *st, int rc, nas_err *err, const char *fmt, ...) {
+  if (rc >= 0 || st->bare_errors) return rc;
   char what[256];
   va_list ap;
   va_start(ap, fmt);
@@ -302,17 +367,17 @@ int storage_experiment_create(storage *st, const char *name, const char *spec_te
   }
   int rc = st->backend->experiment_create(st->conn, name, spec_text, spec_path, run_root,
                                           nas_now(), id, err);
-  return in_context(rc, err, "create experiment '%s'", name);
+  return in_context(st, rc, err, "create experiment '%s'", name);
 }
 
 int storage_experiment_get(storage *st, const char *name, experiment_row *out, nas_err *err) {
   if (!name) return nas_errf(err, "get experiment: no name");
-  return in_context(st->backend->experiment_get(st->conn, name, out, err), err,
+  return in_context(st, st->backend->experiment_get(st->conn, name, out, err), err,
                     "get experiment '%s'", name);
 }
 
 int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_err *err) {
-  return in_context(st->backend->experiment_list(st->conn, out, n, err), err,
+  return in_context(st, st->backend->experiment_list(st->conn, out, n, err), err,
                     "list experiments");
 }
 
@@ -325,13 +390,13 @@ int storage_experiment_set_status(storage *st, int64_t id, const char *status, n
     return nas_errf(err, "set status of experiment %" PRId64 ": '%s' is not running, finished "
                     "or stopped", id, status ? status : "(null)");
   }
-  return in_context(st->backend->experiment_set_status(st->conn, id, status, err), err,
+  return in_context(st, st->backend->experiment_set_status(st->conn, id, status, err), err,
                     "set status of experiment %" PRId64, id);
 }
 
 int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, nas_err *err) {
   if (!spec_text) return nas_errf(err, "set spec of experiment %" PRId64 ": no text", id);
-  return in_context(st->backend->experiment_set_spec(st->conn, id, spec_text, err), err,
+  return in_context(st, st->backend->experiment_set_spec(st->conn, id, spec_text, err), err,
                     "set spec of experiment %" PRId64, id);
 }
 
@@ -342,12 +407,12 @@ int storage_trial_create(storage *st, int64_t experiment_id, const char *params_
   }
   int rc = st->backend->trial_create(st->conn, experiment_id, params_json, reference_json,
                                      nas_now(), out, err);
-  return in_context(rc, err, "create trial in experiment %" PRId64, experiment_id);
+  return in_context(st, rc, err, "create trial in experiment %" PRId64, experiment_id);
 }
 
 int storage_trial_start(storage *st, int64_t trial_id, const char *job_id, nas_err *err) {
   if (!job_id) return nas_errf(err, "start trial %" PRId64 ": no job id", trial_id);
-  return in_context(st->backend->trial_start(st->conn, trial_id, job_id, nas_now(), err), err,
+  return in_context(st, st->backend->trial_start(st->conn, trial_id, job_id, nas_now(), err), err,
                     "start trial %" PRId64, trial_id);
 }
 
@@ -357,12 +422,12 @@ int storage_trial_claim(storage *st, int64_t experiment_id, const char *worker, 
     return nas_errf(err, "claim a trial of experiment %" PRId64 ": no worker name", experiment_id);
   }
   int rc = st->backend->trial_claim(st->conn, experiment_id, worker, nas_now(), out, err);
-  return in_context(rc, err, "claim a trial of experiment %" PRId64 " for %s", experiment_id,
+  return in_context(st, rc, err, "claim a trial of experiment %" PRId64 " for %s", experiment_id,
                     worker);
 }
 
 int storage_trial_heartbeat(storage *st, int64_t trial_id, nas_err *err) {
-  return in_context(st->backend->trial_heartbeat(st->conn, trial_id, nas_now(), err), err,
+  return in_context(st, st->backend->trial_heartbeat(st->conn, trial_id, nas_now(), err), err,
                     "heartbeat of trial %" PRId64, trial_id);
 }
 
@@ -374,23 +439,23 @@ int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
   }
   int rc = st->backend->trial_finish(st->conn, trial_id, status, has_exit_code, exit_code, error,
                                      nas_now(), err);
-  return in_context(rc, err, "finish trial %" PRId64 " as %s", trial_id,
+  return in_context(st, rc, err, "finish trial %" PRId64 " as %s", trial_id,
                     trial_status_name(status));
 }
 
 int storage_trial_requeue(storage *st, int64_t trial_id, nas_err *err) {
-  return in_context(st->backend->trial_requeue(st->conn, trial_id, err), err,
+  return in_context(st, st->backend->trial_requeue(st->conn, trial_id, err), err,
                     "retry trial %" PRId64, trial_id);
 }
 
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err) {
-  return in_context(st->backend->trial_get(st->conn, trial_id, out, err), err,
+  return in_context(st, st->backend->trial_get(st->conn, trial_id, out, err), err,
                     "get trial %" PRId64, trial_id);
 }
 
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
                        nas_err *err) {
-  return in_context(st->backend->trial_list(st->conn, experiment_id, out, n, err), err,
+  return in_context(st, st->backend->trial_list(st->conn, experiment_id, out, n, err), err,
                     "list trials of experiment %" PRId64, experiment_id);
 }
 
@@ -409,12 +474,12 @@ int storage_metrics_add(storage *st, int64_t trial_id, const metric_obs *obs, si
                         int64_t new_log_offset, nas_err *err) {
   int rc = check_observations(obs, n, err);
   if (rc == NAS_OK) rc = st->backend->metrics_add(st->conn, trial_id, obs, n, new_log_offset, err);
-  return in_context(rc, err, "add metrics to trial %" PRId64, trial_id);
+  return in_context(st, rc, err, "add metrics to trial %" PRId64, trial_id);
 }
 
 int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, size_t *n,
                          nas_err *err) {
-  return in_context(st->backend->metrics_list(st->conn, experiment_id, out, n, err), err,
+  return in_context(st, st->backend->metrics_list(st->conn, experiment_id, out, n, err), err,
                     "list metrics of experiment %" PRId64, experiment_id);
 }
 
@@ -427,23 +492,23 @@ int storage_lease_take(storage *st, int64_t experiment_id, const char *token, co
   }
   int rc = st->backend->lease_take(st->conn, experiment_id, token, host, pid, replaces,
                                    nas_now(), err);
-  return in_context(rc, err, "take the lease of experiment %" PRId64, experiment_id);
+  return in_context(st, rc, err, "take the lease of experiment %" PRId64, experiment_id);
 }
 
 int storage_lease_renew(storage *st, int64_t experiment_id, const char *token, nas_err *err) {
   if (!token) return nas_errf(err, "renew the lease of experiment %" PRId64 ": no token", experiment_id);
-  return in_context(st->backend->lease_renew(st->conn, experiment_id, token, nas_now(), err),
+  return in_context(st, st->backend->lease_renew(st->conn, experiment_id, token, nas_now(), err),
                     err, "renew the lease of experiment %" PRId64, experiment_id);
 }
 
 int storage_lease_release(storage *st, int64_t experiment_id, const char *token, nas_err *err) {
   if (!token) return NAS_OK;
-  return in_context(st->backend->lease_release(st->conn, experiment_id, token, err), err,
+  return in_context(st, st->backend->lease_release(st->conn, experiment_id, token, err), err,
                     "release the lease of experiment %" PRId64, experiment_id);
 }
 
 int storage_lease_get(storage *st, int64_t experiment_id, storage_lease *out, nas_err *err) {
-  return in_context(st->backend->lease_get(st->conn, experiment_id, out, err), err,
+  return in_context(st, st->backend->lease_get(st->conn, experiment_id, out, err), err,
                     "read the lease of experiment %" PRId64, experiment_id);
 }
 

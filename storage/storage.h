@@ -6,6 +6,10 @@
  *   sqlite:PATH            (relative PATH is relative to the current directory)
  *   postgresql://… or postgres://…  (libpq connection URI; every libpq option, TLS ones
  *                          included, passes through untouched)
+ *   http://HOST:PORT or https://HOST:PORT  (a `nas serve` in front of one of the above,
+ *                          for machines that cannot reach the database; storage/http.c,
+ *                          docs/storage-http.md. Its token comes from NAS_TOKEN or the file
+ *                          named by NAS_TOKEN_FILE, never from the URL)
  * Every state change of a trial is one transaction. Several processes may use the same
  * storage at once (the scheduler, workers claiming trials, trials reporting with
  * `nas report`), on one machine (SQLite) or many (PostgreSQL).
@@ -23,7 +27,12 @@
  * receipt in the same transaction as the write, and after a connection lost while the
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the
  * operation is tried again. Only when the server stays out of reach for the whole budget
- * after the outcome became unknown does the error say that the write may have happened. */
+ * after the outcome became unknown does the error say that the write may have happened.
+ *
+ * Over HTTP the same holds end to end: the client retries lost connections and 5xx
+ * answers within NAS_STORAGE_RETRY_S, and names each write that is not idempotent with an
+ * idempotency key that the server commits in the write's own transaction (below), so a
+ * retried write is stored once, even across a server killed and restarted. */
 #ifndef NAS_STORAGE_H
 #define NAS_STORAGE_H
 
@@ -207,5 +216,23 @@ int storage_lease_release(storage *st, int64_t experiment_id, const char *token,
 /* The current lease; NAS_ENOTFOUND when no one holds it. */
 int storage_lease_get(storage *st, int64_t experiment_id, storage_lease *out, nas_err *err);
 void storage_lease_clear(storage_lease *lease);
+
+/* ---- idempotency keys: the server side of the storage RPC (serve/api_storage.c) ---------
+ * A client that lost the answer to a write sends it again under the same key. Armed on a
+ * storage, a key is committed by the next write that is not idempotent (experiment_create,
+ * trial_create, trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) in
+ * that write's own transaction, with the id of the experiment or trial it made, took or
+ * changed; two writes under one key cannot both commit. Keys are kept for a day. */
+#define STORAGE_KEY_MAX 64
+/* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */
+int storage_key_check(const char *key, nas_err *err);
+/* Arms key (copied) until armed again; NULL disarms. The caller makes one write under it. */
+int storage_receipt_arm(storage *st, const char *key, nas_err *err);
+/* Whether a write committed key, and the id it recorded. */
+int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *result,
+                         nas_err *err);
+/* When bare, failures of st's operations carry the backend's message alone, without the
+ * operation in front ("start trial 7: "): the RPC client's own storage.c adds it. */
+void storage_bare_errors(storage *st, bool bare);
 
 #endif

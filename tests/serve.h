@@ -8,8 +8,10 @@
 #include <sys/prctl.h>
 #include <sys/wait.h>
 
+#include <jansson.h>
+
 #include "common/common.h"
-#include "tests/e2e.h"
+#include "tests/testutil.h"
 
 typedef struct {
   pid_t pid;
@@ -17,11 +19,14 @@ typedef struct {
   char *log;  /* owned path of its stderr */
 } test_server;
 
-/* Starts `nas serve --storage DB --listen 127.0.0.1:0 [EXTRA…]` in dir; waits until it
+/* Starts `nas serve --storage DB --listen LISTEN [EXTRA…]` in dir; waits until it
  * listens. Returns false (and leaves the log) when it exits instead. */
-static inline bool test_server_start(test_server *srv, const char *dir, const char *db,
-                                     const char *const *extra) {
-  srv->log = nas_asprintf("%s/serve-%d.log", dir, (int)getpid());
+static inline bool test_server_start_on(test_server *srv, const char *dir, const char *db,
+                                        const char *listen, const char *const *extra) {
+  srv->log = nas_asprintf("%s/serve-XXXXXX.log", dir);
+  int log_fd = mkstemps(srv->log, 4); /* a name of its own for each server's log */
+  assert_true(log_fd >= 0);
+  close(log_fd);
   srv->port = -1;
   srv->pid = fork();
   assert_true(srv->pid >= 0);
@@ -31,7 +36,7 @@ static inline bool test_server_start(test_server *srv, const char *dir, const ch
     int fd = open(srv->log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || chdir(dir) != 0) _exit(126);
     dup2(fd, 1), dup2(fd, 2);
-    const char *argv[16] = {test_nas_bin(), "serve", "--storage", db, "--listen", "127.0.0.1:0"};
+    const char *argv[16] = {test_nas_bin(), "serve", "--storage", db, "--listen", listen};
     for (size_t i = 0; extra && extra[i] && i < 9; i++) argv[6 + i] = extra[i];
     execv(argv[0], (char *const *)argv);
     _exit(127);
@@ -48,6 +53,18 @@ static inline bool test_server_start(test_server *srv, const char *dir, const ch
     if (waitpid(srv->pid, NULL, WNOHANG) == srv->pid) return false;
   }
   return srv->port > 0;
+}
+
+/* On 127.0.0.1 and a free port. */
+static inline bool test_server_start(test_server *srv, const char *dir, const char *db,
+                                     const char *const *extra) {
+  return test_server_start_on(srv, dir, db, "127.0.0.1:0", extra);
+}
+
+/* Kills the server with SIGKILL, as a crash would, and reaps it; its log stays. */
+static inline void test_server_kill(test_server *srv) {
+  kill(srv->pid, SIGKILL);
+  waitpid(srv->pid, NULL, 0);
 }
 
 /* Stops the server with SIGTERM; returns its exit status. */

@@ -17,6 +17,7 @@
 
 #include "storage/storage.h"
 #include "tests/pgserver.h"
+#include "tests/serve.h"
 
 /* Every PostgreSQL URL of these tests carries it; the server trusts local connections and
  * never asks for it, so it is there only to be kept out of messages. */
@@ -32,17 +33,32 @@ typedef struct test_backend {
    * makes elsewhere (a PostgreSQL schema) goes with the server at the end. */
   char *(*fresh_url)(backend_ctx *ctx, const char *dir);
   /* Runs sql on the database behind url directly: the test's own view, bypassing storage. */
-  void (*raw_exec)(const char *url, const char *sql);
+  void (*raw_exec)(const backend_ctx *ctx, const char *url, const char *sql);
   /* The first column of the first row of sql, as owned text. */
-  char *(*raw_text)(const char *url, const char *sql);
+  char *(*raw_text)(const backend_ctx *ctx, const char *url, const char *sql);
   /* SQL that makes every insert of a metric named 'boom' fail with "injected failure". */
   const char *boom_trigger;
+  /* What takes back a schema of version 5 to version 4 (a step of a downgrade). */
+  const char *undo_version_5;
+  /* Ends what fresh_url made for one test (NULL: nothing to end). */
+  void (*release)(backend_ctx *ctx);
 } test_backend;
+
+/* A `nas serve` in front of an SQLite file, for the http backend. */
+typedef struct served_storage {
+  test_server server;
+  char *db_url; /* owned: the SQLite URL it serves */
+  char *url;    /* owned: http://127.0.0.1:PORT */
+} served_storage;
+
+enum { SERVED_MAX = 8 };
 
 struct backend_ctx {
   const test_backend *backend;
   pgserver *server; /* the PostgreSQL server, for that backend */
   int made;         /* storages made so far; names the next one */
+  served_storage served[SERVED_MAX]; /* the http backend's servers of the current test */
+  int n_served;
 };
 
 static char *sqlite_fresh_url(backend_ctx *ctx, const char *dir) {
@@ -69,11 +85,13 @@ static char *sqlite_query_text(const char *path, const char *sql) {
   return text;
 }
 
-static void sqlite_raw_exec(const char *url, const char *sql) {
+static void sqlite_raw_exec(const backend_ctx *ctx, const char *url, const char *sql) {
+  (void)ctx;
   sqlite_exec_on(url + strlen("sqlite:"), sql);
 }
 
-static char *sqlite_raw_text(const char *url, const char *sql) {
+static char *sqlite_raw_text(const backend_ctx *ctx, const char *url, const char *sql) {
+  (void)ctx;
   return sqlite_query_text(url + strlen("sqlite:"), sql);
 }
 
@@ -111,9 +129,13 @@ static PGresult *pg_raw(const char *url, const char *sql) {
   return res;
 }
 
-static void pg_raw_exec(const char *url, const char *sql) { PQclear(pg_raw(url, sql)); }
+static void pg_raw_exec(const backend_ctx *ctx, const char *url, const char *sql) {
+  (void)ctx;
+  PQclear(pg_raw(url, sql));
+}
 
-static char *pg_raw_text(const char *url, const char *sql) {
+static char *pg_raw_text(const backend_ctx *ctx, const char *url, const char *sql) {
+  (void)ctx;
   PGresult *res = pg_raw(url, sql);
   assert_true(PQntuples(res) >= 1);
   char *text = strdup(PQgetvalue(res, 0, 0));
@@ -121,13 +143,17 @@ static char *pg_raw_text(const char *url, const char *sql) {
   return text;
 }
 
+#define SQLITE_BOOM_TRIGGER                                                     \
+  "CREATE TRIGGER boom BEFORE INSERT ON metrics WHEN NEW.name = 'boom'"         \
+  " BEGIN SELECT RAISE(ABORT, 'injected failure'); END"
+
 static const test_backend sqlite_backend = {
     .name = "sqlite",
     .fresh_url = sqlite_fresh_url,
     .raw_exec = sqlite_raw_exec,
     .raw_text = sqlite_raw_text,
-    .boom_trigger = "CREATE TRIGGER boom BEFORE INSERT ON metrics WHEN NEW.name = 'boom'"
-                    " BEGIN SELECT RAISE(ABORT, 'injected failure'); END",
+    .boom_trigger = SQLITE_BOOM_TRIGGER,
+    .undo_version_5 = "DROP TABLE write_receipts",
 };
 
 static const test_backend postgres_backend = {
@@ -140,6 +166,52 @@ static const test_backend postgres_backend = {
                     " RETURN NEW; END $$;"
                     "CREATE TRIGGER boom BEFORE INSERT ON metrics FOR EACH ROW"
                     " EXECUTE FUNCTION boom()",
+    .undo_version_5 = "COMMENT ON TABLE write_receipts IS NULL",
+};
+
+/* The http backend: each storage is a `nas serve` of its own, on a fresh SQLite file, and
+ * the test looks inside that file directly. */
+static char *http_fresh_url(backend_ctx *ctx, const char *dir) {
+  assert_true(ctx->n_served < SERVED_MAX);
+  served_storage *s = &ctx->served[ctx->n_served];
+  s->db_url = sqlite_fresh_url(ctx, dir);
+  if (!test_server_start(&s->server, dir, s->db_url, NULL)) fail_msg("nas serve did not start");
+  s->url = nas_asprintf("http://127.0.0.1:%d", s->server.port);
+  ctx->n_served++;
+  return strdup(s->url);
+}
+
+static const char *http_db_of(const backend_ctx *ctx, const char *url) {
+  for (int i = 0; i < ctx->n_served; i++)
+    if (strcmp(ctx->served[i].url, url) == 0) return ctx->served[i].db_url;
+  fail_msg("no server made for %s", url);
+  return NULL;
+}
+
+static void http_raw_exec(const backend_ctx *ctx, const char *url, const char *sql) {
+  sqlite_raw_exec(ctx, http_db_of(ctx, url), sql);
+}
+
+static char *http_raw_text(const backend_ctx *ctx, const char *url, const char *sql) {
+  return sqlite_raw_text(ctx, http_db_of(ctx, url), sql);
+}
+
+static void http_release(backend_ctx *ctx) {
+  for (int i = 0; i < ctx->n_served; i++) {
+    assert_int_equal(test_server_stop(&ctx->served[i].server), 0);
+    free(ctx->served[i].db_url);
+    free(ctx->served[i].url);
+  }
+  ctx->n_served = 0;
+}
+
+static const test_backend http_backend = {
+    .name = "http",
+    .fresh_url = http_fresh_url,
+    .raw_exec = http_raw_exec,
+    .raw_text = http_raw_text,
+    .boom_trigger = SQLITE_BOOM_TRIGGER,
+    .release = http_release,
 };
 
 /* ---- fixture --------------------------------------------------------------------------- */
@@ -176,6 +248,7 @@ static int setup(void **state) {
 static int teardown(void **state) {
   fixture *f = *state;
   storage_close(f->st);
+  if (f->ctx->backend->release) f->ctx->backend->release(f->ctx);
   test_rmtree(f->dir);
   free(f->dir);
   free(f->url);
@@ -1177,16 +1250,56 @@ static void processes_creating_the_same_storage_at_once_all_succeed(void **state
   }
 }
 
+/* ---- idempotency keys (the server side of the storage RPC) ----------------------------- */
+
+static bool key_found(fixture *f, const char *key, int64_t *result) {
+  bool found = false;
+  CHECK(storage_receipt_find(f->st, key, &found, result, err));
+  return found;
+}
+
+/* A key is stored exactly when its write is: with a write that commits, not with one that
+ * fails, and a second write under the same key cannot commit at all. */
+static void idempotency_key_commits_with_its_write_and_only_once(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  nas_err err = {{0}};
+  int64_t result = -1;
+  assert_false(key_found(f, "report-1", &result));
+  CHECK(storage_receipt_arm(f->st, "report-1", err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, -1, err));
+  assert_int_equal(storage_metrics_add(f->st, t.id, &obs, 1, -1, &err), NAS_ERR);
+  CHECK(storage_receipt_arm(f->st, "start-1", err));
+  assert_int_equal(storage_trial_start(f->st, t.id, "job-2", &err), NAS_ERR); /* it runs */
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  trial_row queued = make_trial(f, t.experiment_id, "{}"), claimed;
+  CHECK(storage_receipt_arm(f->st, "claim-1", err));
+  CHECK(storage_trial_claim(f->st, t.experiment_id, "w", &claimed, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  assert_true(key_found(f, "report-1", &result));
+  assert_int_equal(result, t.id);
+  assert_false(key_found(f, "start-1", &result));
+  assert_true(key_found(f, "claim-1", &result));
+  assert_int_equal(result, queued.id);
+  assert_int_equal(metric_count(f, t.experiment_id), 1);
+  assert_int_equal(storage_receipt_arm(f->st, "not a key", &err), NAS_ERR);
+  assert_contains(err.msg, "idempotency key");
+  trial_row_clear(&claimed);
+  trial_row_clear(&queued);
+  trial_row_clear(&t);
+}
+
 /* ---- schema and faults, on every backend --------------------------------------------------- */
 
 static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
-  char *text = f->ctx->backend->raw_text(f->url, sql);
+  char *text = f->ctx->backend->raw_text(f->ctx, f->url, sql);
   assert_string_equal(text, expect);
   free(text);
 }
 
 static void schema_version_table_holds_the_current_version(void **state) {
-  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:4");
+  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:5");
 }
 
 static void newer_schema_is_refused_and_left_as_it_is(void **state) {
@@ -1194,13 +1307,13 @@ static void newer_schema_is_refused_and_left_as_it_is(void **state) {
   make_experiment(f, "kept");
   storage_close(f->st);
   f->st = NULL;
-  f->ctx->backend->raw_exec(f->url, "UPDATE schema_version SET version = 999");
+  f->ctx->backend->raw_exec(f->ctx, f->url, "UPDATE schema_version SET version = 999");
   nas_err err = {{0}};
   storage *st = NULL;
   assert_int_equal(storage_open(f->url, &st, &err), NAS_ERR);
   assert_null(st);
   assert_contains(err.msg, "999");
-  assert_contains(err.msg, "up to 4");
+  assert_contains(err.msg, "up to 5");
   assert_null(strstr(err.msg, TEST_PASSWORD));
   raw_text_is(f, "SELECT version FROM schema_version", "999");
   raw_text_is(f, "SELECT name FROM experiments", "kept");
@@ -1215,13 +1328,14 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 42, err));
   storage_close(f->st);
   f->st = NULL;
-  f->ctx->backend->raw_exec(f->url, "DROP INDEX trials_queued");
-  f->ctx->backend->raw_exec(f->url, "ALTER TABLE trials DROP COLUMN heartbeat_at");
-  f->ctx->backend->raw_exec(f->url, "ALTER TABLE trials DROP COLUMN reference_json");
-  f->ctx->backend->raw_exec(f->url, "DROP TABLE scheduler_leases");
-  f->ctx->backend->raw_exec(f->url, "UPDATE schema_version SET version = 1");
+  f->ctx->backend->raw_exec(f->ctx, f->url, "DROP INDEX trials_queued");
+  f->ctx->backend->raw_exec(f->ctx, f->url, "ALTER TABLE trials DROP COLUMN heartbeat_at");
+  f->ctx->backend->raw_exec(f->ctx, f->url, "ALTER TABLE trials DROP COLUMN reference_json");
+  f->ctx->backend->raw_exec(f->ctx, f->url, "DROP TABLE scheduler_leases");
+  f->ctx->backend->raw_exec(f->ctx, f->url, f->ctx->backend->undo_version_5);
+  f->ctx->backend->raw_exec(f->ctx, f->url, "UPDATE schema_version SET version = 1");
   f->st = open_or_fail(f->url);
-  raw_text_is(f, "SELECT max(version) FROM schema_version", "4");
+  raw_text_is(f, "SELECT max(version) FROM schema_version", "5");
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_string_equal(got.job_id, "job-1");
@@ -1239,7 +1353,7 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
 static void metrics_add_failing_midway_stores_nothing(void **state) {
   fixture *f = *state;
   trial_row t = make_running_trial(f);
-  f->ctx->backend->raw_exec(f->url, f->ctx->backend->boom_trigger);
+  f->ctx->backend->raw_exec(f->ctx, f->url, f->ctx->backend->boom_trigger);
   metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}, {"boom", 2, 3, 3}};
   nas_err err = {{0}};
   assert_int_equal(storage_metrics_add(f->st, t.id, obs, 3, 999, &err), NAS_ERR);
@@ -1753,7 +1867,7 @@ static void postgresql_url_options_reach_libpq(void **state) {
 static void postgresql_database_of_another_program_is_refused_untouched(void **state) {
   fixture *f = *state;
   char *url = f->ctx->backend->fresh_url(f->ctx, f->dir);
-  pg_raw_exec(url, "CREATE TABLE photos (id integer PRIMARY KEY, file text);"
+  pg_raw_exec(f->ctx, url, "CREATE TABLE photos (id integer PRIMARY KEY, file text);"
                    "INSERT INTO photos VALUES (1, 'cat.jpg')");
   nas_err err = {{0}};
   storage *st = NULL;
@@ -1761,7 +1875,7 @@ static void postgresql_database_of_another_program_is_refused_untouched(void **s
   assert_null(st);
   assert_contains(err.msg, "not a nas storage");
   assert_null(strstr(err.msg, TEST_PASSWORD));
-  char *tables = pg_raw_text(url, "SELECT string_agg(tablename, ',') FROM pg_tables"
+  char *tables = pg_raw_text(f->ctx, url, "SELECT string_agg(tablename, ',') FROM pg_tables"
                                   " WHERE schemaname = current_schema()");
   assert_string_equal(tables, "photos");
   free(tables);
@@ -1974,13 +2088,31 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(metrics_add_failing_midway_stores_nothing),
       FIXTURE_TEST(reopening_keeps_everything),
       FIXTURE_TEST(schema_version_table_holds_the_current_version),
-      FIXTURE_TEST(newer_schema_is_refused_and_left_as_it_is),
-      FIXTURE_TEST(schema_version_1_is_upgraded_keeping_everything),
       FIXTURE_TEST(processes_creating_the_same_storage_at_once_all_succeed),
       FIXTURE_TEST(two_processes_writing_at_once_lose_nothing),
       FIXTURE_TEST(sixteen_processes_claiming_and_reporting_at_once_lose_nothing),
   };
   return run_group(ctx->backend->name, tests, sizeof tests / sizeof tests[0], ctx);
+}
+
+/* Schema changes and idempotency keys, on the backends that keep the data (a server in
+ * front of one opens its storage once, at its own start, and passes keys on). */
+static int run_schema_tests(backend_ctx *ctx) {
+  struct CMUnitTest tests[] = {
+      FIXTURE_TEST(newer_schema_is_refused_and_left_as_it_is),
+      FIXTURE_TEST(schema_version_1_is_upgraded_keeping_everything),
+      FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
+  };
+  char name[64];
+  snprintf(name, sizeof name, "%s schema", ctx->backend->name);
+  return run_group(name, tests, sizeof tests / sizeof tests[0], ctx);
+}
+
+/* Every shared test again through a `nas serve` (the http backend), which must behave as
+ * the storage behind it does. Needs NAS_BIN (make test sets it). */
+static int run_http_tests(void) {
+  backend_ctx ctx = {.backend = &http_backend};
+  return run_shared_tests(&ctx);
 }
 
 static int run_sqlite_tests(void) {
@@ -1994,7 +2126,7 @@ static int run_sqlite_tests(void) {
       FIXTURE_TEST(sqlite_url_forms_open_the_same_file),
       FIXTURE_TEST(sqlite_relative_path_is_relative_to_the_current_folder),
   };
-  return run_shared_tests(&ctx) +
+  return run_shared_tests(&ctx) + run_schema_tests(&ctx) +
          run_group("sqlite specifics", specifics, sizeof specifics / sizeof specifics[0], &ctx);
 }
 
@@ -2031,7 +2163,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_url_options_reach_libpq),
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
   };
-  int failed = run_shared_tests(&ctx) +
+  int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
                          sizeof specifics / sizeof specifics[0], &ctx);
   /* Also stopped by its watchdog should this process die before getting here. */
@@ -2040,7 +2172,7 @@ static int run_postgres_tests(void) {
 }
 
 int main(void) {
-  int failed = run_sqlite_tests() + run_postgres_tests();
+  int failed = run_sqlite_tests() + run_postgres_tests() + run_http_tests();
   const struct CMUnitTest plain_tests[] = {
       cmocka_unit_test(trial_status_names_round_trip),
       cmocka_unit_test(urls_that_are_not_storage_are_refused_listing_accepted_forms),

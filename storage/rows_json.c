@@ -1,0 +1,294 @@
+/* storage/rows_json.c: storage rows and arguments as JSON (see rows_json.h). */
+#include "storage/rows_json.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- numbers ---------------------------------------------------------------------------- */
+
+json_t *rows_json_double(double value) {
+  if (isnan(value)) return json_string("NaN");
+  if (isinf(value)) return json_string(value > 0 ? "Infinity" : "-Infinity");
+  return json_real(value);
+}
+
+/* A number, or one of the strings rows_json_double writes; false when it is neither. */
+static bool double_of(const json_t *v, double *out) {
+  const char *text = json_string_value(v);
+  if (json_is_number(v)) *out = json_number_value(v);
+  else if (text && strcmp(text, "NaN") == 0) *out = NAN;
+  else if (text && strcmp(text, "Infinity") == 0) *out = INFINITY;
+  else if (text && strcmp(text, "-Infinity") == 0) *out = -INFINITY;
+  else return false;
+  return true;
+}
+
+/* ---- reading fields ------------------------------------------------------------------------ */
+
+/* The value of key, or NULL after a failure (set here when it is missing and required). */
+static const json_t *field(rows_json_reader *r, const char *key, bool required) {
+  if (r->rc != NAS_OK) return NULL;
+  const json_t *v = json_object_get(r->obj, key);
+  if (!v && required) r->rc = nas_errf(r->err, "field '%s' is missing", key);
+  return v;
+}
+
+static void wrong_type(rows_json_reader *r, const char *key, const char *expected) {
+  r->rc = nas_errf(r->err, "field '%s' is not %s", key, expected);
+}
+
+void rows_json_int(rows_json_reader *r, const char *key, int64_t *out) {
+  const json_t *v = field(r, key, true);
+  if (v && json_is_integer(v)) *out = json_integer_value(v);
+  else if (v) wrong_type(r, key, "an integer");
+}
+
+void rows_json_number(rows_json_reader *r, const char *key, double *out) {
+  const json_t *v = field(r, key, true);
+  if (v && !double_of(v, out)) wrong_type(r, key, "a number");
+}
+
+void rows_json_bool(rows_json_reader *r, const char *key, bool *out) {
+  const json_t *v = field(r, key, true);
+  if (v && json_is_boolean(v)) *out = json_is_true(v);
+  else if (v) wrong_type(r, key, "true or false");
+}
+
+void rows_json_text(rows_json_reader *r, const char *key, bool nullable, const char **out) {
+  const json_t *v = field(r, key, !nullable);
+  *out = NULL;
+  if (v && json_is_string(v)) *out = json_string_value(v);
+  else if (v && !(nullable && json_is_null(v))) wrong_type(r, key, "a string");
+}
+
+void rows_json_strdup(rows_json_reader *r, const char *key, bool nullable, char **out) {
+  const char *text = NULL;
+  rows_json_text(r, key, nullable, &text);
+  *out = text ? strdup(text) : NULL;
+  if (text && !*out) r->rc = nas_errf(r->err, "out of memory");
+}
+
+/* A string that may be NULL, as JSON. */
+static json_t *text_or_null(const char *text) { return text ? json_string(text) : json_null(); }
+
+/* ---- rows ---------------------------------------------------------------------------------- */
+
+static json_t *experiment_to_json(const void *row) {
+  const experiment_row *e = row;
+  return json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:o}", "id", (json_int_t)e->id, "name",
+                   e->name, "spec_text", e->spec_text, "spec_path", e->spec_path, "run_root",
+                   e->run_root, "status", e->status, "created_at",
+                   rows_json_double(e->created_at));
+}
+
+static int experiment_from_json(const json_t *obj, void *row, nas_err *err) {
+  experiment_row *e = row;
+  rows_json_reader r = {obj, err, NAS_OK};
+  memset(e, 0, sizeof *e);
+  rows_json_int(&r, "id", &e->id);
+  rows_json_strdup(&r, "name", false, &e->name);
+  rows_json_strdup(&r, "spec_text", false, &e->spec_text);
+  rows_json_strdup(&r, "spec_path", false, &e->spec_path);
+  rows_json_strdup(&r, "run_root", false, &e->run_root);
+  rows_json_strdup(&r, "status", false, &e->status);
+  rows_json_number(&r, "created_at", &e->created_at);
+  if (r.rc != NAS_OK) experiment_row_clear(e);
+  return r.rc;
+}
+
+static void experiment_clear(void *row) { experiment_row_clear(row); }
+
+const rows_json_kind rows_json_experiment = {sizeof(experiment_row), experiment_to_json,
+                                             experiment_from_json, experiment_clear};
+
+static json_t *trial_to_json(const void *row) {
+  const trial_row *t = row;
+  return json_pack(
+      "{s:I, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:o}", "id",
+      (json_int_t)t->id, "experiment_id", (json_int_t)t->experiment_id, "number", t->number,
+      "status", trial_status_name(t->status), "params_json", t->params_json, "attempts",
+      t->attempts, "created_at", rows_json_double(t->created_at), "started_at",
+      rows_json_double(t->started_at), "finished_at", rows_json_double(t->finished_at),
+      "job_id", text_or_null(t->job_id), "exit_code",
+      t->has_exit_code ? json_integer(t->exit_code) : json_null(), "error",
+      text_or_null(t->error), "log_offset", (json_int_t)t->log_offset, "heartbeat_at",
+      rows_json_double(t->heartbeat_at), "reference_json", text_or_null(t->reference_json));
+}
+
+static int trial_from_json(const json_t *obj, void *row, nas_err *err) {
+  trial_row *t = row;
+  rows_json_reader r = {obj, err, NAS_OK};
+  int64_t number = 0, attempts = 0;
+  const char *status = NULL;
+  memset(t, 0, sizeof *t);
+  rows_json_int(&r, "id", &t->id);
+  rows_json_int(&r, "experiment_id", &t->experiment_id);
+  rows_json_int(&r, "number", &number);
+  rows_json_text(&r, "status", false, &status);
+  if (r.rc == NAS_OK && trial_status_parse(status, &t->status) != NAS_OK)
+    r.rc = nas_errf(err, "field 'status' is not a trial status: '%s'", status);
+  rows_json_strdup(&r, "params_json", false, &t->params_json);
+  rows_json_int(&r, "attempts", &attempts);
+  rows_json_number(&r, "created_at", &t->created_at);
+  rows_json_number(&r, "started_at", &t->started_at);
+  rows_json_number(&r, "finished_at", &t->finished_at);
+  rows_json_strdup(&r, "job_id", true, &t->job_id);
+  const json_t *code = field(&r, "exit_code", true);
+  t->has_exit_code = code && !json_is_null(code);
+  if (t->has_exit_code && !json_is_integer(code)) wrong_type(&r, "exit_code", "an integer or null");
+  t->exit_code = t->has_exit_code ? (int)json_integer_value(code) : 0;
+  rows_json_strdup(&r, "error", true, &t->error);
+  rows_json_int(&r, "log_offset", &t->log_offset);
+  rows_json_number(&r, "heartbeat_at", &t->heartbeat_at);
+  rows_json_strdup(&r, "reference_json", true, &t->reference_json);
+  t->number = (int)number;
+  t->attempts = (int)attempts;
+  if (r.rc != NAS_OK) trial_row_clear(t);
+  return r.rc;
+}
+
+static void trial_clear(void *row) { trial_row_clear(row); }
+
+const rows_json_kind rows_json_trial = {sizeof(trial_row), trial_to_json, trial_from_json,
+                                        trial_clear};
+
+static json_t *metric_to_json(const void *row) {
+  const metric_row *m = row;
+  return json_pack("{s:I, s:I, s:s, s:I, s:o, s:o}", "id", (json_int_t)m->id, "trial_id",
+                   (json_int_t)m->trial_id, "name", m->name, "step", (json_int_t)m->step,
+                   "value", rows_json_double(m->value), "time", rows_json_double(m->time));
+}
+
+static void metric_clear(void *row) {
+  metric_row *m = row;
+  free(m->name);
+  m->name = NULL;
+}
+
+static int metric_from_json(const json_t *obj, void *row, nas_err *err) {
+  metric_row *m = row;
+  rows_json_reader r = {obj, err, NAS_OK};
+  memset(m, 0, sizeof *m);
+  rows_json_int(&r, "id", &m->id);
+  rows_json_int(&r, "trial_id", &m->trial_id);
+  rows_json_strdup(&r, "name", false, &m->name);
+  rows_json_int(&r, "step", &m->step);
+  rows_json_number(&r, "value", &m->value);
+  rows_json_number(&r, "time", &m->time);
+  if (r.rc != NAS_OK) metric_clear(m);
+  return r.rc;
+}
+
+const rows_json_kind rows_json_metric = {sizeof(metric_row), metric_to_json, metric_from_json,
+                                         metric_clear};
+
+static json_t *lease_to_json(const void *row) {
+  const storage_lease *l = row;
+  return json_pack("{s:s, s:s, s:I, s:o, s:o}", "token", l->token, "host", l->host, "pid",
+                   (json_int_t)l->pid, "started_at", rows_json_double(l->started_at),
+                   "heartbeat_at", rows_json_double(l->heartbeat_at));
+}
+
+static int lease_from_json(const json_t *obj, void *row, nas_err *err) {
+  storage_lease *l = row;
+  rows_json_reader r = {obj, err, NAS_OK};
+  memset(l, 0, sizeof *l);
+  rows_json_strdup(&r, "token", false, &l->token);
+  rows_json_strdup(&r, "host", false, &l->host);
+  rows_json_int(&r, "pid", &l->pid);
+  rows_json_number(&r, "started_at", &l->started_at);
+  rows_json_number(&r, "heartbeat_at", &l->heartbeat_at);
+  if (r.rc != NAS_OK) storage_lease_clear(l);
+  return r.rc;
+}
+
+static void lease_clear(void *row) { storage_lease_clear(row); }
+
+const rows_json_kind rows_json_lease = {sizeof(storage_lease), lease_to_json, lease_from_json,
+                                        lease_clear};
+
+json_t *rows_json_array(const rows_json_kind *kind, const void *rows, size_t n) {
+  json_t *array = json_array();
+  for (size_t i = 0; array && i < n; i++) {
+    if (json_array_append_new(array, kind->to_json((const char *)rows + i * kind->size)) != 0) {
+      json_decref(array);
+      array = NULL;
+    }
+  }
+  return array;
+}
+
+int rows_json_array_read(const rows_json_kind *kind, const json_t *array, void **rows, size_t *n,
+                         nas_err *err) {
+  if (!json_is_array(array)) return nas_errf(err, "expected an array of rows");
+  size_t count = json_array_size(array);
+  char *out = count ? calloc(count, kind->size) : NULL;
+  if (count && !out) return nas_errf(err, "out of memory");
+  for (size_t i = 0; i < count; i++) {
+    if (kind->from_json(json_array_get(array, i), out + i * kind->size, err) != NAS_OK) {
+      for (size_t k = 0; k < i; k++) kind->clear(out + k * kind->size);
+      free(out);
+      return nas_err_prefix(err, "row %zu", i);
+    }
+  }
+  *rows = out;
+  *n = count;
+  return NAS_OK;
+}
+
+/* ---- observations ---------------------------------------------------------------------------- */
+
+json_t *rows_json_observations(const metric_obs *obs, size_t n) {
+  json_t *array = json_array();
+  for (size_t i = 0; array && i < n; i++) {
+    json_t *one = json_pack("{s:s, s:I, s:o, s:o}", "name", obs[i].name, "step",
+                            (json_int_t)obs[i].step, "value", rows_json_double(obs[i].value),
+                            "time", rows_json_double(obs[i].time));
+    if (json_array_append_new(array, one) != 0) {
+      json_decref(array);
+      array = NULL;
+    }
+  }
+  return array;
+}
+
+int rows_json_observations_read(const json_t *array, metric_obs **obs, size_t *n, nas_err *err) {
+  if (!json_is_array(array)) return nas_errf(err, "field 'observations' is not an array");
+  size_t count = json_array_size(array);
+  metric_obs *out = calloc(count ? count : 1, sizeof *out);
+  if (!out) return nas_errf(err, "out of memory");
+  for (size_t i = 0; i < count; i++) {
+    rows_json_reader r = {json_array_get(array, i), err, NAS_OK};
+    rows_json_text(&r, "name", false, &out[i].name);
+    rows_json_int(&r, "step", &out[i].step);
+    rows_json_number(&r, "value", &out[i].value);
+    rows_json_number(&r, "time", &out[i].time);
+    if (r.rc != NAS_OK) {
+      free(out);
+      return nas_err_prefix(err, "observation %zu", i);
+    }
+  }
+  *obs = out;
+  *n = count;
+  return NAS_OK;
+}
+
+/* ---- codes ------------------------------------------------------------------------------------ */
+
+static const struct {
+  int code;
+  const char *name;
+} codes[] = {{NAS_ENOTFOUND, "ENOTFOUND"}, {NAS_EEXIST, "EEXIST"}, {NAS_ECANCELED, "ECANCELED"}};
+
+const char *rows_json_code_name(int code) {
+  for (size_t i = 0; i < sizeof codes / sizeof *codes; i++)
+    if (codes[i].code == code) return codes[i].name;
+  return "ERR";
+}
+
+int rows_json_code_parse(const char *name) {
+  for (size_t i = 0; name && i < sizeof codes / sizeof *codes; i++)
+    if (strcmp(codes[i].name, name) == 0) return codes[i].code;
+  return NAS_ERR;
+}

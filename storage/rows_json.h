@@ -1,0 +1,62 @@
+/* storage/rows_json.h: storage rows and arguments as JSON, the one encoding of the storage
+ * RPC (internal to storage/: rpc.c serves it, http.c is its client).
+ *
+ * Every field of a row travels under its C name. Doubles go with 17 significant digits, so
+ * they read back bit for bit, and the values JSON has no numbers for as strings: "NaN",
+ * "Infinity", "-Infinity". Optional strings are JSON null when absent. */
+#ifndef NAS_STORAGE_ROWS_JSON_H
+#define NAS_STORAGE_ROWS_JSON_H
+
+#include <jansson.h>
+
+#include "storage/storage.h"
+
+/* How json_dumps writes a message of the RPC. */
+#define ROWS_JSON_DUMP_FLAGS (JSON_COMPACT | JSON_REAL_PRECISION(17))
+
+/* A double as JSON (NULL only when out of memory). */
+json_t *rows_json_double(double value);
+
+/* Reads the fields of one JSON object; the first failure is kept (rc, and err's message
+ * naming the field) and every later read does nothing, so a caller reads every field and
+ * checks rc once. */
+typedef struct {
+  const json_t *obj; /* borrowed */
+  nas_err *err;
+  int rc;
+} rows_json_reader;
+
+void rows_json_int(rows_json_reader *r, const char *key, int64_t *out);
+void rows_json_number(rows_json_reader *r, const char *key, double *out);
+void rows_json_bool(rows_json_reader *r, const char *key, bool *out);
+/* Borrowed from the JSON; with nullable, null (or a missing key) reads as NULL. */
+void rows_json_text(rows_json_reader *r, const char *key, bool nullable, const char **out);
+/* Owned copy, as rows_json_text. */
+void rows_json_strdup(rows_json_reader *r, const char *key, bool nullable, char **out);
+
+/* One kind of row: its size, its JSON form, and how to free what a row owns. */
+typedef struct rows_json_kind {
+  size_t size;
+  json_t *(*to_json)(const void *row);
+  int (*from_json)(const json_t *obj, void *row, nas_err *err); /* leaves it cleared on failure */
+  void (*clear)(void *row);
+} rows_json_kind;
+
+extern const rows_json_kind rows_json_experiment, rows_json_trial, rows_json_metric,
+    rows_json_lease;
+
+/* rows[0..n-1] as a JSON array (NULL when out of memory). */
+json_t *rows_json_array(const rows_json_kind *kind, const void *rows, size_t n);
+/* A JSON array into an owned array of rows (NULL when empty). */
+int rows_json_array_read(const rows_json_kind *kind, const json_t *array, void **rows, size_t *n,
+                         nas_err *err);
+
+/* Observations as a JSON array, and back; names read back are borrowed from the JSON. */
+json_t *rows_json_observations(const metric_obs *obs, size_t n);
+int rows_json_observations_read(const json_t *array, metric_obs **obs, size_t *n, nas_err *err);
+
+/* The storage codes by name ("ENOTFOUND", "EEXIST", "ERR"), and back (unknown: NAS_ERR). */
+const char *rows_json_code_name(int code);
+int rows_json_code_parse(const char *name);
+
+#endif

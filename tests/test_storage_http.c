@@ -1,0 +1,466 @@
+/* End-to-end tests of the http storage backend (storage/http.c) against a real `nas serve`
+ * on 127.0.0.1: every client command through --storage http:// and NAS_STORAGE, built-in
+ * trials reporting through the server, many clients at once, a server killed with -9 and
+ * restarted under load (each report stored exactly once), tokens, unknown experiments and
+ * a server out of reach. (tests/test_storage.c also runs the whole shared storage suite
+ * through a server.) */
+#include <inttypes.h>
+#include <sqlite3.h>
+#include <sys/stat.h>
+
+#include "storage/storage.h"
+#include "tests/e2e.h"
+#include "tests/serve.h"
+
+static const char asked_spec[] =
+    "name: asked\n"
+    "parameters: {x: {type: float, low: 0, high: 1}}\n"
+    "objectives: [{name: loss, goal: minimize}]\n"
+    "trial: {command: [echo, unused]}\n"
+    "optimizer: {type: sobol}\n"
+    "budget: {trials: 3}\n";
+
+/* Clients of the load tests, and the reports each makes (one observation per request).
+ * Each report is one SQLite commit with its fsync behind the server, some 500 a second on
+ * a small shared machine: 200 reports a client keep the test near 15 s (`make bench-serve`
+ * runs 32 clients of 500). */
+enum { LOAD_CLIENTS = 32, LOAD_REPORTS = 200, KILL_REPORTS = 150 };
+
+static void start_or_fail(test_server *srv, const char *dir, const char *db, const char *listen,
+                          const char *const *extra) {
+  if (!test_server_start_on(srv, dir, db, listen, extra)) {
+    char *text = NULL;
+    nas_err ignored;
+    nas_read_file(srv->log, &text, NULL, &ignored);
+    fail_msg("nas serve did not start: %s", text ? text : "(no log)");
+  }
+}
+
+static char *server_url(const test_server *srv) {
+  return nas_asprintf("http://127.0.0.1:%d", srv->port);
+}
+
+static storage *open_or_fail(const char *url) {
+  storage *st = NULL;
+  nas_err err = {{0}};
+  if (storage_open(url, &st, &err) != NAS_OK) fail_msg("open %s: %s", url, err.msg);
+  return st;
+}
+
+/* `nas ARGV…` in the fixture's folder (ARGV NULL-terminated); the exit status. */
+static int nas_argv(fixture *f, char **out, const char *const *args) {
+  const char *argv[16] = {test_nas_bin()};
+  size_t n = 1;
+  while (args[n - 1] && n < 15) argv[n] = args[n - 1], n++;
+  argv[n] = NULL;
+  return test_run(f->dir, (char *const *)argv, out);
+}
+
+static void assert_contains(const char *text, const char *part) {
+  if (!text || !strstr(text, part)) fail_msg("\"%s\" does not contain \"%s\"", text, part);
+}
+
+/* The id of trial `number` of experiment `name`. */
+static int64_t trial_id_of(storage *st, const char *name, int number) {
+  experiment_row exp;
+  trial_row *rows;
+  size_t n;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_int_equal(storage_trial_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  int64_t id = -1;
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].number == number) id = rows[i].id;
+  trial_rows_free(rows, n);
+  experiment_row_clear(&exp);
+  assert_true(id >= 0);
+  return id;
+}
+
+/* ---- client commands ------------------------------------------------------------------------- */
+
+/* What `nas CMD NAME` prints with the storage at url. */
+static char *shown_by(fixture *f, const char *cmd, const char *name, const char *url) {
+  char *out;
+  const char *args[] = {cmd, name, "--storage", url, NULL};
+  if (!name) args[1] = "--storage", args[2] = url, args[3] = NULL;
+  int rc = nas_argv(f, &out, args);
+  if (rc != 0) fail_msg("nas %s exited %d: %s", cmd, rc, out);
+  return out;
+}
+
+static void every_client_command_works_through_the_server(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv), *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  const char *create[] = {"create", spec, "--storage", url, NULL};
+  assert_int_equal(nas_argv(f, &out, create), 0);
+  free(out);
+  const char *ask[] = {"ask", "asked", "-n", "2", "--storage", url, NULL};
+  if (nas_argv(f, &out, ask) != 0) fail_msg("nas ask: %s", out);
+  free(out);
+  const char *tell[] = {"tell", "asked", "0", "--complete", "loss=0.25", "--storage", url, NULL};
+  if (nas_argv(f, &out, tell) != 0) fail_msg("nas tell: %s", out);
+  free(out);
+  /* A trial's own `nas report`, finding the storage in NAS_STORAGE. */
+  storage *st = open_or_fail(url);
+  char id[32];
+  snprintf(id, sizeof id, "%" PRId64, trial_id_of(st, "asked", 1));
+  storage_close(st);
+  setenv("NAS_STORAGE", url, 1);
+  setenv("NAS_TRIAL_ID", id, 1);
+  const char *report[] = {"report", "loss=0.5", "--step", "3", NULL};
+  int rc = nas_argv(f, &out, report);
+  unsetenv("NAS_STORAGE");
+  unsetenv("NAS_TRIAL_ID");
+  if (rc != 0) fail_msg("nas report: %s", out);
+  free(out);
+  /* Every read command shows the same through the server as on the database itself. */
+  const char *const reads[][2] = {{"status", NULL}, {"trials", "asked"}, {"pareto", "asked"}};
+  for (size_t i = 0; i < sizeof reads / sizeof *reads; i++) {
+    char *direct = shown_by(f, reads[i][0], reads[i][1], f->db);
+    char *served = shown_by(f, reads[i][0], reads[i][1], url);
+    assert_string_equal(served, direct);
+    free(direct), free(served);
+  }
+  json_t *rows = trials_json(f, "asked");
+  assert_int_equal(count_status(rows, "completed"), 1);
+  assert_int_equal(count_status(rows, "running"), 1);
+  json_decref(rows);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(url), free(spec);
+}
+
+/* ---- built-in trials --------------------------------------------------------------------------- */
+
+/* Copies the digits data next to a built-in spec of `trials` trials; the spec's path. */
+static char *digits_spec(fixture *f, int trials) {
+  const char *data = getenv("NAS_DATA_DIR");
+  char *from = nas_asprintf("%s/digits.csv.gz", data ? data : "tests/data");
+  char *copy[] = {"cp", from, f->dir, NULL};
+  assert_int_equal(test_run(NULL, copy, NULL), 0);
+  free(from);
+  char *text = nas_asprintf("name: digits\n"
+                            "parameters:\n  width: {type: int, low: 8, high: 16}\n"
+                            "objectives: [{name: accuracy, goal: maximize}]\n"
+                            "trial:\n  builtin: {model: mlp, dataset: ./digits.csv.gz, epochs: 1,"
+                            " limit_train: 200}\n"
+                            "budget: {trials: %d}\n", trials);
+  char *spec = test_write(f->dir, "digits.yaml", text);
+  free(text);
+  return spec;
+}
+
+/* Observations of experiment `name` named metric at step, read from the database itself. */
+static size_t stored_count(fixture *f, const char *name, const char *metric, int64_t step) {
+  storage *st = open_or_fail(f->db);
+  experiment_row exp;
+  metric_row *rows;
+  size_t n, count = 0;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_int_equal(storage_metrics_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  for (size_t i = 0; i < n; i++) count += strcmp(rows[i].name, metric) == 0 && rows[i].step == step;
+  metric_rows_free(rows, n);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return count;
+}
+
+/* `nas run` with its storage behind the server: the scheduler, and the workers it starts
+ * with NAS_STORAGE set to the server's URL, all go through it. */
+static void nas_run_and_its_builtin_workers_report_through_the_server(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv), *spec = digits_spec(f, 2), *out;
+  const char *run[] = {"run", spec, "--no-progress", "--storage", url, NULL};
+  if (nas_argv(f, &out, run) != 0) fail_msg("nas run: %s", out);
+  free(out);
+  json_t *rows = trials_json(f, "digits");
+  assert_int_equal(count_status(rows, "completed"), 2);
+  json_decref(rows);
+  assert_int_equal(stored_count(f, "digits", "accuracy", METRIC_FINAL), 2);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(url), free(spec);
+}
+
+/* A worker started by hand on another machine's trial: `nas worker --storage http://…`. */
+static void worker_started_by_hand_reports_through_the_server(void **state) {
+  fixture *f = *state;
+  char *spec = digits_spec(f, 1), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  const char *ask[] = {"ask", "digits", "--storage", url, NULL};
+  if (nas_argv(f, &out, ask) != 0) fail_msg("nas ask: %s", out);
+  free(out);
+  storage *st = open_or_fail(url);
+  char id[32];
+  snprintf(id, sizeof id, "%" PRId64, trial_id_of(st, "digits", 0));
+  storage_close(st);
+  const char *worker[] = {"worker", "--trial", id, "--storage", url, "--run-dir", f->dir, NULL};
+  if (nas_argv(f, &out, worker) != 0) fail_msg("nas worker: %s", out);
+  free(out);
+  assert_int_equal(stored_count(f, "digits", "accuracy", METRIC_FINAL), 1);
+  assert_int_equal(stored_count(f, "digits", "accuracy", 1), 1); /* after its one epoch */
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(url), free(spec);
+}
+
+/* ---- many clients, and a server that dies ---------------------------------------------------- */
+
+typedef struct {
+  const char *url;
+  const int64_t *trial_ids; /* one running trial per client */
+  int reports;
+} load_args;
+
+/* Client `index`: `reports` reports of one observation each, value index * 100000 + i. */
+static int load_client(const load_args *a, int index, nas_err *err) {
+  storage *st = NULL;
+  int rc = storage_open(a->url, &st, err);
+  for (int i = 0; rc == NAS_OK && i < a->reports; i++) {
+    metric_obs obs = {"loss", i, index * 100000.0 + i, nas_now()};
+    rc = storage_metrics_add(st, a->trial_ids[index], &obs, 1, -1, err);
+  }
+  storage_close(st);
+  return rc;
+}
+
+static void start_clients(const load_args *a, pid_t *pids) {
+  fflush(NULL);
+  for (int c = 0; c < LOAD_CLIENTS; c++) {
+    pids[c] = fork();
+    assert_true(pids[c] >= 0);
+    if (pids[c] == 0) {
+      nas_err err = {{0}};
+      int rc = load_client(a, c, &err);
+      if (rc != NAS_OK) fprintf(stderr, "client %d: %s\n", c, err.msg);
+      _exit(rc == NAS_OK ? 0 : 1);
+    }
+  }
+}
+
+static void wait_clients(const pid_t *pids) {
+  int failures = 0;
+  for (int c = 0; c < LOAD_CLIENTS; c++) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[c], &status, 0), pids[c]);
+    failures += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  assert_int_equal(failures, 0);
+}
+
+/* An experiment "load" with one running trial per client, made on the database itself. */
+static void make_load_trials(fixture *f, int64_t *trial_ids) {
+  storage *st = open_or_fail(f->db);
+  nas_err err;
+  int64_t exp;
+  assert_int_equal(storage_experiment_create(st, "load", "name: load\n", "/load.yaml", "/runs",
+                                             &exp, &err), NAS_OK);
+  for (int c = 0; c < LOAD_CLIENTS; c++) {
+    trial_row t;
+    assert_int_equal(storage_trial_create(st, exp, "{}", NULL, &t, &err), NAS_OK);
+    assert_int_equal(storage_trial_start(st, t.id, "load", &err), NAS_OK);
+    trial_ids[c] = t.id;
+    trial_row_clear(&t);
+  }
+  storage_close(st);
+}
+
+/* Every client's reports are stored, each exactly once. */
+static void assert_each_report_once(fixture *f, const int64_t *trial_ids, int reports) {
+  storage *st = open_or_fail(f->db);
+  experiment_row exp;
+  metric_row *rows;
+  size_t n;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, "load", &exp, &err), NAS_OK);
+  assert_int_equal(storage_metrics_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  char *seen = calloc((size_t)LOAD_CLIENTS * (size_t)reports, 1);
+  for (size_t i = 0; i < n; i++) {
+    int c = (int)(rows[i].value / 100000.0), k = (int)(rows[i].value - c * 100000.0);
+    assert_true(c >= 0 && c < LOAD_CLIENTS && k >= 0 && k < reports);
+    assert_int_equal(rows[i].trial_id, trial_ids[c]);
+    if (seen[c * reports + k]++) fail_msg("report %d of client %d is stored twice", k, c);
+  }
+  assert_int_equal(n, (size_t)LOAD_CLIENTS * (size_t)reports);
+  free(seen);
+  metric_rows_free(rows, n);
+  experiment_row_clear(&exp);
+  storage_close(st);
+}
+
+static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **state) {
+  fixture *f = *state;
+  int64_t trial_ids[LOAD_CLIENTS];
+  make_load_trials(f, trial_ids);
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  load_args a = {url, trial_ids, LOAD_REPORTS};
+  pid_t pids[LOAD_CLIENTS];
+  start_clients(&a, pids);
+  wait_clients(pids);
+  assert_int_equal(test_server_stop(&srv), 0);
+  assert_each_report_once(f, trial_ids, LOAD_REPORTS);
+  free(url);
+}
+
+/* Observations stored so far in the trials of "load", read from the database itself. */
+static size_t load_stored(fixture *f) {
+  sqlite3 *db = NULL;
+  sqlite3_stmt *s = NULL;
+  size_t n = 0;
+  if (sqlite3_open(f->db + strlen("sqlite:"), &db) == SQLITE_OK &&
+      sqlite3_prepare_v2(db, "SELECT count(*) FROM metrics", -1, &s, NULL) == SQLITE_OK &&
+      sqlite3_step(s) == SQLITE_ROW)
+    n = (size_t)sqlite3_column_int64(s, 0);
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  return n;
+}
+
+/* Killed with SIGKILL while 32 clients report (requests in flight, answers lost, commits
+ * half-way), then started again on the same port: the clients retry, and the idempotency
+ * keys make every report land exactly once. */
+static void server_killed_under_load_and_restarted_stores_every_report_once(void **state) {
+  fixture *f = *state;
+  int64_t trial_ids[LOAD_CLIENTS];
+  make_load_trials(f, trial_ids);
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv), *listen = nas_asprintf("127.0.0.1:%d", srv.port);
+  load_args a = {url, trial_ids, KILL_REPORTS};
+  pid_t pids[LOAD_CLIENTS];
+  start_clients(&a, pids);
+  for (int i = 0; i < 2000 && load_stored(f) < LOAD_CLIENTS * KILL_REPORTS / 3; i++) nas_sleep(0.01);
+  size_t before = load_stored(f);
+  assert_true(before < LOAD_CLIENTS * KILL_REPORTS);
+  test_server_kill(&srv);
+  free(srv.log);
+  nas_sleep(0.2); /* the clients find it gone, and retry */
+  start_or_fail(&srv, f->dir, f->db, listen, NULL);
+  wait_clients(pids);
+  assert_int_equal(test_server_stop(&srv), 0);
+  assert_each_report_once(f, trial_ids, KILL_REPORTS);
+  free(url), free(listen);
+}
+
+/* ---- tokens, unknown names, a server out of reach ----------------------------------------- */
+
+static void tokens_decide_what_a_storage_client_may_do(void **state) {
+  fixture *f = *state;
+  const char *reader = "r0000000000000000000000000000000000000001";
+  const char *writer = "w0000000000000000000000000000000000000002";
+  char *text = nas_asprintf("read %s\nwrite %s\n", reader, writer);
+  char *tokens = test_write(f->dir, "tokens", text), *writer_file = test_write(f->dir, "mine", writer);
+  chmod(tokens, 0600);
+  const char *extra[] = {"--token-file", tokens, NULL};
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", extra);
+  char *url = server_url(&srv);
+  storage *st = NULL;
+  nas_err err = {{0}};
+  unsetenv("NAS_TOKEN");
+  assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
+  assert_contains(err.msg, url);
+  assert_contains(err.msg, "missing 'Authorization");
+  setenv("NAS_TOKEN", "w0000000000000000000000000000000000000009", 1);
+  assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
+  assert_contains(err.msg, "not valid");
+  setenv("NAS_TOKEN", reader, 1);
+  st = open_or_fail(url);
+  experiment_row *rows;
+  size_t n;
+  int64_t id;
+  assert_int_equal(storage_experiment_list(st, &rows, &n, &err), NAS_OK);
+  experiment_rows_free(rows, n);
+  assert_int_equal(storage_experiment_create(st, "e", "x", "/x", "/r", &id, &err), NAS_ERR);
+  assert_contains(err.msg, "only read");
+  storage_close(st);
+  unsetenv("NAS_TOKEN");
+  setenv("NAS_TOKEN_FILE", writer_file, 1);
+  st = open_or_fail(url);
+  assert_int_equal(storage_experiment_create(st, "e", "x", "/x", "/r", &id, &err), NAS_OK);
+  storage_close(st);
+  unsetenv("NAS_TOKEN_FILE");
+  char *log = strdup(srv.log), *logged = NULL;
+  assert_int_equal(test_server_stop(&srv), 0);
+  assert_int_equal(nas_read_file(log, &logged, NULL, &err), NAS_OK);
+  assert_null(strstr(logged, reader));
+  assert_null(strstr(logged, writer));
+  free(logged), free(log), free(url), free(text), free(tokens), free(writer_file);
+}
+
+static void unknown_experiments_and_trials_through_the_server_are_not_found(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv), *out;
+  storage *st = open_or_fail(url);
+  experiment_row exp;
+  trial_row t;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, "nope", &exp, &err), NAS_ENOTFOUND);
+  char *expect = nas_asprintf("get experiment 'nope': %s: no such experiment", url);
+  assert_string_equal(err.msg, expect);
+  assert_int_equal(storage_trial_get(st, 99, &t, &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_trial_create(st, 99, "{}", NULL, &t, &err), NAS_ENOTFOUND);
+  storage_close(st);
+  const char *report[] = {"report", "loss=1", "--experiment", "nope", "--trial", "0",
+                          "--storage", url, NULL};
+  assert_int_equal(nas_argv(f, &out, report), 1);
+  assert_contains(out, "nope");
+  free(out);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(expect), free(url);
+}
+
+static void server_out_of_reach_is_reported_after_the_retry_budget(void **state) {
+  (void)state;
+  test_server gone = {0};
+  fixture *f = *state;
+  start_or_fail(&gone, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&gone);
+  assert_int_equal(test_server_stop(&gone), 0);
+  setenv("NAS_STORAGE_RETRY_S", "0.3", 1);
+  storage *st = NULL;
+  nas_err err;
+  double started = nas_monotonic();
+  assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
+  double took = nas_monotonic() - started;
+  unsetenv("NAS_STORAGE_RETRY_S");
+  assert_true(took >= 0.1 && took < 3);
+  assert_contains(err.msg, url);
+  assert_contains(err.msg, "gave up after 0.3 s");
+  free(url);
+}
+
+static void credentials_in_the_url_are_refused_unshown(void **state) {
+  (void)state;
+  storage *st = NULL;
+  nas_err err;
+  assert_int_equal(storage_open("http://me:s3cret@127.0.0.1:1", &st, &err), NAS_ERR);
+  assert_contains(err.msg, "NAS_TOKEN");
+  assert_null(strstr(err.msg, "s3cret"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(every_client_command_works_through_the_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_run_and_its_builtin_workers_report_through_the_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(worker_started_by_hand_reports_through_the_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_lose_and_double_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(server_killed_under_load_and_restarted_stores_every_report_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(tokens_decide_what_a_storage_client_may_do, setup, teardown),
+      cmocka_unit_test_setup_teardown(unknown_experiments_and_trials_through_the_server_are_not_found, setup, teardown),
+      cmocka_unit_test_setup_teardown(server_out_of_reach_is_reported_after_the_retry_budget, setup, teardown),
+      cmocka_unit_test(credentials_in_the_url_are_refused_unshown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
