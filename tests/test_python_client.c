@@ -3,6 +3,7 @@
  * suite against real `nas serve` processes; the example asking a server for trials until
  * the budget is handed out, its curves and final values in storage; and the same example as
  * the trial command of `nas run`. */
+#include "tests/e2e.h"
 #include "tests/serve.h"
 
 /* Runs argv in dir (NULL: here); fails the test with its output unless it exits 0. */
