@@ -40,13 +40,11 @@ const char *cli_storage_url(const char *flag) {
   return env && *env ? env : STORAGE_DEFAULT_URL;
 }
 
-int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
-                        experiment_row *exp, spec **s, nas_err *err) {
-  *st = NULL;
+int cli_load_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
+                        spec **s, nas_err *err) {
   *s = NULL;
   memset(exp, 0, sizeof *exp);
-  if (storage_open_with(url, flags, st, err) != NAS_OK) return NAS_ERR;
-  int rc = storage_experiment_get(*st, name, exp, err);
+  int rc = storage_experiment_get(st, name, exp, err);
   if (rc == NAS_ENOTFOUND) {
     char *shown = storage_url_redacted(url);
     nas_errf(err, "no experiment '%s' in %s (see 'nas status' for the ones there)", name,
@@ -56,6 +54,16 @@ int cli_open_experiment(const char *url, unsigned flags, const char *name, stora
   if (rc == NAS_OK) rc = sched_experiment_spec(exp, s, err);
   if (rc == NAS_OK) return NAS_OK;
   experiment_row_clear(exp);
+  return NAS_ERR;
+}
+
+int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
+                        experiment_row *exp, spec **s, nas_err *err) {
+  *st = NULL;
+  *s = NULL;
+  memset(exp, 0, sizeof *exp);
+  if (storage_open_with(url, flags, st, err) != NAS_OK) return NAS_ERR;
+  if (cli_load_experiment(*st, url, name, exp, s, err) == NAS_OK) return NAS_OK;
   storage_close(*st);
   *st = NULL;
   return NAS_ERR;
