@@ -126,11 +126,13 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
     *n_out = 0;
     return rc;
   }
-  if (*n_out == 0 && n > 0)
-    rc = nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has spent its budget of %d trials",
-                  exp->name, s->budget.max_trials);
+  if (*n_out == 0 && n > 0) {
+    free(rows);
+    return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has spent its budget of %d trials",
+                    exp->name, s->budget.max_trials);
+  }
   *out = rows;
-  return rc;
+  return NAS_OK;
 }
 
 /* The handed-out trial `number`, refusing one that is not running. */
