@@ -11,6 +11,7 @@
 
 #include "common/common.h"
 #include "metrics/metrics.h"
+#include "scheduler/scheduler.h"
 #include "spec/spec.h"
 #include "storage/storage.h"
 
@@ -35,6 +36,11 @@ int cmd_serve(int argc, char **argv);
 int cmd_create(int argc, char **argv);
 int cmd_ask(int argc, char **argv);
 int cmd_tell(int argc, char **argv);
+int cmd_trial(int argc, char **argv);
+int cmd_logs(int argc, char **argv);
+int cmd_export(int argc, char **argv);
+int cmd_import(int argc, char **argv);
+int cmd_compare(int argc, char **argv);
 
 /* Prints "nas: message" to stderr and returns EXIT_FAILED. */
 int cli_fail(const nas_err *err);
@@ -54,6 +60,9 @@ const char *cli_storage_url(const char *flag);
  * stored text). */
 int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
                         experiment_row *exp, spec **s, nas_err *err);
+/* The same in storage already open (url: how it was named, for messages). */
+int cli_load_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
+                        spec **s, nas_err *err);
 /* The experiment with that id (NAS_ENOTFOUND when none). */
 int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err);
 
@@ -86,5 +95,14 @@ int cli_table_add_column(cli_table *t, const char *name);
 int cli_table_add_row(cli_table *t, json_t *row);
 void cli_table_print(const cli_table *t, out_format format);
 void cli_table_free(cli_table *t);
+/* The rows `nas trials` shows: trial, status, each parameter, each metric, the reference
+ * point (with several objectives), the error; with timings also created_at, started_at,
+ * finished_at (Unix seconds) and duration_s (`nas export --format csv --with timings`). */
+int cli_trials_table(const spec *s, const sched_results *r, out_format format, bool timings,
+                     cli_table *t);
+/* A JSON value on stdout as every --format json prints one: indented, exact numbers. */
+void cli_print_json(const json_t *value);
+/* Unix seconds as "2026-11-23T05:03:35Z" into buf (cap >= 21 bytes). */
+void cli_format_time(double unix_s, char *buf, size_t cap);
 
 #endif

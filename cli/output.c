@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli/cli.h"
 
@@ -93,9 +94,20 @@ static void print_json(const cli_table *t) {
     }
     json_array_append_new(out, obj);
   }
-  json_dumpf(out, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-  putchar('\n');
+  cli_print_json(out);
   json_decref(out);
+}
+
+void cli_print_json(const json_t *value) {
+  json_dumpf(value, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
+  putchar('\n');
+}
+
+void cli_format_time(double unix_s, char *buf, size_t cap) {
+  time_t when = (time_t)unix_s;
+  struct tm tm;
+  gmtime_r(&when, &tm);
+  strftime(buf, cap, "%Y-%m-%dT%H:%M:%SZ", &tm);
 }
 
 static void print_aligned(const cli_table *t) {

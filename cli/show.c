@@ -4,7 +4,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "cli/cli.h"
 #include "optimizer/optimizer.h"
@@ -109,18 +108,41 @@ static int add_trial_row(cli_table *t, const spec *s, const sched_results *r, si
   return cli_table_add_row(t, cells);
 }
 
+/* Unix seconds, or null when not yet. */
+static json_t *time_cell(double t) { return t > 0 ? json_real(t) : json_null(); }
+
+static int add_timing_cells(json_t *cells, const trial_row *row) {
+  bool ran = row->started_at > 0 && row->finished_at > 0;
+  int rc = json_array_append_new(cells, time_cell(row->created_at)) |
+           json_array_append_new(cells, time_cell(row->started_at)) |
+           json_array_append_new(cells, time_cell(row->finished_at)) |
+           json_array_append_new(cells, ran ? json_real(row->finished_at - row->started_at) : json_null());
+  return rc == 0 ? NAS_OK : NAS_ERR;
+}
+
+int cli_trials_table(const spec *s, const sched_results *r, out_format format, bool timings,
+                     cli_table *t) {
+  static const char *const head[] = {"trial", "status"};
+  static const char *const times[] = {"created_at", "started_at", "finished_at", "duration_s"};
+  int rc = cli_table_init(t, head, 2);
+  for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
+    rc = cli_table_add_column(t, s->params[p].name);
+  for (size_t m = 0; rc == NAS_OK && m < r->n_metrics; m++)
+    rc = cli_table_add_column(t, r->metric_names[m]);
+  if (rc == NAS_OK && s->n_objectives > 1) rc = cli_table_add_column(t, "reference");
+  if (rc == NAS_OK) rc = cli_table_add_column(t, "error");
+  for (size_t c = 0; timings && rc == NAS_OK && c < 4; c++) rc = cli_table_add_column(t, times[c]);
+  for (size_t i = 0; rc == NAS_OK && i < r->n_trials; i++) {
+    rc = add_trial_row(t, s, r, i, format);
+    if (rc == NAS_OK && timings)
+      rc = add_timing_cells(json_array_get(t->rows, json_array_size(t->rows) - 1), &r->trials[i]);
+  }
+  return rc;
+}
+
 static int print_trials(const spec *s, const sched_results *r, out_format format) {
   cli_table t;
-  static const char *const head[] = {"trial", "status"};
-  int rc = cli_table_init(&t, head, 2);
-  for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
-    rc = cli_table_add_column(&t, s->params[p].name);
-  for (size_t m = 0; rc == NAS_OK && m < r->n_metrics; m++)
-    rc = cli_table_add_column(&t, r->metric_names[m]);
-  if (rc == NAS_OK && s->n_objectives > 1) rc = cli_table_add_column(&t, "reference");
-  if (rc == NAS_OK) rc = cli_table_add_column(&t, "error");
-  for (size_t i = 0; rc == NAS_OK && i < r->n_trials; i++)
-    rc = add_trial_row(&t, s, r, i, format);
+  int rc = cli_trials_table(s, r, format, false, &t);
   if (rc == NAS_OK) cli_table_print(&t, format);
   cli_table_free(&t);
   return rc;
@@ -218,8 +240,7 @@ static int show_pareto(const spec *s, const experiment_row *exp, const sched_res
   int rc = NAS_OK;
   print_front_summary(s, pareto, format);
   if (format == FORMAT_JSON) {
-    json_dumpf(pareto, stdout, JSON_INDENT(2) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(17));
-    putchar('\n');
+    cli_print_json(pareto);
   } else {
     cli_table t;
     rc = pareto_table(s, json_object_get(pareto, "front"), &t);
@@ -255,10 +276,7 @@ static json_t *count_cells(const experiment_row *exp, const trial_row *rows, siz
   int by[TRIAL_STATUS_COUNT] = {0};
   for (size_t i = 0; i < n; i++) by[rows[i].status]++;
   char created[32];
-  time_t when = (time_t)exp->created_at;
-  struct tm tm;
-  gmtime_r(&when, &tm);
-  strftime(created, sizeof created, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  cli_format_time(exp->created_at, created, sizeof created);
   json_t *cells = json_pack("[s, s, i]", exp->name, exp->status, (int)n);
   for (int st = 0; st < TRIAL_STATUS_COUNT; st++) json_array_append_new(cells, json_integer(by[st]));
   json_array_append_new(cells, json_string(created));

@@ -65,17 +65,25 @@ static void no_such_experiment(storage *st, const char *url, const char *name, n
   free(hint);
 }
 
+int cli_load_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
+                        spec **s, nas_err *err) {
+  *s = NULL;
+  memset(exp, 0, sizeof *exp);
+  int rc = storage_experiment_get(st, name, exp, err);
+  if (rc == NAS_ENOTFOUND) no_such_experiment(st, url, name, err);
+  if (rc == NAS_OK) rc = sched_experiment_spec(exp, s, err);
+  if (rc == NAS_OK) return NAS_OK;
+  experiment_row_clear(exp);
+  return NAS_ERR;
+}
+
 int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
                         experiment_row *exp, spec **s, nas_err *err) {
   *st = NULL;
   *s = NULL;
   memset(exp, 0, sizeof *exp);
   if (storage_open_with(url, flags, st, err) != NAS_OK) return NAS_ERR;
-  int rc = storage_experiment_get(*st, name, exp, err);
-  if (rc == NAS_ENOTFOUND) no_such_experiment(*st, url, name, err);
-  if (rc == NAS_OK) rc = sched_experiment_spec(exp, s, err);
-  if (rc == NAS_OK) return NAS_OK;
-  experiment_row_clear(exp);
+  if (cli_load_experiment(*st, url, name, exp, s, err) == NAS_OK) return NAS_OK;
   storage_close(*st);
   *st = NULL;
   return NAS_ERR;

@@ -183,6 +183,23 @@ json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_
 /* One trial r->trials[i]: number, status, params, metrics (final values), attempts,
  * times, error, reference point. Owned; NULL when out of memory. */
 json_t *sched_trial_json(const sched_results *r, size_t i);
+/* The bytes of stdout.log and stderr.log a trial in full carries. */
+#define SCHED_LOG_TAIL_BYTES 4096
+/* One trial in full (`nas trial`, GET …/trials/N): sched_trial_json's fields and job_id,
+ * intermediate ({metric: [[step, value, time], …]}), run_dir (its current attempt's run
+ * folder), stdout_tail and stderr_tail (the last SCHED_LOG_TAIL_BYTES of each log, null
+ * when unreadable), model ({"weights": path, "about": model.json} when a built-in trial
+ * saved one there, else null). Owned. */
+json_t *sched_trial_detail_json(storage *st, const experiment_row *exp, const sched_results *r,
+                                size_t i, nas_err *err);
+/* The whole experiment as `nas export` writes it (docs/cli.md, "nas export"): {"format":
+ * SCHED_EXPORT_FORMAT, "version": SCHED_EXPORT_VERSION, "exported_at", "experiment": {name,
+ * status, created_at, spec (its storage password masked), spec_path, run_root}, "trials":
+ * [sched_trial_json, with "intermediate" when curves]}. Owned. */
+#define SCHED_EXPORT_FORMAT "nas-experiment"
+#define SCHED_EXPORT_VERSION 1
+json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
+                          const sched_results *r, bool curves, nas_err *err);
 /* An experiment's summary: status, spec, counts by status, progress against the budget,
  * hypervolume and front size, and whether a scheduler runs it. Owned. */
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,

@@ -1,10 +1,13 @@
 /* scheduler/views.c: an experiment's results as JSON, the one form both the CLI (`nas
- * pareto --format json`) and `nas serve` give out, so the two never disagree: the Pareto
- * front with its reference point and hypervolume, one trial, and an experiment's summary.
- * Numbers never reported are null; objective values are in their own direction. */
+ * pareto --format json`, `nas trial`, `nas export`) and `nas serve` give out, so the two
+ * never disagree: the Pareto front with its reference point and hypervolume, one trial
+ * (in brief, or in full with its curves, log tails and model), an experiment's summary,
+ * and the whole experiment as an export. Numbers never reported are null; objective values
+ * are in their own direction. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "scheduler/scheduler.h"
 
@@ -128,6 +131,133 @@ json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *
       liveness_names[alive], "holder", holder ? json_string(holder) : json_null());
   json_decref(pareto);
   free(holder);
+  free(text);
+  if (!out) nas_errf(err, "out of memory");
+  return out;
+}
+
+/* ---- one trial in full ----------------------------------------------------------------- */
+
+/* The intermediate values among rows (observations of one trial, or of several: rows of
+ * other trials are skipped): {metric: [[step, value, time], …]} in the order reported. */
+static json_t *intermediate_json(const metric_row *rows, size_t n, int64_t trial_id) {
+  json_t *curves = json_object();
+  for (size_t i = 0; curves && i < n; i++) {
+    if (rows[i].trial_id != trial_id || rows[i].step == METRIC_FINAL) continue;
+    json_t *points = json_object_get(curves, rows[i].name);
+    if (!points) json_object_set_new(curves, rows[i].name, points = json_array());
+    json_array_append_new(points, json_pack("[I, o, f]", (json_int_t)rows[i].step,
+                                            number_or_null(rows[i].value), rows[i].time));
+  }
+  return curves;
+}
+
+/* The last SCHED_LOG_TAIL_BYTES of run_dir/name (starting at a whole UTF-8 character), or
+ * null when it cannot be read or is not text. */
+static json_t *log_tail(const char *run_dir, const char *name) {
+  char *path = nas_asprintf("%s/%s", run_dir, name), *text = NULL;
+  size_t len = 0;
+  nas_err ignored;
+  json_t *tail = NULL;
+  if (path && nas_read_file(path, &text, &len, &ignored) == NAS_OK) {
+    size_t from = len > SCHED_LOG_TAIL_BYTES ? len - SCHED_LOG_TAIL_BYTES : 0;
+    while (from < len && ((unsigned char)text[from] & 0xC0) == 0x80) from++; /* a cut character */
+    tail = json_stringn(text + from, len - from); /* NULL when not UTF-8 */
+  }
+  free(path);
+  free(text);
+  return tail ? tail : json_null();
+}
+
+/* The model a built-in trial saved in its run folder: {"weights": path of weights.nasw,
+ * "about": model.json's content}, or null when there is none. */
+static json_t *saved_model(const char *run_dir) {
+  char *weights = nas_asprintf("%s/weights.nasw", run_dir);
+  char *about_path = nas_asprintf("%s/model.json", run_dir);
+  json_t *model = NULL;
+  if (weights && about_path && access(weights, F_OK) == 0) {
+    json_t *about = json_load_file(about_path, 0, NULL);
+    model = json_pack("{s:s, s:o}", "weights", weights, "about", about ? about : json_null());
+  }
+  free(weights);
+  free(about_path);
+  return model ? model : json_null();
+}
+
+json_t *sched_trial_detail_json(storage *st, const experiment_row *exp, const sched_results *r,
+                                size_t i, nas_err *err) {
+  const trial_row *t = &r->trials[i];
+  metric_row *rows;
+  size_t n;
+  if (storage_metrics_list(st, exp->id, &rows, &n, err) != NAS_OK) return NULL;
+  json_t *one = sched_trial_json(r, i);
+  char *run_dir = sched_run_dir(exp, t->number, t->attempts > 0 ? t->attempts : 1);
+  if (one && run_dir) {
+    json_object_set_new(one, "job_id", t->job_id ? json_string(t->job_id) : json_null());
+    json_object_set_new(one, "intermediate", intermediate_json(rows, n, t->id));
+    json_object_set_new(one, "run_dir", json_string(run_dir));
+    json_object_set_new(one, "stdout_tail", log_tail(run_dir, "stdout.log"));
+    json_object_set_new(one, "stderr_tail", log_tail(run_dir, "stderr.log"));
+    json_object_set_new(one, "model", saved_model(run_dir));
+  } else {
+    json_decref(one);
+    one = NULL;
+    nas_errf(err, "out of memory");
+  }
+  free(run_dir);
+  metric_rows_free(rows, n);
+  return one;
+}
+
+/* ---- the whole experiment, for nas export ------------------------------------------------ */
+
+/* Trial position of id in r (trials are few next to observations), or n_trials. */
+static size_t trial_position(const sched_results *r, int64_t id) {
+  size_t i = 0;
+  while (i < r->n_trials && r->trials[i].id != id) i++;
+  return i;
+}
+
+/* Sets "intermediate" on every trial of list (r's order): rows come grouped by trial, so
+ * each group is read once. */
+static int add_curves(json_t *list, const sched_results *r, const metric_row *rows, size_t n) {
+  for (size_t i = 0; i < r->n_trials; i++)
+    if (json_object_set_new(json_array_get(list, i), "intermediate", json_object()) != 0) return NAS_ERR;
+  for (size_t from = 0, to; from < n; from = to) {
+    for (to = from; to < n && rows[to].trial_id == rows[from].trial_id;) to++;
+    size_t t = trial_position(r, rows[from].trial_id);
+    if (t < r->n_trials &&
+        json_object_set_new(json_array_get(list, t), "intermediate",
+                            intermediate_json(rows + from, to - from, rows[from].trial_id)) != 0)
+      return NAS_ERR;
+  }
+  return NAS_OK;
+}
+
+json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
+                          const sched_results *r, bool curves, nas_err *err) {
+  metric_row *rows = NULL;
+  size_t n = 0;
+  if (curves && storage_metrics_list(st, exp->id, &rows, &n, err) != NAS_OK) return NULL;
+  json_t *list = json_array();
+  for (size_t i = 0; list && i < r->n_trials; i++)
+    if (json_array_append_new(list, sched_trial_json(r, i)) != 0) {
+      json_decref(list);
+      list = NULL;
+    }
+  if (list && curves && add_curves(list, r, rows, n) != NAS_OK) {
+    json_decref(list);
+    list = NULL;
+  }
+  metric_rows_free(rows, n);
+  char *text = spec_text_shown(s, exp->spec_text);
+  json_t *out = NULL;
+  if (list && text) out = json_pack(
+      "{s:s, s:i, s:f, s:{s:s, s:s, s:f, s:s, s:s, s:s}, s:o}", "format", SCHED_EXPORT_FORMAT,
+      "version", SCHED_EXPORT_VERSION, "exported_at", nas_now(), "experiment", "name",
+      exp->name, "status", exp->status, "created_at", exp->created_at, "spec", text,
+      "spec_path", exp->spec_path, "run_root", exp->run_root, "trials", list);
+  else json_decref(list);
   free(text);
   if (!out) nas_errf(err, "out of memory");
   return out;

@@ -2,7 +2,6 @@
  * (docs/api.md). Ask and tell are the scheduler's (scheduler/ask.c), the same calls as
  * `nas ask` and `nas tell`. */
 #include <limits.h>
-#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,8 +9,6 @@
 
 /* The most trials one page lists, and the default. */
 enum { PAGE_MAX = 1000, PAGE_DEFAULT = 100 };
-/* The bytes of stdout.log and stderr.log a trial's answer carries. */
-enum { LOG_TAIL_BYTES = 4096 };
 
 /* A count in a query argument (?key=N); a 400 reply when it is not one. */
 static int query_count(serve_request *req, const char *key, long fallback, long *out) {
@@ -58,65 +55,22 @@ int api_list_trials(serve_request *req, char **parts) {
   return NAS_OK;
 }
 
-/* Every intermediate value of one trial: {metric: [[step, value, time], …]}. */
-static json_t *curves_of(serve_request *req, const api_experiment *e, int64_t trial_id) {
-  metric_row *rows;
-  size_t n;
-  nas_err err;
-  if (storage_metrics_list(req->st, e->exp.id, &rows, &n, &err) != NAS_OK) return NULL;
-  json_t *curves = json_object();
-  for (size_t i = 0; curves && i < n; i++) {
-    if (rows[i].trial_id != trial_id || rows[i].step == METRIC_FINAL) continue;
-    json_t *points = json_object_get(curves, rows[i].name);
-    if (!points) json_object_set_new(curves, rows[i].name, points = json_array());
-    json_array_append_new(points, json_pack("[I, o, f]", (json_int_t)rows[i].step,
-                                            isnan(rows[i].value) ? json_null() : json_real(rows[i].value),
-                                            rows[i].time));
-  }
-  metric_rows_free(rows, n);
-  return curves;
-}
-
-/* The last LOG_TAIL_BYTES of run_dir/name, or null when it cannot be read. */
-static json_t *log_tail(const char *run_dir, const char *name) {
-  char *path = nas_asprintf("%s/%s", run_dir, name), *text = NULL;
-  size_t len = 0;
-  nas_err ignored;
-  json_t *tail = json_null();
-  if (path && nas_read_file(path, &text, &len, &ignored) == NAS_OK) {
-    size_t from = len > LOG_TAIL_BYTES ? len - LOG_TAIL_BYTES : 0;
-    while (from < len && ((unsigned char)text[from] & 0xC0) == 0x80) from++; /* a cut character */
-    json_t *text_tail = json_stringn(text + from, len - from); /* NULL when not UTF-8 */
-    if (text_tail) {
-      json_decref(tail);
-      tail = text_tail;
-    }
-  }
-  free(path);
-  free(text);
-  return tail;
-}
-
 int api_get_trial(serve_request *req, char **parts) {
   int number = -1;
   api_experiment e;
   if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, true) != NAS_OK)
     return NAS_ERR;
-  int rc = serve_fail(req, MHD_HTTP_NOT_FOUND, "experiment '%s' has no trial %d", parts[0], number);
-  for (size_t i = 0; i < e.r.n_trials; i++) {
-    const trial_row *t = &e.r.trials[i];
-    if (t->number != number) continue;
-    json_t *one = sched_trial_json(&e.r, i);
-    char *run_dir = sched_run_dir(&e.exp, t->number, t->attempts > 0 ? t->attempts : 1);
-    json_object_set_new(one, "job_id", t->job_id ? json_string(t->job_id) : json_null());
-    json_object_set_new(one, "intermediate", curves_of(req, &e, t->id));
-    json_object_set_new(one, "run_dir", run_dir ? json_string(run_dir) : json_null());
-    json_object_set_new(one, "stdout_tail", run_dir ? log_tail(run_dir, "stdout.log") : json_null());
-    json_object_set_new(one, "stderr_tail", run_dir ? log_tail(run_dir, "stderr.log") : json_null());
-    free(run_dir);
+  size_t i = 0;
+  while (i < e.r.n_trials && e.r.trials[i].number != number) i++;
+  nas_err err;
+  json_t *one = NULL;
+  int rc = NAS_OK;
+  if (i == e.r.n_trials)
+    rc = serve_fail(req, MHD_HTTP_NOT_FOUND, "experiment '%s' has no trial %d", parts[0], number);
+  else if (!(one = sched_trial_detail_json(req->st, &e.exp, &e.r, i, &err)))
+    rc = serve_fail_err(req, NAS_ERR, &err);
+  else
     serve_reply(req, MHD_HTTP_OK, one);
-    rc = NAS_OK;
-  }
   api_unload(&e);
   return rc;
 }

@@ -312,6 +312,18 @@ static void worker_stores_every_metric_and_the_weights(void **state) {
   free(text);
   free(log);
   assert_weights_load(f, "one", trial, TR_NORM_BATCH);
+  /* `nas trial` shows the saved model: the weights' path and what model.json says. */
+  char *argv[] = {(char *)test_nas_bin(), "trial", "one", "0", "--format", "json", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, argv, &out), 0);
+  json_t *shown = json_loads(out, 0, NULL);
+  free(out);
+  const json_t *model = json_object_get(shown, "model");
+  const char *weights = json_string_value(json_object_get(model, "weights"));
+  assert_non_null(weights);
+  assert_string_equal(weights + strlen(weights) - strlen("/runs/one/0/weights.nasw"), "/runs/one/0/weights.nasw");
+  assert_true(json_number_value(json_object_get(json_object_get(model, "about"), "params")) ==
+              num(trial, METRIC_PARAMS));
+  json_decref(shown);
   json_decref(rows);
   free(spec);
 }

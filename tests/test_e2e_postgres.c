@@ -1,7 +1,8 @@
 /* End-to-end on PostgreSQL: every command of the real bin/nas against a throwaway server
  * this test starts (tests/pgserver.h) — run with trials reporting through stdout and
  * `nas report`, a built-in trial through `nas worker`, then trials, pareto, status, stop
- * and resume — with a password in the URL that must never be printed. */
+ * and resume, export and import between it and SQLite — with a password in the URL that
+ * must never be printed. */
 #include <dirent.h>
 #include <libpq-fe.h>
 
@@ -97,6 +98,63 @@ static void every_command_works_on_postgresql(void **state) {
   teardown((void **)&f);
 }
 
+/* `nas trials NAME --format json` in the storage at url (NULL: $NAS_STORAGE), parsed. */
+static json_t *trials_at(fixture *f, const char *name, const char *url) {
+  char *argv[] = {(char *)test_nas_bin(), "trials", (char *)name, "--format", "json",
+                  url ? "--storage" : NULL, (char *)url, NULL};
+  char *out;
+  assert_int_equal(test_run(f->dir, argv, &out), 0);
+  json_t *rows = json_loads(out, 0, NULL);
+  free(out);
+  assert_non_null(rows);
+  return rows;
+}
+
+/* An experiment exported from PostgreSQL imports into SQLite, and back into PostgreSQL
+ * under another name, with the same trials. */
+static void export_from_postgresql_imports_into_sqlite_and_back(void **state) {
+  group *g = *state;
+  if (!g->up) skip();
+  fixture *f;
+  setup((void **)&f);
+  char *url = pgserver_url(&g->srv, "postgres", "s3cret-pw"), *sqlite = f->db;
+  f->db = NULL;
+  setenv("NAS_STORAGE", url, 1);
+  char *spec = test_write(f->dir, "pgtrip.yaml",
+                          "name: pgtrip\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}, {name: z, goal: maximize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"step\\\": 1, \\\"y\\\": 9}}\"; "
+                          "echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": {x}}}\"']}\n"
+                          "budget: {trials: 4}\n"
+                          "optimizer: {type: random}\n");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  free(out);
+  char *export[] = {(char *)test_nas_bin(), "export", "pgtrip", "--with", "curves", NULL};
+  assert_int_equal(test_run(f->dir, export, &out), 0);
+  assert_null(strstr(out, "s3cret-pw"));
+  free(test_write(f->dir, "pgtrip.json", out));
+  free(out);
+  char *to_sqlite[] = {(char *)test_nas_bin(), "import", "pgtrip.json", "--storage", sqlite, NULL};
+  char *to_pg[] = {(char *)test_nas_bin(), "import", "pgtrip.json", "--name", "pgtrip2", NULL};
+  assert_int_equal(test_run(f->dir, to_sqlite, &out), 0);
+  free(out);
+  assert_int_equal(test_run(f->dir, to_pg, &out), 0);
+  free(out);
+  json_t *original = trials_at(f, "pgtrip", NULL), *in_sqlite = trials_at(f, "pgtrip", sqlite);
+  json_t *back = trials_at(f, "pgtrip2", NULL);
+  assert_int_equal(json_array_size(original), 4);
+  assert_true(json_equal(original, in_sqlite));
+  assert_true(json_equal(original, back));
+  json_decref(original), json_decref(in_sqlite), json_decref(back);
+  unsetenv("NAS_STORAGE");
+  f->db = sqlite;
+  free(spec), free(url);
+  teardown((void **)&f);
+}
+
 /* The processes of the tree under root, root first (pids read from /proc). */
 static size_t process_tree(pid_t root, pid_t *out, size_t cap) {
   size_t n = 0;
@@ -186,6 +244,7 @@ static void password_on_the_command_line_shows_in_no_process(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_command_works_on_postgresql),
+      cmocka_unit_test(export_from_postgresql_imports_into_sqlite_and_back),
       cmocka_unit_test(password_on_the_command_line_shows_in_no_process),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -1,0 +1,334 @@
+/* cli/trial.c: one trial up close — `nas trial` (everything stored about it, and what its
+ * run folder holds) and `nas logs` (its stdout.log or stderr.log, followed while it runs).
+ * The full view is scheduler/views.c's sched_trial_detail_json, the same JSON as
+ * GET /api/v1/experiments/EXP/trials/N; the text form is printed from it. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "scheduler/scheduler.h"
+
+/* How often `nas logs --follow` looks at the log and at the trial's status, in seconds. */
+#define FOLLOW_POLL_S 0.25
+
+static const char trial_help[] =
+    "usage: nas trial EXPERIMENT N [--format table|json] [--storage URL]\n\n"
+    "Everything about trial number N: its status, attempts and job, when it was created,\n"
+    "started and finished (and how long it took), its parameters, every metric, the\n"
+    "reference point it was suggested for, its curves (every intermediate value), its\n"
+    "error, its run folder, the model a built-in trial saved there, and the last 4 KiB of\n"
+    "its stdout.log and stderr.log. --format json gives the same JSON as 'nas serve' at\n"
+    "GET /api/v1/experiments/EXPERIMENT/trials/N.\n";
+
+static const char logs_help[] =
+    "usage: nas logs EXPERIMENT N [--stderr] [--follow] [--storage URL]\n\n"
+    "Prints trial N's stdout.log (with --stderr its stderr.log) from the run folder of its\n"
+    "current attempt. With --follow (-f), keeps printing what the trial writes until it is\n"
+    "no longer queued or running (a log cut short is read again from its start, and a new\n"
+    "attempt's log is followed); Ctrl-C ends it with status 0.\n";
+
+typedef struct {
+  char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
+  out_format format;
+  bool stderr_log, follow;
+  const char *experiment;
+  int number;
+} trial_args;
+
+/* Parses `EXPERIMENT N` and the options of `nas trial` (logs: false) or `nas logs`. Returns
+ * -1 when the command should go on, else the exit status; a->storage is to be freed. */
+static int parse_trial_args(const char *cmd, const char *help, bool logs, int argc, char **argv,
+                            trial_args *a) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"format", required_argument, NULL, 'F'},
+                                          {"stderr", no_argument, NULL, 'e'},
+                                          {"follow", no_argument, NULL, 'f'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  memset(a, 0, sizeof *a);
+  optind = 1;
+  opterr = 0;
+  int c;
+  while ((c = getopt_long(argc, argv, "s:fh", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(help, stdout);
+      return EXIT_DONE;
+    } else if (c == 's') {
+      free(a->storage);
+      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
+    } else if (c == 'F' && !logs) {
+      if (cli_parse_format(optarg, &a->format) != NAS_OK || a->format == FORMAT_CSV)
+        return cli_usage_error(cmd, "unknown format '%s' (expected table or json)", optarg);
+    } else if ((c == 'e' || c == 'f') && logs) {
+      *(c == 'e' ? &a->stderr_log : &a->follow) = true;
+    } else {
+      return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+    }
+  }
+  if (argc - optind != 2) return cli_usage_error(cmd, "expected EXPERIMENT and a trial number N");
+  char *end;
+  errno = 0;
+  long number = strtol(argv[optind + 1], &end, 10);
+  if (end == argv[optind + 1] || *end || errno || number < 0 || number > INT_MAX)
+    return cli_usage_error(cmd, "'%s' is not a trial number", argv[optind + 1]);
+  a->experiment = argv[optind];
+  a->number = (int)number;
+  return -1;
+}
+
+/* ---- nas trial --------------------------------------------------------------------------- */
+
+static void print_time(const char *label, const json_t *when) {
+  char text[32] = "-";
+  if (json_is_number(when)) cli_format_time(json_number_value(when), text, sizeof text);
+  printf("%-10s %s\n", label, text);
+}
+
+/* "name  value" lines of a JSON object, under a heading; nothing when it is empty. */
+static void print_values(const char *heading, const json_t *values) {
+  if (json_object_size(values) == 0) return;
+  printf("%s\n", heading);
+  const char *name;
+  const json_t *v;
+  json_object_foreach((json_t *)values, name, v) {
+    char *text = json_is_real(v) ? nas_asprintf("%.6g", json_real_value(v)) : spec_value_text(v);
+    printf("  %-16s %s\n", name, text ? text : "?");
+    free(text);
+  }
+}
+
+/* One line per metric: "name  step: value, step: value, …". */
+static void print_curves(const json_t *curves) {
+  if (json_object_size(curves) == 0) return;
+  printf("curves (step: value)\n");
+  const char *name;
+  const json_t *points;
+  json_object_foreach((json_t *)curves, name, points) {
+    printf("  %-16s", name);
+    size_t k;
+    const json_t *p;
+    json_array_foreach(points, k, p)
+      printf("%s%lld: %.6g", k ? ", " : " ", (long long)json_integer_value(json_array_get(p, 0)),
+             json_number_value(json_array_get(p, 1)));
+    putchar('\n');
+  }
+}
+
+static void print_tail(const char *name, const json_t *tail) {
+  const char *text = json_string_value(tail);
+  if (!text) printf("%s: none\n", name);
+  else if (!*text) printf("%s: empty\n", name);
+  else printf("%s (last %d bytes at most)\n%s%s", name, SCHED_LOG_TAIL_BYTES, text,
+              text[strlen(text) - 1] == '\n' ? "" : "\n");
+}
+
+static void print_trial_text(const char *experiment, const json_t *t) {
+  const json_t *job = json_object_get(t, "job_id"), *error = json_object_get(t, "error");
+  printf("trial %lld of %s: %s, %lld attempt(s)%s%s\n",
+         (long long)json_integer_value(json_object_get(t, "number")), experiment,
+         json_string_value(json_object_get(t, "status")),
+         (long long)json_integer_value(json_object_get(t, "attempts")), job ? ", job " : "",
+         job ? json_string_value(job) : "");
+  print_time("created", json_object_get(t, "created_at"));
+  print_time("started", json_object_get(t, "started_at"));
+  print_time("finished", json_object_get(t, "finished_at"));
+  const json_t *started = json_object_get(t, "started_at"), *ended = json_object_get(t, "finished_at");
+  if (json_is_number(started) && json_is_number(ended))
+    printf("%-10s %.3f s\n", "duration", json_number_value(ended) - json_number_value(started));
+  if (json_is_string(error)) printf("%-10s %s\n", "error", json_string_value(error));
+  print_values("parameters", json_object_get(t, "params"));
+  print_values("metrics", json_object_get(t, "metrics"));
+  print_values("reference point", json_object_get(t, "reference_point"));
+  print_curves(json_object_get(t, "intermediate"));
+  printf("run folder %s\n", json_string_value(json_object_get(t, "run_dir")));
+  const json_t *model = json_object_get(t, "model");
+  if (json_is_object(model)) {
+    char *about = json_dumps(json_object_get(model, "about"), JSON_COMPACT | JSON_PRESERVE_ORDER);
+    printf("model      %s\n  model.json: %s\n", json_string_value(json_object_get(model, "weights")),
+           about ? about : "unreadable");
+    free(about);
+  }
+  print_tail("stdout.log", json_object_get(t, "stdout_tail"));
+  print_tail("stderr.log", json_object_get(t, "stderr_tail"));
+}
+
+/* The index of trial `number` in r, or an error naming the experiment. */
+static int find_number(const sched_results *r, const char *experiment, int number, size_t *i,
+                       nas_err *err) {
+  for (*i = 0; *i < r->n_trials; ++*i)
+    if (r->trials[*i].number == number) return NAS_OK;
+  if (r->n_trials == 0)
+    return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d (it has none yet)",
+                    experiment, number);
+  return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d (its trials are 0 to %zu)",
+                  experiment, number, r->n_trials - 1);
+}
+
+static int show_trial(const trial_args *a) {
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST | STORAGE_CONNECT_ONCE,
+                          a->experiment, &st, &exp, &s, &err) != NAS_OK)
+    return cli_fail(&err);
+  sched_results r;
+  size_t i;
+  json_t *detail = NULL;
+  int rc = sched_results_load(st, s, exp.id, &r, &err);
+  if (rc == NAS_OK) {
+    if (find_number(&r, exp.name, a->number, &i, &err) == NAS_OK &&
+        (detail = sched_trial_detail_json(st, &exp, &r, i, &err))) {
+      if (a->format == FORMAT_JSON) cli_print_json(detail);
+      else print_trial_text(exp.name, detail);
+    }
+    sched_results_free(&r);
+  }
+  int status = detail ? EXIT_DONE : cli_fail(&err);
+  json_decref(detail);
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return status;
+}
+
+int cmd_trial(int argc, char **argv) {
+  trial_args a;
+  int status = parse_trial_args("trial", trial_help, false, argc, argv, &a);
+  if (status < 0) status = show_trial(&a);
+  free(a.storage);
+  return status;
+}
+
+/* ---- nas logs ---------------------------------------------------------------------------- */
+
+/* Writes what path holds from *offset on to stdout and moves *offset to its end. A file
+ * now shorter than *offset was cut short (or replaced): it is read again from its start.
+ * A file that does not exist yet holds nothing. */
+static int copy_new(const char *path, off_t *offset, nas_err *err) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return errno == ENOENT ? NAS_ENOTFOUND : nas_errf(err, "%s: %s", path, strerror(errno));
+  struct stat info;
+  if (fstat(fd, &info) == 0 && info.st_size < *offset) {
+    fprintf(stderr, "nas: %s was truncated; reading it again from its start\n", path);
+    *offset = 0;
+  }
+  char buf[65536];
+  ssize_t got;
+  while ((got = pread(fd, buf, sizeof buf, *offset)) > 0) {
+    fwrite(buf, 1, (size_t)got, stdout);
+    *offset += got;
+  }
+  int saved = errno;
+  close(fd);
+  fflush(stdout);
+  return got < 0 ? nas_errf(err, "%s: %s", path, strerror(saved)) : NAS_OK;
+}
+
+/* The log file of the trial's current attempt. Owned; NULL when out of memory. */
+static char *log_path(const experiment_row *exp, const trial_row *t, bool stderr_log) {
+  char *dir = sched_run_dir(exp, t->number, t->attempts > 0 ? t->attempts : 1);
+  char *path = dir ? nas_asprintf("%s/%s", dir, stderr_log ? "stderr.log" : "stdout.log") : NULL;
+  free(dir);
+  return path;
+}
+
+/* Waits up to seconds for SIGINT or SIGTERM (blocked by the caller); whether one came. */
+static bool interrupted_within(const sigset_t *signals, double seconds) {
+  struct timespec wait = {(time_t)seconds, (long)((seconds - (time_t)seconds) * 1e9)};
+  return sigtimedwait(signals, NULL, &wait) > 0;
+}
+
+/* Prints the log as it grows until the trial is neither queued nor running, or a signal
+ * in `signals` comes. The status is read before the log each round, so everything the
+ * trial wrote before it ended is printed. */
+static int follow_log(storage *st, const experiment_row *exp, const trial_args *a,
+                      const sigset_t *signals, nas_err *err) {
+  trial_row t;
+  if (sched_trial_find(st, exp, a->number, &t, err) != NAS_OK) return NAS_ERR;
+  int64_t id = t.id;
+  trial_row_clear(&t);
+  char *current = NULL;
+  off_t offset = 0;
+  int rc = NAS_OK;
+  for (;;) {
+    if ((rc = storage_trial_get(st, id, &t, err)) != NAS_OK) break;
+    bool live = t.status == TRIAL_QUEUED || t.status == TRIAL_RUNNING;
+    char *path = log_path(exp, &t, a->stderr_log);
+    trial_row_clear(&t);
+    if (!path) {
+      rc = nas_errf(err, "out of memory");
+      break;
+    }
+    if (current && strcmp(current, path) != 0) {
+      fprintf(stderr, "nas: a new attempt: following %s\n", path);
+      offset = 0;
+    }
+    free(current);
+    current = path;
+    rc = copy_new(current, &offset, err);
+    if (rc == NAS_ENOTFOUND) rc = NAS_OK; /* not started yet */
+    if (rc != NAS_OK || !live || interrupted_within(signals, FOLLOW_POLL_S)) break;
+  }
+  free(current);
+  return rc;
+}
+
+static int print_log_once(storage *st, const experiment_row *exp, const trial_args *a,
+                          nas_err *err) {
+  trial_row t;
+  if (sched_trial_find(st, exp, a->number, &t, err) != NAS_OK) return NAS_ERR;
+  char *path = log_path(exp, &t, a->stderr_log);
+  off_t offset = 0;
+  int rc = path ? copy_new(path, &offset, err) : nas_errf(err, "out of memory");
+  if (rc == NAS_ENOTFOUND)
+    nas_errf(err, "trial %d of '%s' (%s) has no %s yet", a->number, exp->name,
+             trial_status_name(t.status), path);
+  free(path);
+  trial_row_clear(&t);
+  return rc;
+}
+
+static int show_logs(const trial_args *a) {
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->experiment, &st,
+                          &exp, &s, &err) != NAS_OK)
+    return cli_fail(&err);
+  int rc;
+  if (a->follow) {
+    /* Ctrl-C ends following between two reads, never in the middle of one. */
+    sigset_t signals, before;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    sigprocmask(SIG_BLOCK, &signals, &before);
+    rc = follow_log(st, &exp, a, &signals, &err);
+    sigprocmask(SIG_SETMASK, &before, NULL);
+  } else {
+    rc = print_log_once(st, &exp, a, &err);
+  }
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+}
+
+int cmd_logs(int argc, char **argv) {
+  trial_args a;
+  int status = parse_trial_args("logs", logs_help, true, argc, argv, &a);
+  if (status < 0) status = show_logs(&a);
+  free(a.storage);
+  return status;
+}

@@ -1,0 +1,378 @@
+/* End-to-end: seeing results with the real bin/nas on SQLite — one trial in full (`nas
+ * trial`), its logs (`nas logs`, followed while it runs, through a truncation and a
+ * Ctrl-C), an experiment exported and imported into a second storage with nothing changed
+ * that listings show, bad import files refused before anything is stored, and `nas
+ * compare` agreeing with `nas pareto`. */
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <sys/wait.h>
+
+#include "common/common.h"
+#include "tests/e2e.h"
+
+/* Trials with two objectives that print a line to each log and report a curve (acc at
+ * steps 0, 1, 2); those with x > 0.75 then fail with status 3. */
+static char *curves_spec(fixture *f, const char *name, int seed) {
+  char *text, *file;
+  assert_true(asprintf(&text,
+                       "name: %s\n"
+                       "seed: %d\n"
+                       "parameters:\n"
+                       "  x: {type: float, low: 0, high: 1}\n"
+                       "objectives: [{name: y, goal: minimize}, {name: z, goal: minimize}]\n"
+                       "trial:\n"
+                       "  command: [sh, -c, 'echo hello-out; echo warn-err >&2; for s in 0 1 2; do "
+                       "echo \"nas-metric {{\\\"step\\\": $s, \\\"acc\\\": {x}}}\"; done; "
+                       "awk \"BEGIN {{ exit !({x} > 0.75) }}\" && exit 3; "
+                       "echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": $(awk \"BEGIN {{ print 1 - {x} }}\")}}\"']\n"
+                       "budget: {trials: 8, parallel: 4, max_failure_rate: 1}\n"
+                       "optimizer: {type: random}\n",
+                       name, seed) > 0);
+  assert_true(asprintf(&file, "%s.yaml", name) > 0);
+  char *path = test_write(f->dir, file, text);
+  free(text), free(file);
+  return path;
+}
+
+static void run_spec(fixture *f, const char *spec) {
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+}
+
+/* Runs argv (NULL-terminated, after "nas") in the fixture folder; parses stdout as JSON. */
+static json_t *nas_json(fixture *f, char *const *args) {
+  char *argv[16] = {(char *)test_nas_bin()}, *out;
+  size_t n = 1;
+  while (*args) argv[n++] = *args++;
+  argv[n] = NULL;
+  int rc = test_run(f->dir, argv, &out);
+  if (rc != 0) fail_msg("nas %s exited %d: %s", argv[1], rc, out);
+  json_error_t jerr;
+  json_t *v = json_loads(out, 0, &jerr);
+  if (!v) fail_msg("nas %s printed no JSON (%s): %s", argv[1], jerr.text, out);
+  free(out);
+  return v;
+}
+
+/* Runs `nas ARGS…`, expecting exit status want and `expected` in its output. */
+static void expect_refusal(fixture *f, char *const *args, int want, const char *expected) {
+  char *argv[16] = {(char *)test_nas_bin()}, *out;
+  size_t n = 1;
+  while (*args) argv[n++] = *args++;
+  argv[n] = NULL;
+  int rc = test_run(f->dir, argv, &out);
+  if (rc != want || !strstr(out, expected))
+    fail_msg("nas %s exited %d (want %d) without '%s': %s", argv[1], rc, want, expected, out);
+  free(out);
+}
+
+static void trial_shows_everything_about_one_trial(void **state) {
+  fixture *f = *state;
+  char *spec = curves_spec(f, "curves", 1);
+  run_spec(f, spec);
+  json_t *t = nas_json(f, (char *[]){"trial", "curves", "0", "--storage", f->db, "--format", "json", NULL});
+  double x = num(json_object_get(t, "params"), "x");
+  assert_int_equal(json_integer_value(json_object_get(t, "number")), 0);
+  assert_int_equal(json_integer_value(json_object_get(t, "attempts")), 1);
+  const json_t *acc = json_object_get(json_object_get(t, "intermediate"), "acc");
+  assert_int_equal(json_array_size(acc), 3);
+  for (size_t s = 0; s < 3; s++) {
+    assert_int_equal(json_integer_value(json_array_get(json_array_get(acc, s), 0)), (json_int_t)s);
+    assert_true(json_number_value(json_array_get(json_array_get(acc, s), 1)) == x);
+  }
+  if (x > 0.75) assert_non_null(strstr(json_string_value(json_object_get(t, "error")), "status 3"));
+  else assert_true(num(json_object_get(t, "metrics"), "y") == x);
+  assert_true(num(t, "started_at") <= num(t, "finished_at"));
+  assert_true(num(t, "created_at") <= num(t, "started_at"));
+  assert_non_null(strstr(json_string_value(json_object_get(t, "stdout_tail")), "hello-out"));
+  assert_string_equal(json_string_value(json_object_get(t, "stderr_tail")), "warn-err\n");
+  const char *run_dir = json_string_value(json_object_get(t, "run_dir"));
+  assert_string_equal(run_dir + strlen(run_dir) - strlen("/runs/curves/0"), "/runs/curves/0");
+  assert_true(json_is_null(json_object_get(t, "model"))); /* a command trial saves none */
+  json_decref(t);
+
+  char *out;
+  char *text_args[] = {(char *)test_nas_bin(), "trial", "curves", "0", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, text_args, &out), 0);
+  assert_non_null(strstr(out, "trial 0 of curves:"));
+  assert_non_null(strstr(out, "curves (step: value)"));
+  assert_non_null(strstr(out, "duration"));
+  assert_non_null(strstr(out, "warn-err"));
+  free(out);
+
+  expect_refusal(f, (char *[]){"trial", "curves", "8", "--storage", f->db, NULL}, 1,
+                 "experiment 'curves' has no trial 8 (its trials are 0 to 7)");
+  expect_refusal(f, (char *[]){"trial", "nope", "0", "--storage", f->db, NULL}, 1, "no experiment 'nope'");
+  expect_refusal(f, (char *[]){"trial", "curves", "x", "--storage", f->db, NULL}, 2, "not a trial number");
+  expect_refusal(f, (char *[]){"logs", "curves", "9", "--storage", f->db, NULL}, 1,
+                 "experiment 'curves' has no trial 9");
+  free(spec);
+}
+
+/* Waits until experiment name has trial 0 running. */
+static void wait_until_running(fixture *f, const char *name) {
+  for (int i = 0; i < 200; i++) {
+    char *out;
+    char *argv[] = {(char *)test_nas_bin(), "trials", (char *)name, "--storage", f->db,
+                    "--format", "json", NULL};
+    int rc = test_run(f->dir, argv, &out);
+    json_t *rows = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    free(out);
+    bool running = rows && json_array_size(rows) > 0 && count_status(rows, "running") > 0;
+    json_decref(rows);
+    if (running) return;
+    nas_sleep_ms(50);
+  }
+  fail_msg("trial 0 of %s never ran", name);
+}
+
+static void logs_follow_a_running_trial_through_a_truncation_to_its_end(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "tail.yaml",
+                          "name: tail\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'echo before-before-before; echo err-line >&2; sleep 1; "
+                          ": > \"$NAS_RUN_DIR/stdout.log\"; echo after; sleep 1; echo done-now']\n"
+                          "budget: {trials: 1, max_failure_rate: 1}\n"
+                          "optimizer: {type: random}\n");
+  pid_t run = start_nas_run(f, spec);
+  wait_until_running(f, "tail");
+  char *out;
+  char *follow[] = {(char *)test_nas_bin(), "logs", "tail", "0", "--follow", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, follow, &out), 0); /* returns: the trial ended */
+  char *before = strstr(out, "before-before-before"), *cut = strstr(out, "was truncated");
+  char *after = strstr(out, "after\n"), *end = strstr(out, "done-now");
+  if (!before || !cut || !after || !end || !(before < cut && cut < after && after < end))
+    fail_msg("followed log out of order: %s", out);
+  free(out);
+  int status;
+  assert_int_equal(waitpid(run, &status, 0), run);
+
+  char *once[] = {(char *)test_nas_bin(), "logs", "tail", "0", "--stderr", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, once, &out), 0);
+  assert_string_equal(out, "err-line\n");
+  free(out);
+  free(spec);
+}
+
+static void logs_follow_ends_cleanly_on_ctrl_c(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "slow.yaml",
+                          "name: slow\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo started; sleep 30']}\n"
+                          "budget: {trials: 1, max_failure_rate: 1}\n"
+                          "optimizer: {type: random}\n");
+  pid_t run = start_nas_run(f, spec);
+  wait_until_running(f, "slow");
+  pid_t logs = fork();
+  assert_true(logs >= 0);
+  if (logs == 0) {
+    if (chdir(f->dir) != 0) _exit(126);
+    int null = open("/dev/null", O_WRONLY);
+    dup2(null, 1), dup2(null, 2);
+    execl(test_nas_bin(), test_nas_bin(), "logs", "slow", "0", "-f", "--storage", f->db, (char *)NULL);
+    _exit(127);
+  }
+  nas_sleep_ms(500);
+  double asked = nas_now();
+  kill(logs, SIGINT);
+  int status;
+  assert_int_equal(waitpid(logs, &status, 0), logs);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  assert_true(nas_now() - asked < 2);
+  kill(run, SIGINT), nas_sleep_ms(200), kill(run, SIGINT); /* the second stops the trial */
+  assert_int_equal(waitpid(run, &status, 0), run);
+  free(spec);
+}
+
+/* The trials of an export with what an import cannot keep taken out: the times, which the
+ * importing storage sets. */
+static json_t *trials_without_times(json_t *export_doc) {
+  json_t *trials = json_incref(json_object_get(export_doc, "trials")), *t;
+  size_t i;
+  json_array_foreach(trials, i, t) {
+    json_object_del(t, "created_at");
+    json_object_del(t, "started_at");
+    json_object_del(t, "finished_at");
+    json_object_del(t, "heartbeat_at");
+  }
+  return trials;
+}
+
+static void export_then_import_into_another_storage_keeps_what_listings_show(void **state) {
+  fixture *f = *state;
+  char *spec = curves_spec(f, "trip", 2), *second;
+  run_spec(f, spec);
+  json_t *rows = trials_json(f, "trip");
+  assert_true(count_status(rows, "failed") > 0 && count_status(rows, "completed") > 0);
+  json_decref(rows);
+  assert_true(asprintf(&second, "sqlite:%s/second.db", f->dir) > 0);
+  json_t *exported = nas_json(f, (char *[]){"export", "trip", "--with", "curves", "--storage", f->db, NULL});
+  assert_string_equal(json_string_value(json_object_get(exported, "format")), "nas-experiment");
+  assert_int_equal(json_integer_value(json_object_get(exported, "version")), 1);
+  char *text = json_dumps(exported, JSON_REAL_PRECISION(17));
+  free(test_write(f->dir, "trip.json", text));
+  free(text);
+
+  char *out;
+  char *import[] = {(char *)test_nas_bin(), "import", "trip.json", "--storage", second, NULL};
+  assert_int_equal(test_run(f->dir, import, &out), 0);
+  free(out);
+  const char *views[][2] = {{"trials", "--format=json"}, {"pareto", "--format=json"}};
+  for (size_t v = 0; v < 2; v++) {
+    json_t *here = nas_json(f, (char *[]){(char *)views[v][0], "trip", (char *)views[v][1], "--storage", f->db, NULL});
+    json_t *there = nas_json(f, (char *[]){(char *)views[v][0], "trip", (char *)views[v][1], "--storage", second, NULL});
+    if (!json_equal(here, there)) fail_msg("nas %s differs after import", views[v][0]);
+    json_decref(here), json_decref(there);
+  }
+  /* Exported again: the same trials, attempts, errors and curves; only the times are new. */
+  json_t *again = nas_json(f, (char *[]){"export", "trip", "--with", "curves", "--storage", second, NULL});
+  json_t *a = trials_without_times(exported), *b = trials_without_times(again);
+  assert_true(json_equal(a, b));
+  json_decref(a), json_decref(b), json_decref(again);
+
+  /* The name is taken now; --name gives another, and its spec says that name. */
+  assert_int_equal(test_run(f->dir, import, &out), 1);
+  assert_non_null(strstr(out, "already has an experiment 'trip'"));
+  assert_non_null(strstr(out, "--name"));
+  free(out);
+  char *renamed[] = {(char *)test_nas_bin(), "import", "trip.json", "--name", "trip2", "--storage", second, NULL};
+  assert_int_equal(test_run(f->dir, renamed, &out), 0);
+  free(out);
+  json_t *copy = nas_json(f, (char *[]){"export", "trip2", "--storage", second, NULL});
+  assert_non_null(strstr(json_string_value(json_object_get(json_object_get(copy, "experiment"), "spec")),
+                         "name: trip2\n"));
+  json_decref(copy);
+
+  /* CSV: one row per trial, with the times when asked. */
+  char *csv[] = {(char *)test_nas_bin(), "export", "trip", "--format", "csv", "--with", "timings", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, csv, &out), 0);
+  assert_true(strncmp(out, "trial,status,x,y,z,acc,reference,error,created_at,started_at,finished_at,duration_s\n", 84) == 0);
+  size_t lines = 0;
+  for (const char *p = out; *p; p++) lines += *p == '\n';
+  assert_int_equal(lines, 9);
+  free(out);
+  json_decref(exported);
+  free(second), free(spec);
+}
+
+/* An import file with one thing wrong (its name is taken too, but the file is checked
+ * first); nothing is stored from it. */
+static void bad_import_files_are_refused_before_anything_is_stored(void **state) {
+  fixture *f = *state;
+  char *spec = curves_spec(f, "good", 3);
+  run_spec(f, spec);
+  json_t *doc = nas_json(f, (char *[]){"export", "good", "--storage", f->db, NULL});
+  struct {
+    const char *edit, *expected;
+  } cases[] = {
+      {"not json", "bad.json:1:"},
+      {"format", "format: not \"nas-experiment\""},
+      {"version", "this nas reads version 1"},
+      {"status", "trials[2].status: not a trial status"},
+      {"params", "trials[1].params:"},
+      {"spec", "experiment.spec"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    json_t *bad = json_deep_copy(doc);
+    json_t *trials = json_object_get(bad, "trials");
+    if (strcmp(cases[i].edit, "format") == 0) json_object_set_new(bad, "format", json_string("csv"));
+    if (strcmp(cases[i].edit, "version") == 0) json_object_set_new(bad, "version", json_integer(2));
+    if (strcmp(cases[i].edit, "status") == 0)
+      json_object_set_new(json_array_get(trials, 2), "status", json_string("done"));
+    if (strcmp(cases[i].edit, "params") == 0)
+      json_object_set_new(json_object_get(json_array_get(trials, 1), "params"), "x", json_real(7));
+    if (strcmp(cases[i].edit, "spec") == 0)
+      json_object_set_new(json_object_get(bad, "experiment"), "spec", json_string("name: bad\nparameters: 3\n"));
+    char *text = strcmp(cases[i].edit, "not json") == 0 ? strdup("{\"format\": oops}") : json_dumps(bad, 0);
+    free(test_write(f->dir, "bad.json", text));
+    expect_refusal(f, (char *[]){"import", "bad.json", "--storage", f->db, NULL}, 1, cases[i].expected);
+    free(text);
+    json_decref(bad);
+  }
+  json_t *status = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
+  assert_int_equal(json_array_size(status), 1); /* only "good" */
+  json_decref(status);
+  json_decref(doc);
+  free(spec);
+}
+
+static void compare_with_itself_gives_the_pareto_hypervolume(void **state) {
+  fixture *f = *state;
+  char *one = curves_spec(f, "one", 4), *two = curves_spec(f, "two", 5);
+  run_spec(f, one);
+  run_spec(f, two);
+  json_t *pareto = nas_json(f, (char *[]){"pareto", "one", "--format", "json", "--storage", f->db, NULL});
+  json_t *self = nas_json(f, (char *[]){"compare", "one", "one", "--format", "json", "--storage", f->db, NULL});
+  json_t *list = json_object_get(self, "experiments");
+  assert_int_equal(json_array_size(list), 2);
+  for (size_t e = 0; e < 2; e++) {
+    json_t *entry = json_array_get(list, e);
+    assert_true(num(entry, "hypervolume") == num(pareto, "hypervolume"));
+    assert_true(json_equal(json_object_get(entry, "front"), json_object_get(pareto, "front")));
+  }
+  assert_true(json_equal(json_object_get(self, "reference_point"), json_object_get(pareto, "reference_point")));
+  json_decref(self);
+
+  /* Two experiments: one reference point for both, at least as far out as each one's own. */
+  json_t *both = nas_json(f, (char *[]){"compare", "one", "two", "--format", "json", "--storage", f->db, NULL});
+  json_t *ref = json_object_get(both, "reference_point");
+  assert_true(num(ref, "y") >= num(json_object_get(pareto, "reference_point"), "y"));
+  assert_true(num(json_array_get(json_object_get(both, "experiments"), 0), "hypervolume") >=
+              num(pareto, "hypervolume"));
+  json_decref(both);
+  json_decref(pareto);
+  char *out;
+  char *table[] = {(char *)test_nas_bin(), "compare", "one", "two", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, table, &out), 0);
+  assert_non_null(strstr(out, "reference point: y="));
+  assert_non_null(strstr(out, "experiment  trial"));
+  free(out);
+
+  char *other = test_write(f->dir, "other.yaml",
+                           "name: other\n"
+                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                           "objectives: [{name: y, goal: minimize}, {name: z, goal: maximize}]\n"
+                           "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": {x}}}\"']}\n"
+                           "budget: {trials: 2}\n"
+                           "optimizer: {type: random}\n");
+  run_spec(f, other);
+  expect_refusal(f, (char *[]){"compare", "one", "other", "--storage", f->db, NULL}, 1,
+                 "objective 2 of 'one' is z (minimize) and of 'other' z (maximize)");
+  expect_refusal(f, (char *[]){"compare", "one", "nope", "--storage", f->db, NULL}, 1, "no experiment 'nope'");
+  expect_refusal(f, (char *[]){"compare", "one", "--storage", f->db, NULL}, 2, "two experiments or more");
+  free(one), free(two), free(other);
+}
+
+static void new_commands_have_help_and_refuse_bad_usage(void **state) {
+  fixture *f = *state;
+  const char *cmds[] = {"trial", "logs", "export", "import", "compare"};
+  for (size_t i = 0; i < sizeof cmds / sizeof *cmds; i++) {
+    expect_refusal(f, (char *[]){(char *)cmds[i], "--help", NULL}, 0, "usage: nas");
+    expect_refusal(f, (char *[]){(char *)cmds[i], "--bogus", NULL}, 2, "unknown option");
+  }
+  expect_refusal(f, (char *[]){"export", "e", "--with", "colors", NULL}, 2, "unknown --with item 'colors'");
+  expect_refusal(f, (char *[]){"export", "e", "--format", "csv", "--with", "curves", NULL}, 2,
+                 "json export only");
+  expect_refusal(f, (char *[]){"import", "missing.json", NULL}, 1, "missing.json: No such file");
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(logs_follow_a_running_trial_through_a_truncation_to_its_end, setup, teardown),
+      cmocka_unit_test_setup_teardown(logs_follow_ends_cleanly_on_ctrl_c, setup, teardown),
+      cmocka_unit_test_setup_teardown(export_then_import_into_another_storage_keeps_what_listings_show, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
+      cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
+      cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
