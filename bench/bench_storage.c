@@ -8,7 +8,10 @@
  *
  * Backend "http" (`make bench-serve`, bench/serve.sh) is the http storage backend in front
  * of a `nas serve` ($NAS_BIN, default bin/nas) of a fresh SQLite file, started here for each
- * run: the same numbers through the server, beside the direct ones.
+ * run: the same numbers through the server, beside the direct ones. With it comes the ask
+ * latency: with 50 and 200 completed trials, the optimizer's own time for one suggestion
+ * (results loaded, gp created, one suggest), `sched_ask` on the file directly (`nas ask`),
+ * and `POST /ask` to the server (libcurl), medians of ASK_REPEATS (default 10) asks each.
  *
  * PostgreSQL is a throwaway server started here (tests/pgserver.h), switched to durable
  * commits (fsync = on, full_page_writes = on) so that it is compared with SQLite at
@@ -19,6 +22,7 @@
  * run it. Processes start together at an agreed moment of the monotonic clock, which all
  * processes of the machine share, and count what they finished before the end. */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <inttypes.h>
 #include <stdio.h>
@@ -28,7 +32,10 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <curl/curl.h>
+
 #include "common/common.h"
+#include "scheduler/scheduler.h"
 #include "storage/storage.h"
 #include "tests/pgserver.h"
 
@@ -327,6 +334,151 @@ static void run_backend(bench *b, int claim_trials) {
 }
 
 /* Durable commits, as a production server has them (the test settings turn them off). */
+/* ---- ask latency --------------------------------------------------------------------------- */
+
+static const char ask_spec[] =
+    "name: asked\n"
+    "seed: 5\n"
+    "parameters:\n"
+    "  a: {type: float, low: 0, high: 1}\n"
+    "  b: {type: float, low: 0, high: 1}\n"
+    "  c: {type: float, low: 0, high: 1}\n"
+    "  d: {type: float, low: 0, high: 1}\n"
+    "objectives: [{name: f1, goal: minimize}, {name: f2, goal: minimize}]\n"
+    "budget: {trials: 100000}\n";
+
+/* Stores n completed trials at random points of two smooth objectives. */
+static int fill_observations(storage *st, const experiment_row *exp, int n, nas_err *err) {
+  unsigned seed = 7;
+  for (int i = 0; i < n; i++) {
+    double x[4];
+    for (int k = 0; k < 4; k++) x[k] = rand_r(&seed) / (double)RAND_MAX;
+    char *params = nas_asprintf("{\"a\":%.17g,\"b\":%.17g,\"c\":%.17g,\"d\":%.17g}", x[0], x[1], x[2], x[3]);
+    metric_obs obs[2] = {{"f1", METRIC_FINAL, x[0] + 0.1 * x[2], nas_now()},
+                         {"f2", METRIC_FINAL, 1 - sqrt(x[0]) + x[1] * x[3], nas_now()}};
+    trial_row t;
+    int rc = storage_trial_create(st, exp->id, params, NULL, &t, err);
+    free(params);
+    if (rc == NAS_OK) rc = storage_trial_start(st, t.id, "bench", err);
+    if (rc == NAS_OK) rc = storage_metrics_add(st, t.id, obs, 2, -1, err);
+    if (rc == NAS_OK) rc = storage_trial_finish(st, t.id, TRIAL_COMPLETED, true, 0, NULL, err);
+    trial_row_clear(&t);
+    if (rc != NAS_OK) return rc;
+  }
+  return NAS_OK;
+}
+
+/* The optimizer's own time for one suggestion, as ask makes it (nothing stored). */
+static double optimizer_ms(storage *st, const spec *s, const experiment_row *exp, nas_err *err) {
+  double t0 = nas_monotonic();
+  sched_results r;
+  optimizer *opt = NULL;
+  json_t *out[1] = {NULL};
+  if (sched_results_load(st, s, exp->id, &r, err) != NAS_OK) return -1;
+  size_t n = 0;
+  observation *obs = calloc(r.n_trials + 1, sizeof *obs);
+  json_t **params = calloc(r.n_trials + 1, sizeof *params);
+  for (size_t i = 0; obs && params && i < r.n_trials; i++) {
+    if (r.trials[i].status != TRIAL_COMPLETED) continue;
+    params[n] = json_loads(r.trials[i].params_json, 0, NULL);
+    obs[n] = (observation){.params = params[n], .objectives = r.values + i * r.n_metrics};
+    n++;
+  }
+  int rc = obs && params ? optimizer_create(s, &opt, err) : NAS_ERR;
+  if (rc == NAS_OK) rc = optimizer_suggest(opt, obs, n, NULL, 0, 1, (int)r.n_trials, out, NULL, err);
+  double ms = (nas_monotonic() - t0) * 1e3;
+  json_decref(out[0]);
+  optimizer_free(opt);
+  for (size_t i = 0; params && i < n; i++) json_decref(params[i]);
+  free(obs), free(params);
+  sched_results_free(&r);
+  return rc == NAS_OK ? ms : -1;
+}
+
+/* Ends the newest handed-out trial completed, so the next ask sees one more observation. */
+static int complete_newest(storage *st, const spec *s, const experiment_row *exp, nas_err *err) {
+  trial_row *rows;
+  size_t n;
+  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK || n == 0) return NAS_ERR;
+  metric_obs obs[2] = {{"f1", METRIC_FINAL, 0.5, nas_now()}, {"f2", METRIC_FINAL, 0.5, nas_now()}};
+  int rc = sched_tell_complete(st, s, exp, rows[n - 1].number, obs, 2, err);
+  trial_rows_free(rows, n);
+  return rc;
+}
+
+static size_t discard_body(char *data, size_t size, size_t n, void *ctx) {
+  (void)data, (void)ctx;
+  return size * n;
+}
+
+/* One POST /ask through an open libcurl handle, in ms; -1 on failure. */
+static double http_ask_ms(CURL *curl, const char *url) {
+  curl_easy_setopt(curl, CURLOPT_URL, url);
+  curl_easy_setopt(curl, CURLOPT_POSTFIELDS, "{\"n\": 1}");
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, discard_body);
+  double t0 = nas_monotonic();
+  long code = 0;
+  if (curl_easy_perform(curl) != CURLE_OK) return -1;
+  curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, &code);
+  return code == 200 ? (nas_monotonic() - t0) * 1e3 : -1;
+}
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[n / 2];
+}
+
+/* Medians of the three ways of asking with n_obs completed trials. */
+static void ask_latency(bench *b, int n_obs, int repeats) {
+  char *db = nas_asprintf("sqlite:%s/ask-%d.db", b->dir, n_obs);
+  storage *st = NULL;
+  spec *s = NULL;
+  experiment_row exp = {0};
+  nas_err err = {{0}};
+  int rc = storage_open(db, &st, &err);
+  if (rc == NAS_OK) rc = spec_parse(ask_spec, "ask.yaml", b->dir, &s, &err);
+  if (rc == NAS_OK) rc = sched_prepare(s, st, &exp, &err);
+  if (rc == NAS_OK) rc = fill_observations(st, &exp, n_obs, &err);
+  char *base = rc == NAS_OK ? serve_start(b, db, 1000 + n_obs) : NULL;
+  char *url = base ? nas_asprintf("%s/api/v1/experiments/asked/ask", base) : NULL;
+  CURL *curl = url ? curl_easy_init() : NULL;
+  double own[64], direct[64], served[64];
+  if (repeats > 64) repeats = 64;
+  for (int i = 0; curl && i < repeats; i++) {
+    trial_row *rows = NULL;
+    size_t got = 0;
+    own[i] = optimizer_ms(st, s, &exp, &err);
+    double t0 = nas_monotonic();
+    rc = sched_ask(st, s, &exp, 1, "bench", &rows, &got, &err);
+    direct[i] = (nas_monotonic() - t0) * 1e3;
+    trial_rows_free(rows, got);
+    if (rc == NAS_OK) rc = complete_newest(st, s, &exp, &err);
+    served[i] = rc == NAS_OK ? http_ask_ms(curl, url) : -1;
+    if (rc == NAS_OK) rc = complete_newest(st, s, &exp, &err);
+    if (rc != NAS_OK || own[i] < 0 || served[i] < 0) {
+      fprintf(stderr, "bench_storage: ask %d with %d observations failed: %s\n", i, n_obs, err.msg);
+      curl_easy_cleanup(curl);
+      curl = NULL;
+    }
+  }
+  if (curl) {
+    double o = median(own, repeats), d = median(direct, repeats), h = median(served, repeats);
+    printf("| ask | %3d observations | optimizer %.1f ms | sched_ask %.1f ms | POST /ask %.1f ms |"
+           " added by the server %.1f ms |\n", n_obs, o, d, h, h - o);
+    curl_easy_cleanup(curl);
+  }
+  serve_stop(b);
+  free(url), free(base), free(db);
+  experiment_row_clear(&exp);
+  spec_free(s);
+  storage_close(st);
+}
+
 static int make_durable(pgserver *server, char *why, size_t size) {
   if (pgserver_exec(server, "postgres", "ALTER SYSTEM SET fsync = on", why, size) != 0 ||
       pgserver_exec(server, "postgres", "ALTER SYSTEM SET full_page_writes = on", why, size) != 0 ||
@@ -377,6 +529,11 @@ int main(void) {
     }
     run_backend(&b, claim_trials);
     serve_stop(&b);
+    if (strcmp(b.backend, "http") == 0) {
+      int repeats = (int)env_number("ASK_REPEATS", 10);
+      ask_latency(&b, 50, repeats);
+      ask_latency(&b, 200, repeats);
+    }
     char *rm[] = {"rm", "-rf", "--", b.dir, NULL};
     pid_t pid = fork();
     if (pid == 0) {
