@@ -54,6 +54,7 @@ typedef struct {
 
 typedef struct {
   double kill_grace; /* seconds between TERM and KILL */
+  runner_self self;  /* the nas binary the jobs are told of */
   held_job *held;    /* owned: jobs started held and not released yet */
   size_t n_held;
 } local_runner;
@@ -76,6 +77,8 @@ typedef struct {
   char *const *argv;   /* borrowed from the job */
   const char *workdir; /* borrowed from the job */
   char **envp;         /* owned array of borrowed strings: the job's whole environment */
+  char *self_env[3];   /* owned: NAS_BIN=… and PATH=… (nas's folder first), on top of the
+                          job's env; NULL-terminated */
   char *exit_path;     /* owned: run_dir/exit.json */
   int null_fd;         /* owned, -1 when closed: the job's stdin (/dev/null) */
   int out_fd;          /* owned, -1 when closed: stdout.log, appended to */
@@ -369,6 +372,40 @@ static int env_merge(char *const *extra, char ***out, nas_err *err) {
   return NAS_OK;
 }
 
+/* The value of the last PATH in env, else the caller's PATH, else the system's default
+ * (where execvp would look). Borrowed. */
+static const char *path_base(char *const *env, char *fallback, size_t cap) {
+  const char *path = getenv("PATH");
+  for (size_t i = 0; env && env[i]; i++)
+    if (strncmp(env[i], "PATH=", 5) == 0) path = env[i] + 5;
+  if (path) return path;
+  size_t len = confstr(_CS_PATH, fallback, cap);
+  return len > 0 && len <= cap ? fallback : "/usr/bin:/bin";
+}
+
+/* The job's whole environment: the caller's, the job's env on top, then NAS_BIN and the
+ * PATH with nas's own folder first (runners/nas_self.c). */
+static int job_env_build(const local_runner *lr, const runner_job *job, launch *l,
+                         nas_err *err) {
+  char fallback[256];
+  l->self_env[0] = nas_asprintf("NAS_BIN=%s", lr->self.bin);
+  l->self_env[1] = nas_asprintf("PATH=%s:%s", lr->self.dir,
+                                path_base(job->env, fallback, sizeof fallback));
+  size_t n = 0;
+  while (job->env && job->env[n]) n++;
+  char **extra = calloc(n + 3, sizeof *extra);
+  if (!extra || !l->self_env[0] || !l->self_env[1]) {
+    free(extra);
+    return nas_errf(err, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) extra[i] = job->env[i];
+  extra[n] = l->self_env[0];
+  extra[n + 1] = l->self_env[1];
+  int rc = env_merge(extra, &l->envp, err);
+  free(extra);
+  return rc;
+}
+
 static int log_open(const char *run_dir, const char *name, int *fd, nas_err *err) {
   char *path = nas_asprintf("%s/%s", run_dir, name);
   if (!path) return nas_errf(err, "%s: out of memory", run_dir);
@@ -388,6 +425,7 @@ static int job_check(const runner_job *job, nas_err *err) {
 
 static void launch_release(launch *l) {
   free(l->envp);
+  for (int i = 0; i < 2; i++) free(l->self_env[i]);
   free(l->exit_path);
   int *fds[] = {&l->null_fd, &l->out_fd, &l->err_fd};
   for (int i = 0; i < 3; i++) {
@@ -412,7 +450,7 @@ static int launch_prepare(const local_runner *lr, const runner_job *job, launch 
   if (log_open(job->run_dir, "stdout.log", &l->out_fd, err) != NAS_OK ||
       log_open(job->run_dir, "stderr.log", &l->err_fd, err) != NAS_OK)
     return NAS_ERR;
-  return env_merge(job->env, &l->envp, err);
+  return job_env_build(lr, job, l, err);
 }
 
 /* Reads the monitor's report until it and the job have closed the pipe (the job's copy
@@ -493,18 +531,6 @@ static int options_read(const json_t *options, local_runner *lr, nas_err *err) {
   return NAS_OK;
 }
 
-static int local_create(const json_t *options, void **state, nas_err *err) {
-  local_runner *lr = calloc(1, sizeof *lr);
-  if (!lr) return nas_errf(err, "out of memory");
-  lr->kill_grace = DEFAULT_KILL_GRACE_S;
-  if (options && options_read(options, lr, err) != NAS_OK) {
-    free(lr);
-    return NAS_ERR;
-  }
-  *state = lr;
-  return NAS_OK;
-}
-
 /* Closing a held job's pipe without "go" ends its monitor before the job runs. */
 static void local_free(void *state) {
   local_runner *lr = state;
@@ -513,7 +539,21 @@ static void local_free(void *state) {
     free(lr->held[i].handle);
   }
   free(lr->held);
+  runner_self_free(&lr->self);
   free(lr);
+}
+
+static int local_create(const json_t *options, void **state, nas_err *err) {
+  local_runner *lr = calloc(1, sizeof *lr);
+  if (!lr) return nas_errf(err, "out of memory");
+  lr->kill_grace = DEFAULT_KILL_GRACE_S;
+  if ((options && options_read(options, lr, err) != NAS_OK) ||
+      runner_self_find(&lr->self, err) != NAS_OK) {
+    local_free(lr);
+    return NAS_ERR;
+  }
+  *state = lr;
+  return NAS_OK;
 }
 
 /* Starts a job, held when hold_fd (the monitor's end of the hold pipe) is >= 0. */

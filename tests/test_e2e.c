@@ -325,6 +325,43 @@ static void report_command_stores_metrics_for_the_trial(void **state) {
   free(spec);
 }
 
+/* A trial calls `nas` by name, and "$NAS_BIN", whatever PATH and NAS_BIN nas was started
+ * with: the runner puts the running binary's folder first on the trial's PATH and sets
+ * NAS_BIN to it. */
+static void trials_find_the_running_nas_by_name_and_nas_bin(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "find.yaml",
+                          "name: find\n"
+                          "parameters:\n"
+                          "  x: {type: int, low: 1, high: 9}\n"
+                          "objectives: [{name: y, goal: maximize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'nas report z={x} && \"$NAS_BIN\" report y={x}']\n"
+                          "budget: {trials: 2, parallel: 2}\n"
+                          "optimizer: {type: random}\n");
+  char *bin = realpath(test_nas_bin(), NULL), *old_path = strdup(getenv("PATH"));
+  assert_non_null(bin);
+  setenv("PATH", "/usr/bin:/bin", 1);
+  setenv("NAS_BIN", "/nonexistent/nas", 1);
+  char *argv[] = {bin, "run", spec, "--storage", f->db, "--no-progress", NULL}, *out;
+  int rc = test_run(f->dir, argv, &out);
+  setenv("PATH", old_path, 1);
+  setenv("NAS_BIN", bin, 1);
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "find");
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
+    assert_true(num(row, "y") == num(row, "x"));
+    assert_true(num(row, "z") == num(row, "x"));
+  }
+  assert_int_equal(json_array_size(rows), 2);
+  json_decref(rows);
+  free(spec), free(bin), free(old_path);
+}
+
 static void changed_spec_is_refused_with_its_differences(void **state) {
   fixture *f = *state;
   char *spec = timing_spec(f, 2, 2, "0"), *out;
@@ -513,6 +550,7 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_find_the_running_nas_by_name_and_nas_bin, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),

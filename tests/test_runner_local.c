@@ -355,6 +355,26 @@ static void command_is_searched_in_the_jobs_path(void **state) {
   free(bin);
 }
 
+/* A trial calls `nas …` whatever PATH nas was started with: the running binary's folder
+ * comes first on the job's PATH (before the job's own PATH entry) and NAS_BIN names it. */
+static void job_is_told_of_the_running_binary_first_on_its_path(void **state) {
+  fixture *f = *state;
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  assert_true(len > 0);
+  exe[len] = '\0';
+  char *env[] = {"PATH=/usr/bin:/bin", NULL};
+  char *argv[] = {"sh", "-c", "echo \"$NAS_BIN\"; echo \"$PATH\"", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, env, 0);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).state, JOB_EXITED);
+  char *out = file_text(run_dir, "stdout.log"), *expected = NULL;
+  *strrchr(exe, '/') = '\0';
+  assert_true(asprintf(&expected, "%s/test_runner_local\n%s:/usr/bin:/bin\n", exe, exe) > 0);
+  assert_string_equal(out, expected);
+  free(expected), free(out), free(handle), free(run_dir);
+}
+
 static void relative_command_runs_from_workdir(void **state) {
   fixture *f = *state;
   char *workdir = path_in(f, "work");
@@ -725,6 +745,7 @@ int main(void) {
       T(job_starts_with_default_signals_whatever_the_caller_blocks),
       T(env_reaches_the_job_and_overrides),
       T(command_is_searched_in_the_jobs_path),
+      T(job_is_told_of_the_running_binary_first_on_its_path),
       T(relative_command_runs_from_workdir),
       T(output_lands_in_the_logs_of_a_new_run_dir),
       T(missing_command_exits_127_with_a_message),
