@@ -29,6 +29,8 @@ typedef struct runner_backend {
    * runner_release. */
   int (*start_held)(void *state, const runner_job *job, char **handle, nas_err *err);
   int (*release)(void *state, const char *handle, nas_err *err);
+  /* Optional (NULL: no limit): runner_capacity. */
+  size_t (*capacity)(const void *state);
 } runner_backend;
 
 /* exit.json (runners/exit_file.c): how a job ended, written into its run folder by the

@@ -362,6 +362,40 @@ static void trials_find_the_running_nas_by_name_and_nas_bin(void **state) {
   free(spec), free(bin), free(old_path);
 }
 
+/* `parallel: 4` on two GPUs, one per trial: nas runs two trials at a time, so none waits
+ * for a device, and each sees one device of its own (a made-up list: no GPU needed). */
+static void gpus_cap_parallel_and_each_trial_sees_its_own(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "gpus.yaml",
+                          "name: gpus\n"
+                          "parameters:\n"
+                          "  x: {type: int, low: 1, high: 9}\n"
+                          "objectives: [{name: y, goal: maximize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'sleep 0.3; nas report y=$CUDA_VISIBLE_DEVICES']\n"
+                          "budget: {trials: 4, parallel: 4}\n"
+                          "optimizer: {type: random}\n"
+                          "runner: {type: local, gpus: [5, 6]}\n");
+  char *tmpdir = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL, *out;
+  setenv("TMPDIR", f->dir, 1); /* the GPU lock files */
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (tmpdir) setenv("TMPDIR", tmpdir, 1);
+  else unsetenv("TMPDIR");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "gpus");
+  assert_int_equal(count_status(rows, "completed"), 4);
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) assert_true(num(row, "y") == 5 || num(row, "y") == 6);
+  json_decref(rows);
+  char *waited = NULL;
+  assert_true(asprintf(&waited, "grep -rl waiting %s/runs/gpus", f->dir) > 0);
+  char *grep[] = {"sh", "-c", waited, NULL};
+  assert_int_equal(test_run(NULL, grep, NULL), 1); /* no trial's stderr.log says it waited */
+  free(waited), free(tmpdir), free(spec);
+}
+
 static void changed_spec_is_refused_with_its_differences(void **state) {
   fixture *f = *state;
   char *spec = timing_spec(f, 2, 2, "0"), *out;
@@ -551,6 +585,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(trials_find_the_running_nas_by_name_and_nas_bin, setup, teardown),
+      cmocka_unit_test_setup_teardown(gpus_cap_parallel_and_each_trial_sees_its_own, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
