@@ -296,6 +296,20 @@ static void interrupt_lets_running_trials_finish_and_resume_completes(void **sta
   free(spec);
 }
 
+/* Every one of the n trials of experiment name completed with y = z = its parameter x. */
+static void assert_trials_reported_x_as_y_and_z(fixture *f, const char *name, size_t n) {
+  json_t *rows = trials_json(f, name);
+  assert_int_equal(json_array_size(rows), n);
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
+    assert_true(num(row, "y") == num(row, "x"));
+    assert_true(num(row, "z") == num(row, "x"));
+  }
+  json_decref(rows);
+}
+
 static void report_command_stores_metrics_for_the_trial(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "report.yaml",
@@ -313,15 +327,7 @@ static void report_command_stores_metrics_for_the_trial(void **state) {
   int rc = nas(f, &out, "run", spec, "--no-progress");
   if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
   free(out);
-  json_t *rows = trials_json(f, "report");
-  size_t i;
-  json_t *row;
-  json_array_foreach(rows, i, row) {
-    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
-    assert_true(num(row, "y") == num(row, "x"));
-    assert_true(num(row, "z") == num(row, "x"));
-  }
-  json_decref(rows);
+  assert_trials_reported_x_as_y_and_z(f, "report", 3);
   free(spec);
 }
 
@@ -349,16 +355,7 @@ static void trials_find_the_running_nas_by_name_and_nas_bin(void **state) {
   setenv("NAS_BIN", bin, 1);
   if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
   free(out);
-  json_t *rows = trials_json(f, "find");
-  size_t i;
-  json_t *row;
-  json_array_foreach(rows, i, row) {
-    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
-    assert_true(num(row, "y") == num(row, "x"));
-    assert_true(num(row, "z") == num(row, "x"));
-  }
-  assert_int_equal(json_array_size(rows), 2);
-  json_decref(rows);
+  assert_trials_reported_x_as_y_and_z(f, "find", 2);
   free(spec), free(bin), free(old_path);
 }
 
