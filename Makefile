@@ -44,7 +44,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench clean
+.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench clean install uninstall deb
 all: $(BIN)/nas $(EX_BIN)
 
 deps:
@@ -147,6 +147,48 @@ bench: all $(BENCH_BIN)
 # bench-NAME runs bench/NAME.sh when there is one, else the binary built from bench/bench_NAME.c.
 bench-%: all $(BENCH_BIN)
 	@if [ -x bench/$*.sh ]; then BUILD=$(BUILD) bench/$*.sh; else $(BUILD)/bench/bench_$*; fi
+
+# `make install [PREFIX=/usr/local] [DESTDIR=…]`: bin/nas, the man page nas(1) made from
+# docs/cli.md by go-md2man, bash and zsh completion, and under PREFIX/share/nas (where the
+# installed nas looks for named datasets) the digits data, the example specs of the built-in
+# trials and the Python client; PYTHONDIR (e.g. /usr/lib/python3/dist-packages, as `make
+# deb` sets it) also links the client there. `make uninstall` with the same variables
+# removes exactly these.
+PREFIX    ?= /usr/local
+PYTHONDIR ?=
+VERSION   := $(shell sed -n 's/^\#define NAS_VERSION "\(.*\)"/\1/p' cli/main.c)
+SHARE_NAS := $(DESTDIR)$(PREFIX)/share/nas
+INSTALLED := bin/nas share/man/man1/nas.1.gz share/bash-completion/completions/nas \
+             share/zsh/site-functions/_nas share/nas/digits.csv.gz share/nas/python/nas_client.py \
+             $(addprefix share/nas/,$(shell grep -l builtin: examples/*.yaml))
+
+$(BUILD)/nas.1.gz: docs/cli.md
+	@mkdir -p $(BUILD)
+	{ printf '%% NAS 1 "" "nas $(VERSION)" "User Commands"\n\n# NAME\nnas - multi-objective '\
+	'Bayesian optimisation of experiments (HPO, NAS)\n\n'; \
+	  sed '1s/.*/# SYNOPSIS/; s/^## /# /; s/^### /## /' $<; } | go-md2man >$(BUILD)/nas.1
+	gzip -9nf $(BUILD)/nas.1
+
+install: $(BIN)/nas $(BUILD)/nas.1.gz
+	install -Dm755 $(BIN)/nas $(DESTDIR)$(PREFIX)/bin/nas
+	install -Dm644 $(BUILD)/nas.1.gz $(DESTDIR)$(PREFIX)/share/man/man1/nas.1.gz
+	install -Dm644 scripts/completion/nas.bash $(DESTDIR)$(PREFIX)/share/bash-completion/completions/nas
+	install -Dm644 scripts/completion/_nas $(DESTDIR)$(PREFIX)/share/zsh/site-functions/_nas
+	install -Dm644 tests/data/digits.csv.gz $(SHARE_NAS)/digits.csv.gz
+	install -Dm644 -t $(SHARE_NAS)/examples $(shell grep -l builtin: examples/*.yaml)
+	install -Dm644 clients/python/nas_client.py $(SHARE_NAS)/python/nas_client.py
+	$(if $(PYTHONDIR),install -d $(DESTDIR)$(PYTHONDIR) && \
+	  ln -sf $(PREFIX)/share/nas/python/nas_client.py $(DESTDIR)$(PYTHONDIR)/nas_client.py)
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(PREFIX)/,$(INSTALLED))
+	$(if $(PYTHONDIR),rm -f $(DESTDIR)$(PYTHONDIR)/nas_client.py)
+	rmdir $(SHARE_NAS)/examples $(SHARE_NAS)/python $(SHARE_NAS) 2>/dev/null || true
+
+# `make deb`: $(BUILD)/nas_VERSION_ARCH.deb, built by dpkg-deb from `make install` into a
+# staging folder (PREFIX=/usr); dpkg-shlibdeps declares the libraries it needs.
+deb: $(BIN)/nas $(BUILD)/nas.1.gz
+	@BUILD=$(BUILD) BIN=$(BIN) VERSION=$(VERSION) scripts/deb.sh
 
 clean:
 	rm -rf build build-asan build-fuzz bin

@@ -29,6 +29,8 @@ typedef struct runner_backend {
    * runner_release. */
   int (*start_held)(void *state, const runner_job *job, char **handle, nas_err *err);
   int (*release)(void *state, const char *handle, nas_err *err);
+  /* Optional (NULL: no limit): runner_capacity. */
+  size_t (*capacity)(const void *state);
 } runner_backend;
 
 /* exit.json (runners/exit_file.c): how a job ended, written into its run folder by the
@@ -40,6 +42,15 @@ char *runner_exit_path(const char *run_dir);
  * why it cannot be read (not a small regular file of the right form: the job can write in
  * its run folder too), *out untouched. */
 int runner_exit_file_read(const char *run_dir, job_status *out, nas_err *err);
+
+/* The running nas binary (runners/nas_self.c): trials get NAS_BIN=bin and dir first on
+ * their PATH, so that `nas report` in a trial finds this nas. */
+typedef struct {
+  char *bin; /* owned: absolute path of the running binary */
+  char *dir; /* owned: the folder holding it */
+} runner_self;
+int runner_self_find(runner_self *out, nas_err *err);
+void runner_self_free(runner_self *self);
 
 extern const runner_backend runner_local_backend; /* runners/local.c */
 extern const runner_backend runner_slurm_backend; /* runners/slurm.c */

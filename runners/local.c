@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include "runners/backend.h"
+#include "runners/gpus.h"
 
 #define DEFAULT_KILL_GRACE_S 5.0
 #define EXIT_NOT_STARTED 127 /* exit code of a job whose command could not run (as in sh) */
@@ -54,6 +55,8 @@ typedef struct {
 
 typedef struct {
   double kill_grace; /* seconds between TERM and KILL */
+  runner_self self;  /* the nas binary the jobs are told of */
+  gpu_pool gpus;     /* devices shared out among the jobs; none unless the spec asks */
   held_job *held;    /* owned: jobs started held and not released yet */
   size_t n_held;
 } local_runner;
@@ -76,6 +79,8 @@ typedef struct {
   char *const *argv;   /* borrowed from the job */
   const char *workdir; /* borrowed from the job */
   char **envp;         /* owned array of borrowed strings: the job's whole environment */
+  char *self_env[3];   /* owned: NAS_BIN=… and PATH=… (nas's folder first), on top of the
+                          job's env; NULL-terminated */
   char *exit_path;     /* owned: run_dir/exit.json */
   int null_fd;         /* owned, -1 when closed: the job's stdin (/dev/null) */
   int out_fd;          /* owned, -1 when closed: stdout.log, appended to */
@@ -83,6 +88,9 @@ typedef struct {
   double timeout_s;    /* 0 = none */
   double kill_grace;
   int hold_fd;         /* borrowed, -1 when not held: the pipe end the monitor waits on */
+  const gpu_pool *gpus; /* borrowed: devices to take before the job starts (n = 0: none) */
+  char cuda_env[GPU_ENV_MAX]; /* the job's CUDA_VISIBLE_DEVICES=… and NAS_GPUS=…, filled in */
+  char gpus_env[GPU_ENV_MAX]; /* by the monitor once it holds the devices (envp points here) */
 } launch;
 
 /* ---- /proc and handles ---- */
@@ -288,6 +296,22 @@ static job_status monitor_wait(pid_t job, const launch *l) {
   return end;
 }
 
+static _Noreturn void monitor_exit(const char *path, const job_status *end);
+
+/* Takes the job's devices (their locks stay with the monitor until it ends), waiting for
+ * enough of them to be free; a stop request meanwhile ends the job before it starts. */
+static void gpus_take(launch *l) {
+  int fds[GPU_PER_JOB_MAX];
+  sigset_t waited = monitor_signals();
+  for (bool told = false; !gpu_pool_take(l->gpus, fds, l->cuda_env, l->gpus_env); told = true) {
+    if (!told) dprintf(2, "nas: waiting for %d free GPU%s\n", l->gpus->per_job,
+                       l->gpus->per_job == 1 ? "" : "s");
+    int sig = signal_wait(&waited, 0.25);
+    if (sig == SIGTERM || sig == SIGINT || sig == SIGHUP)
+      monitor_exit(l->exit_path, &(job_status){.state = JOB_STOPPED});
+  }
+}
+
 /* Records how the job ended in exit.json and ends the monitor. */
 static _Noreturn void monitor_exit(const char *path, const job_status *end) {
   char text[128];
@@ -318,7 +342,7 @@ static pid_t job_fork(const launch *l, int report_fd) {
 /* The monitor: reports "+" on the pipe once the job is forked ("-message" on failure) —
  * or, when held, once it is ready, then waits for "go" — then waits for the job and
  * records how it ended. Starts with every signal blocked. */
-static _Noreturn void monitor_main(const launch *l, int report_fd) {
+static _Noreturn void monitor_main(launch *l, int report_fd) {
   setsid(); /* out of the caller's session: a Ctrl-C in its terminal reaches neither */
   signals_reset();
   monitor_fds_install(l, report_fd);
@@ -330,6 +354,12 @@ static _Noreturn void monitor_main(const launch *l, int report_fd) {
     close(report_fd);
     report_fd = -1;
     hold_wait(l);
+  }
+  if (l->gpus->n > 0) { /* the wait may be long: the caller hears now, as for a held job */
+    if (report_fd >= 0 && write(report_fd, "+", 1) != 1) _exit(1);
+    if (report_fd >= 0) close(report_fd);
+    report_fd = -1;
+    gpus_take(l);
   }
   pid_t job = job_fork(l, report_fd);
   if (report_fd >= 0) {
@@ -369,6 +399,46 @@ static int env_merge(char *const *extra, char ***out, nas_err *err) {
   return NAS_OK;
 }
 
+/* The value of the last PATH in env, else the caller's PATH, else the system's default
+ * (where execvp would look). Borrowed. */
+static const char *path_base(char *const *env, char *fallback, size_t cap) {
+  const char *path = getenv("PATH");
+  for (size_t i = 0; env && env[i]; i++)
+    if (strncmp(env[i], "PATH=", 5) == 0) path = env[i] + 5;
+  if (path) return path;
+  size_t len = confstr(_CS_PATH, fallback, cap);
+  return len > 0 && len <= cap ? fallback : "/usr/bin:/bin";
+}
+
+/* The job's whole environment: the caller's, the job's env on top, then NAS_BIN and the
+ * PATH with nas's own folder first (runners/nas_self.c). */
+static int job_env_build(const local_runner *lr, const runner_job *job, launch *l,
+                         nas_err *err) {
+  char fallback[256];
+  l->self_env[0] = nas_asprintf("NAS_BIN=%s", lr->self.bin);
+  l->self_env[1] = nas_asprintf("PATH=%s:%s", lr->self.dir,
+                                path_base(job->env, fallback, sizeof fallback));
+  size_t n = 0;
+  while (job->env && job->env[n]) n++;
+  char **extra = calloc(n + 5, sizeof *extra);
+  if (!extra || !l->self_env[0] || !l->self_env[1]) {
+    free(extra);
+    return nas_errf(err, "out of memory");
+  }
+  for (size_t i = 0; i < n; i++) extra[i] = job->env[i];
+  extra[n] = l->self_env[0];
+  extra[n + 1] = l->self_env[1];
+  if (l->gpus->n > 0) { /* the monitor writes the devices in once it holds them */
+    snprintf(l->cuda_env, sizeof l->cuda_env, "CUDA_VISIBLE_DEVICES=");
+    snprintf(l->gpus_env, sizeof l->gpus_env, "NAS_GPUS=");
+    extra[n + 2] = l->cuda_env;
+    extra[n + 3] = l->gpus_env;
+  }
+  int rc = env_merge(extra, &l->envp, err);
+  free(extra);
+  return rc;
+}
+
 static int log_open(const char *run_dir, const char *name, int *fd, nas_err *err) {
   char *path = nas_asprintf("%s/%s", run_dir, name);
   if (!path) return nas_errf(err, "%s: out of memory", run_dir);
@@ -388,6 +458,7 @@ static int job_check(const runner_job *job, nas_err *err) {
 
 static void launch_release(launch *l) {
   free(l->envp);
+  for (int i = 0; i < 2; i++) free(l->self_env[i]);
   free(l->exit_path);
   int *fds[] = {&l->null_fd, &l->out_fd, &l->err_fd};
   for (int i = 0; i < 3; i++) {
@@ -401,7 +472,7 @@ static int launch_prepare(const local_runner *lr, const runner_job *job, launch 
                           nas_err *err) {
   *l = (launch){.argv = job->argv, .workdir = job->workdir, .null_fd = -1, .out_fd = -1,
                 .err_fd = -1, .timeout_s = job->timeout_s, .kill_grace = lr->kill_grace,
-                .hold_fd = -1};
+                .hold_fd = -1, .gpus = &lr->gpus};
   if (nas_mkdirs(job->run_dir, err) != NAS_OK) return NAS_ERR;
   l->exit_path = runner_exit_path(job->run_dir);
   if (!l->exit_path) return nas_errf(err, "%s: out of memory", job->run_dir);
@@ -412,7 +483,7 @@ static int launch_prepare(const local_runner *lr, const runner_job *job, launch 
   if (log_open(job->run_dir, "stdout.log", &l->out_fd, err) != NAS_OK ||
       log_open(job->run_dir, "stderr.log", &l->err_fd, err) != NAS_OK)
     return NAS_ERR;
-  return env_merge(job->env, &l->envp, err);
+  return job_env_build(lr, job, l, err);
 }
 
 /* Reads the monitor's report until it and the job have closed the pipe (the job's copy
@@ -437,7 +508,7 @@ static void monitor_abandon(pid_t pid) {
 }
 
 /* Forks the monitor for l and waits for its report; *handle names it. */
-static int monitor_spawn(const launch *l, char **handle, nas_err *err) {
+static int monitor_spawn(launch *l, char **handle, nas_err *err) {
   int pipe_fds[2];
   if (pipe2(pipe_fds, O_CLOEXEC) != 0) return nas_errf(err, "pipe: %s", strerror(errno));
   sigset_t all, old;
@@ -483,26 +554,16 @@ static int options_read(const json_t *options, local_runner *lr, nas_err *err) {
   const char *key;
   json_t *value;
   json_object_foreach((json_t *)options, key, value) {
+    if (strcmp(key, "gpus") == 0 || strcmp(key, "gpus_per_trial") == 0) continue;
     if (strcmp(key, "kill_grace") != 0)
-      return nas_errf(err, "unknown option '%s' (known: kill_grace)", key);
+      return nas_errf(err, "unknown option '%s' (known: kill_grace, gpus, gpus_per_trial)", key);
     double grace = json_number_value(value);
     if (!json_is_number(value) || !(grace >= 0) || !isfinite(grace))
       return nas_errf(err, "option kill_grace: expected a non-negative number of seconds");
     lr->kill_grace = grace;
   }
-  return NAS_OK;
-}
-
-static int local_create(const json_t *options, void **state, nas_err *err) {
-  local_runner *lr = calloc(1, sizeof *lr);
-  if (!lr) return nas_errf(err, "out of memory");
-  lr->kill_grace = DEFAULT_KILL_GRACE_S;
-  if (options && options_read(options, lr, err) != NAS_OK) {
-    free(lr);
-    return NAS_ERR;
-  }
-  *state = lr;
-  return NAS_OK;
+  return gpu_pool_read(json_object_get(options, "gpus"), json_object_get(options, "gpus_per_trial"),
+                       &lr->gpus, err);
 }
 
 /* Closing a held job's pipe without "go" ends its monitor before the job runs. */
@@ -513,7 +574,23 @@ static void local_free(void *state) {
     free(lr->held[i].handle);
   }
   free(lr->held);
+  runner_self_free(&lr->self);
+  gpu_pool_free(&lr->gpus);
   free(lr);
+}
+
+static int local_create(const json_t *options, void **state, nas_err *err) {
+  local_runner *lr = calloc(1, sizeof *lr);
+  if (!lr) return nas_errf(err, "out of memory");
+  lr->kill_grace = DEFAULT_KILL_GRACE_S;
+  lr->gpus.per_job = 1;
+  if ((options && options_read(options, lr, err) != NAS_OK) ||
+      runner_self_find(&lr->self, err) != NAS_OK) {
+    local_free(lr);
+    return NAS_ERR;
+  }
+  *state = lr;
+  return NAS_OK;
 }
 
 /* Starts a job, held when hold_fd (the monitor's end of the hold pipe) is >= 0. */
@@ -615,6 +692,10 @@ static int local_poll(void *state, char *const *handles, char *const *run_dirs, 
   return NAS_OK;
 }
 
+static size_t local_capacity(const void *state) {
+  return gpu_pool_capacity(&((const local_runner *)state)->gpus);
+}
+
 static int local_stop(void *state, const char *handle, const char *run_dir, nas_err *err) {
   (void)state;
   (void)run_dir;
@@ -633,4 +714,5 @@ const runner_backend runner_local_backend = {
     .stop = local_stop,
     .start_held = local_start_held,
     .release = local_release,
+    .capacity = local_capacity,
 };

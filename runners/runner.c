@@ -74,6 +74,10 @@ void runner_free(runner *r) {
   free(r);
 }
 
+size_t runner_capacity(const runner *r) {
+  return r->backend->capacity ? r->backend->capacity(r->state) : 0;
+}
+
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err) {
   return r->backend->start(r->state, job, handle, err);
 }

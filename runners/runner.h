@@ -57,6 +57,11 @@ void runner_free(runner *r);
  * nothing kept. */
 int runner_validate_options(const char *type, const json_t *options, nas_err *err);
 
+/* How many jobs the runner lets run at once; 0 when it sets no limit of its own. The
+ * local runner with `gpus`: its devices / gpus_per_trial. The scheduler runs no more trials
+ * at once than this, whatever budget.parallel says. */
+size_t runner_capacity(const runner *r);
+
 /* Starts a job; *handle (owned) identifies it from now on, also to another process. */
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err);
 /* Starts n jobs; handles[i] (owned) identifies jobs[i] exactly as runner_start's handle

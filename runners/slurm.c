@@ -99,6 +99,7 @@ typedef struct {
   slurm_retry retry;
   seen_job *seen; /* owned, sorted by handle */
   size_t n_seen, cap_seen;
+  runner_self self;    /* the nas binary the jobs are told of */
   unsigned long polls; /* runner_poll calls so far */
   double last_query;   /* monotonic time of the last squeue; 0 = none yet */
 } slurm_runner;
@@ -399,7 +400,7 @@ static int prepare(const slurm_runner *sr, const runner_job *job, prepared *p, n
     return NAS_ERR;
   slurm_task task = {.argv = job->argv, .workdir = p->workdir, .run_dir = p->run_dir,
                      .env = job->env, .setup = sr->setup.items, .n_setup = sr->setup.n,
-                     .srun = sr->srun};
+                     .srun = sr->srun, .nas_bin = sr->self.bin, .nas_dir = sr->self.dir};
   return slurm_job_script_write(&task, &p->script, err);
 }
 
@@ -767,6 +768,7 @@ static void slurm_free(void *state) {
   text_list_free(&sr->setup);
   for (size_t i = 0; i < sr->n_seen; i++) free(sr->seen[i].handle), free(sr->seen[i].run_dir);
   free(sr->seen);
+  runner_self_free(&sr->self);
   free(sr);
 }
 
@@ -776,7 +778,8 @@ static int slurm_create(const json_t *options, void **state, nas_err *err) {
   sr->poll_interval = DEFAULT_POLL_INTERVAL_S;
   sr->retry = (slurm_retry){.retries = DEFAULT_RETRIES, .backoff_s = DEFAULT_BACKOFF_S,
                             .timeout_s = COMMAND_TIMEOUT_S};
-  if (options && options_read(options, sr, err) != NAS_OK) {
+  if ((options && options_read(options, sr, err) != NAS_OK) ||
+      runner_self_find(&sr->self, err) != NAS_OK) {
     slurm_free(sr);
     return NAS_ERR;
   }

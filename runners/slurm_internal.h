@@ -24,6 +24,8 @@ typedef struct {
   char *const *setup;    /* preamble lines (module loads), run before the command */
   size_t n_setup;
   bool srun;             /* run argv as `srun -- argv`: one copy per task of the job */
+  const char *nas_bin;   /* the running nas: exported as NAS_BIN */
+  const char *nas_dir;   /* its folder: put first on PATH (after the setup lines ran) */
 } slurm_task;
 
 /* Checks that every env entry is NAME=VALUE with a NAME bash can export. */

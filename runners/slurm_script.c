@@ -78,7 +78,8 @@ int slurm_env_check(char *const *env, nas_err *err) {
   return NAS_OK;
 }
 
-/* env.sh: one export per environment entry, in order (a later one wins). */
+/* env.sh: one export per environment entry, in order (a later one wins), then NAS_BIN
+ * and nas's folder put first on the PATH the setup lines and the entries left. */
 static int env_fill(FILE *f, const void *ctx) {
   const slurm_task *task = ctx;
   fputs("# The environment of a nas trial, read by job.sh beside it. Readable only by you:\n"
@@ -90,6 +91,11 @@ static int env_fill(FILE *f, const void *ctx) {
     rc = word_put(f, eq + 1);
     fputc('\n', f);
   }
+  fputs("export NAS_BIN=", f);
+  if (rc == NAS_OK) rc = word_put(f, task->nas_bin);
+  fputs("\nexport PATH=", f);
+  if (rc == NAS_OK) rc = word_put(f, task->nas_dir);
+  fputs("\"${PATH:+:$PATH}\"\n", f);
   return rc;
 }
 

@@ -412,10 +412,17 @@ static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
   return rc;
 }
 
+/* budget.parallel, capped by what the runner can run at once (the local runner's GPUs). */
+static int parallel_limit(const sched *sc) {
+  size_t capacity = runner_capacity(sc->rn);
+  int parallel = sc->s->budget.parallel;
+  return capacity > 0 && capacity < (size_t)parallel ? (int)capacity : parallel;
+}
+
 static size_t launch_room(const sched *sc) {
   if (sc->draining) return 0;
   int left = sc->s->budget.max_trials - sc->counts.total;
-  int free_slots = sc->s->budget.parallel - (int)sc->n_jobs;
+  int free_slots = parallel_limit(sc) - (int)sc->n_jobs;
   int n = left < free_slots ? left : free_slots;
   return n > 0 ? (size_t)n : 0;
 }
@@ -424,7 +431,7 @@ static size_t launch_room(const sched *sc) {
 static int launch_queued(sched *sc, nas_err *err) {
   int rc = NAS_OK;
   while (rc == NAS_OK && sc->n_queued > 0 && !sc->draining &&
-         (int)sc->n_jobs < sc->s->budget.parallel) {
+         (int)sc->n_jobs < parallel_limit(sc)) {
     trial_row row = sc->queued[0];
     memmove(sc->queued, sc->queued + 1, --sc->n_queued * sizeof *sc->queued);
     rc = sched_launch(sc, &row, err);

@@ -9,6 +9,7 @@ packages=(
   libgsl-dev libopenblas-dev libnlopt-dev
   libcmocka-dev libpq-dev libsqlite3-dev libyaml-dev libcurl4-openssl-dev libjansson-dev libmicrohttpd-dev
   sqlite3 python3 openssl curl
+  go-md2man # the man page of `make install` and `make deb` (a 2 MB Go binary; pandoc is 170 MB)
 )
 # Extra groups, asked for by the targets that need them.
 for group in "$@"; do

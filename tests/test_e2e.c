@@ -296,6 +296,20 @@ static void interrupt_lets_running_trials_finish_and_resume_completes(void **sta
   free(spec);
 }
 
+/* Every one of the n trials of experiment name completed with y = z = its parameter x. */
+static void assert_trials_reported_x_as_y_and_z(fixture *f, const char *name, size_t n) {
+  json_t *rows = trials_json(f, name);
+  assert_int_equal(json_array_size(rows), n);
+  size_t i;
+  json_t *row;
+  json_array_foreach(rows, i, row) {
+    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
+    assert_true(num(row, "y") == num(row, "x"));
+    assert_true(num(row, "z") == num(row, "x"));
+  }
+  json_decref(rows);
+}
+
 static void report_command_stores_metrics_for_the_trial(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "report.yaml",
@@ -313,16 +327,70 @@ static void report_command_stores_metrics_for_the_trial(void **state) {
   int rc = nas(f, &out, "run", spec, "--no-progress");
   if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
   free(out);
-  json_t *rows = trials_json(f, "report");
+  assert_trials_reported_x_as_y_and_z(f, "report", 3);
+  free(spec);
+}
+
+/* A trial calls `nas` by name, and "$NAS_BIN", whatever PATH and NAS_BIN nas was started
+ * with: the runner puts the running binary's folder first on the trial's PATH and sets
+ * NAS_BIN to it. */
+static void trials_find_the_running_nas_by_name_and_nas_bin(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "find.yaml",
+                          "name: find\n"
+                          "parameters:\n"
+                          "  x: {type: int, low: 1, high: 9}\n"
+                          "objectives: [{name: y, goal: maximize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'nas report z={x} && \"$NAS_BIN\" report y={x}']\n"
+                          "budget: {trials: 2, parallel: 2}\n"
+                          "optimizer: {type: random}\n");
+  char *bin = realpath(test_nas_bin(), NULL), *old_path = strdup(getenv("PATH"));
+  assert_non_null(bin);
+  setenv("PATH", "/usr/bin:/bin", 1);
+  setenv("NAS_BIN", "/nonexistent/nas", 1);
+  char *argv[] = {bin, "run", spec, "--storage", f->db, "--no-progress", NULL}, *out;
+  int rc = test_run(f->dir, argv, &out);
+  setenv("PATH", old_path, 1);
+  setenv("NAS_BIN", bin, 1);
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  assert_trials_reported_x_as_y_and_z(f, "find", 2);
+  free(spec), free(bin), free(old_path);
+}
+
+/* `parallel: 4` on two GPUs, one per trial: nas runs two trials at a time, so none waits
+ * for a device, and each sees one device of its own (a made-up list: no GPU needed). */
+static void gpus_cap_parallel_and_each_trial_sees_its_own(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "gpus.yaml",
+                          "name: gpus\n"
+                          "parameters:\n"
+                          "  x: {type: int, low: 1, high: 9}\n"
+                          "objectives: [{name: y, goal: maximize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'sleep 0.3; nas report y=$CUDA_VISIBLE_DEVICES']\n"
+                          "budget: {trials: 4, parallel: 4}\n"
+                          "optimizer: {type: random}\n"
+                          "runner: {type: local, gpus: [5, 6]}\n");
+  char *tmpdir = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL, *out;
+  setenv("TMPDIR", f->dir, 1); /* the GPU lock files */
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (tmpdir) setenv("TMPDIR", tmpdir, 1);
+  else unsetenv("TMPDIR");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "gpus");
+  assert_int_equal(count_status(rows, "completed"), 4);
   size_t i;
   json_t *row;
-  json_array_foreach(rows, i, row) {
-    assert_string_equal(json_string_value(json_object_get(row, "status")), "completed");
-    assert_true(num(row, "y") == num(row, "x"));
-    assert_true(num(row, "z") == num(row, "x"));
-  }
+  json_array_foreach(rows, i, row) assert_true(num(row, "y") == 5 || num(row, "y") == 6);
   json_decref(rows);
-  free(spec);
+  char *waited = NULL;
+  assert_true(asprintf(&waited, "grep -rl waiting %s/runs/gpus", f->dir) > 0);
+  char *grep[] = {"sh", "-c", waited, NULL};
+  assert_int_equal(test_run(NULL, grep, NULL), 1); /* no trial's stderr.log says it waited */
+  free(waited), free(tmpdir), free(spec);
 }
 
 static void changed_spec_is_refused_with_its_differences(void **state) {
@@ -513,6 +581,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_find_the_running_nas_by_name_and_nas_bin, setup, teardown),
+      cmocka_unit_test_setup_teardown(gpus_cap_parallel_and_each_trial_sees_its_own, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),

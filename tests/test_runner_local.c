@@ -355,6 +355,26 @@ static void command_is_searched_in_the_jobs_path(void **state) {
   free(bin);
 }
 
+/* A trial calls `nas …` whatever PATH nas was started with: the running binary's folder
+ * comes first on the job's PATH (before the job's own PATH entry) and NAS_BIN names it. */
+static void job_is_told_of_the_running_binary_first_on_its_path(void **state) {
+  fixture *f = *state;
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  assert_true(len > 0);
+  exe[len] = '\0';
+  char *env[] = {"PATH=/usr/bin:/bin", NULL};
+  char *argv[] = {"sh", "-c", "echo \"$NAS_BIN\"; echo \"$PATH\"", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, env, 0);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).state, JOB_EXITED);
+  char *out = file_text(run_dir, "stdout.log"), *expected = NULL;
+  *strrchr(exe, '/') = '\0';
+  assert_true(asprintf(&expected, "%s/test_runner_local\n%s:/usr/bin:/bin\n", exe, exe) > 0);
+  assert_string_equal(out, expected);
+  free(expected), free(out), free(handle), free(run_dir);
+}
+
 static void relative_command_runs_from_workdir(void **state) {
   fixture *f = *state;
   char *workdir = path_in(f, "work");
@@ -667,6 +687,128 @@ static void file_wait(const char *dir, const char *name) {
 
 /* The job can write in its run folder too: an exit.json of its own, malformed or not, is
  * neither an error nor taken for its end while it runs, and the monitor's replaces it. */
+/* ---- GPUs (a made-up device list: no GPU is needed, only the lock files) ---- */
+
+/* Checks the local runner's options_json (kill_grace 0.2 s added) with the GPU lock files
+ * under the test's folder (TMPDIR, as the runner reads it, only for the while); when out
+ * is not NULL, *out gets the runner. Returns what runner_create returned. */
+static int gpu_runner_create(fixture *f, const char *options_json, runner **out, nas_err *err) {
+  json_t *options = json_loads(options_json, 0, NULL);
+  assert_non_null(options);
+  json_object_set_new(options, "kill_grace", json_real(KILL_GRACE_S));
+  char *tmpdir = getenv("TMPDIR") ? strdup(getenv("TMPDIR")) : NULL;
+  setenv("TMPDIR", f->dir, 1);
+  int rc = out ? runner_create("local", options, out, err)
+               : runner_validate_options("local", options, err);
+  if (tmpdir) setenv("TMPDIR", tmpdir, 1);
+  else unsetenv("TMPDIR");
+  free(tmpdir);
+  json_decref(options);
+  return rc;
+}
+
+/* The fixture's runner replaced by one with options_json. */
+static void gpu_runner_use(fixture *f, const char *options_json) {
+  runner_free(f->r);
+  f->r = NULL;
+  nas_err err;
+  if (gpu_runner_create(f, options_json, &f->r, &err) != NAS_OK) fail_msg("%s", err.msg);
+}
+
+/* Each line of a job's stdout.log: "START DEVICES NAS_GPUS END". */
+typedef struct {
+  double start, end;
+  char devices[32], nas_gpus[32];
+} gpu_job_log;
+
+static gpu_job_log gpu_job_log_read(const char *run_dir) {
+  gpu_job_log log = {0};
+  char *out = file_text(run_dir, "stdout.log");
+  assert_int_equal(sscanf(out, "%lf %31s %31s %lf", &log.start, log.devices, log.nas_gpus, &log.end), 4);
+  free(out);
+  return log;
+}
+
+static bool devices_overlap(const char *a, const char *b) {
+  for (const char *p = a; *p; p++)
+    if (*p != ',' && strchr(b, *p)) return true;
+  return false;
+}
+
+static void trials_get_disjoint_gpus_and_wait_for_free_ones(void **state) {
+  fixture *f = *state;
+  gpu_runner_use(f, "{\"gpus\": [0, 1, 2, 3], \"gpus_per_trial\": 2}");
+  assert_int_equal(runner_capacity(f->r), 2);
+  char *argv[] = {"sh", "-c",
+                  "printf '%s %s %s ' $(date +%s.%N) \"$CUDA_VISIBLE_DEVICES\" \"$NAS_GPUS\";"
+                  " sleep 0.5; date +%s.%N", NULL};
+  char *run_dirs[3], *handles[3];
+  for (int i = 0; i < 3; i++) {
+    run_dirs[i] = run_dir_new(f);
+    handles[i] = start(f, run_dirs[i], argv, NULL, NULL, 0);
+  }
+  gpu_job_log logs[3];
+  int last = 0; /* the job that started last: it waited */
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(wait_end(f, handles[i], run_dirs[i], 10).state, JOB_EXITED);
+    logs[i] = gpu_job_log_read(run_dirs[i]);
+    assert_string_equal(logs[i].devices, logs[i].nas_gpus);
+    assert_int_equal(strlen(logs[i].devices), 3); /* two devices: "N,M" */
+    if (logs[i].start > logs[last].start) last = i;
+  }
+  /* Two ran at once on disjoint devices; the third started only once one had ended. */
+  int a = last == 0 ? 1 : 0, b = last == 2 ? 1 : 2;
+  assert_true(logs[a].start < logs[b].end && logs[b].start < logs[a].end);
+  assert_false(devices_overlap(logs[a].devices, logs[b].devices));
+  assert_true(logs[last].start >= (logs[a].end < logs[b].end ? logs[a].end : logs[b].end));
+  char *waited = file_text(run_dirs[last], "stderr.log");
+  assert_string_equal(waited, "nas: waiting for 2 free GPUs\n");
+  free(waited);
+  for (int i = 0; i < 3; i++) free(handles[i]), free(run_dirs[i]);
+}
+
+static void stop_ends_a_trial_still_waiting_for_gpus(void **state) {
+  fixture *f = *state;
+  gpu_runner_use(f, "{\"gpus\": [7]}");
+  char *busy[] = {"sleep", "5", NULL}, *quick[] = {"echo", "ran", NULL};
+  char *busy_dir = run_dir_new(f), *waiting_dir = run_dir_new(f);
+  char *busy_handle = start(f, busy_dir, busy, NULL, NULL, 0);
+  char *waiting = start(f, waiting_dir, quick, NULL, NULL, 0);
+  nas_sleep(0.3);
+  assert_int_equal(poll1(f, waiting, waiting_dir).state, JOB_RUNNING);
+  nas_err err;
+  assert_int_equal(runner_stop(f->r, waiting, waiting_dir, &err), NAS_OK);
+  assert_int_equal(wait_end(f, waiting, waiting_dir, 5).state, JOB_STOPPED);
+  char *out = file_text(waiting_dir, "stdout.log");
+  assert_string_equal(out, ""); /* it never ran */
+  assert_int_equal(runner_stop(f->r, busy_handle, busy_dir, &err), NAS_OK);
+  assert_int_equal(wait_end(f, busy_handle, busy_dir, 5).state, JOB_STOPPED);
+  free(out), free(busy_handle), free(waiting), free(busy_dir), free(waiting_dir);
+}
+
+static void bad_gpu_options_are_refused_and_no_gpus_means_no_limit(void **state) {
+  fixture *f = *state;
+  static const char *const bad[][2] = {
+      {"{\"gpus\": []}", "non-empty list"},
+      {"{\"gpus\": [0, 0]}", "device 0 is listed twice"},
+      {"{\"gpus\": [-1]}", "item 1 is not a device number"},
+      {"{\"gpus\": \"all\"}", "expected auto or a list"},
+      {"{\"gpus\": [0], \"gpus_per_trial\": 0}", "gpus_per_trial: expected"},
+      {"{\"gpus\": [0, 1], \"gpus_per_trial\": 3}", "only 2 GPUs to share out"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    nas_err err;
+    assert_int_equal(gpu_runner_create(f, bad[i][0], NULL, &err), NAS_ERR);
+    if (!strstr(err.msg, bad[i][1])) fail_msg("%s: '%s' lacks '%s'", bad[i][0], err.msg, bad[i][1]);
+  }
+  if (access("/proc/driver/nvidia/gpus", F_OK) != 0) { /* no GPU here: auto is refused */
+    nas_err err;
+    assert_int_equal(gpu_runner_create(f, "{\"gpus\": \"auto\"}", NULL, &err), NAS_ERR);
+    assert_non_null(strstr(err.msg, "no NVIDIA GPU"));
+  }
+  assert_int_equal(runner_capacity(f->r), 0);
+}
+
 static void exit_json_the_job_writes_is_not_taken_for_its_end(void **state) {
   fixture *f = *state;
   char *run_dir = run_dir_new(f), *script;
@@ -725,6 +867,7 @@ int main(void) {
       T(job_starts_with_default_signals_whatever_the_caller_blocks),
       T(env_reaches_the_job_and_overrides),
       T(command_is_searched_in_the_jobs_path),
+      T(job_is_told_of_the_running_binary_first_on_its_path),
       T(relative_command_runs_from_workdir),
       T(output_lands_in_the_logs_of_a_new_run_dir),
       T(missing_command_exits_127_with_a_message),
@@ -740,6 +883,9 @@ int main(void) {
       T(exit_json_the_job_writes_is_not_taken_for_its_end),
       T(exit_json_the_job_spoils_ends_it_unreadable_with_the_reason),
       T(job_states_have_names),
+      T(trials_get_disjoint_gpus_and_wait_for_free_ones),
+      T(stop_ends_a_trial_still_waiting_for_gpus),
+      T(bad_gpu_options_are_refused_and_no_gpus_means_no_limit),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);

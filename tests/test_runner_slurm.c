@@ -527,7 +527,8 @@ static void job_script_holds_no_secret_and_only_its_owner_reads_the_environment(
   char *entry = NULL;
   assert_true(asprintf(&entry, "NAS_STORAGE=%s", url) > 0);
   char *argv[] = {"sh", "-c", "printf %s \"$NAS_STORAGE\"", NULL}, *env[] = {entry, NULL};
-  slurm_task task = {.argv = argv, .workdir = dir, .run_dir = dir, .env = env};
+  slurm_task task = {.argv = argv, .workdir = dir, .run_dir = dir, .env = env,
+                     .nas_bin = "/opt/nas/bin/nas", .nas_dir = "/opt/nas/bin"};
   char *path = NULL;
   nas_err err;
   if (slurm_job_script_write(&task, &path, &err) != NAS_OK) fail_msg("%s", err.msg);
@@ -542,6 +543,30 @@ static void job_script_holds_no_secret_and_only_its_owner_reads_the_environment(
   out = file_text(dir, "stdout.log");
   assert_string_equal(out, url);
   free(out), free(job), free(vars), free(path), free(entry);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* A trial calls `nas …` on the node: NAS_BIN names the nas that submitted it and its
+ * folder comes first on PATH, ahead of what the setup lines and the trial's env put there. */
+static void job_script_puts_the_nas_folder_first_on_path_after_setup(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *argv[] = {"sh", "-c", "printf '%s %s' \"$NAS_BIN\" \"$PATH\"", NULL};
+  char *setup[] = {"PATH=/from/setup:$PATH"}, *env[] = {"NAS_T_OTHER=1", NULL};
+  slurm_task task = {.argv = argv, .workdir = dir, .run_dir = dir, .env = env,
+                     .setup = setup, .n_setup = 1, .nas_bin = "/opt/it's nas/nas",
+                     .nas_dir = "/opt/it's nas"};
+  char *path = NULL;
+  nas_err err;
+  if (slurm_job_script_write(&task, &path, &err) != NAS_OK) fail_msg("%s", err.msg);
+  char *run[] = {"bash", path, NULL}, *out = NULL;
+  assert_int_equal(test_run(dir, run, &out), 0);
+  free(out);
+  out = file_text(dir, "stdout.log");
+  const char *want = "/opt/it's nas/nas /opt/it's nas:/from/setup:";
+  assert_int_equal(strncmp(out, want, strlen(want)), 0);
+  free(out), free(path);
   test_rmtree(dir);
   free(dir);
 }
@@ -1157,6 +1182,7 @@ int main(void) {
       T(bad_options_are_errors_that_name_the_option),
       T(env_names_bash_cannot_export_are_refused_before_submitting),
       T(job_script_holds_no_secret_and_only_its_owner_reads_the_environment),
+      T(job_script_puts_the_nas_folder_first_on_path_after_setup),
       T(successful_trial_leaves_metrics_logs_and_its_script),
       T(failing_trial_reports_its_exit_code),
       T(trial_killed_by_a_signal_is_signaled),
