@@ -139,7 +139,7 @@ static void seed_gives_the_same_initial_design_whatever_parallel(void **state) {
                               "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
                               "optimizer: {type: gp, n_initial: 5}\n"
                               "budget: {trials: 5, parallel: %d}\n", p, p ? 4 : 1);
-    char *spec = test_write(f->dir, "design.yaml", text), *out, name[16];
+    char *spec = test_write(f->dir, "design.yaml", text), *out, name[32];
     assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
     free(out), free(spec), free(text);
     snprintf(name, sizeof name, "design%d", p);
