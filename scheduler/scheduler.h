@@ -76,6 +76,33 @@ int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *repo
 int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size_t n,
                 FILE *report, size_t *retried, nas_err *err);
 
+/* ---- managing whole experiments (manage.c) ---------------------------------------------- */
+
+/* runs/<name> under exp's run_root: the folder of all its trials' run folders. Owned. */
+char *sched_experiment_runs_dir(const experiment_row *exp);
+/* An error saying so when a scheduler (a live lease) runs exp; doing ("delete") names the
+ * refused action. */
+int sched_check_idle(storage *st, const experiment_row *exp, const char *doing, nas_err *err);
+/* Deletes exp with its trials, metrics and lease (one transaction) and, with runs, its run
+ * folder runs/<name>/ under its run_root (a link there is refused, never followed). Refused
+ * while its scheduler runs. What was removed is said on report (may be NULL). */
+int sched_delete(storage *st, const experiment_row *exp, bool runs, FILE *report,
+                 nas_err *err);
+/* Renames exp (whose spec is s) to new_name: the stored spec's `name:` changes with it, and
+ * runs/<old> becomes runs/<new> (put back if storage then refuses). Refused while its
+ * scheduler runs or a trial of it is running, and when new_name is taken (NAS_EEXIST). */
+int sched_rename(storage *st, const spec *s, const experiment_row *exp, const char *new_name,
+                 FILE *report, nas_err *err);
+/* Stores a copy of exp (spec s, in storage from) named new_name in `to` (which may be
+ * from): its trials with every field, their metrics and curves, its status and run_root, in
+ * one transaction; not its lease nor its run folders. Refused while a trial is running. */
+int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
+               const char *new_name, nas_err *err);
+/* Stores the full assignment params (spec_check_params holds) as a queued trial of exp:
+ * the next run launches it before any suggestion, and it counts in the budget. */
+int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *params,
+                        trial_row *out, nas_err *err);
+
 /* The run folder of a trial's attempt: runs/<experiment>/<number> for the first,
  * runs/<experiment>/<number>.<attempt> for later ones, under the experiment's run_root.
  * Owned. */
@@ -97,7 +124,9 @@ int sched_check_runnable(const spec *s, nas_err *err);
 
 /* Finds the experiment of spec s in st, creating it when new. An existing experiment
  * with a different spec is refused with the differences listed, except for changes
- * confined to `budget`, which are stored and accepted. */
+ * confined to `budget`, which are stored and accepted. A new experiment is stored with the
+ * spec's `enqueue:` assignments as queued trials, in the same transaction, so they are
+ * queued exactly once. */
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err);
 
 /* An experiment's trials with their metric values, as every command shows them. */
