@@ -157,14 +157,33 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);
 
+/* ---- warm start (warm_start.c) ------------------------------------------------------------ */
+
+/* Observations imported from the experiments spec.warm_start names: their completed trials
+ * that fit this space (spec_check_params, after warm_start.fill) and reported every
+ * objective and constraint of this spec. Not trials of this experiment: no budget, front
+ * or stopping rule counts them. */
+typedef struct {
+  json_t **params;   /* owned: n full assignments of this space */
+  double *values;    /* n × (objectives, then constraints): the metric values as reported */
+  size_t n;
+  size_t skipped;    /* completed trials left out: they did not fit, or lacked a metric */
+} sched_imported;
+
+/* Loads them (none when the spec has no warm_start); an error naming an experiment that is
+ * not in st. */
+int sched_imported_load(storage *st, const spec *s, sched_imported *out, nas_err *err);
+void sched_imported_free(sched_imported *im);
+
 /* ---- suggestions (suggest.c) -------------------------------------------------------------- */
 
 /* Asks opt for n trials given the results r (completed trials observed, queued and running
- * ones pending) and stores them queued in exp, each with the reference point it aimed at;
- * *rows gets them (owned, n of them). NAS_ENOTFOUND when a finite space is used up,
- * NAS_ECANCELED when opt's watch gave up. */
+ * ones pending) and the imported observations (may be NULL), and stores them queued in
+ * exp, each with the reference point it aimed at; *rows gets them (owned, n of them).
+ * NAS_ENOTFOUND when a finite space is used up, NAS_ECANCELED when opt's watch gave up. */
 int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimizer *opt,
-                  const sched_results *r, size_t n, trial_row **rows, nas_err *err);
+                  const sched_results *r, const sched_imported *imported, size_t n,
+                  trial_row **rows, nas_err *err);
 
 /* ---- ask and tell (ask.c) ---------------------------------------------------------------
  * An experiment driven by the user's own loop: ask hands out running trials, tell stores
