@@ -98,6 +98,26 @@ static int parse_args(int argc, char **argv, const char *extra, manage_args *a) 
   return -1;
 }
 
+/* What a command does to the experiment a->args[0], loaded with its spec. */
+typedef int (*experiment_action)(const manage_args *a, storage *st, const experiment_row *exp,
+                                 const spec *s, nas_err *err);
+
+/* Opens the experiment named first among the operands, acts on it, and ends the command. */
+static int with_experiment(const manage_args *a, experiment_action act) {
+  nas_err err;
+  storage *st;
+  experiment_row exp;
+  spec *s;
+  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->args[0], &st,
+                          &exp, &s, &err) != NAS_OK)
+    return cli_fail(&err);
+  int rc = act(a, st, &exp, s, &err);
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+}
+
 /* ---- delete --------------------------------------------------------------------------- */
 
 /* Asks on the terminal whether to delete exp; without one, refuses (a script must say
@@ -123,21 +143,12 @@ static int confirm_delete(storage *st, const experiment_row *exp, bool runs, boo
   return NAS_OK;
 }
 
-static int delete_experiment(const manage_args *a) {
-  nas_err err;
-  storage *st;
-  experiment_row exp;
-  spec *s;
-  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->args[0], &st,
-                          &exp, &s, &err) != NAS_OK)
-    return cli_fail(&err);
+static int delete_experiment(const manage_args *a, storage *st, const experiment_row *exp,
+                             const spec *s, nas_err *err) {
+  (void)s;
   bool go = a->yes;
-  int rc = go ? NAS_OK : confirm_delete(st, &exp, a->runs, &go, &err);
-  if (rc == NAS_OK && go) rc = sched_delete(st, &exp, a->runs, stderr, &err);
-  spec_free(s);
-  experiment_row_clear(&exp);
-  storage_close(st);
-  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+  int rc = go ? NAS_OK : confirm_delete(st, exp, a->runs, &go, err);
+  return rc == NAS_OK && go ? sched_delete(st, exp, a->runs, stderr, err) : rc;
 }
 
 int cmd_delete(int argc, char **argv) {
@@ -145,26 +156,16 @@ int cmd_delete(int argc, char **argv) {
   int status = parse_args(argc, argv, "yr", &a);
   if (status < 0 && a.n_args != 1)
     status = cli_usage_error("delete", "expected exactly one EXPERIMENT");
-  if (status < 0) status = delete_experiment(&a);
+  if (status < 0) status = with_experiment(&a, delete_experiment);
   manage_args_free(&a);
   return status;
 }
 
 /* ---- rename --------------------------------------------------------------------------- */
 
-static int rename_experiment(const manage_args *a) {
-  nas_err err;
-  storage *st;
-  experiment_row exp;
-  spec *s;
-  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->args[0], &st,
-                          &exp, &s, &err) != NAS_OK)
-    return cli_fail(&err);
-  int rc = sched_rename(st, s, &exp, a->args[1], stderr, &err);
-  spec_free(s);
-  experiment_row_clear(&exp);
-  storage_close(st);
-  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+static int rename_experiment(const manage_args *a, storage *st, const experiment_row *exp,
+                             const spec *s, nas_err *err) {
+  return sched_rename(st, s, exp, a->args[1], stderr, err);
 }
 
 int cmd_rename(int argc, char **argv) {
@@ -172,34 +173,26 @@ int cmd_rename(int argc, char **argv) {
   int status = parse_args(argc, argv, "", &a);
   if (status < 0 && a.n_args != 2)
     status = cli_usage_error("rename", "expected an EXPERIMENT and its NEW_NAME");
-  if (status < 0) status = rename_experiment(&a);
+  if (status < 0) status = with_experiment(&a, rename_experiment);
   manage_args_free(&a);
   return status;
 }
 
 /* ---- copy ----------------------------------------------------------------------------- */
 
-static int copy_experiment(const manage_args *a) {
-  nas_err err;
-  storage *st, *to = NULL;
-  experiment_row exp;
-  spec *s;
-  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->args[0], &st,
-                          &exp, &s, &err) != NAS_OK)
-    return cli_fail(&err);
-  int rc = a->storage_to ? storage_open(a->storage_to, &to, &err) : NAS_OK;
-  if (rc == NAS_OK) rc = sched_copy(st, s, &exp, to ? to : st, a->args[1], &err);
+static int copy_experiment(const manage_args *a, storage *st, const experiment_row *exp,
+                           const spec *s, nas_err *err) {
+  storage *to = NULL;
+  int rc = a->storage_to ? storage_open(a->storage_to, &to, err) : NAS_OK;
+  if (rc == NAS_OK) rc = sched_copy(st, s, exp, to ? to : st, a->args[1], err);
   if (rc == NAS_OK) {
     char *where = a->storage_to ? storage_url_redacted(a->storage_to) : NULL;
-    fprintf(stderr, "nas: copied '%s' to '%s'%s%s\n", exp.name, a->args[1],
+    fprintf(stderr, "nas: copied '%s' to '%s'%s%s\n", exp->name, a->args[1],
             where ? " in " : "", where ? where : "");
     free(where);
   }
   storage_close(to);
-  spec_free(s);
-  experiment_row_clear(&exp);
-  storage_close(st);
-  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+  return rc;
 }
 
 int cmd_copy(int argc, char **argv) {
@@ -207,35 +200,26 @@ int cmd_copy(int argc, char **argv) {
   int status = parse_args(argc, argv, "t", &a);
   if (status < 0 && a.n_args != 2)
     status = cli_usage_error("copy", "expected an EXPERIMENT and the NEW_NAME of its copy");
-  if (status < 0) status = copy_experiment(&a);
+  if (status < 0) status = with_experiment(&a, copy_experiment);
   manage_args_free(&a);
   return status;
 }
 
 /* ---- enqueue -------------------------------------------------------------------------- */
 
-static int enqueue_trial(const manage_args *a) {
-  nas_err err;
-  storage *st;
-  experiment_row exp;
-  spec *s;
-  if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->args[0], &st,
-                          &exp, &s, &err) != NAS_OK)
-    return cli_fail(&err);
+static int enqueue_trial(const manage_args *a, storage *st, const experiment_row *exp,
+                         const spec *s, nas_err *err) {
   json_t *params = NULL;
   trial_row row = {0};
-  int rc = spec_assignment_parse(s, a->args + 1, (size_t)(a->n_args - 1), &params, &err);
-  if (rc != NAS_OK) nas_err_prefix(&err, "experiment '%s'", exp.name);
-  if (rc == NAS_OK) rc = sched_trial_enqueue(st, &exp, params, &row, &err);
+  int rc = spec_assignment_parse(s, a->args + 1, (size_t)(a->n_args - 1), &params, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "experiment '%s'", exp->name);
+  if (rc == NAS_OK) rc = sched_trial_enqueue(st, exp, params, &row, err);
   if (rc == NAS_OK)
     fprintf(stderr, "nas: trial %d of %s queued with %s; run it with: nas resume %s\n",
-            row.number, exp.name, row.params_json, exp.name);
+            row.number, exp->name, row.params_json, exp->name);
   trial_row_clear(&row);
   json_decref(params);
-  spec_free(s);
-  experiment_row_clear(&exp);
-  storage_close(st);
-  return rc == NAS_OK ? EXIT_DONE : cli_fail(&err);
+  return rc;
 }
 
 int cmd_enqueue(int argc, char **argv) {
@@ -243,7 +227,7 @@ int cmd_enqueue(int argc, char **argv) {
   int status = parse_args(argc, argv, "", &a);
   if (status < 0 && a.n_args < 2)
     status = cli_usage_error("enqueue", "expected an EXPERIMENT and NAME=VALUE for its parameters");
-  if (status < 0) status = enqueue_trial(&a);
+  if (status < 0) status = with_experiment(&a, enqueue_trial);
   manage_args_free(&a);
   return status;
 }
