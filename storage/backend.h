@@ -29,6 +29,14 @@ typedef struct storage_backend {
   int (*experiment_list)(void *conn, experiment_row **out, size_t *n, nas_err *err);
   int (*experiment_set_status)(void *conn, int64_t id, const char *status, nas_err *err);
   int (*experiment_set_spec)(void *conn, int64_t id, const char *spec_text, nas_err *err);
+  int (*experiment_delete)(void *conn, int64_t id, nas_err *err);
+  int (*experiment_rename)(void *conn, int64_t id, const char *new_name, const char *spec_text,
+                           nas_err *err);
+  /* img is checked by storage.c; obs[i] is img->metrics[i] as an observation and
+   * metric_trial[i] the index into img->trials of its trial. */
+  int (*experiment_import)(void *conn, const storage_experiment_image *img,
+                           const metric_obs *obs, const size_t *metric_trial, int64_t *id,
+                           nas_err *err);
 
   int (*trial_create)(void *conn, int64_t experiment_id, const char *params_json,
                       const char *reference_json, double now,

@@ -973,6 +973,168 @@ static void metrics_add_to_unknown_trial_is_enotfound(void **state) {
   trial_row_clear(&t);
 }
 
+/* ---- whole experiments: delete, rename, import ------------------------------------------ */
+
+static void raw_text_is(const fixture *f, const char *sql, const char *expect);
+
+/* An experiment "name" with a completed trial holding two observations, a queued trial and
+ * a lease: something of every kind an experiment owns. */
+static int64_t make_full_experiment(fixture *f, const char *name) {
+  int64_t id = make_experiment(f, name);
+  trial_row done = make_trial(f, id, "{\"x\": 1}"), queued = make_trial(f, id, "{\"x\": 2}");
+  CHECK(storage_trial_start(f->st, done.id, "job-1", err));
+  metric_obs obs[] = {{"loss", 0, 0.5, 10}, {"loss", METRIC_FINAL, 0.25, 11}};
+  CHECK(storage_metrics_add(f->st, done.id, obs, 2, 40, err));
+  CHECK(storage_trial_finish(f->st, done.id, TRIAL_COMPLETED, true, 0, NULL, err));
+  CHECK(storage_lease_take(f->st, id, "token", "host", 42, NULL, err));
+  trial_row_clear(&done);
+  trial_row_clear(&queued);
+  return id;
+}
+
+static size_t trial_count(fixture *f, int64_t experiment_id) {
+  trial_row *rows = NULL;
+  size_t n = 0;
+  CHECK(storage_trial_list(f->st, experiment_id, &rows, &n, err));
+  trial_rows_free(rows, n);
+  return n;
+}
+
+static void experiment_delete_removes_its_trials_metrics_and_lease_only(void **state) {
+  fixture *f = *state;
+  int64_t gone = make_full_experiment(f, "gone"), kept = make_full_experiment(f, "kept");
+  CHECK(storage_experiment_delete(f->st, gone, err));
+  experiment_row e;
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_get(f->st, "gone", &e, &err), NAS_ENOTFOUND);
+  assert_int_equal(trial_count(f, gone), 0);
+  assert_int_equal(metric_count(f, gone), 0);
+  storage_lease lease;
+  assert_int_equal(storage_lease_get(f->st, gone, &lease, &err), NAS_ENOTFOUND);
+  raw_text_is(f, "SELECT count(*) FROM metrics", "2");
+  assert_int_equal(trial_count(f, kept), 2);
+  CHECK(storage_lease_get(f->st, kept, &lease, err));
+  storage_lease_clear(&lease);
+  /* The name is free again. */
+  make_experiment(f, "gone");
+}
+
+static void experiment_delete_of_unknown_id_is_enotfound(void **state) {
+  fixture *f = *state;
+  int64_t id = make_full_experiment(f, "e");
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_delete(f->st, id + 100, &err), NAS_ENOTFOUND);
+  assert_contains(err.msg, "delete experiment");
+  assert_int_equal(trial_count(f, id), 2);
+}
+
+static void experiment_rename_changes_name_and_spec_keeping_trials(void **state) {
+  fixture *f = *state;
+  int64_t id = make_full_experiment(f, "old");
+  CHECK(storage_experiment_rename(f->st, id, "new", "name: new\n", err));
+  experiment_row e;
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_get(f->st, "old", &e, &err), NAS_ENOTFOUND);
+  CHECK(storage_experiment_get(f->st, "new", &e, err));
+  assert_int_equal(e.id, id);
+  assert_string_equal(e.spec_text, "name: new\n");
+  assert_string_equal(e.run_root, "/runs");
+  experiment_row_clear(&e);
+  assert_int_equal(trial_count(f, id), 2);
+  assert_int_equal(metric_count(f, id), 2);
+}
+
+static void experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing(void **state) {
+  fixture *f = *state;
+  int64_t a = make_experiment(f, "a");
+  make_experiment(f, "b");
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_rename(f->st, a, "b", "name: b\n", &err), NAS_EEXIST);
+  assert_int_equal(storage_experiment_rename(f->st, a + 100, "c", "x", &err), NAS_ENOTFOUND);
+  experiment_row e;
+  CHECK(storage_experiment_get(f->st, "a", &e, err));
+  assert_string_equal(e.spec_text, "objectives: [loss]\n");
+  experiment_row_clear(&e);
+}
+
+/* The image of experiment `name` as read back from f, under new_name (owned parts freed
+ * by image_free). */
+typedef struct {
+  experiment_row exp;
+  trial_row *trials;
+  size_t n_trials;
+  metric_row *metrics;
+  size_t n_metrics;
+  storage_experiment_image img;
+} test_image;
+
+static void image_read(fixture *f, const char *name, const char *new_name, test_image *t) {
+  CHECK(storage_experiment_get(f->st, name, &t->exp, err));
+  CHECK(storage_trial_list(f->st, t->exp.id, &t->trials, &t->n_trials, err));
+  CHECK(storage_metrics_list(f->st, t->exp.id, &t->metrics, &t->n_metrics, err));
+  free(t->exp.name);
+  t->exp.name = strdup(new_name);
+  t->img = (storage_experiment_image){&t->exp, t->trials, t->n_trials, t->metrics, t->n_metrics};
+}
+
+static void image_free(test_image *t) {
+  experiment_row_clear(&t->exp);
+  trial_rows_free(t->trials, t->n_trials);
+  metric_rows_free(t->metrics, t->n_metrics);
+}
+
+static void experiment_import_stores_every_field_of_trials_and_metrics(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  int64_t id = -1;
+  CHECK(storage_experiment_import(f->st, &src.img, &id, err));
+  assert_true(id != src.exp.id);
+  test_image copy;
+  image_read(f, "copy", "copy", &copy);
+  assert_int_equal(copy.exp.id, id);
+  assert_string_equal(copy.exp.spec_text, src.exp.spec_text);
+  assert_string_equal(copy.exp.status, src.exp.status);
+  assert_true(copy.exp.created_at == src.exp.created_at);
+  assert_int_equal(copy.n_trials, src.n_trials);
+  for (size_t i = 0; i < src.n_trials; i++) {
+    trial_row expect = src.trials[i];
+    expect.id = copy.trials[i].id;
+    expect.experiment_id = id;
+    assert_trials_equal(&copy.trials[i], &expect);
+  }
+  assert_int_equal(copy.n_metrics, src.n_metrics);
+  for (size_t i = 0; i < src.n_metrics; i++) {
+    assert_string_equal(copy.metrics[i].name, src.metrics[i].name);
+    assert_int_equal(copy.metrics[i].step, src.metrics[i].step);
+    assert_true(copy.metrics[i].value == src.metrics[i].value);
+    assert_int_equal(copy.metrics[i].trial_id, copy.trials[0].id);
+  }
+  image_free(&src);
+  image_free(&copy);
+}
+
+static void experiment_import_with_a_taken_name_stores_nothing(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  make_experiment(f, "taken");
+  test_image src;
+  image_read(f, "src", "taken", &src);
+  nas_err err = {{0}};
+  int64_t id = -1;
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_EEXIST);
+  assert_contains(err.msg, "taken");
+  raw_text_is(f, "SELECT count(*) FROM trials", "2");
+  src.metrics[0].trial_id = 9999; /* a metric of no trial copied: refused before storing */
+  free(src.exp.name);
+  src.exp.name = strdup("other");
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
+  assert_contains(err.msg, "9999");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "2");
+  image_free(&src);
+}
+
 /* ---- persistence and concurrency ------------------------------------------------------ */
 
 static void reopening_keeps_everything(void **state) {
@@ -2086,6 +2248,12 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(metrics_add_with_a_bad_observation_stores_nothing),
       FIXTURE_TEST(metrics_add_to_unknown_trial_is_enotfound),
       FIXTURE_TEST(metrics_add_failing_midway_stores_nothing),
+      FIXTURE_TEST(experiment_delete_removes_its_trials_metrics_and_lease_only),
+      FIXTURE_TEST(experiment_delete_of_unknown_id_is_enotfound),
+      FIXTURE_TEST(experiment_rename_changes_name_and_spec_keeping_trials),
+      FIXTURE_TEST(experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing),
+      FIXTURE_TEST(experiment_import_stores_every_field_of_trials_and_metrics),
+      FIXTURE_TEST(experiment_import_with_a_taken_name_stores_nothing),
       FIXTURE_TEST(reopening_keeps_everything),
       FIXTURE_TEST(schema_version_table_holds_the_current_version),
       FIXTURE_TEST(processes_creating_the_same_storage_at_once_all_succeed),
