@@ -411,7 +411,7 @@ static int check_observation(size_t i, const char *name, int64_t step, nas_err *
 }
 
 int storage_experiment_delete(storage *st, int64_t id, nas_err *err) {
-  return in_context(st->backend->experiment_delete(st->conn, id, err), err,
+  return in_context(st, st->backend->experiment_delete(st->conn, id, err), err,
                     "delete experiment %" PRId64, id);
 }
 
@@ -419,7 +419,7 @@ int storage_experiment_rename(storage *st, int64_t id, const char *new_name,
                               const char *spec_text, nas_err *err) {
   if (!new_name || !new_name[0] || !spec_text)
     return nas_errf(err, "rename experiment %" PRId64 ": no new name or spec text", id);
-  return in_context(st->backend->experiment_rename(st->conn, id, new_name, spec_text, err), err,
+  return in_context(st, st->backend->experiment_rename(st->conn, id, new_name, spec_text, err), err,
                     "rename experiment %" PRId64 " to '%s'", id, new_name);
 }
 
@@ -468,7 +468,7 @@ int storage_experiment_import(storage *st, const storage_experiment_image *img, 
     rc = st->backend->experiment_import(st->conn, img, obs, metric_trial, id, err);
   free(metric_trial);
   free(obs);
-  return in_context(rc, err, "store experiment '%s'",
+  return in_context(st, rc, err, "store experiment '%s'",
                     img->exp && img->exp->name ? img->exp->name : "(no name)");
 }
 
