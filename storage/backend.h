@@ -75,9 +75,10 @@ typedef struct storage_backend {
   int (*lease_get)(void *conn, int64_t experiment_id, storage_lease *out, nas_err *err);
 
   /* Idempotency keys (storage.h). arm makes the next write that is not idempotent
-   * (experiment_create, trial_create, trial_start, trial_claim, trial_finish, trial_requeue,
-   * metrics_add) commit key, borrowed until armed again, with its result (the id of the
-   * experiment or trial it made, took or changed) in its own transaction; NULL disarms.
+   * (experiment_create, experiment_delete, experiment_import, trial_create, trial_start,
+   * trial_claim, trial_finish, trial_requeue, metrics_add) commit key, borrowed until armed
+   * again, with its result (the id of the experiment or trial it made, deleted, took or
+   * changed) in its own transaction; NULL disarms.
    * receipt_find looks a committed key up. */
   void (*receipt_arm)(void *conn, const char *key);
   int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);

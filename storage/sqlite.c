@@ -678,7 +678,7 @@ static int sqlite_experiment_delete(void *conn, int64_t id, nas_err *err) {
   int rc = tx_begin(c, err);
   if (rc != NAS_OK) return rc;
   rc = experiment_delete_in_tx(c, id, err);
-  return tx_end(c, rc, err);
+  return tx_end_receipt(c, rc, id, err);
 }
 
 static int experiment_rename_in_tx(const sqlite_conn *c, int64_t id, const char *new_name,
@@ -759,7 +759,7 @@ static int sqlite_experiment_import(void *conn, const storage_experiment_image *
   int rc = tx_begin(c, err);
   if (rc == NAS_OK) {
     rc = experiment_import_in_tx(c, img, obs, metric_trial, trial_ids, id, err);
-    rc = tx_end(c, rc, err);
+    rc = tx_end_receipt(c, rc, rc == NAS_OK ? *id : 0, err);
   }
   free(trial_ids);
   return rc;

@@ -245,8 +245,8 @@ void storage_lease_clear(storage_lease *lease);
 /* ---- idempotency keys: the server side of the storage RPC (serve/api_storage.c) ---------
  * A client that lost the answer to a write sends it again under the same key. Armed on a
  * storage, a key is committed by the next write that is not idempotent (experiment_create,
- * trial_create, trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) in
- * that write's own transaction, with the id of the experiment or trial it made, took or
+ * experiment_delete, experiment_import, trial_create, trial_start, trial_claim,
+ * trial_finish, trial_requeue, metrics_add) in that write's own transaction, with the id of the experiment or trial it made, took or
  * changed; two writes under one key cannot both commit. Keys are kept for a day. */
 #define STORAGE_KEY_MAX 64
 /* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */

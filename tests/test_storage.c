@@ -15,6 +15,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include "storage/rows_json.h"
+#include "storage/rpc.h"
 #include "storage/storage.h"
 #include "tests/pgserver.h"
 #include "tests/serve.h"
@@ -1452,6 +1454,67 @@ static void idempotency_key_commits_with_its_write_and_only_once(void **state) {
   trial_row_clear(&t);
 }
 
+/* op of the storage RPC with args (taken) under key; the reply (owned) and its code. */
+static json_t *rpc_call(fixture *f, const char *op_name, const char *key, json_t *args,
+                        int *rc) {
+  const storage_rpc_op *op = storage_rpc_find(op_name);
+  assert_non_null(op);
+  assert_non_null(args);
+  json_t *reply = NULL;
+  *rc = storage_rpc_serve(f->st, op, key, args, &reply);
+  json_decref(args);
+  assert_non_null(reply);
+  return reply;
+}
+
+/* A delete or an import sent again under its key (a client that lost the answer) is
+ * answered as the first was, and done once. */
+static void rpc_delete_and_import_retried_under_one_key_happen_once(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  int rc;
+  json_t *first = rpc_call(f, "experiment_import", "import-1", rows_json_image(&src.img), &rc);
+  assert_int_equal(rc, NAS_OK);
+  json_t *again = rpc_call(f, "experiment_import", "import-1", rows_json_image(&src.img), &rc);
+  assert_int_equal(rc, NAS_OK);
+  assert_true(json_equal(first, again));
+  raw_text_is(f, "SELECT count(*) FROM experiments", "2");
+  raw_text_is(f, "SELECT count(*) FROM metrics", "4");
+  json_t *id = json_object_get(first, "id");
+  assert_true(json_is_integer(id));
+  for (int i = 0; i < 2; i++) {
+    json_decref(rpc_call(f, "experiment_delete", "delete-1", json_pack("{s:O}", "id", id), &rc));
+    assert_int_equal(rc, NAS_OK);
+  }
+  json_decref(rpc_call(f, "experiment_delete", "delete-2", json_pack("{s:O}", "id", id), &rc));
+  assert_int_equal(rc, NAS_ENOTFOUND);
+  raw_text_is(f, "SELECT count(*) FROM experiments", "1");
+  raw_text_is(f, "SELECT count(*) FROM trials", "2");
+  json_decref(first), json_decref(again);
+  image_free(&src);
+}
+
+static void rpc_import_of_a_malformed_image_is_refused_naming_the_field(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  json_t *args = rows_json_image(&src.img);
+  assert_non_null(args);
+  json_object_set_new(json_array_get(json_object_get(args, "trials"), 1), "number",
+                      json_string("two"));
+  int rc;
+  json_t *reply = rpc_call(f, "experiment_import", "import-1", args, &rc);
+  assert_int_equal(rc, NAS_ERR);
+  assert_contains(json_string_value(json_object_get(reply, "error")),
+                  "field 'trials': row 1: field 'number' is not an integer");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "1");
+  json_decref(reply);
+  image_free(&src);
+}
+
 /* ---- schema and faults, on every backend --------------------------------------------------- */
 
 static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
@@ -2270,6 +2333,8 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(newer_schema_is_refused_and_left_as_it_is),
       FIXTURE_TEST(schema_version_1_is_upgraded_keeping_everything),
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
+      FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
+      FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
   };
   char name[64];
   snprintf(name, sizeof name, "%s schema", ctx->backend->name);
