@@ -1062,28 +1062,21 @@ static void experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing(void
 /* The image of experiment `name` as read back from f, under new_name (owned parts freed
  * by image_free). */
 typedef struct {
-  experiment_row exp;
-  trial_row *trials;
-  size_t n_trials;
-  metric_row *metrics;
-  size_t n_metrics;
+  rows_json_image_rows rows;
   storage_experiment_image img;
 } test_image;
 
 static void image_read(fixture *f, const char *name, const char *new_name, test_image *t) {
-  CHECK(storage_experiment_get(f->st, name, &t->exp, err));
-  CHECK(storage_trial_list(f->st, t->exp.id, &t->trials, &t->n_trials, err));
-  CHECK(storage_metrics_list(f->st, t->exp.id, &t->metrics, &t->n_metrics, err));
-  free(t->exp.name);
-  t->exp.name = strdup(new_name);
-  t->img = (storage_experiment_image){&t->exp, t->trials, t->n_trials, t->metrics, t->n_metrics};
+  rows_json_image_rows *r = &t->rows;
+  CHECK(storage_experiment_get(f->st, name, &r->exp, err));
+  CHECK(storage_trial_list(f->st, r->exp.id, &r->trials, &r->n_trials, err));
+  CHECK(storage_metrics_list(f->st, r->exp.id, &r->metrics, &r->n_metrics, err));
+  free(r->exp.name);
+  r->exp.name = strdup(new_name);
+  t->img = rows_json_image_of(r);
 }
 
-static void image_free(test_image *t) {
-  experiment_row_clear(&t->exp);
-  trial_rows_free(t->trials, t->n_trials);
-  metric_rows_free(t->metrics, t->n_metrics);
-}
+static void image_free(test_image *t) { rows_json_image_clear(&t->rows); }
 
 static void experiment_import_stores_every_field_of_trials_and_metrics(void **state) {
   fixture *f = *state;
@@ -1092,26 +1085,26 @@ static void experiment_import_stores_every_field_of_trials_and_metrics(void **st
   image_read(f, "src", "copy", &src);
   int64_t id = -1;
   CHECK(storage_experiment_import(f->st, &src.img, &id, err));
-  assert_true(id != src.exp.id);
+  assert_true(id != src.rows.exp.id);
   test_image copy;
   image_read(f, "copy", "copy", &copy);
-  assert_int_equal(copy.exp.id, id);
-  assert_string_equal(copy.exp.spec_text, src.exp.spec_text);
-  assert_string_equal(copy.exp.status, src.exp.status);
-  assert_true(copy.exp.created_at == src.exp.created_at);
-  assert_int_equal(copy.n_trials, src.n_trials);
-  for (size_t i = 0; i < src.n_trials; i++) {
-    trial_row expect = src.trials[i];
-    expect.id = copy.trials[i].id;
+  assert_int_equal(copy.rows.exp.id, id);
+  assert_string_equal(copy.rows.exp.spec_text, src.rows.exp.spec_text);
+  assert_string_equal(copy.rows.exp.status, src.rows.exp.status);
+  assert_true(copy.rows.exp.created_at == src.rows.exp.created_at);
+  assert_int_equal(copy.rows.n_trials, src.rows.n_trials);
+  for (size_t i = 0; i < src.rows.n_trials; i++) {
+    trial_row expect = src.rows.trials[i];
+    expect.id = copy.rows.trials[i].id;
     expect.experiment_id = id;
-    assert_trials_equal(&copy.trials[i], &expect);
+    assert_trials_equal(&copy.rows.trials[i], &expect);
   }
-  assert_int_equal(copy.n_metrics, src.n_metrics);
-  for (size_t i = 0; i < src.n_metrics; i++) {
-    assert_string_equal(copy.metrics[i].name, src.metrics[i].name);
-    assert_int_equal(copy.metrics[i].step, src.metrics[i].step);
-    assert_true(copy.metrics[i].value == src.metrics[i].value);
-    assert_int_equal(copy.metrics[i].trial_id, copy.trials[0].id);
+  assert_int_equal(copy.rows.n_metrics, src.rows.n_metrics);
+  for (size_t i = 0; i < src.rows.n_metrics; i++) {
+    assert_string_equal(copy.rows.metrics[i].name, src.rows.metrics[i].name);
+    assert_int_equal(copy.rows.metrics[i].step, src.rows.metrics[i].step);
+    assert_true(copy.rows.metrics[i].value == src.rows.metrics[i].value);
+    assert_int_equal(copy.rows.metrics[i].trial_id, copy.rows.trials[0].id);
   }
   image_free(&src);
   image_free(&copy);
@@ -1128,9 +1121,9 @@ static void experiment_import_with_a_taken_name_stores_nothing(void **state) {
   assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_EEXIST);
   assert_contains(err.msg, "taken");
   raw_text_is(f, "SELECT count(*) FROM trials", "2");
-  src.metrics[0].trial_id = 9999; /* a metric of no trial copied: refused before storing */
-  free(src.exp.name);
-  src.exp.name = strdup("other");
+  src.rows.metrics[0].trial_id = 9999; /* a metric of no trial copied: refused before storing */
+  free(src.rows.exp.name);
+  src.rows.exp.name = strdup("other");
   assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
   assert_contains(err.msg, "9999");
   raw_text_is(f, "SELECT count(*) FROM experiments", "2");
