@@ -197,7 +197,18 @@ static const char pareto_help[] =
     "Shows the completed trials that meet every constraint and that no other such trial\n"
     "dominates (better or equal in every objective, better in one), sorted by the first\n"
     "objective, with the hypervolume they dominate up to the reference point (the\n"
-    "objectives' thresholds, else inferred from the observed values).\n";
+    "objectives' thresholds, else inferred from the observed values). The front is of the\n"
+    "experiment's own trials: observations a spec's warm_start imports are not on it.\n";
+
+/* Says that a front holds this experiment's own trials only, when warm_start imported
+ * observations that are not on it. */
+static void print_warm_start_note(FILE *f, const spec *s) {
+  if (s->warm_start.n_from == 0) return;
+  fputs("(own trials only: the observations warm_start imported from", f);
+  for (size_t i = 0; i < s->warm_start.n_from; i++)
+    fprintf(f, "%s %s", i ? "," : "", s->warm_start.from[i]);
+  fputs(" inform the optimizer and are not on this front)\n", f);
+}
 
 static void print_front_summary(const spec *s, const json_t *pareto, out_format format) {
   if (format == FORMAT_JSON) return;
@@ -211,6 +222,7 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
     fprintf(f, "%s %s=%.6g", j ? "," : "", s->objectives[j].name,
             json_number_value(json_object_get(ref, s->objectives[j].name)));
   fprintf(f, ")\n");
+  print_warm_start_note(f, s);
 }
 
 /* The front's rows as a table: trial, the objectives, the parameters. */
@@ -334,6 +346,7 @@ static void print_front_line(storage *st, const experiment_row *exp) {
   if (ref && sched_front(s, &r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
     printf("front: %zu trials, hypervolume %.6g ('nas pareto %s' lists them)\n", n_front, hv,
            exp->name);
+    print_warm_start_note(stdout, s);
     free(front);
   }
   free(ref);

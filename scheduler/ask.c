@@ -95,8 +95,12 @@ static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_
   fresh = fresh < left ? fresh : left;
   optimizer *opt = NULL;
   trial_row *made = NULL;
+  sched_imported imported = {0};
   rc = fresh == 0 ? NAS_OK : optimizer_create(s, &opt, err);
-  if (rc == NAS_OK && fresh > 0) rc = sched_suggest(st, s, exp, opt, &r, fresh, &made, err);
+  if (rc == NAS_OK && fresh > 0) rc = sched_imported_load(st, s, &imported, err);
+  if (rc == NAS_OK && fresh > 0)
+    rc = sched_suggest(st, s, exp, opt, &r, &imported, fresh, &made, err);
+  sched_imported_free(&imported);
   for (size_t i = 0; rc == NAS_OK && i < fresh; i++) {
     rc = storage_trial_start(st, made[i].id, worker, err);
     if (rc == NAS_OK) rc = storage_trial_get(st, made[i].id, &out[(*n_out)++], err);

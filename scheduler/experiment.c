@@ -107,6 +107,28 @@ int sched_check_runnable(const spec *s, nas_err *err) {
                   s->path);
 }
 
+/* Stores a new experiment of s with its `enqueue:` assignments as queued trials. */
+static int create_with_enqueued(const spec *s, storage *st, const char *run_root,
+                                int64_t *id, nas_err *err) {
+  size_t n = json_array_size(s->enqueue);
+  double now = nas_now();
+  experiment_row exp = {.name = s->name, .spec_text = s->text, .spec_path = s->path,
+                        .run_root = (char *)run_root,
+                        .status = "running", .created_at = now};
+  trial_row *trials = calloc(n, sizeof *trials);
+  int rc = trials ? NAS_OK : nas_errf(err, "out of memory");
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    trials[i] = (trial_row){.number = (int)i, .status = TRIAL_QUEUED, .created_at = now};
+    trials[i].params_json = json_dumps(json_array_get(s->enqueue, i),
+                                       JSON_COMPACT | JSON_SORT_KEYS);
+    if (!trials[i].params_json) rc = nas_errf(err, "out of memory");
+  }
+  storage_experiment_image img = {.exp = &exp, .trials = trials, .n_trials = n};
+  if (rc == NAS_OK) rc = storage_experiment_import(st, &img, id, err);
+  trial_rows_free(trials, trials ? n : 0);
+  return rc;
+}
+
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err) {
   int rc = storage_experiment_get(st, s->name, exp, err);
   if (rc == NAS_OK) return prepare_existing(s, st, exp, err);
@@ -114,7 +136,8 @@ int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err)
   char cwd[4096];
   if (!getcwd(cwd, sizeof cwd)) return nas_errf(err, "cannot read the current folder");
   int64_t id;
-  rc = storage_experiment_create(st, s->name, s->text, s->path, cwd, &id, err);
+  rc = s->enqueue ? create_with_enqueued(s, st, cwd, &id, err)
+                  : storage_experiment_create(st, s->name, s->text, s->path, cwd, &id, err);
   /* Another process created it meanwhile: the same as finding it (the lease then decides
    * which of the two runs it). */
   if (rc == NAS_EEXIST && storage_experiment_get(st, s->name, exp, err) == NAS_OK)

@@ -73,6 +73,7 @@ typedef struct {
   sigset_t old_mask;
   char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */
   sched_lease lease;          /* this process's hold on the experiment */
+  sched_imported imported;    /* owned: warm_start's observations, loaded once per run */
   double watch_checked;       /* monotonic: the optimizer's watch last looked at signals */
   double watch_stored;        /* … and at storage (`nas stop`, the lease) */
   bool watch_failed;          /* the watch gave up a suggestion for watch_err */

@@ -406,7 +406,7 @@ static bool suggestion_cancelled(void *ctx) {
 static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
   const sched_results *r = sched_results_now(sc, err);
   if (!r) return NAS_ERR;
-  int rc = sched_suggest(sc->st, sc->s, sc->exp, sc->opt_model, r, n, rows, err);
+  int rc = sched_suggest(sc->st, sc->s, sc->exp, sc->opt_model, r, &sc->imported, n, rows, err);
   sched_results_stale(sc); /* new trials */
   for (size_t i = 0; rc == NAS_OK && i < n; i++) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
   return rc;
@@ -584,12 +584,25 @@ static void sched_free(sched *sc) {
   }
   free(sc->jobs);
   sched_results_free(&sc->results);
+  sched_imported_free(&sc->imported);
   trial_rows_free(sc->queued, sc->n_queued);
   optimizer_free(sc->opt_model);
   runner_free(sc->rn);
   free(sc->storage_url);
   free(sc->best_text);
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
+}
+
+/* warm_start's observations, said once in the progress output. */
+static int load_imported(sched *sc, nas_err *err) {
+  const warm_start_spec *w = &sc->s->warm_start;
+  if (w->n_from == 0) return NAS_OK;
+  if (sched_imported_load(sc->st, sc->s, &sc->imported, err) != NAS_OK) return NAS_ERR;
+  nas_log("%s: warm start: %zu observations imported from %zu earlier experiment%s (%zu "
+          "completed trials did not fit this space or lacked a metric); they inform the "
+          "optimizer and count in no budget", sc->exp->name, sc->imported.n, w->n_from,
+          w->n_from == 1 ? "" : "s", sc->imported.skipped);
+  return NAS_OK;
 }
 
 static int sched_init(sched *sc, const spec *s, storage *st, const experiment_row *exp,
@@ -610,7 +623,7 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
     return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
   optimizer_set_watch(sc->opt_model, (optimizer_watch){.cancelled = suggestion_cancelled, .ctx = sc});
-  return NAS_OK;
+  return load_imported(sc, err);
 }
 
 /* The run itself, once this process holds the experiment's lease. */

@@ -82,6 +82,33 @@ int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *repo
 int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size_t n,
                 FILE *report, size_t *retried, nas_err *err);
 
+/* ---- managing whole experiments (manage.c) ---------------------------------------------- */
+
+/* runs/<name> under exp's run_root: the folder of all its trials' run folders. Owned. */
+char *sched_experiment_runs_dir(const experiment_row *exp);
+/* An error saying so when a scheduler (a live lease) runs exp; doing ("delete") names the
+ * refused action. */
+int sched_check_idle(storage *st, const experiment_row *exp, const char *doing, nas_err *err);
+/* Deletes exp with its trials, metrics and lease (one transaction) and, with runs, its run
+ * folder runs/<name>/ under its run_root (a link there is refused, never followed). Refused
+ * while its scheduler runs. What was removed is said on report (may be NULL). */
+int sched_delete(storage *st, const experiment_row *exp, bool runs, FILE *report,
+                 nas_err *err);
+/* Renames exp (whose spec is s) to new_name: the stored spec's `name:` changes with it, and
+ * runs/<old> becomes runs/<new> (put back if storage then refuses). Refused while its
+ * scheduler runs or a trial of it is running, and when new_name is taken (NAS_EEXIST). */
+int sched_rename(storage *st, const spec *s, const experiment_row *exp, const char *new_name,
+                 FILE *report, nas_err *err);
+/* Stores a copy of exp (spec s, in storage from) named new_name in `to` (which may be
+ * from): its trials with every field, their metrics and curves, its status and run_root, in
+ * one transaction; not its lease nor its run folders. Refused while a trial is running. */
+int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
+               const char *new_name, nas_err *err);
+/* Stores the full assignment params (spec_check_params holds) as a queued trial of exp:
+ * the next run launches it before any suggestion, and it counts in the budget. */
+int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *params,
+                        trial_row *out, nas_err *err);
+
 /* The run folder of a trial's attempt: runs/<experiment>/<number> for the first,
  * runs/<experiment>/<number>.<attempt> for later ones, under the experiment's run_root.
  * Owned. */
@@ -103,7 +130,9 @@ int sched_check_runnable(const spec *s, nas_err *err);
 
 /* Finds the experiment of spec s in st, creating it when new. An existing experiment
  * with a different spec is refused with the differences listed, except for changes
- * confined to `budget`, which are stored and accepted. */
+ * confined to `budget`, which are stored and accepted. A new experiment is stored with the
+ * spec's `enqueue:` assignments as queued trials, in the same transaction, so they are
+ * queued exactly once. */
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err);
 
 /* An experiment's trials with their metric values, as every command shows them. */
@@ -134,14 +163,33 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);
 
+/* ---- warm start (warm_start.c) ------------------------------------------------------------ */
+
+/* Observations imported from the experiments spec.warm_start names: their completed trials
+ * that fit this space (spec_check_params, after warm_start.fill) and reported every
+ * objective and constraint of this spec. Not trials of this experiment: no budget, front
+ * or stopping rule counts them. */
+typedef struct {
+  json_t **params;   /* owned: n full assignments of this space */
+  double *values;    /* n × (objectives, then constraints): the metric values as reported */
+  size_t n;
+  size_t skipped;    /* completed trials left out: they did not fit, or lacked a metric */
+} sched_imported;
+
+/* Loads them (none when the spec has no warm_start); an error naming an experiment that is
+ * not in st. */
+int sched_imported_load(storage *st, const spec *s, sched_imported *out, nas_err *err);
+void sched_imported_free(sched_imported *im);
+
 /* ---- suggestions (suggest.c) -------------------------------------------------------------- */
 
 /* Asks opt for n trials given the results r (completed trials observed, queued and running
- * ones pending) and stores them queued in exp, each with the reference point it aimed at;
- * *rows gets them (owned, n of them). NAS_ENOTFOUND when a finite space is used up,
- * NAS_ECANCELED when opt's watch gave up. */
+ * ones pending) and the imported observations (may be NULL), and stores them queued in
+ * exp, each with the reference point it aimed at; *rows gets them (owned, n of them).
+ * NAS_ENOTFOUND when a finite space is used up, NAS_ECANCELED when opt's watch gave up. */
 int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimizer *opt,
-                  const sched_results *r, size_t n, trial_row **rows, nas_err *err);
+                  const sched_results *r, const sched_imported *imported, size_t n,
+                  trial_row **rows, nas_err *err);
 
 /* ---- ask and tell (ask.c) ---------------------------------------------------------------
  * An experiment driven by the user's own loop: ask hands out running trials, tell stores

@@ -23,12 +23,23 @@ static void history_free(history *h) {
   free(h->params), free(h->obs), free(h->values), free(h->pending);
 }
 
-static int history_load(const spec *s, const sched_results *r, history *h, nas_err *err) {
+/* The imported observations after the experiment's own (borrowing their parameters). */
+static void history_add_imported(const spec *s, const sched_imported *im, history *h) {
+  size_t k = s->n_objectives + s->n_constraints;
+  for (size_t i = 0; im && i < im->n; i++) {
+    double *v = im->values + i * k;
+    h->obs[h->n_obs++] = (observation){.params = im->params[i], .objectives = v,
+                                       .constraints = v + s->n_objectives};
+  }
+}
+
+static int history_load(const spec *s, const sched_results *r, const sched_imported *im,
+                        history *h, nas_err *err) {
   memset(h, 0, sizeof *h);
   h->r = r;
   size_t n = h->r->n_trials ? h->r->n_trials : 1, k = s->n_objectives + s->n_constraints;
   h->params = calloc(n, sizeof *h->params);
-  h->obs = calloc(n, sizeof *h->obs);
+  h->obs = calloc(n + (im ? im->n : 0), sizeof *h->obs);
   h->values = calloc(n * (k ? k : 1), sizeof *h->values);
   h->pending = calloc(n, sizeof *h->pending);
   if (!h->params || !h->obs || !h->values || !h->pending) {
@@ -52,6 +63,7 @@ static int history_load(const spec *s, const sched_results *r, history *h, nas_e
                                          .constraints = v + s->n_objectives};
     }
   }
+  history_add_imported(s, im, h);
   return NAS_OK;
 }
 
@@ -75,9 +87,10 @@ static bool reference_text(const spec *s, const double *ref, char **text) {
 }
 
 int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimizer *opt,
-                  const sched_results *r, size_t n, trial_row **rows, nas_err *err) {
+                  const sched_results *r, const sched_imported *imported, size_t n,
+                  trial_row **rows, nas_err *err) {
   history h;
-  if (history_load(s, r, &h, err) != NAS_OK) return NAS_ERR;
+  if (history_load(s, r, imported, &h, err) != NAS_OK) return NAS_ERR;
   size_t m = s->n_objectives;
   json_t **suggested = calloc(n, sizeof *suggested);
   double *refs = malloc(n * m * sizeof *refs);

@@ -191,6 +191,24 @@ static void write_optimizer_options(FILE *out, const spec *s) {
   write_options(out, s->optimizer.options);
 }
 
+/* A JSON value with sorted keys, or `none` for NULL. */
+static void write_json(FILE *out, const json_t *value) {
+  char *text = value ? json_dumps(value, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : NULL;
+  fputs(text ? text : "none", out);
+  free(text);
+}
+static void write_enqueue(FILE *out, const spec *s) { write_json(out, s->enqueue); }
+static void write_warm_start(FILE *out, const spec *s) {
+  if (s->warm_start.n_from == 0) {
+    fputs("none", out);
+    return;
+  }
+  fputs("from ", out);
+  write_strings(out, s->warm_start.from, s->warm_start.n_from);
+  fputs(" fill ", out);
+  write_json(out, s->warm_start.fill);
+}
+
 /* A field of the spec and the writer of its canonical text. */
 typedef struct {
   const char *field;
@@ -223,6 +241,8 @@ static const field_writer tail_fields[] = {
     {"optimizer.type", write_optimizer},
     {"optimizer.options", write_optimizer_options},
     {"early_stopping", write_early_stopping},
+    {"enqueue", write_enqueue},
+    {"warm_start", write_warm_start},
 };
 
 /* Canonical texts are built in memory streams: open_text starts one on *text,

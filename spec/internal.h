@@ -116,6 +116,12 @@ void builtin_spec_free(builtin_spec *b);
 /* early_stopping: (optional; after objectives, which it refers to). */
 int parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 
+/* assign.c: `enqueue:` and `warm_start:` (optional; after parameters, which they
+ * assign). */
+int parse_enqueue(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+int parse_warm_start(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+void warm_start_spec_free(warm_start_spec *w);
+
 /* ---- params.c: what values parameters take ---- */
 
 /* Equal JSON values, numbers compared by value (3 equals 3.0). */

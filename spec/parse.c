@@ -17,7 +17,7 @@
 static const char *const root_keys[] = {"name",       "storage",     "seed",  "parameters",
                                         "objectives", "constraints", "trial", "budget",
                                         "runner",     "optimizer",   "early_stopping",
-                                        NULL};
+                                        "enqueue",    "warm_start",  NULL};
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
@@ -26,23 +26,25 @@ static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
  * holds only name characters and stays short enough for any path. */
 enum { EXPERIMENT_NAME_MAX = 64 };
 
-static bool is_experiment_name(const char *name) {
+int spec_check_name(const char *name, nas_err *err) {
   char first = name[0];
   bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') ||
                 (first >= '0' && first <= '9');
   size_t len = name_span(name, ".-");
-  return starts && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX;
+  if (starts && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX) return NAS_OK;
+  return nas_errf(err,
+                  "'%.40s%s' is not an experiment name: a letter or digit, then letters, "
+                  "digits, '_', '.' or '-', at most %d characters",
+                  name, strlen(name) > 40 ? "..." : "", EXPERIMENT_NAME_MAX);
 }
 
 static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *node;
+  nas_err why;
   int rc = node_required(c, root, "spec", "name", &node);
   if (!rc) rc = node_dup_text(c, node, "name", &s->name);
-  if (!rc && !is_experiment_name(s->name))
-    rc = node_errf(c, node,
-                   "name: '%.40s%s' is not an experiment name: a letter or digit, then letters, "
-                   "digits, '_', '.' or '-', at most %d characters",
-                   s->name, strlen(s->name) > 40 ? "..." : "", EXPERIMENT_NAME_MAX);
+  if (!rc && spec_check_name(s->name, &why) != NAS_OK)
+    rc = node_errf(c, node, "name: %s", why.msg);
   if (rc) return rc;
   node = node_optional(c, root, "storage");
   if (node)
@@ -295,6 +297,8 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
   if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);
   if (!rc) rc = parse_early_stopping(c, root, s);
+  if (!rc) rc = parse_enqueue(c, root, s);
+  if (!rc) rc = parse_warm_start(c, root, s);
   return rc;
 }
 
@@ -397,6 +401,76 @@ int spec_load(const char *path, spec **out, nas_err *err) {
   return rc;
 }
 
+/* Byte offset in text of a libyaml mark: its line, then its column counted in characters
+ * (UTF-8 sequences are one character). */
+static size_t mark_offset(const char *text, yaml_mark_t mark) {
+  size_t off = 0;
+  for (size_t line = 0; line < mark.line && text[off]; off++)
+    if (text[off] == '\n') line++;
+  for (size_t col = 0; col < mark.column && text[off]; col++)
+    for (off++; ((unsigned char)text[off] & 0xC0) == 0x80; off++) {}
+  return off;
+}
+
+/* text with the value of the root's `name` replaced by name, quoted when YAML would read
+ * it as something other than a string (true, 1e3). Owned; NULL without a name node. */
+static char *name_replaced(const char *text, const char *file, const char *name,
+                           nas_err *err) {
+  yaml_document_t doc;
+  if (spec_yaml_load(text, file, &doc, err) != NAS_OK) return NULL;
+  yaml_ctx c = {.doc = &doc, .file = file, .err = err};
+  yaml_node_t *root = yaml_document_get_root_node(&doc);
+  yaml_node_t *node = root && root->type == YAML_MAPPING_NODE ? node_optional(&c, root, "name")
+                                                              : NULL;
+  char *out = NULL;
+  if (!node) {
+    nas_errf(err, "%s: the spec has no name to change", file);
+  } else {
+    size_t start = mark_offset(text, node->start_mark), end = mark_offset(text, node->end_mark);
+    const char *quote = scalar_kind_of(name, true) == SCALAR_STRING ? "" : "\"";
+    out = nas_asprintf("%.*s%s%s%s%s", (int)start, text, quote, name, quote, text + end);
+    if (!out) nas_errf(err, "out of memory");
+  }
+  yaml_document_delete(&doc);
+  return out;
+}
+
+/* Whether renamed_text differs from s's text in the name only (an alias or an odd layout
+ * could make a textual replacement change more). Both are read against the same folder,
+ * since s may have been read against one this function does not know. */
+static int check_only_name_changed(const spec *s, const char *renamed_text, const char *name,
+                                   nas_err *err) {
+  char *diff = NULL, *expect = NULL;
+  spec *before = NULL, *renamed = NULL;
+  int rc = spec_parse(s->text, s->path, ".", &before, err);
+  if (rc == NAS_OK) rc = spec_parse(renamed_text, s->path, ".", &renamed, err);
+  if (rc == NAS_OK) rc = spec_diff(before, renamed, &diff, err);
+  if (rc == NAS_OK && !(expect = nas_asprintf("name: %s -> %s\n", s->name, name)))
+    rc = nas_errf(err, "out of memory");
+  if (rc == NAS_OK && (!diff || strcmp(diff, expect) != 0))
+    rc = nas_errf(err, "%s: cannot change the name in the spec's text without changing "
+                  "more (is it an alias?)", s->path);
+  free(diff);
+  free(expect);
+  spec_free(before);
+  spec_free(renamed);
+  return rc;
+}
+
+int spec_text_renamed(const spec *s, const char *new_name, char **out, nas_err *err) {
+  if (spec_check_name(new_name, err) != NAS_OK) return NAS_ERR;
+  if (strcmp(new_name, s->name) == 0)
+    return nas_errf(err, "the experiment is called '%s' already", new_name);
+  char *text = name_replaced(s->text, s->path, new_name, err);
+  if (!text) return NAS_ERR;
+  if (check_only_name_changed(s, text, new_name, err) != NAS_OK) {
+    free(text);
+    return NAS_ERR;
+  }
+  *out = text;
+  return NAS_OK;
+}
+
 static void free_strings(char **list) {
   if (!list) return;
   for (char **p = list; *p; p++) free(*p);
@@ -429,6 +503,8 @@ void spec_free(spec *s) {
   free(s->optimizer.type);
   json_decref(s->optimizer.options);
   json_decref(s->optimizer.where);
+  json_decref(s->enqueue);
+  warm_start_spec_free(&s->warm_start);
   free(s->path);
   free(s->text);
   free(s->name);

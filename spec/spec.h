@@ -127,6 +127,15 @@ typedef struct {
                           value, for messages */
 } plugin_spec;
 
+/* `warm_start`: completed trials of earlier experiments (same storage) given to the
+ * optimizer as observations (docs/spec.md, "Warm start"). */
+typedef struct {
+  char **from;         /* owned: the experiments' names, in order */
+  size_t n_from;       /* 0 when the spec has no warm_start */
+  json_t *fill;        /* owned JSON object: parameter -> value for imported trials that
+                          lack the parameter (values as the space stores them) */
+} warm_start_spec;
+
 typedef struct spec {
   char *path;          /* absolute path of the file it was loaded from ("<string>" otherwise) */
   char *text;          /* the file's exact text, stored with the experiment */
@@ -144,6 +153,9 @@ typedef struct spec {
   plugin_spec runner;    /* default type "local" */
   plugin_spec optimizer; /* default type "gp" */
   early_stop_spec early_stopping;
+  json_t *enqueue;       /* owned JSON array of full assignments (`enqueue:`), each checked
+                            like spec_check_params; NULL when the spec has none */
+  warm_start_spec warm_start;
 } spec;
 
 /* The largest spec file, in bytes (1 MiB); larger ones are refused unread. */
@@ -175,6 +187,19 @@ bool spec_param_active(const spec *s, size_t i, const json_t *params);
  * present and in range, no inactive or unknown one. */
 int spec_check_params(const spec *s, const json_t *params, nas_err *err);
 
+/* NAME=VALUE arguments (n of them) as a full assignment: each value typed as a YAML plain
+ * scalar ("3" an integer, "adam" a string, quotes for text that looks like a number),
+ * stored as a suggestion would be (a categorical value as its choice, a float as a real),
+ * fixed parameters filled in, and the whole checked as spec_check_params does. Unknown
+ * names get a did-you-mean. *out is an owned JSON object. */
+int spec_assignment_parse(const spec *s, char *const *args, size_t n, json_t **out,
+                          nas_err *err);
+/* Whether name may name an experiment (it becomes the folder runs/<name> and a command
+ * argument): a letter or digit, then letters, digits, '_', '.' or '-', at most 64. */
+int spec_check_name(const char *name, nas_err *err);
+/* s's text with the value of its `name:` changed to new_name (checked as spec_check_name),
+ * all else byte for byte; the result is checked to load with that name. Owned *out. */
+int spec_text_renamed(const spec *s, const char *new_name, char **out, nas_err *err);
 /* The trial's argv with every {name} replaced by the parameter's value (numbers printed
  * exactly, `{{` and `}}` for literal braces). Owned NULL-terminated array; free with
  * spec_argv_free. Placeholders of inactive parameters become empty strings. */

@@ -29,6 +29,14 @@ typedef struct storage_backend {
   int (*experiment_list)(void *conn, experiment_row **out, size_t *n, nas_err *err);
   int (*experiment_set_status)(void *conn, int64_t id, const char *status, nas_err *err);
   int (*experiment_set_spec)(void *conn, int64_t id, const char *spec_text, nas_err *err);
+  int (*experiment_delete)(void *conn, int64_t id, nas_err *err);
+  int (*experiment_rename)(void *conn, int64_t id, const char *new_name, const char *spec_text,
+                           nas_err *err);
+  /* img is checked by storage.c; obs[i] is img->metrics[i] as an observation and
+   * metric_trial[i] the index into img->trials of its trial. */
+  int (*experiment_import)(void *conn, const storage_experiment_image *img,
+                           const metric_obs *obs, const size_t *metric_trial, int64_t *id,
+                           nas_err *err);
 
   int (*trial_create)(void *conn, int64_t experiment_id, const char *params_json,
                       const char *reference_json, double now,
@@ -67,9 +75,10 @@ typedef struct storage_backend {
   int (*lease_get)(void *conn, int64_t experiment_id, storage_lease *out, nas_err *err);
 
   /* Idempotency keys (storage.h). arm makes the next write that is not idempotent
-   * (experiment_create, trial_create, trial_start, trial_claim, trial_finish, trial_requeue,
-   * metrics_add) commit key, borrowed until armed again, with its result (the id of the
-   * experiment or trial it made, took or changed) in its own transaction; NULL disarms.
+   * (experiment_create, experiment_delete, experiment_import, trial_create, trial_start,
+   * trial_claim, trial_finish, trial_requeue, metrics_add) commit key, borrowed until armed
+   * again, with its result (the id of the experiment or trial it made, deleted, took or
+   * changed) in its own transaction; NULL disarms.
    * receipt_find looks a committed key up. */
   void (*receipt_arm)(void *conn, const char *key);
   int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);

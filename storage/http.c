@@ -329,23 +329,27 @@ static int call_rows(http_conn *c, const char *op, json_t *args, const char *key
   return rc == NAS_OK ? take_rows(c, reply, key, kind, rows, n, err) : rc;
 }
 
+/* An operation whose answer is {"id"}. */
+static int call_id(http_conn *c, const char *op, json_t *args, int64_t *id, nas_err *err) {
+  json_t *reply = NULL;
+  int rc = call(c, op, args, &reply, err);
+  if (rc != NAS_OK) return rc;
+  rows_json_reader r = {reply, err, NAS_OK};
+  rows_json_int(&r, "id", id);
+  json_decref(reply);
+  return r.rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "%s: the answer", c->shown);
+}
+
 /* ---- experiments --------------------------------------------------------------------------- */
 
 static int http_experiment_create(void *conn, const char *name, const char *spec_text,
                                   const char *spec_path, const char *run_root, double now,
                                   int64_t *id, nas_err *err) {
   (void)now;
-  http_conn *c = conn;
-  json_t *reply = NULL;
-  int rc = call(c, "experiment_create",
-                json_pack("{s:s, s:s, s:s, s:s}", "name", name, "spec_text", spec_text,
-                          "spec_path", spec_path, "run_root", run_root),
-                &reply, err);
-  if (rc != NAS_OK) return rc;
-  rows_json_reader r = {reply, err, NAS_OK};
-  rows_json_int(&r, "id", id);
-  json_decref(reply);
-  return r.rc;
+  return call_id(conn, "experiment_create",
+                 json_pack("{s:s, s:s, s:s, s:s}", "name", name, "spec_text", spec_text,
+                           "spec_path", spec_path, "run_root", run_root),
+                 id, err);
 }
 
 static int http_experiment_get(void *conn, const char *name, experiment_row *out, nas_err *err) {
@@ -368,6 +372,26 @@ static int http_experiment_set_spec(void *conn, int64_t id, const char *spec_tex
                                     nas_err *err) {
   return call(conn, "experiment_set_spec",
               json_pack("{s:I, s:s}", "id", (json_int_t)id, "spec_text", spec_text), NULL, err);
+}
+
+static int http_experiment_delete(void *conn, int64_t id, nas_err *err) {
+  return call(conn, "experiment_delete", json_pack("{s:I}", "id", (json_int_t)id), NULL, err);
+}
+
+static int http_experiment_rename(void *conn, int64_t id, const char *new_name,
+                                  const char *spec_text, nas_err *err) {
+  return call(conn, "experiment_rename",
+              json_pack("{s:I, s:s, s:s}", "id", (json_int_t)id, "new_name", new_name,
+                        "spec_text", spec_text),
+              NULL, err);
+}
+
+/* Sends the image alone: the server's storage.c derives obs and metric_trial again. */
+static int http_experiment_import(void *conn, const storage_experiment_image *img,
+                                  const metric_obs *obs, const size_t *metric_trial,
+                                  int64_t *id, nas_err *err) {
+  (void)obs, (void)metric_trial;
+  return call_id(conn, "experiment_import", rows_json_image(img), id, err);
 }
 
 /* ---- trials -------------------------------------------------------------------------------- */
@@ -511,6 +535,9 @@ const storage_backend storage_http_backend = {
     .experiment_list = http_experiment_list,
     .experiment_set_status = http_experiment_set_status,
     .experiment_set_spec = http_experiment_set_spec,
+    .experiment_delete = http_experiment_delete,
+    .experiment_rename = http_experiment_rename,
+    .experiment_import = http_experiment_import,
     .trial_create = http_trial_create,
     .trial_start = http_trial_start,
     .trial_claim = http_trial_claim,

@@ -57,7 +57,7 @@ void pg_conn_close(pg_conn *c);
 
 /* ---- one try's statements ---------------------------------------------------------------- */
 
-#define PG_PARAMS_MAX 12
+#define PG_PARAMS_MAX 16
 
 /* A statement's parameters $1…$n, all sent as text. Text values are borrowed. */
 typedef struct pg_params {

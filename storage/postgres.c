@@ -482,6 +482,200 @@ static int postgres_experiment_set_spec(void *conn, int64_t id, const char *spec
                            spec_text, id, err);
 }
 
+/* Locks the experiment's row (so no trial is created in it meanwhile); NAS_ENOTFOUND when
+ * there is none. */
+static int experiment_lock(pg_conn *c, int64_t id, nas_err *err) {
+  pg_params p = {0};
+  PGresult *res = NULL;
+  int rc = pg_params_set(&p, 1, err, "i", id);
+  if (rc == NAS_OK)
+    rc = pg_exec(c, &res, err, "SELECT 1 FROM experiments WHERE id = $1 FOR UPDATE", &p);
+  if (rc == NAS_OK && PQntuples(res) == 0) rc = nas_errc(err, NAS_ENOTFOUND, "no such experiment");
+  PQclear(res);
+  return rc;
+}
+
+static int experiment_delete_in_tx(pg_conn *c, int64_t id, nas_err *err) {
+  static const char *const deletes[] = {
+      "DELETE FROM metrics WHERE trial_id IN (SELECT id FROM trials WHERE experiment_id = $1)",
+      "DELETE FROM trials WHERE experiment_id = $1",
+      "DELETE FROM scheduler_leases WHERE experiment_id = $1",
+      "DELETE FROM experiments WHERE id = $1",
+  };
+  pg_params p = {0};
+  int rc = pg_params_set(&p, 1, err, "i", id);
+  if (rc == NAS_OK) rc = experiment_lock(c, id, err);
+  for (size_t i = 0; rc == NAS_OK && i < sizeof deletes / sizeof *deletes; i++)
+    rc = pg_exec(c, NULL, err, deletes[i], &p);
+  return rc;
+}
+
+static int experiment_delete_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
+  int64_t id = *(const int64_t *)ctx;
+  int rc = pg_tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = experiment_delete_in_tx(c, id, err);
+  return pg_tx_end(c, rc, token, id, err);
+}
+
+/* A second try after a commit that was lost would find nothing to delete: a receipt. */
+static int postgres_experiment_delete(void *conn, int64_t id, nas_err *err) {
+  static const pg_op op = {.attempt = experiment_delete_attempt, .receipt = true};
+  return pg_run(conn, &op, &id, err);
+}
+
+typedef struct {
+  int64_t id;
+  const char *new_name, *spec_text;
+} rename_ctx;
+
+static int experiment_rename_in_tx(pg_conn *c, const rename_ctx *r, nas_err *err) {
+  pg_params taken = {0}, update = {0};
+  PGresult *res = NULL;
+  int rc = pg_params_set(&taken, 1, err, "ti", r->new_name, r->id);
+  if (rc == NAS_OK) rc = pg_params_set(&update, 1, err, "tti", r->new_name, r->spec_text, r->id);
+  if (rc == NAS_OK) rc = experiment_lock(c, r->id, err);
+  if (rc == NAS_OK)
+    rc = pg_exec(c, &res, err, "SELECT 1 FROM experiments WHERE name = $1 AND id <> $2", &taken);
+  if (rc == NAS_OK && PQntuples(res) > 0)
+    rc = nas_errc(err, NAS_EEXIST, "an experiment of that name exists already");
+  PQclear(res);
+  if (rc == NAS_OK)
+    rc = pg_exec(c, NULL, err, "UPDATE experiments SET name = $1, spec_text = $2 WHERE id = $3",
+                 &update);
+  return rc;
+}
+
+static int experiment_rename_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
+  (void)token;
+  int rc = pg_tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = experiment_rename_in_tx(c, ctx, err);
+  return pg_tx_end(c, rc, NULL, 0, err);
+}
+
+/* Setting the same name and text twice is one rename: no receipt. */
+static int postgres_experiment_rename(void *conn, int64_t id, const char *new_name,
+                                      const char *spec_text, nas_err *err) {
+  static const pg_op op = {.attempt = experiment_rename_attempt};
+  rename_ctx r = {id, new_name, spec_text};
+  return pg_run(conn, &op, &r, err);
+}
+
+typedef struct {
+  const storage_experiment_image *img;
+  const metric_obs *obs;
+  const size_t *metric_trial;
+  int64_t *trial_ids; /* the new id of each of img->trials */
+  int64_t *id;
+} import_ctx;
+
+/* The id of the one row a statement RETURNING id gave, or NAS_EEXIST with `taken`. */
+static int exec_returning_id(pg_conn *c, const char *sql, const pg_params *p, int64_t *id,
+                             const char *taken, nas_err *err) {
+  PGresult *res = NULL;
+  int rc = pg_exec(c, &res, err, sql, p);
+  if (rc == NAS_OK && PQntuples(res) != 1) rc = nas_errc(err, NAS_EEXIST, "%s", taken);
+  else if (rc == NAS_OK) *id = pg_int(res, 0, 0);
+  PQclear(res);
+  return rc;
+}
+
+static int experiment_insert(pg_conn *c, const experiment_row *e, int64_t *id, nas_err *err) {
+  pg_params p = {0};
+  int rc = pg_params_set(&p, 1, err, "tttttd", e->name, e->spec_text, e->spec_path, e->run_root,
+                         e->status, e->created_at);
+  if (rc != NAS_OK) return rc;
+  return exec_returning_id(c,
+                           "INSERT INTO experiments (name, spec_text, spec_path, run_root,"
+                           " status, created_at) VALUES ($1, $2, $3, $4, $5, $6)"
+                           " ON CONFLICT (name) DO NOTHING RETURNING id",
+                           &p, id, "an experiment of that name exists already", err);
+}
+
+/* One trial of an image, every field as it was; times of 0 ("not yet") stored as NULL. */
+static int trial_import(pg_conn *c, int64_t experiment_id, const trial_row *t, int64_t *id,
+                        nas_err *err) {
+  pg_params p = {0};
+  int64_t exit_code = t->exit_code;
+  int rc = pg_params_set(&p, 1, err, "iittidddtotidt", experiment_id, (int64_t)t->number,
+                         trial_status_name(t->status), t->params_json, (int64_t)t->attempts,
+                         t->created_at, t->started_at, t->finished_at, t->job_id,
+                         t->has_exit_code ? &exit_code : NULL, t->error, t->log_offset,
+                         t->heartbeat_at, t->reference_json);
+  if (rc != NAS_OK) return rc;
+  return exec_returning_id(c,
+                           "INSERT INTO trials (experiment_id, number, status, params_json,"
+                           " attempts, created_at, started_at, finished_at, job_id, exit_code,"
+                           " error, log_offset, heartbeat_at, reference_json)"
+                           " VALUES ($1, $2, $3, $4, $5, $6, nullif($7::float8, 0),"
+                           " nullif($8::float8, 0), $9, $10, $11, $12, nullif($13::float8, 0),"
+                           " $14) RETURNING id",
+                           &p, id, "trial not stored", err);
+}
+
+static int metric_columns(const metric_obs *obs, size_t n, char *columns[4], nas_err *err);
+
+/* The n observations of one trial, in their order, as one statement. */
+static int metrics_import(pg_conn *c, int64_t trial_id, const metric_obs *obs, size_t n,
+                          nas_err *err) {
+  char *columns[4];
+  pg_params p = {0};
+  int rc = metric_columns(obs, n, columns, err);
+  if (rc != NAS_OK) return rc;
+  rc = pg_params_set(&p, 1, err, "itttt", trial_id, columns[0], columns[1], columns[2],
+                     columns[3]);
+  if (rc == NAS_OK)
+    rc = pg_exec(c, NULL, err,
+                 "INSERT INTO metrics (trial_id, name, step, value, time)"
+                 " SELECT $1, o.name, o.step, o.value, o.time FROM"
+                 " unnest($2::text[], $3::bigint[], $4::float8[], $5::float8[])"
+                 "   WITH ORDINALITY AS o (name, step, value, time, i) ORDER BY o.i",
+                 &p);
+  for (int k = 0; k < 4; k++) free(columns[k]);
+  return rc;
+}
+
+static int experiment_import_in_tx(pg_conn *c, const import_ctx *x, nas_err *err) {
+  const storage_experiment_image *img = x->img;
+  int rc = experiment_insert(c, img->exp, x->id, err);
+  for (size_t i = 0; rc == NAS_OK && i < img->n_trials; i++)
+    rc = trial_import(c, *x->id, &img->trials[i], &x->trial_ids[i], err);
+  for (size_t i = 0, end; rc == NAS_OK && i < img->n_metrics; i = end) {
+    for (end = i + 1; end < img->n_metrics && x->metric_trial[end] == x->metric_trial[i]; end++) {}
+    rc = metrics_import(c, x->trial_ids[x->metric_trial[i]], x->obs + i, end - i, err);
+  }
+  return rc;
+}
+
+static int experiment_import_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
+  import_ctx *x = ctx;
+  int rc = pg_tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = experiment_import_in_tx(c, x, err);
+  return pg_tx_end(c, rc, token, *x->id, err);
+}
+
+static int experiment_import_recover(pg_conn *c, int64_t result, void *ctx, nas_err *err) {
+  (void)c, (void)err;
+  *((import_ctx *)ctx)->id = result;
+  return NAS_OK;
+}
+
+static int postgres_experiment_import(void *conn, const storage_experiment_image *img,
+                                      const metric_obs *obs, const size_t *metric_trial,
+                                      int64_t *id, nas_err *err) {
+  static const pg_op op = {.attempt = experiment_import_attempt,
+                           .recover = experiment_import_recover,
+                           .receipt = true};
+  int64_t *trial_ids = calloc(img->n_trials ? img->n_trials : 1, sizeof *trial_ids);
+  if (!trial_ids) return nas_errf(err, "out of memory");
+  import_ctx x = {img, obs, metric_trial, trial_ids, id};
+  int rc = pg_run(conn, &op, &x, err);
+  free(trial_ids);
+  return rc;
+}
+
 /* ---- trials ------------------------------------------------------------------------------ */
 
 static int trial_get(pg_conn *c, int64_t trial_id, trial_row *out, nas_err *err) {
@@ -884,6 +1078,9 @@ const storage_backend storage_postgres_backend = {
     .experiment_list = postgres_experiment_list,
     .experiment_set_status = postgres_experiment_set_status,
     .experiment_set_spec = postgres_experiment_set_spec,
+    .experiment_delete = postgres_experiment_delete,
+    .experiment_rename = postgres_experiment_rename,
+    .experiment_import = postgres_experiment_import,
     .trial_create = postgres_trial_create,
     .trial_start = postgres_trial_start,
     .trial_claim = postgres_trial_claim,

@@ -237,6 +237,42 @@ int rows_json_array_read(const rows_json_kind *kind, const json_t *array, void *
   return NAS_OK;
 }
 
+/* ---- a whole experiment ------------------------------------------------------------------ */
+
+json_t *rows_json_image(const storage_experiment_image *img) {
+  return json_pack("{s:o, s:o, s:o}", "exp", rows_json_experiment.to_json(img->exp), "trials",
+                   rows_json_array(&rows_json_trial, img->trials, img->n_trials), "metrics",
+                   rows_json_array(&rows_json_metric, img->metrics, img->n_metrics));
+}
+
+int rows_json_image_read(const json_t *obj, rows_json_image_rows *out, nas_err *err) {
+  memset(out, 0, sizeof *out);
+  int rc = rows_json_experiment.from_json(json_object_get(obj, "exp"), &out->exp, err);
+  if (rc != NAS_OK) return nas_err_prefix(err, "field 'exp'");
+  rc = rows_json_array_read(&rows_json_trial, json_object_get(obj, "trials"),
+                            (void **)&out->trials, &out->n_trials, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "field 'trials'");
+  if (rc == NAS_OK) {
+    rc = rows_json_array_read(&rows_json_metric, json_object_get(obj, "metrics"),
+                              (void **)&out->metrics, &out->n_metrics, err);
+    if (rc != NAS_OK) nas_err_prefix(err, "field 'metrics'");
+  }
+  if (rc != NAS_OK) rows_json_image_clear(out);
+  return rc;
+}
+
+storage_experiment_image rows_json_image_of(const rows_json_image_rows *rows) {
+  return (storage_experiment_image){&rows->exp, rows->trials, rows->n_trials, rows->metrics,
+                                    rows->n_metrics};
+}
+
+void rows_json_image_clear(rows_json_image_rows *rows) {
+  experiment_row_clear(&rows->exp);
+  trial_rows_free(rows->trials, rows->n_trials);
+  metric_rows_free(rows->metrics, rows->n_metrics);
+  memset(rows, 0, sizeof *rows);
+}
+
 /* ---- observations ---------------------------------------------------------------------------- */
 
 json_t *rows_json_observations(const metric_obs *obs, size_t n) {

@@ -51,6 +51,22 @@ json_t *rows_json_array(const rows_json_kind *kind, const void *rows, size_t n);
 int rows_json_array_read(const rows_json_kind *kind, const json_t *array, void **rows, size_t *n,
                          nas_err *err);
 
+/* A whole experiment (storage_experiment_image) as {"exp", "trials", "metrics"}: its
+ * experiment row and arrays of its rows (NULL when out of memory). */
+json_t *rows_json_image(const storage_experiment_image *img);
+/* Such an object read back into owned rows (cleared on failure), and the image of them
+ * (borrowing them). */
+typedef struct {
+  experiment_row exp;
+  trial_row *trials;
+  size_t n_trials;
+  metric_row *metrics;
+  size_t n_metrics;
+} rows_json_image_rows;
+int rows_json_image_read(const json_t *obj, rows_json_image_rows *out, nas_err *err);
+storage_experiment_image rows_json_image_of(const rows_json_image_rows *rows);
+void rows_json_image_clear(rows_json_image_rows *rows);
+
 /* Observations as a JSON array, and back; names read back are borrowed from the JSON. */
 json_t *rows_json_observations(const metric_obs *obs, size_t n);
 int rows_json_observations_read(const json_t *array, metric_obs **obs, size_t *n, nas_err *err);

@@ -111,6 +111,35 @@ static int experiment_set_spec_run(storage *st, rows_json_reader *a, json_t *out
   return a->rc != NAS_OK ? a->rc : storage_experiment_set_spec(st, id, spec_text, err);
 }
 
+static int experiment_delete_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  (void)out;
+  int64_t id;
+  rows_json_int(a, "id", &id);
+  return a->rc != NAS_OK ? a->rc : storage_experiment_delete(st, id, err);
+}
+
+static int experiment_rename_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  (void)out;
+  int64_t id;
+  const char *new_name, *spec_text;
+  rows_json_int(a, "id", &id);
+  rows_json_text(a, "new_name", false, &new_name);
+  rows_json_text(a, "spec_text", false, &spec_text);
+  return a->rc != NAS_OK ? a->rc : storage_experiment_rename(st, id, new_name, spec_text, err);
+}
+
+/* The arguments are the image's fields (rows_json_image). */
+static int experiment_import_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  rows_json_image_rows rows;
+  int rc = rows_json_image_read(a->obj, &rows, err);
+  if (rc != NAS_OK) return rc;
+  storage_experiment_image img = rows_json_image_of(&rows);
+  int64_t id = 0;
+  rc = storage_experiment_import(st, &img, &id, err);
+  rows_json_image_clear(&rows);
+  return rc == NAS_OK ? put(out, "id", json_integer(id), err) : rc;
+}
+
 /* ---- trials ------------------------------------------------------------------------------------ */
 
 static int trial_create_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
@@ -279,6 +308,9 @@ static const storage_rpc_op ops[] = {
     {"experiment_list", false, false, REPLAY_NOTHING, experiment_list_run},
     {"experiment_set_status", true, false, REPLAY_NOTHING, experiment_set_status_run},
     {"experiment_set_spec", true, false, REPLAY_NOTHING, experiment_set_spec_run},
+    {"experiment_delete", true, true, REPLAY_NOTHING, experiment_delete_run},
+    {"experiment_rename", true, false, REPLAY_NOTHING, experiment_rename_run},
+    {"experiment_import", true, true, REPLAY_ID, experiment_import_run},
     {"trial_create", true, true, REPLAY_TRIAL, trial_create_run},
     {"trial_start", true, true, REPLAY_NOTHING, trial_start_run},
     {"trial_claim", true, true, REPLAY_TRIAL, trial_claim_run},

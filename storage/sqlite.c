@@ -658,6 +658,113 @@ static int sqlite_experiment_set_spec(void *conn, int64_t id, const char *spec_t
                            id, err);
 }
 
+static int experiment_delete_in_tx(const sqlite_conn *c, int64_t id, nas_err *err) {
+  bool found = false;
+  int rc = exists(c, &found, err, "SELECT 1 FROM experiments WHERE id = ?", "i", id);
+  if (rc == NAS_OK && !found) rc = nas_errc(err, NAS_ENOTFOUND, "no such experiment");
+  if (rc == NAS_OK)
+    rc = run(c, err,
+             "DELETE FROM metrics WHERE trial_id IN (SELECT id FROM trials WHERE experiment_id = ?)",
+             "i", id);
+  if (rc == NAS_OK) rc = run(c, err, "DELETE FROM trials WHERE experiment_id = ?", "i", id);
+  if (rc == NAS_OK)
+    rc = run(c, err, "DELETE FROM scheduler_leases WHERE experiment_id = ?", "i", id);
+  if (rc == NAS_OK) rc = run(c, err, "DELETE FROM experiments WHERE id = ?", "i", id);
+  return rc;
+}
+
+static int sqlite_experiment_delete(void *conn, int64_t id, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = experiment_delete_in_tx(c, id, err);
+  return tx_end_receipt(c, rc, id, err);
+}
+
+static int experiment_rename_in_tx(const sqlite_conn *c, int64_t id, const char *new_name,
+                                   const char *spec_text, nas_err *err) {
+  bool taken = false;
+  int rc = exists(c, &taken, err, "SELECT 1 FROM experiments WHERE name = ? AND id <> ?", "ti",
+                  new_name, id);
+  if (rc == NAS_OK && taken)
+    rc = nas_errc(err, NAS_EEXIST, "an experiment of that name exists already");
+  if (rc == NAS_OK)
+    rc = run(c, err, "UPDATE experiments SET name = ?, spec_text = ? WHERE id = ?", "tti",
+             new_name, spec_text, id);
+  if (rc == NAS_OK && sqlite3_changes(c->db) == 0)
+    rc = nas_errc(err, NAS_ENOTFOUND, "no such experiment");
+  return rc;
+}
+
+static int sqlite_experiment_rename(void *conn, int64_t id, const char *new_name,
+                                    const char *spec_text, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = experiment_rename_in_tx(c, id, new_name, spec_text, err);
+  return tx_end(c, rc, err);
+}
+
+/* One trial of an image, every field as it was; times of 0 ("not yet") stored as NULL. */
+static int trial_import(const sqlite_conn *c, int64_t experiment_id, const trial_row *t,
+                        int64_t *id, nas_err *err) {
+  int64_t exit_code = t->exit_code;
+  int rc = run(c, err,
+               "INSERT INTO trials (experiment_id, number, status, params_json, attempts,"
+               " created_at, started_at, finished_at, job_id, exit_code, error, log_offset,"
+               " heartbeat_at, reference_json)"
+               " VALUES (?, ?, ?, ?, ?, ?, nullif(?, 0), nullif(?, 0), ?, ?, ?, ?,"
+               " nullif(?, 0), ?)",
+               "iittidddtotidt", experiment_id, (int64_t)t->number,
+               trial_status_name(t->status), t->params_json, (int64_t)t->attempts, t->created_at,
+               t->started_at, t->finished_at, t->job_id, t->has_exit_code ? &exit_code : NULL,
+               t->error, t->log_offset, t->heartbeat_at, t->reference_json);
+  if (rc == NAS_OK) *id = sqlite3_last_insert_rowid(c->db);
+  return rc;
+}
+
+static int metrics_insert(const sqlite_conn *c, int64_t trial_id, const metric_obs *obs,
+                          size_t n, nas_err *err);
+
+static int experiment_import_in_tx(const sqlite_conn *c, const storage_experiment_image *img,
+                                   const metric_obs *obs, const size_t *metric_trial,
+                                   int64_t *trial_ids, int64_t *id, nas_err *err) {
+  const experiment_row *e = img->exp;
+  bool taken = false;
+  int rc = exists(c, &taken, err, "SELECT 1 FROM experiments WHERE name = ?", "t", e->name);
+  if (rc == NAS_OK && taken)
+    rc = nas_errc(err, NAS_EEXIST, "an experiment of that name exists already");
+  if (rc == NAS_OK)
+    rc = run(c, err,
+             "INSERT INTO experiments (name, spec_text, spec_path, run_root, status, created_at)"
+             " VALUES (?, ?, ?, ?, ?, ?)",
+             "tttttd", e->name, e->spec_text, e->spec_path, e->run_root, e->status,
+             e->created_at);
+  if (rc == NAS_OK) *id = sqlite3_last_insert_rowid(c->db);
+  for (size_t i = 0; rc == NAS_OK && i < img->n_trials; i++)
+    rc = trial_import(c, *id, &img->trials[i], &trial_ids[i], err);
+  for (size_t i = 0, end; rc == NAS_OK && i < img->n_metrics; i = end) {
+    for (end = i + 1; end < img->n_metrics && metric_trial[end] == metric_trial[i]; end++) {}
+    rc = metrics_insert(c, trial_ids[metric_trial[i]], obs + i, end - i, err);
+  }
+  return rc;
+}
+
+static int sqlite_experiment_import(void *conn, const storage_experiment_image *img,
+                                    const metric_obs *obs, const size_t *metric_trial,
+                                    int64_t *id, nas_err *err) {
+  sqlite_conn *c = conn;
+  int64_t *trial_ids = calloc(img->n_trials ? img->n_trials : 1, sizeof *trial_ids);
+  if (!trial_ids) return out_of_memory(err);
+  int rc = tx_begin(c, err);
+  if (rc == NAS_OK) {
+    rc = experiment_import_in_tx(c, img, obs, metric_trial, trial_ids, id, err);
+    rc = tx_end_receipt(c, rc, rc == NAS_OK ? *id : 0, err);
+  }
+  free(trial_ids);
+  return rc;
+}
+
 /* ---- trials ------------------------------------------------------------------------------ */
 
 static int trial_get(const sqlite_conn *c, int64_t trial_id, trial_row *out, nas_err *err) {
@@ -1007,6 +1114,9 @@ const storage_backend storage_sqlite_backend = {
     .experiment_list = sqlite_experiment_list,
     .experiment_set_status = sqlite_experiment_set_status,
     .experiment_set_spec = sqlite_experiment_set_spec,
+    .experiment_delete = sqlite_experiment_delete,
+    .experiment_rename = sqlite_experiment_rename,
+    .experiment_import = sqlite_experiment_import,
     .trial_create = sqlite_trial_create,
     .trial_start = sqlite_trial_start,
     .trial_claim = sqlite_trial_claim,

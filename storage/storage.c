@@ -400,6 +400,78 @@ int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, 
                     "set spec of experiment %" PRId64, id);
 }
 
+/* Observation i names a metric and has a step >= 0 or METRIC_FINAL. */
+static int check_observation(size_t i, const char *name, int64_t step, nas_err *err) {
+  if (!name || !name[0]) return nas_errf(err, "observation %zu has no name", i);
+  if (step < 0 && step != METRIC_FINAL) {
+    return nas_errf(err, "observation %zu (%s) has step %" PRId64 "; steps are >= 0, or "
+                    "METRIC_FINAL for a final value", i, name, step);
+  }
+  return NAS_OK;
+}
+
+int storage_experiment_delete(storage *st, int64_t id, nas_err *err) {
+  return in_context(st, st->backend->experiment_delete(st->conn, id, err), err,
+                    "delete experiment %" PRId64, id);
+}
+
+int storage_experiment_rename(storage *st, int64_t id, const char *new_name,
+                              const char *spec_text, nas_err *err) {
+  if (!new_name || !new_name[0] || !spec_text)
+    return nas_errf(err, "rename experiment %" PRId64 ": no new name or spec text", id);
+  return in_context(st, st->backend->experiment_rename(st->conn, id, new_name, spec_text, err), err,
+                    "rename experiment %" PRId64 " to '%s'", id, new_name);
+}
+
+/* The index into img->trials of each metric's trial (owned), or an error naming the first
+ * metric whose trial is not in the image. */
+static int image_metric_trials(const storage_experiment_image *img, size_t *index,
+                               nas_err *err) {
+  size_t t = 0; /* metrics usually come grouped by trial: look where the last one was first */
+  for (size_t i = 0; i < img->n_metrics; i++) {
+    int64_t want = img->metrics[i].trial_id;
+    if (t >= img->n_trials || img->trials[t].id != want)
+      for (t = 0; t < img->n_trials && img->trials[t].id != want; t++) {}
+    if (t == img->n_trials)
+      return nas_errf(err, "metric %zu belongs to trial %" PRId64 ", which is not copied", i,
+                      want);
+    index[i] = t;
+  }
+  return NAS_OK;
+}
+
+static int image_check(const storage_experiment_image *img, nas_err *err) {
+  const experiment_row *e = img->exp;
+  if (!e || !e->name || !e->name[0] || !e->spec_text || !e->spec_path || !e->run_root ||
+      !e->status)
+    return nas_errf(err, "the experiment lacks its name, spec, run root or status");
+  for (size_t i = 0; i < img->n_trials; i++)
+    if (!img->trials[i].params_json) return nas_errf(err, "trial %zu has no parameters", i);
+  for (size_t i = 0; i < img->n_metrics; i++)
+    if (check_observation(i, img->metrics[i].name, img->metrics[i].step, err) != NAS_OK)
+      return NAS_ERR;
+  return NAS_OK;
+}
+
+int storage_experiment_import(storage *st, const storage_experiment_image *img, int64_t *id,
+                              nas_err *err) {
+  size_t n = img->n_metrics ? img->n_metrics : 1;
+  size_t *metric_trial = calloc(n, sizeof *metric_trial);
+  metric_obs *obs = calloc(n, sizeof *obs);
+  int rc = metric_trial && obs ? image_check(img, err) : nas_errf(err, "out of memory");
+  if (rc == NAS_OK) rc = image_metric_trials(img, metric_trial, err);
+  for (size_t i = 0; rc == NAS_OK && i < img->n_metrics; i++) {
+    const metric_row *m = &img->metrics[i];
+    obs[i] = (metric_obs){.name = m->name, .step = m->step, .value = m->value, .time = m->time};
+  }
+  if (rc == NAS_OK)
+    rc = st->backend->experiment_import(st->conn, img, obs, metric_trial, id, err);
+  free(metric_trial);
+  free(obs);
+  return in_context(st, rc, err, "store experiment '%s'",
+                    img->exp && img->exp->name ? img->exp->name : "(no name)");
+}
+
 int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,
                          const char *reference_json, trial_row *out, nas_err *err) {
   if (!params_json) {
@@ -460,13 +532,8 @@ int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size
 }
 
 static int check_observations(const metric_obs *obs, size_t n, nas_err *err) {
-  for (size_t i = 0; i < n; i++) {
-    if (!obs[i].name || !obs[i].name[0]) return nas_errf(err, "observation %zu has no name", i);
-    if (obs[i].step < 0 && obs[i].step != METRIC_FINAL) {
-      return nas_errf(err, "observation %zu (%s) has step %" PRId64 "; steps are >= 0, or "
-                      "METRIC_FINAL for a final value", i, obs[i].name, obs[i].step);
-    }
-  }
+  for (size_t i = 0; i < n; i++)
+    if (check_observation(i, obs[i].name, obs[i].step, err) != NAS_OK) return NAS_ERR;
   return NAS_OK;
 }
 

@@ -142,6 +142,15 @@ int storage_experiment_get(storage *st, const char *name, experiment_row *out, n
 int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_err *err);
 int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err);
 int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, nas_err *err);
+/* Deletes the experiment, its trials, their metrics and its scheduler lease, in one
+ * transaction. NAS_ENOTFOUND when no experiment has that id. Run folders are the
+ * caller's. */
+int storage_experiment_delete(storage *st, int64_t id, nas_err *err);
+/* Gives the experiment a new name and, in the same transaction, its spec text (which
+ * names it). NAS_EEXIST when another experiment has new_name, NAS_ENOTFOUND when no
+ * experiment has that id. */
+int storage_experiment_rename(storage *st, int64_t id, const char *new_name,
+                              const char *spec_text, nas_err *err);
 void experiment_row_clear(experiment_row *row);
 void experiment_rows_free(experiment_row *rows, size_t n);
 
@@ -189,6 +198,22 @@ int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, s
                          nas_err *err);
 void metric_rows_free(metric_row *rows, size_t n);
 
+/* ---- a whole experiment at once ------------------------------------------------------
+ * What `nas copy` writes, and `nas run` for a spec with trials to enqueue: an experiment
+ * with its trials and their metrics, stored in one transaction (all of it, or nothing). */
+typedef struct {
+  const experiment_row *exp; /* every field but id */
+  const trial_row *trials;   /* every field but id and experiment_id; numbers unique */
+  size_t n_trials;
+  const metric_row *metrics; /* every field but id; trial_id is the id of one of trials
+                                (as read from the experiment copied) */
+  size_t n_metrics;
+} storage_experiment_image;
+
+/* Stores img as a new experiment; *id gets its id. NAS_EEXIST when its name is taken. */
+int storage_experiment_import(storage *st, const storage_experiment_image *img, int64_t *id,
+                              nas_err *err);
+
 /* ---- the scheduler lease --------------------------------------------------------------
  * One scheduler per experiment: a process that runs an experiment holds its lease, a row
  * naming the holder (host, pid, when it started) and a heartbeat it renews while it runs.
@@ -220,8 +245,8 @@ void storage_lease_clear(storage_lease *lease);
 /* ---- idempotency keys: the server side of the storage RPC (serve/api_storage.c) ---------
  * A client that lost the answer to a write sends it again under the same key. Armed on a
  * storage, a key is committed by the next write that is not idempotent (experiment_create,
- * trial_create, trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) in
- * that write's own transaction, with the id of the experiment or trial it made, took or
+ * experiment_delete, experiment_import, trial_create, trial_start, trial_claim,
+ * trial_finish, trial_requeue, metrics_add) in that write's own transaction, with the id of the experiment or trial it made, took or
  * changed; two writes under one key cannot both commit. Keys are kept for a day. */
 #define STORAGE_KEY_MAX 64
 /* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */

@@ -1480,6 +1480,150 @@ static void diff_reports_builtin_changes(void **state) {
   spec_free(a);
 }
 
+/* ---- known configurations: enqueue, nas enqueue, warm_start; renaming ------------------- */
+
+#define PARAMS_KNOWN                                                 \
+  "parameters:\n"                                                    \
+  "  lr: {type: float, low: 0.001, high: 1}\n"                       \
+  "  width: {type: categorical, choices: [32, 64]}\n"                \
+  "  opt: {type: categorical, choices: [sgd, adam]}\n"               \
+  "  momentum: {type: float, low: 0, high: 1, when: \"opt == sgd\"}\n" \
+  "  epochs: 5\n" /* 6 lines */
+
+static void enqueue_section_stores_full_assignments_as_suggestions_are(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME PARAMS_KNOWN AFTER_PARAMS
+                    "enqueue:\n"
+                    "  - {lr: 1, width: 64, opt: adam}\n"
+                    "  - {lr: 0.01, width: 32, opt: sgd, momentum: 0.9}\n");
+  assert_int_equal(json_array_size(s->enqueue), 2);
+  json_t *first = json_array_get(s->enqueue, 0);
+  assert_true(json_is_real(json_object_get(first, "lr"))); /* 1 read as a float's value */
+  assert_true(json_is_integer(json_object_get(first, "width")));
+  assert_int_equal(json_integer_value(json_object_get(first, "epochs")), 5);
+  assert_null(json_object_get(first, "momentum"));
+  assert_int_equal(json_object_size(json_array_get(s->enqueue, 1)), 5);
+  spec_free(s);
+}
+
+static void enqueue_section_errors_point_at_the_assignment(void **state) {
+  (void)state;
+  const char *head = NAME PARAMS_KNOWN AFTER_PARAMS "enqueue:\n"; /* line 13; the first item 14 */
+  char *yaml = nas_asprintf("%s  - {lr: 0.5, widht: 64, opt: adam}\n", head);
+  expect_error(yaml, "t.yaml:14:15:", "enqueue[0]: unknown parameter 'widht'; did you mean 'width'?");
+  free(yaml);
+  yaml = nas_asprintf("%s  - {lr: 0.5, width: 48, opt: adam}\n", head);
+  expect_error(yaml, "t.yaml:14:22:", "enqueue[0]: parameter 'width': 48 is not one of");
+  free(yaml);
+  yaml = nas_asprintf("%s  - {lr: 0.5, width: 64}\n", head);
+  expect_error(yaml, "t.yaml:14:5:", "enqueue[0]: parameter 'opt' is missing");
+  free(yaml);
+  yaml = nas_asprintf("%s  - {lr: 0.5, width: 64, opt: adam, momentum: 0.1}\n", head);
+  expect_error(yaml, "t.yaml:14:5:", "'momentum' is inactive");
+  free(yaml);
+  yaml = nas_asprintf("%s  - {lr: 0.5, width: 64, opt: adam, epochs: 6}\n", head);
+  expect_error(yaml, "t.yaml:14:", "fixed at 5");
+  free(yaml);
+  expect_error(NAME PARAMS_KNOWN AFTER_PARAMS "enqueue: {lr: 0.5}\n", "t.yaml:13:", "enqueue");
+}
+
+static void assignment_arguments_are_typed_checked_and_completed(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME PARAMS_KNOWN AFTER_PARAMS);
+  char *good[] = {"lr=0.05", "width=64", "opt=sgd", "momentum=0"};
+  json_t *params = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_assignment_parse(s, good, 4, &params, &err), NAS_OK);
+  assert_int_equal(spec_check_params(s, params, &err), NAS_OK);
+  assert_true(json_is_real(json_object_get(params, "momentum")));
+  assert_int_equal(json_integer_value(json_object_get(params, "epochs")), 5);
+  json_decref(params);
+  struct {
+    char *args[3];
+    const char *fragment;
+  } bad[] = {
+      {{"lr=0.05", "width=64", "opt=adma"}, "'adma' is not one of"},
+      {{"lr=0.5", "width=64", "optt=adam"}, "did you mean 'opt'"},
+      {{"lr=", "width=64", "opt=adam"}, "'lr=' has no value"},
+      {{"lr", "width=64", "opt=adam"}, "'lr' is not NAME=VALUE"},
+      {{"lr=2", "width=64", "opt=adam"}, "2 is outside [0.001, 1]"},
+      {{"lr=0.05", "lr=0.06", "opt=adam"}, "'lr' is given twice"},
+      {{"lr=0.05", "opt=adam", "width='64'"}, "is not one of"},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    params = NULL;
+    assert_int_equal(spec_assignment_parse(s, bad[i].args, 3, &params, &err), NAS_ERR);
+    if (!strstr(err.msg, bad[i].fragment)) fail_msg("%zu: %s", i, err.msg);
+    assert_null(params);
+  }
+  spec_free(s);
+}
+
+static void warm_start_loads_sources_and_checked_fill_values(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME PARAMS_KNOWN AFTER_PARAMS
+                    "warm_start: {from: [old, older], fill: {width: 32}}\n");
+  assert_int_equal(s->warm_start.n_from, 2);
+  assert_string_equal(s->warm_start.from[1], "older");
+  assert_int_equal(json_integer_value(json_object_get(s->warm_start.fill, "width")), 32);
+  spec_free(s);
+  const char *head = NAME PARAMS_KNOWN AFTER_PARAMS; /* warm_start on line 13 */
+  char *yaml = nas_asprintf("%swarm_start: {from: [t]}\n", head);
+  expect_error(yaml, "t.yaml:13:", "'t' is this experiment itself");
+  free(yaml);
+  yaml = nas_asprintf("%swarm_start: {from: [old, old]}\n", head);
+  expect_error(yaml, "t.yaml:13:", "'old' is named twice");
+  free(yaml);
+  yaml = nas_asprintf("%swarm_start: {from: [old], fill: {width: 48}}\n", head);
+  expect_error(yaml, "t.yaml:13:", "warm_start.fill: parameter 'width': 48 is not one of");
+  free(yaml);
+  yaml = nas_asprintf("%swarm_start: {from: [../x]}\n", head);
+  expect_error(yaml, "t.yaml:13:", "not an experiment name");
+  free(yaml);
+  yaml = nas_asprintf("%swarm_start: {fill: {width: 32}}\n", head);
+  expect_error(yaml, "t.yaml:13:", "from");
+  free(yaml);
+}
+
+static void diff_names_enqueue_and_warm_start_changes(void **state) {
+  (void)state;
+  spec *a = load_ok(NAME PARAMS_X AFTER_PARAMS);
+  spec *b = load_ok(NAME PARAMS_X AFTER_PARAMS "enqueue: [{x: 0.5}]\n"
+                    "warm_start: {from: [old]}\n");
+  char *diff = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_diff(a, b, &diff, &err), NAS_OK);
+  assert_non_null(diff);
+  assert_non_null(strstr(diff, "enqueue: none -> [{\"x\":0.5}]\n"));
+  assert_non_null(strstr(diff, "warm_start: none -> from [\"old\"] fill {}\n"));
+  free(diff);
+  spec_free(a);
+  spec_free(b);
+}
+
+static void renamed_text_changes_the_name_and_nothing_else(void **state) {
+  (void)state;
+  spec *s = load_ok("# the name comes first\nname:  t   # keep this\n" PARAMS_X AFTER_PARAMS);
+  char *text = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_text_renamed(s, "t-2.b", &text, &err), NAS_OK);
+  assert_string_equal(text, "# the name comes first\nname:  t-2.b   # keep this\n" PARAMS_X
+                            AFTER_PARAMS);
+  free(text);
+  assert_int_equal(spec_text_renamed(s, "true", &text, &err), NAS_OK);
+  assert_non_null(strstr(text, "name:  \"true\"   # keep this\n"));
+  free(text);
+  assert_int_equal(spec_text_renamed(s, "../up", &text, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not an experiment name"));
+  assert_int_equal(spec_text_renamed(s, "t", &text, &err), NAS_ERR);
+  spec_free(s);
+  s = load_ok("parameters:\n  x: {type: categorical, choices: [&n t, u]}\nname: *n\n"
+              AFTER_PARAMS);
+  assert_int_equal(spec_text_renamed(s, "v", &text, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "alias"));
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(full_example_loads_every_field),
@@ -1548,6 +1692,12 @@ int main(void) {
       cmocka_unit_test(builtin_section_errors_point_at_the_value),
       cmocka_unit_test(builtin_parameters_must_be_settings_with_valid_values),
       cmocka_unit_test(diff_reports_builtin_changes),
+      cmocka_unit_test(enqueue_section_stores_full_assignments_as_suggestions_are),
+      cmocka_unit_test(enqueue_section_errors_point_at_the_assignment),
+      cmocka_unit_test(assignment_arguments_are_typed_checked_and_completed),
+      cmocka_unit_test(warm_start_loads_sources_and_checked_fill_values),
+      cmocka_unit_test(diff_names_enqueue_and_warm_start_changes),
+      cmocka_unit_test(renamed_text_changes_the_name_and_nothing_else),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,6 +15,8 @@
 #include <sqlite3.h>
 #include <sys/stat.h>
 
+#include "storage/rows_json.h"
+#include "storage/rpc.h"
 #include "storage/storage.h"
 #include "tests/pgserver.h"
 #include "tests/serve.h"
@@ -973,6 +975,161 @@ static void metrics_add_to_unknown_trial_is_enotfound(void **state) {
   trial_row_clear(&t);
 }
 
+/* ---- whole experiments: delete, rename, import ------------------------------------------ */
+
+static void raw_text_is(const fixture *f, const char *sql, const char *expect);
+
+/* An experiment "name" with a completed trial holding two observations, a queued trial and
+ * a lease: something of every kind an experiment owns. */
+static int64_t make_full_experiment(fixture *f, const char *name) {
+  int64_t id = make_experiment(f, name);
+  trial_row done = make_trial(f, id, "{\"x\": 1}"), queued = make_trial(f, id, "{\"x\": 2}");
+  CHECK(storage_trial_start(f->st, done.id, "job-1", err));
+  metric_obs obs[] = {{"loss", 0, 0.5, 10}, {"loss", METRIC_FINAL, 0.25, 11}};
+  CHECK(storage_metrics_add(f->st, done.id, obs, 2, 40, err));
+  CHECK(storage_trial_finish(f->st, done.id, TRIAL_COMPLETED, true, 0, NULL, err));
+  CHECK(storage_lease_take(f->st, id, "token", "host", 42, NULL, err));
+  trial_row_clear(&done);
+  trial_row_clear(&queued);
+  return id;
+}
+
+static size_t trial_count(fixture *f, int64_t experiment_id) {
+  trial_row *rows = NULL;
+  size_t n = 0;
+  CHECK(storage_trial_list(f->st, experiment_id, &rows, &n, err));
+  trial_rows_free(rows, n);
+  return n;
+}
+
+static void experiment_delete_removes_its_trials_metrics_and_lease_only(void **state) {
+  fixture *f = *state;
+  int64_t gone = make_full_experiment(f, "gone"), kept = make_full_experiment(f, "kept");
+  CHECK(storage_experiment_delete(f->st, gone, err));
+  experiment_row e;
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_get(f->st, "gone", &e, &err), NAS_ENOTFOUND);
+  assert_int_equal(trial_count(f, gone), 0);
+  assert_int_equal(metric_count(f, gone), 0);
+  storage_lease lease;
+  assert_int_equal(storage_lease_get(f->st, gone, &lease, &err), NAS_ENOTFOUND);
+  raw_text_is(f, "SELECT count(*) FROM metrics", "2");
+  assert_int_equal(trial_count(f, kept), 2);
+  CHECK(storage_lease_get(f->st, kept, &lease, err));
+  storage_lease_clear(&lease);
+  /* The name is free again. */
+  make_experiment(f, "gone");
+}
+
+static void experiment_delete_of_unknown_id_is_enotfound(void **state) {
+  fixture *f = *state;
+  int64_t id = make_full_experiment(f, "e");
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_delete(f->st, id + 100, &err), NAS_ENOTFOUND);
+  assert_contains(err.msg, "delete experiment");
+  assert_int_equal(trial_count(f, id), 2);
+}
+
+static void experiment_rename_changes_name_and_spec_keeping_trials(void **state) {
+  fixture *f = *state;
+  int64_t id = make_full_experiment(f, "old");
+  CHECK(storage_experiment_rename(f->st, id, "new", "name: new\n", err));
+  experiment_row e;
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_get(f->st, "old", &e, &err), NAS_ENOTFOUND);
+  CHECK(storage_experiment_get(f->st, "new", &e, err));
+  assert_int_equal(e.id, id);
+  assert_string_equal(e.spec_text, "name: new\n");
+  assert_string_equal(e.run_root, "/runs");
+  experiment_row_clear(&e);
+  assert_int_equal(trial_count(f, id), 2);
+  assert_int_equal(metric_count(f, id), 2);
+}
+
+static void experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing(void **state) {
+  fixture *f = *state;
+  int64_t a = make_experiment(f, "a");
+  make_experiment(f, "b");
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_rename(f->st, a, "b", "name: b\n", &err), NAS_EEXIST);
+  assert_int_equal(storage_experiment_rename(f->st, a + 100, "c", "x", &err), NAS_ENOTFOUND);
+  experiment_row e;
+  CHECK(storage_experiment_get(f->st, "a", &e, err));
+  assert_string_equal(e.spec_text, "objectives: [loss]\n");
+  experiment_row_clear(&e);
+}
+
+/* The image of experiment `name` as read back from f, under new_name (owned parts freed
+ * by image_free). */
+typedef struct {
+  rows_json_image_rows rows;
+  storage_experiment_image img;
+} test_image;
+
+static void image_read(fixture *f, const char *name, const char *new_name, test_image *t) {
+  rows_json_image_rows *r = &t->rows;
+  CHECK(storage_experiment_get(f->st, name, &r->exp, err));
+  CHECK(storage_trial_list(f->st, r->exp.id, &r->trials, &r->n_trials, err));
+  CHECK(storage_metrics_list(f->st, r->exp.id, &r->metrics, &r->n_metrics, err));
+  free(r->exp.name);
+  r->exp.name = strdup(new_name);
+  t->img = rows_json_image_of(r);
+}
+
+static void image_free(test_image *t) { rows_json_image_clear(&t->rows); }
+
+static void experiment_import_stores_every_field_of_trials_and_metrics(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  int64_t id = -1;
+  CHECK(storage_experiment_import(f->st, &src.img, &id, err));
+  assert_true(id != src.rows.exp.id);
+  test_image copy;
+  image_read(f, "copy", "copy", &copy);
+  assert_int_equal(copy.rows.exp.id, id);
+  assert_string_equal(copy.rows.exp.spec_text, src.rows.exp.spec_text);
+  assert_string_equal(copy.rows.exp.status, src.rows.exp.status);
+  assert_true(copy.rows.exp.created_at == src.rows.exp.created_at);
+  assert_int_equal(copy.rows.n_trials, src.rows.n_trials);
+  for (size_t i = 0; i < src.rows.n_trials; i++) {
+    trial_row expect = src.rows.trials[i];
+    expect.id = copy.rows.trials[i].id;
+    expect.experiment_id = id;
+    assert_trials_equal(&copy.rows.trials[i], &expect);
+  }
+  assert_int_equal(copy.rows.n_metrics, src.rows.n_metrics);
+  for (size_t i = 0; i < src.rows.n_metrics; i++) {
+    assert_string_equal(copy.rows.metrics[i].name, src.rows.metrics[i].name);
+    assert_int_equal(copy.rows.metrics[i].step, src.rows.metrics[i].step);
+    assert_true(copy.rows.metrics[i].value == src.rows.metrics[i].value);
+    assert_int_equal(copy.rows.metrics[i].trial_id, copy.rows.trials[0].id);
+  }
+  image_free(&src);
+  image_free(&copy);
+}
+
+static void experiment_import_with_a_taken_name_stores_nothing(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  make_experiment(f, "taken");
+  test_image src;
+  image_read(f, "src", "taken", &src);
+  nas_err err = {{0}};
+  int64_t id = -1;
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_EEXIST);
+  assert_contains(err.msg, "taken");
+  raw_text_is(f, "SELECT count(*) FROM trials", "2");
+  src.rows.metrics[0].trial_id = 9999; /* a metric of no trial copied: refused before storing */
+  free(src.rows.exp.name);
+  src.rows.exp.name = strdup("other");
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
+  assert_contains(err.msg, "9999");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "2");
+  image_free(&src);
+}
+
 /* ---- persistence and concurrency ------------------------------------------------------ */
 
 static void reopening_keeps_everything(void **state) {
@@ -1288,6 +1445,67 @@ static void idempotency_key_commits_with_its_write_and_only_once(void **state) {
   trial_row_clear(&claimed);
   trial_row_clear(&queued);
   trial_row_clear(&t);
+}
+
+/* op of the storage RPC with args (taken) under key; the reply (owned) and its code. */
+static json_t *rpc_call(fixture *f, const char *op_name, const char *key, json_t *args,
+                        int *rc) {
+  const storage_rpc_op *op = storage_rpc_find(op_name);
+  assert_non_null(op);
+  assert_non_null(args);
+  json_t *reply = NULL;
+  *rc = storage_rpc_serve(f->st, op, key, args, &reply);
+  json_decref(args);
+  assert_non_null(reply);
+  return reply;
+}
+
+/* A delete or an import sent again under its key (a client that lost the answer) is
+ * answered as the first was, and done once. */
+static void rpc_delete_and_import_retried_under_one_key_happen_once(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  int rc;
+  json_t *first = rpc_call(f, "experiment_import", "import-1", rows_json_image(&src.img), &rc);
+  assert_int_equal(rc, NAS_OK);
+  json_t *again = rpc_call(f, "experiment_import", "import-1", rows_json_image(&src.img), &rc);
+  assert_int_equal(rc, NAS_OK);
+  assert_true(json_equal(first, again));
+  raw_text_is(f, "SELECT count(*) FROM experiments", "2");
+  raw_text_is(f, "SELECT count(*) FROM metrics", "4");
+  json_t *id = json_object_get(first, "id");
+  assert_true(json_is_integer(id));
+  for (int i = 0; i < 2; i++) {
+    json_decref(rpc_call(f, "experiment_delete", "delete-1", json_pack("{s:O}", "id", id), &rc));
+    assert_int_equal(rc, NAS_OK);
+  }
+  json_decref(rpc_call(f, "experiment_delete", "delete-2", json_pack("{s:O}", "id", id), &rc));
+  assert_int_equal(rc, NAS_ENOTFOUND);
+  raw_text_is(f, "SELECT count(*) FROM experiments", "1");
+  raw_text_is(f, "SELECT count(*) FROM trials", "2");
+  json_decref(first), json_decref(again);
+  image_free(&src);
+}
+
+static void rpc_import_of_a_malformed_image_is_refused_naming_the_field(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  json_t *args = rows_json_image(&src.img);
+  assert_non_null(args);
+  json_object_set_new(json_array_get(json_object_get(args, "trials"), 1), "number",
+                      json_string("two"));
+  int rc;
+  json_t *reply = rpc_call(f, "experiment_import", "import-1", args, &rc);
+  assert_int_equal(rc, NAS_ERR);
+  assert_contains(json_string_value(json_object_get(reply, "error")),
+                  "field 'trials': row 1: field 'number' is not an integer");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "1");
+  json_decref(reply);
+  image_free(&src);
 }
 
 /* ---- schema and faults, on every backend --------------------------------------------------- */
@@ -2086,6 +2304,12 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(metrics_add_with_a_bad_observation_stores_nothing),
       FIXTURE_TEST(metrics_add_to_unknown_trial_is_enotfound),
       FIXTURE_TEST(metrics_add_failing_midway_stores_nothing),
+      FIXTURE_TEST(experiment_delete_removes_its_trials_metrics_and_lease_only),
+      FIXTURE_TEST(experiment_delete_of_unknown_id_is_enotfound),
+      FIXTURE_TEST(experiment_rename_changes_name_and_spec_keeping_trials),
+      FIXTURE_TEST(experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing),
+      FIXTURE_TEST(experiment_import_stores_every_field_of_trials_and_metrics),
+      FIXTURE_TEST(experiment_import_with_a_taken_name_stores_nothing),
       FIXTURE_TEST(reopening_keeps_everything),
       FIXTURE_TEST(schema_version_table_holds_the_current_version),
       FIXTURE_TEST(processes_creating_the_same_storage_at_once_all_succeed),
@@ -2102,6 +2326,8 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(newer_schema_is_refused_and_left_as_it_is),
       FIXTURE_TEST(schema_version_1_is_upgraded_keeping_everything),
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
+      FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
+      FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
   };
   char name[64];
   snprintf(name, sizeof name, "%s schema", ctx->backend->name);

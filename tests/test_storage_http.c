@@ -1,8 +1,8 @@
 /* End-to-end tests of the http storage backend (storage/http.c) against a real `nas serve`
  * on 127.0.0.1: every client command through --storage http:// and NAS_STORAGE, built-in
  * trials reporting through the server, many clients at once, a server killed with -9 and
- * restarted under load (each report stored exactly once), tokens, unknown experiments and
- * a server out of reach. (tests/test_storage.c also runs the whole shared storage suite
+ * restarted under load (each report stored exactly once), tokens, unknown experiments,
+ * copy, rename and delete, and a server out of reach. (tests/test_storage.c also runs the whole shared storage suite
  * through a server.) */
 #include <inttypes.h>
 #include <sqlite3.h>
@@ -128,6 +128,55 @@ static void every_client_command_works_through_the_server(void **state) {
   assert_int_equal(count_status(rows, "completed"), 1);
   assert_int_equal(count_status(rows, "running"), 1);
   json_decref(rows);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(url), free(spec);
+}
+
+/* Runs `nas ARGV…` and fails the test with its output unless it exits 0. */
+static void nas_ok(fixture *f, const char *const *args) {
+  char *out;
+  if (nas_argv(f, &out, args) != 0) fail_msg("nas %s: %s", args[0], out);
+  free(out);
+}
+
+/* The trials of experiment `name` in the database itself; NAS_ENOTFOUND when it is gone. */
+static int stored_trials(fixture *f, const char *name, size_t *n) {
+  storage *st = open_or_fail(f->db);
+  experiment_row exp;
+  trial_row *rows = NULL;
+  nas_err err;
+  *n = 0;
+  int rc = storage_experiment_get(st, name, &exp, &err);
+  if (rc == NAS_OK) assert_int_equal(storage_trial_list(st, exp.id, &rows, n, &err), NAS_OK);
+  if (rc == NAS_OK) experiment_row_clear(&exp);
+  trial_rows_free(rows, *n);
+  storage_close(st);
+  return rc;
+}
+
+static void copy_rename_and_delete_work_through_the_server(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv), *spec = test_write(f->dir, "asked.yaml", asked_spec);
+  nas_ok(f, (const char *[]){"create", spec, "--storage", url, NULL});
+  nas_ok(f, (const char *[]){"ask", "asked", "-n", "2", "--storage", url, NULL});
+  for (int i = 0; i < 2; i++)
+    nas_ok(f, (const char *[]){"tell", "asked", i ? "1" : "0", "--complete", "loss=0.5",
+                               "--storage", url, NULL});
+  nas_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", url, NULL});
+  nas_ok(f, (const char *[]){"rename", "copied", "renamed", "--storage", url, NULL});
+  size_t n;
+  assert_int_equal(stored_trials(f, "copied", &n), NAS_ENOTFOUND);
+  assert_int_equal(stored_trials(f, "renamed", &n), NAS_OK);
+  assert_int_equal(n, 2);
+  json_t *rows = trials_json(f, "renamed");
+  assert_int_equal(count_status(rows, "completed"), 2);
+  json_decref(rows);
+  nas_ok(f, (const char *[]){"delete", "renamed", "--yes", "--storage", url, NULL});
+  assert_int_equal(stored_trials(f, "renamed", &n), NAS_ENOTFOUND);
+  assert_int_equal(stored_trials(f, "asked", &n), NAS_OK);
+  assert_int_equal(n, 2);
   assert_int_equal(test_server_stop(&srv), 0);
   free(url), free(spec);
 }
@@ -453,6 +502,7 @@ static void credentials_in_the_url_are_refused_unshown(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_client_command_works_through_the_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(copy_rename_and_delete_work_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_run_and_its_builtin_workers_report_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(worker_started_by_hand_reports_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_lose_and_double_nothing, setup, teardown),

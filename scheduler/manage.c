@@ -1,0 +1,210 @@
+/* scheduler/manage.c: what a person does to a whole experiment outside its run — delete
+ * it, rename it, copy it (to the same storage or another), and queue known
+ * configurations.
+ *
+ * Each refuses while a scheduler runs the experiment (its lease is alive): that process
+ * holds the experiment's rows and run folders and would go on writing under the old name
+ * or into rows that are gone. Storage changes are one transaction each (storage.h). Run
+ * folders are touched only at runs/<name>/ under the experiment's run_root, where <name>
+ * passed the name check (no '/', never '.' or '..'), and a symbolic link there is never
+ * followed. */
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "scheduler/scheduler.h"
+
+char *sched_experiment_runs_dir(const experiment_row *exp) {
+  return nas_asprintf("%s/runs/%s", exp->run_root, exp->name);
+}
+
+int sched_check_idle(storage *st, const experiment_row *exp, const char *doing, nas_err *err) {
+  sched_liveness state;
+  char *holder = NULL;
+  int rc = sched_scheduler_state(st, exp, &state, &holder, err);
+  if (rc == NAS_OK && state == SCHEDULER_ALIVE)
+    rc = nas_errf(err, "cannot %s '%s' while its scheduler runs (%s); stop it first with "
+                  "'nas stop %s'", doing, exp->name, holder, exp->name);
+  free(holder);
+  return rc;
+}
+
+/* Refuses when a trial of exp is running: its job writes into its run folder and reports
+ * to its trial's row. */
+static int check_none_running(storage *st, const experiment_row *exp, const char *doing,
+                              nas_err *err) {
+  trial_row *rows;
+  size_t n, running = 0;
+  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  for (size_t i = 0; i < n; i++) running += rows[i].status == TRIAL_RUNNING;
+  trial_rows_free(rows, n);
+  if (running == 0) return NAS_OK;
+  return nas_errf(err, "cannot %s '%s' while %zu of its trials %s running; stop it with 'nas "
+                  "stop %s' (or let them end) first", doing, exp->name, running,
+                  running == 1 ? "is" : "are", exp->name);
+}
+
+/* ---- delete -------------------------------------------------------------------------- */
+
+static int remove_inside(int dir_fd, const char *path, nas_err *err);
+
+/* Removes name (a file, or a folder with all it holds) from the folder open as parent_fd;
+ * a symbolic link is removed, never followed. */
+static int remove_entry(int parent_fd, const char *parent, const char *name, nas_err *err) {
+  if (unlinkat(parent_fd, name, 0) == 0) return NAS_OK;
+  if (errno != EISDIR && errno != EPERM)
+    return nas_errf(err, "cannot remove %s/%s: %s", parent, name, strerror(errno));
+  char *path = nas_asprintf("%s/%s", parent, name);
+  if (!path) return nas_errf(err, "out of memory");
+  int fd = openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  int rc = fd >= 0 ? remove_inside(fd, path, err)
+                   : nas_errf(err, "cannot open %s: %s", path, strerror(errno));
+  if (rc == NAS_OK && unlinkat(parent_fd, name, AT_REMOVEDIR) != 0)
+    rc = nas_errf(err, "cannot remove %s: %s", path, strerror(errno));
+  free(path);
+  return rc;
+}
+
+/* Empties the folder open as dir_fd (which it closes). */
+static int remove_inside(int dir_fd, const char *path, nas_err *err) {
+  DIR *d = fdopendir(dir_fd);
+  if (!d) {
+    close(dir_fd);
+    return nas_errf(err, "cannot read %s: %s", path, strerror(errno));
+  }
+  int rc = NAS_OK;
+  struct dirent *entry;
+  while (rc == NAS_OK && (errno = 0, entry = readdir(d)) != NULL) {
+    if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
+    rc = remove_entry(dirfd(d), path, entry->d_name, err);
+  }
+  if (rc == NAS_OK && errno != 0) rc = nas_errf(err, "cannot read %s: %s", path, strerror(errno));
+  closedir(d);
+  return rc;
+}
+
+/* Removes runs/<name>/ of exp; *removed says whether there was one. */
+static int remove_runs(const experiment_row *exp, bool *removed, nas_err *err) {
+  char *runs = nas_asprintf("%s/runs", exp->run_root);
+  if (!runs) return nas_errf(err, "out of memory");
+  struct stat st;
+  int rc = NAS_OK;
+  *removed = false;
+  int runs_fd = open(runs, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (runs_fd < 0 && errno != ENOENT)
+    rc = nas_errf(err, "cannot open %s: %s", runs, strerror(errno));
+  else if (runs_fd >= 0 && fstatat(runs_fd, exp->name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    if (S_ISLNK(st.st_mode) || !S_ISDIR(st.st_mode))
+      rc = nas_errf(err, "%s/%s is not a folder (a link or a file); left as it is", runs,
+                    exp->name);
+    else if ((rc = remove_entry(runs_fd, runs, exp->name, err)) == NAS_OK)
+      *removed = true;
+  }
+  if (runs_fd >= 0) close(runs_fd);
+  free(runs);
+  return rc;
+}
+
+int sched_delete(storage *st, const experiment_row *exp, bool runs, FILE *report,
+                 nas_err *err) {
+  if (sched_check_idle(st, exp, "delete", err) != NAS_OK) return NAS_ERR;
+  if (storage_experiment_delete(st, exp->id, err) != NAS_OK) return NAS_ERR;
+  if (report) fprintf(report, "nas: deleted experiment '%s' with its trials and metrics\n", exp->name);
+  if (!runs) return NAS_OK;
+  bool removed = false;
+  if (remove_runs(exp, &removed, err) != NAS_OK)
+    return nas_err_prefix(err, "experiment '%s' is deleted from storage, but its run folder "
+                          "is not", exp->name);
+  if (report && removed) fprintf(report, "nas: removed %s/runs/%s\n", exp->run_root, exp->name);
+  else if (report) fprintf(report, "nas: %s/runs/%s did not exist\n", exp->run_root, exp->name);
+  return NAS_OK;
+}
+
+/* ---- rename --------------------------------------------------------------------------- */
+
+/* Renames runs/<old> to runs/<new> under exp's run_root when it exists; *moved says
+ * whether it did. An existing runs/<new> is never replaced. */
+static int move_runs(const experiment_row *exp, const char *new_name, bool back, bool *moved,
+                     nas_err *err) {
+  const char *from_name = back ? new_name : exp->name, *to_name = back ? exp->name : new_name;
+  char *from = nas_asprintf("%s/runs/%s", exp->run_root, from_name);
+  char *to = nas_asprintf("%s/runs/%s", exp->run_root, to_name);
+  struct stat st;
+  int rc = from && to ? NAS_OK : nas_errf(err, "out of memory");
+  *moved = false;
+  if (rc == NAS_OK && lstat(from, &st) == 0) {
+    if (lstat(to, &st) == 0 || errno != ENOENT)
+      rc = nas_errf(err, "%s exists already; move it away first", to);
+    else if (renameat2(AT_FDCWD, from, AT_FDCWD, to, RENAME_NOREPLACE) != 0)
+      rc = nas_errf(err, "cannot rename %s to %s: %s", from, to, strerror(errno));
+    else
+      *moved = true;
+  }
+  free(from);
+  free(to);
+  return rc;
+}
+
+int sched_rename(storage *st, const spec *s, const experiment_row *exp, const char *new_name,
+                 FILE *report, nas_err *err) {
+  char *text = NULL;
+  bool moved = false, unused;
+  int rc = sched_check_idle(st, exp, "rename", err);
+  if (rc == NAS_OK) rc = check_none_running(st, exp, "rename", err);
+  if (rc == NAS_OK) rc = spec_text_renamed(s, new_name, &text, err);
+  if (rc == NAS_OK) rc = move_runs(exp, new_name, false, &moved, err);
+  if (rc == NAS_OK) rc = storage_experiment_rename(st, exp->id, new_name, text, err);
+  if (rc != NAS_OK && moved) move_runs(exp, new_name, true, &unused, NULL); /* undo */
+  if (rc == NAS_OK && report) {
+    fprintf(report, "nas: renamed '%s' to '%s'", exp->name, new_name);
+    if (moved) fprintf(report, ", and its run folder to %s/runs/%s", exp->run_root, new_name);
+    fputc('\n', report);
+  }
+  free(text);
+  return rc;
+}
+
+/* ---- copy ----------------------------------------------------------------------------- */
+
+int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
+               const char *new_name, nas_err *err) {
+  experiment_row copy = *exp;
+  trial_row *trials = NULL;
+  metric_row *metrics = NULL;
+  size_t n_trials = 0, n_metrics = 0;
+  char *text = NULL;
+  int rc = check_none_running(from, exp, "copy", err);
+  /* The same name is fine in another storage (import refuses it in the same one). */
+  if (rc == NAS_OK && strcmp(new_name, exp->name) == 0)
+    rc = (text = strdup(exp->spec_text)) ? NAS_OK : nas_errf(err, "out of memory");
+  else if (rc == NAS_OK)
+    rc = spec_text_renamed(s, new_name, &text, err);
+  if (rc == NAS_OK) rc = storage_trial_list(from, exp->id, &trials, &n_trials, err);
+  if (rc == NAS_OK) rc = storage_metrics_list(from, exp->id, &metrics, &n_metrics, err);
+  if (rc == NAS_OK) {
+    copy.name = (char *)new_name;
+    copy.spec_text = text;
+    storage_experiment_image img = {&copy, trials, n_trials, metrics, n_metrics};
+    int64_t id;
+    rc = storage_experiment_import(to, &img, &id, err);
+  }
+  free(text);
+  trial_rows_free(trials, n_trials);
+  metric_rows_free(metrics, n_metrics);
+  return rc;
+}
+
+/* ---- known configurations -------------------------------------------------------------- */
+
+int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *params,
+                        trial_row *out, nas_err *err) {
+  char *text = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);
+  int rc = text ? storage_trial_create(st, exp->id, text, NULL, out, err)
+                : nas_errf(err, "out of memory");
+  free(text);
+  return rc;
+}
