@@ -114,6 +114,9 @@ int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir
 void builtin_spec_free(builtin_spec *b);
 /* early_stopping: (optional; after objectives, which it refers to). */
 int parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+/* notify.c: notify: (optional) -> s->notify. */
+int parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+void notify_specs_free(notify_spec *targets, size_t n);
 
 /* ---- params.c: what values parameters take ---- */
 

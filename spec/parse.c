@@ -17,7 +17,7 @@
 static const char *const root_keys[] = {"name",       "storage",     "seed",  "parameters",
                                         "objectives", "constraints", "trial", "budget",
                                         "runner",     "optimizer",   "early_stopping",
-                                        NULL};
+                                        "notify",     NULL};
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
@@ -297,6 +297,7 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
   if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);
   if (!rc) rc = parse_early_stopping(c, root, s);
+  if (!rc) rc = parse_notify(c, root, s);
   return rc;
 }
 
@@ -431,6 +432,7 @@ void spec_free(spec *s) {
   free(s->optimizer.type);
   json_decref(s->optimizer.options);
   json_decref(s->optimizer.where);
+  notify_specs_free(s->notify, s->n_notify);
   free(s->path);
   free(s->text);
   free(s->name);
