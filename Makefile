@@ -3,14 +3,14 @@
 CC      ?= cc
 BUILD   ?= build
 BIN     ?= bin
-PKGS    := gsl nlopt sqlite3 libpq yaml-0.1 jansson libmicrohttpd
+PKGS    := gsl nlopt sqlite3 libpq yaml-0.1 jansson libmicrohttpd libcurl
 CFLAGS  ?= -O2 -g
 # Project flags stay separate so that `make CFLAGS=…` (as `asan` does) only changes
 # optimisation and instrumentation.
 NAS_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$(shell pg_config --includedir 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null | sed 's/-lgslcblas//') -lopenblas -lz -lm -lpthread -fopenmp
 
-MODULES := common spec storage runners metrics optimizer scheduler trainer serve
+MODULES := common spec storage runners metrics optimizer notify scheduler trainer serve
 LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 
 # CUDA is on where nvcc is found (`make CUDA=0` turns it off). Everything that touches the
