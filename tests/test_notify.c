@@ -123,9 +123,22 @@ static size_t count_received(const receiver *rv, const char *path, const char *e
 
 /* ---- the notifier on its own ---------------------------------------------------------------- */
 
-static notify_spec target_at(const receiver *rv, char *url_buf, size_t cap) {
-  snprintf(url_buf, cap, "http://127.0.0.1:%d/hook", rv->port);
-  return (notify_spec){.url = url_buf, .events = NOTIFY_ALL_EVENTS, .format = NOTIFY_JSON};
+/* A notifier with one JSON webhook, to a receiver of its own. */
+typedef struct {
+  receiver *rv;
+  char url[64];
+  notify_spec target;  /* its only webhook */
+  notifier *nt;
+} hooked;
+
+static void hooked_start(hooked *h, int fail_first, int status, double delay_s,
+                         unsigned events) {
+  h->rv = receiver_start(fail_first, status, delay_s);
+  snprintf(h->url, sizeof h->url, "http://127.0.0.1:%d/hook", h->rv->port);
+  h->target = (notify_spec){.url = h->url, .events = events, .format = NOTIFY_JSON};
+  nas_err err;
+  if (notifier_start(&h->target, 1, &h->nt, &err) != NAS_OK) fail_msg("notifier_start: %s", err.msg);
+  assert_non_null(h->nt);
 }
 
 /* Posts events numbered 0..n-1 as trial_completed {"seq": i}; returns the seconds it took. */
@@ -139,103 +152,84 @@ static double post_numbered(notifier *nt, int n) {
   return nas_monotonic() - start;
 }
 
-static notifier *notifier_for(const notify_spec *target) {
-  notifier *nt = NULL;
-  nas_err err;
-  if (notifier_start(target, 1, &nt, &err) != NAS_OK) fail_msg("notifier_start: %s", err.msg);
-  assert_non_null(nt);
-  return nt;
-}
-
 static void a_receiver_answering_500_twice_gets_the_event_on_the_third_try(void **state) {
   (void)state;
-  receiver *rv = receiver_start(2, 200, 0);
-  char url[64];
-  notify_spec target = target_at(rv, url, sizeof url);
-  notifier *nt = notifier_for(&target);
-  post_numbered(nt, 1);
-  notifier_close(nt);
-  assert_int_equal(rv->requests, 3);
-  assert_int_equal(json_array_size(rv->received), 1);
-  receiver_stop(rv);
+  hooked h;
+  hooked_start(&h, 2, 200, 0, NOTIFY_ALL_EVENTS);
+  post_numbered(h.nt, 1);
+  notifier_close(h.nt);
+  assert_int_equal(h.rv->requests, 3);
+  assert_int_equal(json_array_size(h.rv->received), 1);
+  receiver_stop(h.rv);
 }
 
 static void a_receiver_refusing_with_404_is_not_asked_again(void **state) {
   (void)state;
-  receiver *rv = receiver_start(0, 404, 0);
-  char url[64];
-  notify_spec target = target_at(rv, url, sizeof url);
-  notifier *nt = notifier_for(&target);
-  post_numbered(nt, 1);
-  notifier_close(nt);
-  assert_int_equal(rv->requests, 1);
-  receiver_stop(rv);
+  hooked h;
+  hooked_start(&h, 0, 404, 0, NOTIFY_ALL_EVENTS);
+  post_numbered(h.nt, 1);
+  notifier_close(h.nt);
+  assert_int_equal(h.rv->requests, 1);
+  receiver_stop(h.rv);
 }
 
 static void events_a_webhook_does_not_subscribe_to_are_not_sent(void **state) {
   (void)state;
-  receiver *rv = receiver_start(0, 200, 0);
-  char url[64];
-  notify_spec target = target_at(rv, url, sizeof url);
-  target.events = NOTIFY_EXPERIMENT_FINISHED;
-  notifier *nt = notifier_for(&target);
-  post_numbered(nt, 3); /* trial_completed */
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_EXPERIMENT_FINISHED);
+  post_numbered(h.nt, 3); /* trial_completed */
   json_t *payload = json_pack("{s:s}", "event", "experiment_finished");
-  notifier_post(nt, NOTIFY_EXPERIMENT_FINISHED, payload, "done");
+  notifier_post(h.nt, NOTIFY_EXPERIMENT_FINISHED, payload, "done");
   json_decref(payload);
-  notifier_close(nt);
-  assert_int_equal(rv->requests, 1);
-  assert_int_equal(count_received(rv, "/hook", "experiment_finished"), 1);
-  receiver_stop(rv);
+  notifier_close(h.nt);
+  assert_int_equal(h.rv->requests, 1);
+  assert_int_equal(count_received(h.rv, "/hook", "experiment_finished"), 1);
+  receiver_stop(h.rv);
 }
 
 /* 2 s per request: posting 20 events takes no time, and closing gives up after the flush
  * time rather than waiting 40 s. */
 static void posting_never_waits_for_a_slow_receiver(void **state) {
   (void)state;
-  receiver *rv = receiver_start(0, 200, 2.0);
-  char url[64];
-  notify_spec target = target_at(rv, url, sizeof url);
-  notifier *nt = notifier_for(&target);
-  double posting = post_numbered(nt, 20);
+  hooked h;
+  hooked_start(&h, 0, 200, 2.0, NOTIFY_ALL_EVENTS);
+  double posting = post_numbered(h.nt, 20);
   double start = nas_monotonic();
-  notifier_close(nt);
+  notifier_close(h.nt);
   double closing = nas_monotonic() - start;
   print_message("posting 20 events: %.4f s; closing: %.2f s\n", posting, closing);
   assert_true(posting < 0.1);
   assert_true(closing < NOTIFY_FLUSH_S + 2.5);
-  size_t got = json_array_size(rv->received);
+  size_t got = json_array_size(h.rv->received);
   assert_true(got >= 2 && got < 20);
-  receiver_stop(rv);
+  receiver_stop(h.rv);
 }
 
 /* A queue of NOTIFY_QUEUE_CAP behind a slow receiver: the oldest waiting events go first.
  * Whether event 0 was taken before the queue filled or not, events 1..9 are dropped. */
 static void a_full_queue_drops_the_oldest_events(void **state) {
   (void)state;
-  receiver *rv = receiver_start(0, 200, 1.0);
-  char url[64];
-  notify_spec target = target_at(rv, url, sizeof url);
-  notifier *nt = notifier_for(&target);
-  post_numbered(nt, NOTIFY_QUEUE_CAP + 10);
-  notifier_close(nt);
+  hooked h;
+  hooked_start(&h, 0, 200, 1.0, NOTIFY_ALL_EVENTS);
+  post_numbered(h.nt, NOTIFY_QUEUE_CAP + 10);
+  notifier_close(h.nt);
   size_t i;
   json_t *r;
   json_int_t last = -1;
-  json_array_foreach(rv->received, i, r) {
+  json_array_foreach(h.rv->received, i, r) {
     json_int_t seq = json_integer_value(json_object_get(json_object_get(r, "body"), "seq"));
     assert_true(seq > last); /* in order */
     assert_false(seq >= 1 && seq <= 9);
     last = seq;
   }
-  assert_true(json_array_size(rv->received) >= 2);
-  receiver_stop(rv);
+  assert_true(json_array_size(h.rv->received) >= 2);
+  receiver_stop(h.rv);
 }
 
 /* ---- end to end: nas run ------------------------------------------------------------------ */
 
-/* Trials 3, 7, … (numbered from 0) fail (exit 3); the others report y = x. notify_yaml is the `notify:`
- * section (may be empty). */
+/* Trials 3, 7, … (numbered from 0) fail (exit 3); the others report y = x. notify_yaml is
+ * the `notify:` section (may be empty). */
 static char *hooks_spec(fixture *f, const char *name, int trials, const char *notify_yaml) {
   char *text;
   assert_true(asprintf(&text,
