@@ -26,6 +26,8 @@ typedef struct {
   int fail_first;    /* answer 500 to this many first requests */
   int status;        /* the answer after those */
   double delay_s;    /* before each answer */
+  bool held;         /* answers wait while set (receiver_hold) */
+  pthread_cond_t released;
 } receiver;
 
 typedef struct {
@@ -63,6 +65,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return MHD_YES;
   }
   if (rv->delay_s > 0) nas_sleep(rv->delay_s);
+  pthread_mutex_lock(&rv->lock);
+  while (rv->held) pthread_cond_wait(&rv->released, &rv->lock);
+  pthread_mutex_unlock(&rv->lock);
   int status;
   record(rv, url, body, &status);
   free(body->data);
@@ -80,6 +85,7 @@ static receiver *receiver_start(int fail_first, int status, double delay_s) {
   *rv = (receiver){.received = json_array(), .fail_first = fail_first, .status = status,
                    .delay_s = delay_s};
   pthread_mutex_init(&rv->lock, NULL);
+  pthread_cond_init(&rv->released, NULL);
   struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   rv->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,
@@ -90,8 +96,17 @@ static receiver *receiver_start(int fail_first, int status, double delay_s) {
   return rv;
 }
 
+/* Holds back every answer (held) or lets them go. */
+static void receiver_hold(receiver *rv, bool held) {
+  pthread_mutex_lock(&rv->lock);
+  rv->held = held;
+  pthread_cond_broadcast(&rv->released);
+  pthread_mutex_unlock(&rv->lock);
+}
+
 static void receiver_stop(receiver *rv) {
   MHD_stop_daemon(rv->daemon);
+  pthread_cond_destroy(&rv->released);
   pthread_mutex_destroy(&rv->lock);
   json_decref(rv->received);
   free(rv);
@@ -205,13 +220,16 @@ static void posting_never_waits_for_a_slow_receiver(void **state) {
   receiver_stop(h.rv);
 }
 
-/* A queue of NOTIFY_QUEUE_CAP behind a slow receiver: the oldest waiting events go first.
- * Whether event 0 was taken before the queue filled or not, events 1..9 are dropped. */
+/* A queue of NOTIFY_QUEUE_CAP behind a receiver that answers nothing while they are
+ * posted: the oldest waiting events are dropped. The webhook's thread may have taken event
+ * 0 before the queue filled or not; either way events 1..9 are dropped. */
 static void a_full_queue_drops_the_oldest_events(void **state) {
   (void)state;
   hooked h;
-  hooked_start(&h, 0, 200, 1.0, NOTIFY_ALL_EVENTS);
+  hooked_start(&h, 0, 200, 0.5, NOTIFY_ALL_EVENTS);
+  receiver_hold(h.rv, true);
   post_numbered(h.nt, NOTIFY_QUEUE_CAP + 10);
+  receiver_hold(h.rv, false);
   notifier_close(h.nt);
   size_t i;
   json_t *r;
@@ -354,6 +372,33 @@ static void a_slow_receiver_does_not_slow_the_run(void **state) {
   receiver_stop(rv);
 }
 
+/* A job the runner cannot start (sbatch without a cluster: SLURM_CONF names no file, or no
+ * sbatch at all) fails its trial before it runs; that is told too. */
+static void a_trial_that_cannot_be_launched_is_told_as_failed(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *notify = nas_asprintf("runner: {type: slurm}\n"
+                              "notify: [{url: \"http://127.0.0.1:%d/failed\", on: [trial_failed]}]\n",
+                              rv->port);
+  char *spec = hooks_spec(f, "hooks", 2, notify), *out;
+  const char *conf = getenv("SLURM_CONF");
+  char *saved = conf ? strdup(conf) : NULL;
+  setenv("SLURM_CONF", "/nonexistent/slurm.conf", 1);
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (saved) setenv("SLURM_CONF", saved, 1);
+  else unsetenv("SLURM_CONF");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  assert_int_equal(count_received(rv, "/failed", "trial_failed"), 2);
+  size_t i;
+  json_t *r;
+  json_array_foreach(rv->received, i, r) {
+    const json_t *trial = json_object_get(json_object_get(r, "body"), "trial");
+    assert_int_equal(json_integer_value(json_object_get(trial, "attempts")), 0);
+  }
+  free(saved), free(out), free(spec), free(notify);
+  receiver_stop(rv);
+}
+
 static void a_receiver_failing_twice_gets_the_finish_after_retries(void **state) {
   fixture *f = *state;
   receiver *rv = receiver_start(2, 200, 0);
@@ -419,6 +464,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(run_tells_each_trial_end_the_front_and_the_finish_in_both_formats,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(a_slow_receiver_does_not_slow_the_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_trial_that_cannot_be_launched_is_told_as_failed, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(a_receiver_failing_twice_gets_the_finish_after_retries,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(
