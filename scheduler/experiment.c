@@ -10,11 +10,12 @@
 #include "runners/runner.h"
 #include "scheduler/scheduler.h"
 
-/* Whether every line of a spec_diff is about the budget, the one section that may change
- * between runs of one experiment. */
-static bool only_budget_changed(const char *diff) {
+/* Whether every line of a spec_diff is about the budget or the webhooks (`notify`), the
+ * sections that may change between runs of one experiment: neither changes what a trial
+ * means. */
+static bool only_changeable_changed(const char *diff) {
   for (const char *line = diff; *line;) {
-    if (strncmp(line, "budget.", 7) != 0) return false;
+    if (strncmp(line, "budget.", 7) != 0 && strncmp(line, "notify:", 7) != 0) return false;
     const char *nl = strchr(line, '\n');
     if (!nl) break;
     line = nl + 1;
@@ -56,13 +57,13 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
   rc = diff_masked(stored, s, &diff, err);
   spec_free(stored);
   if (rc != NAS_OK || !diff) return rc;
-  if (only_budget_changed(diff)) {
-    nas_log("experiment '%s': budget changed:\n%s", exp->name, diff);
+  if (only_changeable_changed(diff)) {
+    nas_log("experiment '%s': spec changed:\n%s", exp->name, diff);
     rc = storage_experiment_set_spec(st, exp->id, s->text, err);
   } else {
     rc = nas_errf(err,
                   "experiment '%s' already exists with a different spec:\n%s"
-                  "Only the budget may change between runs of one experiment: give the "
+                  "Only budget and notify may change between runs of one experiment: give the "
                   "experiment a new name, or undo the other changes.",
                   exp->name, diff);
   }

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include "metrics/metrics.h"
+#include "notify/notify.h"
 #include "optimizer/optimizer.h"
 #include "runners/runner.h"
 #include "scheduler/scheduler.h"
@@ -78,6 +79,9 @@ typedef struct {
   double watch_stored;        /* … and at storage (`nas stop`, the lease) */
   bool watch_failed;          /* the watch gave up a suggestion for watch_err */
   nas_err watch_err;
+  notifier *notifier;         /* owned: the spec's webhooks; NULL when it has none */
+  int64_t *front_ids;         /* owned: trials on the front last announced (events.c) */
+  size_t n_front_ids;
 } sched;
 
 /* lease.c */
@@ -110,12 +114,27 @@ void sched_results_stale(sched *sc);
 /* A trial's status changed: updated in the cache when it holds the trial. */
 void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status);
 
+/* events.c: webhooks (notify/notify.h); none of these can fail the run. */
+/* Starts the spec's webhooks, if any, and notes the current front. */
+void sched_events_start(sched *sc);
+/* A trial ended as row->status says (why: its error, may be NULL): trial_completed or
+ * trial_failed, then front_changed when the trials on the front changed. */
+void sched_events_trial_end(sched *sc, const trial_row *row, const char *why);
+/* The run ended with its budget spent: experiment_finished. */
+void sched_events_finished(sched *sc);
+/* Flushes (at most NOTIFY_FLUSH_S) and stops the webhooks. */
+void sched_events_stop(sched *sc);
+
 /* progress.c */
 /* Shows a trial's new state; what (may be NULL) says why it ended, or for a running
  * trial replaces "started" (e.g. "re-attached"). */
 void sched_progress_event(sched *sc, const trial_row *row, const char *what);
 void sched_progress_tick(sched *sc);
 void sched_progress_done(sched *sc);
+/* "f1=1.23 f2=4.5": the objective values of trial trial_id in r (empty when r lacks it);
+ * cap bytes at buf. */
+void sched_objectives_text(const sched *sc, const sched_results *r, int64_t trial_id,
+                           char *buf, size_t cap);
 /* A trial moved from one status to another (from TRIAL_STATUS_COUNT: newly counted, as
  * at start-up); keeps sc->counts and sc->ended_here. */
 void sched_count(sched *sc, trial_status from, trial_status to);

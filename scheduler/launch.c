@@ -142,6 +142,7 @@ static int record_launch_failure(sched *sc, trial_row *row, const char *why, nas
   row->status = TRIAL_FAILED;
   sched_results_set_status(sc, row->id, TRIAL_FAILED);
   sched_progress_event(sc, row, why);
+  sched_events_trial_end(sc, row, why);
   return NAS_OK;
 }
 

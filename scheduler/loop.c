@@ -225,6 +225,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   job->row.status = status;
   sched_results_set_status(sc, job->row.id, status);
   sched_progress_event(sc, &job->row, why);
+  sched_events_trial_end(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
   trial_row_clear(&job->row);
   free(job->run_dir);
@@ -576,6 +577,7 @@ static int loop(sched *sc, bool *interrupted, nas_err *err) {
 /* ---- set-up and tear-down --------------------------------------------------------------- */
 
 static void sched_free(sched *sc) {
+  sched_events_stop(sc);
   for (size_t i = 0; i < sc->n_jobs; i++) {
     trial_row_clear(&sc->jobs[i].row);
     free(sc->jobs[i].run_dir);
@@ -631,12 +633,14 @@ static int run_held(sched *sc, nas_err *err) {
   bool interrupted = false;
   int rc = storage_experiment_set_status(sc->st, sc->exp->id, "running", err);
   if (rc == NAS_OK) rc = rebuild(sc, err);
+  if (rc == NAS_OK) sched_events_start(sc);
   if (rc == NAS_OK) rc = loop(sc, &interrupted, err);
   if (interrupted) sc->outcome = SCHED_INTERRUPTED;
   if (rc == NAS_OK)
     rc = storage_experiment_set_status(sc->st, sc->exp->id,
                                        sc->outcome == SCHED_FINISHED ? "finished" : "stopped",
                                        err);
+  if (rc == NAS_OK && sc->outcome == SCHED_FINISHED) sched_events_finished(sc);
   sched_progress_done(sc);
   return rc;
 }

@@ -22,19 +22,25 @@ void sched_count(sched *sc, trial_status from, trial_status to) {
 
 static FILE *out(const sched *sc) { return sc->opt->progress ? sc->opt->progress : stderr; }
 
+void sched_objectives_text(const sched *sc, const sched_results *r, int64_t trial_id,
+                           char *buf, size_t cap) {
+  size_t len = 0;
+  buf[0] = '\0';
+  for (size_t t = 0; t < r->n_trials; t++) {
+    if (r->trials[t].id != trial_id) continue;
+    for (size_t j = 0; j < sc->s->n_objectives && len < cap; j++)
+      len += (size_t)snprintf(buf + len, cap - len, "%s%s=%.6g", j ? " " : "",
+                              r->metric_names[j], r->values[t * r->n_metrics + j]);
+  }
+}
+
 /* "f1=1.23 f2=4.5" for a trial, and the front summary kept in sc->best_text. */
 static char *describe_result(sched *sc, const trial_row *row) {
   nas_err err;
   const sched_results *r = sched_results_now(sc, &err);
   if (!r) return NULL;
-  char buf[512] = "";
-  size_t len = 0;
-  for (size_t t = 0; t < r->n_trials; t++) {
-    if (r->trials[t].id != row->id) continue;
-    for (size_t j = 0; j < sc->s->n_objectives && len < sizeof buf; j++)
-      len += (size_t)snprintf(buf + len, sizeof buf - len, "%s%s=%.6g", j ? " " : "",
-                              r->metric_names[j], r->values[t * r->n_metrics + j]);
-  }
+  char buf[512];
+  sched_objectives_text(sc, r, row->id, buf, sizeof buf);
   size_t *front, n_front;
   double hv, ref[16];
   if (sc->s->n_objectives <= 16 && sched_front(sc->s, r, &front, &n_front, &hv, ref, &err) == NAS_OK) {

@@ -130,9 +130,9 @@ int sched_check_runnable(const spec *s, nas_err *err);
 
 /* Finds the experiment of spec s in st, creating it when new. An existing experiment
  * with a different spec is refused with the differences listed, except for changes
- * confined to `budget`, which are stored and accepted. A new experiment is stored with the
- * spec's `enqueue:` assignments as queued trials, in the same transaction, so they are
- * queued exactly once. */
+ * confined to `budget` and `notify`, which are stored and accepted. A new experiment is
+ * stored with the spec's `enqueue:` assignments as queued trials, in the same transaction,
+ * so they are queued exactly once. */
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err);
 
 /* An experiment's trials with their metric values, as every command shows them. */

@@ -4,7 +4,8 @@
  * quoted, env sorted, options with sorted keys) and two specs differ in a field exactly
  * when those texts differ, so comments, key order in mappings, quoting style and number
  * spelling (1e-3 vs 0.001) never show up as changes. Field names are the YAML keys
- * ("budget.trials: 20 -> 30"); parameters are matched by name. */
+ * ("budget.trials: 20 -> 30"); parameters are matched by name. Webhook URLs are shown as
+ * spec_url_shown gives them (their paths may be secrets) but compared whole. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,6 +209,26 @@ static void write_warm_start(FILE *out, const spec *s) {
   fputs(" fill ", out);
   write_json(out, s->warm_start.fill);
 }
+/* [URL on [events] FORMAT, ...], each URL whole or as spec_url_shown gives it. */
+static void write_notify(FILE *out, const spec *s, bool shown) {
+  fputc('[', out);
+  for (size_t i = 0; i < s->n_notify; i++) {
+    const notify_spec *t = &s->notify[i];
+    char *url = shown ? spec_url_shown(t->url) : NULL;
+    fprintf(out, "%s%s on [", i ? ", " : "", shown ? (url ? url : "?") : t->url);
+    free(url);
+    const char *sep = "";
+    for (unsigned bit = 1; bit <= NOTIFY_ALL_EVENTS; bit <<= 1)
+      if (t->events & bit) {
+        fprintf(out, "%s%s", sep, spec_notify_event_name((notify_event)bit));
+        sep = ", ";
+      }
+    fprintf(out, "] %s", t->format == NOTIFY_SLACK ? "slack" : "json");
+  }
+  fputc(']', out);
+}
+static void write_notify_whole(FILE *out, const spec *s) { write_notify(out, s, false); }
+static void write_notify_shown(FILE *out, const spec *s) { write_notify(out, s, true); }
 
 /* A field of the spec and the writer of its canonical text. */
 typedef struct {
@@ -298,6 +319,24 @@ static bool diff_texts(FILE *out, const char *field, char *a, char *b) {
   return ok;
 }
 
+/* "notify: A -> B" with the URLs shown masked; a change only in what the mask hides is said
+ * without showing it. */
+static bool diff_notify(FILE *out, const spec *a, const spec *b) {
+  char *whole_a = field_text(write_notify_whole, a), *whole_b = field_text(write_notify_whole, b);
+  bool ok = whole_a && whole_b, changed = ok && strcmp(whole_a, whole_b) != 0;
+  free(whole_a);
+  free(whole_b);
+  if (!changed) return ok;
+  char *shown_a = field_text(write_notify_shown, a), *shown_b = field_text(write_notify_shown, b);
+  ok = shown_a && shown_b;
+  if (ok)
+    fprintf(out, "notify: %s -> %s%s\n", shown_a, shown_b,
+            strcmp(shown_a, shown_b) == 0 ? " (a URL changed in its hidden part)" : "");
+  free(shown_a);
+  free(shown_b);
+  return ok;
+}
+
 /* Parameters only `from` has, written as "parameters.NAME: VERB (definition)". */
 static bool diff_lone_params(FILE *out, const spec *from, const spec *other, const char *verb) {
   for (size_t i = 0; i < from->n_params; i++) {
@@ -343,7 +382,8 @@ int spec_diff(const spec *a, const spec *b, char **diff, nas_err *err) {
   if (!out) return nas_errf(err, "comparing specs: out of memory");
   bool ok = diff_fields(out, head_fields, sizeof head_fields / sizeof head_fields[0], a, b) &&
             diff_params(out, a, b) &&
-            diff_fields(out, tail_fields, sizeof tail_fields / sizeof tail_fields[0], a, b);
+            diff_fields(out, tail_fields, sizeof tail_fields / sizeof tail_fields[0], a, b) &&
+            diff_notify(out, a, b);
   text = close_text(out, &text);
   if (!ok || !text) {
     free(text);

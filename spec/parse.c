@@ -17,7 +17,7 @@
 static const char *const root_keys[] = {"name",       "storage",     "seed",  "parameters",
                                         "objectives", "constraints", "trial", "budget",
                                         "runner",     "optimizer",   "early_stopping",
-                                        "enqueue",    "warm_start",  NULL};
+                                        "enqueue",    "warm_start",  "notify",      NULL};
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
@@ -299,6 +299,7 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   if (!rc) rc = parse_early_stopping(c, root, s);
   if (!rc) rc = parse_enqueue(c, root, s);
   if (!rc) rc = parse_warm_start(c, root, s);
+  if (!rc) rc = parse_notify(c, root, s);
   return rc;
 }
 
@@ -505,6 +506,7 @@ void spec_free(spec *s) {
   json_decref(s->optimizer.where);
   json_decref(s->enqueue);
   warm_start_spec_free(&s->warm_start);
+  notify_specs_free(s->notify, s->n_notify);
   free(s->path);
   free(s->text);
   free(s->name);

@@ -135,6 +135,30 @@ typedef struct {
   json_t *fill;        /* owned JSON object: parameter -> value for imported trials that
                           lack the parameter (values as the space stores them) */
 } warm_start_spec;
+/* Events a webhook can be sent (`notify[].on`), as bits of notify_spec.events. */
+typedef enum {
+  NOTIFY_TRIAL_COMPLETED = 1u << 0,
+  NOTIFY_TRIAL_FAILED = 1u << 1,        /* failed or timed out */
+  NOTIFY_FRONT_CHANGED = 1u << 2,       /* the trials on the Pareto front changed */
+  NOTIFY_EXPERIMENT_FINISHED = 1u << 3, /* a run ended with its budget spent */
+} notify_event;
+#define NOTIFY_EVENT_COUNT 4
+#define NOTIFY_ALL_EVENTS ((1u << NOTIFY_EVENT_COUNT) - 1)
+/* The most `notify:` targets one spec may have (each gets a thread of its own). */
+#define NOTIFY_MAX_TARGETS 16
+
+typedef enum {
+  NOTIFY_JSON,  /* the event as a JSON object (docs/spec.md, "Notifications") */
+  NOTIFY_SLACK, /* {"text": one line}, what Slack's incoming webhooks take */
+} notify_format;
+
+/* One webhook (`notify:` entry). */
+typedef struct {
+  char *url;           /* http:// or https://; its path may be a secret (a Slack webhook's
+                          is), so messages show it only as spec_url_shown gives it */
+  unsigned events;     /* notify_event bits; default all */
+  notify_format format;
+} notify_spec;
 
 typedef struct spec {
   char *path;          /* absolute path of the file it was loaded from ("<string>" otherwise) */
@@ -156,6 +180,8 @@ typedef struct spec {
   json_t *enqueue;       /* owned JSON array of full assignments (`enqueue:`), each checked
                             like spec_check_params; NULL when the spec has none */
   warm_start_spec warm_start;
+  notify_spec *notify;   /* webhooks; n_notify of them (0: none) */
+  size_t n_notify;
 } spec;
 
 /* The largest spec file, in bytes (1 MiB); larger ones are refused unread. */
@@ -215,6 +241,13 @@ char *spec_value_text(const json_t *value);
  * settings (width3, channels2) appear only when given. Owned JSON object; an error for a
  * spec without trial.builtin. */
 int spec_builtin_settings(const spec *s, const json_t *params, json_t **out, nas_err *err);
+
+/* The name of one notify_event bit as written in `notify[].on` ("trial_completed"). */
+const char *spec_notify_event_name(notify_event event);
+/* A webhook URL as messages may show it: scheme and host (with port), anything after the
+ * host (path, query: where a secret token may be) as "/…", and no user or password
+ * ("https://hooks.slack.com/…"). Owned; NULL when out of memory. */
+char *spec_url_shown(const char *url);
 
 /* Lines describing how two specs differ in meaning ("budget.trials: 20 -> 30"), one per
  * line, each ending in '\n'; fields are named by their YAML keys. *out is owned, NULL when

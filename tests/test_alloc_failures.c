@@ -443,7 +443,8 @@ static const char full_spec[] =
     "runner: {type: local}\n"
     "optimizer: {type: gp, n_initial: 6}\n"
     "early_stopping: {rule: asha, objectives: [loss], min_steps: 2, reduction_factor: 2, "
-    "min_trials: 3}\n";
+    "min_trials: 3}\n"
+    "notify: [{url: \"https://hooks.example.com/T0/SECRET\", on: [trial_failed], format: slack}]\n";
 
 typedef struct {
   const char *text;
@@ -775,7 +776,8 @@ static void prepare_stores_a_budget_change_or_keeps_the_old_spec(void **state) {
   (void)state;
   char *old = strdup(full_spec);
   memcpy(strstr(old, "trials: 30"), "trials: 10", 10);
-  run_prepare_case("sched_prepare (budget changed)", old, false);
+  memcpy(strstr(old, "SECRET"), "OTHER!", 6); /* a webhook change hidden in messages */
+  run_prepare_case("sched_prepare (budget and notify changed)", old, false);
   free(old);
 }
 

@@ -1209,6 +1209,96 @@ static char *diff_of(const spec *a, const spec *b) {
   return diff;
 }
 
+/* ---- notify ---- */
+
+#define SLACK_URL "https://hooks.slack.com/services/T000/B000/SECRETTOKEN"
+
+static void notify_loads_with_defaults(void **state) {
+  (void)state;
+  spec *s = load_ok(MINIMAL "notify:\n"
+                            "  - url: " SLACK_URL "\n"
+                            "    format: slack\n"
+                            "  - {url: \"http://127.0.0.1:8080/hook\", on: [experiment_finished, "
+                            "trial_failed]}\n");
+  assert_int_equal(s->n_notify, 2);
+  assert_string_equal(s->notify[0].url, SLACK_URL);
+  assert_int_equal(s->notify[0].events, NOTIFY_ALL_EVENTS);
+  assert_int_equal(s->notify[0].format, NOTIFY_SLACK);
+  assert_int_equal(s->notify[1].events, NOTIFY_TRIAL_FAILED | NOTIFY_EXPERIMENT_FINISHED);
+  assert_int_equal(s->notify[1].format, NOTIFY_JSON);
+  spec_free(s);
+  s = load_ok(MINIMAL "notify:\n");
+  assert_int_equal(s->n_notify, 0);
+  spec_free(s);
+}
+
+static void notify_mistakes_are_placed_and_never_quote_the_url(void **state) {
+  (void)state;
+  expect_error(MINIMAL "notify: {url: x}\n", "t.yaml:9:9: ", "notify: expected a list");
+  expect_error(MINIMAL "notify:\n  - {on: [trial_failed]}\n", "t.yaml:10:5: ",
+               "notify[0]: missing required key 'url'");
+  expect_error(MINIMAL "notify:\n  - {url: ftp://h/SECRET}\n", "t.yaml:10:11: ",
+               "notify[0].url: must start with http:// or https://");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://u:p@/SECRET\"}\n", "t.yaml:10:11: ",
+               "notify[0].url: names no host after the scheme");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h/a SECRET\"}\n", "t.yaml:10:11: ",
+               "notify[0].url: holds a space or control character");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h\", on: [trial_complete]}\n",
+               "t.yaml:10:29: ",
+               "notify[0].on: expected trial_completed, trial_failed, front_changed or "
+               "experiment_finished, got 'trial_complete'; did you mean 'trial_completed'?");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h\", on: []}\n", "t.yaml:10:28: ",
+               "notify[0].on: name at least one event");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h\", on: [trial_failed, trial_failed]}\n",
+               "t.yaml:10:43: ", "notify[0].on: 'trial_failed' named twice");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h\", format: xml}\n", "t.yaml:10:32: ",
+               "notify[0].format: expected json or slack, got 'xml'");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h\", fromat: slack}\n", "t.yaml:10:24: ",
+               "notify[0]: unknown key 'fromat'; did you mean 'format'?");
+  expect_error(MINIMAL "notify:\n  - {url: \"https://h\"}\n  - url\n", "t.yaml:11:5: ",
+               "notify[1]: expected a mapping, got 'url'");
+  char *many = repeated("{url: \"https://h\"}", NOTIFY_MAX_TARGETS + 1, ", ");
+  char *text = NULL;
+  assert_true(asprintf(&text, MINIMAL "notify: [%s]\n", many) > 0);
+  expect_error(text, "t.yaml:9:9: ", "notify: at most 16 webhooks, got 17");
+  free(text);
+  free(many);
+}
+
+static void url_shown_hides_path_query_and_password(void **state) {
+  (void)state;
+  const char *cases[][2] = {
+      {SLACK_URL, "https://hooks.slack.com/…"},
+      {"http://user:pw@127.0.0.1:8080/hook?token=x", "http://127.0.0.1:8080/…"},
+      {"https://example.com?token=x", "https://example.com/…"},
+      {"http://example.com", "http://example.com"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *shown = spec_url_shown(cases[i][0]);
+    assert_string_equal(shown, cases[i][1]);
+    free(shown);
+  }
+}
+
+static void diff_shows_notify_changes_without_secrets(void **state) {
+  (void)state;
+  spec *none = load_ok(MINIMAL);
+  spec *a = load_ok(MINIMAL "notify: [{url: \"" SLACK_URL "\", format: slack}]\n");
+  spec *b = load_ok(MINIMAL "notify: [{url: \"" SLACK_URL "2\", format: slack}]\n");
+  spec *c = load_ok(MINIMAL "notify: [{format: slack, url: \"" SLACK_URL "\"}]\n");
+  char *diff = diff_of(none, a);
+  assert_string_equal(diff, "notify: [] -> [https://hooks.slack.com/… on [trial_completed, "
+                            "trial_failed, front_changed, experiment_finished] slack]\n");
+  free(diff);
+  diff = diff_of(a, b);
+  assert_non_null(diff);
+  assert_null(strstr(diff, "SECRET"));
+  assert_non_null(strstr(diff, "(a URL changed in its hidden part)\n"));
+  free(diff);
+  assert_null(diff_of(a, c));
+  spec_free(none), spec_free(a), spec_free(b), spec_free(c);
+}
+
 static void diff_names_new_fields(void **state) {
   (void)state;
   spec *a = load_ok(MINIMAL), *b = load_ok(NAME PARAMS_X OBJECTIVES TRIAL
@@ -1698,6 +1788,10 @@ int main(void) {
       cmocka_unit_test(warm_start_loads_sources_and_checked_fill_values),
       cmocka_unit_test(diff_names_enqueue_and_warm_start_changes),
       cmocka_unit_test(renamed_text_changes_the_name_and_nothing_else),
+      cmocka_unit_test(notify_loads_with_defaults),
+      cmocka_unit_test(notify_mistakes_are_placed_and_never_quote_the_url),
+      cmocka_unit_test(url_shown_hides_path_query_and_password),
+      cmocka_unit_test(diff_shows_notify_changes_without_secrets),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

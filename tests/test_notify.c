@@ -1,0 +1,477 @@
+/* Webhooks (notify/, `notify:` in a spec) against a real HTTP receiver in this process
+ * (libmicrohttpd on 127.0.0.1) that can be slow, answer 500 or 404, or not be there at all:
+ * the notifier on its own (retries, refusals, a full queue, posting that never waits), then
+ * end to end through `nas run`: every trial end, the front and the finish arrive in JSON and
+ * Slack form, a slow receiver does not slow the run, a dead one fails nothing and is logged
+ * by its host alone. */
+#include <arpa/inet.h>
+#include <math.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/socket.h>
+
+#include "common/common.h"
+#include "notify/notify.h"
+#include "tests/e2e.h"
+
+/* ---- the receiver ----------------------------------------------------------------------- */
+
+typedef struct {
+  struct MHD_Daemon *daemon;
+  int port;
+  pthread_mutex_t lock;
+  json_t *received;  /* [{"path", "body"}] of the requests answered 2xx, in arrival order */
+  int requests;      /* every request, whatever its answer */
+  int fail_first;    /* answer 500 to this many first requests */
+  int status;        /* the answer after those */
+  double delay_s;    /* before each answer */
+  bool held;         /* answers wait while set (receiver_hold) */
+  pthread_cond_t released;
+} receiver;
+
+typedef struct {
+  char *data;
+  size_t len;
+} upload;
+
+static void record(receiver *rv, const char *path, const upload *body, int *status) {
+  pthread_mutex_lock(&rv->lock);
+  int n = ++rv->requests;
+  *status = n <= rv->fail_first ? 500 : rv->status;
+  json_t *parsed = json_loadb(body->data ? body->data : "", body->len, 0, NULL);
+  if (*status < 300)
+    json_array_append_new(rv->received, json_pack("{s:s, s:o*}", "path", path, "body", parsed));
+  else
+    json_decref(parsed);
+  pthread_mutex_unlock(&rv->lock);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *data,
+                                  size_t *size, void **con_cls) {
+  (void)method, (void)version;
+  receiver *rv = cls;
+  upload *body = *con_cls;
+  if (!body) {
+    *con_cls = calloc(1, sizeof(upload));
+    return *con_cls ? MHD_YES : MHD_NO;
+  }
+  if (*size > 0) {
+    body->data = realloc(body->data, body->len + *size);
+    memcpy(body->data + body->len, data, *size);
+    body->len += *size;
+    *size = 0;
+    return MHD_YES;
+  }
+  if (rv->delay_s > 0) nas_sleep(rv->delay_s);
+  pthread_mutex_lock(&rv->lock);
+  while (rv->held) pthread_cond_wait(&rv->released, &rv->lock);
+  pthread_mutex_unlock(&rv->lock);
+  int status;
+  record(rv, url, body, &status);
+  free(body->data);
+  free(body);
+  *con_cls = NULL;
+  struct MHD_Response *resp = MHD_create_response_from_buffer(0, "", MHD_RESPMEM_PERSISTENT);
+  enum MHD_Result rc = MHD_queue_response(conn, (unsigned)status, resp);
+  MHD_destroy_response(resp);
+  return rc;
+}
+
+static receiver *receiver_start(int fail_first, int status, double delay_s) {
+  receiver *rv = calloc(1, sizeof *rv);
+  assert_non_null(rv);
+  *rv = (receiver){.received = json_array(), .fail_first = fail_first, .status = status,
+                   .delay_s = delay_s};
+  pthread_mutex_init(&rv->lock, NULL);
+  pthread_cond_init(&rv->released, NULL);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  rv->daemon = MHD_start_daemon(MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION,
+                                0, NULL, NULL, on_request, rv, MHD_OPTION_SOCK_ADDR, &addr,
+                                MHD_OPTION_END);
+  assert_non_null(rv->daemon);
+  rv->port = MHD_get_daemon_info(rv->daemon, MHD_DAEMON_INFO_BIND_PORT)->port;
+  return rv;
+}
+
+/* Holds back every answer (held) or lets them go. */
+static void receiver_hold(receiver *rv, bool held) {
+  pthread_mutex_lock(&rv->lock);
+  rv->held = held;
+  pthread_cond_broadcast(&rv->released);
+  pthread_mutex_unlock(&rv->lock);
+}
+
+static void receiver_stop(receiver *rv) {
+  MHD_stop_daemon(rv->daemon);
+  pthread_cond_destroy(&rv->released);
+  pthread_mutex_destroy(&rv->lock);
+  json_decref(rv->received);
+  free(rv);
+}
+
+/* A port of 127.0.0.1 where nothing listens. */
+static int closed_port(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = 0};
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  assert_int_equal(bind(fd, (struct sockaddr *)&addr, sizeof addr), 0);
+  assert_int_equal(getsockname(fd, (struct sockaddr *)&addr, &len), 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/* The bodies received at path whose "event" is event (NULL: every body there). */
+static size_t count_received(const receiver *rv, const char *path, const char *event) {
+  size_t n = 0, i;
+  json_t *r;
+  json_array_foreach(rv->received, i, r) {
+    if (strcmp(json_string_value(json_object_get(r, "path")), path) != 0) continue;
+    const char *got = json_string_value(json_object_get(json_object_get(r, "body"), "event"));
+    n += !event || (got && strcmp(got, event) == 0);
+  }
+  return n;
+}
+
+/* ---- the notifier on its own ---------------------------------------------------------------- */
+
+/* A notifier with one JSON webhook, to a receiver of its own. */
+typedef struct {
+  receiver *rv;
+  char url[64];
+  notify_spec target;  /* its only webhook */
+  notifier *nt;
+} hooked;
+
+static void hooked_start(hooked *h, int fail_first, int status, double delay_s,
+                         unsigned events) {
+  h->rv = receiver_start(fail_first, status, delay_s);
+  snprintf(h->url, sizeof h->url, "http://127.0.0.1:%d/hook", h->rv->port);
+  h->target = (notify_spec){.url = h->url, .events = events, .format = NOTIFY_JSON};
+  nas_err err;
+  if (notifier_start(&h->target, 1, &h->nt, &err) != NAS_OK) fail_msg("notifier_start: %s", err.msg);
+  assert_non_null(h->nt);
+}
+
+/* Posts events numbered 0..n-1 as trial_completed {"seq": i}; returns the seconds it took. */
+static double post_numbered(notifier *nt, int n) {
+  double start = nas_monotonic();
+  for (int i = 0; i < n; i++) {
+    json_t *payload = json_pack("{s:i}", "seq", i);
+    notifier_post(nt, NOTIFY_TRIAL_COMPLETED, payload, "text");
+    json_decref(payload);
+  }
+  return nas_monotonic() - start;
+}
+
+static void a_receiver_answering_500_twice_gets_the_event_on_the_third_try(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 2, 200, 0, NOTIFY_ALL_EVENTS);
+  post_numbered(h.nt, 1);
+  notifier_close(h.nt);
+  assert_int_equal(h.rv->requests, 3);
+  assert_int_equal(json_array_size(h.rv->received), 1);
+  receiver_stop(h.rv);
+}
+
+static void a_receiver_refusing_with_404_is_not_asked_again(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 404, 0, NOTIFY_ALL_EVENTS);
+  post_numbered(h.nt, 1);
+  notifier_close(h.nt);
+  assert_int_equal(h.rv->requests, 1);
+  receiver_stop(h.rv);
+}
+
+static void events_a_webhook_does_not_subscribe_to_are_not_sent(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_EXPERIMENT_FINISHED);
+  post_numbered(h.nt, 3); /* trial_completed */
+  json_t *payload = json_pack("{s:s}", "event", "experiment_finished");
+  notifier_post(h.nt, NOTIFY_EXPERIMENT_FINISHED, payload, "done");
+  json_decref(payload);
+  notifier_close(h.nt);
+  assert_int_equal(h.rv->requests, 1);
+  assert_int_equal(count_received(h.rv, "/hook", "experiment_finished"), 1);
+  receiver_stop(h.rv);
+}
+
+/* 2 s per request: posting 20 events takes no time, and closing gives up after the flush
+ * time rather than waiting 40 s. */
+static void posting_never_waits_for_a_slow_receiver(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 2.0, NOTIFY_ALL_EVENTS);
+  double posting = post_numbered(h.nt, 20);
+  double start = nas_monotonic();
+  notifier_close(h.nt);
+  double closing = nas_monotonic() - start;
+  print_message("posting 20 events: %.4f s; closing: %.2f s\n", posting, closing);
+  assert_true(posting < 0.1);
+  assert_true(closing < NOTIFY_FLUSH_S + 2.5);
+  size_t got = json_array_size(h.rv->received);
+  assert_true(got >= 2 && got < 20);
+  receiver_stop(h.rv);
+}
+
+/* A queue of NOTIFY_QUEUE_CAP behind a receiver that answers nothing while they are
+ * posted: the oldest waiting events are dropped. The webhook's thread may have taken event
+ * 0 before the queue filled or not; either way events 1..9 are dropped. */
+static void a_full_queue_drops_the_oldest_events(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0.5, NOTIFY_ALL_EVENTS);
+  receiver_hold(h.rv, true);
+  post_numbered(h.nt, NOTIFY_QUEUE_CAP + 10);
+  receiver_hold(h.rv, false);
+  notifier_close(h.nt);
+  size_t i;
+  json_t *r;
+  json_int_t last = -1;
+  json_array_foreach(h.rv->received, i, r) {
+    json_int_t seq = json_integer_value(json_object_get(json_object_get(r, "body"), "seq"));
+    assert_true(seq > last); /* in order */
+    assert_false(seq >= 1 && seq <= 9);
+    last = seq;
+  }
+  assert_true(json_array_size(h.rv->received) >= 2);
+  receiver_stop(h.rv);
+}
+
+/* ---- end to end: nas run ------------------------------------------------------------------ */
+
+/* Trials 3, 7, … (numbered from 0) fail (exit 3); the others report y = x. notify_yaml is
+ * the `notify:` section (may be empty). */
+static char *hooks_spec(fixture *f, const char *name, int trials, const char *notify_yaml) {
+  char *text;
+  assert_true(asprintf(&text,
+                       "name: %s\n"
+                       "parameters:\n"
+                       "  x: {type: float, low: 0, high: 1}\n"
+                       "objectives: [{name: y, goal: minimize}]\n"
+                       "trial:\n"
+                       "  command: [sh, -c, 'if [ $((NAS_TRIAL_NUMBER %% 4)) -eq 3 ]; then exit 3; "
+                       "fi; echo \"nas-metric {{\\\"y\\\": {x}}}\"']\n"
+                       "budget: {trials: %d, parallel: 2, max_failure_rate: 1}\n"
+                       "optimizer: {type: random}\n"
+                       "%s",
+                       name, trials, notify_yaml) > 0);
+  char *file = nas_asprintf("%s.yaml", name);
+  char *path = test_write(f->dir, file, text);
+  free(file);
+  free(text);
+  return path;
+}
+
+/* `nas run spec`; its output (owned) in *out, its wall time in *seconds. */
+static int run_timed(fixture *f, const char *spec, char **out, double *seconds) {
+  double start = nas_monotonic();
+  int rc = nas(f, out, "run", spec, "--no-progress");
+  *seconds = nas_monotonic() - start;
+  return rc;
+}
+
+/* Checks a trial event's body; returns the trial's number. */
+static json_int_t check_trial_payload(const json_t *body, const char *status) {
+  assert_string_equal(json_string_value(json_object_get(body, "experiment")), "hooks");
+  assert_true(json_is_number(json_object_get(body, "time")));
+  const json_t *trial = json_object_get(body, "trial");
+  assert_string_equal(json_string_value(json_object_get(trial, "status")), status);
+  assert_true(json_is_number(json_object_get(json_object_get(trial, "params"), "x")));
+  bool completed = strcmp(status, "completed") == 0;
+  assert_int_equal(json_is_number(json_object_get(json_object_get(trial, "metrics"), "y")),
+                   completed);
+  assert_int_equal(json_is_string(json_object_get(trial, "error")), !completed);
+  return json_integer_value(json_object_get(trial, "number"));
+}
+
+static void run_tells_each_trial_end_the_front_and_the_finish_in_both_formats(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *notify = nas_asprintf("notify:\n"
+                              "  - url: http://127.0.0.1:%d/json\n"
+                              "  - {url: \"http://127.0.0.1:%d/slack\", format: slack}\n",
+                              rv->port, rv->port);
+  char *spec = hooks_spec(f, "hooks", 10, notify), *out;
+  double seconds;
+  int rc = run_timed(f, spec, &out, &seconds);
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  json_t *rows = trials_json(f, "hooks");
+  size_t completed = count_status(rows, "completed"), failed = count_status(rows, "failed");
+  assert_int_equal(completed, 8); /* trials 3 and 7 fail */
+  assert_int_equal(count_received(rv, "/json", "trial_completed"), completed);
+  assert_int_equal(count_received(rv, "/json", "trial_failed"), failed);
+  assert_int_equal(count_received(rv, "/json", "experiment_finished"), 1);
+  size_t fronts = count_received(rv, "/json", "front_changed");
+  assert_true(fronts >= 1 && fronts <= completed);
+  size_t i;
+  json_t *r;
+  unsigned told = 0; /* trial numbers with an event, as bits */
+  json_array_foreach(rv->received, i, r) {
+    const json_t *body = json_object_get(r, "body");
+    const char *path = json_string_value(json_object_get(r, "path"));
+    const char *event = json_string_value(json_object_get(body, "event"));
+    if (strcmp(path, "/slack") == 0) {
+      const char *text = json_string_value(json_object_get(body, "text"));
+      assert_non_null(text);
+      assert_int_equal(strncmp(text, "nas: hooks", 10), 0);
+      assert_int_equal(json_object_size(body), 1);
+    } else if (strcmp(event, "trial_completed") == 0 || strcmp(event, "trial_failed") == 0) {
+      json_int_t number =
+          check_trial_payload(body, strcmp(event, "trial_failed") == 0 ? "failed" : "completed");
+      assert_true(number >= 0 && number < 10 && !(told & (1u << number)));
+      told |= 1u << number;
+    } else {
+      const json_t *front = json_object_get(body, "front");
+      assert_true(json_integer_value(json_object_get(front, "size")) >= 1);
+      assert_true(json_is_number(json_object_get(front, "hypervolume")));
+    }
+  }
+  assert_int_equal(count_received(rv, "/slack", NULL),
+                   count_received(rv, "/json", NULL));
+  assert_int_equal(told, (1u << 10) - 1);
+  /* The finish counts the trials. */
+  const json_t *finished = NULL;
+  json_array_foreach(rv->received, i, r) {
+    const json_t *body = json_object_get(r, "body");
+    const char *event = json_string_value(json_object_get(body, "event"));
+    if (event && strcmp(event, "experiment_finished") == 0) finished = body;
+  }
+  assert_non_null(finished);
+  assert_int_equal(json_integer_value(json_object_get(json_object_get(finished, "trials"), "completed")),
+                   8);
+  json_decref(rows);
+  free(out), free(spec), free(notify);
+  receiver_stop(rv);
+}
+
+/* 2 s per request and some 20 events: waiting on the receiver would add 40 s; the run
+ * takes no longer than without webhooks, plus the bounded flush at its end. */
+static void a_slow_receiver_does_not_slow_the_run(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 2.0);
+  char *notify = nas_asprintf("notify: [{url: \"http://127.0.0.1:%d/slow\"}]\n", rv->port);
+  char *plain = hooks_spec(f, "plain", 10, ""), *hooked = hooks_spec(f, "hooks", 10, notify);
+  char *out;
+  double without, with;
+  assert_int_equal(run_timed(f, plain, &out, &without), 0);
+  free(out);
+  int rc = run_timed(f, hooked, &out, &with);
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  print_message("without webhooks %.2f s, with a 2 s receiver %.2f s\n", without, with);
+  assert_true(with < without + NOTIFY_FLUSH_S + 3);
+  assert_non_null(strstr(out, "undelivered events at exit"));
+  assert_true(json_array_size(rv->received) >= 1);
+  free(out), free(plain), free(hooked), free(notify);
+  receiver_stop(rv);
+}
+
+/* A job the runner cannot start (sbatch without a cluster: SLURM_CONF names no file, or no
+ * sbatch at all) fails its trial before it runs; that is told too. */
+static void a_trial_that_cannot_be_launched_is_told_as_failed(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *notify = nas_asprintf("runner: {type: slurm}\n"
+                              "notify: [{url: \"http://127.0.0.1:%d/failed\", on: [trial_failed]}]\n",
+                              rv->port);
+  char *spec = hooks_spec(f, "hooks", 2, notify), *out;
+  const char *conf = getenv("SLURM_CONF");
+  char *saved = conf ? strdup(conf) : NULL;
+  setenv("SLURM_CONF", "/nonexistent/slurm.conf", 1);
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (saved) setenv("SLURM_CONF", saved, 1);
+  else unsetenv("SLURM_CONF");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  assert_int_equal(count_received(rv, "/failed", "trial_failed"), 2);
+  size_t i;
+  json_t *r;
+  json_array_foreach(rv->received, i, r) {
+    const json_t *trial = json_object_get(json_object_get(r, "body"), "trial");
+    assert_int_equal(json_integer_value(json_object_get(trial, "attempts")), 0);
+  }
+  free(saved), free(out), free(spec), free(notify);
+  receiver_stop(rv);
+}
+
+static void a_receiver_failing_twice_gets_the_finish_after_retries(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(2, 200, 0);
+  char *notify = nas_asprintf("notify: [{url: \"http://127.0.0.1:%d/flaky\", "
+                              "on: [experiment_finished]}]\n", rv->port);
+  char *spec = hooks_spec(f, "hooks", 2, notify), *out;
+  double seconds;
+  int rc = run_timed(f, spec, &out, &seconds);
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  assert_int_equal(rv->requests, 3);
+  assert_int_equal(count_received(rv, "/flaky", "experiment_finished"), 1);
+  assert_null(strstr(out, "not delivered"));
+  free(out), free(spec), free(notify);
+  receiver_stop(rv);
+}
+
+static void a_receiver_that_is_down_fails_nothing_and_is_logged_by_host_only(void **state) {
+  fixture *f = *state;
+  int port = closed_port();
+  char *notify = nas_asprintf("notify: [{url: \"http://127.0.0.1:%d/services/SECRET-TOKEN\", "
+                              "format: slack}]\n", port);
+  char *spec = hooks_spec(f, "hooks", 2, notify), *out;
+  double seconds;
+  int rc = run_timed(f, spec, &out, &seconds);
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  char *logged = nas_asprintf("notify http://127.0.0.1:%d/…: ", port);
+  const char *line = strstr(out, logged);
+  if (!line) fail_msg("no line '%s' in:\n%s", logged, out);
+  assert_non_null(strstr(line, " not delivered (4 attempts): Failed to connect"));
+  assert_null(strstr(out, "SECRET"));
+  assert_true(seconds < 20);
+  free(logged), free(out), free(spec), free(notify);
+}
+
+/* Webhooks may change between runs, like the budget; the change is listed without the
+ * hidden part of a URL. */
+static void notify_may_change_between_runs_and_its_secret_is_never_shown(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *before = nas_asprintf("notify: [{url: \"http://127.0.0.1:%d/SECRET-A\"}]\n", rv->port);
+  char *after = nas_asprintf("notify: [{url: \"http://127.0.0.1:%d/SECRET-B\", "
+                             "on: [experiment_finished]}]\n", rv->port);
+  char *spec = hooks_spec(f, "hooks", 1, before), *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out), free(spec);
+  spec = hooks_spec(f, "hooks", 2, after);
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("second nas run failed (%d): %s", rc, out);
+  assert_non_null(strstr(out, "notify: [http://127.0.0.1:"));
+  assert_null(strstr(out, "SECRET"));
+  assert_int_equal(count_received(rv, "/SECRET-B", NULL), 1);
+  free(out), free(spec), free(before), free(after);
+  receiver_stop(rv);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(a_receiver_answering_500_twice_gets_the_event_on_the_third_try),
+      cmocka_unit_test(a_receiver_refusing_with_404_is_not_asked_again),
+      cmocka_unit_test(events_a_webhook_does_not_subscribe_to_are_not_sent),
+      cmocka_unit_test(posting_never_waits_for_a_slow_receiver),
+      cmocka_unit_test(a_full_queue_drops_the_oldest_events),
+      cmocka_unit_test_setup_teardown(run_tells_each_trial_end_the_front_and_the_finish_in_both_formats,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(a_slow_receiver_does_not_slow_the_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_trial_that_cannot_be_launched_is_told_as_failed, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(a_receiver_failing_twice_gets_the_finish_after_retries,
+                                      setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          a_receiver_that_is_down_fails_nothing_and_is_logged_by_host_only, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          notify_may_change_between_runs_and_its_secret_is_never_shown, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
