@@ -142,8 +142,8 @@ static const char import_help[] =
     "metrics and intermediate values. An experiment of that name already in the storage is\n"
     "refused: give it another with --name. The whole file is checked before anything is\n"
     "stored. Trials get new times (the import's); a trial that was running is imported\n"
-    "queued, since nothing runs it here. Unlike other commands, import creates a missing\n"
-    "SQLite file.\n";
+    "queued, since nothing runs it here. Like 'nas run' and 'nas create', import creates a\n"
+    "missing SQLite file.\n";
 
 typedef struct {
   const char *path;      /* the file, for messages; borrowed */
