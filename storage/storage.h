@@ -117,7 +117,8 @@ int storage_open(const char *url, storage **out, nas_err *err);
 /* How storage_open_with opens, beyond storage_open (flags = 0). */
 enum {
   /* A missing sqlite file is an error naming its path, not a new empty database (a typo
-   * in a path must not make one): for every command but `nas run`. */
+   * in a path must not make one): for every command that reads or changes what exists
+   * (all but `nas run`, `nas create`, `nas import` and `nas serve`). */
   STORAGE_MUST_EXIST = 1u << 0,
   /* PostgreSQL: the first connection is tried once, for at most connect_timeout, instead
    * of for NAS_STORAGE_RETRY_S: for commands a person waits on. */
