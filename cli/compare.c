@@ -219,7 +219,7 @@ int cmd_compare(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c, status = -1;
-  while (status < 0 && (c = getopt_long(argc, argv, "s:f:h", options, NULL)) != -1) {
+  while (status < 0 && (c = getopt_long(argc, argv, ":s:f:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(compare_help, stdout);
       status = EXIT_DONE;
@@ -230,7 +230,7 @@ int cmd_compare(int argc, char **argv) {
       if (cli_parse_format(optarg, &format) != NAS_OK)
         status = cli_usage_error("compare", "unknown format '%s' (expected table, csv or json)", optarg);
     } else {
-      status = cli_usage_error("compare", "unknown option '%s'", argv[optind - 1]);
+      status = cli_option_error("compare", c, argv);
     }
   }
   if (status < 0 && argc - optind < 2)

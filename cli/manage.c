@@ -85,9 +85,7 @@ static int parse_args(int argc, char **argv, const char *extra, manage_args *a) 
       fputs(a->help, stdout);
       return EXIT_DONE;
     }
-    if (c == ':') return cli_usage_error(a->cmd, "option '%s' needs a value", argv[optind - 1]);
-    if (c == '?' || (c != 's' && !strchr(extra, c)))
-      return cli_usage_error(a->cmd, "unknown option '%s'", argv[optind - 1]);
+    if (c == ':' || c == '?' || (c != 's' && !strchr(extra, c))) return cli_option_error(a->cmd, c, argv);
     if (c == 'y') a->yes = true;
     else if (c == 'r') a->runs = true;
     else if (!url_option(c == 's' ? &a->storage : &a->storage_to, optarg))

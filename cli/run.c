@@ -14,7 +14,7 @@ static const char run_help[] =
     "usage: nas run FILE [--storage URL] [--no-progress]\n\n"
     "Runs the experiment described by the YAML spec FILE (format: docs/spec.md) until its\n"
     "budget is spent. If an experiment of that name already exists in the storage, it is\n"
-    "continued: the spec must be the same, except for its budget.\n\n"
+    "continued: the spec must be the same, except for its budget and notify sections.\n\n"
     "  --storage URL   where trials are stored (sqlite:PATH, postgresql://… or http(s)://\n"
     "                  a nas serve); default:\n"
     "                  $NAS_STORAGE, else the spec's `storage`, else sqlite:nas.db. Keep a\n"

@@ -64,7 +64,7 @@ static int parse_export_args(int argc, char **argv, export_args *a) {
   opterr = 0;
   int c;
   const char *bad;
-  while ((c = getopt_long(argc, argv, "s:f:h", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":s:f:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(export_help, stdout);
       return EXIT_DONE;
@@ -78,7 +78,7 @@ static int parse_export_args(int argc, char **argv, export_args *a) {
       if (parse_with(optarg, a, &bad) != NAS_OK)
         return cli_usage_error("export", "unknown --with item '%s' (expected curves, timings)", bad);
     } else {
-      return cli_usage_error("export", "unknown option '%s'", argv[optind - 1]);
+      return cli_option_error("export", c, argv);
     }
   }
   if (argc - optind != 1) return cli_usage_error("export", "expected one EXPERIMENT");
@@ -406,7 +406,7 @@ int cmd_import(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c, status = -1;
-  while (status < 0 && (c = getopt_long(argc, argv, "s:n:h", options, NULL)) != -1) {
+  while (status < 0 && (c = getopt_long(argc, argv, ":s:n:h", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(import_help, stdout);
       status = EXIT_DONE;
@@ -416,7 +416,7 @@ int cmd_import(int argc, char **argv) {
     } else if (c == 'n') {
       new_name = optarg;
     } else {
-      status = cli_usage_error("import", "unknown option '%s'", argv[optind - 1]);
+      status = cli_option_error("import", c, argv);
     }
   }
   if (status < 0 && argc - optind != 1) status = cli_usage_error("import", "expected one FILE");

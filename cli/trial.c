@@ -58,7 +58,7 @@ static int parse_trial_args(const char *cmd, const char *help, bool logs, int ar
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, "s:fh", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":s:fh", options, NULL)) != -1) {
     if (c == 'h') {
       fputs(help, stdout);
       return EXIT_DONE;
@@ -71,7 +71,7 @@ static int parse_trial_args(const char *cmd, const char *help, bool logs, int ar
     } else if ((c == 'e' || c == 'f') && logs) {
       *(c == 'e' ? &a->stderr_log : &a->follow) = true;
     } else {
-      return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+      return cli_option_error(cmd, c, argv);
     }
   }
   if (argc - optind != 2) return cli_usage_error(cmd, "expected EXPERIMENT and a trial number N");
