@@ -1,4 +1,5 @@
 /* cli/serve.c: `nas serve`, the HTTP service (serve/serve.h, docs/api.md). */
+#include <cblas.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,6 +73,9 @@ int cmd_serve(int argc, char **argv) {
   if (!opt.token_file)
     fprintf(stderr, "nas serve: no --token-file: serving clients on this machine (loopback) "
                     "only, without tokens\n");
+  /* Asks run the GP on the request threads: OpenBLAS's own threads would only compete
+   * with them for the cores (as in `nas run`, cli/run.c). */
+  openblas_set_num_threads(1);
   nas_err err;
   int status = serve_run(&opt, &err) == NAS_OK ? EXIT_DONE : cli_fail(&err);
   if (status == EXIT_DONE) fprintf(stderr, "nas serve: stopped\n");

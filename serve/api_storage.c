@@ -19,7 +19,10 @@ int api_storage(serve_request *req, char **parts) {
   if (!args) return NAS_ERR;
   const char *key = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Idempotency-Key");
   json_t *reply = NULL;
+  bool queued = req->srv->one_writer && storage_rpc_writes(op);
+  if (queued) pthread_mutex_lock(&req->srv->write_lock);
   int rc = storage_rpc_serve(req->st, op, key, args, &reply);
+  if (queued) pthread_mutex_unlock(&req->srv->write_lock);
   json_decref(args);
   int status = rc == NAS_OK          ? MHD_HTTP_OK
                : rc == NAS_ENOTFOUND ? MHD_HTTP_NOT_FOUND

@@ -315,7 +315,9 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
 }
 
 int serve_run(const serve_options *opt, nas_err *err) {
-  serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file};
+  serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file,
+                   .one_writer = strncmp(opt->storage_url, "sqlite:", 7) == 0,
+                   .write_lock = PTHREAD_MUTEX_INITIALIZER};
   srv.cwd = getcwd(NULL, 0);
   if (!srv.cwd) return nas_errf(err, "cannot read the current folder: %s", strerror(errno));
   int rc = opt->token_file ? serve_tokens_load(opt->token_file, &srv.tokens, err) : NAS_OK;
