@@ -741,7 +741,7 @@ static void trials_get_disjoint_gpus_and_wait_for_free_ones(void **state) {
   assert_int_equal(runner_capacity(f->r), 2);
   char *argv[] = {"sh", "-c",
                   "printf '%s %s %s ' $(date +%s.%N) \"$CUDA_VISIBLE_DEVICES\" \"$NAS_GPUS\";"
-                  " sleep 0.5; date +%s.%N", NULL};
+                  " sleep 2; date +%s.%N", NULL}; /* long enough to overlap under ASan and load */
   char *run_dirs[3], *handles[3];
   for (int i = 0; i < 3; i++) {
     run_dirs[i] = run_dir_new(f);
@@ -750,7 +750,7 @@ static void trials_get_disjoint_gpus_and_wait_for_free_ones(void **state) {
   gpu_job_log logs[3];
   int last = 0; /* the job that started last: it waited */
   for (int i = 0; i < 3; i++) {
-    assert_int_equal(wait_end(f, handles[i], run_dirs[i], 10).state, JOB_EXITED);
+    assert_int_equal(wait_end(f, handles[i], run_dirs[i], 20).state, JOB_EXITED);
     logs[i] = gpu_job_log_read(run_dirs[i]);
     assert_string_equal(logs[i].devices, logs[i].nas_gpus);
     assert_int_equal(strlen(logs[i].devices), 3); /* two devices: "N,M" */
