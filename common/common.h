@@ -18,6 +18,7 @@ enum {
   NAS_ENOTFOUND = -2, /* the thing asked for does not exist */
   NAS_EEXIST = -3,    /* the thing to create exists already */
   NAS_ECANCELED = -4, /* given up because the caller asked (a signal, `nas stop`) */
+  NAS_EINVAL = -5,    /* the request does not fit what exists (a missing objective, …) */
 };
 
 /* The message of the last failure, filled by nas_errf. */

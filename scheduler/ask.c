@@ -207,7 +207,7 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
   if (rc == NAS_OK) rc = sched_results_load(st, s, exp->id, &r, err);
   if (rc == NAS_OK) {
     const char *missing = missing_objective(s, &r, t.id);
-    rc = missing ? nas_errf(err, "trial %d has not reported objective '%s'; report it, or end "
+    rc = missing ? nas_errc(err, NAS_EINVAL, "trial %d has not reported objective '%s'; report it, or end "
                             "the trial as failed", number, missing)
                  : storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
     sched_results_free(&r);

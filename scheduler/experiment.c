@@ -61,7 +61,7 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
     nas_log("experiment '%s': spec changed:\n%s", exp->name, diff);
     rc = storage_experiment_set_spec(st, exp->id, s->text, err);
   } else {
-    rc = nas_errf(err,
+    rc = nas_errc(err, NAS_EEXIST,
                   "experiment '%s' already exists with a different spec:\n%s"
                   "Only budget and notify may change between runs of one experiment: give the "
                   "experiment a new name, or undo the other changes.",

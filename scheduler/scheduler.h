@@ -212,7 +212,7 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
  * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err);
-/* Stores the final metrics (may be none) and ends the trial completed; an error, and the
+/* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
  * trial left running, when an objective was never reported. */
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
                         const metric_obs *obs, size_t n, nas_err *err);

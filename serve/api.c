@@ -96,8 +96,7 @@ static int create_experiment(serve_request *req, char **parts) {
     rc = summary_of(req, exp.name, &one);
     if (rc == NAS_OK) serve_reply(req, existed ? MHD_HTTP_OK : MHD_HTTP_CREATED, one);
   } else {
-    serve_fail(req, strstr(err.msg, "already exists") ? MHD_HTTP_CONFLICT : MHD_HTTP_INTERNAL_SERVER_ERROR,
-               "%s", err.msg);
+    serve_fail_err(req, rc, &err); /* NAS_EEXIST: a different spec under that name, 409 */
   }
   experiment_row_clear(&exp);
   spec_free(s);

@@ -81,6 +81,7 @@ int api_get_trial(serve_request *req, char **parts) {
  * scheduler running the experiment are conflicts; a missing trial is 404. */
 static int tell_failed(serve_request *req, int rc, const nas_err *err) {
   if (rc == NAS_EEXIST) return serve_fail(req, MHD_HTTP_CONFLICT, "%s", err->msg);
+  if (rc == NAS_EINVAL) return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", err->msg);
   return serve_fail_err(req, rc, err);
 }
 
@@ -178,7 +179,6 @@ int api_complete(serve_request *req, char **parts) {
   if (rc == NAS_OK) {
     rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n, &err);
     if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));
-    else if (strstr(err.msg, "has not reported")) serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", err.msg);
     else tell_failed(req, rc, &err);
   }
   free(obs);
