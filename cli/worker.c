@@ -202,6 +202,8 @@ static int worker_prepare(worker *w, nas_err *err) {
   double start = nas_monotonic();
   int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
   if (rc != NAS_OK) return rc;
+  double data_seconds = nas_monotonic() - start;
+  w->plan.fit.augment.fill = w->data.background;
   /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
   if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
   if ((rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err)) != NAS_OK) return rc;
@@ -214,12 +216,12 @@ static int worker_prepare(worker *w, nas_err *err) {
   w->plan.fit.shuffle_seed = mix(seed);
   const tr_input_shape *in = &w->data.all.shape;
   if (!lead_rank(w)) return NAS_OK;
-  printf("trial %d of %s: %s on %s (%lldx%lldx%lld, %d classes, read in %.1f s): %lld "
-         "training, %lld validation, %lld test examples; %lld parameters, %lld FLOPs per "
+  printf("trial %d of %s: %s on %s (%lldx%lldx%lld, %d classes, data ready in %.3f s, %s): "
+         "%lld training, %lld validation, %lld test examples; %lld parameters, %lld FLOPs per "
          "example\n",
          w->trial.number, w->exp.name, b->model, w->data.all.source, (long long)in->channels,
          (long long)in->height, (long long)in->width, (int)w->data.all.train.nclasses,
-         nas_monotonic() - start, (long long)w->data.all.train.n, (long long)w->data.val.n,
+         data_seconds, w->data.origin, (long long)w->data.all.train.n, (long long)w->data.val.n,
          (long long)w->data.all.test.n, (long long)w->model.params, (long long)w->model.flops);
   fflush(stdout);
   return NAS_OK;

@@ -6,6 +6,7 @@
 #include <jansson.h>
 
 #include "spec/spec.h"
+#include "trainer/data_cache.h"
 #include "trainer/trainer.h"
 
 /* Everything a built-in trial's settings decide (spec_builtin_settings). */
@@ -20,6 +21,7 @@ typedef struct {
   tr_device_kind device; /* where training runs */
   int devices;           /* ranks one model is trained across (docs/spec.md) */
   tr_fsdp_config fsdp;   /* how, when devices > 1 */
+  bool data_cache;       /* map the prepared data from the dataset cache (cli/worker_data.c) */
 } worker_plan;
 
 /* Reads the complete settings object of a trial into plan. */
@@ -31,11 +33,22 @@ typedef struct {
   tr_named_dataset all; /* all.train: the training part (after the split); all.test: the
                            test part, when the dataset has one */
   tr_dataset val;
+  float background;     /* the smallest standardised training value: what crops pad with */
+  tr_data_cache *cache; /* owned: the mapping the features lie on; NULL when read directly */
+  char origin[400];     /* where the data came from, for the trial's log */
 } worker_data;
 
+/* Finds the dataset, then maps it prepared from the cache (plan->data_cache; a cache that
+ * cannot be used falls back to reading, saying why in origin) or reads and prepares it. */
 int worker_data_load(tr_ctx *ctx, const char *dataset, const worker_plan *plan,
                      uint64_t split_seed, worker_data *out, nas_err *err);
 void worker_data_free(worker_data *d);
+/* Reads and prepares the dataset at path (a file or folder tr_named_dataset_find gave). */
+int worker_data_read(tr_ctx *ctx, const char *path, const worker_plan *plan, uint64_t split_seed,
+                     worker_data *out, nas_err *err);
+/* The same, through the dataset cache (cli/worker_data.c). */
+int worker_data_cached(tr_ctx *ctx, const char *path, const worker_plan *plan,
+                       uint64_t split_seed, worker_data *out, nas_err *err);
 
 /* Checks, in the process about to launch a spec's built-in trials on this machine (the
  * local runner), what would fail every one of them: a dataset that is not where `nas

@@ -25,7 +25,8 @@ static const word_value norms[] = {
 static const word_value optimizers[] = {
     {"sgd", TR_SGD}, {"adam", TR_ADAM}, {"adamw", TR_ADAMW}, {NULL, 0}};
 static const word_value schedules[] = {
-    {"constant", TR_LR_CONSTANT}, {"cosine", TR_LR_COSINE}, {"step", TR_LR_STEP}, {NULL, 0}};
+    {"constant", TR_LR_CONSTANT}, {"cosine", TR_LR_COSINE}, {"step", TR_LR_STEP},
+    {"onecycle", TR_LR_ONECYCLE}, {NULL, 0}};
 static const word_value poolings[] = {{"max", TR_MAXPOOL2D}, {"avg", TR_AVGPOOL2D}, {NULL, 0}};
 static const word_value device_kinds[] = {{"cpu", TR_CPU}, {"cuda", TR_CUDA}, {NULL, 0}};
 static const word_value shardings[] = {
@@ -89,20 +90,29 @@ static int read_model(const json_t *settings, worker_plan *plan, nas_err *err) {
                      plan->cnn_cfg.channels, err);
 }
 
-/* Momentum is SGD's; Adam's betas keep the engine's defaults. */
+/* Momentum and Nesterov are SGD's (Nesterov without momentum is plain SGD, so it is
+ * simply off then); Adam's betas keep the engine's defaults. The augmentation's fill is
+ * the data's (worker_data.background), set once the data is read. */
 static int read_training(const json_t *settings, worker_plan *plan, nas_err *err) {
   int optimizer, schedule;
   int rc = word_of(settings, "optimizer", optimizers, &optimizer, err);
   if (rc == NAS_OK) rc = word_of(settings, "schedule", schedules, &schedule, err);
   if (rc != NAS_OK) return rc;
+  double momentum = optimizer == TR_SGD ? number_of(settings, "momentum") : 0;
   plan->fit = (tr_fit_config){
       .epochs = (int)int_of(settings, "epochs"),
       .batch_size = int_of(settings, "batch_size"),
       .optim = {.kind = (tr_optim_kind)optimizer,
                 .lr = number_of(settings, "lr"),
-                .momentum = optimizer == TR_SGD ? number_of(settings, "momentum") : 0,
+                .momentum = momentum,
+                .nesterov = momentum > 0 && json_is_true(json_object_get(settings, "nesterov")),
                 .weight_decay = number_of(settings, "weight_decay")},
-      .schedule = (tr_lr_kind)schedule};
+      .schedule = (tr_lr_kind)schedule,
+      .warmup_epochs = number_of(settings, "warmup"),
+      .label_smoothing = number_of(settings, "label_smoothing"),
+      .augment = {.crop_padding = (int)int_of(settings, "augment_crop"),
+                  .flip = json_is_true(json_object_get(settings, "augment_flip"))}};
+  plan->data_cache = json_is_true(json_object_get(settings, "data_cache"));
   plan->validation = number_of(settings, "validation");
   plan->limit_train = int_of(settings, "limit_train");
   plan->limit_val = int_of(settings, "limit_val");
@@ -183,21 +193,44 @@ static int prepare(tr_ctx *ctx, const worker_plan *plan, uint64_t split_seed, wo
   return rc == NAS_OK ? tr_standardize(&d->all.train, parts, 3, err) : rc;
 }
 
+static float smallest_value(const tr_dataset *ds) {
+  const float *v = tr_f32(ds->x);
+  float least = ds->x->numel > 0 ? v[0] : 0;
+  for (int64_t i = 1; i < ds->x->numel; i++)
+    if (v[i] < least) least = v[i];
+  return least;
+}
+
+int worker_data_read(tr_ctx *ctx, const char *path, const worker_plan *plan, uint64_t split_seed,
+                     worker_data *out, nas_err *err) {
+  memset(out, 0, sizeof *out);
+  int rc = tr_named_dataset_load(ctx, path, NULL, &out->all, err);
+  if (rc == NAS_OK) rc = prepare(ctx, plan, split_seed, out, err);
+  if (rc != NAS_OK) worker_data_free(out);
+  else out->background = smallest_value(&out->all.train);
+  return rc;
+}
+
 int worker_data_load(tr_ctx *ctx, const char *dataset, const worker_plan *plan,
                      uint64_t split_seed, worker_data *out, nas_err *err) {
   memset(out, 0, sizeof *out);
-  char **dirs = data_dirs(getenv("NAS_DATA_DIR"));
-  int rc = dirs ? tr_named_dataset_load(ctx, dataset, (const char *const *)dirs, &out->all, err)
+  char **dirs = data_dirs(getenv("NAS_DATA_DIR")), *path = NULL;
+  int rc = dirs ? tr_named_dataset_find(dataset, (const char *const *)dirs, &path, err)
                 : nas_errf(err, "out of memory");
   strings_free(dirs);
-  if (rc == NAS_OK) rc = prepare(ctx, plan, split_seed, out, err);
-  if (rc != NAS_OK) worker_data_free(out);
+  if (rc == NAS_OK && plan->data_cache)
+    rc = worker_data_cached(ctx, path, plan, split_seed, out, err);
+  else if (rc == NAS_OK && (rc = worker_data_read(ctx, path, plan, split_seed, out, err)) == NAS_OK)
+    snprintf(out->origin, sizeof out->origin, "read directly (data_cache: false)");
+  free(path);
   return rc;
 }
 
 void worker_data_free(worker_data *d) {
   tr_named_dataset_free(&d->all);
   tr_dataset_free(&d->val);
+  tr_data_cache_close(d->cache); /* after the features on it are freed */
+  d->cache = NULL;
 }
 
 int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *data,

@@ -34,7 +34,7 @@ typedef struct {
 
 static const char *const activations[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
 static const char *const optimizers[] = {"sgd", "adam", "adamw", NULL};
-static const char *const schedules[] = {"constant", "cosine", "step", NULL};
+static const char *const schedules[] = {"constant", "cosine", "step", "onecycle", NULL};
 static const char *const mlp_norms[] = {"none", "batch", "layer", NULL};
 static const char *const cnn_norms[] = {"none", "batch", NULL};
 static const char *const poolings[] = {"max", "avg", NULL};
@@ -55,6 +55,12 @@ static const builtin_setting settings[] = {
     {"momentum", FOR_BOTH, SETTING_FLOAT, 0, 1, .open_high = true, .fallback = "0.9"},
     {"weight_decay", FOR_BOTH, SETTING_FLOAT, 0, 1, .fallback = "0"},
     {"schedule", FOR_BOTH, SETTING_CHOICE, .choices = schedules, .fallback = "constant"},
+    {"nesterov", FOR_BOTH, SETTING_BOOL, .fallback = "false"},
+    {"warmup", FOR_BOTH, SETTING_FLOAT, 0, 1000, .fallback = "0"},
+    {"label_smoothing", FOR_BOTH, SETTING_FLOAT, 0, 1, .open_high = true, .fallback = "0"},
+    {"augment_flip", FOR_BOTH, SETTING_BOOL, .fallback = "false"},
+    {"augment_crop", FOR_BOTH, SETTING_INT, 0, 16, .fallback = "0"},
+    {"data_cache", FOR_BOTH, SETTING_BOOL, .fallback = "true"},
     {"dropout", FOR_BOTH, SETTING_FLOAT, 0, 1, .open_high = true, .fallback = "0"},
     {"activation", FOR_BOTH, SETTING_CHOICE, .choices = activations, .fallback = "relu"},
     {"threads", FOR_BOTH, SETTING_INT, 1, 256, .fallback = "1"},

@@ -503,7 +503,51 @@ static void cuda_trials_without_a_device_are_refused(void **state) {
   free(spec);
 }
 
+/* stdout.log of trial number of experiment name, owned. */
+static char *trial_log(fixture *f, const char *name, int number) {
+  char *log, *text = NULL;
+  size_t len;
+  nas_err err;
+  assert_true(asprintf(&log, "%s/runs/%s/%d/stdout.log", f->dir, name, number) > 0);
+  if (nas_read_file(log, &text, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
+  free(log);
+  return text;
+}
+
+/* The recipe settings reach the worker and train; the first trial builds the dataset
+ * cache (in $NAS_CACHE_DIR, set by main), the second maps the same file. */
+static void recipe_trials_train_and_share_the_data_cache(void **state) {
+  fixture *f = *state;
+  char *spec = digits_spec(f, "recipe",
+                           "epochs: 4, limit_train: 600, batch_size: 32, optimizer: adamw, "
+                           "weight_decay: 0.01, schedule: onecycle, warmup: 0.5, "
+                           "label_smoothing: 0.1, augment_flip: true, augment_crop: 1",
+                           2, 1, "2m"),
+       *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "recipe");
+  assert_int_equal(count_status(rows, "completed"), 2);
+  for (size_t i = 0; i < 2; i++) /* 10 classes: 0.1 by chance */
+    if (num(json_array_get(rows, i), METRIC_ACCURACY) <= 0.3)
+      fail_msg("trial %zu: accuracy %g", i, num(json_array_get(rows, i), METRIC_ACCURACY));
+  json_decref(rows);
+  char *first = trial_log(f, "recipe", 0), *second = trial_log(f, "recipe", 1);
+  if (!strstr(first, "mapped from the cache") || !strstr(first, "(built now)"))
+    fail_msg("trial 0 did not build the cache: %s", first);
+  if (!strstr(second, "mapped from the cache") || strstr(second, "(built now)"))
+    fail_msg("trial 1 did not map the cache trial 0 built: %s", second);
+  free(first);
+  free(second);
+  free(spec);
+}
+
 int main(void) {
+  /* Built-in trials keep their dataset cache in a folder of this run, not in $HOME. */
+  char *cache_dir = test_tmpdir();
+  assert_non_null(cache_dir);
+  setenv("NAS_CACHE_DIR", cache_dir, 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(mlp_counts_match_hand_counts),
       cmocka_unit_test(cnn_counts_match_hand_counts),
@@ -521,6 +565,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(worker_fails_a_trial_whose_dataset_is_gone_with_the_reason,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
+                                      teardown),
   };
-  return cmocka_run_group_tests(tests, NULL, NULL);
+  int failed = cmocka_run_group_tests(tests, NULL, NULL);
+  test_rmtree(cache_dir);
+  free(cache_dir);
+  return failed;
 }

@@ -1520,6 +1520,41 @@ static void builtin_section_errors_point_at_the_value(void **state) {
                "trial.builtin: expected a mapping, got a list");
 }
 
+/* The training recipe and augmentation settings load, searchable, and bad values point at
+ * the value. */
+static void builtin_recipe_settings_load_and_bad_values_point_at_the_value(void **state) {
+  (void)state;
+  spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, schedule: "
+                                 "onecycle, warmup: 0.5, label_smoothing: 0.1, nesterov: true, "
+                                 "augment_flip: true, augment_crop: 2, data_cache: false}\n"));
+  json_t *all = NULL;
+  nas_err err;
+  assert_int_equal(spec_builtin_settings(s, NULL, &all, &err), NAS_OK);
+  assert_string_equal(json_string_value(json_object_get(all, "schedule")), "onecycle");
+  assert_true(json_number_value(json_object_get(all, "warmup")) == 0.5);
+  assert_true(json_number_value(json_object_get(all, "label_smoothing")) == 0.1);
+  assert_true(json_is_true(json_object_get(all, "nesterov")));
+  assert_int_equal(json_integer_value(json_object_get(all, "augment_crop")), 2);
+  assert_true(json_is_false(json_object_get(all, "data_cache")));
+  json_decref(all);
+  spec_free(s);
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, "
+                            "label_smoothing: 1}\n"),
+               "t.yaml:10:59: ", "trial.builtin.label_smoothing: 1 is outside [0, 1)");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, warmup: -1}\n"),
+               "t.yaml:10:50: ", "trial.builtin.warmup: -1 is outside [0, 1000]");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: cnn, dataset: digits, augment_crop: 17}\n"),
+               "t.yaml:10:56: ", "trial.builtin.augment_crop: 17 is outside [0, 16]");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, schedule: "
+                            "one_cycle}\n"),
+               "t.yaml:10:52: ", "'one_cycle' is not one of ['constant', 'cosine', 'step', "
+                                 "'onecycle']");
+  char yaml[1024];
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  augment_flip: {type: int, low: 0, high: 1}\n%s",
+           OBJECTIVES "trial:\n  builtin: {model: cnn, dataset: digits}\n" BUDGET);
+  expect_error(yaml, "t.yaml:3:3: ", "the setting takes true or false: declare a categorical");
+}
+
 /* Every value a search parameter can take must be a valid value of its setting. */
 static void builtin_parameters_must_be_settings_with_valid_values(void **state) {
   (void)state;
@@ -1780,6 +1815,7 @@ int main(void) {
       cmocka_unit_test(builtin_dataset_path_is_made_absolute),
       cmocka_unit_test(builtin_settings_layer_defaults_section_and_parameters),
       cmocka_unit_test(builtin_section_errors_point_at_the_value),
+      cmocka_unit_test(builtin_recipe_settings_load_and_bad_values_point_at_the_value),
       cmocka_unit_test(builtin_parameters_must_be_settings_with_valid_values),
       cmocka_unit_test(diff_reports_builtin_changes),
       cmocka_unit_test(enqueue_section_stores_full_assignments_as_suggestions_are),

@@ -367,3 +367,8 @@ int64_t tr_loader_next(tr_ctx *ctx, tr_loader *ld, tr_tensor **x, int32_t **y) {
   *y = out.y;
   return b;
 }
+
+void tr_loader_skip_epochs(tr_loader *ld, int epochs) {
+  ld->pos = 0;
+  for (int e = 0; ld->shuffle && e < epochs; e++) shuffle(ld->order, ld->ds->n, ld->rng);
+}

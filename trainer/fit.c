@@ -1,5 +1,6 @@
-/* trainer/fit.c: the training loop of built-in trials — cross-entropy, an optimiser with a
- * learning-rate schedule, shuffled batches, validation after every epoch — and accuracy;
+/* trainer/fit.c: the training loop of built-in trials — cross-entropy (label smoothing
+ * optional), an optimiser with a learning-rate schedule and warm-up, shuffled and optionally
+ * augmented batches, validation after every epoch, resuming after a given epoch — and accuracy;
  * and the same loop on one rank of several (tr_fit_sharded), the model sharded by FSDP.
  *
  * The loop is the one docs/engine.md shows, with every error checked. Evaluation runs in
@@ -10,6 +11,7 @@
  * trains on its slice, and after every step all ranks add up [failed, loss sum, examples]
  * in one all-reduce, so a failure anywhere outside a collective (a callback, the loader)
  * stops every rank at the same step instead of leaving the others waiting. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -87,9 +89,9 @@ int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
 
 /* One optimiser step on a batch; *loss gets its value. */
 static int train_step(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_tensor *x, const int32_t *y,
-                      double *loss, nas_err *err) {
+                      const tr_fit_config *cfg, double *loss, nas_err *err) {
   tr_tensor *logits = tr_module_forward(ctx, m, x);
-  tr_tensor *value = logits ? tr_cross_entropy(ctx, logits, y) : NULL;
+  tr_tensor *value = logits ? tr_cross_entropy_smooth(ctx, logits, y, cfg->label_smoothing) : NULL;
   int rc = value ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK) {
     *loss = tr_item(value);
@@ -102,10 +104,17 @@ static int train_step(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_tensor *x, co
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "training step: %s", ctx->err.msg);
 }
 
-static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t total_steps) {
-  tr_lr_schedule s = {.kind = cfg->schedule, .base_lr = cfg->optim.lr, .total = total_steps};
+/* The schedule over all epochs' steps: the warm-up first (onecycle's rise, 30% of the
+ * steps unless set), the schedule over the rest. */
+static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t per_epoch) {
+  int64_t total_steps = per_epoch * cfg->epochs;
+  int64_t warmup = llround(cfg->warmup_epochs * (double)per_epoch);
+  if (cfg->schedule == TR_LR_ONECYCLE && warmup == 0) warmup = llround(0.3 * (double)total_steps);
+  if (warmup > total_steps) warmup = total_steps;
+  tr_lr_schedule s = {.kind = cfg->schedule, .base_lr = cfg->optim.lr, .warmup = warmup,
+                      .total = total_steps - warmup};
   if (cfg->schedule == TR_LR_STEP) {
-    s.step_size = (total_steps + 2) / 3;
+    s.step_size = (s.total + 2) / 3;
     s.gamma = 0.1;
   }
   return s;
@@ -113,15 +122,35 @@ static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t total_steps
 
 /* What both fits set up once they made their optimiser (opt NULL: it failed, and ctx says
  * why): the shuffled loader of train, the schedule over every epoch's steps, and m in
- * training mode. */
+ * training mode; a resumed run's loader and *step where the first_epoch epochs left them. */
 static int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
                      const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched,
-                     nas_err *err) {
+                     int64_t *step, nas_err *err) {
   int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size;
-  *sched = schedule_for(cfg, per_epoch * cfg->epochs);
+  *sched = schedule_for(cfg, per_epoch);
+  *step = per_epoch * cfg->first_epoch;
   tr_module_train(m, true);
-  return opt ? tr_loader_init(ld, train, cfg->batch_size, true, cfg->shuffle_seed, err)
-             : nas_errf(err, "optimiser: %s", ctx->err.msg);
+  if (!opt) return nas_errf(err, "optimiser: %s", ctx->err.msg);
+  if (cfg->first_epoch < 0 || cfg->first_epoch > cfg->epochs)
+    return nas_errf(err, "training: resuming after epoch %d of %d", cfg->first_epoch, cfg->epochs);
+  int rc = tr_loader_init(ld, train, cfg->batch_size, true, cfg->shuffle_seed, err);
+  if (rc == NAS_OK) tr_loader_skip_epochs(ld, cfg->first_epoch);
+  return rc;
+}
+
+/* The next training batch (tr_loader_next's contract), augmented as cfg says with a seed
+ * of the step, so a resumed run draws what an uninterrupted one would. */
+static int64_t next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
+                          tr_tensor **x, int32_t **y) {
+  int64_t b = tr_loader_next(ctx, ld, x, y);
+  if (b <= 0 || !tr_augment_active(&cfg->augment)) return b;
+  uint64_t seed = (cfg->shuffle_seed ^ 0x5bd1e995u) + (uint64_t)step * 0x9e3779b97f4a7c15ULL;
+  if (tr_augment_batch(*x, &cfg->augment, seed, &ctx->err) == NAS_OK) return b;
+  tr_free(*x);
+  free(*y);
+  *x = NULL;
+  *y = NULL;
+  return NAS_ERR;
 }
 
 /* One pass over the training data; *mean_loss gets the loss averaged over examples. */
@@ -133,12 +162,12 @@ static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
   tr_tensor *x;
   int32_t *y;
   int rc = NAS_OK;
-  while (rc == NAS_OK && (b = tr_loader_next(ctx, ld, &x, &y)) > 0) {
+  while (rc == NAS_OK && (b = next_batch(ctx, ld, cfg, *step, &x, &y)) > 0) {
     double loss = 0;
     tr_optim_set_lr(opt, tr_lr_at(sched, (*step)++));
     if (move_to(ctx, &x, cfg->device) != NAS_OK)
       rc = nas_errf(err, "batch to the device: %s", ctx->err.msg);
-    if (rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, &loss, err);
+    if (rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, cfg, &loss, err);
     tr_free(x);
     free(y);
     sum += loss * (double)b;
@@ -159,8 +188,8 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   tr_loader ld = {0};
   tr_lr_schedule sched;
   int64_t step = 0;
-  int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, err);
-  for (int epoch = 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
+  int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, &step, err);
+  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
     double loss = 0, acc = 0;
     rc = train_epoch(ctx, m, opt, &ld, cfg, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = tr_evaluate(ctx, m, val, EVAL_BATCH, &acc, err);
@@ -183,6 +212,7 @@ typedef struct {
   tr_optim *opt;
   tr_comm *comm;
   bool lead; /* rank 0: runs the callbacks and evaluates */
+  double label_smoothing;
 } rank_run;
 
 /* Adds up sums (n values) over the ranks in place; a rank that failed (own_rc) counts in
@@ -205,7 +235,8 @@ static int rank_step(rank_run *r, tr_tensor *x, const int32_t *y, int64_t b, dou
   if (tr_fsdp_batch_slice(r->fsdp, b, &start, count, err) != NAS_OK) return NAS_ERR;
   tr_tensor *slice = tr_narrow(r->ctx, x, 0, start, *count);
   tr_tensor *logits = slice ? tr_fsdp_forward(r->ctx, r->fsdp, slice) : NULL;
-  tr_tensor *value = logits ? tr_cross_entropy(r->ctx, logits, y + start) : NULL;
+  tr_tensor *value =
+      logits ? tr_cross_entropy_smooth(r->ctx, logits, y + start, r->label_smoothing) : NULL;
   int rc = value ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK) {
     *loss = tr_item(value);
@@ -229,7 +260,7 @@ static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
   tr_tensor *x;
   int32_t *y;
   int rc = NAS_OK;
-  while (rc == NAS_OK && (b = tr_loader_next(r->ctx, ld, &x, &y)) > 0) {
+  while (rc == NAS_OK && (b = next_batch(r->ctx, ld, cfg, *step, &x, &y)) > 0) {
     int64_t usable = b - b % world, count = 0;
     double loss = 0;
     tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
@@ -267,7 +298,8 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
-  rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0};
+  rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0,
+                cfg->label_smoothing};
   tr_fsdp_config fc = ranks->fsdp;
   fc.prefetch = fc.prefetch && ranks->prefetch_comm && cfg->device.kind != TR_CUDA;
   if (!(r.fsdp = tr_fsdp_new(ctx, m, ranks->comm, ranks->prefetch_comm, &fc)))
@@ -276,8 +308,8 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
   tr_loader ld = {0};
   tr_lr_schedule sched;
   int64_t step = 0;
-  int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, err);
-  for (int epoch = 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
+  int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, &step, err);
+  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
     double loss = 0, acc = 0;
     rc = rank_epoch(&r, &ld, cfg, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = rank_validate(&r, val, cfg, epoch, loss, &acc, err);

@@ -1,5 +1,5 @@
-/* optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW; learning-rate schedules;
- * gradient clipping by global norm.
+/* optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW; learning-rate schedules
+ * (constant, step, cosine, one-cycle); gradient clipping by global norm.
  *
  * The optimiser retains its parameters and keeps one state tensor per parameter and slot
  * (momentum buffer; Adam's first and second moments), made on the first step that sees a
@@ -150,7 +150,24 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt) {
   return NAS_OK;
 }
 
+/* from + (to - from) along half a cosine, at fraction pct in [0, 1] of the way. */
+static double cosine_between(double from, double to, double pct) {
+  return to + (from - to) * 0.5 * (1 + cos(M_PI * pct));
+}
+
+/* PyTorch's OneCycleLR with its defaults (div_factor 25, final_div_factor 1e4, cos): the
+ * rise ends at step warmup - 1, the fall at step warmup + total - 1. */
+static double one_cycle_at(const tr_lr_schedule *s, int64_t step) {
+  double start = s->base_lr / 25, end = start / 1e4;
+  int64_t rise_end = s->warmup - 1;
+  if (step <= rise_end)
+    return cosine_between(start, s->base_lr, rise_end > 0 ? (double)step / (double)rise_end : 1);
+  double pct = s->total > 0 ? (double)(step - rise_end) / (double)s->total : 1;
+  return cosine_between(s->base_lr, end, pct < 1 ? pct : 1);
+}
+
 double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
+  if (s->kind == TR_LR_ONECYCLE) return one_cycle_at(s, step);
   if (s->warmup > 0 && step < s->warmup) return s->base_lr * (double)(step + 1) / (double)s->warmup;
   int64_t t = step - (s->warmup > 0 ? s->warmup : 0);
   switch (s->kind) {
@@ -158,9 +175,9 @@ double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
     return s->step_size > 0 ? s->base_lr * pow(s->gamma, (double)(t / s->step_size)) : s->base_lr;
   case TR_LR_COSINE:
     if (s->total <= 0 || t >= s->total) return s->min_lr;
-    return s->min_lr +
-           (s->base_lr - s->min_lr) * 0.5 * (1 + cos(M_PI * (double)t / (double)s->total));
-  case TR_LR_CONSTANT: break;
+    return cosine_between(s->base_lr, s->min_lr, (double)t / (double)s->total);
+  case TR_LR_CONSTANT:
+  case TR_LR_ONECYCLE: break;
   }
   return s->base_lr;
 }

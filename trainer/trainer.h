@@ -213,6 +213,11 @@ tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b);
 
 /* Mean over rows of -log softmax(logits)[label]; logits (N, C), labels N values in [0, C). */
 tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels);
+/* Cross-entropy against smoothed targets (PyTorch's label_smoothing): 1 - smoothing on the
+ * label plus smoothing / C on every class, i.e. (1 - smoothing) · cross-entropy + smoothing
+ * · mean over rows and classes of -log softmax. smoothing in [0, 1); 0 is tr_cross_entropy. */
+tr_tensor *tr_cross_entropy_smooth(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels,
+                                   double smoothing);
 tr_tensor *tr_mse_loss(tr_ctx *ctx, tr_tensor *pred, tr_tensor *target);
 
 /* Normalises over the last dim; w and b (D) may be NULL. */
@@ -324,15 +329,18 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
 void tr_optim_zero_grad(tr_optim *opt);
 void tr_optim_set_lr(tr_optim *opt, double lr);
 
-/* Learning rate at a step: linear warm-up from 0 over warmup steps, then the schedule. */
-typedef enum { TR_LR_CONSTANT, TR_LR_STEP, TR_LR_COSINE } tr_lr_kind;
+/* Learning rate at a step: linear warm-up from 0 over warmup steps, then the schedule.
+ * TR_LR_ONECYCLE is PyTorch's OneCycleLR (cosine annealing, two phases): it rises from
+ * base_lr/25 to base_lr over its warmup steps (the first at base_lr/25, the last at base_lr)
+ * by half a cosine, then falls to base_lr/25/1e4 over total more steps the same way. */
+typedef enum { TR_LR_CONSTANT, TR_LR_STEP, TR_LR_COSINE, TR_LR_ONECYCLE } tr_lr_kind;
 typedef struct {
   tr_lr_kind kind;
   double base_lr;
-  int64_t warmup;    /* steps of linear warm-up (0: none) */
+  int64_t warmup;    /* steps of linear warm-up (0: none); TR_LR_ONECYCLE: of its rise */
   int64_t step_size; /* TR_LR_STEP: multiply by gamma every step_size steps */
   double gamma;
-  int64_t total; /* TR_LR_COSINE: steps from the end of warm-up to min_lr */
+  int64_t total; /* TR_LR_COSINE, TR_LR_ONECYCLE: steps from the end of warm-up to the end */
   double min_lr;
 } tr_lr_schedule;
 double tr_lr_at(const tr_lr_schedule *s, int64_t step);
@@ -371,6 +379,26 @@ int tr_normalizer_fit(const tr_dataset *ds, tr_normalizer *out, nas_err *err);
 int tr_normalizer_apply(const tr_normalizer *nz, tr_dataset *ds, nas_err *err);
 void tr_normalizer_free(tr_normalizer *nz);
 
+/* Augmentation of image batches (trainer/augment.c), on the fly: each image of a batch is
+ * flipped left-right with probability 1/2 (flip) and/or cropped back to H×W at a random
+ * offset from the image padded by crop_padding pixels of value fill on every side. */
+typedef struct {
+  int crop_padding; /* 0: no crop */
+  bool flip;
+  float fill;       /* value of the padding pixels */
+} tr_augment_config;
+/* Whether cfg changes anything. */
+bool tr_augment_active(const tr_augment_config *cfg);
+/* Augments x (n, C, H, W), contiguous float32 on the CPU and not shared with anyone, in
+ * place; the choices come from seed alone, so the same seed gives the same batch. */
+int tr_augment_batch(tr_tensor *x, const tr_augment_config *cfg, uint64_t seed, nas_err *err);
+/* One image (C, H, W) flipped left-right in place. */
+void tr_image_flip(float *image, int64_t channels, int64_t height, int64_t width);
+/* dst (C, H, W) = the H×W window at (top, left) of src padded by pad pixels of fill on
+ * every side (0 <= top, left <= 2 pad); src and dst do not overlap. */
+void tr_image_crop(const float *src, float *dst, int64_t channels, int64_t height, int64_t width,
+                   int pad, int64_t top, int64_t left, float fill);
+
 /* Batches over a dataset (borrowed), reshuffled each epoch by its own seeded generator. */
 typedef struct {
   const tr_dataset *ds;
@@ -387,6 +415,9 @@ void tr_loader_free(tr_loader *ld);
  * at the end of an epoch (after which the next call starts a new, reshuffled one), or
  * NAS_ERR with ctx->err set. */
 int64_t tr_loader_next(tr_ctx *ctx, tr_loader *ld, tr_tensor **x, int32_t **y);
+/* Passes over epochs epochs without reading a batch: the order is then the one the loader
+ * would have after that many epochs (resuming a training run). */
+void tr_loader_skip_epochs(tr_loader *ld, int epochs);
 
 /* ================================================================ built-in models
  * Appended for `nas worker` (built-in trials, docs/spec.md): the two model families,
@@ -478,8 +509,17 @@ typedef struct {
   int64_t batch_size;
   tr_optim_config optim;
   tr_lr_kind schedule;       /* constant; cosine: to 0 over all steps; step: ×0.1 after each
-                                third of the steps */
-  uint64_t shuffle_seed;     /* batch order */
+                                third of the steps; onecycle (all after the warm-up) */
+  uint64_t shuffle_seed;     /* batch order, and the augmentation's draws */
+  /* The recipe (docs/spec.md, "Training recipe"): */
+  double warmup_epochs;      /* linear warm-up over this many epochs (fractions too); for
+                                onecycle the rise (0: 30% of the steps, as PyTorch) */
+  double label_smoothing;    /* tr_cross_entropy_smooth's smoothing */
+  tr_augment_config augment; /* applied to every training batch */
+  /* Epochs as the budget: the run trains epochs first_epoch + 1 … epochs, as the last part
+   * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate
+   * and batch order continue where that run was; the optimiser's state starts afresh). */
+  int first_epoch;
   tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
   /* After every epoch (1-based) with the mean training loss and validation accuracy. */
   int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);
