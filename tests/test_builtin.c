@@ -278,6 +278,17 @@ static void assert_weights_load(fixture *f, const char *name, const json_t *tria
   tr_model_free(&m);
 }
 
+/* stdout.log of trial number of experiment name, owned. */
+static char *trial_log(fixture *f, const char *name, int number) {
+  char *log, *text = NULL;
+  size_t len;
+  nas_err err;
+  assert_true(asprintf(&log, "%s/runs/%s/%d/stdout.log", f->dir, name, number) > 0);
+  if (nas_read_file(log, &text, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
+  free(log);
+  return text;
+}
+
 static void worker_stores_every_metric_and_the_weights(void **state) {
   fixture *f = *state;
   char *spec = digits_spec(f, "one", "epochs: 2, limit_train: 400, norm: batch", 1, 1, "2m"), *out;
@@ -301,16 +312,10 @@ static void worker_stores_every_metric_and_the_weights(void **state) {
   assert_true(has_metric(metrics, n, METRIC_ACCURACY, 1)); /* after each epoch */
   assert_true(has_metric(metrics, n, METRIC_ACCURACY, 2));
   metric_rows_free(metrics, n);
-  char *log;
-  assert_true(asprintf(&log, "%s/runs/one/0/stdout.log", f->dir) > 0);
-  char *text = NULL;
-  size_t len;
-  nas_err err;
-  assert_int_equal(nas_read_file(log, &text, &len, &err), NAS_OK);
+  char *text = trial_log(f, "one", 0);
   assert_non_null(strstr(text, "epoch 2/2: training loss"));
   assert_null(strstr(text, "nas-metric")); /* stored directly, never read twice */
   free(text);
-  free(log);
   assert_weights_load(f, "one", trial, TR_NORM_BATCH);
   /* `nas trial` shows the saved model: the weights' path and what model.json says. */
   char *argv[] = {(char *)test_nas_bin(), "trial", "one", "0", "--format", "json", "--storage", f->db, NULL};
@@ -502,17 +507,6 @@ static void cuda_trials_without_a_device_are_refused(void **state) {
   assert_non_null(strstr(out, "use device: cpu"));
   free(out);
   free(spec);
-}
-
-/* stdout.log of trial number of experiment name, owned. */
-static char *trial_log(fixture *f, const char *name, int number) {
-  char *log, *text = NULL;
-  size_t len;
-  nas_err err;
-  assert_true(asprintf(&log, "%s/runs/%s/%d/stdout.log", f->dir, name, number) > 0);
-  if (nas_read_file(log, &text, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
-  free(log);
-  return text;
 }
 
 /* The recipe settings reach the worker and train; the first trial builds the dataset

@@ -167,6 +167,29 @@ static void changed_source_makes_the_cache_stale(void **state) {
   assert_int_equal(builds(f), 3);
 }
 
+static int failing_build(tr_ctx *ctx, void *arg, tr_cache_content *out, nas_err *err) {
+  (void)ctx, (void)arg, (void)out;
+  return nas_errf(err, "data.csv:3: not a number");
+}
+
+static void failing_builder_leaves_no_file_and_its_own_error(void **state) {
+  fixture *f = *state;
+  f->req.build = failing_build;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_data_cache *cache = (tr_data_cache *)f;
+  tr_cache_content c;
+  nas_err err;
+  assert_int_equal(tr_data_cache_open(&ctx, &f->req, &cache, &c, NULL, &err), NAS_ERR);
+  assert_null(cache);
+  assert_string_equal(err.msg, "data.csv:3: not a number");
+  char *listing = NULL, *argv[] = {"ls", f->cache_dir, NULL};
+  assert_int_equal(test_run(f->dir, argv, &listing), 0);
+  assert_null(strstr(listing, ".nascache\n")); /* only the lock file is there */
+  assert_null(strstr(listing, ".tmp."));
+  free(listing);
+}
+
 static void cache_folder_follows_the_environment(void **state) {
   (void)state;
   nas_err err;
@@ -218,6 +241,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(truncated_or_damaged_cache_file_is_rebuilt, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_source_makes_the_cache_stale, setup, teardown),
       cmocka_unit_test_setup_teardown(mapping_a_current_cache_takes_under_50_ms, setup, teardown),
+      cmocka_unit_test_setup_teardown(failing_builder_leaves_no_file_and_its_own_error, setup,
+                                      teardown),
       cmocka_unit_test(cache_folder_follows_the_environment),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

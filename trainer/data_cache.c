@@ -197,11 +197,14 @@ static int map_current(const char *path, const char *key, const char *identity, 
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return errno == ENOENT ? NAS_ENOTFOUND : nas_errf(err, "%s: %s", path, strerror(errno));
   struct stat st;
-  int rc = fstat(fd, &st) == 0 ? NAS_OK : nas_errf(err, "%s: %s", path, strerror(errno));
+  if (fstat(fd, &st) != 0) {
+    int rc = nas_errf(err, "%s: %s", path, strerror(errno));
+    close(fd);
+    return rc;
+  }
   *size = (size_t)st.st_size;
-  *map = rc == NAS_OK && *size > 0 ? mmap(NULL, *size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  *map = *size > 0 ? mmap(NULL, *size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
   close(fd);
-  if (rc != NAS_OK) return rc;
   if (*size == 0) return (*why = "truncated"), NAS_ENOTFOUND;
   if (*map == MAP_FAILED) return nas_errf(err, "%s: cannot map: %s", path, strerror(errno));
   if (content_current(*map, *size, key, identity, why)) return NAS_OK;
@@ -282,12 +285,14 @@ static void content_free(tr_cache_content *content) {
 }
 
 /* Builds the content and puts it at path: written whole to a temporary file beside it,
- * then renamed over it, so readers see the old file or the new one, never a part. */
+ * then renamed over it, so readers see the old file or the new one, never a part.
+ * *builder_failed says whether the error is the builder's own. */
 static int build_file(tr_ctx *ctx, const tr_cache_request *req, const char *path,
-                      const char *identity, nas_err *err) {
+                      const char *identity, bool *builder_failed, nas_err *err) {
   tr_cache_content content = {0};
   cache_header layout;
   int rc = req->build(ctx, req->arg, &content, err);
+  *builder_failed = rc != NAS_OK;
   if (rc == NAS_OK && content.nparts > TR_CACHE_MAX_PARTS)
     rc = nas_errf(err, "cache: %zu parts (at most %d)", content.nparts, TR_CACHE_MAX_PARTS);
   if (rc == NAS_OK) rc = plan_layout(&content, 0, 0, &layout, err);
@@ -310,7 +315,7 @@ static int build_file(tr_ctx *ctx, const tr_cache_request *req, const char *path
  * builder dies): maps the file another builder made meanwhile, else builds it. */
 static int build_locked(tr_ctx *ctx, const tr_cache_request *req, const char *path,
                         const char *identity, void **map, size_t *size, bool *built,
-                        nas_err *err) {
+                        bool *builder_failed, nas_err *err) {
   char *lock_path = nas_asprintf("%s.lock", path);
   int fd = lock_path ? open(lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0600) : -1;
   int rc = fd >= 0 ? NAS_OK
@@ -322,7 +327,7 @@ static int build_locked(tr_ctx *ctx, const tr_cache_request *req, const char *pa
   if (rc == NAS_OK) rc = map_current(path, req->key, identity, map, size, &why, err);
   if (rc == NAS_ENOTFOUND) {
     *built = true;
-    rc = build_file(ctx, req, path, identity, err);
+    rc = build_file(ctx, req, path, identity, builder_failed, err);
     if (rc == NAS_OK) rc = map_current(path, req->key, identity, map, size, &why, err);
     if (rc == NAS_ENOTFOUND) rc = nas_errf(err, "%s: written but %s on reading back", path, why);
   }
@@ -394,7 +399,7 @@ int tr_data_cache_open(tr_ctx *ctx, const tr_cache_request *req, tr_data_cache *
                        tr_cache_content *out, bool *built, nas_err *err) {
   *cache = NULL;
   memset(out, 0, sizeof *out);
-  bool ran = false;
+  bool ran = false, builder_failed = false;
   void *map = NULL;
   size_t size = 0;
   const char *why;
@@ -403,13 +408,14 @@ int tr_data_cache_open(tr_ctx *ctx, const tr_cache_request *req, tr_data_cache *
   int rc = !identity ? NAS_ERR : path ? nas_mkdirs(req->dir, err) : nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = map_current(path, req->key, identity, &map, &size, &why, err);
   if (rc == NAS_ENOTFOUND)
-    rc = build_locked(ctx, req, path, identity, &map, &size, &ran, err);
+    rc = build_locked(ctx, req, path, identity, &map, &size, &ran, &builder_failed, err);
   if (rc == NAS_OK && !(*cache = cache_new(map, size))) rc = nas_errf(err, "out of memory");
   if (rc == NAS_OK && (rc = materialise(ctx, *cache, out, err)) != NAS_OK) {
     tr_data_cache_close(*cache);
     *cache = NULL;
   }
-  if (rc != NAS_OK && path) nas_err_prefix(err, "dataset cache %s", path);
+  /* the builder's errors are about the source and say so themselves */
+  if (rc != NAS_OK && path && !builder_failed) nas_err_prefix(err, "dataset cache %s", path);
   if (built) *built = ran;
   free(identity);
   free(path);

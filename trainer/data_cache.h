@@ -45,7 +45,8 @@ typedef struct tr_data_cache tr_data_cache;
  * truncated file is detected by its recorded size; the header is checksummed). out's parts
  * are new datasets: features are read-only tensors on the mapping (never write to them),
  * labels owned copies. Free them (tr_dataset_free) before tr_data_cache_close. *built says
- * whether this call ran the builder (may be NULL). On error *cache is NULL and out empty. */
+ * whether this call ran the builder (may be NULL). On error *cache is NULL and out empty;
+ * the builder's error comes back as it gave it, others name the cache file. */
 int tr_data_cache_open(tr_ctx *ctx, const tr_cache_request *req, tr_data_cache **cache,
                        tr_cache_content *out, bool *built, nas_err *err);
 /* Unmaps. A mapping still used by a tensor is left mapped (a leak, never a dangling
