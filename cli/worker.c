@@ -28,7 +28,8 @@ static const char worker_help[] =
     "(and test_accuracy when the dataset has a test split; docs/metrics.md), and saves the\n"
     "weights as DIR/weights.nasw with DIR/model.json describing them. nas starts it for\n"
     "every built-in trial; the defaults are what it sets: $NAS_TRIAL_ID, $NAS_STORAGE,\n"
-    "$NAS_RUN_DIR. Named datasets are looked for in $NAS_DATA_DIR first.\n";
+    "$NAS_RUN_DIR. Named datasets are looked for in $NAS_DATA_DIR first; the prepared\n"
+    "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n";
 
 /* Seconds between heartbeats while an epoch runs. */
 static const double heartbeat_every_s = 5.0;
