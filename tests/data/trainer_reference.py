@@ -27,3 +27,16 @@ out["bn_running_mean"] = rm; out["bn_running_var"] = rv
 for name, t in out.items():
     vals = ", ".join("%.12g" % v for v in t.flatten().tolist())
     print(f"static const double ref_{name}[] = {{{vals}}};")
+# tests/test_trainer_recipe.c: label smoothing and OneCycleLR. Its values were computed by
+# hand from these definitions where no torch was installed; this prints PyTorch's to check.
+print("label_smoothing 0.1, 0.25:",
+      [F.cross_entropy(x, labels, label_smoothing=e).item() for e in (0.1, 0.25)])
+opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1.0)
+sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=8, pct_start=3 / 8)
+lrs = []
+for i in range(8):
+    lrs.append(opt.param_groups[0]["lr"])
+    if i < 7:
+        opt.step()
+        sched.step()
+print("one_cycle steps 0-7:", lrs)
