@@ -10,7 +10,7 @@ CFLAGS  ?= -O2 -g
 NAS_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$(shell pg_config --includedir 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null | sed 's/-lgslcblas//') -lopenblas -lz -lm -lpthread -fopenmp
 
-MODULES := common spec storage runners metrics optimizer notify scheduler trainer serve
+MODULES := common spec storage runners metrics optimizer notify scheduler trainer builtin serve
 LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
 
 # CUDA is on where nvcc is found (`make CUDA=0` turns it off). Everything that touches the

@@ -4,7 +4,7 @@
 #ifndef NAS_TRAINER_COMM_INTERNAL_H
 #define NAS_TRAINER_COMM_INTERNAL_H
 
-#include "trainer/trainer.h"
+#include "trainer/dist.h"
 
 typedef enum {
   COMM_BARRIER,

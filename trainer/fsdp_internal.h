@@ -6,6 +6,7 @@
 #ifndef NAS_TRAINER_FSDP_INTERNAL_H
 #define NAS_TRAINER_FSDP_INTERNAL_H
 
+#include "trainer/dist.h"
 #include "trainer/internal.h"
 
 /* Where a unit's prefetch stands. Only the owning rank's main thread moves IDLE → QUEUED

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
+#include "trainer/dist.h"
 #include "trainer/internal.h"
 
 /* Where the threads wait until the driver knows whether all of them exist. */

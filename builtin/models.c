@@ -1,4 +1,4 @@
-/* trainer/models.c: the model families of built-in trials (MLP and CNN, trainer.h) built
+/* builtin/models.c: the model families of built-in trials (MLP and CNN, builtin.h) built
  * as Sequential modules, counting parameters, buffers and forward FLOPs as they go.
  *
  * The counts come from the same shapes the modules are built with, layer by layer, so
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/trainer.h"
+#include "builtin/builtin.h"
 
 /* A model under construction and the shape of what its last layer puts out. */
 typedef struct {

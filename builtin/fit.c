@@ -1,10 +1,10 @@
-/* trainer/fit.c: the training loop of built-in trials — cross-entropy, an optimiser with a
+/* builtin/fit.c: the training loop of built-in trials — cross-entropy, an optimiser with a
  * learning-rate schedule, shuffled batches, validation after every epoch — and accuracy;
  * and the same loop on one rank of several (tr_fit_sharded), the model sharded by FSDP.
  *
  * The loop is the one docs/engine.md shows, with every error checked. Evaluation runs in
  * evaluation mode without a graph, in slices (views) of the dataset, and puts the model
- * back in training mode. Only the API of trainer.h is used.
+ * back in training mode. Only the API of trainer/trainer.h and trainer/dist.h is used.
  *
  * Ranks stay in lockstep: every rank draws the same global batches (same shuffle seed),
  * trains on its slice, and after every step all ranks add up [failed, loss sum, examples]
@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/trainer.h"
+#include "builtin/builtin.h"
 
 /* Examples per forward pass when evaluating: big enough for GEMM, small enough for memory. */
 enum { EVAL_BATCH = 500 };

@@ -1,17 +1,17 @@
-/* trainer/datasets.c: datasets of built-in trials by name or path, as images (n, C, H, W),
+/* builtin/datasets.c: datasets of built-in trials by name or path, as images (n, C, H, W),
  * and the two preparations every trial applies: keeping a subset, standardising.
  *
  * Named datasets are files Debian packages ship (nothing is downloaded): "digits" is
  * scikit-learn's digits.csv.gz, "fashion-mnist" the IDX files of dataset-fashion-mnist.
  * A path is a folder of IDX files (MNIST's names, gzip or not) or one CSV file. Only the
- * API of trainer.h is used. */
+ * API of trainer/trainer.h is used. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
-#include "trainer/trainer.h"
+#include "builtin/builtin.h"
 
 static const char digits_file[] = "digits.csv.gz";
 static const char fashion_folder[] = "fashion-mnist";

@@ -1,4 +1,4 @@
-/* cli/worker_setup.c: a built-in trial's settings -> the engine's configurations, its data
+/* builtin/worker_setup.c: a built-in trial's settings -> the engine's configurations, its data
  * split and standardised, its model built.
  *
  * The settings object is complete and valid (spec/builtin.c fills defaults and checked
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli/worker.h"
+#include "builtin/builtin.h"
 
 typedef struct {
   const char *word;
