@@ -1,7 +1,7 @@
 /* trainer/dist.h: distributed training on the engine — collectives between ranks (threads,
  * processes on one node, or CUDA devices over NCCL) and fully sharded data parallel
- * training (FSDP) built on them: the API of trainer/comm*.c and trainer/fsdp*.c;
- * docs/engine-comm.md and docs/engine-fsdp.md tell the design. */
+ * training (FSDP) built on them: the API of trainer/dist/; docs/engine-comm.md and
+ * docs/engine-fsdp.md tell the design. */
 #ifndef NAS_TRAINER_DIST_H
 #define NAS_TRAINER_DIST_H
 

@@ -1,0 +1,322 @@
+/* ops_shape: reshape/view, transpose, narrow, contiguous, concat and embedding, each forward
+ * beside its backward.
+ *
+ * reshape, transpose and narrow return views (new tensor headers on the input's storage,
+ * sharing its version counter); reshape copies first only when the input is not contiguous.
+ * Gradients come back contiguous in the input's shape.
+ * Every op here serves both devices: views are headers either way, and copies go through
+ * helpers that follow the tensor's device (tn_contig, tn_clone, tr_copy_). Embedding keeps
+ * its ids on the device there (tc_embedding, trainer/cuda/cuda_ops.c). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/core/internal.h"
+
+/* The view t[..., start:start+length, ...] along dim d (no history). */
+static tr_tensor *narrow_alias(tr_ctx *ctx, const tr_tensor *t, int d, int64_t start,
+                               int64_t length) {
+  tr_tensor *v = tn_alias(ctx, t);
+  if (!v) return NULL;
+  v->offset += start * t->strides[d];
+  v->shape[d] = length;
+  v->numel = tn_prod(v->shape, 0, v->ndim);
+  return v;
+}
+
+/* ---------------------------------------------------------------- reshape */
+
+static int reshape_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  tr_tensor *gc = tn_contig(ctx, g);
+  gi[0] = gc ? tn_view(ctx, gc, node->in_meta[0].ndim, node->in_meta[0].shape) : NULL;
+  tr_free(gc);
+  return gi[0] ? NAS_OK : NAS_ERR;
+}
+static const tr_node_ops reshape_ops = {"ViewBackward", reshape_backward};
+
+tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape) {
+  int64_t shp[TR_MAX_DIMS], known = 1;
+  int infer = -1;
+  if (tn_check_inputs(ctx, "reshape", 1, &t)) return NULL;
+  if (ndim < 0 || ndim > TR_MAX_DIMS) return tr_fail(ctx, "reshape: %d dims", ndim);
+  for (int d = 0; d < ndim; d++) { /* one -1 is inferred from the others */
+    shp[d] = shape[d];
+    if (shape[d] == -1 && infer < 0)
+      infer = d;
+    else
+      known *= shape[d];
+  }
+  if (infer >= 0) shp[infer] = known ? t->numel / known : 0;
+  int64_t numel = tn_prod(shp, 0, ndim);
+  if (numel != t->numel)
+    return tr_fail(ctx, "reshape: %lld elements cannot take a shape of %lld", (long long)t->numel,
+                   (long long)numel);
+  tr_tensor *c = tn_contig(ctx, t);
+  tr_tensor *out = c ? tn_view(ctx, c, ndim, shp) : NULL;
+  tr_free(c);
+  tr_node *node;
+  if (out && ag_record(ctx, &reshape_ops, 1, &t, out, &node)) {
+    tr_free(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* ---------------------------------------------------------------- transpose */
+
+static int transpose_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  tr_tensor *v = tn_alias(ctx, g);
+  if (!v) return NAS_ERR;
+  int d0 = (int)node->ia[0], d1 = (int)node->ia[1];
+  int64_t s = v->shape[d0], st = v->strides[d0];
+  v->shape[d0] = v->shape[d1];
+  v->strides[d0] = v->strides[d1];
+  v->shape[d1] = s;
+  v->strides[d1] = st;
+  gi[0] = tn_clone(ctx, v);
+  tr_free(v);
+  return gi[0] ? NAS_OK : NAS_ERR;
+}
+static const tr_node_ops transpose_ops = {"TransposeBackward", transpose_backward};
+
+tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1) {
+  if (tn_check_inputs(ctx, "transpose", 1, &t)) return NULL;
+  int d0 = tn_dim(t->ndim, dim0), d1 = tn_dim(t->ndim, dim1);
+  if (d0 < 0 || d1 < 0)
+    return tr_fail(ctx, "transpose: dims %d, %d out of range for %d dims", dim0, dim1, t->ndim);
+  tr_tensor *out = tn_alias(ctx, t);
+  if (!out) return NULL;
+  out->shape[d0] = t->shape[d1];
+  out->strides[d0] = t->strides[d1];
+  out->shape[d1] = t->shape[d0];
+  out->strides[d1] = t->strides[d0];
+  tr_node *node;
+  if (ag_record(ctx, &transpose_ops, 1, &t, out, &node)) {
+    tr_free(out);
+    return NULL;
+  }
+  if (node) {
+    node->ia[0] = d0;
+    node->ia[1] = d1;
+  }
+  return out;
+}
+
+/* ---------------------------------------------------------------- narrow */
+
+static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  tr_tensor *full = tn_zeros_dev(ctx, g, g->dtype, &node->in_meta[0]);
+  tr_tensor *part = full ? narrow_alias(ctx, full, (int)node->ia[0], node->ia[1], node->ia[2]) : NULL;
+  if (!part) {
+    tr_free(full);
+    return NAS_ERR;
+  }
+  int rc = tr_copy_(ctx, part, g);
+  tr_free(part);
+  gi[0] = full;
+  return rc;
+}
+static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward};
+
+tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
+  if (tn_check_inputs(ctx, "narrow", 1, &t)) return NULL;
+  int d = tn_dim(t->ndim, dim);
+  if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d])
+    return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor", (long long)start,
+                   (long long)(start + length), dim);
+  tr_tensor *out = narrow_alias(ctx, t, d, start, length);
+  if (!out) return NULL;
+  tr_node *node;
+  if (ag_record(ctx, &narrow_ops, 1, &t, out, &node)) {
+    tr_free(out);
+    return NULL;
+  }
+  if (node) {
+    node->ia[0] = d;
+    node->ia[1] = start;
+    node->ia[2] = length;
+  }
+  return out;
+}
+
+/* ---------------------------------------------------------------- contiguous */
+
+static int clone_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  (void)node;
+  gi[0] = tn_contig(ctx, g);
+  return gi[0] ? NAS_OK : NAS_ERR;
+}
+static const tr_node_ops clone_ops = {"CloneBackward", clone_backward};
+
+tr_tensor *tr_contiguous(tr_ctx *ctx, tr_tensor *t) {
+  if (tn_check_inputs(ctx, "contiguous", 1, &t)) return NULL;
+  if (tr_is_contiguous(t)) return tr_retain(t);
+  tr_tensor *out = tn_contig(ctx, t);
+  tr_node *node;
+  if (out && ag_record(ctx, &clone_ops, 1, &t, out, &node)) {
+    tr_free(out);
+    return NULL;
+  }
+  return out;
+}
+
+/* ---------------------------------------------------------------- concat */
+
+/* Concat's aux: the size of each input along dim. */
+static int concat_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  const int64_t *sizes = ag_aux(ctx, node);
+  if (!sizes) return NAS_ERR;
+  int d = (int)node->ia[0];
+  tr_tensor *gc = tn_contig(ctx, g);
+  if (!gc) return NAS_ERR;
+  int64_t start = 0;
+  for (int i = 0; i < node->n_next; i++) {
+    if (ag_wants(node, i)) {
+      tr_tensor *view = narrow_alias(ctx, gc, d, start, sizes[i]);
+      if (view) {
+        gi[i] = tn_contig(ctx, view);
+        tr_free(view);
+      }
+      if (!gi[i]) {
+        tr_free(gc);
+        return NAS_ERR;
+      }
+    }
+    start += sizes[i];
+  }
+  tr_free(gc);
+  return NAS_OK;
+}
+static const tr_node_ops concat_ops = {"CatBackward", concat_backward};
+
+/* Output shape of concat, or an error when the other dims disagree. */
+static int concat_shape(tr_ctx *ctx, int n, tr_tensor *const *ts, int d, tr_meta *m) {
+  *m = tn_meta(ts[0]);
+  m->shape[d] = 0;
+  for (int i = 0; i < n; i++) {
+    if (ts[i]->ndim != m->ndim)
+      return nas_errf(&ctx->err, "concat: input %d has %d dims, input 0 has %d", i, ts[i]->ndim,
+                      m->ndim);
+    for (int k = 0; k < m->ndim; k++)
+      if (k != d && ts[i]->shape[k] != ts[0]->shape[k])
+        return nas_errf(&ctx->err, "concat: input %d differs in size at dim %d", i, k);
+    m->shape[d] += ts[i]->shape[d];
+  }
+  return NAS_OK;
+}
+
+/* Copies t into out[..., start:start + t->shape[d], ...] along d: one strided copy into the
+ * view on a device, contiguous chunks on the host. */
+static int copy_into_part(tr_ctx *ctx, tr_tensor *out, int d, int64_t start, const tr_tensor *t) {
+  if (tn_on_cuda(out)) {
+    tr_tensor *part = narrow_alias(ctx, out, d, start, t->shape[d]);
+    int rc = part ? tc_copy_raw(ctx, part, t) : NAS_ERR;
+    tr_free(part);
+    return rc;
+  }
+  tr_tensor *c = tn_contig(ctx, t);
+  if (!c) return NAS_ERR;
+  size_t esz = tr_dtype_size(out->dtype);
+  int64_t outer = tn_prod(out->shape, 0, d), inner = tn_prod(out->shape, d + 1, out->ndim);
+  size_t chunk = (size_t)(t->shape[d] * inner) * esz;
+  for (int64_t o = 0; o < outer; o++)
+    memcpy((char *)tr_data(out) + ((size_t)(o * out->shape[d] + start) * (size_t)inner) * esz,
+           (char *)tr_data(c) + (size_t)o * chunk, chunk);
+  tr_free(c);
+  return NAS_OK;
+}
+
+tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
+  if (n < 1) return tr_fail(ctx, "concat: no inputs");
+  if (tn_check_inputs(ctx, "concat", n, ts)) return NULL;
+  int d = tn_dim(ts[0]->ndim, dim);
+  tr_meta m;
+  if (d < 0) return tr_fail(ctx, "concat: dim %d out of range", dim);
+  if (concat_shape(ctx, n, ts, d, &m)) return NULL;
+  tr_tensor *out = tn_empty_dev(ctx, ts[0], ts[0]->dtype, &m);
+  int64_t *sizes = malloc(sizeof(int64_t) * (size_t)n);
+  if (!out || !sizes) {
+    tr_free(out);
+    free(sizes);
+    return out ? tr_fail(ctx, "concat: out of memory") : NULL;
+  }
+  int64_t start = 0;
+  for (int i = 0; i < n && out; i++) {
+    sizes[i] = ts[i]->shape[d];
+    if (copy_into_part(ctx, out, d, start, ts[i])) {
+      tr_free(out);
+      out = NULL;
+    }
+    start += sizes[i];
+  }
+  tr_node *node = NULL;
+  if (out && ag_record(ctx, &concat_ops, n, ts, out, &node)) {
+    tr_free(out);
+    out = NULL;
+  }
+  if (node) {
+    node->ia[0] = d;
+    node->aux = sizes;
+  } else {
+    free(sizes);
+  }
+  return out;
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+/* aux: the ids (int32) looked up; ia[0] their count. */
+static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  const int32_t *ids = ag_aux(ctx, node);
+  if (!ids) return NAS_ERR;
+  tr_tensor *gc = tn_contig(ctx, g);
+  tr_tensor *dw = gc ? tn_zeros_meta(ctx, g->dtype, &node->in_meta[0]) : NULL;
+  if (dw) {
+    int64_t dim = dw->shape[1];
+    size_t esz = tr_dtype_size(g->dtype);
+    for (int64_t i = 0; i < node->ia[0]; i++)
+      tn_axpy(g->dtype, dim, 1.0, (char *)tr_data(gc) + (size_t)(i * dim) * esz,
+              (char *)tr_data(dw) + (size_t)((int64_t)ids[i] * dim) * esz);
+  }
+  tr_free(gc);
+  gi[0] = dw;
+  return dw ? NAS_OK : NAS_ERR;
+}
+static const tr_node_ops embedding_ops = {"EmbeddingBackward", embedding_backward};
+
+tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids) {
+  if (tn_check_inputs(ctx, "embedding", 1, &weight)) return NULL;
+  if (weight->ndim != 2) return tr_fail(ctx, "embedding: weight must be (V, D)");
+  for (int64_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= weight->shape[0])
+      return tr_fail(ctx, "embedding: id %d at %lld outside [0, %lld)", ids[i], (long long)i,
+                     (long long)weight->shape[0]);
+  if (tn_on_cuda(weight)) return tc_embedding(ctx, weight, n, ids); /* ids kept on the device */
+  int64_t shape[2] = {n, weight->shape[1]};
+  tr_tensor *w = tn_contig(ctx, weight);
+  tr_tensor *out = w ? tr_empty(ctx, weight->dtype, 2, shape) : NULL;
+  int32_t *ids_copy = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
+  if (!out || !ids_copy) {
+    tr_free(w);
+    tr_free(out);
+    free(ids_copy);
+    return w && out ? tr_fail(ctx, "embedding: out of memory") : NULL;
+  }
+  size_t row = (size_t)shape[1] * tr_dtype_size(weight->dtype);
+  for (int64_t i = 0; i < n; i++)
+    memcpy((char *)tr_data(out) + (size_t)i * row, (char *)tr_data(w) + (size_t)ids[i] * row, row);
+  tr_free(w);
+  memcpy(ids_copy, ids, sizeof(int32_t) * (size_t)n);
+  tr_node *node;
+  if (ag_record(ctx, &embedding_ops, 1, &weight, out, &node)) {
+    tr_free(out);
+    free(ids_copy);
+    return NULL;
+  }
+  if (node) {
+    node->aux = ids_copy;
+    node->ia[0] = n;
+  } else {
+    free(ids_copy);
+  }
+  return out;
+}
