@@ -266,6 +266,10 @@ static inline tr_tensor *tn_zeros_dev(tr_ctx *ctx, const tr_tensor *like, tr_dty
   return tn_on_cuda(like) ? tc_zeros(ctx, dtype, m->ndim, m->shape) : tn_zeros_meta(ctx, dtype, m);
 }
 
+/* n int32 values as the bits of a 4-byte (float32) tensor on like's device, the engine having
+ * no integer dtype: labels, ids, argmax (ops_shape.c). */
+tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n);
+
 /* Sums a over the dims in mask (bit d: dim d), times scale, keeping them as size 1; no
  * history; on a's device (ops_reduce.c). */
 tr_tensor *tn_sum_dims(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double scale);

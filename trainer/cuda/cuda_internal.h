@@ -29,9 +29,6 @@ int tc_ok(tr_ctx *ctx, const char *what, tck_status st);
 tck_layout tc_layout(const tr_tensor *t);
 tr_tensor *tc_empty_meta(tr_ctx *ctx, tr_dtype dtype, const tr_meta *m);
 tr_tensor *tc_empty_like(tr_ctx *ctx, const tr_tensor *t);
-/* A device tensor of n int32 values copied from the host. The engine has no integer dtype:
- * the values are kept as the bits of n float32 elements, read back as int32 by kernels. */
-tr_tensor *tc_upload_i32(tr_ctx *ctx, const int32_t *values, int64_t n);
 static inline const int32_t *tc_i32(const tr_tensor *t) { return (const int32_t *)tr_data(t); }
 /* "cpu" or "cuda:N" into buf. */
 const char *tc_device_str(tr_device d, char *buf, size_t cap);

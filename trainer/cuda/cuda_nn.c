@@ -1,12 +1,11 @@
-/* cuda_nn: the CUDA side of the norm, convolution and pooling ops and of the optimiser
- * updates and gradient clipping, each forward beside its backward. The public ops
- * (trainer/ops/ops_norm.c, ops_conv.c) check inputs and shapes for both devices and hand checked
- * inputs here; convolution's node and saved tensors are recorded there too, so only its
- * compute (tc_conv2d_fwd / tc_conv2d_bwd) is here.
+/* cuda_nn: the CUDA compute steps of the norm, convolution and pooling ops and of the
+ * optimiser updates and gradient clipping, each forward beside its backward. The public ops
+ * (trainer/ops/ops_norm.c, ops_conv.c) check inputs and shapes, record nodes and keep the
+ * side data for both devices; only their compute steps come here, as launchers of
+ * trainer/cuda/cuda_kernels.cu on ctx's stream.
  *
- * Norm statistics (mean and 1/std per group, doubles) stay on the device in a float64
- * tensor saved with the node; max-pool argmax is int32 on the device (tc_upload_i32's
- * convention). Convolution lays the whole batch out at once: col (C*KH*KW, N*P) =
+ * Norm statistics (mean and 1/std per group, doubles) are a float64 device tensor; max-pool
+ * argmax is int32 on the device (tc_upload_i32's convention). Convolution lays the whole batch out at once: col (C*KH*KW, N*P) =
  * im2col(x), then one GEMM per pass:
  *   forward  yo (O, N*P) = W (O, CKK) @ col,            y (N, O, P) = yo permuted + b
  *   backward dyo (O, N*P) = dy permuted;  dW = dyo @ col^T;  dx = col2im(W^T @ dyo)
@@ -19,165 +18,85 @@
 
 static void *data_or_null(const tr_tensor *t) { return t ? tr_data(t) : NULL; }
 
-/* A float64 device tensor of n doubles (norm statistics). */
-static tr_tensor *stats_new(tr_ctx *ctx, int64_t n) { return tc_empty(ctx, TR_F64, 1, &n); }
-
-/* The gradients of w and b a norm backward fills, NULL where not wanted. */
-static int param_grads(tr_ctx *ctx, tr_node *node, tr_dtype dtype, tr_tensor **gi) {
-  for (int i = 1; i < 3; i++)
-    if (ag_wants(node, i) && !(gi[i] = tc_empty_meta(ctx, dtype, &node->in_meta[i])))
-      return NAS_ERR;
-  return NAS_OK;
-}
-
 /* ---------------------------------------------------------------- layer norm */
 
-/* saved: x, stats, w (when ia[0]). */
-static int layer_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *stats = x ? ag_saved(ctx, node, 1) : NULL, *w = NULL;
-  if (!stats || (node->ia[0] && !(w = ag_saved(ctx, node, 2)))) return NAS_ERR;
-  tr_tensor *gc = tc_contig(ctx, g);
-  int rc = gc ? param_grads(ctx, node, x->dtype, gi) : NAS_ERR;
-  if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tc_empty_like(ctx, x))) rc = NAS_ERR;
-  int64_t d = x->shape[x->ndim - 1];
-  if (rc == NAS_OK)
-    rc = tc_ok(ctx, "LayerNormBackward",
-               tck_layer_norm_bwd(tc_stream(ctx), (int)x->dtype, tr_data(x), data_or_null(w),
-                                  tr_data(gc), tr_data(stats), data_or_null(gi[0]),
-                                  data_or_null(gi[1]), data_or_null(gi[2]), x->numel / d, d));
-  tr_free(gc);
-  return rc;
+int tc_layer_norm_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const tr_tensor *bc,
+                      tr_tensor *y, tr_tensor *stats, int64_t rows, int64_t d, double eps) {
+  return tc_ok(ctx, "layer_norm",
+               tck_layer_norm_fwd(tc_stream(ctx), (int)xc->dtype, tr_data(xc), data_or_null(wc),
+                                  data_or_null(bc), tr_data(y), tr_data(stats), rows, d, eps));
 }
-static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backward};
 
-tr_tensor *tc_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps) {
-  tr_tensor *in[3] = {x, w, b};
-  int64_t d = x->shape[x->ndim - 1], rows = x->numel / d;
-  tr_tensor *xc = tc_contig(ctx, x), *wc = w ? tc_contig(ctx, w) : NULL,
-            *bc = b ? tc_contig(ctx, b) : NULL;
-  tr_tensor *y = xc && (!w || wc) && (!b || bc) ? tc_empty_like(ctx, xc) : NULL;
-  tr_tensor *stats = y ? stats_new(ctx, 2 * rows) : NULL;
-  int rc =
-      stats ? tc_ok(ctx, "layer_norm",
-                    tck_layer_norm_fwd(tc_stream(ctx), (int)x->dtype, tr_data(xc), data_or_null(wc),
-                                       data_or_null(bc), tr_data(y), tr_data(stats), rows, d, eps))
-            : NAS_ERR;
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &layer_norm_ops, 3, in, y, &node);
-  if (node) {
-    node->ia[0] = w != NULL;
-    rc = ag_save(ctx, node, xc) || ag_save(ctx, node, stats) || (w && ag_save(ctx, node, wc));
-  }
-  tr_free(stats);
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+int tc_layer_norm_bwd(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w, const tr_tensor *dy,
+                      const tr_tensor *stats, tr_tensor *const *gi, int64_t rows, int64_t d) {
+  return tc_ok(ctx, "LayerNormBackward",
+               tck_layer_norm_bwd(tc_stream(ctx), (int)x->dtype, tr_data(x), data_or_null(w),
+                                  tr_data(dy), tr_data(stats), data_or_null(gi[0]),
+                                  data_or_null(gi[1]), data_or_null(gi[2]), rows, d));
 }
 
 /* ---------------------------------------------------------------- batch norm */
 
-/* saved: x, stats, w (when ia[1]); ia[0]: training. */
-static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *stats = x ? ag_saved(ctx, node, 1) : NULL, *w = NULL;
-  if (!stats || (node->ia[1] && !(w = ag_saved(ctx, node, 2)))) return NAS_ERR;
-  int64_t n, c, l;
-  tn_bn_dims(ctx, x, &n, &c, &l);
-  tr_tensor *gc = tc_contig(ctx, g);
-  int rc = gc ? param_grads(ctx, node, x->dtype, gi) : NAS_ERR;
-  if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tc_empty_like(ctx, x))) rc = NAS_ERR;
-  if (rc == NAS_OK)
-    rc =
-        tc_ok(ctx, "BatchNormBackward",
-              tck_batch_norm_bwd(tc_stream(ctx), (int)x->dtype, tr_data(x), data_or_null(w),
-                                 tr_data(gc), tr_data(stats), node->ia[0] != 0, data_or_null(gi[0]),
-                                 data_or_null(gi[1]), data_or_null(gi[2]), n, c, l));
-  tr_free(gc);
+/* The running statistics (evaluation) as stats. */
+static int bn_stats_running(tr_ctx *ctx, const tr_tensor *rmean, const tr_tensor *rvar,
+                            int64_t c, double eps, tr_tensor *stats) {
+  tr_tensor *m = tc_contig(ctx, rmean), *v = m ? tc_contig(ctx, rvar) : NULL;
+  int rc = v ? tc_ok(ctx, "batch_norm",
+                     tck_batch_norm_stats_running(tc_stream(ctx), (int)rmean->dtype, tr_data(m),
+                                                  tr_data(v), tr_data(stats), c, eps))
+             : NAS_ERR;
+  tr_free(m);
+  tr_free(v);
   return rc;
 }
-static const tr_node_ops batch_norm_ops = {"BatchNormBackward", batch_norm_backward};
 
-/* Fills stats (2C doubles) from the batch, moving the running statistics (training), or
- * from the running statistics (evaluation). */
-static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
-                    bool training, double momentum, double eps, tr_tensor *stats) {
+/* running = (1 - momentum) running + momentum scale values[i * stride]; bumps its version. */
+static int bn_running_update(tr_ctx *ctx, tr_tensor *running, const double *values,
+                             int64_t stride, double scale, double momentum) {
+  /* The running buffers are contiguous module buffers; a view would need a copy back. */
+  if (!tr_is_contiguous(running))
+    return nas_errf(&ctx->err, "batch_norm: running statistics must be contiguous on cuda");
+  if (tc_ok(ctx, "batch_norm",
+            tck_running_update(tc_stream(ctx), (int)running->dtype, tr_data(running), values,
+                               stride, scale, momentum, running->numel)))
+    return NAS_ERR;
+  running->storage->version++;
+  return NAS_OK;
+}
+
+int tc_batch_norm_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
+                        bool training, double momentum, double eps, tr_tensor *stats) {
   int64_t n, c, l;
   tn_bn_dims(ctx, xc, &n, &c, &l);
-  tck_stream s = tc_stream(ctx);
-  int dt = (int)xc->dtype;
-  if (!training) {
-    if (!rmean || !rvar)
-      return nas_errf(&ctx->err, "batch_norm: evaluation needs running statistics");
-    tr_tensor *m = tc_contig(ctx, rmean), *v = m ? tc_contig(ctx, rvar) : NULL;
-    int rc = v ? tc_ok(ctx, "batch_norm",
-                       tck_batch_norm_stats_running(s, dt, tr_data(m), tr_data(v), tr_data(stats),
-                                                    c, eps))
-               : NAS_ERR;
-    tr_free(m);
-    tr_free(v);
-    return rc;
-  }
-  if (n * l < 2)
-    return nas_errf(&ctx->err, "batch_norm: training needs more than one value per channel");
-  tr_tensor *var = stats_new(ctx, c);
+  if (!training) return bn_stats_running(ctx, rmean, rvar, c, eps, stats);
+  int64_t cn = c;
+  tr_tensor *var = tc_empty(ctx, TR_F64, 1, &cn);
   int rc = var ? tc_ok(ctx, "batch_norm",
-                       tck_batch_norm_stats(s, dt, tr_data(xc), tr_data(stats), tr_data(var), n, c,
-                                            l, eps))
+                       tck_batch_norm_stats(tc_stream(ctx), (int)xc->dtype, tr_data(xc),
+                                            tr_data(stats), tr_data(var), n, c, l, eps))
                : NAS_ERR;
   double unbias = (double)(n * l) / (double)(n * l - 1);
-  /* The running buffers are contiguous module buffers; a view would need a copy back. */
-  if (rc == NAS_OK && rmean && !tr_is_contiguous(rmean))
-    rc = nas_errf(&ctx->err, "batch_norm: running statistics must be contiguous on cuda");
-  if (rc == NAS_OK && rmean)
-    rc = tc_ok(ctx, "batch_norm",
-               tck_running_update(s, dt, tr_data(rmean), tr_data(stats), 2, 1.0, momentum, c));
-  if (rc == NAS_OK && rvar && !tr_is_contiguous(rvar))
-    rc = nas_errf(&ctx->err, "batch_norm: running statistics must be contiguous on cuda");
-  if (rc == NAS_OK && rvar)
-    rc = tc_ok(ctx, "batch_norm",
-               tck_running_update(s, dt, tr_data(rvar), tr_data(var), 1, unbias, momentum, c));
-  if (rc == NAS_OK && rmean) rmean->storage->version++;
-  if (rc == NAS_OK && rvar) rvar->storage->version++;
+  if (rc == NAS_OK && rmean) rc = bn_running_update(ctx, rmean, tr_data(stats), 2, 1.0, momentum);
+  if (rc == NAS_OK && rvar) rc = bn_running_update(ctx, rvar, tr_data(var), 1, unbias, momentum);
   tr_free(var);
   return rc;
 }
 
-tr_tensor *tc_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
-                         tr_tensor *running_mean, tr_tensor *running_var, bool training,
-                         double momentum, double eps) {
-  tr_tensor *in[3] = {x, w, b};
-  int64_t n, c, l;
-  tn_bn_dims(ctx, x, &n, &c, &l);
-  tr_tensor *xc = tc_contig(ctx, x), *wc = w ? tc_contig(ctx, w) : NULL,
-            *bc = b ? tc_contig(ctx, b) : NULL;
-  tr_tensor *y = xc && (!w || wc) && (!b || bc) ? tc_empty_like(ctx, xc) : NULL;
-  tr_tensor *stats = y ? stats_new(ctx, 2 * c) : NULL;
-  int rc = stats ? bn_stats(ctx, xc, running_mean, running_var, training, momentum, eps, stats)
-                 : NAS_ERR;
-  if (rc == NAS_OK)
-    rc = tc_ok(ctx, "batch_norm",
-               tck_batch_norm_apply(tc_stream(ctx), (int)x->dtype, tr_data(xc), data_or_null(wc),
+int tc_batch_norm_apply(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc,
+                        const tr_tensor *bc, const tr_tensor *stats, tr_tensor *y, int64_t n,
+                        int64_t c, int64_t l) {
+  return tc_ok(ctx, "batch_norm",
+               tck_batch_norm_apply(tc_stream(ctx), (int)xc->dtype, tr_data(xc), data_or_null(wc),
                                     data_or_null(bc), tr_data(stats), tr_data(y), n, c, l));
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &batch_norm_ops, 3, in, y, &node);
-  if (node) {
-    node->ia[0] = training;
-    node->ia[1] = w != NULL;
-    rc = ag_save(ctx, node, xc) || ag_save(ctx, node, stats) || (w && ag_save(ctx, node, wc));
-  }
-  tr_free(stats);
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+}
+
+int tc_batch_norm_bwd(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w, const tr_tensor *dy,
+                      const tr_tensor *stats, bool training, tr_tensor *const *gi, int64_t n,
+                      int64_t c, int64_t l) {
+  return tc_ok(ctx, "BatchNormBackward",
+               tck_batch_norm_bwd(tc_stream(ctx), (int)x->dtype, tr_data(x), data_or_null(w),
+                                  tr_data(dy), tr_data(stats), training, data_or_null(gi[0]),
+                                  data_or_null(gi[1]), data_or_null(gi[2]), n, c, l));
 }
 
 /* ---------------------------------------------------------------- conv2d */
@@ -256,59 +175,18 @@ int tc_conv2d_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const t
 
 /* ---------------------------------------------------------------- pooling */
 
-/* ia: kernel, stride, is_max; saved 0: argmax (max only). */
-static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  bool is_max = node->ia[2] != 0;
-  tr_tensor *argmax = is_max ? ag_saved(ctx, node, 0) : NULL;
-  if (is_max && !argmax) return NAS_ERR;
-  tr_tensor *gc = tc_contig(ctx, g);
-  tr_tensor *dx = gc ? tc_empty_meta(ctx, g->dtype, &node->in_meta[0]) : NULL;
-  const tr_meta *in = &node->in_meta[0];
-  tck_conv_geom geo = {in->shape[0], in->shape[1], in->shape[2], in->shape[3], node->ia[0],
-                       node->ia[0],  node->ia[1],  0,            g->shape[2],  g->shape[3]};
-  int rc = dx ? NAS_OK : NAS_ERR;
-  if (rc == NAS_OK)
-    rc = tc_ok(ctx, node->ops->name,
-               tck_pool_bwd(tc_stream(ctx), (int)g->dtype, tr_data(gc), tr_data(dx),
-                            argmax ? tc_i32(argmax) : NULL, &geo, is_max));
-  tr_free(gc);
-  if (rc) {
-    tr_free(dx);
-    return NAS_ERR;
-  }
-  gi[0] = dx;
-  return NAS_OK;
+int tc_pool_fwd(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *y, tr_tensor *argmax,
+                const tck_conv_geom *geo, bool is_max) {
+  return tc_ok(ctx, is_max ? "max_pool2d" : "avg_pool2d",
+               tck_pool_fwd(tc_stream(ctx), (int)xc->dtype, tr_data(xc), tr_data(y),
+                            argmax ? (int32_t *)tr_data(argmax) : NULL, geo, is_max));
 }
-static const tr_node_ops max_pool_ops = {"MaxPool2DBackward", pool_backward};
-static const tr_node_ops avg_pool_ops = {"AvgPool2DBackward", pool_backward};
 
-tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, const tck_conv_geom *geo, bool is_max) {
-  const char *name = is_max ? "max_pool2d" : "avg_pool2d";
-  int64_t oshape[4] = {geo->n, geo->c, geo->oh, geo->ow};
-  tr_tensor *xc = tc_contig(ctx, x);
-  tr_tensor *y = xc ? tc_empty(ctx, x->dtype, 4, oshape) : NULL;
-  /* argmax: int32 per output, in a 4-byte tensor (tc_upload_i32's convention) */
-  tr_tensor *argmax = y && is_max ? tc_empty(ctx, TR_F32, 4, oshape) : NULL;
-  int rc = y && (argmax || !is_max)
-               ? tc_ok(ctx, name,
-                       tck_pool_fwd(tc_stream(ctx), (int)x->dtype, tr_data(xc), tr_data(y),
-                                    argmax ? (int32_t *)tr_data(argmax) : NULL, geo, is_max))
-               : NAS_ERR;
-  tr_free(xc);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &node);
-  if (node) {
-    node->ia[0] = geo->kh;
-    node->ia[1] = geo->stride;
-    node->ia[2] = is_max;
-    if (is_max) rc = ag_save(ctx, node, argmax);
-  }
-  tr_free(argmax);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+int tc_pool_bwd(tr_ctx *ctx, const tr_tensor *dy, tr_tensor *dx, const tr_tensor *argmax,
+                const tck_conv_geom *geo, bool is_max) {
+  return tc_ok(ctx, is_max ? "MaxPool2DBackward" : "AvgPool2DBackward",
+               tck_pool_bwd(tc_stream(ctx), (int)dy->dtype, tr_data(dy), tr_data(dx),
+                            argmax ? tc_i32(argmax) : NULL, geo, is_max));
 }
 
 /* ---------------------------------------------------------------- optimisers */

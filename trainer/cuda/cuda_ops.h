@@ -2,9 +2,7 @@
  * includes it). Each public op in ops_*.c checks its inputs, computes output shapes, records
  * its node and composes its backward for every device; only the compute step dispatches
  * (tn_on_cuda) to the tc_* kernel functions here, which run the launchers of
- * trainer/cuda/cuda_kernels.cu on ctx->cuda's stream (trainer/cuda/cuda*.c). A few ops
- * whose side data differs by device (dropout, cross-entropy, embedding, norms, pools) hand their checked
- * inputs to a tc_* function that computes and records.
+ * trainer/cuda/cuda_kernels.cu on ctx->cuda's stream (trainer/cuda/cuda*.c).
  *
  * The tc_* functions take borrowed inputs and return a new reference or NULL, or NAS_OK /
  * NAS_ERR, with ctx->err set; they expect inputs already checked by tc_check. */
@@ -82,32 +80,52 @@ tr_tensor *tc_gemm(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb);
 /* y (R, out) = x2 (R, in) W^T (+ b). */
 tr_tensor *tc_linear_fwd(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_tensor *b);
 
-/* ---------------------------------------------------------------- ops (cuda_ops.c) */
-
-/* Training dropout (0 < p < 1) of a checked input: the mask is a saved device tensor. */
-tr_tensor *tc_dropout(tr_ctx *ctx, tr_tensor *a, double p);
-/* Cross-entropy of checked logits (N, C) and labels in [0, C): labels saved on the device. */
-tr_tensor *tc_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels);
-/* Embedding rows of a checked weight (V, D) for ids in [0, V): ids saved on the device. */
-tr_tensor *tc_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids);
+/* Cross-entropy of contiguous logits x (N, C) and labels (int32, in [0, C)): probs (N, C)
+ * written, the mean loss returned (a new device scalar); and its backward into dx from the
+ * loss's gradient dloss (a device scalar). */
+tr_tensor *tc_cross_entropy_fwd(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *labels,
+                                tr_tensor *probs);
+int tc_cross_entropy_bwd(tr_ctx *ctx, const tr_tensor *probs, const tr_tensor *labels,
+                         const tr_tensor *dloss, tr_tensor *dx);
+/* out (n, D) = rows ids (int32, n of them, in [0, V)) of contiguous w (V, D); dw (V, D,
+ * overwritten) = the sums of the rows of contiguous dy (n, D) by id. */
+int tc_embedding_fwd(tr_ctx *ctx, const tr_tensor *w, const tr_tensor *ids, tr_tensor *out);
+int tc_embedding_bwd(tr_ctx *ctx, const tr_tensor *dy, const tr_tensor *ids, tr_tensor *dw);
+/* A device tensor of n int32 values copied from the host. The engine has no integer dtype:
+ * the values are kept as the bits of n float32 elements, read back as int32 by kernels. */
+tr_tensor *tc_upload_i32(tr_ctx *ctx, const int32_t *values, int64_t n);
 
 /* ---------------------------------------------------------------- nn (cuda_nn.c) */
 
-/* Norms of checked inputs (shapes already validated): statistics saved as a float64 device
- * tensor. */
-tr_tensor *tc_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps);
-tr_tensor *tc_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
-                         tr_tensor *running_mean, tr_tensor *running_var, bool training,
-                         double momentum, double eps);
+/* The compute steps of the norms on contiguous tensors (ops_norm.c): stats are float64,
+ * mean and 1/std per group (rows of d for layer norm, channels of x (n, c, l) for batch
+ * norm); gi[0..2] (dx, dw, db) may each be NULL (not wanted) and are overwritten. Batch
+ * norm's stats come from the batch, moving the running statistics (training), or from the
+ * running statistics (evaluation). */
+int tc_layer_norm_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const tr_tensor *bc,
+                      tr_tensor *y, tr_tensor *stats, int64_t rows, int64_t d, double eps);
+int tc_layer_norm_bwd(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w, const tr_tensor *dy,
+                      const tr_tensor *stats, tr_tensor *const *gi, int64_t rows, int64_t d);
+int tc_batch_norm_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
+                        bool training, double momentum, double eps, tr_tensor *stats);
+int tc_batch_norm_apply(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc,
+                        const tr_tensor *bc, const tr_tensor *stats, tr_tensor *y, int64_t n,
+                        int64_t c, int64_t l);
+int tc_batch_norm_bwd(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w, const tr_tensor *dy,
+                      const tr_tensor *stats, bool training, tr_tensor *const *gi, int64_t n,
+                      int64_t c, int64_t l);
 /* Convolution of contiguous xc, wc, bc (may be NULL) with geometry geo into y (N, O, OH, OW);
  * and its backward from dy into gi[i] for each input i that node wants. */
 int tc_conv2d_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const tr_tensor *bc,
                   const tck_conv_geom *geo, tr_tensor *y);
 int tc_conv2d_bwd(tr_ctx *ctx, const tr_node *node, tr_tensor *x, tr_tensor *w,
                   const tr_tensor *dy, const tck_conv_geom *geo, tr_tensor **gi);
-/* Pooling of a checked x with geometry geo (kernel and stride validated): max-pool's argmax
- * is saved on the device. */
-tr_tensor *tc_pool2d(tr_ctx *ctx, tr_tensor *x, const tck_conv_geom *geo, bool is_max);
+/* Pooling of contiguous xc with geometry geo into y, max-pool's argmax (int32 per output)
+ * into argmax; and its backward into dx (overwritten) from contiguous dy. */
+int tc_pool_fwd(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *y, tr_tensor *argmax,
+                const tck_conv_geom *geo, bool is_max);
+int tc_pool_bwd(tr_ctx *ctx, const tr_tensor *dy, tr_tensor *dx, const tr_tensor *argmax,
+                const tck_conv_geom *geo, bool is_max);
 /* One optimiser update of p (CUDA) from p->grad; state[0..1] its slots (made on first use). */
 int tc_optim_update(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *p, tr_tensor **state,
                     double bc1, double bc2);

@@ -45,13 +45,12 @@ TR_KERNEL static void S(unary_bwd)(int op, const void *savedv, const void *dyv, 
   }
 }
 
-/* Dropout: y = x * mask * scale, dx = dy * mask * scale (mask 0/1 bytes). */
-TR_KERNEL static void S(dropout_apply)(const void *xv, const uint8_t *mask, void *yv, int64_t n,
-                                       double scale) {
-  const T *x = xv;
+/* Dropout: y = x * mask, dx = dy * mask (mask: 1/(1-p) where kept, 0 where dropped, whatever
+ * x holds there). */
+TR_KERNEL static void S(dropout_apply)(const void *xv, const void *maskv, void *yv, int64_t n) {
+  const T *x = xv, *mask = maskv;
   T *y = yv;
-  const T sc = (T)scale;
-  TR_PAR_FOR(n, y[i] = mask[i] ? x[i] * sc : 0;);
+  TR_PAR_FOR(n, y[i] = mask[i] != 0 ? x[i] * mask[i] : 0;);
 }
 
 /* One row of a broadcasting binary op: n outputs, inputs stepping by sa and sb (0 or 1

@@ -4,15 +4,16 @@
  *   conv:  per image n: col = im2col(x_n) (C*KH*KW, P); y_n = W (O, C*KH*KW) @ col + b
  *          dW = sum_n dy_n @ col^T;  dx_n = col2im(W^T @ dy_n);  db = sums of dy.
  *          col is recomputed in backward rather than kept (it is KH*KW times the input).
- *   pools: k x k windows, stride s, no padding; max keeps its argmax per output (aux).
+ *   pools: k x k windows, stride s, no padding; max keeps its argmax per output (int32, on
+ *          the input's device).
  *
  * Threads: images are spread over OpenMP threads when OpenBLAS itself runs on one thread
  * (OPENBLAS_NUM_THREADS=1); with more BLAS threads each GEMM is threaded instead, and
  * nesting the two would put more threads than cores on the machine.
  *
  * Checks, geometry, nodes and saved tensors serve both devices; on a device the compute goes
- * to tc_conv2d_fwd / tc_conv2d_bwd (trainer/cuda/cuda_nn.c: the whole batch in one GEMM), and
- * pooling, whose argmax lives on the device there, to tc_pool2d after the checks. */
+ * to tc_conv2d_fwd / tc_conv2d_bwd (trainer/cuda/cuda_nn.c: the whole batch in one GEMM) and
+ * tc_pool_fwd / tc_pool_bwd. */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -152,21 +153,29 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
 
 /* ---------------------------------------------------------------- pooling */
 
-/* ia: kernel, stride, is_max; aux: argmax (max only). */
+/* ia: kernel, stride, is_max; saved 0: argmax (max only). */
 static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   bool is_max = node->ia[2] != 0;
-  const int32_t *argmax = is_max ? ag_aux(ctx, node) : NULL;
+  tr_tensor *argmax = is_max ? ag_saved(ctx, node, 0) : NULL;
   if (is_max && !argmax) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
-  tr_tensor *dx = gc ? tn_empty_meta(ctx, g->dtype, &node->in_meta[0]) : NULL; /* all written */
-  if (dx) {
-    conv_geom geo;
+  tr_tensor *dx = gc ? tn_empty_dev(ctx, gc, g->dtype, &node->in_meta[0]) : NULL; /* all written */
+  int rc = dx ? NAS_OK : NAS_ERR;
+  conv_geom geo;
+  if (rc == NAS_OK)
     geom_of(ctx, "pool", dx, node->ia[0], node->ia[0], (int)node->ia[1], 0, &geo);
-    TR_DISPATCH(g->dtype, pool_bwd, tr_data(gc), tr_data(dx), argmax, &geo, is_max);
-  }
+  if (rc == NAS_OK && tn_on_cuda(dx))
+    rc = tc_pool_bwd(ctx, gc, dx, argmax, &geo, is_max);
+  else if (rc == NAS_OK)
+    TR_DISPATCH(g->dtype, pool_bwd, tr_data(gc), tr_data(dx), argmax ? tr_data(argmax) : NULL,
+                &geo, is_max);
   tr_free(gc);
+  if (rc) {
+    tr_free(dx);
+    return NAS_ERR;
+  }
   gi[0] = dx;
-  return dx ? NAS_OK : NAS_ERR;
+  return NAS_OK;
 }
 static const tr_node_ops max_pool_ops = {"MaxPool2DBackward", pool_backward};
 static const tr_node_ops avg_pool_ops = {"AvgPool2DBackward", pool_backward};
@@ -177,31 +186,30 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
   if (tn_check_inputs(ctx, name, 1, &x)) return NULL;
   if (kernel < 1) return tr_fail(ctx, "pool: kernel %d", kernel);
   if (geom_of(ctx, name, x, kernel, kernel, stride, 0, &geo)) return NULL;
-  if (tn_on_cuda(x)) return tc_pool2d(ctx, x, &geo, is_max); /* argmax kept on the device */
+  tr_meta ym = {4, {geo.n, geo.c, geo.oh, geo.ow}};
   tr_tensor *xc = tn_contig(ctx, x);
-  tr_tensor *y = xc ? tr_empty(ctx, x->dtype, 4, (int64_t[]){geo.n, geo.c, geo.oh, geo.ow}) : NULL;
-  int32_t *argmax =
-      is_max && y ? malloc(sizeof(int32_t) * (size_t)(y->numel ? y->numel : 1)) : NULL;
-  if (!y || (is_max && !argmax)) {
-    tr_free(xc);
-    tr_free(y);
-    return y ? tr_fail(ctx, "pool: out of memory") : NULL;
-  }
-  TR_DISPATCH(x->dtype, pool_fwd, tr_data(xc), tr_data(y), argmax, &geo, is_max);
+  tr_tensor *y = xc ? tn_empty_dev(ctx, x, x->dtype, &ym) : NULL;
+  /* argmax: an int32 per output, in a 4-byte tensor on x's device (tn_i32_new's convention) */
+  tr_tensor *argmax = y && is_max ? tn_empty_dev(ctx, x, TR_F32, &ym) : NULL;
+  int rc = y && (argmax || !is_max) ? NAS_OK : NAS_ERR;
+  if (rc == NAS_OK && tn_on_cuda(x))
+    rc = tc_pool_fwd(ctx, xc, y, argmax, &geo, is_max);
+  else if (rc == NAS_OK)
+    TR_DISPATCH(x->dtype, pool_fwd, tr_data(xc), tr_data(y), argmax ? tr_data(argmax) : NULL,
+                &geo, is_max);
   tr_free(xc);
-  tr_node *node;
-  if (ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &node)) {
-    free(argmax);
-    tr_free(y);
-    return NULL;
-  }
+  tr_node *node = NULL;
+  if (rc == NAS_OK) rc = ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &node);
   if (node) {
     node->ia[0] = kernel;
     node->ia[1] = stride;
     node->ia[2] = is_max;
-    node->aux = argmax;
-  } else {
-    free(argmax);
+    if (is_max) rc = ag_save(ctx, node, argmax);
+  }
+  tr_free(argmax);
+  if (rc) {
+    tr_free(y);
+    return NULL;
   }
   return y;
 }

@@ -323,48 +323,65 @@ tr_tensor *tr_scale(tr_ctx *ctx, tr_tensor *a, double s) {
 
 /* ---------------------------------------------------------------- dropout */
 
+/* y = x * mask for contiguous x and the mask (0 or 1/(1-p) per element), no history. */
+static tr_tensor *dropout_apply(tr_ctx *ctx, const char *name, const tr_tensor *x,
+                                const tr_tensor *mask) {
+  tr_tensor *y = tn_empty_like_dev(ctx, x);
+  if (y && !tn_on_cuda(y)) {
+    TR_DISPATCH(x->dtype, dropout_apply, tr_data(x), tr_data(mask), tr_data(y), x->numel);
+  } else if (y && tc_binary_fwd(ctx, BIN_MUL, name, y, x, x->strides, mask, mask->strides)) {
+    tr_free(y);
+    return NULL;
+  }
+  return y;
+}
+
+/* saved 0: the mask. */
 static int dropout_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  const uint8_t *mask = ag_aux(ctx, node);
-  if (!mask) return NAS_ERR;
-  tr_tensor *gc = tn_contig(ctx, g);
-  tr_tensor *dx = gc ? tn_empty_like(ctx, gc) : NULL;
-  if (dx)
-    TR_DISPATCH(g->dtype, dropout_apply, tr_data(gc), mask, tr_data(dx), g->numel, node->fa[0]);
+  tr_tensor *mask = ag_saved(ctx, node, 0);
+  tr_tensor *gc = mask ? tn_contig(ctx, g) : NULL;
+  gi[0] = gc ? dropout_apply(ctx, "DropoutBackward", gc, mask) : NULL;
   tr_free(gc);
-  gi[0] = dx;
-  return dx ? NAS_OK : NAS_ERR;
+  return gi[0] ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops dropout_ops = {"DropoutBackward", dropout_backward};
+
+/* The mask of a's shape and dtype on a's device: 1/(1-p) where an element is kept, 0 where
+ * it is dropped. It is drawn on the host from ctx's generator, so a seeded run drops the
+ * same elements on either device. */
+static tr_tensor *dropout_mask(tr_ctx *ctx, const tr_tensor *a, double p) {
+  tr_tensor *host = tr_empty(ctx, a->dtype, a->ndim, a->shape);
+  if (!host) return NULL;
+  uint32_t threshold = (uint32_t)(p * 16777216.0); /* keep when a 24-bit draw >= p */
+  double scale = 1.0 / (1.0 - p);
+  for (int64_t i = 0; i < a->numel; i++) {
+    double v = (tr_rand_u64(ctx) >> 40) >= threshold ? scale : 0.0;
+    if (a->dtype == TR_F32)
+      tr_f32(host)[i] = (float)v;
+    else
+      tr_f64(host)[i] = v;
+  }
+  if (!tn_on_cuda(a)) return host;
+  tr_tensor *mask = tr_to_device(ctx, host, tr_tensor_device(a));
+  tr_free(host);
+  return mask;
+}
 
 tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training) {
   if (p < 0 || p >= 1) return tr_fail(ctx, "dropout: p = %g is outside [0, 1)", p);
   if (!training || p == 0) return unary_op(ctx, UN_SCALE, a, 1.0);
-  if (tn_on_cuda(a)) return tn_check_inputs(ctx, "dropout", 1, &a) ? NULL : tc_dropout(ctx, a, p);
-  uint8_t *mask = malloc((size_t)a->numel ? (size_t)a->numel : 1);
-  tr_tensor *x = mask ? tn_contig(ctx, a) : NULL;
-  tr_tensor *y = x ? tn_empty_like(ctx, x) : NULL;
-  if (!y) {
-    free(mask);
-    tr_free(x);
-    return mask ? NULL : tr_fail(ctx, "dropout: out of memory");
-  }
-  /* Keep an element when a 24-bit uniform number is at least p. */
-  uint32_t threshold = (uint32_t)(p * 16777216.0);
-  for (int64_t i = 0; i < a->numel; i++) mask[i] = (tr_rand_u64(ctx) >> 40) >= threshold;
-  double scale = 1.0 / (1.0 - p);
-  TR_DISPATCH(a->dtype, dropout_apply, tr_data(x), mask, tr_data(y), a->numel, scale);
+  if (tn_check_inputs(ctx, "dropout", 1, &a)) return NULL;
+  tr_tensor *x = tn_contig(ctx, a);
+  tr_tensor *mask = x ? dropout_mask(ctx, a, p) : NULL;
+  tr_tensor *y = mask ? dropout_apply(ctx, "dropout", x, mask) : NULL;
+  tr_node *node = NULL;
+  int rc = y ? ag_record(ctx, &dropout_ops, 1, &a, y, &node) : NAS_ERR;
+  if (node) rc = ag_save(ctx, node, mask);
+  tr_free(mask);
   tr_free(x);
-  tr_node *node;
-  if (ag_record(ctx, &dropout_ops, 1, &a, y, &node)) {
-    free(mask);
+  if (rc) {
     tr_free(y);
     return NULL;
-  }
-  if (node) {
-    node->aux = mask;
-    node->fa[0] = scale;
-  } else {
-    free(mask);
   }
   return y;
 }

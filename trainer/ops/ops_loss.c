@@ -3,7 +3,8 @@
  *
  * Cross-entropy keeps the softmax probabilities from the forward pass, so its backward is one
  * pass: dlogits = (probs - onehot) * dloss / N. It is one node instead of two, and never
- * forms log-probabilities of the classes it does not need. */
+ * forms log-probabilities of the classes it does not need. The labels are kept as int32 on
+ * the logits' device; only the compute steps split by device (tc_cross_entropy_* on CUDA). */
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
@@ -13,17 +14,17 @@
 #define KERN_FILE "trainer/ops/kern_loss.h"
 #include "trainer/core/kern_both.h"
 
-/* saved 0: probs (N, C); aux: the labels (int32, N). */
+/* saved: probs (N, C), labels (N int32, tn_i32_new). */
 static int cross_entropy_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *probs = ag_saved(ctx, node, 0);
-  const int32_t *labels = probs ? ag_aux(ctx, node) : NULL;
+  tr_tensor *probs = ag_saved(ctx, node, 0), *labels = probs ? ag_saved(ctx, node, 1) : NULL;
   if (!labels) return NAS_ERR;
   int64_t rows = probs->shape[0], classes = probs->shape[1];
-  gi[0] = tn_empty_like(ctx, probs);
+  gi[0] = tn_empty_like_dev(ctx, probs);
   if (!gi[0]) return NAS_ERR;
+  if (tn_on_cuda(probs)) return tc_cross_entropy_bwd(ctx, probs, labels, g, gi[0]);
   double scale = tr_item(g) / (double)rows;
-  TR_DISPATCH(probs->dtype, cross_entropy_bwd, tr_data(probs), labels, tr_data(gi[0]), rows,
-              classes, scale);
+  TR_DISPATCH(probs->dtype, cross_entropy_bwd, tr_data(probs), tr_data(labels), tr_data(gi[0]),
+              rows, classes, scale);
   return NAS_OK;
 }
 static const tr_node_ops cross_entropy_ops = {"CrossEntropyBackward", cross_entropy_backward};
@@ -36,44 +37,39 @@ static int check_labels(tr_ctx *ctx, const int32_t *labels, int64_t rows, int64_
   return NAS_OK;
 }
 
+/* The host's compute step: probs and the mean loss (a new scalar) from x and labels. */
+static tr_tensor *cross_entropy_host(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *labels,
+                                     tr_tensor *probs) {
+  tr_tensor *loss = tr_empty(ctx, x->dtype, 0, NULL);
+  if (!loss) return NULL;
+  int64_t rows = x->shape[0], classes = x->shape[1];
+  if (x->dtype == TR_F32)
+    tr_f32(loss)[0] = (float)cross_entropy_fwd_f32(tr_data(x), tr_data(labels), tr_data(probs),
+                                                   rows, classes);
+  else
+    tr_f64(loss)[0] = cross_entropy_fwd_f64(tr_data(x), tr_data(labels), tr_data(probs), rows,
+                                            classes);
+  return loss;
+}
+
 tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *labels) {
   if (tn_check_inputs(ctx, "cross_entropy", 1, &logits)) return NULL;
   if (logits->ndim != 2 || logits->shape[0] < 1)
     return tr_fail(ctx, "cross_entropy: logits must be (N >= 1, C)");
   int64_t rows = logits->shape[0], classes = logits->shape[1];
   if (check_labels(ctx, labels, rows, classes)) return NULL;
-  /* On a device the labels are kept there and the loss stays there (trainer/cuda/cuda_ops.c). */
-  if (tn_on_cuda(logits)) return tc_cross_entropy(ctx, logits, labels);
   tr_tensor *x = tn_contig(ctx, logits);
-  tr_tensor *probs = x ? tn_empty_like(ctx, x) : NULL;
-  tr_tensor *loss = probs ? tr_empty(ctx, logits->dtype, 0, NULL) : NULL;
-  int32_t *labels_copy = loss ? malloc(sizeof(int32_t) * (size_t)rows) : NULL;
-  if (!labels_copy) {
-    tr_free(x);
-    tr_free(probs);
-    tr_free(loss);
-    return loss ? tr_fail(ctx, "cross_entropy: out of memory") : NULL;
-  }
-  double value;
-  if (logits->dtype == TR_F32)
-    value = cross_entropy_fwd_f32(tr_data(x), labels, tr_data(probs), rows, classes);
-  else
-    value = cross_entropy_fwd_f64(tr_data(x), labels, tr_data(probs), rows, classes);
-  if (loss->dtype == TR_F32)
-    tr_f32(loss)[0] = (float)value;
-  else
-    tr_f64(loss)[0] = value;
-  tr_free(x);
-  memcpy(labels_copy, labels, sizeof(int32_t) * (size_t)rows);
-  tr_node *node;
-  int rc = ag_record(ctx, &cross_entropy_ops, 1, &logits, loss, &node);
-  if (node && rc == NAS_OK) {
-    node->aux = labels_copy;
-    labels_copy = NULL;
-    rc = ag_save(ctx, node, probs);
-  }
-  free(labels_copy);
+  tr_tensor *lab = x ? tn_i32_new(ctx, logits, labels, rows) : NULL;
+  tr_tensor *probs = lab ? tn_empty_like_dev(ctx, x) : NULL;
+  tr_tensor *loss = !probs              ? NULL
+                    : tn_on_cuda(probs) ? tc_cross_entropy_fwd(ctx, x, lab, probs)
+                                        : cross_entropy_host(ctx, x, lab, probs);
+  tr_node *node = NULL;
+  int rc = loss ? ag_record(ctx, &cross_entropy_ops, 1, &logits, loss, &node) : NAS_ERR;
+  if (node) rc = ag_save(ctx, node, probs) || ag_save(ctx, node, lab);
   tr_free(probs);
+  tr_free(lab);
+  tr_free(x);
   if (rc) {
     tr_free(loss);
     return NULL;

@@ -1,11 +1,12 @@
 /* ops_norm: layer norm and batch norm (training and evaluation), forward beside backward.
  *
- * Each keeps its per-group mean and 1/std (aux, doubles) for backward, and saves x and w.
+ * Each keeps its per-group mean and 1/std (stats, a float64 tensor on the input's device)
+ * for backward, and saves x and w.
  * Batch norm in training normalises with the batch's statistics and moves the running ones
  * (torch's convention: running = (1 - momentum) running + momentum batch, the variance
  * unbiased); in evaluation it uses the running statistics, which are constants to backward.
- * The checks here serve both devices; on a device the statistics are a saved float64 tensor
- * instead of aux, so the ops hand their checked inputs to tc_layer_norm / tc_batch_norm
+ * Checks, nodes and backward serve both devices; only the compute steps split, to the
+ * kern_norm.h kernels on the host and to tc_layer_norm_* / tc_batch_norm_* on a device
  * (trainer/cuda/cuda_nn.c). */
 #include <stdlib.h>
 #include <string.h>
@@ -16,35 +17,89 @@
 #define KERN_FILE "trainer/ops/kern_norm.h"
 #include "trainer/core/kern_both.h"
 
-/* The gradient buffers of w and b a norm backward fills (zeroed), NULL where not wanted. */
-static int param_grads(tr_ctx *ctx, tr_node *node, tr_tensor **gi) {
+/* The gradient buffers of w and b a norm backward fills (zeroed on the host, overwritten on a
+ * device), NULL where not wanted; and dx. */
+static int norm_grads(tr_ctx *ctx, tr_node *node, const tr_tensor *x, tr_tensor **gi) {
   for (int i = 1; i < 3; i++) {
     if (!ag_wants(node, i)) continue;
-    gi[i] = tn_zeros_meta(ctx, node->saved[0].t->dtype, &node->in_meta[i]);
+    gi[i] = tn_zeros_dev(ctx, x, x->dtype, &node->in_meta[i]);
     if (!gi[i]) return NAS_ERR;
   }
+  if (ag_wants(node, 0) && !(gi[0] = tn_empty_like_dev(ctx, x))) return NAS_ERR;
   return NAS_OK;
 }
 
 static void *data_or_null(const tr_tensor *t) { return t ? tr_data(t) : NULL; }
 
+/* The statistics of n groups: mean and 1/std of each, float64 on like's device. */
+static tr_tensor *stats_new(tr_ctx *ctx, const tr_tensor *like, int64_t n) {
+  tr_meta m = {1, {2 * n}};
+  return tn_empty_dev(ctx, like, TR_F64, &m);
+}
+
+/* The contiguous inputs of a norm and its output; NAS_ERR when one could not be made. */
+typedef struct {
+  tr_tensor *x, *w, *b, *y, *stats;
+} norm_parts;
+
+static int norm_parts_new(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int64_t groups,
+                          norm_parts *p) {
+  p->x = tn_contig(ctx, x);
+  p->w = w ? tn_contig(ctx, w) : NULL;
+  p->b = b ? tn_contig(ctx, b) : NULL;
+  p->y = p->x ? tn_empty_like_dev(ctx, p->x) : NULL;
+  p->stats = p->y ? stats_new(ctx, x, groups) : NULL;
+  return p->stats && (!w || p->w) && (!b || p->b) ? NAS_OK : NAS_ERR;
+}
+
+/* Records the norm's node for y (saved: x, stats, w when given; ia[0] as the op sets it) and
+ * returns y, or NULL with everything freed. */
+static tr_tensor *norm_finish(tr_ctx *ctx, const tr_node_ops *ops, tr_tensor *const *in,
+                              norm_parts *p, int64_t flag, int rc) {
+  tr_node *node = NULL;
+  if (rc == NAS_OK) rc = ag_record(ctx, ops, 3, in, p->y, &node);
+  if (node) {
+    node->ia[0] = flag;
+    node->ia[1] = p->w != NULL;
+    rc = ag_save(ctx, node, p->x) || ag_save(ctx, node, p->stats) ||
+         (p->w && ag_save(ctx, node, p->w));
+  }
+  tr_free(p->stats);
+  tr_free(p->x);
+  tr_free(p->w);
+  tr_free(p->b);
+  if (rc) {
+    tr_free(p->y);
+    return NULL;
+  }
+  return p->y;
+}
+
+/* The saved x, stats and (when ia[1]) w of a norm's node; NAS_ERR when they are gone. */
+static int norm_saved(tr_ctx *ctx, tr_node *node, tr_tensor **x, tr_tensor **stats,
+                      tr_tensor **w) {
+  *w = NULL;
+  *x = ag_saved(ctx, node, 0);
+  *stats = *x ? ag_saved(ctx, node, 1) : NULL;
+  if (!*stats || (node->ia[1] && !(*w = ag_saved(ctx, node, 2)))) return NAS_ERR;
+  return NAS_OK;
+}
+
 /* ---------------------------------------------------------------- layer norm */
 
-/* saved: x (contiguous), w (when given); aux: stats; ia[0] = has w. */
 static int layer_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *w = NULL;
-  if (!x || (node->ia[0] && !(w = ag_saved(ctx, node, 1)))) return NAS_ERR;
-  const double *stats = ag_aux(ctx, node);
-  if (!stats) return NAS_ERR;
+  tr_tensor *x, *stats, *w;
+  if (norm_saved(ctx, node, &x, &stats, &w)) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NAS_ERR;
-  int rc = param_grads(ctx, node, gi);
-  if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tn_empty_like(ctx, x))) rc = NAS_ERR;
-  if (rc == NAS_OK) {
-    int64_t d = x->shape[x->ndim - 1];
-    TR_DISPATCH(x->dtype, layer_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc), stats,
-                data_or_null(gi[0]), data_or_null(gi[1]), data_or_null(gi[2]), x->numel / d, d);
-  }
+  int rc = norm_grads(ctx, node, x, gi);
+  int64_t d = x->shape[x->ndim - 1], rows = x->numel / d;
+  if (rc == NAS_OK && tn_on_cuda(x))
+    rc = tc_layer_norm_bwd(ctx, x, w, gc, stats, gi, rows, d);
+  else if (rc == NAS_OK)
+    TR_DISPATCH(x->dtype, layer_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc),
+                tr_data(stats), data_or_null(gi[0]), data_or_null(gi[1]), data_or_null(gi[2]),
+                rows, d);
   tr_free(gc);
   return rc;
 }
@@ -56,35 +111,15 @@ tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, 
   int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0;
   if (d < 1 || (w && w->numel != d) || (b && b->numel != d))
     return tr_fail(ctx, "layer_norm: last dim %lld, weight and bias must match it", (long long)d);
-  if (tn_on_cuda(x)) return tc_layer_norm(ctx, x, w, b, eps);
   int64_t rows = x->numel / d;
-  tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL,
-            *bc = b ? tn_contig(ctx, b) : NULL;
-  tr_tensor *y = xc ? tn_empty_like(ctx, xc) : NULL;
-  double *stats = malloc(sizeof(double) * 2 * (size_t)rows);
-  int rc = y && stats && (!w || wc) && (!b || bc)
-               ? NAS_OK
-               : nas_errf(&ctx->err, "layer_norm: out of memory");
-  if (rc == NAS_OK)
-    TR_DISPATCH(x->dtype, layer_norm_fwd, tr_data(xc), data_or_null(wc), data_or_null(bc),
-                tr_data(y), stats, rows, d, eps);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &layer_norm_ops, 3, in, y, &node);
-  if (node) {
-    node->aux = stats;
-    stats = NULL;
-    node->ia[0] = w != NULL;
-    rc = ag_save(ctx, node, xc) || (w && ag_save(ctx, node, wc));
-  }
-  free(stats);
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  norm_parts p;
+  int rc = norm_parts_new(ctx, x, w, b, rows, &p);
+  if (rc == NAS_OK && tn_on_cuda(x))
+    rc = tc_layer_norm_fwd(ctx, p.x, p.w, p.b, p.y, p.stats, rows, d, eps);
+  else if (rc == NAS_OK)
+    TR_DISPATCH(x->dtype, layer_norm_fwd, tr_data(p.x), data_or_null(p.w), data_or_null(p.b),
+                tr_data(p.y), tr_data(p.stats), rows, d, eps);
+  return norm_finish(ctx, &layer_norm_ops, in, &p, 0, rc);
 }
 
 /* ---------------------------------------------------------------- batch norm */
@@ -101,21 +136,22 @@ int tn_bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t 
   return NAS_OK;
 }
 
+/* ia[0]: training (the statistics were the batch's). */
 static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *w = NULL;
-  if (!x || (node->ia[1] && !(w = ag_saved(ctx, node, 1)))) return NAS_ERR;
-  const double *stats = ag_aux(ctx, node);
-  if (!stats) return NAS_ERR;
+  tr_tensor *x, *stats, *w;
+  if (norm_saved(ctx, node, &x, &stats, &w)) return NAS_ERR;
   int64_t n, c, l;
   tn_bn_dims(ctx, x, &n, &c, &l);
+  bool training = node->ia[0] != 0;
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NAS_ERR;
-  int rc = param_grads(ctx, node, gi);
-  if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tn_empty_like(ctx, x))) rc = NAS_ERR;
-  if (rc == NAS_OK)
-    TR_DISPATCH(x->dtype, batch_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc), stats,
-                node->ia[0] != 0, data_or_null(gi[0]), data_or_null(gi[1]), data_or_null(gi[2]), n,
-                c, l);
+  int rc = norm_grads(ctx, node, x, gi);
+  if (rc == NAS_OK && tn_on_cuda(x))
+    rc = tc_batch_norm_bwd(ctx, x, w, gc, stats, training, gi, n, c, l);
+  else if (rc == NAS_OK)
+    TR_DISPATCH(x->dtype, batch_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc),
+                tr_data(stats), training, data_or_null(gi[0]), data_or_null(gi[1]),
+                data_or_null(gi[2]), n, c, l);
   tr_free(gc);
   return rc;
 }
@@ -134,29 +170,39 @@ static void running_update(tr_tensor *running, const double *values, int64_t str
   running->storage->version++;
 }
 
-/* Fills stats (2C) from the batch (training, moving the running statistics) or from the
- * running statistics (evaluation). */
-static int bn_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
-                    bool training, double momentum, double eps, double *stats) {
+/* The host's batch_norm_stats step: stats (2C) from the batch, moving the running
+ * statistics (training), or from the running statistics (evaluation). */
+static int bn_stats_host(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_tensor *rvar,
+                         bool training, double momentum, double eps, double *stats) {
   int64_t n, c, l;
   tn_bn_dims(ctx, xc, &n, &c, &l);
   if (!training) {
-    if (!rmean || !rvar)
-      return nas_errf(&ctx->err, "batch_norm: evaluation needs running statistics");
     for (int64_t ch = 0; ch < c; ch++) {
       stats[2 * ch] = tr_get(rmean, ch);
       stats[2 * ch + 1] = 1.0 / sqrt(tr_get(rvar, ch) + eps);
     }
     return NAS_OK;
   }
-  if (n * l < 2)
-    return nas_errf(&ctx->err, "batch_norm: training needs more than one value per channel");
   double *var = malloc(sizeof(double) * (size_t)c);
   if (!var) return nas_errf(&ctx->err, "batch_norm: out of memory");
   TR_DISPATCH(xc->dtype, batch_norm_stats, tr_data(xc), stats, var, n, c, l, eps);
   if (rmean) running_update(rmean, stats, 2, 1.0, momentum);
   if (rvar) running_update(rvar, var, 1, (double)(n * l) / (double)(n * l - 1), momentum);
   free(var);
+  return NAS_OK;
+}
+
+static int check_batch_norm_args(tr_ctx *ctx, tr_tensor *const *in, bool training, int64_t c,
+                                 int64_t values_per_channel) {
+  for (int i = 1; i < 5; i++)
+    if (in[i] && in[i]->numel != c)
+      return nas_errf(&ctx->err,
+                      "batch_norm: %lld channels; weight, bias and statistics must match",
+                      (long long)c);
+  if (!training && (!in[3] || !in[4]))
+    return nas_errf(&ctx->err, "batch_norm: evaluation needs running statistics");
+  if (training && values_per_channel < 2)
+    return nas_errf(&ctx->err, "batch_norm: training needs more than one value per channel");
   return NAS_OK;
 }
 
@@ -167,42 +213,21 @@ tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
   bool on_cuda = tn_any_on_cuda(5, in);
   int64_t n, c, l;
   /* on a device the running statistics must be there too */
-  if (tn_check_inputs(ctx, "batch_norm", on_cuda ? 5 : 3, in) || tn_bn_dims(ctx, x, &n, &c, &l))
+  if (tn_check_inputs(ctx, "batch_norm", on_cuda ? 5 : 3, in) || tn_bn_dims(ctx, x, &n, &c, &l) ||
+      check_batch_norm_args(ctx, in, training, c, n * l))
     return NULL;
-  if ((w && w->numel != c) || (b && b->numel != c) || (running_mean && running_mean->numel != c) ||
-      (running_var && running_var->numel != c))
-    return tr_fail(ctx, "batch_norm: %lld channels; weight, bias and statistics must match",
-                   (long long)c);
-  if (on_cuda)
-    return tc_batch_norm(ctx, x, w, b, running_mean, running_var, training, momentum, eps);
-  tr_tensor *xc = tn_contig(ctx, x), *wc = w ? tn_contig(ctx, w) : NULL,
-            *bc = b ? tn_contig(ctx, b) : NULL;
-  tr_tensor *y = xc ? tn_empty_like(ctx, xc) : NULL;
-  double *stats = malloc(sizeof(double) * 2 * (size_t)c);
-  int rc = y && stats && (!w || wc) && (!b || bc)
-               ? NAS_OK
-               : nas_errf(&ctx->err, "batch_norm: out of memory");
-  if (rc == NAS_OK)
-    rc = bn_stats(ctx, xc, running_mean, running_var, training, momentum, eps, stats);
-  if (rc == NAS_OK)
-    TR_DISPATCH(x->dtype, batch_norm_apply, tr_data(xc), data_or_null(wc), data_or_null(bc), stats,
-                tr_data(y), n, c, l);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &batch_norm_ops, 3, in, y, &node);
-  if (node) {
-    node->aux = stats;
-    stats = NULL;
-    node->ia[0] = training;
-    node->ia[1] = w != NULL;
-    rc = ag_save(ctx, node, xc) || (w && ag_save(ctx, node, wc));
-  }
-  free(stats);
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  norm_parts p;
+  int rc = norm_parts_new(ctx, x, w, b, c, &p);
+  if (rc == NAS_OK && on_cuda)
+    rc = tc_batch_norm_stats(ctx, p.x, running_mean, running_var, training, momentum, eps,
+                             p.stats);
+  else if (rc == NAS_OK)
+    rc = bn_stats_host(ctx, p.x, running_mean, running_var, training, momentum, eps,
+                       tr_data(p.stats));
+  if (rc == NAS_OK && on_cuda)
+    rc = tc_batch_norm_apply(ctx, p.x, p.w, p.b, p.stats, p.y, n, c, l);
+  else if (rc == NAS_OK)
+    TR_DISPATCH(x->dtype, batch_norm_apply, tr_data(p.x), data_or_null(p.w), data_or_null(p.b),
+                tr_data(p.stats), tr_data(p.y), n, c, l);
+  return norm_finish(ctx, &batch_norm_ops, in, &p, training, rc);
 }

@@ -6,7 +6,8 @@
  * Gradients come back contiguous in the input's shape.
  * Every op here serves both devices: views are headers either way, and copies go through
  * helpers that follow the tensor's device (tn_contig, tn_clone, tr_copy_). Embedding keeps
- * its ids on the device there (tc_embedding, trainer/cuda/cuda_ops.c). */
+ * its ids as int32 on the weight's device; only its compute steps split by device
+ * (tc_embedding_*, trainer/cuda/cuda_ops.c). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -264,24 +265,47 @@ tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
 
 /* ---------------------------------------------------------------- embedding */
 
-/* aux: the ids (int32) looked up; ia[0] their count. */
+/* n int32 values as the bits of a 4-byte tensor (the engine has no integer dtype) on like's
+ * device: labels, ids (internal.h). */
+tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n) {
+  if (tn_on_cuda(like)) return tc_upload_i32(ctx, values, n);
+  tr_tensor *t = tr_empty(ctx, TR_F32, 1, &n);
+  if (t) memcpy(tr_data(t), values, sizeof(int32_t) * (size_t)n);
+  return t;
+}
+
+/* saved 0: the ids looked up (int32, tn_i32_new). */
 static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  const int32_t *ids = ag_aux(ctx, node);
-  if (!ids) return NAS_ERR;
-  tr_tensor *gc = tn_contig(ctx, g);
-  tr_tensor *dw = gc ? tn_zeros_meta(ctx, g->dtype, &node->in_meta[0]) : NULL;
-  if (dw) {
+  tr_tensor *ids = ag_saved(ctx, node, 0);
+  tr_tensor *gc = ids ? tn_contig(ctx, g) : NULL;
+  tr_tensor *dw = gc ? tn_zeros_dev(ctx, gc, g->dtype, &node->in_meta[0]) : NULL;
+  int rc = dw ? NAS_OK : NAS_ERR;
+  if (rc == NAS_OK && tn_on_cuda(dw)) {
+    rc = tc_embedding_bwd(ctx, gc, ids, dw);
+  } else if (rc == NAS_OK) {
+    const int32_t *id = tr_data(ids);
     int64_t dim = dw->shape[1];
     size_t esz = tr_dtype_size(g->dtype);
-    for (int64_t i = 0; i < node->ia[0]; i++)
+    for (int64_t i = 0; i < ids->numel; i++)
       tn_axpy(g->dtype, dim, 1.0, (char *)tr_data(gc) + (size_t)(i * dim) * esz,
-              (char *)tr_data(dw) + (size_t)((int64_t)ids[i] * dim) * esz);
+              (char *)tr_data(dw) + (size_t)((int64_t)id[i] * dim) * esz);
   }
   tr_free(gc);
+  if (rc) {
+    tr_free(dw);
+    return NAS_ERR;
+  }
   gi[0] = dw;
-  return dw ? NAS_OK : NAS_ERR;
+  return NAS_OK;
 }
 static const tr_node_ops embedding_ops = {"EmbeddingBackward", embedding_backward};
+
+/* The host's compute step: out (n, D) = the rows ids of w. */
+static void embedding_host(const tr_tensor *w, const int32_t *ids, tr_tensor *out) {
+  size_t row = (size_t)out->shape[1] * tr_dtype_size(w->dtype);
+  for (int64_t i = 0; i < out->shape[0]; i++)
+    memcpy((char *)tr_data(out) + (size_t)i * row, (char *)tr_data(w) + (size_t)ids[i] * row, row);
+}
 
 tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t *ids) {
   if (tn_check_inputs(ctx, "embedding", 1, &weight)) return NULL;
@@ -290,33 +314,23 @@ tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t
     if (ids[i] < 0 || ids[i] >= weight->shape[0])
       return tr_fail(ctx, "embedding: id %d at %lld outside [0, %lld)", ids[i], (long long)i,
                      (long long)weight->shape[0]);
-  if (tn_on_cuda(weight)) return tc_embedding(ctx, weight, n, ids); /* ids kept on the device */
-  int64_t shape[2] = {n, weight->shape[1]};
+  tr_meta om = {2, {n, weight->shape[1]}};
   tr_tensor *w = tn_contig(ctx, weight);
-  tr_tensor *out = w ? tr_empty(ctx, weight->dtype, 2, shape) : NULL;
-  int32_t *ids_copy = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
-  if (!out || !ids_copy) {
-    tr_free(w);
-    tr_free(out);
-    free(ids_copy);
-    return w && out ? tr_fail(ctx, "embedding: out of memory") : NULL;
-  }
-  size_t row = (size_t)shape[1] * tr_dtype_size(weight->dtype);
-  for (int64_t i = 0; i < n; i++)
-    memcpy((char *)tr_data(out) + (size_t)i * row, (char *)tr_data(w) + (size_t)ids[i] * row, row);
+  tr_tensor *id = w ? tn_i32_new(ctx, weight, ids, n) : NULL;
+  tr_tensor *out = id ? tn_empty_dev(ctx, weight, weight->dtype, &om) : NULL;
+  int rc = out ? NAS_OK : NAS_ERR;
+  if (rc == NAS_OK && tn_on_cuda(out))
+    rc = tc_embedding_fwd(ctx, w, id, out);
+  else if (rc == NAS_OK)
+    embedding_host(w, ids, out);
   tr_free(w);
-  memcpy(ids_copy, ids, sizeof(int32_t) * (size_t)n);
-  tr_node *node;
-  if (ag_record(ctx, &embedding_ops, 1, &weight, out, &node)) {
+  tr_node *node = NULL;
+  if (rc == NAS_OK) rc = ag_record(ctx, &embedding_ops, 1, &weight, out, &node);
+  if (node) rc = ag_save(ctx, node, id);
+  tr_free(id);
+  if (rc) {
     tr_free(out);
-    free(ids_copy);
     return NULL;
-  }
-  if (node) {
-    node->aux = ids_copy;
-    node->ia[0] = n;
-  } else {
-    free(ids_copy);
   }
   return out;
 }
