@@ -12,9 +12,9 @@
  * whatever order the owner frees things in. A mutex guards it, so tensors may be freed on
  * another thread than the one that made them.
  *
- * The same cache serves CUDA device memory (tn_allocator_new_device): blocks then come from
- * cudaMalloc on that device and go back with cudaFree, through trainer/cuda/cuda_kernels.h;
- * cudaMalloc synchronises and costs far more than malloc, so the cache matters more. */
+ * The same cache serves a device's memory (tn_allocator_new_device): blocks then come from
+ * the device table the backend hands in (CUDA: cudaMalloc and cudaFree); cudaMalloc
+ * synchronises and costs far more than malloc, so the cache matters more there. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -29,7 +29,8 @@ typedef struct {
 struct tr_allocator {
   pthread_mutex_t lock;
   int refs;
-  int device;         /* CUDA device the blocks live on; -1: host memory */
+  const tn_device_ops *dev; /* the backend of the device the blocks live on; NULL: host */
+  int device;               /* which device of that backend */
   size_t limit;       /* most bytes kept cached */
   free_block *blocks; /* the cache (owned blocks) */
   size_t n, cap;
@@ -41,30 +42,35 @@ tr_allocator *tr_allocator_new(size_t cache_limit) {
   if (!a) return NULL;
   pthread_mutex_init(&a->lock, NULL);
   a->refs = 1;
-  a->device = -1;
   a->limit = cache_limit;
   return a;
 }
 
-tr_allocator *tn_allocator_new_device(int device, size_t cache_limit) {
+tr_allocator *tn_allocator_new_device(const tn_device_ops *ops, int device, size_t cache_limit) {
   tr_allocator *a = tr_allocator_new(cache_limit);
-  if (a) a->device = device;
+  if (a) {
+    a->dev = ops;
+    a->device = device;
+  }
   return a;
+}
+
+const tn_device_ops *tn_device_of(const tr_tensor *t) {
+  const tr_allocator *a = t->storage->alloc;
+  return a ? a->dev : NULL;
 }
 
 /* A fresh block from the host or the device; NULL when out of memory. */
 static void *block_new(const tr_allocator *a, size_t size) {
-  if (!a || a->device < 0) return aligned_alloc(64, size);
-  void *ptr = NULL;
-  return tck_malloc(a->device, size, &ptr) ? NULL : ptr;
+  if (!a || !a->dev) return aligned_alloc(64, size);
+  return a->dev->block_new(a->device, size);
 }
 
-/* A cudaFree error here has no caller to tell: the block is lost either way. */
 static void block_free(const tr_allocator *a, void *ptr) {
-  if (!a || a->device < 0)
+  if (!a || !a->dev)
     free(ptr);
   else
-    (void)tck_free(a->device, ptr);
+    a->dev->block_free(a->device, ptr);
 }
 
 /* Frees every cached block (the lock held, or a dying allocator). */

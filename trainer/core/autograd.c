@@ -241,7 +241,7 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
 }
 
 static tr_tensor *initial_grad(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad) {
-  if (tn_on_cuda(root)) return tc_initial_grad(ctx, root, grad);
+  if (tn_on_cuda(root)) return tn_device_of(root)->initial_grad(ctx, root, grad);
   if (grad) {
     if (grad->numel != root->numel || grad->dtype != root->dtype)
       return tr_fail(ctx, "backward: gradient has %lld elements for a tensor of %lld",

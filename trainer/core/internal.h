@@ -239,36 +239,47 @@ int tn_bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t 
 void tn_gemv(const tr_ctx *ctx, tr_dtype dtype, int64_t m, int64_t n, const void *a, int64_t lda,
              const void *x, double beta, void *y);
 
-/* The CUDA backend's entry points (tn_on_cuda, tc_*): ops dispatch to them on CUDA inputs. */
-#include "trainer/cuda/cuda_ops.h"
+/* ---------------------------------------------------------------- devices */
 
-/* ---------------------------------------------------------------- device dispatch */
+/* What the core (tensors, allocator, autograd) needs from a device backend. A backend plugs
+ * in by handing its table to the allocator its tensors come from (tn_allocator_new_device);
+ * the core finds it through a tensor's storage (tn_device_of) and includes no backend code.
+ * The CUDA backend's table is tc_device_ops (trainer/cuda/cuda.c); ops reach a device's
+ * compute steps through trainer/cuda/cuda_ops.h. The calls without a ctx run on the device's
+ * default stream and report no errors (get then returns NaN). */
+typedef struct tn_device_ops {
+  void *(*block_new)(int device, size_t size); /* NULL when out of memory */
+  void (*block_free)(int device, void *ptr);
+  double (*get)(const tr_tensor *t, int64_t i);
+  double (*sumsq)(const tr_tensor *t);
+  void (*fill)(tr_tensor *t, double value);
+  void (*scale)(tr_tensor *t, double s);
+  tr_tensor *(*contig)(tr_ctx *ctx, const tr_tensor *t);
+  tr_tensor *(*clone)(tr_ctx *ctx, const tr_tensor *t);
+  tr_tensor *(*to_dtype)(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype);
+  /* dst and src: one of them on the device, the other anywhere */
+  int (*add_)(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha);
+  int (*copy_)(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src);
+  int (*mul_scalar_)(tr_ctx *ctx, tr_tensor *t, double s);
+  /* The gradient backward starts from for a root on the device (grad may be NULL or on the
+   * host). */
+  tr_tensor *(*initial_grad)(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad);
+} tn_device_ops;
 
-/* An op's input check for every device: on a device, all inputs on ctx->cuda's device, of
- * one float dtype (tc_check); on the host, of one dtype. NULL inputs (after the first) are
- * skipped. */
-static inline int tn_check_inputs(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts) {
-  return tn_any_on_cuda(n, ts) ? tc_check(ctx, op, n, ts) : tn_check_dtypes(ctx, op, n, ts);
-}
-/* A new contiguous tensor of dtype and shape m on the device of like (an op's output or
- * gradient); on the host exactly tn_empty_meta. */
-static inline tr_tensor *tn_empty_dev(tr_ctx *ctx, const tr_tensor *like, tr_dtype dtype,
-                                      const tr_meta *m) {
-  return tn_on_cuda(like) ? tc_empty(ctx, dtype, m->ndim, m->shape) : tn_empty_meta(ctx, dtype, m);
-}
-/* tn_empty_like on t's device. */
-static inline tr_tensor *tn_empty_like_dev(tr_ctx *ctx, const tr_tensor *t) {
-  return tn_on_cuda(t) ? tc_empty(ctx, t->dtype, t->ndim, t->shape) : tn_empty_like(ctx, t);
-}
-/* tn_zeros_meta on like's device. */
-static inline tr_tensor *tn_zeros_dev(tr_ctx *ctx, const tr_tensor *like, tr_dtype dtype,
-                                      const tr_meta *m) {
-  return tn_on_cuda(like) ? tc_zeros(ctx, dtype, m->ndim, m->shape) : tn_zeros_meta(ctx, dtype, m);
-}
+/* A caching allocator of a device's memory (alloc.c): the same size classes and statistics
+ * as the host one, blocks from ops->block_new on device. */
+tr_allocator *tn_allocator_new_device(const tn_device_ops *ops, int device, size_t cache_limit);
+/* The table of the device t's storage lives on; NULL on the host. */
+const tn_device_ops *tn_device_of(const tr_tensor *t);
 
-/* n int32 values as the bits of a 4-byte (float32) tensor on like's device, the engine having
- * no integer dtype: labels, ids, argmax (ops_shape.c). */
-tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n);
+static inline bool tn_on_cuda(const tr_tensor *t) {
+  return t && t->storage->device.kind == TR_CUDA;
+}
+bool tn_any_on_cuda(int n, tr_tensor *const *ts);
+/* A new contiguous tensor whose storage comes from alloc (may be NULL: host malloc) and
+ * lives on device (tensor.c). */
+tr_tensor *tn_empty_on(tr_ctx *ctx, tr_allocator *alloc, tr_device device, tr_dtype dtype, int ndim,
+                       const int64_t *shape);
 
 /* Sums a over the dims in mask (bit d: dim d), times scale, keeping them as size 1; no
  * history; on a's device (ops_reduce.c). */

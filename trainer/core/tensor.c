@@ -272,8 +272,14 @@ static int64_t offset_of(const tr_tensor *t, int64_t i) {
   return off;
 }
 
+bool tn_any_on_cuda(int n, tr_tensor *const *ts) {
+  for (int i = 0; i < n; i++)
+    if (tn_on_cuda(ts[i])) return true;
+  return false;
+}
+
 double tr_get(const tr_tensor *t, int64_t i) {
-  if (tn_on_cuda(t)) return tc_get(t, i);
+  if (tn_on_cuda(t)) return tn_device_of(t)->get(t, i);
   int64_t off = offset_of(t, i);
   return t->dtype == TR_F32 ? (double)tr_f32(t)[off] : tr_f64(t)[off];
 }
@@ -289,7 +295,7 @@ void tn_set(tr_tensor *t, int64_t i, double v) {
 }
 
 double tn_sumsq(const tr_tensor *t) {
-  if (tn_on_cuda(t)) return tc_sumsq(t);
+  if (tn_on_cuda(t)) return tn_device_of(t)->sumsq(t);
   double sq = 0;
   if (tr_is_contiguous(t) && t->dtype == TR_F32) {
     const float *p = tr_f32(t);
@@ -367,7 +373,7 @@ void tn_copy_to_contig(const tr_tensor *src, void *dst) {
 }
 
 tr_tensor *tn_contig(tr_ctx *ctx, const tr_tensor *t) {
-  if (tn_on_cuda(t)) return tc_contig(ctx, t);
+  if (tn_on_cuda(t)) return tn_device_of(t)->contig(ctx, t);
   if (tr_is_contiguous(t)) {
     tr_tensor *a = tn_alias(ctx, t);
     return a;
@@ -378,7 +384,7 @@ tr_tensor *tn_contig(tr_ctx *ctx, const tr_tensor *t) {
 }
 
 tr_tensor *tr_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype) {
-  if (tn_on_cuda(t)) return tc_to_dtype(ctx, t, dtype);
+  if (tn_on_cuda(t)) return tn_device_of(t)->to_dtype(ctx, t, dtype);
   if (dtype == TR_BF16 || t->dtype == TR_BF16)
     return tr_fail(ctx, "to_dtype: bfloat16 exists only on CUDA devices (mixed precision)");
   tr_tensor *c = tn_contig(ctx, t);
@@ -424,7 +430,7 @@ static void for_each_pair(tr_tensor *dst, const tr_tensor *src, double alpha, pa
 }
 
 void tn_fill(tr_tensor *t, double value) {
-  if (tn_on_cuda(t)) { tc_fill(t, value); return; }
+  if (tn_on_cuda(t)) { tn_device_of(t)->fill(t, value); return; }
   if (tr_is_contiguous(t))
     fill_contig(t, value);
   else
@@ -439,7 +445,8 @@ int tr_fill_(tr_ctx *ctx, tr_tensor *t, double value) {
 }
 
 int tn_add(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
-  if (tn_on_cuda(dst) || tn_on_cuda(src)) return tc_add_(ctx, dst, src, alpha);
+  if (tn_on_cuda(dst) || tn_on_cuda(src))
+    return tn_device_of(tn_on_cuda(dst) ? dst : src)->add_(ctx, dst, src, alpha);
   if (dst->numel != src->numel)
     return nas_errf(&ctx->err, "add_: %lld elements += %lld", (long long)dst->numel,
                     (long long)src->numel);
@@ -465,7 +472,7 @@ int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
 }
 
 void tn_scale_contig(tr_tensor *t, double s) {
-  if (tn_on_cuda(t)) { tc_scale(t, s); return; }
+  if (tn_on_cuda(t)) { tn_device_of(t)->scale(t, s); return; }
   if (t->dtype == TR_F32)
     cblas_sscal((blasint)t->numel, (float)s, tr_f32(t), 1);
   else
@@ -488,7 +495,7 @@ void tn_col_sums(tr_dtype dtype, int64_t rows, int64_t n, const void *y, int64_t
 
 int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s) {
   if (check_inplace(ctx, t, "mul_")) return NAS_ERR;
-  if (tn_on_cuda(t)) return tc_mul_scalar_(ctx, t, s);
+  if (tn_on_cuda(t)) return tn_device_of(t)->mul_scalar_(ctx, t, s);
   if (tr_is_contiguous(t))
     tn_scale_contig(t, s);
   else
@@ -499,7 +506,8 @@ int tr_mul_scalar_(tr_ctx *ctx, tr_tensor *t, double s) {
 
 int tr_copy_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src) {
   if (check_inplace(ctx, dst, "copy_")) return NAS_ERR;
-  if (tn_on_cuda(dst) || tn_on_cuda(src)) return tc_copy_(ctx, dst, src);
+  if (tn_on_cuda(dst) || tn_on_cuda(src))
+    return tn_device_of(tn_on_cuda(dst) ? dst : src)->copy_(ctx, dst, src);
   if (dst->numel != src->numel)
     return nas_errf(&ctx->err, "copy_: %lld elements from %lld", (long long)dst->numel,
                     (long long)src->numel);
@@ -516,7 +524,7 @@ bool tn_is_private(const tr_tensor *t) {
 }
 
 tr_tensor *tn_clone(tr_ctx *ctx, const tr_tensor *t) {
-  if (tn_on_cuda(t)) return tc_clone(ctx, t);
+  if (tn_on_cuda(t)) return tn_device_of(t)->clone(ctx, t);
   tr_tensor *c = tn_empty_like(ctx, t);
   if (c) tn_copy_to_contig(t, tr_data(c));
   return c;

@@ -52,7 +52,8 @@ tr_cuda *tr_cuda_new(int device, size_t cache_limit, nas_err *err) {
   cu->device = device;
   tck_status st = tck_stream_new(device, &cu->stream);
   if (!st) st = tck_blas_new(device, cu->stream, &cu->blas);
-  if (!st && !(cu->alloc = tn_allocator_new_device(device, cache_limit))) st = "out of memory";
+  if (!st && !(cu->alloc = tn_allocator_new_device(&tc_device_ops, device, cache_limit)))
+    st = "out of memory";
   if (st) {
     nas_errf(err, "cuda:%d: cannot start the engine: %s", device, st);
     tr_cuda_free(cu);
@@ -93,12 +94,6 @@ const char *tc_device_str(tr_device d, char *buf, size_t cap) {
 }
 
 tr_device tr_tensor_device(const tr_tensor *t) { return t->storage->device; }
-
-bool tn_any_on_cuda(int n, tr_tensor *const *ts) {
-  for (int i = 0; i < n; i++)
-    if (tn_on_cuda(ts[i])) return true;
-  return false;
-}
 
 bool tn_grads_on_cuda(tr_tensor *const *params, size_t n) {
   for (size_t i = 0; i < n; i++)
@@ -521,3 +516,29 @@ int tr_module_to_device(tr_ctx *ctx, tr_module *m, tr_device device) {
   tr_param_list_free(&list);
   return rc;
 }
+
+/* ---------------------------------------------------------------- the core's table */
+
+static void *block_new(int device, size_t size) {
+  void *ptr = NULL;
+  return tck_malloc(device, size, &ptr) ? NULL : ptr;
+}
+
+/* A cudaFree error here has no caller to tell: the block is lost either way. */
+static void block_free(int device, void *ptr) { (void)tck_free(device, ptr); }
+
+const tn_device_ops tc_device_ops = {
+    .block_new = block_new,
+    .block_free = block_free,
+    .get = tc_get,
+    .sumsq = tc_sumsq,
+    .fill = tc_fill,
+    .scale = tc_scale,
+    .contig = tc_contig,
+    .clone = tc_clone,
+    .to_dtype = tc_to_dtype,
+    .add_ = tc_add_,
+    .copy_ = tc_copy_,
+    .mul_scalar_ = tc_mul_scalar_,
+    .initial_grad = tc_initial_grad,
+};

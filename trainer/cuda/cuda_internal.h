@@ -3,7 +3,7 @@
 #ifndef NAS_TRAINER_CUDA_INTERNAL_H
 #define NAS_TRAINER_CUDA_INTERNAL_H
 
-#include "trainer/core/internal.h"
+#include "trainer/cuda/cuda_ops.h"
 
 /* The engine of one device (public as the opaque tr_cuda). */
 struct tr_cuda {

@@ -1,5 +1,5 @@
-/* cuda_ops: the engine's entry points into the CUDA backend (internal; trainer/core/internal.h
- * includes it). Each public op in ops_*.c checks its inputs, computes output shapes, records
+/* cuda_ops: the engine's entry points into the CUDA backend (internal; the ops reach it
+ * through trainer/ops/dispatch.h, the core through its device table). Each public op in ops_*.c checks its inputs, computes output shapes, records
  * its node and composes its backward for every device; only the compute step dispatches
  * (tn_on_cuda) to the tc_* kernel functions here, which run the launchers of
  * trainer/cuda/cuda_kernels.cu on ctx->cuda's stream (trainer/cuda/cuda*.c).
@@ -9,23 +9,13 @@
 #ifndef NAS_TRAINER_CUDA_OPS_H
 #define NAS_TRAINER_CUDA_OPS_H
 
+#include "trainer/core/internal.h"
 #include "trainer/cuda/cuda_kernels.h"
-#include "trainer/trainer.h"
 
-static inline bool tn_on_cuda(const tr_tensor *t) {
-  return t && t->storage->device.kind == TR_CUDA;
-}
-bool tn_any_on_cuda(int n, tr_tensor *const *ts);
 /* Whether any of the params has a gradient on a device. */
 bool tn_grads_on_cuda(tr_tensor *const *params, size_t n);
-
-/* A caching allocator of device memory (trainer/core/alloc.c): the same size classes and
- * statistics as the host one, blocks from cudaMalloc on device. */
-tr_allocator *tn_allocator_new_device(int device, size_t cache_limit);
-/* A new contiguous tensor whose storage comes from alloc (may be NULL: host malloc) and
- * lives on device (trainer/core/tensor.c). */
-tr_tensor *tn_empty_on(tr_ctx *ctx, tr_allocator *alloc, tr_device device, tr_dtype dtype, int ndim,
-                       const int64_t *shape);
+/* The CUDA backend's table for the core (tn_device_ops): its device allocators carry it. */
+extern const tn_device_ops tc_device_ops;
 
 /* ---------------------------------------------------------------- tensors (cuda.c) */
 

@@ -10,6 +10,7 @@
 #include <tgmath.h>
 
 #include "trainer/core/internal.h"
+#include "trainer/cuda/cuda_ops.h"
 
 #define KERN_FILE "trainer/nn/kern_optim.h"
 #include "trainer/core/kern_both.h"

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/core/internal.h"
+#include "trainer/ops/dispatch.h"
 
 /* x (n, c, h, w), kernel kh x kw, stride, pad, output oh x ow: the CUDA kernels' struct. */
 typedef tck_conv_geom conv_geom;

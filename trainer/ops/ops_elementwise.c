@@ -11,7 +11,7 @@
 #include <string.h>
 #include <tgmath.h>
 
-#include "trainer/core/internal.h"
+#include "trainer/ops/dispatch.h"
 
 enum { UN_RELU, UN_GELU, UN_TANH, UN_SIGMOID, UN_EXP, UN_LOG, UN_SCALE };
 enum { BIN_ADD, BIN_SUB, BIN_MUL, BIN_DIV };

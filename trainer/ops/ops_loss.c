@@ -9,7 +9,7 @@
 #include <string.h>
 #include <tgmath.h>
 
-#include "trainer/core/internal.h"
+#include "trainer/ops/dispatch.h"
 
 #define KERN_FILE "trainer/ops/kern_loss.h"
 #include "trainer/core/kern_both.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/core/internal.h"
+#include "trainer/ops/dispatch.h"
 
 #define KERN_FILE "trainer/ops/kern_matmul.h"
 #include "trainer/core/kern_both.h"

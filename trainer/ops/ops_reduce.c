@@ -10,7 +10,7 @@
 #include <string.h>
 #include <tgmath.h>
 
-#include "trainer/core/internal.h"
+#include "trainer/ops/dispatch.h"
 
 #define KERN_FILE "trainer/ops/kern_reduce.h"
 #include "trainer/core/kern_both.h"

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trainer/core/internal.h"
+#include "trainer/ops/dispatch.h"
 
 /* The view t[..., start:start+length, ...] along dim d (no history). */
 static tr_tensor *narrow_alias(tr_ctx *ctx, const tr_tensor *t, int d, int64_t start,
