@@ -11,6 +11,7 @@
  * a node runs once all its consumers have sent their gradient (a ready stack), so each runs
  * exactly once with the sum of what it received. Without retain_graph every node frees its
  * saved tensors and buffers as soon as it has run. */
+#include <assert.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -18,13 +19,31 @@
 
 /* ---------------------------------------------------------------- nodes */
 
+/* AccumulateGrad: the end of every path, adding the arriving gradient into leaf->grad. */
+typedef struct {
+  tr_node base;
+  tr_tensor *variable; /* the leaf (owned) */
+} accumulate_node;
+
+static int accumulate_apply(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **grad_in);
+static const tr_node_ops accumulate_ops = {"AccumulateGrad", accumulate_apply,
+                                           sizeof(accumulate_node), NULL};
+
 static void node_release_saved(tr_node *node) {
-  for (int i = 0; i < node->n_saved; i++) {
-    tr_free(node->saved[i].t);
-    node->saved[i].t = NULL;
+  for (tr_saved *s = node->saved; s; s = s->next) {
+    tr_free(s->t);
+    s->t = NULL;
   }
-  free(node->aux);
-  node->aux = NULL;
+  if (node->ops->release && !node->released) node->ops->release(node);
+  node->released = true;
+}
+
+static void node_free(tr_node *node) {
+  node_release_saved(node);
+  if (node->ops == &accumulate_ops) tr_free(((accumulate_node *)node)->variable);
+  tr_free(node->grad_buf);
+  free(node->next_edges);
+  free(node);
 }
 
 /* Frees node and every node only it kept alive, without recursion (graphs can be deep). */
@@ -49,17 +68,14 @@ void ag_node_unref(tr_node *node) {
       }
       stack[len++] = fn;
     }
-    node_release_saved(cur);
-    tr_free(cur->variable);
-    tr_free(cur->grad_buf);
-    free(cur->next_edges);
-    free(cur);
+    node_free(cur);
   }
   free(stack);
 }
 
 static tr_node *node_new(tr_ctx *ctx, const tr_node_ops *ops, int n_next) {
-  tr_node *node = calloc(1, sizeof *node);
+  assert(ops->size == 0 || ops->size >= sizeof(tr_node));
+  tr_node *node = calloc(1, ops->size ? ops->size : sizeof(tr_node));
   tr_edge *edges = n_next ? calloc((size_t)n_next, sizeof *edges) : NULL;
   if (!node || (n_next && !edges)) {
     free(node);
@@ -74,16 +90,14 @@ static tr_node *node_new(tr_ctx *ctx, const tr_node_ops *ops, int n_next) {
   return node;
 }
 
-/* AccumulateGrad: the end of every path, adding the arriving gradient into leaf->grad. */
 static int accumulate_apply(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **grad_in) {
   (void)grad_in;
-  tr_tensor *leaf = node->variable;
+  tr_tensor *leaf = ((accumulate_node *)node)->variable;
   if (leaf->grad) return tn_add(ctx, leaf->grad, g, 1.0);
   /* A buffer nobody else sees becomes the grad; a shared one is copied. */
   leaf->grad = tn_is_private(g) ? tr_retain(g) : tn_clone(ctx, g);
   return leaf->grad ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops accumulate_ops = {"AccumulateGrad", accumulate_apply};
 
 bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs) {
   if (!ctx->grad_enabled) return false;
@@ -92,71 +106,78 @@ bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs) {
   return false;
 }
 
-int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs, tr_tensor *out,
-              tr_node **node_out) {
-  *node_out = NULL;
-  if (!ag_needs_grad(ctx, n, inputs)) return NAS_OK;
+/* The edge of node's input t: t's node, or a new AccumulateGrad node for a leaf. */
+static int edge_to(tr_ctx *ctx, tr_tensor *t, tr_edge *edge) {
+  if (t->grad_fn) {
+    edge->fn = t->grad_fn;
+    t->grad_fn->refs++;
+    return NAS_OK;
+  }
+  accumulate_node *acc = (accumulate_node *)node_new(ctx, &accumulate_ops, 0);
+  if (!acc) return NAS_ERR;
+  acc->variable = tr_retain(t);
+  edge->fn = &acc->base;
+  return NAS_OK;
+}
+
+void *ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs,
+                tr_tensor *out, int *rc) {
+  if (*rc != NAS_OK || !ag_needs_grad(ctx, n, inputs)) return NULL;
   tr_node *node = node_new(ctx, ops, n);
-  if (!node) return NAS_ERR;
+  if (!node) {
+    *rc = NAS_ERR;
+    return NULL;
+  }
   for (int i = 0; i < n; i++) {
     tr_tensor *t = inputs[i];
     if (!t) continue;
     if (i < TR_MAX_META) node->in_meta[i] = tn_meta(t);
-    if (!t->requires_grad) continue;
-    if (t->grad_fn) {
-      node->next_edges[i].fn = t->grad_fn;
-      t->grad_fn->refs++;
-      continue;
-    }
-    tr_node *acc = node_new(ctx, &accumulate_ops, 0);
-    if (!acc) {
+    if (t->requires_grad && edge_to(ctx, t, &node->next_edges[i])) {
       ag_node_unref(node);
-      return NAS_ERR;
+      *rc = NAS_ERR;
+      return NULL;
     }
-    acc->variable = tr_retain(t);
-    node->next_edges[i].fn = acc;
   }
   ag_node_unref(out->grad_fn);
   out->grad_fn = node;
   out->requires_grad = true;
-  *node_out = node;
-  return NAS_OK;
+  return node;
 }
 
-int ag_save(tr_ctx *ctx, tr_node *node, tr_tensor *t) {
-  if (!node) return NAS_OK;
-  if (node->n_saved == TR_MAX_SAVED)
-    return nas_errf(&ctx->err, "%s: more than %d saved tensors", node->ops->name, TR_MAX_SAVED);
+int ag_save(tr_ctx *ctx, tr_node *node, tr_saved *slot, tr_tensor *t) {
+  assert(!slot->t);
   tr_tensor *alias = tn_alias(ctx, t);
   if (!alias) return NAS_ERR;
-  node->saved[node->n_saved].t = alias;
-  node->saved[node->n_saved].version = t->storage->version;
-  node->n_saved++;
+  slot->t = alias;
+  slot->version = t->storage->version;
+  slot->next = node->saved;
+  node->saved = slot;
   return NAS_OK;
 }
 
-static tr_tensor *released_error(tr_ctx *ctx, tr_node *node) {
-  return tr_fail(ctx,
-                 "%s: trying to backward through the graph a second time (its saved "
-                 "tensors were freed by the first backward; pass retain_graph)",
-                 node->ops->name);
+int ag_live(tr_ctx *ctx, const tr_node *node) {
+  if (!node->released) return NAS_OK;
+  return nas_errf(&ctx->err,
+                  "%s: trying to backward through the graph a second time (its saved "
+                  "tensors were freed by the first backward; pass retain_graph)",
+                  node->ops->name);
 }
 
-tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, int i) {
-  if (node->released) return released_error(ctx, node);
-  tr_saved *s = &node->saved[i];
-  if (s->t->storage->version != s->version)
+tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, const tr_saved *slot) {
+  if (ag_live(ctx, node)) return NULL;
+  if (slot->t->storage->version != slot->version)
     return tr_fail(ctx,
-                   "%s: saved tensor %d was modified by an in-place operation after it was "
+                   "%s: a saved tensor was modified by an in-place operation after it was "
                    "saved (version %llu now, %llu when saved); its gradient would be wrong",
-                   node->ops->name, i, (unsigned long long)s->t->storage->version,
-                   (unsigned long long)s->version);
-  return s->t;
+                   node->ops->name, (unsigned long long)slot->t->storage->version,
+                   (unsigned long long)slot->version);
+  return slot->t;
 }
 
-void *ag_aux(tr_ctx *ctx, tr_node *node) {
-  if (node->released) return released_error(ctx, node);
-  return node->aux;
+tr_tensor *ag_output(tr_tensor *out, int rc) {
+  if (rc == NAS_OK) return out;
+  tr_free(out);
+  return NULL;
 }
 
 const char *tr_grad_fn_name(const tr_tensor *t) {
@@ -219,10 +240,7 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
     tr_free(node->grad_buf);
     node->grad_buf = NULL;
   }
-  if (!retain_graph && node->ops != &accumulate_ops) {
-    node_release_saved(node);
-    node->released = true;
-  }
+  if (!retain_graph && node->ops != &accumulate_ops) node_release_saved(node);
   for (int e = 0; e < node->n_next; e++) {
     tr_node *fn = node->next_edges[e].fn;
     tr_tensor *g = grad_in ? grad_in[e] : NULL;
@@ -262,8 +280,8 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
   tr_tensor *g0 = initial_grad(ctx, root, grad);
   if (!g0) return NAS_ERR;
   if (!root->grad_fn) { /* a leaf: its gradient is g0 itself */
-    tr_node leaf_node = {.variable = root};
-    int rc = accumulate_apply(ctx, &leaf_node, g0, NULL);
+    accumulate_node leaf_node = {.variable = root};
+    int rc = accumulate_apply(ctx, &leaf_node.base, g0, NULL);
     tr_free(g0);
     return rc;
   }

@@ -14,17 +14,25 @@ typedef struct {
   int input_nr;
 } tr_edge;
 
-/* A tensor kept for backward, with the storage version it had when saved. */
-typedef struct {
-  tr_tensor *t; /* owned detached alias (no grad_fn: saving never makes a cycle) */
+/* A tensor kept for backward, with the storage version it had when saved: a named field of
+ * an op's node (x, w, mask, ...). ag_save links it into its node's list, so the engine frees
+ * every saved tensor of every node without knowing the node's layout. */
+typedef struct tr_saved {
+  tr_tensor *t; /* owned detached alias (no grad_fn: saving never makes a cycle); NULL: none */
   uint64_t version;
+  struct tr_saved *next; /* the node's next saved variable */
 } tr_saved;
 
-/* What an op's backward node does. apply gets the gradient of the node's output and writes
- * one owned gradient per next edge into grad_in (left NULL where the edge's fn is NULL). */
+/* What an op's backward node is. apply gets the gradient of the node's output and writes one
+ * owned gradient per next edge into grad_in (left NULL where the edge's fn is NULL). size:
+ * the op's node struct, which begins with its tr_node (0: a bare tr_node). release (may be
+ * NULL) frees what the node owns besides its saved tensors; it runs once, after the node's
+ * backward (unless retain_graph) or when the node goes. */
 typedef struct {
   const char *name;
   int (*apply)(tr_ctx *ctx, tr_node *node, tr_tensor *grad_out, tr_tensor **grad_in);
+  size_t size;
+  void (*release)(tr_node *node);
 } tr_node_ops;
 
 /* Shape of an op input, recorded when the node is made. */
@@ -33,23 +41,19 @@ typedef struct {
   int64_t shape[TR_MAX_DIMS];
 } tr_meta;
 
-/* 17: the fused MLP (mlp_train.c) keeps its input, 8 weights and 8 layer outputs */
-#define TR_MAX_SAVED 17
 #define TR_MAX_META 3
 
+/* The part every backward node has; an op's node embeds it first and names what it saved:
+ *   typedef struct { tr_node base; tr_saved a, b; } mul_node;
+ * as PyTorch's generated nodes do. */
 struct tr_node {
   int refs; /* output tensors and next_edges of later nodes */
   const tr_node_ops *ops;
   int n_next;
-  tr_edge *next_edges; /* owned array; each fn an owned reference */
-  tr_saved saved[TR_MAX_SAVED];
-  int n_saved;
+  tr_edge *next_edges;          /* owned array; each fn an owned reference */
+  tr_saved *saved;              /* the saved variables among the op's fields (a list) */
   bool released;                /* saved variables freed by a backward without retain */
   tr_meta in_meta[TR_MAX_META]; /* shapes of the first inputs */
-  int64_t ia[8];                /* op attributes (axes, stride, ...) */
-  double fa[4];                 /* op attributes (scale, eps, ...) */
-  void *aux;                    /* owned op buffer (dropout mask, pool argmax, ...) */
-  tr_tensor *variable;          /* AccumulateGrad: the leaf (owned) */
   /* engine scratch, valid during one tr_backward */
   uint64_t mark;
   int deps;
@@ -58,17 +62,22 @@ struct tr_node {
 
 /* Whether an op on these inputs must record a node (grad mode on and an input needs grad). */
 bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs);
-/* When ag_needs_grad, makes the node with edges to the inputs' nodes, makes out point at it
- * and returns it in *node (borrowed: out holds it); else *node = NULL. */
-int ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs, tr_tensor *out,
-              tr_node **node);
-/* Saves t (its data and current version) in node; NULL node is a no-op. */
-int ag_save(tr_ctx *ctx, tr_node *node, tr_tensor *t);
-/* The i-th saved tensor (borrowed), or NULL with an error when it was modified in place
+/* The recording step of an op: when *rc is NAS_OK and ag_needs_grad, makes the op's node
+ * (ops->size bytes, zeroed) with edges to the inputs' nodes, makes out point at it and
+ * returns it (borrowed: out holds it), for the op to fill in; NULL otherwise, with *rc set
+ * when the node could not be made. */
+void *ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *inputs,
+                tr_tensor *out, int *rc);
+/* Saves t (its data and current version) in slot, a field of node's struct. */
+int ag_save(tr_ctx *ctx, tr_node *node, tr_saved *slot, tr_tensor *t);
+/* The tensor saved in slot (borrowed), or NULL with an error when it was modified in place
  * since it was saved or freed by an earlier backward. */
-tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, int i);
-/* node->aux, or NULL with an error when a backward without retain_graph freed it. */
-void *ag_aux(tr_ctx *ctx, tr_node *node);
+tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, const tr_saved *slot);
+/* NAS_OK, or an error when a backward without retain_graph freed node's state (for nodes
+ * whose state is not a saved tensor). */
+int ag_live(tr_ctx *ctx, const tr_node *node);
+/* The end of every op's forward: out when rc is NAS_OK, else NULL with out freed. */
+tr_tensor *ag_output(tr_tensor *out, int rc);
 void ag_node_unref(tr_node *node);
 /* Whether edge i of node wants a gradient. */
 static inline bool ag_wants(const tr_node *node, int i) { return node->next_edges[i].fn != NULL; }

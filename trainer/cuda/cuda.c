@@ -385,15 +385,20 @@ static tr_tensor *no_engine(tr_ctx *ctx, const char *op, tr_device device) {
                  op, device.index);
 }
 
-/* ia[0], ia[1]: the kind and index of the device the input was on. */
+typedef struct {
+  tr_node base;
+  tr_device from; /* the device the input was on */
+} to_copy_node;
+
 static int to_copy_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  bool to_cuda = node->ia[0] == TR_CUDA;
+  bool to_cuda = ((to_copy_node *)node)->from.kind == TR_CUDA;
   gi[0] = to_cuda == tn_on_cuda(g) ? tn_contig(ctx, g)
           : to_cuda                ? upload(ctx, g)
                                    : download(ctx, g);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops to_copy_ops = {"ToCopyBackward", to_copy_backward};
+static const tr_node_ops to_copy_ops = {"ToCopyBackward", to_copy_backward,
+                                        sizeof(to_copy_node), NULL};
 
 tr_tensor *tr_to_device(tr_ctx *ctx, tr_tensor *t, tr_device device) {
   tr_device from = tr_tensor_device(t);
@@ -409,16 +414,10 @@ tr_tensor *tr_to_device(tr_ctx *ctx, tr_tensor *t, tr_device device) {
   if (!ctx->cuda || ctx->cuda->device != cuda_side.index)
     return no_engine(ctx, "to_device", cuda_side);
   tr_tensor *out = device.kind == TR_CUDA ? upload(ctx, t) : download(ctx, t);
-  tr_node *node;
-  if (out && ag_record(ctx, &to_copy_ops, 1, &t, out, &node)) {
-    tr_free(out);
-    return NULL;
-  }
-  if (out && node) {
-    node->ia[0] = from.kind;
-    node->ia[1] = from.index;
-  }
-  return out;
+  int rc = out ? NAS_OK : NAS_ERR;
+  to_copy_node *node = ag_record(ctx, &to_copy_ops, 1, &t, out, &rc);
+  if (node) node->from = from;
+  return ag_output(out, rc);
 }
 
 /* ---------------------------------------------------------------- modules */

@@ -32,6 +32,7 @@
  * - Every buffer is on the model's device (fsdp_device.c): full's data comes from and goes
  *   back to its storage's allocator, which for a device model is the engine's device
  *   allocator; the collectives there are NCCL's, which wait for the device first. */
+#include <assert.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -170,21 +171,25 @@ static int reduce_grads(tr_ctx *ctx, tr_fsdp *f, fsdp_unit *u, tr_tensor **grad_
 
 /* ---------------------------------------------------------------- the unit's node */
 
-/* The node's aux (plain data: the node frees it with free()). */
+/* The unit's node. input and inner are kept as they are (not as detached aliases, so not
+ * as tr_saved) because the backward needs the input leaf's .grad and the inner output's
+ * graph. Neither points at the outer graph (the input was detached), so no cycle. The
+ * release after backward frees both, and with them the inner graph. */
 typedef struct {
-  tr_fsdp *f;      /* borrowed: graphs go before the tr_fsdp */
-  fsdp_unit *unit; /* borrowed from f */
-  uint64_t rng[4]; /* ctx's generator before the unit's forward (checkpoint replays it) */
-} unit_record;
+  tr_node base;
+  tr_fsdp *f;             /* borrowed: graphs go before the tr_fsdp */
+  fsdp_unit *unit;        /* borrowed from f */
+  uint64_t rng[4];        /* ctx's generator before the unit's forward (checkpoint replays it) */
+  tr_tensor *input;       /* owned: the detached input leaf */
+  uint64_t input_version; /* its storage's version then */
+  tr_tensor *inner;       /* owned: the inner graph's output; NULL when checkpointing */
+} unit_node;
 
-/* Saved slots of the node. The release after backward frees both, and with them the
- * inner graph; they are kept as they are (not as detached aliases) because the backward
- * needs the input leaf's .grad and the inner output's graph. Neither points at the outer
- * graph (the input was detached), so no cycle. */
-enum { SAVED_INPUT = 0, SAVED_INNER_OUTPUT = 1 };
-
-static void node_keep(tr_node *node, tr_tensor *t) {
-  node->saved[node->n_saved++] = (tr_saved){t, t->storage->version};
+static void unit_release(tr_node *node) {
+  unit_node *n = (unit_node *)node;
+  tr_free(n->input);
+  tr_free(n->inner);
+  n->input = n->inner = NULL;
 }
 
 /* Runs the unit's children on x (borrowed). */
@@ -200,46 +205,46 @@ static tr_tensor *unit_run(tr_ctx *ctx, const fsdp_unit *u, tr_tensor *x) {
 
 /* Checkpointing: the unit's forward again, with grad and the generator it had then; the
  * inner graph's output (owned). */
-static tr_tensor *unit_recompute(tr_ctx *ctx, tr_node *node, const unit_record *rec) {
-  tr_saved *in = &node->saved[SAVED_INPUT];
-  if (in->t->storage->version != in->version)
+static tr_tensor *unit_recompute(tr_ctx *ctx, const unit_node *rec) {
+  const tr_tensor *in = rec->input;
+  if (in->storage->version != rec->input_version)
     return tr_fail(ctx,
                    "FsdpUnitBackward: the input of unit %d was modified by an in-place "
                    "operation after the forward (version %llu now, %llu then)",
-                   rec->unit->index, (unsigned long long)in->t->storage->version,
-                   (unsigned long long)in->version);
+                   rec->unit->index, (unsigned long long)in->storage->version,
+                   (unsigned long long)rec->input_version);
   uint64_t now[4];
   memcpy(now, ctx->rng, sizeof now);
   memcpy(ctx->rng, rec->rng, sizeof now);
   bool prev = tr_set_grad_enabled(ctx, true);
-  tr_tensor *y = unit_run(ctx, rec->unit, in->t);
+  tr_tensor *y = unit_run(ctx, rec->unit, rec->input);
   tr_set_grad_enabled(ctx, prev);
   memcpy(ctx->rng, now, sizeof now);
   return y;
 }
 
-static int inner_backward(tr_ctx *ctx, tr_node *node, const unit_record *rec, tr_tensor *g) {
-  if (!rec->f->cfg.checkpoint) return tr_backward(ctx, node->saved[SAVED_INNER_OUTPUT].t, g, false);
-  tr_tensor *y = unit_recompute(ctx, node, rec);
+static int inner_backward(tr_ctx *ctx, const unit_node *rec, tr_tensor *g) {
+  if (!rec->f->cfg.checkpoint) return tr_backward(ctx, rec->inner, g, false);
+  tr_tensor *y = unit_recompute(ctx, rec);
   int rc = y ? tr_backward(ctx, y, g, false) : NAS_ERR;
   tr_free(y);
   return rc;
 }
 
 static int unit_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **grad_in) {
-  const unit_record *rec = ag_aux(ctx, node);
-  if (!rec) return NAS_ERR;
+  if (ag_live(ctx, node)) return NAS_ERR;
+  const unit_node *rec = (const unit_node *)node;
   tr_fsdp *f = rec->f;
   fsdp_unit *u = rec->unit;
   /* backward visits units in reverse: the one before this is next */
   if (unit_gather(ctx, f, u) || unit_prefetch(ctx, f, u->index - 1)) return NAS_ERR;
   tr_tensor *grad_full = grads_attach(ctx, f, u);
-  int rc = grad_full ? inner_backward(ctx, node, rec, g) : NAS_ERR;
+  int rc = grad_full ? inner_backward(ctx, rec, g) : NAS_ERR;
   grads_detach(u);
   if (rc == NAS_OK) rc = reduce_grads(ctx, f, u, &grad_full, &grad_in[1]);
   tr_free(grad_full);
   fsdp_unit_reshard(f, u);
-  tr_tensor *input = node->saved[SAVED_INPUT].t;
+  tr_tensor *input = rec->input;
   if (rc == NAS_OK && ag_wants(node, 0)) {
     grad_in[0] = input->grad; /* ownership moves to the engine */
     input->grad = NULL;
@@ -247,19 +252,16 @@ static int unit_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   return rc;
 }
 
-static const tr_node_ops unit_ops = {"FsdpUnitBackward", unit_backward};
+static const tr_node_ops unit_ops = {"FsdpUnitBackward", unit_backward, sizeof(unit_node),
+                                     unit_release};
 
 /* The unit's forward with grad: inner graph (or, checkpointing, none) and the outer node. */
 static tr_tensor *unit_forward_recorded(tr_ctx *ctx, tr_fsdp *f, fsdp_unit *u, tr_tensor *x) {
-  unit_record *rec = malloc(sizeof *rec);
-  tr_tensor *input = rec ? tr_detach(ctx, x) : NULL;
-  if (!input) {
-    free(rec);
-    return rec ? NULL : tr_fail(ctx, "fsdp unit %d: out of memory", u->index);
-  }
+  tr_tensor *input = tr_detach(ctx, x);
+  if (!input) return NULL;
   input->requires_grad = x->requires_grad;
-  *rec = (unit_record){.f = f, .unit = u};
-  memcpy(rec->rng, ctx->rng, sizeof rec->rng);
+  uint64_t rng[4];
+  memcpy(rng, ctx->rng, sizeof rng);
   tr_tensor *inner = NULL, *out;
   if (f->cfg.checkpoint) {
     bool prev = tr_set_grad_enabled(ctx, false);
@@ -270,15 +272,18 @@ static tr_tensor *unit_forward_recorded(tr_ctx *ctx, tr_fsdp *f, fsdp_unit *u, t
     out = inner ? tn_alias(ctx, inner) : NULL;
   }
   /* flat requires grad and grad mode is on: ag_record always makes the node */
-  tr_node *node = NULL;
-  int rc = out ? ag_record(ctx, &unit_ops, 2, (tr_tensor *[]){x, u->flat}, out, &node) : NAS_ERR;
-  if (rc == NAS_OK) {
-    node->aux = rec;
-    node_keep(node, input);
-    if (inner) node_keep(node, inner);
+  int rc = out ? NAS_OK : NAS_ERR;
+  unit_node *node = ag_record(ctx, &unit_ops, 2, (tr_tensor *[]){x, u->flat}, out, &rc);
+  assert(node || rc != NAS_OK);
+  if (node) {
+    node->f = f;
+    node->unit = u;
+    memcpy(node->rng, rng, sizeof rng);
+    node->input = input;
+    node->input_version = input->storage->version;
+    node->inner = inner;
     return out;
   }
-  free(rec);
   tr_free(input);
   tr_free(inner);
   tr_free(out);

@@ -207,10 +207,17 @@ static void backward_dx(void *arg, int part, int parts) {
 
 /* ---------------------------------------------------------------- the op */
 
-/* Node attributes: ia[0] layers, ia[1] and ia[2] bit k set when layer k has a ReLU, a
- * bias. Saved: the 2-D input, the n weights, the outputs of layers 0..n-2, and the op's
- * output when the last layer has a ReLU (its mask). Inputs: x, then w and b per layer. */
-enum { IA_LAYERS, IA_RELU, IA_BIAS };
+/* The run's node. Inputs: x, then w and b per layer. */
+typedef struct {
+  tr_node base;
+  int layers;
+  uint32_t relu, bias; /* bit k: layer k has a ReLU, a bias */
+  tr_saved x;          /* the 2-D input */
+  tr_saved w[TN_MLP_MAX_LAYERS];
+  /* the outputs of layers 0..n-2, and the op's output when the last layer has a ReLU (its
+   * mask) */
+  tr_saved h[TN_MLP_MAX_LAYERS];
+} mlp_node;
 
 /* fn over `parts` parts: on the pool when it splits into that many now, else in turn here
  * (the same results: each part's work and the order of the sums depend on parts only). */
@@ -225,17 +232,18 @@ static void run_job(const tr_ctx *ctx, int parts, void (*fn)(void *arg, int part
 
 /* The forward's tensors as saved in node (an error if one was modified in place since). */
 static int saved_fwd(tr_ctx *ctx, tr_node *node, mlp_fwd *f) {
-  int n = (int)node->ia[IA_LAYERS];
+  mlp_node *m = (mlp_node *)node;
+  int n = m->layers;
   *f = (mlp_fwd){.n = n, .parts = parts_of(ctx)};
-  tr_tensor *x = ag_saved(ctx, node, 0);
+  tr_tensor *x = ag_saved(ctx, node, &m->x);
   if (!x) return NAS_ERR;
   f->x = tr_f32(x);
   f->rows = x->shape[0];
   f->width[0] = x->shape[1];
   for (int k = 0; k < n; k++) {
-    f->relu[k] = node->ia[IA_RELU] >> k & 1;
+    f->relu[k] = m->relu >> k & 1;
     bool kept = k < n - 1 || f->relu[k]; /* the last layer's output only for its mask */
-    tr_tensor *w = ag_saved(ctx, node, 1 + k), *h = kept ? ag_saved(ctx, node, 1 + n + k) : NULL;
+    tr_tensor *w = ag_saved(ctx, node, &m->w[k]), *h = kept ? ag_saved(ctx, node, &m->h[k]) : NULL;
     if (!w || (kept && !h)) return NAS_ERR;
     f->w[k] = tr_f32(w);
     f->width[k + 1] = w->shape[0];
@@ -279,7 +287,7 @@ static void carve_scratch(mlp_bwd *d, float *at, uint32_t bias) {
  * weight's and bias's. All are computed (the weights' always need them in training); those
  * no edge wants are freed. */
 static int new_grads(tr_ctx *ctx, tr_node *node, const mlp_fwd *f, tr_tensor **gi, mlp_bwd *d) {
-  uint32_t bias = (uint32_t)node->ia[IA_BIAS];
+  uint32_t bias = ((mlp_node *)node)->bias;
   for (int k = 0; k < f->n; k++) {
     gi[1 + 2 * k] = tr_empty(ctx, TR_F32, 2, (int64_t[]){f->width[k + 1], f->width[k]});
     if (!gi[1 + 2 * k]) return NAS_ERR;
@@ -300,7 +308,7 @@ static int mlp_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
   tr_tensor *gc = tn_contig(ctx, g);
   mlp_bwd d = {.f = &f, .dy_last_in = gc ? tr_f32(gc) : NULL};
   int rc = gc ? new_grads(ctx, node, &f, gi, &d) : NAS_ERR;
-  uint32_t bias = (uint32_t)node->ia[IA_BIAS];
+  uint32_t bias = ((mlp_node *)node)->bias;
   tr_tensor *scratch =
       rc ? NULL : tr_empty(ctx, TR_F32, 1, (int64_t[]){scratch_floats(&f, bias, d.dx != NULL)});
   if (scratch) {
@@ -318,7 +326,7 @@ static int mlp_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
   tr_free(gc);
   return scratch ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops mlp_ops = {"MlpBackward", mlp_backward};
+static const tr_node_ops mlp_ops = {"MlpBackward", mlp_backward, sizeof(mlp_node), NULL};
 
 /* Records the node of y = the run on x2 (x's 2-D view): inputs x and each layer's weight
  * and bias; saved x2, the weights and the layers' outputs backward needs. */
@@ -330,18 +338,18 @@ static int record(tr_ctx *ctx, tr_tensor *x, tr_tensor *x2, const tn_mlp_layer *
     in[1 + 2 * k] = (tr_tensor *)layers[k].w;
     in[2 + 2 * k] = (tr_tensor *)layers[k].b;
   }
-  tr_node *node;
-  if (ag_record(ctx, &mlp_ops, 1 + 2 * n, in, h[n - 1], &node)) return NAS_ERR;
-  if (!node) return NAS_OK; /* nothing needs a gradient */
-  node->ia[IA_LAYERS] = n;
-  int rc = ag_save(ctx, node, x2);
+  int rc = NAS_OK;
+  mlp_node *node = ag_record(ctx, &mlp_ops, 1 + 2 * n, in, h[n - 1], &rc);
+  if (!node) return rc; /* nothing needs a gradient, or the node could not be made */
+  node->layers = n;
+  rc = ag_save(ctx, &node->base, &node->x, x2);
   for (int k = 0; k < n && rc == NAS_OK; k++) {
-    node->ia[IA_RELU] |= (int64_t)layers[k].relu << k;
-    node->ia[IA_BIAS] |= (int64_t)(layers[k].b != NULL) << k;
-    rc = ag_save(ctx, node, in[1 + 2 * k]);
+    node->relu |= (uint32_t)layers[k].relu << k;
+    node->bias |= (uint32_t)(layers[k].b != NULL) << k;
+    rc = ag_save(ctx, &node->base, &node->w[k], in[1 + 2 * k]);
   }
   for (int k = 0; k < n && rc == NAS_OK; k++)
-    if (k < n - 1 || layers[k].relu) rc = ag_save(ctx, node, h[k]);
+    if (k < n - 1 || layers[k].relu) rc = ag_save(ctx, &node->base, &node->h[k], h[k]);
   return rc;
 }
 

@@ -69,12 +69,18 @@ static tr_tensor *scratch_new(tr_ctx *ctx, tr_dtype dtype, int64_t n) {
 
 /* ---------------------------------------------------------------- conv2d */
 
-/* saved: x, w (contiguous); ia: stride, padding. */
+typedef struct {
+  tr_node base;
+  int stride, padding;
+  tr_saved x, w; /* contiguous */
+} conv_node;
+
 static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *w = x ? ag_saved(ctx, node, 1) : NULL;
+  conv_node *n = (conv_node *)node;
+  tr_tensor *x = ag_saved(ctx, node, &n->x), *w = x ? ag_saved(ctx, node, &n->w) : NULL;
   if (!w) return NAS_ERR;
   conv_geom geo;
-  geom_of(ctx, "conv2d", x, w->shape[2], w->shape[3], (int)node->ia[0], (int)node->ia[1], &geo);
+  geom_of(ctx, "conv2d", x, w->shape[2], w->shape[3], n->stride, n->padding, &geo);
   if (tn_on_cuda(x)) return tc_conv2d_bwd(ctx, node, x, w, g, &geo, gi);
   int64_t o = w->shape[0], ckk = geo.c * geo.kh * geo.kw, p = geo.oh * geo.ow;
   int nt = image_threads(geo.n);
@@ -97,7 +103,8 @@ static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   tr_free(gc);
   return rc;
 }
-static const tr_node_ops conv_ops = {"ConvolutionBackward", conv_backward};
+static const tr_node_ops conv_ops = {"ConvolutionBackward", conv_backward, sizeof(conv_node),
+                                     NULL};
 
 static int check_conv_args(tr_ctx *ctx, const tr_tensor *x, const tr_tensor *w,
                            const tr_tensor *b) {
@@ -134,36 +141,39 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
       rc = NAS_ERR;
     tr_free(scratch);
   }
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &conv_ops, 3, in, y, &node);
+  conv_node *node = ag_record(ctx, &conv_ops, 3, in, y, &rc);
   if (node) {
-    node->ia[0] = stride;
-    node->ia[1] = padding;
-    rc = ag_save(ctx, node, xc) || ag_save(ctx, node, wc);
+    node->stride = stride;
+    node->padding = padding;
+    rc = ag_save(ctx, &node->base, &node->x, xc);
+    if (rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->w, wc);
   }
   tr_free(xc);
   tr_free(wc);
   tr_free(bc);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return ag_output(y, rc);
 }
 
 /* ---------------------------------------------------------------- pooling */
 
-/* ia: kernel, stride, is_max; saved 0: argmax (max only). */
+typedef struct {
+  tr_node base;
+  int kernel, stride;
+  bool is_max;
+  tr_saved argmax; /* max only */
+} pool_node;
+
 static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  bool is_max = node->ia[2] != 0;
-  tr_tensor *argmax = is_max ? ag_saved(ctx, node, 0) : NULL;
+  pool_node *n = (pool_node *)node;
+  bool is_max = n->is_max;
+  tr_tensor *argmax = is_max ? ag_saved(ctx, node, &n->argmax) : NULL;
   if (is_max && !argmax) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
   tr_tensor *dx = gc ? tn_empty_dev(ctx, gc, g->dtype, &node->in_meta[0]) : NULL; /* all written */
   int rc = dx ? NAS_OK : NAS_ERR;
   conv_geom geo;
   if (rc == NAS_OK)
-    geom_of(ctx, "pool", dx, node->ia[0], node->ia[0], (int)node->ia[1], 0, &geo);
+    geom_of(ctx, "pool", dx, n->kernel, n->kernel, n->stride, 0, &geo);
   if (rc == NAS_OK && tn_on_cuda(dx))
     rc = tc_pool_bwd(ctx, gc, dx, argmax, &geo, is_max);
   else if (rc == NAS_OK)
@@ -177,8 +187,10 @@ static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   gi[0] = dx;
   return NAS_OK;
 }
-static const tr_node_ops max_pool_ops = {"MaxPool2DBackward", pool_backward};
-static const tr_node_ops avg_pool_ops = {"AvgPool2DBackward", pool_backward};
+static const tr_node_ops max_pool_ops = {"MaxPool2DBackward", pool_backward, sizeof(pool_node),
+                                         NULL};
+static const tr_node_ops avg_pool_ops = {"AvgPool2DBackward", pool_backward, sizeof(pool_node),
+                                         NULL};
 
 static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, bool is_max) {
   const char *name = is_max ? "max_pool2d" : "avg_pool2d";
@@ -198,20 +210,15 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
     TR_DISPATCH(x->dtype, pool_fwd, tr_data(xc), tr_data(y), argmax ? tr_data(argmax) : NULL,
                 &geo, is_max);
   tr_free(xc);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &node);
+  pool_node *node = ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &rc);
   if (node) {
-    node->ia[0] = kernel;
-    node->ia[1] = stride;
-    node->ia[2] = is_max;
-    if (is_max) rc = ag_save(ctx, node, argmax);
+    node->kernel = kernel;
+    node->stride = stride;
+    node->is_max = is_max;
+    if (is_max) rc = ag_save(ctx, &node->base, &node->argmax, argmax);
   }
   tr_free(argmax);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return ag_output(y, rc);
 }
 
 tr_tensor *tr_max_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride) {

@@ -139,8 +139,15 @@ static tr_tensor *grad_through(tr_ctx *ctx, int op, tr_tensor *g, const tr_tenso
   return out;
 }
 
+/* a * b saves both inputs. */
+typedef struct {
+  tr_node base;
+  tr_saved a, b;
+} mul_node;
+
 static int mul_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *a = ag_saved(ctx, node, 0), *b = a ? ag_saved(ctx, node, 1) : NULL;
+  mul_node *n = (mul_node *)node;
+  tr_tensor *a = ag_saved(ctx, node, &n->a), *b = a ? ag_saved(ctx, node, &n->b) : NULL;
   if (!b) return NAS_ERR;
   if (ag_wants(node, 0) && !(gi[0] = grad_through(ctx, BIN_MUL, g, b, &node->in_meta[0])))
     return NAS_ERR;
@@ -150,8 +157,14 @@ static int mul_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
 }
 
 /* d(a/b)/da = 1/b; d(a/b)/db = -(a/b)/b, with a/b the saved output. */
+typedef struct {
+  tr_node base;
+  tr_saved b, out;
+} div_node;
+
 static int div_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *b = ag_saved(ctx, node, 0), *out = b ? ag_saved(ctx, node, 1) : NULL;
+  div_node *n = (div_node *)node;
+  tr_tensor *b = ag_saved(ctx, node, &n->b), *out = b ? ag_saved(ctx, node, &n->out) : NULL;
   if (!out) return NAS_ERR;
   if (ag_wants(node, 0) && !(gi[0] = grad_through(ctx, BIN_DIV, g, b, &node->in_meta[0])))
     return NAS_ERR;
@@ -169,10 +182,26 @@ static int div_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
   return NAS_OK;
 }
 
-static const tr_node_ops add_ops = {"AddBackward", add_backward};
-static const tr_node_ops sub_ops = {"SubBackward", sub_backward};
-static const tr_node_ops mul_ops = {"MulBackward", mul_backward};
-static const tr_node_ops div_ops = {"DivBackward", div_backward};
+static const tr_node_ops add_ops = {"AddBackward", add_backward, 0, NULL};
+static const tr_node_ops sub_ops = {"SubBackward", sub_backward, 0, NULL};
+static const tr_node_ops mul_ops = {"MulBackward", mul_backward, sizeof(mul_node), NULL};
+static const tr_node_ops div_ops = {"DivBackward", div_backward, sizeof(div_node), NULL};
+
+/* Saves what mul and div keep (nothing for add and sub). */
+static int binary_save(tr_ctx *ctx, int op, tr_node *node, tr_tensor *a, tr_tensor *b,
+                       tr_tensor *out) {
+  int rc = NAS_OK;
+  if (op == BIN_MUL) {
+    mul_node *n = (mul_node *)node;
+    rc = ag_save(ctx, node, &n->a, a);
+    if (rc == NAS_OK) rc = ag_save(ctx, node, &n->b, b);
+  } else if (op == BIN_DIV) {
+    div_node *n = (div_node *)node;
+    rc = ag_save(ctx, node, &n->b, b);
+    if (rc == NAS_OK) rc = ag_save(ctx, node, &n->out, out);
+  }
+  return rc;
+}
 
 static tr_tensor *binary_op(tr_ctx *ctx, int op, const char *name, const tr_node_ops *ops,
                             tr_tensor *a, tr_tensor *b) {
@@ -180,15 +209,10 @@ static tr_tensor *binary_op(tr_ctx *ctx, int op, const char *name, const tr_node
   if (tn_check_inputs(ctx, name, 2, in)) return NULL;
   tr_tensor *out = binary_raw(ctx, op, name, a, b);
   if (!out) return NULL;
-  tr_node *node;
-  int rc = ag_record(ctx, ops, 2, in, out, &node);
-  if (rc == NAS_OK && op == BIN_MUL) rc = ag_save(ctx, node, a) || ag_save(ctx, node, b);
-  if (rc == NAS_OK && op == BIN_DIV) rc = ag_save(ctx, node, b) || ag_save(ctx, node, out);
-  if (rc) {
-    tr_free(out);
-    return NULL;
-  }
-  return out;
+  int rc = NAS_OK;
+  tr_node *node = ag_record(ctx, ops, 2, in, out, &rc);
+  if (node) rc = binary_save(ctx, op, node, a, b, out);
+  return ag_output(out, rc);
 }
 
 tr_tensor *tr_add(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
@@ -242,17 +266,27 @@ static void unary_part(void *arg, int part, int parts) {
  * one thread. */
 #define UNARY_SPLIT_MIN 8192
 
+/* A unary op's node: the input or the output, as the op needs (saves_output); none for
+ * scale, whose factor is s. */
+typedef struct {
+  tr_node base;
+  int op;
+  double s;
+  tr_saved xy;
+} unary_node;
+
 static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  int op = (int)node->ia[0];
+  unary_node *n = (unary_node *)node;
+  int op = n->op;
   tr_tensor *saved = NULL;
-  if (op != UN_SCALE && !(saved = ag_saved(ctx, node, 0))) return NAS_ERR;
+  if (op != UN_SCALE && !(saved = ag_saved(ctx, node, &n->xy))) return NAS_ERR;
   tr_tensor *gc = tn_contig(ctx, g);
   tr_tensor *dx = gc ? tn_empty_like_dev(ctx, gc) : NULL;
   if (dx && !tn_on_cuda(dx)) {
     unary_job job = {g->dtype,    op,          true,     saved ? tr_data(saved) : NULL,
-                     tr_data(gc), tr_data(dx), g->numel, node->fa[0]};
+                     tr_data(gc), tr_data(dx), g->numel, n->s};
     tn_pool_run_from(ctx, job.n, UNARY_SPLIT_MIN, unary_part, &job);
-  } else if (dx && tc_unary_bwd(ctx, node->ops->name, op, saved, gc, dx, node->fa[0])) {
+  } else if (dx && tc_unary_bwd(ctx, node->ops->name, op, saved, gc, dx, n->s)) {
     tr_free(dx);
     dx = NULL;
   }
@@ -262,10 +296,13 @@ static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
 }
 
 static const tr_node_ops unary_ops[] = {
-    {"ReluBackward", unary_backward},  {"GeluBackward", unary_backward},
-    {"TanhBackward", unary_backward},  {"SigmoidBackward", unary_backward},
-    {"ExpBackward", unary_backward},   {"LogBackward", unary_backward},
-    {"ScaleBackward", unary_backward},
+    {"ReluBackward", unary_backward, sizeof(unary_node), NULL},
+    {"GeluBackward", unary_backward, sizeof(unary_node), NULL},
+    {"TanhBackward", unary_backward, sizeof(unary_node), NULL},
+    {"SigmoidBackward", unary_backward, sizeof(unary_node), NULL},
+    {"ExpBackward", unary_backward, sizeof(unary_node), NULL},
+    {"LogBackward", unary_backward, sizeof(unary_node), NULL},
+    {"ScaleBackward", unary_backward, sizeof(unary_node), NULL},
 };
 
 static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
@@ -284,19 +321,14 @@ static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
   } else {
     rc = tc_unary_fwd(ctx, names[op], op, x, y, s);
   }
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &unary_ops[op], 1, &a, y, &node);
+  unary_node *node = ag_record(ctx, &unary_ops[op], 1, &a, y, &rc);
   if (node) {
-    node->ia[0] = op;
-    node->fa[0] = s;
-    if (op != UN_SCALE) rc = ag_save(ctx, node, saves_output(op) ? y : x);
+    node->op = op;
+    node->s = s;
+    if (op != UN_SCALE) rc = ag_save(ctx, &node->base, &node->xy, saves_output(op) ? y : x);
   }
   tr_free(x);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return ag_output(y, rc);
 }
 
 tr_tensor *tr_relu(tr_ctx *ctx, tr_tensor *a) {
@@ -336,15 +368,20 @@ static tr_tensor *dropout_apply(tr_ctx *ctx, const char *name, const tr_tensor *
   return y;
 }
 
-/* saved 0: the mask. */
+typedef struct {
+  tr_node base;
+  tr_saved mask;
+} dropout_node;
+
 static int dropout_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *mask = ag_saved(ctx, node, 0);
+  tr_tensor *mask = ag_saved(ctx, node, &((dropout_node *)node)->mask);
   tr_tensor *gc = mask ? tn_contig(ctx, g) : NULL;
   gi[0] = gc ? dropout_apply(ctx, "DropoutBackward", gc, mask) : NULL;
   tr_free(gc);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops dropout_ops = {"DropoutBackward", dropout_backward};
+static const tr_node_ops dropout_ops = {"DropoutBackward", dropout_backward,
+                                        sizeof(dropout_node), NULL};
 
 /* The mask of a's shape and dtype on a's device: 1/(1-p) where an element is kept, 0 where
  * it is dropped. It is drawn on the host from ctx's generator, so a seeded run drops the
@@ -374,14 +411,10 @@ tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training) {
   tr_tensor *x = tn_contig(ctx, a);
   tr_tensor *mask = x ? dropout_mask(ctx, a, p) : NULL;
   tr_tensor *y = mask ? dropout_apply(ctx, "dropout", x, mask) : NULL;
-  tr_node *node = NULL;
-  int rc = y ? ag_record(ctx, &dropout_ops, 1, &a, y, &node) : NAS_ERR;
-  if (node) rc = ag_save(ctx, node, mask);
+  int rc = y ? NAS_OK : NAS_ERR;
+  dropout_node *node = ag_record(ctx, &dropout_ops, 1, &a, y, &rc);
+  if (node) rc = ag_save(ctx, &node->base, &node->mask, mask);
   tr_free(mask);
   tr_free(x);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return ag_output(y, rc);
 }

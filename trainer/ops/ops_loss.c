@@ -14,9 +14,16 @@
 #define KERN_FILE "trainer/ops/kern_loss.h"
 #include "trainer/core/kern_both.h"
 
-/* saved: probs (N, C), labels (N int32, tn_i32_new). */
+typedef struct {
+  tr_node base;
+  tr_saved probs;  /* (N, C), the softmax of the logits */
+  tr_saved labels; /* N int32 (tn_i32_new) */
+} cross_entropy_node;
+
 static int cross_entropy_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *probs = ag_saved(ctx, node, 0), *labels = probs ? ag_saved(ctx, node, 1) : NULL;
+  cross_entropy_node *n = (cross_entropy_node *)node;
+  tr_tensor *probs = ag_saved(ctx, node, &n->probs);
+  tr_tensor *labels = probs ? ag_saved(ctx, node, &n->labels) : NULL;
   if (!labels) return NAS_ERR;
   int64_t rows = probs->shape[0], classes = probs->shape[1];
   gi[0] = tn_empty_like_dev(ctx, probs);
@@ -27,7 +34,8 @@ static int cross_entropy_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_t
               rows, classes, scale);
   return NAS_OK;
 }
-static const tr_node_ops cross_entropy_ops = {"CrossEntropyBackward", cross_entropy_backward};
+static const tr_node_ops cross_entropy_ops = {"CrossEntropyBackward", cross_entropy_backward,
+                                              sizeof(cross_entropy_node), NULL};
 
 static int check_labels(tr_ctx *ctx, const int32_t *labels, int64_t rows, int64_t classes) {
   for (int64_t r = 0; r < rows; r++)
@@ -64,17 +72,14 @@ tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *label
   tr_tensor *loss = !probs              ? NULL
                     : tn_on_cuda(probs) ? tc_cross_entropy_fwd(ctx, x, lab, probs)
                                         : cross_entropy_host(ctx, x, lab, probs);
-  tr_node *node = NULL;
-  int rc = loss ? ag_record(ctx, &cross_entropy_ops, 1, &logits, loss, &node) : NAS_ERR;
-  if (node) rc = ag_save(ctx, node, probs) || ag_save(ctx, node, lab);
+  int rc = loss ? NAS_OK : NAS_ERR;
+  cross_entropy_node *node = ag_record(ctx, &cross_entropy_ops, 1, &logits, loss, &rc);
+  if (node) rc = ag_save(ctx, &node->base, &node->probs, probs);
+  if (node && rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->labels, lab);
   tr_free(probs);
   tr_free(lab);
   tr_free(x);
-  if (rc) {
-    tr_free(loss);
-    return NULL;
-  }
-  return loss;
+  return ag_output(loss, rc);
 }
 
 tr_tensor *tr_mse_loss(tr_ctx *ctx, tr_tensor *pred, tr_tensor *target) {

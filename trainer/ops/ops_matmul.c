@@ -179,14 +179,20 @@ static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, boo
 
 /* ---------------------------------------------------------------- matmul */
 
+typedef struct {
+  tr_node base;
+  tr_saved a, b;
+} matmul_node;
+
 static int matmul_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *a = ag_saved(ctx, node, 0), *b = a ? ag_saved(ctx, node, 1) : NULL;
+  matmul_node *n = (matmul_node *)node;
+  tr_tensor *a = ag_saved(ctx, node, &n->a), *b = a ? ag_saved(ctx, node, &n->b) : NULL;
   if (!b) return NAS_ERR;
   if (ag_wants(node, 0) && !(gi[0] = gemm_new(ctx, g, false, b, true))) return NAS_ERR;
   if (ag_wants(node, 1) && !(gi[1] = gemm_new(ctx, a, true, g, false))) return NAS_ERR;
   return NAS_OK;
 }
-static const tr_node_ops matmul_ops = {"MmBackward", matmul_backward};
+static const tr_node_ops matmul_ops = {"MmBackward", matmul_backward, sizeof(matmul_node), NULL};
 
 tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
   tr_tensor *in[2] = {a, b};
@@ -197,14 +203,11 @@ tr_tensor *tr_matmul(tr_ctx *ctx, tr_tensor *a, tr_tensor *b) {
                    (long long)b->shape[0], (long long)(b->ndim > 1 ? b->shape[1] : 0));
   tr_tensor *c = gemm_new(ctx, a, false, b, false);
   if (!c) return NULL;
-  tr_node *node;
-  int rc = ag_record(ctx, &matmul_ops, 2, in, c, &node);
-  if (rc == NAS_OK) rc = ag_save(ctx, node, a) || ag_save(ctx, node, b);
-  if (rc) {
-    tr_free(c);
-    return NULL;
-  }
-  return c;
+  int rc = NAS_OK;
+  matmul_node *node = ag_record(ctx, &matmul_ops, 2, in, c, &rc);
+  if (node) rc = ag_save(ctx, &node->base, &node->a, a);
+  if (node && rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->b, b);
+  return ag_output(c, rc);
 }
 
 /* ---------------------------------------------------------------- linear */
@@ -252,8 +255,15 @@ static tr_tensor *bias_grad_new(tr_ctx *ctx, const tr_tensor *dy, const tr_meta 
   return db;
 }
 
+typedef struct {
+  tr_node base;
+  tr_saved x; /* the input as rows (R, in) */
+  tr_saved w;
+} linear_node;
+
 static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *x = ag_saved(ctx, node, 0), *w = x ? ag_saved(ctx, node, 1) : NULL;
+  linear_node *n = (linear_node *)node;
+  tr_tensor *x = ag_saved(ctx, node, &n->x), *w = x ? ag_saved(ctx, node, &n->w) : NULL;
   tr_tensor *dy = w ? as_rows(ctx, g) : NULL;
   if (!dy) return NAS_ERR;
   int rc = NAS_OK;
@@ -270,7 +280,8 @@ static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   tr_free(dy);
   return rc;
 }
-static const tr_node_ops linear_ops = {"LinearBackward", linear_backward};
+static const tr_node_ops linear_ops = {"LinearBackward", linear_backward, sizeof(linear_node),
+                                       NULL};
 
 /* y = x W^T (+ b): the bias is copied into every row first, then GEMM adds onto it. */
 static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_tensor *b) {
@@ -321,13 +332,10 @@ tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
     y = tn_view(ctx, y2, m.ndim, m.shape);
   }
   tr_free(y2);
-  tr_node *node;
-  int rc = y ? ag_record(ctx, &linear_ops, 3, in, y, &node) : NAS_ERR;
-  if (rc == NAS_OK) rc = ag_save(ctx, node, x2) || ag_save(ctx, node, w);
+  int rc = y ? NAS_OK : NAS_ERR;
+  linear_node *node = ag_record(ctx, &linear_ops, 3, in, y, &rc);
+  if (node) rc = ag_save(ctx, &node->base, &node->x, x2);
+  if (node && rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->w, w);
   tr_free(x2);
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return ag_output(y, rc);
 }

@@ -52,36 +52,45 @@ static int norm_parts_new(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
   return p->stats && (!w || p->w) && (!b || p->b) ? NAS_OK : NAS_ERR;
 }
 
-/* Records the norm's node for y (saved: x, stats, w when given; ia[0] as the op sets it) and
- * returns y, or NULL with everything freed. */
+/* The node of both norms: x (contiguous), its statistics, and w when the op had one. */
+typedef struct {
+  tr_node base;
+  bool training; /* batch norm: the statistics were the batch's */
+  bool has_w;
+  tr_saved x, stats, w;
+} norm_node;
+
+static int norm_save(tr_ctx *ctx, norm_node *node, const norm_parts *p) {
+  int rc = ag_save(ctx, &node->base, &node->x, p->x);
+  if (rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->stats, p->stats);
+  node->has_w = p->w != NULL;
+  if (rc == NAS_OK && p->w) rc = ag_save(ctx, &node->base, &node->w, p->w);
+  return rc;
+}
+
+/* Records the norm's node for y and returns y, or NULL with everything freed. */
 static tr_tensor *norm_finish(tr_ctx *ctx, const tr_node_ops *ops, tr_tensor *const *in,
-                              norm_parts *p, int64_t flag, int rc) {
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, ops, 3, in, p->y, &node);
+                              norm_parts *p, bool training, int rc) {
+  norm_node *node = ag_record(ctx, ops, 3, in, p->y, &rc);
   if (node) {
-    node->ia[0] = flag;
-    node->ia[1] = p->w != NULL;
-    rc = ag_save(ctx, node, p->x) || ag_save(ctx, node, p->stats) ||
-         (p->w && ag_save(ctx, node, p->w));
+    node->training = training;
+    rc = norm_save(ctx, node, p);
   }
   tr_free(p->stats);
   tr_free(p->x);
   tr_free(p->w);
   tr_free(p->b);
-  if (rc) {
-    tr_free(p->y);
-    return NULL;
-  }
-  return p->y;
+  return ag_output(p->y, rc);
 }
 
-/* The saved x, stats and (when ia[1]) w of a norm's node; NAS_ERR when they are gone. */
+/* The saved x, stats and w (NULL when none) of a norm's node; NAS_ERR when they are gone. */
 static int norm_saved(tr_ctx *ctx, tr_node *node, tr_tensor **x, tr_tensor **stats,
                       tr_tensor **w) {
+  norm_node *n = (norm_node *)node;
   *w = NULL;
-  *x = ag_saved(ctx, node, 0);
-  *stats = *x ? ag_saved(ctx, node, 1) : NULL;
-  if (!*stats || (node->ia[1] && !(*w = ag_saved(ctx, node, 2)))) return NAS_ERR;
+  *x = ag_saved(ctx, node, &n->x);
+  *stats = *x ? ag_saved(ctx, node, &n->stats) : NULL;
+  if (!*stats || (n->has_w && !(*w = ag_saved(ctx, node, &n->w)))) return NAS_ERR;
   return NAS_OK;
 }
 
@@ -103,7 +112,8 @@ static int layer_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
   tr_free(gc);
   return rc;
 }
-static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backward};
+static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backward,
+                                           sizeof(norm_node), NULL};
 
 tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, double eps) {
   tr_tensor *in[3] = {x, w, b};
@@ -119,7 +129,7 @@ tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, 
   else if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, layer_norm_fwd, tr_data(p.x), data_or_null(p.w), data_or_null(p.b),
                 tr_data(p.y), tr_data(p.stats), rows, d, eps);
-  return norm_finish(ctx, &layer_norm_ops, in, &p, 0, rc);
+  return norm_finish(ctx, &layer_norm_ops, in, &p, false, rc);
 }
 
 /* ---------------------------------------------------------------- batch norm */
@@ -136,13 +146,12 @@ int tn_bn_dims(tr_ctx *ctx, const tr_tensor *x, int64_t *n, int64_t *c, int64_t 
   return NAS_OK;
 }
 
-/* ia[0]: training (the statistics were the batch's). */
 static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   tr_tensor *x, *stats, *w;
   if (norm_saved(ctx, node, &x, &stats, &w)) return NAS_ERR;
   int64_t n, c, l;
   tn_bn_dims(ctx, x, &n, &c, &l);
-  bool training = node->ia[0] != 0;
+  bool training = ((norm_node *)node)->training;
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NAS_ERR;
   int rc = norm_grads(ctx, node, x, gi);
@@ -155,7 +164,8 @@ static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
   tr_free(gc);
   return rc;
 }
-static const tr_node_ops batch_norm_ops = {"BatchNormBackward", batch_norm_backward};
+static const tr_node_ops batch_norm_ops = {"BatchNormBackward", batch_norm_backward,
+                                           sizeof(norm_node), NULL};
 
 /* running = (1 - m) running + m value, written as the buffer's dtype; bumps its version. */
 static void running_update(tr_tensor *running, const double *values, int64_t stride, double scale,

@@ -48,12 +48,20 @@ static tr_tensor *expand_grad(tr_ctx *ctx, tr_tensor *g, const tr_meta *in, uint
   return out;
 }
 
+/* Sum and mean: the reduced dims and the factor (1, or 1 / the count for the mean). */
+typedef struct {
+  tr_node base;
+  uint32_t mask; /* bit d: dim d was reduced */
+  double scale;
+} sum_node;
+
 static int sum_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  gi[0] = expand_grad(ctx, g, &node->in_meta[0], (uint32_t)node->ia[0], node->fa[0]);
+  sum_node *n = (sum_node *)node;
+  gi[0] = expand_grad(ctx, g, &node->in_meta[0], n->mask, n->scale);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops sum_ops = {"SumBackward", sum_backward};
-static const tr_node_ops mean_ops = {"MeanBackward", sum_backward};
+static const tr_node_ops sum_ops = {"SumBackward", sum_backward, sizeof(sum_node), NULL};
+static const tr_node_ops mean_ops = {"MeanBackward", sum_backward, sizeof(sum_node), NULL};
 
 /* Bitmask of the dims named by axes (all when naxes is 0). */
 static int reduced_mask(tr_ctx *ctx, const tr_tensor *a, int naxes, const int *axes,
@@ -110,16 +118,13 @@ static tr_tensor *reduce_op(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axe
     out->ndim = nd;
     tn_contiguous_strides(nd, out->shape, out->strides);
   }
-  tr_node *node;
-  if (ag_record(ctx, mean ? &mean_ops : &sum_ops, 1, &a, out, &node)) {
-    tr_free(out);
-    return NULL;
-  }
+  int rc = NAS_OK;
+  sum_node *node = ag_record(ctx, mean ? &mean_ops : &sum_ops, 1, &a, out, &rc);
   if (node) {
-    node->ia[0] = mask;
-    node->fa[0] = scale;
+    node->mask = mask;
+    node->scale = scale;
   }
-  return out;
+  return ag_output(out, rc);
 }
 
 tr_tensor *tr_sum(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim) {
@@ -132,18 +137,26 @@ tr_tensor *tr_mean(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool k
 
 /* ---------------------------------------------------------------- softmax */
 
+typedef struct {
+  tr_node base;
+  int dim;
+  bool log_out; /* log-softmax */
+  tr_saved y;   /* the output */
+} softmax_node;
+
 static int softmax_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *y = ag_saved(ctx, node, 0);
+  softmax_node *sn = (softmax_node *)node;
+  tr_tensor *y = ag_saved(ctx, node, &sn->y);
   if (!y) return NAS_ERR;
   int64_t outer, n, inner;
-  tn_split_at(y, (int)node->ia[0], &outer, &n, &inner);
+  tn_split_at(y, sn->dim, &outer, &n, &inner);
   tr_tensor *gc = tn_contig(ctx, g);
   tr_tensor *dx = gc ? tn_empty_like_dev(ctx, y) : NULL;
   if (dx && !tn_on_cuda(dx)) {
     TR_DISPATCH(y->dtype, softmax_bwd, tr_data(y), tr_data(gc), tr_data(dx), outer, n, inner,
-                node->ia[1] != 0);
+                sn->log_out);
   } else if (dx && tc_softmax_bwd(ctx, node->ops->name, y, gc, dx, outer, n, inner,
-                                  node->ia[1] != 0)) {
+                                  sn->log_out)) {
     tr_free(dx);
     dx = NULL;
   }
@@ -151,8 +164,10 @@ static int softmax_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops softmax_ops = {"SoftmaxBackward", softmax_backward};
-static const tr_node_ops log_softmax_ops = {"LogSoftmaxBackward", softmax_backward};
+static const tr_node_ops softmax_ops = {"SoftmaxBackward", softmax_backward,
+                                        sizeof(softmax_node), NULL};
+static const tr_node_ops log_softmax_ops = {"LogSoftmaxBackward", softmax_backward,
+                                            sizeof(softmax_node), NULL};
 
 static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
   if (tn_check_inputs(ctx, "softmax", 1, &a)) return NULL;
@@ -172,18 +187,13 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
   else
     rc = tc_softmax_fwd(ctx, x, y, outer, n, inner, log_out);
   tr_free(x);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, log_out ? &log_softmax_ops : &softmax_ops, 1, &a, y, &node);
+  softmax_node *node = ag_record(ctx, log_out ? &log_softmax_ops : &softmax_ops, 1, &a, y, &rc);
   if (node) {
-    node->ia[0] = d;
-    node->ia[1] = log_out;
-    rc = ag_save(ctx, node, y);
+    node->dim = d;
+    node->log_out = log_out;
+    rc = ag_save(ctx, &node->base, &node->y, y);
   }
-  if (rc) {
-    tr_free(y);
-    return NULL;
-  }
-  return y;
+  return ag_output(y, rc);
 }
 
 tr_tensor *tr_softmax(tr_ctx *ctx, tr_tensor *a, int dim) {

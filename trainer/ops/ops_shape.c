@@ -32,7 +32,7 @@ static int reshape_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
   tr_free(gc);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops reshape_ops = {"ViewBackward", reshape_backward};
+static const tr_node_ops reshape_ops = {"ViewBackward", reshape_backward, 0, NULL};
 
 tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape) {
   int64_t shp[TR_MAX_DIMS], known = 1;
@@ -54,20 +54,22 @@ tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape)
   tr_tensor *c = tn_contig(ctx, t);
   tr_tensor *out = c ? tn_view(ctx, c, ndim, shp) : NULL;
   tr_free(c);
-  tr_node *node;
-  if (out && ag_record(ctx, &reshape_ops, 1, &t, out, &node)) {
-    tr_free(out);
-    return NULL;
-  }
-  return out;
+  int rc = out ? NAS_OK : NAS_ERR;
+  ag_record(ctx, &reshape_ops, 1, &t, out, &rc);
+  return ag_output(out, rc);
 }
 
 /* ---------------------------------------------------------------- transpose */
 
+typedef struct {
+  tr_node base;
+  int dim0, dim1;
+} transpose_node;
+
 static int transpose_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   tr_tensor *v = tn_alias(ctx, g);
   if (!v) return NAS_ERR;
-  int d0 = (int)node->ia[0], d1 = (int)node->ia[1];
+  int d0 = ((transpose_node *)node)->dim0, d1 = ((transpose_node *)node)->dim1;
   int64_t s = v->shape[d0], st = v->strides[d0];
   v->shape[d0] = v->shape[d1];
   v->strides[d0] = v->strides[d1];
@@ -77,7 +79,8 @@ static int transpose_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
   tr_free(v);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops transpose_ops = {"TransposeBackward", transpose_backward};
+static const tr_node_ops transpose_ops = {"TransposeBackward", transpose_backward,
+                                          sizeof(transpose_node), NULL};
 
 tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1) {
   if (tn_check_inputs(ctx, "transpose", 1, &t)) return NULL;
@@ -90,23 +93,27 @@ tr_tensor *tr_transpose(tr_ctx *ctx, tr_tensor *t, int dim0, int dim1) {
   out->strides[d0] = t->strides[d1];
   out->shape[d1] = t->shape[d0];
   out->strides[d1] = t->strides[d0];
-  tr_node *node;
-  if (ag_record(ctx, &transpose_ops, 1, &t, out, &node)) {
-    tr_free(out);
-    return NULL;
-  }
+  int rc = NAS_OK;
+  transpose_node *node = ag_record(ctx, &transpose_ops, 1, &t, out, &rc);
   if (node) {
-    node->ia[0] = d0;
-    node->ia[1] = d1;
+    node->dim0 = d0;
+    node->dim1 = d1;
   }
-  return out;
+  return ag_output(out, rc);
 }
 
 /* ---------------------------------------------------------------- narrow */
 
+typedef struct {
+  tr_node base;
+  int dim;
+  int64_t start, length;
+} narrow_node;
+
 static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
+  narrow_node *n = (narrow_node *)node;
   tr_tensor *full = tn_zeros_dev(ctx, g, g->dtype, &node->in_meta[0]);
-  tr_tensor *part = full ? narrow_alias(ctx, full, (int)node->ia[0], node->ia[1], node->ia[2]) : NULL;
+  tr_tensor *part = full ? narrow_alias(ctx, full, n->dim, n->start, n->length) : NULL;
   if (!part) {
     tr_free(full);
     return NAS_ERR;
@@ -116,7 +123,8 @@ static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   gi[0] = full;
   return rc;
 }
-static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward};
+static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward, sizeof(narrow_node),
+                                       NULL};
 
 tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
   if (tn_check_inputs(ctx, "narrow", 1, &t)) return NULL;
@@ -126,17 +134,14 @@ tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t 
                    (long long)(start + length), dim);
   tr_tensor *out = narrow_alias(ctx, t, d, start, length);
   if (!out) return NULL;
-  tr_node *node;
-  if (ag_record(ctx, &narrow_ops, 1, &t, out, &node)) {
-    tr_free(out);
-    return NULL;
-  }
+  int rc = NAS_OK;
+  narrow_node *node = ag_record(ctx, &narrow_ops, 1, &t, out, &rc);
   if (node) {
-    node->ia[0] = d;
-    node->ia[1] = start;
-    node->ia[2] = length;
+    node->dim = d;
+    node->start = start;
+    node->length = length;
   }
-  return out;
+  return ag_output(out, rc);
 }
 
 /* ---------------------------------------------------------------- contiguous */
@@ -146,27 +151,35 @@ static int clone_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
   gi[0] = tn_contig(ctx, g);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
-static const tr_node_ops clone_ops = {"CloneBackward", clone_backward};
+static const tr_node_ops clone_ops = {"CloneBackward", clone_backward, 0, NULL};
 
 tr_tensor *tr_contiguous(tr_ctx *ctx, tr_tensor *t) {
   if (tn_check_inputs(ctx, "contiguous", 1, &t)) return NULL;
   if (tr_is_contiguous(t)) return tr_retain(t);
   tr_tensor *out = tn_contig(ctx, t);
-  tr_node *node;
-  if (out && ag_record(ctx, &clone_ops, 1, &t, out, &node)) {
-    tr_free(out);
-    return NULL;
-  }
-  return out;
+  int rc = out ? NAS_OK : NAS_ERR;
+  ag_record(ctx, &clone_ops, 1, &t, out, &rc);
+  return ag_output(out, rc);
 }
 
 /* ---------------------------------------------------------------- concat */
 
-/* Concat's aux: the size of each input along dim. */
+typedef struct {
+  tr_node base;
+  int dim;
+  int64_t *sizes; /* owned: the size of each input along dim */
+} concat_node;
+
+static void concat_release(tr_node *node) {
+  concat_node *n = (concat_node *)node;
+  free(n->sizes);
+  n->sizes = NULL;
+}
+
 static int concat_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  const int64_t *sizes = ag_aux(ctx, node);
-  if (!sizes) return NAS_ERR;
-  int d = (int)node->ia[0];
+  if (ag_live(ctx, node)) return NAS_ERR;
+  const int64_t *sizes = ((concat_node *)node)->sizes;
+  int d = ((concat_node *)node)->dim;
   tr_tensor *gc = tn_contig(ctx, g);
   if (!gc) return NAS_ERR;
   int64_t start = 0;
@@ -187,7 +200,8 @@ static int concat_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   tr_free(gc);
   return NAS_OK;
 }
-static const tr_node_ops concat_ops = {"CatBackward", concat_backward};
+static const tr_node_ops concat_ops = {"CatBackward", concat_backward, sizeof(concat_node),
+                                       concat_release};
 
 /* Output shape of concat, or an error when the other dims disagree. */
 static int concat_shape(tr_ctx *ctx, int n, tr_tensor *const *ts, int d, tr_meta *m) {
@@ -249,18 +263,15 @@ tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
     }
     start += sizes[i];
   }
-  tr_node *node = NULL;
-  if (out && ag_record(ctx, &concat_ops, n, ts, out, &node)) {
-    tr_free(out);
-    out = NULL;
-  }
+  int rc = out ? NAS_OK : NAS_ERR;
+  concat_node *node = ag_record(ctx, &concat_ops, n, ts, out, &rc);
   if (node) {
-    node->ia[0] = d;
-    node->aux = sizes;
+    node->dim = d;
+    node->sizes = sizes;
   } else {
     free(sizes);
   }
-  return out;
+  return ag_output(out, rc);
 }
 
 /* ---------------------------------------------------------------- embedding */
@@ -274,9 +285,13 @@ tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values,
   return t;
 }
 
-/* saved 0: the ids looked up (int32, tn_i32_new). */
+typedef struct {
+  tr_node base;
+  tr_saved ids; /* the ids looked up (int32, tn_i32_new) */
+} embedding_node;
+
 static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
-  tr_tensor *ids = ag_saved(ctx, node, 0);
+  tr_tensor *ids = ag_saved(ctx, node, &((embedding_node *)node)->ids);
   tr_tensor *gc = ids ? tn_contig(ctx, g) : NULL;
   tr_tensor *dw = gc ? tn_zeros_dev(ctx, gc, g->dtype, &node->in_meta[0]) : NULL;
   int rc = dw ? NAS_OK : NAS_ERR;
@@ -298,7 +313,8 @@ static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
   gi[0] = dw;
   return NAS_OK;
 }
-static const tr_node_ops embedding_ops = {"EmbeddingBackward", embedding_backward};
+static const tr_node_ops embedding_ops = {"EmbeddingBackward", embedding_backward,
+                                          sizeof(embedding_node), NULL};
 
 /* The host's compute step: out (n, D) = the rows ids of w. */
 static void embedding_host(const tr_tensor *w, const int32_t *ids, tr_tensor *out) {
@@ -324,13 +340,8 @@ tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t
   else if (rc == NAS_OK)
     embedding_host(w, ids, out);
   tr_free(w);
-  tr_node *node = NULL;
-  if (rc == NAS_OK) rc = ag_record(ctx, &embedding_ops, 1, &weight, out, &node);
-  if (node) rc = ag_save(ctx, node, id);
+  embedding_node *node = ag_record(ctx, &embedding_ops, 1, &weight, out, &rc);
+  if (node) rc = ag_save(ctx, &node->base, &node->ids, id);
   tr_free(id);
-  if (rc) {
-    tr_free(out);
-    return NULL;
-  }
-  return out;
+  return ag_output(out, rc);
 }
