@@ -10,15 +10,16 @@ CFLAGS  ?= -O2 -g
 NAS_CFLAGS := -std=c17 -D_GNU_SOURCE -Wall -Wextra -Werror -fopenmp -I. $(shell pkg-config --cflags $(PKGS) 2>/dev/null) -I$(shell pg_config --includedir 2>/dev/null)
 LDLIBS  += $(shell pkg-config --libs $(PKGS) 2>/dev/null | sed 's/-lgslcblas//') -lopenblas -lz -lm -lpthread -fopenmp
 
-MODULES := common spec storage runners metrics optimizer notify scheduler trainer serve
-LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c))
+MODULES := common spec storage runners metrics optimizer notify scheduler trainer builtin serve
+# A module's sources are its folder's .c files and those of its subfolders (trainer/core, ...).
+LIB_SRC := $(foreach m,$(MODULES),$(wildcard $(m)/*.c $(m)/*/*.c))
 
 # CUDA is on where nvcc is found (`make CUDA=0` turns it off). Everything that touches the
-# CUDA runtime, cuBLAS or NCCL lives in trainer/*.cu; with CUDA those are compiled by nvcc
-# and the stand-ins trainer/*_nocuda.c (which report "built without CUDA") are left out,
+# CUDA runtime, cuBLAS or NCCL lives in trainer/*/*.cu; with CUDA those are compiled by nvcc
+# and the stand-ins trainer/*/*_nocuda.c (which report "built without CUDA") are left out,
 # without CUDA the reverse. The default build and the test suite never need a GPU.
 # cuBLAS and NCCL are not linked: they cost every process ~0.4 s and ~230 MB at start-up,
-# so the engine and the NCCL communicators dlopen them when made (trainer/cuda_dl.h), first
+# so the engine and the NCCL communicators dlopen them when made (trainer/cuda/cuda_dl.h), first
 # from NAS_CUDA_LIBDIR. Only the static CUDA runtime is linked; it costs nothing until used.
 NVCC    ?= $(or $(shell command -v nvcc 2>/dev/null),$(wildcard /usr/local/cuda/bin/nvcc))
 CUDA    ?= $(if $(NVCC),1,0)
@@ -29,7 +30,7 @@ NVCC_ARCH  ?= -gencode arch=compute_80,code=compute_80 -gencode arch=compute_90,
 NVCC_FLAGS := -std=c++17 -O2 -g -I. $(NVCC_ARCH) -Xcompiler -Wall,-Wextra,-Werror \
               -DNAS_CUDA_LIBDIR='"$(CUDA_HOME)/lib64"'
 LIB_SRC    := $(filter-out %_nocuda.c,$(LIB_SRC))
-CU_OBJ     := $(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard trainer/*.cu))
+CU_OBJ     := $(patsubst %.cu,$(BUILD)/%.cu.o,$(wildcard trainer/*/*.cu))
 NAS_CFLAGS += -DNAS_HAVE_CUDA
 LDLIBS     += -L$(CUDA_HOME)/lib64 -Wl,-rpath,$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
@@ -62,7 +63,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(NAS_CFLAGS) -MMD -MP -c $< -o $@
 
-$(BUILD)/%.cu.o: %.cu $(wildcard trainer/*.h)
+$(BUILD)/%.cu.o: %.cu $(wildcard trainer/*.h trainer/*/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
 

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "trainer/dist.h"
 #include "trainer/trainer.h"
 
 #define BATCH 128

@@ -7,7 +7,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
-#include "cli/worker.h"
+#include "builtin/builtin.h"
 #include "scheduler/scheduler.h"
 
 static const char run_help[] =

@@ -16,7 +16,7 @@
 #include <string.h>
 
 #include "cli/cli.h"
-#include "cli/worker.h"
+#include "builtin/builtin.h"
 #include "metrics/metrics.h"
 #include "scheduler/scheduler.h"
 

@@ -7,6 +7,7 @@
 #include <limits.h>
 #include <math.h>
 
+#include "builtin/builtin.h"
 #include "metrics/metrics.h"
 #include "storage/storage.h"
 #include "tests/e2e.h"

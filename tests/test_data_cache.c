@@ -1,4 +1,4 @@
-/* The dataset cache (trainer/data_cache.c): built once and then mapped, by one builder
+/* The dataset cache (trainer/nn/data_cache.c): built once and then mapped, by one builder
  * among processes racing for it, rebuilt when the file is truncated or damaged or the
  * source changed, found where the environment says, and mapped in well under 50 ms. */
 #include "tests/testutil.h"
@@ -6,7 +6,7 @@
 #include <sys/stat.h>
 
 #include "common/common.h"
-#include "trainer/data_cache.h"
+#include "trainer/nn/data_cache.h"
 
 /* The builder: reads the CSV source into one part and its first `head` examples into a
  * second, and appends a byte to `builds` (a file, so that forked builders count too). */

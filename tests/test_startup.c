@@ -9,8 +9,8 @@
 
 #include <sys/resource.h>
 
-#include "trainer/comm_nccl.h"
-#include "trainer/cuda_kernels.h"
+#include "trainer/dist/comm_nccl.h"
+#include "trainer/cuda/cuda_kernels.h"
 
 /* A plain build starts in ~25 ms and ~14 MB; under AddressSanitizer (`make asan` builds
  * this test and nas with it) in ~0.15 s and ~37 MB, mostly its runtime's. Linking cuBLAS

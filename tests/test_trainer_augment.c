@@ -1,4 +1,4 @@
-/* Augmentation of image batches (trainer/augment.c): flips and padded crops against
+/* Augmentation of image batches (trainer/nn/augment.c): flips and padded crops against
  * hand-made images, the identities they must keep, and determinism for a seed. */
 #include "tests/testutil.h"
 

@@ -19,6 +19,7 @@
 #include <signal.h>
 #include <sys/mman.h>
 
+#include "trainer/dist.h"
 #include "trainer/trainer.h"
 
 #define ROUNDS 200

@@ -11,6 +11,7 @@
 #include <math.h>
 
 #include "tests/slurmcluster.h"
+#include "trainer/dist.h"
 #include "trainer/trainer.h"
 
 #define TASK_ARG "--comm-task"

@@ -13,6 +13,8 @@
 
 #include <math.h>
 
+#include "builtin/builtin.h"
+#include "trainer/dist.h"
 #include "trainer/trainer.h"
 
 #define MAX_WORLD 4

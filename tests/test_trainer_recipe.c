@@ -6,6 +6,7 @@
 
 #include <math.h>
 
+#include "builtin/builtin.h"
 #include "trainer/trainer.h"
 
 #define SHAPE(...) \

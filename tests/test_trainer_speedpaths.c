@@ -13,7 +13,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "trainer/infer.h"
+#include "trainer/fast/infer.h"
 #include "trainer/trainer.h"
 
 #define SHAPE(...) \

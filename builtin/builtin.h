@@ -1,0 +1,206 @@
+/* builtin/builtin.h: the built-in trials of `nas worker` (docs/spec.md), on the engine of
+ * trainer/: the two model families (models.c), datasets by name (datasets.c), the training
+ * loop with per-epoch validation, on one rank or sharded over several (fit.c), and a
+ * trial's settings turned into all of these (worker_setup.c). They use only the public
+ * API of trainer/trainer.h and trainer/dist.h. */
+#ifndef NAS_BUILTIN_H
+#define NAS_BUILTIN_H
+
+#include <jansson.h>
+
+#include "spec/spec.h"
+#include "trainer/nn/data_cache.h"
+#include "trainer/dist.h"
+#include "trainer/trainer.h"
+
+/* ================================================================ models, datasets, fit */
+
+#define TR_MAX_BLOCKS 8 /* hidden layers of an MLP, stages of a CNN */
+
+typedef enum { TR_NORM_NONE, TR_NORM_BATCH, TR_NORM_LAYER } tr_norm_kind;
+
+/* Flatten, then per hidden layer i: Linear(widths[i]) → norm → activation → dropout (when
+ * dropout > 0), then Linear(classes). */
+typedef struct {
+  int layers;                     /* 1..TR_MAX_BLOCKS */
+  int64_t widths[TR_MAX_BLOCKS];
+  tr_module_kind activation;      /* TR_RELU, TR_GELU, TR_TANH or TR_SIGMOID */
+  tr_norm_kind norm;
+  double dropout;
+} tr_mlp_config;
+
+/* Per stage i: Conv2d(channels[i], kernel, stride 1, padding kernel/2; no bias under
+ * batch norm) → batch norm → activation → pool 2×2 (skipped once the map is 1 pixel
+ * high or wide); then Flatten → dropout → [Linear(head_width) → activation → dropout]
+ * (when head_width > 0) → Linear(classes). Dropout modules only when dropout > 0. */
+typedef struct {
+  int stages;                     /* 1..TR_MAX_BLOCKS */
+  int64_t channels[TR_MAX_BLOCKS];
+  int kernel;
+  tr_module_kind pool;            /* TR_MAXPOOL2D or TR_AVGPOOL2D */
+  int64_t head_width;
+  tr_module_kind activation;
+  tr_norm_kind norm;              /* TR_NORM_NONE or TR_NORM_BATCH */
+  double dropout;
+} tr_cnn_config;
+
+/* One example's shape (channels, height, width); an MLP sees the product. */
+typedef struct {
+  int64_t channels, height, width;
+} tr_input_shape;
+
+/* A built model and what was counted while building it. */
+typedef struct {
+  tr_module *module; /* owned */
+  int64_t params;    /* trainable values (tr_module_param_count) */
+  int64_t buffers;   /* other values saved with it: batch norm's running statistics */
+  int64_t flops;     /* one example's forward pass: 2 per multiply-add of the linear and
+                        convolution layers plus one per bias add; norms, activations,
+                        pools and dropout count 0 (docs/metrics.md) */
+} tr_model;
+
+int tr_mlp_build(tr_ctx *ctx, const tr_mlp_config *cfg, tr_input_shape in, int32_t classes,
+                 tr_model *out);
+int tr_cnn_build(tr_ctx *ctx, const tr_cnn_config *cfg, tr_input_shape in, int32_t classes,
+                 tr_model *out);
+void tr_model_free(tr_model *m);
+
+/* A dataset as images (n, C, H, W) with a training part and, when the source has one, a
+ * test part (test.n == 0 otherwise). */
+typedef struct {
+  tr_dataset train, test;
+  tr_input_shape shape;
+  char *source; /* owned: the file or folder it came from */
+} tr_named_dataset;
+
+/* Loads `name`: "digits" (scikit-learn's 8×8 digits, digits.csv.gz), "fashion-mnist"
+ * (Debian's dataset-fashion-mnist) or a path: a folder of IDX files
+ * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-…; each may end in
+ * .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
+ * Named datasets are looked for in the folders dirs (NULL-terminated): digits.csv.gz in
+ * each, or a fashion-mnist/ folder in each. */
+int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
+                          tr_named_dataset *out, nas_err *err);
+/* Where tr_named_dataset_load would read `name` from, without reading it: *path (owned) is
+ * the file or folder found. When there is none, an error saying where it looked and how to
+ * get the dataset (the same error the load gives). */
+int tr_named_dataset_find(const char *name, const char *const *dirs, char **path, nas_err *err);
+void tr_named_dataset_free(tr_named_dataset *nd);
+/* Keeps the first n examples of ds (all when n is 0 or at least ds->n). */
+int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err);
+/* One mean and one standard deviation over every value of ref; each dataset in sets
+ * (count n) becomes (x - mean) / std in place. One pair for all features, so a pixel that
+ * is constant in ref cannot blow up in another split. */
+int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas_err *err);
+
+/* What tr_fit does; callbacks may be NULL. A callback that returns non-zero stops
+ * training with that return (its message in err). */
+typedef struct {
+  int epochs;
+  int64_t batch_size;
+  tr_optim_config optim;
+  tr_lr_kind schedule;       /* constant; cosine: to 0 over all steps; step: ×0.1 after each
+                                third of the steps; onecycle (all after the warm-up) */
+  uint64_t shuffle_seed;     /* batch order, and the augmentation's draws */
+  /* The recipe (docs/spec.md, "Training recipe"): */
+  double warmup_epochs;      /* linear warm-up over this many epochs (fractions too); for
+                                onecycle the rise (0: 30% of the steps, as PyTorch) */
+  double label_smoothing;    /* tr_cross_entropy_smooth's smoothing */
+  tr_augment_config augment; /* applied to every training batch */
+  /* Epochs as the budget: the run trains epochs first_epoch + 1 … epochs, as the last part
+   * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate
+   * and batch order continue where that run was; the optimiser's state starts afresh). */
+  int first_epoch;
+  tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
+  /* After every epoch (1-based) with the mean training loss and validation accuracy. */
+  int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);
+  /* After every training step; for heartbeats. */
+  int (*on_step)(void *arg, nas_err *err);
+  void *arg;
+} tr_fit_config;
+
+/* Trains m on train with cross-entropy, evaluating on val after every epoch; *accuracy
+ * (may be NULL) gets the last validation accuracy. */
+int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset *val,
+           const tr_fit_config *cfg, double *accuracy, nas_err *err);
+/* Share of ds's examples whose largest logit is their label, in evaluation mode without a
+ * graph, batch examples at a time; leaves m in training mode. */
+int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
+                double *accuracy, nas_err *err);
+/* Index of the largest of n values (the first on ties). */
+int64_t tr_argmax(const float *values, int64_t n);
+
+/* ================================================================ sharded training */
+
+/* Data-parallel training on one rank of several (docs/engine-fsdp.md): what tr_fit does,
+ * with m sharded by FSDP across the ranks of comm and each rank training on its slice of
+ * every global batch. Every rank calls it with the same data and cfg (shuffle seed
+ * included); the callbacks run on rank 0 only, which also validates; a failure on any
+ * rank stops all of them at the same step. A batch is cut to a multiple of the world size
+ * (the last batch of an epoch may lose up to world - 1 examples). *accuracy is rank 0's
+ * (0 elsewhere). On return m holds the whole trained model on every rank. */
+typedef struct {
+  tr_comm *comm;          /* borrowed: this rank's communicator */
+  tr_comm *prefetch_comm; /* borrowed; NULL: no prefetch whatever fsdp says (nor on a
+                             CUDA device, where FSDP has none) */
+  tr_fsdp_config fsdp;
+} tr_fit_ranks;
+int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const tr_dataset *train,
+                   const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
+                   nas_err *err);
+
+/* ================================================================ a trial's settings */
+
+/* Everything a built-in trial's settings decide (spec_builtin_settings). */
+typedef struct {
+  bool cnn;              /* the model family: CNN, else MLP */
+  tr_mlp_config mlp;
+  tr_cnn_config cnn_cfg;
+  tr_fit_config fit;     /* callbacks and shuffle seed left to the caller */
+  double validation;     /* share of the training data held out */
+  int64_t limit_train, limit_val; /* 0: all */
+  int threads;           /* for training; latency is measured on one */
+  tr_device_kind device; /* where training runs */
+  int devices;           /* ranks one model is trained across (docs/spec.md) */
+  tr_fsdp_config fsdp;   /* how, when devices > 1 */
+  bool data_cache;       /* map the prepared data from the dataset cache (builtin/worker_data.c) */
+} worker_plan;
+
+/* Reads the complete settings object of a trial into plan. */
+int worker_plan_read(const json_t *settings, const char *model, worker_plan *plan, nas_err *err);
+
+/* A dataset ready for training: the training part split into train and validation,
+ * subsets kept, all parts standardised by the training part. */
+typedef struct {
+  tr_named_dataset all; /* all.train: the training part (after the split); all.test: the
+                           test part, when the dataset has one */
+  tr_dataset val;
+  float background;     /* the smallest standardised training value: what crops pad with */
+  tr_data_cache *cache; /* owned: the mapping the features lie on; NULL when read directly */
+  char origin[400];     /* where the data came from, for the trial's log */
+} worker_data;
+
+/* Finds the dataset, then maps it prepared from the cache (plan->data_cache; a cache that
+ * cannot be used falls back to reading, saying why in origin) or reads and prepares it. */
+int worker_data_load(tr_ctx *ctx, const char *dataset, const worker_plan *plan,
+                     uint64_t split_seed, worker_data *out, nas_err *err);
+void worker_data_free(worker_data *d);
+/* Reads and prepares the dataset at path (a file or folder tr_named_dataset_find gave). */
+int worker_data_read(tr_ctx *ctx, const char *path, const worker_plan *plan, uint64_t split_seed,
+                     worker_data *out, nas_err *err);
+/* The same, through the dataset cache (builtin/worker_data.c). */
+int worker_data_cached(tr_ctx *ctx, const char *path, const worker_plan *plan,
+                       uint64_t split_seed, worker_data *out, nas_err *err);
+
+/* Checks, in the process about to launch a spec's built-in trials on this machine (the
+ * local runner), what would fail every one of them: a dataset that is not where `nas
+ * worker` looks (trial.env's NAS_DATA_DIR counts, as in the trials), or device: cuda
+ * without a CUDA device. Command trials and other runners (whose trials run elsewhere)
+ * pass. The error says what is missing and what to do. */
+int worker_builtin_check(const spec *s, nas_err *err);
+
+/* Builds the plan's model for the data's example shape and class count. */
+int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *data,
+                       tr_model *out, nas_err *err);
+
+#endif

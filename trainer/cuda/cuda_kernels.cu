@@ -1,0 +1,1073 @@
+/* cuda_kernels: the engine's CUDA kernels and their launchers (plain C interface in
+ * trainer/cuda/cuda_kernels.h), the device twins of trainer/ops/kern_*.h.
+ *
+ * Each kernel is a template over the element type T (float, double; bf16 only where the
+ * header says so) and computes what its CPU twin computes, with the same formulas, so the
+ * two backends agree to rounding. Launchers check their arguments, launch nothing for empty
+ * work, and return the launch error as a message.
+ *
+ * Invariants: every kernel bounds-checks its index (grid-stride loops over exactly the work
+ * it was given); grids are capped (kMaxBlocks) and loop, so no size makes an invalid grid;
+ * reductions accumulate in double and are deterministic (one block or one thread sums a
+ * group in a fixed order: no atomics), so a run repeats bit for bit. */
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include "trainer/cuda/cuda_kernels.h"
+
+namespace {
+
+constexpr int kThreads = 256; /* a power of two: block_sum halves it */
+constexpr int64_t kMaxBlocks = 65535;
+
+#define GRID_LOOP(i, n)                                                                            \
+  for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
+       i += (int64_t)gridDim.x * blockDim.x)
+
+unsigned blocks_for(int64_t n) {
+  int64_t b = (n + kThreads - 1) / kThreads;
+  return (unsigned)(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
+}
+
+unsigned groups_for(int64_t groups) {
+  return (unsigned)(groups < 1 ? 1 : groups > kMaxBlocks ? kMaxBlocks : groups);
+}
+
+cudaStream_t stream_of(tck_stream s) { return static_cast<cudaStream_t>(s.stream); }
+
+tck_status begin(tck_stream s) {
+  cudaError_t e = cudaSetDevice(s.device);
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+tck_status launched() {
+  cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+}
+
+constexpr const char *kBadDtype = "dtype not supported by this kernel (float32, float64)";
+
+/* Calls fn<float> or fn<double> for dtype. */
+#define FD(dtype, fn, ...)                                                                         \
+  ((dtype) == TCK_F32   ? fn<float>(__VA_ARGS__)                                                   \
+   : (dtype) == TCK_F64 ? fn<double>(__VA_ARGS__)                                                  \
+                        : kBadDtype)
+
+/* Conversions through double, bf16 included. */
+template <class T> __device__ __forceinline__ double to_d(T v) { return (double)v; }
+template <> __device__ __forceinline__ double to_d(__nv_bfloat16 v) {
+  return (double)__bfloat162float(v);
+}
+template <class T> __device__ __forceinline__ T from_d(double v) { return (T)v; }
+template <> __device__ __forceinline__ __nv_bfloat16 from_d(double v) {
+  return __float2bfloat16((float)v);
+}
+
+__device__ __forceinline__ float m_exp(float v) { return expf(v); }
+__device__ __forceinline__ double m_exp(double v) { return exp(v); }
+__device__ __forceinline__ float m_log(float v) { return logf(v); }
+__device__ __forceinline__ double m_log(double v) { return log(v); }
+__device__ __forceinline__ float m_tanh(float v) { return tanhf(v); }
+__device__ __forceinline__ double m_tanh(double v) { return tanh(v); }
+
+/* Offset of logical element i under layout l. */
+__device__ __forceinline__ int64_t offset_of(const tck_layout &l, int64_t i) {
+  int64_t off = 0;
+  for (int d = l.ndim - 1; d >= 0; d--) {
+    off += (i % l.shape[d]) * l.strides[d];
+    i /= l.shape[d];
+  }
+  return off;
+}
+
+/* Sum of v over the block (blockDim.x == kThreads), the same value on every thread. */
+__device__ double block_sum(double v) {
+  __shared__ double shm[kThreads];
+  shm[threadIdx.x] = v;
+  __syncthreads();
+  for (int s = kThreads / 2; s > 0; s >>= 1) {
+    if ((int)threadIdx.x < s) shm[threadIdx.x] += shm[threadIdx.x + s];
+    __syncthreads();
+  }
+  double r = shm[0];
+  __syncthreads();
+  return r;
+}
+
+/* ---------------------------------------------------------------- copies, fills, axpy */
+
+template <class S, class D>
+__global__ void copy_k(const S *src, tck_layout sl, D *dst, tck_layout dl, int64_t n) {
+  GRID_LOOP(i, n) dst[offset_of(dl, i)] = from_d<D>(to_d(src[offset_of(sl, i)]));
+}
+
+template <class S, class D>
+tck_status copy_t(tck_stream s, const void *src, const tck_layout *sl, void *dst,
+                  const tck_layout *dl, int64_t n) {
+  copy_k<S, D><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(static_cast<const S *>(src), *sl,
+                                                             static_cast<D *>(dst), *dl, n);
+  return launched();
+}
+
+template <class S>
+tck_status copy_to(tck_stream s, const void *src, const tck_layout *sl, int dd, void *dst,
+                   const tck_layout *dl, int64_t n) {
+  switch (dd) {
+  case TCK_F32: return copy_t<S, float>(s, src, sl, dst, dl, n);
+  case TCK_F64: return copy_t<S, double>(s, src, sl, dst, dl, n);
+  case TCK_BF16: return copy_t<S, __nv_bfloat16>(s, src, sl, dst, dl, n);
+  }
+  return "copy: unknown destination dtype";
+}
+
+/* A layout of n contiguous elements, for callers that pass none. */
+tck_layout flat_layout(const tck_layout *l, int64_t n) {
+  if (l) return *l;
+  tck_layout flat = {};
+  flat.ndim = 1;
+  flat.shape[0] = n;
+  flat.strides[0] = 1;
+  return flat;
+}
+
+template <class T> __global__ void fill_k(T *x, tck_layout xl, int64_t n, T value) {
+  GRID_LOOP(i, n) x[offset_of(xl, i)] = value;
+}
+
+template <class T> tck_status fill_t(tck_stream s, void *x, tck_layout xl, int64_t n, T value) {
+  fill_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(static_cast<T *>(x), xl, n, value);
+  return launched();
+}
+
+template <class T>
+__global__ void axpy_k(int64_t n, T alpha, const T *x, tck_layout xl, T *y, tck_layout yl) {
+  GRID_LOOP(i, n) {
+    T &dst = y[offset_of(yl, i)];
+    dst = x ? dst + alpha * x[offset_of(xl, i)] : dst * alpha;
+  }
+}
+
+template <class T>
+tck_status axpy_t(tck_stream s, int64_t n, double alpha, const void *x, const tck_layout *xl,
+                  void *y, const tck_layout *yl) {
+  axpy_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(n, (T)alpha, static_cast<const T *>(x),
+                                                          flat_layout(xl, n), static_cast<T *>(y),
+                                                          flat_layout(yl, n));
+  return launched();
+}
+
+/* One block: deterministic order whatever the grid. */
+template <class T> __global__ void sumsq_k(const T *x, int64_t n, double *out) {
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += to_d(x[i]) * to_d(x[i]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) out[0] = acc;
+}
+
+template <class T> tck_status sumsq_t(tck_stream s, const void *x, int64_t n, double *out) {
+  sumsq_k<T><<<1, kThreads, 0, stream_of(s)>>>(static_cast<const T *>(x), n, out);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- elementwise */
+
+template <class T> __device__ __forceinline__ T gelu_inner(T v) {
+  const T k0 = (T)0.7978845608028654, k1 = (T)0.044715; /* sqrt(2/pi), GELU's cubic */
+  return m_tanh(k0 * (v + k1 * v * v * v));
+}
+
+template <class T> __global__ void unary_fwd_k(int op, const T *x, T *y, int64_t n, T sc) {
+  GRID_LOOP(i, n) {
+    T v = x[i];
+    switch (op) {
+    case TCK_RELU: y[i] = v > 0 ? v : (T)0; break;
+    case TCK_GELU: y[i] = (T)0.5 * v * (1 + gelu_inner(v)); break;
+    case TCK_TANH: y[i] = m_tanh(v); break;
+    case TCK_SIGMOID: y[i] = 1 / (1 + m_exp(-v)); break;
+    case TCK_EXP: y[i] = m_exp(v); break;
+    case TCK_LOG: y[i] = m_log(v); break;
+    default: y[i] = sc * v; break; /* TCK_SCALE */
+    }
+  }
+}
+
+template <class T>
+__global__ void unary_bwd_k(int op, const T *sv, const T *dy, T *dx, int64_t n, T sc) {
+  const T k0 = (T)0.7978845608028654, k1 = (T)0.044715;
+  GRID_LOOP(i, n) {
+    T g = dy[i];
+    if (op == TCK_SCALE) {
+      dx[i] = g * sc;
+      continue;
+    }
+    T v = sv[i];
+    switch (op) {
+    case TCK_RELU: dx[i] = v > 0 ? g : (T)0; break;
+    case TCK_GELU: {
+      T th = gelu_inner(v), du = k0 * (1 + 3 * k1 * v * v);
+      dx[i] = g * ((T)0.5 * (1 + th) + (T)0.5 * v * (1 - th * th) * du);
+      break;
+    }
+    case TCK_TANH: dx[i] = g * (1 - v * v); break;
+    case TCK_SIGMOID: dx[i] = g * v * (1 - v); break;
+    case TCK_EXP: dx[i] = g * v; break;
+    default: dx[i] = g / v; break; /* TCK_LOG */
+    }
+  }
+}
+
+template <class T>
+tck_status unary_fwd_t(tck_stream s, int op, const void *x, void *y, int64_t n, double sc) {
+  unary_fwd_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(op, static_cast<const T *>(x),
+                                                               static_cast<T *>(y), n, (T)sc);
+  return launched();
+}
+
+template <class T>
+tck_status unary_bwd_t(tck_stream s, int op, const void *sv, const void *dy, void *dx, int64_t n,
+                       double sc) {
+  unary_bwd_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+      op, static_cast<const T *>(sv), static_cast<const T *>(dy), static_cast<T *>(dx), n, (T)sc);
+  return launched();
+}
+
+template <class T>
+__global__ void binary_k(int op, const T *a, tck_layout al, const T *b, tck_layout bl, T *out,
+                         int64_t n) {
+  GRID_LOOP(i, n) {
+    T x = a[offset_of(al, i)], y = b[offset_of(bl, i)];
+    out[i] = op == TCK_ADD ? x + y : op == TCK_SUB ? x - y : op == TCK_MUL ? x * y : x / y;
+  }
+}
+
+template <class T>
+tck_status binary_t(tck_stream s, int op, const void *a, const tck_layout *al, const void *b,
+                    const tck_layout *bl, void *out, int64_t n) {
+  binary_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+      op, static_cast<const T *>(a), *al, static_cast<const T *>(b), *bl, static_cast<T *>(out), n);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- reductions, softmax */
+
+/* inner == 1: one block per row of n. */
+template <class T>
+__global__ void sum_rows_k(const T *x, T *out, int64_t outer, int64_t n, double scale) {
+  for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
+    double acc = 0;
+    for (int64_t j = threadIdx.x; j < n; j += blockDim.x) acc += to_d(x[o * n + j]);
+    acc = block_sum(acc);
+    if (threadIdx.x == 0) out[o] = (T)(acc * scale);
+  }
+}
+
+/* inner > 1: one thread per output (o, i), summing down the column. */
+template <class T>
+__global__ void sum_cols_k(const T *x, T *out, int64_t outer, int64_t n, int64_t inner,
+                           double scale) {
+  GRID_LOOP(k, outer * inner) {
+    int64_t o = k / inner, i = k % inner;
+    const T *src = x + o * n * inner + i;
+    double acc = 0;
+    for (int64_t j = 0; j < n; j++) acc += to_d(src[j * inner]);
+    out[k] = (T)(acc * scale);
+  }
+}
+
+template <class T>
+tck_status sum_axis_t(tck_stream s, const void *xv, void *outv, int64_t outer, int64_t n,
+                      int64_t inner, double scale) {
+  const T *x = static_cast<const T *>(xv);
+  T *out = static_cast<T *>(outv);
+  if (inner == 1)
+    sum_rows_k<T><<<groups_for(outer), kThreads, 0, stream_of(s)>>>(x, out, outer, n, scale);
+  else
+    sum_cols_k<T>
+        <<<blocks_for(outer * inner), kThreads, 0, stream_of(s)>>>(x, out, outer, n, inner, scale);
+  return launched();
+}
+
+/* One thread per softmax row (o, i), as the CPU kernel. */
+template <class T>
+__global__ void softmax_fwd_k(const T *x, T *y, int64_t outer, int64_t n, int64_t inner,
+                              bool log_out) {
+  GRID_LOOP(k, outer * inner) {
+    int64_t base = (k / inner) * n * inner + k % inner;
+    const T *xr = x + base;
+    T *yr = y + base;
+    T mx = xr[0];
+    for (int64_t j = 1; j < n; j++) mx = xr[j * inner] > mx ? xr[j * inner] : mx;
+    T sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+      T e = m_exp(xr[j * inner] - mx);
+      yr[j * inner] = e;
+      sum += e;
+    }
+    T lse = m_log(sum), inv = 1 / sum;
+    for (int64_t j = 0; j < n; j++)
+      yr[j * inner] = log_out ? xr[j * inner] - mx - lse : yr[j * inner] * inv;
+  }
+}
+
+template <class T>
+__global__ void softmax_bwd_k(const T *y, const T *dy, T *dx, int64_t outer, int64_t n,
+                              int64_t inner, bool log_out) {
+  GRID_LOOP(k, outer * inner) {
+    int64_t base = (k / inner) * n * inner + k % inner;
+    T acc = 0;
+    for (int64_t j = 0; j < n; j++) {
+      int64_t q = base + j * inner;
+      acc += log_out ? dy[q] : dy[q] * y[q];
+    }
+    for (int64_t j = 0; j < n; j++) {
+      int64_t q = base + j * inner;
+      dx[q] = log_out ? dy[q] - m_exp(y[q]) * acc : y[q] * (dy[q] - acc);
+    }
+  }
+}
+
+template <class T>
+tck_status softmax_fwd_t(tck_stream s, const void *x, void *y, int64_t outer, int64_t n,
+                         int64_t inner, bool log_out) {
+  softmax_fwd_k<T><<<blocks_for(outer * inner), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(x), static_cast<T *>(y), outer, n, inner, log_out);
+  return launched();
+}
+
+template <class T>
+tck_status softmax_bwd_t(tck_stream s, const void *y, const void *dy, void *dx, int64_t outer,
+                         int64_t n, int64_t inner, bool log_out) {
+  softmax_bwd_k<T><<<blocks_for(outer * inner), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(y), static_cast<const T *>(dy), static_cast<T *>(dx), outer, n, inner,
+      log_out);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- cross-entropy */
+
+template <class T>
+__global__ void ce_fwd_k(const T *logits, const int32_t *labels, T *probs, T *loss_rows,
+                         int64_t rows, int64_t classes) {
+  GRID_LOOP(r, rows) {
+    const T *x = logits + r * classes;
+    T *p = probs + r * classes;
+    T mx = x[0];
+    for (int64_t c = 1; c < classes; c++) mx = x[c] > mx ? x[c] : mx;
+    T sum = 0;
+    for (int64_t c = 0; c < classes; c++) {
+      p[c] = m_exp(x[c] - mx);
+      sum += p[c];
+    }
+    T inv = 1 / sum;
+    for (int64_t c = 0; c < classes; c++) p[c] *= inv;
+    int32_t label = labels[r];
+    loss_rows[r] = label >= 0 && label < classes ? mx + m_log(sum) - x[label] : (T)NAN;
+  }
+}
+
+template <class T>
+__global__ void ce_bwd_k(const T *probs, const int32_t *labels, const T *dloss, T *dx, int64_t rows,
+                         int64_t classes) {
+  const T sc = dloss[0] / (T)rows;
+  GRID_LOOP(k, rows * classes) {
+    int64_t r = k / classes, c = k % classes;
+    dx[k] = probs[k] * sc - (labels[r] == c ? sc : (T)0);
+  }
+}
+
+template <class T>
+tck_status ce_fwd_t(tck_stream s, const void *logits, const int32_t *labels, void *probs,
+                    void *loss_rows, int64_t rows, int64_t classes) {
+  ce_fwd_k<T><<<blocks_for(rows), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(logits), labels, static_cast<T *>(probs), static_cast<T *>(loss_rows),
+      rows, classes);
+  return launched();
+}
+
+template <class T>
+tck_status ce_bwd_t(tck_stream s, const void *probs, const int32_t *labels, const void *dloss,
+                    void *dx, int64_t rows, int64_t classes) {
+  ce_bwd_k<T><<<blocks_for(rows * classes), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(probs), labels, static_cast<const T *>(dloss), static_cast<T *>(dx),
+      rows, classes);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- layer norm */
+
+template <class T>
+__global__ void ln_fwd_k(const T *x, const T *w, const T *b, T *y, double *stats, int64_t rows,
+                         int64_t d, double eps) {
+  GRID_LOOP(r, rows) {
+    const T *xr = x + r * d;
+    double mean = 0, var = 0;
+    for (int64_t i = 0; i < d; i++) mean += (double)xr[i];
+    mean /= (double)d;
+    for (int64_t i = 0; i < d; i++) var += ((double)xr[i] - mean) * ((double)xr[i] - mean);
+    double rstd = 1.0 / sqrt(var / (double)d + eps);
+    stats[2 * r] = mean;
+    stats[2 * r + 1] = rstd;
+    for (int64_t i = 0; i < d; i++) {
+      T xhat = (T)(((double)xr[i] - mean) * rstd);
+      y[r * d + i] = xhat * (w ? w[i] : (T)1) + (b ? b[i] : (T)0);
+    }
+  }
+}
+
+template <class T>
+__global__ void ln_bwd_dx_k(const T *x, const T *w, const T *dy, const double *stats, T *dx,
+                            int64_t rows, int64_t d) {
+  GRID_LOOP(r, rows) {
+    const T *xr = x + r * d, *dyr = dy + r * d;
+    double mean = stats[2 * r], rstd = stats[2 * r + 1], m1 = 0, m2 = 0;
+    for (int64_t i = 0; i < d; i++) {
+      double xhat = ((double)xr[i] - mean) * rstd,
+             dxhat = (double)dyr[i] * (w ? (double)w[i] : 1.0);
+      m1 += dxhat;
+      m2 += dxhat * xhat;
+    }
+    m1 /= (double)d;
+    m2 /= (double)d;
+    for (int64_t i = 0; i < d; i++) {
+      double xhat = ((double)xr[i] - mean) * rstd,
+             dxhat = (double)dyr[i] * (w ? (double)w[i] : 1.0);
+      dx[r * d + i] = (T)(rstd * (dxhat - m1 - xhat * m2));
+    }
+  }
+}
+
+/* dw[i] = sum_r dy[r, i] xhat[r, i], db[i] = sum_r dy[r, i]: one thread per column. */
+template <class T>
+__global__ void ln_bwd_params_k(const T *x, const T *dy, const double *stats, T *dw, T *db,
+                                int64_t rows, int64_t d) {
+  GRID_LOOP(i, d) {
+    double sw = 0, sb = 0;
+    for (int64_t r = 0; r < rows; r++) {
+      double g = (double)dy[r * d + i];
+      sw += g * (((double)x[r * d + i] - stats[2 * r]) * stats[2 * r + 1]);
+      sb += g;
+    }
+    if (dw) dw[i] = (T)sw;
+    if (db) db[i] = (T)sb;
+  }
+}
+
+template <class T>
+tck_status ln_fwd_t(tck_stream s, const void *x, const void *w, const void *b, void *y,
+                    double *stats, int64_t rows, int64_t d, double eps) {
+  ln_fwd_k<T><<<blocks_for(rows), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(x), static_cast<const T *>(w), static_cast<const T *>(b),
+      static_cast<T *>(y), stats, rows, d, eps);
+  return launched();
+}
+
+template <class T>
+tck_status ln_bwd_t(tck_stream s, const void *x, const void *w, const void *dy, const double *stats,
+                    void *dx, void *dw, void *db, int64_t rows, int64_t d) {
+  const T *xt = static_cast<const T *>(x), *dyt = static_cast<const T *>(dy);
+  if (dx) {
+    ln_bwd_dx_k<T><<<blocks_for(rows), kThreads, 0, stream_of(s)>>>(
+        xt, static_cast<const T *>(w), dyt, stats, static_cast<T *>(dx), rows, d);
+    if (tck_status st = launched()) return st;
+  }
+  if (dw || db) {
+    ln_bwd_params_k<T><<<blocks_for(d), kThreads, 0, stream_of(s)>>>(
+        xt, dyt, stats, static_cast<T *>(dw), static_cast<T *>(db), rows, d);
+    return launched();
+  }
+  return nullptr;
+}
+
+/* ---------------------------------------------------------------- batch norm */
+
+/* One block per channel: two passes (mean, then the centred squares), as the CPU. */
+template <class T>
+__global__ void bn_stats_k(const T *x, double *stats, double *var_out, int64_t n, int64_t c,
+                           int64_t l, double eps) {
+  int64_t cnt = n * l;
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    double sum = 0;
+    for (int64_t k = threadIdx.x; k < cnt; k += blockDim.x)
+      sum += (double)x[((k / l) * c + ch) * l + k % l];
+    double mean = block_sum(sum) / (double)cnt;
+    double sq = 0;
+    for (int64_t k = threadIdx.x; k < cnt; k += blockDim.x) {
+      double v = (double)x[((k / l) * c + ch) * l + k % l] - mean;
+      sq += v * v;
+    }
+    double var = block_sum(sq) / (double)cnt;
+    if (threadIdx.x == 0) {
+      stats[2 * ch] = mean;
+      stats[2 * ch + 1] = 1.0 / sqrt(var + eps);
+      var_out[ch] = var;
+    }
+  }
+}
+
+template <class T>
+__global__ void bn_stats_running_k(const T *rmean, const T *rvar, double *stats, int64_t c,
+                                   double eps) {
+  GRID_LOOP(ch, c) {
+    stats[2 * ch] = (double)rmean[ch];
+    stats[2 * ch + 1] = 1.0 / sqrt((double)rvar[ch] + eps);
+  }
+}
+
+template <class T>
+__global__ void running_update_k(T *running, const double *values, int64_t stride, double scale,
+                                 double momentum, int64_t c) {
+  GRID_LOOP(i, c) {
+    running[i] = (T)((1 - momentum) * (double)running[i] + momentum * scale * values[i * stride]);
+  }
+}
+
+template <class T>
+__global__ void bn_apply_k(const T *x, const T *w, const T *b, const double *stats, T *y, int64_t n,
+                           int64_t c, int64_t l) {
+  GRID_LOOP(k, n * c * l) {
+    int64_t ch = (k / l) % c;
+    T scale = (T)stats[2 * ch + 1] * (w ? w[ch] : (T)1);
+    T shift = (b ? b[ch] : (T)0) - (T)stats[2 * ch] * scale;
+    y[k] = x[k] * scale + shift;
+  }
+}
+
+template <class T>
+__global__ void bn_bwd_k(const T *x, const T *w, const T *dy, const double *stats, bool training,
+                         T *dx, T *dw, T *db, int64_t n, int64_t c, int64_t l) {
+  int64_t cnt = n * l;
+  for (int64_t ch = blockIdx.x; ch < c; ch += gridDim.x) {
+    double mean = stats[2 * ch], rstd = stats[2 * ch + 1], wc = w ? (double)w[ch] : 1.0;
+    double s_dy = 0, s_dy_xhat = 0;
+    for (int64_t k = threadIdx.x; k < cnt; k += blockDim.x) {
+      int64_t q = ((k / l) * c + ch) * l + k % l;
+      s_dy += (double)dy[q];
+      s_dy_xhat += (double)dy[q] * ((double)x[q] - mean) * rstd;
+    }
+    s_dy = block_sum(s_dy);
+    s_dy_xhat = block_sum(s_dy_xhat);
+    if (threadIdx.x == 0) {
+      if (dw) dw[ch] = (T)s_dy_xhat;
+      if (db) db[ch] = (T)s_dy;
+    }
+    if (!dx) continue;
+    double m1 = training ? wc * s_dy / (double)cnt : 0,
+           m2 = training ? wc * s_dy_xhat / (double)cnt : 0;
+    for (int64_t k = threadIdx.x; k < cnt; k += blockDim.x) {
+      int64_t q = ((k / l) * c + ch) * l + k % l;
+      double xhat = ((double)x[q] - mean) * rstd;
+      dx[q] = (T)(rstd * (wc * (double)dy[q] - m1 - xhat * m2));
+    }
+  }
+}
+
+template <class T>
+tck_status bn_stats_t(tck_stream s, const void *x, double *stats, double *var, int64_t n, int64_t c,
+                      int64_t l, double eps) {
+  bn_stats_k<T><<<groups_for(c), kThreads, 0, stream_of(s)>>>(static_cast<const T *>(x), stats, var,
+                                                              n, c, l, eps);
+  return launched();
+}
+
+template <class T>
+tck_status bn_stats_running_t(tck_stream s, const void *rmean, const void *rvar, double *stats,
+                              int64_t c, double eps) {
+  bn_stats_running_k<T><<<blocks_for(c), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(rmean), static_cast<const T *>(rvar), stats, c, eps);
+  return launched();
+}
+
+template <class T>
+tck_status running_update_t(tck_stream s, void *running, const double *values, int64_t stride,
+                            double scale, double momentum, int64_t c) {
+  running_update_k<T><<<blocks_for(c), kThreads, 0, stream_of(s)>>>(
+      static_cast<T *>(running), values, stride, scale, momentum, c);
+  return launched();
+}
+
+template <class T>
+tck_status bn_apply_t(tck_stream s, const void *x, const void *w, const void *b,
+                      const double *stats, void *y, int64_t n, int64_t c, int64_t l) {
+  bn_apply_k<T><<<blocks_for(n * c * l), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(x), static_cast<const T *>(w), static_cast<const T *>(b), stats,
+      static_cast<T *>(y), n, c, l);
+  return launched();
+}
+
+template <class T>
+tck_status bn_bwd_t(tck_stream s, const void *x, const void *w, const void *dy, const double *stats,
+                    bool training, void *dx, void *dw, void *db, int64_t n, int64_t c, int64_t l) {
+  bn_bwd_k<T><<<groups_for(c), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(x), static_cast<const T *>(w), static_cast<const T *>(dy), stats,
+      training, static_cast<T *>(dx), static_cast<T *>(dw), static_cast<T *>(db), n, c, l);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- convolution */
+
+/* col row (c, kh, kw), column (n, oh, ow) = x[n, c, oh*stride - pad + kh, ...] or 0. */
+template <class T> __global__ void im2col_k(const T *x, T *col, tck_conv_geom g) {
+  int64_t p = g.oh * g.ow, cols = g.n * p, total = g.c * g.kh * g.kw * cols;
+  GRID_LOOP(k, total) {
+    int64_t row = k / cols, colm = k % cols;
+    int64_t c = row / (g.kh * g.kw), kh = row / g.kw % g.kh, kw = row % g.kw;
+    int64_t n = colm / p, oh = colm % p / g.ow, ow = colm % g.ow;
+    int64_t ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
+    bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
+    col[k] = inside ? x[((n * g.c + c) * g.h + ih) * g.w + iw] : (T)0;
+  }
+}
+
+/* Gather form of col2im: each input pixel sums the columns that read it (no atomics, so
+ * the order is fixed). */
+template <class T> __global__ void col2im_k(const T *col, T *dx, tck_conv_geom g) {
+  int64_t p = g.oh * g.ow, cols = g.n * p, total = g.n * g.c * g.h * g.w;
+  GRID_LOOP(k, total) {
+    int64_t iw = k % g.w, ih = k / g.w % g.h, c = k / (g.w * g.h) % g.c, n = k / (g.w * g.h * g.c);
+    T acc = 0;
+    for (int64_t kh = 0; kh < g.kh; kh++) {
+      int64_t oh_s = ih + g.pad - kh;
+      if (oh_s < 0 || oh_s % g.stride || oh_s / g.stride >= g.oh) continue;
+      for (int64_t kw = 0; kw < g.kw; kw++) {
+        int64_t ow_s = iw + g.pad - kw;
+        if (ow_s < 0 || ow_s % g.stride || ow_s / g.stride >= g.ow) continue;
+        int64_t row = (c * g.kh + kh) * g.kw + kw;
+        acc += col[row * cols + n * p + (oh_s / g.stride) * g.ow + ow_s / g.stride];
+      }
+    }
+    dx[k] = acc;
+  }
+}
+
+template <class T>
+__global__ void to_nop_k(const T *yo, const T *b, T *y, int64_t n, int64_t o, int64_t p) {
+  GRID_LOOP(k, n * o * p) {
+    int64_t j = k % p, oc = k / p % o, img = k / (p * o);
+    y[k] = yo[(oc * n + img) * p + j] + (b ? b[oc] : (T)0);
+  }
+}
+
+template <class T>
+__global__ void from_nop_k(const T *dy, T *dyo, int64_t n, int64_t o, int64_t p) {
+  GRID_LOOP(k, n * o * p) {
+    int64_t j = k % p, img = k / p % n, oc = k / (p * n);
+    dyo[k] = dy[(img * o + oc) * p + j];
+  }
+}
+
+template <class T>
+tck_status im2col_t(tck_stream s, const void *x, void *col, const tck_conv_geom *g) {
+  int64_t total = g->c * g->kh * g->kw * g->n * g->oh * g->ow;
+  if (total == 0) return nullptr;
+  im2col_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(static_cast<const T *>(x),
+                                                                static_cast<T *>(col), *g);
+  return launched();
+}
+
+template <class T>
+tck_status col2im_t(tck_stream s, const void *col, void *dx, const tck_conv_geom *g) {
+  int64_t total = g->n * g->c * g->h * g->w;
+  if (total == 0) return nullptr;
+  col2im_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(static_cast<const T *>(col),
+                                                                static_cast<T *>(dx), *g);
+  return launched();
+}
+
+template <class T>
+tck_status to_nop_t(tck_stream s, const void *yo, const void *b, void *y, int64_t n, int64_t o,
+                    int64_t p) {
+  to_nop_k<T><<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(yo), static_cast<const T *>(b), static_cast<T *>(y), n, o, p);
+  return launched();
+}
+
+template <class T>
+tck_status from_nop_t(tck_stream s, const void *dy, void *dyo, int64_t n, int64_t o, int64_t p) {
+  from_nop_k<T><<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(dy), static_cast<T *>(dyo), n, o, p);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- pooling */
+
+/* One thread per output; ties go to the first in row-major window order (as the CPU). */
+template <class T>
+__global__ void pool_fwd_k(const T *x, T *y, int32_t *argmax, tck_conv_geom g, bool is_max) {
+  int64_t per = g.oh * g.ow;
+  GRID_LOOP(k, g.n * g.c * per) {
+    int64_t plane = k / per, oh = k % per / g.ow, ow = k % g.ow;
+    const T *src = x + plane * g.h * g.w;
+    int64_t best = (oh * g.stride) * g.w + ow * g.stride;
+    T acc = is_max ? src[best] : (T)0;
+    for (int64_t kh = 0; kh < g.kh; kh++)
+      for (int64_t kw = 0; kw < g.kw; kw++) {
+        int64_t idx = (oh * g.stride + kh) * g.w + ow * g.stride + kw;
+        if (!is_max) {
+          acc += src[idx];
+        } else if (src[idx] > acc) {
+          acc = src[idx];
+          best = idx;
+        }
+      }
+    y[k] = is_max ? acc : acc / (T)(g.kh * g.kw);
+    if (is_max) argmax[k] = (int32_t)best;
+  }
+}
+
+/* Gather form: each input pixel sums the outputs whose window covers it. */
+template <class T>
+__global__ void pool_bwd_k(const T *dy, T *dx, const int32_t *argmax, tck_conv_geom g,
+                           bool is_max) {
+  int64_t per = g.oh * g.ow, hw = g.h * g.w;
+  T inv = 1 / (T)(g.kh * g.kw);
+  GRID_LOOP(k, g.n * g.c * hw) {
+    int64_t plane = k / hw, idx = k % hw, ih = idx / g.w, iw = idx % g.w;
+    int64_t oh_lo = ih - g.kh + 1 > 0 ? (ih - g.kh + 1 + g.stride - 1) / g.stride : 0;
+    int64_t ow_lo = iw - g.kw + 1 > 0 ? (iw - g.kw + 1 + g.stride - 1) / g.stride : 0;
+    int64_t oh_hi = ih / g.stride < g.oh - 1 ? ih / g.stride : g.oh - 1;
+    int64_t ow_hi = iw / g.stride < g.ow - 1 ? iw / g.stride : g.ow - 1;
+    T acc = 0;
+    for (int64_t oh = oh_lo; oh <= oh_hi; oh++)
+      for (int64_t ow = ow_lo; ow <= ow_hi; ow++) {
+        int64_t o = plane * per + oh * g.ow + ow;
+        if (!is_max)
+          acc += dy[o] * inv;
+        else if (argmax[o] == idx)
+          acc += dy[o];
+      }
+    dx[k] = acc;
+  }
+}
+
+template <class T>
+tck_status pool_fwd_t(tck_stream s, const void *x, void *y, int32_t *argmax, const tck_conv_geom *g,
+                      bool is_max) {
+  int64_t total = g->n * g->c * g->oh * g->ow;
+  if (total == 0) return nullptr;
+  pool_fwd_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(x), static_cast<T *>(y), argmax, *g, is_max);
+  return launched();
+}
+
+template <class T>
+tck_status pool_bwd_t(tck_stream s, const void *dy, void *dx, const int32_t *argmax,
+                      const tck_conv_geom *g, bool is_max) {
+  int64_t total = g->n * g->c * g->h * g->w;
+  if (total == 0) return nullptr;
+  pool_bwd_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(dy), static_cast<T *>(dx), argmax, *g, is_max);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+template <class T>
+__global__ void embedding_fwd_k(const T *w, const int32_t *ids, T *out, int64_t n, int64_t d) {
+  GRID_LOOP(k, n * d) out[k] = w[(int64_t)ids[k / d] * d + k % d];
+}
+
+/* One thread per column: rows are summed in id order (deterministic, no atomics). */
+template <class T>
+__global__ void embedding_bwd_k(const T *dy, const int32_t *ids, T *dw, int64_t n, int64_t d) {
+  GRID_LOOP(j, d) {
+    for (int64_t i = 0; i < n; i++) dw[(int64_t)ids[i] * d + j] += dy[i * d + j];
+  }
+}
+
+template <class T>
+tck_status embedding_fwd_t(tck_stream s, const void *w, const int32_t *ids, void *out, int64_t n,
+                           int64_t d) {
+  embedding_fwd_k<T><<<blocks_for(n * d), kThreads, 0, stream_of(s)>>>(
+      static_cast<const T *>(w), ids, static_cast<T *>(out), n, d);
+  return launched();
+}
+
+template <class T>
+tck_status embedding_bwd_t(tck_stream s, const void *dy, const int32_t *ids, void *dw, int64_t n,
+                           int64_t v, int64_t d) {
+  cudaError_t e = cudaMemsetAsync(dw, 0, sizeof(T) * (size_t)(v * d), stream_of(s));
+  if (e != cudaSuccess) return cudaGetErrorString(e);
+  if (n == 0) return nullptr;
+  embedding_bwd_k<T><<<blocks_for(d), kThreads, 0, stream_of(s)>>>(static_cast<const T *>(dy), ids,
+                                                                   static_cast<T *>(dw), n, d);
+  return launched();
+}
+
+/* ---------------------------------------------------------------- optimisers */
+
+template <class T>
+__global__ void sgd_k(T *p, const T *grad, T *buf, int64_t n, T lr, T mo, T wd, T from_g,
+                      T from_buf) {
+  GRID_LOOP(i, n) {
+    T g = grad[i] + wd * p[i];
+    if (!buf) {
+      p[i] -= lr * g;
+      continue;
+    }
+    T b = mo * buf[i] + g;
+    buf[i] = b;
+    p[i] -= lr * (from_g * g + from_buf * b);
+  }
+}
+
+template <class T>
+__global__ void adam_k(T *p, const T *grad, T *m, T *v, int64_t n, T b1, T b2, T eps, T step,
+                       T inv_sqrt_bc2, T decay, T coupled) {
+  GRID_LOOP(i, n) {
+    T g = grad[i] + coupled * p[i];
+    p[i] *= decay;
+    m[i] = b1 * m[i] + (1 - b1) * g;
+    v[i] = b2 * v[i] + (1 - b2) * g * g;
+    p[i] -= step * m[i] / (sqrt(v[i]) * inv_sqrt_bc2 + eps);
+  }
+}
+
+template <class T>
+tck_status sgd_t(tck_stream s, void *p, const void *g, void *buf, int64_t n, double lr,
+                 double momentum, double wd, bool nesterov) {
+  sgd_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+      static_cast<T *>(p), static_cast<const T *>(g), static_cast<T *>(buf), n, (T)lr, (T)momentum,
+      (T)wd, nesterov ? (T)1 : (T)0, nesterov ? (T)momentum : (T)1);
+  return launched();
+}
+
+template <class T>
+tck_status adam_t(tck_stream s, void *p, const void *g, void *m, void *v, int64_t n, double lr,
+                  double b1, double b2, double eps, double wd, bool decoupled, double bc1,
+                  double bc2) {
+  adam_k<T><<<blocks_for(n), kThreads, 0, stream_of(s)>>>(
+      static_cast<T *>(p), static_cast<const T *>(g), static_cast<T *>(m), static_cast<T *>(v), n,
+      (T)b1, (T)b2, (T)eps, (T)(lr / bc1), (T)(1.0 / sqrt(bc2)),
+      decoupled ? (T)(1 - lr * wd) : (T)1, decoupled ? (T)0 : (T)wd);
+  return launched();
+}
+
+bool is_contiguous(const tck_layout *l) {
+  int64_t expect = 1;
+  for (int d = l->ndim - 1; d >= 0; d--) {
+    if (l->shape[d] != 1 && l->strides[d] != expect) return false;
+    expect *= l->shape[d];
+  }
+  return true;
+}
+
+size_t dtype_size(int dtype) { return dtype == TCK_F64 ? 8 : dtype == TCK_BF16 ? 2 : 4; }
+
+} // namespace
+
+/* ---------------------------------------------------------------- the C interface */
+
+/* Every launcher: make the device current, launch nothing for empty work, then dispatch. */
+#define BEGIN(s, n)                                                                                \
+  do {                                                                                             \
+    if ((n) <= 0) return nullptr;                                                                  \
+    if (tck_status st_ = begin(s)) return st_;                                                     \
+  } while (0)
+
+extern "C" tck_status tck_copy(tck_stream s, int sd, const void *src, const tck_layout *sl, int dd,
+                               void *dst, const tck_layout *dl, int64_t n) {
+  BEGIN(s, n);
+  if (sd == dd && is_contiguous(sl) && is_contiguous(dl)) {
+    cudaError_t e = cudaMemcpyAsync(dst, src, (size_t)n * dtype_size(sd), cudaMemcpyDeviceToDevice,
+                                    stream_of(s));
+    return e == cudaSuccess ? nullptr : cudaGetErrorString(e);
+  }
+  switch (sd) {
+  case TCK_F32: return copy_to<float>(s, src, sl, dd, dst, dl, n);
+  case TCK_F64: return copy_to<double>(s, src, sl, dd, dst, dl, n);
+  case TCK_BF16: return copy_to<__nv_bfloat16>(s, src, sl, dd, dst, dl, n);
+  }
+  return "copy: unknown source dtype";
+}
+
+extern "C" tck_status tck_fill(tck_stream s, int dtype, void *x, const tck_layout *xl, int64_t n,
+                               double value) {
+  BEGIN(s, n);
+  tck_layout l = flat_layout(xl, n);
+  if (dtype == TCK_F32) return fill_t<float>(s, x, l, n, (float)value);
+  if (dtype == TCK_F64) return fill_t<double>(s, x, l, n, value);
+  return fill_t<__nv_bfloat16>(s, x, l, n, __float2bfloat16((float)value));
+}
+
+extern "C" tck_status tck_axpy(tck_stream s, int dtype, int64_t n, double alpha, const void *x,
+                               const tck_layout *xl, void *y, const tck_layout *yl) {
+  BEGIN(s, n);
+  return FD(dtype, axpy_t, s, n, alpha, x, xl, y, yl);
+}
+
+extern "C" tck_status tck_sumsq(tck_stream s, int dtype, const void *x, int64_t n, double *out) {
+  if (tck_status st = begin(s)) return st;
+  return FD(dtype, sumsq_t, s, x, n, out); /* n == 0 still writes the 0 */
+}
+
+extern "C" tck_status tck_unary_fwd(tck_stream s, int dtype, int op, const void *x, void *y,
+                                    int64_t n, double sc) {
+  BEGIN(s, n);
+  return FD(dtype, unary_fwd_t, s, op, x, y, n, sc);
+}
+
+extern "C" tck_status tck_unary_bwd(tck_stream s, int dtype, int op, const void *saved,
+                                    const void *dy, void *dx, int64_t n, double sc) {
+  BEGIN(s, n);
+  return FD(dtype, unary_bwd_t, s, op, saved, dy, dx, n, sc);
+}
+
+extern "C" tck_status tck_binary(tck_stream s, int dtype, int op, const void *a,
+                                 const tck_layout *al, const void *b, const tck_layout *bl,
+                                 void *out, const tck_layout *ol) {
+  int64_t n = 1;
+  for (int d = 0; d < ol->ndim; d++) n *= ol->shape[d];
+  BEGIN(s, n);
+  return FD(dtype, binary_t, s, op, a, al, b, bl, out, n);
+}
+
+extern "C" tck_status tck_sum_axis(tck_stream s, int dtype, const void *x, void *out, int64_t outer,
+                                   int64_t n, int64_t inner, double scale) {
+  BEGIN(s, outer * inner);
+  return FD(dtype, sum_axis_t, s, x, out, outer, n, inner, scale);
+}
+
+extern "C" tck_status tck_softmax_fwd(tck_stream s, int dtype, const void *x, void *y,
+                                      int64_t outer, int64_t n, int64_t inner, bool log_out) {
+  BEGIN(s, outer * inner * n);
+  return FD(dtype, softmax_fwd_t, s, x, y, outer, n, inner, log_out);
+}
+
+extern "C" tck_status tck_softmax_bwd(tck_stream s, int dtype, const void *y, const void *dy,
+                                      void *dx, int64_t outer, int64_t n, int64_t inner,
+                                      bool log_out) {
+  BEGIN(s, outer * inner * n);
+  return FD(dtype, softmax_bwd_t, s, y, dy, dx, outer, n, inner, log_out);
+}
+
+extern "C" tck_status tck_cross_entropy_fwd(tck_stream s, int dtype, const void *logits,
+                                            const int32_t *labels, void *probs, void *loss_rows,
+                                            int64_t rows, int64_t classes) {
+  BEGIN(s, rows * classes);
+  return FD(dtype, ce_fwd_t, s, logits, labels, probs, loss_rows, rows, classes);
+}
+
+extern "C" tck_status tck_cross_entropy_bwd(tck_stream s, int dtype, const void *probs,
+                                            const int32_t *labels, const void *dloss, void *dx,
+                                            int64_t rows, int64_t classes) {
+  BEGIN(s, rows * classes);
+  return FD(dtype, ce_bwd_t, s, probs, labels, dloss, dx, rows, classes);
+}
+
+extern "C" tck_status tck_layer_norm_fwd(tck_stream s, int dtype, const void *x, const void *w,
+                                         const void *b, void *y, double *stats, int64_t rows,
+                                         int64_t d, double eps) {
+  BEGIN(s, rows * d);
+  return FD(dtype, ln_fwd_t, s, x, w, b, y, stats, rows, d, eps);
+}
+
+extern "C" tck_status tck_layer_norm_bwd(tck_stream s, int dtype, const void *x, const void *w,
+                                         const void *dy, const double *stats, void *dx, void *dw,
+                                         void *db, int64_t rows, int64_t d) {
+  BEGIN(s, rows * d);
+  return FD(dtype, ln_bwd_t, s, x, w, dy, stats, dx, dw, db, rows, d);
+}
+
+extern "C" tck_status tck_batch_norm_stats(tck_stream s, int dtype, const void *x, double *stats,
+                                           double *var, int64_t n, int64_t c, int64_t l,
+                                           double eps) {
+  BEGIN(s, n * c * l);
+  return FD(dtype, bn_stats_t, s, x, stats, var, n, c, l, eps);
+}
+
+extern "C" tck_status tck_batch_norm_stats_running(tck_stream s, int dtype, const void *rmean,
+                                                   const void *rvar, double *stats, int64_t c,
+                                                   double eps) {
+  BEGIN(s, c);
+  return FD(dtype, bn_stats_running_t, s, rmean, rvar, stats, c, eps);
+}
+
+extern "C" tck_status tck_running_update(tck_stream s, int dtype, void *running,
+                                         const double *values, int64_t stride, double scale,
+                                         double momentum, int64_t c) {
+  BEGIN(s, c);
+  return FD(dtype, running_update_t, s, running, values, stride, scale, momentum, c);
+}
+
+extern "C" tck_status tck_batch_norm_apply(tck_stream s, int dtype, const void *x, const void *w,
+                                           const void *b, const double *stats, void *y, int64_t n,
+                                           int64_t c, int64_t l) {
+  BEGIN(s, n * c * l);
+  return FD(dtype, bn_apply_t, s, x, w, b, stats, y, n, c, l);
+}
+
+extern "C" tck_status tck_batch_norm_bwd(tck_stream s, int dtype, const void *x, const void *w,
+                                         const void *dy, const double *stats, bool training,
+                                         void *dx, void *dw, void *db, int64_t n, int64_t c,
+                                         int64_t l) {
+  BEGIN(s, n * c * l);
+  return FD(dtype, bn_bwd_t, s, x, w, dy, stats, training, dx, dw, db, n, c, l);
+}
+
+extern "C" tck_status tck_im2col(tck_stream s, int dtype, const void *x, void *col,
+                                 const tck_conv_geom *g) {
+  BEGIN(s, 1);
+  return FD(dtype, im2col_t, s, x, col, g);
+}
+
+extern "C" tck_status tck_col2im(tck_stream s, int dtype, const void *dcol, void *dx,
+                                 const tck_conv_geom *g) {
+  BEGIN(s, 1);
+  return FD(dtype, col2im_t, s, dcol, dx, g);
+}
+
+extern "C" tck_status tck_conv_to_nop(tck_stream s, int dtype, const void *yo, const void *b,
+                                      void *y, int64_t n, int64_t o, int64_t p) {
+  BEGIN(s, n * o * p);
+  return FD(dtype, to_nop_t, s, yo, b, y, n, o, p);
+}
+
+extern "C" tck_status tck_conv_from_nop(tck_stream s, int dtype, const void *dy, void *dyo,
+                                        int64_t n, int64_t o, int64_t p) {
+  BEGIN(s, n * o * p);
+  return FD(dtype, from_nop_t, s, dy, dyo, n, o, p);
+}
+
+extern "C" tck_status tck_pool_fwd(tck_stream s, int dtype, const void *x, void *y, int32_t *argmax,
+                                   const tck_conv_geom *g, bool is_max) {
+  BEGIN(s, 1);
+  if (is_max && !argmax) return "max pool: no argmax buffer";
+  return FD(dtype, pool_fwd_t, s, x, y, argmax, g, is_max);
+}
+
+extern "C" tck_status tck_pool_bwd(tck_stream s, int dtype, const void *dy, void *dx,
+                                   const int32_t *argmax, const tck_conv_geom *g, bool is_max) {
+  BEGIN(s, 1);
+  if (is_max && !argmax) return "max pool: no argmax buffer";
+  return FD(dtype, pool_bwd_t, s, dy, dx, argmax, g, is_max);
+}
+
+extern "C" tck_status tck_embedding_fwd(tck_stream s, int dtype, const void *w, const int32_t *ids,
+                                        void *out, int64_t n, int64_t d) {
+  BEGIN(s, n * d);
+  return FD(dtype, embedding_fwd_t, s, w, ids, out, n, d);
+}
+
+extern "C" tck_status tck_embedding_bwd(tck_stream s, int dtype, const void *dy, const int32_t *ids,
+                                        void *dw, int64_t n, int64_t v, int64_t d) {
+  BEGIN(s, v * d);
+  return FD(dtype, embedding_bwd_t, s, dy, ids, dw, n, v, d);
+}
+
+extern "C" tck_status tck_sgd_update(tck_stream s, int dtype, void *p, const void *g, void *buf,
+                                     int64_t n, double lr, double momentum, double wd,
+                                     bool nesterov) {
+  BEGIN(s, n);
+  return FD(dtype, sgd_t, s, p, g, buf, n, lr, momentum, wd, nesterov);
+}
+
+extern "C" tck_status tck_adam_update(tck_stream s, int dtype, void *p, const void *g, void *m,
+                                      void *v, int64_t n, double lr, double b1, double b2,
+                                      double eps, double wd, bool decoupled, double bc1,
+                                      double bc2) {
+  BEGIN(s, n);
+  return FD(dtype, adam_t, s, p, g, m, v, n, lr, b1, b2, eps, wd, decoupled, bc1, bc2);
+}

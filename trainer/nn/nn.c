@@ -1,0 +1,574 @@
+/* nn: modules (Linear, Conv2d, BatchNorm, LayerNorm, activations, Dropout, pools, Flatten,
+ * Sequential), their initialisation, parameter iteration, flat parameter buffers, and the
+ * weights file.
+ *
+ * A module owns its parameters and buffers (float32 tensors); Sequential owns its children.
+ * The kinds are a closed set, so forward is a switch rather than a vtable. Parameter names
+ * follow torch's state_dict ("0.weight", "2.running_mean"), so a reader can match them.
+ *
+ * Weights file, version 1 (all integers little-endian):
+ *   "NASW"  u32 version  u32 count
+ *   count x { u32 name_len, name, u8 dtype (0 f32, 1 f64), u8 ndim, i64 shape[ndim], data }
+ *   u32 CRC-32 (zlib's) of every byte before it. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <zlib.h>
+
+#include "trainer/fast/infer.h"
+#include "trainer/core/internal.h"
+
+struct tr_module {
+  tr_module_kind kind;
+  bool training;
+  tr_tensor *weight, *bias;              /* owned parameters, NULL when absent */
+  tr_tensor *running_mean, *running_var; /* owned buffers (batch norm) */
+  int kernel, stride, padding;           /* conv, pools */
+  double p, eps, momentum;               /* dropout; norms */
+  tr_module **children;                  /* owned (sequential) */
+  size_t n_children, cap_children;
+};
+
+/* ---------------------------------------------------------------- construction */
+
+static tr_module *module_new(tr_ctx *ctx, tr_module_kind kind) {
+  tr_module *m = calloc(1, sizeof *m);
+  if (!m) {
+    tr_fail(ctx, "nn: out of memory");
+    return NULL;
+  }
+  m->kind = kind;
+  m->training = true;
+  return m;
+}
+
+/* torch's default: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) for weight and bias (Kaiming-uniform
+ * with a = sqrt 5 works out to this bound). */
+static tr_module *with_weights(tr_ctx *ctx, tr_module *m, int ndim, const int64_t *wshape,
+                               int64_t fan_in, bool bias) {
+  double bound = 1.0 / sqrt((double)(fan_in ? fan_in : 1));
+  m->weight = tr_rand(ctx, TR_F32, ndim, wshape, -bound, bound);
+  if (bias) m->bias = tr_rand(ctx, TR_F32, 1, wshape, -bound, bound);
+  if (!m->weight || (bias && !m->bias)) {
+    tr_module_free(m);
+    return NULL;
+  }
+  tr_set_requires_grad(m->weight, true);
+  if (m->bias) tr_set_requires_grad(m->bias, true);
+  return m;
+}
+
+tr_module *tr_linear_new(tr_ctx *ctx, int64_t in, int64_t out, bool bias) {
+  tr_module *m = module_new(ctx, TR_LINEAR);
+  return m ? with_weights(ctx, m, 2, (int64_t[]){out, in}, in, bias) : NULL;
+}
+
+tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel, int stride,
+                         int padding, bool bias) {
+  tr_module *m = module_new(ctx, TR_CONV2D);
+  if (!m) return NULL;
+  m->kernel = kernel;
+  m->stride = stride;
+  m->padding = padding;
+  return with_weights(ctx, m, 4, (int64_t[]){out_ch, in_ch, kernel, kernel},
+                      in_ch * kernel * kernel, bias);
+}
+
+/* weight 1, bias 0; batch norm adds running mean 0 and variance 1. */
+static tr_module *norm_new(tr_ctx *ctx, tr_module_kind kind, int64_t features) {
+  tr_module *m = module_new(ctx, kind);
+  if (!m) return NULL;
+  m->eps = 1e-5;
+  m->momentum = 0.1;
+  int64_t shape[1] = {features};
+  m->weight = tr_full(ctx, TR_F32, 1, shape, 1.0);
+  m->bias = tr_zeros(ctx, TR_F32, 1, shape);
+  if (kind == TR_BATCHNORM) {
+    m->running_mean = tr_zeros(ctx, TR_F32, 1, shape);
+    m->running_var = tr_full(ctx, TR_F32, 1, shape, 1.0);
+  }
+  if (!m->weight || !m->bias || (kind == TR_BATCHNORM && (!m->running_mean || !m->running_var))) {
+    tr_module_free(m);
+    return NULL;
+  }
+  tr_set_requires_grad(m->weight, true);
+  tr_set_requires_grad(m->bias, true);
+  return m;
+}
+
+tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features) {
+  return norm_new(ctx, TR_BATCHNORM, features);
+}
+tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features) {
+  return norm_new(ctx, TR_LAYERNORM, features);
+}
+
+tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind) {
+  if (kind != TR_RELU && kind != TR_GELU && kind != TR_TANH && kind != TR_SIGMOID &&
+      kind != TR_FLATTEN) {
+    tr_fail(ctx, "nn: module kind %d is not a parameterless activation", (int)kind);
+    return NULL;
+  }
+  return module_new(ctx, kind);
+}
+
+tr_module *tr_dropout_new(tr_ctx *ctx, double p) {
+  tr_module *m = module_new(ctx, TR_DROPOUT);
+  if (m) m->p = p;
+  return m;
+}
+
+tr_module *tr_pool_new(tr_ctx *ctx, tr_module_kind kind, int kernel) {
+  if (kind != TR_MAXPOOL2D && kind != TR_AVGPOOL2D) {
+    tr_fail(ctx, "nn: module kind %d is not a pool", (int)kind);
+    return NULL;
+  }
+  tr_module *m = module_new(ctx, kind);
+  if (m) m->kernel = m->stride = kernel;
+  return m;
+}
+
+tr_module *tr_sequential_new(tr_ctx *ctx) { return module_new(ctx, TR_SEQUENTIAL); }
+
+int tr_sequential_add(tr_ctx *ctx, tr_module *seq, tr_module *child) {
+  if (!child) return nas_errf(&ctx->err, "sequential: no module to add");
+  if (seq->n_children == seq->cap_children) {
+    size_t ncap = seq->cap_children ? seq->cap_children * 2 : 8;
+    tr_module **grown = realloc(seq->children, ncap * sizeof *grown);
+    if (!grown) {
+      tr_module_free(child);
+      return nas_errf(&ctx->err, "sequential: out of memory");
+    }
+    seq->children = grown;
+    seq->cap_children = ncap;
+  }
+  seq->children[seq->n_children++] = child;
+  child->training = seq->training;
+  return NAS_OK;
+}
+
+void tr_module_free(tr_module *m) {
+  if (!m) return;
+  for (size_t i = 0; i < m->n_children; i++) tr_module_free(m->children[i]);
+  free(m->children);
+  tr_free(m->weight);
+  tr_free(m->bias);
+  tr_free(m->running_mean);
+  tr_free(m->running_var);
+  free(m);
+}
+
+/* ---------------------------------------------------------------- forward */
+
+/* Children i.. of seq as an MLP run for tn_mlp_infer: an optional flatten, then linear
+ * layers, each optionally followed by a ReLU. Fills layers (*n of them) and *flatten;
+ * returns how many children the run spans (0: it has no linear layer). */
+static size_t mlp_run(const tr_module *seq, size_t i, bool *flatten, tn_mlp_layer *layers,
+                      int *n) {
+  size_t at = i;
+  *flatten = at < seq->n_children && seq->children[at]->kind == TR_FLATTEN;
+  at += *flatten;
+  for (*n = 0; *n < TN_MLP_MAX_LAYERS && at < seq->n_children; (*n)++) {
+    const tr_module *lin = seq->children[at];
+    if (lin->kind != TR_LINEAR) break;
+    bool relu = at + 1 < seq->n_children && seq->children[at + 1]->kind == TR_RELU;
+    layers[*n] = (tn_mlp_layer){lin->weight, lin->bias, relu};
+    at += 1 + relu;
+  }
+  return *n ? at - i : 0;
+}
+
+/* No-grad mode: children i.. of seq as one fused inference step where infer.c has one
+ * (at batch 1, a run of [flatten] linear [ReLU] ...; conv2d, then optionally ReLU, then
+ * optionally a max pool; linear then ReLU), else child i alone. *used gets how many
+ * children ran. A fused step computes the same function. */
+static tr_tensor *inference_forward(tr_ctx *ctx, const tr_module *seq, size_t i, tr_tensor *x,
+                                    size_t *used) {
+  tr_module *const *c = seq->children + i;
+  size_t left = seq->n_children - i;
+  tn_mlp_layer layers[TN_MLP_MAX_LAYERS];
+  bool flatten;
+  int n;
+  size_t span = mlp_run(seq, i, &flatten, layers, &n);
+  if (span && tn_mlp_fits(x, flatten, layers, n)) {
+    *used = span;
+    return tn_mlp_infer(ctx, x, layers, n);
+  }
+  *used = 1;
+  if (c[0]->kind == TR_CONV2D) {
+    bool relu = left > 1 && c[1]->kind == TR_RELU;
+    size_t at = relu ? 2 : 1;
+    bool pools = left > at && c[at]->kind == TR_MAXPOOL2D && c[at]->stride == c[at]->kernel;
+    int pool = pools ? c[at]->kernel : 0;
+    if (tn_conv_block_fits(x, c[0]->weight, c[0]->bias, c[0]->stride, c[0]->padding, pool)) {
+      *used = at + (pool > 0);
+      return tn_conv_block_infer(ctx, x, c[0]->weight, c[0]->bias, c[0]->padding, relu, pool);
+    }
+  }
+  if (c[0]->kind == TR_LINEAR && left > 1 && c[1]->kind == TR_RELU &&
+      tn_linear_relu_fits(x, c[0]->weight)) {
+    *used = 2;
+    return tn_linear_relu_infer(ctx, x, c[0]->weight, c[0]->bias);
+  }
+  return tr_module_forward(ctx, c[0], x);
+}
+
+/* Grad mode: children i.. of seq as one fused MLP op where it fits (mlp_train.c), else
+ * child i alone; *used gets how many children ran. */
+static tr_tensor *training_forward(tr_ctx *ctx, const tr_module *seq, size_t i, tr_tensor *x,
+                                   size_t *used) {
+  tn_mlp_layer layers[TN_MLP_MAX_LAYERS];
+  bool flatten;
+  int n;
+  size_t span = mlp_run(seq, i, &flatten, layers, &n);
+  if (span && tn_mlp_train_fits(ctx, x, flatten, layers, n)) {
+    *used = span;
+    return tn_mlp_train(ctx, x, layers, n);
+  }
+  *used = 1;
+  return tr_module_forward(ctx, seq->children[i], x);
+}
+
+static tr_tensor *sequential_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  tr_tensor *cur = tr_retain(x);
+  for (size_t i = 0, used = 1; i < m->n_children && cur; i += used) {
+    tr_tensor *next = ctx->grad_enabled ? training_forward(ctx, m, i, cur, &used)
+                                        : inference_forward(ctx, m, i, cur, &used);
+    tr_free(cur);
+    cur = next;
+  }
+  return cur;
+}
+
+static tr_tensor *flatten_forward(tr_ctx *ctx, tr_tensor *x) {
+  int64_t shape[2] = {x->ndim ? x->shape[0] : 1, -1};
+  return tr_reshape(ctx, x, 2, shape);
+}
+
+tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  switch (m->kind) {
+  case TR_LINEAR: return tr_linear(ctx, x, m->weight, m->bias);
+  case TR_CONV2D: return tr_conv2d(ctx, x, m->weight, m->bias, m->stride, m->padding);
+  case TR_BATCHNORM:
+    return tr_batch_norm(ctx, x, m->weight, m->bias, m->running_mean, m->running_var, m->training,
+                         m->momentum, m->eps);
+  case TR_LAYERNORM: return tr_layer_norm(ctx, x, m->weight, m->bias, m->eps);
+  case TR_RELU: return tr_relu(ctx, x);
+  case TR_GELU: return tr_gelu(ctx, x);
+  case TR_TANH: return tr_tanh(ctx, x);
+  case TR_SIGMOID: return tr_sigmoid(ctx, x);
+  case TR_DROPOUT: return tr_dropout(ctx, x, m->p, m->training);
+  case TR_MAXPOOL2D: return tr_max_pool2d(ctx, x, m->kernel, m->stride);
+  case TR_AVGPOOL2D: return tr_avg_pool2d(ctx, x, m->kernel, m->stride);
+  case TR_FLATTEN: return flatten_forward(ctx, x);
+  case TR_SEQUENTIAL: return sequential_forward(ctx, m, x);
+  }
+  return tr_fail(ctx, "nn: unknown module kind %d", (int)m->kind);
+}
+
+void tr_module_train(tr_module *m, bool training) {
+  m->training = training;
+  for (size_t i = 0; i < m->n_children; i++) tr_module_train(m->children[i], training);
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+void tr_param_list_free(tr_param_list *list) {
+  for (size_t i = 0; i < list->n; i++) free(list->names[i]);
+  free(list->names);
+  free(list->items);
+  memset(list, 0, sizeof *list);
+}
+
+static int list_add(tr_param_list *list, const char *prefix, const char *name, tr_tensor *t,
+                    nas_err *err) {
+  if (!t) return NAS_OK;
+  if (list->n == list->cap) {
+    size_t ncap = list->cap ? list->cap * 2 : 16;
+    tr_tensor **items = realloc(list->items, ncap * sizeof *items);
+    if (items) list->items = items;
+    char **names = items ? realloc(list->names, ncap * sizeof *names) : NULL;
+    if (!names) return nas_errf(err, "parameters: out of memory");
+    list->names = names;
+    list->cap = ncap;
+  }
+  char *full = nas_asprintf("%s%s", prefix, name);
+  if (!full) return nas_errf(err, "parameters: out of memory");
+  list->items[list->n] = t;
+  list->names[list->n++] = full;
+  return NAS_OK;
+}
+
+static int collect(tr_module *m, bool buffers, const char *prefix, tr_param_list *list,
+                   nas_err *err) {
+  if (list_add(list, prefix, "weight", m->weight, err) ||
+      list_add(list, prefix, "bias", m->bias, err))
+    return NAS_ERR;
+  if (buffers && (list_add(list, prefix, "running_mean", m->running_mean, err) ||
+                  list_add(list, prefix, "running_var", m->running_var, err)))
+    return NAS_ERR;
+  for (size_t i = 0; i < m->n_children; i++) {
+    char *child_prefix = nas_asprintf("%s%zu.", prefix, i);
+    if (!child_prefix) return nas_errf(err, "parameters: out of memory");
+    int rc = collect(m->children[i], buffers, child_prefix, list, err);
+    free(child_prefix);
+    if (rc) return rc;
+  }
+  return NAS_OK;
+}
+
+int tr_module_parameters(tr_module *m, bool buffers, tr_param_list *list, nas_err *err) {
+  return collect(m, buffers, "", list, err);
+}
+
+int64_t tr_module_param_count(tr_module *m) {
+  int64_t n = (m->weight ? m->weight->numel : 0) + (m->bias ? m->bias->numel : 0);
+  for (size_t i = 0; i < m->n_children; i++) n += tr_module_param_count(m->children[i]);
+  return n;
+}
+
+tr_module *const *tn_module_children(const tr_module *m, size_t *n) {
+  *n = m->n_children;
+  return m->children;
+}
+
+/* ---------------------------------------------------------------- init */
+
+static void fill_normal(tr_ctx *ctx, tr_tensor *t, double std) {
+  for (int64_t i = 0; i < t->numel; i++) tr_f32(t)[i] = (float)(std * tr_rand_normal(ctx));
+}
+
+static void fill_uniform(tr_ctx *ctx, tr_tensor *t, double bound) {
+  for (int64_t i = 0; i < t->numel; i++)
+    tr_f32(t)[i] = (float)(bound * (2 * tr_rand_uniform(ctx) - 1));
+}
+
+int tr_module_init(tr_ctx *ctx, tr_module *m, tr_init_kind kind) {
+  for (size_t i = 0; i < m->n_children; i++)
+    if (tr_module_init(ctx, m->children[i], kind)) return NAS_ERR;
+  if (m->kind != TR_LINEAR && m->kind != TR_CONV2D) return NAS_OK;
+  int64_t receptive = m->kind == TR_CONV2D ? m->weight->shape[2] * m->weight->shape[3] : 1;
+  double fan_in = (double)(m->weight->shape[1] * receptive);
+  double fan_out = (double)(m->weight->shape[0] * receptive);
+  if (kind == TR_INIT_KAIMING)
+    fill_normal(ctx, m->weight, sqrt(2.0 / fan_in));
+  else
+    fill_uniform(ctx, m->weight, sqrt(6.0 / (fan_in + fan_out)));
+  m->weight->storage->version++;
+  if (m->bias) tn_fill(m->bias, 0.0);
+  return NAS_OK;
+}
+
+/* ---------------------------------------------------------------- flat buffers */
+
+/* Points t at offset off of storage s (same shape, contiguous); t's data must already be
+ * there. Everyone holding t sees the move: t is the same object. */
+static void rebase(tr_tensor *t, tr_storage *s, int64_t off) {
+  s->refs++;
+  tr_storage *old = t->storage;
+  t->storage = s;
+  t->offset = off;
+  tn_contiguous_strides(t->ndim, t->shape, t->strides);
+  tn_storage_unref(old);
+}
+
+int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor **grads) {
+  tr_param_list list = {0};
+  if (tr_module_parameters(m, false, &list, &ctx->err)) return NAS_ERR;
+  int64_t total = 0;
+  for (size_t i = 0; i < list.n; i++) total += list.items[i]->numel;
+  int64_t shape[1] = {total};
+  tr_tensor *flat = tr_empty(ctx, TR_F32, 1, shape),
+            *gflat = flat ? tr_zeros(ctx, TR_F32, 1, shape) : NULL;
+  if (!gflat) {
+    tr_free(flat);
+    tr_param_list_free(&list);
+    return NAS_ERR;
+  }
+  int64_t off = 0;
+  for (size_t i = 0; i < list.n; i++) {
+    tr_tensor *p = list.items[i];
+    tn_copy_to_contig(p, tr_f32(flat) + off);
+    if (p->grad) tn_copy_to_contig(p->grad, tr_f32(gflat) + off);
+    rebase(p, flat->storage, off);
+    tr_tensor *g = tn_alias(ctx, p);
+    if (g) rebase(g, gflat->storage, off);
+    tr_free(p->grad);
+    p->grad = g;
+    off += p->numel;
+  }
+  tr_param_list_free(&list);
+  if (params)
+    *params = flat;
+  else
+    tr_free(flat);
+  if (grads)
+    *grads = gflat;
+  else
+    tr_free(gflat);
+  return NAS_OK;
+}
+
+/* ---------------------------------------------------------------- save and load */
+
+typedef struct {
+  unsigned char *data;
+  size_t n, cap;
+} byte_buf;
+
+/* Room for n more bytes. */
+static int reserve(byte_buf *b, size_t n) {
+  if (b->n + n <= b->cap) return NAS_OK;
+  size_t ncap = (b->cap ? b->cap * 2 : 4096) + n;
+  unsigned char *grown = realloc(b->data, ncap);
+  if (!grown) return NAS_ERR;
+  b->data = grown;
+  b->cap = ncap;
+  return NAS_OK;
+}
+
+static int put(byte_buf *b, const void *src, size_t n) {
+  if (reserve(b, n)) return NAS_ERR;
+  memcpy(b->data + b->n, src, n);
+  b->n += n;
+  return NAS_OK;
+}
+
+static int put_u32(byte_buf *b, uint32_t v) {
+  unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
+                         (unsigned char)(v >> 24)};
+  return put(b, le, 4);
+}
+
+static int put_i64(byte_buf *b, int64_t v) {
+  return put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu)) ||
+         put_u32(b, (uint32_t)((uint64_t)v >> 32));
+}
+
+static bool host_is_little_endian(void) {
+  uint16_t one = 1;
+  return *(unsigned char *)&one == 1;
+}
+
+static int put_tensor(byte_buf *b, const char *name, const tr_tensor *t) {
+  unsigned char head[2] = {(unsigned char)t->dtype, (unsigned char)t->ndim};
+  if (put_u32(b, (uint32_t)strlen(name)) || put(b, name, strlen(name)) || put(b, head, 2))
+    return NAS_ERR;
+  for (int d = 0; d < t->ndim; d++)
+    if (put_i64(b, t->shape[d])) return NAS_ERR;
+  size_t nbytes = (size_t)t->numel * tr_dtype_size(t->dtype);
+  if (reserve(b, nbytes)) return NAS_ERR;
+  tn_copy_to_contig(t, b->data + b->n);
+  b->n += nbytes;
+  return NAS_OK;
+}
+
+int tr_module_save(tr_module *m, const char *path, nas_err *err) {
+  if (!host_is_little_endian())
+    return nas_errf(err, "%s: weights files are little-endian only", path);
+  tr_param_list list = {0};
+  if (tr_module_parameters(m, true, &list, err)) return NAS_ERR;
+  byte_buf b = {0};
+  int rc = put(&b, "NASW", 4) || put_u32(&b, 1) || put_u32(&b, (uint32_t)list.n);
+  for (size_t i = 0; i < list.n && !rc; i++) rc = put_tensor(&b, list.names[i], list.items[i]);
+  if (!rc) rc = put_u32(&b, (uint32_t)crc32(0L, b.data, (uInt)b.n));
+  if (rc)
+    rc = nas_errf(err, "%s: out of memory while serialising weights", path);
+  else
+    rc = nas_write_file_atomic(path, (const char *)b.data, b.n, err);
+  free(b.data);
+  tr_param_list_free(&list);
+  return rc;
+}
+
+/* A cursor over the file's bytes. */
+typedef struct {
+  const unsigned char *p;
+  size_t left;
+} reader;
+
+static bool take(reader *r, void *dst, size_t n) {
+  if (r->left < n) return false;
+  if (dst) memcpy(dst, r->p, n);
+  r->p += n;
+  r->left -= n;
+  return true;
+}
+
+static bool take_u32(reader *r, uint32_t *v) {
+  unsigned char le[4];
+  if (!take(r, le, 4)) return false;
+  *v = (uint32_t)le[0] | (uint32_t)le[1] << 8 | (uint32_t)le[2] << 16 | (uint32_t)le[3] << 24;
+  return true;
+}
+
+static bool take_i64(reader *r, int64_t *v) {
+  uint32_t lo, hi;
+  if (!take_u32(r, &lo) || !take_u32(r, &hi)) return false;
+  *v = (int64_t)((uint64_t)hi << 32 | lo);
+  return true;
+}
+
+/* Reads one record into t (whose name must be name and shape must match). */
+static int load_tensor(reader *r, const char *path, const char *name, tr_tensor *t, nas_err *err) {
+  uint32_t len;
+  unsigned char head[2];
+  char got[256];
+  if (!take_u32(r, &len) || len >= sizeof got || !take(r, got, len) || !take(r, head, 2))
+    return nas_errf(err, "%s: truncated record for %s", path, name);
+  got[len] = '\0';
+  if (strcmp(got, name) != 0)
+    return nas_errf(err, "%s: found tensor '%s' where '%s' was expected", path, got, name);
+  if (head[0] != t->dtype || head[1] != t->ndim)
+    return nas_errf(err, "%s: %s has dtype %d with %d dims, the model's has dtype %d with %d", path,
+                    name, head[0], head[1], (int)t->dtype, t->ndim);
+  for (int d = 0; d < t->ndim; d++) {
+    int64_t size;
+    if (!take_i64(r, &size)) return nas_errf(err, "%s: truncated shape of %s", path, name);
+    if (size != t->shape[d])
+      return nas_errf(err, "%s: %s has size %lld at dim %d, the model's has %lld", path, name,
+                      (long long)size, d, (long long)t->shape[d]);
+  }
+  size_t nbytes = (size_t)t->numel * tr_dtype_size(t->dtype);
+  if (r->left < nbytes) return nas_errf(err, "%s: truncated data of %s", path, name);
+  if (!tr_is_contiguous(t))
+    return nas_errf(err, "%s: %s is not contiguous in the model", path, name);
+  memcpy(tr_data(t), r->p, nbytes); /* loading writes leaves on purpose: no grad-mode check */
+  t->storage->version++;
+  take(r, NULL, nbytes);
+  return NAS_OK;
+}
+
+static int parse_weights(const unsigned char *data, size_t n, const char *path, tr_param_list *list,
+                         nas_err *err) {
+  if (n < 16 || memcmp(data, "NASW", 4) != 0)
+    return nas_errf(err, "%s: not a nas weights file", path);
+  uint32_t stored = (uint32_t)data[n - 4] | (uint32_t)data[n - 3] << 8 |
+                    (uint32_t)data[n - 2] << 16 | (uint32_t)data[n - 1] << 24;
+  if ((uint32_t)crc32(0L, data, (uInt)(n - 4)) != stored)
+    return nas_errf(err, "%s: checksum mismatch (the file is corrupt or truncated)", path);
+  reader r = {data + 4, n - 8};
+  uint32_t version, count;
+  if (!take_u32(&r, &version) || version != 1)
+    return nas_errf(err, "%s: unsupported version", path);
+  if (!take_u32(&r, &count) || count != list->n)
+    return nas_errf(err, "%s: %u tensors, the model has %zu", path, count, list->n);
+  for (size_t i = 0; i < list->n; i++)
+    if (load_tensor(&r, path, list->names[i], list->items[i], err)) return NAS_ERR;
+  if (r.left != 0) return nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r.left);
+  return NAS_OK;
+}
+
+int tr_module_load(tr_module *m, const char *path, nas_err *err) {
+  if (!host_is_little_endian())
+    return nas_errf(err, "%s: weights files are little-endian only", path);
+  char *data = NULL;
+  size_t n = 0;
+  if (nas_read_file(path, &data, &n, err)) return NAS_ERR;
+  tr_param_list list = {0};
+  int rc = tr_module_parameters(m, true, &list, err);
+  if (rc == NAS_OK) rc = parse_weights((const unsigned char *)data, n, path, &list, err);
+  tr_param_list_free(&list);
+  free(data);
+  return rc;
+}

@@ -1,0 +1,205 @@
+/* optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW; learning-rate schedules
+ * (constant, step, cosine, one-cycle); gradient clipping by global norm.
+ *
+ * The optimiser retains its parameters and keeps one state tensor per parameter and slot
+ * (momentum buffer; Adam's first and second moments), made on the first step that sees a
+ * gradient. Updates write the parameters in place and bump their version, so a graph that
+ * saved a parameter before the step cannot silently run backward after it. */
+#include <stdlib.h>
+#include <string.h>
+#include <tgmath.h>
+
+#include "trainer/core/internal.h"
+#include "trainer/cuda/cuda_ops.h"
+
+#define KERN_FILE "trainer/nn/kern_optim.h"
+#include "trainer/core/kern_both.h"
+
+struct tr_optim {
+  tr_optim_config cfg;
+  tr_tensor **params; /* owned references */
+  tr_tensor **state;  /* 2 per parameter (momentum | m, v); owned, NULL until first used */
+  size_t n;
+  int64_t steps; /* steps taken, for Adam's bias correction */
+};
+
+tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
+                       size_t n) {
+  if (cfg->lr < 0 || cfg->momentum < 0 || cfg->weight_decay < 0 ||
+      (cfg->nesterov && cfg->momentum <= 0)) {
+    tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g%s", cfg->lr, cfg->momentum,
+            cfg->weight_decay, cfg->nesterov ? " (Nesterov needs momentum > 0)" : "");
+    return NULL;
+  }
+  tr_optim *opt = calloc(1, sizeof *opt);
+  tr_tensor **ps = calloc(n ? n : 1, sizeof *ps), **st = calloc(2 * (n ? n : 1), sizeof *st);
+  if (!opt || !ps || !st) {
+    free(opt);
+    free(ps);
+    free(st);
+    tr_fail(ctx, "optim: out of memory");
+    return NULL;
+  }
+  opt->cfg = *cfg;
+  if (opt->cfg.beta1 == 0) opt->cfg.beta1 = 0.9;
+  if (opt->cfg.beta2 == 0) opt->cfg.beta2 = 0.999;
+  if (opt->cfg.eps == 0) opt->cfg.eps = 1e-8;
+  for (size_t i = 0; i < n; i++) ps[i] = tr_retain(params[i]);
+  opt->params = ps;
+  opt->state = st;
+  opt->n = n;
+  return opt;
+}
+
+void tr_optim_free(tr_optim *opt) {
+  if (!opt) return;
+  for (size_t i = 0; i < opt->n; i++) {
+    tr_free(opt->params[i]);
+    tr_free(opt->state[2 * i]);
+    tr_free(opt->state[2 * i + 1]);
+  }
+  free(opt->params);
+  free(opt->state);
+  free(opt);
+}
+
+void tr_optim_set_lr(tr_optim *opt, double lr) { opt->cfg.lr = lr; }
+
+void tr_optim_zero_grad(tr_optim *opt) {
+  for (size_t i = 0; i < opt->n; i++) {
+    tr_tensor *p = opt->params[i];
+    if (p->grad && p->grad->refs == 1 && p->grad->storage->refs == 1) {
+      /* a private grad is dropped: backward then hands over its own buffer, no zeroing
+       * and no adding (torch's set_to_none) */
+      tr_free(p->grad);
+      p->grad = NULL;
+    } else {
+      tr_zero_grad(p);
+    }
+  }
+}
+
+/* State slot k of parameter i, zeroed on creation. */
+static tr_tensor *state_of(tr_ctx *ctx, tr_optim *opt, size_t i, int k) {
+  tr_tensor **slot = &opt->state[2 * i + (size_t)k];
+  if (!*slot)
+    *slot = tr_zeros(ctx, opt->params[i]->dtype, opt->params[i]->ndim, opt->params[i]->shape);
+  return *slot;
+}
+
+/* Parameters of this many elements on are updated on the engine's pool: a hand-off costs
+ * about a microsecond, SGD with momentum of a 256x128 weight several on one thread. At
+ * TR_PAR_MIN (the OpenMP loops' bound, used here before) the MLP's 256x128 weight stayed
+ * on the caller while the worker waited (perf: the caller did 3x the worker's updates). */
+#define OPTIM_SPLIT_MIN 8192
+
+/* One parameter's update (update_part's argument): the tensors' data, state NULL where
+ * the method has none (SGD without momentum: both; SGD: v). */
+typedef struct {
+  const tr_optim_config *cfg;
+  tr_dtype dtype;
+  int64_t n;
+  char *p, *m, *v;
+  const char *g;
+  double bc1, bc2;
+} update_job;
+
+/* Elements [lo, hi) of part `part`: the kernels update element by element. */
+static void update_part(void *arg, int part, int parts) {
+  const update_job *j = arg;
+  const tr_optim_config *c = j->cfg;
+  size_t at;
+  int64_t lo, hi;
+  tn_par_range(j->n, part, parts, &lo, &hi);
+  if (hi <= lo) return;
+  at = (size_t)lo * tr_dtype_size(j->dtype);
+  if (c->kind == TR_SGD)
+    TR_DISPATCH(j->dtype, sgd_update, j->p + at, j->g + at, j->m ? j->m + at : NULL, hi - lo, c->lr,
+                c->momentum, c->weight_decay, c->nesterov);
+  else
+    TR_DISPATCH(j->dtype, adam_update, j->p + at, j->g + at, j->m + at, j->v + at, hi - lo, c->lr,
+                c->beta1, c->beta2, c->eps, c->weight_decay, c->kind == TR_ADAMW, j->bc1, j->bc2);
+}
+
+static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double bc2) {
+  const tr_optim_config *c = &opt->cfg;
+  tr_tensor *p = opt->params[i], *g = p->grad;
+  if (tn_on_cuda(p) || tn_on_cuda(g))
+    return tc_optim_update(ctx, c, p, &opt->state[2 * i], bc1, bc2);
+  if (!tr_is_contiguous(p) || !tr_is_contiguous(g) || g->dtype != p->dtype || g->numel != p->numel)
+    return nas_errf(&ctx->err, "optim: parameter %zu and its grad must be contiguous and alike", i);
+  bool adam = c->kind != TR_SGD, momentum = adam || c->momentum > 0;
+  tr_tensor *m = momentum ? state_of(ctx, opt, i, 0) : NULL;
+  tr_tensor *v = adam && m ? state_of(ctx, opt, i, 1) : NULL;
+  if ((momentum && !m) || (adam && !v)) return NAS_ERR;
+  update_job job = {c,          p->dtype, p->numel, tr_data(p), m ? tr_data(m) : NULL,
+                    v ? tr_data(v) : NULL, tr_data(g), bc1, bc2};
+  /* With the engine's own pool, parameters from OPTIM_SPLIT_MIN elements on are split over
+   * it (the kernels' OpenMP loops then run on one thread); without, those loops use
+   * OpenMP's threads. */
+  tn_pool_run_from(ctx, p->numel, OPTIM_SPLIT_MIN, update_part, &job);
+  p->storage->version++;
+  return NAS_OK;
+}
+
+int tr_optim_step(tr_ctx *ctx, tr_optim *opt) {
+  opt->steps++;
+  double bc1 = 1 - pow(opt->cfg.beta1, (double)opt->steps);
+  double bc2 = 1 - pow(opt->cfg.beta2, (double)opt->steps);
+  for (size_t i = 0; i < opt->n; i++)
+    if (opt->params[i]->grad && step_param(ctx, opt, i, bc1, bc2)) return NAS_ERR;
+  return NAS_OK;
+}
+
+/* from + (to - from) along half a cosine, at fraction pct in [0, 1] of the way. */
+static double cosine_between(double from, double to, double pct) {
+  return to + (from - to) * 0.5 * (1 + cos(M_PI * pct));
+}
+
+/* PyTorch's OneCycleLR with its defaults (div_factor 25, final_div_factor 1e4, cos): the
+ * rise ends at step warmup - 1, the fall at step warmup + total - 1. */
+static double one_cycle_at(const tr_lr_schedule *s, int64_t step) {
+  double start = s->base_lr / 25, end = start / 1e4;
+  int64_t rise_end = s->warmup - 1;
+  if (step <= rise_end)
+    return cosine_between(start, s->base_lr, rise_end > 0 ? (double)step / (double)rise_end : 1);
+  double pct = s->total > 0 ? (double)(step - rise_end) / (double)s->total : 1;
+  return cosine_between(s->base_lr, end, pct < 1 ? pct : 1);
+}
+
+double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
+  if (s->kind == TR_LR_ONECYCLE) return one_cycle_at(s, step);
+  if (s->warmup > 0 && step < s->warmup) return s->base_lr * (double)(step + 1) / (double)s->warmup;
+  int64_t t = step - (s->warmup > 0 ? s->warmup : 0);
+  switch (s->kind) {
+  case TR_LR_STEP:
+    return s->step_size > 0 ? s->base_lr * pow(s->gamma, (double)(t / s->step_size)) : s->base_lr;
+  case TR_LR_COSINE:
+    if (s->total <= 0 || t >= s->total) return s->min_lr;
+    return cosine_between(s->base_lr, s->min_lr, (double)t / (double)s->total);
+  case TR_LR_CONSTANT:
+  case TR_LR_ONECYCLE: break;
+  }
+  return s->base_lr;
+}
+
+double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
+  if (tn_grads_on_cuda(params, n)) return tc_clip_grad_norm(params, n, max_norm);
+  double sq = 0;
+  for (size_t i = 0; i < n; i++)
+    if (params[i]->grad) sq += tn_sumsq(params[i]->grad);
+  double norm = sqrt(sq);
+  if (norm > max_norm && norm > 0) {
+    double scale = max_norm / (norm + 1e-6); /* torch's epsilon: the result stays just below */
+    for (size_t i = 0; i < n; i++) {
+      tr_tensor *g = params[i]->grad;
+      if (!g) continue;
+      if (tr_is_contiguous(g))
+        tn_scale_contig(g, scale);
+      else
+        for (int64_t j = 0; j < g->numel; j++) tn_set(g, j, tr_get(g, j) * scale);
+      g->storage->version++;
+    }
+  }
+  return norm;
+}
