@@ -1,7 +1,8 @@
 /* runners/runner.c: the runner interface — picks a backend by type name and forwards to it.
  *
  * Invariants: a runner always holds a backend and that backend's state; the list of
- * backends is constant. Job state names are the words exit.json files and messages use. */
+ * backends runner_create chooses from is constant. Job state names are the words exit.json
+ * files and messages use. */
 #include "runners/runner.h"
 
 #include <stdlib.h>
@@ -50,13 +51,21 @@ int runner_create(const char *type, const json_t *options, runner **out, nas_err
     backend_names(known, sizeof known);
     return nas_errf(err, "unknown runner type '%s' (known: %s)", type, known);
   }
-  runner *r = calloc(1, sizeof *r);
-  if (!r) return nas_errf(err, "runner %s: out of memory", type);
-  r->backend = backend;
-  if (backend->create(options, &r->state, err) != NAS_OK) {
-    free(r);
+  void *state;
+  if (backend->create(options, &state, err) != NAS_OK)
     return nas_err_prefix(err, "runner %s", type);
+  return runner_from_backend(backend, state, out, err);
+}
+
+int runner_from_backend(const runner_backend *backend, void *state, runner **out,
+                        nas_err *err) {
+  runner *r = calloc(1, sizeof *r);
+  if (!r) {
+    backend->free(state);
+    return nas_errf(err, "runner %s: out of memory", backend->type);
   }
+  r->backend = backend;
+  r->state = state;
   *out = r;
   return NAS_OK;
 }

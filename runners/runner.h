@@ -84,4 +84,39 @@ int runner_poll(runner *r, char *const *handles, char *const *run_dirs, size_t n
 /* Asks a job to stop (TERM, then KILL after a grace period); returns at once. */
 int runner_stop(runner *r, const char *handle, const char *run_dir, nas_err *err);
 
+/* ---- backends: the table of functions a runner forwards to -------------------------------
+ * A backend is a table of functions, like Redis's dictType. The built-in ones (local.c,
+ * slurm.c) are chosen by type name in runner_create; runner_from_backend plugs in any other
+ * table, such as the scripted fake runner the scheduler's tests inject (sched_options). */
+typedef struct runner_backend {
+  const char *type; /* the name a spec uses: "local" */
+  /* Reads options (a JSON object, borrowed; NULL = defaults) into an owned *state.
+   * Unknown options are errors that name the option. Only runner_create calls it (NULL in
+   * a table only ever given to runner_from_backend). */
+  int (*create)(const json_t *options, void **state, nas_err *err);
+  void (*free)(void *state);
+  /* Same contracts as runner_start / runner_poll / runner_stop above. */
+  int (*start)(void *state, const runner_job *job, char **handle, nas_err *err);
+  /* Optional (NULL: runner_start_batch starts a batch job by job). Starts the n jobs as
+   * one unit, all or nothing; returns NAS_ENOTFOUND, having done nothing, when the
+   * backend's options do not ask for batches, and runner_start_batch then starts them one
+   * by one. */
+  int (*start_batch)(void *state, const runner_job *jobs, size_t n, char **handles,
+                     nas_err *err);
+  int (*poll)(void *state, char *const *handles, char *const *run_dirs, size_t n,
+              job_status *out, nas_err *err);
+  int (*stop)(void *state, const char *handle, const char *run_dir, nas_err *err);
+  /* Optional (NULL when the backend cannot hold a job): runner_start_held and
+   * runner_release. */
+  int (*start_held)(void *state, const runner_job *job, char **handle, nas_err *err);
+  int (*release)(void *state, const char *handle, nas_err *err);
+  /* Optional (NULL: no limit): runner_capacity. */
+  size_t (*capacity)(const void *state);
+} runner_backend;
+
+/* A runner forwarding to backend (borrowed: a table that outlives the runner) with state,
+ * which the runner owns from now on, also on failure (backend->free frees it). */
+int runner_from_backend(const runner_backend *backend, void *state, runner **out,
+                        nas_err *err);
+
 #endif

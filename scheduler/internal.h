@@ -50,7 +50,8 @@ typedef struct {
   storage *st;                /* borrowed */
   const experiment_row *exp;  /* borrowed */
   const sched_options *opt;   /* borrowed */
-  runner *rn;                 /* owned */
+  runner *rn;                 /* borrowed: opt->runner, or own_rn */
+  runner *own_rn;             /* owned: the spec's runner; NULL when opt->runner is given */
   optimizer *opt_model;       /* owned */
   char *storage_url;          /* owned: absolute, handed to trials */
   inflight *jobs;             /* owned; n_jobs in flight */

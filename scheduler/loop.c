@@ -589,7 +589,7 @@ static void sched_free(sched *sc) {
   sched_imported_free(&sc->imported);
   trial_rows_free(sc->queued, sc->n_queued);
   optimizer_free(sc->opt_model);
-  runner_free(sc->rn);
+  runner_free(sc->own_rn);
   free(sc->storage_url);
   free(sc->best_text);
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
@@ -620,8 +620,10 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   if (s->budget.max_wall_s > 0) sc->deadline = sc->started + s->budget.max_wall_s;
   sc->storage_url = storage_url_absolute(opt->storage_url);
   if (!sc->storage_url) return nas_errf(err, "out of memory");
-  if (runner_create(s->runner.type, s->runner.options, &sc->rn, err) != NAS_OK)
+  if (!opt->runner &&
+      runner_create(s->runner.type, s->runner.options, &sc->own_rn, err) != NAS_OK)
     return nas_err_prefix(err, "runner '%s'", s->runner.type);
+  sc->rn = opt->runner ? opt->runner : sc->own_rn;
   if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
     return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
   optimizer_set_watch(sc->opt_model, (optimizer_watch){.cancelled = suggestion_cancelled, .ctx = sc});

@@ -16,6 +16,7 @@
 
 #include "common/common.h"
 #include "optimizer/optimizer.h"
+#include "runners/runner.h"
 #include "spec/spec.h"
 #include "storage/storage.h"
 
@@ -31,6 +32,9 @@ typedef struct {
   FILE *progress;        /* where progress goes (stderr by default); borrowed */
   bool progress_tty;     /* rewrite one status line instead of printing log lines */
   double poll_interval;  /* seconds between polls of running trials; default 0.2 */
+  runner *runner;        /* borrowed: where trials run; NULL (what `nas run` passes) for the
+                            runner the spec names, created and freed by sched_run. The
+                            scheduler's unit tests pass a scripted fake here. */
 } sched_options;
 
 /* Runs (or continues) the experiment exp, whose spec is s, until its budget is spent or

@@ -126,8 +126,8 @@ static bool setting_range_accepts(const builtin_setting *st, double x, const cha
   bool below = st->open_high ? x < st->high : x <= st->high;
   if (above && below) return true;
   char low[32], high[32];
-  format_double(st->low, low, sizeof low);
-  format_double(st->high, high, sizeof high);
+  spec_format_double(st->low, low, sizeof low);
+  spec_format_double(st->high, high, sizeof high);
   snprintf(why, cap, "%s is outside %c%s, %s%c", text, st->open_low ? '(' : '[', low, high,
            st->open_high ? ')' : ']');
   return false;
@@ -136,7 +136,7 @@ static bool setting_range_accepts(const builtin_setting *st, double x, const cha
 /* Whether st takes value; when not, why says so. */
 static bool setting_accepts(const builtin_setting *st, const json_t *value, char *why, size_t cap) {
   char text[64], list[200];
-  describe_value(value, text, sizeof text);
+  spec_describe_value(value, text, sizeof text);
   if (st->kind == SETTING_CHOICE) {
     const char *word = json_string_value(value);
     for (const char *const *c = st->choices; word && *c; c++)
@@ -144,7 +144,7 @@ static bool setting_accepts(const builtin_setting *st, const json_t *value, char
     json_t *choices = json_array();
     for (const char *const *c = st->choices; choices && *c; c++)
       json_array_append_new(choices, json_string(*c));
-    describe_list(choices, list, sizeof list);
+    spec_describe_list(choices, list, sizeof list);
     json_decref(choices);
     snprintf(why, cap, "%s is not one of %s", text, list);
     return false;
@@ -166,25 +166,25 @@ static bool setting_accepts(const builtin_setting *st, const json_t *value, char
 
 /* An unknown key: a setting of the other model, a layer past the last, or a typo. */
 static int unknown_setting(const yaml_ctx *c, const yaml_node_t *key, const char *model) {
-  const char *name = node_scalar_text(key);
+  const char *name = spec_node_scalar_text(key);
   const builtin_setting *st = setting_find(name, FOR_BOTH);
   if (st && !(st->models & model_bit(model)))
-    return node_errf(c, key, "trial.builtin: '%s' is a setting of %s models, not of %s", name,
-                     st->models == FOR_MLP ? "mlp" : "cnn", model);
+    return spec_node_errf(c, key, "trial.builtin: '%s' is a setting of %s models, not of %s", name,
+                          st->models == FOR_MLP ? "mlp" : "cnn", model);
   for (size_t i = 0; i < N_SETTINGS; i++) {
     const builtin_setting *per = &settings[i];
     if (per->per_layer && (per->models & model_bit(model)) && layer_of(name, per->name) > 0)
-      return node_errf(c, key, "trial.builtin: '%s': %s goes from %s1 to %s%d", name, per->name,
-                       per->name, per->name, per->per_layer);
+      return spec_node_errf(c, key, "trial.builtin: '%s': %s goes from %s1 to %s%d", name,
+                            per->name, per->name, per->name, per->per_layer);
   }
   const char **names = setting_names(model_bit(model));
-  const char *guess = names ? nearest_name(name, names) : NULL;
-  int rc = guess ? node_errf(c, key, "trial.builtin: unknown setting '%s'; did you mean '%s'?",
-                             name, guess)
-                 : node_errf(c, key,
-                             "trial.builtin: unknown setting '%s' of %s models (docs/spec.md "
-                             "lists them)",
-                             name, model);
+  const char *guess = names ? spec_nearest_name(name, names) : NULL;
+  int rc = guess ? spec_node_errf(c, key, "trial.builtin: unknown setting '%s'; did you mean '%s'?",
+                                  name, guess)
+                 : spec_node_errf(c, key,
+                                  "trial.builtin: unknown setting '%s' of %s models (docs/spec.md "
+                                  "lists them)",
+                                  name, model);
   free(names);
   return rc;
 }
@@ -192,15 +192,16 @@ static int unknown_setting(const yaml_ctx *c, const yaml_node_t *key, const char
 static int parse_model(const yaml_ctx *c, const yaml_node_t *section, builtin_spec *b) {
   yaml_node_t *node;
   const char *text;
-  int rc = node_required(c, section, "trial.builtin", "model", &node);
-  if (!rc) rc = node_text(c, node, "trial.builtin.model", &text);
+  int rc = spec_node_required(c, section, "trial.builtin", "model", &node);
+  if (!rc) rc = spec_node_text(c, node, "trial.builtin.model", &text);
   if (rc) return rc;
   if (strcmp(text, "mlp") != 0 && strcmp(text, "cnn") != 0) {
-    const char *guess = nearest_name(text, models);
-    return node_errf(c, node, "trial.builtin.model: unknown model '%s'%s%s%s (mlp or cnn)", text,
-                     guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "");
+    const char *guess = spec_nearest_name(text, models);
+    return spec_node_errf(c, node, "trial.builtin.model: unknown model '%s'%s%s%s (mlp or cnn)",
+                          text, guess ? "; did you mean '" : "", guess ? guess : "",
+                          guess ? "'?" : "");
   }
-  return node_dup_text(c, node, "trial.builtin.model", &b->model);
+  return spec_node_dup_text(c, node, "trial.builtin.model", &b->model);
 }
 
 /* A known name, else a path (made absolute against dir); a bare word that is neither is
@@ -209,38 +210,38 @@ static int parse_dataset(const yaml_ctx *c, const yaml_node_t *section, const ch
                          builtin_spec *b) {
   yaml_node_t *node;
   const char *text;
-  int rc = node_required(c, section, "trial.builtin", "dataset", &node);
-  if (!rc) rc = node_text(c, node, "trial.builtin.dataset", &text);
+  int rc = spec_node_required(c, section, "trial.builtin", "dataset", &node);
+  if (!rc) rc = spec_node_text(c, node, "trial.builtin.dataset", &text);
   if (rc) return rc;
   for (const char *const *name = dataset_names; *name; name++)
     if (strcmp(text, *name) == 0)
-      return node_dup_text(c, node, "trial.builtin.dataset", &b->dataset);
+      return spec_node_dup_text(c, node, "trial.builtin.dataset", &b->dataset);
   if (!strchr(text, '/') && !strchr(text, '.')) {
-    const char *guess = nearest_name(text, dataset_names);
-    return node_errf(c, node,
-                     "trial.builtin.dataset: unknown dataset '%s'%s%s%s (digits, fashion-mnist, "
-                     "or a path: a folder of IDX files or a CSV file; write ./%s for a folder "
-                     "of that name)",
-                     text, guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "",
-                     text);
+    const char *guess = spec_nearest_name(text, dataset_names);
+    return spec_node_errf(
+        c, node,
+        "trial.builtin.dataset: unknown dataset '%s'%s%s%s (digits, fashion-mnist, "
+        "or a path: a folder of IDX files or a CSV file; write ./%s for a folder "
+        "of that name)",
+        text, guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "", text);
   }
   b->dataset = nas_abspath(text, dir);
   return b->dataset ? NAS_OK : nas_errf(c->err, "out of memory");
 }
 
 static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
-  yaml_node_t *key = node_at(c, pair->key), *value = node_at(c, pair->value);
-  const char *name = node_scalar_text(key);
+  yaml_node_t *key = spec_node_at(c, pair->key), *value = spec_node_at(c, pair->value);
+  const char *name = spec_node_scalar_text(key);
   const builtin_setting *st = setting_find(name, model_bit(b->model));
   if (!st) return unknown_setting(c, key, b->model);
   char what[FIELD_CAP], why[300];
-  field_join(what, "trial.builtin", name);
+  spec_field_join(what, "trial.builtin", name);
   json_t *json;
-  int rc = node_scalar_json(c, value, what, &json);
+  int rc = spec_node_scalar_json(c, value, what, &json);
   if (rc) return rc;
   if (!setting_accepts(st, json, why, sizeof why)) {
     json_decref(json);
-    return node_errf(c, value, "%s: %s", what, why);
+    return spec_node_errf(c, value, "%s: %s", what, why);
   }
   return json_object_set_new(b->settings, name, json) == 0 ? NAS_OK
                                                             : nas_errf(c->err, "out of memory");
@@ -249,12 +250,12 @@ static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builti
 /* The node of parameter name in the document's `parameters` mapping (for messages). */
 static yaml_node_t *param_node(const yaml_ctx *c, const char *name) {
   yaml_node_t *root = yaml_document_get_root_node(c->doc);
-  yaml_node_t *params = root ? node_optional(c, root, "parameters") : NULL;
+  yaml_node_t *params = root ? spec_node_optional(c, root, "parameters") : NULL;
   if (!params || params->type != YAML_MAPPING_NODE) return root;
   for (yaml_node_pair_t *pair = params->data.mapping.pairs.start;
        pair < params->data.mapping.pairs.top; pair++) {
-    yaml_node_t *key = node_at(c, pair->key);
-    if (strcmp(node_scalar_text(key), name) == 0) return key;
+    yaml_node_t *key = spec_node_at(c, pair->key);
+    if (strcmp(spec_node_scalar_text(key), name) == 0) return key;
   }
   return root;
 }
@@ -279,8 +280,8 @@ static bool param_fits(const param_spec *p, const builtin_setting *st, char *why
   }
   /* Both ends checked as numbers, not JSON values, so the check needs no memory. */
   char low[32], high[32];
-  format_double(p->low, low, sizeof low);
-  format_double(p->high, high, sizeof high);
+  spec_format_double(p->low, low, sizeof low);
+  spec_format_double(p->high, high, sizeof high);
   return setting_range_accepts(st, p->low, low, why, cap) &&
          setting_range_accepts(st, p->high, high, why, cap);
 }
@@ -292,27 +293,27 @@ static int check_params(const yaml_ctx *c, const spec *s) {
     const param_spec *p = &s->params[i];
     const builtin_setting *st = setting_find(p->name, model_bit(b->model));
     char what[FIELD_CAP], why[300];
-    field_join(what, "parameters", p->name);
+    spec_field_join(what, "parameters", p->name);
     yaml_node_t *at = param_node(c, p->name);
     if (!st) {
       const char **names = setting_names(model_bit(b->model));
-      const char *guess = names ? nearest_name(p->name, names) : NULL;
-      int rc = node_errf(c, at,
-                         "%s: a built-in %s trial has no setting of this name%s%s%s; its "
-                         "parameters must be settings (docs/spec.md, \"Built-in trials\")",
-                         what, b->model, guess ? "; did you mean '" : "", guess ? guess : "",
-                         guess ? "'?" : "");
+      const char *guess = names ? spec_nearest_name(p->name, names) : NULL;
+      int rc = spec_node_errf(c, at,
+                              "%s: a built-in %s trial has no setting of this name%s%s%s; its "
+                              "parameters must be settings (docs/spec.md, \"Built-in trials\")",
+                              what, b->model, guess ? "; did you mean '" : "", guess ? guess : "",
+                              guess ? "'?" : "");
       free(names);
       return rc;
     }
     if (!param_fits(p, st, why, sizeof why))
-      return node_errf(c, at, "%s: not a valid value of the built-in setting: %s", what, why);
+      return spec_node_errf(c, at, "%s: not a valid value of the built-in setting: %s", what, why);
   }
   return NAS_OK;
 }
 
-int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir, spec *s) {
-  int rc = node_expect_mapping(c, section, "trial.builtin");
+int spec_parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir, spec *s) {
+  int rc = spec_node_expect_mapping(c, section, "trial.builtin");
   if (rc) return rc;
   builtin_spec *b = calloc(1, sizeof *b);
   if (!b || !(b->settings = json_object())) {
@@ -324,13 +325,13 @@ int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir
   if (!rc) rc = parse_dataset(c, section, dir, b);
   for (yaml_node_pair_t *pair = section->data.mapping.pairs.start;
        !rc && pair < section->data.mapping.pairs.top; pair++) {
-    const char *key = node_scalar_text(node_at(c, pair->key));
+    const char *key = spec_node_scalar_text(spec_node_at(c, pair->key));
     if (strcmp(key, "model") != 0 && strcmp(key, "dataset") != 0) rc = parse_setting(c, pair, b);
   }
   return rc ? rc : check_params(c, s);
 }
 
-void builtin_spec_free(builtin_spec *b) {
+void spec_builtin_free(builtin_spec *b) {
   if (!b) return;
   free(b->model);
   free(b->dataset);
@@ -348,7 +349,8 @@ int spec_builtin_settings(const spec *s, const json_t *params, json_t **out, nas
   int rc = all ? NAS_OK : nas_errf(err, "out of memory");
   for (size_t i = 0; rc == NAS_OK && i < N_SETTINGS; i++) {
     if (!(settings[i].models & model_bit(b->model))) continue;
-    if (json_object_set_new(all, settings[i].name, scalar_json(settings[i].fallback, true)) != 0)
+    if (json_object_set_new(all, settings[i].name, spec_scalar_json(settings[i].fallback, true)) !=
+        0)
       rc = nas_errf(err, "out of memory");
   }
   if (rc == NAS_OK && json_object_update(all, b->settings) != 0)

@@ -42,12 +42,12 @@ static void write_values(FILE *out, const json_t *array) {
 
 static void write_number(FILE *out, double x) {
   char text[32];
-  format_double(x, text, sizeof text);
+  spec_format_double(x, text, sizeof text);
   fputs(text, out);
 }
 
 static void write_param(FILE *out, const spec *s, const param_spec *p) {
-  fputs(param_kind_name(p->kind), out);
+  fputs(spec_param_kind_name(p->kind), out);
   if (p->kind == PARAM_FLOAT || p->kind == PARAM_INT) {
     fputs(" [", out);
     write_number(out, p->low);
@@ -67,7 +67,7 @@ static void write_param(FILE *out, const spec *s, const param_spec *p) {
       write_value(out, p->fixed);
   }
   if (!p->conditional) return;
-  fprintf(out, " when %s %s ", s->params[p->cond.parent].name, cond_op_text(p->cond.op));
+  fprintf(out, " when %s %s ", s->params[p->cond.parent].name, spec_cond_op_text(p->cond.op));
   if (p->cond.op == COND_IN)
     write_values(out, p->cond.values);
   else
@@ -157,7 +157,9 @@ static void write_timeout(FILE *out, const spec *s) { write_duration(out, s->tri
 static void write_trials(FILE *out, const spec *s) { fprintf(out, "%d", s->budget.max_trials); }
 static void write_parallel(FILE *out, const spec *s) { fprintf(out, "%d", s->budget.parallel); }
 static void write_wall_time(FILE *out, const spec *s) { write_duration(out, s->budget.max_wall_s); }
-static void write_max_attempts(FILE *out, const spec *s) { fprintf(out, "%d", s->trial.max_attempts); }
+static void write_max_attempts(FILE *out, const spec *s) {
+  fprintf(out, "%d", s->trial.max_attempts);
+}
 static void write_heartbeat(FILE *out, const spec *s) {
   write_duration(out, s->trial.heartbeat_timeout_s);
 }

@@ -1,10 +1,10 @@
 /* spec internals shared by the files of spec/ (not part of the public API).
  *
  * yaml_load.c  turns the text into a libyaml document within the limits below.
- * node.c    reads libyaml document nodes into checked values (yaml_ctx, node_*).
- * params.c  decides what a parameter accepts (param_accepts, values_equal).
- * render.c  formats values (format_double, describe_value) and splits command arguments
- *           into literal text and {name} placeholders (command_piece_next).
+ * node.c    reads libyaml document nodes into checked values (yaml_ctx, spec_node_*).
+ * params.c  decides what a parameter accepts (spec_param_accepts, spec_values_equal).
+ * render.c  formats values (spec_format_double, spec_describe_value) and splits command arguments
+ *           into literal text and {name} placeholders (spec_command_piece_next).
  * Readers take a dotted field path (`what`, e.g. "parameters.lr.low") that starts every
  * message after the FILE:LINE:COL prefix. */
 #ifndef NAS_SPEC_INTERNAL_H
@@ -44,117 +44,118 @@ typedef struct {
 /* Room for a dotted field path in messages ("parameters.lr.when.in"). */
 enum { FIELD_CAP = 256 };
 /* Writes "what.key" into buf (FIELD_CAP bytes, cut short when longer); returns buf. */
-const char *field_join(char *buf, const char *what, const char *key);
+const char *spec_field_join(char *buf, const char *what, const char *key);
 
 /* Scalar types as a user expects them: plain true/false are bools, plain ~/null/empty is
  * nothing, plain numbers (1, -3, 0.5, 1e-4) are numbers, anything quoted is a string. */
 typedef enum { SCALAR_NULL, SCALAR_BOOL, SCALAR_INT, SCALAR_REAL, SCALAR_STRING } scalar_kind;
 
-scalar_kind scalar_kind_of(const char *text, bool plain);
+scalar_kind spec_scalar_kind_of(const char *text, bool plain);
 /* Owned JSON for a scalar (json_null for nothing); NULL when out of memory. */
-json_t *scalar_json(const char *text, bool plain);
+json_t *spec_scalar_json(const char *text, bool plain);
 /* Length of the run of ASCII letters, digits, '_' and `extra` characters at text. */
-size_t name_span(const char *text, const char *extra);
-/* Whether text is an ASCII letter or '_' followed by name characters (see name_span).
+size_t spec_name_span(const char *text, const char *extra);
+/* Whether text is an ASCII letter or '_' followed by name characters (see spec_name_span).
  * Parameter and metric names allow ".-" as extra, environment names nothing. */
-bool is_identifier(const char *text, const char *extra);
+bool spec_is_identifier(const char *text, const char *extra);
 /* A value written inline in a string ("3", "adam", "'a b'"), surrounding spaces ignored:
  * quoted text is a string, the rest is typed like a plain scalar. *out is owned, NULL when
  * the text is blank; NAS_ERR only when out of memory. */
-int inline_value(const char *text, json_t **out, nas_err *err);
+int spec_inline_value(const char *text, json_t **out, nas_err *err);
 /* The name in names (NULL-terminated) nearest to word when close enough to be a likely
  * typo (edit distance <= 2 and below word's length), else NULL. */
-const char *nearest_name(const char *word, const char *const *names);
+const char *spec_nearest_name(const char *word, const char *const *names);
 
 /* Writes "FILE:LINE:COL: <message>" for node into the context's error; returns NAS_ERR. */
-int node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...)
+int spec_node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 /* "WHAT: expected EXPECTED, got <what node holds>". */
-int node_expected(const yaml_ctx *c, const yaml_node_t *node, const char *what,
-                  const char *expected);
+int spec_node_expected(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                       const char *expected);
 /* A scalar's text, or NULL for mappings and lists. */
-const char *node_scalar_text(const yaml_node_t *node);
-bool node_is_null(const yaml_node_t *node);
+const char *spec_node_scalar_text(const yaml_node_t *node);
+bool spec_node_is_null(const yaml_node_t *node);
 /* A child node by id (pairs and items hold ids). */
-yaml_node_t *node_at(const yaml_ctx *c, int id);
+yaml_node_t *spec_node_at(const yaml_ctx *c, int id);
 /* The value of key in map; NULL when absent or written with no value (an optional key
  * with no value counts as not given). */
-yaml_node_t *node_optional(const yaml_ctx *c, const yaml_node_t *map, const char *key);
+yaml_node_t *spec_node_optional(const yaml_ctx *c, const yaml_node_t *map, const char *key);
 /* The value of a key that must be present with a value. */
-int node_required(const yaml_ctx *c, const yaml_node_t *map, const char *what, const char *key,
-                  yaml_node_t **out);
+int spec_node_required(const yaml_ctx *c, const yaml_node_t *map, const char *what, const char *key,
+                       yaml_node_t **out);
 /* Fails on the first key of map that is not in known (NULL-terminated), suggesting the
  * nearest known key. */
-int node_check_keys(const yaml_ctx *c, const yaml_node_t *map, const char *what,
-                    const char *const *known);
+int spec_node_check_keys(const yaml_ctx *c, const yaml_node_t *map, const char *what,
+                         const char *const *known);
 /* Fails on the first duplicate or non-scalar key of any mapping in the document. */
-int node_check_unique_keys(const yaml_ctx *c);
+int spec_node_check_unique_keys(const yaml_ctx *c);
 
-int node_expect_mapping(const yaml_ctx *c, const yaml_node_t *node, const char *what);
-int node_expect_list(const yaml_ctx *c, const yaml_node_t *node, const char *what);
+int spec_node_expect_mapping(const yaml_ctx *c, const yaml_node_t *node, const char *what);
+int spec_node_expect_list(const yaml_ctx *c, const yaml_node_t *node, const char *what);
 /* A scalar with a value, as written (numbers and bools as their text); borrowed. */
-int node_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, const char **out);
-int node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out);
-int node_number(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out);
-int node_integer(const yaml_ctx *c, const yaml_node_t *node, const char *what, long long *out);
-int node_bool(const yaml_ctx *c, const yaml_node_t *node, const char *what, bool *out);
+int spec_node_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, const char **out);
+int spec_node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out);
+int spec_node_number(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out);
+int spec_node_integer(const yaml_ctx *c, const yaml_node_t *node, const char *what, long long *out);
+int spec_node_bool(const yaml_ctx *c, const yaml_node_t *node, const char *what, bool *out);
 /* Seconds > 0 from a number or a string such as "90s", "10m", "1.5h", "2d". */
-int node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out);
+int spec_node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out);
 /* A scalar with a value (string, number or bool) as owned JSON. */
-int node_scalar_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out);
+int spec_node_scalar_json(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                          json_t **out);
 /* Any node as owned JSON: mappings become objects, lists arrays, scalars typed. */
-int node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out);
+int spec_node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out);
 
 /* ---- param_parse.c, trial.c: sections of the file ---- */
 
-int parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s);
+int spec_parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s);
 /* The trial section; node NULL when the spec has none (ask and tell only). */
-int parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s);
+int spec_parse_trial(const yaml_ctx *c, const yaml_node_t *node, const char *dir, spec *s);
 /* builtin.c: trial.builtin (after parameters, which it checks) -> s->trial.builtin. */
-int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir, spec *s);
-void builtin_spec_free(builtin_spec *b);
+int spec_parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir, spec *s);
+void spec_builtin_free(builtin_spec *b);
 /* early_stopping: (optional; after objectives, which it refers to). */
-int parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+int spec_parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 /* notify.c: notify: (optional) -> s->notify. */
-int parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s);
-void notify_specs_free(notify_spec *targets, size_t n);
+int spec_parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+void spec_notify_free(notify_spec *targets, size_t n);
 
 /* assign.c: `enqueue:` and `warm_start:` (optional; after parameters, which they
  * assign). */
-int parse_enqueue(const yaml_ctx *c, const yaml_node_t *root, spec *s);
-int parse_warm_start(const yaml_ctx *c, const yaml_node_t *root, spec *s);
-void warm_start_spec_free(warm_start_spec *w);
+int spec_parse_enqueue(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+int spec_parse_warm_start(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+void spec_warm_start_free(warm_start_spec *w);
 
 /* ---- params.c: what values parameters take ---- */
 
 /* Equal JSON values, numbers compared by value (3 equals 3.0). */
-bool values_equal(const json_t *a, const json_t *b);
+bool spec_values_equal(const json_t *a, const json_t *b);
 /* Whether p can take value; when not, why says so ("7 is outside [1, 4]"). */
-bool param_accepts(const param_spec *p, const json_t *value, char *why, size_t cap);
+bool spec_param_accepts(const param_spec *p, const json_t *value, char *why, size_t cap);
 /* Whether offset is a whole number of steps (within 1e-9 relative). */
-bool on_step_grid(double offset, double step);
+bool spec_on_step_grid(double offset, double step);
 /* Whether value lies within p's [low, high] (p is a float or int parameter). */
-bool param_in_range(const param_spec *p, double value);
+bool spec_param_in_range(const param_spec *p, double value);
 /* Index of the parameter whose name is the len bytes at name among the first n, or -1. */
-int param_find(const param_spec *params, size_t n, const char *name, size_t len);
+int spec_param_find(const param_spec *params, size_t n, const char *name, size_t len);
 /* The parameter name nearest to the len bytes at name, when it is a likely typo; else
  * NULL. Borrowed from s. */
-const char *param_nearest(const spec *s, const char *name, size_t len);
+const char *spec_param_nearest(const spec *s, const char *name, size_t len);
 /* The YAML name of a parameter kind ("float", "categorical"). */
-const char *param_kind_name(param_kind kind);
+const char *spec_param_kind_name(param_kind kind);
 /* Text of a condition's operator ("<=", "in"). */
-const char *cond_op_text(cond_op op);
+const char *spec_cond_op_text(cond_op op);
 
 /* ---- render.c: values as text, command arguments ---- */
 
 /* Shortest %g text that reads back as exactly v; buf needs 32 bytes. */
-void format_double(double v, char *buf, size_t cap);
+void spec_format_double(double v, char *buf, size_t cap);
 /* A value for messages: strings in quotes, others as spec_value_text writes them. */
-void describe_value(const json_t *value, char *buf, size_t cap);
-/* "[a, b, c]" for an array, with describe_value for each element. */
-void describe_list(const json_t *array, char *buf, size_t cap);
+void spec_describe_value(const json_t *value, char *buf, size_t cap);
+/* "[a, b, c]" for an array, with spec_describe_value for each element. */
+void spec_describe_list(const json_t *array, char *buf, size_t cap);
 /* A condition as written in the string form ("layers >= 3", "opt in ['sgd', 'adam']"). */
-void describe_condition(const spec *s, const param_condition *cond, char *buf, size_t cap);
+void spec_describe_condition(const spec *s, const param_condition *cond, char *buf, size_t cap);
 
 /* One piece of a command argument: literal text, or the name inside a {name}. */
 typedef struct {
@@ -167,6 +168,6 @@ typedef struct {
 /* Reads the piece of arg at *pos and moves *pos past it: 1 when a piece was read, 0 at
  * the end, -1 when the braces are malformed (piece->error says how). `{{` and `}}` read
  * as the literal pieces "{" and "}". */
-int command_piece_next(const char *arg, size_t *pos, command_piece *piece);
+int spec_command_piece_next(const char *arg, size_t *pos, command_piece *piece);
 
 #endif

@@ -17,7 +17,7 @@
 /* Deep enough for any sensible options block; stops alias loops (`&a [*a]`). */
 enum { JSON_MAX_DEPTH = 64 };
 
-const char *field_join(char *buf, const char *what, const char *key) {
+const char *spec_field_join(char *buf, const char *what, const char *key) {
   snprintf(buf, FIELD_CAP, "%s.%s", what, key);
   return buf;
 }
@@ -60,7 +60,7 @@ static bool looks_real(const char *t) {
   return *t == '\0';
 }
 
-scalar_kind scalar_kind_of(const char *text, bool plain) {
+scalar_kind spec_scalar_kind_of(const char *text, bool plain) {
   static const char *const nulls[] = {"", "~", "null", "Null", "NULL", NULL};
   static const char *const bools[] = {"true", "True", "TRUE", "false", "False", "FALSE", NULL};
   if (!plain) return SCALAR_STRING;
@@ -75,18 +75,23 @@ scalar_kind scalar_kind_of(const char *text, bool plain) {
   return SCALAR_STRING;
 }
 
-json_t *scalar_json(const char *text, bool plain) {
-  switch (scalar_kind_of(text, plain)) {
-  case SCALAR_NULL: return json_null();
-  case SCALAR_BOOL: return json_boolean(tolower((unsigned char)text[0]) == 't');
-  case SCALAR_INT: return json_integer(strtoll(text, NULL, 10));
-  case SCALAR_REAL: return json_real(strtod(text, NULL));
-  case SCALAR_STRING: break;
+json_t *spec_scalar_json(const char *text, bool plain) {
+  switch (spec_scalar_kind_of(text, plain)) {
+    case SCALAR_NULL:
+      return json_null();
+    case SCALAR_BOOL:
+      return json_boolean(tolower((unsigned char)text[0]) == 't');
+    case SCALAR_INT:
+      return json_integer(strtoll(text, NULL, 10));
+    case SCALAR_REAL:
+      return json_real(strtod(text, NULL));
+    case SCALAR_STRING:
+      break;
   }
   return json_string(text);
 }
 
-size_t name_span(const char *text, const char *extra) {
+size_t spec_name_span(const char *text, const char *extra) {
   size_t n = 0;
   for (char ch = text[0]; ch; ch = text[++n]) {
     bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
@@ -95,13 +100,13 @@ size_t name_span(const char *text, const char *extra) {
   return n;
 }
 
-bool is_identifier(const char *text, const char *extra) {
+bool spec_is_identifier(const char *text, const char *extra) {
   char first = text[0];
   bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') || first == '_';
-  return starts && text[name_span(text, extra)] == '\0';
+  return starts && text[spec_name_span(text, extra)] == '\0';
 }
 
-int inline_value(const char *text, json_t **out, nas_err *err) {
+int spec_inline_value(const char *text, json_t **out, nas_err *err) {
   *out = NULL;
   text += strspn(text, " ");
   size_t len = strlen(text);
@@ -111,19 +116,19 @@ int inline_value(const char *text, json_t **out, nas_err *err) {
     *out = json_stringn(text + 1, len - 2);
   } else {
     char *plain = strndup(text, len);
-    *out = plain ? scalar_json(plain, true) : NULL;
+    *out = plain ? spec_scalar_json(plain, true) : NULL;
     free(plain);
   }
   return *out ? NAS_OK : nas_errf(err, "out of memory");
 }
 
-const char *nearest_name(const char *word, const char *const *names) {
+const char *spec_nearest_name(const char *word, const char *const *names) {
   size_t n = 0;
   while (names[n]) n++;
   return nas_nearest(word, names, n);
 }
 
-int node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...) {
+int spec_node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...) {
   char msg[800];
   va_list ap;
   va_start(ap, fmt);
@@ -133,7 +138,7 @@ int node_errf(const yaml_ctx *c, const yaml_node_t *node, const char *fmt, ...) 
                   node->start_mark.column + 1, msg);
 }
 
-const char *node_scalar_text(const yaml_node_t *node) {
+const char *spec_node_scalar_text(const yaml_node_t *node) {
   return node->type == YAML_SCALAR_NODE ? (const char *)node->data.scalar.value : NULL;
 }
 
@@ -142,10 +147,10 @@ static bool node_plain(const yaml_node_t *node) {
 }
 
 static scalar_kind node_scalar_kind(const yaml_node_t *node) {
-  return scalar_kind_of(node_scalar_text(node), node_plain(node));
+  return spec_scalar_kind_of(spec_node_scalar_text(node), node_plain(node));
 }
 
-bool node_is_null(const yaml_node_t *node) {
+bool spec_node_is_null(const yaml_node_t *node) {
   return node->type == YAML_SCALAR_NODE && node_scalar_kind(node) == SCALAR_NULL;
 }
 
@@ -155,10 +160,10 @@ static void node_describe(const yaml_node_t *node, char *buf, size_t cap) {
     snprintf(buf, cap, "a mapping");
   } else if (node->type == YAML_SEQUENCE_NODE) {
     snprintf(buf, cap, "a list");
-  } else if (node_is_null(node)) {
+  } else if (spec_node_is_null(node)) {
     snprintf(buf, cap, "nothing");
   } else {
-    const char *text = node_scalar_text(node);
+    const char *text = spec_node_scalar_text(node);
     int shown = strlen(text) > 40 ? 37 : 40;
     const char *more = strlen(text) > 40 ? "..." : "";
     if (node_plain(node))
@@ -168,38 +173,38 @@ static void node_describe(const yaml_node_t *node, char *buf, size_t cap) {
   }
 }
 
-int node_expected(const yaml_ctx *c, const yaml_node_t *node, const char *what,
-                  const char *expected) {
+int spec_node_expected(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                       const char *expected) {
   char got[96];
   node_describe(node, got, sizeof got);
-  return node_errf(c, node, "%s: expected %s, got %s", what, expected, got);
+  return spec_node_errf(c, node, "%s: expected %s, got %s", what, expected, got);
 }
 
-yaml_node_t *node_at(const yaml_ctx *c, int id) { return yaml_document_get_node(c->doc, id); }
+yaml_node_t *spec_node_at(const yaml_ctx *c, int id) { return yaml_document_get_node(c->doc, id); }
 
 static yaml_node_pair_t *node_pair(const yaml_ctx *c, const yaml_node_t *map, const char *key) {
   for (yaml_node_pair_t *pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top;
        pair++) {
-    const char *text = node_scalar_text(node_at(c, pair->key));
+    const char *text = spec_node_scalar_text(spec_node_at(c, pair->key));
     if (text && strcmp(text, key) == 0) return pair;
   }
   return NULL;
 }
 
-yaml_node_t *node_optional(const yaml_ctx *c, const yaml_node_t *map, const char *key) {
+yaml_node_t *spec_node_optional(const yaml_ctx *c, const yaml_node_t *map, const char *key) {
   yaml_node_pair_t *pair = node_pair(c, map, key);
   if (!pair) return NULL;
-  yaml_node_t *value = node_at(c, pair->value);
-  return node_is_null(value) ? NULL : value;
+  yaml_node_t *value = spec_node_at(c, pair->value);
+  return spec_node_is_null(value) ? NULL : value;
 }
 
-int node_required(const yaml_ctx *c, const yaml_node_t *map, const char *what, const char *key,
-                  yaml_node_t **out) {
+int spec_node_required(const yaml_ctx *c, const yaml_node_t *map, const char *what, const char *key,
+                       yaml_node_t **out) {
   yaml_node_pair_t *pair = node_pair(c, map, key);
-  if (!pair) return node_errf(c, map, "%s: missing required key '%s'", what, key);
-  yaml_node_t *value = node_at(c, pair->value);
-  if (node_is_null(value))
-    return node_errf(c, node_at(c, pair->key), "%s: '%s' has no value", what, key);
+  if (!pair) return spec_node_errf(c, map, "%s: missing required key '%s'", what, key);
+  yaml_node_t *value = spec_node_at(c, pair->value);
+  if (spec_node_is_null(value))
+    return spec_node_errf(c, spec_node_at(c, pair->key), "%s: '%s' has no value", what, key);
   *out = value;
   return NAS_OK;
 }
@@ -215,19 +220,19 @@ static void join_names(const char *const *names, char *buf, size_t cap) {
   }
 }
 
-int node_check_keys(const yaml_ctx *c, const yaml_node_t *map, const char *what,
-                    const char *const *known) {
+int spec_node_check_keys(const yaml_ctx *c, const yaml_node_t *map, const char *what,
+                         const char *const *known) {
   for (yaml_node_pair_t *pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top;
        pair++) {
-    yaml_node_t *key = node_at(c, pair->key);
-    const char *text = node_scalar_text(key);
+    yaml_node_t *key = spec_node_at(c, pair->key);
+    const char *text = spec_node_scalar_text(key);
     if (word_in(text, known)) continue;
-    const char *guess = nearest_name(text, known);
+    const char *guess = spec_nearest_name(text, known);
     if (guess)
-      return node_errf(c, key, "%s: unknown key '%s'; did you mean '%s'?", what, text, guess);
+      return spec_node_errf(c, key, "%s: unknown key '%s'; did you mean '%s'?", what, text, guess);
     char list[400];
     join_names(known, list, sizeof list);
-    return node_errf(c, key, "%s: unknown key '%s' (known keys: %s)", what, text, list);
+    return spec_node_errf(c, key, "%s: unknown key '%s' (known keys: %s)", what, text, list);
   }
   return NAS_OK;
 }
@@ -235,22 +240,22 @@ int node_check_keys(const yaml_ctx *c, const yaml_node_t *map, const char *what,
 static int check_mapping_keys_unique(const yaml_ctx *c, const yaml_node_t *map) {
   yaml_node_pair_t *start = map->data.mapping.pairs.start, *top = map->data.mapping.pairs.top;
   for (yaml_node_pair_t *pair = start; pair < top; pair++) {
-    yaml_node_t *key = node_at(c, pair->key);
-    const char *text = node_scalar_text(key);
+    yaml_node_t *key = spec_node_at(c, pair->key);
+    const char *text = spec_node_scalar_text(key);
     if (!text)
-      return node_errf(c, key, "mapping keys must be plain names, not %s",
-                       key->type == YAML_MAPPING_NODE ? "mappings" : "lists");
+      return spec_node_errf(c, key, "mapping keys must be plain names, not %s",
+                            key->type == YAML_MAPPING_NODE ? "mappings" : "lists");
     for (yaml_node_pair_t *earlier = start; earlier < pair; earlier++) {
-      yaml_node_t *first = node_at(c, earlier->key);
-      if (strcmp(node_scalar_text(first), text) == 0)
-        return node_errf(c, key, "duplicate key '%s' (first at line %zu, column %zu)", text,
-                         first->start_mark.line + 1, first->start_mark.column + 1);
+      yaml_node_t *first = spec_node_at(c, earlier->key);
+      if (strcmp(spec_node_scalar_text(first), text) == 0)
+        return spec_node_errf(c, key, "duplicate key '%s' (first at line %zu, column %zu)", text,
+                              first->start_mark.line + 1, first->start_mark.column + 1);
     }
   }
   return NAS_OK;
 }
 
-int node_check_unique_keys(const yaml_ctx *c) {
+int spec_node_check_unique_keys(const yaml_ctx *c) {
   for (yaml_node_t *node = c->doc->nodes.start; node < c->doc->nodes.top; node++) {
     if (node->type != YAML_MAPPING_NODE) continue;
     int rc = check_mapping_keys_unique(c, node);
@@ -259,59 +264,60 @@ int node_check_unique_keys(const yaml_ctx *c) {
   return NAS_OK;
 }
 
-int node_expect_mapping(const yaml_ctx *c, const yaml_node_t *node, const char *what) {
-  return node->type == YAML_MAPPING_NODE ? NAS_OK : node_expected(c, node, what, "a mapping");
+int spec_node_expect_mapping(const yaml_ctx *c, const yaml_node_t *node, const char *what) {
+  return node->type == YAML_MAPPING_NODE ? NAS_OK : spec_node_expected(c, node, what, "a mapping");
 }
 
-int node_expect_list(const yaml_ctx *c, const yaml_node_t *node, const char *what) {
-  return node->type == YAML_SEQUENCE_NODE ? NAS_OK : node_expected(c, node, what, "a list");
+int spec_node_expect_list(const yaml_ctx *c, const yaml_node_t *node, const char *what) {
+  return node->type == YAML_SEQUENCE_NODE ? NAS_OK : spec_node_expected(c, node, what, "a list");
 }
 
-int node_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, const char **out) {
-  if (node->type != YAML_SCALAR_NODE || node_is_null(node))
-    return node_expected(c, node, what, "a string");
-  *out = node_scalar_text(node);
+int spec_node_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, const char **out) {
+  if (node->type != YAML_SCALAR_NODE || spec_node_is_null(node))
+    return spec_node_expected(c, node, what, "a string");
+  *out = spec_node_scalar_text(node);
   return NAS_OK;
 }
 
-int node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out) {
+int spec_node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out) {
   const char *text = NULL;
-  int rc = node_text(c, node, what, &text);
+  int rc = spec_node_text(c, node, what, &text);
   if (rc) return rc;
   *out = strdup(text);
-  return *out ? NAS_OK : node_errf(c, node, "%s: out of memory", what);
+  return *out ? NAS_OK : spec_node_errf(c, node, "%s: out of memory", what);
 }
 
 /* The quoted number hint turns `low: "0.5"` into an error that says how to fix it. */
 static int expected_number(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                            const char *expected) {
   if (node->type == YAML_SCALAR_NODE && !node_plain(node) &&
-      scalar_kind_of(node_scalar_text(node), true) != SCALAR_STRING) {
+      spec_scalar_kind_of(spec_node_scalar_text(node), true) != SCALAR_STRING) {
     char want[80];
     snprintf(want, sizeof want, "%s (write it without quotes)", expected);
-    return node_expected(c, node, what, want);
+    return spec_node_expected(c, node, what, want);
   }
-  return node_expected(c, node, what, expected);
+  return spec_node_expected(c, node, what, expected);
 }
 
-int node_number(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
+int spec_node_number(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
   scalar_kind kind = node->type == YAML_SCALAR_NODE ? node_scalar_kind(node) : SCALAR_STRING;
   if (kind != SCALAR_INT && kind != SCALAR_REAL) return expected_number(c, node, what, "a number");
-  *out = strtod(node_scalar_text(node), NULL);
+  *out = strtod(spec_node_scalar_text(node), NULL);
   return NAS_OK;
 }
 
-int node_integer(const yaml_ctx *c, const yaml_node_t *node, const char *what, long long *out) {
+int spec_node_integer(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                      long long *out) {
   if (node->type != YAML_SCALAR_NODE || node_scalar_kind(node) != SCALAR_INT)
     return expected_number(c, node, what, "an integer");
-  *out = strtoll(node_scalar_text(node), NULL, 10);
+  *out = strtoll(spec_node_scalar_text(node), NULL, 10);
   return NAS_OK;
 }
 
-int node_bool(const yaml_ctx *c, const yaml_node_t *node, const char *what, bool *out) {
+int spec_node_bool(const yaml_ctx *c, const yaml_node_t *node, const char *what, bool *out) {
   if (node->type != YAML_SCALAR_NODE || node_scalar_kind(node) != SCALAR_BOOL)
-    return node_expected(c, node, what, "true or false");
-  *out = tolower((unsigned char)node_scalar_text(node)[0]) == 't';
+    return spec_node_expected(c, node, what, "true or false");
+  *out = tolower((unsigned char)spec_node_scalar_text(node)[0]) == 't';
   return NAS_OK;
 }
 
@@ -331,25 +337,27 @@ static bool duration_seconds(const char *text, double *seconds) {
   return true;
 }
 
-int node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
-  const char *text = node_scalar_text(node);
+int spec_node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
+  const char *text = spec_node_scalar_text(node);
   double seconds;
-  if (!text || node_is_null(node) || !duration_seconds(text, &seconds))
-    return node_expected(c, node, what,
-                         "a duration such as 90, \"90s\", \"10m\", \"1.5h\" or \"2d\"");
+  if (!text || spec_node_is_null(node) || !duration_seconds(text, &seconds))
+    return spec_node_expected(c, node, what,
+                              "a duration such as 90, \"90s\", \"10m\", \"1.5h\" or \"2d\"");
   if (!(seconds > 0) || !isfinite(seconds))
-    return node_errf(c, node, "%s: must be more than 0 seconds (leave it out for no limit)", what);
+    return spec_node_errf(c, node, "%s: must be more than 0 seconds (leave it out for no limit)",
+                          what);
   *out = seconds;
   return NAS_OK;
 }
 
-int node_scalar_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
-  if (node->type != YAML_SCALAR_NODE || node_is_null(node))
-    return node_expected(c, node, what, "a string, number or bool");
+int spec_node_scalar_json(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                          json_t **out) {
+  if (node->type != YAML_SCALAR_NODE || spec_node_is_null(node))
+    return spec_node_expected(c, node, what, "a string, number or bool");
   /* libyaml's reader lets only valid UTF-8 through, so jansson fails here only for want
    * of memory. */
-  *out = scalar_json(node_scalar_text(node), node_plain(node));
-  return *out ? NAS_OK : node_errf(c, node, "%s: out of memory", what);
+  *out = spec_scalar_json(spec_node_scalar_text(node), node_plain(node));
+  return *out ? NAS_OK : spec_node_errf(c, node, "%s: out of memory", what);
 }
 
 static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int depth,
@@ -360,8 +368,8 @@ static json_t *mapping_json(const yaml_ctx *c, const yaml_node_t *map, int depth
   json_t *object = json_object();
   for (yaml_node_pair_t *pair = map->data.mapping.pairs.start;
        object && pair < map->data.mapping.pairs.top; pair++) {
-    json_t *value = node_json_at(c, node_at(c, pair->value), depth + 1, too_deep);
-    const char *key = node_scalar_text(node_at(c, pair->key));
+    json_t *value = node_json_at(c, spec_node_at(c, pair->value), depth + 1, too_deep);
+    const char *key = spec_node_scalar_text(spec_node_at(c, pair->key));
     if (!value || json_object_set_new(object, key, value) != 0) {
       json_decref(object);
       object = NULL;
@@ -375,7 +383,7 @@ static json_t *list_json(const yaml_ctx *c, const yaml_node_t *list, int depth,
   json_t *array = json_array();
   for (yaml_node_item_t *item = list->data.sequence.items.start;
        array && item < list->data.sequence.items.top; item++) {
-    json_t *value = node_json_at(c, node_at(c, *item), depth + 1, too_deep);
+    json_t *value = node_json_at(c, spec_node_at(c, *item), depth + 1, too_deep);
     if (json_array_append_new(array, value) != 0) {
       json_decref(array);
       array = NULL;
@@ -393,16 +401,16 @@ static json_t *node_json_at(const yaml_ctx *c, const yaml_node_t *node, int dept
   }
   if (node->type == YAML_MAPPING_NODE) return mapping_json(c, node, depth, too_deep);
   if (node->type == YAML_SEQUENCE_NODE) return list_json(c, node, depth, too_deep);
-  return scalar_json(node_scalar_text(node), node_plain(node));
+  return spec_scalar_json(spec_node_scalar_text(node), node_plain(node));
 }
 
-int node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
+int spec_node_json(const yaml_ctx *c, const yaml_node_t *node, const char *what, json_t **out) {
   bool too_deep = false;
   *out = node_json_at(c, node, 0, &too_deep);
   if (*out) return NAS_OK;
-  if (!too_deep) return node_errf(c, node, "%s: out of memory", what);
-  return node_errf(c, node,
-                   "%s: cannot be stored (nested over %d levels deep, or an alias that "
-                   "contains itself)",
-                   what, JSON_MAX_DEPTH);
+  if (!too_deep) return spec_node_errf(c, node, "%s: out of memory", what);
+  return spec_node_errf(c, node,
+                        "%s: cannot be stored (nested over %d levels deep, or an alias that "
+                        "contains itself)",
+                        what, JSON_MAX_DEPTH);
 }

@@ -55,60 +55,61 @@ char *spec_url_shown(const char *url) {
 
 static int parse_url(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out) {
   const char *text = NULL;
-  int rc = node_text(c, node, what, &text);
+  int rc = spec_node_text(c, node, what, &text);
   if (rc) return rc;
   size_t scheme = scheme_len(text), host_len;
-  if (scheme == 0) return node_errf(c, node, "%s: must start with http:// or https://", what);
+  if (scheme == 0) return spec_node_errf(c, node, "%s: must start with http:// or https://", what);
   url_host(text + scheme, &host_len);
-  if (host_len == 0) return node_errf(c, node, "%s: names no host after the scheme", what);
+  if (host_len == 0) return spec_node_errf(c, node, "%s: names no host after the scheme", what);
   if (strlen(text) > NOTIFY_URL_MAX)
-    return node_errf(c, node, "%s: longer than %d characters", what, NOTIFY_URL_MAX);
+    return spec_node_errf(c, node, "%s: longer than %d characters", what, NOTIFY_URL_MAX);
   for (const char *p = text; *p; p++)
     if ((unsigned char)*p <= ' ' || *p == 0x7f)
-      return node_errf(c, node, "%s: holds a space or control character (write it %%-encoded)",
-                       what);
-  return node_dup_text(c, node, what, out);
+      return spec_node_errf(c, node, "%s: holds a space or control character (write it %%-encoded)",
+                            what);
+  return spec_node_dup_text(c, node, what, out);
 }
 
 /* A word of names (NULL-terminated) -> its index; an unknown one gets a suggestion. */
 static int parse_word(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                       const char *const *names, const char *expected, int *out) {
   const char *text = NULL;
-  int rc = node_text(c, node, what, &text);
+  int rc = spec_node_text(c, node, what, &text);
   if (rc) return rc;
   for (int i = 0; names[i]; i++)
     if (strcmp(names[i], text) == 0) {
       *out = i;
       return NAS_OK;
     }
-  const char *guess = nearest_name(text, names);
-  return node_errf(c, node, "%s: expected %s, got '%s'%s%s%s", what, expected, text,
-                   guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "");
+  const char *guess = spec_nearest_name(text, names);
+  return spec_node_errf(c, node, "%s: expected %s, got '%s'%s%s%s", what, expected, text,
+                        guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "");
 }
 
 /* on: a non-empty list of event names, each once. */
 static int parse_events(const yaml_ctx *c, const yaml_node_t *entry, const char *what,
                         notify_spec *t) {
-  yaml_node_t *list = node_optional(c, entry, "on");
+  yaml_node_t *list = spec_node_optional(c, entry, "on");
   t->events = NOTIFY_ALL_EVENTS;
   if (!list) return NAS_OK;
   char field[FIELD_CAP];
-  field_join(field, what, "on");
-  int rc = node_expect_list(c, list, field);
+  spec_field_join(field, what, "on");
+  int rc = spec_node_expect_list(c, list, field);
   if (rc) return rc;
   if (list->data.sequence.items.top == list->data.sequence.items.start)
-    return node_errf(c, list, "%s: name at least one event (or leave 'on' out for all)", field);
+    return spec_node_errf(c, list, "%s: name at least one event (or leave 'on' out for all)",
+                          field);
   t->events = 0;
   for (yaml_node_item_t *item = list->data.sequence.items.start;
        item < list->data.sequence.items.top; item++) {
-    yaml_node_t *node = node_at(c, *item);
+    yaml_node_t *node = spec_node_at(c, *item);
     int index;
     if ((rc = parse_word(c, node, field, event_names,
                          "trial_completed, trial_failed, front_changed or experiment_finished",
                          &index)))
       return rc;
     if (t->events & (1u << index))
-      return node_errf(c, node, "%s: '%s' named twice", field, event_names[index]);
+      return spec_node_errf(c, node, "%s: '%s' named twice", field, event_names[index]);
     t->events |= 1u << index;
   }
   return NAS_OK;
@@ -119,39 +120,39 @@ static int parse_target(const yaml_ctx *c, const yaml_node_t *entry, const char 
   static const char *const keys[] = {"url", "on", "format", NULL};
   char field[FIELD_CAP];
   yaml_node_t *node;
-  int rc = node_expect_mapping(c, entry, what);
-  if (!rc) rc = node_check_keys(c, entry, what, keys);
-  if (!rc) rc = node_required(c, entry, what, "url", &node);
-  if (!rc) rc = parse_url(c, node, field_join(field, what, "url"), &t->url);
+  int rc = spec_node_expect_mapping(c, entry, what);
+  if (!rc) rc = spec_node_check_keys(c, entry, what, keys);
+  if (!rc) rc = spec_node_required(c, entry, what, "url", &node);
+  if (!rc) rc = parse_url(c, node, spec_field_join(field, what, "url"), &t->url);
   if (!rc) rc = parse_events(c, entry, what, t);
-  if (rc || !(node = node_optional(c, entry, "format"))) return rc;
+  if (rc || !(node = spec_node_optional(c, entry, "format"))) return rc;
   int format;
-  rc = parse_word(c, node, field_join(field, what, "format"), format_names, "json or slack",
+  rc = parse_word(c, node, spec_field_join(field, what, "format"), format_names, "json or slack",
                   &format);
   t->format = (notify_format)format;
   return rc;
 }
 
-int parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
-  yaml_node_t *list = node_optional(c, root, "notify");
+int spec_parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
+  yaml_node_t *list = spec_node_optional(c, root, "notify");
   if (!list) return NAS_OK;
-  int rc = node_expect_list(c, list, "notify");
+  int rc = spec_node_expect_list(c, list, "notify");
   if (rc) return rc;
   size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
   if (n > NOTIFY_MAX_TARGETS)
-    return node_errf(c, list, "notify: at most %d webhooks, got %zu", NOTIFY_MAX_TARGETS, n);
+    return spec_node_errf(c, list, "notify: at most %d webhooks, got %zu", NOTIFY_MAX_TARGETS, n);
   if (n == 0) return NAS_OK;
   if (!(s->notify = calloc(n, sizeof *s->notify))) return nas_errf(c->err, "out of memory");
   for (size_t i = 0; i < n && !rc; i++) {
     char what[48];
     snprintf(what, sizeof what, "notify[%zu]", i);
     s->n_notify = i + 1;
-    rc = parse_target(c, node_at(c, list->data.sequence.items.start[i]), what, &s->notify[i]);
+    rc = parse_target(c, spec_node_at(c, list->data.sequence.items.start[i]), what, &s->notify[i]);
   }
   return rc;
 }
 
-void notify_specs_free(notify_spec *targets, size_t n) {
+void spec_notify_free(notify_spec *targets, size_t n) {
   for (size_t i = 0; i < n; i++) free(targets[i].url);
   free(targets);
 }

@@ -43,9 +43,9 @@ static int parse_kind(const yaml_ctx *c, const yaml_node_t *map, const char *wha
   yaml_node_t *node;
   const char *text = NULL;
   char field[FIELD_CAP];
-  field_join(field, what, "type");
-  int rc = node_required(c, map, what, "type", &node);
-  if (!rc) rc = node_text(c, node, field, &text);
+  spec_field_join(field, what, "type");
+  int rc = spec_node_required(c, map, what, "type", &node);
+  if (!rc) rc = spec_node_text(c, node, field, &text);
   if (rc) return rc;
   for (int k = 0; kind_names[k]; k++) {
     if (strcmp(text, kind_names[k]) == 0) {
@@ -53,11 +53,11 @@ static int parse_kind(const yaml_ctx *c, const yaml_node_t *map, const char *wha
       return NAS_OK;
     }
   }
-  const char *guess = nearest_name(text, kind_names);
+  const char *guess = spec_nearest_name(text, kind_names);
   if (guess)
-    return node_errf(c, node, "%s: unknown type '%s'; did you mean '%s'?", field, text, guess);
-  return node_errf(c, node, "%s: unknown type '%s' (float, int, categorical or fixed)", field,
-                   text);
+    return spec_node_errf(c, node, "%s: unknown type '%s'; did you mean '%s'?", field, text, guess);
+  return spec_node_errf(c, node, "%s: unknown type '%s' (float, int, categorical or fixed)", field,
+                        text);
 }
 
 /* Keys of another type (`choices` on a float) get a message that says so. */
@@ -66,11 +66,11 @@ static int check_param_keys(const yaml_ctx *c, const yaml_node_t *map, const cha
   const char *const *keys = keys_of(kind);
   for (yaml_node_pair_t *pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top;
        pair++) {
-    yaml_node_t *key = node_at(c, pair->key);
-    const char *text = node_scalar_text(key);
+    yaml_node_t *key = spec_node_at(c, pair->key);
+    const char *text = spec_node_scalar_text(key);
     if (in_list(text, any_kind_keys) && !in_list(text, keys))
-      return node_errf(c, key, "%s: '%s' does not apply to a %s parameter", what, text,
-                       param_kind_name(kind));
+      return spec_node_errf(c, key, "%s: '%s' does not apply to a %s parameter", what, text,
+                            spec_param_kind_name(kind));
   }
   return NAS_OK;
 }
@@ -79,50 +79,53 @@ static int check_param_keys(const yaml_ctx *c, const yaml_node_t *map, const cha
 static int read_number(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                        const char *key, param_kind kind, double *out) {
   char field[FIELD_CAP];
-  field_join(field, what, key);
-  if (kind == PARAM_FLOAT) return node_number(c, node, field, out);
+  spec_field_join(field, what, key);
+  if (kind == PARAM_FLOAT) return spec_node_number(c, node, field, out);
   long long value;
-  int rc = node_integer(c, node, field, &value);
+  int rc = spec_node_integer(c, node, field, &value);
   if (rc) return rc;
   *out = (double)value;
   if (*out > max_exact_int || *out < -max_exact_int)
-    return node_errf(c, node, "%s: must be within +-2^53 (9007199254740992)", field);
+    return spec_node_errf(c, node, "%s: must be within +-2^53 (9007199254740992)", field);
   return NAS_OK;
 }
 
 static int parse_step(const yaml_ctx *c, const yaml_node_t *map, const char *what, param_spec *p) {
-  yaml_node_t *node = node_optional(c, map, "step");
+  yaml_node_t *node = spec_node_optional(c, map, "step");
   if (!node) return NAS_OK;
   int rc = read_number(c, node, what, "step", p->kind, &p->step);
   if (rc) return rc;
   char text[32], span[32];
-  format_double(p->step, text, sizeof text);
-  if (!(p->step > 0)) return node_errf(c, node, "%s.step: must be above 0, got %s", what, text);
-  if (p->log) return node_errf(c, node, "%s: step cannot be combined with log: true", what);
-  format_double(p->high - p->low, span, sizeof span);
-  if (!on_step_grid(p->high - p->low, p->step))
-    return node_errf(c, node, "%s.step: high - low (%s) is not a multiple of step %s", what, span,
-                     text);
+  spec_format_double(p->step, text, sizeof text);
+  if (!(p->step > 0))
+    return spec_node_errf(c, node, "%s.step: must be above 0, got %s", what, text);
+  if (p->log) return spec_node_errf(c, node, "%s: step cannot be combined with log: true", what);
+  spec_format_double(p->high - p->low, span, sizeof span);
+  if (!spec_on_step_grid(p->high - p->low, p->step))
+    return spec_node_errf(c, node, "%s.step: high - low (%s) is not a multiple of step %s", what,
+                          span, text);
   return NAS_OK;
 }
 
 static int parse_range(const yaml_ctx *c, const yaml_node_t *map, const char *what, param_spec *p) {
   yaml_node_t *low, *high, *log;
-  int rc = node_required(c, map, what, "low", &low);
+  int rc = spec_node_required(c, map, what, "low", &low);
   if (!rc) rc = read_number(c, low, what, "low", p->kind, &p->low);
-  if (!rc) rc = node_required(c, map, what, "high", &high);
+  if (!rc) rc = spec_node_required(c, map, what, "high", &high);
   if (!rc) rc = read_number(c, high, what, "high", p->kind, &p->high);
   if (rc) return rc;
   char low_text[32], high_text[32];
-  format_double(p->low, low_text, sizeof low_text);
-  format_double(p->high, high_text, sizeof high_text);
+  spec_format_double(p->low, low_text, sizeof low_text);
+  spec_format_double(p->high, high_text, sizeof high_text);
   if (!(p->low < p->high))
-    return node_errf(c, high, "%s: high (%s) must be above low (%s)", what, high_text, low_text);
+    return spec_node_errf(c, high, "%s: high (%s) must be above low (%s)", what, high_text,
+                          low_text);
   char field[FIELD_CAP];
-  field_join(field, what, "log");
-  if ((log = node_optional(c, map, "log")) && (rc = node_bool(c, log, field, &p->log))) return rc;
+  spec_field_join(field, what, "log");
+  if ((log = spec_node_optional(c, map, "log")) && (rc = spec_node_bool(c, log, field, &p->log)))
+    return rc;
   if (p->log && !(p->low > 0))
-    return node_errf(c, low, "%s: log: true needs low above 0, got %s", what, low_text);
+    return spec_node_errf(c, low, "%s: log: true needs low above 0, got %s", what, low_text);
   return parse_step(c, map, what, p);
 }
 
@@ -130,37 +133,37 @@ static int parse_choices(const yaml_ctx *c, const yaml_node_t *map, const char *
                          param_spec *p) {
   yaml_node_t *list;
   char field[FIELD_CAP];
-  field_join(field, what, "choices");
-  int rc = node_required(c, map, what, "choices", &list);
-  if (!rc) rc = node_expect_list(c, list, field);
+  spec_field_join(field, what, "choices");
+  int rc = spec_node_required(c, map, what, "choices", &list);
+  if (!rc) rc = spec_node_expect_list(c, list, field);
   if (!rc && !(p->choices = json_array())) rc = nas_errf(c->err, "out of memory");
   if (rc) return rc;
   for (yaml_node_item_t *item = list->data.sequence.items.start;
        item < list->data.sequence.items.top; item++) {
-    yaml_node_t *node = node_at(c, *item);
+    yaml_node_t *node = spec_node_at(c, *item);
     json_t *choice;
-    if ((rc = node_scalar_json(c, node, field, &choice))) return rc;
+    if ((rc = spec_node_scalar_json(c, node, field, &choice))) return rc;
     for (size_t j = 0; j < json_array_size(p->choices); j++) {
-      if (!values_equal(choice, json_array_get(p->choices, j))) continue;
+      if (!spec_values_equal(choice, json_array_get(p->choices, j))) continue;
       char text[64];
-      describe_value(choice, text, sizeof text);
+      spec_describe_value(choice, text, sizeof text);
       json_decref(choice);
-      return node_errf(c, node, "%s: %s appears twice", field, text);
+      return spec_node_errf(c, node, "%s: %s appears twice", field, text);
     }
     if (json_array_append_new(p->choices, choice) != 0) return nas_errf(c->err, "out of memory");
   }
   if (json_array_size(p->choices) < 2)
-    return node_errf(c, list, "%s: needs at least 2 choices (a single value is a fixed parameter)",
-                     field);
+    return spec_node_errf(
+        c, list, "%s: needs at least 2 choices (a single value is a fixed parameter)", field);
   return NAS_OK;
 }
 
 static int parse_fixed(const yaml_ctx *c, const yaml_node_t *map, const char *what, param_spec *p) {
   yaml_node_t *node;
   char field[FIELD_CAP];
-  field_join(field, what, "value");
-  int rc = node_required(c, map, what, "value", &node);
-  return rc ? rc : node_scalar_json(c, node, field, &p->fixed);
+  spec_field_join(field, what, "value");
+  int rc = spec_node_required(c, map, what, "value", &node);
+  return rc ? rc : spec_node_scalar_json(c, node, field, &p->fixed);
 }
 
 /* ---- conditions ---- */
@@ -181,31 +184,31 @@ static const struct {
 
 static int parse_condition_text(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                                 param_condition *cond, condition_read *read) {
-  const char *text = node_scalar_text(node);
+  const char *text = spec_node_scalar_text(node);
   const char *name = text + strspn(text, " ");
-  size_t name_len = name_span(name, ".-");
+  size_t name_len = spec_name_span(name, ".-");
   const char *op = name + name_len + strspn(name + name_len, " ");
   for (size_t k = 0; name_len > 0 && k < sizeof op_table / sizeof op_table[0]; k++) {
     size_t op_len = strlen(op_table[k].text);
     if (strncmp(op, op_table[k].text, op_len) != 0) continue;
     json_t *value;
-    if (inline_value(op + op_len, &value, c->err)) return NAS_ERR;
+    if (spec_inline_value(op + op_len, &value, c->err)) return NAS_ERR;
     if (!value) break;
     cond->op = op_table[k].op;
     if (!(cond->values = json_pack("[o]", value))) return nas_errf(c->err, "out of memory");
     *read = (condition_read){node, node, name, name_len};
     return NAS_OK;
   }
-  return node_errf(c, node,
-                   "%s: '%s' is not a condition; write \"PARAM OP VALUE\" with OP one "
-                   "of ==, !=, <, <=, >, >= (or {param: P, in: [...]})",
-                   what, text);
+  return spec_node_errf(c, node,
+                        "%s: '%s' is not a condition; write \"PARAM OP VALUE\" with OP one "
+                        "of ==, !=, <, <=, >, >= (or {param: P, in: [...]})",
+                        what, text);
 }
 
 static int append_scalar(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                          json_t *array) {
   json_t *value;
-  int rc = node_scalar_json(c, node, what, &value);
+  int rc = spec_node_scalar_json(c, node, what, &value);
   if (!rc && json_array_append_new(array, value) != 0) rc = nas_errf(c->err, "out of memory");
   return rc;
 }
@@ -216,53 +219,55 @@ static int parse_condition_map(const yaml_ctx *c, const yaml_node_t *map, const 
   yaml_node_t *param;
   const char *name = NULL;
   char field[FIELD_CAP];
-  field_join(field, what, "param");
-  int rc = node_check_keys(c, map, what, keys);
-  if (!rc) rc = node_required(c, map, what, "param", &param);
-  if (!rc) rc = node_text(c, param, field, &name);
+  spec_field_join(field, what, "param");
+  int rc = spec_node_check_keys(c, map, what, keys);
+  if (!rc) rc = spec_node_required(c, map, what, "param", &param);
+  if (!rc) rc = spec_node_text(c, param, field, &name);
   if (rc) return rc;
-  yaml_node_t *in = node_optional(c, map, "in"), *equals = node_optional(c, map, "equals");
+  yaml_node_t *in = spec_node_optional(c, map, "in"),
+              *equals = spec_node_optional(c, map, "equals");
   if ((in != NULL) == (equals != NULL))
-    return node_errf(c, map, "%s: needs exactly one of 'in' (a list) and 'equals' (a value)", what);
+    return spec_node_errf(c, map, "%s: needs exactly one of 'in' (a list) and 'equals' (a value)",
+                          what);
   *read = (condition_read){param, in ? in : equals, name, strlen(name)};
-  field_join(field, what, in ? "in" : "equals");
+  spec_field_join(field, what, in ? "in" : "equals");
   if (!(cond->values = json_array())) return nas_errf(c->err, "out of memory");
   if (equals) {
     cond->op = COND_EQ;
     return append_scalar(c, equals, field, cond->values);
   }
   cond->op = COND_IN;
-  if ((rc = node_expect_list(c, in, field))) return rc;
+  if ((rc = spec_node_expect_list(c, in, field))) return rc;
   if (in->data.sequence.items.top == in->data.sequence.items.start)
-    return node_errf(c, in, "%s: needs at least one value", field);
+    return spec_node_errf(c, in, "%s: needs at least one value", field);
   for (yaml_node_item_t *item = in->data.sequence.items.start;
        !rc && item < in->data.sequence.items.top; item++)
-    rc = append_scalar(c, node_at(c, *item), field, cond->values);
+    rc = append_scalar(c, spec_node_at(c, *item), field, cond->values);
   return rc;
 }
 
 /* Resolves the parent's name to an index earlier than self. */
 static int resolve_parent(const yaml_ctx *c, const spec *s, size_t self, const char *what,
                           const condition_read *read, size_t *parent) {
-  int found = param_find(s->params, s->n_params, read->parent, read->parent_len);
+  int found = spec_param_find(s->params, s->n_params, read->parent, read->parent_len);
   int name_len = (int)read->parent_len;
   if (found >= 0 && (size_t)found < self) {
     *parent = (size_t)found;
     return NAS_OK;
   }
   if (found >= 0 && (size_t)found == self)
-    return node_errf(c, read->parent_at, "%s: a parameter cannot depend on itself", what);
+    return spec_node_errf(c, read->parent_at, "%s: a parameter cannot depend on itself", what);
   if (found >= 0)
-    return node_errf(c, read->parent_at,
-                     "%s: '%.*s' is declared after '%s'; a condition can "
-                     "only use parameters declared before it",
-                     what, name_len, read->parent, s->params[self].name);
-  const char *guess = param_nearest(s, read->parent, read->parent_len);
+    return spec_node_errf(c, read->parent_at,
+                          "%s: '%.*s' is declared after '%s'; a condition can "
+                          "only use parameters declared before it",
+                          what, name_len, read->parent, s->params[self].name);
+  const char *guess = spec_param_nearest(s, read->parent, read->parent_len);
   if (guess)
-    return node_errf(c, read->parent_at, "%s: unknown parameter '%.*s'; did you mean '%s'?", what,
-                     name_len, read->parent, guess);
-  return node_errf(c, read->parent_at, "%s: unknown parameter '%.*s'", what, name_len,
-                   read->parent);
+    return spec_node_errf(c, read->parent_at, "%s: unknown parameter '%.*s'; did you mean '%s'?",
+                          what, name_len, read->parent, guess);
+  return spec_node_errf(c, read->parent_at, "%s: unknown parameter '%.*s'", what, name_len,
+                        read->parent);
 }
 
 static bool is_comparison(cond_op op) {
@@ -275,27 +280,29 @@ static int check_condition_values(const yaml_ctx *c, const param_spec *parent, c
   if (is_comparison(cond->op)) {
     const json_t *value = json_array_get(cond->values, 0);
     char text[64], low[32], high[32];
-    describe_value(value, text, sizeof text);
+    spec_describe_value(value, text, sizeof text);
     if (parent->kind != PARAM_FLOAT && parent->kind != PARAM_INT)
-      return node_errf(c, read->values_at,
-                       "%s: '%s' compares a %s parameter ('%s'); only "
-                       "float and int parameters can be compared",
-                       what, cond_op_text(cond->op), param_kind_name(parent->kind), parent->name);
+      return spec_node_errf(c, read->values_at,
+                            "%s: '%s' compares a %s parameter ('%s'); only "
+                            "float and int parameters can be compared",
+                            what, spec_cond_op_text(cond->op), spec_param_kind_name(parent->kind),
+                            parent->name);
     if (!json_is_number(value))
-      return node_errf(c, read->values_at, "%s: '%s' can only be compared with a number, not %s",
-                       what, parent->name, text);
-    format_double(parent->low, low, sizeof low);
-    format_double(parent->high, high, sizeof high);
-    if (!param_in_range(parent, json_number_value(value)))
-      return node_errf(c, read->values_at, "%s: %s is outside the range of '%s' [%s, %s]", what,
-                       text, parent->name, low, high);
+      return spec_node_errf(c, read->values_at,
+                            "%s: '%s' can only be compared with a number, not %s", what,
+                            parent->name, text);
+    spec_format_double(parent->low, low, sizeof low);
+    spec_format_double(parent->high, high, sizeof high);
+    if (!spec_param_in_range(parent, json_number_value(value)))
+      return spec_node_errf(c, read->values_at, "%s: %s is outside the range of '%s' [%s, %s]",
+                            what, text, parent->name, low, high);
     return NAS_OK;
   }
   for (size_t i = 0; i < json_array_size(cond->values); i++) {
     char why[300];
-    if (!param_accepts(parent, json_array_get(cond->values, i), why, sizeof why))
-      return node_errf(c, read->values_at, "%s: '%s' can never hold that: %s", what, parent->name,
-                       why);
+    if (!spec_param_accepts(parent, json_array_get(cond->values, i), why, sizeof why))
+      return spec_node_errf(c, read->values_at, "%s: '%s' can never hold that: %s", what,
+                            parent->name, why);
   }
   return NAS_OK;
 }
@@ -305,16 +312,16 @@ static int parse_condition(const yaml_ctx *c, const yaml_node_t *when, const cha
   param_spec *p = &s->params[self];
   condition_read read = {0};
   char what[FIELD_CAP];
-  field_join(what, param_what, "when");
+  spec_field_join(what, param_what, "when");
   int rc;
   if (when->type == YAML_MAPPING_NODE)
     rc = parse_condition_map(c, when, what, &p->cond, &read);
   else if (when->type == YAML_SCALAR_NODE)
     rc = parse_condition_text(c, when, what, &p->cond, &read);
   else
-    rc = node_expected(c, when, what,
-                       "a condition such as \"layers >= 3\" or "
-                       "{param: opt, in: [sgd]}");
+    rc = spec_node_expected(c, when, what,
+                            "a condition such as \"layers >= 3\" or "
+                            "{param: opt, in: [sgd]}");
   if (!rc) rc = resolve_parent(c, s, self, what, &read, &p->cond.parent);
   if (!rc) rc = check_condition_values(c, &s->params[p->cond.parent], what, &p->cond, &read);
   p->conditional = rc == NAS_OK;
@@ -327,7 +334,7 @@ static int parse_definition(const yaml_ctx *c, const yaml_node_t *map, const cha
                             size_t self) {
   param_spec *p = &s->params[self];
   /* Typos first, so `tpye: int` reads "did you mean 'type'?", not "missing 'type'". */
-  int rc = node_check_keys(c, map, what, any_kind_keys);
+  int rc = spec_node_check_keys(c, map, what, any_kind_keys);
   if (!rc) rc = parse_kind(c, map, what, &p->kind);
   if (!rc) rc = check_param_keys(c, map, what, p->kind);
   if (rc) return rc;
@@ -337,35 +344,35 @@ static int parse_definition(const yaml_ctx *c, const yaml_node_t *map, const cha
   case PARAM_CATEGORICAL: rc = parse_choices(c, map, what, p); break;
   case PARAM_FIXED: rc = parse_fixed(c, map, what, p); break;
   }
-  yaml_node_t *when = rc ? NULL : node_optional(c, map, "when");
+  yaml_node_t *when = rc ? NULL : spec_node_optional(c, map, "when");
   return when ? parse_condition(c, when, what, s, self) : rc;
 }
 
 static int parse_param(const yaml_ctx *c, const yaml_node_t *value, spec *s, size_t self) {
   param_spec *p = &s->params[self];
   char what[FIELD_CAP];
-  field_join(what, "parameters", p->name);
+  spec_field_join(what, "parameters", p->name);
   if (value->type == YAML_MAPPING_NODE) return parse_definition(c, value, what, s, self);
-  if (value->type == YAML_SCALAR_NODE && !node_is_null(value)) {
+  if (value->type == YAML_SCALAR_NODE && !spec_node_is_null(value)) {
     p->kind = PARAM_FIXED; /* the shorthand `epochs: 5` */
-    return node_scalar_json(c, value, what, &p->fixed);
+    return spec_node_scalar_json(c, value, what, &p->fixed);
   }
-  return node_expected(c, value, what,
-                       "a mapping such as {type: float, low: 0, high: 1}, or a "
-                       "plain value for a fixed parameter");
+  return spec_node_expected(c, value, what,
+                            "a mapping such as {type: float, low: 0, high: 1}, or a "
+                            "plain value for a fixed parameter");
 }
 
 /* First pass: every name, so conditions can tell "declared later" from "unknown". */
 static int read_param_names(const yaml_ctx *c, const yaml_node_t *map, spec *s) {
   for (yaml_node_pair_t *pair = map->data.mapping.pairs.start; pair < map->data.mapping.pairs.top;
        pair++) {
-    yaml_node_t *key = node_at(c, pair->key);
-    const char *name = node_scalar_text(key);
-    if (!is_identifier(name, ".-"))
-      return node_errf(c, key,
-                       "parameters: '%s' is not a parameter name (a letter or '_', then "
-                       "letters, digits, '_', '.' or '-')",
-                       name);
+    yaml_node_t *key = spec_node_at(c, pair->key);
+    const char *name = spec_node_scalar_text(key);
+    if (!spec_is_identifier(name, ".-"))
+      return spec_node_errf(c, key,
+                            "parameters: '%s' is not a parameter name (a letter or '_', then "
+                            "letters, digits, '_', '.' or '-')",
+                            name);
     param_spec *p = &s->params[s->n_params++];
     if (!(p->name = strdup(name))) return nas_errf(c->err, "out of memory");
     p->line = (int)key->start_mark.line + 1;
@@ -382,12 +389,12 @@ static int check_env_names_distinct(const yaml_ctx *c, const yaml_node_t *map, c
     if (!(env[i] = spec_param_env_name(s->params[i].name))) rc = nas_errf(c->err, "out of memory");
     for (size_t j = 0; !rc && j < i; j++) {
       if (strcmp(env[i], env[j]) != 0) continue;
-      const yaml_node_t *first = node_at(c, map->data.mapping.pairs.start[j].key);
-      rc = node_errf(c, node_at(c, map->data.mapping.pairs.start[i].key),
-                     "parameters: '%s' and '%s' (line %zu, column %zu) would both be the "
-                     "environment variable %s; rename one",
-                     s->params[i].name, s->params[j].name, first->start_mark.line + 1,
-                     first->start_mark.column + 1, env[i]);
+      const yaml_node_t *first = spec_node_at(c, map->data.mapping.pairs.start[j].key);
+      rc = spec_node_errf(c, spec_node_at(c, map->data.mapping.pairs.start[i].key),
+                          "parameters: '%s' and '%s' (line %zu, column %zu) would both be the "
+                          "environment variable %s; rename one",
+                          s->params[i].name, s->params[j].name, first->start_mark.line + 1,
+                          first->start_mark.column + 1, env[i]);
     }
   }
   for (size_t i = 0; env && i < s->n_params; i++) free(env[i]);
@@ -395,15 +402,15 @@ static int check_env_names_distinct(const yaml_ctx *c, const yaml_node_t *map, c
   return rc;
 }
 
-int parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s) {
-  int rc = node_expect_mapping(c, node, "parameters");
+int spec_parse_parameters(const yaml_ctx *c, const yaml_node_t *node, spec *s) {
+  int rc = spec_node_expect_mapping(c, node, "parameters");
   if (rc) return rc;
   size_t n = (size_t)(node->data.mapping.pairs.top - node->data.mapping.pairs.start);
-  if (n == 0) return node_errf(c, node, "parameters: at least one parameter is needed");
+  if (n == 0) return spec_node_errf(c, node, "parameters: at least one parameter is needed");
   if (!(s->params = calloc(n, sizeof *s->params))) return nas_errf(c->err, "out of memory");
   if ((rc = read_param_names(c, node, s)) || (rc = check_env_names_distinct(c, node, s)))
     return rc;
   for (size_t i = 0; i < n && !rc; i++)
-    rc = parse_param(c, node_at(c, node->data.mapping.pairs.start[i].value), s, i);
+    rc = parse_param(c, spec_node_at(c, node->data.mapping.pairs.start[i].value), s, i);
   return rc;
 }

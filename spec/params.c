@@ -1,6 +1,6 @@
 /* spec/params.c: what values a loaded spec's parameters take, and which are active.
  *
- * One rule decides "can parameter p take value v" (param_accepts); the loader uses it for
+ * One rule decides "can parameter p take value v" (spec_param_accepts); the loader uses it for
  * condition values and spec_check_params for whole assignments, so both agree. Numbers
  * compare by value (3 == 3.0), but int parameters only take JSON integers, so stored
  * assignments keep their types. Bounds are exact: an optimizer clamps to [low, high]. */
@@ -18,41 +18,41 @@ char *spec_param_env_name(const char *name) {
   return env;
 }
 
-bool values_equal(const json_t *a, const json_t *b) {
+bool spec_values_equal(const json_t *a, const json_t *b) {
   if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
   return json_equal(a, b);
 }
 
-bool on_step_grid(double offset, double step) {
+bool spec_on_step_grid(double offset, double step) {
   double steps = offset / step;
   return fabs(steps - round(steps)) <= 1e-9 * fmax(1.0, fabs(steps));
 }
 
-bool param_in_range(const param_spec *p, double value) {
+bool spec_param_in_range(const param_spec *p, double value) {
   return value >= p->low && value <= p->high;
 }
 
 /* The numeric checks shared by float and int parameters. */
 static bool number_accepted(const param_spec *p, double x, char *why, size_t cap) {
   char value[32], low[32], high[32], step[32];
-  format_double(x, value, sizeof value);
-  format_double(p->low, low, sizeof low);
-  format_double(p->high, high, sizeof high);
-  if (!param_in_range(p, x)) {
+  spec_format_double(x, value, sizeof value);
+  spec_format_double(p->low, low, sizeof low);
+  spec_format_double(p->high, high, sizeof high);
+  if (!spec_param_in_range(p, x)) {
     snprintf(why, cap, "%s is outside [%s, %s]", value, low, high);
     return false;
   }
-  if (p->step > 0 && !on_step_grid(x - p->low, p->step)) {
-    format_double(p->step, step, sizeof step);
+  if (p->step > 0 && !spec_on_step_grid(x - p->low, p->step)) {
+    spec_format_double(p->step, step, sizeof step);
     snprintf(why, cap, "%s is not on the grid %s + k * %s", value, low, step);
     return false;
   }
   return true;
 }
 
-bool param_accepts(const param_spec *p, const json_t *value, char *why, size_t cap) {
+bool spec_param_accepts(const param_spec *p, const json_t *value, char *why, size_t cap) {
   char text[64], list[200];
-  describe_value(value, text, sizeof text);
+  spec_describe_value(value, text, sizeof text);
   switch (p->kind) {
   case PARAM_FLOAT:
     if (json_is_number(value)) return number_accepted(p, json_number_value(value), why, cap);
@@ -64,39 +64,39 @@ bool param_accepts(const param_spec *p, const json_t *value, char *why, size_t c
     return false;
   case PARAM_CATEGORICAL:
     for (size_t i = 0; i < json_array_size(p->choices); i++)
-      if (values_equal(value, json_array_get(p->choices, i))) return true;
-    describe_list(p->choices, list, sizeof list);
+      if (spec_values_equal(value, json_array_get(p->choices, i))) return true;
+    spec_describe_list(p->choices, list, sizeof list);
     snprintf(why, cap, "%s is not one of %s", text, list);
     return false;
   case PARAM_FIXED: break;
   }
-  if (values_equal(value, p->fixed)) return true;
+  if (spec_values_equal(value, p->fixed)) return true;
   char fixed[64];
-  describe_value(p->fixed, fixed, sizeof fixed);
+  spec_describe_value(p->fixed, fixed, sizeof fixed);
   snprintf(why, cap, "the value is fixed at %s, got %s", fixed, text);
   return false;
 }
 
-int param_find(const param_spec *params, size_t n, const char *name, size_t len) {
+int spec_param_find(const param_spec *params, size_t n, const char *name, size_t len) {
   for (size_t i = 0; i < n; i++)
     if (strncmp(params[i].name, name, len) == 0 && params[i].name[len] == '\0') return (int)i;
   return -1;
 }
 
-const char *param_nearest(const spec *s, const char *name, size_t len) {
+const char *spec_param_nearest(const spec *s, const char *name, size_t len) {
   const char **names = calloc(s->n_params + 1, sizeof *names);
   char *wanted = strndup(name, len);
   const char *guess = NULL;
   if (names && wanted) {
     for (size_t i = 0; i < s->n_params; i++) names[i] = s->params[i].name;
-    guess = nearest_name(wanted, names);
+    guess = spec_nearest_name(wanted, names);
   }
   free(wanted);
   free(names);
   return guess;
 }
 
-const char *param_kind_name(param_kind kind) {
+const char *spec_param_kind_name(param_kind kind) {
   switch (kind) {
   case PARAM_FLOAT: return "float";
   case PARAM_INT: return "int";
@@ -106,7 +106,7 @@ const char *param_kind_name(param_kind kind) {
   return "fixed";
 }
 
-const char *cond_op_text(cond_op op) {
+const char *spec_cond_op_text(cond_op op) {
   switch (op) {
   case COND_EQ: return "==";
   case COND_NE: return "!=";
@@ -120,7 +120,7 @@ const char *cond_op_text(cond_op op) {
 }
 
 int spec_param_index(const spec *s, const char *name) {
-  return param_find(s->params, s->n_params, name, strlen(name));
+  return spec_param_find(s->params, s->n_params, name, strlen(name));
 }
 
 static bool condition_holds(const param_condition *cond, const json_t *value) {
@@ -128,16 +128,23 @@ static bool condition_holds(const param_condition *cond, const json_t *value) {
   double x = json_number_value(value), bound = json_number_value(first);
   bool numbers = json_is_number(value) && json_is_number(first);
   switch (cond->op) {
-  case COND_EQ: return values_equal(value, first);
-  case COND_NE: return !values_equal(value, first);
-  case COND_LT: return numbers && x < bound;
-  case COND_LE: return numbers && x <= bound;
-  case COND_GT: return numbers && x > bound;
-  case COND_GE: return numbers && x >= bound;
-  case COND_IN: break;
+    case COND_EQ:
+      return spec_values_equal(value, first);
+    case COND_NE:
+      return !spec_values_equal(value, first);
+    case COND_LT:
+      return numbers && x < bound;
+    case COND_LE:
+      return numbers && x <= bound;
+    case COND_GT:
+      return numbers && x > bound;
+    case COND_GE:
+      return numbers && x >= bound;
+    case COND_IN:
+      break;
   }
   for (size_t i = 0; i < json_array_size(cond->values); i++)
-    if (values_equal(value, json_array_get(cond->values, i))) return true;
+    if (spec_values_equal(value, json_array_get(cond->values, i))) return true;
   return false;
 }
 
@@ -165,13 +172,13 @@ int spec_check_params(const spec *s, const json_t *params, nas_err *err) {
     char why[300];
     if (active && !value) return nas_errf(err, "parameter '%s' is missing", p->name);
     if (!active && value) {
-      describe_condition(s, &p->cond, why, sizeof why);
+      spec_describe_condition(s, &p->cond, why, sizeof why);
       return nas_errf(err,
                       "parameter '%s' is inactive (its condition %s does not hold) but has "
                       "a value",
                       p->name, why);
     }
-    if (active && !param_accepts(p, value, why, sizeof why))
+    if (active && !spec_param_accepts(p, value, why, sizeof why))
       return nas_errf(err, "parameter '%s': %s", p->name, why);
   }
   return NAS_OK;

@@ -30,7 +30,7 @@ int spec_check_name(const char *name, nas_err *err) {
   char first = name[0];
   bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') ||
                 (first >= '0' && first <= '9');
-  size_t len = name_span(name, ".-");
+  size_t len = spec_name_span(name, ".-");
   if (starts && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX) return NAS_OK;
   return nas_errf(err,
                   "'%.40s%s' is not an experiment name: a letter or digit, then letters, "
@@ -41,37 +41,37 @@ int spec_check_name(const char *name, nas_err *err) {
 static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *node;
   nas_err why;
-  int rc = node_required(c, root, "spec", "name", &node);
-  if (!rc) rc = node_dup_text(c, node, "name", &s->name);
+  int rc = spec_node_required(c, root, "spec", "name", &node);
+  if (!rc) rc = spec_node_dup_text(c, node, "name", &s->name);
   if (!rc && spec_check_name(s->name, &why) != NAS_OK)
-    rc = node_errf(c, node, "name: %s", why.msg);
+    rc = spec_node_errf(c, node, "name: %s", why.msg);
   if (rc) return rc;
-  node = node_optional(c, root, "storage");
+  node = spec_node_optional(c, root, "storage");
   if (node)
-    rc = node_dup_text(c, node, "storage", &s->storage);
+    rc = spec_node_dup_text(c, node, "storage", &s->storage);
   else if (!(s->storage = strdup("sqlite:nas.db")))
     rc = nas_errf(c->err, "out of memory");
   if (rc) return rc;
   long long seed = 0;
-  node = node_optional(c, root, "seed");
-  if (node && (rc = node_integer(c, node, "seed", &seed))) return rc;
-  if (seed < 0) return node_errf(c, node, "seed: must be 0 or more, got %lld", seed);
+  node = spec_node_optional(c, root, "seed");
+  if (node && (rc = spec_node_integer(c, node, "seed", &seed))) return rc;
+  if (seed < 0) return spec_node_errf(c, node, "seed: must be 0 or more, got %lld", seed);
   s->seed = (long)seed;
   return NAS_OK;
 }
 
 static int check_metric_name(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                              const char *name) {
-  if (is_identifier(name, ".-")) return NAS_OK;
-  return node_errf(c, node,
-                   "%s: '%s' is not a metric name (a letter or '_', then letters, "
-                   "digits, '_', '.' or '-')",
-                   what, name);
+  if (spec_is_identifier(name, ".-")) return NAS_OK;
+  return spec_node_errf(c, node,
+                        "%s: '%s' is not a metric name (a letter or '_', then letters, "
+                        "digits, '_', '.' or '-')",
+                        what, name);
 }
 
 static int parse_metric_name(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                              char **out) {
-  int rc = node_dup_text(c, node, what, out);
+  int rc = spec_node_dup_text(c, node, what, out);
   return rc ? rc : check_metric_name(c, node, what, *out);
 }
 
@@ -79,16 +79,16 @@ static int parse_goal(const yaml_ctx *c, const yaml_node_t *node, const char *wh
                       objective_goal *goal) {
   static const char *const goals[] = {"minimize", "maximize", NULL};
   const char *text = NULL;
-  int rc = node_text(c, node, what, &text);
+  int rc = spec_node_text(c, node, what, &text);
   if (rc) return rc;
   if (strcmp(text, "minimize") == 0 || strcmp(text, "maximize") == 0) {
     *goal = text[1] == 'i' ? GOAL_MINIMIZE : GOAL_MAXIMIZE;
     return NAS_OK;
   }
-  const char *guess = nearest_name(text, goals);
+  const char *guess = spec_nearest_name(text, goals);
   if (guess)
-    return node_errf(c, node, "%s: '%s' is not a goal; did you mean '%s'?", what, text, guess);
-  return node_errf(c, node, "%s: '%s' is not a goal (minimize or maximize)", what, text);
+    return spec_node_errf(c, node, "%s: '%s' is not a goal; did you mean '%s'?", what, text, guess);
+  return spec_node_errf(c, node, "%s: '%s' is not a goal (minimize or maximize)", what, text);
 }
 
 static int parse_objective(const yaml_ctx *c, const yaml_node_t *node, const char *what,
@@ -96,38 +96,39 @@ static int parse_objective(const yaml_ctx *c, const yaml_node_t *node, const cha
   static const char *const keys[] = {"name", "goal", "threshold", NULL};
   char field[FIELD_CAP];
   yaml_node_t *value;
-  int rc = node_expect_mapping(c, node, what);
-  if (!rc) rc = node_check_keys(c, node, what, keys);
-  if (!rc) rc = node_required(c, node, what, "name", &value);
-  field_join(field, what, "name");
+  int rc = spec_node_expect_mapping(c, node, what);
+  if (!rc) rc = spec_node_check_keys(c, node, what, keys);
+  if (!rc) rc = spec_node_required(c, node, what, "name", &value);
+  spec_field_join(field, what, "name");
   if (!rc) rc = parse_metric_name(c, value, field, &o->name);
-  if (!rc) rc = node_required(c, node, what, "goal", &value);
-  field_join(field, what, "goal");
+  if (!rc) rc = spec_node_required(c, node, what, "goal", &value);
+  spec_field_join(field, what, "goal");
   if (!rc) rc = parse_goal(c, value, field, &o->goal);
   if (rc) return rc;
-  value = node_optional(c, node, "threshold");
+  value = spec_node_optional(c, node, "threshold");
   o->has_threshold = value != NULL;
-  field_join(field, what, "threshold");
-  return value ? node_number(c, value, field, &o->threshold) : NAS_OK;
+  spec_field_join(field, what, "threshold");
+  return value ? spec_node_number(c, value, field, &o->threshold) : NAS_OK;
 }
 
 static int parse_objectives(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *list;
-  int rc = node_required(c, root, "spec", "objectives", &list);
-  if (!rc) rc = node_expect_list(c, list, "objectives");
+  int rc = spec_node_required(c, root, "spec", "objectives", &list);
+  if (!rc) rc = spec_node_expect_list(c, list, "objectives");
   if (rc) return rc;
   size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
-  if (n == 0) return node_errf(c, list, "objectives: at least one objective is needed");
+  if (n == 0) return spec_node_errf(c, list, "objectives: at least one objective is needed");
   if (!(s->objectives = calloc(n, sizeof *s->objectives))) return nas_errf(c->err, "out of memory");
   for (size_t i = 0; i < n; i++) {
-    yaml_node_t *item = node_at(c, list->data.sequence.items.start[i]);
+    yaml_node_t *item = spec_node_at(c, list->data.sequence.items.start[i]);
     char what[48];
     snprintf(what, sizeof what, "objectives[%zu]", i);
     s->n_objectives = i + 1;
     if ((rc = parse_objective(c, item, what, &s->objectives[i]))) return rc;
     for (size_t j = 0; j < i; j++)
       if (strcmp(s->objectives[j].name, s->objectives[i].name) == 0)
-        return node_errf(c, item, "%s: objective '%s' appears twice", what, s->objectives[i].name);
+        return spec_node_errf(c, item, "%s: objective '%s' appears twice", what,
+                              s->objectives[i].name);
   }
   return NAS_OK;
 }
@@ -136,31 +137,31 @@ static int parse_objectives(const yaml_ctx *c, const yaml_node_t *root, spec *s)
 static int parse_constraint(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                             constraint_spec *k) {
   const char *text = NULL;
-  int rc = node_text(c, node, what, &text);
+  int rc = spec_node_text(c, node, what, &text);
   if (rc) return rc;
   const char *metric = text + strspn(text, " ");
-  size_t metric_len = name_span(metric, ".-");
+  size_t metric_len = spec_name_span(metric, ".-");
   const char *op = metric + metric_len + strspn(metric + metric_len, " ");
   bool le = strncmp(op, "<=", 2) == 0, ge = strncmp(op, ">=", 2) == 0;
   json_t *bound = NULL;
-  if ((le || ge) && inline_value(op + 2, &bound, c->err)) return NAS_ERR;
+  if ((le || ge) && spec_inline_value(op + 2, &bound, c->err)) return NAS_ERR;
   bool numeric = json_is_number(bound);
   k->bound = json_number_value(bound);
   json_decref(bound);
   if (metric_len == 0 || !numeric)
-    return node_errf(c, node,
-                     "%s: '%s' is not a constraint; write \"metric <= number\" or "
-                     "\"metric >= number\"",
-                     what, text);
+    return spec_node_errf(c, node,
+                          "%s: '%s' is not a constraint; write \"metric <= number\" or "
+                          "\"metric >= number\"",
+                          what, text);
   if (!(k->metric = strndup(metric, metric_len))) return nas_errf(c->err, "out of memory");
   k->op = le ? CONSTRAINT_LE : CONSTRAINT_GE;
   return check_metric_name(c, node, what, k->metric);
 }
 
 static int parse_constraints(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
-  yaml_node_t *list = node_optional(c, root, "constraints");
+  yaml_node_t *list = spec_node_optional(c, root, "constraints");
   if (!list) return NAS_OK;
-  int rc = node_expect_list(c, list, "constraints");
+  int rc = spec_node_expect_list(c, list, "constraints");
   if (rc) return rc;
   size_t n = (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
   if (n == 0) return NAS_OK;
@@ -170,7 +171,7 @@ static int parse_constraints(const yaml_ctx *c, const yaml_node_t *root, spec *s
     char what[48];
     snprintf(what, sizeof what, "constraints[%zu]", i);
     s->n_constraints = i + 1;
-    rc = parse_constraint(c, node_at(c, list->data.sequence.items.start[i]), what,
+    rc = parse_constraint(c, spec_node_at(c, list->data.sequence.items.start[i]), what,
                           &s->constraints[i]);
     if (rc) return rc;
   }
@@ -180,36 +181,39 @@ static int parse_constraints(const yaml_ctx *c, const yaml_node_t *root, spec *s
 /* budget.patience: {trials: N, min_improvement: share}. */
 static int parse_patience(const yaml_ctx *c, const yaml_node_t *budget, spec *s) {
   static const char *const keys[] = {"trials", "min_improvement", NULL};
-  yaml_node_t *patience = node_optional(c, budget, "patience"), *node;
+  yaml_node_t *patience = spec_node_optional(c, budget, "patience"), *node;
   if (!patience) return NAS_OK;
   long long trials;
   double share = 0.001;
-  int rc = node_expect_mapping(c, patience, "budget.patience");
-  if (!rc) rc = node_check_keys(c, patience, "budget.patience", keys);
-  if (!rc) rc = node_required(c, patience, "budget.patience", "trials", &node);
-  if (!rc) rc = node_integer(c, node, "budget.patience.trials", &trials);
+  int rc = spec_node_expect_mapping(c, patience, "budget.patience");
+  if (!rc) rc = spec_node_check_keys(c, patience, "budget.patience", keys);
+  if (!rc) rc = spec_node_required(c, patience, "budget.patience", "trials", &node);
+  if (!rc) rc = spec_node_integer(c, node, "budget.patience.trials", &trials);
   if (rc) return rc;
   if (trials < 1 || trials > 1000000)
-    return node_errf(c, node, "budget.patience.trials: must be between 1 and 1000000, got %lld",
-                     trials);
-  node = node_optional(c, patience, "min_improvement");
-  if (node && (rc = node_number(c, node, "budget.patience.min_improvement", &share))) return rc;
+    return spec_node_errf(
+        c, node, "budget.patience.trials: must be between 1 and 1000000, got %lld", trials);
+  node = spec_node_optional(c, patience, "min_improvement");
+  if (node && (rc = spec_node_number(c, node, "budget.patience.min_improvement", &share)))
+    return rc;
   if (!(share >= 0 && share < 1))
-    return node_errf(c, node, "budget.patience.min_improvement: must be in [0, 1), a share of "
-                     "the hypervolume, got %g", share);
+    return spec_node_errf(c, node,
+                          "budget.patience.min_improvement: must be in [0, 1), a share of "
+                          "the hypervolume, got %g",
+                          share);
   s->budget.patience_trials = (int)trials;
   s->budget.patience_min_improvement = share;
   return NAS_OK;
 }
 
 static int parse_failure_rate(const yaml_ctx *c, const yaml_node_t *budget, spec *s) {
-  yaml_node_t *node = node_optional(c, budget, "max_failure_rate");
+  yaml_node_t *node = spec_node_optional(c, budget, "max_failure_rate");
   s->budget.max_failure_rate = 0.5;
-  int rc = node ? node_number(c, node, "budget.max_failure_rate", &s->budget.max_failure_rate)
+  int rc = node ? spec_node_number(c, node, "budget.max_failure_rate", &s->budget.max_failure_rate)
                 : NAS_OK;
   if (!rc && !(s->budget.max_failure_rate >= 0 && s->budget.max_failure_rate <= 1))
-    rc = node_errf(c, node, "budget.max_failure_rate: must be in [0, 1], got %g",
-                   s->budget.max_failure_rate);
+    rc = spec_node_errf(c, node, "budget.max_failure_rate: must be in [0, 1], got %g",
+                        s->budget.max_failure_rate);
   return rc;
 }
 
@@ -218,44 +222,47 @@ static int parse_budget(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
                                      "max_failure_rate", "patience", NULL};
   yaml_node_t *budget, *node;
   long long trials, parallel = 1;
-  int rc = node_required(c, root, "spec", "budget", &budget);
-  if (!rc) rc = node_expect_mapping(c, budget, "budget");
-  if (!rc) rc = node_check_keys(c, budget, "budget", keys);
-  if (!rc) rc = node_required(c, budget, "budget", "trials", &node);
-  if (!rc) rc = node_integer(c, node, "budget.trials", &trials);
+  int rc = spec_node_required(c, root, "spec", "budget", &budget);
+  if (!rc) rc = spec_node_expect_mapping(c, budget, "budget");
+  if (!rc) rc = spec_node_check_keys(c, budget, "budget", keys);
+  if (!rc) rc = spec_node_required(c, budget, "budget", "trials", &node);
+  if (!rc) rc = spec_node_integer(c, node, "budget.trials", &trials);
   if (rc) return rc;
   if (trials < 1 || trials > 1000000000)
-    return node_errf(c, node, "budget.trials: must be between 1 and 1000000000, got %lld", trials);
-  node = node_optional(c, budget, "parallel");
-  if (node && (rc = node_integer(c, node, "budget.parallel", &parallel))) return rc;
+    return spec_node_errf(c, node, "budget.trials: must be between 1 and 1000000000, got %lld",
+                          trials);
+  node = spec_node_optional(c, budget, "parallel");
+  if (node && (rc = spec_node_integer(c, node, "budget.parallel", &parallel))) return rc;
   if (parallel < 1 || parallel > 1000000)
-    return node_errf(c, node, "budget.parallel: must be between 1 and 1000000, got %lld", parallel);
+    return spec_node_errf(c, node, "budget.parallel: must be between 1 and 1000000, got %lld",
+                          parallel);
   s->budget.max_trials = (int)trials;
   s->budget.parallel = (int)parallel;
-  node = node_optional(c, budget, "wall_time");
-  if (node && (rc = node_duration(c, node, "budget.wall_time", &s->budget.max_wall_s))) return rc;
+  node = spec_node_optional(c, budget, "wall_time");
+  if (node && (rc = spec_node_duration(c, node, "budget.wall_time", &s->budget.max_wall_s)))
+    return rc;
   return (rc = parse_failure_rate(c, budget, s)) ? rc : parse_patience(c, budget, s);
 }
 
 static int parse_plugin_type(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                              const char *const *types, char **out) {
   const char *text = NULL;
-  int rc = node_text(c, node, what, &text);
+  int rc = spec_node_text(c, node, what, &text);
   if (rc) return rc;
   for (const char *const *t = types; *t; t++)
-    if (strcmp(*t, text) == 0) return node_dup_text(c, node, what, out);
-  const char *guess = nearest_name(text, types);
+    if (strcmp(*t, text) == 0) return spec_node_dup_text(c, node, what, out);
+  const char *guess = spec_nearest_name(text, types);
   if (guess)
-    return node_errf(c, node, "%s: unknown type '%s'; did you mean '%s'?", what, text, guess);
-  return node_errf(c, node, "%s: unknown type '%s'", what, text);
+    return spec_node_errf(c, node, "%s: unknown type '%s'; did you mean '%s'?", what, text, guess);
+  return spec_node_errf(c, node, "%s: unknown type '%s'", what, text);
 }
 
 /* Where each option of a plug-in section was written (plugin_spec.where). */
 static int record_option_places(const yaml_ctx *c, const yaml_node_t *section, json_t *where) {
   for (yaml_node_pair_t *pair = section->data.mapping.pairs.start;
        pair < section->data.mapping.pairs.top; pair++) {
-    const char *key = node_scalar_text(node_at(c, pair->key));
-    const yaml_node_t *value = node_at(c, pair->value);
+    const char *key = spec_node_scalar_text(spec_node_at(c, pair->key));
+    const yaml_node_t *value = spec_node_at(c, pair->value);
     char place[FIELD_CAP + 48];
     snprintf(place, sizeof place, "%s:%zu:%zu", c->file, value->start_mark.line + 1,
              value->start_mark.column + 1);
@@ -268,38 +275,38 @@ static int record_option_places(const yaml_ctx *c, const yaml_node_t *section, j
 /* runner: / optimizer: a `type` (default given) and options for that plug-in. */
 static int parse_plugin(const yaml_ctx *c, const yaml_node_t *root, const char *section,
                         const char *const *types, plugin_spec *out) {
-  yaml_node_t *node = node_optional(c, root, section), *type = NULL;
-  int rc = node ? node_expect_mapping(c, node, section) : NAS_OK;
-  if (!rc) rc = node ? node_json(c, node, section, &out->options) : NAS_OK;
+  yaml_node_t *node = spec_node_optional(c, root, section), *type = NULL;
+  int rc = node ? spec_node_expect_mapping(c, node, section) : NAS_OK;
+  if (!rc) rc = node ? spec_node_json(c, node, section, &out->options) : NAS_OK;
   if (rc) return rc;
   if (!out->options && !(out->options = json_object())) return nas_errf(c->err, "out of memory");
   json_object_del(out->options, "type");
   if (!(out->where = json_object())) return nas_errf(c->err, "out of memory");
   if (node && (rc = record_option_places(c, node, out->where))) return rc;
-  if (node) type = node_optional(c, node, "type");
+  if (node) type = spec_node_optional(c, node, "type");
   char what[FIELD_CAP];
-  field_join(what, section, "type");
+  spec_field_join(what, section, "type");
   if (type) return parse_plugin_type(c, type, what, types, &out->type);
   return (out->type = strdup(types[0])) ? NAS_OK : nas_errf(c->err, "out of memory");
 }
 
 static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *dir, spec *s) {
   yaml_node_t *params;
-  int rc = node_expect_mapping(c, root, "spec");
-  if (!rc) rc = node_check_keys(c, root, "spec", root_keys);
+  int rc = spec_node_expect_mapping(c, root, "spec");
+  if (!rc) rc = spec_node_check_keys(c, root, "spec", root_keys);
   if (!rc) rc = parse_identity(c, root, s);
-  if (!rc) rc = node_required(c, root, "spec", "parameters", &params);
-  if (!rc) rc = parse_parameters(c, params, s);
+  if (!rc) rc = spec_node_required(c, root, "spec", "parameters", &params);
+  if (!rc) rc = spec_parse_parameters(c, params, s);
   if (!rc) rc = parse_objectives(c, root, s);
   if (!rc) rc = parse_constraints(c, root, s);
-  if (!rc) rc = parse_trial(c, node_optional(c, root, "trial"), dir, s);
+  if (!rc) rc = spec_parse_trial(c, spec_node_optional(c, root, "trial"), dir, s);
   if (!rc) rc = parse_budget(c, root, s);
   if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
   if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);
-  if (!rc) rc = parse_early_stopping(c, root, s);
-  if (!rc) rc = parse_enqueue(c, root, s);
-  if (!rc) rc = parse_warm_start(c, root, s);
-  if (!rc) rc = parse_notify(c, root, s);
+  if (!rc) rc = spec_parse_early_stopping(c, root, s);
+  if (!rc) rc = spec_parse_enqueue(c, root, s);
+  if (!rc) rc = spec_parse_warm_start(c, root, s);
+  if (!rc) rc = spec_parse_notify(c, root, s);
   return rc;
 }
 
@@ -363,7 +370,7 @@ static int parse_spec(const char *text, const char *file, const char *dir, const
                   "%s:1:1: the file is empty; a spec needs name, parameters, "
                   "objectives, trial and budget",
                   file);
-  if (!rc) rc = node_check_unique_keys(&c);
+  if (!rc) rc = spec_node_check_unique_keys(&c);
   if (!rc) rc = parse_root(&c, root, dir, s);
   if (!rc && (!(s->text = strdup(text)) || !(s->path = strdup(path))))
     rc = nas_errf(err, "%s: out of memory", file);
@@ -421,14 +428,14 @@ static char *name_replaced(const char *text, const char *file, const char *name,
   if (spec_yaml_load(text, file, &doc, err) != NAS_OK) return NULL;
   yaml_ctx c = {.doc = &doc, .file = file, .err = err};
   yaml_node_t *root = yaml_document_get_root_node(&doc);
-  yaml_node_t *node = root && root->type == YAML_MAPPING_NODE ? node_optional(&c, root, "name")
-                                                              : NULL;
+  yaml_node_t *node =
+      root && root->type == YAML_MAPPING_NODE ? spec_node_optional(&c, root, "name") : NULL;
   char *out = NULL;
   if (!node) {
     nas_errf(err, "%s: the spec has no name to change", file);
   } else {
     size_t start = mark_offset(text, node->start_mark), end = mark_offset(text, node->end_mark);
-    const char *quote = scalar_kind_of(name, true) == SCALAR_STRING ? "" : "\"";
+    const char *quote = spec_scalar_kind_of(name, true) == SCALAR_STRING ? "" : "\"";
     out = nas_asprintf("%.*s%s%s%s%s", (int)start, text, quote, name, quote, text + end);
     if (!out) nas_errf(err, "out of memory");
   }
@@ -492,7 +499,7 @@ void spec_free(spec *s) {
   free(s->objectives);
   for (size_t i = 0; i < s->n_constraints; i++) free(s->constraints[i].metric);
   free(s->constraints);
-  builtin_spec_free(s->trial.builtin);
+  spec_builtin_free(s->trial.builtin);
   free_strings(s->trial.argv);
   free(s->trial.workdir);
   free_strings(s->trial.env);
@@ -505,8 +512,8 @@ void spec_free(spec *s) {
   json_decref(s->optimizer.options);
   json_decref(s->optimizer.where);
   json_decref(s->enqueue);
-  warm_start_spec_free(&s->warm_start);
-  notify_specs_free(s->notify, s->n_notify);
+  spec_warm_start_free(&s->warm_start);
+  spec_notify_free(s->notify, s->n_notify);
   free(s->path);
   free(s->text);
   free(s->name);

@@ -3,7 +3,7 @@
  * A value's text is what a trial sees on its command line: integers without a decimal
  * point, reals as the shortest %g text that reads back as the same double (0.1 -> "0.1",
  * never "0.10000000000000001"), strings unchanged, bools as true/false. Command arguments
- * are split into pieces by one scanner, command_piece_next, which the loader uses to check
+ * are split into pieces by one scanner, spec_command_piece_next, which the loader uses to check
  * placeholders and spec_render_argv uses to fill them, so both read braces the same way. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,7 +11,7 @@
 
 #include "spec/internal.h"
 
-void format_double(double v, char *buf, size_t cap) {
+void spec_format_double(double v, char *buf, size_t cap) {
   int precision = 1;
   while (precision < 17) {
     snprintf(buf, cap, "%.*g", precision, v);
@@ -31,7 +31,9 @@ void format_double(double v, char *buf, size_t cap) {
 static bool scalar_text(const json_t *value, char *buf, size_t cap) {
   switch (json_typeof(value)) {
   case JSON_INTEGER: snprintf(buf, cap, "%" JSON_INTEGER_FORMAT, json_integer_value(value)); break;
-  case JSON_REAL: format_double(json_real_value(value), buf, cap); break;
+  case JSON_REAL:
+    spec_format_double(json_real_value(value), buf, cap);
+    break;
   case JSON_TRUE: snprintf(buf, cap, "true"); break;
   case JSON_FALSE: snprintf(buf, cap, "false"); break;
   case JSON_NULL: snprintf(buf, cap, "null"); break;
@@ -48,7 +50,7 @@ char *spec_value_text(const json_t *value) {
   return json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
 }
 
-void describe_value(const json_t *value, char *buf, size_t cap) {
+void spec_describe_value(const json_t *value, char *buf, size_t cap) {
   if (json_is_string(value)) {
     snprintf(buf, cap, "'%s'", json_string_value(value));
   } else if (!scalar_text(value, buf, cap)) {
@@ -58,26 +60,26 @@ void describe_value(const json_t *value, char *buf, size_t cap) {
   }
 }
 
-void describe_list(const json_t *array, char *buf, size_t cap) {
+void spec_describe_list(const json_t *array, char *buf, size_t cap) {
   size_t used = (size_t)snprintf(buf, cap, "[");
   for (size_t i = 0; i < json_array_size(array) && used < cap; i++) {
     char item[64];
-    describe_value(json_array_get(array, i), item, sizeof item);
+    spec_describe_value(json_array_get(array, i), item, sizeof item);
     used += (size_t)snprintf(buf + used, cap - used, "%s%s", i ? ", " : "", item);
   }
   if (used < cap) snprintf(buf + used, cap - used, "]");
 }
 
-void describe_condition(const spec *s, const param_condition *cond, char *buf, size_t cap) {
+void spec_describe_condition(const spec *s, const param_condition *cond, char *buf, size_t cap) {
   char values[200];
   if (cond->op == COND_IN)
-    describe_list(cond->values, values, sizeof values);
+    spec_describe_list(cond->values, values, sizeof values);
   else
-    describe_value(json_array_get(cond->values, 0), values, sizeof values);
-  snprintf(buf, cap, "%s %s %s", s->params[cond->parent].name, cond_op_text(cond->op), values);
+    spec_describe_value(json_array_get(cond->values, 0), values, sizeof values);
+  snprintf(buf, cap, "%s %s %s", s->params[cond->parent].name, spec_cond_op_text(cond->op), values);
 }
 
-int command_piece_next(const char *arg, size_t *pos, command_piece *piece) {
+int spec_command_piece_next(const char *arg, size_t *pos, command_piece *piece) {
   const char *at = arg + *pos;
   *piece = (command_piece){.start = at, .len = 1};
   if (*at == '\0') return 0;
@@ -111,7 +113,7 @@ int command_piece_next(const char *arg, size_t *pos, command_piece *piece) {
 /* The text a placeholder stands for: the value's text, or nothing when inactive. */
 static int write_param(const spec *s, const json_t *params, const command_piece *piece, FILE *out,
                        nas_err *err) {
-  int index = param_find(s->params, s->n_params, piece->start, piece->len);
+  int index = spec_param_find(s->params, s->n_params, piece->start, piece->len);
   if (index < 0)
     return nas_errf(err, "placeholder {%.*s} names no parameter", (int)piece->len, piece->start);
   if (!spec_param_active(s, (size_t)index, params)) return NAS_OK;
@@ -133,7 +135,7 @@ static int render_arg(const spec *s, const json_t *params, const char *arg, char
   if (!text) return nas_errf(err, "out of memory");
   command_piece piece;
   int more = 0, rc = NAS_OK;
-  while (!rc && (more = command_piece_next(arg, &pos, &piece)) > 0) {
+  while (!rc && (more = spec_command_piece_next(arg, &pos, &piece)) > 0) {
     if (piece.is_param)
       rc = write_param(s, params, &piece, text, err);
     else

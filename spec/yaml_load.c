@@ -144,7 +144,7 @@ static int scalar_style(const loader *l, const yaml_event_t *e, yaml_scalar_styl
   }
   for (size_t i = 0; i < sizeof typed / sizeof typed[0]; i++) {
     if (!is_core_tag(tag, typed[i].name)) continue;
-    scalar_kind kind = scalar_kind_of(text, true);
+    scalar_kind kind = spec_scalar_kind_of(text, true);
     if (kind != typed[i].kind && !(typed[i].kind == SCALAR_REAL && kind == SCALAR_INT))
       return mark_errf(l, e->start_mark, "'!!%s' needs %s, got '%.40s'", typed[i].name,
                        typed[i].what, text);
@@ -256,8 +256,9 @@ static int on_collection_start(loader *l, const yaml_event_t *e, bool mapping) {
   int rc = collection_tag(l, e, tag, mapping ? "map" : "seq");
   if (rc) return rc;
   if (l->depth == SPEC_MAX_DEPTH)
-    return mark_errf(l, e->start_mark, "nested more than %d levels deep; a spec may nest at most %d",
-                     SPEC_MAX_DEPTH, SPEC_MAX_DEPTH);
+    return mark_errf(l, e->start_mark,
+                     "nested more than %d levels deep; a spec may nest at most %d", SPEC_MAX_DEPTH,
+                     SPEC_MAX_DEPTH);
   int id = mapping ? yaml_document_add_mapping(l->doc, NULL, e->data.mapping_start.style)
                    : yaml_document_add_sequence(l->doc, NULL, e->data.sequence_start.style);
   if (!id) return nas_errf(l->err, "%s: out of memory", l->file);
