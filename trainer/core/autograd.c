@@ -34,7 +34,7 @@ static void node_release_saved(tr_node *node) {
     tr_free(s->t);
     s->t = NULL;
   }
-  if (node->ops->release && !node->released) node->ops->release(node);
+  if (node->ops->release_variables && !node->released) node->ops->release_variables(node);
   node->released = true;
 }
 
@@ -47,7 +47,7 @@ static void node_free(tr_node *node) {
 }
 
 /* Frees node and every node only it kept alive, without recursion (graphs can be deep). */
-void ag_node_unref(tr_node *node) {
+void ag_node_release(tr_node *node) {
   if (!node || --node->refs > 0) return;
   size_t len = 0, cap = 0;
   tr_node **stack = NULL;
@@ -60,7 +60,7 @@ void ag_node_unref(tr_node *node) {
         tr_node **grown = realloc(stack, ncap * sizeof *grown);
         if (!grown) { /* no memory for the worklist: recursion still frees everything */
           fn->refs = 1;
-          ag_node_unref(fn);
+          ag_node_release(fn);
           continue;
         }
         stack = grown;
@@ -133,12 +133,12 @@ void *ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *in
     if (!t) continue;
     if (i < TR_MAX_META) node->in_meta[i] = tn_meta(t);
     if (t->requires_grad && edge_to(ctx, t, &node->next_edges[i])) {
-      ag_node_unref(node);
+      ag_node_release(node);
       *rc = NAS_ERR;
       return NULL;
     }
   }
-  ag_node_unref(out->grad_fn);
+  ag_node_release(out->grad_fn);
   out->grad_fn = node;
   out->requires_grad = true;
   return node;

@@ -430,8 +430,8 @@ typedef struct {
 
 static void map_free(storage_map *map) {
   for (size_t i = 0; i < map->n; i++) {
-    tn_storage_unref(map->from[i]);
-    tn_storage_unref(map->to[i]);
+    tn_storage_release(map->from[i]);
+    tn_storage_release(map->to[i]);
   }
   free(map->from);
   free(map->to);
@@ -481,7 +481,7 @@ static int move_tensor(tr_ctx *ctx, tr_tensor *t, tr_device device, storage_map 
     map->to[map->n++] = to;
   }
   to->refs++;
-  tn_storage_unref(t->storage);
+  tn_storage_release(t->storage);
   t->storage = to;
   to->version++;
   return NAS_OK;

@@ -51,7 +51,7 @@ static void rebase(tr_tensor *t, tr_tensor *full, int64_t off) {
   t->storage = full->storage;
   t->offset = off;
   tn_contiguous_strides(t->ndim, t->shape, t->strides);
-  tn_storage_unref(old);
+  tn_storage_release(old);
 }
 
 /* u->params: the module's parameter tensors of u's children, checked. */

@@ -115,8 +115,8 @@ static int idx_to_dataset(tr_ctx *ctx, const idx_file *img, const idx_file *lab,
   return NAS_OK;
 }
 
-int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out,
-                nas_err *err) {
+int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out) {
+  nas_err *err = &ctx->err;
   idx_file img, lab = {0};
   int rc = idx_read(images_path, &img, err);
   if (rc == NAS_OK) rc = idx_read(labels_path, &lab, err);
@@ -213,7 +213,8 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   return NAS_OK;
 }
 
-int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out, nas_err *err) {
+int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out) {
+  nas_err *err = &ctx->err;
   unsigned char *buf;
   size_t len;
   if (read_gz(path, &buf, &len, err)) return NAS_ERR;
@@ -260,21 +261,23 @@ static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_
 }
 
 int tr_dataset_split(tr_ctx *ctx, const tr_dataset *src, double val_fraction, uint64_t seed,
-                     tr_dataset *train, tr_dataset *val, nas_err *err) {
+                     tr_dataset *train, tr_dataset *val) {
   if (val_fraction < 0 || val_fraction > 1)
-    return nas_errf(err, "split: fraction %g outside [0, 1]", val_fraction);
-  if (!tr_is_contiguous(src->x)) return nas_errf(err, "split: features must be contiguous");
+    return nas_errf(&ctx->err, "split: fraction %g outside [0, 1]", val_fraction);
+  if (!tr_is_contiguous(src->x))
+    return nas_errf(&ctx->err, "split: features must be contiguous");
   int64_t *order = malloc(sizeof(int64_t) * (size_t)(src->n ? src->n : 1));
-  if (!order) return nas_errf(err, "split: out of memory");
+  if (!order) return nas_errf(&ctx->err, "split: out of memory");
   for (int64_t i = 0; i < src->n; i++) order[i] = i;
   uint64_t rng[4];
   tr_rng_seed(rng, seed);
   shuffle(order, src->n, rng);
   int64_t nval = (int64_t)((double)src->n * val_fraction + 0.5);
   int rc = gather(ctx, src, order, nval, val);
-  if (rc == NAS_OK && (rc = gather(ctx, src, order + nval, src->n - nval, train)) != NAS_OK)
-    tr_dataset_free(val);
-  if (rc) nas_errf(err, "%s", ctx->err.msg);
+  if (rc == NAS_OK) {
+    rc = gather(ctx, src, order + nval, src->n - nval, train);
+    if (rc) tr_dataset_free(val);
+  }
   free(order);
   return rc;
 }

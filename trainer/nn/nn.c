@@ -369,7 +369,7 @@ static void rebase(tr_tensor *t, tr_storage *s, int64_t off) {
   t->storage = s;
   t->offset = off;
   tn_contiguous_strides(t->ndim, t->shape, t->strides);
-  tn_storage_unref(old);
+  tn_storage_release(old);
 }
 
 int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor **grads) {
@@ -441,8 +441,14 @@ static int put_u32(byte_buf *b, uint32_t v) {
 }
 
 static int put_i64(byte_buf *b, int64_t v) {
-  return put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu)) ||
-         put_u32(b, (uint32_t)((uint64_t)v >> 32));
+  if (put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu))) return NAS_ERR;
+  return put_u32(b, (uint32_t)((uint64_t)v >> 32));
+}
+
+/* The file's head: magic, format version, tensor count. */
+static int put_head(byte_buf *b, size_t count) {
+  if (put(b, "NASW", 4) || put_u32(b, 1)) return NAS_ERR;
+  return put_u32(b, (uint32_t)count);
 }
 
 static bool host_is_little_endian(void) {
@@ -469,7 +475,7 @@ int tr_module_save(tr_module *m, const char *path, nas_err *err) {
   tr_param_list list = {0};
   if (tr_module_parameters(m, true, &list, err)) return NAS_ERR;
   byte_buf b = {0};
-  int rc = put(&b, "NASW", 4) || put_u32(&b, 1) || put_u32(&b, (uint32_t)list.n);
+  int rc = put_head(&b, list.n);
   for (size_t i = 0; i < list.n && !rc; i++) rc = put_tensor(&b, list.names[i], list.items[i]);
   if (!rc) rc = put_u32(&b, (uint32_t)crc32(0L, b.data, (uInt)b.n));
   if (rc)
