@@ -69,7 +69,7 @@ static int reshape_to(tr_ctx *ctx, tr_dataset *ds, tr_input_shape s, nas_err *er
   int64_t shape[4] = {ds->n, s.channels, s.height, s.width};
   tr_tensor *images = tr_reshape(ctx, ds->x, 4, shape);
   if (!images) return nas_errf(err, "dataset: %s", ctx->err.msg);
-  tr_free(ds->x);
+  tr_release(ds->x);
   ds->x = images;
   return NAS_OK;
 }
@@ -176,12 +176,12 @@ int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err) {
   tr_tensor *x = tr_from_data(ctx, TR_F32, ds->x->ndim, shape, tr_f32(ds->x));
   int32_t *y = malloc(sizeof *y * (size_t)n);
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(err, "truncate: out of memory");
   }
   memcpy(y, ds->y, sizeof *y * (size_t)n);
-  tr_free(ds->x);
+  tr_release(ds->x);
   free(ds->y);
   ds->x = x;
   ds->y = y;

@@ -185,7 +185,7 @@ static void loader_yields_each_example_once_per_epoch_then_reshuffles(void **sta
         assert_true(tr_get(x, i) == (float)y[i]); /* features travel with their label */
         order[seen++] = y[i];
       }
-      tr_free(x);
+      tr_release(x);
       free(y);
     }
     assert_int_equal(seen, 10);
@@ -196,7 +196,7 @@ static void loader_yields_each_example_once_per_epoch_then_reshuffles(void **sta
   }
   assert_true(memcmp(first, second, sizeof first) != 0);
   tr_loader_free(&ld);
-  tr_free(ds.x);
+  tr_release(ds.x);
 }
 
 static void normalizer_gives_zero_mean_unit_variance_features(void **state) {
@@ -236,7 +236,7 @@ static double accuracy(tr_ctx *ctx, tr_module *m, const tr_dataset *ds) {
       if (row[k] > row[best]) best = k;
     right += best == ds->y[i];
   }
-  tr_free(logits);
+  tr_release(logits);
   return (double)right / (double)ds->n;
 }
 
@@ -278,9 +278,9 @@ static void mlp_on_digits_reaches_95_percent_validation_accuracy(void **state) {
       tr_optim_zero_grad(opt);
       assert_int_equal(tr_backward(&ctx, loss, NULL, false), NAS_OK);
       assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
-      tr_free(loss);
-      tr_free(logits);
-      tr_free(x);
+      tr_release(loss);
+      tr_release(logits);
+      tr_release(x);
       free(y);
     }
   }

@@ -17,7 +17,7 @@
  * - All mutable engine state (grad mode, random generator, last error) lives in a tr_ctx the
  *   caller owns; there is no global state. One ctx per thread.
  * - Ops take borrowed inputs and return an owned new reference, or NULL with ctx->err set.
- *   tr_retain adds a reference, tr_free drops one; a tensor goes with its last reference.
+ *   tr_retain adds a reference, tr_release drops one; a tensor goes with its last reference.
  * - Ops compute in the dtype of their inputs (all inputs must share it); float64 exists so
  *   gradient checks by central differences are exact enough to mean something.
  * - Functions that return int return 0 (NAS_OK) or a negative NAS_E* code with a message. */
@@ -134,7 +134,7 @@ tr_tensor *tr_rand(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, 
 
 tr_tensor *tr_retain(tr_tensor *t);
 /* Drops one reference; NULL is fine. */
-void tr_free(tr_tensor *t);
+void tr_release(tr_tensor *t);
 
 size_t tr_dtype_size(tr_dtype dtype);
 bool tr_is_contiguous(const tr_tensor *t);

@@ -31,7 +31,7 @@ static const tr_node_ops accumulate_ops = {"AccumulateGrad", accumulate_apply,
 
 static void node_release_saved(tr_node *node) {
   for (tr_saved *s = node->saved; s; s = s->next) {
-    tr_free(s->t);
+    tr_release(s->t);
     s->t = NULL;
   }
   if (node->ops->release_variables && !node->released) node->ops->release_variables(node);
@@ -40,8 +40,8 @@ static void node_release_saved(tr_node *node) {
 
 static void node_free(tr_node *node) {
   node_release_saved(node);
-  if (node->ops == &accumulate_ops) tr_free(((accumulate_node *)node)->variable);
-  tr_free(node->grad_buf);
+  if (node->ops == &accumulate_ops) tr_release(((accumulate_node *)node)->variable);
+  tr_release(node->grad_buf);
   free(node->next_edges);
   free(node);
 }
@@ -176,7 +176,7 @@ tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, const tr_saved *slot) {
 
 tr_tensor *ag_output(tr_tensor *out, int rc) {
   if (rc == NAS_OK) return out;
-  tr_free(out);
+  tr_release(out);
   return NULL;
 }
 
@@ -237,7 +237,7 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
     grad_in = node->n_next ? calloc((size_t)node->n_next, sizeof *grad_in) : NULL;
     if (node->n_next && !grad_in) return nas_errf(&ctx->err, "backward: out of memory");
     rc = node->ops->apply(ctx, node, node->grad_buf, grad_in);
-    tr_free(node->grad_buf);
+    tr_release(node->grad_buf);
     node->grad_buf = NULL;
   }
   if (!retain_graph && node->ops != &accumulate_ops) node_release_saved(node);
@@ -245,13 +245,13 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
     tr_node *fn = node->next_edges[e].fn;
     tr_tensor *g = grad_in ? grad_in[e] : NULL;
     if (!fn) {
-      tr_free(g);
+      tr_release(g);
       continue;
     }
     if (g && rc == NAS_OK)
       rc = tn_accumulate(ctx, &fn->grad_buf, g);
     else
-      tr_free(g);
+      tr_release(g);
     if (--fn->deps == 0 && rc == NAS_OK) rc = vec_push(ctx, ready, fn);
   }
   free(grad_in);
@@ -282,7 +282,7 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
   if (!root->grad_fn) { /* a leaf: its gradient is g0 itself */
     accumulate_node leaf_node = {.variable = root};
     int rc = accumulate_apply(ctx, &leaf_node.base, g0, NULL);
-    tr_free(g0);
+    tr_release(g0);
     return rc;
   }
   node_vec all = {0}, ready = {0};
@@ -298,10 +298,10 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
     rc = run_node(ctx, ready.items[--ready.n], retain_graph, &ready);
   /* After a failure some nodes still hold gradients that will never be used. */
   for (size_t i = 0; i < all.n; i++) {
-    tr_free(all.items[i]->grad_buf);
+    tr_release(all.items[i]->grad_buf);
     all.items[i]->grad_buf = NULL;
   }
-  tr_free(g0);
+  tr_release(g0);
   free(all.items);
   free(ready.items);
   tr_set_grad_enabled(ctx, prev_grad);

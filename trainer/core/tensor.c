@@ -195,10 +195,10 @@ void tn_storage_release(tr_storage *s) {
   free(s);
 }
 
-void tr_free(tr_tensor *t) {
+void tr_release(tr_tensor *t) {
   if (!t || --t->refs > 0) return;
   tn_storage_release(t->storage);
-  tr_free(t->grad);
+  tr_release(t->grad);
   ag_node_release(t->grad_fn);
   free(t);
 }
@@ -400,7 +400,7 @@ tr_tensor *tr_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype) {
         tr_f64(out)[i] = (double)tr_f32(c)[i];
     }
   }
-  tr_free(c);
+  tr_release(c);
   return out;
 }
 
@@ -543,13 +543,13 @@ int tn_accumulate(tr_ctx *ctx, tr_tensor **acc, tr_tensor *g) {
   if (!tn_is_private(*acc)) {
     tr_tensor *copy = tn_clone(ctx, *acc);
     if (!copy) {
-      tr_free(g);
+      tr_release(g);
       return NAS_ERR;
     }
-    tr_free(*acc);
+    tr_release(*acc);
     *acc = copy;
   }
   int rc = tn_add(ctx, *acc, g, 1.0);
-  tr_free(g);
+  tr_release(g);
   return rc;
 }

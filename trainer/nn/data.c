@@ -15,7 +15,7 @@
 #include "trainer/core/internal.h"
 
 void tr_dataset_free(tr_dataset *ds) {
-  tr_free(ds->x);
+  tr_release(ds->x);
   free(ds->y);
   memset(ds, 0, sizeof *ds);
 }
@@ -100,7 +100,7 @@ static int idx_to_dataset(tr_ctx *ctx, const idx_file *img, const idx_file *lab,
   tr_tensor *x = tr_empty(ctx, TR_F32, img->ndims, img->dims);
   int32_t *y = malloc(sizeof(int32_t) * (size_t)(lab->count ? lab->count : 1));
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(err, "%s: out of memory", path);
   }
@@ -194,7 +194,7 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   tr_tensor *x = tr_empty(ctx, TR_F32, 2, (int64_t[]){n, ncols - 1});
   int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(err, "%s: out of memory", path);
   }
@@ -202,7 +202,7 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   for (int64_t r = 0; r < n; r++) {
     int64_t got = parse_line(lines[first + r], probe, 4096);
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
-      tr_free(x);
+      tr_release(x);
       free(y);
       return nas_errf(err, "%s:%lld: expected %lld numbers with a non-negative integer label", path,
                       (long long)(first + r + 1), (long long)ncols);
@@ -248,7 +248,7 @@ static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_
   tr_tensor *x = tn_empty_meta(ctx, TR_F32, &m);
   int32_t *y = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(&ctx->err, "dataset: out of memory");
   }
