@@ -277,7 +277,7 @@ tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
 /* ---------------------------------------------------------------- embedding */
 
 /* n int32 values as the bits of a 4-byte tensor (the engine has no integer dtype) on like's
- * device: labels, ids (internal.h). */
+ * device: labels, ids (dispatch.h). */
 tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n) {
   if (tn_on_cuda(like)) return tc_upload_i32(ctx, values, n);
   tr_tensor *t = tr_empty(ctx, TR_F32, 1, &n);
