@@ -17,8 +17,8 @@
 #define KERN_FILE "trainer/ops/kern_norm.h"
 #include "trainer/core/kern_both.h"
 
-/* The gradient buffers of w and b a norm backward fills (zeroed on the host, overwritten on a
- * device), NULL where not wanted; and dx. */
+/* The gradient buffers a norm backward fills, NULL where not wanted: those of w and b zeroed
+ * (the host kernels add into them; a device's overwrite them), and dx. */
 static int norm_grads(tr_ctx *ctx, tr_node *node, const tr_tensor *x, tr_tensor **gi) {
   for (int i = 1; i < 3; i++) {
     if (!ag_wants(node, i)) continue;
