@@ -61,8 +61,8 @@ static void train_step(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_tensor *x,
   tr_tensor *loss = logits ? tr_cross_entropy(ctx, logits, labels) : NULL;
   if (!loss || tr_backward(ctx, loss, NULL, false) || tr_optim_step(ctx, opt))
     die("train step", ctx);
-  tr_free(loss);
-  tr_free(logits);
+  tr_release(loss);
+  tr_release(logits);
 }
 
 /* CPU seconds this process has used (all threads). */
@@ -89,7 +89,7 @@ static double train_rate(tr_ctx *ctx, tr_module *m, int warmup, int steps, doubl
   *per_cpu = (double)steps * BATCH / (cpu_seconds() - cpu_start);
   tr_optim_free(opt);
   tr_param_list_free(&params);
-  tr_free(x);
+  tr_release(x);
   return rate;
 }
 
@@ -110,7 +110,7 @@ static void latency(tr_ctx *ctx, tr_module *m, double *p50, double *p99) {
     double start = nas_monotonic();
     tr_tensor *y = tr_module_forward(ctx, m, x);
     if (!y) die("inference", ctx);
-    tr_free(y);
+    tr_release(y);
     if (i >= WARMUP) us[i - WARMUP] = (nas_monotonic() - start) * 1e6;
   }
   tr_set_grad_enabled(ctx, prev);
@@ -119,7 +119,7 @@ static void latency(tr_ctx *ctx, tr_module *m, double *p50, double *p99) {
   *p50 = us[RUNS / 2];
   *p99 = us[RUNS * 99 / 100];
   free(us);
-  tr_free(x);
+  tr_release(x);
 }
 
 /* Cross-core round trip in ns: the median of batches of two threads handing a counter to
@@ -244,16 +244,16 @@ static void sgemm_rates(tr_ctx *ctx, double *engine, double *direct) {
     tr_tensor *e = tr_matmul(ctx, a, b);
     double t2 = nas_monotonic();
     if (!e) die("matmul", ctx);
-    tr_free(e);
+    tr_release(e);
     if (t1 - t0 < best_d) best_d = t1 - t0;
     if (t2 - t1 < best_e) best_e = t2 - t1;
   }
   tr_set_grad_enabled(ctx, prev);
   *engine = flops / best_e * 1e-9;
   *direct = flops / best_d * 1e-9;
-  tr_free(a);
-  tr_free(b);
-  tr_free(c);
+  tr_release(a);
+  tr_release(b);
+  tr_release(c);
 }
 
 int main(int argc, char **argv) {

@@ -61,8 +61,8 @@ static int step(rank_bench *b) {
   tr_tensor *loss = logits ? tr_cross_entropy(&b->ctx, logits, b->labels) : NULL;
   int rc = loss ? tr_fsdp_backward(&b->ctx, b->f, loss) : NAS_ERR;
   if (rc == NAS_OK) rc = tr_optim_step(&b->ctx, b->opt);
-  tr_free(loss);
-  tr_free(logits);
+  tr_release(loss);
+  tr_release(logits);
   return rc;
 }
 
@@ -100,7 +100,7 @@ static int bench_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
     run->in_use[rank->rank] = m.alloc.in_use;
   }
   if (rc) nas_errf(err, "%s", b.ctx.err.msg);
-  tr_free(b.x);
+  tr_release(b.x);
   tr_optim_free(b.opt);
   tr_fsdp_free(b.f);
   tr_module_free(b.model);
@@ -156,8 +156,8 @@ static int plain_row(void) {
     tr_tensor *loss = logits ? tr_cross_entropy(&ctx, logits, labels) : NULL;
     rc = loss ? tr_backward(&ctx, loss, NULL, false) : NAS_ERR;
     if (rc == NAS_OK) rc = tr_optim_step(&ctx, opt);
-    tr_free(loss);
-    tr_free(logits);
+    tr_release(loss);
+    tr_release(logits);
     if (i >= WARMUP) seconds[i - WARMUP] = nas_monotonic() - start;
   }
   if (rc == NAS_OK) {
@@ -169,7 +169,7 @@ static int plain_row(void) {
   }
   tr_optim_free(opt);
   tr_param_list_free(&ps);
-  tr_free(x);
+  tr_release(x);
   tr_module_free(m);
   tr_allocator_release(ctx.alloc);
   return rc;

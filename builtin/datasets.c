@@ -45,7 +45,8 @@ static int load_idx_pair(tr_ctx *ctx, const char *dir, const char *prefix, tr_da
   char *labels_name = nas_asprintf("%s-labels-idx1-ubyte", prefix);
   char *images = images_name ? idx_file(dir, images_name) : NULL;
   char *labels = labels_name ? idx_file(dir, labels_name) : NULL;
-  int rc = images && labels ? tr_idx_load(ctx, images, labels, out, err) : NAS_ENOTFOUND;
+  int rc = images && labels ? tr_idx_load(ctx, images, labels, out) : NAS_ENOTFOUND;
+  if (rc == NAS_ERR) nas_errf(err, "%s", ctx->err.msg);
   if (rc == NAS_ENOTFOUND)
     nas_errf(err, "%s: no %s and %s (optionally .gz) there", dir,
              images_name ? images_name : prefix, labels_name ? labels_name : prefix);
@@ -68,7 +69,7 @@ static int reshape_to(tr_ctx *ctx, tr_dataset *ds, tr_input_shape s, nas_err *er
   int64_t shape[4] = {ds->n, s.channels, s.height, s.width};
   tr_tensor *images = tr_reshape(ctx, ds->x, 4, shape);
   if (!images) return nas_errf(err, "dataset: %s", ctx->err.msg);
-  tr_free(ds->x);
+  tr_release(ds->x);
   ds->x = images;
   return NAS_OK;
 }
@@ -102,7 +103,8 @@ static int load_path(tr_ctx *ctx, const char *path, tr_named_dataset *out, nas_e
   out->source = realpath(path, NULL);
   if (!out->source && !(out->source = strdup(path))) return nas_errf(err, "out of memory");
   if (is_folder(path)) return load_folder(ctx, path, out, err);
-  return tr_csv_load(ctx, path, -1, &out->train, err);
+  if (tr_csv_load(ctx, path, -1, &out->train)) return nas_errf(err, "%s", ctx->err.msg);
+  return NAS_OK;
 }
 
 /* The first of dirs holding name (a file or a folder); NULL when none. Owned. */
@@ -174,12 +176,12 @@ int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err) {
   tr_tensor *x = tr_from_data(ctx, TR_F32, ds->x->ndim, shape, tr_f32(ds->x));
   int32_t *y = malloc(sizeof *y * (size_t)n);
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(err, "truncate: out of memory");
   }
   memcpy(y, ds->y, sizeof *y * (size_t)n);
-  tr_free(ds->x);
+  tr_release(ds->x);
   free(ds->y);
   ds->x = x;
   ds->y = y;

@@ -42,7 +42,7 @@ static tr_device module_device(tr_module *m) {
 static int move_to(tr_ctx *ctx, tr_tensor **t, tr_device device) {
   if (tr_tensor_device(*t).kind == device.kind) return NAS_OK;
   tr_tensor *moved = tr_to_device(ctx, *t, device);
-  tr_free(*t);
+  tr_release(*t);
   *t = moved;
   return moved ? NAS_OK : NAS_ERR;
 }
@@ -54,15 +54,15 @@ static int count_correct(tr_ctx *ctx, tr_module *m, tr_tensor *x, const int32_t 
   tr_tensor *input = tr_retain(x);
   tr_tensor *logits = move_to(ctx, &input, module_device(m)) == NAS_OK
                           ? tr_module_forward(ctx, m, input) : NULL;
-  tr_free(input);
+  tr_release(input);
   if (logits && move_to(ctx, &logits, TR_DEVICE_CPU) != NAS_OK) logits = NULL;
   tr_tensor *dense = logits ? tr_contiguous(ctx, logits) : NULL;
-  tr_free(logits);
+  tr_release(logits);
   if (!dense) return nas_errf(err, "evaluation: %s", ctx->err.msg);
   int64_t rows = dense->shape[0], classes = dense->numel / (rows ? rows : 1);
   for (int64_t r = 0; r < rows; r++)
     *correct += tr_argmax(tr_f32(dense) + r * classes, classes) == y[r];
-  tr_free(dense);
+  tr_release(dense);
   return NAS_OK;
 }
 
@@ -79,7 +79,7 @@ int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
     tr_tensor *slice = tr_narrow(ctx, ds->x, 0, start, len);
     rc = slice ? count_correct(ctx, m, slice, ds->y + start, &correct, err)
                : nas_errf(err, "evaluation: %s", ctx->err.msg);
-    tr_free(slice);
+    tr_release(slice);
   }
   tr_set_grad_enabled(ctx, grad);
   tr_module_train(m, true);
@@ -99,8 +99,8 @@ static int train_step(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_tensor *x, co
     rc = tr_backward(ctx, value, NULL, false);
   }
   if (rc == NAS_OK) rc = tr_optim_step(ctx, opt);
-  tr_free(value);
-  tr_free(logits);
+  tr_release(value);
+  tr_release(logits);
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "training step: %s", ctx->err.msg);
 }
 
@@ -146,7 +146,7 @@ static int64_t next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, 
   if (b <= 0 || !tr_augment_active(&cfg->augment)) return b;
   uint64_t seed = (cfg->shuffle_seed ^ 0x5bd1e995u) + (uint64_t)step * 0x9e3779b97f4a7c15ULL;
   if (tr_augment_batch(*x, &cfg->augment, seed, &ctx->err) == NAS_OK) return b;
-  tr_free(*x);
+  tr_release(*x);
   free(*y);
   *x = NULL;
   *y = NULL;
@@ -168,7 +168,7 @@ static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
     if (move_to(ctx, &x, cfg->device) != NAS_OK)
       rc = nas_errf(err, "batch to the device: %s", ctx->err.msg);
     if (rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, cfg, &loss, err);
-    tr_free(x);
+    tr_release(x);
     free(y);
     sum += loss * (double)b;
     seen += b;
@@ -244,9 +244,9 @@ static int rank_step(rank_run *r, tr_tensor *x, const int32_t *y, int64_t b, dou
     rc = tr_fsdp_backward(r->ctx, r->fsdp, value);
   }
   if (rc == NAS_OK) rc = tr_optim_step(r->ctx, r->opt);
-  tr_free(value);
-  tr_free(logits);
-  tr_free(slice);
+  tr_release(value);
+  tr_release(logits);
+  tr_release(slice);
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "training step: %s", r->ctx->err.msg);
 }
 
@@ -272,7 +272,7 @@ static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
     rc = ranks_agree(r, own, sums, 3, err);
     loss_sum += sums[1];
     seen += sums[2];
-    tr_free(x);
+    tr_release(x);
     free(y);
   }
   if (rc == NAS_OK && b < 0) rc = nas_errf(err, "batches: %s", r->ctx->err.msg);

@@ -178,8 +178,8 @@ static void strings_free(char **list) {
 static int prepare(tr_ctx *ctx, const worker_plan *plan, uint64_t split_seed, worker_data *d,
                    nas_err *err) {
   tr_dataset train;
-  int rc = tr_dataset_split(ctx, &d->all.train, plan->validation, split_seed, &train, &d->val, err);
-  if (rc != NAS_OK) return rc;
+  if (tr_dataset_split(ctx, &d->all.train, plan->validation, split_seed, &train, &d->val))
+    return nas_errf(err, "%s", ctx->err.msg);
   tr_dataset_free(&d->all.train);
   d->all.train = train;
   if (d->all.train.n == 0 || d->val.n == 0)
@@ -187,7 +187,7 @@ static int prepare(tr_ctx *ctx, const worker_plan *plan, uint64_t split_seed, wo
                     "(setting validation: %g)", d->all.source,
                     (long long)(d->all.train.n + d->val.n), (long long)d->all.train.n,
                     (long long)d->val.n, plan->validation);
-  rc = tr_dataset_truncate(ctx, &d->all.train, plan->limit_train, err);
+  int rc = tr_dataset_truncate(ctx, &d->all.train, plan->limit_train, err);
   if (rc == NAS_OK) rc = tr_dataset_truncate(ctx, &d->val, plan->limit_val, err);
   tr_dataset *const parts[] = {&d->all.train, &d->val, &d->all.test};
   return rc == NAS_OK ? tr_standardize(&d->all.train, parts, 3, err) : rc;

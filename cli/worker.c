@@ -317,8 +317,8 @@ static int serve_one(void *arg, nas_err *err) {
   tr_tensor *x = tr_from_data(sv->ctx, TR_F32, 4, sv->shape, example);
   tr_tensor *logits = x ? tr_module_forward(sv->ctx, sv->module, x) : NULL;
   if (logits) (void)tr_argmax(tr_f32(logits), logits->numel);
-  tr_free(x);
-  tr_free(logits);
+  tr_release(x);
+  tr_release(logits);
   return logits ? NAS_OK : nas_errf(err, "%s", sv->ctx->err.msg);
 }
 

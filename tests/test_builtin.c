@@ -97,8 +97,8 @@ static void built_models_run_forward(void **state) {
   assert_int_equal(y->ndim, 2);
   assert_int_equal(y->shape[0], 5);
   assert_int_equal(y->shape[1], 10);
-  tr_free(y);
-  tr_free(x);
+  tr_release(y);
+  tr_release(x);
   tr_model_free(&m);
 }
 

@@ -20,7 +20,8 @@ static int build(tr_ctx *ctx, void *arg, tr_cache_content *out, nas_err *err) {
   int fd = open(b->builds, O_WRONLY | O_APPEND | O_CREAT, 0600);
   if (fd < 0 || write(fd, "b", 1) != 1) return nas_errf(err, "cannot count the build");
   close(fd);
-  if (tr_csv_load(ctx, b->source, -1, &out->parts[0], err) != NAS_OK) return NAS_ERR;
+  if (tr_csv_load(ctx, b->source, -1, &out->parts[0]) != NAS_OK)
+    return nas_errf(err, "%s", ctx->err.msg);
   tr_dataset *head = &out->parts[1];
   *head = (tr_dataset){tr_from_data(ctx, TR_F32, 2, (int64_t[]){b->head, out->parts[0].x->shape[1]},
                                     tr_f32(out->parts[0].x)),

@@ -43,8 +43,8 @@ static void crop_with_padding_zero_is_the_identity(void **state) {
   float out[40];
   tr_image_crop(tr_f32(copy), out, 2, 4, 5, 0, 0, 0, -7);
   assert_memory_equal(out, tr_f32(copy), sizeof out);
-  tr_free(x);
-  tr_free(copy);
+  tr_release(x);
+  tr_release(copy);
 }
 
 static void crop_shifts_the_window_and_fills_the_border(void **state) {
@@ -92,7 +92,7 @@ static void augmentation_is_deterministic_for_a_seed_and_keeps_the_shape(void **
     assert_true(got == want);
   }
   assert_false(same_values(flipped, orig)); /* some of 16 images were flipped */
-  tr_free(a), tr_free(b), tr_free(c), tr_free(orig), tr_free(flipped);
+  tr_release(a), tr_release(b), tr_release(c), tr_release(orig), tr_release(flipped);
 }
 
 static void augmentation_refuses_what_is_not_an_image_batch(void **state) {
@@ -103,7 +103,7 @@ static void augmentation_refuses_what_is_not_an_image_batch(void **state) {
   nas_err err;
   assert_int_equal(tr_augment_batch(flat, &(tr_augment_config){.flip = true}, 1, &err), NAS_ERR);
   assert_non_null(strstr(err.msg, "(n, C, H, W)"));
-  tr_free(flat);
+  tr_release(flat);
 }
 
 int main(void) {

@@ -36,11 +36,11 @@ static void views_share_storage_and_version(void **state) {
   tr_tensor *rt = tr_reshape(&ctx, t, 1, SHAPE(12));
   assert_ptr_not_equal(rt->storage, a->storage); /* transposed: must copy */
   assert_true(tr_get(rt, 1) == tr_get(a, 4));
-  tr_free(rt);
-  tr_free(r);
-  tr_free(row);
-  tr_free(t);
-  tr_free(a);
+  tr_release(rt);
+  tr_release(r);
+  tr_release(row);
+  tr_release(t);
+  tr_release(a);
 }
 
 static void in_place_write_after_save_fails_backward_with_a_clear_error(void **state) {
@@ -55,9 +55,9 @@ static void in_place_write_after_save_fails_backward_with_a_clear_error(void **s
   assert_non_null(strstr(ctx.err.msg, "ExpBackward"));
   assert_non_null(strstr(ctx.err.msg, "modified by an in-place operation"));
   assert_null(a->grad);
-  tr_free(s);
-  tr_free(e);
-  tr_free(a);
+  tr_release(s);
+  tr_release(e);
+  tr_release(a);
 }
 
 static void leaf_that_requires_grad_cannot_be_written_with_grad_mode_on(void **state) {
@@ -69,7 +69,7 @@ static void leaf_that_requires_grad_cannot_be_written_with_grad_mode_on(void **s
   assert_non_null(strstr(ctx.err.msg, "leaf"));
   tr_set_grad_enabled(&ctx, false);
   assert_int_equal(tr_fill_(&ctx, a, 1.0), NAS_OK);
-  tr_free(a);
+  tr_release(a);
 }
 
 static void no_grad_mode_builds_no_graph(void **state) {
@@ -86,9 +86,9 @@ static void no_grad_mode_builds_no_graph(void **state) {
   tr_tensor *c = tr_tanh(&ctx, a);
   assert_string_equal(tr_grad_fn_name(c), "TanhBackward");
   assert_int_equal(tr_backward(&ctx, b, NULL, false), NAS_ERR); /* nothing to run */
-  tr_free(c);
-  tr_free(b);
-  tr_free(a);
+  tr_release(c);
+  tr_release(b);
+  tr_release(a);
 }
 
 static void gradients_of_a_reused_tensor_add_up(void **state) {
@@ -112,10 +112,10 @@ static void gradients_of_a_reused_tensor_add_up(void **state) {
   assert_non_null(strstr(ctx.err.msg, "second time"));
   tr_zero_grad(x);
   assert_true(tr_get(x->grad, 0) == 0.0);
-  tr_free(y);
-  tr_free(p);
-  tr_free(sq);
-  tr_free(x);
+  tr_release(y);
+  tr_release(p);
+  tr_release(sq);
+  tr_release(x);
 }
 
 static void deep_graph_is_run_and_freed_without_recursion(void **state) {
@@ -126,15 +126,15 @@ static void deep_graph_is_run_and_freed_without_recursion(void **state) {
   tr_tensor *cur = tr_retain(x);
   for (int i = 0; i < 20000; i++) {
     tr_tensor *next = tr_scale(&ctx, cur, 1.0);
-    tr_free(cur);
+    tr_release(cur);
     cur = next;
   }
   tr_tensor *s = tr_sum(&ctx, cur, 0, NULL, false);
-  tr_free(cur);
+  tr_release(cur);
   assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_OK);
   assert_true(tr_get(x->grad, 3) == 1.0);
-  tr_free(s); /* frees 20000 nodes; ASan reports any leak */
-  tr_free(x);
+  tr_release(s); /* frees 20000 nodes; ASan reports any leak */
+  tr_release(x);
 }
 
 static void float32_ops_agree_with_float64(void **state) {
@@ -153,16 +153,16 @@ static void float32_ops_agree_with_float64(void **state) {
     tr_tensor *g = tr_gelu(&ctx, h);
     loss[k] = tr_cross_entropy(&ctx, g, labels);
     assert_int_equal(tr_backward(&ctx, loss[k], NULL, false), NAS_OK);
-    tr_free(g);
-    tr_free(h);
+    tr_release(g);
+    tr_release(h);
   }
   assert_true(fabs(tr_item(loss[0]) - tr_item(loss[1])) < 1e-5);
   for (int64_t i = 0; i < w64->numel; i++)
     assert_true(fabs(tr_get(w64->grad, i) - tr_get(w32->grad, i)) < 1e-5);
   for (int k = 0; k < 2; k++) {
-    tr_free(loss[k]);
-    tr_free(w[k]);
-    tr_free(x[k]);
+    tr_release(loss[k]);
+    tr_release(w[k]);
+    tr_release(x[k]);
   }
 }
 
@@ -178,8 +178,8 @@ static void mismatched_shapes_are_reported(void **state) {
   assert_non_null(strstr(ctx.err.msg, "matmul"));
   assert_null(tr_cross_entropy(&ctx, a, (int32_t[]){0, 3}));
   assert_non_null(strstr(ctx.err.msg, "label 3"));
-  tr_free(a);
-  tr_free(b);
+  tr_release(a);
+  tr_release(b);
 }
 
 static void allocator_reuses_freed_blocks_and_outlives_its_creator(void **state) {
@@ -192,7 +192,7 @@ static void allocator_reuses_freed_blocks_and_outlives_its_creator(void **state)
   tr_alloc_stats st;
   tr_allocator_stats(ctx.alloc, &st);
   assert_int_equal(st.in_use, 40960);
-  tr_free(a);
+  tr_release(a);
   tr_allocator_stats(ctx.alloc, &st);
   assert_true(st.in_use == 0 && st.cached == 40960 && st.peak == 40960);
   tr_tensor *b = tr_empty(&ctx, TR_F32, 1, SHAPE(10000)); /* same block size: reused */
@@ -201,8 +201,8 @@ static void allocator_reuses_freed_blocks_and_outlives_its_creator(void **state)
   tr_allocator_release(ctx.alloc); /* the tensors still hold it */
   ctx.alloc = NULL;
   tr_f32(b)[9999] = 1.0f;
-  tr_free(b);
-  tr_free(c); /* the last one frees the allocator (ASan checks) */
+  tr_release(b);
+  tr_release(c); /* the last one frees the allocator (ASan checks) */
 }
 
 static void dropout_zeroes_about_p_and_scales_the_rest(void **state) {
@@ -220,9 +220,9 @@ static void dropout_zeroes_about_p_and_scales_the_rest(void **state) {
   assert_true(zeros > 24000 && zeros < 26000); /* 25 000 expected, sd ~137 */
   tr_tensor *z = tr_dropout(&ctx, x, 0.25, false); /* evaluation: the identity */
   for (int64_t i = 0; i < z->numel; i += 997) assert_true(tr_get(z, i) == 1.0);
-  tr_free(z);
-  tr_free(y);
-  tr_free(x);
+  tr_release(z);
+  tr_release(y);
+  tr_release(x);
 }
 
 static void concat_and_embedding_put_values_in_place(void **state) {
@@ -239,10 +239,10 @@ static void concat_and_embedding_put_values_in_place(void **state) {
   for (int i = 0; i < 6; i++) assert_true(tr_get(e, i) == rows[i]);
   assert_null(tr_embedding(&ctx, a, 1, (int32_t[]){2}));
   assert_non_null(strstr(ctx.err.msg, "outside"));
-  tr_free(e);
-  tr_free(c);
-  tr_free(b);
-  tr_free(a);
+  tr_release(e);
+  tr_release(c);
+  tr_release(b);
+  tr_release(a);
 }
 
 int main(void) {

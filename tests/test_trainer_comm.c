@@ -910,9 +910,9 @@ static void nccl_moves_device_buffers_on_one_gpu(void **state) {
   assert_int_equal(tr_comm_barrier(comm, &err), NAS_OK);
   assert_true(device_equals(recv, host, n));
   tr_comm_free(comm);
-  tr_free(src);
-  tr_free(send);
-  tr_free(recv);
+  tr_release(src);
+  tr_release(send);
+  tr_release(recv);
   tr_cuda_free(ctx.cuda);
 }
 

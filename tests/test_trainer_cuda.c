@@ -101,7 +101,7 @@ static void to_device_without_an_engine_fails_naming_the_reason(void **state) {
   assert_int_equal(tr_module_to_device(&ctx, m, TR_DEVICE_CUDA(0)), NAS_ERR);
   assert_non_null(strstr(ctx.err.msg, "cuda:0 requested"));
   tr_module_free(m);
-  tr_free(t);
+  tr_release(t);
 }
 
 static void cpu_tensors_stay_on_the_cpu_and_compute_as_before(void **state) {
@@ -121,10 +121,10 @@ static void cpu_tensors_stay_on_the_cpu_and_compute_as_before(void **state) {
   tr_module *m = tr_linear_new(&ctx, 3, 2, true);
   assert_int_equal(tr_module_to_device(&ctx, m, TR_DEVICE_CPU), NAS_OK); /* a no-op */
   tr_module_free(m);
-  tr_free(s);
-  tr_free(b);
-  tr_free(same);
-  tr_free(a);
+  tr_release(s);
+  tr_release(b);
+  tr_release(same);
+  tr_release(a);
 }
 
 static void bfloat16_is_refused_on_the_cpu(void **state) {
@@ -134,7 +134,7 @@ static void bfloat16_is_refused_on_the_cpu(void **state) {
   tr_tensor *t = tr_rand(&ctx, TR_F32, 1, SHAPE(4), -1, 1);
   assert_null(tr_to_dtype(&ctx, t, TR_BF16));
   assert_non_null(strstr(ctx.err.msg, "bfloat16 exists only on CUDA devices"));
-  tr_free(t);
+  tr_release(t);
 }
 
 /* ---------------------------------------------------------------- ops against the CPU */
@@ -183,7 +183,7 @@ static tr_tensor *op_matmul(tr_ctx *c, tr_tensor *const *in) { return tr_matmul(
 static tr_tensor *op_matmul_t(tr_ctx *c, tr_tensor *const *in) {
   tr_tensor *at = tr_transpose(c, in[0], 0, 1);
   tr_tensor *out = tr_matmul(c, at, in[1]);
-  tr_free(at);
+  tr_release(at);
   return out;
 }
 static tr_tensor *op_linear(tr_ctx *c, tr_tensor *const *in) {
@@ -218,14 +218,14 @@ static tr_tensor *op_reshape_transpose(tr_ctx *c, tr_tensor *const *in) {
   tr_tensor *r = tr_reshape(c, in[0], 2, SHAPE(4, -1));
   tr_tensor *t = r ? tr_transpose(c, r, 0, 1) : NULL;
   tr_tensor *out = t ? tr_contiguous(c, t) : NULL;
-  tr_free(r);
-  tr_free(t);
+  tr_release(r);
+  tr_release(t);
   return out;
 }
 static tr_tensor *op_narrow_concat(tr_ctx *c, tr_tensor *const *in) {
   tr_tensor *n = tr_narrow(c, in[0], 1, 1, 2);
   tr_tensor *out = n ? tr_concat(c, 2, (tr_tensor *[]){n, in[1]}, 1) : NULL;
-  tr_free(n);
+  tr_release(n);
   return out;
 }
 static tr_tensor *op_embedding(tr_ctx *c, tr_tensor *const *in) {
@@ -272,8 +272,8 @@ static tr_tensor *weighted_sum(tr_ctx *ctx, tr_tensor *out, tr_tensor *w_cpu) {
   tr_tensor *p = tr_mul(ctx, out, w);
   tr_tensor *s = p ? tr_sum(ctx, p, 0, NULL, false) : NULL;
   if (!s) fail_msg("weighted sum: %s", ctx->err.msg);
-  tr_free(p);
-  tr_free(w);
+  tr_release(p);
+  tr_release(w);
   return s;
 }
 
@@ -316,15 +316,15 @@ static void check_case(gpu *g, const op_case *c, tr_dtype dtype, double tol) {
   }
   print_message("\n");
   for (int i = 0; i < c->n; i++) {
-    tr_free(dev[i]);
-    tr_free(grad_cpu[i]);
-    tr_free(leaf[i]);
+    tr_release(dev[i]);
+    tr_release(grad_cpu[i]);
+    tr_release(leaf[i]);
   }
-  tr_free(s_gpu);
-  tr_free(out_gpu);
-  tr_free(s_cpu);
-  tr_free(out_cpu);
-  tr_free(w);
+  tr_release(s_gpu);
+  tr_release(out_gpu);
+  tr_release(s_cpu);
+  tr_release(out_cpu);
+  tr_release(w);
 }
 
 static void every_op_and_its_gradient_match_the_cpu(void **state) {
@@ -364,11 +364,11 @@ static void in_place_writes_and_reads_work_on_the_device(void **state) {
   assert_true(tr_get(d64, 3) == 12.0);
   tr_tensor *s = tr_sum(ctx, d, 0, NULL, false);
   assert_true(fabs(tr_item(s) - 3.0 * (1 - 1 + 3 + 4 - 1 + 6)) < 1e-4);
-  tr_free(s);
-  tr_free(d64);
-  tr_free(col);
-  tr_free(d);
-  tr_free(h);
+  tr_release(s);
+  tr_release(d64);
+  tr_release(col);
+  tr_release(d);
+  tr_release(h);
   gpu_close(&g);
 }
 
@@ -387,8 +387,8 @@ static void inputs_on_different_devices_are_an_error(void **state) {
   assert_null(tr_relu(ctx, d));
   assert_non_null(strstr(ctx->err.msg, "ctx->cuda is NULL"));
   g.ctx.cuda = g.cu;
-  tr_free(d);
-  tr_free(h);
+  tr_release(d);
+  tr_release(h);
   gpu_close(&g);
 }
 
@@ -404,7 +404,7 @@ static void device_allocator_reuses_blocks_and_counts_bytes(void **state) {
   tr_cuda_memory_stats(g.cu, &st);
   assert_true(st.in_use >= 400000 && st.peak == st.in_use);
   void *block = d->storage->data;
-  tr_free(d);
+  tr_release(d);
   tr_cuda_memory_stats(g.cu, &st);
   assert_int_equal(st.in_use, 0);
   assert_true(st.cached >= 400000);
@@ -412,11 +412,11 @@ static void device_allocator_reuses_blocks_and_counts_bytes(void **state) {
   assert_ptr_equal(again->storage->data, block); /* the cached block, no cudaMalloc */
   tr_cuda_memory_stats(g.cu, &st);
   assert_int_equal(st.cached, 0);
-  tr_free(again);
+  tr_release(again);
   tr_cuda_trim(g.cu);
   tr_cuda_memory_stats(g.cu, &st);
   assert_true(st.cached == 0 && st.in_use == 0 && st.peak >= 400000);
-  tr_free(a);
+  tr_release(a);
   gpu_close(&g);
 }
 
@@ -458,11 +458,11 @@ static void train(tr_ctx *ctx, tr_module *m, tr_device device, const tr_optim_co
     if (tr_backward(ctx, loss, NULL, false)) fail_msg("backward: %s", ctx->err.msg);
     if (clip) tr_clip_grad_norm(ps.items, ps.n, 0.5);
     assert_int_equal(tr_optim_step(ctx, opt), NAS_OK);
-    tr_free(loss);
-    tr_free(logits);
+    tr_release(loss);
+    tr_release(logits);
   }
   assert_int_equal(tr_module_to_device(ctx, m, TR_DEVICE_CPU), NAS_OK); /* and back */
-  tr_free(xd);
+  tr_release(xd);
   tr_optim_free(opt);
   tr_param_list_free(&ps);
 }
@@ -490,7 +490,7 @@ static void check_training(tr_module *(*build)(tr_ctx *), const int64_t *xshape,
   }
   tr_param_list_free(&pc);
   tr_param_list_free(&pg);
-  tr_free(x);
+  tr_release(x);
   tr_module_free(mc);
   tr_module_free(mg);
   gpu_close(&g);
@@ -539,14 +539,14 @@ static void bf16_autocast_linear_stays_close_to_float32(void **state) {
   assert_true(fabs(tr_get(b16, 7) - tr_get(x, 7)) < 1e-2);
   assert_null(tr_relu(ctx, b16)); /* bf16 is for GEMM operands only */
   assert_non_null(strstr(ctx->err.msg, "bfloat16"));
-  tr_free(b16);
-  tr_free(s);
-  tr_free(mixed);
-  tr_free(full);
-  tr_free(xd);
-  tr_free(wd);
-  tr_free(w);
-  tr_free(x);
+  tr_release(b16);
+  tr_release(s);
+  tr_release(mixed);
+  tr_release(full);
+  tr_release(xd);
+  tr_release(wd);
+  tr_release(w);
+  tr_release(x);
   gpu_close(&g);
 }
 

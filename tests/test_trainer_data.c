@@ -41,8 +41,7 @@ static void idx_loader_reads_gzip_and_plain_files(void **state) {
     tr_ctx ctx;
     tr_ctx_init(&ctx, 1);
     tr_dataset ds;
-    nas_err err = {{0}};
-    assert_int_equal(tr_idx_load(&ctx, ip, lp, &ds, &err), NAS_OK);
+    assert_int_equal(tr_idx_load(&ctx, ip, lp, &ds), NAS_OK);
     assert_int_equal(ds.n, 3);
     assert_int_equal(ds.x->ndim, 3);
     assert_int_equal(ds.x->shape[1], 2);
@@ -52,8 +51,8 @@ static void idx_loader_reads_gzip_and_plain_files(void **state) {
     assert_int_equal(ds.y[2], 2);
     tr_dataset_free(&ds);
     /* an images file where the labels should be */
-    assert_int_equal(tr_idx_load(&ctx, ip, ip, &ds, &err), NAS_ERR);
-    assert_non_null(strstr(err.msg, "labels for"));
+    assert_int_equal(tr_idx_load(&ctx, ip, ip, &ds), NAS_ERR);
+    assert_non_null(strstr(ctx.err.msg, "labels for"));
     free(ip);
     free(lp);
   }
@@ -61,9 +60,8 @@ static void idx_loader_reads_gzip_and_plain_files(void **state) {
   tr_ctx ctx;
   tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  nas_err err = {{0}};
-  assert_int_equal(tr_idx_load(&ctx, bad, bad, &ds, &err), NAS_ERR);
-  assert_non_null(strstr(err.msg, "not an IDX file"));
+  assert_int_equal(tr_idx_load(&ctx, bad, bad, &ds), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "not an IDX file"));
   free(bad);
   test_rmtree(dir);
   free(dir);
@@ -85,8 +83,7 @@ static void fashion_mnist_test_set_loads_when_installed(void **state) {
   tr_ctx ctx;
   tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  nas_err err = {{0}};
-  assert_int_equal(tr_idx_load(&ctx, images, labels, &ds, &err), NAS_OK);
+  assert_int_equal(tr_idx_load(&ctx, images, labels, &ds), NAS_OK);
   assert_int_equal(ds.n, 10000);
   assert_int_equal(ds.x->shape[1], 28);
   assert_int_equal(ds.x->shape[2], 28);
@@ -106,8 +103,7 @@ static void csv_loader_skips_a_header_and_reports_bad_lines(void **state) {
   tr_ctx ctx;
   tr_ctx_init(&ctx, 2);
   tr_dataset ds;
-  nas_err err = {{0}};
-  assert_int_equal(tr_csv_load(&ctx, path, 0, &ds, &err), NAS_OK);
+  assert_int_equal(tr_csv_load(&ctx, path, 0, &ds), NAS_OK);
   assert_int_equal(ds.n, 3);
   assert_int_equal(ds.x->shape[1], 2);
   assert_int_equal(ds.nclasses, 3);
@@ -116,8 +112,8 @@ static void csv_loader_skips_a_header_and_reports_bad_lines(void **state) {
   tr_dataset_free(&ds);
   free(path);
   path = test_write(dir, "e.csv", "1,2,0\n3,x,1\n");
-  assert_int_equal(tr_csv_load(&ctx, path, -1, &ds, &err), NAS_ERR);
-  assert_non_null(strstr(err.msg, "e.csv:2"));
+  assert_int_equal(tr_csv_load(&ctx, path, -1, &ds), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "e.csv:2"));
   free(path);
   test_rmtree(dir);
   free(dir);
@@ -128,8 +124,7 @@ static void digits_csv_loads_with_all_examples(void **state) {
   tr_ctx ctx;
   tr_ctx_init(&ctx, 3);
   tr_dataset ds;
-  nas_err err = {{0}};
-  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds, &err), NAS_OK);
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds), NAS_OK);
   assert_int_equal(ds.n, 1797);
   assert_int_equal(ds.x->shape[1], 64);
   assert_int_equal(ds.nclasses, 10);
@@ -141,10 +136,9 @@ static void split_is_seeded_and_keeps_every_example_once(void **state) {
   tr_ctx ctx;
   tr_ctx_init(&ctx, 4);
   tr_dataset ds, tr1, va1, tr2, va2;
-  nas_err err = {{0}};
-  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds, &err), NAS_OK);
-  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 42, &tr1, &va1, &err), NAS_OK);
-  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 42, &tr2, &va2, &err), NAS_OK);
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 42, &tr1, &va1), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 42, &tr2, &va2), NAS_OK);
   assert_int_equal(va1.n, 359);
   assert_int_equal(tr1.n + va1.n, ds.n);
   assert_memory_equal(va1.y, va2.y, sizeof(int32_t) * (size_t)va1.n);
@@ -155,7 +149,7 @@ static void split_is_seeded_and_keeps_every_example_once(void **state) {
   assert_true(total == parts);
   tr_dataset_free(&tr2);
   tr_dataset_free(&va2);
-  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 43, &tr2, &va2, &err), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &ds, 0.2, 43, &tr2, &va2), NAS_OK);
   assert_true(memcmp(va1.y, va2.y, sizeof(int32_t) * (size_t)va1.n) != 0);
   tr_dataset_free(&tr2);
   tr_dataset_free(&va2);
@@ -191,7 +185,7 @@ static void loader_yields_each_example_once_per_epoch_then_reshuffles(void **sta
         assert_true(tr_get(x, i) == (float)y[i]); /* features travel with their label */
         order[seen++] = y[i];
       }
-      tr_free(x);
+      tr_release(x);
       free(y);
     }
     assert_int_equal(seen, 10);
@@ -202,7 +196,7 @@ static void loader_yields_each_example_once_per_epoch_then_reshuffles(void **sta
   }
   assert_true(memcmp(first, second, sizeof first) != 0);
   tr_loader_free(&ld);
-  tr_free(ds.x);
+  tr_release(ds.x);
 }
 
 static void normalizer_gives_zero_mean_unit_variance_features(void **state) {
@@ -212,7 +206,7 @@ static void normalizer_gives_zero_mean_unit_variance_features(void **state) {
   tr_dataset ds;
   tr_normalizer nz;
   nas_err err = {{0}};
-  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds, &err), NAS_OK);
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &ds), NAS_OK);
   assert_int_equal(tr_normalizer_fit(&ds, &nz, &err), NAS_OK);
   assert_int_equal(tr_normalizer_apply(&nz, &ds, &err), NAS_OK);
   double mean = 0, var = 0;
@@ -242,7 +236,7 @@ static double accuracy(tr_ctx *ctx, tr_module *m, const tr_dataset *ds) {
       if (row[k] > row[best]) best = k;
     right += best == ds->y[i];
   }
-  tr_free(logits);
+  tr_release(logits);
   return (double)right / (double)ds->n;
 }
 
@@ -254,8 +248,8 @@ static void mlp_on_digits_reaches_95_percent_validation_accuracy(void **state) {
   tr_dataset all, train, val;
   tr_normalizer nz;
   nas_err err = {{0}};
-  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &all, &err), NAS_OK);
-  assert_int_equal(tr_dataset_split(&ctx, &all, 0.2, 1, &train, &val, &err), NAS_OK);
+  assert_int_equal(tr_csv_load(&ctx, DIGITS, -1, &all), NAS_OK);
+  assert_int_equal(tr_dataset_split(&ctx, &all, 0.2, 1, &train, &val), NAS_OK);
   assert_int_equal(tr_normalizer_fit(&train, &nz, &err), NAS_OK);
   assert_int_equal(tr_normalizer_apply(&nz, &train, &err), NAS_OK);
   assert_int_equal(tr_normalizer_apply(&nz, &val, &err), NAS_OK);
@@ -284,9 +278,9 @@ static void mlp_on_digits_reaches_95_percent_validation_accuracy(void **state) {
       tr_optim_zero_grad(opt);
       assert_int_equal(tr_backward(&ctx, loss, NULL, false), NAS_OK);
       assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
-      tr_free(loss);
-      tr_free(logits);
-      tr_free(x);
+      tr_release(loss);
+      tr_release(logits);
+      tr_release(x);
       free(y);
     }
   }

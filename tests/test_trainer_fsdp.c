@@ -168,7 +168,7 @@ static int train_step(rank_state *s, run_spec *run, int rank, int step) {
   tr_tensor *x = batch_new(run->model, step, run->batch, labels);
   int64_t start, count;
   if (tr_fsdp_batch_slice(s->f, run->batch, &start, &count, &s->ctx.err)) {
-    tr_free(x);
+    tr_release(x);
     return NAS_ERR;
   }
   tr_tensor *slice = tr_narrow(&s->ctx, x, 0, start, count);
@@ -179,10 +179,10 @@ static int train_step(rank_state *s, run_spec *run, int rank, int step) {
   if (rc == NAS_OK && run->clip > 0)
     rc = tr_fsdp_clip_grad_norm(&s->ctx, s->f, run->clip, &run->norms[rank][step]);
   if (rc == NAS_OK) rc = tr_optim_step(&s->ctx, s->opt);
-  tr_free(loss);
-  tr_free(logits);
-  tr_free(slice);
-  tr_free(x);
+  tr_release(loss);
+  tr_release(logits);
+  tr_release(slice);
+  tr_release(x);
   return rc;
 }
 
@@ -255,17 +255,17 @@ static float *reference_train(const run_spec *run, int slices, double *norms) {
       tr_tensor *loss = tr_cross_entropy(&ctx, logits, labels + r * count);
       tr_tensor *share = slices > 1 ? tr_full(&ctx, TR_F32, 0, NULL, 1.0 / slices) : NULL;
       assert_int_equal(tr_backward(&ctx, loss, share, false), NAS_OK);
-      tr_free(share);
-      tr_free(loss);
-      tr_free(logits);
-      tr_free(slice);
+      tr_release(share);
+      tr_release(loss);
+      tr_release(logits);
+      tr_release(slice);
     }
     if (run->clip > 0) {
       double norm = tr_clip_grad_norm(ps.items, ps.n, run->clip);
       if (norms) norms[step] = norm;
     }
     assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
-    tr_free(x);
+    tr_release(x);
   }
   int64_t n;
   float *out = params_copy(model, &n);
@@ -549,7 +549,7 @@ static int check_summoned(rank_state *s, tr_tensor *x, nas_err *err) {
     if (fabs(tr_get(sharded, i) - tr_get(summoned, i)) > 1e-5 * (1 + fabs(tr_get(sharded, i))))
       rc = nas_errf(err, "logit %lld: %g summoned, %g sharded", (long long)i,
                     tr_get(summoned, i), tr_get(sharded, i));
-  tr_free(summoned);
+  tr_release(summoned);
   if (rc == NAS_OK && tr_fsdp_release_full(&s->ctx, s->f))
     rc = nas_errf(err, "%s", s->ctx.err.msg);
   tr_allocator_stats(s->ctx.alloc, &after);
@@ -558,7 +558,7 @@ static int check_summoned(rank_state *s, tr_tensor *x, nas_err *err) {
   if (rc == NAS_OK && (during.in_use < before.in_use + model_bytes || !gave_back))
     rc = nas_errf(err, "in use: %zu before summon, %zu summoned, %zu released", before.in_use,
                   during.in_use, after.in_use);
-  tr_free(sharded);
+  tr_release(sharded);
   return rc;
 }
 
@@ -572,8 +572,8 @@ static int check_kept_after_free(rank_state *s, tr_tensor *x, nas_err *err) {
   int rc = after ? NAS_OK : nas_errf(err, "%s", s->ctx.err.msg);
   if (rc == NAS_OK && memcmp(tr_f32(before), tr_f32(after), (size_t)after->numel * 4))
     rc = nas_errf(err, "the model computes otherwise once its tr_fsdp is freed");
-  tr_free(after);
-  tr_free(before);
+  tr_release(after);
+  tr_release(before);
   return rc;
 }
 
@@ -592,7 +592,7 @@ static int summon_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
   tr_optim_free(s.opt); /* it holds the shards */
   s.opt = NULL;
   if (rc == NAS_OK) rc = check_kept_after_free(&s, x, err);
-  tr_free(x);
+  tr_release(x);
   rank_state_free(&s);
   return rc;
 }
@@ -622,9 +622,9 @@ static int step_inside_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
   }
   if (rc == NAS_OK) rc = tr_fsdp_backward(&s.ctx, s.f, loss);
   if (rc) nas_errf(err, "%s", s.ctx.err.msg);
-  tr_free(loss);
-  tr_free(logits);
-  tr_free(x);
+  tr_release(loss);
+  tr_release(logits);
+  tr_release(x);
   rank_state_free(&s);
   return rc;
 }
@@ -655,8 +655,8 @@ static char *new_error(tr_module *model, const tr_fsdp_config *cfg, bool allocat
     tr_tensor *x = tr_zeros(&ctx, TR_F32, 2, (int64_t[]){2, 20});
     tr_tensor *y = tr_module_forward(&ctx, model, x);
     assert_non_null(y);
-    tr_free(y);
-    tr_free(x);
+    tr_release(y);
+    tr_release(x);
   }
   tr_fsdp_free(f);
   tr_allocator_release(ctx.alloc);
@@ -774,8 +774,8 @@ static char *tagged_error(tr_module *model, tr_device device, bool first_only) {
   tr_tensor *x = tr_zeros(&ctx, TR_F32, 2, (int64_t[]){2, 20});
   tr_tensor *y = tr_module_forward(&ctx, model, x);
   assert_non_null(y);
-  tr_free(y);
-  tr_free(x);
+  tr_release(y);
+  tr_release(x);
   tr_allocator_release(ctx.alloc);
   tr_comm_group_free(g);
   return msg;
@@ -862,7 +862,7 @@ static float *gpu_params_copy(tr_ctx *ctx, tr_module *m) {
     if (!h) fail_msg("parameter to the host: %s", ctx->err.msg);
     memcpy(out + off, tr_f32(h), (size_t)h->numel * sizeof *out);
     off += h->numel;
-    tr_free(h);
+    tr_release(h);
   }
   tr_set_grad_enabled(ctx, grad);
   tr_param_list_free(&ps);
@@ -892,10 +892,10 @@ static void gpu_step(gpu_rank *g, const run_spec *run, tr_module *m, tr_fsdp *f,
   }
   if (rc == NAS_OK) rc = tr_optim_step(ctx, opt);
   if (rc != NAS_OK) fail_msg("step %d: %s", step, ctx->err.msg);
-  tr_free(loss);
-  tr_free(logits);
-  tr_free(xd);
-  tr_free(x);
+  tr_release(loss);
+  tr_release(logits);
+  tr_release(xd);
+  tr_release(x);
 }
 
 /* run's training on device 0, through FSDP over the NCCL communicator (with_fsdp) or as
@@ -1019,9 +1019,9 @@ static void a_gpu_model_needs_nccl_its_engine_and_no_prefetch(void **state) {
   tr_tensor *xd = tr_to_device(&g.ctx, x, TR_DEVICE_CUDA(0));
   tr_tensor *y = xd ? tr_module_forward(&g.ctx, device_model, xd) : NULL;
   assert_non_null(y);
-  tr_free(y);
-  tr_free(xd);
-  tr_free(x);
+  tr_release(y);
+  tr_release(xd);
+  tr_release(x);
   tr_module_free(cpu_model);
   tr_module_free(device_model);
   tr_comm_free(second);

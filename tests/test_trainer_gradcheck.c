@@ -33,7 +33,7 @@ static double probe(tr_ctx *ctx, op_fn f, tr_tensor **in, const uint64_t rng[4],
   tr_tensor *out = f(ctx, in);
   assert_non_null(out);
   double v = dot(out, r);
-  tr_free(out);
+  tr_release(out);
   tr_set_grad_enabled(ctx, prev);
   return v;
 }
@@ -48,7 +48,7 @@ static void gradcheck(const char *name, tr_ctx *ctx, op_fn f, int n, tr_tensor *
   tr_ctx_init(&rctx, 99);
   tr_tensor *r = tr_randn(&rctx, TR_F64, out->ndim, out->shape, 1.0);
   assert_int_equal(tr_backward(ctx, out, r, false), NAS_OK);
-  tr_free(out);
+  tr_release(out);
   const double eps = 1e-6;
   double worst = 0;
   for (int i = 0; i < n; i++) {
@@ -71,8 +71,8 @@ static void gradcheck(const char *name, tr_ctx *ctx, op_fn f, int n, tr_tensor *
     }
   }
   print_message("%-28s max rel err %.2e\n", name, worst);
-  tr_free(r);
-  for (int i = 0; i < n; i++) tr_free(in[i]);
+  tr_release(r);
+  for (int i = 0; i < n; i++) tr_release(in[i]);
 }
 
 #define SHAPE(...) \
@@ -179,27 +179,27 @@ static void reductions_over_each_axis(void **state) {
 static tr_tensor *f_transpose_mul(tr_ctx *c, tr_tensor **in) {
   tr_tensor *t = tr_transpose(c, in[0], 0, 1);
   tr_tensor *out = tr_mul(c, t, in[1]);
-  tr_free(t);
+  tr_release(t);
   return out;
 }
 static tr_tensor *f_narrow_tanh(tr_ctx *c, tr_tensor **in) {
   tr_tensor *v = tr_narrow(c, in[0], 1, 1, 2);
   tr_tensor *out = tr_tanh(c, v);
-  tr_free(v);
+  tr_release(v);
   return out;
 }
 static tr_tensor *f_reshape_softmax(tr_ctx *c, tr_tensor **in) {
   tr_tensor *t = tr_transpose(c, in[0], 0, 2); /* non-contiguous: reshape must copy */
   tr_tensor *r = tr_reshape(c, t, 2, SHAPE(4, -1));
   tr_tensor *out = tr_softmax(c, r, 1);
-  tr_free(t);
-  tr_free(r);
+  tr_release(t);
+  tr_release(r);
   return out;
 }
 static tr_tensor *f_concat(tr_ctx *c, tr_tensor **in) {
   tr_tensor *t = tr_concat(c, 2, in, 1);
   tr_tensor *out = tr_mul(c, t, t);
-  tr_free(t);
+  tr_release(t);
   return out;
 }
 static tr_tensor *f_embedding(tr_ctx *c, tr_tensor **in) {
@@ -208,7 +208,7 @@ static tr_tensor *f_embedding(tr_ctx *c, tr_tensor **in) {
 static tr_tensor *f_contiguous(tr_ctx *c, tr_tensor **in) {
   tr_tensor *t = tr_transpose(c, in[0], 1, 0);
   tr_tensor *out = tr_contiguous(c, t);
-  tr_free(t);
+  tr_release(t);
   return out;
 }
 
@@ -236,7 +236,7 @@ static tr_tensor *f_matmul(tr_ctx *c, tr_tensor **in) { return tr_matmul(c, in[0
 static tr_tensor *f_matmul_t(tr_ctx *c, tr_tensor **in) {
   tr_tensor *bt = tr_transpose(c, in[1], 0, 1); /* BLAS gets it as a transpose flag */
   tr_tensor *out = tr_matmul(c, in[0], bt);
-  tr_free(bt);
+  tr_release(bt);
   return out;
 }
 static tr_tensor *f_linear(tr_ctx *c, tr_tensor **in) { return tr_linear(c, in[0], in[1], in[2]); }

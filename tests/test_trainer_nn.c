@@ -29,7 +29,7 @@ static void two_steps(const tr_optim_config *cfg, double out[2]) {
     out[s] = tr_item(p);
   }
   tr_optim_free(opt);
-  tr_free(p);
+  tr_release(p);
 }
 
 static void sgd_steps_match_hand_computed_values(void **state) {
@@ -93,8 +93,8 @@ static void clip_grad_norm_scales_all_grads_jointly(void **state) {
   assert_true(tr_item(p[0]->grad) == 3.0f);
   NEAR(tr_clip_grad_norm(p, 2, 1.0), 5.0);
   assert_true(fabs(tr_item(p[0]->grad) - 0.6) < 1e-5 && fabs(tr_item(p[1]->grad) - 0.8) < 1e-5);
-  tr_free(p[0]);
-  tr_free(p[1]);
+  tr_release(p[0]);
+  tr_release(p[1]);
 }
 
 /* ---------------------------------------------------------------- modules */
@@ -151,9 +151,9 @@ static void cnn_forward_gives_logits_per_example(void **state) {
   tr_module_parameters(m, false, &list, NULL);
   for (size_t i = 0; i < list.n; i++) assert_non_null(list.items[i]->grad);
   tr_param_list_free(&list);
-  tr_free(loss);
-  tr_free(y);
-  tr_free(x);
+  tr_release(loss);
+  tr_release(y);
+  tr_release(x);
   tr_module_free(m);
 }
 
@@ -176,9 +176,9 @@ static void batchnorm_moves_running_statistics_only_in_training(void **state) {
   assert_true(fabs(tr_get(rm, 0) - 0.2) < 1e-6); /* evaluation leaves them */
   assert_true(fabs(tr_get(z, 0) - (1 - 0.2) / sqrt(1.1 + 1e-5)) < 1e-5);
   tr_param_list_free(&list);
-  tr_free(z);
-  tr_free(y);
-  tr_free(x);
+  tr_release(z);
+  tr_release(y);
+  tr_release(x);
   tr_module_free(bn);
 }
 
@@ -201,7 +201,7 @@ static void save_then_load_restores_weights_and_running_statistics(void **state)
   char *path = nas_asprintf("%s/w.nasw", dir);
   tr_module *a = mlp(&ctx);
   tr_tensor *x = tr_randn(&ctx, TR_F32, 2, SHAPE(5, 4), 1.0);
-  tr_free(tr_module_forward(&ctx, a, x)); /* moves the running statistics */
+  tr_release(tr_module_forward(&ctx, a, x)); /* moves the running statistics */
   nas_err err = {{0}};
   assert_int_equal(tr_module_save(a, path, &err), NAS_OK);
   tr_ctx other;
@@ -209,13 +209,13 @@ static void save_then_load_restores_weights_and_running_statistics(void **state)
   tr_module *b = mlp(&other);
   tr_tensor *ya = eval_output(&ctx, a, x), *yb = eval_output(&ctx, b, x);
   assert_true(fabs(tr_get(ya, 0) - tr_get(yb, 0)) > 1e-6);
-  tr_free(yb);
+  tr_release(yb);
   assert_int_equal(tr_module_load(b, path, &err), NAS_OK);
   yb = eval_output(&ctx, b, x);
   for (int64_t i = 0; i < ya->numel; i++) assert_true(tr_get(ya, i) == tr_get(yb, i));
-  tr_free(ya);
-  tr_free(yb);
-  tr_free(x);
+  tr_release(ya);
+  tr_release(yb);
+  tr_release(x);
   tr_module_free(a);
   tr_module_free(b);
   test_rmtree(dir);
@@ -292,13 +292,13 @@ static void flattened_parameters_live_in_one_buffer_and_still_train(void **state
   assert_true(tr_get(flat, 0) != p0);
   tr_optim_free(opt);
   tr_param_list_free(&list);
-  tr_free(loss);
-  tr_free(y);
-  tr_free(after);
-  tr_free(before);
-  tr_free(x);
-  tr_free(flat);
-  tr_free(gflat);
+  tr_release(loss);
+  tr_release(y);
+  tr_release(after);
+  tr_release(before);
+  tr_release(x);
+  tr_release(flat);
+  tr_release(gflat);
   tr_module_free(m);
 }
 

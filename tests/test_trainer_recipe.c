@@ -57,7 +57,7 @@ static void label_smoothing_matches_pytorch_definition(void **state) {
   NEAR(tr_item(quarter), 2.4038695282557563);
   assert_null(tr_cross_entropy_smooth(&ctx, logits, labels, 1.0));
   assert_non_null(strstr(ctx.err.msg, "label smoothing 1 outside [0, 1)"));
-  tr_free(plain), tr_free(loss), tr_free(quarter), tr_free(logits);
+  tr_release(plain), tr_release(loss), tr_release(quarter), tr_release(logits);
 }
 
 /* ---- epochs as the budget ---- */

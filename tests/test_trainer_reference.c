@@ -102,7 +102,7 @@ static void expect(const char *name, tr_ctx *ctx, tr_tensor *out, const double *
   for (size_t i = 0; i < n; i++) worst = fmax(worst, fabs(tr_get(out, (int64_t)i) - want[i]));
   print_message("%-16s max |diff| %.2e\n", name, worst);
   if (worst > 1e-9) fail_msg("%s differs from PyTorch by %g", name, worst);
-  tr_free(out);
+  tr_release(out);
 }
 
 static tr_tensor *x_tensor(tr_ctx *ctx) {
@@ -130,8 +130,8 @@ static void elementwise_and_softmax_match_pytorch(void **state) {
   expect("mean", &ctx, tr_mean(&ctx, x, 0, NULL, false), ref_mean_all, LEN(ref_mean_all));
   expect("cross_entropy", &ctx, tr_cross_entropy(&ctx, x, labels), ref_cross_entropy,
          LEN(ref_cross_entropy));
-  tr_free(pos);
-  tr_free(x);
+  tr_release(pos);
+  tr_release(x);
 }
 
 static void linear_and_norms_match_pytorch(void **state) {
@@ -152,13 +152,13 @@ static void linear_and_norms_match_pytorch(void **state) {
          ref_batch_norm, LEN(ref_batch_norm));
   expect("running mean", &ctx, tr_retain(rm), ref_bn_running_mean, LEN(ref_bn_running_mean));
   expect("running var", &ctx, tr_retain(rv), ref_bn_running_var, LEN(ref_bn_running_var));
-  tr_free(rm);
-  tr_free(rv);
-  tr_free(beta);
-  tr_free(g);
-  tr_free(b);
-  tr_free(w);
-  tr_free(x);
+  tr_release(rm);
+  tr_release(rv);
+  tr_release(beta);
+  tr_release(g);
+  tr_release(b);
+  tr_release(w);
+  tr_release(x);
 }
 
 static void conv_and_pools_match_pytorch(void **state) {
@@ -174,9 +174,9 @@ static void conv_and_pools_match_pytorch(void **state) {
   expect("conv2d (pad 1)", &ctx, tr_conv2d(&ctx, img, k, kb, 1, 1), ref_conv2d, LEN(ref_conv2d));
   expect("max_pool2d", &ctx, tr_max_pool2d(&ctx, img, 2, 2), ref_max_pool, LEN(ref_max_pool));
   expect("avg_pool2d", &ctx, tr_avg_pool2d(&ctx, img, 2, 2), ref_avg_pool, LEN(ref_avg_pool));
-  tr_free(kb);
-  tr_free(k);
-  tr_free(img);
+  tr_release(kb);
+  tr_release(k);
+  tr_release(img);
 }
 
 int main(void) {

@@ -162,7 +162,7 @@ static tr_tensor *operand(tr_ctx *ctx, int64_t rows, int64_t cols, bool transpos
   if (!transposed) return tr_rand(ctx, TR_F32, 2, SHAPE(rows, cols), -1, 1);
   tr_tensor *stored = tr_rand(ctx, TR_F32, 2, SHAPE(cols, rows), -1, 1);
   tr_tensor *view = tr_transpose(ctx, stored, 0, 1);
-  tr_free(stored);
+  tr_release(stored);
   return view;
 }
 
@@ -172,8 +172,8 @@ static tr_tensor *abs_product(tr_ctx *ctx, const tr_tensor *a, const tr_tensor *
   for (int64_t i = 0; i < a->numel; i++) tr_f32(pa)[i] = (float)fabs(tr_get(a, i));
   for (int64_t i = 0; i < b->numel; i++) tr_f32(pb)[i] = (float)fabs(tr_get(b, i));
   tr_tensor *p = tr_matmul(ctx, pa, pb);
-  tr_free(pa);
-  tr_free(pb);
+  tr_release(pa);
+  tr_release(pb);
   return p;
 }
 
@@ -204,12 +204,12 @@ static void split_gemm_matches_one_call_in_every_layout(void **state) {
       for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
         tr_tensor *split = matmul_in(mode, a, b);
         assert_close(split, one, scale, 1e-5, "split GEMM", mode);
-        tr_free(split);
+        tr_release(split);
       }
-      tr_free(scale);
-      tr_free(one);
-      tr_free(a);
-      tr_free(b);
+      tr_release(scale);
+      tr_release(one);
+      tr_release(a);
+      tr_release(b);
     }
 }
 
@@ -231,7 +231,7 @@ static void linear_steps_in(thread_mode mode, tr_tensor **out) {
   tr_set_requires_grad(x, true);
   for (int step = 0; step < 2; step++) {
     tr_optim_zero_grad(opt);
-    tr_free(out[0]);
+    tr_release(out[0]);
     out[0] = tr_module_forward(&e.ctx, lin, x);
     assert_non_null(out[0]);
     assert_int_equal(tr_backward(&e.ctx, out[0], g, false), NAS_OK);
@@ -242,8 +242,8 @@ static void linear_steps_in(thread_mode mode, tr_tensor **out) {
   out[3] = tr_retain(ps.items[1]->grad);
   out[4] = tr_detach(&e.ctx, ps.items[0]); /* the weight storage outlives the module */
   tr_optim_free(opt);
-  tr_free(g);
-  tr_free(x);
+  tr_release(g);
+  tr_release(x);
   tr_param_list_free(&ps);
   tr_module_free(lin);
   env_end(&e);
@@ -260,10 +260,10 @@ static void split_linear_steps_match_one_thread(void **state) {
     for (int i = 0; i < STEP_OUTPUTS; i++) {
       /* entries are sums of at most 300 products of values in [-1, 1], some grown by lr 0.1 */
       assert_close(split[i], one[i], NULL, 300 * 1e-6, names[i], mode);
-      tr_free(split[i]);
+      tr_release(split[i]);
     }
   }
-  for (int i = 0; i < STEP_OUTPUTS; i++) tr_free(one[i]);
+  for (int i = 0; i < STEP_OUTPUTS; i++) tr_release(one[i]);
 }
 
 enum { MLP_OUTPUTS = 4 };
@@ -295,15 +295,15 @@ static void mlp_steps_in(thread_mode mode, int64_t batch, tr_tensor **out) {
     assert_non_null(loss);
     assert_int_equal(tr_backward(&e.ctx, loss, NULL, false), NAS_OK);
     assert_int_equal(tr_optim_step(&e.ctx, opt), NAS_OK);
-    tr_free(loss);
-    tr_free(y);
+    tr_release(loss);
+    tr_release(y);
   }
   out[0] = tr_retain(x->grad);
   out[1] = tr_retain(ps.items[2]->grad);
   out[2] = tr_retain(ps.items[3]->grad);
   out[3] = tr_detach(&e.ctx, ps.items[2]);
   tr_optim_free(opt);
-  tr_free(x);
+  tr_release(x);
   tr_param_list_free(&ps);
   tr_module_free(m);
   env_end(&e);
@@ -323,10 +323,10 @@ static void split_mlp_steps_with_relu_match_one_thread(void **state) {
         /* sums of at most 300 products of values below 1 in size; a ReLU mask may flip only
          * where a pre-activation rounds across 0, which these tolerances absorb */
         assert_close(split[i], one[i], NULL, 300 * 1e-6, names[i], mode);
-        tr_free(split[i]);
+        tr_release(split[i]);
       }
     }
-    for (int i = 0; i < MLP_OUTPUTS; i++) tr_free(one[i]);
+    for (int i = 0; i < MLP_OUTPUTS; i++) tr_release(one[i]);
   }
 }
 
@@ -355,10 +355,10 @@ static void split_matrix_vector_is_identical_to_one_thread(void **state) {
   }
   for (thread_mode mode = OPENMP; mode <= POOL; mode++) {
     assert_close(out[mode], out[ONE_THREAD], NULL, 0.0, "batch-1 MLP", mode);
-    tr_free(out[mode]);
+    tr_release(out[mode]);
   }
-  tr_free(out[ONE_THREAD]);
-  tr_free(x);
+  tr_release(out[ONE_THREAD]);
+  tr_release(x);
   tr_module_free(m);
 }
 
@@ -381,9 +381,9 @@ static void fused_linear_relu_equals_the_modules(void **state) {
     assert_non_null(fused);
     assert_null(fused->grad_fn);
     assert_close(fused, plain, NULL, 0.0, "linear + ReLU", ONE_THREAD);
-    tr_free(plain);
-    tr_free(fused);
-    tr_free(x);
+    tr_release(plain);
+    tr_release(fused);
+    tr_release(x);
   }
   tr_module_free(m);
 }
@@ -425,9 +425,9 @@ static void batch1_mlp_on_one_thread_equals_the_modules_to_the_bit(void **state)
     assert_int_equal(fused->shape[0], 1);
     assert_int_equal(fused->shape[1], 7);
     assert_close(fused, plain, NULL, 0.0, "batch-1 MLP", ONE_THREAD);
-    tr_free(plain);
-    tr_free(fused);
-    tr_free(x);
+    tr_release(plain);
+    tr_release(fused);
+    tr_release(x);
     tr_module_free(m);
     env_end(&e);
   }
@@ -451,10 +451,10 @@ static void batch1_mlp_on_two_threads_equals_the_modules(void **state) {
     assert_non_null(again);
     assert_close(fused, plain, NULL, 1e-5, "batch-1 MLP", mode);
     assert_close(again, fused, NULL, 0.0, "batch-1 MLP, second call", mode);
-    tr_free(plain);
-    tr_free(fused);
-    tr_free(again);
-    tr_free(x);
+    tr_release(plain);
+    tr_release(fused);
+    tr_release(again);
+    tr_release(x);
     tr_module_free(m);
     env_end(&e);
   }
@@ -487,15 +487,15 @@ static void batch1_mlp_fits_only_what_it_can_run(void **state) {
   assert_true(tn_mlp_fits(x, false, (tn_mlp_layer[]){{wide, NULL, true}}, 1));
   tn_mlp_layer too_wide[2] = {{wide, NULL, true}, {w2_wide, NULL, false}};
   assert_false(tn_mlp_fits(x, false, too_wide, 2));
-  tr_free(w1t);
-  tr_free(w1t_base);
-  tr_free(x3d);
-  tr_free(x2);
-  tr_free(x);
-  tr_free(w2_wide);
-  tr_free(wide);
-  tr_free(w2);
-  tr_free(w1);
+  tr_release(w1t);
+  tr_release(w1t_base);
+  tr_release(x3d);
+  tr_release(x2);
+  tr_release(x);
+  tr_release(w2_wide);
+  tr_release(wide);
+  tr_release(w2);
+  tr_release(w1);
 }
 
 /* A linear layer without bias at batch 1 writes its output without reading it: a recycled
@@ -508,13 +508,13 @@ static void batch1_linear_without_bias_ignores_what_its_buffer_held(void **state
   tr_tensor *w = tr_rand(&ctx, TR_F32, 2, SHAPE(13, 29), -1, 1);
   tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(1, 29), -1, 1);
   tr_tensor *nans = tr_full(&ctx, TR_F32, 2, SHAPE(1, 13), NAN);
-  tr_free(nans); /* its block goes back to the cache, NaNs and all */
+  tr_release(nans); /* its block goes back to the cache, NaNs and all */
   tr_tensor *y = tr_linear(&ctx, x, w, NULL);
   assert_non_null(y);
   for (int64_t i = 0; i < y->numel; i++) assert_true(isfinite(tr_get(y, i)));
-  tr_free(y);
-  tr_free(x);
-  tr_free(w);
+  tr_release(y);
+  tr_release(x);
+  tr_release(w);
   tr_allocator_release(ctx.alloc);
 }
 
@@ -554,9 +554,9 @@ static void check_block(const block_case *bc, thread_mode mode) {
   /* sums of C*K*K products of values in [-1, 1] (weights smaller), rounded differently */
   assert_close(fused, plain, NULL, 1e-6 * (double)(bc->c * bc->kernel * bc->kernel), "conv block",
                mode);
-  tr_free(plain);
-  tr_free(fused);
-  tr_free(x);
+  tr_release(plain);
+  tr_release(fused);
+  tr_release(x);
   tr_module_free(m);
   env_end(&e);
 }
@@ -606,12 +606,12 @@ static void conv_block_fits_only_what_it_can_run(void **state) {
   assert_int_equal(y->shape[2], 3);
   assert_int_equal(y->shape[3], 3);
   for (int64_t i = 0; i < y->numel; i++) assert_true(tr_get(y, i) >= 0); /* ReLU */
-  tr_free(y);
-  tr_free(x64);
-  tr_free(wrong);
-  tr_free(b);
-  tr_free(w);
-  tr_free(x);
+  tr_release(y);
+  tr_release(x64);
+  tr_release(wrong);
+  tr_release(b);
+  tr_release(w);
+  tr_release(x);
 }
 
 /* ---------------------------------------------------------------- the fused MLP in training */
@@ -681,9 +681,9 @@ static bool mlp_case_step(const mlp_case *c, int threads, tr_tensor **out, int *
   assert_int_equal(tr_module_parameters(m, false, &ps, &ctx.err), NAS_OK);
   for (size_t i = 0; i < ps.n; i++) out[(*n_out)++] = tr_retain(ps.items[i]->grad);
   tr_param_list_free(&ps);
-  tr_free(loss);
-  tr_free(y);
-  tr_free(x);
+  tr_release(loss);
+  tr_release(y);
+  tr_release(x);
   tr_module_free(m);
   tr_threadpool_free(ctx.threads);
   openblas_set_num_threads(blas);
@@ -707,10 +707,10 @@ static void fused_mlp_training_equals_the_modules(void **state) {
         char what[64];
         snprintf(what, sizeof what, "case %zu, %d threads, tensor %d", i, threads, k);
         assert_close(split[k], one[k], NULL, 1e-5, what, POOL);
-        tr_free(split[k]);
+        tr_release(split[k]);
       }
     }
-    for (int k = 0; k < n_one; k++) tr_free(one[k]);
+    for (int k = 0; k < n_one; k++) tr_release(one[k]);
   }
 }
 
@@ -736,9 +736,9 @@ static void fused_mlp_reports_a_weight_changed_after_forward(void **state) {
   assert_non_null(strstr(e.ctx.err.msg, "modified by an in-place operation"));
   for (size_t i = 0; i < ps.n; i++) assert_null(ps.items[i]->grad);
   tr_param_list_free(&ps);
-  tr_free(s);
-  tr_free(y);
-  tr_free(x);
+  tr_release(s);
+  tr_release(y);
+  tr_release(x);
   tr_module_free(m);
   env_end(&e);
 }
@@ -764,10 +764,10 @@ static void fused_mlp_training_fits_only_what_it_can_run(void **state) {
     assert_non_null(y[i]);
     bool fused = strcmp(tr_grad_fn_name(y[i]), "MlpBackward") == 0;
     if (fused != (i == 0)) fail_msg("forward %d: fused %d", i, fused);
-    tr_free(y[i]);
+    tr_release(y[i]);
   }
-  tr_free(small);
-  tr_free(x);
+  tr_release(small);
+  tr_release(x);
   tr_module_free(single);
   tr_module_free(narrow);
   tr_module_free(m);

@@ -17,7 +17,7 @@
  * - All mutable engine state (grad mode, random generator, last error) lives in a tr_ctx the
  *   caller owns; there is no global state. One ctx per thread.
  * - Ops take borrowed inputs and return an owned new reference, or NULL with ctx->err set.
- *   tr_retain adds a reference, tr_free drops one; a tensor goes with its last reference.
+ *   tr_retain adds a reference, tr_release drops one; a tensor goes with its last reference.
  * - Ops compute in the dtype of their inputs (all inputs must share it); float64 exists so
  *   gradient checks by central differences are exact enough to mean something.
  * - Functions that return int return 0 (NAS_OK) or a negative NAS_E* code with a message. */
@@ -134,7 +134,7 @@ tr_tensor *tr_rand(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, 
 
 tr_tensor *tr_retain(tr_tensor *t);
 /* Drops one reference; NULL is fine. */
-void tr_free(tr_tensor *t);
+void tr_release(tr_tensor *t);
 
 size_t tr_dtype_size(tr_dtype dtype);
 bool tr_is_contiguous(const tr_tensor *t);
@@ -350,7 +350,9 @@ double tr_lr_at(const tr_lr_schedule *s, int64_t step);
 /* Scales all grads so their joint L2 norm is at most max_norm; returns the norm before. */
 double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm);
 
-/* ---------------------------------------------------------------- data */
+/* ---------------------------------------------------------------- data
+ * Functions that take a ctx report their errors in ctx->err; those without one (the
+ * normaliser, the loader's set-up) in their err. */
 
 /* Examples as float32 features (n, ...sample shape) with int32 labels. */
 typedef struct {
@@ -362,15 +364,14 @@ typedef struct {
 
 void tr_dataset_free(tr_dataset *ds);
 /* IDX images (n, rows, cols as floats 0..255) and labels; gzip-compressed or plain. */
-int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out,
-                nas_err *err);
+int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out);
 /* CSV of numbers, one example a line, the label in column label_col (-1: last); gzip ok.
  * A first line that does not parse as numbers is taken as a header and skipped. */
-int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out, nas_err *err);
+int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out);
 /* Shuffles with seed and moves the first round(n * val_fraction) examples to val. Both
  * outputs are new datasets; src is left as it was. */
 int tr_dataset_split(tr_ctx *ctx, const tr_dataset *src, double val_fraction, uint64_t seed,
-                     tr_dataset *train, tr_dataset *val, nas_err *err);
+                     tr_dataset *train, tr_dataset *val);
 /* Per-feature mean and std of ds (std floored at 1e-6 so constant pixels stay finite); then
  * x = (x - mean) / std in place. Call fit on training data, apply to both. */
 typedef struct {

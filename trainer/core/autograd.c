@@ -31,23 +31,23 @@ static const tr_node_ops accumulate_ops = {"AccumulateGrad", accumulate_apply,
 
 static void node_release_saved(tr_node *node) {
   for (tr_saved *s = node->saved; s; s = s->next) {
-    tr_free(s->t);
+    tr_release(s->t);
     s->t = NULL;
   }
-  if (node->ops->release && !node->released) node->ops->release(node);
+  if (node->ops->release_variables && !node->released) node->ops->release_variables(node);
   node->released = true;
 }
 
 static void node_free(tr_node *node) {
   node_release_saved(node);
-  if (node->ops == &accumulate_ops) tr_free(((accumulate_node *)node)->variable);
-  tr_free(node->grad_buf);
+  if (node->ops == &accumulate_ops) tr_release(((accumulate_node *)node)->variable);
+  tr_release(node->grad_buf);
   free(node->next_edges);
   free(node);
 }
 
 /* Frees node and every node only it kept alive, without recursion (graphs can be deep). */
-void ag_node_unref(tr_node *node) {
+void ag_node_release(tr_node *node) {
   if (!node || --node->refs > 0) return;
   size_t len = 0, cap = 0;
   tr_node **stack = NULL;
@@ -60,7 +60,7 @@ void ag_node_unref(tr_node *node) {
         tr_node **grown = realloc(stack, ncap * sizeof *grown);
         if (!grown) { /* no memory for the worklist: recursion still frees everything */
           fn->refs = 1;
-          ag_node_unref(fn);
+          ag_node_release(fn);
           continue;
         }
         stack = grown;
@@ -133,12 +133,12 @@ void *ag_record(tr_ctx *ctx, const tr_node_ops *ops, int n, tr_tensor *const *in
     if (!t) continue;
     if (i < TR_MAX_META) node->in_meta[i] = tn_meta(t);
     if (t->requires_grad && edge_to(ctx, t, &node->next_edges[i])) {
-      ag_node_unref(node);
+      ag_node_release(node);
       *rc = NAS_ERR;
       return NULL;
     }
   }
-  ag_node_unref(out->grad_fn);
+  ag_node_release(out->grad_fn);
   out->grad_fn = node;
   out->requires_grad = true;
   return node;
@@ -176,7 +176,7 @@ tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, const tr_saved *slot) {
 
 tr_tensor *ag_output(tr_tensor *out, int rc) {
   if (rc == NAS_OK) return out;
-  tr_free(out);
+  tr_release(out);
   return NULL;
 }
 
@@ -237,7 +237,7 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
     grad_in = node->n_next ? calloc((size_t)node->n_next, sizeof *grad_in) : NULL;
     if (node->n_next && !grad_in) return nas_errf(&ctx->err, "backward: out of memory");
     rc = node->ops->apply(ctx, node, node->grad_buf, grad_in);
-    tr_free(node->grad_buf);
+    tr_release(node->grad_buf);
     node->grad_buf = NULL;
   }
   if (!retain_graph && node->ops != &accumulate_ops) node_release_saved(node);
@@ -245,13 +245,13 @@ static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *rea
     tr_node *fn = node->next_edges[e].fn;
     tr_tensor *g = grad_in ? grad_in[e] : NULL;
     if (!fn) {
-      tr_free(g);
+      tr_release(g);
       continue;
     }
     if (g && rc == NAS_OK)
       rc = tn_accumulate(ctx, &fn->grad_buf, g);
     else
-      tr_free(g);
+      tr_release(g);
     if (--fn->deps == 0 && rc == NAS_OK) rc = vec_push(ctx, ready, fn);
   }
   free(grad_in);
@@ -282,7 +282,7 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
   if (!root->grad_fn) { /* a leaf: its gradient is g0 itself */
     accumulate_node leaf_node = {.variable = root};
     int rc = accumulate_apply(ctx, &leaf_node.base, g0, NULL);
-    tr_free(g0);
+    tr_release(g0);
     return rc;
   }
   node_vec all = {0}, ready = {0};
@@ -298,10 +298,10 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
     rc = run_node(ctx, ready.items[--ready.n], retain_graph, &ready);
   /* After a failure some nodes still hold gradients that will never be used. */
   for (size_t i = 0; i < all.n; i++) {
-    tr_free(all.items[i]->grad_buf);
+    tr_release(all.items[i]->grad_buf);
     all.items[i]->grad_buf = NULL;
   }
-  tr_free(g0);
+  tr_release(g0);
   free(all.items);
   free(ready.items);
   tr_set_grad_enabled(ctx, prev_grad);

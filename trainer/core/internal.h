@@ -25,14 +25,15 @@ typedef struct tr_saved {
 
 /* What an op's backward node is. apply gets the gradient of the node's output and writes one
  * owned gradient per next edge into grad_in (left NULL where the edge's fn is NULL). size:
- * the op's node struct, which begins with its tr_node (0: a bare tr_node). release (may be
- * NULL) frees what the node owns besides its saved tensors; it runs once, after the node's
- * backward (unless retain_graph) or when the node goes. */
+ * the op's node struct, which begins with its tr_node (0: a bare tr_node).
+ * release_variables (may be NULL, as PyTorch's Node::release_variables) frees what the node
+ * owns besides its saved tensors; it runs once, after the node's backward (unless
+ * retain_graph) or when the node goes. */
 typedef struct {
   const char *name;
   int (*apply)(tr_ctx *ctx, tr_node *node, tr_tensor *grad_out, tr_tensor **grad_in);
   size_t size;
-  void (*release)(tr_node *node);
+  void (*release_variables)(tr_node *node);
 } tr_node_ops;
 
 /* Shape of an op input, recorded when the node is made. */
@@ -78,7 +79,8 @@ tr_tensor *ag_saved(tr_ctx *ctx, tr_node *node, const tr_saved *slot);
 int ag_live(tr_ctx *ctx, const tr_node *node);
 /* The end of every op's forward: out when rc is NAS_OK, else NULL with out freed. */
 tr_tensor *ag_output(tr_tensor *out, int rc);
-void ag_node_unref(tr_node *node);
+/* Drops a reference to node; the last one frees it and every node only it kept alive. */
+void ag_node_release(tr_node *node);
 /* Whether edge i of node wants a gradient. */
 static inline bool ag_wants(const tr_node *node, int i) { return node->next_edges[i].fn != NULL; }
 
@@ -92,7 +94,7 @@ void *tn_alloc(tr_allocator *a, size_t size);
 void tn_dealloc(tr_allocator *a, void *ptr, size_t size);
 tr_allocator *tn_allocator_retain(tr_allocator *a);
 /* Drops a reference to s; the last one frees its memory. */
-void tn_storage_unref(tr_storage *s);
+void tn_storage_release(tr_storage *s);
 
 /* ---------------------------------------------------------------- modules */
 

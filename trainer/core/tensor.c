@@ -5,6 +5,7 @@
  * same storage, so the version counter (in the storage) is shared by all of them, as in
  * PyTorch. Every in-place write bumps it. numel is the product of shape. Strides may be
  * anything non-negative (views), but tensors made here are contiguous row-major. */
+#include <assert.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -187,18 +188,18 @@ tr_tensor *tr_retain(tr_tensor *t) {
   return t;
 }
 
-void tn_storage_unref(tr_storage *s) {
+void tn_storage_release(tr_storage *s) {
   if (!s || --s->refs > 0) return;
   tn_dealloc(s->alloc, s->data, s->alloc_size);
   tr_allocator_release(s->alloc);
   free(s);
 }
 
-void tr_free(tr_tensor *t) {
+void tr_release(tr_tensor *t) {
   if (!t || --t->refs > 0) return;
-  tn_storage_unref(t->storage);
-  tr_free(t->grad);
-  ag_node_unref(t->grad_fn);
+  tn_storage_release(t->storage);
+  tr_release(t->grad);
+  ag_node_release(t->grad_fn);
   free(t);
 }
 
@@ -328,6 +329,7 @@ int64_t tn_prod(const int64_t *shape, int from, int to) {
 }
 
 void tn_split_at(const tr_tensor *t, int dim, int64_t *outer, int64_t *n, int64_t *inner) {
+  assert(dim >= 0 && dim < t->ndim);
   *outer = tn_prod(t->shape, 0, dim);
   *inner = tn_prod(t->shape, dim + 1, t->ndim);
   *n = t->shape[dim];
@@ -398,7 +400,7 @@ tr_tensor *tr_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype) {
         tr_f64(out)[i] = (double)tr_f32(c)[i];
     }
   }
-  tr_free(c);
+  tr_release(c);
   return out;
 }
 
@@ -473,6 +475,7 @@ int tr_add_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src, double alpha) {
 
 void tn_scale_contig(tr_tensor *t, double s) {
   if (tn_on_cuda(t)) { tn_device_of(t)->scale(t, s); return; }
+  assert(tr_is_contiguous(t));
   if (t->dtype == TR_F32)
     cblas_sscal((blasint)t->numel, (float)s, tr_f32(t), 1);
   else
@@ -540,13 +543,13 @@ int tn_accumulate(tr_ctx *ctx, tr_tensor **acc, tr_tensor *g) {
   if (!tn_is_private(*acc)) {
     tr_tensor *copy = tn_clone(ctx, *acc);
     if (!copy) {
-      tr_free(g);
+      tr_release(g);
       return NAS_ERR;
     }
-    tr_free(*acc);
+    tr_release(*acc);
     *acc = copy;
   }
   int rc = tn_add(ctx, *acc, g, 1.0);
-  tr_free(g);
+  tr_release(g);
   return rc;
 }

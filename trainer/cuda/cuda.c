@@ -146,7 +146,7 @@ tr_tensor *tc_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape)
 tr_tensor *tc_zeros(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape) {
   tr_tensor *t = tc_empty(ctx, dtype, ndim, shape);
   if (t && tc_ok(ctx, "zeros", tck_memset0(tc_stream(ctx), tr_data(t), t->storage->nbytes))) {
-    tr_free(t);
+    tr_release(t);
     return NULL;
   }
   return t;
@@ -166,7 +166,7 @@ tr_tensor *tc_upload_i32(tr_ctx *ctx, const int32_t *values, int64_t n) {
   if (t &&
       tc_ok(ctx, "upload",
             tck_memcpy(tc_stream(ctx), tr_data(t), values, sizeof(int32_t) * (size_t)n, TCK_H2D))) {
-    tr_free(t);
+    tr_release(t);
     return NULL;
   }
   return t;
@@ -253,7 +253,7 @@ tr_tensor *tc_clone(tr_ctx *ctx, const tr_tensor *t) {
   if (engine_for(ctx, "clone", t)) return NULL;
   tr_tensor *c = tc_empty_like(ctx, t);
   if (c && tc_copy_raw(ctx, c, t)) {
-    tr_free(c);
+    tr_release(c);
     return NULL;
   }
   return c;
@@ -268,7 +268,7 @@ tr_tensor *tc_to_dtype(tr_ctx *ctx, const tr_tensor *t, tr_dtype dtype) {
   if (engine_for(ctx, "to_dtype", t)) return NULL;
   tr_tensor *c = tc_empty(ctx, dtype, t->ndim, t->shape);
   if (c && tc_copy_raw(ctx, c, t)) {
-    tr_free(c);
+    tr_release(c);
     return NULL;
   }
   return c;
@@ -308,10 +308,10 @@ static tr_tensor *upload(tr_ctx *ctx, const tr_tensor *t) {
   if (d &&
       tc_ok(ctx, "copy to the device",
             tck_memcpy(tc_stream(ctx), tr_data(d), tr_data(hc), d->storage->nbytes, TCK_H2D))) {
-    tr_free(d);
+    tr_release(d);
     d = NULL;
   }
-  tr_free(hc);
+  tr_release(hc);
   return d;
 }
 
@@ -323,10 +323,10 @@ static tr_tensor *download(tr_ctx *ctx, const tr_tensor *t) {
   if (h &&
       tc_ok(ctx, "copy to the host",
             tck_memcpy(tc_stream(ctx), tr_data(h), tr_data(dc), h->storage->nbytes, TCK_D2H))) {
-    tr_free(h);
+    tr_release(h);
     h = NULL;
   }
-  tr_free(dc);
+  tr_release(dc);
   return h;
 }
 
@@ -337,14 +337,14 @@ int tc_copy_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src) {
   if (!tn_on_cuda(dst)) { /* device to host: through a host copy */
     tr_tensor *h = download(ctx, src);
     int rc = h ? tr_copy_(ctx, dst, h) : NAS_ERR;
-    tr_free(h);
+    tr_release(h);
     return rc;
   }
   if (engine_for(ctx, "copy_", dst) || (tn_on_cuda(src) && engine_for(ctx, "copy_", src)))
     return NAS_ERR; /* both on ctx's device: no copies between devices */
   tr_tensor *staged = tn_on_cuda(src) ? tr_retain((tr_tensor *)src) : upload(ctx, src);
   int rc = staged ? tc_copy_raw(ctx, dst, staged) : NAS_ERR;
-  tr_free(staged);
+  tr_release(staged);
   if (rc == NAS_OK) dst->storage->version++;
   return rc;
 }
@@ -365,7 +365,7 @@ tr_tensor *tc_initial_grad(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad) {
   tr_tensor *g = tc_empty_like(ctx, root);
   if (g &&
       tc_ok(ctx, "backward", tck_fill(tc_stream(ctx), (int)g->dtype, tr_data(g), NULL, 1, 1.0))) {
-    tr_free(g);
+    tr_release(g);
     return NULL;
   }
   return g;
@@ -430,8 +430,8 @@ typedef struct {
 
 static void map_free(storage_map *map) {
   for (size_t i = 0; i < map->n; i++) {
-    tn_storage_unref(map->from[i]);
-    tn_storage_unref(map->to[i]);
+    tn_storage_release(map->from[i]);
+    tn_storage_release(map->to[i]);
   }
   free(map->from);
   free(map->to);
@@ -448,12 +448,12 @@ static tr_storage *storage_copy(tr_ctx *ctx, const tr_storage *s, tr_dtype dtype
   if (tc_ok(ctx, "module to device",
             tck_memcpy(tc_stream(ctx), carrier->storage->data, s->data, carrier->storage->nbytes,
                        kind))) {
-    tr_free(carrier);
+    tr_release(carrier);
     return NULL;
   }
   tr_storage *copy = carrier->storage;
   copy->refs++;
-  tr_free(carrier);
+  tr_release(carrier);
   return copy;
 }
 
@@ -481,7 +481,7 @@ static int move_tensor(tr_ctx *ctx, tr_tensor *t, tr_device device, storage_map 
     map->to[map->n++] = to;
   }
   to->refs++;
-  tn_storage_unref(t->storage);
+  tn_storage_release(t->storage);
   t->storage = to;
   to->version++;
   return NAS_OK;

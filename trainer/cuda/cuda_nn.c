@@ -45,8 +45,8 @@ static int bn_stats_running(tr_ctx *ctx, const tr_tensor *rmean, const tr_tensor
                      tck_batch_norm_stats_running(tc_stream(ctx), (int)rmean->dtype, tr_data(m),
                                                   tr_data(v), tr_data(stats), c, eps))
              : NAS_ERR;
-  tr_free(m);
-  tr_free(v);
+  tr_release(m);
+  tr_release(v);
   return rc;
 }
 
@@ -78,7 +78,7 @@ int tc_batch_norm_stats(tr_ctx *ctx, const tr_tensor *xc, tr_tensor *rmean, tr_t
   double unbias = (double)(n * l) / (double)(n * l - 1);
   if (rc == NAS_OK && rmean) rc = bn_running_update(ctx, rmean, tr_data(stats), 2, 1.0, momentum);
   if (rc == NAS_OK && rvar) rc = bn_running_update(ctx, rvar, tr_data(var), 1, unbias, momentum);
-  tr_free(var);
+  tr_release(var);
   return rc;
 }
 
@@ -107,7 +107,7 @@ static tr_tensor *im2col(tr_ctx *ctx, const tr_tensor *x, const tck_conv_geom *g
   tr_tensor *col = tc_empty(ctx, x->dtype, 2, shape);
   if (col && tc_ok(ctx, "conv2d",
                    tck_im2col(tc_stream(ctx), (int)x->dtype, tr_data(x), tr_data(col), g))) {
-    tr_free(col);
+    tr_release(col);
     return NULL;
   }
   return col;
@@ -134,8 +134,8 @@ int tc_conv2d_bwd(tr_ctx *ctx, const tr_node *node, tr_tensor *x, tr_tensor *w,
     tr_tensor *col = im2col(ctx, x, geo);
     tr_tensor *dwm = col ? tc_gemm(ctx, dyo, false, col, true) : NULL;
     gi[1] = dwm ? tn_view(ctx, dwm, 4, w->shape) : NULL;
-    tr_free(dwm);
-    tr_free(col);
+    tr_release(dwm);
+    tr_release(col);
     if (!gi[1]) rc = NAS_ERR;
   }
   if (rc == NAS_OK && ag_wants(node, 0)) { /* dx = col2im(W^T @ dyo) */
@@ -145,16 +145,16 @@ int tc_conv2d_bwd(tr_ctx *ctx, const tr_node *node, tr_tensor *x, tr_tensor *w,
              ? tc_ok(ctx, "ConvolutionBackward",
                      tck_col2im(tc_stream(ctx), (int)x->dtype, tr_data(dcol), tr_data(gi[0]), geo))
              : NAS_ERR;
-    tr_free(dcol);
+    tr_release(dcol);
   }
   if (rc == NAS_OK && ag_wants(node, 2)) { /* db = row sums of dyo (grad mode is off) */
     int axis = 1;
     gi[2] = tr_sum(ctx, dyo, 1, &axis, false);
     if (!gi[2]) rc = NAS_ERR;
   }
-  tr_free(wm);
-  tr_free(dyo);
-  tr_free(gc);
+  tr_release(wm);
+  tr_release(dyo);
+  tr_release(gc);
   return rc;
 }
 
@@ -167,9 +167,9 @@ int tc_conv2d_fwd(tr_ctx *ctx, const tr_tensor *xc, const tr_tensor *wc, const t
                       tck_conv_to_nop(tc_stream(ctx), (int)xc->dtype, tr_data(yo), data_or_null(bc),
                                       tr_data(y), geo->n, wc->shape[0], geo->oh * geo->ow))
               : NAS_ERR;
-  tr_free(yo);
-  tr_free(wm);
-  tr_free(col);
+  tr_release(yo);
+  tr_release(wm);
+  tr_release(col);
   return rc;
 }
 

@@ -90,7 +90,7 @@ tr_tensor *tc_gemm(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb) {
   gemm_operand oa, ob;
   if (operand_of(ctx, a, bf16, &oa)) return NULL;
   if (operand_of(ctx, b, bf16, &ob)) {
-    tr_free(oa.owner);
+    tr_release(oa.owner);
     return NULL;
   }
   int64_t m = ta ? a->shape[1] : a->shape[0], k = ta ? a->shape[0] : a->shape[1];
@@ -102,11 +102,11 @@ tr_tensor *tc_gemm(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb) {
             tck_gemm(tc_stream(ctx), ctx->cuda->blas, (int)oa.owner->dtype, (int)c->dtype,
                      ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
                      tr_data(ob.owner), ob.ld, 0.0, tr_data(c), n))) {
-    tr_free(c);
+    tr_release(c);
     c = NULL;
   }
-  tr_free(oa.owner);
-  tr_free(ob.owner);
+  tr_release(oa.owner);
+  tr_release(ob.owner);
   return c;
 }
 
@@ -119,7 +119,7 @@ static int add_bias(tr_ctx *ctx, tr_tensor *y, const tr_tensor *b) {
 tr_tensor *tc_linear_fwd(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_tensor *b) {
   tr_tensor *y = tc_gemm(ctx, x2, false, w, true);
   if (y && b && add_bias(ctx, y, b)) {
-    tr_free(y);
+    tr_release(y);
     return NULL;
   }
   return y;
@@ -139,8 +139,8 @@ tr_tensor *tc_cross_entropy_fwd(tr_ctx *ctx, const tr_tensor *x, const tr_tensor
                : NAS_ERR;
   tr_tensor *mean = rc == NAS_OK ? tn_sum_dims(ctx, per_row, 1u, 1.0 / (double)rows) : NULL;
   tr_tensor *loss = mean ? tn_view(ctx, mean, 0, NULL) : NULL;
-  tr_free(mean);
-  tr_free(per_row);
+  tr_release(mean);
+  tr_release(per_row);
   return loss;
 }
 
@@ -152,7 +152,7 @@ int tc_cross_entropy_bwd(tr_ctx *ctx, const tr_tensor *probs, const tr_tensor *l
                                             tc_i32(labels), tr_data(gc), tr_data(dx),
                                             probs->shape[0], probs->shape[1]))
               : NAS_ERR;
-  tr_free(gc);
+  tr_release(gc);
   return rc;
 }
 

@@ -122,7 +122,7 @@ static int drain_prefetches(tr_ctx *ctx, tr_fsdp *f) {
 
 static void grads_detach(fsdp_unit *u) {
   for (size_t i = 0; i < u->n_params; i++) {
-    tr_free(u->params[i]->grad);
+    tr_release(u->params[i]->grad);
     u->params[i]->grad = NULL;
   }
 }
@@ -133,11 +133,11 @@ static tr_tensor *grads_attach(tr_ctx *ctx, const tr_fsdp *f, fsdp_unit *u) {
   tr_tensor *grad_full = fsdp_buffer_new(ctx, f, u->padded, true);
   for (size_t i = 0; grad_full && i < u->n_params; i++) {
     tr_tensor *p = u->params[i];
-    tr_free(p->grad);
+    tr_release(p->grad);
     p->grad = tn_view(ctx, grad_full, p->ndim, p->shape);
     if (!p->grad) {
       grads_detach(u);
-      tr_free(grad_full);
+      tr_release(grad_full);
       return NULL;
     }
     p->grad->offset = p->offset;
@@ -162,7 +162,7 @@ static int reduce_grads(tr_ctx *ctx, tr_fsdp *f, fsdp_unit *u, tr_tensor **grad_
   if (!shard) return NAS_ERR;
   if (tr_comm_reduce_scatter(f->comm, f->dtype, full, tr_data(shard), u->shard_numel,
                              TR_REDUCE_AVG, &ctx->err)) {
-    tr_free(shard);
+    tr_release(shard);
     return nas_err_prefix(&ctx->err, "fsdp unit %d", u->index);
   }
   *grad_flat = shard;
@@ -187,8 +187,8 @@ typedef struct {
 
 static void unit_release(tr_node *node) {
   unit_node *n = (unit_node *)node;
-  tr_free(n->input);
-  tr_free(n->inner);
+  tr_release(n->input);
+  tr_release(n->inner);
   n->input = n->inner = NULL;
 }
 
@@ -197,7 +197,7 @@ static tr_tensor *unit_run(tr_ctx *ctx, const fsdp_unit *u, tr_tensor *x) {
   tr_tensor *cur = tr_retain(x);
   for (size_t i = 0; i < u->n_children && cur; i++) {
     tr_tensor *next = tr_module_forward(ctx, u->children[i], cur);
-    tr_free(cur);
+    tr_release(cur);
     cur = next;
   }
   return cur;
@@ -227,7 +227,7 @@ static int inner_backward(tr_ctx *ctx, const unit_node *rec, tr_tensor *g) {
   if (!rec->f->cfg.checkpoint) return tr_backward(ctx, rec->inner, g, false);
   tr_tensor *y = unit_recompute(ctx, rec);
   int rc = y ? tr_backward(ctx, y, g, false) : NAS_ERR;
-  tr_free(y);
+  tr_release(y);
   return rc;
 }
 
@@ -242,7 +242,7 @@ static int unit_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   int rc = grad_full ? inner_backward(ctx, rec, g) : NAS_ERR;
   grads_detach(u);
   if (rc == NAS_OK) rc = reduce_grads(ctx, f, u, &grad_full, &grad_in[1]);
-  tr_free(grad_full);
+  tr_release(grad_full);
   fsdp_unit_reshard(f, u);
   tr_tensor *input = rec->input;
   if (rc == NAS_OK && ag_wants(node, 0)) {
@@ -284,9 +284,9 @@ static tr_tensor *unit_forward_recorded(tr_ctx *ctx, tr_fsdp *f, fsdp_unit *u, t
     node->inner = inner;
     return out;
   }
-  tr_free(input);
-  tr_free(inner);
-  tr_free(out);
+  tr_release(input);
+  tr_release(inner);
+  tr_release(out);
   return NULL;
 }
 
@@ -303,7 +303,7 @@ tr_tensor *tr_fsdp_forward(tr_ctx *ctx, tr_fsdp *f, tr_tensor *x) {
   tr_tensor *cur = tr_retain(x);
   for (int i = 0; i < f->n_units && cur; i++) {
     tr_tensor *next = unit_forward(ctx, f, &f->units[i], cur);
-    tr_free(cur);
+    tr_release(cur);
     cur = next;
   }
   return cur;

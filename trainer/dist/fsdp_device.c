@@ -101,7 +101,7 @@ tr_tensor *fsdp_buffer_new(tr_ctx *ctx, const tr_fsdp *f, int64_t n, bool zero) 
     return t;
   }
   if (tc_ok(ctx, "fsdp zeros", tck_memset0(tc_stream(ctx), tr_data(t), t->storage->nbytes))) {
-    tr_free(t);
+    tr_release(t);
     return NULL;
   }
   return t;
@@ -125,7 +125,7 @@ int fsdp_copy_param(tr_ctx *ctx, const tr_fsdp *f, const tr_tensor *p, tr_tensor
   if (!dst) return NAS_ERR;
   dst->offset = off;
   int rc = tc_copy_raw(ctx, dst, p);
-  tr_free(dst);
+  tr_release(dst);
   return rc;
 }
 
@@ -146,6 +146,6 @@ int tr_fsdp_all_reduce_host(tr_ctx *ctx, tr_fsdp *f, double *values, int64_t n,
   if (rc == NAS_OK)
     rc = tc_ok(ctx, "fsdp: values from the device",
                tck_memcpy(tc_stream(ctx), values, tr_data(stage), nbytes, TCK_D2H));
-  tr_free(stage);
+  tr_release(stage);
   return rc;
 }

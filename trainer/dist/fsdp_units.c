@@ -51,7 +51,7 @@ static void rebase(tr_tensor *t, tr_tensor *full, int64_t off) {
   t->storage = full->storage;
   t->offset = off;
   tn_contiguous_strides(t->ndim, t->shape, t->strides);
-  tn_storage_unref(old);
+  tn_storage_release(old);
 }
 
 /* u->params: the module's parameter tensors of u's children, checked. */
@@ -92,7 +92,7 @@ static int shard_unit(tr_ctx *ctx, tr_fsdp *f, fsdp_unit *u) {
     tr_tensor *p = u->params[i];
     if (fsdp_copy_param(ctx, f, p, u->full, off)) return NAS_ERR;
     rebase(p, u->full, off);
-    tr_free(p->grad);
+    tr_release(p->grad);
     p->grad = NULL;
     off += p->numel;
   }
@@ -223,11 +223,11 @@ void tr_fsdp_free(tr_fsdp *f) {
   fsdp_prefetcher_free(f->prefetcher);
   for (int i = 0; i < f->n_units; i++) {
     fsdp_unit *u = &f->units[i];
-    for (size_t p = 0; p < u->n_params; p++) tr_free(u->params[p]);
+    for (size_t p = 0; p < u->n_params; p++) tr_release(u->params[p]);
     free(u->params);
     free(u->children);
-    tr_free(u->full);
-    tr_free(u->flat);
+    tr_release(u->full);
+    tr_release(u->flat);
   }
   free(f->units);
   tr_allocator_release(f->alloc);

@@ -248,12 +248,12 @@ tr_tensor *tn_conv_block_infer(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tenso
     else
       block_part(&job, 0, 1);
   }
-  tr_free(scratch);
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
+  tr_release(scratch);
+  tr_release(xc);
+  tr_release(wc);
+  tr_release(bc);
   if (!scratch) {
-    tr_free(y);
+    tr_release(y);
     return NULL;
   }
   return y;

@@ -319,11 +319,11 @@ static int mlp_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
   }
   for (int i = 1; i < node->n_next; i++) /* gradients no edge takes */
     if (!ag_wants(node, i)) {
-      tr_free(gi[i]);
+      tr_release(gi[i]);
       gi[i] = NULL;
     }
-  tr_free(scratch);
-  tr_free(gc);
+  tr_release(scratch);
+  tr_release(gc);
   return scratch ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops mlp_ops = {"MlpBackward", mlp_backward, sizeof(mlp_node), NULL};
@@ -378,8 +378,8 @@ tr_tensor *tn_mlp_train(tr_ctx *ctx, tr_tensor *x, const tn_mlp_layer *layers, i
     rc = record(ctx, x, x2, layers, n, h);
   }
   tr_tensor *y = partial && rc == NAS_OK ? tr_retain(h[n - 1]) : NULL;
-  for (int k = 0; k < n; k++) tr_free(h[k]);
-  tr_free(partial);
-  tr_free(x2);
+  for (int k = 0; k < n; k++) tr_release(h[k]);
+  tr_release(partial);
+  tr_release(x2);
   return y;
 }

@@ -15,7 +15,7 @@
 #include "trainer/core/internal.h"
 
 void tr_dataset_free(tr_dataset *ds) {
-  tr_free(ds->x);
+  tr_release(ds->x);
   free(ds->y);
   memset(ds, 0, sizeof *ds);
 }
@@ -100,7 +100,7 @@ static int idx_to_dataset(tr_ctx *ctx, const idx_file *img, const idx_file *lab,
   tr_tensor *x = tr_empty(ctx, TR_F32, img->ndims, img->dims);
   int32_t *y = malloc(sizeof(int32_t) * (size_t)(lab->count ? lab->count : 1));
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(err, "%s: out of memory", path);
   }
@@ -115,8 +115,8 @@ static int idx_to_dataset(tr_ctx *ctx, const idx_file *img, const idx_file *lab,
   return NAS_OK;
 }
 
-int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out,
-                nas_err *err) {
+int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out) {
+  nas_err *err = &ctx->err;
   idx_file img, lab = {0};
   int rc = idx_read(images_path, &img, err);
   if (rc == NAS_OK) rc = idx_read(labels_path, &lab, err);
@@ -194,7 +194,7 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   tr_tensor *x = tr_empty(ctx, TR_F32, 2, (int64_t[]){n, ncols - 1});
   int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(err, "%s: out of memory", path);
   }
@@ -202,7 +202,7 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   for (int64_t r = 0; r < n; r++) {
     int64_t got = parse_line(lines[first + r], probe, 4096);
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
-      tr_free(x);
+      tr_release(x);
       free(y);
       return nas_errf(err, "%s:%lld: expected %lld numbers with a non-negative integer label", path,
                       (long long)(first + r + 1), (long long)ncols);
@@ -213,7 +213,8 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   return NAS_OK;
 }
 
-int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out, nas_err *err) {
+int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out) {
+  nas_err *err = &ctx->err;
   unsigned char *buf;
   size_t len;
   if (read_gz(path, &buf, &len, err)) return NAS_ERR;
@@ -247,7 +248,7 @@ static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_
   tr_tensor *x = tn_empty_meta(ctx, TR_F32, &m);
   int32_t *y = malloc(sizeof(int32_t) * (size_t)(n ? n : 1));
   if (!x || !y) {
-    tr_free(x);
+    tr_release(x);
     free(y);
     return nas_errf(&ctx->err, "dataset: out of memory");
   }
@@ -260,21 +261,23 @@ static int gather(tr_ctx *ctx, const tr_dataset *src, const int64_t *idx, int64_
 }
 
 int tr_dataset_split(tr_ctx *ctx, const tr_dataset *src, double val_fraction, uint64_t seed,
-                     tr_dataset *train, tr_dataset *val, nas_err *err) {
+                     tr_dataset *train, tr_dataset *val) {
   if (val_fraction < 0 || val_fraction > 1)
-    return nas_errf(err, "split: fraction %g outside [0, 1]", val_fraction);
-  if (!tr_is_contiguous(src->x)) return nas_errf(err, "split: features must be contiguous");
+    return nas_errf(&ctx->err, "split: fraction %g outside [0, 1]", val_fraction);
+  if (!tr_is_contiguous(src->x))
+    return nas_errf(&ctx->err, "split: features must be contiguous");
   int64_t *order = malloc(sizeof(int64_t) * (size_t)(src->n ? src->n : 1));
-  if (!order) return nas_errf(err, "split: out of memory");
+  if (!order) return nas_errf(&ctx->err, "split: out of memory");
   for (int64_t i = 0; i < src->n; i++) order[i] = i;
   uint64_t rng[4];
   tr_rng_seed(rng, seed);
   shuffle(order, src->n, rng);
   int64_t nval = (int64_t)((double)src->n * val_fraction + 0.5);
   int rc = gather(ctx, src, order, nval, val);
-  if (rc == NAS_OK && (rc = gather(ctx, src, order + nval, src->n - nval, train)) != NAS_OK)
-    tr_dataset_free(val);
-  if (rc) nas_errf(err, "%s", ctx->err.msg);
+  if (rc == NAS_OK) {
+    rc = gather(ctx, src, order + nval, src->n - nval, train);
+    if (rc) tr_dataset_free(val);
+  }
   free(order);
   return rc;
 }

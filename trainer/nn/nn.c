@@ -151,10 +151,10 @@ void tr_module_free(tr_module *m) {
   if (!m) return;
   for (size_t i = 0; i < m->n_children; i++) tr_module_free(m->children[i]);
   free(m->children);
-  tr_free(m->weight);
-  tr_free(m->bias);
-  tr_free(m->running_mean);
-  tr_free(m->running_var);
+  tr_release(m->weight);
+  tr_release(m->bias);
+  tr_release(m->running_mean);
+  tr_release(m->running_var);
   free(m);
 }
 
@@ -234,7 +234,7 @@ static tr_tensor *sequential_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   for (size_t i = 0, used = 1; i < m->n_children && cur; i += used) {
     tr_tensor *next = ctx->grad_enabled ? training_forward(ctx, m, i, cur, &used)
                                         : inference_forward(ctx, m, i, cur, &used);
-    tr_free(cur);
+    tr_release(cur);
     cur = next;
   }
   return cur;
@@ -369,7 +369,7 @@ static void rebase(tr_tensor *t, tr_storage *s, int64_t off) {
   t->storage = s;
   t->offset = off;
   tn_contiguous_strides(t->ndim, t->shape, t->strides);
-  tn_storage_unref(old);
+  tn_storage_release(old);
 }
 
 int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor **grads) {
@@ -381,7 +381,7 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
   tr_tensor *flat = tr_empty(ctx, TR_F32, 1, shape),
             *gflat = flat ? tr_zeros(ctx, TR_F32, 1, shape) : NULL;
   if (!gflat) {
-    tr_free(flat);
+    tr_release(flat);
     tr_param_list_free(&list);
     return NAS_ERR;
   }
@@ -393,7 +393,7 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
     rebase(p, flat->storage, off);
     tr_tensor *g = tn_alias(ctx, p);
     if (g) rebase(g, gflat->storage, off);
-    tr_free(p->grad);
+    tr_release(p->grad);
     p->grad = g;
     off += p->numel;
   }
@@ -401,11 +401,11 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
   if (params)
     *params = flat;
   else
-    tr_free(flat);
+    tr_release(flat);
   if (grads)
     *grads = gflat;
   else
-    tr_free(gflat);
+    tr_release(gflat);
   return NAS_OK;
 }
 
@@ -441,8 +441,14 @@ static int put_u32(byte_buf *b, uint32_t v) {
 }
 
 static int put_i64(byte_buf *b, int64_t v) {
-  return put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu)) ||
-         put_u32(b, (uint32_t)((uint64_t)v >> 32));
+  if (put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu))) return NAS_ERR;
+  return put_u32(b, (uint32_t)((uint64_t)v >> 32));
+}
+
+/* The file's head: magic, format version, tensor count. */
+static int put_head(byte_buf *b, size_t count) {
+  if (put(b, "NASW", 4) || put_u32(b, 1)) return NAS_ERR;
+  return put_u32(b, (uint32_t)count);
 }
 
 static bool host_is_little_endian(void) {
@@ -469,7 +475,7 @@ int tr_module_save(tr_module *m, const char *path, nas_err *err) {
   tr_param_list list = {0};
   if (tr_module_parameters(m, true, &list, err)) return NAS_ERR;
   byte_buf b = {0};
-  int rc = put(&b, "NASW", 4) || put_u32(&b, 1) || put_u32(&b, (uint32_t)list.n);
+  int rc = put_head(&b, list.n);
   for (size_t i = 0; i < list.n && !rc; i++) rc = put_tensor(&b, list.names[i], list.items[i]);
   if (!rc) rc = put_u32(&b, (uint32_t)crc32(0L, b.data, (uInt)b.n));
   if (rc)

@@ -54,9 +54,9 @@ tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const
 void tr_optim_free(tr_optim *opt) {
   if (!opt) return;
   for (size_t i = 0; i < opt->n; i++) {
-    tr_free(opt->params[i]);
-    tr_free(opt->state[2 * i]);
-    tr_free(opt->state[2 * i + 1]);
+    tr_release(opt->params[i]);
+    tr_release(opt->state[2 * i]);
+    tr_release(opt->state[2 * i + 1]);
   }
   free(opt->params);
   free(opt->state);
@@ -71,7 +71,7 @@ void tr_optim_zero_grad(tr_optim *opt) {
     if (p->grad && p->grad->refs == 1 && p->grad->storage->refs == 1) {
       /* a private grad is dropped: backward then hands over its own buffer, no zeroing
        * and no adding (torch's set_to_none) */
-      tr_free(p->grad);
+      tr_release(p->grad);
       p->grad = NULL;
     } else {
       tr_zero_grad(p);

@@ -31,7 +31,7 @@ static inline tr_tensor *tn_zeros_dev(tr_ctx *ctx, const tr_tensor *like, tr_dty
 }
 
 /* n int32 values as the bits of a 4-byte (float32) tensor on like's device, the engine having
- * no integer dtype: labels, ids, argmax (ops_shape.c). */
+ * no integer dtype: labels, ids (ops_shape.c); max-pool's argmax has the same layout. */
 tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n);
 
 #endif

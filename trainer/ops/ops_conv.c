@@ -99,8 +99,8 @@ static int conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
                 tr_data(scratch), nt);
   if (rc == NAS_OK && gi[2])
     TR_DISPATCH(x->dtype, conv_bias_grad, tr_data(gc), tr_data(gi[2]), geo.n, o, p);
-  tr_free(scratch);
-  tr_free(gc);
+  tr_release(scratch);
+  tr_release(gc);
   return rc;
 }
 static const tr_node_ops conv_ops = {"ConvolutionBackward", conv_backward, sizeof(conv_node),
@@ -139,7 +139,7 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
                   tr_data(y), &geo, o, tr_data(scratch), nt);
     else
       rc = NAS_ERR;
-    tr_free(scratch);
+    tr_release(scratch);
   }
   conv_node *node = ag_record(ctx, &conv_ops, 3, in, y, &rc);
   if (node) {
@@ -148,9 +148,9 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
     rc = ag_save(ctx, &node->base, &node->x, xc);
     if (rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->w, wc);
   }
-  tr_free(xc);
-  tr_free(wc);
-  tr_free(bc);
+  tr_release(xc);
+  tr_release(wc);
+  tr_release(bc);
   return ag_output(y, rc);
 }
 
@@ -179,9 +179,9 @@ static int pool_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **g
   else if (rc == NAS_OK)
     TR_DISPATCH(g->dtype, pool_bwd, tr_data(gc), tr_data(dx), argmax ? tr_data(argmax) : NULL,
                 &geo, is_max);
-  tr_free(gc);
+  tr_release(gc);
   if (rc) {
-    tr_free(dx);
+    tr_release(dx);
     return NAS_ERR;
   }
   gi[0] = dx;
@@ -209,7 +209,7 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
   else if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, pool_fwd, tr_data(xc), tr_data(y), argmax ? tr_data(argmax) : NULL,
                 &geo, is_max);
-  tr_free(xc);
+  tr_release(xc);
   pool_node *node = ag_record(ctx, is_max ? &max_pool_ops : &avg_pool_ops, 1, &x, y, &rc);
   if (node) {
     node->kernel = kernel;
@@ -217,7 +217,7 @@ static tr_tensor *pool_op(tr_ctx *ctx, tr_tensor *x, int kernel, int stride, boo
     node->is_max = is_max;
     if (is_max) rc = ag_save(ctx, &node->base, &node->argmax, argmax);
   }
-  tr_free(argmax);
+  tr_release(argmax);
   return ag_output(y, rc);
 }
 

@@ -62,7 +62,7 @@ static tr_tensor *binary_raw(tr_ctx *ctx, int op, const char *name, const tr_ten
     TR_DISPATCH(a->dtype, binary_fwd, op, tr_data(out), tr_data(a), sa, tr_data(b), sb, m.shape,
                 m.ndim);
   } else if (tc_binary_fwd(ctx, op, name, out, a, sa, b, sb)) {
-    tr_free(out);
+    tr_release(out);
     return NULL;
   }
   return out;
@@ -78,7 +78,7 @@ static tr_tensor *sum_to_by_reduction(tr_ctx *ctx, const tr_tensor *g, const tr_
   }
   tr_tensor *r = tn_sum_dims(ctx, g, mask, 1.0);
   tr_tensor *out = r ? tn_view(ctx, r, m->ndim, m->shape) : NULL;
-  tr_free(r);
+  tr_release(r);
   return out;
 }
 
@@ -90,7 +90,7 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m) {
   if (same) return gc;
   if (tn_on_cuda(gc)) {
     tr_tensor *sum = sum_to_by_reduction(ctx, gc, m);
-    tr_free(gc);
+    tr_release(gc);
     return sum;
   }
   tr_tensor *out = tn_zeros_meta(ctx, g->dtype, m);
@@ -103,7 +103,7 @@ tr_tensor *tn_sum_to(tr_ctx *ctx, const tr_tensor *g, const tr_meta *m) {
     }
     TR_DISPATCH(g->dtype, sum_to, tr_data(out), ts, tr_data(gc), gc->shape, gc->ndim);
   }
-  tr_free(gc);
+  tr_release(gc);
   return out;
 }
 
@@ -122,7 +122,7 @@ static int sub_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
   if (add_backward(ctx, node, g, gi)) return NAS_ERR;
   if (gi[1]) {
     tr_tensor *neg = tr_scale(ctx, gi[1], -1.0);
-    tr_free(gi[1]);
+    tr_release(gi[1]);
     gi[1] = neg;
     if (!neg) return NAS_ERR;
   }
@@ -135,7 +135,7 @@ static tr_tensor *grad_through(tr_ctx *ctx, int op, tr_tensor *g, const tr_tenso
   tr_tensor *full = binary_raw(ctx, op, "backward", g, other);
   if (!full) return NULL;
   tr_tensor *out = tn_sum_to(ctx, full, m);
-  tr_free(full);
+  tr_release(full);
   return out;
 }
 
@@ -171,12 +171,12 @@ static int div_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi
   if (ag_wants(node, 1)) {
     tr_tensor *t = binary_raw(ctx, BIN_MUL, "backward", g, out);
     tr_tensor *u = t ? binary_raw(ctx, BIN_DIV, "backward", t, b) : NULL;
-    tr_free(t);
+    tr_release(t);
     if (!u) return NAS_ERR;
     tr_tensor *s = tn_sum_to(ctx, u, &node->in_meta[1]);
-    tr_free(u);
+    tr_release(u);
     gi[1] = s ? tr_scale(ctx, s, -1.0) : NULL;
-    tr_free(s);
+    tr_release(s);
     if (!gi[1]) return NAS_ERR;
   }
   return NAS_OK;
@@ -287,10 +287,10 @@ static int unary_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **
                      tr_data(gc), tr_data(dx), g->numel, n->s};
     tn_pool_run_from(ctx, job.n, UNARY_SPLIT_MIN, unary_part, &job);
   } else if (dx && tc_unary_bwd(ctx, node->ops->name, op, saved, gc, dx, n->s)) {
-    tr_free(dx);
+    tr_release(dx);
     dx = NULL;
   }
-  tr_free(gc);
+  tr_release(gc);
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;
 }
@@ -311,7 +311,7 @@ static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
   tr_tensor *x = tn_contig(ctx, a);
   tr_tensor *y = x ? tn_empty_like_dev(ctx, x) : NULL;
   if (!y) {
-    tr_free(x);
+    tr_release(x);
     return NULL;
   }
   int rc = NAS_OK;
@@ -327,7 +327,7 @@ static tr_tensor *unary_op(tr_ctx *ctx, int op, tr_tensor *a, double s) {
     node->s = s;
     if (op != UN_SCALE) rc = ag_save(ctx, &node->base, &node->xy, saves_output(op) ? y : x);
   }
-  tr_free(x);
+  tr_release(x);
   return ag_output(y, rc);
 }
 
@@ -362,7 +362,7 @@ static tr_tensor *dropout_apply(tr_ctx *ctx, const char *name, const tr_tensor *
   if (y && !tn_on_cuda(y)) {
     TR_DISPATCH(x->dtype, dropout_apply, tr_data(x), tr_data(mask), tr_data(y), x->numel);
   } else if (y && tc_binary_fwd(ctx, BIN_MUL, name, y, x, x->strides, mask, mask->strides)) {
-    tr_free(y);
+    tr_release(y);
     return NULL;
   }
   return y;
@@ -377,7 +377,7 @@ static int dropout_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
   tr_tensor *mask = ag_saved(ctx, node, &((dropout_node *)node)->mask);
   tr_tensor *gc = mask ? tn_contig(ctx, g) : NULL;
   gi[0] = gc ? dropout_apply(ctx, "DropoutBackward", gc, mask) : NULL;
-  tr_free(gc);
+  tr_release(gc);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops dropout_ops = {"DropoutBackward", dropout_backward,
@@ -400,7 +400,7 @@ static tr_tensor *dropout_mask(tr_ctx *ctx, const tr_tensor *a, double p) {
   }
   if (!tn_on_cuda(a)) return host;
   tr_tensor *mask = tr_to_device(ctx, host, tr_tensor_device(a));
-  tr_free(host);
+  tr_release(host);
   return mask;
 }
 
@@ -414,7 +414,7 @@ tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training) {
   int rc = y ? NAS_OK : NAS_ERR;
   dropout_node *node = ag_record(ctx, &dropout_ops, 1, &a, y, &rc);
   if (node) rc = ag_save(ctx, &node->base, &node->mask, mask);
-  tr_free(mask);
-  tr_free(x);
+  tr_release(mask);
+  tr_release(x);
   return ag_output(y, rc);
 }

@@ -76,9 +76,9 @@ tr_tensor *tr_cross_entropy(tr_ctx *ctx, tr_tensor *logits, const int32_t *label
   cross_entropy_node *node = ag_record(ctx, &cross_entropy_ops, 1, &logits, loss, &rc);
   if (node) rc = ag_save(ctx, &node->base, &node->probs, probs);
   if (node && rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->labels, lab);
-  tr_free(probs);
-  tr_free(lab);
-  tr_free(x);
+  tr_release(probs);
+  tr_release(lab);
+  tr_release(x);
   return ag_output(loss, rc);
 }
 
@@ -87,7 +87,7 @@ tr_tensor *tr_mse_loss(tr_ctx *ctx, tr_tensor *pred, tr_tensor *target) {
   tr_tensor *diff = tr_sub(ctx, pred, target);
   tr_tensor *sq = diff ? tr_mul(ctx, diff, diff) : NULL;
   tr_tensor *loss = sq ? tr_mean(ctx, sq, 0, NULL, false) : NULL;
-  tr_free(diff);
-  tr_free(sq);
+  tr_release(diff);
+  tr_release(sq);
   return loss;
 }

@@ -16,10 +16,10 @@ tr_tensor *tr_cross_entropy_smooth(tr_ctx *ctx, tr_tensor *logits, const int32_t
   tr_tensor *kept = mean_logp ? tr_scale(ctx, nll, 1 - smoothing) : NULL;
   tr_tensor *spread = kept ? tr_scale(ctx, mean_logp, -smoothing) : NULL;
   tr_tensor *loss = spread ? tr_add(ctx, kept, spread) : NULL;
-  tr_free(nll);
-  tr_free(logp);
-  tr_free(mean_logp);
-  tr_free(kept);
-  tr_free(spread);
+  tr_release(nll);
+  tr_release(logp);
+  tr_release(mean_logp);
+  tr_release(kept);
+  tr_release(spread);
   return loss;
 }

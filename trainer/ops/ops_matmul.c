@@ -158,7 +158,7 @@ static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, boo
   gemm_operand oa, ob;
   if (operand_of(ctx, a, &oa)) return NULL;
   if (operand_of(ctx, b, &ob)) {
-    tr_free(oa.owner);
+    tr_release(oa.owner);
     return NULL;
   }
   int64_t m = ta ? a->shape[1] : a->shape[0], k = ta ? a->shape[0] : a->shape[1];
@@ -172,8 +172,8 @@ static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, boo
       tn_gemm(ctx, a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
               tr_data(ob.owner), ob.ld, 0.0, tr_data(c), n);
   }
-  tr_free(oa.owner);
-  tr_free(ob.owner);
+  tr_release(oa.owner);
+  tr_release(ob.owner);
   return c;
 }
 
@@ -217,7 +217,7 @@ static tr_tensor *as_rows(tr_ctx *ctx, const tr_tensor *x) {
   int64_t shape[2] = {tn_prod(x->shape, 0, x->ndim - 1), x->shape[x->ndim - 1]};
   tr_tensor *c = tn_contig(ctx, x);
   tr_tensor *v = c ? tn_view(ctx, c, 2, shape) : NULL;
-  tr_free(c);
+  tr_release(c);
   return v;
 }
 
@@ -270,14 +270,14 @@ static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   if (ag_wants(node, 0)) {
     tr_tensor *dx = gemm_new(ctx, dy, false, w, false);
     gi[0] = dx ? tn_view(ctx, dx, node->in_meta[0].ndim, node->in_meta[0].shape) : NULL;
-    tr_free(dx);
+    tr_release(dx);
     if (!gi[0]) rc = NAS_ERR;
   }
   if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = gemm_new(ctx, dy, true, x, false)))
     rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 2) && !(gi[2] = bias_grad_new(ctx, dy, &node->in_meta[2])))
     rc = NAS_ERR;
-  tr_free(dy);
+  tr_release(dy);
   return rc;
 }
 static const tr_node_ops linear_ops = {"LinearBackward", linear_backward, sizeof(linear_node),
@@ -292,15 +292,15 @@ static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_te
   size_t row_bytes = (size_t)out_f * tr_dtype_size(x2->dtype);
   tr_tensor *bc = b ? tn_contig(ctx, b) : NULL;
   if (b && !bc) {
-    tr_free(y);
+    tr_release(y);
     return NULL;
   }
   for (int64_t r = 0; bc && r < rows; r++)
     memcpy((char *)tr_data(y) + (size_t)r * row_bytes, tr_data(bc), row_bytes);
-  tr_free(bc);
+  tr_release(bc);
   gemm_operand ow;
   if (operand_of(ctx, w, &ow)) {
-    tr_free(y);
+    tr_release(y);
     return NULL;
   }
   if (rows == 1 && !ow.trans) /* one example (inference): W x reads W row by row */
@@ -309,7 +309,7 @@ static tr_tensor *linear_forward(tr_ctx *ctx, tr_tensor *x2, tr_tensor *w, tr_te
   else if (rows && out_f)
     tn_gemm(ctx, x2->dtype, false, !ow.trans, rows, out_f, x2->shape[1], 1.0, tr_data(x2),
             x2->shape[1], tr_data(ow.owner), ow.ld, b ? 1.0 : 0.0, tr_data(y), out_f);
-  tr_free(ow.owner);
+  tr_release(ow.owner);
   return y;
 }
 
@@ -331,11 +331,11 @@ tr_tensor *tr_linear(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
     m.shape[m.ndim - 1] = w->shape[0];
     y = tn_view(ctx, y2, m.ndim, m.shape);
   }
-  tr_free(y2);
+  tr_release(y2);
   int rc = y ? NAS_OK : NAS_ERR;
   linear_node *node = ag_record(ctx, &linear_ops, 3, in, y, &rc);
   if (node) rc = ag_save(ctx, &node->base, &node->x, x2);
   if (node && rc == NAS_OK) rc = ag_save(ctx, &node->base, &node->w, w);
-  tr_free(x2);
+  tr_release(x2);
   return ag_output(y, rc);
 }

@@ -17,8 +17,8 @@
 #define KERN_FILE "trainer/ops/kern_norm.h"
 #include "trainer/core/kern_both.h"
 
-/* The gradient buffers of w and b a norm backward fills (zeroed on the host, overwritten on a
- * device), NULL where not wanted; and dx. */
+/* The gradient buffers a norm backward fills, NULL where not wanted: those of w and b zeroed
+ * (the host kernels add into them; a device's overwrite them), and dx. */
 static int norm_grads(tr_ctx *ctx, tr_node *node, const tr_tensor *x, tr_tensor **gi) {
   for (int i = 1; i < 3; i++) {
     if (!ag_wants(node, i)) continue;
@@ -76,10 +76,10 @@ static tr_tensor *norm_finish(tr_ctx *ctx, const tr_node_ops *ops, tr_tensor *co
     node->training = training;
     rc = norm_save(ctx, node, p);
   }
-  tr_free(p->stats);
-  tr_free(p->x);
-  tr_free(p->w);
-  tr_free(p->b);
+  tr_release(p->stats);
+  tr_release(p->x);
+  tr_release(p->w);
+  tr_release(p->b);
   return ag_output(p->y, rc);
 }
 
@@ -109,7 +109,7 @@ static int layer_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
     TR_DISPATCH(x->dtype, layer_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc),
                 tr_data(stats), data_or_null(gi[0]), data_or_null(gi[1]), data_or_null(gi[2]),
                 rows, d);
-  tr_free(gc);
+  tr_release(gc);
   return rc;
 }
 static const tr_node_ops layer_norm_ops = {"LayerNormBackward", layer_norm_backward,
@@ -161,7 +161,7 @@ static int batch_norm_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tens
     TR_DISPATCH(x->dtype, batch_norm_bwd, tr_data(x), data_or_null(w), tr_data(gc),
                 tr_data(stats), training, data_or_null(gi[0]), data_or_null(gi[1]),
                 data_or_null(gi[2]), n, c, l);
-  tr_free(gc);
+  tr_release(gc);
   return rc;
 }
 static const tr_node_ops batch_norm_ops = {"BatchNormBackward", batch_norm_backward,

@@ -38,13 +38,13 @@ static tr_tensor *expand_grad(tr_ctx *ctx, tr_tensor *g, const tr_meta *in, uint
     if (!tn_on_cuda(out)) {
       tn_copy_to_contig(view, tr_data(out));
     } else if (tc_copy_raw(ctx, out, view)) {
-      tr_free(out);
+      tr_release(out);
       out = NULL;
     }
     if (out && scale != 1.0) tn_scale_contig(out, scale);
   }
-  tr_free(view);
-  tr_free(gc);
+  tr_release(view);
+  tr_release(gc);
   return out;
 }
 
@@ -88,11 +88,11 @@ tr_tensor *tn_sum_dims(tr_ctx *ctx, const tr_tensor *a, uint32_t mask, double sc
     if (next && !tn_on_cuda(next)) {
       TR_DISPATCH(a->dtype, sum_axis, tr_data(cur), tr_data(next), outer, n, inner, scale);
     } else if (next && tc_sum_axis(ctx, cur, next, outer, n, inner, scale)) {
-      tr_free(next);
+      tr_release(next);
       next = NULL;
     }
     scale = 1.0; /* applied once */
-    tr_free(cur);
+    tr_release(cur);
     cur = next;
   }
   if (cur && scale != 1.0) tn_scale_contig(cur, scale);
@@ -157,10 +157,10 @@ static int softmax_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
                 sn->log_out);
   } else if (dx && tc_softmax_bwd(ctx, node->ops->name, y, gc, dx, outer, n, inner,
                                   sn->log_out)) {
-    tr_free(dx);
+    tr_release(dx);
     dx = NULL;
   }
-  tr_free(gc);
+  tr_release(gc);
   gi[0] = dx;
   return dx ? NAS_OK : NAS_ERR;
 }
@@ -176,7 +176,7 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
   tr_tensor *x = tn_contig(ctx, a);
   tr_tensor *y = x ? tn_empty_like_dev(ctx, x) : NULL;
   if (!y) {
-    tr_free(x);
+    tr_release(x);
     return NULL;
   }
   int64_t outer, n, inner;
@@ -186,7 +186,7 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
     TR_DISPATCH(a->dtype, softmax_fwd, tr_data(x), tr_data(y), outer, n, inner, log_out);
   else
     rc = tc_softmax_fwd(ctx, x, y, outer, n, inner, log_out);
-  tr_free(x);
+  tr_release(x);
   softmax_node *node = ag_record(ctx, log_out ? &log_softmax_ops : &softmax_ops, 1, &a, y, &rc);
   if (node) {
     node->dim = d;

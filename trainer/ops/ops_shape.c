@@ -29,7 +29,7 @@ static tr_tensor *narrow_alias(tr_ctx *ctx, const tr_tensor *t, int d, int64_t s
 static int reshape_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   tr_tensor *gc = tn_contig(ctx, g);
   gi[0] = gc ? tn_view(ctx, gc, node->in_meta[0].ndim, node->in_meta[0].shape) : NULL;
-  tr_free(gc);
+  tr_release(gc);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops reshape_ops = {"ViewBackward", reshape_backward, 0, NULL};
@@ -53,7 +53,7 @@ tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape)
                    (long long)numel);
   tr_tensor *c = tn_contig(ctx, t);
   tr_tensor *out = c ? tn_view(ctx, c, ndim, shp) : NULL;
-  tr_free(c);
+  tr_release(c);
   int rc = out ? NAS_OK : NAS_ERR;
   ag_record(ctx, &reshape_ops, 1, &t, out, &rc);
   return ag_output(out, rc);
@@ -76,7 +76,7 @@ static int transpose_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
   v->shape[d1] = s;
   v->strides[d1] = st;
   gi[0] = tn_clone(ctx, v);
-  tr_free(v);
+  tr_release(v);
   return gi[0] ? NAS_OK : NAS_ERR;
 }
 static const tr_node_ops transpose_ops = {"TransposeBackward", transpose_backward,
@@ -115,11 +115,11 @@ static int narrow_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
   tr_tensor *full = tn_zeros_dev(ctx, g, g->dtype, &node->in_meta[0]);
   tr_tensor *part = full ? narrow_alias(ctx, full, n->dim, n->start, n->length) : NULL;
   if (!part) {
-    tr_free(full);
+    tr_release(full);
     return NAS_ERR;
   }
   int rc = tr_copy_(ctx, part, g);
-  tr_free(part);
+  tr_release(part);
   gi[0] = full;
   return rc;
 }
@@ -188,16 +188,16 @@ static int concat_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
       tr_tensor *view = narrow_alias(ctx, gc, d, start, sizes[i]);
       if (view) {
         gi[i] = tn_contig(ctx, view);
-        tr_free(view);
+        tr_release(view);
       }
       if (!gi[i]) {
-        tr_free(gc);
+        tr_release(gc);
         return NAS_ERR;
       }
     }
     start += sizes[i];
   }
-  tr_free(gc);
+  tr_release(gc);
   return NAS_OK;
 }
 static const tr_node_ops concat_ops = {"CatBackward", concat_backward, sizeof(concat_node),
@@ -225,7 +225,7 @@ static int copy_into_part(tr_ctx *ctx, tr_tensor *out, int d, int64_t start, con
   if (tn_on_cuda(out)) {
     tr_tensor *part = narrow_alias(ctx, out, d, start, t->shape[d]);
     int rc = part ? tc_copy_raw(ctx, part, t) : NAS_ERR;
-    tr_free(part);
+    tr_release(part);
     return rc;
   }
   tr_tensor *c = tn_contig(ctx, t);
@@ -236,7 +236,7 @@ static int copy_into_part(tr_ctx *ctx, tr_tensor *out, int d, int64_t start, con
   for (int64_t o = 0; o < outer; o++)
     memcpy((char *)tr_data(out) + ((size_t)(o * out->shape[d] + start) * (size_t)inner) * esz,
            (char *)tr_data(c) + (size_t)o * chunk, chunk);
-  tr_free(c);
+  tr_release(c);
   return NAS_OK;
 }
 
@@ -250,7 +250,7 @@ tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
   tr_tensor *out = tn_empty_dev(ctx, ts[0], ts[0]->dtype, &m);
   int64_t *sizes = malloc(sizeof(int64_t) * (size_t)n);
   if (!out || !sizes) {
-    tr_free(out);
+    tr_release(out);
     free(sizes);
     return out ? tr_fail(ctx, "concat: out of memory") : NULL;
   }
@@ -258,7 +258,7 @@ tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
   for (int i = 0; i < n && out; i++) {
     sizes[i] = ts[i]->shape[d];
     if (copy_into_part(ctx, out, d, start, ts[i])) {
-      tr_free(out);
+      tr_release(out);
       out = NULL;
     }
     start += sizes[i];
@@ -277,7 +277,7 @@ tr_tensor *tr_concat(tr_ctx *ctx, int n, tr_tensor *const *ts, int dim) {
 /* ---------------------------------------------------------------- embedding */
 
 /* n int32 values as the bits of a 4-byte tensor (the engine has no integer dtype) on like's
- * device: labels, ids (internal.h). */
+ * device: labels, ids (dispatch.h). */
 tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n) {
   if (tn_on_cuda(like)) return tc_upload_i32(ctx, values, n);
   tr_tensor *t = tr_empty(ctx, TR_F32, 1, &n);
@@ -305,9 +305,9 @@ static int embedding_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tenso
       tn_axpy(g->dtype, dim, 1.0, (char *)tr_data(gc) + (size_t)(i * dim) * esz,
               (char *)tr_data(dw) + (size_t)((int64_t)id[i] * dim) * esz);
   }
-  tr_free(gc);
+  tr_release(gc);
   if (rc) {
-    tr_free(dw);
+    tr_release(dw);
     return NAS_ERR;
   }
   gi[0] = dw;
@@ -339,9 +339,9 @@ tr_tensor *tr_embedding(tr_ctx *ctx, tr_tensor *weight, int64_t n, const int32_t
     rc = tc_embedding_fwd(ctx, w, id, out);
   else if (rc == NAS_OK)
     embedding_host(w, ids, out);
-  tr_free(w);
+  tr_release(w);
   embedding_node *node = ag_record(ctx, &embedding_ops, 1, &weight, out, &rc);
   if (node) rc = ag_save(ctx, &node->base, &node->ids, id);
-  tr_free(id);
+  tr_release(id);
   return ag_output(out, rc);
 }
