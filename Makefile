@@ -53,7 +53,7 @@ deps:
 # The suite also starts a throwaway PostgreSQL and a single-node Slurm cluster of its own,
 # and runs the fuzzers briefly.
 deps-test:
-	@scripts/deps.sh postgres slurm fuzz
+	@scripts/deps.sh postgres slurm fuzz browser
 
 deps-fuzz:
 	@scripts/deps.sh fuzz
@@ -65,6 +65,12 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu $(wildcard trainer/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+# The dashboard's files (serve/web/) and Debian's Chart.js (libjs-chart.js) are built into
+# the binary by serve/assets.c (.incbin), so nas serve and nas plot need nothing beside it.
+CHARTJS ?= /usr/share/javascript/chart.js/chart.min.js
+$(BUILD)/serve/assets.o: $(wildcard serve/web/*) $(CHARTJS)
+$(BUILD)/serve/assets.o: NAS_CFLAGS += -DNAS_CHARTJS='"$(CHARTJS)"'
 
 $(BUILD)/libnas.a: $(LIB_OBJ)
 	@rm -f $@

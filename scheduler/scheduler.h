@@ -253,6 +253,33 @@ json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
                               const sched_results *r, nas_err *err);
 
+/* ---- the dashboard's data (dashboard.c): GET …/dashboard and `nas plot` ---------------- */
+
+/* Everything the dashboard draws for one experiment (docs/api.md, "dashboard"): its
+ * summary, objectives, parameter and metric names, the trials as columns, its Pareto
+ * front, the hypervolume after each part of its completed trials and every intermediate
+ * value. O(n log n) in the trials. Owned. */
+json_t *sched_dashboard_json(storage *st, const spec *s, const experiment_row *exp,
+                             const sched_results *r, nas_err *err);
+/* [{"name", "goal": "minimize" | "maximize"}] of s's objectives. Owned. */
+json_t *sched_objectives_json(const spec *s);
+
+/* ---- comparing experiments (compare.c): `nas compare`, GET /api/v1/compare ----------- */
+
+/* One experiment to compare (borrowed). */
+typedef struct {
+  const experiment_row *exp;
+  const spec *s;
+  const sched_results *r;
+} sched_compared;
+
+/* The experiments' fronts and hypervolumes at one common reference point (the objectives'
+ * thresholds where every experiment gives the same, else inferred from the values of all
+ * their trials): {"objectives", "reference_point": {objective: value}, "experiments": [{experiment,
+ * trials, front_size, hypervolume, front}]}. Refuses experiments whose objectives differ
+ * in number, names, goals or order. Owned. */
+json_t *sched_compare_json(const sched_compared *c, size_t n, nas_err *err);
+
 /* ---- early stopping ---------------------------------------------------------------------
  * A trial's learning curve: the steps at which it reported intermediate values of the
  * judged objectives (spec.early_stopping.objectives) and, for each step, the value of each

@@ -12,6 +12,7 @@
 #ifndef NAS_SERVE_H
 #define NAS_SERVE_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "common/common.h"
@@ -31,5 +32,11 @@ typedef struct {
 /* Serves until SIGINT or SIGTERM (blocked in the calling thread and waited for), then stops
  * accepting, lets requests in flight finish, and returns. */
 int serve_run(const serve_options *opt, nas_err *err);
+
+/* `nas plot`: writes the dashboard's page as one self-contained HTML file that opens from
+ * disk with no server, its style, Chart.js and script inlined and data as window.NAS_DATA:
+ * {"page": "experiment", "kind": null or one chart's name, "dashboard": the answer of GET
+ * …/dashboard} or {"page": "compare", "compare": the answer of GET /api/v1/compare}. */
+int serve_plot_write(FILE *f, const json_t *data, nas_err *err);
 
 #endif
