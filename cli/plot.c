@@ -43,14 +43,20 @@ static json_t *experiment_data(storage *st, const char *url, const char *name, c
   spec *s;
   sched_results r;
   if (cli_load_experiment(st, url, name, &exp, &s, err) != NAS_OK) return NULL;
-  json_t *dashboard = NULL;
+  json_t *dashboard = NULL, *curves = NULL;
   if (sched_results_load(st, s, exp.id, &r, err) == NAS_OK) {
     dashboard = sched_dashboard_json(st, s, &exp, &r, err);
+    if (dashboard && !(curves = sched_curves_json(st, &exp, &r, err))) {
+      json_decref(dashboard);
+      dashboard = NULL;
+    }
     sched_results_free(&r);
   }
   spec_free(s);
   experiment_row_clear(&exp);
   if (!dashboard) return NULL;
+  /* The page fetches the curves after the rest; here they come with it. */
+  json_object_set_new(dashboard, "curves", curves);
   json_t *data = json_pack("{s:s, s:s?, s:o}", "page", "experiment", "kind", kind, "dashboard", dashboard);
   if (!data) nas_errf(err, "out of memory");
   return data;

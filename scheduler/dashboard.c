@@ -59,18 +59,19 @@ static json_t *metric_columns(const sched_results *r) {
 
 static json_t *trial_columns(const spec *s, const sched_results *r) {
   json_t *number = json_array(), *status = json_array(), *attempts = json_array();
-  json_t *started = json_array(), *finished = json_array();
+  json_t *duration = json_array();
   for (size_t i = 0; i < r->n_trials; i++) {
     const trial_row *t = &r->trials[i];
     json_array_append_new(number, json_integer(t->number));
     json_array_append_new(status, json_string(trial_status_name(t->status)));
     json_array_append_new(attempts, json_integer(t->attempts));
-    json_array_append_new(started, t->started_at > 0 ? json_real(t->started_at) : json_null());
-    json_array_append_new(finished, t->finished_at > 0 ? json_real(t->finished_at) : json_null());
+    /* How long it ran, not when: a third of the bytes of two times, and what the table shows. */
+    json_array_append_new(duration, t->started_at > 0 && t->finished_at > 0
+                                        ? json_real(t->finished_at - t->started_at) : json_null());
   }
-  return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o}", "number", number, "status", status,
-                   "attempts", attempts, "started_at", started, "finished_at", finished,
-                   "metrics", metric_columns(r), "params", param_columns(s, r));
+  return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "number", number, "status", status,
+                   "attempts", attempts, "duration", duration, "metrics", metric_columns(r),
+                   "params", param_columns(s, r));
 }
 
 /* ---- hypervolume over completed trials ------------------------------------------------------ */
@@ -133,7 +134,7 @@ static json_t *hypervolume_history(const spec *s, const sched_results *r, const 
   return out;
 }
 
-/* ---- learning curves ------------------------------------------------------------------------- */
+/* ---- learning curves (a request of their own: most of the bytes, drawn after the rest) ------------------------------------------------------------------------- */
 
 /* Trial ids with their positions in r, sorted by id, to find a row's trial in O(log n). */
 typedef struct {
@@ -146,10 +147,9 @@ static int cmp_id(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* {metric: {"trial": [number…], "steps": [[step…]…], "values": [[value…]…]}}: each trial's
- * intermediate values of each metric, in the order reported (rows come grouped by trial). */
-static json_t *curves_json(const sched_results *r, const metric_row *rows, size_t n,
-                           nas_err *err) {
+/* Each trial's intermediate values of each metric, in the order reported (rows come
+ * grouped by trial). */
+static json_t *curves_of(const sched_results *r, const metric_row *rows, size_t n, nas_err *err) {
   id_position *ids = malloc((r->n_trials ? r->n_trials : 1) * sizeof *ids);
   json_t *curves = json_object();
   if (!ids || !curves) {
@@ -189,39 +189,50 @@ static json_t *curves_json(const sched_results *r, const metric_row *rows, size_
 
 /* ---- the whole answer ------------------------------------------------------------------------ */
 
+/* The reference point of a sched_pareto_json answer, in the minimisation convention. */
+static void pareto_reference(const spec *s, const json_t *pareto, double *ref) {
+  const json_t *point = json_object_get(pareto, "reference_point");
+  for (size_t j = 0; j < s->n_objectives; j++) {
+    const json_t *v = json_object_get(point, s->objectives[j].name);
+    ref[j] = json_is_number(v) ? json_number_value(v) : NAN;
+    if (s->objectives[j].goal == GOAL_MAXIMIZE) ref[j] = -ref[j];
+  }
+}
+
 json_t *sched_dashboard_json(storage *st, const spec *s, const experiment_row *exp,
                              const sched_results *r, nas_err *err) {
-  size_t *front, n_front;
-  double hv, *ref = calloc(s->n_objectives ? s->n_objectives : 1, sizeof *ref);
-  if (!ref) {
-    nas_errf(err, "out of memory");
-    return NULL;
-  }
-  if (sched_front(s, r, &front, &n_front, &hv, ref, err) != NAS_OK) {
+  double *ref = calloc(s->n_objectives ? s->n_objectives : 1, sizeof *ref);
+  json_t *pareto = ref ? sched_pareto_json(s, exp, r, err) : NULL;
+  if (!pareto) {
+    if (!ref) nas_errf(err, "out of memory");
     free(ref);
     return NULL;
   }
-  free(front);
-  metric_row *rows = NULL;
-  size_t n_rows = 0;
-  json_t *summary = NULL, *pareto = NULL, *history = NULL, *curves = NULL, *out = NULL;
-  if (!(summary = sched_experiment_json(st, s, exp, r, err)) ||
-      !(pareto = sched_pareto_json(s, exp, r, err)) ||
-      !(history = hypervolume_history(s, r, ref, err)) ||
-      storage_metrics_list(st, exp->id, &rows, &n_rows, err) != NAS_OK ||
-      !(curves = curves_json(r, rows, n_rows, err))) {
-    json_decref(summary), json_decref(pareto), json_decref(history);
+  pareto_reference(s, pareto, ref);
+  json_t *summary = NULL, *history = NULL, *out = NULL;
+  if (!(summary = sched_experiment_json(st, s, exp, r, pareto, err)) ||
+      !(history = hypervolume_history(s, r, ref, err))) {
+    json_decref(summary), json_decref(pareto);
   } else {
     json_t *params = json_array(), *metrics = json_array();
     for (size_t p = 0; params && p < s->n_params; p++) json_array_append_new(params, json_string(s->params[p].name));
     for (size_t m = 0; metrics && m < r->n_metrics; m++) json_array_append_new(metrics, json_string(r->metric_names[m]));
-    out = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f}", "experiment", summary,
+    out = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:f}", "experiment", summary,
                     "objectives", sched_objectives_json(s), "params", params, "metrics", metrics,
                     "trials", trial_columns(s, r), "pareto", pareto, "hypervolume_history",
-                    history, "curves", curves, "generated_at", nas_now());
+                    history, "generated_at", nas_now());
     if (!out) nas_errf(err, "out of memory");
   }
-  metric_rows_free(rows, n_rows);
   free(ref);
   return out;
+}
+
+json_t *sched_curves_json(storage *st, const experiment_row *exp, const sched_results *r,
+                          nas_err *err) {
+  metric_row *rows = NULL;
+  size_t n = 0;
+  if (storage_metrics_list(st, exp->id, &rows, &n, err) != NAS_OK) return NULL;
+  json_t *curves = curves_of(r, rows, n, err);
+  metric_rows_free(rows, n);
+  return curves;
 }

@@ -249,18 +249,24 @@ json_t *sched_trial_detail_json(storage *st, const experiment_row *exp, const sc
 json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
                           const sched_results *r, bool curves, nas_err *err);
 /* An experiment's summary: status, spec, counts by status, progress against the budget,
- * hypervolume and front size, and whether a scheduler runs it. Owned. */
+ * when it last changed, hypervolume and front size (and the best value of one objective),
+ * and whether a scheduler runs it. known_pareto: sched_pareto_json of the same results
+ * when the caller has it (the front is then not worked out again), else NULL. Owned. */
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
-                              const sched_results *r, nas_err *err);
+                              const sched_results *r, const json_t *known_pareto, nas_err *err);
 
 /* ---- the dashboard's data (dashboard.c): GET …/dashboard and `nas plot` ---------------- */
 
-/* Everything the dashboard draws for one experiment (docs/api.md, "dashboard"): its
+/* What the dashboard draws for one experiment (docs/api.md, "The dashboard's data"): its
  * summary, objectives, parameter and metric names, the trials as columns, its Pareto
- * front, the hypervolume after each part of its completed trials and every intermediate
- * value. O(n log n) in the trials. Owned. */
+ * front and the hypervolume after each part of its completed trials. O(n log n) in the
+ * trials. Owned. */
 json_t *sched_dashboard_json(storage *st, const spec *s, const experiment_row *exp,
                              const sched_results *r, nas_err *err);
+/* Every intermediate value of r's trials, {metric: {"trial": [number…], "steps": [[step…]…],
+ * "values": [[value…]…]}}, for the learning curves. Linear in the observations. Owned. */
+json_t *sched_curves_json(storage *st, const experiment_row *exp, const sched_results *r,
+                          nas_err *err);
 /* [{"name", "goal": "minimize" | "maximize"}] of s's objectives. Owned. */
 json_t *sched_objectives_json(const spec *s);
 

@@ -108,11 +108,11 @@ static char *spec_text_shown(const spec *s, const char *text) {
 }
 
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
-                              const sched_results *r, nas_err *err) {
+                              const sched_results *r, const json_t *known_pareto, nas_err *err) {
   sched_liveness alive;
   char *holder;
   if (sched_scheduler_state(st, exp, &alive, &holder, err) != NAS_OK) return NULL;
-  json_t *pareto = sched_pareto_json(s, exp, r, err);
+  json_t *pareto = known_pareto ? json_incref((json_t *)known_pareto) : sched_pareto_json(s, exp, r, err);
   if (!pareto) {
     free(holder);
     return NULL;

@@ -41,7 +41,7 @@ static int summary_of(serve_request *req, const char *name, json_t **out) {
   api_experiment e;
   nas_err err;
   if (api_load(req, name, &e, true) != NAS_OK) return NAS_ERR;
-  *out = sched_experiment_json(req->st, e.s, &e.exp, &e.r, &err);
+  *out = sched_experiment_json(req->st, e.s, &e.exp, &e.r, NULL, &err);
   api_unload(&e);
   return *out ? NAS_OK : serve_fail_err(req, NAS_ERR, &err);
 }
@@ -126,17 +126,22 @@ static int get_pareto(serve_request *req, char **parts) {
   return NAS_OK;
 }
 
-/* Everything the dashboard draws for one experiment (scheduler/dashboard.c). */
-static int get_dashboard(serve_request *req, char **parts) {
+/* What the dashboard draws for one experiment (scheduler/dashboard.c): all of it but the
+ * learning curves, then those. */
+static int get_dashboard_part(serve_request *req, const char *name, bool curves) {
   api_experiment e;
   nas_err err;
-  if (api_load(req, parts[0], &e, true) != NAS_OK) return NAS_ERR;
-  json_t *data = sched_dashboard_json(req->st, e.s, &e.exp, &e.r, &err);
+  if (api_load(req, name, &e, true) != NAS_OK) return NAS_ERR;
+  json_t *data = curves ? sched_curves_json(req->st, &e.exp, &e.r, &err)
+                        : sched_dashboard_json(req->st, e.s, &e.exp, &e.r, &err);
   api_unload(&e);
   if (!data) return serve_fail_err(req, NAS_ERR, &err);
-  serve_reply(req, MHD_HTTP_OK, data);
+  serve_reply(req, MHD_HTTP_OK, curves ? json_pack("{s:o}", "curves", data) : data);
   return NAS_OK;
 }
+
+static int get_dashboard(serve_request *req, char **parts) { return get_dashboard_part(req, parts[0], false); }
+static int get_curves(serve_request *req, char **parts) { return get_dashboard_part(req, parts[0], true); }
 
 /* The most experiments one comparison takes. */
 enum { COMPARE_MAX = 16 };
@@ -182,6 +187,7 @@ static const route routes[] = {
     {"POST", "/api/v1/experiments/*/stop", SCOPE_WRITE, stop_experiment},
     {"GET", "/api/v1/experiments/*/pareto", SCOPE_READ, get_pareto},
     {"GET", "/api/v1/experiments/*/dashboard", SCOPE_READ, get_dashboard},
+    {"GET", "/api/v1/experiments/*/curves", SCOPE_READ, get_curves},
     {"GET", "/api/v1/compare", SCOPE_READ, get_compare},
     {"GET", "/api/v1/experiments/*/trials", SCOPE_READ, api_list_trials},
     {"GET", "/api/v1/experiments/*/trials/*", SCOPE_READ, api_get_trial},

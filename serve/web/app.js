@@ -10,7 +10,11 @@
 "use strict";
 (function () {
   const inlined = window.NAS_DATA || null;
-  const app = document.getElementById("app");
+  /* The script runs in the page's <head>, before Chart.js and the body: it asks for the
+   * page's data at once, and draws once the document (and so Chart.js) is there. */
+  const documentReady = new Promise((resolve) => (document.readyState === "loading"
+    ? document.addEventListener("DOMContentLoaded", resolve) : resolve()));
+  let app = null;
   const POLL_MS = 3000;        /* live updates while an experiment runs */
   const TABLE_PAGE = 200;      /* rows of the trial table shown at once */
   const page = { charts: [], timer: null, token: 0 };
@@ -80,8 +84,7 @@
     if (d._rows) return d._rows;
     const t = d.trials, rows = [];
     for (let i = 0; i < t.number.length; i++) {
-      const row = { i, number: t.number[i], status: t.status[i], attempts: t.attempts[i],
-                    duration: t.started_at[i] && t.finished_at[i] ? t.finished_at[i] - t.started_at[i] : null };
+      const row = { i, number: t.number[i], status: t.status[i], attempts: t.attempts[i], duration: t.duration[i] };
       for (const m of d.metrics) row["m:" + m] = t.metrics[m][i];
       for (const p of d.params) row["p:" + p] = t.params[p][i];
       rows.push(row);
@@ -222,8 +225,12 @@
 
   /* Learning curves of one intermediate metric; early-stopped trials in red. */
   function curvesCard(d) {
+    const card = h("section", { class: "card wide", id: "chart-curves" }, h("h2", {}, "Learning curves (intermediate values)"));
+    if (!d.curves) {
+      card.append(h("p", { class: "muted" }, "Loading…"));
+      return card;
+    }
     const names = Object.keys(d.curves);
-    const card = h("section", { class: "card", id: "chart-curves" }, h("h2", {}, "Learning curves (intermediate values)"));
     if (!names.length) {
       card.dataset.curves = 0;
       card.append(h("p", { class: "muted" }, "No trial reported intermediate values (reports with a step)."));
@@ -350,7 +357,8 @@
     const part = (k) => h("span", { class: k, style: `width: ${(100 * (c[k] || 0)) / budget}%` });
     return h("span", {}, h("span", { class: "progress", title: `${c.completed} completed, ${c.running} running, ${c.failed} failed of ${e.progress.budget}` },
       part("completed"), part("running"), part("failed")),
-      `${c.completed} done · ${c.running} running · ${c.failed + (c.timeout || 0)} failed / ${e.progress.budget || "∞"}`);
+      `${c.completed} done · ${c.running} running · ${c.failed + (c.timeout || 0)} failed` +
+      (c.stopped ? ` · ${c.stopped} stopped` : "") + ` / ${e.progress.budget || "∞"}`);
   }
   function bestOrVolume(e) {
     if (e.best) return Object.entries(e.best).map(([k, v]) => `${k} ${fmt(v)}`).join(", ");
@@ -383,7 +391,19 @@
   const CARDS = { front: frontCard, hypervolume: hypervolumeCard, objectives: objectivesCard, curves: curvesCard,
                   parallel: parallelCard, table: tableCard };
 
-  function experimentPage(d, kind) {
+  /* The page, then its learning curves: fetched after the rest is drawn (most of the bytes),
+   * or inlined by nas plot. Resolves to whether to keep polling. */
+  async function experimentPage(d, kind) {
+    const again = drawExperiment(d, kind), token = page.token;
+    const placeholder = document.getElementById("chart-curves");
+    if (placeholder && !d.curves) {
+      d.curves = (await api(`experiments/${enc(d.experiment.name)}/curves`)).curves;
+      if (token === page.token) placeholder.replaceWith(curvesCard(d));
+    }
+    return again;
+  }
+
+  function drawExperiment(d, kind) {
     const e = d.experiment;
     crumbs({ text: e.name });
     const summary = h("div", { class: "summary" }, badge(e.status), progressBar(e),
@@ -480,20 +500,28 @@
     const step = async () => {
       try {
         const data = await load();
+        await documentReady;
+        app = document.getElementById("app");
         if (token !== page.token) return;
         const text = JSON.stringify(data, (k, v) => (k === "generated_at" || k === "holder" ? undefined : v));
         let again = true;
         if (text !== last) {
           const started = performance.now();
           clear();
-          again = draw(data);
+          const drawn = draw(data);
           last = text;
           document.body.dataset.renderMs = Math.round(performance.now() - started);
+          /* Since the page was asked for: its first paint follows within a frame. */
+          if (!document.body.dataset.firstDrawMs) document.body.dataset.firstDrawMs = Math.round(performance.now());
+          again = await drawn;
+          if (token !== page.token) return;
           document.body.dataset.ready = ready;
         }
         live(again);
         if (again && !inlined) page.timer = setTimeout(step, POLL_MS);
       } catch (err) {
+        await documentReady;
+        app = document.getElementById("app");
         if (token !== page.token) return;
         clear();
         app.replaceChildren(h("p", { class: "error" }, String(err.message || err)));
@@ -505,7 +533,7 @@
 
   function route() {
     const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
-    document.body.dataset.ready = "";
+    if (document.body) document.body.dataset.ready = "";
     if (inlined) {
       if (inlined.page === "compare") return show(async () => inlined.compare, comparePage, "compare");
       return show(async () => inlined.dashboard, (d) => experimentPage(d, inlined.kind), "experiment");
