@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "common/common.h"
+#include "tests/dashboard.h"
 #include "tests/e2e.h"
 #include "tests/serve.h"
 
@@ -148,6 +149,43 @@ static void serve_two(void **state, served *s) {
 
 static char *page_url(const served *s, const char *fragment) {
   return nas_asprintf("http://127.0.0.1:%d/%s", s->srv.port, fragment);
+}
+
+/* GET path's status, Content-Type and body (curl, no JSON). */
+static char *http_raw(const test_server *srv, const char *path, int *code, char **type) {
+  char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path), *out;
+  char *argv[] = {"curl", "-s", "-S", "-w", "\n%{http_code} %{content_type}", url, NULL};
+  assert_int_equal(test_run(NULL, argv, &out), 0);
+  char *last = strrchr(out, '\n');
+  assert_non_null(last);
+  *last = '\0';
+  *code = atoi(last + 1);
+  *type = strdup(strchr(last + 1, ' ') + 1);
+  free(url);
+  return out;
+}
+
+static void dashboard_data_and_files_are_served_without_a_browser(void **state) {
+  served s;
+  serve_two(state, &s);
+  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", NULL});
+  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", NULL});
+  check_dashboard_api(&s.srv, "dash", pareto, json_array_size(trials), "y");
+  int code;
+  char *type, *body = http_raw(&s.srv, "/", &code, &type);
+  assert_int_equal(code, 200);
+  assert_string_equal(type, "text/html; charset=utf-8");
+  assert_non_null(strstr(body, "static/app.js"));
+  free(body), free(type);
+  body = http_raw(&s.srv, "/static/chart.js", &code, &type);
+  assert_int_equal(code, 200);
+  assert_non_null(strstr(body, "Chart.js v")); /* Debian's, built in */
+  free(body), free(type);
+  body = http_raw(&s.srv, "/static/nope.js", &code, &type);
+  assert_int_equal(code, 404);
+  free(body), free(type);
+  json_decref(pareto), json_decref(trials);
+  assert_int_equal(test_server_stop(&s.srv), 0);
 }
 
 static void experiment_page_draws_what_the_cli_reports(void **state) {
@@ -307,6 +345,7 @@ int main(int argc, char **argv) {
     printf("test_e2e_dashboard: chromium is not installed (scripts/deps.sh browser): the "
            "browser tests are skipped\n");
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(dashboard_data_and_files_are_served_without_a_browser, setup, teardown),
       cmocka_unit_test_setup_teardown(experiment_page_draws_what_the_cli_reports, setup, teardown),
       cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
