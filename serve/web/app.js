@@ -41,10 +41,12 @@
     if (a !== 0 && (a >= 1e5 || a < 1e-3)) return v.toExponential(3);
     return String(+v.toPrecision(5));
   }
-  function when(t) {
+  /* A time as YYYY-MM-DD HH:MM:SS, or briefly (for tables) MM-DD HH:MM. */
+  function when(t, brief) {
     if (!t) return "–";
     const d = new Date(t * 1000), p = (n) => String(n).padStart(2, "0");
-    return `${d.getFullYear()}-${p(d.getMonth() + 1)}-${p(d.getDate())} ${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`;
+    const day = `${p(d.getMonth() + 1)}-${p(d.getDate())}`, time = `${p(d.getHours())}:${p(d.getMinutes())}`;
+    return brief ? `${day} ${time}` : `${d.getFullYear()}-${day} ${time}:${p(d.getSeconds())}`;
   }
   function seconds(s) {
     if (s === null || s === undefined || !isFinite(s)) return "–";
@@ -356,7 +358,7 @@
     const c = e.counts, budget = Math.max(e.progress.budget || 0, e.trials, 1);
     const part = (k) => h("span", { class: k, style: `width: ${(100 * (c[k] || 0)) / budget}%` });
     return h("span", {}, h("span", { class: "progress", title: `${c.completed} completed, ${c.running} running, ${c.failed} failed of ${e.progress.budget}` },
-      part("completed"), part("running"), part("failed")),
+      part("completed"), part("running"), part("failed"), part("stopped")),
       `${c.completed} done · ${c.running} running · ${c.failed + (c.timeout || 0)} failed` +
       (c.stopped ? ` · ${c.stopped} stopped` : "") + ` / ${e.progress.budget || "∞"}`);
   }
@@ -378,7 +380,7 @@
       h("td", {}, h("input", { type: "checkbox", on: { change: (ev) => { ev.target.checked ? picked.add(e.name) : picked.delete(e.name); go.disabled = picked.size < 2; } } })),
       h("td", {}, h("a", { href: `#/e/${enc(e.name)}` }, e.name)), h("td", {}, badge(e.status)),
       h("td", {}, progressBar(e)), h("td", {}, bestOrVolume(e)), h("td", {}, badge(e.scheduler.state === "none" ? "idle" : e.scheduler.state)),
-      h("td", {}, when(e.created_at)), h("td", {}, when(e.updated_at))));
+      h("td", { title: when(e.created_at) }, when(e.created_at, true)), h("td", { title: when(e.updated_at) }, when(e.updated_at, true))));
     const table = h("table", { id: "experiments", "data-rows": rows.length },
       h("thead", {}, h("tr", {}, ["", "experiment", "status", "progress", "best / hypervolume", "scheduler", "started", "updated"].map((t) => h("th", {}, t)))),
       h("tbody", {}, rows));
