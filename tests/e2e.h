@@ -49,6 +49,14 @@ static inline int nas(fixture *f, char **output, const char *cmd, const char *ar
   return test_run(f->dir, argv, output);
 }
 
+/* `nas run SPEC --no-progress` in the fixture folder; fails the test unless it exits 0. */
+static inline void run_spec(fixture *f, const char *spec) {
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+}
+
 /* `nas trials NAME --format json`, parsed. */
 static inline json_t *trials_json(fixture *f, const char *name) {
   char *out;

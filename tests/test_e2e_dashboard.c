@@ -46,13 +46,6 @@ static char *dashboard_spec(fixture *f, const char *name, int seed) {
   return path;
 }
 
-static void run_spec(fixture *f, const char *spec) {
-  char *out;
-  int rc = nas(f, &out, "run", spec, "--no-progress");
-  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
-  free(out);
-}
-
 /* `nas ARGS… --storage DB --format json`, parsed. */
 static json_t *nas_json(fixture *f, char *const *args) {
   char *argv[16] = {(char *)test_nas_bin()}, *out;

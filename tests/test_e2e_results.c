@@ -35,13 +35,6 @@ static char *curves_spec(fixture *f, const char *name, int seed) {
   return path;
 }
 
-static void run_spec(fixture *f, const char *spec) {
-  char *out;
-  int rc = nas(f, &out, "run", spec, "--no-progress");
-  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
-  free(out);
-}
-
 /* Runs argv (NULL-terminated, after "nas") in the fixture folder; parses stdout as JSON. */
 static json_t *nas_json(fixture *f, char *const *args) {
   char *argv[16] = {(char *)test_nas_bin()}, *out;
