@@ -71,6 +71,8 @@ $(BUILD)/%.cu.o: %.cu $(wildcard trainer/*.h)
 CHARTJS ?= /usr/share/javascript/chart.js/chart.min.js
 $(BUILD)/serve/assets.o: $(wildcard serve/web/*) $(CHARTJS)
 $(BUILD)/serve/assets.o: NAS_CFLAGS += -DNAS_CHARTJS='"$(CHARTJS)"'
+$(CHARTJS):
+	@echo "Chart.js is not at $@: 'make deps' installs Debian's libjs-chart.js (or set CHARTJS=PATH)" >&2; exit 1
 
 $(BUILD)/libnas.a: $(LIB_OBJ)
 	@rm -f $@

@@ -110,6 +110,7 @@
     page.charts.push(c);
     return c;
   }
+  const WHOLE = () => ({ ticks: { precision: 0 } }); /* an axis of steps or counts: whole ticks only */
   function axis(title, extra) {
     return Object.assign({ type: "linear", title: { display: !!title, text: title } }, extra || {});
   }
@@ -190,7 +191,7 @@
     const data = hist.completed.map((k, i) => ({ x: k, y: hist.hypervolume[i] }));
     chart(box, { type: "line", data: { datasets: [{ label: "hypervolume", data, borderColor: "#2f6fde",
       backgroundColor: "rgba(47,111,222,0.12)", fill: true, pointRadius: data.length > 60 ? 0 : 2, stepped: true }] },
-      options: Object.assign({ scales: { x: axis("completed trials"), y: axis("hypervolume") } },
+      options: Object.assign({ scales: { x: axis("completed trials", WHOLE()), y: axis("hypervolume") } },
         trialEvents(d, (ds, k) => hist.trial[k], (n, ctx) => `after trial ${n}: ${fmt(ctx.parsed.y)}`)) });
     return card;
   }
@@ -219,7 +220,7 @@
       const box = h("div", { class: "chart", "data-points": points.length });
       holder.append(box);
       chart(box, { type: "scatter", data: { datasets: sets }, options: Object.assign({
-        scales: { x: axis("trial"), y: axis(`${o.name} (${o.goal})`) },
+        scales: { x: axis("trial", WHOLE()), y: axis(`${o.name} (${o.goal})`) },
       }, trialEvents(d, (ds, k) => (ds === 0 ? sets[0].owner[k] : null), (n, ctx) => `trial ${n}: ${o.name}=${fmt(ctx.parsed.y)}`)) });
     });
     return card;
@@ -253,7 +254,7 @@
     const box = h("div", { class: "chart" });
     card.append(box);
     chart(box, { type: "line", data: { datasets: sets }, options: Object.assign({
-      spanGaps: false, scales: { x: axis("step"), y: axis(metric) }, interaction: { mode: "nearest", intersect: false },
+      spanGaps: false, scales: { x: axis("step", WHOLE()), y: axis(metric) }, interaction: { mode: "nearest", intersect: false },
     }, trialEvents(d, (ds, k) => sets[ds].owner[k], (n, ctx) => `trial ${n}, step ${ctx.parsed.x}: ${fmt(ctx.parsed.y)}`)) });
     return card;
   }
@@ -452,7 +453,7 @@
       curveCard.append(box);
       chart(box, { type: "line", data: { datasets: curves.map(([m, pts], k) => ({ label: m, yAxisID: k ? "y1" : "y",
         data: pts.map((p) => ({ x: p[0], y: p[1] })), borderColor: PALETTE[k % PALETTE.length], backgroundColor: PALETTE[k % PALETTE.length], pointRadius: 2 })) },
-        options: { scales: { x: axis("step"), y: axis(curves[0][0]), y1: curves.length > 1 ? axis(curves[1][0], { position: "right", grid: { drawOnChartArea: false } }) : { display: false } } } });
+        options: { scales: { x: axis("step", WHOLE()), y: axis(curves[0][0]), y1: curves.length > 1 ? axis(curves[1][0], { position: "right", grid: { drawOnChartArea: false } }) : { display: false } } } });
     }
     return t.status === "running" || t.status === "queued";
   }
