@@ -296,6 +296,32 @@ static void plot_file_draws_from_disk_without_a_server(void **state) {
   json_decref(pareto);
 }
 
+/* Data inlined into a plot file is text of the script, never markup: a parameter value
+ * that reads as a closing tag stays inside the data. */
+static void plot_data_cannot_close_its_script(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "tags.yaml",
+                          "name: tags\n"
+                          "parameters:\n"
+                          "  x: {type: float, low: 0, high: 1}\n"
+                          "  tag: {type: categorical, choices: ['</script><b>bold', '<!--']}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 4}\n"
+                          "optimizer: {type: random}\n");
+  run_spec(f, spec);
+  char *file = nas_asprintf("%s/tags.html", f->dir), *page = NULL;
+  char *argv[] = {(char *)test_nas_bin(), "plot", "tags", "--storage", f->db, "--out", file, NULL};
+  assert_int_equal(test_run(f->dir, argv, NULL), 0);
+  assert_int_equal(nas_read_file(file, &page, NULL, NULL), NAS_OK);
+  assert_null(strstr(page, "</script><b>"));
+  assert_null(strstr(page, "<!--"));
+  assert_non_null(strstr(page, "\\u003c/script>\\u003cb>bold"));
+  /* Its three inlined scripts (data, app.js, Chart.js) are the only ones closed. */
+  assert_int_equal(count_of(page, "</script>"), 3);
+  free(page), free(file), free(spec);
+}
+
 static void plot_refuses_bad_usage(void **state) {
   fixture *f = *state;
   char *spec = dashboard_spec(f, "dash", 1), *out;
@@ -343,6 +369,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_refuses_bad_usage, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -168,7 +168,8 @@
       const sets = [
         { label: "trials", data: others.map((r) => ({ x: r["m:" + na], y: r["m:" + nb] })), owner: others.map((r) => r.number),
           backgroundColor: "rgba(95,107,122,0.35)", pointRadius: 2.5, pointHoverRadius: 5 },
-        { label: "front", data: line.map((p) => ({ x: p.x, y: p.y })), owner: line.map((p) => p.t), showLine: true,
+        /* Joined by a line only with two objectives: a projection of a 3-D front is no curve. */
+        { label: "front", data: line.map((p) => ({ x: p.x, y: p.y })), owner: line.map((p) => p.t), showLine: pairs.length === 1,
           borderColor: "#d1495b", backgroundColor: "#d1495b", pointRadius: 4, pointHoverRadius: 7, borderWidth: 2 },
         { label: "reference point", data: ref && ref[na] !== undefined ? [{ x: ref[na], y: ref[nb] }] : [], owner: [null],
           pointStyle: "crossRot", pointRadius: 9, borderWidth: 2, borderColor: "#1d2430", backgroundColor: "#1d2430" },
@@ -277,13 +278,13 @@
       return (v) => (v === null || v === undefined ? null : hi > lo ? (v - lo) / (hi - lo) : 0.5);
     });
     const colourKey = keys.length - 1;
-    /* Lines fall in BUCKETS colour bands, each band one dataset (fast at 10 000 trials);
-     * better values of the objective are drawn last, on top. */
+    /* Lines fall in BUCKETS colour bands, each band one dataset (fast at 10 000 trials):
+     * band 0 holds the best values, dark; Chart.js draws dataset 0 last, on top. */
     const BUCKETS = 8, bands = Array.from({ length: BUCKETS }, () => []);
     for (const r of rows) {
       let t = scale[colourKey](r[keys[colourKey]]);
       if (o.goal === "maximize") t = 1 - t;
-      bands[Math.min(BUCKETS - 1, Math.floor((1 - t) * BUCKETS))].push({ trial: r.number,
+      bands[Math.min(BUCKETS - 1, Math.floor(t * BUCKETS))].push({ trial: r.number,
         points: keys.map((k, a) => ({ x: a, y: scale[a](r[k]) })) });
     }
     const sets = bands.map((band, b) => {
@@ -416,7 +417,11 @@
       inlined ? h("span", { class: "muted" }, `written by nas plot at ${when(d.generated_at)}`) : null);
     const grid = h("div", { class: "grid" });
     app.replaceChildren(h("h1", {}, e.name), summary, grid);
-    for (const [name, make] of Object.entries(CARDS)) if (!kind || kind === name) grid.append(make(d));
+    /* One objective has no front to draw, and its "hypervolume" is only its best value, which
+     * the objective's own chart shows: those two cards are left out unless asked for. */
+    const single = d.objectives.length < 2;
+    for (const [name, make] of Object.entries(CARDS))
+      if (kind ? kind === name : !(single && (name === "front" || name === "hypervolume"))) grid.append(make(d));
     return e.status === "running" || e.scheduler.state === "alive";
   }
 
