@@ -46,21 +46,6 @@ static char *dashboard_spec(fixture *f, const char *name, int seed) {
   return path;
 }
 
-/* `nas ARGS… --storage DB --format json`, parsed. */
-static json_t *nas_json(fixture *f, char *const *args) {
-  char *argv[16] = {(char *)test_nas_bin()}, *out;
-  size_t n = 1;
-  while (*args) argv[n++] = *args++;
-  argv[n++] = "--storage", argv[n++] = f->db, argv[n++] = "--format", argv[n++] = "json";
-  argv[n] = NULL;
-  int rc = test_run(f->dir, argv, &out);
-  if (rc != 0) fail_msg("nas %s exited %d: %s", argv[1], rc, out);
-  json_t *v = json_loads(out, 0, NULL);
-  if (!v) fail_msg("nas %s printed no JSON: %s", argv[1], out);
-  free(out);
-  return v;
-}
-
 /* ---- the browser ------------------------------------------------------------------------ */
 
 static bool have_chromium(void) {
@@ -161,8 +146,8 @@ static char *http_raw(const test_server *srv, const char *path, int *code, char 
 static void dashboard_data_and_files_are_served_without_a_browser(void **state) {
   served s;
   serve_two(state, &s);
-  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", NULL});
-  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", NULL});
+  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", "--storage", s.f->db, "--format", "json", NULL});
+  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", "--storage", s.f->db, "--format", "json", NULL});
   check_dashboard_api(&s.srv, "dash", pareto, json_array_size(trials), "y");
   int code;
   char *type, *body = http_raw(&s.srv, "/", &code, &type);
@@ -185,8 +170,8 @@ static void experiment_page_draws_what_the_cli_reports(void **state) {
   if (!have_chromium()) skip();
   served s;
   serve_two(state, &s);
-  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", NULL});
-  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", NULL});
+  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", "--storage", s.f->db, "--format", "json", NULL});
+  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", "--storage", s.f->db, "--format", "json", NULL});
   size_t n_front = json_array_size(json_object_get(pareto, "front")), n_trials = json_array_size(trials);
   assert_true(n_front > 0);
 
@@ -219,7 +204,7 @@ static void trial_page_shows_its_parameters_metrics_and_logs(void **state) {
   if (!have_chromium()) skip();
   served s;
   serve_two(state, &s);
-  json_t *t = nas_json(s.f, (char *[]){"trial", "dash", "2", NULL});
+  json_t *t = nas_json(s.f, (char *[]){"trial", "dash", "2", "--storage", s.f->db, "--format", "json", NULL});
   const json_t *params = json_object_get(t, "params");
   char *url = page_url(&s, "#/e/dash/t/2");
   char *dom = dump_dom(s.f, url);
@@ -246,7 +231,7 @@ static void compare_page_draws_nas_compare_fronts(void **state) {
   if (!have_chromium()) skip();
   served s;
   serve_two(state, &s);
-  json_t *c = nas_json(s.f, (char *[]){"compare", "dash", "dash2", NULL});
+  json_t *c = nas_json(s.f, (char *[]){"compare", "dash", "dash2", "--storage", s.f->db, "--format", "json", NULL});
   char *url = page_url(&s, "#/compare/dash,dash2");
   char *dom = dump_dom(s.f, url);
   expect_ready(dom, "compare");
@@ -270,7 +255,7 @@ static void plot_file_draws_from_disk_without_a_server(void **state) {
   fixture *f = *state;
   char *spec = dashboard_spec(f, "dash", 1), *out;
   run_spec(f, spec);
-  json_t *pareto = nas_json(f, (char *[]){"pareto", "dash", NULL});
+  json_t *pareto = nas_json(f, (char *[]){"pareto", "dash", "--storage", f->db, "--format", "json", NULL});
   char *file = nas_asprintf("%s/dash.html", f->dir);
   char *argv[] = {(char *)test_nas_bin(), "plot", "dash", "--storage", f->db, "--out", file, NULL};
   if (test_run(f->dir, argv, &out) != 0) fail_msg("nas plot failed: %s", out);
