@@ -54,7 +54,7 @@ deps:
 # The suite also starts a throwaway PostgreSQL and a single-node Slurm cluster of its own,
 # and runs the fuzzers briefly.
 deps-test:
-	@scripts/deps.sh postgres slurm fuzz
+	@scripts/deps.sh postgres slurm fuzz browser
 
 deps-fuzz:
 	@scripts/deps.sh fuzz
@@ -66,6 +66,14 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu $(wildcard trainer/*.h trainer/*/*.h)
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -c $< -o $@
+
+# The dashboard's files (serve/web/) and Debian's Chart.js (libjs-chart.js) are built into
+# the binary by serve/assets.c (.incbin), so nas serve and nas plot need nothing beside it.
+CHARTJS ?= /usr/share/javascript/chart.js/chart.min.js
+$(BUILD)/serve/assets.o: $(wildcard serve/web/*) $(CHARTJS)
+$(BUILD)/serve/assets.o: NAS_CFLAGS += -DNAS_CHARTJS='"$(CHARTJS)"'
+$(CHARTJS):
+	@echo "Chart.js is not at $@: 'make deps' installs Debian's libjs-chart.js (or set CHARTJS=PATH)" >&2; exit 1
 
 $(BUILD)/libnas.a: $(LIB_OBJ)
 	@rm -f $@

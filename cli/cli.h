@@ -45,6 +45,7 @@ int cmd_logs(int argc, char **argv);
 int cmd_export(int argc, char **argv);
 int cmd_import(int argc, char **argv);
 int cmd_compare(int argc, char **argv);
+int cmd_plot(int argc, char **argv);
 
 /* Prints "nas: message" to stderr and returns EXIT_FAILED. */
 int cli_fail(const nas_err *err);
@@ -67,6 +68,10 @@ int cli_open_experiment(const char *url, unsigned flags, const char *name, stora
 /* The same in storage already open (url: how it was named, for messages). */
 int cli_load_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
                         spec **s, nas_err *err);
+/* `nas compare`'s answer for experiments names[0..n) (cli/compare.c): sched_compare_json of
+ * them, loaded from st (url: how it was named, for messages). *out owned. */
+int cli_compare_json(storage *st, const char *url, char *const *names, size_t n, json_t **out,
+                     nas_err *err);
 /* The experiment with that id (NAS_ENOTFOUND when none). */
 int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err);
 

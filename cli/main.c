@@ -22,6 +22,7 @@ static const command commands[] = {
     {"trial", cmd_trial, "show one trial: parameters, metrics, curves, times, logs, model"},
     {"logs", cmd_logs, "print a trial's stdout or stderr log; --follow while it runs"},
     {"compare", cmd_compare, "compare experiments' fronts and hypervolumes at one reference point"},
+    {"plot", cmd_plot, "write an experiment's dashboard page as one HTML file (no server)"},
     {"export", cmd_export, "write an experiment as JSON (to import elsewhere) or CSV"},
     {"import", cmd_import, "store an experiment from an 'nas export' JSON file"},
     {"stop", cmd_stop, "stop a running experiment (from any terminal)"},

@@ -253,9 +253,42 @@ json_t *sched_trial_detail_json(storage *st, const experiment_row *exp, const sc
 json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
                           const sched_results *r, bool curves, nas_err *err);
 /* An experiment's summary: status, spec, counts by status, progress against the budget,
- * hypervolume and front size, and whether a scheduler runs it. Owned. */
+ * when it last changed, hypervolume and front size (and the best value of one objective),
+ * and whether a scheduler runs it. known_pareto: sched_pareto_json of the same results
+ * when the caller has it (the front is then not worked out again), else NULL. Owned. */
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
-                              const sched_results *r, nas_err *err);
+                              const sched_results *r, const json_t *known_pareto, nas_err *err);
+
+/* ---- the dashboard's data (dashboard.c): GET …/dashboard and `nas plot` ---------------- */
+
+/* What the dashboard draws for one experiment (docs/api.md, "The dashboard's data"): its
+ * summary, objectives, parameter and metric names, the trials as columns, its Pareto
+ * front and the hypervolume after each part of its completed trials. O(n log n) in the
+ * trials. Owned. */
+json_t *sched_dashboard_json(storage *st, const spec *s, const experiment_row *exp,
+                             const sched_results *r, nas_err *err);
+/* Every intermediate value of r's trials, {metric: {"trial": [number…], "steps": [[step…]…],
+ * "values": [[value…]…]}}, for the learning curves. Linear in the observations. Owned. */
+json_t *sched_curves_json(storage *st, const experiment_row *exp, const sched_results *r,
+                          nas_err *err);
+/* [{"name", "goal": "minimize" | "maximize"}] of s's objectives. Owned. */
+json_t *sched_objectives_json(const spec *s);
+
+/* ---- comparing experiments (compare.c): `nas compare`, GET /api/v1/compare ----------- */
+
+/* One experiment to compare (borrowed). */
+typedef struct {
+  const experiment_row *exp;
+  const spec *s;
+  const sched_results *r;
+} sched_compared;
+
+/* The experiments' fronts and hypervolumes at one common reference point (the objectives'
+ * thresholds where every experiment gives the same, else inferred from the values of all
+ * their trials): {"objectives", "reference_point": {objective: value}, "experiments": [{experiment,
+ * trials, front_size, hypervolume, front}]}. Refuses experiments whose objectives differ
+ * in number, names, goals or order. Owned. */
+json_t *sched_compare_json(const sched_compared *c, size_t n, nas_err *err);
 
 /* ---- early stopping ---------------------------------------------------------------------
  * A trial's learning curve: the steps at which it reported intermediate values of the

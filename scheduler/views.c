@@ -108,27 +108,39 @@ static char *spec_text_shown(const spec *s, const char *text) {
 }
 
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
-                              const sched_results *r, nas_err *err) {
+                              const sched_results *r, const json_t *known_pareto, nas_err *err) {
   sched_liveness alive;
   char *holder;
   if (sched_scheduler_state(st, exp, &alive, &holder, err) != NAS_OK) return NULL;
-  json_t *pareto = sched_pareto_json(s, exp, r, err);
+  json_t *pareto = known_pareto ? json_incref((json_t *)known_pareto) : sched_pareto_json(s, exp, r, err);
   if (!pareto) {
     free(holder);
     return NULL;
   }
   size_t ended = 0;
-  for (size_t i = 0; i < r->n_trials; i++) ended += trial_status_final(r->trials[i].status);
+  double updated = exp->created_at;
+  for (size_t i = 0; i < r->n_trials; i++) {
+    const trial_row *t = &r->trials[i];
+    ended += trial_status_final(t->status);
+    updated = fmax(updated, fmax(t->created_at, fmax(t->started_at, fmax(t->finished_at, t->heartbeat_at))));
+  }
+  /* One objective: its best value, the front's one row (null before any completes). */
+  const json_t *first = json_array_get(json_object_get(pareto, "front"), 0);
+  json_t *best = s->n_objectives == 1 && first
+                     ? json_pack("{s:O}", s->objectives[0].name, json_object_get(first, s->objectives[0].name))
+                     : json_null();
   char *text = spec_text_shown(s, exp->spec_text);
   json_t *out = !text ? NULL : json_pack(
-      "{s:s, s:s, s:f, s:s, s:s, s:i, s:o, s:{s:i, s:i, s:f}, s:O, s:i, s:{s:s, s:o}}",
+      "{s:s, s:s, s:f, s:s, s:s, s:i, s:o, s:{s:i, s:i, s:f}, s:f, s:o, s:O, s:i, s:{s:s, s:o}}",
       "name", exp->name, "status", exp->status, "created_at", exp->created_at, "spec",
       text, "spec_path", exp->spec_path, "trials", (int)r->n_trials, "counts",
       counts_json(r), "progress", "ended", (int)ended, "budget", s->budget.max_trials,
       "fraction", s->budget.max_trials > 0 ? (double)ended / s->budget.max_trials : 0.0,
+      "updated_at", updated, "best", best,
       "hypervolume", json_object_get(pareto, "hypervolume"), "front_size",
       (int)json_array_size(json_object_get(pareto, "front")), "scheduler", "state",
       liveness_names[alive], "holder", holder ? json_string(holder) : json_null());
+  if (!text) json_decref(best);
   json_decref(pareto);
   free(holder);
   free(text);

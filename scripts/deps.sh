@@ -9,6 +9,7 @@ packages=(
   libgsl-dev libopenblas-dev libnlopt-dev
   libcmocka-dev libpq-dev libsqlite3-dev libyaml-dev libcurl4-openssl-dev libjansson-dev libmicrohttpd-dev
   sqlite3 python3 openssl curl
+  libjs-chart.js # Chart.js, built into bin/nas for the dashboard (serve/assets.c)
   go-md2man # the man page of `make install` and `make deb` (a 2 MB Go binary; pandoc is 170 MB)
 )
 # Extra groups, asked for by the targets that need them.
@@ -19,7 +20,8 @@ for group in "$@"; do
     datasets) packages+=(dataset-fashion-mnist) ;;
     bench)    packages+=(python3-optuna python3-torch) ;;
     fuzz)     packages+=(clang libclang-rt-14-dev) ;;  # libFuzzer's runtime is in the latter
-    *) echo "deps.sh: unknown package group '$group' (expected postgres, slurm, datasets, bench or fuzz)" >&2; exit 2 ;;
+    browser)  packages+=(chromium) ;;  # the dashboard's end-to-end test (tests/test_e2e_dashboard.c)
+    *) echo "deps.sh: unknown package group '$group' (expected postgres, slurm, datasets, bench, fuzz or browser)" >&2; exit 2 ;;
   esac
 done
 

@@ -41,7 +41,7 @@ static int summary_of(serve_request *req, const char *name, json_t **out) {
   api_experiment e;
   nas_err err;
   if (api_load(req, name, &e, true) != NAS_OK) return NAS_ERR;
-  *out = sched_experiment_json(req->st, e.s, &e.exp, &e.r, &err);
+  *out = sched_experiment_json(req->st, e.s, &e.exp, &e.r, NULL, &err);
   api_unload(&e);
   return *out ? NAS_OK : serve_fail_err(req, NAS_ERR, &err);
 }
@@ -126,6 +126,51 @@ static int get_pareto(serve_request *req, char **parts) {
   return NAS_OK;
 }
 
+/* What the dashboard draws for one experiment (scheduler/dashboard.c): all of it but the
+ * learning curves, then those. */
+static int get_dashboard_part(serve_request *req, const char *name, bool curves) {
+  api_experiment e;
+  nas_err err;
+  if (api_load(req, name, &e, true) != NAS_OK) return NAS_ERR;
+  json_t *data = curves ? sched_curves_json(req->st, &e.exp, &e.r, &err)
+                        : sched_dashboard_json(req->st, e.s, &e.exp, &e.r, &err);
+  api_unload(&e);
+  if (!data) return serve_fail_err(req, NAS_ERR, &err);
+  serve_reply(req, MHD_HTTP_OK, curves ? json_pack("{s:o}", "curves", data) : data);
+  return NAS_OK;
+}
+
+static int get_dashboard(serve_request *req, char **parts) { return get_dashboard_part(req, parts[0], false); }
+static int get_curves(serve_request *req, char **parts) { return get_dashboard_part(req, parts[0], true); }
+
+/* The most experiments one comparison takes. */
+enum { COMPARE_MAX = 16 };
+
+/* ?experiments=A,B,…: their fronts at one reference point, as `nas compare` (compare.c). */
+static int get_compare(serve_request *req, char **parts) {
+  (void)parts;
+  const char *list = serve_query(req, "experiments");
+  char *names = list ? strdup(list) : NULL, *save = NULL;
+  if (!names) return serve_fail(req, MHD_HTTP_BAD_REQUEST, "expected ?experiments=A,B,…");
+  api_experiment e[COMPARE_MAX];
+  sched_compared c[COMPARE_MAX];
+  size_t n = 0;
+  int rc = NAS_OK;
+  for (char *name = strtok_r(names, ",", &save); rc == NAS_OK && name; name = strtok_r(NULL, ",", &save)) {
+    if (n == COMPARE_MAX) rc = serve_fail(req, MHD_HTTP_BAD_REQUEST, "at most %d experiments compare at once", COMPARE_MAX);
+    else if ((rc = api_load(req, name, &e[n], true)) == NAS_OK) c[n] = (sched_compared){&e[n].exp, e[n].s, &e[n].r}, n++;
+  }
+  if (rc == NAS_OK && n < 2) rc = serve_fail(req, MHD_HTTP_BAD_REQUEST, "expected two experiments or more in ?experiments=A,B");
+  nas_err err;
+  json_t *out = rc == NAS_OK ? sched_compare_json(c, n, &err) : NULL;
+  /* Its one failure but memory: objectives that differ. */
+  if (rc == NAS_OK && !out) rc = serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", err.msg);
+  if (out) serve_reply(req, MHD_HTTP_OK, out);
+  for (size_t i = 0; i < n; i++) api_unload(&e[i]);
+  free(names);
+  return rc;
+}
+
 /* ---- routing ------------------------------------------------------------------------------ */
 
 typedef struct {
@@ -141,6 +186,9 @@ static const route routes[] = {
     {"GET", "/api/v1/experiments/*", SCOPE_READ, get_experiment},
     {"POST", "/api/v1/experiments/*/stop", SCOPE_WRITE, stop_experiment},
     {"GET", "/api/v1/experiments/*/pareto", SCOPE_READ, get_pareto},
+    {"GET", "/api/v1/experiments/*/dashboard", SCOPE_READ, get_dashboard},
+    {"GET", "/api/v1/experiments/*/curves", SCOPE_READ, get_curves},
+    {"GET", "/api/v1/compare", SCOPE_READ, get_compare},
     {"GET", "/api/v1/experiments/*/trials", SCOPE_READ, api_list_trials},
     {"GET", "/api/v1/experiments/*/trials/*", SCOPE_READ, api_get_trial},
     {"POST", "/api/v1/experiments/*/ask", SCOPE_WRITE, api_ask},

@@ -55,6 +55,16 @@ typedef struct {
   pthread_mutex_t write_lock;
 } serve_ctx;
 
+/* One of the dashboard's files built into the binary (assets.c). */
+typedef struct {
+  const char *type;  /* its Content-Type */
+  const char *bytes; /* static, followed by a NUL */
+  size_t size;
+} serve_asset;
+
+/* The file called name ("index.html", "app.css", "app.js", "chart.js"); false when none. */
+bool serve_asset_find(const char *name, serve_asset *out);
+
 /* One request, from its first byte to its log line. */
 typedef struct {
   serve_ctx *srv;
@@ -69,6 +79,7 @@ typedef struct {
   serve_scope scope;     /* what the client may do (set before the handler runs) */
   int status;            /* of the reply */
   json_t *reply;         /* owned until sent */
+  serve_asset asset;     /* a dashboard file to answer instead, when asset.bytes */
 } serve_request;
 
 /* The largest body accepted; more is answered 413. */
@@ -102,6 +113,10 @@ int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_si
  * (absent is fine unless required). */
 int serve_parse_metrics(const json_t *body, bool required, int64_t step, double now,
                         metric_obs **obs, size_t *n, char *why, size_t why_size);
+
+/* A dashboard page or file (web.c): sets req->asset and returns true when req asks for
+ * one (GET / and /static/NAME). They hold no data, so need no token. */
+bool serve_web_route(serve_request *req);
 
 /* The routes (api.c): answers req, whose scope the caller has worked out. */
 void serve_route(serve_request *req, serve_scope scope);

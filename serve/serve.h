@@ -1,7 +1,8 @@
 /* serve: `nas serve`, the HTTP service over one storage.
  *
  * A JSON API under /api/v1/ (docs/api.md): experiments, trials, Pareto fronts, creating and
- * stopping experiments, and ask/tell. The server holds no state of its own: every request
+ * stopping experiments, and ask/tell; and the dashboard at / (docs/dashboard.md), whose
+ * files are built into the binary (assets.c, web.c). The server holds no state of its own: every request
  * reads and writes through the storage interface and the scheduler's calls, exactly as the
  * CLI does, so a server, `nas run` and the CLI on one storage always agree.
  *
@@ -12,6 +13,7 @@
 #ifndef NAS_SERVE_H
 #define NAS_SERVE_H
 
+#include <jansson.h>
 #include <stdio.h>
 
 #include "common/common.h"
@@ -31,5 +33,12 @@ typedef struct {
 /* Serves until SIGINT or SIGTERM (blocked in the calling thread and waited for), then stops
  * accepting, lets requests in flight finish, and returns. */
 int serve_run(const serve_options *opt, nas_err *err);
+
+/* `nas plot`: writes the dashboard's page as one self-contained HTML file that opens from
+ * disk with no server, its style, Chart.js and script inlined and data as window.NAS_DATA:
+ * {"page": "experiment", "kind": null or one chart's name, "dashboard": the answer of GET
+ * …/dashboard with "curves" (…/curves's) added} or {"page": "compare", "compare": the
+ * answer of GET /api/v1/compare}. */
+int serve_plot_write(FILE *f, const json_t *data, nas_err *err);
 
 #endif

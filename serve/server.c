@@ -87,6 +87,18 @@ static enum MHD_Result send_reply(serve_request *req) {
   return rc;
 }
 
+/* A dashboard file: static bytes, never copied. */
+static enum MHD_Result send_asset(serve_request *req) {
+  struct MHD_Response *resp = MHD_create_response_from_buffer(req->asset.size, (void *)req->asset.bytes,
+                                                              MHD_RESPMEM_PERSISTENT);
+  if (!resp) return MHD_NO;
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, req->asset.type);
+  MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  enum MHD_Result rc = MHD_queue_response(req->conn, (unsigned)req->status, resp);
+  MHD_destroy_response(resp);
+  return rc;
+}
+
 /* ---- who may do what ------------------------------------------------------------------ */
 
 static bool client_is_loopback(struct MHD_Connection *conn) {
@@ -199,6 +211,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     *upload_size = 0;
     return MHD_YES;
   }
+  if (!req->body_too_big && serve_web_route(req)) return send_asset(req);
   answer(req);
   return send_reply(req);
 }

@@ -49,6 +49,29 @@ static inline int nas(fixture *f, char **output, const char *cmd, const char *ar
   return test_run(f->dir, argv, output);
 }
 
+/* `nas run SPEC --no-progress` in the fixture folder; fails the test unless it exits 0. */
+static inline void run_spec(fixture *f, const char *spec) {
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
+  free(out);
+}
+
+/* Runs argv (NULL-terminated, after "nas") in the fixture folder; parses stdout as JSON. */
+static inline json_t *nas_json(fixture *f, char *const *args) {
+  char *argv[16] = {(char *)test_nas_bin()}, *out;
+  size_t n = 1;
+  while (*args) argv[n++] = *args++;
+  argv[n] = NULL;
+  int rc = test_run(f->dir, argv, &out);
+  if (rc != 0) fail_msg("nas %s exited %d: %s", argv[1], rc, out);
+  json_error_t jerr;
+  json_t *v = json_loads(out, 0, &jerr);
+  if (!v) fail_msg("nas %s printed no JSON (%s): %s", argv[1], jerr.text, out);
+  free(out);
+  return v;
+}
+
 /* `nas trials NAME --format json`, parsed. */
 static inline json_t *trials_json(fixture *f, const char *name) {
   char *out;

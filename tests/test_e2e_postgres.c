@@ -8,6 +8,7 @@
 
 #include "common/common.h"
 
+#include "tests/dashboard.h"
 #include "tests/e2e.h"
 #include "tests/pgserver.h"
 
@@ -241,11 +242,52 @@ static void password_on_the_command_line_shows_in_no_process(void **state) {
   teardown((void **)&f);
 }
 
+/* The dashboard's data from `nas serve` on PostgreSQL agrees with the CLI, and `nas plot`
+ * writes its page from PostgreSQL (the browser half runs on SQLite: test_e2e_dashboard). */
+static void dashboard_and_plot_work_on_postgresql(void **state) {
+  group *g = *state;
+  if (!g->up) skip();
+  fixture *f;
+  setup((void **)&f);
+  free(f->db);
+  f->db = pgserver_url(&g->srv, "postgres", NULL); /* trusted: no password to show */
+  char *spec = test_write(f->dir, "pgdash.yaml",
+                          "name: pgdash\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}, {name: z, goal: maximize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'echo \"nas-metric {{\\\"step\\\": 0, \\\"y\\\": {x}}}\"; "
+                          "echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": {x}}}\"']\n"
+                          "budget: {trials: 5, parallel: 2}\n"
+                          "optimizer: {type: random}\n");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  free(out);
+  assert_int_equal(nas(f, &out, "pareto", "pgdash", "--format=json"), 0);
+  json_t *pareto = json_loads(out, 0, NULL);
+  free(out);
+  test_server srv;
+  assert_true(test_server_start(&srv, f->dir, f->db, NULL));
+  check_dashboard_api(&srv, "pgdash", pareto, 5, "y");
+  assert_int_equal(test_server_stop(&srv), 0);
+  char *file = nas_asprintf("%s/pgdash.html", f->dir), *page = NULL;
+  char *argv[] = {(char *)test_nas_bin(), "plot", "pgdash", "--storage", f->db, "--out", file, NULL};
+  assert_int_equal(test_run(f->dir, argv, NULL), 0);
+  assert_int_equal(nas_read_file(file, &page, NULL, NULL), NAS_OK);
+  assert_non_null(strstr(page, "window.NAS_DATA = {"));
+  assert_non_null(strstr(page, "\"name\":\"pgdash\""));
+  json_decref(pareto);
+  free(page), free(file), free(spec);
+  teardown((void **)&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_command_works_on_postgresql),
       cmocka_unit_test(export_from_postgresql_imports_into_sqlite_and_back),
       cmocka_unit_test(password_on_the_command_line_shows_in_no_process),
+      cmocka_unit_test(dashboard_and_plot_work_on_postgresql),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

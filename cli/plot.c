@@ -1,0 +1,149 @@
+/* cli/plot.c: `nas plot` — the dashboard's experiment (or comparison) page as one HTML file
+ * that opens from disk with no server: serve_plot_write inlines the page's style, Chart.js,
+ * its script and the data, which is the very JSON `nas serve` answers the page with
+ * (sched_dashboard_json, or `nas compare`'s), so both draw through one path. */
+#include <errno.h>
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "scheduler/scheduler.h"
+#include "serve/serve.h"
+
+static const char plot_help[] =
+    "usage: nas plot EXPERIMENT [EXPERIMENT …] --out FILE.html [--kind KIND] [--storage URL]\n\n"
+    "Writes the dashboard's page of an experiment as one self-contained HTML file (data,\n"
+    "script and Chart.js inlined) that any browser opens from disk, with no server: the\n"
+    "Pareto front, hypervolume over completed trials, each objective over trials, learning\n"
+    "curves, parallel coordinates and the trial table, as 'nas serve' shows them\n"
+    "(docs/dashboard.md). With two experiments or more, the page compares them: their fronts\n"
+    "and hypervolumes at one common reference point, as 'nas compare'.\n\n"
+    "  --out FILE.html  where to write it (replaced whole, never half-written)\n"
+    "  --kind KIND      one chart only: front, hypervolume, objectives, curves, parallel,\n"
+    "                   table; or compare (the default with several experiments)\n"
+    "  --storage URL    default: $NAS_STORAGE, else sqlite:nas.db\n";
+
+static const char *const kinds[] = {"front", "hypervolume", "objectives", "curves", "parallel",
+                                    "table", "compare"};
+
+static bool kind_known(const char *kind) {
+  for (size_t i = 0; i < sizeof kinds / sizeof *kinds; i++)
+    if (strcmp(kind, kinds[i]) == 0) return true;
+  return false;
+}
+
+/* window.NAS_DATA for one experiment's page. */
+static json_t *experiment_data(storage *st, const char *url, const char *name, const char *kind,
+                               nas_err *err) {
+  experiment_row exp;
+  spec *s;
+  sched_results r;
+  if (cli_load_experiment(st, url, name, &exp, &s, err) != NAS_OK) return NULL;
+  json_t *dashboard = NULL, *curves = NULL;
+  if (sched_results_load(st, s, exp.id, &r, err) == NAS_OK) {
+    dashboard = sched_dashboard_json(st, s, &exp, &r, err);
+    if (dashboard && !(curves = sched_curves_json(st, &exp, &r, err))) {
+      json_decref(dashboard);
+      dashboard = NULL;
+    }
+    sched_results_free(&r);
+  }
+  spec_free(s);
+  experiment_row_clear(&exp);
+  if (!dashboard) return NULL;
+  /* The page fetches the curves after the rest; here they come with it. */
+  json_object_set_new(dashboard, "curves", curves);
+  json_t *data = json_pack("{s:s, s:s?, s:o}", "page", "experiment", "kind", kind, "dashboard", dashboard);
+  if (!data) nas_errf(err, "out of memory");
+  return data;
+}
+
+/* Writes the page to path through a temporary file beside it, renamed into place. */
+static int write_page(const char *path, const json_t *data, nas_err *err) {
+  char *tmp = nas_asprintf("%s.tmp-XXXXXX", path);
+  int fd = tmp ? mkstemp(tmp) : -1;
+  if (fd < 0) {
+    int rc = nas_errf(err, "cannot write %s: %s", path, tmp ? strerror(errno) : "out of memory");
+    free(tmp);
+    return rc;
+  }
+  FILE *f = fdopen(fd, "w");
+  int rc = f ? serve_plot_write(f, data, err) : nas_errf(err, "cannot write %s: %s", path, strerror(errno));
+  if (!f) close(fd);
+  if (f && fclose(f) != 0 && rc == NAS_OK) rc = nas_errf(err, "cannot write %s: %s", path, strerror(errno));
+  /* mkstemp made it private; a report is for reading like any file written here. */
+  if (rc == NAS_OK && (chmod(tmp, 0644) != 0 || rename(tmp, path) != 0))
+    rc = nas_errf(err, "cannot write %s: %s", path, strerror(errno));
+  if (rc != NAS_OK) unlink(tmp);
+  free(tmp);
+  return rc;
+}
+
+static int plot(const char *url, char **names, size_t n, const char *kind, const char *out,
+                nas_err *err) {
+  storage *st;
+  if (storage_open_with(url, STORAGE_MUST_EXIST | STORAGE_CONNECT_ONCE, &st, err) != NAS_OK) return NAS_ERR;
+  json_t *data = NULL, *compared = NULL;
+  if (n == 1) {
+    data = experiment_data(st, url, names[0], kind, err);
+  } else if (cli_compare_json(st, url, names, n, &compared, err) == NAS_OK) {
+    data = json_pack("{s:s, s:o}", "page", "compare", "compare", compared);
+    if (!data) nas_errf(err, "out of memory");
+  }
+  storage_close(st);
+  int rc = data ? write_page(out, data, err) : NAS_ERR;
+  json_decref(data);
+  return rc;
+}
+
+int cmd_plot(int argc, char **argv) {
+  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
+                                          {"out", required_argument, NULL, 'o'},
+                                          {"kind", required_argument, NULL, 'k'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
+  char *url = NULL; /* owned (cli_storage_flag) */
+  const char *out = NULL, *kind = NULL;
+  optind = 1;
+  opterr = 0;
+  int c, status = -1;
+  while (status < 0 && (c = getopt_long(argc, argv, ":s:o:k:h", options, NULL)) != -1) {
+    if (c == 'h') {
+      fputs(plot_help, stdout);
+      status = EXIT_DONE;
+    } else if (c == 's') {
+      free(url);
+      if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("plot", "out of memory");
+    } else if (c == 'o') {
+      out = optarg;
+    } else if (c == 'k') {
+      kind = optarg;
+      if (!kind_known(kind))
+        status = cli_usage_error("plot", "unknown kind '%s' (expected front, hypervolume, objectives, "
+                                 "curves, parallel, table or compare)", kind);
+    } else {
+      status = cli_option_error("plot", c, argv);
+    }
+  }
+  size_t n = argc > optind ? (size_t)(argc - optind) : 0;
+  bool comparing = kind && strcmp(kind, "compare") == 0;
+  if (status < 0 && n == 0) status = cli_usage_error("plot", "expected an experiment");
+  else if (status < 0 && !out) status = cli_usage_error("plot", "expected --out FILE.html");
+  else if (status < 0 && comparing && n < 2) status = cli_usage_error("plot", "--kind compare needs two experiments or more");
+  else if (status < 0 && !comparing && kind && n > 1)
+    status = cli_usage_error("plot", "--kind %s draws one experiment; several make a comparison", kind);
+  if (status >= 0) {
+    free(url);
+    return status;
+  }
+  nas_err err;
+  int rc = plot(cli_storage_url(url), argv + optind, n, comparing ? NULL : kind, out, &err);
+  free(url);
+  if (rc != NAS_OK) return cli_fail(&err);
+  fprintf(stderr, "nas plot: wrote %s\n", out);
+  return EXIT_DONE;
+}

@@ -1,0 +1,361 @@
+/* End-to-end: the dashboard in a real browser. Runs small experiments with the real bin/nas,
+ * starts `nas serve`, loads its pages in Debian's headless Chromium and checks what they
+ * drew (the data-* attributes the page's script sets after drawing) against the CLI: the
+ * front has `nas pareto`'s points, the table every trial, a trial page its parameters,
+ * the comparison `nas compare`'s fronts; and a `nas plot` file draws the same from disk.
+ * Screenshots of each page are left in dashboard-screenshots/ beside this test's binary
+ * (the path is printed) for a person to look at. Skipped, saying so, without chromium. */
+#include <jansson.h>
+#include <libgen.h>
+#include <limits.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+#include "common/common.h"
+#include "tests/dashboard.h"
+#include "tests/e2e.h"
+#include "tests/serve.h"
+
+/* Where screenshots go (set by main from argv[0]). */
+static char screenshot_dir[4096];
+
+/* Two objectives, trials that report y at steps 0-3 (a learning curve), and fail when
+ * x > 0.85. Early stopping may stop some: the page must mark as many as are stopped. */
+static char *dashboard_spec(fixture *f, const char *name, int seed) {
+  char *text, *file;
+  assert_true(asprintf(&text,
+                       "name: %s\n"
+                       "seed: %d\n"
+                       "parameters:\n"
+                       "  x: {type: float, low: 0, high: 1}\n"
+                       "  act: {type: categorical, choices: [relu, tanh]}\n"
+                       "objectives: [{name: y, goal: minimize}, {name: z, goal: minimize}]\n"
+                       "trial:\n"
+                       "  command: [sh, -c, 'echo out-{x}; for s in 0 1 2 3; do echo \"nas-metric "
+                       "{{\\\"step\\\": $s, \\\"y\\\": $(awk \"BEGIN {{ print {x} + 1/($s+1) }}\")}}\"; done; "
+                       "awk \"BEGIN {{ exit !({x} > 0.85) }}\" && exit 3; "
+                       "echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": $(awk \"BEGIN {{ print 1 - sqrt({x}) + "
+                       "0.15 * sin(17 * {x})^2 }}\")}}\"']\n"
+                       "budget: {trials: 14, parallel: 3, max_failure_rate: 1}\n"
+                       "early_stopping: {rule: median, objectives: [y], min_steps: 1, min_trials: 3}\n"
+                       "optimizer: {type: random}\n",
+                       name, seed) > 0);
+  assert_true(asprintf(&file, "%s.yaml", name) > 0);
+  char *path = test_write(f->dir, file, text);
+  free(text), free(file);
+  return path;
+}
+
+/* ---- the browser ------------------------------------------------------------------------ */
+
+static bool have_chromium(void) {
+  char *argv[] = {"sh", "-c", "command -v chromium", NULL}, *out;
+  int rc = test_run(NULL, argv, &out);
+  free(out);
+  return rc == 0;
+}
+
+/* The DOM of url once its scripts have run (the page's own time, not the wall clock's). */
+static char *dump_dom(fixture *f, const char *url) {
+  char *profile = nas_asprintf("--user-data-dir=%s/chromium", f->dir), *out;
+  char *argv[] = {"timeout", "90", "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                  "--no-first-run", profile, "--virtual-time-budget=8000", "--dump-dom",
+                  (char *)url, NULL};
+  int rc = test_run(NULL, argv, &out);
+  if (rc != 0) fail_msg("chromium --dump-dom %s exited %d: %s", url, rc, out);
+  free(profile);
+  return out;
+}
+
+/* Saves a screenshot of url as screenshot_dir/name.png and prints where. */
+static void screenshot(fixture *f, const char *url, const char *name, int height) {
+  char *profile = nas_asprintf("--user-data-dir=%s/chromium", f->dir);
+  char *file = nas_asprintf("--screenshot=%s/%s.png", screenshot_dir, name);
+  char *size = nas_asprintf("--window-size=1400,%d", height), *out;
+  char *argv[] = {"timeout", "90", "chromium", "--headless", "--no-sandbox", "--disable-gpu",
+                  "--no-first-run", "--hide-scrollbars", profile, "--virtual-time-budget=8000",
+                  size, file, (char *)url, NULL};
+  int rc = test_run(NULL, argv, &out);
+  if (rc != 0) fail_msg("chromium --screenshot %s exited %d: %s", url, rc, out);
+  printf("screenshot: %s/%s.png\n", screenshot_dir, name);
+  free(profile), free(file), free(size), free(out);
+}
+
+/* The value of attribute attr of the element that has marker (e.g. `id="chart-front"`). */
+static long dom_attr(const char *dom, const char *marker, const char *attr) {
+  const char *at = strstr(dom, marker);
+  if (!at) fail_msg("the page has no %s", marker);
+  const char *open = at;
+  while (open > dom && *open != '<') open--;
+  const char *close = strchr(at, '>');
+  char *key = nas_asprintf(" %s=\"", attr);
+  const char *v = strstr(open, key);
+  if (!v || v > close) fail_msg("%s has no %s", marker, attr);
+  long value = strtol(v + strlen(key), NULL, 10);
+  free(key);
+  return value;
+}
+
+static size_t count_of(const char *text, const char *needle) {
+  size_t n = 0;
+  for (const char *at = text; (at = strstr(at, needle)); at++) n++;
+  return n;
+}
+
+/* Fails unless the page drew `page` (no error). */
+static void expect_ready(const char *dom, const char *page) {
+  char *ready = nas_asprintf("data-ready=\"%s\"", page);
+  if (!strstr(dom, ready)) fail_msg("the page did not draw %s:\n%.3000s", page, dom);
+  free(ready);
+}
+
+/* ---- tests --------------------------------------------------------------------------------- */
+
+typedef struct {
+  fixture *f;
+  test_server srv;
+} served;
+
+static void serve_two(void **state, served *s) {
+  s->f = *state;
+  char *a = dashboard_spec(s->f, "dash", 1), *b = dashboard_spec(s->f, "dash2", 2);
+  run_spec(s->f, a);
+  run_spec(s->f, b);
+  free(a), free(b);
+  assert_true(test_server_start(&s->srv, s->f->dir, s->f->db, NULL));
+}
+
+static char *page_url(const served *s, const char *fragment) {
+  return nas_asprintf("http://127.0.0.1:%d/%s", s->srv.port, fragment);
+}
+
+/* GET path's status, Content-Type and body (curl, no JSON). */
+static char *http_raw(const test_server *srv, const char *path, int *code, char **type) {
+  char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path), *out;
+  char *argv[] = {"curl", "-s", "-S", "-w", "\n%{http_code} %{content_type}", url, NULL};
+  assert_int_equal(test_run(NULL, argv, &out), 0);
+  char *last = strrchr(out, '\n');
+  assert_non_null(last);
+  *last = '\0';
+  *code = atoi(last + 1);
+  *type = strdup(strchr(last + 1, ' ') + 1);
+  free(url);
+  return out;
+}
+
+static void dashboard_data_and_files_are_served_without_a_browser(void **state) {
+  served s;
+  serve_two(state, &s);
+  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", "--storage", s.f->db, "--format", "json", NULL});
+  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", "--storage", s.f->db, "--format", "json", NULL});
+  check_dashboard_api(&s.srv, "dash", pareto, json_array_size(trials), "y");
+  int code;
+  char *type, *body = http_raw(&s.srv, "/", &code, &type);
+  assert_int_equal(code, 200);
+  assert_string_equal(type, "text/html; charset=utf-8");
+  assert_non_null(strstr(body, "static/app.js"));
+  free(body), free(type);
+  body = http_raw(&s.srv, "/static/chart.js", &code, &type);
+  assert_int_equal(code, 200);
+  assert_non_null(strstr(body, "Chart.js v")); /* Debian's, built in */
+  free(body), free(type);
+  body = http_raw(&s.srv, "/static/nope.js", &code, &type);
+  assert_int_equal(code, 404);
+  free(body), free(type);
+  json_decref(pareto), json_decref(trials);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
+static void experiment_page_draws_what_the_cli_reports(void **state) {
+  if (!have_chromium()) skip();
+  served s;
+  serve_two(state, &s);
+  json_t *pareto = nas_json(s.f, (char *[]){"pareto", "dash", "--storage", s.f->db, "--format", "json", NULL});
+  json_t *trials = nas_json(s.f, (char *[]){"trials", "dash", "--storage", s.f->db, "--format", "json", NULL});
+  size_t n_front = json_array_size(json_object_get(pareto, "front")), n_trials = json_array_size(trials);
+  assert_true(n_front > 0);
+
+  char *url = page_url(&s, "#/e/dash");
+  char *dom = dump_dom(s.f, url);
+  expect_ready(dom, "experiment");
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-front"), (long)n_front);
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-points"), (long)count_status(trials, "completed"));
+  assert_int_equal(dom_attr(dom, "id=\"trials\"", "data-rows"), (long)n_trials);
+  assert_int_equal(count_of(dom, "<tr data-trial="), n_trials);
+  assert_int_equal(dom_attr(dom, "id=\"chart-curves\"", "data-curves"), (long)n_trials);
+  assert_int_equal(dom_attr(dom, "id=\"chart-curves\"", "data-stopped"), (long)count_status(trials, "stopped"));
+  assert_int_equal(dom_attr(dom, "id=\"chart-hypervolume\"", "data-points"), (long)count_status(trials, "completed"));
+  assert_int_equal(dom_attr(dom, "id=\"chart-parallel\"", "data-points"), (long)count_status(trials, "completed"));
+  screenshot(s.f, url, "experiment", 2300);
+  free(dom), free(url);
+
+  url = page_url(&s, "#/");
+  dom = dump_dom(s.f, url);
+  expect_ready(dom, "experiments");
+  assert_non_null(strstr(dom, "data-experiment=\"dash\""));
+  assert_non_null(strstr(dom, "data-experiment=\"dash2\""));
+  screenshot(s.f, url, "experiments", 500);
+  free(dom), free(url);
+  json_decref(pareto), json_decref(trials);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
+static void trial_page_shows_its_parameters_metrics_and_logs(void **state) {
+  if (!have_chromium()) skip();
+  served s;
+  serve_two(state, &s);
+  json_t *t = nas_json(s.f, (char *[]){"trial", "dash", "2", "--storage", s.f->db, "--format", "json", NULL});
+  const json_t *params = json_object_get(t, "params");
+  char *url = page_url(&s, "#/e/dash/t/2");
+  char *dom = dump_dom(s.f, url);
+  expect_ready(dom, "trial");
+  assert_int_equal(dom_attr(dom, "id=\"trial-params\"", "data-count"), (long)json_object_size(params));
+  assert_non_null(strstr(dom, "<dt data-name=\"x\">x</dt>"));
+  char *act = nas_asprintf("<dd>%s</dd>", json_string_value(json_object_get(params, "act")));
+  assert_non_null(strstr(dom, act));
+  assert_int_equal(dom_attr(dom, "id=\"trial-curve\"", "data-curves"), 1);
+  assert_non_null(strstr(dom, "out-")); /* its stdout's tail */
+  screenshot(s.f, url, "trial", 1100);
+  free(act), free(dom), free(url);
+  json_decref(t);
+
+  url = page_url(&s, "#/e/dash/t/99");
+  dom = dump_dom(s.f, url);
+  expect_ready(dom, "error");
+  assert_non_null(strstr(dom, "experiment 'dash' has no trial 99"));
+  free(dom), free(url);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
+static void compare_page_draws_nas_compare_fronts(void **state) {
+  if (!have_chromium()) skip();
+  served s;
+  serve_two(state, &s);
+  json_t *c = nas_json(s.f, (char *[]){"compare", "dash", "dash2", "--storage", s.f->db, "--format", "json", NULL});
+  char *url = page_url(&s, "#/compare/dash,dash2");
+  char *dom = dump_dom(s.f, url);
+  expect_ready(dom, "compare");
+  size_t i, total = 0;
+  json_t *e;
+  json_array_foreach(json_object_get(c, "experiments"), i, e) {
+    char *marker = nas_asprintf("data-experiment=\"%s\"", json_string_value(json_object_get(e, "experiment")));
+    assert_int_equal(dom_attr(dom, marker, "data-front"), (long)json_integer_value(json_object_get(e, "front_size")));
+    total += (size_t)json_integer_value(json_object_get(e, "front_size"));
+    free(marker);
+  }
+  assert_int_equal(dom_attr(dom, "id=\"chart-compare\"", "data-points"), (long)total);
+  screenshot(s.f, url, "compare", 800);
+  free(dom), free(url);
+  json_decref(c);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
+static void plot_file_draws_from_disk_without_a_server(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  char *spec = dashboard_spec(f, "dash", 1), *out;
+  run_spec(f, spec);
+  json_t *pareto = nas_json(f, (char *[]){"pareto", "dash", "--storage", f->db, "--format", "json", NULL});
+  char *file = nas_asprintf("%s/dash.html", f->dir);
+  char *argv[] = {(char *)test_nas_bin(), "plot", "dash", "--storage", f->db, "--out", file, NULL};
+  if (test_run(f->dir, argv, &out) != 0) fail_msg("nas plot failed: %s", out);
+  free(out);
+  char *url = nas_asprintf("file://%s", file);
+  char *dom = dump_dom(f, url);
+  expect_ready(dom, "experiment");
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-front"),
+                   (long)json_array_size(json_object_get(pareto, "front")));
+  assert_null(strstr(dom, "static/")); /* nothing is fetched: every file is inlined */
+  screenshot(f, url, "plot", 2300);
+  free(dom), free(url);
+
+  /* --kind: that chart alone. */
+  char *kind_argv[] = {(char *)test_nas_bin(), "plot", "dash", "--storage", f->db, "--out", file,
+                       "--kind", "front", NULL};
+  assert_int_equal(test_run(f->dir, kind_argv, NULL), 0);
+  url = nas_asprintf("file://%s", file);
+  dom = dump_dom(f, url);
+  assert_non_null(strstr(dom, "id=\"chart-front\""));
+  assert_null(strstr(dom, "id=\"chart-parallel\""));
+  free(dom), free(url), free(file), free(spec);
+  json_decref(pareto);
+}
+
+/* Data inlined into a plot file is text of the script, never markup: a parameter value
+ * that reads as a closing tag stays inside the data. */
+static void plot_data_cannot_close_its_script(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "tags.yaml",
+                          "name: tags\n"
+                          "parameters:\n"
+                          "  x: {type: float, low: 0, high: 1}\n"
+                          "  tag: {type: categorical, choices: ['</script><b>bold', '<!--']}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 4}\n"
+                          "optimizer: {type: random}\n");
+  run_spec(f, spec);
+  char *file = nas_asprintf("%s/tags.html", f->dir), *page = NULL;
+  char *argv[] = {(char *)test_nas_bin(), "plot", "tags", "--storage", f->db, "--out", file, NULL};
+  assert_int_equal(test_run(f->dir, argv, NULL), 0);
+  assert_int_equal(nas_read_file(file, &page, NULL, NULL), NAS_OK);
+  assert_null(strstr(page, "</script><b>"));
+  assert_null(strstr(page, "<!--"));
+  assert_non_null(strstr(page, "\\u003c/script>\\u003cb>bold"));
+  /* Its three inlined scripts (data, app.js, Chart.js) are the only ones closed. */
+  assert_int_equal(count_of(page, "</script>"), 3);
+  free(page), free(file), free(spec);
+}
+
+static void plot_refuses_bad_usage(void **state) {
+  fixture *f = *state;
+  char *spec = dashboard_spec(f, "dash", 1), *out;
+  run_spec(f, spec);
+  struct {
+    char *args[8];
+    int status;
+    const char *says;
+  } cases[] = {
+      {{"plot", "dash", NULL}, 2, "expected --out FILE.html"},
+      {{"plot", "--out", "x.html", NULL}, 2, "expected an experiment"},
+      {{"plot", "dash", "--out", "x.html", "--kind", "pie", NULL}, 2, "unknown kind 'pie'"},
+      {{"plot", "dash", "--out", "x.html", "--kind", "compare", NULL}, 2, "needs two experiments"},
+      {{"plot", "nope", "--out", "x.html", NULL}, 1, "no experiment 'nope'"},
+      {{"plot", "dash", "--out", "/nonexistent-dir/x.html", NULL}, 1, "cannot write /nonexistent-dir/x.html"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *argv[12] = {(char *)test_nas_bin()};
+    size_t n = 1;
+    for (char **a = cases[i].args; *a; a++) argv[n++] = *a;
+    argv[n++] = "--storage", argv[n++] = f->db, argv[n] = NULL;
+    int rc = test_run(f->dir, argv, &out);
+    if (rc != cases[i].status || !strstr(out, cases[i].says))
+      fail_msg("case %zu: exit %d (want %d), output without '%s': %s", i, rc, cases[i].status, cases[i].says, out);
+    free(out);
+  }
+  struct stat st;
+  char *refused = nas_asprintf("%s/x.html", f->dir);
+  assert_int_not_equal(stat(refused, &st), 0); /* nothing written where refused */
+  free(refused), free(spec);
+}
+
+int main(int argc, char **argv) {
+  (void)argc;
+  char *self = strdup(argv[0]), *dir = realpath(dirname(self), NULL);
+  snprintf(screenshot_dir, sizeof screenshot_dir, "%s/dashboard-screenshots", dir ? dir : ".");
+  free(self), free(dir);
+  mkdir(screenshot_dir, 0755);
+  if (!have_chromium())
+    printf("test_e2e_dashboard: chromium is not installed (scripts/deps.sh browser): the "
+           "browser tests are skipped\n");
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(dashboard_data_and_files_are_served_without_a_browser, setup, teardown),
+      cmocka_unit_test_setup_teardown(experiment_page_draws_what_the_cli_reports, setup, teardown),
+      cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
+      cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
+      cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
+      cmocka_unit_test_setup_teardown(plot_refuses_bad_usage, setup, teardown),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
