@@ -10,6 +10,7 @@
 
 #include "spec/spec.h"
 #include "trainer/dist.h"
+#include "trainer/pipeline.h"
 #include "trainer/trainer.h"
 
 /* ================================================================ models, datasets, fit */
@@ -139,6 +140,20 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err);
 
+/* ================================================================ pipelined training */
+
+/* What tr_fit does, on one stage of a pipeline (docs/engine-pipeline.md): m cut into the
+ * stages of rank's pipeline by pipe, each mini-batch streamed through them as micro-batches.
+ * Every stage calls it with the same data and cfg (shuffle seed included) on its own copy
+ * of the same model; a batch smaller than pipe->chunks is skipped. The callbacks run on
+ * stage 0, which also validates: after every epoch the stages' layers are gathered into
+ * stage 0's m, which holds the whole trained model on return. *accuracy is stage 0's (0
+ * elsewhere). CPU only. */
+int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
+                          const tr_pipe_config *pipe, const tr_dataset *train,
+                          const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
+                          nas_err *err);
+
 /* ================================================================ a trial's settings */
 
 /* Everything a built-in trial's settings decide (spec_builtin_settings). */
@@ -153,6 +168,8 @@ typedef struct {
   tr_device_kind device; /* where training runs */
   int devices;           /* ranks one model is trained across (docs/spec.md) */
   tr_fsdp_config fsdp;   /* how, when devices > 1 */
+  int pipeline_stages;   /* > 1: a pipeline of this many stages (exclusive with devices) */
+  tr_pipe_config pipe;   /* how, when pipeline_stages > 1 */
 } worker_plan;
 
 /* Reads the complete settings object of a trial into plan. */

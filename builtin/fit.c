@@ -13,7 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "builtin/builtin.h"
+#include "builtin/fit_internal.h"
 
 /* Examples per forward pass when evaluating: big enough for GEMM, small enough for memory. */
 enum { EVAL_BATCH = 500 };
@@ -114,9 +114,8 @@ static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t total_steps
 /* What both fits set up once they made their optimiser (opt NULL: it failed, and ctx says
  * why): the shuffled loader of train, the schedule over every epoch's steps, and m in
  * training mode. */
-static int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
-                     const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched,
-                     nas_err *err) {
+int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
+              const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched, nas_err *err) {
   int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size;
   *sched = schedule_for(cfg, per_epoch * cfg->epochs);
   tr_module_train(m, true);

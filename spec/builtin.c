@@ -42,6 +42,7 @@ static const char *const models[] = {"mlp", "cnn", NULL};
 static const char *const dataset_names[] = {"digits", "fashion-mnist", NULL};
 static const char *const device_kinds[] = {"cpu", "cuda", NULL};
 static const char *const shardings[] = {"full", "grad_op", "none", NULL};
+static const char *const pipe_checkpoints[] = {"except_last", "always", "never", NULL};
 
 /* Per-layer counts must stay within the trainer's TR_MAX_BLOCKS (8). */
 static const builtin_setting settings[] = {
@@ -62,6 +63,10 @@ static const builtin_setting settings[] = {
     {"devices", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "1"},
     {"sharding", FOR_BOTH, SETTING_CHOICE, .choices = shardings, .fallback = "full"},
     {"checkpoint_activations", FOR_BOTH, SETTING_BOOL, .fallback = "false"},
+    {"pipeline_stages", FOR_BOTH, SETTING_INT, 1, 16, .fallback = "1"},
+    {"pipeline_chunks", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "4"},
+    {"pipeline_checkpoint", FOR_BOTH, SETTING_CHOICE, .choices = pipe_checkpoints,
+     .fallback = "except_last"},
     {"layers", FOR_MLP, SETTING_INT, 1, 8, .fallback = "2"},
     {"width", FOR_MLP, SETTING_INT, 1, 65536, .fallback = "128", .per_layer = 8},
     {"norm", FOR_MLP, SETTING_CHOICE, .choices = mlp_norms, .fallback = "none"},
@@ -222,9 +227,9 @@ static int parse_dataset(const yaml_ctx *c, const yaml_node_t *section, const ch
   return b->dataset ? NAS_OK : nas_errf(c->err, "out of memory");
 }
 
-static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
-  yaml_node_t *key = node_at(c, pair->key), *value = node_at(c, pair->value);
-  const char *name = node_scalar_text(key);
+/* The setting `name` (written at key) set to value. */
+static int parse_setting_named(const yaml_ctx *c, yaml_node_t *key, const char *name,
+                               yaml_node_t *value, builtin_spec *b) {
   const builtin_setting *st = setting_find(name, model_bit(b->model));
   if (!st) return unknown_setting(c, key, b->model);
   char what[FIELD_CAP], why[300];
@@ -238,6 +243,46 @@ static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builti
   }
   return json_object_set_new(b->settings, name, json) == 0 ? NAS_OK
                                                             : nas_errf(c->err, "out of memory");
+}
+
+static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
+  yaml_node_t *key = node_at(c, pair->key);
+  return parse_setting_named(c, key, node_scalar_text(key), node_at(c, pair->value), b);
+}
+
+/* `pipeline: {stages: N, chunks: M, checkpoint: except_last}`: the settings pipeline_stages,
+ * pipeline_chunks and pipeline_checkpoint written as one mapping (docs/engine-pipeline.md). */
+static int parse_pipeline(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
+  yaml_node_t *section = node_at(c, pair->value);
+  int rc = node_expect_mapping(c, section, "trial.builtin.pipeline");
+  for (yaml_node_pair_t *p = rc ? NULL : section->data.mapping.pairs.start;
+       !rc && p < section->data.mapping.pairs.top; p++) {
+    yaml_node_t *key = node_at(c, p->key);
+    const char *name = node_scalar_text(key);
+    if (strcmp(name, "stages") != 0 && strcmp(name, "chunks") != 0 &&
+        strcmp(name, "checkpoint") != 0)
+      return node_errf(c, key, "trial.builtin.pipeline: unknown key '%s' (stages, chunks, "
+                       "checkpoint)", name);
+    char full[64];
+    snprintf(full, sizeof full, "pipeline_%s", name);
+    rc = parse_setting_named(c, key, full, node_at(c, p->value), b);
+  }
+  return rc;
+}
+
+/* A pipeline (pipeline_stages > 1) and FSDP (devices > 1, sharding) are two ways to split
+ * a model over ranks; one trial uses one of them. */
+static int check_exclusive(const yaml_ctx *c, const yaml_node_t *section, const builtin_spec *b) {
+  json_t *stages = json_object_get(b->settings, "pipeline_stages");
+  if (!stages || json_integer_value(stages) <= 1) return NAS_OK;
+  json_t *devices = json_object_get(b->settings, "devices");
+  if (devices && json_integer_value(devices) > 1)
+    return node_errf(c, section, "trial.builtin: pipeline stages and devices > 1 (sharded data "
+                     "parallel) cannot be combined; use one of them");
+  if (json_object_get(b->settings, "sharding"))
+    return node_errf(c, section, "trial.builtin: sharding applies to devices > 1, not to a "
+                     "pipeline (a stage keeps its layers whole)");
+  return NAS_OK;
 }
 
 /* The node of parameter name in the document's `parameters` mapping (for messages). */
@@ -319,8 +364,12 @@ int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir
   for (yaml_node_pair_t *pair = section->data.mapping.pairs.start;
        !rc && pair < section->data.mapping.pairs.top; pair++) {
     const char *key = node_scalar_text(node_at(c, pair->key));
-    if (strcmp(key, "model") != 0 && strcmp(key, "dataset") != 0) rc = parse_setting(c, pair, b);
+    if (strcmp(key, "pipeline") == 0)
+      rc = parse_pipeline(c, pair, b);
+    else if (strcmp(key, "model") != 0 && strcmp(key, "dataset") != 0)
+      rc = parse_setting(c, pair, b);
   }
+  if (!rc) rc = check_exclusive(c, section, b);
   return rc ? rc : check_params(c, s);
 }
 

@@ -367,6 +367,37 @@ static void two_thread_ranks_train_the_same_model(void **state) {
   }
 }
 
+/* pipeline: {stages: 2 or 3} trains one model through a pipeline of thread stages
+ * (docs/engine-pipeline.md) in each checkpoint mode: an MLP without batch norm is the one
+ * rank's model up to float rounding (gradients accumulate over the micro-batches), so
+ * the same trials reach the accuracy one rank does. */
+static void pipeline_stages_train_the_same_model(void **state) {
+  fixture *f = *state;
+  const char *const variants[] = {
+      "pipeline_stages: 1", "pipeline: {stages: 2, chunks: 4}",
+      "pipeline: {stages: 3, chunks: 2, checkpoint: always}",
+      "pipeline: {stages: 2, chunks: 8, checkpoint: never}"};
+  double accuracy[4][2];
+  for (int v = 0; v < 4; v++) {
+    char name[32], settings[160], *out;
+    snprintf(name, sizeof name, "pipe%d", v);
+    snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, %s",
+             variants[v]);
+    char *spec = digits_spec(f, name, settings, 2, 1, "2m");
+    int rc = nas(f, &out, "run", spec, "--no-progress");
+    if (rc != 0) fail_msg("%s: nas run failed (%d): %s", variants[v], rc, out);
+    free(out);
+    free(spec);
+    for (size_t i = 0; i < 2; i++) {
+      accuracy[v][i] = trial_accuracy(f, name, i);
+      assert_true(accuracy[v][i] > 0.5);
+      if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > 0.02)
+        fail_msg("%s: trial %zu accuracy %g, one rank %g", variants[v], i, accuracy[v][i],
+                 accuracy[0][i]);
+    }
+  }
+}
+
 static void builtin_experiment_finds_a_front(void **state) {
   fixture *f = *state;
   char *spec = digits_spec(f, "few", "epochs: 1, limit_train: 300, activation: tanh", 4, 2, "2m");
@@ -515,6 +546,7 @@ int main(void) {
       cmocka_unit_test(csv_paths_load_with_their_shape),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
+      cmocka_unit_test_setup_teardown(pipeline_stages_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
       cmocka_unit_test_setup_teardown(missing_dataset_is_refused_before_anything_is_stored,
