@@ -18,7 +18,7 @@
 #include "trainer/trainer.h"
 
 #define MAX_STAGES 4
-#define MAX_BATCH 64
+#define MAX_BATCH 256
 #define MODEL_SEED 11
 #define TIMEOUT_S 30.0
 
@@ -27,6 +27,7 @@ typedef enum {
   MODEL_MLP_DROPOUT, /* the same with dropout after each ReLU: 7 children */
   MODEL_CNN_BN,      /* conv, bn, relu, pool, conv, bn, relu, pool, flatten, linear */
   MODEL_CNN_BN1,     /* conv, bn, relu, pool, flatten, linear: one batch norm */
+  MODEL_DEEP,        /* 20 -> 8 x (Linear 64, ReLU) -> 5: 17 children */
 } model_kind;
 
 /* ---------------------------------------------------------------- models and data */
@@ -63,12 +64,23 @@ static tr_module *cnn_new(tr_ctx *ctx, int blocks) {
   return m;
 }
 
+static tr_module *deep_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  for (int i = 0; i < 8; i++) {
+    add(ctx, m, tr_linear_new(ctx, i ? 64 : 20, 64, true));
+    add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  }
+  add(ctx, m, tr_linear_new(ctx, 64, 5, true));
+  return m;
+}
+
 static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   switch (kind) {
   case MODEL_MLP: return mlp_new(ctx, false);
   case MODEL_MLP_DROPOUT: return mlp_new(ctx, true);
   case MODEL_CNN_BN: return cnn_new(ctx, 2);
   case MODEL_CNN_BN1: return cnn_new(ctx, 1);
+  case MODEL_DEEP: return deep_new(ctx);
   }
   return NULL;
 }
@@ -173,7 +185,7 @@ static int train_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   run_spec *run = arg;
   tr_ctx ctx;
   tr_ctx_init(&ctx, MODEL_SEED);
-  tr_module *model = model_new(&ctx, run->model);
+  tr_module *model = model_new(&ctx, run->model); /* from malloc: the allocator counts steps */
   tr_module_train(model, true);
   ctx.alloc = tr_allocator_new((size_t)64 << 20);
   tr_pipe *p = NULL;
@@ -370,6 +382,52 @@ static void deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch
   run_free(&run);
 }
 
+/* Activation memory of the largest stage: its allocator's peak less what stays between
+ * steps (gradients, momentum). */
+static size_t largest_activation(const run_spec *run, int stages) {
+  size_t most = 0;
+  for (int s = 0; s < stages; s++) {
+    size_t act = run->memory[s].alloc.peak - run->memory[s].alloc.in_use;
+    most = act > most ? act : most;
+  }
+  return most;
+}
+
+/* GPipe's point: with `always`, a stage keeps its micro-batches' inputs and one
+ * micro-batch's graph, within 1/stages of one rank's activations plus one stage's working
+ * set — one micro-batch's share of that, and the gradient of one layer, which a
+ * micro-batch's backward makes before adding it to the accumulated one; `never` keeps
+ * every graph. The model is narrow and the batch large, so activations dominate. */
+static void checkpointing_always_keeps_a_stage_within_its_share_of_activations(void **state) {
+  (void)state;
+  run_spec single = run_defaults(MODEL_DEEP, 1, TR_PIPE_CKPT_NEVER);
+  single.batch = 256;
+  size_t layer_grad = (64 * 64 + 64) * sizeof(float);
+  run_pipeline(&single, 1);
+  size_t one_rank = largest_activation(&single, 1);
+  for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
+    for (int chunks = 4; chunks <= 8; chunks *= 2) {
+      run_spec always = single, never = single;
+      always.pipe = (tr_pipe_config){.chunks = chunks, .checkpoint = TR_PIPE_CKPT_ALWAYS};
+      never.pipe = (tr_pipe_config){.chunks = chunks, .checkpoint = TR_PIPE_CKPT_NEVER};
+      always.state = always.params = never.state = never.params = NULL;
+      run_pipeline(&always, stages);
+      run_pipeline(&never, stages);
+      size_t act = largest_activation(&always, stages);
+      double bound = (double)one_rank / stages + (double)one_rank / (stages * chunks) +
+                     (double)layer_grad;
+      if ((double)act > bound)
+        print_error("%d stages, %d chunks: %zu bytes, bound %.0f (one rank %zu)\n", stages,
+                    chunks, act, bound, one_rank);
+      assert_true((double)act <= bound);
+      assert_true(act < largest_activation(&never, stages));
+      run_free(&always);
+      run_free(&never);
+    }
+  }
+  run_free(&single);
+}
+
 /* ---------------------------------------------------------------- balance */
 
 static void assert_balance(const double *costs, int n, int stages, const int *want) {
@@ -509,6 +567,7 @@ int main(void) {
       cmocka_unit_test(cnn_with_deferred_batch_norm_trains_like_single_rank),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
+      cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
       cmocka_unit_test(balance_by_costs_minimises_the_largest_stage),
       cmocka_unit_test(balance_by_size_and_by_time_isolate_the_heavy_layer),
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
