@@ -338,18 +338,16 @@ static double trial_accuracy(fixture *f, const char *name, size_t i) {
   return accuracy;
 }
 
-/* devices: 2 trains one model on two thread ranks (FSDP, docs/spec.md): whatever the
- * sharding and with activation checkpointing, the same trials reach the accuracy one rank
- * does (batches of 32 split in two; only float rounding differs). */
-static void two_thread_ranks_train_the_same_model(void **state) {
-  fixture *f = *state;
-  const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
-                                  "devices: 2, sharding: grad_op, checkpoint_activations: true",
-                                  "devices: 2, sharding: none"};
-  double accuracy[4][2];
-  for (int v = 0; v < 4; v++) {
+/* Runs an experiment of two digits trials per variant of the settings (names prefix0,
+ * prefix1, ...) and asserts every variant reaches the accuracy of the first, trial by
+ * trial, within float rounding's reach. */
+static void assert_variants_train_alike(fixture *f, const char *prefix,
+                                        const char *const *variants, int n) {
+  double accuracy[8][2];
+  assert_true(n <= 8);
+  for (int v = 0; v < n; v++) {
     char name[32], settings[160], *out;
-    snprintf(name, sizeof name, "ranks%d", v);
+    snprintf(name, sizeof name, "%s%d", prefix, v);
     snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, %s",
              variants[v]);
     char *spec = digits_spec(f, name, settings, 2, 1, "2m");
@@ -361,10 +359,20 @@ static void two_thread_ranks_train_the_same_model(void **state) {
       accuracy[v][i] = trial_accuracy(f, name, i);
       assert_true(accuracy[v][i] > 0.5);
       if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > 0.02)
-        fail_msg("%s: trial %zu accuracy %g, one rank %g", variants[v], i, accuracy[v][i],
-                 accuracy[0][i]);
+        fail_msg("%s: trial %zu accuracy %g, first variant %g", variants[v], i,
+                 accuracy[v][i], accuracy[0][i]);
     }
   }
+}
+
+/* devices: 2 trains one model on two thread ranks (FSDP, docs/spec.md): whatever the
+ * sharding and with activation checkpointing, the same trials reach the accuracy one rank
+ * does (batches of 32 split in two; only float rounding differs). */
+static void two_thread_ranks_train_the_same_model(void **state) {
+  const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
+                                  "devices: 2, sharding: grad_op, checkpoint_activations: true",
+                                  "devices: 2, sharding: none"};
+  assert_variants_train_alike(*state, "ranks", variants, 4);
 }
 
 /* pipeline: {stages: 2 or 3} trains one model through a pipeline of thread stages
@@ -372,30 +380,11 @@ static void two_thread_ranks_train_the_same_model(void **state) {
  * rank's model up to float rounding (gradients accumulate over the micro-batches), so
  * the same trials reach the accuracy one rank does. */
 static void pipeline_stages_train_the_same_model(void **state) {
-  fixture *f = *state;
   const char *const variants[] = {
       "pipeline_stages: 1", "pipeline: {stages: 2, chunks: 4}",
       "pipeline: {stages: 3, chunks: 2, checkpoint: always}",
       "pipeline: {stages: 2, chunks: 8, checkpoint: never}"};
-  double accuracy[4][2];
-  for (int v = 0; v < 4; v++) {
-    char name[32], settings[160], *out;
-    snprintf(name, sizeof name, "pipe%d", v);
-    snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, %s",
-             variants[v]);
-    char *spec = digits_spec(f, name, settings, 2, 1, "2m");
-    int rc = nas(f, &out, "run", spec, "--no-progress");
-    if (rc != 0) fail_msg("%s: nas run failed (%d): %s", variants[v], rc, out);
-    free(out);
-    free(spec);
-    for (size_t i = 0; i < 2; i++) {
-      accuracy[v][i] = trial_accuracy(f, name, i);
-      assert_true(accuracy[v][i] > 0.5);
-      if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > 0.02)
-        fail_msg("%s: trial %zu accuracy %g, one rank %g", variants[v], i, accuracy[v][i],
-                 accuracy[0][i]);
-    }
-  }
+  assert_variants_train_alike(*state, "pipe", variants, 4);
 }
 
 static void builtin_experiment_finds_a_front(void **state) {
