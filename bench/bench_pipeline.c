@@ -11,10 +11,11 @@
  * between steps (gradients and momentum); their difference is the stage's activation
  * memory, the column the target is about: with checkpoint `always`, the largest stage's
  * activations should stay within 1/stages of one rank's with `never`, plus one stage's
- * working set (one micro-batch through one stage with its graph, taken as 1/(stages x
- * chunks) of one rank's, and one layer's gradient, which a micro-batch's backward makes
- * before adding it to the accumulated one). The model is narrow and the batch large, so
- * activations dominate. OpenBLAS and OpenMP run one thread per stage. */
+ * working set: one micro-batch through one stage — its graph (1/(stages x chunks) of one
+ * rank's), the three tensors at the stage's edges (its input, the output's gradient
+ * received and the input's gradient sent) and one layer's gradient, which a micro-batch's
+ * backward makes before adding it to the accumulated one. The model is narrow and the
+ * batch large, so activations dominate. OpenBLAS and OpenMP run one thread per stage. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
@@ -196,8 +197,9 @@ static void print_row(const char *kind, int members, const char *mode, bench_run
   size_t act = largest_activation(run, members);
   if (single_act > 0 && chunks > 0) {
     double layer_grad = (double)((WIDTH * WIDTH + WIDTH) * sizeof(float));
+    double edges = 3.0 * (double)(BATCH / chunks * WIDTH * sizeof(float));
     double bound = (double)single_act / members + (double)single_act / (members * chunks) +
-                   layer_grad;
+                   edges + layer_grad;
     snprintf(target, sizeof target, "%.1f (%s)", mib((size_t)bound),
              (double)act <= bound ? "met" : "missed");
   }
@@ -218,9 +220,9 @@ static int run_pipeline(int stages, int chunks, tr_pipe_checkpoint ckpt, bench_r
 int main(void) {
   openblas_set_num_threads(1);
   omp_set_num_threads(1); /* this thread's; the drivers hand each stage or rank its share */
-  printf("Pipeline, MLP 512 -> %d x (Linear %d, ReLU) -> 10, mini-batch %d, SGD momentum; "
+  printf("Pipeline, MLP %d -> %d x (Linear %d, ReLU) -> 10, mini-batch %d, SGD momentum; "
          "median of %d steps after %d warm-up; one thread per stage or rank\n\n",
-         DEPTH, WIDTH, BATCH, STEPS, WARMUP);
+         WIDTH, DEPTH, WIDTH, BATCH, STEPS, WARMUP);
   printf("| parallelism | stages/ranks | chunks, checkpoint | step ms | samples/s | peak MiB "
          "per stage | activations MiB (largest) | `always` target MiB |\n"
          "|---|---|---|---|---|---|---|---|\n");
