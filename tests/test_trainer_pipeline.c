@@ -327,6 +327,27 @@ static void cnn_with_deferred_batch_norm_trains_like_single_rank(void **state) {
   assert_matches_single_rank_everywhere(MODEL_CNN_BN, true);
 }
 
+/* Uneven explicit balances, a stage of one parameterless ReLU among them, train the same
+ * model as the even split does. */
+static void explicit_balance_trains_like_single_rank(void **state) {
+  (void)state;
+  static const struct {
+    int stages, balance[4];
+  } cases[] = {{2, {4, 1}}, {2, {1, 4}}, {4, {1, 1, 1, 2}}, {4, {2, 1, 1, 1}}, {3, {1, 3, 1}}};
+  run_spec base = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_EXCEPT_LAST);
+  int64_t n_want;
+  float *want = reference_train(&base, 1, false, &n_want);
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    run_spec run = base;
+    memcpy(run.pipe.balance, cases[c].balance, sizeof cases[c].balance);
+    run_pipeline(&run, cases[c].stages);
+    assert_int_equal(run.n_params, n_want);
+    assert_close(run.params, want, n_want, 1e-5, "explicit balance");
+    run_free(&run);
+  }
+  free(want);
+}
+
 static void checkpointing_with_dropout_changes_no_bit(void **state) {
   (void)state;
   for (int stages = 1; stages <= MAX_STAGES; stages *= 2) {
@@ -567,6 +588,7 @@ int main(void) {
       cmocka_unit_test(mlp_trains_like_single_rank_for_every_stages_chunks_and_checkpoint),
       cmocka_unit_test(cnn_with_batch_norm_trains_like_single_rank_on_the_same_micro_batches),
       cmocka_unit_test(cnn_with_deferred_batch_norm_trains_like_single_rank),
+      cmocka_unit_test(explicit_balance_trains_like_single_rank),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
