@@ -505,6 +505,34 @@ static void balance_by_size_and_by_time_isolate_the_heavy_layer(void **state) {
   tr_module_free(m);
 }
 
+/* Balancing runs the model forward (and backward, by time): it leaves no gradient behind
+ * and batch norm's running statistics as they were. */
+static void balancing_leaves_the_model_as_it_was(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, MODEL_SEED);
+  tr_module *m = model_new(&ctx, MODEL_CNN_BN1);
+  tr_module_train(m, true);
+  int32_t labels[MAX_BATCH];
+  tr_tensor *x = batch_new(MODEL_CNN_BN1, 0, 16, labels);
+  int64_t n_before, n_after;
+  float *before = state_copy(m, true, &n_before);
+  int got[TR_PIPE_MAX_STAGES];
+  assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 2, got), NAS_OK);
+  assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 2, 2, got), NAS_OK);
+  float *after = state_copy(m, true, &n_after);
+  assert_int_equal(n_after, n_before);
+  assert_memory_equal(after, before, (size_t)n_before * sizeof(float));
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(m, false, &ps, NULL), NAS_OK);
+  for (size_t i = 0; i < ps.n; i++) assert_null(ps.items[i]->grad);
+  tr_param_list_free(&ps);
+  free(before);
+  free(after);
+  tr_free(x);
+  tr_module_free(m);
+}
+
 /* ---------------------------------------------------------------- failures */
 
 /* Every stage but origin (-1: none) failed with err, the driver's message; origin's own
@@ -594,6 +622,7 @@ int main(void) {
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
       cmocka_unit_test(balance_by_costs_minimises_the_largest_stage),
       cmocka_unit_test(balance_by_size_and_by_time_isolate_the_heavy_layer),
+      cmocka_unit_test(balancing_leaves_the_model_as_it_was),
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),
       cmocka_unit_test(a_stage_that_stalls_fails_every_stage_with_one_message),

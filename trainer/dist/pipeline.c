@@ -250,10 +250,9 @@ static int chunk_forward(tr_ctx *ctx, tr_pipe *p, pipe_step *step, int i) {
   return rc;
 }
 
-/* Copies of the stage's buffers (into saved), or them back from saved. */
-static int buffers_save(tr_ctx *ctx, tr_pipe *p, tr_tensor **saved) {
-  for (size_t i = 0; i < p->state.n; i++) {
-    tr_tensor *t = p->state.items[i];
+int pipe_buffers_save(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved) {
+  for (size_t i = 0; i < state->n; i++) {
+    tr_tensor *t = state->items[i];
     if (t->requires_grad) continue;
     saved[i] = tn_clone(ctx, t);
     if (!saved[i]) return NAS_ERR;
@@ -261,10 +260,10 @@ static int buffers_save(tr_ctx *ctx, tr_pipe *p, tr_tensor **saved) {
   return NAS_OK;
 }
 
-static void buffers_restore(tr_pipe *p, tr_tensor **saved) {
-  for (size_t i = 0; i < p->state.n; i++) {
+void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved) {
+  for (size_t i = 0; i < state->n; i++) {
     if (!saved[i]) continue;
-    tn_copy_to_contig(saved[i], tr_data(p->state.items[i]));
+    tn_copy_to_contig(saved[i], tr_data(state->items[i]));
     tr_free(saved[i]);
     saved[i] = NULL;
   }
@@ -280,8 +279,9 @@ static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step
   memcpy(now, ctx->rng, sizeof now);
   memcpy(ctx->rng, c->rng, sizeof now);
   bool prev = tr_set_grad_enabled(ctx, true);
-  tr_tensor *out = buffers_save(ctx, p, saved) == NAS_OK ? stage_run(ctx, p, c->input, false)
-                                                         : NULL;
+  tr_tensor *out = pipe_buffers_save(ctx, &p->state, saved) == NAS_OK
+                       ? stage_run(ctx, p, c->input, false)
+                       : NULL;
   if (out && is_last(p)) {
     tr_tensor *loss = weighted_loss(ctx, step, c, out);
     tr_free(out);
@@ -289,7 +289,7 @@ static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step
   }
   tr_set_grad_enabled(ctx, prev);
   memcpy(ctx->rng, now, sizeof now);
-  buffers_restore(p, saved);
+  pipe_buffers_restore(&p->state, saved);
   free(saved);
   return out;
 }

@@ -3,7 +3,8 @@
  * partition problem, by dynamic programming), with costs measured per child: forward and
  * backward time on a sample batch (torchgpipe's balance_by_time) or bytes of parameters,
  * their gradients and the output activation (its balance_by_size, counted rather than
- * measured on a device). */
+ * measured on a device). Measuring leaves the model as it was: gradients dropped, batch
+ * norm's running statistics put back. */
 #include <float.h>
 #include <stdlib.h>
 
@@ -142,12 +143,21 @@ static int balance_by(tr_ctx *ctx, balance_kind kind, tr_module *model, tr_tenso
   int n = 0;
   if (children_of(ctx, model, &children, &n)) return NAS_ERR;
   if (!sample) return nas_errf(&ctx->err, "pipeline balance: no sample batch");
+  /* measuring runs forwards: batch norm's running statistics go back as they were */
+  tr_param_list state = {0};
+  int rc = tr_module_parameters(model, true, &state, &ctx->err);
   double *costs = calloc((size_t)n, sizeof *costs);
-  if (!costs) return nas_errf(&ctx->err, "pipeline balance: out of memory");
-  int rc = kind == BY_TIME ? measure_times(ctx, children, n, sample, repeats, costs)
-                           : measure_sizes(ctx, children, n, sample, costs);
+  tr_tensor **saved = calloc(state.n ? state.n : 1, sizeof *saved);
+  if (rc == NAS_OK && (!costs || !saved)) rc = nas_errf(&ctx->err, "out of memory");
+  if (rc == NAS_OK) rc = pipe_buffers_save(ctx, &state, saved);
+  if (rc == NAS_OK)
+    rc = kind == BY_TIME ? measure_times(ctx, children, n, sample, repeats, costs)
+                         : measure_sizes(ctx, children, n, sample, costs);
+  if (saved) pipe_buffers_restore(&state, saved);
   if (rc == NAS_OK) rc = tr_pipe_balance_costs(costs, n, stages, balance, &ctx->err);
+  free(saved);
   free(costs);
+  tr_param_list_free(&state);
   return rc == NAS_OK ? NAS_OK : nas_err_prefix(&ctx->err, "pipeline balance");
 }
 

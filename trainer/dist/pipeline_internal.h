@@ -27,6 +27,14 @@ int pw_abort(tr_pipe_world *w, int stage, nas_err *err);
 /* Whether the world is aborted; its message into err (may be NULL) if so. */
 bool pw_aborted(tr_pipe_world *w, nas_err *err);
 
+/* ---------------------------------------------------------------- buffers */
+
+/* saved[i] = a copy of state's item i when it is a buffer (does not require grad); saved
+ * has state->n slots, zeroed. Restore copies them back and frees them, so running a
+ * forward in between changes no running statistics (recomputation, balancing). */
+int pipe_buffers_save(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved);
+void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved);
+
 /* ---------------------------------------------------------------- deferred batch norm */
 
 typedef struct pipe_bn pipe_bn; /* the deferred statistics of one stage */
