@@ -154,6 +154,16 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                           nas_err *err);
 
+/* How a built-in trial cuts its model into stages: even by count of children, or by
+ * tr_pipe_balance_by_size or _by_time on its first training batch. */
+typedef enum { TR_FIT_BALANCE_COUNT, TR_FIT_BALANCE_SIZE, TR_FIT_BALANCE_TIME } tr_fit_balance;
+
+/* pipe->balance for `stages` stages of m by kind (count: all zero, the even split), sizes
+ * and times taken on the first `batch` examples of train. m is left as it was. */
+int tr_fit_pipeline_balance(tr_ctx *ctx, tr_module *m, tr_fit_balance kind,
+                            const tr_dataset *train, int64_t batch, int stages,
+                            tr_pipe_config *pipe, nas_err *err);
+
 /* ================================================================ a trial's settings */
 
 /* Everything a built-in trial's settings decide (spec_builtin_settings). */
@@ -169,7 +179,8 @@ typedef struct {
   int devices;           /* ranks one model is trained across (docs/spec.md) */
   tr_fsdp_config fsdp;   /* how, when devices > 1 */
   int pipeline_stages;   /* > 1: a pipeline of this many stages (exclusive with devices) */
-  tr_pipe_config pipe;   /* how, when pipeline_stages > 1 */
+  tr_pipe_config pipe;   /* how, when pipeline_stages > 1 (balance: see pipe_balance) */
+  tr_fit_balance pipe_balance;
 } worker_plan;
 
 /* Reads the complete settings object of a trial into plan. */

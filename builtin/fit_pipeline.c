@@ -7,6 +7,7 @@
  * aborts the pipeline (its driver does it when a stage returns an error), which fails the
  * other stages at their next call. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "builtin/fit_internal.h"
 
@@ -88,4 +89,19 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
   tr_optim_free(r.opt);
   tr_pipe_free(r.pipe);
   return rc;
+}
+
+int tr_fit_pipeline_balance(tr_ctx *ctx, tr_module *m, tr_fit_balance kind,
+                            const tr_dataset *train, int64_t batch, int stages,
+                            tr_pipe_config *pipe, nas_err *err) {
+  memset(pipe->balance, 0, sizeof pipe->balance);
+  if (kind == TR_FIT_BALANCE_COUNT) return NAS_OK;
+  if (train->n == 0) return nas_errf(err, "balancing the stages: no training examples");
+  tr_tensor *sample = tr_narrow(ctx, train->x, 0, 0, batch < train->n ? batch : train->n);
+  int rc = !sample ? NAS_ERR
+           : kind == TR_FIT_BALANCE_SIZE
+               ? tr_pipe_balance_by_size(ctx, m, sample, stages, pipe->balance)
+               : tr_pipe_balance_by_time(ctx, m, sample, stages, 3, pipe->balance);
+  tr_free(sample);
+  return rc == NAS_OK ? NAS_OK : nas_errf(err, "balancing the stages: %s", ctx->err.msg);
 }

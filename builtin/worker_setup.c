@@ -115,13 +115,20 @@ static const word_value pipe_checkpoints[] = {
     {"always", TR_PIPE_CKPT_ALWAYS},
     {"never", TR_PIPE_CKPT_NEVER},
     {NULL, 0}};
+static const word_value pipe_balances[] = {{"count", TR_FIT_BALANCE_COUNT},
+                                           {"size", TR_FIT_BALANCE_SIZE},
+                                           {"time", TR_FIT_BALANCE_TIME},
+                                           {NULL, 0}};
 
-/* A pipeline: an even split of the layers by count, batch norm deferred (statistics over
+/* A pipeline: balance as the trial says, batch norm deferred (statistics over
  * the whole mini-batch, as one rank's). Exclusive with FSDP: search parameters may pick
  * both, which only a trial can see. */
 static int read_pipeline(const json_t *settings, worker_plan *plan, nas_err *err) {
-  int checkpoint;
-  if (word_of(settings, "pipeline_checkpoint", pipe_checkpoints, &checkpoint, err)) return NAS_ERR;
+  int checkpoint, balance;
+  if (word_of(settings, "pipeline_checkpoint", pipe_checkpoints, &checkpoint, err) ||
+      word_of(settings, "pipeline_balance", pipe_balances, &balance, err))
+    return NAS_ERR;
+  plan->pipe_balance = (tr_fit_balance)balance;
   plan->pipeline_stages = (int)int_of(settings, "pipeline_stages");
   plan->pipe = (tr_pipe_config){.chunks = (int)int_of(settings, "pipeline_chunks"),
                                 .checkpoint = (tr_pipe_checkpoint)checkpoint,

@@ -308,6 +308,15 @@ static int process_rank(worker *w, nas_err *err) {
                         &w->plan.fit, &w->accuracy, err);
 }
 
+/* The stages' balance, computed once here so every stage cuts alike, then the stages. */
+static int worker_pipeline(worker *w, nas_err *err) {
+  if (tr_fit_pipeline_balance(&w->ctx, w->model.module, w->plan.pipe_balance, &w->data.all.train,
+                              w->plan.fit.batch_size, w->plan.pipeline_stages, &w->plan.pipe,
+                              err) != NAS_OK)
+    return NAS_ERR;
+  return tr_pipe_run_threads(w->plan.pipeline_stages, TR_COMM_TIMEOUT_S, pipeline_stage, w, err);
+}
+
 static int worker_train(worker *w, double *seconds, nas_err *err) {
   w->plan.fit.on_epoch = on_epoch;
   w->plan.fit.on_step = on_step;
@@ -320,7 +329,7 @@ static int worker_train(worker *w, double *seconds, nas_err *err) {
   else if (w->comm) rc = process_rank(w, err);
   else if (w->plan.devices > 1) rc = tr_fsdp_run_threads(w->plan.devices, thread_rank, w, err);
   else if (w->plan.pipeline_stages > 1)
-    rc = tr_pipe_run_threads(w->plan.pipeline_stages, TR_COMM_TIMEOUT_S, pipeline_stage, w, err);
+    rc = worker_pipeline(w, err);
   else rc = tr_fit(&w->ctx, w->model.module, &w->data.all.train, &w->data.val, &w->plan.fit,
                    &w->accuracy, err);
   *seconds = nas_monotonic() - w->started;

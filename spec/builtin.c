@@ -43,6 +43,7 @@ static const char *const dataset_names[] = {"digits", "fashion-mnist", NULL};
 static const char *const device_kinds[] = {"cpu", "cuda", NULL};
 static const char *const shardings[] = {"full", "grad_op", "none", NULL};
 static const char *const pipe_checkpoints[] = {"except_last", "always", "never", NULL};
+static const char *const pipe_balances[] = {"count", "size", "time", NULL};
 
 /* Per-layer counts must stay within the trainer's TR_MAX_BLOCKS (8). */
 static const builtin_setting settings[] = {
@@ -67,6 +68,7 @@ static const builtin_setting settings[] = {
     {"pipeline_chunks", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "4"},
     {"pipeline_checkpoint", FOR_BOTH, SETTING_CHOICE, .choices = pipe_checkpoints,
      .fallback = "except_last"},
+    {"pipeline_balance", FOR_BOTH, SETTING_CHOICE, .choices = pipe_balances, .fallback = "count"},
     {"layers", FOR_MLP, SETTING_INT, 1, 8, .fallback = "2"},
     {"width", FOR_MLP, SETTING_INT, 1, 65536, .fallback = "128", .per_layer = 8},
     {"norm", FOR_MLP, SETTING_CHOICE, .choices = mlp_norms, .fallback = "none"},
@@ -250,8 +252,8 @@ static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builti
   return parse_setting_named(c, key, node_scalar_text(key), node_at(c, pair->value), b);
 }
 
-/* `pipeline: {stages: N, chunks: M, checkpoint: except_last}`: the settings pipeline_stages,
- * pipeline_chunks and pipeline_checkpoint written as one mapping (docs/engine-pipeline.md). */
+/* `pipeline: {stages: N, chunks: M, checkpoint: except_last, balance: count}`: the
+ * pipeline_ settings written as one mapping (docs/engine-pipeline.md). */
 static int parse_pipeline(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
   yaml_node_t *section = node_at(c, pair->value);
   int rc = node_expect_mapping(c, section, "trial.builtin.pipeline");
@@ -260,9 +262,9 @@ static int parse_pipeline(const yaml_ctx *c, const yaml_node_pair_t *pair, built
     yaml_node_t *key = node_at(c, p->key);
     const char *name = node_scalar_text(key);
     if (strcmp(name, "stages") != 0 && strcmp(name, "chunks") != 0 &&
-        strcmp(name, "checkpoint") != 0)
+        strcmp(name, "checkpoint") != 0 && strcmp(name, "balance") != 0)
       return node_errf(c, key, "trial.builtin.pipeline: unknown key '%s' (stages, chunks, "
-                       "checkpoint)", name);
+                       "checkpoint, balance)", name);
     char full[64];
     snprintf(full, sizeof full, "pipeline_%s", name);
     rc = parse_setting_named(c, key, full, node_at(c, p->value), b);

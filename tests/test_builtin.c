@@ -376,14 +376,14 @@ static void two_thread_ranks_train_the_same_model(void **state) {
 }
 
 /* pipeline: {stages: 2 or 3} trains one model through a pipeline of thread stages
- * (docs/engine-pipeline.md) in each checkpoint mode: an MLP without batch norm is the one
- * rank's model up to float rounding (gradients accumulate over the micro-batches), so
- * the same trials reach the accuracy one rank does. */
+ * (docs/engine-pipeline.md) in each checkpoint mode and balance: an MLP without batch norm
+ * is the one rank's model up to float rounding (gradients accumulate over the
+ * micro-batches), so the same trials reach the accuracy one rank does. */
 static void pipeline_stages_train_the_same_model(void **state) {
   const char *const variants[] = {
       "pipeline_stages: 1", "pipeline: {stages: 2, chunks: 4}",
-      "pipeline: {stages: 3, chunks: 2, checkpoint: always}",
-      "pipeline: {stages: 2, chunks: 8, checkpoint: never}"};
+      "pipeline: {stages: 3, chunks: 2, checkpoint: always, balance: size}",
+      "pipeline: {stages: 2, chunks: 8, checkpoint: never, balance: time}"};
   assert_variants_train_alike(*state, "pipe", variants, 4);
 }
 

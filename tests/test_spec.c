@@ -1525,13 +1525,14 @@ static void builtin_section_errors_point_at_the_value(void **state) {
 static void builtin_pipeline_mapping_sets_the_pipeline_settings(void **state) {
   (void)state;
   spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
-                                 "{stages: 2, chunks: 8, checkpoint: always}}\n"));
+                                 "{stages: 2, chunks: 8, checkpoint: always, balance: time}}\n"));
   json_t *all;
   nas_err err;
   assert_int_equal(spec_builtin_settings(s, NULL, &all, &err), NAS_OK);
   assert_int_equal(json_integer_value(json_object_get(all, "pipeline_stages")), 2);
   assert_int_equal(json_integer_value(json_object_get(all, "pipeline_chunks")), 8);
   assert_string_equal(json_string_value(json_object_get(all, "pipeline_checkpoint")), "always");
+  assert_string_equal(json_string_value(json_object_get(all, "pipeline_balance")), "time");
   json_decref(all);
   spec_free(s);
   s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits}\n"));
@@ -1544,7 +1545,7 @@ static void builtin_pipeline_mapping_sets_the_pipeline_settings(void **state) {
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
                             "{stages: 2, chunk: 4}}\n"),
                "t.yaml:10:64: ", "trial.builtin.pipeline: unknown key 'chunk' (stages, chunks, "
-                                 "checkpoint)");
+                                 "checkpoint, balance)");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
                             "{stages: 2, checkpoint: sometimes}}\n"),
                "t.yaml:10:76: ", "'sometimes' is not one of ['except_last', 'always', 'never']");
