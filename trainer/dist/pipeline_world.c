@@ -262,7 +262,8 @@ int tr_pipe_run_threads(int stages, double timeout_s, tr_pipe_rank_fn fn, void *
   stage_job job = {.fn = fn, .arg = arg, .world = pw_new(stages, timeout_s, err)};
   if (!job.world) return NAS_ERR;
   int rc = tr_fsdp_run_threads(stages, stage_main, &job, err);
-  pw_aborted(job.world, err); /* the abort's message is the one every stage failed with */
+  /* the abort's message is the one every stage failed with */
+  if (rc != NAS_OK && !pw_aborted(job.world, err)) nas_err_prefix(err, "pipeline");
   pw_free(job.world);
   return rc;
 }
