@@ -507,6 +507,40 @@ static void worker_fails_a_trial_whose_dataset_is_gone_with_the_reason(void **st
 }
 
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
+/* The plan of a trial whose search picked params (JSON) in a spec that searches devices
+ * and pipeline stages: worker_plan_read's verdict, its message in err. */
+static int plan_for(const char *params, worker_plan *plan, nas_err *err) {
+  const char *yaml = "name: t\nparameters:\n  devices: {type: int, low: 1, high: 2}\n"
+                     "  pipeline_stages: {type: int, low: 1, high: 2}\n"
+                     "objectives:\n  - {name: accuracy, goal: maximize}\n"
+                     "trial:\n  builtin: {model: mlp, dataset: digits}\nbudget: {trials: 1}\n";
+  spec *s = NULL;
+  assert_int_equal(spec_parse(yaml, "t.yaml", "/tmp", &s, err), NAS_OK);
+  json_t *picked = json_loads(params, 0, NULL), *settings = NULL;
+  assert_int_equal(spec_builtin_settings(s, picked, &settings, err), NAS_OK);
+  int rc = worker_plan_read(settings, "mlp", plan, err);
+  json_decref(settings);
+  json_decref(picked);
+  spec_free(s);
+  return rc;
+}
+
+/* A spec may search devices and pipeline stages; a trial that draws both > 1 is refused
+ * with the reason (the spec cannot know), one that draws one of them trains. */
+static void a_trial_drawing_both_devices_and_a_pipeline_is_refused(void **state) {
+  (void)state;
+  worker_plan plan;
+  nas_err err = {{0}};
+  assert_int_equal(plan_for("{\"devices\": 2, \"pipeline_stages\": 2}", &plan, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "pipeline_stages 2 and devices 2"));
+  assert_int_equal(plan_for("{\"devices\": 1, \"pipeline_stages\": 2}", &plan, &err), NAS_OK);
+  assert_int_equal(plan.pipeline_stages, 2);
+  assert_int_equal(plan.pipe.chunks, 4);
+  assert_int_equal(plan.pipe.checkpoint, TR_PIPE_CKPT_EXCEPT_LAST);
+  assert_int_equal(plan.pipe_balance, TR_FIT_BALANCE_COUNT);
+  assert_true(plan.pipe.deferred_batch_norm);
+}
+
 static void cuda_trials_without_a_device_are_refused(void **state) {
   fixture *f = *state;
   if (tr_cuda_device_count(NULL) > 0) skip(); /* a machine with a GPU runs them */
@@ -527,6 +561,7 @@ static void cuda_trials_without_a_device_are_refused(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(mlp_counts_match_hand_counts),
+      cmocka_unit_test(a_trial_drawing_both_devices_and_a_pipeline_is_refused),
       cmocka_unit_test(cnn_counts_match_hand_counts),
       cmocka_unit_test(built_models_run_forward),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
