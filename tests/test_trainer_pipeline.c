@@ -11,6 +11,7 @@
  * with plain training on the whole mini-batch. The engine has no residual module yet, so
  * the CNN is a plain one. cmocka's asserts run on the main thread: stages return errors. */
 #include "tests/testutil.h"
+#include "tests/trainer_compare.h"
 
 #include <math.h>
 
@@ -97,35 +98,6 @@ static tr_tensor *batch_new(model_kind kind, int step, int64_t batch, int32_t *l
   return x;
 }
 
-/* Every parameter and buffer of m, concatenated in order (owned). */
-static float *state_copy(tr_module *m, bool buffers, int64_t *n) {
-  tr_param_list ps = {0};
-  if (tr_module_parameters(m, buffers, &ps, NULL)) return NULL;
-  *n = 0;
-  for (size_t i = 0; i < ps.n; i++) *n += ps.items[i]->numel;
-  float *out = malloc((size_t)*n * sizeof *out);
-  int64_t off = 0;
-  for (size_t i = 0; out && i < ps.n; i++) {
-    memcpy(out + off, tr_f32(ps.items[i]), (size_t)ps.items[i]->numel * sizeof *out);
-    off += ps.items[i]->numel;
-  }
-  tr_param_list_free(&ps);
-  return out;
-}
-
-/* max |got - want| <= rtol * max |want|. */
-static void assert_close(const float *got, const float *want, int64_t n, double rtol,
-                         const char *what) {
-  double worst = 0, scale = 0;
-  for (int64_t i = 0; i < n; i++) {
-    worst = fmax(worst, fabs((double)got[i] - want[i]));
-    scale = fmax(scale, fabs((double)want[i]));
-  }
-  if (worst > rtol * scale)
-    print_error("%s: max difference %.3g, max magnitude %.3g\n", what, worst, scale);
-  assert_true(worst <= rtol * scale);
-}
-
 /* ---------------------------------------------------------------- one pipeline run */
 
 typedef struct {
@@ -201,8 +173,8 @@ static int train_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
     rc = tr_pipe_gather_model(&ctx, p);
   }
   if (rc == NAS_OK && rank->stage == 0) {
-    run->state = state_copy(model, true, &run->n_state);
-    run->params = state_copy(model, false, &run->n_params);
+    run->state = module_values_copy(model, true, &run->n_state);
+    run->params = module_values_copy(model, false, &run->n_params);
   }
   if (rc) nas_errf(err, "%s", ctx.err.msg);
   run->errors[rank->stage] = ctx.err;
@@ -271,7 +243,7 @@ static float *reference_train(const run_spec *run, int chunks, bool buffers, int
     assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
     tr_free(x);
   }
-  float *out = state_copy(model, buffers, n);
+  float *out = module_values_copy(model, buffers, n);
   tr_optim_free(opt);
   tr_param_list_free(&ps);
   tr_module_free(model);
@@ -383,7 +355,7 @@ static void deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch
   tr_tensor *out = tr_module_forward(&ctx, model, x);
   tr_set_grad_enabled(&ctx, prev);
   int64_t n_all;
-  float *all = state_copy(model, true, &n_all);
+  float *all = module_values_copy(model, true, &n_all);
   /* state order: conv weight, bn weight, bn bias, running mean, running var, linear */
   int64_t channels = 4, stats = 4 * 9 + 2 * channels;
   assert_close(run.state + stats, all + stats, 2 * channels, 1e-5, "deferred running stats");
@@ -516,11 +488,11 @@ static void balancing_leaves_the_model_as_it_was(void **state) {
   int32_t labels[MAX_BATCH];
   tr_tensor *x = batch_new(MODEL_CNN_BN1, 0, 16, labels);
   int64_t n_before, n_after;
-  float *before = state_copy(m, true, &n_before);
+  float *before = module_values_copy(m, true, &n_before);
   int got[TR_PIPE_MAX_STAGES];
   assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 2, got), NAS_OK);
   assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 2, 2, got), NAS_OK);
-  float *after = state_copy(m, true, &n_after);
+  float *after = module_values_copy(m, true, &n_after);
   assert_int_equal(n_after, n_before);
   assert_memory_equal(after, before, (size_t)n_before * sizeof(float));
   tr_param_list ps = {0};
