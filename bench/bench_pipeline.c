@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench/bench_util.h"
 #include "trainer/dist.h"
 #include "trainer/pipeline.h"
 #include "trainer/trainer.h"
@@ -158,15 +159,7 @@ static int bench_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
 
 /* ---------------------------------------------------------------- the table */
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median_step(double *seconds) {
-  qsort(seconds, STEPS, sizeof *seconds, cmp_double);
-  return (seconds[(STEPS - 1) / 2] + seconds[STEPS / 2]) / 2;
-}
+static double median_step(double *seconds) { return bench_median(seconds, STEPS); }
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
 
