@@ -40,9 +40,7 @@ struct tr_pipe {
   tr_pipe_config cfg;
   tr_pipe_world *world; /* borrowed */
   int stage, stages;
-  tr_module *model;            /* borrowed */
   tr_module *const *children;  /* borrowed: the model's children */
-  int n_children;
   int balance[TR_PIPE_MAX_STAGES]; /* children per stage */
   int first, count;            /* this stage's children */
   tr_param_list params;        /* this stage's parameters */
@@ -118,9 +116,7 @@ tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
   p->world = rank->world;
   p->stage = rank->stage;
   p->stages = rank->stages;
-  p->model = model;
   p->children = children;
-  p->n_children = (int)n;
   memcpy(p->balance, balance, sizeof balance);
   for (int s = 0; s < rank->stage; s++) p->first += balance[s];
   p->count = balance[rank->stage];
