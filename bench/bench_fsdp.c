@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "bench/bench_util.h"
 #include "trainer/dist.h"
 #include "trainer/trainer.h"
 
@@ -114,16 +115,7 @@ static size_t largest(const size_t *v, int n) {
   return m;
 }
 
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-/* The median step: a busy shared machine stretches some steps a lot, the median little. */
-static double median_step(double *seconds) {
-  qsort(seconds, STEPS, sizeof *seconds, cmp_double);
-  return (seconds[(STEPS - 1) / 2] + seconds[STEPS / 2]) / 2;
-}
+static double median_step(double *seconds) { return bench_median(seconds, STEPS); }
 
 static void print_row(const char *ranks, const char *mode, const char *ckpt, double step_s,
                       size_t peak, size_t in_use) {

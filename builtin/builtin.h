@@ -11,6 +11,7 @@
 #include "spec/spec.h"
 #include "trainer/nn/data_cache.h"
 #include "trainer/dist.h"
+#include "trainer/pipeline.h"
 #include "trainer/trainer.h"
 
 /* ================================================================ models, datasets, fit */
@@ -149,6 +150,30 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err);
 
+/* ================================================================ pipelined training */
+
+/* What tr_fit does, on one stage of a pipeline (docs/engine-pipeline.md): m cut into the
+ * stages of rank's pipeline by pipe, each mini-batch streamed through them as micro-batches.
+ * Every stage calls it with the same data and cfg (shuffle seed included) on its own copy
+ * of the same model; a batch smaller than pipe->chunks is skipped. The callbacks run on
+ * stage 0, which also validates: after every epoch the stages' layers are gathered into
+ * stage 0's m, which holds the whole trained model on return. *accuracy is stage 0's (0
+ * elsewhere). CPU only. */
+int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
+                          const tr_pipe_config *pipe, const tr_dataset *train,
+                          const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
+                          nas_err *err);
+
+/* How a built-in trial cuts its model into stages: even by count of children, or by
+ * tr_pipe_balance_by_size or _by_time on its first training batch. */
+typedef enum { TR_FIT_BALANCE_COUNT, TR_FIT_BALANCE_SIZE, TR_FIT_BALANCE_TIME } tr_fit_balance;
+
+/* pipe->balance for `stages` stages of m by kind (count: all zero, the even split), sizes
+ * and times taken on the first `batch` examples of train. m is left as it was. */
+int tr_fit_pipeline_balance(tr_ctx *ctx, tr_module *m, tr_fit_balance kind,
+                            const tr_dataset *train, int64_t batch, int stages,
+                            tr_pipe_config *pipe, nas_err *err);
+
 /* ================================================================ a trial's settings */
 
 /* Everything a built-in trial's settings decide (spec_builtin_settings). */
@@ -164,6 +189,9 @@ typedef struct {
   int devices;           /* ranks one model is trained across (docs/spec.md) */
   tr_fsdp_config fsdp;   /* how, when devices > 1 */
   bool data_cache;       /* map the prepared data from the dataset cache (builtin/worker_data.c) */
+  int pipeline_stages;   /* > 1: a pipeline of this many stages (exclusive with devices) */
+  tr_pipe_config pipe;   /* how, when pipeline_stages > 1 (balance: see pipe_balance) */
+  tr_fit_balance pipe_balance;
 } worker_plan;
 
 /* Reads the complete settings object of a trial into plan. */

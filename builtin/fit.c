@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "builtin/builtin.h"
+#include "builtin/fit_internal.h"
 
 /* Examples per forward pass when evaluating: big enough for GEMM, small enough for memory. */
 enum { EVAL_BATCH = 500 };
@@ -123,9 +123,9 @@ static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t per_epoch) 
 /* What both fits set up once they made their optimiser (opt NULL: it failed, and ctx says
  * why): the shuffled loader of train, the schedule over every epoch's steps, and m in
  * training mode; a resumed run's loader and *step where the first_epoch epochs left them. */
-static int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
-                     const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched,
-                     int64_t *step, nas_err *err) {
+int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
+              const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched, int64_t *step,
+              nas_err *err) {
   int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size;
   *sched = schedule_for(cfg, per_epoch);
   *step = per_epoch * cfg->first_epoch;
@@ -140,8 +140,8 @@ static int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_da
 
 /* The next training batch (tr_loader_next's contract), augmented as cfg says with a seed
  * of the step, so a resumed run draws what an uninterrupted one would. */
-static int64_t next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
-                          tr_tensor **x, int32_t **y) {
+int64_t fit_next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
+                       tr_tensor **x, int32_t **y) {
   int64_t b = tr_loader_next(ctx, ld, x, y);
   if (b <= 0 || !tr_augment_active(&cfg->augment)) return b;
   uint64_t seed = (cfg->shuffle_seed ^ 0x5bd1e995u) + (uint64_t)step * 0x9e3779b97f4a7c15ULL;
@@ -162,7 +162,7 @@ static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
   tr_tensor *x;
   int32_t *y;
   int rc = NAS_OK;
-  while (rc == NAS_OK && (b = next_batch(ctx, ld, cfg, *step, &x, &y)) > 0) {
+  while (rc == NAS_OK && (b = fit_next_batch(ctx, ld, cfg, *step, &x, &y)) > 0) {
     double loss = 0;
     tr_optim_set_lr(opt, tr_lr_at(sched, (*step)++));
     if (move_to(ctx, &x, cfg->device) != NAS_OK)
@@ -260,7 +260,7 @@ static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
   tr_tensor *x;
   int32_t *y;
   int rc = NAS_OK;
-  while (rc == NAS_OK && (b = next_batch(r->ctx, ld, cfg, *step, &x, &y)) > 0) {
+  while (rc == NAS_OK && (b = fit_next_batch(r->ctx, ld, cfg, *step, &x, &y)) > 0) {
     int64_t usable = b - b % world, count = 0;
     double loss = 0;
     tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));

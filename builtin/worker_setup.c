@@ -120,6 +120,39 @@ static int read_training(const json_t *settings, worker_plan *plan, nas_err *err
   return NAS_OK;
 }
 
+static const word_value pipe_checkpoints[] = {
+    {"except_last", TR_PIPE_CKPT_EXCEPT_LAST},
+    {"always", TR_PIPE_CKPT_ALWAYS},
+    {"never", TR_PIPE_CKPT_NEVER},
+    {NULL, 0}};
+static const word_value pipe_balances[] = {{"count", TR_FIT_BALANCE_COUNT},
+                                           {"size", TR_FIT_BALANCE_SIZE},
+                                           {"time", TR_FIT_BALANCE_TIME},
+                                           {NULL, 0}};
+
+/* A pipeline: balance as the trial says, batch norm deferred (statistics over
+ * the whole mini-batch, as one rank's). Exclusive with FSDP: search parameters may pick
+ * both, which only a trial can see. */
+static int read_pipeline(const json_t *settings, worker_plan *plan, nas_err *err) {
+  int checkpoint, balance;
+  if (word_of(settings, "pipeline_checkpoint", pipe_checkpoints, &checkpoint, err) ||
+      word_of(settings, "pipeline_balance", pipe_balances, &balance, err))
+    return NAS_ERR;
+  plan->pipe_balance = (tr_fit_balance)balance;
+  plan->pipeline_stages = (int)int_of(settings, "pipeline_stages");
+  plan->pipe = (tr_pipe_config){.chunks = (int)int_of(settings, "pipeline_chunks"),
+                                .checkpoint = (tr_pipe_checkpoint)checkpoint,
+                                .deferred_batch_norm = true};
+  if (plan->pipeline_stages > 1 && plan->devices > 1)
+    return nas_errf(err, "pipeline_stages %d and devices %d: a trial splits its model over "
+                    "ranks one way, a pipeline or sharded data parallel", plan->pipeline_stages,
+                    plan->devices);
+  if (plan->pipeline_stages > 1 && plan->device != TR_CPU)
+    return nas_errf(err, "pipeline_stages %d: a pipeline's stages are CPU threads; use "
+                    "device: cpu", plan->pipeline_stages);
+  return NAS_OK;
+}
+
 /* Devices and sharding: one unit per layer, prefetch on (it changes no result). */
 static int read_devices(const json_t *settings, worker_plan *plan, nas_err *err) {
   int device, sharding;
@@ -140,7 +173,8 @@ int worker_plan_read(const json_t *settings, const char *model, worker_plan *pla
   plan->cnn = strcmp(model, "cnn") == 0;
   int rc = read_model(settings, plan, err);
   if (rc == NAS_OK) rc = read_training(settings, plan, err);
-  return rc == NAS_OK ? read_devices(settings, plan, err) : rc;
+  if (rc == NAS_OK) rc = read_devices(settings, plan, err);
+  return rc == NAS_OK ? read_pipeline(settings, plan, err) : rc;
 }
 
 /* ---- data ---- */

@@ -196,9 +196,10 @@ static int worker_prepare(worker *w, nas_err *err) {
   uint64_t seed = w->seed = mix((uint64_t)w->s->seed * 1000003u + (uint64_t)w->trial.number);
   tr_ctx_init(&w->ctx, seed);
   set_threads(w->plan.threads);
-  /* Thread ranks share the OpenMP threads (tr_fsdp_run_threads); OpenBLAS, called by all
+  /* Thread ranks and stages share the OpenMP threads (tr_fsdp_run_threads); OpenBLAS, called by all
    * of them at once, stays on one thread each. */
-  if (w->plan.devices > 1 && !w->comm) openblas_set_num_threads(1);
+  if ((w->plan.devices > 1 || w->plan.pipeline_stages > 1) && !w->comm)
+    openblas_set_num_threads(1);
   const builtin_spec *b = w->s->trial.builtin;
   double start = nas_monotonic();
   int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
@@ -251,6 +252,20 @@ static int on_epoch(void *arg, int epoch, double train_loss, double val_accuracy
 
 /* ---- training on several ranks (docs/spec.md, "Training on several devices") ---- */
 
+/* The context (seeded with seed, its own allocator) and model of a thread rank other than
+ * rank 0, which uses the worker's; free with rank_model_free even on failure. */
+static int rank_model_new(worker *w, uint64_t seed, tr_ctx *ctx, tr_model *model, nas_err *err) {
+  tr_ctx_init(ctx, seed);
+  *model = (tr_model){0};
+  if (!(ctx->alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
+  return worker_model_build(ctx, &w->plan, &w->data, model, err);
+}
+
+static void rank_model_free(tr_ctx *ctx, tr_model *model) {
+  tr_model_free(model);
+  if (ctx->alloc) tr_allocator_release(ctx->alloc);
+}
+
 /* One thread rank: rank 0 trains the worker's own model with its context, the others a
  * model of their own (FSDP gives them rank 0's parameters). */
 static int thread_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
@@ -260,16 +275,31 @@ static int thread_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
     return tr_fit_sharded(&w->ctx, w->model.module, &ranks, &w->data.all.train, &w->data.val,
                           &w->plan.fit, &w->accuracy, err);
   tr_ctx ctx;
-  tr_ctx_init(&ctx, w->seed + (uint64_t)rank->rank);
-  tr_model model = {0};
-  int rc = (ctx.alloc = tr_allocator_new((size_t)256 << 20)) ? NAS_OK
-                                                              : nas_errf(err, "out of memory");
-  if (rc == NAS_OK) rc = worker_model_build(&ctx, &w->plan, &w->data, &model, err);
+  tr_model model;
+  int rc = rank_model_new(w, w->seed + (uint64_t)rank->rank, &ctx, &model, err);
   if (rc == NAS_OK)
     rc = tr_fit_sharded(&ctx, model.module, &ranks, &w->data.all.train, &w->data.val,
                         &w->plan.fit, NULL, err);
-  tr_model_free(&model);
-  if (ctx.alloc) tr_allocator_release(ctx.alloc);
+  rank_model_free(&ctx, &model);
+  return rc;
+}
+
+/* One pipeline stage (docs/engine-pipeline.md): stage 0 trains the worker's own model and
+ * ends with the whole of it; the others build the same model from the same seed and train
+ * their layers of it. */
+static int pipeline_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  worker *w = arg;
+  if (rank->stage == 0)
+    return tr_fit_pipeline_stage(&w->ctx, w->model.module, rank, &w->plan.pipe,
+                                 &w->data.all.train, &w->data.val, &w->plan.fit, &w->accuracy,
+                                 err);
+  tr_ctx ctx;
+  tr_model model;
+  int rc = rank_model_new(w, w->seed, &ctx, &model, err);
+  if (rc == NAS_OK)
+    rc = tr_fit_pipeline_stage(&ctx, model.module, rank, &w->plan.pipe, &w->data.all.train,
+                               &w->data.val, &w->plan.fit, NULL, err);
+  rank_model_free(&ctx, &model);
   return rc;
 }
 
@@ -281,14 +311,28 @@ static int process_rank(worker *w, nas_err *err) {
                         &w->plan.fit, &w->accuracy, err);
 }
 
+/* The stages' balance, computed once here so every stage cuts alike, then the stages. */
+static int worker_pipeline(worker *w, nas_err *err) {
+  if (tr_fit_pipeline_balance(&w->ctx, w->model.module, w->plan.pipe_balance, &w->data.all.train,
+                              w->plan.fit.batch_size, w->plan.pipeline_stages, &w->plan.pipe,
+                              err) != NAS_OK)
+    return NAS_ERR;
+  return tr_pipe_run_threads(w->plan.pipeline_stages, TR_COMM_TIMEOUT_S, pipeline_stage, w, err);
+}
+
 static int worker_train(worker *w, double *seconds, nas_err *err) {
   w->plan.fit.on_epoch = on_epoch;
   w->plan.fit.on_step = on_step;
   w->plan.fit.arg = w;
   w->started = w->last_beat = nas_monotonic();
   int rc;
-  if (w->comm) rc = process_rank(w, err);
+  if (w->comm && w->plan.pipeline_stages > 1)
+    rc = nas_errf(err, "pipeline_stages: %d runs its stages as threads of one process, not as "
+                  "srun tasks (ntasks 1)", w->plan.pipeline_stages);
+  else if (w->comm) rc = process_rank(w, err);
   else if (w->plan.devices > 1) rc = tr_fsdp_run_threads(w->plan.devices, thread_rank, w, err);
+  else if (w->plan.pipeline_stages > 1)
+    rc = worker_pipeline(w, err);
   else rc = tr_fit(&w->ctx, w->model.module, &w->data.all.train, &w->data.val, &w->plan.fit,
                    &w->accuracy, err);
   *seconds = nas_monotonic() - w->started;

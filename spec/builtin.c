@@ -42,6 +42,8 @@ static const char *const models[] = {"mlp", "cnn", NULL};
 static const char *const dataset_names[] = {"digits", "fashion-mnist", NULL};
 static const char *const device_kinds[] = {"cpu", "cuda", NULL};
 static const char *const shardings[] = {"full", "grad_op", "none", NULL};
+static const char *const pipe_checkpoints[] = {"except_last", "always", "never", NULL};
+static const char *const pipe_balances[] = {"count", "size", "time", NULL};
 
 /* Per-layer counts must stay within the trainer's TR_MAX_BLOCKS (8). */
 static const builtin_setting settings[] = {
@@ -68,6 +70,11 @@ static const builtin_setting settings[] = {
     {"devices", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "1"},
     {"sharding", FOR_BOTH, SETTING_CHOICE, .choices = shardings, .fallback = "full"},
     {"checkpoint_activations", FOR_BOTH, SETTING_BOOL, .fallback = "false"},
+    {"pipeline_stages", FOR_BOTH, SETTING_INT, 1, 16, .fallback = "1"},
+    {"pipeline_chunks", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "4"},
+    {"pipeline_checkpoint", FOR_BOTH, SETTING_CHOICE, .choices = pipe_checkpoints,
+     .fallback = "except_last"},
+    {"pipeline_balance", FOR_BOTH, SETTING_CHOICE, .choices = pipe_balances, .fallback = "count"},
     {"layers", FOR_MLP, SETTING_INT, 1, 8, .fallback = "2"},
     {"width", FOR_MLP, SETTING_INT, 1, 65536, .fallback = "128", .per_layer = 8},
     {"norm", FOR_MLP, SETTING_CHOICE, .choices = mlp_norms, .fallback = "none"},
@@ -229,9 +236,9 @@ static int parse_dataset(const yaml_ctx *c, const yaml_node_t *section, const ch
   return b->dataset ? NAS_OK : nas_errf(c->err, "out of memory");
 }
 
-static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
-  yaml_node_t *key = spec_node_at(c, pair->key), *value = spec_node_at(c, pair->value);
-  const char *name = spec_node_scalar_text(key);
+/* The setting `name` (written at key) set to value. */
+static int parse_setting_named(const yaml_ctx *c, yaml_node_t *key, const char *name,
+                               yaml_node_t *value, builtin_spec *b) {
   const builtin_setting *st = setting_find(name, model_bit(b->model));
   if (!st) return unknown_setting(c, key, b->model);
   char what[FIELD_CAP], why[300];
@@ -245,6 +252,50 @@ static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builti
   }
   return json_object_set_new(b->settings, name, json) == 0 ? NAS_OK
                                                             : nas_errf(c->err, "out of memory");
+}
+
+static int parse_setting(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
+  yaml_node_t *key = spec_node_at(c, pair->key);
+  return parse_setting_named(c, key, spec_node_scalar_text(key), spec_node_at(c, pair->value), b);
+}
+
+/* `pipeline: {stages: N, chunks: M, checkpoint: except_last, balance: count}`: the
+ * pipeline_ settings written as one mapping (docs/engine-pipeline.md). */
+static int parse_pipeline(const yaml_ctx *c, const yaml_node_pair_t *pair, builtin_spec *b) {
+  yaml_node_t *section = spec_node_at(c, pair->value);
+  int rc = spec_node_expect_mapping(c, section, "trial.builtin.pipeline");
+  for (yaml_node_pair_t *p = rc ? NULL : section->data.mapping.pairs.start;
+       !rc && p < section->data.mapping.pairs.top; p++) {
+    yaml_node_t *key = spec_node_at(c, p->key);
+    const char *name = spec_node_scalar_text(key);
+    if (strcmp(name, "stages") != 0 && strcmp(name, "chunks") != 0 &&
+        strcmp(name, "checkpoint") != 0 && strcmp(name, "balance") != 0)
+      return spec_node_errf(c, key,
+                            "trial.builtin.pipeline: unknown key '%s' (stages, chunks, "
+                            "checkpoint, balance)",
+                            name);
+    char full[64];
+    snprintf(full, sizeof full, "pipeline_%s", name);
+    rc = parse_setting_named(c, key, full, spec_node_at(c, p->value), b);
+  }
+  return rc;
+}
+
+/* A pipeline (pipeline_stages > 1) and FSDP (devices > 1, sharding) are two ways to split
+ * a model over ranks; one trial uses one of them. */
+static int check_exclusive(const yaml_ctx *c, const yaml_node_t *section, const builtin_spec *b) {
+  json_t *stages = json_object_get(b->settings, "pipeline_stages");
+  if (!stages || json_integer_value(stages) <= 1) return NAS_OK;
+  json_t *devices = json_object_get(b->settings, "devices");
+  if (devices && json_integer_value(devices) > 1)
+    return spec_node_errf(c, section,
+                          "trial.builtin: pipeline stages and devices > 1 (sharded data "
+                          "parallel) cannot be combined; use one of them");
+  if (json_object_get(b->settings, "sharding"))
+    return spec_node_errf(c, section,
+                          "trial.builtin: sharding applies to devices > 1, not to a "
+                          "pipeline (a stage keeps its layers whole)");
+  return NAS_OK;
 }
 
 /* The node of parameter name in the document's `parameters` mapping (for messages). */
@@ -326,8 +377,12 @@ int spec_parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char
   for (yaml_node_pair_t *pair = section->data.mapping.pairs.start;
        !rc && pair < section->data.mapping.pairs.top; pair++) {
     const char *key = spec_node_scalar_text(spec_node_at(c, pair->key));
-    if (strcmp(key, "model") != 0 && strcmp(key, "dataset") != 0) rc = parse_setting(c, pair, b);
+    if (strcmp(key, "pipeline") == 0)
+      rc = parse_pipeline(c, pair, b);
+    else if (strcmp(key, "model") != 0 && strcmp(key, "dataset") != 0)
+      rc = parse_setting(c, pair, b);
   }
+  if (!rc) rc = check_exclusive(c, section, b);
   return rc ? rc : check_params(c, s);
 }
 

@@ -343,18 +343,16 @@ static double trial_accuracy(fixture *f, const char *name, size_t i) {
   return accuracy;
 }
 
-/* devices: 2 trains one model on two thread ranks (FSDP, docs/spec.md): whatever the
- * sharding and with activation checkpointing, the same trials reach the accuracy one rank
- * does (batches of 32 split in two; only float rounding differs). */
-static void two_thread_ranks_train_the_same_model(void **state) {
-  fixture *f = *state;
-  const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
-                                  "devices: 2, sharding: grad_op, checkpoint_activations: true",
-                                  "devices: 2, sharding: none"};
-  double accuracy[4][2];
-  for (int v = 0; v < 4; v++) {
+/* Runs an experiment of two digits trials per variant of the settings (names prefix0,
+ * prefix1, ...) and asserts every variant reaches the accuracy of the first, trial by
+ * trial, within float rounding's reach. */
+static void assert_variants_train_alike(fixture *f, const char *prefix,
+                                        const char *const *variants, int n) {
+  double accuracy[8][2];
+  assert_true(n <= 8);
+  for (int v = 0; v < n; v++) {
     char name[32], settings[256], *out;
-    snprintf(name, sizeof name, "ranks%d", v);
+    snprintf(name, sizeof name, "%s%d", prefix, v);
     /* with the recipe's parts that act on batches and the loss, as every rank must */
     snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, "
              "warmup: 0.5, label_smoothing: 0.1, augment_crop: 1, %s", variants[v]);
@@ -367,10 +365,32 @@ static void two_thread_ranks_train_the_same_model(void **state) {
       accuracy[v][i] = trial_accuracy(f, name, i);
       assert_true(accuracy[v][i] > 0.5);
       if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > 0.02)
-        fail_msg("%s: trial %zu accuracy %g, one rank %g", variants[v], i, accuracy[v][i],
-                 accuracy[0][i]);
+        fail_msg("%s: trial %zu accuracy %g, first variant %g", variants[v], i,
+                 accuracy[v][i], accuracy[0][i]);
     }
   }
+}
+
+/* devices: 2 trains one model on two thread ranks (FSDP, docs/spec.md): whatever the
+ * sharding and with activation checkpointing, the same trials reach the accuracy one rank
+ * does (batches of 32 split in two; only float rounding differs). */
+static void two_thread_ranks_train_the_same_model(void **state) {
+  const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
+                                  "devices: 2, sharding: grad_op, checkpoint_activations: true",
+                                  "devices: 2, sharding: none"};
+  assert_variants_train_alike(*state, "ranks", variants, 4);
+}
+
+/* pipeline: {stages: 2 or 3} trains one model through a pipeline of thread stages
+ * (docs/engine-pipeline.md) in each checkpoint mode and balance: an MLP without batch norm
+ * is the one rank's model up to float rounding (gradients accumulate over the
+ * micro-batches), so the same trials reach the accuracy one rank does. */
+static void pipeline_stages_train_the_same_model(void **state) {
+  const char *const variants[] = {
+      "pipeline_stages: 1", "pipeline: {stages: 2, chunks: 4}",
+      "pipeline: {stages: 3, chunks: 2, checkpoint: always, balance: size}",
+      "pipeline: {stages: 2, chunks: 8, checkpoint: never, balance: time}"};
+  assert_variants_train_alike(*state, "pipe", variants, 4);
 }
 
 static void builtin_experiment_finds_a_front(void **state) {
@@ -493,6 +513,40 @@ static void worker_fails_a_trial_whose_dataset_is_gone_with_the_reason(void **st
 }
 
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
+/* The plan of a trial whose search picked params (JSON) in a spec that searches devices
+ * and pipeline stages: worker_plan_read's verdict, its message in err. */
+static int plan_for(const char *params, worker_plan *plan, nas_err *err) {
+  const char *yaml = "name: t\nparameters:\n  devices: {type: int, low: 1, high: 2}\n"
+                     "  pipeline_stages: {type: int, low: 1, high: 2}\n"
+                     "objectives:\n  - {name: accuracy, goal: maximize}\n"
+                     "trial:\n  builtin: {model: mlp, dataset: digits}\nbudget: {trials: 1}\n";
+  spec *s = NULL;
+  assert_int_equal(spec_parse(yaml, "t.yaml", "/tmp", &s, err), NAS_OK);
+  json_t *picked = json_loads(params, 0, NULL), *settings = NULL;
+  assert_int_equal(spec_builtin_settings(s, picked, &settings, err), NAS_OK);
+  int rc = worker_plan_read(settings, "mlp", plan, err);
+  json_decref(settings);
+  json_decref(picked);
+  spec_free(s);
+  return rc;
+}
+
+/* A spec may search devices and pipeline stages; a trial that draws both > 1 is refused
+ * with the reason (the spec cannot know), one that draws one of them trains. */
+static void a_trial_drawing_both_devices_and_a_pipeline_is_refused(void **state) {
+  (void)state;
+  worker_plan plan;
+  nas_err err = {{0}};
+  assert_int_equal(plan_for("{\"devices\": 2, \"pipeline_stages\": 2}", &plan, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "pipeline_stages 2 and devices 2"));
+  assert_int_equal(plan_for("{\"devices\": 1, \"pipeline_stages\": 2}", &plan, &err), NAS_OK);
+  assert_int_equal(plan.pipeline_stages, 2);
+  assert_int_equal(plan.pipe.chunks, 4);
+  assert_int_equal(plan.pipe.checkpoint, TR_PIPE_CKPT_EXCEPT_LAST);
+  assert_int_equal(plan.pipe_balance, TR_FIT_BALANCE_COUNT);
+  assert_true(plan.pipe.deferred_batch_norm);
+}
+
 static void cuda_trials_without_a_device_are_refused(void **state) {
   fixture *f = *state;
   if (tr_cuda_device_count(NULL) > 0) skip(); /* a machine with a GPU runs them */
@@ -546,6 +600,7 @@ int main(void) {
   setenv("NAS_CACHE_DIR", cache_dir, 1);
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(mlp_counts_match_hand_counts),
+      cmocka_unit_test(a_trial_drawing_both_devices_and_a_pipeline_is_refused),
       cmocka_unit_test(cnn_counts_match_hand_counts),
       cmocka_unit_test(built_models_run_forward),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
@@ -554,6 +609,7 @@ int main(void) {
       cmocka_unit_test(csv_paths_load_with_their_shape),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
+      cmocka_unit_test_setup_teardown(pipeline_stages_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
       cmocka_unit_test_setup_teardown(missing_dataset_is_refused_before_anything_is_stored,

@@ -1555,6 +1555,45 @@ static void builtin_recipe_settings_load_and_bad_values_point_at_the_value(void 
   expect_error(yaml, "t.yaml:3:3: ", "the setting takes true or false: declare a categorical");
 }
 
+/* `pipeline: {stages, chunks, checkpoint}` is the three pipeline_ settings in one mapping;
+ * a pipeline and FSDP (devices > 1, sharding) exclude each other. */
+static void builtin_pipeline_mapping_sets_the_pipeline_settings(void **state) {
+  (void)state;
+  spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
+                                 "{stages: 2, chunks: 8, checkpoint: always, balance: time}}\n"));
+  json_t *all;
+  nas_err err;
+  assert_int_equal(spec_builtin_settings(s, NULL, &all, &err), NAS_OK);
+  assert_int_equal(json_integer_value(json_object_get(all, "pipeline_stages")), 2);
+  assert_int_equal(json_integer_value(json_object_get(all, "pipeline_chunks")), 8);
+  assert_string_equal(json_string_value(json_object_get(all, "pipeline_checkpoint")), "always");
+  assert_string_equal(json_string_value(json_object_get(all, "pipeline_balance")), "time");
+  json_decref(all);
+  spec_free(s);
+  s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits}\n"));
+  assert_int_equal(spec_builtin_settings(s, NULL, &all, &err), NAS_OK);
+  assert_int_equal(json_integer_value(json_object_get(all, "pipeline_stages")), 1); /* off */
+  assert_string_equal(json_string_value(json_object_get(all, "pipeline_checkpoint")),
+                      "except_last");
+  json_decref(all);
+  spec_free(s);
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
+                            "{stages: 2, chunk: 4}}\n"),
+               "t.yaml:10:64: ", "trial.builtin.pipeline: unknown key 'chunk' (stages, chunks, "
+                                 "checkpoint, balance)");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
+                            "{stages: 2, checkpoint: sometimes}}\n"),
+               "t.yaml:10:76: ", "'sometimes' is not one of ['except_last', 'always', 'never']");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: [2]}\n"),
+               "t.yaml:10:52: ", "trial.builtin.pipeline: expected a mapping");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, devices: 2, "
+                            "pipeline: {stages: 2}}\n"),
+               "t.yaml:10:12: ", "pipeline stages and devices > 1");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, sharding: full, "
+                            "pipeline_stages: 4}\n"),
+               "t.yaml:10:12: ", "sharding applies to devices > 1, not to a pipeline");
+}
+
 /* Every value a search parameter can take must be a valid value of its setting. */
 static void builtin_parameters_must_be_settings_with_valid_values(void **state) {
   (void)state;
@@ -1816,6 +1855,7 @@ int main(void) {
       cmocka_unit_test(builtin_settings_layer_defaults_section_and_parameters),
       cmocka_unit_test(builtin_section_errors_point_at_the_value),
       cmocka_unit_test(builtin_recipe_settings_load_and_bad_values_point_at_the_value),
+      cmocka_unit_test(builtin_pipeline_mapping_sets_the_pipeline_settings),
       cmocka_unit_test(builtin_parameters_must_be_settings_with_valid_values),
       cmocka_unit_test(diff_reports_builtin_changes),
       cmocka_unit_test(enqueue_section_stores_full_assignments_as_suggestions_are),

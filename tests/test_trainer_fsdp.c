@@ -10,6 +10,7 @@
  * no other way to draw the same masks), a model without dropout with plain training on
  * the whole global batch. cmocka's asserts run on the main thread: ranks return errors. */
 #include "tests/testutil.h"
+#include "tests/trainer_compare.h"
 
 #include <math.h>
 
@@ -106,21 +107,6 @@ static void stream_seed(tr_ctx *ctx, int rank) {
   memcpy(ctx->rng, seeded.rng, sizeof ctx->rng);
 }
 
-/* All of m's parameters, concatenated in order (owned). */
-static float *params_copy(tr_module *m, int64_t *n) {
-  tr_param_list ps = {0};
-  if (tr_module_parameters(m, false, &ps, NULL)) return NULL;
-  *n = tr_module_param_count(m);
-  float *out = malloc((size_t)*n * sizeof *out);
-  int64_t off = 0;
-  for (size_t i = 0; out && i < ps.n; i++) {
-    memcpy(out + off, tr_f32(ps.items[i]), (size_t)ps.items[i]->numel * sizeof *out);
-    off += ps.items[i]->numel;
-  }
-  tr_param_list_free(&ps);
-  return out;
-}
-
 /* ---------------------------------------------------------------- one training run */
 
 typedef struct {
@@ -198,7 +184,7 @@ static int train_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
   }
   if (rc == NAS_OK) {
     int64_t n;
-    run->params[rank->rank] = params_copy(s.model, &n);
+    run->params[rank->rank] = module_values_copy(s.model, false, &n);
     if (rank->rank == 0) run->n_params = n; /* the same on every rank; one writer */
     rc = tr_fsdp_release_full(&s.ctx, s.f);
   }
@@ -268,24 +254,11 @@ static float *reference_train(const run_spec *run, int slices, double *norms) {
     tr_release(x);
   }
   int64_t n;
-  float *out = params_copy(model, &n);
+  float *out = module_values_copy(model, false, &n);
   tr_optim_free(opt);
   tr_param_list_free(&ps);
   tr_module_free(model);
   return out;
-}
-
-/* max |got - want| <= rtol * max |want|, over the whole model. */
-static void assert_close(const float *got, const float *want, int64_t n, double rtol,
-                         const char *what) {
-  double worst = 0, scale = 0;
-  for (int64_t i = 0; i < n; i++) {
-    worst = fmax(worst, fabs((double)got[i] - want[i]));
-    scale = fmax(scale, fabs((double)want[i]));
-  }
-  if (worst > rtol * scale)
-    print_error("%s: max difference %.3g, max magnitude %.3g\n", what, worst, scale);
-  assert_true(worst <= rtol * scale);
 }
 
 /* ---------------------------------------------------------------- matching single-rank */

@@ -332,6 +332,16 @@ tr_module *const *tn_module_children(const tr_module *m, size_t *n) {
   return m->children;
 }
 
+bool tn_module_batch_norm(const tr_module *m, tr_tensor **running_mean, tr_tensor **running_var,
+                          double *momentum, bool *training) {
+  if (m->kind != TR_BATCHNORM) return false;
+  *running_mean = m->running_mean;
+  *running_var = m->running_var;
+  *momentum = m->momentum;
+  *training = m->training;
+  return true;
+}
+
 /* ---------------------------------------------------------------- init */
 
 static void fill_normal(tr_ctx *ctx, tr_tensor *t, double std) {

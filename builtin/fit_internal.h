@@ -1,0 +1,20 @@
+/* builtin/fit_internal.h: what the training loops of builtin/ share beyond builtin.h: the
+ * set-up every fit does once it has its optimiser (fit.c; the pipelined loop in
+ * fit_pipeline.c uses it too). */
+#ifndef NAS_BUILTIN_FIT_INTERNAL_H
+#define NAS_BUILTIN_FIT_INTERNAL_H
+
+#include "builtin/builtin.h"
+
+/* The shuffled loader of train, the schedule over every epoch's steps, and m in training
+ * mode; opt NULL means making the optimiser failed, and ctx says why. A resumed run
+ * (cfg->first_epoch > 0) gets its loader and *step where those epochs left them. */
+int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
+              const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched, int64_t *step,
+              nas_err *err);
+/* The next training batch (tr_loader_next's contract), augmented as cfg says with a seed
+ * of the step, so a resumed run draws what an uninterrupted one would. */
+int64_t fit_next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
+                       tr_tensor **x, int32_t **y);
+
+#endif

@@ -1,0 +1,604 @@
+/* Pipeline parallelism on thread ranks (trainer/pipeline.h): training through 1, 2 or 4
+ * stages with 1, 2, 4 or 8 micro-batches in every checkpoint mode gives the parameters of
+ * single-rank training; checkpointing with dropout changes no bit; deferred batch norm
+ * moves the running statistics by the whole mini-batch; balancing finds the known best
+ * cuts; a stage that fails or stalls fails every stage with one message; configurations
+ * that do not fit the model are refused.
+ *
+ * Batch norm normalises each micro-batch by its own statistics (GPipe's semantics), so a
+ * model with batch norm is compared with a single-rank reference that runs the same
+ * micro-batches one after another and adds their loss-weighted gradients; a model without
+ * with plain training on the whole mini-batch. The engine has no residual module yet, so
+ * the CNN is a plain one. cmocka's asserts run on the main thread: stages return errors. */
+#include "tests/testutil.h"
+#include "tests/trainer_compare.h"
+
+#include <math.h>
+
+#include "trainer/pipeline.h"
+#include "trainer/trainer.h"
+
+#define MAX_STAGES 4
+#define MAX_BATCH 256
+#define MODEL_SEED 11
+#define TIMEOUT_S 30.0
+
+typedef enum {
+  MODEL_MLP,         /* 20-32-16-5, ReLU: 5 children */
+  MODEL_MLP_DROPOUT, /* the same with dropout after each ReLU: 7 children */
+  MODEL_CNN_BN,      /* conv, bn, relu, pool, conv, bn, relu, pool, flatten, linear */
+  MODEL_CNN_BN1,     /* conv, bn, relu, pool, flatten, linear: one batch norm */
+  MODEL_DEEP,        /* 20 -> 8 x (Linear 64, ReLU) -> 5: 17 children */
+} model_kind;
+
+/* ---------------------------------------------------------------- models and data */
+
+static void add(tr_ctx *ctx, tr_module *seq, tr_module *child) {
+  assert_int_equal(tr_sequential_add(ctx, seq, child), NAS_OK);
+}
+
+static tr_module *mlp_new(tr_ctx *ctx, bool dropout) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_linear_new(ctx, 20, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  if (dropout) add(ctx, m, tr_dropout_new(ctx, 0.25));
+  add(ctx, m, tr_linear_new(ctx, 32, 16, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  if (dropout) add(ctx, m, tr_dropout_new(ctx, 0.25));
+  add(ctx, m, tr_linear_new(ctx, 16, 5, true));
+  return m;
+}
+
+static tr_module *cnn_new(tr_ctx *ctx, int blocks) {
+  tr_module *m = tr_sequential_new(ctx);
+  int64_t in = 1, side = 8;
+  for (int b = 0; b < blocks; b++) {
+    add(ctx, m, tr_conv2d_new(ctx, in, 4 * (b + 1), 3, 1, 1, false));
+    add(ctx, m, tr_batchnorm_new(ctx, 4 * (b + 1)));
+    add(ctx, m, tr_activation_new(ctx, TR_RELU));
+    add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, 2));
+    in = 4 * (b + 1);
+    side /= 2;
+  }
+  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
+  add(ctx, m, tr_linear_new(ctx, in * side * side, 5, true));
+  return m;
+}
+
+static tr_module *deep_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  for (int i = 0; i < 8; i++) {
+    add(ctx, m, tr_linear_new(ctx, i ? 64 : 20, 64, true));
+    add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  }
+  add(ctx, m, tr_linear_new(ctx, 64, 5, true));
+  return m;
+}
+
+static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
+  switch (kind) {
+  case MODEL_MLP: return mlp_new(ctx, false);
+  case MODEL_MLP_DROPOUT: return mlp_new(ctx, true);
+  case MODEL_CNN_BN: return cnn_new(ctx, 2);
+  case MODEL_CNN_BN1: return cnn_new(ctx, 1);
+  case MODEL_DEEP: return deep_new(ctx);
+  }
+  return NULL;
+}
+
+static bool is_cnn(model_kind kind) { return kind == MODEL_CNN_BN || kind == MODEL_CNN_BN1; }
+
+/* The mini-batch of a step and its labels. */
+static tr_tensor *batch_new(model_kind kind, int step, int64_t batch, int32_t *labels) {
+  tr_ctx gen;
+  tr_ctx_init(&gen, 4242 + (uint64_t)step);
+  tr_tensor *x = is_cnn(kind) ? tr_randn(&gen, TR_F32, 4, (int64_t[]){batch, 1, 8, 8}, 1.0)
+                              : tr_randn(&gen, TR_F32, 2, (int64_t[]){batch, 20}, 1.0);
+  for (int64_t i = 0; i < batch; i++) labels[i] = (int32_t)(tr_rand_u64(&gen) % 5);
+  return x;
+}
+
+/* ---------------------------------------------------------------- one pipeline run */
+
+typedef struct {
+  model_kind model;
+  tr_pipe_config pipe;
+  int steps;
+  int64_t batch;
+  /* failure injection on the last stage: fail or sleep in the loss of this step (-1: no) */
+  int fail_step, stall_step;
+  double stall_s;
+  int fail_setup_stage; /* this stage fails before making its tr_pipe (-1: none) */
+  /* filled by the stages */
+  float *state; /* owned: stage 0's gathered parameters and buffers */
+  float *params; /* owned: and its parameters alone */
+  int64_t n_state, n_params;
+  double loss[TR_PIPE_MAX_STAGES]; /* each stage's loss of the last step */
+  nas_err errors[TR_PIPE_MAX_STAGES];
+  tr_pipe_memory memory[TR_PIPE_MAX_STAGES];
+} run_spec;
+
+typedef struct {
+  const run_spec *run;
+  const int32_t *labels;
+  int step;
+} loss_arg;
+
+static tr_tensor *loss_of(tr_ctx *ctx, tr_tensor *out, int64_t start, int64_t count, void *arg) {
+  const loss_arg *a = arg;
+  (void)count;
+  if (a->step == a->run->fail_step) {
+    nas_errf(&ctx->err, "the loss is out of order");
+    return NULL;
+  }
+  if (a->step == a->run->stall_step) nas_sleep(a->run->stall_s);
+  return tr_cross_entropy(ctx, out, a->labels + start);
+}
+
+static const tr_optim_config optimiser = {.kind = TR_SGD, .lr = 0.1, .momentum = 0.9};
+
+static int stage_steps(tr_ctx *ctx, run_spec *run, const tr_pipe_rank *rank, tr_pipe *p,
+                       tr_optim *opt) {
+  int rc = NAS_OK;
+  for (int step = 0; step < run->steps && rc == NAS_OK; step++) {
+    int32_t labels[MAX_BATCH];
+    tr_tensor *x = batch_new(run->model, step, run->batch, labels);
+    loss_arg arg = {run, labels, step};
+    tr_optim_zero_grad(opt);
+    rc = tr_pipe_train_step(ctx, p, rank->stage == 0 ? x : NULL, run->batch, loss_of, &arg,
+                            &run->loss[rank->stage]);
+    if (rc == NAS_OK) rc = tr_optim_step(ctx, opt);
+    tr_release(x);
+  }
+  return rc;
+}
+
+static int train_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  run_spec *run = arg;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, MODEL_SEED);
+  tr_module *model = model_new(&ctx, run->model); /* from malloc: the allocator counts steps */
+  tr_module_train(model, true);
+  ctx.alloc = tr_allocator_new((size_t)64 << 20);
+  tr_pipe *p = NULL;
+  tr_optim *opt = NULL;
+  int rc = NAS_ERR;
+  if (rank->stage == run->fail_setup_stage)
+    nas_errf(&ctx.err, "no model for this stage");
+  else if ((p = tr_pipe_new(&ctx, model, rank, &run->pipe)) &&
+           (opt = tr_pipe_optim_new(&ctx, p, &optimiser)))
+    rc = stage_steps(&ctx, run, rank, p, opt);
+  if (rc == NAS_OK) {
+    tr_pipe_memory_stats(p, &ctx, &run->memory[rank->stage]);
+    rc = tr_pipe_gather_model(&ctx, p);
+  }
+  if (rc == NAS_OK && rank->stage == 0) {
+    run->state = module_values_copy(model, true, &run->n_state);
+    run->params = module_values_copy(model, false, &run->n_params);
+  }
+  if (rc) nas_errf(err, "%s", ctx.err.msg);
+  run->errors[rank->stage] = ctx.err;
+  tr_optim_free(opt);
+  tr_pipe_free(p);
+  tr_module_free(model);
+  tr_allocator_release(ctx.alloc);
+  return rc;
+}
+
+static run_spec run_defaults(model_kind model, int chunks, tr_pipe_checkpoint ckpt) {
+  return (run_spec){.model = model,
+                    .pipe = {.chunks = chunks, .checkpoint = ckpt},
+                    .steps = 3,
+                    .batch = 16,
+                    .fail_step = -1,
+                    .stall_step = -1,
+                    .fail_setup_stage = -1};
+}
+
+static void run_free(run_spec *run) {
+  free(run->state);
+  free(run->params);
+  run->state = run->params = NULL;
+}
+
+static void run_pipeline(run_spec *run, int stages) {
+  nas_err err = {{0}};
+  int rc = tr_pipe_run_threads(stages, TIMEOUT_S, train_stage, run, &err);
+  if (rc) print_error("%s\n", err.msg);
+  assert_int_equal(rc, NAS_OK);
+  assert_non_null(run->state);
+}
+
+/* ---------------------------------------------------------------- the reference */
+
+/* Single-rank training on the same mini-batches, as `chunks` micro-batches one after
+ * another with loss-weighted gradients (chunks 1: the plain step on the whole batch): its
+ * parameters (and buffers), owned. */
+static float *reference_train(const run_spec *run, int chunks, bool buffers, int64_t *n) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, MODEL_SEED);
+  tr_module *model = model_new(&ctx, run->model);
+  tr_module_train(model, true);
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(model, false, &ps, NULL), NAS_OK);
+  tr_optim *opt = tr_optim_new(&ctx, &optimiser, ps.items, ps.n);
+  assert_non_null(opt);
+  for (int step = 0; step < run->steps; step++) {
+    int32_t labels[MAX_BATCH];
+    tr_tensor *x = batch_new(run->model, step, run->batch, labels);
+    tr_optim_zero_grad(opt);
+    for (int i = 0; i < chunks; i++) {
+      int64_t start = run->batch * i / chunks, count = run->batch * (i + 1) / chunks - start;
+      tr_tensor *slice = tr_narrow(&ctx, x, 0, start, count);
+      tr_tensor *logits = tr_module_forward(&ctx, model, slice);
+      assert_non_null(logits);
+      tr_tensor *loss = tr_cross_entropy(&ctx, logits, labels + start);
+      tr_tensor *share = tr_full(&ctx, TR_F32, 0, NULL, (double)count / (double)run->batch);
+      assert_int_equal(tr_backward(&ctx, loss, share, false), NAS_OK);
+      tr_release(share);
+      tr_release(loss);
+      tr_release(logits);
+      tr_release(slice);
+    }
+    assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
+    tr_release(x);
+  }
+  float *out = module_values_copy(model, buffers, n);
+  tr_optim_free(opt);
+  tr_param_list_free(&ps);
+  tr_module_free(model);
+  return out;
+}
+
+/* ---------------------------------------------------------------- matching single-rank */
+
+static const char *const ckpt_names[] = {"except_last", "always", "never"};
+
+/* Stages 1, 2, 4 x chunks 1, 2, 4, 8 x the three checkpoint modes against the reference;
+ * with batch norm the reference runs the same micro-batches and the running statistics
+ * are compared too (unless deferred: they move by the whole mini-batch then). */
+static void assert_matches_single_rank_everywhere(model_kind model, bool deferred) {
+  bool micro = is_cnn(model);
+  for (int chunks = 1; chunks <= 8; chunks *= 2) {
+    run_spec base = run_defaults(model, chunks, TR_PIPE_CKPT_NEVER);
+    int64_t n_want;
+    float *want = reference_train(&base, micro ? chunks : 1, !deferred, &n_want);
+    for (int stages = 1; stages <= MAX_STAGES; stages *= 2) {
+      for (int ckpt = 0; ckpt < 3; ckpt++) {
+        run_spec run = base;
+        run.pipe.checkpoint = (tr_pipe_checkpoint)ckpt;
+        run.pipe.deferred_batch_norm = deferred;
+        run_pipeline(&run, stages);
+        char what[160];
+        snprintf(what, sizeof what, "model %d, %d stages, %d chunks, checkpoint %s%s",
+                 (int)model, stages, chunks, ckpt_names[ckpt], deferred ? ", deferred bn" : "");
+        /* with deferred batch norm only the parameters match */
+        assert_int_equal(deferred ? run.n_params : run.n_state, n_want);
+        assert_close(deferred ? run.params : run.state, want, n_want, 1e-5, what);
+        for (int s = 1; s < stages; s++) assert_true(run.loss[s] == run.loss[0]);
+        run_free(&run);
+      }
+    }
+    free(want);
+  }
+}
+
+static void mlp_trains_like_single_rank_for_every_stages_chunks_and_checkpoint(void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_MLP, false);
+}
+
+static void cnn_with_batch_norm_trains_like_single_rank_on_the_same_micro_batches(
+    void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_CNN_BN, false);
+}
+
+static void cnn_with_deferred_batch_norm_trains_like_single_rank(void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_CNN_BN, true);
+}
+
+/* Uneven explicit balances, a stage of one parameterless ReLU among them, train the same
+ * model as the even split does. */
+static void explicit_balance_trains_like_single_rank(void **state) {
+  (void)state;
+  static const struct {
+    int stages, balance[4];
+  } cases[] = {{2, {4, 1}}, {2, {1, 4}}, {4, {1, 1, 1, 2}}, {4, {2, 1, 1, 1}}, {3, {1, 3, 1}}};
+  run_spec base = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_EXCEPT_LAST);
+  int64_t n_want;
+  float *want = reference_train(&base, 1, false, &n_want);
+  for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+    run_spec run = base;
+    memcpy(run.pipe.balance, cases[c].balance, sizeof cases[c].balance);
+    run_pipeline(&run, cases[c].stages);
+    assert_int_equal(run.n_params, n_want);
+    assert_close(run.params, want, n_want, 1e-5, "explicit balance");
+    run_free(&run);
+  }
+  free(want);
+}
+
+static void checkpointing_with_dropout_changes_no_bit(void **state) {
+  (void)state;
+  for (int stages = 1; stages <= MAX_STAGES; stages *= 2) {
+    run_spec never = run_defaults(MODEL_MLP_DROPOUT, 4, TR_PIPE_CKPT_NEVER);
+    run_pipeline(&never, stages);
+    for (int ckpt = 0; ckpt < 2; ckpt++) {
+      run_spec run = run_defaults(MODEL_MLP_DROPOUT, 4, (tr_pipe_checkpoint)ckpt);
+      run_pipeline(&run, stages);
+      assert_int_equal(run.n_state, never.n_state);
+      assert_memory_equal(run.state, never.state, (size_t)run.n_state * sizeof(float));
+      run_free(&run);
+    }
+    run_free(&never);
+  }
+}
+
+/* One step of conv, bn, relu, pool, flatten, linear: the running statistics are those of
+ * one batch norm over the whole mini-batch, not of four updates by micro-batches. */
+static void deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch(
+    void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_CNN_BN1, 4, TR_PIPE_CKPT_ALWAYS);
+  run.steps = 1;
+  run.pipe.deferred_batch_norm = true;
+  run_pipeline(&run, 2);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, MODEL_SEED);
+  tr_module *model = model_new(&ctx, MODEL_CNN_BN1);
+  tr_module_train(model, true);
+  int32_t labels[MAX_BATCH];
+  tr_tensor *x = batch_new(MODEL_CNN_BN1, 0, run.batch, labels);
+  bool prev = tr_set_grad_enabled(&ctx, false);
+  tr_tensor *out = tr_module_forward(&ctx, model, x);
+  tr_set_grad_enabled(&ctx, prev);
+  int64_t n_all;
+  float *all = module_values_copy(model, true, &n_all);
+  /* state order: conv weight, bn weight, bn bias, running mean, running var, linear */
+  int64_t channels = 4, stats = 4 * 9 + 2 * channels;
+  assert_close(run.state + stats, all + stats, 2 * channels, 1e-5, "deferred running stats");
+  run_spec plain = run;
+  plain.pipe.deferred_batch_norm = false;
+  plain.state = plain.params = NULL;
+  run_pipeline(&plain, 2);
+  double moved = 0;
+  for (int64_t i = 0; i < 2 * channels; i++)
+    moved = fmax(moved, fabs((double)plain.state[stats + i] - all[stats + i]));
+  assert_true(moved > 1e-3); /* four momentum updates by micro-batches are not the same */
+  run_free(&plain);
+  free(all);
+  tr_release(out);
+  tr_release(x);
+  tr_module_free(model);
+  run_free(&run);
+}
+
+/* Activation memory of the largest stage: its allocator's peak less what stays between
+ * steps (gradients, momentum). */
+static size_t largest_activation(const run_spec *run, int stages) {
+  size_t most = 0;
+  for (int s = 0; s < stages; s++) {
+    size_t act = run->memory[s].alloc.peak - run->memory[s].alloc.in_use;
+    most = act > most ? act : most;
+  }
+  return most;
+}
+
+/* GPipe's point: with `always`, a stage keeps its micro-batches' inputs and one
+ * micro-batch's graph, within 1/stages of one rank's activations plus one stage's working
+ * set — one micro-batch's graph through it, the three tensors at its edges (input,
+ * output gradient, input gradient) and the gradient of one layer, which a micro-batch's
+ * backward makes before adding it to the accumulated one; `never` keeps every graph. The
+ * model is narrow and the batch large, so activations dominate (bench_pipeline's target). */
+static void checkpointing_always_keeps_a_stage_within_its_share_of_activations(void **state) {
+  (void)state;
+  run_spec single = run_defaults(MODEL_DEEP, 1, TR_PIPE_CKPT_NEVER);
+  single.batch = 256;
+  size_t layer_grad = (64 * 64 + 64) * sizeof(float);
+  run_pipeline(&single, 1);
+  size_t one_rank = largest_activation(&single, 1);
+  for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
+    for (int chunks = 4; chunks <= 8; chunks *= 2) {
+      run_spec always = single, never = single;
+      always.pipe = (tr_pipe_config){.chunks = chunks, .checkpoint = TR_PIPE_CKPT_ALWAYS};
+      never.pipe = (tr_pipe_config){.chunks = chunks, .checkpoint = TR_PIPE_CKPT_NEVER};
+      always.state = always.params = never.state = never.params = NULL;
+      run_pipeline(&always, stages);
+      run_pipeline(&never, stages);
+      size_t act = largest_activation(&always, stages);
+      double edges = 3.0 * (double)(single.batch / chunks * 64 * (int64_t)sizeof(float));
+      double bound = (double)one_rank / stages + (double)one_rank / (stages * chunks) + edges +
+                     (double)layer_grad;
+      if ((double)act > bound)
+        print_error("%d stages, %d chunks: %zu bytes, bound %.0f (one rank %zu)\n", stages,
+                    chunks, act, bound, one_rank);
+      assert_true((double)act <= bound);
+      assert_true(act < largest_activation(&never, stages));
+      run_free(&always);
+      run_free(&never);
+    }
+  }
+  run_free(&single);
+}
+
+/* ---------------------------------------------------------------- balance */
+
+static void assert_balance(const double *costs, int n, int stages, const int *want) {
+  int got[TR_PIPE_MAX_STAGES];
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_balance_costs(costs, n, stages, got, &err), NAS_OK);
+  for (int s = 0; s < stages; s++) assert_int_equal(got[s], want[s]);
+}
+
+static void balance_by_costs_minimises_the_largest_stage(void **state) {
+  (void)state;
+  assert_balance((double[]){1, 1, 1, 1, 1, 1, 1, 1}, 8, 4, (int[]){2, 2, 2, 2});
+  assert_balance((double[]){1, 2, 3, 4, 5, 6, 7, 8, 9}, 9, 3, (int[]){5, 2, 2});
+  assert_balance((double[]){8, 1, 1, 1, 1, 1, 1, 1, 1}, 9, 2, (int[]){1, 8});
+  assert_balance((double[]){1, 1, 1, 10}, 4, 2, (int[]){3, 1});
+  assert_balance((double[]){5}, 1, 1, (int[]){1});
+  int got[TR_PIPE_MAX_STAGES];
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_balance_costs((double[]){1, 1}, 2, 3, got, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "3 stages"));
+}
+
+/* Linear(256, 256) costs ~65k parameters, its neighbours a few dozen. */
+static tr_module *lopsided_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_linear_new(ctx, 4, 256, true));
+  add(ctx, m, tr_linear_new(ctx, 256, 256, true));
+  add(ctx, m, tr_linear_new(ctx, 256, 4, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 4, 4, true));
+  return m;
+}
+
+static void balance_by_size_and_by_time_isolate_the_heavy_layer(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_module *m = lopsided_new(&ctx);
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, (int64_t[]){64, 4}, 1.0);
+  int got[TR_PIPE_MAX_STAGES];
+  /* stage 0 the first layer, stage 1 the heavy one, stage 2 the rest */
+  assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 3, got), NAS_OK);
+  assert_int_equal(got[0], 1);
+  assert_int_equal(got[1], 1);
+  assert_int_equal(got[2], 3);
+  assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 2, 3, got), NAS_OK);
+  assert_true(got[0] == 2 || got[0] == 1); /* the heavy layer ends stage 0 or starts 1 */
+  assert_int_equal(got[0] + got[1], 5);
+  assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 3, 3, got), NAS_OK);
+  assert_int_equal(got[1], 1);
+  tr_release(x);
+  tr_module_free(m);
+}
+
+/* Balancing runs the model forward (and backward, by time): it leaves no gradient behind
+ * and batch norm's running statistics as they were. */
+static void balancing_leaves_the_model_as_it_was(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, MODEL_SEED);
+  tr_module *m = model_new(&ctx, MODEL_CNN_BN1);
+  tr_module_train(m, true);
+  int32_t labels[MAX_BATCH];
+  tr_tensor *x = batch_new(MODEL_CNN_BN1, 0, 16, labels);
+  int64_t n_before, n_after;
+  float *before = module_values_copy(m, true, &n_before);
+  int got[TR_PIPE_MAX_STAGES];
+  assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 2, got), NAS_OK);
+  assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 2, 2, got), NAS_OK);
+  float *after = module_values_copy(m, true, &n_after);
+  assert_int_equal(n_after, n_before);
+  assert_memory_equal(after, before, (size_t)n_before * sizeof(float));
+  tr_param_list ps = {0};
+  assert_int_equal(tr_module_parameters(m, false, &ps, NULL), NAS_OK);
+  for (size_t i = 0; i < ps.n; i++) assert_null(ps.items[i]->grad);
+  tr_param_list_free(&ps);
+  free(before);
+  free(after);
+  tr_release(x);
+  tr_module_free(m);
+}
+
+/* ---------------------------------------------------------------- failures */
+
+/* Every stage but origin (-1: none) failed with err, the driver's message; origin's own
+ * function saw its error before the pipeline prefixed it. */
+static void assert_every_stage_failed_with(const run_spec *run, int stages, int origin,
+                                           const char *err, const char *needle) {
+  assert_non_null(strstr(err, needle));
+  for (int s = 0; s < stages; s++) {
+    if (s == origin) {
+      assert_non_null(strstr(err, run->errors[s].msg));
+      continue;
+    }
+    if (strcmp(run->errors[s].msg, err) != 0)
+      print_error("stage %d: %s\nwant: %s\n", s, run->errors[s].msg, err);
+    assert_string_equal(run->errors[s].msg, err);
+  }
+}
+
+static void a_stage_that_fails_fails_every_stage_with_one_message(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_EXCEPT_LAST);
+  run.fail_step = 1;
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(4, TIMEOUT_S, train_stage, &run, &err), NAS_ERR);
+  assert_every_stage_failed_with(&run, 4, -1, err.msg, "pipeline stage 3: the loss is out of order");
+  assert_null(run.state);
+}
+
+static void a_stage_that_fails_before_its_first_step_releases_the_others(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 2, TR_PIPE_CKPT_NEVER);
+  run.fail_setup_stage = 0;
+  nas_err err = {{0}};
+  double start = nas_monotonic();
+  assert_int_equal(tr_pipe_run_threads(4, TIMEOUT_S, train_stage, &run, &err), NAS_ERR);
+  assert_true(nas_monotonic() - start < TIMEOUT_S / 2); /* nobody waited for the timeout */
+  assert_every_stage_failed_with(&run, 4, 0, err.msg, "pipeline stage 0: no model for this stage");
+}
+
+static void a_stage_that_stalls_fails_every_stage_with_one_message(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_NEVER);
+  run.stall_step = 1;
+  run.stall_s = 0.6;
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(2, 0.2, train_stage, &run, &err), NAS_ERR);
+  assert_every_stage_failed_with(&run, 2, -1, err.msg, "waited 0.2 s for");
+  assert_non_null(strstr(err.msg, "stalled"));
+}
+
+static void configs_that_do_not_fit_the_model_are_refused(void **state) {
+  (void)state;
+  struct {
+    int stages, chunks, balance[4];
+    int64_t batch;
+    const char *needle;
+  } cases[] = {
+      {2, 0, {0}, 16, "chunks must be at least 1"},
+      {2, 2, {2, 2}, 16, "covers 4 children, the model has 5"},
+      {2, 2, {5, 0}, 16, "balance[1] is 0"},
+      {4, 8, {0}, 4, "4 examples cannot make 8 micro-batches"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    run_spec run = run_defaults(MODEL_MLP, cases[i].chunks, TR_PIPE_CKPT_NEVER);
+    memcpy(run.pipe.balance, cases[i].balance, sizeof cases[i].balance);
+    run.batch = cases[i].batch;
+    nas_err err = {{0}};
+    assert_int_equal(tr_pipe_run_threads(cases[i].stages, TIMEOUT_S, train_stage, &run, &err),
+                     NAS_ERR);
+    if (!strstr(err.msg, cases[i].needle)) print_error("%s\n", err.msg);
+    assert_non_null(strstr(err.msg, cases[i].needle));
+  }
+  run_spec run = run_defaults(MODEL_MLP, 1, TR_PIPE_CKPT_NEVER);
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(8, TIMEOUT_S, train_stage, &run, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "8 stages for a model of 5 children"));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(mlp_trains_like_single_rank_for_every_stages_chunks_and_checkpoint),
+      cmocka_unit_test(cnn_with_batch_norm_trains_like_single_rank_on_the_same_micro_batches),
+      cmocka_unit_test(cnn_with_deferred_batch_norm_trains_like_single_rank),
+      cmocka_unit_test(explicit_balance_trains_like_single_rank),
+      cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
+      cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
+      cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
+      cmocka_unit_test(balance_by_costs_minimises_the_largest_stage),
+      cmocka_unit_test(balance_by_size_and_by_time_isolate_the_heavy_layer),
+      cmocka_unit_test(balancing_leaves_the_model_as_it_was),
+      cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
+      cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),
+      cmocka_unit_test(a_stage_that_stalls_fails_every_stage_with_one_message),
+      cmocka_unit_test(configs_that_do_not_fit_the_model_are_refused),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,404 @@
+/* pipeline: one stage of a GPipe pipeline (docs/engine-pipeline.md) — its run of the
+ * model's children, the fill-drain schedule of a mini-batch's micro-batches, checkpointing
+ * in torchgpipe's three modes, the stage's optimiser and the gather of the whole model.
+ *
+ * A mini-batch of B examples is cut into `chunks` micro-batches [B*i/M, B*(i+1)/M). Stage s
+ * runs the forward of micro-batch 0, 1, ... as its input arrives from stage s-1 (stage 0
+ * takes it from x) and sends each output on to stage s+1, so stage s works on micro-batch i
+ * while stage s+1 works on i-1 (fill); then the backward in reverse order, each gradient
+ * coming from stage s+1 (the last stage: the micro-batch's loss, weighted by its share of
+ * the mini-batch) and the input's gradient going back to stage s-1 (drain). Gradients
+ * accumulate in the parameters' .grad, so the sum over micro-batches is the gradient of
+ * the mini-batch's mean loss.
+ *
+ * Invariants:
+ * - A micro-batch's stage input is a detached leaf, so the stage's ops build a graph of
+ *   their own per micro-batch; it requires grad on every stage but the first, whose input
+ *   gradient nobody needs.
+ * - A checkpointed micro-batch keeps only that input and the generator state its forward
+ *   started from; the forward ran without grad. Its backward first recomputes the stage
+ *   with grad from the same generator state (the same dropout masks), then puts the
+ *   current generator back, and the running statistics of batch norm as they were, so
+ *   recomputing changes nothing the forward did not.
+ * - Any failure aborts the world: the other stages stop waiting and fail with the same
+ *   message. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/dist/pipeline_internal.h"
+
+/* One micro-batch between its forward and its backward. */
+typedef struct {
+  int64_t start, count; /* examples of the mini-batch */
+  tr_tensor *input;     /* owned: the stage's input leaf */
+  tr_tensor *output;    /* owned: the stage output with its graph (the last stage: the
+                           weighted loss); NULL when checkpointed */
+  uint64_t rng[4];      /* ctx's generator before the forward */
+} pipe_chunk;
+
+struct tr_pipe {
+  tr_pipe_config cfg;
+  tr_pipe_world *world; /* borrowed */
+  int stage, stages;
+  tr_module *const *children;  /* borrowed: the model's children */
+  int balance[TR_PIPE_MAX_STAGES]; /* children per stage */
+  int first, count;            /* this stage's children */
+  tr_param_list params;        /* this stage's parameters */
+  tr_param_list state;         /* its parameters and buffers (batch norm running
+                                  statistics; those that do not require grad) */
+  pipe_bn *bn;                 /* owned; NULL unless deferred batch norm */
+  pipe_chunk *chunks;          /* owned, cfg.chunks */
+};
+
+/* ---------------------------------------------------------------- partition */
+
+static int check_balance(tr_ctx *ctx, const tr_pipe_config *cfg, int stages, int children,
+                         int *balance) {
+  bool given = false;
+  for (int s = 0; s < stages; s++) given = given || cfg->balance[s] != 0;
+  if (stages > children)
+    return nas_errf(&ctx->err, "pipeline: %d stages for a model of %d children (each stage "
+                    "needs at least one)", stages, children);
+  int sum = 0;
+  for (int s = 0; s < stages; s++) {
+    balance[s] = given ? cfg->balance[s] : children * (s + 1) / stages - children * s / stages;
+    if (balance[s] < 1)
+      return nas_errf(&ctx->err, "pipeline: balance[%d] is %d; every stage needs at least one "
+                      "child", s, balance[s]);
+    sum += balance[s];
+  }
+  if (sum != children)
+    return nas_errf(&ctx->err, "pipeline: the balance covers %d children, the model has %d",
+                    sum, children);
+  return NAS_OK;
+}
+
+static int check_config(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
+                        const tr_pipe_config *cfg) {
+  if (!model || !rank || !rank->world || !cfg)
+    return nas_errf(&ctx->err, "pipeline: no model, rank or config");
+  if (cfg->chunks < 1)
+    return nas_errf(&ctx->err, "pipeline: chunks must be at least 1, got %d", cfg->chunks);
+  if (cfg->checkpoint != TR_PIPE_CKPT_EXCEPT_LAST && cfg->checkpoint != TR_PIPE_CKPT_ALWAYS &&
+      cfg->checkpoint != TR_PIPE_CKPT_NEVER)
+    return nas_errf(&ctx->err, "pipeline: unknown checkpoint mode %d", (int)cfg->checkpoint);
+  return NAS_OK;
+}
+
+static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
+  int rc = NAS_OK;
+  for (int k = p->first; k < p->first + p->count && rc == NAS_OK; k++) {
+    rc = tr_module_parameters(p->children[k], false, &p->params, &ctx->err);
+    if (rc == NAS_OK) rc = tr_module_parameters(p->children[k], true, &p->state, &ctx->err);
+  }
+  return rc;
+}
+
+tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
+                     const tr_pipe_config *cfg) {
+  if (check_config(ctx, model, rank, cfg)) return NULL;
+  size_t n = 0;
+  tr_module *const *children = tn_module_children(model, &n);
+  if (n == 0) {
+    nas_errf(&ctx->err, "pipeline: the model must be a Sequential with children to cut");
+    return NULL;
+  }
+  int balance[TR_PIPE_MAX_STAGES] = {0};
+  if (check_balance(ctx, cfg, rank->stages, (int)n, balance)) return NULL;
+  tr_pipe *p = calloc(1, sizeof *p);
+  if (p) p->chunks = calloc((size_t)cfg->chunks, sizeof *p->chunks);
+  if (!p || !p->chunks) {
+    free(p);
+    nas_errf(&ctx->err, "pipeline: out of memory");
+    return NULL;
+  }
+  p->cfg = *cfg;
+  p->world = rank->world;
+  p->stage = rank->stage;
+  p->stages = rank->stages;
+  p->children = children;
+  memcpy(p->balance, balance, sizeof balance);
+  for (int s = 0; s < rank->stage; s++) p->first += balance[s];
+  p->count = balance[rank->stage];
+  int rc = collect_tensors(ctx, p);
+  if (rc == NAS_OK && cfg->deferred_batch_norm) {
+    p->bn = pipe_bn_new(ctx, children + p->first, p->count);
+    if (!p->bn) rc = NAS_ERR;
+  }
+  if (rc == NAS_OK) return p;
+  tr_pipe_free(p);
+  return NULL;
+}
+
+static void chunk_clear(pipe_chunk *c) {
+  tr_release(c->input);
+  tr_release(c->output);
+  c->input = c->output = NULL;
+}
+
+void tr_pipe_free(tr_pipe *p) {
+  if (!p) return;
+  for (int i = 0; i < p->cfg.chunks; i++) chunk_clear(&p->chunks[i]);
+  free(p->chunks);
+  pipe_bn_free(p->bn);
+  tr_param_list_free(&p->params);
+  tr_param_list_free(&p->state);
+  free(p);
+}
+
+void tr_pipe_layers(const tr_pipe *p, int *first, int *count) {
+  *first = p->first;
+  *count = p->count;
+}
+
+/* ---------------------------------------------------------------- one micro-batch */
+
+/* What a train step's micro-batches share. */
+typedef struct {
+  tr_tensor *x; /* borrowed: stage 0's mini-batch */
+  int64_t batch;
+  tr_pipe_loss_fn loss_fn;
+  void *loss_arg;
+  double loss; /* the last stage: the weighted losses so far */
+} pipe_step;
+
+static bool is_last(const tr_pipe *p) { return p->stage == p->stages - 1; }
+
+static bool is_checkpointed(const tr_pipe *p, int i) {
+  switch (p->cfg.checkpoint) {
+  case TR_PIPE_CKPT_ALWAYS: return true;
+  case TR_PIPE_CKPT_EXCEPT_LAST: return i < p->cfg.chunks - 1;
+  case TR_PIPE_CKPT_NEVER: break;
+  }
+  return false;
+}
+
+/* The stage's children on x (borrowed); deferred batch norm adds up its statistics when
+ * tracking (forwards do, recomputations not). */
+static tr_tensor *stage_run(tr_ctx *ctx, tr_pipe *p, tr_tensor *x, bool tracking) {
+  tr_tensor *cur = tr_retain(x);
+  for (int k = 0; k < p->count && cur; k++) {
+    bool deferred = tracking && p->bn && pipe_bn_tracks(p->bn, k);
+    tr_tensor *next = deferred ? pipe_bn_forward(ctx, p->bn, k, cur)
+                               : tr_module_forward(ctx, p->children[p->first + k], cur);
+    tr_release(cur);
+    cur = next;
+  }
+  return cur;
+}
+
+/* The last stage: the micro-batch's loss weighted by its share of the mini-batch (owned). */
+static tr_tensor *weighted_loss(tr_ctx *ctx, const pipe_step *step, const pipe_chunk *c,
+                                tr_tensor *out) {
+  tr_tensor *loss = step->loss_fn(ctx, out, c->start, c->count, step->loss_arg);
+  if (!loss) return NULL;
+  if (loss->numel != 1) {
+    tr_release(loss);
+    return tr_fail(ctx, "the loss of examples [%lld, %lld) has %lld elements, not one",
+                   (long long)c->start, (long long)(c->start + c->count),
+                   (long long)loss->numel);
+  }
+  tr_tensor *weighted = tr_scale(ctx, loss, (double)c->count / (double)step->batch);
+  tr_release(loss);
+  return weighted;
+}
+
+/* Micro-batch i's input: stage 0's slice of x, or what stage s-1 sent (owned). */
+static tr_tensor *chunk_input(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
+  const pipe_chunk *c = &p->chunks[i];
+  if (p->stage == 0) return tr_narrow(ctx, step->x, 0, c->start, c->count);
+  char what[64];
+  snprintf(what, sizeof what, "the activation of micro-batch %d", i);
+  return pw_recv(ctx, p->world, p->stage - 1, p->stage, what);
+}
+
+/* The stage output of a micro-batch (owned): sent on, or turned into its loss. */
+static int chunk_deliver(tr_ctx *ctx, tr_pipe *p, pipe_step *step, pipe_chunk *c,
+                         tr_tensor *out, bool keep) {
+  if (!is_last(p)) {
+    if (keep) c->output = tr_retain(out);
+    return pw_send(p->world, p->stage, p->stage + 1, out, &ctx->err);
+  }
+  tr_tensor *loss = weighted_loss(ctx, step, c, out);
+  if (!loss) return NAS_ERR;
+  step->loss += tr_item(loss);
+  if (keep)
+    c->output = loss;
+  else
+    tr_release(loss);
+  return NAS_OK;
+}
+
+static int chunk_forward(tr_ctx *ctx, tr_pipe *p, pipe_step *step, int i) {
+  pipe_chunk *c = &p->chunks[i];
+  tr_tensor *in = chunk_input(ctx, p, step, i);
+  c->input = in ? tr_detach(ctx, in) : NULL;
+  tr_release(in);
+  if (!c->input) return NAS_ERR;
+  c->input->requires_grad = p->stage > 0;
+  memcpy(c->rng, ctx->rng, sizeof c->rng);
+  bool keep = !is_checkpointed(p, i);
+  bool prev = tr_set_grad_enabled(ctx, keep);
+  tr_tensor *out = stage_run(ctx, p, c->input, true);
+  int rc = out ? chunk_deliver(ctx, p, step, c, out, keep) : NAS_ERR;
+  tr_set_grad_enabled(ctx, prev);
+  tr_release(out);
+  return rc;
+}
+
+int pipe_buffers_save(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved) {
+  for (size_t i = 0; i < state->n; i++) {
+    tr_tensor *t = state->items[i];
+    if (t->requires_grad) continue;
+    saved[i] = tn_clone(ctx, t);
+    if (!saved[i]) return NAS_ERR;
+  }
+  return NAS_OK;
+}
+
+void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved) {
+  for (size_t i = 0; i < state->n; i++) {
+    if (!saved[i]) continue;
+    tn_copy_to_contig(saved[i], tr_data(state->items[i]));
+    tr_release(saved[i]);
+    saved[i] = NULL;
+  }
+}
+
+/* A checkpointed micro-batch's forward again, with grad and its generator state; the
+ * output with its graph (the last stage: the weighted loss), owned. */
+static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step,
+                                  pipe_chunk *c) {
+  tr_tensor **saved = calloc(p->state.n ? p->state.n : 1, sizeof *saved);
+  if (!saved) return tr_fail(ctx, "pipeline: out of memory");
+  uint64_t now[4];
+  memcpy(now, ctx->rng, sizeof now);
+  memcpy(ctx->rng, c->rng, sizeof now);
+  bool prev = tr_set_grad_enabled(ctx, true);
+  tr_tensor *out = pipe_buffers_save(ctx, &p->state, saved) == NAS_OK
+                       ? stage_run(ctx, p, c->input, false)
+                       : NULL;
+  if (out && is_last(p)) {
+    tr_tensor *loss = weighted_loss(ctx, step, c, out);
+    tr_release(out);
+    out = loss;
+  }
+  tr_set_grad_enabled(ctx, prev);
+  memcpy(ctx->rng, now, sizeof now);
+  pipe_buffers_restore(&p->state, saved);
+  free(saved);
+  return out;
+}
+
+/* Sends the gradient of micro-batch i's input back to stage s-1 (zeros when the stage's
+ * output does not depend on it). */
+static int send_input_grad(tr_ctx *ctx, tr_pipe *p, pipe_chunk *c) {
+  tr_tensor *grad = c->input->grad ? tr_retain(c->input->grad)
+                                   : tr_zeros(ctx, c->input->dtype, c->input->ndim,
+                                              c->input->shape);
+  int rc = grad ? pw_send(p->world, p->stage, p->stage - 1, grad, &ctx->err) : NAS_ERR;
+  tr_release(grad);
+  return rc;
+}
+
+static int chunk_backward(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
+  pipe_chunk *c = &p->chunks[i];
+  tr_tensor *out = c->output ? tr_retain(c->output) : chunk_recompute(ctx, p, step, c);
+  tr_tensor *grad = NULL;
+  int rc = out ? NAS_OK : NAS_ERR;
+  if (rc == NAS_OK && !is_last(p)) {
+    char what[64];
+    snprintf(what, sizeof what, "the gradient of micro-batch %d", i);
+    grad = pw_recv(ctx, p->world, p->stage + 1, p->stage, what);
+    if (!grad) rc = NAS_ERR;
+  }
+  /* a stage of parameterless children on the mini-batch itself has nothing to run back */
+  if (rc == NAS_OK && out->grad_fn) rc = tr_backward(ctx, out, grad, false);
+  if (rc == NAS_OK && p->stage > 0) rc = send_input_grad(ctx, p, c);
+  tr_release(out);
+  tr_release(grad);
+  chunk_clear(c);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- the mini-batch */
+
+static int check_step(tr_ctx *ctx, const tr_pipe *p, const pipe_step *step) {
+  if (step->batch < p->cfg.chunks)
+    return nas_errf(&ctx->err, "a mini-batch of %lld examples cannot make %d micro-batches",
+                    (long long)step->batch, p->cfg.chunks);
+  if (p->stage == 0 && (!step->x || step->x->ndim < 1 || step->x->shape[0] != step->batch))
+    return nas_errf(&ctx->err, "stage 0 needs the mini-batch x with %lld examples",
+                    (long long)step->batch);
+  if (is_last(p) && !step->loss_fn) return nas_errf(&ctx->err, "the last stage needs a loss");
+  return NAS_OK;
+}
+
+/* The fill-drain schedule: every forward in order, then every backward in reverse. */
+static int run_schedule(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
+  int m = p->cfg.chunks;
+  for (int i = 0; i < m; i++) {
+    p->chunks[i].start = step->batch * i / m;
+    p->chunks[i].count = step->batch * (i + 1) / m - p->chunks[i].start;
+  }
+  int rc = p->bn ? pipe_bn_begin(ctx, p->bn) : NAS_OK;
+  for (int i = 0; i < m && rc == NAS_OK; i++) rc = chunk_forward(ctx, p, step, i);
+  if (rc == NAS_OK && p->bn) rc = pipe_bn_end(ctx, p->bn);
+  for (int i = m - 1; i >= 0 && rc == NAS_OK; i--) rc = chunk_backward(ctx, p, step, i);
+  for (int i = 0; i < m; i++) chunk_clear(&p->chunks[i]);
+  return rc;
+}
+
+int tr_pipe_train_step(tr_ctx *ctx, tr_pipe *p, tr_tensor *x, int64_t batch,
+                       tr_pipe_loss_fn loss_fn, void *loss_arg, double *loss) {
+  pipe_step step = {.x = x, .batch = batch, .loss_fn = loss_fn, .loss_arg = loss_arg};
+  if (check_step(ctx, p, &step) || run_schedule(ctx, p, &step))
+    return pw_abort(p->world, p->stage, &ctx->err);
+  double total = is_last(p) ? step.loss : 0.0;
+  if (pw_step_end(p->world, p->stage, &total, &ctx->err)) return NAS_ERR;
+  if (loss) *loss = total;
+  return NAS_OK;
+}
+
+/* ---------------------------------------------------------------- parameters */
+
+tr_optim *tr_pipe_optim_new(tr_ctx *ctx, tr_pipe *p, const tr_optim_config *cfg) {
+  return tr_optim_new(ctx, cfg, p->params.items, p->params.n);
+}
+
+/* Stage 0: the tensors of stage s's children, received into its own model's copies. */
+static int gather_stage(tr_ctx *ctx, tr_pipe *p, int s, int first) {
+  tr_param_list list = {0};
+  int rc = NAS_OK;
+  for (int k = first; k < first + p->balance[s] && rc == NAS_OK; k++)
+    rc = tr_module_parameters(p->children[k], true, &list, &ctx->err);
+  bool prev = tr_set_grad_enabled(ctx, false);
+  for (size_t i = 0; i < list.n && rc == NAS_OK; i++) {
+    tr_tensor *t = pw_recv(ctx, p->world, s, 0, list.names[i]);
+    rc = t ? tr_copy_(ctx, list.items[i], t) : NAS_ERR;
+    tr_release(t);
+  }
+  tr_set_grad_enabled(ctx, prev);
+  tr_param_list_free(&list);
+  return rc;
+}
+
+int tr_pipe_gather_model(tr_ctx *ctx, tr_pipe *p) {
+  int rc = NAS_OK;
+  if (p->stage > 0) {
+    for (size_t i = 0; i < p->state.n && rc == NAS_OK; i++)
+      rc = pw_send(p->world, p->stage, 0, p->state.items[i], &ctx->err);
+  } else {
+    for (int s = 1, first = p->balance[0]; s < p->stages && rc == NAS_OK; first += p->balance[s++])
+      rc = gather_stage(ctx, p, s, first);
+  }
+  if (rc != NAS_OK) return pw_abort(p->world, p->stage, &ctx->err);
+  double none = 0;
+  return pw_step_end(p->world, p->stage, &none, &ctx->err);
+}
+
+void tr_pipe_memory_stats(const tr_pipe *p, tr_ctx *ctx, tr_pipe_memory *out) {
+  *out = (tr_pipe_memory){0};
+  for (size_t i = 0; i < p->params.n; i++) out->params += p->params.items[i]->numel;
+  if (ctx->alloc) tr_allocator_stats(ctx->alloc, &out->alloc);
+}

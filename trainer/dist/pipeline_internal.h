@@ -1,0 +1,56 @@
+/* pipeline_internal: what the files of the pipeline share (docs/engine-pipeline.md): the
+ * world the stages meet in — a FIFO of tensors from each stage to each other, the abort
+ * that fails every stage with one message, the step barrier — and the stage struct. Not
+ * part of the public API (trainer/pipeline.h). */
+#ifndef NAS_TRAINER_PIPELINE_INTERNAL_H
+#define NAS_TRAINER_PIPELINE_INTERNAL_H
+
+#include "trainer/pipeline.h"
+#include "trainer/core/internal.h"
+
+/* ---------------------------------------------------------------- the world */
+
+/* A world of `stages` stages whose waits give up after timeout_s; NULL with err set. */
+tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err);
+void pw_free(tr_pipe_world *w);
+/* Queues a contiguous copy of t for stage `to` (never blocks: the copy is the message). */
+int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err);
+/* The next tensor from `from` to `to`, in ctx's allocator (owned); `what` names it for
+ * the message when the wait times out (which aborts the world). NULL with ctx->err set. */
+tr_tensor *pw_recv(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const char *what);
+/* Returns once every stage has called it, with *value the sum of the stages' values (in
+ * stage order). Fails when the world is aborted or a stage does not come in time. */
+int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err);
+/* Aborts the world with "pipeline stage <stage>: <message>" unless it is aborted already,
+ * and puts the world's message into err. Returns NAS_ERR. */
+int pw_abort(tr_pipe_world *w, int stage, nas_err *err);
+/* Whether the world is aborted; its message into err (may be NULL) if so. */
+bool pw_aborted(tr_pipe_world *w, nas_err *err);
+
+/* ---------------------------------------------------------------- buffers */
+
+/* saved[i] = a copy of state's item i when it is a buffer (does not require grad); saved
+ * has state->n slots, zeroed. Restore copies them back and frees them, so running a
+ * forward in between changes no running statistics (recomputation, balancing). */
+int pipe_buffers_save(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved);
+void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved);
+
+/* ---------------------------------------------------------------- deferred batch norm */
+
+typedef struct pipe_bn pipe_bn; /* the deferred statistics of one stage */
+
+/* The state for the batch norm children of children (n); NULL with ctx->err set. */
+pipe_bn *pipe_bn_new(tr_ctx *ctx, tr_module *const *children, int n);
+void pipe_bn_free(pipe_bn *bn);
+/* Starts a mini-batch: remembers the running statistics, clears the sums. */
+int pipe_bn_begin(tr_ctx *ctx, pipe_bn *bn);
+/* Whether child k is a batch norm the state tracks (in training mode). */
+bool pipe_bn_tracks(const pipe_bn *bn, int k);
+/* Adds x (the input of child k, one micro-batch) to its sums, runs the child, and puts the
+ * running statistics back as they were at begin; the child's output (owned) or NULL. */
+tr_tensor *pipe_bn_forward(tr_ctx *ctx, pipe_bn *bn, int k, tr_tensor *x);
+/* Ends the mini-batch: running = (1 - momentum) * running + momentum * statistics of all
+ * the micro-batches together (unbiased variance, as torch). */
+int pipe_bn_end(tr_ctx *ctx, pipe_bn *bn);
+
+#endif
