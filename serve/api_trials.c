@@ -151,18 +151,37 @@ static void tell_end(tell_call *c) {
   json_decref(c->body);
 }
 
+/* A report for the group commit (commit.c): reports of many trials arriving together
+ * are committed together. */
+typedef struct {
+  const tell_call *call;
+  const metric_obs *obs;
+  size_t n;
+  bool stop;
+  int rc;
+  nas_err err;
+} report_write;
+
+static void report_write_run(storage *st, void *arg) {
+  report_write *w = arg;
+  const tell_call *c = w->call;
+  w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, w->obs, w->n, &w->stop, &w->err);
+}
+
 int api_report(serve_request *req, char **parts) {
   tell_call c;
   if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
   metric_obs *obs = NULL;
   size_t n = 0;
-  bool stop = false;
-  nas_err err;
   int rc = body_metrics(req, c.body, true, true, &obs, &n);
   if (rc == NAS_OK) {
-    rc = sched_tell_report(req->st, c.e.s, &c.e.exp, c.number, obs, n, &stop, &err);
-    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", stop));
-    else tell_failed(req, rc, &err);
+    report_write w = {.call = &c, .obs = obs, .n = n};
+    serve_write write = {.run = report_write_run, .arg = &w};
+    if (req->srv->grouped_writes) serve_commit(&req->srv->committer, req->st, &write);
+    else report_write_run(req->st, &w);
+    rc = w.rc;
+    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", w.stop));
+    else tell_failed(req, rc, &w.err);
   }
   free(obs);
   tell_end(&c);

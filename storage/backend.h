@@ -82,6 +82,12 @@ typedef struct storage_backend {
    * receipt_find looks a committed key up. */
   void (*receipt_arm)(void *conn, const char *key);
   int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);
+
+  /* Group commit (storage.h); NULL in a backend without it. group_begin opens one
+   * transaction in which each later write runs as a savepoint, rolled back alone when it
+   * fails; group_end commits the whole (commit true) or rolls it back. */
+  int (*group_begin)(void *conn, nas_err *err);
+  int (*group_end)(void *conn, bool commit, nas_err *err);
 } storage_backend;
 
 extern const storage_backend storage_sqlite_backend;

@@ -38,6 +38,7 @@ typedef struct sqlite_conn {
   dev_t dev;  /* identity of the file opened at path, to notice it deleted or replaced */
   ino_t ino;
   const char *request_key; /* borrowed: the idempotency key armed (storage.h), or NULL */
+  bool grouped; /* inside storage_group_begin: each write is a savepoint of that transaction */
 } sqlite_conn;
 
 /* ---- schema ---------------------------------------------------------------------------
@@ -237,13 +238,26 @@ static int check_identity(const sqlite_conn *c, nas_err *err) {
  * the file is still the one opened. */
 static int tx_begin(const sqlite_conn *c, nas_err *err) {
   int rc = check_identity(c, err);
-  return rc == NAS_OK ? exec(c, "BEGIN IMMEDIATE", err) : rc;
+  if (rc != NAS_OK || !c->grouped) return rc == NAS_OK ? exec(c, "BEGIN IMMEDIATE", err) : rc;
+  /* Some failures (a full disk, an I/O error) roll back the whole transaction: the group
+   * is lost then, and a savepoint opened now would run as a transaction of its own. */
+  if (sqlite3_get_autocommit(c->db))
+    return nas_errf(err, "the group's transaction on %s was rolled back", c->path);
+  return exec(c, "SAVEPOINT one_write", err);
 }
 
 /* Commits when rc is NAS_OK, else rolls back; returns rc, or the commit's failure. A
  * failed rollback is not reported over the error that caused it: SQLite then rolls the
- * transaction back itself when the connection closes. */
+ * transaction back itself when the connection closes. In a group, the write's savepoint
+ * is released or rolled back instead, and the group's transaction goes on. */
 static int tx_end(const sqlite_conn *c, int rc, nas_err *err) {
+  if (c->grouped) {
+    if (sqlite3_get_autocommit(c->db))
+      return rc != NAS_OK ? rc : nas_errf(err, "the group's transaction on %s was rolled back", c->path);
+    if (rc != NAS_OK) sqlite3_exec(c->db, "ROLLBACK TO one_write", NULL, NULL, NULL);
+    int released = exec(c, "RELEASE one_write", rc == NAS_OK ? err : NULL);
+    return rc == NAS_OK ? released : rc;
+  }
   if (rc == NAS_OK) rc = exec(c, "COMMIT", err);
   if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
@@ -1105,6 +1119,27 @@ static int sqlite_receipt_find(void *conn, const char *key, bool *found, int64_t
   return rc < 0 ? rc : NAS_OK;
 }
 
+/* ---- group commit ------------------------------------------------------------------------ */
+
+static int sqlite_group_begin(void *conn, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  c->grouped = rc == NAS_OK;
+  return rc;
+}
+
+static int sqlite_group_end(void *conn, bool commit, nas_err *err) {
+  sqlite_conn *c = conn;
+  c->grouped = false;
+  if (!commit) {
+    if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return NAS_OK;
+  }
+  if (sqlite3_get_autocommit(c->db))
+    return nas_errf(err, "the group's transaction on %s was rolled back", c->path);
+  return tx_end(c, NAS_OK, err);
+}
+
 const storage_backend storage_sqlite_backend = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -1133,4 +1168,6 @@ const storage_backend storage_sqlite_backend = {
     .lease_get = sqlite_lease_get,
     .receipt_arm = sqlite_receipt_arm,
     .receipt_find = sqlite_receipt_find,
+    .group_begin = sqlite_group_begin,
+    .group_end = sqlite_group_end,
 };

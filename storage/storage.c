@@ -340,6 +340,22 @@ int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *res
   return st->backend->receipt_find(st->conn, key, found, result, err);
 }
 
+bool storage_can_group(const storage *st) { return st->backend->group_begin != NULL; }
+
+int storage_group_begin(storage *st, nas_err *err) {
+  if (!storage_can_group(st))
+    return nas_errf(err, "%s storage cannot group writes", st->backend->name);
+  int rc = st->backend->group_begin(st->conn, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "begin a group of writes");
+  return rc;
+}
+
+int storage_group_end(storage *st, bool commit, nas_err *err) {
+  int rc = st->backend->group_end(st->conn, commit, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "commit a group of writes");
+  return rc;
+}
+
 /* ---- operations ---------------------------------------------------------------------- */
 
 /* Puts the operation in front of a failure's message and passes rc through (nas_err_prefix

@@ -261,4 +261,14 @@ int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *res
  * operation in front ("start trial 7: "): the RPC client's own storage.c adds it. */
 void storage_bare_errors(storage *st, bool bare);
 
+/* ---- group commit: several writes in one transaction (serve/commit.c) ------------------
+ * Between storage_group_begin and storage_group_end every write of st runs inside one
+ * transaction, each as a savepoint of its own: a write that fails is rolled back alone and
+ * the others stay; storage_group_end(commit = true) makes them all durable at once, with
+ * one commit (one fsync) for the lot. Only where storage_can_group says so (SQLite). A
+ * failed commit loses the whole group: its writes are then to be made again one by one. */
+bool storage_can_group(const storage *st);
+int storage_group_begin(storage *st, nas_err *err);
+int storage_group_end(storage *st, bool commit, nas_err *err);
+
 #endif

@@ -1625,6 +1625,55 @@ static void sqlite_file_is_in_wal_mode(void **state) {
   free(path);
 }
 
+/* Group commit (storage_group_begin): a write failing half-way inside a group is rolled
+ * back alone, the writes before and after it commit together, keys included. */
+static void write_failing_midway_in_a_group_fails_alone(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  f->ctx->backend->raw_exec(f->ctx, f->url, f->ctx->backend->boom_trigger);
+  metric_obs good[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}};
+  metric_obs bad[] = {{"loss", 2, 3, 3}, {"boom", 3, 4, 4}};
+  assert_true(storage_can_group(f->st));
+  CHECK(storage_group_begin(f->st, err));
+  CHECK(storage_receipt_arm(f->st, "first-key", err));
+  CHECK(storage_metrics_add(f->st, t.id, &good[0], 1, 10, err));
+  CHECK(storage_receipt_arm(f->st, "bad-key", err));
+  nas_err failed = {{0}};
+  assert_int_equal(storage_metrics_add(f->st, t.id, bad, 2, 99, &failed), NAS_ERR);
+  assert_contains(failed.msg, "injected failure");
+  CHECK(storage_receipt_arm(f->st, "second-key", err));
+  CHECK(storage_metrics_add(f->st, t.id, &good[1], 1, 20, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  CHECK(storage_trial_heartbeat(f->st, t.id, err));
+  CHECK(storage_group_end(f->st, true, err));
+  reopen(f);
+  assert_int_equal(metric_count(f, t.experiment_id), 2);
+  assert_int_equal(log_offset_of(f, t.id), 20);
+  const char *keys[] = {"first-key", "second-key", "bad-key"};
+  for (size_t i = 0; i < 3; i++) {
+    bool found = false;
+    int64_t result = 0;
+    CHECK(storage_receipt_find(f->st, keys[i], &found, &result, err));
+    assert_int_equal(found, i < 2);
+  }
+  trial_row_clear(&t);
+}
+
+static void group_rolled_back_stores_none_of_its_writes(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs = {"loss", 0, 1, 1};
+  CHECK(storage_group_begin(f->st, err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 10, err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 20, err));
+  CHECK(storage_group_end(f->st, false, err));
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  assert_int_equal(log_offset_of(f, t.id), 0);
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 30, err));
+  assert_int_equal(metric_count(f, t.experiment_id), 1);
+  trial_row_clear(&t);
+}
+
 static void sqlite_newer_schema_leaves_the_file_byte_for_byte(void **state) {
   fixture *f = *state;
   make_experiment(f, "kept");
@@ -2345,6 +2394,8 @@ static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
+      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
+      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
       FIXTURE_TEST(sqlite_newer_schema_leaves_the_file_byte_for_byte),
       FIXTURE_TEST(sqlite_file_that_is_not_a_database_is_refused_untouched),
       FIXTURE_TEST(sqlite_database_of_another_program_is_refused_untouched),
