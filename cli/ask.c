@@ -16,7 +16,8 @@ static const char create_help[] =
     "usage: nas create FILE [--storage URL]\n\n"
     "Stores the experiment described by the YAML spec FILE without running it, to drive it\n"
     "with 'nas ask'/'nas tell' or through 'nas serve'. A spec for ask and tell needs no\n"
-    "'trial' section. The same spec again is no error; a different one is refused.\n";
+    "'trial' section. The same spec again is no error; a different one is refused.\n"
+    "Stored in --storage, else $NAS_STORAGE, else the spec's 'storage:' (as 'nas run').\n";
 
 static const char ask_help[] =
     "usage: nas ask EXPERIMENT [-n K] [--worker NAME] [--format table|csv|json] [--storage URL]\n\n"
@@ -62,7 +63,7 @@ static int create_experiment(const char *path, const char *url) {
   storage *st = NULL;
   experiment_row exp = {0};
   int status = EXIT_DONE;
-  if (storage_open(cli_storage_url(url), &st, &err) != NAS_OK ||
+  if (storage_open(cli_spec_storage_url(url, s), &st, &err) != NAS_OK ||
       sched_prepare(s, st, &exp, &err) != NAS_OK)
     status = cli_fail(&err);
   else
