@@ -24,17 +24,9 @@
 
 int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
                      nas_err *err) {
-  trial_row *rows;
-  size_t n;
-  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
-  int rc = nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d", exp->name, number);
-  for (size_t i = 0; i < n; i++)
-    if (rows[i].number == number) {
-      *out = rows[i];
-      memset(&rows[i], 0, sizeof rows[i]);
-      rc = NAS_OK;
-    }
-  trial_rows_free(rows, n);
+  int rc = storage_trial_find(st, exp->id, number, out, err);
+  if (rc == NAS_ENOTFOUND)
+    return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d", exp->name, number);
   return rc;
 }
 
@@ -204,7 +196,7 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
   if (rc != NAS_OK) return rc;
   rc = n > 0 ? storage_metrics_add(st, t.id, obs, n, -1, err) : NAS_OK;
   sched_results r;
-  if (rc == NAS_OK) rc = sched_results_load(st, s, exp->id, &r, err);
+  if (rc == NAS_OK) rc = sched_results_of_trial(st, s, exp, number, &r, err);
   if (rc == NAS_OK) {
     const char *missing = missing_objective(s, &r, t.id);
     rc = missing ? nas_errc(err, NAS_EINVAL, "trial %d has not reported objective '%s'; report it, or end "

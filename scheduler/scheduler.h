@@ -149,6 +149,10 @@ typedef struct {
 int sched_results_load(storage *st, const spec *s, int64_t experiment_id,
                        sched_results *out, nas_err *err);
 void sched_results_free(sched_results *r);
+/* The same for trial `number` of exp alone (its row and its own observations, without
+ * reading the rest of the experiment); NAS_ENOTFOUND when there is none. */
+int sched_results_of_trial(storage *st, const spec *s, const experiment_row *exp, int number,
+                           sched_results *out, nas_err *err);
 /* Index of metric name in r, or -1. */
 int sched_results_metric(const sched_results *r, const char *name);
 

@@ -55,22 +55,23 @@ int api_list_trials(serve_request *req, char **parts) {
   return NAS_OK;
 }
 
+/* Reads the one trial (its row and its own observations), not the whole experiment. */
 int api_get_trial(serve_request *req, char **parts) {
   int number = -1;
   api_experiment e;
-  if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, true) != NAS_OK)
+  if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, false) != NAS_OK)
     return NAS_ERR;
-  size_t i = 0;
-  while (i < e.r.n_trials && e.r.trials[i].number != number) i++;
+  sched_results one_trial;
   nas_err err;
   json_t *one = NULL;
-  int rc = NAS_OK;
-  if (i == e.r.n_trials)
-    rc = serve_fail(req, MHD_HTTP_NOT_FOUND, "experiment '%s' has no trial %d", parts[0], number);
-  else if (!(one = sched_trial_detail_json(req->st, &e.exp, &e.r, i, &err)))
-    rc = serve_fail_err(req, NAS_ERR, &err);
-  else
-    serve_reply(req, MHD_HTTP_OK, one);
+  int rc = sched_results_of_trial(req->st, e.s, &e.exp, number, &one_trial, &err);
+  if (rc == NAS_OK) {
+    one = sched_trial_detail_json(req->st, &e.exp, &one_trial, 0, &err);
+    sched_results_free(&one_trial);
+    rc = one ? NAS_OK : NAS_ERR;
+  }
+  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, one);
+  else serve_fail_err(req, rc, &err);
   api_unload(&e);
   return rc;
 }

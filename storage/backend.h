@@ -56,6 +56,8 @@ typedef struct storage_backend {
   /* Must call storage_check_requeue likewise. */
   int (*trial_requeue)(void *conn, int64_t trial_id, nas_err *err);
   int (*trial_get)(void *conn, int64_t trial_id, trial_row *out, nas_err *err);
+  int (*trial_find)(void *conn, int64_t experiment_id, int number, trial_row *out,
+                    nas_err *err);
   int (*trial_list)(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                     nas_err *err);
 
@@ -64,6 +66,8 @@ typedef struct storage_backend {
                      int64_t new_log_offset, nas_err *err);
   int (*metrics_list)(void *conn, int64_t experiment_id, metric_row **out, size_t *n,
                       nas_err *err);
+  int (*metrics_of_trial)(void *conn, int64_t trial_id, metric_row **out, size_t *n,
+                          nas_err *err);
 
   /* The scheduler lease. Each is one statement or transaction; take, renew and release
    * are idempotent (a retried take finds its own token and succeeds). */

@@ -953,6 +953,13 @@ static int sqlite_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_er
   return trial_get(conn, trial_id, out, err);
 }
 
+static int sqlite_trial_find(void *conn, int64_t experiment_id, int number, trial_row *out,
+                             nas_err *err) {
+  return query_row(conn, &trial_kind, out, "no such trial", err,
+                   "SELECT " TRIAL_COLUMNS " FROM trials WHERE experiment_id = ? AND number = ?",
+                   "ii", experiment_id, (int64_t)number);
+}
+
 static int sqlite_trial_list(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                              nas_err *err) {
   void *rows = NULL;
@@ -1015,6 +1022,16 @@ static int sqlite_metrics_list(void *conn, int64_t experiment_id, metric_row **o
                       " FROM metrics m JOIN trials t ON t.id = m.trial_id"
                       " WHERE t.experiment_id = ? ORDER BY t.number, m.id",
                       "i", experiment_id);
+  if (rc == NAS_OK) *out = rows;
+  return rc;
+}
+
+static int sqlite_metrics_of_trial(void *conn, int64_t trial_id, metric_row **out, size_t *n,
+                                   nas_err *err) {
+  void *rows = NULL;
+  int rc = query_rows(conn, &metric_kind, &rows, n, err,
+                      "SELECT id, trial_id, name, step, value, time FROM metrics"
+                      " WHERE trial_id = ? ORDER BY id", "i", trial_id);
   if (rc == NAS_OK) *out = rows;
   return rc;
 }
@@ -1159,9 +1176,11 @@ const storage_backend storage_sqlite_backend = {
     .trial_finish = sqlite_trial_finish,
     .trial_requeue = sqlite_trial_requeue,
     .trial_get = sqlite_trial_get,
+    .trial_find = sqlite_trial_find,
     .trial_list = sqlite_trial_list,
     .metrics_add = sqlite_metrics_add,
     .metrics_list = sqlite_metrics_list,
+    .metrics_of_trial = sqlite_metrics_of_trial,
     .lease_take = sqlite_lease_take,
     .lease_renew = sqlite_lease_renew,
     .lease_release = sqlite_lease_release,

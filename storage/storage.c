@@ -541,6 +541,12 @@ int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *er
                     "get trial %" PRId64, trial_id);
 }
 
+int storage_trial_find(storage *st, int64_t experiment_id, int number, trial_row *out,
+                       nas_err *err) {
+  return in_context(st, st->backend->trial_find(st->conn, experiment_id, number, out, err), err,
+                    "get trial %d of experiment %" PRId64, number, experiment_id);
+}
+
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
                        nas_err *err) {
   return in_context(st, st->backend->trial_list(st->conn, experiment_id, out, n, err), err,
@@ -564,6 +570,12 @@ int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, s
                          nas_err *err) {
   return in_context(st, st->backend->metrics_list(st->conn, experiment_id, out, n, err), err,
                     "list metrics of experiment %" PRId64, experiment_id);
+}
+
+int storage_metrics_of_trial(storage *st, int64_t trial_id, metric_row **out, size_t *n,
+                             nas_err *err) {
+  return in_context(st, st->backend->metrics_of_trial(st->conn, trial_id, out, n, err), err,
+                    "list metrics of trial %" PRId64, trial_id);
 }
 
 /* ---- the scheduler lease ------------------------------------------------------------- */

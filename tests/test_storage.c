@@ -873,7 +873,28 @@ static void trial_list_holds_one_experiment_ordered_by_number(void **state) {
   trial_row_clear(&other);
 }
 
-/* ---- metrics ---------------------------------------------------------------------------- */
+static void trial_find_reads_one_trial_by_its_number_within_its_experiment(void **state) {
+  fixture *f = *state;
+  int64_t a = make_experiment(f, "a"), b = make_experiment(f, "b");
+  trial_row made[3];
+  for (int i = 0; i < 3; i++) made[i] = make_trial(f, a, i == 2 ? "{\"x\": 2}" : "{}");
+  trial_row other = make_trial(f, b, "{}");
+  CHECK(storage_trial_start(f->st, made[2].id, "j2", err));
+  trial_row found, expect;
+  CHECK(storage_trial_find(f->st, a, 2, &found, err));
+  CHECK(storage_trial_get(f->st, made[2].id, &expect, err));
+  assert_trials_equal(&found, &expect);
+  trial_row_clear(&found), trial_row_clear(&expect);
+  CHECK(storage_trial_find(f->st, b, 0, &found, err));
+  assert_int_equal(found.id, other.id);
+  trial_row_clear(&found);
+  nas_err err = {{0}};
+  assert_int_equal(storage_trial_find(f->st, b, 1, &found, &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_trial_find(f->st, b + 100, 0, &found, &err), NAS_ENOTFOUND);
+  for (int i = 0; i < 3; i++) trial_row_clear(&made[i]);
+  trial_row_clear(&other);
+}
+
 
 static void metrics_keep_steps_finals_and_special_values(void **state) {
   fixture *f = *state;
@@ -903,6 +924,28 @@ static void metrics_keep_steps_finals_and_special_values(void **state) {
   }
   metric_rows_free(rows, n);
   trial_row_clear(&t);
+}
+
+static void metrics_of_trial_holds_that_trial_alone_in_insertion_order(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_experiment(f, "e");
+  trial_row t0 = make_trial(f, exp, "{}"), t1 = make_trial(f, exp, "{}");
+  metric_obs a = {"m", 0, 1, 1}, b = {"z", 1, 2, 2}, c = {"m", METRIC_FINAL, 3, 3};
+  CHECK(storage_metrics_add(f->st, t1.id, &a, 1, -1, err));
+  CHECK(storage_metrics_add(f->st, t0.id, &b, 1, -1, err));
+  CHECK(storage_metrics_add(f->st, t1.id, &c, 1, -1, err));
+  metric_row *rows = NULL;
+  size_t n = 0;
+  CHECK(storage_metrics_of_trial(f->st, t1.id, &rows, &n, err));
+  assert_int_equal(n, 2);
+  assert_int_equal(rows[0].trial_id, t1.id);
+  assert_true(rows[0].value == 1 && rows[1].value == 3);
+  assert_int_equal(rows[1].step, METRIC_FINAL);
+  metric_rows_free(rows, n);
+  CHECK(storage_metrics_of_trial(f->st, t1.id + 100, &rows, &n, err));
+  assert_int_equal(n, 0);
+  metric_rows_free(rows, n);
+  trial_row_clear(&t0), trial_row_clear(&t1);
 }
 
 static void metrics_list_orders_by_trial_then_insertion(void **state) {
@@ -2343,12 +2386,14 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(trial_requeue_takes_back_only_failed_and_timed_out_trials),
       FIXTURE_TEST(trial_fields_round_trip_exactly),
       FIXTURE_TEST(trial_list_holds_one_experiment_ordered_by_number),
+      FIXTURE_TEST(trial_find_reads_one_trial_by_its_number_within_its_experiment),
       FIXTURE_TEST(trial_claim_takes_the_oldest_queued_trial_and_starts_it),
       FIXTURE_TEST(trial_claim_with_nothing_queued_is_enotfound),
       FIXTURE_TEST(trial_heartbeat_records_when_a_running_trial_was_last_alive),
       FIXTURE_TEST(trial_heartbeat_of_a_trial_not_running_is_refused),
       FIXTURE_TEST(metrics_keep_steps_finals_and_special_values),
       FIXTURE_TEST(metrics_list_orders_by_trial_then_insertion),
+      FIXTURE_TEST(metrics_of_trial_holds_that_trial_alone_in_insertion_order),
       FIXTURE_TEST(metrics_add_moves_the_log_offset_only_when_asked),
       FIXTURE_TEST(metrics_add_with_a_bad_observation_stores_nothing),
       FIXTURE_TEST(metrics_add_to_unknown_trial_is_enotfound),
