@@ -229,10 +229,23 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
   return -1;
 }
 
+/* Ends the trial as a told; the spec's webhooks hear of it before the command exits
+ * (notifier_close waits at most NOTIFY_FLUSH_S), and cannot fail it. */
+static int tell_end(storage *st, const spec *s, const experiment_row *exp, const tell_args *a,
+                    const metric_set *set, nas_err *err) {
+  notifier *nt = NULL;
+  nas_err why;
+  if (notifier_start(s->notify, s->n_notify, &nt, &why) != NAS_OK)
+    nas_log("%s: no webhooks: %s", exp->name, why.msg);
+  int rc = a->fail ? sched_tell_fail(st, s, exp, a->number, a->fail, nt, err)
+                   : sched_tell_complete(st, s, exp, a->number, set->obs, set->n, nt, err);
+  notifier_close(nt);
+  return rc;
+}
+
 static int tell_it(storage *st, const spec *s, const experiment_row *exp, const tell_args *a,
                    const metric_set *set, nas_err *err) {
-  if (a->fail) return sched_tell_fail(st, exp, a->number, a->fail, err);
-  if (a->complete) return sched_tell_complete(st, s, exp, a->number, set->obs, set->n, err);
+  if (a->fail || a->complete) return tell_end(st, s, exp, a, set, err);
   bool stop = false;
   int rc = sched_tell_report(st, s, exp, a->number, set->obs, set->n, &stop, err);
   if (rc == NAS_OK && a->step != METRIC_FINAL) puts(stop ? "stop" : "continue");

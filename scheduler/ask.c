@@ -189,11 +189,33 @@ static const char *missing_objective(const spec *s, const sched_results *r, int6
   return NULL;
 }
 
+/* events.c's context for the webhooks of one tell (nt borrowed, may be NULL): the front
+ * before the trial ends is noted, so that its end can say whether it changed. */
+static void tell_events_begin(sched *sc, storage *st, const spec *s, const experiment_row *exp,
+                              notifier *nt) {
+  memset(sc, 0, sizeof *sc);
+  sc->st = st, sc->s = s, sc->exp = exp, sc->notifier = nt;
+  if (nt) sched_events_note_front(sc);
+}
+
+/* Posts the end of trial t as status (ended NULL: it did not end), and frees sc. */
+static void tell_events_end(sched *sc, const trial_row *ended, trial_status status,
+                            const char *why) {
+  if (sc->notifier && ended) {
+    trial_row row = *ended;
+    row.status = status;
+    sched_events_told(sc, &row, why);
+  }
+  sched_events_release(sc);
+}
+
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, nas_err *err) {
+                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err) {
   trial_row t;
   int rc = running_trial(st, exp, number, &t, err);
   if (rc != NAS_OK) return rc;
+  sched sc;
+  tell_events_begin(&sc, st, s, exp, nt);
   rc = n > 0 ? storage_metrics_add(st, t.id, obs, n, -1, err) : NAS_OK;
   sched_results r;
   if (rc == NAS_OK) rc = sched_results_of_trial(st, s, exp, number, &r, err);
@@ -204,17 +226,21 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
                  : storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
     sched_results_free(&r);
   }
+  tell_events_end(&sc, rc == NAS_OK ? &t : NULL, TRIAL_COMPLETED, NULL);
   trial_row_clear(&t);
   return rc;
 }
 
-int sched_tell_fail(storage *st, const experiment_row *exp, int number, const char *why,
-                    nas_err *err) {
+int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
+                    const char *why, notifier *nt, nas_err *err) {
   trial_row t;
   int rc = running_trial(st, exp, number, &t, err);
   if (rc != NAS_OK) return rc;
-  rc = storage_trial_finish(st, t.id, TRIAL_FAILED, false, 0,
-                                why && *why ? why : "failed (reported by the client)", err);
+  const char *error = why && *why ? why : "failed (reported by the client)";
+  sched sc;
+  tell_events_begin(&sc, st, s, exp, nt);
+  rc = storage_trial_finish(st, t.id, TRIAL_FAILED, false, 0, error, err);
+  tell_events_end(&sc, rc == NAS_OK ? &t : NULL, TRIAL_FAILED, error);
   trial_row_clear(&t);
   return rc;
 }

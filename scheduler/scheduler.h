@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "common/common.h"
+#include "notify/notify.h"
 #include "optimizer/optimizer.h"
 #include "spec/spec.h"
 #include "storage/storage.h"
@@ -217,12 +218,16 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
- * trial left running, when an objective was never reported. */
+ * trial left running, when an objective was never reported. With a notifier (borrowed,
+ * started from s's notify: section; NULL for none) the end is posted as a run posts it:
+ * trial_completed, front_changed when the trial joined the front, experiment_finished
+ * when it was the last of the budget to end. */
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, nas_err *err);
-/* Ends the running trial failed with why (may be NULL). */
-int sched_tell_fail(storage *st, const experiment_row *exp, int number, const char *why,
-                    nas_err *err);
+                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err);
+/* Ends the running trial failed with why (may be NULL); trial_failed (and
+ * experiment_finished) posted as sched_tell_complete says. */
+int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
+                    const char *why, notifier *nt, nas_err *err);
 /* A sign of life of the running trial. */
 int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err);
 

@@ -197,7 +197,8 @@ int api_complete(serve_request *req, char **parts) {
   nas_err err;
   int rc = body_metrics(req, c.body, false, false, &obs, &n);
   if (rc == NAS_OK) {
-    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n, &err);
+    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n,
+                             serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
     if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));
     else tell_failed(req, rc, &err);
   }
@@ -213,7 +214,8 @@ int api_fail(serve_request *req, char **parts) {
   nas_err err;
   int rc = why && !json_is_string(why)
                ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
-               : sched_tell_fail(req->st, &c.e.exp, c.number, json_string_value(why), &err);
+               : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, json_string_value(why),
+                                 serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
   if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));
   else if (!req->reply) tell_failed(req, rc, &err);
   tell_end(&c);

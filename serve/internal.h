@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "serve/serve.h"
+#include "notify/notify.h"
 #include "storage/storage.h"
 
 /* What a token (or, without a token file, a loopback client) may do. */
@@ -67,6 +68,21 @@ void serve_committer_free(serve_committer *c);
  * group committed; st is the caller's connection, used when this thread leads a group. */
 void serve_commit(serve_committer *c, storage *st, serve_write *w);
 
+/* The webhooks of experiments told through the server (notifiers.c). */
+typedef struct serve_notifier serve_notifier;
+typedef struct {
+  pthread_mutex_t lock;
+  serve_notifier *all; /* owned: one per experiment and spec told so far */
+  size_t n, cap;
+} serve_notifiers;
+
+void serve_notifiers_init(serve_notifiers *ns);
+/* Flushes (notifier_close) and frees every notifier. */
+void serve_notifiers_free(serve_notifiers *ns);
+/* The notifier of exp's spec, started at the first call; borrowed until the server stops.
+ * NULL when the spec has no webhooks (or they cannot start: logged). */
+notifier *serve_notifiers_get(serve_notifiers *ns, const experiment_row *exp);
+
 /* The server's state, shared by every request thread; immutable after start but the pool
  * and the committer. */
 typedef struct {
@@ -82,6 +98,7 @@ typedef struct {
    * at once. */
   bool grouped_writes;
   serve_committer committer;
+  serve_notifiers notifiers;
 } serve_ctx;
 
 /* One request, from its first byte to its log line. */

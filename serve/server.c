@@ -323,7 +323,9 @@ int serve_run(const serve_options *opt, nas_err *err) {
   if (rc == NAS_OK) {
     srv.grouped_writes = serve_pool_can_group(&srv.pool);
     serve_committer_init(&srv.committer);
+    serve_notifiers_init(&srv.notifiers);
     rc = serve_with(&srv, err);
+    serve_notifiers_free(&srv.notifiers);
     if (opt->log && srv.grouped_writes)
       fprintf(opt->log, "nas serve: %lu writes committed in %lu transactions\n",
               srv.committer.writes, srv.committer.commits);
