@@ -576,15 +576,18 @@ int main(void) {
     }
     int rc = strcmp(pg_fsync, "off") == 0 ? 0 : make_durable(&server, why, sizeof why);
     if (rc != 0) fprintf(stderr, "bench_storage: %s\n", why);
+    int made = 0; /* schemas made so far on this server: the next one's number */
     for (size_t i = 0; rc == 0 && i < 2; i++) {
       if (!wanted(backends, pg_backends[i])) continue;
       bench b = base;
       b.backend = pg_backends[i];
       b.server = &server;
+      b.made = made;
       if ((rc = dir_make(&b)) != 0) break;
       run_backend(&b, claim_trials);
       serve_stop(&b);
       dir_remove(&b);
+      made = b.made;
     }
     pgserver_stop(&server);
     if (rc != 0) return 1;
