@@ -371,39 +371,32 @@ static void stop_asserting_writes_were_grouped(test_server *srv, unsigned long m
   free(text), free(log);
 }
 
-static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **state) {
-  fixture *f = *state;
+/* 32 clients make `reports` reports each through a fresh server (odd ones to no trial
+ * when odd_clients_bad); each good report is stored once, and the server grouped them. */
+static void load_through_a_server(fixture *f, int reports, bool odd_clients_bad) {
   int64_t trial_ids[LOAD_CLIENTS];
   make_load_trials(f, trial_ids);
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);
-  load_args a = {url, trial_ids, LOAD_REPORTS, false};
+  load_args a = {url, trial_ids, reports, odd_clients_bad};
   pid_t pids[LOAD_CLIENTS];
   start_clients(&a, pids);
   wait_clients(pids);
-  stop_asserting_writes_were_grouped(&srv, LOAD_CLIENTS * LOAD_REPORTS);
-  assert_each_report_once(f, trial_ids, LOAD_REPORTS, false);
+  stop_asserting_writes_were_grouped(&srv, (unsigned long)(LOAD_CLIENTS * reports));
+  assert_each_report_once(f, trial_ids, reports, odd_clients_bad);
   free(url);
+}
+
+static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **state) {
+  load_through_a_server(*state, LOAD_REPORTS, false);
 }
 
 /* Half the clients report to a trial that does not exist while the other half report to
  * theirs: the server commits them in groups, and each bad report fails (404) alone, never
  * taking a good one of its group with it. */
 static void bad_reports_grouped_with_good_ones_fail_alone(void **state) {
-  fixture *f = *state;
-  int64_t trial_ids[LOAD_CLIENTS];
-  make_load_trials(f, trial_ids);
-  test_server srv;
-  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
-  char *url = server_url(&srv);
-  load_args a = {url, trial_ids, LOAD_REPORTS / 2, true};
-  pid_t pids[LOAD_CLIENTS];
-  start_clients(&a, pids);
-  wait_clients(pids);
-  stop_asserting_writes_were_grouped(&srv, LOAD_CLIENTS * LOAD_REPORTS / 2);
-  assert_each_report_once(f, trial_ids, LOAD_REPORTS / 2, true);
-  free(url);
+  load_through_a_server(*state, LOAD_REPORTS / 2, true);
 }
 
 /* Observations stored so far in the trials of "load", read from the database itself. */
