@@ -460,7 +460,7 @@ static void ask_latency(bench *b, int n_obs, int repeats) {
     size_t got = 0;
     own[i] = optimizer_ms(st, s, &exp, &err);
     double t0 = nas_monotonic();
-    rc = sched_ask(st, s, &exp, 1, "bench", &rows, &got, &err);
+    rc = sched_ask(st, s, &exp, 1, "bench", NULL, &rows, &got, &err);
     direct[i] = (nas_monotonic() - t0) * 1e3;
     trial_rows_free(rows, got);
     if (rc == NAS_OK) rc = complete_newest(st, s, &exp, &err);

@@ -93,6 +93,16 @@ int cmd_create(int argc, char **argv) {
   return status;
 }
 
+/* The spec's webhooks for one command (NULL when it has none or they cannot start: the
+ * command goes on without them, as a run does). Closed with notifier_close. */
+static notifier *webhooks_start(const spec *s, const experiment_row *exp) {
+  notifier *nt = NULL;
+  nas_err why;
+  if (notifier_start(s->notify, s->n_notify, &nt, &why) != NAS_OK)
+    nas_log("%s: no webhooks: %s", exp->name, why.msg);
+  return nt;
+}
+
 static int print_asked(const spec *s, const trial_row *rows, size_t n, out_format format) {
   cli_table t;
   static const char *const head[] = {"trial"};
@@ -160,12 +170,14 @@ int cmd_ask(int argc, char **argv) {
   size_t got;
   nas_err err;
   int status = EXIT_DONE;
-  if (sched_ask(st, s, &exp, (size_t)n, worker, &rows, &got, &err) != NAS_OK) {
+  notifier *nt = webhooks_start(s, &exp);
+  if (sched_ask(st, s, &exp, (size_t)n, worker, nt, &rows, &got, &err) != NAS_OK) {
     status = cli_fail(&err);
   } else {
     if (print_asked(s, rows, got, format) != NAS_OK) status = EXIT_FAILED;
     trial_rows_free(rows, got);
   }
+  notifier_close(nt);
   close_named(st, &exp, s);
   return status;
 }
@@ -233,10 +245,7 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
  * (notifier_close waits at most NOTIFY_FLUSH_S), and cannot fail it. */
 static int tell_end(storage *st, const spec *s, const experiment_row *exp, const tell_args *a,
                     const metric_set *set, nas_err *err) {
-  notifier *nt = NULL;
-  nas_err why;
-  if (notifier_start(s->notify, s->n_notify, &nt, &why) != NAS_OK)
-    nas_log("%s: no webhooks: %s", exp->name, why.msg);
+  notifier *nt = webhooks_start(s, exp);
   int rc = a->fail ? sched_tell_fail(st, s, exp, a->number, a->fail, nt, err)
                    : sched_tell_complete(st, s, exp, a->number, set->obs, set->n, nt, err);
   notifier_close(nt);

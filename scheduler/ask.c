@@ -34,8 +34,30 @@ static bool handed_out(const trial_row *t) {
   return t->status == TRIAL_RUNNING && t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
 }
 
-/* Requeues (or fails, after max_attempts) the handed-out trials that went silent. */
-static int expire_silent(storage *st, const spec *s, const experiment_row *exp, nas_err *err) {
+/* events.c's context for the webhooks of one tell (nt borrowed, may be NULL): the front
+ * before the trial ends is noted, so that its end can say whether it changed. */
+static void tell_events_begin(sched *sc, storage *st, const spec *s, const experiment_row *exp,
+                              notifier *nt) {
+  memset(sc, 0, sizeof *sc);
+  sc->st = st, sc->s = s, sc->exp = exp, sc->notifier = nt;
+  if (nt) sched_events_note_front(sc);
+}
+
+/* Posts the end of trial t as status (ended NULL: it did not end), and frees sc. */
+static void tell_events_end(sched *sc, const trial_row *ended, trial_status status,
+                            const char *why) {
+  if (sc->notifier && ended) {
+    trial_row row = *ended;
+    row.status = status;
+    sched_events_told(sc, &row, why);
+  }
+  sched_events_release(sc);
+}
+
+/* Requeues (or fails, after max_attempts) the handed-out trials that went silent; a failed
+ * one is told to the webhooks (nt, may be NULL) as a run tells a lost job's failure. */
+static int expire_silent(storage *st, const spec *s, const experiment_row *exp, notifier *nt,
+                         nas_err *err) {
   double timeout = s->trial.heartbeat_timeout_s > 0 ? s->trial.heartbeat_timeout_s : ASK_DEFAULT_TIMEOUT_S;
   double now = nas_now();
   trial_row *rows;
@@ -49,9 +71,12 @@ static int expire_silent(storage *st, const spec *s, const experiment_row *exp, 
     bool again = t->attempts < s->trial.max_attempts;
     char *why = nas_asprintf("lost (no report nor heartbeat for %.0f s)%s", now - heard,
                              again ? "; handed out again" : "");
+    sched sc;
+    tell_events_begin(&sc, st, s, exp, again ? NULL : nt);
     rc = why ? storage_trial_finish(st, t->id, again ? TRIAL_QUEUED : TRIAL_FAILED, false, 0,
                                     why, err)
              : nas_errf(err, "out of memory");
+    tell_events_end(&sc, rc == NAS_OK ? t : NULL, TRIAL_FAILED, why);
     free(why);
   }
   trial_rows_free(rows, n);
@@ -104,7 +129,7 @@ static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_
 }
 
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
-              const char *worker, trial_row **out, size_t *n_out, nas_err *err) {
+              const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err) {
   *out = NULL;
   *n_out = 0;
   if (strcmp(exp->status, "stopped") == 0)
@@ -113,7 +138,7 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   trial_row *rows = calloc(n ? n : 1, sizeof *rows);
   sched_lease lease = {0};
   int rc = who && rows ? take_lease(st, exp, &lease, err) : nas_errf(err, "out of memory");
-  if (rc == NAS_OK) rc = expire_silent(st, s, exp, err);
+  if (rc == NAS_OK) rc = expire_silent(st, s, exp, nt, err);
   if (rc == NAS_OK) rc = hand_out(st, s, exp, n, who, rows, n_out, err);
   sched_lease_release(st, exp, &lease);
   free(who);
@@ -187,26 +212,6 @@ static const char *missing_objective(const spec *s, const sched_results *r, int6
       if (isnan(r->values[i * r->n_metrics + j])) return s->objectives[j].name;
   }
   return NULL;
-}
-
-/* events.c's context for the webhooks of one tell (nt borrowed, may be NULL): the front
- * before the trial ends is noted, so that its end can say whether it changed. */
-static void tell_events_begin(sched *sc, storage *st, const spec *s, const experiment_row *exp,
-                              notifier *nt) {
-  memset(sc, 0, sizeof *sc);
-  sc->st = st, sc->s = s, sc->exp = exp, sc->notifier = nt;
-  if (nt) sched_events_note_front(sc);
-}
-
-/* Posts the end of trial t as status (ended NULL: it did not end), and frees sc. */
-static void tell_events_end(sched *sc, const trial_row *ended, trial_status status,
-                            const char *why) {
-  if (sc->notifier && ended) {
-    trial_row row = *ended;
-    row.status = status;
-    sched_events_told(sc, &row, why);
-  }
-  sched_events_release(sc);
 }
 
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,

@@ -209,9 +209,10 @@ int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_r
 /* Hands out up to n trials to worker (a name for people; may be NULL): queued ones first,
  * then new suggestions, within the trial budget; *out gets *n_out started rows (owned).
  * NAS_ENOTFOUND when the budget is spent, NAS_EEXIST when a scheduler runs the experiment
- * or it is stopped. */
+ * or it is stopped. A silent trial failed for good on the way is posted as trial_failed
+ * to nt (as sched_tell_fail says; NULL for no webhooks). */
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
-              const char *worker, trial_row **out, size_t *n_out, nas_err *err);
+              const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err);
 /* Stores metrics of running trial `number` (intermediate ones with steps >= 0) as a sign
  * of life; *stop says whether the early-stopping rule stopped the trial (it is then ended
  * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */

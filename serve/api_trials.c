@@ -102,7 +102,8 @@ int api_ask(serve_request *req, char **parts) {
   nas_err err;
   int rc = api_load(req, parts[0], &e, false);
   if (rc == NAS_OK) {
-    rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker), &rows, &got, &err);
+    rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker),
+                   serve_notifiers_get(&req->srv->notifiers, &e.exp), &rows, &got, &err);
     if (rc == NAS_ENOTFOUND) serve_fail(req, MHD_HTTP_CONFLICT, "%s", err.msg);
     else if (rc != NAS_OK) tell_failed(req, rc, &err);
     api_unload(&e);

@@ -557,6 +557,34 @@ static void ask_and_tell_through_the_server_tell_each_end_the_front_and_the_fini
   receiver_stop(rv);
 }
 
+/* A handed-out trial silent past its heartbeat timeout with no attempts left is failed by
+ * the next ask, and told as trial_failed (a lost scheduler job's failure is); it was the
+ * budget's only trial, so the experiment's finish is told too. */
+static void a_handed_out_trial_lost_for_good_is_told_as_failed(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *text = nas_asprintf("name: lost\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {heartbeat_timeout: 1s, max_attempts: 1}\n"
+                            "budget: {trials: 1}\n"
+                            "notify: [{url: \"http://127.0.0.1:%d/lost\"}]\n", rv->port);
+  char *spec = test_write(f->dir, "lost.yaml", text), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "lost", NULL), 0);
+  free(out);
+  nas_sleep(1.5);
+  assert_int_equal(nas(f, &out, "ask", "lost", NULL), 1);
+  assert_non_null(strstr(out, "spent its budget"));
+  free(out);
+  assert_int_equal(count_received(rv, "/lost", "trial_failed"), 1);
+  assert_int_equal(count_received(rv, "/lost", "experiment_finished"), 1);
+  assert_int_equal(count_received(rv, "/lost", "trial_completed"), 0);
+  free(spec), free(text);
+  receiver_stop(rv);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_receiver_answering_500_twice_gets_the_event_on_the_third_try),
@@ -579,6 +607,8 @@ int main(void) {
           ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(
           ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_handed_out_trial_lost_for_good_is_told_as_failed, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
