@@ -8,7 +8,8 @@
  *
  * Backend "http" (`make bench-serve`, bench/serve.sh) is the http storage backend in front
  * of a `nas serve` ($NAS_BIN, default bin/nas) of a fresh SQLite file, started here for each
- * run: the same numbers through the server, beside the direct ones. With it comes the ask
+ * run: the same numbers through the server, beside the direct ones; "http-pg" the same in
+ * front of a fresh schema of the PostgreSQL server below. With it comes the ask
  * latency: with 50 and 200 completed trials, the optimizer's own time for one suggestion
  * (results loaded, gp created, one suggest), `sched_ask` on the file directly (`nas ask`),
  * and `POST /ask` to the server (libcurl), medians of ASK_REPEATS (default 10) asks each.
@@ -18,7 +19,7 @@
  * synchronous = FULL on the same disk. SQLite files go under $TMPDIR (or /tmp).
  *
  * Knobs (environment): SECONDS_PER_RUN (default 2), CLAIM_TRIALS (default 1000),
- * BACKENDS (default "sqlite,postgresql"), PG_FSYNC=off to measure PostgreSQL as the tests
+ * BACKENDS (default "sqlite,postgresql"; also http, http-pg), PG_FSYNC=off to measure PostgreSQL as the tests
  * run it. Processes start together at an agreed moment of the monotonic clock, which all
  * processes of the machine share, and count what they finished before the end. */
 #include <errno.h>
@@ -42,8 +43,8 @@
 enum { BATCH_BIG = 64, MAX_PROCS = 32 };
 
 typedef struct bench {
-  const char *backend; /* "sqlite", "postgresql" or "http" */
-  pgserver *server;    /* for postgresql */
+  const char *backend; /* "sqlite", "postgresql", "http" or "http-pg" */
+  pgserver *server;    /* for postgresql and http-pg */
   pid_t serve_pid;     /* for http: the `nas serve` of the current run, or 0 */
   char *dir;           /* owned folder for SQLite files */
   int made;            /* storages made so far; names the next one */
@@ -86,17 +87,8 @@ static char *serve_start(bench *b, const char *db, int n) {
   return port < 0 ? NULL : nas_asprintf("http://127.0.0.1:%d", port);
 }
 
-/* The owned URL of a fresh storage: a new SQLite file, a new PostgreSQL schema, or a new
- * server of a new SQLite file. */
-static char *fresh_url(bench *b) {
-  int n = b->made++;
-  if (strcmp(b->backend, "sqlite") == 0) return nas_asprintf("sqlite:%s/bench-%d.db", b->dir, n);
-  if (strcmp(b->backend, "http") == 0) {
-    serve_stop(b);
-    char *db = nas_asprintf("sqlite:%s/bench-%d.db", b->dir, n), *url = serve_start(b, db, n);
-    free(db);
-    return url;
-  }
+/* The owned URL of a new schema of the PostgreSQL server. */
+static char *fresh_pg_url(bench *b, int n) {
   char sql[64], why[512];
   snprintf(sql, sizeof sql, "CREATE SCHEMA bench_%d", n);
   if (pgserver_exec(b->server, "postgres", sql, why, sizeof why) != 0) {
@@ -105,6 +97,20 @@ static char *fresh_url(bench *b) {
   }
   return nas_asprintf("postgresql://nas@127.0.0.1:%d/postgres?options=-csearch_path%%3Dbench_%d",
                       b->server->port, n);
+}
+
+/* The owned URL of a fresh storage: a new SQLite file, a new PostgreSQL schema, or a new
+ * server of a new one of those. */
+static char *fresh_url(bench *b) {
+  int n = b->made++;
+  bool served = strncmp(b->backend, "http", 4) == 0;
+  bool pg = strcmp(b->backend, "postgresql") == 0 || strcmp(b->backend, "http-pg") == 0;
+  char *db = pg ? fresh_pg_url(b, n) : nas_asprintf("sqlite:%s/bench-%d.db", b->dir, n);
+  if (!served || !db) return db;
+  serve_stop(b);
+  char *url = serve_start(b, db, n);
+  free(db);
+  return url;
 }
 
 static storage *open_or_die(const char *url) {
@@ -401,7 +407,7 @@ static int complete_newest(storage *st, const spec *s, const experiment_row *exp
   size_t n;
   if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK || n == 0) return NAS_ERR;
   metric_obs obs[2] = {{"f1", METRIC_FINAL, 0.5, nas_now()}, {"f2", METRIC_FINAL, 0.5, nas_now()}};
-  int rc = sched_tell_complete(st, s, exp, rows[n - 1].number, obs, 2, err);
+  int rc = sched_tell_complete(st, s, exp, rows[n - 1].number, obs, 2, NULL, err);
   trial_rows_free(rows, n);
   return rc;
 }
@@ -454,7 +460,7 @@ static void ask_latency(bench *b, int n_obs, int repeats) {
     size_t got = 0;
     own[i] = optimizer_ms(st, s, &exp, &err);
     double t0 = nas_monotonic();
-    rc = sched_ask(st, s, &exp, 1, "bench", &rows, &got, &err);
+    rc = sched_ask(st, s, &exp, 1, "bench", NULL, &rows, &got, &err);
     direct[i] = (nas_monotonic() - t0) * 1e3;
     trial_rows_free(rows, got);
     if (rc == NAS_OK) rc = complete_newest(st, s, &exp, &err);
@@ -508,6 +514,35 @@ static void print_machine(void) {
          sysconf(_SC_NPROCESSORS_ONLN), model, load[0], stamp);
 }
 
+/* Whether the comma-separated list names name. */
+static bool wanted(const char *list, const char *name) {
+  size_t len = strlen(name);
+  for (const char *at = list; (at = strstr(at, name)); at += len)
+    if ((at == list || at[-1] == ',') && (at[len] == ',' || at[len] == '\0')) return true;
+  return false;
+}
+
+/* A folder of its own for b's files (SQLite files, server logs); removed by dir_remove. */
+static int dir_make(bench *b) {
+  const char *tmp = getenv("TMPDIR");
+  b->dir = nas_asprintf("%s/nas-bench-XXXXXX", tmp ? tmp : "/tmp");
+  if (mkdtemp(b->dir)) return 0;
+  perror(b->dir);
+  return -1;
+}
+
+static void dir_remove(bench *b) {
+  char *rm[] = {"rm", "-rf", "--", b->dir, NULL};
+  pid_t pid = fork();
+  if (pid == 0) {
+    execvp("rm", rm);
+    _exit(127);
+  }
+  waitpid(pid, NULL, 0);
+  free(b->dir);
+  b->dir = NULL;
+}
+
 int main(void) {
   bench base = {.seconds = env_number("SECONDS_PER_RUN", 2)};
   int claim_trials = (int)env_number("CLAIM_TRIALS", 1000);
@@ -518,15 +553,10 @@ int main(void) {
          base.seconds, claim_trials, pg_fsync);
   const char *const file_backends[] = {"sqlite", "http"};
   for (size_t i = 0; i < 2; i++) {
-    if (!strstr(backends, file_backends[i])) continue;
+    if (!wanted(backends, file_backends[i])) continue;
     bench b = base;
     b.backend = file_backends[i];
-    const char *tmp = getenv("TMPDIR");
-    b.dir = nas_asprintf("%s/nas-bench-XXXXXX", tmp ? tmp : "/tmp");
-    if (!mkdtemp(b.dir)) {
-      perror(b.dir);
-      return 1;
-    }
+    if (dir_make(&b) != 0) return 1;
     run_backend(&b, claim_trials);
     serve_stop(&b);
     if (strcmp(b.backend, "http") == 0) {
@@ -534,28 +564,31 @@ int main(void) {
       ask_latency(&b, 50, repeats);
       ask_latency(&b, 200, repeats);
     }
-    char *rm[] = {"rm", "-rf", "--", b.dir, NULL};
-    pid_t pid = fork();
-    if (pid == 0) {
-      execvp("rm", rm);
-      _exit(127);
-    }
-    waitpid(pid, NULL, 0);
-    free(b.dir);
+    dir_remove(&b);
   }
-  if (strstr(backends, "postgresql")) {
+  const char *const pg_backends[] = {"postgresql", "http-pg"};
+  if (wanted(backends, pg_backends[0]) || wanted(backends, pg_backends[1])) {
     pgserver server;
     char why[1024];
     if (pgserver_start(&server, why, sizeof why) != 0) {
       fprintf(stderr, "bench_storage: no PostgreSQL server: %s\n", why);
       return 1;
     }
-    bench b = base;
-    b.backend = "postgresql";
-    b.server = &server;
     int rc = strcmp(pg_fsync, "off") == 0 ? 0 : make_durable(&server, why, sizeof why);
-    if (rc == 0) run_backend(&b, claim_trials);
-    else fprintf(stderr, "bench_storage: %s\n", why);
+    if (rc != 0) fprintf(stderr, "bench_storage: %s\n", why);
+    int made = 0; /* schemas made so far on this server: the next one's number */
+    for (size_t i = 0; rc == 0 && i < 2; i++) {
+      if (!wanted(backends, pg_backends[i])) continue;
+      bench b = base;
+      b.backend = pg_backends[i];
+      b.server = &server;
+      b.made = made;
+      if ((rc = dir_make(&b)) != 0) break;
+      run_backend(&b, claim_trials);
+      serve_stop(&b);
+      dir_remove(&b);
+      made = b.made;
+    }
     pgserver_stop(&server);
     if (rc != 0) return 1;
   }

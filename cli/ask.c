@@ -16,7 +16,8 @@ static const char create_help[] =
     "usage: nas create FILE [--storage URL]\n\n"
     "Stores the experiment described by the YAML spec FILE without running it, to drive it\n"
     "with 'nas ask'/'nas tell' or through 'nas serve'. A spec for ask and tell needs no\n"
-    "'trial' section. The same spec again is no error; a different one is refused.\n";
+    "'trial' section. The same spec again is no error; a different one is refused.\n"
+    "Stored in --storage, else $NAS_STORAGE, else the spec's 'storage:' (as 'nas run').\n";
 
 static const char ask_help[] =
     "usage: nas ask EXPERIMENT [-n K] [--worker NAME] [--format table|csv|json] [--storage URL]\n\n"
@@ -62,7 +63,7 @@ static int create_experiment(const char *path, const char *url) {
   storage *st = NULL;
   experiment_row exp = {0};
   int status = EXIT_DONE;
-  if (storage_open(cli_storage_url(url), &st, &err) != NAS_OK ||
+  if (storage_open(cli_spec_storage_url(url, s), &st, &err) != NAS_OK ||
       sched_prepare(s, st, &exp, &err) != NAS_OK)
     status = cli_fail(&err);
   else
@@ -90,6 +91,16 @@ int cmd_create(int argc, char **argv) {
   if (status < 0) status = create_experiment(argv[optind], url);
   free(url);
   return status;
+}
+
+/* The spec's webhooks for one command (NULL when it has none or they cannot start: the
+ * command goes on without them, as a run does). Closed with notifier_close. */
+static notifier *webhooks_start(const spec *s, const experiment_row *exp) {
+  notifier *nt = NULL;
+  nas_err why;
+  if (notifier_start(s->notify, s->n_notify, &nt, &why) != NAS_OK)
+    nas_log("%s: no webhooks: %s", exp->name, why.msg);
+  return nt;
 }
 
 static int print_asked(const spec *s, const trial_row *rows, size_t n, out_format format) {
@@ -159,12 +170,14 @@ int cmd_ask(int argc, char **argv) {
   size_t got;
   nas_err err;
   int status = EXIT_DONE;
-  if (sched_ask(st, s, &exp, (size_t)n, worker, &rows, &got, &err) != NAS_OK) {
+  notifier *nt = webhooks_start(s, &exp);
+  if (sched_ask(st, s, &exp, (size_t)n, worker, nt, &rows, &got, &err) != NAS_OK) {
     status = cli_fail(&err);
   } else {
     if (print_asked(s, rows, got, format) != NAS_OK) status = EXIT_FAILED;
     trial_rows_free(rows, got);
   }
+  notifier_close(nt);
   close_named(st, &exp, s);
   return status;
 }
@@ -228,10 +241,20 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
   return -1;
 }
 
+/* Ends the trial as a told; the spec's webhooks hear of it before the command exits
+ * (notifier_close waits at most NOTIFY_FLUSH_S), and cannot fail it. */
+static int tell_end(storage *st, const spec *s, const experiment_row *exp, const tell_args *a,
+                    const metric_set *set, nas_err *err) {
+  notifier *nt = webhooks_start(s, exp);
+  int rc = a->fail ? sched_tell_fail(st, s, exp, a->number, a->fail, nt, err)
+                   : sched_tell_complete(st, s, exp, a->number, set->obs, set->n, nt, err);
+  notifier_close(nt);
+  return rc;
+}
+
 static int tell_it(storage *st, const spec *s, const experiment_row *exp, const tell_args *a,
                    const metric_set *set, nas_err *err) {
-  if (a->fail) return sched_tell_fail(st, exp, a->number, a->fail, err);
-  if (a->complete) return sched_tell_complete(st, s, exp, a->number, set->obs, set->n, err);
+  if (a->fail || a->complete) return tell_end(st, s, exp, a, set, err);
   bool stop = false;
   int rc = sched_tell_report(st, s, exp, a->number, set->obs, set->n, &stop, err);
   if (rc == NAS_OK && a->step != METRIC_FINAL) puts(stop ? "stop" : "continue");

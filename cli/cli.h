@@ -60,6 +60,10 @@ char *cli_storage_flag(char *arg);
 /* The storage URL for commands that name an experiment: --storage, else NAS_STORAGE,
  * else sqlite:nas.db. flag may be NULL. Borrowed. */
 const char *cli_storage_url(const char *flag);
+/* The storage URL for commands that store a spec's experiment (`nas run`, `nas create`):
+ * --storage, else NAS_STORAGE, else the spec's own `storage:` (sqlite:nas.db when it has
+ * none). Borrowed. */
+const char *cli_spec_storage_url(const char *flag, const spec *s);
 /* Opens storage as flags say (storage_open_with: every command but `nas run` gives
  * STORAGE_MUST_EXIST) and loads the named experiment with its spec (parsed from the
  * stored text). */

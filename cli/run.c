@@ -112,8 +112,7 @@ int cmd_run(int argc, char **argv) {
     free(a.storage);
     return cli_fail(&err);
   }
-  const char *env = getenv("NAS_STORAGE");
-  const char *url = a.storage ? a.storage : env && *env ? env : s->storage;
+  const char *url = cli_spec_storage_url(a.storage, s);
   storage *st = NULL;
   experiment_row exp = {0};
   if (storage_open(url, &st, &err) != NAS_OK || sched_prepare(s, st, &exp, &err) != NAS_OK)

@@ -41,6 +41,11 @@ const char *cli_storage_url(const char *flag) {
   return env && *env ? env : STORAGE_DEFAULT_URL;
 }
 
+const char *cli_spec_storage_url(const char *flag, const spec *s) {
+  const char *env = getenv("NAS_STORAGE");
+  return flag ? flag : env && *env ? env : s->storage;
+}
+
 /* The experiment name nearest to name when it is a likely typo, else NULL; owned. */
 static char *nearest_experiment(storage *st, const char *name) {
   experiment_row *rows;

@@ -24,17 +24,9 @@
 
 int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
                      nas_err *err) {
-  trial_row *rows;
-  size_t n;
-  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
-  int rc = nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d", exp->name, number);
-  for (size_t i = 0; i < n; i++)
-    if (rows[i].number == number) {
-      *out = rows[i];
-      memset(&rows[i], 0, sizeof rows[i]);
-      rc = NAS_OK;
-    }
-  trial_rows_free(rows, n);
+  int rc = storage_trial_find(st, exp->id, number, out, err);
+  if (rc == NAS_ENOTFOUND)
+    return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d", exp->name, number);
   return rc;
 }
 
@@ -42,8 +34,30 @@ static bool handed_out(const trial_row *t) {
   return t->status == TRIAL_RUNNING && t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
 }
 
-/* Requeues (or fails, after max_attempts) the handed-out trials that went silent. */
-static int expire_silent(storage *st, const spec *s, const experiment_row *exp, nas_err *err) {
+/* events.c's context for the webhooks of one tell (nt borrowed, may be NULL): the front
+ * before the trial ends is noted, so that its end can say whether it changed. */
+static void tell_events_begin(sched *sc, storage *st, const spec *s, const experiment_row *exp,
+                              notifier *nt) {
+  memset(sc, 0, sizeof *sc);
+  sc->st = st, sc->s = s, sc->exp = exp, sc->notifier = nt;
+  if (nt) sched_events_note_front(sc);
+}
+
+/* Posts the end of trial t as status (ended NULL: it did not end), and frees sc. */
+static void tell_events_end(sched *sc, const trial_row *ended, trial_status status,
+                            const char *why) {
+  if (sc->notifier && ended) {
+    trial_row row = *ended;
+    row.status = status;
+    sched_events_told(sc, &row, why);
+  }
+  sched_events_release(sc);
+}
+
+/* Requeues (or fails, after max_attempts) the handed-out trials that went silent; a failed
+ * one is told to the webhooks (nt, may be NULL) as a run tells a lost job's failure. */
+static int expire_silent(storage *st, const spec *s, const experiment_row *exp, notifier *nt,
+                         nas_err *err) {
   double timeout = s->trial.heartbeat_timeout_s > 0 ? s->trial.heartbeat_timeout_s : ASK_DEFAULT_TIMEOUT_S;
   double now = nas_now();
   trial_row *rows;
@@ -57,9 +71,12 @@ static int expire_silent(storage *st, const spec *s, const experiment_row *exp, 
     bool again = t->attempts < s->trial.max_attempts;
     char *why = nas_asprintf("lost (no report nor heartbeat for %.0f s)%s", now - heard,
                              again ? "; handed out again" : "");
+    sched sc;
+    tell_events_begin(&sc, st, s, exp, again ? NULL : nt);
     rc = why ? storage_trial_finish(st, t->id, again ? TRIAL_QUEUED : TRIAL_FAILED, false, 0,
                                     why, err)
              : nas_errf(err, "out of memory");
+    tell_events_end(&sc, rc == NAS_OK ? t : NULL, TRIAL_FAILED, why);
     free(why);
   }
   trial_rows_free(rows, n);
@@ -112,7 +129,7 @@ static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_
 }
 
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
-              const char *worker, trial_row **out, size_t *n_out, nas_err *err) {
+              const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err) {
   *out = NULL;
   *n_out = 0;
   if (strcmp(exp->status, "stopped") == 0)
@@ -121,7 +138,7 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   trial_row *rows = calloc(n ? n : 1, sizeof *rows);
   sched_lease lease = {0};
   int rc = who && rows ? take_lease(st, exp, &lease, err) : nas_errf(err, "out of memory");
-  if (rc == NAS_OK) rc = expire_silent(st, s, exp, err);
+  if (rc == NAS_OK) rc = expire_silent(st, s, exp, nt, err);
   if (rc == NAS_OK) rc = hand_out(st, s, exp, n, who, rows, n_out, err);
   sched_lease_release(st, exp, &lease);
   free(who);
@@ -198,13 +215,15 @@ static const char *missing_objective(const spec *s, const sched_results *r, int6
 }
 
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, nas_err *err) {
+                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err) {
   trial_row t;
   int rc = running_trial(st, exp, number, &t, err);
   if (rc != NAS_OK) return rc;
+  sched sc;
+  tell_events_begin(&sc, st, s, exp, nt);
   rc = n > 0 ? storage_metrics_add(st, t.id, obs, n, -1, err) : NAS_OK;
   sched_results r;
-  if (rc == NAS_OK) rc = sched_results_load(st, s, exp->id, &r, err);
+  if (rc == NAS_OK) rc = sched_results_of_trial(st, s, exp, number, &r, err);
   if (rc == NAS_OK) {
     const char *missing = missing_objective(s, &r, t.id);
     rc = missing ? nas_errc(err, NAS_EINVAL, "trial %d has not reported objective '%s'; report it, or end "
@@ -212,17 +231,21 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
                  : storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
     sched_results_free(&r);
   }
+  tell_events_end(&sc, rc == NAS_OK ? &t : NULL, TRIAL_COMPLETED, NULL);
   trial_row_clear(&t);
   return rc;
 }
 
-int sched_tell_fail(storage *st, const experiment_row *exp, int number, const char *why,
-                    nas_err *err) {
+int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
+                    const char *why, notifier *nt, nas_err *err) {
   trial_row t;
   int rc = running_trial(st, exp, number, &t, err);
   if (rc != NAS_OK) return rc;
-  rc = storage_trial_finish(st, t.id, TRIAL_FAILED, false, 0,
-                                why && *why ? why : "failed (reported by the client)", err);
+  const char *error = why && *why ? why : "failed (reported by the client)";
+  sched sc;
+  tell_events_begin(&sc, st, s, exp, nt);
+  rc = storage_trial_finish(st, t.id, TRIAL_FAILED, false, 0, error, err);
+  tell_events_end(&sc, rc == NAS_OK ? &t : NULL, TRIAL_FAILED, error);
   trial_row_clear(&t);
   return rc;
 }

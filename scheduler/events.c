@@ -193,8 +193,13 @@ void sched_events_start(sched *sc) {
     nas_log("%s: no webhooks in this run: %s", sc->exp->name, err.msg);
     return;
   }
+  sched_events_note_front(sc);
+}
+
+void sched_events_note_front(sched *sc) {
   if (!wanted(sc, NOTIFY_FRONT_CHANGED)) return;
   front_view f;
+  nas_err err;
   if (front_now(sc, &f, &err) != NAS_OK) {
     nas_log("%s: the front so far is unknown (%s); the first completed trial announces it",
             sc->exp->name, err.msg);
@@ -202,6 +207,37 @@ void sched_events_start(sched *sc) {
   }
   front_remember(sc, &f);
   front_view_free(&f);
+}
+
+/* ---- ask and tell ---------------------------------------------------------------------- */
+
+/* Whether every trial the budget allows exists and has ended; counts them into sc. */
+static bool budget_spent_and_ended(sched *sc, const sched_results *r) {
+  memset(&sc->counts, 0, sizeof sc->counts);
+  bool ended = true;
+  for (size_t t = 0; t < r->n_trials; t++) {
+    sched_count(sc, TRIAL_STATUS_COUNT, r->trials[t].status);
+    ended &= trial_status_final(r->trials[t].status);
+  }
+  return ended && sc->counts.total >= sc->s->budget.max_trials;
+}
+
+void sched_events_told(sched *sc, const trial_row *row, const char *why) {
+  sched_results_stale(sc);
+  sched_events_trial_end(sc, row, why);
+  if (!wanted(sc, NOTIFY_EXPERIMENT_FINISHED)) return;
+  nas_err err;
+  const sched_results *r = sched_results_now(sc, &err);
+  if (!r) nas_log("%s: experiment_finished not sent: %s", sc->exp->name, err.msg);
+  else if (budget_spent_and_ended(sc, r)) sched_events_finished(sc);
+}
+
+void sched_events_release(sched *sc) {
+  sched_results_free(&sc->results);
+  sc->results_fresh = false;
+  free(sc->front_ids);
+  sc->front_ids = NULL;
+  sc->n_front_ids = 0;
 }
 
 void sched_events_stop(sched *sc) {

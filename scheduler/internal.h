@@ -125,6 +125,14 @@ void sched_events_trial_end(sched *sc, const trial_row *row, const char *why);
 void sched_events_finished(sched *sc);
 /* Flushes (at most NOTIFY_FLUSH_S) and stops the webhooks. */
 void sched_events_stop(sched *sc);
+/* Notes the current front, so that the next trial_end can tell whether it changed. */
+void sched_events_note_front(sched *sc);
+/* ask/tell (ask.c), on a context holding only st, s, exp and a borrowed notifier: a trial
+ * ended by a tell, as sched_events_trial_end (storage has changed since the front was
+ * noted), then experiment_finished when every trial of the budget has ended. */
+void sched_events_told(sched *sc, const trial_row *row, const char *why);
+/* Frees what events.c and the results cache hold, leaving the notifier open. */
+void sched_events_release(sched *sc);
 
 /* progress.c */
 /* Shows a trial's new state; what (may be NULL) says why it ended, or for a running

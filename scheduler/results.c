@@ -100,28 +100,52 @@ static int fill_values(sched_results *r, const metric_row *rows, size_t n_rows,
   return NAS_OK;
 }
 
+/* The metric names and values of out, whose trials are loaded, from the observations
+ * rows (freed here); out is freed on failure. */
+static int results_fill(sched_results *out, const spec *s, metric_row *rows, size_t n_rows,
+                        nas_err *err) {
+  int rc = collect_names(s, rows, n_rows, out, err);
+  size_t cells = out->n_trials * out->n_metrics;
+  if (rc == NAS_OK && !(out->values = malloc((cells ? cells : 1) * sizeof *out->values)))
+    rc = nas_errf(err, "out of memory");
+  if (rc == NAS_OK) rc = fill_values(out, rows, n_rows, err);
+  metric_rows_free(rows, n_rows);
+  if (rc != NAS_OK) sched_results_free(out);
+  return rc;
+}
+
 int sched_results_load(storage *st, const spec *s, int64_t experiment_id,
                        sched_results *out, nas_err *err) {
   memset(out, 0, sizeof *out);
   metric_row *rows = NULL;
   size_t n_rows = 0;
   if (storage_trial_list(st, experiment_id, &out->trials, &out->n_trials, err) != NAS_OK ||
-      storage_metrics_list(st, experiment_id, &rows, &n_rows, err) != NAS_OK)
-    goto fail;
-  if (collect_names(s, rows, n_rows, out, err) != NAS_OK) goto fail;
-  size_t cells = out->n_trials * out->n_metrics;
-  out->values = malloc((cells ? cells : 1) * sizeof *out->values);
-  if (!out->values) {
-    nas_errf(err, "out of memory");
-    goto fail;
+      storage_metrics_list(st, experiment_id, &rows, &n_rows, err) != NAS_OK) {
+    sched_results_free(out);
+    return NAS_ERR;
   }
-  if (fill_values(out, rows, n_rows, err) != NAS_OK) goto fail;
-  metric_rows_free(rows, n_rows);
-  return NAS_OK;
-fail:
-  metric_rows_free(rows, n_rows);
-  sched_results_free(out);
-  return NAS_ERR;
+  return results_fill(out, s, rows, n_rows, err);
+}
+
+int sched_results_of_trial(storage *st, const spec *s, const experiment_row *exp, int number,
+                           sched_results *out, nas_err *err) {
+  memset(out, 0, sizeof *out);
+  trial_row *t = calloc(1, sizeof *t);
+  if (!t) return nas_errf(err, "out of memory");
+  int rc = sched_trial_find(st, exp, number, t, err);
+  if (rc != NAS_OK) {
+    free(t);
+    return rc;
+  }
+  out->trials = t;
+  out->n_trials = 1;
+  metric_row *rows = NULL;
+  size_t n_rows = 0;
+  if (storage_metrics_of_trial(st, t->id, &rows, &n_rows, err) != NAS_OK) {
+    sched_results_free(out);
+    return NAS_ERR;
+  }
+  return results_fill(out, s, rows, n_rows, err);
 }
 
 void sched_results_free(sched_results *r) {

@@ -15,6 +15,7 @@
 #include <jansson.h>
 
 #include "common/common.h"
+#include "notify/notify.h"
 #include "optimizer/optimizer.h"
 #include "runners/runner.h"
 #include "spec/spec.h"
@@ -153,6 +154,10 @@ typedef struct {
 int sched_results_load(storage *st, const spec *s, int64_t experiment_id,
                        sched_results *out, nas_err *err);
 void sched_results_free(sched_results *r);
+/* The same for trial `number` of exp alone (its row and its own observations, without
+ * reading the rest of the experiment); NAS_ENOTFOUND when there is none. */
+int sched_results_of_trial(storage *st, const spec *s, const experiment_row *exp, int number,
+                           sched_results *out, nas_err *err);
 /* Index of metric name in r, or -1. */
 int sched_results_metric(const sched_results *r, const char *name);
 
@@ -208,21 +213,26 @@ int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_r
 /* Hands out up to n trials to worker (a name for people; may be NULL): queued ones first,
  * then new suggestions, within the trial budget; *out gets *n_out started rows (owned).
  * NAS_ENOTFOUND when the budget is spent, NAS_EEXIST when a scheduler runs the experiment
- * or it is stopped. */
+ * or it is stopped. A silent trial failed for good on the way is posted as trial_failed
+ * to nt (as sched_tell_fail says; NULL for no webhooks). */
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
-              const char *worker, trial_row **out, size_t *n_out, nas_err *err);
+              const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err);
 /* Stores metrics of running trial `number` (intermediate ones with steps >= 0) as a sign
  * of life; *stop says whether the early-stopping rule stopped the trial (it is then ended
  * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
- * trial left running, when an objective was never reported. */
+ * trial left running, when an objective was never reported. With a notifier (borrowed,
+ * started from s's notify: section; NULL for none) the end is posted as a run posts it:
+ * trial_completed, front_changed when the trial joined the front, experiment_finished
+ * when it was the last of the budget to end. */
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, nas_err *err);
-/* Ends the running trial failed with why (may be NULL). */
-int sched_tell_fail(storage *st, const experiment_row *exp, int number, const char *why,
-                    nas_err *err);
+                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err);
+/* Ends the running trial failed with why (may be NULL); trial_failed (and
+ * experiment_finished) posted as sched_tell_complete says. */
+int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
+                    const char *why, notifier *nt, nas_err *err);
 /* A sign of life of the running trial. */
 int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err);
 

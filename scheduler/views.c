@@ -201,7 +201,7 @@ json_t *sched_trial_detail_json(storage *st, const experiment_row *exp, const sc
   const trial_row *t = &r->trials[i];
   metric_row *rows;
   size_t n;
-  if (storage_metrics_list(st, exp->id, &rows, &n, err) != NAS_OK) return NULL;
+  if (storage_metrics_of_trial(st, t->id, &rows, &n, err) != NAS_OK) return NULL;
   json_t *one = sched_trial_json(r, i);
   char *run_dir = sched_run_dir(exp, t->number, t->attempts > 0 ? t->attempts : 1);
   if (one && run_dir) {

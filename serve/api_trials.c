@@ -55,22 +55,23 @@ int api_list_trials(serve_request *req, char **parts) {
   return NAS_OK;
 }
 
+/* Reads the one trial (its row and its own observations), not the whole experiment. */
 int api_get_trial(serve_request *req, char **parts) {
   int number = -1;
   api_experiment e;
-  if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, true) != NAS_OK)
+  if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, false) != NAS_OK)
     return NAS_ERR;
-  size_t i = 0;
-  while (i < e.r.n_trials && e.r.trials[i].number != number) i++;
+  sched_results one_trial;
   nas_err err;
   json_t *one = NULL;
-  int rc = NAS_OK;
-  if (i == e.r.n_trials)
-    rc = serve_fail(req, MHD_HTTP_NOT_FOUND, "experiment '%s' has no trial %d", parts[0], number);
-  else if (!(one = sched_trial_detail_json(req->st, &e.exp, &e.r, i, &err)))
-    rc = serve_fail_err(req, NAS_ERR, &err);
-  else
-    serve_reply(req, MHD_HTTP_OK, one);
+  int rc = sched_results_of_trial(req->st, e.s, &e.exp, number, &one_trial, &err);
+  if (rc == NAS_OK) {
+    one = sched_trial_detail_json(req->st, &e.exp, &one_trial, 0, &err);
+    sched_results_free(&one_trial);
+    rc = one ? NAS_OK : NAS_ERR;
+  }
+  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, one);
+  else serve_fail_err(req, rc, &err);
   api_unload(&e);
   return rc;
 }
@@ -101,7 +102,8 @@ int api_ask(serve_request *req, char **parts) {
   nas_err err;
   int rc = api_load(req, parts[0], &e, false);
   if (rc == NAS_OK) {
-    rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker), &rows, &got, &err);
+    rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker),
+                   serve_notifiers_get(&req->srv->notifiers, &e.exp), &rows, &got, &err);
     if (rc == NAS_ENOTFOUND) serve_fail(req, MHD_HTTP_CONFLICT, "%s", err.msg);
     else if (rc != NAS_OK) tell_failed(req, rc, &err);
     api_unload(&e);
@@ -151,18 +153,37 @@ static void tell_end(tell_call *c) {
   json_decref(c->body);
 }
 
+/* A report for the group commit (commit.c): reports of many trials arriving together
+ * are committed together. */
+typedef struct {
+  const tell_call *call;
+  const metric_obs *obs;
+  size_t n;
+  bool stop;
+  int rc;
+  nas_err err;
+} report_write;
+
+static void report_write_run(storage *st, void *arg) {
+  report_write *w = arg;
+  const tell_call *c = w->call;
+  w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, w->obs, w->n, &w->stop, &w->err);
+}
+
 int api_report(serve_request *req, char **parts) {
   tell_call c;
   if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
   metric_obs *obs = NULL;
   size_t n = 0;
-  bool stop = false;
-  nas_err err;
   int rc = body_metrics(req, c.body, true, true, &obs, &n);
   if (rc == NAS_OK) {
-    rc = sched_tell_report(req->st, c.e.s, &c.e.exp, c.number, obs, n, &stop, &err);
-    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", stop));
-    else tell_failed(req, rc, &err);
+    report_write w = {.call = &c, .obs = obs, .n = n};
+    serve_write write = {.run = report_write_run, .arg = &w};
+    if (req->srv->grouped_writes) serve_commit(&req->srv->committer, req->st, &write);
+    else report_write_run(req->st, &w);
+    rc = w.rc;
+    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", w.stop));
+    else tell_failed(req, rc, &w.err);
   }
   free(obs);
   tell_end(&c);
@@ -177,7 +198,8 @@ int api_complete(serve_request *req, char **parts) {
   nas_err err;
   int rc = body_metrics(req, c.body, false, false, &obs, &n);
   if (rc == NAS_OK) {
-    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n, &err);
+    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n,
+                             serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
     if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));
     else tell_failed(req, rc, &err);
   }
@@ -193,7 +215,8 @@ int api_fail(serve_request *req, char **parts) {
   nas_err err;
   int rc = why && !json_is_string(why)
                ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
-               : sched_tell_fail(req->st, &c.e.exp, c.number, json_string_value(why), &err);
+               : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, json_string_value(why),
+                                 serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
   if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));
   else if (!req->reply) tell_failed(req, rc, &err);
   tell_end(&c);

@@ -8,6 +8,7 @@
 #include <stdbool.h>
 
 #include "serve/serve.h"
+#include "notify/notify.h"
 #include "storage/storage.h"
 
 /* What a token (or, without a token file, a loopback client) may do. */
@@ -39,8 +40,51 @@ void serve_pool_free(serve_pool *p);
 /* A connection of its own for one request (opened when none is free). */
 int serve_pool_take(serve_pool *p, storage **out, nas_err *err);
 void serve_pool_give(serve_pool *p, storage *st);
+/* Whether the pool's storage can group writes (storage_can_group). */
+bool serve_pool_can_group(serve_pool *p);
 
-/* The server's state, shared by every request thread; immutable after start but the pool. */
+/* One write handed to the group commit (commit.c): run makes it on the storage it is
+ * given, keeping its outcome in arg; it may run twice (once in a group that failed to
+ * commit, then alone), so it replaces any outcome of an earlier run. */
+typedef struct serve_write {
+  void (*run)(storage *st, void *arg);
+  void *arg;
+  bool done;                /* committed, or failed for good */
+  struct serve_write *next; /* in the queue or the group */
+} serve_write;
+
+/* The writes waiting for a group, and the one group running. */
+typedef struct {
+  pthread_mutex_t lock;
+  pthread_cond_t finished;      /* a group ended */
+  serve_write *queue, **queue_end;
+  bool leading;                 /* a thread runs a group now */
+  unsigned long writes, commits; /* so far; the stop line says them */
+} serve_committer;
+
+void serve_committer_init(serve_committer *c);
+void serve_committer_free(serve_committer *c);
+/* Makes w, grouped with the writes other threads hand in meanwhile, and returns when its
+ * group committed; st is the caller's connection, used when this thread leads a group. */
+void serve_commit(serve_committer *c, storage *st, serve_write *w);
+
+/* The webhooks of experiments told through the server (notifiers.c). */
+typedef struct serve_notifier serve_notifier;
+typedef struct {
+  pthread_mutex_t lock;
+  serve_notifier *all; /* owned: one per experiment and spec told so far */
+  size_t n, cap;
+} serve_notifiers;
+
+void serve_notifiers_init(serve_notifiers *ns);
+/* Flushes (notifier_close) and frees every notifier. */
+void serve_notifiers_free(serve_notifiers *ns);
+/* The notifier of exp's spec, started at the first call; borrowed until the server stops.
+ * NULL when the spec has no webhooks (or they cannot start: logged). */
+notifier *serve_notifiers_get(serve_notifiers *ns, const experiment_row *exp);
+
+/* The server's state, shared by every request thread; immutable after start but the pool
+ * and the committer. */
 typedef struct {
   const serve_options *opt;
   serve_tokens tokens;   /* empty without a token file */
@@ -48,11 +92,13 @@ typedef struct {
   serve_pool pool;
   char *cwd;             /* owned: where experiments created over HTTP keep their runs */
   /* SQLite takes one writer at a time and makes the others sleep and retry (its busy
-   * handler backs off up to 100 ms), so the server's own storage writes queue on this
-   * lock instead: the same order of commits, without the sleeps in the tail latency.
-   * Only for SQLite; PostgreSQL writes of different rows run at once. */
-  bool one_writer;
-  pthread_mutex_t write_lock;
+   * handler backs off up to 100 ms), so the server's storage RPC writes and reports go
+   * through the group commit instead: many writes per commit, no sleeps in the tail
+   * latency. Only for SQLite (storage_can_group); PostgreSQL writes of different rows run
+   * at once. */
+  bool grouped_writes;
+  serve_committer committer;
+  serve_notifiers notifiers;
 } serve_ctx;
 
 /* One of the dashboard's files built into the binary (assets.c). */

@@ -328,15 +328,21 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
 }
 
 int serve_run(const serve_options *opt, nas_err *err) {
-  serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file,
-                   .one_writer = strncmp(opt->storage_url, "sqlite:", 7) == 0,
-                   .write_lock = PTHREAD_MUTEX_INITIALIZER};
+  serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file};
   srv.cwd = getcwd(NULL, 0);
   if (!srv.cwd) return nas_errf(err, "cannot read the current folder: %s", strerror(errno));
   int rc = opt->token_file ? serve_tokens_load(opt->token_file, &srv.tokens, err) : NAS_OK;
   if (rc == NAS_OK) rc = serve_pool_init(&srv.pool, opt->storage_url, SERVE_THREADS, err);
   if (rc == NAS_OK) {
+    srv.grouped_writes = serve_pool_can_group(&srv.pool);
+    serve_committer_init(&srv.committer);
+    serve_notifiers_init(&srv.notifiers);
     rc = serve_with(&srv, err);
+    serve_notifiers_free(&srv.notifiers);
+    if (opt->log && srv.grouped_writes)
+      fprintf(opt->log, "nas serve: %lu writes committed in %lu transactions\n",
+              srv.committer.writes, srv.committer.commits);
+    serve_committer_free(&srv.committer);
     serve_pool_free(&srv.pool);
   }
   serve_tokens_free(&srv.tokens);

@@ -56,6 +56,8 @@ typedef struct storage_backend {
   /* Must call storage_check_requeue likewise. */
   int (*trial_requeue)(void *conn, int64_t trial_id, nas_err *err);
   int (*trial_get)(void *conn, int64_t trial_id, trial_row *out, nas_err *err);
+  int (*trial_find)(void *conn, int64_t experiment_id, int number, trial_row *out,
+                    nas_err *err);
   int (*trial_list)(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                     nas_err *err);
 
@@ -64,6 +66,8 @@ typedef struct storage_backend {
                      int64_t new_log_offset, nas_err *err);
   int (*metrics_list)(void *conn, int64_t experiment_id, metric_row **out, size_t *n,
                       nas_err *err);
+  int (*metrics_of_trial)(void *conn, int64_t trial_id, metric_row **out, size_t *n,
+                          nas_err *err);
 
   /* The scheduler lease. Each is one statement or transaction; take, renew and release
    * are idempotent (a retried take finds its own token and succeeds). */
@@ -82,6 +86,12 @@ typedef struct storage_backend {
    * receipt_find looks a committed key up. */
   void (*receipt_arm)(void *conn, const char *key);
   int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);
+
+  /* Group commit (storage.h); NULL in a backend without it. group_begin opens one
+   * transaction in which each later write runs as a savepoint, rolled back alone when it
+   * fails; group_end commits the whole (commit true) or rolls it back. */
+  int (*group_begin)(void *conn, nas_err *err);
+  int (*group_end)(void *conn, bool commit, nas_err *err);
 } storage_backend;
 
 extern const storage_backend storage_sqlite_backend;

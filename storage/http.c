@@ -451,6 +451,14 @@ static int http_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_err 
                   "trial", &rows_json_trial, out, err);
 }
 
+static int http_trial_find(void *conn, int64_t experiment_id, int number, trial_row *out,
+                           nas_err *err) {
+  return call_row(conn, "trial_find",
+                  json_pack("{s:I, s:i}", "experiment_id", (json_int_t)experiment_id, "number",
+                            number),
+                  "trial", &rows_json_trial, out, err);
+}
+
 static int http_trial_list(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                            nas_err *err) {
   return call_rows(conn, "trial_list",
@@ -474,6 +482,12 @@ static int http_metrics_list(void *conn, int64_t experiment_id, metric_row **out
   return call_rows(conn, "metrics_list",
                    json_pack("{s:I}", "experiment_id", (json_int_t)experiment_id), "metrics",
                    &rows_json_metric, (void **)out, n, err);
+}
+
+static int http_metrics_of_trial(void *conn, int64_t trial_id, metric_row **out, size_t *n,
+                                 nas_err *err) {
+  return call_rows(conn, "metrics_of_trial", json_pack("{s:I}", "trial_id", (json_int_t)trial_id),
+                   "metrics", &rows_json_metric, (void **)out, n, err);
 }
 
 /* ---- the scheduler lease ------------------------------------------------------------------- */
@@ -545,9 +559,11 @@ const storage_backend storage_http_backend = {
     .trial_finish = http_trial_finish,
     .trial_requeue = http_trial_requeue,
     .trial_get = http_trial_get,
+    .trial_find = http_trial_find,
     .trial_list = http_trial_list,
     .metrics_add = http_metrics_add,
     .metrics_list = http_metrics_list,
+    .metrics_of_trial = http_metrics_of_trial,
     .lease_take = http_lease_take,
     .lease_renew = http_lease_renew,
     .lease_release = http_lease_release,

@@ -882,6 +882,13 @@ static int postgres_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_
   return trial_get(conn, trial_id, out, err);
 }
 
+static int postgres_trial_find(void *conn, int64_t experiment_id, int number, trial_row *out,
+                               nas_err *err) {
+  return query_row(conn, &trial_kind, out, "no such trial", err,
+                   "SELECT " TRIAL_COLUMNS " FROM trials WHERE experiment_id = $1 AND number = $2",
+                   "ii", experiment_id, (int64_t)number);
+}
+
 static int postgres_trial_list(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                                nas_err *err) {
   void *rows = NULL;
@@ -974,6 +981,16 @@ static int postgres_metrics_list(void *conn, int64_t experiment_id, metric_row *
                      " FROM metrics m JOIN trials t ON t.id = m.trial_id"
                      " WHERE t.experiment_id = $1 ORDER BY t.number, m.id",
                      "i", experiment_id);
+  if (rc == NAS_OK) *out = rows;
+  return rc;
+}
+
+static int postgres_metrics_of_trial(void *conn, int64_t trial_id, metric_row **out, size_t *n,
+                                     nas_err *err) {
+  void *rows = NULL;
+  int rc = query_rows(conn, &metric_kind, &rows, n, err,
+                     "SELECT id, trial_id, name, step, value, time FROM metrics"
+                     " WHERE trial_id = $1 ORDER BY id", "i", trial_id);
   if (rc == NAS_OK) *out = rows;
   return rc;
 }
@@ -1088,9 +1105,11 @@ const storage_backend storage_postgres_backend = {
     .trial_finish = postgres_trial_finish,
     .trial_requeue = postgres_trial_requeue,
     .trial_get = postgres_trial_get,
+    .trial_find = postgres_trial_find,
     .trial_list = postgres_trial_list,
     .metrics_add = postgres_metrics_add,
     .metrics_list = postgres_metrics_list,
+    .metrics_of_trial = postgres_metrics_of_trial,
     .lease_take = postgres_lease_take,
     .lease_renew = postgres_lease_renew,
     .lease_release = postgres_lease_release,

@@ -11,6 +11,7 @@
  * it, and then this one's failure was the collision of the keys, not a real one. */
 #include "storage/rpc.h"
 
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -214,6 +215,17 @@ static int trial_get_run(storage *st, rows_json_reader *a, json_t *out, nas_err 
   return rc == NAS_OK ? put_row(out, "trial", &rows_json_trial, &t, err) : rc;
 }
 
+static int trial_find_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  int64_t experiment_id, number;
+  rows_json_int(a, "experiment_id", &experiment_id);
+  rows_json_int(a, "number", &number);
+  if (a->rc == NAS_OK && (number < 0 || number > INT_MAX))
+    a->rc = nas_errf(err, "field 'number' is not a trial number");
+  trial_row t;
+  int rc = a->rc != NAS_OK ? a->rc : storage_trial_find(st, experiment_id, (int)number, &t, err);
+  return rc == NAS_OK ? put_row(out, "trial", &rows_json_trial, &t, err) : rc;
+}
+
 static int trial_list_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
   int64_t experiment_id;
   rows_json_int(a, "experiment_id", &experiment_id);
@@ -245,6 +257,15 @@ static int metrics_list_run(storage *st, rows_json_reader *a, json_t *out, nas_e
   metric_row *rows;
   size_t n;
   int rc = a->rc != NAS_OK ? a->rc : storage_metrics_list(st, experiment_id, &rows, &n, err);
+  return rc == NAS_OK ? put_rows(out, "metrics", &rows_json_metric, rows, n, err) : rc;
+}
+
+static int metrics_of_trial_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  int64_t trial_id;
+  rows_json_int(a, "trial_id", &trial_id);
+  metric_row *rows;
+  size_t n;
+  int rc = a->rc != NAS_OK ? a->rc : storage_metrics_of_trial(st, trial_id, &rows, &n, err);
   return rc == NAS_OK ? put_rows(out, "metrics", &rows_json_metric, rows, n, err) : rc;
 }
 
@@ -318,9 +339,11 @@ static const storage_rpc_op ops[] = {
     {"trial_finish", true, true, REPLAY_NOTHING, trial_finish_run},
     {"trial_requeue", true, true, REPLAY_NOTHING, trial_requeue_run},
     {"trial_get", false, false, REPLAY_NOTHING, trial_get_run},
+    {"trial_find", false, false, REPLAY_NOTHING, trial_find_run},
     {"trial_list", false, false, REPLAY_NOTHING, trial_list_run},
     {"metrics_add", true, true, REPLAY_NOTHING, metrics_add_run},
     {"metrics_list", false, false, REPLAY_NOTHING, metrics_list_run},
+    {"metrics_of_trial", false, false, REPLAY_NOTHING, metrics_of_trial_run},
     {"lease_take", true, false, REPLAY_NOTHING, lease_take_run},
     {"lease_renew", true, false, REPLAY_NOTHING, lease_renew_run},
     {"lease_release", true, false, REPLAY_NOTHING, lease_release_run},

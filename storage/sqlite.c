@@ -38,6 +38,7 @@ typedef struct sqlite_conn {
   dev_t dev;  /* identity of the file opened at path, to notice it deleted or replaced */
   ino_t ino;
   const char *request_key; /* borrowed: the idempotency key armed (storage.h), or NULL */
+  bool grouped; /* inside storage_group_begin: each write is a savepoint of that transaction */
 } sqlite_conn;
 
 /* ---- schema ---------------------------------------------------------------------------
@@ -237,13 +238,26 @@ static int check_identity(const sqlite_conn *c, nas_err *err) {
  * the file is still the one opened. */
 static int tx_begin(const sqlite_conn *c, nas_err *err) {
   int rc = check_identity(c, err);
-  return rc == NAS_OK ? exec(c, "BEGIN IMMEDIATE", err) : rc;
+  if (rc != NAS_OK || !c->grouped) return rc == NAS_OK ? exec(c, "BEGIN IMMEDIATE", err) : rc;
+  /* Some failures (a full disk, an I/O error) roll back the whole transaction: the group
+   * is lost then, and a savepoint opened now would run as a transaction of its own. */
+  if (sqlite3_get_autocommit(c->db))
+    return nas_errf(err, "the group's transaction on %s was rolled back", c->path);
+  return exec(c, "SAVEPOINT one_write", err);
 }
 
 /* Commits when rc is NAS_OK, else rolls back; returns rc, or the commit's failure. A
  * failed rollback is not reported over the error that caused it: SQLite then rolls the
- * transaction back itself when the connection closes. */
+ * transaction back itself when the connection closes. In a group, the write's savepoint
+ * is released or rolled back instead, and the group's transaction goes on. */
 static int tx_end(const sqlite_conn *c, int rc, nas_err *err) {
+  if (c->grouped) {
+    if (sqlite3_get_autocommit(c->db))
+      return rc != NAS_OK ? rc : nas_errf(err, "the group's transaction on %s was rolled back", c->path);
+    if (rc != NAS_OK) sqlite3_exec(c->db, "ROLLBACK TO one_write", NULL, NULL, NULL);
+    int released = exec(c, "RELEASE one_write", rc == NAS_OK ? err : NULL);
+    return rc == NAS_OK ? released : rc;
+  }
   if (rc == NAS_OK) rc = exec(c, "COMMIT", err);
   if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
@@ -939,6 +953,13 @@ static int sqlite_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_er
   return trial_get(conn, trial_id, out, err);
 }
 
+static int sqlite_trial_find(void *conn, int64_t experiment_id, int number, trial_row *out,
+                             nas_err *err) {
+  return query_row(conn, &trial_kind, out, "no such trial", err,
+                   "SELECT " TRIAL_COLUMNS " FROM trials WHERE experiment_id = ? AND number = ?",
+                   "ii", experiment_id, (int64_t)number);
+}
+
 static int sqlite_trial_list(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                              nas_err *err) {
   void *rows = NULL;
@@ -1001,6 +1022,16 @@ static int sqlite_metrics_list(void *conn, int64_t experiment_id, metric_row **o
                       " FROM metrics m JOIN trials t ON t.id = m.trial_id"
                       " WHERE t.experiment_id = ? ORDER BY t.number, m.id",
                       "i", experiment_id);
+  if (rc == NAS_OK) *out = rows;
+  return rc;
+}
+
+static int sqlite_metrics_of_trial(void *conn, int64_t trial_id, metric_row **out, size_t *n,
+                                   nas_err *err) {
+  void *rows = NULL;
+  int rc = query_rows(conn, &metric_kind, &rows, n, err,
+                      "SELECT id, trial_id, name, step, value, time FROM metrics"
+                      " WHERE trial_id = ? ORDER BY id", "i", trial_id);
   if (rc == NAS_OK) *out = rows;
   return rc;
 }
@@ -1105,6 +1136,27 @@ static int sqlite_receipt_find(void *conn, const char *key, bool *found, int64_t
   return rc < 0 ? rc : NAS_OK;
 }
 
+/* ---- group commit ------------------------------------------------------------------------ */
+
+static int sqlite_group_begin(void *conn, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  c->grouped = rc == NAS_OK;
+  return rc;
+}
+
+static int sqlite_group_end(void *conn, bool commit, nas_err *err) {
+  sqlite_conn *c = conn;
+  c->grouped = false;
+  if (!commit) {
+    if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
+    return NAS_OK;
+  }
+  if (sqlite3_get_autocommit(c->db))
+    return nas_errf(err, "the group's transaction on %s was rolled back", c->path);
+  return tx_end(c, NAS_OK, err);
+}
+
 const storage_backend storage_sqlite_backend = {
     .name = "sqlite",
     .open = sqlite_open,
@@ -1124,13 +1176,17 @@ const storage_backend storage_sqlite_backend = {
     .trial_finish = sqlite_trial_finish,
     .trial_requeue = sqlite_trial_requeue,
     .trial_get = sqlite_trial_get,
+    .trial_find = sqlite_trial_find,
     .trial_list = sqlite_trial_list,
     .metrics_add = sqlite_metrics_add,
     .metrics_list = sqlite_metrics_list,
+    .metrics_of_trial = sqlite_metrics_of_trial,
     .lease_take = sqlite_lease_take,
     .lease_renew = sqlite_lease_renew,
     .lease_release = sqlite_lease_release,
     .lease_get = sqlite_lease_get,
     .receipt_arm = sqlite_receipt_arm,
     .receipt_find = sqlite_receipt_find,
+    .group_begin = sqlite_group_begin,
+    .group_end = sqlite_group_end,
 };

@@ -340,6 +340,22 @@ int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *res
   return st->backend->receipt_find(st->conn, key, found, result, err);
 }
 
+bool storage_can_group(const storage *st) { return st->backend->group_begin != NULL; }
+
+int storage_group_begin(storage *st, nas_err *err) {
+  if (!storage_can_group(st))
+    return nas_errf(err, "%s storage cannot group writes", st->backend->name);
+  int rc = st->backend->group_begin(st->conn, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "begin a group of writes");
+  return rc;
+}
+
+int storage_group_end(storage *st, bool commit, nas_err *err) {
+  int rc = st->backend->group_end(st->conn, commit, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "commit a group of writes");
+  return rc;
+}
+
 /* ---- operations ---------------------------------------------------------------------- */
 
 /* Puts the operation in front of a failure's message and passes rc through (nas_err_prefix
@@ -525,6 +541,12 @@ int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *er
                     "get trial %" PRId64, trial_id);
 }
 
+int storage_trial_find(storage *st, int64_t experiment_id, int number, trial_row *out,
+                       nas_err *err) {
+  return in_context(st, st->backend->trial_find(st->conn, experiment_id, number, out, err), err,
+                    "get trial %d of experiment %" PRId64, number, experiment_id);
+}
+
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
                        nas_err *err) {
   return in_context(st, st->backend->trial_list(st->conn, experiment_id, out, n, err), err,
@@ -548,6 +570,12 @@ int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, s
                          nas_err *err) {
   return in_context(st, st->backend->metrics_list(st->conn, experiment_id, out, n, err), err,
                     "list metrics of experiment %" PRId64, experiment_id);
+}
+
+int storage_metrics_of_trial(storage *st, int64_t trial_id, metric_row **out, size_t *n,
+                             nas_err *err) {
+  return in_context(st, st->backend->metrics_of_trial(st->conn, trial_id, out, n, err), err,
+                    "list metrics of trial %" PRId64, trial_id);
 }
 
 /* ---- the scheduler lease ------------------------------------------------------------- */

@@ -183,6 +183,10 @@ int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
  * error and finished_at cleared. An error naming the status for any other trial. */
 int storage_trial_requeue(storage *st, int64_t trial_id, nas_err *err);
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err);
+/* Trial `number` of an experiment, read by its (experiment, number) index instead of
+ * listing every trial; NAS_ENOTFOUND when it has none. */
+int storage_trial_find(storage *st, int64_t experiment_id, int number, trial_row *out,
+                       nas_err *err);
 /* All trials of an experiment ordered by number. */
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
                        nas_err *err);
@@ -197,6 +201,10 @@ int storage_metrics_add(storage *st, int64_t trial_id, const metric_obs *obs, si
 /* Every observation of an experiment's trials, ordered by trial then insertion. */
 int storage_metrics_list(storage *st, int64_t experiment_id, metric_row **out, size_t *n,
                          nas_err *err);
+/* Every observation of one trial, in insertion order (by its index, not the experiment's
+ * whole list). */
+int storage_metrics_of_trial(storage *st, int64_t trial_id, metric_row **out, size_t *n,
+                             nas_err *err);
 void metric_rows_free(metric_row *rows, size_t n);
 
 /* ---- a whole experiment at once ------------------------------------------------------
@@ -260,5 +268,15 @@ int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *res
 /* When bare, failures of st's operations carry the backend's message alone, without the
  * operation in front ("start trial 7: "): the RPC client's own storage.c adds it. */
 void storage_bare_errors(storage *st, bool bare);
+
+/* ---- group commit: several writes in one transaction (serve/commit.c) ------------------
+ * Between storage_group_begin and storage_group_end every write of st runs inside one
+ * transaction, each as a savepoint of its own: a write that fails is rolled back alone and
+ * the others stay; storage_group_end(commit = true) makes them all durable at once, with
+ * one commit (one fsync) for the lot. Only where storage_can_group says so (SQLite). A
+ * failed commit loses the whole group: its writes are then to be made again one by one. */
+bool storage_can_group(const storage *st);
+int storage_group_begin(storage *st, nas_err *err);
+int storage_group_end(storage *st, bool commit, nas_err *err);
 
 #endif

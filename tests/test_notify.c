@@ -3,7 +3,8 @@
  * the notifier on its own (retries, refusals, a full queue, posting that never waits), then
  * end to end through `nas run`: every trial end, the front and the finish arrive in JSON and
  * Slack form, a slow receiver does not slow the run, a dead one fails nothing and is logged
- * by its host alone. */
+ * by its host alone; and trials driven by ask and tell, from the shell and through
+ * `nas serve`, tell the same events. */
 #include <arpa/inet.h>
 #include <math.h>
 #include <microhttpd.h>
@@ -14,6 +15,7 @@
 #include "common/common.h"
 #include "notify/notify.h"
 #include "tests/e2e.h"
+#include "tests/serve.h"
 
 /* ---- the receiver ----------------------------------------------------------------------- */
 
@@ -454,6 +456,135 @@ static void notify_may_change_between_runs_and_its_secret_is_never_shown(void **
   receiver_stop(rv);
 }
 
+/* ---- end to end: ask and tell ------------------------------------------------------------- */
+
+/* A spec for ask and tell (no trial section) of 3 trials, posting every event as JSON to
+ * the receiver's /name. */
+static char *told_spec(const char *name, int port) {
+  return nas_asprintf("name: %s\n"
+                      "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                      "objectives: [{name: y, goal: minimize}]\n"
+                      "optimizer: {type: sobol}\n"
+                      "budget: {trials: 3}\n"
+                      "notify: [{url: \"http://127.0.0.1:%d/%s\"}]\n",
+                      name, port, name);
+}
+
+/* Trial 1 failed, 0 and 2 completed: each end, the front (at least the first completed
+ * trial's) and the finish (after the last end) reached /name. */
+static void assert_told(const receiver *rv, const char *name) {
+  char *path = nas_asprintf("/%s", name);
+  assert_int_equal(count_received(rv, path, "trial_completed"), 2);
+  assert_int_equal(count_received(rv, path, "trial_failed"), 1);
+  size_t fronts = count_received(rv, path, "front_changed");
+  assert_true(fronts >= 1 && fronts <= 2);
+  assert_int_equal(count_received(rv, path, "experiment_finished"), 1);
+  size_t i;
+  json_t *r;
+  json_array_foreach(rv->received, i, r) {
+    const json_t *body = json_object_get(r, "body");
+    if (strcmp(json_string_value(json_object_get(body, "event")), "trial_failed") != 0) continue;
+    const json_t *trial = json_object_get(body, "trial");
+    assert_int_equal(json_integer_value(json_object_get(trial, "number")), 1);
+    assert_string_equal(json_string_value(json_object_get(trial, "error")), "broke");
+  }
+  free(path);
+}
+
+/* `nas ARGV…` in the fixture's folder with its storage; the exit status. */
+static int nas_args(fixture *f, char **out, const char *const *args) {
+  const char *argv[16] = {test_nas_bin()};
+  size_t n = 1;
+  while (args[n - 1] && n < 13) argv[n] = args[n - 1], n++;
+  argv[n++] = "--storage", argv[n++] = f->db, argv[n] = NULL;
+  return test_run(f->dir, (char *const *)argv, out);
+}
+
+static void ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *text = told_spec("told", rv->port), *spec = test_write(f->dir, "told.yaml", text), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(nas(f, &out, "ask", "told", "--format=json"), 0);
+    json_t *asked = json_loads(out, 0, NULL);
+    free(out);
+    const json_t *row = json_array_get(asked, 0);
+    char number[16], y[64];
+    snprintf(number, sizeof number, "%d", (int)json_integer_value(json_object_get(row, "trial")));
+    snprintf(y, sizeof y, "y=%g", json_number_value(json_object_get(row, "x")));
+    const char *fail[] = {"tell", "told", number, "--fail", "broke", NULL};
+    const char *complete[] = {"tell", "told", number, "--complete", y, NULL};
+    int rc = nas_args(f, &out, i == 1 ? fail : complete);
+    if (rc != 0) fail_msg("nas tell exited %d: %s", rc, out);
+    free(out);
+    json_decref(asked);
+  }
+  assert_told(rv, "told");
+  free(spec), free(text);
+  receiver_stop(rv);
+}
+
+/* The server keeps a notifier per experiment: a tell queues its events and returns. */
+static void ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *spec = told_spec("served", rv->port);
+  test_server srv;
+  assert_true(test_server_start(&srv, f->dir, f->db, NULL));
+  int code;
+  json_decref(test_http(&srv, "POST", "/api/v1/experiments", spec, NULL, &code));
+  assert_int_equal(code, 201);
+  for (int i = 0; i < 3; i++) {
+    json_t *asked = test_http(&srv, "POST", "/api/v1/experiments/served/ask", "{}", NULL, &code);
+    assert_int_equal(code, 200);
+    const json_t *row = json_array_get(json_object_get(asked, "trials"), 0);
+    int number = (int)json_integer_value(json_object_get(row, "number"));
+    double x = json_number_value(json_object_get(json_object_get(row, "params"), "x"));
+    char *path = nas_asprintf("/api/v1/experiments/served/trials/%d/%s", number,
+                              i == 1 ? "fail" : "complete");
+    char *body = i == 1 ? strdup("{\"error\": \"broke\"}")
+                        : nas_asprintf("{\"metrics\": {\"y\": %.17g}}", x);
+    json_decref(test_http(&srv, "POST", path, body, NULL, &code));
+    assert_int_equal(code, 200);
+    free(path), free(body);
+    json_decref(asked);
+  }
+  assert_int_equal(test_server_stop(&srv), 0); /* flushes the webhooks */
+  assert_told(rv, "served");
+  free(spec);
+  receiver_stop(rv);
+}
+
+/* A handed-out trial silent past its heartbeat timeout with no attempts left is failed by
+ * the next ask, and told as trial_failed (a lost scheduler job's failure is); it was the
+ * budget's only trial, so the experiment's finish is told too. */
+static void a_handed_out_trial_lost_for_good_is_told_as_failed(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *text = nas_asprintf("name: lost\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {heartbeat_timeout: 1s, max_attempts: 1}\n"
+                            "budget: {trials: 1}\n"
+                            "notify: [{url: \"http://127.0.0.1:%d/lost\"}]\n", rv->port);
+  char *spec = test_write(f->dir, "lost.yaml", text), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "lost", NULL), 0);
+  free(out);
+  nas_sleep(1.5);
+  assert_int_equal(nas(f, &out, "ask", "lost", NULL), 1);
+  assert_non_null(strstr(out, "spent its budget"));
+  free(out);
+  assert_int_equal(count_received(rv, "/lost", "trial_failed"), 1);
+  assert_int_equal(count_received(rv, "/lost", "experiment_finished"), 1);
+  assert_int_equal(count_received(rv, "/lost", "trial_completed"), 0);
+  free(spec), free(text);
+  receiver_stop(rv);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(a_receiver_answering_500_twice_gets_the_event_on_the_third_try),
@@ -472,6 +603,12 @@ int main(void) {
           a_receiver_that_is_down_fails_nothing_and_is_logged_by_host_only, setup, teardown),
       cmocka_unit_test_setup_teardown(
           notify_may_change_between_runs_and_its_secret_is_never_shown, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_handed_out_trial_lost_for_good_is_told_as_failed, setup,
+                                      teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

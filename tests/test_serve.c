@@ -198,6 +198,24 @@ static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) 
   free(spec);
 }
 
+/* `nas create` stores the experiment where the spec's storage: says, as `nas run` does,
+ * unless --storage or NAS_STORAGE says otherwise. */
+static void create_stores_where_the_spec_storage_section_says(void **state) {
+  fixture *f = *state;
+  char *text = nas_asprintf("storage: sqlite:elsewhere.db\n%s", asked_spec);
+  char *spec = test_write(f->dir, "asked.yaml", text), *out;
+  const char *create[] = {test_nas_bin(), "create", spec, NULL};
+  assert_int_equal(test_run(f->dir, (char *const *)create, &out), 0);
+  free(out);
+  char *db = nas_asprintf("%s/elsewhere.db", f->dir), *absent = nas_asprintf("%s/nas.db", f->dir);
+  assert_int_equal(access(db, F_OK), 0);
+  assert_int_equal(access(absent, F_OK), -1);
+  const char *ask[] = {test_nas_bin(), "ask", "asked", "--storage", "sqlite:elsewhere.db", NULL};
+  assert_int_equal(test_run(f->dir, (char *const *)ask, &out), 0);
+  free(out);
+  free(db), free(absent), free(spec), free(text);
+}
+
 static void tokens_decide_who_may_read_and_write(void **state) {
   fixture *f = *state;
   const char *reader = "r0000000000000000000000000000000000000001";
@@ -253,6 +271,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
+      cmocka_unit_test_setup_teardown(create_stores_where_the_spec_storage_section_says, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
   };

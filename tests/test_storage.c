@@ -873,7 +873,28 @@ static void trial_list_holds_one_experiment_ordered_by_number(void **state) {
   trial_row_clear(&other);
 }
 
-/* ---- metrics ---------------------------------------------------------------------------- */
+static void trial_find_reads_one_trial_by_its_number_within_its_experiment(void **state) {
+  fixture *f = *state;
+  int64_t a = make_experiment(f, "a"), b = make_experiment(f, "b");
+  trial_row made[3];
+  for (int i = 0; i < 3; i++) made[i] = make_trial(f, a, i == 2 ? "{\"x\": 2}" : "{}");
+  trial_row other = make_trial(f, b, "{}");
+  CHECK(storage_trial_start(f->st, made[2].id, "j2", err));
+  trial_row found, expect;
+  CHECK(storage_trial_find(f->st, a, 2, &found, err));
+  CHECK(storage_trial_get(f->st, made[2].id, &expect, err));
+  assert_trials_equal(&found, &expect);
+  trial_row_clear(&found), trial_row_clear(&expect);
+  CHECK(storage_trial_find(f->st, b, 0, &found, err));
+  assert_int_equal(found.id, other.id);
+  trial_row_clear(&found);
+  nas_err err = {{0}};
+  assert_int_equal(storage_trial_find(f->st, b, 1, &found, &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_trial_find(f->st, b + 100, 0, &found, &err), NAS_ENOTFOUND);
+  for (int i = 0; i < 3; i++) trial_row_clear(&made[i]);
+  trial_row_clear(&other);
+}
+
 
 static void metrics_keep_steps_finals_and_special_values(void **state) {
   fixture *f = *state;
@@ -903,6 +924,28 @@ static void metrics_keep_steps_finals_and_special_values(void **state) {
   }
   metric_rows_free(rows, n);
   trial_row_clear(&t);
+}
+
+static void metrics_of_trial_holds_that_trial_alone_in_insertion_order(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_experiment(f, "e");
+  trial_row t0 = make_trial(f, exp, "{}"), t1 = make_trial(f, exp, "{}");
+  metric_obs a = {"m", 0, 1, 1}, b = {"z", 1, 2, 2}, c = {"m", METRIC_FINAL, 3, 3};
+  CHECK(storage_metrics_add(f->st, t1.id, &a, 1, -1, err));
+  CHECK(storage_metrics_add(f->st, t0.id, &b, 1, -1, err));
+  CHECK(storage_metrics_add(f->st, t1.id, &c, 1, -1, err));
+  metric_row *rows = NULL;
+  size_t n = 0;
+  CHECK(storage_metrics_of_trial(f->st, t1.id, &rows, &n, err));
+  assert_int_equal(n, 2);
+  assert_int_equal(rows[0].trial_id, t1.id);
+  assert_true(rows[0].value == 1 && rows[1].value == 3);
+  assert_int_equal(rows[1].step, METRIC_FINAL);
+  metric_rows_free(rows, n);
+  CHECK(storage_metrics_of_trial(f->st, t1.id + 100, &rows, &n, err));
+  assert_int_equal(n, 0);
+  metric_rows_free(rows, n);
+  trial_row_clear(&t0), trial_row_clear(&t1);
 }
 
 static void metrics_list_orders_by_trial_then_insertion(void **state) {
@@ -1625,6 +1668,55 @@ static void sqlite_file_is_in_wal_mode(void **state) {
   free(path);
 }
 
+/* Group commit (storage_group_begin): a write failing half-way inside a group is rolled
+ * back alone, the writes before and after it commit together, keys included. */
+static void write_failing_midway_in_a_group_fails_alone(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  f->ctx->backend->raw_exec(f->ctx, f->url, f->ctx->backend->boom_trigger);
+  metric_obs good[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}};
+  metric_obs bad[] = {{"loss", 2, 3, 3}, {"boom", 3, 4, 4}};
+  assert_true(storage_can_group(f->st));
+  CHECK(storage_group_begin(f->st, err));
+  CHECK(storage_receipt_arm(f->st, "first-key", err));
+  CHECK(storage_metrics_add(f->st, t.id, &good[0], 1, 10, err));
+  CHECK(storage_receipt_arm(f->st, "bad-key", err));
+  nas_err failed = {{0}};
+  assert_int_equal(storage_metrics_add(f->st, t.id, bad, 2, 99, &failed), NAS_ERR);
+  assert_contains(failed.msg, "injected failure");
+  CHECK(storage_receipt_arm(f->st, "second-key", err));
+  CHECK(storage_metrics_add(f->st, t.id, &good[1], 1, 20, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  CHECK(storage_trial_heartbeat(f->st, t.id, err));
+  CHECK(storage_group_end(f->st, true, err));
+  reopen(f);
+  assert_int_equal(metric_count(f, t.experiment_id), 2);
+  assert_int_equal(log_offset_of(f, t.id), 20);
+  const char *keys[] = {"first-key", "second-key", "bad-key"};
+  for (size_t i = 0; i < 3; i++) {
+    bool found = false;
+    int64_t result = 0;
+    CHECK(storage_receipt_find(f->st, keys[i], &found, &result, err));
+    assert_int_equal(found, i < 2);
+  }
+  trial_row_clear(&t);
+}
+
+static void group_rolled_back_stores_none_of_its_writes(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs = {"loss", 0, 1, 1};
+  CHECK(storage_group_begin(f->st, err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 10, err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 20, err));
+  CHECK(storage_group_end(f->st, false, err));
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  assert_int_equal(log_offset_of(f, t.id), 0);
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, 30, err));
+  assert_int_equal(metric_count(f, t.experiment_id), 1);
+  trial_row_clear(&t);
+}
+
 static void sqlite_newer_schema_leaves_the_file_byte_for_byte(void **state) {
   fixture *f = *state;
   make_experiment(f, "kept");
@@ -2294,12 +2386,14 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(trial_requeue_takes_back_only_failed_and_timed_out_trials),
       FIXTURE_TEST(trial_fields_round_trip_exactly),
       FIXTURE_TEST(trial_list_holds_one_experiment_ordered_by_number),
+      FIXTURE_TEST(trial_find_reads_one_trial_by_its_number_within_its_experiment),
       FIXTURE_TEST(trial_claim_takes_the_oldest_queued_trial_and_starts_it),
       FIXTURE_TEST(trial_claim_with_nothing_queued_is_enotfound),
       FIXTURE_TEST(trial_heartbeat_records_when_a_running_trial_was_last_alive),
       FIXTURE_TEST(trial_heartbeat_of_a_trial_not_running_is_refused),
       FIXTURE_TEST(metrics_keep_steps_finals_and_special_values),
       FIXTURE_TEST(metrics_list_orders_by_trial_then_insertion),
+      FIXTURE_TEST(metrics_of_trial_holds_that_trial_alone_in_insertion_order),
       FIXTURE_TEST(metrics_add_moves_the_log_offset_only_when_asked),
       FIXTURE_TEST(metrics_add_with_a_bad_observation_stores_nothing),
       FIXTURE_TEST(metrics_add_to_unknown_trial_is_enotfound),
@@ -2345,6 +2439,8 @@ static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
+      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
+      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
       FIXTURE_TEST(sqlite_newer_schema_leaves_the_file_byte_for_byte),
       FIXTURE_TEST(sqlite_file_that_is_not_a_database_is_refused_untouched),
       FIXTURE_TEST(sqlite_database_of_another_program_is_refused_untouched),

@@ -266,15 +266,22 @@ typedef struct {
   const char *url;
   const int64_t *trial_ids; /* one running trial per client */
   int reports;
+  bool odd_clients_bad;     /* odd clients report to a trial that does not exist */
 } load_args;
 
-/* Client `index`: `reports` reports of one observation each, value index * 100000 + i. */
+/* A trial id no test makes. */
+#define MISSING_TRIAL 999999
+
+/* Client `index`: `reports` reports of one observation each, value index * 100000 + i; a
+ * bad client's reports must each fail as not found. */
 static int load_client(const load_args *a, int index, nas_err *err) {
   storage *st = NULL;
   int rc = storage_open(a->url, &st, err);
+  bool bad = a->odd_clients_bad && index % 2 == 1;
   for (int i = 0; rc == NAS_OK && i < a->reports; i++) {
     metric_obs obs = {"loss", i, index * 100000.0 + i, nas_now()};
-    rc = storage_metrics_add(st, a->trial_ids[index], &obs, 1, -1, err);
+    rc = storage_metrics_add(st, bad ? MISSING_TRIAL : a->trial_ids[index], &obs, 1, -1, err);
+    if (bad) rc = rc == NAS_ENOTFOUND ? NAS_OK : nas_errf(err, "report %d to no trial: %d", i, rc);
   }
   storage_close(st);
   return rc;
@@ -321,8 +328,9 @@ static void make_load_trials(fixture *f, int64_t *trial_ids) {
   storage_close(st);
 }
 
-/* Every client's reports are stored, each exactly once. */
-static void assert_each_report_once(fixture *f, const int64_t *trial_ids, int reports) {
+/* Every (good) client's reports are stored, each exactly once. */
+static void assert_each_report_once(fixture *f, const int64_t *trial_ids, int reports,
+                                    bool odd_clients_bad) {
   storage *st = open_or_fail(f->db);
   experiment_row exp;
   metric_row *rows;
@@ -334,30 +342,61 @@ static void assert_each_report_once(fixture *f, const int64_t *trial_ids, int re
   for (size_t i = 0; i < n; i++) {
     int c = (int)(rows[i].value / 100000.0), k = (int)(rows[i].value - c * 100000.0);
     assert_true(c >= 0 && c < LOAD_CLIENTS && k >= 0 && k < reports);
+    assert_false(odd_clients_bad && c % 2 == 1);
     assert_int_equal(rows[i].trial_id, trial_ids[c]);
     if (seen[c * reports + k]++) fail_msg("report %d of client %d is stored twice", k, c);
   }
-  assert_int_equal(n, (size_t)LOAD_CLIENTS * (size_t)reports);
+  assert_int_equal(n, (size_t)(odd_clients_bad ? LOAD_CLIENTS / 2 : LOAD_CLIENTS) * (size_t)reports);
   free(seen);
   metric_rows_free(rows, n);
   experiment_row_clear(&exp);
   storage_close(st);
 }
 
-static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **state) {
-  fixture *f = *state;
+/* Stops the server and reads its last line, "N writes committed in M transactions":
+ * writes made concurrently must have been grouped, several to a commit. */
+static void stop_asserting_writes_were_grouped(test_server *srv, unsigned long min_writes) {
+  char *log = strdup(srv->log), *text = NULL;
+  assert_int_equal(test_server_stop(srv), 0);
+  nas_err err;
+  assert_int_equal(nas_read_file(log, &text, NULL, &err), NAS_OK);
+  const char *line = strstr(text, " writes committed in ");
+  while (line && line > text && line[-1] != '\n') line--;
+  unsigned long writes = 0, commits = 0;
+  if (!line || sscanf(line, "nas serve: %lu writes committed in %lu transactions", &writes,
+                      &commits) != 2)
+    fail_msg("no group commit line in the server's log: %s", text);
+  assert_true(writes >= min_writes);
+  if (commits >= writes) fail_msg("%lu writes took %lu commits: not grouped", writes, commits);
+  free(text), free(log);
+}
+
+/* 32 clients make `reports` reports each through a fresh server (odd ones to no trial
+ * when odd_clients_bad); each good report is stored once, and the server grouped them. */
+static void load_through_a_server(fixture *f, int reports, bool odd_clients_bad) {
   int64_t trial_ids[LOAD_CLIENTS];
   make_load_trials(f, trial_ids);
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);
-  load_args a = {url, trial_ids, LOAD_REPORTS};
+  load_args a = {url, trial_ids, reports, odd_clients_bad};
   pid_t pids[LOAD_CLIENTS];
   start_clients(&a, pids);
   wait_clients(pids);
-  assert_int_equal(test_server_stop(&srv), 0);
-  assert_each_report_once(f, trial_ids, LOAD_REPORTS);
+  stop_asserting_writes_were_grouped(&srv, (unsigned long)(LOAD_CLIENTS * reports));
+  assert_each_report_once(f, trial_ids, reports, odd_clients_bad);
   free(url);
+}
+
+static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **state) {
+  load_through_a_server(*state, LOAD_REPORTS, false);
+}
+
+/* Half the clients report to a trial that does not exist while the other half report to
+ * theirs: the server commits them in groups, and each bad report fails (404) alone, never
+ * taking a good one of its group with it. */
+static void bad_reports_grouped_with_good_ones_fail_alone(void **state) {
+  load_through_a_server(*state, LOAD_REPORTS / 2, true);
 }
 
 /* Observations stored so far in the trials of "load", read from the database itself. */
@@ -384,7 +423,7 @@ static void server_killed_under_load_and_restarted_stores_every_report_once(void
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv), *listen = nas_asprintf("127.0.0.1:%d", srv.port);
-  load_args a = {url, trial_ids, KILL_REPORTS};
+  load_args a = {url, trial_ids, KILL_REPORTS, false};
   pid_t pids[LOAD_CLIENTS];
   start_clients(&a, pids);
   for (int i = 0; i < 2000 && load_stored(f) < LOAD_CLIENTS * KILL_REPORTS / 3; i++) nas_sleep(0.01);
@@ -396,7 +435,7 @@ static void server_killed_under_load_and_restarted_stores_every_report_once(void
   start_or_fail(&srv, f->dir, f->db, listen, NULL);
   wait_clients(pids);
   assert_int_equal(test_server_stop(&srv), 0);
-  assert_each_report_once(f, trial_ids, KILL_REPORTS);
+  assert_each_report_once(f, trial_ids, KILL_REPORTS, false);
   free(url), free(listen);
 }
 
@@ -506,6 +545,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nas_run_and_its_builtin_workers_report_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(worker_started_by_hand_reports_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_lose_and_double_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_reports_grouped_with_good_ones_fail_alone, setup, teardown),
       cmocka_unit_test_setup_teardown(server_killed_under_load_and_restarted_stores_every_report_once, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_what_a_storage_client_may_do, setup, teardown),
       cmocka_unit_test_setup_teardown(unknown_experiments_and_trials_through_the_server_are_not_found, setup, teardown),
