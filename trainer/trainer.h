@@ -231,6 +231,19 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
                      int padding);
 tr_tensor *tr_max_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
 tr_tensor *tr_avg_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
+/* Grouped convolution: x (N, C, H, W), w (O, C/groups, KH, KW), b (O) or NULL, C and O
+ * divisible by groups; output channel o sees the input channels of group o / (O/groups).
+ * groups = C is a depthwise convolution. groups > 1 runs direct loops (no im2col); 1 is
+ * tr_conv2d. CPU only (docs/engine.md). */
+tr_tensor *tr_conv2d_grouped(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
+                             int padding, int groups);
+/* x (N, C, H, W) → (N, C): the mean of each channel's map. */
+tr_tensor *tr_global_avg_pool2d(tr_ctx *ctx, tr_tensor *x);
+/* x (N, C, H, W) times s (N, C), each map by its value: squeeze-and-excitation's scaling. */
+tr_tensor *tr_channel_scale(tr_ctx *ctx, tr_tensor *x, tr_tensor *s);
+/* relu6(x + 3) / 6, and x times it (MobileNetV3); CPU only. */
+tr_tensor *tr_hardsigmoid(tr_ctx *ctx, tr_tensor *a);
+tr_tensor *tr_hardswish(tr_ctx *ctx, tr_tensor *a);
 
 /* ---------------------------------------------------------------- nn */
 
