@@ -254,6 +254,20 @@ static void nas_searches_resnet_and_mobilenet_spaces(void **state) {
                 "  activation: {type: categorical, choices: [relu, hardswish]}\n");
 }
 
+/* The example search spaces load, each with the family it names. */
+static void example_specs_load(void **state) {
+  (void)state;
+  const char *const files[][2] = {{"examples/resnet-nas.yaml", "resnet"},
+                                  {"examples/mobile-nas.yaml", "mobilenet"}};
+  for (size_t i = 0; i < 2; i++) {
+    spec *s;
+    nas_err err;
+    if (spec_load(files[i][0], &s, &err)) fail_msg("%s", err.msg);
+    assert_string_equal(s->trial.builtin->model, files[i][1]);
+    spec_free(s);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(resnet_counts_match_hand_counts),
@@ -261,6 +275,7 @@ int main(void) {
       cmocka_unit_test(builds_reject_what_they_cannot_make),
       cmocka_unit_test(families_run_forward_in_both_modes),
       cmocka_unit_test(families_learn_digits),
+      cmocka_unit_test(example_specs_load),
       cmocka_unit_test_setup_teardown(nas_searches_resnet_and_mobilenet_spaces, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
