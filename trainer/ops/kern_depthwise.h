@@ -19,8 +19,11 @@ static inline void S(tap_cols)(const conv_geom *g, int64_t kw, int64_t *lo, int6
   if (*lo > *hi) *lo = *hi;
 }
 
-/* y (OH, OW) += the k x k filter w applied to the plane x (H, W). */
-TR_KERNEL static void S(plane_fwd)(const T *x, const T *w, T *y, const conv_geom *g) {
+/* One pass of the k x k filter w between an input plane x (H, W) and an output plane
+ * y (OH, OW): forward, y += w applied to x; adjoint, x += w's transpose applied to y (the
+ * input gradient, with x = dx and y = dy). The same walk over taps and rows both ways;
+ * forward only reads x and the adjoint only reads y, so callers may cast away their const. */
+TR_KERNEL static void S(plane_taps)(T *x, T *y, const T *w, const conv_geom *g, bool adjoint) {
   for (int64_t kh = 0; kh < g->kh; kh++)
     for (int64_t kw = 0; kw < g->kw; kw++) {
       const T wv = w[kh * g->kw + kw];
@@ -29,34 +32,17 @@ TR_KERNEL static void S(plane_fwd)(const T *x, const T *w, T *y, const conv_geom
       for (int64_t oh = 0; oh < g->oh; oh++) {
         int64_t ih = oh * g->stride - g->pad + kh;
         if (ih < 0 || ih >= g->h) continue;
-        const T *src = x + ih * g->w + kw - g->pad;
-        T *dst = y + oh * g->ow;
-        if (g->stride == 1)
+        T *in = x + ih * g->w + kw - g->pad, *out = y + oh * g->ow;
+        if (g->stride == 1 && adjoint)
 #pragma omp simd
-          for (int64_t ow = lo; ow < hi; ow++) dst[ow] += wv * src[ow];
-        else
-          for (int64_t ow = lo; ow < hi; ow++) dst[ow] += wv * src[ow * g->stride];
-      }
-    }
-}
-
-/* dx (H, W) += the adjoint of plane_fwd: dy (OH, OW) spread back through the filter w. */
-TR_KERNEL static void S(plane_bwd_input)(const T *dy, const T *w, T *dx, const conv_geom *g) {
-  for (int64_t kh = 0; kh < g->kh; kh++)
-    for (int64_t kw = 0; kw < g->kw; kw++) {
-      const T wv = w[kh * g->kw + kw];
-      int64_t lo, hi;
-      S(tap_cols)(g, kw, &lo, &hi);
-      for (int64_t oh = 0; oh < g->oh; oh++) {
-        int64_t ih = oh * g->stride - g->pad + kh;
-        if (ih < 0 || ih >= g->h) continue;
-        T *dst = dx + ih * g->w + kw - g->pad;
-        const T *src = dy + oh * g->ow;
-        if (g->stride == 1)
+          for (int64_t ow = lo; ow < hi; ow++) in[ow] += wv * out[ow];
+        else if (g->stride == 1)
 #pragma omp simd
-          for (int64_t ow = lo; ow < hi; ow++) dst[ow] += wv * src[ow];
+          for (int64_t ow = lo; ow < hi; ow++) out[ow] += wv * in[ow];
+        else if (adjoint)
+          for (int64_t ow = lo; ow < hi; ow++) in[ow * g->stride] += wv * out[ow];
         else
-          for (int64_t ow = lo; ow < hi; ow++) dst[ow * g->stride] += wv * src[ow];
+          for (int64_t ow = lo; ow < hi; ow++) out[ow] += wv * in[ow * g->stride];
       }
     }
 }
@@ -96,7 +82,8 @@ static void S(grouped_fwd)(const void *xv, const void *wv, const void *bv, void 
     const T bias = b ? b[oc] : 0;
     for (int64_t j = 0; j < p; j++) yp[j] = bias;
     for (int64_t ci = 0; ci < cg; ci++)
-      S(plane_fwd)(x + (n * g->c + c0 + ci) * g->h * g->w, w + (oc * cg + ci) * kk, yp, g);
+      S(plane_taps)((T *)x + (n * g->c + c0 + ci) * g->h * g->w, yp, w + (oc * cg + ci) * kk, g,
+                    false);
   });
 }
 
@@ -113,7 +100,7 @@ static void S(grouped_bwd_input)(const void *dyv, const void *wv, void *dxv, con
     T *dxp = dx + i * hw;
     memset(dxp, 0, sizeof(T) * (size_t)hw);
     for (int64_t oc = o0; oc < o0 + og; oc++)
-      S(plane_bwd_input)(dy + (n * o + oc) * p, w + (oc * cg + ci) * kk, dxp, g);
+      S(plane_taps)(dxp, (T *)dy + (n * o + oc) * p, w + (oc * cg + ci) * kk, g, true);
   });
 }
 
