@@ -6,8 +6,11 @@
  *   dw[o, ci] = sum over n of dy[n, o] correlated with x[n, c0 + ci];  db = sums of dy.
  *
  * groups = 1 is an ordinary convolution and goes to tr_conv2d (im2col + GEMM), which is
- * faster when every output reads every input channel. The CPU runs the loops; on a CUDA
- * device the op says it is not supported there. */
+ * faster when every output reads every input channel. At stride 1 the loops run over
+ * padded planes in a wide layout (kern_depthwise.h), with a scratch per thread from ctx's
+ * allocator. The CPU runs the loops; on a CUDA device the op says it is not supported
+ * there. */
+#include <omp.h>
 #include <string.h>
 
 #include "trainer/ops/dispatch.h"
@@ -16,6 +19,14 @@ typedef tck_conv_geom conv_geom;
 
 #define KERN_FILE "trainer/ops/kern_depthwise.h"
 #include "trainer/core/kern_both.h"
+
+/* The kernels' scratch for geometry g (tn_par_threads() parts), or *scratch = NULL when
+ * they need none; NAS_ERR when out of memory. Owned by the caller. */
+static int scratch_new(tr_ctx *ctx, tr_dtype dtype, const conv_geom *g, tr_tensor **scratch) {
+  int64_t per = scratch_per_thread_f32(g), n = per * tn_par_threads();
+  *scratch = per ? tr_empty(ctx, dtype, 1, &n) : NULL;
+  return !per || *scratch ? NAS_OK : NAS_ERR;
+}
 
 typedef struct {
   tr_node base;
@@ -30,8 +41,8 @@ static int grouped_conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_te
   conv_geom geo;
   tn_conv_geom(ctx, "conv2d_grouped", x, w->shape[2], w->shape[3], n->stride, n->padding, &geo);
   int64_t o = w->shape[0];
-  tr_tensor *gc = tn_contig(ctx, g);
-  int rc = gc ? NAS_OK : NAS_ERR;
+  tr_tensor *gc = tn_contig(ctx, g), *scratch = NULL;
+  int rc = gc ? scratch_new(ctx, x->dtype, &geo, &scratch) : NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 0) && !(gi[0] = tn_empty_like(ctx, x))) rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = tn_empty_like(ctx, w))) rc = NAS_ERR;
   if (rc == NAS_OK && ag_wants(node, 2)) { /* db (O): dy summed over N, OH, OW */
@@ -42,10 +53,11 @@ static int grouped_conv_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_te
   }
   if (rc == NAS_OK && gi[0])
     TR_DISPATCH(x->dtype, grouped_bwd_input, tr_data(gc), tr_data(w), tr_data(gi[0]), &geo, o,
-                n->groups);
+                n->groups, scratch ? tr_data(scratch) : NULL);
   if (rc == NAS_OK && gi[1])
     TR_DISPATCH(x->dtype, grouped_bwd_weight, tr_data(x), tr_data(gc), tr_data(gi[1]), &geo, o,
-                n->groups);
+                n->groups, scratch ? tr_data(scratch) : NULL);
+  tr_free(scratch);
   tr_free(gc);
   return rc;
 }
@@ -85,10 +97,12 @@ tr_tensor *tr_conv2d_grouped(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor 
   tr_tensor *xc = tn_contig(ctx, x), *wc = tn_contig(ctx, w), *bc = b ? tn_contig(ctx, b) : NULL;
   tr_meta ym = {4, {geo.n, o, geo.oh, geo.ow}};
   tr_tensor *y = xc && wc && (!b || bc) ? tn_empty_meta(ctx, x->dtype, &ym) : NULL;
-  int rc = y ? NAS_OK : NAS_ERR;
+  tr_tensor *scratch = NULL;
+  int rc = y ? scratch_new(ctx, x->dtype, &geo, &scratch) : NAS_ERR;
   if (rc == NAS_OK)
     TR_DISPATCH(x->dtype, grouped_fwd, tr_data(xc), tr_data(wc), bc ? tr_data(bc) : NULL,
-                tr_data(y), &geo, o, groups);
+                tr_data(y), &geo, o, groups, scratch ? tr_data(scratch) : NULL);
+  tr_free(scratch);
   grouped_conv_node *node = ag_record(ctx, &grouped_conv_ops, 3, in, y, &rc);
   if (node) {
     node->stride = stride;
