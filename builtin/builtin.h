@@ -213,7 +213,7 @@ void worker_data_free(worker_data *d);
 /* Checks, in the process about to launch a spec's built-in trials on this machine (the
  * local runner), what would fail every one of them: a dataset that is not where `nas
  * worker` looks (trial.env's NAS_DATA_DIR counts, as in the trials), or device: cuda
- * without a CUDA device. Command trials and other runners (whose trials run elsewhere)
+ * without a CUDA device or for mobilenet (whose ops run on the CPU only). Command trials and other runners (whose trials run elsewhere)
  * pass. The error says what is missing and what to do. */
 int worker_builtin_check(const spec *s, nas_err *err);
 

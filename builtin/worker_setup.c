@@ -285,6 +285,10 @@ static int dataset_check(const spec *s, nas_err *err) {
 static int device_check(const spec *s, nas_err *err) {
   const char *device = json_string_value(json_object_get(s->trial.builtin->settings, "device"));
   if (!device || strcmp(device, "cuda") != 0 || spec_param_index(s, "device") >= 0) return NAS_OK;
+  if (strcmp(s->trial.builtin->model, "mobilenet") == 0)
+    return nas_errf(err, "trial.builtin.device: cuda, but mobilenet's depthwise convolutions and "
+                    "hard-swish run on the cpu only (docs/engine.md); use device: cpu, or model: "
+                    "resnet on cuda");
   nas_err why;
   if (tr_cuda_device_count(&why) >= 1) return NAS_OK;
   return nas_errf(err, "trial.builtin.device: cuda, but this machine has no CUDA device to run "

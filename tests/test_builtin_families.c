@@ -268,6 +268,23 @@ static void example_specs_load(void **state) {
   }
 }
 
+/* mobilenet on a fixed device: cuda is refused before anything runs, GPU or not: its
+ * depthwise convolutions and hard-swish are CPU only. */
+static void mobilenet_on_cuda_is_refused_at_the_start(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "gpu.yaml",
+                          "name: gpu\n"
+                          "parameters:\n  channels: {type: int, low: 4, high: 8}\n"
+                          "objectives: [{name: accuracy, goal: maximize}]\n"
+                          "trial:\n  builtin: {model: mobilenet, dataset: digits, device: cuda}\n"
+                          "budget: {trials: 1}\n"),
+       *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 1);
+  assert_non_null(strstr(out, "mobilenet's depthwise convolutions and hard-swish run on the cpu"));
+  free(out);
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(resnet_counts_match_hand_counts),
@@ -277,6 +294,7 @@ int main(void) {
       cmocka_unit_test(families_learn_digits),
       cmocka_unit_test(example_specs_load),
       cmocka_unit_test_setup_teardown(nas_searches_resnet_and_mobilenet_spaces, setup, teardown),
+      cmocka_unit_test_setup_teardown(mobilenet_on_cuda_is_refused_at_the_start, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
