@@ -1,5 +1,5 @@
 /* builtin/builtin.h: the built-in trials of `nas worker` (docs/spec.md), on the engine of
- * trainer/: the two model families (models.c), datasets by name (datasets.c), the training
+ * trainer/: the model families (models.c), datasets by name (datasets.c), the training
  * loop with per-epoch validation, on one rank or sharded over several (fit.c), and a
  * trial's settings turned into all of these (worker_setup.c). They use only the public
  * API of trainer/trainer.h and trainer/dist.h. */
@@ -16,7 +16,7 @@
 
 /* ================================================================ models, datasets, fit */
 
-#define TR_MAX_BLOCKS 8 /* hidden layers of an MLP, stages of a CNN */
+#define TR_MAX_BLOCKS 8 /* hidden layers of an MLP, stages of a CNN, ResNet or MobileNet */
 
 typedef enum { TR_NORM_NONE, TR_NORM_BATCH, TR_NORM_LAYER } tr_norm_kind;
 
@@ -45,6 +45,37 @@ typedef struct {
   double dropout;
 } tr_cnn_config;
 
+/* Stem: Conv2d(channels[0], 3×3) → batch norm → ReLU. Stage i: blocks[i] basic blocks of
+ * channels[i], the first of stage i > 0 with stride 2. A basic block: two 3×3 convolutions
+ * (the first with the block's stride), each followed by batch norm, a ReLU between them;
+ * plus the shortcut: the identity, or a 1×1 convolution with the stride and batch norm
+ * when the shape changes; then a ReLU. Then global average pooling → dropout (when > 0)
+ * → Linear(classes). Convolutions have no bias (batch norm follows each). */
+typedef struct {
+  int stages;                     /* 1..TR_MAX_BLOCKS */
+  int blocks[TR_MAX_BLOCKS];      /* 1.. per stage */
+  int64_t channels[TR_MAX_BLOCKS];
+  double dropout;
+} tr_resnet_config;
+
+/* Stem: Conv2d(channels[0], 3×3) → batch norm → activation. Stage i: blocks[i] inverted
+ * residual blocks of channels[i] output channels, the first of stage i > 0 with stride 2.
+ * An inverted residual block from C to O channels with expansion e, kernel k and stride s:
+ * [1×1 conv to E = C·e → BN → act] (when e > 1) → depthwise k×k conv, stride s → BN → act
+ * → [squeeze-and-excitation: GAP → Linear(E, max(1, E/4)) → ReLU → Linear(E) →
+ * hard-sigmoid, scaling each of the E maps] (when se) → 1×1 conv to O → BN; plus x when
+ * s = 1 and C = O. Then global average pooling → dropout (when > 0) → Linear(classes). */
+typedef struct {
+  int stages;                     /* 1..TR_MAX_BLOCKS */
+  int blocks[TR_MAX_BLOCKS];      /* 1.. per stage */
+  int64_t channels[TR_MAX_BLOCKS];
+  int expansion[TR_MAX_BLOCKS];   /* 1.. */
+  int kernel[TR_MAX_BLOCKS];      /* odd */
+  bool se[TR_MAX_BLOCKS];
+  tr_module_kind activation;      /* TR_RELU or TR_HARDSWISH */
+  double dropout;
+} tr_mobilenet_config;
+
 /* One example's shape (channels, height, width); an MLP sees the product. */
 typedef struct {
   int64_t channels, height, width;
@@ -64,6 +95,10 @@ int tr_mlp_build(tr_ctx *ctx, const tr_mlp_config *cfg, tr_input_shape in, int32
                  tr_model *out);
 int tr_cnn_build(tr_ctx *ctx, const tr_cnn_config *cfg, tr_input_shape in, int32_t classes,
                  tr_model *out);
+int tr_resnet_build(tr_ctx *ctx, const tr_resnet_config *cfg, tr_input_shape in,
+                    int32_t classes, tr_model *out);
+int tr_mobilenet_build(tr_ctx *ctx, const tr_mobilenet_config *cfg, tr_input_shape in,
+                       int32_t classes, tr_model *out);
 void tr_model_free(tr_model *m);
 
 /* A dataset as images (n, C, H, W) with a training part and, when the source has one, a
@@ -176,11 +211,16 @@ int tr_fit_pipeline_balance(tr_ctx *ctx, tr_module *m, tr_fit_balance kind,
 
 /* ================================================================ a trial's settings */
 
+/* The model families of built-in trials (setting `model`). */
+typedef enum { WORKER_MLP, WORKER_CNN, WORKER_RESNET, WORKER_MOBILENET } worker_family;
+
 /* Everything a built-in trial's settings decide (spec_builtin_settings). */
 typedef struct {
-  bool cnn;              /* the model family: CNN, else MLP */
+  worker_family family;  /* which of the configurations below is used */
   tr_mlp_config mlp;
   tr_cnn_config cnn_cfg;
+  tr_resnet_config resnet;
+  tr_mobilenet_config mobilenet;
   tr_fit_config fit;     /* callbacks and shuffle seed left to the caller */
   double validation;     /* share of the training data held out */
   int64_t limit_train, limit_val; /* 0: all */
@@ -223,7 +263,7 @@ int worker_data_cached(tr_ctx *ctx, const char *path, const worker_plan *plan,
 /* Checks, in the process about to launch a spec's built-in trials on this machine (the
  * local runner), what would fail every one of them: a dataset that is not where `nas
  * worker` looks (trial.env's NAS_DATA_DIR counts, as in the trials), or device: cuda
- * without a CUDA device. Command trials and other runners (whose trials run elsewhere)
+ * without a CUDA device or for mobilenet (whose ops run on the CPU only). Command trials and other runners (whose trials run elsewhere)
  * pass. The error says what is missing and what to do. */
 int worker_builtin_check(const spec *s, nas_err *err);
 

@@ -19,7 +19,13 @@ typedef struct {
 } word_value;
 
 static const word_value activations[] = {
-    {"relu", TR_RELU}, {"gelu", TR_GELU}, {"tanh", TR_TANH}, {"sigmoid", TR_SIGMOID}, {NULL, 0}};
+    {"relu", TR_RELU},           {"gelu", TR_GELU},   {"tanh", TR_TANH},
+    {"sigmoid", TR_SIGMOID},     {"hardswish", TR_HARDSWISH}, {NULL, 0}};
+static const word_value families[] = {{"mlp", WORKER_MLP},
+                                      {"cnn", WORKER_CNN},
+                                      {"resnet", WORKER_RESNET},
+                                      {"mobilenet", WORKER_MOBILENET},
+                                      {NULL, 0}};
 static const word_value norms[] = {
     {"none", TR_NORM_NONE}, {"batch", TR_NORM_BATCH}, {"layer", TR_NORM_LAYER}, {NULL, 0}};
 static const word_value optimizers[] = {
@@ -32,14 +38,20 @@ static const word_value device_kinds[] = {{"cpu", TR_CPU}, {"cuda", TR_CUDA}, {N
 static const word_value shardings[] = {
     {"full", TR_SHARD_FULL}, {"grad_op", TR_SHARD_GRAD_OP}, {"none", TR_SHARD_NONE}, {NULL, 0}};
 
-static int word_of(const json_t *settings, const char *name, const word_value *table, int *out,
-                   nas_err *err) {
-  const char *word = json_string_value(json_object_get(settings, name));
+/* The value of word (may be NULL) in table; NAS_ENOTFOUND when it has none. */
+static int value_of_word(const word_value *table, const char *word, int *out) {
   for (const word_value *w = table; word && w->word; w++) {
     if (strcmp(w->word, word) != 0) continue;
     *out = w->value;
     return NAS_OK;
   }
+  return NAS_ENOTFOUND;
+}
+
+static int word_of(const json_t *settings, const char *name, const word_value *table, int *out,
+                   nas_err *err) {
+  const char *word = json_string_value(json_object_get(settings, name));
+  if (value_of_word(table, word, out) == NAS_OK) return NAS_OK;
   return nas_errf(err, "setting %s: '%s' is not known here", name, word ? word : "(none)");
 }
 
@@ -69,13 +81,44 @@ static int read_blocks(const json_t *settings, const char *count_name, const cha
   return NAS_OK;
 }
 
+/* ResNet: stages, and per stage its blocks and channels. */
+static int read_resnet(const json_t *settings, tr_resnet_config *cfg, nas_err *err) {
+  *cfg = (tr_resnet_config){.dropout = number_of(settings, "dropout")};
+  int rc = read_blocks(settings, "stages", "channels", &cfg->stages, cfg->channels, err);
+  for (int i = 0; rc == NAS_OK && i < cfg->stages; i++)
+    cfg->blocks[i] = (int)per_layer(settings, "blocks", i + 1);
+  return rc;
+}
+
+/* MobileNet: what ResNet reads, and per stage expansion, kernel and SE. */
+static int read_mobilenet(const json_t *settings, tr_mobilenet_config *cfg, nas_err *err) {
+  int activation;
+  *cfg = (tr_mobilenet_config){.dropout = number_of(settings, "dropout")};
+  int rc = word_of(settings, "activation", activations, &activation, err);
+  if (rc == NAS_OK)
+    rc = read_blocks(settings, "stages", "channels", &cfg->stages, cfg->channels, err);
+  cfg->activation = (tr_module_kind)activation;
+  for (int i = 0; rc == NAS_OK && i < cfg->stages; i++) {
+    char se[16];
+    snprintf(se, sizeof se, "se%d", i + 1);
+    const json_t *own = json_object_get(settings, se);
+    cfg->blocks[i] = (int)per_layer(settings, "blocks", i + 1);
+    cfg->expansion[i] = (int)per_layer(settings, "expansion", i + 1);
+    cfg->kernel[i] = (int)per_layer(settings, "kernel", i + 1);
+    cfg->se[i] = json_is_true(own ? own : json_object_get(settings, "se"));
+  }
+  return rc;
+}
+
 static int read_model(const json_t *settings, worker_plan *plan, nas_err *err) {
+  if (plan->family == WORKER_RESNET) return read_resnet(settings, &plan->resnet, err);
+  if (plan->family == WORKER_MOBILENET) return read_mobilenet(settings, &plan->mobilenet, err);
   int activation, norm, pool;
   double dropout = number_of(settings, "dropout");
   int rc = word_of(settings, "activation", activations, &activation, err);
   if (rc == NAS_OK) rc = word_of(settings, "norm", norms, &norm, err);
   if (rc != NAS_OK) return rc;
-  if (!plan->cnn) {
+  if (plan->family == WORKER_MLP) {
     plan->mlp = (tr_mlp_config){.activation = (tr_module_kind)activation,
                                 .norm = (tr_norm_kind)norm, .dropout = dropout};
     return read_blocks(settings, "layers", "width", &plan->mlp.layers, plan->mlp.widths, err);
@@ -170,7 +213,10 @@ static int read_devices(const json_t *settings, worker_plan *plan, nas_err *err)
 
 int worker_plan_read(const json_t *settings, const char *model, worker_plan *plan, nas_err *err) {
   memset(plan, 0, sizeof *plan);
-  plan->cnn = strcmp(model, "cnn") == 0;
+  int family;
+  if (value_of_word(families, model, &family) != NAS_OK)
+    return nas_errf(err, "model '%s' is not known here", model);
+  plan->family = (worker_family)family;
   int rc = read_model(settings, plan, err);
   if (rc == NAS_OK) rc = read_training(settings, plan, err);
   if (rc == NAS_OK) rc = read_devices(settings, plan, err);
@@ -270,8 +316,13 @@ void worker_data_free(worker_data *d) {
 int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *data,
                        tr_model *out, nas_err *err) {
   const tr_named_dataset *all = &data->all;
-  int rc = plan->cnn ? tr_cnn_build(ctx, &plan->cnn_cfg, all->shape, all->train.nclasses, out)
-                     : tr_mlp_build(ctx, &plan->mlp, all->shape, all->train.nclasses, out);
+  int32_t classes = all->train.nclasses;
+  int rc = plan->family == WORKER_MLP ? tr_mlp_build(ctx, &plan->mlp, all->shape, classes, out)
+           : plan->family == WORKER_CNN
+               ? tr_cnn_build(ctx, &plan->cnn_cfg, all->shape, classes, out)
+           : plan->family == WORKER_RESNET
+               ? tr_resnet_build(ctx, &plan->resnet, all->shape, classes, out)
+               : tr_mobilenet_build(ctx, &plan->mobilenet, all->shape, classes, out);
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "model: %s", ctx->err.msg);
 }
 
@@ -301,6 +352,10 @@ static int dataset_check(const spec *s, nas_err *err) {
 static int device_check(const spec *s, nas_err *err) {
   const char *device = json_string_value(json_object_get(s->trial.builtin->settings, "device"));
   if (!device || strcmp(device, "cuda") != 0 || spec_param_index(s, "device") >= 0) return NAS_OK;
+  if (strcmp(s->trial.builtin->model, "mobilenet") == 0)
+    return nas_errf(err, "trial.builtin.device: cuda, but mobilenet's depthwise convolutions and "
+                    "hard-swish run on the cpu only (docs/engine.md); use device: cpu, or model: "
+                    "resnet on cuda");
   nas_err why;
   if (tr_cuda_device_count(&why) >= 1) return NAS_OK;
   return nas_errf(err, "trial.builtin.device: cuda, but this machine has no CUDA device to run "

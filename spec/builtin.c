@@ -7,8 +7,8 @@
  * One table (`settings`) says which settings exist, for which model, what values each
  * takes and its default; the loader, the check of search parameters and
  * spec_builtin_settings all read it, so they agree. Invariants of a loaded built-in trial:
- * model is "mlp" or "cnn"; dataset is a known name or an absolute path; every setting
- * written in the section is one of the model's with a value it takes; every search
+ * model is "mlp", "cnn", "resnet" or "mobilenet"; dataset is a known name or an absolute
+ * path; every setting written in the section is one of the model's with a value it takes; every search
  * parameter names a setting of the model and every value it can take is valid for it, so
  * spec_builtin_settings cannot fail on a valid assignment except for memory. */
 #include <stdlib.h>
@@ -16,13 +16,22 @@
 
 #include "spec/internal.h"
 
-enum { FOR_MLP = 1, FOR_CNN = 2, FOR_BOTH = 3 };
+/* Which models a setting is for: a bit per model, in the order of models[]. FOR_BOTH is
+ * every model (named when there were two). */
+enum {
+  FOR_MLP = 1,
+  FOR_CNN = 2,
+  FOR_RESNET = 4,
+  FOR_MOBILENET = 8,
+  FOR_IMAGES = FOR_CNN | FOR_RESNET | FOR_MOBILENET,
+  FOR_BOTH = FOR_MLP | FOR_IMAGES
+};
 
 typedef enum { SETTING_INT, SETTING_FLOAT, SETTING_CHOICE, SETTING_BOOL } setting_kind;
 
 typedef struct {
   const char *name;
-  unsigned models;             /* FOR_MLP, FOR_CNN or both */
+  unsigned models;             /* FOR_* bits */
   setting_kind kind;
   double low, high;            /* numbers: the range, inclusive unless open below/above */
   bool open_low, open_high;
@@ -30,15 +39,17 @@ typedef struct {
   const char *fallback;        /* the default, written as in YAML */
   int per_layer;               /* > 0: NAME1 … NAME<per_layer> exist too (no default;
                                   a layer without its own value takes NAME's) */
+  bool odd;                    /* SETTING_INT: odd values only (kernel sizes) */
 } builtin_setting;
 
 static const char *const activations[] = {"relu", "gelu", "tanh", "sigmoid", NULL};
+static const char *const mobile_activations[] = {"relu", "hardswish", NULL};
 static const char *const optimizers[] = {"sgd", "adam", "adamw", NULL};
 static const char *const schedules[] = {"constant", "cosine", "step", "onecycle", NULL};
 static const char *const mlp_norms[] = {"none", "batch", "layer", NULL};
 static const char *const cnn_norms[] = {"none", "batch", NULL};
 static const char *const poolings[] = {"max", "avg", NULL};
-static const char *const models[] = {"mlp", "cnn", NULL};
+static const char *const models[] = {"mlp", "cnn", "resnet", "mobilenet", NULL};
 static const char *const dataset_names[] = {"digits", "fashion-mnist", NULL};
 static const char *const device_kinds[] = {"cpu", "cuda", NULL};
 static const char *const shardings[] = {"full", "grad_op", "none", NULL};
@@ -64,7 +75,9 @@ static const builtin_setting settings[] = {
     {"augment_crop", FOR_BOTH, SETTING_INT, 0, 16, .fallback = "0"},
     {"data_cache", FOR_BOTH, SETTING_BOOL, .fallback = "true"},
     {"dropout", FOR_BOTH, SETTING_FLOAT, 0, 1, .open_high = true, .fallback = "0"},
-    {"activation", FOR_BOTH, SETTING_CHOICE, .choices = activations, .fallback = "relu"},
+    {"activation", FOR_MLP | FOR_CNN, SETTING_CHOICE, .choices = activations, .fallback = "relu"},
+    {"activation", FOR_MOBILENET, SETTING_CHOICE, .choices = mobile_activations,
+     .fallback = "relu"},
     {"threads", FOR_BOTH, SETTING_INT, 1, 256, .fallback = "1"},
     {"device", FOR_BOTH, SETTING_CHOICE, .choices = device_kinds, .fallback = "cpu"},
     {"devices", FOR_BOTH, SETTING_INT, 1, 1024, .fallback = "1"},
@@ -78,8 +91,12 @@ static const builtin_setting settings[] = {
     {"layers", FOR_MLP, SETTING_INT, 1, 8, .fallback = "2"},
     {"width", FOR_MLP, SETTING_INT, 1, 65536, .fallback = "128", .per_layer = 8},
     {"norm", FOR_MLP, SETTING_CHOICE, .choices = mlp_norms, .fallback = "none"},
-    {"stages", FOR_CNN, SETTING_INT, 1, 6, .fallback = "2"},
-    {"channels", FOR_CNN, SETTING_INT, 1, 4096, .fallback = "16", .per_layer = 6},
+    {"stages", FOR_IMAGES, SETTING_INT, 1, 6, .fallback = "2"},
+    {"channels", FOR_IMAGES, SETTING_INT, 1, 4096, .fallback = "16", .per_layer = 6},
+    {"blocks", FOR_RESNET | FOR_MOBILENET, SETTING_INT, 1, 8, .fallback = "1", .per_layer = 6},
+    {"expansion", FOR_MOBILENET, SETTING_INT, 1, 8, .fallback = "4", .per_layer = 6},
+    {"kernel", FOR_MOBILENET, SETTING_INT, 3, 7, .fallback = "3", .per_layer = 6, .odd = true},
+    {"se", FOR_MOBILENET, SETTING_BOOL, .fallback = "false", .per_layer = 6},
     {"kernel", FOR_CNN, SETTING_INT, 1, 9, .fallback = "3"},
     {"pooling", FOR_CNN, SETTING_CHOICE, .choices = poolings, .fallback = "max"},
     {"head_width", FOR_CNN, SETTING_INT, 0, 65536, .fallback = "0"},
@@ -87,8 +104,24 @@ static const builtin_setting settings[] = {
 };
 enum { N_SETTINGS = sizeof settings / sizeof settings[0] };
 
+/* The bit of a model named in models[] (0 for another name). */
 static unsigned model_bit(const char *model) {
-  return strcmp(model, "mlp") == 0 ? FOR_MLP : FOR_CNN;
+  for (unsigned i = 0; models[i]; i++)
+    if (strcmp(model, models[i]) == 0) return 1u << i;
+  return 0;
+}
+
+/* The names of the models in bits, as "cnn, resnet and mobilenet". */
+static void models_text(unsigned bits, char *buf, size_t cap) {
+  size_t len = 0;
+  int left = __builtin_popcount(bits);
+  buf[0] = '\0';
+  for (unsigned i = 0; models[i] && len < cap; i++) {
+    if (!(bits & (1u << i))) continue;
+    left--;
+    len += (size_t)snprintf(buf + len, cap - len, "%s%s", models[i],
+                            left > 1 ? ", " : left == 1 ? " and " : "");
+  }
 }
 
 /* The layer number in name after a per-layer setting's prefix ("width3" -> 3), 0 when
@@ -113,6 +146,14 @@ static const builtin_setting *setting_find(const char *name, unsigned bits) {
     if ((st->models & bits) && named) return st;
   }
   return NULL;
+}
+
+/* The models that have a setting called name (its rows' bits together); 0 when none. */
+static unsigned setting_models(const char *name) {
+  unsigned bits = 0;
+  for (unsigned bit = FOR_MLP; bit & FOR_BOTH; bit <<= 1)
+    if (setting_find(name, bit)) bits |= bit;
+  return bits;
 }
 
 /* The model's setting names and the section's own keys, for suggestions. Owned array of
@@ -166,18 +207,25 @@ static bool setting_accepts(const builtin_setting *st, const json_t *value, char
              text);
     return false;
   }
+  if (st->odd && json_integer_value(value) % 2 == 0) {
+    snprintf(why, cap, "%s is even; the setting takes odd numbers", text);
+    return false;
+  }
   return setting_range_accepts(st, json_number_value(value), text, why, cap);
 }
 
 /* ---- the section ---- */
 
-/* An unknown key: a setting of the other model, a layer past the last, or a typo. */
+/* An unknown key: a setting of other models, a layer past the last, or a typo. */
 static int unknown_setting(const yaml_ctx *c, const yaml_node_t *key, const char *model) {
   const char *name = spec_node_scalar_text(key);
-  const builtin_setting *st = setting_find(name, FOR_BOTH);
-  if (st && !(st->models & model_bit(model)))
+  unsigned bits = setting_models(name);
+  if (bits && !(bits & model_bit(model))) {
+    char owners[64];
+    models_text(bits, owners, sizeof owners);
     return spec_node_errf(c, key, "trial.builtin: '%s' is a setting of %s models, not of %s", name,
-                          st->models == FOR_MLP ? "mlp" : "cnn", model);
+                     owners, model);
+  }
   for (size_t i = 0; i < N_SETTINGS; i++) {
     const builtin_setting *per = &settings[i];
     if (per->per_layer && (per->models & model_bit(model)) && layer_of(name, per->name) > 0)
@@ -202,11 +250,12 @@ static int parse_model(const yaml_ctx *c, const yaml_node_t *section, builtin_sp
   int rc = spec_node_required(c, section, "trial.builtin", "model", &node);
   if (!rc) rc = spec_node_text(c, node, "trial.builtin.model", &text);
   if (rc) return rc;
-  if (strcmp(text, "mlp") != 0 && strcmp(text, "cnn") != 0) {
+  if (!model_bit(text)) {
     const char *guess = spec_nearest_name(text, models);
-    return spec_node_errf(c, node, "trial.builtin.model: unknown model '%s'%s%s%s (mlp or cnn)",
-                          text, guess ? "; did you mean '" : "", guess ? guess : "",
-                          guess ? "'?" : "");
+    return spec_node_errf(c, node,
+                     "trial.builtin.model: unknown model '%s'%s%s%s (mlp, cnn, resnet or "
+                     "mobilenet)",
+                     text, guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "");
   }
   return spec_node_dup_text(c, node, "trial.builtin.model", &b->model);
 }
@@ -323,6 +372,11 @@ static bool param_fits(const param_spec *p, const builtin_setting *st, char *why
   if (st->kind == SETTING_CHOICE || st->kind == SETTING_BOOL) {
     snprintf(why, cap, "the setting takes %s: declare a categorical parameter",
              st->kind == SETTING_BOOL ? "true or false" : "words");
+    return false;
+  }
+  if (st->odd) {
+    snprintf(why, cap, "the setting takes odd integers only: declare a categorical parameter "
+                       "such as [3, 5]");
     return false;
   }
   if (st->kind == SETTING_INT && p->kind == PARAM_FLOAT) {

@@ -65,7 +65,7 @@ typedef struct {
 /* A built-in trial (`trial.builtin`): a model family that `nas worker` builds, trains on a
  * dataset and measures (docs/spec.md, "Built-in trials"). */
 typedef struct {
-  char *model;         /* "mlp" or "cnn" */
+  char *model;         /* "mlp", "cnn", "resnet" or "mobilenet" */
   char *dataset;       /* "digits", "fashion-mnist", or an absolute path (a folder of IDX
                           files or a CSV file) */
   json_t *settings;    /* owned JSON object: the settings written in the section (not

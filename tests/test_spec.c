@@ -1500,7 +1500,7 @@ static void builtin_section_errors_point_at_the_value(void **state) {
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epoch: 3}\n"),
                "t.yaml:10:42: ", "unknown setting 'epoch'; did you mean 'epochs'?");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, stages: 3}\n"),
-               "t.yaml:10:42: ", "'stages' is a setting of cnn models, not of mlp");
+               "t.yaml:10:42: ", "'stages' is a setting of cnn, resnet and mobilenet models, not of mlp");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, width9: 3}\n"),
                "t.yaml:10:42: ", "'width9': width goes from width1 to width8");
   expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, epochs: 0}\n"),
@@ -1621,6 +1621,53 @@ static void builtin_parameters_must_be_settings_with_valid_values(void **state) 
            NAME "parameters:\n  batch_size: {type: categorical, choices: [32, 64]}\n"
                 "  dropout: {type: int, low: 0, high: 0}\n%s", trial);
   expect_error(yaml, "t.yaml:4:38: ", "high (0) must be above low (0)");
+}
+
+/* resnet and mobilenet: their settings load with defaults per stage; mobilenet's kernel is
+ * odd, its activation relu or hardswish; the other families' settings are refused. */
+/* BUILTIN_SPEC with parameters that resnet and mobilenet have (the trial again at line 9). */
+#define IMAGE_SPEC(trial)                                                                  \
+  NAME "parameters:\n  lr: {type: float, low: 1e-4, high: 1e-1, log: true}\n"            \
+       "  stages: {type: int, low: 1, high: 3}\n  channels2: {type: int, low: 4, high: 32}\n" \
+       BUILTIN_OBJECTIVES trial BUDGET
+static void builtin_residual_families_validate_their_settings(void **state) {
+  (void)state;
+  spec *s = load_ok(IMAGE_SPEC("trial:\n  builtin: {model: mobilenet, dataset: digits, "
+                                 "kernel2: 5, se: true, activation: hardswish}\n"));
+  json_t *all;
+  nas_err err;
+  assert_int_equal(spec_builtin_settings(s, NULL, &all, &err), NAS_OK);
+  assert_int_equal(json_integer_value(json_object_get(all, "kernel")), 3);
+  assert_int_equal(json_integer_value(json_object_get(all, "kernel2")), 5);
+  assert_int_equal(json_integer_value(json_object_get(all, "expansion")), 4);
+  assert_true(json_is_true(json_object_get(all, "se")));
+  assert_null(json_object_get(all, "norm"));
+  json_decref(all);
+  spec_free(s);
+  s = load_ok(IMAGE_SPEC("trial:\n  builtin: {model: resnet, dataset: digits, blocks2: 2}\n"));
+  spec_free(s);
+  expect_error(IMAGE_SPEC("trial:\n  builtin: {model: mobilenet, dataset: digits, kernel3: 4}\n"),
+               "t.yaml:10:57: ", "trial.builtin.kernel3: 4 is even; the setting takes odd numbers");
+  expect_error(IMAGE_SPEC("trial:\n  builtin: {model: mobilenet, dataset: digits, "
+                            "activation: gelu}\n"),
+               "t.yaml:10:60: ", "'gelu' is not one of ['relu', 'hardswish']");
+  expect_error(IMAGE_SPEC("trial:\n  builtin: {model: resnet, dataset: digits, se: true}\n"),
+               "t.yaml:10:45: ", "'se' is a setting of mobilenet models, not of resnet");
+  expect_error(IMAGE_SPEC("trial:\n  builtin: {model: resnet, dataset: digits, kernel: 5}\n"),
+               "t.yaml:10:45: ", "'kernel' is a setting of cnn and mobilenet models, not of resnet");
+  expect_error(IMAGE_SPEC("trial:\n  builtin: {model: resnt, dataset: digits}\n"),
+               "t.yaml:10:20: ", "unknown model 'resnt'; did you mean 'resnet'?");
+  const char *trial = OBJECTIVES "trial:\n  builtin: {model: mobilenet, dataset: digits}\n" BUDGET;
+  char yaml[1024];
+  snprintf(yaml, sizeof yaml, NAME "parameters:\n  kernel1: {type: int, low: 3, high: 5}\n%s",
+           trial);
+  expect_error(yaml, "t.yaml:3:3: ", "takes odd integers only: declare a categorical parameter");
+  snprintf(yaml, sizeof yaml,
+           NAME "parameters:\n  kernel1: {type: categorical, choices: [3, 5]}\n"
+                "  se2: {type: categorical, choices: [true, false]}\n"
+                "  expansion: {type: int, low: 1, high: 6}\n%s",
+           trial);
+  spec_free(load_ok(yaml));
 }
 
 static void diff_reports_builtin_changes(void **state) {
@@ -1857,6 +1904,7 @@ int main(void) {
       cmocka_unit_test(builtin_recipe_settings_load_and_bad_values_point_at_the_value),
       cmocka_unit_test(builtin_pipeline_mapping_sets_the_pipeline_settings),
       cmocka_unit_test(builtin_parameters_must_be_settings_with_valid_values),
+      cmocka_unit_test(builtin_residual_families_validate_their_settings),
       cmocka_unit_test(diff_reports_builtin_changes),
       cmocka_unit_test(enqueue_section_stores_full_assignments_as_suggestions_are),
       cmocka_unit_test(enqueue_section_errors_point_at_the_assignment),

@@ -353,6 +353,49 @@ static void norms_match_central_differences(void **state) {
   gradcheck("batch_norm (eval)", &ctx, f_batch_norm_eval, 5, e);
 }
 
+/* ---------------------------------------------------------------- mobile and residual blocks */
+
+static tr_tensor *f_depthwise(tr_ctx *c, tr_tensor **in) {
+  return tr_conv2d_grouped(c, in[0], in[1], in[2], 1, 1, (int)in[0]->shape[1]);
+}
+static tr_tensor *f_depthwise_stride(tr_ctx *c, tr_tensor **in) {
+  return tr_conv2d_grouped(c, in[0], in[1], NULL, 2, 2, (int)in[0]->shape[1]);
+}
+static tr_tensor *f_grouped(tr_ctx *c, tr_tensor **in) {
+  return tr_conv2d_grouped(c, in[0], in[1], in[2], 1, 0, 2);
+}
+static tr_tensor *f_gap(tr_ctx *c, tr_tensor **in) { return tr_global_avg_pool2d(c, in[0]); }
+static tr_tensor *f_channel_scale(tr_ctx *c, tr_tensor **in) {
+  return tr_channel_scale(c, in[0], in[1]);
+}
+static tr_tensor *f_hardswish(tr_ctx *c, tr_tensor **in) { return tr_hardswish(c, in[0]); }
+static tr_tensor *f_hardsigmoid(tr_ctx *c, tr_tensor **in) { return tr_hardsigmoid(c, in[0]); }
+
+static void mobile_block_ops_match_central_differences(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 8);
+  tr_tensor *a[] = {leaf(&ctx, 4, SHAPE(2, 3, 5, 6), -1, 1),
+                    leaf(&ctx, 4, SHAPE(3, 1, 3, 3), -1, 1), leaf(&ctx, 1, SHAPE(3), -1, 1)};
+  gradcheck("depthwise 3x3 (pad 1)", &ctx, f_depthwise, 3, a);
+  /* a channel multiplier of 2, a 5x5 kernel, stride 2 over odd sizes */
+  tr_tensor *b[] = {leaf(&ctx, 4, SHAPE(2, 2, 7, 5), -1, 1),
+                    leaf(&ctx, 4, SHAPE(4, 1, 5, 5), -1, 1)};
+  gradcheck("depthwise 5x5 (x2, stride 2)", &ctx, f_depthwise_stride, 2, b);
+  tr_tensor *c[] = {leaf(&ctx, 4, SHAPE(2, 4, 4, 5), -1, 1),
+                    leaf(&ctx, 4, SHAPE(6, 2, 2, 3), -1, 1), leaf(&ctx, 1, SHAPE(6), -1, 1)};
+  gradcheck("grouped conv (2 groups)", &ctx, f_grouped, 3, c);
+  tr_tensor *d[] = {leaf(&ctx, 4, SHAPE(2, 3, 4, 5), -1, 1)};
+  gradcheck("global_avg_pool2d", &ctx, f_gap, 1, d);
+  tr_tensor *e[] = {leaf(&ctx, 4, SHAPE(2, 3, 4, 5), -1, 1), leaf(&ctx, 2, SHAPE(2, 3), -1, 1)};
+  gradcheck("channel_scale", &ctx, f_channel_scale, 2, e);
+  /* both sides of the kinks at -3 and 3 */
+  tr_tensor *f[] = {leaf(&ctx, 2, SHAPE(4, 6), -5, 5)};
+  gradcheck("hardswish", &ctx, f_hardswish, 1, f);
+  tr_tensor *g[] = {leaf(&ctx, 2, SHAPE(4, 6), -5, 5)};
+  gradcheck("hardsigmoid", &ctx, f_hardsigmoid, 1, g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(binary_ops_broadcast_both_ways),
@@ -362,6 +405,7 @@ int main(void) {
       cmocka_unit_test(matmul_linear_and_losses_match_central_differences),
       cmocka_unit_test(conv_and_pools_match_central_differences),
       cmocka_unit_test(norms_match_central_differences),
+      cmocka_unit_test(mobile_block_ops_match_central_differences),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

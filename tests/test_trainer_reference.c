@@ -4,7 +4,9 @@
  * output of tests/data/trainer_reference.py (run with /usr/bin/python3 and torch). */
 #include "tests/testutil.h"
 
+#include <cblas.h>
 #include <math.h>
+#include <omp.h>
 
 #include "trainer/trainer.h"
 
@@ -179,11 +181,139 @@ static void conv_and_pools_match_pytorch(void **state) {
   tr_release(img);
 }
 
+/* ---------------------------------------------------------------- mobile and residual blocks
+ * No PyTorch here to run tests/data/trainer_reference.py for these: the references are
+ * independent of the ops' code instead. A grouped convolution is an ordinary one whose
+ * weight is zero outside each output's group (torch's definition), so tr_conv2d, pinned to
+ * PyTorch above, gives its values; hard-sigmoid and hard-swish are checked at points where
+ * torch's formulas give exact binary fractions; pooling and scaling by plain loops here. */
+
+/* out (owned, freed here) against ref's values (borrowed). */
+static void expect_same(const char *name, tr_ctx *ctx, tr_tensor *out, const tr_tensor *ref) {
+  assert_non_null(ref);
+  double *want = malloc(sizeof(double) * (size_t)ref->numel);
+  assert_non_null(want);
+  for (int64_t i = 0; i < ref->numel; i++) want[i] = tr_get(ref, i);
+  expect(name, ctx, out, want, (size_t)ref->numel);
+  free(want);
+}
+
+/* w (O, C/groups, K, K) as the (O, C, K, K) weight of an ordinary convolution. */
+static tr_tensor *block_diagonal(tr_ctx *ctx, const tr_tensor *w, int64_t c, int groups) {
+  int64_t o = w->shape[0], cg = c / groups, og = o / groups, kk = w->shape[2] * w->shape[3];
+  tr_tensor *full = tr_zeros(ctx, TR_F64, 4, SHAPE(o, c, w->shape[2], w->shape[3]));
+  for (int64_t oc = 0; oc < o; oc++)
+    for (int64_t ci = 0; ci < cg; ci++)
+      for (int64_t k = 0; k < kk; k++)
+        tr_f64(full)[(oc * c + oc / og * cg + ci) * kk + k] = tr_f64(w)[(oc * cg + ci) * kk + k];
+  return full;
+}
+
+static void grouped_conv_case(tr_ctx *ctx, const char *name, tr_tensor *img, int64_t o, int k,
+                              int stride, int pad, int groups, bool bias) {
+  int64_t c = img->shape[1], n = o * (c / groups) * k * k;
+  double *vals = malloc(sizeof(double) * (size_t)n);
+  assert_non_null(vals);
+  for (int64_t i = 0; i < n; i++) vals[i] = 0.5 * cos((double)i);
+  tr_tensor *w = tr_from_data(ctx, TR_F64, 4, SHAPE(o, c / groups, k, k), vals);
+  tr_tensor *b = bias ? tr_rand(ctx, TR_F64, 1, SHAPE(o), -1, 1) : NULL;
+  tr_tensor *full = block_diagonal(ctx, w, c, groups);
+  tr_tensor *ref = tr_conv2d(ctx, img, full, b, stride, pad);
+  expect_same(name, ctx, tr_conv2d_grouped(ctx, img, w, b, stride, pad, groups), ref);
+  tr_release(ref);
+  tr_release(full);
+  tr_release(b);
+  tr_release(w);
+  free(vals);
+}
+
+static void mobile_block_ops_match_reference_values(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 4);
+  double img_vals[2 * 4 * 6 * 5];
+  for (int i = 0; i < 240; i++) img_vals[i] = sin((double)i);
+  tr_tensor *img = tr_from_data(&ctx, TR_F64, 4, SHAPE(2, 4, 6, 5), img_vals);
+  grouped_conv_case(&ctx, "depthwise 3x3", img, 4, 3, 1, 1, 4, true);
+  grouped_conv_case(&ctx, "depthwise 5x5 s2", img, 8, 5, 2, 2, 4, false);
+  grouped_conv_case(&ctx, "grouped (2)", img, 6, 3, 1, 0, 2, true);
+
+  double means[8], scale_vals[8], scaled[240];
+  for (int p = 0; p < 8; p++) {
+    means[p] = 0;
+    scale_vals[p] = 0.25 * (p - 3);
+    for (int j = 0; j < 30; j++) means[p] += img_vals[p * 30 + j] / 30;
+    for (int j = 0; j < 30; j++) scaled[p * 30 + j] = img_vals[p * 30 + j] * scale_vals[p];
+  }
+  expect("global_avg_pool", &ctx, tr_global_avg_pool2d(&ctx, img), means, 8);
+  tr_tensor *s = tr_from_data(&ctx, TR_F64, 2, SHAPE(2, 4), scale_vals);
+  expect("channel_scale", &ctx, tr_channel_scale(&ctx, img, s), scaled, 240);
+
+  static const double pts[] = {-4, -3, -1.5, 0, 1.5, 3, 4.5};
+  static const double hsig[] = {0, 0, 0.25, 0.5, 0.75, 1, 1};
+  static const double hswish[] = {0, 0, -0.375, 0, 1.125, 3, 4.5};
+  tr_tensor *x = tr_from_data(&ctx, TR_F64, 1, SHAPE(7), pts);
+  expect("hardsigmoid", &ctx, tr_hardsigmoid(&ctx, x), hsig, LEN(hsig));
+  expect("hardswish", &ctx, tr_hardswish(&ctx, x), hswish, LEN(hswish));
+  tr_release(x);
+  tr_release(s);
+  tr_release(img);
+}
+
+/* y, dx and dw of a depthwise convolution large enough to be split over threads (stride 1:
+ * the wide layout, a scratch per thread), in a fresh graph; out[0..2] owned. */
+static void depthwise_step(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor **out) {
+  tr_zero_grad(x);
+  tr_zero_grad(w);
+  tr_tensor *y = tr_conv2d_grouped(ctx, x, w, NULL, 1, 1, (int)x->shape[1]);
+  tr_tensor *r = y ? tr_full(ctx, TR_F64, 4, y->shape, 0.5) : NULL;
+  if (!r || tr_backward(ctx, y, r, false)) fail_msg("depthwise: %s", ctx->err.msg);
+  out[0] = tr_detach(ctx, y);
+  out[1] = tr_contiguous(ctx, x->grad);
+  out[2] = tr_contiguous(ctx, w->grad);
+  tr_release(r);
+  tr_release(y);
+}
+
+/* Each plane and each filter is one thread's work, summed in a fixed order: two threads give
+ * the same bits as one. */
+static void depthwise_on_two_threads_matches_one(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  int blas_threads = openblas_get_num_threads(), omp_threads = omp_get_max_threads();
+  openblas_set_num_threads(1);
+  tr_tensor *x = tr_randn(&ctx, TR_F64, 4, SHAPE(8, 64, 16, 16), 1.0);
+  tr_tensor *w = tr_randn(&ctx, TR_F64, 4, SHAPE(64, 1, 3, 3), 1.0);
+  tr_set_requires_grad(x, true);
+  tr_set_requires_grad(w, true);
+  tr_tensor *one[3], *two[3];
+  omp_set_num_threads(1);
+  depthwise_step(&ctx, x, w, one);
+  omp_set_num_threads(2);
+  for (int round = 0; round < 4; round++) { /* the threads run side by side once started */
+    depthwise_step(&ctx, x, w, two);
+    for (int k = 0; k < 3; k++) {
+      assert_int_equal(one[k]->numel, two[k]->numel);
+      assert_memory_equal(tr_data(one[k]), tr_data(two[k]),
+                          (size_t)one[k]->numel * sizeof(double));
+      tr_release(two[k]);
+    }
+  }
+  openblas_set_num_threads(blas_threads);
+  omp_set_num_threads(omp_threads);
+  for (int k = 0; k < 3; k++) tr_release(one[k]);
+  tr_release(w);
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(elementwise_and_softmax_match_pytorch),
       cmocka_unit_test(linear_and_norms_match_pytorch),
       cmocka_unit_test(conv_and_pools_match_pytorch),
+      cmocka_unit_test(mobile_block_ops_match_reference_values),
+      cmocka_unit_test(depthwise_on_two_threads_matches_one),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

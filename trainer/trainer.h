@@ -236,6 +236,19 @@ tr_tensor *tr_conv2d(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int 
                      int padding);
 tr_tensor *tr_max_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
 tr_tensor *tr_avg_pool2d(tr_ctx *ctx, tr_tensor *x, int kernel, int stride);
+/* Grouped convolution: x (N, C, H, W), w (O, C/groups, KH, KW), b (O) or NULL, C and O
+ * divisible by groups; output channel o sees the input channels of group o / (O/groups).
+ * groups = C is a depthwise convolution. groups > 1 runs direct loops (no im2col); 1 is
+ * tr_conv2d. CPU only (docs/engine.md). */
+tr_tensor *tr_conv2d_grouped(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, int stride,
+                             int padding, int groups);
+/* x (N, C, H, W) → (N, C): the mean of each channel's map. */
+tr_tensor *tr_global_avg_pool2d(tr_ctx *ctx, tr_tensor *x);
+/* x (N, C, H, W) times s (N, C), each map by its value: squeeze-and-excitation's scaling. */
+tr_tensor *tr_channel_scale(tr_ctx *ctx, tr_tensor *x, tr_tensor *s);
+/* relu6(x + 3) / 6, and x times it (MobileNetV3); CPU only. */
+tr_tensor *tr_hardsigmoid(tr_ctx *ctx, tr_tensor *a);
+tr_tensor *tr_hardswish(tr_ctx *ctx, tr_tensor *a);
 
 /* ---------------------------------------------------------------- nn */
 
@@ -252,7 +265,12 @@ typedef enum {
   TR_MAXPOOL2D,
   TR_AVGPOOL2D,
   TR_FLATTEN,
-  TR_SEQUENTIAL
+  TR_SEQUENTIAL,
+  TR_HARDSWISH,
+  TR_HARDSIGMOID,
+  TR_GLOBALAVGPOOL, /* (N, C, H, W) → (N, C) */
+  TR_RESIDUAL,      /* body(x) + shortcut(x), or body(x) + x without a shortcut */
+  TR_SQUEEZE_EXCITE /* x scaled per channel by gate(x) (N, C) */
 } tr_module_kind;
 
 typedef struct tr_module tr_module;
@@ -270,10 +288,14 @@ void tr_param_list_free(tr_param_list *list);
 tr_module *tr_linear_new(tr_ctx *ctx, int64_t in, int64_t out, bool bias);
 tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel, int stride,
                          int padding, bool bias);
+/* A grouped convolution (tr_conv2d_grouped): weight (out_ch, in_ch / groups, k, k);
+ * groups = in_ch = out_ch is a depthwise one. */
+tr_module *tr_conv2d_grouped_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel,
+                                 int stride, int padding, int groups, bool bias);
 tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features);
 tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features);
-/* Parameterless modules: tr_activation_new takes TR_RELU, TR_GELU, TR_TANH, TR_SIGMOID or
- * TR_FLATTEN ((N, ...) to (N, -1)); dropout takes its probability; tr_pool_new takes
+/* Parameterless modules: tr_activation_new takes TR_RELU, TR_GELU, TR_TANH, TR_SIGMOID,
+ * TR_HARDSWISH, TR_HARDSIGMOID, TR_GLOBALAVGPOOL or TR_FLATTEN ((N, ...) to (N, -1)); dropout takes its probability; tr_pool_new takes
  * TR_MAXPOOL2D or TR_AVGPOOL2D and a kernel that is also the stride. */
 tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind);
 tr_module *tr_dropout_new(tr_ctx *ctx, double p);
@@ -281,6 +303,12 @@ tr_module *tr_pool_new(tr_ctx *ctx, tr_module_kind kind, int kernel);
 tr_module *tr_sequential_new(tr_ctx *ctx);
 /* Appends child (ownership moves to seq). */
 int tr_sequential_add(tr_ctx *ctx, tr_module *seq, tr_module *child);
+/* Blocks with a branch. Each takes ownership of its modules, also on failure (NULL ones
+ * allowed where said). Residual: body(x) + shortcut(x), the identity when shortcut is
+ * NULL; parameters "0.*" (body), "1.*" (shortcut). Squeeze-and-excitation: x times
+ * gate(x), which maps (N, C, H, W) to (N, C); parameters "0.*". */
+tr_module *tr_residual_new(tr_ctx *ctx, tr_module *body, tr_module *shortcut);
+tr_module *tr_squeeze_excite_new(tr_ctx *ctx, tr_module *gate);
 void tr_module_free(tr_module *m);
 
 tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x);

@@ -1,6 +1,6 @@
 /* nn: modules (Linear, Conv2d, BatchNorm, LayerNorm, activations, Dropout, pools, Flatten,
- * Sequential), their initialisation, parameter iteration, flat parameter buffers, and the
- * weights file.
+ * Sequential, and the branching blocks Residual and SqueezeExcite), their initialisation,
+ * parameter iteration, flat parameter buffers, and the weights file.
  *
  * A module owns its parameters and buffers (float32 tensors); Sequential owns its children.
  * The kinds are a closed set, so forward is a switch rather than a vtable. Parameter names
@@ -24,8 +24,10 @@ struct tr_module {
   tr_tensor *weight, *bias;              /* owned parameters, NULL when absent */
   tr_tensor *running_mean, *running_var; /* owned buffers (batch norm) */
   int kernel, stride, padding;           /* conv, pools */
+  int groups;                            /* conv: 1, or more for a grouped convolution */
   double p, eps, momentum;               /* dropout; norms */
-  tr_module **children;                  /* owned (sequential) */
+  tr_module **children;                  /* owned (sequential; residual: body, shortcut;
+                                            squeeze-excite: gate) */
   size_t n_children, cap_children;
 };
 
@@ -65,13 +67,24 @@ tr_module *tr_linear_new(tr_ctx *ctx, int64_t in, int64_t out, bool bias) {
 
 tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel, int stride,
                          int padding, bool bias) {
+  return tr_conv2d_grouped_new(ctx, in_ch, out_ch, kernel, stride, padding, 1, bias);
+}
+
+tr_module *tr_conv2d_grouped_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel,
+                                 int stride, int padding, int groups, bool bias) {
+  if (groups < 1 || in_ch % groups || out_ch % groups) {
+    tr_fail(ctx, "nn: %lld input and %lld output channels do not split into %d groups",
+            (long long)in_ch, (long long)out_ch, groups);
+    return NULL;
+  }
   tr_module *m = module_new(ctx, TR_CONV2D);
   if (!m) return NULL;
   m->kernel = kernel;
   m->stride = stride;
   m->padding = padding;
-  return with_weights(ctx, m, 4, (int64_t[]){out_ch, in_ch, kernel, kernel},
-                      in_ch * kernel * kernel, bias);
+  m->groups = groups;
+  return with_weights(ctx, m, 4, (int64_t[]){out_ch, in_ch / groups, kernel, kernel},
+                      in_ch / groups * kernel * kernel, bias);
 }
 
 /* weight 1, bias 0; batch norm adds running mean 0 and variance 1. */
@@ -105,6 +118,7 @@ tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features) {
 
 tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind) {
   if (kind != TR_RELU && kind != TR_GELU && kind != TR_TANH && kind != TR_SIGMOID &&
+      kind != TR_HARDSWISH && kind != TR_HARDSIGMOID && kind != TR_GLOBALAVGPOOL &&
       kind != TR_FLATTEN) {
     tr_fail(ctx, "nn: module kind %d is not a parameterless activation", (int)kind);
     return NULL;
@@ -145,6 +159,37 @@ int tr_sequential_add(tr_ctx *ctx, tr_module *seq, tr_module *child) {
   seq->children[seq->n_children++] = child;
   child->training = seq->training;
   return NAS_OK;
+}
+
+/* A module of kind whose children are the n given (NULL ones skipped), all owned by it;
+ * on failure they are freed. */
+static tr_module *branching_new(tr_ctx *ctx, tr_module_kind kind, tr_module **given, size_t n) {
+  tr_module *m = module_new(ctx, kind);
+  size_t i = 0;
+  for (; m && i < n; i++)
+    if (given[i] && tr_sequential_add(ctx, m, given[i]) != NAS_OK) { /* it freed given[i] */
+      tr_module_free(m);
+      m = NULL;
+    }
+  for (; i < n; i++) tr_module_free(given[i]);
+  return m;
+}
+
+tr_module *tr_residual_new(tr_ctx *ctx, tr_module *body, tr_module *shortcut) {
+  if (!body) {
+    tr_module_free(shortcut);
+    tr_fail(ctx, "nn: a residual block needs a body");
+    return NULL;
+  }
+  return branching_new(ctx, TR_RESIDUAL, (tr_module *[]){body, shortcut}, 2);
+}
+
+tr_module *tr_squeeze_excite_new(tr_ctx *ctx, tr_module *gate) {
+  if (!gate) {
+    tr_fail(ctx, "nn: squeeze-and-excitation needs a gate");
+    return NULL;
+  }
+  return branching_new(ctx, TR_SQUEEZE_EXCITE, &gate, 1);
 }
 
 void tr_module_free(tr_module *m) {
@@ -245,10 +290,29 @@ static tr_tensor *flatten_forward(tr_ctx *ctx, tr_tensor *x) {
   return tr_reshape(ctx, x, 2, shape);
 }
 
+static tr_tensor *residual_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  tr_tensor *body = tr_module_forward(ctx, m->children[0], x);
+  tr_tensor *skip = !body            ? NULL
+                    : m->n_children > 1 ? tr_module_forward(ctx, m->children[1], x)
+                                        : tr_retain(x);
+  tr_tensor *y = skip ? tr_add(ctx, body, skip) : NULL;
+  tr_release(skip);
+  tr_release(body);
+  return y;
+}
+
+static tr_tensor *squeeze_excite_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  tr_tensor *gate = tr_module_forward(ctx, m->children[0], x);
+  tr_tensor *y = gate ? tr_channel_scale(ctx, x, gate) : NULL;
+  tr_release(gate);
+  return y;
+}
+
 tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   switch (m->kind) {
   case TR_LINEAR: return tr_linear(ctx, x, m->weight, m->bias);
-  case TR_CONV2D: return tr_conv2d(ctx, x, m->weight, m->bias, m->stride, m->padding);
+  case TR_CONV2D:
+    return tr_conv2d_grouped(ctx, x, m->weight, m->bias, m->stride, m->padding, m->groups);
   case TR_BATCHNORM:
     return tr_batch_norm(ctx, x, m->weight, m->bias, m->running_mean, m->running_var, m->training,
                          m->momentum, m->eps);
@@ -262,6 +326,11 @@ tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   case TR_AVGPOOL2D: return tr_avg_pool2d(ctx, x, m->kernel, m->stride);
   case TR_FLATTEN: return flatten_forward(ctx, x);
   case TR_SEQUENTIAL: return sequential_forward(ctx, m, x);
+  case TR_HARDSWISH: return tr_hardswish(ctx, x);
+  case TR_HARDSIGMOID: return tr_hardsigmoid(ctx, x);
+  case TR_GLOBALAVGPOOL: return tr_global_avg_pool2d(ctx, x);
+  case TR_RESIDUAL: return residual_forward(ctx, m, x);
+  case TR_SQUEEZE_EXCITE: return squeeze_excite_forward(ctx, m, x);
   }
   return tr_fail(ctx, "nn: unknown module kind %d", (int)m->kind);
 }

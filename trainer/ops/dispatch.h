@@ -34,4 +34,9 @@ static inline tr_tensor *tn_zeros_dev(tr_ctx *ctx, const tr_tensor *like, tr_dty
  * no integer dtype: labels, ids (ops_shape.c); max-pool's argmax has the same layout. */
 tr_tensor *tn_i32_new(tr_ctx *ctx, const tr_tensor *like, const int32_t *values, int64_t n);
 
+/* A convolution's or pool's geometry: x (N, C, H, W), kernel kh x kw, stride, pad and the
+ * output size; an error naming op when x is not 4-D or the kernel does not fit (ops_conv.c). */
+int tn_conv_geom(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, int64_t kw,
+                 int stride, int pad, tck_conv_geom *g);
+
 #endif

@@ -54,6 +54,11 @@ static int geom_of(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, 
   return NAS_OK;
 }
 
+int tn_conv_geom(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, int64_t kw,
+                 int stride, int pad, tck_conv_geom *g) {
+  return geom_of(ctx, op, x, kh, kw, stride, pad, g);
+}
+
 /* Threads for the per-image loop (see the file comment). */
 static int image_threads(int64_t images) {
   int nt = tn_par_threads();
