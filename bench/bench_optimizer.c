@@ -161,7 +161,7 @@ static int run_one(const problem *p, const char *method, long seed, size_t q,
   }
   for (size_t evals = CHECK_EVERY; rc == NAS_OK && evals <= BUDGET; evals += CHECK_EVERY)
     printf("%s,%zu,%s,%ld,%zu,%.12g\n", p->name, q, method, seed, evals,
-           hypervolume(r.Y, evals, p->m, p->ref));
+           pareto_hypervolume(r.Y, evals, p->m, p->ref));
   fflush(stdout);
   run_close(&r);
   return rc;

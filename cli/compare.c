@@ -3,7 +3,7 @@
  * `nas pareto` infers its own point, and hypervolumes at different points say nothing
  * about each other). The common point is what `nas pareto` would infer for one experiment
  * holding every compared trial: the thresholds where all the experiments give the same,
- * else from the union of their observed values (reference_point). An experiment compared
+ * else from the union of their observed values (pareto_reference_point). An experiment compared
  * with itself therefore gets exactly its `nas pareto` hypervolume. */
 #include <getopt.h>
 #include <math.h>
@@ -92,7 +92,7 @@ static int common_reference(const compared *c, size_t n, double *ref, nas_err *e
   }
   for (size_t e = 0, at = 0; e < n; at += c[e].n * m, e++)
     memcpy(Y + at, c[e].Y, c[e].n * m * sizeof *Y);
-  /* A threshold counts only when every experiment gives the same one; reference_point
+  /* A threshold counts only when every experiment gives the same one; pareto_reference_point
    * infers the other coordinates. A shallow copy of the first spec says so. */
   memcpy(objectives, c[0].s->objectives, m * sizeof *objectives);
   for (size_t j = 0; j < m; j++)
@@ -103,7 +103,7 @@ static int common_reference(const compared *c, size_t n, double *ref, nas_err *e
     }
   spec agreed = *c[0].s;
   agreed.objectives = objectives;
-  reference_point(&agreed, Y, total, ref);
+  pareto_reference_point(&agreed, Y, total, ref);
   free(Y), free(objectives);
   return NAS_OK;
 }
@@ -200,7 +200,7 @@ static int compare(storage *st, const char *url, char **names, size_t n, out_for
   if (rc == NAS_OK) rc = same_objectives(c, n, err);
   if (rc == NAS_OK) rc = common_reference(c, n, ref, err);
   for (size_t e = 0; rc == NAS_OK && e < n; e++) {
-    c[e].hypervolume = hypervolume(c[e].Y, c[e].n, c[e].s->n_objectives, ref);
+    c[e].hypervolume = pareto_hypervolume(c[e].Y, c[e].n, c[e].s->n_objectives, ref);
     if (isnan(c[e].hypervolume)) rc = nas_errf(err, "hypervolume of '%s': out of memory", names[e]);
   }
   if (rc == NAS_OK) rc = print_comparison(c, n, ref, format, err);

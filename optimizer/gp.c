@@ -131,7 +131,7 @@ static int finish_factor(gp *g, nas_err *err) {
 
 static int factorise(gp *g, nas_err *err) {
   size_t n = g->n;
-  kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
+  gp_kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
   for (size_t i = 0; i < n; i++) g->L[i * n + i] += g->noise;
   if (gp_cholesky(g->L, n, NULL, err) != NAS_OK) return NAS_ERR;
   return finish_factor(g, err);
@@ -185,13 +185,13 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
   if (nb > 0) memcpy(out->X, Xb, nb * d * sizeof *Xb);
   double c = g->theta[GP_THETA_MEAN(d)];
   for (size_t b = 0; b < nb; b++) {
-    kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
+    gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
     out->mean[b] = c + cblas_ddot((int)n, KbX + b * n, 1, g->alpha, 1);
   }
   if (nb > 0) {
     cblas_dsymm(CblasRowMajor, CblasRight, CblasLower, (int)nb, (int)n, 1.0, g->kinv, (int)n,
                 KbX, (int)n, 0.0, out->A, (int)n);
-    kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
+    gp_kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nb, (int)n, -1.0, out->A,
                 (int)n, KbX, (int)n, 1.0, out->cov, (int)nb);
   }
@@ -208,7 +208,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   size_t n = g->n, d = g->d;
   bool grad = p->dmean || p->dvar || p->dcov_b;
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
-  kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
+  gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
   p->mean = g->theta[GP_THETA_MEAN(d)] + sb_dot(n, k, g->alpha);
   if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient */
     sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
@@ -221,7 +221,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
   if (p->dvar) sb_mtv(n, d, -2.0, dk, d, w, 1, 0.0, p->dvar);
   if (!b || !p->cov_b || b->nb == 0) return;
-  kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
+  gp_kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
   sb_mv(b->nb, n, -1.0, b->A, n, k, 1.0, p->cov_b, 1);
   if (p->dcov_b) sb_mm_sub(b->nb, d, n, b->A, n, dk, d, p->dcov_b, d);
 }

@@ -29,15 +29,15 @@ typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
 
 /* ---- kernels (gp_kernel.c) ---------------------------------------------------------------
  * A kernel is a function of the scaled squared distance r² = Σ_k (a_k − b_k)²/ℓ_k².
- * kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
+ * gp_kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
  * ∂k/∂a_k = −g·(a_k − b_k)/ℓ_k² and ∂k/∂log ℓ_k = g·(a_k − b_k)²/ℓ_k² (finite at r = 0). */
-double kernel_eval(gp_kernel kind, double r2, double *slope);
-double kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
+double gp_kernel_eval(gp_kernel kind, double r2, double *slope);
+double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
 /* K[i·n + j] = k(X_i, X_j) for the n×d rows of X (full symmetric matrix). */
-void kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+void gp_kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    double *K);
 /* k[i] = k(X_i, x); when dk is not NULL, dk[i·d + j] = ∂k[i]/∂x_j. */
-void kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+void gp_kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    const double *x, double *k, double *dk);
 
 /* ---- priors and the fitting objective (gp_fit.c) --------------------------------------- */

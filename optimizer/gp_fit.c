@@ -75,7 +75,8 @@ static void kernel_and_slopes(gp_kernel kind, const double *X, size_t n, size_t 
   for (size_t i = 0; i < n; i++) {
     K[i * n + i] = 1.0 + noise;
     for (size_t j = 0; j < i; j++) {
-      K[i * n + j] = kernel_eval(kind, kernel_r2(X + i * d, X + j * d, inv_ls2, d), &G[i * n + j]);
+      double r2 = gp_kernel_r2(X + i * d, X + j * d, inv_ls2, d);
+      K[i * n + j] = gp_kernel_eval(kind, r2, &G[i * n + j]);
       K[j * n + i] = K[i * n + j];
     }
   }

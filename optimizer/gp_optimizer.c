@@ -45,7 +45,7 @@ enum { max_hvi_objectives = 4 };
 
 /* Per pending point (a running trial or an earlier pick of this call), the inferred
  * reference of a pick reaches at least this share of the observed range beyond the
- * reference of the observations alone: a quarter of reference_point's 10% margin. A
+ * reference of the observations alone: a quarter of pareto_reference_point's 10% margin. A
  * sequence of single suggestions extends a front by about that much per step or more
  * (ZDT1 q = 1: 0.045 per step against a margin of 0.097), and the posterior means alone
  * rarely move the reference, see pick_reference. Chosen on the benchmark (10 seeds, gp,
@@ -186,7 +186,7 @@ static double slack(const constraint_spec *c, double value) {
 }
 
 static void add_observation(bo_data *d, const spec *s, const observation *o) {
-  objectives_to_min(s, o->objectives, d->Y + d->n * d->m);
+  pareto_objectives_to_min(s, o->objectives, d->Y + d->n * d->m);
   for (size_t k = 0; k < d->c; k++)
     d->C[d->n * d->c + k] = slack(&s->constraints[k], o->constraints[k]);
   d->n++;
@@ -296,7 +296,7 @@ static void push_for_pending(const spec *s, const double *rows, size_t n_obs, si
                              double *ref) {
   size_t m = s->n_objectives;
   double ref_obs[m];
-  reference_point(s, rows, n_obs, ref_obs);
+  pareto_reference_point(s, rows, n_obs, ref_obs);
   for (size_t j = 0; j < m; j++) {
     if (s->objectives[j].has_threshold) continue;
     double low = HUGE_VAL, high = -HUGE_VAL;
@@ -309,7 +309,7 @@ static void push_for_pending(const spec *s, const double *rows, size_t n_obs, si
   }
 }
 
-/* The reference point of one pick: from the thresholds, else inferred (reference_point, as
+/* The reference point of one pick: from the thresholds, else inferred (pareto_reference_point, as
  * `nas pareto` computes it) from the observations that have every objective together with
  * the posterior means of the pending points and earlier picks, i.e. the reference the
  * experiment will infer once they report what the models expect of them, so that a batch
@@ -337,7 +337,7 @@ static int pick_reference(const bo_data *d, const spec *s, const bo_models *md, 
       memcpy(rows + k++ * d->m, d->Y + i * d->m, d->m * sizeof *rows);
   for (size_t i = 0; i < d->np; i++)
     predict_objectives(md, d->P + i * d->dim, work, rows + k++ * d->m);
-  reference_point(s, rows, k, ref);
+  pareto_reference_point(s, rows, k, ref);
   push_for_pending(s, rows, k - d->np, d->np, ref);
   free(rows);
   free(work);

@@ -301,7 +301,7 @@ static void objectives_to_min_negates_maximised_objectives(void **state) {
   assert_int_equal(spec_parse(yaml, "<t>", "/tmp", &s, &err), 0);
   const double raw[] = {0.9, 0.3, -2};
   double min[3];
-  objectives_to_min(s, raw, min);
+  pareto_objectives_to_min(s, raw, min);
   assert_true(min[0] == -0.9 && min[1] == 0.3 && min[2] == 2);
   spec_free(s);
 }
