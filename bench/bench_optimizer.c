@@ -136,12 +136,13 @@ static size_t budget_of(const problem *p) { return p->budget ? p->budget : 50; }
 
 /* ---- one optimisation run --------------------------------------------------------------- */
 
-/* Method "gp-ref" is gp told the reference point as the objectives' thresholds; gp_extra
- * (e.g. ", kernel: rbf") is appended to gp's options. */
+/* Method "gp-ref" is gp told the reference point as the objectives' thresholds, "gp-noise"
+ * gp told the objectives' noise (`noise:`, the problem's noise sd; 0 for the noise-free
+ * ones); gp_extra (e.g. ", kernel: rbf") is appended to gp's options. */
 static char *problem_yaml(const problem *p, const char *method, long seed, const char *gp_extra) {
   char params[512] = "", objectives[512] = "", options[128] = "";
-  bool with_ref = strcmp(method, "gp-ref") == 0;
-  const char *type = with_ref ? "gp" : method;
+  bool with_ref = strcmp(method, "gp-ref") == 0, with_noise = strcmp(method, "gp-noise") == 0;
+  const char *type = with_ref || with_noise ? "gp" : method;
   for (size_t i = 0; i < p->d; i++) {
     size_t used = strlen(params);
     snprintf(params + used, sizeof params - used, "  x%zu: {type: float, low: 0, high: 1}\n", i);
@@ -150,6 +151,7 @@ static char *problem_yaml(const problem *p, const char *method, long seed, const
     size_t used = strlen(objectives);
     char threshold[48] = "";
     if (with_ref) snprintf(threshold, sizeof threshold, ", threshold: %.17g", p->ref[j]);
+    if (with_noise) snprintf(threshold, sizeof threshold, ", noise: %.17g", p->noise_sd[j]);
     snprintf(objectives + used, sizeof objectives - used, "  - {name: f%zu, goal: minimize%s}\n",
              j, threshold);
   }
@@ -213,7 +215,7 @@ static void evaluate(run_state *r, const problem *p, const json_t *params) {
 static int run_batch(run_state *r, const problem *p, size_t q, nas_err *err) {
   observation obs[MAX_BUDGET];
   for (size_t i = 0; i < r->n; i++)
-    obs[i] = (observation){r->params[i], r->Y + i * p->m, p->n_con ? &r->C[i] : NULL};
+    obs[i] = (observation){r->params[i], r->Y + i * p->m, p->n_con ? &r->C[i] : NULL, NULL};
   json_t *out[MAX_BUDGET];
   if (optimizer_suggest(r->opt, obs, r->n, NULL, 0, q, (int)r->n, out, NULL, err) < 0) return NAS_ERR;
   for (size_t i = 0; i < q; i++) {
@@ -274,9 +276,9 @@ static const char *flag(int argc, char **argv, const char *name) {
 /* One problem at one q: every listed method and seed. */
 static int run_problem(const problem *p, size_t q, const char *methods, long seeds,
                        const char *gp_extra) {
-  const char *all_methods[] = {"gp", "gp-ref", "sobol", "random"};
+  const char *all_methods[] = {"gp", "gp-ref", "gp-noise", "sobol", "random"};
   nas_err err = {{0}};
-  for (size_t mi = 0; mi < 4; mi++)
+  for (size_t mi = 0; mi < 5; mi++)
     for (long seed = 0; seed < seeds && listed(methods, all_methods[mi]); seed++)
       if (run_one(p, all_methods[mi], seed, q, gp_extra, &err) < 0) {
         fprintf(stderr, "bench_optimizer: %s %s seed %ld: %s\n", p->name, all_methods[mi], seed,
@@ -335,7 +337,7 @@ static double time_suggestion(size_t n, long seed, double *cpu, nas_err *err) {
       json_object_set_new(params[i], name, json_real(x[k]));
     }
     p->eval(x, Y + i * p->m, NULL);
-    obs[i] = (observation){params[i], Y + i * p->m, NULL};
+    obs[i] = (observation){params[i], Y + i * p->m, NULL, NULL};
   }
   json_t *out[1];
   double t0 = nas_monotonic(), c0 = cpu_seconds();
@@ -480,7 +482,8 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "timing") == 0) return cmd_timing(argc, argv);
   if (strcmp(cmd, "table") == 0) return cmd_table(argc, argv);
   fprintf(stderr,
-          "usage: bench_optimizer run [--seeds N] [--q 1,4] [--methods gp,gp-ref,sobol,random]\n"
+          "usage: bench_optimizer run [--seeds N] [--q 1,4]\n"
+          "                           [--methods gp,gp-ref,gp-noise,sobol,random]\n"
           "                           [--problems NAMES] [--gp-options TEXT]\n"
           "       bench_optimizer timing [--sizes 50,100,200,500] [--repeats N]\n"
           "       bench_optimizer table FILE...\n");

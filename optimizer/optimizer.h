@@ -60,6 +60,10 @@ typedef struct {
   const json_t *params;       /* borrowed */
   const double *objectives;   /* spec.n_objectives values */
   const double *constraints;  /* spec.n_constraints values */
+  /* NULL, or spec.n_objectives standard errors of the objective readings (the trial's
+   * NAME_sem metrics; NaN where not reported): the gp optimizer takes them as the known
+   * noise of those readings, before the spec's `noise:` and before a fitted noise. */
+  const double *objective_sems;
 } observation;
 
 typedef struct optimizer optimizer;
@@ -116,5 +120,14 @@ double pareto_hypervolume(const double *Y, size_t n, size_t m, const double *ref
  * front pushed out by 10% of the observed range). Rows with a NaN or an infinity are
  * ignored; with none left, the inferred coordinates are NaN. */
 void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref);
+
+/* The model's view of the observations (`nas pareto --model`): the posterior mean of every
+ * objective at each observation's parameters, as the gp optimizer with s's options (its
+ * defaults when s uses another optimizer) models them, known noise included; means gets
+ * n_obs × spec.n_objectives raw values, each objective in its own direction, NaN for an
+ * observation outside the space or an objective without data. Where readings are noisy
+ * these are the estimates to rank by, not the lucky draws. */
+int optimizer_model_means(const spec *s, const observation *obs, size_t n_obs, double *means,
+                          nas_err *err);
 
 #endif

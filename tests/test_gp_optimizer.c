@@ -33,7 +33,7 @@ static void finish(experiment *e) {
 
 static void observations(const experiment *e, observation *obs) {
   for (size_t i = 0; i < e->n; i++)
-    obs[i] = (observation){e->params[i], e->obj[i], e->con[i]};
+    obs[i] = (observation){e->params[i], e->obj[i], e->con[i], NULL};
 }
 
 /* Asks for q suggestions given everything observed so far (nothing pending). */
