@@ -56,11 +56,16 @@ static void branin_currin(const double *x, double *f, double *slack) {
          (100 * a * a * a + 500 * a * a + 4 * a + 20);
 }
 
-static void zdt1(const double *x, double *f, double *slack) {
-  (void)slack;
+/* ZDT1's and DTLZ7's g over d = 6: 1 + 9/5 Σ x1..x5. */
+static double sum_g(const double *x) {
   double s = 0;
   for (size_t i = 1; i < 6; i++) s += x[i];
-  double g = 1 + 9 * s / 5;
+  return 1 + 9 * s / 5;
+}
+
+static void zdt1(const double *x, double *f, double *slack) {
+  (void)slack;
+  double g = sum_g(x);
   f[0] = x[0];
   f[1] = g * (1 - sqrt(x[0] / g));
 }
@@ -92,9 +97,7 @@ static void dtlz2_m3(const double *x, double *f, double *slack) {
  * [0.6316, 0.8594]; the second one's tip, f2 = 2.307 at f1 = 0.8594, is the lowest f2. */
 static void dtlz7(const double *x, double *f, double *slack) {
   (void)slack;
-  double s = 0;
-  for (size_t i = 1; i < 6; i++) s += x[i];
-  double g = 1 + 9 * s / 5;
+  double g = sum_g(x);
   f[0] = x[0];
   f[1] = (1 + g) * (2 - x[0] / (1 + g) * (1 + sin(3 * M_PI * x[0])));
 }
