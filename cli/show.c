@@ -17,15 +17,17 @@ typedef struct {
   char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
   out_format format;
   const char *experiment; /* NULL when not given */
+  bool model;             /* nas pareto --model */
 } show_args;
 
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
- * freed either way. */
+ * freed either way. --model is an option of `nas pareto` only. */
 static int parse_args(const char *cmd, const char *help, bool need_experiment, int argc,
                       char **argv, show_args *a) {
   static const struct option options[] = {{"storage", required_argument, NULL, 's'},
                                           {"format", required_argument, NULL, 'f'},
                                           {"help", no_argument, NULL, 'h'},
+                                          {"model", no_argument, NULL, 'm'},
                                           {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
   optind = 1;
@@ -41,6 +43,8 @@ static int parse_args(const char *cmd, const char *help, bool need_experiment, i
     } else if (c == 'f') {
       if (cli_parse_format(optarg, &a->format) != NAS_OK)
         return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", optarg);
+    } else if (c == 'm' && strcmp(cmd, "pareto") == 0) {
+      a->model = true;
     } else {
       return cli_option_error(cmd, c, argv);
     }
@@ -150,8 +154,8 @@ static int print_trials(const spec *s, const sched_results *r, out_format format
 
 /* Loads the experiment named in a and hands its results to show(). */
 static int with_results(const show_args *a,
-                        int (*show)(const spec *, const experiment_row *, const sched_results *,
-                                    out_format)) {
+                        int (*show)(const show_args *, const spec *, const experiment_row *,
+                                    const sched_results *, nas_err *)) {
   nas_err err;
   storage *st;
   experiment_row exp;
@@ -164,10 +168,7 @@ static int with_results(const show_args *a,
   if (sched_results_load(st, s, exp.id, &r, &err) != NAS_OK) {
     status = cli_fail(&err);
   } else {
-    if (show(s, &exp, &r, a->format) != NAS_OK) {
-      fprintf(stderr, "nas: out of memory\n");
-      status = EXIT_FAILED;
-    }
+    if (show(a, s, &exp, &r, &err) != NAS_OK) status = cli_fail(&err);
     sched_results_free(&r);
   }
   spec_free(s);
@@ -176,10 +177,10 @@ static int with_results(const show_args *a,
   return status;
 }
 
-static int show_trials(const spec *s, const experiment_row *exp, const sched_results *r,
-                       out_format format) {
+static int show_trials(const show_args *a, const spec *s, const experiment_row *exp,
+                       const sched_results *r, nas_err *err) {
   (void)exp;
-  return print_trials(s, r, format);
+  return print_trials(s, r, a->format) == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
 }
 
 int cmd_trials(int argc, char **argv) {
@@ -193,12 +194,17 @@ int cmd_trials(int argc, char **argv) {
 /* ---- nas pareto ------------------------------------------------------------------------- */
 
 static const char pareto_help[] =
-    "usage: nas pareto EXPERIMENT [--format table|csv|json] [--storage URL]\n\n"
+    "usage: nas pareto EXPERIMENT [--model] [--format table|csv|json] [--storage URL]\n\n"
     "Shows the completed trials that meet every constraint and that no other such trial\n"
     "dominates (better or equal in every objective, better in one), sorted by the first\n"
     "objective, with the hypervolume they dominate up to the reference point (the\n"
     "objectives' thresholds, else inferred from the observed values). The front is of the\n"
-    "experiment's own trials: observations a spec's warm_start imports are not on it.\n";
+    "experiment's own trials: observations a spec's warm_start imports are not on it.\n\n"
+    "These are observed readings: with noisy metrics the front favours lucky draws. --model\n"
+    "adds the front of the model's estimates: the gp optimizer's posterior mean of each\n"
+    "objective at each such trial's parameters (reported NAME_sem standard errors and the\n"
+    "spec's noise: taken as known noise), with the readings beside them; in JSON, as\n"
+    "\"model_front\" (front rows with \"model\": {objective: posterior mean}).\n";
 
 /* Says that a front holds this experiment's own trials only, when warm_start imported
  * observations that are not on it. */
@@ -225,42 +231,71 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
   print_warm_start_note(f, s);
 }
 
-/* The front's rows as a table: trial, the objectives, the parameters. */
-static int pareto_table(const spec *s, const json_t *front, cli_table *t) {
+/* The front's rows as a table: trial, (with model: each objective's posterior mean,) the
+ * objectives as observed, the parameters. */
+static int pareto_table(const spec *s, const json_t *front, bool model, cli_table *t) {
   static const char *const head[] = {"trial"};
   int rc = cli_table_init(t, head, 1);
+  for (size_t j = 0; model && rc == NAS_OK && j < s->n_objectives; j++) {
+    char *name = nas_asprintf("%s (model)", s->objectives[j].name);
+    rc = name ? cli_table_add_column(t, name) : NAS_ERR;
+    free(name);
+  }
   for (size_t j = 0; rc == NAS_OK && j < s->n_objectives; j++)
     rc = cli_table_add_column(t, s->objectives[j].name);
   for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
     rc = cli_table_add_column(t, s->params[p].name);
-  size_t k;
+  size_t k, first = 1 + (model ? s->n_objectives : 0);
   const json_t *row;
   json_array_foreach(front, k, row) {
     json_t *cells = json_array();
-    for (size_t c = 0; rc == NAS_OK && c < t->n_columns; c++)
-      json_array_append(cells, json_object_get(row, t->columns[c]));
+    for (size_t c = 0; rc == NAS_OK && c < t->n_columns; c++) {
+      bool mean = c > 0 && c < first;
+      const json_t *from = mean ? json_object_get(row, "model") : row;
+      const char *key = mean ? s->objectives[c - 1].name : t->columns[c];
+      json_array_append(cells, json_object_get(from, key));
+    }
     if (rc == NAS_OK) rc = cli_table_add_row(t, cells);
   }
   return rc;
 }
 
-static int show_pareto(const spec *s, const experiment_row *exp, const sched_results *r,
-                       out_format format) {
-  nas_err err;
-  json_t *pareto = sched_pareto_json(s, exp, r, &err);
-  if (!pareto) return NAS_ERR;
+/* The front of the model's posterior means, after the observed one (--model). */
+static int print_model_front(const spec *s, const json_t *model_front, out_format format) {
+  FILE *f = format == FORMAT_TABLE ? stdout : stderr;
+  fprintf(f, "\nmodel: %zu trials on the front of the posterior means (what the model "
+          "expects at each trial's parameters, known noise included; the observed readings "
+          "beside them)\n", json_array_size(model_front));
+  cli_table t;
+  int rc = pareto_table(s, model_front, true, &t);
+  if (rc == NAS_OK) cli_table_print(&t, format);
+  cli_table_free(&t);
+  return rc;
+}
+
+static int show_pareto(const show_args *a, const spec *s, const experiment_row *exp,
+                       const sched_results *r, nas_err *err) {
+  json_t *pareto = sched_pareto_json(s, exp, r, err);
+  json_t *model = pareto && a->model ? sched_model_front_json(s, r, err) : NULL;
+  if (!pareto || (a->model && !model)) {
+    json_decref(pareto);
+    return nas_err_prefix(err, "pareto");
+  }
   int rc = NAS_OK;
-  print_front_summary(s, pareto, format);
-  if (format == FORMAT_JSON) {
+  print_front_summary(s, pareto, a->format);
+  if (a->format == FORMAT_JSON) {
+    if (model) json_object_set(pareto, "model_front", model);
     cli_print_json(pareto);
   } else {
     cli_table t;
-    rc = pareto_table(s, json_object_get(pareto, "front"), &t);
-    if (rc == NAS_OK) cli_table_print(&t, format);
+    rc = pareto_table(s, json_object_get(pareto, "front"), false, &t);
+    if (rc == NAS_OK) cli_table_print(&t, a->format);
     cli_table_free(&t);
+    if (rc == NAS_OK && model) rc = print_model_front(s, model, a->format);
   }
+  json_decref(model);
   json_decref(pareto);
-  return rc;
+  return rc == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
 }
 
 int cmd_pareto(int argc, char **argv) {

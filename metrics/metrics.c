@@ -143,7 +143,16 @@ static int value_check(const char *name, const json_t *value, nas_err *err) {
     return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
   if (!json_is_number(value))
     return nas_errf(err, "metric \"%s\" is %s, not a number", name, json_kind(value));
+  size_t len = strlen(name), suffix = strlen(METRIC_SEM_SUFFIX);
+  if (len > suffix && strcmp(name + len - suffix, METRIC_SEM_SUFFIX) == 0 &&
+      json_number_value(value) < 0)
+    return nas_errf(err, "metric \"%s\" is a standard error, so it must be >= 0, not %g", name,
+                    json_number_value(value));
   return NAS_OK;
+}
+
+char *metric_sem_name(const char *metric) {
+  return nas_asprintf("%s%s", metric, METRIC_SEM_SUFFIX);
 }
 
 /* Checks the object of a metric line; *step gets its step (METRIC_FINAL when none). */

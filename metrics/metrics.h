@@ -4,7 +4,10 @@
  *   nas-metric {"accuracy": 0.93, "step": 3}
  *   nas-metric {"accuracy": 0.95, "params": 120000}
  * A line with "step" (a non-negative integer) holds intermediate values at that step; one
- * without holds final values. Every other key is a metric name with a number value. Lines
+ * without holds final values. Every other key is a metric name with a number value. A
+ * metric named NAME_sem is the standard error of metric NAME's reading (≥ 0), e.g.
+ *   nas-metric {"accuracy": 0.91, "accuracy_sem": 0.004}
+ * stored like any metric; the gp optimizer models it as the known noise of NAME. Lines
  * that are not metric lines are ignored; a malformed metric line is reported, never fatal.
  * `nas report NAME=VALUE … [--step N]` does the same from a shell script. */
 #ifndef NAS_METRICS_H
@@ -18,6 +21,10 @@
 #include "storage/storage.h"
 
 #define METRIC_LINE_PREFIX "nas-metric "
+#define METRIC_SEM_SUFFIX "_sem"
+
+/* "NAME_sem" for metric NAME: owned, NULL when out of memory. */
+char *metric_sem_name(const char *metric);
 
 /* Observations parsed from text; names are owned by the set. */
 typedef struct {

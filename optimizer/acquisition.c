@@ -298,7 +298,7 @@ static double sample_utility(const mc_acq *a, size_t s, bool grad) {
     for (size_t j = 0; g && j < a->n_obj; j++) g[j] *= -1.0 / hypot(TAU_RELU, t);
   }
   for (size_t o = a->n_obj; o < a->K; o++) {
-    u += log_fat_sigmoid(-f[o] / ETA_CON, &slope);
+    u += acq_log_fat_sigmoid(-f[o] / ETA_CON, &slope);
     if (g) g[o] = -slope / ETA_CON;
   }
   return u;

@@ -42,11 +42,11 @@ typedef struct {
 /* log h(z) with h(z) = φ(z) + zΦ(z), so that EI = σ h((best − μ)/σ); accurate for every
  * finite z (continued fraction for the Mills ratio in the far left tail). *slope receives
  * d log h/dz when slope is not NULL. */
-double log_h(double z, double *slope);
+double acq_log_h(double z, double *slope);
 /* log Φ(z), same accuracy; *slope = d log Φ/dz. */
-double log_ndtr(double z, double *slope);
+double acq_log_ndtr(double z, double *slope);
 /* log of the fat-tailed sigmoid s(x) = (1 + x/√(1 + x²))/2 (tail 1/(4x²)); *slope = d/dx. */
-double log_fat_sigmoid(double x, double *slope);
+double acq_log_fat_sigmoid(double x, double *slope);
 
 /* ---- analytic LogEI (logei.c) --------------------------------------------------------- */
 

@@ -1,8 +1,9 @@
 /* optimizer/gp.c: the GP model of one outcome: its factorisation, its posterior at a point
  * (mean, variance, covariance with a baseline, and their gradients in x) (see gp.h).
  *
- * Invariants of a gp: L is the lower Cholesky factor of K + (noise + jitter) I over the n
- * training inputs, kinv its inverse and alpha = kinv (y − c), all at the stored θ; the
+ * Invariants of a gp: L is the lower Cholesky factor of K + N + jitter I over the n
+ * training inputs (N diagonal: each point's known noise variance, else the fitted one),
+ * kinv its inverse and alpha = kinv (y − c), all at the stored θ; the
  * standardisation (shift, scale) is fixed when the GP is made. */
 #include <math.h>
 #include <stdbool.h>
@@ -25,9 +26,10 @@ struct gp {
   double scale;
   double *theta;   /* GP_THETA_LEN(d) */
   double *inv_ls2; /* d: 1/ℓ_k² */
-  double noise;    /* noise variance */
-  double *L;       /* n×n lower Cholesky factor of K + (noise + jitter) I (upper part zero) */
-  double *kinv;    /* n×n: (K + (noise + jitter) I)^-1 */
+  double noise;    /* fitted noise variance */
+  double *known;   /* n standardised known noise variances (NaN: the fitted one), or NULL */
+  double *L;       /* n×n lower Cholesky factor of K + N + jitter I (upper part zero) */
+  double *kinv;    /* n×n: (K + N + jitter I)^-1 */
   double *alpha;   /* n: kinv (y − c) */
 };
 
@@ -101,6 +103,7 @@ void gp_free(gp *g) {
   free(g->L);
   free(g->kinv);
   free(g->alpha);
+  free(g->known);
   free(g);
 }
 
@@ -131,19 +134,33 @@ static int finish_factor(gp *g, nas_err *err) {
 
 static int factorise(gp *g, nas_err *err) {
   size_t n = g->n;
-  kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
-  for (size_t i = 0; i < n; i++) g->L[i * n + i] += g->noise;
+  gp_kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
+  for (size_t i = 0; i < n; i++) g->L[i * n + i] += gp_noise_at(g->known, i, g->noise);
   if (gp_cholesky(g->L, n, NULL, err) != NAS_OK) return NAS_ERR;
   return finish_factor(g, err);
 }
 
 int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
               const double *theta, gp **out, nas_err *err) {
+  return gp_create_noisy(kind, X, y, NULL, n, d, theta, out, err);
+}
+
+void gp_standardise_noise(const double *noise_var, size_t n, double scale, double *out) {
+  for (size_t i = 0; i < n; i++) out[i] = noise_var[i] / (scale * scale);
+}
+
+int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const double *noise_var,
+                    size_t n, size_t d, const double *theta, gp **out, nas_err *err) {
   if (n == 0) return nas_errf(err, "gp: no observations to model");
   gp *g = gp_alloc(kind, n, d);
+  if (g && noise_var && !(g->known = malloc(n * sizeof *g->known))) {
+    gp_free(g);
+    g = NULL;
+  }
   if (!g) return nas_errf(err, "gp: out of memory for %zu observations", n);
   memcpy(g->X, X, n * d * sizeof *X);
   gp_standardise(y, n, g->y, &g->shift, &g->scale);
+  if (noise_var) gp_standardise_noise(noise_var, n, g->scale, g->known);
   set_theta(g, theta);
   if (factorise(g, err) != NAS_OK) {
     gp_free(g);
@@ -185,13 +202,13 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
   if (nb > 0) memcpy(out->X, Xb, nb * d * sizeof *Xb);
   double c = g->theta[GP_THETA_MEAN(d)];
   for (size_t b = 0; b < nb; b++) {
-    kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
+    gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
     out->mean[b] = c + cblas_ddot((int)n, KbX + b * n, 1, g->alpha, 1);
   }
   if (nb > 0) {
     cblas_dsymm(CblasRowMajor, CblasRight, CblasLower, (int)nb, (int)n, 1.0, g->kinv, (int)n,
                 KbX, (int)n, 0.0, out->A, (int)n);
-    kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
+    gp_kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nb, (int)n, -1.0, out->A,
                 (int)n, KbX, (int)n, 1.0, out->cov, (int)nb);
   }
@@ -208,7 +225,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   size_t n = g->n, d = g->d;
   bool grad = p->dmean || p->dvar || p->dcov_b;
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
-  kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
+  gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
   p->mean = g->theta[GP_THETA_MEAN(d)] + sb_dot(n, k, g->alpha);
   if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient */
     sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
@@ -221,7 +238,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
   if (p->dvar) sb_mtv(n, d, -2.0, dk, d, w, 1, 0.0, p->dvar);
   if (!b || !p->cov_b || b->nb == 0) return;
-  kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
+  gp_kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
   sb_mv(b->nb, n, -1.0, b->A, n, k, 1.0, p->cov_b, 1);
   if (p->dcov_b) sb_mm_sub(b->nb, d, n, b->A, n, dk, d, p->dcov_b, d);
 }

@@ -3,8 +3,10 @@
  *
  * Model: outcome = shift + scale · (c + f(x) + ε), where shift/scale standardise the
  * observed values (mean 0, sample variance 1), c is a constant mean, f ~ GP(0, k) with an
- * ARD kernel of unit variance (RBF or Matérn-5/2) and ε ~ N(0, noise). Everything below
- * works on the standardised scale unless it says otherwise.
+ * ARD kernel of unit variance (RBF or Matérn-5/2) and ε ~ N(0, noise), or, at an observation
+ * whose noise is known (a reported standard error, a declared noise), N(0, its variance)
+ * (fixed, heteroskedastic noise: BoTorch's FixedNoiseGP). Everything below works on the
+ * standardised scale unless it says otherwise.
  *
  * Hyperparameters θ (GP_THETA_LEN(d) values): log lengthscales (d), log noise variance,
  * constant mean. They are fitted by maximum a posteriori with the priors of BoTorch's
@@ -13,6 +15,7 @@
 #ifndef NAS_OPTIMIZER_GP_H
 #define NAS_OPTIMIZER_GP_H
 
+#include <math.h>
 #include <stdbool.h>
 #include <stddef.h>
 
@@ -29,15 +32,15 @@ typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
 
 /* ---- kernels (gp_kernel.c) ---------------------------------------------------------------
  * A kernel is a function of the scaled squared distance r² = Σ_k (a_k − b_k)²/ℓ_k².
- * kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
+ * gp_kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
  * ∂k/∂a_k = −g·(a_k − b_k)/ℓ_k² and ∂k/∂log ℓ_k = g·(a_k − b_k)²/ℓ_k² (finite at r = 0). */
-double kernel_eval(gp_kernel kind, double r2, double *slope);
-double kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
+double gp_kernel_eval(gp_kernel kind, double r2, double *slope);
+double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
 /* K[i·n + j] = k(X_i, X_j) for the n×d rows of X (full symmetric matrix). */
-void kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+void gp_kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    double *K);
 /* k[i] = k(X_i, x); when dk is not NULL, dk[i·d + j] = ∂k[i]/∂x_j. */
-void kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+void gp_kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    const double *x, double *k, double *dk);
 
 /* ---- priors and the fitting objective (gp_fit.c) --------------------------------------- */
@@ -49,11 +52,20 @@ void gp_theta_prior_mode(size_t d, double *theta);
  * gradient to grad when grad is not NULL. */
 double gp_log_prior(size_t d, const double *theta, double *grad);
 
+/* The noise variance on the diagonal at point i: known[i] (standardised) where known is not
+ * NULL and it is not NaN, else the fitted noise. */
+static inline double gp_noise_at(const double *known, size_t i, double fitted) {
+  return known && !isnan(known[i]) ? known[i] : fitted;
+}
+/* Raw noise variances (n) → standardised ones (÷ scale²), NaN kept. */
+void gp_standardise_noise(const double *noise_var, size_t n, double scale, double *out);
+
 /* Log marginal likelihood + log prior of standardised outcomes y (n) at X (n×d) under θ;
- * grad (GP_THETA_LEN(d)) receives its gradient when not NULL. Returns -HUGE_VAL when the
- * kernel matrix cannot be factorised even with the largest jitter. */
-double gp_log_posterior(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
-                        const double *theta, double *grad, nas_err *err);
+ * known (n standardised noise variances, NaN where unknown; or NULL) as gp_noise_at; grad
+ * (GP_THETA_LEN(d)) receives its gradient when not NULL. Returns -HUGE_VAL when the kernel
+ * matrix cannot be factorised even with the largest jitter. */
+double gp_log_posterior(gp_kernel kind, const double *X, const double *y, const double *known,
+                        size_t n, size_t d, const double *theta, double *grad, nas_err *err);
 
 typedef struct {
   gp_kernel kernel;
@@ -66,6 +78,9 @@ typedef struct {
    * of the mean function in Bayesian optimisation"). */
   bool worst_mean;
   optimizer_cancel *cancel; /* NULL: never; when it says stop, gp_fit returns NAS_ECANCELED */
+  /* NULL, or one known noise variance per observation (raw units², NaN where unknown): used
+   * as is instead of the fitted noise at those points. */
+  const double *noise_var;
 } gp_fit_options;
 
 typedef struct gp gp;
@@ -83,6 +98,9 @@ void gp_standardise(const double *y, size_t n, double *ystd, double *shift, doub
 /* A GP with the given hyperparameters (no fitting); y raw values. */
 int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
               const double *theta, gp **out, nas_err *err);
+/* Same with known noise variances (raw units², NaN where unknown; NULL: none known). */
+int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const double *noise_var,
+                    size_t n, size_t d, const double *theta, gp **out, nas_err *err);
 void gp_free(gp *g);
 
 size_t gp_n(const gp *g);

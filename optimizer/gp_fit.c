@@ -69,13 +69,16 @@ double gp_log_prior(size_t d, const double *theta, double *grad) {
   return lp;
 }
 
-/* K (with noise on the diagonal) and the slopes G_ij = g(r²_ij) of its entries. */
+/* K (with noise on the diagonal, gp_noise_at) and the slopes G_ij = g(r²_ij) of its
+ * entries. */
 static void kernel_and_slopes(gp_kernel kind, const double *X, size_t n, size_t d,
-                              const double *inv_ls2, double noise, double *K, double *G) {
+                              const double *inv_ls2, const double *known, double noise,
+                              double *K, double *G) {
   for (size_t i = 0; i < n; i++) {
-    K[i * n + i] = 1.0 + noise;
+    K[i * n + i] = 1.0 + gp_noise_at(known, i, noise);
     for (size_t j = 0; j < i; j++) {
-      K[i * n + j] = kernel_eval(kind, kernel_r2(X + i * d, X + j * d, inv_ls2, d), &G[i * n + j]);
+      double r2 = gp_kernel_r2(X + i * d, X + j * d, inv_ls2, d);
+      K[i * n + j] = gp_kernel_eval(kind, r2, &G[i * n + j]);
       K[j * n + i] = K[i * n + j];
     }
   }
@@ -102,13 +105,13 @@ typedef struct {
   double *copy; /* n×n room for gp_cholesky_with */
 } lml_work;
 
-static double lml_with_work(gp_kernel kind, const double *X, const double *y, size_t n,
-                            size_t d, const double *theta, double *grad, lml_work *w,
-                            nas_err *err) {
+static double lml_with_work(gp_kernel kind, const double *X, const double *y,
+                            const double *known, size_t n, size_t d, const double *theta,
+                            double *grad, lml_work *w, nas_err *err) {
   double inv_ls2[d > 0 ? d : 1];
   for (size_t k = 0; k < d; k++) inv_ls2[k] = exp(-2.0 * theta[k]);
   double noise = exp(theta[GP_THETA_NOISE(d)]), c = theta[GP_THETA_MEAN(d)];
-  kernel_and_slopes(kind, X, n, d, inv_ls2, noise, w->K, w->G);
+  kernel_and_slopes(kind, X, n, d, inv_ls2, known, noise, w->K, w->G);
   if (gp_cholesky_with(w->K, n, w->copy, NULL, err) != NAS_OK) return -HUGE_VAL;
   double logdet = 0;
   for (size_t i = 0; i < n; i++) logdet += 2.0 * log(w->K[i * n + i]);
@@ -122,9 +125,9 @@ static double lml_with_work(gp_kernel kind, const double *X, const double *y, si
   if (grad) {
     memset(grad, 0, GP_THETA_LEN(d) * sizeof *grad);
     gsl_linalg_cholesky_invert(&L.matrix); /* w->K now holds K⁻¹ */
-    double trace_w = 0, sum_alpha = 0;
+    double trace_w = 0, sum_alpha = 0; /* trace over the points with the fitted noise */
     for (size_t i = 0; i < n; i++) {
-      trace_w += w->alpha[i] * w->alpha[i] - w->K[i * n + i];
+      if (!known || isnan(known[i])) trace_w += w->alpha[i] * w->alpha[i] - w->K[i * n + i];
       sum_alpha += w->alpha[i];
     }
     lengthscale_gradient(X, n, d, inv_ls2, w->G, w->K, w->alpha, grad);
@@ -149,12 +152,12 @@ static void lml_work_free(lml_work *w) {
   free(w->copy);
 }
 
-double gp_log_posterior(gp_kernel kind, const double *X, const double *y, size_t n, size_t d,
-                        const double *theta, double *grad, nas_err *err) {
+double gp_log_posterior(gp_kernel kind, const double *X, const double *y, const double *known,
+                        size_t n, size_t d, const double *theta, double *grad, nas_err *err) {
   lml_work w;
   double value = -HUGE_VAL;
   if (lml_work_alloc(n, &w) == NAS_OK)
-    value = lml_with_work(kind, X, y, n, d, theta, grad, &w, err);
+    value = lml_with_work(kind, X, y, known, n, d, theta, grad, &w, err);
   else
     nas_errf(err, "gp: out of memory for %zu observations", n);
   lml_work_free(&w);
@@ -165,6 +168,7 @@ double gp_log_posterior(gp_kernel kind, const double *X, const double *y, size_t
 typedef struct {
   gp_kernel kind;
   const double *X, *y;
+  const double *known; /* standardised known noise variances, or NULL */
   size_t n, d;
   lml_work work;
   double lower_mean, upper_mean; /* bounds of the constant mean (equal when it is fixed) */
@@ -181,7 +185,8 @@ static double fit_objective(unsigned len, const double *theta, double *grad, voi
     if (grad) memset(grad, 0, len * sizeof *grad);
     return -1e300;
   }
-  double value = lml_with_work(p->kind, p->X, p->y, p->n, p->d, theta, grad, &p->work, NULL);
+  double value =
+      lml_with_work(p->kind, p->X, p->y, p->known, p->n, p->d, theta, grad, &p->work, NULL);
   if (!isfinite(value)) {
     if (grad) memset(grad, 0, len * sizeof *grad);
     return -1e300; /* unfactorisable: worse than anything, so the line search backs off */
@@ -256,14 +261,18 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   fit_problem p = {.kind = opt->kernel, .X = X, .n = n, .d = d, .best_value = -HUGE_VAL,
                    .cancel = opt->cancel};
   double *ystd = malloc(n * sizeof *ystd);
+  double *known = opt->noise_var ? malloc(n * sizeof *known) : NULL;
   p.best_theta = malloc(len * sizeof *p.best_theta);
   int rc = NAS_ERR;
-  if (!ystd || !p.best_theta || lml_work_alloc(n, &p.work) != NAS_OK) {
+  if (!ystd || (opt->noise_var && !known) || !p.best_theta ||
+      lml_work_alloc(n, &p.work) != NAS_OK) {
     nas_errf(err, "gp: out of memory fitting %zu observations", n);
     goto done;
   }
   double shift, scale; /* the same standardisation gp_create will make */
   gp_standardise(y, n, ystd, &shift, &scale);
+  if (known) gp_standardise_noise(opt->noise_var, n, scale, known);
+  p.known = known;
   set_mean_bounds(&p, ystd, opt->worst_mean);
   gp_theta_prior_mode(d, p.best_theta);
   p.best_theta[GP_THETA_MEAN(d)] = fmin(fmax(0.0, p.lower_mean), p.upper_mean);
@@ -271,9 +280,11 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   rc = fit_runs(&p, opt, rng, err);
   if (rc == NAS_OK && optimizer_cancelled(p.cancel))
     rc = nas_errc(err, NAS_ECANCELED, "gp: fitting given up on request");
-  if (rc == NAS_OK) rc = gp_create(opt->kernel, X, y, n, d, p.best_theta, out, err);
+  if (rc == NAS_OK)
+    rc = gp_create_noisy(opt->kernel, X, y, opt->noise_var, n, d, p.best_theta, out, err);
 done:
   lml_work_free(&p.work);
+  free(known);
   free(ystd);
   free(p.best_theta);
   return rc;

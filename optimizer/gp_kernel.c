@@ -12,7 +12,7 @@ static const double SQRT5 = 2.23606797749978969641;
 
 /* RBF: k = exp(−r²/2), so g = k. Matérn-5/2: k(r) = (1 + √5 r + 5r²/3)e^{−√5 r},
  * dk/dr = −(5/3) r (1 + √5 r) e^{−√5 r}, and −2 dk/d(r²) = −(dk/dr)/r. */
-double kernel_eval(gp_kernel kind, double r2, double *slope) {
+double gp_kernel_eval(gp_kernel kind, double r2, double *slope) {
   if (kind == GP_KERNEL_RBF) {
     double k = exp(-0.5 * r2);
     if (slope) *slope = k;
@@ -24,7 +24,7 @@ double kernel_eval(gp_kernel kind, double r2, double *slope) {
   return (1.0 + s5r + 5.0 / 3.0 * r2) * e;
 }
 
-double kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d) {
+double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d) {
   double r2 = 0;
   for (size_t k = 0; k < d; k++) {
     double diff = a[k] - b[k];
@@ -33,25 +33,25 @@ double kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t
   return r2;
 }
 
-void kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+void gp_kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    double *K) {
   for (size_t i = 0; i < n; i++) {
     K[i * n + i] = 1.0;
     for (size_t j = 0; j < i; j++) {
-      double kij = kernel_eval(kind, kernel_r2(X + i * d, X + j * d, inv_ls2, d), NULL);
+      double kij = gp_kernel_eval(kind, gp_kernel_r2(X + i * d, X + j * d, inv_ls2, d), NULL);
       K[i * n + j] = kij;
       K[j * n + i] = kij;
     }
   }
 }
 
-void kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+void gp_kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    const double *x, double *k, double *dk) {
   for (size_t i = 0; i < n; i++) {
     const double *xi = X + i * d;
-    double r2 = kernel_r2(x, xi, inv_ls2, d);
+    double r2 = gp_kernel_r2(x, xi, inv_ls2, d);
     double g;
-    k[i] = kernel_eval(kind, r2, &g);
+    k[i] = gp_kernel_eval(kind, r2, &g);
     if (!dk) continue;
     for (size_t j = 0; j < d; j++) dk[i * d + j] = -g * (x[j] - xi[j]) * inv_ls2[j];
   }

@@ -284,7 +284,7 @@ static double hypervolume_of(double *pts, size_t n, size_t m, const double *ref)
   return volume;
 }
 
-double hypervolume(const double *Y, size_t n, size_t m, const double *ref) {
+double pareto_hypervolume(const double *Y, size_t n, size_t m, const double *ref) {
   if (m == 0) return 0;
   double *pts = malloc((n * m + 1) * sizeof *pts);
   if (!pts) return NAN;

@@ -26,7 +26,7 @@ static double mills_tail(double u) {
   return 1.0 / t;
 }
 
-double log_h(double z, double *slope) {
+double acq_log_h(double z, double *slope) {
   if (z > TAIL) {
     double cdf = 0.5 * erfc(-z * SQRT1_2), pdf = exp(-0.5 * z * z - LOG_SQRT_2PI);
     double h = pdf + z * cdf;
@@ -38,7 +38,7 @@ double log_h(double z, double *slope) {
   return -0.5 * u * u - LOG_SQRT_2PI + log(c) - log(u + c);
 }
 
-double log_ndtr(double z, double *slope) {
+double acq_log_ndtr(double z, double *slope) {
   if (z > TAIL) {
     double cdf = 0.5 * erfc(-z * SQRT1_2);
     if (slope) *slope = exp(-0.5 * z * z - LOG_SQRT_2PI) / cdf;
@@ -50,7 +50,7 @@ double log_ndtr(double z, double *slope) {
 }
 
 /* For x < 0, s(x) = 1/(2√(1+x²)(√(1+x²) + |x|)) avoids the cancellation in 1 + x/√(1+x²). */
-double log_fat_sigmoid(double x, double *slope) {
+double acq_log_fat_sigmoid(double x, double *slope) {
   double q = sqrt(1.0 + x * x);
   if (x < 0) {
     if (slope) *slope = (q - x) / (q * q);
@@ -132,7 +132,7 @@ static double gaussian_term(logei *a, const gp *g, const double *x, double targe
   gp_predict(g, x, NULL, &p, a->work);
   double var = fmax(p.var, MIN_VAR), sd = sqrt(var);
   double z = (target - p.mean) / sd, slope;
-  double value = ei ? log_h(z, &slope) + log(sd) : log_ndtr(z, &slope);
+  double value = ei ? acq_log_h(z, &slope) + log(sd) : acq_log_ndtr(z, &slope);
   if (!grad) return value;
   for (size_t j = 0; j < a->d; j++) {
     double dvar = p.var > MIN_VAR ? a->dvar[j] : 0.0;

@@ -1,6 +1,6 @@
 /* optimizer/optimizer.c: the optimizer types behind one interface (optimizer_* in
  * optimizer.h), the argument checks common to all of them, option checking for the
- * backends (options.h) and objectives_to_min.
+ * backends (options.h) and pareto_objectives_to_min.
  *
  * Invariants: a backend is only ever called with arguments that passed the checks here
  * (non-negative trial numbers, objects for every assignment, non-NULL arrays where counts
@@ -163,7 +163,7 @@ int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
   return rc;
 }
 
-void objectives_to_min(const spec *s, const double *raw, double *out) {
+void pareto_objectives_to_min(const spec *s, const double *raw, double *out) {
   for (size_t j = 0; j < s->n_objectives; j++)
     out[j] = s->objectives[j].goal == GOAL_MAXIMIZE ? -raw[j] : raw[j];
 }

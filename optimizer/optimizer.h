@@ -60,6 +60,10 @@ typedef struct {
   const json_t *params;       /* borrowed */
   const double *objectives;   /* spec.n_objectives values */
   const double *constraints;  /* spec.n_constraints values */
+  /* NULL, or spec.n_objectives standard errors of the objective readings (the trial's
+   * NAME_sem metrics; NaN where not reported): the gp optimizer takes them as the known
+   * noise of those readings, before the spec's `noise:` and before a fitted noise. */
+  const double *objective_sems;
 } observation;
 
 typedef struct optimizer optimizer;
@@ -89,7 +93,7 @@ int optimizer_validate_options(const char *type, const json_t *options, nas_err 
  * not propose again. first_number is the trial number the first suggestion will get; it
  * seeds the randomness together with spec.seed. refs (NULL: not wanted) gets n rows of
  * spec.n_objectives values: the reference point each suggestion's hypervolume improvement
- * was measured against (minimisation convention, as reference_point), NaN where it was
+ * was measured against (minimisation convention, as pareto_reference_point), NaN where it was
  * measured against none (an initial design point, one objective, another optimizer).
  * Returns NAS_ENOTFOUND when the space has no n assignments left that are neither observed
  * nor pending (a finite space used up). */
@@ -101,7 +105,7 @@ int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
  * Y is n×m, row-major, every objective to be minimised. */
 
 /* Objective values in the minimisation convention: maximised objectives negated. */
-void objectives_to_min(const spec *s, const double *raw, double *out);
+void pareto_objectives_to_min(const spec *s, const double *raw, double *out);
 /* on_front[i] = no other row dominates row i (rows with NaN are never on the front). */
 void pareto_mask(const double *Y, size_t n, size_t m, bool *on_front);
 /* Non-dominated sorting: rank[i] = 0 for the front, 1 for the front of the rest, …;
@@ -110,11 +114,20 @@ int pareto_ranks(const double *Y, size_t n, size_t m, int *rank, nas_err *err);
 /* Volume dominated by the rows of Y and bounded by ref (rows not strictly better than
  * ref in every objective add nothing). Exact: O(n log n) for m = 2 and 3, WFG beyond.
  * NaN only when out of memory. */
-double hypervolume(const double *Y, size_t n, size_t m, const double *ref);
+double pareto_hypervolume(const double *Y, size_t n, size_t m, const double *ref);
 /* Reference point (minimisation convention) for an experiment: the objectives'
  * thresholds where given, else inferred from the observed values (the nadir of the
  * front pushed out by 10% of the observed range). Rows with a NaN or an infinity are
  * ignored; with none left, the inferred coordinates are NaN. */
-void reference_point(const spec *s, const double *Y, size_t n, double *ref);
+void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref);
+
+/* The model's view of the observations (`nas pareto --model`): the posterior mean of every
+ * objective at each observation's parameters, as the gp optimizer with s's options (its
+ * defaults when s uses another optimizer) models them, known noise included; means gets
+ * n_obs × spec.n_objectives raw values, each objective in its own direction, NaN for an
+ * observation outside the space or an objective without data. Where readings are noisy
+ * these are the estimates to rank by, not the lucky draws. */
+int optimizer_model_means(const spec *s, const observation *obs, size_t n_obs, double *means,
+                          nas_err *err);
 
 #endif

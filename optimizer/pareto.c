@@ -1,5 +1,5 @@
 /* optimizer/pareto.c: Pareto fronts, non-dominated sorting and reference points
- * (pareto_mask, pareto_ranks, reference_point in optimizer.h).
+ * (pareto_mask, pareto_ranks, pareto_reference_point in optimizer.h).
  *
  * Rows are points to be minimised. Row a dominates row b when a <= b in every objective and
  * a < b in at least one; so identical rows do not dominate each other and both stay on the
@@ -162,7 +162,7 @@ static double inferred_reference(const double *Y, size_t n, size_t m, size_t j) 
   return nadir + (range > 0 ? 0.1 * range : 1e-6 * (1 + fabs(nadir)));
 }
 
-void reference_point(const spec *s, const double *Y, size_t n, double *ref) {
+void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref) {
   size_t m = s->n_objectives;
   for (size_t j = 0; j < m; j++) {
     const objective_spec *o = &s->objectives[j];

@@ -4,7 +4,7 @@
  * other). `nas compare` prints it, `nas serve` answers it and the dashboard draws it.
  * The common point is what `nas pareto` would infer for one experiment holding every
  * compared trial: the thresholds where all the experiments give the same, else from the
- * union of their observed values (reference_point). An experiment compared with itself
+ * union of their observed values (pareto_reference_point). An experiment compared with itself
  * therefore gets exactly its `nas pareto` hypervolume. */
 #include <math.h>
 #include <stdlib.h>
@@ -61,7 +61,7 @@ static int common_reference(const sched_compared *c, const compared_points *p, s
   }
   for (size_t e = 0, at = 0; e < n; at += p[e].n * m, e++)
     memcpy(Y + at, p[e].Y, p[e].n * m * sizeof *Y);
-  /* A threshold counts only when every experiment gives the same one; reference_point
+  /* A threshold counts only when every experiment gives the same one; pareto_reference_point
    * infers the other coordinates. A shallow copy of the first spec says so. */
   memcpy(objectives, c[0].s->objectives, m * sizeof *objectives);
   for (size_t j = 0; j < m; j++)
@@ -72,7 +72,7 @@ static int common_reference(const sched_compared *c, const compared_points *p, s
     }
   spec agreed = *c[0].s;
   agreed.objectives = objectives;
-  reference_point(&agreed, Y, total, ref);
+  pareto_reference_point(&agreed, Y, total, ref);
   free(Y), free(objectives);
   return NAS_OK;
 }
@@ -90,7 +90,7 @@ static json_t *point_json(const spec *s, const double *ref) {
 static int compared_json(const sched_compared *c, const compared_points *p, size_t n,
                          const double *ref, json_t *list, nas_err *err) {
   for (size_t e = 0; e < n; e++) {
-    double hv = hypervolume(p[e].Y, p[e].n, c[e].s->n_objectives, ref);
+    double hv = pareto_hypervolume(p[e].Y, p[e].n, c[e].s->n_objectives, ref);
     if (isnan(hv)) return nas_errf(err, "hypervolume of '%s': out of memory", c[e].exp->name);
     const json_t *front = json_object_get(p[e].pareto, "front");
     if (json_array_append_new(list, json_pack("{s:s, s:i, s:i, s:f, s:O}", "experiment",

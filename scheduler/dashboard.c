@@ -120,7 +120,7 @@ static json_t *hypervolume_history(const spec *s, const sched_results *r, const 
     memcpy(front + n_front++ * m, Y + order[k] * m, m * sizeof *front);
     if ((k + 1) % step != 0 && k + 1 != n) continue;
     n_front = keep_front(front, n_front, m, mask);
-    double hv = hypervolume(front, n_front, m, ref);
+    double hv = pareto_hypervolume(front, n_front, m, ref);
     if (isnan(hv)) rc = nas_errf(err, "hypervolume: out of memory");
     json_array_append_new(done, json_integer((json_int_t)(k + 1)));
     json_array_append_new(trial, json_integer(r->trials[idx[order[k]]].number));

@@ -198,7 +198,7 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
   }
   for (size_t t = 0; t < r->n_trials; t++) {
     if (r->trials[t].status != TRIAL_COMPLETED || !feasible(s, r, t)) continue;
-    objectives_to_min(s, r->values + t * r->n_metrics, *Y + *n * m); /* objectives first */
+    pareto_objectives_to_min(s, r->values + t * r->n_metrics, *Y + *n * m); /* objectives first */
     (*idx)[(*n)++] = t;
   }
   return NAS_OK;
@@ -216,8 +216,8 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, 
     return nas_errf(err, "out of memory");
   }
   pareto_mask(Y, k, m, on_front);
-  reference_point(s, Y, k, ref);
-  *hv = hypervolume(Y, k, m, ref);
+  pareto_reference_point(s, Y, k, ref);
+  *hv = pareto_hypervolume(Y, k, m, ref);
   if (isnan(*hv)) { /* hypervolume's only failure */
     free(Y), free(cand), free(on_front);
     return nas_errf(err, "hypervolume of the front: out of memory");

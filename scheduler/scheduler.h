@@ -242,6 +242,13 @@ int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas
  * each objective, each parameter}]}, the front sorted by the first objective. Owned. */
 json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_results *r,
                           nas_err *err);
+/* The gp model's posterior means of the objectives at each trial's parameters
+ * (optimizer_model_means; means: n_trials × n_objectives, NaN for trials not completed). */
+int sched_model_means(const spec *s, const sched_results *r, double *means, nas_err *err);
+/* `nas pareto --model`: the front of the model's posterior means over the completed trials
+ * that meet every constraint, as sched_pareto_json's front rows (observed values) with
+ * "model": {objective: posterior mean}, sorted by the first objective's mean. Owned. */
+json_t *sched_model_front_json(const spec *s, const sched_results *r, nas_err *err);
 /* One trial r->trials[i]: number, status, params, metrics (final values), attempts,
  * times, error, reference point. Owned; NULL when out of memory. */
 json_t *sched_trial_json(const sched_results *r, size_t i);

@@ -14,9 +14,9 @@ bool sched_patience_spent(const spec *s, const sched_results *r, double *before,
   if (window == 0 || sched_completed_points(s, r, &Y, &idx, &n, NULL) != NAS_OK) return false;
   bool spent = false;
   if (n > window && (ref = malloc(m * sizeof *ref))) {
-    reference_point(s, Y, n, ref);
-    *now = hypervolume(Y, n, m, ref);
-    *before = hypervolume(Y, n - window, m, ref);
+    pareto_reference_point(s, Y, n, ref);
+    *now = pareto_hypervolume(Y, n, m, ref);
+    *before = pareto_hypervolume(Y, n - window, m, ref);
     spent = *now - *before <= s->budget.patience_min_improvement * *now;
     free(ref);
   }

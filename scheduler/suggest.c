@@ -14,13 +14,14 @@ typedef struct {
   observation *obs;
   json_t **params;          /* owned, one per trial */
   double *values;           /* objectives then constraints, per observation */
+  double *sems;             /* the objectives' standard errors (NAME_sem), per observation */
   const json_t **pending;
   size_t n_obs, n_pending;
 } history;
 
 static void history_free(history *h) {
   for (size_t i = 0; h->r && i < h->r->n_trials && h->params; i++) json_decref(h->params[i]);
-  free(h->params), free(h->obs), free(h->values), free(h->pending);
+  free(h->params), free(h->obs), free(h->values), free(h->sems), free(h->pending);
 }
 
 /* The imported observations after the experiment's own (borrowing their parameters). */
@@ -33,6 +34,24 @@ static void history_add_imported(const spec *s, const sched_imported *im, histor
   }
 }
 
+/* sem_col[j]: the results column of objective j's standard error (NAME_sem), or -1. */
+static int sem_columns(const spec *s, const sched_results *r, int *sem_col, nas_err *err) {
+  for (size_t j = 0; j < s->n_objectives; j++) {
+    char *name = metric_sem_name(s->objectives[j].name);
+    if (!name) return nas_errf(err, "out of memory");
+    sem_col[j] = sched_results_metric(r, name);
+    free(name);
+  }
+  return NAS_OK;
+}
+
+/* Row t's standard errors into out (NaN where not reported). */
+static void sems_of(const spec *s, const sched_results *r, size_t t, const int *sem_col,
+                    double *out) {
+  for (size_t j = 0; j < s->n_objectives; j++)
+    out[j] = sem_col[j] < 0 ? NAN : r->values[t * r->n_metrics + (size_t)sem_col[j]];
+}
+
 static int history_load(const spec *s, const sched_results *r, const sched_imported *im,
                         history *h, nas_err *err) {
   memset(h, 0, sizeof *h);
@@ -41,8 +60,11 @@ static int history_load(const spec *s, const sched_results *r, const sched_impor
   h->params = calloc(n, sizeof *h->params);
   h->obs = calloc(n + (im ? im->n : 0), sizeof *h->obs);
   h->values = calloc(n * (k ? k : 1), sizeof *h->values);
+  h->sems = calloc(n * s->n_objectives + 1, sizeof *h->sems);
   h->pending = calloc(n, sizeof *h->pending);
-  if (!h->params || !h->obs || !h->values || !h->pending) {
+  int sem_col[s->n_objectives + 1];
+  if (!h->params || !h->obs || !h->values || !h->sems || !h->pending ||
+      sem_columns(s, r, sem_col, err) != NAS_OK) {
     history_free(h);
     return nas_errf(err, "out of memory");
   }
@@ -57,14 +79,33 @@ static int history_load(const spec *s, const sched_results *r, const sched_impor
       h->pending[h->n_pending++] = h->params[t];
     } else if (row->status == TRIAL_COMPLETED) {
       /* metric_names begin with the objectives, then the constraints (results.c). */
-      double *v = h->values + h->n_obs * k;
+      double *v = h->values + h->n_obs * k, *sem = h->sems + h->n_obs * s->n_objectives;
       memcpy(v, h->r->values + t * h->r->n_metrics, k * sizeof *v);
+      sems_of(s, h->r, t, sem_col, sem);
       h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
-                                         .constraints = v + s->n_objectives};
+                                         .constraints = v + s->n_objectives,
+                                         .objective_sems = sem};
     }
   }
   history_add_imported(s, im, h);
   return NAS_OK;
+}
+
+int sched_model_means(const spec *s, const sched_results *r, double *means, nas_err *err) {
+  history h;
+  size_t m = s->n_objectives;
+  if (history_load(s, r, NULL, &h, err) != NAS_OK) return NAS_ERR;
+  double *per_obs = malloc((h.n_obs * m + 1) * sizeof *per_obs);
+  int rc = per_obs ? optimizer_model_means(s, h.obs, h.n_obs, per_obs, err)
+                   : nas_errf(err, "out of memory");
+  for (size_t t = 0, k = 0; rc == NAS_OK && t < r->n_trials; t++) { /* history_load's order */
+    bool completed = r->trials[t].status == TRIAL_COMPLETED;
+    for (size_t j = 0; j < m; j++) means[t * m + j] = completed ? per_obs[k * m + j] : NAN;
+    k += completed;
+  }
+  free(per_obs);
+  history_free(&h);
+  return rc;
 }
 
 /* The reference point ref (minimisation convention) as the trial records it: a JSON object

@@ -65,6 +65,54 @@ json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_
 
 static json_t *time_or_null(double t) { return t > 0 ? json_real(t) : json_null(); }
 
+/* Rows of Y (the completed feasible trials idx) replaced by the model's means, minimisation
+ * convention; key[t] gets trial t's mean of the first objective, to sort by. */
+static void use_model_means(const spec *s, const double *means, const size_t *idx, size_t n,
+                            double *Y, double *key) {
+  size_t m = s->n_objectives;
+  for (size_t k = 0; k < n; k++) {
+    pareto_objectives_to_min(s, means + idx[k] * m, Y + k * m);
+    key[idx[k]] = means[idx[k] * m];
+  }
+}
+
+static json_t *model_row(const spec *s, const sched_results *r, const double *means, size_t t) {
+  json_t *row = front_row(s, r, t), *model = json_object();
+  for (size_t j = 0; model && j < s->n_objectives; j++)
+    json_object_set_new(model, s->objectives[j].name,
+                        number_or_null(means[t * s->n_objectives + j]));
+  if (row && model && json_object_set_new(row, "model", model) == 0) return row;
+  json_decref(row);
+  return NULL;
+}
+
+json_t *sched_model_front_json(const spec *s, const sched_results *r, nas_err *err) {
+  size_t m = s->n_objectives, n = 0, *idx = NULL;
+  double *Y = NULL, *means = malloc((r->n_trials * m + 1) * sizeof *means);
+  double *key = malloc((r->n_trials + 1) * sizeof *key);
+  bool *on_front = malloc((r->n_trials + 1) * sizeof *on_front);
+  json_t *rows = NULL;
+  if (!means || !key || !on_front) nas_errf(err, "out of memory");
+  else if (sched_model_means(s, r, means, err) == NAS_OK &&
+           sched_completed_points(s, r, &Y, &idx, &n, err) == NAS_OK) {
+    use_model_means(s, means, idx, n, Y, key);
+    pareto_mask(Y, n, m, on_front);
+    size_t f = 0;
+    for (size_t k = 0; k < n; k++)
+      if (on_front[k]) idx[f++] = idx[k];
+    qsort_r(idx, f, sizeof *idx, cmp_by_key, key);
+    rows = json_array();
+    for (size_t k = 0; rows && k < f; k++)
+      if (json_array_append_new(rows, model_row(s, r, means, idx[k])) != 0) {
+        json_decref(rows);
+        rows = NULL;
+      }
+    if (!rows) nas_errf(err, "out of memory");
+  }
+  free(means), free(key), free(on_front), free(Y), free(idx);
+  return rows;
+}
+
 json_t *sched_trial_json(const sched_results *r, size_t i) {
   const trial_row *t = &r->trials[i];
   json_t *metrics = json_object();

@@ -7,6 +7,7 @@
  * to re-validate a spec that loaded. */
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -93,7 +94,7 @@ static int parse_goal(const yaml_ctx *c, const yaml_node_t *node, const char *wh
 
 static int parse_objective(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                            objective_spec *o) {
-  static const char *const keys[] = {"name", "goal", "threshold", NULL};
+  static const char *const keys[] = {"name", "goal", "threshold", "noise", NULL};
   char field[FIELD_CAP];
   yaml_node_t *value;
   int rc = spec_node_expect_mapping(c, node, what);
@@ -108,7 +109,14 @@ static int parse_objective(const yaml_ctx *c, const yaml_node_t *node, const cha
   value = spec_node_optional(c, node, "threshold");
   o->has_threshold = value != NULL;
   spec_field_join(field, what, "threshold");
-  return value ? spec_node_number(c, value, field, &o->threshold) : NAS_OK;
+  if (value && (rc = spec_node_number(c, value, field, &o->threshold))) return rc;
+  value = spec_node_optional(c, node, "noise");
+  o->has_noise = value != NULL;
+  spec_field_join(field, what, "noise");
+  if (value && (rc = spec_node_number(c, value, field, &o->noise))) return rc;
+  if (value && !(o->noise >= 0 && isfinite(o->noise)))
+    return spec_node_errf(c, value, "%s: must be a standard deviation (a number ≥ 0)", field);
+  return NAS_OK;
 }
 
 static int parse_objectives(const yaml_ctx *c, const yaml_node_t *root, spec *s) {

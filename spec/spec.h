@@ -51,6 +51,8 @@ typedef struct {
   objective_goal goal;
   bool has_threshold;  /* threshold is the reference point coordinate */
   double threshold;
+  bool has_noise;      /* noise: the known standard deviation of the metric's readings */
+  double noise;        /* (≥ 0), which the gp optimizer models as known noise */
 } objective_spec;
 
 typedef enum { CONSTRAINT_LE, CONSTRAINT_GE } constraint_op;

@@ -182,7 +182,7 @@ static long double h_direct(long double z) {
 static void log_h_equals_log_ei_where_ei_is_not_tiny(void **state) {
   (void)state;
   for (double z = -8; z <= 8; z += 0.125) {
-    double slope, value = log_h(z, &slope);
+    double slope, value = acq_log_h(z, &slope);
     assert_float_equal(value, (double)logl(h_direct(z)), 1e-9 * fmax(1, fabs(value)));
     /* d log h/dz = Φ(z)/h(z) */
     long double cdf = 0.5L * erfcl(-(long double)z / sqrtl(2.0L));
@@ -196,26 +196,27 @@ static void log_h_stays_finite_and_monotone_in_the_far_tail(void **state) {
   (void)state;
   double previous = -HUGE_VAL;
   for (double z = -1e4; z <= 0; z = z < -100 ? z / 1.5 : z + 0.25) {
-    double v = log_h(z, NULL);
+    double v = acq_log_h(z, NULL);
     assert_true(isfinite(v) && v > previous);
     previous = v;
   }
   double z = -1e3;
-  assert_float_equal(log_h(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - 2 * log(-z), 1e-5);
-  assert_float_equal(log_ndtr(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - log(-z), 1e-5);
+  assert_float_equal(acq_log_h(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - 2 * log(-z), 1e-5);
+  assert_float_equal(acq_log_ndtr(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - log(-z), 1e-5);
 }
 
 static void log_ndtr_and_fat_sigmoid_slopes_match_finite_differences(void **state) {
   (void)state;
   for (double z = -40; z <= 10; z += 0.37) {
     double h = 1e-6, s1, s2;
-    log_ndtr(z, &s1);
-    assert_float_equal(s1, (log_ndtr(z + h, NULL) - log_ndtr(z - h, NULL)) / (2 * h),
+    acq_log_ndtr(z, &s1);
+    assert_float_equal(s1, (acq_log_ndtr(z + h, NULL) - acq_log_ndtr(z - h, NULL)) / (2 * h),
                        1e-5 * fmax(1, fabs(s1)));
-    log_fat_sigmoid(z, &s2);
-    assert_float_equal(s2, (log_fat_sigmoid(z + h, NULL) - log_fat_sigmoid(z - h, NULL)) / (2 * h),
-                       1e-5 * fmax(1, fabs(s2)));
-    assert_float_equal(log_ndtr(z, NULL), log(0.5 * erfc(-z / sqrt(2))), 1e-9 * fmax(1, -z * z));
+    acq_log_fat_sigmoid(z, &s2);
+    double fd2 = (acq_log_fat_sigmoid(z + h, NULL) - acq_log_fat_sigmoid(z - h, NULL)) / (2 * h);
+    assert_float_equal(s2, fd2, 1e-5 * fmax(1, fabs(s2)));
+    assert_float_equal(acq_log_ndtr(z, NULL), log(0.5 * erfc(-z / sqrt(2))),
+                       1e-9 * fmax(1, -z * z));
   }
 }
 

@@ -863,7 +863,7 @@ static void run_optimizer_case(const char *name, const char *optimizer_yaml, lon
     c.obj[i][0] = (x - 0.3) * (x - 0.3) + 0.01 * (double)i;
     c.obj[i][1] = x + 0.1 * (double)(i % 3);
     c.con[i][0] = x;
-    c.obs[i] = (observation){c.params[i], c.obj[i], c.con[i]};
+    c.obs[i] = (observation){c.params[i], c.obj[i], c.con[i], NULL};
   }
   c.pending = json_pack("{s:f, s:i, s:s}", "x", 0.55, "n", 3, "act", "relu");
   must(suggest_op(&c, &err), err);

@@ -1,8 +1,8 @@
 /* End-to-end: seeing results with the real bin/nas on SQLite — one trial in full (`nas
  * trial`), its logs (`nas logs`, followed while it runs, through a truncation and a
  * Ctrl-C), an experiment exported and imported into a second storage with nothing changed
- * that listings show, bad import files refused before anything is stored, and `nas
- * compare` agreeing with `nas pareto`. */
+ * that listings show, bad import files refused before anything is stored, `nas
+ * compare` agreeing with `nas pareto`, and `nas pareto --model` weighing noisy readings. */
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -282,6 +282,55 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
   free(spec);
 }
 
+/* Five known trials on the line z = 1 − y, read exactly (standard error 0.001) except the
+ * one at x = 0.5, whose z reads a lucky 0.1 with a standard error of 0.5. */
+static char *noisy_spec(fixture *f) {
+  free(test_write(f->dir, "report.sh",
+                  "lucky=$(awk \"BEGIN { print ($1 == 0.5) }\")\n"
+                  "if [ \"$lucky\" = 1 ]; then z=0.1; sem=0.5; "
+                  "else z=$(awk \"BEGIN { print 1 - $1 }\"); sem=0.001; fi\n"
+                  "echo \"nas-metric {\\\"y\\\": $1, \\\"z\\\": $z, \\\"z_sem\\\": $sem}\"\n"));
+  return test_write(f->dir, "noisy.yaml",
+                    "name: noisy\n"
+                    "parameters:\n"
+                    "  x: {type: float, low: 0, high: 1}\n"
+                    "objectives: [{name: y, goal: minimize, noise: 0.001}, {name: z, goal: minimize}]\n"
+                    "trial: {command: [sh, report.sh, '{x}']}\n"
+                    "budget: {trials: 5}\n"
+                    "enqueue: [{x: 0.1}, {x: 0.3}, {x: 0.5}, {x: 0.7}, {x: 0.9}]\n"
+                    "optimizer: {type: random}\n");
+}
+
+static void pareto_model_shows_the_front_of_the_posterior_means(void **state) {
+  fixture *f = *state;
+  char *spec = noisy_spec(f);
+  run_spec(f, spec);
+  json_t *trial = nas_json(f, (char *[]){"trial", "noisy", "2", "--format", "json", "--storage", f->db, NULL});
+  assert_true(num(json_object_get(trial, "metrics"), "z_sem") == 0.5); /* stored, shown */
+  json_decref(trial);
+  json_t *p = nas_json(f, (char *[]){"pareto", "noisy", "--model", "--format", "json", "--storage", f->db, NULL});
+  /* Observed: the lucky reading dominates the trials at 0.7 and 0.9. */
+  assert_int_equal(json_array_size(json_object_get(p, "front")), 3);
+  /* The model weighs that reading by its standard error: z near 0.5 there, all five on
+   * its front, the observed values beside the means. */
+  json_t *model = json_object_get(p, "model_front");
+  assert_int_equal(json_array_size(model), 5);
+  json_t *row = json_array_get(model, 2);
+  assert_true(num(row, "x") == 0.5 && num(row, "z") == 0.1);
+  double z = num(json_object_get(row, "model"), "z");
+  assert_true(z > 0.35 && z < 0.65);
+  assert_true(fabs(num(json_object_get(json_array_get(model, 0), "model"), "z") - 0.9) < 0.01);
+  json_decref(p);
+  char *out;
+  char *table[] = {(char *)test_nas_bin(), "pareto", "noisy", "--model", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, table, &out), 0);
+  assert_non_null(strstr(out, "model: 5 trials on the front of the posterior means"));
+  assert_non_null(strstr(out, "z (model)"));
+  free(out);
+  expect_refusal(f, (char *[]){"trials", "noisy", "--model", "--storage", f->db, NULL}, 2, "model");
+  free(spec);
+}
+
 static void compare_with_itself_gives_the_pareto_hypervolume(void **state) {
   fixture *f = *state;
   char *one = curves_spec(f, "one", 4), *two = curves_spec(f, "two", 5);
@@ -350,6 +399,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(export_then_import_into_another_storage_keeps_what_listings_show, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
+      cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -59,7 +59,8 @@ static void matern_posterior_matches_closed_form_for_one_point(void **state) {
   gp_free(g);
 }
 
-static void check_log_posterior_gradient(gp_kernel kind) {
+/* known: NULL, or N standardised known noise variances (NaN where the fitted one applies). */
+static void check_log_posterior_gradient(gp_kernel kind, const double *known) {
   enum { N = 14, D = 3, LEN = D + 2 };
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
   double X[N * D], y[N];
@@ -67,14 +68,14 @@ static void check_log_posterior_gradient(gp_kernel kind) {
   for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1] * X[i * D + 2];
   double theta[LEN] = {log(0.4), log(0.9), log(0.25), log(0.02), 0.1}, grad[LEN];
   nas_err err;
-  double value = gp_log_posterior(kind, X, y, N, D, theta, grad, &err);
+  double value = gp_log_posterior(kind, X, y, known, N, D, theta, grad, &err);
   assert_true(isfinite(value));
   for (size_t i = 0; i < LEN; i++) {
     double h = 1e-5, save = theta[i];
     theta[i] = save + h;
-    double up = gp_log_posterior(kind, X, y, N, D, theta, NULL, &err);
+    double up = gp_log_posterior(kind, X, y, known, N, D, theta, NULL, &err);
     theta[i] = save - h;
-    double down = gp_log_posterior(kind, X, y, N, D, theta, NULL, &err);
+    double down = gp_log_posterior(kind, X, y, known, N, D, theta, NULL, &err);
     theta[i] = save;
     double fd = (up - down) / (2 * h);
     assert_float_equal(grad[i], fd, 1e-5 * fmax(1.0, fabs(fd)));
@@ -84,8 +85,32 @@ static void check_log_posterior_gradient(gp_kernel kind) {
 
 static void log_posterior_gradient_matches_finite_differences(void **state) {
   (void)state;
-  check_log_posterior_gradient(GP_KERNEL_RBF);
-  check_log_posterior_gradient(GP_KERNEL_MATERN52);
+  check_log_posterior_gradient(GP_KERNEL_RBF, NULL);
+  check_log_posterior_gradient(GP_KERNEL_MATERN52, NULL);
+  double known[14];
+  for (size_t i = 0; i < 14; i++) known[i] = i % 2 ? NAN : 0.01 * (double)(i + 1);
+  check_log_posterior_gradient(GP_KERNEL_MATERN52, known);
+}
+
+/* Two observations of f at one point, y = 1 with noise variance 0.5 and y = 3 with 2, and
+ * the constant mean at the data's mean (c = 0 standardised): on the standardised scale
+ * (shift 2, scale √2) the posterior of f there has precision 1 + 1/0.25 + 1/1 = 6 and mean
+ * (−√½·4 + √½·1)/6 = −√2/4, i.e. raw mean 2 − ½ = 1.5 and raw variance 2/6: the precise
+ * observation weighs four times as much. The fitted noise (θ) plays no part. */
+static void known_noise_weighs_each_observation_by_its_precision(void **state) {
+  (void)state;
+  double X[2] = {0.5, 0.5}, y[2] = {1, 3}, noise_var[2] = {0.5, 2};
+  double theta[3] = {log(0.3), log(0.7), 0.0}, x = 0.5;
+  gp *g = NULL;
+  nas_err err;
+  assert_int_equal(gp_create_noisy(GP_KERNEL_RBF, X, y, noise_var, 2, 1, theta, &g, &err), NAS_OK);
+  double work[64];
+  assert_true(gp_work_len(g) <= 64);
+  gp_prediction p = {0};
+  gp_predict(g, &x, NULL, &p, work);
+  assert_float_equal(gp_shift(g) + gp_scale(g) * p.mean, 1.5, 1e-9);
+  assert_float_equal(p.var * gp_scale(g) * gp_scale(g), 2.0 / 6, 1e-9);
+  gp_free(g);
 }
 
 typedef struct {
@@ -215,8 +240,8 @@ static void fit_predicts_a_smooth_function(void **state) {
   double mode[D + 2], ystd[N], shift, scale;
   gp_theta_prior_mode(D, mode);
   gp_standardise(y, N, ystd, &shift, &scale);
-  double fitted = gp_log_posterior(opt.kernel, X, ystd, N, D, gp_theta(g), NULL, &err);
-  assert_true(fitted > gp_log_posterior(opt.kernel, X, ystd, N, D, mode, NULL, &err) + 1.0);
+  double fitted = gp_log_posterior(opt.kernel, X, ystd, NULL, N, D, gp_theta(g), NULL, &err);
+  assert_true(fitted > gp_log_posterior(opt.kernel, X, ystd, NULL, N, D, mode, NULL, &err) + 1.0);
   double worst = 0;
   for (int t = 0; t < 20; t++) {
     double x[D];
@@ -295,6 +320,7 @@ int main(void) {
       cmocka_unit_test(posterior_matches_closed_form_for_two_points),
       cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
       cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
+      cmocka_unit_test(known_noise_weighs_each_observation_by_its_precision),
       cmocka_unit_test(prediction_gradients_match_finite_differences),
       cmocka_unit_test(prediction_ignores_stale_memory),
       cmocka_unit_test(baseline_covariance_agrees_with_point_predictions),

@@ -33,7 +33,7 @@ static void finish(experiment *e) {
 
 static void observations(const experiment *e, observation *obs) {
   for (size_t i = 0; i < e->n; i++)
-    obs[i] = (observation){e->params[i], e->obj[i], e->con[i]};
+    obs[i] = (observation){e->params[i], e->obj[i], e->con[i], NULL};
 }
 
 /* Asks for q suggestions given everything observed so far (nothing pending). */
@@ -92,7 +92,7 @@ static const char *branin_currin_yaml(const char *type, long seed, const char *e
 static double front_hypervolume(const experiment *e, const double *ref) {
   double Y[64 * 2];
   for (size_t i = 0; i < e->n; i++) memcpy(Y + 2 * i, e->obj[i], 2 * sizeof(double));
-  return hypervolume(Y, e->n, 2, ref);
+  return pareto_hypervolume(Y, e->n, 2, ref);
 }
 
 /* ---- options ---------------------------------------------------------------------------- */
@@ -385,7 +385,7 @@ static void suggestions_report_the_reference_point_they_aimed_at(void **state) {
                    NAS_OK);
   double Y[64 * 2], inferred[2];
   for (size_t i = 0; i < e.n; i++) memcpy(Y + 2 * i, e.obj[i], sizeof inferred);
-  reference_point(e.s, Y, e.n, inferred);
+  pareto_reference_point(e.s, Y, e.n, inferred);
   assert_true(refs[0] == inferred[0] && refs[1] == inferred[1]);
   for (int i = 1; i < 3; i++)
     for (int j = 0; j < 2; j++) assert_true(refs[2 * i + j] > inferred[j]);

@@ -59,6 +59,24 @@ static void final_line_gives_final_values(void **state) {
   assert_null(set.obs);
 }
 
+static void standard_error_is_stored_beside_its_metric_and_must_not_be_negative(void **state) {
+  (void)state;
+  metric_set set;
+  nas_err err;
+  assert_int_equal(parse("nas-metric {\"accuracy\": 0.91, \"accuracy_sem\": 0.004}", &set, &err),
+                   1);
+  assert_int_equal(set.n, 2);
+  char *sem = metric_sem_name("accuracy");
+  assert_string_equal(set.obs[1].name, sem);
+  assert_true(set.obs[1].value == 0.004);
+  free(sem);
+  metric_set_free(&set);
+  assert_malformed("nas-metric {\"accuracy\": 0.91, \"accuracy_sem\": -0.1}",
+                   "\"accuracy_sem\" is a standard error");
+  assert_int_equal(parse("nas-metric {\"_sem\": -1}", &set, &err), 1); /* no metric NAME */
+  metric_set_free(&set);
+}
+
 static void step_gives_intermediate_values(void **state) {
   (void)state;
   metric_set set;
@@ -393,6 +411,7 @@ static void fifo_or_device_in_place_of_the_log_is_refused_at_once(void **state) 
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(final_line_gives_final_values),
+      cmocka_unit_test(standard_error_is_stored_beside_its_metric_and_must_not_be_negative),
       cmocka_unit_test(step_gives_intermediate_values),
       cmocka_unit_test(other_lines_are_not_metric_lines),
       cmocka_unit_test(blanks_before_prefix_and_carriage_return_are_accepted),

@@ -205,7 +205,7 @@ static void finite_space_is_used_up_without_repeats(void **state) {
     nas_err err = {{0}};
     for (size_t i = 0; i < 9; i++) {
       size_t n_obs = i < 2 ? i : 2;
-      for (size_t k = 0; k < n_obs; k++) obs[k] = (observation){got[k], &zero, NULL};
+      for (size_t k = 0; k < n_obs; k++) obs[k] = (observation){got[k], &zero, NULL, NULL};
       const json_t *const *pending = (const json_t *const *)got + n_obs;
       if (optimizer_suggest(opt, obs, n_obs, pending, i - n_obs, 1, (int)i, &got[i], NULL, &err) < 0)
         fail_msg("suggestion %zu: %s", i, err.msg);
@@ -301,7 +301,7 @@ static void objectives_to_min_negates_maximised_objectives(void **state) {
   assert_int_equal(spec_parse(yaml, "<t>", "/tmp", &s, &err), 0);
   const double raw[] = {0.9, 0.3, -2};
   double min[3];
-  objectives_to_min(s, raw, min);
+  pareto_objectives_to_min(s, raw, min);
   assert_true(min[0] == -0.9 && min[1] == 0.3 && min[2] == 2);
   spec_free(s);
 }

@@ -200,27 +200,27 @@ static void hypervolume_hand_cases(void **state) {
   (void)state;
   const double ref2[] = {4, 4};
   const double one[] = {1, 2};
-  assert_close(hypervolume(one, 1, 2, ref2), 3 * 2);
+  assert_close(pareto_hypervolume(one, 1, 2, ref2), 3 * 2);
   const double two[] = {1, 3, 3, 1};
-  assert_close(hypervolume(two, 2, 2, ref2), 3 + 3 - 1);
+  assert_close(pareto_hypervolume(two, 2, 2, ref2), 3 + 3 - 1);
   /* Points on or beyond ref add nothing; a NaN row neither; duplicates count once. */
   const double outside[] = {1, 3, 3, 1, 4, 0, 0, 5, NAN, 0, 1, 3};
-  assert_close(hypervolume(outside, 6, 2, ref2), 5);
-  assert_close(hypervolume(outside, 0, 2, ref2), 0);
+  assert_close(pareto_hypervolume(outside, 6, 2, ref2), 5);
+  assert_close(pareto_hypervolume(outside, 0, 2, ref2), 0);
   const double ref1[] = {10};
   const double m1[] = {4, 2, 11, 7};
-  assert_close(hypervolume(m1, 4, 1, ref1), 8);
+  assert_close(pareto_hypervolume(m1, 4, 1, ref1), 8);
   /* Three unit-offset cubes in 3-D: union by inclusion-exclusion by hand. */
   const double ref3[] = {2, 2, 2};
   const double cubes[] = {0, 1, 1, 1, 0, 1, 1, 1, 0};
-  assert_close(hypervolume(cubes, 3, 3, ref3), 3 * 2 - 3 * 1 + 1);
+  assert_close(pareto_hypervolume(cubes, 3, 3, ref3), 3 * 2 - 3 * 1 + 1);
   /* A point dominating another makes it irrelevant, in any dimension. */
   const double ref5[] = {1, 1, 1, 1, 1};
   const double nested[] = {0.5, 0.5, 0.5, 0.5, 0.5, 0, 0, 0, 0, 0};
-  assert_close(hypervolume(nested, 2, 5, ref5), 1);
+  assert_close(pareto_hypervolume(nested, 2, 5, ref5), 1);
   const double corner4[] = {0, 0.5, 0.5, 0.5, 0.5, 0, 0.5, 0.5};
   const double ref4[] = {1, 1, 1, 1};
-  assert_close(hypervolume(corner4, 2, 4, ref4), 0.125 * 2 - 0.0625);
+  assert_close(pareto_hypervolume(corner4, 2, 4, ref4), 0.125 * 2 - 0.0625);
 }
 
 static void hypervolume_matches_inclusion_exclusion(void **state) {
@@ -230,7 +230,7 @@ static void hypervolume_matches_inclusion_exclusion(void **state) {
   for (int t = 0; t < 400; t++) {
     size_t m = 2 + t % 4, n = 1 + gsl_rng_uniform_int(rng, 12);
     random_points(rng, Y, n, m, t % 2 == 0);
-    assert_close(hypervolume(Y, n, m, ref), ref_hv_subsets(Y, n, m, ref));
+    assert_close(pareto_hypervolume(Y, n, m, ref), ref_hv_subsets(Y, n, m, ref));
   }
   gsl_rng_free(rng);
 }
@@ -246,7 +246,7 @@ static void hypervolume_matches_grid_on_larger_sets(void **state) {
     else
       random_points(rng, Y, n, m, t % 4 == 0);
     const double *r = t % 2 ? (const double[]){1, 1, 1, 1} : ref;
-    assert_close(hypervolume(Y, n, m, r), ref_hv_grid(Y, n, m, r));
+    assert_close(pareto_hypervolume(Y, n, m, r), ref_hv_grid(Y, n, m, r));
   }
   gsl_rng_free(rng);
 }
@@ -263,7 +263,7 @@ static void hypervolume_ignores_row_order(void **state) {
     size_t rows = m == 4 ? 60 : n;
     sphere_points(rng, Y, rows, m);
     for (size_t i = 0; i < rows; i++) memcpy(Z + i * m, Y + (rows - 1 - i) * m, m * sizeof *Y);
-    assert_close(hypervolume(Y, rows, m, ref), hypervolume(Z, rows, m, ref));
+    assert_close(pareto_hypervolume(Y, rows, m, ref), pareto_hypervolume(Z, rows, m, ref));
   }
   gsl_rng_free(rng);
 }
@@ -273,7 +273,7 @@ static double timed_hypervolume(gsl_rng *rng, size_t n, size_t m) {
   const double ref[] = {1, 1, 1, 1, 1};
   sphere_points(rng, Y, n, m);
   double start = nas_monotonic();
-  double hv = hypervolume(Y, n, m, ref);
+  double hv = pareto_hypervolume(Y, n, m, ref);
   double seconds = nas_monotonic() - start;
   assert_true(hv > 0 && hv < 1);
   free(Y);
@@ -317,10 +317,10 @@ static void reference_point_uses_thresholds_in_minimisation_terms(void **state) 
       "  - {name: acc, goal: maximize, threshold: 0.8}\n");
   const double Y[] = {1, -0.9, 2, -0.95};
   double ref[2];
-  reference_point(s, Y, 2, ref);
+  pareto_reference_point(s, Y, 2, ref);
   assert_true(ref[0] == 2.5 && ref[1] == -0.8);
   double raw[] = {3, 0.9}, min[2];
-  objectives_to_min(s, raw, min);
+  pareto_objectives_to_min(s, raw, min);
   assert_true(min[0] == 3 && min[1] == -0.9);
   spec_free(s);
 }
@@ -331,16 +331,16 @@ static void reference_point_pushes_the_nadir_out_by_a_tenth_of_the_range(void **
   /* Front: (0, 4), (1, 1), (4, 0); (5, 5) dominated; NaN and inf rows ignored. */
   const double Y[] = {0, 4, 1, 1, 4, 0, 5, 5, NAN, -100, -INFINITY, 3};
   double ref[2];
-  reference_point(s, Y, 6, ref);
+  pareto_reference_point(s, Y, 6, ref);
   assert_close(ref[0], 4 + 0.1 * 5);
   assert_close(ref[1], 4 + 0.1 * 5);
   /* One distinct value: pushed by 1e-6·(1 + |nadir|). */
   const double same[] = {3, -2, 3, -2};
-  reference_point(s, same, 2, ref);
+  pareto_reference_point(s, same, 2, ref);
   assert_close(ref[0], 3 + 4e-6);
   assert_close(ref[1], -2 + 3e-6);
   /* Nothing observed: no reference yet. */
-  reference_point(s, NULL, 0, ref);
+  pareto_reference_point(s, NULL, 0, ref);
   assert_true(isnan(ref[0]) && isnan(ref[1]));
   spec_free(s);
 }

@@ -34,7 +34,7 @@ static const char full_example[] =
     "  epochs: 5\n"
     "objectives:\n"
     "  - {name: f1, goal: minimize, threshold: 300}\n"
-    "  - {name: accuracy, goal: maximize}\n"
+    "  - {name: accuracy, goal: maximize, noise: 0.004}\n"
     "constraints:\n"
     "  - \"latency_ms <= 5\"\n"
     "  - \"accuracy >= 0.5\"\n"
@@ -137,6 +137,8 @@ static void full_example_loads_every_field(void **state) {
   assert_true(s->objectives[0].has_threshold && s->objectives[0].threshold == 300);
   assert_int_equal(s->objectives[1].goal, GOAL_MAXIMIZE);
   assert_false(s->objectives[1].has_threshold);
+  assert_false(s->objectives[0].has_noise);
+  assert_true(s->objectives[1].has_noise && s->objectives[1].noise == 0.004);
   assert_int_equal(s->n_constraints, 2);
   assert_string_equal(s->constraints[0].metric, "latency_ms");
   assert_int_equal(s->constraints[0].op, CONSTRAINT_LE);
@@ -655,6 +657,9 @@ static void objectives_are_checked(void **state) {
   expect_error(NAME PARAMS_X
                "objectives:\n  - {name: f, goal: minimize, threshold: high}\n" TRIAL BUDGET,
                "t.yaml:5:42: ", "objectives[0].threshold: expected a number");
+  expect_error(NAME PARAMS_X
+               "objectives:\n  - {name: f, goal: minimize, noise: -0.1}\n" TRIAL BUDGET,
+               "t.yaml:5:38: ", "objectives[0].noise: must be a standard deviation");
   expect_error(NAME PARAMS_X "objectives:\n  - {name: 1f, goal: minimize}\n" TRIAL BUDGET,
                "t.yaml:5:12: ", "objectives[0].name: '1f' is not a metric name");
 }
