@@ -115,6 +115,8 @@ int parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char *dir
 void builtin_spec_free(builtin_spec *b);
 /* early_stopping: (optional; after objectives, which it refers to). */
 int parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+/* multi_fidelity.c: multi_fidelity: (optional; after early_stopping, which it excludes). */
+int parse_multi_fidelity(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 /* notify.c: notify: (optional) -> s->notify. */
 int parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 void notify_specs_free(notify_spec *targets, size_t n);
