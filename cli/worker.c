@@ -29,7 +29,10 @@ static const char worker_help[] =
     "weights as DIR/weights.nasw with DIR/model.json describing them. nas starts it for\n"
     "every built-in trial; the defaults are what it sets: $NAS_TRIAL_ID, $NAS_STORAGE,\n"
     "$NAS_RUN_DIR. Named datasets are looked for in $NAS_DATA_DIR first; the prepared\n"
-    "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n";
+    "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n"
+    "Under multi_fidelity nas also sets the budget: $NAS_EPOCHS, $NAS_FIRST_EPOCH and\n"
+    "$NAS_MAX_EPOCHS (train epochs FIRST+1..EPOCHS of a MAX-epoch schedule), the weights\n"
+    "to go on from in $NAS_RESUME_DIR, and $NAS_SAVE_DIR to save them in as well.\n";
 
 /* Seconds between heartbeats while an epoch runs. */
 static const double heartbeat_every_s = 5.0;
