@@ -1,7 +1,8 @@
 /* End-to-end recovery and stopping: the real bin/nas with real trial processes. A lost
  * trial is retried, a silent one is retried then failed, too many failures stop the run,
  * `nas stop` works from another process, early stopping ends bad trials, and a scheduler
- * killed with -9 at random moments resumes to exactly its budget with nothing run twice. */
+ * killed with -9 at random moments resumes to exactly its budget with nothing run twice,
+ * Hyperband's rungs included. */
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -171,6 +172,25 @@ static int metric_lines(const char *dir, long long number) {
   return total;
 }
 
+/* From a fresh storage and no run folders: `nas run spec`, killed with -9 after kill_ms,
+ * then `nas run` again to the end, which continues the experiment (or starts it, when the
+ * kill came before it was even created); `nas resume` is the same loop, tested elsewhere. */
+static void run_killed_then_again(fixture *f, const char *spec, long kill_ms, int run) {
+  char *db;
+  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+  unlink(db);
+  free(db);
+  test_rmtree_child(f->dir, "runs");
+  pid_t pid = start_nas_run(f, spec);
+  nas_sleep_ms(kill_ms);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("run %d: second nas run exited %d: %s", run, rc, out);
+  free(out);
+}
+
 static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "crash.yaml",
@@ -182,21 +202,7 @@ static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void *
                           "optimizer: {type: random}\n");
   unsigned seed = 20261123;
   for (int run = 0; run < 20; run++) {
-    char *db;
-    assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
-    unlink(db);
-    free(db);
-    test_rmtree_child(f->dir, "runs");
-    pid_t pid = start_nas_run(f, spec);
-    nas_sleep_ms(50 + (long)(rand_r(&seed) % 900));
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    /* `nas run` again continues the experiment (or starts it, when the kill came before
-     * it was even created); `nas resume` is the same loop, tested elsewhere. */
-    char *out;
-    int rc = nas(f, &out, "run", spec, "--no-progress");
-    if (rc != 0) fail_msg("run %d: second nas run exited %d: %s", run, rc, out);
-    free(out);
+    run_killed_then_again(f, spec, 50 + (long)(rand_r(&seed) % 900), run);
     json_t *rows = trials_json(f, "crash");
     assert_int_equal(json_array_size(rows), 6);
     assert_int_equal(count_status(rows, "completed"), 6);
@@ -244,20 +250,8 @@ static void kill_9_between_rungs_then_resume_runs_each_rung_once(void **state) {
   char *spec = test_write(f->dir, "crash.yaml", text);
   unsigned seed = 20261126;
   for (int run = 0; run < 10; run++) {
-    char *db;
-    assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
-    unlink(db);
     unlink(ledger);
-    free(db);
-    test_rmtree_child(f->dir, "runs");
-    pid_t pid = start_nas_run(f, spec);
-    nas_sleep_ms(100 + (long)(rand_r(&seed) % 700));
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    char *out;
-    int rc = nas(f, &out, "run", spec, "--no-progress");
-    if (rc != 0) fail_msg("run %d: second nas run exited %d: %s", run, rc, out);
-    free(out);
+    run_killed_then_again(f, spec, 100 + (long)(rand_r(&seed) % 700), run);
     json_t *rows = trials_json(f, "crash");
     assert_int_equal(json_array_size(rows), 3);
     assert_int_equal(count_status(rows, "completed"), 3);
