@@ -122,8 +122,8 @@ for name, params, acc in [("MLP 256-128-100 (README)", "247 766", "0.8833"),
 
 print("\nPer-trial time split (means per trial run, i.e. per rung for Hyperband; the rest of a "
       "trial is start-up, model building, latency, test evaluation and saving; idle is the "
-      "share of the run's slot-seconds (parallel × wall) no trial ran in: the scheduler and "
-      "the drain at the end):\n")
+      "share of the run's slot-seconds (parallel × wall) not spent in a trial run that was "
+      "measured: the scheduler's gaps and the runs cut off by the wall-time budget):\n")
 print("| method | trial runs | data setup s | training s | rest of trial s | data share | idle share |")
 print("|---|---|---|---|---|---|---|")
 for method, rs in by_method.items():
