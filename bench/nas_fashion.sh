@@ -15,7 +15,8 @@
 #   FAMILY      mobilenet (default) | resnet | cnn. The mobilenet and resnet spaces use the
 #               families of issue 19 (`model: mobilenet` / `model: resnet`); cnn is the
 #               fallback for a build without them.
-#   METHODS     default gp,gp+hyperband,random
+#   METHODS     default gp,gp+hyperband,random (an optimizer type; +hyperband adds
+#               multi_fidelity: Hyperband from MIN_EPOCHS to EPOCHS)
 #   SEEDS       default 0,1
 #   BUDGET      wall seconds per run (budget.wall_time), default 7200 (2 h)
 #   PARALLEL    default 2

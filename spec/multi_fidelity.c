@@ -61,6 +61,10 @@ int parse_multi_fidelity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
                    "multi_fidelity.max_epochs: must be at least min_epochs × eta (%d × %d), so "
                    "that a bracket has two rungs; got %d", mf->min_epochs, mf->eta,
                    mf->max_epochs);
+  for (size_t i = 0; !rc && s->trial.builtin && i < s->n_params; i++)
+    if (strcmp(s->params[i].name, "epochs") == 0)
+      rc = node_errf(c, section, "multi_fidelity: decides how many epochs each built-in trial "
+                     "trains, so 'epochs' cannot be a searched parameter too; remove it");
   if (!rc && s->early_stopping.rule != EARLY_STOP_NONE)
     rc = node_errf(c, section, "multi_fidelity: cannot be combined with early_stopping "
                    "(both decide how long trials train); keep one of them");

@@ -1233,6 +1233,13 @@ static void multi_fidelity_errors_point_at_the_value(void **state) {
                "t.yaml:9:62: ", "at least min_epochs × eta");
   expect_error(MINIMAL "multi_fidelity: {kind: hyperband, max_epochs: 9, rungs: 3}\n",
                "t.yaml:9:50: ", "rungs");
+  expect_error("name: b\n"
+               "parameters: {epochs: {type: int, low: 1, high: 9}}\n"
+               "objectives: [{name: accuracy, goal: maximize}]\n"
+               "trial: {builtin: {model: mlp, dataset: digits}}\n"
+               "budget: {trials: 4}\n"
+               "multi_fidelity: {kind: hyperband, max_epochs: 9}\n",
+               "t.yaml:6:17: ", "'epochs' cannot be a searched parameter");
   expect_error(MINIMAL "early_stopping: {rule: median}\n"
                        "multi_fidelity: {kind: hyperband, max_epochs: 9}\n",
                "t.yaml:10:17: ", "cannot be combined with early_stopping");
