@@ -45,7 +45,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench clean install uninstall deb
+.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench bench-nas-fashion clean install uninstall deb
 all: $(BIN)/nas $(EX_BIN)
 
 deps:
@@ -152,6 +152,10 @@ demo: deps all
 	@scripts/demo.sh
 
 bench: all $(BENCH_BIN)
+
+# The built-in NAS on full Fashion-MNIST (issue 19): bench/nas_fashion.sh, knobs there.
+bench-nas-fashion: all
+	BUILD=$(BUILD) bench/nas_fashion.sh
 
 # bench-NAME runs bench/NAME.sh when there is one, else the binary built from bench/bench_NAME.c.
 bench-%: all $(BENCH_BIN)

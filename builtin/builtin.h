@@ -147,6 +147,8 @@ typedef struct {
    * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate
    * and batch order continue where that run was; the optimiser's state starts afresh). */
   int first_epoch;
+  int stop_epoch;            /* 0: train to `epochs`; else stop after this epoch (a rung of
+                                multi-fidelity: the schedule still spans `epochs`) */
   tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
   /* After every epoch (1-based) with the mean training loss and validation accuracy. */
   int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);

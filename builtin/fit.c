@@ -120,6 +120,11 @@ static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t per_epoch) 
   return s;
 }
 
+/* The last epoch this call trains: `epochs`, or stop_epoch when it stops earlier. */
+static int fit_last_epoch(const tr_fit_config *cfg) {
+  return cfg->stop_epoch > 0 && cfg->stop_epoch < cfg->epochs ? cfg->stop_epoch : cfg->epochs;
+}
+
 /* What both fits set up once they made their optimiser (opt NULL: it failed, and ctx says
  * why): the shuffled loader of train, the schedule over every epoch's steps, and m in
  * training mode; a resumed run's loader and *step where the first_epoch epochs left them. */
@@ -189,7 +194,7 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   tr_lr_schedule sched;
   int64_t step = 0;
   int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, &step, err);
-  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
+  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = train_epoch(ctx, m, opt, &ld, cfg, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = tr_evaluate(ctx, m, val, EVAL_BATCH, &acc, err);
@@ -309,7 +314,7 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
   tr_lr_schedule sched;
   int64_t step = 0;
   int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, &step, err);
-  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
+  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = rank_epoch(&r, &ld, cfg, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = rank_validate(&r, val, cfg, epoch, loss, &acc, err);

@@ -29,7 +29,10 @@ static const char worker_help[] =
     "weights as DIR/weights.nasw with DIR/model.json describing them. nas starts it for\n"
     "every built-in trial; the defaults are what it sets: $NAS_TRIAL_ID, $NAS_STORAGE,\n"
     "$NAS_RUN_DIR. Named datasets are looked for in $NAS_DATA_DIR first; the prepared\n"
-    "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n";
+    "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n"
+    "Under multi_fidelity nas also sets the budget: $NAS_EPOCHS, $NAS_FIRST_EPOCH and\n"
+    "$NAS_MAX_EPOCHS (train epochs FIRST+1..EPOCHS of a MAX-epoch schedule), the weights\n"
+    "to go on from in $NAS_RESUME_DIR, and $NAS_SAVE_DIR to save them in as well.\n";
 
 /* Seconds between heartbeats while an epoch runs. */
 static const double heartbeat_every_s = 5.0;
@@ -57,6 +60,8 @@ typedef struct {
   tr_cuda *cuda;      /* owned: the device with device: cuda; NULL on the CPU */
   uint64_t seed;      /* of the trial's generators */
   double accuracy;    /* validation accuracy after the last epoch (rank 0's) */
+  const char *resume_dir; /* multi-fidelity: weights to go on from ($NAS_RESUME_DIR); NULL */
+  const char *save_dir;   /* … and where this rung's weights go too ($NAS_SAVE_DIR); NULL */
 } worker;
 
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
@@ -147,6 +152,56 @@ static void set_threads(int threads) {
   omp_set_num_threads(threads);
 }
 
+/* ---- the budget (multi-fidelity; docs/spec.md, "Multi-fidelity") ---- */
+
+/* An epoch count from the environment, when set: a whole number in [0, 100000]. */
+static int env_epochs(const char *name, int *out, bool *set, nas_err *err) {
+  const char *text = getenv(name);
+  *set = text && *text;
+  if (!*set) return NAS_OK;
+  char *end;
+  long v = strtol(text, &end, 10);
+  if (*end != '\0' || v < 0 || v > 100000)
+    return nas_errf(err, "%s: expected a number of epochs, got '%s'", name, text);
+  *out = (int)v;
+  return NAS_OK;
+}
+
+/* The epochs this launch trains when the scheduler set a budget: epochs NAS_FIRST_EPOCH + 1
+ * … NAS_EPOCHS of a run whose schedule spans NAS_MAX_EPOCHS (trial.builtin's epochs
+ * setting gives way to them). */
+static int worker_budget(worker *w, nas_err *err) {
+  int epochs = 0, first = 0, most = 0;
+  bool has_epochs, has_first, has_most;
+  if (env_epochs("NAS_EPOCHS", &epochs, &has_epochs, err) != NAS_OK ||
+      env_epochs("NAS_FIRST_EPOCH", &first, &has_first, err) != NAS_OK ||
+      env_epochs("NAS_MAX_EPOCHS", &most, &has_most, err) != NAS_OK)
+    return NAS_ERR;
+  if (!has_epochs) return NAS_OK;
+  if (!has_most) most = epochs;
+  if (epochs < 1 || first >= epochs || epochs > most)
+    return nas_errf(err, "budget: NAS_FIRST_EPOCH %d, NAS_EPOCHS %d and NAS_MAX_EPOCHS %d must "
+                    "satisfy 0 <= first < epochs <= max", first, epochs, most);
+  w->plan.fit.epochs = most;
+  w->plan.fit.stop_epoch = epochs;
+  w->plan.fit.first_epoch = first;
+  w->resume_dir = first > 0 ? getenv("NAS_RESUME_DIR") : NULL;
+  w->save_dir = getenv("NAS_SAVE_DIR");
+  if (first > 0 && !w->resume_dir)
+    return nas_errf(err, "budget: NAS_FIRST_EPOCH %d without NAS_RESUME_DIR to go on from", first);
+  return NAS_OK;
+}
+
+/* The weights saved after first_epoch epochs, into the model just built. */
+static int worker_resume(worker *w, nas_err *err) {
+  if (!w->resume_dir) return NAS_OK;
+  char *weights = nas_asprintf("%s/weights.nasw", w->resume_dir);
+  int rc = weights ? tr_module_load(w->model.module, weights, err) : nas_errf(err, "out of memory");
+  if (rc != NAS_OK) rc = nas_err_prefix(err, "resuming at epoch %d", w->plan.fit.first_epoch);
+  free(weights);
+  return rc;
+}
+
 /* ---- devices ---- */
 
 /* Whether a launcher started this process as one rank of several: a task of an srun step
@@ -209,6 +264,7 @@ static int worker_prepare(worker *w, nas_err *err) {
   /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
   if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
   if ((rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err)) != NAS_OK) return rc;
+  if ((rc = worker_resume(w, err)) != NAS_OK) return rc;
   if (w->cuda) {
     w->ctx.cuda = w->cuda;
     w->plan.fit.device = TR_DEVICE_CUDA(tr_cuda_device(w->cuda));
@@ -225,6 +281,11 @@ static int worker_prepare(worker *w, nas_err *err) {
          (long long)in->height, (long long)in->width, (int)w->data.all.train.nclasses,
          data_seconds, w->data.origin, (long long)w->data.all.train.n, (long long)w->data.val.n,
          (long long)w->data.all.test.n, (long long)w->model.params, (long long)w->model.flops);
+  if (w->plan.fit.stop_epoch > 0)
+    printf("budget: epochs %d to %d of a %d-epoch schedule\n", w->plan.fit.first_epoch + 1,
+           w->plan.fit.stop_epoch, w->plan.fit.epochs);
+  if (w->resume_dir)
+    printf("resumed at epoch %d from %s\n", w->plan.fit.first_epoch, w->resume_dir);
   fflush(stdout);
   return NAS_OK;
 }
@@ -426,6 +487,7 @@ static int worker_finish(worker *w, const char *run_dir, double accuracy, double
   if (rc == NAS_OK && w->data.all.test.n > 0)
     rc = tr_evaluate(&w->ctx, w->model.module, &w->data.all.test, 0, &test_accuracy, err);
   if (rc == NAS_OK && run_dir) rc = save_model(w, run_dir, err);
+  if (rc == NAS_OK && w->save_dir) rc = save_model(w, w->save_dir, err);
   if (rc == NAS_OK) rc = report_final(w, accuracy, test_accuracy, &lat, seconds, err);
   if (rc != NAS_OK) return rc;
   printf("done: accuracy %.4f", accuracy);
@@ -450,6 +512,7 @@ int cmd_worker(int argc, char **argv) {
   nas_err err;
   double seconds = 0;
   int rc = worker_open(&w, &a, &err);
+  if (rc == NAS_OK) rc = worker_budget(&w, &err);
   if (rc == NAS_OK) rc = worker_devices(&w, a.run_dir, &err);
   if (rc == NAS_OK) rc = worker_prepare(&w, &err);
   if (rc == NAS_OK) rc = worker_train(&w, &seconds, &err);

@@ -115,6 +115,17 @@ void sched_results_stale(sched *sc);
 /* A trial's status changed: updated in the cache when it holds the trial. */
 void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status);
 
+/* hyperband.c: multi-fidelity (scheduler.h). */
+/* Promotes, for every bracket whose rung has ended (each trial in it completed, failed or
+ * stopped) and is not yet decided, its best trials to the next rung: stored, then queued to
+ * launch first. Deciding again after a crash picks the same trials. Nothing while draining. */
+int sched_hyperband_promote(sched *sc, nas_err *err);
+/* Appends to env (at *n) what a trial of multi-fidelity needs to know: NAS_EPOCHS,
+ * NAS_FIRST_EPOCH, NAS_MAX_EPOCHS, NAS_SAVE_DIR and NAS_RESUME_DIR (docs/spec.md); none
+ * without multi_fidelity. Entries are owned by env (NULL when out of memory). */
+void sched_hyperband_env(const sched *sc, const trial_row *row, char **env, size_t *n);
+#define SCHED_HYPERBAND_ENV_MAX 5
+
 /* events.c: webhooks (notify/notify.h); none of these can fail the run. */
 /* Starts the spec's webhooks, if any, and notes the current front. */
 void sched_events_start(sched *sc);

@@ -58,7 +58,8 @@ static char *thread_default(const sched *sc, const char *name) {
  * trial (which wins over the spec when names clash). Owned, NULL-terminated. */
 static char **trial_env(const sched *sc, const trial_row *row, const json_t *params,
                         const char *run_dir) {
-  size_t cap = sc->s->trial.n_env + json_object_size(params) + 11, n = 0;
+  size_t cap = sc->s->trial.n_env + json_object_size(params) + 11 + SCHED_HYPERBAND_ENV_MAX,
+         n = 0;
   char **env = calloc(cap, sizeof *env);
   if (!env) return NULL;
   static const char *const pools[] = {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"};
@@ -76,6 +77,7 @@ static char **trial_env(const sched *sc, const trial_row *row, const json_t *par
   env[n++] = nas_asprintf("NAS_RUN_DIR=%s", run_dir);
   env[n++] = params_text ? nas_asprintf("NAS_PARAMS=%s", params_text) : NULL;
   free(params_text);
+  sched_hyperband_env(sc, row, env, &n);
   const char *key;
   json_t *value;
   json_object_foreach((json_t *)params, key, value) env[n++] = param_env(key, value);

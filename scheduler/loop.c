@@ -567,7 +567,9 @@ static int loop(sched *sc, bool *interrupted, nas_err *err) {
         check_stop_request(sc, interrupted, err) != NAS_OK)
       return NAS_ERR;
     check_deadline(sc);
-    if (launch_new(sc, err) != NAS_OK) return NAS_ERR;
+    /* Promotions first: a promoted trial is launched before new suggestions. */
+    if (sched_hyperband_promote(sc, err) != NAS_OK || launch_new(sc, err) != NAS_OK)
+      return NAS_ERR;
     sched_progress_tick(sc);
     if (done(sc)) return NAS_OK;
     wait_for_event(sc, interrupted);

@@ -172,8 +172,7 @@ static bool within_thresholds(const spec *s, const sched_results *r, size_t t) {
   return true;
 }
 
-/* Whether trial t met every outcome constraint. */
-static bool feasible(const spec *s, const sched_results *r, size_t t) {
+bool sched_results_feasible(const spec *s, const sched_results *r, size_t t) {
   for (size_t c = 0; c < s->n_constraints; c++) {
     int m = sched_results_metric(r, s->constraints[c].metric);
     double v = m < 0 ? NAN : r->values[t * r->n_metrics + (size_t)m];
@@ -197,7 +196,7 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
     return nas_errf(err, "out of memory");
   }
   for (size_t t = 0; t < r->n_trials; t++) {
-    if (r->trials[t].status != TRIAL_COMPLETED || !feasible(s, r, t)) continue;
+    if (r->trials[t].status != TRIAL_COMPLETED || !sched_results_feasible(s, r, t)) continue;
     pareto_objectives_to_min(s, r->values + t * r->n_metrics, *Y + *n * m); /* objectives first */
     (*idx)[(*n)++] = t;
   }

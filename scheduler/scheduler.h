@@ -160,6 +160,8 @@ int sched_results_of_trial(storage *st, const spec *s, const experiment_row *exp
                            sched_results *out, nas_err *err);
 /* Index of metric name in r, or -1. */
 int sched_results_metric(const sched_results *r, const char *name);
+/* Whether trial r->trials[t] met every outcome constraint. */
+bool sched_results_feasible(const spec *s, const sched_results *r, size_t t);
 
 /* The completed trials that meet every constraint, as rows of Y (n × n_objectives,
  * minimisation convention, in trial order) with their indices into r->trials. Owned. */
@@ -171,6 +173,26 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
  * s->n_objectives entries, minimisation convention). Owned *idx. */
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);
+
+/* ---- multi-fidelity (hyperband.c) ------------------------------------------------------
+ * spec.multi_fidelity's Hyperband: trials are dealt, by number, into brackets s = s_max …
+ * 0, round after round; bracket s starts n_0 trials at r_0 epochs, and rung i keeps
+ * n_i = n_0 / eta^i of them (the best, by dominance over the objectives) for r_i epochs,
+ * r_s being max_epochs. A promoted trial goes on from the weights its last rung saved. */
+typedef struct {
+  int bracket;      /* s */
+  int first_number; /* number of its first trial */
+  int n_trials;     /* n_0: the trials it starts */
+  int n_rungs;      /* s + 1 */
+} sched_bracket;
+
+/* s_max: the largest s with min_epochs·eta^s <= max_epochs. */
+int sched_hyperband_top(const multi_fidelity_spec *mf);
+/* The bracket trial `number` belongs to. */
+void sched_hyperband_bracket_of(const multi_fidelity_spec *mf, int number, sched_bracket *out);
+/* n_i and r_i of bracket s's rung i. */
+int sched_hyperband_trials(const multi_fidelity_spec *mf, int s, int rung);
+int sched_hyperband_epochs(const multi_fidelity_spec *mf, int s, int rung);
 
 /* ---- warm start (warm_start.c) ------------------------------------------------------------ */
 

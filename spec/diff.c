@@ -185,6 +185,12 @@ static void write_early_stopping(FILE *out, const spec *s) {
   fputs(", rungs", out);
   for (size_t i = 0; i < es->n_rungs; i++) fprintf(out, " %ld", es->rungs[i]);
 }
+static void write_multi_fidelity(FILE *out, const spec *s) {
+  const multi_fidelity_spec *mf = &s->multi_fidelity;
+  if (mf->kind == MULTI_FIDELITY_NONE) fputs("none", out);
+  else fprintf(out, "hyperband, min_epochs %d, max_epochs %d, eta %d", mf->min_epochs,
+               mf->max_epochs, mf->eta);
+}
 static void write_runner(FILE *out, const spec *s) { fputs(s->runner.type, out); }
 static void write_runner_options(FILE *out, const spec *s) {
   write_options(out, s->runner.options);
@@ -264,6 +270,7 @@ static const field_writer tail_fields[] = {
     {"optimizer.type", write_optimizer},
     {"optimizer.options", write_optimizer_options},
     {"early_stopping", write_early_stopping},
+    {"multi_fidelity", write_multi_fidelity},
     {"enqueue", write_enqueue},
     {"warm_start", write_warm_start},
 };

@@ -116,6 +116,8 @@ int spec_parse_builtin(const yaml_ctx *c, const yaml_node_t *section, const char
 void spec_builtin_free(builtin_spec *b);
 /* early_stopping: (optional; after objectives, which it refers to). */
 int spec_parse_early_stopping(const yaml_ctx *c, const yaml_node_t *root, spec *s);
+/* multi_fidelity.c: multi_fidelity: (optional; after early_stopping, which it excludes). */
+int spec_parse_multi_fidelity(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 /* notify.c: notify: (optional) -> s->notify. */
 int spec_parse_notify(const yaml_ctx *c, const yaml_node_t *root, spec *s);
 void spec_notify_free(notify_spec *targets, size_t n);

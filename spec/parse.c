@@ -18,7 +18,8 @@
 static const char *const root_keys[] = {"name",       "storage",     "seed",  "parameters",
                                         "objectives", "constraints", "trial", "budget",
                                         "runner",     "optimizer",   "early_stopping",
-                                        "enqueue",    "warm_start",  "notify",      NULL};
+                                        "enqueue",    "warm_start",  "notify",
+                                        "multi_fidelity", NULL};
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
@@ -312,6 +313,7 @@ static int parse_root(const yaml_ctx *c, const yaml_node_t *root, const char *di
   if (!rc) rc = parse_plugin(c, root, "runner", runner_types, &s->runner);
   if (!rc) rc = parse_plugin(c, root, "optimizer", optimizer_types, &s->optimizer);
   if (!rc) rc = spec_parse_early_stopping(c, root, s);
+  if (!rc) rc = spec_parse_multi_fidelity(c, root, s);
   if (!rc) rc = spec_parse_enqueue(c, root, s);
   if (!rc) rc = spec_parse_warm_start(c, root, s);
   if (!rc) rc = spec_parse_notify(c, root, s);

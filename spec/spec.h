@@ -120,6 +120,20 @@ typedef struct {
   size_t n_rungs;
 } early_stop_spec;
 
+/* Multi-fidelity training (`multi_fidelity:`): Hyperband's brackets of successive halving
+ * over epochs (scheduler/hyperband.c). Bracket s (s_max … 0, s_max the largest s with
+ * min_epochs·eta^s <= max_epochs) starts ceil((s_max + 1)·eta^s / (s + 1)) trials at
+ * max_epochs / eta^s epochs; each rung keeps the best 1/eta for eta times the epochs, the
+ * last rung at max_epochs. */
+typedef enum { MULTI_FIDELITY_NONE, MULTI_FIDELITY_HYPERBAND } multi_fidelity_kind;
+
+typedef struct {
+  multi_fidelity_kind kind;
+  int min_epochs; /* the fewest epochs a trial trains; default 1 */
+  int max_epochs; /* the most, reached by the trials of every bracket's last rung */
+  int eta;        /* the share kept at each rung (1/eta) and the epochs' factor; default 3 */
+} multi_fidelity_spec;
+
 /* A plug-in section: `type` plus options that only that plug-in reads (and checks:
  * sched_check_spec reports a bad one at its place in the file). */
 typedef struct {
@@ -179,6 +193,7 @@ typedef struct spec {
   plugin_spec runner;    /* default type "local" */
   plugin_spec optimizer; /* default type "gp" */
   early_stop_spec early_stopping;
+  multi_fidelity_spec multi_fidelity;
   json_t *enqueue;       /* owned JSON array of full assignments (`enqueue:`), each checked
                             like spec_check_params; NULL when the spec has none */
   warm_start_spec warm_start;

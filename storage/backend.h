@@ -55,6 +55,9 @@ typedef struct storage_backend {
                       int exit_code, const char *error, double now, nas_err *err);
   /* Must call storage_check_requeue likewise. */
   int (*trial_requeue)(void *conn, int64_t trial_id, nas_err *err);
+  /* Must call storage_check_promote likewise; changes nothing unless the trial is completed
+   * at rung (so a retried promotion succeeds without a receipt). */
+  int (*trial_promote)(void *conn, int64_t trial_id, int rung, nas_err *err);
   int (*trial_get)(void *conn, int64_t trial_id, trial_row *out, nas_err *err);
   int (*trial_find)(void *conn, int64_t experiment_id, int number, trial_row *out,
                     nas_err *err);
@@ -117,6 +120,7 @@ int storage_check_start(trial_status current, nas_err *err);
 int storage_check_finish(trial_status current, trial_status to, nas_err *err);
 int storage_check_heartbeat(trial_status current, nas_err *err);
 int storage_check_requeue(trial_status current, nas_err *err);
+int storage_check_promote(trial_status current, nas_err *err);
 
 /* The one statement that takes a lease in both backends, with the placeholders for
  * (experiment id, token, host, pid, now, replaces): inserts it, or overwrites a lease that

@@ -446,6 +446,11 @@ static int http_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
               err);
 }
 
+static int http_trial_promote(void *conn, int64_t trial_id, int rung, nas_err *err) {
+  return call(conn, "trial_promote",
+              json_pack("{s:I, s:i}", "trial_id", (json_int_t)trial_id, "rung", rung), NULL, err);
+}
+
 static int http_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_err *err) {
   return call_row(conn, "trial_get", json_pack("{s:I}", "trial_id", (json_int_t)trial_id),
                   "trial", &rows_json_trial, out, err);
@@ -558,6 +563,7 @@ const storage_backend storage_http_backend = {
     .trial_heartbeat = http_trial_heartbeat,
     .trial_finish = http_trial_finish,
     .trial_requeue = http_trial_requeue,
+    .trial_promote = http_trial_promote,
     .trial_get = http_trial_get,
     .trial_find = http_trial_find,
     .trial_list = http_trial_list,

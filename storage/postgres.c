@@ -90,6 +90,8 @@ static const char *const migrations[] = {
      * share write_receipts, which version 1 made, so only its description changes. */
     "COMMENT ON TABLE write_receipts IS"
     " 'receipts of writes: per-try tokens (pg_conn.h) and idempotency keys of requests';",
+    /* 5 → 6: the multi-fidelity rung of each trial (storage.h, trial_row.rung). */
+    "ALTER TABLE trials ADD COLUMN rung integer NOT NULL DEFAULT 0;",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -139,7 +141,7 @@ static const row_kind experiment_kind = {sizeof(experiment_row), experiment_read
 
 #define TRIAL_COLUMNS                                                                      \
   "id, experiment_id, number, status, params_json, attempts, created_at, started_at, "    \
-  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at, reference_json"
+  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at, reference_json, rung"
 
 static int trial_read(const PGresult *res, int row, void *out, nas_err *err) {
   trial_row *t = out;
@@ -159,6 +161,7 @@ static int trial_read(const PGresult *res, int row, void *out, nas_err *err) {
   t->exit_code = (int)pg_int(res, row, 10);
   t->log_offset = pg_int(res, row, 12);
   t->heartbeat_at = pg_double(res, row, 13);
+  t->rung = (int)pg_int(res, row, 15);
   int rc = pg_text(res, row, 4, &t->params_json, err);
   if (rc == NAS_OK) rc = pg_text(res, row, 9, &t->job_id, err);
   if (rc == NAS_OK) rc = pg_text(res, row, 11, &t->error, err);
@@ -598,19 +601,19 @@ static int trial_import(pg_conn *c, int64_t experiment_id, const trial_row *t, i
                         nas_err *err) {
   pg_params p = {0};
   int64_t exit_code = t->exit_code;
-  int rc = pg_params_set(&p, 1, err, "iittidddtotidt", experiment_id, (int64_t)t->number,
+  int rc = pg_params_set(&p, 1, err, "iittidddtotidti", experiment_id, (int64_t)t->number,
                          trial_status_name(t->status), t->params_json, (int64_t)t->attempts,
                          t->created_at, t->started_at, t->finished_at, t->job_id,
                          t->has_exit_code ? &exit_code : NULL, t->error, t->log_offset,
-                         t->heartbeat_at, t->reference_json);
+                         t->heartbeat_at, t->reference_json, (int64_t)t->rung);
   if (rc != NAS_OK) return rc;
   return exec_returning_id(c,
                            "INSERT INTO trials (experiment_id, number, status, params_json,"
                            " attempts, created_at, started_at, finished_at, job_id, exit_code,"
-                           " error, log_offset, heartbeat_at, reference_json)"
+                           " error, log_offset, heartbeat_at, reference_json, rung)"
                            " VALUES ($1, $2, $3, $4, $5, $6, nullif($7::float8, 0),"
                            " nullif($8::float8, 0), $9, $10, $11, $12, nullif($13::float8, 0),"
-                           " $14) RETURNING id",
+                           " $14, $15) RETURNING id",
                            &p, id, "trial not stored", err);
 }
 
@@ -842,6 +845,22 @@ static int postgres_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
                   .update_sql = "UPDATE trials SET status = 'queued', finished_at = NULL,"
                                 " exit_code = NULL, error = NULL WHERE id = $1"};
   return pg_run(conn, &transition_op, &t, err);
+}
+
+static int promote_allowed(const transition *t, trial_status current, nas_err *err) {
+  (void)t;
+  return storage_check_promote(current, err);
+}
+
+/* Conditional, so a second try changes nothing: no receipt needed. */
+static int postgres_trial_promote(void *conn, int64_t trial_id, int rung, nas_err *err) {
+  transition t = {.trial_id = trial_id,
+                  .allowed = promote_allowed,
+                  .update_sql = "UPDATE trials SET status = 'queued', rung = rung + 1,"
+                                " finished_at = NULL, exit_code = NULL, error = NULL"
+                                " WHERE id = $1 AND status = 'completed' AND rung = $2"};
+  int rc = pg_params_set(&t.params, 2, err, "i", (int64_t)rung);
+  return rc == NAS_OK ? pg_run(conn, &idempotent_transition_op, &t, err) : rc;
 }
 
 static int heartbeat_allowed(const transition *t, trial_status current, nas_err *err) {
@@ -1104,6 +1123,7 @@ const storage_backend storage_postgres_backend = {
     .trial_heartbeat = postgres_trial_heartbeat,
     .trial_finish = postgres_trial_finish,
     .trial_requeue = postgres_trial_requeue,
+    .trial_promote = postgres_trial_promote,
     .trial_get = postgres_trial_get,
     .trial_find = postgres_trial_find,
     .trial_list = postgres_trial_list,

@@ -105,7 +105,7 @@ const rows_json_kind rows_json_experiment = {sizeof(experiment_row), experiment_
 static json_t *trial_to_json(const void *row) {
   const trial_row *t = row;
   return json_pack(
-      "{s:I, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:o}", "id",
+      "{s:I, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:o, s:i}", "id",
       (json_int_t)t->id, "experiment_id", (json_int_t)t->experiment_id, "number", t->number,
       "status", trial_status_name(t->status), "params_json", t->params_json, "attempts",
       t->attempts, "created_at", rows_json_double(t->created_at), "started_at",
@@ -113,7 +113,8 @@ static json_t *trial_to_json(const void *row) {
       "job_id", text_or_null(t->job_id), "exit_code",
       t->has_exit_code ? json_integer(t->exit_code) : json_null(), "error",
       text_or_null(t->error), "log_offset", (json_int_t)t->log_offset, "heartbeat_at",
-      rows_json_double(t->heartbeat_at), "reference_json", text_or_null(t->reference_json));
+      rows_json_double(t->heartbeat_at), "reference_json", text_or_null(t->reference_json), "rung",
+      t->rung);
 }
 
 static int trial_from_json(const json_t *obj, void *row, nas_err *err) {
@@ -142,6 +143,9 @@ static int trial_from_json(const json_t *obj, void *row, nas_err *err) {
   rows_json_int(&r, "log_offset", &t->log_offset);
   rows_json_number(&r, "heartbeat_at", &t->heartbeat_at);
   rows_json_strdup(&r, "reference_json", true, &t->reference_json);
+  int64_t rung = 0;
+  if (field(&r, "rung", false)) rows_json_int(&r, "rung", &rung); /* absent from older servers */
+  t->rung = (int)rung;
   t->number = (int)number;
   t->attempts = (int)attempts;
   if (r.rc != NAS_OK) trial_row_clear(t);

@@ -207,6 +207,14 @@ static int trial_requeue_run(storage *st, rows_json_reader *a, json_t *out, nas_
   return a->rc != NAS_OK ? a->rc : storage_trial_requeue(st, trial_id, err);
 }
 
+static int trial_promote_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  (void)out;
+  int64_t trial_id, rung;
+  rows_json_int(a, "trial_id", &trial_id);
+  rows_json_int(a, "rung", &rung);
+  return a->rc != NAS_OK ? a->rc : storage_trial_promote(st, trial_id, (int)rung, err);
+}
+
 static int trial_get_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
   int64_t trial_id;
   rows_json_int(a, "trial_id", &trial_id);
@@ -338,6 +346,7 @@ static const storage_rpc_op ops[] = {
     {"trial_heartbeat", true, false, REPLAY_NOTHING, trial_heartbeat_run},
     {"trial_finish", true, true, REPLAY_NOTHING, trial_finish_run},
     {"trial_requeue", true, true, REPLAY_NOTHING, trial_requeue_run},
+    {"trial_promote", true, false, REPLAY_NOTHING, trial_promote_run},
     {"trial_get", false, false, REPLAY_NOTHING, trial_get_run},
     {"trial_find", false, false, REPLAY_NOTHING, trial_find_run},
     {"trial_list", false, false, REPLAY_NOTHING, trial_list_run},

@@ -102,6 +102,8 @@ static const char *const migrations[] = {
     "  result INTEGER,"
     "  at REAL NOT NULL);"
     "CREATE INDEX write_receipts_by_age ON write_receipts (at);",
+    /* 5 → 6: the multi-fidelity rung of each trial (storage.h, trial_row.rung). */
+    "ALTER TABLE trials ADD COLUMN rung INTEGER NOT NULL DEFAULT 0;",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -329,7 +331,7 @@ static const row_kind experiment_kind = {sizeof(experiment_row), experiment_read
 
 #define TRIAL_COLUMNS                                                                      \
   "id, experiment_id, number, status, params_json, attempts, created_at, started_at, "    \
-  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at, reference_json"
+  "finished_at, job_id, exit_code, error, log_offset, heartbeat_at, reference_json, rung"
 
 static int trial_read(sqlite3_stmt *s, void *row, nas_err *err) {
   trial_row *t = row;
@@ -350,6 +352,7 @@ static int trial_read(sqlite3_stmt *s, void *row, nas_err *err) {
   t->exit_code = sqlite3_column_int(s, 10);
   t->log_offset = sqlite3_column_int64(s, 12);
   t->heartbeat_at = column_time(s, 13);
+  t->rung = sqlite3_column_int(s, 15);
   int rc = column_text(s, 4, &t->params_json, err);
   if (rc == NAS_OK) rc = column_text(s, 9, &t->job_id, err);
   if (rc == NAS_OK) rc = column_text(s, 11, &t->error, err);
@@ -726,13 +729,13 @@ static int trial_import(const sqlite_conn *c, int64_t experiment_id, const trial
   int rc = run(c, err,
                "INSERT INTO trials (experiment_id, number, status, params_json, attempts,"
                " created_at, started_at, finished_at, job_id, exit_code, error, log_offset,"
-               " heartbeat_at, reference_json)"
+               " heartbeat_at, reference_json, rung)"
                " VALUES (?, ?, ?, ?, ?, ?, nullif(?, 0), nullif(?, 0), ?, ?, ?, ?,"
-               " nullif(?, 0), ?)",
-               "iittidddtotidt", experiment_id, (int64_t)t->number,
+               " nullif(?, 0), ?, ?)",
+               "iittidddtotidti", experiment_id, (int64_t)t->number,
                trial_status_name(t->status), t->params_json, (int64_t)t->attempts, t->created_at,
                t->started_at, t->finished_at, t->job_id, t->has_exit_code ? &exit_code : NULL,
-               t->error, t->log_offset, t->heartbeat_at, t->reference_json);
+               t->error, t->log_offset, t->heartbeat_at, t->reference_json, (int64_t)t->rung);
   if (rc == NAS_OK) *id = sqlite3_last_insert_rowid(c->db);
   return rc;
 }
@@ -947,6 +950,25 @@ static int sqlite_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
   if (rc != NAS_OK) return rc;
   rc = trial_requeue_in_tx(c, trial_id, err);
   return tx_end_receipt(c, rc, trial_id, err);
+}
+
+static int trial_promote_in_tx(const sqlite_conn *c, int64_t trial_id, int rung, nas_err *err) {
+  trial_status current;
+  int rc = trial_status_read(c, trial_id, &current, err);
+  if (rc == NAS_OK) rc = storage_check_promote(current, err);
+  if (rc != NAS_OK) return rc;
+  return run(c, err,
+             "UPDATE trials SET status = 'queued', rung = rung + 1, finished_at = NULL,"
+             " exit_code = NULL, error = NULL WHERE id = ? AND status = 'completed' AND rung = ?",
+             "ii", trial_id, (int64_t)rung);
+}
+
+static int sqlite_trial_promote(void *conn, int64_t trial_id, int rung, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = trial_promote_in_tx(c, trial_id, rung, err);
+  return tx_end(c, rc, err);
 }
 
 static int sqlite_trial_get(void *conn, int64_t trial_id, trial_row *out, nas_err *err) {
@@ -1175,6 +1197,7 @@ const storage_backend storage_sqlite_backend = {
     .trial_heartbeat = sqlite_trial_heartbeat,
     .trial_finish = sqlite_trial_finish,
     .trial_requeue = sqlite_trial_requeue,
+    .trial_promote = sqlite_trial_promote,
     .trial_get = sqlite_trial_get,
     .trial_find = sqlite_trial_find,
     .trial_list = sqlite_trial_list,

@@ -88,6 +88,13 @@ int storage_check_requeue(trial_status current, nas_err *err) {
                   trial_status_name(current));
 }
 
+/* A promotion takes a completed trial; a queued one is a promotion already made. */
+int storage_check_promote(trial_status current, nas_err *err) {
+  if (current == TRIAL_COMPLETED || current == TRIAL_QUEUED) return NAS_OK;
+  return nas_errf(err, "it is %s; only a completed trial can be promoted",
+                  trial_status_name(current));
+}
+
 /* ---- URLs ---------------------------------------------------------------------------- */
 
 /* The sqlite file path inside url, or NULL when url is not an sqlite URL. The
@@ -534,6 +541,11 @@ int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
 int storage_trial_requeue(storage *st, int64_t trial_id, nas_err *err) {
   return in_context(st, st->backend->trial_requeue(st->conn, trial_id, err), err,
                     "retry trial %" PRId64, trial_id);
+}
+
+int storage_trial_promote(storage *st, int64_t trial_id, int rung, nas_err *err) {
+  return in_context(st, st->backend->trial_promote(st->conn, trial_id, rung, err), err,
+                    "promote trial %" PRId64 " from rung %d", trial_id, rung);
 }
 
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err) {

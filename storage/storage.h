@@ -89,6 +89,8 @@ typedef struct {
   char *reference_json;  /* JSON object: the reference point (objective name → value, in the
                             objectives' own direction) the optimizer aimed its hypervolume
                             improvement at when it suggested this trial; NULL when none */
+  int rung;              /* multi-fidelity (spec multi_fidelity): the rung of its bracket it
+                            trains to next, or last trained to; 0 for every other trial */
 } trial_row;
 
 #define METRIC_FINAL (-1) /* step of a final (not intermediate) observation */
@@ -182,6 +184,11 @@ int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
  * (it is the same trial, counted once in the budget) and the last attempt's exit code,
  * error and finished_at cleared. An error naming the status for any other trial. */
 int storage_trial_requeue(storage *st, int64_t trial_id, nas_err *err);
+/* completed at rung → queued at rung + 1, to train on from its saved weights (multi-fidelity
+ * promotion; attempts are kept, exit code, error and finished_at cleared). Idempotent: a
+ * trial already queued at rung + 1 is left as it is. An error naming the status for a
+ * trial that is neither. */
+int storage_trial_promote(storage *st, int64_t trial_id, int rung, nas_err *err);
 int storage_trial_get(storage *st, int64_t trial_id, trial_row *out, nas_err *err);
 /* Trial `number` of an experiment, read by its (experiment, number) index instead of
  * listing every trial; NAS_ENOTFOUND when it has none. */

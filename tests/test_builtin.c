@@ -290,6 +290,61 @@ static char *trial_log(fixture *f, const char *name, int number) {
   return text;
 }
 
+/* Appends text to the spec file at path. */
+static void spec_append(const char *path, const char *text) {
+  FILE *file = fopen(path, "a");
+  assert_non_null(file);
+  assert_true(fputs(text, file) >= 0);
+  assert_int_equal(fclose(file), 0);
+}
+
+/* Hyperband from 1 to 3 epochs with eta 3 deals 3 trials into one bracket: all train 1
+ * epoch, the best goes on to 3 from the weights it saved. With SGD without momentum (no
+ * optimiser state to lose) and no dropout, the promoted trial ends exactly where the same
+ * trial trained 3 epochs in one go does. */
+static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run(void **state) {
+  fixture *f = *state;
+  const char *settings = "epochs: 3, limit_train: 400, optimizer: sgd, momentum: 0";
+  char *hb = digits_spec(f, "hb", settings, 3, 1, "2m"), *full = digits_spec(f, "full", settings, 3, 1, "2m");
+  spec_append(hb, "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n");
+  char *out;
+  int rc = nas(f, &out, "run", hb, "--no-progress");
+  if (rc != 0) fail_msg("nas run hb failed (%d): %s", rc, out);
+  assert_non_null(strstr(out, "promoted to rung 1: trains on to 3 epochs"));
+  free(out);
+  assert_int_equal(nas(f, &out, "run", full, "--no-progress"), 0);
+  free(out);
+  json_t *hb_rows = trials_json(f, "hb"), *full_rows = trials_json(f, "full");
+  int promoted = -1;
+  for (int number = 0; number < 3; number++) {
+    char *second;
+    assert_true(asprintf(&second, "%s/runs/hb/%d.2/stdout.log", f->dir, number) > 0);
+    if (access(second, F_OK) == 0) {
+      assert_int_equal(promoted, -1); /* one trial only */
+      promoted = number;
+      char *log = NULL;
+      size_t len;
+      nas_err err;
+      if (nas_read_file(second, &log, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
+      assert_non_null(strstr(log, "resumed at epoch 1 from "));
+      assert_non_null(strstr(log, "epoch 2/3"));
+      assert_null(strstr(log, "epoch 1/3")); /* epoch 1 is not trained again */
+      free(log);
+    }
+    free(second);
+  }
+  assert_int_not_equal(promoted, -1);
+  const json_t *mine = row_of(hb_rows, promoted), *theirs = row_of(full_rows, promoted);
+  assert_true(num(mine, "lr") == num(theirs, "lr"));
+  assert_true(num(mine, "width") == num(theirs, "width"));
+  assert_true(num(mine, "layers") == num(theirs, "layers"));
+  assert_true(num(mine, METRIC_ACCURACY) == num(theirs, METRIC_ACCURACY));
+  json_decref(hb_rows);
+  json_decref(full_rows);
+  free(hb);
+  free(full);
+}
+
 static void worker_stores_every_metric_and_the_weights(void **state) {
   fixture *f = *state;
   char *spec = digits_spec(f, "one", "epochs: 2, limit_train: 400, norm: batch", 1, 1, "2m"), *out;
@@ -610,6 +665,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
       cmocka_unit_test_setup_teardown(pipeline_stages_train_the_same_model, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run, setup, teardown),
       cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
       cmocka_unit_test_setup_teardown(missing_dataset_is_refused_before_anything_is_stored,

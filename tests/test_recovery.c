@@ -1,7 +1,8 @@
 /* End-to-end recovery and stopping: the real bin/nas with real trial processes. A lost
  * trial is retried, a silent one is retried then failed, too many failures stop the run,
  * `nas stop` works from another process, early stopping ends bad trials, and a scheduler
- * killed with -9 at random moments resumes to exactly its budget with nothing run twice. */
+ * killed with -9 at random moments resumes to exactly its budget with nothing run twice,
+ * Hyperband's rungs included. */
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -171,6 +172,25 @@ static int metric_lines(const char *dir, long long number) {
   return total;
 }
 
+/* From a fresh storage and no run folders: `nas run spec`, killed with -9 after kill_ms,
+ * then `nas run` again to the end, which continues the experiment (or starts it, when the
+ * kill came before it was even created); `nas resume` is the same loop, tested elsewhere. */
+static void run_killed_then_again(fixture *f, const char *spec, long kill_ms, int run) {
+  char *db;
+  assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
+  unlink(db);
+  free(db);
+  test_rmtree_child(f->dir, "runs");
+  pid_t pid = start_nas_run(f, spec);
+  nas_sleep_ms(kill_ms);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("run %d: second nas run exited %d: %s", run, rc, out);
+  free(out);
+}
+
 static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "crash.yaml",
@@ -182,21 +202,7 @@ static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void *
                           "optimizer: {type: random}\n");
   unsigned seed = 20261123;
   for (int run = 0; run < 20; run++) {
-    char *db;
-    assert_true(asprintf(&db, "%s/nas.db", f->dir) > 0);
-    unlink(db);
-    free(db);
-    test_rmtree_child(f->dir, "runs");
-    pid_t pid = start_nas_run(f, spec);
-    nas_sleep_ms(50 + (long)(rand_r(&seed) % 900));
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    /* `nas run` again continues the experiment (or starts it, when the kill came before
-     * it was even created); `nas resume` is the same loop, tested elsewhere. */
-    char *out;
-    int rc = nas(f, &out, "run", spec, "--no-progress");
-    if (rc != 0) fail_msg("run %d: second nas run exited %d: %s", run, rc, out);
-    free(out);
+    run_killed_then_again(f, spec, 50 + (long)(rand_r(&seed) % 900), run);
     json_t *rows = trials_json(f, "crash");
     assert_int_equal(json_array_size(rows), 6);
     assert_int_equal(count_status(rows, "completed"), 6);
@@ -211,6 +217,64 @@ static void kill_9_at_random_moments_then_resume_keeps_the_budget_exactly(void *
     json_decref(rows);
   }
   free(spec);
+}
+
+/* Lines of the file at path (0 when it is missing), each under 64 bytes, into lines[]. */
+static size_t read_lines(const char *path, char lines[][64], size_t cap) {
+  FILE *in = fopen(path, "r");
+  if (!in) return 0;
+  size_t n = 0;
+  while (n < cap && fgets(lines[n], 64, in)) n++;
+  fclose(in);
+  return n;
+}
+
+/* Hyperband from 1 to 3 epochs, eta 3: trials 0-2 train 1 epoch each, then the best (the
+ * lowest y = x) trains on from epoch 1 to 3. Each run of a trial appends "number first
+ * epochs" to a ledger. Killed with -9 at random moments and run again, the experiment ends
+ * with exactly those four runs: no rung run twice, none skipped, the right trial promoted. */
+static void kill_9_between_rungs_then_resume_runs_each_rung_once(void **state) {
+  fixture *f = *state;
+  char *text, *ledger;
+  assert_true(asprintf(&ledger, "%s/ledger", f->dir) > 0);
+  assert_true(asprintf(&text,
+                       "name: crash\n"
+                       "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                       "objectives: [{name: y, goal: minimize}]\n"
+                       "trial: {command: [sh, -c, 'echo $NAS_TRIAL_NUMBER $NAS_FIRST_EPOCH "
+                       "$NAS_EPOCHS >> %s; sleep 0.3; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                       "budget: {trials: 3, parallel: 3}\n"
+                       "optimizer: {type: random}\n"
+                       "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n",
+                       ledger) > 0);
+  char *spec = test_write(f->dir, "crash.yaml", text);
+  unsigned seed = 20261126;
+  for (int run = 0; run < 10; run++) {
+    unlink(ledger);
+    run_killed_then_again(f, spec, 100 + (long)(rand_r(&seed) % 700), run);
+    json_t *rows = trials_json(f, "crash");
+    assert_int_equal(json_array_size(rows), 3);
+    assert_int_equal(count_status(rows, "completed"), 3);
+    int best = 0;
+    for (int t = 1; t < 3; t++)
+      if (num(row_of(rows, t), "x") < num(row_of(rows, best), "x")) best = t;
+    char lines[8][64], promoted[64];
+    size_t n = read_lines(ledger, lines, 8);
+    snprintf(promoted, sizeof promoted, "%d 1 3\n", best);
+    if (n != 4) fail_msg("run %d: %zu trial runs, not 4", run, n);
+    for (int t = 0; t < 3; t++) { /* each trial's first rung once */
+      char first[64];
+      snprintf(first, sizeof first, "%d 0 1\n", t);
+      int seen = 0;
+      for (size_t i = 0; i < n; i++) seen += strcmp(lines[i], first) == 0;
+      assert_int_equal(seen, 1);
+    }
+    assert_string_equal(lines[3], promoted); /* after all of them, the best once */
+    json_decref(rows);
+  }
+  free(spec);
+  free(text);
+  free(ledger);
 }
 
 /* The parameters of every trial, in trial order, as JSON text. */
@@ -272,6 +336,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
+      cmocka_unit_test_setup_teardown(kill_9_between_rungs_then_resume_runs_each_rung_once, setup, teardown),
       cmocka_unit_test_setup_teardown(suggestions_after_a_crash_are_those_without_it, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

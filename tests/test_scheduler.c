@@ -253,6 +253,49 @@ static void early_stopping_that_can_never_fire_is_told_from_the_spec(void **stat
   spec_free(s);
 }
 
+/* Hyperband with eta 3 from 1 epoch: bracket s starts n_0 trials at r_0 epochs and keeps a
+ * third of them at each rung for three times the epochs. */
+static void hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs(void **state) {
+  (void)state;
+  multi_fidelity_spec nine = {MULTI_FIDELITY_HYPERBAND, 1, 9, 3};
+  assert_int_equal(sched_hyperband_top(&nine), 2);
+  /* s = 2: 9 trials × 1 epoch → 3 × 3 → 1 × 9; s = 1: 5 × 3 → 1 × 9; s = 0: 3 × 9. */
+  static const int trials9[3][3] = {{3, 0, 0}, {5, 1, 0}, {9, 3, 1}};
+  static const int epochs9[3][3] = {{9, 0, 0}, {3, 9, 0}, {1, 3, 9}};
+  for (int s = 0; s <= 2; s++)
+    for (int i = 0; i <= s; i++) {
+      assert_int_equal(sched_hyperband_trials(&nine, s, i), trials9[s][i]);
+      assert_int_equal(sched_hyperband_epochs(&nine, s, i), epochs9[s][i]);
+    }
+  multi_fidelity_spec many = {MULTI_FIDELITY_HYPERBAND, 1, 27, 3};
+  assert_int_equal(sched_hyperband_top(&many), 3);
+  /* s = 3: 27 × 1 → 9 × 3 → 3 × 9 → 1 × 27; s = 2: 12 × 3 → 4 × 9 → 1 × 27;
+   * s = 1: 6 × 9 → 2 × 27; s = 0: 4 × 27. */
+  static const int trials27[4][4] = {{4}, {6, 2}, {12, 4, 1}, {27, 9, 3, 1}};
+  static const int epochs27[4][4] = {{27}, {9, 27}, {3, 9, 27}, {1, 3, 9, 27}};
+  for (int s = 0; s <= 3; s++)
+    for (int i = 0; i <= s; i++) {
+      assert_int_equal(sched_hyperband_trials(&many, s, i), trials27[s][i]);
+      assert_int_equal(sched_hyperband_epochs(&many, s, i), epochs27[s][i]);
+    }
+}
+
+/* Trials are dealt by number: s_max's first, then the next brackets, round after round. */
+static void hyperband_deals_trials_into_brackets_by_number(void **state) {
+  (void)state;
+  multi_fidelity_spec nine = {MULTI_FIDELITY_HYPERBAND, 1, 9, 3};
+  static const struct { int number, bracket, first; } cases[] = {
+      {0, 2, 0}, {8, 2, 0}, {9, 1, 9}, {13, 1, 9}, {14, 0, 14}, {16, 0, 14}, {17, 2, 17}, {40, 2, 34}, {45, 1, 43}};
+  for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+    sched_bracket b;
+    sched_hyperband_bracket_of(&nine, cases[k].number, &b);
+    assert_int_equal(b.bracket, cases[k].bracket);
+    assert_int_equal(b.first_number, cases[k].first);
+    assert_int_equal(b.n_rungs, cases[k].bracket + 1);
+    assert_int_equal(b.n_trials, sched_hyperband_trials(&nine, b.bracket, 0));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(median_rule_stops_the_clearly_bad_trials_and_no_others),
@@ -263,6 +306,8 @@ int main(void) {
       cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
       cmocka_unit_test(final_only_objective_leaves_early_stopping_to_the_others),
       cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
+      cmocka_unit_test(hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs),
+      cmocka_unit_test(hyperband_deals_trials_into_brackets_by_number),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

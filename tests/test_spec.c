@@ -1206,6 +1206,50 @@ static void early_stopping_loads_with_defaults_and_rungs(void **state) {
                "only the asha rule");
 }
 
+static void multi_fidelity_loads_with_defaults(void **state) {
+  (void)state;
+  spec *s = load_ok(MINIMAL);
+  assert_int_equal(s->multi_fidelity.kind, MULTI_FIDELITY_NONE);
+  spec_free(s);
+  s = load_ok(MINIMAL "multi_fidelity: {kind: hyperband, max_epochs: 27}\n");
+  assert_int_equal(s->multi_fidelity.kind, MULTI_FIDELITY_HYPERBAND);
+  assert_int_equal(s->multi_fidelity.min_epochs, 1);
+  assert_int_equal(s->multi_fidelity.max_epochs, 27);
+  assert_int_equal(s->multi_fidelity.eta, 3);
+  spec_free(s);
+  s = load_ok(MINIMAL "multi_fidelity: {kind: hyperband, min_epochs: 2, max_epochs: 8, eta: 2}\n");
+  assert_int_equal(s->multi_fidelity.min_epochs, 2);
+  assert_int_equal(s->multi_fidelity.eta, 2);
+  spec_free(s);
+}
+
+static void multi_fidelity_errors_point_at_the_value(void **state) {
+  (void)state;
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperbnd, max_epochs: 9}\n", "t.yaml:9:24: ",
+               "did you mean 'hyperband'");
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperband}\n", "t.yaml:9:17: ", "max_epochs");
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperband, max_epochs: 0}\n", "t.yaml:9:47: ",
+               "between 1 and 100000");
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperband, max_epochs: 9, eta: 1}\n",
+               "t.yaml:9:55: ", "multi_fidelity.eta: must be between 2 and 100");
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperband, max_epochs: 9, eta: 2.5}\n",
+               "t.yaml:9:55: ", "multi_fidelity.eta");
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperband, min_epochs: 4, max_epochs: 9}\n",
+               "t.yaml:9:62: ", "at least min_epochs × eta");
+  expect_error(MINIMAL "multi_fidelity: {kind: hyperband, max_epochs: 9, rungs: 3}\n",
+               "t.yaml:9:50: ", "rungs");
+  expect_error("name: b\n"
+               "parameters: {epochs: {type: int, low: 1, high: 9}}\n"
+               "objectives: [{name: accuracy, goal: maximize}]\n"
+               "trial: {builtin: {model: mlp, dataset: digits}}\n"
+               "budget: {trials: 4}\n"
+               "multi_fidelity: {kind: hyperband, max_epochs: 9}\n",
+               "t.yaml:6:17: ", "'epochs' cannot be a searched parameter");
+  expect_error(MINIMAL "early_stopping: {rule: median}\n"
+                       "multi_fidelity: {kind: hyperband, max_epochs: 9}\n",
+               "t.yaml:10:17: ", "cannot be combined with early_stopping");
+}
+
 /* spec_diff's text (NULL: the same), failing the test when the comparison fails. */
 static char *diff_of(const spec *a, const spec *b) {
   char *diff = NULL;
@@ -1845,6 +1889,8 @@ int main(void) {
       cmocka_unit_test(full_example_loads_every_field),
       cmocka_unit_test(retries_heartbeats_and_stopping_rules_load),
       cmocka_unit_test(early_stopping_loads_with_defaults_and_rungs),
+      cmocka_unit_test(multi_fidelity_loads_with_defaults),
+      cmocka_unit_test(multi_fidelity_errors_point_at_the_value),
       cmocka_unit_test(diff_names_new_fields),
       cmocka_unit_test(minimal_spec_gets_defaults),
       cmocka_unit_test(optional_keys_without_value_take_defaults),

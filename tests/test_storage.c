@@ -709,6 +709,42 @@ static void trial_requeue_takes_back_only_failed_and_timed_out_trials(void **sta
   trial_row_clear(&running);
 }
 
+/* Multi-fidelity: a trial completed at rung r goes back to the queue at rung r + 1, its
+ * attempts kept; promoting it again from r changes nothing (a retried request), and a
+ * trial that did not complete is refused by name. The rung travels with the row. */
+static void trial_promote_moves_a_completed_trial_up_one_rung_once(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_experiment(f, "e");
+  trial_row t = make_trial(f, exp, "{}"), got;
+  assert_int_equal(t.rung, 0);
+  CHECK(storage_trial_start(f->st, t.id, "job-1", err));
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_COMPLETED, true, 0, NULL, err));
+  CHECK(storage_trial_promote(f->st, t.id, 0, err));
+  CHECK(storage_trial_promote(f->st, t.id, 0, err));
+  CHECK(storage_trial_get(f->st, t.id, &got, err));
+  assert_int_equal(got.status, TRIAL_QUEUED);
+  assert_int_equal(got.rung, 1);
+  assert_int_equal(got.attempts, 1);
+  assert_false(got.has_exit_code);
+  assert_true(got.finished_at == 0);
+  trial_row_clear(&got);
+  CHECK(storage_trial_start(f->st, t.id, "job-2", err));
+  nas_err err = {{0}};
+  assert_int_equal(storage_trial_promote(f->st, t.id, 1, &err), NAS_ERR);
+  assert_contains(err.msg, "running");
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_FAILED, true, 1, "broken", err));
+  assert_int_equal(storage_trial_promote(f->st, t.id, 1, &err), NAS_ERR);
+  assert_contains(err.msg, "failed");
+  trial_row *rows;
+  size_t n;
+  CHECK(storage_trial_list(f->st, exp, &rows, &n, err));
+  assert_int_equal(n, 1);
+  assert_int_equal(rows[0].rung, 1);
+  assert_int_equal(rows[0].attempts, 2);
+  trial_rows_free(rows, n);
+  trial_row_clear(&t);
+}
+
 /* ---- claiming and heartbeats ------------------------------------------------------------ */
 
 static void trial_claim_takes_the_oldest_queued_trial_and_starts_it(void **state) {
@@ -1560,7 +1596,7 @@ static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
 }
 
 static void schema_version_table_holds_the_current_version(void **state) {
-  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:5");
+  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:6");
 }
 
 static void newer_schema_is_refused_and_left_as_it_is(void **state) {
@@ -1574,14 +1610,14 @@ static void newer_schema_is_refused_and_left_as_it_is(void **state) {
   assert_int_equal(storage_open(f->url, &st, &err), NAS_ERR);
   assert_null(st);
   assert_contains(err.msg, "999");
-  assert_contains(err.msg, "up to 5");
+  assert_contains(err.msg, "up to 6");
   assert_null(strstr(err.msg, TEST_PASSWORD));
   raw_text_is(f, "SELECT version FROM schema_version", "999");
   raw_text_is(f, "SELECT name FROM experiments", "kept");
 }
 
 /* A storage made by a nas of schema version 1 (no heartbeats, no reference points, no
- * scheduler leases) is upgraded on open. */
+ * scheduler leases, no rungs) is upgraded on open. */
 static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   fixture *f = *state;
   trial_row t = make_running_trial(f);
@@ -1592,14 +1628,16 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   f->ctx->backend->raw_exec(f->ctx, f->url, "DROP INDEX trials_queued");
   f->ctx->backend->raw_exec(f->ctx, f->url, "ALTER TABLE trials DROP COLUMN heartbeat_at");
   f->ctx->backend->raw_exec(f->ctx, f->url, "ALTER TABLE trials DROP COLUMN reference_json");
+  f->ctx->backend->raw_exec(f->ctx, f->url, "ALTER TABLE trials DROP COLUMN rung");
   f->ctx->backend->raw_exec(f->ctx, f->url, "DROP TABLE scheduler_leases");
   f->ctx->backend->raw_exec(f->ctx, f->url, f->ctx->backend->undo_version_5);
   f->ctx->backend->raw_exec(f->ctx, f->url, "UPDATE schema_version SET version = 1");
   f->st = open_or_fail(f->url);
-  raw_text_is(f, "SELECT max(version) FROM schema_version", "5");
+  raw_text_is(f, "SELECT max(version) FROM schema_version", "6");
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_string_equal(got.job_id, "job-1");
+  assert_int_equal(got.rung, 0);
   assert_int_equal(got.log_offset, 42);
   assert_true(got.heartbeat_at == 0);
   trial_row_clear(&got);
@@ -2384,6 +2422,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(lost_trial_requeued_keeps_attempts_and_starts_again),
       FIXTURE_TEST(trial_retry_from_a_final_status_clears_the_previous_outcome),
       FIXTURE_TEST(trial_requeue_takes_back_only_failed_and_timed_out_trials),
+      FIXTURE_TEST(trial_promote_moves_a_completed_trial_up_one_rung_once),
       FIXTURE_TEST(trial_fields_round_trip_exactly),
       FIXTURE_TEST(trial_list_holds_one_experiment_ordered_by_number),
       FIXTURE_TEST(trial_find_reads_one_trial_by_its_number_within_its_experiment),
