@@ -13,7 +13,9 @@
 #include "tests/testutil.h"
 #include "tests/trainer_compare.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <sys/mman.h>
 
 #include "trainer/pipeline.h"
 #include "trainer/trainer.h"
@@ -29,6 +31,7 @@ typedef enum {
   MODEL_CNN_BN,      /* conv, bn, relu, pool, conv, bn, relu, pool, flatten, linear */
   MODEL_CNN_BN1,     /* conv, bn, relu, pool, flatten, linear: one batch norm */
   MODEL_DEEP,        /* 20 -> 8 x (Linear 64, ReLU) -> 5: 17 children */
+  MODEL_WIDE,        /* 20-4096-5, ReLU: activations of 16 KiB an example */
 } model_kind;
 
 /* ---------------------------------------------------------------- models and data */
@@ -75,6 +78,14 @@ static tr_module *deep_new(tr_ctx *ctx) {
   return m;
 }
 
+static tr_module *wide_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_linear_new(ctx, 20, 4096, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 4096, 5, true));
+  return m;
+}
+
 static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   switch (kind) {
   case MODEL_MLP: return mlp_new(ctx, false);
@@ -82,6 +93,7 @@ static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   case MODEL_CNN_BN: return cnn_new(ctx, 2);
   case MODEL_CNN_BN1: return cnn_new(ctx, 1);
   case MODEL_DEEP: return deep_new(ctx);
+  case MODEL_WIDE: return wide_new(ctx);
   }
   return NULL;
 }
@@ -109,6 +121,7 @@ typedef struct {
   int fail_step, stall_step;
   double stall_s;
   int fail_setup_stage; /* this stage fails before making its tr_pipe (-1: none) */
+  int die_step;         /* process stages: the last stage's process exits in this step */
   /* filled by the stages */
   float *state; /* owned: stage 0's gathered parameters and buffers */
   float *params; /* owned: and its parameters alone */
@@ -132,6 +145,7 @@ static tr_tensor *loss_of(tr_ctx *ctx, tr_tensor *out, int64_t start, int64_t co
     return NULL;
   }
   if (a->step == a->run->stall_step) nas_sleep(a->run->stall_s);
+  if (a->step == a->run->die_step) _exit(3);
   return tr_cross_entropy(ctx, out, a->labels + start);
 }
 
@@ -192,7 +206,8 @@ static run_spec run_defaults(model_kind model, int chunks, tr_pipe_checkpoint ck
                     .batch = 16,
                     .fail_step = -1,
                     .stall_step = -1,
-                    .fail_setup_stage = -1};
+                    .fail_setup_stage = -1,
+                    .die_step = -1};
 }
 
 static void run_free(run_spec *run) {
@@ -207,6 +222,64 @@ static void run_pipeline(run_spec *run, int stages) {
   if (rc) print_error("%s\n", err.msg);
   assert_int_equal(rc, NAS_OK);
   assert_non_null(run->state);
+}
+
+/* What a forked stage reports to the test process. */
+typedef struct {
+  double loss;
+  nas_err error;
+  int rc;
+} stage_report;
+
+/* Names in /dev/shm that hold name: segments of the pipeline or of its join. */
+static int shm_leftovers(const char *name) {
+  DIR *dir = opendir("/dev/shm");
+  assert_non_null(dir);
+  int found = 0;
+  for (struct dirent *e; (e = readdir(dir));)
+    if (strstr(e->d_name, name)) {
+      print_error("left in /dev/shm: %s\n", e->d_name);
+      found++;
+    }
+  closedir(dir);
+  return found;
+}
+
+/* Runs the stages as processes: stages 1.. forked, stage 0 played by the test process
+ * (so run->state is its gathered model); each forked stage's error and loss come back in
+ * run. The stages' return codes and the driver's message of stage 0 into *rc0 / err. */
+static int run_processes(run_spec *run, int stages, double timeout_s, nas_err *err) {
+  char name[64];
+  snprintf(name, sizeof name, "test-%d-pipe-%llx", (int)getpid(),
+           (unsigned long long)(nas_monotonic() * 1e9));
+  stage_report *reports = mmap(NULL, sizeof(stage_report) * TR_PIPE_MAX_STAGES,
+                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(reports != MAP_FAILED);
+  pid_t pids[TR_PIPE_MAX_STAGES] = {0};
+  fflush(stdout);
+  fflush(stderr);
+  for (int s = 1; s < stages; s++) {
+    pids[s] = fork();
+    assert_true(pids[s] >= 0);
+    if (pids[s] == 0) {
+      nas_err mine = {{0}};
+      reports[s].rc = tr_pipe_run_process(name, s, stages, timeout_s, train_stage, run, &mine);
+      reports[s].loss = run->loss[s];
+      reports[s].error = run->errors[s];
+      _exit(0);
+    }
+  }
+  int rc = tr_pipe_run_process(name, 0, stages, timeout_s, train_stage, run, err);
+  for (int s = 1; s < stages; s++) {
+    int status;
+    assert_int_equal(waitpid(pids[s], &status, 0), pids[s]);
+    run->loss[s] = reports[s].loss;
+    run->errors[s] = reports[s].error;
+    if (reports[s].rc != NAS_OK) rc = NAS_ERR;
+  }
+  munmap(reports, sizeof(stage_report) * TR_PIPE_MAX_STAGES);
+  assert_int_equal(shm_leftovers(name), 0);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- the reference */
@@ -555,6 +628,81 @@ static void a_stage_that_stalls_fails_every_stage_with_one_message(void **state)
   assert_non_null(strstr(err.msg, "stalled"));
 }
 
+/* ---------------------------------------------------------------- process stages */
+
+static void process_stages_train_like_single_rank_in_every_checkpoint_mode(void **state) {
+  (void)state;
+  for (int chunks = 1; chunks <= 4; chunks *= 4) {
+    run_spec base = run_defaults(MODEL_MLP, chunks, TR_PIPE_CKPT_NEVER);
+    int64_t n_want;
+    float *want = reference_train(&base, 1, true, &n_want);
+    for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
+      for (int ckpt = 0; ckpt < 3; ckpt++) {
+        run_spec run = base;
+        run.pipe.checkpoint = (tr_pipe_checkpoint)ckpt;
+        nas_err err = {{0}};
+        int rc = run_processes(&run, stages, TIMEOUT_S, &err);
+        if (rc) print_error("%s\n", err.msg);
+        assert_int_equal(rc, NAS_OK);
+        char what[160];
+        snprintf(what, sizeof what, "processes: %d stages, %d chunks, checkpoint %s", stages,
+                 chunks, ckpt_names[ckpt]);
+        assert_int_equal(run.n_state, n_want);
+        assert_close(run.state, want, n_want, 1e-5, what);
+        for (int s = 1; s < stages; s++) assert_true(run.loss[s] == run.loss[0]);
+        run_free(&run);
+      }
+    }
+    free(want);
+  }
+}
+
+/* 160 examples of 16 KiB: messages of 2.5 MiB through mailboxes of 1 MiB, in pieces
+ * that wrap around the ring. */
+static void process_stages_carry_messages_larger_than_their_mailbox(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_WIDE, 1, TR_PIPE_CKPT_NEVER);
+  run.batch = 160;
+  run.steps = 2;
+  int64_t n_want;
+  float *want = reference_train(&run, 1, true, &n_want);
+  nas_err err = {{0}};
+  int rc = run_processes(&run, 3, TIMEOUT_S, &err);
+  if (rc) print_error("%s\n", err.msg);
+  assert_int_equal(rc, NAS_OK);
+  assert_int_equal(run.n_state, n_want);
+  assert_close(run.state, want, n_want, 1e-5, "wide model on 3 process stages");
+  run_free(&run);
+  free(want);
+}
+
+static void a_stage_process_that_dies_fails_every_stage_with_one_message(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_EXCEPT_LAST);
+  run.die_step = 1;
+  nas_err err = {{0}};
+  double start = nas_monotonic();
+  assert_int_equal(run_processes(&run, 3, TIMEOUT_S, &err), NAS_ERR);
+  assert_true(nas_monotonic() - start < TIMEOUT_S / 2); /* found dead, not timed out */
+  assert_non_null(strstr(err.msg, "pipeline stage 2 (pid "));
+  assert_non_null(strstr(err.msg, "exited while stage 1 waited for"));
+  /* the dead stage reports nothing; the living ones failed with the same message */
+  assert_string_equal(run.errors[0].msg, err.msg);
+  assert_string_equal(run.errors[1].msg, err.msg);
+  assert_null(run.state);
+}
+
+static void a_stage_process_that_stalls_fails_every_stage_with_one_message(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_NEVER);
+  run.stall_step = 1;
+  run.stall_s = 0.8;
+  nas_err err = {{0}};
+  assert_int_equal(run_processes(&run, 2, 0.3, &err), NAS_ERR);
+  assert_every_stage_failed_with(&run, 2, -1, err.msg, "waited 0.3 s for");
+  assert_non_null(strstr(err.msg, "stalled"));
+}
+
 static void configs_that_do_not_fit_the_model_are_refused(void **state) {
   (void)state;
   struct {
@@ -598,6 +746,10 @@ int main(void) {
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),
       cmocka_unit_test(a_stage_that_stalls_fails_every_stage_with_one_message),
+      cmocka_unit_test(process_stages_train_like_single_rank_in_every_checkpoint_mode),
+      cmocka_unit_test(process_stages_carry_messages_larger_than_their_mailbox),
+      cmocka_unit_test(a_stage_process_that_dies_fails_every_stage_with_one_message),
+      cmocka_unit_test(a_stage_process_that_stalls_fails_every_stage_with_one_message),
       cmocka_unit_test(configs_that_do_not_fit_the_model_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
