@@ -20,6 +20,7 @@
 #ifndef NAS_TRAINER_PIPELINE_H
 #define NAS_TRAINER_PIPELINE_H
 
+#include "trainer/dist.h"
 #include "trainer/trainer.h"
 
 #define TR_PIPE_MAX_STAGES 16
@@ -71,6 +72,11 @@ int tr_pipe_run_threads(int stages, double timeout_s, tr_pipe_rank_fn fn, void *
  * exits while another waits for it fails every stage with one message naming it. */
 int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_s,
                         tr_pipe_rank_fn fn, void *arg, nas_err *err);
+/* The same for a process group this process has joined already (borrowed; a
+ * TR_COMM_PROCESSES group, as srun tasks form one): stage tr_comm_rank(group) of
+ * tr_comm_world(group); name names the segment as above. */
+int tr_pipe_run_group(tr_comm *group, const char *name, double timeout_s, tr_pipe_rank_fn fn,
+                      void *arg, nas_err *err);
 
 /* ---------------------------------------------------------------- a stage */
 

@@ -9,11 +9,10 @@
  * in as many pieces as it takes, so a message may be larger than the ring.
  *
  * Invariants:
- * - Joining reuses the collectives' process group (comm_shm.c) as the handshake: stage 0
- *   builds the segment under a temporary name and renames it into place before it joins
- *   the group named NAME, so once the group is complete every stage opens the fresh
- *   segment; after a second barrier stage 0 unlinks the name, and nothing is left in
- *   /dev/shm however the stages end.
+ * - Joining uses the stages' process group of the collectives (comm_shm.c) as the
+ *   handshake: stage 0 builds the segment under a temporary name and renames it into place,
+ *   then broadcasts that it did, so every stage opens the fresh segment; after a barrier
+ *   stage 0 unlinks the name, and nothing is left in /dev/shm however the stages end.
  * - A ring has one writer and one reader. Its counters (bytes written, bytes read) change
  *   under the mutex; the bytes themselves are copied outside it, into space the counters
  *   give the writer alone (or out of data they give the reader alone); the mutex orders
@@ -399,19 +398,14 @@ static int segment_attach(pw_shm *w, const char *path, int stage, int stages, na
   return NAS_OK;
 }
 
-/* The world of this process's stage; NULL with err set. */
-static tr_pipe_world *shm_join(const char *name, int stage, int stages, double timeout_s,
+/* The world of this process's stage, meeting the others in the segment of name; group
+ * (borrowed) is the stages' process group, the handshake. NULL with err set. */
+static tr_pipe_world *shm_join(tr_comm *group, const char *name, double timeout_s,
                                nas_err *err) {
-  tr_comm_options opts = {.backend = TR_COMM_PROCESSES, .rank = stage, .world = stages,
-                          .local_rank = stage, .nodes = 1, .timeout_s = timeout_s};
-  if (snprintf(opts.name, sizeof opts.name, "%s", name) >= (int)sizeof opts.name) {
-    nas_errf(err, "pipeline name '%s' is too long", name);
-    return NULL;
-  }
+  int stage = tr_comm_rank(group), stages = tr_comm_world(group);
   char *path = nas_asprintf("/dev/shm/nas-pipe-%s", name);
   pw_shm *impl = calloc(1, sizeof *impl);
   tr_pipe_world *world = malloc(sizeof *world);
-  tr_comm *group = NULL;
   int rc = path && impl && world ? NAS_OK : nas_errf(err, "out of memory");
   if (rc == NAS_OK) {
     impl->timeout_s = timeout_s;
@@ -419,11 +413,17 @@ static tr_pipe_world *shm_join(const char *name, int stage, int stages, double t
   }
   if (rc == NAS_OK && stage == 0) rc = segment_create(impl, path, stages, err);
   bool named = rc == NAS_OK && stage == 0;
-  if (rc == NAS_OK) rc = tr_comm_join(&opts, &group, err);
+  /* stage 0 tells whether it made the segment, so a failure there fails every stage */
+  double made = rc == NAS_OK;
+  if (rc == NAS_OK || stage == 0) {
+    int sent = tr_comm_broadcast(group, TR_F64, &made, 1, 0, err);
+    if (rc == NAS_OK) rc = sent;
+  }
+  if (rc == NAS_OK && made != 1)
+    rc = nas_errf(err, "stage 0 could not make the shared segment %s", path);
   if (rc == NAS_OK && stage > 0) rc = segment_attach(impl, path, stage, stages, err);
   if (rc == NAS_OK) rc = tr_comm_barrier(group, err);
   if (named) unlink(path); /* everyone has mapped it, or the join failed */
-  tr_comm_free(group);
   free(path);
   if (rc == NAS_OK) {
     *world = (tr_pipe_world){&shm_transport, impl};
@@ -435,19 +435,46 @@ static tr_pipe_world *shm_join(const char *name, int stage, int stages, double t
   return NULL;
 }
 
-int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_s,
-                        tr_pipe_rank_fn fn, void *arg, nas_err *err) {
-  if (!fn || !name) return nas_errf(err, "pipeline process: no stage function or name");
-  if (stages < 1 || stages > TR_PIPE_MAX_STAGES || stage < 0 || stage >= stages)
-    return nas_errf(err, "pipeline process: stage %d of %d stages, not in [0, %d)", stage,
-                    stages, TR_PIPE_MAX_STAGES);
-  if (!(timeout_s > 0))
-    return nas_errf(err, "pipeline: the timeout must be positive, got %g s", timeout_s);
-  tr_pipe_world *world = shm_join(name, stage, stages, timeout_s, err);
+static int check_timeout(double timeout_s, nas_err *err) {
+  return timeout_s > 0 ? NAS_OK
+                       : nas_errf(err, "pipeline: the timeout must be positive, got %g s",
+                                  timeout_s);
+}
+
+int tr_pipe_run_group(tr_comm *group, const char *name, double timeout_s, tr_pipe_rank_fn fn,
+                      void *arg, nas_err *err) {
+  if (!fn || !name || !group) return nas_errf(err, "pipeline process: no stage function, name or group");
+  int stage = tr_comm_rank(group), stages = tr_comm_world(group);
+  if (tr_comm_backend_of(group) != TR_COMM_PROCESSES)
+    return nas_errf(err, "pipeline stages as processes need a process group on one node "
+                    "(stages over NCCL are not built)");
+  if (stages > TR_PIPE_MAX_STAGES)
+    return nas_errf(err, "pipeline: %d stages, not in [1, %d]", stages, TR_PIPE_MAX_STAGES);
+  if (check_timeout(timeout_s, err)) return NAS_ERR;
+  tr_pipe_world *world = shm_join(group, name, timeout_s, err);
   if (!world) return NAS_ERR;
   tr_pipe_rank rank = {.stage = stage, .stages = stages, .world = world};
   int rc = fn(&rank, arg, err);
   if (rc != NAS_OK) pw_abort(world, stage, err);
   pw_free(world);
+  return rc;
+}
+
+int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_s,
+                        tr_pipe_rank_fn fn, void *arg, nas_err *err) {
+  if (!name) return nas_errf(err, "pipeline process: no name");
+  if (stages < 1 || stages > TR_PIPE_MAX_STAGES || stage < 0 || stage >= stages)
+    return nas_errf(err, "pipeline process: stage %d of %d stages (at most %d)", stage, stages,
+                    TR_PIPE_MAX_STAGES);
+  if (check_timeout(timeout_s, err)) return NAS_ERR;
+  tr_comm_options opts = {.backend = TR_COMM_PROCESSES, .rank = stage, .world = stages,
+                          .local_rank = stage, .nodes = 1, .timeout_s = timeout_s};
+  if (snprintf(opts.name, sizeof opts.name, "%s", name) >= (int)sizeof opts.name)
+    return nas_errf(err, "pipeline name '%s' is too long", name);
+  tr_comm *group = NULL;
+  if (tr_comm_join(&opts, &group, err) != NAS_OK)
+    return nas_err_prefix(err, "pipeline stage %d joining '%s'", stage, name);
+  int rc = tr_pipe_run_group(group, name, timeout_s, fn, arg, err);
+  tr_comm_free(group);
   return rc;
 }
