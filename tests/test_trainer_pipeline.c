@@ -32,6 +32,9 @@ typedef enum {
   MODEL_CNN_BN1,     /* conv, bn, relu, pool, flatten, linear: one batch norm */
   MODEL_DEEP,        /* 20 -> 8 x (Linear 64, ReLU) -> 5: 17 children */
   MODEL_WIDE,        /* 20-4096-5, ReLU: activations of 16 KiB an example */
+  MODEL_RES_MLP,     /* an MLP with a residual add and a concatenating skip: 13 children */
+  MODEL_RES_CNN,     /* a CNN with batch norm and a residual block: 13 children */
+  MODEL_POP_FIRST,   /* Linear, a skip's pop, then its stash, Linear: not a model */
 } model_kind;
 
 /* ---------------------------------------------------------------- models and data */
@@ -86,6 +89,57 @@ static tr_module *wide_new(tr_ctx *ctx) {
   return m;
 }
 
+/* Both skips cross stages however 2 or 4 stages cut the 13 children evenly (4 stages:
+ * the first from stage 0 to stage 2, the second from 2 to 3). */
+static tr_module *res_mlp_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx), *stash, *pop, *stash2, *pop2;
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_CONCAT, &stash2, &pop2), NAS_OK);
+  add(ctx, m, tr_linear_new(ctx, 20, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, stash);
+  add(ctx, m, tr_linear_new(ctx, 32, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 32, 32, true));
+  add(ctx, m, pop); /* x + the block's input */
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, stash2);
+  add(ctx, m, tr_linear_new(ctx, 32, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, pop2); /* [x, the block's input]: 64 features */
+  add(ctx, m, tr_linear_new(ctx, 64, 5, true));
+  return m;
+}
+
+static tr_module *res_cnn_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx), *stash, *pop;
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+  add(ctx, m, tr_conv2d_new(ctx, 1, 4, 3, 1, 1, false));
+  add(ctx, m, tr_batchnorm_new(ctx, 4));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, stash);
+  add(ctx, m, tr_conv2d_new(ctx, 4, 4, 3, 1, 1, false));
+  add(ctx, m, tr_batchnorm_new(ctx, 4));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_conv2d_new(ctx, 4, 4, 3, 1, 1, true));
+  add(ctx, m, pop);
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, 2));
+  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
+  add(ctx, m, tr_linear_new(ctx, 4 * 4 * 4, 5, true));
+  return m;
+}
+
+static tr_module *pop_first_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx), *stash, *pop;
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+  add(ctx, m, tr_linear_new(ctx, 20, 5, true));
+  add(ctx, m, pop);
+  add(ctx, m, stash);
+  add(ctx, m, tr_linear_new(ctx, 5, 5, true));
+  return m;
+}
+
 static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   switch (kind) {
   case MODEL_MLP: return mlp_new(ctx, false);
@@ -94,11 +148,16 @@ static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   case MODEL_CNN_BN1: return cnn_new(ctx, 1);
   case MODEL_DEEP: return deep_new(ctx);
   case MODEL_WIDE: return wide_new(ctx);
+  case MODEL_RES_MLP: return res_mlp_new(ctx);
+  case MODEL_RES_CNN: return res_cnn_new(ctx);
+  case MODEL_POP_FIRST: return pop_first_new(ctx);
   }
   return NULL;
 }
 
-static bool is_cnn(model_kind kind) { return kind == MODEL_CNN_BN || kind == MODEL_CNN_BN1; }
+static bool is_cnn(model_kind kind) {
+  return kind == MODEL_CNN_BN || kind == MODEL_CNN_BN1 || kind == MODEL_RES_CNN;
+}
 
 /* The mini-batch of a step and its labels. */
 static tr_tensor *batch_new(model_kind kind, int step, int64_t batch, int32_t *labels) {
@@ -374,6 +433,29 @@ static void cnn_with_deferred_batch_norm_trains_like_single_rank(void **state) {
 
 /* Uneven explicit balances, a stage of one parameterless ReLU among them, train the same
  * model as the even split does. */
+/* Skip connections (tr_skip_new) across stages: the kept tensor travels from the stash's
+ * stage to the pop's, its gradient back, through every checkpoint mode's recomputation. */
+static void residual_mlp_with_skips_across_stages_trains_like_single_rank(void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_RES_MLP, false);
+}
+
+static void residual_cnn_with_skips_across_stages_trains_like_single_rank(void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_RES_CNN, false);
+  assert_matches_single_rank_everywhere(MODEL_RES_CNN, true);
+}
+
+/* A skip whose pop no earlier child stashes cannot be carried, and is refused. */
+static void a_pop_before_its_stash_is_refused(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_POP_FIRST, 2, TR_PIPE_CKPT_NEVER);
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(2, TIMEOUT_S, train_stage, &run, &err), NAS_ERR);
+  if (!strstr(err.msg, "child 1 pops a skip connection that no earlier child")) print_error("%s\n", err.msg);
+  assert_non_null(strstr(err.msg, "child 1 pops a skip connection that no earlier child"));
+}
+
 static void explicit_balance_trains_like_single_rank(void **state) {
   (void)state;
   static const struct {
@@ -550,6 +632,36 @@ static void balance_by_size_and_by_time_isolate_the_heavy_layer(void **state) {
   tr_module_free(m);
 }
 
+/* A wide input (4096 features, 256 KiB a batch of 16) kept by a stash over a narrow block
+ * and concatenated back before the last layer. Counting the tensor the pop's stage
+ * receives doubles the pop's cost (its output and the carried input), and the best cut
+ * into 3 stages leaves the last layer alone: {4, 2, 1} (by output and parameter bytes
+ * alone it would be {1, 4, 2}). By time, the pop's repeats each find the kept tensor. */
+static void balance_counts_the_tensor_a_skip_carries(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_module *m = tr_sequential_new(&ctx), *stash, *pop;
+  assert_int_equal(tr_skip_new(&ctx, TR_SKIP_CONCAT, &stash, &pop), NAS_OK);
+  add(&ctx, m, stash);
+  add(&ctx, m, tr_linear_new(&ctx, 4096, 8, true));
+  add(&ctx, m, tr_activation_new(&ctx, TR_RELU));
+  add(&ctx, m, tr_linear_new(&ctx, 8, 8, true));
+  add(&ctx, m, tr_linear_new(&ctx, 8, 8, true));
+  add(&ctx, m, pop);
+  add(&ctx, m, tr_linear_new(&ctx, 4096 + 8, 2, true));
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, (int64_t[]){16, 4096}, 1.0);
+  int got[TR_PIPE_MAX_STAGES];
+  assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 3, got), NAS_OK);
+  assert_int_equal(got[0], 4);
+  assert_int_equal(got[1], 2);
+  assert_int_equal(got[2], 1);
+  assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 3, 2, got), NAS_OK);
+  assert_int_equal(got[0] + got[1] + got[2], 7);
+  tr_release(x);
+  tr_module_free(m);
+}
+
 /* Balancing runs the model forward (and backward, by time): it leaves no gradient behind
  * and batch norm's running statistics as they were. */
 static void balancing_leaves_the_model_as_it_was(void **state) {
@@ -630,10 +742,13 @@ static void a_stage_that_stalls_fails_every_stage_with_one_message(void **state)
 
 /* ---------------------------------------------------------------- process stages */
 
+/* The MLP, and the residual one whose skips the processes carry too. */
 static void process_stages_train_like_single_rank_in_every_checkpoint_mode(void **state) {
   (void)state;
-  for (int chunks = 1; chunks <= 4; chunks *= 4) {
-    run_spec base = run_defaults(MODEL_MLP, chunks, TR_PIPE_CKPT_NEVER);
+  for (int run_no = 0; run_no < 4; run_no++) {
+    int chunks = run_no % 2 ? 4 : 1;
+    run_spec base = run_defaults(run_no < 2 ? MODEL_MLP : MODEL_RES_MLP, chunks,
+                                 TR_PIPE_CKPT_NEVER);
     int64_t n_want;
     float *want = reference_train(&base, 1, true, &n_want);
     for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
@@ -645,8 +760,8 @@ static void process_stages_train_like_single_rank_in_every_checkpoint_mode(void 
         if (rc) print_error("%s\n", err.msg);
         assert_int_equal(rc, NAS_OK);
         char what[160];
-        snprintf(what, sizeof what, "processes: %d stages, %d chunks, checkpoint %s", stages,
-                 chunks, ckpt_names[ckpt]);
+        snprintf(what, sizeof what, "processes: model %d, %d stages, %d chunks, checkpoint %s",
+                 (int)base.model, stages, chunks, ckpt_names[ckpt]);
         assert_int_equal(run.n_state, n_want);
         assert_close(run.state, want, n_want, 1e-5, what);
         for (int s = 1; s < stages; s++) assert_true(run.loss[s] == run.loss[0]);
@@ -736,12 +851,16 @@ int main(void) {
       cmocka_unit_test(mlp_trains_like_single_rank_for_every_stages_chunks_and_checkpoint),
       cmocka_unit_test(cnn_with_batch_norm_trains_like_single_rank_on_the_same_micro_batches),
       cmocka_unit_test(cnn_with_deferred_batch_norm_trains_like_single_rank),
+      cmocka_unit_test(residual_mlp_with_skips_across_stages_trains_like_single_rank),
+      cmocka_unit_test(residual_cnn_with_skips_across_stages_trains_like_single_rank),
+      cmocka_unit_test(a_pop_before_its_stash_is_refused),
       cmocka_unit_test(explicit_balance_trains_like_single_rank),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
       cmocka_unit_test(balance_by_costs_minimises_the_largest_stage),
       cmocka_unit_test(balance_by_size_and_by_time_isolate_the_heavy_layer),
+      cmocka_unit_test(balance_counts_the_tensor_a_skip_carries),
       cmocka_unit_test(balancing_leaves_the_model_as_it_was),
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),

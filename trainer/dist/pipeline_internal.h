@@ -50,6 +50,34 @@ struct tr_pipe_world {
 /* The message of a wait that timed out, the same on every transport. */
 void pw_stalled_message(nas_err *out, int stage, double timeout_s, const char *what);
 
+/* ---------------------------------------------------------------- skip connections */
+
+typedef struct pipe_skips pipe_skips; /* one stage's skips that cross stages */
+
+/* The skips of children (n_children, cut by balance into stages) that cross stages, as
+ * stage sees them, for micro-batches of chunks; NULL with ctx->err set when a pop has no
+ * earlier stash. */
+pipe_skips *pipe_skips_new(tr_ctx *ctx, tr_module *const *children, int n_children,
+                           const int *balance, int stages, int stage, int chunks);
+void pipe_skips_free(pipe_skips *sk);
+/* The pop's stage, forward of micro-batch i: receives the tensors of the skips it pops
+ * from their stash stages (kept as leaves that require grad). */
+int pipe_skips_recv(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
+/* Before each run of micro-batch i: the received tensors into this copy's pop slots. */
+void pipe_skips_load(pipe_skips *sk, int i);
+/* After each run of micro-batch i on the stash's stage: takes the kept tensors out of the
+ * slots, sends them to the pops' stages when send, holds them for the backward when keep. */
+int pipe_skips_take(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i, bool send,
+                    bool keep);
+/* The stash's stage, backward of micro-batch i before the stage output's: receives each
+ * kept tensor's gradient and runs back from it (keeping the graph). */
+int pipe_skips_backward(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
+/* The pop's stage, after the backward of micro-batch i: each received leaf's gradient back
+ * to its stash's stage. */
+int pipe_skips_send_grads(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
+/* Drops what micro-batch i holds. */
+void pipe_skips_clear(pipe_skips *sk, int i);
+
 /* ---------------------------------------------------------------- buffers */
 
 /* saved[i] = a copy of state's item i when it is a buffer (does not require grad); saved
