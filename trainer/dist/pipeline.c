@@ -86,12 +86,18 @@ static int check_config(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
   return NAS_OK;
 }
 
+/* The stage's parameters and buffers, which must be on the CPU: stages on CUDA devices
+ * (the issue's NCCL transport) are not built. */
 static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
   int rc = NAS_OK;
   for (int k = p->first; k < p->first + p->count && rc == NAS_OK; k++) {
     rc = tr_module_parameters(p->children[k], false, &p->params, &ctx->err);
     if (rc == NAS_OK) rc = tr_module_parameters(p->children[k], true, &p->state, &ctx->err);
   }
+  for (size_t i = 0; i < p->state.n && rc == NAS_OK; i++)
+    if (tn_on_cuda(p->state.items[i]))
+      rc = nas_errf(&ctx->err, "pipeline stage %d: %s is on a CUDA device; stages run on the "
+                    "CPU (stages on CUDA devices are not built)", p->stage, p->state.names[i]);
   return rc;
 }
 
