@@ -1,15 +1,17 @@
-/* Pipeline parallelism on thread ranks (trainer/pipeline.h): training through 1, 2 or 4
- * stages with 1, 2, 4 or 8 micro-batches in every checkpoint mode gives the parameters of
- * single-rank training; checkpointing with dropout changes no bit; deferred batch norm
- * moves the running statistics by the whole mini-batch; balancing finds the known best
- * cuts; a stage that fails or stalls fails every stage with one message; configurations
- * that do not fit the model are refused.
+/* Pipeline parallelism (trainer/pipeline.h) on thread stages and on process stages over
+ * shared memory: training through 1, 2 or 4 stages with 1, 2, 4 or 8 micro-batches in
+ * every checkpoint mode gives the parameters of single-rank training, also for residual
+ * models whose skip connections cross stages; checkpointing with dropout changes no bit;
+ * deferred batch norm moves the running statistics by the whole mini-batch; balancing
+ * finds the known best cuts and counts the tensors skips carry; a stage that fails,
+ * stalls or (a process) dies fails every stage with one message; configurations that do
+ * not fit the model are refused.
  *
  * Batch norm normalises each micro-batch by its own statistics (GPipe's semantics), so a
  * model with batch norm is compared with a single-rank reference that runs the same
  * micro-batches one after another and adds their loss-weighted gradients; a model without
- * with plain training on the whole mini-batch. The engine has no residual module yet, so
- * the CNN is a plain one. cmocka's asserts run on the main thread: stages return errors. */
+ * with plain training on the whole mini-batch. cmocka's asserts run on the main thread (or
+ * the test process, which plays stage 0 of process stages): stages return errors. */
 #include "tests/testutil.h"
 #include "tests/trainer_compare.h"
 
