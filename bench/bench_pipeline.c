@@ -15,7 +15,12 @@
  * rank's), the three tensors at the stage's edges (its input, the output's gradient
  * received and the input's gradient sent) and one layer's gradient, which a micro-batch's
  * backward makes before adding it to the accumulated one. The model is narrow and the
- * batch large, so activations dominate. OpenBLAS and OpenMP run one thread per stage. */
+ * batch large, so activations dominate. OpenBLAS and OpenMP run one thread per stage.
+ *
+ * Then the residual rows: 256 -> Linear 256, ReLU -> 4 x (stash, Linear 256, ReLU,
+ * Linear 256, pop add, ReLU) -> Linear 10 (27 children, split evenly by count, so skips
+ * cross stages and the pipeline carries them), one rank and 2 and 4 stages with 8
+ * micro-batches checkpointed `always`, against the same target. */
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
@@ -32,9 +37,11 @@
 #define WARMUP 2
 #define STEPS 10
 #define MAX_STAGES 4
+#define RES_BLOCKS 4
 
 typedef struct {
   int stages;
+  bool residual;            /* the residual MLP instead of the deep one */
   tr_pipe_config pipe;      /* pipeline runs */
   tr_fsdp_config fsdp;      /* FSDP runs */
   double seconds[STEPS];    /* stage (rank) 0's steps */
@@ -54,6 +61,36 @@ static tr_module *deep_mlp_new(tr_ctx *ctx) {
   return m;
 }
 
+static int add_all(tr_ctx *ctx, tr_module *m, tr_module *const *children, int n) {
+  int rc = NAS_OK;
+  for (int i = 0; i < n; i++)
+    if (rc == NAS_OK) rc = tr_sequential_add(ctx, m, children[i]);
+    else tr_module_free(children[i]);
+  return rc;
+}
+
+/* The residual MLP of the file's comment. */
+static tr_module *residual_mlp_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  tr_module *stem[] = {tr_linear_new(ctx, WIDTH, WIDTH, true), tr_activation_new(ctx, TR_RELU)};
+  int rc = m ? add_all(ctx, m, stem, 2) : NAS_ERR;
+  for (int b = 0; b < RES_BLOCKS && rc == NAS_OK; b++) {
+    tr_module *stash, *pop;
+    if (tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop)) {
+      rc = NAS_ERR;
+      break;
+    }
+    tr_module *block[] = {stash, tr_linear_new(ctx, WIDTH, WIDTH, true),
+                          tr_activation_new(ctx, TR_RELU), tr_linear_new(ctx, WIDTH, WIDTH, true),
+                          pop, tr_activation_new(ctx, TR_RELU)};
+    rc = add_all(ctx, m, block, 6);
+  }
+  if (rc == NAS_OK) rc = tr_sequential_add(ctx, m, tr_linear_new(ctx, WIDTH, 10, true));
+  if (rc == NAS_OK) return m;
+  tr_module_free(m);
+  return NULL;
+}
+
 static const tr_optim_config sgd = {.kind = TR_SGD, .lr = 0.01, .momentum = 0.9};
 
 /* What a stage or rank holds: the model and data from malloc, the rest from its allocator. */
@@ -65,9 +102,9 @@ typedef struct {
   tr_optim *opt;
 } member;
 
-static int member_setup(member *b, int64_t examples) {
+static int member_setup(member *b, int64_t examples, bool residual) {
   tr_ctx_init(&b->ctx, 1);
-  b->model = deep_mlp_new(&b->ctx);
+  b->model = residual ? residual_mlp_new(&b->ctx) : deep_mlp_new(&b->ctx);
   b->x = tr_randn(&b->ctx, TR_F32, 2, (int64_t[]){examples, WIDTH}, 1.0);
   for (int64_t i = 0; i < examples; i++) b->labels[i] = (int32_t)(tr_rand_u64(&b->ctx) % 10);
   b->ctx.alloc = tr_allocator_new((size_t)512 << 20);
@@ -106,7 +143,7 @@ static int bench_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   bench_run *run = arg;
   member b = {0};
   tr_pipe *p = NULL;
-  int rc = member_setup(&b, BATCH);
+  int rc = member_setup(&b, BATCH, run->residual);
   if (rc == NAS_OK && !(p = tr_pipe_new(&b.ctx, b.model, rank, &run->pipe))) rc = NAS_ERR;
   if (rc == NAS_OK && !(b.opt = tr_pipe_optim_new(&b.ctx, p, &sgd))) rc = NAS_ERR;
   for (int i = 0; i < WARMUP && rc == NAS_OK; i++) rc = pipe_step(&b, p, rank->stage);
@@ -139,7 +176,7 @@ static int bench_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
   bench_run *run = arg;
   member b = {0};
   tr_fsdp *f = NULL;
-  int rc = member_setup(&b, BATCH / rank->world);
+  int rc = member_setup(&b, BATCH / rank->world, false);
   if (rc == NAS_OK &&
       !(f = tr_fsdp_new(&b.ctx, b.model, rank->comm, rank->prefetch_comm, &run->fsdp)))
     rc = NAS_ERR;
@@ -201,8 +238,10 @@ static void print_row(const char *kind, int members, const char *mode, bench_run
          step_s * 1e3, BATCH / step_s, peaks, mib(act), target);
 }
 
-static int run_pipeline(int stages, int chunks, tr_pipe_checkpoint ckpt, bench_run *run) {
-  *run = (bench_run){.stages = stages, .pipe = {.chunks = chunks, .checkpoint = ckpt}};
+static int run_pipeline(int stages, int chunks, tr_pipe_checkpoint ckpt, bool residual,
+                        bench_run *run) {
+  *run = (bench_run){.stages = stages, .residual = residual,
+                     .pipe = {.chunks = chunks, .checkpoint = ckpt}};
   nas_err err = {{0}};
   if (tr_pipe_run_threads(stages, 600.0, bench_stage, run, &err) == NAS_OK) return NAS_OK;
   fprintf(stderr, "bench_pipeline: %d stages, %d chunks, %s: %s\n", stages, chunks,
@@ -220,7 +259,7 @@ int main(void) {
          "per stage | activations MiB (largest) | `always` target MiB |\n"
          "|---|---|---|---|---|---|---|---|\n");
   bench_run base;
-  if (run_pipeline(1, 1, TR_PIPE_CKPT_NEVER, &base)) return 1;
+  if (run_pipeline(1, 1, TR_PIPE_CKPT_NEVER, false, &base)) return 1;
   size_t single_act = largest_activation(&base, 1);
   print_row("one rank", 1, "1, never", &base, 0, 0);
   static const int chunk_counts[] = {1, 4, 8};
@@ -229,13 +268,21 @@ int main(void) {
       for (int ckpt = 0; ckpt < 3; ckpt++) {
         bench_run run;
         int chunks = chunk_counts[c];
-        if (run_pipeline(stages, chunks, (tr_pipe_checkpoint)ckpt, &run)) return 1;
+        if (run_pipeline(stages, chunks, (tr_pipe_checkpoint)ckpt, false, &run)) return 1;
         char mode[48];
         snprintf(mode, sizeof mode, "%d, %s", chunks, ckpt_names[ckpt]);
         print_row("pipeline", stages, mode, &run, ckpt == TR_PIPE_CKPT_ALWAYS ? single_act : 0,
                   chunks);
       }
     }
+  }
+  if (run_pipeline(1, 1, TR_PIPE_CKPT_NEVER, true, &base)) return 1;
+  single_act = largest_activation(&base, 1);
+  print_row("residual, one rank", 1, "1, never", &base, 0, 0);
+  for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
+    bench_run run;
+    if (run_pipeline(stages, 8, TR_PIPE_CKPT_ALWAYS, true, &run)) return 1;
+    print_row("residual pipeline", stages, "8, always", &run, single_act, 8);
   }
   for (int world = 2; world <= MAX_STAGES; world *= 2) {
     for (int ckpt = 0; ckpt < 2; ckpt++) {

@@ -79,7 +79,8 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
   if (cfg->device.kind != TR_CPU)
-    return nas_errf(err, "a pipeline runs its stages as CPU threads; use device: cpu");
+    return nas_errf(err, "a pipeline runs its stages on the CPU (stages on CUDA devices are "
+                    "not built); use device: cpu");
   stage_run r = {ctx, tr_pipe_new(ctx, m, rank, pipe), NULL, rank->stage == 0};
   if (!r.pipe) return nas_errf(err, "cutting the model into stages: %s", ctx->err.msg);
   r.opt = tr_pipe_optim_new(ctx, r.pipe, &cfg->optim);

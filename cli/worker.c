@@ -57,6 +57,7 @@ typedef struct {
   double started;     /* monotonic seconds when training started */
   tr_comm *comm;      /* owned: this process's rank when launched as one of several (srun
                          tasks); NULL otherwise */
+  char comm_name[TR_COMM_NAME_MAX]; /* comm's group name: a pipeline names its segment so */
   tr_cuda *cuda;      /* owned: the device with device: cuda; NULL on the CPU */
   uint64_t seed;      /* of the trial's generators */
   double accuracy;    /* validation accuracy after the last epoch (rank 0's) */
@@ -219,10 +220,14 @@ static int join_ranks(worker *w, const char *run_dir, int *local_rank, nas_err *
   tr_comm_options opts = {.backend = w->plan.device == TR_CUDA ? TR_COMM_NCCL : TR_COMM_PROCESSES,
                           .run_dir = w->plan.device == TR_CUDA ? run_dir : NULL};
   if (tr_comm_env(&opts, err) != NAS_OK) return NAS_ERR;
-  if (opts.world != w->plan.devices)
-    return nas_errf(err, "the trial has devices: %d but runs as %d ranks (srun tasks): make "
-                    "the runner's ntasks equal to devices", w->plan.devices, opts.world);
+  bool pipeline = w->plan.pipeline_stages > 1;
+  int ranks = pipeline ? w->plan.pipeline_stages : w->plan.devices;
+  if (opts.world != ranks)
+    return nas_errf(err, "the trial has %s: %d but runs as %d ranks (srun tasks): make the "
+                    "runner's ntasks equal to %s", pipeline ? "pipeline stages" : "devices",
+                    ranks, opts.world, pipeline ? "the stages" : "devices");
   *local_rank = opts.local_rank;
+  snprintf(w->comm_name, sizeof w->comm_name, "%s", opts.name);
   return tr_comm_join(&opts, &w->comm, err);
 }
 
@@ -381,15 +386,43 @@ static int worker_pipeline(worker *w, nas_err *err) {
   return tr_pipe_run_threads(w->plan.pipeline_stages, TR_COMM_TIMEOUT_S, pipeline_stage, w, err);
 }
 
+/* One stage as this process (an srun task): each process trains its own copy of the
+ * model, which on stage 0 ends up whole. */
+static int process_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  worker *w = arg;
+  return tr_fit_pipeline_stage(&w->ctx, w->model.module, rank, &w->plan.pipe,
+                               &w->data.all.train, &w->data.val, &w->plan.fit,
+                               rank->stage == 0 ? &w->accuracy : NULL, err);
+}
+
+/* This process as one stage of the pipeline its launcher's tasks form: stage 0's balance
+ * (a measured time differs from process to process) goes to every stage first. */
+static int process_pipeline(worker *w, nas_err *err) {
+  int stages = w->plan.pipeline_stages;
+  double balance[TR_PIPE_MAX_STAGES] = {0};
+  int rc = NAS_OK;
+  if (tr_comm_rank(w->comm) == 0) {
+    rc = tr_fit_pipeline_balance(&w->ctx, w->model.module, w->plan.pipe_balance,
+                                 &w->data.all.train, w->plan.fit.batch_size, stages,
+                                 &w->plan.pipe, err);
+    for (int s = 0; s < stages; s++) balance[s] = w->plan.pipe.balance[s];
+  }
+  /* stage 0 comes to the broadcast even when balancing failed, so no stage waits for it */
+  balance[0] = rc == NAS_OK ? balance[0] : -1;
+  if (tr_comm_broadcast(w->comm, TR_F64, balance, stages, 0, err) != NAS_OK) return NAS_ERR;
+  if (rc != NAS_OK) return rc;
+  if (balance[0] < 0) return nas_errf(err, "pipeline stage 0 could not balance the stages");
+  for (int s = 0; s < stages; s++) w->plan.pipe.balance[s] = (int)balance[s];
+  return tr_pipe_run_group(w->comm, w->comm_name, TR_COMM_TIMEOUT_S, process_stage, w, err);
+}
+
 static int worker_train(worker *w, double *seconds, nas_err *err) {
   w->plan.fit.on_epoch = on_epoch;
   w->plan.fit.on_step = on_step;
   w->plan.fit.arg = w;
   w->started = w->last_beat = nas_monotonic();
   int rc;
-  if (w->comm && w->plan.pipeline_stages > 1)
-    rc = nas_errf(err, "pipeline_stages: %d runs its stages as threads of one process, not as "
-                  "srun tasks (ntasks 1)", w->plan.pipeline_stages);
+  if (w->comm && w->plan.pipeline_stages > 1) rc = process_pipeline(w, err);
   else if (w->comm) rc = process_rank(w, err);
   else if (w->plan.devices > 1) rc = tr_fsdp_run_threads(w->plan.devices, thread_rank, w, err);
   else if (w->plan.pipeline_stages > 1)

@@ -570,11 +570,14 @@ static void worker_fails_a_trial_whose_dataset_is_gone_with_the_reason(void **st
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
 /* The plan of a trial whose search picked params (JSON) in a spec that searches devices
  * and pipeline stages: worker_plan_read's verdict, its message in err. */
-static int plan_for(const char *params, worker_plan *plan, nas_err *err) {
-  const char *yaml = "name: t\nparameters:\n  devices: {type: int, low: 1, high: 2}\n"
-                     "  pipeline_stages: {type: int, low: 1, high: 2}\n"
-                     "objectives:\n  - {name: accuracy, goal: maximize}\n"
-                     "trial:\n  builtin: {model: mlp, dataset: digits}\nbudget: {trials: 1}\n";
+static int plan_on(const char *device, const char *params, worker_plan *plan, nas_err *err) {
+  char yaml[512];
+  snprintf(yaml, sizeof yaml,
+           "name: t\nparameters:\n  devices: {type: int, low: 1, high: 2}\n"
+           "  pipeline_stages: {type: int, low: 1, high: 2}\n"
+           "objectives:\n  - {name: accuracy, goal: maximize}\n"
+           "trial:\n  builtin: {model: mlp, dataset: digits, device: %s}\nbudget: {trials: 1}\n",
+           device);
   spec *s = NULL;
   assert_int_equal(spec_parse(yaml, "t.yaml", "/tmp", &s, err), NAS_OK);
   json_t *picked = json_loads(params, 0, NULL), *settings = NULL;
@@ -584,6 +587,21 @@ static int plan_for(const char *params, worker_plan *plan, nas_err *err) {
   json_decref(picked);
   spec_free(s);
   return rc;
+}
+
+static int plan_for(const char *params, worker_plan *plan, nas_err *err) {
+  return plan_on("cpu", params, plan, err);
+}
+
+/* Pipeline stages run on the CPU; a trial that draws a pipeline on device: cuda is refused
+ * with what to do (stages on CUDA devices are not built). */
+static void a_pipeline_on_cuda_is_refused_with_what_to_do(void **state) {
+  (void)state;
+  worker_plan plan;
+  nas_err err = {{0}};
+  assert_int_equal(plan_on("cuda", "{\"devices\": 1, \"pipeline_stages\": 2}", &plan, &err),
+                   NAS_ERR);
+  assert_non_null(strstr(err.msg, "stages on CUDA devices are not built: use device: cpu"));
 }
 
 /* A spec may search devices and pipeline stages; a trial that draws both > 1 is refused
@@ -656,6 +674,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(mlp_counts_match_hand_counts),
       cmocka_unit_test(a_trial_drawing_both_devices_and_a_pipeline_is_refused),
+      cmocka_unit_test(a_pipeline_on_cuda_is_refused_with_what_to_do),
       cmocka_unit_test(cnn_counts_match_hand_counts),
       cmocka_unit_test(built_models_run_forward),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),

@@ -836,23 +836,24 @@ static void experiment_runs_through_slurm_as_job_arrays(void **state) {
   free(out);
 }
 
-/* A built-in trial with devices: 2 run as two srun tasks: the tasks form one group by
- * themselves (SLURM_PROCID, SLURM_NTASKS), train one model together, and rank 0 alone
- * stores the metrics. */
-static void builtin_trial_trains_across_two_srun_tasks(void **state) {
-  fixture *f = cluster_fixture(state);
-  char *out = experiment_run(
-      f, "ranks",
-      "name: ranks\n"
-      "objectives: [{name: accuracy, goal: maximize}]\n"
-      "parameters: {lr: {type: float, low: 0.003, high: 0.03, log: true}}\n"
-      "trial:\n"
-      "  builtin: {model: mlp, dataset: digits, epochs: 2, batch_size: 32, width: 32,\n"
-      "            limit_train: 512, devices: 2}\n"
-      "budget: {trials: 1}\n"
-      "optimizer: {type: random}\n"
-      "runner: {type: slurm, ntasks: 2, srun: true, poll_interval: 0.2}\n",
-      "json");
+/* Runs experiment `name` of one built-in trial (builtin: its mapping's settings) as two
+ * srun tasks; asserts it completed with a fair accuracy, and that one task alone (rank or
+ * stage 0) reported the last epoch. */
+static void assert_two_tasks_train_one_trial(fixture *f, const char *name,
+                                             const char *builtin) {
+  char *yaml = NULL;
+  assert_true(asprintf(&yaml,
+                       "name: %s\n"
+                       "objectives: [{name: accuracy, goal: maximize}]\n"
+                       "parameters: {lr: {type: float, low: 0.003, high: 0.03, log: true}}\n"
+                       "trial:\n"
+                       "  builtin: {model: mlp, dataset: digits, epochs: 2, batch_size: 32,\n"
+                       "            width: 32, limit_train: 512, %s}\n"
+                       "budget: {trials: 1}\n"
+                       "optimizer: {type: random}\n"
+                       "runner: {type: slurm, ntasks: 2, srun: true, poll_interval: 0.2}\n",
+                       name, builtin) > 0);
+  char *out = experiment_run(f, name, yaml, "json");
   json_t *rows = json_loads(out, 0, NULL);
   assert_non_null(rows);
   json_t *trial = json_array_get(rows, 0);
@@ -860,13 +861,27 @@ static void builtin_trial_trains_across_two_srun_tasks(void **state) {
     fail_msg("trial: %s", out);
   assert_true(json_number_value(json_object_get(trial, "accuracy")) > 0.5);
   char *log = NULL;
-  assert_true(asprintf(&log, "%s/runs/ranks/0", f->dir) > 0);
+  assert_true(asprintf(&log, "%s/runs/%s/0", f->dir, name) > 0);
   char *text = file_text(log, "stdout.log");
-  char *first = strstr(text, "epoch 2/2"); /* rank 0 alone reports */
+  char *first = strstr(text, "epoch 2/2"); /* one task alone reports */
   assert_non_null(first);
   assert_null(strstr(first + 1, "epoch 2/2"));
   json_decref(rows);
-  free(text), free(log), free(out);
+  free(text), free(log), free(out), free(yaml);
+}
+
+/* A built-in trial with devices: 2 run as two srun tasks: the tasks form one group by
+ * themselves (SLURM_PROCID, SLURM_NTASKS), train one model together, and rank 0 alone
+ * stores the metrics. */
+static void builtin_trial_trains_across_two_srun_tasks(void **state) {
+  assert_two_tasks_train_one_trial(cluster_fixture(state), "ranks", "devices: 2");
+}
+
+/* A built-in trial with pipeline: {stages: 2} run as two srun tasks: each task is a stage,
+ * the stages meet over shared memory, and stage 0 alone stores the metrics. */
+static void builtin_pipeline_trial_runs_its_stages_as_srun_tasks(void **state) {
+  assert_two_tasks_train_one_trial(cluster_fixture(state), "stages",
+                                   "pipeline: {stages: 2, chunks: 4, balance: time}");
 }
 
 static void batch_without_array_starts_one_job_each(void **state) {
@@ -1192,6 +1207,7 @@ int main(void) {
       T(environment_and_setup_reach_the_job_in_order),
       T(srun_runs_the_command_once_per_task),
       T(builtin_trial_trains_across_two_srun_tasks),
+      T(builtin_pipeline_trial_runs_its_stages_as_srun_tasks),
     T(job_array_runs_each_trial_in_its_own_run_dir),
       T(batch_without_array_starts_one_job_each),
       T(each_poll_asks_slurm_at_most_once_for_all_jobs),

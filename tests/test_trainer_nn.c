@@ -257,6 +257,47 @@ static void corrupt_truncated_or_mismatched_weights_are_rejected(void **state) {
 
 /* ---------------------------------------------------------------- flat buffers */
 
+/* Sequential(stash, tanh, pop): the pop adds what the stash kept (y = tanh x + x, dy/dx =
+ * 1 - tanh^2 x + 1) or concatenates it after its input along dim 1; a pop whose stash has
+ * not run fails with a message. */
+static void skip_pop_adds_or_concatenates_what_its_stash_kept(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  for (int merge = TR_SKIP_ADD; merge <= TR_SKIP_CONCAT; merge++) {
+    tr_module *m = tr_sequential_new(&ctx), *stash, *pop;
+    assert_int_equal(tr_skip_new(&ctx, (tr_skip_merge)merge, &stash, &pop), NAS_OK);
+    assert_int_equal(tr_sequential_add(&ctx, m, stash), NAS_OK);
+    assert_int_equal(tr_sequential_add(&ctx, m, tr_activation_new(&ctx, TR_TANH)), NAS_OK);
+    assert_int_equal(tr_sequential_add(&ctx, m, pop), NAS_OK);
+    tr_tensor *x = tr_from_data(&ctx, TR_F64, 2, SHAPE(1, 2), (double[]){0.5, -1.0});
+    tr_set_requires_grad(x, true);
+    tr_tensor *y = tr_module_forward(&ctx, m, x);
+    assert_non_null(y);
+    const double *v = tr_f64(y);
+    if (merge == TR_SKIP_ADD) {
+      assert_int_equal(y->shape[1], 2);
+      NEAR(v[0], tanh(0.5) + 0.5);
+      NEAR(v[1], tanh(-1.0) - 1.0);
+      tr_tensor *ones = tr_full(&ctx, TR_F64, 2, SHAPE(1, 2), 1.0);
+      assert_int_equal(tr_backward(&ctx, y, ones, false), NAS_OK);
+      NEAR(tr_f64(x->grad)[0], 2 - tanh(0.5) * tanh(0.5));
+      NEAR(tr_f64(x->grad)[1], 2 - tanh(-1.0) * tanh(-1.0));
+      tr_release(ones);
+    } else {
+      assert_int_equal(y->shape[1], 4);
+      NEAR(v[0], tanh(0.5));
+      NEAR(v[3], -1.0);
+    }
+    tr_release(y);
+    /* the pop took what was kept: alone it has nothing */
+    assert_null(tr_module_forward(&ctx, pop, x));
+    assert_non_null(strstr(ctx.err.msg, "pop ran before its stash"));
+    tr_release(x);
+    tr_module_free(m);
+  }
+}
+
 static void flattened_parameters_live_in_one_buffer_and_still_train(void **state) {
   (void)state;
   tr_ctx ctx;
@@ -313,6 +354,7 @@ int main(void) {
       cmocka_unit_test(batchnorm_moves_running_statistics_only_in_training),
       cmocka_unit_test(save_then_load_restores_weights_and_running_statistics),
       cmocka_unit_test(corrupt_truncated_or_mismatched_weights_are_rejected),
+      cmocka_unit_test(skip_pop_adds_or_concatenates_what_its_stash_kept),
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

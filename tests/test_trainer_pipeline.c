@@ -1,19 +1,23 @@
-/* Pipeline parallelism on thread ranks (trainer/pipeline.h): training through 1, 2 or 4
- * stages with 1, 2, 4 or 8 micro-batches in every checkpoint mode gives the parameters of
- * single-rank training; checkpointing with dropout changes no bit; deferred batch norm
- * moves the running statistics by the whole mini-batch; balancing finds the known best
- * cuts; a stage that fails or stalls fails every stage with one message; configurations
- * that do not fit the model are refused.
+/* Pipeline parallelism (trainer/pipeline.h) on thread stages and on process stages over
+ * shared memory: training through 1, 2 or 4 stages with 1, 2, 4 or 8 micro-batches in
+ * every checkpoint mode gives the parameters of single-rank training, also for residual
+ * models whose skip connections cross stages; checkpointing with dropout changes no bit;
+ * deferred batch norm moves the running statistics by the whole mini-batch; balancing
+ * finds the known best cuts and counts the tensors skips carry; a stage that fails,
+ * stalls or (a process) dies fails every stage with one message; configurations that do
+ * not fit the model are refused.
  *
  * Batch norm normalises each micro-batch by its own statistics (GPipe's semantics), so a
  * model with batch norm is compared with a single-rank reference that runs the same
  * micro-batches one after another and adds their loss-weighted gradients; a model without
- * with plain training on the whole mini-batch. The engine has no residual module yet, so
- * the CNN is a plain one. cmocka's asserts run on the main thread: stages return errors. */
+ * with plain training on the whole mini-batch. cmocka's asserts run on the main thread (or
+ * the test process, which plays stage 0 of process stages): stages return errors. */
 #include "tests/testutil.h"
 #include "tests/trainer_compare.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <sys/mman.h>
 
 #include "trainer/pipeline.h"
 #include "trainer/trainer.h"
@@ -29,6 +33,10 @@ typedef enum {
   MODEL_CNN_BN,      /* conv, bn, relu, pool, conv, bn, relu, pool, flatten, linear */
   MODEL_CNN_BN1,     /* conv, bn, relu, pool, flatten, linear: one batch norm */
   MODEL_DEEP,        /* 20 -> 8 x (Linear 64, ReLU) -> 5: 17 children */
+  MODEL_WIDE,        /* 20-4096-5, ReLU: activations of 16 KiB an example */
+  MODEL_RES_MLP,     /* an MLP with a residual add and a concatenating skip: 13 children */
+  MODEL_RES_CNN,     /* a CNN with batch norm and a residual block: 13 children */
+  MODEL_POP_FIRST,   /* Linear, a skip's pop, then its stash, Linear: not a model */
 } model_kind;
 
 /* ---------------------------------------------------------------- models and data */
@@ -75,6 +83,65 @@ static tr_module *deep_new(tr_ctx *ctx) {
   return m;
 }
 
+static tr_module *wide_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_linear_new(ctx, 20, 4096, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 4096, 5, true));
+  return m;
+}
+
+/* Both skips cross stages however 2 or 4 stages cut the 13 children evenly (4 stages:
+ * the first from stage 0 to stage 2, the second from 2 to 3). */
+static tr_module *res_mlp_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx), *stash, *pop, *stash2, *pop2;
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_CONCAT, &stash2, &pop2), NAS_OK);
+  add(ctx, m, tr_linear_new(ctx, 20, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, stash);
+  add(ctx, m, tr_linear_new(ctx, 32, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 32, 32, true));
+  add(ctx, m, pop); /* x + the block's input */
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, stash2);
+  add(ctx, m, tr_linear_new(ctx, 32, 32, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, pop2); /* [x, the block's input]: 64 features */
+  add(ctx, m, tr_linear_new(ctx, 64, 5, true));
+  return m;
+}
+
+static tr_module *res_cnn_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx), *stash, *pop;
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+  add(ctx, m, tr_conv2d_new(ctx, 1, 4, 3, 1, 1, false));
+  add(ctx, m, tr_batchnorm_new(ctx, 4));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, stash);
+  add(ctx, m, tr_conv2d_new(ctx, 4, 4, 3, 1, 1, false));
+  add(ctx, m, tr_batchnorm_new(ctx, 4));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_conv2d_new(ctx, 4, 4, 3, 1, 1, true));
+  add(ctx, m, pop);
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, 2));
+  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
+  add(ctx, m, tr_linear_new(ctx, 4 * 4 * 4, 5, true));
+  return m;
+}
+
+static tr_module *pop_first_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx), *stash, *pop;
+  assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+  add(ctx, m, tr_linear_new(ctx, 20, 5, true));
+  add(ctx, m, pop);
+  add(ctx, m, stash);
+  add(ctx, m, tr_linear_new(ctx, 5, 5, true));
+  return m;
+}
+
 static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   switch (kind) {
   case MODEL_MLP: return mlp_new(ctx, false);
@@ -82,11 +149,17 @@ static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   case MODEL_CNN_BN: return cnn_new(ctx, 2);
   case MODEL_CNN_BN1: return cnn_new(ctx, 1);
   case MODEL_DEEP: return deep_new(ctx);
+  case MODEL_WIDE: return wide_new(ctx);
+  case MODEL_RES_MLP: return res_mlp_new(ctx);
+  case MODEL_RES_CNN: return res_cnn_new(ctx);
+  case MODEL_POP_FIRST: return pop_first_new(ctx);
   }
   return NULL;
 }
 
-static bool is_cnn(model_kind kind) { return kind == MODEL_CNN_BN || kind == MODEL_CNN_BN1; }
+static bool is_cnn(model_kind kind) {
+  return kind == MODEL_CNN_BN || kind == MODEL_CNN_BN1 || kind == MODEL_RES_CNN;
+}
 
 /* The mini-batch of a step and its labels. */
 static tr_tensor *batch_new(model_kind kind, int step, int64_t batch, int32_t *labels) {
@@ -109,6 +182,7 @@ typedef struct {
   int fail_step, stall_step;
   double stall_s;
   int fail_setup_stage; /* this stage fails before making its tr_pipe (-1: none) */
+  int die_step;         /* process stages: the last stage's process exits in this step */
   /* filled by the stages */
   float *state; /* owned: stage 0's gathered parameters and buffers */
   float *params; /* owned: and its parameters alone */
@@ -132,6 +206,7 @@ static tr_tensor *loss_of(tr_ctx *ctx, tr_tensor *out, int64_t start, int64_t co
     return NULL;
   }
   if (a->step == a->run->stall_step) nas_sleep(a->run->stall_s);
+  if (a->step == a->run->die_step) _exit(3);
   return tr_cross_entropy(ctx, out, a->labels + start);
 }
 
@@ -192,7 +267,8 @@ static run_spec run_defaults(model_kind model, int chunks, tr_pipe_checkpoint ck
                     .batch = 16,
                     .fail_step = -1,
                     .stall_step = -1,
-                    .fail_setup_stage = -1};
+                    .fail_setup_stage = -1,
+                    .die_step = -1};
 }
 
 static void run_free(run_spec *run) {
@@ -207,6 +283,64 @@ static void run_pipeline(run_spec *run, int stages) {
   if (rc) print_error("%s\n", err.msg);
   assert_int_equal(rc, NAS_OK);
   assert_non_null(run->state);
+}
+
+/* What a forked stage reports to the test process. */
+typedef struct {
+  double loss;
+  nas_err error;
+  int rc;
+} stage_report;
+
+/* Names in /dev/shm that hold name: segments of the pipeline or of its join. */
+static int shm_leftovers(const char *name) {
+  DIR *dir = opendir("/dev/shm");
+  assert_non_null(dir);
+  int found = 0;
+  for (struct dirent *e; (e = readdir(dir));)
+    if (strstr(e->d_name, name)) {
+      print_error("left in /dev/shm: %s\n", e->d_name);
+      found++;
+    }
+  closedir(dir);
+  return found;
+}
+
+/* Runs the stages as processes: stages 1.. forked, stage 0 played by the test process
+ * (so run->state is its gathered model); each forked stage's error and loss come back in
+ * run. The stages' return codes and the driver's message of stage 0 into *rc0 / err. */
+static int run_processes(run_spec *run, int stages, double timeout_s, nas_err *err) {
+  char name[64];
+  snprintf(name, sizeof name, "test-%d-pipe-%llx", (int)getpid(),
+           (unsigned long long)(nas_monotonic() * 1e9));
+  stage_report *reports = mmap(NULL, sizeof(stage_report) * TR_PIPE_MAX_STAGES,
+                               PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(reports != MAP_FAILED);
+  pid_t pids[TR_PIPE_MAX_STAGES] = {0};
+  fflush(stdout);
+  fflush(stderr);
+  for (int s = 1; s < stages; s++) {
+    pids[s] = fork();
+    assert_true(pids[s] >= 0);
+    if (pids[s] == 0) {
+      nas_err mine = {{0}};
+      reports[s].rc = tr_pipe_run_process(name, s, stages, timeout_s, train_stage, run, &mine);
+      reports[s].loss = run->loss[s];
+      reports[s].error = run->errors[s];
+      _exit(0);
+    }
+  }
+  int rc = tr_pipe_run_process(name, 0, stages, timeout_s, train_stage, run, err);
+  for (int s = 1; s < stages; s++) {
+    int status;
+    assert_int_equal(waitpid(pids[s], &status, 0), pids[s]);
+    run->loss[s] = reports[s].loss;
+    run->errors[s] = reports[s].error;
+    if (reports[s].rc != NAS_OK) rc = NAS_ERR;
+  }
+  munmap(reports, sizeof(stage_report) * TR_PIPE_MAX_STAGES);
+  assert_int_equal(shm_leftovers(name), 0);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- the reference */
@@ -301,6 +435,29 @@ static void cnn_with_deferred_batch_norm_trains_like_single_rank(void **state) {
 
 /* Uneven explicit balances, a stage of one parameterless ReLU among them, train the same
  * model as the even split does. */
+/* Skip connections (tr_skip_new) across stages: the kept tensor travels from the stash's
+ * stage to the pop's, its gradient back, through every checkpoint mode's recomputation. */
+static void residual_mlp_with_skips_across_stages_trains_like_single_rank(void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_RES_MLP, false);
+}
+
+static void residual_cnn_with_skips_across_stages_trains_like_single_rank(void **state) {
+  (void)state;
+  assert_matches_single_rank_everywhere(MODEL_RES_CNN, false);
+  assert_matches_single_rank_everywhere(MODEL_RES_CNN, true);
+}
+
+/* A skip whose pop no earlier child stashes cannot be carried, and is refused. */
+static void a_pop_before_its_stash_is_refused(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_POP_FIRST, 2, TR_PIPE_CKPT_NEVER);
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(2, TIMEOUT_S, train_stage, &run, &err), NAS_ERR);
+  if (!strstr(err.msg, "child 1 pops a skip connection that no earlier child")) print_error("%s\n", err.msg);
+  assert_non_null(strstr(err.msg, "child 1 pops a skip connection that no earlier child"));
+}
+
 static void explicit_balance_trains_like_single_rank(void **state) {
   (void)state;
   static const struct {
@@ -477,6 +634,36 @@ static void balance_by_size_and_by_time_isolate_the_heavy_layer(void **state) {
   tr_module_free(m);
 }
 
+/* A wide input (4096 features, 256 KiB a batch of 16) kept by a stash over a narrow block
+ * and concatenated back before the last layer. Counting the tensor the pop's stage
+ * receives doubles the pop's cost (its output and the carried input), and the best cut
+ * into 3 stages leaves the last layer alone: {4, 2, 1} (by output and parameter bytes
+ * alone it would be {1, 4, 2}). By time, the pop's repeats each find the kept tensor. */
+static void balance_counts_the_tensor_a_skip_carries(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_module *m = tr_sequential_new(&ctx), *stash, *pop;
+  assert_int_equal(tr_skip_new(&ctx, TR_SKIP_CONCAT, &stash, &pop), NAS_OK);
+  add(&ctx, m, stash);
+  add(&ctx, m, tr_linear_new(&ctx, 4096, 8, true));
+  add(&ctx, m, tr_activation_new(&ctx, TR_RELU));
+  add(&ctx, m, tr_linear_new(&ctx, 8, 8, true));
+  add(&ctx, m, tr_linear_new(&ctx, 8, 8, true));
+  add(&ctx, m, pop);
+  add(&ctx, m, tr_linear_new(&ctx, 4096 + 8, 2, true));
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, (int64_t[]){16, 4096}, 1.0);
+  int got[TR_PIPE_MAX_STAGES];
+  assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 3, got), NAS_OK);
+  assert_int_equal(got[0], 4);
+  assert_int_equal(got[1], 2);
+  assert_int_equal(got[2], 1);
+  assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 3, 2, got), NAS_OK);
+  assert_int_equal(got[0] + got[1] + got[2], 7);
+  tr_release(x);
+  tr_module_free(m);
+}
+
 /* Balancing runs the model forward (and backward, by time): it leaves no gradient behind
  * and batch norm's running statistics as they were. */
 static void balancing_leaves_the_model_as_it_was(void **state) {
@@ -555,6 +742,84 @@ static void a_stage_that_stalls_fails_every_stage_with_one_message(void **state)
   assert_non_null(strstr(err.msg, "stalled"));
 }
 
+/* ---------------------------------------------------------------- process stages */
+
+/* The MLP, and the residual one whose skips the processes carry too. */
+static void process_stages_train_like_single_rank_in_every_checkpoint_mode(void **state) {
+  (void)state;
+  for (int run_no = 0; run_no < 4; run_no++) {
+    int chunks = run_no % 2 ? 4 : 1;
+    run_spec base = run_defaults(run_no < 2 ? MODEL_MLP : MODEL_RES_MLP, chunks,
+                                 TR_PIPE_CKPT_NEVER);
+    int64_t n_want;
+    float *want = reference_train(&base, 1, true, &n_want);
+    for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
+      for (int ckpt = 0; ckpt < 3; ckpt++) {
+        run_spec run = base;
+        run.pipe.checkpoint = (tr_pipe_checkpoint)ckpt;
+        nas_err err = {{0}};
+        int rc = run_processes(&run, stages, TIMEOUT_S, &err);
+        if (rc) print_error("%s\n", err.msg);
+        assert_int_equal(rc, NAS_OK);
+        char what[160];
+        snprintf(what, sizeof what, "processes: model %d, %d stages, %d chunks, checkpoint %s",
+                 (int)base.model, stages, chunks, ckpt_names[ckpt]);
+        assert_int_equal(run.n_state, n_want);
+        assert_close(run.state, want, n_want, 1e-5, what);
+        for (int s = 1; s < stages; s++) assert_true(run.loss[s] == run.loss[0]);
+        run_free(&run);
+      }
+    }
+    free(want);
+  }
+}
+
+/* 160 examples of 16 KiB: messages of 2.5 MiB through mailboxes of 1 MiB, in pieces
+ * that wrap around the ring. */
+static void process_stages_carry_messages_larger_than_their_mailbox(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_WIDE, 1, TR_PIPE_CKPT_NEVER);
+  run.batch = 160;
+  run.steps = 2;
+  int64_t n_want;
+  float *want = reference_train(&run, 1, true, &n_want);
+  nas_err err = {{0}};
+  int rc = run_processes(&run, 3, TIMEOUT_S, &err);
+  if (rc) print_error("%s\n", err.msg);
+  assert_int_equal(rc, NAS_OK);
+  assert_int_equal(run.n_state, n_want);
+  assert_close(run.state, want, n_want, 1e-5, "wide model on 3 process stages");
+  run_free(&run);
+  free(want);
+}
+
+static void a_stage_process_that_dies_fails_every_stage_with_one_message(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_EXCEPT_LAST);
+  run.die_step = 1;
+  nas_err err = {{0}};
+  double start = nas_monotonic();
+  assert_int_equal(run_processes(&run, 3, TIMEOUT_S, &err), NAS_ERR);
+  assert_true(nas_monotonic() - start < TIMEOUT_S / 2); /* found dead, not timed out */
+  assert_non_null(strstr(err.msg, "pipeline stage 2 (pid "));
+  assert_non_null(strstr(err.msg, "exited while stage 1 waited for"));
+  /* the dead stage reports nothing; the living ones failed with the same message */
+  assert_string_equal(run.errors[0].msg, err.msg);
+  assert_string_equal(run.errors[1].msg, err.msg);
+  assert_null(run.state);
+}
+
+static void a_stage_process_that_stalls_fails_every_stage_with_one_message(void **state) {
+  (void)state;
+  run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_NEVER);
+  run.stall_step = 1;
+  run.stall_s = 0.8;
+  nas_err err = {{0}};
+  assert_int_equal(run_processes(&run, 2, 0.3, &err), NAS_ERR);
+  assert_every_stage_failed_with(&run, 2, -1, err.msg, "waited 0.3 s for");
+  assert_non_null(strstr(err.msg, "stalled"));
+}
+
 static void configs_that_do_not_fit_the_model_are_refused(void **state) {
   (void)state;
   struct {
@@ -588,16 +853,24 @@ int main(void) {
       cmocka_unit_test(mlp_trains_like_single_rank_for_every_stages_chunks_and_checkpoint),
       cmocka_unit_test(cnn_with_batch_norm_trains_like_single_rank_on_the_same_micro_batches),
       cmocka_unit_test(cnn_with_deferred_batch_norm_trains_like_single_rank),
+      cmocka_unit_test(residual_mlp_with_skips_across_stages_trains_like_single_rank),
+      cmocka_unit_test(residual_cnn_with_skips_across_stages_trains_like_single_rank),
+      cmocka_unit_test(a_pop_before_its_stash_is_refused),
       cmocka_unit_test(explicit_balance_trains_like_single_rank),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
       cmocka_unit_test(balance_by_costs_minimises_the_largest_stage),
       cmocka_unit_test(balance_by_size_and_by_time_isolate_the_heavy_layer),
+      cmocka_unit_test(balance_counts_the_tensor_a_skip_carries),
       cmocka_unit_test(balancing_leaves_the_model_as_it_was),
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),
       cmocka_unit_test(a_stage_that_stalls_fails_every_stage_with_one_message),
+      cmocka_unit_test(process_stages_train_like_single_rank_in_every_checkpoint_mode),
+      cmocka_unit_test(process_stages_carry_messages_larger_than_their_mailbox),
+      cmocka_unit_test(a_stage_process_that_dies_fails_every_stage_with_one_message),
+      cmocka_unit_test(a_stage_process_that_stalls_fails_every_stage_with_one_message),
       cmocka_unit_test(configs_that_do_not_fit_the_model_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,10 +14,13 @@
  *
  * Failures: a stage that fails, or waits for another longer than the pipeline's timeout,
  * aborts the pipeline: every stage's pending and later calls fail with that one message
- * ("pipeline stage 2: ..."). Ranks are threads of one process (tr_pipe_run_threads). */
+ * ("pipeline stage 2: ..."). Ranks are threads of one process (tr_pipe_run_threads) or
+ * processes on one node over shared memory (tr_pipe_run_process); the stage code is the
+ * same for both. */
 #ifndef NAS_TRAINER_PIPELINE_H
 #define NAS_TRAINER_PIPELINE_H
 
+#include "trainer/dist.h"
 #include "trainer/trainer.h"
 
 #define TR_PIPE_MAX_STAGES 16
@@ -60,6 +63,20 @@ typedef int (*tr_pipe_rank_fn)(const tr_pipe_rank *rank, void *arg, nas_err *err
  * others stop waiting for it. */
 int tr_pipe_run_threads(int stages, double timeout_s, tr_pipe_rank_fn fn, void *arg,
                         nas_err *err);
+
+/* This process is stage `stage` of `stages` processes on one node that meet by name (the
+ * same on every stage, unique to the launch; [A-Za-z0-9._-], under 64 characters): joins
+ * them (each waits up to timeout_s for the others), runs fn, and returns as
+ * tr_pipe_run_threads does. Stages exchange tensors through mailboxes in a shared-memory
+ * segment (/dev/shm/nas-pipe-NAME, unlinked once all have joined); a stage whose process
+ * exits while another waits for it fails every stage with one message naming it. */
+int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_s,
+                        tr_pipe_rank_fn fn, void *arg, nas_err *err);
+/* The same for a process group this process has joined already (borrowed; a
+ * TR_COMM_PROCESSES group, as srun tasks form one): stage tr_comm_rank(group) of
+ * tr_comm_world(group); name names the segment as above. */
+int tr_pipe_run_group(tr_comm *group, const char *name, double timeout_s, tr_pipe_rank_fn fn,
+                      void *arg, nas_err *err);
 
 /* ---------------------------------------------------------------- a stage */
 

@@ -270,7 +270,9 @@ typedef enum {
   TR_HARDSIGMOID,
   TR_GLOBALAVGPOOL, /* (N, C, H, W) → (N, C) */
   TR_RESIDUAL,      /* body(x) + shortcut(x), or body(x) + x without a shortcut */
-  TR_SQUEEZE_EXCITE /* x scaled per channel by gate(x) (N, C) */
+  TR_SQUEEZE_EXCITE, /* x scaled per channel by gate(x) (N, C) */
+  TR_STASH, /* one end of a skip connection (tr_skip_new) */
+  TR_POP    /* and the other */
 } tr_module_kind;
 
 typedef struct tr_module tr_module;
@@ -309,6 +311,15 @@ int tr_sequential_add(tr_ctx *ctx, tr_module *seq, tr_module *child);
  * gate(x), which maps (N, C, H, W) to (N, C); parameters "0.*". */
 tr_module *tr_residual_new(tr_ctx *ctx, tr_module *body, tr_module *shortcut);
 tr_module *tr_squeeze_excite_new(tr_ctx *ctx, tr_module *gate);
+/* A skip connection for a Sequential, after torchgpipe's @skippable stash/pop: *stash
+ * passes its input on unchanged and keeps it; *pop, a later child of the same Sequential,
+ * takes what the stash kept and merges it into its own input: adds it (same shape) or
+ * concatenates it after the input along dim 1 (channels, or features). Gradients flow
+ * through both ways. A pipeline carries the kept tensor from the stash's stage to the
+ * pop's (docs/engine-pipeline.md). Both modules are owned by the caller (then by the
+ * Sequential); NAS_OK, or NAS_ERR with ctx->err set. */
+typedef enum { TR_SKIP_ADD, TR_SKIP_CONCAT } tr_skip_merge;
+int tr_skip_new(tr_ctx *ctx, tr_skip_merge merge, tr_module **stash, tr_module **pop);
 void tr_module_free(tr_module *m);
 
 tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x);

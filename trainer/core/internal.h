@@ -101,6 +101,11 @@ void tn_storage_release(tr_storage *s);
 /* The children of a Sequential (borrowed; *n of them), in order; *n is 0 for other kinds.
  * FSDP (fsdp.c) cuts a model into units along them. */
 tr_module *const *tn_module_children(const tr_module *m, size_t *n);
+/* Whether m is an end of a skip connection (tr_skip_new): then the slot both ends share
+ * (borrowed; it holds the owned tensor the stash kept, or NULL) and *stashes (may be NULL)
+ * whether m is the stash. The pipeline (dist/pipeline_skip.c) carries slots across stages;
+ * two ends are a pair when their slots are the same. NULL for other modules. */
+tr_tensor **tn_module_skip(const tr_module *m, bool *stashes);
 /* Whether m is a batch norm; if so its running statistics (borrowed), momentum and whether
  * it is in training mode. The pipeline's deferred batch norm (dist/pipeline_bn.c) uses it. */
 bool tn_module_batch_norm(const tr_module *m, tr_tensor **running_mean, tr_tensor **running_var,

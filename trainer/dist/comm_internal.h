@@ -4,6 +4,9 @@
 #ifndef NAS_TRAINER_COMM_INTERNAL_H
 #define NAS_TRAINER_COMM_INTERNAL_H
 
+#include <pthread.h>
+#include <sys/types.h>
+
 #include "trainer/dist.h"
 
 typedef enum {
@@ -62,6 +65,18 @@ void comm_reduce(tr_dtype dtype, tr_reduce_op op, int world, const void *const *
 
 /* The process backend (comm_shm.c): joins the group named opts->name on this node. */
 int comm_shm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err);
+
+/* Shared-memory helpers of comm_shm.c that the pipeline's process transport
+ * (pipeline_shm.c) uses too. */
+/* The inode of this process's pid namespace (0: unknown); pids compare only within one. */
+uint64_t comm_pid_namespace(void);
+/* Whether process pid has ended: gone, or a zombie its parent has not reaped yet. */
+bool comm_pid_exited(pid_t pid);
+/* Makes a process-shared robust mutex and a CLOCK_MONOTONIC condition variable. */
+int comm_shm_init_sync(pthread_mutex_t *lock, pthread_cond_t *cond, nas_err *err);
+/* Creates the file path (O_EXCL) of size bytes, reserves its pages and maps it; on
+ * failure nothing is left. */
+void *comm_shm_map_new(const char *path, size_t bytes, nas_err *err);
 /* The NCCL backend (comm_nccl_join.c): meets the other ranks, then makes the communicator. */
 int comm_nccl_join(const tr_comm_options *opts, tr_comm **out, nas_err *err);
 

@@ -136,13 +136,12 @@ static unsigned char *stage_of(const shm_comm *sc, int parity, int rank) {
 
 /* ---------------------------------------------------------------- liveness */
 
-static uint64_t pid_namespace(void) {
+uint64_t comm_pid_namespace(void) {
   struct stat st;
   return stat("/proc/self/ns/pid", &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-/* Whether process pid has ended: gone, or a zombie its parent has not reaped yet. */
-static bool pid_exited(pid_t pid) {
+bool comm_pid_exited(pid_t pid) {
   if (kill(pid, 0) != 0) return errno == ESRCH;
   char path[64], text[512];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
@@ -159,7 +158,7 @@ static bool pid_exited(pid_t pid) {
 /* Whether rank q joined and has exited since, as far as this process can tell. */
 static bool rank_exited(const shm_comm *sc, int q) {
   const shm_rank *r = &sc->ranks[q];
-  return r->pid != 0 && sc->pid_ns != 0 && r->pid_ns == sc->pid_ns && pid_exited(r->pid);
+  return r->pid != 0 && sc->pid_ns != 0 && r->pid_ns == sc->pid_ns && comm_pid_exited(r->pid);
 }
 
 /* ---------------------------------------------------------------- barrier */
@@ -255,25 +254,23 @@ static int shm_barrier(shm_comm *sc, int rank, const char *during, nas_err *err)
 
 /* ---------------------------------------------------------------- joining */
 
-/* Makes the process-shared robust mutex and the monotonic condition variable. */
-static int shm_init_sync(shm_header *h, nas_err *err) {
+int comm_shm_init_sync(pthread_mutex_t *lock, pthread_cond_t *cond, nas_err *err) {
   pthread_mutexattr_t ma;
   pthread_condattr_t ca;
   bool ok = pthread_mutexattr_init(&ma) == 0;
   ok = ok && pthread_mutexattr_setpshared(&ma, PTHREAD_PROCESS_SHARED) == 0 &&
        pthread_mutexattr_setrobust(&ma, PTHREAD_MUTEX_ROBUST) == 0 &&
-       pthread_mutex_init(&h->lock, &ma) == 0;
+       pthread_mutex_init(lock, &ma) == 0;
   pthread_mutexattr_destroy(&ma);
   ok = ok && pthread_condattr_init(&ca) == 0;
   ok = ok && pthread_condattr_setpshared(&ca, PTHREAD_PROCESS_SHARED) == 0 &&
        pthread_condattr_setclock(&ca, CLOCK_MONOTONIC) == 0 &&
-       pthread_cond_init(&h->released, &ca) == 0;
+       pthread_cond_init(cond, &ca) == 0;
   pthread_condattr_destroy(&ca);
   return ok ? NAS_OK : nas_errf(err, "cannot make process-shared mutex and condition variable");
 }
 
-/* Creates the file tmp of size bytes and maps it; on failure nothing is left. */
-static void *shm_map_new(const char *tmp, size_t bytes, nas_err *err) {
+void *comm_shm_map_new(const char *tmp, size_t bytes, nas_err *err) {
   int fd = open(tmp, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     nas_errf(err, "cannot create %s: %s", tmp, strerror(errno));
@@ -286,8 +283,8 @@ static void *shm_map_new(const char *tmp, size_t bytes, nas_err *err) {
   close(fd);
   if (rc != 0) {
     unlink(tmp);
-    nas_errf(err, "cannot reserve %zu bytes of shared memory in %s: %s (the group stages 2 x world "
-             "x stage_bytes; a container's /dev/shm may be small)", bytes, SHM_DIR, strerror(rc));
+    nas_errf(err, "cannot reserve %zu bytes of shared memory in %s: %s (a container's /dev/shm "
+             "may be small)", bytes, SHM_DIR, strerror(rc));
     return NULL;
   }
   return map;
@@ -299,7 +296,7 @@ static int shm_create(shm_comm *sc, int world, size_t stage_bytes, nas_err *err)
   size_t bytes = layout_of(world, stage_bytes).total;
   char *tmp = nas_asprintf("%s.tmp-%ld", sc->path, (long)getpid());
   if (!tmp) return nas_errf(err, "out of memory");
-  void *map = shm_map_new(tmp, bytes, err);
+  void *map = comm_shm_map_new(tmp, bytes, err);
   if (!map) {
     free(tmp);
     return NAS_ERR;
@@ -308,7 +305,7 @@ static int shm_create(shm_comm *sc, int world, size_t stage_bytes, nas_err *err)
   sc->head->world = world;
   sc->head->stage_bytes = stage_bytes;
   sc->ranks[0] = (shm_rank){.pid = getpid(), .pid_ns = sc->pid_ns};
-  int rc = shm_init_sync(sc->head, err);
+  int rc = comm_shm_init_sync(&sc->head->lock, &sc->head->released, err);
   if (rc == NAS_OK) {
     __atomic_store_n(&sc->head->magic, SHM_MAGIC, __ATOMIC_RELEASE);
     if (rename(tmp, sc->path) == 0) sc->named = true;
@@ -419,7 +416,7 @@ int comm_shm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err) {
     return nas_errf(err, "out of memory");
   }
   sc->timeout_s = opts->timeout_s;
-  sc->pid_ns = pid_namespace();
+  sc->pid_ns = comm_pid_namespace();
   int rc = rank == 0 ? shm_create(sc, world, stage_size(opts->stage_bytes, world), err)
                      : shm_attach(sc, rank, world, err);
   if (rc == NAS_OK) rc = shm_barrier(sc, rank, "joining", err);

@@ -47,6 +47,7 @@ struct tr_pipe {
   tr_param_list state;         /* its parameters and buffers (batch norm running
                                   statistics; those that do not require grad) */
   pipe_bn *bn;                 /* owned; NULL unless deferred batch norm */
+  pipe_skips *skips;           /* owned: the skip connections that cross stages */
   pipe_chunk *chunks;          /* owned, cfg.chunks */
 };
 
@@ -85,12 +86,18 @@ static int check_config(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
   return NAS_OK;
 }
 
+/* The stage's parameters and buffers, which must be on the CPU: stages on CUDA devices
+ * (the issue's NCCL transport) are not built. */
 static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
   int rc = NAS_OK;
   for (int k = p->first; k < p->first + p->count && rc == NAS_OK; k++) {
     rc = tr_module_parameters(p->children[k], false, &p->params, &ctx->err);
     if (rc == NAS_OK) rc = tr_module_parameters(p->children[k], true, &p->state, &ctx->err);
   }
+  for (size_t i = 0; i < p->state.n && rc == NAS_OK; i++)
+    if (tn_on_cuda(p->state.items[i]))
+      rc = nas_errf(&ctx->err, "pipeline stage %d: %s is on a CUDA device; stages run on the "
+                    "CPU (stages on CUDA devices are not built)", p->stage, p->state.names[i]);
   return rc;
 }
 
@@ -121,6 +128,10 @@ tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
   for (int s = 0; s < rank->stage; s++) p->first += balance[s];
   p->count = balance[rank->stage];
   int rc = collect_tensors(ctx, p);
+  if (rc == NAS_OK &&
+      !(p->skips = pipe_skips_new(ctx, children, (int)n, balance, rank->stages, rank->stage,
+                                  cfg->chunks)))
+    rc = NAS_ERR;
   if (rc == NAS_OK && cfg->deferred_batch_norm) {
     p->bn = pipe_bn_new(ctx, children + p->first, p->count);
     if (!p->bn) rc = NAS_ERR;
@@ -141,6 +152,7 @@ void tr_pipe_free(tr_pipe *p) {
   for (int i = 0; i < p->cfg.chunks; i++) chunk_clear(&p->chunks[i]);
   free(p->chunks);
   pipe_bn_free(p->bn);
+  pipe_skips_free(p->skips);
   tr_param_list_free(&p->params);
   tr_param_list_free(&p->state);
   free(p);
@@ -236,11 +248,14 @@ static int chunk_forward(tr_ctx *ctx, tr_pipe *p, pipe_step *step, int i) {
   tr_release(in);
   if (!c->input) return NAS_ERR;
   c->input->requires_grad = p->stage > 0;
+  if (pipe_skips_recv(ctx, p->skips, p->world, i)) return NAS_ERR;
   memcpy(c->rng, ctx->rng, sizeof c->rng);
   bool keep = !is_checkpointed(p, i);
   bool prev = tr_set_grad_enabled(ctx, keep);
+  pipe_skips_load(p->skips, i);
   tr_tensor *out = stage_run(ctx, p, c->input, true);
   int rc = out ? chunk_deliver(ctx, p, step, c, out, keep) : NAS_ERR;
+  if (rc == NAS_OK) rc = pipe_skips_take(ctx, p->skips, p->world, i, true, keep);
   tr_set_grad_enabled(ctx, prev);
   tr_release(out);
   return rc;
@@ -267,17 +282,22 @@ void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved) {
 
 /* A checkpointed micro-batch's forward again, with grad and its generator state; the
  * output with its graph (the last stage: the weighted loss), owned. */
-static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step,
-                                  pipe_chunk *c) {
+static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
+  pipe_chunk *c = &p->chunks[i];
   tr_tensor **saved = calloc(p->state.n ? p->state.n : 1, sizeof *saved);
   if (!saved) return tr_fail(ctx, "pipeline: out of memory");
   uint64_t now[4];
   memcpy(now, ctx->rng, sizeof now);
   memcpy(ctx->rng, c->rng, sizeof now);
   bool prev = tr_set_grad_enabled(ctx, true);
+  pipe_skips_load(p->skips, i);
   tr_tensor *out = pipe_buffers_save(ctx, &p->state, saved) == NAS_OK
                        ? stage_run(ctx, p, c->input, false)
                        : NULL;
+  if (out && pipe_skips_take(ctx, p->skips, p->world, i, false, true)) {
+    tr_release(out);
+    out = NULL;
+  }
   if (out && is_last(p)) {
     tr_tensor *loss = weighted_loss(ctx, step, c, out);
     tr_release(out);
@@ -303,7 +323,7 @@ static int send_input_grad(tr_ctx *ctx, tr_pipe *p, pipe_chunk *c) {
 
 static int chunk_backward(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
   pipe_chunk *c = &p->chunks[i];
-  tr_tensor *out = c->output ? tr_retain(c->output) : chunk_recompute(ctx, p, step, c);
+  tr_tensor *out = c->output ? tr_retain(c->output) : chunk_recompute(ctx, p, step, i);
   tr_tensor *grad = NULL;
   int rc = out ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK && !is_last(p)) {
@@ -312,12 +332,15 @@ static int chunk_backward(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i)
     grad = pw_recv(ctx, p->world, p->stage + 1, p->stage, what);
     if (!grad) rc = NAS_ERR;
   }
+  if (rc == NAS_OK) rc = pipe_skips_backward(ctx, p->skips, p->world, i);
   /* a stage of parameterless children on the mini-batch itself has nothing to run back */
   if (rc == NAS_OK && out->grad_fn) rc = tr_backward(ctx, out, grad, false);
   if (rc == NAS_OK && p->stage > 0) rc = send_input_grad(ctx, p, c);
+  if (rc == NAS_OK) rc = pipe_skips_send_grads(ctx, p->skips, p->world, i);
   tr_release(out);
   tr_release(grad);
   chunk_clear(c);
+  pipe_skips_clear(p->skips, i);
   return rc;
 }
 
@@ -345,7 +368,10 @@ static int run_schedule(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
   for (int i = 0; i < m && rc == NAS_OK; i++) rc = chunk_forward(ctx, p, step, i);
   if (rc == NAS_OK && p->bn) rc = pipe_bn_end(ctx, p->bn);
   for (int i = m - 1; i >= 0 && rc == NAS_OK; i--) rc = chunk_backward(ctx, p, step, i);
-  for (int i = 0; i < m; i++) chunk_clear(&p->chunks[i]);
+  for (int i = 0; i < m; i++) {
+    chunk_clear(&p->chunks[i]);
+    pipe_skips_clear(p->skips, i);
+  }
   return rc;
 }
 

@@ -3,8 +3,9 @@
  * partition problem, by dynamic programming), with costs measured per child: forward and
  * backward time on a sample batch (torchgpipe's balance_by_time) or bytes of parameters,
  * their gradients and the output activation (its balance_by_size, counted rather than
- * measured on a device). Measuring leaves the model as it was: gradients dropped, batch
- * norm's running statistics put back. */
+ * measured on a device; a skip connection's carried tensor counts on its pop). Measuring
+ * leaves the model as it was: gradients dropped, batch norm's running statistics put back,
+ * skip connections' slots emptied. */
 #include <float.h>
 #include <stdlib.h>
 
@@ -92,12 +93,17 @@ static int measure_times(tr_ctx *ctx, tr_module *const *children, int n, tr_tens
   for (int k = 0; k < n && rc == NAS_OK; k++) {
     tr_tensor *next = NULL;
     costs[k] = DBL_MAX;
+    /* a pop takes what its stash kept: every repeat gets it back */
+    tr_tensor **slot = tn_module_skip(children[k], NULL);
+    tr_tensor *kept = slot ? tr_retain(*slot) : NULL;
     for (int r = 0; r < repeats && rc == NAS_OK; r++) {
       double seconds;
       tr_release(next);
+      if (slot && !*slot) *slot = tr_retain(kept);
       rc = time_child(ctx, children[k], cur, &seconds, &next);
       if (rc == NAS_OK && seconds < costs[k]) costs[k] = seconds;
     }
+    tr_release(kept);
     tr_release(cur);
     cur = next;
   }
@@ -116,18 +122,40 @@ static int measure_times(tr_ctx *ctx, tr_module *const *children, int n, tr_tens
   return rc;
 }
 
-/* Bytes of each child's parameters and gradients and of its output on the sample. */
+/* Bytes of the tensor a skip connection's pop finds kept (0 for other children): what a
+ * pipeline carries to the pop's stage and holds there. */
+static double carried_bytes(tr_module *child) {
+  bool stashes;
+  tr_tensor **slot = tn_module_skip(child, &stashes);
+  if (!slot || stashes || !*slot) return 0;
+  return (double)(*slot)->numel * (double)tr_dtype_size((*slot)->dtype);
+}
+
+/* Drops what measuring left in the skip connections' slots. */
+static void skips_empty(tr_module *const *children, int n) {
+  for (int k = 0; k < n; k++) {
+    tr_tensor **slot = tn_module_skip(children[k], NULL);
+    if (!slot) continue;
+    tr_release(*slot);
+    *slot = NULL;
+  }
+}
+
+/* Bytes of each child's parameters and gradients and of its output on the sample; a pop's
+ * adds the tensor its stash kept, which a pipeline carries to the pop's stage and holds
+ * there until the backward. */
 static int measure_sizes(tr_ctx *ctx, tr_module *const *children, int n, tr_tensor *sample,
                          double *costs) {
   tr_tensor *cur = tr_retain(sample);
   bool prev = tr_set_grad_enabled(ctx, false);
   for (int k = 0; k < n && cur; k++) {
+    double carried = carried_bytes(children[k]);
     tr_tensor *next = tr_module_forward(ctx, children[k], cur);
     tr_release(cur);
     cur = next;
     size_t size = tr_dtype_size(sample->dtype);
     costs[k] = (double)(2 * tr_module_param_count(children[k]) * (int64_t)size) +
-               (cur ? (double)cur->numel * (double)size : 0);
+               (cur ? (double)cur->numel * (double)size : 0) + carried;
   }
   tr_set_grad_enabled(ctx, prev);
   int rc = cur ? NAS_OK : NAS_ERR;
@@ -154,6 +182,7 @@ static int balance_by(tr_ctx *ctx, balance_kind kind, tr_module *model, tr_tenso
     rc = kind == BY_TIME ? measure_times(ctx, children, n, sample, repeats, costs)
                          : measure_sizes(ctx, children, n, sample, costs);
   if (saved) pipe_buffers_restore(&state, saved);
+  skips_empty(children, n);
   if (rc == NAS_OK) rc = tr_pipe_balance_costs(costs, n, stages, balance, &ctx->err);
   free(saved);
   free(costs);

@@ -8,12 +8,16 @@
 #include "trainer/pipeline.h"
 #include "trainer/core/internal.h"
 
-/* ---------------------------------------------------------------- the world */
+/* ---------------------------------------------------------------- the world
+ *
+ * The pw_* calls reach the stages' transport: threads of this process (pipeline_world.c)
+ * or processes over a shared-memory segment (pipeline_shm.c). */
 
-/* A world of `stages` stages whose waits give up after timeout_s; NULL with err set. */
+/* A world of `stages` thread stages whose waits give up after timeout_s; NULL with err set. */
 tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err);
 void pw_free(tr_pipe_world *w);
-/* Queues a contiguous copy of t for stage `to` (never blocks: the copy is the message). */
+/* Queues a contiguous copy of t for stage `to` (threads: never blocks, the copy is the
+ * message; processes: blocks, bounded by the timeout, while the pair's mailbox is full). */
 int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err);
 /* The next tensor from `from` to `to`, in ctx's allocator (owned); `what` names it for
  * the message when the wait times out (which aborts the world). NULL with ctx->err set. */
@@ -26,6 +30,53 @@ int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err);
 int pw_abort(tr_pipe_world *w, int stage, nas_err *err);
 /* Whether the world is aborted; its message into err (may be NULL) if so. */
 bool pw_aborted(tr_pipe_world *w, nas_err *err);
+
+/* What a transport implements: the pw_* calls above on its own state. */
+typedef struct {
+  int (*send)(void *impl, int from, int to, const tr_tensor *t, nas_err *err);
+  tr_tensor *(*recv)(tr_ctx *ctx, void *impl, int from, int to, const char *what);
+  int (*step_end)(void *impl, int stage, double *value, nas_err *err);
+  /* aborts with message (already prefixed) unless aborted; the world's message into err */
+  void (*abort)(void *impl, const char *message, nas_err *err);
+  bool (*aborted)(void *impl, nas_err *err);
+  void (*free)(void *impl);
+} pw_transport;
+
+struct tr_pipe_world {
+  const pw_transport *transport;
+  void *impl; /* owned by the transport */
+};
+
+/* The message of a wait that timed out, the same on every transport. */
+void pw_stalled_message(nas_err *out, int stage, double timeout_s, const char *what);
+
+/* ---------------------------------------------------------------- skip connections */
+
+typedef struct pipe_skips pipe_skips; /* one stage's skips that cross stages */
+
+/* The skips of children (n_children, cut by balance into stages) that cross stages, as
+ * stage sees them, for micro-batches of chunks; NULL with ctx->err set when a pop has no
+ * earlier stash. */
+pipe_skips *pipe_skips_new(tr_ctx *ctx, tr_module *const *children, int n_children,
+                           const int *balance, int stages, int stage, int chunks);
+void pipe_skips_free(pipe_skips *sk);
+/* The pop's stage, forward of micro-batch i: receives the tensors of the skips it pops
+ * from their stash stages (kept as leaves that require grad). */
+int pipe_skips_recv(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
+/* Before each run of micro-batch i: the received tensors into this copy's pop slots. */
+void pipe_skips_load(pipe_skips *sk, int i);
+/* After each run of micro-batch i on the stash's stage: takes the kept tensors out of the
+ * slots, sends them to the pops' stages when send, holds them for the backward when keep. */
+int pipe_skips_take(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i, bool send,
+                    bool keep);
+/* The stash's stage, backward of micro-batch i before the stage output's: receives each
+ * kept tensor's gradient and runs back from it (keeping the graph). */
+int pipe_skips_backward(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
+/* The pop's stage, after the backward of micro-batch i: each received leaf's gradient back
+ * to its stash's stage. */
+int pipe_skips_send_grads(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
+/* Drops what micro-batch i holds. */
+void pipe_skips_clear(pipe_skips *sk, int i);
 
 /* ---------------------------------------------------------------- buffers */
 

@@ -1,6 +1,7 @@
-/* pipeline_world: where the stages of a pipeline of thread ranks meet — a FIFO of tensor
+/* pipeline_world: the pw_* calls, which reach a world's transport, and the thread
+ * transport, where the stages of a pipeline of thread ranks meet — a FIFO of tensor
  * messages from each stage to each other, a step barrier that adds up one value per stage,
- * and the abort that fails every stage with one message — and tr_pipe_run_threads, the
+ * and the abort that fails every stage with one message — with tr_pipe_run_threads, the
  * driver that runs one stage per thread (docs/engine-pipeline.md).
  *
  * Invariants:
@@ -35,7 +36,7 @@ typedef struct {
   pipe_msg *head, *tail;
 } pipe_queue;
 
-struct tr_pipe_world {
+typedef struct {
   int stages;
   double timeout_s;
   pthread_mutex_t lock;
@@ -48,11 +49,11 @@ struct tr_pipe_world {
   uint64_t generation;
   double *values; /* owned, one per stage: what each brought to the barrier */
   double result;  /* the last completed barrier's sum */
-};
+} pw_threads;
 
 /* ---------------------------------------------------------------- lifetime */
 
-tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err) {
+static pw_threads *threads_new(int stages, double timeout_s, nas_err *err) {
   if (stages < 1 || stages > TR_PIPE_MAX_STAGES) {
     nas_errf(err, "pipeline: %d stages, not in [1, %d]", stages, TR_PIPE_MAX_STAGES);
     return NULL;
@@ -61,7 +62,7 @@ tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err) {
     nas_errf(err, "pipeline: the timeout must be positive, got %g s", timeout_s);
     return NULL;
   }
-  tr_pipe_world *w = calloc(1, sizeof *w);
+  pw_threads *w = calloc(1, sizeof *w);
   size_t n = (size_t)stages;
   if (w) {
     w->queues = calloc(n * n, sizeof *w->queues);
@@ -86,8 +87,8 @@ tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err) {
   return w;
 }
 
-void pw_free(tr_pipe_world *w) {
-  if (!w) return;
+static void threads_free(void *impl) {
+  pw_threads *w = impl;
   for (int i = 0; i < w->stages * w->stages; i++) {
     for (pipe_msg *m = w->queues[i].head, *next; m; m = next) {
       next = m->next;
@@ -102,27 +103,83 @@ void pw_free(tr_pipe_world *w) {
   free(w);
 }
 
+static void threads_abort(void *impl, const char *message, nas_err *err);
+static bool threads_aborted(void *impl, nas_err *err);
+static int threads_send(void *impl, int from, int to, const tr_tensor *t, nas_err *err);
+static tr_tensor *threads_recv(tr_ctx *ctx, void *impl, int from, int to, const char *what);
+static int threads_step_end(void *impl, int stage, double *value, nas_err *err);
+
+static const pw_transport threads_transport = {threads_send,  threads_recv,
+                                               threads_step_end, threads_abort,
+                                               threads_aborted, threads_free};
+
+tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err) {
+  pw_threads *impl = threads_new(stages, timeout_s, err);
+  if (!impl) return NULL;
+  tr_pipe_world *w = malloc(sizeof *w);
+  if (!w) {
+    threads_free(impl);
+    nas_errf(err, "pipeline of %d stages: out of memory", stages);
+    return NULL;
+  }
+  *w = (tr_pipe_world){&threads_transport, impl};
+  return w;
+}
+
+/* ---------------------------------------------------------------- any transport */
+
+void pw_free(tr_pipe_world *w) {
+  if (!w) return;
+  w->transport->free(w->impl);
+  free(w);
+}
+
+int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err) {
+  return w->transport->send(w->impl, from, to, t, err);
+}
+
+tr_tensor *pw_recv(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const char *what) {
+  return w->transport->recv(ctx, w->impl, from, to, what);
+}
+
+int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err) {
+  return w->transport->step_end(w->impl, stage, value, err);
+}
+
+int pw_abort(tr_pipe_world *w, int stage, nas_err *err) {
+  nas_err mine = *err;
+  nas_err_prefix(&mine, "pipeline stage %d", stage);
+  w->transport->abort(w->impl, mine.msg, err);
+  return NAS_ERR;
+}
+
+bool pw_aborted(tr_pipe_world *w, nas_err *err) { return w->transport->aborted(w->impl, err); }
+
+void pw_stalled_message(nas_err *out, int stage, double timeout_s, const char *what) {
+  nas_errf(out, "pipeline stage %d waited %g s for %s: a stage stalled or failed", stage,
+           timeout_s, what);
+}
+
 /* ---------------------------------------------------------------- abort and waits */
 
 /* Under the lock. */
-static void abort_locked(tr_pipe_world *w, const char *message) {
+static void abort_locked(pw_threads *w, const char *message) {
   if (w->aborted) return;
   w->aborted = true;
   nas_errf(&w->message, "%s", message);
   pthread_cond_broadcast(&w->changed);
 }
 
-int pw_abort(tr_pipe_world *w, int stage, nas_err *err) {
-  nas_err mine = *err;
-  nas_err_prefix(&mine, "pipeline stage %d", stage);
+static void threads_abort(void *impl, const char *message, nas_err *err) {
+  pw_threads *w = impl;
   pthread_mutex_lock(&w->lock);
-  abort_locked(w, mine.msg);
+  abort_locked(w, message);
   nas_errf(err, "%s", w->message.msg);
   pthread_mutex_unlock(&w->lock);
-  return NAS_ERR;
 }
 
-bool pw_aborted(tr_pipe_world *w, nas_err *err) {
+static bool threads_aborted(void *impl, nas_err *err) {
+  pw_threads *w = impl;
   pthread_mutex_lock(&w->lock);
   bool aborted = w->aborted;
   if (aborted && err) nas_errf(err, "%s", w->message.msg);
@@ -145,15 +202,14 @@ static struct timespec deadline_after(double seconds) {
 
 /* Waits (under the lock) until ready(w, arg) or an abort; a timeout aborts the world with
  * a message naming stage and what it waited for. NAS_OK when ready. */
-static int wait_until(tr_pipe_world *w, bool (*ready)(const tr_pipe_world *, const void *),
+static int wait_until(pw_threads *w, bool (*ready)(const pw_threads *, const void *),
                       const void *arg, int stage, const char *what, nas_err *err) {
   struct timespec deadline = deadline_after(w->timeout_s);
   while (!w->aborted && !ready(w, arg)) {
     if (pthread_cond_timedwait(&w->changed, &w->lock, &deadline) == ETIMEDOUT &&
         !w->aborted && !ready(w, arg)) {
       nas_err stalled;
-      nas_errf(&stalled, "pipeline stage %d waited %g s for %s: a stage stalled or failed",
-               stage, w->timeout_s, what);
+      pw_stalled_message(&stalled, stage, w->timeout_s, what);
       abort_locked(w, stalled.msg);
     }
   }
@@ -163,7 +219,8 @@ static int wait_until(tr_pipe_world *w, bool (*ready)(const tr_pipe_world *, con
 
 /* ---------------------------------------------------------------- messages */
 
-int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err) {
+static int threads_send(void *impl, int from, int to, const tr_tensor *t, nas_err *err) {
+  pw_threads *w = impl;
   pipe_msg *m = calloc(1, sizeof *m);
   size_t bytes = (size_t)t->numel * tr_dtype_size(t->dtype);
   if (m) m->data = malloc(bytes ? bytes : 1);
@@ -187,12 +244,13 @@ int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err
   return NAS_OK;
 }
 
-static bool queue_ready(const tr_pipe_world *w, const void *q) {
+static bool queue_ready(const pw_threads *w, const void *q) {
   (void)w;
   return ((const pipe_queue *)q)->head != NULL;
 }
 
-tr_tensor *pw_recv(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const char *what) {
+static tr_tensor *threads_recv(tr_ctx *ctx, void *impl, int from, int to, const char *what) {
+  pw_threads *w = impl;
   char waited[256];
   snprintf(waited, sizeof waited, "%s from stage %d", what, from);
   pthread_mutex_lock(&w->lock);
@@ -217,11 +275,12 @@ typedef struct {
   uint64_t generation;
 } barrier_ticket;
 
-static bool barrier_passed(const tr_pipe_world *w, const void *ticket) {
+static bool barrier_passed(const pw_threads *w, const void *ticket) {
   return w->generation != ((const barrier_ticket *)ticket)->generation;
 }
 
-int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err) {
+static int threads_step_end(void *impl, int stage, double *value, nas_err *err) {
+  pw_threads *w = impl;
   pthread_mutex_lock(&w->lock);
   barrier_ticket ticket = {w->generation};
   w->values[stage] = *value;

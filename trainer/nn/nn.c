@@ -18,6 +18,13 @@
 #include "trainer/fast/infer.h"
 #include "trainer/core/internal.h"
 
+/* What the two ends of a skip connection share: the tensor the stash kept until the pop
+ * takes it. Freed with the last of the two modules. */
+typedef struct {
+  int refs;         /* modules that hold it: 2, then 1 */
+  tr_tensor *kept;  /* owned; NULL when nothing is stashed */
+} nn_skip;
+
 struct tr_module {
   tr_module_kind kind;
   bool training;
@@ -29,6 +36,8 @@ struct tr_module {
   tr_module **children;                  /* owned (sequential; residual: body, shortcut;
                                             squeeze-excite: gate) */
   size_t n_children, cap_children;
+  nn_skip *skip;                         /* stash and pop: shared with the other end */
+  tr_skip_merge merge;                   /* pop */
 };
 
 /* ---------------------------------------------------------------- construction */
@@ -192,8 +201,30 @@ tr_module *tr_squeeze_excite_new(tr_ctx *ctx, tr_module *gate) {
   return branching_new(ctx, TR_SQUEEZE_EXCITE, &gate, 1);
 }
 
+int tr_skip_new(tr_ctx *ctx, tr_skip_merge merge, tr_module **stash, tr_module **pop) {
+  *stash = *pop = NULL;
+  if (merge != TR_SKIP_ADD && merge != TR_SKIP_CONCAT)
+    return nas_errf(&ctx->err, "nn: unknown skip merge %d", (int)merge);
+  nn_skip *skip = calloc(1, sizeof *skip);
+  tr_module *in = module_new(ctx, TR_STASH), *out = module_new(ctx, TR_POP);
+  if (!skip || !in || !out) {
+    free(skip), free(in), free(out);
+    return nas_errf(&ctx->err, "nn: out of memory");
+  }
+  skip->refs = 2;
+  in->skip = out->skip = skip;
+  out->merge = merge;
+  *stash = in;
+  *pop = out;
+  return NAS_OK;
+}
+
 void tr_module_free(tr_module *m) {
   if (!m) return;
+  if (m->skip && --m->skip->refs == 0) {
+    tr_release(m->skip->kept);
+    free(m->skip);
+  }
   for (size_t i = 0; i < m->n_children; i++) tr_module_free(m->children[i]);
   free(m->children);
   tr_release(m->weight);
@@ -308,6 +339,22 @@ static tr_tensor *squeeze_excite_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x
   return y;
 }
 
+static tr_tensor *stash_forward(tr_module *m, tr_tensor *x) {
+  tr_release(m->skip->kept);
+  m->skip->kept = tr_retain(x);
+  return tr_retain(x);
+}
+
+static tr_tensor *pop_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  tr_tensor *kept = m->skip->kept;
+  if (!kept) return tr_fail(ctx, "nn: a skip connection's pop ran before its stash");
+  m->skip->kept = NULL;
+  tr_tensor *both[2] = {x, kept};
+  tr_tensor *out = m->merge == TR_SKIP_ADD ? tr_add(ctx, x, kept) : tr_concat(ctx, 2, both, 1);
+  tr_release(kept);
+  return out;
+}
+
 tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   switch (m->kind) {
   case TR_LINEAR: return tr_linear(ctx, x, m->weight, m->bias);
@@ -331,6 +378,8 @@ tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   case TR_GLOBALAVGPOOL: return tr_global_avg_pool2d(ctx, x);
   case TR_RESIDUAL: return residual_forward(ctx, m, x);
   case TR_SQUEEZE_EXCITE: return squeeze_excite_forward(ctx, m, x);
+  case TR_STASH: return stash_forward(m, x);
+  case TR_POP: return pop_forward(ctx, m, x);
   }
   return tr_fail(ctx, "nn: unknown module kind %d", (int)m->kind);
 }
@@ -399,6 +448,12 @@ int64_t tr_module_param_count(tr_module *m) {
 tr_module *const *tn_module_children(const tr_module *m, size_t *n) {
   *n = m->n_children;
   return m->children;
+}
+
+tr_tensor **tn_module_skip(const tr_module *m, bool *stashes) {
+  if (!m->skip) return NULL;
+  if (stashes) *stashes = m->kind == TR_STASH;
+  return &m->skip->kept;
 }
 
 bool tn_module_batch_norm(const tr_module *m, tr_tensor **running_mean, tr_tensor **running_var,
