@@ -69,7 +69,7 @@ try:
             if data.get("ready"):
                 print(f"{url} ({attempt}): first draw {data['firstDrawMs']} ms after the request "
                       f"(page {data['pageMs']} ms, scripts {data['scriptsMs']} ms, data {data['dataMs']} ms, "
-                      f"drawing {data['renderMs']} ms; every card by {data['drawnMs']} ms)")
+                      f"drawing {data['renderMs']} ms; every card by {data.get('drawnMs', '?')} ms)")
                 break
             time.sleep(0.02)
         else:
