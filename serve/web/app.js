@@ -188,10 +188,12 @@
       const line = front.map((r) => ({ x: r[na], y: r[nb], t: r.trial })).sort((p, q) => p.x - q.x);
       const ref = d.pareto.reference_point;
       /* Every trial's point is drawn without an outline (borderWidth 0; here and in the
-       * objectives' charts): stroking 10 000 circles triples the drawing time. */
+       * objectives' charts): stroking 10 000 circles triples the drawing time. Its {x, y}
+       * need no parsing (parsing: false, a third less time): a scatter's points are found
+       * by position, never by a search that would need them sorted, and no axis has bounds. */
       const sets = [
         { label: "trials", data: others.map((r) => ({ x: r["m:" + na], y: r["m:" + nb] })), owner: others.map((r) => r.number),
-          backgroundColor: "rgba(95,107,122,0.35)", pointRadius: 2.5, pointHoverRadius: 5, borderWidth: 0 },
+          backgroundColor: "rgba(95,107,122,0.35)", pointRadius: 2.5, pointHoverRadius: 5, borderWidth: 0, parsing: false },
         /* Joined by a line only with two objectives: a projection of a 3-D front is no curve. */
         { label: "front", data: line.map((p) => ({ x: p.x, y: p.y })), owner: line.map((p) => p.t), showLine: pairs.length === 1,
           borderColor: "#d1495b", backgroundColor: "#d1495b", pointRadius: 4, pointHoverRadius: 7, borderWidth: 2 },
@@ -238,7 +240,7 @@
       });
       const sets = [
         { label: o.name, data: points.map((r) => ({ x: r.number, y: r["m:" + o.name] })), owner: points.map((r) => r.number),
-          backgroundColor: "rgba(47,111,222,0.45)", pointRadius: 2.5, borderWidth: 0 },
+          backgroundColor: "rgba(47,111,222,0.45)", pointRadius: 2.5, borderWidth: 0, parsing: false },
         { label: "best so far", data: bestLine, owner: [], showLine: true, stepped: true, pointRadius: 0,
           borderColor: "#d1495b", borderWidth: 2 },
       ];
