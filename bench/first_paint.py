@@ -67,7 +67,7 @@ try:
             reply = call("Runtime.evaluate", {"expression": TIMINGS, "returnByValue": True}, session=session)
             data = json.loads(reply.get("result", {}).get("value") or "null") or {}
             if data.get("ready"):
-                print(f"{url} ({attempt}): first draw {data['firstDrawMs']} ms after the request "
+                print(f"{url} ({attempt}): first paint {data['firstDrawMs']} ms after the request "
                       f"(page {data['pageMs']} ms, scripts {data['scriptsMs']} ms, data {data['dataMs']} ms, "
                       f"drawing {data['renderMs']} ms; every card by {data.get('drawnMs', '?')} ms)")
                 break
