@@ -1,10 +1,11 @@
 #!/bin/sh
 # bench/dashboard.sh: `make bench-dashboard` — the dashboard at 10 000 trials. Imports an
 # experiment of TRIALS trials (two objectives, two parameters, a 5-step curve each) made up
-# by Python into a fresh SQLite file, serves it, and measures the page's one data request
-# requests (GET …/dashboard, then …/curves, with curl) and the page's first draw in headless
-# Chromium (bench/first_paint.py: the time from asking for the page to its charts and
-# table drawn, which the page's script writes into <body data-first-draw-ms>; real time).
+# by Python into a fresh SQLite file, serves it, and measures the page's two data
+# requests (GET …/dashboard, then …/curves, with curl) and the page's first paint in headless
+# Chromium (bench/first_paint.py: the time from asking for the page to the rendered frame of
+# its summary, front and hypervolume, which the page's script writes into <body
+# data-first-draw-ms>, and to every card drawn, <body data-drawn-ms>; real time).
 set -eu
 BIN=${BIN:-bin}
 NAS=$(pwd)/$BIN/nas

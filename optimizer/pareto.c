@@ -1,5 +1,6 @@
 /* optimizer/pareto.c: Pareto fronts, non-dominated sorting and reference points
- * (pareto_mask, pareto_ranks, pareto_reference_point in optimizer.h).
+ * (pareto_mask, pareto_ranks, pareto_reference_point in optimizer.h): two objectives by a
+ * sort and a sweep, O(n log n); more by the pairwise test.
  *
  * Rows are points to be minimised. Row a dominates row b when a <= b in every objective and
  * a < b in at least one; so identical rows do not dominate each other and both stay on the
@@ -33,7 +34,53 @@ static bool on_front(const double *Y, size_t n, size_t m, size_t i) {
   return true;
 }
 
+/* ---- the front of two objectives in O(n log n) ------------------------------------------
+ * Sorted by the first objective, then the second, a row is dominated exactly when a row of
+ * a smaller first value has a second value <= its own (strictly better in the first), or a
+ * row of the same first value has a smaller second value (strictly better in the second).
+ * So one sweep over the groups of equal first values keeps, in each group, the rows at the
+ * group's least second value when that value is below every earlier group's. Equal rows
+ * stay together, as in the pairwise test. */
+
+typedef struct {
+  double first, second;
+  size_t row;
+} point2;
+
+static int cmp_point2(const void *a, const void *b) {
+  const point2 *x = a, *y = b;
+  if (x->first != y->first) return x->first < y->first ? -1 : 1;
+  return (x->second > y->second) - (x->second < y->second);
+}
+
+/* mask for m = 2; false when out of memory (mask then untouched). */
+static bool front_of_two(const double *Y, size_t n, bool *mask) {
+  point2 *points = malloc((n ? n : 1) * sizeof *points);
+  if (!points) return false;
+  size_t n_valid = 0;
+  for (size_t i = 0; i < n; i++) {
+    mask[i] = false;
+    if (!row_has_nan(Y + 2 * i, 2)) points[n_valid++] = (point2){Y[2 * i], Y[2 * i + 1], i};
+  }
+  qsort(points, n_valid, sizeof *points, cmp_point2);
+  double best_before = INFINITY; /* least second value of the groups so far */
+  bool any_before = false;       /* (INFINITY cannot say "none": a row may hold it) */
+  for (size_t g = 0; g < n_valid;) {
+    double least = points[g].second; /* sorted: the group's first row holds its least */
+    bool kept = !any_before || least < best_before;
+    size_t k = g;
+    for (; k < n_valid && points[k].first == points[g].first; k++)
+      mask[points[k].row] = kept && points[k].second == least;
+    best_before = fmin(best_before, least);
+    any_before = true;
+    g = k;
+  }
+  free(points);
+  return true;
+}
+
 void pareto_mask(const double *Y, size_t n, size_t m, bool *mask) {
+  if (m == 2 && front_of_two(Y, n, mask)) return;
   for (size_t i = 0; i < n; i++) mask[i] = on_front(Y, n, m, i);
 }
 

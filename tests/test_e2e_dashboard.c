@@ -250,6 +250,56 @@ static void compare_page_draws_nas_compare_fronts(void **state) {
   assert_int_equal(test_server_stop(&s.srv), 0);
 }
 
+/* With a token file the page is served to anyone but its data is not: without a token it
+ * draws a form that asks for one; a token carried in the fragment (#…?token=T) is taken
+ * into the tab's sessionStorage and the page draws; a refused one brings the form back,
+ * saying so. The token never appears in the page. */
+static void token_file_page_asks_for_a_token_and_draws_with_it(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  char *spec = dashboard_spec(f, "dash", 1);
+  run_spec(f, spec);
+  const char *reader = "r1d2a3s4h5b6o7a8r9d0t1o2k3e4n5x6y7z8";
+  char *text = nas_asprintf("read %s\n", reader), *tokens = test_write(f->dir, "tokens", text);
+  chmod(tokens, 0600);
+  const char *extra[] = {"--token-file", tokens, NULL};
+  served s = {.f = f};
+  assert_true(test_server_start(&s.srv, f->dir, f->db, extra));
+  int code;
+  char *type, *body = http_raw(&s.srv, "/api/v1/experiments/dash/dashboard", &code, &type);
+  assert_int_equal(code, 401);
+  free(body), free(type);
+  body = http_raw(&s.srv, "/", &code, &type);
+  assert_int_equal(code, 200); /* the page itself holds no data */
+  free(body), free(type);
+  json_t *pareto = nas_json(f, (char *[]){"pareto", "dash", "--storage", f->db, "--format", "json", NULL});
+
+  char *url = page_url(&s, "#/e/dash"), *dom = dump_dom(f, url);
+  expect_ready(dom, "token");
+  assert_non_null(strstr(dom, "id=\"token-form\""));
+  assert_null(strstr(dom, "id=\"token-refused\""));
+  screenshot(f, url, "token", 500);
+  free(dom), free(url);
+
+  url = page_url(&s, "#/e/dash?token=not-a-token-of-this-server-000000000");
+  dom = dump_dom(f, url);
+  expect_ready(dom, "token");
+  assert_non_null(strstr(dom, "That token was refused."));
+  free(dom), free(url);
+
+  char *fragment = nas_asprintf("#/e/dash?token=%s", reader);
+  url = page_url(&s, fragment);
+  dom = dump_dom(f, url);
+  expect_ready(dom, "experiment");
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-front"),
+                   (long)json_array_size(json_object_get(pareto, "front")));
+  assert_null(strstr(dom, reader));
+  free(dom), free(url), free(fragment);
+  json_decref(pareto);
+  free(text), free(tokens), free(spec);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
 static void plot_file_draws_from_disk_without_a_server(void **state) {
   if (!have_chromium()) skip();
   fixture *f = *state;
@@ -353,6 +403,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(experiment_page_draws_what_the_cli_reports, setup, teardown),
       cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
+      cmocka_unit_test_setup_teardown(token_file_page_asks_for_a_token_and_draws_with_it, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_refuses_bad_usage, setup, teardown),

@@ -194,6 +194,30 @@ static void masks_and_ranks_match_brute_force(void **state) {
   gsl_rng_free(rng);
 }
 
+/* Two objectives take a sort and a sweep rather than the pairwise test: the same front on
+ * sets full of ties (values from a handful of levels, so equal first values, equal second
+ * values and duplicate rows abound), infinities and NaNs. */
+static void front_of_two_objectives_matches_pairwise_test_with_ties(void **state) {
+  (void)state;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  const double levels[] = {-INFINITY, -1, 0, 0.5, 1, 2, INFINITY, NAN};
+  double Y[400 * 2];
+  bool mask[400];
+  for (int t = 0; t < 500; t++) {
+    size_t n = gsl_rng_uniform_int(rng, 400), n_levels = 2 + t % 7; /* NaN only when t%7 == 6 */
+    for (size_t k = 0; k < 2 * n; k++)
+      Y[k] = t % 4 == 3 ? gsl_rng_uniform(rng) : levels[gsl_rng_uniform_int(rng, n_levels)];
+    pareto_mask(Y, n, 2, mask);
+    for (size_t i = 0; i < n; i++) {
+      bool dominated = ref_has_nan(Y + 2 * i, 2);
+      for (size_t k = 0; k < n && !dominated; k++)
+        dominated = !ref_has_nan(Y + 2 * k, 2) && ref_dominates(Y + 2 * k, Y + 2 * i, 2);
+      assert_int_equal(mask[i], !dominated);
+    }
+  }
+  gsl_rng_free(rng);
+}
+
 /* ---- hypervolume ------------------------------------------------------------------------ */
 
 static void hypervolume_hand_cases(void **state) {
@@ -350,6 +374,7 @@ int main(void) {
       cmocka_unit_test(front_keeps_duplicates_and_drops_nan_rows),
       cmocka_unit_test(ranks_count_fronts_in_order),
       cmocka_unit_test(masks_and_ranks_match_brute_force),
+      cmocka_unit_test(front_of_two_objectives_matches_pairwise_test_with_ties),
       cmocka_unit_test(hypervolume_hand_cases),
       cmocka_unit_test(hypervolume_matches_inclusion_exclusion),
       cmocka_unit_test(hypervolume_matches_grid_on_larger_sets),

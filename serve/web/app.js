@@ -5,7 +5,8 @@
  * Pages (the URL's #fragment): #/ experiments, #/e/NAME one experiment, #/e/NAME/t/N one
  * trial, #/compare/A,B,… several experiments. Charts are Chart.js (built into nas). After
  * drawing, elements carry what they show as data-* attributes (data-points, data-front,
- * data-rows, …) and <body> data-ready names the page drawn: the end-to-end test reads them.
+ * data-rows, …) and <body> data-ready names the page drawn ("token" when it asks for a
+ * token): the end-to-end test reads them.
  * Everything is built with textContent, never innerHTML: names, errors and logs are data. */
 "use strict";
 (function () {
@@ -55,6 +56,12 @@
     return (s / 3600).toFixed(1) + " h";
   }
   const enc = encodeURIComponent;
+  /* Resolves once the next frame has been rendered, or after a second without frames (a
+   * hidden tab renders none). */
+  const nextFrame = () => new Promise((resolve) => {
+    requestAnimationFrame(() => setTimeout(resolve, 0));
+    setTimeout(resolve, 1000);
+  });
   function badge(text) { return h("span", { class: "badge " + text }, text); }
   /* A colour from a value in [0, 1]: dark blue (0) over teal to yellow (1), readable on white. */
   function ramp(t) {
@@ -67,14 +74,29 @@
 
   /* ---- data ----------------------------------------------------------------------------- */
 
+  /* ---- the token (nas serve --token-file) ----------------------------------------------
+   * Kept for the browser tab in sessionStorage and sent as a bearer header, never in a URL
+   * the page asks for. A link may carry one in its fragment (#token=T, or #/e/NAME?token=T):
+   * it is moved into sessionStorage and taken out of the address bar (and so out of the
+   * tab's history) before anything is asked for. Fragments never reach a server. */
+  const TOKEN_KEY = "nas-token";
+  function takeTokenFromFragment() {
+    const hash = location.hash, at = hash.search(/(^#|\?)token=/);
+    if (at < 0) return;
+    const token = decodeURIComponent(hash.slice(hash.indexOf("token=", at) + 6)).trim();
+    if (token) sessionStorage.setItem(TOKEN_KEY, token);
+    const route = at === 0 ? "" : hash.slice(0, at);
+    history.replaceState(null, "", location.pathname + location.search + route);
+  }
+  /* Thrown by api() on a 401: the page then asks for a token (tokenPage). */
+  class TokenNeeded extends Error {}
+
   async function api(path) {
-    const headers = {};
-    const token = sessionStorage.getItem("nas-token");
-    if (token) headers.Authorization = "Bearer " + token;
-    const resp = await fetch("api/v1/" + path, { headers });
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    const resp = await fetch("api/v1/" + path, { headers: token ? { Authorization: "Bearer " + token } : {} });
     if (resp.status === 401) {
-      const given = window.prompt("This nas serve needs a token (read scope):");
-      if (given) { sessionStorage.setItem("nas-token", given.trim()); return api(path); }
+      sessionStorage.removeItem(TOKEN_KEY);
+      throw new TokenNeeded(token ? "That token was refused." : "");
     }
     const body = await resp.json().catch(() => ({ error: resp.statusText }));
     if (!resp.ok) throw new Error(body.error || resp.statusText);
@@ -165,9 +187,13 @@
       const others = rows.filter((r) => !onFront.has(r.number) && r["m:" + na] !== null && r["m:" + nb] !== null);
       const line = front.map((r) => ({ x: r[na], y: r[nb], t: r.trial })).sort((p, q) => p.x - q.x);
       const ref = d.pareto.reference_point;
+      /* Every trial's point is drawn without an outline (borderWidth 0; here and in the
+       * objectives' charts): stroking 10 000 circles triples the drawing time. Its {x, y}
+       * need no parsing (parsing: false, a third less time): a scatter's points are found
+       * by position, never by a search that would need them sorted, and no axis has bounds. */
       const sets = [
         { label: "trials", data: others.map((r) => ({ x: r["m:" + na], y: r["m:" + nb] })), owner: others.map((r) => r.number),
-          backgroundColor: "rgba(95,107,122,0.35)", pointRadius: 2.5, pointHoverRadius: 5 },
+          backgroundColor: "rgba(95,107,122,0.35)", pointRadius: 2.5, pointHoverRadius: 5, borderWidth: 0, parsing: false },
         /* Joined by a line only with two objectives: a projection of a 3-D front is no curve. */
         { label: "front", data: line.map((p) => ({ x: p.x, y: p.y })), owner: line.map((p) => p.t), showLine: pairs.length === 1,
           borderColor: "#d1495b", backgroundColor: "#d1495b", pointRadius: 4, pointHoverRadius: 7, borderWidth: 2 },
@@ -214,7 +240,7 @@
       });
       const sets = [
         { label: o.name, data: points.map((r) => ({ x: r.number, y: r["m:" + o.name] })), owner: points.map((r) => r.number),
-          backgroundColor: "rgba(47,111,222,0.45)", pointRadius: 2.5 },
+          backgroundColor: "rgba(47,111,222,0.45)", pointRadius: 2.5, borderWidth: 0, parsing: false },
         { label: "best so far", data: bestLine, owner: [], showLine: true, stepped: true, pointRadius: 0,
           borderColor: "#d1495b", borderWidth: 2 },
       ];
@@ -395,19 +421,44 @@
   const CARDS = { front: frontCard, hypervolume: hypervolumeCard, objectives: objectivesCard, curves: curvesCard,
                   parallel: parallelCard, table: tableCard };
 
-  /* The page, then its learning curves: fetched after the rest is drawn (most of the bytes),
-   * or inlined by nas plot. Resolves to whether to keep polling. */
-  async function experimentPage(d, kind) {
-    const again = drawExperiment(d, kind), token = page.token;
+  /* The cards drawn before the first paint: the ones at the top of the page. The others
+   * follow one per frame, so the first paint waits for none of them. */
+  const FIRST_CARDS = ["front", "hypervolume"];
+
+  /* The page: its summary and first cards at once, then (on a page's first draw; a redraw
+   * while live draws at once, so that the page never shrinks under the reader) the other
+   * cards frame by frame, and its learning curves, fetched meanwhile (most of the bytes) or
+   * inlined by nas plot. Resolves to whether to keep polling. */
+  async function experimentPage(d, kind, progressive) {
+    const token = page.token, grid = drawSummary(d);
+    /* One objective has no front to draw, and its "hypervolume" is only its best value, which
+     * the objective's own chart shows: those two cards are left out unless asked for. */
+    const single = d.objectives.length < 2;
+    const names = Object.keys(CARDS).filter((name) => (kind ? kind === name : !(single && (name === "front" || name === "hypervolume"))));
+    const curves = d.curves || inlined ? null : api(`experiments/${enc(d.experiment.name)}/curves`);
+    curves?.catch(() => {}); /* its failure is reported where it is awaited */
+    for (const name of names) {
+      if (progressive && !FIRST_CARDS.includes(name)) {
+        await nextFrame();
+        if (token !== page.token) return false;
+      }
+      grid.append(CARDS[name](d));
+    }
+    if (progressive) {
+      await nextFrame();
+      if (token !== page.token) return false;
+      document.body.dataset.drawnMs = Math.round(performance.now());
+    }
     const placeholder = document.getElementById("chart-curves");
-    if (placeholder && !d.curves) {
-      d.curves = (await api(`experiments/${enc(d.experiment.name)}/curves`)).curves;
+    if (placeholder && curves) {
+      d.curves = (await curves).curves;
       if (token === page.token) placeholder.replaceWith(curvesCard(d));
     }
-    return again;
+    return d.experiment.status === "running" || d.experiment.scheduler.state === "alive";
   }
 
-  function drawExperiment(d, kind) {
+  /* The title and summary line of an experiment; returns the (empty) grid for its cards. */
+  function drawSummary(d) {
     const e = d.experiment;
     crumbs({ text: e.name });
     const summary = h("div", { class: "summary" }, badge(e.status), progressBar(e),
@@ -417,12 +468,7 @@
       inlined ? h("span", { class: "muted" }, `written by nas plot at ${when(d.generated_at)}`) : null);
     const grid = h("div", { class: "grid" });
     app.replaceChildren(h("h1", {}, e.name), summary, grid);
-    /* One objective has no front to draw, and its "hypervolume" is only its best value, which
-     * the objective's own chart shows: those two cards are left out unless asked for. */
-    const single = d.objectives.length < 2;
-    for (const [name, make] of Object.entries(CARDS))
-      if (kind ? kind === name : !(single && (name === "front" || name === "hypervolume"))) grid.append(make(d));
-    return e.status === "running" || e.scheduler.state === "alive";
+    return grid;
   }
 
   function kv(obj) {
@@ -493,6 +539,27 @@
     return false;
   }
 
+  /* The form that asks for a token; on submit it keeps it for the tab and draws the page. */
+  function tokenPage(refused) {
+    crumbs();
+    const input = h("input", { type: "password", id: "token", name: "token", autocomplete: "off", required: "",
+                               placeholder: "token", "aria-label": "token" });
+    const form = h("form", { class: "card token", id: "token-form" }, h("h2", {}, "This nas serve needs a token"),
+      h("p", {}, "A token from the server's token file (", h("code", {}, "nas serve --token-file"),
+        "); a read token is enough to look. It is kept for this browser tab only and sent in a header, never in a URL."),
+      refused ? h("p", { class: "error", id: "token-refused" }, refused) : null,
+      h("div", { class: "tools" }, input, h("button", { type: "submit" }, "Open")));
+    form.addEventListener("submit", (ev) => {
+      ev.preventDefault();
+      const token = input.value.trim();
+      if (!token) return;
+      sessionStorage.setItem(TOKEN_KEY, token);
+      route();
+    });
+    app.replaceChildren(h("h1", {}, "Token needed"), form);
+    input.focus();
+  }
+
   /* ---- routing and live updates ----------------------------------------------------------- */
 
   function clear() {
@@ -500,8 +567,18 @@
     page.charts = [];
     clearTimeout(page.timer);
   }
-  /* Draws a page from load() (a promise of its data) with draw(data) → whether to keep
-   * polling; polls again while it says so, redrawing only when the data changed. */
+  /* The data as text, to tell whether a poll brought anything new: without the times that
+   * change with every answer, nor what drawing added to it (_rows, curves). */
+  function snapshot(data) {
+    return JSON.stringify(data, function (k, v) {
+      if (this === data && (k === "_rows" || k === "curves")) return undefined;
+      return k === "generated_at" || k === "holder" ? undefined : v;
+    });
+  }
+
+  /* Draws a page from load() (a promise of its data) with draw(data, first) → whether to
+   * keep polling (first: the page's first draw, not a redraw); polls again while it says
+   * so, redrawing only when the data changed. */
   async function show(load, draw, ready) {
     const token = ++page.token;
     let last = null;
@@ -511,16 +588,22 @@
         await documentReady;
         app = document.getElementById("app");
         if (token !== page.token) return;
-        const text = JSON.stringify(data, (k, v) => (k === "generated_at" || k === "holder" ? undefined : v));
+        /* The first draw does not wait for the text (tens of ms at 10 000 trials). */
+        const first = last === null, text = first ? null : snapshot(data);
         let again = true;
-        if (text !== last) {
+        if (first || text !== last) {
           const started = performance.now();
           clear();
-          const drawn = draw(data);
-          last = text;
+          const drawn = draw(data, first);
           document.body.dataset.renderMs = Math.round(performance.now() - started);
-          /* Since the page was asked for: its first paint follows within a frame. */
-          if (!document.body.dataset.firstDrawMs) document.body.dataset.firstDrawMs = Math.round(performance.now());
+          if (first) {
+            /* Painted: the frame after drawing has passed (Chart.js renders in it). Since the
+             * page was asked for; an experiment page then draws its other cards (<body
+             * data-drawn-ms>). */
+            await nextFrame();
+            if (!document.body.dataset.firstDrawMs) document.body.dataset.firstDrawMs = Math.round(performance.now());
+          }
+          last = text === null ? snapshot(data) : text;
           again = await drawn;
           if (token !== page.token) return;
           document.body.dataset.ready = ready;
@@ -532,6 +615,12 @@
         app = document.getElementById("app");
         if (token !== page.token) return;
         clear();
+        live(false);
+        if (err instanceof TokenNeeded) {
+          tokenPage(err.message);
+          document.body.dataset.ready = "token";
+          return;
+        }
         app.replaceChildren(h("p", { class: "error" }, String(err.message || err)));
         document.body.dataset.ready = "error";
       }
@@ -544,17 +633,18 @@
     if (document.body) document.body.dataset.ready = "";
     if (inlined) {
       if (inlined.page === "compare") return show(async () => inlined.compare, comparePage, "compare");
-      return show(async () => inlined.dashboard, (d) => experimentPage(d, inlined.kind), "experiment");
+      return show(async () => inlined.dashboard, (d, first) => experimentPage(d, inlined.kind, first), "experiment");
     }
     if (parts[0] === "e" && parts[1] && parts[2] === "t" && parts[3] !== undefined)
       return show(() => api(`experiments/${enc(parts[1])}/trials/${enc(parts[3])}`), (t) => trialPage(parts[1], t), "trial");
     if (parts[0] === "e" && parts[1])
-      return show(() => api(`experiments/${enc(parts[1])}/dashboard`), (d) => experimentPage(d), "experiment");
+      return show(() => api(`experiments/${enc(parts[1])}/dashboard`), (d, first) => experimentPage(d, null, first), "experiment");
     if (parts[0] === "compare" && parts[1])
       return show(() => api(`compare?experiments=${parts[1].split(",").map(enc).join(",")}`), comparePage, "compare");
     return show(() => api("experiments"), listPage, "experiments");
   }
 
-  window.addEventListener("hashchange", () => { tableState.shown = TABLE_PAGE; route(); });
+  window.addEventListener("hashchange", () => { takeTokenFromFragment(); tableState.shown = TABLE_PAGE; route(); });
+  takeTokenFromFragment();
   route();
 })();
