@@ -114,33 +114,38 @@ static int read_count(const json_t *options, const char *key, size_t *out, nas_e
   return NAS_OK;
 }
 
-static int read_kernel(const json_t *options, gp_kernel *out, nas_err *err) {
-  const json_t *v = json_object_get(options, "kernel");
+/* Option `key`, one of two names: *choice becomes 0 or 1 (untouched when absent). */
+static int read_choice(const json_t *options, const char *key, const char *first,
+                       const char *second, int *choice, nas_err *err) {
+  const json_t *v = json_object_get(options, key);
   if (!v) return NAS_OK;
   const char *name = json_string_value(v);
-  if (name && strcmp(name, "rbf") == 0) *out = GP_KERNEL_RBF;
-  else if (name && strcmp(name, "matern52") == 0) *out = GP_KERNEL_MATERN52;
-  else return nas_errf(err, "optimizer gp: option 'kernel' must be \"rbf\" or \"matern52\"");
+  if (name && strcmp(name, first) == 0) *choice = 0;
+  else if (name && strcmp(name, second) == 0) *choice = 1;
+  else return nas_errf(err, "optimizer gp: option '%s' must be \"%s\" or \"%s\"", key, first,
+                       second);
+  return NAS_OK;
+}
+
+static int read_kernel(const json_t *options, gp_kernel *out, nas_err *err) {
+  int choice = -1;
+  if (read_choice(options, "kernel", "rbf", "matern52", &choice, err) != NAS_OK) return NAS_ERR;
+  if (choice >= 0) *out = choice == 0 ? GP_KERNEL_RBF : GP_KERNEL_MATERN52;
   return NAS_OK;
 }
 
 static int read_mean(const json_t *options, mean_rule *out, nas_err *err) {
-  const json_t *v = json_object_get(options, "mean");
-  if (!v) return NAS_OK;
-  const char *name = json_string_value(v);
-  if (name && strcmp(name, "fitted") == 0) *out = MEAN_FITTED;
-  else if (name && strcmp(name, "worst") == 0) *out = MEAN_WORST;
-  else return nas_errf(err, "optimizer gp: option 'mean' must be \"fitted\" or \"worst\"");
+  int choice = -1;
+  if (read_choice(options, "mean", "fitted", "worst", &choice, err) != NAS_OK) return NAS_ERR;
+  if (choice >= 0) *out = choice == 0 ? MEAN_FITTED : MEAN_WORST;
   return NAS_OK;
 }
 
 static int read_reference(const json_t *options, bool *follow, nas_err *err) {
-  const json_t *v = json_object_get(options, "reference");
-  if (!v) return NAS_OK;
-  const char *name = json_string_value(v);
-  if (name && strcmp(name, "fixed") == 0) *follow = false;
-  else if (name && strcmp(name, "follow") == 0) *follow = true;
-  else return nas_errf(err, "optimizer gp: option 'reference' must be \"fixed\" or \"follow\"");
+  int choice = -1;
+  if (read_choice(options, "reference", "fixed", "follow", &choice, err) != NAS_OK)
+    return NAS_ERR;
+  if (choice >= 0) *follow = choice == 1;
   return NAS_OK;
 }
 
