@@ -224,10 +224,16 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
   return rc;
 }
 
-static void set_scalarisation(mc_acq *a, const mc_options *opt) {
+/* mc_options' margins in standardised units; 0 (fixed) where absent, NaN or not positive. */
+static void set_margins(mc_acq *a, const mc_options *opt) {
   for (size_t j = 0; j < a->n_obj; j++) {
     double margin = opt->utility == MC_HVI && opt->margin ? opt->margin[j] : 0;
     a->margin[j] = margin > 0 ? margin / gp_scale(a->models.obj[j]) : 0;
+  }
+}
+
+static void set_scalarisation(mc_acq *a, const mc_options *opt) {
+  for (size_t j = 0; j < a->n_obj; j++) {
     double range = opt->utility == MC_PAREGO ? opt->ref[j] - opt->ideal[j] : 0;
     double norm = range > 0 ? gp_scale(a->models.obj[j]) / range : 1.0;
     a->scal[j] = (opt->utility == MC_PAREGO ? opt->weights[j] : 1.0) * norm;
@@ -253,6 +259,7 @@ int mc_acq_create(const acq_models *models, const double *Xb, size_t nb, const m
   if (rc == NAS_OK) {
     set_offsets(a, opt->ref);
     set_scalarisation(a, opt);
+    set_margins(a, opt);
     rc = summarise_baseline_samples(a, err);
   }
   if (rc != NAS_OK) {
