@@ -141,11 +141,12 @@ static size_t budget_of(const problem *p) { return p->budget ? p->budget : 50; }
 
 /* Method "gp-ref" is gp told the reference point as the objectives' thresholds, "gp-noise"
  * gp told the objectives' noise (`noise:`, the problem's noise sd; 0 for the noise-free
- * ones); gp_extra (e.g. ", kernel: rbf") is appended to gp's options. */
+ * ones), "gp-follow" gp with the option `reference: follow`; gp_extra (e.g. ", kernel: rbf") is appended to gp's options. */
 static char *problem_yaml(const problem *p, const char *method, long seed, const char *gp_extra) {
   char params[512] = "", objectives[512] = "", options[128] = "";
   bool with_ref = strcmp(method, "gp-ref") == 0, with_noise = strcmp(method, "gp-noise") == 0;
-  const char *type = with_ref || with_noise ? "gp" : method;
+  bool with_follow = strcmp(method, "gp-follow") == 0;
+  const char *type = with_ref || with_noise || with_follow ? "gp" : method;
   for (size_t i = 0; i < p->d; i++) {
     size_t used = strlen(params);
     snprintf(params + used, sizeof params - used, "  x%zu: {type: float, low: 0, high: 1}\n", i);
@@ -159,8 +160,8 @@ static char *problem_yaml(const problem *p, const char *method, long seed, const
              j, threshold);
   }
   if (strcmp(type, "gp") == 0)
-    snprintf(options, sizeof options, ", n_initial: %zu%s", initial_size(p),
-             gp_extra ? gp_extra : "");
+    snprintf(options, sizeof options, ", n_initial: %zu%s%s", initial_size(p),
+             with_follow ? ", reference: follow" : "", gp_extra ? gp_extra : "");
   return nas_asprintf("name: bench\nseed: %ld\nparameters:\n%sobjectives:\n%s%s"
                       "trial: {command: [x]}\nbudget: {trials: %zu}\n"
                       "optimizer: {type: %s%s}\n",
@@ -279,7 +280,7 @@ static const char *flag(int argc, char **argv, const char *name) {
 /* One problem at one q: every listed method and seed. */
 static int run_problem(const problem *p, size_t q, const char *methods, long seeds,
                        const char *gp_extra) {
-  const char *all_methods[] = {"gp", "gp-ref", "gp-noise", "sobol", "random"};
+  const char *all_methods[] = {"gp", "gp-ref", "gp-noise", "gp-follow", "sobol", "random"};
   nas_err err = {{0}};
   for (size_t mi = 0; mi < 5; mi++)
     for (long seed = 0; seed < seeds && listed(methods, all_methods[mi]); seed++)
@@ -486,7 +487,7 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "table") == 0) return cmd_table(argc, argv);
   fprintf(stderr,
           "usage: bench_optimizer run [--seeds N] [--q 1,4]\n"
-          "                           [--methods gp,gp-ref,gp-noise,sobol,random]\n"
+          "                           [--methods gp,gp-ref,gp-noise,gp-follow,sobol,random]\n"
           "                           [--problems NAMES] [--gp-options TEXT]\n"
           "       bench_optimizer timing [--sizes 50,100,200,500] [--repeats N]\n"
           "       bench_optimizer table FILE...\n");

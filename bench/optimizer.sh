@@ -7,8 +7,9 @@
 #
 # Knobs (environment): SEEDS (default 10), Q (default 1,4; the tutorial problems keep their
 # own), PROBLEMS (default all seven),
-# METHODS (nas methods, default gp,gp-ref,sobol,random; gp-ref is gp told the reference point
-# as objective thresholds), OPTUNA_METHODS (default tpe,nsga2), OUT (folder for the CSV files,
+# METHODS (nas methods, default gp,gp-ref,gp-follow,sobol,random; gp-ref is gp told the
+# reference point as objective thresholds, gp-follow gp with `reference: follow`; gp-noise,
+# gp told the noise, only matters on BraninCurrinNoisy), OPTUNA_METHODS (default tpe,nsga2), OUT (folder for the CSV files,
 # default a fresh temporary one), TIMING=0 to skip the timing.
 # The quality runs of nas and of Optuna go side by side (one core each); the timing runs
 # alone afterwards.
@@ -18,7 +19,7 @@ BUILD=${BUILD:-build}
 SEEDS=${SEEDS:-10}
 Q=${Q:-1,4}
 PROBLEMS=${PROBLEMS:-BraninCurrin,ZDT1,DTLZ2_M2,DTLZ2_M3,DTLZ7,C2DTLZ2,BraninCurrinNoisy}
-METHODS=${METHODS:-gp,gp-ref,sobol,random}
+METHODS=${METHODS:-gp,gp-ref,gp-follow,sobol,random}
 OPTUNA_METHODS=${OPTUNA_METHODS:-tpe,nsga2}
 OUT=${OUT:-$(mktemp -d)}
 bin=$BUILD/bench/bench_optimizer

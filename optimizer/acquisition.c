@@ -45,6 +45,7 @@ struct mc_acq {
   double *zx;                /* K·N: zx[o·N + s] */
   double *offset;            /* K: sample value = posterior value + offset */
   double *scal;              /* n_obj: ParEGO weights with the normalisation folded in */
+  double *margin;            /* n_obj: mc_options' margin in standardised units (0: fixed) */
   box_list boxes;            /* MC_HVI: all samples' boxes */
   size_t *box_first, *box_count; /* N */
   double *best;              /* MC_PAREGO: N best scalarised baseline values (≤ 0) */
@@ -65,7 +66,7 @@ static const gp *outcome(const mc_acq *a, size_t o) {
 void mc_acq_free(mc_acq *a) {
   if (!a) return;
   for (size_t o = 0; a->base && o < a->K; o++) gp_baseline_clear(&a->base[o]);
-  void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->box_first,
+  void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->margin, a->box_first,
                    a->box_count,     a->best, a->work, a->dvar, a->l,   a->dl,
                    a->mean, a->dmean, a->sd,  a->dsd, a->F,    a->G,    a->u,
                    a->tmp};
@@ -84,6 +85,7 @@ static int alloc_arrays(mc_acq *a) {
   a->zx = malloc(K * N * sizeof *a->zx);
   a->offset = malloc(K * sizeof *a->offset);
   a->scal = malloc(a->n_obj * sizeof *a->scal);
+  a->margin = malloc(a->n_obj * sizeof *a->margin);
   a->box_first = malloc(N * sizeof *a->box_first);
   a->box_count = malloc(N * sizeof *a->box_count);
   a->best = malloc(N * sizeof *a->best);
@@ -99,7 +101,7 @@ static int alloc_arrays(mc_acq *a) {
   a->G = malloc(N * K * sizeof *a->G);
   a->u = malloc(N * sizeof *a->u);
   a->tmp = malloc((nb + 1) * sizeof *a->tmp);
-  return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->box_first &&
+  return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->margin && a->box_first &&
                  a->box_count && a->best && a->work && a->dvar && a->l && a->dl && a->mean &&
                  a->dmean && a->sd && a->dsd && a->F && a->G && a->u && a->tmp
              ? NAS_OK
@@ -200,7 +202,8 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
     free(front);
     return nas_errf(err, "acquisition: out of memory for baseline samples");
   }
-  memset(zero_ref, 0, sizeof zero_ref);
+  /* the boxes of an inferred coordinate reach out as far as a candidate may move it */
+  for (size_t j = 0; j < a->n_obj; j++) zero_ref[j] = a->margin[j] > 0 ? HUGE_VAL : 0.0;
   int rc = NAS_OK;
   for (size_t s = 0; s < a->N && rc == NAS_OK; s++) {
     size_t k = 0;
@@ -219,6 +222,14 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
   free(front);
   free(Fb);
   return rc;
+}
+
+/* mc_options' margins in standardised units; 0 (fixed) where absent, NaN or not positive. */
+static void set_margins(mc_acq *a, const mc_options *opt) {
+  for (size_t j = 0; j < a->n_obj; j++) {
+    double margin = opt->utility == MC_HVI && opt->margin ? opt->margin[j] : 0;
+    a->margin[j] = margin > 0 ? margin / gp_scale(a->models.obj[j]) : 0;
+  }
 }
 
 static void set_scalarisation(mc_acq *a, const mc_options *opt) {
@@ -248,6 +259,7 @@ int mc_acq_create(const acq_models *models, const double *Xb, size_t nb, const m
   if (rc == NAS_OK) {
     set_offsets(a, opt->ref);
     set_scalarisation(a, opt);
+    set_margins(a, opt);
     rc = summarise_baseline_samples(a, err);
   }
   if (rc != NAS_OK) {
@@ -291,7 +303,14 @@ static double sample_utility(const mc_acq *a, size_t s, bool grad) {
   const double *f = a->F + s * a->K;
   double *g = grad ? a->G + s * a->K : NULL, u, slope;
   if (a->utility == MC_HVI) {
-    u = box_log_hvi(&a->boxes, a->box_first[s], a->box_count[s], f, TAU_RELU, g);
+    double upper[a->n_obj];
+    bool moves[a->n_obj];
+    for (size_t j = 0; j < a->n_obj; j++) { /* the reference once f is observed */
+      upper[j] = a->margin[j] > 0 ? fmax(0.0, f[j] + a->margin[j]) : 0.0;
+      moves[j] = a->margin[j] > 0 && f[j] + a->margin[j] > 0;
+    }
+    box_cap cap = {.upper = upper, .moves = moves};
+    u = box_log_hvi_capped(&a->boxes, a->box_first[s], a->box_count[s], f, &cap, TAU_RELU, g);
   } else {
     double t = a->best[s] - scalarise(a, f, g);
     u = log(0.5 * TAU_RELU) + asinh(t / TAU_RELU);

@@ -74,6 +74,10 @@ typedef struct {
   const double *ref;     /* n_obj: reference point (raw, minimisation convention) */
   const double *weights; /* MC_PAREGO: n_obj positive weights summing to 1 */
   const double *ideal;   /* MC_PAREGO: n_obj: the scalarisation maps [ideal, ref] to [-1, 0] */
+  /* MC_HVI: n_obj (NULL: all 0): where positive, ref[j] is inferred from the data and a
+   * candidate's improvement is measured against max(ref[j], y[j] + margin[j]), the
+   * reference the data would give once y is observed (raw units) */
+  const double *margin;
 } mc_options;
 
 typedef struct mc_acq mc_acq;

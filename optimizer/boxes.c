@@ -153,48 +153,64 @@ static double smooth_relu(double t, double tau, double *dlog) {
   return t >= 0 ? 0.5 * (t + q) : 0.5 * tau * tau / (q - t);
 }
 
+/* The upper bound of box k in objective j: its own, or cap[j] when that is lower (cap NULL:
+ * none); *moves is whether the bound is the cap and the cap moves with y (dcap). */
+static double box_upper(const box_list *b, size_t k, size_t j, const box_cap *cap,
+                        bool *moves) {
+  double up = b->upper[k * b->m + j];
+  *moves = false;
+  if (!cap || !(cap->upper[j] < up)) return up;
+  *moves = cap->moves[j];
+  return cap->upper[j];
+}
+
+/* The factor of box k in objective j at y (smoothed), its d log/dt into *dlog and dt/dy_j
+ * into *slope. */
+static double box_factor(const box_list *b, size_t k, size_t j, const double *y,
+                         const box_cap *cap, double tau, double *dlog, double *slope) {
+  bool moves, clipped = y[j] > b->lower[k * b->m + j]; /* y sets this side of the overlap */
+  double up = box_upper(b, k, j, cap, &moves);
+  *slope = (moves ? 1.0 : 0.0) - (clipped ? 1.0 : 0.0);
+  return smooth_relu(up - (clipped ? y[j] : b->lower[k * b->m + j]), tau, dlog);
+}
+
 /* The sum of the boxes' smoothed volumes, accumulated in linear space: every factor is at
  * least about τ²/(4|t|), so for m ≤ 4 and sane outcomes the products stay far above the
  * underflow limit; box_log_hvi falls back to log space if they ever do not. */
 static double smoothed_volume(const box_list *b, size_t first, size_t count, const double *y,
-                              double tau, double *grad) {
+                              const box_cap *cap, double tau, double *grad) {
   size_t m = b->m;
-  double total = 0, dlog[m > 0 ? m : 1];
+  double total = 0, dlog[m > 0 ? m : 1], slope[m > 0 ? m : 1];
   for (size_t k = first; k < first + count; k++) {
-    const double *lo = b->lower + k * m, *up = b->upper + k * m;
     double vol = 1;
-    for (size_t j = 0; j < m; j++) {
-      bool clipped = y[j] > lo[j]; /* y sets this side of the box's overlap */
-      vol *= smooth_relu(up[j] - (clipped ? y[j] : lo[j]), tau, &dlog[j]);
-      if (!clipped) dlog[j] = 0;
-    }
+    for (size_t j = 0; j < m; j++) vol *= box_factor(b, k, j, y, cap, tau, &dlog[j], &slope[j]);
     total += vol;
-    for (size_t j = 0; grad && j < m; j++) grad[j] -= vol * dlog[j];
+    for (size_t j = 0; grad && j < m; j++) grad[j] += vol * dlog[j] * slope[j];
   }
   return total;
 }
 
 /* Log of box k's smoothed volume; dv (m) receives its gradient in y. */
-static double box_log_volume(const box_list *b, size_t k, const double *y, double tau,
-                             double *dv) {
-  double v = 0, dlog;
+static double box_log_volume(const box_list *b, size_t k, const double *y, const box_cap *cap,
+                             double tau, double *dv) {
+  double v = 0, dlog, slope;
   for (size_t j = 0; j < b->m; j++) {
-    double lo = b->lower[k * b->m + j], up = b->upper[k * b->m + j];
-    v += log(smooth_relu(up - fmax(lo, y[j]), tau, &dlog));
-    dv[j] = y[j] > lo ? -dlog : 0.0;
+    v += log(box_factor(b, k, j, y, cap, tau, &dlog, &slope));
+    dv[j] = dlog * slope;
   }
   return v;
 }
 
 /* The same sum as log-sum-exp of the boxes' log volumes (gradient weighted by softmax). */
 static double smoothed_log_volume(const box_list *b, size_t first, size_t count,
-                                  const double *y, double tau, double *grad) {
+                                  const double *y, const box_cap *cap, double tau,
+                                  double *grad) {
   size_t m = b->m;
   double max = -HUGE_VAL, sum = 0, dv[m > 0 ? m : 1];
   for (size_t k = first; k < first + count; k++)
-    max = fmax(max, box_log_volume(b, k, y, tau, dv));
+    max = fmax(max, box_log_volume(b, k, y, cap, tau, dv));
   for (size_t k = first; k < first + count; k++) {
-    double w = exp(box_log_volume(b, k, y, tau, dv) - max);
+    double w = exp(box_log_volume(b, k, y, cap, tau, dv) - max);
     sum += w;
     for (size_t j = 0; grad && j < m; j++) grad[j] += w * dv[j];
   }
@@ -202,15 +218,20 @@ static double smoothed_log_volume(const box_list *b, size_t first, size_t count,
   return max + log(sum);
 }
 
-double box_log_hvi(const box_list *b, size_t first, size_t count, const double *y, double tau,
-                   double *grad) {
+double box_log_hvi_capped(const box_list *b, size_t first, size_t count, const double *y,
+                          const box_cap *cap, double tau, double *grad) {
   if (grad) memset(grad, 0, b->m * sizeof *grad);
   if (count == 0) return -HUGE_VAL;
-  double total = smoothed_volume(b, first, count, y, tau, grad);
+  double total = smoothed_volume(b, first, count, y, cap, tau, grad);
   if (total > 0 && isfinite(total)) {
     for (size_t j = 0; grad && j < b->m; j++) grad[j] /= total;
     return log(total);
   }
   if (grad) memset(grad, 0, b->m * sizeof *grad);
-  return smoothed_log_volume(b, first, count, y, tau, grad);
+  return smoothed_log_volume(b, first, count, y, cap, tau, grad);
+}
+
+double box_log_hvi(const box_list *b, size_t first, size_t count, const double *y, double tau,
+                   double *grad) {
+  return box_log_hvi_capped(b, first, count, y, NULL, tau, grad);
 }

@@ -10,6 +10,7 @@
 #ifndef NAS_OPTIMIZER_BOXES_H
 #define NAS_OPTIMIZER_BOXES_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "common/common.h"
@@ -41,5 +42,17 @@ double box_hvi(const box_list *b, size_t first, size_t count, const double *y);
  * -HUGE_VAL when count is 0. */
 double box_log_hvi(const box_list *b, size_t first, size_t count, const double *y, double tau,
                    double *grad);
+
+/* Upper bounds that clip every box (the reference point of a hypervolume improvement, when
+ * the boxes were built against a farther one), and per objective whether the bound moves
+ * with y (∂upper_j/∂y_j = 1, else 0). */
+typedef struct {
+  const double *upper; /* m */
+  const bool *moves;   /* m */
+} box_cap;
+
+/* box_log_hvi over the boxes clipped to cap->upper (cap NULL: as box_log_hvi). */
+double box_log_hvi_capped(const box_list *b, size_t first, size_t count, const double *y,
+                          const box_cap *cap, double tau, double *grad);
 
 #endif

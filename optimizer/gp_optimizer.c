@@ -15,7 +15,9 @@
  *     objectives (for one, noisy EI; analytic LogEI when nothing is pending), qLogNParEGO
  *     with a random Chebyshev weighting per pick beyond; an inferred reference point is
  *     recomputed for each pick with the pending points at their posterior means, and
- *     pushed out by a step per pending point (pick_reference);
+ *     pushed out by a step per pending point (pick_reference); with the option
+ *     `reference: follow` each candidate is measured against the reference its own
+ *     observation would give (make_mc);
  *  4. never returns an observed, pending or already suggested assignment (taken.h).
  * Everything random comes from streams of (spec.seed, trial number), so the same spec,
  * observations, pending trials and first_number give the same suggestions. */
@@ -71,6 +73,7 @@ typedef struct {
   const space *sp;    /* borrowed */
   gp_kernel kernel;
   mean_rule mean;
+  bool follow_reference; /* option reference: follow (see make_mc) */
   size_t n_initial;   /* 0: max(5, 2·d) */
   size_t raw_samples; /* acquisition raw samples */
   size_t restarts;    /* acquisition local optimisations */
@@ -82,9 +85,10 @@ typedef struct {
 
 /* ---- options --------------------------------------------------------------------------- */
 
-static const char *const known_options[] = {"kernel",       "mean",       "n_initial",
-                                            "raw_samples",  "restarts",   "mc_samples",
-                                            "fit_restarts", "max_baseline", NULL};
+static const char *const known_options[] = {"kernel",       "mean",       "reference",
+                                            "n_initial",    "raw_samples", "restarts",
+                                            "mc_samples",   "fit_restarts", "max_baseline",
+                                            NULL};
 
 /* The most of each count option. One suggestion's work grows with raw_samples × mc_samples
  * and restarts × mc_samples (the acquisition's evaluations), with fit_restarts (GP fits) and
@@ -110,23 +114,38 @@ static int read_count(const json_t *options, const char *key, size_t *out, nas_e
   return NAS_OK;
 }
 
-static int read_kernel(const json_t *options, gp_kernel *out, nas_err *err) {
-  const json_t *v = json_object_get(options, "kernel");
+/* Option `key`, one of two names: *choice becomes 0 or 1 (untouched when absent). */
+static int read_choice(const json_t *options, const char *key, const char *first,
+                       const char *second, int *choice, nas_err *err) {
+  const json_t *v = json_object_get(options, key);
   if (!v) return NAS_OK;
   const char *name = json_string_value(v);
-  if (name && strcmp(name, "rbf") == 0) *out = GP_KERNEL_RBF;
-  else if (name && strcmp(name, "matern52") == 0) *out = GP_KERNEL_MATERN52;
-  else return nas_errf(err, "optimizer gp: option 'kernel' must be \"rbf\" or \"matern52\"");
+  if (name && strcmp(name, first) == 0) *choice = 0;
+  else if (name && strcmp(name, second) == 0) *choice = 1;
+  else return nas_errf(err, "optimizer gp: option '%s' must be \"%s\" or \"%s\"", key, first,
+                       second);
+  return NAS_OK;
+}
+
+static int read_kernel(const json_t *options, gp_kernel *out, nas_err *err) {
+  int choice = -1;
+  if (read_choice(options, "kernel", "rbf", "matern52", &choice, err) != NAS_OK) return NAS_ERR;
+  if (choice >= 0) *out = choice == 0 ? GP_KERNEL_RBF : GP_KERNEL_MATERN52;
   return NAS_OK;
 }
 
 static int read_mean(const json_t *options, mean_rule *out, nas_err *err) {
-  const json_t *v = json_object_get(options, "mean");
-  if (!v) return NAS_OK;
-  const char *name = json_string_value(v);
-  if (name && strcmp(name, "fitted") == 0) *out = MEAN_FITTED;
-  else if (name && strcmp(name, "worst") == 0) *out = MEAN_WORST;
-  else return nas_errf(err, "optimizer gp: option 'mean' must be \"fitted\" or \"worst\"");
+  int choice = -1;
+  if (read_choice(options, "mean", "fitted", "worst", &choice, err) != NAS_OK) return NAS_ERR;
+  if (choice >= 0) *out = choice == 0 ? MEAN_FITTED : MEAN_WORST;
+  return NAS_OK;
+}
+
+static int read_reference(const json_t *options, bool *follow, nas_err *err) {
+  int choice = -1;
+  if (read_choice(options, "reference", "fixed", "follow", &choice, err) != NAS_OK)
+    return NAS_ERR;
+  if (choice >= 0) *follow = choice == 1;
   return NAS_OK;
 }
 
@@ -135,6 +154,7 @@ static int read_options(const json_t *options, gp_state *st, nas_err *err) {
   if (optimizer_check_options("gp", options, known_options, err) != NAS_OK ||
       read_kernel(options, &st->kernel, err) != NAS_OK ||
       read_mean(options, &st->mean, err) != NAS_OK ||
+      read_reference(options, &st->follow_reference, err) != NAS_OK ||
       read_count(options, "n_initial", &st->n_initial, err) != NAS_OK ||
       read_count(options, "raw_samples", &st->raw_samples, err) != NAS_OK ||
       read_count(options, "restarts", &st->restarts, err) != NAS_OK ||
@@ -355,7 +375,7 @@ static void push_for_pending(const spec *s, const double *rows, size_t n_obs, si
  * observed 0.435) and the reference stays put; the later picks then filled in the front
  * instead of extending it. Hence also the step per pending point (push_for_pending). */
 static int pick_reference(const bo_data *d, const spec *s, const bo_models *md, double *ref,
-                          nas_err *err) {
+                          double *margin, nas_err *err) {
   size_t work_len = 0;
   for (size_t j = 0; j < md->m; j++)
     if (gp_work_len(md->obj[j]) > work_len) work_len = gp_work_len(md->obj[j]);
@@ -372,7 +392,7 @@ static int pick_reference(const bo_data *d, const spec *s, const bo_models *md, 
       memcpy(rows + k++ * d->m, d->Y + i * d->m, d->m * sizeof *rows);
   for (size_t i = 0; i < d->np; i++)
     predict_objectives(md, d->P + i * d->dim, work, rows + k++ * d->m);
-  pareto_reference_point(s, rows, k, ref);
+  pareto_reference_margins(s, rows, k, ref, margin);
   push_for_pending(s, rows, k - d->np, d->np, ref);
   free(rows);
   free(work);
@@ -474,14 +494,21 @@ static void draw_weights(long seed, int number, size_t m, double *w) {
 }
 
 /* The MC acquisition of one pick; ref_out (NULL: not wanted) gets the reference point its
- * hypervolume improvement is measured against. */
+ * hypervolume improvement is measured against. With `reference: follow`, each inferred
+ * coordinate j becomes max(ref_j, y_j + margin_j) for a candidate's outcome y: once y is
+ * observed, a y on the front that lies beyond ref_j makes the nadir y_j (a dominated y
+ * improves nothing under any reference). So a candidate extending the front past the
+ * reference (its ends; a piece of the front beyond the one found first, as on DTLZ7) is
+ * valued at about a margin's width times what it extends, where the fixed reference gives it
+ * nothing. Not the default: on BraninCurrin it also spends evaluations on such extensions
+ * that a tight reference does not reward (bench/RESULTS.md). */
 static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, int number,
                    bo_acq *a, double *ref_out, nas_err *err) {
   const spec *s = space_spec(st->sp);
   acq_models m = {.n_obj = md->m, .n_con = md->c, .obj = md->obj, .con = md->con};
   size_t nb = 0;
-  double weights[md->m], ref[md->m];
-  if (pick_reference(d, s, md, ref, err) != NAS_OK) return NAS_ERR;
+  double weights[md->m], ref[md->m], margin[md->m];
+  if (pick_reference(d, s, md, ref, margin, err) != NAS_OK) return NAS_ERR;
   /* ParEGO's scalarisations ignore the reference point */
   if (ref_out && md->m <= max_hvi_objectives) memcpy(ref_out, ref, md->m * sizeof *ref);
   double *B = mc_baseline(d, &m, st->max_baseline, &nb, err);
@@ -492,7 +519,8 @@ static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, in
                     .seed = design_stream_seed(s->seed, STREAM_MC | (uint64_t)number),
                     .ref = ref,
                     .weights = weights,
-                    .ideal = md->ideal};
+                    .ideal = md->ideal,
+                    .margin = st->follow_reference ? margin : NULL};
   int rc = mc_acq_create(&m, B, nb, &opt, &a->mc, err);
   free(B);
   a->f = mc_acq_eval;

@@ -120,6 +120,10 @@ double pareto_hypervolume(const double *Y, size_t n, size_t m, const double *ref
  * front pushed out by 10% of the observed range). Rows with a NaN or an infinity are
  * ignored; with none left, the inferred coordinates are NaN. */
 void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref);
+/* pareto_reference_point, and per objective into margin the distance the reference lies
+ * beyond the front's nadir: 0 for a threshold, NaN where the coordinate is NaN. */
+void pareto_reference_margins(const spec *s, const double *Y, size_t n, double *ref,
+                              double *margin);
 
 /* The model's view of the observations (`nas pareto --model`): the posterior mean of every
  * objective at each observation's parameters, as the gp optimizer with s's options (its

@@ -195,7 +195,8 @@ static bool on_finite_front(const double *Y, size_t n, size_t m, size_t i) {
   return true;
 }
 
-static double inferred_reference(const double *Y, size_t n, size_t m, size_t j) {
+/* The inferred coordinate j (nadir + margin) and its margin, into *margin. */
+static double inferred_reference(const double *Y, size_t n, size_t m, size_t j, double *margin) {
   double low = INFINITY, high = -INFINITY, nadir = -INFINITY;
   for (size_t i = 0; i < n; i++) {
     if (!row_finite(Y + i * m, m)) continue;
@@ -204,18 +205,28 @@ static double inferred_reference(const double *Y, size_t n, size_t m, size_t j) 
     high = fmax(high, v);
     if (v > nadir && on_finite_front(Y, n, m, i)) nadir = v;
   }
+  *margin = NAN;
   if (!(low <= high)) return NAN;
   double range = high - low;
-  return nadir + (range > 0 ? 0.1 * range : 1e-6 * (1 + fabs(nadir)));
+  *margin = range > 0 ? 0.1 * range : 1e-6 * (1 + fabs(nadir));
+  return nadir + *margin;
 }
 
-void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref) {
+void pareto_reference_margins(const spec *s, const double *Y, size_t n, double *ref,
+                              double *margin) {
   size_t m = s->n_objectives;
   for (size_t j = 0; j < m; j++) {
     const objective_spec *o = &s->objectives[j];
-    if (o->has_threshold)
+    if (o->has_threshold) {
       ref[j] = o->goal == GOAL_MAXIMIZE ? -o->threshold : o->threshold;
-    else
-      ref[j] = inferred_reference(Y, n, m, j);
+      margin[j] = 0;
+    } else {
+      ref[j] = inferred_reference(Y, n, m, j, &margin[j]);
+    }
   }
+}
+
+void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref) {
+  double margin[s->n_objectives + 1];
+  pareto_reference_margins(s, Y, n, ref, margin);
 }

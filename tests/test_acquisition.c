@@ -172,6 +172,71 @@ static void log_hvi_gradient_matches_finite_differences(void **state) {
   gsl_rng_free(rng);
 }
 
+/* Boxes built against a far reference and clipped to a nearer one give the HVI against the
+ * nearer one: the cap of an inferred reference that follows the candidate. */
+static void capped_log_hvi_equals_log_of_hvi_against_the_cap(void **state) {
+  (void)state;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double P[8 * 3], far[3] = {HUGE_VAL, HUGE_VAL, 1.1}, y[3], upper[3];
+  bool moves[3] = {false, false, false};
+  random_points(rng, P, 8, 3);
+  box_list boxes = {0};
+  nas_err err;
+  assert_int_equal(box_decompose(P, 8, 3, far, &boxes, &err), NAS_OK);
+  int checked = 0;
+  for (int t = 0; t < 200; t++) {
+    for (size_t j = 0; j < 3; j++) y[j] = 1.3 * gsl_rng_uniform(rng);
+    upper[0] = 0.9 + 0.5 * gsl_rng_uniform(rng);
+    upper[1] = 0.9 + 0.5 * gsl_rng_uniform(rng);
+    upper[2] = 1.1;
+    box_cap cap = {.upper = upper, .moves = moves};
+    double hvi = brute_hvi(P, 8, 3, upper, y);
+    if (hvi < 1e-3) continue;
+    assert_float_equal(box_log_hvi_capped(&boxes, 0, boxes.n, y, &cap, 1e-6, NULL), log(hvi),
+                       1e-4);
+    checked++;
+  }
+  assert_true(checked > 20);
+  box_list_clear(&boxes);
+  gsl_rng_free(rng);
+}
+
+/* A cap that moves with y (upper_j = y_j + margin) is part of the gradient. */
+static void capped_log_hvi_gradient_matches_finite_differences(void **state) {
+  (void)state;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double P[6 * 2], far[2] = {HUGE_VAL, HUGE_VAL};
+  random_points(rng, P, 6, 2);
+  box_list boxes = {0};
+  nas_err err;
+  assert_int_equal(box_decompose(P, 6, 2, far, &boxes, &err), NAS_OK);
+  for (int t = 0; t < 20; t++) {
+    double y[2], grad[2], tau = 1e-2, margin = 0.1;
+    for (size_t j = 0; j < 2; j++) y[j] = 1.5 * gsl_rng_uniform(rng);
+    double upper[2];
+    bool moves[2];
+    box_cap cap = {.upper = upper, .moves = moves};
+    for (size_t j = 0; j < 2; j++) {
+      upper[j] = fmax(1.1, y[j] + margin);
+      moves[j] = y[j] + margin > 1.1;
+    }
+    box_log_hvi_capped(&boxes, 0, boxes.n, y, &cap, tau, grad);
+    for (size_t j = 0; j < 2; j++) {
+      double h = 1e-6, save = y[j], at[2];
+      for (int side = 0; side < 2; side++) {
+        y[j] = save + (side ? -h : h);
+        upper[j] = fmax(1.1, y[j] + margin);
+        at[side] = box_log_hvi_capped(&boxes, 0, boxes.n, y, &cap, tau, NULL);
+      }
+      y[j] = save;
+      upper[j] = fmax(1.1, y[j] + margin);
+      assert_float_equal(grad[j], (at[0] - at[1]) / (2 * h), 1e-4 * fmax(1, fabs(grad[j])));
+    }
+  }
+  box_list_clear(&boxes);
+  gsl_rng_free(rng);
+}
+
 /* ---- scalar log-space functions -------------------------------------------------------- */
 
 static long double h_direct(long double z) {
@@ -313,9 +378,11 @@ static void mc_acquisition_gradients_match_finite_differences(void **state) {
   acq_models m = {.n_obj = 2, .n_con = 1, .obj = t.g, .con = t.g + 2};
   double ref[2] = {1.5, 1.5}, ideal[2] = {0, 0}, weights[2] = {0.3, 0.7};
   double xs[3][D] = {{0.3, 0.8}, {0.9, 0.1}, {0.05, 0.5}};
-  for (int kind = 0; kind < 2; kind++) {
-    mc_options opt = {.utility = kind ? MC_PAREGO : MC_HVI, .n_samples = 32, .seed = 5,
-                      .ref = ref, .weights = weights, .ideal = ideal};
+  double margin[2] = {0.2, 0.3}; /* kind 2: the reference follows the candidate */
+  for (int kind = 0; kind < 3; kind++) {
+    mc_options opt = {.utility = kind == 1 ? MC_PAREGO : MC_HVI, .n_samples = 32, .seed = 5,
+                      .ref = ref, .weights = weights, .ideal = ideal,
+                      .margin = kind == 2 ? margin : NULL};
     mc_acq *a;
     nas_err err;
     assert_int_equal(mc_acq_create(&m, t.X, 4, &opt, &a, &err), NAS_OK);
@@ -348,6 +415,29 @@ static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
   toy_free(&t, 2);
 }
 
+/* With the reference inferred below every outcome, a fixed reference leaves nothing to
+ * improve, while one that follows the candidate (as the data would once it is observed)
+ * values a candidate that extends the front beyond it. */
+static void reference_that_follows_the_candidate_values_extending_the_front(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 2);
+  acq_models m = {.n_obj = 2, .obj = t.g};
+  double ref[2] = {-20, -20}, margin[2] = {0.5, 0.5}, x[D] = {0.05, 0.5};
+  mc_options fixed = {.utility = MC_HVI, .n_samples = 32, .seed = 5, .ref = ref};
+  mc_options follow = fixed;
+  follow.margin = margin;
+  mc_acq *a, *b;
+  nas_err err;
+  assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &fixed, &a, &err), NAS_OK);
+  assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &follow, &b, &err), NAS_OK);
+  assert_true(mc_acq_eval(b, x, NULL) > mc_acq_eval(a, x, NULL) + 10.0);
+  assert_true(isfinite(mc_acq_eval(b, x, NULL)) && mc_acq_eval(b, x, NULL) > log(1e-6));
+  mc_acq_free(a);
+  mc_acq_free(b);
+  toy_free(&t, 2);
+}
+
 /* Points far worse than another in both objectives go; the rest stay. */
 static void pruning_drops_surely_dominated_points(void **state) {
   (void)state;
@@ -368,6 +458,8 @@ static void pruning_drops_surely_dominated_points(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(box_hvi_equals_brute_force_hypervolume_improvement),
+      cmocka_unit_test(capped_log_hvi_equals_log_of_hvi_against_the_cap),
+      cmocka_unit_test(capped_log_hvi_gradient_matches_finite_differences),
       cmocka_unit_test(boxes_cover_the_non_dominated_region_exactly),
       cmocka_unit_test(log_hvi_equals_log_of_hvi_where_hvi_is_not_tiny),
       cmocka_unit_test(log_hvi_rises_towards_the_front_where_hvi_is_zero),
@@ -379,6 +471,7 @@ int main(void) {
       cmocka_unit_test(logei_gradient_matches_finite_differences),
       cmocka_unit_test(mc_acquisition_gradients_match_finite_differences),
       cmocka_unit_test(mc_hvi_is_deterministic_and_prefers_improvement),
+      cmocka_unit_test(reference_that_follows_the_candidate_values_extending_the_front),
       cmocka_unit_test(pruning_drops_surely_dominated_points),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -115,6 +115,7 @@ static void unknown_or_invalid_options_are_rejected(void **state) {
   expect_spec_error(branin_currin_yaml("gp", 0, ", n_initial: 0"), "n_initial");
   expect_spec_error(branin_currin_yaml("gp", 0, ", mc_samples: many"), "mc_samples");
   expect_spec_error(branin_currin_yaml("gp", 0, ", mean: best"), "mean");
+  expect_spec_error(branin_currin_yaml("gp", 0, ", reference: moving"), "'reference'");
 }
 
 /* Counts past these made one suggestion take minutes (raw_samples: 1000000); the caps are
@@ -190,11 +191,13 @@ static void expect_same_runs(const char *options) {
   finish(&b);
 }
 
-/* Both constant means (2-d defaults to the fitted one), batches with moving references. */
+/* Both constant means (2-d defaults to the fitted one), batches with moving references,
+ * references that follow the candidate. */
 static void same_seed_and_data_give_the_same_suggestions(void **state) {
   (void)state;
   expect_same_runs(", raw_samples: 64, restarts: 2");
   expect_same_runs(", raw_samples: 64, restarts: 2, mean: worst");
+  expect_same_runs(", raw_samples: 64, restarts: 2, reference: follow");
 }
 
 /* After a Sobol start, a batch of four holds four different points that are not all in

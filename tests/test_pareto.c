@@ -369,6 +369,24 @@ static void reference_point_pushes_the_nadir_out_by_a_tenth_of_the_range(void **
   spec_free(s);
 }
 
+/* The margins are the distance of each reference coordinate beyond the front's nadir:
+ * a tenth of the observed range, 0 for a threshold. */
+static void reference_margins_are_zero_for_thresholds_and_a_tenth_of_the_range(void **state) {
+  (void)state;
+  spec *s = two_objectives("  - {name: a, goal: minimize}\n"
+                           "  - {name: b, goal: maximize, threshold: -1}\n");
+  /* (a, −b) rows: front (0, 4), (1, 1), (4, 0); (5, 5) dominated */
+  const double Y[] = {0, 4, 1, 1, 4, 0, 5, 5};
+  double ref[2], margin[2];
+  pareto_reference_margins(s, Y, 4, ref, margin);
+  assert_close(ref[0], 4 + 0.5);
+  assert_close(margin[0], 0.5);
+  assert_true(ref[1] == 1 && margin[1] == 0);
+  pareto_reference_margins(s, NULL, 0, ref, margin);
+  assert_true(isnan(ref[0]) && isnan(margin[0]));
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(front_keeps_duplicates_and_drops_nan_rows),
@@ -382,6 +400,7 @@ int main(void) {
       cmocka_unit_test(hypervolume_is_fast_enough),
       cmocka_unit_test(reference_point_uses_thresholds_in_minimisation_terms),
       cmocka_unit_test(reference_point_pushes_the_nadir_out_by_a_tenth_of_the_range),
+      cmocka_unit_test(reference_margins_are_zero_for_thresholds_and_a_tenth_of_the_range),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
