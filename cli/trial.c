@@ -131,13 +131,15 @@ static void print_tail(const char *name, const json_t *tail) {
               text[strlen(text) - 1] == '\n' ? "" : "\n");
 }
 
-static void print_trial_text(const char *experiment, const json_t *t) {
+/* t as text; with its rung when the experiment trains by multi-fidelity rungs. */
+static void print_trial_text(const char *experiment, bool rungs, const json_t *t) {
   const json_t *job = json_object_get(t, "job_id"), *error = json_object_get(t, "error");
-  printf("trial %lld of %s: %s, %lld attempt(s)%s%s\n",
+  printf("trial %lld of %s: %s, %lld attempt(s)",
          (long long)json_integer_value(json_object_get(t, "number")), experiment,
          json_string_value(json_object_get(t, "status")),
-         (long long)json_integer_value(json_object_get(t, "attempts")), job ? ", job " : "",
-         job ? json_string_value(job) : "");
+         (long long)json_integer_value(json_object_get(t, "attempts")));
+  if (rungs) printf(", rung %lld", (long long)json_integer_value(json_object_get(t, "rung")));
+  printf("%s%s\n", job ? ", job " : "", job ? json_string_value(job) : "");
   print_time("created", json_object_get(t, "created_at"));
   print_time("started", json_object_get(t, "started_at"));
   print_time("finished", json_object_get(t, "finished_at"));
@@ -189,7 +191,7 @@ static int show_trial(const trial_args *a) {
     if (find_number(&r, exp.name, a->number, &i, &err) == NAS_OK &&
         (detail = sched_trial_detail_json(st, &exp, &r, i, &err))) {
       if (a->format == FORMAT_JSON) cli_print_json(detail);
-      else print_trial_text(exp.name, detail);
+      else print_trial_text(exp.name, s->multi_fidelity.kind != MULTI_FIDELITY_NONE, detail);
     }
     sched_results_free(&r);
   }
