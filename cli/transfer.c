@@ -142,9 +142,9 @@ static const char import_help[] =
     "experiment: its spec, and every trial with its parameters, status, attempts, rung,\n"
     "error, metrics and intermediate values. An experiment of that name already in the\n"
     "storage is refused: give it another with --name. The whole file is checked before\n"
-    "anything is stored. Trials get new times (the import's); a trial that was running is imported\n"
-    "queued, since nothing runs it here. Like 'nas run' and 'nas create', import creates a\n"
-    "missing SQLite file.\n";
+    "anything is stored. Trials get new times (the import's); a trial that was running is\n"
+    "imported queued, since nothing runs it here. Like 'nas run' and 'nas create', import\n"
+    "creates a missing SQLite file.\n";
 
 typedef struct {
   const char *path;      /* the file, for messages; borrowed */
@@ -368,8 +368,8 @@ static int replay_attempts(storage *st, int64_t id, trial_status status, int att
     bool promoted = k >= first_promoted && k < first_promoted + rung, last = k == attempts;
     trial_status to = promoted ? TRIAL_COMPLETED : last ? status : TRIAL_QUEUED;
     if (storage_trial_start(st, id, IMPORT_JOB_ID, err) != NAS_OK ||
-        storage_trial_finish(st, id, to, false, 0, promoted ? NULL : last ? error : "an earlier attempt",
-                             err) != NAS_OK ||
+        storage_trial_finish(st, id, to, false, 0,
+                             promoted ? NULL : last ? error : "an earlier attempt", err) != NAS_OK ||
         (promoted && storage_trial_promote(st, id, k - first_promoted, err) != NAS_OK))
       return NAS_ERR;
   }

@@ -22,12 +22,12 @@
 
 static const char trial_help[] =
     "usage: nas trial EXPERIMENT N [--format table|json] [--storage URL]\n\n"
-    "Everything about trial number N: its status, attempts and job, when it was created,\n"
-    "started and finished (and how long it took), its parameters, every metric, the\n"
-    "reference point it was suggested for, its curves (every intermediate value), its\n"
-    "error, its run folder, the model a built-in trial saved there, and the last 4 KiB of\n"
-    "its stdout.log and stderr.log. --format json gives the same JSON as 'nas serve' at\n"
-    "GET /api/v1/experiments/EXPERIMENT/trials/N.\n";
+    "Everything about trial number N: its status, attempts (with multi_fidelity its rung)\n"
+    "and job, when it was created, started and finished (and how long it took), its\n"
+    "parameters, every metric, the reference point it was suggested for, its curves (every\n"
+    "intermediate value), its error, its run folder, the model a built-in trial saved\n"
+    "there, and the last 4 KiB of its stdout.log and stderr.log. --format json gives the\n"
+    "same JSON as 'nas serve' at GET /api/v1/experiments/EXPERIMENT/trials/N.\n";
 
 static const char logs_help[] =
     "usage: nas logs EXPERIMENT N [--stderr] [--follow] [--storage URL]\n\n"
