@@ -67,11 +67,12 @@ static json_t *param_cell(const json_t *params, const char *name) {
 
 static const char trials_help[] =
     "usage: nas trials EXPERIMENT [--format table|csv|json] [--storage URL]\n\n"
-    "Lists every trial of EXPERIMENT: number, status, one column per parameter and per\n"
-    "metric (named as in the spec; empty where inactive or never reported), and the error\n"
-    "of failed trials. With several objectives, also the reference point the optimizer\n"
-    "aimed the trial's hypervolume improvement at when it suggested it (empty for initial\n"
-    "design points and optimizers without one). Numbers are exact in csv and json.\n";
+    "Lists every trial of EXPERIMENT: number, status, with multi_fidelity the rung it\n"
+    "trains to or last trained to, one column per parameter and per metric (named as in\n"
+    "the spec; empty where inactive or never reported), and the error of failed trials.\n"
+    "With several objectives, also the reference point the optimizer aimed the trial's\n"
+    "hypervolume improvement at when it suggested it (empty for initial design points and\n"
+    "optimizers without one). Numbers are exact in csv and json.\n";
 
 /* The recorded reference point (a JSON object of objective → value): the object itself in
  * JSON, else "name=value, …" in the spec's objective order (6 significant digits in a
@@ -101,6 +102,8 @@ static int add_trial_row(cli_table *t, const spec *s, const sched_results *r, si
   json_t *cells = json_array();
   json_array_append_new(cells, json_integer(row->number));
   json_array_append_new(cells, json_string(trial_status_name(row->status)));
+  if (s->multi_fidelity.kind != MULTI_FIDELITY_NONE)
+    json_array_append_new(cells, json_integer(row->rung));
   for (size_t p = 0; p < s->n_params; p++)
     json_array_append_new(cells, param_cell(params, s->params[p].name));
   for (size_t m = 0; m < r->n_metrics; m++)
@@ -129,6 +132,8 @@ int cli_trials_table(const spec *s, const sched_results *r, out_format format, b
   static const char *const head[] = {"trial", "status"};
   static const char *const times[] = {"created_at", "started_at", "finished_at", "duration_s"};
   int rc = cli_table_init(t, head, 2);
+  if (rc == NAS_OK && s->multi_fidelity.kind != MULTI_FIDELITY_NONE)
+    rc = cli_table_add_column(t, "rung");
   for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
     rc = cli_table_add_column(t, s->params[p].name);
   for (size_t m = 0; rc == NAS_OK && m < r->n_metrics; m++)

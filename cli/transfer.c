@@ -26,11 +26,12 @@ static const char export_help[] =
     "Writes the experiment to stdout.\n"
     "  json (default)  the whole experiment, for 'nas import' or your own tools: its spec\n"
     "                  (storage password masked) and every trial with its parameters,\n"
-    "                  metrics, status, error, attempts and times; --with curves adds every\n"
-    "                  intermediate value. The format is versioned (docs/cli.md).\n"
-    "  csv             one row per trial: number, status, parameters, metrics, reference\n"
-    "                  point, error (as 'nas trials --format csv'); --with timings adds\n"
-    "                  created_at, started_at, finished_at (Unix seconds) and duration_s.\n";
+    "                  metrics, status, error, attempts, rung and times; --with curves adds\n"
+    "                  every intermediate value. The format is versioned (docs/cli.md).\n"
+    "  csv             one row per trial: number, status, rung (multi-fidelity only),\n"
+    "                  parameters, metrics, reference point, error (as 'nas trials --format\n"
+    "                  csv'); --with timings adds created_at, started_at, finished_at\n"
+    "                  (Unix seconds) and duration_s.\n";
 
 typedef struct {
   char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
@@ -138,12 +139,12 @@ int cmd_export(int argc, char **argv) {
 static const char import_help[] =
     "usage: nas import FILE [--name NEW] [--storage URL]\n\n"
     "Stores the experiment of FILE (written by 'nas export --format json') as a new\n"
-    "experiment: its spec, and every trial with its parameters, status, attempts, error,\n"
-    "metrics and intermediate values. An experiment of that name already in the storage is\n"
-    "refused: give it another with --name. The whole file is checked before anything is\n"
-    "stored. Trials get new times (the import's); a trial that was running is imported\n"
-    "queued, since nothing runs it here. Like 'nas run' and 'nas create', import creates a\n"
-    "missing SQLite file.\n";
+    "experiment: its spec, and every trial with its parameters, status, attempts, rung,\n"
+    "error, metrics and intermediate values. An experiment of that name already in the\n"
+    "storage is refused: give it another with --name. The whole file is checked before\n"
+    "anything is stored. Trials get new times (the import's); a trial that was running is\n"
+    "imported queued, since nothing runs it here. Like 'nas run' and 'nas create', import\n"
+    "creates a missing SQLite file.\n";
 
 typedef struct {
   const char *path;      /* the file, for messages; borrowed */
@@ -201,6 +202,25 @@ static bool curves_valid(const json_t *curves) {
   return true;
 }
 
+/* The attempts a trial at its rung (multi-fidelity) has used at least: one per rung it
+ * completed before being promoted, and one for its current rung unless it waits queued. */
+static json_int_t attempts_to_reach(trial_status status, json_int_t rung) {
+  return rung + (rung > 0 && status != TRIAL_QUEUED ? 1 : 0);
+}
+
+/* t's "rung" (absent in exports from before multi-fidelity: 0) against its attempts; t's
+ * status and attempts are checked already. */
+static int check_rung(const json_t *t) {
+  const json_t *v = json_object_get(t, "rung");
+  if (!v) return NAS_OK;
+  trial_status status;
+  trial_status_parse(json_string_value(json_object_get(t, "status")), &status);
+  json_int_t rung = json_integer_value(v);
+  bool ok = json_is_integer(v) && rung >= 0 &&
+            attempts_to_reach(status, rung) <= json_integer_value(json_object_get(t, "attempts"));
+  return ok ? NAS_OK : NAS_ERR;
+}
+
 static int check_trial(const import_file *f, const json_t *t, size_t i, nas_err *err) {
   long at = (long)i;
   trial_status status;
@@ -221,6 +241,9 @@ static int check_trial(const import_file *f, const json_t *t, size_t i, nas_err 
   v = json_object_get(t, "attempts");
   if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
     return bad_field(err, f, at, "attempts", "must be a count");
+  if (check_rung(t) != NAS_OK)
+    return bad_field(err, f, at, "rung", "must be a count, and a trial at rung r > 0 must have "
+                                         "run r attempts before its last (r when queued)");
   v = json_object_get(t, "error");
   if (v && !json_is_null(v) && !json_is_string(v))
     return bad_field(err, f, at, "error", "must be a string or null");
@@ -331,18 +354,23 @@ static metric_obs *trial_observations(const json_t *t, size_t *n) {
 
 /* Brings a new queued trial to status through its attempts, as the storage API allows:
  * each attempt is started and ended (earlier ones queued again, the last with the status
- * and error); a trial that was running is left queued. */
-static int replay_attempts(storage *st, int64_t id, trial_status status, int attempts,
+ * and error); a trial that was running is left queued. A trial at rung > 0 (multi-fidelity)
+ * completed each rung below and was promoted: those are the `rung` attempts before its
+ * last, or its last `rung` when it waits queued (check_rung saw there are enough). */
+static int replay_attempts(storage *st, int64_t id, trial_status status, int attempts, int rung,
                            const char *error, nas_err *err) {
+  int first_promoted = attempts - (int)attempts_to_reach(status, rung) + 1;
   if (status == TRIAL_RUNNING) status = TRIAL_QUEUED;
   if (attempts == 0 && status == TRIAL_FAILED) /* its job never started */
     return storage_trial_finish(st, id, status, false, 0, error, err);
   if (attempts == 0 && status != TRIAL_QUEUED) attempts = 1;
   for (int k = 1; k <= attempts; k++) {
-    bool last = k == attempts;
-    trial_status to = last ? status : TRIAL_QUEUED;
+    bool promoted = k >= first_promoted && k < first_promoted + rung, last = k == attempts;
+    trial_status to = promoted ? TRIAL_COMPLETED : last ? status : TRIAL_QUEUED;
     if (storage_trial_start(st, id, IMPORT_JOB_ID, err) != NAS_OK ||
-        storage_trial_finish(st, id, to, false, 0, last ? error : "an earlier attempt", err) != NAS_OK)
+        storage_trial_finish(st, id, to, false, 0,
+                             promoted ? NULL : last ? error : "an earlier attempt", err) != NAS_OK ||
+        (promoted && storage_trial_promote(st, id, k - first_promoted, err) != NAS_OK))
       return NAS_ERR;
   }
   return NAS_OK;
@@ -364,6 +392,7 @@ static int store_trial(storage *st, int64_t experiment_id, const json_t *t, nas_
   if (rc == NAS_OK && n > 0) rc = storage_metrics_add(st, row.id, obs, n, -1, err);
   if (rc == NAS_OK)
     rc = replay_attempts(st, row.id, status, (int)json_integer_value(json_object_get(t, "attempts")),
+                         (int)json_integer_value(json_object_get(t, "rung")),
                          json_string_value(json_object_get(t, "error")), err);
   trial_row_clear(&row);
   free(params), free(ref), free(obs);

@@ -22,12 +22,12 @@
 
 static const char trial_help[] =
     "usage: nas trial EXPERIMENT N [--format table|json] [--storage URL]\n\n"
-    "Everything about trial number N: its status, attempts and job, when it was created,\n"
-    "started and finished (and how long it took), its parameters, every metric, the\n"
-    "reference point it was suggested for, its curves (every intermediate value), its\n"
-    "error, its run folder, the model a built-in trial saved there, and the last 4 KiB of\n"
-    "its stdout.log and stderr.log. --format json gives the same JSON as 'nas serve' at\n"
-    "GET /api/v1/experiments/EXPERIMENT/trials/N.\n";
+    "Everything about trial number N: its status, attempts (with multi_fidelity its rung)\n"
+    "and job, when it was created, started and finished (and how long it took), its\n"
+    "parameters, every metric, the reference point it was suggested for, its curves (every\n"
+    "intermediate value), its error, its run folder, the model a built-in trial saved\n"
+    "there, and the last 4 KiB of its stdout.log and stderr.log. --format json gives the\n"
+    "same JSON as 'nas serve' at GET /api/v1/experiments/EXPERIMENT/trials/N.\n";
 
 static const char logs_help[] =
     "usage: nas logs EXPERIMENT N [--stderr] [--follow] [--storage URL]\n\n"
@@ -131,13 +131,15 @@ static void print_tail(const char *name, const json_t *tail) {
               text[strlen(text) - 1] == '\n' ? "" : "\n");
 }
 
-static void print_trial_text(const char *experiment, const json_t *t) {
+/* t as text; with its rung when the experiment trains by multi-fidelity rungs. */
+static void print_trial_text(const char *experiment, bool rungs, const json_t *t) {
   const json_t *job = json_object_get(t, "job_id"), *error = json_object_get(t, "error");
-  printf("trial %lld of %s: %s, %lld attempt(s)%s%s\n",
+  printf("trial %lld of %s: %s, %lld attempt(s)",
          (long long)json_integer_value(json_object_get(t, "number")), experiment,
          json_string_value(json_object_get(t, "status")),
-         (long long)json_integer_value(json_object_get(t, "attempts")), job ? ", job " : "",
-         job ? json_string_value(job) : "");
+         (long long)json_integer_value(json_object_get(t, "attempts")));
+  if (rungs) printf(", rung %lld", (long long)json_integer_value(json_object_get(t, "rung")));
+  printf("%s%s\n", job ? ", job " : "", job ? json_string_value(job) : "");
   print_time("created", json_object_get(t, "created_at"));
   print_time("started", json_object_get(t, "started_at"));
   print_time("finished", json_object_get(t, "finished_at"));
@@ -189,7 +191,7 @@ static int show_trial(const trial_args *a) {
     if (find_number(&r, exp.name, a->number, &i, &err) == NAS_OK &&
         (detail = sched_trial_detail_json(st, &exp, &r, i, &err))) {
       if (a->format == FORMAT_JSON) cli_print_json(detail);
-      else print_trial_text(exp.name, detail);
+      else print_trial_text(exp.name, s->multi_fidelity.kind != MULTI_FIDELITY_NONE, detail);
     }
     sched_results_free(&r);
   }

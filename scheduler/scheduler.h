@@ -272,7 +272,8 @@ int sched_model_means(const spec *s, const sched_results *r, double *means, nas_
  * "model": {objective: posterior mean}, sorted by the first objective's mean. Owned. */
 json_t *sched_model_front_json(const spec *s, const sched_results *r, nas_err *err);
 /* One trial r->trials[i]: number, status, params, metrics (final values), attempts,
- * times, error, reference point. Owned; NULL when out of memory. */
+ * times, error, reference point, rung (multi-fidelity; 0 for every other trial). Owned;
+ * NULL when out of memory. */
 json_t *sched_trial_json(const sched_results *r, size_t i);
 /* The bytes of stdout.log and stderr.log a trial in full carries. */
 #define SCHED_LOG_TAIL_BYTES 4096

@@ -122,14 +122,14 @@ json_t *sched_trial_json(const sched_results *r, size_t i) {
   }
   json_t *params = json_loads(t->params_json, 0, NULL);
   json_t *reference = t->reference_json ? json_loads(t->reference_json, 0, NULL) : NULL;
-  return json_pack("{s:i, s:s, s:o, s:o, s:i, s:o, s:o, s:o, s:o, s:o, s:o}", "number",
+  return json_pack("{s:i, s:s, s:o, s:o, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:i}", "number",
                    t->number, "status", trial_status_name(t->status), "params",
                    params ? params : json_object(), "metrics", metrics, "attempts",
                    t->attempts, "created_at", time_or_null(t->created_at), "started_at",
                    time_or_null(t->started_at), "finished_at", time_or_null(t->finished_at),
                    "error", t->error ? json_string(t->error) : json_null(), "reference_point",
                    reference ? reference : json_null(), "heartbeat_at",
-                   time_or_null(t->heartbeat_at));
+                   time_or_null(t->heartbeat_at), "rung", t->rung);
 }
 
 static json_t *counts_json(const sched_results *r) {

@@ -209,33 +209,43 @@ static const char *const final_metrics[] = {
     METRIC_ACCURACY,    METRIC_PARAMS,      METRIC_MODEL_BYTES,   METRIC_FLOPS,
     METRIC_LATENCY_P50, METRIC_LATENCY_P99, METRIC_TRAIN_SECONDS, NULL};
 
-/* A built-in experiment on digits; `settings` go into the builtin section. */
-static char *digits_spec(fixture *f, const char *name, const char *settings, int trials,
-                         int parallel, const char *timeout) {
+/* A built-in experiment of model on digits, searching `parameters` (YAML lines) at random;
+ * `settings` go into the builtin section. */
+static char *digits_experiment(fixture *f, const char *name, const char *model,
+                               const char *parameters, const char *settings, int trials,
+                               int parallel, const char *timeout) {
   char *text;
   assert_true(asprintf(&text,
                        "name: %s\n"
                        "seed: 3\n"
                        "parameters:\n"
-                       "  layers: {type: int, low: 1, high: 3}\n"
-                       "  width: {type: int, low: 8, high: 64, log: true}\n"
-                       "  width3: {type: int, low: 4, high: 16, when: \"layers >= 3\"}\n"
-                       "  lr: {type: float, low: 0.003, high: 0.03, log: true}\n"
+                       "%s"
                        "objectives:\n"
                        "  - {name: accuracy, goal: maximize}\n"
                        "  - {name: params, goal: minimize}\n"
                        "trial:\n"
-                       "  builtin: {model: mlp, dataset: digits, %s}\n"
+                       "  builtin: {model: %s, dataset: digits, %s}\n"
                        "  timeout: %s\n"
                        "budget: {trials: %d, parallel: %d}\n"
                        "optimizer: {type: random}\n",
-                       name, settings, timeout, trials, parallel) > 0);
+                       name, parameters, model, settings, timeout, trials, parallel) > 0);
   char *file;
   assert_true(asprintf(&file, "%s.yaml", name) > 0);
   char *path = test_write(f->dir, file, text);
   free(file);
   free(text);
   return path;
+}
+
+static const char mlp_parameters[] = "  layers: {type: int, low: 1, high: 3}\n"
+                                     "  width: {type: int, low: 8, high: 64, log: true}\n"
+                                     "  width3: {type: int, low: 4, high: 16, when: \"layers >= 3\"}\n"
+                                     "  lr: {type: float, low: 0.003, high: 0.03, log: true}\n";
+
+/* An MLP experiment on digits; `settings` go into the builtin section. */
+static char *digits_spec(fixture *f, const char *name, const char *settings, int trials,
+                         int parallel, const char *timeout) {
+  return digits_experiment(f, name, "mlp", mlp_parameters, settings, trials, parallel, timeout);
 }
 
 /* The stored observations of the experiment's trials. */
@@ -398,28 +408,42 @@ static double trial_accuracy(fixture *f, const char *name, size_t i) {
   return accuracy;
 }
 
+/* What assert_variants_train_alike trains: a model searching `parameters` with the
+ * settings every variant shares, the accuracy each trial must pass, and how close to the
+ * first variant's trial each other variant's must end. */
+typedef struct {
+  const char *model, *parameters, *settings;
+  double min_accuracy, tolerance;
+} variant_base;
+
+/* An MLP without batch norm: ranks and stages change only float rounding. With the
+ * recipe's parts that act on batches and the loss, as every rank must. */
+static const variant_base mlp_base = {"mlp", mlp_parameters,
+                                      "epochs: 3, batch_size: 32, limit_train: 512, warmup: 0.5, "
+                                      "label_smoothing: 0.1, augment_crop: 1",
+                                      0.5, 0.02};
+
 /* Runs an experiment of two digits trials per variant of the settings (names prefix0,
  * prefix1, ...) and asserts every variant reaches the accuracy of the first, trial by
- * trial, within float rounding's reach. */
-static void assert_variants_train_alike(fixture *f, const char *prefix,
+ * trial, within base->tolerance. */
+static void assert_variants_train_alike(fixture *f, const char *prefix, const variant_base *base,
                                         const char *const *variants, int n) {
   double accuracy[8][2];
   assert_true(n <= 8);
   for (int v = 0; v < n; v++) {
-    char name[32], settings[256], *out;
+    char name[32], settings[512], *out;
     snprintf(name, sizeof name, "%s%d", prefix, v);
-    /* with the recipe's parts that act on batches and the loss, as every rank must */
-    snprintf(settings, sizeof settings, "epochs: 3, batch_size: 32, limit_train: 512, "
-             "warmup: 0.5, label_smoothing: 0.1, augment_crop: 1, %s", variants[v]);
-    char *spec = digits_spec(f, name, settings, 2, 1, "2m");
+    snprintf(settings, sizeof settings, "%s, %s", base->settings, variants[v]);
+    char *spec = digits_experiment(f, name, base->model, base->parameters, settings, 2, 1, "2m");
     int rc = nas(f, &out, "run", spec, "--no-progress");
     if (rc != 0) fail_msg("%s: nas run failed (%d): %s", variants[v], rc, out);
     free(out);
     free(spec);
     for (size_t i = 0; i < 2; i++) {
       accuracy[v][i] = trial_accuracy(f, name, i);
-      assert_true(accuracy[v][i] > 0.5);
-      if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > 0.02)
+      if (accuracy[v][i] <= base->min_accuracy)
+        fail_msg("%s: trial %zu accuracy %g", variants[v], i, accuracy[v][i]);
+      if (v > 0 && fabs(accuracy[v][i] - accuracy[0][i]) > base->tolerance)
         fail_msg("%s: trial %zu accuracy %g, first variant %g", variants[v], i,
                  accuracy[v][i], accuracy[0][i]);
     }
@@ -433,7 +457,7 @@ static void two_thread_ranks_train_the_same_model(void **state) {
   const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
                                   "devices: 2, sharding: grad_op, checkpoint_activations: true",
                                   "devices: 2, sharding: none"};
-  assert_variants_train_alike(*state, "ranks", variants, 4);
+  assert_variants_train_alike(*state, "ranks", &mlp_base, variants, 4);
 }
 
 /* pipeline: {stages: 2 or 3} trains one model through a pipeline of thread stages
@@ -445,7 +469,29 @@ static void pipeline_stages_train_the_same_model(void **state) {
       "pipeline_stages: 1", "pipeline: {stages: 2, chunks: 4}",
       "pipeline: {stages: 3, chunks: 2, checkpoint: always, balance: size}",
       "pipeline: {stages: 2, chunks: 8, checkpoint: never, balance: time}"};
-  assert_variants_train_alike(*state, "pipe", variants, 4);
+  assert_variants_train_alike(*state, "pipe", &mlp_base, variants, 4);
+}
+
+/* ResNet and MobileNet (a residual block is one child of the model's Sequential: one FSDP
+ * unit, and a pipeline cuts between blocks) train on two thread ranks and through 2 or 3
+ * pipeline stages to the accuracy one rank reaches. Not to float rounding: batch norm
+ * normalises by each rank's half batch and each micro-batch (docs/spec.md), which moves
+ * the trajectory; 12 epochs on 1000 digits in batches of 64 take every variant to its
+ * plateau (0.92–0.98), where they have differed by at most 5 of the 180 validated
+ * digits (0.028); 0.06 leaves room for other float rounding (an ASan build). */
+static void residual_families_train_alike_on_ranks_and_pipeline_stages(void **state) {
+  const char *const variants[] = {"devices: 1", "devices: 2, sharding: full",
+                                  "devices: 2, sharding: grad_op, checkpoint_activations: true",
+                                  "pipeline: {stages: 2, chunks: 4}",
+                                  "pipeline: {stages: 3, chunks: 2, checkpoint: always, balance: size}"};
+  static const char lr[] = "  lr: {type: float, low: 0.003, high: 0.01, log: true}\n";
+  static const char shared[] = "epochs: 12, batch_size: 64, limit_train: 1000, warmup: 0.5, "
+                               "label_smoothing: 0.1, augment_crop: 1, stages: 2, channels: 8, "
+                               "channels2: 16";
+  const variant_base resnet = {"resnet", lr, shared, 0.85, 0.06};
+  const variant_base mobilenet = {"mobilenet", lr, shared, 0.85, 0.06};
+  assert_variants_train_alike(*state, "res", &resnet, variants, 5);
+  assert_variants_train_alike(*state, "mob", &mobilenet, variants, 5);
 }
 
 static void builtin_experiment_finds_a_front(void **state) {
@@ -684,6 +730,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
       cmocka_unit_test_setup_teardown(pipeline_stages_train_the_same_model, setup, teardown),
+      cmocka_unit_test_setup_teardown(residual_families_train_alike_on_ranks_and_pipeline_stages, setup, teardown),
       cmocka_unit_test_setup_teardown(
           promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run, setup, teardown),
       cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),

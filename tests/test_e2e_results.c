@@ -241,6 +241,70 @@ static void export_then_import_into_another_storage_keeps_what_listings_show(voi
   free(second), free(spec);
 }
 
+/* The exported trial of number n. */
+static json_t *exported_trial(json_t *doc, json_int_t n) {
+  json_t *t = json_array_get(json_object_get(doc, "trials"), (size_t)n);
+  assert_int_equal(json_integer_value(json_object_get(t, "number")), n);
+  return t;
+}
+
+/* Hyperband from 1 to 3 epochs, eta 3, over three trials: the best (lowest y = x) trains
+ * on to rung 1. `nas trials` and `nas trial` show each trial's rung; an export imported
+ * into another storage keeps it, also for a trial promoted and not yet started (queued at
+ * rung 1 after one attempt), and a rung the attempts cannot have reached is refused. */
+static void rungs_are_shown_and_kept_by_export_then_import(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "rungs.yaml",
+                          "name: rungs\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 3, parallel: 3}\n"
+                          "optimizer: {type: random}\n"
+                          "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n"),
+       *second, *out;
+  run_spec(f, spec);
+  json_t *rows = trials_json(f, "rungs");
+  json_int_t best = 0;
+  for (json_int_t n = 1; n < 3; n++)
+    if (num(row_of(rows, n), "x") < num(row_of(rows, best), "x")) best = n;
+  for (json_int_t n = 0; n < 3; n++)
+    assert_int_equal(num(row_of(rows, n), "rung"), n == best ? 1 : 0);
+  json_decref(rows);
+  char best_text[24];
+  snprintf(best_text, sizeof best_text, "%lld", (long long)best);
+  char *show[] = {(char *)test_nas_bin(), "trial", "rungs", best_text, "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, show, &out), 0);
+  assert_non_null(strstr(out, "completed, 2 attempt(s), rung 1"));
+  free(out);
+
+  json_t *exported = nas_json(f, (char *[]){"export", "rungs", "--storage", f->db, NULL});
+  assert_int_equal(json_integer_value(json_object_get(exported_trial(exported, best), "rung")), 1);
+  json_t *waiting = exported_trial(exported, best == 0 ? 1 : 0); /* promoted, not started */
+  json_object_set_new(waiting, "status", json_string("queued"));
+  json_object_set_new(waiting, "rung", json_integer(1));
+  char *text = json_dumps(exported, JSON_REAL_PRECISION(17));
+  free(test_write(f->dir, "rungs.json", text));
+  free(text);
+  assert_true(asprintf(&second, "sqlite:%s/second.db", f->dir) > 0);
+  char *import[] = {(char *)test_nas_bin(), "import", "rungs.json", "--storage", second, NULL};
+  assert_int_equal(test_run(f->dir, import, &out), 0);
+  free(out);
+  json_t *again = nas_json(f, (char *[]){"export", "rungs", "--storage", second, NULL});
+  json_t *a = trials_without_times(exported), *b = trials_without_times(again);
+  if (!json_equal(a, b)) fail_msg("rungs differ after import");
+  json_decref(a), json_decref(b), json_decref(again);
+
+  json_object_set_new(exported_trial(exported, best), "rung", json_integer(2)); /* 2 attempts */
+  text = json_dumps(exported, 0);
+  free(test_write(f->dir, "rungs.json", text));
+  free(text);
+  expect_refusal(f, (char *[]){"import", "rungs.json", "--name", "r2", "--storage", second, NULL}, 1,
+                 "rung: must be a count");
+  json_decref(exported);
+  free(second), free(spec);
+}
+
 /* An import file with one thing wrong (its name is taken too, but the file is checked
  * first); nothing is stored from it. */
 static void bad_import_files_are_refused_before_anything_is_stored(void **state) {
@@ -397,6 +461,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(logs_follow_a_running_trial_through_a_truncation_to_its_end, setup, teardown),
       cmocka_unit_test_setup_teardown(logs_follow_ends_cleanly_on_ctrl_c, setup, teardown),
       cmocka_unit_test_setup_teardown(export_then_import_into_another_storage_keeps_what_listings_show, setup, teardown),
+      cmocka_unit_test_setup_teardown(rungs_are_shown_and_kept_by_export_then_import, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
