@@ -69,9 +69,17 @@ static json_t *trial_columns(const spec *s, const sched_results *r) {
     json_array_append_new(duration, t->started_at > 0 && t->finished_at > 0
                                         ? json_real(t->finished_at - t->started_at) : json_null());
   }
-  return json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "number", number, "status", status,
-                   "attempts", attempts, "duration", duration, "metrics", metric_columns(r),
-                   "params", param_columns(s, r));
+  json_t *columns = json_pack("{s:o, s:o, s:o, s:o, s:o, s:o}", "number", number, "status", status,
+                               "attempts", attempts, "duration", duration, "metrics",
+                               metric_columns(r), "params", param_columns(s, r));
+  /* Hyperband's rungs only where there are any, so other experiments' answers stay as small. */
+  if (columns && s->multi_fidelity.kind != MULTI_FIDELITY_NONE) {
+    json_t *rung = json_array();
+    for (size_t i = 0; i < r->n_trials; i++)
+      json_array_append_new(rung, json_integer(r->trials[i].rung));
+    json_object_set_new(columns, "rung", rung);
+  }
+  return columns;
 }
 
 /* ---- hypervolume over completed trials ------------------------------------------------------ */

@@ -277,6 +277,16 @@ static void rungs_are_shown_and_kept_by_export_then_import(void **state) {
   assert_int_equal(test_run(f->dir, show, &out), 0);
   assert_non_null(strstr(out, "completed, 2 attempt(s), rung 1"));
   free(out);
+  /* the dashboard's data (here inlined into a plot file) has the rung column too */
+  char *page = NULL, *plot_file = nas_asprintf("%s/rungs.html", f->dir);
+  char *plot[] = {(char *)test_nas_bin(), "plot", "rungs", "--storage", f->db, "--out", plot_file,
+                  NULL};
+  assert_int_equal(test_run(f->dir, plot, &out), 0);
+  free(out);
+  assert_int_equal(nas_read_file(plot_file, &page, NULL, NULL), NAS_OK);
+  assert_non_null(strstr(page, "\"rung\":["));
+  free(page);
+  free(plot_file);
 
   json_t *exported = nas_json(f, (char *[]){"export", "rungs", "--storage", f->db, NULL});
   assert_int_equal(json_integer_value(json_object_get(exported_trial(exported, best), "rung")), 1);

@@ -109,6 +109,7 @@
     const t = d.trials, rows = [];
     for (let i = 0; i < t.number.length; i++) {
       const row = { i, number: t.number[i], status: t.status[i], attempts: t.attempts[i], duration: t.duration[i] };
+      if (t.rung) row.rung = t.rung[i];
       for (const m of d.metrics) row["m:" + m] = t.metrics[m][i];
       for (const p of d.params) row["p:" + p] = t.params[p][i];
       rows.push(row);
@@ -340,7 +341,8 @@
     const card = h("section", { class: "card wide", id: "trials-card" }, h("h2", {}, "Trials"));
     const columns = [["number", "#"], ["status", "status"]]
       .concat(d.metrics.map((m) => ["m:" + m, m]), d.params.map((p) => ["p:" + p, p]),
-              [["duration", "duration"], ["attempts", "attempts"]]);
+              [["duration", "duration"], ["attempts", "attempts"]],
+              d.trials.rung ? [["rung", "rung"]] : []);
     const statuses = [...new Set(d.trials.status)].sort();
     const count = h("span", { class: "muted" });
     const filter = h("input", { type: "search", placeholder: "filter (any column)", value: tableState.filter });
