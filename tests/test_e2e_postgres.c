@@ -295,6 +295,14 @@ static PGresult *pg_ok(PGconn *pg, const char *sql, ExecStatusType want) {
   return res;
 }
 
+/* The rows of a query whose one parameter is an experiment's name. */
+static PGresult *pg_rows_of(PGconn *pg, const char *sql, const char *name) {
+  const char *params[] = {name};
+  PGresult *res = PQexecParams(pg, sql, 1, NULL, params, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(pg));
+  return res;
+}
+
 /* Sessions of the database waiting for a lock. */
 static int lock_waiters(PGconn *pg) {
   PGresult *res = pg_ok(pg, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
@@ -360,13 +368,9 @@ static void reports_in_flight_are_the_threads(fixture *f, const char *name,
   assert_int_equal(PQstatus(watch), CONNECTION_OK);
   PQclear(pg_ok(pg, "BEGIN", PGRES_COMMAND_OK));
   /* A report's metrics reference its trial: their insert waits for the trial's row. */
-  const char *params[] = {name};
-  PGresult *locked = PQexecParams(pg,
-                                  "SELECT trials.id FROM trials JOIN experiments"
-                                  " ON experiments.id = trials.experiment_id"
-                                  " WHERE experiments.name = $1 FOR UPDATE OF trials",
-                                  1, NULL, params, NULL, NULL, 0);
-  assert_int_equal(PQresultStatus(locked), PGRES_TUPLES_OK);
+  PGresult *locked = pg_rows_of(pg, "SELECT trials.id FROM trials JOIN experiments"
+                                     " ON experiments.id = trials.experiment_id"
+                                     " WHERE experiments.name = $1 FOR UPDATE OF trials", name);
   assert_int_equal(PQntuples(locked), HELD_CLIENTS);
   PQclear(locked);
   char *server = nas_asprintf("http://127.0.0.1:%d", srv.port);
@@ -388,12 +392,10 @@ static void reports_in_flight_are_the_threads(fixture *f, const char *name,
     assert_int_equal(waitpid(pids[c], &status, 0), pids[c]);
     assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
   }
-  PGresult *res = PQexecParams(pg,
-                               "SELECT count(*) FROM metrics JOIN trials ON trials.id = metrics.trial_id"
-                               " JOIN experiments ON experiments.id = trials.experiment_id"
-                               " WHERE experiments.name = $1",
-                               1, NULL, params, NULL, NULL, 0);
-  assert_int_equal(PQresultStatus(res), PGRES_TUPLES_OK);
+  PGresult *res = pg_rows_of(pg, "SELECT count(*) FROM metrics JOIN trials"
+                                 " ON trials.id = metrics.trial_id JOIN experiments"
+                                 " ON experiments.id = trials.experiment_id"
+                                 " WHERE experiments.name = $1", name);
   assert_int_equal(atoi(PQgetvalue(res, 0, 0)), HELD_CLIENTS);
   PQclear(res);
   PQfinish(pg), PQfinish(watch);
