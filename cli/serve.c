@@ -1,5 +1,6 @@
 /* cli/serve.c: `nas serve`, the HTTP service (serve/serve.h, docs/api.md). */
 #include <cblas.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -10,7 +11,7 @@
 
 static const char serve_help[] =
     "usage: nas serve [--storage URL] [--listen HOST:PORT] [--token-file FILE]\n"
-    "                 [--tls-cert FILE --tls-key FILE]\n\n"
+    "                 [--tls-cert FILE --tls-key FILE] [--threads N]\n\n"
     "Serves every experiment of one storage over HTTP: a JSON API under /api/v1/ to list\n"
     "and read experiments, trials and Pareto fronts, create and stop experiments, and drive\n"
     "trials from your own code with ask and tell (docs/api.md); and a dashboard for\n"
@@ -22,7 +23,10 @@ static const char serve_help[] =
     "  --token-file FILE  lines 'read TOKEN' or 'write TOKEN'; requests then need\n"
     "                     'Authorization: Bearer TOKEN'. Without it only clients on this\n"
     "                     machine (loopback) are served. The file must be private (chmod 600).\n"
-    "  --tls-cert FILE, --tls-key FILE  serve HTTPS with this PEM certificate and key\n";
+    "  --tls-cert FILE, --tls-key FILE  serve HTTPS with this PEM certificate and key\n"
+    "  --threads N        requests served at once, 1 to 64, each on a storage connection of\n"
+    "                     its own (default: 4 on SQLite, whose writes the server groups;\n"
+    "                     16 on PostgreSQL, whose commits run side by side)\n";
 
 typedef struct {
   const char *url;
@@ -36,12 +40,23 @@ static void say_listening(void *ctx, int port) {
   free(shown);
 }
 
+/* --threads: a whole number from 1 to SERVE_THREADS_MOST. */
+static bool threads_parse(const char *text, unsigned *out) {
+  char *end;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno || end == text || *end || value < 1 || value > SERVE_THREADS_MOST) return false;
+  *out = (unsigned)value;
+  return true;
+}
+
 int cmd_serve(int argc, char **argv) {
   static const struct option options[] = {{"storage", required_argument, NULL, 's'},
                                           {"listen", required_argument, NULL, 'l'},
                                           {"token-file", required_argument, NULL, 't'},
                                           {"tls-cert", required_argument, NULL, 'c'},
                                           {"tls-key", required_argument, NULL, 'k'},
+                                          {"threads", required_argument, NULL, 'n'},
                                           {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   serve_options opt = {.listen = "127.0.0.1:8470", .log = stderr};
@@ -49,7 +64,7 @@ int cmd_serve(int argc, char **argv) {
   optind = 1;
   opterr = 0;
   int c;
-  while ((c = getopt_long(argc, argv, ":s:l:t:c:k:h", options, NULL)) != -1) {
+  while ((c = getopt_long(argc, argv, ":s:l:t:c:k:n:h", options, NULL)) != -1) {
     switch (c) {
     case 'h': free(storage_flag); fputs(serve_help, stdout); return EXIT_DONE;
     case 's':
@@ -60,6 +75,13 @@ int cmd_serve(int argc, char **argv) {
     case 't': opt.token_file = optarg; break;
     case 'c': opt.tls_cert = optarg; break;
     case 'k': opt.tls_key = optarg; break;
+    case 'n':
+      if (!threads_parse(optarg, &opt.threads)) {
+        free(storage_flag);
+        return cli_usage_error("serve", "--threads wants a count from 1 to %d, not '%s'",
+                               SERVE_THREADS_MOST, optarg);
+      }
+      break;
     default: free(storage_flag); return cli_option_error("serve", c, argv);
     }
   }

@@ -97,6 +97,7 @@ typedef struct {
    * latency. Only for SQLite (storage_can_group); PostgreSQL writes of different rows run
    * at once. */
   bool grouped_writes;
+  unsigned threads;      /* request threads (serve_options.threads, else its default) */
   serve_committer committer;
   serve_notifiers notifiers;
 } serve_ctx;

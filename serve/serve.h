@@ -6,9 +6,9 @@
  * reads and writes through the storage interface and the scheduler's calls, exactly as the
  * CLI does, so a server, `nas run` and the CLI on one storage always agree.
  *
- * HTTP itself is libmicrohttpd's (no parsing here). Requests are served by a small pool of
- * threads, each with a storage connection of its own; bodies are limited in size and slow
- * clients in time. Without a token file only loopback clients are served; with one, every
+ * HTTP itself is libmicrohttpd's (no parsing here). Requests are served by a pool of
+ * threads (serve_options.threads), each with a storage connection of its own; bodies are
+ * limited in size and slow clients in time. Without a token file only loopback clients are served; with one, every
  * request carries `Authorization: Bearer TOKEN` with a read or write scope. */
 #ifndef NAS_SERVE_H
 #define NAS_SERVE_H
@@ -18,8 +18,19 @@
 
 #include "common/common.h"
 
+/* Request threads: each serves one request at a time on a storage connection of its own
+ * (so the server holds at most that many). SQLite takes one writer at a time and the
+ * server groups its writes, so a few threads do; PostgreSQL commits many transactions at
+ * once, each waiting on its own flush, so more threads keep more of them in flight. */
+enum {
+  SERVE_THREADS_GROUPED = 4, /* default where writes are grouped (SQLite) */
+  SERVE_THREADS_OTHER = 16,  /* default elsewhere (PostgreSQL) */
+  SERVE_THREADS_MOST = 64,   /* kept well below PostgreSQL's max_connections (100) */
+};
+
 typedef struct {
   const char *storage_url; /* borrowed */
+  unsigned threads;        /* 1 … SERVE_THREADS_MOST; 0: the default for the storage */
   const char *listen;      /* "HOST:PORT"; port 0 picks a free one (default 127.0.0.1:8470) */
   const char *token_file;  /* NULL: no tokens, loopback clients only */
   const char *tls_cert;    /* PEM files; both or neither */

@@ -19,7 +19,6 @@
 #include "serve/internal.h"
 
 enum {
-  SERVE_THREADS = 4,            /* requests handled at once */
   SERVE_CLIENT_TIMEOUT_S = 30,  /* a connection silent this long is closed */
   SERVE_CONNECTION_LIMIT = 256,
 };
@@ -267,7 +266,7 @@ static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_sto
                             : ((const struct sockaddr_in *)addr)->sin_port);
   return MHD_start_daemon(
       flags, port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, addr,
-      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)SERVE_THREADS, MHD_OPTION_CONNECTION_TIMEOUT,
+      MHD_OPTION_THREAD_POOL_SIZE, srv->threads, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)SERVE_CLIENT_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)SERVE_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
       cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
@@ -328,13 +327,21 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
 }
 
 int serve_run(const serve_options *opt, nas_err *err) {
+  if (opt->threads > SERVE_THREADS_MOST)
+    return nas_errf(err, "%u request threads: at most %d", opt->threads, SERVE_THREADS_MOST);
   serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file};
   srv.cwd = getcwd(NULL, 0);
   if (!srv.cwd) return nas_errf(err, "cannot read the current folder: %s", strerror(errno));
   int rc = opt->token_file ? serve_tokens_load(opt->token_file, &srv.tokens, err) : NAS_OK;
-  if (rc == NAS_OK) rc = serve_pool_init(&srv.pool, opt->storage_url, SERVE_THREADS, err);
+  /* Room for one idle connection per thread of the most allowed: the threads in use
+   * bound the connections open, since each holds at most one. */
+  if (rc == NAS_OK) rc = serve_pool_init(&srv.pool, opt->storage_url, SERVE_THREADS_MOST, err);
   if (rc == NAS_OK) {
     srv.grouped_writes = serve_pool_can_group(&srv.pool);
+    srv.threads = opt->threads          ? opt->threads
+                  : srv.grouped_writes ? SERVE_THREADS_GROUPED
+                                       : SERVE_THREADS_OTHER;
+    if (opt->log) fprintf(opt->log, "nas serve: %u request threads\n", srv.threads);
     serve_committer_init(&srv.committer);
     serve_notifiers_init(&srv.notifiers);
     rc = serve_with(&srv, err);

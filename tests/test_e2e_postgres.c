@@ -2,15 +2,19 @@
  * this test starts (tests/pgserver.h) — run with trials reporting through stdout and
  * `nas report`, a built-in trial through `nas worker`, then trials, pareto, status, stop
  * and resume, export and import between it and SQLite — with a password in the URL that
- * must never be printed. */
+ * must never be printed; and `nas serve` in front of it keeping as many reports in flight
+ * as it has request threads. */
 #include <dirent.h>
+#include <inttypes.h>
 #include <libpq-fe.h>
 
 #include "common/common.h"
+#include "storage/storage.h"
 
 #include "tests/dashboard.h"
 #include "tests/e2e.h"
 #include "tests/pgserver.h"
+#include "tests/serve.h"
 
 typedef struct {
   pgserver srv;
@@ -282,12 +286,144 @@ static void dashboard_and_plot_work_on_postgresql(void **state) {
   teardown((void **)&f);
 }
 
+/* Clients reporting at once through the server: more than its 16 default threads. */
+enum { HELD_CLIENTS = 20 };
+
+static PGresult *pg_ok(PGconn *pg, const char *sql, ExecStatusType want) {
+  PGresult *res = PQexec(pg, sql);
+  if (PQresultStatus(res) != want) fail_msg("%s: %s", sql, PQerrorMessage(pg));
+  return res;
+}
+
+/* The rows of a query whose one parameter is an experiment's name. */
+static PGresult *pg_rows_of(PGconn *pg, const char *sql, const char *name) {
+  const char *params[] = {name};
+  PGresult *res = PQexecParams(pg, sql, 1, NULL, params, NULL, NULL, 0);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(pg));
+  return res;
+}
+
+/* Sessions of the database waiting for a lock. */
+static int lock_waiters(PGconn *pg) {
+  PGresult *res = pg_ok(pg, "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+                        PGRES_TUPLES_OK);
+  int n = atoi(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  return n;
+}
+
+/* Experiment `name` with HELD_CLIENTS running trials, made on the database itself. */
+static void make_running_trials(const char *url, const char *name, int64_t *trial_ids) {
+  storage *st;
+  nas_err err;
+  int64_t exp;
+  assert_int_equal(storage_open(url, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_create(st, name, "name: held\n", "/held.yaml", "/runs", &exp,
+                                             &err), NAS_OK);
+  for (int c = 0; c < HELD_CLIENTS; c++) {
+    trial_row t;
+    assert_int_equal(storage_trial_create(st, exp, "{}", NULL, &t, &err), NAS_OK);
+    assert_int_equal(storage_trial_start(st, t.id, "held", &err), NAS_OK);
+    trial_ids[c] = t.id;
+    trial_row_clear(&t);
+  }
+  storage_close(st);
+}
+
+/* A client process reporting one observation to its trial through the server. */
+static pid_t start_reporter(const char *server, int64_t trial_id) {
+  fflush(NULL);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    storage *st = NULL;
+    nas_err err;
+    metric_obs obs = {"loss", 0, 1.0, nas_now()};
+    int rc = storage_open(server, &st, &err);
+    if (rc == NAS_OK) rc = storage_metrics_add(st, trial_id, &obs, 1, -1, &err);
+    if (rc != NAS_OK) fprintf(stderr, "report to trial %" PRId64 ": %s\n", trial_id, err.msg);
+    storage_close(st);
+    _exit(rc == NAS_OK ? 0 : 1);
+  }
+  return pid;
+}
+
+/* HELD_CLIENTS clients report at once through `nas serve EXTRA…` on PostgreSQL while the test
+ * holds the metrics table locked: exactly `threads` reports wait inside PostgreSQL (one
+ * transaction per request thread; the rest wait in the server), and every one is stored
+ * once the lock goes. */
+static void reports_in_flight_are_the_threads(fixture *f, const char *name,
+                                              const char *const *extra, int threads) {
+  int64_t trial_ids[HELD_CLIENTS];
+  make_running_trials(f->db, name, trial_ids);
+  test_server srv;
+  assert_true(test_server_start(&srv, f->dir, f->db, extra));
+  char *log = NULL, *said = nas_asprintf("nas serve: %d request threads\n", threads);
+  assert_int_equal(nas_read_file(srv.log, &log, NULL, NULL), NAS_OK);
+  if (!strstr(log, said)) fail_msg("no '%s' in the server's log: %s", said, log);
+  /* pg holds the locks; watch counts the waiters (outside pg's transaction, whose view
+   * of pg_stat_activity is taken once). */
+  PGconn *pg = PQconnectdb(f->db), *watch = PQconnectdb(f->db);
+  assert_int_equal(PQstatus(pg), CONNECTION_OK);
+  assert_int_equal(PQstatus(watch), CONNECTION_OK);
+  PQclear(pg_ok(pg, "BEGIN", PGRES_COMMAND_OK));
+  /* A report's metrics reference its trial: their insert waits for the trial's row. */
+  PGresult *locked = pg_rows_of(pg, "SELECT trials.id FROM trials JOIN experiments"
+                                     " ON experiments.id = trials.experiment_id"
+                                     " WHERE experiments.name = $1 FOR UPDATE OF trials", name);
+  assert_int_equal(PQntuples(locked), HELD_CLIENTS);
+  PQclear(locked);
+  char *server = nas_asprintf("http://127.0.0.1:%d", srv.port);
+  pid_t pids[HELD_CLIENTS];
+  /* One client at a time, each waited for inside PostgreSQL while threads are free: a
+   * request thread of libmicrohttpd serves the connections it accepted, so clients
+   * arriving all at once may pile onto a few threads and leave others idle. */
+  for (int c = 0; c < HELD_CLIENTS; c++) {
+    pids[c] = start_reporter(server, trial_ids[c]);
+    int want = c < threads ? c + 1 : threads;
+    for (double waited = 0; lock_waiters(watch) < want && waited < 20; waited += 0.02)
+      nas_sleep(0.02);
+  }
+  nas_sleep(0.5); /* time for any report beyond the threads to reach PostgreSQL too */
+  assert_int_equal(lock_waiters(watch), threads);
+  PQclear(pg_ok(pg, "COMMIT", PGRES_COMMAND_OK));
+  for (int c = 0; c < HELD_CLIENTS; c++) {
+    int status = 0;
+    assert_int_equal(waitpid(pids[c], &status, 0), pids[c]);
+    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  PGresult *res = pg_rows_of(pg, "SELECT count(*) FROM metrics JOIN trials"
+                                 " ON trials.id = metrics.trial_id JOIN experiments"
+                                 " ON experiments.id = trials.experiment_id"
+                                 " WHERE experiments.name = $1", name);
+  assert_int_equal(atoi(PQgetvalue(res, 0, 0)), HELD_CLIENTS);
+  PQclear(res);
+  PQfinish(pg), PQfinish(watch);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(server), free(said), free(log);
+}
+
+/* PostgreSQL commits many transactions at once: `nas serve` in front of it serves 16
+ * requests at once by default (SQLite's 4: test_serve), or --threads of them. */
+static void server_on_postgresql_keeps_a_transaction_in_flight_per_thread(void **state) {
+  group *g = *state;
+  if (!g->up) skip();
+  fixture *f;
+  setup((void **)&f);
+  free(f->db);
+  f->db = pgserver_url(&g->srv, "postgres", NULL);
+  reports_in_flight_are_the_threads(f, "held16", NULL, 16);
+  reports_in_flight_are_the_threads(f, "held6", (const char *const[]){"--threads", "6", NULL}, 6);
+  teardown((void **)&f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(every_command_works_on_postgresql),
       cmocka_unit_test(export_from_postgresql_imports_into_sqlite_and_back),
       cmocka_unit_test(password_on_the_command_line_shows_in_no_process),
       cmocka_unit_test(dashboard_and_plot_work_on_postgresql),
+      cmocka_unit_test(server_on_postgresql_keeps_a_transaction_in_flight_per_thread),
   };
   return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -1,7 +1,8 @@
 /* End-to-end tests of `nas serve`: the real server on 127.0.0.1 and a random port, asked
  * with the curl program. Every endpoint answers what the CLI shows; specs posted as YAML
  * are checked like files; ask/tell drives an experiment over HTTP and from the shell;
- * tokens decide who may read and write; bad requests get the right status and a message. */
+ * tokens decide who may read and write; bad requests get the right status and a message;
+ * --threads is checked. (PostgreSQL's default thread count: test_e2e_postgres.) */
 #include <sys/stat.h>
 
 #include "tests/e2e.h"
@@ -264,6 +265,35 @@ static void malformed_and_oversized_requests_get_clear_errors(void **state) {
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
+/* The log of a server started with extra arguments, read while it runs. */
+static char *log_of_server_with(fixture *f, const char *const *extra) {
+  test_server srv;
+  start_or_fail(&srv, f, extra);
+  char *text = NULL;
+  nas_err err;
+  assert_int_equal(nas_read_file(srv.log, &text, NULL, &err), NAS_OK);
+  assert_int_equal(test_server_stop(&srv), 0);
+  return text;
+}
+
+static void threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused(void **state) {
+  fixture *f = *state;
+  char *log = log_of_server_with(f, NULL);
+  assert_non_null(strstr(log, "nas serve: 4 request threads\n"));
+  free(log);
+  log = log_of_server_with(f, (const char *const[]){"--threads", "7", NULL});
+  assert_non_null(strstr(log, "nas serve: 7 request threads\n"));
+  free(log);
+  static const char *const bad[] = {"0", "65", "-3", "8x", ""};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const char *argv[] = {test_nas_bin(), "serve", "--threads", bad[i], "--listen", "127.0.0.1:0", NULL};
+    char *out = NULL;
+    assert_int_equal(test_run(f->dir, (char *const *)argv, &out), 2);
+    if (!strstr(out, "--threads wants a count from 1 to 64")) fail_msg("'%s': %s", bad[i], out);
+    free(out);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
@@ -274,6 +304,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(create_stores_where_the_spec_storage_section_says, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
+      cmocka_unit_test_setup_teardown(threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
