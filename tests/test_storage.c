@@ -1755,6 +1755,25 @@ static void group_rolled_back_stores_none_of_its_writes(void **state) {
   trial_row_clear(&t);
 }
 
+/* A report to a trial that does not exist, inside a group between two good ones (what a
+ * client reporting to a wrong trial number meets in `nas serve`): it fails alone, and the
+ * group's other writes commit in its one transaction. */
+static void report_to_a_missing_trial_in_a_group_fails_alone(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}};
+  CHECK(storage_group_begin(f->st, err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs[0], 1, 10, err));
+  nas_err failed = {{0}};
+  assert_int_not_equal(storage_metrics_add(f->st, t.id + 1000, &obs[0], 1, 10, &failed), NAS_OK);
+  CHECK(storage_metrics_add(f->st, t.id, &obs[1], 1, 20, err));
+  CHECK(storage_group_end(f->st, true, err));
+  reopen(f);
+  assert_int_equal(metric_count(f, t.experiment_id), 2);
+  assert_int_equal(log_offset_of(f, t.id), 20);
+  trial_row_clear(&t);
+}
+
 static void sqlite_newer_schema_leaves_the_file_byte_for_byte(void **state) {
   fixture *f = *state;
   make_experiment(f, "kept");
@@ -2480,6 +2499,7 @@ static int run_sqlite_tests(void) {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
       FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
       FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
+      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
       FIXTURE_TEST(sqlite_newer_schema_leaves_the_file_byte_for_byte),
       FIXTURE_TEST(sqlite_file_that_is_not_a_database_is_refused_untouched),
       FIXTURE_TEST(sqlite_database_of_another_program_is_refused_untouched),
