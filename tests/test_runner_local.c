@@ -770,9 +770,21 @@ static void trials_get_disjoint_gpus_and_wait_for_free_ones(void **state) {
 static void stop_ends_a_trial_still_waiting_for_gpus(void **state) {
   fixture *f = *state;
   gpu_runner_use(f, "{\"gpus\": [7]}");
-  char *busy[] = {"sleep", "5", NULL}, *quick[] = {"echo", "ran", NULL};
+  /* The busy job says which GPU it got before it sleeps: the second job starts only once
+   * the first holds GPU 7 (started together, either may take it first). */
+  char *busy[] = {"sh", "-c", "echo \"gpu $NAS_GPUS\"; exec sleep 5", NULL};
+  char *quick[] = {"echo", "ran", NULL};
   char *busy_dir = run_dir_new(f), *waiting_dir = run_dir_new(f);
   char *busy_handle = start(f, busy_dir, busy, NULL, NULL, 0);
+  double until = nas_monotonic() + 20;
+  char *held = file_text(busy_dir, "stdout.log");
+  while (!strstr(held, "gpu 7") && nas_monotonic() < until) {
+    free(held);
+    nas_sleep(0.05);
+    held = file_text(busy_dir, "stdout.log");
+  }
+  assert_non_null(strstr(held, "gpu 7"));
+  free(held);
   char *waiting = start(f, waiting_dir, quick, NULL, NULL, 0);
   nas_sleep(0.3);
   assert_int_equal(poll1(f, waiting, waiting_dir).state, JOB_RUNNING);
