@@ -49,40 +49,38 @@ if [ ! -d /usr/share/datasets/fashion-mnist ] && [ -z "${NAS_DATA_DIR:-}" ]; the
 fi
 mkdir -p "$OUT"
 
-# The search space of each family (trial.builtin settings searched as parameters).
-space() {
-  case $FAMILY in
-  mobilenet) # inverted residual blocks (the mobilenet family, docs/spec.md), 2 or 3 stages
-    cat <<'EOF'
+# The stages, widths and depths both residual families search (2 or 3 stages), then the
+# learning rate and flips; $1 is the most blocks a later stage may have.
+residual_space() {
+  cat <<EOF
   stages: {type: int, low: 2, high: 3}
   channels1: {type: int, low: 8, high: 32, log: true}
   channels2: {type: int, low: 16, high: 64, log: true}
   channels3: {type: int, low: 24, high: 96, log: true, when: "stages >= 3"}
   blocks1: {type: int, low: 1, high: 2}
-  blocks2: {type: int, low: 1, high: 3}
-  blocks3: {type: int, low: 1, high: 3, when: "stages >= 3"}
+  blocks2: {type: int, low: 1, high: $1}
+  blocks3: {type: int, low: 1, high: $1, when: "stages >= 3"}
+  lr: {type: float, low: 1e-3, high: 1e-2, log: true}
+  augment_flip: {type: categorical, choices: [true, false]}
+EOF
+}
+
+# The search space of each family (trial.builtin settings searched as parameters).
+space() {
+  case $FAMILY in
+  mobilenet) # inverted residual blocks (the mobilenet family, docs/spec.md)
+    residual_space 3
+    cat <<'EOF'
   expansion: {type: int, low: 2, high: 6}
   kernel2: {type: categorical, choices: [3, 5]}
   kernel3: {type: categorical, choices: [3, 5], when: "stages >= 3"}
   se2: {type: categorical, choices: [true, false]}
   se3: {type: categorical, choices: [true, false], when: "stages >= 3"}
   activation: {type: categorical, choices: [relu, hardswish]}
-  lr: {type: float, low: 1e-3, high: 1e-2, log: true}
-  augment_flip: {type: categorical, choices: [true, false]}
 EOF
     ;;
-  resnet) # basic residual blocks (the resnet family, docs/spec.md), 2 or 3 stages
-    cat <<'EOF'
-  stages: {type: int, low: 2, high: 3}
-  channels1: {type: int, low: 8, high: 32, log: true}
-  channels2: {type: int, low: 16, high: 64, log: true}
-  channels3: {type: int, low: 24, high: 96, log: true, when: "stages >= 3"}
-  blocks1: {type: int, low: 1, high: 2}
-  blocks2: {type: int, low: 1, high: 2}
-  blocks3: {type: int, low: 1, high: 2, when: "stages >= 3"}
-  lr: {type: float, low: 1e-3, high: 1e-2, log: true}
-  augment_flip: {type: categorical, choices: [true, false]}
-EOF
+  resnet) # basic residual blocks (the resnet family, docs/spec.md)
+    residual_space 2
     ;;
   cnn) # the fallback: the plain CNN family
     cat <<'EOF'
