@@ -1,7 +1,9 @@
-/* serve/commit.c: group commit of the server's SQLite writes.
+/* serve/commit.c: group commit of the server's writes (SQLite, PostgreSQL).
  *
  * SQLite commits one transaction at a time, each with its own fsync, so writes arriving
- * together would otherwise wait for each other's flushes one by one. Here a request
+ * together would otherwise wait for each other's flushes one by one; PostgreSQL flushes
+ * concurrent commits together, but each transaction still costs its commit, its flush
+ * and its round trips. Here a request
  * thread hands its write in; the first thread to find no group running becomes the
  * leader: it takes every write handed in so far, runs them on its own connection inside
  * one transaction, each as a savepoint (storage_group_begin: a write that fails is rolled

@@ -40,8 +40,6 @@ void serve_pool_free(serve_pool *p);
 /* A connection of its own for one request (opened when none is free). */
 int serve_pool_take(serve_pool *p, storage **out, nas_err *err);
 void serve_pool_give(serve_pool *p, storage *st);
-/* Whether the pool's storage can group writes (storage_can_group). */
-bool serve_pool_can_group(serve_pool *p);
 
 /* One write handed to the group commit (commit.c): run makes it on the storage it is
  * given, keeping its outcome in arg; it may run twice (once in a group that failed to
@@ -91,11 +89,10 @@ typedef struct {
   bool open_to_loopback; /* no token file: loopback clients get write scope */
   serve_pool pool;
   char *cwd;             /* owned: where experiments created over HTTP keep their runs */
-  /* SQLite takes one writer at a time and makes the others sleep and retry (its busy
-   * handler backs off up to 100 ms), so the server's storage RPC writes and reports go
-   * through the group commit instead: many writes per commit, no sleeps in the tail
-   * latency. Only for SQLite (storage_can_group); PostgreSQL writes of different rows run
-   * at once. */
+  /* The server's storage RPC writes and reports go through the group commit: many writes
+   * per commit (one flush). On SQLite, which takes one writer at a time and makes the
+   * others sleep and retry (its busy handler backs off up to 100 ms), it also keeps those
+   * sleeps out of the tail latency. Where storage_can_group (SQLite, PostgreSQL). */
   bool grouped_writes;
   unsigned threads;      /* request threads (serve_options.threads, else its default) */
   serve_committer committer;

@@ -43,9 +43,3 @@ void serve_pool_give(serve_pool *p, storage *st) {
   if (!kept) storage_close(st);
 }
 
-bool serve_pool_can_group(serve_pool *p) {
-  pthread_mutex_lock(&p->lock);
-  bool can = p->n_free > 0 && storage_can_group(p->free_list[0]);
-  pthread_mutex_unlock(&p->lock);
-  return can;
-}

@@ -19,12 +19,13 @@
 #include "common/common.h"
 
 /* Request threads: each serves one request at a time on a storage connection of its own
- * (so the server holds at most that many). SQLite takes one writer at a time and the
- * server groups its writes, so a few threads do; PostgreSQL commits many transactions at
- * once, each waiting on its own flush, so more threads keep more of them in flight. */
+ * (so the server holds at most that many). The server groups the writes of SQLite and
+ * PostgreSQL (commit.c), one group at a time. SQLite also reads on one machine, its
+ * reads cost microseconds, so a few threads do; a PostgreSQL server may be a network
+ * hop away, where more threads keep more reads (and asks) going while others wait. */
 enum {
-  SERVE_THREADS_GROUPED = 4, /* default where writes are grouped (SQLite) */
-  SERVE_THREADS_OTHER = 16,  /* default elsewhere (PostgreSQL) */
+  SERVE_THREADS_ONE_WRITER = 4, /* default on SQLite */
+  SERVE_THREADS_OTHER = 16,     /* default elsewhere (PostgreSQL) */
   SERVE_THREADS_MOST = 64,   /* kept well below PostgreSQL's max_connections (100) */
 };
 

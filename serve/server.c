@@ -336,11 +336,15 @@ int serve_run(const serve_options *opt, nas_err *err) {
   /* Room for one idle connection per thread of the most allowed: the threads in use
    * bound the connections open, since each holds at most one. */
   if (rc == NAS_OK) rc = serve_pool_init(&srv.pool, opt->storage_url, SERVE_THREADS_MOST, err);
+  storage *first = NULL;
+  if (rc == NAS_OK) rc = serve_pool_take(&srv.pool, &first, err);
   if (rc == NAS_OK) {
-    srv.grouped_writes = serve_pool_can_group(&srv.pool);
-    srv.threads = opt->threads          ? opt->threads
-                  : srv.grouped_writes ? SERVE_THREADS_GROUPED
-                                       : SERVE_THREADS_OTHER;
+    srv.grouped_writes = storage_can_group(first);
+    bool one_writer = strcmp(storage_backend_name(first), "sqlite") == 0;
+    serve_pool_give(&srv.pool, first);
+    srv.threads = opt->threads ? opt->threads
+                  : one_writer ? SERVE_THREADS_ONE_WRITER
+                               : SERVE_THREADS_OTHER;
     if (opt->log) fprintf(opt->log, "nas serve: %u request threads\n", srv.threads);
     serve_committer_init(&srv.committer);
     serve_notifiers_init(&srv.notifiers);

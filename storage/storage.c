@@ -347,6 +347,8 @@ int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *res
   return st->backend->receipt_find(st->conn, key, found, result, err);
 }
 
+const char *storage_backend_name(const storage *st) { return st->backend->name; }
+
 bool storage_can_group(const storage *st) { return st->backend->group_begin != NULL; }
 
 int storage_group_begin(storage *st, nas_err *err) {

@@ -76,6 +76,23 @@ static inline int test_server_stop(test_server *srv) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
+/* Stops the server (test_server_stop, which must exit 0) and reads its group commit line,
+ * "nas serve: N writes committed in M transactions", into *writes and *commits; fails the
+ * test when there is none. */
+static inline void test_server_stop_reading_commits(test_server *srv, unsigned long *writes,
+                                                    unsigned long *commits) {
+  char *log = strdup(srv->log), *text = NULL;
+  assert_int_equal(test_server_stop(srv), 0);
+  nas_err err;
+  assert_int_equal(nas_read_file(log, &text, NULL, &err), NAS_OK);
+  const char *line = strstr(text, " writes committed in ");
+  while (line && line > text && line[-1] != '\n') line--;
+  if (!line || sscanf(line, "nas serve: %lu writes committed in %lu transactions", writes,
+                      commits) != 2)
+    fail_msg("no group commit line in the server's log: %s", text);
+  free(text), free(log);
+}
+
 /* METHOD path [body] with an optional bearer token; returns the parsed JSON reply (owned)
  * and its HTTP status in *code. */
 static inline json_t *test_http(const test_server *srv, const char *method, const char *path,

@@ -2177,6 +2177,70 @@ static void postgresql_lost_commit_acknowledgements_are_settled_not_repeated(voi
   assert_true(proxy_stop(&proxy) >= 8 * 1);
 }
 
+/* A group through the proxy cut at the answer to its commit's receipt (1: the commit is
+ * never sent) or to the commit itself (2: its acknowledgement is lost): the group is
+ * settled as pg_conn.h says, all of it or none, and says which; never a write twice. */
+static void postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at_all(void **state) {
+  fixture *f = *state;
+  cut_proxy proxy = proxy_start(f->ctx->server->port);
+  char *via = pg_schema_url(proxy.port, pg_schema_of(f->url));
+  storage *st = open_or_fail(via);
+  trial_row t = make_running_trial(f);
+  metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}};
+  size_t stored = 0;
+  for (int cut = 1; cut <= 2; cut++) {
+    CHECK(storage_group_begin(st, err));
+    CHECK(storage_metrics_add(st, t.id, &obs[0], 1, 10 * cut, err));
+    CHECK(storage_metrics_add(st, t.id, &obs[1], 1, 10 * cut + 1, err));
+    proxy_arm(&proxy, cut);
+    nas_err failed = {{0}};
+    int rc = storage_group_end(st, true, &failed);
+    proxy_arm(&proxy, 0);
+    if (cut == 1) {
+      assert_int_equal(rc, NAS_ERR);
+      assert_contains(failed.msg, "the group's transaction was lost");
+    } else {
+      if (rc != NAS_OK) fail_msg("%s", failed.msg);
+      stored += 2;
+    }
+    assert_int_equal(metric_count(f, t.experiment_id), stored);
+  }
+  assert_int_equal(log_offset_of(f, t.id), 21);
+  storage_close(st);
+  free(via);
+  assert_int_equal(proxy_stop(&proxy), 2);
+  trial_row_clear(&t);
+}
+
+/* The connection cut under a write inside a group: nothing is tried again inside it (a
+ * new connection would be outside the group), so that write and every later one fail,
+ * the group cannot commit and stores nothing, and the handle works again after it. */
+static void postgresql_connection_lost_inside_a_group_loses_the_whole_group(void **state) {
+  fixture *f = *state;
+  cut_proxy proxy = proxy_start(f->ctx->server->port);
+  char *via = pg_schema_url(proxy.port, pg_schema_of(f->url));
+  storage *st = open_or_fail(via);
+  trial_row t = make_running_trial(f);
+  metric_obs obs = {"loss", 0, 1, 1};
+  CHECK(storage_group_begin(st, err));
+  CHECK(storage_metrics_add(st, t.id, &obs, 1, 10, err));
+  proxy_arm(&proxy, 1);
+  nas_err failed = {{0}};
+  assert_int_equal(storage_metrics_add(st, t.id, &obs, 1, 20, &failed), NAS_ERR);
+  proxy_arm(&proxy, 0);
+  assert_contains(failed.msg, "the group's transaction was lost");
+  assert_int_equal(storage_trial_heartbeat(st, t.id, &failed), NAS_ERR);
+  assert_int_equal(storage_group_end(st, true, &failed), NAS_ERR);
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  CHECK(storage_metrics_add(st, t.id, &obs, 1, 30, err));
+  assert_int_equal(metric_count(f, t.experiment_id), 1);
+  assert_int_equal(log_offset_of(f, t.id), 30);
+  storage_close(st);
+  free(via);
+  assert_int_equal(proxy_stop(&proxy), 1);
+  trial_row_clear(&t);
+}
+
 /* With the server gone for longer than the retry budget, a write fails and says that
  * whether it was stored is unknown (the connection broke under it); opening fails saying
  * it gave up. Neither stored anything, and the same handle works once the server is back. */
@@ -2493,13 +2557,22 @@ static int run_http_tests(void) {
   return run_shared_tests(&ctx);
 }
 
+/* Group commit, on the backends that group writes (storage_can_group). */
+static int run_group_commit_tests(backend_ctx *ctx) {
+  struct CMUnitTest tests[] = {
+      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
+      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
+      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
+  };
+  char name[64];
+  snprintf(name, sizeof name, "%s group commit", ctx->backend->name);
+  return run_group(name, tests, sizeof tests / sizeof tests[0], ctx);
+}
+
 static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
-      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
-      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
-      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
       FIXTURE_TEST(sqlite_newer_schema_leaves_the_file_byte_for_byte),
       FIXTURE_TEST(sqlite_file_that_is_not_a_database_is_refused_untouched),
       FIXTURE_TEST(sqlite_database_of_another_program_is_refused_untouched),
@@ -2507,7 +2580,7 @@ static int run_sqlite_tests(void) {
       FIXTURE_TEST(sqlite_url_forms_open_the_same_file),
       FIXTURE_TEST(sqlite_relative_path_is_relative_to_the_current_folder),
   };
-  return run_shared_tests(&ctx) + run_schema_tests(&ctx) +
+  return run_shared_tests(&ctx) + run_schema_tests(&ctx) + run_group_commit_tests(&ctx) +
          run_group("sqlite specifics", specifics, sizeof specifics / sizeof specifics[0], &ctx);
 }
 
@@ -2540,11 +2613,13 @@ static int run_postgres_tests(void) {
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(postgresql_writes_survive_server_restarts_exactly_once),
       FIXTURE_TEST(postgresql_lost_commit_acknowledgements_are_settled_not_repeated),
+      FIXTURE_TEST(postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at_all),
+      FIXTURE_TEST(postgresql_connection_lost_inside_a_group_loses_the_whole_group),
       FIXTURE_TEST(postgresql_write_while_the_server_stays_down_is_reported_and_not_stored),
       FIXTURE_TEST(postgresql_url_options_reach_libpq),
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
   };
-  int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
+  int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) + run_group_commit_tests(&ctx) +
                run_group("postgresql specifics", specifics,
                          sizeof specifics / sizeof specifics[0], &ctx);
   /* Also stopped by its watchdog should this process die before getting here. */

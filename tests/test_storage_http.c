@@ -10,6 +10,7 @@
 
 #include "storage/storage.h"
 #include "tests/e2e.h"
+#include "tests/pgserver.h"
 #include "tests/serve.h"
 
 static const char asked_spec[] =
@@ -358,20 +359,11 @@ static void assert_each_report_once(fixture *f, const int64_t *trial_ids, int re
  * writes made concurrently were grouped, several to a commit. */
 static void stop_asserting_writes_were_grouped(test_server *srv, unsigned long min_writes,
                                                bool must_group) {
-  char *log = strdup(srv->log), *text = NULL;
-  assert_int_equal(test_server_stop(srv), 0);
-  nas_err err;
-  assert_int_equal(nas_read_file(log, &text, NULL, &err), NAS_OK);
-  const char *line = strstr(text, " writes committed in ");
-  while (line && line > text && line[-1] != '\n') line--;
   unsigned long writes = 0, commits = 0;
-  if (!line || sscanf(line, "nas serve: %lu writes committed in %lu transactions", &writes,
-                      &commits) != 2)
-    fail_msg("no group commit line in the server's log: %s", text);
+  test_server_stop_reading_commits(srv, &writes, &commits);
   assert_true(writes >= min_writes);
   if (commits > writes || (must_group && commits == writes))
     fail_msg("%lu writes took %lu commits: not grouped", writes, commits);
-  free(text), free(log);
 }
 
 /* 32 clients make `reports` reports each through a fresh server (odd ones to no trial
@@ -404,6 +396,58 @@ static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **
  * with it. */
 static void bad_reports_grouped_with_good_ones_fail_alone(void **state) {
   load_through_a_server(*state, LOAD_REPORTS / 2, true);
+}
+
+/* ---- the same loads on PostgreSQL ---------------------------------------------------------- */
+
+/* One number a query on url answers. */
+static long pg_number(const char *url, const char *sql) {
+  PGconn *pg = PQconnectdb(url);
+  PGresult *res = PQexec(pg, sql);
+  if (PQresultStatus(res) != PGRES_TUPLES_OK) fail_msg("%s: %s", sql, PQerrorMessage(pg));
+  long n = atol(PQgetvalue(res, 0, 0));
+  PQclear(res);
+  PQfinish(pg);
+  return n;
+}
+
+/* Transactions committed in url's database so far, once every other session of it has
+ * ended (a session hands its counts to pg_stat_database at the latest when it ends). */
+static long pg_commits(const char *url) {
+  for (int i = 0; i < 500 && pg_number(url, "SELECT count(*) FROM pg_stat_activity WHERE"
+                                            " datname = current_database() AND"
+                                            " pid <> pg_backend_pid()") > 0; i++)
+    nas_sleep(0.01);
+  return pg_number(url, "SELECT xact_commit FROM pg_stat_database WHERE"
+                        " datname = current_database()");
+}
+
+/* load_through_a_server on a throwaway PostgreSQL server (skipped when none can start,
+ * failed under CI=true), which must also count fewer commits than the reports made: each
+ * one alone would be two (its key's lookup and its write). */
+static void load_through_a_server_on_postgresql(fixture *f, int reports, bool odd_clients_bad) {
+  pgserver pg;
+  char why[1024];
+  if (pgserver_start(&pg, why, sizeof why) != 0) {
+    if (pgserver_required()) fail_msg("CI=true and no PostgreSQL server could start: %s", why);
+    fprintf(stderr, "*** POSTGRESQL NOT STARTED: %s; this test is SKIPPED\n", why);
+    skip();
+  }
+  free(f->db);
+  f->db = pgserver_url(&pg, "postgres", NULL);
+  long before = pg_commits(f->db);
+  load_through_a_server(f, reports, odd_clients_bad);
+  long commits = pg_commits(f->db) - before, writes = (long)LOAD_CLIENTS * reports;
+  if (commits >= writes) fail_msg("%ld reports took %ld PostgreSQL commits: not grouped", writes, commits);
+  pgserver_stop(&pg);
+}
+
+static void thirty_two_clients_reporting_at_once_on_postgresql_are_grouped_and_stored_once(void **state) {
+  load_through_a_server_on_postgresql(*state, LOAD_REPORTS, false);
+}
+
+static void bad_reports_grouped_with_good_ones_on_postgresql_fail_alone(void **state) {
+  load_through_a_server_on_postgresql(*state, LOAD_REPORTS / 2, true);
 }
 
 /* Observations stored so far in the trials of "load", read from the database itself. */
@@ -553,6 +597,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(worker_started_by_hand_reports_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_lose_and_double_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_reports_grouped_with_good_ones_fail_alone, setup, teardown),
+      cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_on_postgresql_are_grouped_and_stored_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_reports_grouped_with_good_ones_on_postgresql_fail_alone, setup, teardown),
       cmocka_unit_test_setup_teardown(server_killed_under_load_and_restarted_stores_every_report_once, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_what_a_storage_client_may_do, setup, teardown),
       cmocka_unit_test_setup_teardown(unknown_experiments_and_trials_through_the_server_are_not_found, setup, teardown),
