@@ -2177,25 +2177,49 @@ static void postgresql_lost_commit_acknowledgements_are_settled_not_repeated(voi
   assert_true(proxy_stop(&proxy) >= 8 * 1);
 }
 
+/* A storage handle reaching the fixture's database through a cut proxy, and a running
+ * trial made on the database directly. */
+typedef struct {
+  cut_proxy proxy;
+  char *via;    /* owned: the URL through the proxy */
+  storage *st;  /* owned: opened at via */
+  trial_row trial;
+} cut_handle;
+
+static cut_handle cut_handle_open(fixture *f) {
+  cut_handle h = {.proxy = proxy_start(f->ctx->server->port)};
+  h.via = pg_schema_url(h.proxy.port, pg_schema_of(f->url));
+  h.st = open_or_fail(h.via);
+  h.trial = make_running_trial(f);
+  return h;
+}
+
+/* Closes what cut_handle_open made; the proxy must have cut `cuts` connections. */
+static void cut_handle_close(cut_handle *h, int cuts) {
+  storage_close(h->st);
+  free(h->via);
+  assert_int_equal(proxy_stop(&h->proxy), cuts);
+  trial_row_clear(&h->trial);
+}
+
 /* A group through the proxy cut at the answer to its commit's receipt (1: the commit is
  * never sent) or to the commit itself (2: its acknowledgement is lost): the group is
  * settled as pg_conn.h says, all of it or none, and says which; never a write twice. */
 static void postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at_all(void **state) {
   fixture *f = *state;
-  cut_proxy proxy = proxy_start(f->ctx->server->port);
-  char *via = pg_schema_url(proxy.port, pg_schema_of(f->url));
-  storage *st = open_or_fail(via);
-  trial_row t = make_running_trial(f);
+  cut_handle h = cut_handle_open(f);
+  storage *st = h.st;
+  trial_row t = h.trial;
   metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}};
   size_t stored = 0;
   for (int cut = 1; cut <= 2; cut++) {
     CHECK(storage_group_begin(st, err));
     CHECK(storage_metrics_add(st, t.id, &obs[0], 1, 10 * cut, err));
     CHECK(storage_metrics_add(st, t.id, &obs[1], 1, 10 * cut + 1, err));
-    proxy_arm(&proxy, cut);
+    proxy_arm(&h.proxy, cut);
     nas_err failed = {{0}};
     int rc = storage_group_end(st, true, &failed);
-    proxy_arm(&proxy, 0);
+    proxy_arm(&h.proxy, 0);
     if (cut == 1) {
       assert_int_equal(rc, NAS_ERR);
       assert_contains(failed.msg, "the group's transaction was lost");
@@ -2206,10 +2230,7 @@ static void postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at
     assert_int_equal(metric_count(f, t.experiment_id), stored);
   }
   assert_int_equal(log_offset_of(f, t.id), 21);
-  storage_close(st);
-  free(via);
-  assert_int_equal(proxy_stop(&proxy), 2);
-  trial_row_clear(&t);
+  cut_handle_close(&h, 2);
 }
 
 /* The connection cut under a write inside a group: nothing is tried again inside it (a
@@ -2217,17 +2238,16 @@ static void postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at
  * the group cannot commit and stores nothing, and the handle works again after it. */
 static void postgresql_connection_lost_inside_a_group_loses_the_whole_group(void **state) {
   fixture *f = *state;
-  cut_proxy proxy = proxy_start(f->ctx->server->port);
-  char *via = pg_schema_url(proxy.port, pg_schema_of(f->url));
-  storage *st = open_or_fail(via);
-  trial_row t = make_running_trial(f);
+  cut_handle h = cut_handle_open(f);
+  storage *st = h.st;
+  trial_row t = h.trial;
   metric_obs obs = {"loss", 0, 1, 1};
   CHECK(storage_group_begin(st, err));
   CHECK(storage_metrics_add(st, t.id, &obs, 1, 10, err));
-  proxy_arm(&proxy, 1);
+  proxy_arm(&h.proxy, 1);
   nas_err failed = {{0}};
   assert_int_equal(storage_metrics_add(st, t.id, &obs, 1, 20, &failed), NAS_ERR);
-  proxy_arm(&proxy, 0);
+  proxy_arm(&h.proxy, 0);
   assert_contains(failed.msg, "the group's transaction was lost");
   assert_int_equal(storage_trial_heartbeat(st, t.id, &failed), NAS_ERR);
   assert_int_equal(storage_group_end(st, true, &failed), NAS_ERR);
@@ -2235,10 +2255,7 @@ static void postgresql_connection_lost_inside_a_group_loses_the_whole_group(void
   CHECK(storage_metrics_add(st, t.id, &obs, 1, 30, err));
   assert_int_equal(metric_count(f, t.experiment_id), 1);
   assert_int_equal(log_offset_of(f, t.id), 30);
-  storage_close(st);
-  free(via);
-  assert_int_equal(proxy_stop(&proxy), 1);
-  trial_row_clear(&t);
+  cut_handle_close(&h, 1);
 }
 
 /* With the server gone for longer than the retry budget, a write fails and says that
@@ -2535,8 +2552,9 @@ static int run_shared_tests(backend_ctx *ctx) {
   return run_group(ctx->backend->name, tests, sizeof tests / sizeof tests[0], ctx);
 }
 
-/* Schema changes and idempotency keys, on the backends that keep the data (a server in
- * front of one opens its storage once, at its own start, and passes keys on). */
+/* Schema changes, idempotency keys and group commit, on the backends that keep the data (a
+ * server in front of one opens its storage once, at its own start, passes keys on and
+ * groups writes itself). */
 static int run_schema_tests(backend_ctx *ctx) {
   struct CMUnitTest tests[] = {
       FIXTURE_TEST(newer_schema_is_refused_and_left_as_it_is),
@@ -2544,9 +2562,12 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
       FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
+      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
+      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
+      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
   };
   char name[64];
-  snprintf(name, sizeof name, "%s schema", ctx->backend->name);
+  snprintf(name, sizeof name, "%s schema, keys and groups", ctx->backend->name);
   return run_group(name, tests, sizeof tests / sizeof tests[0], ctx);
 }
 
@@ -2555,18 +2576,6 @@ static int run_schema_tests(backend_ctx *ctx) {
 static int run_http_tests(void) {
   backend_ctx ctx = {.backend = &http_backend};
   return run_shared_tests(&ctx);
-}
-
-/* Group commit, on the backends that group writes (storage_can_group). */
-static int run_group_commit_tests(backend_ctx *ctx) {
-  struct CMUnitTest tests[] = {
-      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
-      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
-      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
-  };
-  char name[64];
-  snprintf(name, sizeof name, "%s group commit", ctx->backend->name);
-  return run_group(name, tests, sizeof tests / sizeof tests[0], ctx);
 }
 
 static int run_sqlite_tests(void) {
@@ -2580,7 +2589,7 @@ static int run_sqlite_tests(void) {
       FIXTURE_TEST(sqlite_url_forms_open_the_same_file),
       FIXTURE_TEST(sqlite_relative_path_is_relative_to_the_current_folder),
   };
-  return run_shared_tests(&ctx) + run_schema_tests(&ctx) + run_group_commit_tests(&ctx) +
+  return run_shared_tests(&ctx) + run_schema_tests(&ctx) +
          run_group("sqlite specifics", specifics, sizeof specifics / sizeof specifics[0], &ctx);
 }
 
@@ -2619,7 +2628,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_url_options_reach_libpq),
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
   };
-  int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) + run_group_commit_tests(&ctx) +
+  int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
                          sizeof specifics / sizeof specifics[0], &ctx);
   /* Also stopped by its watchdog should this process die before getting here. */
