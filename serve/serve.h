@@ -20,12 +20,12 @@
 
 /* Request threads: each serves one request at a time on a storage connection of its own
  * (so the server holds at most that many). The server groups the writes of SQLite and
- * PostgreSQL (commit.c), one group at a time. SQLite also reads on one machine, its
- * reads cost microseconds, so a few threads do; a PostgreSQL server may be a network
- * hop away, where more threads keep more reads (and asks) going while others wait. */
+ * PostgreSQL (commit.c), one group at a time. An SQLite file is on this machine, where a
+ * read takes microseconds, so a few threads do; a PostgreSQL server may be a network hop
+ * away, and more threads keep more reads (and asks) going while others wait on it. */
 enum {
-  SERVE_THREADS_ONE_WRITER = 4, /* default on SQLite */
-  SERVE_THREADS_OTHER = 16,     /* default elsewhere (PostgreSQL) */
+  SERVE_THREADS_SQLITE = 4, /* default on SQLite */
+  SERVE_THREADS_OTHER = 16, /* default elsewhere (PostgreSQL) */
   SERVE_THREADS_MOST = 64,   /* kept well below PostgreSQL's max_connections (100) */
 };
 

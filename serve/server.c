@@ -340,10 +340,10 @@ int serve_run(const serve_options *opt, nas_err *err) {
   if (rc == NAS_OK) rc = serve_pool_take(&srv.pool, &first, err);
   if (rc == NAS_OK) {
     srv.grouped_writes = storage_can_group(first);
-    bool one_writer = strcmp(storage_backend_name(first), "sqlite") == 0;
+    bool on_sqlite = strcmp(storage_backend_name(first), "sqlite") == 0;
     serve_pool_give(&srv.pool, first);
     srv.threads = opt->threads ? opt->threads
-                  : one_writer ? SERVE_THREADS_ONE_WRITER
+                  : on_sqlite  ? SERVE_THREADS_SQLITE
                                : SERVE_THREADS_OTHER;
     if (opt->log) fprintf(opt->log, "nas serve: %u request threads\n", srv.threads);
     serve_committer_init(&srv.committer);
