@@ -5,9 +5,10 @@
  * A thin layer: the operation, its idempotency key (the Idempotency-Key header) and its
  * arguments go to storage_rpc_serve on the request's pooled storage connection (writes
  * through the group commit, commit.c, several in one transaction, where the storage can
- * group them). Reads need a read token, writes a write token. The status says how it went: 200, 404 (NAS_ENOTFOUND
- * or no such operation), 409 (NAS_EEXIST), 422 for any other failure of the operation
- * (final: the client does not retry it), 403 for a read token that writes. */
+ * group them). Reads need a read token, writes a write token. The status says how it
+ * went: 200, 404 (NAS_ENOTFOUND or no such operation), 409 (NAS_EEXIST), 422 for any
+ * other failure of the operation (final: the client does not retry it), 403 for a read
+ * token that writes. */
 #include "serve/api.h"
 #include "storage/rpc.h"
 

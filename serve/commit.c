@@ -3,16 +3,16 @@
  * SQLite commits one transaction at a time, each with its own fsync, so writes arriving
  * together would otherwise wait for each other's flushes one by one; PostgreSQL flushes
  * concurrent commits together, but each transaction still costs its commit, its flush
- * and its round trips. Here a request
- * thread hands its write in; the first thread to find no group running becomes the
- * leader: it takes every write handed in so far, runs them on its own connection inside
- * one transaction, each as a savepoint (storage_group_begin: a write that fails is rolled
- * back alone and answered with its own error), commits once, and marks them done. Writes
- * handed in meanwhile wait for the next group, led by one of their threads. A request is
- * answered only after its group committed. When the group cannot begin or commit, its
- * writes are made again one by one, each in its own transaction, so one bad write or a
- * failed commit never fails or loses the others; a write that commits an idempotency key
- * (storage.h) is replayed, not repeated, when its key was committed. */
+ * and its round trips. Here a request thread hands its write in; the first thread to
+ * find no group running becomes the leader: it takes every write handed in so far, runs
+ * them on its own connection inside one transaction, each as a savepoint
+ * (storage_group_begin: a write that fails is rolled back alone and answered with its own
+ * error), commits once, and marks them done. Writes handed in meanwhile wait for the next
+ * group, led by one of their threads. A request is answered only after its group
+ * committed. When the group cannot begin or commit, its writes are made again one by one,
+ * each in its own transaction, so one bad write or a failed commit never fails or loses
+ * the others; a write that commits an idempotency key (storage.h) is replayed, not
+ * repeated, when its key was committed. */
 #include "serve/internal.h"
 
 void serve_committer_init(serve_committer *c) {

@@ -26,7 +26,7 @@
 enum {
   SERVE_THREADS_SQLITE = 4, /* default on SQLite */
   SERVE_THREADS_OTHER = 16, /* default elsewhere (PostgreSQL) */
-  SERVE_THREADS_MOST = 64,   /* kept well below PostgreSQL's max_connections (100) */
+  SERVE_THREADS_MOST = 64,  /* kept well below PostgreSQL's max_connections (100) */
 };
 
 typedef struct {

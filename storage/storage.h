@@ -287,7 +287,8 @@ void storage_bare_errors(storage *st, bool bare);
  * connection lost or a deadlock inside it (nothing is retried inside a group; the writes
  * after it fail): its writes are then to be made again one by one. A group whose commit
  * acknowledgement was lost is settled first (committed, or fenced off and failed), so
- * making them again never stores one twice. */
+ * making them again never stores one twice, unless the database stays out of reach for
+ * the whole retry budget (then, as for any write, the outcome is unknown). */
 bool storage_can_group(const storage *st);
 int storage_group_begin(storage *st, nas_err *err);
 int storage_group_end(storage *st, bool commit, nas_err *err);
