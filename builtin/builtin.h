@@ -144,11 +144,17 @@ typedef struct {
   double label_smoothing;    /* tr_cross_entropy_smooth's smoothing */
   tr_augment_config augment; /* applied to every training batch */
   /* Epochs as the budget: the run trains epochs first_epoch + 1 … epochs, as the last part
-   * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate
-   * and batch order continue where that run was; the optimiser's state starts afresh). */
+   * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate,
+   * batch order and augmentation continue where that run was; with state_in the optimiser
+   * and dropout too, so it ends exactly as that run would have). */
   int first_epoch;
   int stop_epoch;            /* 0: train to `epochs`; else stop after this epoch (a rung of
                                 multi-fidelity: the schedule still spans `epochs`) */
+  /* Training state files (tr_train_state_save; tr_fit only, the sharded and pipelined
+   * loops refuse them): */
+  const char *state_in;      /* loaded before the first step: the state a run saved after
+                                first_epoch; NULL: the optimiser starts afresh */
+  const char *state_out;     /* saved after the last epoch this call trains; NULL: not kept */
   tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
   /* After every epoch (1-based) with the mean training loss and validation accuracy. */
   int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <sys/stat.h>
 
 #include "builtin/builtin.h"
 #include "metrics/metrics.h"
@@ -308,13 +309,59 @@ static void spec_append(const char *path, const char *text) {
   assert_int_equal(fclose(file), 0);
 }
 
+/* The storage id of trial `number` of experiment name. */
+static char *trial_id(fixture *f, const char *name, int number) {
+  storage *st;
+  experiment_row exp;
+  trial_row *rows;
+  size_t n;
+  nas_err err;
+  char *id = NULL;
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_int_equal(storage_trial_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].number == number) assert_true(asprintf(&id, "%lld", (long long)rows[i].id) > 0);
+  assert_non_null(id);
+  trial_rows_free(rows, n);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return id;
+}
+
+/* A rung folder saved by an older nas (weights, no training state) still resumes: `nas
+ * worker` says the optimiser starts afresh and trains on. */
+static void resume_from_weights_without_training_state(fixture *f, const char *name, int number) {
+  char *saved, *old, *weights, *state;
+  assert_true(asprintf(&saved, "%s/runs/%s/%d.rungs/epoch-1", f->dir, name, number) > 0);
+  assert_true(asprintf(&old, "%s/older-nas", f->dir) > 0);
+  assert_true(asprintf(&weights, "%s/weights.nasw", saved) > 0);
+  assert_true(asprintf(&state, "%s/train_state.nast", saved) > 0);
+  assert_int_equal(access(state, R_OK), 0); /* the rung saved it beside the weights */
+  assert_int_equal(mkdir(old, 0700), 0);
+  char *copy[] = {"cp", weights, old, NULL}, *id = trial_id(f, name, number), *out;
+  assert_int_equal(test_run(NULL, copy, NULL), 0);
+  setenv("NAS_EPOCHS", "3", 1), setenv("NAS_FIRST_EPOCH", "1", 1);
+  setenv("NAS_MAX_EPOCHS", "3", 1), setenv("NAS_RESUME_DIR", old, 1);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
+  int rc = test_run(f->dir, argv, &out);
+  unsetenv("NAS_EPOCHS"), unsetenv("NAS_FIRST_EPOCH");
+  unsetenv("NAS_MAX_EPOCHS"), unsetenv("NAS_RESUME_DIR");
+  if (rc != 0) fail_msg("nas worker exited %d: %s", rc, out);
+  if (!strstr(out, "it holds no training state (saved by an older nas): the optimiser's state "
+                   "and dropout's masks start afresh"))
+    fail_msg("no word of the missing training state: %s", out);
+  assert_non_null(strstr(out, "epoch 3/3"));
+  free(saved), free(old), free(weights), free(state), free(id), free(out);
+}
+
 /* Hyperband from 1 to 3 epochs with eta 3 deals 3 trials into one bracket: all train 1
- * epoch, the best goes on to 3 from the weights it saved. With SGD without momentum (no
- * optimiser state to lose) and no dropout, the promoted trial ends exactly where the same
+ * epoch, the best goes on to 3 from the weights and training state it saved. With Adam and
+ * dropout (moments and masks to continue), the promoted trial ends exactly where the same
  * trial trained 3 epochs in one go does. */
 static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run(void **state) {
   fixture *f = *state;
-  const char *settings = "epochs: 3, limit_train: 400, optimizer: sgd, momentum: 0";
+  const char *settings = "epochs: 3, limit_train: 400, optimizer: adam, dropout: 0.2";
   char *hb = digits_spec(f, "hb", settings, 3, 1, "2m"), *full = digits_spec(f, "full", settings, 3, 1, "2m");
   spec_append(hb, "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n");
   char *out;
@@ -337,6 +384,7 @@ static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted
       nas_err err;
       if (nas_read_file(second, &log, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
       assert_non_null(strstr(log, "resumed at epoch 1 from "));
+      assert_non_null(strstr(log, ", with the optimiser's state and dropout's generator"));
       assert_non_null(strstr(log, "epoch 2/3"));
       assert_null(strstr(log, "epoch 1/3")); /* epoch 1 is not trained again */
       free(log);
@@ -351,6 +399,7 @@ static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted
   assert_true(num(mine, METRIC_ACCURACY) == num(theirs, METRIC_ACCURACY));
   json_decref(hb_rows);
   json_decref(full_rows);
+  resume_from_weights_without_training_state(f, "hb", promoted);
   free(hb);
   free(full);
 }
