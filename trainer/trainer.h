@@ -8,7 +8,8 @@
  *             tr_backward runs the nodes in dependency order and frees the graph's buffers.
  *   ops       forward + backward per op (elementwise, reduce, matmul, conv, norm, loss, shape).
  *   nn        modules (Linear, Conv2d, norms, activations, Sequential), init, save/load.
- *   optim     SGD (momentum, Nesterov, weight decay), Adam, AdamW, LR schedules, clipping.
+ *   optim     SGD (momentum, Nesterov, weight decay), Adam, AdamW, LR schedules, clipping,
+ *             the training state file (optimiser state and generator, to resume exactly).
  *   data      IDX (gzip ok) and CSV loaders, split, normalisation, seeded shuffled batches.
  * Collectives and FSDP have their own header, trainer/dist.h; the built-in trials that use
  * the engine are builtin/ (builtin/builtin.h).

@@ -1,5 +1,6 @@
 /* optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW; learning-rate schedules
- * (constant, step, cosine, one-cycle); gradient clipping by global norm.
+ * (constant, step, cosine, one-cycle); gradient clipping by global norm; the training state
+ * file that keeps an optimiser's state and the generator across a stop (docs/engine.md).
  *
  * The optimiser retains its parameters and keeps one state tensor per parameter and slot
  * (momentum buffer; Adam's first and second moments), made on the first step that sees a
