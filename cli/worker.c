@@ -303,6 +303,7 @@ static int worker_prepare(worker *w, nas_err *err) {
   int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
   if (rc != NAS_OK) return rc;
   double data_seconds = nas_monotonic() - start;
+  if ((rc = worker_augment_check(&w->plan, &w->data, err)) != NAS_OK) return rc;
   w->plan.fit.augment.fill = w->data.background;
   /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
   if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
