@@ -354,36 +354,55 @@ static char *trial_id(fixture *f, const char *name, int number) {
   return id;
 }
 
-/* A rung folder saved by an older nas (weights, no training state) still resumes: `nas
- * worker` says the optimiser starts afresh and trains on. */
-static void resume_from_weights_without_training_state(fixture *f, const char *name, int number) {
-  char *saved, *old, *weights, *state;
+/* `nas worker` runs trial `number` of experiment name's last rung again (epochs 2 and 3 of
+ * 3), from resume_dir, as the scheduler does after a crash; *out gets what it printed. */
+static void rerun_last_rung(fixture *f, const char *name, int number, const char *resume_dir,
+                            char **out) {
+  char *id = trial_id(f, name, number);
+  setenv("NAS_EPOCHS", "3", 1), setenv("NAS_FIRST_EPOCH", "1", 1);
+  setenv("NAS_MAX_EPOCHS", "3", 1), setenv("NAS_RESUME_DIR", resume_dir, 1);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
+  int rc = test_run(f->dir, argv, out);
+  unsetenv("NAS_EPOCHS"), unsetenv("NAS_FIRST_EPOCH");
+  unsetenv("NAS_MAX_EPOCHS"), unsetenv("NAS_RESUME_DIR");
+  if (rc != 0) fail_msg("nas worker exited %d: %s", rc, *out);
+  free(id);
+}
+
+/* The promoted trial's last rung run again from its rung folder, as after a crash between
+ * rungs, ends exactly where the uninterrupted run did (`accuracy`); from a folder an older
+ * nas saved (weights, no training state) it still trains, saying the optimiser starts
+ * afresh. */
+static void rerun_rung_from_saved_state(fixture *f, const char *name, int number,
+                                        double accuracy) {
+  char *saved, *old, *weights, *state, *out;
   assert_true(asprintf(&saved, "%s/runs/%s/%d.rungs/epoch-1", f->dir, name, number) > 0);
   assert_true(asprintf(&old, "%s/older-nas", f->dir) > 0);
   assert_true(asprintf(&weights, "%s/weights.nasw", saved) > 0);
   assert_true(asprintf(&state, "%s/train_state.nast", saved) > 0);
   assert_int_equal(access(state, R_OK), 0); /* the rung saved it beside the weights */
+  rerun_last_rung(f, name, number, saved, &out);
+  assert_non_null(strstr(out, ", with the optimiser's state and dropout's generator"));
+  free(out);
+  json_t *rows = trials_json(f, name);
+  assert_true(num(row_of(rows, number), METRIC_ACCURACY) == accuracy);
+  json_decref(rows);
   assert_int_equal(mkdir(old, 0700), 0);
-  char *copy[] = {"cp", weights, old, NULL}, *id = trial_id(f, name, number), *out;
+  char *copy[] = {"cp", weights, old, NULL};
   assert_int_equal(test_run(NULL, copy, NULL), 0);
-  setenv("NAS_EPOCHS", "3", 1), setenv("NAS_FIRST_EPOCH", "1", 1);
-  setenv("NAS_MAX_EPOCHS", "3", 1), setenv("NAS_RESUME_DIR", old, 1);
-  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
-  int rc = test_run(f->dir, argv, &out);
-  unsetenv("NAS_EPOCHS"), unsetenv("NAS_FIRST_EPOCH");
-  unsetenv("NAS_MAX_EPOCHS"), unsetenv("NAS_RESUME_DIR");
-  if (rc != 0) fail_msg("nas worker exited %d: %s", rc, out);
+  rerun_last_rung(f, name, number, old, &out);
   if (!strstr(out, "it holds no training state (saved by an older nas): the optimiser's state "
                    "and dropout's masks start afresh"))
     fail_msg("no word of the missing training state: %s", out);
   assert_non_null(strstr(out, "epoch 3/3"));
-  free(saved), free(old), free(weights), free(state), free(id), free(out);
+  free(saved), free(old), free(weights), free(state), free(out);
 }
 
 /* Hyperband from 1 to 3 epochs with eta 3 deals 3 trials into one bracket: all train 1
  * epoch, the best goes on to 3 from the weights and training state it saved. With Adam and
  * dropout (moments and masks to continue), the promoted trial ends exactly where the same
- * trial trained 3 epochs in one go does. */
+ * trial trained 3 epochs in one go does, and so does its last rung run again after a
+ * crash. */
 static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run(void **state) {
   fixture *f = *state;
   const char *settings = "epochs: 3, limit_train: 400, optimizer: adam, dropout: 0.2";
@@ -422,9 +441,9 @@ static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted
   assert_true(num(mine, "width") == num(theirs, "width"));
   assert_true(num(mine, "layers") == num(theirs, "layers"));
   assert_true(num(mine, METRIC_ACCURACY) == num(theirs, METRIC_ACCURACY));
+  rerun_rung_from_saved_state(f, "hb", promoted, num(theirs, METRIC_ACCURACY));
   json_decref(hb_rows);
   json_decref(full_rows);
-  resume_from_weights_without_training_state(f, "hb", promoted);
   free(hb);
   free(full);
 }
