@@ -352,12 +352,19 @@ static const char *trials_data_dir(const spec *s) {
   return value;
 }
 
-static int dataset_check(const spec *s, nas_err *err) {
-  char **dirs = data_dirs(trials_data_dir(s)), *path = NULL;
+/* Where the trials will find the spec's dataset: *path (owned), or an error saying why not. */
+static int trials_dataset(const spec *s, char **path, nas_err *err) {
+  char **dirs = data_dirs(trials_data_dir(s));
   int rc = dirs ? tr_named_dataset_find(s->trial.builtin->dataset, (const char *const *)dirs,
-                                        &path, err)
+                                        path, err)
                 : nas_errf(err, "out of memory");
   strings_free(dirs);
+  return rc;
+}
+
+static int dataset_check(const spec *s, nas_err *err) {
+  char *path = NULL;
+  int rc = trials_dataset(s, &path, err);
   free(path);
   return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "trial.builtin.dataset");
 }
@@ -370,14 +377,11 @@ static int augment_check(const spec *s, nas_err *err) {
   bool crop = json_integer_value(json_object_get(settings, "augment_crop")) > 0 &&
               spec_param_index(s, "augment_crop") < 0;
   if (!flip && !crop) return NAS_OK;
-  char **dirs = data_dirs(trials_data_dir(s)), *path = NULL;
+  char *path = NULL;
   bool images = true;
-  int rc = dirs ? tr_named_dataset_find(s->trial.builtin->dataset, (const char *const *)dirs,
-                                        &path, err)
-                : nas_errf(err, "out of memory");
+  int rc = trials_dataset(s, &path, err);
   if (rc == NAS_OK) rc = tr_named_dataset_holds_images(path, &images, err);
   if (rc == NAS_OK && !images) rc = refuse_augment(path, err);
-  strings_free(dirs);
   free(path);
   return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "trial.builtin");
 }
