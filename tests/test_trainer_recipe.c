@@ -106,6 +106,16 @@ static bool same_weights(tr_module *a, tr_module *b) {
   return same;
 }
 
+/* Trains m (built in ctx) for the first epoch of the recipe with optim, saving the
+ * training state at state_path. */
+static void train_first_epoch(tr_ctx *ctx, tr_model *m, const tr_dataset *data,
+                              tr_optim_config optim, const char *state_path) {
+  tr_fit_config cfg = recipe(optim);
+  cfg.stop_epoch = 1, cfg.state_out = state_path;
+  nas_err err;
+  if (tr_fit(ctx, m->module, data, data, &cfg, NULL, &err)) fail_msg("%s", err.msg);
+}
+
 /* Trains 1 epoch of the recipe with optim, saving weights and (in dir) the training state,
  * then into *resumed (built from other weights and generator) loads them and trains epochs
  * 2 and 3, with the state when keep_state; *acc gets its last validation accuracy. */
@@ -118,9 +128,7 @@ static void train_cut_then_resume(const char *dir, const tr_dataset *data, tr_op
   nas_err err;
   tr_ctx_init(&ctx, 9);
   tr_model cut = mlp(&ctx);
-  tr_fit_config cut_cfg = recipe(optim);
-  cut_cfg.stop_epoch = 1, cut_cfg.state_out = state;
-  if (tr_fit(&ctx, cut.module, data, data, &cut_cfg, NULL, &err)) fail_msg("%s", err.msg);
+  train_first_epoch(&ctx, &cut, data, optim, state);
   assert_int_equal(tr_module_save(cut.module, weights, &err), NAS_OK);
   tr_ctx_init(&ctx, 1234); /* other weights and draws: the saved ones replace them */
   *resumed = mlp(&ctx);
@@ -245,9 +253,7 @@ static void damaged_training_state_is_refused_with_the_reason(void **state) {
   tr_dataset data = two_class_images(&ctx);
   tr_model m = mlp(&ctx);
   tr_optim_config adam = {.kind = TR_ADAM, .lr = 0.01};
-  tr_fit_config cfg = recipe(adam);
-  cfg.stop_epoch = 1, cfg.state_out = path;
-  assert_int_equal(tr_fit(&ctx, m.module, &data, &data, &cfg, NULL, &err), NAS_OK);
+  train_first_epoch(&ctx, &m, &data, adam, path);
   assert_int_equal(load_into(&ctx, m.module, adam, path, &err), NAS_OK);
   size_t n;
   unsigned char *bytes = file_bytes(path, &n);
