@@ -2,7 +2,8 @@
  * smoothing against values computed by hand from PyTorch's definitions (OneCycleLR, the
  * label_smoothing of CrossEntropyLoss), and the epochs-as-budget hook: a run resumed from
  * saved weights and training state ends where an uninterrupted one does, for every
- * optimiser, and a damaged training state file is refused. */
+ * optimiser, and a damaged training state file is refused, as is one asked of sharded or
+ * pipelined training. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -284,6 +285,30 @@ static void damaged_training_state_is_refused_with_the_reason(void **state) {
   free(dir), free(path), free(bad);
 }
 
+/* Only single-process training keeps a training state: the sharded and pipelined loops,
+ * whose optimisers hold a part of the model each, refuse one before they start. */
+static void sharded_and_pipelined_training_refuse_a_training_state(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  nas_err err = {{0}};
+  tr_ctx_init(&ctx, 5);
+  tr_dataset data = two_class_images(&ctx);
+  tr_model m = mlp(&ctx);
+  tr_fit_config cfg = recipe((tr_optim_config){.kind = TR_ADAM, .lr = 0.01});
+  cfg.state_out = "/nonexistent/state.nast";
+  tr_fit_ranks ranks = {0}; /* never reached */
+  assert_int_equal(tr_fit_sharded(&ctx, m.module, &ranks, &data, &data, &cfg, NULL, &err),
+                   NAS_ERR);
+  assert_non_null(strstr(err.msg, "kept by single-process training only"));
+  tr_pipe_rank rank = {0};
+  tr_pipe_config pipe = {0};
+  assert_int_equal(tr_fit_pipeline_stage(&ctx, m.module, &rank, &pipe, &data, &data, &cfg, NULL,
+                                         &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "kept by single-process training only"));
+  tr_model_free(&m);
+  tr_dataset_free(&data);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(one_cycle_follows_pytorch_one_cycle_lr),
@@ -292,6 +317,7 @@ int main(void) {
       cmocka_unit_test(resumed_fit_ends_where_an_uninterrupted_one_does),
       cmocka_unit_test(resumed_fit_without_the_training_state_ends_elsewhere),
       cmocka_unit_test(damaged_training_state_is_refused_with_the_reason),
+      cmocka_unit_test(sharded_and_pipelined_training_refuse_a_training_state),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
