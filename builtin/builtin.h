@@ -122,6 +122,12 @@ int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs
  * get the dataset (the same error the load gives). */
 int tr_named_dataset_find(const char *name, const char *const *dirs, char **path, nas_err *err);
 void tr_named_dataset_free(tr_named_dataset *nd);
+/* Whether examples of this shape are images (flips and crops apply): more than one pixel
+ * high or wide. A CSV file whose feature count is not a square is not (k×1×1). */
+bool tr_input_is_image(tr_input_shape s);
+/* Whether the dataset at path (tr_named_dataset_find's) holds images, from its kind and a
+ * CSV file's first line alone, without loading it. */
+int tr_named_dataset_holds_images(const char *path, bool *images, nas_err *err);
 /* Keeps the first n examples of ds (all when n is 0 or at least ds->n). */
 int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err);
 /* One mean and one standard deviation over every value of ref; each dataset in sets
@@ -144,11 +150,17 @@ typedef struct {
   double label_smoothing;    /* tr_cross_entropy_smooth's smoothing */
   tr_augment_config augment; /* applied to every training batch */
   /* Epochs as the budget: the run trains epochs first_epoch + 1 … epochs, as the last part
-   * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate
-   * and batch order continue where that run was; the optimiser's state starts afresh). */
+   * of a run of `epochs` epochs from weights saved after first_epoch (the learning rate,
+   * batch order and augmentation continue where that run was; with state_in the optimiser
+   * and dropout too, so it ends exactly as that run would have). */
   int first_epoch;
   int stop_epoch;            /* 0: train to `epochs`; else stop after this epoch (a rung of
                                 multi-fidelity: the schedule still spans `epochs`) */
+  /* Training state files (tr_train_state_save; tr_fit only, the sharded and pipelined
+   * loops refuse them): */
+  const char *state_in;      /* loaded before the first step: the state a run saved after
+                                first_epoch; NULL: the optimiser starts afresh */
+  const char *state_out;     /* saved after the last epoch this call trains; NULL: not kept */
   tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
   /* After every epoch (1-based) with the mean training loss and validation accuracy. */
   int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);
@@ -264,10 +276,15 @@ int worker_data_cached(tr_ctx *ctx, const char *path, const worker_plan *plan,
 
 /* Checks, in the process about to launch a spec's built-in trials on this machine (the
  * local runner), what would fail every one of them: a dataset that is not where `nas
- * worker` looks (trial.env's NAS_DATA_DIR counts, as in the trials), or device: cuda
- * without a CUDA device or for mobilenet (whose ops run on the CPU only). Command trials and other runners (whose trials run elsewhere)
+ * worker` looks (trial.env's NAS_DATA_DIR counts, as in the trials), augmentation the spec
+ * fixes on a dataset without images, or device: cuda without a CUDA device or for
+ * mobilenet (whose ops run on the CPU only). Command trials and other runners (whose trials run elsewhere)
  * pass. The error says what is missing and what to do. */
 int worker_builtin_check(const spec *s, nas_err *err);
+
+/* Refuses augmentation (augment_flip, augment_crop) on data whose examples are no images,
+ * saying what to set instead. */
+int worker_augment_check(const worker_plan *plan, const worker_data *data, nas_err *err);
 
 /* Builds the plan's model for the data's example shape and class count. */
 int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *data,

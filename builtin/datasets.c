@@ -5,11 +5,13 @@
  * scikit-learn's digits.csv.gz, "fashion-mnist" the IDX files of dataset-fashion-mnist.
  * A path is a folder of IDX files (MNIST's names, gzip or not) or one CSV file. Only the
  * API of trainer/trainer.h is used. */
+#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <zlib.h>
 
 #include "builtin/builtin.h"
 
@@ -54,14 +56,45 @@ static int load_idx_pair(tr_ctx *ctx, const char *dir, const char *prefix, tr_da
   return rc;
 }
 
+/* The shape of a CSV example of k features: 1×√k×√k when k is a square, else k×1×1. */
+static tr_input_shape csv_shape(int64_t k) {
+  int64_t side = (int64_t)llround(sqrt((double)k));
+  return side * side == k ? (tr_input_shape){1, side, side} : (tr_input_shape){k, 1, 1};
+}
+
 /* The shape of one example of ds as an image: IDX (n, H, W) is 1×H×W, (n, C, H, W) stays;
- * CSV (n, k) is 1×√k×√k when k is a square, else k×1×1. */
+ * CSV (n, k) as csv_shape says. */
 static tr_input_shape image_shape(const tr_dataset *ds) {
   const int64_t *dims = ds->x->shape;
   if (ds->x->ndim == 4) return (tr_input_shape){dims[1], dims[2], dims[3]};
   if (ds->x->ndim == 3) return (tr_input_shape){1, dims[1], dims[2]};
-  int64_t k = ds->x->ndim == 2 ? dims[1] : 1, side = (int64_t)llround(sqrt((double)k));
-  return side * side == k ? (tr_input_shape){1, side, side} : (tr_input_shape){k, 1, 1};
+  return csv_shape(ds->x->ndim == 2 ? dims[1] : 1);
+}
+
+bool tr_input_is_image(tr_input_shape s) { return s.height > 1 || s.width > 1; }
+
+/* Columns of the first non-blank line of the CSV file at path (gzip or not). */
+static int csv_columns(const char *path, int64_t *columns, nas_err *err) {
+  gzFile in = gzopen(path, "rb");
+  if (!in) return nas_errf(err, "%s: cannot be read", path);
+  int64_t commas = 0;
+  bool seen = false;
+  for (int c; (c = gzgetc(in)) != -1 && !(c == '\n' && seen);) {
+    seen = seen || !isspace(c);
+    commas += c == ',';
+  }
+  gzclose(in);
+  *columns = commas + 1;
+  return NAS_OK;
+}
+
+int tr_named_dataset_holds_images(const char *path, bool *images, nas_err *err) {
+  *images = true;
+  if (is_folder(path)) return NAS_OK; /* IDX files: images by their format */
+  int64_t columns = 0;
+  if (csv_columns(path, &columns, err) != NAS_OK) return NAS_ERR;
+  *images = tr_input_is_image(csv_shape(columns - 1)); /* the label is a column */
+  return NAS_OK;
 }
 
 static int reshape_to(tr_ctx *ctx, tr_dataset *ds, tr_input_shape s, nas_err *err) {

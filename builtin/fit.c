@@ -1,6 +1,7 @@
 /* builtin/fit.c: the training loop of built-in trials — cross-entropy (label smoothing
  * optional), an optimiser with a learning-rate schedule and warm-up, shuffled and optionally
- * augmented batches, validation after every epoch, resuming after a given epoch — and accuracy;
+ * augmented batches, validation after every epoch, resuming after a given epoch (with the
+ * optimiser's and dropout's state from a training state file, exactly) — and accuracy;
  * and the same loop on one rank of several (tr_fit_sharded), the model sharded by FSDP.
  *
  * The loop is the one docs/engine.md shows, with every error checked. Evaluation runs in
@@ -143,6 +144,12 @@ int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *
   return rc;
 }
 
+int fit_refuse_state(const tr_fit_config *cfg, nas_err *err) {
+  if (!cfg->state_in && !cfg->state_out) return NAS_OK;
+  return nas_errf(err, "training state %s: kept by single-process training only, not by "
+                  "sharded or pipelined training", cfg->state_in ? cfg->state_in : cfg->state_out);
+}
+
 /* The next training batch (tr_loader_next's contract), augmented as cfg says with a seed
  * of the step, so a resumed run draws what an uninterrupted one would. */
 int64_t fit_next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
@@ -194,6 +201,8 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   tr_lr_schedule sched;
   int64_t step = 0;
   int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, &step, err);
+  if (rc == NAS_OK && cfg->state_in && tr_train_state_load(ctx, opt, cfg->state_in, err) != NAS_OK)
+    rc = nas_err_prefix(err, "resuming the training state");
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = train_epoch(ctx, m, opt, &ld, cfg, &sched, &step, &loss, err);
@@ -201,6 +210,8 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
     if (rc == NAS_OK && accuracy) *accuracy = acc;
     if (rc == NAS_OK && cfg->on_epoch) rc = cfg->on_epoch(cfg->arg, epoch, loss, acc, err);
   }
+  if (rc == NAS_OK && cfg->state_out && tr_train_state_save(ctx, opt, cfg->state_out, err) != NAS_OK)
+    rc = nas_err_prefix(err, "saving the training state");
   tr_loader_free(&ld);
   tr_optim_free(opt);
   tr_param_list_free(&params);
@@ -303,6 +314,7 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
+  if (fit_refuse_state(cfg, err) != NAS_OK) return NAS_ERR;
   rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0,
                 cfg->label_smoothing};
   tr_fsdp_config fc = ranks->fsdp;

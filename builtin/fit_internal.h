@@ -17,4 +17,8 @@ int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *
 int64_t fit_next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
                        tr_tensor **x, int32_t **y);
 
+/* NAS_ERR, saying why, when cfg names a training state file: only tr_fit keeps one (a
+ * sharded or pipelined loop's optimisers hold a part of the model each). */
+int fit_refuse_state(const tr_fit_config *cfg, nas_err *err);
+
 #endif

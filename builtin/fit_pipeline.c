@@ -78,6 +78,7 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                           nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
+  if (fit_refuse_state(cfg, err) != NAS_OK) return NAS_ERR;
   if (cfg->device.kind != TR_CPU)
     return nas_errf(err, "a pipeline runs its stages on the CPU (stages on CUDA devices are "
                     "not built); use device: cpu");

@@ -327,6 +327,19 @@ int worker_model_build(tr_ctx *ctx, const worker_plan *plan, const worker_data *
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "model: %s", ctx->err.msg);
 }
 
+/* The refusal of augmentation on a dataset whose examples are no images. */
+static int refuse_augment(const char *source, nas_err *err) {
+  return nas_errf(err, "augment_flip, augment_crop: %s holds no images (a CSV file whose "
+                  "feature count is not a square is read as k values of 1x1 pixel), and "
+                  "augmentation flips and crops images only; set augment_flip: false and "
+                  "augment_crop: 0 for this dataset", source);
+}
+
+int worker_augment_check(const worker_plan *plan, const worker_data *data, nas_err *err) {
+  if (!tr_augment_active(&plan->fit.augment) || tr_input_is_image(data->all.shape)) return NAS_OK;
+  return refuse_augment(data->all.source, err);
+}
+
 /* ---- checks before launching ---- */
 
 /* NAS_DATA_DIR as the trials will see it: the spec's trial.env wins over nas's own
@@ -339,14 +352,38 @@ static const char *trials_data_dir(const spec *s) {
   return value;
 }
 
-static int dataset_check(const spec *s, nas_err *err) {
-  char **dirs = data_dirs(trials_data_dir(s)), *path = NULL;
+/* Where the trials will find the spec's dataset: *path (owned), or an error saying why not. */
+static int trials_dataset(const spec *s, char **path, nas_err *err) {
+  char **dirs = data_dirs(trials_data_dir(s));
   int rc = dirs ? tr_named_dataset_find(s->trial.builtin->dataset, (const char *const *)dirs,
-                                        &path, err)
+                                        path, err)
                 : nas_errf(err, "out of memory");
   strings_free(dirs);
+  return rc;
+}
+
+static int dataset_check(const spec *s, nas_err *err) {
+  char *path = NULL;
+  int rc = trials_dataset(s, &path, err);
   free(path);
   return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "trial.builtin.dataset");
+}
+
+/* Only augmentation the spec fixes is checked: a trial drawing it off from a search trains. */
+static int augment_check(const spec *s, nas_err *err) {
+  const json_t *settings = s->trial.builtin->settings;
+  bool flip = json_is_true(json_object_get(settings, "augment_flip")) &&
+              spec_param_index(s, "augment_flip") < 0;
+  bool crop = json_integer_value(json_object_get(settings, "augment_crop")) > 0 &&
+              spec_param_index(s, "augment_crop") < 0;
+  if (!flip && !crop) return NAS_OK;
+  char *path = NULL;
+  bool images = true;
+  int rc = trials_dataset(s, &path, err);
+  if (rc == NAS_OK) rc = tr_named_dataset_holds_images(path, &images, err);
+  if (rc == NAS_OK && !images) rc = refuse_augment(path, err);
+  free(path);
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "trial.builtin");
 }
 
 /* Only a device the spec fixes is checked: one a search parameter picks may be the CPU. */
@@ -365,7 +402,8 @@ static int device_check(const spec *s, nas_err *err) {
 
 int worker_builtin_check(const spec *s, nas_err *err) {
   if (!s->trial.builtin || strcmp(s->runner.type, "local") != 0) return NAS_OK;
-  if (dataset_check(s, err) != NAS_OK || device_check(s, err) != NAS_OK)
+  if (dataset_check(s, err) != NAS_OK || augment_check(s, err) != NAS_OK ||
+      device_check(s, err) != NAS_OK)
     return nas_err_prefix(err, "nothing launched, as every built-in trial would fail");
   return NAS_OK;
 }

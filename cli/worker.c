@@ -9,11 +9,13 @@
  * Progress goes to stdout, the trial's log; no line of it starts with "nas-metric",
  * because the metrics are stored directly and must not be read twice. */
 #include <cblas.h>
+#include <errno.h>
 #include <getopt.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cli/cli.h"
 #include "builtin/builtin.h"
@@ -32,7 +34,8 @@ static const char worker_help[] =
     "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n"
     "Under multi_fidelity nas also sets the budget: $NAS_EPOCHS, $NAS_FIRST_EPOCH and\n"
     "$NAS_MAX_EPOCHS (train epochs FIRST+1..EPOCHS of a MAX-epoch schedule), the weights\n"
-    "to go on from in $NAS_RESUME_DIR, and $NAS_SAVE_DIR to save them in as well.\n";
+    "and training state (train_state.nast: the optimiser's, dropout's) to go on from in\n"
+    "$NAS_RESUME_DIR, and $NAS_SAVE_DIR to save both in as well.\n";
 
 /* Seconds between heartbeats while an epoch runs. */
 static const double heartbeat_every_s = 5.0;
@@ -63,6 +66,8 @@ typedef struct {
   double accuracy;    /* validation accuracy after the last epoch (rank 0's) */
   const char *resume_dir; /* multi-fidelity: weights to go on from ($NAS_RESUME_DIR); NULL */
   const char *save_dir;   /* … and where this rung's weights go too ($NAS_SAVE_DIR); NULL */
+  char *state_in, *state_out; /* owned: the training state files of those folders; NULL */
+  const char *state_note;     /* what the log says about the training state on resuming */
 } worker;
 
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
@@ -120,6 +125,8 @@ static int worker_open(worker *w, const worker_args *a, nas_err *err) {
 }
 
 static void worker_close(worker *w) {
+  free(w->state_in);
+  free(w->state_out);
   tr_comm_free(w->comm);
   tr_model_free(&w->model);
   tr_cuda_free(w->cuda);
@@ -203,6 +210,37 @@ static int worker_resume(worker *w, nas_err *err) {
   return rc;
 }
 
+/* The training state beside the weights (docs/spec.md, "Multi-fidelity"). */
+static const char state_file[] = "train_state.nast";
+
+/* The training state files of the budget's folders (tr_fit keeps them, once the ranks are
+ * known): loaded from the resume folder when it holds one — a folder an older nas saved
+ * holds none, and the optimiser and dropout then start afresh — and saved into the save
+ * folder. Sharded and pipelined trials keep none. */
+static int worker_state_files(worker *w, nas_err *err) {
+  if (w->comm || w->plan.devices > 1 || w->plan.pipeline_stages > 1) {
+    w->state_note = "; a sharded or pipelined trial keeps no training state: the optimiser's "
+                    "state and dropout's masks start afresh";
+    return NAS_OK;
+  }
+  w->state_note = ", with the optimiser's state and dropout's generator";
+  if (w->resume_dir) {
+    w->state_in = nas_asprintf("%s/%s", w->resume_dir, state_file);
+    if (!w->state_in) return nas_errf(err, "out of memory");
+    if (access(w->state_in, F_OK) != 0 && errno == ENOENT) {
+      free(w->state_in);
+      w->state_in = NULL;
+      w->state_note = "; it holds no training state (saved by an older nas): the optimiser's "
+                      "state and dropout's masks start afresh";
+    }
+  }
+  w->plan.fit.state_in = w->state_in;
+  if (!w->save_dir) return NAS_OK;
+  w->plan.fit.state_out = w->state_out = nas_asprintf("%s/%s", w->save_dir, state_file);
+  if (!w->state_out) return nas_errf(err, "out of memory");
+  return nas_mkdirs(w->save_dir, err);
+}
+
 /* ---- devices ---- */
 
 /* Whether a launcher started this process as one rank of several: a task of an srun step
@@ -265,6 +303,7 @@ static int worker_prepare(worker *w, nas_err *err) {
   int rc = worker_data_load(&w->ctx, b->dataset, &w->plan, (uint64_t)w->s->seed, &w->data, err);
   if (rc != NAS_OK) return rc;
   double data_seconds = nas_monotonic() - start;
+  if ((rc = worker_augment_check(&w->plan, &w->data, err)) != NAS_OK) return rc;
   w->plan.fit.augment.fill = w->data.background;
   /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
   if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
@@ -290,7 +329,8 @@ static int worker_prepare(worker *w, nas_err *err) {
     printf("budget: epochs %d to %d of a %d-epoch schedule\n", w->plan.fit.first_epoch + 1,
            w->plan.fit.stop_epoch, w->plan.fit.epochs);
   if (w->resume_dir)
-    printf("resumed at epoch %d from %s\n", w->plan.fit.first_epoch, w->resume_dir);
+    printf("resumed at epoch %d from %s%s\n", w->plan.fit.first_epoch, w->resume_dir,
+           w->state_note);
   fflush(stdout);
   return NAS_OK;
 }
@@ -547,6 +587,7 @@ int cmd_worker(int argc, char **argv) {
   int rc = worker_open(&w, &a, &err);
   if (rc == NAS_OK) rc = worker_budget(&w, &err);
   if (rc == NAS_OK) rc = worker_devices(&w, a.run_dir, &err);
+  if (rc == NAS_OK) rc = worker_state_files(&w, &err);
   if (rc == NAS_OK) rc = worker_prepare(&w, &err);
   if (rc == NAS_OK) rc = worker_train(&w, &seconds, &err);
   /* Rank 0 measures, saves and reports for the whole group. */

@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <sys/stat.h>
 
 #include "builtin/builtin.h"
 #include "metrics/metrics.h"
@@ -203,6 +204,31 @@ static void csv_paths_load_with_their_shape(void **state) {
   free(dir);
 }
 
+/* IDX folders hold images; a CSV file does when its feature count is a square above 1
+ * (digits: 64, an 8x8 image), told from its first line alone. */
+static void datasets_say_whether_they_hold_images(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *digits;
+  char *table = test_write(dir, "small.csv", "a,b,c,label\n1,2,3,0\n");
+  char *square = test_write(dir, "square.csv", "\n1,2,3,4,0\n");
+  const char *data = getenv("NAS_DATA_DIR");
+  assert_true(asprintf(&digits, "%s/digits.csv.gz", data ? data : "tests/data") > 0);
+  bool images = true;
+  nas_err err;
+  assert_int_equal(tr_named_dataset_holds_images(table, &images, &err), NAS_OK);
+  assert_false(images);
+  assert_int_equal(tr_named_dataset_holds_images(square, &images, &err), NAS_OK);
+  assert_true(images); /* 4 features: 2x2, after a blank line */
+  assert_int_equal(tr_named_dataset_holds_images(digits, &images, &err), NAS_OK);
+  assert_true(images);
+  assert_int_equal(tr_named_dataset_holds_images(dir, &images, &err), NAS_OK);
+  assert_true(images);
+  assert_false(tr_input_is_image((tr_input_shape){3, 1, 1}));
+  assert_true(tr_input_is_image((tr_input_shape){1, 8, 8}));
+  test_rmtree(dir);
+  free(dir), free(table), free(square), free(digits);
+}
+
 /* ---- end to end: bin/nas and `nas worker` ---- */
 
 static const char *const final_metrics[] = {
@@ -308,13 +334,78 @@ static void spec_append(const char *path, const char *text) {
   assert_int_equal(fclose(file), 0);
 }
 
+/* The storage id of trial `number` of experiment name. */
+static char *trial_id(fixture *f, const char *name, int number) {
+  storage *st;
+  experiment_row exp;
+  trial_row *rows;
+  size_t n;
+  nas_err err;
+  char *id = NULL;
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_int_equal(storage_trial_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  for (size_t i = 0; i < n; i++)
+    if (rows[i].number == number) assert_true(asprintf(&id, "%lld", (long long)rows[i].id) > 0);
+  assert_non_null(id);
+  trial_rows_free(rows, n);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return id;
+}
+
+/* `nas worker` runs trial `number` of experiment name's last rung again (epochs 2 and 3 of
+ * 3), from resume_dir, as the scheduler does after a crash; *out gets what it printed. */
+static void rerun_last_rung(fixture *f, const char *name, int number, const char *resume_dir,
+                            char **out) {
+  char *id = trial_id(f, name, number);
+  setenv("NAS_EPOCHS", "3", 1), setenv("NAS_FIRST_EPOCH", "1", 1);
+  setenv("NAS_MAX_EPOCHS", "3", 1), setenv("NAS_RESUME_DIR", resume_dir, 1);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
+  int rc = test_run(f->dir, argv, out);
+  unsetenv("NAS_EPOCHS"), unsetenv("NAS_FIRST_EPOCH");
+  unsetenv("NAS_MAX_EPOCHS"), unsetenv("NAS_RESUME_DIR");
+  if (rc != 0) fail_msg("nas worker exited %d: %s", rc, *out);
+  free(id);
+}
+
+/* The promoted trial's last rung run again from its rung folder, as after a crash between
+ * rungs, ends exactly where the uninterrupted run did (`accuracy`); from a folder an older
+ * nas saved (weights, no training state) it still trains, saying the optimiser starts
+ * afresh. */
+static void rerun_rung_from_saved_state(fixture *f, const char *name, int number,
+                                        double accuracy) {
+  char *saved, *old, *weights, *state, *out;
+  assert_true(asprintf(&saved, "%s/runs/%s/%d.rungs/epoch-1", f->dir, name, number) > 0);
+  assert_true(asprintf(&old, "%s/older-nas", f->dir) > 0);
+  assert_true(asprintf(&weights, "%s/weights.nasw", saved) > 0);
+  assert_true(asprintf(&state, "%s/train_state.nast", saved) > 0);
+  assert_int_equal(access(state, R_OK), 0); /* the rung saved it beside the weights */
+  rerun_last_rung(f, name, number, saved, &out);
+  assert_non_null(strstr(out, ", with the optimiser's state and dropout's generator"));
+  free(out);
+  json_t *rows = trials_json(f, name);
+  assert_true(num(row_of(rows, number), METRIC_ACCURACY) == accuracy);
+  json_decref(rows);
+  assert_int_equal(mkdir(old, 0700), 0);
+  char *copy[] = {"cp", weights, old, NULL};
+  assert_int_equal(test_run(NULL, copy, NULL), 0);
+  rerun_last_rung(f, name, number, old, &out);
+  if (!strstr(out, "it holds no training state (saved by an older nas): the optimiser's state "
+                   "and dropout's masks start afresh"))
+    fail_msg("no word of the missing training state: %s", out);
+  assert_non_null(strstr(out, "epoch 3/3"));
+  free(saved), free(old), free(weights), free(state), free(out);
+}
+
 /* Hyperband from 1 to 3 epochs with eta 3 deals 3 trials into one bracket: all train 1
- * epoch, the best goes on to 3 from the weights it saved. With SGD without momentum (no
- * optimiser state to lose) and no dropout, the promoted trial ends exactly where the same
- * trial trained 3 epochs in one go does. */
+ * epoch, the best goes on to 3 from the weights and training state it saved. With Adam and
+ * dropout (moments and masks to continue), the promoted trial ends exactly where the same
+ * trial trained 3 epochs in one go does, and so does its last rung run again after a
+ * crash. */
 static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run(void **state) {
   fixture *f = *state;
-  const char *settings = "epochs: 3, limit_train: 400, optimizer: sgd, momentum: 0";
+  const char *settings = "epochs: 3, limit_train: 400, optimizer: adam, dropout: 0.2";
   char *hb = digits_spec(f, "hb", settings, 3, 1, "2m"), *full = digits_spec(f, "full", settings, 3, 1, "2m");
   spec_append(hb, "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n");
   char *out;
@@ -337,6 +428,7 @@ static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted
       nas_err err;
       if (nas_read_file(second, &log, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
       assert_non_null(strstr(log, "resumed at epoch 1 from "));
+      assert_non_null(strstr(log, ", with the optimiser's state and dropout's generator"));
       assert_non_null(strstr(log, "epoch 2/3"));
       assert_null(strstr(log, "epoch 1/3")); /* epoch 1 is not trained again */
       free(log);
@@ -349,6 +441,7 @@ static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted
   assert_true(num(mine, "width") == num(theirs, "width"));
   assert_true(num(mine, "layers") == num(theirs, "layers"));
   assert_true(num(mine, METRIC_ACCURACY) == num(theirs, METRIC_ACCURACY));
+  rerun_rung_from_saved_state(f, "hb", promoted, num(theirs, METRIC_ACCURACY));
   json_decref(hb_rows);
   json_decref(full_rows);
   free(hb);
@@ -592,25 +685,62 @@ static void worker_fails_a_trial_whose_dataset_is_gone_with_the_reason(void **st
   fixture *f = *state;
   char *spec = copied_digits_run(f), *out;
   test_rmtree_child(f->dir, "digits.csv.gz");
-  storage *st;
-  trial_row *rows;
-  size_t n;
-  experiment_row exp;
-  nas_err err;
-  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
-  assert_int_equal(storage_experiment_get(st, "copied", &exp, &err), NAS_OK);
-  assert_int_equal(storage_trial_list(st, exp.id, &rows, &n, &err), NAS_OK);
-  char id[32];
-  snprintf(id, sizeof id, "%lld", (long long)rows[0].id);
-  trial_rows_free(rows, n);
-  experiment_row_clear(&exp);
-  storage_close(st);
+  char *id = trial_id(f, "copied", 0);
   char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db,
                   "--run-dir", f->dir, NULL};
   assert_int_not_equal(test_run(f->dir, argv, &out), 0);
   assert_non_null(strstr(out, "digits.csv.gz: no such file or folder"));
   free(out);
   free(spec);
+  free(id);
+}
+
+/* A CSV file of 40 examples with 3 features each: no square, so no images. */
+static void write_table(fixture *f) {
+  char text[2048] = "a,b,c,label\n";
+  for (int i = 0; i < 40; i++) {
+    size_t used = strlen(text);
+    snprintf(text + used, sizeof text - used, "%d,%d,%d,%d\n", i, i % 7, i % 3, i % 2);
+  }
+  free(test_write(f->dir, "table.csv", text));
+}
+
+/* Flips and crops apply to images: augmentation the spec fixes on a CSV dataset whose
+ * examples are no images is refused before anything is launched, and a trial that draws it
+ * from a search fails at its set-up, before training, with the same reason. */
+static void augmentation_on_a_dataset_without_images_is_refused(void **state) {
+  fixture *f = *state;
+  write_table(f);
+  const char *reason = "table.csv holds no images";
+  char *fixed = test_write(f->dir, "fixed.yaml",
+                           "name: fixed\n"
+                           "parameters:\n  width: {type: int, low: 8, high: 16}\n"
+                           "objectives: [{name: accuracy, goal: maximize}]\n"
+                           "trial:\n  builtin: {model: mlp, dataset: ./table.csv, epochs: 1, "
+                           "augment_flip: true}\n"
+                           "budget: {trials: 1}\n"),
+       *out;
+  assert_int_equal(nas(f, &out, "run", fixed, "--no-progress"), 1);
+  if (!strstr(out, "nothing launched") || !strstr(out, reason) ||
+      !strstr(out, "set augment_flip: false and augment_crop: 0"))
+    fail_msg("not refused with the reason: %s", out);
+  free(out);
+  char *searched = test_write(f->dir, "searched.yaml",
+                              "name: searched\n"
+                              "parameters:\n  augment_crop: {type: int, low: 1, high: 2}\n"
+                              "objectives: [{name: accuracy, goal: maximize}]\n"
+                              "trial:\n  builtin: {model: mlp, dataset: ./table.csv, epochs: 1}\n"
+                              "budget: {trials: 1}\n");
+  assert_int_equal(nas(f, &out, "run", searched, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, "searched");
+  assert_int_equal(count_status(rows, "failed"), 1);
+  json_decref(rows);
+  char *id = trial_id(f, "searched", 0);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
+  assert_int_not_equal(test_run(f->dir, argv, &out), 0);
+  if (!strstr(out, reason) || strstr(out, "epoch 1/1")) fail_msg("trained or no reason: %s", out);
+  free(out), free(id), free(fixed), free(searched);
 }
 
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
@@ -727,6 +857,7 @@ int main(void) {
       cmocka_unit_test(percentiles_use_the_nearest_rank),
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
+      cmocka_unit_test(datasets_say_whether_they_hold_images),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
       cmocka_unit_test_setup_teardown(pipeline_stages_train_the_same_model, setup, teardown),
@@ -739,6 +870,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(worker_fails_a_trial_whose_dataset_is_gone_with_the_reason,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(augmentation_on_a_dataset_without_images_is_refused, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
                                       teardown),

@@ -1,6 +1,7 @@
 /* The dataset cache (trainer/nn/data_cache.c): built once and then mapped, by one builder
- * among processes racing for it, rebuilt when the file is truncated or damaged or the
- * source changed, found where the environment says, and mapped in well under 50 ms. */
+ * among processes racing for it, rebuilt when the file is truncated, its header damaged,
+ * its data overwritten or the source changed, found where the environment says, and
+ * mapped in well under 50 ms. */
 #include "tests/testutil.h"
 
 #include <sys/stat.h>
@@ -155,6 +156,31 @@ static void truncated_or_damaged_cache_file_is_rebuilt(void **state) {
   free(file);
 }
 
+/* Data overwritten in place — header intact, size and inode kept — fails the data's
+ * checksum, which is read once per cache file: a marker then records the file's identity,
+ * and a write into the file (a new ctime) makes the next open read the data again. */
+static void overwritten_data_of_the_same_size_is_rebuilt(void **state) {
+  fixture *f = *state;
+  assert_true(open_and_check(f, 1.0));
+  char *file = tr_data_cache_path(&f->req), *marker;
+  assert_true(asprintf(&marker, "%s.verified", file) > 0);
+  assert_int_equal(access(marker, F_OK), 0); /* verified on reading back what was built */
+  assert_false(open_and_check(f, 1.0));
+  struct stat st;
+  assert_int_equal(stat(file, &st), 0);
+  nas_sleep_ms(20); /* a ctime after the build's, on a coarse clock too */
+  unsigned char junk[64]; /* 64 bytes: more than any padding between parts */
+  memset(junk, 0x7f, sizeof junk);
+  int fd = open(file, O_WRONLY);
+  assert_true(fd >= 0);
+  assert_int_equal(pwrite(fd, junk, sizeof junk, st.st_size / 2), (ssize_t)sizeof junk);
+  close(fd);
+  assert_true(open_and_check(f, 1.0));
+  assert_false(open_and_check(f, 1.0));
+  assert_int_equal(builds(f), 2);
+  free(file), free(marker);
+}
+
 static void changed_source_makes_the_cache_stale(void **state) {
   fixture *f = *state;
   assert_true(open_and_check(f, 1.0));
@@ -240,6 +266,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(racing_builders_build_once_and_all_read_whole_data, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(truncated_or_damaged_cache_file_is_rebuilt, setup, teardown),
+      cmocka_unit_test_setup_teardown(overwritten_data_of_the_same_size_is_rebuilt, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(changed_source_makes_the_cache_stale, setup, teardown),
       cmocka_unit_test_setup_teardown(mapping_a_current_cache_takes_under_50_ms, setup, teardown),
       cmocka_unit_test_setup_teardown(failing_builder_leaves_no_file_and_its_own_error, setup,

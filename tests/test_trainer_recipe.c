@@ -1,10 +1,13 @@
 /* The training recipe of built-in trials: the one-cycle and warmed-up schedules and label
  * smoothing against values computed by hand from PyTorch's definitions (OneCycleLR, the
  * label_smoothing of CrossEntropyLoss), and the epochs-as-budget hook: a run resumed from
- * saved weights ends where an uninterrupted one does. */
+ * saved weights and training state ends where an uninterrupted one does, for every
+ * optimiser, and a damaged training state file is refused, as is one asked of sharded or
+ * pipelined training. */
 #include "tests/testutil.h"
 
 #include <math.h>
+#include <zlib.h>
 
 #include "builtin/builtin.h"
 #include "trainer/trainer.h"
@@ -74,76 +77,236 @@ static tr_dataset two_class_images(tr_ctx *ctx) {
   return (tr_dataset){x, y, 96, 2};
 }
 
-typedef struct {
-  tr_module *model;
-  const char *path;
-  int stop_after;
-} saver;
-
-/* Saves the weights after epoch stop_after and stops there, as a run cut off would. */
-static int save_and_stop(void *arg, int epoch, double loss, double acc, nas_err *err) {
-  (void)loss, (void)acc;
-  saver *s = arg;
-  if (epoch < s->stop_after) return NAS_OK;
-  if (tr_module_save(s->model, s->path, err) != NAS_OK) return NAS_ERR;
-  return nas_errf(err, "stopped after epoch %d", epoch);
-}
-
+/* An MLP with dropout, so that the generator's state matters as well as the optimiser's. */
 static tr_model mlp(tr_ctx *ctx) {
-  tr_mlp_config cfg = {.layers = 1, .widths = {8}, .activation = TR_RELU};
+  tr_mlp_config cfg = {.layers = 1, .widths = {8}, .activation = TR_RELU, .dropout = 0.25};
   tr_model m;
   assert_int_equal(tr_mlp_build(ctx, &cfg, (tr_input_shape){1, 4, 4}, 2, &m), NAS_OK);
   return m;
 }
 
-/* SGD without momentum keeps no state, so resuming from the weights after epoch 2 must
- * give the weights of an uninterrupted 4-epoch run: same schedule position, batch order
- * and augmentation draws. */
+/* The recipe of the resume tests: 3 epochs of one-cycle with smoothing and augmentation. */
+static tr_fit_config recipe(tr_optim_config optim) {
+  return (tr_fit_config){.epochs = 3, .batch_size = 16, .optim = optim,
+                         .schedule = TR_LR_ONECYCLE, .shuffle_seed = 77, .label_smoothing = 0.1,
+                         .augment = {.crop_padding = 1, .flip = true}};
+}
+
+/* Whether a and b hold bit for bit the same parameters and buffers. */
+static bool same_weights(tr_module *a, tr_module *b) {
+  tr_param_list pa = {0}, pb = {0};
+  nas_err err;
+  assert_int_equal(tr_module_parameters(a, true, &pa, &err), NAS_OK);
+  assert_int_equal(tr_module_parameters(b, true, &pb, &err), NAS_OK);
+  assert_int_equal(pa.n, pb.n);
+  bool same = true;
+  for (size_t i = 0; i < pa.n; i++)
+    same = same && memcmp(tr_f32(pa.items[i]), tr_f32(pb.items[i]),
+                          sizeof(float) * (size_t)pa.items[i]->numel) == 0;
+  tr_param_list_free(&pa), tr_param_list_free(&pb);
+  return same;
+}
+
+/* Trains m (built in ctx) for the first epoch of the recipe with optim, saving the
+ * training state at state_path. */
+static void train_first_epoch(tr_ctx *ctx, tr_model *m, const tr_dataset *data,
+                              tr_optim_config optim, const char *state_path) {
+  tr_fit_config cfg = recipe(optim);
+  cfg.stop_epoch = 1, cfg.state_out = state_path;
+  nas_err err;
+  if (tr_fit(ctx, m->module, data, data, &cfg, NULL, &err)) fail_msg("%s", err.msg);
+}
+
+/* Trains 1 epoch of the recipe with optim, saving weights and (in dir) the training state,
+ * then into *resumed (built from other weights and generator) loads them and trains epochs
+ * 2 and 3, with the state when keep_state; *acc gets its last validation accuracy. */
+static void train_cut_then_resume(const char *dir, const tr_dataset *data, tr_optim_config optim,
+                                  bool keep_state, tr_model *resumed, double *acc) {
+  char *weights, *state;
+  assert_true(asprintf(&weights, "%s/after1.nasw", dir) > 0);
+  assert_true(asprintf(&state, "%s/after1.nast", dir) > 0);
+  tr_ctx ctx;
+  nas_err err;
+  tr_ctx_init(&ctx, 9);
+  tr_model cut = mlp(&ctx);
+  train_first_epoch(&ctx, &cut, data, optim, state);
+  assert_int_equal(tr_module_save(cut.module, weights, &err), NAS_OK);
+  tr_ctx_init(&ctx, 1234); /* other weights and draws: the saved ones replace them */
+  *resumed = mlp(&ctx);
+  assert_int_equal(tr_module_load(resumed->module, weights, &err), NAS_OK);
+  tr_fit_config resume_cfg = recipe(optim);
+  resume_cfg.first_epoch = 1, resume_cfg.state_in = keep_state ? state : NULL;
+  if (tr_fit(&ctx, resumed->module, data, data, &resume_cfg, acc, &err)) fail_msg("%s", err.msg);
+  tr_model_free(&cut);
+  free(weights), free(state);
+}
+
+/* For every optimiser, with dropout on: 3 epochs straight end on the very weights (bit for
+ * bit) of 1 epoch saved with its training state and then continued to 3 — same schedule
+ * position, batch order, augmentation draws, optimiser state and dropout masks. */
 static void resumed_fit_ends_where_an_uninterrupted_one_does(void **state) {
   (void)state;
-  char *dir = test_tmpdir(), *weights;
-  assert_true(asprintf(&weights, "%s/after2.nasw", dir) > 0);
+  const tr_optim_config optimisers[] = {
+      {.kind = TR_SGD, .lr = 0.1},
+      {.kind = TR_SGD, .lr = 0.1, .momentum = 0.9, .nesterov = true, .weight_decay = 1e-3},
+      {.kind = TR_ADAM, .lr = 0.01},
+      {.kind = TR_ADAMW, .lr = 0.01, .weight_decay = 0.01},
+  };
+  char *dir = test_tmpdir();
   tr_ctx ctx;
   tr_ctx_init(&ctx, 5);
   tr_dataset data = two_class_images(&ctx);
-  tr_fit_config cfg = {.epochs = 4, .batch_size = 16, .optim = {.kind = TR_SGD, .lr = 0.1},
-                       .schedule = TR_LR_ONECYCLE, .shuffle_seed = 77, .label_smoothing = 0.1,
-                       .augment = {.crop_padding = 1, .flip = true}};
   nas_err err;
-  double acc_whole = 0, acc_resumed = 0;
-  tr_ctx_init(&ctx, 9);
-  tr_model whole = mlp(&ctx);
-  assert_int_equal(tr_fit(&ctx, whole.module, &data, &data, &cfg, &acc_whole, &err), NAS_OK);
-  assert_true(acc_whole > 0.9);
-  tr_ctx_init(&ctx, 9);
-  tr_model cut = mlp(&ctx);
-  saver s = {cut.module, weights, 2};
-  tr_fit_config cut_cfg = cfg;
-  cut_cfg.on_epoch = save_and_stop, cut_cfg.arg = &s;
-  assert_int_equal(tr_fit(&ctx, cut.module, &data, &data, &cut_cfg, NULL, &err), NAS_ERR);
-  tr_ctx_init(&ctx, 1234); /* other initial weights: the saved ones replace them */
-  tr_model resumed = mlp(&ctx);
-  assert_int_equal(tr_module_load(resumed.module, weights, &err), NAS_OK);
-  tr_fit_config resume_cfg = cfg;
-  resume_cfg.first_epoch = 2;
-  assert_int_equal(tr_fit(&ctx, resumed.module, &data, &data, &resume_cfg, &acc_resumed, &err),
-                   NAS_OK);
-  tr_param_list a = {0}, b = {0};
-  assert_int_equal(tr_module_parameters(whole.module, false, &a, &err), NAS_OK);
-  assert_int_equal(tr_module_parameters(resumed.module, false, &b, &err), NAS_OK);
-  assert_int_equal(a.n, b.n);
-  for (size_t i = 0; i < a.n; i++)
-    for (int64_t j = 0; j < a.items[i]->numel; j++)
-      assert_true(fabs(tr_get(a.items[i], j) - tr_get(b.items[i], j)) < 1e-6);
-  NEAR(acc_whole, acc_resumed);
-  resume_cfg.first_epoch = 5;
-  assert_int_equal(tr_fit(&ctx, resumed.module, &data, &data, &resume_cfg, NULL, &err), NAS_ERR);
-  assert_non_null(strstr(err.msg, "resuming after epoch 5 of 4"));
-  tr_param_list_free(&a), tr_param_list_free(&b);
-  tr_model_free(&whole), tr_model_free(&cut), tr_model_free(&resumed);
+  for (size_t k = 0; k < sizeof optimisers / sizeof optimisers[0]; k++) {
+    tr_fit_config cfg = recipe(optimisers[k]);
+    double acc_whole = 0, acc_resumed = 0;
+    tr_ctx_init(&ctx, 9);
+    tr_model whole = mlp(&ctx), resumed;
+    assert_int_equal(tr_fit(&ctx, whole.module, &data, &data, &cfg, &acc_whole, &err), NAS_OK);
+    assert_true(acc_whole > 0.8); /* it learns: 0.5 by chance */
+    train_cut_then_resume(dir, &data, optimisers[k], true, &resumed, &acc_resumed);
+    if (!same_weights(whole.module, resumed.module)) fail_msg("optimiser %zu: weights differ", k);
+    assert_true(acc_whole == acc_resumed);
+    tr_model_free(&whole), tr_model_free(&resumed);
+  }
+  tr_fit_config late = recipe(optimisers[0]);
+  late.first_epoch = 4;
+  tr_model m = mlp(&ctx);
+  assert_int_equal(tr_fit(&ctx, m.module, &data, &data, &late, NULL, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "resuming after epoch 4 of 3"));
+  tr_model_free(&m);
   tr_dataset_free(&data);
   test_rmtree(dir);
-  free(dir), free(weights);
+  free(dir);
+}
+
+/* The test above can fail: without the training state Adam's moments start afresh and the
+ * dropout masks differ, and so do the weights. */
+static void resumed_fit_without_the_training_state_ends_elsewhere(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  tr_ctx ctx;
+  nas_err err;
+  tr_ctx_init(&ctx, 5);
+  tr_dataset data = two_class_images(&ctx);
+  tr_optim_config adam = {.kind = TR_ADAM, .lr = 0.01};
+  tr_fit_config cfg = recipe(adam);
+  tr_ctx_init(&ctx, 9);
+  tr_model whole = mlp(&ctx), resumed;
+  assert_int_equal(tr_fit(&ctx, whole.module, &data, &data, &cfg, NULL, &err), NAS_OK);
+  double acc = 0;
+  train_cut_then_resume(dir, &data, adam, false, &resumed, &acc);
+  assert_false(same_weights(whole.module, resumed.module));
+  tr_model_free(&whole), tr_model_free(&resumed);
+  tr_dataset_free(&data);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* Bytes of the file at path, owned; *n gets their count. */
+static unsigned char *file_bytes(const char *path, size_t *n) {
+  char *data = NULL;
+  nas_err err;
+  if (nas_read_file(path, &data, n, &err)) fail_msg("%s", err.msg);
+  return (unsigned char *)data;
+}
+
+/* Writes n bytes of data to path, with a fresh CRC-32 over the first n - 4 when reseal. */
+static void file_put(const char *path, unsigned char *data, size_t n, bool reseal) {
+  if (reseal) {
+    uint32_t crc = (uint32_t)crc32(0L, data, (uInt)(n - 4));
+    for (int i = 0; i < 4; i++) data[n - 4 + (size_t)i] = (unsigned char)(crc >> (8 * i));
+  }
+  nas_err err;
+  if (nas_write_file_atomic(path, (const char *)data, n, &err)) fail_msg("%s", err.msg);
+}
+
+/* Loads the state at path into a fresh optimiser of kind over m; NAS_ERR with err set. */
+static int load_into(tr_ctx *ctx, tr_module *m, tr_optim_config cfg, const char *path,
+                     nas_err *err) {
+  tr_param_list params = {0};
+  assert_int_equal(tr_module_parameters(m, false, &params, err), NAS_OK);
+  tr_optim *opt = tr_optim_new(ctx, &cfg, params.items, params.n);
+  assert_non_null(opt);
+  int rc = tr_train_state_load(ctx, opt, path, err);
+  tr_optim_free(opt);
+  tr_param_list_free(&params);
+  return rc;
+}
+
+static void expect_refused(tr_ctx *ctx, tr_module *m, tr_optim_config cfg, const char *path,
+                           const char *why) {
+  nas_err err = {{0}};
+  assert_int_equal(load_into(ctx, m, cfg, path, &err), NAS_ERR);
+  if (!strstr(err.msg, why)) fail_msg("expected '%s' in: %s", why, err.msg);
+}
+
+/* A truncated, overwritten, newer, or other optimiser's training state file is refused
+ * with the reason and the path; a sound one loads. */
+static void damaged_training_state_is_refused_with_the_reason(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *path, *bad;
+  assert_true(asprintf(&path, "%s/state.nast", dir) > 0);
+  assert_true(asprintf(&bad, "%s/bad.nast", dir) > 0);
+  tr_ctx ctx;
+  nas_err err;
+  tr_ctx_init(&ctx, 5);
+  tr_dataset data = two_class_images(&ctx);
+  tr_model m = mlp(&ctx);
+  tr_optim_config adam = {.kind = TR_ADAM, .lr = 0.01};
+  train_first_epoch(&ctx, &m, &data, adam, path);
+  assert_int_equal(load_into(&ctx, m.module, adam, path, &err), NAS_OK);
+  size_t n;
+  unsigned char *bytes = file_bytes(path, &n);
+  file_put(bad, bytes, n - 100, false);
+  expect_refused(&ctx, m.module, adam, bad, "checksum mismatch (the file is corrupt or truncated)");
+  bytes[n / 2] ^= 0x40;
+  file_put(bad, bytes, n, false);
+  expect_refused(&ctx, m.module, adam, bad, "checksum mismatch");
+  bytes[n / 2] ^= 0x40;
+  bytes[4] = 2; /* version 2, checksum made good */
+  file_put(bad, bytes, n, true);
+  expect_refused(&ctx, m.module, adam, bad, "training state version 2, this nas reads version 1");
+  bytes[4] = 1;
+  file_put(bad, bytes, n - 4, true); /* the last 4 bytes of data missing, checksum good */
+  expect_refused(&ctx, m.module, adam, bad, "truncated data of");
+  expect_refused(&ctx, m.module, (tr_optim_config){.kind = TR_SGD, .lr = 0.1, .momentum = 0.9},
+                 path, "the state of adam keeping 2 tensors per parameter; this run's optimiser "
+                 "is sgd keeping 1");
+  expect_refused(&ctx, m.module, adam, "/nonexistent/state.nast", "/nonexistent/state.nast");
+  tr_fit_config resume = recipe(adam);
+  resume.first_epoch = 1, resume.state_in = bad;
+  assert_int_equal(tr_fit(&ctx, m.module, &data, &data, &resume, NULL, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "resuming the training state: "));
+  free(bytes);
+  tr_model_free(&m);
+  tr_dataset_free(&data);
+  test_rmtree(dir);
+  free(dir), free(path), free(bad);
+}
+
+/* Only single-process training keeps a training state: the sharded and pipelined loops,
+ * whose optimisers hold a part of the model each, refuse one before they start. */
+static void sharded_and_pipelined_training_refuse_a_training_state(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  nas_err err = {{0}};
+  tr_ctx_init(&ctx, 5);
+  tr_dataset data = two_class_images(&ctx);
+  tr_model m = mlp(&ctx);
+  tr_fit_config cfg = recipe((tr_optim_config){.kind = TR_ADAM, .lr = 0.01});
+  cfg.state_out = "/nonexistent/state.nast";
+  tr_fit_ranks ranks = {0}; /* never reached */
+  assert_int_equal(tr_fit_sharded(&ctx, m.module, &ranks, &data, &data, &cfg, NULL, &err),
+                   NAS_ERR);
+  assert_non_null(strstr(err.msg, "kept by single-process training only"));
+  tr_pipe_rank rank = {0};
+  tr_pipe_config pipe = {0};
+  assert_int_equal(tr_fit_pipeline_stage(&ctx, m.module, &rank, &pipe, &data, &data, &cfg, NULL,
+                                         &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "kept by single-process training only"));
+  tr_model_free(&m);
+  tr_dataset_free(&data);
 }
 
 int main(void) {
@@ -152,6 +315,9 @@ int main(void) {
       cmocka_unit_test(cosine_after_warm_up_starts_at_the_base_rate),
       cmocka_unit_test(label_smoothing_matches_pytorch_definition),
       cmocka_unit_test(resumed_fit_ends_where_an_uninterrupted_one_does),
+      cmocka_unit_test(resumed_fit_without_the_training_state_ends_elsewhere),
+      cmocka_unit_test(damaged_training_state_is_refused_with_the_reason),
+      cmocka_unit_test(sharded_and_pipelined_training_refuse_a_training_state),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -8,7 +8,8 @@
  *             tr_backward runs the nodes in dependency order and frees the graph's buffers.
  *   ops       forward + backward per op (elementwise, reduce, matmul, conv, norm, loss, shape).
  *   nn        modules (Linear, Conv2d, norms, activations, Sequential), init, save/load.
- *   optim     SGD (momentum, Nesterov, weight decay), Adam, AdamW, LR schedules, clipping.
+ *   optim     SGD (momentum, Nesterov, weight decay), Adam, AdamW, LR schedules, clipping,
+ *             the training state file (optimiser state and generator, to resume exactly).
  *   data      IDX (gzip ok) and CSV loaders, split, normalisation, seeded shuffled batches.
  * Collectives and FSDP have their own header, trainer/dist.h; the built-in trials that use
  * the engine are builtin/ (builtin/builtin.h).
@@ -369,6 +370,14 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
  * zeroed in place. */
 void tr_optim_zero_grad(tr_optim *opt);
 void tr_optim_set_lr(tr_optim *opt, double lr);
+/* Training state file (docs/engine.md): what a run holds besides the weights, so that one
+ * stopped after a step goes on exactly as if it had not stopped: the optimiser's kind, step
+ * count and state tensors (SGD's momentum buffers, Adam's moments; zeros where no step made
+ * them yet) and ctx's generator (dropout's masks). Written atomically. Load checks the
+ * checksum, the version, that the state is of this optimiser's kind and parameters, and
+ * changes nothing unless all of it is good. */
+int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err);
+int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err);
 
 /* Learning rate at a step: linear warm-up from 0 over warmup steps, then the schedule.
  * TR_LR_ONECYCLE is PyTorch's OneCycleLR (cosine annealing, two phases): it rises from

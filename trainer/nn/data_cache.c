@@ -5,11 +5,16 @@
  * File layout (native byte order; the magic tells a foreign file from ours):
  *   cache_header | key text | identity text | padding to 64 | features of each part
  *   (float32, each 64-byte aligned) | labels of each part (int32)
- * The header records the file's size and a CRC-32 of the header and both texts. Opening
- * checks magic, version, size, checksum, key and identity, and that every part lies inside
- * the file; the data itself is not checksummed (reading it all would cost what the cache
- * saves), so only damage by truncation or to the header is caught — and the file is only
- * ever written whole, under another name, then renamed.
+ * The header records the file's size, a CRC-32 of the data (every part's features, then its
+ * labels, in part order) and a CRC-32 of the header and both texts. Opening checks magic,
+ * version, size, checksum, key and identity, and that every part lies inside the file. The
+ * data's checksum is verified once per cache file, not on every open (reading it all would
+ * cost what the cache saves): then a marker beside it (<file>.verified) records the
+ * file's identity as it was (stat's, with the ctime), and later opens that find the
+ * identity unchanged trust the data. Anything that writes into the file changes its ctime,
+ * and so its identity, so the next open verifies the data again: an overwritten payload is
+ * caught, not only truncation and damage to the header. The file is only ever written whole, under another name, then
+ * renamed.
  *
  * The source's identity is stat's device, inode, size and modification time (ns) of the
  * file, or of every file in the folder by name: a few microseconds where a content hash
@@ -31,7 +36,7 @@
 #include "trainer/nn/data_cache.h"
 
 static const char cache_magic[8] = {'N', 'A', 'S', 'D', 'C', 'A', 'C', 'H'};
-enum { CACHE_VERSION = 1, CACHE_ALIGN = 64 };
+enum { CACHE_VERSION = 2, CACHE_ALIGN = 64 };
 
 typedef struct {
   int32_t ndim, nclasses;
@@ -48,7 +53,7 @@ typedef struct {
   double meta[TR_CACHE_MAX_META];
   cache_part parts[TR_CACHE_MAX_PARTS];
   uint32_t crc; /* of the header (this field 0) and both texts */
-  uint32_t unused;
+  uint32_t data_crc; /* of every part's features, then its labels, in part order */
 } cache_header;
 
 struct tr_data_cache {
@@ -166,6 +171,58 @@ static bool part_fits(const cache_part *p, uint64_t size) {
          (uint64_t)p->n * 4 <= size - p->y_offset;
 }
 
+/* CRC-32 of a part's features, then its labels, part after part (data of a file whose
+ * parts were checked to fit it). */
+static uint32_t data_crc(const tr_cache_content *content) {
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (size_t i = 0; i < content->nparts; i++) {
+    const tr_dataset *ds = &content->parts[i];
+    if (ds->x) crc = crc32_z(crc, (const Bytef *)tr_f32(ds->x), (size_t)ds->x->numel * 4);
+    if (ds->n > 0) crc = crc32_z(crc, (const Bytef *)ds->y, (size_t)ds->n * 4);
+  }
+  return (uint32_t)crc;
+}
+
+/* The same over the mapped file's parts. */
+static uint32_t mapped_data_crc(const void *map) {
+  const cache_header *h = map;
+  uLong crc = crc32(0L, Z_NULL, 0);
+  for (uint32_t i = 0; i < h->nparts; i++) {
+    const cache_part *p = &h->parts[i];
+    if (p->ndim == 0) continue;
+    size_t values = 1;
+    for (int d = 0; d < p->ndim; d++) values *= (size_t)p->shape[d];
+    crc = crc32_z(crc, (const Bytef *)map + p->x_offset, values * 4);
+    if (p->n > 0) crc = crc32_z(crc, (const Bytef *)map + p->y_offset, (size_t)p->n * 4);
+  }
+  return (uint32_t)crc;
+}
+
+/* What a verified marker records of the cache file: stat_text's identity and the ctime,
+ * which every write sets and no tool sets back (touch and cp -p set only the mtime). */
+static char *verified_text(const struct stat *st) {
+  return append(stat_text(".", st), nas_asprintf("ctime %lld.%09ld\n", (long long)st->st_ctim.tv_sec,
+                                                 st->st_ctim.tv_nsec));
+}
+
+/* Whether the data of the mapped file at path (identity st) matches its checksum: the
+ * marker beside it says so when it records this very identity; else the data is read and
+ * checked now, and the marker written when it is good (one that cannot be written only
+ * costs the check again next time). */
+static bool data_intact(const char *path, const void *map, const struct stat *st) {
+  char *marker = nas_asprintf("%s.verified", path), *seen = verified_text(st), *recorded = NULL;
+  size_t len;
+  nas_err ignored;
+  bool intact = marker && seen && nas_read_file(marker, &recorded, &len, &ignored) == NAS_OK &&
+                strcmp(recorded, seen) == 0;
+  if (!intact) {
+    intact = mapped_data_crc(map) == ((const cache_header *)map)->data_crc;
+    if (intact && marker && seen) nas_write_file_atomic(marker, seen, strlen(seen), &ignored);
+  }
+  free(marker), free(seen), free(recorded);
+  return intact;
+}
+
 /* Whether the mapped file (size bytes) is intact and holds key's content of a source with
  * this identity; why says what is wrong when not. */
 static bool content_current(const void *map, size_t size, const char *key, const char *identity,
@@ -207,7 +264,10 @@ static int map_current(const char *path, const char *key, const char *identity, 
   close(fd);
   if (*size == 0) return (*why = "truncated"), NAS_ENOTFOUND;
   if (*map == MAP_FAILED) return nas_errf(err, "%s: cannot map: %s", path, strerror(errno));
-  if (content_current(*map, *size, key, identity, why)) return NAS_OK;
+  if (content_current(*map, *size, key, identity, why)) {
+    if (data_intact(path, *map, &st)) return NAS_OK;
+    *why = "damaged (its data does not match its checksum)";
+  }
   munmap(*map, *size);
   return NAS_ENOTFOUND;
 }
@@ -265,6 +325,7 @@ static int write_content(int fd, const tr_cache_content *content, const char *ke
   if (plan_layout(content, key_len, identity_len, &h, &ignored) != NAS_OK) return NAS_ERR;
   char *texts = nas_asprintf("%s%s", key, identity);
   if (!texts) return NAS_ERR;
+  h.data_crc = data_crc(content);
   h.crc = header_crc(&h, texts);
   int rc = ftruncate(fd, (off_t)h.file_size) == 0 ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK) rc = write_at(fd, &h, sizeof h, 0);

@@ -42,7 +42,9 @@ typedef struct {
 typedef struct tr_data_cache tr_data_cache;
 
 /* Maps req's content, building it first when its file is missing, stale or damaged (a
- * truncated file is detected by its recorded size; the header is checksummed). out's parts
+ * truncated file is detected by its recorded size; the header is checksummed, and so is
+ * the data, which is read and checked once per file and again after any write into it;
+ * data_cache.c says how). out's parts
  * are new datasets: features are read-only tensors on the mapping (never write to them),
  * labels owned copies. Free them (tr_dataset_free) before tr_data_cache_close. *built says
  * whether this call ran the builder (may be NULL). On error *cache is NULL and out empty;

@@ -13,10 +13,10 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <zlib.h>
 
 #include "trainer/fast/infer.h"
 #include "trainer/core/internal.h"
+#include "trainer/nn/serial.h"
 
 /* What the two ends of a skip connection share: the tensor the stash kept until the pop
  * takes it. Freed with the last of the two modules. */
@@ -545,162 +545,46 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
 
 /* ---------------------------------------------------------------- save and load */
 
-typedef struct {
-  unsigned char *data;
-  size_t n, cap;
-} byte_buf;
-
-/* Room for n more bytes. */
-static int reserve(byte_buf *b, size_t n) {
-  if (b->n + n <= b->cap) return NAS_OK;
-  size_t ncap = (b->cap ? b->cap * 2 : 4096) + n;
-  unsigned char *grown = realloc(b->data, ncap);
-  if (!grown) return NAS_ERR;
-  b->data = grown;
-  b->cap = ncap;
-  return NAS_OK;
-}
-
-static int put(byte_buf *b, const void *src, size_t n) {
-  if (reserve(b, n)) return NAS_ERR;
-  memcpy(b->data + b->n, src, n);
-  b->n += n;
-  return NAS_OK;
-}
-
-static int put_u32(byte_buf *b, uint32_t v) {
-  unsigned char le[4] = {(unsigned char)v, (unsigned char)(v >> 8), (unsigned char)(v >> 16),
-                         (unsigned char)(v >> 24)};
-  return put(b, le, 4);
-}
-
-static int put_i64(byte_buf *b, int64_t v) {
-  if (put_u32(b, (uint32_t)((uint64_t)v & 0xffffffffu))) return NAS_ERR;
-  return put_u32(b, (uint32_t)((uint64_t)v >> 32));
-}
-
 /* The file's head: magic, format version, tensor count. */
-static int put_head(byte_buf *b, size_t count) {
-  if (put(b, "NASW", 4) || put_u32(b, 1)) return NAS_ERR;
-  return put_u32(b, (uint32_t)count);
-}
-
-static bool host_is_little_endian(void) {
-  uint16_t one = 1;
-  return *(unsigned char *)&one == 1;
-}
-
-static int put_tensor(byte_buf *b, const char *name, const tr_tensor *t) {
-  unsigned char head[2] = {(unsigned char)t->dtype, (unsigned char)t->ndim};
-  if (put_u32(b, (uint32_t)strlen(name)) || put(b, name, strlen(name)) || put(b, head, 2))
-    return NAS_ERR;
-  for (int d = 0; d < t->ndim; d++)
-    if (put_i64(b, t->shape[d])) return NAS_ERR;
-  size_t nbytes = (size_t)t->numel * tr_dtype_size(t->dtype);
-  if (reserve(b, nbytes)) return NAS_ERR;
-  tn_copy_to_contig(t, b->data + b->n);
-  b->n += nbytes;
-  return NAS_OK;
+static int put_head(ser_buf *b, size_t count) {
+  if (ser_put(b, "NASW", 4) || ser_put_u32(b, 1)) return NAS_ERR;
+  return ser_put_u32(b, (uint32_t)count);
 }
 
 int tr_module_save(tr_module *m, const char *path, nas_err *err) {
-  if (!host_is_little_endian())
+  if (!ser_host_is_little_endian())
     return nas_errf(err, "%s: weights files are little-endian only", path);
   tr_param_list list = {0};
   if (tr_module_parameters(m, true, &list, err)) return NAS_ERR;
-  byte_buf b = {0};
+  ser_buf b = {0};
   int rc = put_head(&b, list.n);
-  for (size_t i = 0; i < list.n && !rc; i++) rc = put_tensor(&b, list.names[i], list.items[i]);
-  if (!rc) rc = put_u32(&b, (uint32_t)crc32(0L, b.data, (uInt)b.n));
+  for (size_t i = 0; i < list.n && !rc; i++) rc = ser_put_tensor(&b, list.names[i], list.items[i]);
   if (rc)
     rc = nas_errf(err, "%s: out of memory while serialising weights", path);
   else
-    rc = nas_write_file_atomic(path, (const char *)b.data, b.n, err);
+    rc = ser_seal_and_write(&b, path, err);
   free(b.data);
   tr_param_list_free(&list);
   return rc;
 }
 
-/* A cursor over the file's bytes. */
-typedef struct {
-  const unsigned char *p;
-  size_t left;
-} reader;
-
-static bool take(reader *r, void *dst, size_t n) {
-  if (r->left < n) return false;
-  if (dst) memcpy(dst, r->p, n);
-  r->p += n;
-  r->left -= n;
-  return true;
-}
-
-static bool take_u32(reader *r, uint32_t *v) {
-  unsigned char le[4];
-  if (!take(r, le, 4)) return false;
-  *v = (uint32_t)le[0] | (uint32_t)le[1] << 8 | (uint32_t)le[2] << 16 | (uint32_t)le[3] << 24;
-  return true;
-}
-
-static bool take_i64(reader *r, int64_t *v) {
-  uint32_t lo, hi;
-  if (!take_u32(r, &lo) || !take_u32(r, &hi)) return false;
-  *v = (int64_t)((uint64_t)hi << 32 | lo);
-  return true;
-}
-
-/* Reads one record into t (whose name must be name and shape must match). */
-static int load_tensor(reader *r, const char *path, const char *name, tr_tensor *t, nas_err *err) {
-  uint32_t len;
-  unsigned char head[2];
-  char got[256];
-  if (!take_u32(r, &len) || len >= sizeof got || !take(r, got, len) || !take(r, head, 2))
-    return nas_errf(err, "%s: truncated record for %s", path, name);
-  got[len] = '\0';
-  if (strcmp(got, name) != 0)
-    return nas_errf(err, "%s: found tensor '%s' where '%s' was expected", path, got, name);
-  if (head[0] != t->dtype || head[1] != t->ndim)
-    return nas_errf(err, "%s: %s has dtype %d with %d dims, the model's has dtype %d with %d", path,
-                    name, head[0], head[1], (int)t->dtype, t->ndim);
-  for (int d = 0; d < t->ndim; d++) {
-    int64_t size;
-    if (!take_i64(r, &size)) return nas_errf(err, "%s: truncated shape of %s", path, name);
-    if (size != t->shape[d])
-      return nas_errf(err, "%s: %s has size %lld at dim %d, the model's has %lld", path, name,
-                      (long long)size, d, (long long)t->shape[d]);
-  }
-  size_t nbytes = (size_t)t->numel * tr_dtype_size(t->dtype);
-  if (r->left < nbytes) return nas_errf(err, "%s: truncated data of %s", path, name);
-  if (!tr_is_contiguous(t))
-    return nas_errf(err, "%s: %s is not contiguous in the model", path, name);
-  memcpy(tr_data(t), r->p, nbytes); /* loading writes leaves on purpose: no grad-mode check */
-  t->storage->version++;
-  take(r, NULL, nbytes);
-  return NAS_OK;
-}
-
 static int parse_weights(const unsigned char *data, size_t n, const char *path, tr_param_list *list,
                          nas_err *err) {
-  if (n < 16 || memcmp(data, "NASW", 4) != 0)
-    return nas_errf(err, "%s: not a nas weights file", path);
-  uint32_t stored = (uint32_t)data[n - 4] | (uint32_t)data[n - 3] << 8 |
-                    (uint32_t)data[n - 2] << 16 | (uint32_t)data[n - 1] << 24;
-  if ((uint32_t)crc32(0L, data, (uInt)(n - 4)) != stored)
-    return nas_errf(err, "%s: checksum mismatch (the file is corrupt or truncated)", path);
-  reader r = {data + 4, n - 8};
+  ser_reader r;
+  if (ser_open(data, n, "NASW", "nas weights file", path, &r, err)) return NAS_ERR;
   uint32_t version, count;
-  if (!take_u32(&r, &version) || version != 1)
+  if (!ser_take_u32(&r, &version) || version != 1)
     return nas_errf(err, "%s: unsupported version", path);
-  if (!take_u32(&r, &count) || count != list->n)
+  if (!ser_take_u32(&r, &count) || count != list->n)
     return nas_errf(err, "%s: %u tensors, the model has %zu", path, count, list->n);
   for (size_t i = 0; i < list->n; i++)
-    if (load_tensor(&r, path, list->names[i], list->items[i], err)) return NAS_ERR;
+    if (ser_take_tensor(&r, path, list->names[i], list->items[i], err)) return NAS_ERR;
   if (r.left != 0) return nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r.left);
   return NAS_OK;
 }
 
 int tr_module_load(tr_module *m, const char *path, nas_err *err) {
-  if (!host_is_little_endian())
+  if (!ser_host_is_little_endian())
     return nas_errf(err, "%s: weights files are little-endian only", path);
   char *data = NULL;
   size_t n = 0;

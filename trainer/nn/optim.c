@@ -1,16 +1,19 @@
 /* optim: SGD (momentum, Nesterov, weight decay), Adam and AdamW; learning-rate schedules
- * (constant, step, cosine, one-cycle); gradient clipping by global norm.
+ * (constant, step, cosine, one-cycle); gradient clipping by global norm; the training state
+ * file that keeps an optimiser's state and the generator across a stop (docs/engine.md).
  *
  * The optimiser retains its parameters and keeps one state tensor per parameter and slot
  * (momentum buffer; Adam's first and second moments), made on the first step that sees a
  * gradient. Updates write the parameters in place and bump their version, so a graph that
  * saved a parameter before the step cannot silently run backward after it. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <tgmath.h>
 
 #include "trainer/core/internal.h"
 #include "trainer/cuda/cuda_ops.h"
+#include "trainer/nn/serial.h"
 
 #define KERN_FILE "trainer/nn/kern_optim.h"
 #include "trainer/core/kern_both.h"
@@ -202,4 +205,146 @@ double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
     }
   }
   return norm;
+}
+
+/* ---------------------------------------------------------------- training state */
+
+/* The file's layout (docs/engine.md, "Training state file"). */
+enum { STATE_VERSION = 1, STATE_RNG_WORDS = 4 };
+static const char *const kind_names[] = {"sgd", "adam", "adamw"};
+
+/* State tensors per parameter the method keeps: SGD's momentum buffer, Adam's moments. */
+static uint32_t slots_kept(const tr_optim_config *c) {
+  return c->kind != TR_SGD ? 2 : c->momentum > 0 ? 1 : 0;
+}
+
+/* torch's names for them in an optimiser's state_dict, with the parameter's index. */
+static void slot_name(const tr_optim *opt, size_t i, int k, char *name, size_t cap) {
+  const char *slot = opt->cfg.kind == TR_SGD ? "momentum_buffer" : k == 0 ? "exp_avg" : "exp_avg_sq";
+  snprintf(name, cap, "%zu.%s", i, slot);
+}
+
+/* Slot k of parameter i as a record: copied from its device, or zeros when no step has
+ * made it yet (what state_of would make). */
+static int put_slot(tr_ctx *ctx, ser_buf *b, tr_optim *opt, size_t i, int k, nas_err *err) {
+  tr_tensor *s = opt->state[2 * i + (size_t)k], *p = opt->params[i];
+  tr_tensor *host = !s ? tr_zeros(ctx, p->dtype, p->ndim, p->shape)
+                    : tn_on_cuda(s) ? tr_to_device(ctx, s, TR_DEVICE_CPU) : tr_retain(s);
+  if (!host) return nas_errf(err, "optimiser state %zu: %s", i, ctx->err.msg);
+  char name[64];
+  slot_name(opt, i, k, name, sizeof name);
+  int rc = ser_put_tensor(b, name, host) ? nas_errf(err, "out of memory") : NAS_OK;
+  tr_release(host);
+  return rc;
+}
+
+int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err) {
+  if (!ser_host_is_little_endian())
+    return nas_errf(err, "%s: training state files are little-endian only", path);
+  uint32_t slots = slots_kept(&opt->cfg);
+  ser_buf b = {0};
+  int rc = ser_put(&b, "NAST", 4) || ser_put_u32(&b, STATE_VERSION) ||
+                   ser_put_u32(&b, (uint32_t)opt->cfg.kind) || ser_put_u32(&b, slots) ||
+                   ser_put_u32(&b, (uint32_t)opt->n) || ser_put_i64(&b, opt->steps)
+               ? nas_errf(err, "out of memory")
+               : NAS_OK;
+  for (int j = 0; j < STATE_RNG_WORDS && rc == NAS_OK; j++)
+    if (ser_put_i64(&b, (int64_t)ctx->rng[j])) rc = nas_errf(err, "out of memory");
+  for (size_t i = 0; i < opt->n && rc == NAS_OK; i++)
+    for (int k = 0; k < (int)slots && rc == NAS_OK; k++) rc = put_slot(ctx, &b, opt, i, k, err);
+  if (rc == NAS_OK) rc = ser_seal_and_write(&b, path, err);
+  else nas_err_prefix(err, "%s", path);
+  free(b.data);
+  return rc;
+}
+
+/* What the head of a training state file says. */
+typedef struct {
+  uint32_t version, kind, slots, count;
+  int64_t steps;
+  uint64_t rng[STATE_RNG_WORDS];
+} state_head;
+
+/* Reads the head and checks that it is this optimiser's state. */
+static int take_state_head(ser_reader *r, const tr_optim *opt, const char *path, state_head *h,
+                           nas_err *err) {
+  if (!ser_take_u32(r, &h->version) || h->version != STATE_VERSION)
+    return nas_errf(err, "%s: training state version %u, this nas reads version %d", path,
+                    h->version, STATE_VERSION);
+  bool whole = ser_take_u32(r, &h->kind) && ser_take_u32(r, &h->slots) &&
+               ser_take_u32(r, &h->count) && ser_take_i64(r, &h->steps);
+  for (int j = 0; whole && j < STATE_RNG_WORDS; j++) {
+    int64_t word;
+    whole = ser_take_i64(r, &word);
+    h->rng[j] = (uint64_t)word;
+  }
+  if (!whole || h->kind > TR_ADAMW || h->steps < 0)
+    return nas_errf(err, "%s: the head of the training state is damaged", path);
+  if (h->kind != (uint32_t)opt->cfg.kind || h->slots != slots_kept(&opt->cfg))
+    return nas_errf(err, "%s: the state of %s keeping %u tensors per parameter; this run's "
+                    "optimiser is %s keeping %u", path, kind_names[h->kind], h->slots,
+                    kind_names[opt->cfg.kind], slots_kept(&opt->cfg));
+  if (h->count != opt->n)
+    return nas_errf(err, "%s: the state of %u parameters; the optimiser has %zu", path, h->count,
+                    opt->n);
+  return NAS_OK;
+}
+
+/* Slot k of parameter i from its record, on the parameter's device, into *out (owned). */
+static int take_slot(tr_ctx *ctx, ser_reader *r, const tr_optim *opt, size_t i, int k,
+                     const char *path, tr_tensor **out, nas_err *err) {
+  tr_tensor *p = opt->params[i], *host = tr_zeros(ctx, p->dtype, p->ndim, p->shape);
+  char name[64];
+  slot_name(opt, i, k, name, sizeof name);
+  int rc = host ? ser_take_tensor(r, path, name, host, err) : nas_errf(err, "%s", ctx->err.msg);
+  if (rc == NAS_OK && tn_on_cuda(p)) {
+    *out = tr_to_device(ctx, host, tr_tensor_device(p));
+    if (!*out) rc = nas_errf(err, "%s: %s", name, ctx->err.msg);
+    tr_release(host);
+  } else if (rc == NAS_OK) {
+    *out = host;
+  } else {
+    tr_release(host);
+  }
+  return rc;
+}
+
+/* The file's body into opt and ctx; nothing changes unless all of it is good. */
+static int parse_state(tr_ctx *ctx, tr_optim *opt, ser_reader *r, const char *path, nas_err *err) {
+  state_head h;
+  if (take_state_head(r, opt, path, &h, err) != NAS_OK) return NAS_ERR;
+  size_t n = 2 * opt->n;
+  tr_tensor **loaded = calloc(n ? n : 1, sizeof *loaded);
+  int rc = loaded ? NAS_OK : nas_errf(err, "out of memory");
+  for (size_t i = 0; i < opt->n && rc == NAS_OK; i++)
+    for (int k = 0; k < (int)h.slots && rc == NAS_OK; k++)
+      rc = take_slot(ctx, r, opt, i, k, path, &loaded[2 * i + (size_t)k], err);
+  if (rc == NAS_OK && r->left != 0)
+    rc = nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r->left);
+  for (size_t j = 0; loaded && j < n; j++) {
+    if (rc != NAS_OK) {
+      tr_release(loaded[j]);
+      continue;
+    }
+    tr_release(opt->state[j]);
+    opt->state[j] = loaded[j];
+  }
+  free(loaded);
+  if (rc != NAS_OK) return rc;
+  opt->steps = h.steps;
+  memcpy(ctx->rng, h.rng, sizeof ctx->rng);
+  return NAS_OK;
+}
+
+int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err) {
+  if (!ser_host_is_little_endian())
+    return nas_errf(err, "%s: training state files are little-endian only", path);
+  char *data = NULL;
+  size_t n = 0;
+  if (nas_read_file(path, &data, &n, err)) return NAS_ERR;
+  ser_reader r;
+  int rc = ser_open((const unsigned char *)data, n, "NAST", "nas training state file", path, &r, err);
+  if (rc == NAS_OK) rc = parse_state(ctx, opt, &r, path, err);
+  free(data);
+  return rc;
 }
