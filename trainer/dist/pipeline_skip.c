@@ -133,7 +133,7 @@ int pipe_skips_take(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i, bool s
     tr_tensor *t = *s->slot;
     *s->slot = NULL;
     if (!t) return nas_errf(&ctx->err, "pipeline: child %d kept nothing to carry", s->stash_at);
-    if (send) rc = pw_send(w, sk->stage, s->to, t, &ctx->err);
+    if (send) rc = pw_send(ctx, w, sk->stage, s->to, t);
     tr_release(sk->carried[i * sk->n + k]);
     sk->carried[i * sk->n + k] = keep ? t : NULL;
     if (!keep) tr_release(t);
@@ -165,9 +165,8 @@ int pipe_skips_send_grads(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i) 
     const skip_pair *s = &sk->pairs[k];
     if (s->to != sk->stage) continue;
     tr_tensor *leaf = sk->carried[i * sk->n + k];
-    tr_tensor *grad = leaf->grad ? tr_retain(leaf->grad)
-                                 : tr_zeros(ctx, leaf->dtype, leaf->ndim, leaf->shape);
-    rc = grad ? pw_send(w, sk->stage, s->from, grad, &ctx->err) : NAS_ERR;
+    tr_tensor *grad = leaf->grad ? tr_retain(leaf->grad) : pipe_zeros_like(ctx, leaf);
+    rc = grad ? pw_send(ctx, w, sk->stage, s->from, grad) : NAS_ERR;
     tr_release(grad);
   }
   return rc;
