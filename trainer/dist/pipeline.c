@@ -300,6 +300,8 @@ static int chunk_forward(tr_ctx *ctx, tr_pipe *p, pipe_step *step, int i) {
   tr_tensor *out = stage_run(ctx, p, c->input, true);
   int rc = out ? chunk_deliver(ctx, p, step, c, out, keep) : NAS_ERR;
   if (rc == NAS_OK) rc = pipe_skips_take(ctx, p->skips, p->world, i, true, keep);
+  /* a checkpointed micro-batch keeps no carried skip: the recomputation receives it again */
+  if (!keep) pipe_skips_clear(p->skips, i);
   tr_set_grad_enabled(ctx, prev);
   tr_release(out);
   return rc;
@@ -344,8 +346,9 @@ tr_tensor *pipe_zeros_like(tr_ctx *ctx, const tr_tensor *t) {
   return z;
 }
 
-/* A checkpointed micro-batch's forward again, with grad and its generator state; the
- * output with its graph (the last stage: the weighted loss), owned. */
+/* A checkpointed micro-batch's forward again, with grad and its generator state, its
+ * skips received and sent again as in the forward; the output with its graph (the last
+ * stage: the weighted loss), owned. */
 static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
   pipe_chunk *c = &p->chunks[i];
   tr_tensor **saved = calloc(p->state.n ? p->state.n : 1, sizeof *saved);
@@ -354,11 +357,13 @@ static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step
   memcpy(now, ctx->rng, sizeof now);
   memcpy(ctx->rng, c->rng, sizeof now);
   bool prev = tr_set_grad_enabled(ctx, true);
-  pipe_skips_load(p->skips, i);
-  tr_tensor *out = pipe_buffers_save(ctx, &p->state, saved) == NAS_OK
-                       ? stage_run(ctx, p, c->input, false)
-                       : NULL;
-  if (out && pipe_skips_take(ctx, p->skips, p->world, i, false, true)) {
+  tr_tensor *out = NULL;
+  if (pipe_skips_recv(ctx, p->skips, p->world, i) == NAS_OK &&
+      pipe_buffers_save(ctx, &p->state, saved) == NAS_OK) {
+    pipe_skips_load(p->skips, i);
+    out = stage_run(ctx, p, c->input, false);
+  }
+  if (out && pipe_skips_take(ctx, p->skips, p->world, i, true, true)) {
     tr_release(out);
     out = NULL;
   }

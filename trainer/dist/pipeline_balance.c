@@ -154,7 +154,7 @@ static void skips_empty(tr_module *const *children, int n) {
 
 /* Bytes of each child's parameters and gradients and of its output on the sample; a pop's
  * adds the tensor its stash kept, which a pipeline carries to the pop's stage and holds
- * there until the backward. */
+ * there until the backward (or, for a checkpointed micro-batch, during its run). */
 static int measure_sizes(tr_ctx *ctx, tr_module *const *children, int n, tr_tensor *sample,
                          double *costs) {
   tr_tensor *cur = tr_retain(sample);
