@@ -322,8 +322,9 @@ extern "C" int comm_nccl_send(comm_nccl *nc, const void *buf, int64_t bytes, int
   if (check_peer(nc, peer, bytes, host, "send", err) != NAS_OK ||
       nccl_begin(nc, "send", err) != NAS_OK)
     return NAS_ERR;
-  if (host) { /* the device is idle (nccl_begin): a plain copy is ordered before the send */
-    cudaError_t copied = cudaMemcpy(nc->scratch, buf, (size_t)bytes, cudaMemcpyHostToDevice);
+  if (host) { /* queued on the communicator's stream, so the send reads it complete */
+    cudaError_t copied = cudaMemcpyAsync(nc->scratch, buf, (size_t)bytes, cudaMemcpyHostToDevice,
+                                         nc->stream);
     if (copied != cudaSuccess) return cuda_fail(err, "send: bytes to the device", copied);
     buf = nc->scratch;
   }
@@ -340,6 +341,7 @@ extern "C" int comm_nccl_recv(comm_nccl *nc, void *buf, int64_t bytes, int peer,
                                   nc->comm, nc->stream);
   int status = nccl_finish(nc, rc, "recv", err);
   if (status != NAS_OK || !host) return status;
+  /* the stream is done (nccl_finish), and a copy to pageable host memory waits for itself */
   cudaError_t copied = cudaMemcpy(buf, nc->scratch, (size_t)bytes, cudaMemcpyDeviceToHost);
   return copied == cudaSuccess ? NAS_OK : cuda_fail(err, "recv: bytes to the host", copied);
 }
