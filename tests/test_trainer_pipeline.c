@@ -345,13 +345,18 @@ static int shm_leftovers(const char *name) {
   return found;
 }
 
+/* A name for one launch of stages, unique to this test process and moment. */
+static void launch_name(char *name, size_t cap, const char *tag) {
+  snprintf(name, cap, "test-%d-%s-%llx", (int)getpid(), tag,
+           (unsigned long long)(nas_monotonic() * 1e9));
+}
+
 /* Runs the stages as processes: stages 1.. forked, stage 0 played by the test process
  * (so run->state is its gathered model); each forked stage's error and loss come back in
  * run. The stages' return codes and the driver's message of stage 0 into *rc0 / err. */
 static int run_processes(run_spec *run, int stages, double timeout_s, nas_err *err) {
   char name[64];
-  snprintf(name, sizeof name, "test-%d-pipe-%llx", (int)getpid(),
-           (unsigned long long)(nas_monotonic() * 1e9));
+  launch_name(name, sizeof name, "pipe");
   stage_report *reports = mmap(NULL, sizeof(stage_report) * TR_PIPE_MAX_STAGES,
                                PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(reports != MAP_FAILED);
@@ -944,8 +949,7 @@ static void gpu_stage_process(run_spec *run, const char *name, int stage, int st
 /* Runs the stages as processes over NCCL, stage s on device s; their results into run. */
 static void run_gpu_stages(run_spec *run, int stages, gpu_reports *r) {
   char name[64];
-  snprintf(name, sizeof name, "test-%d-gpipe-%llx", (int)getpid(),
-           (unsigned long long)(nas_monotonic() * 1e9));
+  launch_name(name, sizeof name, "gpipe");
   pid_t pids[TR_PIPE_MAX_STAGES];
   fflush(stdout);
   fflush(stderr);
