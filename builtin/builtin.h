@@ -207,7 +207,8 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
  * of the same model; a batch smaller than pipe->chunks is skipped. The callbacks run on
  * stage 0, which also validates: after every epoch the stages' layers are gathered into
  * stage 0's m, which holds the whole trained model on return. *accuracy is stage 0's (0
- * elsewhere). CPU only. */
+ * elsewhere). On a CUDA device (cfg->device), m is there and ctx->cuda is its engine;
+ * the stages then meet over NCCL (one process per GPU). */
 int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           const tr_pipe_config *pipe, const tr_dataset *train,
                           const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,

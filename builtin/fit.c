@@ -28,8 +28,7 @@ int64_t tr_argmax(const float *values, int64_t n) {
   return best;
 }
 
-/* The device m's parameters are on (the CPU for a model without any). */
-static tr_device module_device(tr_module *m) {
+tr_device fit_module_device(tr_module *m) {
   tr_param_list params = {0};
   nas_err ignored;
   tr_device device = TR_DEVICE_CPU;
@@ -39,8 +38,7 @@ static tr_device module_device(tr_module *m) {
   return device;
 }
 
-/* *t moved to device (a CPU tensor stays as it is); NAS_ERR with ctx->err set. */
-static int move_to(tr_ctx *ctx, tr_tensor **t, tr_device device) {
+int fit_move_to(tr_ctx *ctx, tr_tensor **t, tr_device device) {
   if (tr_tensor_device(*t).kind == device.kind) return NAS_OK;
   tr_tensor *moved = tr_to_device(ctx, *t, device);
   tr_release(*t);
@@ -53,10 +51,10 @@ static int move_to(tr_ctx *ctx, tr_tensor **t, tr_device device) {
 static int count_correct(tr_ctx *ctx, tr_module *m, tr_tensor *x, const int32_t *y,
                          int64_t *correct, nas_err *err) {
   tr_tensor *input = tr_retain(x);
-  tr_tensor *logits = move_to(ctx, &input, module_device(m)) == NAS_OK
+  tr_tensor *logits = fit_move_to(ctx, &input, fit_module_device(m)) == NAS_OK
                           ? tr_module_forward(ctx, m, input) : NULL;
   tr_release(input);
-  if (logits && move_to(ctx, &logits, TR_DEVICE_CPU) != NAS_OK) logits = NULL;
+  if (logits && fit_move_to(ctx, &logits, TR_DEVICE_CPU) != NAS_OK) logits = NULL;
   tr_tensor *dense = logits ? tr_contiguous(ctx, logits) : NULL;
   tr_release(logits);
   if (!dense) return nas_errf(err, "evaluation: %s", ctx->err.msg);
@@ -177,7 +175,7 @@ static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
   while (rc == NAS_OK && (b = fit_next_batch(ctx, ld, cfg, *step, &x, &y)) > 0) {
     double loss = 0;
     tr_optim_set_lr(opt, tr_lr_at(sched, (*step)++));
-    if (move_to(ctx, &x, cfg->device) != NAS_OK)
+    if (fit_move_to(ctx, &x, cfg->device) != NAS_OK)
       rc = nas_errf(err, "batch to the device: %s", ctx->err.msg);
     if (rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, cfg, &loss, err);
     tr_release(x);
@@ -280,7 +278,7 @@ static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
     int64_t usable = b - b % world, count = 0;
     double loss = 0;
     tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
-    int own = move_to(r->ctx, &x, cfg->device) == NAS_OK
+    int own = fit_move_to(r->ctx, &x, cfg->device) == NAS_OK
                   ? NAS_OK : nas_errf(err, "batch to the device: %s", r->ctx->err.msg);
     if (own == NAS_OK && usable > 0) own = rank_step(r, x, y, usable, &loss, &count, err);
     if (own == NAS_OK && r->lead && cfg->on_step) own = cfg->on_step(cfg->arg, err);

@@ -16,6 +16,10 @@ int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *
  * of the step, so a resumed run draws what an uninterrupted one would. */
 int64_t fit_next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int64_t step,
                        tr_tensor **x, int32_t **y);
+/* The device m's parameters are on (the CPU for a model without any). */
+tr_device fit_module_device(tr_module *m);
+/* *t moved to device (a CPU tensor stays as it is); NAS_ERR with ctx->err set. */
+int fit_move_to(tr_ctx *ctx, tr_tensor **t, tr_device device);
 
 /* NAS_ERR, saying why, when cfg names a training state file: only tr_fit keeps one (a
  * sharded or pipelined loop's optimisers hold a part of the model each). */

@@ -1,6 +1,7 @@
 /* builtin/fit_pipeline.c: the training loop of built-in trials on one stage of a pipeline
  * (tr_fit_pipeline_stage; docs/engine-pipeline.md): tr_fit's epochs, schedule and
- * validation, each batch one pipelined mini-batch.
+ * validation, each batch one pipelined mini-batch. On the CPU or on the stage's CUDA
+ * device (the pipeline moves stage 0's micro-batches there).
  *
  * Stages stay in lockstep without messages of their own: every stage draws the same
  * batches (same shuffle seed) and makes the same pipeline calls; a failure anywhere
@@ -79,9 +80,6 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
   if (fit_refuse_state(cfg, err) != NAS_OK) return NAS_ERR;
-  if (cfg->device.kind != TR_CPU)
-    return nas_errf(err, "a pipeline runs its stages on the CPU (stages on CUDA devices are "
-                    "not built); use device: cpu");
   stage_run r = {ctx, tr_pipe_new(ctx, m, rank, pipe), NULL, rank->stage == 0};
   if (!r.pipe) return nas_errf(err, "cutting the model into stages: %s", ctx->err.msg);
   r.opt = tr_pipe_optim_new(ctx, r.pipe, &cfg->optim);
@@ -108,6 +106,8 @@ int tr_fit_pipeline_balance(tr_ctx *ctx, tr_module *m, tr_fit_balance kind,
   if (kind == TR_FIT_BALANCE_COUNT) return NAS_OK;
   if (train->n == 0) return nas_errf(err, "balancing the stages: no training examples");
   tr_tensor *sample = tr_narrow(ctx, train->x, 0, 0, batch < train->n ? batch : train->n);
+  /* measured where the stages run */
+  if (sample && fit_move_to(ctx, &sample, fit_module_device(m)) != NAS_OK) sample = NULL;
   int rc = !sample ? NAS_ERR
            : kind == TR_FIT_BALANCE_SIZE
                ? tr_pipe_balance_by_size(ctx, m, sample, stages, pipe->balance)

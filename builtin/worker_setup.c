@@ -190,10 +190,6 @@ static int read_pipeline(const json_t *settings, worker_plan *plan, nas_err *err
     return nas_errf(err, "pipeline_stages %d and devices %d: a trial splits its model over "
                     "ranks one way, a pipeline or sharded data parallel", plan->pipeline_stages,
                     plan->devices);
-  if (plan->pipeline_stages > 1 && plan->device != TR_CPU)
-    return nas_errf(err, "pipeline_stages %d: a pipeline's stages run on the CPU (threads, or "
-                    "processes as srun tasks); stages on CUDA devices are not built: use "
-                    "device: cpu", plan->pipeline_stages);
   return NAS_OK;
 }
 

@@ -280,6 +280,11 @@ static int worker_devices(worker *w, const char *run_dir, nas_err *err) {
     return nas_errf(err, "devices: %d with device: cuda takes one process per GPU: run the trial "
                     "as %d srun tasks (runner options ntasks: %d, srun: true)", w->plan.devices,
                     w->plan.devices, w->plan.devices);
+  int stages = w->plan.pipeline_stages;
+  if (stages > 1 && !w->comm)
+    return nas_errf(err, "pipeline stages: %d with device: cuda takes one process per GPU (the "
+                    "stages meet over NCCL): run the trial as %d srun tasks (runner options "
+                    "ntasks: %d, srun: true)", stages, stages, stages);
   int count = tr_cuda_device_count(err);
   if (count < 1) return nas_err_prefix(err, "device: cuda");
   w->cuda = tr_cuda_new(local_rank % count, (size_t)1 << 30, err);
@@ -435,6 +440,22 @@ static int process_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
                                rank->stage == 0 ? &w->accuracy : NULL, err);
 }
 
+/* Stage 0's balance (n values) to every stage; NCCL moves device memory only, so there
+ * it travels through the device. */
+static int broadcast_balance(worker *w, double *balance, int64_t n, nas_err *err) {
+  if (tr_comm_backend_of(w->comm) != TR_COMM_NCCL)
+    return tr_comm_broadcast(w->comm, TR_F64, balance, n, 0, err);
+  tr_tensor *host = tr_from_data(&w->ctx, TR_F64, 1, &n, balance);
+  tr_tensor *dev = host ? tr_to_device(&w->ctx, host, w->plan.fit.device) : NULL;
+  /* the broadcast waits for the upload: NCCL calls wait for the device's queued work */
+  int rc = dev ? tr_comm_broadcast(w->comm, TR_F64, tr_data(dev), n, 0, err)
+               : nas_errf(err, "%s", w->ctx.err.msg);
+  for (int64_t s = 0; s < n && rc == NAS_OK; s++) balance[s] = tr_get(dev, s);
+  tr_release(dev);
+  tr_release(host);
+  return rc;
+}
+
 /* This process as one stage of the pipeline its launcher's tasks form: stage 0's balance
  * (a measured time differs from process to process) goes to every stage first. */
 static int process_pipeline(worker *w, nas_err *err) {
@@ -449,7 +470,7 @@ static int process_pipeline(worker *w, nas_err *err) {
   }
   /* stage 0 comes to the broadcast even when balancing failed, so no stage waits for it */
   balance[0] = rc == NAS_OK ? balance[0] : -1;
-  if (tr_comm_broadcast(w->comm, TR_F64, balance, stages, 0, err) != NAS_OK) return NAS_ERR;
+  if (broadcast_balance(w, balance, stages, err) != NAS_OK) return NAS_ERR;
   if (rc != NAS_OK) return rc;
   if (balance[0] < 0) return nas_errf(err, "pipeline stage 0 could not balance the stages");
   for (int s = 0; s < stages; s++) w->plan.pipe.balance[s] = (int)balance[s];

@@ -769,15 +769,16 @@ static int plan_for(const char *params, worker_plan *plan, nas_err *err) {
   return plan_on("cpu", params, plan, err);
 }
 
-/* Pipeline stages run on the CPU; a trial that draws a pipeline on device: cuda is refused
- * with what to do (stages on CUDA devices are not built). */
-static void a_pipeline_on_cuda_is_refused_with_what_to_do(void **state) {
+/* A trial may draw a pipeline on device: cuda: its stages are then processes on GPUs that
+ * meet over NCCL (docs/engine-pipeline.md), so the plan takes it. */
+static void a_pipeline_on_cuda_is_planned(void **state) {
   (void)state;
   worker_plan plan;
   nas_err err = {{0}};
-  assert_int_equal(plan_on("cuda", "{\"devices\": 1, \"pipeline_stages\": 2}", &plan, &err),
-                   NAS_ERR);
-  assert_non_null(strstr(err.msg, "stages on CUDA devices are not built: use device: cpu"));
+  if (plan_on("cuda", "{\"devices\": 1, \"pipeline_stages\": 2}", &plan, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(plan.device, TR_CUDA);
+  assert_int_equal(plan.pipeline_stages, 2);
 }
 
 /* A spec may search devices and pipeline stages; a trial that draws both > 1 is refused
@@ -850,7 +851,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(mlp_counts_match_hand_counts),
       cmocka_unit_test(a_trial_drawing_both_devices_and_a_pipeline_is_refused),
-      cmocka_unit_test(a_pipeline_on_cuda_is_refused_with_what_to_do),
+      cmocka_unit_test(a_pipeline_on_cuda_is_planned),
       cmocka_unit_test(cnn_counts_match_hand_counts),
       cmocka_unit_test(built_models_run_forward),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),

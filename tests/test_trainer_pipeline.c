@@ -1,7 +1,8 @@
-/* Pipeline parallelism (trainer/pipeline.h) on thread stages and on process stages over
- * shared memory: training through 1, 2 or 4 stages with 1, 2, 4 or 8 micro-batches in
- * every checkpoint mode gives the parameters of single-rank training, also for residual
- * models whose skip connections cross stages; checkpointing with dropout changes no bit;
+/* Pipeline parallelism (trainer/pipeline.h) on thread stages, on process stages over
+ * shared memory and (with CUDA devices; skipped without) on GPU stages over NCCL:
+ * training through 1, 2 or 4 stages with 1, 2, 4 or 8 micro-batches in every checkpoint
+ * mode gives the parameters of single-rank training, also for residual models whose skip
+ * connections cross stages; checkpointing with dropout changes no bit;
  * deferred batch norm moves the running statistics by the whole mini-batch; balancing
  * finds the known best cuts and counts the tensors skips carry; a stage that fails,
  * stalls or (a process) dies fails every stage with one message; configurations that do
@@ -36,6 +37,8 @@ typedef enum {
   MODEL_WIDE,        /* 20-4096-5, ReLU: activations of 16 KiB an example */
   MODEL_RES_MLP,     /* an MLP with a residual add and a concatenating skip: 13 children */
   MODEL_RES_CNN,     /* a CNN with batch norm and a residual block: 13 children */
+  MODEL_RES_DEEP,    /* 20 -> Linear 64, ReLU -> 4 x (stash, Linear 64, ReLU, Linear 64,
+                        pop add, ReLU) -> 5: 27 children, a skip across each cut */
   MODEL_POP_FIRST,   /* Linear, a skip's pop, then its stash, Linear: not a model */
 } model_kind;
 
@@ -132,6 +135,24 @@ static tr_module *res_cnn_new(tr_ctx *ctx) {
   return m;
 }
 
+static tr_module *res_deep_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_linear_new(ctx, 20, 64, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  for (int i = 0; i < 4; i++) {
+    tr_module *stash, *pop;
+    assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
+    add(ctx, m, stash);
+    add(ctx, m, tr_linear_new(ctx, 64, 64, true));
+    add(ctx, m, tr_activation_new(ctx, TR_RELU));
+    add(ctx, m, tr_linear_new(ctx, 64, 64, true));
+    add(ctx, m, pop);
+    add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  }
+  add(ctx, m, tr_linear_new(ctx, 64, 5, true));
+  return m;
+}
+
 static tr_module *pop_first_new(tr_ctx *ctx) {
   tr_module *m = tr_sequential_new(ctx), *stash, *pop;
   assert_int_equal(tr_skip_new(ctx, TR_SKIP_ADD, &stash, &pop), NAS_OK);
@@ -152,6 +173,7 @@ static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   case MODEL_WIDE: return wide_new(ctx);
   case MODEL_RES_MLP: return res_mlp_new(ctx);
   case MODEL_RES_CNN: return res_cnn_new(ctx);
+  case MODEL_RES_DEEP: return res_deep_new(ctx);
   case MODEL_POP_FIRST: return pop_first_new(ctx);
   }
   return NULL;
@@ -183,6 +205,7 @@ typedef struct {
   double stall_s;
   int fail_setup_stage; /* this stage fails before making its tr_pipe (-1: none) */
   int die_step;         /* process stages: the last stage's process exits in this step */
+  bool cuda;            /* stage s trains on CUDA device s (processes over NCCL) */
   /* filled by the stages */
   float *state; /* owned: stage 0's gathered parameters and buffers */
   float *params; /* owned: and its parameters alone */
@@ -228,6 +251,16 @@ static int stage_steps(tr_ctx *ctx, run_spec *run, const tr_pipe_rank *rank, tr_
   return rc;
 }
 
+/* With run->cuda: the engine of device `stage` into ctx, and the model moved there. */
+static int stage_to_gpu(tr_ctx *ctx, const run_spec *run, int stage, tr_module *model,
+                        tr_cuda **cu) {
+  *cu = NULL;
+  if (!run->cuda) return NAS_OK;
+  if (!(*cu = tr_cuda_new(stage, (size_t)1 << 28, &ctx->err))) return NAS_ERR;
+  ctx->cuda = *cu;
+  return tr_module_to_device(ctx, model, TR_DEVICE_CUDA(stage));
+}
+
 static int train_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   run_spec *run = arg;
   tr_ctx ctx;
@@ -237,16 +270,21 @@ static int train_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   ctx.alloc = tr_allocator_new((size_t)64 << 20);
   tr_pipe *p = NULL;
   tr_optim *opt = NULL;
+  tr_cuda *cu = NULL;
   int rc = NAS_ERR;
   if (rank->stage == run->fail_setup_stage)
     nas_errf(&ctx.err, "no model for this stage");
-  else if ((p = tr_pipe_new(&ctx, model, rank, &run->pipe)) &&
+  else if (stage_to_gpu(&ctx, run, rank->stage, model, &cu) == NAS_OK &&
+           (p = tr_pipe_new(&ctx, model, rank, &run->pipe)) &&
            (opt = tr_pipe_optim_new(&ctx, p, &optimiser)))
     rc = stage_steps(&ctx, run, rank, p, opt);
   if (rc == NAS_OK) {
     tr_pipe_memory_stats(p, &ctx, &run->memory[rank->stage]);
     rc = tr_pipe_gather_model(&ctx, p);
   }
+  /* the gathered model is read on the host */
+  if (rc == NAS_OK && rank->stage == 0 && cu)
+    rc = tr_module_to_device(&ctx, model, TR_DEVICE_CPU);
   if (rc == NAS_OK && rank->stage == 0) {
     run->state = module_values_copy(model, true, &run->n_state);
     run->params = module_values_copy(model, false, &run->n_params);
@@ -257,6 +295,7 @@ static int train_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   tr_pipe_free(p);
   tr_module_free(model);
   tr_allocator_release(ctx.alloc);
+  tr_cuda_free(cu);
   return rc;
 }
 
@@ -306,13 +345,18 @@ static int shm_leftovers(const char *name) {
   return found;
 }
 
+/* A name for one launch of stages, unique to this test process and moment. */
+static void launch_name(char *name, size_t cap, const char *tag) {
+  snprintf(name, cap, "test-%d-%s-%llx", (int)getpid(), tag,
+           (unsigned long long)(nas_monotonic() * 1e9));
+}
+
 /* Runs the stages as processes: stages 1.. forked, stage 0 played by the test process
  * (so run->state is its gathered model); each forked stage's error and loss come back in
  * run. The stages' return codes and the driver's message of stage 0 into *rc0 / err. */
 static int run_processes(run_spec *run, int stages, double timeout_s, nas_err *err) {
   char name[64];
-  snprintf(name, sizeof name, "test-%d-pipe-%llx", (int)getpid(),
-           (unsigned long long)(nas_monotonic() * 1e9));
+  launch_name(name, sizeof name, "pipe");
   stage_report *reports = mmap(NULL, sizeof(stage_report) * TR_PIPE_MAX_STAGES,
                                PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   assert_true(reports != MAP_FAILED);
@@ -543,15 +587,15 @@ static size_t largest_activation(const run_spec *run, int stages) {
   return most;
 }
 
-/* GPipe's point: with `always`, a stage keeps its micro-batches' inputs and one
- * micro-batch's graph, within 1/stages of one rank's activations plus one stage's working
- * set — one micro-batch's graph through it, the three tensors at its edges (input,
- * output gradient, input gradient) and the gradient of one layer, which a micro-batch's
- * backward makes before adding it to the accumulated one; `never` keeps every graph. The
- * model is narrow and the batch large, so activations dominate (bench_pipeline's target). */
-static void checkpointing_always_keeps_a_stage_within_its_share_of_activations(void **state) {
-  (void)state;
-  run_spec single = run_defaults(MODEL_DEEP, 1, TR_PIPE_CKPT_NEVER);
+/* GPipe's point: with `always`, a stage keeps its micro-batches' inputs (the whole
+ * batch's, 64 wide) and one stage's working set — one micro-batch's graph through it, the
+ * tensors at its edges (input, output gradient, input gradient; a carried skip and its
+ * gradient) and the gradient of one layer, which a micro-batch's backward makes before
+ * adding it to the accumulated one — which is within 1/stages of one rank's activations
+ * plus that working set (bench_pipeline's target); `never` keeps every graph. The model is
+ * narrow and the batch large, so activations dominate. */
+static void assert_always_within_share(model_kind model, int edge_tensors) {
+  run_spec single = run_defaults(model, 1, TR_PIPE_CKPT_NEVER);
   single.batch = 256;
   size_t layer_grad = (64 * 64 + 64) * sizeof(float);
   run_pipeline(&single, 1);
@@ -565,12 +609,14 @@ static void checkpointing_always_keeps_a_stage_within_its_share_of_activations(v
       run_pipeline(&always, stages);
       run_pipeline(&never, stages);
       size_t act = largest_activation(&always, stages);
-      double edges = 3.0 * (double)(single.batch / chunks * 64 * (int64_t)sizeof(float));
-      double bound = (double)one_rank / stages + (double)one_rank / (stages * chunks) + edges +
-                     (double)layer_grad;
+      double edges =
+          edge_tensors * (double)(single.batch / chunks * 64 * (int64_t)sizeof(float));
+      double working_set = (double)one_rank / (stages * chunks) + edges + (double)layer_grad;
+      double inputs = (double)(single.batch * 64 * (int64_t)sizeof(float));
+      double share = (double)one_rank / stages, bound = fmin(share, inputs) + working_set;
       if ((double)act > bound)
-        print_error("%d stages, %d chunks: %zu bytes, bound %.0f (one rank %zu)\n", stages,
-                    chunks, act, bound, one_rank);
+        print_error("model %d, %d stages, %d chunks: %zu bytes, bound %.0f (one rank %zu)\n",
+                    (int)model, stages, chunks, act, bound, one_rank);
       assert_true((double)act <= bound);
       assert_true(act < largest_activation(&never, stages));
       run_free(&always);
@@ -578,6 +624,20 @@ static void checkpointing_always_keeps_a_stage_within_its_share_of_activations(v
     }
   }
   run_free(&single);
+}
+
+static void checkpointing_always_keeps_a_stage_within_its_share_of_activations(void **state) {
+  (void)state;
+  assert_always_within_share(MODEL_DEEP, 3);
+}
+
+/* A skip's carried tensor is an input of the pop's stage that `always` does not keep
+ * either: the pop's stage drops it after the forward and receives it again for the
+ * recomputation, so it holds one micro-batch's, not every micro-batch's. */
+static void checkpointing_always_keeps_no_carried_skip_between_forward_and_backward(
+    void **state) {
+  (void)state;
+  assert_always_within_share(MODEL_RES_DEEP, 5);
 }
 
 /* ---------------------------------------------------------------- balance */
@@ -820,6 +880,170 @@ static void a_stage_process_that_stalls_fails_every_stage_with_one_message(void 
   assert_non_null(strstr(err.msg, "stalled"));
 }
 
+/* ---------------------------------------------------------------- stages on GPUs over NCCL
+ *
+ * Every stage is a forked process, and the test process itself never touches CUDA: a
+ * process that has cannot fork children that use it. Without a GPU (or a build without
+ * CUDA) these tests skip. */
+
+#define GPU_VALUES 65536 /* floats of stage 0's gathered model that come back */
+
+/* What the stage processes report to the test process (shared memory). */
+typedef struct {
+  stage_report stages[TR_PIPE_MAX_STAGES];
+  int devices;
+  int64_t n_state, n_params;
+  float state[GPU_VALUES], params[GPU_VALUES];
+} gpu_reports;
+
+static gpu_reports *gpu_reports_new(void) {
+  gpu_reports *r = mmap(NULL, sizeof *r, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS,
+                        -1, 0);
+  assert_true(r != MAP_FAILED);
+  return r;
+}
+
+/* The CUDA devices this machine has, counted in a child process; skips the test when
+ * there are fewer than `need`. */
+static void need_gpus(gpu_reports *r, int need) {
+  fflush(stdout);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    r->devices = tr_cuda_device_count(&r->stages[0].error);
+    _exit(0);
+  }
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  if (r->devices >= need) return;
+  print_message("SKIPPED: %d CUDA devices, the test needs %d: %s\n", r->devices, need,
+                r->stages[0].error.msg);
+  munmap(r, sizeof *r);
+  skip();
+}
+
+/* Stage `stage` as this (forked) process: joins the NCCL group name, trains on device
+ * `stage`, reports; stage 0 also its gathered model. */
+static void gpu_stage_process(run_spec *run, const char *name, int stage, int stages,
+                              gpu_reports *r) {
+  tr_comm_options o = {.backend = TR_COMM_NCCL, .rank = stage, .world = stages,
+                       .local_rank = stage, .nodes = 1, .timeout_s = TIMEOUT_S};
+  snprintf(o.name, sizeof o.name, "%s", name);
+  tr_comm *group = NULL;
+  nas_err err = {{0}};
+  int rc = tr_comm_join(&o, &group, &err);
+  if (rc == NAS_OK) rc = tr_pipe_run_group(group, name, TIMEOUT_S, train_stage, run, &err);
+  tr_comm_free(group);
+  r->stages[stage] = (stage_report){run->loss[stage], err, rc};
+  if (rc != NAS_OK || stage != 0) return;
+  if (run->n_state > GPU_VALUES) {
+    r->stages[0] = (stage_report){0, {"the model is larger than GPU_VALUES"}, NAS_ERR};
+    return;
+  }
+  r->n_state = run->n_state;
+  r->n_params = run->n_params;
+  memcpy(r->state, run->state, (size_t)run->n_state * sizeof(float));
+  memcpy(r->params, run->params, (size_t)run->n_params * sizeof(float));
+}
+
+/* Runs the stages as processes over NCCL, stage s on device s; their results into run. */
+static void run_gpu_stages(run_spec *run, int stages, gpu_reports *r) {
+  char name[64];
+  launch_name(name, sizeof name, "gpipe");
+  pid_t pids[TR_PIPE_MAX_STAGES];
+  fflush(stdout);
+  fflush(stderr);
+  for (int s = 0; s < stages; s++) {
+    pids[s] = fork();
+    assert_true(pids[s] >= 0);
+    if (pids[s] == 0) {
+      gpu_stage_process(run, name, s, stages, r);
+      _exit(0);
+    }
+  }
+  for (int s = 0; s < stages; s++) {
+    int status;
+    assert_int_equal(waitpid(pids[s], &status, 0), pids[s]);
+    if (r->stages[s].rc != NAS_OK) print_error("stage %d: %s\n", s, r->stages[s].error.msg);
+    assert_int_equal(r->stages[s].rc, NAS_OK);
+    run->loss[s] = r->stages[s].loss;
+  }
+  run->n_state = r->n_state;
+  run->n_params = r->n_params;
+  run->state = malloc((size_t)r->n_state * sizeof(float));
+  run->params = malloc((size_t)r->n_params * sizeof(float));
+  assert_non_null(run->state);
+  assert_non_null(run->params);
+  memcpy(run->state, r->state, (size_t)r->n_state * sizeof(float));
+  memcpy(run->params, r->params, (size_t)r->n_params * sizeof(float));
+}
+
+/* Stages on GPUs against single-rank training on the CPU (to 1e-4, as FSDP's GPU runs:
+ * the device sums in another order): the MLP, and the residual CNN whose skips cross
+ * stages with deferred batch norm, in every checkpoint mode. */
+static void assert_gpu_stages_match_single_rank(int stages) {
+  gpu_reports *r = gpu_reports_new();
+  need_gpus(r, stages);
+  for (int run_no = 0; run_no < 2; run_no++) {
+    bool residual = run_no == 1;
+    run_spec base = run_defaults(residual ? MODEL_RES_CNN : MODEL_MLP, 4, TR_PIPE_CKPT_NEVER);
+    base.cuda = true;
+    base.pipe.deferred_batch_norm = residual;
+    int64_t n_want;
+    /* batch norm: the reference runs the same micro-batches; deferred: parameters only */
+    float *want = reference_train(&base, residual ? 4 : 1, !residual, &n_want);
+    for (int ckpt = 0; ckpt < 3; ckpt++) {
+      run_spec run = base;
+      run.pipe.checkpoint = (tr_pipe_checkpoint)ckpt;
+      memset(r->stages, 0, sizeof r->stages);
+      run_gpu_stages(&run, stages, r);
+      char what[160];
+      snprintf(what, sizeof what, "GPUs: model %d, %d stages, checkpoint %s", (int)base.model,
+               stages, ckpt_names[ckpt]);
+      assert_int_equal(residual ? run.n_params : run.n_state, n_want);
+      assert_close(residual ? run.params : run.state, want, n_want, 1e-4, what);
+      for (int s = 1; s < stages; s++) assert_true(run.loss[s] == run.loss[0]);
+      run_free(&run);
+    }
+    free(want);
+  }
+  munmap(r, sizeof *r);
+}
+
+static void one_stage_on_a_gpu_over_nccl_trains_like_single_rank(void **state) {
+  (void)state;
+  assert_gpu_stages_match_single_rank(1);
+}
+
+static void stages_on_two_gpus_over_nccl_train_like_single_rank(void **state) {
+  (void)state;
+  assert_gpu_stages_match_single_rank(2);
+}
+
+/* Thread stages meet on the host: a stage whose layers are on a GPU is refused there,
+ * saying that GPU stages are processes over NCCL. */
+static void a_gpu_stage_among_thread_stages_is_refused(void **state) {
+  (void)state;
+  gpu_reports *r = gpu_reports_new();
+  need_gpus(r, 1);
+  run_spec run = run_defaults(MODEL_MLP, 2, TR_PIPE_CKPT_NEVER);
+  run.cuda = true;
+  fflush(stdout);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    r->stages[0].rc = tr_pipe_run_threads(1, TIMEOUT_S, train_stage, &run, &r->stages[0].error);
+    _exit(0);
+  }
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_int_equal(r->stages[0].rc, NAS_ERR);
+  print_message("refused: %s\n", r->stages[0].error.msg);
+  assert_non_null(strstr(r->stages[0].error.msg, "processes over NCCL"));
+  munmap(r, sizeof *r);
+}
+
+
 static void configs_that_do_not_fit_the_model_are_refused(void **state) {
   (void)state;
   struct {
@@ -860,6 +1084,7 @@ int main(void) {
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
+      cmocka_unit_test(checkpointing_always_keeps_no_carried_skip_between_forward_and_backward),
       cmocka_unit_test(balance_by_costs_minimises_the_largest_stage),
       cmocka_unit_test(balance_by_size_and_by_time_isolate_the_heavy_layer),
       cmocka_unit_test(balance_counts_the_tensor_a_skip_carries),
@@ -871,6 +1096,9 @@ int main(void) {
       cmocka_unit_test(process_stages_carry_messages_larger_than_their_mailbox),
       cmocka_unit_test(a_stage_process_that_dies_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_process_that_stalls_fails_every_stage_with_one_message),
+      cmocka_unit_test(one_stage_on_a_gpu_over_nccl_trains_like_single_rank),
+      cmocka_unit_test(stages_on_two_gpus_over_nccl_train_like_single_rank),
+      cmocka_unit_test(a_gpu_stage_among_thread_stages_is_refused),
       cmocka_unit_test(configs_that_do_not_fit_the_model_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -14,9 +14,10 @@
  *
  * Failures: a stage that fails, or waits for another longer than the pipeline's timeout,
  * aborts the pipeline: every stage's pending and later calls fail with that one message
- * ("pipeline stage 2: ..."). Ranks are threads of one process (tr_pipe_run_threads) or
- * processes on one node over shared memory (tr_pipe_run_process); the stage code is the
- * same for both. */
+ * ("pipeline stage 2: ..."). Ranks are threads of one process (tr_pipe_run_threads),
+ * processes on one node over shared memory (tr_pipe_run_process), or processes on CUDA
+ * devices over NCCL (tr_pipe_run_group with an NCCL group); the stage code is the same
+ * for all, a GPU stage having its model on its device and ctx->cuda set to its engine. */
 #ifndef NAS_TRAINER_PIPELINE_H
 #define NAS_TRAINER_PIPELINE_H
 
@@ -72,9 +73,11 @@ int tr_pipe_run_threads(int stages, double timeout_s, tr_pipe_rank_fn fn, void *
  * exits while another waits for it fails every stage with one message naming it. */
 int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_s,
                         tr_pipe_rank_fn fn, void *arg, nas_err *err);
-/* The same for a process group this process has joined already (borrowed; a
- * TR_COMM_PROCESSES group, as srun tasks form one): stage tr_comm_rank(group) of
- * tr_comm_world(group); name names the segment as above. */
+/* The same for a process group this process has joined already (borrowed): stage
+ * tr_comm_rank(group) of tr_comm_world(group). A TR_COMM_PROCESSES group (as srun tasks
+ * form one) meets in the segment that name names, as above; a TR_COMM_NCCL group sends
+ * device tensors with NCCL, each stage on its GPU, its waits bounded by the group's own
+ * timeout, and a stage that fails fails the others only when their wait times out. */
 int tr_pipe_run_group(tr_comm *group, const char *name, double timeout_s, tr_pipe_rank_fn fn,
                       void *arg, nas_err *err);
 

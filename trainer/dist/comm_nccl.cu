@@ -40,7 +40,9 @@ static_assert(sizeof(ncclUniqueId) == COMM_NCCL_ID_BYTES, "ncclUniqueId changed 
   X(all_reduce, ncclAllReduce)                                                                     \
   X(all_gather, ncclAllGather)                                                                     \
   X(reduce_scatter, ncclReduceScatter)                                                             \
-  X(broadcast, ncclBroadcast)
+  X(broadcast, ncclBroadcast)                                                                      \
+  X(send, ncclSend)                                                                                \
+  X(recv, ncclRecv)
 
 /* NCCL as loaded by one owner (a communicator, or comm_nccl_make_id for its call). */
 typedef struct {
@@ -54,7 +56,8 @@ struct comm_nccl {
   nccl_api nccl;       /* the library every call below goes through */
   ncclComm_t comm;     /* NULL once aborted after a failure */
   cudaStream_t stream; /* every operation of the communicator is queued here */
-  float *scratch;      /* one device float: the barrier's all-reduce */
+  float *scratch;      /* COMM_NCCL_HOST_BYTES of device memory: the barrier's all-reduce
+                          (one float), host bytes of a send or receive */
   int device;
   int world;
   double timeout_s;
@@ -207,7 +210,7 @@ static int nccl_device_setup(comm_nccl *nc, int local_rank, nas_err *err) {
   if (rc != cudaSuccess) return cuda_fail(err, "cudaSetDevice", rc);
   rc = cudaStreamCreateWithFlags(&nc->stream, cudaStreamNonBlocking);
   if (rc != cudaSuccess) return cuda_fail(err, "cudaStreamCreate", rc);
-  rc = cudaMalloc(reinterpret_cast<void **>(&nc->scratch), sizeof *nc->scratch);
+  rc = cudaMalloc(reinterpret_cast<void **>(&nc->scratch), COMM_NCCL_HOST_BYTES);
   return rc == cudaSuccess ? NAS_OK : cuda_fail(err, "cudaMalloc", rc);
 }
 
@@ -299,4 +302,46 @@ extern "C" int comm_nccl_barrier(comm_nccl *nc, nas_err *err) {
   ncclResult_t rc = nc->nccl.all_reduce(nc->scratch, nc->scratch, 1, ncclFloat32, ncclSum,
                                         nc->comm, nc->stream);
   return nccl_finish(nc, rc, "barrier", err);
+}
+
+/* ---------------------------------------------------------------- point to point */
+
+/* Checks what NCCL cannot: a peer in the communicator, a size that fits. */
+static int check_peer(const comm_nccl *nc, int peer, int64_t bytes, bool host, const char *what,
+                      nas_err *err) {
+  if (peer < 0 || peer >= nc->world)
+    return nas_errf(err, "NCCL backend: %s: peer %d is not in [0, %d)", what, peer, nc->world);
+  if (bytes < 0 || (host && bytes > COMM_NCCL_HOST_BYTES))
+    return nas_errf(err, "NCCL backend: %s: %lld bytes%s", what, (long long)bytes,
+                    host ? " of host memory (at most COMM_NCCL_HOST_BYTES)" : "");
+  return NAS_OK;
+}
+
+extern "C" int comm_nccl_send(comm_nccl *nc, const void *buf, int64_t bytes, int peer, bool host,
+                              nas_err *err) {
+  if (check_peer(nc, peer, bytes, host, "send", err) != NAS_OK ||
+      nccl_begin(nc, "send", err) != NAS_OK)
+    return NAS_ERR;
+  if (host) { /* queued on the communicator's stream, so the send reads it complete */
+    cudaError_t copied = cudaMemcpyAsync(nc->scratch, buf, (size_t)bytes, cudaMemcpyHostToDevice,
+                                         nc->stream);
+    if (copied != cudaSuccess) return cuda_fail(err, "send: bytes to the device", copied);
+    buf = nc->scratch;
+  }
+  ncclResult_t rc = nc->nccl.send(buf, (size_t)bytes, ncclUint8, peer, nc->comm, nc->stream);
+  return nccl_finish(nc, rc, "send", err);
+}
+
+extern "C" int comm_nccl_recv(comm_nccl *nc, void *buf, int64_t bytes, int peer, bool host,
+                              nas_err *err) {
+  if (check_peer(nc, peer, bytes, host, "recv", err) != NAS_OK ||
+      nccl_begin(nc, "recv", err) != NAS_OK)
+    return NAS_ERR;
+  ncclResult_t rc = nc->nccl.recv(host ? nc->scratch : buf, (size_t)bytes, ncclUint8, peer,
+                                  nc->comm, nc->stream);
+  int status = nccl_finish(nc, rc, "recv", err);
+  if (status != NAS_OK || !host) return status;
+  /* the stream is done (nccl_finish), and a copy to pageable host memory waits for itself */
+  cudaError_t copied = cudaMemcpy(buf, nc->scratch, (size_t)bytes, cudaMemcpyDeviceToHost);
+  return copied == cudaSuccess ? NAS_OK : cuda_fail(err, "recv: bytes to the host", copied);
 }

@@ -45,6 +45,18 @@ int comm_nccl_broadcast(comm_nccl *nc, bool f64, void *buf, int64_t count, int r
                         nas_err *err);
 int comm_nccl_barrier(comm_nccl *nc, nas_err *err);
 
+/* Point to point (the pipeline's transport, trainer/dist/pipeline_nccl.c): bytes of buf
+ * to rank peer, or from it, peer not this rank. buf is device memory of the communicator's
+ * device, or with host set host memory of at most COMM_NCCL_HOST_BYTES, staged through the
+ * communicator's own device buffer. Each returns once the peer has posted the matching
+ * call and the bytes have moved (NCCL pairs two ranks' sends and receives in the order
+ * they are posted), or fails after the communicator's timeout. */
+#define COMM_NCCL_HOST_BYTES 256
+int comm_nccl_send(comm_nccl *nc, const void *buf, int64_t bytes, int peer, bool host,
+                   nas_err *err);
+int comm_nccl_recv(comm_nccl *nc, void *buf, int64_t bytes, int peer, bool host,
+                   nas_err *err);
+
 #ifdef __cplusplus
 }
 #endif

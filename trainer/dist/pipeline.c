@@ -21,10 +21,15 @@
  *   current generator back, and the running statistics of batch norm as they were, so
  *   recomputing changes nothing the forward did not.
  * - Any failure aborts the world: the other stages stop waiting and fail with the same
- *   message. */
+ *   message.
+ * - A stage's parameters and buffers lie on one device, the stage's: the CPU for the
+ *   thread and shared-memory transports, ctx->cuda's CUDA device for NCCL, which moves
+ *   device tensors only. Every tensor the stage makes or receives is made there, and stage
+ *   0 moves its slices of x there. */
 #include <stdlib.h>
 #include <string.h>
 
+#include "trainer/cuda/cuda_internal.h"
 #include "trainer/dist/pipeline_internal.h"
 
 /* One micro-batch between its forward and its backward. */
@@ -43,6 +48,7 @@ struct tr_pipe {
   tr_module *const *children;  /* borrowed: the model's children */
   int balance[TR_PIPE_MAX_STAGES]; /* children per stage */
   int first, count;            /* this stage's children */
+  tr_device device;            /* where its parameters and buffers are */
   tr_param_list params;        /* this stage's parameters */
   tr_param_list state;         /* its parameters and buffers (batch norm running
                                   statistics; those that do not require grad) */
@@ -86,19 +92,50 @@ static int check_config(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
   return NAS_OK;
 }
 
-/* The stage's parameters and buffers, which must be on the CPU: stages on CUDA devices
- * (the issue's NCCL transport) are not built. */
+/* The stage's device (that of its first tensor; the CPU when it has none), which every
+ * other tensor of the stage must share. */
+static int stage_device(tr_ctx *ctx, tr_pipe *p) {
+  p->device = p->state.n ? tr_tensor_device(p->state.items[0]) : TR_DEVICE_CPU;
+  for (size_t i = 1; i < p->state.n; i++) {
+    tr_device at = tr_tensor_device(p->state.items[i]);
+    if (at.kind == p->device.kind && at.index == p->device.index) continue;
+    char a[32], b[32];
+    return nas_errf(&ctx->err, "pipeline stage %d: %s is on %s but %s on %s: a stage's layers "
+                    "must be on one device", p->stage, p->state.names[i],
+                    tc_device_str(at, a, sizeof a), p->state.names[0],
+                    tc_device_str(p->device, b, sizeof b));
+  }
+  return NAS_OK;
+}
+
+/* Whether the stage's device suits its world's transport and ctx. */
+static int check_device(tr_ctx *ctx, const tr_pipe *p) {
+  bool cuda = p->device.kind == TR_CUDA;
+  if (cuda && !pw_moves_device_memory(p->world))
+    return nas_errf(&ctx->err, "pipeline stage %d: the stage is on cuda:%d but its stages meet "
+                    "on the host (threads or shared memory): stages on CUDA devices are "
+                    "processes over NCCL (tr_pipe_run_group with an NCCL group)", p->stage,
+                    p->device.index);
+  if (!cuda && pw_moves_device_memory(p->world))
+    return nas_errf(&ctx->err, "pipeline stage %d: the stage is on the cpu but its stages meet "
+                    "over NCCL, which moves device memory only: move the model to the GPU "
+                    "(tr_module_to_device)", p->stage);
+  if (cuda && (!ctx->cuda || tr_cuda_device(ctx->cuda) != p->device.index))
+    return nas_errf(&ctx->err, "pipeline stage %d: the stage is on cuda:%d but ctx->cuda is %s "
+                    "(set it to the engine of that device, from tr_cuda_new)", p->stage,
+                    p->device.index, ctx->cuda ? "another device's engine" : "NULL");
+  return NAS_OK;
+}
+
+/* The stage's parameters and buffers, on one device that suits the world. */
 static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
   int rc = NAS_OK;
   for (int k = p->first; k < p->first + p->count && rc == NAS_OK; k++) {
     rc = tr_module_parameters(p->children[k], false, &p->params, &ctx->err);
     if (rc == NAS_OK) rc = tr_module_parameters(p->children[k], true, &p->state, &ctx->err);
   }
-  for (size_t i = 0; i < p->state.n && rc == NAS_OK; i++)
-    if (tn_on_cuda(p->state.items[i]))
-      rc = nas_errf(&ctx->err, "pipeline stage %d: %s is on a CUDA device; stages run on the "
-                    "CPU (stages on CUDA devices are not built)", p->stage, p->state.names[i]);
-  return rc;
+  if (rc == NAS_OK) rc = stage_device(ctx, p);
+  return rc == NAS_OK ? check_device(ctx, p) : rc;
 }
 
 tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
@@ -215,10 +252,17 @@ static tr_tensor *weighted_loss(tr_ctx *ctx, const pipe_step *step, const pipe_c
   return weighted;
 }
 
-/* Micro-batch i's input: stage 0's slice of x, or what stage s-1 sent (owned). */
+/* Micro-batch i's input: stage 0's slice of x on the stage's device, or what stage s-1
+ * sent (owned). */
 static tr_tensor *chunk_input(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
   const pipe_chunk *c = &p->chunks[i];
-  if (p->stage == 0) return tr_narrow(ctx, step->x, 0, c->start, c->count);
+  if (p->stage == 0) {
+    tr_tensor *slice = tr_narrow(ctx, step->x, 0, c->start, c->count);
+    if (!slice || tr_tensor_device(slice).kind == p->device.kind) return slice;
+    tr_tensor *moved = tr_to_device(ctx, slice, p->device);
+    tr_release(slice);
+    return moved;
+  }
   char what[64];
   snprintf(what, sizeof what, "the activation of micro-batch %d", i);
   return pw_recv(ctx, p->world, p->stage - 1, p->stage, what);
@@ -229,7 +273,7 @@ static int chunk_deliver(tr_ctx *ctx, tr_pipe *p, pipe_step *step, pipe_chunk *c
                          tr_tensor *out, bool keep) {
   if (!is_last(p)) {
     if (keep) c->output = tr_retain(out);
-    return pw_send(p->world, p->stage, p->stage + 1, out, &ctx->err);
+    return pw_send(ctx, p->world, p->stage, p->stage + 1, out);
   }
   tr_tensor *loss = weighted_loss(ctx, step, c, out);
   if (!loss) return NAS_ERR;
@@ -256,6 +300,8 @@ static int chunk_forward(tr_ctx *ctx, tr_pipe *p, pipe_step *step, int i) {
   tr_tensor *out = stage_run(ctx, p, c->input, true);
   int rc = out ? chunk_deliver(ctx, p, step, c, out, keep) : NAS_ERR;
   if (rc == NAS_OK) rc = pipe_skips_take(ctx, p->skips, p->world, i, true, keep);
+  /* a checkpointed micro-batch keeps no carried skip: the recomputation receives it again */
+  if (!keep) pipe_skips_clear(p->skips, i);
   tr_set_grad_enabled(ctx, prev);
   tr_release(out);
   return rc;
@@ -271,17 +317,38 @@ int pipe_buffers_save(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved
   return NAS_OK;
 }
 
-void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved) {
+int pipe_buffers_restore(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved) {
+  int rc = NAS_OK;
   for (size_t i = 0; i < state->n; i++) {
     if (!saved[i]) continue;
-    tn_copy_to_contig(saved[i], tr_data(state->items[i]));
+    if (rc == NAS_OK) rc = pipe_copy_values(ctx, state->items[i], saved[i]);
     tr_release(saved[i]);
     saved[i] = NULL;
   }
+  return rc;
 }
 
-/* A checkpointed micro-batch's forward again, with grad and its generator state; the
- * output with its graph (the last stage: the weighted loss), owned. */
+int pipe_copy_values(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src) {
+  if (!tn_on_cuda(dst)) {
+    tn_copy_to_contig(src, tr_data(dst));
+    return NAS_OK;
+  }
+  return tc_copy_raw(ctx, dst, src);
+}
+
+tr_tensor *pipe_zeros_like(tr_ctx *ctx, const tr_tensor *t) {
+  if (!tn_on_cuda(t)) return tr_zeros(ctx, t->dtype, t->ndim, t->shape);
+  tr_tensor *z = tc_empty_like(ctx, t);
+  if (z && tr_fill_(ctx, z, 0) != NAS_OK) {
+    tr_release(z);
+    return NULL;
+  }
+  return z;
+}
+
+/* A checkpointed micro-batch's forward again, with grad and its generator state, its
+ * skips received and sent again as in the forward; the output with its graph (the last
+ * stage: the weighted loss), owned. */
 static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
   pipe_chunk *c = &p->chunks[i];
   tr_tensor **saved = calloc(p->state.n ? p->state.n : 1, sizeof *saved);
@@ -290,11 +357,13 @@ static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step
   memcpy(now, ctx->rng, sizeof now);
   memcpy(ctx->rng, c->rng, sizeof now);
   bool prev = tr_set_grad_enabled(ctx, true);
-  pipe_skips_load(p->skips, i);
-  tr_tensor *out = pipe_buffers_save(ctx, &p->state, saved) == NAS_OK
-                       ? stage_run(ctx, p, c->input, false)
-                       : NULL;
-  if (out && pipe_skips_take(ctx, p->skips, p->world, i, false, true)) {
+  tr_tensor *out = NULL;
+  if (pipe_skips_recv(ctx, p->skips, p->world, i) == NAS_OK &&
+      pipe_buffers_save(ctx, &p->state, saved) == NAS_OK) {
+    pipe_skips_load(p->skips, i);
+    out = stage_run(ctx, p, c->input, false);
+  }
+  if (out && pipe_skips_take(ctx, p->skips, p->world, i, true, true)) {
     tr_release(out);
     out = NULL;
   }
@@ -305,7 +374,10 @@ static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step
   }
   tr_set_grad_enabled(ctx, prev);
   memcpy(ctx->rng, now, sizeof now);
-  pipe_buffers_restore(&p->state, saved);
+  if (pipe_buffers_restore(ctx, &p->state, saved) != NAS_OK) {
+    tr_release(out);
+    out = NULL;
+  }
   free(saved);
   return out;
 }
@@ -313,10 +385,8 @@ static tr_tensor *chunk_recompute(tr_ctx *ctx, tr_pipe *p, const pipe_step *step
 /* Sends the gradient of micro-batch i's input back to stage s-1 (zeros when the stage's
  * output does not depend on it). */
 static int send_input_grad(tr_ctx *ctx, tr_pipe *p, pipe_chunk *c) {
-  tr_tensor *grad = c->input->grad ? tr_retain(c->input->grad)
-                                   : tr_zeros(ctx, c->input->dtype, c->input->ndim,
-                                              c->input->shape);
-  int rc = grad ? pw_send(p->world, p->stage, p->stage - 1, grad, &ctx->err) : NAS_ERR;
+  tr_tensor *grad = c->input->grad ? tr_retain(c->input->grad) : pipe_zeros_like(ctx, c->input);
+  int rc = grad ? pw_send(ctx, p->world, p->stage, p->stage - 1, grad) : NAS_ERR;
   tr_release(grad);
   return rc;
 }
@@ -413,7 +483,7 @@ int tr_pipe_gather_model(tr_ctx *ctx, tr_pipe *p) {
   int rc = NAS_OK;
   if (p->stage > 0) {
     for (size_t i = 0; i < p->state.n && rc == NAS_OK; i++)
-      rc = pw_send(p->world, p->stage, 0, p->state.items[i], &ctx->err);
+      rc = pw_send(ctx, p->world, p->stage, 0, p->state.items[i]);
   } else {
     for (int s = 1, first = p->balance[0]; s < p->stages && rc == NAS_OK; first += p->balance[s++])
       rc = gather_stage(ctx, p, s, first);
@@ -426,5 +496,6 @@ int tr_pipe_gather_model(tr_ctx *ctx, tr_pipe *p) {
 void tr_pipe_memory_stats(const tr_pipe *p, tr_ctx *ctx, tr_pipe_memory *out) {
   *out = (tr_pipe_memory){0};
   for (size_t i = 0; i < p->params.n; i++) out->params += p->params.items[i]->numel;
-  if (ctx->alloc) tr_allocator_stats(ctx->alloc, &out->alloc);
+  if (p->device.kind == TR_CUDA && ctx->cuda) tr_cuda_memory_stats(ctx->cuda, &out->alloc);
+  else if (ctx->alloc) tr_allocator_stats(ctx->alloc, &out->alloc);
 }

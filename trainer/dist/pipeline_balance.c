@@ -5,7 +5,8 @@
  * their gradients and the output activation (its balance_by_size, counted rather than
  * measured on a device; a skip connection's carried tensor counts on its pop). Measuring
  * leaves the model as it was: gradients dropped, batch norm's running statistics put back,
- * skip connections' slots emptied. */
+ * skip connections' slots emptied. A model on a CUDA device is measured there (sample on
+ * the same device), its times with the device's queue drained before each clock read. */
 #include <float.h>
 #include <stdlib.h>
 
@@ -64,6 +65,13 @@ static int children_of(tr_ctx *ctx, tr_module *model, tr_module *const **childre
   return NAS_OK;
 }
 
+/* The monotonic clock once the work queued on ctx's device, if any, is done. */
+static int clock_after_device(tr_ctx *ctx, double *now) {
+  int rc = ctx->cuda ? tr_cuda_sync(ctx->cuda, &ctx->err) : NAS_OK;
+  *now = nas_monotonic();
+  return rc;
+}
+
 /* Seconds of child's forward on x and backward from ones into its input and parameters;
  * *out gets its output (owned, no history). */
 static int time_child(tr_ctx *ctx, tr_module *child, tr_tensor *x, double *seconds,
@@ -71,12 +79,15 @@ static int time_child(tr_ctx *ctx, tr_module *child, tr_tensor *x, double *secon
   tr_tensor *in = tr_detach(ctx, x);
   if (!in) return NAS_ERR;
   in->requires_grad = true;
-  double start = nas_monotonic();
-  tr_tensor *y = tr_module_forward(ctx, child, in);
+  double start, end = 0;
+  int rc = clock_after_device(ctx, &start);
+  tr_tensor *y = rc == NAS_OK ? tr_module_forward(ctx, child, in) : NULL;
+  /* on the host: a backward on a device takes its seed from there too */
   tr_tensor *ones = y ? tr_full(ctx, y->dtype, y->ndim, y->shape, 1.0) : NULL;
-  int rc = ones ? NAS_OK : NAS_ERR;
+  rc = ones ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK && y->grad_fn) rc = tr_backward(ctx, y, ones, false);
-  *seconds = nas_monotonic() - start;
+  if (rc == NAS_OK) rc = clock_after_device(ctx, &end);
+  *seconds = end - start;
   *out = rc == NAS_OK ? tr_detach(ctx, y) : NULL;
   tr_release(ones);
   tr_release(y);
@@ -143,7 +154,7 @@ static void skips_empty(tr_module *const *children, int n) {
 
 /* Bytes of each child's parameters and gradients and of its output on the sample; a pop's
  * adds the tensor its stash kept, which a pipeline carries to the pop's stage and holds
- * there until the backward. */
+ * there until the backward (or, for a checkpointed micro-batch, during its run). */
 static int measure_sizes(tr_ctx *ctx, tr_module *const *children, int n, tr_tensor *sample,
                          double *costs) {
   tr_tensor *cur = tr_retain(sample);
@@ -181,7 +192,7 @@ static int balance_by(tr_ctx *ctx, balance_kind kind, tr_module *model, tr_tenso
   if (rc == NAS_OK)
     rc = kind == BY_TIME ? measure_times(ctx, children, n, sample, repeats, costs)
                          : measure_sizes(ctx, children, n, sample, costs);
-  if (saved) pipe_buffers_restore(&state, saved);
+  if (saved && pipe_buffers_restore(ctx, &state, saved) != NAS_OK && rc == NAS_OK) rc = NAS_ERR;
   skips_empty(children, n);
   if (rc == NAS_OK) rc = tr_pipe_balance_costs(costs, n, stages, balance, &ctx->err);
   free(saved);

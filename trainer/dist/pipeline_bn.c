@@ -8,7 +8,9 @@
  * as they were at begin (the module's own update is undone), while per-channel sums of x
  * and x², in double, and the count of values per channel grow; end applies the momentum
  * once. Only batch norm children of the stage itself are tracked (the model's top-level
- * children, as the built-in families make them), and only in training mode. */
+ * children, as the built-in families make them), and only in training mode. On a CUDA
+ * stage the sums are taken from a host copy of each micro-batch's input and the new
+ * statistics are computed on the host and copied to the device. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -112,34 +114,65 @@ static void track_add(bn_track *t, const tr_tensor *x) {
   t->count += n * inner;
 }
 
+/* x's values, contiguous on the host (owned; no history). */
+static tr_tensor *host_values(tr_ctx *ctx, tr_tensor *x) {
+  if (!tn_on_cuda(x)) return tn_contig(ctx, x);
+  tr_tensor *plain = tr_detach(ctx, x);
+  tr_tensor *host = plain ? tr_to_device(ctx, plain, TR_DEVICE_CPU) : NULL;
+  tr_release(plain);
+  return host;
+}
+
 tr_tensor *pipe_bn_forward(tr_ctx *ctx, pipe_bn *bn, int k, tr_tensor *x) {
   bn_track *t = &bn->tracks[k];
   if (x->ndim < 2 || x->shape[1] != t->channels)
     return tr_module_forward(ctx, t->module, x); /* the module says what is wrong */
-  tr_tensor *xc = tn_contig(ctx, x);
+  tr_tensor *xc = host_values(ctx, x);
   if (!xc) return NULL;
   track_add(t, xc);
   tr_release(xc);
   tr_tensor *out = tr_module_forward(ctx, t->module, x);
-  tn_copy_to_contig(t->start_mean, tr_data(t->mean));
-  tn_copy_to_contig(t->start_var, tr_data(t->var));
+  if (out && (pipe_copy_values(ctx, t->mean, t->start_mean) != NAS_OK ||
+              pipe_copy_values(ctx, t->var, t->start_var) != NAS_OK)) {
+    tr_release(out);
+    return NULL;
+  }
   return out;
 }
 
+/* stat = (1 - m) * start + m * batch[ch] for each channel ch, on stat's device. */
+static int blend(tr_ctx *ctx, tr_tensor *stat, tr_tensor *start, const double *batch,
+                 double m) {
+  bool cuda = tn_on_cuda(stat);
+  /* on a device: computed in a host copy of start, then copied over */
+  tr_tensor *host = cuda ? tr_to_device(ctx, start, TR_DEVICE_CPU) : tr_retain(stat);
+  if (!host) return NAS_ERR;
+  const tr_tensor *from = cuda ? host : start;
+  for (int64_t ch = 0; ch < stat->numel; ch++)
+    tn_set(host, ch, (1 - m) * tr_get(from, ch) + m * batch[ch]);
+  int rc = NAS_OK;
+  if (cuda)
+    rc = tr_copy_(ctx, stat, host);
+  else
+    stat->storage->version++;
+  tr_release(host);
+  return rc;
+}
+
 int pipe_bn_end(tr_ctx *ctx, pipe_bn *bn) {
-  (void)ctx;
-  for (int k = 0; k < bn->n_children; k++) {
+  int rc = NAS_OK;
+  for (int k = 0; k < bn->n_children && rc == NAS_OK; k++) {
     bn_track *t = &bn->tracks[k];
     if (!t->module || t->count < 2) continue;
-    double n = (double)t->count, m = t->momentum;
+    double n = (double)t->count;
+    /* the sums are spent: they become the mini-batch's mean and unbiased variance */
     for (int64_t ch = 0; ch < t->channels; ch++) {
       double mean = t->sums[ch] / n;
-      double var = (t->sums[t->channels + ch] - n * mean * mean) / (n - 1);
-      tn_set(t->mean, ch, (1 - m) * tr_get(t->start_mean, ch) + m * mean);
-      tn_set(t->var, ch, (1 - m) * tr_get(t->start_var, ch) + m * var);
+      t->sums[t->channels + ch] = (t->sums[t->channels + ch] - n * mean * mean) / (n - 1);
+      t->sums[ch] = mean;
     }
-    t->mean->storage->version++;
-    t->var->storage->version++;
+    rc = blend(ctx, t->mean, t->start_mean, t->sums, t->momentum);
+    if (rc == NAS_OK) rc = blend(ctx, t->var, t->start_var, t->sums + t->channels, t->momentum);
   }
-  return NAS_OK;
+  return rc;
 }

@@ -10,17 +10,20 @@
 
 /* ---------------------------------------------------------------- the world
  *
- * The pw_* calls reach the stages' transport: threads of this process (pipeline_world.c)
- * or processes over a shared-memory segment (pipeline_shm.c). */
+ * The pw_* calls reach the stages' transport: threads of this process (pipeline_world.c),
+ * processes over a shared-memory segment (pipeline_shm.c) or processes on CUDA devices
+ * over NCCL (pipeline_nccl.c). */
 
 /* A world of `stages` thread stages whose waits give up after timeout_s; NULL with err set. */
 tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err);
 void pw_free(tr_pipe_world *w);
 /* Queues a contiguous copy of t for stage `to` (threads: never blocks, the copy is the
- * message; processes: blocks, bounded by the timeout, while the pair's mailbox is full). */
-int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err);
-/* The next tensor from `from` to `to`, in ctx's allocator (owned); `what` names it for
- * the message when the wait times out (which aborts the world). NULL with ctx->err set. */
+ * message; processes: blocks, bounded by the timeout, while the pair's mailbox is full;
+ * NCCL: blocks until `to` receives it). NAS_ERR with ctx->err set. */
+int pw_send(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const tr_tensor *t);
+/* The next tensor from `from` to `to`, in ctx's allocator (owned; NCCL: on the device of
+ * ctx->cuda); `what` names it for the message when the wait times out (which aborts the
+ * world). NULL with ctx->err set. */
 tr_tensor *pw_recv(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const char *what);
 /* Returns once every stage has called it, with *value the sum of the stages' values (in
  * stage order). Fails when the world is aborted or a stage does not come in time. */
@@ -30,16 +33,22 @@ int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err);
 int pw_abort(tr_pipe_world *w, int stage, nas_err *err);
 /* Whether the world is aborted; its message into err (may be NULL) if so. */
 bool pw_aborted(tr_pipe_world *w, nas_err *err);
+/* Whether the world moves tensors on CUDA devices (NCCL) rather than host tensors. */
+bool pw_moves_device_memory(const tr_pipe_world *w);
+/* The world of this process's stage over group (borrowed, an NCCL group: stage = its rank)
+ * whose waits are bounded by the group's own timeout; NULL with err set. */
+tr_pipe_world *pw_nccl_new(tr_comm *group, nas_err *err);
 
 /* What a transport implements: the pw_* calls above on its own state. */
 typedef struct {
-  int (*send)(void *impl, int from, int to, const tr_tensor *t, nas_err *err);
+  int (*send)(tr_ctx *ctx, void *impl, int from, int to, const tr_tensor *t);
   tr_tensor *(*recv)(tr_ctx *ctx, void *impl, int from, int to, const char *what);
   int (*step_end)(void *impl, int stage, double *value, nas_err *err);
   /* aborts with message (already prefixed) unless aborted; the world's message into err */
   void (*abort)(void *impl, const char *message, nas_err *err);
   bool (*aborted)(void *impl, nas_err *err);
   void (*free)(void *impl);
+  bool device_memory; /* moves tensors on CUDA devices, not on the host */
 } pw_transport;
 
 struct tr_pipe_world {
@@ -78,13 +87,18 @@ int pipe_skips_send_grads(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i);
 /* Drops what micro-batch i holds. */
 void pipe_skips_clear(pipe_skips *sk, int i);
 
-/* ---------------------------------------------------------------- buffers */
+/* ---------------------------------------------------------------- tensors on either device */
 
 /* saved[i] = a copy of state's item i when it is a buffer (does not require grad); saved
  * has state->n slots, zeroed. Restore copies them back and frees them, so running a
  * forward in between changes no running statistics (recomputation, balancing). */
 int pipe_buffers_save(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved);
-void pipe_buffers_restore(const tr_param_list *state, tr_tensor **saved);
+int pipe_buffers_restore(tr_ctx *ctx, const tr_param_list *state, tr_tensor **saved);
+/* Copies src's values into dst (contiguous, same shape and device) without a version bump:
+ * a memcpy on the host, a copy queued on ctx's stream on a device. */
+int pipe_copy_values(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src);
+/* Zeros of t's dtype and shape on t's device (owned), or NULL with ctx->err set. */
+tr_tensor *pipe_zeros_like(tr_ctx *ctx, const tr_tensor *t);
 
 /* ---------------------------------------------------------------- deferred batch norm */
 

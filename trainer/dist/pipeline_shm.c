@@ -1,6 +1,7 @@
 /* pipeline_shm: the process transport of a pipeline — stages that are processes on one
  * node meeting in a POSIX shared-memory segment, /dev/shm/nas-pipe-NAME — and
- * tr_pipe_run_process, the driver a stage process calls (docs/engine-pipeline.md).
+ * tr_pipe_run_process and tr_pipe_run_group, the drivers a stage process calls (the
+ * latter also over an NCCL group, pipeline_nccl.c; docs/engine-pipeline.md).
  *
  * The segment holds a header (a process-shared robust mutex and a condition variable, the
  * abort flag with its message, the step barrier, each stage's pid) and a mailbox per
@@ -248,8 +249,9 @@ static int ring_move(pw_shm *w, int from, int to, unsigned char *buf, size_t n, 
   return NAS_OK;
 }
 
-static int shm_send(void *impl, int from, int to, const tr_tensor *t, nas_err *err) {
+static int shm_send(tr_ctx *ctx, void *impl, int from, int to, const tr_tensor *t) {
   pw_shm *w = impl;
+  nas_err *err = &ctx->err;
   size_t bytes = (size_t)t->numel * tr_dtype_size(t->dtype);
   unsigned char *values = malloc(bytes ? bytes : 1);
   if (!values) return nas_errf(err, "pipeline: out of memory for a message of %zu bytes", bytes);
@@ -336,7 +338,7 @@ static void shm_free(void *impl) {
 }
 
 static const pw_transport shm_transport = {shm_send,  shm_recv,    shm_step_end,
-                                           shm_abort, shm_aborted, shm_free};
+                                           shm_abort, shm_aborted, shm_free, false};
 
 /* ---------------------------------------------------------------- joining */
 
@@ -444,13 +446,15 @@ int tr_pipe_run_group(tr_comm *group, const char *name, double timeout_s, tr_pip
                       void *arg, nas_err *err) {
   if (!fn || !name || !group) return nas_errf(err, "pipeline process: no stage function, name or group");
   int stage = tr_comm_rank(group), stages = tr_comm_world(group);
-  if (tr_comm_backend_of(group) != TR_COMM_PROCESSES)
-    return nas_errf(err, "pipeline stages as processes need a process group on one node "
-                    "(stages over NCCL are not built)");
+  tr_comm_backend backend = tr_comm_backend_of(group);
+  if (backend != TR_COMM_PROCESSES && backend != TR_COMM_NCCL)
+    return nas_errf(err, "pipeline stages as processes need a process group (stages on the "
+                    "CPU, on one node) or an NCCL group (stages on CUDA devices)");
   if (stages > TR_PIPE_MAX_STAGES)
     return nas_errf(err, "pipeline: %d stages, not in [1, %d]", stages, TR_PIPE_MAX_STAGES);
   if (check_timeout(timeout_s, err)) return NAS_ERR;
-  tr_pipe_world *world = shm_join(group, name, timeout_s, err);
+  tr_pipe_world *world = backend == TR_COMM_NCCL ? pw_nccl_new(group, err)
+                                                 : shm_join(group, name, timeout_s, err);
   if (!world) return NAS_ERR;
   tr_pipe_rank rank = {.stage = stage, .stages = stages, .world = world};
   int rc = fn(&rank, arg, err);

@@ -5,17 +5,23 @@
  * back; a skip within one stage needs nothing (the two ends share their slot).
  *
  * Invariants:
- * - On the pop's stage the carried tensor is a leaf that requires grad, received once in
- *   the forward and put into the pop's slot before every run of the micro-batch (the
- *   forward and a checkpoint's recomputation), so both see the same values; after the
- *   backward its gradient (zeros when the pop's output does not depend on it) goes back.
- * - On the stash's stage the kept tensor is taken out of the slot after every run; the
- *   forward sends it, and it is held for the backward only when it has its graph (not a
- *   checkpointed micro-batch: the recomputation takes it again). The backward first runs
- *   back from it with the pop's gradient, keeping the graph, then from the stage output.
+ * - On the pop's stage the carried tensor is a leaf that requires grad, received with
+ *   each run of the micro-batch (its forward, and a checkpointed one's recomputation) and
+ *   put into the pop's slot before it. A checkpointed micro-batch drops it after the
+ *   forward, as it drops everything but its stage input, so `always` holds one carried
+ *   tensor, not one per micro-batch; the stash's stage recomputes the same values (same
+ *   input, generator and running statistics) and sends them again. After the backward
+ *   the leaf's gradient (zeros when the pop's output does not depend on it) goes back.
+ * - On the stash's stage the kept tensor is taken out of the slot and sent after every
+ *   run; it is held for the backward only when it has its graph (not a checkpointed
+ *   micro-batch: the recomputation takes it again). The backward first runs back from it
+ *   with the pop's gradient, keeping the graph, then from the stage output.
  * - Both ends walk the skips in child order, and each pair of stages' messages is a FIFO,
  *   so every message meets its receive: forward, the activation before the skips;
- *   backward, the input gradient before the skips' gradients. */
+ *   backward, the recomputation's skips, then the input gradient before the skips'
+ *   gradients. A stage recomputes micro-batch i first thing in its backward of i, which
+ *   waits for nothing of i from later stages, and a pop's stage is later than its
+ *   stash's, so the resent skip is never waited for by the stage that must send it. */
 #include <stdlib.h>
 
 #include "trainer/dist/pipeline_internal.h"
@@ -133,7 +139,7 @@ int pipe_skips_take(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i, bool s
     tr_tensor *t = *s->slot;
     *s->slot = NULL;
     if (!t) return nas_errf(&ctx->err, "pipeline: child %d kept nothing to carry", s->stash_at);
-    if (send) rc = pw_send(w, sk->stage, s->to, t, &ctx->err);
+    if (send) rc = pw_send(ctx, w, sk->stage, s->to, t);
     tr_release(sk->carried[i * sk->n + k]);
     sk->carried[i * sk->n + k] = keep ? t : NULL;
     if (!keep) tr_release(t);
@@ -165,9 +171,8 @@ int pipe_skips_send_grads(tr_ctx *ctx, pipe_skips *sk, tr_pipe_world *w, int i) 
     const skip_pair *s = &sk->pairs[k];
     if (s->to != sk->stage) continue;
     tr_tensor *leaf = sk->carried[i * sk->n + k];
-    tr_tensor *grad = leaf->grad ? tr_retain(leaf->grad)
-                                 : tr_zeros(ctx, leaf->dtype, leaf->ndim, leaf->shape);
-    rc = grad ? pw_send(w, sk->stage, s->from, grad, &ctx->err) : NAS_ERR;
+    tr_tensor *grad = leaf->grad ? tr_retain(leaf->grad) : pipe_zeros_like(ctx, leaf);
+    rc = grad ? pw_send(ctx, w, sk->stage, s->from, grad) : NAS_ERR;
     tr_release(grad);
   }
   return rc;

@@ -105,13 +105,13 @@ static void threads_free(void *impl) {
 
 static void threads_abort(void *impl, const char *message, nas_err *err);
 static bool threads_aborted(void *impl, nas_err *err);
-static int threads_send(void *impl, int from, int to, const tr_tensor *t, nas_err *err);
+static int threads_send(tr_ctx *ctx, void *impl, int from, int to, const tr_tensor *t);
 static tr_tensor *threads_recv(tr_ctx *ctx, void *impl, int from, int to, const char *what);
 static int threads_step_end(void *impl, int stage, double *value, nas_err *err);
 
-static const pw_transport threads_transport = {threads_send,  threads_recv,
+static const pw_transport threads_transport = {threads_send,    threads_recv,
                                                threads_step_end, threads_abort,
-                                               threads_aborted, threads_free};
+                                               threads_aborted, threads_free, false};
 
 tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err) {
   pw_threads *impl = threads_new(stages, timeout_s, err);
@@ -134,8 +134,8 @@ void pw_free(tr_pipe_world *w) {
   free(w);
 }
 
-int pw_send(tr_pipe_world *w, int from, int to, const tr_tensor *t, nas_err *err) {
-  return w->transport->send(w->impl, from, to, t, err);
+int pw_send(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const tr_tensor *t) {
+  return w->transport->send(ctx, w->impl, from, to, t);
 }
 
 tr_tensor *pw_recv(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const char *what) {
@@ -154,6 +154,8 @@ int pw_abort(tr_pipe_world *w, int stage, nas_err *err) {
 }
 
 bool pw_aborted(tr_pipe_world *w, nas_err *err) { return w->transport->aborted(w->impl, err); }
+
+bool pw_moves_device_memory(const tr_pipe_world *w) { return w->transport->device_memory; }
 
 void pw_stalled_message(nas_err *out, int stage, double timeout_s, const char *what) {
   nas_errf(out, "pipeline stage %d waited %g s for %s: a stage stalled or failed", stage,
@@ -219,14 +221,14 @@ static int wait_until(pw_threads *w, bool (*ready)(const pw_threads *, const voi
 
 /* ---------------------------------------------------------------- messages */
 
-static int threads_send(void *impl, int from, int to, const tr_tensor *t, nas_err *err) {
+static int threads_send(tr_ctx *ctx, void *impl, int from, int to, const tr_tensor *t) {
   pw_threads *w = impl;
   pipe_msg *m = calloc(1, sizeof *m);
   size_t bytes = (size_t)t->numel * tr_dtype_size(t->dtype);
   if (m) m->data = malloc(bytes ? bytes : 1);
   if (!m || !m->data) {
     free(m);
-    return nas_errf(err, "pipeline: out of memory for a message of %zu bytes", bytes);
+    return nas_errf(&ctx->err, "pipeline: out of memory for a message of %zu bytes", bytes);
   }
   m->dtype = t->dtype;
   m->ndim = t->ndim;
