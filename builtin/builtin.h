@@ -156,8 +156,9 @@ typedef struct {
   int first_epoch;
   int stop_epoch;            /* 0: train to `epochs`; else stop after this epoch (a rung of
                                 multi-fidelity: the schedule still spans `epochs`) */
-  /* Training state files (tr_train_state_save; tr_fit only, the sharded and pipelined
-   * loops refuse them): */
+  /* Training state files (tr_train_state_save): tr_fit's is the file named; a sharded
+   * rank or a pipeline stage keeps its own part of the state in the file
+   * tr_fit_state_path names, and resumes only on as many ranks or stages as saved it. */
   const char *state_in;      /* loaded before the first step: the state a run saved after
                                 first_epoch; NULL: the optimiser starts afresh */
   const char *state_out;     /* saved after the last epoch this call trains; NULL: not kept */
@@ -173,6 +174,11 @@ typedef struct {
  * (may be NULL) gets the last validation accuracy. */
 int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset *val,
            const tr_fit_config *cfg, double *accuracy, nas_err *err);
+/* The training state file of part `index` of `count` (unit "rank": a sharded rank;
+ * "stage": a pipeline stage) for the file named base: base itself when count is 1, else
+ * base with ".<unit><index>" before its extension (train_state.rank1.nast). Owned; NULL
+ * when out of memory. */
+char *tr_fit_state_path(const char *base, const char *unit, int index, int count);
 /* Share of ds's examples whose largest logit is their label, in evaluation mode without a
  * graph, batch examples at a time; leaves m in training mode. */
 int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,

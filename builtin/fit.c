@@ -2,7 +2,8 @@
  * optional), an optimiser with a learning-rate schedule and warm-up, shuffled and optionally
  * augmented batches, validation after every epoch, resuming after a given epoch (with the
  * optimiser's and dropout's state from a training state file, exactly) — and accuracy;
- * and the same loop on one rank of several (tr_fit_sharded), the model sharded by FSDP.
+ * and the same loop on one rank of several (tr_fit_sharded), the model sharded by FSDP,
+ * each rank keeping its shards' training state in a file of its own.
  *
  * The loop is the one docs/engine.md shows, with every error checked. Evaluation runs in
  * evaluation mode without a graph, in slices (views) of the dataset, and puts the model
@@ -13,6 +14,7 @@
  * in one all-reduce, so a failure anywhere outside a collective (a callback, the loader)
  * stops every rank at the same step instead of leaving the others waiting. */
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,8 +121,7 @@ static tr_lr_schedule schedule_for(const tr_fit_config *cfg, int64_t per_epoch) 
   return s;
 }
 
-/* The last epoch this call trains: `epochs`, or stop_epoch when it stops earlier. */
-static int fit_last_epoch(const tr_fit_config *cfg) {
+int fit_last_epoch(const tr_fit_config *cfg) {
   return cfg->stop_epoch > 0 && cfg->stop_epoch < cfg->epochs ? cfg->stop_epoch : cfg->epochs;
 }
 
@@ -142,10 +143,37 @@ int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *
   return rc;
 }
 
-int fit_refuse_state(const tr_fit_config *cfg, nas_err *err) {
-  if (!cfg->state_in && !cfg->state_out) return NAS_OK;
-  return nas_errf(err, "training state %s: kept by single-process training only, not by "
-                  "sharded or pipelined training", cfg->state_in ? cfg->state_in : cfg->state_out);
+char *tr_fit_state_path(const char *base, const char *unit, int index, int count) {
+  if (count <= 1) return nas_asprintf("%s", base);
+  const char *slash = strrchr(base, '/'), *dot = strrchr(base, '.');
+  int stem = (int)(dot && (!slash || dot > slash) ? dot - base : (ptrdiff_t)strlen(base));
+  return nas_asprintf("%.*s.%s%d%s", stem, base, unit, index, base + stem);
+}
+
+/* tr_train_state_load or _save. */
+typedef int (*state_file_fn)(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part,
+                             const char *path, nas_err *err);
+
+/* io on part's file of base (none: nothing to do); errors prefixed with `doing`. */
+static int state_file_io(tr_ctx *ctx, tr_optim *opt, const char *base, const tr_train_part *part,
+                         state_file_fn io, const char *doing, nas_err *err) {
+  if (!base) return NAS_OK;
+  char *path = tr_fit_state_path(base, part->unit, part->index, part->count);
+  int rc = path ? io(ctx, opt, part, path, err) : nas_errf(err, "out of memory");
+  free(path);
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "%s", doing);
+}
+
+int fit_state_load(tr_ctx *ctx, tr_optim *opt, const tr_fit_config *cfg,
+                   const tr_train_part *part, nas_err *err) {
+  return state_file_io(ctx, opt, cfg->state_in, part, tr_train_state_load,
+                       "resuming the training state", err);
+}
+
+int fit_state_save(tr_ctx *ctx, tr_optim *opt, const tr_fit_config *cfg,
+                   const tr_train_part *part, nas_err *err) {
+  return state_file_io(ctx, opt, cfg->state_out, part, tr_train_state_save,
+                       "saving the training state", err);
 }
 
 /* The next training batch (tr_loader_next's contract), augmented as cfg says with a seed
@@ -198,9 +226,9 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   tr_loader ld = {0};
   tr_lr_schedule sched;
   int64_t step = 0;
+  const tr_train_part whole = {0, 1, "part"};
   int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, &step, err);
-  if (rc == NAS_OK && cfg->state_in && tr_train_state_load(ctx, opt, cfg->state_in, err) != NAS_OK)
-    rc = nas_err_prefix(err, "resuming the training state");
+  if (rc == NAS_OK) rc = fit_state_load(ctx, opt, cfg, &whole, err);
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = train_epoch(ctx, m, opt, &ld, cfg, &sched, &step, &loss, err);
@@ -208,8 +236,7 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
     if (rc == NAS_OK && accuracy) *accuracy = acc;
     if (rc == NAS_OK && cfg->on_epoch) rc = cfg->on_epoch(cfg->arg, epoch, loss, acc, err);
   }
-  if (rc == NAS_OK && cfg->state_out && tr_train_state_save(ctx, opt, cfg->state_out, err) != NAS_OK)
-    rc = nas_err_prefix(err, "saving the training state");
+  if (rc == NAS_OK) rc = fit_state_save(ctx, opt, cfg, &whole, err);
   tr_loader_free(&ld);
   tr_optim_free(opt);
   tr_param_list_free(&params);
@@ -312,7 +339,6 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
-  if (fit_refuse_state(cfg, err) != NAS_OK) return NAS_ERR;
   rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0,
                 cfg->label_smoothing};
   tr_fsdp_config fc = ranks->fsdp;
@@ -323,13 +349,20 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
   tr_loader ld = {0};
   tr_lr_schedule sched;
   int64_t step = 0;
+  /* each rank its shards' state, in a file of its own: no rank holds more than its shards */
+  tr_train_part part = {tr_comm_rank(ranks->comm), tr_comm_world(ranks->comm), "rank"};
+  double agreed[1];
   int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, &step, err);
+  if (rc == NAS_OK && cfg->state_in)
+    rc = ranks_agree(&r, fit_state_load(ctx, r.opt, cfg, &part, err), agreed, 1, err);
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = rank_epoch(&r, &ld, cfg, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = rank_validate(&r, val, cfg, epoch, loss, &acc, err);
     if (rc == NAS_OK && accuracy) *accuracy = acc;
   }
+  if (rc == NAS_OK && cfg->state_out)
+    rc = ranks_agree(&r, fit_state_save(ctx, r.opt, cfg, &part, err), agreed, 1, err);
   /* Every rank leaves with the whole model in m's own tensors. */
   if (rc == NAS_OK && tr_fsdp_summon_full(ctx, r.fsdp) != NAS_OK)
     rc = nas_errf(err, "gathering the parameters: %s", ctx->err.msg);

@@ -21,8 +21,14 @@ tr_device fit_module_device(tr_module *m);
 /* *t moved to device (a CPU tensor stays as it is); NAS_ERR with ctx->err set. */
 int fit_move_to(tr_ctx *ctx, tr_tensor **t, tr_device device);
 
-/* NAS_ERR, saying why, when cfg names a training state file: only tr_fit keeps one (a
- * sharded or pipelined loop's optimisers hold a part of the model each). */
-int fit_refuse_state(const tr_fit_config *cfg, nas_err *err);
+/* The last epoch a fit trains: cfg->epochs, or stop_epoch when it stops earlier. */
+int fit_last_epoch(const tr_fit_config *cfg);
+/* part's training state (cfg->state_in, at tr_fit_state_path's name for the part) into
+ * opt and ctx; nothing to do without state_in. Errors say what was being done. */
+int fit_state_load(tr_ctx *ctx, tr_optim *opt, const tr_fit_config *cfg,
+                   const tr_train_part *part, nas_err *err);
+/* opt's and ctx's state as part's training state (cfg->state_out); nothing without one. */
+int fit_state_save(tr_ctx *ctx, tr_optim *opt, const tr_fit_config *cfg,
+                   const tr_train_part *part, nas_err *err);
 
 #endif

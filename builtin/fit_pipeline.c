@@ -1,7 +1,8 @@
 /* builtin/fit_pipeline.c: the training loop of built-in trials on one stage of a pipeline
  * (tr_fit_pipeline_stage; docs/engine-pipeline.md): tr_fit's epochs, schedule and
- * validation, each batch one pipelined mini-batch. On the CPU or on the stage's CUDA
- * device (the pipeline moves stage 0's micro-batches there).
+ * validation, each batch one pipelined mini-batch, each stage keeping its layers' training
+ * state in a file of its own. On the CPU or on the stage's CUDA device (the pipeline moves
+ * stage 0's micro-batches there).
  *
  * Stages stay in lockstep without messages of their own: every stage draws the same
  * batches (same shuffle seed) and makes the same pipeline calls; a failure anywhere
@@ -79,20 +80,23 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                           nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
-  if (fit_refuse_state(cfg, err) != NAS_OK) return NAS_ERR;
   stage_run r = {ctx, tr_pipe_new(ctx, m, rank, pipe), NULL, rank->stage == 0};
   if (!r.pipe) return nas_errf(err, "cutting the model into stages: %s", ctx->err.msg);
   r.opt = tr_pipe_optim_new(ctx, r.pipe, &cfg->optim);
   tr_loader ld = {0};
   tr_lr_schedule sched;
   int64_t step = 0;
+  tr_train_part part = {rank->stage, rank->stages, "stage"};
+  /* a stage that fails here aborts the pipeline, which fails the others' first step */
   int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, &step, err);
-  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= cfg->epochs; epoch++) {
+  if (rc == NAS_OK) rc = fit_state_load(ctx, r.opt, cfg, &part, err);
+  for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = stage_epoch(&r, &ld, cfg, pipe->chunks, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = stage_validate(&r, m, val, cfg, epoch, loss, &acc, err);
     if (rc == NAS_OK && accuracy && r.lead) *accuracy = acc;
   }
+  if (rc == NAS_OK) rc = fit_state_save(ctx, r.opt, cfg, &part, err);
   tr_loader_free(&ld);
   tr_optim_free(r.opt);
   tr_pipe_free(r.pipe);

@@ -34,7 +34,8 @@ static const char worker_help[] =
     "data is cached in $NAS_CACHE_DIR (default ~/.cache/nas; setting data_cache).\n"
     "Under multi_fidelity nas also sets the budget: $NAS_EPOCHS, $NAS_FIRST_EPOCH and\n"
     "$NAS_MAX_EPOCHS (train epochs FIRST+1..EPOCHS of a MAX-epoch schedule), the weights\n"
-    "and training state (train_state.nast: the optimiser's, dropout's) to go on from in\n"
+    "and training state (train_state.nast: the optimiser's, dropout's; one per rank or stage\n"
+    "of a sharded or pipelined trial: train_state.rank0.nast ...) to go on from in\n"
     "$NAS_RESUME_DIR, and $NAS_SAVE_DIR to save both in as well.\n";
 
 /* Seconds between heartbeats while an epoch runs. */
@@ -200,11 +201,12 @@ static int worker_budget(worker *w, nas_err *err) {
   return NAS_OK;
 }
 
-/* The weights saved after first_epoch epochs, into the model just built. */
-static int worker_resume(worker *w, nas_err *err) {
+/* The weights saved after first_epoch epochs, into module (the worker's model just built,
+ * or a thread stage's copy of it). */
+static int worker_resume(worker *w, tr_module *module, nas_err *err) {
   if (!w->resume_dir) return NAS_OK;
   char *weights = nas_asprintf("%s/weights.nasw", w->resume_dir);
-  int rc = weights ? tr_module_load(w->model.module, weights, err) : nas_errf(err, "out of memory");
+  int rc = weights ? tr_module_load(module, weights, err) : nas_errf(err, "out of memory");
   if (rc != NAS_OK) rc = nas_err_prefix(err, "resuming at epoch %d", w->plan.fit.first_epoch);
   free(weights);
   return rc;
@@ -213,21 +215,27 @@ static int worker_resume(worker *w, nas_err *err) {
 /* The training state beside the weights (docs/spec.md, "Multi-fidelity"). */
 static const char state_file[] = "train_state.nast";
 
-/* The training state files of the budget's folders (tr_fit keeps them, once the ranks are
- * known): loaded from the resume folder when it holds one — a folder an older nas saved
- * holds none, and the optimiser and dropout then start afresh — and saved into the save
- * folder. Sharded and pipelined trials keep none. */
+/* The file of the first part of the trial's training state named base: base itself, or
+ * rank 0's or stage 0's of a sharded or pipelined trial (tr_fit_state_path). Owned. */
+static char *first_state_part(const worker *w, const char *base) {
+  bool pipeline = w->plan.pipeline_stages > 1;
+  return tr_fit_state_path(base, pipeline ? "stage" : "rank", 0,
+                           pipeline ? w->plan.pipeline_stages : w->plan.devices);
+}
+
+/* The training state files of the budget's folders (the fits keep them, a sharded rank or
+ * a pipeline stage its own part): loaded from the resume folder when it holds them — a
+ * folder an older nas saved holds none (of a sharded or pipelined trial: never), and the
+ * optimiser and dropout then start afresh — and saved into the save folder. */
 static int worker_state_files(worker *w, nas_err *err) {
-  if (w->comm || w->plan.devices > 1 || w->plan.pipeline_stages > 1) {
-    w->state_note = "; a sharded or pipelined trial keeps no training state: the optimiser's "
-                    "state and dropout's masks start afresh";
-    return NAS_OK;
-  }
   w->state_note = ", with the optimiser's state and dropout's generator";
   if (w->resume_dir) {
     w->state_in = nas_asprintf("%s/%s", w->resume_dir, state_file);
-    if (!w->state_in) return nas_errf(err, "out of memory");
-    if (access(w->state_in, F_OK) != 0 && errno == ENOENT) {
+    char *first = w->state_in ? first_state_part(w, w->state_in) : NULL;
+    if (!first) return nas_errf(err, "out of memory");
+    bool absent = access(first, F_OK) != 0 && errno == ENOENT;
+    free(first);
+    if (absent) {
       free(w->state_in);
       w->state_in = NULL;
       w->state_note = "; it holds no training state (saved by an older nas): the optimiser's "
@@ -313,7 +321,7 @@ static int worker_prepare(worker *w, nas_err *err) {
   /* Only now: the caching allocator would keep the blocks of the data read and dropped. */
   if (!(w->ctx.alloc = tr_allocator_new((size_t)256 << 20))) return nas_errf(err, "out of memory");
   if ((rc = worker_model_build(&w->ctx, &w->plan, &w->data, &w->model, err)) != NAS_OK) return rc;
-  if ((rc = worker_resume(w, err)) != NAS_OK) return rc;
+  if ((rc = worker_resume(w, w->model.module, err)) != NAS_OK) return rc;
   if (w->cuda) {
     w->ctx.cuda = w->cuda;
     w->plan.fit.device = TR_DEVICE_CUDA(tr_cuda_device(w->cuda));
@@ -396,8 +404,8 @@ static int thread_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
 }
 
 /* One pipeline stage (docs/engine-pipeline.md): stage 0 trains the worker's own model and
- * ends with the whole of it; the others build the same model from the same seed and train
- * their layers of it. */
+ * ends with the whole of it; the others build the same model from the same seed (and the
+ * resumed weights) and train their layers of it. */
 static int pipeline_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   worker *w = arg;
   if (rank->stage == 0)
@@ -407,6 +415,7 @@ static int pipeline_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   tr_ctx ctx;
   tr_model model;
   int rc = rank_model_new(w, w->seed, &ctx, &model, err);
+  if (rc == NAS_OK) rc = worker_resume(w, model.module, err);
   if (rc == NAS_OK)
     rc = tr_fit_pipeline_stage(&ctx, model.module, rank, &w->plan.pipe, &w->data.all.train,
                                &w->data.val, &w->plan.fit, NULL, err);

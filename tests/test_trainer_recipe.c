@@ -2,14 +2,16 @@
  * smoothing against values computed by hand from PyTorch's definitions (OneCycleLR, the
  * label_smoothing of CrossEntropyLoss), and the epochs-as-budget hook: a run resumed from
  * saved weights and training state ends where an uninterrupted one does, for every
- * optimiser, and a damaged training state file is refused, as is one asked of sharded or
- * pipelined training. */
+ * optimiser, and on two sharded thread ranks and through two thread pipeline stages (a
+ * state file per rank or stage); a damaged training state file is refused, as is one saved
+ * by another number of ranks or stages. */
 #include "tests/testutil.h"
 
 #include <math.h>
 #include <zlib.h>
 
 #include "builtin/builtin.h"
+#include "trainer/pipeline.h"
 #include "trainer/trainer.h"
 
 #define SHAPE(...) \
@@ -78,10 +80,14 @@ static tr_dataset two_class_images(tr_ctx *ctx) {
 }
 
 /* An MLP with dropout, so that the generator's state matters as well as the optimiser's. */
-static tr_model mlp(tr_ctx *ctx) {
+static int mlp_build(tr_ctx *ctx, tr_model *m) {
   tr_mlp_config cfg = {.layers = 1, .widths = {8}, .activation = TR_RELU, .dropout = 0.25};
+  return tr_mlp_build(ctx, &cfg, (tr_input_shape){1, 4, 4}, 2, m);
+}
+
+static tr_model mlp(tr_ctx *ctx) {
   tr_model m;
-  assert_int_equal(tr_mlp_build(ctx, &cfg, (tr_input_shape){1, 4, 4}, 2, &m), NAS_OK);
+  assert_int_equal(mlp_build(ctx, &m), NAS_OK);
   return m;
 }
 
@@ -228,7 +234,7 @@ static int load_into(tr_ctx *ctx, tr_module *m, tr_optim_config cfg, const char 
   assert_int_equal(tr_module_parameters(m, false, &params, err), NAS_OK);
   tr_optim *opt = tr_optim_new(ctx, &cfg, params.items, params.n);
   assert_non_null(opt);
-  int rc = tr_train_state_load(ctx, opt, path, err);
+  int rc = tr_train_state_load(ctx, opt, NULL, path, err);
   tr_optim_free(opt);
   tr_param_list_free(&params);
   return rc;
@@ -264,10 +270,10 @@ static void damaged_training_state_is_refused_with_the_reason(void **state) {
   file_put(bad, bytes, n, false);
   expect_refused(&ctx, m.module, adam, bad, "checksum mismatch");
   bytes[n / 2] ^= 0x40;
-  bytes[4] = 2; /* version 2, checksum made good */
+  bytes[4] = 3; /* version 3, checksum made good */
   file_put(bad, bytes, n, true);
-  expect_refused(&ctx, m.module, adam, bad, "training state version 2, this nas reads version 1");
-  bytes[4] = 1;
+  expect_refused(&ctx, m.module, adam, bad, "training state version 3, this nas reads versions 1 to 2");
+  bytes[4] = 2;
   file_put(bad, bytes, n - 4, true); /* the last 4 bytes of data missing, checksum good */
   expect_refused(&ctx, m.module, adam, bad, "truncated data of");
   expect_refused(&ctx, m.module, (tr_optim_config){.kind = TR_SGD, .lr = 0.1, .momentum = 0.9},
@@ -285,28 +291,138 @@ static void damaged_training_state_is_refused_with_the_reason(void **state) {
   free(dir), free(path), free(bad);
 }
 
-/* Only single-process training keeps a training state: the sharded and pipelined loops,
- * whose optimisers hold a part of the model each, refuse one before they start. */
-static void sharded_and_pipelined_training_refuse_a_training_state(void **state) {
-  (void)state;
+/* ---- on several thread ranks or stages ---- */
+
+/* One run of the ranks or stages: each trains the MLP (same seed: the stages' layers are
+ * one model's) in a context of its own; the first saves the trained model. */
+typedef struct {
+  const tr_dataset *data;
+  tr_fit_config cfg;
+  const char *weights_in;  /* loaded into every copy first; NULL: the initial weights */
+  const char *weights_out; /* rank or stage 0's trained model */
+} split_run;
+
+/* This rank's or stage's context (with an allocator) and model; free with split_free. */
+static int split_model(const split_run *run, tr_ctx *ctx, tr_model *m, nas_err *err) {
+  tr_ctx_init(ctx, 9);
+  *m = (tr_model){0};
+  if (!(ctx->alloc = tr_allocator_new((size_t)16 << 20))) return nas_errf(err, "out of memory");
+  if (mlp_build(ctx, m) != NAS_OK) return nas_errf(err, "%s", ctx->err.msg);
+  return run->weights_in ? tr_module_load(m->module, run->weights_in, err) : NAS_OK;
+}
+
+/* The model saved by the first of the ranks or stages, then everything freed. */
+static int split_finish(const split_run *run, bool first, tr_ctx *ctx, tr_model *m, int rc,
+                        nas_err *err) {
+  if (rc == NAS_OK && first && run->weights_out) rc = tr_module_save(m->module, run->weights_out, err);
+  tr_model_free(m);
+  if (ctx->alloc) tr_allocator_release(ctx->alloc);
+  return rc;
+}
+
+static int sharded_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
+  const split_run *run = arg;
+  tr_ctx ctx;
+  tr_model m;
+  tr_fit_ranks ranks = {rank->comm, rank->prefetch_comm, {.mode = TR_SHARD_FULL}};
+  int rc = split_model(run, &ctx, &m, err);
+  if (rc == NAS_OK)
+    rc = tr_fit_sharded(&ctx, m.module, &ranks, run->data, run->data, &run->cfg, NULL, err);
+  return split_finish(run, rank->rank == 0, &ctx, &m, rc, err);
+}
+
+static int pipeline_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  const split_run *run = arg;
+  tr_ctx ctx;
+  tr_model m;
+  tr_pipe_config pipe = {.chunks = 2};
+  int rc = split_model(run, &ctx, &m, err);
+  if (rc == NAS_OK)
+    rc = tr_fit_pipeline_stage(&ctx, m.module, rank, &pipe, run->data, run->data, &run->cfg,
+                               NULL, err);
+  return split_finish(run, rank->stage == 0, &ctx, &m, rc, err);
+}
+
+/* Runs `parts` thread ranks or stages of run. */
+typedef int (*split_runner)(int parts, split_run *run, nas_err *err);
+
+static int run_sharded(int parts, split_run *run, nas_err *err) {
+  return tr_fsdp_run_threads(parts, sharded_rank, run, err);
+}
+
+static int run_pipelined(int parts, split_run *run, nas_err *err) {
+  return tr_pipe_run_threads(parts, 60, pipeline_stage, run, err);
+}
+
+static bool same_file(const char *a, const char *b) {
+  size_t na, nb;
+  unsigned char *da = file_bytes(a, &na), *db = file_bytes(b, &nb);
+  bool same = na == nb && memcmp(da, db, na) == 0;
+  free(da), free(db);
+  return same;
+}
+
+/* With Adam and dropout on `parts` thread ranks or stages named unit: 3 epochs straight end
+ * on the very weights (bit for bit) of 1 epoch saved with a state file per rank or stage
+ * and continued to 3; continued without the state they end elsewhere; and the state saved
+ * by parts + 1 of them is refused, saying why. */
+static void split_resume_ends_where_straight_does(split_runner runner, int parts, const char *unit) {
+  char *dir = test_tmpdir(), *straight, *after1, *resumed, *state, *part;
+  assert_true(asprintf(&straight, "%s/straight.nasw", dir) > 0);
+  assert_true(asprintf(&after1, "%s/after1.nasw", dir) > 0);
+  assert_true(asprintf(&resumed, "%s/resumed.nasw", dir) > 0);
+  assert_true(asprintf(&state, "%s/state.nast", dir) > 0);
   tr_ctx ctx;
   nas_err err = {{0}};
   tr_ctx_init(&ctx, 5);
   tr_dataset data = two_class_images(&ctx);
-  tr_model m = mlp(&ctx);
   tr_fit_config cfg = recipe((tr_optim_config){.kind = TR_ADAM, .lr = 0.01});
-  cfg.state_out = "/nonexistent/state.nast";
-  tr_fit_ranks ranks = {0}; /* never reached */
-  assert_int_equal(tr_fit_sharded(&ctx, m.module, &ranks, &data, &data, &cfg, NULL, &err),
-                   NAS_ERR);
-  assert_non_null(strstr(err.msg, "kept by single-process training only"));
-  tr_pipe_rank rank = {0};
-  tr_pipe_config pipe = {0};
-  assert_int_equal(tr_fit_pipeline_stage(&ctx, m.module, &rank, &pipe, &data, &data, &cfg, NULL,
-                                         &err), NAS_ERR);
-  assert_non_null(strstr(err.msg, "kept by single-process training only"));
-  tr_model_free(&m);
+  split_run run = {&data, cfg, NULL, straight};
+  if (runner(parts, &run, &err)) fail_msg("%s", err.msg);
+  run.cfg.stop_epoch = 1, run.cfg.state_out = state, run.weights_out = after1;
+  if (runner(parts, &run, &err)) fail_msg("%s", err.msg);
+  for (int i = 0; i < parts; i++) {
+    assert_true(asprintf(&part, "%s/state.%s%d.nast", dir, unit, i) > 0);
+    assert_int_equal(access(part, R_OK), 0);
+    free(part);
+  }
+  run = (split_run){&data, cfg, after1, resumed};
+  run.cfg.first_epoch = 1, run.cfg.state_in = state;
+  if (runner(parts, &run, &err)) fail_msg("%s", err.msg);
+  if (!same_file(straight, resumed)) fail_msg("%d %ss: the resumed run ends elsewhere", parts, unit);
+  run.cfg.state_in = NULL;
+  if (runner(parts, &run, &err)) fail_msg("%s", err.msg);
+  assert_false(same_file(straight, resumed));
+  run = (split_run){&data, cfg, NULL, after1};
+  run.cfg.stop_epoch = 1, run.cfg.state_out = state;
+  if (runner(parts + 1, &run, &err)) fail_msg("%s", err.msg);
+  run = (split_run){&data, cfg, after1, NULL};
+  run.cfg.first_epoch = 1, run.cfg.state_in = state;
+  assert_int_equal(runner(parts, &run, &err), NAS_ERR);
+  char *why;
+  assert_true(asprintf(&why, " of %d; this is %s ", parts + 1, unit) > 0);
+  if (!strstr(err.msg, why)) fail_msg("expected '%s' in: %s", why, err.msg);
+  free(why);
+  assert_true(asprintf(&why, "training resumes on as many %ss as saved it", unit) > 0);
+  assert_non_null(strstr(err.msg, why));
+  free(why);
   tr_dataset_free(&data);
+  test_rmtree(dir);
+  free(dir), free(straight), free(after1), free(resumed), free(state);
+}
+
+/* Each rank keeps the state of its shards (FSDP full sharding) in a file of its own. */
+static void sharded_fit_resumed_on_two_thread_ranks_ends_where_an_uninterrupted_one_does(
+    void **state) {
+  (void)state;
+  split_resume_ends_where_straight_does(run_sharded, 2, "rank");
+}
+
+/* Each stage keeps the state of its layers in a file of its own. */
+static void pipelined_fit_resumed_through_two_thread_stages_ends_where_an_uninterrupted_one_does(
+    void **state) {
+  (void)state;
+  split_resume_ends_where_straight_does(run_pipelined, 2, "stage");
 }
 
 int main(void) {
@@ -317,7 +433,9 @@ int main(void) {
       cmocka_unit_test(resumed_fit_ends_where_an_uninterrupted_one_does),
       cmocka_unit_test(resumed_fit_without_the_training_state_ends_elsewhere),
       cmocka_unit_test(damaged_training_state_is_refused_with_the_reason),
-      cmocka_unit_test(sharded_and_pipelined_training_refuse_a_training_state),
+      cmocka_unit_test(sharded_fit_resumed_on_two_thread_ranks_ends_where_an_uninterrupted_one_does),
+      cmocka_unit_test(
+          pipelined_fit_resumed_through_two_thread_stages_ends_where_an_uninterrupted_one_does),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -370,14 +370,24 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
  * zeroed in place. */
 void tr_optim_zero_grad(tr_optim *opt);
 void tr_optim_set_lr(tr_optim *opt, double lr);
+/* Which part of a training split over several ranks an optimiser holds: part `index` of
+ * `count` (a sharded rank's shards, a pipeline stage's layers); `unit` names the parts in
+ * messages ("rank", "stage"). */
+typedef struct {
+  int index, count;
+  const char *unit;
+} tr_train_part;
 /* Training state file (docs/engine.md): what a run holds besides the weights, so that one
  * stopped after a step goes on exactly as if it had not stopped: the optimiser's kind, step
  * count and state tensors (SGD's momentum buffers, Adam's moments; zeros where no step made
- * them yet) and ctx's generator (dropout's masks). Written atomically. Load checks the
- * checksum, the version, that the state is of this optimiser's kind and parameters, and
- * changes nothing unless all of it is good. */
-int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err);
-int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err);
+ * them yet), ctx's generator (dropout's masks) and which part of the training it is (part
+ * NULL: the whole, part 0 of 1). Written atomically. Load checks the checksum, the version,
+ * that the state is this part's of as many parts, of this optimiser's kind and parameters,
+ * and changes nothing unless all of it is good. */
+int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, const char *path,
+                        nas_err *err);
+int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, const char *path,
+                        nas_err *err);
 
 /* Learning rate at a step: linear warm-up from 0 over warmup steps, then the schedule.
  * TR_LR_ONECYCLE is PyTorch's OneCycleLR (cosine annealing, two phases): it rises from

@@ -209,9 +209,12 @@ double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
 
 /* ---------------------------------------------------------------- training state */
 
-/* The file's layout (docs/engine.md, "Training state file"). */
-enum { STATE_VERSION = 1, STATE_RNG_WORDS = 4 };
+/* The file's layout (docs/engine.md, "Training state file"); version 1 had no part and
+ * count of parts, and is read as the whole (part 0 of 1). */
+enum { STATE_VERSION = 2, STATE_RNG_WORDS = 4 };
 static const char *const kind_names[] = {"sgd", "adam", "adamw"};
+/* What a state of single-process training is: its only part. */
+static const tr_train_part whole_training = {0, 1, "part"};
 
 /* State tensors per parameter the method keeps: SGD's momentum buffer, Adam's moments. */
 static uint32_t slots_kept(const tr_optim_config *c) {
@@ -238,14 +241,17 @@ static int put_slot(tr_ctx *ctx, ser_buf *b, tr_optim *opt, size_t i, int k, nas
   return rc;
 }
 
-int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err) {
+int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, const char *path,
+                        nas_err *err) {
   if (!ser_host_is_little_endian())
     return nas_errf(err, "%s: training state files are little-endian only", path);
+  if (!part) part = &whole_training;
   uint32_t slots = slots_kept(&opt->cfg);
   ser_buf b = {0};
   int rc = ser_put(&b, "NAST", 4) || ser_put_u32(&b, STATE_VERSION) ||
                    ser_put_u32(&b, (uint32_t)opt->cfg.kind) || ser_put_u32(&b, slots) ||
-                   ser_put_u32(&b, (uint32_t)opt->n) || ser_put_i64(&b, opt->steps)
+                   ser_put_u32(&b, (uint32_t)opt->n) || ser_put_u32(&b, (uint32_t)part->index) ||
+                   ser_put_u32(&b, (uint32_t)part->count) || ser_put_i64(&b, opt->steps)
                ? nas_errf(err, "out of memory")
                : NAS_OK;
   for (int j = 0; j < STATE_RNG_WORDS && rc == NAS_OK; j++)
@@ -261,25 +267,33 @@ int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *e
 /* What the head of a training state file says. */
 typedef struct {
   uint32_t version, kind, slots, count;
+  uint32_t part, parts; /* which part of how many the state is */
   int64_t steps;
   uint64_t rng[STATE_RNG_WORDS];
 } state_head;
 
-/* Reads the head and checks that it is this optimiser's state. */
-static int take_state_head(ser_reader *r, const tr_optim *opt, const char *path, state_head *h,
-                           nas_err *err) {
-  if (!ser_take_u32(r, &h->version) || h->version != STATE_VERSION)
-    return nas_errf(err, "%s: training state version %u, this nas reads version %d", path,
+/* Reads the head and checks that it is the state of this part and optimiser. */
+static int take_state_head(ser_reader *r, const tr_optim *opt, const tr_train_part *part,
+                           const char *path, state_head *h, nas_err *err) {
+  if (!ser_take_u32(r, &h->version) || h->version < 1 || h->version > STATE_VERSION)
+    return nas_errf(err, "%s: training state version %u, this nas reads versions 1 to %d", path,
                     h->version, STATE_VERSION);
+  h->part = 0, h->parts = 1;
   bool whole = ser_take_u32(r, &h->kind) && ser_take_u32(r, &h->slots) &&
-               ser_take_u32(r, &h->count) && ser_take_i64(r, &h->steps);
+               ser_take_u32(r, &h->count) &&
+               (h->version < 2 || (ser_take_u32(r, &h->part) && ser_take_u32(r, &h->parts))) &&
+               ser_take_i64(r, &h->steps);
   for (int j = 0; whole && j < STATE_RNG_WORDS; j++) {
     int64_t word;
     whole = ser_take_i64(r, &word);
     h->rng[j] = (uint64_t)word;
   }
-  if (!whole || h->kind > TR_ADAMW || h->steps < 0)
+  if (!whole || h->kind > TR_ADAMW || h->steps < 0 || h->part >= h->parts)
     return nas_errf(err, "%s: the head of the training state is damaged", path);
+  if (h->parts != (uint32_t)part->count || h->part != (uint32_t)part->index)
+    return nas_errf(err, "%s: the training state of %s %u of %u; this is %s %d of %d: training "
+                    "resumes on as many %ss as saved it", path, part->unit, h->part, h->parts,
+                    part->unit, part->index, part->count, part->unit);
   if (h->kind != (uint32_t)opt->cfg.kind || h->slots != slots_kept(&opt->cfg))
     return nas_errf(err, "%s: the state of %s keeping %u tensors per parameter; this run's "
                     "optimiser is %s keeping %u", path, kind_names[h->kind], h->slots,
@@ -310,9 +324,10 @@ static int take_slot(tr_ctx *ctx, ser_reader *r, const tr_optim *opt, size_t i, 
 }
 
 /* The file's body into opt and ctx; nothing changes unless all of it is good. */
-static int parse_state(tr_ctx *ctx, tr_optim *opt, ser_reader *r, const char *path, nas_err *err) {
+static int parse_state(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, ser_reader *r,
+                       const char *path, nas_err *err) {
   state_head h;
-  if (take_state_head(r, opt, path, &h, err) != NAS_OK) return NAS_ERR;
+  if (take_state_head(r, opt, part, path, &h, err) != NAS_OK) return NAS_ERR;
   size_t n = 2 * opt->n;
   tr_tensor **loaded = calloc(n ? n : 1, sizeof *loaded);
   int rc = loaded ? NAS_OK : nas_errf(err, "out of memory");
@@ -336,7 +351,8 @@ static int parse_state(tr_ctx *ctx, tr_optim *opt, ser_reader *r, const char *pa
   return NAS_OK;
 }
 
-int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *err) {
+int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, const char *path,
+                        nas_err *err) {
   if (!ser_host_is_little_endian())
     return nas_errf(err, "%s: training state files are little-endian only", path);
   char *data = NULL;
@@ -344,7 +360,7 @@ int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const char *path, nas_err *e
   if (nas_read_file(path, &data, &n, err)) return NAS_ERR;
   ser_reader r;
   int rc = ser_open((const unsigned char *)data, n, "NAST", "nas training state file", path, &r, err);
-  if (rc == NAS_OK) rc = parse_state(ctx, opt, &r, path, err);
+  if (rc == NAS_OK) rc = parse_state(ctx, opt, part ? part : &whole_training, &r, path, err);
   free(data);
   return rc;
 }
