@@ -372,15 +372,18 @@ static void rerun_last_rung(fixture *f, const char *name, int number, const char
 /* The promoted trial's last rung run again from its rung folder, as after a crash between
  * rungs, ends exactly where the uninterrupted run did (`accuracy`); from a folder an older
  * nas saved (weights, no training state) it still trains, saying the optimiser starts
- * afresh. */
+ * afresh. state_files (NULL-terminated) are the training state files the rung saved. */
 static void rerun_rung_from_saved_state(fixture *f, const char *name, int number,
-                                        double accuracy) {
+                                        double accuracy, const char *const *state_files) {
   char *saved, *old, *weights, *state, *out;
   assert_true(asprintf(&saved, "%s/runs/%s/%d.rungs/epoch-1", f->dir, name, number) > 0);
   assert_true(asprintf(&old, "%s/older-nas", f->dir) > 0);
   assert_true(asprintf(&weights, "%s/weights.nasw", saved) > 0);
-  assert_true(asprintf(&state, "%s/train_state.nast", saved) > 0);
-  assert_int_equal(access(state, R_OK), 0); /* the rung saved it beside the weights */
+  for (const char *const *file = state_files; *file; file++) {
+    assert_true(asprintf(&state, "%s/%s", saved, *file) > 0);
+    assert_int_equal(access(state, R_OK), 0); /* the rung saved it beside the weights */
+    free(state);
+  }
   rerun_last_rung(f, name, number, saved, &out);
   assert_non_null(strstr(out, ", with the optimiser's state and dropout's generator"));
   free(out);
@@ -395,17 +398,17 @@ static void rerun_rung_from_saved_state(fixture *f, const char *name, int number
                    "and dropout's masks start afresh"))
     fail_msg("no word of the missing training state: %s", out);
   assert_non_null(strstr(out, "epoch 3/3"));
-  free(saved), free(old), free(weights), free(state), free(out);
+  free(saved), free(old), free(weights), free(out);
 }
 
 /* Hyperband from 1 to 3 epochs with eta 3 deals 3 trials into one bracket: all train 1
  * epoch, the best goes on to 3 from the weights and training state it saved. With Adam and
  * dropout (moments and masks to continue), the promoted trial ends exactly where the same
  * trial trained 3 epochs in one go does, and so does its last rung run again after a
- * crash. */
-static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run(void **state) {
-  fixture *f = *state;
-  const char *settings = "epochs: 3, limit_train: 400, optimizer: adam, dropout: 0.2";
+ * crash. `settings` go into the builtin section; the rung saves state_files
+ * (NULL-terminated). */
+static void assert_promoted_trial_resumes_exactly(fixture *f, const char *settings,
+                                                  const char *const *state_files) {
   char *hb = digits_spec(f, "hb", settings, 3, 1, "2m"), *full = digits_spec(f, "full", settings, 3, 1, "2m");
   spec_append(hb, "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n");
   char *out;
@@ -441,11 +444,34 @@ static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted
   assert_true(num(mine, "width") == num(theirs, "width"));
   assert_true(num(mine, "layers") == num(theirs, "layers"));
   assert_true(num(mine, METRIC_ACCURACY) == num(theirs, METRIC_ACCURACY));
-  rerun_rung_from_saved_state(f, "hb", promoted, num(theirs, METRIC_ACCURACY));
+  rerun_rung_from_saved_state(f, "hb", promoted, num(theirs, METRIC_ACCURACY), state_files);
   json_decref(hb_rows);
   json_decref(full_rows);
   free(hb);
   free(full);
+}
+
+static void promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run(void **state) {
+  const char *const files[] = {"train_state.nast", NULL};
+  assert_promoted_trial_resumes_exactly(*state, "epochs: 3, limit_train: 400, optimizer: adam, "
+                                        "dropout: 0.2", files);
+}
+
+/* A sharded trial (two thread ranks) saves a state file per rank and resumes as exactly. */
+static void promoted_sharded_trial_resumes_from_its_weights_and_ranks_states_exactly(
+    void **state) {
+  const char *const files[] = {"train_state.rank0.nast", "train_state.rank1.nast", NULL};
+  assert_promoted_trial_resumes_exactly(*state, "epochs: 3, limit_train: 400, optimizer: adam, "
+                                        "dropout: 0.2, devices: 2", files);
+}
+
+/* A pipelined trial (two thread stages) saves a state file per stage and resumes as
+ * exactly; stage 1 goes on from the saved weights too. */
+static void promoted_pipelined_trial_resumes_from_its_weights_and_stages_states_exactly(
+    void **state) {
+  const char *const files[] = {"train_state.stage0.nast", "train_state.stage1.nast", NULL};
+  assert_promoted_trial_resumes_exactly(*state, "epochs: 3, limit_train: 400, optimizer: adam, "
+                                        "dropout: 0.2, pipeline: {stages: 2, chunks: 4}", files);
 }
 
 static void worker_stores_every_metric_and_the_weights(void **state) {
@@ -865,6 +891,11 @@ int main(void) {
       cmocka_unit_test_setup_teardown(residual_families_train_alike_on_ranks_and_pipeline_stages, setup, teardown),
       cmocka_unit_test_setup_teardown(
           promoted_trial_resumes_from_its_weights_and_ends_as_an_uninterrupted_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          promoted_sharded_trial_resumes_from_its_weights_and_ranks_states_exactly, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          promoted_pipelined_trial_resumes_from_its_weights_and_stages_states_exactly, setup,
+          teardown),
       cmocka_unit_test_setup_teardown(two_thread_ranks_train_the_same_model, setup, teardown),
       cmocka_unit_test_setup_teardown(killed_worker_leaves_no_final_metric, setup, teardown),
       cmocka_unit_test_setup_teardown(missing_dataset_is_refused_before_anything_is_stored,
