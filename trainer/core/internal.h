@@ -81,6 +81,14 @@ int ag_live(tr_ctx *ctx, const tr_node *node);
 tr_tensor *ag_output(tr_tensor *out, int rc);
 /* Drops a reference to node; the last one frees it and every node only it kept alive. */
 void ag_node_release(tr_node *node);
+/* When edge i of node ends at a leaf (its AccumulateGrad) that already has a gradient on
+ * the host, contiguous, of dtype and numel elements, in no storage of reads (n_reads
+ * tensors the op reads meanwhile): that gradient (borrowed), which the op may add its own
+ * into in place (bumping its version) instead of handing one back in grad_in[i], sparing
+ * the leaf's node the sum and the gradient its buffer (gradient accumulation over
+ * micro-batches adds one per backward). NULL otherwise. */
+tr_tensor *ag_accumulator(const tr_node *node, int i, tr_dtype dtype, int64_t numel,
+                          const tr_tensor *const *reads, int n_reads);
 /* Whether edge i of node wants a gradient. */
 static inline bool ag_wants(const tr_node *node, int i) { return node->next_edges[i].fn != NULL; }
 
