@@ -17,7 +17,8 @@
  * working set: one micro-batch through one stage — its graph (1/(stages x chunks) of one
  * rank's), the three tensors at the stage's edges (its input, the output's gradient
  * received and the input's gradient sent) and one layer's gradient, which a micro-batch's
- * backward makes before adding it to the accumulated one. The model is narrow and the
+ * backward may make before adding it to the accumulated one (a linear layer adds its
+ * weight's in place, its bias's not). The model is narrow and the
  * batch large, so activations dominate. OpenBLAS and OpenMP run one thread per stage.
  *
  * Then the residual rows: 256 -> Linear 256, ReLU -> 4 x (stash, Linear 256, ReLU,
