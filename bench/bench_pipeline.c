@@ -6,7 +6,10 @@
  * Model and step: a deep MLP, 256 -> 8 x (Linear 256, ReLU) -> Linear 10 (17 children,
  * split evenly by count), cross-entropy, SGD momentum 0.9, a mini-batch of 512 random
  * examples; WARMUP steps, then STEPS timed on stage 0 (a step ends at the stages' barrier,
- * so stage 0's step is everyone's), the median printed. Memory is each stage's allocator
+ * so stage 0's step is everyone's), the median printed, and each stage's CPU time per timed
+ * step (its thread's: the work it does, without its waits; with a core per stage, stage 0's
+ * step less the largest of these x (chunks + stages - 1) / chunks, GPipe's fill and drain,
+ * is what the hand-offs between stages cost). Memory is each stage's allocator
  * (the model itself comes from malloc): its peak over the run, and what stays in use
  * between steps (gradients and momentum); their difference is the stage's activation
  * memory, the column the target is about: with checkpoint `always`, the largest stage's
@@ -14,7 +17,8 @@
  * working set: one micro-batch through one stage — its graph (1/(stages x chunks) of one
  * rank's), the three tensors at the stage's edges (its input, the output's gradient
  * received and the input's gradient sent) and one layer's gradient, which a micro-batch's
- * backward makes before adding it to the accumulated one. The model is narrow and the
+ * backward may make before adding it to the accumulated one (a linear layer adds its
+ * weight's in place, its bias's not). The model is narrow and the
  * batch large, so activations dominate. OpenBLAS and OpenMP run one thread per stage.
  *
  * Then the residual rows: 256 -> Linear 256, ReLU -> 4 x (stash, Linear 256, ReLU,
@@ -25,6 +29,7 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "bench/bench_util.h"
 #include "trainer/dist.h"
@@ -45,6 +50,7 @@ typedef struct {
   tr_pipe_config pipe;      /* pipeline runs */
   tr_fsdp_config fsdp;      /* FSDP runs */
   double seconds[STEPS];    /* stage (rank) 0's steps */
+  double cpu[MAX_STAGES];   /* each stage's (rank's) thread CPU seconds per timed step */
   size_t peak[MAX_STAGES], in_use[MAX_STAGES];
 } bench_run;
 
@@ -118,6 +124,13 @@ static void member_free(member *b) {
   tr_allocator_release(b->ctx.alloc);
 }
 
+/* The calling thread's CPU time in seconds. */
+static double thread_cpu_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static void member_record(member *b, bench_run *run, int index) {
   tr_alloc_stats st;
   tr_allocator_stats(b->ctx.alloc, &st);
@@ -147,11 +160,13 @@ static int bench_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
   if (rc == NAS_OK && !(p = tr_pipe_new(&b.ctx, b.model, rank, &run->pipe))) rc = NAS_ERR;
   if (rc == NAS_OK && !(b.opt = tr_pipe_optim_new(&b.ctx, p, &sgd))) rc = NAS_ERR;
   for (int i = 0; i < WARMUP && rc == NAS_OK; i++) rc = pipe_step(&b, p, rank->stage);
+  double cpu_start = thread_cpu_s();
   for (int i = 0; i < STEPS && rc == NAS_OK; i++) {
     double start = nas_monotonic();
     rc = pipe_step(&b, p, rank->stage);
     if (rank->stage == 0) run->seconds[i] = nas_monotonic() - start;
   }
+  run->cpu[rank->stage] = (thread_cpu_s() - cpu_start) / STEPS;
   if (rc == NAS_OK) member_record(&b, run, rank->stage);
   if (rc) nas_errf(err, "%s", b.ctx.err.msg);
   tr_pipe_free(p);
@@ -182,11 +197,13 @@ static int bench_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
     rc = NAS_ERR;
   if (rc == NAS_OK && !(b.opt = tr_fsdp_optim_new(&b.ctx, f, &sgd))) rc = NAS_ERR;
   for (int i = 0; i < WARMUP && rc == NAS_OK; i++) rc = fsdp_step(&b, f);
+  double cpu_start = thread_cpu_s();
   for (int i = 0; i < STEPS && rc == NAS_OK; i++) {
     double start = nas_monotonic();
     rc = fsdp_step(&b, f);
     if (rank->rank == 0) run->seconds[i] = nas_monotonic() - start;
   }
+  run->cpu[rank->rank] = (thread_cpu_s() - cpu_start) / STEPS;
   if (rc == NAS_OK) member_record(&b, run, rank->rank);
   if (rc) nas_errf(err, "%s", b.ctx.err.msg);
   tr_fsdp_free(f);
@@ -210,20 +227,26 @@ static size_t largest_activation(const bench_run *run, int n) {
   return most;
 }
 
-/* "a / b / ..." of each stage's peak, in MiB. */
-static void peaks_text(const bench_run *run, int n, char *out, size_t cap) {
+/* "a / b / ..." of one value per stage (n of them), with one decimal. */
+static void per_stage_text(const double *values, int n, char *out, size_t cap) {
   size_t len = 0;
   out[0] = '\0';
   for (int s = 0; s < n && len < cap; s++)
-    len += (size_t)snprintf(out + len, cap - len, "%s%.1f", s ? " / " : "", mib(run->peak[s]));
+    len += (size_t)snprintf(out + len, cap - len, "%s%.1f", s ? " / " : "", values[s]);
 }
 
 static const char *const ckpt_names[] = {"except_last", "always", "never"};
 
 static void print_row(const char *kind, int members, const char *mode, bench_run *run,
                       size_t single_act, int chunks) {
-  char peaks[128], target[32] = "";
-  peaks_text(run, members, peaks, sizeof peaks);
+  char peaks[128], cpu[128], target[32] = "";
+  double peak_mib[MAX_STAGES] = {0}, cpu_ms[MAX_STAGES] = {0};
+  for (int s = 0; s < members; s++) {
+    peak_mib[s] = mib(run->peak[s]);
+    cpu_ms[s] = run->cpu[s] * 1e3;
+  }
+  per_stage_text(peak_mib, members, peaks, sizeof peaks);
+  per_stage_text(cpu_ms, members, cpu, sizeof cpu);
   size_t act = largest_activation(run, members);
   if (single_act > 0 && chunks > 0) {
     double layer_grad = (double)((WIDTH * WIDTH + WIDTH) * sizeof(float));
@@ -234,8 +257,8 @@ static void print_row(const char *kind, int members, const char *mode, bench_run
              (double)act <= bound ? "met" : "missed");
   }
   double step_s = median_step(run->seconds);
-  printf("| %s | %d | %s | %.1f | %.0f | %s | %.1f | %s |\n", kind, members, mode,
-         step_s * 1e3, BATCH / step_s, peaks, mib(act), target);
+  printf("| %s | %d | %s | %.1f | %.0f | %s | %s | %.1f | %s |\n", kind, members, mode,
+         step_s * 1e3, BATCH / step_s, cpu, peaks, mib(act), target);
 }
 
 static int run_pipeline(int stages, int chunks, tr_pipe_checkpoint ckpt, bool residual,
@@ -255,9 +278,9 @@ int main(void) {
   printf("Pipeline, MLP %d -> %d x (Linear %d, ReLU) -> 10, mini-batch %d, SGD momentum; "
          "median of %d steps after %d warm-up; one thread per stage or rank\n\n",
          WIDTH, DEPTH, WIDTH, BATCH, STEPS, WARMUP);
-  printf("| parallelism | stages/ranks | chunks, checkpoint | step ms | samples/s | peak MiB "
-         "per stage | activations MiB (largest) | `always` target MiB |\n"
-         "|---|---|---|---|---|---|---|---|\n");
+  printf("| parallelism | stages/ranks | chunks, checkpoint | step ms | samples/s | CPU ms per "
+         "step per stage | peak MiB per stage | activations MiB (largest) | `always` target "
+         "MiB |\n|---|---|---|---|---|---|---|---|---|\n");
   bench_run base;
   if (run_pipeline(1, 1, TR_PIPE_CKPT_NEVER, false, &base)) return 1;
   size_t single_act = largest_activation(&base, 1);

@@ -1,6 +1,7 @@
 /* The tensor and autograd engine's contracts: views share storage and version, in-place
  * writes after a save are caught, no-grad mode builds nothing, gradients accumulate, graphs
- * are freed (ASan checks the leaks), and float32 agrees with float64. */
+ * are freed (ASan checks the leaks), a linear layer adds its weight gradient straight into
+ * an existing one, and float32 agrees with float64. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -205,6 +206,78 @@ static void allocator_reuses_freed_blocks_and_outlives_its_creator(void **state)
   tr_release(c); /* the last one frees the allocator (ASan checks) */
 }
 
+/* y = sum(x W^T) over an (8, 128) x that needs no gradient: the backward's only product is
+ * dW; the allocator's peak says whether it needed a buffer besides W's gradient. */
+static size_t linear_backward_extra_bytes(tr_ctx *ctx, tr_tensor *x, tr_tensor *w) {
+  tr_alloc_stats before, after;
+  tr_allocator_stats(ctx->alloc, &before);
+  tr_tensor *y = tr_linear(ctx, x, w, NULL);
+  tr_tensor *s = y ? tr_sum(ctx, y, 0, NULL, false) : NULL;
+  assert_non_null(s);
+  assert_int_equal(tr_backward(ctx, s, NULL, false), NAS_OK);
+  tr_release(s);
+  tr_release(y);
+  tr_allocator_stats(ctx->alloc, &after);
+  return after.peak > before.in_use ? after.peak - before.in_use : 0;
+}
+
+static void linear_adds_the_weight_gradient_into_an_existing_one_without_a_buffer(
+    void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 11);
+  ctx.alloc = tr_allocator_new(1 << 20);
+  tr_tensor *x = tr_rand(&ctx, TR_F32, 2, SHAPE(8, 128), -1, 1);
+  tr_tensor *w = tr_rand(&ctx, TR_F32, 2, SHAPE(128, 128), -1, 1);
+  tr_set_requires_grad(w, true);
+  size_t w_bytes = 128 * 128 * sizeof(float);
+  /* first backward: dW is computed and becomes W's gradient */
+  assert_true(linear_backward_extra_bytes(&ctx, x, w) >= w_bytes);
+  tr_tensor *grad = w->grad;
+  float first[128 * 128];
+  memcpy(first, tr_f32(grad), sizeof first);
+  uint64_t version = grad->storage->version;
+  /* second: added straight into that gradient, so the peak is y and dy (4 KiB each) */
+  assert_true(linear_backward_extra_bytes(&ctx, x, w) < w_bytes);
+  assert_ptr_equal(w->grad, grad);
+  assert_true(grad->storage->version > version);
+  for (int i = 0; i < 128 * 128; i++)
+    assert_true(fabsf(tr_f32(grad)[i] - 2 * first[i]) <= 1e-5f * fabsf(first[i]) + 1e-6f);
+  tr_release(w);
+  tr_release(x);
+  tr_allocator_release(ctx.alloc);
+}
+
+/* Large enough that BLAS takes the product's inner dimension in more than one block, so a
+ * gradient written while the product still reads it would show. */
+#define ALIASED 600
+
+static void linear_reading_its_weights_gradient_does_not_write_it_while_reading(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 12);
+  tr_tensor *w = tr_rand(&ctx, TR_F64, 2, SHAPE(ALIASED, ALIASED), -1, 1);
+  tr_set_requires_grad(w, true);
+  w->grad = tr_rand(&ctx, TR_F64, 2, SHAPE(ALIASED, ALIASED), -1, 1);
+  tr_tensor *before = tr_from_data(&ctx, TR_F64, 2, w->grad->shape, tr_data(w->grad));
+  /* y = sum(G W^T) with G = W's gradient as the input: dW = ones^T G, so W's gradient
+   * becomes G[i][j] + the sum of column j of G, computed from G as it was */
+  tr_tensor *y = tr_linear(&ctx, w->grad, w, NULL);
+  tr_tensor *s = tr_sum(&ctx, y, 0, NULL, false);
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_OK);
+  const double *g0 = tr_f64(before), *g = tr_f64(w->grad);
+  for (int j = 0; j < ALIASED; j++) {
+    double col = 0;
+    for (int r = 0; r < ALIASED; r++) col += g0[r * ALIASED + j];
+    for (int i = 0; i < ALIASED; i++)
+      assert_true(fabs(g[i * ALIASED + j] - (g0[i * ALIASED + j] + col)) < 1e-9);
+  }
+  tr_release(before);
+  tr_release(s);
+  tr_release(y);
+  tr_release(w);
+}
+
 static void dropout_zeroes_about_p_and_scales_the_rest(void **state) {
   (void)state;
   tr_ctx ctx;
@@ -256,6 +329,8 @@ int main(void) {
       cmocka_unit_test(float32_ops_agree_with_float64),
       cmocka_unit_test(mismatched_shapes_are_reported),
       cmocka_unit_test(allocator_reuses_freed_blocks_and_outlives_its_creator),
+      cmocka_unit_test(linear_adds_the_weight_gradient_into_an_existing_one_without_a_buffer),
+      cmocka_unit_test(linear_reading_its_weights_gradient_does_not_write_it_while_reading),
       cmocka_unit_test(dropout_zeroes_about_p_and_scales_the_rest),
       cmocka_unit_test(concat_and_embedding_put_values_in_place),
   };

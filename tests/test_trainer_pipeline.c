@@ -590,8 +590,9 @@ static size_t largest_activation(const run_spec *run, int stages) {
 /* GPipe's point: with `always`, a stage keeps its micro-batches' inputs (the whole
  * batch's, 64 wide) and one stage's working set — one micro-batch's graph through it, the
  * tensors at its edges (input, output gradient, input gradient; a carried skip and its
- * gradient) and the gradient of one layer, which a micro-batch's backward makes before
- * adding it to the accumulated one — which is within 1/stages of one rank's activations
+ * gradient) and the gradient of one layer, which a micro-batch's backward may make before
+ * adding it to the accumulated one (a linear layer adds its weight's in place, its bias's
+ * not) — which is within 1/stages of one rank's activations
  * plus that working set (bench_pipeline's target); `never` keeps every graph. The model is
  * narrow and the batch large, so activations dominate. */
 static void assert_always_within_share(model_kind model, int edge_tensors) {
@@ -638,6 +639,29 @@ static void checkpointing_always_keeps_no_carried_skip_between_forward_and_backw
     void **state) {
   (void)state;
   assert_always_within_share(MODEL_RES_DEEP, 5);
+}
+
+/* Each micro-batch's backward adds its weight gradients straight into the accumulated ones
+ * (a linear layer's GEMM with beta = 1), so a stage makes no weight-sized buffer per
+ * micro-batch: on the wide model, whose first layer's weights (320 KiB) outweigh a 4-example
+ * batch's activations (16 KiB an example), the largest stage's peak stays below them above
+ * what it keeps between steps. */
+static void micro_batches_add_weight_gradients_without_a_buffer_each(void **state) {
+  (void)state;
+  size_t first_layer_weights = 20 * 4096 * sizeof(float);
+  for (int stages = 1; stages <= 2; stages++) {
+    for (int ckpt = 0; ckpt < 3; ckpt++) {
+      run_spec run = run_defaults(MODEL_WIDE, 4, (tr_pipe_checkpoint)ckpt);
+      run.batch = 4;
+      run_pipeline(&run, stages);
+      size_t act = largest_activation(&run, stages);
+      if (act >= first_layer_weights)
+        print_error("%d stages, %s: %zu bytes above what stays\n", stages, ckpt_names[ckpt],
+                    act);
+      assert_true(act < first_layer_weights);
+      run_free(&run);
+    }
+  }
 }
 
 /* ---------------------------------------------------------------- balance */
@@ -1082,6 +1106,7 @@ int main(void) {
       cmocka_unit_test(a_pop_before_its_stash_is_refused),
       cmocka_unit_test(explicit_balance_trains_like_single_rank),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
+      cmocka_unit_test(micro_batches_add_weight_gradients_without_a_buffer_each),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
       cmocka_unit_test(checkpointing_always_keeps_no_carried_skip_between_forward_and_backward),

@@ -99,6 +99,19 @@ static int accumulate_apply(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor 
   return leaf->grad ? NAS_OK : NAS_ERR;
 }
 
+tr_tensor *ag_accumulator(const tr_node *node, int i, tr_dtype dtype, int64_t numel,
+                          const tr_tensor *const *reads, int n_reads) {
+  const tr_node *fn = node->next_edges[i].fn;
+  if (!fn || fn->ops != &accumulate_ops) return NULL;
+  tr_tensor *grad = ((const accumulate_node *)fn)->variable->grad;
+  if (!grad || tn_on_cuda(grad) || !tr_is_contiguous(grad) || grad->dtype != dtype ||
+      grad->numel != numel)
+    return NULL;
+  for (int r = 0; r < n_reads; r++)
+    if (reads[r]->storage == grad->storage) return NULL;
+  return grad;
+}
+
 bool ag_needs_grad(const tr_ctx *ctx, int n, tr_tensor *const *inputs) {
   if (!ctx->grad_enabled) return false;
   for (int i = 0; i < n; i++)

@@ -81,6 +81,14 @@ int ag_live(tr_ctx *ctx, const tr_node *node);
 tr_tensor *ag_output(tr_tensor *out, int rc);
 /* Drops a reference to node; the last one frees it and every node only it kept alive. */
 void ag_node_release(tr_node *node);
+/* When edge i of node ends at a leaf (its AccumulateGrad) that already has a gradient on
+ * the host, contiguous, of dtype and numel elements, in no storage of reads (n_reads
+ * tensors the op reads meanwhile): that gradient (borrowed). The op may then add its own
+ * into it in place (bumping its version) and leave grad_in[i] NULL, which spares a buffer
+ * for the gradient and the AccumulateGrad's second pass over it (gradient accumulation
+ * over micro-batches has one per backward). NULL otherwise. */
+tr_tensor *ag_accumulator(const tr_node *node, int i, tr_dtype dtype, int64_t numel,
+                          const tr_tensor *const *reads, int n_reads);
 /* Whether edge i of node wants a gradient. */
 static inline bool ag_wants(const tr_node *node, int i) { return node->next_edges[i].fn != NULL; }
 

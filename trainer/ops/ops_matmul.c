@@ -151,29 +151,38 @@ static int operand_of(tr_ctx *ctx, tr_tensor *t, gemm_operand *op) {
   return NAS_OK;
 }
 
+/* c = op(A) op(B) + beta c for 2-D host tensors, op() adding the transposes asked for; c
+ * is contiguous, of op(A)'s rows and op(B)'s columns. */
+static int gemm_into(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb, double beta,
+                     tr_tensor *c) {
+  gemm_operand oa, ob;
+  if (operand_of(ctx, a, &oa)) return NAS_ERR;
+  if (operand_of(ctx, b, &ob)) {
+    tr_release(oa.owner);
+    return NAS_ERR;
+  }
+  int64_t m = ta ? a->shape[1] : a->shape[0], k = ta ? a->shape[0] : a->shape[1];
+  int64_t n = tb ? b->shape[0] : b->shape[1];
+  if (m && n && k == 0 && beta == 0.0)
+    memset(tr_data(c), 0, (size_t)(m * n) * tr_dtype_size(c->dtype));
+  else if (m && n && k)
+    tn_gemm(ctx, a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
+            tr_data(ob.owner), ob.ld, beta, tr_data(c), n);
+  tr_release(oa.owner);
+  tr_release(ob.owner);
+  return NAS_OK;
+}
+
 /* C = op(A) op(B) for 2-D tensors, op() adding the transposes asked for; C is new, on A's
  * device. */
 static tr_tensor *gemm_new(tr_ctx *ctx, tr_tensor *a, bool ta, tr_tensor *b, bool tb) {
   if (tn_on_cuda(a)) return tc_gemm(ctx, a, ta, b, tb);
-  gemm_operand oa, ob;
-  if (operand_of(ctx, a, &oa)) return NULL;
-  if (operand_of(ctx, b, &ob)) {
-    tr_release(oa.owner);
+  int64_t shape[2] = {ta ? a->shape[1] : a->shape[0], tb ? b->shape[0] : b->shape[1]};
+  tr_tensor *c = tr_empty(ctx, a->dtype, 2, shape);
+  if (c && gemm_into(ctx, a, ta, b, tb, 0.0, c) != NAS_OK) {
+    tr_release(c);
     return NULL;
   }
-  int64_t m = ta ? a->shape[1] : a->shape[0], k = ta ? a->shape[0] : a->shape[1];
-  int64_t n = tb ? b->shape[0] : b->shape[1];
-  int64_t shape[2] = {m, n};
-  tr_tensor *c = tr_empty(ctx, a->dtype, 2, shape);
-  if (c && m && n) {
-    if (k == 0)
-      memset(tr_data(c), 0, c->storage->nbytes);
-    else
-      tn_gemm(ctx, a->dtype, ta != oa.trans, tb != ob.trans, m, n, k, 1.0, tr_data(oa.owner), oa.ld,
-              tr_data(ob.owner), ob.ld, 0.0, tr_data(c), n);
-  }
-  tr_release(oa.owner);
-  tr_release(ob.owner);
   return c;
 }
 
@@ -261,6 +270,20 @@ typedef struct {
   tr_saved w;
 } linear_node;
 
+/* dW = dy^T x: added straight into W's accumulated gradient when it has one on the host
+ * (the GEMM's beta = 1, as over the micro-batches of a pipeline or gradient accumulation:
+ * no buffer for this backward's dW and no second pass to add it), else a new tensor in
+ * *gw for the engine to accumulate. */
+static int weight_grad(tr_ctx *ctx, tr_node *node, tr_tensor *dy, tr_tensor *x, tr_tensor *w,
+                       tr_tensor **gw) {
+  const tr_tensor *reads[] = {dy, x};
+  tr_tensor *acc = tn_on_cuda(dy) ? NULL : ag_accumulator(node, 1, dy->dtype, w->numel, reads, 2);
+  if (!acc) return (*gw = gemm_new(ctx, dy, true, x, false)) ? NAS_OK : NAS_ERR;
+  if (gemm_into(ctx, dy, true, x, false, 1.0, acc) != NAS_OK) return NAS_ERR;
+  acc->storage->version++;
+  return NAS_OK;
+}
+
 static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
   linear_node *n = (linear_node *)node;
   tr_tensor *x = ag_saved(ctx, node, &n->x), *w = x ? ag_saved(ctx, node, &n->w) : NULL;
@@ -273,8 +296,7 @@ static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor *
     tr_release(dx);
     if (!gi[0]) rc = NAS_ERR;
   }
-  if (rc == NAS_OK && ag_wants(node, 1) && !(gi[1] = gemm_new(ctx, dy, true, x, false)))
-    rc = NAS_ERR;
+  if (rc == NAS_OK && ag_wants(node, 1)) rc = weight_grad(ctx, node, dy, x, w, &gi[1]);
   if (rc == NAS_OK && ag_wants(node, 2) && !(gi[2] = bias_grad_new(ctx, dy, &node->in_meta[2])))
     rc = NAS_ERR;
   tr_release(dy);
