@@ -78,6 +78,11 @@ static void *committer_main(void *arg) {
   return NULL;
 }
 
+void serve_committer_free(serve_committer *c) {
+  pthread_cond_destroy(&c->changed);
+  pthread_mutex_destroy(&c->lock);
+}
+
 int serve_committer_start(serve_committer *c, serve_pool *pool, nas_err *err) {
   *c = (serve_committer){.queue_end = &c->queue};
   storage *st;
@@ -87,8 +92,7 @@ int serve_committer_start(serve_committer *c, serve_pool *pool, nas_err *err) {
   pthread_cond_init(&c->changed, NULL);
   int rc = pthread_create(&c->thread, NULL, committer_main, c);
   if (rc == 0) return NAS_OK;
-  pthread_cond_destroy(&c->changed);
-  pthread_mutex_destroy(&c->lock);
+  serve_committer_free(c);
   serve_pool_give(pool, c->st);
   return nas_errf(err, "cannot start the committer thread: %s", strerror(rc));
 }
@@ -99,8 +103,6 @@ void serve_committer_stop(serve_committer *c, serve_pool *pool) {
   pthread_cond_broadcast(&c->changed);
   pthread_mutex_unlock(&c->lock);
   pthread_join(c->thread, NULL);
-  pthread_cond_destroy(&c->changed);
-  pthread_mutex_destroy(&c->lock);
   serve_pool_give(pool, c->st);
   c->st = NULL;
 }

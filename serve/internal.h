@@ -74,8 +74,10 @@ typedef struct {
 int serve_committer_start(serve_committer *c, serve_pool *pool, nas_err *err);
 /* Runs what is queued (resuming its requests) and ends the thread, before the daemon
  * stops; writes handed in later are made in their request's thread. Gives the connection
- * back to pool and frees c. */
+ * back to pool. */
 void serve_committer_stop(serve_committer *c, serve_pool *pool);
+/* Once no request thread is left (the daemon stopped). */
+void serve_committer_free(serve_committer *c);
 /* Makes w (its arg owned by the caller's request state, which it must not touch after
  * this call): through the group commit where the storage groups writes, else at once on
  * req->st. When no group runs, w is made now in this thread, on req->st, and answered;
