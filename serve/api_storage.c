@@ -9,22 +9,37 @@
  * went: 200, 404 (NAS_ENOTFOUND or no such operation), 409 (NAS_EEXIST), 422 for any
  * other failure of the operation (final: the client does not retry it), 403 for a read
  * token that writes. */
+#include <stdlib.h>
+
 #include "serve/api.h"
 #include "storage/rpc.h"
 
-/* One RPC write for the group commit. */
+/* One RPC call; a write goes through the group commit, so it lives on the heap until
+ * answered. */
 typedef struct {
+  serve_write write;
   const storage_rpc_op *op;
-  const char *key; /* borrowed, may be NULL */
-  const json_t *args;
-  json_t *reply;   /* owned */
+  const char *key; /* borrowed from the request, may be NULL */
+  json_t *args;    /* owned */
+  json_t *reply;   /* owned until answered */
   int rc;
-} rpc_write;
+} rpc_call;
 
-static void rpc_write_run(storage *st, void *arg) {
-  rpc_write *w = arg;
-  json_decref(w->reply);
-  w->rc = storage_rpc_serve(st, w->op, w->key, w->args, &w->reply);
+static void rpc_call_run(storage *st, void *arg) {
+  rpc_call *call = arg;
+  json_decref(call->reply);
+  call->rc = storage_rpc_serve(st, call->op, call->key, call->args, &call->reply);
+}
+
+static void rpc_call_answer(serve_request *req, void *arg) {
+  rpc_call *call = arg;
+  int status = call->rc == NAS_OK          ? MHD_HTTP_OK
+               : call->rc == NAS_ENOTFOUND ? MHD_HTTP_NOT_FOUND
+               : call->rc == NAS_EEXIST    ? MHD_HTTP_CONFLICT
+                                           : MHD_HTTP_UNPROCESSABLE_CONTENT;
+  serve_reply(req, call->reply ? status : MHD_HTTP_INTERNAL_SERVER_ERROR, call->reply);
+  json_decref(call->args);
+  free(call);
 }
 
 int api_storage(serve_request *req, char **parts) {
@@ -34,19 +49,20 @@ int api_storage(serve_request *req, char **parts) {
     return serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
   json_t *args = serve_body_json(req);
   if (!args) return NAS_ERR;
-  const char *key = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Idempotency-Key");
-  rpc_write call = {op, key, args, NULL, NAS_OK};
-  if (req->srv->grouped_writes && storage_rpc_writes(op))
-    serve_commit(&req->srv->committer, req->st, &(serve_write){.run = rpc_write_run, .arg = &call});
-  else
-    rpc_write_run(req->st, &call);
-  json_decref(args);
-  json_t *reply = call.reply;
-  int rc = call.rc;
-  int status = rc == NAS_OK          ? MHD_HTTP_OK
-               : rc == NAS_ENOTFOUND ? MHD_HTTP_NOT_FOUND
-               : rc == NAS_EEXIST    ? MHD_HTTP_CONFLICT
-                                     : MHD_HTTP_UNPROCESSABLE_CONTENT;
-  serve_reply(req, reply ? status : MHD_HTTP_INTERNAL_SERVER_ERROR, reply);
-  return rc;
+  rpc_call *call = malloc(sizeof *call);
+  if (!call) {
+    json_decref(args);
+    return serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
+  }
+  *call = (rpc_call){.write = {.run = rpc_call_run, .answer = rpc_call_answer, .arg = call},
+                     .op = op,
+                     .key = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND, "Idempotency-Key"),
+                     .args = args};
+  if (storage_rpc_writes(op)) {
+    serve_submit(req, &call->write);
+  } else {
+    rpc_call_run(req->st, call);
+    rpc_call_answer(req, call);
+  }
+  return NAS_OK;
 }

@@ -154,10 +154,11 @@ static void tell_end(tell_call *c) {
 }
 
 /* A report for the group commit (commit.c): reports of many trials arriving together
- * are committed together. */
+ * are committed together. On the heap until answered, with what it borrows from. */
 typedef struct {
-  const tell_call *call;
-  const metric_obs *obs;
+  serve_write write;
+  tell_call call;
+  metric_obs *obs; /* owned; names borrowed from call.body */
   size_t n;
   bool stop;
   int rc;
@@ -166,28 +167,34 @@ typedef struct {
 
 static void report_write_run(storage *st, void *arg) {
   report_write *w = arg;
-  const tell_call *c = w->call;
+  const tell_call *c = &w->call;
   w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, w->obs, w->n, &w->stop, &w->err);
 }
 
+static void report_write_answer(serve_request *req, void *arg) {
+  report_write *w = arg;
+  if (w->rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", w->stop));
+  else tell_failed(req, w->rc, &w->err);
+  free(w->obs);
+  tell_end(&w->call);
+  free(w);
+}
+
 int api_report(serve_request *req, char **parts) {
-  tell_call c;
-  if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
-  metric_obs *obs = NULL;
-  size_t n = 0;
-  int rc = body_metrics(req, c.body, true, true, &obs, &n);
-  if (rc == NAS_OK) {
-    report_write w = {.call = &c, .obs = obs, .n = n};
-    serve_write write = {.run = report_write_run, .arg = &w};
-    if (req->srv->grouped_writes) serve_commit(&req->srv->committer, req->st, &write);
-    else report_write_run(req->st, &w);
-    rc = w.rc;
-    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", w.stop));
-    else tell_failed(req, rc, &w.err);
+  report_write *w = calloc(1, sizeof *w);
+  if (!w) return serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
+  if (tell_begin(req, parts, &w->call) != NAS_OK) {
+    free(w);
+    return NAS_ERR;
   }
-  free(obs);
-  tell_end(&c);
-  return rc;
+  if (body_metrics(req, w->call.body, true, true, &w->obs, &w->n) != NAS_OK) {
+    tell_end(&w->call);
+    free(w);
+    return NAS_ERR;
+  }
+  w->write = (serve_write){.run = report_write_run, .answer = report_write_answer, .arg = w};
+  serve_submit(req, &w->write);
+  return NAS_OK;
 }
 
 int api_complete(serve_request *req, char **parts) {

@@ -41,30 +41,49 @@ void serve_pool_free(serve_pool *p);
 int serve_pool_take(serve_pool *p, storage **out, nas_err *err);
 void serve_pool_give(serve_pool *p, storage *st);
 
+struct serve_request;
+
 /* One write handed to the group commit (commit.c): run makes it on the storage it is
  * given, keeping its outcome in arg; it may run twice (once in a group that failed to
- * commit, then alone), so it replaces any outcome of an earlier run. */
+ * commit, then alone), so it replaces any outcome of an earlier run. answer then sets the
+ * request's reply from that outcome and frees arg (which holds this write), on the
+ * request's own thread. */
 typedef struct serve_write {
   void (*run)(storage *st, void *arg);
+  void (*answer)(struct serve_request *req, void *arg);
   void *arg;
-  bool done;                /* committed, or failed for good */
-  struct serve_write *next; /* in the queue or the group */
+  struct MHD_Connection *suspended; /* the request's, while it waits suspended in the queue */
+  struct serve_write *next;         /* in the queue or the group */
 } serve_write;
 
-/* The writes waiting for a group, and the one group running. */
+/* The writes waiting for a group, the one group running, and the committer thread, which
+ * runs the groups of suspended requests on a storage connection of its own. */
 typedef struct {
   pthread_mutex_t lock;
-  pthread_cond_t finished;      /* a group ended */
+  pthread_cond_t changed;       /* a group ended, writes were handed over, or stopping */
   serve_write *queue, **queue_end;
-  bool leading;                 /* a thread runs a group now */
+  bool leading;                 /* a group runs now, or the queue is handed over to run */
+  bool handed;                  /* the queue is the committer thread's to run */
+  bool stopping;                /* no more suspending: each request waits in its thread */
+  storage *st;                  /* the committer thread's, from the pool */
+  pthread_t thread;
   unsigned long writes, commits; /* so far; the stop line says them */
 } serve_committer;
 
-void serve_committer_init(serve_committer *c);
+/* Starts the committer thread on a connection taken from pool. */
+int serve_committer_start(serve_committer *c, serve_pool *pool, nas_err *err);
+/* Runs what is queued (resuming its requests) and ends the thread, before the daemon
+ * stops; writes handed in later are made in their request's thread. Gives the connection
+ * back to pool. */
+void serve_committer_stop(serve_committer *c, serve_pool *pool);
+/* Once no request thread is left (the daemon stopped). */
 void serve_committer_free(serve_committer *c);
-/* Makes w, grouped with the writes other threads hand in meanwhile, and returns when its
- * group committed; st is the caller's connection, used when this thread leads a group. */
-void serve_commit(serve_committer *c, storage *st, serve_write *w);
+/* Makes w (its arg owned by the caller's request state, which it must not touch after
+ * this call): through the group commit where the storage groups writes, else at once on
+ * req->st. When no group runs, w is made now in this thread, on req->st, and answered;
+ * else the request is suspended with w in the queue (req->waiting), to be answered when
+ * the committer thread has committed w's group and resumed it. */
+void serve_submit(struct serve_request *req, serve_write *w);
 
 /* The webhooks of experiments told through the server (notifiers.c). */
 typedef struct serve_notifier serve_notifier;
@@ -110,7 +129,7 @@ typedef struct {
 bool serve_asset_find(const char *name, serve_asset *out);
 
 /* One request, from its first byte to its log line. */
-typedef struct {
+typedef struct serve_request {
   serve_ctx *srv;
   struct MHD_Connection *conn;
   const char *method;    /* borrowed from MHD for the request's life */
@@ -124,6 +143,7 @@ typedef struct {
   int status;            /* of the reply */
   json_t *reply;         /* owned until sent */
   serve_asset asset;     /* a dashboard file to answer instead, when asset.bytes */
+  serve_write *waiting;  /* the write it is suspended for (serve_submit), until answered */
 } serve_request;
 
 /* The largest body accepted; more is answered 413. */

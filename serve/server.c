@@ -6,7 +6,9 @@
  * headers (the request's state is made and oversized bodies are refused by their
  * Content-Length), then with each piece of the body, then once more with none, when the
  * request is answered. A thread pool serves connections; each handler takes a storage
- * connection of its own from the pool for the time it runs. */
+ * connection of its own from the pool for the time it runs. A request whose write waits
+ * for a group commit (commit.c) is suspended meanwhile, holding no thread, and answered
+ * once resumed (the handler is called once more). */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netdb.h>
@@ -195,6 +197,14 @@ static void answer(serve_request *req) {
   }
 }
 
+/* The reply of a request whose write it was suspended for is done. */
+static enum MHD_Result answer_waiting(serve_request *req) {
+  serve_write *w = req->waiting;
+  req->waiting = NULL;
+  w->answer(req, w->arg);
+  return send_reply(req);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **state) {
@@ -210,9 +220,11 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     *upload_size = 0;
     return MHD_YES;
   }
+  if (req->waiting) return answer_waiting(req);
   if (!req->body_too_big && serve_web_route(req)) return send_asset(req);
   answer(req);
-  return send_reply(req);
+  /* A request suspended for its write's group commit is answered when resumed. */
+  return req->waiting ? MHD_YES : send_reply(req);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
@@ -221,6 +233,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
   serve_ctx *srv = cls;
   serve_request *req = *state;
   if (!req) return;
+  /* Resumed but ended before it was answered: its write's state is freed. */
+  if (req->waiting) req->waiting->answer(req, req->waiting->arg);
   double ms = (nas_monotonic() - req->started) * 1e3;
   if (srv->opt->log)
     fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", req->method, req->path, req->status, ms,
@@ -258,7 +272,7 @@ static int bound_port(struct MHD_Daemon *d) {
 
 static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_storage *addr,
                                        char *cert, char *key) {
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
   if (addr->ss_family == AF_INET6) flags |= MHD_USE_IPv6;
   if (cert) flags |= MHD_USE_TLS;
   uint16_t port = ntohs(addr->ss_family == AF_INET6
@@ -312,12 +326,19 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, &old);
-  struct MHD_Daemon *d = start_daemon(srv, &addr, cert, key);
-  int rc = d ? NAS_OK : nas_errf(err, "cannot listen on %s: %s", opt->listen ? opt->listen : "127.0.0.1:8470", strerror(errno));
-  if (d) {
-    if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
-    wait_for_stop();
-    MHD_stop_daemon(d);
+  int rc = serve_committer_start(&srv->committer, &srv->pool, err);
+  if (rc == NAS_OK) {
+    struct MHD_Daemon *d = start_daemon(srv, &addr, cert, key);
+    if (d) {
+      if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
+      wait_for_stop();
+    } else {
+      rc = nas_errf(err, "cannot listen on %s: %s", opt->listen ? opt->listen : "127.0.0.1:8470", strerror(errno));
+    }
+    /* Every suspended request is resumed before the daemon stops, as libmicrohttpd needs. */
+    serve_committer_stop(&srv->committer, &srv->pool);
+    if (d) MHD_stop_daemon(d);
+    serve_committer_free(&srv->committer);
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   free(cert);
@@ -346,14 +367,12 @@ int serve_run(const serve_options *opt, nas_err *err) {
                   : on_sqlite  ? SERVE_THREADS_SQLITE
                                : SERVE_THREADS_OTHER;
     if (opt->log) fprintf(opt->log, "nas serve: %u request threads\n", srv.threads);
-    serve_committer_init(&srv.committer);
     serve_notifiers_init(&srv.notifiers);
     rc = serve_with(&srv, err);
     serve_notifiers_free(&srv.notifiers);
     if (opt->log && srv.grouped_writes)
       fprintf(opt->log, "nas serve: %lu writes committed in %lu transactions\n",
               srv.committer.writes, srv.committer.commits);
-    serve_committer_free(&srv.committer);
     serve_pool_free(&srv.pool);
   }
   serve_tokens_free(&srv.tokens);

@@ -32,8 +32,23 @@
 #define STORAGE_SQLITE_BUSY_MS 10000
 #define STORAGE_SQLITE_WAL_RETRY_MS 5
 
+/* Statements kept prepared on a connection (SQLITE_PREPARE_PERSISTENT), so that a write
+ * does not parse and plan the same SQL afresh each time (a server makes thousands a
+ * second, several statements each). A statement is found again by the address of its SQL
+ * text, checked against the text itself. One in use is never handed out twice: a nested
+ * use of the same SQL gets a statement of its own, finalized when closed, as does any SQL
+ * past the cache's room. */
+enum { STMT_CACHE_MAX = 64 };
+typedef struct {
+  const char *sql[STMT_CACHE_MAX]; /* borrowed: the address the SQL was asked for by */
+  sqlite3_stmt *kept[STMT_CACHE_MAX];
+  bool in_use[STMT_CACHE_MAX];
+  size_t n;
+} stmt_cache;
+
 typedef struct sqlite_conn {
   sqlite3 *db;
+  stmt_cache *stmts; /* owned; changed through the const connections statements take */
   char *path; /* absolute path of the database file, for messages */
   dev_t dev;  /* identity of the file opened at path, to notice it deleted or replaced */
   ino_t ino;
@@ -154,14 +169,50 @@ static int stmt_bind(const sqlite_conn *c, sqlite3_stmt *s, nas_err *err, const 
   return rc;
 }
 
-/* Prepares sql and binds the values described by types (see stmt_bindv) into *out. */
+/* A statement of sql: the kept one when it is free, else a new one, kept when there is
+ * room. */
+static int stmt_prepare(const sqlite_conn *c, const char *sql, sqlite3_stmt **out, nas_err *err) {
+  stmt_cache *cache = c->stmts;
+  for (size_t i = 0; i < cache->n; i++) {
+    if (cache->sql[i] != sql || cache->in_use[i] || strcmp(sqlite3_sql(cache->kept[i]), sql) != 0)
+      continue;
+    cache->in_use[i] = true;
+    *out = cache->kept[i];
+    return NAS_OK;
+  }
+  bool keep = cache->n < STMT_CACHE_MAX;
+  if (sqlite3_prepare_v3(c->db, sql, -1, keep ? SQLITE_PREPARE_PERSISTENT : 0, out, NULL) != SQLITE_OK)
+    return db_fail(c, err);
+  if (keep) {
+    cache->sql[cache->n] = sql;
+    cache->kept[cache->n] = *out;
+    cache->in_use[cache->n++] = true;
+  }
+  return NAS_OK;
+}
+
+/* Done with s: a kept statement is reset for its next use, any other finalized. */
+static void stmt_close(const sqlite_conn *c, sqlite3_stmt *s) {
+  stmt_cache *cache = c->stmts;
+  for (size_t i = 0; s && i < cache->n; i++) {
+    if (cache->kept[i] != s) continue;
+    sqlite3_reset(s);
+    sqlite3_clear_bindings(s);
+    cache->in_use[i] = false;
+    return;
+  }
+  sqlite3_finalize(s);
+}
+
+/* Prepares sql and binds the values described by types (see stmt_bindv) into *out, to be
+ * closed with stmt_close. */
 static int stmt_openv(const sqlite_conn *c, sqlite3_stmt **out, nas_err *err, const char *sql,
                       const char *types, va_list ap) {
   sqlite3_stmt *s = NULL;
-  if (sqlite3_prepare_v2(c->db, sql, -1, &s, NULL) != SQLITE_OK) return db_fail(c, err);
+  if (stmt_prepare(c, sql, &s, err) != NAS_OK) return NAS_ERR;
   int rc = stmt_bindv(c, s, err, types, ap);
   if (rc != NAS_OK) {
-    sqlite3_finalize(s);
+    stmt_close(c, s);
     return rc;
   }
   *out = s;
@@ -194,7 +245,7 @@ static int run(const sqlite_conn *c, nas_err *err, const char *sql, const char *
   va_end(ap);
   if (rc != NAS_OK) return rc;
   rc = stmt_step(c, s, err);
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   return rc < 0 ? rc : NAS_OK;
 }
 
@@ -208,7 +259,7 @@ static int exists(const sqlite_conn *c, bool *found, nas_err *err, const char *s
   va_end(ap);
   if (rc != NAS_OK) return rc;
   rc = stmt_step(c, s, err);
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   if (rc < 0) return rc;
   *found = rc == 1;
   return NAS_OK;
@@ -240,12 +291,12 @@ static int check_identity(const sqlite_conn *c, nas_err *err) {
  * the file is still the one opened. */
 static int tx_begin(const sqlite_conn *c, nas_err *err) {
   int rc = check_identity(c, err);
-  if (rc != NAS_OK || !c->grouped) return rc == NAS_OK ? exec(c, "BEGIN IMMEDIATE", err) : rc;
+  if (rc != NAS_OK || !c->grouped) return rc == NAS_OK ? run(c, err, "BEGIN IMMEDIATE", "") : rc;
   /* Some failures (a full disk, an I/O error) roll back the whole transaction: the group
    * is lost then, and a savepoint opened now would run as a transaction of its own. */
   if (sqlite3_get_autocommit(c->db))
     return nas_errf(err, "the group's transaction on %s was rolled back", c->path);
-  return exec(c, "SAVEPOINT one_write", err);
+  return run(c, err, "SAVEPOINT one_write", "");
 }
 
 /* Commits when rc is NAS_OK, else rolls back; returns rc, or the commit's failure. A
@@ -257,10 +308,10 @@ static int tx_end(const sqlite_conn *c, int rc, nas_err *err) {
     if (sqlite3_get_autocommit(c->db))
       return rc != NAS_OK ? rc : nas_errf(err, "the group's transaction on %s was rolled back", c->path);
     if (rc != NAS_OK) sqlite3_exec(c->db, "ROLLBACK TO one_write", NULL, NULL, NULL);
-    int released = exec(c, "RELEASE one_write", rc == NAS_OK ? err : NULL);
+    int released = run(c, rc == NAS_OK ? err : NULL, "RELEASE one_write", "");
     return rc == NAS_OK ? released : rc;
   }
-  if (rc == NAS_OK) rc = exec(c, "COMMIT", err);
+  if (rc == NAS_OK) rc = run(c, err, "COMMIT", "");
   if (!sqlite3_get_autocommit(c->db)) sqlite3_exec(c->db, "ROLLBACK", NULL, NULL, NULL);
   return rc;
 }
@@ -394,7 +445,7 @@ static int query_row(const sqlite_conn *c, const row_kind *kind, void *row, cons
   rc = stmt_step(c, s, err);
   if (rc == 1) rc = kind->read(s, row, err);
   else if (rc == 0) rc = nas_errc(err, NAS_ENOTFOUND, "%s", missing);
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   return rc;
 }
 
@@ -437,7 +488,7 @@ static int query_rows(const sqlite_conn *c, const row_kind *kind, void **out, si
   va_end(ap);
   if (rc != NAS_OK) return rc;
   rc = collect_rows(c, s, kind, out, n, err);
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   return rc;
 }
 
@@ -454,7 +505,7 @@ static int schema_version_read(const sqlite_conn *c, int64_t *version, nas_err *
   if (rc == NAS_OK) rc = stmt_step(c, s, err);
   bool empty = rc == 1 && sqlite3_column_int64(s, 0) == 0;
   bool ours = rc == 1 && sqlite3_column_int64(s, 1) == 1;
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   if (rc < 0) return rc;
   if (empty) {
     *version = 0;
@@ -465,7 +516,7 @@ static int schema_version_read(const sqlite_conn *c, int64_t *version, nas_err *
   if (rc != NAS_OK) return rc;
   rc = stmt_step(c, s, err);
   *version = rc == 1 ? sqlite3_column_int64(s, 0) : 0;
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   if (rc == 0) return nas_errf(err, "%s has an empty schema_version table", c->path);
   return rc < 0 ? rc : NAS_OK;
 }
@@ -516,7 +567,7 @@ static int use_wal(const sqlite_conn *c, nas_err *err) {
     rc = nas_errf(err, "cannot use WAL journal mode for %s (got %s); is it on a network file "
                   "system?", c->path, mode ? mode : "nothing");
   }
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   return rc < 0 ? rc : NAS_OK;
 }
 
@@ -586,6 +637,9 @@ static int remember_identity(sqlite_conn *c, nas_err *err) {
 static void sqlite_close(void *conn) {
   sqlite_conn *c = conn;
   if (!c) return;
+  /* Kept statements go first: SQLite does not close a connection that still has some. */
+  for (size_t i = 0; c->stmts && i < c->stmts->n; i++) sqlite3_finalize(c->stmts->kept[i]);
+  free(c->stmts);
   sqlite3_close(c->db);
   free(c->path);
   free(c);
@@ -595,8 +649,9 @@ static int sqlite_open(const char *target, unsigned flags, void **conn, nas_err 
   sqlite_conn *c = calloc(1, sizeof *c);
   if (!c) return out_of_memory(err);
   c->path = nas_abspath(target, NULL);
+  c->stmts = calloc(1, sizeof *c->stmts);
   bool must_exist = flags & STORAGE_MUST_EXIST;
-  int rc = c->path ? check_path(c->path, must_exist, err) : out_of_memory(err);
+  int rc = c->path && c->stmts ? check_path(c->path, must_exist, err) : out_of_memory(err);
   if (rc == NAS_OK) rc = connect(c, !must_exist, err);
   if (rc == NAS_OK) rc = remember_identity(c, err);
   if (rc == NAS_OK) rc = prepare_schema(c, err);
@@ -1009,7 +1064,7 @@ static int metrics_insert(const sqlite_conn *c, int64_t trial_id, const metric_o
     if (rc == NAS_OK) rc = stmt_step(c, s, err);
     if (rc >= 0 && sqlite3_reset(s) != SQLITE_OK) rc = db_fail(c, err);
   }
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   return rc < 0 ? rc : NAS_OK;
 }
 
@@ -1094,7 +1149,7 @@ static int write_counted(const sqlite_conn *c, int *changed, nas_err *err, const
   va_end(ap);
   if (rc == NAS_OK) {
     rc = stmt_step(c, s, err);
-    sqlite3_finalize(s);
+    stmt_close(c, s);
   }
   if (rc >= 0) {
     rc = NAS_OK;
@@ -1154,7 +1209,7 @@ static int sqlite_receipt_find(void *conn, const char *key, bool *found, int64_t
   if (rc == NAS_OK) rc = stmt_step(c, s, err);
   *found = rc == 1;
   *result = rc == 1 ? sqlite3_column_int64(s, 0) : 0;
-  sqlite3_finalize(s);
+  stmt_close(c, s);
   return rc < 0 ? rc : NAS_OK;
 }
 
