@@ -39,29 +39,18 @@ static bool number_parse(const char *text, int *out) {
   return true;
 }
 
+static int take_retry_option(const char *cmd, int c, char *arg, void *ctx) {
+  (void)cmd, (void)c, (void)arg; /* --failed, its only own option */
+  ((retry_args *)ctx)->failed = true;
+  return -1;
+}
+
 /* Returns -1 when the command should go on, else the exit status. */
 static int parse_args(int argc, char **argv, retry_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"failed", no_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:fh", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(retry_help, stdout);
-      return EXIT_DONE;
-    }
-    if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("retry", "out of memory");
-    } else if (c == 'f') {
-      a->failed = true;
-    } else {
-      return cli_option_error("retry", c, argv);
-    }
-  }
+  static const struct option options[] = {{"failed", no_argument, NULL, 'f'}, {NULL, 0, NULL, 0}};
+  const cli_command cmd = {"retry", retry_help, options, "f", take_retry_option, a};
+  int status = cli_parse_options(&cmd, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (optind >= argc) return cli_usage_error("retry", "expected an EXPERIMENT");
   a->experiment = argv[optind++];
   size_t n = (size_t)(argc - optind);
