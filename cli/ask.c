@@ -1,9 +1,7 @@
 /* cli/ask.c: `nas create`, `nas ask` and `nas tell` — an experiment driven from a shell
  * loop or any program, without a scheduler and without a server (scheduler/ask.c; the same
  * calls as the /ask and /trials/N/… endpoints of `nas serve`). */
-#include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -123,17 +121,10 @@ typedef struct {
 
 static int take_ask_option(const char *cmd, int c, char *arg, void *ctx) {
   ask_args *a = ctx;
-  char *end;
-  if (c == 'w') {
-    a->worker = arg;
-  } else if (c == 'f') {
-    return cli_format_option(cmd, arg, &a->format);
-  } else { /* -n */
-    errno = 0;
-    a->n = strtol(arg, &end, 10);
-    if (errno || *end || a->n < 1 || a->n > 1000)
-      return cli_usage_error(cmd, "-n wants a count from 1 to 1000, not '%s'", arg);
-  }
+  if (c == 'w') a->worker = arg;
+  else if (c == 'f') return cli_format_option(cmd, arg, &a->format);
+  else if (!cli_parse_count(arg, 1, 1000, &a->n)) /* -n */
+    return cli_usage_error(cmd, "-n wants a count from 1 to 1000, not '%s'", arg);
   return -1;
 }
 
@@ -203,14 +194,9 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
   const cli_command cmd = {"tell", tell_help, options, "n:cx:", take_tell_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->url);
   if (status >= 0) return status;
-  char *end;
   if (argc - optind < 2) return cli_usage_error("tell", "expected EXPERIMENT TRIAL");
   a->experiment = argv[optind];
-  errno = 0;
-  long number = strtol(argv[optind + 1], &end, 10);
-  if (errno || *end || number < 0 || number > INT_MAX)
-    return cli_usage_error("tell", "'%s' is not a trial number", argv[optind + 1]);
-  a->number = (int)number;
+  if ((status = cli_trial_number("tell", argv[optind + 1], &a->number)) >= 0) return status;
   a->first_metric = optind + 2;
   if ((a->complete || a->fail) && a->step != METRIC_FINAL)
     return cli_usage_error("tell", "--step reports intermediate values; it goes with neither "

@@ -1,6 +1,5 @@
 /* cli/serve.c: `nas serve`, the HTTP service (serve/serve.h, docs/api.md). */
 #include <cblas.h>
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,27 +39,19 @@ static void say_listening(void *ctx, int port) {
   free(shown);
 }
 
-/* --threads: a whole number from 1 to SERVE_THREADS_MOST. */
-static bool threads_parse(const char *text, unsigned *out) {
-  char *end;
-  errno = 0;
-  long value = strtol(text, &end, 10);
-  if (errno || end == text || *end || value < 1 || value > SERVE_THREADS_MOST) return false;
-  *out = (unsigned)value;
-  return true;
-}
-
 static int take_serve_option(const char *cmd, int c, char *arg, void *ctx) {
   serve_options *opt = ctx;
+  long threads;
   switch (c) {
   case 'l': opt->listen = arg; break;
   case 't': opt->token_file = arg; break;
   case 'c': opt->tls_cert = arg; break;
   case 'k': opt->tls_key = arg; break;
   default: /* --threads */
-    if (!threads_parse(arg, &opt->threads))
+    if (!cli_parse_count(arg, 1, SERVE_THREADS_MOST, &threads))
       return cli_usage_error(cmd, "--threads wants a count from 1 to %d, not '%s'",
                              SERVE_THREADS_MOST, arg);
+    opt->threads = (unsigned)threads;
   }
   return -1;
 }

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,14 +68,8 @@ static int parse_trial_args(const char *cmd, const char *help, bool logs, int ar
   int status = cli_parse_options(&command, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (argc - optind != 2) return cli_usage_error(cmd, "expected EXPERIMENT and a trial number N");
-  char *end;
-  errno = 0;
-  long number = strtol(argv[optind + 1], &end, 10);
-  if (end == argv[optind + 1] || *end || errno || number < 0 || number > INT_MAX)
-    return cli_usage_error(cmd, "'%s' is not a trial number", argv[optind + 1]);
   a->experiment = argv[optind];
-  a->number = (int)number;
-  return -1;
+  return cli_trial_number(cmd, argv[optind + 1], &a->number);
 }
 
 /* ---- nas trial --------------------------------------------------------------------------- */

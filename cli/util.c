@@ -2,6 +2,7 @@
  * where storage is, loading an experiment with its spec. */
 #include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -107,6 +108,23 @@ int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *er
                 : nas_errf(err, "out of memory");
   free(name);
   return rc;
+}
+
+bool cli_parse_count(const char *text, long low, long high, long *out) {
+  char *end;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno || end == text || *end || value < low || value > high) return false;
+  *out = value;
+  return true;
+}
+
+int cli_trial_number(const char *cmd, const char *text, int *number) {
+  long value;
+  if (!cli_parse_count(text, 0, INT_MAX, &value))
+    return cli_usage_error(cmd, "'%s' is not a trial number", text);
+  *number = (int)value;
+  return -1;
 }
 
 int cli_step_option(const char *cmd, const char *arg, long long *step) {

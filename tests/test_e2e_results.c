@@ -480,8 +480,12 @@ static void an_option_another_command_takes_is_unknown_by_its_own_name(void **st
                  "nas trial: option '--fo' needs a value");
 }
 
-static void tell_refuses_an_empty_step_as_report_does(void **state) {
+/* Empty values were read as 0 by `nas tell` alone. */
+static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **state) {
   fixture *f = *state;
+  expect_refusal(f, (char *[]){"tell", "e", "", "y=1", NULL}, 2,
+                 "nas tell: '' is not a trial number");
+  expect_refusal(f, (char *[]){"trial", "e", "", NULL}, 2, "nas trial: '' is not a trial number");
   expect_refusal(f, (char *[]){"tell", "e", "0", "--step", "", "y=1", NULL}, 2,
                  "nas tell: --step wants a non-negative integer, not ''");
   expect_refusal(f, (char *[]){"report", "y=1", "--step", "", NULL}, 2,
@@ -500,7 +504,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
-      cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_as_report_does, setup, teardown),
+      cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
