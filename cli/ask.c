@@ -1,9 +1,7 @@
 /* cli/ask.c: `nas create`, `nas ask` and `nas tell` — an experiment driven from a shell
  * loop or any program, without a scheduler and without a server (scheduler/ask.c; the same
  * calls as the /ask and /trials/N/… endpoints of `nas serve`). */
-#include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -75,18 +73,9 @@ static int create_experiment(const char *path, const char *url) {
 }
 
 int cmd_create(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  char *url = NULL; /* owned (cli_storage_flag) */
-  optind = 1;
-  opterr = 0;
-  int c, status = -1;
-  while (status < 0 && (c = getopt_long(argc, argv, ":s:h", options, NULL)) != -1) {
-    if (c == 'h') status = (fputs(create_help, stdout), EXIT_DONE);
-    else if (c == 's') free(url), url = cli_storage_flag(optarg);
-    else status = cli_option_error("create", c, argv);
-  }
+  const cli_command cmd = {.name = "create", .help = create_help};
+  char *url; /* owned (cli_storage_flag) */
+  int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && optind != argc - 1) status = cli_usage_error("create", "expected exactly one FILE");
   if (status < 0) status = create_experiment(argv[optind], url);
   free(url);
@@ -123,62 +112,55 @@ static int print_asked(const spec *s, const trial_row *rows, size_t n, out_forma
   return rc;
 }
 
-int cmd_ask(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"worker", required_argument, NULL, 'w'},
-                                          {"format", required_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  const char *worker = NULL;
-  char *url = NULL; /* owned (cli_storage_flag) */
-  long n = 1;
-  out_format format = FORMAT_TABLE;
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:w:f:n:h", options, NULL)) != -1) {
-    char *end;
-    if (c != 's' && c != 'w' && c != 'f' && c != 'n') free(url); /* every other case returns */
-    switch (c) {
-    case 'h': fputs(ask_help, stdout); return EXIT_DONE;
-    case 's':
-      free(url);
-      if (!(url = cli_storage_flag(optarg))) return cli_usage_error("ask", "out of memory");
-      break;
-    case 'w': worker = optarg; break;
-    case 'f':
-      if (cli_parse_format(optarg, &format) != NAS_OK)
-        return free(url), cli_usage_error("ask", "unknown format '%s' (expected table, csv or json)", optarg);
-      break;
-    case 'n':
-      errno = 0;
-      n = strtol(optarg, &end, 10);
-      if (errno || *end || n < 1 || n > 1000)
-        return free(url), cli_usage_error("ask", "-n wants a count from 1 to 1000, not '%s'", optarg);
-      break;
-    default: return cli_option_error("ask", c, argv);
-    }
-  }
-  if (optind != argc - 1) return free(url), cli_usage_error("ask", "expected exactly one EXPERIMENT");
+/* What `nas ask` was asked for, besides the experiment. */
+typedef struct {
+  const char *worker; /* --worker NAME, or NULL */
+  long n;             /* -n K */
+  out_format format;
+} ask_args;
+
+static int take_ask_option(const char *cmd, int c, char *arg, void *ctx) {
+  ask_args *a = ctx;
+  if (c == 'w') a->worker = arg;
+  else if (c == 'f') return cli_format_option(cmd, arg, &a->format);
+  else if (!cli_parse_count(arg, 1, 1000, &a->n)) /* -n */
+    return cli_usage_error(cmd, "-n wants a count from 1 to 1000, not '%s'", arg);
+  return -1;
+}
+
+/* Hands out trials of experiment `name` in storage url (NULL: the default) and prints them. */
+static int ask(const char *url, const char *name, const ask_args *a) {
   storage *st;
   experiment_row exp;
   spec *s;
-  int opened = open_named(url, argv[optind], &st, &exp, &s);
-  free(url);
-  if (opened != NAS_OK) return EXIT_FAILED;
+  if (open_named(url, name, &st, &exp, &s) != NAS_OK) return EXIT_FAILED;
   trial_row *rows;
   size_t got;
   nas_err err;
   int status = EXIT_DONE;
   notifier *nt = webhooks_start(s, &exp);
-  if (sched_ask(st, s, &exp, (size_t)n, worker, nt, &rows, &got, &err) != NAS_OK) {
+  if (sched_ask(st, s, &exp, (size_t)a->n, a->worker, nt, &rows, &got, &err) != NAS_OK) {
     status = cli_fail(&err);
   } else {
-    if (print_asked(s, rows, got, format) != NAS_OK) status = EXIT_FAILED;
+    if (print_asked(s, rows, got, a->format) != NAS_OK) status = EXIT_FAILED;
     trial_rows_free(rows, got);
   }
   notifier_close(nt);
   close_named(st, &exp, s);
+  return status;
+}
+
+int cmd_ask(int argc, char **argv) {
+  static const struct option options[] = {{"worker", required_argument, NULL, 'w'},
+                                          {"format", required_argument, NULL, 'f'},
+                                          {NULL, 0, NULL, 0}};
+  ask_args a = {.n = 1, .format = FORMAT_TABLE};
+  const cli_command cmd = {"ask", ask_help, options, "w:f:n:", take_ask_option, &a};
+  char *url; /* owned (cli_storage_flag) */
+  int status = cli_parse_options(&cmd, argc, argv, &url);
+  if (status < 0 && optind != argc - 1) status = cli_usage_error("ask", "expected exactly one EXPERIMENT");
+  if (status < 0) status = ask(url, argv[optind], &a);
+  free(url);
   return status;
 }
 
@@ -193,44 +175,28 @@ typedef struct {
   int first_metric;        /* argv index of the first NAME=VALUE */
 } tell_args;
 
-/* Returns -1 when the command should go on, else the exit status. */
+static int take_tell_option(const char *cmd, int c, char *arg, void *ctx) {
+  tell_args *a = ctx;
+  if (c == 'n') return cli_step_option(cmd, arg, &a->step);
+  if (c == 'c') a->complete = true;
+  else a->fail = arg; /* --fail */
+  return -1;
+}
+
+/* Returns -1 when the command should go on, else the exit status; a->url is to be freed
+ * either way. */
 static int parse_tell(int argc, char **argv, tell_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"step", required_argument, NULL, 'n'},
+  static const struct option options[] = {{"step", required_argument, NULL, 'n'},
                                           {"complete", no_argument, NULL, 'c'},
                                           {"fail", required_argument, NULL, 'x'},
-                                          {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   *a = (tell_args){.step = METRIC_FINAL};
-  optind = 1;
-  opterr = 0;
-  int c;
-  char *end;
-  while ((c = getopt_long(argc, argv, ":s:n:cx:h", options, NULL)) != -1) {
-    switch (c) {
-    case 'h': fputs(tell_help, stdout); return EXIT_DONE;
-    case 's':
-      free(a->url);
-      if (!(a->url = cli_storage_flag(optarg))) return cli_usage_error("tell", "out of memory");
-      break;
-    case 'c': a->complete = true; break;
-    case 'x': a->fail = optarg; break;
-    case 'n':
-      errno = 0;
-      a->step = strtoll(optarg, &end, 10);
-      if (errno || *end || a->step < 0)
-        return cli_usage_error("tell", "--step wants a non-negative integer, not '%s'", optarg);
-      break;
-    default: return cli_option_error("tell", c, argv);
-    }
-  }
+  const cli_command cmd = {"tell", tell_help, options, "n:cx:", take_tell_option, a};
+  int status = cli_parse_options(&cmd, argc, argv, &a->url);
+  if (status >= 0) return status;
   if (argc - optind < 2) return cli_usage_error("tell", "expected EXPERIMENT TRIAL");
   a->experiment = argv[optind];
-  errno = 0;
-  long number = strtol(argv[optind + 1], &end, 10);
-  if (errno || *end || number < 0 || number > INT_MAX)
-    return cli_usage_error("tell", "'%s' is not a trial number", argv[optind + 1]);
-  a->number = (int)number;
+  if ((status = cli_trial_number("tell", argv[optind + 1], &a->number)) >= 0) return status;
   a->first_metric = optind + 2;
   if ((a->complete || a->fail) && a->step != METRIC_FINAL)
     return cli_usage_error("tell", "--step reports intermediate values; it goes with neither "

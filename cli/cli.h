@@ -5,6 +5,7 @@
 #ifndef NAS_CLI_H
 #define NAS_CLI_H
 
+#include <getopt.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -52,6 +53,30 @@ int cli_fail(const nas_err *err);
 /* Prints "nas CMD: message\nTry 'nas CMD --help'." and returns EXIT_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* A command's own option c (its code in the command's tables) with its value arg (NULL for
+ * a flag), taken into ctx; cmd names the command for messages. Returns -1 to go on, else
+ * the exit status (a usage error). */
+typedef int (*cli_take_option)(const char *cmd, int c, char *arg, void *ctx);
+
+/* How a command reads its options: its own, and --storage URL (-s) and --help (-h), which
+ * every command takes. */
+typedef struct {
+  const char *name;             /* "ask": what usage errors name */
+  const char *help;             /* what --help prints */
+  const struct option *options; /* its own long options, {NULL}-terminated; NULL: none */
+  const char *letters;          /* its own short options as getopt spells them ("w:f:n:"); NULL: none */
+  cli_take_option take;         /* takes its own options; NULL when it has none */
+  void *ctx;                    /* handed to take */
+} cli_command;
+
+/* Reads argv's options as getopt_long does (options may follow the operands, which it
+ * leaves from argv[optind] on): --help prints cmd->help on stdout and ends the command
+ * with EXIT_DONE; --storage URL sets *storage (owned, cli_storage_flag; a later one
+ * replaces it); an unknown option, or one without its value, is a usage error; the
+ * command's own go to cmd->take, in order. Returns -1 when the command should go on, else
+ * its exit status; *storage (NULL when not given) is to be freed either way. */
+int cli_parse_options(const cli_command *cmd, int argc, char **argv, char **storage);
+
 /* The value of --storage (arg: optarg, inside this process's argv), owned. A password in
  * it is overwritten with '*' in argv itself, so that `ps` shows this process, and every
  * trial monitor it forks, without it, and a warning says where to keep it instead; the
@@ -79,10 +104,6 @@ int cli_compare_json(storage *st, const char *url, char *const *names, size_t n,
 /* The experiment with that id (NAS_ENOTFOUND when none). */
 int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err);
 
-/* The usage error for what getopt_long returned as c for an option it did not take: a
- * missing value (c == ':', with a leading ':' in the option string) or an unknown option. */
-int cli_option_error(const char *cmd, int c, char *const argv[]);
-
 /* The " --storage URL" a printed hint ("continue with: nas resume X") needs for a command
  * to find url again: "" when url is where commands look anyway ($NAS_STORAGE, else
  * sqlite:nas.db); a password shows masked. Written into out. */
@@ -91,10 +112,20 @@ void cli_storage_hint(const char *url, char *out, size_t size);
 
 /* Parses NAME=VALUE (a finite number) into set at step (METRIC_FINAL for final values). */
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err);
+/* Whether text is a whole number from low to high (into *out). */
+bool cli_parse_count(const char *text, long low, long high, long *out);
+/* A trial number operand (0, 1, …) into number: -1 to go on, else the usage error. */
+int cli_trial_number(const char *cmd, const char *text, int *number);
+/* --step N of `nas report` and `nas tell` (a non-negative integer) into step: -1 to go on,
+ * else the usage error. */
+int cli_step_option(const char *cmd, const char *arg, long long *step);
 
 /* Output of rows in one of three formats: an aligned table, CSV, or a JSON array. */
 typedef enum { FORMAT_TABLE, FORMAT_CSV, FORMAT_JSON } out_format;
 int cli_parse_format(const char *text, out_format *out);
+/* --format's value for a command that takes all three: -1 to go on, else the usage error
+ * naming a format it does not know. */
+int cli_format_option(const char *cmd, const char *arg, out_format *out);
 
 typedef struct {
   char **columns;  /* owned names */

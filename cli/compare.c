@@ -119,30 +119,18 @@ static int compare(storage *st, const char *url, char **names, size_t n, out_for
   return rc;
 }
 
+static int take_compare_option(const char *cmd, int c, char *arg, void *ctx) {
+  (void)c; /* --format, its only own option */
+  return cli_format_option(cmd, arg, ctx);
+}
+
 int cmd_compare(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"format", required_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
+  static const struct option options[] = {{"format", required_argument, NULL, 'f'},
                                           {NULL, 0, NULL, 0}};
-  char *url = NULL; /* owned (cli_storage_flag) */
   out_format format = FORMAT_TABLE;
-  optind = 1;
-  opterr = 0;
-  int c, status = -1;
-  while (status < 0 && (c = getopt_long(argc, argv, ":s:f:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(compare_help, stdout);
-      status = EXIT_DONE;
-    } else if (c == 's') {
-      free(url);
-      if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("compare", "out of memory");
-    } else if (c == 'f') {
-      if (cli_parse_format(optarg, &format) != NAS_OK)
-        status = cli_usage_error("compare", "unknown format '%s' (expected table, csv or json)", optarg);
-    } else {
-      status = cli_option_error("compare", c, argv);
-    }
-  }
+  const cli_command cmd = {"compare", compare_help, options, "f:", take_compare_option, &format};
+  char *url; /* owned (cli_storage_flag) */
+  int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && argc - optind < 2)
     status = cli_usage_error("compare", "expected two experiments or more");
   if (status >= 0) {

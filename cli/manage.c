@@ -47,9 +47,8 @@ static const char enqueue_help[] =
     "parameter needs a value except fixed ones, which are filled in.\n\n"
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n";
 
-/* The options these commands share. */
+/* The options and operands of these commands. */
 typedef struct {
-  const char *cmd, *help;
   char *storage;    /* owned: --storage */
   char *storage_to; /* owned: --storage-to (copy) */
   bool yes, runs;   /* delete */
@@ -62,38 +61,27 @@ static void manage_args_free(manage_args *a) {
   free(a->storage_to);
 }
 
-/* Sets a URL option (its password hidden from ps); false when out of memory. */
-static bool url_option(char **slot, char *arg) {
-  free(*slot);
-  return (*slot = cli_storage_flag(arg)) != NULL;
+/* delete's --yes and --runs, copy's --storage-to (its password hidden from ps as well). */
+static int take_manage_option(const char *cmd, int c, char *arg, void *ctx) {
+  manage_args *a = ctx;
+  if (c == 'y') {
+    a->yes = true;
+  } else if (c == 'r') {
+    a->runs = true;
+  } else { /* --storage-to */
+    free(a->storage_to);
+    if (!(a->storage_to = cli_storage_flag(arg))) return cli_usage_error(cmd, "out of memory");
+  }
+  return -1;
 }
 
-/* Returns -1 when the command should go on, else the exit status. extra names the options
- * beyond --storage and --help this command takes ("yr" for delete, "t" for copy). */
-static int parse_args(int argc, char **argv, const char *extra, manage_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"storage-to", required_argument, NULL, 't'},
-                                          {"yes", no_argument, NULL, 'y'},
-                                          {"runs", no_argument, NULL, 'r'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:t:yrh", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(a->help, stdout);
-      return EXIT_DONE;
-    }
-    if (c == ':' || c == '?' || (c != 's' && !strchr(extra, c))) return cli_option_error(a->cmd, c, argv);
-    if (c == 'y') a->yes = true;
-    else if (c == 'r') a->runs = true;
-    else if (!url_option(c == 's' ? &a->storage : &a->storage_to, optarg))
-      return cli_usage_error(a->cmd, "out of memory");
-  }
+/* Reads cmd's options into a (cmd's ctx) and the operands after them. Returns -1 when the
+ * command should go on, else the exit status. */
+static int parse_args(const cli_command *cmd, int argc, char **argv, manage_args *a) {
+  int status = cli_parse_options(cmd, argc, argv, &a->storage);
   a->args = argv + optind;
   a->n_args = argc - optind;
-  return -1;
+  return status;
 }
 
 /* What a command does to the experiment a->args[0], loaded with its spec. */
@@ -150,8 +138,12 @@ static int delete_experiment(const manage_args *a, storage *st, const experiment
 }
 
 int cmd_delete(int argc, char **argv) {
-  manage_args a = {.cmd = "delete", .help = delete_help};
-  int status = parse_args(argc, argv, "yr", &a);
+  static const struct option options[] = {{"yes", no_argument, NULL, 'y'},
+                                          {"runs", no_argument, NULL, 'r'},
+                                          {NULL, 0, NULL, 0}};
+  manage_args a = {0};
+  const cli_command cmd = {"delete", delete_help, options, "yr", take_manage_option, &a};
+  int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args != 1)
     status = cli_usage_error("delete", "expected exactly one EXPERIMENT");
   if (status < 0) status = with_experiment(&a, delete_experiment);
@@ -167,8 +159,9 @@ static int rename_experiment(const manage_args *a, storage *st, const experiment
 }
 
 int cmd_rename(int argc, char **argv) {
-  manage_args a = {.cmd = "rename", .help = rename_help};
-  int status = parse_args(argc, argv, "", &a);
+  manage_args a = {0};
+  const cli_command cmd = {.name = "rename", .help = rename_help};
+  int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args != 2)
     status = cli_usage_error("rename", "expected an EXPERIMENT and its NEW_NAME");
   if (status < 0) status = with_experiment(&a, rename_experiment);
@@ -194,8 +187,11 @@ static int copy_experiment(const manage_args *a, storage *st, const experiment_r
 }
 
 int cmd_copy(int argc, char **argv) {
-  manage_args a = {.cmd = "copy", .help = copy_help};
-  int status = parse_args(argc, argv, "t", &a);
+  static const struct option options[] = {{"storage-to", required_argument, NULL, 't'},
+                                          {NULL, 0, NULL, 0}};
+  manage_args a = {0};
+  const cli_command cmd = {"copy", copy_help, options, "t:", take_manage_option, &a};
+  int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args != 2)
     status = cli_usage_error("copy", "expected an EXPERIMENT and the NEW_NAME of its copy");
   if (status < 0) status = with_experiment(&a, copy_experiment);
@@ -221,8 +217,9 @@ static int enqueue_trial(const manage_args *a, storage *st, const experiment_row
 }
 
 int cmd_enqueue(int argc, char **argv) {
-  manage_args a = {.cmd = "enqueue", .help = enqueue_help};
-  int status = parse_args(argc, argv, "", &a);
+  manage_args a = {0};
+  const cli_command cmd = {.name = "enqueue", .help = enqueue_help};
+  int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args < 2)
     status = cli_usage_error("enqueue", "expected an EXPERIMENT and NAME=VALUE for its parameters");
   if (status < 0) status = with_experiment(&a, enqueue_trial);

@@ -100,50 +100,48 @@ static int plot(const char *url, char **names, size_t n, const char *kind, const
   return rc;
 }
 
-int cmd_plot(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"out", required_argument, NULL, 'o'},
-                                          {"kind", required_argument, NULL, 'k'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  char *url = NULL; /* owned (cli_storage_flag) */
-  const char *out = NULL, *kind = NULL;
-  optind = 1;
-  opterr = 0;
-  int c, status = -1;
-  while (status < 0 && (c = getopt_long(argc, argv, ":s:o:k:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(plot_help, stdout);
-      status = EXIT_DONE;
-    } else if (c == 's') {
-      free(url);
-      if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("plot", "out of memory");
-    } else if (c == 'o') {
-      out = optarg;
-    } else if (c == 'k') {
-      kind = optarg;
-      if (!kind_known(kind))
-        status = cli_usage_error("plot", "unknown kind '%s' (expected front, hypervolume, objectives, "
-                                 "curves, parallel, table or compare)", kind);
-    } else {
-      status = cli_option_error("plot", c, argv);
-    }
+/* What `nas plot` was asked for, besides the experiments. */
+typedef struct {
+  const char *out;  /* --out FILE.html, or NULL */
+  const char *kind; /* --kind KIND, or NULL */
+} plot_args;
+
+static int take_plot_option(const char *cmd, int c, char *arg, void *ctx) {
+  plot_args *a = ctx;
+  if (c == 'o') {
+    a->out = arg;
+  } else { /* --kind */
+    a->kind = arg;
+    if (!kind_known(arg))
+      return cli_usage_error(cmd, "unknown kind '%s' (expected front, hypervolume, objectives, "
+                             "curves, parallel, table or compare)", arg);
   }
+  return -1;
+}
+
+int cmd_plot(int argc, char **argv) {
+  static const struct option options[] = {{"out", required_argument, NULL, 'o'},
+                                          {"kind", required_argument, NULL, 'k'},
+                                          {NULL, 0, NULL, 0}};
+  plot_args a = {0};
+  const cli_command cmd = {"plot", plot_help, options, "o:k:", take_plot_option, &a};
+  char *url; /* owned (cli_storage_flag) */
+  int status = cli_parse_options(&cmd, argc, argv, &url);
   size_t n = argc > optind ? (size_t)(argc - optind) : 0;
-  bool comparing = kind && strcmp(kind, "compare") == 0;
+  bool comparing = a.kind && strcmp(a.kind, "compare") == 0;
   if (status < 0 && n == 0) status = cli_usage_error("plot", "expected an experiment");
-  else if (status < 0 && !out) status = cli_usage_error("plot", "expected --out FILE.html");
+  else if (status < 0 && !a.out) status = cli_usage_error("plot", "expected --out FILE.html");
   else if (status < 0 && comparing && n < 2) status = cli_usage_error("plot", "--kind compare needs two experiments or more");
-  else if (status < 0 && !comparing && kind && n > 1)
-    status = cli_usage_error("plot", "--kind %s draws one experiment; several make a comparison", kind);
+  else if (status < 0 && !comparing && a.kind && n > 1)
+    status = cli_usage_error("plot", "--kind %s draws one experiment; several make a comparison", a.kind);
   if (status >= 0) {
     free(url);
     return status;
   }
   nas_err err;
-  int rc = plot(cli_storage_url(url), argv + optind, n, comparing ? NULL : kind, out, &err);
+  int rc = plot(cli_storage_url(url), argv + optind, n, comparing ? NULL : a.kind, a.out, &err);
   free(url);
   if (rc != NAS_OK) return cli_fail(&err);
-  fprintf(stderr, "nas plot: wrote %s\n", out);
+  fprintf(stderr, "nas plot: wrote %s\n", a.out);
   return EXIT_DONE;
 }

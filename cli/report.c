@@ -39,6 +39,15 @@ static int parse_long(const char *text, long long *out) {
   return errno == 0 && end != text && *end == '\0' ? NAS_OK : NAS_ERR;
 }
 
+static int take_report_option(const char *cmd, int c, char *arg, void *ctx) {
+  report_args *a = ctx;
+  if (c == 'n') return cli_step_option(cmd, arg, &a->step);
+  if (c == 'e') a->experiment = arg;
+  else if (c == 't') a->number = arg;
+  else a->force = true; /* --force */
+  return -1;
+}
+
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
  * freed either way. */
 static int parse_args(int argc, char **argv, report_args *a) {
@@ -46,33 +55,11 @@ static int parse_args(int argc, char **argv, report_args *a) {
                                           {"experiment", required_argument, NULL, 'e'},
                                           {"trial", required_argument, NULL, 't'},
                                           {"force", no_argument, NULL, 'f'},
-                                          {"storage", required_argument, NULL, 's'},
-                                          {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   *a = (report_args){.step = METRIC_FINAL};
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":n:e:t:fs:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(report_help, stdout);
-      return EXIT_DONE;
-    } else if (c == 'n') {
-      if (parse_long(optarg, &a->step) != NAS_OK || a->step < 0)
-        return cli_usage_error("report", "--step wants a non-negative integer, not '%s'", optarg);
-    } else if (c == 'e') {
-      a->experiment = optarg;
-    } else if (c == 't') {
-      a->number = optarg;
-    } else if (c == 'f') {
-      a->force = true;
-    } else if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("report", "out of memory");
-    } else {
-      return cli_option_error("report", c, argv);
-    }
-  }
+  const cli_command cmd = {"report", report_help, options, "n:e:t:f", take_report_option, a};
+  int status = cli_parse_options(&cmd, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (optind == argc) return cli_usage_error("report", "expected NAME=VALUE");
   if (a->experiment && !a->number)
     return cli_usage_error("report", "--experiment needs --trial NUMBER");

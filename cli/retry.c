@@ -1,8 +1,6 @@
 /* cli/retry.c: `nas retry EXPERIMENT [N …|--failed]` — queues failed and timed-out trials
  * again (after the trial was fixed), for the next `nas resume` or `nas run` to launch. */
-#include <errno.h>
 #include <getopt.h>
-#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -29,39 +27,18 @@ typedef struct {
   size_t n;
 } retry_args;
 
-/* A trial number: a whole number from 0. */
-static bool number_parse(const char *text, int *out) {
-  char *end;
-  errno = 0;
-  long value = strtol(text, &end, 10);
-  if (errno || end == text || *end || value < 0 || value > INT_MAX) return false;
-  *out = (int)value;
-  return true;
+static int take_retry_option(const char *cmd, int c, char *arg, void *ctx) {
+  (void)cmd, (void)c, (void)arg; /* --failed, its only own option */
+  ((retry_args *)ctx)->failed = true;
+  return -1;
 }
 
 /* Returns -1 when the command should go on, else the exit status. */
 static int parse_args(int argc, char **argv, retry_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"failed", no_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:fh", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(retry_help, stdout);
-      return EXIT_DONE;
-    }
-    if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("retry", "out of memory");
-    } else if (c == 'f') {
-      a->failed = true;
-    } else {
-      return cli_option_error("retry", c, argv);
-    }
-  }
+  static const struct option options[] = {{"failed", no_argument, NULL, 'f'}, {NULL, 0, NULL, 0}};
+  const cli_command cmd = {"retry", retry_help, options, "f", take_retry_option, a};
+  int status = cli_parse_options(&cmd, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (optind >= argc) return cli_usage_error("retry", "expected an EXPERIMENT");
   a->experiment = argv[optind++];
   size_t n = (size_t)(argc - optind);
@@ -69,10 +46,9 @@ static int parse_args(int argc, char **argv, retry_args *a) {
     return cli_usage_error("retry", "name the trials to retry, or give --failed (not both)");
   a->numbers = calloc(n ? n : 1, sizeof *a->numbers);
   if (!a->numbers) return cli_usage_error("retry", "out of memory");
-  for (; optind < argc; optind++)
-    if (!number_parse(argv[optind], &a->numbers[a->n++]))
-      return cli_usage_error("retry", "'%s' is not a trial number", argv[optind]);
-  return -1;
+  for (; status < 0 && optind < argc; optind++)
+    status = cli_trial_number("retry", argv[optind], &a->numbers[a->n++]);
+  return status;
 }
 
 int cmd_retry(int argc, char **argv) {

@@ -40,28 +40,21 @@ typedef struct {
   const char *target; /* FILE or EXPERIMENT */
 } run_args;
 
+static int take_run_option(const char *cmd, int c, char *arg, void *ctx) {
+  (void)cmd, (void)c, (void)arg; /* --no-progress, the only own option */
+  ((run_args *)ctx)->no_progress = true;
+  return -1;
+}
+
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
  * freed either way. */
 static int parse_args(const char *cmd, const char *help, int argc, char **argv, run_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"no-progress", no_argument, NULL, 'q'},
-                                          {"help", no_argument, NULL, 'h'},
+  static const struct option options[] = {{"no-progress", no_argument, NULL, 'q'},
                                           {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:qh", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(help, stdout);
-      return EXIT_DONE;
-    }
-    if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
-    } else if (c == 'q') a->no_progress = true;
-    else return cli_option_error(cmd, c, argv);
-  }
+  const cli_command command = {cmd, help, options, "q", take_run_option, a};
+  int status = cli_parse_options(&command, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (optind != argc - 1)
     return cli_usage_error(cmd, "expected exactly one %s", strcmp(cmd, "run") ? "EXPERIMENT" : "FILE");
   a->target = argv[optind];

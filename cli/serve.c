@@ -1,6 +1,5 @@
 /* cli/serve.c: `nas serve`, the HTTP service (serve/serve.h, docs/api.md). */
 #include <cblas.h>
-#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,54 +39,39 @@ static void say_listening(void *ctx, int port) {
   free(shown);
 }
 
-/* --threads: a whole number from 1 to SERVE_THREADS_MOST. */
-static bool threads_parse(const char *text, unsigned *out) {
-  char *end;
-  errno = 0;
-  long value = strtol(text, &end, 10);
-  if (errno || end == text || *end || value < 1 || value > SERVE_THREADS_MOST) return false;
-  *out = (unsigned)value;
-  return true;
+static int take_serve_option(const char *cmd, int c, char *arg, void *ctx) {
+  serve_options *opt = ctx;
+  long threads;
+  switch (c) {
+  case 'l': opt->listen = arg; break;
+  case 't': opt->token_file = arg; break;
+  case 'c': opt->tls_cert = arg; break;
+  case 'k': opt->tls_key = arg; break;
+  default: /* --threads */
+    if (!cli_parse_count(arg, 1, SERVE_THREADS_MOST, &threads))
+      return cli_usage_error(cmd, "--threads wants a count from 1 to %d, not '%s'",
+                             SERVE_THREADS_MOST, arg);
+    opt->threads = (unsigned)threads;
+  }
+  return -1;
 }
 
 int cmd_serve(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"listen", required_argument, NULL, 'l'},
+  static const struct option options[] = {{"listen", required_argument, NULL, 'l'},
                                           {"token-file", required_argument, NULL, 't'},
                                           {"tls-cert", required_argument, NULL, 'c'},
                                           {"tls-key", required_argument, NULL, 'k'},
                                           {"threads", required_argument, NULL, 'n'},
-                                          {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   serve_options opt = {.listen = "127.0.0.1:8470", .log = stderr};
-  char *storage_flag = NULL; /* owned (cli_storage_flag) */
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:l:t:c:k:n:h", options, NULL)) != -1) {
-    switch (c) {
-    case 'h': free(storage_flag); fputs(serve_help, stdout); return EXIT_DONE;
-    case 's':
-      free(storage_flag);
-      if (!(storage_flag = cli_storage_flag(optarg))) return cli_usage_error("serve", "out of memory");
-      break;
-    case 'l': opt.listen = optarg; break;
-    case 't': opt.token_file = optarg; break;
-    case 'c': opt.tls_cert = optarg; break;
-    case 'k': opt.tls_key = optarg; break;
-    case 'n':
-      if (!threads_parse(optarg, &opt.threads)) {
-        free(storage_flag);
-        return cli_usage_error("serve", "--threads wants a count from 1 to %d, not '%s'",
-                               SERVE_THREADS_MOST, optarg);
-      }
-      break;
-    default: free(storage_flag); return cli_option_error("serve", c, argv);
-    }
-  }
-  if (optind != argc) {
+  const cli_command cmd = {"serve", serve_help, options, "l:t:c:k:n:", take_serve_option, &opt};
+  char *storage_flag; /* owned (cli_storage_flag) */
+  int status = cli_parse_options(&cmd, argc, argv, &storage_flag);
+  if (status < 0 && optind != argc)
+    status = cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+  if (status >= 0) {
     free(storage_flag);
-    return cli_usage_error("serve", "unexpected argument '%s'", argv[optind]);
+    return status;
   }
   opt.storage_url = cli_storage_url(storage_flag);
   listening_ctx l = {opt.storage_url};
@@ -100,7 +84,7 @@ int cmd_serve(int argc, char **argv) {
    * with them for the cores (as in `nas run`, cli/run.c). */
   openblas_set_num_threads(1);
   nas_err err;
-  int status = serve_run(&opt, &err) == NAS_OK ? EXIT_DONE : cli_fail(&err);
+  status = serve_run(&opt, &err) == NAS_OK ? EXIT_DONE : cli_fail(&err);
   if (status == EXIT_DONE) fprintf(stderr, "nas serve: stopped\n");
   free(storage_flag);
   return status;

@@ -20,35 +20,27 @@ typedef struct {
   bool model;             /* nas pareto --model */
 } show_args;
 
+static int take_show_option(const char *cmd, int c, char *arg, void *ctx) {
+  show_args *a = ctx;
+  if (c == 'm') a->model = true;
+  else return cli_format_option(cmd, arg, &a->format); /* --format */
+  return -1;
+}
+
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
  * freed either way. --model is an option of `nas pareto` only. */
 static int parse_args(const char *cmd, const char *help, bool need_experiment, int argc,
                       char **argv, show_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"format", required_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {"model", no_argument, NULL, 'm'},
+  static const struct option options[] = {{"format", required_argument, NULL, 'f'},
                                           {NULL, 0, NULL, 0}};
+  static const struct option pareto_options[] = {{"format", required_argument, NULL, 'f'},
+                                                 {"model", no_argument, NULL, 'm'},
+                                                 {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:f:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(help, stdout);
-      return EXIT_DONE;
-    } else if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
-    } else if (c == 'f') {
-      if (cli_parse_format(optarg, &a->format) != NAS_OK)
-        return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", optarg);
-    } else if (c == 'm' && strcmp(cmd, "pareto") == 0) {
-      a->model = true;
-    } else {
-      return cli_option_error(cmd, c, argv);
-    }
-  }
+  const cli_command command = {cmd, help, strcmp(cmd, "pareto") == 0 ? pareto_options : options,
+                               "f:", take_show_option, a};
+  int status = cli_parse_options(&command, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (argc - optind > 1) return cli_usage_error(cmd, "too many arguments");
   if (need_experiment && optind == argc) return cli_usage_error(cmd, "expected EXPERIMENT");
   a->experiment = optind < argc ? argv[optind] : NULL;

@@ -39,24 +39,9 @@ static int stop_experiment(const char *url, const char *name) {
 }
 
 int cmd_stop(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  char *url = NULL; /* owned: --storage */
-  optind = 1;
-  opterr = 0;
-  int c, status = -1; /* -1: go on */
-  while (status < 0 && (c = getopt_long(argc, argv, ":s:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(stop_help, stdout);
-      status = EXIT_DONE;
-    } else if (c != 's') {
-      status = cli_option_error("stop", c, argv);
-    } else {
-      free(url);
-      if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("stop", "out of memory");
-    }
-  }
+  const cli_command cmd = {.name = "stop", .help = stop_help};
+  char *url; /* owned: --storage */
+  int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && optind != argc - 1)
     status = cli_usage_error("stop", "expected exactly one EXPERIMENT");
   if (status < 0) status = stop_experiment(url, argv[optind]);

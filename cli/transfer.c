@@ -53,35 +53,27 @@ static int parse_with(char *list, export_args *a, const char **bad) {
   return NAS_OK;
 }
 
+static int take_export_option(const char *cmd, int c, char *arg, void *ctx) {
+  export_args *a = ctx;
+  const char *bad;
+  if (c == 'f' && (cli_parse_format(arg, &a->format) != NAS_OK || a->format == FORMAT_TABLE))
+    return cli_usage_error(cmd, "unknown format '%s' (expected json or csv)", arg);
+  if (c == 'w' && parse_with(arg, a, &bad) != NAS_OK)
+    return cli_usage_error(cmd, "unknown --with item '%s' (expected curves, timings)", bad);
+  return -1;
+}
+
+/* Returns -1 when the command should go on, else the exit status; a->storage is to be
+ * freed either way. */
 static int parse_export_args(int argc, char **argv, export_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"format", required_argument, NULL, 'f'},
+  static const struct option options[] = {{"format", required_argument, NULL, 'f'},
                                           {"with", required_argument, NULL, 'w'},
-                                          {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
   a->format = FORMAT_JSON;
-  optind = 1;
-  opterr = 0;
-  int c;
-  const char *bad;
-  while ((c = getopt_long(argc, argv, ":s:f:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(export_help, stdout);
-      return EXIT_DONE;
-    } else if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("export", "out of memory");
-    } else if (c == 'f') {
-      if (cli_parse_format(optarg, &a->format) != NAS_OK || a->format == FORMAT_TABLE)
-        return cli_usage_error("export", "unknown format '%s' (expected json or csv)", optarg);
-    } else if (c == 'w') {
-      if (parse_with(optarg, a, &bad) != NAS_OK)
-        return cli_usage_error("export", "unknown --with item '%s' (expected curves, timings)", bad);
-    } else {
-      return cli_option_error("export", c, argv);
-    }
-  }
+  const cli_command cmd = {"export", export_help, options, "f:", take_export_option, a};
+  int status = cli_parse_options(&cmd, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (argc - optind != 1) return cli_usage_error("export", "expected one EXPERIMENT");
   if (a->curves && a->format == FORMAT_CSV)
     return cli_usage_error("export", "curves are in the json export only (one row per trial in csv)");
@@ -425,29 +417,18 @@ static int store_import(storage *st, const import_file *f, const char *url, nas_
   return NAS_OK;
 }
 
+static int take_import_option(const char *cmd, int c, char *arg, void *ctx) {
+  (void)cmd, (void)c; /* --name, its only own option */
+  *(const char **)ctx = arg;
+  return -1;
+}
+
 int cmd_import(int argc, char **argv) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"name", required_argument, NULL, 'n'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
-  char *url = NULL; /* owned (cli_storage_flag) */
+  static const struct option options[] = {{"name", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
   const char *new_name = NULL;
-  optind = 1;
-  opterr = 0;
-  int c, status = -1;
-  while (status < 0 && (c = getopt_long(argc, argv, ":s:n:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(import_help, stdout);
-      status = EXIT_DONE;
-    } else if (c == 's') {
-      free(url);
-      if (!(url = cli_storage_flag(optarg))) status = cli_usage_error("import", "out of memory");
-    } else if (c == 'n') {
-      new_name = optarg;
-    } else {
-      status = cli_option_error("import", c, argv);
-    }
-  }
+  const cli_command cmd = {"import", import_help, options, "n:", take_import_option, &new_name};
+  char *url; /* owned (cli_storage_flag) */
+  int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && argc - optind != 1) status = cli_usage_error("import", "expected one FILE");
   if (status >= 0) {
     free(url);

@@ -5,7 +5,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,45 +43,33 @@ typedef struct {
   int number;
 } trial_args;
 
+/* `nas trial`'s --format, `nas logs`'s --stderr and --follow. */
+static int take_trial_option(const char *cmd, int c, char *arg, void *ctx) {
+  trial_args *a = ctx;
+  if (c == 'e') a->stderr_log = true;
+  else if (c == 'f') a->follow = true;
+  else if (cli_parse_format(arg, &a->format) != NAS_OK || a->format == FORMAT_CSV) /* --format */
+    return cli_usage_error(cmd, "unknown format '%s' (expected table or json)", arg);
+  return -1;
+}
+
 /* Parses `EXPERIMENT N` and the options of `nas trial` (logs: false) or `nas logs`. Returns
  * -1 when the command should go on, else the exit status; a->storage is to be freed. */
 static int parse_trial_args(const char *cmd, const char *help, bool logs, int argc, char **argv,
                             trial_args *a) {
-  static const struct option options[] = {{"storage", required_argument, NULL, 's'},
-                                          {"format", required_argument, NULL, 'F'},
-                                          {"stderr", no_argument, NULL, 'e'},
-                                          {"follow", no_argument, NULL, 'f'},
-                                          {"help", no_argument, NULL, 'h'},
-                                          {NULL, 0, NULL, 0}};
+  static const struct option trial_options[] = {{"format", required_argument, NULL, 'F'},
+                                                {NULL, 0, NULL, 0}};
+  static const struct option logs_options[] = {{"stderr", no_argument, NULL, 'e'},
+                                               {"follow", no_argument, NULL, 'f'},
+                                               {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":s:fh", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(help, stdout);
-      return EXIT_DONE;
-    } else if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error(cmd, "out of memory");
-    } else if (c == 'F' && !logs) {
-      if (cli_parse_format(optarg, &a->format) != NAS_OK || a->format == FORMAT_CSV)
-        return cli_usage_error(cmd, "unknown format '%s' (expected table or json)", optarg);
-    } else if ((c == 'e' || c == 'f') && logs) {
-      *(c == 'e' ? &a->stderr_log : &a->follow) = true;
-    } else {
-      return cli_option_error(cmd, c, argv);
-    }
-  }
+  const cli_command command = {cmd, help, logs ? logs_options : trial_options, logs ? "f" : NULL,
+                               take_trial_option, a};
+  int status = cli_parse_options(&command, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (argc - optind != 2) return cli_usage_error(cmd, "expected EXPERIMENT and a trial number N");
-  char *end;
-  errno = 0;
-  long number = strtol(argv[optind + 1], &end, 10);
-  if (end == argv[optind + 1] || *end || errno || number < 0 || number > INT_MAX)
-    return cli_usage_error(cmd, "'%s' is not a trial number", argv[optind + 1]);
   a->experiment = argv[optind];
-  a->number = (int)number;
-  return -1;
+  return cli_trial_number(cmd, argv[optind + 1], &a->number);
 }
 
 /* ---- nas trial --------------------------------------------------------------------------- */

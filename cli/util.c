@@ -1,6 +1,8 @@
-/* cli/util.c: what every command shares — error and usage messages, where storage is,
- * loading an experiment with its spec. */
+/* cli/util.c: what every command shares — reading its options, error and usage messages,
+ * where storage is, loading an experiment with its spec. */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -108,6 +110,31 @@ int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *er
   return rc;
 }
 
+bool cli_parse_count(const char *text, long low, long high, long *out) {
+  char *end;
+  errno = 0;
+  long value = strtol(text, &end, 10);
+  if (errno || end == text || *end || value < low || value > high) return false;
+  *out = value;
+  return true;
+}
+
+int cli_trial_number(const char *cmd, const char *text, int *number) {
+  long value;
+  if (!cli_parse_count(text, 0, INT_MAX, &value))
+    return cli_usage_error(cmd, "'%s' is not a trial number", text);
+  *number = (int)value;
+  return -1;
+}
+
+int cli_step_option(const char *cmd, const char *arg, long long *step) {
+  char *end;
+  errno = 0;
+  *step = strtoll(arg, &end, 10);
+  if (errno == 0 && end != arg && *end == '\0' && *step >= 0) return -1;
+  return cli_usage_error(cmd, "--step wants a non-negative integer, not '%s'", arg);
+}
+
 int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err) {
   experiment_row *rows;
   size_t n;
@@ -135,8 +162,51 @@ void cli_storage_hint(const char *url, char *out, size_t size) {
   free(shown);
 }
 
-int cli_option_error(const char *cmd, int c, char *const argv[]) {
-  /* With a leading ':' in the option string getopt says ':' for a missing value. */
+/* The usage error for what getopt_long returned as c for an option it did not take: a
+ * missing value (c == ':', with a leading ':' in the option string) or an unknown option. */
+static int option_error(const char *cmd, int c, char *const argv[]) {
   if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
   return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+}
+
+/* cmd's long options: --storage and --help, then its own. Owned; NULL when out of memory. */
+static struct option *long_options(const cli_command *cmd) {
+  size_t n = 0;
+  while (cmd->options && cmd->options[n].name) n++;
+  struct option *all = calloc(n + 3, sizeof *all); /* the zeroed last one ends the table */
+  if (!all) return NULL;
+  all[0] = (struct option){"storage", required_argument, NULL, 's'};
+  all[1] = (struct option){"help", no_argument, NULL, 'h'};
+  if (n) memcpy(all + 2, cmd->options, n * sizeof *all);
+  return all;
+}
+
+static int take_storage(const char *cmd, char *arg, char **storage) {
+  free(*storage);
+  *storage = cli_storage_flag(arg);
+  return *storage ? -1 : cli_usage_error(cmd, "out of memory");
+}
+
+int cli_parse_options(const cli_command *cmd, int argc, char **argv, char **storage) {
+  *storage = NULL;
+  struct option *options = long_options(cmd);
+  /* The leading ':' makes getopt say ':' for a missing value, apart from '?'. */
+  char *letters = nas_asprintf(":s:h%s", cmd->letters ? cmd->letters : "");
+  int c, status = options && letters ? -1 : cli_usage_error(cmd->name, "out of memory");
+  optind = 1;
+  opterr = 0; /* the messages are ours */
+  while (status < 0 && (c = getopt_long(argc, argv, letters, options, NULL)) != -1) {
+    if (c == 'h') status = (fputs(cmd->help, stdout), EXIT_DONE);
+    else if (c == 's') status = take_storage(cmd->name, optarg, storage);
+    else if (c == ':' || c == '?' || !cmd->take) status = option_error(cmd->name, c, argv);
+    else status = cmd->take(cmd->name, c, optarg, cmd->ctx);
+  }
+  free(options);
+  free(letters);
+  return status;
+}
+
+int cli_format_option(const char *cmd, const char *arg, out_format *out) {
+  if (cli_parse_format(arg, out) == NAS_OK) return -1;
+  return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", arg);
 }

@@ -71,34 +71,24 @@ typedef struct {
   const char *state_note;     /* what the log says about the training state on resuming */
 } worker;
 
+static int take_worker_option(const char *cmd, int c, char *arg, void *ctx) {
+  worker_args *a = ctx;
+  (void)cmd;
+  if (c == 't') a->trial = arg;
+  else a->run_dir = arg; /* --run-dir */
+  return -1;
+}
+
 /* Returns -1 when the command should go on, else the exit status; a->storage is to be
  * freed either way. */
 static int parse_args(int argc, char **argv, worker_args *a) {
   static const struct option options[] = {{"trial", required_argument, NULL, 't'},
-                                          {"storage", required_argument, NULL, 's'},
                                           {"run-dir", required_argument, NULL, 'r'},
-                                          {"help", no_argument, NULL, 'h'},
                                           {NULL, 0, NULL, 0}};
   *a = (worker_args){.trial = getenv("NAS_TRIAL_ID"), .run_dir = getenv("NAS_RUN_DIR")};
-  optind = 1;
-  opterr = 0;
-  int c;
-  while ((c = getopt_long(argc, argv, ":t:s:r:h", options, NULL)) != -1) {
-    if (c == 'h') {
-      fputs(worker_help, stdout);
-      return EXIT_DONE;
-    }
-    if (c == 't') {
-      a->trial = optarg;
-    } else if (c == 's') {
-      free(a->storage);
-      if (!(a->storage = cli_storage_flag(optarg))) return cli_usage_error("worker", "out of memory");
-    } else if (c == 'r') {
-      a->run_dir = optarg;
-    } else {
-      return cli_option_error("worker", c, argv);
-    }
-  }
+  const cli_command cmd = {"worker", worker_help, options, "t:r:", take_worker_option, a};
+  int status = cli_parse_options(&cmd, argc, argv, &a->storage);
+  if (status >= 0) return status;
   if (optind != argc) return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
   char *end = NULL;
   if (!a->trial || strtoll(a->trial, &end, 10) < 1 || *end != '\0')

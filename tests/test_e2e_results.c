@@ -465,6 +465,33 @@ static void new_commands_have_help_and_refuse_bad_usage(void **state) {
   expect_refusal(f, (char *[]){"import", "missing.json", NULL}, 1, "missing.json: No such file");
 }
 
+/* Each command knows only its own options: one of another command's is unknown, named as
+ * given (not by its value, as when the commands' option tables were shared). */
+static void an_option_another_command_takes_is_unknown_by_its_own_name(void **state) {
+  fixture *f = *state;
+  expect_refusal(f, (char *[]){"logs", "e", "0", "--format", "json", NULL}, 2,
+                 "nas logs: unknown option '--format'");
+  expect_refusal(f, (char *[]){"delete", "e", "--storage-to", "other.db", NULL}, 2,
+                 "nas delete: unknown option '--storage-to'");
+  expect_refusal(f, (char *[]){"rename", "e", "f", "--runs", NULL}, 2,
+                 "nas rename: unknown option '--runs'");
+  /* and an abbreviation is read among the command's own options only */
+  expect_refusal(f, (char *[]){"trial", "e", "0", "--fo", NULL}, 2,
+                 "nas trial: option '--fo' needs a value");
+}
+
+/* Empty values were read as 0 by `nas tell` alone. */
+static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **state) {
+  fixture *f = *state;
+  expect_refusal(f, (char *[]){"tell", "e", "", "y=1", NULL}, 2,
+                 "nas tell: '' is not a trial number");
+  expect_refusal(f, (char *[]){"trial", "e", "", NULL}, 2, "nas trial: '' is not a trial number");
+  expect_refusal(f, (char *[]){"tell", "e", "0", "--step", "", "y=1", NULL}, 2,
+                 "nas tell: --step wants a non-negative integer, not ''");
+  expect_refusal(f, (char *[]){"report", "y=1", "--step", "", NULL}, 2,
+                 "nas report: --step wants a non-negative integer, not ''");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -476,6 +503,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
+      cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
+      cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
