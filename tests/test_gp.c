@@ -301,6 +301,33 @@ static void worst_mean_is_held_at_the_largest_outcome(void **state) {
   gsl_rng_free(rng);
 }
 
+/* The held mean gives way when the data reject it: smooth outcomes with one far outlier as
+ * the worst value put the held mean many standard deviations above every other point, and
+ * the likelihood-ratio test frees it; far from the data the model then returns to the
+ * fitted mean, well below the outlier. */
+static void worst_mean_is_freed_when_the_data_reject_it(void **state) {
+  (void)state;
+  enum { N = 30, D = 3 };
+  double X[N * D], y[N], ystd[N], shift, scale, far[D] = {1, 1, 1}, largest = -HUGE_VAL;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N * D; i++) X[i] *= 0.5;
+  for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1];
+  y[N - 1] = 100; /* the outlier */
+  gp_standardise(y, N, ystd, &shift, &scale);
+  for (size_t i = 0; i < N; i++) largest = fmax(largest, ystd[i]);
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 100,
+                        .worst_mean = true};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
+  assert_true(gp_theta(g)[GP_THETA_MEAN(D)] < largest - 1);
+  point_values v = predict_values(g, NULL, far);
+  assert_true(v.mean < largest - 1);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
 /* Duplicate inputs with tiny noise make K singular in floating point: jitter rescues it. */
 static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
   (void)state;
@@ -327,6 +354,7 @@ int main(void) {
       cmocka_unit_test(fit_predicts_a_smooth_function),
       cmocka_unit_test(fit_is_deterministic),
       cmocka_unit_test(worst_mean_is_held_at_the_largest_outcome),
+      cmocka_unit_test(worst_mean_is_freed_when_the_data_reject_it),
       cmocka_unit_test(cholesky_adds_jitter_to_a_singular_matrix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
