@@ -75,7 +75,9 @@ typedef struct {
    * from the data the model then expects the worst value seen (outcomes are minimised),
    * which stops the acquisition from chasing the far corners of a high-dimensional cube
    * only because nothing is known there (De Ath et al. 2021, "What do you mean? The role
-   * of the mean function in Bayesian optimisation"). */
+   * of the mean function in Bayesian optimisation"). Unless the data reject it: when the
+   * best fit with the mean free beats the held one's log posterior beyond a likelihood-ratio
+   * test at p < 10⁻⁴, the free fit stands (gp_fit.c). */
   bool worst_mean;
   optimizer_cancel *cancel; /* NULL: never; when it says stop, gp_fit returns NAS_ECANCELED */
   /* NULL, or one known noise variance per observation (raw units², NaN where unknown): used

@@ -8,7 +8,8 @@
  * `restarts` further starts drawn around it; the best θ ever evaluated wins, so a start
  * that stops early (round-off, evaluation limit) still contributes what it found. With
  * worst_mean the constant mean is held at the largest standardised outcome (its bounds
- * closed on that value), and only the lengthscales and the noise move. */
+ * closed on that value), and only the lengthscales and the noise move, unless the data
+ * reject that mean (held_mean_rejected): then the fit with the mean free stands. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +29,10 @@ static const double MIN_LENGTHSCALE = 0.025, MAX_LENGTHSCALE = 1e3;
 static const double MIN_NOISE = 1e-4, MAX_NOISE = 10.0;
 static const double NOISE_PRIOR_LOC = -4.0, NOISE_PRIOR_SCALE = 1.0;
 static const double MEAN_BOUND = 10.0;
+/* Half the (1 − 10⁻⁴) quantile of χ² with one degree of freedom: held_mean_rejected's
+ * likelihood-ratio test (one parameter, the mean, freed) at 1% over the hundred or so tests
+ * a run makes (every objective at every suggestion; Bonferroni). */
+static const double HELD_MEAN_REJECT_HALF_CHI2 = 15.137 / 2;
 
 static double lengthscale_prior_loc(size_t d) { return SQRT2 + 0.5 * log((double)d); }
 
@@ -254,6 +259,44 @@ static void set_mean_bounds(fit_problem *p, const double *ystd, bool worst_mean)
   p->lower_mean = p->upper_mean = fmin(fmax(worst, p->lower_mean), p->upper_mean);
 }
 
+/* fit_runs from the prior's mode, the mean held (worst_mean) or free. */
+static int fit_from_mode(fit_problem *p, const gp_fit_options *opt, const double *ystd,
+                         bool worst_mean, gsl_rng *rng, nas_err *err) {
+  set_mean_bounds(p, ystd, worst_mean);
+  gp_theta_prior_mode(p->d, p->best_theta);
+  p->best_theta[GP_THETA_MEAN(p->d)] = fmin(fmax(0.0, p->lower_mean), p->upper_mean);
+  p->best_value = -HUGE_VAL;
+  return fit_runs(p, opt, rng, err);
+}
+
+/* Whether the data reject the mean held at the worst value: the best log posterior with the
+ * mean free exceeds the held one's by more than the likelihood-ratio test allows. Held far
+ * above data that vary on a fine scale (DTLZ7's f2: observations from 2.3 to beyond 30, the
+ * tip of its front's far piece a narrow minimum), the fit explains the offset with long
+ * lengthscales and the model cannot resolve the tip; there the log posteriors differ by 9
+ * to 18 from 35 observations on, on DTLZ2 by 7 at most (bench/RESULTS.md). */
+static bool held_mean_rejected(double held_value, double free_value) {
+  return free_value - held_value > HELD_MEAN_REJECT_HALF_CHI2;
+}
+
+/* The fit under opt's mean rule into p->best_theta. The free fit draws its starts from a
+ * copy of rng, so that where the test keeps the held mean, rng (and so every later fit)
+ * is where the held fit alone leaves it. */
+static int fit_mean_rule(fit_problem *p, const gp_fit_options *opt, const double *ystd,
+                         gsl_rng *rng, nas_err *err) {
+  gsl_rng *free_rng = opt->worst_mean ? gsl_rng_clone(rng) : NULL;
+  if (opt->worst_mean && !free_rng) return nas_errf(err, "gp: out of memory for a fit");
+  int rc = fit_from_mode(p, opt, ystd, opt->worst_mean, rng, err);
+  size_t len = GP_THETA_LEN(p->d);
+  double held_value = p->best_value, held[len];
+  memcpy(held, p->best_theta, len * sizeof *held);
+  if (rc == NAS_OK && free_rng) rc = fit_from_mode(p, opt, ystd, false, free_rng, err);
+  if (rc == NAS_OK && free_rng && !held_mean_rejected(held_value, p->best_value))
+    memcpy(p->best_theta, held, len * sizeof *held);
+  gsl_rng_free(free_rng);
+  return rc;
+}
+
 int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_options *opt,
            gsl_rng *rng, gp **out, nas_err *err) {
   if (n == 0) return nas_errf(err, "gp: no observations to fit");
@@ -273,11 +316,8 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   gp_standardise(y, n, ystd, &shift, &scale);
   if (known) gp_standardise_noise(opt->noise_var, n, scale, known);
   p.known = known;
-  set_mean_bounds(&p, ystd, opt->worst_mean);
-  gp_theta_prior_mode(d, p.best_theta);
-  p.best_theta[GP_THETA_MEAN(d)] = fmin(fmax(0.0, p.lower_mean), p.upper_mean);
   p.y = ystd;
-  rc = fit_runs(&p, opt, rng, err);
+  rc = fit_mean_rule(&p, opt, ystd, rng, err);
   if (rc == NAS_OK && optimizer_cancelled(p.cancel))
     rc = nas_errc(err, NAS_ECANCELED, "gp: fitting given up on request");
   if (rc == NAS_OK)

@@ -8,7 +8,8 @@
  *     gets point k of the randomised Sobol design, as the sobol optimizer would give it;
  *  3. otherwise fits one GP per objective (minimisation convention) and per constraint
  *     (its slack, ≤ 0 when feasible) on the observations that report it (constant mean
- *     held at the worst value seen from three cube dimensions on, see worst_mean_min_dims),
+ *     held at the worst value seen from three cube dimensions on unless the data reject
+ *     it, see worst_mean_min_dims),
  *     then picks the n suggestions one after the other (sequential greedy), each
  *     maximising an acquisition that treats the pending trials and the earlier picks as
  *     pending, i.e. samples their outcomes jointly with the candidate's: qLogNEHVI for 1–4

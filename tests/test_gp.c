@@ -276,27 +276,61 @@ static void fit_is_deterministic(void **state) {
   gsl_rng_free(rng);
 }
 
+/* gp_fit with worst_mean (Matérn-5/2); *largest gets the largest standardised outcome. */
+static gp *fit_worst_mean(const double *X, const double *y, size_t n, size_t d, gsl_rng *rng,
+                          double *largest) {
+  double *ystd = malloc(n * sizeof *ystd), shift, scale;
+  assert_non_null(ystd);
+  gp_standardise(y, n, ystd, &shift, &scale);
+  *largest = -HUGE_VAL;
+  for (size_t i = 0; i < n; i++) *largest = fmax(*largest, ystd[i]);
+  free(ystd);
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 100,
+                        .worst_mean = true};
+  gp *g = NULL;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, n, d, &opt, rng, &g, &err), NAS_OK);
+  return g;
+}
+
 /* With worst_mean the constant mean is the largest standardised outcome, whatever the fit
  * does with the lengthscales and the noise; far from the data the posterior mean returns
  * to it, i.e. to the worst value observed. */
 static void worst_mean_is_held_at_the_largest_outcome(void **state) {
   (void)state;
   enum { N = 12, D = 3 };
-  double X[N * D], y[N], ystd[N], shift, scale, far[D] = {1, 1, 1}, largest = -HUGE_VAL;
+  double X[N * D], y[N], far[D] = {1, 1, 1};
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
   fill_uniform(rng, X, N * D);
   for (size_t i = 0; i < N * D; i++) X[i] *= 0.05; /* all data in one small corner */
   fill_uniform(rng, y, N);
-  gp_standardise(y, N, ystd, &shift, &scale);
-  for (size_t i = 0; i < N; i++) largest = fmax(largest, ystd[i]);
-  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 100,
-                        .worst_mean = true};
-  gp *g;
-  nas_err err;
-  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
+  double largest;
+  gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
   assert_true(gp_theta(g)[GP_THETA_MEAN(D)] == largest);
   point_values v = predict_values(g, NULL, far);
   assert_true(fabs(v.mean - largest) < 0.05);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* The held mean gives way when the data reject it: smooth outcomes with one far outlier as
+ * the worst value put the held mean many standard deviations above every other point, and
+ * the likelihood-ratio test frees it; far from the data the model then returns to the
+ * fitted mean, well below the outlier. */
+static void worst_mean_is_freed_when_the_data_reject_it(void **state) {
+  (void)state;
+  enum { N = 30, D = 3 };
+  double X[N * D], y[N], far[D] = {1, 1, 1};
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N * D; i++) X[i] *= 0.5;
+  for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1];
+  y[N - 1] = 100; /* the outlier */
+  double largest;
+  gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
+  assert_true(gp_theta(g)[GP_THETA_MEAN(D)] < largest - 1);
+  point_values v = predict_values(g, NULL, far);
+  assert_true(v.mean < largest - 1);
   gp_free(g);
   gsl_rng_free(rng);
 }
@@ -327,6 +361,7 @@ int main(void) {
       cmocka_unit_test(fit_predicts_a_smooth_function),
       cmocka_unit_test(fit_is_deterministic),
       cmocka_unit_test(worst_mean_is_held_at_the_largest_outcome),
+      cmocka_unit_test(worst_mean_is_freed_when_the_data_reject_it),
       cmocka_unit_test(cholesky_adds_jitter_to_a_singular_matrix),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
