@@ -360,12 +360,11 @@ int serve_run(const serve_options *opt, nas_err *err) {
   storage *first = NULL;
   if (rc == NAS_OK) rc = serve_pool_take(&srv.pool, &first, err);
   if (rc == NAS_OK) {
+    /* Grouped where the storage can (SQLite): on PostgreSQL, writes of 8 and 32 clients
+     * grouped through one committer ran 2.4-2.9x slower than a transaction per request
+     * thread (bench/RESULTS.md, "Storage through `nas serve`"). */
+    srv.grouped_writes = storage_can_group(first);
     bool on_sqlite = strcmp(storage_backend_name(first), "sqlite") == 0;
-    /* Grouped only on SQLite, which takes one writer at a time anyway. PostgreSQL commits
-     * the sessions of the request threads side by side and shares their WAL flushes
-     * itself: through one committer its writes ran 2.4-2.9x slower with 8 and 32 clients
-     * (bench/RESULTS.md, "Storage through `nas serve`", PostgreSQL grouped). */
-    srv.grouped_writes = on_sqlite && storage_can_group(first);
     serve_pool_give(&srv.pool, first);
     srv.threads = opt->threads ? opt->threads
                   : on_sqlite  ? SERVE_THREADS_SQLITE

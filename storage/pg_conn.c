@@ -320,9 +320,7 @@ void pg_receipt_tokens(const pg_conn *c, const char *token, char out[PG_RECEIPT_
   else snprintf(out, PG_RECEIPT_TOKENS_LEN, "{%s}", token);
 }
 
-int pg_tx_begin(pg_conn *c, nas_err *err) {
-  return c->grouped ? NAS_OK : pg_exec(c, NULL, err, "BEGIN", NULL);
-}
+int pg_tx_begin(pg_conn *c, nas_err *err) { return pg_exec(c, NULL, err, "BEGIN", NULL); }
 
 int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err) {
   if (rc == NAS_OK && token) {
@@ -336,7 +334,6 @@ int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *er
                    " SELECT unnest($1::text[]), $2, true", &p);
     }
   }
-  if (c->grouped) return rc; /* pg_run releases the try's savepoint or rolls back to it */
   if (rc == NAS_OK) rc = pg_exec(c, NULL, err, "COMMIT", NULL);
   /* A failed rollback is not reported over the error that caused it: the server rolls
    * the transaction back itself when the connection ends. */
@@ -423,36 +420,7 @@ static int give_up(const pg_conn *c, bool unsettled, nas_err *err) {
   return NAS_ERR;
 }
 
-static int group_lost(const pg_conn *c, nas_err *err) {
-  return nas_errf(err, "the group's transaction was lost (postgresql %s)", c->shown);
-}
-
-/* One try of op inside the group, as a savepoint (see pg_conn.h): released when the try
- * succeeds, rolled back to when it fails. A try that loses the connection or the group's
- * transaction loses the group. */
-static int run_in_group(pg_conn *c, const pg_op *op, void *ctx, nas_err *err) {
-  if (c->group_lost) return group_lost(c, err);
-  char token[STORAGE_TOKEN_LEN + 1] = "";
-  if (op->receipt && storage_random_token(token, err) != NAS_OK) return NAS_ERR;
-  int rc = pg_exec(c, NULL, err, "SAVEPOINT one_write", NULL);
-  if (rc == NAS_OK) rc = op->attempt(c, op->receipt ? token : NULL, ctx, err);
-  if (rc == NAS_OK) {
-    rc = pg_exec(c, NULL, err, "RELEASE SAVEPOINT one_write", NULL);
-  } else if (rc != PG_LOST && rc != PG_AGAIN) {
-    nas_err ignored;
-    c->group_lost = pg_exec_script(c, "ROLLBACK TO SAVEPOINT one_write;"
-                                      " RELEASE SAVEPOINT one_write", &ignored) != NAS_OK;
-  }
-  if (rc == PG_LOST || rc == PG_AGAIN) {
-    c->group_lost = true;
-    nas_err_prefix(err, "the group's transaction was lost");
-    rc = NAS_ERR;
-  }
-  return rc;
-}
-
 int pg_run(pg_conn *c, const pg_op *op, void *ctx, nas_err *err) {
-  if (c->grouped) return run_in_group(c, op, ctx, err);
   backoff b = {.deadline = nas_monotonic() + c->retry_s, .delay = 0};
   char token[STORAGE_TOKEN_LEN + 1] = "";
   run_phase phase = PHASE_TRY;
@@ -471,45 +439,4 @@ int pg_run(pg_conn *c, const pg_op *op, void *ctx, nas_err *err) {
     if (rc != PG_LOST && rc != PG_AGAIN) return rc;
     if (!backoff_wait(&b)) return give_up(c, phase == PHASE_SETTLE, err);
   }
-}
-
-/* ---- group commit ---------------------------------------------------------------------------- */
-
-static int begin_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
-  (void)token, (void)ctx;
-  return pg_exec(c, NULL, err, "BEGIN", NULL);
-}
-
-int pg_group_begin(pg_conn *c, nas_err *err) {
-  if (c->grouped) return nas_errf(err, "internal error: a group is open already");
-  const pg_op begin = {.attempt = begin_attempt};
-  int rc = pg_run(c, &begin, NULL, err);
-  c->grouped = rc == NAS_OK;
-  c->group_lost = false;
-  return rc;
-}
-
-/* The group's commit with its own receipt. A try after a lost acknowledgement whose token
- * was fenced off runs on a new connection, outside the group's transaction (gone): it
- * must commit nothing, or an empty transaction would pass for the group. */
-static int group_commit_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
-  (void)ctx;
-  if (PQtransactionStatus(c->pg) != PQTRANS_INTRANS) return group_lost(c, err);
-  return pg_tx_end(c, NAS_OK, token, 0, err);
-}
-
-int pg_group_end(pg_conn *c, bool commit, nas_err *err) {
-  bool lost = c->group_lost;
-  c->grouped = c->group_lost = false;
-  if (commit && !lost) {
-    /* The receipt is the group's alone: a key left armed belongs to no write of it. */
-    const char *key = c->request_key;
-    c->request_key = NULL;
-    const pg_op commit_op = {.attempt = group_commit_attempt, .receipt = true};
-    int rc = pg_run(c, &commit_op, NULL, err);
-    c->request_key = key;
-    return rc;
-  }
-  if (c->pg && PQtransactionStatus(c->pg) != PQTRANS_IDLE) PQclear(PQexec(c->pg, "ROLLBACK"));
-  return commit ? group_lost(c, err) : NAS_OK;
 }

@@ -18,14 +18,6 @@
  * Sessions set idle_in_transaction_session_timeout, so that a transaction orphaned by a
  * network blip cannot hold its receipt (and its row locks) for more than a minute.
  *
- * Group commit (storage.h): between pg_group_begin and pg_group_end every try runs inside
- * the group's one transaction, as a savepoint of its own that a failing try is rolled back
- * to, so it fails alone. Inside a group nothing reconnects or tries again: a try that
- * loses the connection, or that the server rolls back (deadlock, serialization), loses the
- * whole group, whose writes the caller then makes again one by one. The group's commit
- * carries a receipt of its own, settled as above when its acknowledgement is lost, so a
- * group is known to have committed or not before any of its writes is made again.
- *
  * An idempotency key armed on the connection (a request of the storage RPC, storage.h)
  * rides along: the try commits it as a second receipt row with the same result, so a key
  * is stored exactly when its write is.
@@ -56,8 +48,6 @@ typedef struct pg_conn {
   /* Borrowed: the idempotency key the next write with a receipt commits beside its own
    * token (storage.h); NULL when none is armed. */
   const char *request_key;
-  bool grouped;    /* between pg_group_begin and pg_group_end */
-  bool group_lost; /* a try broke the group's transaction: it can only be rolled back */
 } pg_conn;
 
 /* Connects to uri: once when once is set, else retrying within the budget from
@@ -95,8 +85,6 @@ int pg_exec(pg_conn *c, PGresult **res, nas_err *err, const char *sql, const pg_
 /* Runs constant SQL holding several statements and no values (a migration step). */
 int pg_exec_script(pg_conn *c, const char *sql, nas_err *err);
 
-/* In a group the try's savepoint, opened by pg_run, stands for the transaction: begin does
- * nothing there and end records the receipt only. */
 int pg_tx_begin(pg_conn *c, nas_err *err);
 /* Ends the transaction begun by pg_tx_begin: when rc is NAS_OK, records the receipt token
  * (when not NULL) with result and commits, else rolls back. Returns rc, or the failure of
@@ -126,16 +114,7 @@ typedef struct pg_op {
 } pg_op;
 
 /* Runs op until it succeeds or fails for good (the try's own code), retrying PG_LOST and
- * PG_AGAIN within the connection's budget. In a group: one try, in a savepoint. */
+ * PG_AGAIN within the connection's budget. */
 int pg_run(pg_conn *c, const pg_op *op, void *ctx, nas_err *err);
-
-/* ---- group commit ---------------------------------------------------------------------------- */
-
-/* Opens the group's transaction (connecting as any operation does). */
-int pg_group_begin(pg_conn *c, nas_err *err);
-/* Commits the group (commit true) or rolls it back. NAS_ERR when a commit did not happen:
- * the group was lost, or its commit failed or was fenced off after a lost acknowledgement;
- * then none of its writes is stored. */
-int pg_group_end(pg_conn *c, bool commit, nas_err *err);
 
 #endif

@@ -6,9 +6,8 @@
  *
  * Invariants:
  * - Each storage operation is one transaction: a single statement (its own implicit
- *   transaction) or BEGIN … COMMIT; inside a group (storage_group_begin), one savepoint of
- *   the group's transaction (pg_conn.h). Writes that are not idempotent commit a receipt
- *   in that same transaction.
+ *   transaction) or BEGIN … COMMIT. Writes that are not idempotent commit a receipt in
+ *   that same transaction.
  * - SQL text is constant; every value travels as a parameter, a batch of observations as
  *   array parameters.
  * - The schema only moves forward through `migrations` (version i → i + 1), all pending
@@ -1106,14 +1105,6 @@ static int postgres_receipt_find(void *conn, const char *key, bool *found, int64
   return rc;
 }
 
-/* ---- group commit ------------------------------------------------------------------------ */
-
-static int postgres_group_begin(void *conn, nas_err *err) { return pg_group_begin(conn, err); }
-
-static int postgres_group_end(void *conn, bool commit, nas_err *err) {
-  return pg_group_end(conn, commit, err);
-}
-
 const storage_backend storage_postgres_backend = {
     .name = "postgresql",
     .open = postgres_open,
@@ -1145,6 +1136,4 @@ const storage_backend storage_postgres_backend = {
     .lease_get = postgres_lease_get,
     .receipt_arm = postgres_receipt_arm,
     .receipt_find = postgres_receipt_find,
-    .group_begin = postgres_group_begin,
-    .group_end = postgres_group_end,
 };

@@ -279,16 +279,13 @@ const char *storage_backend_name(const storage *st);
 void storage_bare_errors(storage *st, bool bare);
 
 /* ---- group commit: several writes in one transaction (serve/commit.c) ------------------
- * Between storage_group_begin and storage_group_end every operation of st runs inside one
+ * Between storage_group_begin and storage_group_end every write of st runs inside one
  * transaction, each as a savepoint of its own: a write that fails is rolled back alone and
  * the others stay; storage_group_end(commit = true) makes them all durable at once, with
- * one commit (one fsync) for the lot. Only where storage_can_group says so (SQLite,
- * PostgreSQL). A failed commit loses the whole group, and so, on PostgreSQL, does a
- * connection lost or a deadlock inside it (nothing is retried inside a group; the writes
- * after it fail): its writes are then to be made again one by one. A group whose commit
- * acknowledgement was lost is settled first (committed, or fenced off and failed), so
- * making them again never stores one twice, unless the database stays out of reach for
- * the whole retry budget (then, as for any write, the outcome is unknown). */
+ * one commit (one fsync) for the lot. Only where storage_can_group says so (SQLite, whose
+ * one writer at a time would otherwise pay an fsync per write; PostgreSQL commits
+ * concurrent sessions side by side and shares their flushes itself). A failed commit loses
+ * the whole group: its writes are then to be made again one by one. */
 bool storage_can_group(const storage *st);
 int storage_group_begin(storage *st, nas_err *err);
 int storage_group_end(storage *st, bool commit, nas_err *err);

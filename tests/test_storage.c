@@ -2177,87 +2177,6 @@ static void postgresql_lost_commit_acknowledgements_are_settled_not_repeated(voi
   assert_true(proxy_stop(&proxy) >= 8 * 1);
 }
 
-/* A storage handle reaching the fixture's database through a cut proxy, and a running
- * trial made on the database directly. */
-typedef struct {
-  cut_proxy proxy;
-  char *via;    /* owned: the URL through the proxy */
-  storage *st;  /* owned: opened at via */
-  trial_row trial;
-} cut_handle;
-
-static cut_handle cut_handle_open(fixture *f) {
-  cut_handle h = {.proxy = proxy_start(f->ctx->server->port)};
-  h.via = pg_schema_url(h.proxy.port, pg_schema_of(f->url));
-  h.st = open_or_fail(h.via);
-  h.trial = make_running_trial(f);
-  return h;
-}
-
-/* Closes what cut_handle_open made; the proxy must have cut `cuts` connections. */
-static void cut_handle_close(cut_handle *h, int cuts) {
-  storage_close(h->st);
-  free(h->via);
-  assert_int_equal(proxy_stop(&h->proxy), cuts);
-  trial_row_clear(&h->trial);
-}
-
-/* A group through the proxy cut at the answer to its commit's receipt (1: the commit is
- * never sent) or to the commit itself (2: its acknowledgement is lost): the group is
- * settled as pg_conn.h says, all of it or none, and says which; never a write twice. */
-static void postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at_all(void **state) {
-  fixture *f = *state;
-  cut_handle h = cut_handle_open(f);
-  storage *st = h.st;
-  trial_row t = h.trial;
-  metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, 2}};
-  size_t stored = 0;
-  for (int cut = 1; cut <= 2; cut++) {
-    CHECK(storage_group_begin(st, err));
-    CHECK(storage_metrics_add(st, t.id, &obs[0], 1, 10 * cut, err));
-    CHECK(storage_metrics_add(st, t.id, &obs[1], 1, 10 * cut + 1, err));
-    proxy_arm(&h.proxy, cut);
-    nas_err failed = {{0}};
-    int rc = storage_group_end(st, true, &failed);
-    proxy_arm(&h.proxy, 0);
-    if (cut == 1) {
-      assert_int_equal(rc, NAS_ERR);
-      assert_contains(failed.msg, "the group's transaction was lost");
-    } else {
-      if (rc != NAS_OK) fail_msg("%s", failed.msg);
-      stored += 2;
-    }
-    assert_int_equal(metric_count(f, t.experiment_id), stored);
-  }
-  assert_int_equal(log_offset_of(f, t.id), 21);
-  cut_handle_close(&h, 2);
-}
-
-/* The connection cut under a write inside a group: nothing is tried again inside it (a
- * new connection would be outside the group), so that write and every later one fail,
- * the group cannot commit and stores nothing, and the handle works again after it. */
-static void postgresql_connection_lost_inside_a_group_loses_the_whole_group(void **state) {
-  fixture *f = *state;
-  cut_handle h = cut_handle_open(f);
-  storage *st = h.st;
-  trial_row t = h.trial;
-  metric_obs obs = {"loss", 0, 1, 1};
-  CHECK(storage_group_begin(st, err));
-  CHECK(storage_metrics_add(st, t.id, &obs, 1, 10, err));
-  proxy_arm(&h.proxy, 1);
-  nas_err failed = {{0}};
-  assert_int_equal(storage_metrics_add(st, t.id, &obs, 1, 20, &failed), NAS_ERR);
-  proxy_arm(&h.proxy, 0);
-  assert_contains(failed.msg, "the group's transaction was lost");
-  assert_int_equal(storage_trial_heartbeat(st, t.id, &failed), NAS_ERR);
-  assert_int_equal(storage_group_end(st, true, &failed), NAS_ERR);
-  assert_int_equal(metric_count(f, t.experiment_id), 0);
-  CHECK(storage_metrics_add(st, t.id, &obs, 1, 30, err));
-  assert_int_equal(metric_count(f, t.experiment_id), 1);
-  assert_int_equal(log_offset_of(f, t.id), 30);
-  cut_handle_close(&h, 1);
-}
-
 /* With the server gone for longer than the retry budget, a write fails and says that
  * whether it was stored is unknown (the connection broke under it); opening fails saying
  * it gave up. Neither stored anything, and the same handle works once the server is back. */
@@ -2552,9 +2471,8 @@ static int run_shared_tests(backend_ctx *ctx) {
   return run_group(ctx->backend->name, tests, sizeof tests / sizeof tests[0], ctx);
 }
 
-/* Schema changes, idempotency keys and group commit, on the backends that keep the data (a
- * server in front of one opens its storage once, at its own start, passes keys on and
- * groups writes itself). */
+/* Schema changes and idempotency keys, on the backends that keep the data (a server in
+ * front of one opens its storage once, at its own start, and passes keys on). */
 static int run_schema_tests(backend_ctx *ctx) {
   struct CMUnitTest tests[] = {
       FIXTURE_TEST(newer_schema_is_refused_and_left_as_it_is),
@@ -2562,12 +2480,9 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
       FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
-      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
-      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
-      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
   };
   char name[64];
-  snprintf(name, sizeof name, "%s schema, keys and groups", ctx->backend->name);
+  snprintf(name, sizeof name, "%s schema", ctx->backend->name);
   return run_group(name, tests, sizeof tests / sizeof tests[0], ctx);
 }
 
@@ -2582,6 +2497,9 @@ static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
+      FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
+      FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
+      FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
       FIXTURE_TEST(sqlite_newer_schema_leaves_the_file_byte_for_byte),
       FIXTURE_TEST(sqlite_file_that_is_not_a_database_is_refused_untouched),
       FIXTURE_TEST(sqlite_database_of_another_program_is_refused_untouched),
@@ -2622,8 +2540,6 @@ static int run_postgres_tests(void) {
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(postgresql_writes_survive_server_restarts_exactly_once),
       FIXTURE_TEST(postgresql_lost_commit_acknowledgements_are_settled_not_repeated),
-      FIXTURE_TEST(postgresql_group_whose_commit_answer_is_lost_commits_whole_or_not_at_all),
-      FIXTURE_TEST(postgresql_connection_lost_inside_a_group_loses_the_whole_group),
       FIXTURE_TEST(postgresql_write_while_the_server_stays_down_is_reported_and_not_stored),
       FIXTURE_TEST(postgresql_url_options_reach_libpq),
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
