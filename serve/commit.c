@@ -1,9 +1,9 @@
-/* serve/commit.c: group commit of the server's writes (SQLite, PostgreSQL).
+/* serve/commit.c: group commit of the server's writes on SQLite.
  *
  * SQLite commits one transaction at a time, each with its own fsync, so writes arriving
- * together would otherwise wait for each other's flushes one by one; PostgreSQL flushes
- * concurrent commits together, but each transaction still costs its commit, its flush
- * and its round trips. Here a request hands its write in. When no group runs, the
+ * together would otherwise wait for each other's flushes one by one (PostgreSQL commits
+ * concurrent sessions side by side and shares their flushes itself: its writes are not
+ * grouped, see server.c). Here a request hands its write in. When no group runs, the
  * request's thread makes the write at once on its own connection (a lone writer waits for
  * nothing more than its own commit). Otherwise the request is suspended (libmicrohttpd's
  * suspend/resume: it holds no request thread while it waits) and its write queued; the

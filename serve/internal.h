@@ -111,7 +111,7 @@ typedef struct {
   /* The server's storage RPC writes and reports go through the group commit: many writes
    * per commit (one flush). On SQLite, which takes one writer at a time and makes the
    * others sleep and retry (its busy handler backs off up to 100 ms), it also keeps those
-   * sleeps out of the tail latency. Where storage_can_group (SQLite, PostgreSQL). */
+   * sleeps out of the tail latency. Where storage_can_group (SQLite). */
   bool grouped_writes;
   unsigned threads;      /* request threads (serve_options.threads, else its default) */
   serve_committer committer;

@@ -19,8 +19,8 @@
 #include "common/common.h"
 
 /* Request threads: each serves one request at a time on a storage connection of its own
- * (so the server holds at most that many). The server groups the writes of SQLite and
- * PostgreSQL (commit.c), one group at a time. An SQLite file is on this machine, where a
+ * (so the server holds at most that many, and one more for the committer on SQLite). The
+ * server groups the writes of SQLite (commit.c), one group at a time. An SQLite file is on this machine, where a
  * read takes microseconds, so a few threads do; a PostgreSQL server may be a network hop
  * away, and more threads keep more reads (and asks) going while others wait on it. */
 enum {

@@ -326,7 +326,8 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
   sigaddset(&stop, SIGINT);
   sigaddset(&stop, SIGTERM);
   pthread_sigmask(SIG_BLOCK, &stop, &old);
-  int rc = serve_committer_start(&srv->committer, &srv->pool, err);
+  /* The committer (a thread and one more storage connection) only where writes are grouped. */
+  int rc = srv->grouped_writes ? serve_committer_start(&srv->committer, &srv->pool, err) : NAS_OK;
   if (rc == NAS_OK) {
     struct MHD_Daemon *d = start_daemon(srv, &addr, cert, key);
     if (d) {
@@ -336,7 +337,7 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
       rc = nas_errf(err, "cannot listen on %s: %s", opt->listen ? opt->listen : "127.0.0.1:8470", strerror(errno));
     }
     /* Every suspended request is resumed before the daemon stops, as libmicrohttpd needs. */
-    serve_committer_stop(&srv->committer, &srv->pool);
+    if (srv->grouped_writes) serve_committer_stop(&srv->committer, &srv->pool);
     if (d) MHD_stop_daemon(d);
     serve_committer_free(&srv->committer);
   }
