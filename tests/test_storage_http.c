@@ -366,28 +366,11 @@ static void stop_asserting_writes_were_grouped(test_server *srv, unsigned long m
     fail_msg("%lu writes took %lu commits: not more than %lu a commit", writes, commits, more_than);
 }
 
-/* Takes SQLite's write lock on f's database (BEGIN IMMEDIATE on a connection of the
- * test's own), so that every write the server makes waits until release_write_lock. */
-static sqlite3 *hold_write_lock(const fixture *f) {
-  sqlite3 *db = NULL;
-  if (sqlite3_open(f->db + strlen("sqlite:"), &db) != SQLITE_OK ||
-      sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL) != SQLITE_OK)
-    fail_msg("cannot hold the write lock of %s: %s", f->db, sqlite3_errmsg(db));
-  return db;
-}
-
-static void release_write_lock(sqlite3 *db) {
-  assert_int_equal(sqlite3_exec(db, "COMMIT", NULL, NULL, NULL), SQLITE_OK);
-  sqlite3_close(db);
-}
-
 /* 32 clients make `reports` reports each through a fresh server (odd ones to no trial
- * when odd_clients_bad; with `--threads threads` unless 0; with the database's write lock
- * held for hold_seconds after they start, unless 0); each good report is stored
+ * when odd_clients_bad; with `--threads threads` unless 0); each good report is stored
  * once, and on SQLite the server grouped them: several to a commit, or more than
  * `threads`. */
-static void load_through_a_server(fixture *f, int reports, bool odd_clients_bad, unsigned threads,
-                                  double hold_seconds) {
+static void load_through_a_server(fixture *f, int reports, bool odd_clients_bad, unsigned threads) {
   int64_t trial_ids[LOAD_CLIENTS];
   make_load_trials(f, trial_ids);
   test_server srv;
@@ -398,9 +381,7 @@ static void load_through_a_server(fixture *f, int reports, bool odd_clients_bad,
   char *url = server_url(&srv);
   load_args a = {url, trial_ids, reports, odd_clients_bad};
   pid_t pids[LOAD_CLIENTS];
-  sqlite3 *held = hold_seconds > 0 ? hold_write_lock(f) : NULL;
   start_clients(&a, pids);
-  if (held) nas_sleep(hold_seconds), release_write_lock(held);
   wait_clients(pids);
   /* With half the reports bad, a CI run once saw every group redone write by write (3200
    * writes, 3200 commits; not reproduced since): grouping is asserted for good reports
@@ -415,24 +396,22 @@ static void load_through_a_server(fixture *f, int reports, bool odd_clients_bad,
 }
 
 static void thirty_two_clients_reporting_at_once_lose_and_double_nothing(void **state) {
-  load_through_a_server(*state, LOAD_REPORTS, false, 0, 0);
+  load_through_a_server(*state, LOAD_REPORTS, false, 0);
 }
 
 /* A request waiting for its group commit is suspended and holds no request thread, so
  * with 2 threads and 32 clients a group holds the writes of every waiting client: more
  * than 2 a commit (when a request held its thread until its group committed, a group
- * held at most one write per thread). The database's write lock is held while the 32
- * reports arrive, so that they wait whatever the machine's speed: on a quiet machine a
- * commit can end before the next report arrives, and nothing waits to be grouped. */
+ * held at most one write per thread). */
 static void groups_hold_more_writes_than_request_threads(void **state) {
-  load_through_a_server(*state, 1, false, 2, 1.0);
+  load_through_a_server(*state, LOAD_REPORTS / 2, false, 2);
 }
 
 /* Half the clients report to a trial that does not exist while the other half report to
  * theirs, at once: each bad report fails (404) alone, never taking a good one of its group
  * with it. */
 static void bad_reports_grouped_with_good_ones_fail_alone(void **state) {
-  load_through_a_server(*state, LOAD_REPORTS / 2, true, 0, 0);
+  load_through_a_server(*state, LOAD_REPORTS / 2, true, 0);
 }
 
 /* ---- the same loads on PostgreSQL ---------------------------------------------------------- */
@@ -449,7 +428,7 @@ static void load_through_a_server_on_postgresql(fixture *f, int reports, bool od
   }
   free(f->db);
   f->db = pgserver_url(&pg, "postgres", NULL);
-  load_through_a_server(f, reports, odd_clients_bad, 0, 0);
+  load_through_a_server(f, reports, odd_clients_bad, 0);
   pgserver_stop(&pg);
 }
 
