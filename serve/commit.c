@@ -4,19 +4,26 @@
  * together would otherwise wait for each other's flushes one by one (PostgreSQL commits
  * concurrent sessions side by side and shares their flushes itself: its writes are not
  * grouped, see server.c). Here a request hands its write in. When no group runs, the
- * request's thread makes the write at once on its own connection (a lone writer waits for
- * nothing more than its own commit). Otherwise the request is suspended (libmicrohttpd's
- * suspend/resume: it holds no request thread while it waits) and its write queued; the
- * queue is handed to the committer thread, which takes every write queued so far, runs
- * them on its own connection inside one transaction, each as a savepoint
- * (storage_group_begin: a write that fails is rolled back alone and answered with its own
- * error), commits once, resumes their requests, and goes on with the writes queued
- * meanwhile. So a group holds every write that arrived while the one before committed,
- * however few request threads there are. A request is answered only after its group
- * committed. When the group cannot begin or commit, its writes are made again one by one,
- * each in its own transaction, so one bad write or a failed commit never fails or loses
- * the others; a write that commits an idempotency key (storage.h) is replayed, not
- * repeated, when its key was committed.
+ * request's thread makes the write at once on its own connection, as long as its client
+ * is the only one connected (a lone writer waits for nothing more than its own commit).
+ * Otherwise the request is suspended (libmicrohttpd's suspend/resume: it holds no request
+ * thread while it waits) and its write queued; the queue is handed to the committer
+ * thread, which takes every write queued so far, runs them on its own connection inside
+ * one transaction, each as a savepoint (storage_group_begin: a write that fails is rolled
+ * back alone and answered with its own error), commits once, resumes their requests, and
+ * goes on with the writes queued meanwhile. So a group holds every write that arrived
+ * while the one before committed, however few request threads there are. A request is
+ * answered only after its group committed. When the group cannot begin or commit, its
+ * writes are made again one by one, each in its own transaction, so one bad write or a
+ * failed commit never fails or loses the others; a write that commits an idempotency key
+ * (storage.h) is replayed, not repeated, when its key was committed.
+ *
+ * Why not commit in the request's thread whenever no group runs: libmicrohttpd ties each
+ * connection to the request thread that accepted it, and a burst of connections can all
+ * land on one thread. That thread would then commit its clients' writes one after the
+ * other, each client waiting behind the others' commits, and no write would ever find a
+ * group to join; suspended instead, the thread goes on reading its other clients' writes
+ * while a group commits.
  *
  * Invariant, under the lock: the queue is empty unless leading, so a write that finds no
  * group running has nothing to join. */
@@ -107,19 +114,35 @@ void serve_committer_stop(serve_committer *c, serve_pool *pool) {
   c->st = NULL;
 }
 
-/* Makes w now in this thread when no group runs (waiting for the one running when
- * stopping): true. Else suspends conn with w queued: false. */
+void serve_committer_count(serve_committer *c, bool opened) {
+  pthread_mutex_lock(&c->lock);
+  c->clients = opened ? c->clients + 1 : c->clients - 1;
+  pthread_mutex_unlock(&c->lock);
+}
+
+/* Suspends conn with w queued; called with the lock held. */
+static void queue_suspended(serve_committer *c, serve_write *w, struct MHD_Connection *conn) {
+  /* Suspended before it is queued, so the committer never resumes it first. */
+  MHD_suspend_connection(conn);
+  w->suspended = conn;
+  *c->queue_end = w;
+  c->queue_end = &w->next;
+}
+
+/* Makes w now in this thread when its client is the only one and no group runs (or when
+ * stopping, once the group running ended): true. Else suspends conn with w queued, for
+ * the group running or, when none runs, for the committer thread: false. */
 static bool commit_or_queue(serve_committer *c, storage *st, serve_write *w,
                             struct MHD_Connection *conn) {
   w->next = NULL;
   w->suspended = NULL;
   pthread_mutex_lock(&c->lock);
-  if (c->leading && !c->stopping) {
-    /* Suspended before it is queued, so the committer never resumes it first. */
-    MHD_suspend_connection(conn);
-    w->suspended = conn;
-    *c->queue_end = w;
-    c->queue_end = &w->next;
+  if (!c->stopping && (c->leading || c->clients > 1)) {
+    queue_suspended(c, w, conn);
+    if (!c->leading) {
+      c->leading = c->handed = true;
+      pthread_cond_broadcast(&c->changed);
+    }
     pthread_mutex_unlock(&c->lock);
     return false;
   }

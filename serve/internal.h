@@ -65,6 +65,7 @@ typedef struct {
   bool leading;                 /* a group runs now, or the queue is handed over to run */
   bool handed;                  /* the queue is the committer thread's to run */
   bool stopping;                /* no more suspending: each request waits in its thread */
+  unsigned clients;             /* client connections open now (serve_committer_count) */
   storage *st;                  /* the committer thread's, from the pool */
   pthread_t thread;
   unsigned long writes, commits; /* so far; the stop line says them */
@@ -78,11 +79,15 @@ int serve_committer_start(serve_committer *c, serve_pool *pool, nas_err *err);
 void serve_committer_stop(serve_committer *c, serve_pool *pool);
 /* Once no request thread is left (the daemon stopped). */
 void serve_committer_free(serve_committer *c);
+/* Counts a client connection opened (opened true) or closed: with one open, a write is
+ * made in its request's thread; with more, through the committer (serve_submit). */
+void serve_committer_count(serve_committer *c, bool opened);
 /* Makes w (its arg owned by the caller's request state, which it must not touch after
  * this call): through the group commit where the storage groups writes, else at once on
- * req->st. When no group runs, w is made now in this thread, on req->st, and answered;
- * else the request is suspended with w in the queue (req->waiting), to be answered when
- * the committer thread has committed w's group and resumed it. */
+ * req->st. With one client connection open and no group running, w is made now in this
+ * thread, on req->st, and answered; else the request is suspended with w in the queue
+ * (req->waiting), to be answered when the committer thread has committed w's group and
+ * resumed it. */
 void serve_submit(struct serve_request *req, serve_write *w);
 
 /* The webhooks of experiments told through the server (notifiers.c). */

@@ -270,6 +270,16 @@ static int bound_port(struct MHD_Daemon *d) {
   return info ? info->port : -1;
 }
 
+/* Counts the client connections where writes are grouped (commit.c decides by it). */
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_state,
+                          enum MHD_ConnectionNotificationCode what) {
+  (void)conn;
+  (void)socket_state;
+  serve_ctx *srv = cls;
+  if (srv->grouped_writes)
+    serve_committer_count(&srv->committer, what == MHD_CONNECTION_NOTIFY_STARTED);
+}
+
 static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_storage *addr,
                                        char *cert, char *key) {
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
@@ -283,6 +293,7 @@ static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_sto
       MHD_OPTION_THREAD_POOL_SIZE, srv->threads, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)SERVE_CLIENT_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)SERVE_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
+      MHD_OPTION_NOTIFY_CONNECTION, on_connection, srv,
       cert ? MHD_OPTION_HTTPS_MEM_CERT : MHD_OPTION_END, cert, MHD_OPTION_HTTPS_MEM_KEY, key,
       MHD_OPTION_END);
 }
