@@ -146,11 +146,12 @@ static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
 
 /* Under `never`, stage s > 0 computes a micro-batch's input gradient before its weight
  * gradients and puts those off until the backwards of s more micro-batches have run: the
- * s stages upstream drain while it adds them. That holds no more memory than the schedule
- * does anyway (every micro-batch's graph is held from its forward to its backward; a
- * put-off product holds a layer's input and output gradient). Under checkpointing, whose
- * point is to hold one micro-batch's graph, it would, so there a backward adds its weight
- * gradients as it goes (docs/engine-pipeline.md, "Weight gradients in the drain"). */
+ * s stages upstream drain while it adds them. A put-off product holds its layer's input
+ * and output gradient, about a micro-batch's graph per micro-batch put off, which `never`
+ * (holding every micro-batch's graph from its forward to its backward) is the mode to
+ * spend on; checkpointing's point is to hold one micro-batch's graph, so there a backward
+ * adds its weight gradients as it goes (docs/engine-pipeline.md, "Weight gradients in the
+ * drain"). */
 static int wgrads_init(tr_ctx *ctx, tr_pipe *p) {
   if (p->stage == 0 || p->cfg.checkpoint != TR_PIPE_CKPT_NEVER) return NAS_OK;
   p->wgrads = tr_wgrads_new();
