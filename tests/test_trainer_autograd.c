@@ -1,7 +1,7 @@
 /* The tensor and autograd engine's contracts: views share storage and version, in-place
  * writes after a save are caught, no-grad mode builds nothing, gradients accumulate, graphs
  * are freed (ASan checks the leaks), a linear layer adds its weight gradient straight into
- * an existing one, and float32 agrees with float64. */
+ * an existing one or queues it for later (the same bits), and float32 agrees with float64. */
 #include "tests/testutil.h"
 
 #include <math.h>
@@ -248,6 +248,91 @@ static void linear_adds_the_weight_gradient_into_an_existing_one_without_a_buffe
   tr_allocator_release(ctx.alloc);
 }
 
+/* One backward of sum(linear(x, w, b)) into the leaves' gradients. */
+static void linear_sum_backward(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b) {
+  tr_tensor *y = tr_linear(ctx, x, w, b);
+  tr_tensor *s = tr_sum(ctx, y, 0, NULL, false);
+  assert_int_equal(tr_backward(ctx, s, NULL, false), NAS_OK);
+  tr_release(s);
+  tr_release(y);
+}
+
+/* Two ctxs on the same seed: a and b make the same leaves. */
+typedef struct {
+  tr_ctx ctx;
+  tr_tensor *x, *w, *b;
+} linear_leaves;
+
+static void linear_leaves_new(linear_leaves *l) {
+  tr_ctx_init(&l->ctx, 21);
+  l->x = leaf(&l->ctx, 2, SHAPE(6, 5));
+  l->w = leaf(&l->ctx, 2, SHAPE(4, 5));
+  l->b = leaf(&l->ctx, 1, SHAPE(4));
+}
+
+static void linear_leaves_free(linear_leaves *l) {
+  tr_release(l->x);
+  tr_release(l->w);
+  tr_release(l->b);
+}
+
+static void assert_same_bits(const tr_tensor *a, const tr_tensor *b) {
+  assert_int_equal(a->numel, b->numel);
+  assert_memory_equal(tr_f64(a), tr_f64(b), (size_t)a->numel * sizeof(double));
+}
+
+/* A pipeline stage sends its input's gradient before it adds its weights' (zero-bubble
+ * schedules): with a queue set, the backward leaves the weight's gradient for later and
+ * makes the others; added later, in order, the products give the bits of the backwards
+ * that add them at once. */
+static void put_off_weight_gradients_add_the_same_bits_once_run(void **state) {
+  (void)state;
+  linear_leaves now, later;
+  linear_leaves_new(&now);
+  linear_leaves_new(&later);
+  for (int i = 0; i < 3; i++) linear_sum_backward(&now.ctx, now.x, now.w, now.b);
+  /* the first backward makes the weight's gradient, which the later ones are queued for */
+  linear_sum_backward(&later.ctx, later.x, later.w, later.b);
+  tr_tensor *first = tr_from_data(&later.ctx, TR_F64, 2, later.w->shape, tr_data(later.w->grad));
+  tr_wgrad_queue *q = tr_wgrads_new();
+  assert_non_null(q);
+  later.ctx.wgrads = q;
+  for (int i = 0; i < 2; i++) linear_sum_backward(&later.ctx, later.x, later.w, later.b);
+  later.ctx.wgrads = NULL;
+  assert_true(tr_wgrads_queued(q) == 2);
+  assert_same_bits(later.w->grad, first); /* not added yet */
+  assert_same_bits(later.x->grad, now.x->grad);
+  assert_same_bits(later.b->grad, now.b->grad);
+  assert_int_equal(tr_wgrads_run(&later.ctx, q, 1), NAS_OK); /* the first queued only */
+  assert_int_equal(tr_wgrads_run(&later.ctx, q, tr_wgrads_queued(q)), NAS_OK);
+  assert_same_bits(later.w->grad, now.w->grad);
+  assert_true(tr_wgrads_queued(q) == 2); /* marks go on counting */
+  tr_wgrads_free(q);
+  tr_release(first);
+  linear_leaves_free(&now);
+  linear_leaves_free(&later);
+}
+
+/* The queued product reads the layer's input later: written in place meanwhile, the
+ * product fails as a backward through a modified saved tensor does. */
+static void a_put_off_weight_gradient_refuses_an_input_written_since(void **state) {
+  (void)state;
+  linear_leaves l;
+  linear_leaves_new(&l);
+  linear_sum_backward(&l.ctx, l.x, l.w, l.b);
+  tr_wgrad_queue *q = tr_wgrads_new();
+  l.ctx.wgrads = q;
+  linear_sum_backward(&l.ctx, l.x, l.w, l.b);
+  l.ctx.wgrads = NULL;
+  bool prev = tr_set_grad_enabled(&l.ctx, false);
+  assert_int_equal(tr_fill_(&l.ctx, l.x, 0.5), NAS_OK);
+  tr_set_grad_enabled(&l.ctx, prev);
+  assert_int_equal(tr_wgrads_run(&l.ctx, q, tr_wgrads_queued(q)), NAS_ERR);
+  assert_non_null(strstr(l.ctx.err.msg, "modified in place"));
+  tr_wgrads_free(q);
+  linear_leaves_free(&l);
+}
+
 /* Large enough that BLAS takes the product's inner dimension in more than one block, so a
  * gradient written while the product still reads it would show. */
 #define ALIASED 600
@@ -331,6 +416,8 @@ int main(void) {
       cmocka_unit_test(allocator_reuses_freed_blocks_and_outlives_its_creator),
       cmocka_unit_test(linear_adds_the_weight_gradient_into_an_existing_one_without_a_buffer),
       cmocka_unit_test(linear_reading_its_weights_gradient_does_not_write_it_while_reading),
+      cmocka_unit_test(put_off_weight_gradients_add_the_same_bits_once_run),
+      cmocka_unit_test(a_put_off_weight_gradient_refuses_an_input_written_since),
       cmocka_unit_test(dropout_zeroes_about_p_and_scales_the_rest),
       cmocka_unit_test(concat_and_embedding_put_values_in_place),
   };

@@ -70,6 +70,9 @@ typedef struct tr_ctx {
   nas_err err;         /* the message of the last failed call */
   struct tr_cuda *cuda; /* borrowed; NULL: no device. Ops on CUDA tensors run on it (devices) */
   tr_threadpool *threads; /* borrowed; NULL: the engine's loops use OpenMP's threads */
+  struct tr_wgrad_queue *wgrads; /* borrowed; NULL: a backward computes every gradient.
+                                    A pipeline stage sets it around its backwards to put
+                                    weight gradients off (docs/engine-pipeline.md) */
 } tr_ctx;
 
 /* Grad mode on, generator seeded from seed (same seed, same numbers). */
@@ -174,6 +177,23 @@ int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph
 void tr_zero_grad(tr_tensor *t);
 /* Name of the op that made t ("MulBackward"), or NULL on a leaf. */
 const char *tr_grad_fn_name(const tr_tensor *t);
+
+/* Weight gradients put off (a pipeline stage's, docs/engine-pipeline.md, "Weight gradients
+ * in the drain"): while ctx->wgrads is set, a linear layer's backward whose weight already
+ * has a gradient on the host computes only its input's and bias's gradients and queues
+ * dW += dy^T x, holding dy and x. Added in the order queued, the products add what the
+ * backwards would have added, in the same order: the same bits. */
+typedef struct tr_wgrad_queue tr_wgrad_queue;
+tr_wgrad_queue *tr_wgrads_new(void);
+/* Drops what is still queued (those gradients then lack it) and frees q (NULL: nothing). */
+void tr_wgrads_free(tr_wgrad_queue *q);
+/* Drops what is still queued, unadded. */
+void tr_wgrads_drop(tr_wgrad_queue *q);
+/* How many products were ever queued: the mark of everything queued so far. */
+size_t tr_wgrads_queued(const tr_wgrad_queue *q);
+/* Adds the queued products before mark into their gradients, oldest first; fails (ctx->err)
+ * when a tensor one reads was written in place since it was queued. */
+int tr_wgrads_run(tr_ctx *ctx, tr_wgrad_queue *q, size_t mark);
 
 /* ---------------------------------------------------------------- ops */
 /* Shape: views share storage; reshape copies only when it must. */

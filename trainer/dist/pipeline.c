@@ -9,7 +9,10 @@
  * coming from stage s+1 (the last stage: the micro-batch's loss, weighted by its share of
  * the mini-batch) and the input's gradient going back to stage s-1 (drain). Gradients
  * accumulate in the parameters' .grad, so the sum over micro-batches is the gradient of
- * the mini-batch's mean loss.
+ * the mini-batch's mean loss. Under `never`, every stage but the first sends a
+ * micro-batch's input gradient before it adds that backward's weight gradients, which it
+ * queues (ctx->wgrads) and adds later (wgrads_init says when): stage s-1 gets to work
+ * sooner, and stage s adds them while the stages upstream drain.
  *
  * Invariants:
  * - A micro-batch's stage input is a detached leaf, so the stage's ops build a graph of
@@ -39,6 +42,7 @@ typedef struct {
   tr_tensor *output;    /* owned: the stage output with its graph (the last stage: the
                            weighted loss); NULL when checkpointed */
   uint64_t rng[4];      /* ctx's generator before the forward */
+  size_t wgrad_mark;    /* the stage's queue of weight gradients after its backward */
 } pipe_chunk;
 
 struct tr_pipe {
@@ -55,6 +59,8 @@ struct tr_pipe {
   pipe_bn *bn;                 /* owned; NULL unless deferred batch norm */
   pipe_skips *skips;           /* owned: the skip connections that cross stages */
   pipe_chunk *chunks;          /* owned, cfg.chunks */
+  tr_wgrad_queue *wgrads;      /* owned: the weight gradients put off (wgrads_init); NULL:
+                                  none are */
 };
 
 /* ---------------------------------------------------------------- partition */
@@ -138,6 +144,20 @@ static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
   return rc == NAS_OK ? check_device(ctx, p) : rc;
 }
 
+/* Under `never`, stage s > 0 computes a micro-batch's input gradient before its weight
+ * gradients and puts those off until the backwards of s more micro-batches have run: the
+ * s stages upstream drain while it adds them. A put-off product holds its layer's input
+ * and output gradient, about a micro-batch's graph per micro-batch put off, which `never`
+ * (holding every micro-batch's graph from its forward to its backward) is the mode to
+ * spend on; checkpointing's point is to hold one micro-batch's graph, so there a backward
+ * adds its weight gradients as it goes (docs/engine-pipeline.md, "Weight gradients in the
+ * drain"). */
+static int wgrads_init(tr_ctx *ctx, tr_pipe *p) {
+  if (p->stage == 0 || p->cfg.checkpoint != TR_PIPE_CKPT_NEVER) return NAS_OK;
+  p->wgrads = tr_wgrads_new();
+  return p->wgrads ? NAS_OK : nas_errf(&ctx->err, "pipeline: out of memory");
+}
+
 tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
                      const tr_pipe_config *cfg) {
   if (check_config(ctx, model, rank, cfg)) return NULL;
@@ -169,6 +189,7 @@ tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
       !(p->skips = pipe_skips_new(ctx, children, (int)n, balance, rank->stages, rank->stage,
                                   cfg->chunks)))
     rc = NAS_ERR;
+  if (rc == NAS_OK) rc = wgrads_init(ctx, p);
   if (rc == NAS_OK && cfg->deferred_batch_norm) {
     p->bn = pipe_bn_new(ctx, children + p->first, p->count);
     if (!p->bn) rc = NAS_ERR;
@@ -188,6 +209,7 @@ void tr_pipe_free(tr_pipe *p) {
   if (!p) return;
   for (int i = 0; i < p->cfg.chunks; i++) chunk_clear(&p->chunks[i]);
   free(p->chunks);
+  tr_wgrads_free(p->wgrads);
   pipe_bn_free(p->bn);
   pipe_skips_free(p->skips);
   tr_param_list_free(&p->params);
@@ -391,6 +413,16 @@ static int send_input_grad(tr_ctx *ctx, tr_pipe *p, pipe_chunk *c) {
   return rc;
 }
 
+/* After the backward of micro-batch i on stage s: the weight gradients put off from the
+ * backward of micro-batch i + s and before (backwards run from the last micro-batch to the
+ * first). */
+static int wgrads_catch_up(tr_ctx *ctx, tr_pipe *p, int i) {
+  if (!p->wgrads) return NAS_OK;
+  p->chunks[i].wgrad_mark = tr_wgrads_queued(p->wgrads);
+  int due = i + p->stage;
+  return due < p->cfg.chunks ? tr_wgrads_run(ctx, p->wgrads, p->chunks[due].wgrad_mark) : NAS_OK;
+}
+
 static int chunk_backward(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
   pipe_chunk *c = &p->chunks[i];
   tr_tensor *out = c->output ? tr_retain(c->output) : chunk_recompute(ctx, p, step, i);
@@ -402,11 +434,15 @@ static int chunk_backward(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i)
     grad = pw_recv(ctx, p->world, p->stage + 1, p->stage, what);
     if (!grad) rc = NAS_ERR;
   }
+  tr_wgrad_queue *caller_wgrads = ctx->wgrads;
+  ctx->wgrads = p->wgrads;
   if (rc == NAS_OK) rc = pipe_skips_backward(ctx, p->skips, p->world, i);
   /* a stage of parameterless children on the mini-batch itself has nothing to run back */
   if (rc == NAS_OK && out->grad_fn) rc = tr_backward(ctx, out, grad, false);
+  ctx->wgrads = caller_wgrads;
   if (rc == NAS_OK && p->stage > 0) rc = send_input_grad(ctx, p, c);
   if (rc == NAS_OK) rc = pipe_skips_send_grads(ctx, p->skips, p->world, i);
+  if (rc == NAS_OK) rc = wgrads_catch_up(ctx, p, i);
   tr_release(out);
   tr_release(grad);
   chunk_clear(c);
@@ -438,6 +474,8 @@ static int run_schedule(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
   for (int i = 0; i < m && rc == NAS_OK; i++) rc = chunk_forward(ctx, p, step, i);
   if (rc == NAS_OK && p->bn) rc = pipe_bn_end(ctx, p->bn);
   for (int i = m - 1; i >= 0 && rc == NAS_OK; i--) rc = chunk_backward(ctx, p, step, i);
+  if (rc == NAS_OK && p->wgrads) rc = tr_wgrads_run(ctx, p->wgrads, tr_wgrads_queued(p->wgrads));
+  tr_wgrads_drop(p->wgrads);
   for (int i = 0; i < m; i++) {
     chunk_clear(&p->chunks[i]);
     pipe_skips_clear(p->skips, i);

@@ -6,6 +6,8 @@
  *   matmul: C (M,N) = A (M,K) B (K,N);  dA = dC B^T,  dB = A^T dC.
  *   linear: y (R,out) = x (R,in) W^T + b; dx = dy W, dW = dy^T x, db = column sums of dy.
  *   One row (batch-1 inference) goes through our own matrix-vector kernel (kern_matmul.h).
+ *   A pipeline stage may have the linear layer's dW queued rather than computed in the
+ *   backward (tr_wgrads_*, ctx->wgrads), to run once it has sent the input's gradient on.
  * The ops serve both devices: on CUDA inputs the products go to cuBLAS (tc_gemm,
  * tc_linear_fwd in trainer/cuda/cuda_ops.c); checks, shapes, nodes and backward are these. */
 #include <cblas.h>
@@ -270,18 +272,103 @@ typedef struct {
   tr_saved w;
 } linear_node;
 
+/* ---------------------------------------------------------------- weight gradients put off */
+
+/* One queued dW += dy^T x, with the versions its operands had when queued. */
+typedef struct {
+  tr_tensor *dy, *x, *acc; /* owned references */
+  uint64_t dy_version, x_version;
+} wgrad_job;
+
+struct tr_wgrad_queue {
+  wgrad_job *jobs; /* [done, n) still to run */
+  size_t done, n, cap;
+  size_t retired; /* jobs run or dropped before jobs[0] (marks count from the first ever) */
+};
+
+tr_wgrad_queue *tr_wgrads_new(void) { return calloc(1, sizeof(tr_wgrad_queue)); }
+
+static void wgrad_job_clear(wgrad_job *j) {
+  tr_release(j->dy);
+  tr_release(j->x);
+  tr_release(j->acc);
+  *j = (wgrad_job){0};
+}
+
+/* Once every queued job has run: the array empties, the marks go on counting. */
+static void wgrads_compact(tr_wgrad_queue *q) {
+  if (q->done < q->n) return;
+  q->retired += q->n;
+  q->done = q->n = 0;
+}
+
+void tr_wgrads_drop(tr_wgrad_queue *q) {
+  if (!q) return;
+  for (size_t i = q->done; i < q->n; i++) wgrad_job_clear(&q->jobs[i]);
+  q->done = q->n;
+  wgrads_compact(q);
+}
+
+void tr_wgrads_free(tr_wgrad_queue *q) {
+  tr_wgrads_drop(q);
+  if (q) free(q->jobs);
+  free(q);
+}
+
+size_t tr_wgrads_queued(const tr_wgrad_queue *q) { return q->retired + q->n; }
+
+static int wgrads_push(tr_ctx *ctx, tr_wgrad_queue *q, tr_tensor *dy, tr_tensor *x,
+                       tr_tensor *acc) {
+  if (q->n == q->cap) {
+    size_t cap = q->cap ? q->cap * 2 : 32;
+    wgrad_job *grown = realloc(q->jobs, cap * sizeof *grown);
+    if (!grown) return nas_errf(&ctx->err, "linear backward: out of memory");
+    q->jobs = grown;
+    q->cap = cap;
+  }
+  q->jobs[q->n++] = (wgrad_job){tr_retain(dy), tr_retain(x), tr_retain(acc),
+                                dy->storage->version, x->storage->version};
+  return NAS_OK;
+}
+
+/* acc += dy^T x in place (the GEMM's beta = 1), bumping acc's version. */
+static int weight_grad_add(tr_ctx *ctx, tr_tensor *dy, tr_tensor *x, tr_tensor *acc) {
+  if (gemm_into(ctx, dy, true, x, false, 1.0, acc) != NAS_OK) return NAS_ERR;
+  acc->storage->version++;
+  return NAS_OK;
+}
+
+static int wgrad_job_run(tr_ctx *ctx, const wgrad_job *j) {
+  if (j->dy->storage->version != j->dy_version || j->x->storage->version != j->x_version)
+    return nas_errf(&ctx->err, "LinearBackward: a tensor a put-off weight gradient reads was "
+                    "modified in place after the backward that queued it; the gradient would "
+                    "be wrong");
+  return weight_grad_add(ctx, j->dy, j->x, j->acc);
+}
+
+int tr_wgrads_run(tr_ctx *ctx, tr_wgrad_queue *q, size_t mark) {
+  int rc = NAS_OK;
+  while (rc == NAS_OK && q->done < q->n && q->retired + q->done < mark) {
+    rc = wgrad_job_run(ctx, &q->jobs[q->done]);
+    wgrad_job_clear(&q->jobs[q->done++]);
+  }
+  wgrads_compact(q);
+  return rc;
+}
+
+/* ---------------------------------------------------------------- linear, backward */
+
 /* dW = dy^T x: added straight into W's accumulated gradient when it has one on the host
  * (the GEMM's beta = 1, as over the micro-batches of a pipeline or gradient accumulation:
- * no buffer for this backward's dW and no second pass to add it), else a new tensor in
- * *gw for the engine to accumulate. */
+ * no buffer for this backward's dW and no second pass to add it), or queued to be added so
+ * later when ctx->wgrads is set; else a new tensor in *gw for the engine to accumulate. */
 static int weight_grad(tr_ctx *ctx, tr_node *node, tr_tensor *dy, tr_tensor *x, tr_tensor *w,
                        tr_tensor **gw) {
   const tr_tensor *reads[] = {dy, x};
   tr_tensor *acc = tn_on_cuda(dy) ? NULL : ag_accumulator(node, 1, dy->dtype, w->numel, reads, 2);
   if (!acc) return (*gw = gemm_new(ctx, dy, true, x, false)) ? NAS_OK : NAS_ERR;
-  if (gemm_into(ctx, dy, true, x, false, 1.0, acc) != NAS_OK) return NAS_ERR;
-  acc->storage->version++;
-  return NAS_OK;
+  if (ctx->wgrads) return wgrads_push(ctx, ctx->wgrads, dy, x, acc);
+  return weight_grad_add(ctx, dy, x, acc);
 }
 
 static int linear_backward(tr_ctx *ctx, tr_node *node, tr_tensor *g, tr_tensor **gi) {
