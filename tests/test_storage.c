@@ -1568,7 +1568,7 @@ static void rpc_delete_and_import_retried_under_one_key_happen_once(void **state
   image_free(&src);
 }
 
-/* metrics_add's arguments for one report of obs to trial_id. */
+/* metrics_add's arguments for one report of obs to trial_id (observations as columns). */
 static json_t *report_args(int64_t trial_id, const metric_obs *obs, size_t n) {
   return json_pack("{s:I, s:o, s:I}", "trial_id", (json_int_t)trial_id, "observations",
                    rows_json_observations(obs, n), "new_log_offset", (json_int_t)-1);
@@ -1621,6 +1621,42 @@ static void rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_o
   json_decref(create);
   json_decref(claim);
   trial_row_clear(&queued);
+  trial_row_clear(&t);
+}
+
+/* The server reads observations as columns (what clients send) and as an array of rows
+ * (what clients sent before the columns); columns of unequal length store nothing. */
+static void rpc_metrics_add_takes_columns_and_the_rows_of_older_clients(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs[] = {{"loss", 0, 0.5, 1}, {"acc", METRIC_FINAL, NAN, 2}};
+  int rc;
+  json_decref(rpc_call(f, "metrics_add", NULL, report_args(t.id, obs, 2), &rc));
+  assert_int_equal(rc, NAS_OK);
+  json_t *rows = json_pack("{s:I, s:[{s:s, s:i, s:f, s:f}], s:i}", "trial_id", (json_int_t)t.id,
+                           "observations", "name", "loss", "step", 1, "value", 0.25, "time", 3.0,
+                           "new_log_offset", -1);
+  json_decref(rpc_call(f, "metrics_add", NULL, rows, &rc));
+  assert_int_equal(rc, NAS_OK);
+  json_t *uneven = report_args(t.id, obs, 2);
+  json_array_remove(json_object_get(json_object_get(uneven, "observations"), "time"), 1);
+  json_t *reply = rpc_call(f, "metrics_add", NULL, uneven, &rc);
+  assert_int_equal(rc, NAS_ERR);
+  assert_contains(json_string_value(json_object_get(reply, "error")),
+                  "column 'time' is not an array of 2 values");
+  json_decref(reply);
+  metric_row *m = NULL;
+  size_t n = 0;
+  CHECK(storage_metrics_of_trial(f->st, t.id, &m, &n, err));
+  assert_int_equal(n, 3);
+  assert_string_equal(m[0].name, "loss");
+  assert_int_equal(m[0].step, 0);
+  assert_string_equal(m[1].name, "acc");
+  assert_int_equal(m[1].step, METRIC_FINAL);
+  assert_true(isnan(m[1].value));
+  assert_true(m[1].time == 2.0);
+  assert_true(m[2].value == 0.25 && m[2].step == 1);
+  metric_rows_free(m, n);
   trial_row_clear(&t);
 }
 
@@ -2536,6 +2572,7 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
       FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
       FIXTURE_TEST(rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_once),
+      FIXTURE_TEST(rpc_metrics_add_takes_columns_and_the_rows_of_older_clients),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
   };
   char name[64];
