@@ -279,16 +279,20 @@ void rows_json_image_clear(rows_json_image_rows *rows) {
 
 /* ---- observations ---------------------------------------------------------------------------- */
 
-/* The columns of observations, in the order every column holds them. */
-static const char *const obs_columns[] = {"name", "step", "value", "time"};
-enum { OBS_COLUMNS = sizeof obs_columns / sizeof *obs_columns };
+/* The columns of observations: each holds one field of every observation, in order. */
+enum { OBS_NAME, OBS_STEP, OBS_VALUE, OBS_TIME, OBS_COLUMNS };
+static const struct {
+  const char *key;
+  const char *expected; /* what each of its values must be, for messages */
+} obs_columns[OBS_COLUMNS] = {{"name", "a string"}, {"step", "an integer"},
+                              {"value", "a number"}, {"time", "a number"}};
 
-/* Observation i's field in column c, as JSON (NULL when out of memory). */
+/* o's field in column c, as JSON (NULL when out of memory). */
 static json_t *obs_cell(const metric_obs *o, size_t c) {
   switch (c) {
-  case 0: return json_string(o->name);
-  case 1: return json_integer((json_int_t)o->step);
-  case 2: return rows_json_double(o->value);
+  case OBS_NAME: return json_string(o->name);
+  case OBS_STEP: return json_integer((json_int_t)o->step);
+  case OBS_VALUE: return rows_json_double(o->value);
   default: return rows_json_double(o->time);
   }
 }
@@ -303,7 +307,7 @@ json_t *rows_json_observations(const metric_obs *obs, size_t n) {
         column = NULL;
       }
     }
-    if (json_object_set_new(cols, obs_columns[c], column) != 0) {
+    if (json_object_set_new(cols, obs_columns[c].key, column) != 0) {
       json_decref(cols);
       cols = NULL;
     }
@@ -311,30 +315,30 @@ json_t *rows_json_observations(const metric_obs *obs, size_t n) {
   return cols;
 }
 
-/* Sets field c of o from v; false when v is not of the column's type. */
+/* Sets o's field in column c from v; false when v is not what the column holds. */
 static bool obs_cell_read(const json_t *v, size_t c, metric_obs *o) {
   switch (c) {
-  case 0: return (o->name = json_string_value(v)) != NULL;
-  case 1:
+  case OBS_NAME: return (o->name = json_string_value(v)) != NULL;
+  case OBS_STEP:
     if (!json_is_integer(v)) return false;
     o->step = json_integer_value(v);
     return true;
-  case 2: return double_of(v, &o->value);
+  case OBS_VALUE: return double_of(v, &o->value);
   default: return double_of(v, &o->time);
   }
 }
 
-/* Observations as columns: arrays of one length under every column's name. */
+/* Observations as columns: arrays of count values under every column's key. */
 static int observation_columns_read(const json_t *cols, metric_obs *out, size_t count,
                                     nas_err *err) {
-  static const char *const expected[] = {"a string", "an integer", "a number", "a number"};
   for (size_t c = 0; c < OBS_COLUMNS; c++) {
-    const json_t *column = json_object_get(cols, obs_columns[c]);
+    const json_t *column = json_object_get(cols, obs_columns[c].key);
     if (!json_is_array(column) || json_array_size(column) != count)
-      return nas_errf(err, "column '%s' is not an array of %zu values", obs_columns[c], count);
+      return nas_errf(err, "column '%s' is not an array of %zu values", obs_columns[c].key, count);
     for (size_t i = 0; i < count; i++) {
       if (!obs_cell_read(json_array_get(column, i), c, &out[i]))
-        return nas_errf(err, "observation %zu: field '%s' is not %s", i, obs_columns[c], expected[c]);
+        return nas_errf(err, "observation %zu: field '%s' is not %s", i, obs_columns[c].key,
+                        obs_columns[c].expected);
     }
   }
   return NAS_OK;
@@ -359,7 +363,7 @@ int rows_json_observations_read(const json_t *v, metric_obs **obs, size_t *n, na
   bool rows = json_is_array(v);
   if (!rows && !json_is_object(v))
     return nas_errf(err, "field 'observations' is neither columns nor an array of rows");
-  size_t count = rows ? json_array_size(v) : json_array_size(json_object_get(v, obs_columns[0]));
+  size_t count = rows ? json_array_size(v) : json_array_size(json_object_get(v, obs_columns[OBS_NAME].key));
   metric_obs *out = calloc(count ? count : 1, sizeof *out);
   if (!out) return nas_errf(err, "out of memory");
   int rc = rows ? observation_rows_read(v, out, count, err)

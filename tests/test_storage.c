@@ -1625,7 +1625,8 @@ static void rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_o
 }
 
 /* The server reads observations as columns (what clients send) and as an array of rows
- * (what clients sent before the columns); columns of unequal length store nothing. */
+ * (what clients sent before the columns); columns of unequal length, or a value of the
+ * wrong kind, store nothing and say where. */
 static void rpc_metrics_add_takes_columns_and_the_rows_of_older_clients(void **state) {
   fixture *f = *state;
   trial_row t = make_running_trial(f);
@@ -1644,6 +1645,14 @@ static void rpc_metrics_add_takes_columns_and_the_rows_of_older_clients(void **s
   assert_int_equal(rc, NAS_ERR);
   assert_contains(json_string_value(json_object_get(reply, "error")),
                   "column 'time' is not an array of 2 values");
+  json_decref(reply);
+  json_t *mistyped = report_args(t.id, obs, 2);
+  json_array_set_new(json_object_get(json_object_get(mistyped, "observations"), "step"), 1,
+                     json_string("last"));
+  reply = rpc_call(f, "metrics_add", NULL, mistyped, &rc);
+  assert_int_equal(rc, NAS_ERR);
+  assert_contains(json_string_value(json_object_get(reply, "error")),
+                  "observation 1: field 'step' is not an integer");
   json_decref(reply);
   metric_row *m = NULL;
   size_t n = 0;
