@@ -156,7 +156,9 @@ static bool commit_or_queue(serve_committer *c, storage *st, serve_write *w,
   /* Writes queued meanwhile go to the committer thread: this request is answered now. */
   if (c->queue) c->handed = true;
   else c->leading = false;
-  pthread_cond_broadcast(&c->changed);
+  /* Only the committer thread (handed writes, or stopping) and, when stopping, request
+   * threads wait for this: a lone writer wakes no thread. */
+  if (c->handed || c->stopping) pthread_cond_broadcast(&c->changed);
   pthread_mutex_unlock(&c->lock);
   return true;
 }

@@ -279,35 +279,98 @@ void rows_json_image_clear(rows_json_image_rows *rows) {
 
 /* ---- observations ---------------------------------------------------------------------------- */
 
-json_t *rows_json_observations(const metric_obs *obs, size_t n) {
-  json_t *array = json_array();
-  for (size_t i = 0; array && i < n; i++) {
-    json_t *one = json_pack("{s:s, s:I, s:o, s:o}", "name", obs[i].name, "step",
-                            (json_int_t)obs[i].step, "value", rows_json_double(obs[i].value),
-                            "time", rows_json_double(obs[i].time));
-    if (json_array_append_new(array, one) != 0) {
-      json_decref(array);
-      array = NULL;
-    }
+/* The columns of observations: each holds one field of every observation, in order. */
+enum { OBS_NAME, OBS_STEP, OBS_VALUE, OBS_TIME, OBS_COLUMNS };
+static const struct {
+  const char *key;
+  const char *expected; /* what each of its values must be, for messages */
+} obs_columns[OBS_COLUMNS] = {{"name", "a string"}, {"step", "an integer"},
+                              {"value", "a number"}, {"time", "a number"}};
+
+/* o's field in column c, as JSON (NULL when out of memory). */
+static json_t *obs_cell(const metric_obs *o, size_t c) {
+  switch (c) {
+  case OBS_NAME: return json_string(o->name);
+  case OBS_STEP: return json_integer((json_int_t)o->step);
+  case OBS_VALUE: return rows_json_double(o->value);
+  default: return rows_json_double(o->time);
   }
-  return array;
 }
 
-int rows_json_observations_read(const json_t *array, metric_obs **obs, size_t *n, nas_err *err) {
-  if (!json_is_array(array)) return nas_errf(err, "field 'observations' is not an array");
-  size_t count = json_array_size(array);
-  metric_obs *out = calloc(count ? count : 1, sizeof *out);
-  if (!out) return nas_errf(err, "out of memory");
+json_t *rows_json_observations(const metric_obs *obs, size_t n) {
+  json_t *cols = json_object();
+  for (size_t c = 0; cols && c < OBS_COLUMNS; c++) {
+    json_t *column = json_array();
+    for (size_t i = 0; column && i < n; i++) {
+      if (json_array_append_new(column, obs_cell(&obs[i], c)) != 0) {
+        json_decref(column);
+        column = NULL;
+      }
+    }
+    if (json_object_set_new(cols, obs_columns[c].key, column) != 0) {
+      json_decref(cols);
+      cols = NULL;
+    }
+  }
+  return cols;
+}
+
+/* Sets o's field in column c from v; false when v is not what the column holds. */
+static bool obs_cell_read(const json_t *v, size_t c, metric_obs *o) {
+  switch (c) {
+  case OBS_NAME: return (o->name = json_string_value(v)) != NULL;
+  case OBS_STEP:
+    if (!json_is_integer(v)) return false;
+    o->step = json_integer_value(v);
+    return true;
+  case OBS_VALUE: return double_of(v, &o->value);
+  default: return double_of(v, &o->time);
+  }
+}
+
+/* Observations as columns: arrays of count values under every column's key. */
+static int observation_columns_read(const json_t *cols, metric_obs *out, size_t count,
+                                    nas_err *err) {
+  for (size_t c = 0; c < OBS_COLUMNS; c++) {
+    const json_t *column = json_object_get(cols, obs_columns[c].key);
+    if (!json_is_array(column) || json_array_size(column) != count)
+      return nas_errf(err, "column '%s' is not an array of %zu values", obs_columns[c].key, count);
+    for (size_t i = 0; i < count; i++) {
+      if (!obs_cell_read(json_array_get(column, i), c, &out[i]))
+        return nas_errf(err, "observation %zu: field '%s' is not %s", i, obs_columns[c].key,
+                        obs_columns[c].expected);
+    }
+  }
+  return NAS_OK;
+}
+
+/* Observations as an array of rows {name, step, value, time}: what clients before the
+ * columns sent. */
+static int observation_rows_read(const json_t *array, metric_obs *out, size_t count,
+                                 nas_err *err) {
   for (size_t i = 0; i < count; i++) {
     rows_json_reader r = {json_array_get(array, i), err, NAS_OK};
     rows_json_text(&r, "name", false, &out[i].name);
     rows_json_int(&r, "step", &out[i].step);
     rows_json_number(&r, "value", &out[i].value);
     rows_json_number(&r, "time", &out[i].time);
-    if (r.rc != NAS_OK) {
-      free(out);
-      return nas_err_prefix(err, "observation %zu", i);
-    }
+    if (r.rc != NAS_OK) return nas_err_prefix(err, "observation %zu", i);
+  }
+  return NAS_OK;
+}
+
+int rows_json_observations_read(const json_t *v, metric_obs **obs, size_t *n, nas_err *err) {
+  bool rows = json_is_array(v);
+  if (!rows && !json_is_object(v))
+    return nas_errf(err, "field 'observations' is neither columns nor an array of rows");
+  size_t count = rows ? json_array_size(v) : json_array_size(json_object_get(v, obs_columns[OBS_NAME].key));
+  metric_obs *out = calloc(count ? count : 1, sizeof *out);
+  if (!out) return nas_errf(err, "out of memory");
+  int rc = rows ? observation_rows_read(v, out, count, err)
+                : observation_columns_read(v, out, count, err);
+  if (rc != NAS_OK) {
+    free(out);
+    return nas_err_prefix(err, "field 'observations'");
   }
   *obs = out;
   *n = count;

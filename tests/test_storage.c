@@ -1568,6 +1568,107 @@ static void rpc_delete_and_import_retried_under_one_key_happen_once(void **state
   image_free(&src);
 }
 
+/* metrics_add's arguments for one report of obs to trial_id (observations as columns). */
+static json_t *report_args(int64_t trial_id, const metric_obs *obs, size_t n) {
+  return json_pack("{s:I, s:o, s:I}", "trial_id", (json_int_t)trial_id, "observations",
+                   rows_json_observations(obs, n), "new_log_offset", (json_int_t)-1);
+}
+
+/* A report, a trial_create, a claim and a start sent again under their keys (clients that
+ * lost the answers) are answered as the first ones were and happen once: the second write
+ * collides with its key, or fails by itself (the trial runs already), and is rolled back.
+ * A write that failed under a key is no answer to its retry. */
+static void rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_once(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  json_t *create = json_pack("{s:I, s:s, s:n}", "experiment_id", (json_int_t)t.experiment_id,
+                             "params_json", "{}", "reference_json");
+  json_t *claim = json_pack("{s:I, s:s}", "experiment_id", (json_int_t)t.experiment_id,
+                            "worker", "w");
+  json_int_t made[2], claimed[2];
+  int rc;
+  for (int i = 0; i < 2; i++) {
+    json_decref(rpc_call(f, "metrics_add", "report-1", report_args(t.id, &obs, 1), &rc));
+    assert_int_equal(rc, NAS_OK);
+    json_t *reply = rpc_call(f, "trial_create", "create-1", json_deep_copy(create), &rc);
+    assert_int_equal(rc, NAS_OK);
+    made[i] = json_integer_value(json_object_get(json_object_get(reply, "trial"), "id"));
+    json_decref(reply);
+    reply = rpc_call(f, "trial_claim", "claim-1", json_deep_copy(claim), &rc);
+    assert_int_equal(rc, NAS_OK);
+    claimed[i] = json_integer_value(json_object_get(json_object_get(reply, "trial"), "id"));
+    json_decref(reply);
+  }
+  trial_row queued = make_trial(f, t.experiment_id, "{}");
+  for (int i = 0; i < 2; i++) {
+    json_decref(rpc_call(f, "trial_start", "start-1",
+                         json_pack("{s:I, s:s}", "trial_id", (json_int_t)queued.id, "job_id", "j"),
+                         &rc));
+    assert_int_equal(rc, NAS_OK);
+    json_decref(rpc_call(f, "trial_start", "start-2",
+                         json_pack("{s:I, s:s}", "trial_id", (json_int_t)queued.id + 1000,
+                                   "job_id", "j"),
+                         &rc));
+    assert_int_equal(rc, NAS_ENOTFOUND);
+  }
+  assert_int_equal(made[0], made[1]);
+  assert_int_equal(claimed[0], claimed[1]);
+  assert_int_equal(claimed[0], made[0]);
+  assert_int_equal(metric_count(f, t.experiment_id), 1);
+  raw_text_is(f, "SELECT count(*) FROM trials", "3");
+  raw_text_is(f, "SELECT count(*) FROM trials WHERE status = 'running'", "3");
+  json_decref(create);
+  json_decref(claim);
+  trial_row_clear(&queued);
+  trial_row_clear(&t);
+}
+
+/* The server reads observations as columns (what clients send) and as an array of rows
+ * (what clients sent before the columns); columns of unequal length, or a value of the
+ * wrong kind, store nothing and say where. */
+static void rpc_metrics_add_takes_columns_and_the_rows_of_older_clients(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs[] = {{"loss", 0, 0.5, 1}, {"acc", METRIC_FINAL, NAN, 2}};
+  int rc;
+  json_decref(rpc_call(f, "metrics_add", NULL, report_args(t.id, obs, 2), &rc));
+  assert_int_equal(rc, NAS_OK);
+  json_t *rows = json_pack("{s:I, s:[{s:s, s:i, s:f, s:f}], s:i}", "trial_id", (json_int_t)t.id,
+                           "observations", "name", "loss", "step", 1, "value", 0.25, "time", 3.0,
+                           "new_log_offset", -1);
+  json_decref(rpc_call(f, "metrics_add", NULL, rows, &rc));
+  assert_int_equal(rc, NAS_OK);
+  json_t *uneven = report_args(t.id, obs, 2);
+  json_array_remove(json_object_get(json_object_get(uneven, "observations"), "time"), 1);
+  json_t *reply = rpc_call(f, "metrics_add", NULL, uneven, &rc);
+  assert_int_equal(rc, NAS_ERR);
+  assert_contains(json_string_value(json_object_get(reply, "error")),
+                  "column 'time' is not an array of 2 values");
+  json_decref(reply);
+  json_t *mistyped = report_args(t.id, obs, 2);
+  json_array_set_new(json_object_get(json_object_get(mistyped, "observations"), "step"), 1,
+                     json_string("last"));
+  reply = rpc_call(f, "metrics_add", NULL, mistyped, &rc);
+  assert_int_equal(rc, NAS_ERR);
+  assert_contains(json_string_value(json_object_get(reply, "error")),
+                  "observation 1: field 'step' is not an integer");
+  json_decref(reply);
+  metric_row *m = NULL;
+  size_t n = 0;
+  CHECK(storage_metrics_of_trial(f->st, t.id, &m, &n, err));
+  assert_int_equal(n, 3);
+  assert_string_equal(m[0].name, "loss");
+  assert_int_equal(m[0].step, 0);
+  assert_string_equal(m[1].name, "acc");
+  assert_int_equal(m[1].step, METRIC_FINAL);
+  assert_true(isnan(m[1].value));
+  assert_true(m[1].time == 2.0);
+  assert_true(m[2].value == 0.25 && m[2].step == 1);
+  metric_rows_free(m, n);
+  trial_row_clear(&t);
+}
+
 static void rpc_import_of_a_malformed_image_is_refused_naming_the_field(void **state) {
   fixture *f = *state;
   make_full_experiment(f, "src");
@@ -2479,6 +2580,8 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(schema_version_1_is_upgraded_keeping_everything),
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
       FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
+      FIXTURE_TEST(rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_once),
+      FIXTURE_TEST(rpc_metrics_add_takes_columns_and_the_rows_of_older_clients),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
   };
   char name[64];
