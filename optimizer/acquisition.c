@@ -26,6 +26,7 @@
 
 #include "optimizer/acquisition.h"
 #include "optimizer/design.h"
+#include "optimizer/optimizer.h"
 #include "optimizer/small_blas.h"
 
 static const double TAU_RELU = 1e-6;   /* smoothing of max(0, ·), standardised units */
@@ -34,6 +35,11 @@ static const double PAREGO_RHO = 0.05; /* weight of the linear part of the scala
 static const double MIN_VAR = 1e-12;
 static const double BASE_JITTER = 1e-10; /* added to baseline covariances (round-off) */
 static const size_t DEFAULT_SAMPLES = 64;
+/* A moving reference follows a candidate only where the candidate's trade-off against the
+ * sample's front is bounded (Geoffrion's proper Pareto optimality): what it loses beyond the
+ * front's nadir in one objective, per extent of the front in that objective, at most this
+ * many times what it gains beyond the front's best in another, per extent there. */
+static const double MAX_TRADE_OFF = 10;
 
 struct mc_acq {
   acq_models models;
@@ -48,6 +54,7 @@ struct mc_acq {
   double *margin;            /* n_obj: mc_options' margin in standardised units (0: fixed) */
   box_list boxes;            /* MC_HVI: all samples' boxes */
   size_t *box_first, *box_count; /* N */
+  double *low, *high;        /* N·n_obj: each sample's front's best and worst values */
   double *best;              /* MC_PAREGO: N best scalarised baseline values (≤ 0) */
   /* scratch for one evaluation */
   double *work, *dvar;
@@ -67,7 +74,7 @@ void mc_acq_free(mc_acq *a) {
   if (!a) return;
   for (size_t o = 0; a->base && o < a->K; o++) gp_baseline_clear(&a->base[o]);
   void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->margin, a->box_first,
-                   a->box_count,     a->best, a->work, a->dvar, a->l,   a->dl,
+                   a->box_count, a->low, a->high, a->best, a->work, a->dvar, a->l, a->dl,
                    a->mean, a->dmean, a->sd,  a->dsd, a->F,    a->G,    a->u,
                    a->tmp};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) free(owned[i]);
@@ -89,6 +96,8 @@ static int alloc_arrays(mc_acq *a) {
   a->box_first = malloc(N * sizeof *a->box_first);
   a->box_count = malloc(N * sizeof *a->box_count);
   a->best = malloc(N * sizeof *a->best);
+  a->low = malloc(N * a->n_obj * sizeof *a->low);
+  a->high = malloc(N * a->n_obj * sizeof *a->high);
   a->work = malloc(work * sizeof *a->work);
   a->dvar = malloc(d * sizeof *a->dvar);
   a->l = malloc((K * nb + 1) * sizeof *a->l);
@@ -102,8 +111,8 @@ static int alloc_arrays(mc_acq *a) {
   a->u = malloc(N * sizeof *a->u);
   a->tmp = malloc((nb + 1) * sizeof *a->tmp);
   return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->margin && a->box_first &&
-                 a->box_count && a->best && a->work && a->dvar && a->l && a->dl && a->mean &&
-                 a->dmean && a->sd && a->dsd && a->F && a->G && a->u && a->tmp
+                 a->box_count && a->low && a->high && a->best && a->work && a->dvar && a->l &&
+                 a->dl && a->mean && a->dmean && a->sd && a->dsd && a->F && a->G && a->u && a->tmp
              ? NAS_OK
              : NAS_ERR;
 }
@@ -192,14 +201,32 @@ static double scalarise(const mc_acq *a, const double *y, double *grad) {
   return a->scal[arg] * y[arg] + PAREGO_RHO * linear;
 }
 
+/* The least and the largest value of each objective over the front of the k rows Y (k×m;
+ * on_front: k entries of scratch); NaN when k is 0. */
+static void front_bounds(const double *Y, size_t k, size_t m, bool *on_front, double *low,
+                         double *high) {
+  pareto_mask(Y, k, m, on_front);
+  for (size_t j = 0; j < m; j++) {
+    low[j] = k ? HUGE_VAL : NAN;
+    high[j] = k ? -HUGE_VAL : NAN;
+    for (size_t i = 0; i < k; i++)
+      if (on_front[i]) {
+        low[j] = fmin(low[j], Y[i * m + j]);
+        high[j] = fmax(high[j], Y[i * m + j]);
+      }
+  }
+}
+
 /* Per sample: the boxes of its feasible baseline front (MC_HVI) or its best scalarised
  * value (MC_PAREGO). */
 static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
   double *Fb = baseline_samples(a), zero_ref[a->n_obj];
   double *front = malloc((a->nb * a->n_obj + 1) * sizeof *front);
-  if (!Fb || !front) {
+  bool *on_front = malloc(a->nb + 1);
+  if (!Fb || !front || !on_front) {
     free(Fb);
     free(front);
+    free(on_front);
     return nas_errf(err, "acquisition: out of memory for baseline samples");
   }
   /* the boxes of an inferred coordinate reach out as far as a candidate may move it */
@@ -215,11 +242,13 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
       if (a->utility == MC_PAREGO) a->best[s] = fmin(a->best[s], scalarise(a, f, NULL));
     }
     if (a->utility != MC_HVI) continue;
+    front_bounds(front, k, a->n_obj, on_front, a->low + s * a->n_obj, a->high + s * a->n_obj);
     a->box_first[s] = a->boxes.n;
     rc = box_decompose(front, k, a->n_obj, zero_ref, &a->boxes, err);
     a->box_count[s] = a->boxes.n - a->box_first[s];
   }
   free(front);
+  free(on_front);
   free(Fb);
   return rc;
 }
@@ -298,6 +327,19 @@ static void sample_outcome(mc_acq *a, size_t o, const double *x, bool grad) {
   if (nb > 0) sb_mv(N, nb, 1.0, a->Zb + o * N * nb, nb, l, 1.0, a->F + o, K);
 }
 
+/* Whether sample s's value f, beyond the reference in objective j, moves it (see
+ * MAX_TRADE_OFF): its loss past the front's worst value in j against its best gain past
+ * the front's best value in another objective, each per the front's extent there. */
+static bool moves_reference(const mc_acq *a, size_t s, const double *f, size_t j) {
+  const double *low = a->low + s * a->n_obj, *high = a->high + s * a->n_obj;
+  if (!(f[j] + a->margin[j] > 0)) return false;
+  if (isnan(low[j])) return true; /* no front yet: any outcome sets the reference */
+  double loss = (f[j] - high[j]) / fmax(high[j] - low[j], a->margin[j]), gain = 0;
+  for (size_t k = 0; k < a->n_obj; k++)
+    if (k != j) gain = fmax(gain, (low[k] - f[k]) / fmax(high[k] - low[k], a->margin[k]));
+  return gain > 0 && loss <= MAX_TRADE_OFF * gain;
+}
+
 /* Utility of sample s from its values F[s·K ..]; ∂u/∂F into G[s·K ..]. */
 static double sample_utility(const mc_acq *a, size_t s, bool grad) {
   const double *f = a->F + s * a->K;
@@ -306,8 +348,8 @@ static double sample_utility(const mc_acq *a, size_t s, bool grad) {
     double upper[a->n_obj];
     bool moves[a->n_obj];
     for (size_t j = 0; j < a->n_obj; j++) { /* the reference once f is observed */
-      upper[j] = a->margin[j] > 0 ? fmax(0.0, f[j] + a->margin[j]) : 0.0;
-      moves[j] = a->margin[j] > 0 && f[j] + a->margin[j] > 0;
+      moves[j] = a->margin[j] > 0 && moves_reference(a, s, f, j);
+      upper[j] = moves[j] ? f[j] + a->margin[j] : 0.0;
     }
     box_cap cap = {.upper = upper, .moves = moves};
     u = box_log_hvi_capped(&a->boxes, a->box_first[s], a->box_count[s], f, &cap, TAU_RELU, g);

@@ -415,27 +415,47 @@ static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
   toy_free(&t, 2);
 }
 
-/* With the reference inferred below every outcome, a fixed reference leaves nothing to
- * improve, while one that follows the candidate (as the data would once it is observed)
- * values a candidate that extends the front beyond it. */
-static void reference_that_follows_the_candidate_values_extending_the_front(void **state) {
+/* Two objectives known almost exactly at five points: a front (0, 1), (0.5, 0.5), (1, 0) as
+ * the baseline, and two candidates beyond its nadir in the first objective: one that buys
+ * half the front's extent in the second for one extent in the first, one that buys a
+ * hundredth for two. */
+static void exact_models(gp **g) {
+  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+  double y[2][5] = {{0, 0.5, 1, 2, 3}, {1, 0.5, 0, -0.5, -0.01}};
+  double theta[D + 2] = {log(0.05), log(0.05), log(1e-8), 0};
+  nas_err err;
+  for (size_t k = 0; k < 2; k++)
+    assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y[k], 5, D, theta, &g[k], &err), NAS_OK);
+}
+
+/* Beyond a fixed reference a candidate improves nothing; a reference that follows the
+ * candidate (as the data would once it is observed) values one that extends the front, but
+ * only at a bounded trade-off (loss per front extent at most MAX_TRADE_OFF times the
+ * gain): the candidate trading 1 for 0.5 is valued far above the fixed reference's zero,
+ * the one trading 2 for 0.01 exactly as under the fixed reference. */
+static void followed_reference_values_extensions_at_a_bounded_trade_off(void **state) {
   (void)state;
-  toy_models t;
-  toy_make(&t, 2);
-  acq_models m = {.n_obj = 2, .obj = t.g};
-  double ref[2] = {-20, -20}, margin[2] = {0.5, 0.5}, x[D] = {0.05, 0.5};
-  mc_options fixed = {.utility = MC_HVI, .n_samples = 32, .seed = 5, .ref = ref};
+  gp *g[2];
+  exact_models(g);
+  acq_models m = {.n_obj = 2, .obj = g};
+  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+  double ref[2] = {1.1, 1.1}, margin[2] = {0.1, 0.1};
+  mc_options fixed = {.utility = MC_HVI, .n_samples = 16, .seed = 3, .ref = ref};
   mc_options follow = fixed;
   follow.margin = margin;
   mc_acq *a, *b;
   nas_err err;
-  assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &fixed, &a, &err), NAS_OK);
-  assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &follow, &b, &err), NAS_OK);
-  assert_true(mc_acq_eval(b, x, NULL) > mc_acq_eval(a, x, NULL) + 10.0);
-  assert_true(isfinite(mc_acq_eval(b, x, NULL)) && mc_acq_eval(b, x, NULL) > log(1e-6));
+  assert_int_equal(mc_acq_create(&m, X, 3, &fixed, &a, &err), NAS_OK);
+  assert_int_equal(mc_acq_create(&m, X, 3, &follow, &b, &err), NAS_OK);
+  const double *bounded = X + 3 * D, *unbounded = X + 4 * D;
+  assert_true(mc_acq_eval(b, bounded, NULL) > mc_acq_eval(a, bounded, NULL) + 5.0);
+  assert_true(mc_acq_eval(b, bounded, NULL) > log(1e-3));
+  double at_fixed = mc_acq_eval(a, unbounded, NULL);
+  assert_float_equal(mc_acq_eval(b, unbounded, NULL), at_fixed, 1e-9 * fabs(at_fixed));
   mc_acq_free(a);
   mc_acq_free(b);
-  toy_free(&t, 2);
+  gp_free(g[0]);
+  gp_free(g[1]);
 }
 
 /* Points far worse than another in both objectives go; the rest stay. */
@@ -471,7 +491,7 @@ int main(void) {
       cmocka_unit_test(logei_gradient_matches_finite_differences),
       cmocka_unit_test(mc_acquisition_gradients_match_finite_differences),
       cmocka_unit_test(mc_hvi_is_deterministic_and_prefers_improvement),
-      cmocka_unit_test(reference_that_follows_the_candidate_values_extending_the_front),
+      cmocka_unit_test(followed_reference_values_extensions_at_a_bounded_trade_off),
       cmocka_unit_test(pruning_drops_surely_dominated_points),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
