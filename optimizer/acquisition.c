@@ -229,8 +229,13 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
     free(on_front);
     return nas_errf(err, "acquisition: out of memory for baseline samples");
   }
-  /* the boxes of an inferred coordinate reach out as far as a candidate may move it */
-  for (size_t j = 0; j < a->n_obj; j++) zero_ref[j] = a->margin[j] > 0 ? HUGE_VAL : 0.0;
+  /* the boxes of an inferred coordinate reach out as far as a candidate may move it; the
+   * front's bounds are read only where the reference moves (moves_reference) */
+  bool moving = false;
+  for (size_t j = 0; j < a->n_obj; j++) {
+    zero_ref[j] = a->margin[j] > 0 ? HUGE_VAL : 0.0;
+    moving = moving || a->margin[j] > 0;
+  }
   int rc = NAS_OK;
   for (size_t s = 0; s < a->N && rc == NAS_OK; s++) {
     size_t k = 0;
@@ -242,7 +247,8 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
       if (a->utility == MC_PAREGO) a->best[s] = fmin(a->best[s], scalarise(a, f, NULL));
     }
     if (a->utility != MC_HVI) continue;
-    front_bounds(front, k, a->n_obj, on_front, a->low + s * a->n_obj, a->high + s * a->n_obj);
+    if (moving)
+      front_bounds(front, k, a->n_obj, on_front, a->low + s * a->n_obj, a->high + s * a->n_obj);
     a->box_first[s] = a->boxes.n;
     rc = box_decompose(front, k, a->n_obj, zero_ref, &a->boxes, err);
     a->box_count[s] = a->boxes.n - a->box_first[s];
