@@ -350,7 +350,7 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
     /* Every suspended request is resumed before the daemon stops, as libmicrohttpd needs. */
     if (srv->grouped_writes) serve_committer_stop(&srv->committer, &srv->pool);
     if (d) MHD_stop_daemon(d);
-    serve_committer_free(&srv->committer);
+    if (srv->grouped_writes) serve_committer_free(&srv->committer);
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   free(cert);
