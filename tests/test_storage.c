@@ -42,6 +42,8 @@ typedef struct test_backend {
   const char *boom_trigger;
   /* What takes back a schema of version 5 to version 4 (a step of a downgrade). */
   const char *undo_version_5;
+  /* The schema version this nas makes (SQLite has one step more: its receipts' table). */
+  const char *schema_version;
   /* Ends what fresh_url made for one test (NULL: nothing to end). */
   void (*release)(backend_ctx *ctx);
 } test_backend;
@@ -156,6 +158,7 @@ static const test_backend sqlite_backend = {
     .raw_text = sqlite_raw_text,
     .boom_trigger = SQLITE_BOOM_TRIGGER,
     .undo_version_5 = "DROP TABLE write_receipts",
+    .schema_version = "7",
 };
 
 static const test_backend postgres_backend = {
@@ -169,6 +172,7 @@ static const test_backend postgres_backend = {
                     "CREATE TRIGGER boom BEFORE INSERT ON metrics FOR EACH ROW"
                     " EXECUTE FUNCTION boom()",
     .undo_version_5 = "COMMENT ON TABLE write_receipts IS NULL",
+    .schema_version = "6",
 };
 
 /* The http backend: each storage is a `nas serve` of its own, on a fresh SQLite file, and
@@ -213,6 +217,7 @@ static const test_backend http_backend = {
     .raw_exec = http_raw_exec,
     .raw_text = http_raw_text,
     .boom_trigger = SQLITE_BOOM_TRIGGER,
+    .schema_version = "7",
     .release = http_release,
 };
 
@@ -1697,7 +1702,10 @@ static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
 }
 
 static void schema_version_table_holds_the_current_version(void **state) {
-  raw_text_is(*state, "SELECT count(*) || ':' || max(version) FROM schema_version", "1:6");
+  fixture *f = *state;
+  char *expect = nas_asprintf("1:%s", f->ctx->backend->schema_version);
+  raw_text_is(f, "SELECT count(*) || ':' || max(version) FROM schema_version", expect);
+  free(expect);
 }
 
 static void newer_schema_is_refused_and_left_as_it_is(void **state) {
@@ -1711,7 +1719,9 @@ static void newer_schema_is_refused_and_left_as_it_is(void **state) {
   assert_int_equal(storage_open(f->url, &st, &err), NAS_ERR);
   assert_null(st);
   assert_contains(err.msg, "999");
-  assert_contains(err.msg, "up to 6");
+  char *up_to = nas_asprintf("up to %s", f->ctx->backend->schema_version);
+  assert_contains(err.msg, up_to);
+  free(up_to);
   assert_null(strstr(err.msg, TEST_PASSWORD));
   raw_text_is(f, "SELECT version FROM schema_version", "999");
   raw_text_is(f, "SELECT name FROM experiments", "kept");
@@ -1734,7 +1744,7 @@ static void schema_version_1_is_upgraded_keeping_everything(void **state) {
   f->ctx->backend->raw_exec(f->ctx, f->url, f->ctx->backend->undo_version_5);
   f->ctx->backend->raw_exec(f->ctx, f->url, "UPDATE schema_version SET version = 1");
   f->st = open_or_fail(f->url);
-  raw_text_is(f, "SELECT max(version) FROM schema_version", "6");
+  raw_text_is(f, "SELECT max(version) FROM schema_version", f->ctx->backend->schema_version);
   trial_row got;
   CHECK(storage_trial_get(f->st, t.id, &got, err));
   assert_string_equal(got.job_id, "job-1");
@@ -1805,6 +1815,68 @@ static void sqlite_file_is_in_wal_mode(void **state) {
   assert_string_equal(mode, "wal");
   free(mode);
   free(path);
+}
+
+/* The WAL frames (pages) that one report of one observation commits, under key (NULL:
+ * none), counted from an emptied WAL. */
+static int wal_frames_of_one_report(fixture *f, int64_t trial_id, const char *key) {
+  char *path = db_path(f);
+  sqlite_exec_on(path, "PRAGMA wal_checkpoint(TRUNCATE)");
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  CHECK(storage_receipt_arm(f->st, key, err));
+  CHECK(storage_metrics_add(f->st, trial_id, &obs, 1, -1, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  sqlite3 *db = NULL;
+  sqlite3_stmt *s = NULL;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_prepare_v2(db, "PRAGMA wal_checkpoint(PASSIVE)", -1, &s, NULL), SQLITE_OK);
+  assert_int_equal(sqlite3_step(s), SQLITE_ROW);
+  int frames = sqlite3_column_int(s, 1); /* the WAL's frames: busy, log, checkpointed */
+  sqlite3_finalize(s);
+  sqlite3_close(db);
+  free(path);
+  return frames;
+}
+
+/* Exactly-once costs a keyed write two pages more than an unkeyed one, its receipt and
+ * the receipt's age, no third (a rowid table's row beside its token's index). */
+static void keyed_report_commits_two_pages_more_than_an_unkeyed_one(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  int unkeyed = wal_frames_of_one_report(f, t.id, NULL);
+  int keyed = wal_frames_of_one_report(f, t.id, "report-key-1");
+  assert_true(unkeyed > 0);
+  assert_int_equal(keyed, unkeyed + 2);
+  trial_row_clear(&t);
+}
+
+/* A file of schema version 6 (receipts in a rowid table) is upgraded keeping its keys:
+ * a retry of a write made before the upgrade is still recognised. */
+static void sqlite_receipts_survive_the_upgrade_to_their_own_btree(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  CHECK(storage_receipt_arm(f->st, "before-upgrade", err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, -1, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  storage_close(f->st);
+  f->st = NULL;
+  f->ctx->backend->raw_exec(f->ctx, f->url,
+                            "CREATE TABLE v6 (token TEXT PRIMARY KEY, result INTEGER, at REAL NOT NULL);"
+                            "INSERT INTO v6 SELECT token, result, at FROM write_receipts;"
+                            "DROP TABLE write_receipts;"
+                            "ALTER TABLE v6 RENAME TO write_receipts;"
+                            "CREATE INDEX write_receipts_by_age ON write_receipts (at);"
+                            "UPDATE schema_version SET version = 6");
+  f->st = open_or_fail(f->url);
+  raw_text_is(f, "SELECT max(version) FROM schema_version", "7");
+  raw_text_is(f, "SELECT sql LIKE '%WITHOUT ROWID' FROM sqlite_master WHERE name = 'write_receipts'", "1");
+  bool found = false;
+  int64_t result = 0;
+  CHECK(storage_receipt_find(f->st, "before-upgrade", &found, &result, err));
+  assert_true(found);
+  assert_int_equal(result, t.id);
+  trial_row_clear(&t);
 }
 
 /* Group commit (storage_group_begin): a write failing half-way inside a group is rolled
@@ -2600,6 +2672,8 @@ static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
+      FIXTURE_TEST(keyed_report_commits_two_pages_more_than_an_unkeyed_one),
+      FIXTURE_TEST(sqlite_receipts_survive_the_upgrade_to_their_own_btree),
       FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
       FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
       FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
