@@ -11,8 +11,8 @@
  * step less the largest of these x (chunks + stages - 1) / chunks, GPipe's fill and drain,
  * is what the hand-offs between stages cost; under `never` the thread stages run one
  * forward one backward instead, docs/engine-pipeline.md, and the step may come below that,
- * down to the last stage's time plus stage 0's first forward). Memory is each stage's allocator
- * (the model itself comes from malloc): its peak over the run, and what stays in use
+ * down to the last stage's time plus stage 0's first forward). Memory is each stage's
+ * allocator (the model itself comes from malloc): its peak over the run, and what stays in use
  * between steps (gradients and momentum); their difference is the stage's activation
  * memory, the column the target is about: with checkpoint `always`, the largest stage's
  * activations should stay within 1/stages of one rank's with `never`, plus one stage's

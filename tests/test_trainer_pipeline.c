@@ -676,7 +676,8 @@ static void micro_batches_add_weight_gradients_without_a_buffer_each(void **stat
 /* ---------------------------------------------------------------- the schedule */
 
 /* One step whose loss looks, at each call (each micro-batch's forward on the last stage,
- * then checkpointing's recomputations), whether a backward has put a gradient into the stage's parameters yet. */
+ * then checkpointing's recomputations), whether a backward has put a gradient into the
+ * stage's parameters yet. */
 typedef struct {
   tr_pipe_checkpoint checkpoint;
   int chunks, calls;

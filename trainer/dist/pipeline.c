@@ -13,8 +13,8 @@
  * the mini-batch's mean loss. Under `never` on a world whose sends never wait (threads),
  * the order is one forward one backward instead (one_forward_one_backward): stage s runs a
  * few forwards ahead, then each backward in micro-batch order between the remaining
- * forwards, so the last stage sends micro-batch 0's input gradient right after its
- * forward and stage 0 does not wait for every forward downstream. Under `never`, every stage but
+ * forwards, so the last stage sends micro-batch 0's input gradient right after its forward
+ * and stage 0 does not wait for every forward downstream. Under `never`, every stage but
  * the first sends a micro-batch's input gradient before it adds that backward's weight
  * gradients, which it queues (ctx->wgrads) and adds later (wgrads_catch_up says when):
  * stage s-1 gets to work sooner.
@@ -152,12 +152,12 @@ static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
 
 /* Under `never`, stage s > 0 computes a micro-batch's input gradient before its weight
  * gradients and puts those off until later backwards have run (wgrads_catch_up): in
- * fill-drain the s stages upstream drain while it adds them. A put-off product holds its layer's input
- * and output gradient, about a micro-batch's graph per micro-batch put off, which `never`
- * (holding every micro-batch's graph from its forward to its backward) is the mode to
- * spend on; checkpointing's point is to hold one micro-batch's graph, so there a backward
- * adds its weight gradients as it goes (docs/engine-pipeline.md, "Weight gradients in the
- * drain"). */
+ * fill-drain the s stages upstream drain while it adds them. A put-off product holds its
+ * layer's input and output gradient, about a micro-batch's graph per micro-batch put off,
+ * which `never` (holding micro-batches' graphs from their forwards to their backwards) is
+ * the mode to spend on; checkpointing's point is to hold one micro-batch's graph, so there
+ * a backward adds its weight gradients as it goes (docs/engine-pipeline.md, "Weight
+ * gradients in the drain"). */
 static int wgrads_init(tr_ctx *ctx, tr_pipe *p) {
   if (p->stage == 0 || p->cfg.checkpoint != TR_PIPE_CKPT_NEVER) return NAS_OK;
   p->wgrads = tr_wgrads_new();
