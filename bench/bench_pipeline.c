@@ -9,10 +9,10 @@
  * so stage 0's step is everyone's), the median printed, and each stage's CPU time per timed
  * step (its thread's: the work it does, without its waits; with a core per stage, stage 0's
  * step less the largest of these x (chunks + stages - 1) / chunks, GPipe's fill and drain,
- * is what the hand-offs between stages cost; under `never` the stages after the first put
- * weight gradients off into the drain, docs/engine-pipeline.md, so there the step may come
- * below that). Memory is each stage's allocator
- * (the model itself comes from malloc): its peak over the run, and what stays in use
+ * is what the hand-offs between stages cost; under `never` the thread stages run one
+ * forward one backward instead, docs/engine-pipeline.md, and the step may come below that,
+ * down to the last stage's time plus stage 0's first forward). Memory is each stage's
+ * allocator (the model itself comes from malloc): its peak over the run, and what stays in use
  * between steps (gradients and momentum); their difference is the stage's activation
  * memory, the column the target is about: with checkpoint `always`, the largest stage's
  * activations should stay within 1/stages of one rank's with `never`, plus one stage's
@@ -26,11 +26,15 @@
  * Then the residual rows: 256 -> Linear 256, ReLU -> 4 x (stash, Linear 256, ReLU,
  * Linear 256, pop add, ReLU) -> Linear 10 (27 children, split evenly by count, so skips
  * cross stages and the pipeline carries them), one rank and 2 and 4 stages with 8
- * micro-batches checkpointed `always`, against the same target. */
+ * micro-batches checkpointed `always`, against the same target.
+ *
+ * `bench_pipeline --stages N` prints the one-rank row and the rows of N stages only (a
+ * shorter run for timing windows). */
 #include <cblas.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "bench/bench_util.h"
@@ -274,7 +278,19 @@ static int run_pipeline(int stages, int chunks, tr_pipe_checkpoint ckpt, bool re
   return NAS_ERR;
 }
 
-int main(void) {
+/* The stage count of `--stages N`, 0 when not given (every row), -1 when the arguments
+ * are wrong. */
+static int only_stages(int argc, char **argv) {
+  if (argc == 1) return 0;
+  int n = argc == 3 && strcmp(argv[1], "--stages") == 0 ? atoi(argv[2]) : 0;
+  if (n == 1 || n == 2 || n == 4) return n;
+  fprintf(stderr, "usage: bench_pipeline [--stages 1|2|4]\n");
+  return -1;
+}
+
+int main(int argc, char **argv) {
+  int only = only_stages(argc, argv);
+  if (only < 0) return 2;
   openblas_set_num_threads(1);
   omp_set_num_threads(1); /* this thread's; the drivers hand each stage or rank its share */
   printf("Pipeline, MLP %d -> %d x (Linear %d, ReLU) -> 10, mini-batch %d, SGD momentum; "
@@ -289,6 +305,7 @@ int main(void) {
   print_row("one rank", 1, "1, never", &base, 0, 0);
   static const int chunk_counts[] = {1, 4, 8};
   for (int stages = 1; stages <= MAX_STAGES; stages *= 2) {
+    if (only && stages != only) continue;
     for (size_t c = 0; c < sizeof chunk_counts / sizeof *chunk_counts; c++) {
       for (int ckpt = 0; ckpt < 3; ckpt++) {
         bench_run run;
@@ -301,6 +318,7 @@ int main(void) {
       }
     }
   }
+  if (only) return 0;
   if (run_pipeline(1, 1, TR_PIPE_CKPT_NEVER, true, &base)) return 1;
   single_act = largest_activation(&base, 1);
   print_row("residual, one rank", 1, "1, never", &base, 0, 0);

@@ -521,18 +521,27 @@ static void explicit_balance_trains_like_single_rank(void **state) {
   free(want);
 }
 
+/* Recomputation draws the forward's dropout masks: `always` (every micro-batch
+ * recomputed) gives the bits of `except_last` (the last one not), both in fill-drain's
+ * order; `never` runs one forward one backward on thread stages, whose backwards add the
+ * micro-batches' gradients in another order, so it agrees to rounding (another mask would
+ * differ by far more). */
 static void checkpointing_with_dropout_changes_no_bit(void **state) {
   (void)state;
   for (int stages = 1; stages <= MAX_STAGES; stages *= 2) {
     run_spec never = run_defaults(MODEL_MLP_DROPOUT, 4, TR_PIPE_CKPT_NEVER);
+    run_spec except_last = run_defaults(MODEL_MLP_DROPOUT, 4, TR_PIPE_CKPT_EXCEPT_LAST);
+    run_spec always = run_defaults(MODEL_MLP_DROPOUT, 4, TR_PIPE_CKPT_ALWAYS);
     run_pipeline(&never, stages);
-    for (int ckpt = 0; ckpt < 2; ckpt++) {
-      run_spec run = run_defaults(MODEL_MLP_DROPOUT, 4, (tr_pipe_checkpoint)ckpt);
-      run_pipeline(&run, stages);
-      assert_int_equal(run.n_state, never.n_state);
-      assert_memory_equal(run.state, never.state, (size_t)run.n_state * sizeof(float));
-      run_free(&run);
-    }
+    run_pipeline(&except_last, stages);
+    run_pipeline(&always, stages);
+    assert_int_equal(always.n_state, except_last.n_state);
+    assert_memory_equal(always.state, except_last.state,
+                        (size_t)always.n_state * sizeof(float));
+    assert_int_equal(always.n_state, never.n_state);
+    assert_close(always.state, never.state, never.n_state, 1e-6, "always against never");
+    run_free(&always);
+    run_free(&except_last);
     run_free(&never);
   }
 }
@@ -660,6 +669,81 @@ static void micro_batches_add_weight_gradients_without_a_buffer_each(void **stat
                     act);
       assert_true(act < first_layer_weights);
       run_free(&run);
+    }
+  }
+}
+
+/* ---------------------------------------------------------------- the schedule */
+
+/* One step whose loss looks, at each call (each micro-batch's forward on the last stage,
+ * then checkpointing's recomputations), whether a backward has put a gradient into the
+ * stage's parameters yet. */
+typedef struct {
+  tr_pipe_checkpoint checkpoint;
+  int chunks, calls;
+  bool had_grad[8]; /* per call */
+  const int32_t *labels;
+  tr_param_list params; /* borrowed: the last stage's model's */
+} order_probe;
+
+static tr_tensor *probing_loss(tr_ctx *ctx, tr_tensor *out, int64_t start, int64_t count,
+                               void *arg) {
+  order_probe *probe = arg;
+  (void)count;
+  bool any = false;
+  for (size_t i = 0; i < probe->params.n; i++) any = any || probe->params.items[i]->grad;
+  if (probe->calls < 8) probe->had_grad[probe->calls] = any;
+  probe->calls++;
+  return tr_cross_entropy(ctx, out, probe->labels + start);
+}
+
+static int probed_stage(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  order_probe *probe = arg;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, MODEL_SEED);
+  tr_module *model = model_new(&ctx, MODEL_MLP);
+  tr_module_train(model, true);
+  int32_t labels[MAX_BATCH];
+  tr_tensor *x = batch_new(MODEL_MLP, 0, 16, labels);
+  bool last = rank->stage == rank->stages - 1;
+  if (last) {
+    probe->labels = labels;
+    assert_int_equal(tr_module_parameters(model, false, &probe->params, NULL), NAS_OK);
+  }
+  tr_pipe *p = tr_pipe_new(&ctx, model, rank,
+                           &(tr_pipe_config){.chunks = probe->chunks,
+                                             .checkpoint = probe->checkpoint});
+  int rc = p ? tr_pipe_train_step(&ctx, p, rank->stage == 0 ? x : NULL, 16, probing_loss,
+                                  probe, NULL)
+             : NAS_ERR;
+  if (rc) nas_errf(err, "%s", ctx.err.msg);
+  if (last) tr_param_list_free(&probe->params);
+  tr_pipe_free(p);
+  tr_release(x);
+  tr_module_free(model);
+  return rc;
+}
+
+/* Under `never` the last stage runs micro-batch i's backward before micro-batch i + 1's
+ * forward (one forward one backward), so stage s - 1 gets micro-batch 0's gradient before
+ * the last forward; checkpointing keeps GPipe's fill-drain, every forward first. */
+static void never_runs_each_backward_on_the_last_stage_before_the_next_forward(void **state) {
+  (void)state;
+  for (int stages = 2; stages <= MAX_STAGES; stages *= 2) {
+    for (int ckpt = 0; ckpt < 3; ckpt++) {
+      order_probe probe = {.checkpoint = (tr_pipe_checkpoint)ckpt, .chunks = 4};
+      nas_err err = {{0}};
+      assert_int_equal(tr_pipe_run_threads(stages, TIMEOUT_S, probed_stage, &probe, &err),
+                       NAS_OK);
+      /* checkpointing calls the loss again in recomputations, after the four forwards */
+      assert_true(probe.calls >= 4);
+      bool interleaved = probe.checkpoint == TR_PIPE_CKPT_NEVER;
+      for (int i = 0; i < 4; i++) {
+        if (probe.had_grad[i] != (interleaved && i > 0))
+          print_error("%d stages, %s: the forward of micro-batch %d %s a backward\n", stages,
+                      ckpt_names[ckpt], i, probe.had_grad[i] ? "came after" : "came before");
+        assert_true(probe.had_grad[i] == (interleaved && i > 0));
+      }
     }
   }
 }
@@ -1107,6 +1191,7 @@ int main(void) {
       cmocka_unit_test(explicit_balance_trains_like_single_rank),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
       cmocka_unit_test(micro_batches_add_weight_gradients_without_a_buffer_each),
+      cmocka_unit_test(never_runs_each_backward_on_the_last_stage_before_the_next_forward),
       cmocka_unit_test(deferred_batch_norm_moves_running_statistics_by_the_whole_mini_batch),
       cmocka_unit_test(checkpointing_always_keeps_a_stage_within_its_share_of_activations),
       cmocka_unit_test(checkpointing_always_keeps_no_carried_skip_between_forward_and_backward),

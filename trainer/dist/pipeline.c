@@ -1,6 +1,7 @@
 /* pipeline: one stage of a GPipe pipeline (docs/engine-pipeline.md) — its run of the
- * model's children, the fill-drain schedule of a mini-batch's micro-batches, checkpointing
- * in torchgpipe's three modes, the stage's optimiser and the gather of the whole model.
+ * model's children, the schedule of a mini-batch's micro-batches (GPipe's fill-drain, or
+ * one forward one backward under `never`), checkpointing in torchgpipe's three modes, the
+ * stage's optimiser and the gather of the whole model.
  *
  * A mini-batch of B examples is cut into `chunks` micro-batches [B*i/M, B*(i+1)/M). Stage s
  * runs the forward of micro-batch 0, 1, ... as its input arrives from stage s-1 (stage 0
@@ -9,10 +10,14 @@
  * coming from stage s+1 (the last stage: the micro-batch's loss, weighted by its share of
  * the mini-batch) and the input's gradient going back to stage s-1 (drain). Gradients
  * accumulate in the parameters' .grad, so the sum over micro-batches is the gradient of
- * the mini-batch's mean loss. Under `never`, every stage but the first sends a
- * micro-batch's input gradient before it adds that backward's weight gradients, which it
- * queues (ctx->wgrads) and adds later (wgrads_init says when): stage s-1 gets to work
- * sooner, and stage s adds them while the stages upstream drain.
+ * the mini-batch's mean loss. Under `never` on a world whose sends never wait (threads),
+ * the order is one forward one backward instead (one_forward_one_backward): stage s runs a
+ * few forwards ahead, then each backward in micro-batch order between the remaining
+ * forwards, so the last stage sends micro-batch 0's input gradient right after its forward
+ * and stage 0 does not wait for every forward downstream. Under `never`, every stage but
+ * the first sends a micro-batch's input gradient before it adds that backward's weight
+ * gradients, which it queues (ctx->wgrads) and adds later (wgrads_catch_up says when):
+ * stage s-1 gets to work sooner.
  *
  * Invariants:
  * - A micro-batch's stage input is a detached leaf, so the stage's ops build a graph of
@@ -61,6 +66,7 @@ struct tr_pipe {
   pipe_chunk *chunks;          /* owned, cfg.chunks */
   tr_wgrad_queue *wgrads;      /* owned: the weight gradients put off (wgrads_init); NULL:
                                   none are */
+  bool interleaved;            /* one forward one backward, not fill-drain (schedule_init) */
 };
 
 /* ---------------------------------------------------------------- partition */
@@ -145,17 +151,28 @@ static int collect_tensors(tr_ctx *ctx, tr_pipe *p) {
 }
 
 /* Under `never`, stage s > 0 computes a micro-batch's input gradient before its weight
- * gradients and puts those off until the backwards of s more micro-batches have run: the
- * s stages upstream drain while it adds them. A put-off product holds its layer's input
- * and output gradient, about a micro-batch's graph per micro-batch put off, which `never`
- * (holding every micro-batch's graph from its forward to its backward) is the mode to
- * spend on; checkpointing's point is to hold one micro-batch's graph, so there a backward
- * adds its weight gradients as it goes (docs/engine-pipeline.md, "Weight gradients in the
- * drain"). */
+ * gradients and puts those off until later backwards have run (wgrads_catch_up): in
+ * fill-drain the s stages upstream drain while it adds them. A put-off product holds its
+ * layer's input and output gradient, about a micro-batch's graph per micro-batch put off,
+ * which `never` (holding micro-batches' graphs from their forwards to their backwards) is
+ * the mode to spend on; checkpointing's point is to hold one micro-batch's graph, so there
+ * a backward adds its weight gradients as it goes (docs/engine-pipeline.md, "Weight
+ * gradients in the drain"). */
 static int wgrads_init(tr_ctx *ctx, tr_pipe *p) {
   if (p->stage == 0 || p->cfg.checkpoint != TR_PIPE_CKPT_NEVER) return NAS_OK;
   p->wgrads = tr_wgrads_new();
   return p->wgrads ? NAS_OK : nas_errf(&ctx->err, "pipeline: out of memory");
+}
+
+/* One forward one backward needs `never` and sends that never wait. Checkpointing keeps
+ * torchgpipe's fill-drain: `except_last` leaves out the one micro-batch whose backward
+ * follows its forward there, and a checkpointed stash's stage sends its skips again in
+ * its backward, which that order keeps apart from the forwards' sends. Sends that may
+ * wait (a full ring, NCCL's rendezvous) would deadlock two stages that send to each other
+ * at once, a forward's output one way and a backward's input gradient the other; in
+ * fill-drain all forwards' sends come before any backward's. */
+static void schedule_init(tr_pipe *p) {
+  p->interleaved = p->cfg.checkpoint == TR_PIPE_CKPT_NEVER && !pw_sends_wait(p->world);
 }
 
 tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
@@ -190,6 +207,7 @@ tr_pipe *tr_pipe_new(tr_ctx *ctx, tr_module *model, const tr_pipe_rank *rank,
                                   cfg->chunks)))
     rc = NAS_ERR;
   if (rc == NAS_OK) rc = wgrads_init(ctx, p);
+  schedule_init(p);
   if (rc == NAS_OK && cfg->deferred_batch_norm) {
     p->bn = pipe_bn_new(ctx, children + p->first, p->count);
     if (!p->bn) rc = NAS_ERR;
@@ -326,6 +344,9 @@ static int chunk_forward(tr_ctx *ctx, tr_pipe *p, pipe_step *step, int i) {
   if (!keep) pipe_skips_clear(p->skips, i);
   tr_set_grad_enabled(ctx, prev);
   tr_release(out);
+  /* deferred batch norm moves the running statistics once the mini-batch's forwards ran;
+   * backwards never read them (a recomputation puts back what it changes) */
+  if (rc == NAS_OK && p->bn && i == p->cfg.chunks - 1) rc = pipe_bn_end(ctx, p->bn);
   return rc;
 }
 
@@ -413,14 +434,18 @@ static int send_input_grad(tr_ctx *ctx, tr_pipe *p, pipe_chunk *c) {
   return rc;
 }
 
-/* After the backward of micro-batch i on stage s: the weight gradients put off from the
- * backward of micro-batch i + s and before (backwards run from the last micro-batch to the
- * first). */
+/* After the backward of micro-batch i on stage s, the weight gradients put off until now:
+ * fill-drain (backwards from the last micro-batch to the first), those of the backward of
+ * micro-batch i + s and before, so the last s micro-batches' fill the drain; one forward
+ * one backward, those of micro-batch i - 1, so the input gradient of micro-batch i went
+ * out without waiting for them and the queue holds at most two micro-batches'. */
 static int wgrads_catch_up(tr_ctx *ctx, tr_pipe *p, int i) {
   if (!p->wgrads) return NAS_OK;
   p->chunks[i].wgrad_mark = tr_wgrads_queued(p->wgrads);
-  int due = i + p->stage;
-  return due < p->cfg.chunks ? tr_wgrads_run(ctx, p->wgrads, p->chunks[due].wgrad_mark) : NAS_OK;
+  int due = p->interleaved ? i - 1 : i + p->stage;
+  return due >= 0 && due < p->cfg.chunks
+             ? tr_wgrads_run(ctx, p->wgrads, p->chunks[due].wgrad_mark)
+             : NAS_OK;
 }
 
 static int chunk_backward(tr_ctx *ctx, tr_pipe *p, const pipe_step *step, int i) {
@@ -463,7 +488,37 @@ static int check_step(tr_ctx *ctx, const tr_pipe *p, const pipe_step *step) {
   return NAS_OK;
 }
 
-/* The fill-drain schedule: every forward in order, then every backward in reverse. */
+/* GPipe's fill-drain: every forward in order, then every backward in reverse. */
+static int fill_drain(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
+  int m = p->cfg.chunks, rc = NAS_OK;
+  for (int i = 0; i < m && rc == NAS_OK; i++) rc = chunk_forward(ctx, p, step, i);
+  for (int i = m - 1; i >= 0 && rc == NAS_OK; i--) rc = chunk_backward(ctx, p, step, i);
+  return rc;
+}
+
+/* One forward one backward (1F1B): stage s runs the forwards of `ahead` micro-batches,
+ * then the backward of micro-batch 0, 1, ... each followed by the next forward while any
+ * is left. The last stage runs one ahead: each micro-batch's backward right after its
+ * forward. Stage s < S - 1 runs S - s + 1 ahead, one more than 1F1B's S - s: stage s + 1
+ * adds a micro-batch's weight gradients only after its next backward (wgrads_catch_up),
+ * so its first two turns are short, and the extra input keeps it from waiting then. So
+ * stage s holds at most S - s + 1 micro-batches' graphs, not M. Each stage's forwards run
+ * in the order fill-drain runs them (the same generator draws, running statistics and
+ * loss sum); its backwards run in micro-batch order on every stage, so each pair of
+ * stages still sees its messages in the order they were sent (activations and skips in
+ * forwards, gradients in backwards), and a backward waits only for stages downstream,
+ * which have run that micro-batch's forward. */
+static int one_forward_one_backward(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
+  int m = p->cfg.chunks, ahead = is_last(p) ? 1 : p->stages - p->stage + 1;
+  int next = 0, rc = NAS_OK;
+  for (; next < m && next < ahead && rc == NAS_OK; next++) rc = chunk_forward(ctx, p, step, next);
+  for (int i = 0; i < m && rc == NAS_OK; i++) {
+    rc = chunk_backward(ctx, p, step, i);
+    if (rc == NAS_OK && next < m) rc = chunk_forward(ctx, p, step, next++);
+  }
+  return rc;
+}
+
 static int run_schedule(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
   int m = p->cfg.chunks;
   for (int i = 0; i < m; i++) {
@@ -471,9 +526,8 @@ static int run_schedule(tr_ctx *ctx, tr_pipe *p, pipe_step *step) {
     p->chunks[i].count = step->batch * (i + 1) / m - p->chunks[i].start;
   }
   int rc = p->bn ? pipe_bn_begin(ctx, p->bn) : NAS_OK;
-  for (int i = 0; i < m && rc == NAS_OK; i++) rc = chunk_forward(ctx, p, step, i);
-  if (rc == NAS_OK && p->bn) rc = pipe_bn_end(ctx, p->bn);
-  for (int i = m - 1; i >= 0 && rc == NAS_OK; i--) rc = chunk_backward(ctx, p, step, i);
+  if (rc == NAS_OK)
+    rc = p->interleaved ? one_forward_one_backward(ctx, p, step) : fill_drain(ctx, p, step);
   if (rc == NAS_OK && p->wgrads) rc = tr_wgrads_run(ctx, p->wgrads, tr_wgrads_queued(p->wgrads));
   tr_wgrads_drop(p->wgrads);
   for (int i = 0; i < m; i++) {

@@ -35,6 +35,9 @@ int pw_abort(tr_pipe_world *w, int stage, nas_err *err);
 bool pw_aborted(tr_pipe_world *w, nas_err *err);
 /* Whether the world moves tensors on CUDA devices (NCCL) rather than host tensors. */
 bool pw_moves_device_memory(const tr_pipe_world *w);
+/* Whether a send may wait for its receiver to take it (processes, NCCL) rather than never
+ * (threads): a schedule with sends both ways at once needs sends that never wait. */
+bool pw_sends_wait(const tr_pipe_world *w);
 /* The world of this process's stage over group (borrowed, an NCCL group: stage = its rank)
  * whose waits are bounded by the group's own timeout; NULL with err set. */
 tr_pipe_world *pw_nccl_new(tr_comm *group, nas_err *err);
@@ -49,6 +52,7 @@ typedef struct {
   bool (*aborted)(void *impl, nas_err *err);
   void (*free)(void *impl);
   bool device_memory; /* moves tensors on CUDA devices, not on the host */
+  bool sends_wait;    /* a send may wait for its receiver (a full ring, NCCL's rendezvous) */
 } pw_transport;
 
 struct tr_pipe_world {

@@ -150,7 +150,7 @@ static bool nccl_aborted(void *impl, nas_err *err) {
 static void nccl_free(void *impl) { free(impl); }
 
 static const pw_transport nccl_transport = {nccl_send,    nccl_recv, nccl_step_end, nccl_abort,
-                                            nccl_aborted, nccl_free, true};
+                                            nccl_aborted, nccl_free, true, true};
 
 tr_pipe_world *pw_nccl_new(tr_comm *group, nas_err *err) {
   if (tr_comm_backend_of(group) != TR_COMM_NCCL) {

@@ -338,7 +338,7 @@ static void shm_free(void *impl) {
 }
 
 static const pw_transport shm_transport = {shm_send,  shm_recv,    shm_step_end,
-                                           shm_abort, shm_aborted, shm_free, false};
+                                           shm_abort, shm_aborted, shm_free, false, true};
 
 /* ---------------------------------------------------------------- joining */
 

@@ -111,7 +111,7 @@ static int threads_step_end(void *impl, int stage, double *value, nas_err *err);
 
 static const pw_transport threads_transport = {threads_send,    threads_recv,
                                                threads_step_end, threads_abort,
-                                               threads_aborted, threads_free, false};
+                                               threads_aborted, threads_free, false, false};
 
 tr_pipe_world *pw_new(int stages, double timeout_s, nas_err *err) {
   pw_threads *impl = threads_new(stages, timeout_s, err);
@@ -156,6 +156,8 @@ int pw_abort(tr_pipe_world *w, int stage, nas_err *err) {
 bool pw_aborted(tr_pipe_world *w, nas_err *err) { return w->transport->aborted(w->impl, err); }
 
 bool pw_moves_device_memory(const tr_pipe_world *w) { return w->transport->device_memory; }
+
+bool pw_sends_wait(const tr_pipe_world *w) { return w->transport->sends_wait; }
 
 void pw_stalled_message(nas_err *out, int stage, double timeout_s, const char *what) {
   nas_errf(out, "pipeline stage %d waited %g s for %s: a stage stalled or failed", stage,
