@@ -69,7 +69,8 @@ double gp_log_posterior(gp_kernel kind, const double *X, const double *y, const 
 
 typedef struct {
   gp_kernel kernel;
-  int restarts;     /* extra L-BFGS starts drawn around the prior's mode (0 = prior mode only) */
+  int restarts;     /* extra L-BFGS starts drawn around the prior's mode (0: the prior's mode
+                     * and its low-noise variant only, see gp_fit.c) */
   int max_evals;    /* per start */
   /* Fix the constant mean at the largest standardised outcome instead of fitting it: away
    * from the data the model then expects the worst value seen (outcomes are minimised),
