@@ -235,9 +235,9 @@ static void low_noise_start(size_t d, const double *lower, const double *upper,
   theta[GP_THETA_NOISE(d)] = lower[GP_THETA_NOISE(d)];
 }
 
-/* The NLopt runs from each start (fit_start's, then low_noise_start). Out of memory is an error, not a worse fit: a fit must
- * not depend on how much memory there was, or a resumed experiment would not continue as
- * the uninterrupted one. */
+/* The NLopt runs from each start (fit_start's, then low_noise_start). Out of memory is an
+ * error, not a worse fit: a fit must not depend on how much memory there was, or a resumed
+ * experiment would not continue as the uninterrupted one. */
 static int fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng, nas_err *err) {
   unsigned len = (unsigned)GP_THETA_LEN(p->d);
   double lower[len], upper[len], theta[len];
