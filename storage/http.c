@@ -55,6 +55,7 @@ typedef struct http_conn {
   struct curl_slist *headers; /* owned: sent with every request */
   double retry_s;
   const char *request_key;    /* borrowed: the armed idempotency key, or NULL */
+  rows_json_doubles doubles;  /* how observations' doubles go: as the server says it reads */
   uint64_t jitter;            /* state of the backoff's random jitter */
   char *reply;                /* owned: the body of the last answer */
   size_t reply_len, reply_cap;
@@ -263,6 +264,17 @@ static int url_check(const char *target, nas_err *err) {
   return NAS_OK;
 }
 
+/* Whether open's answer lists the bits format (servers before it answered {}). */
+static bool server_reads_bits(const json_t *open_answer) {
+  const json_t *formats = json_object_get(open_answer, "formats"), *format;
+  size_t i;
+  json_array_foreach(formats, i, format) {
+    const char *name = json_string_value(format);
+    if (name && strcmp(name, ROWS_JSON_BITS_FORMAT) == 0) return true;
+  }
+  return false;
+}
+
 static int http_open(const char *target, unsigned flags, void **conn, nas_err *err) {
   if (url_check(target, err) != NAS_OK) return NAS_ERR;
   if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return nas_errf(err, "libcurl cannot start");
@@ -287,6 +299,7 @@ static int http_open(const char *target, unsigned flags, void **conn, nas_err *e
   if (rc == NAS_OK) rc = curl_configure(c, err);
   json_t *args = rc == NAS_OK ? json_object() : NULL, *reply = NULL;
   if (rc == NAS_OK) rc = call_with(c, "open", args, flags & STORAGE_CONNECT_ONCE, &reply, err);
+  if (rc == NAS_OK && server_reads_bits(reply)) c->doubles = ROWS_JSON_DOUBLES_BITS;
   json_decref(args);
   json_decref(reply);
   if (rc != NAS_OK) {
@@ -475,9 +488,10 @@ static int http_trial_list(void *conn, int64_t experiment_id, trial_row **out, s
 
 static int http_metrics_add(void *conn, int64_t trial_id, const metric_obs *obs, size_t n,
                             int64_t new_log_offset, nas_err *err) {
-  return call(conn, "metrics_add",
+  http_conn *c = conn;
+  return call(c, "metrics_add",
               json_pack("{s:I, s:o, s:I}", "trial_id", (json_int_t)trial_id, "observations",
-                        rows_json_observations(obs, n), "new_log_offset",
+                        rows_json_observations(obs, n, c->doubles), "new_log_offset",
                         (json_int_t)new_log_offset),
               NULL, err);
 }

@@ -2,6 +2,7 @@
 #include "storage/rows_json.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -287,26 +288,58 @@ static const struct {
 } obs_columns[OBS_COLUMNS] = {{"name", "a string"}, {"step", "an integer"},
                               {"value", "a number"}, {"time", "a number"}};
 
+/* Digits of one double in a column of bits (bits_column). */
+#define BINARY64_HEX_LEN 16
+
+/* o's double in column c (OBS_VALUE or OBS_TIME), and where reading puts it. */
+static double obs_double(const metric_obs *o, size_t c) { return c == OBS_VALUE ? o->value : o->time; }
+static double *obs_double_slot(metric_obs *o, size_t c) { return c == OBS_VALUE ? &o->value : &o->time; }
+
 /* o's field in column c, as JSON (NULL when out of memory). */
 static json_t *obs_cell(const metric_obs *o, size_t c) {
   switch (c) {
   case OBS_NAME: return json_string(o->name);
   case OBS_STEP: return json_integer((json_int_t)o->step);
-  case OBS_VALUE: return rows_json_double(o->value);
-  default: return rows_json_double(o->time);
+  default: return rows_json_double(obs_double(o, c));
   }
 }
 
-json_t *rows_json_observations(const metric_obs *obs, size_t n) {
+/* A column of doubles as one string: each value's IEEE 754 binary64 bits as 16 lower-case
+ * hex digits, most significant first. Exact like %.17g, and it skips the decimal
+ * conversion both ways (glibc's exact printf and strtod were most of a 64-observation
+ * report's JSON time); NULL when out of memory. */
+static json_t *bits_column(const metric_obs *obs, size_t n, size_t c) {
+  static const char digits[] = "0123456789abcdef";
+  char *text = malloc(n * BINARY64_HEX_LEN + 1);
+  if (!text) return NULL;
+  for (size_t i = 0; i < n; i++) {
+    double value = obs_double(&obs[i], c);
+    uint64_t bits;
+    memcpy(&bits, &value, sizeof bits);
+    for (int k = BINARY64_HEX_LEN - 1; k >= 0; k--, bits >>= 4)
+      text[i * BINARY64_HEX_LEN + (size_t)k] = digits[bits & 0xf];
+  }
+  json_t *column = json_stringn(text, n * BINARY64_HEX_LEN);
+  free(text);
+  return column;
+}
+
+static json_t *array_column(const metric_obs *obs, size_t n, size_t c) {
+  json_t *column = json_array();
+  for (size_t i = 0; column && i < n; i++) {
+    if (json_array_append_new(column, obs_cell(&obs[i], c)) != 0) {
+      json_decref(column);
+      column = NULL;
+    }
+  }
+  return column;
+}
+
+json_t *rows_json_observations(const metric_obs *obs, size_t n, rows_json_doubles doubles) {
   json_t *cols = json_object();
   for (size_t c = 0; cols && c < OBS_COLUMNS; c++) {
-    json_t *column = json_array();
-    for (size_t i = 0; column && i < n; i++) {
-      if (json_array_append_new(column, obs_cell(&obs[i], c)) != 0) {
-        json_decref(column);
-        column = NULL;
-      }
-    }
+    bool bits = doubles == ROWS_JSON_DOUBLES_BITS && (c == OBS_VALUE || c == OBS_TIME);
+    json_t *column = bits ? bits_column(obs, n, c) : array_column(obs, n, c);
     if (json_object_set_new(cols, obs_columns[c].key, column) != 0) {
       json_decref(cols);
       cols = NULL;
@@ -323,23 +356,60 @@ static bool obs_cell_read(const json_t *v, size_t c, metric_obs *o) {
     if (!json_is_integer(v)) return false;
     o->step = json_integer_value(v);
     return true;
-  case OBS_VALUE: return double_of(v, &o->value);
-  default: return double_of(v, &o->time);
+  default: return double_of(v, obs_double_slot(o, c));
   }
 }
 
-/* Observations as columns: arrays of count values under every column's key. */
+/* The value of one hex digit, or -1. */
+static int hex_digit(char ch) {
+  if (ch >= '0' && ch <= '9') return ch - '0';
+  if (ch >= 'a' && ch <= 'f') return ch - 'a' + 10;
+  return -1;
+}
+
+/* A column of doubles written by bits_column into column c of out[0..count-1]. */
+static int bits_column_read(const json_t *column, metric_obs *out, size_t count, size_t c,
+                            nas_err *err) {
+  const char *text = json_string_value(column);
+  if (json_string_length(column) != count * BINARY64_HEX_LEN)
+    return nas_errf(err, "column '%s' is not %zu hex digits (%zu binary64 values)",
+                    obs_columns[c].key, count * BINARY64_HEX_LEN, count);
+  for (size_t i = 0; i < count; i++) {
+    uint64_t bits = 0;
+    for (size_t k = 0; k < BINARY64_HEX_LEN; k++) {
+      int digit = hex_digit(text[i * BINARY64_HEX_LEN + k]);
+      if (digit < 0)
+        return nas_errf(err, "observation %zu: field '%s' is not 16 lower-case hex digits", i,
+                        obs_columns[c].key);
+      bits = bits << 4 | (uint64_t)digit;
+    }
+    memcpy(obs_double_slot(&out[i], c), &bits, sizeof bits);
+  }
+  return NAS_OK;
+}
+
+static int array_column_read(const json_t *column, metric_obs *out, size_t count, size_t c,
+                             nas_err *err) {
+  if (!json_is_array(column) || json_array_size(column) != count)
+    return nas_errf(err, "column '%s' is not an array of %zu values", obs_columns[c].key, count);
+  for (size_t i = 0; i < count; i++) {
+    if (!obs_cell_read(json_array_get(column, i), c, &out[i]))
+      return nas_errf(err, "observation %zu: field '%s' is not %s", i, obs_columns[c].key,
+                      obs_columns[c].expected);
+  }
+  return NAS_OK;
+}
+
+/* Observations as columns: arrays of count values under every column's key, the doubles'
+ * columns either such arrays or bits_column's strings. */
 static int observation_columns_read(const json_t *cols, metric_obs *out, size_t count,
                                     nas_err *err) {
   for (size_t c = 0; c < OBS_COLUMNS; c++) {
     const json_t *column = json_object_get(cols, obs_columns[c].key);
-    if (!json_is_array(column) || json_array_size(column) != count)
-      return nas_errf(err, "column '%s' is not an array of %zu values", obs_columns[c].key, count);
-    for (size_t i = 0; i < count; i++) {
-      if (!obs_cell_read(json_array_get(column, i), c, &out[i]))
-        return nas_errf(err, "observation %zu: field '%s' is not %s", i, obs_columns[c].key,
-                        obs_columns[c].expected);
-    }
+    bool bits = (c == OBS_VALUE || c == OBS_TIME) && json_is_string(column);
+    int rc = bits ? bits_column_read(column, out, count, c, err)
+                  : array_column_read(column, out, count, c, err);
+    if (rc != NAS_OK) return rc;
   }
   return NAS_OK;
 }

@@ -67,12 +67,21 @@ int rows_json_image_read(const json_t *obj, rows_json_image_rows *out, nas_err *
 storage_experiment_image rows_json_image_of(const rows_json_image_rows *rows);
 void rows_json_image_clear(rows_json_image_rows *rows);
 
-/* Observations as columns, {"name": [...], "step": [...], "value": [...], "time": [...]}
+/* How the columns of doubles travel: arrays of JSON numbers (what every server reads), or
+ * strings of the values' bits (what servers that say so in `open`'s answer read). */
+typedef enum { ROWS_JSON_DOUBLES_NUMBERS, ROWS_JSON_DOUBLES_BITS } rows_json_doubles;
+/* The name of the bits format in `open`'s answer ("formats"). */
+#define ROWS_JSON_BITS_FORMAT "binary64-hex"
+
+/* Observations as columns, {"name": [...], "step": [...], "value": ..., "time": ...}
  * (each value once, under no key of its own: a report of 64 observations is read in less
- * than half the time of 64 row objects); NULL when out of memory. */
-json_t *rows_json_observations(const metric_obs *obs, size_t n);
-/* Such columns, or an array of rows {name, step, value, time} (what clients sent before
- * the columns), into an owned array; names are borrowed from the JSON. */
+ * than half the time of 64 row objects); "value" and "time" are arrays of numbers, or with
+ * ROWS_JSON_DOUBLES_BITS strings of 16 hex digits a value (its IEEE 754 binary64 bits,
+ * most significant first). NULL when out of memory. */
+json_t *rows_json_observations(const metric_obs *obs, size_t n, rows_json_doubles doubles);
+/* Such columns (either form of doubles), or an array of rows {name, step, value, time}
+ * (what clients sent before the columns), into an owned array; names are borrowed from the
+ * JSON. */
 int rows_json_observations_read(const json_t *v, metric_obs **obs, size_t *n, nas_err *err);
 
 /* The storage codes by name ("ENOTFOUND", "EEXIST", "ERR"), and back (unknown: NAS_ERR). */

@@ -61,9 +61,10 @@ static int put_row(json_t *out, const char *key, const rows_json_kind *kind, voi
 
 /* ---- experiments ----------------------------------------------------------------------------- */
 
+/* Says which formats beyond plain JSON this server reads, for the client to choose. */
 static int open_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
-  (void)st, (void)a, (void)out, (void)err;
-  return NAS_OK;
+  (void)st, (void)a;
+  return put(out, "formats", json_pack("[s]", ROWS_JSON_BITS_FORMAT), err);
 }
 
 static int experiment_create_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
@@ -330,8 +331,8 @@ static int lease_get_run(storage *st, rows_json_reader *a, json_t *out, nas_err 
 
 /* ---- the table ------------------------------------------------------------------------------- */
 
-/* "open" answers {} once the request is authorised and the server has a storage
- * connection: the http backend opens with it. */
+/* "open" answers {"formats": [...]} once the request is authorised and the server has a
+ * storage connection: the http backend opens with it. */
 static const storage_rpc_op ops[] = {
     {"open", false, false, REPLAY_NOTHING, open_run},
     {"experiment_create", true, true, REPLAY_ID, experiment_create_run},

@@ -1573,10 +1573,16 @@ static void rpc_delete_and_import_retried_under_one_key_happen_once(void **state
   image_free(&src);
 }
 
-/* metrics_add's arguments for one report of obs to trial_id (observations as columns). */
-static json_t *report_args(int64_t trial_id, const metric_obs *obs, size_t n) {
+/* metrics_add's arguments for one report of obs to trial_id (observations as columns, the
+ * doubles as the given form). */
+static json_t *report_args_as(int64_t trial_id, const metric_obs *obs, size_t n,
+                              rows_json_doubles doubles) {
   return json_pack("{s:I, s:o, s:I}", "trial_id", (json_int_t)trial_id, "observations",
-                   rows_json_observations(obs, n), "new_log_offset", (json_int_t)-1);
+                   rows_json_observations(obs, n, doubles), "new_log_offset", (json_int_t)-1);
+}
+
+static json_t *report_args(int64_t trial_id, const metric_obs *obs, size_t n) {
+  return report_args_as(trial_id, obs, n, ROWS_JSON_DOUBLES_NUMBERS);
 }
 
 /* A report, a trial_create, a claim and a start sent again under their keys (clients that
@@ -1671,6 +1677,58 @@ static void rpc_metrics_add_takes_columns_and_the_rows_of_older_clients(void **s
   assert_true(m[1].time == 2.0);
   assert_true(m[2].value == 0.25 && m[2].step == 1);
   metric_rows_free(m, n);
+  trial_row_clear(&t);
+}
+
+/* A server says in open's answer that it reads doubles as their bits; values sent so come
+ * back bit for bit (the smallest subnormal, a third, infinity and NaN included), and a
+ * column of the wrong length or with a digit that is not lower-case hex stores nothing and
+ * says which. */
+static void rpc_metrics_add_reads_doubles_as_their_bits_exactly(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  int rc;
+  json_t *opened = rpc_call(f, "open", NULL, json_object(), &rc);
+  assert_int_equal(rc, NAS_OK);
+  assert_string_equal(json_string_value(json_array_get(json_object_get(opened, "formats"), 0)),
+                      ROWS_JSON_BITS_FORMAT);
+  json_decref(opened);
+  metric_obs obs[] = {{"a", 0, 1.0 / 3, 5e-324}, {"b", 1, -1.7976931348623157e308, 0.1},
+                      {"c", 2, INFINITY, 1e-300}, {"d", METRIC_FINAL, NAN, 12345.678}};
+  size_t count = sizeof obs / sizeof *obs;
+  json_t *args = report_args_as(t.id, obs, count, ROWS_JSON_DOUBLES_BITS);
+  const char *value_bits =
+      json_string_value(json_object_get(json_object_get(args, "observations"), "value"));
+  assert_non_null(value_bits);
+  assert_int_equal(strncmp(value_bits, "3fd5555555555555", 16), 0);
+  json_decref(rpc_call(f, "metrics_add", NULL, args, &rc));
+  assert_int_equal(rc, NAS_OK);
+  metric_row *m = NULL;
+  size_t n = 0;
+  CHECK(storage_metrics_of_trial(f->st, t.id, &m, &n, err));
+  assert_int_equal(n, count);
+  for (size_t i = 0; i < count; i++) {
+    assert_int_equal(m[i].step, obs[i].step);
+    assert_memory_equal(&m[i].time, &obs[i].time, sizeof(double));
+    if (isnan(obs[i].value)) assert_true(isnan(m[i].value));
+    else assert_memory_equal(&m[i].value, &obs[i].value, sizeof(double));
+  }
+  metric_rows_free(m, n);
+  const struct {
+    const char *column, *bits, *message;
+  } bad[] = {{"value", "3fd5555555555555", "column 'value' is not 64 hex digits (4 binary64 values)"},
+             {"time", "0000000000000001" "3FB999999999999A" "01a56e1fc2f8f359" "40c81cd6c8b43958",
+              "observation 1: field 'time' is not 16 lower-case hex digits"}};
+  for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
+    json_t *broken = report_args_as(t.id, obs, count, ROWS_JSON_DOUBLES_BITS);
+    json_object_set_new(json_object_get(broken, "observations"), bad[k].column,
+                        json_string(bad[k].bits));
+    json_t *reply = rpc_call(f, "metrics_add", NULL, broken, &rc);
+    assert_int_equal(rc, NAS_ERR);
+    assert_contains(json_string_value(json_object_get(reply, "error")), bad[k].message);
+    json_decref(reply);
+  }
+  assert_int_equal(metric_count(f, t.experiment_id), count);
   trial_row_clear(&t);
 }
 
@@ -2654,6 +2712,7 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
       FIXTURE_TEST(rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_once),
       FIXTURE_TEST(rpc_metrics_add_takes_columns_and_the_rows_of_older_clients),
+      FIXTURE_TEST(rpc_metrics_add_reads_doubles_as_their_bits_exactly),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
   };
   char name[64];
