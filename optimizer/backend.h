@@ -33,6 +33,8 @@ typedef struct optimizer_backend {
                  json_t **out, double *refs, nas_err *err);
   /* Optional (NULL: the backend's suggestions are quick): keeps the watch for suggest. */
   void (*set_watch)(void *state, optimizer_watch watch);
+  /* Optional (NULL: the backend does not plan by the budget): keeps the estimate. */
+  void (*set_trials_expected)(void *state, size_t n);
 } optimizer_backend;
 
 extern const optimizer_backend optimizer_random_backend;

@@ -4,7 +4,9 @@
  * A call to suggest:
  *  1. encodes the observations and pending trials into the unit cube;
  *  2. while fewer than n_initial trials exist (default max(5, 2·d), d the number of
- *     searched parameters) or fewer than two observations have every objective, trial k
+ *     searched parameters, but at most a fifth of the trials the budget is expected to
+ *     allow, never under 5: initial_design_size) or fewer than two observations have
+ *     every objective, trial k
  *     gets point k of the randomised Sobol design, as the sobol optimizer would give it;
  *  3. otherwise fits one GP per objective (minimisation convention) and per constraint
  *     (its slack, ≤ 0 when feasible) on the observations that report it (constant mean
@@ -75,7 +77,8 @@ typedef struct {
   gp_kernel kernel;
   mean_rule mean;
   bool follow_reference; /* option reference: follow (see make_mc) */
-  size_t n_initial;   /* 0: max(5, 2·d) */
+  size_t n_initial;   /* 0: max(5, 2·d), within a fifth of trials_expected */
+  size_t trials_expected; /* optimizer_set_trials_expected's; 0: no telling */
   size_t raw_samples; /* acquisition raw samples */
   size_t restarts;    /* acquisition local optimisations */
   size_t mc_samples;  /* MC samples of the noisy acquisitions */
@@ -588,9 +591,19 @@ static int pick(gp_state *st, const bo_data *d, const bo_models *md, int number,
 
 /* ---- suggest --------------------------------------------------------------------------- */
 
+/* The default design's least size, and the share of the expected trials it may take. */
+enum { initial_design_min = 5, initial_design_budget_share = 5 };
+
+/* The Sobol design's size: n_initial when given; else 2·d, which is what a GP needs to
+ * see the space's main directions before it models it, but at most a fifth of the trials
+ * the budget allows: with few trials (long trainings against a wall-time budget, a small
+ * budget.trials) a design of 2·d can take all of them, and the model is never used. */
 static size_t initial_design_size(const gp_state *st) {
-  size_t d = space_uniform_dims(st->sp);
-  return st->n_initial ? st->n_initial : (2 * d > 5 ? 2 * d : 5);
+  if (st->n_initial) return st->n_initial;
+  size_t size = 2 * space_uniform_dims(st->sp);
+  size_t share = st->trials_expected / initial_design_budget_share;
+  if (st->trials_expected && share < size) size = share;
+  return size > initial_design_min ? size : initial_design_min;
 }
 
 /* Point `number` of the Sobol design, or a free one near it in its streams. */
@@ -697,10 +710,16 @@ static void gp_set_watch(void *state, optimizer_watch watch) {
   st->cancel = (optimizer_cancel){.watch = watch};
 }
 
+static void gp_set_trials_expected(void *state, size_t n) {
+  gp_state *st = state;
+  st->trials_expected = n;
+}
+
 const optimizer_backend optimizer_gp_backend = {
     .type = "gp",
     .create = gp_create_state,
     .free = gp_free_state,
     .suggest = gp_suggest,
     .set_watch = gp_set_watch,
+    .set_trials_expected = gp_set_trials_expected,
 };

@@ -102,6 +102,10 @@ void optimizer_set_watch(optimizer *opt, optimizer_watch watch) {
   if (opt->backend->set_watch) opt->backend->set_watch(opt->state, watch);
 }
 
+void optimizer_set_trials_expected(optimizer *opt, size_t n) {
+  if (opt->backend->set_trials_expected) opt->backend->set_trials_expected(opt->state, n);
+}
+
 int optimizer_validate_options(const char *type, const json_t *options, nas_err *err) {
   const optimizer_backend *backend = find_backend(type, err);
   void *state = NULL;

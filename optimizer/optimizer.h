@@ -85,6 +85,12 @@ typedef struct {
 /* Installs the watch for later suggestions (replacing any earlier one). */
 void optimizer_set_watch(optimizer *opt, optimizer_watch watch);
 
+/* How many trials the budget is expected to allow in all, those made already included (0:
+ * no telling; the default), for the later suggestions: `gp` keeps its default initial
+ * design (max(5, 2·d)) to a fifth of them, never under 5, so that a budget of few, long
+ * trials is not spent on the design alone. An explicit n_initial is kept as it is. */
+void optimizer_set_trials_expected(optimizer *opt, size_t n);
+
 /* Checks options (a JSON object) as optimizer_create would read them for the optimizer
  * type, without a search space: the same errors, nothing made. */
 int optimizer_validate_options(const char *type, const json_t *options, nas_err *err);

@@ -214,6 +214,12 @@ void sched_imported_free(sched_imported *im);
 
 /* ---- suggestions (suggest.c) -------------------------------------------------------------- */
 
+/* How many trials the budget allows in all, as far as can be told: budget.trials, or under
+ * budget.wall_time fewer when `parallel` slots fit fewer in one run at the median duration
+ * of the trials completed so far (none yet: budget.trials). sched_suggest hands it to the
+ * optimizer (optimizer_set_trials_expected). */
+size_t sched_trials_expected(const spec *s, const sched_results *r);
+
 /* Asks opt for n trials given the results r (completed trials observed, queued and running
  * ones pending) and the imported observations (may be NULL), and stores them queued in
  * exp, each with the reference point it aimed at; *rows gets them (owned, n of them).

@@ -6,6 +6,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <gsl/gsl_sort.h>
+#include <gsl/gsl_statistics_double.h>
+
 #include "scheduler/internal.h"
 
 /* Completed trials as observations, and the parameters of pending ones. */
@@ -127,6 +130,27 @@ static bool reference_text(const spec *s, const double *ref, char **text) {
   return *text != NULL;
 }
 
+size_t sched_trials_expected(const spec *s, const sched_results *r) {
+  size_t expected = (size_t)s->budget.max_trials;
+  if (s->budget.max_wall_s <= 0 || r->n_trials == 0) return expected;
+  /* Out of memory leaves the trial budget: an estimate all the same. */
+  double *durations = malloc(r->n_trials * sizeof *durations);
+  size_t n = 0;
+  for (size_t t = 0; durations && t < r->n_trials; t++) {
+    const trial_row *row = &r->trials[t];
+    if (row->status == TRIAL_COMPLETED && row->started_at > 0 && row->finished_at > row->started_at)
+      durations[n++] = row->finished_at - row->started_at;
+  }
+  if (n > 0) {
+    gsl_sort(durations, 1, n);
+    double median = gsl_stats_median_from_sorted_data(durations, 1, n);
+    double fit = ceil(s->budget.parallel * s->budget.max_wall_s / median);
+    if (fit < (double)expected) expected = (size_t)fit;
+  }
+  free(durations);
+  return expected;
+}
+
 int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimizer *opt,
                   const sched_results *r, const sched_imported *imported, size_t n,
                   trial_row **rows, nas_err *err) {
@@ -137,6 +161,7 @@ int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimiz
   double *refs = malloc(n * m * sizeof *refs);
   *rows = calloc(n, sizeof **rows);
   int rc = suggested && refs && *rows ? NAS_OK : nas_errf(err, "out of memory");
+  optimizer_set_trials_expected(opt, sched_trials_expected(s, r));
   if (rc == NAS_OK)
     rc = optimizer_suggest(opt, h.obs, h.n_obs, h.pending, h.n_pending, n, (int)r->n_trials,
                            suggested, refs, err);

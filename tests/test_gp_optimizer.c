@@ -179,6 +179,67 @@ static void initial_design_is_the_sobol_design(void **state) {
   finish(&s);
 }
 
+/* Six parameters (a default design of 2·6 = 12 points), two objectives. */
+static const char *six_dims_yaml(const char *extra) {
+  static char text[1024];
+  snprintf(text, sizeof text,
+           "name: six\nseed: 2\nparameters:\n"
+           "  a: {type: float, low: 0, high: 1}\n  b: {type: float, low: 0, high: 1}\n"
+           "  c: {type: float, low: 0, high: 1}\n  d: {type: float, low: 0, high: 1}\n"
+           "  e: {type: float, low: 0, high: 1}\n  f: {type: float, low: 0, high: 1}\n"
+           "objectives:\n  - {name: sum, goal: minimize}\n  - {name: rest, goal: minimize}\n"
+           "trial: {command: [x]}\nbudget: {trials: 30}\n"
+           "optimizer: {type: gp, raw_samples: 64, restarts: 2%s}\n",
+           extra);
+  return text;
+}
+
+static void sum_and_rest(const json_t *p, double *obj, double *con) {
+  (void)con;
+  const char *names[] = {"a", "b", "c", "d", "e", "f"};
+  obj[0] = obj[1] = 0;
+  for (int i = 0; i < 6; i++) {
+    double x = param(p, names[i]);
+    obj[0] += x;
+    obj[1] += (1 - x) * (1 - x);
+  }
+}
+
+/* Whether the next suggestion after e's observations is still a design point (it aims at
+ * no reference point) given the trials expected. */
+static bool next_is_design_point(experiment *e, size_t trials_expected) {
+  observation obs[64];
+  observations(e, obs);
+  json_t *out[1];
+  double ref[2];
+  nas_err err = {{0}};
+  optimizer_set_trials_expected(e->opt, trials_expected);
+  if (optimizer_suggest(e->opt, obs, e->n, NULL, 0, 1, (int)e->n, out, ref, &err) < 0)
+    fail_msg("suggest: %s", err.msg);
+  json_decref(out[0]);
+  return isnan(ref[0]);
+}
+
+/* With few trials to come the default design takes a fifth of them (never under 5), not
+ * 2·d: 30 expected with six parameters, 6 design points instead of 12; with no telling,
+ * or many trials expected, 12; an explicit n_initial is kept whatever is expected. */
+static void initial_design_takes_at_most_a_fifth_of_the_expected_trials(void **state) {
+  (void)state;
+  experiment e, given;
+  start(&e, six_dims_yaml(""));
+  start(&given, six_dims_yaml(", n_initial: 10"));
+  run(&e, sum_and_rest, 6, 6);
+  run(&given, sum_and_rest, 6, 6);
+  assert_false(next_is_design_point(&e, 30));
+  assert_true(next_is_design_point(&e, 0));
+  assert_true(next_is_design_point(&e, 1000));
+  assert_true(next_is_design_point(&e, 60));  /* a fifth is 12: the default */
+  assert_false(next_is_design_point(&e, 10)); /* never under 5: 5 */
+  assert_true(next_is_design_point(&given, 30));
+  finish(&e);
+  finish(&given);
+}
+
 static void expect_same_runs(const char *options) {
   experiment a, b;
   const char *yaml = branin_currin_yaml("gp", 5, options);
@@ -423,6 +484,7 @@ int main(void) {
       cmocka_unit_test(options_are_validated_without_a_space),
       cmocka_unit_test(gp_is_the_default_optimizer),
       cmocka_unit_test(initial_design_is_the_sobol_design),
+      cmocka_unit_test(initial_design_takes_at_most_a_fifth_of_the_expected_trials),
       cmocka_unit_test(same_seed_and_data_give_the_same_suggestions),
       cmocka_unit_test(batch_points_are_distinct_and_spread),
       cmocka_unit_test(taken_assignments_are_never_proposed),

@@ -156,6 +156,34 @@ static void patience_is_spent_when_the_front_stops_growing(void **state) {
   spec_free(s);
 }
 
+/* Without a wall-time budget the trials expected are budget.trials; with one, as many as
+ * `parallel` slots fit at the median duration of the completed trials (a failed one and
+ * one still running say nothing of it), unless budget.trials is fewer. */
+static void trials_expected_follow_the_budget_and_the_median_duration(void **state) {
+  (void)state;
+  spec *counted = load("", "[{name: a, goal: minimize}]", "{trials: 40, parallel: 2}");
+  spec *timed = load("", "[{name: a, goal: minimize}]", "{trials: 1000, parallel: 2, wall_time: 1h}");
+  spec *few = load("", "[{name: a, goal: minimize}]", "{trials: 12, parallel: 2, wall_time: 1h}");
+  double values[4] = {1, 2, 3, 4};
+  double durations[4] = {600, 300, 5, 900}; /* the 5 s trial failed */
+  sched_results r;
+  results_with(timed, &r, values, 4);
+  assert_int_equal(sched_trials_expected(counted, &r), 40);
+  assert_int_equal(sched_trials_expected(timed, &r), 1000); /* no durations yet */
+  for (size_t i = 0; i < 4; i++) {
+    r.trials[i].started_at = 1000;
+    r.trials[i].finished_at = 1000 + durations[i];
+  }
+  r.trials[2].status = TRIAL_FAILED;
+  assert_int_equal(sched_trials_expected(timed, &r), 12); /* 2 × 3600 / 600 */
+  r.trials[3].status = TRIAL_RUNNING;
+  r.trials[3].finished_at = 0;
+  assert_int_equal(sched_trials_expected(timed, &r), 16); /* 2 × 3600 / 450 */
+  assert_int_equal(sched_trials_expected(few, &r), 12);
+  sched_results_free(&r);
+  spec_free(counted), spec_free(timed), spec_free(few);
+}
+
 static void front_leaves_out_trials_beyond_a_threshold(void **state) {
   (void)state;
   spec *s = load("", "[{name: a, goal: minimize, threshold: 10}, {name: b, goal: maximize}]",
@@ -303,6 +331,7 @@ int main(void) {
       cmocka_unit_test(asha_keeps_the_best_third_at_each_rung),
       cmocka_unit_test(two_objective_rule_stops_only_dominated_trials),
       cmocka_unit_test(patience_is_spent_when_the_front_stops_growing),
+      cmocka_unit_test(trials_expected_follow_the_budget_and_the_median_duration),
       cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
       cmocka_unit_test(final_only_objective_leaves_early_stopping_to_the_others),
       cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
