@@ -292,8 +292,13 @@ static const struct {
 #define BINARY64_HEX_LEN 16
 
 /* o's double in column c (OBS_VALUE or OBS_TIME), and where reading puts it. */
-static double obs_double(const metric_obs *o, size_t c) { return c == OBS_VALUE ? o->value : o->time; }
-static double *obs_double_slot(metric_obs *o, size_t c) { return c == OBS_VALUE ? &o->value : &o->time; }
+static double obs_double(const metric_obs *o, size_t c) {
+  return c == OBS_VALUE ? o->value : o->time;
+}
+
+static double *obs_double_slot(metric_obs *o, size_t c) {
+  return c == OBS_VALUE ? &o->value : &o->time;
+}
 
 /* o's field in column c, as JSON (NULL when out of memory). */
 static json_t *obs_cell(const metric_obs *o, size_t c) {

@@ -162,7 +162,8 @@ static void patience_is_spent_when_the_front_stops_growing(void **state) {
 static void trials_expected_follow_the_budget_and_the_median_duration(void **state) {
   (void)state;
   spec *counted = load("", "[{name: a, goal: minimize}]", "{trials: 40, parallel: 2}");
-  spec *timed = load("", "[{name: a, goal: minimize}]", "{trials: 1000, parallel: 2, wall_time: 1h}");
+  spec *timed =
+      load("", "[{name: a, goal: minimize}]", "{trials: 1000, parallel: 2, wall_time: 1h}");
   spec *few = load("", "[{name: a, goal: minimize}]", "{trials: 12, parallel: 2, wall_time: 1h}");
   double values[4] = {1, 2, 3, 4};
   double durations[4] = {600, 300, 5, 900}; /* the 5 s trial failed */

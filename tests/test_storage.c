@@ -1716,7 +1716,8 @@ static void rpc_metrics_add_reads_doubles_as_their_bits_exactly(void **state) {
   metric_rows_free(m, n);
   const struct {
     const char *column, *bits, *message;
-  } bad[] = {{"value", "3fd5555555555555", "column 'value' is not 64 hex digits (4 binary64 values)"},
+  } bad[] = {{"value", "3fd5555555555555",
+              "column 'value' is not 64 hex digits (4 binary64 values)"},
              {"time", "0000000000000001" "3FB999999999999A" "01a56e1fc2f8f359" "40c81cd6c8b43958",
               "observation 1: field 'time' is not 16 lower-case hex digits"}};
   for (size_t k = 0; k < sizeof bad / sizeof *bad; k++) {
