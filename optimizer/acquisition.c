@@ -1,5 +1,6 @@
-/* optimizer/acquisition.c: the Monte Carlo acquisitions qLogNEHVI and qLogNParEGO, and the
- * pruning of their baseline (see acquisition.h).
+/* optimizer/acquisition.c: the Monte Carlo acquisitions qLogNEHVI and qLogNParEGO, the
+ * pruning of their baseline, the bounded trade-off that lets an extension of a front move
+ * an inferred reference, and one joint posterior draw (see acquisition.h).
  *
  * Joint sampling with fixed base samples. Per outcome o, the baseline's posterior
  * N(μ_B, Σ_B) is factorised once, Σ_B = L Lᵀ, and sample s of the baseline is
@@ -35,8 +36,8 @@ static const double PAREGO_RHO = 0.05; /* weight of the linear part of the scala
 static const double MIN_VAR = 1e-12;
 static const double BASE_JITTER = 1e-10; /* added to baseline covariances (round-off) */
 static const size_t DEFAULT_SAMPLES = 64;
-/* A moving reference follows a candidate only where the candidate's trade-off against the
- * sample's front is bounded (Geoffrion's proper Pareto optimality): what it loses beyond the
+/* An extension of a front moves an inferred reference only where its trade-off is bounded
+ * (Geoffrion's proper Pareto optimality, acq_trade_off_bounded): what it loses beyond the
  * front's nadir in one objective, per extent of the front in that objective, at most this
  * many times what it gains beyond the front's best in another, per extent there. */
 static const double MAX_TRADE_OFF = 10;
@@ -201,10 +202,8 @@ static double scalarise(const mc_acq *a, const double *y, double *grad) {
   return a->scal[arg] * y[arg] + PAREGO_RHO * linear;
 }
 
-/* The least and the largest value of each objective over the front of the k rows Y (k×m;
- * on_front: k entries of scratch); NaN when k is 0. */
-static void front_bounds(const double *Y, size_t k, size_t m, bool *on_front, double *low,
-                         double *high) {
+void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, double *low,
+                      double *high) {
   pareto_mask(Y, k, m, on_front);
   for (size_t j = 0; j < m; j++) {
     low[j] = k ? HUGE_VAL : NAN;
@@ -248,7 +247,8 @@ static int summarise_baseline_samples(mc_acq *a, nas_err *err) {
     }
     if (a->utility != MC_HVI) continue;
     if (moving)
-      front_bounds(front, k, a->n_obj, on_front, a->low + s * a->n_obj, a->high + s * a->n_obj);
+      acq_front_bounds(front, k, a->n_obj, on_front, a->low + s * a->n_obj,
+                       a->high + s * a->n_obj);
     a->box_first[s] = a->boxes.n;
     rc = box_decompose(front, k, a->n_obj, zero_ref, &a->boxes, err);
     a->box_count[s] = a->boxes.n - a->box_first[s];
@@ -333,17 +333,21 @@ static void sample_outcome(mc_acq *a, size_t o, const double *x, bool grad) {
   if (nb > 0) sb_mv(N, nb, 1.0, a->Zb + o * N * nb, nb, l, 1.0, a->F + o, K);
 }
 
-/* Whether sample s's value f, beyond the reference in objective j, moves it (see
- * MAX_TRADE_OFF): its loss past the front's worst value in j against its best gain past
- * the front's best value in another objective, each per the front's extent there. */
+bool acq_trade_off_bounded(const double *f, size_t m, size_t j, const double *low,
+                           const double *high, const double *margin) {
+  double loss = (f[j] - high[j]) / fmax(high[j] - low[j], margin[j]), gain = 0;
+  for (size_t k = 0; k < m; k++)
+    if (k != j) gain = fmax(gain, (low[k] - f[k]) / fmax(high[k] - low[k], margin[k]));
+  return gain > 0 && loss <= MAX_TRADE_OFF * gain;
+}
+
+/* Whether sample s's value f, beyond the reference in objective j, moves it: the trade-off
+ * against the sample's front is bounded (acq_trade_off_bounded). */
 static bool moves_reference(const mc_acq *a, size_t s, const double *f, size_t j) {
   const double *low = a->low + s * a->n_obj, *high = a->high + s * a->n_obj;
   if (!(f[j] + a->margin[j] > 0)) return false;
   if (isnan(low[j])) return true; /* no front yet: any outcome sets the reference */
-  double loss = (f[j] - high[j]) / fmax(high[j] - low[j], a->margin[j]), gain = 0;
-  for (size_t k = 0; k < a->n_obj; k++)
-    if (k != j) gain = fmax(gain, (low[k] - f[k]) / fmax(high[k] - low[k], a->margin[k]));
-  return gain > 0 && loss <= MAX_TRADE_OFF * gain;
+  return acq_trade_off_bounded(f, a->n_obj, j, low, high, a->margin);
 }
 
 /* Utility of sample s from its values F[s·K ..]; ∂u/∂F into G[s·K ..]. */
@@ -412,6 +416,35 @@ double mc_acq_eval(void *ctx, const double *x, double *grad) {
     backpropagate(a, grad);
   }
   return max + log(sum / (double)N);
+}
+
+/* ---- a posterior draw ------------------------------------------------------------------ */
+
+int acq_posterior_draw(const acq_models *models, const double *X, size_t n, uint64_t seed,
+                       double *F, nas_err *err) {
+  size_t K = models->n_obj + models->n_con;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  double *z = malloc((n + 1) * sizeof *z);
+  int rc = rng && z ? NAS_OK : nas_errf(err, "acquisition: out of memory for a posterior draw");
+  if (rng) gsl_rng_set(rng, (unsigned long)seed);
+  for (size_t o = 0; rc == NAS_OK && o < K; o++) {
+    const gp *g = o < models->n_obj ? models->obj[o] : models->con[o - models->n_obj];
+    gp_baseline b;
+    rc = gp_baseline_make(g, X, n, &b, err);
+    for (size_t i = 0; rc == NAS_OK && i < n; i++) b.cov[i * n + i] += BASE_JITTER;
+    if (rc == NAS_OK && n > 0 && gp_cholesky(b.cov, n, NULL, err) != NAS_OK)
+      rc = nas_err_prefix(err, "posterior draw of outcome %zu", o);
+    for (size_t i = 0; rc == NAS_OK && i < n; i++) z[i] = gsl_ran_gaussian_ziggurat(rng, 1.0);
+    if (rc == NAS_OK && n > 0)
+      cblas_dtrmv(CblasRowMajor, CblasLower, CblasNoTrans, CblasNonUnit, (int)n, b.cov, (int)n,
+                  z, 1);
+    for (size_t i = 0; rc == NAS_OK && i < n; i++)
+      F[i * K + o] = gp_shift(g) + gp_scale(g) * (b.mean[i] + z[i]);
+    gp_baseline_clear(&b);
+  }
+  free(z);
+  gsl_rng_free(rng);
+  return rc;
 }
 
 /* ---- baseline pruning ------------------------------------------------------------------- */

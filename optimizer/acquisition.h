@@ -89,6 +89,27 @@ int mc_acq_create(const acq_models *models, const double *Xb, size_t nb, const m
 double mc_acq_eval(void *ctx, const double *x, double *grad);
 void mc_acq_free(mc_acq *a);
 
+/* ---- fronts and inferred references (acquisition.c) ------------------------------------ */
+
+/* The least and the largest value of each objective over the front of the k rows Y (k×m;
+ * on_front: k entries of scratch); NaN when k is 0. */
+void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, double *low,
+                      double *high);
+
+/* Whether outcome f (m objectives), lying past the front's worst value high[j] in objective
+ * j, extends the front at a bounded trade-off (Geoffrion's proper Pareto optimality): its
+ * loss past high[j] per the front's extent in j is at most 10 times its best gain past
+ * low[k] in another objective k per the extent there (each extent at least margin[·]). An
+ * extension that buys a sliver of one objective with much of another does not count. */
+bool acq_trade_off_bounded(const double *f, size_t m, size_t j, const double *low,
+                           const double *high, const double *margin);
+
+/* One joint draw from the posterior of every outcome (objectives, then constraint slacks)
+ * at the n points X (n×d), on the outcomes' raw scale, into F (n×(n_obj + n_con)); the
+ * draw is a function of seed. */
+int acq_posterior_draw(const acq_models *models, const double *X, size_t n, uint64_t seed,
+                       double *F, nas_err *err);
+
 /* Which of the n points X (n×d) may still be optimal: drops those that another point beats
  * in every objective by more than two posterior standard deviations on each side, and those
  * surely infeasible; keeps at most `cap` (the least dominated in posterior mean). Writes the

@@ -458,6 +458,43 @@ static void followed_reference_values_extensions_at_a_bounded_trade_off(void **s
   gp_free(g[1]);
 }
 
+/* The bound on a trade-off, per extent of the front (low, high) in each objective: with the
+ * front spanning [0, 1] in both, a point 1 past the worst first value that gains 0.5 past
+ * the best second value extends it properly, one 2 past that gains 0.01 does not; the
+ * extents are at least the margins, so a one-point front still has a scale. */
+static void trade_off_bound_counts_loss_and_gain_in_front_extents(void **state) {
+  (void)state;
+  double low[2] = {0, 0}, high[2] = {1, 1}, margin[2] = {0.1, 0.1};
+  assert_true(acq_trade_off_bounded((double[]){2, -0.5}, 2, 0, low, high, margin));
+  assert_false(acq_trade_off_bounded((double[]){3, -0.01}, 2, 0, low, high, margin));
+  assert_false(acq_trade_off_bounded((double[]){2, 0.5}, 2, 0, low, high, margin)); /* no gain */
+  double point[2] = {0.5, 0.5}, wide[2] = {1, 1};
+  assert_true(acq_trade_off_bounded((double[]){1, 0.4}, 2, 0, point, point, wide));
+  assert_false(acq_trade_off_bounded((double[]){2, 0.4}, 2, 0, point, point, wide));
+}
+
+/* A joint posterior draw passes through points the models know exactly, varies with the seed
+ * where they know little, and is the same for the same seed. */
+static void posterior_draw_keeps_known_points_and_varies_elsewhere(void **state) {
+  (void)state;
+  gp *g[2];
+  exact_models(g);
+  acq_models m = {.n_obj = 2, .obj = g};
+  double X[6 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1, 0.3, 0.7};
+  double y[2][5] = {{0, 0.5, 1, 2, 3}, {1, 0.5, 0, -0.5, -0.01}};
+  double F[6 * 2], again[6 * 2], other[6 * 2];
+  nas_err err;
+  assert_int_equal(acq_posterior_draw(&m, X, 6, 7, F, &err), NAS_OK);
+  assert_int_equal(acq_posterior_draw(&m, X, 6, 7, again, &err), NAS_OK);
+  assert_int_equal(acq_posterior_draw(&m, X, 6, 8, other, &err), NAS_OK);
+  for (size_t i = 0; i < 5; i++)
+    for (size_t k = 0; k < 2; k++) assert_float_equal(F[i * 2 + k], y[k][i], 1e-3);
+  assert_memory_equal(F, again, sizeof F);
+  assert_true(fabs(F[5 * 2] - other[5 * 2]) > 1e-3 || fabs(F[5 * 2 + 1] - other[5 * 2 + 1]) > 1e-3);
+  gp_free(g[0]);
+  gp_free(g[1]);
+}
+
 /* Points far worse than another in both objectives go; the rest stay. */
 static void pruning_drops_surely_dominated_points(void **state) {
   (void)state;
@@ -492,6 +529,8 @@ int main(void) {
       cmocka_unit_test(mc_acquisition_gradients_match_finite_differences),
       cmocka_unit_test(mc_hvi_is_deterministic_and_prefers_improvement),
       cmocka_unit_test(followed_reference_values_extensions_at_a_bounded_trade_off),
+      cmocka_unit_test(trade_off_bound_counts_loss_and_gain_in_front_extents),
+      cmocka_unit_test(posterior_draw_keeps_known_points_and_varies_elsewhere),
       cmocka_unit_test(pruning_drops_surely_dominated_points),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
