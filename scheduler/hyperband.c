@@ -42,6 +42,26 @@ int sched_hyperband_epochs(const multi_fidelity_spec *mf, int s, int rung) {
   return epochs < mf->min_epochs ? mf->min_epochs : (int)epochs;
 }
 
+int sched_hyperband_epochs_run(const multi_fidelity_spec *mf, int number, int rung) {
+  sched_bracket b;
+  sched_hyperband_bracket_of(mf, number, &b);
+  int before = rung > 0 ? sched_hyperband_epochs(mf, b.bracket, rung - 1) : 0;
+  return sched_hyperband_epochs(mf, b.bracket, rung) - before;
+}
+
+double sched_hyperband_epochs_per_trial(const multi_fidelity_spec *mf) {
+  double epochs = 0, trials = 0;
+  for (int s = sched_hyperband_top(mf); s >= 0; s--) {
+    trials += sched_hyperband_trials(mf, s, 0);
+    for (int rung = 0, before = 0; rung <= s; rung++) {
+      int reached = sched_hyperband_epochs(mf, s, rung);
+      epochs += (double)sched_hyperband_trials(mf, s, rung) * (reached - before);
+      before = reached;
+    }
+  }
+  return epochs / trials;
+}
+
 void sched_hyperband_bracket_of(const multi_fidelity_spec *mf, int number, sched_bracket *out) {
   int top = sched_hyperband_top(mf), round = 0;
   for (int s = top; s >= 0; s--) round += sched_hyperband_trials(mf, s, 0);

@@ -193,6 +193,10 @@ void sched_hyperband_bracket_of(const multi_fidelity_spec *mf, int number, sched
 /* n_i and r_i of bracket s's rung i. */
 int sched_hyperband_trials(const multi_fidelity_spec *mf, int s, int rung);
 int sched_hyperband_epochs(const multi_fidelity_spec *mf, int s, int rung);
+/* The epochs trial `number` trained in its run at `rung` (from the previous rung's weights). */
+int sched_hyperband_epochs_run(const multi_fidelity_spec *mf, int number, int rung);
+/* The epochs a trial trains on average, rungs together, over one round of brackets. */
+double sched_hyperband_epochs_per_trial(const multi_fidelity_spec *mf);
 
 /* ---- warm start (warm_start.c) ------------------------------------------------------------ */
 
@@ -216,8 +220,9 @@ void sched_imported_free(sched_imported *im);
 
 /* How many trials the budget allows in all, as far as can be told: budget.trials, or under
  * budget.wall_time fewer when `parallel` slots fit fewer in one run at the median duration
- * of the trials completed so far (none yet: budget.trials). sched_suggest hands it to the
- * optimizer (optimizer_set_trials_expected). */
+ * of the trials completed so far (none yet: budget.trials); under Hyperband at the median
+ * duration of an epoch times the epochs a trial trains on average over a round of
+ * brackets. sched_suggest hands it to the optimizer (optimizer_set_trials_expected). */
 size_t sched_trials_expected(const spec *s, const sched_results *r);
 
 /* Asks opt for n trials given the results r (completed trials observed, queued and running

@@ -130,24 +130,37 @@ static bool reference_text(const spec *s, const double *ref, char **text) {
   return *text != NULL;
 }
 
+/* What a trial's run is measured in: one trial, or under Hyperband one epoch (a rung's run
+ * trains only the epochs past the previous rung's, and most runs are short first rungs, so
+ * trials' durations alone would count a promoted trial's later rungs as nothing). */
+static double units_run(const spec *s, const trial_row *row) {
+  if (s->multi_fidelity.kind != MULTI_FIDELITY_HYPERBAND) return 1;
+  return sched_hyperband_epochs_run(&s->multi_fidelity, row->number, row->rung);
+}
+
+static double units_per_trial(const spec *s) {
+  if (s->multi_fidelity.kind != MULTI_FIDELITY_HYPERBAND) return 1;
+  return sched_hyperband_epochs_per_trial(&s->multi_fidelity);
+}
+
 size_t sched_trials_expected(const spec *s, const sched_results *r) {
   size_t expected = (size_t)s->budget.max_trials;
   if (s->budget.max_wall_s <= 0 || r->n_trials == 0) return expected;
   /* Out of memory leaves the trial budget: an estimate all the same. */
-  double *durations = malloc(r->n_trials * sizeof *durations);
+  double *unit_seconds = malloc(r->n_trials * sizeof *unit_seconds);
   size_t n = 0;
-  for (size_t t = 0; durations && t < r->n_trials; t++) {
+  for (size_t t = 0; unit_seconds && t < r->n_trials; t++) {
     const trial_row *row = &r->trials[t];
     if (row->status == TRIAL_COMPLETED && row->started_at > 0 && row->finished_at > row->started_at)
-      durations[n++] = row->finished_at - row->started_at;
+      unit_seconds[n++] = (row->finished_at - row->started_at) / units_run(s, row);
   }
   if (n > 0) {
-    gsl_sort(durations, 1, n);
-    double median = gsl_stats_median_from_sorted_data(durations, 1, n);
-    double fit = ceil(s->budget.parallel * s->budget.max_wall_s / median);
+    gsl_sort(unit_seconds, 1, n);
+    double trial_s = gsl_stats_median_from_sorted_data(unit_seconds, 1, n) * units_per_trial(s);
+    double fit = ceil(s->budget.parallel * s->budget.max_wall_s / trial_s);
     if (fit < (double)expected) expected = (size_t)fit;
   }
-  free(durations);
+  free(unit_seconds);
   return expected;
 }
 

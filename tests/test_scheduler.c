@@ -325,6 +325,34 @@ static void hyperband_deals_trials_into_brackets_by_number(void **state) {
   }
 }
 
+/* Under Hyperband a trial's run trains the epochs past its previous rung's; over a round of
+ * brackets (1 to 9 epochs, eta 3) a trial trains (9·1 + 3·2 + 1·6 + 5·3 + 1·6 + 3·9) / 17
+ * = 69/17 epochs; the trials expected under a wall-time budget are counted in such trials,
+ * at the median time of an epoch. */
+static void hyperband_trials_expected_count_epochs_per_trial(void **state) {
+  (void)state;
+  multi_fidelity_spec nine = {MULTI_FIDELITY_HYPERBAND, 1, 9, 3};
+  assert_int_equal(sched_hyperband_epochs_run(&nine, 0, 0), 1);
+  assert_int_equal(sched_hyperband_epochs_run(&nine, 0, 1), 2);
+  assert_int_equal(sched_hyperband_epochs_run(&nine, 0, 2), 6);
+  assert_int_equal(sched_hyperband_epochs_run(&nine, 9, 0), 3);
+  assert_int_equal(sched_hyperband_epochs_run(&nine, 14, 0), 9);
+  assert_true(fabs(sched_hyperband_epochs_per_trial(&nine) - 69.0 / 17) < 1e-12);
+  spec *timed =
+      load("", "[{name: a, goal: minimize}]", "{trials: 1000, parallel: 2, wall_time: 1h}");
+  timed->multi_fidelity = nine;
+  double values[3] = {1, 2, 3};
+  sched_results r;
+  results_with(timed, &r, values, 3);
+  /* Trial 0 at rung 1 (2 epochs in 200 s), trials 1 and 2 at rung 0 (1 epoch, 100 s). */
+  for (size_t i = 0; i < 3; i++) r.trials[i].started_at = 1000, r.trials[i].finished_at = 1100;
+  r.trials[0].rung = 1;
+  r.trials[0].finished_at = 1200;
+  assert_int_equal(sched_trials_expected(timed, &r), 18); /* ceil(7200 / (100 · 69/17)) */
+  sched_results_free(&r);
+  spec_free(timed);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(median_rule_stops_the_clearly_bad_trials_and_no_others),
@@ -333,6 +361,7 @@ int main(void) {
       cmocka_unit_test(two_objective_rule_stops_only_dominated_trials),
       cmocka_unit_test(patience_is_spent_when_the_front_stops_growing),
       cmocka_unit_test(trials_expected_follow_the_budget_and_the_median_duration),
+      cmocka_unit_test(hyperband_trials_expected_count_epochs_per_trial),
       cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
       cmocka_unit_test(final_only_objective_leaves_early_stopping_to_the_others),
       cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
