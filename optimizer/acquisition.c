@@ -139,6 +139,13 @@ static int draw_base_samples(mc_acq *a, uint64_t seed, nas_err *err) {
   return rc;
 }
 
+/* A posterior covariance of n points (n×n, in place) into its lower Cholesky factor, with
+ * BASE_JITTER on the diagonal against round-off. */
+static int covariance_factor(double *cov, size_t n, nas_err *err) {
+  for (size_t i = 0; i < n; i++) cov[i * n + i] += BASE_JITTER;
+  return n > 0 ? gp_cholesky(cov, n, NULL, err) : NAS_OK;
+}
+
 /* Posterior of every outcome at the baseline, and its factor. */
 static int make_baselines(mc_acq *a, const double *Xb, nas_err *err) {
   size_t nb = a->nb;
@@ -146,8 +153,7 @@ static int make_baselines(mc_acq *a, const double *Xb, nas_err *err) {
     if (gp_baseline_make(outcome(a, o), Xb, nb, &a->base[o], err) != NAS_OK) return NAS_ERR;
     double *L = a->L + o * nb * nb;
     memcpy(L, a->base[o].cov, nb * nb * sizeof *L);
-    for (size_t i = 0; i < nb; i++) L[i * nb + i] += BASE_JITTER;
-    if (nb > 0 && gp_cholesky(L, nb, NULL, err) != NAS_OK)
+    if (covariance_factor(L, nb, err) != NAS_OK)
       return nas_err_prefix(err, "acquisition baseline of outcome %zu", o);
   }
   return NAS_OK;
@@ -431,8 +437,7 @@ int acq_posterior_draw(const acq_models *models, const double *X, size_t n, uint
     const gp *g = o < models->n_obj ? models->obj[o] : models->con[o - models->n_obj];
     gp_baseline b;
     rc = gp_baseline_make(g, X, n, &b, err);
-    for (size_t i = 0; rc == NAS_OK && i < n; i++) b.cov[i * n + i] += BASE_JITTER;
-    if (rc == NAS_OK && n > 0 && gp_cholesky(b.cov, n, NULL, err) != NAS_OK)
+    if (rc == NAS_OK && covariance_factor(b.cov, n, err) != NAS_OK)
       rc = nas_err_prefix(err, "posterior draw of outcome %zu", o);
     for (size_t i = 0; rc == NAS_OK && i < n; i++) z[i] = gsl_ran_gaussian_ziggurat(rng, 1.0);
     if (rc == NAS_OK && n > 0)
