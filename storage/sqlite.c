@@ -59,11 +59,6 @@ typedef struct sqlite_conn {
 /* ---- schema ---------------------------------------------------------------------------
  * migrations[i] takes the schema from version i to i + 1. Append only: a released step is
  * never edited, since databases already made by it exist. */
-
-/* A numeric macro's digits as SQL text (STORAGE_RECEIPT_KEEP_S in a step below). */
-#define SQL_NUMBER(macro) SQL_DIGITS(macro)
-#define SQL_DIGITS(digits) #digits
-
 static const char *const migrations[] = {
     /* 0 → 1: the first schema. */
     "CREATE TABLE schema_version ("
@@ -138,19 +133,6 @@ static const char *const migrations[] = {
     "DROP TABLE write_receipts;"
     "ALTER TABLE write_receipts_by_token RENAME TO write_receipts;"
     "CREATE INDEX write_receipts_by_age ON write_receipts (at);",
-    /* 7 → 8: receipts without the index on their age, which cost a keyed write a second
-     * page: each carries its period's slot in front of its token (see receipt_commit). */
-    "CREATE TABLE write_receipts_by_slot ("
-    "  slot INTEGER NOT NULL,"
-    "  token TEXT NOT NULL,"
-    "  result INTEGER,"
-    "  at REAL NOT NULL,"
-    "  PRIMARY KEY (slot, token)) WITHOUT ROWID;"
-    "INSERT INTO write_receipts_by_slot (slot, token, result, at)"
-    "  SELECT CAST(at / " SQL_NUMBER(STORAGE_RECEIPT_KEEP_S) " AS INTEGER) % 3, token, result, at"
-    "  FROM write_receipts;"
-    "DROP TABLE write_receipts;"
-    "ALTER TABLE write_receipts_by_slot RENAME TO write_receipts;",
 };
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
@@ -348,37 +330,19 @@ static int tx_end(const sqlite_conn *c, int rc, nas_err *err) {
   return rc;
 }
 
-/* Commits the armed request key with result (see storage.h), and lets keys older than any
- * retry go. Time is cut in periods of STORAGE_RECEIPT_KEEP_S; a receipt is filed under its
- * period modulo 3 (its slot) before its token, so the table holds the current period's
- * keys, the last one's, and those of the period before, which each write drains a few at
- * a time. A key is so kept at least one period (until most writes of two periods later),
- * and a keyed write touches one page of receipts, where an index on their age cost a
- * second on every write. Two requests with the same key cannot both commit: the second
- * finds the first's receipt in one of the slots and is refused. */
-static int receipt_commit(const sqlite_conn *c, int64_t result, nas_err *err) {
-  double now = nas_now();
-  int64_t slot = (int64_t)floor(now / STORAGE_RECEIPT_KEEP_S) % 3;
-  int rc = run(c, err,
-               "DELETE FROM write_receipts WHERE slot = ?1 AND token IN"
-               " (SELECT token FROM write_receipts WHERE slot = ?1 LIMIT 8)",
-               "i", (slot + 1) % 3);
-  if (rc != NAS_OK) return rc;
-  rc = run(c, err,
-           "INSERT INTO write_receipts (slot, token, result, at) SELECT ?1, ?2, ?3, ?4"
-           " WHERE NOT EXISTS"
-           " (SELECT 1 FROM write_receipts WHERE slot IN (0, 1, 2) AND token = ?2)",
-           "itid", slot, c->request_key, result, now);
-  if (rc == NAS_OK && sqlite3_changes(c->db) == 0) {
-    rc = nas_errf(err, "the request's idempotency key is committed already");
-  }
-  return rc;
-}
-
-/* tx_end for a write that is not idempotent: when a request key is armed, commits its
- * receipt in the same transaction. */
+/* tx_end for a write that is not idempotent: when a request key is armed, commits it with
+ * result (see storage.h) in the same transaction, and lets keys older than any retry go.
+ * Two requests with the same key cannot both commit: the second's insert collides. */
 static int tx_end_receipt(const sqlite_conn *c, int rc, int64_t result, nas_err *err) {
-  if (rc == NAS_OK && c->request_key) rc = receipt_commit(c, result, err);
+  if (rc == NAS_OK && c->request_key) {
+    double now = nas_now();
+    rc = run(c, err, "INSERT INTO write_receipts (token, result, at) VALUES (?, ?, ?)", "tid",
+             c->request_key, result, now);
+    if (rc == NAS_OK) {
+      rc = run(c, err, "DELETE FROM write_receipts WHERE at < ?", "d",
+               now - STORAGE_RECEIPT_KEEP_S);
+    }
+  }
   return tx_end(c, rc, err);
 }
 
@@ -1255,7 +1219,7 @@ static int sqlite_receipt_find(void *conn, const char *key, bool *found, int64_t
                                nas_err *err) {
   const sqlite_conn *c = conn;
   sqlite3_stmt *s = NULL;
-  int rc = stmt_open(c, &s, err, "SELECT result FROM write_receipts WHERE slot IN (0, 1, 2) AND token = ?", "t", key);
+  int rc = stmt_open(c, &s, err, "SELECT result FROM write_receipts WHERE token = ?", "t", key);
   if (rc == NAS_OK) rc = stmt_step(c, s, err);
   *found = rc == 1;
   *result = rc == 1 ? sqlite3_column_int64(s, 0) : 0;
