@@ -1909,6 +1909,35 @@ static void keyed_report_commits_two_pages_more_than_an_unkeyed_one(void **state
   trial_row_clear(&t);
 }
 
+/* A key is kept for any retry within a day of its write: a retry then is refused (and
+ * answered from the receipt by the server), and a key older than a day is let go by the
+ * next keyed write. */
+static void receipts_are_kept_a_day_and_then_let_go(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  double now = nas_now(), day = 86400; /* STORAGE_RECEIPT_KEEP_S */
+  char *insert = nas_asprintf("INSERT INTO write_receipts (token, result, at) VALUES"
+                              " ('an-hour-ago', %" PRId64 ", %.3f), ('two-days-ago', %" PRId64 ", %.3f)",
+                              t.id, now - 3600, t.id, now - 2 * day);
+  f->ctx->backend->raw_exec(f->ctx, f->url, insert);
+  free(insert);
+  int64_t result = -1;
+  assert_true(key_found(f, "two-days-ago", &result));
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  nas_err err = {{0}};
+  CHECK(storage_receipt_arm(f->st, "an-hour-ago", err));
+  assert_int_equal(storage_metrics_add(f->st, t.id, &obs, 1, -1, &err), NAS_ERR);
+  CHECK(storage_receipt_arm(f->st, "now", err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, -1, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  assert_int_equal(metric_count(f, t.experiment_id), 1);
+  assert_true(key_found(f, "now", &result));
+  assert_true(key_found(f, "an-hour-ago", &result));
+  assert_int_equal(result, t.id);
+  assert_false(key_found(f, "two-days-ago", &result));
+  trial_row_clear(&t);
+}
+
 /* A file of schema version 6 (receipts in a rowid table) is upgraded keeping its keys:
  * a retry of a write made before the upgrade is still recognised. */
 static void sqlite_receipts_survive_the_upgrade_to_their_own_btree(void **state) {
@@ -2733,6 +2762,7 @@ static int run_sqlite_tests(void) {
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
       FIXTURE_TEST(keyed_report_commits_two_pages_more_than_an_unkeyed_one),
+      FIXTURE_TEST(receipts_are_kept_a_day_and_then_let_go),
       FIXTURE_TEST(sqlite_receipts_survive_the_upgrade_to_their_own_btree),
       FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
       FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
