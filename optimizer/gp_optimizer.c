@@ -381,12 +381,12 @@ static void push_for_pending(const spec *s, const double *rows, size_t n_obs, si
  * point with one numeric parameter moved to a uniform value; reach_draws); a drawn point
  * that beats the front's best value in one objective at a bounded cost in another
  * (acq_trade_off_bounded) moves the inferred reference of the costly objective out to it
- * plus the margin, as if it had been observed. The bound keeps extensions that buy a sliver of one objective with
- * much of another (BraninCurrin's other Branin minima) from widening the reference, and
- * only neighbours are drawn because the largest of many draws over the whole space is an
- * extreme of the model's uncertainty, not a front within reach (BraninCurrin, 10 seeds, log10
- * HV gap: 0.24 with 256 Sobol points drawn besides, 0.12 without, 0.13 with no reach;
- * bench/RESULTS.md, issue 22's sixth round). */
+ * plus the margin, as if it had been observed. The bound keeps extensions that buy a sliver
+ * of one objective with much of another (BraninCurrin's other Branin minima) from widening
+ * the reference, and only neighbours are drawn because the largest of many draws over the
+ * whole space is an extreme of the model's uncertainty, not a front within reach
+ * (BraninCurrin, 10 seeds, log10 HV gap: 0.24 with 256 Sobol points drawn besides, 0.12
+ * without, 0.13 with no reach; bench/RESULTS.md, issue 22's sixth round). */
 
 /* Neighbours per observed front point and numeric parameter, and at most this many in all
  * (the draw's cost is cubic in their number). */
@@ -396,15 +396,15 @@ enum { reach_moves_per_dim = 2, reach_max_points = 512 };
  * reference. One draw shows the models' belief about the neighbours once, and where that
  * belief is confidently wrong it rarely shows an extension that is there: DTLZ7's f2
  * varies with x0 by 1.7 under a variation with x1..x5 of 38, so its GP's lengthscale along
- * x0 is 1.1-2.8 (cube units, with the worst-value mean or a fitted one; the far piece's
- * dip is 0.2 wide), and one draw at the neighbours with x0 > 0.6 gave f2 of 4.1-5.1 where
+ * x0 is 1.1-3.0 (cube units, with the worst-value mean or a fitted one; the far piece's
+ * dip is 0.2 wide), and one draw at the neighbours with x0 > 0.6 gave f2 of 3.9-5.1 where
  * the bound needs about 3.1 and the truth is 2.3-3.5. Several draws are the optimism of a
  * lower posterior quantile (the expected least of 16 standard normals is -1.77) at the
  * neighbours only, with the trade-off bound on each drawn point, and share one
  * factorisation. 10 seeds, far tip reached at q = 1 / 4: 7 / 8 of 10 against 3 / 4 with
- * one draw, every other row within one standard deviation; 32 and 64 draws widened
- * BraninCurrin's reference (0.14, 0.15 against 0.12 over 5 seeds; bench/RESULTS.md, issue
- * 22's eighth round). */
+ * one draw and 5 / 7 with 8, every other row within one standard deviation; 32 and 64
+ * draws widened BraninCurrin's reference (0.14, 0.15 against 0.12 over 5 seeds;
+ * bench/RESULTS.md, issue 22's eighth round). */
 enum { reach_draws = 16 };
 
 /* n_front front points (rows of `front`) with one numeric dimension moved to a uniform
