@@ -643,7 +643,8 @@ static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, in
   return rc;
 }
 
-/* Centres for the raw samples: the observed front (complete rows only). */
+/* Centres for the raw samples: the observed front (complete rows only); NULL when out of
+ * memory (never a front silently left empty: the reach would then see no front). */
 static double *front_centres(const bo_data *d, size_t *n) {
   double *Yc = malloc((d->n * d->m + 1) * sizeof *Yc);
   double *Xc = malloc((d->n * d->dim + 1) * sizeof *Xc);
@@ -658,6 +659,9 @@ static double *front_centres(const bo_data *d, size_t *n) {
     pareto_mask(Yc, k, d->m, mask);
     for (size_t i = 0; i < k; i++)
       if (mask[i]) memmove(Xc + kept++ * d->dim, Xc + i * d->dim, d->dim * sizeof *Xc);
+  } else {
+    free(Xc);
+    Xc = NULL;
   }
   free(Yc);
   free(mask);
