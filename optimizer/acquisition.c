@@ -1,6 +1,6 @@
 /* optimizer/acquisition.c: the Monte Carlo acquisitions qLogNEHVI and qLogNParEGO, the
  * pruning of their baseline, the bounded trade-off that lets an extension of a front move
- * an inferred reference, and one joint posterior draw (see acquisition.h).
+ * an inferred reference, and joint posterior draws (see acquisition.h).
  *
  * Joint sampling with fixed base samples. Per outcome o, the baseline's posterior
  * N(μ_B, Σ_B) is factorised once, Σ_B = L Lᵀ, and sample s of the baseline is
@@ -426,29 +426,45 @@ double mc_acq_eval(void *ctx, const double *x, double *grad) {
 
 /* ---- a posterior draw ------------------------------------------------------------------ */
 
-int acq_posterior_draw(const acq_models *models, const double *X, size_t n, uint64_t seed,
-                       double *F, nas_err *err) {
+/* n_draws generators, draw t's seeded with seed + t. */
+static gsl_rng **draw_rngs(size_t n_draws, uint64_t seed) {
+  gsl_rng **rngs = calloc(n_draws + 1, sizeof *rngs);
+  for (size_t t = 0; rngs && t < n_draws; t++) {
+    if (!(rngs[t] = gsl_rng_alloc(gsl_rng_mt19937))) {
+      for (size_t u = 0; u < t; u++) gsl_rng_free(rngs[u]);
+      free(rngs);
+      return NULL;
+    }
+    gsl_rng_set(rngs[t], (unsigned long)(seed + t));
+  }
+  return rngs;
+}
+
+int acq_posterior_draw(const acq_models *models, const double *X, size_t n, size_t n_draws,
+                       uint64_t seed, double *F, nas_err *err) {
   size_t K = models->n_obj + models->n_con;
-  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-  double *z = malloc((n + 1) * sizeof *z);
-  int rc = rng && z ? NAS_OK : nas_errf(err, "acquisition: out of memory for a posterior draw");
-  if (rng) gsl_rng_set(rng, (unsigned long)seed);
+  gsl_rng **rngs = draw_rngs(n_draws, seed);
+  double *Z = malloc((n * n_draws + 1) * sizeof *Z); /* n×n_draws: column t is draw t's */
+  int rc = rngs && Z ? NAS_OK : nas_errf(err, "acquisition: out of memory for a posterior draw");
   for (size_t o = 0; rc == NAS_OK && o < K; o++) {
     const gp *g = o < models->n_obj ? models->obj[o] : models->con[o - models->n_obj];
     gp_baseline b;
     rc = gp_baseline_make(g, X, n, &b, err);
     if (rc == NAS_OK && covariance_factor(b.cov, n, err) != NAS_OK)
       rc = nas_err_prefix(err, "posterior draw of outcome %zu", o);
-    for (size_t i = 0; rc == NAS_OK && i < n; i++) z[i] = gsl_ran_gaussian_ziggurat(rng, 1.0);
-    if (rc == NAS_OK && n > 0)
-      cblas_dtrmv(CblasRowMajor, CblasLower, CblasNoTrans, CblasNonUnit, (int)n, b.cov, (int)n,
-                  z, 1);
-    for (size_t i = 0; rc == NAS_OK && i < n; i++)
-      F[i * K + o] = gp_shift(g) + gp_scale(g) * (b.mean[i] + z[i]);
+    for (size_t t = 0; rc == NAS_OK && t < n_draws; t++)
+      for (size_t i = 0; i < n; i++) Z[i * n_draws + t] = gsl_ran_gaussian_ziggurat(rngs[t], 1.0);
+    if (rc == NAS_OK && n > 0 && n_draws > 0)
+      cblas_dtrmm(CblasRowMajor, CblasLeft, CblasLower, CblasNoTrans, CblasNonUnit, (int)n,
+                  (int)n_draws, 1.0, b.cov, (int)n, Z, (int)n_draws);
+    for (size_t t = 0; rc == NAS_OK && t < n_draws; t++)
+      for (size_t i = 0; i < n; i++)
+        F[(t * n + i) * K + o] = gp_shift(g) + gp_scale(g) * (b.mean[i] + Z[i * n_draws + t]);
     gp_baseline_clear(&b);
   }
-  free(z);
-  gsl_rng_free(rng);
+  for (size_t t = 0; rngs && t < n_draws; t++) gsl_rng_free(rngs[t]);
+  free(rngs);
+  free(Z);
   return rc;
 }
 

@@ -104,11 +104,13 @@ void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, doubl
 bool acq_trade_off_bounded(const double *f, size_t m, size_t j, const double *low,
                            const double *high, const double *margin);
 
-/* One joint draw from the posterior of every outcome (objectives, then constraint slacks)
- * at the n points X (n×d), on the outcomes' raw scale, into F (n×(n_obj + n_con)); the
- * draw is a function of seed. */
-int acq_posterior_draw(const acq_models *models, const double *X, size_t n, uint64_t seed,
-                       double *F, nas_err *err);
+/* n_draws independent joint draws from the posterior of every outcome (objectives, then
+ * constraint slacks) at the n points X (n×d), on the outcomes' raw scale, into F (n_draws
+ * blocks of n×(n_obj + n_con), draw t in block t); each outcome's posterior is factorised
+ * once for all draws. Draw t is a function of seed + t alone, so the first draws do not
+ * change with n_draws. */
+int acq_posterior_draw(const acq_models *models, const double *X, size_t n, size_t n_draws,
+                       uint64_t seed, double *F, nas_err *err);
 
 /* Which of the n points X (n×d) may still be optimal: drops those that another point beats
  * in every objective by more than two posterior standard deviations on each side, and those

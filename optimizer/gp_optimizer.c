@@ -18,8 +18,8 @@
  *     objectives (for one, noisy EI; analytic LogEI when nothing is pending), qLogNParEGO
  *     with a random Chebyshev weighting per pick beyond; an inferred reference point is
  *     recomputed for each pick with the pending points at their posterior means,
- *     pushed out by a step per pending point (pick_reference) and out to where one
- *     posterior draw at the front's neighbours says the front reaches (reach_reference);
+ *     pushed out by a step per pending point (pick_reference) and out to where posterior
+ *     draws at the front's neighbours say the front reaches (reach_reference);
  *     with the option
  *     `reference: follow` each candidate is measured against the reference its own
  *     observation would give (make_mc);
@@ -377,20 +377,35 @@ static void push_for_pending(const spec *s, const double *rows, size_t n_obs, si
  * another: where the front found first is not the whole front (its ends need many
  * parameters right at once, as on ZDT1 or DTLZ7 in 6-d), the reference shrinks onto it and
  * its ends are never sought. So each pick also asks the models where the front could reach
- * from itself: one joint posterior draw at the front's neighbours (an observed front point
- * with one numeric parameter moved to a uniform value); a drawn point that beats the
- * front's best value in one objective at a bounded cost in another (acq_trade_off_bounded)
- * moves the inferred reference of the costly objective out to it plus the margin, as if
- * it had been observed. The bound keeps extensions that buy a sliver of one objective with
- * much of another (BraninCurrin's other Branin minima) from widening the reference, and
- * only neighbours are drawn because the largest of many draws over the whole space is an
- * extreme of the model's uncertainty, not a front within reach (BraninCurrin, 10 seeds, log10
- * HV gap: 0.24 with 256 Sobol points drawn besides, 0.12 without, 0.13 with no reach;
- * bench/RESULTS.md, issue 22's sixth round). */
+ * from itself: a few joint posterior draws at the front's neighbours (an observed front
+ * point with one numeric parameter moved to a uniform value; reach_draws); a drawn point
+ * that beats the front's best value in one objective at a bounded cost in another
+ * (acq_trade_off_bounded) moves the inferred reference of the costly objective out to it
+ * plus the margin, as if it had been observed. The bound keeps extensions that buy a sliver
+ * of one objective with much of another (BraninCurrin's other Branin minima) from widening
+ * the reference, and only neighbours are drawn because the largest of many draws over the
+ * whole space is an extreme of the model's uncertainty, not a front within reach
+ * (BraninCurrin, 10 seeds, log10 HV gap: 0.24 with 256 Sobol points drawn besides, 0.12
+ * without, 0.13 with no reach; bench/RESULTS.md, issue 22's sixth round). */
 
 /* Neighbours per observed front point and numeric parameter, and at most this many in all
  * (the draw's cost is cubic in their number). */
 enum { reach_moves_per_dim = 2, reach_max_points = 512 };
+
+/* Independent joint draws the reach takes at the neighbours; any of them may move the
+ * reference. One draw shows the models' belief about the neighbours once, and where that
+ * belief is confidently wrong it rarely shows an extension that is there: DTLZ7's f2
+ * varies with x0 by 1.7 under a variation with x1..x5 of 38, so its GP's lengthscale along
+ * x0 is 1.1-3.0 (cube units, with the worst-value mean or a fitted one; the far piece's
+ * dip is 0.2 wide), and one draw at the neighbours with x0 > 0.6 gave f2 of 3.9-5.1 where
+ * the bound needs about 3.1 and the truth is 2.3-3.5. Several draws are the optimism of a
+ * lower posterior quantile (the expected least of 16 standard normals is -1.77) at the
+ * neighbours only, with the trade-off bound on each drawn point, and share one
+ * factorisation. 10 seeds, far tip reached at q = 1 / 4: 7 / 8 of 10 against 3 / 4 with
+ * one draw and 5 / 7 with 8, every other row within one standard deviation; 32 and 64
+ * draws widened BraninCurrin's reference (0.14, 0.15 against 0.12 over 5 seeds;
+ * bench/RESULTS.md, issue 22's eighth round). */
+enum { reach_draws = 16 };
 
 /* n_front front points (rows of `front`) with one numeric dimension moved to a uniform
  * value, snapped: *n rows, owned. */
@@ -434,15 +449,15 @@ static int reach_reference(const gp_state *st, const bo_data *d, const bo_models
   uint64_t seed = design_stream_seed(s->seed, STREAM_REACH | (uint64_t)number);
   gsl_rng_set(rng, (unsigned long)seed);
   double *X = front_neighbours(st->sp, front, n_front, rng, &n, err);
-  double *F = X ? malloc((n * K + 1) * sizeof *F) : NULL;
+  double *F = X ? malloc((reach_draws * n * K + 1) * sizeof *F) : NULL;
   bool *on_front = malloc(n_rows + 1);
   int rc = X ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK && (!F || !on_front)) rc = nas_errf(err, "optimizer gp: out of memory");
   acq_models models = {.n_obj = m, .n_con = md->c, .obj = md->obj, .con = md->con};
-  if (rc == NAS_OK) rc = acq_posterior_draw(&models, X, n, seed ^ 1, F, err);
+  if (rc == NAS_OK) rc = acq_posterior_draw(&models, X, n, reach_draws, seed ^ 1, F, err);
   double low[m], high[m];
   if (rc == NAS_OK) acq_front_bounds(rows, n_rows, m, on_front, low, high);
-  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+  for (size_t i = 0; rc == NAS_OK && i < reach_draws * n; i++) {
     const double *f = F + i * K;
     bool feasible = true;
     for (size_t c = m; c < K; c++) feasible = feasible && f[c] <= 0;
@@ -628,7 +643,8 @@ static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, in
   return rc;
 }
 
-/* Centres for the raw samples: the observed front (complete rows only). */
+/* Centres for the raw samples: the observed front (complete rows only); NULL when out of
+ * memory (never a front silently left empty: the reach would then see no front). */
 static double *front_centres(const bo_data *d, size_t *n) {
   double *Yc = malloc((d->n * d->m + 1) * sizeof *Yc);
   double *Xc = malloc((d->n * d->dim + 1) * sizeof *Xc);
@@ -643,6 +659,9 @@ static double *front_centres(const bo_data *d, size_t *n) {
     pareto_mask(Yc, k, d->m, mask);
     for (size_t i = 0; i < k; i++)
       if (mask[i]) memmove(Xc + kept++ * d->dim, Xc + i * d->dim, d->dim * sizeof *Xc);
+  } else {
+    free(Xc);
+    Xc = NULL;
   }
   free(Yc);
   free(mask);
