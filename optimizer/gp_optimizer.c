@@ -710,9 +710,10 @@ static double *front_centres(const bo_data *d, size_t *n) {
 }
 
 /* The next point x by the acquisition, or the reach's far point (reach_far_margins) when
- * it found one that is free; ref_out as make_mc's (untouched by LogEI). */
+ * it found one that is free and *far_picked says no earlier pick of the batch was one (it
+ * becomes true); ref_out as make_mc's (untouched by LogEI). */
 static int pick(gp_state *st, const bo_data *d, const bo_models *md, int number,
-                taken_set *taken, double *x, double *ref_out, nas_err *err) {
+                taken_set *taken, bool *far_picked, double *x, double *ref_out, nas_err *err) {
   const spec *s = space_spec(st->sp);
   bo_acq a = {0};
   /* One objective with pending points goes through the MC path too: its one-objective
@@ -739,9 +740,10 @@ static int pick(gp_state *st, const bo_data *d, const bo_models *md, int number,
                        .taken = taken,
                        .cancel = &st->cancel};
   double value;
-  if (rc == NAS_OK && a.far && !taken_contains(taken, a.far))
+  if (rc == NAS_OK && a.far && !*far_picked && !taken_contains(taken, a.far)) {
     memcpy(x, a.far, d->dim * sizeof *x);
-  else if (rc == NAS_OK)
+    *far_picked = true;
+  } else if (rc == NAS_OK)
     rc = acq_optimize(&search, x, &value, err);
   if (rc == NAS_OK) rc = taken_add(taken, x, err);
   else if (rc == NAS_ENOTFOUND) rc = taken_fresh(taken, s->seed, number, NULL, x, err);
@@ -786,7 +788,7 @@ static int gp_suggest(void *state, const observation *obs, size_t n_obs,
   bo_data d;
   bo_models md = {0};
   taken_set *taken = NULL;
-  bool fitted = false;
+  bool fitted = false, far_picked = false; /* one far pick per batch (reach_far_margins) */
   int rc = data_load(st->sp, obs, n_obs, pending, n_pending, n, &d, err);
   if (rc == NAS_OK) rc = taken_create(st->sp, obs, n_obs, pending, n_pending, &taken, err);
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
@@ -797,7 +799,7 @@ static int gp_suggest(void *state, const observation *obs, size_t n_obs,
     if (bo && !fitted) rc = fit_models(st, &d, first_number, &md, err);
     fitted = fitted || bo;
     double *ref = refs && d.m > 1 ? refs + i * d.m : NULL; /* one objective: none */
-    if (rc == NAS_OK) rc = bo ? pick(st, &d, &md, number, taken, x, ref, err)
+    if (rc == NAS_OK) rc = bo ? pick(st, &d, &md, number, taken, &far_picked, x, ref, err)
                               : design_pick(st, number, taken, x, err);
     if (rc == NAS_OK) rc = space_decode(st->sp, x, &out[i], err);
     d.np++;
