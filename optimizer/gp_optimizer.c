@@ -416,12 +416,14 @@ enum { reach_draws = 16 };
  * the f2 GP, its lengthscale along x0 1.1-3.0, predicts 4 where the truth is 2.3; the reach
  * moved the inferred f1 from 0.38 to 1.01 on a draw of 2.2 at x0 = 0.92 and the acquisition
  * still picked at x0 = 0.48, and scoring the drawn points among its raw samples changed
- * nothing (they ranked below points near the found piece). 10 seeds, log10 HV gap at 50,
- * q = 1 / 4: DTLZ7 −1.59 ± 0.17 / −1.43 ± 0.25 (far tip 10 / 10 of 10) against −0.56 ± 1.33
- * / −0.86 ± 1.14 (7 / 8 of 10); at 6 margins 9 / 10 of 10 (std 0.90 at q = 1), at 5
- * 10 / 10 with std 0.50 / 0.34. Fewer margins make more such picks where a wild draw passes
- * the bound: BraninCurrin's Branin drawn below zero early on (0.14 at 4 against 0.12 without,
- * 0.16 at 2; bench/RESULTS.md, issue 22's ninth round). */
+ * nothing (they ranked below points near the found piece). A batch takes at most one such
+ * pick, its other picks the acquisition's: one point is enough to learn whether the far
+ * piece is there (ZDT1 q = 4: −1.64 against −1.58 with a far pick wherever one was drawn).
+ * 10 seeds, log10 HV gap at 50, q = 1 / 4: DTLZ7 −1.59 ± 0.17 / −1.56 ± 0.21 (far tip 10 / 10
+ * of 10) against −0.56 ± 1.33 / −0.86 ± 1.14 (7 / 8 of 10); at 6 margins 9 / 10 of 10 (std
+ * 0.90 at q = 1), at 5 10 / 10 with std 0.50 / 0.34. Fewer margins make more such picks where
+ * a wild draw passes the bound: BraninCurrin's Branin drawn below zero early on (0.14 at 4
+ * against 0.12 without, 0.16 at 2; bench/RESULTS.md, issue 22's ninth round). */
 static const double reach_far_margins = 4;
 
 /* n_front front points (rows of `front`) with one numeric dimension moved to a uniform
