@@ -467,8 +467,9 @@ static int keep_far(const double *X, size_t dim, size_t farthest, double reach, 
 }
 
 /* Moves the inferred coordinates of ref out to the front's reach (see above): rows are the
- * n_rows complete observations, margin the inferred coordinates' margins. A neighbour whose
- * draw reaches reach_far_margins past the front goes to *far (owned; untouched if none). */
+ * n_rows complete observations, margin the inferred coordinates' margins. Under the fixed
+ * reference, a neighbour whose draw reaches reach_far_margins past the front goes to *far
+ * (owned; untouched if none). */
 static int reach_reference(const gp_state *st, const bo_data *d, const bo_models *md, int number,
                            const double *front, size_t n_front, const double *rows,
                            size_t n_rows, const double *margin, double *ref, double **far,
@@ -500,13 +501,15 @@ static int reach_reference(const gp_state *st, const bo_data *d, const bo_models
       if (!s->objectives[j].has_threshold && f[j] + margin[j] > ref[j] &&
           acq_trade_off_bounded(f, m, j, low, high, margin)) {
         ref[j] = f[j] + margin[j];
-        if ((f[j] - high[j]) / margin[j] > reach) {
-          reach = (f[j] - high[j]) / margin[j];
+        double past = (f[j] - high[j]) / margin[j];
+        if (past > reach) {
+          reach = past;
           farthest = i % n;
         }
       }
   }
-  if (rc == NAS_OK) rc = keep_far(X, d->dim, farthest, reach, far, err);
+  /* `follow` values a point past the reference already: no far pick there */
+  if (rc == NAS_OK && !st->follow_reference) rc = keep_far(X, d->dim, farthest, reach, far, err);
   free(on_front);
   free(F);
   free(X);
@@ -713,10 +716,9 @@ static double *front_centres(const bo_data *d, size_t *n) {
   return Xc;
 }
 
-/* The next point x by the acquisition, or the reach's far point (reach_far_margins) when
- * it found one that is free and *far_picked says no earlier pick of the batch was one (it
- * becomes true), under the fixed reference only (`follow` values such points already);
- * ref_out as make_mc's (untouched by LogEI). */
+/* The next point x by the acquisition, or the reach's far point (reach_far_margins, only
+ * under the fixed reference) when it found one that is free and *far_picked says no earlier
+ * pick of the batch was one (it becomes true); ref_out as make_mc's (untouched by LogEI). */
 static int pick(gp_state *st, const bo_data *d, const bo_models *md, int number,
                 taken_set *taken, bool *far_picked, double *x, double *ref_out, nas_err *err) {
   const spec *s = space_spec(st->sp);
@@ -745,8 +747,7 @@ static int pick(gp_state *st, const bo_data *d, const bo_models *md, int number,
                        .taken = taken,
                        .cancel = &st->cancel};
   double value;
-  if (rc == NAS_OK && a.far && !st->follow_reference && !*far_picked &&
-      !taken_contains(taken, a.far)) {
+  if (rc == NAS_OK && a.far && !*far_picked && !taken_contains(taken, a.far)) {
     memcpy(x, a.far, d->dim * sizeof *x);
     *far_picked = true;
   } else if (rc == NAS_OK)

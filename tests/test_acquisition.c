@@ -473,6 +473,10 @@ static void trade_off_bound_counts_loss_and_gain_in_front_extents(void **state) 
   assert_false(acq_trade_off_bounded((double[]){2, 0.4}, 2, 0, point, point, wide));
 }
 
+/* The points of the posterior draws' tests: the five exact_models knows, then one far
+ * from them. */
+static const double draw_points[6 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1, 0.3, 0.7};
+
 /* A joint posterior draw passes through points the models know exactly, varies with the seed
  * where they know little, and is the same for the same seed. */
 static void posterior_draw_keeps_known_points_and_varies_elsewhere(void **state) {
@@ -480,13 +484,12 @@ static void posterior_draw_keeps_known_points_and_varies_elsewhere(void **state)
   gp *g[2];
   exact_models(g);
   acq_models m = {.n_obj = 2, .obj = g};
-  double X[6 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1, 0.3, 0.7};
   double y[2][5] = {{0, 0.5, 1, 2, 3}, {1, 0.5, 0, -0.5, -0.01}};
   double F[6 * 2], again[6 * 2], other[6 * 2];
   nas_err err;
-  assert_int_equal(acq_posterior_draw(&m, X, 6, 1, 7, F, &err), NAS_OK);
-  assert_int_equal(acq_posterior_draw(&m, X, 6, 1, 7, again, &err), NAS_OK);
-  assert_int_equal(acq_posterior_draw(&m, X, 6, 1, 8, other, &err), NAS_OK);
+  assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 7, F, &err), NAS_OK);
+  assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 7, again, &err), NAS_OK);
+  assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 8, other, &err), NAS_OK);
   for (size_t i = 0; i < 5; i++)
     for (size_t k = 0; k < 2; k++) assert_float_equal(F[i * 2 + k], y[k][i], 1e-3);
   assert_memory_equal(F, again, sizeof F);
@@ -503,12 +506,11 @@ static void posterior_draws_are_each_the_draw_of_their_own_seed(void **state) {
   gp *g[2];
   exact_models(g);
   acq_models m = {.n_obj = 2, .obj = g};
-  double X[6 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1, 0.3, 0.7};
   double three[3 * 6 * 2], single[6 * 2];
   nas_err err;
-  assert_int_equal(acq_posterior_draw(&m, X, 6, 3, 7, three, &err), NAS_OK);
+  assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 3, 7, three, &err), NAS_OK);
   for (size_t t = 0; t < 3; t++) {
-    assert_int_equal(acq_posterior_draw(&m, X, 6, 1, 7 + t, single, &err), NAS_OK);
+    assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 7 + t, single, &err), NAS_OK);
     for (size_t i = 0; i < 6 * 2; i++) assert_float_equal(three[t * 12 + i], single[i], 1e-9);
   }
   assert_true(fabs(three[5 * 2] - three[12 + 5 * 2]) > 1e-3);
