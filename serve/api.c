@@ -202,7 +202,7 @@ static const route routes[] = {
 
 enum { max_parts = 4 };
 
-void serve_route(serve_request *req, serve_scope scope) {
+void serve_route(serve_request *req) {
   bool path_known = false;
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
     char *path = strdup(req->path), *parts[max_parts];
@@ -214,8 +214,7 @@ void serve_route(serve_request *req, serve_scope scope) {
     bool hit = serve_path_match(routes[i].pattern, path, parts, max_parts, &n_parts);
     path_known |= hit;
     if (hit && strcmp(routes[i].method, req->method) == 0) {
-      req->scope = scope;
-      if (scope < routes[i].needs)
+      if (req->scope < routes[i].needs)
         serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
       else
         routes[i].handle(req, parts);

@@ -173,6 +173,12 @@ json_t *serve_body_json(serve_request *req);
  * those segments (cut out of path in place, so only on a match). */
 bool serve_path_match(const char *pattern, char *path, char **parts, size_t max_parts,
                       size_t *n_parts);
+/* Whether a Host header names this machine's loopback (127.0.0.0/8, [::1] or localhost,
+ * with or without a port). */
+bool serve_host_is_loopback(const char *host);
+/* Whether an Origin header is this server as the client addressed it (scheme, then the
+ * Host header's name and port); false without a host. */
+bool serve_origin_is_host(const char *origin, const char *host);
 /* A decimal count from 0 to max. */
 int serve_parse_count(const char *text, long max, long *out);
 /* body's "step": an integer >= 0 (an intermediate report), else METRIC_FINAL. */
@@ -187,7 +193,7 @@ int serve_parse_metrics(const json_t *body, bool required, int64_t step, double 
  * one (GET / and /static/NAME). They hold no data, so need no token. */
 bool serve_web_route(serve_request *req);
 
-/* The routes (api.c): answers req, whose scope the caller has worked out. */
-void serve_route(serve_request *req, serve_scope scope);
+/* The routes (api.c): answers req, whose scope the caller has worked out (req->scope). */
+void serve_route(serve_request *req);
 
 #endif

@@ -1,9 +1,12 @@
 /* serve/parse.c: reading the parts of a request that clients control — its path against a
- * route's pattern, counts and trial numbers in it, and the JSON bodies of reports — as pure
+ * route's pattern, counts and trial numbers in it, the JSON bodies of reports, and the Host
+ * and Origin headers that tell where a browser sent it from — as pure
  * functions (no connection, no storage), so that tests/fuzz/fuzz_request.c can throw
  * arbitrary bytes at them. Each failure says what was expected, for a 4xx reply. */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <strings.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +32,34 @@ bool serve_path_match(const char *pattern, char *path, char **parts, size_t max_
   if (*p != '\0' || *s != '\0') return false;
   for (size_t k = 0; k < *n_parts; k++) parts[k][strcspn(parts[k], "/")] = '\0';
   return true;
+}
+
+bool serve_host_is_loopback(const char *host) {
+  char name[64];
+  size_t len;
+  if (host[0] == '[') { /* [IPv6]:port */
+    len = strcspn(host + 1, "]");
+    if (host[1 + len] != ']' || (host[2 + len] && host[2 + len] != ':')) return false;
+    host++;
+  } else {
+    len = strcspn(host, ":");
+  }
+  if (len == 0 || len >= sizeof name) return false;
+  memcpy(name, host, len);
+  name[len] = '\0';
+  struct in_addr v4;
+  struct in6_addr v6;
+  if (inet_pton(AF_INET, name, &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  if (inet_pton(AF_INET6, name, &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  return strcasecmp(name, "localhost") == 0;
+}
+
+bool serve_origin_is_host(const char *origin, const char *host) {
+  if (!host) return false;
+  const char *rest = strncasecmp(origin, "http://", 7) == 0    ? origin + 7
+                     : strncasecmp(origin, "https://", 8) == 0 ? origin + 8
+                                                               : NULL;
+  return rest && strcasecmp(rest, host) == 0;
 }
 
 int serve_parse_count(const char *text, long max, long *out) {

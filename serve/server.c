@@ -3,8 +3,9 @@
  * per request (method, path, status, milliseconds; never a header, so never a token).
  *
  * libmicrohttpd calls the access handler several times per request: first with the
- * headers (the request's state is made and oversized bodies are refused by their
- * Content-Length), then with each piece of the body, then once more with none, when the
+ * headers (the request's state is made, the client authorised and an oversized body
+ * refused by its Content-Length, a refusal answered then, before any of the body is
+ * read), then with each piece of the body, then once more with none, when the
  * request is answered. A thread pool serves connections; each handler takes a storage
  * connection of its own from the pool for the time it runs. A request whose write waits
  * for a group commit (commit.c) is suspended meanwhile, holding no thread, and answered
@@ -117,23 +118,48 @@ static bool client_is_loopback(struct MHD_Connection *conn) {
   return false;
 }
 
-/* The request's scope; a 401/403 reply and false when it may do nothing. */
-static bool authorise(serve_request *req, serve_scope *scope) {
+static const char *header(struct MHD_Connection *conn, const char *name) {
+  return MHD_lookup_connection_value(conn, MHD_HEADER_KIND, name);
+}
+
+/* Whether a browser may have sent the request from a page of another site (cross-site
+ * request forgery): its Origin, which browsers send with every cross-site request and with
+ * same-site writes, is not this server; or, with no token file, where the loopback client
+ * alone is the credential, it is addressed to a name that is not loopback's (a page whose
+ * own name was made to resolve to 127.0.0.1: DNS rebinding). A 403 reply when so. */
+static bool from_another_site(serve_request *req) {
+  const char *host = header(req->conn, MHD_HTTP_HEADER_HOST), *origin = header(req->conn, "Origin");
+  if (origin && !serve_origin_is_host(origin, host)) {
+    serve_fail(req, MHD_HTTP_FORBIDDEN, "requests from another site (Origin: %.100s) are refused",
+               origin);
+    return true;
+  }
+  if (req->srv->open_to_loopback && host && !serve_host_is_loopback(host)) {
+    serve_fail(req, MHD_HTTP_FORBIDDEN, "this server has no token file and answers only requests "
+               "addressed to 127.0.0.1, [::1] or localhost, not '%.100s'", host);
+    return true;
+  }
+  return false;
+}
+
+/* The request's scope into req->scope; a 401/403 reply and false when it may do nothing. */
+static bool authorise(serve_request *req) {
   serve_ctx *srv = req->srv;
+  req->scope = SCOPE_NONE;
+  if (from_another_site(req)) return false;
   if (srv->open_to_loopback) {
-    *scope = client_is_loopback(req->conn) ? SCOPE_WRITE : SCOPE_NONE;
-    if (*scope == SCOPE_NONE)
+    req->scope = client_is_loopback(req->conn) ? SCOPE_WRITE : SCOPE_NONE;
+    if (req->scope == SCOPE_NONE)
       serve_fail(req, MHD_HTTP_FORBIDDEN, "this server has no token file and serves loopback "
                                           "clients only");
-    return *scope != SCOPE_NONE;
+    return req->scope != SCOPE_NONE;
   }
-  const char *auth = MHD_lookup_connection_value(req->conn, MHD_HEADER_KIND,
-                                                 MHD_HTTP_HEADER_AUTHORIZATION);
-  *scope = serve_tokens_scope(&srv->tokens, auth);
-  if (*scope == SCOPE_NONE)
+  const char *auth = header(req->conn, MHD_HTTP_HEADER_AUTHORIZATION);
+  req->scope = serve_tokens_scope(&srv->tokens, auth);
+  if (req->scope == SCOPE_NONE)
     serve_fail(req, MHD_HTTP_UNAUTHORIZED, auth ? "the bearer token is not valid"
                                                 : "missing 'Authorization: Bearer TOKEN'");
-  return *scope != SCOPE_NONE;
+  return req->scope != SCOPE_NONE;
 }
 
 /* ---- the request's life ---------------------------------------------------------------- */
@@ -160,9 +186,19 @@ static void request_free(serve_request *req) {
 
 /* Whether the announced body is larger than the limit (then it is not read at all). */
 static bool announced_too_big(struct MHD_Connection *conn) {
-  const char *length = MHD_lookup_connection_value(conn, MHD_HEADER_KIND,
-                                                   MHD_HTTP_HEADER_CONTENT_LENGTH);
+  const char *length = header(conn, MHD_HTTP_HEADER_CONTENT_LENGTH);
   return length && strtoull(length, NULL, 10) > SERVE_BODY_LIMIT;
+}
+
+/* On a request's headers, before a byte of its body is read: whether to read it and answer
+ * later. A dashboard file is for anyone (its body is never kept); any other request is
+ * authorised first and its announced body's size checked, a refusal answered at once. */
+static bool admit(serve_request *req) {
+  if (serve_web_route(req)) return true;
+  if (!authorise(req)) return false;
+  if (!announced_too_big(req->conn)) return true;
+  serve_fail(req, MHD_HTTP_CONTENT_TOO_LARGE, "the body is larger than %u bytes", SERVE_BODY_LIMIT);
+  return false;
 }
 
 static void take_body(serve_request *req, const char *data, size_t size) {
@@ -181,20 +217,20 @@ static void take_body(serve_request *req, const char *data, size_t size) {
   req->body[req->body_len] = '\0';
 }
 
+/* An admitted request, once its body is read. */
 static void answer(serve_request *req) {
-  serve_scope scope;
   nas_err err;
   if (req->body_too_big) {
     serve_fail(req, MHD_HTTP_CONTENT_TOO_LARGE, "the body is larger than %u bytes", SERVE_BODY_LIMIT);
-  } else if (authorise(req, &scope)) {
-    if (serve_pool_take(&req->srv->pool, &req->st, &err) != NAS_OK) {
-      serve_fail(req, MHD_HTTP_SERVICE_UNAVAILABLE, "%s", err.msg);
-      return;
-    }
-    serve_route(req, scope);
-    serve_pool_give(&req->srv->pool, req->st);
-    req->st = NULL;
+    return;
   }
+  if (serve_pool_take(&req->srv->pool, &req->st, &err) != NAS_OK) {
+    serve_fail(req, MHD_HTTP_SERVICE_UNAVAILABLE, "%s", err.msg);
+    return;
+  }
+  serve_route(req);
+  serve_pool_give(&req->srv->pool, req->st);
+  req->st = NULL;
 }
 
 /* The reply of a request whose write it was suspended for is done. */
@@ -213,18 +249,28 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   if (!req) {
     if (!(*state = request_new(cls, conn, url, method))) return MHD_NO;
     req = *state;
-    if (!announced_too_big(conn)) return MHD_YES;
-    req->body_too_big = true;
-  } else if (*upload_size > 0) {
-    take_body(req, upload_data, *upload_size);
+    return admit(req) ? MHD_YES : send_reply(req);
+  }
+  if (*upload_size > 0) {
+    if (!req->asset.bytes) take_body(req, upload_data, *upload_size);
     *upload_size = 0;
     return MHD_YES;
   }
   if (req->waiting) return answer_waiting(req);
-  if (!req->body_too_big && serve_web_route(req)) return send_asset(req);
+  if (req->asset.bytes) return send_asset(req);
   answer(req);
   /* A request suspended for its write's group commit is answered when resumed. */
   return req->waiting ? MHD_YES : send_reply(req);
+}
+
+/* The path as the log shows it (owned; NULL without memory): libmicrohttpd has decoded its
+ * %XX escapes, so a control byte (a newline would forge a log line) is escaped again. */
+static char *log_path(const char *path) {
+  char *shown = malloc(3 * strlen(path) + 1), *at = shown;
+  for (const unsigned char *c = (const unsigned char *)path; shown && *c; c++)
+    at += *c < 0x20 || *c == 0x7f ? sprintf(at, "%%%02X", *c) : sprintf(at, "%c", *c);
+  if (shown) *at = '\0';
+  return shown;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
@@ -236,9 +282,12 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
   /* Resumed but ended before it was answered: its write's state is freed. */
   if (req->waiting) req->waiting->answer(req, req->waiting->arg);
   double ms = (nas_monotonic() - req->started) * 1e3;
-  if (srv->opt->log)
-    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", req->method, req->path, req->status, ms,
+  char *path = srv->opt->log ? log_path(req->path) : NULL;
+  if (srv->opt->log) /* one call: the lines of concurrent requests never interleave */
+    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", req->method, path ? path : "(path)",
+            req->status, ms,
             why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+  free(path);
   request_free(req);
   *state = NULL;
 }

@@ -93,15 +93,14 @@ static inline void test_server_stop_reading_commits(test_server *srv, unsigned l
   free(text), free(log);
 }
 
-/* METHOD path [body] with an optional bearer token; returns the parsed JSON reply (owned)
- * and its HTTP status in *code. */
-static inline json_t *test_http(const test_server *srv, const char *method, const char *path,
-                                const char *body, const char *token, int *code) {
+/* METHOD path [body] with the extra request headers ("Name: value", NULL-terminated, or
+ * NULL); returns the parsed JSON reply (owned) and its HTTP status in *code. */
+static inline json_t *test_http_with(const test_server *srv, const char *method, const char *path,
+                                     const char *body, const char *const *headers, int *code) {
   char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path);
-  char *auth = token ? nas_asprintf("Authorization: Bearer %s", token) : NULL;
-  const char *argv[16] = {"curl", "-s", "-S", "-w", "\n%{http_code}", "-X", method, url};
+  const char *argv[32] = {"curl", "-s", "-S", "-w", "\n%{http_code}", "-X", method, url};
   size_t n = 8;
-  if (auth) argv[n++] = "-H", argv[n++] = auth;
+  for (size_t i = 0; headers && headers[i] && n < 26; i++) argv[n++] = "-H", argv[n++] = headers[i];
   if (body) argv[n++] = "--data-binary", argv[n++] = body;
   char *out;
   assert_int_equal(test_run(NULL, (char *const *)argv, &out), 0);
@@ -111,7 +110,17 @@ static inline json_t *test_http(const test_server *srv, const char *method, cons
   *last = '\0';
   json_t *reply = json_loads(out, 0, NULL);
   if (!reply) fail_msg("%s %s: reply is not JSON: %s", method, path, out);
-  free(out), free(url), free(auth);
+  free(out), free(url);
+  return reply;
+}
+
+/* METHOD path [body] with an optional bearer token (test_http_with). */
+static inline json_t *test_http(const test_server *srv, const char *method, const char *path,
+                                const char *body, const char *token, int *code) {
+  char *auth = token ? nas_asprintf("Authorization: Bearer %s", token) : NULL;
+  const char *headers[] = {auth, NULL};
+  json_t *reply = test_http_with(srv, method, path, body, headers, code);
+  free(auth);
   return reply;
 }
 

@@ -265,6 +265,91 @@ static void malformed_and_oversized_requests_get_clear_errors(void **state) {
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
+/* The status of `curl -X POST --data-binary @file` and how much of the file it sent. */
+static int post_file(const test_server *srv, const char *path, const char *file, long *sent) {
+  char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path);
+  char *at_file = nas_asprintf("@%s", file);
+  const char *argv[] = {"curl", "-s", "-S", "-o", "/dev/null", "-w", "%{http_code} %{size_upload}",
+                        "-X", "POST", "--data-binary", at_file, url, NULL};
+  char *out;
+  assert_int_equal(test_run(NULL, (char *const *)argv, &out), 0);
+  int code = 0;
+  assert_int_equal(sscanf(out, "%d %ld", &code, sent), 2);
+  free(out), free(url), free(at_file);
+  return code;
+}
+
+static void refused_requests_are_answered_before_their_body_is_read(void **state) {
+  fixture *f = *state;
+  char *tokens = test_write(f->dir, "tokens", "write w0000000000000000000000000000000000000002\n");
+  chmod(tokens, 0600);
+  test_server srv;
+  start_or_fail(&srv, f, (const char *const[]){"--token-file", tokens, NULL});
+  char *body = malloc(3u << 20);
+  memset(body, 'a', (3u << 20) - 1);
+  body[(3u << 20) - 1] = '\0';
+  char *file = test_write(f->dir, "body.json", body);
+  long sent = -1;
+  /* curl waits for "100 Continue" before a large body; a server that reads the body of a
+   * client it refuses asks for it. */
+  assert_int_equal(post_file(&srv, "/api/v1/experiments/asked/ask", file, &sent), 401);
+  assert_int_equal(sent, 0);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(body), free(file), free(tokens);
+}
+
+static void pages_of_other_sites_cannot_drive_the_api(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  int code;
+  /* A form or fetch() on another site, sent by the user's browser. */
+  json_t *reply = test_http_with(&srv, "POST", "/api/v1/experiments", asked_spec,
+                                 (const char *const[]){"Origin: http://evil.example", NULL}, &code);
+  assert_int_equal(code, 403);
+  assert_non_null(strstr(json_string_value(json_object_get(reply, "error")), "another site"));
+  json_decref(reply);
+  /* A page whose own name was made to resolve to 127.0.0.1 (DNS rebinding). */
+  char *evil_host = nas_asprintf("Host: evil.example:%d", srv.port);
+  reply = test_http_with(&srv, "GET", "/api/v1/experiments", NULL,
+                         (const char *const[]){evil_host, NULL}, &code);
+  assert_int_equal(code, 403);
+  assert_non_null(strstr(json_string_value(json_object_get(reply, "error")), "addressed to"));
+  json_decref(reply);
+  reply = get_ok(&srv, "/api/v1/experiments");
+  assert_int_equal(json_array_size(json_object_get(reply, "experiments")), 0);
+  json_decref(reply);
+  /* The server's own pages, and loopback names. */
+  char *own = nas_asprintf("Origin: http://127.0.0.1:%d", srv.port);
+  char *localhost = nas_asprintf("Host: localhost:%d", srv.port);
+  char *own_localhost = nas_asprintf("Origin: http://localhost:%d", srv.port);
+  reply = test_http_with(&srv, "POST", "/api/v1/experiments", asked_spec,
+                         (const char *const[]){own, NULL}, &code);
+  assert_int_equal(code, 201);
+  json_decref(reply);
+  reply = test_http_with(&srv, "GET", "/api/v1/experiments", NULL,
+                         (const char *const[]){localhost, own_localhost, NULL}, &code);
+  assert_int_equal(code, 200);
+  json_decref(reply);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(evil_host), free(own), free(localhost), free(own_localhost);
+}
+
+static void a_newline_in_a_path_cannot_forge_a_log_line(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "GET", "/api/v1/experiments/x%0AGET%20/forged%20200", NULL, NULL, 404, NULL);
+  char *path = strdup(srv.log);
+  assert_int_equal(test_server_stop(&srv), 0);
+  char *log = NULL;
+  nas_err ignored;
+  assert_int_equal(nas_read_file(path, &log, NULL, &ignored), NAS_OK);
+  assert_non_null(strstr(log, "/api/v1/experiments/x%0AGET /forged 200 404"));
+  assert_null(strstr(log, "\nGET /forged"));
+  free(log), free(path);
+}
+
 /* The log of a server started with extra arguments, read while it runs. */
 static char *log_of_server_with(fixture *f, const char *const *extra) {
   test_server srv;
@@ -305,6 +390,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(refused_requests_are_answered_before_their_body_is_read, setup, teardown),
+      cmocka_unit_test_setup_teardown(pages_of_other_sites_cannot_drive_the_api, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
