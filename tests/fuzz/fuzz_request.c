@@ -1,9 +1,11 @@
 /* libFuzzer harness for what `nas serve` reads from a request itself (libmicrohttpd parses
  * the HTTP): the Authorization header against the server's tokens, the path against the
- * API's route patterns, counts in it, and JSON bodies as reports (serve/parse.c,
- * serve/auth.c). Input: the header value, a newline, the path, a newline, the body. It
- * checks the contracts: a scope only for the exact token, parts only on a match and each
- * one segment of the path, observations only from an object of numbers, and no leak. */
+ * API's route patterns, counts in it, JSON bodies as reports, and the first line again as
+ * a Host and an Origin header (serve/parse.c, serve/auth.c). Input: the header value, a
+ * newline, the path, a newline, the body. It checks the contracts: a scope only for the
+ * exact token, parts only on a match and each one segment of the path, observations only
+ * from an object of numbers, an origin the server's only when it is the host after a
+ * scheme, and no leak. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,6 +46,16 @@ static void check_path(const char *path) {
   }
 }
 
+static void check_site(const char *header) {
+  serve_host_is_loopback(header);
+  char *origin = malloc(strlen(header) + 8);
+  if (!origin) return;
+  strcpy(origin, "http://"), strcat(origin, header);
+  if (!serve_origin_is_host(origin, header)) abort();
+  if (serve_origin_is_host(header, header) || serve_origin_is_host(origin, NULL)) abort();
+  free(origin);
+}
+
 static void check_body(const char *body, size_t len) {
   json_t *json = json_loadb(body, len, 0, NULL);
   if (!json) return;
@@ -71,6 +83,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (path) *path++ = '\0';
   if (body) *body++ = '\0';
   check_auth(text);
+  check_site(text);
   if (path) check_path(path);
   if (body) check_body(body, strlen(body));
   free(text);
