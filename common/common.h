@@ -56,6 +56,12 @@ char *nas_abspath(const char *path, const char *base);
 /* Owned copy of the directory part of path ("." when there is none). */
 char *nas_dirname(const char *path);
 
+/* Whether name may name an experiment, which becomes a folder (runs/<name>) and a command
+ * argument (`nas resume NAME`): a letter or digit (so never '.', '..' or '--option'), then
+ * letters, digits, '_', '.' or '-', at most 64. Checked where a spec is read and again
+ * where storage stores a name (a client of `nas serve` can send any). */
+int nas_check_experiment_name(const char *name, nas_err *err);
+
 /* Closes a stream made by open_memstream(buf, …). NAS_OK: *buf is the owned text. NAS_ERR
  * ("out of memory" in err, which may be NULL): a write or the final resize failed, and *buf
  * is freed and NULL. glibc's fclose reports a failed final resize only by leaving *buf

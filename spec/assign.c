@@ -152,7 +152,7 @@ static int parse_warm_start_from(const yaml_ctx *c, const yaml_node_t *list, spe
     s->warm_start.n_from = i + 1;
     const char *name = s->warm_start.from[i];
     nas_err why;
-    if (spec_check_name(name, &why) != NAS_OK)
+    if (nas_check_experiment_name(name, &why) != NAS_OK)
       return spec_node_errf(c, node, "%s: %s", what, why.msg);
     if (strcmp(name, s->name) == 0)
       return spec_node_errf(c, node, "%s: '%s' is this experiment itself", what, name);

@@ -23,29 +23,12 @@ static const char *const root_keys[] = {"name",       "storage",     "seed",  "p
 static const char *const runner_types[] = {"local", "slurm", NULL};
 static const char *const optimizer_types[] = {"gp", "random", "sobol", NULL};
 
-/* An experiment's name becomes a folder (runs/<name>) and a command argument (`nas
- * resume NAME`): it starts with a letter or digit (so never '.', '..' or '--option'),
- * holds only name characters and stays short enough for any path. */
-enum { EXPERIMENT_NAME_MAX = 64 };
-
-int spec_check_name(const char *name, nas_err *err) {
-  char first = name[0];
-  bool starts = (first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') ||
-                (first >= '0' && first <= '9');
-  size_t len = spec_name_span(name, ".-");
-  if (starts && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX) return NAS_OK;
-  return nas_errf(err,
-                  "'%.40s%s' is not an experiment name: a letter or digit, then letters, "
-                  "digits, '_', '.' or '-', at most %d characters",
-                  name, strlen(name) > 40 ? "..." : "", EXPERIMENT_NAME_MAX);
-}
-
 static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *node;
   nas_err why;
   int rc = spec_node_required(c, root, "spec", "name", &node);
   if (!rc) rc = spec_node_dup_text(c, node, "name", &s->name);
-  if (!rc && spec_check_name(s->name, &why) != NAS_OK)
+  if (!rc && nas_check_experiment_name(s->name, &why) != NAS_OK)
     rc = spec_node_errf(c, node, "name: %s", why.msg);
   if (rc) return rc;
   node = spec_node_optional(c, root, "storage");
@@ -476,7 +459,7 @@ static int check_only_name_changed(const spec *s, const char *renamed_text, cons
 }
 
 int spec_text_renamed(const spec *s, const char *new_name, char **out, nas_err *err) {
-  if (spec_check_name(new_name, err) != NAS_OK) return NAS_ERR;
+  if (nas_check_experiment_name(new_name, err) != NAS_OK) return NAS_ERR;
   if (strcmp(new_name, s->name) == 0)
     return nas_errf(err, "the experiment is called '%s' already", new_name);
   char *text = name_replaced(s->text, s->path, new_name, err);

@@ -237,10 +237,8 @@ int spec_check_params(const spec *s, const json_t *params, nas_err *err);
  * names get a did-you-mean. *out is an owned JSON object. */
 int spec_assignment_parse(const spec *s, char *const *args, size_t n, json_t **out,
                           nas_err *err);
-/* Whether name may name an experiment (it becomes the folder runs/<name> and a command
- * argument): a letter or digit, then letters, digits, '_', '.' or '-', at most 64. */
-int spec_check_name(const char *name, nas_err *err);
-/* s's text with the value of its `name:` changed to new_name (checked as spec_check_name),
+/* s's text with the value of its `name:` changed to new_name (checked as
+ * nas_check_experiment_name),
  * all else byte for byte; the result is checked to load with that name. Owned *out. */
 int spec_text_renamed(const spec *s, const char *new_name, char **out, nas_err *err);
 /* The trial's argv with every {name} replaced by the parameter's value (numbers printed

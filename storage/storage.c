@@ -385,7 +385,9 @@ static int in_context(const storage *st, int rc, nas_err *err, const char *fmt, 
 int storage_experiment_create(storage *st, const char *name, const char *spec_text,
                               const char *spec_path, const char *run_root, int64_t *id,
                               nas_err *err) {
-  if (!name || !name[0]) return nas_errf(err, "create experiment: empty name");
+  if (!name) return nas_errf(err, "create experiment: no name");
+  if (nas_check_experiment_name(name, err) != NAS_OK)
+    return nas_err_prefix(err, "create experiment");
   if (!spec_text || !spec_path || !run_root) {
     return nas_errf(err, "create experiment '%s': spec text, spec path and run root are required",
                     name);
@@ -442,8 +444,10 @@ int storage_experiment_delete(storage *st, int64_t id, nas_err *err) {
 
 int storage_experiment_rename(storage *st, int64_t id, const char *new_name,
                               const char *spec_text, nas_err *err) {
-  if (!new_name || !new_name[0] || !spec_text)
+  if (!new_name || !spec_text)
     return nas_errf(err, "rename experiment %" PRId64 ": no new name or spec text", id);
+  if (nas_check_experiment_name(new_name, err) != NAS_OK)
+    return nas_err_prefix(err, "rename experiment %" PRId64, id);
   return in_context(st, st->backend->experiment_rename(st->conn, id, new_name, spec_text, err), err,
                     "rename experiment %" PRId64 " to '%s'", id, new_name);
 }
@@ -467,9 +471,9 @@ static int image_metric_trials(const storage_experiment_image *img, size_t *inde
 
 static int image_check(const storage_experiment_image *img, nas_err *err) {
   const experiment_row *e = img->exp;
-  if (!e || !e->name || !e->name[0] || !e->spec_text || !e->spec_path || !e->run_root ||
-      !e->status)
+  if (!e || !e->name || !e->spec_text || !e->spec_path || !e->run_root || !e->status)
     return nas_errf(err, "the experiment lacks its name, spec, run root or status");
+  if (nas_check_experiment_name(e->name, err) != NAS_OK) return NAS_ERR;
   for (size_t i = 0; i < img->n_trials; i++)
     if (!img->trials[i].params_json) return nas_errf(err, "trial %zu has no parameters", i);
   for (size_t i = 0; i < img->n_metrics; i++)
