@@ -213,19 +213,22 @@ static json_t *intermediate_json(const metric_row *rows, size_t n, int64_t trial
 }
 
 /* The last SCHED_LOG_TAIL_BYTES of run_dir/name (starting at a whole UTF-8 character), or
- * null when it cannot be read or is not text. */
+ * null when it cannot be read or is not text. Only the tail is read: a training log may
+ * hold gigabytes, and the server answers this for any reader. */
 static json_t *log_tail(const char *run_dir, const char *name) {
-  char *path = nas_asprintf("%s/%s", run_dir, name), *text = NULL;
-  size_t len = 0;
-  nas_err ignored;
+  char *path = nas_asprintf("%s/%s", run_dir, name), text[SCHED_LOG_TAIL_BYTES];
+  FILE *f = path ? fopen(path, "rb") : NULL;
   json_t *tail = NULL;
-  if (path && nas_read_file(path, &text, &len, &ignored) == NAS_OK) {
-    size_t from = len > SCHED_LOG_TAIL_BYTES ? len - SCHED_LOG_TAIL_BYTES : 0;
-    while (from < len && ((unsigned char)text[from] & 0xC0) == 0x80) from++; /* a cut character */
-    tail = json_stringn(text + from, len - from); /* NULL when not UTF-8 */
+  if (f && fseeko(f, 0, SEEK_END) == 0) {
+    off_t size = ftello(f);
+    off_t from = size > SCHED_LOG_TAIL_BYTES ? size - SCHED_LOG_TAIL_BYTES : 0;
+    size_t len = size >= 0 && fseeko(f, from, SEEK_SET) == 0 ? fread(text, 1, sizeof text, f) : 0;
+    size_t start = 0;
+    while (start < len && ((unsigned char)text[start] & 0xC0) == 0x80) start++; /* a cut character */
+    if (!ferror(f)) tail = json_stringn(text + start, len - start); /* NULL when not UTF-8 */
   }
+  if (f) fclose(f);
   free(path);
-  free(text);
   return tail ? tail : json_null();
 }
 

@@ -107,6 +107,36 @@ static void wait_until_running(fixture *f, const char *name) {
   fail_msg("trial 0 of %s never ran", name);
 }
 
+/* A training log of 2 GiB (sparse: no disk) ending in text, shown by `nas trial` limited to
+ * 1 GiB of address space: the view shows the log's last 4 KiB, read alone (reading the
+ * whole log first would fail, and the server answers this view for any reader). */
+static void a_huge_log_is_shown_by_its_tail_alone(void **state) {
+  fixture *f = *state;
+  char *spec = curves_spec(f, "curves", 1);
+  run_spec(f, spec);
+  char *log = nas_asprintf("%s/runs/curves/0/stdout.log", f->dir);
+  FILE *out = fopen(log, "r+");
+  assert_non_null(out);
+  assert_int_equal(ftruncate(fileno(out), (off_t)2 << 30), 0);
+  assert_int_equal(fseeko(out, 0, SEEK_END), 0);
+  for (int i = 0; i < 5000; i++) fputc('x', out);
+  fputs("tail-end\n", out);
+  assert_int_equal(fclose(out), 0);
+  char *argv[] = {"sh", "-c", "ulimit -v 1048576 && exec \"$0\" \"$@\"", (char *)test_nas_bin(),
+                  "trial", "curves", "0", "--storage", f->db, "--format", "json", NULL};
+  char *text;
+  assert_int_equal(test_run(f->dir, argv, &text), 0);
+  json_t *t = json_loads(text, 0, NULL);
+  assert_non_null(t);
+  const char *tail = json_string_value(json_object_get(t, "stdout_tail"));
+  if (!tail) fail_msg("no stdout_tail: %s", text);
+  assert_int_equal(strlen(tail), 4096);
+  assert_string_equal(tail + 4096 - 9, "tail-end\n");
+  json_decref(t);
+  assert_int_equal(truncate(log, 0), 0);
+  free(text), free(log), free(spec);
+}
+
 static void logs_follow_a_running_trial_through_a_truncation_to_its_end(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "tail.yaml",
@@ -495,6 +525,7 @@ static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **s
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_huge_log_is_shown_by_its_tail_alone, setup, teardown),
       cmocka_unit_test_setup_teardown(logs_follow_a_running_trial_through_a_truncation_to_its_end, setup, teardown),
       cmocka_unit_test_setup_teardown(logs_follow_ends_cleanly_on_ctrl_c, setup, teardown),
       cmocka_unit_test_setup_teardown(export_then_import_into_another_storage_keeps_what_listings_show, setup, teardown),
