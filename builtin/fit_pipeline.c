@@ -44,8 +44,10 @@ static int stage_epoch(stage_run *r, tr_loader *ld, const tr_fit_config *cfg, in
   int rc = NAS_OK;
   while (rc == NAS_OK && (b = fit_next_batch(r->ctx, ld, cfg, *step, &x, &y)) > 0) {
     double loss = 0;
+    /* every batch takes its step, one too small to split included: the schedule and
+     * fit_begin's resumed step count per_epoch steps an epoch, as tr_fit does */
+    tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
     if (b >= chunks) {
-      tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
       tr_optim_zero_grad(r->opt);
       micro_targets targets = {y, cfg->label_smoothing};
       rc = tr_pipe_train_step(r->ctx, r->pipe, x, b, micro_loss, &targets, &loss);

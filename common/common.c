@@ -139,6 +139,14 @@ int nas_write_file_atomic_mode(const char *path, const char *data, size_t len, u
   return write_atomic(path, data, len, (mode_t)mode, true, err);
 }
 
+int nas_fsync_dir(const char *dir, nas_err *err) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  int rc = fd >= 0 && fsync(fd) == 0 ? NAS_OK
+                                     : nas_errf(err, "%s: cannot sync: %s", dir, strerror(errno));
+  if (fd >= 0) close(fd);
+  return rc;
+}
+
 int nas_mkdirs(const char *path, nas_err *err) {
   char *copy = strdup(path);
   if (!copy) return nas_errf(err, "%s: out of memory", path);

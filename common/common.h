@@ -48,6 +48,8 @@ int nas_write_file_atomic(const char *path, const char *data, size_t len, nas_er
  * byte is written. nas_write_file_atomic is this with 0644 (less the umask). */
 int nas_write_file_atomic_mode(const char *path, const char *data, size_t len, unsigned mode,
                                nas_err *err);
+/* fsync of folder dir: what was renamed into it or created there lasts through a power loss. */
+int nas_fsync_dir(const char *dir, nas_err *err);
 /* mkdir -p. */
 int nas_mkdirs(const char *path, nas_err *err);
 /* Owned absolute form of path (relative to base when base is not NULL, else to the

@@ -5,12 +5,13 @@
  * A trial's bracket follows from its number alone, and the rung it trains to is stored
  * with it (trial_row.rung), so every decision can be taken again from storage after a
  * crash: a rung is decided once all its trials have ended, by promoting the best
- * n_{i+1} (fewest others dominating them over the objectives, then the lowest number) to
- * the next rung — completed → queued at rung + 1, in storage before anything else. Trials
- * promoted before a crash still hold their rung's values (they are queued, not yet run,
- * because promotions come before launches), so the ranking repeats itself and only the
- * rest of the decision is made. A trial trains each rung from the weights it saved at the
- * end of the one before (NAS_RESUME_DIR), on a learning-rate schedule of max_epochs. */
+ * n_{i+1} (fewest others dominating them over the objectives, then the lowest number; all
+ * of its completed, feasible ones when there are fewer) to the next rung — completed →
+ * queued at rung + 1, in storage before anything else. Trials promoted before a crash
+ * still hold their rung's values (they are queued, not yet run, because promotions come
+ * before launches), so the ranking repeats itself and only the rest of the decision is
+ * made. A trial trains each rung from the weights it saved at the end of the one before
+ * (NAS_RESUME_DIR), on a learning-rate schedule of max_epochs. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -164,7 +165,9 @@ static int promote(sched *sc, const sched_results *r, size_t t, int rung, int ep
 }
 
 /* Decides rung i of a bracket whose members are the results' trials [from, to), when it
- * has ended and is undecided; *waiting says the rung is not decided (so later rungs wait). */
+ * has ended and is undecided; *waiting says the rung is not decided (so later rungs wait).
+ * A rung with fewer contenders than its share keeps them all: once it has ended and every
+ * contender is promoted it is decided, so the next rung is judged on what reached it. */
 static int decide_rung(sched *sc, const sched_results *r, const sched_bracket *b, size_t from,
                        size_t to, int rung, bool *waiting, nas_err *err) {
   const multi_fidelity_spec *mf = &sc->s->multi_fidelity;
@@ -175,11 +178,13 @@ static int decide_rung(sched *sc, const sched_results *r, const sched_bracket *b
   }
   size_t keep = reached / (size_t)mf->eta;
   if (promoted >= keep) return NAS_OK;
-  *waiting = true;
   bool ended = true;
   for (size_t t = from; t < to; t++)
     ended &= r->trials[t].rung != rung || trial_status_final(r->trials[t].status);
-  if (!ended) return NAS_OK;
+  if (!ended) {
+    *waiting = true;
+    return NAS_OK;
+  }
   ranked *order = calloc(to - from, sizeof *order);
   if (!order) return nas_errf(err, "out of memory");
   for (size_t t = from; t < to; t++) {
@@ -192,7 +197,10 @@ static int decide_rung(sched *sc, const sched_results *r, const sched_bracket *b
   qsort(order, n, sizeof *order, cmp_ranked);
   int epochs = sched_hyperband_epochs(mf, b->bracket, rung + 1), rc = NAS_OK;
   for (size_t k = 0; k < n && k < keep && rc == NAS_OK; k++)
-    if (r->trials[order[k].t].rung == rung) rc = promote(sc, r, order[k].t, rung, epochs, err);
+    if (r->trials[order[k].t].rung == rung) {
+      rc = promote(sc, r, order[k].t, rung, epochs, err);
+      *waiting = true; /* these results still hold it at this rung: the next rung waits */
+    }
   free(order);
   return rc;
 }

@@ -39,12 +39,19 @@ typedef struct {
   tr_cache_request req;
 } fixture;
 
-static void write_source(fixture *f, double scale) {
-  char text[4096] = "";
+/* The source's CSV text for scale into text (room for 4096 bytes); its length. Fixed-width
+ * numbers, so every scale below 10 gives a file of the same size. */
+static size_t source_text(double scale, char *text) {
   size_t used = 0;
   for (int r = 0; r < 50; r++)
-    used += (size_t)snprintf(text + used, sizeof text - used, "%g,%g,%g,%d\n", r * scale,
+    used += (size_t)snprintf(text + used, 4096 - used, "%07.3f,%07.3f,%07.3f,%d\n", r * scale,
                              r * scale + 1, -r * scale, r % 3);
+  return used;
+}
+
+static void write_source(fixture *f, double scale) {
+  char text[4096];
+  size_t used = source_text(scale, text);
   nas_err err;
   assert_int_equal(nas_write_file_atomic(f->source, text, used, &err), NAS_OK);
 }
@@ -194,6 +201,32 @@ static void changed_source_makes_the_cache_stale(void **state) {
   assert_int_equal(builds(f), 3);
 }
 
+/* What `cp -p` does onto an existing file: the same inode rewritten in place at the same
+ * size, then its old mtime set back. Only the ctime tells, and it is part of the identity. */
+static void source_rewritten_in_place_with_its_mtime_set_back_makes_the_cache_stale(
+    void **state) {
+  fixture *f = *state;
+  assert_true(open_and_check(f, 1.0));
+  struct stat before, after;
+  assert_int_equal(stat(f->source, &before), 0);
+  nas_sleep_ms(20); /* a ctime after the first write's, on a coarse clock too */
+  char text[4096];
+  size_t used = source_text(2.0, text);
+  int fd = open(f->source, O_WRONLY | O_TRUNC);
+  assert_true(fd >= 0);
+  assert_int_equal(write(fd, text, used), (ssize_t)used);
+  close(fd);
+  struct timespec times[2] = {{0, UTIME_OMIT}, before.st_mtim};
+  assert_int_equal(utimensat(AT_FDCWD, f->source, times, 0), 0);
+  assert_int_equal(stat(f->source, &after), 0);
+  assert_true(after.st_ino == before.st_ino && after.st_size == before.st_size);
+  assert_true(after.st_mtim.tv_sec == before.st_mtim.tv_sec &&
+              after.st_mtim.tv_nsec == before.st_mtim.tv_nsec);
+  assert_true(open_and_check(f, 2.0));
+  assert_false(open_and_check(f, 2.0));
+  assert_int_equal(builds(f), 2);
+}
+
 static int failing_build(tr_ctx *ctx, void *arg, tr_cache_content *out, nas_err *err) {
   (void)ctx, (void)arg, (void)out;
   return nas_errf(err, "data.csv:3: not a number");
@@ -269,6 +302,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(overwritten_data_of_the_same_size_is_rebuilt, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(changed_source_makes_the_cache_stale, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          source_rewritten_in_place_with_its_mtime_set_back_makes_the_cache_stale, setup, teardown),
       cmocka_unit_test_setup_teardown(mapping_a_current_cache_takes_under_50_ms, setup, teardown),
       cmocka_unit_test_setup_teardown(failing_builder_leaves_no_file_and_its_own_error, setup,
                                       teardown),

@@ -2,7 +2,7 @@
  * trial is retried, a silent one is retried then failed, too many failures stop the run,
  * `nas stop` works from another process, early stopping ends bad trials, and a scheduler
  * killed with -9 at random moments resumes to exactly its budget with nothing run twice,
- * Hyperband's rungs included. */
+ * Hyperband's rungs included, and Hyperband goes on past a rung whose trials mostly failed. */
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -229,25 +229,50 @@ static size_t read_lines(const char *path, char lines[][64], size_t cap) {
   return n;
 }
 
+/* The spec `name` of random search over x in [0, 1] minimising y, whose trials run script
+ * in sh after appending "number first epochs" (NAS_TRIAL_NUMBER, NAS_FIRST_EPOCH,
+ * NAS_EPOCHS) to a ledger, *ledger (owned) its path; more: the rest of the spec. */
+static char *ledger_spec(fixture *f, const char *name, const char *script, const char *more,
+                         char **ledger) {
+  char *text, *file;
+  assert_true(asprintf(ledger, "%s/ledger", f->dir) > 0);
+  assert_true(asprintf(&text,
+                       "name: %s\n"
+                       "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                       "objectives: [{name: y, goal: minimize}]\n"
+                       "trial: {command: [sh, -c, 'echo $NAS_TRIAL_NUMBER $NAS_FIRST_EPOCH "
+                       "$NAS_EPOCHS >> %s; %s']}\n"
+                       "optimizer: {type: random}\n%s",
+                       name, *ledger, script, more) > 0);
+  assert_true(asprintf(&file, "%s.yaml", name) > 0);
+  char *spec = test_write(f->dir, file, text);
+  free(file);
+  free(text);
+  return spec;
+}
+
+/* How many of a ledger's lines [from, to) record a run of trial number from epoch first to
+ * epochs ("number first epochs"). */
+static int runs_in(char lines[][64], size_t from, size_t to, int number, int first, int epochs) {
+  char run[64];
+  snprintf(run, sizeof run, "%d %d %d\n", number, first, epochs);
+  int seen = 0;
+  for (size_t i = from; i < to; i++) seen += strcmp(lines[i], run) == 0;
+  return seen;
+}
+
 /* Hyperband from 1 to 3 epochs, eta 3: trials 0-2 train 1 epoch each, then the best (the
  * lowest y = x) trains on from epoch 1 to 3. Each run of a trial appends "number first
  * epochs" to a ledger. Killed with -9 at random moments and run again, the experiment ends
  * with exactly those four runs: no rung run twice, none skipped, the right trial promoted. */
 static void kill_9_between_rungs_then_resume_runs_each_rung_once(void **state) {
   fixture *f = *state;
-  char *text, *ledger;
-  assert_true(asprintf(&ledger, "%s/ledger", f->dir) > 0);
-  assert_true(asprintf(&text,
-                       "name: crash\n"
-                       "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                       "objectives: [{name: y, goal: minimize}]\n"
-                       "trial: {command: [sh, -c, 'echo $NAS_TRIAL_NUMBER $NAS_FIRST_EPOCH "
-                       "$NAS_EPOCHS >> %s; sleep 0.3; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
-                       "budget: {trials: 3, parallel: 3}\n"
-                       "optimizer: {type: random}\n"
-                       "multi_fidelity: {kind: hyperband, min_epochs: 1, max_epochs: 3, eta: 3}\n",
-                       ledger) > 0);
-  char *spec = test_write(f->dir, "crash.yaml", text);
+  char *ledger;
+  char *spec = ledger_spec(f, "crash", "sleep 0.3; echo \"nas-metric {{\\\"y\\\": {x}}}\"",
+                           "budget: {trials: 3, parallel: 3}\n"
+                           "multi_fidelity: {kind: hyperband, min_epochs: 1, "
+                           "max_epochs: 3, eta: 3}\n",
+                           &ledger);
   unsigned seed = 20261126;
   for (int run = 0; run < 10; run++) {
     unlink(ledger);
@@ -258,22 +283,47 @@ static void kill_9_between_rungs_then_resume_runs_each_rung_once(void **state) {
     int best = 0;
     for (int t = 1; t < 3; t++)
       if (num(row_of(rows, t), "x") < num(row_of(rows, best), "x")) best = t;
-    char lines[8][64], promoted[64];
+    char lines[8][64];
     size_t n = read_lines(ledger, lines, 8);
-    snprintf(promoted, sizeof promoted, "%d 1 3\n", best);
     if (n != 4) fail_msg("run %d: %zu trial runs, not 4", run, n);
-    for (int t = 0; t < 3; t++) { /* each trial's first rung once */
-      char first[64];
-      snprintf(first, sizeof first, "%d 0 1\n", t);
-      int seen = 0;
-      for (size_t i = 0; i < n; i++) seen += strcmp(lines[i], first) == 0;
-      assert_int_equal(seen, 1);
-    }
-    assert_string_equal(lines[3], promoted); /* after all of them, the best once */
+    for (int t = 0; t < 3; t++) assert_int_equal(runs_in(lines, 0, n, t, 0, 1), 1);
+    assert_int_equal(runs_in(lines, 3, 4, best, 1, 3), 1); /* after all of them, the best */
     json_decref(rows);
   }
   free(spec);
-  free(text);
+  free(ledger);
+}
+
+/* Hyperband from 1 to 8 epochs, eta 2: bracket 3 runs trials 0-7 for 1 epoch and would
+ * keep 4 of them for rung 1. Trials 0-2 fail and 3-4 break the constraint, so the three
+ * that can go on (5-7) all train on to 2 epochs, and the best of them then to 4: a rung
+ * with too few contenders still lets the bracket go on. */
+static void rung_with_fewer_contenders_than_its_share_promotes_them_and_goes_on(void **state) {
+  fixture *f = *state;
+  char *ledger;
+  char *spec = ledger_spec(f, "few",
+                           "n=$NAS_TRIAL_NUMBER; [ $n -lt 3 ] && exit 1; y={x}; "
+                           "[ $n -lt 5 ] && y=2; echo \"nas-metric {{\\\"y\\\": $y}}\"",
+                           "constraints: ['y <= 1']\n"
+                           "budget: {trials: 8, parallel: 8, max_failure_rate: 1}\n"
+                           "multi_fidelity: {kind: hyperband, min_epochs: 1, "
+                           "max_epochs: 8, eta: 2}\n",
+                           &ledger);
+  run_ok(f, spec);
+  json_t *rows = trials_json(f, "few");
+  assert_int_equal(json_array_size(rows), 8);
+  int best = 5;
+  for (int t = 6; t < 8; t++)
+    if (num(row_of(rows, t), "x") < num(row_of(rows, best), "x")) best = t;
+  char lines[16][64];
+  size_t n = read_lines(ledger, lines, 16);
+  if (n != 12) fail_msg("%zu trial runs, not 8 + 3 + 1", n);
+  for (int t = 0; t < 8; t++) assert_int_equal(runs_in(lines, 0, 8, t, 0, 1), 1);
+  for (int t = 5; t < 8; t++) /* every contender went on to rung 1 */
+    assert_int_equal(runs_in(lines, 8, 11, t, 1, 2), 1);
+  assert_int_equal(runs_in(lines, 11, 12, best, 2, 4), 1); /* then the best of them */
+  json_decref(rows);
+  free(spec);
   free(ledger);
 }
 
@@ -337,6 +387,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_between_rungs_then_resume_runs_each_rung_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          rung_with_fewer_contenders_than_its_share_promotes_them_and_goes_on, setup, teardown),
       cmocka_unit_test_setup_teardown(suggestions_after_a_crash_are_those_without_it, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,17 +10,17 @@
  * version, size, checksum, key and identity, and that every part lies inside the file. The
  * data's checksum is verified once per cache file, not on every open (reading it all would
  * cost what the cache saves): then a marker beside it (<file>.verified) records the
- * file's identity as it was (stat's, with the ctime), and later opens that find the
- * identity unchanged trust the data. Anything that writes into the file changes its ctime,
- * and so its identity, so the next open verifies the data again: an overwritten payload is
- * caught, not only truncation and damage to the header. The file is only ever written whole, under another name, then
- * renamed.
+ * file's identity as it was (stat's, as for the source below), and later opens that find
+ * the identity unchanged trust the data. Anything that writes into the file changes its
+ * ctime, and so its identity, so the next open verifies the data again: an overwritten
+ * payload is caught, not only truncation and damage to the header. The file is only ever
+ * written whole, under another name, synced, then renamed.
  *
- * The source's identity is stat's device, inode, size and modification time (ns) of the
- * file, or of every file in the folder by name: a few microseconds where a content hash
- * would read the whole source every time. Rewriting a file changes its mtime (and usually
- * its inode), so an edit is seen; a copy that keeps size and mtime (cp -p, rsync -t) onto
- * the same inode would not be, which no ordinary tool does. */
+ * The source's identity is stat's device, inode, size, modification and change times (ns)
+ * of the file, or of every file in the folder by name: a few microseconds where a content
+ * hash would read the whole source every time. Rewriting a file changes its ctime, even a
+ * copy onto the same inode that sets the old size and mtime back (cp -p, rsync -t), so
+ * every edit is seen. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -96,11 +96,13 @@ char *tr_data_cache_path(const tr_cache_request *req) {
 
 /* ---------------------------------------------------------------- the source's identity */
 
+/* The ctime with the mtime: every write sets it and no tool sets it back (touch and cp -p
+ * set only the mtime); what else sets it (chmod, a new hard link) only costs a rebuild. */
 static char *stat_text(const char *name, const struct stat *st) {
-  return nas_asprintf("%s dev %llu ino %llu size %lld mtime %lld.%09ld\n", name,
-                      (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
-                      (long long)st->st_size, (long long)st->st_mtim.tv_sec,
-                      st->st_mtim.tv_nsec);
+  return nas_asprintf("%s dev %llu ino %llu size %lld mtime %lld.%09ld ctime %lld.%09ld\n",
+                      name, (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
+                      (long long)st->st_size, (long long)st->st_mtim.tv_sec, st->st_mtim.tv_nsec,
+                      (long long)st->st_ctim.tv_sec, st->st_ctim.tv_nsec);
 }
 
 /* text + more (more freed); NULL when either is NULL. */
@@ -198,19 +200,12 @@ static uint32_t mapped_data_crc(const void *map) {
   return (uint32_t)crc;
 }
 
-/* What a verified marker records of the cache file: stat_text's identity and the ctime,
- * which every write sets and no tool sets back (touch and cp -p set only the mtime). */
-static char *verified_text(const struct stat *st) {
-  return append(stat_text(".", st), nas_asprintf("ctime %lld.%09ld\n", (long long)st->st_ctim.tv_sec,
-                                                 st->st_ctim.tv_nsec));
-}
-
 /* Whether the data of the mapped file at path (identity st) matches its checksum: the
- * marker beside it says so when it records this very identity; else the data is read and
- * checked now, and the marker written when it is good (one that cannot be written only
- * costs the check again next time). */
+ * marker beside it says so when it records this very identity (its ctime included); else
+ * the data is read and checked now, and the marker written when it is good (one that
+ * cannot be written only costs the check again next time). */
 static bool data_intact(const char *path, const void *map, const struct stat *st) {
-  char *marker = nas_asprintf("%s.verified", path), *seen = verified_text(st), *recorded = NULL;
+  char *marker = nas_asprintf("%s.verified", path), *seen = stat_text(".", st), *recorded = NULL;
   size_t len;
   nas_err ignored;
   bool intact = marker && seen && nas_read_file(marker, &recorded, &len, &ignored) == NAS_OK &&
@@ -346,7 +341,9 @@ static void content_free(tr_cache_content *content) {
 }
 
 /* Builds the content and puts it at path: written whole to a temporary file beside it,
- * then renamed over it, so readers see the old file or the new one, never a part.
+ * then renamed over it, so readers see the old file or the new one, never a part. The data
+ * is on disk before the rename and the rename before the verified marker (which makes
+ * later opens trust the data), so a power loss cannot leave a trusted file of lost pages.
  * *builder_failed says whether the error is the builder's own. */
 static int build_file(tr_ctx *ctx, const tr_cache_request *req, const char *path,
                       const char *identity, bool *builder_failed, nas_err *err) {
@@ -363,9 +360,12 @@ static int build_file(tr_ctx *ctx, const tr_cache_request *req, const char *path
     rc = nas_errf(err, "%s: cannot create: %s", tmp ? tmp : path, tmp ? strerror(errno) : "out of memory");
   if (rc == NAS_OK && write_content(fd, &content, req->key, identity) != NAS_OK)
     rc = nas_errf(err, "%s: cannot write: %s", tmp, strerror(errno ? errno : EIO));
+  if (rc == NAS_OK && fsync(fd) != 0)
+    rc = nas_errf(err, "%s: cannot sync: %s", tmp, strerror(errno));
   if (fd >= 0 && close(fd) != 0 && rc == NAS_OK) rc = nas_errf(err, "%s: %s", tmp, strerror(errno));
   if (rc == NAS_OK && rename(tmp, path) != 0)
     rc = nas_errf(err, "%s: cannot rename to %s: %s", tmp, path, strerror(errno));
+  if (rc == NAS_OK) rc = nas_fsync_dir(req->dir, err);
   if (rc != NAS_OK && fd >= 0) unlink(tmp);
   free(tmp);
   content_free(&content);
