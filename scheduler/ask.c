@@ -204,14 +204,35 @@ int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int
   return rc;
 }
 
-/* The first objective trial t never reported, or NULL. */
-static const char *missing_objective(const spec *s, const sched_results *r, int64_t trial_id) {
+/* The first objective that neither trial t's stored results nor obs (the final values
+ * about to be stored with its completion) hold, or NULL. */
+static const char *missing_objective(const spec *s, const sched_results *r, int64_t trial_id,
+                                     const metric_obs *obs, size_t n) {
   for (size_t i = 0; i < r->n_trials; i++) {
     if (r->trials[i].id != trial_id) continue;
-    for (size_t j = 0; j < s->n_objectives; j++)
-      if (isnan(r->values[i * r->n_metrics + j])) return s->objectives[j].name;
+    for (size_t j = 0; j < s->n_objectives; j++) {
+      bool told = !isnan(r->values[i * r->n_metrics + j]);
+      for (size_t k = 0; k < n && !told; k++)
+        told = obs[k].step == METRIC_FINAL && strcmp(obs[k].name, s->objectives[j].name) == 0;
+      if (!told) return s->objectives[j].name;
+    }
   }
   return NULL;
+}
+
+/* Refuses a completion that would leave an objective unreported, before anything is
+ * stored: a client that sends the whole set again must not store the rest twice. */
+static int check_complete(storage *st, const spec *s, const experiment_row *exp,
+                          const trial_row *t, const metric_obs *obs, size_t n, nas_err *err) {
+  sched_results r;
+  if (sched_results_of_trial(st, s, exp, t->number, &r, err) != NAS_OK) return NAS_ERR;
+  const char *missing = missing_objective(s, &r, t->id, obs, n);
+  int rc = missing ? nas_errc(err, NAS_EINVAL, "trial %d has not reported objective '%s'; "
+                              "report it, or end the trial as failed; nothing was stored",
+                              t->number, missing)
+                   : NAS_OK;
+  sched_results_free(&r);
+  return rc;
 }
 
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
@@ -219,18 +240,14 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
   trial_row t;
   int rc = running_trial(st, exp, number, &t, err);
   if (rc != NAS_OK) return rc;
+  if ((rc = check_complete(st, s, exp, &t, obs, n, err)) != NAS_OK) {
+    trial_row_clear(&t);
+    return rc;
+  }
   sched sc;
   tell_events_begin(&sc, st, s, exp, nt);
   rc = n > 0 ? storage_metrics_add(st, t.id, obs, n, -1, err) : NAS_OK;
-  sched_results r;
-  if (rc == NAS_OK) rc = sched_results_of_trial(st, s, exp, number, &r, err);
-  if (rc == NAS_OK) {
-    const char *missing = missing_objective(s, &r, t.id);
-    rc = missing ? nas_errc(err, NAS_EINVAL, "trial %d has not reported objective '%s'; report it, or end "
-                            "the trial as failed", number, missing)
-                 : storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
-    sched_results_free(&r);
-  }
+  if (rc == NAS_OK) rc = storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
   tell_events_end(&sc, rc == NAS_OK ? &t : NULL, TRIAL_COMPLETED, NULL);
   trial_row_clear(&t);
   return rc;

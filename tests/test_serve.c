@@ -141,6 +141,8 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
   json_decref(reply);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/complete", "{\"metrics\": {\"loss\": 0.25}}", NULL, 200, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/complete", "{}", NULL, 422, "has not reported objective 'loss'");
+  /* refused whole: sending the full set again stores "acc" once */
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/complete", "{\"metrics\": {\"acc\": 0.9}}", NULL, 422, "nothing was stored");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/report", "{\"metrics\": {\"loss\": 9}}", NULL, 409, "is completed, not running");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/fail", "{\"error\": \"out of memory on the GPU\"}", NULL, 200, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/report", "{\"metrics\": {\"loss\": \"high\"}}", NULL, 422, "not a number");
@@ -151,6 +153,7 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
   json_t *one = get_ok(&srv, "/api/v1/experiments/asked/trials/1");
   assert_string_equal(json_string_value(json_object_get(one, "error")), "out of memory on the GPU");
   assert_string_equal(json_string_value(json_object_get(one, "job_id")), "ask:gpu-7");
+  assert_null(json_object_get(json_object_get(one, "metrics"), "acc"));
   json_decref(one);
   assert_int_equal(test_server_stop(&srv), 0);
 }
