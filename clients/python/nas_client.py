@@ -16,7 +16,8 @@ hyperparameters, reports how training goes, and ends each trial. Standard librar
 
 The endpoints are those of docs/api.md; clients/python/README.md tells the rest. Errors are
 NasError subclasses carrying the server's message and HTTP status. Refused connections and
-5xx answers are retried with exponential backoff (Client says when else).
+5xx answers are retried with exponential backoff, writes only where the server cannot have
+acted on them (Client says which).
 """
 
 from __future__ import annotations
@@ -182,8 +183,9 @@ class Client:
     timeout: seconds one attempt may take.
     retries, backoff: a refused connection and a 5xx answer are tried again up to `retries`
         times, after backoff, 2·backoff, 4·backoff … seconds (each at most 30, with jitter).
-        A GET is also tried again when the connection broke after it was sent; an ask or a
-        report is not, since the server may have acted on it.
+        A write (POST: an ask, a report …) is tried again only when the server cannot have
+        acted on it: a refused connection or a 503 (no storage connection for it); a GET
+        also after a 500 or a connection that broke after it was sent.
     """
 
     def __init__(self, url: str | None = None, *, token: str | None = None,
@@ -244,8 +246,10 @@ class Client:
             with self._opener.open(request, timeout=self.timeout) as answer:
                 status, text = answer.status, answer.read()
         except urllib.error.HTTPError as e:
+            # A 500 may come after the server stored part of a write; a 503 before it did anything.
             error = _error_of(e.code, e.read(), method, url)
-            raise (_Retry(error) if e.code >= 500 else error) from None
+            again = e.code == 503 or (e.code >= 500 and method == "GET")
+            raise (_Retry(error) if again else error) from None
         except urllib.error.URLError as e:
             # Raised while connecting or sending: the server cannot have acted on a request
             # it did not get whole. Other reasons (DNS, certificates) will not mend.

@@ -381,6 +381,22 @@ class RetryTest(unittest.TestCase):
         finally:
             stand_in.close()
 
+    def test_a_500_retries_a_read_but_not_a_write_which_may_be_stored(self):
+        stand_in = StandIn([500, 200])
+        try:
+            client = Client(stand_in.url, retries=2, backoff=0.01)
+            self.assertEqual(client.experiments(), [])
+            self.assertEqual(stand_in.requests, 2)
+            stand_in.answers, stand_in.requests = [500, 200], 0
+            with self.assertRaises(ServerError):
+                client.experiment_handle("x").ask()
+            self.assertEqual(stand_in.requests, 1)
+            stand_in.answers, stand_in.requests = [503, 200], 0  # a 503 stored nothing
+            self.assertEqual(client._request("POST", "/experiments/x/ask", {}), {"experiments": []})
+            self.assertEqual(stand_in.requests, 2)
+        finally:
+            stand_in.close()
+
     def test_a_broken_connection_after_sending_retries_a_read_but_not_a_write(self):
         stand_in = StandIn([None, None, 200])
         try:
