@@ -1,6 +1,8 @@
 /* storage/rows_json.c: storage rows and arguments as JSON (see rows_json.h). */
 #include "storage/rows_json.h"
 
+#include <inttypes.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -43,6 +45,15 @@ void rows_json_int(rows_json_reader *r, const char *key, int64_t *out) {
   const json_t *v = field(r, key, true);
   if (v && json_is_integer(v)) *out = json_integer_value(v);
   else if (v) wrong_type(r, key, "an integer");
+}
+
+void rows_json_int32(rows_json_reader *r, const char *key, int *out) {
+  int64_t wide = 0;
+  rows_json_int(r, key, &wide);
+  if (r->rc == NAS_OK && (wide < INT_MIN || wide > INT_MAX))
+    r->rc = nas_errf(r->err, "field '%s' is out of range: %" PRId64, key, wide);
+  else if (r->rc == NAS_OK)
+    *out = (int)wide;
 }
 
 void rows_json_number(rows_json_reader *r, const char *key, double *out) {
@@ -121,34 +132,28 @@ static json_t *trial_to_json(const void *row) {
 static int trial_from_json(const json_t *obj, void *row, nas_err *err) {
   trial_row *t = row;
   rows_json_reader r = {obj, err, NAS_OK};
-  int64_t number = 0, attempts = 0;
   const char *status = NULL;
   memset(t, 0, sizeof *t);
   rows_json_int(&r, "id", &t->id);
   rows_json_int(&r, "experiment_id", &t->experiment_id);
-  rows_json_int(&r, "number", &number);
+  rows_json_int32(&r, "number", &t->number);
   rows_json_text(&r, "status", false, &status);
   if (r.rc == NAS_OK && trial_status_parse(status, &t->status) != NAS_OK)
     r.rc = nas_errf(err, "field 'status' is not a trial status: '%s'", status);
   rows_json_strdup(&r, "params_json", false, &t->params_json);
-  rows_json_int(&r, "attempts", &attempts);
+  rows_json_int32(&r, "attempts", &t->attempts);
   rows_json_number(&r, "created_at", &t->created_at);
   rows_json_number(&r, "started_at", &t->started_at);
   rows_json_number(&r, "finished_at", &t->finished_at);
   rows_json_strdup(&r, "job_id", true, &t->job_id);
   const json_t *code = field(&r, "exit_code", true);
   t->has_exit_code = code && !json_is_null(code);
-  if (t->has_exit_code && !json_is_integer(code)) wrong_type(&r, "exit_code", "an integer or null");
-  t->exit_code = t->has_exit_code ? (int)json_integer_value(code) : 0;
+  if (t->has_exit_code) rows_json_int32(&r, "exit_code", &t->exit_code);
   rows_json_strdup(&r, "error", true, &t->error);
   rows_json_int(&r, "log_offset", &t->log_offset);
   rows_json_number(&r, "heartbeat_at", &t->heartbeat_at);
   rows_json_strdup(&r, "reference_json", true, &t->reference_json);
-  int64_t rung = 0;
-  if (field(&r, "rung", false)) rows_json_int(&r, "rung", &rung); /* absent from older servers */
-  t->rung = (int)rung;
-  t->number = (int)number;
-  t->attempts = (int)attempts;
+  if (field(&r, "rung", false)) rows_json_int32(&r, "rung", &t->rung); /* absent from older servers */
   if (r.rc != NAS_OK) trial_row_clear(t);
   return r.rc;
 }

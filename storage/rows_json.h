@@ -27,6 +27,9 @@ typedef struct {
 } rows_json_reader;
 
 void rows_json_int(rows_json_reader *r, const char *key, int64_t *out);
+/* An integer that fits an int (trial numbers, rungs, attempts, exit codes): one beyond it
+ * is refused, never cut to another value. */
+void rows_json_int32(rows_json_reader *r, const char *key, int *out);
 void rows_json_number(rows_json_reader *r, const char *key, double *out);
 void rows_json_bool(rows_json_reader *r, const char *key, bool *out);
 /* Borrowed from the JSON; with nullable, null (or a missing key) reads as NULL. */

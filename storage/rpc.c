@@ -13,7 +13,6 @@
  * read beyond its write (one transaction, not two; on PostgreSQL one round trip less). */
 #include "storage/rpc.h"
 
-#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,20 +186,21 @@ static int trial_heartbeat_run(storage *st, rows_json_reader *a, json_t *out, na
 
 static int trial_finish_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
   (void)out;
-  int64_t trial_id, exit_code = 0;
+  int64_t trial_id;
+  int exit_code = 0;
   const char *status_name, *error;
   bool has_exit_code = false;
   trial_status status = TRIAL_FAILED;
   rows_json_int(a, "trial_id", &trial_id);
   rows_json_text(a, "status", false, &status_name);
   rows_json_bool(a, "has_exit_code", &has_exit_code);
-  if (has_exit_code) rows_json_int(a, "exit_code", &exit_code);
+  if (has_exit_code) rows_json_int32(a, "exit_code", &exit_code);
   rows_json_text(a, "error", true, &error);
   if (a->rc == NAS_OK && trial_status_parse(status_name, &status) != NAS_OK)
     a->rc = nas_errf(err, "field 'status' is not a trial status: '%s'", status_name);
   return a->rc != NAS_OK ? a->rc
                          : storage_trial_finish(st, trial_id, status, has_exit_code,
-                                                (int)exit_code, error, err);
+                                                exit_code, error, err);
 }
 
 static int trial_requeue_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
@@ -212,10 +212,11 @@ static int trial_requeue_run(storage *st, rows_json_reader *a, json_t *out, nas_
 
 static int trial_promote_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
   (void)out;
-  int64_t trial_id, rung;
+  int64_t trial_id;
+  int rung;
   rows_json_int(a, "trial_id", &trial_id);
-  rows_json_int(a, "rung", &rung);
-  return a->rc != NAS_OK ? a->rc : storage_trial_promote(st, trial_id, (int)rung, err);
+  rows_json_int32(a, "rung", &rung);
+  return a->rc != NAS_OK ? a->rc : storage_trial_promote(st, trial_id, rung, err);
 }
 
 static int trial_get_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
@@ -227,13 +228,13 @@ static int trial_get_run(storage *st, rows_json_reader *a, json_t *out, nas_err 
 }
 
 static int trial_find_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
-  int64_t experiment_id, number;
+  int64_t experiment_id;
+  int number;
   rows_json_int(a, "experiment_id", &experiment_id);
-  rows_json_int(a, "number", &number);
-  if (a->rc == NAS_OK && (number < 0 || number > INT_MAX))
-    a->rc = nas_errf(err, "field 'number' is not a trial number");
+  rows_json_int32(a, "number", &number);
+  if (a->rc == NAS_OK && number < 0) a->rc = nas_errf(err, "field 'number' is not a trial number");
   trial_row t;
-  int rc = a->rc != NAS_OK ? a->rc : storage_trial_find(st, experiment_id, (int)number, &t, err);
+  int rc = a->rc != NAS_OK ? a->rc : storage_trial_find(st, experiment_id, number, &t, err);
   return rc == NAS_OK ? put_row(out, "trial", &rows_json_trial, &t, err) : rc;
 }
 

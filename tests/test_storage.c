@@ -1776,6 +1776,33 @@ static void rpc_import_of_a_malformed_image_is_refused_naming_the_field(void **s
   image_free(&src);
 }
 
+/* Trial numbers, rungs, attempts and exit codes are ints: a client's larger integer is
+ * refused, never cut to another value (2^32 + 1 would have been trial 1). */
+static void rpc_integers_beyond_an_int_are_refused_not_cut(void **state) {
+  fixture *f = *state;
+  trial_row t = make_trial(f, make_experiment(f, "e"), "{}");
+  json_int_t beyond = ((json_int_t)1 << 32) + 1;
+  json_t *calls[] = {
+      json_pack("{s:I, s:I}", "experiment_id", (json_int_t)t.experiment_id, "number", beyond),
+      json_pack("{s:I, s:I}", "trial_id", (json_int_t)t.id, "rung", beyond),
+      json_pack("{s:I, s:s, s:b, s:I, s:n}", "trial_id", (json_int_t)t.id, "status", "failed",
+                "has_exit_code", 1, "exit_code", beyond, "error")};
+  const char *ops[] = {"trial_find", "trial_promote", "trial_finish"};
+  for (size_t i = 0; i < 3; i++) {
+    int rc;
+    json_t *reply = rpc_call(f, ops[i], NULL, calls[i], &rc);
+    assert_int_equal(rc, NAS_ERR);
+    assert_contains(json_string_value(json_object_get(reply, "error")), "out of range: 4294967297");
+    json_decref(reply);
+  }
+  trial_row now;
+  CHECK(storage_trial_get(f->st, t.id, &now, err));
+  assert_int_equal(now.status, t.status);
+  assert_int_equal(now.rung, t.rung);
+  trial_row_clear(&now);
+  trial_row_clear(&t);
+}
+
 /* ---- schema and faults, on every backend --------------------------------------------------- */
 
 static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
@@ -2769,6 +2796,7 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(rpc_metrics_add_takes_columns_and_the_rows_of_older_clients),
       FIXTURE_TEST(rpc_metrics_add_reads_doubles_as_their_bits_exactly),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
+      FIXTURE_TEST(rpc_integers_beyond_an_int_are_refused_not_cut),
   };
   char name[64];
   snprintf(name, sizeof name, "%s schema", ctx->backend->name);
