@@ -212,7 +212,9 @@ static int headers_make(http_conn *c, nas_err *err) {
   if (token_read(&token, err) != NAS_OK) return NAS_ERR;
   if (token) c->auth = nas_asprintf("Authorization: Bearer %s", token);
   if (token) memset(token, 0, strlen(token));
+  bool lost = token && !c->auth; /* never sent without the token it was given */
   free(token);
+  if (lost) return nas_errf(err, "out of memory");
   /* "Expect:" turns off libcurl's wait for "100 Continue" before larger bodies. */
   const char *fixed[] = {"Content-Type: application/json", "Expect:", c->auth};
   for (size_t i = 0; i < sizeof fixed / sizeof *fixed; i++) {
