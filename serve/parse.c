@@ -50,7 +50,8 @@ bool serve_host_is_loopback(const char *host) {
   struct in_addr v4;
   struct in6_addr v6;
   if (inet_pton(AF_INET, name, &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  if (inet_pton(AF_INET6, name, &v6) == 1) return IN6_IS_ADDR_LOOPBACK(&v6);
+  if (inet_pton(AF_INET6, name, &v6) == 1)
+    return IN6_IS_ADDR_LOOPBACK(&v6) || (IN6_IS_ADDR_V4MAPPED(&v6) && v6.s6_addr[12] == 127);
   return strcasecmp(name, "localhost") == 0;
 }
 
