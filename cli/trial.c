@@ -126,7 +126,7 @@ static void print_trial_text(const char *experiment, bool rungs, const json_t *t
          json_string_value(json_object_get(t, "status")),
          (long long)json_integer_value(json_object_get(t, "attempts")));
   if (rungs) printf(", rung %lld", (long long)json_integer_value(json_object_get(t, "rung")));
-  printf("%s%s\n", job ? ", job " : "", job ? json_string_value(job) : "");
+  printf("%s%s\n", json_is_string(job) ? ", job " : "", json_is_string(job) ? json_string_value(job) : "");
   print_time("created", json_object_get(t, "created_at"));
   print_time("started", json_object_get(t, "started_at"));
   print_time("finished", json_object_get(t, "finished_at"));
@@ -138,7 +138,8 @@ static void print_trial_text(const char *experiment, bool rungs, const json_t *t
   print_values("metrics", json_object_get(t, "metrics"));
   print_values("reference point", json_object_get(t, "reference_point"));
   print_curves(json_object_get(t, "intermediate"));
-  printf("run folder %s\n", json_string_value(json_object_get(t, "run_dir")));
+  const json_t *run_dir = json_object_get(t, "run_dir");
+  if (json_is_string(run_dir)) printf("run folder %s\n", json_string_value(run_dir));
   const json_t *model = json_object_get(t, "model");
   if (json_is_object(model)) {
     char *about = json_dumps(json_object_get(model, "about"), JSON_COMPACT | JSON_PRESERVE_ORDER);
@@ -204,10 +205,11 @@ int cmd_trial(int argc, char **argv) {
  * now shorter than *offset was cut short (or replaced): it is read again from its start.
  * A file that does not exist yet holds nothing. */
 static int copy_new(const char *path, off_t *offset, nas_err *err) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno == ENOENT ? NAS_ENOTFOUND : nas_errf(err, "%s: %s", path, strerror(errno));
-  struct stat info;
-  if (fstat(fd, &info) == 0 && info.st_size < *offset) {
+  int fd;
+  int64_t size;
+  int rc = nas_open_regular(path, &fd, &size, err);
+  if (rc != NAS_OK) return rc;
+  if (size < *offset) {
     fprintf(stderr, "nas: %s was truncated; reading it again from its start\n", path);
     *offset = 0;
   }

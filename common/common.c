@@ -63,6 +63,24 @@ void nas_sleep(double seconds) {
   }
 }
 
+int nas_open_regular(const char *path, int *fd, int64_t *size, nas_err *err) {
+  /* O_NONBLOCK: opening a FIFO with no writer would wait for one */
+  *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (*fd < 0 && errno == ENOENT) return NAS_ENOTFOUND;
+  if (*fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
+  struct stat st;
+  const char *problem = fstat(*fd, &st) != 0 ? strerror(errno)
+                        : !S_ISREG(st.st_mode) ? "not a regular file"
+                                               : NULL;
+  if (!problem) {
+    *size = (int64_t)st.st_size;
+    return NAS_OK;
+  }
+  close(*fd);
+  *fd = -1;
+  return nas_errf(err, "%s: %s", path, problem);
+}
+
 int nas_read_file(const char *path, char **out, size_t *len, nas_err *err) {
   FILE *f = fopen(path, "rb");
   if (!f) return nas_errf(err, "%s: %s", path, strerror(errno));

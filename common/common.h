@@ -40,6 +40,10 @@ double nas_monotonic(void);
 /* Sleeps for the given seconds (fractions allowed). */
 void nas_sleep(double seconds);
 
+/* Opens a log or data file to read that must be a regular file: a FIFO or a device put in
+ * its place (by a trial, in its own run folder) would block the reader or never end. *fd
+ * (O_CLOEXEC) and *size on NAS_OK; NAS_ENOTFOUND when it does not exist (err untouched). */
+int nas_open_regular(const char *path, int *fd, int64_t *size, nas_err *err);
 /* Reads a whole file into a NUL-terminated owned buffer; *len gets its size if not NULL. */
 int nas_read_file(const char *path, char **out, size_t *len, nas_err *err);
 /* Writes data to path atomically (temporary file in the same folder, fsync, rename). */

@@ -313,32 +313,14 @@ static int lines_read(log_reader *r, int fd, int64_t *offset, bool take_unfinish
   return rc;
 }
 
-/* Opens the log for reading without waiting (a FIFO in its place must not block) and
- * checks it is a regular file; *size gets its length. 1 when open, 0 when there is no
- * such file, else NAS_ERR. */
-static int log_open(const char *path, int *fd, off_t *size, nas_err *err) {
-  *fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (*fd < 0 && errno == ENOENT) return 0;
-  if (*fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
-  struct stat st;
-  const char *problem = fstat(*fd, &st) != 0 ? strerror(errno)
-                        : !S_ISREG(st.st_mode) ? "not a regular file"
-                                               : NULL;
-  if (!problem) {
-    *size = st.st_size;
-    return 1;
-  }
-  close(*fd);
-  return nas_errf(err, "%s: %s", path, problem);
-}
-
 static int log_read(const char *path, int64_t *offset, metric_set *set, metric_log_notes *notes,
                     bool to_end, nas_err *err) {
   if (*offset < 0) return nas_errf(err, "%s: negative offset %lld", path, (long long)*offset);
   int fd;
-  off_t size = 0;
-  int opened = log_open(path, &fd, &size, err);
-  if (opened <= 0) return opened;
+  int64_t size = 0;
+  int opened = nas_open_regular(path, &fd, &size, err);
+  if (opened == NAS_ENOTFOUND) return NAS_OK;
+  if (opened != NAS_OK) return opened;
   /* Shorter than what was read: truncated (a job's log is only ever appended to), so its
    * new content starts at 0. */
   int64_t shrank_from = size < *offset ? *offset : 0;

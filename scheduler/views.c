@@ -217,17 +217,19 @@ static json_t *intermediate_json(const metric_row *rows, size_t n, int64_t trial
  * hold gigabytes, and the server answers this for any reader. */
 static json_t *log_tail(const char *run_dir, const char *name) {
   char *path = nas_asprintf("%s/%s", run_dir, name), text[SCHED_LOG_TAIL_BYTES];
-  FILE *f = path ? fopen(path, "rb") : NULL;
+  int fd = -1;
+  int64_t size = 0;
+  nas_err ignored;
   json_t *tail = NULL;
-  if (f && fseeko(f, 0, SEEK_END) == 0) {
-    off_t size = ftello(f);
-    off_t from = size > SCHED_LOG_TAIL_BYTES ? size - SCHED_LOG_TAIL_BYTES : 0;
-    size_t len = size >= 0 && fseeko(f, from, SEEK_SET) == 0 ? fread(text, 1, sizeof text, f) : 0;
+  if (path && nas_open_regular(path, &fd, &size, &ignored) == NAS_OK) {
+    int64_t from = size > SCHED_LOG_TAIL_BYTES ? size - SCHED_LOG_TAIL_BYTES : 0;
+    ssize_t len = pread(fd, text, sizeof text, (off_t)from);
     size_t start = 0;
-    while (start < len && ((unsigned char)text[start] & 0xC0) == 0x80) start++; /* a cut character */
-    if (!ferror(f)) tail = json_stringn(text + start, len - start); /* NULL when not UTF-8 */
+    while (len > 0 && start < (size_t)len && ((unsigned char)text[start] & 0xC0) == 0x80)
+      start++; /* a cut character */
+    if (len >= 0) tail = json_stringn(text + start, (size_t)len - start); /* NULL when not UTF-8 */
+    close(fd);
   }
-  if (f) fclose(f);
   free(path);
   return tail ? tail : json_null();
 }
