@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
 #include "common/common.h"
@@ -166,6 +167,31 @@ static void logs_follow_a_running_trial_through_a_truncation_to_its_end(void **s
   assert_string_equal(out, "err-line\n");
   free(out);
   free(spec);
+}
+
+/* A trial can put anything in its run folder: a FIFO in place of its log is refused at
+ * once (opening it waited for a writer for ever, with Ctrl-C blocked under --follow), and
+ * the trial view shows no tail for it. A queued trial, which has no job, shows none. */
+static void a_log_that_is_not_a_file_is_refused_not_waited_on(void **state) {
+  fixture *f = *state;
+  char *spec = curves_spec(f, "curves", 1);
+  run_spec(f, spec);
+  char *log = nas_asprintf("%s/runs/curves/0/stdout.log", f->dir);
+  assert_int_equal(unlink(log), 0);
+  assert_int_equal(mkfifo(log, 0600), 0);
+  char *out;
+  char *logs[] = {"timeout", "10", (char *)test_nas_bin(), "logs", "curves", "0", "--storage", f->db, NULL};
+  int rc = test_run(f->dir, logs, &out);
+  if (rc == 124 || !strstr(out, "not a regular file")) fail_msg("nas logs exited %d: %s", rc, out);
+  free(out);
+  char *trial[] = {"timeout", "10", (char *)test_nas_bin(), "trial", "curves", "0", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, trial, &out), 0);
+  free(out);
+  expect_refusal(f, (char *[]){"enqueue", "curves", "x=0.5", "--storage", f->db, NULL}, 0, "");
+  char *queued[] = {(char *)test_nas_bin(), "trial", "curves", "8", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, queued, &out), 0);
+  if (strstr(out, "(null)") || !strstr(out, "queued")) fail_msg("nas trial of a queued trial: %s", out);
+  free(out), free(log), free(spec);
 }
 
 static void logs_follow_ends_cleanly_on_ctrl_c(void **state) {
@@ -526,6 +552,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(a_huge_log_is_shown_by_its_tail_alone, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_log_that_is_not_a_file_is_refused_not_waited_on, setup, teardown),
       cmocka_unit_test_setup_teardown(logs_follow_a_running_trial_through_a_truncation_to_its_end, setup, teardown),
       cmocka_unit_test_setup_teardown(logs_follow_ends_cleanly_on_ctrl_c, setup, teardown),
       cmocka_unit_test_setup_teardown(export_then_import_into_another_storage_keeps_what_listings_show, setup, teardown),
