@@ -522,6 +522,13 @@ static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **s
                  "nas report: --step wants a non-negative integer, not ''");
 }
 
+/* The values were parsed and then dropped unseen: a failed trial stores none. */
+static void tell_refuses_values_with_fail(void **state) {
+  fixture *f = *state;
+  expect_refusal(f, (char *[]){"tell", "e", "0", "--fail", "diverged", "loss=3", NULL}, 2,
+                 "nas tell: --fail takes no NAME=VALUE");
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -536,6 +543,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
+      cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
