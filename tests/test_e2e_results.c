@@ -529,6 +529,27 @@ static void tell_refuses_values_with_fail(void **state) {
                  "nas tell: --fail takes no NAME=VALUE");
 }
 
+/* `nas report`/`nas tell` values were checked less than a metric line's: a negative
+ * standard error, a metric called "step", a name given twice or not UTF-8 were stored. */
+static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
+  fixture *f = *state;
+  struct {
+    const char *a, *b, *expected;
+  } cases[] = {
+      {"accuracy_sem=-1", NULL, "metric \"accuracy_sem\" is a standard error, so it must be >= 0"},
+      {"step=3", NULL, "'step' is not a metric name: give the step with --step N"},
+      {"a=1", "a=2", "metric \"a\" is given twice"},
+      {"\xff\xfe=1", NULL, "a metric's name is not valid UTF-8"},
+      {"a=nan", NULL, "metric \"a\" is nan, not a finite number"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *a = (char *)cases[i].a, *b = (char *)cases[i].b;
+    expect_refusal(f, (char *[]){"report", a, "--experiment", "e", "--trial", "0", b, NULL}, 2,
+                   cases[i].expected);
+    expect_refusal(f, (char *[]){"tell", "e", "0", a, b, NULL}, 2, cases[i].expected);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -544,6 +565,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
+      cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
