@@ -85,25 +85,38 @@ static size_t nonfinite_len(const char *p) {
   return 0;
 }
 
-/* Owned copy of json with every bare non-finite number put in quotes, so that the parse
- * succeeds and the check can name the metric that holds it. Outside strings JSON has no
- * other word these could be part of. */
+/* Whether a word at p stands where a value goes: after ':', '[' or ',' (prev, the last
+ * byte before it that is neither blank nor inside a string) and not before a ':' (after a
+ * ',' a key can stand too: `{"a": 1, nan: 2}`). */
+static bool in_value_position(char prev, const char *after_word) {
+  if (prev != ':' && prev != '[' && prev != ',') return false;
+  after_word += strspn(after_word, " \t\r\n");
+  return *after_word != ':';
+}
+
+/* Owned copy of json with every bare non-finite number in value position put in quotes,
+ * so that the parse succeeds and the check can name the metric that holds it. Outside
+ * strings JSON has no other word these could be part of; one in key position is left
+ * bare, for the parse to refuse (`{nan: 1}` is no metric named "nan"). */
 static char *nonfinite_quoted(const char *json) {
   size_t len = strlen(json);
   char *out = malloc(len * 2 + 1); /* each word of >= 3 bytes gains 2 */
   if (!out) return NULL;
   bool in_string = false;
+  char prev = '\0';
   size_t k = 0;
   for (const char *p = json; *p;) {
-    size_t word = in_string || (p > json && isalnum((unsigned char)p[-1])) ? 0 : nonfinite_len(p);
-    if (word) {
+    size_t word = in_string ? 0 : nonfinite_len(p);
+    if (word && in_value_position(prev, p + word)) {
       out[k++] = '"';
       memcpy(out + k, p, word);
       k += word;
       out[k++] = '"';
       p += word;
+      prev = '"';
       continue;
     }
+    if (!in_string && !strchr(" \t\r\n", *p)) prev = *p;
     if (*p == '"') in_string = !in_string;
     if (in_string && *p == '\\' && p[1]) out[k++] = *p++; /* an escaped quote stays inside */
     out[k++] = *p++;

@@ -148,6 +148,19 @@ static void non_finite_values_are_malformed_and_name_the_metric(void **state) {
   assert_malformed("nas-metric {\"loss\": \"NaN\"}", "metric \"loss\" is NaN");
 }
 
+/* Quoted everywhere before, `{nan: 1}` read as a metric named "nan". */
+static void a_non_finite_word_as_a_key_is_malformed(void **state) {
+  (void)state;
+  assert_malformed("nas-metric {nan: 1}", "malformed metric line");
+  assert_malformed("nas-metric {Infinity : 1}", "malformed metric line");
+  assert_malformed("nas-metric {\"a\": 1, -inf: 2}", "malformed metric line");
+  assert_malformed("nas-metric {\"a\": 1,\n\tNaN\t:2}", "malformed metric line");
+  /* in value position they are still read, and named */
+  assert_malformed("nas-metric {\"a\": nan}", "metric \"a\" is nan, not a finite number");
+  assert_malformed("nas-metric {\"a\": 1, \"b\":-Infinity }", "metric \"b\" is -Infinity");
+  assert_malformed("nas-metric {\"a\": [1, nan]}", "metric \"a\" is an array");
+}
+
 static void words_inside_strings_are_left_alone(void **state) {
   (void)state;
   metric_set set;
@@ -442,6 +455,7 @@ int main(void) {
       cmocka_unit_test(metric_check_wants_a_utf8_name_and_a_finite_value),
       cmocka_unit_test(malformed_lines_say_what_is_wrong),
       cmocka_unit_test(non_finite_values_are_malformed_and_name_the_metric),
+      cmocka_unit_test(a_non_finite_word_as_a_key_is_malformed),
       cmocka_unit_test(words_inside_strings_are_left_alone),
       cmocka_unit_test(set_grows_and_owns_names),
       cmocka_unit_test(missing_log_reads_as_empty),
