@@ -379,6 +379,17 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
     free(text);
     json_decref(bad);
   }
+  /* A metric without a name passed the check, and storage refused it only after the
+   * experiment was created, leaving it incomplete. */
+  json_t *unnamed = json_deep_copy(doc);
+  json_object_set_new(json_array_get(json_object_get(unnamed, "trials"), 0), "metrics",
+                      json_pack("{s:i}", "", 1));
+  char *text = json_dumps(unnamed, 0);
+  free(test_write(f->dir, "bad.json", text));
+  expect_refusal(f, (char *[]){"import", "bad.json", "--name", "fresh", "--storage", f->db, NULL}, 1,
+                 "trials[0].metrics: must be an object of numbers under non-empty names");
+  free(text);
+  json_decref(unnamed);
   json_t *status = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
   assert_int_equal(json_array_size(status), 1); /* only "good" */
   json_decref(status);
