@@ -18,6 +18,8 @@
 
 /* The job id imported attempts are started with (nothing runs them). */
 #define IMPORT_JOB_ID "import"
+/* The most attempts an imported trial may have; its rung is at most its attempts. */
+#define IMPORT_ATTEMPTS_MAX 1000000
 
 /* ---- nas export -------------------------------------------------------------------------- */
 
@@ -209,7 +211,8 @@ static int check_rung(const json_t *t) {
   trial_status status;
   trial_status_parse(json_string_value(json_object_get(t, "status")), &status);
   json_int_t rung = json_integer_value(v);
-  bool ok = json_is_integer(v) && rung >= 0 &&
+  /* bounded first: attempts_to_reach adds 1 */
+  bool ok = json_is_integer(v) && rung >= 0 && rung <= IMPORT_ATTEMPTS_MAX &&
             attempts_to_reach(status, rung) <= json_integer_value(json_object_get(t, "attempts"));
   return ok ? NAS_OK : NAS_ERR;
 }
@@ -232,7 +235,8 @@ static int check_trial(const import_file *f, const json_t *t, size_t i, nas_err 
   if (!object_of_numbers(json_object_get(t, "metrics"), true))
     return bad_field(err, f, at, "metrics", "must be an object of numbers under non-empty names");
   v = json_object_get(t, "attempts");
-  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
+  if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+      json_integer_value(v) > IMPORT_ATTEMPTS_MAX)
     return bad_field(err, f, at, "attempts", "must be a count");
   if (check_rung(t) != NAS_OK)
     return bad_field(err, f, at, "rung", "must be a count, and a trial at rung r > 0 must have "

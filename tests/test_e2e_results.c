@@ -341,6 +341,13 @@ static void rungs_are_shown_and_kept_by_export_then_import(void **state) {
   free(text);
   expect_refusal(f, (char *[]){"import", "rungs.json", "--name", "r2", "--storage", second, NULL}, 1,
                  "rung: must be a count");
+  /* the rung's attempts were counted as rung + 1, which overflowed into an accepted rung */
+  json_object_set_new(exported_trial(exported, best), "rung", json_integer(INT64_MAX));
+  text = json_dumps(exported, 0);
+  free(test_write(f->dir, "rungs.json", text));
+  free(text);
+  expect_refusal(f, (char *[]){"import", "rungs.json", "--name", "r3", "--storage", second, NULL}, 1,
+                 "rung: must be a count");
   json_decref(exported);
   free(second), free(spec);
 }
