@@ -168,8 +168,10 @@ void cli_storage_hint(const char *url, char *out, size_t size) {
   if (!shown) return;
   /* Quoted for the shell unless every character is plainly safe. */
   bool plain = strspn(shown, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                             "_/:.@=-+,%") == strlen(shown) && !strchr(shown, '\'');
-  snprintf(out, size, plain ? " --storage %s" : " --storage '%s'", shown);
+                             "_/:.@=-+,%") == strlen(shown);
+  char *word = plain ? shown : nas_shell_quote(shown);
+  if (word) snprintf(out, size, " --storage %s", word);
+  if (word != shown) free(word);
   free(shown);
 }
 
