@@ -33,7 +33,7 @@ static const char tell_help[] =
     "                    early-stopping rule stops the trial there, else 'continue'\n"
     "  --complete        the values (if any) are final and the trial is done; every\n"
     "                    objective must have been reported\n"
-    "  --fail MESSAGE    the trial failed\n"
+    "  --fail MESSAGE    the trial failed (no NAME=VALUE with it)\n"
     "Without --step, --complete or --fail the values are final and the trial goes on.\n";
 
 /* Opens storage and experiment `name` with its spec, or prints why not. */
@@ -202,6 +202,12 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
     return cli_usage_error("tell", "--step reports intermediate values; it goes with neither "
                                    "--complete nor --fail");
   if (a->complete && a->fail) return cli_usage_error("tell", "--complete or --fail, not both");
+  /* A failed trial takes no final values (sched_tell_fail stores none): refused rather
+   * than dropped unseen. */
+  if (a->fail && a->first_metric < argc)
+    return cli_usage_error("tell", "--fail takes no NAME=VALUE; report values first with "
+                                   "'nas tell %s %s NAME=VALUE …', then --fail", a->experiment,
+                           argv[optind + 1]);
   if (!a->complete && !a->fail && a->first_metric == argc)
     return cli_usage_error("tell", "nothing to tell: give NAME=VALUE, --complete or --fail");
   return -1;

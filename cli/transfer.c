@@ -18,6 +18,8 @@
 
 /* The job id imported attempts are started with (nothing runs them). */
 #define IMPORT_JOB_ID "import"
+/* The most attempts an imported trial may have; its rung is at most its attempts. */
+#define IMPORT_ATTEMPTS_MAX 1000000
 
 /* ---- nas export -------------------------------------------------------------------------- */
 
@@ -166,13 +168,14 @@ static int bad_field(nas_err *err, const import_file *f, long trial, const char 
   return nas_errf(err, "%s: trials[%ld].%s: %s", f->path, trial, field, what);
 }
 
-/* Whether v is null or an object of numbers (and nulls, when nulls_too). */
+/* Whether v is an object of numbers (and nulls, when nulls_too) under names that are not
+ * empty (storage stores no metric without a name: refused here, before the first write). */
 static bool object_of_numbers(const json_t *v, bool nulls_too) {
   if (!json_is_object(v)) return false;
   const char *key;
   json_t *item;
   json_object_foreach((json_t *)v, key, item)
-    if (!json_is_number(item) && !(nulls_too && json_is_null(item))) return false;
+    if (!*key || (!json_is_number(item) && !(nulls_too && json_is_null(item)))) return false;
   return true;
 }
 
@@ -208,7 +211,8 @@ static int check_rung(const json_t *t) {
   trial_status status;
   trial_status_parse(json_string_value(json_object_get(t, "status")), &status);
   json_int_t rung = json_integer_value(v);
-  bool ok = json_is_integer(v) && rung >= 0 &&
+  /* bounded first: attempts_to_reach adds 1 */
+  bool ok = json_is_integer(v) && rung >= 0 && rung <= IMPORT_ATTEMPTS_MAX &&
             attempts_to_reach(status, rung) <= json_integer_value(json_object_get(t, "attempts"));
   return ok ? NAS_OK : NAS_ERR;
 }
@@ -229,9 +233,10 @@ static int check_trial(const import_file *f, const json_t *t, size_t i, nas_err 
   nas_err why;
   if (spec_check_params(f->s, v, &why) != NAS_OK) return bad_field(err, f, at, "params", why.msg);
   if (!object_of_numbers(json_object_get(t, "metrics"), true))
-    return bad_field(err, f, at, "metrics", "must be an object of numbers");
+    return bad_field(err, f, at, "metrics", "must be an object of numbers under non-empty names");
   v = json_object_get(t, "attempts");
-  if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
+  if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+      json_integer_value(v) > IMPORT_ATTEMPTS_MAX)
     return bad_field(err, f, at, "attempts", "must be a count");
   if (check_rung(t) != NAS_OK)
     return bad_field(err, f, at, "rung", "must be a count, and a trial at rung r > 0 must have "
@@ -241,7 +246,8 @@ static int check_trial(const import_file *f, const json_t *t, size_t i, nas_err 
     return bad_field(err, f, at, "error", "must be a string or null");
   v = json_object_get(t, "reference_point");
   if (v && !json_is_null(v) && !object_of_numbers(v, false))
-    return bad_field(err, f, at, "reference_point", "must be an object of numbers or null");
+    return bad_field(err, f, at, "reference_point",
+                     "must be an object of numbers under non-empty names, or null");
   v = json_object_get(t, "intermediate");
   if (v && !curves_valid(v))
     return bad_field(err, f, at, "intermediate", "must map metric names to [[step, value, time], …]");
@@ -410,9 +416,9 @@ static int store_import(storage *st, const import_file *f, const char *url, nas_
   if (rc == NAS_OK) rc = storage_experiment_set_status(st, id, f->status, err);
   if (rc != NAS_OK)
     return nas_err_prefix(err, "import of %s stopped at trial %zu of %zu, leaving experiment '%s' "
-                          "incomplete (status stopped, %zu trials); nas cannot delete an "
-                          "experiment: import again with --name NEW, and ignore '%s' or delete "
-                          "it with the database's own tools", f->path, i, n, f->name, i, f->name);
+                          "incomplete (status stopped, %zu trials): delete it with 'nas "
+                          "delete %s' and import again, or import again with --name NEW", f->path,
+                          i, n, f->name, i, f->name);
   printf("imported experiment '%s' with %zu trials from %s\n", f->name, n, f->path);
   return NAS_OK;
 }

@@ -272,6 +272,26 @@ char *nas_asprintf(const char *fmt, ...) {
   return n < 0 ? NULL : out;
 }
 
+char *nas_shell_quote(const char *s) {
+  size_t quotes = 0;
+  for (const char *p = s; *p; p++) quotes += *p == '\'';
+  char *out = malloc(strlen(s) + 3 * quotes + 3);
+  if (!out) return NULL;
+  char *w = out;
+  *w++ = '\'';
+  for (const char *p = s; *p; p++) {
+    if (*p == '\'') { /* close the quote, an escaped quote, open again: '\'' */
+      memcpy(w, "'\\''", 4);
+      w += 4;
+    } else {
+      *w++ = *p;
+    }
+  }
+  *w++ = '\'';
+  *w = '\0';
+  return out;
+}
+
 size_t nas_edit_distance(const char *a, const char *b) {
   size_t la = strlen(a), lb = strlen(b);
   size_t *row = malloc((lb + 1) * sizeof *row);

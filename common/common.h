@@ -76,6 +76,9 @@ int nas_memstream_close(FILE *stream, char **buf, nas_err *err);
 
 /* Owned printf. Returns NULL only when out of memory. */
 char *nas_asprintf(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Owned copy of s as one single-quoted shell word that reads back as exactly s, whatever
+ * bytes it holds ("it's" becomes 'it'\''s'). NULL only when out of memory. */
+char *nas_shell_quote(const char *s);
 
 /* Levenshtein distance, for "did you mean" suggestions. */
 size_t nas_edit_distance(const char *a, const char *b);

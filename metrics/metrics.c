@@ -85,25 +85,38 @@ static size_t nonfinite_len(const char *p) {
   return 0;
 }
 
-/* Owned copy of json with every bare non-finite number put in quotes, so that the parse
- * succeeds and the check can name the metric that holds it. Outside strings JSON has no
- * other word these could be part of. */
+/* Whether a word at p stands where a value goes: after ':', '[' or ',' (prev, the last
+ * byte before it that is neither blank nor inside a string) and not before a ':' (after a
+ * ',' a key can stand too: `{"a": 1, nan: 2}`). */
+static bool in_value_position(char prev, const char *after_word) {
+  if (prev != ':' && prev != '[' && prev != ',') return false;
+  after_word += strspn(after_word, " \t\r\n");
+  return *after_word != ':';
+}
+
+/* Owned copy of json with every bare non-finite number in value position put in quotes,
+ * so that the parse succeeds and the check can name the metric that holds it. Outside
+ * strings JSON has no other word these could be part of; one in key position is left
+ * bare, for the parse to refuse (`{nan: 1}` is no metric named "nan"). */
 static char *nonfinite_quoted(const char *json) {
   size_t len = strlen(json);
   char *out = malloc(len * 2 + 1); /* each word of >= 3 bytes gains 2 */
   if (!out) return NULL;
   bool in_string = false;
+  char prev = '\0';
   size_t k = 0;
   for (const char *p = json; *p;) {
-    size_t word = in_string || (p > json && isalnum((unsigned char)p[-1])) ? 0 : nonfinite_len(p);
-    if (word) {
+    size_t word = in_string ? 0 : nonfinite_len(p);
+    if (word && in_value_position(prev, p + word)) {
       out[k++] = '"';
       memcpy(out + k, p, word);
       k += word;
       out[k++] = '"';
       p += word;
+      prev = '"';
       continue;
     }
+    if (!in_string && !strchr(" \t\r\n", *p)) prev = *p;
     if (*p == '"') in_string = !in_string;
     if (in_string && *p == '\\' && p[1]) out[k++] = *p++; /* an escaped quote stays inside */
     out[k++] = *p++;
@@ -136,6 +149,41 @@ static int step_read(const json_t *value, int64_t *step, nas_err *err) {
   return NAS_OK;
 }
 
+/* Whether text is well-formed UTF-8: no stray continuation byte, no overlong form, no
+ * surrogate, nothing above U+10FFFF. */
+static bool utf8_valid(const char *text) {
+  const unsigned char *p = (const unsigned char *)text;
+  while (*p) {
+    size_t len = 0;
+    unsigned char low = 0x80, high = 0xBF; /* the range of the byte after the first */
+    if (*p < 0x80) len = 1;
+    else if (*p >= 0xC2 && *p <= 0xDF) len = 2;
+    else if (*p >= 0xE0 && *p <= 0xEF) len = 3;
+    else if (*p >= 0xF0 && *p <= 0xF4) len = 4;
+    if (*p == 0xE0) low = 0xA0;       /* overlong below U+0800 */
+    if (*p == 0xED) high = 0x9F;      /* surrogates U+D800..U+DFFF */
+    if (*p == 0xF0) low = 0x90;       /* overlong below U+10000 */
+    if (*p == 0xF4) high = 0x8F;      /* above U+10FFFF */
+    if (len == 0) return false;
+    for (size_t i = 1; i < len; i++) /* a NUL ends the loop as out of range */
+      if (p[i] < (i == 1 ? low : 0x80) || p[i] > (i == 1 ? high : 0xBF)) return false;
+    p += len;
+  }
+  return true;
+}
+
+int metric_check(const char *name, double value, nas_err *err) {
+  if (!name[0]) return nas_errf(err, "a metric has an empty name");
+  if (!utf8_valid(name)) return nas_errf(err, "a metric's name is not valid UTF-8");
+  if (!isfinite(value))
+    return nas_errf(err, "metric \"%s\" is %g, not a finite number", name, value);
+  size_t len = strlen(name), suffix = strlen(METRIC_SEM_SUFFIX);
+  if (len > suffix && strcmp(name + len - suffix, METRIC_SEM_SUFFIX) == 0 && value < 0)
+    return nas_errf(err, "metric \"%s\" is a standard error, so it must be >= 0, not %g", name,
+                    value);
+  return NAS_OK;
+}
+
 static int value_check(const char *name, const json_t *value, nas_err *err) {
   if (!name[0]) return nas_errf(err, "a metric has an empty name");
   const char *text = json_is_string(value) ? json_string_value(value) : "";
@@ -143,12 +191,7 @@ static int value_check(const char *name, const json_t *value, nas_err *err) {
     return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
   if (!json_is_number(value))
     return nas_errf(err, "metric \"%s\" is %s, not a number", name, json_kind(value));
-  size_t len = strlen(name), suffix = strlen(METRIC_SEM_SUFFIX);
-  if (len > suffix && strcmp(name + len - suffix, METRIC_SEM_SUFFIX) == 0 &&
-      json_number_value(value) < 0)
-    return nas_errf(err, "metric \"%s\" is a standard error, so it must be >= 0, not %g", name,
-                    json_number_value(value));
-  return NAS_OK;
+  return metric_check(name, json_number_value(value), err);
 }
 
 char *metric_sem_name(const char *metric) {

@@ -37,6 +37,11 @@ void metric_set_free(metric_set *set);
 int metric_set_add(metric_set *set, const char *name, int64_t step, double value,
                    double time, nas_err *err);
 
+/* The checks every reported metric passes, from a line or from `nas report`/`nas tell`:
+ * a name that is not empty and is valid UTF-8, a finite value, >= 0 for a NAME_sem.
+ * NAS_ERR with a message naming the metric when one fails. */
+int metric_check(const char *name, double value, nas_err *err);
+
 /* Parses one line (without its newline). Returns 1 and appends to set when it is a metric
  * line, 0 when it is not one, NAS_ERR (with a message) when it is a malformed one. */
 int metric_line_parse(const char *line, double time, metric_set *set, nas_err *err);

@@ -1,7 +1,7 @@
 /* runners/slurm_internal.h: the parts of the Slurm backend (internal to runners/).
  *
  * slurm.c is the backend itself (options, submission, polling, cancelling); it builds on
- * slurm_script.c (shell quoting and the job scripts kept in run folders), slurm_cmd.c
+ * slurm_script.c (the job scripts kept in run folders), slurm_cmd.c
  * (running Slurm's commands with argv, retrying transient failures) and slurm_state.c
  * (reading squeue's answer and mapping Slurm's job states onto job_status). */
 #ifndef NAS_RUNNER_SLURM_INTERNAL_H
@@ -10,10 +10,6 @@
 #include "runners/backend.h"
 
 /* ---- slurm_script.c ---- */
-
-/* Owned copy of s as one single-quoted bash word that reads back as exactly s, whatever
- * bytes it holds ("it's" becomes 'it'\''s'). NULL only when out of memory. */
-char *slurm_shell_quote(const char *s);
 
 /* What one trial's job script runs. Every pointer is borrowed. */
 typedef struct {

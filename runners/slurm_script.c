@@ -11,7 +11,7 @@
  *
  * Invariants:
  * - Every value that comes from a spec or a trial (argv, environment values, folders)
- *   enters a script as one single-quoted word (slurm_shell_quote), which bash reads back
+ *   enters a script as one single-quoted word (nas_shell_quote), which bash reads back
  *   byte for byte: no expansion, no word splitting, whatever quotes, `$(…)`, newlines or
  *   globs it holds. Environment names are checked to be bash identifiers. The setup lines
  *   are the only text written as shell code, on purpose: they are the spec author's shell.
@@ -30,29 +30,9 @@
 
 #include "runners/slurm_internal.h"
 
-char *slurm_shell_quote(const char *s) {
-  size_t quotes = 0;
-  for (const char *p = s; *p; p++) quotes += *p == '\'';
-  char *out = malloc(strlen(s) + 3 * quotes + 3);
-  if (!out) return NULL;
-  char *w = out;
-  *w++ = '\'';
-  for (const char *p = s; *p; p++) {
-    if (*p == '\'') { /* close the quote, an escaped quote, open again: '\'' */
-      memcpy(w, "'\\''", 4);
-      w += 4;
-    } else {
-      *w++ = *p;
-    }
-  }
-  *w++ = '\'';
-  *w = '\0';
-  return out;
-}
-
 /* Writes s to f as one quoted word; NAS_ERR when out of memory. */
 static int word_put(FILE *f, const char *s) {
-  char *quoted = slurm_shell_quote(s);
+  char *quoted = nas_shell_quote(s);
   if (!quoted) return NAS_ERR;
   fputs(quoted, f);
   free(quoted);

@@ -510,6 +510,28 @@ static void commands_other_than_run_refuse_a_missing_database(void **state) {
   free(url), free(path);
 }
 
+/* The hint a command prints to go on ("'nas resume E --storage URL' continues it") quotes a
+ * URL with a quote in it as one shell word: it was printed as '…'…', which a shell reads
+ * as something else. */
+static void a_storage_path_with_a_quote_is_one_shell_word_in_hints(void **state) {
+  fixture *f = *state;
+  char *url = nas_asprintf("sqlite:%s/it's.db", f->dir), *out = NULL;
+  char *spec = test_write(f->dir, "quoted.yaml",
+                          "name: quoted\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 1}\n");
+  char *create[] = {(char *)test_nas_bin(), "create", spec, "--storage", url, NULL};
+  assert_int_equal(test_run(f->dir, create, &out), 0);
+  free(out);
+  char *stop[] = {(char *)test_nas_bin(), "stop", "quoted", "--storage", url, NULL};
+  assert_int_equal(test_run(f->dir, stop, &out), 0);
+  char *hint = nas_asprintf("'nas resume quoted --storage 'sqlite:%s/it'\\''s.db'' continues it",
+                            f->dir);
+  if (!strstr(out, hint)) fail_msg("\"%s\" does not contain \"%s\"", out, hint);
+  free(hint), free(out), free(spec), free(url);
+}
+
 /* `nas report --experiment E --trial N` reaches the trial that listings call N; a finished
  * trial's result stays as the scheduler judged it unless --force says otherwise. */
 static void report_by_number_to_a_finished_trial_needs_force(void **state) {
@@ -588,6 +610,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
       cmocka_unit_test_setup_teardown(storage_line_password_is_masked_and_may_change_alone, setup, teardown),
       cmocka_unit_test_setup_teardown(commands_other_than_run_refuse_a_missing_database, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_storage_path_with_a_quote_is_one_shell_word_in_hints, setup, teardown),
       cmocka_unit_test_setup_teardown(report_by_number_to_a_finished_trial_needs_force, setup, teardown),
       cmocka_unit_test_setup_teardown(status_gives_up_on_a_silent_server_after_the_connect_timeout, setup, teardown),
   };

@@ -367,6 +367,13 @@ static void rungs_are_shown_and_kept_by_export_then_import(void **state) {
   free(text);
   expect_refusal(f, (char *[]){"import", "rungs.json", "--name", "r2", "--storage", second, NULL}, 1,
                  "rung: must be a count");
+  /* the rung's attempts were counted as rung + 1, which overflowed into an accepted rung */
+  json_object_set_new(exported_trial(exported, best), "rung", json_integer(INT64_MAX));
+  text = json_dumps(exported, 0);
+  free(test_write(f->dir, "rungs.json", text));
+  free(text);
+  expect_refusal(f, (char *[]){"import", "rungs.json", "--name", "r3", "--storage", second, NULL}, 1,
+                 "rung: must be a count");
   json_decref(exported);
   free(second), free(spec);
 }
@@ -405,6 +412,17 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
     free(text);
     json_decref(bad);
   }
+  /* A metric without a name passed the check, and storage refused it only after the
+   * experiment was created, leaving it incomplete. */
+  json_t *unnamed = json_deep_copy(doc);
+  json_object_set_new(json_array_get(json_object_get(unnamed, "trials"), 0), "metrics",
+                      json_pack("{s:i}", "", 1));
+  char *text = json_dumps(unnamed, 0);
+  free(test_write(f->dir, "bad.json", text));
+  expect_refusal(f, (char *[]){"import", "bad.json", "--name", "fresh", "--storage", f->db, NULL}, 1,
+                 "trials[0].metrics: must be an object of numbers under non-empty names");
+  free(text);
+  json_decref(unnamed);
   json_t *status = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
   assert_int_equal(json_array_size(status), 1); /* only "good" */
   json_decref(status);
@@ -548,6 +566,34 @@ static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **s
                  "nas report: --step wants a non-negative integer, not ''");
 }
 
+/* The values were parsed and then dropped unseen: a failed trial stores none. */
+static void tell_refuses_values_with_fail(void **state) {
+  fixture *f = *state;
+  expect_refusal(f, (char *[]){"tell", "e", "0", "--fail", "diverged", "loss=3", NULL}, 2,
+                 "nas tell: --fail takes no NAME=VALUE");
+}
+
+/* `nas report`/`nas tell` values were checked less than a metric line's: a negative
+ * standard error, a metric called "step", a name given twice or not UTF-8 were stored. */
+static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
+  fixture *f = *state;
+  struct {
+    const char *a, *b, *expected;
+  } cases[] = {
+      {"accuracy_sem=-1", NULL, "metric \"accuracy_sem\" is a standard error, so it must be >= 0"},
+      {"step=3", NULL, "'step' is not a metric name: give the step with --step N"},
+      {"a=1", "a=2", "metric \"a\" is given twice"},
+      {"\xff\xfe=1", NULL, "a metric's name is not valid UTF-8"},
+      {"a=nan", NULL, "metric \"a\" is nan, not a finite number"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *a = (char *)cases[i].a, *b = (char *)cases[i].b;
+    expect_refusal(f, (char *[]){"report", a, "--experiment", "e", "--trial", "0", b, NULL}, 2,
+                   cases[i].expected);
+    expect_refusal(f, (char *[]){"tell", "e", "0", a, b, NULL}, 2, cases[i].expected);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -563,6 +609,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
+      cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
+      cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

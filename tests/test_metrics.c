@@ -148,6 +148,19 @@ static void non_finite_values_are_malformed_and_name_the_metric(void **state) {
   assert_malformed("nas-metric {\"loss\": \"NaN\"}", "metric \"loss\" is NaN");
 }
 
+/* Quoted everywhere before, `{nan: 1}` read as a metric named "nan". */
+static void a_non_finite_word_as_a_key_is_malformed(void **state) {
+  (void)state;
+  assert_malformed("nas-metric {nan: 1}", "malformed metric line");
+  assert_malformed("nas-metric {Infinity : 1}", "malformed metric line");
+  assert_malformed("nas-metric {\"a\": 1, -inf: 2}", "malformed metric line");
+  assert_malformed("nas-metric {\"a\": 1,\n\tNaN\t:2}", "malformed metric line");
+  /* in value position they are still read, and named */
+  assert_malformed("nas-metric {\"a\": nan}", "metric \"a\" is nan, not a finite number");
+  assert_malformed("nas-metric {\"a\": 1, \"b\":-Infinity }", "metric \"b\" is -Infinity");
+  assert_malformed("nas-metric {\"a\": [1, nan]}", "metric \"a\" is an array");
+}
+
 static void words_inside_strings_are_left_alone(void **state) {
   (void)state;
   metric_set set;
@@ -160,6 +173,30 @@ static void words_inside_strings_are_left_alone(void **state) {
   assert_string_equal(set.obs[2].name, "infinity_");
   assert_true(set.obs[2].value == 5);
   metric_set_free(&set);
+}
+
+/* metric_check: what `nas report`/`nas tell` values pass as well as a line's. */
+static void metric_check_wants_a_utf8_name_and_a_finite_value(void **state) {
+  (void)state;
+  nas_err err;
+  const char *good[] = {"a", "caf\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x98\x80", "\xf4\x8f\xbf\xbf"};
+  for (size_t i = 0; i < sizeof good / sizeof *good; i++)
+    assert_int_equal(metric_check(good[i], 1, &err), NAS_OK);
+  const char *bad[] = {"\xff",         "\x80",     "a\xc3",         "\xc0\x80" /* overlong */,
+                       "\xe0\x80\xaf", "\xed\xa0\x80" /* surrogate */, "\xf4\x90\x80\x80",
+                       "\xf5\x80\x80\x80", "\xe2\x82"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    assert_int_equal(metric_check(bad[i], 1, &err), NAS_ERR);
+    assert_string_equal(err.msg, "a metric's name is not valid UTF-8");
+  }
+  assert_int_equal(metric_check("", 1, &err), NAS_ERR);
+  assert_int_equal(metric_check("a", NAN, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not a finite number"));
+  assert_int_equal(metric_check("a", -INFINITY, &err), NAS_ERR);
+  assert_int_equal(metric_check("a_sem", -0.5, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "standard error"));
+  assert_int_equal(metric_check("a_sem", 0, &err), NAS_OK);
+  assert_int_equal(metric_check("_sem", -1, &err), NAS_OK); /* NAME_sem needs a NAME */
 }
 
 static void set_grows_and_owns_names(void **state) {
@@ -415,8 +452,10 @@ int main(void) {
       cmocka_unit_test(step_gives_intermediate_values),
       cmocka_unit_test(other_lines_are_not_metric_lines),
       cmocka_unit_test(blanks_before_prefix_and_carriage_return_are_accepted),
+      cmocka_unit_test(metric_check_wants_a_utf8_name_and_a_finite_value),
       cmocka_unit_test(malformed_lines_say_what_is_wrong),
       cmocka_unit_test(non_finite_values_are_malformed_and_name_the_metric),
+      cmocka_unit_test(a_non_finite_word_as_a_key_is_malformed),
       cmocka_unit_test(words_inside_strings_are_left_alone),
       cmocka_unit_test(set_grows_and_owns_names),
       cmocka_unit_test(missing_log_reads_as_empty),

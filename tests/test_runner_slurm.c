@@ -312,7 +312,7 @@ static fixture *cluster_fixture(void **state) {
 
 /* What bash makes of the quoted word: printf %s WORD. */
 static char *bash_reads(const char *word) {
-  char *quoted = slurm_shell_quote(word), *script = NULL, *out = NULL;
+  char *quoted = nas_shell_quote(word), *script = NULL, *out = NULL;
   assert_true(asprintf(&script, "printf %%s %s", quoted) > 0);
   char *argv[] = {"bash", "-c", script, NULL};
   assert_int_equal(test_run(NULL, argv, &out), 0);
