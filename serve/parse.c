@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "serve/internal.h"
+#include "metrics/metrics.h"
 
 bool serve_path_match(const char *pattern, char *path, char **parts, size_t max_parts,
                       size_t *n_parts) {
@@ -101,8 +102,11 @@ int serve_parse_metrics(const json_t *body, bool required, int64_t step, double 
   const char *name;
   const json_t *value;
   json_object_foreach((json_t *)metrics, name, value) {
-    if (!json_is_number(value) || !name[0]) {
-      snprintf(why, why_size, "metric '%.100s' is not a number", name);
+    nas_err bad; /* the checks of a metric line (a name, a finite value, NAME_sem >= 0) */
+    bool number = json_is_number(value);
+    if (!number || metric_check(name, json_number_value(value), &bad) != NAS_OK) {
+      if (number) snprintf(why, why_size, "%s", bad.msg);
+      else snprintf(why, why_size, "metric '%.100s' is not a number", name);
       free(*obs);
       *obs = NULL;
       *n = 0;

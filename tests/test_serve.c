@@ -146,6 +146,8 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/report", "{\"metrics\": {\"loss\": 9}}", NULL, 409, "is completed, not running");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/fail", "{\"error\": \"out of memory on the GPU\"}", NULL, 200, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/report", "{\"metrics\": {\"loss\": \"high\"}}", NULL, 422, "not a number");
+  /* the checks of a metric line: a standard error is never negative */
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/report", "{\"metrics\": {\"loss_sem\": -0.1}}", NULL, 422, "loss_sem");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/7/heartbeat", NULL, NULL, 404, "no trial 7");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{\"n\": 0}", NULL, 422, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{\"n\": 5}", NULL, 200, NULL);
