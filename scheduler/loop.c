@@ -203,8 +203,7 @@ static int check_patience(sched *sc, nas_err *err) {
   return NAS_OK;
 }
 
-/* Checks that follow every trial that ended for good; why is its error, if any. */
-static int after_trial_end(sched *sc, const char *why, nas_err *err) {
+int sched_trial_ended(sched *sc, const char *why, nas_err *err) {
   check_failure_rate(sc, why);
   return check_patience(sc, err);
 }
@@ -232,7 +231,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   free(job->stop_why);
   free(job->log_problem);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
-  if (rc == NAS_OK && trial_status_final(status)) rc = after_trial_end(sc, why, err);
+  if (rc == NAS_OK && trial_status_final(status)) rc = sched_trial_ended(sc, why, err);
   free(why);
   return rc;
 }

@@ -82,6 +82,33 @@ static void too_many_failures_stop_the_run_with_status_4(void **state) {
   free(spec);
 }
 
+/* Trials whose jobs cannot even start (here their run folder cannot be made: a file holds
+ * its place) count as failures too: the run stops at the failure rate instead of failing
+ * the whole budget and calling that finished. */
+static void trials_that_cannot_start_stop_the_run_at_max_failure_rate(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "unstartable.yaml",
+                          "name: unstartable\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [true]}\n"
+                          "budget: {trials: 20, parallel: 1, max_failure_rate: 0.5}\n");
+  char *runs = nas_asprintf("%s/runs", f->dir);
+  assert_int_equal(mkdir(runs, 0700), 0);
+  free(runs);
+  free(test_write(f->dir, "runs/unstartable", "not a folder"));
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 4);
+  assert_non_null(strstr(out, "max_failure_rate"));
+  assert_non_null(strstr(out, "too many trials failed"));
+  free(out);
+  json_t *rows = trials_json(f, "unstartable");
+  assert_int_equal(json_array_size(rows), 5); /* judged from 5 ended trials on */
+  assert_int_equal(count_status(rows, "failed"), 5);
+  json_decref(rows);
+  free(spec);
+}
+
 static void nas_stop_from_another_process_stops_the_run(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "long.yaml",
@@ -383,6 +410,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(lost_trial_is_retried_and_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(silent_trial_is_retried_then_failed, setup, teardown),
       cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
