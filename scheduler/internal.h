@@ -150,6 +150,10 @@ void sched_events_told(sched *sc, const trial_row *row, const char *why);
 /* Frees what events.c and the results cache hold, leaving the notifier open. */
 void sched_events_release(sched *sc);
 
+/* ask.c: whether t is running in the hands of an asker (`nas ask`, `nas serve`), not as a
+ * runner's job: its job id starts SCHED_ASK_PREFIX. */
+bool sched_handed_out(const trial_row *t);
+
 /* progress.c */
 /* Shows a trial's new state; what (may be NULL) says why it ended, or for a running
  * trial replaces "started" (e.g. "re-attached"). */

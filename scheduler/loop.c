@@ -472,7 +472,9 @@ static int launch_new(sched *sc, nas_err *err) {
 
 /* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
  * (created before a crash, or retried, never launched) to be launched first as room
- * allows. Warns first when the spec's early stopping can never fire. */
+ * allows. A trial handed out by `nas ask` counts as running (it takes its share of the
+ * budget) but is no job of the runner's: its asker ends it by a tell. Warns first when the
+ * spec's early stopping can never fire. */
 static int rebuild(sched *sc, nas_err *err) {
   char why[256];
   if (sched_early_stop_futile(sc->s, why, sizeof why)) early_futile_say(sc, why);
@@ -482,7 +484,9 @@ static int rebuild(sched *sc, nas_err *err) {
   int rc = NAS_OK;
   for (size_t i = 0; i < n && rc == NAS_OK; i++) {
     sched_count(sc, TRIAL_STATUS_COUNT, rows[i].status);
-    if (rows[i].status == TRIAL_RUNNING) {
+    if (rows[i].status == TRIAL_RUNNING && sched_handed_out(&rows[i])) {
+      sched_progress_event(sc, &rows[i], "handed out by 'nas ask'");
+    } else if (rows[i].status == TRIAL_RUNNING) {
       sched_progress_event(sc, &rows[i], "re-attached");
       char *run_dir = sched_run_dir(sc->exp, rows[i].number, rows[i].attempts);
       rc = run_dir ? sched_track(sc, &rows[i], run_dir, err) : nas_errf(err, "out of memory");
