@@ -5,8 +5,10 @@
  * files and messages use. */
 #include "runners/runner.h"
 
+#include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "runners/backend.h"
 
@@ -87,12 +89,34 @@ size_t runner_capacity(const runner *r) {
   return r->backend->capacity ? r->backend->capacity(r->state) : 0;
 }
 
+/* Removes the stdout.log and stderr.log an earlier job left in the run folder, so that a
+ * job's logs hold its own output only: a run folder is used again by the trial of the same
+ * number when an experiment is deleted with its runs kept and run anew, and the scheduler
+ * reads a new trial's metrics from the start of stdout.log. Every backend appends to the
+ * logs (a Slurm job requeued by Slurm appends to its own), so this is the one place they
+ * start empty. A link is removed, never followed. */
+static int logs_remove(const char *run_dir, nas_err *err) {
+  static const char *const names[] = {"stdout.log", "stderr.log"};
+  for (size_t i = 0; run_dir && i < sizeof names / sizeof names[0]; i++) {
+    char *path = nas_asprintf("%s/%s", run_dir, names[i]);
+    if (!path) return nas_errf(err, "out of memory");
+    int rc = unlink(path) == 0 || errno == ENOENT || errno == ENOTDIR
+                 ? NAS_OK
+                 : nas_errf(err, "cannot remove the old %s: %s", path, strerror(errno));
+    free(path);
+    if (rc != NAS_OK) return rc;
+  }
+  return NAS_OK;
+}
+
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err) {
+  if (logs_remove(job->run_dir, err) != NAS_OK) return NAS_ERR;
   return r->backend->start(r->state, job, handle, err);
 }
 
 int runner_start_held(runner *r, const runner_job *job, char **handle, nas_err *err) {
-  if (!r->backend->start_held) return r->backend->start(r->state, job, handle, err);
+  if (!r->backend->start_held) return runner_start(r, job, handle, err);
+  if (logs_remove(job->run_dir, err) != NAS_OK) return NAS_ERR;
   return r->backend->start_held(r->state, job, handle, err);
 }
 
@@ -104,7 +128,7 @@ int runner_release(runner *r, const char *handle, nas_err *err) {
 static int start_each(runner *r, const runner_job *jobs, size_t n, char **handles,
                       nas_err *err) {
   for (size_t i = 0; i < n; i++) {
-    if (runner_start(r, &jobs[i], &handles[i], err) == NAS_OK) continue;
+    if (r->backend->start(r->state, &jobs[i], &handles[i], err) == NAS_OK) continue;
     while (i-- > 0) {
       runner_stop(r, handles[i], jobs[i].run_dir, NULL);
       free(handles[i]);
@@ -119,6 +143,8 @@ int runner_start_batch(runner *r, const runner_job *jobs, size_t n, char **handl
                        nas_err *err) {
   for (size_t i = 0; i < n; i++) handles[i] = NULL;
   if (n == 0) return NAS_OK;
+  for (size_t i = 0; i < n; i++)
+    if (logs_remove(jobs[i].run_dir, err) != NAS_OK) return NAS_ERR;
   if (r->backend->start_batch) {
     int rc = r->backend->start_batch(r->state, jobs, n, handles, err);
     if (rc != NAS_ENOTFOUND) return rc;

@@ -23,7 +23,8 @@ typedef struct {
                            with '/' it is relative to workdir */
   const char *workdir;  /* the job's current directory */
   const char *run_dir;  /* folder for stdout.log, stderr.log and the runner's own files;
-                           created when missing */
+                           created when missing; logs an earlier job left there are
+                           removed first, so a job's logs start empty */
   char *const *env;     /* NULL-terminated "NAME=VALUE" set on top of the caller's env */
   double timeout_s;     /* 0 = none; past it the job's process group gets TERM, then KILL */
 } runner_job;

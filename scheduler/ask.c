@@ -30,7 +30,7 @@ int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_r
   return rc;
 }
 
-static bool handed_out(const trial_row *t) {
+bool sched_handed_out(const trial_row *t) {
   return t->status == TRIAL_RUNNING && t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
 }
 
@@ -67,7 +67,7 @@ static int expire_silent(storage *st, const spec *s, const experiment_row *exp, 
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     const trial_row *t = &rows[i];
     double heard = t->heartbeat_at > t->started_at ? t->heartbeat_at : t->started_at;
-    if (!handed_out(t) || now - heard <= timeout) continue;
+    if (!sched_handed_out(t) || now - heard <= timeout) continue;
     bool again = t->attempts < s->trial.max_attempts;
     char *why = nas_asprintf("lost (no report nor heartbeat for %.0f s)%s", now - heard,
                              again ? "; handed out again" : "");

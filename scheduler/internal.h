@@ -107,6 +107,11 @@ int sched_launch_batch(sched *sc, trial_row *rows, size_t n, nas_err *err);
 /* Adds a running trial to the job list, taking over row's contents and run_dir. */
 int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err);
 
+/* loop.c: the checks that follow every trial that ended for good — failed to start,
+ * judged after its job, or stopped — why being its error (may be NULL): the failure rate
+ * (budget.max_failure_rate) and patience. */
+int sched_trial_ended(sched *sc, const char *why, nas_err *err);
+
 /* results cache (loop.c): one load serves every reader until storage changes. */
 /* The current results, loaded when stale; NULL on error. Borrowed. */
 const sched_results *sched_results_now(sched *sc, nas_err *err);
@@ -144,6 +149,10 @@ void sched_events_note_front(sched *sc);
 void sched_events_told(sched *sc, const trial_row *row, const char *why);
 /* Frees what events.c and the results cache hold, leaving the notifier open. */
 void sched_events_release(sched *sc);
+
+/* ask.c: whether t is running in the hands of an asker (`nas ask`, `nas serve`), not as a
+ * runner's job: its job id starts SCHED_ASK_PREFIX. */
+bool sched_handed_out(const trial_row *t);
 
 /* progress.c */
 /* Shows a trial's new state; what (may be NULL) says why it ended, or for a running

@@ -136,7 +136,9 @@ static void prepared_free(prepared *p) {
   memset(p, 0, sizeof *p);
 }
 
-/* Records a trial that could not even be started as failed, so it is never lost. */
+/* Records a trial that could not even be started as failed, so it is never lost, and
+ * counts it as any failed trial: a run whose jobs cannot start (a run folder that cannot
+ * be made, sbatch refusing every job) stops at budget.max_failure_rate. */
 static int record_launch_failure(sched *sc, trial_row *row, const char *why, nas_err *err) {
   if (storage_trial_finish(sc->st, row->id, TRIAL_FAILED, false, 0, why, err) != NAS_OK)
     return NAS_ERR;
@@ -145,7 +147,7 @@ static int record_launch_failure(sched *sc, trial_row *row, const char *why, nas
   sched_results_set_status(sc, row->id, TRIAL_FAILED);
   sched_progress_event(sc, row, why);
   sched_events_trial_end(sc, row, why);
-  return NAS_OK;
+  return sched_trial_ended(sc, why, err);
 }
 
 int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err) {

@@ -203,8 +203,7 @@ static int check_patience(sched *sc, nas_err *err) {
   return NAS_OK;
 }
 
-/* Checks that follow every trial that ended for good; why is its error, if any. */
-static int after_trial_end(sched *sc, const char *why, nas_err *err) {
+int sched_trial_ended(sched *sc, const char *why, nas_err *err) {
   check_failure_rate(sc, why);
   return check_patience(sc, err);
 }
@@ -232,7 +231,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   free(job->stop_why);
   free(job->log_problem);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
-  if (rc == NAS_OK && trial_status_final(status)) rc = after_trial_end(sc, why, err);
+  if (rc == NAS_OK && trial_status_final(status)) rc = sched_trial_ended(sc, why, err);
   free(why);
   return rc;
 }
@@ -473,7 +472,9 @@ static int launch_new(sched *sc, nas_err *err) {
 
 /* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
  * (created before a crash, or retried, never launched) to be launched first as room
- * allows. Warns first when the spec's early stopping can never fire. */
+ * allows. A trial handed out by `nas ask` counts as running (it takes its share of the
+ * budget) but is no job of the runner's: its asker ends it by a tell. Warns first when the
+ * spec's early stopping can never fire. */
 static int rebuild(sched *sc, nas_err *err) {
   char why[256];
   if (sched_early_stop_futile(sc->s, why, sizeof why)) early_futile_say(sc, why);
@@ -483,7 +484,9 @@ static int rebuild(sched *sc, nas_err *err) {
   int rc = NAS_OK;
   for (size_t i = 0; i < n && rc == NAS_OK; i++) {
     sched_count(sc, TRIAL_STATUS_COUNT, rows[i].status);
-    if (rows[i].status == TRIAL_RUNNING) {
+    if (rows[i].status == TRIAL_RUNNING && sched_handed_out(&rows[i])) {
+      sched_progress_event(sc, &rows[i], "handed out by 'nas ask'");
+    } else if (rows[i].status == TRIAL_RUNNING) {
       sched_progress_event(sc, &rows[i], "re-attached");
       char *run_dir = sched_run_dir(sc->exp, rows[i].number, rows[i].attempts);
       rc = run_dir ? sched_track(sc, &rows[i], run_dir, err) : nas_errf(err, "out of memory");

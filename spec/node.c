@@ -337,6 +337,11 @@ static bool duration_seconds(const char *text, double *seconds) {
   return true;
 }
 
+/* The longest duration a spec may give: 100 years. Far beyond it the seconds no longer fit
+ * the time_t of a timer (the local runner's monitor would wait on an invalid time and spin),
+ * and nothing meant as a limit is that long; "no limit" is said by leaving the key out. */
+#define DURATION_MAX_S (100 * 365.25 * 86400)
+
 int spec_node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out) {
   const char *text = spec_node_scalar_text(node);
   double seconds;
@@ -346,6 +351,9 @@ int spec_node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *w
   if (!(seconds > 0) || !isfinite(seconds))
     return spec_node_errf(c, node, "%s: must be more than 0 seconds (leave it out for no limit)",
                           what);
+  if (seconds > DURATION_MAX_S)
+    return spec_node_errf(c, node, "%s: must be at most 100 years (\"36525d\"; leave it out for "
+                          "no limit)", what);
   *out = seconds;
   return NAS_OK;
 }

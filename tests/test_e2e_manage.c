@@ -109,6 +109,37 @@ static void delete_runs_never_follows_a_link(void **state) {
   free(a);
 }
 
+/* After `nas delete` without --runs, an experiment of the same name run again uses the old
+ * trial folders: a trial that reports nothing must not be judged on the lines the deleted
+ * trial left in its stdout.log. */
+static void trial_after_delete_keeping_runs_is_judged_on_its_own_output(void **state) {
+  fixture *f = *state;
+  char *a = spec_named(f, "a", "", 1, ""), *out;
+  run_ok(f, a);
+  assert_int_equal(nas_no_tty(f, &out, "delete a --yes"), 0);
+  free(out);
+  assert_true(exists(f, "runs/a/0/stdout.log"));
+  char *silent = test_write(f->dir, "silent.yaml",
+                            "name: a\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {command: [sh, -c, 'echo quiet']}\n"
+                            "budget: {trials: 1}\n");
+  run_ok(f, silent);
+  json_t *rows = trials_json(f, "a");
+  const json_t *row = row_of(rows, 0);
+  assert_string_equal(json_string_value(json_object_get(row, "status")), "failed");
+  assert_contains(json_string_value(json_object_get(row, "error")), "without reporting");
+  json_decref(rows);
+  char *log = nas_asprintf("%s/runs/a/0/stdout.log", f->dir), *text = NULL;
+  assert_int_equal(nas_read_file(log, &text, NULL, NULL), NAS_OK);
+  assert_string_equal(text, "quiet\n");
+  free(text);
+  free(log);
+  free(silent);
+  free(a);
+}
+
 /* Writes a lease of experiment `name` held by this (live) process, as a running scheduler
  * would hold it. */
 static void hold_lease(fixture *f, const char *name) {
@@ -280,6 +311,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(delete_asks_first_and_removes_only_its_own_run_folder, setup, teardown),
       cmocka_unit_test_setup_teardown(delete_runs_never_follows_a_link, setup, teardown),
+      cmocka_unit_test_setup_teardown(trial_after_delete_keeping_runs_is_judged_on_its_own_output, setup, teardown),
       cmocka_unit_test_setup_teardown(delete_and_rename_are_refused_while_a_scheduler_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(renamed_experiment_continues_from_a_spec_with_the_new_name, setup, teardown),
       cmocka_unit_test_setup_teardown(copy_keeps_trials_and_metrics_in_the_same_or_another_storage, setup, teardown),

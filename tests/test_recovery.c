@@ -2,7 +2,8 @@
  * trial is retried, a silent one is retried then failed, too many failures stop the run,
  * `nas stop` works from another process, early stopping ends bad trials, and a scheduler
  * killed with -9 at random moments resumes to exactly its budget with nothing run twice,
- * Hyperband's rungs included, and Hyperband goes on past a rung whose trials mostly failed. */
+ * Hyperband's rungs included, and Hyperband goes on past a rung whose trials mostly failed.
+ * `nas resume` runs the rest beside a trial handed out by `nas ask`. */
 #include <dirent.h>
 #include <sys/stat.h>
 
@@ -78,6 +79,60 @@ static void too_many_failures_stop_the_run_with_status_4(void **state) {
   json_t *rows = trials_json(f, "failing");
   assert_true(json_array_size(rows) >= 5 && json_array_size(rows) <= 8);
   assert_int_equal(count_status(rows, "failed"), json_array_size(rows));
+  json_decref(rows);
+  free(spec);
+}
+
+/* Trials whose jobs cannot even start (here their run folder cannot be made: a file holds
+ * its place) count as failures too: the run stops at the failure rate instead of failing
+ * the whole budget and calling that finished. */
+static void trials_that_cannot_start_stop_the_run_at_max_failure_rate(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "unstartable.yaml",
+                          "name: unstartable\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [true]}\n"
+                          "budget: {trials: 20, parallel: 1, max_failure_rate: 0.5}\n");
+  char *runs = nas_asprintf("%s/runs", f->dir);
+  assert_int_equal(mkdir(runs, 0700), 0);
+  free(runs);
+  free(test_write(f->dir, "runs/unstartable", "not a folder"));
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 4);
+  assert_non_null(strstr(out, "max_failure_rate"));
+  assert_non_null(strstr(out, "too many trials failed"));
+  free(out);
+  json_t *rows = trials_json(f, "unstartable");
+  assert_int_equal(json_array_size(rows), 5); /* judged from 5 ended trials on */
+  assert_int_equal(count_status(rows, "failed"), 5);
+  json_decref(rows);
+  free(spec);
+}
+
+/* A trial handed out by `nas ask` is no job of the runner's: `nas resume` of an experiment
+ * whose spec has a command counts it in the budget and runs the rest, leaving it running
+ * for its asker to tell. */
+static void resume_runs_the_rest_beside_a_trial_handed_out_by_ask(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "mixed.yaml",
+                          "name: mixed\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "budget: {trials: 3}\n");
+  char *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "mixed", NULL), 0);
+  free(out);
+  int rc = nas(f, &out, "resume", "mixed", "--no-progress");
+  if (rc != 0) fail_msg("nas resume exited %d: %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "mixed");
+  assert_int_equal(json_array_size(rows), 3);
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "running");
+  assert_int_equal(count_status(rows, "completed"), 2);
   json_decref(rows);
   free(spec);
 }
@@ -383,6 +438,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(lost_trial_is_retried_and_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(silent_trial_is_retried_then_failed, setup, teardown),
       cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
+      cmocka_unit_test_setup_teardown(resume_runs_the_rest_beside_a_trial_handed_out_by_ask, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),

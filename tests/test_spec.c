@@ -278,8 +278,8 @@ static void conditions_load_in_both_syntaxes(void **state) {
 
 static void durations_accept_numbers_and_suffixes(void **state) {
   (void)state;
-  const char *texts[] = {"90", "\"90s\"", "10m", "1.5h", "2d", "0.5", "'45'"};
-  const double seconds[] = {90, 90, 600, 5400, 172800, 0.5, 45};
+  const char *texts[] = {"90", "\"90s\"", "10m", "1.5h", "2d", "0.5", "'45'", "36525d"};
+  const double seconds[] = {90, 90, 600, 5400, 172800, 0.5, 45, 36525 * 86400.0};
   for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
     char *yaml = nas_asprintf(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: %s\n" BUDGET, texts[i]);
     spec *s = load_ok(yaml);
@@ -717,6 +717,11 @@ static void trial_env_workdir_timeout_are_checked(void **state) {
                "t.yaml:8:12: ", "trial.timeout: expected a duration such as 90, \"90s\"");
   expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: 0\n" BUDGET,
                "t.yaml:8:12: ", "trial.timeout: must be more than 0 seconds");
+  /* seconds past what a timer's time_t holds would make the local monitor spin */
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: 1e19\n" BUDGET,
+               "t.yaml:8:12: ", "trial.timeout: must be at most 100 years");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  heartbeat_timeout: 36526d\n" BUDGET,
+               "t.yaml:8:22: ", "trial.heartbeat_timeout: must be at most 100 years");
   expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  workdir: [a]\n" BUDGET,
                "t.yaml:8:12: ", "trial.workdir: expected a string");
 }
