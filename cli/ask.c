@@ -208,6 +208,8 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
     return cli_usage_error("tell", "--fail takes no NAME=VALUE; report values first with "
                                    "'nas tell %s %s NAME=VALUE …', then --fail", a->experiment,
                            argv[optind + 1]);
+  if (a->fail && !nas_is_utf8(a->fail)) /* it is stored, and shown as JSON and CSV */
+    return cli_usage_error("tell", "--fail's message is not valid UTF-8");
   if (!a->complete && !a->fail && a->first_metric == argc)
     return cli_usage_error("tell", "nothing to tell: give NAME=VALUE, --complete or --fail");
   return -1;

@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,6 +62,13 @@ void nas_sleep(double seconds) {
                         .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
   while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
   }
+}
+
+bool nas_is_utf8(const char *text) {
+  json_t *probe = json_string(text);
+  bool valid = probe != NULL;
+  json_decref(probe);
+  return valid;
 }
 
 int nas_open_regular(const char *path, int *fd, int64_t *size, nas_err *err) {

@@ -149,32 +149,9 @@ static int step_read(const json_t *value, int64_t *step, nas_err *err) {
   return NAS_OK;
 }
 
-/* Whether text is well-formed UTF-8: no stray continuation byte, no overlong form, no
- * surrogate, nothing above U+10FFFF. */
-static bool utf8_valid(const char *text) {
-  const unsigned char *p = (const unsigned char *)text;
-  while (*p) {
-    size_t len = 0;
-    unsigned char low = 0x80, high = 0xBF; /* the range of the byte after the first */
-    if (*p < 0x80) len = 1;
-    else if (*p >= 0xC2 && *p <= 0xDF) len = 2;
-    else if (*p >= 0xE0 && *p <= 0xEF) len = 3;
-    else if (*p >= 0xF0 && *p <= 0xF4) len = 4;
-    if (*p == 0xE0) low = 0xA0;       /* overlong below U+0800 */
-    if (*p == 0xED) high = 0x9F;      /* surrogates U+D800..U+DFFF */
-    if (*p == 0xF0) low = 0x90;       /* overlong below U+10000 */
-    if (*p == 0xF4) high = 0x8F;      /* above U+10FFFF */
-    if (len == 0) return false;
-    for (size_t i = 1; i < len; i++) /* a NUL ends the loop as out of range */
-      if (p[i] < (i == 1 ? low : 0x80) || p[i] > (i == 1 ? high : 0xBF)) return false;
-    p += len;
-  }
-  return true;
-}
-
 int metric_check(const char *name, double value, nas_err *err) {
   if (!name[0]) return nas_errf(err, "a metric has an empty name");
-  if (!utf8_valid(name)) return nas_errf(err, "a metric's name is not valid UTF-8");
+  if (!nas_is_utf8(name)) return nas_errf(err, "a metric's name is not valid UTF-8");
   if (!isfinite(value))
     return nas_errf(err, "metric \"%s\" is %g, not a finite number", name, value);
   size_t len = strlen(name), suffix = strlen(METRIC_SEM_SUFFIX);

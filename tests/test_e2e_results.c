@@ -571,6 +571,9 @@ static void tell_refuses_values_with_fail(void **state) {
   fixture *f = *state;
   expect_refusal(f, (char *[]){"tell", "e", "0", "--fail", "diverged", "loss=3", NULL}, 2,
                  "nas tell: --fail takes no NAME=VALUE");
+  /* the message is stored and shown as JSON and CSV, where other bytes cannot go */
+  expect_refusal(f, (char *[]){"tell", "e", "0", "--fail", "x\xff", NULL}, 2,
+                 "nas tell: --fail's message is not valid UTF-8");
 }
 
 /* `nas report`/`nas tell` values were checked less than a metric line's: a negative
