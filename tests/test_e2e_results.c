@@ -109,7 +109,7 @@ static void wait_until_running(fixture *f, const char *name) {
 }
 
 /* A training log of 2 GiB (sparse: no disk) ending in text, shown by `nas trial` limited to
- * 1 GiB of address space: the view shows the log's last 4 KiB, read alone (reading the
+ * 1 GiB of address space (where it can start so): the view shows the log's last 4 KiB, read alone (reading the
  * whole log first would fail, and the server answers this view for any reader). */
 static void a_huge_log_is_shown_by_its_tail_alone(void **state) {
   fixture *f = *state;
@@ -123,9 +123,13 @@ static void a_huge_log_is_shown_by_its_tail_alone(void **state) {
   for (int i = 0; i < 5000; i++) fputc('x', out);
   fputs("tail-end\n", out);
   assert_int_equal(fclose(out), 0);
-  char *argv[] = {"sh", "-c", "ulimit -v 1048576 && exec \"$0\" \"$@\"", (char *)test_nas_bin(),
-                  "trial", "curves", "0", "--storage", f->db, "--format", "json", NULL};
+  /* Not under AddressSanitizer, which reserves terabytes of address space at start. */
   char *text;
+  char *probe[] = {"sh", "-c", "ulimit -v 1048576 && exec \"$0\" --help", (char *)test_nas_bin(), NULL};
+  bool limited = test_run(f->dir, probe, &text) == 0;
+  free(text);
+  char *argv[] = {"sh", "-c", limited ? "ulimit -v 1048576 && exec \"$0\" \"$@\"" : "exec \"$0\" \"$@\"",
+                  (char *)test_nas_bin(), "trial", "curves", "0", "--storage", f->db, "--format", "json", NULL};
   assert_int_equal(test_run(f->dir, argv, &text), 0);
   json_t *t = json_loads(text, 0, NULL);
   assert_non_null(t);
