@@ -55,8 +55,13 @@ static json_t *experiment_data(storage *st, const char *url, const char *name, c
   spec_free(s);
   experiment_row_clear(&exp);
   if (!dashboard) return NULL;
-  /* The page fetches the curves after the rest; here they come with it. */
+  /* The page fetches the curves after the rest; here they come with it. A plot file is
+   * mailed beyond the storage's readers: the spec, which the page never shows and whose
+   * webhook URLs may be credentials, stays out of it. */
   json_object_set_new(dashboard, "curves", curves);
+  json_t *summary = json_object_get(dashboard, "experiment");
+  json_object_del(summary, "spec");
+  json_object_del(summary, "spec_path");
   json_t *data = json_pack("{s:s, s:s?, s:o}", "page", "experiment", "kind", kind, "dashboard", dashboard);
   if (!data) nas_errf(err, "out of memory");
   return data;

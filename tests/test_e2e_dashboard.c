@@ -343,7 +343,8 @@ static void plot_data_cannot_close_its_script(void **state) {
                           "objectives: [{name: y, goal: minimize}]\n"
                           "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
                           "budget: {trials: 4}\n"
-                          "optimizer: {type: random}\n");
+                          "optimizer: {type: random}\n"
+                          "notify: [{url: 'http://127.0.0.1:9/hooks/SECRET-PATH', on: [trial_failed]}]\n");
   run_spec(f, spec);
   char *file = nas_asprintf("%s/tags.html", f->dir), *page = NULL;
   char *argv[] = {(char *)test_nas_bin(), "plot", "tags", "--storage", f->db, "--out", file, NULL};
@@ -352,6 +353,8 @@ static void plot_data_cannot_close_its_script(void **state) {
   assert_null(strstr(page, "</script><b>"));
   assert_null(strstr(page, "<!--"));
   assert_non_null(strstr(page, "\\u003c/script>\\u003cb>bold"));
+  /* The spec (a webhook URL may be a credential) stays out of a file that is mailed. */
+  assert_null(strstr(page, "SECRET-PATH"));
   /* Its three inlined scripts (data, app.js, Chart.js) are the only ones closed. */
   assert_int_equal(count_of(page, "</script>"), 3);
   free(page), free(file), free(spec);
