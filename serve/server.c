@@ -70,6 +70,14 @@ json_t *serve_body_json(serve_request *req) {
   return body;
 }
 
+/* What every answer says besides its type: browsers take it for what its type says (never
+ * sniff JSON into a page), and no other site may show it in a frame (clickjacking). */
+static void add_safety_headers(struct MHD_Response *resp) {
+  MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+  MHD_add_response_header(resp, "X-Frame-Options", "DENY");
+  MHD_add_response_header(resp, "Content-Security-Policy", "frame-ancestors 'none'");
+}
+
 static enum MHD_Result send_reply(serve_request *req) {
   json_t *body = req->reply ? req->reply : json_pack("{s:s}", "error", "no reply");
   char *text = json_dumps(body, JSON_COMPACT | JSON_REAL_PRECISION(17));
@@ -84,6 +92,7 @@ static enum MHD_Result send_reply(serve_request *req) {
   }
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  add_safety_headers(resp);
   enum MHD_Result rc = MHD_queue_response(req->conn, (unsigned)req->status, resp);
   MHD_destroy_response(resp);
   return rc;
@@ -96,6 +105,7 @@ static enum MHD_Result send_asset(serve_request *req) {
   if (!resp) return MHD_NO;
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, req->asset.type);
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  add_safety_headers(resp);
   enum MHD_Result rc = MHD_queue_response(req->conn, (unsigned)req->status, resp);
   MHD_destroy_response(resp);
   return rc;

@@ -340,6 +340,31 @@ static void pages_of_other_sites_cannot_drive_the_api(void **state) {
   free(evil_host), free(own), free(localhost), free(own_localhost);
 }
 
+/* The headers of an answer, as curl -D - shows them. */
+static char *headers_of(const test_server *srv, const char *path) {
+  char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path), *out;
+  char *argv[] = {"curl", "-s", "-S", "-o", "/dev/null", "-D", "-", url, NULL};
+  assert_int_equal(test_run(NULL, argv, &out), 0);
+  free(url);
+  return out;
+}
+
+static void answers_are_never_sniffed_or_framed_by_another_site(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  static const char *const paths[] = {"/", "/static/app.js", "/api/v1/experiments", "/api/v1/nothing"};
+  for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
+    char *head = headers_of(&srv, paths[i]);
+    if (!strcasestr(head, "X-Content-Type-Options: nosniff") ||
+        !strcasestr(head, "X-Frame-Options: DENY") ||
+        !strcasestr(head, "Content-Security-Policy: frame-ancestors 'none'"))
+      fail_msg("%s: %s", paths[i], head);
+    free(head);
+  }
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
 static void a_newline_in_a_path_cannot_forge_a_log_line(void **state) {
   fixture *f = *state;
   test_server srv;
@@ -398,6 +423,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(refused_requests_are_answered_before_their_body_is_read, setup, teardown),
       cmocka_unit_test_setup_teardown(pages_of_other_sites_cannot_drive_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),
+      cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
