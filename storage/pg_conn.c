@@ -320,7 +320,15 @@ void pg_receipt_tokens(const pg_conn *c, const char *token, char out[PG_RECEIPT_
   else snprintf(out, PG_RECEIPT_TOKENS_LEN, "{%s}", token);
 }
 
-int pg_tx_begin(pg_conn *c, nas_err *err) { return pg_exec(c, NULL, err, "BEGIN", NULL); }
+/* Every transaction of ours is written for READ COMMITTED: each statement sees what
+ * committed before it began, so a statement run after waiting for a lock (the experiment's
+ * row before numbering a trial, the advisory lock before reading the schema version) sees
+ * the work of whoever held it. The level is named because the database, the role or the
+ * URL's options may make another one the default. */
+int pg_tx_begin(pg_conn *c, nas_err *err) {
+  return pg_exec(c, NULL, err, "BEGIN ISOLATION LEVEL READ COMMITTED", NULL);
+}
+
 
 int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err) {
   if (rc == NAS_OK && token) {

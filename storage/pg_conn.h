@@ -85,6 +85,7 @@ int pg_exec(pg_conn *c, PGresult **res, nas_err *err, const char *sql, const pg_
 /* Runs constant SQL holding several statements and no values (a migration step). */
 int pg_exec_script(pg_conn *c, const char *sql, nas_err *err);
 
+/* Begins a READ COMMITTED transaction, whatever the session's default level. */
 int pg_tx_begin(pg_conn *c, nas_err *err);
 /* Ends the transaction begun by pg_tx_begin: when rc is NAS_OK, records the receipt token
  * (when not NULL) with result and commits, else rolls back. Returns rc, or the failure of

@@ -2543,6 +2543,29 @@ static void postgresql_url_options_reach_libpq(void **state) {
   free(url);
 }
 
+/* The database, the role or (as here) the URL may make REPEATABLE READ the default level;
+ * our transactions are written for READ COMMITTED and say so. Under REPEATABLE READ two
+ * creators would both number their trial past the same snapshot and one would fail. */
+static void postgresql_trial_numbers_stay_consecutive_under_a_repeatable_read_default(
+    void **state) {
+  fixture *f = *state;
+  char *url = nas_asprintf("%s%%20-cdefault_transaction_isolation%%3Drepeatable%%5C%%20read",
+                           f->url);
+  char *level = pg_raw_text(f->ctx, url, "SHOW default_transaction_isolation");
+  assert_string_equal(level, "repeatable read");
+  int64_t exp = make_experiment(f, "strict");
+  child_args args = {url, exp, -1, -1};
+  run_in_children_of(f, WORKERS, worker_run, &args);
+  trial_row *trials = NULL;
+  size_t n = 0;
+  CHECK(storage_trial_list(f->st, exp, &trials, &n, err));
+  assert_int_equal(n, WORKERS * TRIALS_PER_WORKER);
+  for (size_t k = 0; k < n; k++) assert_int_equal(trials[k].number, (int)k);
+  trial_rows_free(trials, n);
+  free(level);
+  free(url);
+}
+
 static void postgresql_database_of_another_program_is_refused_untouched(void **state) {
   fixture *f = *state;
   char *url = f->ctx->backend->fresh_url(f->ctx, f->dir);
@@ -2863,6 +2886,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_write_while_the_server_stays_down_is_reported_and_not_stored),
       FIXTURE_TEST(postgresql_url_options_reach_libpq),
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
+      FIXTURE_TEST(postgresql_trial_numbers_stay_consecutive_under_a_repeatable_read_default),
   };
   int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
