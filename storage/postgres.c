@@ -498,8 +498,15 @@ static int experiment_lock(pg_conn *c, int64_t id, nas_err *err) {
   return rc;
 }
 
+/* After the experiment's row (no new trial), its trials' rows are locked FOR UPDATE, which
+ * conflicts with the KEY SHARE lock that the foreign-key check of a new metric takes on
+ * its trial: a metric being added meanwhile either committed before the lock was granted,
+ * and the DELETE of metrics (a statement begun later, so seeing it) takes it along, or
+ * waits for this transaction and then finds its trial gone. Without the lock, a metric
+ * committed between the two DELETEs failed the delete of its trial. */
 static int experiment_delete_in_tx(pg_conn *c, int64_t id, nas_err *err) {
-  static const char *const deletes[] = {
+  static const char *const steps[] = {
+      "SELECT 1 FROM trials WHERE experiment_id = $1 FOR UPDATE",
       "DELETE FROM metrics WHERE trial_id IN (SELECT id FROM trials WHERE experiment_id = $1)",
       "DELETE FROM trials WHERE experiment_id = $1",
       "DELETE FROM scheduler_leases WHERE experiment_id = $1",
@@ -508,8 +515,8 @@ static int experiment_delete_in_tx(pg_conn *c, int64_t id, nas_err *err) {
   pg_params p = {0};
   int rc = pg_params_set(&p, 1, err, "i", id);
   if (rc == NAS_OK) rc = experiment_lock(c, id, err);
-  for (size_t i = 0; rc == NAS_OK && i < sizeof deletes / sizeof *deletes; i++)
-    rc = pg_exec(c, NULL, err, deletes[i], &p);
+  for (size_t i = 0; rc == NAS_OK && i < sizeof steps / sizeof *steps; i++)
+    rc = pg_exec(c, NULL, err, steps[i], &p);
   return rc;
 }
 

@@ -121,14 +121,20 @@ static char *pg_fresh_url(backend_ctx *ctx, const char *dir) {
   return pg_schema_url(ctx->server->port, schema);
 }
 
-static PGresult *pg_raw(const char *url, const char *sql) {
-  PGconn *pg = PQconnectdb(url);
-  if (PQstatus(pg) != CONNECTION_OK) fail_msg("connect: %s", PQerrorMessage(pg));
+/* The result of sql on connection pg; fails the test when it did not succeed. */
+static PGresult *pg_raw_check(PGconn *pg, const char *sql) {
   PGresult *res = PQexec(pg, sql);
   ExecStatusType status = PQresultStatus(res);
   if (status != PGRES_COMMAND_OK && status != PGRES_TUPLES_OK) {
     fail_msg("%s: %s", sql, PQresultErrorMessage(res));
   }
+  return res;
+}
+
+static PGresult *pg_raw(const char *url, const char *sql) {
+  PGconn *pg = PQconnectdb(url);
+  if (PQstatus(pg) != CONNECTION_OK) fail_msg("connect: %s", PQerrorMessage(pg));
+  PGresult *res = pg_raw_check(pg, sql);
   PQfinish(pg);
   return res;
 }
@@ -2543,6 +2549,54 @@ static void postgresql_url_options_reach_libpq(void **state) {
   free(url);
 }
 
+static int delete_experiment(const child_args *args, int worker, nas_err *err) {
+  (void)worker;
+  storage *st = NULL;
+  int rc = storage_open(args->url, &st, err);
+  if (rc == NAS_OK) rc = storage_experiment_delete(st, args->experiment_id, err);
+  storage_close(st);
+  return rc;
+}
+
+/* Waits until some transaction of the server waits for a lock; fails after 10 s. */
+static void await_a_lock_wait(const fixture *f) {
+  for (double waited = 0; waited < 10; waited += 0.01) {
+    char *waiting = pg_raw_text(f->ctx, f->url, "SELECT count(*) FROM pg_locks WHERE NOT granted");
+    bool found = strcmp(waiting, "0") != 0;
+    free(waiting);
+    if (found) return;
+    nas_sleep(0.01);
+  }
+  fail_msg("no transaction came to wait for a lock");
+}
+
+/* A metric of one of the experiment's trials, inserted by a transaction that commits while
+ * the delete waits for it, goes with the experiment: the delete does not fail on the
+ * metric's reference to the trial. */
+static void postgresql_experiment_delete_takes_a_metric_that_lands_meanwhile(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_full_experiment(f, "gone");
+  PGconn *pg = PQconnectdb(f->url);
+  assert_int_equal(PQstatus(pg), CONNECTION_OK);
+  char *insert = nas_asprintf("BEGIN; INSERT INTO metrics (trial_id, name, step, value, time)"
+                              " SELECT id, 'loss', 7, 0.5, 1 FROM trials"
+                              " WHERE experiment_id = %" PRId64 " AND status = 'queued'", exp);
+  PQclear(pg_raw_check(pg, insert));
+  child_args args = {f->url, exp, -1, -1};
+  storage_close(f->st);
+  f->st = NULL;
+  pid_t pid;
+  start_children(1, delete_experiment, &args, &pid);
+  await_a_lock_wait(f);
+  PQclear(pg_raw_check(pg, "COMMIT"));
+  wait_children(1, &pid);
+  f->st = open_or_fail(f->url);
+  assert_int_equal(trial_count(f, exp), 0);
+  raw_text_is(f, "SELECT count(*) FROM metrics", "0");
+  PQfinish(pg);
+  free(insert);
+}
+
 /* The database, the role or (as here) the URL may make REPEATABLE READ the default level;
  * our transactions are written for READ COMMITTED and say so. Under REPEATABLE READ two
  * creators would both number their trial past the same snapshot and one would fail. */
@@ -2887,6 +2941,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_url_options_reach_libpq),
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
       FIXTURE_TEST(postgresql_trial_numbers_stay_consecutive_under_a_repeatable_read_default),
+      FIXTURE_TEST(postgresql_experiment_delete_takes_a_metric_that_lands_meanwhile),
   };
   int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
