@@ -109,6 +109,15 @@ extern const storage_backend storage_http_backend;
 #define STORAGE_RECEIPT_KEEP_S 86400
 int storage_retry_budget(double *seconds, nas_err *err);
 
+/* Whether a connection parameter named key (len bytes, decoded) holds a secret: password,
+ * sslpassword, any name ending in "password" (case aside: masking too much is harmless). */
+bool storage_key_is_secret(const char *key, size_t len);
+/* For a URI query parameter starting at param (just past its '?' or '&'): when its
+ * percent-decoded key is secret, its value as written (*len bytes, up to the next '&' or
+ * '#'), else NULL. The one rule of what redaction masks and what pg_conn scrubs from
+ * libpq's messages. */
+const char *storage_uri_secret_value(const char *param, size_t *len);
+
 /* 128 random bits in hex: receipt tokens and idempotency keys. */
 #define STORAGE_TOKEN_LEN 32
 int storage_random_token(char out[STORAGE_TOKEN_LEN + 1], nas_err *err);

@@ -4,8 +4,8 @@
  * - A pg_conn either holds a connection that was working when last used, or none (pg is
  *   NULL); a statement that finds the connection broken drops it, and the next try of the
  *   operation connects afresh.
- * - The URI with its password reaches libpq only; every message names the server by the
- *   redacted URI and has the password scrubbed out of libpq's own text.
+ * - The URI with its passwords reaches libpq only; every message names the server by the
+ *   redacted URI and has the passwords scrubbed out of libpq's own text.
  * - A try's outcome is known (committed or rolled back) before the next try starts: after
  *   a lost try of a write with a receipt, its token is settled first (see pg_conn.h).
  * - Backoff: the first retry is immediate (a single dropped connection costs nothing), then
@@ -74,34 +74,45 @@ static void replace_all(char *text, size_t size, const char *from, const char *t
   free(out);
 }
 
-/* The password as libpq reads it from the URI (owned), or NULL when there is none. */
-static char *uri_password(const char *uri) {
-  PQconninfoOption *options = PQconninfoParse(uri, NULL);
-  char *password = NULL;
-  for (PQconninfoOption *o = options; o && o->keyword; o++) {
-    if (strcmp(o->keyword, "password") == 0 && o->val && o->val[0]) password = strdup(o->val);
-  }
-  PQconninfoFree(options);
-  return password;
+/* replace_all of the len bytes at secret by "***". */
+static void replace_n(char *text, size_t size, const char *secret, size_t len) {
+  char *from = strndup(secret, len);
+  if (from) replace_all(text, size, from, "***");
+  else snprintf(text, size, "(message withheld: out of memory)");
+  free(from);
 }
 
-/* The password as written in the URI's user part (owned), or NULL. */
-static char *uri_raw_password(const char *uri) {
+/* Replaces in text every value that libpq reads from the URI for a secret parameter
+ * (decoded: its connection errors may quote it). */
+static void scrub_decoded_secrets(const char *uri, char *text, size_t size) {
+  PQconninfoOption *options = PQconninfoParse(uri, NULL);
+  for (PQconninfoOption *o = options; o && o->keyword; o++) {
+    if (storage_key_is_secret(o->keyword, strlen(o->keyword)) && o->val && o->val[0])
+      replace_all(text, size, o->val, "***");
+  }
+  PQconninfoFree(options);
+}
+
+/* Replaces in text the password of the URI's user part and the value of every secret query
+ * parameter, as written (libpq's parse errors quote a value they cannot decode). */
+static void scrub_raw_secrets(const char *uri, char *text, size_t size) {
   const char *user = strstr(uri, "://") + 3;
   const char *at = memrchr(user, '@', strcspn(user, "?"));
   const char *colon = at ? memchr(user, ':', (size_t)(at - user)) : NULL;
-  return colon && at > colon + 1 ? strndup(colon + 1, (size_t)(at - colon - 1)) : NULL;
+  if (colon && at > colon + 1) replace_n(text, size, colon + 1, (size_t)(at - colon - 1));
+  for (const char *s = uri; *s; s++) {
+    size_t len = 0;
+    const char *value = *s == '?' || *s == '&' ? storage_uri_secret_value(s + 1, &len) : NULL;
+    if (value && len) replace_n(text, size, value, len);
+  }
 }
 
 /* Masks in text whatever of the URI's secrets libpq may echo: the whole URI (its parse
- * errors quote it) and the password, as written and as decoded. */
+ * errors quote it) and each password, as written and as decoded. */
 static void scrub(const pg_conn *c, char *text, size_t size) {
   replace_all(text, size, c->uri, c->shown);
-  char *secrets[] = {uri_raw_password(c->uri), uri_password(c->uri)};
-  for (size_t i = 0; i < 2; i++) {
-    if (secrets[i]) replace_all(text, size, secrets[i], "***");
-    free(secrets[i]);
-  }
+  scrub_raw_secrets(c->uri, text, size);
+  scrub_decoded_secrets(c->uri, text, size);
 }
 
 /* Writes "PREFIX TEXT (postgresql URI)" into err and returns code. The text is scrubbed
@@ -328,7 +339,6 @@ void pg_receipt_tokens(const pg_conn *c, const char *token, char out[PG_RECEIPT_
 int pg_tx_begin(pg_conn *c, nas_err *err) {
   return pg_exec(c, NULL, err, "BEGIN ISOLATION LEVEL READ COMMITTED", NULL);
 }
-
 
 int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err) {
   if (rc == NAS_OK && token) {

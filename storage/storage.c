@@ -8,11 +8,13 @@
  * to people pass through storage_url_redacted first, so no password reaches a message. */
 #include "storage/storage.h"
 
+#include <ctype.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <errno.h>
 
@@ -166,9 +168,47 @@ static void secret_put_starred(FILE *out, size_t len) {
   for (size_t i = 0; i < len; i++) fputc('*', out);
 }
 
+bool storage_key_is_secret(const char *key, size_t len) {
+  static const char suffix[] = "password";
+  size_t suffix_len = sizeof suffix - 1;
+  return len >= suffix_len && strncasecmp(key + len - suffix_len, suffix, suffix_len) == 0;
+}
+
+/* Whether a query parameter's key (len bytes, percent-encoded as libpq reads it) names a
+ * secret once decoded. Only its last decoded bytes matter, so no copy is made. A key that
+ * is not valid percent-encoding counts as secret: libpq refuses it, and guessing what it
+ * meant could show a password. */
+static bool uri_key_is_secret(const char *key, size_t len) {
+  char tail[8]; /* the last decoded bytes, as many as "password" has */
+  size_t n = 0;
+  for (size_t i = 0; i < len; i++) {
+    char decoded = key[i];
+    if (decoded == '%') {
+      if (i + 2 >= len || !isxdigit((unsigned char)key[i + 1]) ||
+          !isxdigit((unsigned char)key[i + 2]))
+        return true;
+      char hex[3] = {key[i + 1], key[i + 2], '\0'};
+      decoded = (char)strtol(hex, NULL, 16);
+      i += 2;
+    }
+    if (n == sizeof tail) memmove(tail, tail + 1, --n);
+    tail[n++] = decoded;
+  }
+  return storage_key_is_secret(tail, n);
+}
+
+const char *storage_uri_secret_value(const char *param, size_t *len) {
+  size_t key_len = strcspn(param, "=&#");
+  if (param[key_len] != '=' || !uri_key_is_secret(param, key_len)) return NULL;
+  const char *value = param + key_len + 1;
+  *len = strcspn(value, "&#");
+  return value;
+}
+
 /* URI form: scheme://user:password@host…?password=…&…. The user part ends at the last
  * '@' (an unencoded '@' or '/' inside a password must not end it early); from its first
- * ':' on it is the password. Query parameters named password are masked too. */
+ * ':' on it is the password. The values of secret query parameters (see
+ * storage_uri_secret_value) are masked too. */
 static void redact_uri(FILE *out, const char *url, secret_put put) {
   const char *auth = strstr(url, "://") + 3;
   const char *at = strrchr(auth, '@');
@@ -181,11 +221,12 @@ static void redact_uri(FILE *out, const char *url, secret_put put) {
   }
   while (*s) {
     bool param_start = s > url && (s[-1] == '?' || s[-1] == '&');
-    if (param_start && strncmp(s, "password=", 9) == 0) {
-      size_t len = strcspn(s + 9, "&#");
-      fputs("password=", out);
+    size_t len = 0;
+    const char *value = param_start ? storage_uri_secret_value(s, &len) : NULL;
+    if (value) {
+      fwrite(s, 1, (size_t)(value - s), out);
       put(out, len);
-      s += 9 + len;
+      s = value + len;
     } else {
       fputc(*s++, out);
     }
@@ -207,7 +248,7 @@ static const char *conninfo_value_end(const char *s) {
   return s;
 }
 
-/* key=value form ("host=h password='p w' dbname=d"): the value of password is masked;
+/* key=value form ("host=h password='p w' dbname=d"): the value of a secret key is masked;
  * when the text stops following the grammar, all the rest is. */
 static void redact_conninfo(FILE *out, const char *s, secret_put put) {
   while (*s) {
@@ -224,8 +265,7 @@ static void redact_conninfo(FILE *out, const char *s, secret_put put) {
     const char *value = eq + 1 + strspn(eq + 1, " \t\n");
     const char *end = conninfo_value_end(value);
     fwrite(s, 1, (size_t)(value - s), out);
-    bool secret = key_len == 8 && strncmp(s, "password", 8) == 0;
-    if (secret) put(out, (size_t)(end - value));
+    if (storage_key_is_secret(s, key_len)) put(out, (size_t)(end - value));
     else fwrite(value, 1, (size_t)(end - value), out);
     s = end;
   }

@@ -2669,6 +2669,10 @@ static void postgresql_connection_errors_never_show_the_password(void **state) {
       /* libpq's parse errors quote the whole URL. */
       nas_asprintf("postgresql://nas:hunter2@[::1:%d/nas", port),
       nas_asprintf("postgresql://nas:hunter2@127.0.0.1:%d/nas?no_such_option=1", port),
+      /* A value libpq cannot decode, which it quotes as written; other passwords' names. */
+      nas_asprintf("postgresql://nas@127.0.0.1:%d/nas?password=hunter2%%off", port),
+      nas_asprintf("postgresql://nas@127.0.0.1:%d/nas?sslpassword=hunter2", port),
+      nas_asprintf("postgresql://nas@127.0.0.1:%d/nas?pass%%77ord=hunter2", port),
   };
   setenv("NAS_STORAGE_RETRY_S", "0", 1);
   for (size_t i = 0; i < sizeof urls / sizeof urls[0]; i++) {
@@ -2733,6 +2737,12 @@ static void redacted_urls_hide_passwords_in_uri_form(void **state) {
   assert_redacted("postgresql://db/exp?user=nas&password=s3cret&sslmode=require",
                   "postgresql://db/exp?user=nas&password=***&sslmode=require");
   assert_redacted("postgresql://db?password=a@b", "postgresql://db?password=***");
+  /* Every parameter whose name, decoded, ends in "password"; its value as written. */
+  assert_redacted("postgresql://db/exp?sslpassword=k3y&pass%77ord=s3cret&passwords=x",
+                  "postgresql://db/exp?sslpassword=***&pass%77ord=***&passwords=x");
+  assert_redacted("postgresql://db/exp?password=50%off&user=nas",
+                  "postgresql://db/exp?password=***&user=nas");
+  assert_redacted("postgresql://db/exp?pass%7word=x", "postgresql://db/exp?pass%7word=***");
   assert_redacted("postgresql:///exp?host=/run/pg", "postgresql:///exp?host=/run/pg");
   assert_redacted("sqlite:/tmp/pass:word@x.db", "sqlite:/tmp/pass:word@x.db");
   assert_redacted("sqlite:nas.db", "sqlite:nas.db");
@@ -2746,6 +2756,7 @@ static void redacted_urls_hide_passwords_in_key_value_form(void **state) {
   assert_redacted("passwords=x password='' x=1", "passwords=x password=*** x=1");
   assert_redacted("host=db password", "host=db ***");
   assert_redacted("host='a b' password=x\\ y", "host='a b' password=***");
+  assert_redacted("host=db sslpassword=k3y", "host=db sslpassword=***");
 }
 
 /* What a process can do to its own argv, which ps shows: each password starred in place,
