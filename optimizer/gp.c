@@ -49,10 +49,12 @@ int gp_cholesky_with(double *A, size_t n, double *orig, double *jitter, nas_err 
   memcpy(orig, A, n * n * sizeof *orig);
   double mean_diag = 0;
   for (size_t i = 0; i < n; i++) mean_diag += orig[i * n + i] / (double)n;
+  if (!isfinite(mean_diag)) /* GSL's factorisation would take NaNs for a factor */
+    return nas_errf(err, "gp: %zux%zu covariance matrix has a diagonal that is not finite", n, n);
   gsl_matrix_view view = gsl_matrix_view_array(A, n, n);
   for (double rel = 0; rel <= MAX_JITTER; rel = rel == 0 ? 1e-9 : rel * 10) {
     if (rel > 0) memcpy(A, orig, n * n * sizeof *orig);
-    double add = rel * mean_diag;
+    double add = rel > 0 ? rel * mean_diag : 0;
     for (size_t i = 0; i < n; i++) A[i * n + i] += add;
     if (gsl_linalg_cholesky_decomp1(&view.matrix) == GSL_SUCCESS) {
       for (size_t i = 0; i < n; i++) memset(A + i * n + i + 1, 0, (n - i - 1) * sizeof *A);
@@ -64,11 +66,21 @@ int gp_cholesky_with(double *A, size_t n, double *orig, double *jitter, nas_err 
                   "jitter %g times its mean diagonal", n, n, MAX_JITTER);
 }
 
+/* The standard deviation of values so far apart (beyond about 1e154, e.g. a diverged loss)
+ * that their squared deviations overflow: summed in units of the largest deviation. */
+static double sd_of_far_apart(const double *y, size_t n, double mean) {
+  double largest = 0, ss = 0;
+  for (size_t i = 0; i < n; i++) largest = fmax(largest, fabs(y[i] - mean));
+  for (size_t i = 0; i < n; i++) ss += ((y[i] - mean) / largest) * ((y[i] - mean) / largest);
+  return largest * sqrt(ss / (double)(n - 1));
+}
+
 void gp_standardise(const double *y, size_t n, double *ystd, double *shift, double *scale) {
   double mean = 0, ss = 0;
   for (size_t i = 0; i < n; i++) mean += y[i] / (double)n;
   for (size_t i = 0; i < n; i++) ss += (y[i] - mean) * (y[i] - mean);
   double sd = n > 1 ? sqrt(ss / (double)(n - 1)) : 0;
+  if (!isfinite(sd)) sd = sd_of_far_apart(y, n, mean);
   *shift = mean;
   *scale = sd > 1e-8 * fmax(1.0, fabs(mean)) ? sd : 1.0; /* constant outcomes: unit scale */
   for (size_t i = 0; i < n; i++) ystd[i] = (y[i] - *shift) / *scale;

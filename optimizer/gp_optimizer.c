@@ -221,12 +221,13 @@ static double slack(const constraint_spec *c, double value) {
 }
 
 /* The known noise variance of objective j's reading in o: its reported standard error
- * squared, else the spec's noise squared, else NaN (the GP fits one). */
+ * squared, else the spec's noise squared, else NaN (the GP fits one). A standard error too
+ * large to square (above about 1e154) says nothing a fitted noise would not: not given. */
 static double known_noise(const spec *s, const observation *o, size_t j) {
   double sem = o->objective_sems ? o->objective_sems[j] : NAN;
-  if (isfinite(sem) && sem >= 0) return sem * sem;
+  if (isfinite(sem) && sem >= 0 && isfinite(sem * sem)) return sem * sem;
   const objective_spec *obj = &s->objectives[j];
-  return obj->has_noise ? obj->noise * obj->noise : NAN;
+  return obj->has_noise && isfinite(obj->noise * obj->noise) ? obj->noise * obj->noise : NAN;
 }
 
 static void add_observation(bo_data *d, const spec *s, const observation *o) {

@@ -369,6 +369,24 @@ static void fit_interpolates_noise_free_structure_instead_of_calling_it_noise(vo
   gsl_rng_free(rng);
 }
 
+/* A diverged run's loss of 1e300 beside ordinary ones: the deviations' squares overflow,
+ * yet the values keep their order and a finite scale (they all went to 0 and the model to
+ * NaN); a covariance with an infinite diagonal is refused, not factorised into NaNs. */
+static void outcomes_far_apart_keep_a_finite_scale(void **state) {
+  (void)state;
+  double y[3] = {1, 2, 1e300}, ystd[3], shift, scale;
+  gp_standardise(y, 3, ystd, &shift, &scale);
+  assert_true(isfinite(scale) && scale > 1e299);
+  assert_true(ystd[0] < ystd[2] && ystd[1] < ystd[2] && isfinite(ystd[2]));
+  double plain[3] = {1, 2, 4};
+  gp_standardise(plain, 3, ystd, &shift, &scale);
+  assert_true(fabs(shift - 7.0 / 3) < 1e-15 && fabs(scale - sqrt(7.0 / 3)) < 1e-15);
+  double A[4] = {INFINITY, 0, 0, 1};
+  nas_err err;
+  assert_int_equal(gp_cholesky(A, 2, NULL, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "not finite"));
+}
+
 /* Duplicate inputs with tiny noise make K singular in floating point: jitter rescues it. */
 static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
   (void)state;
@@ -386,6 +404,7 @@ static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(posterior_matches_closed_form_for_two_points),
+      cmocka_unit_test(outcomes_far_apart_keep_a_finite_scale),
       cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
       cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
       cmocka_unit_test(known_noise_weighs_each_observation_by_its_precision),

@@ -582,6 +582,31 @@ static void suggestion_goes_where_a_draw_puts_a_far_piece(void **state) {
   assert_true(far >= 4);
 }
 
+/* A reading whose standard error is too large to square (1e200) tells the models nothing,
+ * and must not make them NaN: the model's means stay finite and follow the data. */
+static void a_standard_error_too_large_to_square_leaves_the_model_finite(void **state) {
+  (void)state;
+  experiment e;
+  start(&e, "name: t\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+            "objectives: [{name: y, goal: minimize}]\ntrial: {command: [run]}\n"
+            "budget: {trials: 20}\n");
+  double sems[8];
+  observation obs[8];
+  for (size_t i = 0; i < 8; i++) {
+    e.params[i] = json_pack("{s:f}", "x", (double)i / 7);
+    e.obj[i][0] = (double)i / 7;
+    sems[i] = i == 3 ? 1e200 : 0.01;
+    obs[i] = (observation){e.params[i], e.obj[i], e.con[i], &sems[i]};
+  }
+  e.n = 8;
+  double means[8];
+  nas_err err = {{0}};
+  if (optimizer_model_means(e.s, obs, 8, means, &err) != NAS_OK) fail_msg("%s", err.msg);
+  for (size_t i = 0; i < 8; i++)
+    if (!isfinite(means[i]) || fabs(means[i] - (double)i / 7) > 0.1) fail_msg("mean %zu: %g", i, means[i]);
+  finish(&e);
+}
+
 /* Over a fixed set of seeds and 20 evaluations, gp's front dominates more hypervolume than
  * random search's on every seed. */
 static void gp_beats_random_on_branin_currin(void **state) {
@@ -622,6 +647,7 @@ int main(void) {
       cmocka_unit_test(reference_reaches_past_the_front_found_so_far),
       cmocka_unit_test(reference_reaches_a_far_piece_of_the_front),
       cmocka_unit_test(suggestion_goes_where_a_draw_puts_a_far_piece),
+      cmocka_unit_test(a_standard_error_too_large_to_square_leaves_the_model_finite),
       cmocka_unit_test(gp_beats_random_on_branin_currin),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
