@@ -43,18 +43,24 @@ static int write_inlined(FILE *f, const char *name, const char *open, const char
   return NAS_OK;
 }
 
-/* window.NAS_DATA = data; every '<' written as \u003c (JSON has '<' only inside strings),
- * so nothing in the data can close the script or open a comment. */
+/* window.NAS_DATA = JSON.parse("data"): parsed as JSON, as the served page does, not as a
+ * script's object literal, where a key "__proto__" (a metric may be named so) would set the
+ * object's prototype instead of being a key. Every '<' is written as \u003c, so nothing in
+ * the data can close the script or open a comment. */
 static int write_data(FILE *f, const json_t *data, nas_err *err) {
   char *text = json_dumps(data, JSON_COMPACT);
-  if (!text) return nas_errf(err, "out of memory");
-  fputs("<script>window.NAS_DATA = ", f);
-  for (const char *c = text; *c; c++) {
+  json_t *as_string = text ? json_string(text) : NULL;
+  char *literal = as_string ? json_dumps(as_string, JSON_ENCODE_ANY) : NULL;
+  free(text);
+  json_decref(as_string);
+  if (!literal) return nas_errf(err, "out of memory");
+  fputs("<script>window.NAS_DATA = JSON.parse(", f);
+  for (const char *c = literal; *c; c++) {
     if (*c == '<') fputs("\\u003c", f);
     else fputc(*c, f);
   }
-  fputs(";</script>\n", f);
-  free(text);
+  fputs(");</script>\n", f);
+  free(literal);
   return NAS_OK;
 }
 

@@ -360,6 +360,30 @@ static void plot_data_cannot_close_its_script(void **state) {
   free(page), free(file), free(spec);
 }
 
+/* A plot file's data is parsed as JSON, as the served page's: a metric named "__proto__"
+ * is a metric there too (as a script's object literal it set the prototype and vanished). */
+static void plot_keeps_a_metric_named_proto(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "proto.yaml",
+                          "name: proto\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"step\\\": 0, \\\"__proto__\\\": {x}}}\"; "
+                          "echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 3}\n"
+                          "optimizer: {type: random}\n");
+  run_spec(f, spec);
+  char *file = nas_asprintf("%s/proto.html", f->dir);
+  char *argv[] = {(char *)test_nas_bin(), "plot", "proto", "--storage", f->db, "--out", file,
+                  "--kind", "curves", NULL};
+  assert_int_equal(test_run(f->dir, argv, NULL), 0);
+  char *url = nas_asprintf("file://%s", file);
+  char *dom = dump_dom(f, url);
+  assert_int_equal(dom_attr(dom, "id=\"chart-curves\"", "data-curves"), 3);
+  free(dom), free(url), free(file), free(spec);
+}
+
 static void plot_refuses_bad_usage(void **state) {
   fixture *f = *state;
   char *spec = dashboard_spec(f, "dash", 1), *out;
@@ -409,6 +433,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(token_file_page_asks_for_a_token_and_draws_with_it, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
+      cmocka_unit_test_setup_teardown(plot_keeps_a_metric_named_proto, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_refuses_bad_usage, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
