@@ -224,6 +224,12 @@ static void trial_page_shows_its_parameters_metrics_and_logs(void **state) {
   expect_ready(dom, "error");
   assert_non_null(strstr(dom, "experiment 'dash' has no trial 99"));
   free(dom), free(url);
+  /* A hand-made link with a malformed %-escape: an error shown, not "Loading…" for ever. */
+  url = page_url(&s, "#/e/%zz");
+  dom = dump_dom(s.f, url);
+  expect_ready(dom, "error");
+  assert_non_null(strstr(dom, "%zz"));
+  free(dom), free(url);
   assert_int_equal(test_server_stop(&s.srv), 0);
 }
 

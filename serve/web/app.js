@@ -80,10 +80,19 @@
    * it is moved into sessionStorage and taken out of the address bar (and so out of the
    * tab's history) before anything is asked for. Fragments never reach a server. */
   const TOKEN_KEY = "nas-token";
+  /* A part of the address as its text; a malformed %-escape (a hand-made link) as written,
+   * rather than an exception that would leave the page on "Loading…". */
+  function decoded(text) {
+    try {
+      return decodeURIComponent(text);
+    } catch (e) {
+      return text;
+    }
+  }
   function takeTokenFromFragment() {
     const hash = location.hash, at = hash.search(/(^#|\?)token=/);
     if (at < 0) return;
-    const token = decodeURIComponent(hash.slice(hash.indexOf("token=", at) + 6)).trim();
+    const token = decoded(hash.slice(hash.indexOf("token=", at) + 6)).trim();
     if (token) sessionStorage.setItem(TOKEN_KEY, token);
     const route = at === 0 ? "" : hash.slice(0, at);
     history.replaceState(null, "", location.pathname + location.search + route);
@@ -631,7 +640,7 @@
   }
 
   function route() {
-    const parts = location.hash.replace(/^#\/?/, "").split("/").map(decodeURIComponent);
+    const parts = location.hash.replace(/^#\/?/, "").split("/").map(decoded);
     if (document.body) document.body.dataset.ready = "";
     if (inlined) {
       if (inlined.page === "compare") return show(async () => inlined.compare, comparePage, "compare");
