@@ -427,7 +427,7 @@ static tr_module *mlp(tr_ctx *ctx) {
   tr_sequential_add(ctx, m, tr_linear_new(ctx, 12, 16, true));
   tr_sequential_add(ctx, m, tr_layernorm_new(ctx, 16));
   tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_GELU));
-  tr_sequential_add(ctx, m, tr_linear_new(ctx, 16, 5, true));
+  tr_sequential_add(ctx, m, tr_linear_new(ctx, 16, 6, true)); /* kLabels' 6 classes */
   return m;
 }
 
@@ -438,7 +438,7 @@ static tr_module *cnn(tr_ctx *ctx) {
   tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_RELU));
   tr_sequential_add(ctx, m, tr_pool_new(ctx, TR_MAXPOOL2D, 2));
   tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
-  tr_sequential_add(ctx, m, tr_linear_new(ctx, 4 * 3 * 3, 5, true));
+  tr_sequential_add(ctx, m, tr_linear_new(ctx, 4 * 3 * 3, 6, true)); /* kLabels' 6 classes */
   return m;
 }
 
@@ -454,6 +454,7 @@ static void train(tr_ctx *ctx, tr_module *m, tr_device device, const tr_optim_co
     tr_tensor *logits = tr_module_forward(ctx, m, xd);
     if (!logits) fail_msg("forward: %s", ctx->err.msg);
     tr_tensor *loss = tr_cross_entropy(ctx, logits, kLabels);
+    if (!loss) fail_msg("loss: %s", ctx->err.msg);
     tr_optim_zero_grad(opt);
     if (tr_backward(ctx, loss, NULL, false)) fail_msg("backward: %s", ctx->err.msg);
     if (clip) tr_clip_grad_norm(ps.items, ps.n, 0.5);

@@ -148,7 +148,8 @@ void tn_split_at(const tr_tensor *t, int dim, int64_t *outer, int64_t *n, int64_
 /* Checks that all tensors share dtype (op names the caller in errors). */
 int tn_check_dtypes(tr_ctx *ctx, const char *op, int n, tr_tensor *const *ts);
 tr_meta tn_meta(const tr_tensor *t);
-/* Reshape as a view of a contiguous tensor (no history). */
+/* A contiguous view of shape at t's offset (no history): a reshape of t, or its first
+ * elements when shape holds fewer. */
 tr_tensor *tn_view(tr_ctx *ctx, const tr_tensor *t, int ndim, const int64_t *shape);
 
 /* Fills t with value and bumps its version, with no grad-mode check (internal writes). */

@@ -141,7 +141,6 @@ static tr_tensor *grads_attach(tr_ctx *ctx, const tr_fsdp *f, fsdp_unit *u) {
       return NULL;
     }
     p->grad->offset = p->offset;
-    p->grad->numel = p->numel;
   }
   return grad_full;
 }
