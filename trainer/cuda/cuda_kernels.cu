@@ -27,6 +27,27 @@ constexpr int64_t kMaxBlocks = 65535;
   for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                        \
        i += (int64_t)gridDim.x * blockDim.x)
 
+/* The kernels that split a flat index into coordinates (convolution and pooling layouts)
+ * take the index type I as a template parameter: int32_t where every index of the call is
+ * below kIndex32, else int64_t. The GPU emulates 64-bit division in dozens of instructions,
+ * and those kernels do several per element; the bound leaves room for a grid stride past
+ * the last index. */
+constexpr int64_t kIndex32 = INT64_C(1) << 30;
+
+#define GRID_LOOP_I(I, i, n)                                                                       \
+  for (I i = (I)(blockIdx.x * blockDim.x + threadIdx.x); i < (I)(n);                               \
+       i += (I)(gridDim.x * blockDim.x))
+
+/* tck_conv_geom in index type I. */
+template <class I> struct geom_i {
+  I n, c, h, w, kh, kw, stride, pad, oh, ow;
+};
+
+template <class I> geom_i<I> geom_as(const tck_conv_geom &g) {
+  return {(I)g.n,  (I)g.c,      (I)g.h,   (I)g.w,  (I)g.kh,
+          (I)g.kw, (I)g.stride, (I)g.pad, (I)g.oh, (I)g.ow};
+}
+
 unsigned blocks_for(int64_t n) {
   int64_t b = (n + kThreads - 1) / kThreads;
   return (unsigned)(b < 1 ? 1 : b > kMaxBlocks ? kMaxBlocks : b);
@@ -254,14 +275,36 @@ tck_status binary_t(tck_stream s, int op, const void *a, const tck_layout *al, c
 /* ---------------------------------------------------------------- reductions, softmax */
 
 /* inner == 1: one block per row of n. */
-template <class T>
-__global__ void sum_rows_k(const T *x, T *out, int64_t outer, int64_t n, double scale) {
+template <class In, class Out>
+__global__ void sum_rows_k(const In *x, Out *out, int64_t outer, int64_t n, double scale) {
   for (int64_t o = blockIdx.x; o < outer; o += gridDim.x) {
     double acc = 0;
     for (int64_t j = threadIdx.x; j < n; j += blockDim.x) acc += to_d(x[o * n + j]);
     acc = block_sum(acc);
-    if (threadIdx.x == 0) out[o] = (T)(acc * scale);
+    if (threadIdx.x == 0) out[o] = (Out)(acc * scale);
   }
+}
+
+/* Fewer outputs than kFewOutputs cannot fill the device one block or one thread each (a
+ * convolution's bias gradient: 16 sums of 700 000), so each output's n elements are cut into
+ * chunks of kChunk, one block each (sum_chunks_k); with several chunks the blocks write their
+ * sums to a scratch of doubles that one block per output then adds up in order (sum_rows_k). */
+constexpr int64_t kFewOutputs = 1024, kChunk = 4096;
+
+/* Chunks per output for the few-outputs path; 0 where the other kernels serve. */
+int64_t sum_chunks(int64_t outer, int64_t n, int64_t inner) {
+  return outer * inner < kFewOutputs && n >= kThreads ? (n + kChunk - 1) / kChunk : 0;
+}
+
+/* Block (c, k): dst[k * gridDim.x + c] = scale * the sum of chunk c of output k = (o, i). */
+template <class T, class Out>
+__global__ void sum_chunks_k(const T *x, Out *dst, int64_t n, int64_t inner, double scale) {
+  int64_t k = blockIdx.y, c = blockIdx.x, end = (c + 1) * kChunk < n ? (c + 1) * kChunk : n;
+  const T *src = x + (k / inner) * n * inner + k % inner;
+  double acc = 0;
+  for (int64_t j = c * kChunk + threadIdx.x; j < end; j += blockDim.x) acc += to_d(src[j * inner]);
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) dst[k * gridDim.x + c] = (Out)(acc * scale);
 }
 
 /* inner > 1: one thread per output (o, i), summing down the column. */
@@ -279,11 +322,21 @@ __global__ void sum_cols_k(const T *x, T *out, int64_t outer, int64_t n, int64_t
 
 template <class T>
 tck_status sum_axis_t(tck_stream s, const void *xv, void *outv, int64_t outer, int64_t n,
-                      int64_t inner, double scale) {
+                      int64_t inner, double scale, double *scratch) {
   const T *x = static_cast<const T *>(xv);
   T *out = static_cast<T *>(outv);
-  if (inner == 1)
-    sum_rows_k<T><<<groups_for(outer), kThreads, 0, stream_of(s)>>>(x, out, outer, n, scale);
+  int64_t outputs = outer * inner, chunks = sum_chunks(outer, n, inner);
+  if (chunks == 1) {
+    sum_chunks_k<T, T><<<dim3(1, (unsigned)outputs), kThreads, 0, stream_of(s)>>>(x, out, n, inner,
+                                                                                 scale);
+  } else if (chunks > 1) {
+    if (!scratch) return "sum: no scratch for the chunked sum (tck_sum_scratch)";
+    sum_chunks_k<T, double><<<dim3((unsigned)chunks, (unsigned)outputs), kThreads, 0,
+                              stream_of(s)>>>(x, scratch, n, inner, 1.0);
+    sum_rows_k<double, T>
+        <<<groups_for(outputs), kThreads, 0, stream_of(s)>>>(scratch, out, outputs, chunks, scale);
+  } else if (inner == 1)
+    sum_rows_k<T, T><<<groups_for(outer), kThreads, 0, stream_of(s)>>>(x, out, outer, n, scale);
   else
     sum_cols_k<T>
         <<<blocks_for(outer * inner), kThreads, 0, stream_of(s)>>>(x, out, outer, n, inner, scale);
@@ -608,62 +661,83 @@ tck_status bn_bwd_t(tck_stream s, const void *x, const void *w, const void *dy, 
 
 /* ---------------------------------------------------------------- convolution */
 
-/* col row (c, kh, kw), column (n, oh, ow) = x[n, c, oh*stride - pad + kh, ...] or 0. */
-template <class T> __global__ void im2col_k(const T *x, T *col, tck_conv_geom g) {
-  int64_t p = g.oh * g.ow, cols = g.n * p, total = g.c * g.kh * g.kw * cols;
-  GRID_LOOP(k, total) {
-    int64_t row = k / cols, colm = k % cols;
-    int64_t c = row / (g.kh * g.kw), kh = row / g.kw % g.kh, kw = row % g.kw;
-    int64_t n = colm / p, oh = colm % p / g.ow, ow = colm % g.ow;
-    int64_t ih = oh * g.stride - g.pad + kh, iw = ow * g.stride - g.pad + kw;
-    bool inside = ih >= 0 && ih < g.h && iw >= 0 && iw < g.w;
-    col[k] = inside ? x[((n * g.c + c) * g.h + ih) * g.w + iw] : (T)0;
+/* col row (c, kh, kw), column (n, oh, ow) = x[n, c, oh*stride - pad + kh, ...] or 0.
+ * One thread per column walks the rows of its column, so its only divisions are the two
+ * that find (n, oh, ow); neighbouring threads write neighbouring columns of each row. */
+template <class T, class I> __global__ void im2col_k(const T *x, T *col, geom_i<I> g) {
+  I p = g.oh * g.ow, cols = g.n * p, plane = g.h * g.w;
+  GRID_LOOP_I(I, k, cols) {
+    I n = k / p, at = k - n * p, oh = at / g.ow, ow = at - oh * g.ow;
+    I ih0 = oh * g.stride - g.pad, iw0 = ow * g.stride - g.pad;
+    const T *img = x + n * g.c * plane;
+    T *dst = col + k;
+    for (I c = 0; c < g.c; c++, img += plane)
+      for (I ih = ih0; ih < ih0 + g.kh; ih++) {
+        bool row_inside = ih >= 0 && ih < g.h;
+        for (I iw = iw0; iw < iw0 + g.kw; iw++, dst += cols)
+          *dst = row_inside && iw >= 0 && iw < g.w ? img[ih * g.w + iw] : (T)0;
+      }
   }
 }
 
 /* Gather form of col2im: each input pixel sums the columns that read it (no atomics, so
- * the order is fixed). */
-template <class T> __global__ void col2im_k(const T *col, T *dx, tck_conv_geom g) {
-  int64_t p = g.oh * g.ow, cols = g.n * p, total = g.n * g.c * g.h * g.w;
-  GRID_LOOP(k, total) {
-    int64_t iw = k % g.w, ih = k / g.w % g.h, c = k / (g.w * g.h) % g.c, n = k / (g.w * g.h * g.c);
+ * the order is fixed). The kernel rows that reach row ih are kh = (ih + pad) mod stride,
+ * then every stride further, from output rows oh = (ih + pad - kh) / stride falling by
+ * one each step (the same for columns): no division inside the loops. */
+template <class T, class I> __global__ void col2im_k(const T *col, T *dx, geom_i<I> g) {
+  I p = g.oh * g.ow, cols = g.n * p, total = g.n * g.c * g.h * g.w;
+  GRID_LOOP_I(I, k, total) {
+    I rows = k / g.w, iw = k - rows * g.w, planes = rows / g.h, ih = rows - planes * g.h;
+    I n = planes / g.c, c = planes - n * g.c;
+    I ihp = ih + g.pad, iwp = iw + g.pad;
+    const T *src = col + n * p;
     T acc = 0;
-    for (int64_t kh = 0; kh < g.kh; kh++) {
-      int64_t oh_s = ih + g.pad - kh;
-      if (oh_s < 0 || oh_s % g.stride || oh_s / g.stride >= g.oh) continue;
-      for (int64_t kw = 0; kw < g.kw; kw++) {
-        int64_t ow_s = iw + g.pad - kw;
-        if (ow_s < 0 || ow_s % g.stride || ow_s / g.stride >= g.ow) continue;
-        int64_t row = (c * g.kh + kh) * g.kw + kw;
-        acc += col[row * cols + n * p + (oh_s / g.stride) * g.ow + ow_s / g.stride];
+    for (I kh = ihp % g.stride, oh = ihp / g.stride; kh < g.kh && oh >= 0; kh += g.stride, oh--) {
+      if (oh >= g.oh) continue;
+      for (I kw = iwp % g.stride, ow = iwp / g.stride; kw < g.kw && ow >= 0;
+           kw += g.stride, ow--) {
+        if (ow >= g.ow) continue;
+        I row = (c * g.kh + kh) * g.kw + kw;
+        acc += src[row * cols + oh * g.ow + ow];
       }
     }
     dx[k] = acc;
   }
 }
 
-template <class T>
-__global__ void to_nop_k(const T *yo, const T *b, T *y, int64_t n, int64_t o, int64_t p) {
-  GRID_LOOP(k, n * o * p) {
-    int64_t j = k % p, oc = k / p % o, img = k / (p * o);
+template <class T, class I>
+__global__ void to_nop_k(const T *yo, const T *b, T *y, I n, I o, I p) {
+  GRID_LOOP_I(I, k, n * o * p) {
+    I rows = k / p, j = k - rows * p, img = rows / o, oc = rows - img * o;
     y[k] = yo[(oc * n + img) * p + j] + (b ? b[oc] : (T)0);
   }
 }
 
-template <class T>
-__global__ void from_nop_k(const T *dy, T *dyo, int64_t n, int64_t o, int64_t p) {
-  GRID_LOOP(k, n * o * p) {
-    int64_t j = k % p, img = k / p % n, oc = k / (p * n);
+template <class T, class I> __global__ void from_nop_k(const T *dy, T *dyo, I n, I o, I p) {
+  GRID_LOOP_I(I, k, n * o * p) {
+    I rows = k / p, j = k - rows * p, oc = rows / n, img = rows - oc * n;
     dyo[k] = dy[(img * o + oc) * p + j];
   }
 }
 
+/* Whether every index of a convolution of g (its input, output and columns) fits int32_t. */
+bool conv_fits_i32(const tck_conv_geom *g) {
+  return g->n * g->c * g->h * g->w < kIndex32 &&
+         g->c * g->kh * g->kw * g->n * g->oh * g->ow < kIndex32;
+}
+
 template <class T>
 tck_status im2col_t(tck_stream s, const void *x, void *col, const tck_conv_geom *g) {
-  int64_t total = g->c * g->kh * g->kw * g->n * g->oh * g->ow;
-  if (total == 0) return nullptr;
-  im2col_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(static_cast<const T *>(x),
-                                                                static_cast<T *>(col), *g);
+  int64_t cols = g->n * g->oh * g->ow;
+  if (cols == 0 || g->c * g->kh * g->kw == 0) return nullptr;
+  const T *src = static_cast<const T *>(x);
+  T *dst = static_cast<T *>(col);
+  if (conv_fits_i32(g))
+    im2col_k<T, int32_t>
+        <<<blocks_for(cols), kThreads, 0, stream_of(s)>>>(src, dst, geom_as<int32_t>(*g));
+  else
+    im2col_k<T, int64_t>
+        <<<blocks_for(cols), kThreads, 0, stream_of(s)>>>(src, dst, geom_as<int64_t>(*g));
   return launched();
 }
 
@@ -671,40 +745,58 @@ template <class T>
 tck_status col2im_t(tck_stream s, const void *col, void *dx, const tck_conv_geom *g) {
   int64_t total = g->n * g->c * g->h * g->w;
   if (total == 0) return nullptr;
-  col2im_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(static_cast<const T *>(col),
-                                                                static_cast<T *>(dx), *g);
+  const T *src = static_cast<const T *>(col);
+  T *dst = static_cast<T *>(dx);
+  if (conv_fits_i32(g))
+    col2im_k<T, int32_t>
+        <<<blocks_for(total), kThreads, 0, stream_of(s)>>>(src, dst, geom_as<int32_t>(*g));
+  else
+    col2im_k<T, int64_t>
+        <<<blocks_for(total), kThreads, 0, stream_of(s)>>>(src, dst, geom_as<int64_t>(*g));
   return launched();
 }
 
 template <class T>
 tck_status to_nop_t(tck_stream s, const void *yo, const void *b, void *y, int64_t n, int64_t o,
                     int64_t p) {
-  to_nop_k<T><<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(
-      static_cast<const T *>(yo), static_cast<const T *>(b), static_cast<T *>(y), n, o, p);
+  const T *src = static_cast<const T *>(yo), *bias = static_cast<const T *>(b);
+  T *dst = static_cast<T *>(y);
+  if (n * o * p < kIndex32)
+    to_nop_k<T, int32_t><<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(
+        src, bias, dst, (int32_t)n, (int32_t)o, (int32_t)p);
+  else
+    to_nop_k<T, int64_t>
+        <<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(src, bias, dst, n, o, p);
   return launched();
 }
 
 template <class T>
 tck_status from_nop_t(tck_stream s, const void *dy, void *dyo, int64_t n, int64_t o, int64_t p) {
-  from_nop_k<T><<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(
-      static_cast<const T *>(dy), static_cast<T *>(dyo), n, o, p);
+  const T *src = static_cast<const T *>(dy);
+  T *dst = static_cast<T *>(dyo);
+  if (n * o * p < kIndex32)
+    from_nop_k<T, int32_t><<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(
+        src, dst, (int32_t)n, (int32_t)o, (int32_t)p);
+  else
+    from_nop_k<T, int64_t>
+        <<<blocks_for(n * o * p), kThreads, 0, stream_of(s)>>>(src, dst, n, o, p);
   return launched();
 }
 
 /* ---------------------------------------------------------------- pooling */
 
 /* One thread per output; ties go to the first in row-major window order (as the CPU). */
-template <class T>
-__global__ void pool_fwd_k(const T *x, T *y, int32_t *argmax, tck_conv_geom g, bool is_max) {
-  int64_t per = g.oh * g.ow;
-  GRID_LOOP(k, g.n * g.c * per) {
-    int64_t plane = k / per, oh = k % per / g.ow, ow = k % g.ow;
+template <class T, class I>
+__global__ void pool_fwd_k(const T *x, T *y, int32_t *argmax, geom_i<I> g, bool is_max) {
+  I per = g.oh * g.ow;
+  GRID_LOOP_I(I, k, g.n * g.c * per) {
+    I plane = k / per, oh = k % per / g.ow, ow = k % g.ow;
     const T *src = x + plane * g.h * g.w;
-    int64_t best = (oh * g.stride) * g.w + ow * g.stride;
+    I best = (oh * g.stride) * g.w + ow * g.stride;
     T acc = is_max ? src[best] : (T)0;
-    for (int64_t kh = 0; kh < g.kh; kh++)
-      for (int64_t kw = 0; kw < g.kw; kw++) {
-        int64_t idx = (oh * g.stride + kh) * g.w + ow * g.stride + kw;
+    for (I kh = 0; kh < g.kh; kh++)
+      for (I kw = 0; kw < g.kw; kw++) {
+        I idx = (oh * g.stride + kh) * g.w + ow * g.stride + kw;
         if (!is_max) {
           acc += src[idx];
         } else if (src[idx] > acc) {
@@ -718,21 +810,20 @@ __global__ void pool_fwd_k(const T *x, T *y, int32_t *argmax, tck_conv_geom g, b
 }
 
 /* Gather form: each input pixel sums the outputs whose window covers it. */
-template <class T>
-__global__ void pool_bwd_k(const T *dy, T *dx, const int32_t *argmax, tck_conv_geom g,
-                           bool is_max) {
-  int64_t per = g.oh * g.ow, hw = g.h * g.w;
+template <class T, class I>
+__global__ void pool_bwd_k(const T *dy, T *dx, const int32_t *argmax, geom_i<I> g, bool is_max) {
+  I per = g.oh * g.ow, hw = g.h * g.w;
   T inv = 1 / (T)(g.kh * g.kw);
-  GRID_LOOP(k, g.n * g.c * hw) {
-    int64_t plane = k / hw, idx = k % hw, ih = idx / g.w, iw = idx % g.w;
-    int64_t oh_lo = ih - g.kh + 1 > 0 ? (ih - g.kh + 1 + g.stride - 1) / g.stride : 0;
-    int64_t ow_lo = iw - g.kw + 1 > 0 ? (iw - g.kw + 1 + g.stride - 1) / g.stride : 0;
-    int64_t oh_hi = ih / g.stride < g.oh - 1 ? ih / g.stride : g.oh - 1;
-    int64_t ow_hi = iw / g.stride < g.ow - 1 ? iw / g.stride : g.ow - 1;
+  GRID_LOOP_I(I, k, g.n * g.c * hw) {
+    I plane = k / hw, idx = k % hw, ih = idx / g.w, iw = idx % g.w;
+    I oh_lo = ih - g.kh + 1 > 0 ? (ih - g.kh + 1 + g.stride - 1) / g.stride : 0;
+    I ow_lo = iw - g.kw + 1 > 0 ? (iw - g.kw + 1 + g.stride - 1) / g.stride : 0;
+    I oh_hi = ih / g.stride < g.oh - 1 ? ih / g.stride : g.oh - 1;
+    I ow_hi = iw / g.stride < g.ow - 1 ? iw / g.stride : g.ow - 1;
     T acc = 0;
-    for (int64_t oh = oh_lo; oh <= oh_hi; oh++)
-      for (int64_t ow = ow_lo; ow <= ow_hi; ow++) {
-        int64_t o = plane * per + oh * g.ow + ow;
+    for (I oh = oh_lo; oh <= oh_hi; oh++)
+      for (I ow = ow_lo; ow <= ow_hi; ow++) {
+        I o = plane * per + oh * g.ow + ow;
         if (!is_max)
           acc += dy[o] * inv;
         else if (argmax[o] == idx)
@@ -742,13 +833,24 @@ __global__ void pool_bwd_k(const T *dy, T *dx, const int32_t *argmax, tck_conv_g
   }
 }
 
+/* Whether every index of a pooling of g (input and output) fits int32_t. */
+bool pool_fits_i32(const tck_conv_geom *g) {
+  return g->n * g->c * g->h * g->w < kIndex32 && g->n * g->c * g->oh * g->ow < kIndex32;
+}
+
 template <class T>
 tck_status pool_fwd_t(tck_stream s, const void *x, void *y, int32_t *argmax, const tck_conv_geom *g,
                       bool is_max) {
   int64_t total = g->n * g->c * g->oh * g->ow;
   if (total == 0) return nullptr;
-  pool_fwd_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
-      static_cast<const T *>(x), static_cast<T *>(y), argmax, *g, is_max);
+  const T *src = static_cast<const T *>(x);
+  T *dst = static_cast<T *>(y);
+  if (pool_fits_i32(g))
+    pool_fwd_k<T, int32_t><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
+        src, dst, argmax, geom_as<int32_t>(*g), is_max);
+  else
+    pool_fwd_k<T, int64_t><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
+        src, dst, argmax, geom_as<int64_t>(*g), is_max);
   return launched();
 }
 
@@ -757,8 +859,14 @@ tck_status pool_bwd_t(tck_stream s, const void *dy, void *dx, const int32_t *arg
                       const tck_conv_geom *g, bool is_max) {
   int64_t total = g->n * g->c * g->h * g->w;
   if (total == 0) return nullptr;
-  pool_bwd_k<T><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
-      static_cast<const T *>(dy), static_cast<T *>(dx), argmax, *g, is_max);
+  const T *src = static_cast<const T *>(dy);
+  T *dst = static_cast<T *>(dx);
+  if (pool_fits_i32(g))
+    pool_bwd_k<T, int32_t><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
+        src, dst, argmax, geom_as<int32_t>(*g), is_max);
+  else
+    pool_bwd_k<T, int64_t><<<blocks_for(total), kThreads, 0, stream_of(s)>>>(
+        src, dst, argmax, geom_as<int64_t>(*g), is_max);
   return launched();
 }
 
@@ -924,10 +1032,15 @@ extern "C" tck_status tck_binary(tck_stream s, int dtype, int op, const void *a,
   return FD(dtype, binary_t, s, op, a, al, b, bl, out, n);
 }
 
+extern "C" int64_t tck_sum_scratch(int64_t outer, int64_t n, int64_t inner) {
+  int64_t chunks = sum_chunks(outer, n, inner);
+  return chunks > 1 ? outer * inner * chunks : 0;
+}
+
 extern "C" tck_status tck_sum_axis(tck_stream s, int dtype, const void *x, void *out, int64_t outer,
-                                   int64_t n, int64_t inner, double scale) {
+                                   int64_t n, int64_t inner, double scale, double *scratch) {
   BEGIN(s, outer * inner);
-  return FD(dtype, sum_axis_t, s, x, out, outer, n, inner, scale);
+  return FD(dtype, sum_axis_t, s, x, out, outer, n, inner, scale, scratch);
 }
 
 extern "C" tck_status tck_softmax_fwd(tck_stream s, int dtype, const void *x, void *y,

@@ -102,9 +102,12 @@ tck_status tck_unary_bwd(tck_stream s, int dtype, int op, const void *saved, con
 tck_status tck_binary(tck_stream s, int dtype, int op, const void *a, const tck_layout *al,
                       const void *b, const tck_layout *bl, void *out, const tck_layout *ol);
 
-/* Reductions on contiguous x seen as (outer, n, inner): out[o, i] = scale sum_j x[o, j, i]. */
+/* Reductions on contiguous x seen as (outer, n, inner): out[o, i] = scale sum_j x[o, j, i].
+ * scratch: tck_sum_scratch(outer, n, inner) doubles of device memory (NULL when that is 0),
+ * free for reuse once the sum's work on s is done. */
+int64_t tck_sum_scratch(int64_t outer, int64_t n, int64_t inner);
 tck_status tck_sum_axis(tck_stream s, int dtype, const void *x, void *out, int64_t outer, int64_t n,
-                        int64_t inner, double scale);
+                        int64_t inner, double scale, double *scratch);
 tck_status tck_softmax_fwd(tck_stream s, int dtype, const void *x, void *y, int64_t outer,
                            int64_t n, int64_t inner, bool log_out);
 tck_status tck_softmax_bwd(tck_stream s, int dtype, const void *y, const void *dy, void *dx,

@@ -41,9 +41,16 @@ int tc_unary_bwd(tr_ctx *ctx, const char *name, int op, const tr_tensor *saved,
 
 int tc_sum_axis(tr_ctx *ctx, const tr_tensor *x, tr_tensor *out, int64_t outer, int64_t n,
                 int64_t inner, double scale) {
-  return tc_ok(ctx, "sum",
-               tck_sum_axis(tc_stream(ctx), (int)x->dtype, tr_data(x), tr_data(out), outer, n,
-                            inner, scale));
+  int64_t parts = tck_sum_scratch(outer, n, inner);
+  tr_tensor *scratch = parts ? tc_empty(ctx, TR_F64, 1, &parts) : NULL;
+  if (parts && !scratch) return NAS_ERR;
+  /* released at once: the allocator hands the block out again only to later work on the
+   * same stream, which runs after this sum */
+  int rc = tc_ok(ctx, "sum",
+                 tck_sum_axis(tc_stream(ctx), (int)x->dtype, tr_data(x), tr_data(out), outer, n,
+                              inner, scale, scratch ? tr_f64(scratch) : NULL));
+  tr_release(scratch);
+  return rc;
 }
 
 int tc_softmax_fwd(tr_ctx *ctx, const tr_tensor *x, tr_tensor *y, int64_t outer, int64_t n,
