@@ -45,7 +45,7 @@ TEST_BIN := $(TEST_SRC:tests/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard bench/*.c)
 BENCH_BIN := $(BENCH_SRC:bench/%.c=$(BUILD)/bench/%)
 
-.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench bench-nas-fashion clean install uninstall deb
+.PHONY: all deps deps-test deps-fuzz test asan fuzz demo bench bench-nas-fashion bench-engine-gpu clean install uninstall deb
 all: $(BIN)/nas $(EX_BIN)
 
 deps:
@@ -156,6 +156,10 @@ bench: all $(BENCH_BIN)
 # The built-in NAS on full Fashion-MNIST (issue 19): bench/nas_fashion.sh, knobs there.
 bench-nas-fashion: all
 	BUILD=$(BUILD) bench/nas_fashion.sh
+
+# The engine against PyTorch eager on CUDA device 0 (issue 21): bench/engine_gpu.sh, knobs there.
+bench-engine-gpu: all $(BUILD)/bench/bench_engine
+	BUILD=$(BUILD) bench/engine_gpu.sh
 
 # bench-NAME runs bench/NAME.sh when there is one, else the binary built from bench/bench_NAME.c.
 bench-%: all $(BENCH_BIN)

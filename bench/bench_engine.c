@@ -1,13 +1,19 @@
-/* bench_engine: the engine's speed on the CPU, per BENCH.md section 2. Prints "key value"
- * lines that bench/engine.sh sets beside PyTorch's (bench/engine_torch.py) in one table.
+/* bench_engine: the engine's speed, per BENCH.md section 2. Prints "key value" lines that
+ * bench/engine.sh (CPU) and bench/engine_gpu.sh (`--device cuda`) set beside PyTorch's
+ * (bench/engine_torch.py) in one table.
  *
- * Measured: training samples/s at batch 128 (MLP 784-256-128-10 and the small CNN, ReLU,
- * cross-entropy, SGD momentum 0.9, random inputs of Fashion-MNIST's shape, a fixed number
- * of steps after warm-up); batch-1 inference latency p50/p99 over 1000 runs after warm-up
+ * Measured: training samples/s at batch 128 or `--batch N` (MLP 784-256-128-10 and the small
+ * CNN, ReLU, cross-entropy, SGD momentum 0.9, random inputs of Fashion-MNIST's shape, a fixed
+ * number of steps after warm-up); batch-1 inference latency p50/p99 over 1000 runs after warm-up
  * (evaluation mode, no graph); sgemm 1024^3 through tr_matmul and through cblas_sgemm; the
  * cross-core round trip at the start and at the end.
  * Thread counts come from the environment (OMP_NUM_THREADS, OPENBLAS_NUM_THREADS), and
- * `--pool N` gives the context the engine's own pool of N threads (tr_threadpool). */
+ * `--pool N` gives the context the engine's own pool of N threads (tr_threadpool).
+ * `--device cuda` runs the models on CUDA device 0 (inputs copied there once, labels from the
+ * host each step as the engine's cross-entropy takes them); every timed span ends with
+ * tr_cuda_sync, so it counts the device's work, not its queueing. The CPU-only lines (OpenBLAS,
+ * cross-core round trip) are left out there and sgemm is 4096^3 on the device. `--model mlp` or
+ * `--model cnn` measures that model's training alone (a short run for a profiler). */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -18,7 +24,14 @@
 
 #include "trainer/trainer.h"
 
-#define BATCH 128
+/* What a run measures, from the command line. */
+typedef struct {
+  bool quick;  /* a few steps of each: a smoke test of the benchmark itself */
+  int pool;    /* threads of the engine's own pool; 0: none */
+  int batch;   /* training batch */
+  bool cuda;   /* on CUDA device 0 instead of the CPU */
+  const char *model; /* "mlp" or "cnn" alone (training only, for profilers); NULL: everything */
+} bench_opts;
 
 static void die(const char *what, const tr_ctx *ctx) {
   fprintf(stderr, "bench_engine: %s: %s\n", what, ctx->err.msg);
@@ -65,6 +78,20 @@ static void train_step(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_tensor *x,
   tr_release(logits);
 }
 
+/* Waits for the device's queued work (nothing to wait for on the CPU). */
+static void wait_device(tr_ctx *ctx) {
+  if (ctx->cuda && tr_cuda_sync(ctx->cuda, &ctx->err)) die("device", ctx);
+}
+
+/* x on the device the context computes on (ctx->cuda, else the CPU); x's reference moves. */
+static tr_tensor *onto_device(tr_ctx *ctx, tr_tensor *x) {
+  if (!x || !ctx->cuda) return x;
+  tr_tensor *moved = tr_to_device(ctx, x, TR_DEVICE_CUDA(tr_cuda_device(ctx->cuda)));
+  if (!moved) die("to device", ctx);
+  tr_release(x);
+  return moved;
+}
+
 /* CPU seconds this process has used (all threads). */
 static double cpu_seconds(void) {
   struct timespec ts;
@@ -74,19 +101,27 @@ static double cpu_seconds(void) {
 
 /* Samples per wall second; *per_cpu gets samples per CPU second, which a busy shared
  * machine disturbs much less (a process that waits for a core uses no CPU meanwhile). */
-static double train_rate(tr_ctx *ctx, tr_module *m, int warmup, int steps, double *per_cpu) {
-  tr_tensor *x = tr_randn(ctx, TR_F32, 4, (int64_t[]){BATCH, 1, 28, 28}, 1.0);
-  int32_t labels[BATCH];
-  for (int i = 0; i < BATCH; i++) labels[i] = (int32_t)(tr_rand_u64(ctx) % 10);
+static double train_rate(tr_ctx *ctx, tr_module *m, int batch, int warmup, int steps,
+                         double *per_cpu) {
+  tr_tensor *x = onto_device(ctx, tr_randn(ctx, TR_F32, 4, (int64_t[]){batch, 1, 28, 28}, 1.0));
+  int32_t *labels = malloc(sizeof(int32_t) * (size_t)batch);
+  if (!labels) {
+    fprintf(stderr, "bench_engine: out of memory\n");
+    exit(1);
+  }
+  for (int i = 0; i < batch; i++) labels[i] = (int32_t)(tr_rand_u64(ctx) % 10);
   tr_param_list params = {0};
   if (tr_module_parameters(m, false, &params, &ctx->err)) die("parameters", ctx);
   tr_optim *opt = tr_optim_new(ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.01, .momentum = 0.9},
                                params.items, params.n);
   for (int i = 0; i < warmup; i++) train_step(ctx, m, opt, x, labels);
+  wait_device(ctx);
   double start = nas_monotonic(), cpu_start = cpu_seconds();
   for (int i = 0; i < steps; i++) train_step(ctx, m, opt, x, labels);
-  double rate = (double)steps * BATCH / (nas_monotonic() - start);
-  *per_cpu = (double)steps * BATCH / (cpu_seconds() - cpu_start);
+  wait_device(ctx);
+  double rate = (double)steps * batch / (nas_monotonic() - start);
+  *per_cpu = (double)steps * batch / (cpu_seconds() - cpu_start);
+  free(labels);
   tr_optim_free(opt);
   tr_param_list_free(&params);
   tr_release(x);
@@ -98,11 +133,12 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Batch-1 forward latency in microseconds: p50 and p99 of runs after warm-up. */
+/* Batch-1 forward latency in microseconds (until the result is computed, on a device too):
+ * p50 and p99 of runs after warm-up. */
 static void latency(tr_ctx *ctx, tr_module *m, double *p50, double *p99) {
   enum { WARMUP = 200, RUNS = 1000 };
   static const int64_t shape[4] = {1, 1, 28, 28};
-  tr_tensor *x = tr_randn(ctx, TR_F32, 4, shape, 1.0);
+  tr_tensor *x = onto_device(ctx, tr_randn(ctx, TR_F32, 4, shape, 1.0));
   double *us = malloc(sizeof(double) * RUNS);
   tr_module_train(m, false);
   bool prev = tr_set_grad_enabled(ctx, false);
@@ -110,6 +146,7 @@ static void latency(tr_ctx *ctx, tr_module *m, double *p50, double *p99) {
     double start = nas_monotonic();
     tr_tensor *y = tr_module_forward(ctx, m, x);
     if (!y) die("inference", ctx);
+    wait_device(ctx);
     tr_release(y);
     if (i >= WARMUP) us[i - WARMUP] = (nas_monotonic() - start) * 1e6;
   }
@@ -256,44 +293,109 @@ static void sgemm_rates(tr_ctx *ctx, double *engine, double *direct) {
   tr_release(c);
 }
 
-int main(int argc, char **argv) {
-  /* --quick: a few steps of each, for a smoke test of the benchmark itself */
-  bool quick = false;
-  int pool = 0;
+/* Best GFLOP/s of tr_matmul over reps of 4096^3 on the device, each waited for. */
+static double device_sgemm_rate(tr_ctx *ctx) {
+  enum { N = 4096, REPS = 16 };
+  const int64_t shape[2] = {N, N};
+  tr_tensor *a = onto_device(ctx, tr_randn(ctx, TR_F32, 2, shape, 1.0));
+  tr_tensor *b = onto_device(ctx, tr_randn(ctx, TR_F32, 2, shape, 1.0));
+  double best = 1e9;
+  bool prev = tr_set_grad_enabled(ctx, false);
+  for (int r = 0; r < REPS; r++) {
+    double start = nas_monotonic();
+    tr_tensor *c = tr_matmul(ctx, a, b);
+    if (!c) die("matmul", ctx);
+    wait_device(ctx);
+    double took = nas_monotonic() - start;
+    tr_release(c);
+    if (took < best) best = took;
+  }
+  tr_set_grad_enabled(ctx, prev);
+  tr_release(a);
+  tr_release(b);
+  return 2.0 * N * N * N / best * 1e-9;
+}
+
+static bool parse_opts(int argc, char **argv, bench_opts *opts) {
+  *opts = (bench_opts){.batch = 128};
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--quick") == 0) {
-      quick = true;
+      opts->quick = true;
     } else if (strcmp(argv[i], "--pool") == 0 && i + 1 < argc) {
-      pool = atoi(argv[++i]);
+      opts->pool = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--batch") == 0 && i + 1 < argc && atoi(argv[i + 1]) > 0) {
+      opts->batch = atoi(argv[++i]);
+    } else if (strcmp(argv[i], "--device") == 0 && i + 1 < argc &&
+               (strcmp(argv[i + 1], "cuda") == 0 || strcmp(argv[i + 1], "cpu") == 0)) {
+      opts->cuda = strcmp(argv[++i], "cuda") == 0;
+    } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc &&
+               (strcmp(argv[i + 1], "mlp") == 0 || strcmp(argv[i + 1], "cnn") == 0)) {
+      opts->model = argv[++i];
     } else {
-      fprintf(stderr, "usage: bench_engine [--quick] [--pool THREADS]\n");
-      return 2;
+      return false;
     }
+  }
+  return true;
+}
+
+/* The CPU-only lines: OpenBLAS's thread count, the machine's two-core figures. */
+static void print_cpu_figures(void) {
+  printf("openblas_threads %d\n", openblas_get_num_threads());
+  printf("core_round_trip_ns %.0f\n", core_round_trip_ns());
+  printf("gemm_two_core_speedup %.2f\n", two_core_gemm_speedup());
+}
+
+/* Everything opts asks for, printed as "key value" lines. */
+static void measure(tr_ctx *ctx, const bench_opts *opts, tr_module *mlp, tr_module *cnn) {
+  bool quick = opts->quick;
+  double per_cpu, rate;
+  if (!opts->model || strcmp(opts->model, "mlp") == 0) {
+    rate = train_rate(ctx, mlp, opts->batch, quick ? 2 : 50, quick ? 5 : 400, &per_cpu);
+    printf("mlp_train_samples_per_s %.0f\nmlp_train_samples_per_cpu_s %.0f\n", rate, per_cpu);
+  }
+  if (!opts->model || strcmp(opts->model, "cnn") == 0) {
+    rate = train_rate(ctx, cnn, opts->batch, quick ? 1 : 10, quick ? 2 : 60, &per_cpu);
+    printf("cnn_train_samples_per_s %.0f\ncnn_train_samples_per_cpu_s %.0f\n", rate, per_cpu);
+  }
+  if (opts->model) return; /* one model's training alone */
+  double p50, p99;
+  latency(ctx, mlp, &p50, &p99);
+  printf("mlp_infer_p50_us %.2f\nmlp_infer_p99_us %.2f\n", p50, p99);
+  latency(ctx, cnn, &p50, &p99);
+  printf("cnn_infer_p50_us %.2f\ncnn_infer_p99_us %.2f\n", p50, p99);
+  if (opts->cuda) {
+    printf("sgemm_engine_gflops %.1f\n", device_sgemm_rate(ctx));
+  } else {
+    double engine, direct;
+    sgemm_rates(ctx, &engine, &direct);
+    printf("sgemm_engine_gflops %.1f\nsgemm_openblas_gflops %.1f\n", engine, direct);
+    print_cpu_figures();
+  }
+}
+
+int main(int argc, char **argv) {
+  bench_opts opts;
+  if (!parse_opts(argc, argv, &opts)) {
+    fprintf(stderr,
+            "usage: bench_engine [--quick] [--pool THREADS] [--batch N] [--device cpu|cuda] "
+            "[--model mlp|cnn]\n");
+    return 2;
   }
   tr_ctx ctx;
   tr_ctx_init(&ctx, 1);
   ctx.alloc = tr_allocator_new((size_t)1 << 30); /* reuse step buffers: see trainer.h */
-  if (pool && !(ctx.threads = tr_threadpool_new(pool, &ctx.err))) die("pool", &ctx);
-  printf("openblas_threads %d\n", openblas_get_num_threads());
-  printf("core_round_trip_ns %.0f\n", core_round_trip_ns());
-  printf("gemm_two_core_speedup %.2f\n", two_core_gemm_speedup());
+  if (opts.pool && !(ctx.threads = tr_threadpool_new(opts.pool, &ctx.err))) die("pool", &ctx);
+  if (opts.cuda && !(ctx.cuda = tr_cuda_new(0, (size_t)1 << 30, &ctx.err))) die("cuda", &ctx);
+  if (!opts.cuda) print_cpu_figures();
+  printf("batch %d\n", opts.batch);
   tr_module *mlp = mlp_new(&ctx), *cnn = cnn_new(&ctx);
-  double per_cpu, rate = train_rate(&ctx, mlp, quick ? 2 : 50, quick ? 5 : 400, &per_cpu);
-  printf("mlp_train_samples_per_s %.0f\nmlp_train_samples_per_cpu_s %.0f\n", rate, per_cpu);
-  rate = train_rate(&ctx, cnn, quick ? 1 : 10, quick ? 2 : 60, &per_cpu);
-  printf("cnn_train_samples_per_s %.0f\ncnn_train_samples_per_cpu_s %.0f\n", rate, per_cpu);
-  double p50, p99;
-  latency(&ctx, mlp, &p50, &p99);
-  printf("mlp_infer_p50_us %.2f\nmlp_infer_p99_us %.2f\n", p50, p99);
-  latency(&ctx, cnn, &p50, &p99);
-  printf("cnn_infer_p50_us %.2f\ncnn_infer_p99_us %.2f\n", p50, p99);
-  double engine, direct;
-  sgemm_rates(&ctx, &engine, &direct);
-  printf("sgemm_engine_gflops %.1f\nsgemm_openblas_gflops %.1f\n", engine, direct);
-  printf("core_round_trip_ns %.0f\n", core_round_trip_ns());
-  printf("gemm_two_core_speedup %.2f\n", two_core_gemm_speedup());
+  if (opts.cuda && (tr_module_to_device(&ctx, mlp, TR_DEVICE_CUDA(0)) ||
+                    tr_module_to_device(&ctx, cnn, TR_DEVICE_CUDA(0))))
+    die("module to device", &ctx);
+  measure(&ctx, &opts, mlp, cnn);
   tr_module_free(mlp);
   tr_module_free(cnn);
+  if (ctx.cuda) tr_cuda_free(ctx.cuda);
   tr_threadpool_free(ctx.threads);
   tr_allocator_release(ctx.alloc);
   return 0;

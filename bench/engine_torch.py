@@ -1,16 +1,18 @@
 #!/usr/bin/python3
-"""PyTorch CPU side of `make bench-engine` (BENCH.md section 2): the same models, batch sizes,
-steps and measurements as bench/bench_engine.c, printed as "key value" lines.
+"""PyTorch side of `make bench-engine` (BENCH.md section 2) and of bench/engine_gpu.sh: the same
+models, batch sizes, steps and measurements as bench/bench_engine.c, printed as "key value" lines.
 
-Usage: engine_torch.py THREADS [--quick]   (torch.set_num_threads(THREADS); OpenBLAS's own
-thread count comes from OPENBLAS_NUM_THREADS in the environment, set by bench/engine.sh)."""
-import sys
+Usage: engine_torch.py THREADS [--quick] [--batch N] [--device cpu|cuda]
+(torch.set_num_threads(THREADS); OpenBLAS's own thread count comes from OPENBLAS_NUM_THREADS in
+the environment, set by bench/engine.sh). On cuda every timed span ends with
+torch.cuda.synchronize(), as the engine's ends with tr_cuda_sync, and TF32 is off for matmuls
+(PyTorch's default) and for cuDNN's convolutions (on by default), so both sides compute in
+float32."""
+import argparse
 import time
 
 import torch
 import torch.nn as nn
-
-BATCH = 128
 
 
 def mlp():
@@ -23,9 +25,14 @@ def cnn():
                          nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 5 * 5, 10))
 
 
-def train_rate(model, warmup, steps):
-    x = torch.randn(BATCH, 1, 28, 28)
-    y = torch.randint(0, 10, (BATCH,))
+def wait(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def train_rate(model, batch, device, warmup, steps):
+    x = torch.randn(batch, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (batch,), device=device)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
 
@@ -36,21 +43,24 @@ def train_rate(model, warmup, steps):
 
     for _ in range(warmup):
         step()
+    wait(device)
     start, cpu_start = time.perf_counter(), time.process_time()
     for _ in range(steps):
         step()
-    return (steps * BATCH / (time.perf_counter() - start),
-            steps * BATCH / (time.process_time() - cpu_start))
+    wait(device)
+    return (steps * batch / (time.perf_counter() - start),
+            steps * batch / (time.process_time() - cpu_start))
 
 
-def latency(model, warmup=200, runs=1000):
-    x = torch.randn(1, 1, 28, 28)
+def latency(model, device, warmup=200, runs=1000):
+    x = torch.randn(1, 1, 28, 28, device=device)
     model.eval()
     times = []
     with torch.no_grad():
         for i in range(warmup + runs):
             start = time.perf_counter()
             model(x)
+            wait(device)
             if i >= warmup:
                 times.append((time.perf_counter() - start) * 1e6)
     model.train()
@@ -58,32 +68,43 @@ def latency(model, warmup=200, runs=1000):
     return times[runs // 2], times[runs * 99 // 100]
 
 
-def sgemm_rate(n=1024, reps=16):
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    best = min(timed(lambda: torch.mm(a, b)) for _ in range(reps))
+def sgemm_rate(device, n, reps=16):
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    best = min(timed(lambda: torch.mm(a, b), device) for _ in range(reps))
     return 2.0 * n ** 3 / best * 1e-9
 
 
-def timed(fn):
+def timed(fn, device):
     start = time.perf_counter()
     fn()
+    wait(device)
     return time.perf_counter() - start
 
 
 def main():
-    threads = int(sys.argv[1])
-    quick = "--quick" in sys.argv
-    torch.set_num_threads(threads)
+    parser = argparse.ArgumentParser()
+    parser.add_argument("threads", type=int)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    args = parser.parse_args()
+    device = torch.device(args.device)
+    torch.set_num_threads(args.threads)
     torch.manual_seed(1)
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = False
     print(f"torch_version {torch.__version__}")
-    m, c = mlp(), cnn()
+    print(f"batch {args.batch}")
+    m, c = mlp().to(device), cnn().to(device)
     for name, model, warmup, steps in (("mlp", m, 50, 400), ("cnn", c, 10, 60)):
-        rate, per_cpu = train_rate(model, 2 if quick else warmup, 5 if quick else steps)
+        rate, per_cpu = train_rate(model, args.batch, device, 2 if args.quick else warmup,
+                                   5 if args.quick else steps)
         print(f"{name}_train_samples_per_s {rate:.0f}\n{name}_train_samples_per_cpu_s {per_cpu:.0f}")
     for name, model in (("mlp", m), ("cnn", c)):
-        p50, p99 = latency(model)
+        p50, p99 = latency(model, device)
         print(f"{name}_infer_p50_us {p50:.2f}\n{name}_infer_p99_us {p99:.2f}")
-    print(f"sgemm_torch_gflops {sgemm_rate():.1f}")
+    # the engine's benchmark sizes: 1024^3 on the CPU, 4096^3 on a device
+    print(f"sgemm_torch_gflops {sgemm_rate(device, 4096 if device.type == 'cuda' else 1024):.1f}")
 
 
 if __name__ == "__main__":
