@@ -13,7 +13,8 @@
  * host each step as the engine's cross-entropy takes them); every timed span ends with
  * tr_cuda_sync, so it counts the device's work, not its queueing. The CPU-only lines (OpenBLAS,
  * cross-core round trip) are left out there and sgemm is 4096^3 on the device. `--model mlp` or
- * `--model cnn` measures that model's training alone (a short run for a profiler). */
+ * `--model cnn` measures that model's training alone (a short run for a profiler); `--model
+ * wide` the training of MLP 784-4096-4096-10 (issue 9's GPU comparison), measured only then. */
 #include <cblas.h>
 #include <pthread.h>
 #include <stdatomic.h>
@@ -30,7 +31,7 @@ typedef struct {
   int pool;    /* threads of the engine's own pool; 0: none */
   int batch;   /* training batch */
   bool cuda;   /* on CUDA device 0 instead of the CPU */
-  const char *model; /* "mlp" or "cnn" alone (training only, for profilers); NULL: everything */
+  const char *model; /* "mlp", "cnn" or "wide" alone (training only); NULL: mlp and cnn, all */
 } bench_opts;
 
 static void die(const char *what, const tr_ctx *ctx) {
@@ -50,6 +51,18 @@ static tr_module *mlp_new(tr_ctx *ctx) {
   add(ctx, m, tr_linear_new(ctx, 256, 128, true));
   add(ctx, m, tr_activation_new(ctx, TR_RELU));
   add(ctx, m, tr_linear_new(ctx, 128, 10, true));
+  return m;
+}
+
+/* The wider MLP of issue 9's GPU numbers: 784-4096-4096-10, ReLU (GEMM-bound). */
+static tr_module *wide_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
+  add(ctx, m, tr_linear_new(ctx, 784, 4096, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 4096, 4096, true));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 4096, 10, true));
   return m;
 }
 
@@ -329,7 +342,8 @@ static bool parse_opts(int argc, char **argv, bench_opts *opts) {
                (strcmp(argv[i + 1], "cuda") == 0 || strcmp(argv[i + 1], "cpu") == 0)) {
       opts->cuda = strcmp(argv[++i], "cuda") == 0;
     } else if (strcmp(argv[i], "--model") == 0 && i + 1 < argc &&
-               (strcmp(argv[i + 1], "mlp") == 0 || strcmp(argv[i + 1], "cnn") == 0)) {
+               (strcmp(argv[i + 1], "mlp") == 0 || strcmp(argv[i + 1], "cnn") == 0 ||
+                strcmp(argv[i + 1], "wide") == 0)) {
       opts->model = argv[++i];
     } else {
       return false;
@@ -357,6 +371,14 @@ static void measure(tr_ctx *ctx, const bench_opts *opts, tr_module *mlp, tr_modu
     rate = train_rate(ctx, cnn, opts->batch, quick ? 1 : 10, quick ? 2 : 60, &per_cpu);
     printf("cnn_train_samples_per_s %.0f\ncnn_train_samples_per_cpu_s %.0f\n", rate, per_cpu);
   }
+  if (opts->model && strcmp(opts->model, "wide") == 0) {
+    tr_module *wide = wide_new(ctx);
+    if (opts->cuda && tr_module_to_device(ctx, wide, TR_DEVICE_CUDA(0)))
+      die("model to device", ctx);
+    rate = train_rate(ctx, wide, opts->batch, quick ? 1 : 10, quick ? 2 : 100, &per_cpu);
+    printf("wide_train_samples_per_s %.0f\nwide_train_samples_per_cpu_s %.0f\n", rate, per_cpu);
+    tr_module_free(wide);
+  }
   if (opts->model) return; /* one model's training alone */
   double p50, p99;
   latency(ctx, mlp, &p50, &p99);
@@ -378,7 +400,7 @@ int main(int argc, char **argv) {
   if (!parse_opts(argc, argv, &opts)) {
     fprintf(stderr,
             "usage: bench_engine [--quick] [--pool THREADS] [--batch N] [--device cpu|cuda] "
-            "[--model mlp|cnn]\n");
+            "[--model mlp|cnn|wide]\n");
     return 2;
   }
   tr_ctx ctx;

@@ -11,7 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 bin=$BUILD/bench/bench_engine
-py=/usr/bin/python3
+py=${PYTHON:-/usr/bin/python3} # with PyTorch: Debian's python3-torch unless PYTHON says another
 quick=${QUICK:+--quick}
 rounds=${ROUNDS:-3}
 [ -n "$quick" ] && rounds=1

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench-engine-gpu (issue 21): the engine against PyTorch eager on CUDA device 0, in one run.
 # Runs $BUILD/bench/bench_engine --device cuda and bench/engine_torch.py --device cuda at each
-# batch of BATCHES (default "128 1024"), ROUNDS times interleaved (default 3), and prints one
-# markdown table of the best of each: training samples/s, batch-1 inference latency and a
-# 4096^3 float32 matmul, with the engine/PyTorch ratios. Both sides compute in float32 (TF32
+# batch of BATCHES (default "128 1024"), and the training of MLP 784-4096-4096-10 at batch
+# 1024 (`--model wide`), ROUNDS times interleaved (default 3), and prints one markdown table of
+# the best of each: training samples/s, batch-1 inference latency and a 4096^3 float32
+# matmul, with the engine/PyTorch ratios. Both sides compute in float32 (TF32
 # off, see engine_torch.py). PYTHON names the interpreter that has PyTorch with CUDA.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,7 +13,8 @@ bin=$BUILD/bench/bench_engine
 py=${PYTHON:-python3}
 rounds=${ROUNDS:-3}
 batches=${BATCHES:-128 1024}
-[ -x "$bin" ] || { echo "engine_gpu.sh: $bin is missing (make bench-engine builds it)" >&2; exit 1; }
+[ -x "$bin" ] || {
+  echo "engine_gpu.sh: $bin is missing (make bench-engine-gpu builds it)" >&2; exit 1; }
 "$py" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null || {
   echo "engine_gpu.sh: $py has no PyTorch with a usable CUDA device" >&2; exit 1; }
 
@@ -27,14 +29,17 @@ for _ in $(seq "$rounds"); do
     run engine "$b" "$bin" --device cuda --batch "$b"
     run torch "$b" "$py" bench/engine_torch.py 1 --device cuda --batch "$b"
   done
+  run engine 1024 "$bin" --device cuda --batch 1024 --model wide
+  run torch 1024 "$py" bench/engine_torch.py 1 --device cuda --batch 1024 --model wide
 done
 
-echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1);" \
+gpu=$(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)
+echo "device: $gpu;" \
   "host: $(nproc) cores; $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "torch: $(grep -m1 ' torch_version ' "$raw" | cut -d' ' -f4); rounds: $rounds (best of each)"
 "$py" - "$raw" <<'PY'
 import sys
-higher = ("mlp_train_samples_per_s", "cnn_train_samples_per_s")
+higher = ("mlp_train_samples_per_s", "cnn_train_samples_per_s", "wide_train_samples_per_s")
 lower = ("mlp_infer_p50_us", "mlp_infer_p99_us", "cnn_infer_p50_us", "cnn_infer_p99_us")
 best = {}  # (side, batch, key) -> best value over the rounds
 for line in open(sys.argv[1]):

@@ -2,7 +2,7 @@
 """PyTorch side of `make bench-engine` (BENCH.md section 2) and of bench/engine_gpu.sh: the same
 models, batch sizes, steps and measurements as bench/bench_engine.c, printed as "key value" lines.
 
-Usage: engine_torch.py THREADS [--quick] [--batch N] [--device cpu|cuda]
+Usage: engine_torch.py THREADS [--quick] [--batch N] [--device cpu|cuda] [--model wide]
 (torch.set_num_threads(THREADS); OpenBLAS's own thread count comes from OPENBLAS_NUM_THREADS in
 the environment, set by bench/engine.sh). On cuda every timed span ends with
 torch.cuda.synchronize(), as the engine's ends with tr_cuda_sync, and TF32 is off for matmuls
@@ -18,6 +18,11 @@ import torch.nn as nn
 def mlp():
     return nn.Sequential(nn.Flatten(), nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128),
                          nn.ReLU(), nn.Linear(128, 10))
+
+
+def wide():
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 4096), nn.ReLU(), nn.Linear(4096, 4096),
+                         nn.ReLU(), nn.Linear(4096, 10))
 
 
 def cnn():
@@ -87,6 +92,7 @@ def main():
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--model", choices=("wide",), help="that model's training alone")
     args = parser.parse_args()
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
@@ -95,6 +101,11 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = False
     print(f"torch_version {torch.__version__}")
     print(f"batch {args.batch}")
+    if args.model == "wide":
+        rate, per_cpu = train_rate(wide().to(device), args.batch, device, 1 if args.quick else 10,
+                                   2 if args.quick else 100)
+        print(f"wide_train_samples_per_s {rate:.0f}\nwide_train_samples_per_cpu_s {per_cpu:.0f}")
+        return
     m, c = mlp().to(device), cnn().to(device)
     for name, model, warmup, steps in (("mlp", m, 50, 400), ("cnn", c, 10, 60)):
         rate, per_cpu = train_rate(model, args.batch, device, 2 if args.quick else warmup,
