@@ -171,6 +171,12 @@ static tr_tensor *op_dropout(tr_ctx *c, tr_tensor *const *in) {
 static tr_tensor *op_sum_axis(tr_ctx *c, tr_tensor *const *in) {
   return tr_sum(c, in[0], 2, (int[]){0, 2}, true);
 }
+static tr_tensor *op_sum_dim0(tr_ctx *c, tr_tensor *const *in) {
+  return tr_sum(c, in[0], 1, (int[]){0}, false);
+}
+static tr_tensor *op_sum_dim1(tr_ctx *c, tr_tensor *const *in) {
+  return tr_sum(c, in[0], 1, (int[]){1}, false);
+}
 static tr_tensor *op_mean_all(tr_ctx *c, tr_tensor *const *in) {
   return tr_mean(c, in[0], 0, NULL, false);
 }
@@ -247,6 +253,12 @@ static const op_case kCases[] = {
     {"dropout", op_dropout, 1, {2}, {{16, 9}}, -1, 1},
     {"sum over axes 0 and 2", op_sum_axis, 1, {3}, {{3, 4, 5}}, -1, 1},
     {"mean of all", op_mean_all, 1, {3}, {{3, 4, 5}}, -1, 1},
+    /* few outputs over long sums: the device sums them in chunks of 4096 (one chunk, and
+     * several through a scratch), see cuda_kernels.cu */
+    {"sum of long rows, one chunk", op_sum_dim1, 1, {2}, {{4, 1000}}, -1, 1},
+    {"sum of long rows, chunked", op_sum_dim1, 1, {2}, {{3, 9000}}, -1, 1},
+    {"sum of long columns, chunked", op_sum_dim0, 1, {2}, {{9000, 5}}, -1, 1},
+    {"mean of many", op_mean_all, 1, {2}, {{300, 40}}, -1, 1},
     {"softmax dim 0", op_softmax0, 1, {3}, {{3, 4, 5}}, -2, 2},
     {"log_softmax last dim", op_log_softmax, 1, {2}, {{6, 9}}, -2, 2},
     {"matmul", op_matmul, 2, {2, 2}, {{3, 4}, {4, 5}}, -1, 1},
