@@ -4,6 +4,7 @@
 #include "tests/testutil.h"
 
 #include <math.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "trainer/trainer.h"
@@ -114,6 +115,41 @@ static void csv_loader_skips_a_header_and_reports_bad_lines(void **state) {
   path = test_write(dir, "e.csv", "1,2,0\n3,x,1\n");
   assert_int_equal(tr_csv_load(&ctx, path, -1, &ds), NAS_ERR);
   assert_non_null(strstr(ctx.err.msg, "e.csv:2"));
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* Loads path as CSV (label last) expecting an error that holds want. */
+static void csv_fails_with(const char *path, const char *want) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  int rc = tr_csv_load(&ctx, path, -1, &ds);
+  if (rc == NAS_OK) {
+    tr_dataset_free(&ds);
+    fail_msg("%s loaded; expected an error with '%s'", path, want);
+  }
+  if (!strstr(ctx.err.msg, want)) fail_msg("'%s' does not say '%s'", ctx.err.msg, want);
+}
+
+/* A gzip file flushed after the first rows and cut there: zlib gives those rows, then
+ * "unexpected end of file". */
+static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = nas_asprintf("%s/cut.csv.gz", dir);
+  gzFile f = gzopen(path, "wb");
+  assert_non_null(f);
+  const char *rows = "1,2,0\n3,4,1\n";
+  assert_int_equal(gzputs(f, rows), (int)strlen(rows));
+  assert_int_equal(gzflush(f, Z_FULL_FLUSH), Z_OK);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_true(gzputs(f, "5,6,2\n") > 0);
+  gzclose(f);
+  assert_int_equal(truncate(path, st.st_size), 0);
+  csv_fails_with(path, "unexpected end of file");
   free(path);
   test_rmtree(dir);
   free(dir);
@@ -304,6 +340,7 @@ int main(void) {
       cmocka_unit_test(idx_loader_reads_gzip_and_plain_files),
       cmocka_unit_test(fashion_mnist_test_set_loads_when_installed),
       cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
+      cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),
       cmocka_unit_test(loader_yields_each_example_once_per_epoch_then_reshuffles),

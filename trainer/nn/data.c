@@ -41,7 +41,9 @@ static int read_gz(const char *path, unsigned char **out, size_t *len, nas_err *
     }
   }
   int errnum = 0;
-  const char *msg = got < 0 ? gzerror(f, &errnum) : NULL;
+  const char *msg = gzerror(f, &errnum);
+  /* a gzip stream cut short ends the reads without failing one: zlib says Z_BUF_ERROR */
+  if (got >= 0 && errnum != Z_BUF_ERROR) msg = NULL;
   int rc = !buf  ? nas_errf(err, "%s: out of memory", path)
            : msg ? nas_errf(err, "%s: read failed: %s", path, msg)
                  : NAS_OK;
