@@ -133,6 +133,38 @@ static void csv_fails_with(const char *path, const char *want) {
   if (!strstr(ctx.err.msg, want)) fail_msg("'%s' does not say '%s'", ctx.err.msg, want);
 }
 
+/* An IDX images file whose header claims dims (3 images of whatever size they say, with
+ * 4 bytes of data) beside labels for 3 images: loading it fails naming it and saying want. */
+static void idx_fails_with(const char *dir, int ndims, const uint32_t *dims, const char *want) {
+  unsigned char images[4 + 4 * 4 + 4] = {0, 0, 8, (unsigned char)ndims};
+  for (int d = 0; d < ndims; d++)
+    for (int b = 0; b < 4; b++) images[4 + 4 * d + b] = (unsigned char)(dims[d] >> (24 - 8 * b));
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 3, 1, 0, 2};
+  char *ip = write_bytes(dir, "i", images, 4 + 4 * (size_t)ndims + 4, false);
+  char *lp = write_bytes(dir, "l", labels, sizeof labels, false);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  int rc = tr_idx_load(&ctx, ip, lp, &ds);
+  if (rc == NAS_OK) {
+    tr_dataset_free(&ds);
+    fail_msg("IDX dims loaded; expected an error with '%s'", want);
+  }
+  if (!strstr(ctx.err.msg, want) || !strstr(ctx.err.msg, ip))
+    fail_msg("'%s' does not name %s and say '%s'", ctx.err.msg, ip, want);
+  free(ip);
+  free(lp);
+}
+
+static void idx_dims_whose_product_overflows_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  /* 3 x 2^31 x 2^31 x 4 values: 3 * 2^64, which wraps to 0 in 64 bits */
+  idx_fails_with(dir, 4, (const uint32_t[]){3, 1u << 31, 1u << 31, 4}, "truncated");
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* A gzip file flushed after the first rows and cut there: zlib gives those rows, then
  * "unexpected end of file". */
 static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
@@ -340,6 +372,7 @@ int main(void) {
       cmocka_unit_test(idx_loader_reads_gzip_and_plain_files),
       cmocka_unit_test(fashion_mnist_test_set_loads_when_installed),
       cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
+      cmocka_unit_test(idx_dims_whose_product_overflows_are_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),
