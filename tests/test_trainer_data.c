@@ -165,6 +165,14 @@ static void idx_dims_whose_product_overflows_are_refused(void **state) {
   free(dir);
 }
 
+static void idx_examples_of_no_values_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  idx_fails_with(dir, 3, (const uint32_t[]){3, 0, 2}, "size 0");
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* A gzip file flushed after the first rows and cut there: zlib gives those rows, then
  * "unexpected end of file". */
 static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
@@ -373,6 +381,7 @@ int main(void) {
       cmocka_unit_test(fashion_mnist_test_set_loads_when_installed),
       cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
       cmocka_unit_test(idx_dims_whose_product_overflows_are_refused),
+      cmocka_unit_test(idx_examples_of_no_values_are_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),

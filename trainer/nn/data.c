@@ -85,6 +85,8 @@ static int idx_read(const char *path, idx_file *f, nas_err *err) {
   for (int d = 0; d < f->ndims; d++) {
     const unsigned char *q = p + 4 + 4 * d;
     f->dims[d] = (int64_t)q[0] << 24 | q[1] << 16 | q[2] << 8 | q[3];
+    if (d > 0 && f->dims[d] == 0) /* examples of no values */
+      return nas_errf(err, "%s: IDX dimension %d has size 0", path, d);
     /* never more values than the file has bytes, so the product cannot overflow */
     if (f->dims[d] > 0 && f->count > (int64_t)len / f->dims[d])
       return nas_errf(err, "%s: IDX data truncated (its dims hold more values than its %zu bytes)",
