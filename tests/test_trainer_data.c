@@ -195,6 +195,17 @@ static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
   free(dir);
 }
 
+static void csv_with_a_nul_byte_is_refused_not_cut_short(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char text[] = "1,2,0\n3,4,1\n\0\n5,6,2\n";
+  char *path = write_bytes(dir, "nul.csv", (const unsigned char *)text, sizeof text - 1, false);
+  csv_fails_with(path, "NUL byte");
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 static void digits_csv_loads_with_all_examples(void **state) {
   (void)state;
   tr_ctx ctx;
@@ -383,6 +394,7 @@ int main(void) {
       cmocka_unit_test(idx_dims_whose_product_overflows_are_refused),
       cmocka_unit_test(idx_examples_of_no_values_are_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
+      cmocka_unit_test(csv_with_a_nul_byte_is_refused_not_cut_short),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),
       cmocka_unit_test(loader_yields_each_example_once_per_epoch_then_reshuffles),

@@ -226,6 +226,13 @@ int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out) {
   unsigned char *buf;
   size_t len;
   if (read_gz(path, &buf, &len, err)) return NAS_ERR;
+  const unsigned char *nul = memchr(buf, '\0', len); /* the lines would end there, unseen */
+  if (nul) {
+    nas_errf(err, "%s: a NUL byte at offset %zu: binary data, not CSV text", path,
+             (size_t)(nul - buf));
+    free(buf);
+    return NAS_ERR;
+  }
   char **lines = NULL;
   int64_t nlines = split_lines((char *)buf, &lines);
   int rc = nlines < 0    ? nas_errf(err, "%s: out of memory", path)
