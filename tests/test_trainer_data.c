@@ -195,6 +195,20 @@ static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
   free(dir);
 }
 
+static void csv_nan_or_infinite_values_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *rows[] = {"1,2,0\n3,nan,1\n", "1,2,0\n3,inf,1\n", "1,2,0\n3,-Infinity,1\n",
+                        "1,2,0\n3,4,nan\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    char *path = test_write(dir, "n.csv", rows[i]);
+    csv_fails_with(path, "n.csv:2");
+    free(path);
+  }
+  test_rmtree(dir);
+  free(dir);
+}
+
 static void csv_with_a_nul_byte_is_refused_not_cut_short(void **state) {
   (void)state;
   char *dir = test_tmpdir();
@@ -394,6 +408,7 @@ int main(void) {
       cmocka_unit_test(idx_dims_whose_product_overflows_are_refused),
       cmocka_unit_test(idx_examples_of_no_values_are_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
+      cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
       cmocka_unit_test(csv_with_a_nul_byte_is_refused_not_cut_short),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),

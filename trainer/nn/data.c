@@ -137,7 +137,7 @@ int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, t
 /* ---------------------------------------------------------------- CSV */
 
 /* Parses one line of comma-separated numbers into vals (up to cap); returns the count, or
- * -1 when a field is not a number. */
+ * -1 when a field is not a finite number (strtod takes "nan" and "inf"). */
 static int64_t parse_line(char *line, double *vals, int64_t cap) {
   int64_t n = 0;
   char *p = line;
@@ -145,7 +145,7 @@ static int64_t parse_line(char *line, double *vals, int64_t cap) {
     char *end;
     errno = 0;
     double v = strtod(p, &end);
-    if (end == p || errno == ERANGE) return -1;
+    if (end == p || errno == ERANGE || !isfinite(v)) return -1;
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (n < cap) vals[n] = v;
     n++;
@@ -212,8 +212,8 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
       tr_release(x);
       free(y);
-      return nas_errf(err, "%s:%lld: expected %lld numbers with a non-negative integer label", path,
-                      (long long)(first + r + 1), (long long)ncols);
+      return nas_errf(err, "%s:%lld: expected %lld finite numbers with a non-negative integer label",
+                      path, (long long)(first + r + 1), (long long)ncols);
     }
     if (y[r] > top) top = y[r];
   }
