@@ -209,6 +209,29 @@ static void csv_nan_or_infinite_values_are_refused(void **state) {
   free(dir);
 }
 
+static void csv_labels_past_the_class_limit_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *rows[] = {"1,2,0\n3,4,2147483647\n", "1,2,0\n3,4,1000000000\n",
+                        "1,2,0\n3,4,3e9\n", "1,2,0\n3,4,1e300\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    char *path = test_write(dir, "big.csv", rows[i]);
+    csv_fails_with(path, "big.csv:2");
+    free(path);
+  }
+  /* the largest label allowed still loads */
+  char *path = test_write(dir, "top.csv", "1,2,0\n3,4,65535\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  assert_int_equal(ds.nclasses, 65536);
+  tr_dataset_free(&ds);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 static void csv_with_a_nul_byte_is_refused_not_cut_short(void **state) {
   (void)state;
   char *dir = test_tmpdir();
@@ -409,6 +432,7 @@ int main(void) {
       cmocka_unit_test(idx_examples_of_no_values_are_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
+      cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),
       cmocka_unit_test(csv_with_a_nul_byte_is_refused_not_cut_short),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),

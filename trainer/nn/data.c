@@ -177,10 +177,14 @@ static int64_t split_lines(char *buf, char ***lines) {
   return ls ? n : -1;
 }
 
+/* The largest label a CSV file may give: a model has one output per class up to the
+ * largest label, so a stray 1e9 would ask for an output layer of a billion. */
+enum { CSV_MAX_LABEL = 65535 };
+
 /* Fills row r of out from the parsed values (label at column lc). */
 static int store_row(const double *vals, int64_t ncols, int64_t lc, float *xrow, int32_t *label) {
   double lv = vals[lc];
-  if (lv < 0 || lv != (double)(int32_t)lv) return NAS_ERR;
+  if (!(lv >= 0 && lv <= CSV_MAX_LABEL) || lv != floor(lv)) return NAS_ERR;
   *label = (int32_t)lv;
   for (int64_t c = 0, k = 0; c < ncols; c++)
     if (c != lc) xrow[k++] = (float)vals[c];
@@ -212,8 +216,8 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
       tr_release(x);
       free(y);
-      return nas_errf(err, "%s:%lld: expected %lld finite numbers with a non-negative integer label",
-                      path, (long long)(first + r + 1), (long long)ncols);
+      return nas_errf(err, "%s:%lld: expected %lld finite numbers, the label an integer 0 to %d",
+                      path, (long long)(first + r + 1), (long long)ncols, CSV_MAX_LABEL);
     }
     if (y[r] > top) top = y[r];
   }
