@@ -232,6 +232,19 @@ static void csv_labels_past_the_class_limit_are_refused(void **state) {
   free(dir);
 }
 
+static void csv_errors_name_the_line_of_the_file_counting_blank_lines(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = test_write(dir, "gaps.csv", "a,b,c\n\n1,2,0\n\n\n3,x,1\n");
+  csv_fails_with(path, "gaps.csv:6:");
+  free(path);
+  path = test_write(dir, "head.csv", "a,b,c\n\n");
+  csv_fails_with(path, "head.csv: a header and no data");
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 static void csv_with_a_nul_byte_is_refused_not_cut_short(void **state) {
   (void)state;
   char *dir = test_tmpdir();
@@ -433,6 +446,7 @@ int main(void) {
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
       cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),
+      cmocka_unit_test(csv_errors_name_the_line_of_the_file_counting_blank_lines),
       cmocka_unit_test(csv_with_a_nul_byte_is_refused_not_cut_short),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),

@@ -155,23 +155,30 @@ static int64_t parse_line(char *line, double *vals, int64_t cap) {
   }
 }
 
-/* Splits buf into lines in place; returns the number of non-empty lines in *lines (owned). */
-static int64_t split_lines(char *buf, char ***lines) {
-  int64_t n = 0, cap = 1024;
-  char **ls = malloc(sizeof *ls * (size_t)cap);
-  for (char *save = NULL, *line = strtok_r(buf, "\n", &save); ls && line;
-       line = strtok_r(NULL, "\n", &save)) {
+/* A non-blank line of a CSV file and its number in the file (from 1), for errors. */
+typedef struct {
+  char *text;
+  int64_t number;
+} csv_line;
+
+/* Splits buf into lines in place; returns the number of non-blank lines in *lines (owned). */
+static int64_t split_lines(char *buf, csv_line **lines) {
+  int64_t n = 0, cap = 1024, number = 0;
+  csv_line *ls = malloc(sizeof *ls * (size_t)cap);
+  for (char *line = buf, *next; ls && line; line = next) {
+    number++;
+    if ((next = strchr(line, '\n'))) *next++ = '\0';
     while (isspace((unsigned char)*line)) line++;
     if (*line == '\0') continue;
     if (n == cap) {
-      char **grown = realloc(ls, sizeof *ls * (size_t)(cap *= 2));
+      csv_line *grown = realloc(ls, sizeof *ls * (size_t)(cap *= 2));
       if (!grown) {
         free(ls);
         return -1;
       }
       ls = grown;
     }
-    ls[n++] = line;
+    ls[n++] = (csv_line){line, number};
   }
   *lines = ls;
   return ls ? n : -1;
@@ -191,13 +198,14 @@ static int store_row(const double *vals, int64_t ncols, int64_t lc, float *xrow,
   return NAS_OK;
 }
 
-static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines, int label_col,
-                    tr_dataset *out, nas_err *err) {
+static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_t nlines,
+                    int label_col, tr_dataset *out, nas_err *err) {
   int64_t first = 0, ncols;
   double probe[4096];
-  if ((ncols = parse_line(lines[0], probe, 4096)) < 0) first = 1; /* a header */
-  if (first == 1 && (nlines < 2 || (ncols = parse_line(lines[1], probe, 4096)) < 0))
-    return nas_errf(err, "%s:%lld: not a line of numbers", path, (long long)(first + 1));
+  if ((ncols = parse_line(lines[0].text, probe, 4096)) < 0) first = 1; /* a header */
+  if (first == 1 && nlines < 2) return nas_errf(err, "%s: a header and no data", path);
+  if (first == 1 && (ncols = parse_line(lines[1].text, probe, 4096)) < 0)
+    return nas_errf(err, "%s:%lld: not a line of numbers", path, (long long)lines[1].number);
   if (ncols < 2 || ncols > 4096)
     return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
   int64_t lc = label_col < 0 ? ncols + label_col : label_col, n = nlines - first;
@@ -212,12 +220,12 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   }
   int32_t top = -1;
   for (int64_t r = 0; r < n; r++) {
-    int64_t got = parse_line(lines[first + r], probe, 4096);
+    int64_t got = parse_line(lines[first + r].text, probe, 4096);
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
       tr_release(x);
       free(y);
       return nas_errf(err, "%s:%lld: expected %lld finite numbers, the label an integer 0 to %d",
-                      path, (long long)(first + r + 1), (long long)ncols, CSV_MAX_LABEL);
+                      path, (long long)lines[first + r].number, (long long)ncols, CSV_MAX_LABEL);
     }
     if (y[r] > top) top = y[r];
   }
@@ -237,7 +245,7 @@ int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out) {
     free(buf);
     return NAS_ERR;
   }
-  char **lines = NULL;
+  csv_line *lines = NULL;
   int64_t nlines = split_lines((char *)buf, &lines);
   int rc = nlines < 0    ? nas_errf(err, "%s: out of memory", path)
            : nlines == 0 ? nas_errf(err, "%s: no data", path)
