@@ -173,6 +173,15 @@ static void idx_examples_of_no_values_are_refused(void **state) {
   free(dir);
 }
 
+static void idx_data_longer_than_its_dims_say_is_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  /* 3 images of 1x1: 3 values, and the file holds 4 */
+  idx_fails_with(dir, 3, (const uint32_t[]){3, 1, 1}, "1 byte past");
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* A gzip file flushed after the first rows and cut there: zlib gives those rows, then
  * "unexpected end of file". */
 static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
@@ -443,6 +452,7 @@ int main(void) {
       cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
       cmocka_unit_test(idx_dims_whose_product_overflows_are_refused),
       cmocka_unit_test(idx_examples_of_no_values_are_refused),
+      cmocka_unit_test(idx_data_longer_than_its_dims_say_is_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
       cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),

@@ -94,8 +94,13 @@ static int idx_read(const char *path, idx_file *f, nas_err *err) {
     f->count *= f->dims[d];
   }
   f->data = p + 4 + 4 * f->ndims;
-  if ((size_t)(f->data - p) + (size_t)f->count > len)
+  size_t data_len = len - (size_t)(f->data - p);
+  if ((size_t)f->count > data_len)
     return nas_errf(err, "%s: IDX data truncated (%lld values expected)", path,
+                    (long long)f->count);
+  if ((size_t)f->count < data_len) /* dims that do not describe the data */
+    return nas_errf(err, "%s: IDX data holds %zu byte%s past the %lld values its dims give", path,
+                    data_len - (size_t)f->count, data_len - (size_t)f->count == 1 ? "" : "s",
                     (long long)f->count);
   return NAS_OK;
 }
