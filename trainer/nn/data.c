@@ -24,10 +24,10 @@ void tr_dataset_free(tr_dataset *ds) {
 static int read_gz(const char *path, unsigned char **out, size_t *len, nas_err *err) {
   gzFile f = gzopen(path, "rb");
   if (!f) return nas_errf(err, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
-  size_t cap = 1 << 20, n = 0;
+  size_t cap = 1 << 20, n = 0, most = 1 << 30; /* zlib refuses reads that overflow an int */
   unsigned char *buf = malloc(cap + 1);
   int got = 0;
-  while (buf && (got = gzread(f, buf + n, (unsigned)(cap - n))) > 0) {
+  while (buf && (got = gzread(f, buf + n, (unsigned)(cap - n < most ? cap - n : most))) > 0) {
     n += (size_t)got;
     if (n == cap) {
       unsigned char *grown = realloc(buf, cap * 2 + 1);
