@@ -135,7 +135,8 @@ static void csv_fails_with(const char *path, const char *want) {
 
 /* An IDX images file whose header claims dims (3 images of whatever size they say, with
  * 4 bytes of data) beside labels for 3 images: loading it fails naming it and saying want. */
-static void idx_fails_with(const char *dir, int ndims, const uint32_t *dims, const char *want) {
+static void idx_fails_with(int ndims, const uint32_t *dims, const char *want) {
+  char *dir = test_tmpdir();
   unsigned char images[4 + 4 * 4 + 4] = {0, 0, 8, (unsigned char)ndims};
   for (int d = 0; d < ndims; d++)
     for (int b = 0; b < 4; b++) images[4 + 4 * d + b] = (unsigned char)(dims[d] >> (24 - 8 * b));
@@ -154,32 +155,25 @@ static void idx_fails_with(const char *dir, int ndims, const uint32_t *dims, con
     fail_msg("'%s' does not name %s and say '%s'", ctx.err.msg, ip, want);
   free(ip);
   free(lp);
+  test_rmtree(dir);
+  free(dir);
 }
 
 static void idx_dims_whose_product_overflows_are_refused(void **state) {
   (void)state;
-  char *dir = test_tmpdir();
   /* 3 x 2^31 x 2^31 x 4 values: 3 * 2^64, which wraps to 0 in 64 bits */
-  idx_fails_with(dir, 4, (const uint32_t[]){3, 1u << 31, 1u << 31, 4}, "truncated");
-  test_rmtree(dir);
-  free(dir);
+  idx_fails_with(4, (const uint32_t[]){3, 1u << 31, 1u << 31, 4}, "truncated");
 }
 
 static void idx_examples_of_no_values_are_refused(void **state) {
   (void)state;
-  char *dir = test_tmpdir();
-  idx_fails_with(dir, 3, (const uint32_t[]){3, 0, 2}, "size 0");
-  test_rmtree(dir);
-  free(dir);
+  idx_fails_with(3, (const uint32_t[]){3, 0, 2}, "size 0");
 }
 
 static void idx_data_longer_than_its_dims_say_is_refused(void **state) {
   (void)state;
-  char *dir = test_tmpdir();
   /* 3 images of 1x1: 3 values, and the file holds 4 */
-  idx_fails_with(dir, 3, (const uint32_t[]){3, 1, 1}, "1 byte past");
-  test_rmtree(dir);
-  free(dir);
+  idx_fails_with(3, (const uint32_t[]){3, 1, 1}, "1 byte past");
 }
 
 /* A gzip file flushed after the first rows and cut there: zlib gives those rows, then
