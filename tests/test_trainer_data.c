@@ -212,6 +212,24 @@ static void csv_nan_or_infinite_values_are_refused(void **state) {
   free(dir);
 }
 
+/* Values below the smallest double (strtod's underflow) are numbers: the first row holding
+ * one is not taken for a header and dropped, nor a later one refused. */
+static void csv_values_too_small_for_a_double_load_as_numbers(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = test_write(dir, "tiny.csv", "1e-320,2,0\n3,1e-400,1\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  assert_int_equal(ds.n, 2);
+  assert_true(tr_get(ds.x, 1) == 2.0f && tr_get(ds.x, 3) == 0.0f);
+  tr_dataset_free(&ds);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 static void csv_labels_past_the_class_limit_are_refused(void **state) {
   (void)state;
   char *dir = test_tmpdir();
@@ -449,6 +467,7 @@ int main(void) {
       cmocka_unit_test(idx_data_longer_than_its_dims_say_is_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
+      cmocka_unit_test(csv_values_too_small_for_a_double_load_as_numbers),
       cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),
       cmocka_unit_test(csv_errors_name_the_line_of_the_file_counting_blank_lines),
       cmocka_unit_test(csv_with_a_nul_byte_is_refused_not_cut_short),

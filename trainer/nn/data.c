@@ -142,15 +142,15 @@ int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, t
 /* ---------------------------------------------------------------- CSV */
 
 /* Parses one line of comma-separated numbers into vals (up to cap); returns the count, or
- * -1 when a field is not a finite number (strtod takes "nan" and "inf"). */
+ * -1 when a field is not a finite number (strtod takes "nan" and "inf", and gives inf for
+ * too large a value; too small a one is 0 or subnormal, a number all the same). */
 static int64_t parse_line(char *line, double *vals, int64_t cap) {
   int64_t n = 0;
   char *p = line;
   while (1) {
     char *end;
-    errno = 0;
     double v = strtod(p, &end);
-    if (end == p || errno == ERANGE || !isfinite(v)) return -1;
+    if (end == p || !isfinite(v)) return -1;
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (n < cap) vals[n] = v;
     n++;
