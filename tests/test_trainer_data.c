@@ -202,12 +202,16 @@ static void csv_nan_or_infinite_values_are_refused(void **state) {
   (void)state;
   char *dir = test_tmpdir();
   const char *rows[] = {"1,2,0\n3,nan,1\n", "1,2,0\n3,inf,1\n", "1,2,0\n3,-Infinity,1\n",
-                        "1,2,0\n3,4,nan\n"};
+                        "1,2,0\n3,4,nan\n", "1,2,0\n3,1e999,1\n"};
   for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
     char *path = test_write(dir, "n.csv", rows[i]);
     csv_fails_with(path, "n.csv:2");
     free(path);
   }
+  /* in the first row too: numbers, if not finite ones, make no header to skip */
+  char *path = test_write(dir, "first.csv", "1,nan,0\n3,4,1\n");
+  csv_fails_with(path, "first.csv:1:");
+  free(path);
   test_rmtree(dir);
   free(dir);
 }

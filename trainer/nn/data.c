@@ -141,21 +141,27 @@ int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, t
 
 /* ---------------------------------------------------------------- CSV */
 
-/* Parses one line of comma-separated numbers into vals (up to cap); returns the count, or
- * -1 when a field is not a finite number (strtod takes "nan" and "inf", and gives inf for
- * too large a value; too small a one is 0 or subnormal, a number all the same). */
+/* What parse_line says of a line that is not one of finite numbers. */
+enum { CSV_NOT_NUMBERS = -1, CSV_NOT_FINITE = -2 };
+
+/* Parses one line of comma-separated numbers into vals (up to cap); returns the count,
+ * CSV_NOT_NUMBERS when a field is no number (as in a header), or CSV_NOT_FINITE when one
+ * is NaN or infinite (strtod takes "nan" and "inf", and gives inf for too large a value;
+ * too small a one is 0 or subnormal, a number all the same). */
 static int64_t parse_line(char *line, double *vals, int64_t cap) {
   int64_t n = 0;
+  bool finite = true;
   char *p = line;
   while (1) {
     char *end;
     double v = strtod(p, &end);
-    if (end == p || !isfinite(v)) return -1;
+    if (end == p) return CSV_NOT_NUMBERS;
+    finite = finite && isfinite(v);
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (n < cap) vals[n] = v;
     n++;
-    if (*end == '\0') return n;
-    if (*end != ',') return -1;
+    if (*end == '\0') return finite ? n : CSV_NOT_FINITE;
+    if (*end != ',') return CSV_NOT_NUMBERS;
     p = end + 1;
   }
 }
@@ -205,12 +211,16 @@ static int store_row(const double *vals, int64_t ncols, int64_t lc, float *xrow,
 
 static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_t nlines,
                     int label_col, tr_dataset *out, nas_err *err) {
-  int64_t first = 0, ncols;
   double probe[4096];
-  if ((ncols = parse_line(lines[0].text, probe, 4096)) < 0) first = 1; /* a header */
-  if (first == 1 && nlines < 2) return nas_errf(err, "%s: a header and no data", path);
-  if (first == 1 && (ncols = parse_line(lines[1].text, probe, 4096)) < 0)
-    return nas_errf(err, "%s:%lld: not a line of numbers", path, (long long)lines[1].number);
+  int64_t first = 0, ncols = parse_line(lines[0].text, probe, 4096);
+  if (ncols == CSV_NOT_NUMBERS) { /* a header */
+    if (nlines < 2) return nas_errf(err, "%s: a header and no data", path);
+    first = 1;
+    ncols = parse_line(lines[1].text, probe, 4096);
+  }
+  if (ncols < 0)
+    return nas_errf(err, "%s:%lld: not a line of finite numbers", path,
+                    (long long)lines[first].number);
   if (ncols < 2 || ncols > 4096)
     return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
   int64_t lc = label_col < 0 ? ncols + label_col : label_col, n = nlines - first;
