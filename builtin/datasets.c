@@ -40,18 +40,21 @@ static char *idx_file(const char *dir, const char *name) {
 }
 
 /* Images and labels named prefix-images-idx3-ubyte / prefix-labels-idx1-ubyte in dir;
- * NAS_ENOTFOUND when either file is missing. */
+ * NAS_ENOTFOUND when both files are missing, NAS_ERR when one is. */
 static int load_idx_pair(tr_ctx *ctx, const char *dir, const char *prefix, tr_dataset *out,
                          nas_err *err) {
   char *images_name = nas_asprintf("%s-images-idx3-ubyte", prefix);
   char *labels_name = nas_asprintf("%s-labels-idx1-ubyte", prefix);
   char *images = images_name ? idx_file(dir, images_name) : NULL;
   char *labels = labels_name ? idx_file(dir, labels_name) : NULL;
-  int rc = images && labels ? tr_idx_load(ctx, images, labels, out) : NAS_ENOTFOUND;
-  if (rc == NAS_ERR) nas_errf(err, "%s", ctx->err.msg);
-  if (rc == NAS_ENOTFOUND)
-    nas_errf(err, "%s: no %s and %s (optionally .gz) there", dir,
-             images_name ? images_name : prefix, labels_name ? labels_name : prefix);
+  int rc = !images_name || !labels_name ? nas_errf(err, "out of memory")
+           : images && labels           ? tr_idx_load(ctx, images, labels, out)
+           : images || labels
+               ? nas_errf(err, "%s: %s without %s (optionally .gz)", dir,
+                          images ? images_name : labels_name, images ? labels_name : images_name)
+               : nas_errc(err, NAS_ENOTFOUND, "%s: no %s and %s (optionally .gz) there", dir,
+                          images_name, labels_name);
+  if (rc == NAS_ERR && images && labels) nas_errf(err, "%s", ctx->err.msg);
   free(images_name), free(labels_name), free(images), free(labels);
   return rc;
 }
@@ -125,9 +128,9 @@ static int finish(tr_ctx *ctx, tr_named_dataset *nd, nas_err *err) {
 static int load_folder(tr_ctx *ctx, const char *dir, tr_named_dataset *out, nas_err *err) {
   int rc = load_idx_pair(ctx, dir, "train", &out->train, err);
   if (rc != NAS_OK) return rc;
-  nas_err ignored;
-  rc = load_idx_pair(ctx, dir, "t10k", &out->test, &ignored);
-  if (rc != NAS_OK && rc != NAS_ENOTFOUND) return nas_errf(err, "%s", ignored.msg);
+  nas_err absent; /* no test part at all is fine */
+  rc = load_idx_pair(ctx, dir, "t10k", &out->test, &absent);
+  if (rc != NAS_OK && rc != NAS_ENOTFOUND) return nas_errf(err, "%s", absent.msg);
   return NAS_OK;
 }
 

@@ -204,6 +204,45 @@ static void csv_paths_load_with_their_shape(void **state) {
   free(dir);
 }
 
+/* Writes n bytes to dir/name. */
+static void put_bytes(const char *dir, const char *name, const unsigned char *data, size_t n) {
+  char *path = nas_asprintf("%s/%s", dir, name);
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(data, 1, n, f), n);
+  fclose(f);
+  free(path);
+}
+
+/* An IDX folder with test images but no test labels (or the reverse) is refused naming the
+ * missing file, not loaded without its test part. */
+static void idx_folder_with_half_a_test_pair_is_refused(void **state) {
+  (void)state;
+  const unsigned char images[] = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 2, 1, 2, 3, 4};
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 2, 0, 1};
+  const char *halves[][2] = {{"t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte"},
+                             {"t10k-labels-idx1-ubyte", "t10k-images-idx3-ubyte"}};
+  for (int i = 0; i < 2; i++) {
+    char *dir = test_tmpdir();
+    put_bytes(dir, "train-images-idx3-ubyte", images, sizeof images);
+    put_bytes(dir, "train-labels-idx1-ubyte", labels, sizeof labels);
+    bool present_is_images = i == 0;
+    put_bytes(dir, halves[i][0], present_is_images ? images : labels,
+              present_is_images ? sizeof images : sizeof labels);
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 5);
+    tr_named_dataset nd;
+    nas_err err;
+    if (tr_named_dataset_load(&ctx, dir, NULL, &nd, &err) == NAS_OK) {
+      tr_named_dataset_free(&nd);
+      fail_msg("%s alone loaded", halves[i][0]);
+    }
+    if (!strstr(err.msg, halves[i][1])) fail_msg("'%s' does not name %s", err.msg, halves[i][1]);
+    test_rmtree(dir);
+    free(dir);
+  }
+}
+
 /* IDX folders hold images; a CSV file does when its feature count is a square above 1
  * (digits: 64, an 8x8 image), told from its first line alone. */
 static void datasets_say_whether_they_hold_images(void **state) {
@@ -884,6 +923,7 @@ int main(void) {
       cmocka_unit_test(percentiles_use_the_nearest_rank),
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
+      cmocka_unit_test(idx_folder_with_half_a_test_pair_is_refused),
       cmocka_unit_test(datasets_say_whether_they_hold_images),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),

@@ -4,6 +4,7 @@
 #include "tests/testutil.h"
 
 #include <math.h>
+#include <sys/stat.h>
 #include <zlib.h>
 
 #include "trainer/trainer.h"
@@ -114,6 +115,167 @@ static void csv_loader_skips_a_header_and_reports_bad_lines(void **state) {
   path = test_write(dir, "e.csv", "1,2,0\n3,x,1\n");
   assert_int_equal(tr_csv_load(&ctx, path, -1, &ds), NAS_ERR);
   assert_non_null(strstr(ctx.err.msg, "e.csv:2"));
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* Loads path as CSV (label last) expecting an error that holds want. */
+static void csv_fails_with(const char *path, const char *want) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  int rc = tr_csv_load(&ctx, path, -1, &ds);
+  if (rc == NAS_OK) {
+    tr_dataset_free(&ds);
+    fail_msg("%s loaded; expected an error with '%s'", path, want);
+  }
+  if (!strstr(ctx.err.msg, want)) fail_msg("'%s' does not say '%s'", ctx.err.msg, want);
+}
+
+/* An IDX images file whose header claims dims (3 images of whatever size they say, with
+ * 4 bytes of data) beside labels for 3 images: loading it fails naming it and saying want. */
+static void idx_fails_with(int ndims, const uint32_t *dims, const char *want) {
+  char *dir = test_tmpdir();
+  unsigned char images[4 + 4 * 4 + 4] = {0, 0, 8, (unsigned char)ndims};
+  for (int d = 0; d < ndims; d++)
+    for (int b = 0; b < 4; b++) images[4 + 4 * d + b] = (unsigned char)(dims[d] >> (24 - 8 * b));
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 3, 1, 0, 2};
+  char *ip = write_bytes(dir, "i", images, 4 + 4 * (size_t)ndims + 4, false);
+  char *lp = write_bytes(dir, "l", labels, sizeof labels, false);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  int rc = tr_idx_load(&ctx, ip, lp, &ds);
+  if (rc == NAS_OK) {
+    tr_dataset_free(&ds);
+    fail_msg("IDX dims loaded; expected an error with '%s'", want);
+  }
+  if (!strstr(ctx.err.msg, want) || !strstr(ctx.err.msg, ip))
+    fail_msg("'%s' does not name %s and say '%s'", ctx.err.msg, ip, want);
+  free(ip);
+  free(lp);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void idx_dims_whose_product_overflows_are_refused(void **state) {
+  (void)state;
+  /* 3 x 2^31 x 2^31 x 4 values: 3 * 2^64, which wraps to 0 in 64 bits */
+  idx_fails_with(4, (const uint32_t[]){3, 1u << 31, 1u << 31, 4}, "truncated");
+}
+
+static void idx_examples_of_no_values_are_refused(void **state) {
+  (void)state;
+  idx_fails_with(3, (const uint32_t[]){3, 0, 2}, "size 0");
+}
+
+static void idx_data_longer_than_its_dims_say_is_refused(void **state) {
+  (void)state;
+  /* 3 images of 1x1: 3 values, and the file holds 4 */
+  idx_fails_with(3, (const uint32_t[]){3, 1, 1}, "1 byte past");
+}
+
+/* A gzip file flushed after the first rows and cut there: zlib gives those rows, then
+ * "unexpected end of file". */
+static void gzip_file_cut_short_is_an_error_not_fewer_rows(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = nas_asprintf("%s/cut.csv.gz", dir);
+  gzFile f = gzopen(path, "wb");
+  assert_non_null(f);
+  const char *rows = "1,2,0\n3,4,1\n";
+  assert_int_equal(gzputs(f, rows), (int)strlen(rows));
+  assert_int_equal(gzflush(f, Z_FULL_FLUSH), Z_OK);
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_true(gzputs(f, "5,6,2\n") > 0);
+  gzclose(f);
+  assert_int_equal(truncate(path, st.st_size), 0);
+  csv_fails_with(path, "unexpected end of file");
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void csv_nan_or_infinite_values_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *rows[] = {"1,2,0\n3,nan,1\n", "1,2,0\n3,inf,1\n", "1,2,0\n3,-Infinity,1\n",
+                        "1,2,0\n3,4,nan\n", "1,2,0\n3,1e999,1\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    char *path = test_write(dir, "n.csv", rows[i]);
+    csv_fails_with(path, "n.csv:2");
+    free(path);
+  }
+  /* in the first row too: numbers, if not finite ones, make no header to skip */
+  char *path = test_write(dir, "first.csv", "1,nan,0\n3,4,1\n");
+  csv_fails_with(path, "first.csv:1:");
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* Values below the smallest double (strtod's underflow) are numbers: the first row holding
+ * one is not taken for a header and dropped, nor a later one refused. */
+static void csv_values_too_small_for_a_double_load_as_numbers(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = test_write(dir, "tiny.csv", "1e-320,2,0\n3,1e-400,1\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  assert_int_equal(ds.n, 2);
+  assert_true(tr_get(ds.x, 1) == 2.0f && tr_get(ds.x, 3) == 0.0f);
+  tr_dataset_free(&ds);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void csv_labels_past_the_class_limit_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *rows[] = {"1,2,0\n3,4,2147483647\n", "1,2,0\n3,4,1000000000\n",
+                        "1,2,0\n3,4,3e9\n", "1,2,0\n3,4,1e300\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    char *path = test_write(dir, "big.csv", rows[i]);
+    csv_fails_with(path, "big.csv:2");
+    free(path);
+  }
+  /* the largest label allowed still loads */
+  char *path = test_write(dir, "top.csv", "1,2,0\n3,4,65535\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  assert_int_equal(ds.nclasses, 65536);
+  tr_dataset_free(&ds);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void csv_errors_name_the_line_of_the_file_counting_blank_lines(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  char *path = test_write(dir, "gaps.csv", "a,b,c\n\n1,2,0\n\n\n3,x,1\n");
+  csv_fails_with(path, "gaps.csv:6:");
+  free(path);
+  path = test_write(dir, "head.csv", "a,b,c\n\n");
+  csv_fails_with(path, "head.csv: a header and no data");
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+static void csv_with_a_nul_byte_is_refused_not_cut_short(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char text[] = "1,2,0\n3,4,1\n\0\n5,6,2\n";
+  char *path = write_bytes(dir, "nul.csv", (const unsigned char *)text, sizeof text - 1, false);
+  csv_fails_with(path, "NUL byte");
   free(path);
   test_rmtree(dir);
   free(dir);
@@ -304,6 +466,15 @@ int main(void) {
       cmocka_unit_test(idx_loader_reads_gzip_and_plain_files),
       cmocka_unit_test(fashion_mnist_test_set_loads_when_installed),
       cmocka_unit_test(csv_loader_skips_a_header_and_reports_bad_lines),
+      cmocka_unit_test(idx_dims_whose_product_overflows_are_refused),
+      cmocka_unit_test(idx_examples_of_no_values_are_refused),
+      cmocka_unit_test(idx_data_longer_than_its_dims_say_is_refused),
+      cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
+      cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
+      cmocka_unit_test(csv_values_too_small_for_a_double_load_as_numbers),
+      cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),
+      cmocka_unit_test(csv_errors_name_the_line_of_the_file_counting_blank_lines),
+      cmocka_unit_test(csv_with_a_nul_byte_is_refused_not_cut_short),
       cmocka_unit_test(digits_csv_loads_with_all_examples),
       cmocka_unit_test(split_is_seeded_and_keeps_every_example_once),
       cmocka_unit_test(loader_yields_each_example_once_per_epoch_then_reshuffles),

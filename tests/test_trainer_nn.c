@@ -3,6 +3,7 @@
 #include "tests/testutil.h"
 
 #include <math.h>
+#include <zlib.h>
 
 #include "trainer/trainer.h"
 
@@ -255,6 +256,41 @@ static void corrupt_truncated_or_mismatched_weights_are_rejected(void **state) {
   free(dir);
 }
 
+/* Writes head (n bytes) to path sealed with its CRC-32, as a weights file is. */
+static void put_sealed(const char *path, const char *head, size_t n) {
+  unsigned char bytes[64];
+  assert_true(n + 4 <= sizeof bytes);
+  memcpy(bytes, head, n);
+  uint32_t crc = (uint32_t)crc32(0L, bytes, (uInt)n);
+  for (int i = 0; i < 4; i++) bytes[n + (size_t)i] = (unsigned char)(crc >> (8 * i));
+  nas_err err;
+  if (nas_write_file_atomic(path, (const char *)bytes, n + 4, &err)) fail_msg("%s", err.msg);
+}
+
+/* A sealed file that ends inside the head (after the magic, or after the version) is
+ * called truncated, not read as a version or tensor count it does not hold. */
+static void weights_file_ending_inside_its_head_is_called_truncated(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 8);
+  char *dir = test_tmpdir();
+  char *path = nas_asprintf("%s/w.nasw", dir);
+  tr_module *a = mlp(&ctx);
+  const char *heads[] = {"NASW", "NASW\1\0\0\0"};
+  const size_t lens[] = {4, 8};
+  for (int i = 0; i < 2; i++) {
+    put_sealed(path, heads[i], lens[i]);
+    nas_err err = {{0}};
+    assert_int_equal(tr_module_load(a, path, &err), NAS_ERR);
+    if (!strstr(err.msg, "truncated head") || !strstr(err.msg, path))
+      fail_msg("head of %zu bytes: %s", lens[i], err.msg);
+  }
+  tr_module_free(a);
+  test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
 /* ---------------------------------------------------------------- flat buffers */
 
 /* Sequential(stash, tanh, pop): the pop adds what the stash kept (y = tanh x + x, dy/dx =
@@ -354,6 +390,7 @@ int main(void) {
       cmocka_unit_test(batchnorm_moves_running_statistics_only_in_training),
       cmocka_unit_test(save_then_load_restores_weights_and_running_statistics),
       cmocka_unit_test(corrupt_truncated_or_mismatched_weights_are_rejected),
+      cmocka_unit_test(weights_file_ending_inside_its_head_is_called_truncated),
       cmocka_unit_test(skip_pop_adds_or_concatenates_what_its_stash_kept),
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
   };

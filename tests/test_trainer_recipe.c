@@ -291,6 +291,24 @@ static void damaged_training_state_is_refused_with_the_reason(void **state) {
   free(dir), free(path), free(bad);
 }
 
+/* A sealed state file that ends right after its magic is called damaged, not read as a
+ * version it does not hold. */
+static void training_state_ending_after_its_magic_is_called_damaged(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *path;
+  assert_true(asprintf(&path, "%s/short.nast", dir) > 0);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_model m = mlp(&ctx);
+  unsigned char bytes[8] = {'N', 'A', 'S', 'T'};
+  file_put(path, bytes, sizeof bytes, true);
+  expect_refused(&ctx, m.module, (tr_optim_config){.kind = TR_ADAM, .lr = 0.01}, path,
+                 "the head of the training state is damaged");
+  tr_model_free(&m);
+  test_rmtree(dir);
+  free(dir), free(path);
+}
+
 /* ---- on several thread ranks or stages ---- */
 
 /* One run of the ranks or stages: each trains the MLP (same seed: the stages' layers are
@@ -434,6 +452,7 @@ int main(void) {
       cmocka_unit_test(resumed_fit_ends_where_an_uninterrupted_one_does),
       cmocka_unit_test(resumed_fit_without_the_training_state_ends_elsewhere),
       cmocka_unit_test(damaged_training_state_is_refused_with_the_reason),
+      cmocka_unit_test(training_state_ending_after_its_magic_is_called_damaged),
       cmocka_unit_test(sharded_fit_resumed_on_two_thread_ranks_ends_where_an_uninterrupted_one_does),
       cmocka_unit_test(
           pipelined_fit_resumed_through_two_thread_stages_ends_where_an_uninterrupted_one_does),

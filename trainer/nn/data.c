@@ -24,10 +24,10 @@ void tr_dataset_free(tr_dataset *ds) {
 static int read_gz(const char *path, unsigned char **out, size_t *len, nas_err *err) {
   gzFile f = gzopen(path, "rb");
   if (!f) return nas_errf(err, "%s: cannot open: %s", path, strerror(errno ? errno : ENOENT));
-  size_t cap = 1 << 20, n = 0;
+  size_t cap = 1 << 20, n = 0, most = 1 << 30; /* zlib refuses reads that overflow an int */
   unsigned char *buf = malloc(cap + 1);
   int got = 0;
-  while (buf && (got = gzread(f, buf + n, (unsigned)(cap - n))) > 0) {
+  while (buf && (got = gzread(f, buf + n, (unsigned)(cap - n < most ? cap - n : most))) > 0) {
     n += (size_t)got;
     if (n == cap) {
       unsigned char *grown = realloc(buf, cap * 2 + 1);
@@ -41,7 +41,9 @@ static int read_gz(const char *path, unsigned char **out, size_t *len, nas_err *
     }
   }
   int errnum = 0;
-  const char *msg = got < 0 ? gzerror(f, &errnum) : NULL;
+  const char *msg = gzerror(f, &errnum);
+  /* a gzip stream cut short ends the reads without failing one: zlib says Z_BUF_ERROR */
+  if (got >= 0 && errnum != Z_BUF_ERROR) msg = NULL;
   int rc = !buf  ? nas_errf(err, "%s: out of memory", path)
            : msg ? nas_errf(err, "%s: read failed: %s", path, msg)
                  : NAS_OK;
@@ -83,11 +85,22 @@ static int idx_read(const char *path, idx_file *f, nas_err *err) {
   for (int d = 0; d < f->ndims; d++) {
     const unsigned char *q = p + 4 + 4 * d;
     f->dims[d] = (int64_t)q[0] << 24 | q[1] << 16 | q[2] << 8 | q[3];
+    if (d > 0 && f->dims[d] == 0) /* examples of no values */
+      return nas_errf(err, "%s: IDX dimension %d has size 0", path, d);
+    /* never more values than the file has bytes, so the product cannot overflow */
+    if (f->dims[d] > 0 && f->count > (int64_t)len / f->dims[d])
+      return nas_errf(err, "%s: IDX data truncated (its dims hold more values than its %zu bytes)",
+                      path, len);
     f->count *= f->dims[d];
   }
   f->data = p + 4 + 4 * f->ndims;
-  if ((size_t)(f->data - p) + (size_t)f->count > len)
+  size_t data_len = len - (size_t)(f->data - p);
+  if ((size_t)f->count > data_len)
     return nas_errf(err, "%s: IDX data truncated (%lld values expected)", path,
+                    (long long)f->count);
+  if ((size_t)f->count < data_len) /* dims that do not describe the data */
+    return nas_errf(err, "%s: IDX data holds %zu byte%s past the %lld values its dims give", path,
+                    data_len - (size_t)f->count, data_len - (size_t)f->count == 1 ? "" : "s",
                     (long long)f->count);
   return NAS_OK;
 }
@@ -128,64 +141,86 @@ int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, t
 
 /* ---------------------------------------------------------------- CSV */
 
-/* Parses one line of comma-separated numbers into vals (up to cap); returns the count, or
- * -1 when a field is not a number. */
+/* What parse_line says of a line that is not one of finite numbers. */
+enum { CSV_NOT_NUMBERS = -1, CSV_NOT_FINITE = -2 };
+
+/* Parses one line of comma-separated numbers into vals (up to cap); returns the count,
+ * CSV_NOT_NUMBERS when a field is no number (as in a header), or CSV_NOT_FINITE when one
+ * is NaN or infinite (strtod takes "nan" and "inf", and gives inf for too large a value;
+ * too small a one is 0 or subnormal, a number all the same). */
 static int64_t parse_line(char *line, double *vals, int64_t cap) {
   int64_t n = 0;
+  bool finite = true;
   char *p = line;
   while (1) {
     char *end;
-    errno = 0;
     double v = strtod(p, &end);
-    if (end == p || errno == ERANGE) return -1;
+    if (end == p) return CSV_NOT_NUMBERS;
+    finite = finite && isfinite(v);
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (n < cap) vals[n] = v;
     n++;
-    if (*end == '\0') return n;
-    if (*end != ',') return -1;
+    if (*end == '\0') return finite ? n : CSV_NOT_FINITE;
+    if (*end != ',') return CSV_NOT_NUMBERS;
     p = end + 1;
   }
 }
 
-/* Splits buf into lines in place; returns the number of non-empty lines in *lines (owned). */
-static int64_t split_lines(char *buf, char ***lines) {
-  int64_t n = 0, cap = 1024;
-  char **ls = malloc(sizeof *ls * (size_t)cap);
-  for (char *save = NULL, *line = strtok_r(buf, "\n", &save); ls && line;
-       line = strtok_r(NULL, "\n", &save)) {
+/* A non-blank line of a CSV file and its number in the file (from 1), for errors. */
+typedef struct {
+  char *text;
+  int64_t number;
+} csv_line;
+
+/* Splits buf into lines in place; returns the number of non-blank lines in *lines (owned). */
+static int64_t split_lines(char *buf, csv_line **lines) {
+  int64_t n = 0, cap = 1024, number = 0;
+  csv_line *ls = malloc(sizeof *ls * (size_t)cap);
+  for (char *line = buf, *next; ls && line; line = next) {
+    number++;
+    if ((next = strchr(line, '\n'))) *next++ = '\0';
     while (isspace((unsigned char)*line)) line++;
     if (*line == '\0') continue;
     if (n == cap) {
-      char **grown = realloc(ls, sizeof *ls * (size_t)(cap *= 2));
+      csv_line *grown = realloc(ls, sizeof *ls * (size_t)(cap *= 2));
       if (!grown) {
         free(ls);
         return -1;
       }
       ls = grown;
     }
-    ls[n++] = line;
+    ls[n++] = (csv_line){line, number};
   }
   *lines = ls;
   return ls ? n : -1;
 }
 
+/* The largest label a CSV file may give: a model has one output per class up to the
+ * largest label, so a stray 1e9 would ask for an output layer of a billion. */
+enum { CSV_MAX_LABEL = 65535 };
+
 /* Fills row r of out from the parsed values (label at column lc). */
 static int store_row(const double *vals, int64_t ncols, int64_t lc, float *xrow, int32_t *label) {
   double lv = vals[lc];
-  if (lv < 0 || lv != (double)(int32_t)lv) return NAS_ERR;
+  if (!(lv >= 0 && lv <= CSV_MAX_LABEL) || lv != floor(lv)) return NAS_ERR;
   *label = (int32_t)lv;
   for (int64_t c = 0, k = 0; c < ncols; c++)
     if (c != lc) xrow[k++] = (float)vals[c];
   return NAS_OK;
 }
 
-static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines, int label_col,
-                    tr_dataset *out, nas_err *err) {
-  int64_t first = 0, ncols;
+static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_t nlines,
+                    int label_col, tr_dataset *out, nas_err *err) {
   double probe[4096];
-  if ((ncols = parse_line(lines[0], probe, 4096)) < 0) first = 1; /* a header */
-  if (first == 1 && (nlines < 2 || (ncols = parse_line(lines[1], probe, 4096)) < 0))
-    return nas_errf(err, "%s:%lld: not a line of numbers", path, (long long)(first + 1));
+  int64_t first = 0, ncols = parse_line(lines[0].text, probe, 4096);
+  if (ncols == CSV_NOT_NUMBERS) { /* a header */
+    if (nlines < 2) return nas_errf(err, "%s: a header and no data", path);
+    first = 1;
+    ncols = parse_line(lines[1].text, probe, 4096);
+  }
+  if (ncols < 0)
+    return nas_errf(err, "%s:%lld: not a line of finite numbers", path,
+                    (long long)lines[first].number);
   if (ncols < 2 || ncols > 4096)
     return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
   int64_t lc = label_col < 0 ? ncols + label_col : label_col, n = nlines - first;
@@ -200,12 +235,12 @@ static int csv_rows(tr_ctx *ctx, const char *path, char **lines, int64_t nlines,
   }
   int32_t top = -1;
   for (int64_t r = 0; r < n; r++) {
-    int64_t got = parse_line(lines[first + r], probe, 4096);
+    int64_t got = parse_line(lines[first + r].text, probe, 4096);
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
       tr_release(x);
       free(y);
-      return nas_errf(err, "%s:%lld: expected %lld numbers with a non-negative integer label", path,
-                      (long long)(first + r + 1), (long long)ncols);
+      return nas_errf(err, "%s:%lld: expected %lld finite numbers, the label an integer 0 to %d",
+                      path, (long long)lines[first + r].number, (long long)ncols, CSV_MAX_LABEL);
     }
     if (y[r] > top) top = y[r];
   }
@@ -218,7 +253,14 @@ int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out) {
   unsigned char *buf;
   size_t len;
   if (read_gz(path, &buf, &len, err)) return NAS_ERR;
-  char **lines = NULL;
+  const unsigned char *nul = memchr(buf, '\0', len); /* the lines would end there, unseen */
+  if (nul) {
+    nas_errf(err, "%s: a NUL byte at offset %zu: binary data, not CSV text", path,
+             (size_t)(nul - buf));
+    free(buf);
+    return NAS_ERR;
+  }
+  csv_line *lines = NULL;
   int64_t nlines = split_lines((char *)buf, &lines);
   int rc = nlines < 0    ? nas_errf(err, "%s: out of memory", path)
            : nlines == 0 ? nas_errf(err, "%s: no data", path)

@@ -573,9 +573,11 @@ static int parse_weights(const unsigned char *data, size_t n, const char *path, 
   ser_reader r;
   if (ser_open(data, n, "NASW", "nas weights file", path, &r, err)) return NAS_ERR;
   uint32_t version, count;
-  if (!ser_take_u32(&r, &version) || version != 1)
-    return nas_errf(err, "%s: unsupported version", path);
-  if (!ser_take_u32(&r, &count) || count != list->n)
+  if (!ser_take_u32(&r, &version) || !ser_take_u32(&r, &count))
+    return nas_errf(err, "%s: truncated head", path);
+  if (version != 1)
+    return nas_errf(err, "%s: weights file version %u, this nas reads version 1", path, version);
+  if (count != list->n)
     return nas_errf(err, "%s: %u tensors, the model has %zu", path, count, list->n);
   for (size_t i = 0; i < list->n; i++)
     if (ser_take_tensor(&r, path, list->names[i], list->items[i], err)) return NAS_ERR;

@@ -275,7 +275,9 @@ typedef struct {
 /* Reads the head and checks that it is the state of this part and optimiser. */
 static int take_state_head(ser_reader *r, const tr_optim *opt, const tr_train_part *part,
                            const char *path, state_head *h, nas_err *err) {
-  if (!ser_take_u32(r, &h->version) || h->version < 1 || h->version > STATE_VERSION)
+  if (!ser_take_u32(r, &h->version))
+    return nas_errf(err, "%s: the head of the training state is damaged", path);
+  if (h->version < 1 || h->version > STATE_VERSION)
     return nas_errf(err, "%s: training state version %u, this nas reads versions 1 to %d", path,
                     h->version, STATE_VERSION);
   h->part = 0, h->parts = 1;
