@@ -899,6 +899,31 @@ static void a_stage_that_fails_before_its_first_step_releases_the_others(void **
   assert_every_stage_failed_with(&run, 4, 0, err.msg, "pipeline stage 0: no model for this stage");
 }
 
+/* A stage whose message names it already, as tr_pipe_new's device checks do ("pipeline
+ * stage 0: the stage is on cuda:0 but its stages meet on the host ..."). */
+static int stage_failing_in_its_own_name(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  (void)arg;
+  return nas_errf(err, "pipeline stage %d: the stage is on a device its stages cannot reach",
+                  rank->stage);
+}
+
+static void a_message_that_names_its_stage_is_not_prefixed_again(void **state) {
+  (void)state;
+  const char *want = "pipeline stage 0: the stage is on a device its stages cannot reach";
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(1, TIMEOUT_S, stage_failing_in_its_own_name, NULL, &err),
+                   NAS_ERR);
+  assert_string_equal(err.msg, want);
+  char name[64];
+  launch_name(name, sizeof name, "named");
+  err = (nas_err){{0}};
+  assert_int_equal(
+      tr_pipe_run_process(name, 0, 1, TIMEOUT_S, stage_failing_in_its_own_name, NULL, &err),
+      NAS_ERR);
+  assert_string_equal(err.msg, want);
+  assert_int_equal(shm_leftovers(name), 0);
+}
+
 static void a_stage_that_stalls_fails_every_stage_with_one_message(void **state) {
   (void)state;
   run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_NEVER);
@@ -1202,6 +1227,7 @@ int main(void) {
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),
       cmocka_unit_test(a_stage_that_stalls_fails_every_stage_with_one_message),
+      cmocka_unit_test(a_message_that_names_its_stage_is_not_prefixed_again),
       cmocka_unit_test(process_stages_train_like_single_rank_in_every_checkpoint_mode),
       cmocka_unit_test(process_stages_carry_messages_larger_than_their_mailbox),
       cmocka_unit_test(a_stage_process_that_dies_fails_every_stage_with_one_message),
