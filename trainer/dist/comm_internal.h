@@ -68,6 +68,11 @@ void comm_reduce(tr_dtype dtype, tr_reduce_op op, int world, const void *const *
  * for it, now or later, fails with a message saying so instead of waiting forever. */
 void comm_threads_leave(tr_comm *comm, const char *failure);
 
+/* Whether name can name a group or a pipeline's segment (comm_join.c): it becomes part of
+ * a file name in /dev/shm, so 1 to TR_COMM_NAME_MAX - 1 letters, digits, '.', '_' or '-',
+ * not starting with '.'. */
+bool comm_name_ok(const char *name);
+
 /* The process backend (comm_shm.c): joins the group named opts->name on this node. */
 int comm_shm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err);
 
