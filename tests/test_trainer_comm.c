@@ -580,6 +580,9 @@ static void bad_join_options_are_refused_without_waiting(void **state) {
         .stage_bytes = (size_t)1 << 40},
        "stage_bytes"},
       {{.backend = TR_COMM_THREADS, .world = 1, .nodes = 1, .name = "x"}, "tr_comm_group_new"},
+      /* NAS_WORLD may say so: the segment's size would wrap around */
+      {{.backend = TR_COMM_PROCESSES, .world = 1 << 30, .nodes = 1, .name = "x"},
+       "1073741824 ranks"},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     nas_err err = {{0}};

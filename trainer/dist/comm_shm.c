@@ -51,6 +51,9 @@
 #define SHM_LOOK_S 0.005                /* how often a joining rank looks for the segment */
 #define SHM_STAGE_DEFAULT ((size_t)1 << 20)
 #define SHM_STAGE_MAX ((size_t)1 << 30)
+/* Each staging area holds at least a double per rank (stage_size), and stays within
+ * SHM_STAGE_MAX, so the segment's size (2 x world areas) cannot wrap around. */
+#define SHM_WORLD_MAX ((int)(SHM_STAGE_MAX / sizeof(double)))
 
 /* One rank's record in the segment. */
 typedef struct {
@@ -403,6 +406,9 @@ int comm_shm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err) {
   if (opts->stage_bytes > SHM_STAGE_MAX)
     return nas_errf(err, "stage_bytes %zu is over the limit of %zu", opts->stage_bytes,
                     SHM_STAGE_MAX);
+  if (world > SHM_WORLD_MAX)
+    return nas_errf(err, "%d ranks: processes meet in shared memory of at most %d ranks", world,
+                    SHM_WORLD_MAX);
   shm_comm *sc = calloc(1, sizeof *sc);
   tr_comm *comm = calloc(1, sizeof *comm);
   if (sc) {
