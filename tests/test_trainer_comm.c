@@ -717,6 +717,17 @@ static void a_segment_left_by_a_killed_launch_is_replaced(void **state) {
   run_procs(2, all_reduce_body, NULL, &ps);
 }
 
+/* The stale segment was made for another world size: the new launch's ranks skip it all
+ * the same instead of taking it for a group that disagrees with them. */
+static void a_segment_left_by_a_killed_launch_of_another_size_is_replaced(void **state) {
+  (void)state;
+  proc_setup ps = procs(4, 0, "stale-size");
+  leave_a_killed_launch(ps.name);
+  ps.rank0_delay = 0.3;
+  ps.timeout_s = 5; /* rank 0 waits this long for ranks that failed before they joined */
+  run_procs(3, all_reduce_body, NULL, &ps);
+}
+
 /* Names are unique to a launch, so no later launch replaces that segment; the next rank 0
  * of any group removes it. */
 static void a_segment_left_by_a_killed_launch_is_removed_by_the_next_group(void **state) {
@@ -952,6 +963,7 @@ int main(void) {
       cmocka_unit_test(a_rank_that_stops_calling_times_the_others_out),
       cmocka_unit_test(joining_times_out_naming_who_did_not_come),
       cmocka_unit_test(a_segment_left_by_a_killed_launch_is_replaced),
+      cmocka_unit_test(a_segment_left_by_a_killed_launch_of_another_size_is_replaced),
       cmocka_unit_test(a_segment_left_by_a_killed_launch_is_removed_by_the_next_group),
       cmocka_unit_test_setup(nas_variables_give_rank_world_and_name, env_setup),
       cmocka_unit_test_setup(slurm_variables_name_the_group_by_job_step, env_setup),

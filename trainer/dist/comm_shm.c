@@ -363,11 +363,18 @@ static int shm_create(shm_comm *sc, int world, size_t stage_bytes, nas_err *err)
   return rc;
 }
 
-/* Whether the mapped segment is a complete one made for world ranks. */
+/* Whether the mapped segment is a complete one, with rank 0's record. */
+static int shm_check_complete(const shm_comm *sc, const shm_header *h, size_t bytes,
+                              nas_err *err) {
+  if (bytes < layout_of(1, 0).ranks + sizeof(shm_rank) ||
+      __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC)
+    return nas_errf(err, "%s is not a nas comm segment", sc->path);
+  return NAS_OK;
+}
+
+/* Whether the complete segment was made for world ranks. */
 static int shm_check_segment(const shm_comm *sc, const shm_header *h, size_t bytes, int world,
                              nas_err *err) {
-  if (bytes < sizeof *h || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC)
-    return nas_errf(err, "%s is not a nas comm segment", sc->path);
   if (h->world != world)
     return nas_errf(err, "rank 0 made the group for %d ranks, this rank was told %d", h->world,
                     world);
@@ -405,17 +412,19 @@ static int shm_try_attach(shm_comm *sc, int rank, int world, nas_err *err) {
   if (map == MAP_FAILED) return nas_errf(err, "cannot map %s: %s", sc->path, strerror(errno));
   size_t bytes = (size_t)st.st_size;
   shm_header *h = map;
-  if (shm_check_segment(sc, h, bytes, world, err) != NAS_OK) {
+  if (shm_check_complete(sc, h, bytes, err) != NAS_OK) {
     munmap(map, bytes);
     return NAS_ERR;
   }
   shm_map_parts(sc, map, bytes, world, h->stage_bytes);
-  if (rank_exited(sc, 0)) { /* left by a launch that died: rank 0 will replace it */
+  /* left by a launch that died, of whatever world size: rank 0 will replace it */
+  if (rank_exited(sc, 0)) {
     munmap(map, bytes);
     sc->head = NULL;
     return NAS_ENOTFOUND;
   }
-  if (shm_register(sc, rank, err) != NAS_OK) {
+  if (shm_check_segment(sc, h, bytes, world, err) != NAS_OK ||
+      shm_register(sc, rank, err) != NAS_OK) {
     munmap(map, bytes);
     sc->head = NULL;
     return NAS_ERR;
