@@ -580,6 +580,9 @@ static void bad_join_options_are_refused_without_waiting(void **state) {
         .stage_bytes = (size_t)1 << 40},
        "stage_bytes"},
       {{.backend = TR_COMM_THREADS, .world = 1, .nodes = 1, .name = "x"}, "tr_comm_group_new"},
+      /* NAS_WORLD may say so: the segment's size would wrap around */
+      {{.backend = TR_COMM_PROCESSES, .world = 1 << 30, .nodes = 1, .name = "x"},
+       "1073741824 ranks"},
   };
   for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
     nas_err err = {{0}};
@@ -682,20 +685,18 @@ static void joining_times_out_naming_who_did_not_come(void **state) {
   assert_int_equal(shm_leftovers(ps.name), 0);
 }
 
-/* A launch killed while it gathered leaves its segment behind; the next launch of that
- * name (its rank 1 first, meeting the stale segment) must form its group all the same. */
-static void a_segment_left_by_a_killed_launch_is_replaced(void **state) {
-  (void)state;
-  proc_setup ps = procs(4, 0, "stale");
+/* Leaves the segment of a launch of group name that was killed while it gathered: its
+ * rank 0, forked, made the segment and waited for a rank 1 until killed. */
+static void leave_a_killed_launch(const char *name) {
   char path[256];
-  snprintf(path, sizeof path, SHM_DIR "/nas-comm-%s", ps.name);
+  snprintf(path, sizeof path, SHM_DIR "/nas-comm-%s", name);
   fflush(stdout);
   fflush(stderr);
   pid_t killed = fork();
   assert_true(killed >= 0);
   if (killed == 0) {
     tr_comm_options o = {.backend = TR_COMM_PROCESSES, .world = 2, .nodes = 1, .timeout_s = 30};
-    snprintf(o.name, sizeof o.name, "%s", ps.name);
+    snprintf(o.name, sizeof o.name, "%s", name);
     tr_comm *comm;
     _exit(tr_comm_join(&o, &comm, NULL) == NAS_OK ? 0 : 1); /* killed while it waits */
   }
@@ -704,8 +705,39 @@ static void a_segment_left_by_a_killed_launch_is_replaced(void **state) {
   assert_int_equal(kill(killed, SIGKILL), 0);
   assert_int_equal(waitpid(killed, NULL, 0), killed);
   assert_int_equal(access(path, F_OK), 0); /* stale */
+}
+
+/* A launch killed while it gathered leaves its segment behind; the next launch of that
+ * name (its rank 1 first, meeting the stale segment) must form its group all the same. */
+static void a_segment_left_by_a_killed_launch_is_replaced(void **state) {
+  (void)state;
+  proc_setup ps = procs(4, 0, "stale");
+  leave_a_killed_launch(ps.name);
   ps.rank0_delay = 0.3;
   run_procs(2, all_reduce_body, NULL, &ps);
+}
+
+/* The stale segment was made for another world size: the new launch's ranks skip it all
+ * the same instead of taking it for a group that disagrees with them. */
+static void a_segment_left_by_a_killed_launch_of_another_size_is_replaced(void **state) {
+  (void)state;
+  proc_setup ps = procs(4, 0, "stale-size");
+  leave_a_killed_launch(ps.name);
+  ps.rank0_delay = 0.3;
+  ps.timeout_s = 5; /* rank 0 waits this long for ranks that failed before they joined */
+  run_procs(3, all_reduce_body, NULL, &ps);
+}
+
+/* Names are unique to a launch, so no later launch replaces that segment; the next rank 0
+ * of any group removes it. */
+static void a_segment_left_by_a_killed_launch_is_removed_by_the_next_group(void **state) {
+  (void)state;
+  char orphan[64];
+  unique_name(orphan, sizeof orphan, "orphan");
+  leave_a_killed_launch(orphan);
+  proc_setup ps = procs(1, 0, "after-orphan");
+  run_procs(2, all_reduce_body, NULL, &ps);
+  assert_int_equal(shm_leftovers(orphan), 0);
 }
 
 /* ---------------------------------------------------------------- environment */
@@ -931,6 +963,8 @@ int main(void) {
       cmocka_unit_test(a_rank_that_stops_calling_times_the_others_out),
       cmocka_unit_test(joining_times_out_naming_who_did_not_come),
       cmocka_unit_test(a_segment_left_by_a_killed_launch_is_replaced),
+      cmocka_unit_test(a_segment_left_by_a_killed_launch_of_another_size_is_replaced),
+      cmocka_unit_test(a_segment_left_by_a_killed_launch_is_removed_by_the_next_group),
       cmocka_unit_test_setup(nas_variables_give_rank_world_and_name, env_setup),
       cmocka_unit_test_setup(slurm_variables_name_the_group_by_job_step, env_setup),
       cmocka_unit_test_setup(missing_or_malformed_variables_are_named, env_setup),

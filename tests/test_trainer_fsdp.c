@@ -716,6 +716,50 @@ static void ranks_with_different_models_all_fail_without_deadlock(void **state) 
   assert_non_null(strstr(err.msg, "same model"));
 }
 
+/* Rank 1 fails before its first collective (as one whose model cannot be built would);
+ * rank 0 goes on into an all-reduce that waits for it. */
+static int rank_failing_alone(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
+  (void)arg;
+  if (rank->rank == 1) return nas_errf(err, "no model for this rank");
+  double x = 1;
+  return tr_comm_all_reduce(rank->comm, TR_F64, &x, &x, 1, TR_REDUCE_SUM, err);
+}
+
+/* Runs in a forked child, so a hang fails the test instead of hanging it. */
+static void a_rank_that_fails_alone_fails_the_ranks_waiting_for_it(void **state) {
+  (void)state;
+  int fds[2];
+  assert_int_equal(pipe(fds), 0);
+  fflush(stdout);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    nas_err err = {{0}};
+    int rc = tr_fsdp_run_threads(2, rank_failing_alone, NULL, &err);
+    ssize_t wrote = write(fds[1], err.msg, strlen(err.msg) + 1);
+    _exit(rc == NAS_ERR && wrote > 0 ? 0 : 1);
+  }
+  close(fds[1]);
+  int status = 0;
+  double deadline = nas_monotonic() + 10;
+  while (waitpid(pid, &status, WNOHANG) == 0 && nas_monotonic() < deadline) nas_sleep(0.01);
+  bool hung = kill(pid, 0) == 0 && waitpid(pid, &status, WNOHANG) == 0;
+  if (hung) {
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+  }
+  char msg[sizeof(nas_err)] = "";
+  ssize_t got = read(fds[0], msg, sizeof msg - 1);
+  close(fds[0]);
+  print_message("    %s\n", got > 0 ? msg : "(nothing)");
+  assert_false(hung);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  /* the waiting rank's message names who left and why */
+  assert_non_null(strstr(msg, "all_reduce"));
+  assert_non_null(strstr(msg, "rank 1"));
+  assert_non_null(strstr(msg, "no model for this rank"));
+}
+
 /* ---------------------------------------------------------------- devices: the checks */
 
 /* Marks every parameter and buffer of m (only the first parameter: first_only) as being
@@ -1055,6 +1099,7 @@ int main(void) {
       cmocka_unit_test(configs_that_make_no_sense_are_refused_clearly),
       cmocka_unit_test(a_batch_that_does_not_split_over_the_world_is_refused),
       cmocka_unit_test(ranks_with_different_models_all_fail_without_deadlock),
+      cmocka_unit_test(a_rank_that_fails_alone_fails_the_ranks_waiting_for_it),
       cmocka_unit_test(a_model_split_over_devices_or_on_a_gpu_with_a_cpu_communicator_is_refused),
       cmocka_unit_test(one_gpu_fsdp_trains_like_plain_gpu_and_cpu_training_in_every_mode),
       cmocka_unit_test(a_gpu_model_needs_nccl_its_engine_and_no_prefetch),

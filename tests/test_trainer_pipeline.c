@@ -19,6 +19,7 @@
 #include <dirent.h>
 #include <math.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include "trainer/pipeline.h"
 #include "trainer/trainer.h"
@@ -899,6 +900,31 @@ static void a_stage_that_fails_before_its_first_step_releases_the_others(void **
   assert_every_stage_failed_with(&run, 4, 0, err.msg, "pipeline stage 0: no model for this stage");
 }
 
+/* A stage whose message names it already, as tr_pipe_new's device checks do ("pipeline
+ * stage 0: the stage is on cuda:0 but its stages meet on the host ..."). */
+static int stage_failing_in_its_own_name(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  (void)arg;
+  return nas_errf(err, "pipeline stage %d: the stage is on a device its stages cannot reach",
+                  rank->stage);
+}
+
+static void a_message_that_names_its_stage_is_not_prefixed_again(void **state) {
+  (void)state;
+  const char *want = "pipeline stage 0: the stage is on a device its stages cannot reach";
+  nas_err err = {{0}};
+  assert_int_equal(tr_pipe_run_threads(1, TIMEOUT_S, stage_failing_in_its_own_name, NULL, &err),
+                   NAS_ERR);
+  assert_string_equal(err.msg, want);
+  char name[64];
+  launch_name(name, sizeof name, "named");
+  err = (nas_err){{0}};
+  assert_int_equal(
+      tr_pipe_run_process(name, 0, 1, TIMEOUT_S, stage_failing_in_its_own_name, NULL, &err),
+      NAS_ERR);
+  assert_string_equal(err.msg, want);
+  assert_int_equal(shm_leftovers(name), 0);
+}
+
 static void a_stage_that_stalls_fails_every_stage_with_one_message(void **state) {
   (void)state;
   run_spec run = run_defaults(MODEL_MLP, 4, TR_PIPE_CKPT_NEVER);
@@ -986,6 +1012,43 @@ static void a_stage_process_that_stalls_fails_every_stage_with_one_message(void 
   assert_int_equal(run_processes(&run, 2, 0.3, &err), NAS_ERR);
   assert_every_stage_failed_with(&run, 2, -1, err.msg, "waited 0.3 s for");
   assert_non_null(strstr(err.msg, "stalled"));
+}
+
+static int stage_doing_nothing(const tr_pipe_rank *rank, void *arg, nas_err *err) {
+  (void)rank;
+  (void)arg;
+  (void)err;
+  return NAS_OK;
+}
+
+/* The name becomes part of a path in /dev/shm: through a folder made for the purpose, one
+ * with '/' in it put the segment over a file outside, then unlinked it. */
+static void a_pipeline_name_that_is_no_plain_file_name_is_refused(void **state) {
+  (void)state;
+  char tag[64], dir[128], name[192], outside[128];
+  launch_name(tag, sizeof tag, "escape");
+  snprintf(dir, sizeof dir, "/dev/shm/nas-pipe-%s", tag);
+  snprintf(name, sizeof name, "%s/../../../tmp/%s", tag, tag);
+  snprintf(outside, sizeof outside, "/tmp/%s", tag);
+  assert_int_equal(mkdir(dir, 0700), 0);
+  FILE *f = fopen(outside, "w");
+  assert_non_null(f);
+  fclose(f);
+  tr_comm_options opts = {.backend = TR_COMM_PROCESSES, .world = 1, .nodes = 1};
+  snprintf(opts.name, sizeof opts.name, "%s", tag);
+  tr_comm *group = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(tr_comm_join(&opts, &group, &err), NAS_OK);
+  int rc = tr_pipe_run_group(group, name, TIMEOUT_S, stage_doing_nothing, NULL, &err);
+  tr_comm_free(group);
+  rmdir(dir);
+  bool kept = access(outside, F_OK) == 0;
+  unlink(outside);
+  print_message("    %s\n", err.msg);
+  assert_true(kept);
+  assert_int_equal(rc, NAS_ERR);
+  assert_non_null(strstr(err.msg, "letters, digits"));
+  assert_int_equal(shm_leftovers(tag), 0);
 }
 
 /* ---------------------------------------------------------------- stages on GPUs over NCCL
@@ -1202,6 +1265,8 @@ int main(void) {
       cmocka_unit_test(a_stage_that_fails_fails_every_stage_with_one_message),
       cmocka_unit_test(a_stage_that_fails_before_its_first_step_releases_the_others),
       cmocka_unit_test(a_stage_that_stalls_fails_every_stage_with_one_message),
+      cmocka_unit_test(a_message_that_names_its_stage_is_not_prefixed_again),
+      cmocka_unit_test(a_pipeline_name_that_is_no_plain_file_name_is_refused),
       cmocka_unit_test(process_stages_train_like_single_rank_in_every_checkpoint_mode),
       cmocka_unit_test(process_stages_carry_messages_larger_than_their_mailbox),
       cmocka_unit_test(a_stage_process_that_dies_fails_every_stage_with_one_message),

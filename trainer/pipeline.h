@@ -75,9 +75,10 @@ int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_
                         tr_pipe_rank_fn fn, void *arg, nas_err *err);
 /* The same for a process group this process has joined already (borrowed): stage
  * tr_comm_rank(group) of tr_comm_world(group). A TR_COMM_PROCESSES group (as srun tasks
- * form one) meets in the segment that name names, as above; a TR_COMM_NCCL group sends
- * device tensors with NCCL, each stage on its GPU, its waits bounded by the group's own
- * timeout, and a stage that fails fails the others only when their wait times out. */
+ * form one) meets in the segment that name names, as above (a name of other characters
+ * is refused); a TR_COMM_NCCL group sends device tensors with NCCL, each stage on its
+ * GPU, its waits bounded by the group's own timeout, and a stage that fails fails the
+ * others only when their wait times out. */
 int tr_pipe_run_group(tr_comm *group, const char *name, double timeout_s, tr_pipe_rank_fn fn,
                       void *arg, nas_err *err);
 

@@ -63,6 +63,16 @@ void comm_chunk_bounds(int64_t count, int world, int rank, int64_t *lo, int64_t 
 void comm_reduce(tr_dtype dtype, tr_reduce_op op, int world, const void *const *srcs,
                  void *const *dsts, int n_dst, int64_t n);
 
+/* The thread backend (comm_threads.c): comm's rank has stopped calling for good (its
+ * thread's function returned; failure: that function's message, or NULL), so every wait
+ * for it, now or later, fails with a message saying so instead of waiting forever. */
+void comm_threads_leave(tr_comm *comm, const char *failure);
+
+/* Whether name can name a group or a pipeline's segment (comm_join.c): it becomes part of
+ * a file name in /dev/shm, so 1 to TR_COMM_NAME_MAX - 1 letters, digits, '.', '_' or '-',
+ * not starting with '.'. */
+bool comm_name_ok(const char *name);
+
 /* The process backend (comm_shm.c): joins the group named opts->name on this node. */
 int comm_shm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err);
 

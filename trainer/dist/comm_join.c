@@ -26,8 +26,7 @@ static int env_int(const char *var, int lo, int hi, int *out, nas_err *err) {
   return NAS_OK;
 }
 
-/* Whether name can be a group name (it becomes part of file names). */
-static bool name_ok(const char *name) {
+bool comm_name_ok(const char *name) {
   size_t n = strnlen(name, TR_COMM_NAME_MAX);
   if (n == 0 || n == TR_COMM_NAME_MAX || name[0] == '.') return false;
   for (size_t i = 0; i < n; i++) {
@@ -42,7 +41,7 @@ static bool name_ok(const char *name) {
 /* Writes the group name into opts->name, checked. */
 static int set_name(tr_comm_options *opts, const char *name, const char *from, nas_err *err) {
   int n = snprintf(opts->name, sizeof opts->name, "%s", name);
-  if (n < 0 || n >= (int)sizeof opts->name || !name_ok(opts->name))
+  if (n < 0 || n >= (int)sizeof opts->name || !comm_name_ok(opts->name))
     return nas_errf(err, "group name \"%s\" (from %s) must be 1 to %d letters, digits, '.', '_' "
                     "or '-', not starting with '.'", name, from, TR_COMM_NAME_MAX - 1);
   return NAS_OK;
@@ -101,7 +100,7 @@ static int check_options(const tr_comm_options *o, nas_err *err) {
   if (o->local_rank < 0) return nas_errf(err, "local rank %d is negative", o->local_rank);
   if (o->nodes < 1 || o->nodes > o->world)
     return nas_errf(err, "%d nodes for %d ranks", o->nodes, o->world);
-  if (!name_ok(o->name))
+  if (!comm_name_ok(o->name))
     return nas_errf(err, "group name \"%.*s\" must be 1 to %d letters, digits, '.', '_' or '-', "
                     "not starting with '.'", TR_COMM_NAME_MAX, o->name, TR_COMM_NAME_MAX - 1);
   return NAS_OK;

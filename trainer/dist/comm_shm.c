@@ -16,7 +16,8 @@
  *   complete, so a rank that opens the name sees a whole segment (or a stale one from a
  *   dead launch, whose creator's pid is gone: it waits for rank 0 to replace it). Once all
  *   ranks have joined, rank 0 unlinks the name; the mappings live on, so nothing is left in
- *   /dev/shm however the ranks end after that.
+ *   /dev/shm however the ranks end after that. A rank 0 killed before then leaves its
+ *   segment: the next rank 0 of this user (any group) removes it.
  * - Slots and staging areas alternate by round parity: round k+2 reuses round k's only
  *   after every rank has passed round k+1's first barrier, so after all finished round k.
  * - In an all-reduce round rank r alone reads and writes chunk r of the staging areas and
@@ -29,6 +30,7 @@
  * - The header and the rank records are read and written under the segment's mutex. Slots
  *   and staging areas are written without it: the barrier's lock and unlock order a rank's
  *   writes before the reads the other ranks make after the barrier. */
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -51,6 +53,9 @@
 #define SHM_LOOK_S 0.005                /* how often a joining rank looks for the segment */
 #define SHM_STAGE_DEFAULT ((size_t)1 << 20)
 #define SHM_STAGE_MAX ((size_t)1 << 30)
+/* Each staging area holds at least a double per rank (stage_size), and stays within
+ * SHM_STAGE_MAX, so the segment's size (2 x world areas) cannot wrap around. */
+#define SHM_WORLD_MAX ((int)(SHM_STAGE_MAX / sizeof(double)))
 
 /* One rank's record in the segment. */
 typedef struct {
@@ -290,9 +295,51 @@ void *comm_shm_map_new(const char *tmp, size_t bytes, nas_err *err) {
   return map;
 }
 
+/* Whether entry of the folder dirfd is a complete segment of this user whose rank 0 has
+ * exited in this pid namespace: left by a launch killed while its ranks gathered. Its
+ * inode into *inode. */
+static bool shm_orphaned(int dirfd, const char *entry, uint64_t pid_ns, ino_t *inode) {
+  size_t ranks_at = layout_of(1, 0).ranks, need = ranks_at + sizeof(shm_rank);
+  int fd = openat(dirfd, entry, O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) return false;
+  struct stat st;
+  bool candidate = fstat(fd, &st) == 0 && S_ISREG(st.st_mode) && st.st_uid == geteuid() &&
+                   (size_t)st.st_size >= need;
+  void *map = candidate ? mmap(NULL, need, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+  close(fd);
+  if (map == MAP_FAILED) return false;
+  *inode = st.st_ino;
+  const shm_header *h = map;
+  const shm_rank *r0 = (const shm_rank *)((const char *)map + ranks_at);
+  bool orphaned = __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) == SHM_MAGIC && r0->pid > 0 &&
+                  pid_ns != 0 && r0->pid_ns == pid_ns && comm_pid_exited(r0->pid);
+  munmap(map, need);
+  return orphaned;
+}
+
+/* Rank 0, before it makes its segment: unlinks this user's segments that killed launches
+ * left in SHM_DIR. Their names are unique to those launches, so no rank 0 would ever
+ * replace them, and a group whose rank 0 is gone can no longer form. */
+static void shm_sweep(uint64_t pid_ns) {
+  DIR *dir = pid_ns ? opendir(SHM_DIR) : NULL;
+  if (!dir) return;
+  for (struct dirent *e; (e = readdir(dir));) {
+    ino_t inode;
+    struct stat now;
+    if (strncmp(e->d_name, "nas-comm-", 9) != 0 ||
+        !shm_orphaned(dirfd(dir), e->d_name, pid_ns, &inode))
+      continue;
+    /* unless a relaunch under the same name has just renamed its own segment there */
+    if (fstatat(dirfd(dir), e->d_name, &now, AT_SYMLINK_NOFOLLOW) == 0 && now.st_ino == inode)
+      unlinkat(dirfd(dir), e->d_name, 0);
+  }
+  closedir(dir);
+}
+
 /* Rank 0: builds the complete segment under a temporary name, then renames it into place
  * (replacing a stale one of a dead launch). */
 static int shm_create(shm_comm *sc, int world, size_t stage_bytes, nas_err *err) {
+  shm_sweep(sc->pid_ns);
   size_t bytes = layout_of(world, stage_bytes).total;
   char *tmp = nas_asprintf("%s.tmp-%ld", sc->path, (long)getpid());
   if (!tmp) return nas_errf(err, "out of memory");
@@ -316,11 +363,18 @@ static int shm_create(shm_comm *sc, int world, size_t stage_bytes, nas_err *err)
   return rc;
 }
 
-/* Whether the mapped segment is a complete one made for world ranks. */
+/* Whether the mapped segment is a complete one, with rank 0's record. */
+static int shm_check_complete(const shm_comm *sc, const shm_header *h, size_t bytes,
+                              nas_err *err) {
+  if (bytes < layout_of(1, 0).ranks + sizeof(shm_rank) ||
+      __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC)
+    return nas_errf(err, "%s is not a nas comm segment", sc->path);
+  return NAS_OK;
+}
+
+/* Whether the complete segment was made for world ranks. */
 static int shm_check_segment(const shm_comm *sc, const shm_header *h, size_t bytes, int world,
                              nas_err *err) {
-  if (bytes < sizeof *h || __atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != SHM_MAGIC)
-    return nas_errf(err, "%s is not a nas comm segment", sc->path);
   if (h->world != world)
     return nas_errf(err, "rank 0 made the group for %d ranks, this rank was told %d", h->world,
                     world);
@@ -358,17 +412,19 @@ static int shm_try_attach(shm_comm *sc, int rank, int world, nas_err *err) {
   if (map == MAP_FAILED) return nas_errf(err, "cannot map %s: %s", sc->path, strerror(errno));
   size_t bytes = (size_t)st.st_size;
   shm_header *h = map;
-  if (shm_check_segment(sc, h, bytes, world, err) != NAS_OK) {
+  if (shm_check_complete(sc, h, bytes, err) != NAS_OK) {
     munmap(map, bytes);
     return NAS_ERR;
   }
   shm_map_parts(sc, map, bytes, world, h->stage_bytes);
-  if (rank_exited(sc, 0)) { /* left by a launch that died: rank 0 will replace it */
+  /* left by a launch that died, of whatever world size: rank 0 will replace it */
+  if (rank_exited(sc, 0)) {
     munmap(map, bytes);
     sc->head = NULL;
     return NAS_ENOTFOUND;
   }
-  if (shm_register(sc, rank, err) != NAS_OK) {
+  if (shm_check_segment(sc, h, bytes, world, err) != NAS_OK ||
+      shm_register(sc, rank, err) != NAS_OK) {
     munmap(map, bytes);
     sc->head = NULL;
     return NAS_ERR;
@@ -403,6 +459,9 @@ int comm_shm_join(const tr_comm_options *opts, tr_comm **out, nas_err *err) {
   if (opts->stage_bytes > SHM_STAGE_MAX)
     return nas_errf(err, "stage_bytes %zu is over the limit of %zu", opts->stage_bytes,
                     SHM_STAGE_MAX);
+  if (world > SHM_WORLD_MAX)
+    return nas_errf(err, "%d ranks: processes meet in shared memory of at most %d ranks", world,
+                    SHM_WORLD_MAX);
   shm_comm *sc = calloc(1, sizeof *sc);
   tr_comm *comm = calloc(1, sizeof *comm);
   if (sc) {

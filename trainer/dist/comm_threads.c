@@ -16,8 +16,12 @@
  * - Reductions cut the elements into world chunks and rank r alone reads and writes chunk
  *   r of every rank's buffers, so in-place calls have no races.
  * - All shared state is guarded by the group's mutex; the barrier's lock and unlock order
- *   every write a rank made before it before every read another rank makes after it. */
+ *   every write a rank made before it before every read another rank makes after it.
+ * - A barrier completes only when all world ranks arrive, so once a rank has left
+ *   (comm_threads_leave: its thread's function returned) every wait that has not completed
+ *   fails with who left and why, now and in every later call, instead of waiting forever. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +33,8 @@ struct tr_comm_group {
   pthread_cond_t released; /* signalled when the last rank reaches the barrier */
   int arrived;             /* ranks waiting at the barrier now */
   uint64_t generation;     /* barriers completed: a waiter leaves when it changes */
+  int left;                /* ranks whose thread has stopped calling (comm_threads_leave) */
+  char why[600];           /* the first of them: who, and its failure */
   comm_call *slots;        /* owned, 2 * world: [parity * world + rank] */
   tr_comm *comms;          /* owned, world */
   const void **srcs;       /* owned, world * world: rank r's comm_reduce sources at r * world */
@@ -97,10 +103,22 @@ tr_comm *tr_comm_group_comm(tr_comm_group *group, int rank, nas_err *err) {
   return &group->comms[rank];
 }
 
+void comm_threads_leave(tr_comm *comm, const char *failure) {
+  tr_comm_group *g = comm->impl;
+  pthread_mutex_lock(&g->lock);
+  if (g->left++ == 0 && failure)
+    snprintf(g->why, sizeof g->why, "rank %d failed and left the group (%s)", comm->rank, failure);
+  else if (g->left == 1)
+    snprintf(g->why, sizeof g->why, "rank %d left the group", comm->rank);
+  pthread_cond_broadcast(&g->released);
+  pthread_mutex_unlock(&g->lock);
+}
+
 /* Blocks until all world ranks have called it (a generation-counting barrier: the
  * generation, not the arrival count, tells a waiter it may go, so a rank that races ahead
- * into the next barrier cannot confuse one still waking from this one). */
-static void group_wait(tr_comm_group *g) {
+ * into the next barrier cannot confuse one still waking from this one). Fails, naming
+ * during, once a rank has left: it will never arrive. */
+static int group_wait(tr_comm_group *g, const char *during, nas_err *err) {
   pthread_mutex_lock(&g->lock);
   uint64_t generation = g->generation;
   if (++g->arrived == g->world) {
@@ -108,9 +126,11 @@ static void group_wait(tr_comm_group *g) {
     g->generation++;
     pthread_cond_broadcast(&g->released);
   } else {
-    while (generation == g->generation) pthread_cond_wait(&g->released, &g->lock);
+    while (generation == g->generation && !g->left) pthread_cond_wait(&g->released, &g->lock);
   }
+  int rc = generation != g->generation ? NAS_OK : nas_errf(err, "%s: %s", during, g->why);
   pthread_mutex_unlock(&g->lock);
+  return rc;
 }
 
 /* ---------------------------------------------------------------- data movement */
@@ -162,10 +182,10 @@ static int threads_run(tr_comm *comm, const comm_call *call, nas_err *err) {
   tr_comm_group *g = comm->impl;
   comm_call *round = g->slots + (size_t)(comm->round++ & 1) * (size_t)g->world;
   round[comm->rank] = *call;
-  group_wait(g);
+  const char *name = comm_kind_name(call->kind);
+  if (group_wait(g, name, err) != NAS_OK) return NAS_ERR;
   if (comm_check_calls(round, g->world, err) != NAS_OK) return NAS_ERR;
   if (call->kind == COMM_BARRIER) return NAS_OK;
   threads_move(comm, round);
-  group_wait(g);
-  return NAS_OK;
+  return group_wait(g, name, err);
 }

@@ -5,12 +5,15 @@
  * Invariants: either every rank's function runs or none does. Threads wait at a start gate
  * until all were created; if one cannot be created, the others are released without
  * running (a rank missing from the group would leave the rest waiting in their first
- * collective forever). The groups are freed only after every thread has been joined. */
+ * collective forever). A rank whose function returns leaves both groups, so a rank that
+ * fails alone fails the collectives that wait for it instead of hanging them. The groups
+ * are freed only after every thread has been joined. */
 #include <omp.h>
 #include <pthread.h>
 #include <stdlib.h>
 
 #include "trainer/dist.h"
+#include "trainer/dist/comm_internal.h"
 #include "trainer/core/internal.h"
 
 /* Where the threads wait until the driver knows whether all of them exist. */
@@ -64,6 +67,10 @@ static void *rank_main(void *arg) {
   /* the ICV of this thread only: ranks split the cores instead of each taking them all */
   omp_set_num_threads(job->omp_threads);
   job->rc = job->fn(&job->env, job->arg, &job->err);
+  /* a rank that fails alone would otherwise leave the others waiting in a collective */
+  const char *failure = job->rc ? job->err.msg : NULL;
+  comm_threads_leave(job->env.comm, failure);
+  comm_threads_leave(job->env.prefetch_comm, failure);
   return NULL;
 }
 

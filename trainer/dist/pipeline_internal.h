@@ -28,8 +28,9 @@ tr_tensor *pw_recv(tr_ctx *ctx, tr_pipe_world *w, int from, int to, const char *
 /* Returns once every stage has called it, with *value the sum of the stages' values (in
  * stage order). Fails when the world is aborted or a stage does not come in time. */
 int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err);
-/* Aborts the world with "pipeline stage <stage>: <message>" unless it is aborted already,
- * and puts the world's message into err. Returns NAS_ERR. */
+/* Aborts the world with "pipeline stage <stage>: <message>" (the message alone when it
+ * begins with that stage's name already) unless it is aborted already, and puts the
+ * world's message into err. Returns NAS_ERR. */
 int pw_abort(tr_pipe_world *w, int stage, nas_err *err);
 /* Whether the world is aborted; its message into err (may be NULL) if so. */
 bool pw_aborted(tr_pipe_world *w, nas_err *err);

@@ -404,6 +404,12 @@ static int segment_attach(pw_shm *w, const char *path, int stage, int stages, na
 static tr_pipe_world *shm_join(tr_comm *group, const char *name, double timeout_s,
                                nas_err *err) {
   int stage = tr_comm_rank(group), stages = tr_comm_world(group);
+  if (!comm_name_ok(name)) {
+    nas_errf(err, "pipeline stage %d: name '%.*s' must be 1 to %d letters, digits, '.', '_' or "
+             "'-', not starting with '.' (it names a file in /dev/shm)", stage,
+             TR_COMM_NAME_MAX, name, TR_COMM_NAME_MAX - 1);
+    return NULL;
+  }
   char *path = nas_asprintf("/dev/shm/nas-pipe-%s", name);
   pw_shm *impl = calloc(1, sizeof *impl);
   tr_pipe_world *world = malloc(sizeof *world);

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <math.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -146,9 +147,17 @@ int pw_step_end(tr_pipe_world *w, int stage, double *value, nas_err *err) {
   return w->transport->step_end(w->impl, stage, value, err);
 }
 
+/* Whether message begins with "pipeline stage <stage>" as a whole phrase, as tr_pipe_new's
+ * checks and the NCCL transport's messages do. */
+static bool names_stage(const char *message, int stage) {
+  char own[32];
+  int n = snprintf(own, sizeof own, "pipeline stage %d", stage);
+  return strncmp(message, own, (size_t)n) == 0 && (message[n] == ':' || message[n] == ' ');
+}
+
 int pw_abort(tr_pipe_world *w, int stage, nas_err *err) {
   nas_err mine = *err;
-  nas_err_prefix(&mine, "pipeline stage %d", stage);
+  if (!names_stage(mine.msg, stage)) nas_err_prefix(&mine, "pipeline stage %d", stage);
   w->transport->abort(w->impl, mine.msg, err);
   return NAS_ERR;
 }
