@@ -218,12 +218,30 @@ static size_t enqueue_locked(webhook *w, notify_event event, char *body) {
   return to_log;
 }
 
+/* text with Slack's three control characters escaped (its mrkdwn reads <…> as a link or
+ * a mention, <!channel> pinging everyone, and & as an entity), so that an error message
+ * or a name arrives as written; owned, NULL when out of memory. */
+static char *slack_escaped(const char *text) {
+  size_t len = 0;
+  for (const char *p = text; *p; p++) len += *p == '&' ? 5 : *p == '<' || *p == '>' ? 4 : 1;
+  char *out = malloc(len + 1), *o = out;
+  for (const char *p = text; out && *p; p++) {
+    const char *entity = *p == '&' ? "&amp;" : *p == '<' ? "&lt;" : *p == '>' ? "&gt;" : NULL;
+    if (entity) o = stpcpy(o, entity);
+    else *o++ = *p;
+  }
+  if (out) *o = '\0';
+  return out;
+}
+
 /* The request body of event for w's format; owned, NULL when out of memory. */
 static char *event_body(const webhook *w, const json_t *payload, const char *text) {
   if (w->spec->format == NOTIFY_JSON) return json_dumps(payload, JSON_COMPACT);
-  json_t *slack = json_pack("{s:s}", "text", text);
+  char *escaped = slack_escaped(text);
+  json_t *slack = escaped ? json_pack("{s:s}", "text", escaped) : NULL;
   char *body = slack ? json_dumps(slack, JSON_COMPACT) : NULL;
   json_decref(slack);
+  free(escaped);
   return body;
 }
 

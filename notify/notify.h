@@ -30,7 +30,7 @@ typedef struct notifier notifier;
 int notifier_start(const notify_spec *targets, size_t n, notifier **out, nas_err *err);
 
 /* Queues event for every webhook that subscribes to it: `payload` (borrowed) for json
- * webhooks, {"text": text} for slack ones. Never blocks beyond a short mutex hold. */
+ * webhooks, {"text": text} for slack ones, its &, < and > escaped as Slack asks. Never blocks beyond a short mutex hold. */
 void notifier_post(notifier *nt, notify_event event, const json_t *payload, const char *text);
 
 /* Waits up to NOTIFY_FLUSH_S for the queued events to be delivered (a request in flight

@@ -246,6 +246,26 @@ static void a_full_queue_drops_the_oldest_events(void **state) {
   receiver_stop(h.rv);
 }
 
+/* Slack reads <…> as a link or a mention (<!channel> pings everyone) and & as the start of
+ * an entity: text from users (an error message, a name) arrives as written. */
+static void slack_text_escapes_what_slack_reads_as_markup(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_ALL_EVENTS);
+  h.target.format = NOTIFY_SLACK; /* read by notifier_post, on this thread */
+  json_t *payload = json_object();
+  notifier_post(h.nt, NOTIFY_TRIAL_FAILED, payload,
+                "nas: e: trial 1 failed: loss <0 & <!channel> <http://x.example|here>");
+  json_decref(payload);
+  notifier_close(h.nt);
+  assert_int_equal(json_array_size(h.rv->received), 1);
+  const json_t *body = json_object_get(json_array_get(h.rv->received, 0), "body");
+  assert_string_equal(json_string_value(json_object_get(body, "text")),
+                      "nas: e: trial 1 failed: loss &lt;0 &amp; &lt;!channel&gt; "
+                      "&lt;http://x.example|here&gt;");
+  receiver_stop(h.rv);
+}
+
 /* ---- end to end: nas run ------------------------------------------------------------------ */
 
 /* Trials 3, 7, … (numbered from 0) fail (exit 3); the others report y = x. notify_yaml is
@@ -592,6 +612,7 @@ int main(void) {
       cmocka_unit_test(events_a_webhook_does_not_subscribe_to_are_not_sent),
       cmocka_unit_test(posting_never_waits_for_a_slow_receiver),
       cmocka_unit_test(a_full_queue_drops_the_oldest_events),
+      cmocka_unit_test(slack_text_escapes_what_slack_reads_as_markup),
       cmocka_unit_test_setup_teardown(run_tells_each_trial_end_the_front_and_the_finish_in_both_formats,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(a_slow_receiver_does_not_slow_the_run, setup, teardown),
