@@ -32,6 +32,7 @@ typedef struct {
   queued_event *queue;       /* owned ring of NOTIFY_QUEUE_CAP; `count` from `head` */
   size_t head, count;
   size_t dropped;            /* events dropped for a full queue */
+  size_t dropped_told;       /* `dropped` as the log last told it */
   double drop_logged;        /* monotonic time drops were last logged; 0 = never */
   struct curl_slist *headers; /* owned */
   char curl_error[CURL_ERROR_SIZE];
@@ -210,7 +211,7 @@ static size_t enqueue_locked(webhook *w, notify_event event, char *body) {
     double now = nas_monotonic();
     if (w->drop_logged == 0 || now - w->drop_logged >= DROP_LOG_EVERY_S) {
       w->drop_logged = now;
-      to_log = w->dropped;
+      to_log = w->dropped_told = w->dropped;
     }
   }
   w->queue[(w->head + w->count) % NOTIFY_QUEUE_CAP] = (queued_event){body, event};
@@ -329,6 +330,8 @@ int notifier_start(const notify_spec *targets, size_t n, notifier **out, nas_err
 }
 
 static void webhook_free(webhook *w) {
+  if (w->dropped > w->dropped_told) /* drops after the last line about them */
+    say("notify %s: dropped %zu events in all for a full queue", w->shown, w->dropped);
   if (w->count > 0)
     say("notify %s: gave up %zu undelivered events at exit (waited %g s)", w->shown, w->count,
         NOTIFY_FLUSH_S);

@@ -4,7 +4,8 @@
  * Each webhook has a thread and a queue of its own, so a slow or dead receiver delays only
  * its own events, and notifier_post never waits on the network: it formats the body and
  * appends it under a mutex. A queue holds at most NOTIFY_QUEUE_CAP events; when it is full
- * the oldest is dropped, with a warning. A request that fails (no connection, a timeout, an
+ * the oldest is dropped, with a warning (one per 10 s at most; notifier_close logs the
+ * total). A request that fails (no connection, a timeout, an
  * HTTP 5xx or 429) is tried again after 0.5 s, 1 s, 2 s, up to NOTIFY_ATTEMPTS tries; one
  * refused outright (another 4xx) is not. Failures are logged (nas_log) and never reach the
  * caller: a webhook cannot fail a run. Logs show a URL only as spec_url_shown gives it,

@@ -266,6 +266,44 @@ static void slack_text_escapes_what_slack_reads_as_markup(void **state) {
   receiver_stop(h.rv);
 }
 
+/* What this process writes to stderr while fn(arg) runs (owned). */
+static char *stderr_of(void (*fn)(void *), void *arg) {
+  char path[] = "/tmp/nas-notify-stderr-XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  assert_true(fd >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(fd, 2);
+  fn(arg);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  char *text;
+  nas_err err;
+  assert_int_equal(nas_read_file(path, &text, NULL, &err), NAS_OK);
+  unlink(path);
+  return text;
+}
+
+static void close_notifier(void *nt) { notifier_close(nt); }
+
+/* Drops are logged at most every 10 s: those made since the last such line are told at
+ * the close, so the log's count is the whole count. */
+static void the_close_logs_every_event_a_full_queue_dropped(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_ALL_EVENTS);
+  receiver_hold(h.rv, true);
+  post_numbered(h.nt, NOTIFY_QUEUE_CAP + 10); /* logs the first drop only */
+  receiver_hold(h.rv, false);
+  char *logged = stderr_of(close_notifier, h.nt);
+  /* 9 or 10 dropped: the thread may have taken event 0 before the queue filled */
+  if (!strstr(logged, "dropped 10 events in all") && !strstr(logged, "dropped 9 events in all"))
+    fail_msg("no total of the dropped events in:\n%s", logged);
+  free(logged);
+  receiver_stop(h.rv);
+}
+
 /* ---- end to end: nas run ------------------------------------------------------------------ */
 
 /* Trials 3, 7, … (numbered from 0) fail (exit 3); the others report y = x. notify_yaml is
@@ -613,6 +651,7 @@ int main(void) {
       cmocka_unit_test(posting_never_waits_for_a_slow_receiver),
       cmocka_unit_test(a_full_queue_drops_the_oldest_events),
       cmocka_unit_test(slack_text_escapes_what_slack_reads_as_markup),
+      cmocka_unit_test(the_close_logs_every_event_a_full_queue_dropped),
       cmocka_unit_test_setup_teardown(run_tells_each_trial_end_the_front_and_the_finish_in_both_formats,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(a_slow_receiver_does_not_slow_the_run, setup, teardown),
