@@ -136,6 +136,15 @@ class _Retry(Exception):
 
 # ---- the client -------------------------------------------------------------------------------
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Leaves a 3xx answer an error: urllib would follow it with every header, the token
+    included, to any host and scheme, and turn a POST into a GET. nas serve never
+    redirects, so one means the URL is not the server's."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
+
 def _read_token_file(path: str | os.PathLike[str]) -> str:
     """The token in a file: its first line that is neither blank nor a # comment."""
     with open(path, encoding="utf-8") as f:
@@ -177,7 +186,8 @@ class Client:
         default address); a trailing ``/api/v1`` is fine.
     token, token_file: the bearer token, or a file holding it alone on its first line; when
         neither is given, $NAS_TOKEN, then the file $NAS_TOKEN_FILE. The token is sent only
-        in the Authorization header, and never shows in errors or repr().
+        in the Authorization header, never to where a redirect points (none is followed),
+        and never shows in errors or repr().
     cafile: the PEM certificate(s) to trust for https, e.g. the server's own --tls-cert when
         it signed it itself; default: the system's certificate authorities.
     timeout: seconds one attempt may take.
@@ -206,7 +216,9 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        handlers = [urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile))] if cafile else []
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        if cafile:
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile)))
         self._opener = urllib.request.build_opener(*handlers)
 
     def __repr__(self) -> str:
@@ -246,6 +258,10 @@ class Client:
             with self._opener.open(request, timeout=self.timeout) as answer:
                 status, text = answer.status, answer.read()
         except urllib.error.HTTPError as e:
+            if 300 <= e.code < 400:
+                where = e.headers.get("Location", "elsewhere")
+                raise NasError(f"redirected to {where}, not followed: nas serve never redirects; "
+                               "is this its URL?", e.code, method, url) from None
             # A 500 may come after the server stored part of a write; a 503 before it did anything.
             error = _error_of(e.code, e.read(), method, url)
             again = e.code == 503 or (e.code >= 500 and method == "GET")

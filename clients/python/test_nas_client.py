@@ -316,8 +316,8 @@ class StandIn(http.server.ThreadingHTTPServer):
     answer 5xx, or drop a connection after reading the request. `answers` lists what the
     requests in turn get: an HTTP status, or None to close the connection unanswered."""
 
-    def __init__(self, answers: list[int | None]):
-        self.answers, self.requests = answers, 0
+    def __init__(self, answers: list[int | None], location: str = ""):
+        self.answers, self.requests, self.location = answers, 0, location
         super().__init__(("127.0.0.1", 0), StandInHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
@@ -338,6 +338,8 @@ class StandInHandler(http.server.BaseHTTPRequestHandler):
             return
         body = json.dumps({"experiments": []} if status == 200 else {"error": "busy"}).encode()
         self.send_response(status)
+        if 300 <= status < 400:
+            self.send_header("Location", server.location)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
@@ -409,6 +411,25 @@ class RetryTest(unittest.TestCase):
             self.assertEqual(stand_in.requests, 1)
         finally:
             stand_in.close()
+
+
+class RedirectTest(unittest.TestCase):
+    def test_a_redirect_is_not_followed_so_the_token_goes_nowhere_else(self):
+        # urllib would follow it with the Authorization header, to any host and scheme,
+        # and turn a POST into a GET; nas serve never redirects.
+        elsewhere = StandIn([200])
+        redirecting = StandIn([302], location=elsewhere.url + "/api/v1/experiments")
+        try:
+            client = Client(redirecting.url, token=WRITER, retries=0)
+            for call in (client.experiments, client.experiment_handle("x").ask):
+                with self.assertRaises(nas_client.NasError) as raised:
+                    call()
+                self.assertEqual(raised.exception.status, 302)
+                self.assertIn("not followed", raised.exception.message)
+            self.assertEqual((redirecting.requests, elsewhere.requests), (2, 0))
+        finally:
+            redirecting.close()
+            elsewhere.close()
 
 
 class ClientSetupTest(unittest.TestCase):
