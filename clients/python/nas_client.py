@@ -407,7 +407,8 @@ class Trial:
     or fail. Its ``status`` is "running" until one of these ends it here.
 
     As a context manager it ends itself: an exception inside the block fails it with the
-    exception's type, message and place, then propagates; leaving the block normally
+    exception's type, message and place, then propagates (KeyboardInterrupt and SystemExit
+    leave it running, for its lease to hand it out again); leaving the block normally
     completes it with what it reported (its objectives' last values) unless it was already
     completed, failed or stopped. One that never reported an objective is then failed with
     the server's reason and BadRequest is raised: a loop that forgot to report is a bug.
@@ -481,6 +482,11 @@ class Trial:
             except BadRequest as e:
                 self.fail(e.message)
                 raise
+            return False
+        if not isinstance(exc, Exception):
+            # Ctrl-C, sys.exit(), a closed generator: no fault of the trial's, and an
+            # interrupt must not wait on the server. Left running, the trial is handed out
+            # again once its lease lapses, as a worker's that died would be.
             return False
         try:
             self.fail(_failure_text(exc, tb))

@@ -144,6 +144,18 @@ class AskAndTellTest(LiveServerTest):
         self.assertRegex(error, r"^ZeroDivisionError: float division by zero \(at test_nas_client\.py:\d+ in "
                                 r"test_an_exception_in_the_with_block_fails_the_trial_and_propagates\)$")
 
+    def test_an_interrupt_or_exit_in_the_with_block_leaves_the_trial_to_its_lease(self):
+        # Ctrl-C or sys.exit() says nothing about the trial: it is not failed (nothing is
+        # sent, so the interrupt is not held up either); silent, it is handed out again.
+        exp = self.new_experiment()
+        for stop in (KeyboardInterrupt, SystemExit):
+            with self.assertRaises(stop):
+                with exp.ask()[0] as trial:
+                    trial.report(step=1, loss=0.5)
+                    raise stop()
+            self.assertEqual(trial.status, "running")
+            self.assertEqual(exp.trial(trial.number)["status"], "running")
+
     def test_leaving_the_with_block_completes_the_trial_with_what_it_reported(self):
         exp = self.new_experiment()
         with exp.ask()[0] as trial:
