@@ -342,13 +342,20 @@ static void webhook_free(webhook *w) {
   curl_slist_free_all(w->headers);
 }
 
-void notifier_close(notifier *nt) {
+void notifier_begin_close(notifier *nt) {
   if (!nt) return;
   pthread_mutex_lock(&nt->lock);
-  nt->closing = true;
-  nt->deadline = nas_monotonic() + NOTIFY_FLUSH_S;
+  if (!nt->closing) {
+    nt->closing = true;
+    nt->deadline = nas_monotonic() + NOTIFY_FLUSH_S;
+  }
   pthread_cond_broadcast(&nt->wake);
   pthread_mutex_unlock(&nt->lock);
+}
+
+void notifier_close(notifier *nt) {
+  if (!nt) return;
+  notifier_begin_close(nt);
   for (size_t i = 0; i < nt->n_hooks; i++)
     if (nt->hooks[i].started) pthread_join(nt->hooks[i].thread, NULL);
   for (size_t i = 0; i < nt->n_hooks; i++) webhook_free(&nt->hooks[i]);

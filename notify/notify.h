@@ -34,8 +34,14 @@ int notifier_start(const notify_spec *targets, size_t n, notifier **out, nas_err
  * webhooks, {"text": text} for slack ones, its &, < and > escaped as Slack asks. Never blocks beyond a short mutex hold. */
 void notifier_post(notifier *nt, notify_event event, const json_t *payload, const char *text);
 
-/* Waits up to NOTIFY_FLUSH_S for the queued events to be delivered (a request in flight
- * is cut short then, within about a second), logs how many were given up, and frees. */
+/* Starts the NOTIFY_FLUSH_S that notifier_close gives the queued events, without waiting:
+ * called on many notifiers before closing each, they all flush at once, so closing them
+ * takes one flush time, not one each. A second call changes nothing. */
+void notifier_begin_close(notifier *nt);
+
+/* Waits up to NOTIFY_FLUSH_S (from notifier_begin_close, when that came first) for the
+ * queued events to be delivered (a request in flight is cut short then, within about a
+ * second), logs how many were given up, and frees. */
 void notifier_close(notifier *nt);
 
 #endif

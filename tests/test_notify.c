@@ -615,6 +615,39 @@ static void ask_and_tell_through_the_server_tell_each_end_the_front_and_the_fini
   receiver_stop(rv);
 }
 
+/* Experiments told through one server, their webhooks all stalled: stopping the server
+ * gives their events NOTIFY_FLUSH_S together, not one after the other. */
+static void a_server_stops_within_one_flush_time_whatever_the_stalled_webhooks(void **state) {
+  fixture *f = *state;
+  enum { EXPERIMENTS = 3 };
+  receiver *rv = receiver_start(0, 200, 0);
+  receiver_hold(rv, true);
+  test_server srv;
+  assert_true(test_server_start(&srv, f->dir, f->db, NULL));
+  for (int e = 0; e < EXPERIMENTS; e++) {
+    char name[32];
+    snprintf(name, sizeof name, "stalled%d", e);
+    char *spec = told_spec(name, rv->port);
+    int code;
+    json_decref(test_http(&srv, "POST", "/api/v1/experiments", spec, NULL, &code));
+    assert_int_equal(code, 201);
+    char *ask = nas_asprintf("/api/v1/experiments/%s/ask", name);
+    char *fail = nas_asprintf("/api/v1/experiments/%s/trials/0/fail", name);
+    json_decref(test_http(&srv, "POST", ask, "{}", NULL, &code));
+    assert_int_equal(code, 200);
+    json_decref(test_http(&srv, "POST", fail, "{\"error\": \"broke\"}", NULL, &code));
+    assert_int_equal(code, 200);
+    free(spec), free(ask), free(fail);
+  }
+  double start = nas_monotonic();
+  assert_int_equal(test_server_stop(&srv), 0);
+  double stopping = nas_monotonic() - start;
+  print_message("stopping with %d stalled webhooks: %.2f s\n", EXPERIMENTS, stopping);
+  assert_true(stopping < NOTIFY_FLUSH_S + 2.5);
+  receiver_hold(rv, false);
+  receiver_stop(rv);
+}
+
 /* A handed-out trial silent past its heartbeat timeout with no attempts left is failed by
  * the next ask, and told as trial_failed (a lost scheduler job's failure is); it was the
  * budget's only trial, so the experiment's finish is told too. */
@@ -667,6 +700,8 @@ int main(void) {
           ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(
           ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          a_server_stops_within_one_flush_time_whatever_the_stalled_webhooks, setup, teardown),
       cmocka_unit_test_setup_teardown(a_handed_out_trial_lost_for_good_is_told_as_failed, setup,
                                       teardown),
   };
