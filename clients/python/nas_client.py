@@ -125,6 +125,15 @@ def _error_of(status: int, body: bytes, method: str, url: str) -> NasError:
     return cls(str(message), status, method, url)
 
 
+def _error_body(answer: urllib.error.HTTPError) -> bytes:
+    """The body of an error answer; empty when the connection broke off in it (the status
+    says enough)."""
+    try:
+        return answer.read()
+    except (http.client.HTTPException, OSError):
+        return b""
+
+
 class _Retry(Exception):
     """An attempt failed in a way that sending the request again may mend; `error` is what
     to raise when no attempt is left."""
@@ -263,7 +272,7 @@ class Client:
                 raise NasError(f"redirected to {where}, not followed: nas serve never redirects; "
                                "is this its URL?", e.code, method, url) from None
             # A 500 may come after the server stored part of a write; a 503 before it did anything.
-            error = _error_of(e.code, e.read(), method, url)
+            error = _error_of(e.code, _error_body(e), method, url)
             again = e.code == 503 or (e.code >= 500 and method == "GET")
             raise (_Retry(error) if again else error) from None
         except urllib.error.URLError as e:

@@ -328,8 +328,9 @@ class StandIn(http.server.ThreadingHTTPServer):
     answer 5xx, or drop a connection after reading the request. `answers` lists what the
     requests in turn get: an HTTP status, or None to close the connection unanswered."""
 
-    def __init__(self, answers: list[int | None], location: str = ""):
+    def __init__(self, answers: list[int | None], location: str = "", cut_body: bool = False):
         self.answers, self.requests, self.location = answers, 0, location
+        self.cut_body = cut_body  # the connection closes halfway through each answer's body
         super().__init__(("127.0.0.1", 0), StandInHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
@@ -354,7 +355,8 @@ class StandInHandler(http.server.BaseHTTPRequestHandler):
             self.send_header("Location", server.location)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body[: len(body) // 2] if server.cut_body else body)
+        self.close_connection = server.cut_body
 
     do_GET = do_POST = answer
 
@@ -421,6 +423,17 @@ class RetryTest(unittest.TestCase):
             with self.assertRaises(ServerUnreachable):
                 client.experiment_handle("x").ask()
             self.assertEqual(stand_in.requests, 1)
+        finally:
+            stand_in.close()
+
+
+    def test_an_error_answer_that_breaks_off_is_still_a_nas_error(self):
+        stand_in = StandIn([500], cut_body=True)
+        try:
+            with self.assertRaises(ServerError) as raised:
+                Client(stand_in.url, retries=1, backoff=0.01).experiments()
+            self.assertEqual(raised.exception.status, 500)
+            self.assertEqual(stand_in.requests, 2)  # a read, so retried
         finally:
             stand_in.close()
 
