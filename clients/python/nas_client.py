@@ -28,6 +28,7 @@ import math
 import os
 import pathlib
 import random
+import socket
 import ssl
 import time
 import traceback
@@ -51,6 +52,8 @@ USER_AGENT = "nas-client-python/1"
 _PAGE_MAX = 1000
 #: The most characters of an exception's text that a with block's failure message keeps.
 _EXCEPTION_TEXT_MAX = 2000
+#: What a socket's timeout raises: socket.timeout before Python 3.10, TimeoutError since.
+_TIMEOUTS = (TimeoutError, socket.timeout)
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -279,8 +282,8 @@ class Client:
             # Raised while connecting or sending: the server cannot have acted on a request
             # it did not get whole. Other reasons (DNS, certificates) will not mend.
             error = ServerUnreachable(str(e.reason), None, method, url)
-            raise (_Retry(error) if isinstance(e.reason, (ConnectionError, TimeoutError)) else error) from e
-        except (http.client.HTTPException, ConnectionError, TimeoutError) as e:
+            raise (_Retry(error) if isinstance(e.reason, (ConnectionError, *_TIMEOUTS)) else error) from e
+        except (http.client.HTTPException, ConnectionError, *_TIMEOUTS) as e:
             # Raised after the request was sent: only a read is safe to send again.
             error = ServerUnreachable(f"the connection broke: {e!r}", None, method, url)
             raise (_Retry(error) if method == "GET" else error) from e

@@ -438,6 +438,18 @@ class RetryTest(unittest.TestCase):
             stand_in.close()
 
 
+    def test_an_answer_that_never_comes_is_server_unreachable_after_the_timeout(self):
+        with socket.socket() as silent:  # takes connections, never answers
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(4)
+            client = Client(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.3, retries=0)
+            began = time.monotonic()
+            for call in (client.experiments, client.experiment_handle("x").ask):
+                with self.assertRaises(ServerUnreachable):
+                    call()
+            self.assertLess(time.monotonic() - began, 3)
+
+
 class RedirectTest(unittest.TestCase):
     def test_a_redirect_is_not_followed_so_the_token_goes_nowhere_else(self):
         # urllib would follow it with the Authorization header, to any host and scheme,
