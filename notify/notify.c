@@ -32,6 +32,7 @@ typedef struct {
   queued_event *queue;       /* owned ring of NOTIFY_QUEUE_CAP; `count` from `head` */
   size_t head, count;
   size_t dropped;            /* events dropped for a full queue */
+  size_t dropped_told;       /* `dropped` as the log last told it */
   double drop_logged;        /* monotonic time drops were last logged; 0 = never */
   struct curl_slist *headers; /* owned */
   char curl_error[CURL_ERROR_SIZE];
@@ -210,7 +211,7 @@ static size_t enqueue_locked(webhook *w, notify_event event, char *body) {
     double now = nas_monotonic();
     if (w->drop_logged == 0 || now - w->drop_logged >= DROP_LOG_EVERY_S) {
       w->drop_logged = now;
-      to_log = w->dropped;
+      to_log = w->dropped_told = w->dropped;
     }
   }
   w->queue[(w->head + w->count) % NOTIFY_QUEUE_CAP] = (queued_event){body, event};
@@ -218,12 +219,30 @@ static size_t enqueue_locked(webhook *w, notify_event event, char *body) {
   return to_log;
 }
 
+/* text with Slack's three control characters escaped (its mrkdwn reads <…> as a link or
+ * a mention, <!channel> pinging everyone, and & as an entity), so that an error message
+ * or a name arrives as written; owned, NULL when out of memory. */
+static char *slack_escaped(const char *text) {
+  size_t len = 0;
+  for (const char *p = text; *p; p++) len += *p == '&' ? 5 : *p == '<' || *p == '>' ? 4 : 1;
+  char *out = malloc(len + 1), *o = out;
+  for (const char *p = text; out && *p; p++) {
+    const char *entity = *p == '&' ? "&amp;" : *p == '<' ? "&lt;" : *p == '>' ? "&gt;" : NULL;
+    if (entity) o = stpcpy(o, entity);
+    else *o++ = *p;
+  }
+  if (out) *o = '\0';
+  return out;
+}
+
 /* The request body of event for w's format; owned, NULL when out of memory. */
 static char *event_body(const webhook *w, const json_t *payload, const char *text) {
   if (w->spec->format == NOTIFY_JSON) return json_dumps(payload, JSON_COMPACT);
-  json_t *slack = json_pack("{s:s}", "text", text);
+  char *escaped = slack_escaped(text);
+  json_t *slack = escaped ? json_pack("{s:s}", "text", escaped) : NULL;
   char *body = slack ? json_dumps(slack, JSON_COMPACT) : NULL;
   json_decref(slack);
+  free(escaped);
   return body;
 }
 
@@ -311,6 +330,8 @@ int notifier_start(const notify_spec *targets, size_t n, notifier **out, nas_err
 }
 
 static void webhook_free(webhook *w) {
+  if (w->dropped > w->dropped_told) /* drops after the last line about them */
+    say("notify %s: dropped %zu events in all for a full queue", w->shown, w->dropped);
   if (w->count > 0)
     say("notify %s: gave up %zu undelivered events at exit (waited %g s)", w->shown, w->count,
         NOTIFY_FLUSH_S);
@@ -321,13 +342,20 @@ static void webhook_free(webhook *w) {
   curl_slist_free_all(w->headers);
 }
 
-void notifier_close(notifier *nt) {
+void notifier_begin_close(notifier *nt) {
   if (!nt) return;
   pthread_mutex_lock(&nt->lock);
-  nt->closing = true;
-  nt->deadline = nas_monotonic() + NOTIFY_FLUSH_S;
+  if (!nt->closing) {
+    nt->closing = true;
+    nt->deadline = nas_monotonic() + NOTIFY_FLUSH_S;
+  }
   pthread_cond_broadcast(&nt->wake);
   pthread_mutex_unlock(&nt->lock);
+}
+
+void notifier_close(notifier *nt) {
+  if (!nt) return;
+  notifier_begin_close(nt);
   for (size_t i = 0; i < nt->n_hooks; i++)
     if (nt->hooks[i].started) pthread_join(nt->hooks[i].thread, NULL);
   for (size_t i = 0; i < nt->n_hooks; i++) webhook_free(&nt->hooks[i]);

@@ -4,7 +4,8 @@
  * Each webhook has a thread and a queue of its own, so a slow or dead receiver delays only
  * its own events, and notifier_post never waits on the network: it formats the body and
  * appends it under a mutex. A queue holds at most NOTIFY_QUEUE_CAP events; when it is full
- * the oldest is dropped, with a warning. A request that fails (no connection, a timeout, an
+ * the oldest is dropped, with a warning (one per 10 s at most; notifier_close logs the
+ * total). A request that fails (no connection, a timeout, an
  * HTTP 5xx or 429) is tried again after 0.5 s, 1 s, 2 s, up to NOTIFY_ATTEMPTS tries; one
  * refused outright (another 4xx) is not. Failures are logged (nas_log) and never reach the
  * caller: a webhook cannot fail a run. Logs show a URL only as spec_url_shown gives it,
@@ -30,11 +31,17 @@ typedef struct notifier notifier;
 int notifier_start(const notify_spec *targets, size_t n, notifier **out, nas_err *err);
 
 /* Queues event for every webhook that subscribes to it: `payload` (borrowed) for json
- * webhooks, {"text": text} for slack ones. Never blocks beyond a short mutex hold. */
+ * webhooks, {"text": text} for slack ones, its &, < and > escaped as Slack asks. Never blocks beyond a short mutex hold. */
 void notifier_post(notifier *nt, notify_event event, const json_t *payload, const char *text);
 
-/* Waits up to NOTIFY_FLUSH_S for the queued events to be delivered (a request in flight
- * is cut short then, within about a second), logs how many were given up, and frees. */
+/* Starts the NOTIFY_FLUSH_S that notifier_close gives the queued events, without waiting:
+ * called on many notifiers before closing each, they all flush at once, so closing them
+ * takes one flush time, not one each. A second call changes nothing. */
+void notifier_begin_close(notifier *nt);
+
+/* Waits up to NOTIFY_FLUSH_S (from notifier_begin_close, when that came first) for the
+ * queued events to be delivered (a request in flight is cut short then, within about a
+ * second), logs how many were given up, and frees. */
 void notifier_close(notifier *nt);
 
 #endif

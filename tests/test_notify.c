@@ -246,6 +246,64 @@ static void a_full_queue_drops_the_oldest_events(void **state) {
   receiver_stop(h.rv);
 }
 
+/* Slack reads <…> as a link or a mention (<!channel> pings everyone) and & as the start of
+ * an entity: text from users (an error message, a name) arrives as written. */
+static void slack_text_escapes_what_slack_reads_as_markup(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_ALL_EVENTS);
+  h.target.format = NOTIFY_SLACK; /* read by notifier_post, on this thread */
+  json_t *payload = json_object();
+  notifier_post(h.nt, NOTIFY_TRIAL_FAILED, payload,
+                "nas: e: trial 1 failed: loss <0 & <!channel> <http://x.example|here>");
+  json_decref(payload);
+  notifier_close(h.nt);
+  assert_int_equal(json_array_size(h.rv->received), 1);
+  const json_t *body = json_object_get(json_array_get(h.rv->received, 0), "body");
+  assert_string_equal(json_string_value(json_object_get(body, "text")),
+                      "nas: e: trial 1 failed: loss &lt;0 &amp; &lt;!channel&gt; "
+                      "&lt;http://x.example|here&gt;");
+  receiver_stop(h.rv);
+}
+
+/* What this process writes to stderr while fn(arg) runs (owned). */
+static char *stderr_of(void (*fn)(void *), void *arg) {
+  char path[] = "/tmp/nas-notify-stderr-XXXXXX";
+  int fd = mkstemp(path), saved = dup(2);
+  assert_true(fd >= 0 && saved >= 0);
+  fflush(stderr);
+  dup2(fd, 2);
+  fn(arg);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  char *text;
+  nas_err err;
+  assert_int_equal(nas_read_file(path, &text, NULL, &err), NAS_OK);
+  unlink(path);
+  return text;
+}
+
+static void close_notifier(void *nt) { notifier_close(nt); }
+
+/* Drops are logged at most every 10 s: those made since the last such line are told at
+ * the close, so the log's count is the whole count. */
+static void the_close_logs_every_event_a_full_queue_dropped(void **state) {
+  (void)state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_ALL_EVENTS);
+  receiver_hold(h.rv, true);
+  post_numbered(h.nt, NOTIFY_QUEUE_CAP + 10); /* logs the first drop only */
+  receiver_hold(h.rv, false);
+  char *logged = stderr_of(close_notifier, h.nt);
+  /* 9 or 10 dropped: the thread may have taken event 0 before the queue filled */
+  if (!strstr(logged, "dropped 10 events in all") && !strstr(logged, "dropped 9 events in all"))
+    fail_msg("no total of the dropped events in:\n%s", logged);
+  free(logged);
+  receiver_stop(h.rv);
+}
+
 /* ---- end to end: nas run ------------------------------------------------------------------ */
 
 /* Trials 3, 7, … (numbered from 0) fail (exit 3); the others report y = x. notify_yaml is
@@ -557,6 +615,39 @@ static void ask_and_tell_through_the_server_tell_each_end_the_front_and_the_fini
   receiver_stop(rv);
 }
 
+/* Experiments told through one server, their webhooks all stalled: stopping the server
+ * gives their events NOTIFY_FLUSH_S together, not one after the other. */
+static void a_server_stops_within_one_flush_time_whatever_the_stalled_webhooks(void **state) {
+  fixture *f = *state;
+  enum { EXPERIMENTS = 3 };
+  receiver *rv = receiver_start(0, 200, 0);
+  receiver_hold(rv, true);
+  test_server srv;
+  assert_true(test_server_start(&srv, f->dir, f->db, NULL));
+  for (int e = 0; e < EXPERIMENTS; e++) {
+    char name[32];
+    snprintf(name, sizeof name, "stalled%d", e);
+    char *spec = told_spec(name, rv->port);
+    int code;
+    json_decref(test_http(&srv, "POST", "/api/v1/experiments", spec, NULL, &code));
+    assert_int_equal(code, 201);
+    char *ask = nas_asprintf("/api/v1/experiments/%s/ask", name);
+    char *fail = nas_asprintf("/api/v1/experiments/%s/trials/0/fail", name);
+    json_decref(test_http(&srv, "POST", ask, "{}", NULL, &code));
+    assert_int_equal(code, 200);
+    json_decref(test_http(&srv, "POST", fail, "{\"error\": \"broke\"}", NULL, &code));
+    assert_int_equal(code, 200);
+    free(spec), free(ask), free(fail);
+  }
+  double start = nas_monotonic();
+  assert_int_equal(test_server_stop(&srv), 0);
+  double stopping = nas_monotonic() - start;
+  print_message("stopping with %d stalled webhooks: %.2f s\n", EXPERIMENTS, stopping);
+  assert_true(stopping < NOTIFY_FLUSH_S + 2.5);
+  receiver_hold(rv, false);
+  receiver_stop(rv);
+}
+
 /* A handed-out trial silent past its heartbeat timeout with no attempts left is failed by
  * the next ask, and told as trial_failed (a lost scheduler job's failure is); it was the
  * budget's only trial, so the experiment's finish is told too. */
@@ -592,6 +683,8 @@ int main(void) {
       cmocka_unit_test(events_a_webhook_does_not_subscribe_to_are_not_sent),
       cmocka_unit_test(posting_never_waits_for_a_slow_receiver),
       cmocka_unit_test(a_full_queue_drops_the_oldest_events),
+      cmocka_unit_test(slack_text_escapes_what_slack_reads_as_markup),
+      cmocka_unit_test(the_close_logs_every_event_a_full_queue_dropped),
       cmocka_unit_test_setup_teardown(run_tells_each_trial_end_the_front_and_the_finish_in_both_formats,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(a_slow_receiver_does_not_slow_the_run, setup, teardown),
@@ -607,6 +700,8 @@ int main(void) {
           ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(
           ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          a_server_stops_within_one_flush_time_whatever_the_stalled_webhooks, setup, teardown),
       cmocka_unit_test_setup_teardown(a_handed_out_trial_lost_for_good_is_told_as_failed, setup,
                                       teardown),
   };

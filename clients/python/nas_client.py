@@ -28,6 +28,7 @@ import math
 import os
 import pathlib
 import random
+import socket
 import ssl
 import time
 import traceback
@@ -51,6 +52,8 @@ USER_AGENT = "nas-client-python/1"
 _PAGE_MAX = 1000
 #: The most characters of an exception's text that a with block's failure message keeps.
 _EXCEPTION_TEXT_MAX = 2000
+#: What a socket's timeout raises: socket.timeout before Python 3.10, TimeoutError since.
+_TIMEOUTS = (TimeoutError, socket.timeout)
 
 
 # ---- errors ---------------------------------------------------------------------------------
@@ -125,6 +128,15 @@ def _error_of(status: int, body: bytes, method: str, url: str) -> NasError:
     return cls(str(message), status, method, url)
 
 
+def _error_body(answer: urllib.error.HTTPError) -> bytes:
+    """The body of an error answer; empty when the connection broke off in it (the status
+    says enough)."""
+    try:
+        return answer.read()
+    except (http.client.HTTPException, OSError):
+        return b""
+
+
 class _Retry(Exception):
     """An attempt failed in a way that sending the request again may mend; `error` is what
     to raise when no attempt is left."""
@@ -135,6 +147,15 @@ class _Retry(Exception):
 
 
 # ---- the client -------------------------------------------------------------------------------
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """Leaves a 3xx answer an error: urllib would follow it with every header, the token
+    included, to any host and scheme, and turn a POST into a GET. nas serve never
+    redirects, so one means the URL is not the server's."""
+
+    def redirect_request(self, req, fp, code, msg, headers, newurl):
+        return None
+
 
 def _read_token_file(path: str | os.PathLike[str]) -> str:
     """The token in a file: its first line that is neither blank nor a # comment."""
@@ -177,7 +198,8 @@ class Client:
         default address); a trailing ``/api/v1`` is fine.
     token, token_file: the bearer token, or a file holding it alone on its first line; when
         neither is given, $NAS_TOKEN, then the file $NAS_TOKEN_FILE. The token is sent only
-        in the Authorization header, and never shows in errors or repr().
+        in the Authorization header, never to where a redirect points (none is followed),
+        and never shows in errors or repr().
     cafile: the PEM certificate(s) to trust for https, e.g. the server's own --tls-cert when
         it signed it itself; default: the system's certificate authorities.
     timeout: seconds one attempt may take.
@@ -206,7 +228,9 @@ class Client:
         self.timeout = timeout
         self.retries = retries
         self.backoff = backoff
-        handlers = [urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile))] if cafile else []
+        handlers: list[urllib.request.BaseHandler] = [_NoRedirect()]
+        if cafile:
+            handlers.append(urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=cafile)))
         self._opener = urllib.request.build_opener(*handlers)
 
     def __repr__(self) -> str:
@@ -246,16 +270,20 @@ class Client:
             with self._opener.open(request, timeout=self.timeout) as answer:
                 status, text = answer.status, answer.read()
         except urllib.error.HTTPError as e:
+            if 300 <= e.code < 400:
+                where = e.headers.get("Location", "elsewhere")
+                raise NasError(f"redirected to {where}, not followed: nas serve never redirects; "
+                               "is this its URL?", e.code, method, url) from None
             # A 500 may come after the server stored part of a write; a 503 before it did anything.
-            error = _error_of(e.code, e.read(), method, url)
+            error = _error_of(e.code, _error_body(e), method, url)
             again = e.code == 503 or (e.code >= 500 and method == "GET")
             raise (_Retry(error) if again else error) from None
         except urllib.error.URLError as e:
             # Raised while connecting or sending: the server cannot have acted on a request
             # it did not get whole. Other reasons (DNS, certificates) will not mend.
             error = ServerUnreachable(str(e.reason), None, method, url)
-            raise (_Retry(error) if isinstance(e.reason, (ConnectionError, TimeoutError)) else error) from e
-        except (http.client.HTTPException, ConnectionError, TimeoutError) as e:
+            raise (_Retry(error) if isinstance(e.reason, (ConnectionError, *_TIMEOUTS)) else error) from e
+        except (http.client.HTTPException, ConnectionError, *_TIMEOUTS) as e:
             # Raised after the request was sent: only a read is safe to send again.
             error = ServerUnreachable(f"the connection broke: {e!r}", None, method, url)
             raise (_Retry(error) if method == "GET" else error) from e
@@ -391,7 +419,8 @@ class Trial:
     or fail. Its ``status`` is "running" until one of these ends it here.
 
     As a context manager it ends itself: an exception inside the block fails it with the
-    exception's type, message and place, then propagates; leaving the block normally
+    exception's type, message and place, then propagates (KeyboardInterrupt and SystemExit
+    leave it running, for its lease to hand it out again); leaving the block normally
     completes it with what it reported (its objectives' last values) unless it was already
     completed, failed or stopped. One that never reported an objective is then failed with
     the server's reason and BadRequest is raised: a loop that forgot to report is a bug.
@@ -465,6 +494,11 @@ class Trial:
             except BadRequest as e:
                 self.fail(e.message)
                 raise
+            return False
+        if not isinstance(exc, Exception):
+            # Ctrl-C, sys.exit(), a closed generator: no fault of the trial's, and an
+            # interrupt must not wait on the server. Left running, the trial is handed out
+            # again once its lease lapses, as a worker's that died would be.
             return False
         try:
             self.fail(_failure_text(exc, tb))

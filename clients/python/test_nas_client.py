@@ -144,6 +144,18 @@ class AskAndTellTest(LiveServerTest):
         self.assertRegex(error, r"^ZeroDivisionError: float division by zero \(at test_nas_client\.py:\d+ in "
                                 r"test_an_exception_in_the_with_block_fails_the_trial_and_propagates\)$")
 
+    def test_an_interrupt_or_exit_in_the_with_block_leaves_the_trial_to_its_lease(self):
+        # Ctrl-C or sys.exit() says nothing about the trial: it is not failed (nothing is
+        # sent, so the interrupt is not held up either); silent, it is handed out again.
+        exp = self.new_experiment()
+        for stop in (KeyboardInterrupt, SystemExit):
+            with self.assertRaises(stop):
+                with exp.ask()[0] as trial:
+                    trial.report(step=1, loss=0.5)
+                    raise stop()
+            self.assertEqual(trial.status, "running")
+            self.assertEqual(exp.trial(trial.number)["status"], "running")
+
     def test_leaving_the_with_block_completes_the_trial_with_what_it_reported(self):
         exp = self.new_experiment()
         with exp.ask()[0] as trial:
@@ -316,8 +328,9 @@ class StandIn(http.server.ThreadingHTTPServer):
     answer 5xx, or drop a connection after reading the request. `answers` lists what the
     requests in turn get: an HTTP status, or None to close the connection unanswered."""
 
-    def __init__(self, answers: list[int | None]):
-        self.answers, self.requests = answers, 0
+    def __init__(self, answers: list[int | None], location: str = "", cut_body: bool = False):
+        self.answers, self.requests, self.location = answers, 0, location
+        self.cut_body = cut_body  # the connection closes halfway through each answer's body
         super().__init__(("127.0.0.1", 0), StandInHandler)
         threading.Thread(target=self.serve_forever, daemon=True).start()
         self.url = f"http://127.0.0.1:{self.server_address[1]}"
@@ -338,9 +351,12 @@ class StandInHandler(http.server.BaseHTTPRequestHandler):
             return
         body = json.dumps({"experiments": []} if status == 200 else {"error": "busy"}).encode()
         self.send_response(status)
+        if 300 <= status < 400:
+            self.send_header("Location", server.location)
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(body[: len(body) // 2] if server.cut_body else body)
+        self.close_connection = server.cut_body
 
     do_GET = do_POST = answer
 
@@ -409,6 +425,48 @@ class RetryTest(unittest.TestCase):
             self.assertEqual(stand_in.requests, 1)
         finally:
             stand_in.close()
+
+
+    def test_an_error_answer_that_breaks_off_is_still_a_nas_error(self):
+        stand_in = StandIn([500], cut_body=True)
+        try:
+            with self.assertRaises(ServerError) as raised:
+                Client(stand_in.url, retries=1, backoff=0.01).experiments()
+            self.assertEqual(raised.exception.status, 500)
+            self.assertEqual(stand_in.requests, 2)  # a read, so retried
+        finally:
+            stand_in.close()
+
+
+    def test_an_answer_that_never_comes_is_server_unreachable_after_the_timeout(self):
+        with socket.socket() as silent:  # takes connections, never answers
+            silent.bind(("127.0.0.1", 0))
+            silent.listen(4)
+            client = Client(f"http://127.0.0.1:{silent.getsockname()[1]}", timeout=0.3, retries=0)
+            began = time.monotonic()
+            for call in (client.experiments, client.experiment_handle("x").ask):
+                with self.assertRaises(ServerUnreachable):
+                    call()
+            self.assertLess(time.monotonic() - began, 3)
+
+
+class RedirectTest(unittest.TestCase):
+    def test_a_redirect_is_not_followed_so_the_token_goes_nowhere_else(self):
+        # urllib would follow it with the Authorization header, to any host and scheme,
+        # and turn a POST into a GET; nas serve never redirects.
+        elsewhere = StandIn([200])
+        redirecting = StandIn([302], location=elsewhere.url + "/api/v1/experiments")
+        try:
+            client = Client(redirecting.url, token=WRITER, retries=0)
+            for call in (client.experiments, client.experiment_handle("x").ask):
+                with self.assertRaises(nas_client.NasError) as raised:
+                    call()
+                self.assertEqual(raised.exception.status, 302)
+                self.assertIn("not followed", raised.exception.message)
+            self.assertEqual((redirecting.requests, elsewhere.requests), (2, 0))
+        finally:
+            redirecting.close()
+            elsewhere.close()
 
 
 class ClientSetupTest(unittest.TestCase):
