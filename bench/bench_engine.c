@@ -43,27 +43,22 @@ static void add(tr_ctx *ctx, tr_module *seq, tr_module *m) {
   if (tr_sequential_add(ctx, seq, m)) die("model", ctx);
 }
 
-static tr_module *mlp_new(tr_ctx *ctx) {
+/* Flatten, then Linear widths[0] -> widths[1] -> widths[2] -> widths[3] with ReLU between. */
+static tr_module *mlp_of(tr_ctx *ctx, const int64_t widths[4]) {
   tr_module *m = tr_sequential_new(ctx);
   add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
-  add(ctx, m, tr_linear_new(ctx, 784, 256, true));
-  add(ctx, m, tr_activation_new(ctx, TR_RELU));
-  add(ctx, m, tr_linear_new(ctx, 256, 128, true));
-  add(ctx, m, tr_activation_new(ctx, TR_RELU));
-  add(ctx, m, tr_linear_new(ctx, 128, 10, true));
+  for (int i = 0; i < 3; i++) {
+    if (i > 0) add(ctx, m, tr_activation_new(ctx, TR_RELU));
+    add(ctx, m, tr_linear_new(ctx, widths[i], widths[i + 1], true));
+  }
   return m;
 }
 
-/* The wider MLP of issue 9's GPU numbers: 784-4096-4096-10, ReLU (GEMM-bound). */
+static tr_module *mlp_new(tr_ctx *ctx) { return mlp_of(ctx, (const int64_t[]){784, 256, 128, 10}); }
+
+/* The wider MLP of issue 9's GPU numbers (GEMM-bound). */
 static tr_module *wide_new(tr_ctx *ctx) {
-  tr_module *m = tr_sequential_new(ctx);
-  add(ctx, m, tr_activation_new(ctx, TR_FLATTEN));
-  add(ctx, m, tr_linear_new(ctx, 784, 4096, true));
-  add(ctx, m, tr_activation_new(ctx, TR_RELU));
-  add(ctx, m, tr_linear_new(ctx, 4096, 4096, true));
-  add(ctx, m, tr_activation_new(ctx, TR_RELU));
-  add(ctx, m, tr_linear_new(ctx, 4096, 10, true));
-  return m;
+  return mlp_of(ctx, (const int64_t[]){784, 4096, 4096, 10});
 }
 
 static tr_module *cnn_new(tr_ctx *ctx) {
