@@ -94,6 +94,10 @@ const char *cli_spec_storage_url(const char *flag, const spec *s);
  * stored text). */
 int cli_open_experiment(const char *url, unsigned flags, const char *name, storage **st,
                         experiment_row *exp, spec **s, nas_err *err);
+/* The experiment row of that name in st (url: how it was named, for messages); a name not
+ * there is an error naming the storage, with a did-you-mean when one is near. */
+int cli_get_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
+                       nas_err *err);
 /* The same in storage already open (url: how it was named, for messages). */
 int cli_load_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
                         spec **s, nas_err *err);

@@ -78,10 +78,7 @@ static int trial_by_number(storage *st, const report_args *a, trial_row *out,
   long long number;
   if (parse_long(a->number, &number) != NAS_OK || number < 0)
     return nas_errf(err, "--trial wants a trial number (0, 1, …), not '%s'", a->number);
-  int rc = storage_experiment_get(st, a->experiment, exp, err);
-  if (rc == NAS_ENOTFOUND)
-    return nas_errf(err, "no experiment '%s' (see 'nas status' for the ones there)",
-                    a->experiment);
+  int rc = cli_get_experiment(st, cli_storage_url(a->storage), a->experiment, exp, err);
   trial_row *rows = NULL;
   size_t n = 0;
   if (rc == NAS_OK) rc = storage_trial_list(st, exp->id, &rows, &n, err);

@@ -405,9 +405,8 @@ int cmd_status(int argc, char **argv) {
   int rc = status_table(&t);
   if (rc == NAS_OK && a.experiment) {
     exps = calloc(1, sizeof *exps);
-    rc = exps ? storage_experiment_get(st, a.experiment, exps, &err) : nas_errf(&err, "out of memory");
-    if (rc == NAS_ENOTFOUND)
-      rc = nas_errf(&err, "no experiment '%s' (see 'nas status' for the ones there)", a.experiment);
+    rc = exps ? cli_get_experiment(st, cli_storage_url(a.storage), a.experiment, exps, &err)
+              : nas_errf(&err, "out of memory");
     n = rc == NAS_OK ? 1 : 0;
   } else if (rc == NAS_OK) {
     rc = storage_experiment_list(st, &exps, &n, &err);

@@ -71,12 +71,19 @@ static void no_such_experiment(storage *st, const char *url, const char *name, n
   free(hint);
 }
 
+int cli_get_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
+                       nas_err *err) {
+  int rc = storage_experiment_get(st, name, exp, err);
+  if (rc != NAS_ENOTFOUND) return rc;
+  no_such_experiment(st, url, name, err);
+  return NAS_ERR;
+}
+
 int cli_load_experiment(storage *st, const char *url, const char *name, experiment_row *exp,
                         spec **s, nas_err *err) {
   *s = NULL;
   memset(exp, 0, sizeof *exp);
-  int rc = storage_experiment_get(st, name, exp, err);
-  if (rc == NAS_ENOTFOUND) no_such_experiment(st, url, name, err);
+  int rc = cli_get_experiment(st, url, name, exp, err);
   if (rc == NAS_OK) rc = sched_experiment_spec(exp, s, err);
   if (rc == NAS_OK) return NAS_OK;
   experiment_row_clear(exp);
@@ -176,9 +183,12 @@ void cli_storage_hint(const char *url, char *out, size_t size) {
 }
 
 /* The usage error for what getopt_long returned as c for an option it did not take: a
- * missing value (c == ':', with a leading ':' in the option string) or an unknown option. */
+ * missing value (c == ':', with a leading ':' in the option string) or an unknown option.
+ * An unknown letter is named by itself (optopt): inside a group such as '-xy', optind has
+ * not yet moved past the group, so argv[optind - 1] would be the word before it. */
 static int option_error(const char *cmd, int c, char *const argv[]) {
   if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+  if (optopt) return cli_usage_error(cmd, "unknown option '-%c'", optopt);
   return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
 }
 

@@ -558,6 +558,33 @@ static void an_option_another_command_takes_is_unknown_by_its_own_name(void **st
                  "nas trial: option '--fo' needs a value");
 }
 
+/* getopt leaves optind on a group of letters until its last one, so an unknown letter
+ * inside '-xy' was named by the word before the group. */
+static void an_unknown_letter_in_a_group_is_named_itself(void **state) {
+  fixture *f = *state;
+  expect_refusal(f, (char *[]){"rename", "e", "-bad", NULL}, 2, "nas rename: unknown option '-b'");
+  expect_refusal(f, (char *[]){"trials", "e", "-x", NULL}, 2, "nas trials: unknown option '-x'");
+}
+
+/* docs/cli.md: a mistyped experiment name gets a did-you-mean, from every command;
+ * `nas status EXPERIMENT` and `nas report --experiment` gave none. */
+static void status_and_report_suggest_the_experiment_a_typo_meant(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "near.yaml",
+                          "name: near\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 2}\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"status", "neer", "--storage", f->db, NULL}, 1,
+                 "no experiment 'neer' in sqlite:");
+  expect_refusal(f, (char *[]){"status", "neer", "--storage", f->db, NULL}, 1, "did you mean 'near'?");
+  expect_refusal(f, (char *[]){"report", "y=1", "--experiment", "neer", "--trial", "0", "--storage",
+                               f->db, NULL},
+                 1, "did you mean 'near'?");
+  free(spec);
+}
+
 /* Empty values were read as 0 by `nas tell` alone. */
 static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **state) {
   fixture *f = *state;
@@ -615,6 +642,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
+      cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
+      cmocka_unit_test_setup_teardown(status_and_report_suggest_the_experiment_a_typo_meant, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
