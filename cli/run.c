@@ -28,8 +28,8 @@ static const char run_help[] =
 static const char resume_help[] =
     "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
     "Continues an interrupted experiment from its storage: running trials are re-attached\n"
-    "(or recorded as failed when their process is gone), queued ones are launched, and the\n"
-    "optimizer goes on from everything stored.\n\n"
+    "(or, when their process is gone, queued again until trial.max_attempts), queued ones\n"
+    "are launched, and the optimizer goes on from everything stored.\n\n"
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n"
     "  --no-progress   plain log lines even on a terminal\n"
     "Exit status: as for 'nas run'.\n";
