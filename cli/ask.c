@@ -64,8 +64,11 @@ static int create_experiment(const char *path, const char *url) {
   if (storage_open(cli_spec_storage_url(url, s), &st, &err) != NAS_OK ||
       sched_prepare(s, st, &exp, &err) != NAS_OK)
     status = cli_fail(&err);
-  else
-    printf("experiment '%s' is ready: 'nas ask %s' hands out trials\n", exp.name, exp.name);
+  else {
+    char at[CLI_HINT_MAX];
+    cli_storage_hint(cli_spec_storage_url(url, s), at, sizeof at);
+    printf("experiment '%s' is ready: 'nas ask %s%s' hands out trials\n", exp.name, exp.name, at);
+  }
   experiment_row_clear(&exp);
   storage_close(st);
   spec_free(s);

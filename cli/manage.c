@@ -208,9 +208,12 @@ static int enqueue_trial(const manage_args *a, storage *st, const experiment_row
   int rc = spec_assignment_parse(s, a->args + 1, (size_t)(a->n_args - 1), &params, err);
   if (rc != NAS_OK) nas_err_prefix(err, "experiment '%s'", exp->name);
   if (rc == NAS_OK) rc = sched_trial_enqueue(st, exp, params, &row, err);
-  if (rc == NAS_OK)
-    fprintf(stderr, "nas: trial %d of %s queued with %s; run it with: nas resume %s\n",
-            row.number, exp->name, row.params_json, exp->name);
+  if (rc == NAS_OK) {
+    char at[CLI_HINT_MAX];
+    cli_storage_hint(cli_storage_url(a->storage), at, sizeof at);
+    fprintf(stderr, "nas: trial %d of %s queued with %s; run it with: nas resume %s%s\n",
+            row.number, exp->name, row.params_json, exp->name, at);
+  }
   trial_row_clear(&row);
   json_decref(params);
   return rc;

@@ -350,21 +350,21 @@ static int add_status_row(storage *st, cli_table *t, const experiment_row *exp, 
   return rc == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
 }
 
-/* One line under a single experiment's status: who runs it. */
-static void print_scheduler_line(storage *st, const experiment_row *exp) {
+/* One line under a single experiment's status: who runs it (at: cli_storage_hint's). */
+static void print_scheduler_line(storage *st, const experiment_row *exp, const char *at) {
   nas_err err;
   sched_liveness scheduler;
   char *holder = NULL;
   if (sched_scheduler_state(st, exp, &scheduler, &holder, &err) != NAS_OK) return;
   if (scheduler == SCHEDULER_ALIVE) printf("scheduler: alive (%s)\n", holder);
   else if (scheduler == SCHEDULER_DEAD)
-    printf("scheduler: dead (%s); 'nas resume %s' takes over\n", holder, exp->name);
+    printf("scheduler: dead (%s); 'nas resume %s%s' takes over\n", holder, exp->name, at);
   else printf("scheduler: none\n");
   free(holder);
 }
 
-/* One line under a single experiment's status: the front so far. */
-static void print_front_line(storage *st, const experiment_row *exp) {
+/* One line under a single experiment's status: the front so far (at: cli_storage_hint's). */
+static void print_front_line(storage *st, const experiment_row *exp, const char *at) {
   nas_err err;
   spec *s = NULL;
   sched_results r;
@@ -376,8 +376,8 @@ static void print_front_line(storage *st, const experiment_row *exp) {
   size_t *front, n_front;
   double hv, *ref = calloc(s->n_objectives, sizeof *ref);
   if (ref && sched_front(s, &r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
-    printf("front: %zu trials, hypervolume %.6g ('nas pareto %s' lists them)\n", n_front, hv,
-           exp->name);
+    printf("front: %zu trials, hypervolume %.6g ('nas pareto %s%s' lists them)\n", n_front, hv,
+           exp->name, at);
     print_warm_start_note(stdout, s);
     free(front);
   }
@@ -415,8 +415,10 @@ int cmd_status(int argc, char **argv) {
   if (rc == NAS_OK) cli_table_print(&t, a.format);
   else status = cli_fail(&err);
   if (rc == NAS_OK && a.experiment && a.format == FORMAT_TABLE) {
-    print_scheduler_line(st, &exps[0]);
-    print_front_line(st, &exps[0]);
+    char at[CLI_HINT_MAX];
+    cli_storage_hint(cli_storage_url(a.storage), at, sizeof at);
+    print_scheduler_line(st, &exps[0], at);
+    print_front_line(st, &exps[0], at);
   }
   cli_table_free(&t);
   experiment_rows_free(exps, n);

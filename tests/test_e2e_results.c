@@ -558,6 +558,22 @@ static void an_option_another_command_takes_is_unknown_by_its_own_name(void **st
                  "nas trial: option '--fo' needs a value");
 }
 
+/* NAME.yaml in the fixture's folder: a spec of one parameter and one objective, without
+ * a trial section (for `nas create`). Owned path. */
+static char *ask_tell_spec(fixture *f, const char *name) {
+  char *text, *file;
+  assert_true(asprintf(&text,
+                       "name: %s\n"
+                       "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                       "objectives: [{name: y, goal: minimize}]\n"
+                       "budget: {trials: 2}\n",
+                       name) > 0);
+  assert_true(asprintf(&file, "%s.yaml", name) > 0);
+  char *path = test_write(f->dir, file, text);
+  free(text), free(file);
+  return path;
+}
+
 /* getopt leaves optind on a group of letters until its last one, so an unknown letter
  * inside '-xy' was named by the word before the group. */
 static void an_unknown_letter_in_a_group_is_named_itself(void **state) {
@@ -570,11 +586,7 @@ static void an_unknown_letter_in_a_group_is_named_itself(void **state) {
  * `nas status EXPERIMENT` and `nas report --experiment` gave none. */
 static void status_and_report_suggest_the_experiment_a_typo_meant(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "near.yaml",
-                          "name: near\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}]\n"
-                          "budget: {trials: 2}\n");
+  char *spec = ask_tell_spec(f, "near");
   expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
   expect_refusal(f, (char *[]){"status", "neer", "--storage", f->db, NULL}, 1,
                  "no experiment 'neer' in sqlite:");
@@ -582,6 +594,20 @@ static void status_and_report_suggest_the_experiment_a_typo_meant(void **state) 
   expect_refusal(f, (char *[]){"report", "y=1", "--experiment", "neer", "--trial", "0", "--storage",
                                f->db, NULL},
                  1, "did you mean 'near'?");
+  free(spec);
+}
+
+/* docs/cli.md: the commands nas's hints name carry --storage when the storage is not the
+ * default one; `nas create`, `nas enqueue` and `nas status EXPERIMENT` left it out. */
+static void hints_carry_the_storage_when_it_is_not_the_default(void **state) {
+  fixture *f = *state;
+  char *spec = ask_tell_spec(f, "hint");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0,
+                 "'nas ask hint --storage sqlite:");
+  expect_refusal(f, (char *[]){"enqueue", "hint", "x=0.5", "--storage", f->db, NULL}, 0,
+                 "run it with: nas resume hint --storage sqlite:");
+  expect_refusal(f, (char *[]){"status", "hint", "--storage", f->db, NULL}, 0,
+                 "'nas pareto hint --storage sqlite:");
   free(spec);
 }
 
@@ -644,6 +670,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
       cmocka_unit_test_setup_teardown(status_and_report_suggest_the_experiment_a_typo_meant, setup, teardown),
+      cmocka_unit_test_setup_teardown(hints_carry_the_storage_when_it_is_not_the_default, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
