@@ -403,6 +403,21 @@ static void concat_and_embedding_put_values_in_place(void **state) {
   tr_release(a);
 }
 
+static void shapes_whose_element_or_byte_count_overflows_are_refused(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 20);
+  /* 2^32 x 2^32 elements wrap int64 to 0; 2^62 float32s wrap the byte count to 0 */
+  assert_null(tr_empty(&ctx, TR_F32, 2, SHAPE(1LL << 32, 1LL << 32)));
+  assert_non_null(strstr(ctx.err.msg, "too many elements"));
+  assert_null(tr_zeros(&ctx, TR_F32, 1, SHAPE(1LL << 62)));
+  assert_non_null(strstr(ctx.err.msg, "too many elements"));
+  tr_tensor *none = tr_empty(&ctx, TR_F32, 3, SHAPE(1LL << 40, 1LL << 40, 0)); /* 0 elements */
+  assert_non_null(none);
+  assert_int_equal(none->numel, 0);
+  tr_release(none);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -420,6 +435,7 @@ int main(void) {
       cmocka_unit_test(a_put_off_weight_gradient_refuses_an_input_written_since),
       cmocka_unit_test(dropout_zeroes_about_p_and_scales_the_rest),
       cmocka_unit_test(concat_and_embedding_put_values_in_place),
+      cmocka_unit_test(shapes_whose_element_or_byte_count_overflows_are_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
