@@ -418,6 +418,26 @@ static void shapes_whose_element_or_byte_count_overflows_are_refused(void **stat
   tr_release(none);
 }
 
+static void reshape_refuses_negative_sizes_and_a_second_inferred_dim(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 21);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3));
+  assert_null(tr_reshape(&ctx, a, 2, SHAPE(-2, -3))); /* the product is 6 all the same */
+  assert_non_null(strstr(ctx.err.msg, "reshape"));
+  assert_null(tr_reshape(&ctx, a, 2, SHAPE(-1, -1)));
+  assert_non_null(strstr(ctx.err.msg, "reshape"));
+  tr_tensor *none = tr_zeros(&ctx, TR_F32, 1, SHAPE(0));
+  assert_null(tr_reshape(&ctx, none, 3, SHAPE(1LL << 33, 1LL << 33, 4))); /* wraps to 0 */
+  assert_non_null(strstr(ctx.err.msg, "reshape"));
+  tr_tensor *r = tr_reshape(&ctx, a, 2, SHAPE(3, -1));
+  assert_non_null(r);
+  assert_true(r->shape[0] == 3 && r->shape[1] == 2);
+  tr_release(r);
+  tr_release(none);
+  tr_release(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -436,6 +456,7 @@ int main(void) {
       cmocka_unit_test(dropout_zeroes_about_p_and_scales_the_rest),
       cmocka_unit_test(concat_and_embedding_put_values_in_place),
       cmocka_unit_test(shapes_whose_element_or_byte_count_overflows_are_refused),
+      cmocka_unit_test(reshape_refuses_negative_sizes_and_a_second_inferred_dim),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -42,12 +42,16 @@ tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape)
   for (int d = 0; d < ndim; d++) { /* one -1 is inferred from the others */
     shp[d] = shape[d];
     if (shape[d] == -1 && infer < 0)
-      infer = d;
-    else
-      known *= shape[d];
+      shp[infer = d] = 1;
+    else if (shape[d] < 0)
+      return tr_fail(ctx, "reshape: size %lld at dim %d (one -1 may be inferred, no other "
+                          "negative size)", (long long)shape[d], d);
   }
+  int64_t numel;
+  if (!tn_numel_fits(ndim, shp, &known))
+    return tr_fail(ctx, "reshape: the shape's element count overflows int64");
   if (infer >= 0) shp[infer] = known ? t->numel / known : 0;
-  int64_t numel = tn_prod(shp, 0, ndim);
+  tn_numel_fits(ndim, shp, &numel); /* at most t->numel when inferred, else known */
   if (numel != t->numel)
     return tr_fail(ctx, "reshape: %lld elements cannot take a shape of %lld", (long long)t->numel,
                    (long long)numel);
