@@ -438,6 +438,18 @@ static void reshape_refuses_negative_sizes_and_a_second_inferred_dim(void **stat
   tr_release(a);
 }
 
+static void narrow_past_the_end_is_refused_even_when_start_plus_length_overflows(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 22);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3));
+  assert_null(tr_narrow(&ctx, a, 0, INT64_MAX, 2)); /* start + length wraps negative */
+  assert_non_null(strstr(ctx.err.msg, "outside the tensor"));
+  assert_null(tr_narrow(&ctx, a, 1, 2, INT64_MAX));
+  assert_non_null(strstr(ctx.err.msg, "outside the tensor"));
+  tr_release(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -457,6 +469,7 @@ int main(void) {
       cmocka_unit_test(concat_and_embedding_put_values_in_place),
       cmocka_unit_test(shapes_whose_element_or_byte_count_overflows_are_refused),
       cmocka_unit_test(reshape_refuses_negative_sizes_and_a_second_inferred_dim),
+      cmocka_unit_test(narrow_past_the_end_is_refused_even_when_start_plus_length_overflows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

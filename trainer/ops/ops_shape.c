@@ -133,9 +133,10 @@ static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward, sizeof
 tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
   if (tn_check_inputs(ctx, "narrow", 1, &t)) return NULL;
   int d = tn_dim(t->ndim, dim);
-  if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d])
-    return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor", (long long)start,
-                   (long long)(start + length), dim);
+  /* length against what is left after start: start + length may overflow */
+  if (d < 0 || start < 0 || length < 0 || start > t->shape[d] || length > t->shape[d] - start)
+    return tr_fail(ctx, "narrow: %lld from %lld along dim %d is outside the tensor",
+                   (long long)length, (long long)start, dim);
   tr_tensor *out = narrow_alias(ctx, t, d, start, length);
   if (!out) return NULL;
   int rc = NAS_OK;
