@@ -450,6 +450,22 @@ static void narrow_past_the_end_is_refused_even_when_start_plus_length_overflows
   tr_release(a);
 }
 
+static void softmax_over_an_empty_dim_is_refused(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 23);
+  /* its kernel read the dim's first element at each of 100 inner offsets of an empty tensor */
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 3, SHAPE(1, 0, 100));
+  assert_null(tr_softmax(&ctx, a, 1));
+  assert_non_null(strstr(ctx.err.msg, "empty"));
+  assert_null(tr_log_softmax(&ctx, a, 1));
+  tr_tensor *other = tr_softmax(&ctx, a, 2); /* a non-empty dim of an empty tensor: empty */
+  assert_non_null(other);
+  assert_int_equal(other->numel, 0);
+  tr_release(other);
+  tr_release(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -470,6 +486,7 @@ int main(void) {
       cmocka_unit_test(shapes_whose_element_or_byte_count_overflows_are_refused),
       cmocka_unit_test(reshape_refuses_negative_sizes_and_a_second_inferred_dim),
       cmocka_unit_test(narrow_past_the_end_is_refused_even_when_start_plus_length_overflows),
+      cmocka_unit_test(softmax_over_an_empty_dim_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

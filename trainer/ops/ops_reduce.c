@@ -173,6 +173,8 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
   if (tn_check_inputs(ctx, "softmax", 1, &a)) return NULL;
   int d = tn_dim(a->ndim, dim);
   if (d < 0) return tr_fail(ctx, "softmax: dim %d out of range for %d dims", dim, a->ndim);
+  if (a->shape[d] == 0)
+    return tr_fail(ctx, "softmax: dim %d is empty (no value to normalise)", dim);
   tr_tensor *x = tn_contig(ctx, a);
   tr_tensor *y = x ? tn_empty_like_dev(ctx, x) : NULL;
   if (!y) {
