@@ -466,6 +466,20 @@ static void softmax_over_an_empty_dim_is_refused(void **state) {
   tr_release(a);
 }
 
+static void reductions_refuse_a_repeated_axis_and_a_negative_axis_count(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 24);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3));
+  assert_null(tr_sum(&ctx, a, 2, (int[]){0, 0}, false));
+  assert_non_null(strstr(ctx.err.msg, "twice"));
+  assert_null(tr_mean(&ctx, a, 2, (int[]){1, -1}, false)); /* -1 is 1 */
+  assert_non_null(strstr(ctx.err.msg, "twice"));
+  assert_null(tr_sum(&ctx, a, -1, (int[]){0}, false));
+  assert_non_null(strstr(ctx.err.msg, "axes"));
+  tr_release(a);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -487,6 +501,7 @@ int main(void) {
       cmocka_unit_test(reshape_refuses_negative_sizes_and_a_second_inferred_dim),
       cmocka_unit_test(narrow_past_the_end_is_refused_even_when_start_plus_length_overflows),
       cmocka_unit_test(softmax_over_an_empty_dim_is_refused),
+      cmocka_unit_test(reductions_refuse_a_repeated_axis_and_a_negative_axis_count),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

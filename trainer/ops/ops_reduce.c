@@ -67,10 +67,12 @@ static const tr_node_ops mean_ops = {"MeanBackward", sum_backward, sizeof(sum_no
 static int reduced_mask(tr_ctx *ctx, const tr_tensor *a, int naxes, const int *axes,
                         uint32_t *mask) {
   *mask = naxes ? 0 : (1u << a->ndim) - 1;
+  if (naxes < 0) return nas_errf(&ctx->err, "sum: %d axes", naxes);
   for (int i = 0; i < naxes; i++) {
     int d = tn_dim(a->ndim, axes[i]);
     if (d < 0)
       return nas_errf(&ctx->err, "sum: axis %d out of range for %d dims", axes[i], a->ndim);
+    if (*mask & (1u << d)) return nas_errf(&ctx->err, "sum: axis %d is named twice", axes[i]);
     *mask |= 1u << d;
   }
   return NAS_OK;
