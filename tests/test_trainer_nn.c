@@ -379,6 +379,26 @@ static void flattened_parameters_live_in_one_buffer_and_still_train(void **state
   tr_module_free(m);
 }
 
+static void dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 25);
+  tr_tensor *x = tr_full(&ctx, TR_F32, 1, SHAPE(8), 1.0);
+  assert_null(tr_dropout(&ctx, x, NAN, true)); /* passed both comparisons: NaN outputs */
+  assert_non_null(strstr(ctx.err.msg, "dropout"));
+  assert_null(tr_dropout(&ctx, x, NAN, false));
+  const double bad[] = {-0.1, 1.0, 1.5, NAN};
+  for (int i = 0; i < 4; i++) {
+    ctx.err.msg[0] = 0;
+    assert_null(tr_dropout_new(&ctx, bad[i]));
+    assert_non_null(strstr(ctx.err.msg, "dropout"));
+  }
+  tr_module *ok = tr_dropout_new(&ctx, 0.5);
+  assert_non_null(ok);
+  tr_module_free(ok);
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sgd_steps_match_hand_computed_values),
@@ -393,6 +413,7 @@ int main(void) {
       cmocka_unit_test(weights_file_ending_inside_its_head_is_called_truncated),
       cmocka_unit_test(skip_pop_adds_or_concatenates_what_its_stash_kept),
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
+      cmocka_unit_test(dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -136,6 +136,10 @@ tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind) {
 }
 
 tr_module *tr_dropout_new(tr_ctx *ctx, double p) {
+  if (!(p >= 0 && p < 1)) { /* NaN too; refused here rather than at the first forward */
+    tr_fail(ctx, "nn: dropout p = %g is outside [0, 1)", p);
+    return NULL;
+  }
   tr_module *m = module_new(ctx, TR_DROPOUT);
   if (m) m->p = p;
   return m;
