@@ -480,6 +480,21 @@ static void reductions_refuse_a_repeated_axis_and_a_negative_axis_count(void **s
   tr_release(a);
 }
 
+static void convolutions_and_their_modules_refuse_an_empty_kernel(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 26);
+  tr_tensor *x = tr_zeros(&ctx, TR_F32, 4, SHAPE(1, 2, 3, 3));
+  tr_tensor *w = tr_zeros(&ctx, TR_F32, 4, SHAPE(4, 2, 0, 0));
+  assert_null(tr_conv2d(&ctx, x, w, NULL, 1, 0)); /* was a 4x4 map of zeros from a 3x3 input */
+  assert_non_null(strstr(ctx.err.msg, "kernel 0x0"));
+  ctx.err.msg[0] = 0;
+  assert_null(tr_conv2d_new(&ctx, 2, 4, 0, 1, 0, true));
+  assert_non_null(strstr(ctx.err.msg, "kernel 0"));
+  tr_release(w);
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -502,6 +517,7 @@ int main(void) {
       cmocka_unit_test(narrow_past_the_end_is_refused_even_when_start_plus_length_overflows),
       cmocka_unit_test(softmax_over_an_empty_dim_is_refused),
       cmocka_unit_test(reductions_refuse_a_repeated_axis_and_a_negative_axis_count),
+      cmocka_unit_test(convolutions_and_their_modules_refuse_an_empty_kernel),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

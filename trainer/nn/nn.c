@@ -81,6 +81,11 @@ tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel,
 
 tr_module *tr_conv2d_grouped_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel,
                                  int stride, int padding, int groups, bool bias) {
+  if (kernel < 1 || stride < 1 || padding < 0) {
+    tr_fail(ctx, "nn: conv kernel %d, stride %d, padding %d (kernel and stride from 1, padding "
+                 "from 0)", kernel, stride, padding);
+    return NULL;
+  }
   if (groups < 1 || in_ch % groups || out_ch % groups) {
     tr_fail(ctx, "nn: %lld input and %lld output channels do not split into %d groups",
             (long long)in_ch, (long long)out_ch, groups);
