@@ -399,6 +399,30 @@ static void dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1(voi
   tr_release(x);
 }
 
+static void optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 27);
+  tr_tensor *p = tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0);
+  const tr_optim_config bad[] = {
+      {.kind = TR_SGD, .lr = NAN},
+      {.kind = TR_SGD, .lr = 0.1, .momentum = 1.0},
+      {.kind = TR_SGD, .lr = 0.1, .momentum = NAN},
+      {.kind = TR_SGD, .lr = 0.1, .weight_decay = NAN},
+      {.kind = TR_ADAM, .lr = 0.1, .beta1 = 1.0},
+      {.kind = TR_ADAM, .lr = 0.1, .beta2 = -0.5},
+      {.kind = TR_ADAMW, .lr = 0.1, .beta2 = NAN},
+      {.kind = TR_ADAM, .lr = 0.1, .eps = -1e-8},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ctx.err.msg[0] = 0;
+    tr_optim *opt = tr_optim_new(&ctx, &bad[i], &p, 1);
+    if (opt) fail_msg("config %zu was taken", i);
+    assert_non_null(strstr(ctx.err.msg, "optim"));
+  }
+  tr_release(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sgd_steps_match_hand_computed_values),
@@ -414,6 +438,7 @@ int main(void) {
       cmocka_unit_test(skip_pop_adds_or_concatenates_what_its_stash_kept),
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
       cmocka_unit_test(dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1),
+      cmocka_unit_test(optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -28,10 +28,19 @@ struct tr_optim {
 
 tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
                        size_t n) {
-  if (cfg->lr < 0 || cfg->momentum < 0 || cfg->weight_decay < 0 ||
-      (cfg->nesterov && cfg->momentum <= 0)) {
-    tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g%s", cfg->lr, cfg->momentum,
-            cfg->weight_decay, cfg->nesterov ? " (Nesterov needs momentum > 0)" : "");
+  /* written so that NaN fails every test; momentum 1 or more grows the buffer forever */
+  if (!(cfg->lr >= 0) || !(cfg->momentum >= 0 && cfg->momentum < 1) ||
+      !(cfg->weight_decay >= 0) || (cfg->nesterov && cfg->momentum <= 0)) {
+    tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g (lr and weight decay from 0, "
+                 "momentum in [0, 1)%s)", cfg->lr, cfg->momentum, cfg->weight_decay,
+            cfg->nesterov ? "; Nesterov needs momentum > 0" : "");
+    return NULL;
+  }
+  /* 0 asks for the default; beta 1 divides by a zero bias correction */
+  if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) ||
+      !(cfg->eps >= 0)) {
+    tr_fail(ctx, "optim: beta1 %g, beta2 %g, eps %g (betas in [0, 1), eps from 0)", cfg->beta1,
+            cfg->beta2, cfg->eps);
     return NULL;
   }
   tr_optim *opt = calloc(1, sizeof *opt);
