@@ -495,6 +495,21 @@ static void convolutions_and_their_modules_refuse_an_empty_kernel(void **state) 
   tr_release(x);
 }
 
+static void backward_refuses_a_gradient_of_another_shape(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 28);
+  tr_tensor *x = leaf(&ctx, 2, SHAPE(2, 3));
+  tr_tensor *y = tr_relu(&ctx, x);
+  tr_tensor *g = tr_full(&ctx, TR_F64, 2, SHAPE(3, 2), 1.0); /* as many elements */
+  assert_int_equal(tr_backward(&ctx, y, g, false), NAS_ERR); /* x got a (3, 2) gradient */
+  assert_non_null(strstr(ctx.err.msg, "shape"));
+  assert_null(x->grad);
+  tr_release(g);
+  tr_release(y);
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -518,6 +533,7 @@ int main(void) {
       cmocka_unit_test(softmax_over_an_empty_dim_is_refused),
       cmocka_unit_test(reductions_refuse_a_repeated_axis_and_a_negative_axis_count),
       cmocka_unit_test(convolutions_and_their_modules_refuse_an_empty_kernel),
+      cmocka_unit_test(backward_refuses_a_gradient_of_another_shape),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
