@@ -90,9 +90,12 @@ static void clip_grad_norm_scales_all_grads_jointly(void **state) {
   tr_tensor *p[2] = {tr_zeros(&ctx, TR_F32, 1, SHAPE(1)), tr_zeros(&ctx, TR_F32, 1, SHAPE(1))};
   p[0]->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 3.0);
   p[1]->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 4.0);
-  NEAR(tr_clip_grad_norm(p, 2, 10.0), 5.0); /* under the limit: untouched */
+  double norm;
+  assert_int_equal(tr_clip_grad_norm(&ctx, p, 2, 10.0, &norm), NAS_OK);
+  NEAR(norm, 5.0); /* under the limit: untouched */
   assert_true(tr_item(p[0]->grad) == 3.0f);
-  NEAR(tr_clip_grad_norm(p, 2, 1.0), 5.0);
+  assert_int_equal(tr_clip_grad_norm(&ctx, p, 2, 1.0, &norm), NAS_OK);
+  NEAR(norm, 5.0);
   assert_true(fabs(tr_item(p[0]->grad) - 0.6) < 1e-5 && fabs(tr_item(p[1]->grad) - 0.8) < 1e-5);
   tr_release(p[0]);
   tr_release(p[1]);
@@ -423,6 +426,19 @@ static void optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1(vo
   tr_release(p);
 }
 
+static void clip_grad_norm_refuses_a_negative_or_nan_limit(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_tensor *p = tr_zeros(&ctx, TR_F32, 1, SHAPE(1));
+  p->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 3.0);
+  assert_int_equal(tr_clip_grad_norm(&ctx, &p, 1, -1.0, NULL), NAS_ERR); /* turned it to -1 */
+  assert_non_null(strstr(ctx.err.msg, "max norm -1"));
+  assert_int_equal(tr_clip_grad_norm(&ctx, &p, 1, NAN, NULL), NAS_ERR);
+  assert_true(tr_item(p->grad) == 3.0f);
+  tr_release(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sgd_steps_match_hand_computed_values),
@@ -439,6 +455,7 @@ int main(void) {
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
       cmocka_unit_test(dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1),
       cmocka_unit_test(optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1),
+      cmocka_unit_test(clip_grad_norm_refuses_a_negative_or_nan_limit),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -425,8 +425,10 @@ typedef struct {
 } tr_lr_schedule;
 double tr_lr_at(const tr_lr_schedule *s, int64_t step);
 
-/* Scales all grads so their joint L2 norm is at most max_norm; returns the norm before. */
-double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm);
+/* Scales all grads so their joint L2 norm is at most max_norm (from 0; a negative or NaN one
+ * is an error); *norm (may be NULL) gets the norm before. */
+int tr_clip_grad_norm(tr_ctx *ctx, tr_tensor *const *params, size_t n, double max_norm,
+                      double *norm);
 
 /* ---------------------------------------------------------------- data
  * Functions that take a ctx report their errors in ctx->err; those without one (the

@@ -195,8 +195,8 @@ double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
   return s->base_lr;
 }
 
-double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
-  if (tn_grads_on_cuda(params, n)) return tc_clip_grad_norm(params, n, max_norm);
+/* tr_clip_grad_norm on the host: returns the norm before. */
+static double clip_host(tr_tensor *const *params, size_t n, double max_norm) {
   double sq = 0;
   for (size_t i = 0; i < n; i++)
     if (params[i]->grad) sq += tn_sumsq(params[i]->grad);
@@ -214,6 +214,17 @@ double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
     }
   }
   return norm;
+}
+
+int tr_clip_grad_norm(tr_ctx *ctx, tr_tensor *const *params, size_t n, double max_norm,
+                      double *norm) {
+  /* a negative limit would turn every gradient around; NaN would clip nothing */
+  if (!(max_norm >= 0))
+    return nas_errf(&ctx->err, "clip_grad_norm: max norm %g (from 0)", max_norm);
+  double before = tn_grads_on_cuda(params, n) ? tc_clip_grad_norm(params, n, max_norm)
+                                              : clip_host(params, n, max_norm);
+  if (norm) *norm = before;
+  return NAS_OK;
 }
 
 /* ---------------------------------------------------------------- training state */
