@@ -510,6 +510,21 @@ static void backward_refuses_a_gradient_of_another_shape(void **state) {
   tr_release(x);
 }
 
+static void norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 29);
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, SHAPE(4, 3), 1.0);
+  assert_null(tr_layer_norm(&ctx, x, NULL, NULL, -1.0)); /* was a NaN output */
+  assert_non_null(strstr(ctx.err.msg, "eps"));
+  assert_null(tr_layer_norm(&ctx, x, NULL, NULL, NAN));
+  assert_null(tr_batch_norm(&ctx, x, NULL, NULL, NULL, NULL, true, 0.1, -1.0));
+  assert_non_null(strstr(ctx.err.msg, "eps"));
+  assert_null(tr_batch_norm(&ctx, x, NULL, NULL, NULL, NULL, true, NAN, 1e-5));
+  assert_non_null(strstr(ctx.err.msg, "momentum"));
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -534,6 +549,7 @@ int main(void) {
       cmocka_unit_test(reductions_refuse_a_repeated_axis_and_a_negative_axis_count),
       cmocka_unit_test(convolutions_and_their_modules_refuse_an_empty_kernel),
       cmocka_unit_test(backward_refuses_a_gradient_of_another_shape),
+      cmocka_unit_test(norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
