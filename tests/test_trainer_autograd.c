@@ -525,6 +525,16 @@ static void norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1(void **s
   tr_release(x);
 }
 
+static void global_average_pooling_refuses_an_empty_map(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 30);
+  tr_tensor *x = tr_zeros(&ctx, TR_F32, 4, SHAPE(1, 2, 0, 0));
+  assert_null(tr_global_avg_pool2d(&ctx, x)); /* was 0 / 0: NaN per channel */
+  assert_non_null(strstr(ctx.err.msg, "empty"));
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -550,6 +560,7 @@ int main(void) {
       cmocka_unit_test(convolutions_and_their_modules_refuse_an_empty_kernel),
       cmocka_unit_test(backward_refuses_a_gradient_of_another_shape),
       cmocka_unit_test(norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1),
+      cmocka_unit_test(global_average_pooling_refuses_an_empty_map),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
