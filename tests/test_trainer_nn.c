@@ -439,6 +439,25 @@ static void clip_grad_norm_refuses_a_negative_or_nan_limit(void **state) {
   tr_release(p);
 }
 
+static void an_optimiser_step_refuses_a_rate_set_to_nan_or_below_0(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 31);
+  tr_tensor *p = tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0);
+  tr_set_requires_grad(p, true);
+  p->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
+  tr_optim *opt = tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.1}, &p, 1);
+  assert_non_null(opt);
+  tr_optim_set_lr(opt, NAN); /* a schedule gone wrong: the step made the parameter NaN */
+  assert_int_equal(tr_optim_step(&ctx, opt), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "lr nan"));
+  tr_optim_set_lr(opt, -0.1);
+  assert_int_equal(tr_optim_step(&ctx, opt), NAS_ERR);
+  assert_true(tr_item(p) == 1.0);
+  tr_optim_free(opt);
+  tr_release(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sgd_steps_match_hand_computed_values),
@@ -456,6 +475,7 @@ int main(void) {
       cmocka_unit_test(dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1),
       cmocka_unit_test(optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1),
       cmocka_unit_test(clip_grad_norm_refuses_a_negative_or_nan_limit),
+      cmocka_unit_test(an_optimiser_step_refuses_a_rate_set_to_nan_or_below_0),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -394,6 +394,7 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
  * backward writes a fresh one without a zeroing pass), one in a shared (flat) buffer is
  * zeroed in place. */
 void tr_optim_zero_grad(tr_optim *opt);
+/* A rate below 0 or NaN fails the next tr_optim_step, which then changes nothing. */
 void tr_optim_set_lr(tr_optim *opt, double lr);
 /* Which part of a training split over several ranks an optimiser holds: part `index` of
  * `count` (a sharded rank's shards, a pipeline stage's layers); `unit` names the parts in

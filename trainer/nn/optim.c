@@ -155,6 +155,9 @@ static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double b
 }
 
 int tr_optim_step(tr_ctx *ctx, tr_optim *opt) {
+  /* tr_optim_set_lr has no ctx to refuse a rate with: the step does, before changing anything */
+  if (!(opt->cfg.lr >= 0))
+    return nas_errf(&ctx->err, "optim: lr %g (from 0; a schedule's rate?)", opt->cfg.lr);
   opt->steps++;
   double bc1 = 1 - pow(opt->cfg.beta1, (double)opt->steps);
   double bc2 = 1 - pow(opt->cfg.beta2, (double)opt->steps);
