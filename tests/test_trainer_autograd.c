@@ -535,6 +535,17 @@ static void global_average_pooling_refuses_an_empty_map(void **state) {
   tr_release(x);
 }
 
+static void host_tensors_refuse_bfloat16_and_unknown_dtypes(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 32);
+  /* 2-byte elements filled as 8-byte doubles: writes past the block */
+  assert_null(tr_full(&ctx, TR_BF16, 1, SHAPE(100), 1.0));
+  assert_non_null(strstr(ctx.err.msg, "bfloat16"));
+  assert_null(tr_zeros(&ctx, (tr_dtype)7, 1, SHAPE(4)));
+  assert_non_null(strstr(ctx.err.msg, "dtype 7"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -561,6 +572,7 @@ int main(void) {
       cmocka_unit_test(backward_refuses_a_gradient_of_another_shape),
       cmocka_unit_test(norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1),
       cmocka_unit_test(global_average_pooling_refuses_an_empty_map),
+      cmocka_unit_test(host_tensors_refuse_bfloat16_and_unknown_dtypes),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

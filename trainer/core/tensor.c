@@ -88,6 +88,11 @@ int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) 
 }
 
 tr_tensor *tr_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape) {
+  /* the host's kernels know these two: others were filled as doubles past their block */
+  if (dtype == TR_BF16)
+    return tr_fail(ctx, "tensor: bfloat16 exists only on CUDA devices (mixed precision)");
+  if (dtype != TR_F32 && dtype != TR_F64)
+    return tr_fail(ctx, "tensor: dtype %d is not float32 or float64", (int)dtype);
   return tn_empty_on(ctx, ctx->alloc, (tr_device){TR_CPU, 0}, dtype, ndim, shape);
 }
 
