@@ -546,6 +546,32 @@ static void host_tensors_refuse_bfloat16_and_unknown_dtypes(void **state) {
   assert_non_null(strstr(ctx.err.msg, "dtype 7"));
 }
 
+static void a_second_backward_without_retain_graph_fails_before_touching_a_gradient(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 33);
+  tr_tensor *x = leaf(&ctx, 1, SHAPE(3)), *y = leaf(&ctx, 1, SHAPE(3));
+  tr_tensor *sum = tr_add(&ctx, x, y);
+  tr_tensor *s = tr_sum(&ctx, sum, 0, NULL, false); /* neither node saves a tensor */
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_OK);
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_ERR); /* added into y->grad again */
+  assert_non_null(strstr(ctx.err.msg, "second time"));
+  assert_true(tr_get(y->grad, 0) == 1.0 && tr_get(x->grad, 2) == 1.0);
+  tr_tensor *e = tr_exp(&ctx, x);
+  tr_tensor *both = tr_add(&ctx, e, y);
+  tr_tensor *s2 = tr_sum(&ctx, both, 0, NULL, false);
+  assert_int_equal(tr_backward(&ctx, s2, NULL, false), NAS_OK);
+  assert_int_equal(tr_backward(&ctx, s2, NULL, false), NAS_ERR); /* stops at the root */
+  assert_true(tr_get(y->grad, 0) == 2.0);
+  tr_release(s2);
+  tr_release(both);
+  tr_release(e);
+  tr_release(s);
+  tr_release(sum);
+  tr_release(y);
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -573,6 +599,7 @@ int main(void) {
       cmocka_unit_test(norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1),
       cmocka_unit_test(global_average_pooling_refuses_an_empty_map),
       cmocka_unit_test(host_tensors_refuse_bfloat16_and_unknown_dtypes),
+      cmocka_unit_test(a_second_backward_without_retain_graph_fails_before_touching_a_gradient),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

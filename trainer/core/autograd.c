@@ -244,6 +244,8 @@ static int collect_graph(tr_ctx *ctx, tr_node *root, node_vec *all) {
 
 /* Runs node on its buffered gradient and hands the results to its edges. */
 static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *ready) {
+  /* also a node that saved nothing: running it again would add its gradients twice */
+  if (node->ops != &accumulate_ops && ag_live(ctx, node)) return NAS_ERR;
   int rc = NAS_OK;
   tr_tensor **grad_in = NULL;
   if (node->grad_buf) {
