@@ -22,9 +22,14 @@ typedef struct {
   int64_t channels, height, width; /* an MLP's features are channels × 1 × 1 */
 } builder;
 
-static int add(builder *b, tr_module *child) { return tr_sequential_add(b->ctx, b->seq, child); }
+/* A NULL child is one its constructor could not make: ctx->err already says why. */
+static int add(builder *b, tr_module *child) {
+  return child ? tr_sequential_add(b->ctx, b->seq, child) : NAS_ERR;
+}
 
 static int add_linear(builder *b, int64_t out) {
+  if (out < 1)
+    return nas_errf(&b->ctx->err, "%s: %lld features (at least 1)", b->what, (long long)out);
   int64_t in = b->channels;
   b->m->params += in * out + out;
   b->m->flops += 2 * in * out + out;
@@ -50,6 +55,8 @@ static int add_activation(builder *b, tr_module_kind activation, double dropout)
  * without batch norm, which would cancel it. groups > 1: a grouped convolution. */
 static int add_conv_grouped(builder *b, int64_t out, int kernel, int stride, int groups,
                             bool bias) {
+  if (out < 1)
+    return nas_errf(&b->ctx->err, "%s: %lld channels (at least 1)", b->what, (long long)out);
   int pad = kernel / 2;
   int64_t in = b->channels, span_h = b->height + 2 * pad - kernel,
           span_w = b->width + 2 * pad - kernel;

@@ -103,6 +103,37 @@ static void built_models_run_forward(void **state) {
   tr_model_free(&m);
 }
 
+/* A layer that cannot be made fails the build with its own reason, not "no module to add";
+ * sizes below 1 are refused by name. */
+static void builds_say_why_a_layer_cannot_be_made(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 4);
+  tr_model m;
+  tr_mlp_config mlp = {.layers = 1, .widths = {4}, .activation = TR_LINEAR};
+  assert_int_equal(tr_mlp_build(&ctx, &mlp, (tr_input_shape){1, 8, 8}, 10, &m), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "not a parameterless activation"));
+  assert_null(m.module);
+  mlp = (tr_mlp_config){.layers = 1, .widths = {4}, .activation = TR_RELU, .dropout = 1.0};
+  assert_int_equal(tr_mlp_build(&ctx, &mlp, (tr_input_shape){1, 8, 8}, 10, &m), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "dropout p = 1"));
+  mlp = (tr_mlp_config){.layers = 2, .widths = {4, 0}, .activation = TR_RELU};
+  assert_int_equal(tr_mlp_build(&ctx, &mlp, (tr_input_shape){1, 8, 8}, 10, &m), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "mlp: 0 features"));
+  mlp.widths[1] = 4;
+  assert_int_equal(tr_mlp_build(&ctx, &mlp, (tr_input_shape){1, 8, 8}, 0, &m), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "mlp: 0 features"));
+  tr_cnn_config cnn = {.stages = 1, .channels = {-3}, .kernel = 3, .pool = TR_MAXPOOL2D,
+                       .activation = TR_RELU};
+  assert_int_equal(tr_cnn_build(&ctx, &cnn, (tr_input_shape){1, 8, 8}, 10, &m), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "cnn: -3 channels"));
+  cnn.channels[0] = 4;
+  cnn.kernel = 0; /* built, and its convolutions made maps from nothing */
+  assert_int_equal(tr_cnn_build(&ctx, &cnn, (tr_input_shape){1, 8, 8}, 10, &m), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "kernel 0"));
+  assert_null(m.module);
+}
+
 /* ---- latency ---- */
 
 /* A request that spins for 20 µs, and for 200 µs on every 10th call. */
@@ -919,6 +950,7 @@ int main(void) {
       cmocka_unit_test(a_pipeline_on_cuda_is_planned),
       cmocka_unit_test(cnn_counts_match_hand_counts),
       cmocka_unit_test(built_models_run_forward),
+      cmocka_unit_test(builds_say_why_a_layer_cannot_be_made),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
       cmocka_unit_test(percentiles_use_the_nearest_rank),
       cmocka_unit_test(digits_load_by_name_as_8x8_images),

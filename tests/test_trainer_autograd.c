@@ -403,6 +403,175 @@ static void concat_and_embedding_put_values_in_place(void **state) {
   tr_release(a);
 }
 
+static void shapes_whose_element_or_byte_count_overflows_are_refused(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 20);
+  /* 2^32 x 2^32 elements wrap int64 to 0; 2^62 float32s wrap the byte count to 0 */
+  assert_null(tr_empty(&ctx, TR_F32, 2, SHAPE(1LL << 32, 1LL << 32)));
+  assert_non_null(strstr(ctx.err.msg, "too many elements"));
+  assert_null(tr_zeros(&ctx, TR_F32, 1, SHAPE(1LL << 62)));
+  assert_non_null(strstr(ctx.err.msg, "too many elements"));
+  tr_tensor *none = tr_empty(&ctx, TR_F32, 3, SHAPE(1LL << 40, 1LL << 40, 0)); /* 0 elements */
+  assert_non_null(none);
+  assert_int_equal(none->numel, 0);
+  tr_release(none);
+}
+
+static void reshape_refuses_negative_sizes_and_a_second_inferred_dim(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 21);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3));
+  assert_null(tr_reshape(&ctx, a, 2, SHAPE(-2, -3))); /* the product is 6 all the same */
+  assert_non_null(strstr(ctx.err.msg, "reshape"));
+  assert_null(tr_reshape(&ctx, a, 2, SHAPE(-1, -1)));
+  assert_non_null(strstr(ctx.err.msg, "reshape"));
+  tr_tensor *none = tr_zeros(&ctx, TR_F32, 1, SHAPE(0));
+  assert_null(tr_reshape(&ctx, none, 3, SHAPE(1LL << 33, 1LL << 33, 4))); /* wraps to 0 */
+  assert_non_null(strstr(ctx.err.msg, "reshape"));
+  tr_tensor *r = tr_reshape(&ctx, a, 2, SHAPE(3, -1));
+  assert_non_null(r);
+  assert_true(r->shape[0] == 3 && r->shape[1] == 2);
+  tr_release(r);
+  tr_release(none);
+  tr_release(a);
+}
+
+static void narrow_past_the_end_is_refused_even_when_start_plus_length_overflows(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 22);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3));
+  assert_null(tr_narrow(&ctx, a, 0, INT64_MAX, 2)); /* start + length wraps negative */
+  assert_non_null(strstr(ctx.err.msg, "outside the tensor"));
+  assert_null(tr_narrow(&ctx, a, 1, 2, INT64_MAX));
+  assert_non_null(strstr(ctx.err.msg, "outside the tensor"));
+  tr_release(a);
+}
+
+static void softmax_over_an_empty_dim_is_refused(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 23);
+  /* its kernel read the dim's first element at each of 100 inner offsets of an empty tensor */
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 3, SHAPE(1, 0, 100));
+  assert_null(tr_softmax(&ctx, a, 1));
+  assert_non_null(strstr(ctx.err.msg, "empty"));
+  assert_null(tr_log_softmax(&ctx, a, 1));
+  tr_tensor *other = tr_softmax(&ctx, a, 2); /* a non-empty dim of an empty tensor: empty */
+  assert_non_null(other);
+  assert_int_equal(other->numel, 0);
+  tr_release(other);
+  tr_release(a);
+}
+
+static void reductions_refuse_a_repeated_axis_and_a_negative_axis_count(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 24);
+  tr_tensor *a = tr_zeros(&ctx, TR_F32, 2, SHAPE(2, 3));
+  assert_null(tr_sum(&ctx, a, 2, (int[]){0, 0}, false));
+  assert_non_null(strstr(ctx.err.msg, "twice"));
+  assert_null(tr_mean(&ctx, a, 2, (int[]){1, -1}, false)); /* -1 is 1 */
+  assert_non_null(strstr(ctx.err.msg, "twice"));
+  assert_null(tr_sum(&ctx, a, -1, (int[]){0}, false));
+  assert_non_null(strstr(ctx.err.msg, "axes"));
+  tr_release(a);
+}
+
+static void convolutions_and_their_modules_refuse_an_empty_kernel(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 26);
+  tr_tensor *x = tr_zeros(&ctx, TR_F32, 4, SHAPE(1, 2, 3, 3));
+  tr_tensor *w = tr_zeros(&ctx, TR_F32, 4, SHAPE(4, 2, 0, 0));
+  assert_null(tr_conv2d(&ctx, x, w, NULL, 1, 0)); /* was a 4x4 map of zeros from a 3x3 input */
+  assert_non_null(strstr(ctx.err.msg, "kernel 0x0"));
+  ctx.err.msg[0] = 0;
+  assert_null(tr_conv2d_new(&ctx, 2, 4, 0, 1, 0, true));
+  assert_non_null(strstr(ctx.err.msg, "kernel 0"));
+  tr_release(w);
+  tr_release(x);
+}
+
+static void backward_refuses_a_gradient_of_another_shape(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 28);
+  tr_tensor *x = leaf(&ctx, 2, SHAPE(2, 3));
+  tr_tensor *y = tr_relu(&ctx, x);
+  tr_tensor *g = tr_full(&ctx, TR_F64, 2, SHAPE(3, 2), 1.0); /* as many elements */
+  assert_int_equal(tr_backward(&ctx, y, g, false), NAS_ERR); /* x got a (3, 2) gradient */
+  assert_non_null(strstr(ctx.err.msg, "shape"));
+  assert_null(x->grad);
+  tr_release(g);
+  tr_release(y);
+  tr_release(x);
+}
+
+static void norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 29);
+  tr_tensor *x = tr_randn(&ctx, TR_F32, 2, SHAPE(4, 3), 1.0);
+  assert_null(tr_layer_norm(&ctx, x, NULL, NULL, -1.0)); /* was a NaN output */
+  assert_non_null(strstr(ctx.err.msg, "eps"));
+  assert_null(tr_layer_norm(&ctx, x, NULL, NULL, NAN));
+  assert_null(tr_batch_norm(&ctx, x, NULL, NULL, NULL, NULL, true, 0.1, -1.0));
+  assert_non_null(strstr(ctx.err.msg, "eps"));
+  assert_null(tr_batch_norm(&ctx, x, NULL, NULL, NULL, NULL, true, NAN, 1e-5));
+  assert_non_null(strstr(ctx.err.msg, "momentum"));
+  tr_release(x);
+}
+
+static void global_average_pooling_refuses_an_empty_map(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 30);
+  tr_tensor *x = tr_zeros(&ctx, TR_F32, 4, SHAPE(1, 2, 0, 0));
+  assert_null(tr_global_avg_pool2d(&ctx, x)); /* was 0 / 0: NaN per channel */
+  assert_non_null(strstr(ctx.err.msg, "empty"));
+  tr_release(x);
+}
+
+static void host_tensors_refuse_bfloat16_and_unknown_dtypes(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 32);
+  /* 2-byte elements filled as 8-byte doubles: writes past the block */
+  assert_null(tr_full(&ctx, TR_BF16, 1, SHAPE(100), 1.0));
+  assert_non_null(strstr(ctx.err.msg, "bfloat16"));
+  assert_null(tr_zeros(&ctx, (tr_dtype)7, 1, SHAPE(4)));
+  assert_non_null(strstr(ctx.err.msg, "dtype 7"));
+}
+
+static void a_second_backward_without_retain_graph_fails_before_touching_a_gradient(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 33);
+  tr_tensor *x = leaf(&ctx, 1, SHAPE(3)), *y = leaf(&ctx, 1, SHAPE(3));
+  tr_tensor *sum = tr_add(&ctx, x, y);
+  tr_tensor *s = tr_sum(&ctx, sum, 0, NULL, false); /* neither node saves a tensor */
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_OK);
+  assert_int_equal(tr_backward(&ctx, s, NULL, false), NAS_ERR); /* added into y->grad again */
+  assert_non_null(strstr(ctx.err.msg, "second time"));
+  assert_true(tr_get(y->grad, 0) == 1.0 && tr_get(x->grad, 2) == 1.0);
+  tr_tensor *e = tr_exp(&ctx, x);
+  tr_tensor *both = tr_add(&ctx, e, y);
+  tr_tensor *s2 = tr_sum(&ctx, both, 0, NULL, false);
+  assert_int_equal(tr_backward(&ctx, s2, NULL, false), NAS_OK);
+  assert_int_equal(tr_backward(&ctx, s2, NULL, false), NAS_ERR); /* stops at the root */
+  assert_true(tr_get(y->grad, 0) == 2.0);
+  tr_release(s2);
+  tr_release(both);
+  tr_release(e);
+  tr_release(s);
+  tr_release(sum);
+  tr_release(y);
+  tr_release(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(views_share_storage_and_version),
@@ -420,6 +589,17 @@ int main(void) {
       cmocka_unit_test(a_put_off_weight_gradient_refuses_an_input_written_since),
       cmocka_unit_test(dropout_zeroes_about_p_and_scales_the_rest),
       cmocka_unit_test(concat_and_embedding_put_values_in_place),
+      cmocka_unit_test(shapes_whose_element_or_byte_count_overflows_are_refused),
+      cmocka_unit_test(reshape_refuses_negative_sizes_and_a_second_inferred_dim),
+      cmocka_unit_test(narrow_past_the_end_is_refused_even_when_start_plus_length_overflows),
+      cmocka_unit_test(softmax_over_an_empty_dim_is_refused),
+      cmocka_unit_test(reductions_refuse_a_repeated_axis_and_a_negative_axis_count),
+      cmocka_unit_test(convolutions_and_their_modules_refuse_an_empty_kernel),
+      cmocka_unit_test(backward_refuses_a_gradient_of_another_shape),
+      cmocka_unit_test(norms_refuse_a_negative_or_nan_eps_and_momentum_outside_0_1),
+      cmocka_unit_test(global_average_pooling_refuses_an_empty_map),
+      cmocka_unit_test(host_tensors_refuse_bfloat16_and_unknown_dtypes),
+      cmocka_unit_test(a_second_backward_without_retain_graph_fails_before_touching_a_gradient),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

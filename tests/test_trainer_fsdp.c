@@ -247,7 +247,8 @@ static float *reference_train(const run_spec *run, int slices, double *norms) {
       tr_release(slice);
     }
     if (run->clip > 0) {
-      double norm = tr_clip_grad_norm(ps.items, ps.n, run->clip);
+      double norm;
+      assert_int_equal(tr_clip_grad_norm(&ctx, ps.items, ps.n, run->clip, &norm), NAS_OK);
       if (norms) norms[step] = norm;
     }
     assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
@@ -905,7 +906,7 @@ static void gpu_step(gpu_rank *g, const run_spec *run, tr_module *m, tr_fsdp *f,
     if (f)
       rc = tr_fsdp_clip_grad_norm(ctx, f, run->clip, NULL);
     else
-      tr_clip_grad_norm(ps->items, ps->n, run->clip);
+      rc = tr_clip_grad_norm(ctx, ps->items, ps->n, run->clip, NULL);
   }
   if (rc == NAS_OK) rc = tr_optim_step(ctx, opt);
   if (rc != NAS_OK) fail_msg("step %d: %s", step, ctx->err.msg);

@@ -90,9 +90,12 @@ static void clip_grad_norm_scales_all_grads_jointly(void **state) {
   tr_tensor *p[2] = {tr_zeros(&ctx, TR_F32, 1, SHAPE(1)), tr_zeros(&ctx, TR_F32, 1, SHAPE(1))};
   p[0]->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 3.0);
   p[1]->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 4.0);
-  NEAR(tr_clip_grad_norm(p, 2, 10.0), 5.0); /* under the limit: untouched */
+  double norm;
+  assert_int_equal(tr_clip_grad_norm(&ctx, p, 2, 10.0, &norm), NAS_OK);
+  NEAR(norm, 5.0); /* under the limit: untouched */
   assert_true(tr_item(p[0]->grad) == 3.0f);
-  NEAR(tr_clip_grad_norm(p, 2, 1.0), 5.0);
+  assert_int_equal(tr_clip_grad_norm(&ctx, p, 2, 1.0, &norm), NAS_OK);
+  NEAR(norm, 5.0);
   assert_true(fabs(tr_item(p[0]->grad) - 0.6) < 1e-5 && fabs(tr_item(p[1]->grad) - 0.8) < 1e-5);
   tr_release(p[0]);
   tr_release(p[1]);
@@ -379,6 +382,82 @@ static void flattened_parameters_live_in_one_buffer_and_still_train(void **state
   tr_module_free(m);
 }
 
+static void dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 25);
+  tr_tensor *x = tr_full(&ctx, TR_F32, 1, SHAPE(8), 1.0);
+  assert_null(tr_dropout(&ctx, x, NAN, true)); /* passed both comparisons: NaN outputs */
+  assert_non_null(strstr(ctx.err.msg, "dropout"));
+  assert_null(tr_dropout(&ctx, x, NAN, false));
+  const double bad[] = {-0.1, 1.0, 1.5, NAN};
+  for (int i = 0; i < 4; i++) {
+    ctx.err.msg[0] = 0;
+    assert_null(tr_dropout_new(&ctx, bad[i]));
+    assert_non_null(strstr(ctx.err.msg, "dropout"));
+  }
+  tr_module *ok = tr_dropout_new(&ctx, 0.5);
+  assert_non_null(ok);
+  tr_module_free(ok);
+  tr_release(x);
+}
+
+static void optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 27);
+  tr_tensor *p = tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0);
+  const tr_optim_config bad[] = {
+      {.kind = TR_SGD, .lr = NAN},
+      {.kind = TR_SGD, .lr = 0.1, .momentum = 1.0},
+      {.kind = TR_SGD, .lr = 0.1, .momentum = NAN},
+      {.kind = TR_SGD, .lr = 0.1, .weight_decay = NAN},
+      {.kind = TR_ADAM, .lr = 0.1, .beta1 = 1.0},
+      {.kind = TR_ADAM, .lr = 0.1, .beta2 = -0.5},
+      {.kind = TR_ADAMW, .lr = 0.1, .beta2 = NAN},
+      {.kind = TR_ADAM, .lr = 0.1, .eps = -1e-8},
+  };
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    ctx.err.msg[0] = 0;
+    tr_optim *opt = tr_optim_new(&ctx, &bad[i], &p, 1);
+    if (opt) fail_msg("config %zu was taken", i);
+    assert_non_null(strstr(ctx.err.msg, "optim"));
+  }
+  tr_release(p);
+}
+
+static void clip_grad_norm_refuses_a_negative_or_nan_limit(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_tensor *p = tr_zeros(&ctx, TR_F32, 1, SHAPE(1));
+  p->grad = tr_full(&ctx, TR_F32, 1, SHAPE(1), 3.0);
+  assert_int_equal(tr_clip_grad_norm(&ctx, &p, 1, -1.0, NULL), NAS_ERR); /* turned it to -1 */
+  assert_non_null(strstr(ctx.err.msg, "max norm -1"));
+  assert_int_equal(tr_clip_grad_norm(&ctx, &p, 1, NAN, NULL), NAS_ERR);
+  assert_true(tr_item(p->grad) == 3.0f);
+  tr_release(p);
+}
+
+static void an_optimiser_step_refuses_a_rate_set_to_nan_or_below_0(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 31);
+  tr_tensor *p = tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0);
+  tr_set_requires_grad(p, true);
+  p->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
+  tr_optim *opt = tr_optim_new(&ctx, &(tr_optim_config){.kind = TR_SGD, .lr = 0.1}, &p, 1);
+  assert_non_null(opt);
+  tr_optim_set_lr(opt, NAN); /* a schedule gone wrong: the step made the parameter NaN */
+  assert_int_equal(tr_optim_step(&ctx, opt), NAS_ERR);
+  assert_non_null(strstr(ctx.err.msg, "lr nan"));
+  tr_optim_set_lr(opt, -0.1);
+  assert_int_equal(tr_optim_step(&ctx, opt), NAS_ERR);
+  assert_true(tr_item(p) == 1.0);
+  tr_optim_free(opt);
+  tr_release(p);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sgd_steps_match_hand_computed_values),
@@ -393,6 +472,10 @@ int main(void) {
       cmocka_unit_test(weights_file_ending_inside_its_head_is_called_truncated),
       cmocka_unit_test(skip_pop_adds_or_concatenates_what_its_stash_kept),
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),
+      cmocka_unit_test(dropout_refuses_a_nan_probability_and_its_module_a_p_outside_0_1),
+      cmocka_unit_test(optimisers_refuse_nan_rates_momentum_from_1_and_betas_outside_0_1),
+      cmocka_unit_test(clip_grad_norm_refuses_a_negative_or_nan_limit),
+      cmocka_unit_test(an_optimiser_step_refuses_a_rate_set_to_nan_or_below_0),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -124,7 +124,8 @@ typedef struct tr_tensor {
   tr_node *grad_fn;       /* owned reference; NULL on leaves */
 } tr_tensor;
 
-/* New tensors (contiguous, on the CPU). shape has ndim entries; ndim 0 is a scalar. */
+/* New tensors (contiguous, on the CPU). shape has ndim entries; ndim 0 is a scalar. A shape
+ * whose element count, or bytes, would overflow int64 is an error. */
 tr_tensor *tr_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape);
 tr_tensor *tr_zeros(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape);
 tr_tensor *tr_full(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape, double value);
@@ -169,9 +170,10 @@ int tr_copy_(tr_ctx *ctx, tr_tensor *dst, const tr_tensor *src);
 
 /* ---------------------------------------------------------------- autograd */
 
-/* Runs backward from root. grad NULL means 1 (root must then have one element). Gradients
- * accumulate into the .grad of the leaves that require grad. Unless retain_graph, the
- * graph's saved tensors are freed and a second backward through it is an error. */
+/* Runs backward from root. grad NULL means 1 (root must then have one element); a grad given
+ * has root's shape. Gradients accumulate into the .grad of the leaves that require grad.
+ * Unless retain_graph, the graph's saved tensors are freed and a second backward through it
+ * is an error. */
 int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph);
 /* Sets t->grad to zeros when it exists (keeps the buffer: it may be a flat-buffer view). */
 void tr_zero_grad(tr_tensor *t);
@@ -223,7 +225,8 @@ tr_tensor *tr_log(tr_ctx *ctx, tr_tensor *a);
  * the identity otherwise. */
 tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training);
 
-/* Reductions over the listed axes (negative counts from the end; naxes 0 means all). */
+/* Reductions over the listed axes (negative counts from the end; naxes 0 means all; an axis
+ * named twice is an error). Softmax over an empty dim is an error. */
 tr_tensor *tr_sum(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim);
 tr_tensor *tr_mean(tr_ctx *ctx, tr_tensor *a, int naxes, const int *axes, bool keepdim);
 tr_tensor *tr_softmax(tr_ctx *ctx, tr_tensor *a, int dim);
@@ -318,7 +321,7 @@ tr_module *tr_conv2d_grouped_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int
 tr_module *tr_batchnorm_new(tr_ctx *ctx, int64_t features);
 tr_module *tr_layernorm_new(tr_ctx *ctx, int64_t features);
 /* Parameterless modules: tr_activation_new takes TR_RELU, TR_GELU, TR_TANH, TR_SIGMOID,
- * TR_HARDSWISH, TR_HARDSIGMOID, TR_GLOBALAVGPOOL or TR_FLATTEN ((N, ...) to (N, -1)); dropout takes its probability; tr_pool_new takes
+ * TR_HARDSWISH, TR_HARDSIGMOID, TR_GLOBALAVGPOOL or TR_FLATTEN ((N, ...) to (N, -1)); dropout takes its probability, in [0, 1); tr_pool_new takes
  * TR_MAXPOOL2D or TR_AVGPOOL2D and a kernel that is also the stride. */
 tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind);
 tr_module *tr_dropout_new(tr_ctx *ctx, double p);
@@ -369,6 +372,8 @@ int tr_module_load(tr_module *m, const char *path, nas_err *err);
 
 typedef enum { TR_SGD, TR_ADAM, TR_ADAMW } tr_optim_kind;
 
+/* tr_optim_new refuses what would make NaN or diverging steps: lr, weight decay and eps
+ * below 0, momentum outside [0, 1), betas outside [0, 1) (NaN in any of them too). */
 typedef struct {
   tr_optim_kind kind;
   double lr;
@@ -389,6 +394,7 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
  * backward writes a fresh one without a zeroing pass), one in a shared (flat) buffer is
  * zeroed in place. */
 void tr_optim_zero_grad(tr_optim *opt);
+/* A rate below 0 or NaN fails the next tr_optim_step, which then changes nothing. */
 void tr_optim_set_lr(tr_optim *opt, double lr);
 /* Which part of a training split over several ranks an optimiser holds: part `index` of
  * `count` (a sharded rank's shards, a pipeline stage's layers); `unit` names the parts in
@@ -425,8 +431,10 @@ typedef struct {
 } tr_lr_schedule;
 double tr_lr_at(const tr_lr_schedule *s, int64_t step);
 
-/* Scales all grads so their joint L2 norm is at most max_norm; returns the norm before. */
-double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm);
+/* Scales all grads so their joint L2 norm is at most max_norm (from 0; a negative or NaN one
+ * is an error); *norm (may be NULL) gets the norm before. */
+int tr_clip_grad_norm(tr_ctx *ctx, tr_tensor *const *params, size_t n, double max_norm,
+                      double *norm);
 
 /* ---------------------------------------------------------------- data
  * Functions that take a ctx report their errors in ctx->err; those without one (the

@@ -244,6 +244,8 @@ static int collect_graph(tr_ctx *ctx, tr_node *root, node_vec *all) {
 
 /* Runs node on its buffered gradient and hands the results to its edges. */
 static int run_node(tr_ctx *ctx, tr_node *node, bool retain_graph, node_vec *ready) {
+  /* also a node that saved nothing: running it again would add its gradients twice */
+  if (node->ops != &accumulate_ops && ag_live(ctx, node)) return NAS_ERR;
   int rc = NAS_OK;
   tr_tensor **grad_in = NULL;
   if (node->grad_buf) {
@@ -290,6 +292,10 @@ static tr_tensor *initial_grad(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad) {
 int tr_backward(tr_ctx *ctx, tr_tensor *root, tr_tensor *grad, bool retain_graph) {
   if (!root->requires_grad)
     return nas_errf(&ctx->err, "backward: the tensor does not require grad and has no grad_fn");
+  /* as many elements in another shape would reach the leaves as gradients of that shape */
+  if (grad && !tr_same_shape(grad, root))
+    return nas_errf(&ctx->err, "backward: the gradient's shape (%d dims) is not the tensor's "
+                               "(%d dims, same sizes expected)", grad->ndim, root->ndim);
   tr_tensor *g0 = initial_grad(ctx, root, grad);
   if (!g0) return NAS_ERR;
   if (!root->grad_fn) { /* a leaf: its gradient is g0 itself */

@@ -139,6 +139,9 @@ tr_tensor *tn_zeros_meta(tr_ctx *ctx, tr_dtype dtype, const tr_meta *m);
 int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides);
 /* Copies src (any strides) into contiguous dst of the same dtype and numel. */
 void tn_copy_to_contig(const tr_tensor *src, void *dst);
+/* *numel = the product of shape; false when a size is negative or the count (or its bytes
+ * at 8 an element) overflows int64. */
+bool tn_numel_fits(int ndim, const int64_t *shape, int64_t *numel);
 /* Product of shape[from..to) (1 when empty): a numel that needs no division. */
 int64_t tn_prod(const int64_t *shape, int from, int to);
 /* Normalises a possibly negative dim; -1 when out of range. */

@@ -88,6 +88,11 @@ int64_t tn_contiguous_strides(int ndim, const int64_t *shape, int64_t *strides) 
 }
 
 tr_tensor *tr_empty(tr_ctx *ctx, tr_dtype dtype, int ndim, const int64_t *shape) {
+  /* the host's kernels know these two: others were filled as doubles past their block */
+  if (dtype == TR_BF16)
+    return tr_fail(ctx, "tensor: bfloat16 exists only on CUDA devices (mixed precision)");
+  if (dtype != TR_F32 && dtype != TR_F64)
+    return tr_fail(ctx, "tensor: dtype %d is not float32 or float64", (int)dtype);
   return tn_empty_on(ctx, ctx->alloc, (tr_device){TR_CPU, 0}, dtype, ndim, shape);
 }
 
@@ -97,6 +102,9 @@ tr_tensor *tn_empty_on(tr_ctx *ctx, tr_allocator *alloc, tr_device device, tr_dt
     return tr_fail(ctx, "tensor: %d dims (at most %d)", ndim, TR_MAX_DIMS);
   for (int d = 0; d < ndim; d++)
     if (shape[d] < 0) return tr_fail(ctx, "tensor: negative size %lld", (long long)shape[d]);
+  int64_t numel;
+  if (!tn_numel_fits(ndim, shape, &numel))
+    return tr_fail(ctx, "tensor: too many elements (their count or bytes overflow int64)");
   tr_tensor *t = calloc(1, sizeof *t);
   tr_storage *s = calloc(1, sizeof *s);
   if (!t || !s) {
@@ -322,6 +330,21 @@ void tr_set_requires_grad(tr_tensor *t, bool requires_grad) { t->requires_grad =
 int tn_dim(int ndim, int dim) {
   if (dim < 0) dim += ndim;
   return dim >= 0 && dim < ndim ? dim : -1;
+}
+
+bool tn_numel_fits(int ndim, const int64_t *shape, int64_t *numel) {
+  *numel = 1;
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] == 0) { /* no element, however large the other sizes */
+      *numel = 0;
+      return true;
+    }
+  /* the byte count, up to 8 bytes an element, must fit an int64 (and so a size_t) too */
+  for (int d = 0; d < ndim; d++)
+    if (shape[d] < 0 || __builtin_mul_overflow(*numel, shape[d], numel) ||
+        *numel > INT64_MAX / 8)
+      return false;
+  return true;
 }
 
 int64_t tn_prod(const int64_t *shape, int from, int to) {

@@ -81,6 +81,11 @@ tr_module *tr_conv2d_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel,
 
 tr_module *tr_conv2d_grouped_new(tr_ctx *ctx, int64_t in_ch, int64_t out_ch, int kernel,
                                  int stride, int padding, int groups, bool bias) {
+  if (kernel < 1 || stride < 1 || padding < 0) {
+    tr_fail(ctx, "nn: conv kernel %d, stride %d, padding %d (kernel and stride from 1, padding "
+                 "from 0)", kernel, stride, padding);
+    return NULL;
+  }
   if (groups < 1 || in_ch % groups || out_ch % groups) {
     tr_fail(ctx, "nn: %lld input and %lld output channels do not split into %d groups",
             (long long)in_ch, (long long)out_ch, groups);
@@ -136,6 +141,10 @@ tr_module *tr_activation_new(tr_ctx *ctx, tr_module_kind kind) {
 }
 
 tr_module *tr_dropout_new(tr_ctx *ctx, double p) {
+  if (!(p >= 0 && p < 1)) { /* NaN too; refused here rather than at the first forward */
+    tr_fail(ctx, "nn: dropout p = %g is outside [0, 1)", p);
+    return NULL;
+  }
   tr_module *m = module_new(ctx, TR_DROPOUT);
   if (m) m->p = p;
   return m;

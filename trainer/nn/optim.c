@@ -28,10 +28,19 @@ struct tr_optim {
 
 tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
                        size_t n) {
-  if (cfg->lr < 0 || cfg->momentum < 0 || cfg->weight_decay < 0 ||
-      (cfg->nesterov && cfg->momentum <= 0)) {
-    tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g%s", cfg->lr, cfg->momentum,
-            cfg->weight_decay, cfg->nesterov ? " (Nesterov needs momentum > 0)" : "");
+  /* written so that NaN fails every test; momentum 1 or more grows the buffer forever */
+  if (!(cfg->lr >= 0) || !(cfg->momentum >= 0 && cfg->momentum < 1) ||
+      !(cfg->weight_decay >= 0) || (cfg->nesterov && cfg->momentum <= 0)) {
+    tr_fail(ctx, "optim: lr %g, momentum %g, weight decay %g (lr and weight decay from 0, "
+                 "momentum in [0, 1)%s)", cfg->lr, cfg->momentum, cfg->weight_decay,
+            cfg->nesterov ? "; Nesterov needs momentum > 0" : "");
+    return NULL;
+  }
+  /* 0 asks for the default; beta 1 divides by a zero bias correction */
+  if (!(cfg->beta1 >= 0 && cfg->beta1 < 1) || !(cfg->beta2 >= 0 && cfg->beta2 < 1) ||
+      !(cfg->eps >= 0)) {
+    tr_fail(ctx, "optim: beta1 %g, beta2 %g, eps %g (betas in [0, 1), eps from 0)", cfg->beta1,
+            cfg->beta2, cfg->eps);
     return NULL;
   }
   tr_optim *opt = calloc(1, sizeof *opt);
@@ -146,6 +155,9 @@ static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double b
 }
 
 int tr_optim_step(tr_ctx *ctx, tr_optim *opt) {
+  /* tr_optim_set_lr has no ctx to refuse a rate with: the step does, before changing anything */
+  if (!(opt->cfg.lr >= 0))
+    return nas_errf(&ctx->err, "optim: lr %g (from 0; a schedule's rate?)", opt->cfg.lr);
   opt->steps++;
   double bc1 = 1 - pow(opt->cfg.beta1, (double)opt->steps);
   double bc2 = 1 - pow(opt->cfg.beta2, (double)opt->steps);
@@ -186,8 +198,8 @@ double tr_lr_at(const tr_lr_schedule *s, int64_t step) {
   return s->base_lr;
 }
 
-double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
-  if (tn_grads_on_cuda(params, n)) return tc_clip_grad_norm(params, n, max_norm);
+/* tr_clip_grad_norm on the host: returns the norm before. */
+static double clip_host(tr_tensor *const *params, size_t n, double max_norm) {
   double sq = 0;
   for (size_t i = 0; i < n; i++)
     if (params[i]->grad) sq += tn_sumsq(params[i]->grad);
@@ -205,6 +217,17 @@ double tr_clip_grad_norm(tr_tensor *const *params, size_t n, double max_norm) {
     }
   }
   return norm;
+}
+
+int tr_clip_grad_norm(tr_ctx *ctx, tr_tensor *const *params, size_t n, double max_norm,
+                      double *norm) {
+  /* a negative limit would turn every gradient around; NaN would clip nothing */
+  if (!(max_norm >= 0))
+    return nas_errf(&ctx->err, "clip_grad_norm: max norm %g (from 0)", max_norm);
+  double before = tn_grads_on_cuda(params, n) ? tc_clip_grad_norm(params, n, max_norm)
+                                              : clip_host(params, n, max_norm);
+  if (norm) *norm = before;
+  return NAS_OK;
 }
 
 /* ---------------------------------------------------------------- training state */

@@ -44,6 +44,8 @@ static int geom_of(tr_ctx *ctx, const char *op, const tr_tensor *x, int64_t kh, 
     return nas_errf(&ctx->err, "%s: input must be (N, C, H, W), has %d dims", op, x->ndim);
   if (stride < 1 || pad < 0)
     return nas_errf(&ctx->err, "%s: stride %d, padding %d", op, stride, pad);
+  if (kh < 1 || kw < 1) /* an empty window would make a map from nothing */
+    return nas_errf(&ctx->err, "%s: kernel %lldx%lld", op, (long long)kh, (long long)kw);
   *g = (conv_geom){x->shape[0], x->shape[1], x->shape[2], x->shape[3], kh, kw, stride, pad, 0, 0};
   if (g->h + 2 * pad < kh || g->w + 2 * pad < kw)
     return nas_errf(&ctx->err, "%s: kernel %lldx%lld larger than the padded input %lldx%lld", op,

@@ -405,7 +405,7 @@ static tr_tensor *dropout_mask(tr_ctx *ctx, const tr_tensor *a, double p) {
 }
 
 tr_tensor *tr_dropout(tr_ctx *ctx, tr_tensor *a, double p, bool training) {
-  if (p < 0 || p >= 1) return tr_fail(ctx, "dropout: p = %g is outside [0, 1)", p);
+  if (!(p >= 0 && p < 1)) return tr_fail(ctx, "dropout: p = %g is outside [0, 1)", p); /* NaN too */
   if (!training || p == 0) return unary_op(ctx, UN_SCALE, a, 1.0);
   if (tn_check_inputs(ctx, "dropout", 1, &a)) return NULL;
   tr_tensor *x = tn_contig(ctx, a);

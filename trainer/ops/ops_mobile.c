@@ -80,6 +80,9 @@ tr_tensor *tr_global_avg_pool2d(tr_ctx *ctx, tr_tensor *x) {
   if (tn_check_inputs(ctx, "global_avg_pool2d", 1, &x)) return NULL;
   if (x->ndim != 4)
     return tr_fail(ctx, "global_avg_pool2d: input must be (N, C, H, W), has %d dims", x->ndim);
+  if (x->shape[2] * x->shape[3] == 0) /* its mean would be 0 / 0 */
+    return tr_fail(ctx, "global_avg_pool2d: the maps are empty (%lldx%lld)",
+                   (long long)x->shape[2], (long long)x->shape[3]);
   if (tn_on_cuda(x)) return tr_mean(ctx, x, 2, (const int[]){2, 3}, false);
   tr_tensor *xc = tn_contig(ctx, x);
   tr_tensor *y = xc ? tr_empty(ctx, x->dtype, 2, x->shape) : NULL;

@@ -121,6 +121,7 @@ tr_tensor *tr_layer_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b, 
   int64_t d = x->ndim ? x->shape[x->ndim - 1] : 0;
   if (d < 1 || (w && w->numel != d) || (b && b->numel != d))
     return tr_fail(ctx, "layer_norm: last dim %lld, weight and bias must match it", (long long)d);
+  if (!(eps >= 0)) return tr_fail(ctx, "layer_norm: eps %g (from 0)", eps); /* NaN too */
   int64_t rows = x->numel / d;
   norm_parts p;
   int rc = norm_parts_new(ctx, x, w, b, rows, &p);
@@ -222,6 +223,9 @@ tr_tensor *tr_batch_norm(tr_ctx *ctx, tr_tensor *x, tr_tensor *w, tr_tensor *b,
   tr_tensor *in[5] = {x, w, b, running_mean, running_var}; /* the node's inputs: the first 3 */
   bool on_cuda = tn_any_on_cuda(5, in);
   int64_t n, c, l;
+  if (!(eps >= 0) || !(momentum >= 0 && momentum <= 1)) /* NaN too */
+    return tr_fail(ctx, "batch_norm: momentum %g, eps %g (momentum in [0, 1], eps from 0)",
+                   momentum, eps);
   /* on a device the running statistics must be there too */
   if (tn_check_inputs(ctx, "batch_norm", on_cuda ? 5 : 3, in) || tn_bn_dims(ctx, x, &n, &c, &l) ||
       check_batch_norm_args(ctx, in, training, c, n * l))

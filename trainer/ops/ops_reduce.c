@@ -67,10 +67,12 @@ static const tr_node_ops mean_ops = {"MeanBackward", sum_backward, sizeof(sum_no
 static int reduced_mask(tr_ctx *ctx, const tr_tensor *a, int naxes, const int *axes,
                         uint32_t *mask) {
   *mask = naxes ? 0 : (1u << a->ndim) - 1;
+  if (naxes < 0) return nas_errf(&ctx->err, "sum: %d axes", naxes);
   for (int i = 0; i < naxes; i++) {
     int d = tn_dim(a->ndim, axes[i]);
     if (d < 0)
       return nas_errf(&ctx->err, "sum: axis %d out of range for %d dims", axes[i], a->ndim);
+    if (*mask & (1u << d)) return nas_errf(&ctx->err, "sum: axis %d is named twice", axes[i]);
     *mask |= 1u << d;
   }
   return NAS_OK;
@@ -173,6 +175,8 @@ static tr_tensor *softmax_op(tr_ctx *ctx, tr_tensor *a, int dim, bool log_out) {
   if (tn_check_inputs(ctx, "softmax", 1, &a)) return NULL;
   int d = tn_dim(a->ndim, dim);
   if (d < 0) return tr_fail(ctx, "softmax: dim %d out of range for %d dims", dim, a->ndim);
+  if (a->shape[d] == 0)
+    return tr_fail(ctx, "softmax: dim %d is empty (no value to normalise)", dim);
   tr_tensor *x = tn_contig(ctx, a);
   tr_tensor *y = x ? tn_empty_like_dev(ctx, x) : NULL;
   if (!y) {

@@ -42,12 +42,16 @@ tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape)
   for (int d = 0; d < ndim; d++) { /* one -1 is inferred from the others */
     shp[d] = shape[d];
     if (shape[d] == -1 && infer < 0)
-      infer = d;
-    else
-      known *= shape[d];
+      shp[infer = d] = 1;
+    else if (shape[d] < 0)
+      return tr_fail(ctx, "reshape: size %lld at dim %d (one -1 may be inferred, no other "
+                          "negative size)", (long long)shape[d], d);
   }
+  int64_t numel;
+  if (!tn_numel_fits(ndim, shp, &known))
+    return tr_fail(ctx, "reshape: the shape's element count overflows int64");
   if (infer >= 0) shp[infer] = known ? t->numel / known : 0;
-  int64_t numel = tn_prod(shp, 0, ndim);
+  tn_numel_fits(ndim, shp, &numel); /* at most t->numel when inferred, else known */
   if (numel != t->numel)
     return tr_fail(ctx, "reshape: %lld elements cannot take a shape of %lld", (long long)t->numel,
                    (long long)numel);
@@ -129,9 +133,10 @@ static const tr_node_ops narrow_ops = {"NarrowBackward", narrow_backward, sizeof
 tr_tensor *tr_narrow(tr_ctx *ctx, tr_tensor *t, int dim, int64_t start, int64_t length) {
   if (tn_check_inputs(ctx, "narrow", 1, &t)) return NULL;
   int d = tn_dim(t->ndim, dim);
-  if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d])
-    return tr_fail(ctx, "narrow: [%lld, %lld) along dim %d is outside the tensor", (long long)start,
-                   (long long)(start + length), dim);
+  /* length against what is left after start: start + length may overflow */
+  if (d < 0 || start < 0 || length < 0 || start > t->shape[d] || length > t->shape[d] - start)
+    return tr_fail(ctx, "narrow: %lld from %lld along dim %d is outside the tensor",
+                   (long long)length, (long long)start, dim);
   tr_tensor *out = narrow_alias(ctx, t, d, start, length);
   if (!out) return NULL;
   int rc = NAS_OK;
