@@ -56,8 +56,8 @@ int main(int argc, char **argv) {
     usage(stderr);
     return EXIT_USAGE;
   }
-  if (strcmp(argv[1], "help") == 0 && argc > 2) {
-    /* `nas help run` is `nas run --help`. */
+  if (strcmp(argv[1], "help") == 0 && argc > 2 && argv[2][0] != '-') {
+    /* `nas help run` is `nas run --help` (`nas help --help` is `nas --help`, below). */
     char *help_argv[] = {argv[2], "--help", NULL};
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
       if (strcmp(argv[2], commands[i].name) == 0) return commands[i].run(2, help_argv);

@@ -77,6 +77,13 @@ static void help_missing_values_and_typos_are_answered(void **state) {
   assert_int_equal(test_run(f->dir, (char *const *)dash, &b), 0);
   assert_string_equal(a, b);
   free(a), free(b);
+  /* `nas help --help` is help about help: the command list, as `nas --help` */
+  const char *help_help[] = {test_nas_bin(), "help", "--help", NULL},
+             *top[] = {test_nas_bin(), "--help", NULL};
+  assert_int_equal(test_run(f->dir, (char *const *)help_help, &a), 0);
+  assert_int_equal(test_run(f->dir, (char *const *)top, &b), 0);
+  assert_string_equal(a, b);
+  free(a), free(b);
   const char *missing[] = {test_nas_bin(), "trials", "quick", "--format", NULL};
   assert_int_equal(test_run(f->dir, (char *const *)missing, &a), 2);
   assert_non_null(strstr(a, "option '--format' needs a value"));
