@@ -252,8 +252,7 @@ tr_tensor *tn_view(tr_ctx *ctx, const tr_tensor *t, int ndim, const int64_t *sha
   v->ndim = ndim;
   if (ndim > 0) memcpy(v->shape, shape, sizeof(int64_t) * (size_t)ndim);
   tn_contiguous_strides(ndim, shape, v->strides);
-  v->numel = 1; /* shape's own count: a view may cover only part of t (FSDP's flat buffers) */
-  for (int d = 0; d < ndim; d++) v->numel *= shape[d];
+  v->numel = tn_prod(shape, 0, ndim); /* its own: a view may cover only part of t (FSDP) */
   return v;
 }
 

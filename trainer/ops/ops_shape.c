@@ -47,11 +47,10 @@ tr_tensor *tr_reshape(tr_ctx *ctx, tr_tensor *t, int ndim, const int64_t *shape)
       return tr_fail(ctx, "reshape: size %lld at dim %d (one -1 may be inferred, no other "
                           "negative size)", (long long)shape[d], d);
   }
-  int64_t numel;
   if (!tn_numel_fits(ndim, shp, &known))
     return tr_fail(ctx, "reshape: the shape's element count overflows int64");
   if (infer >= 0) shp[infer] = known ? t->numel / known : 0;
-  tn_numel_fits(ndim, shp, &numel); /* at most t->numel when inferred, else known */
+  int64_t numel = tn_prod(shp, 0, ndim); /* at most t->numel when inferred, else known */
   if (numel != t->numel)
     return tr_fail(ctx, "reshape: %lld elements cannot take a shape of %lld", (long long)t->numel,
                    (long long)numel);
