@@ -125,6 +125,10 @@ static void write_objectives(FILE *out, const spec *s) {
       fputs(" threshold ", out);
       write_number(out, o->threshold);
     }
+    if (o->has_noise) {
+      fputs(" noise ", out);
+      write_number(out, o->noise);
+    }
   }
   fputc(']', out);
 }

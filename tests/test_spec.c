@@ -1392,7 +1392,7 @@ static void diff_is_null_for_the_same_content(void **state) {
       "  epochs: {type: fixed, value: 5}\n"
       "objectives:\n"
       "  - {name: f1, goal: minimize, threshold: 3e2}\n"
-      "  - {name: accuracy, goal: maximize}\n"
+      "  - {noise: 4e-3, name: accuracy, goal: maximize}\n"
       "constraints: [\"latency_ms <= 5.0\", \"accuracy >= 0.50\"]\n"
       "trial:\n"
       "  command: [python3, train.py, \"--lr={lr}\", \"--layers={layers}\"]\n"
@@ -1451,6 +1451,29 @@ static void diff_lists_each_changed_field(void **state) {
   free(diff);
   spec_free(b);
   spec_free(a);
+}
+
+/* An objective's noise is part of the model a run fits, so a change of it is a change of
+ * the spec like a threshold's (a run would otherwise fit another noise than the stored
+ * spec says). */
+static void diff_names_a_changed_objective_noise(void **state) {
+  (void)state;
+  spec *a = load_ok(NAME PARAMS_X "objectives:\n  - {name: f, goal: minimize, noise: 0.1}\n" TRIAL
+                        BUDGET);
+  spec *b = load_ok(NAME PARAMS_X "objectives:\n  - {name: f, goal: minimize, noise: 0.5}\n" TRIAL
+                        BUDGET);
+  spec *none = load_ok(MINIMAL);
+  char *diff = diff_of(a, b);
+  assert_non_null(diff);
+  assert_string_equal(diff, "objectives: [f minimize noise 0.1] -> [f minimize noise 0.5]\n");
+  free(diff);
+  diff = diff_of(a, none);
+  assert_non_null(diff);
+  assert_string_equal(diff, "objectives: [f minimize noise 0.1] -> [f minimize]\n");
+  free(diff);
+  spec_free(a);
+  spec_free(b);
+  spec_free(none);
 }
 
 static void diff_reports_parameter_order_and_commands(void **state) {
@@ -1953,6 +1976,7 @@ int main(void) {
       cmocka_unit_test(diff_is_null_for_the_same_content),
       cmocka_unit_test(diff_lists_each_changed_field),
       cmocka_unit_test(diff_reports_parameter_order_and_commands),
+      cmocka_unit_test(diff_names_a_changed_objective_noise),
       cmocka_unit_test(builtin_trial_loads_without_a_command),
       cmocka_unit_test(builtin_dataset_path_is_made_absolute),
       cmocka_unit_test(builtin_settings_layer_defaults_section_and_parameters),
