@@ -258,7 +258,7 @@ static int axis_init(const param_spec *p, axis *ax, nas_err *err) {
   if (ax->step > 0) {
     /* The tolerance keeps a top level that lands on high up to rounding (0.1..1 by 0.1). */
     double last = floor((p->high - p->low) / ax->step + (ax->integer ? 0 : 1e-9));
-    if (!(last < 0x1p52))
+    if (!(last <= SPEC_MAX_STEPS))
       return nas_errf(err, "parameter '%s': too many values (step %g)", p->name, ax->step);
     ax->n_levels = (size_t)last + 1;
     double top = grid_value(ax, ax->n_levels - 1);

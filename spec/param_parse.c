@@ -7,6 +7,8 @@
  * step > 0 divides high - low; int bounds and steps are integers; categorical choices are
  * >= 2 distinct scalars; a condition's parent comes earlier and every value it names is
  * one the parent can take. */
+#include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -90,6 +92,21 @@ static int read_number(const yaml_ctx *c, const yaml_node_t *node, const char *w
   return NAS_OK;
 }
 
+/* A discrete range's levels must fit the optimizer's encoding (SPEC_MAX_STEPS); at is the
+ * node that set the step (or high, for an int's default step of 1). */
+static int check_step_count(const yaml_ctx *c, const yaml_node_t *at, const char *what,
+                            const param_spec *p, double step) {
+  double steps = round((p->high - p->low) / step);
+  if (steps <= SPEC_MAX_STEPS) return NAS_OK;
+  char count[32], step_text[32];
+  spec_format_double(steps, count, sizeof count);
+  spec_format_double(step, step_text, sizeof step_text);
+  return spec_node_errf(c, at,
+                        "%s: high - low spans %s steps of %s; at most 4503599627370495 "
+                        "(2^52 - 1) can be searched: narrow the range or take a larger step",
+                        what, count, step_text);
+}
+
 static int parse_step(const yaml_ctx *c, const yaml_node_t *map, const char *what, param_spec *p) {
   yaml_node_t *node = spec_node_optional(c, map, "step");
   if (!node) return NAS_OK;
@@ -104,7 +121,7 @@ static int parse_step(const yaml_ctx *c, const yaml_node_t *map, const char *wha
   if (!spec_on_step_grid(p->high - p->low, p->step))
     return spec_node_errf(c, node, "%s.step: high - low (%s) is not a multiple of step %s", what,
                           span, text);
-  return NAS_OK;
+  return check_step_count(c, node, what, p, p->step);
 }
 
 static int parse_range(const yaml_ctx *c, const yaml_node_t *map, const char *what, param_spec *p) {
@@ -126,7 +143,12 @@ static int parse_range(const yaml_ctx *c, const yaml_node_t *map, const char *wh
     return rc;
   if (p->log && !(p->low > 0))
     return spec_node_errf(c, low, "%s: log: true needs low above 0, got %s", what, low_text);
-  return parse_step(c, map, what, p);
+  /* The optimizer places values by their share of high - low: it must be a number. */
+  if (!isfinite(p->high - p->low))
+    return spec_node_errf(c, high, "%s: the range is too wide: high - low must be at most %g",
+                          what, DBL_MAX);
+  if (spec_node_optional(c, map, "step")) return parse_step(c, map, what, p);
+  return p->kind == PARAM_INT ? check_step_count(c, high, what, p, 1) : NAS_OK;
 }
 
 static int parse_choices(const yaml_ctx *c, const yaml_node_t *map, const char *what,

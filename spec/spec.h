@@ -44,6 +44,11 @@ typedef struct {
   int line;            /* where it was declared, for later messages */
 } param_spec;
 
+/* The most steps a discrete range may span ((high - low) / step of an int, whose step is 1
+ * unless given, or of a stepped float): 2^52 - 1, so that the optimizer's unit interval
+ * (optimizer/space.c) tells every level apart. */
+#define SPEC_MAX_STEPS 4503599627370495.0
+
 typedef enum { GOAL_MINIMIZE, GOAL_MAXIMIZE } objective_goal;
 
 typedef struct {

@@ -458,6 +458,25 @@ static void uniform_coordinates_give_uniform_levels(void **state) {
   unload(&f);
 }
 
+/* The widest ranges a spec allows make a space whose values round-trip: an int range of
+ * 2^52 - 1 steps, a stepped float as fine. */
+static void widest_ranges_a_spec_allows_make_a_space(void **state) {
+  (void)state;
+  fixture f = load("name: w\nparameters:\n"
+                   "  n: {type: int, low: 1, high: 4503599627370496}\n"
+                   "  x: {type: float, low: 0, high: 4503599627370495e-15, step: 1e-15}\n"
+                   "objectives: [{name: f, goal: minimize}]\nbudget: {trials: 3}\n");
+  assert_int_equal(f.dim, 2);
+  double x[2] = {0.3, 0.7}, again[2];
+  json_t *params = decode(&f, x);
+  encode(&f, params, again);
+  json_t *back = decode(&f, again);
+  assert_json_equal(params, back);
+  json_decref(params);
+  json_decref(back);
+  unload(&f);
+}
+
 static void space_of_fixed_values_has_no_dimensions(void **state) {
   (void)state;
   fixture f = load(
@@ -489,6 +508,7 @@ int main(void) {
       cmocka_unit_test(fixed_values_are_always_decoded_with_their_type),
       cmocka_unit_test(encode_rejects_what_is_not_an_assignment),
       cmocka_unit_test(uniform_coordinates_give_uniform_levels),
+      cmocka_unit_test(widest_ranges_a_spec_allows_make_a_space),
       cmocka_unit_test(space_of_fixed_values_has_no_dimensions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -543,6 +543,26 @@ static void steps_must_be_positive_and_divide_the_range(void **state) {
       "t.yaml:3:54: ", "step cannot be combined with log: true");
 }
 
+/* What loads can be searched: a discrete range of more steps than the optimizer tells apart
+ * (2^52), or a float range wider than the largest double, failed only at the first
+ * suggestion, without a place (or gave only its two ends). */
+static void ranges_the_optimizer_cannot_search_are_refused(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  n: {type: int, low: 0, high: 4503599627370496}\n" AFTER_PARAMS,
+               "t.yaml:3:32: ",
+               "parameters.n: high - low spans 4503599627370496 steps of 1; at most "
+               "4503599627370495 (2^52 - 1) can be searched");
+  expect_error(NAME "parameters:\n  x: {type: float, low: 0, high: 1, step: 1e-17}\n" AFTER_PARAMS,
+               "t.yaml:3:43: ", "parameters.x: high - low spans 1e+17 steps of 1e-17");
+  expect_error(NAME "parameters:\n  x: {type: float, low: -1e308, high: 1e308}\n" AFTER_PARAMS,
+               "t.yaml:3:39: ",
+               "parameters.x: the range is too wide: high - low must be at most 1.797");
+  spec *s = load_ok(NAME "parameters:\n  n: {type: int, low: 1, high: 4503599627370496}\n"
+                         "  x: {type: float, low: -1e307, high: 1e308}\n"
+                         "  y: {type: float, low: 1e-300, high: 1e300, log: true}\n" AFTER_PARAMS);
+  spec_free(s);
+}
+
 static void categorical_needs_distinct_scalar_choices(void **state) {
   (void)state;
   expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a]}\n" AFTER_PARAMS,
@@ -1944,6 +1964,7 @@ int main(void) {
       cmocka_unit_test(log_needs_positive_low),
       cmocka_unit_test(int_bounds_must_be_integers),
       cmocka_unit_test(steps_must_be_positive_and_divide_the_range),
+      cmocka_unit_test(ranges_the_optimizer_cannot_search_are_refused),
       cmocka_unit_test(categorical_needs_distinct_scalar_choices),
       cmocka_unit_test(condition_parents_must_exist_earlier),
       cmocka_unit_test(condition_values_must_be_possible),
