@@ -329,6 +329,20 @@ static int check_condition_values(const yaml_ctx *c, const param_spec *parent, c
   return NAS_OK;
 }
 
+/* Numbers compare by value (docs/spec.md), so `layers == 4.0` means `layers == 4`: a whole
+ * real compared with an int parameter is kept as the integer it equals, which the
+ * parameter takes. */
+static int whole_reals_as_integers(const yaml_ctx *c, json_t *values) {
+  for (size_t i = 0; i < json_array_size(values); i++) {
+    const json_t *value = json_array_get(values, i);
+    double v = json_number_value(value);
+    if (!json_is_real(value) || v != floor(v) || fabs(v) > max_exact_int) continue;
+    if (json_array_set_new(values, i, json_integer((json_int_t)v)) != 0)
+      return nas_errf(c->err, "out of memory");
+  }
+  return NAS_OK;
+}
+
 static int parse_condition(const yaml_ctx *c, const yaml_node_t *when, const char *param_what,
                            spec *s, size_t self) {
   param_spec *p = &s->params[self];
@@ -345,6 +359,8 @@ static int parse_condition(const yaml_ctx *c, const yaml_node_t *when, const cha
                             "a condition such as \"layers >= 3\" or "
                             "{param: opt, in: [sgd]}");
   if (!rc) rc = resolve_parent(c, s, self, what, &read, &p->cond.parent);
+  if (!rc && s->params[p->cond.parent].kind == PARAM_INT)
+    rc = whole_reals_as_integers(c, p->cond.values);
   if (!rc) rc = check_condition_values(c, &s->params[p->cond.parent], what, &p->cond, &read);
   p->conditional = rc == NAS_OK;
   return rc;

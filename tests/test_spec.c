@@ -1067,6 +1067,26 @@ static void int_conditions_compare_numbers_by_value(void **state) {
   spec_free(s);
 }
 
+/* Numbers compare by value also where a condition is written: `n == 4.0` on an int parent
+ * is `n == 4` (it was refused as "expected an integer, got 4"). */
+static void int_condition_values_may_be_written_as_whole_reals(void **state) {
+  (void)state;
+  spec *s = load_ok(NAME
+                    "parameters:\n"
+                    "  n: {type: int, low: 1, high: 4}\n"
+                    "  m: {type: float, low: 0, high: 1, when: \"n == 4.0\"}\n"
+                    "  k: {type: float, low: 0, high: 1, when: {param: n, in: [2.0, 3]}}\n"
+                    AFTER_PARAMS);
+  json_t *params = json("{\"n\": 4}");
+  assert_true(spec_param_active(s, 1, params));
+  assert_false(spec_param_active(s, 2, params));
+  json_object_set_new(params, "n", json_integer(2));
+  assert_false(spec_param_active(s, 1, params));
+  assert_true(spec_param_active(s, 2, params));
+  json_decref(params);
+  spec_free(s);
+}
+
 static void parse_without_a_name_reports_string(void **state) {
   (void)state;
   spec *s = NULL;
@@ -1990,6 +2010,7 @@ int main(void) {
       cmocka_unit_test(param_index_finds_by_exact_name),
       cmocka_unit_test(names_with_dots_and_dashes_work_everywhere),
       cmocka_unit_test(int_conditions_compare_numbers_by_value),
+      cmocka_unit_test(int_condition_values_may_be_written_as_whole_reals),
       cmocka_unit_test(parse_without_a_name_reports_string),
       cmocka_unit_test(render_argv_substitutes_values),
       cmocka_unit_test(value_text_is_shortest_exact),
