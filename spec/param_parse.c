@@ -296,29 +296,48 @@ static bool is_comparison(cond_op op) {
   return op == COND_LT || op == COND_LE || op == COND_GT || op == COND_GE;
 }
 
-/* Every value must be one the parent can take, or the condition could never decide. */
+/* `<`, `<=`, `>`, `>=`: a number within the numeric parent's range that some of its values
+ * satisfy. */
+static int check_comparison(const yaml_ctx *c, const param_spec *parent, const char *what,
+                            const param_condition *cond, const condition_read *read) {
+  const json_t *value = json_array_get(cond->values, 0);
+  char text[64], low[32], high[32];
+  spec_describe_value(value, text, sizeof text);
+  if (parent->kind != PARAM_FLOAT && parent->kind != PARAM_INT)
+    return spec_node_errf(c, read->values_at,
+                          "%s: '%s' compares a %s parameter ('%s'); only "
+                          "float and int parameters can be compared",
+                          what, spec_cond_op_text(cond->op), spec_param_kind_name(parent->kind),
+                          parent->name);
+  if (!json_is_number(value))
+    return spec_node_errf(c, read->values_at,
+                          "%s: '%s' can only be compared with a number, not %s", what,
+                          parent->name, text);
+  spec_format_double(parent->low, low, sizeof low);
+  spec_format_double(parent->high, high, sizeof high);
+  double bound = json_number_value(value);
+  if (!spec_param_in_range(parent, bound))
+    return spec_node_errf(c, read->values_at, "%s: %s is outside the range of '%s' [%s, %s]",
+                          what, text, parent->name, low, high);
+  bool below_all = cond->op == COND_LT && bound <= parent->low;
+  if (below_all || (cond->op == COND_GT && bound >= parent->high))
+    return spec_node_errf(c, read->values_at, "%s: '%s %s %s' never holds: '%s' is %s %s",
+                          what, parent->name, spec_cond_op_text(cond->op), text, parent->name,
+                          below_all ? "at least" : "at most", below_all ? low : high);
+  return NAS_OK;
+}
+
+/* Every value must be one the parent can take, or the condition could never decide; and
+ * some value of the parent must satisfy it, or its parameter would never be active. */
 static int check_condition_values(const yaml_ctx *c, const param_spec *parent, const char *what,
                                   const param_condition *cond, const condition_read *read) {
-  if (is_comparison(cond->op)) {
-    const json_t *value = json_array_get(cond->values, 0);
-    char text[64], low[32], high[32];
-    spec_describe_value(value, text, sizeof text);
-    if (parent->kind != PARAM_FLOAT && parent->kind != PARAM_INT)
-      return spec_node_errf(c, read->values_at,
-                            "%s: '%s' compares a %s parameter ('%s'); only "
-                            "float and int parameters can be compared",
-                            what, spec_cond_op_text(cond->op), spec_param_kind_name(parent->kind),
-                            parent->name);
-    if (!json_is_number(value))
-      return spec_node_errf(c, read->values_at,
-                            "%s: '%s' can only be compared with a number, not %s", what,
-                            parent->name, text);
-    spec_format_double(parent->low, low, sizeof low);
-    spec_format_double(parent->high, high, sizeof high);
-    if (!spec_param_in_range(parent, json_number_value(value)))
-      return spec_node_errf(c, read->values_at, "%s: %s is outside the range of '%s' [%s, %s]",
-                            what, text, parent->name, low, high);
-    return NAS_OK;
+  if (is_comparison(cond->op)) return check_comparison(c, parent, what, cond, read);
+  if (cond->op == COND_NE && parent->kind == PARAM_FIXED &&
+      spec_values_equal(parent->fixed, json_array_get(cond->values, 0))) {
+    char text[64];
+    spec_describe_value(parent->fixed, text, sizeof text);
+    return spec_node_errf(c, read->values_at, "%s: '%s != %s' never holds: '%s' is fixed at %s",
+                          what, parent->name, text, parent->name, text);
   }
   for (size_t i = 0; i < json_array_size(cond->values); i++) {
     char why[300];

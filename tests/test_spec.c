@@ -631,6 +631,25 @@ static void condition_values_must_be_possible(void **state) {
                "t.yaml:4:43: ", "'n' can never hold that: expected an integer, got 2.5");
 }
 
+/* A condition no value of its parent satisfies would leave its parameter inactive in every
+ * trial (a `<` for a `>` loaded silently): refused like a value the parent cannot take. */
+static void conditions_that_never_hold_are_refused(void **state) {
+  (void)state;
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"x < 0\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "parameters.m.when: 'x < 0' never holds: 'x' is at least 0");
+  expect_error(NAME COND_PARAMS
+               "  m: {type: float, low: 0, high: 1, when: \"x > 1\"}\n" AFTER_PARAMS,
+               "t.yaml:5:43: ", "parameters.m.when: 'x > 1' never holds: 'x' is at most 1");
+  expect_error(NAME "parameters:\n  e: 5\n"
+               "  m: {type: float, low: 0, high: 1, when: \"e != 5\"}\n" AFTER_PARAMS,
+               "t.yaml:4:43: ", "parameters.m.when: 'e != 5' never holds: 'e' is fixed at 5");
+  spec *s = load_ok(NAME COND_PARAMS
+                    "  m: {type: float, low: 0, high: 1, when: \"x <= 0\"}\n"
+                    "  k: {type: float, low: 0, high: 1, when: \"x >= 1\"}\n" AFTER_PARAMS);
+  spec_free(s);
+}
+
 static void condition_syntax_errors_are_explained(void **state) {
   (void)state;
   expect_error(
@@ -1988,6 +2007,7 @@ int main(void) {
       cmocka_unit_test(categorical_needs_distinct_scalar_choices),
       cmocka_unit_test(condition_parents_must_exist_earlier),
       cmocka_unit_test(condition_values_must_be_possible),
+      cmocka_unit_test(conditions_that_never_hold_are_refused),
       cmocka_unit_test(condition_syntax_errors_are_explained),
       cmocka_unit_test(objectives_are_checked),
       cmocka_unit_test(constraints_need_metric_op_number),
