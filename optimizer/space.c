@@ -240,11 +240,18 @@ static size_t level_of_value(const axis *ax, double v) {
 }
 
 /* The level at position u: nearest on the position scale for linear axes; for log axes
- * the nearest in the original space to the value at u (log ints round like ints). */
+ * the nearest in the original space to the value at u (log ints round like ints). Where
+ * levels are dense (past ~1e14) exp(log(v)) misses v by more than half a level, so the
+ * rounded guess is moved until u lies between its neighbours' positions, and on to the
+ * last level of its position where several levels share one: a level's own position then
+ * decodes to it, or to the level that stands for its class. */
 static size_t level_at(const axis *ax, double u) {
   if (ax->n_levels == 1) return 0;
   if (!ax->log) return clamp_level(ax, round(u * (double)(ax->n_levels - 1)));
-  return level_of_value(ax, axis_value_guess(ax, u));
+  size_t k = level_of_value(ax, axis_value_guess(ax, u));
+  while (k > 0 && level_position(ax, k - 1) >= u) k--;
+  while (k + 1 < ax->n_levels && level_position(ax, k + 1) <= fmax(u, level_position(ax, k))) k++;
+  return k;
 }
 
 /* Sets up the axis of a float or int parameter. */
