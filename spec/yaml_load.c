@@ -120,8 +120,25 @@ static int unsupported_tag(const loader *l, yaml_mark_t mark, const char *tag) {
   tag_text(tag, shown, sizeof shown);
   return mark_errf(l, mark,
                    "the YAML tag '%s' is not supported; a spec takes only !!str, !!int, "
-                   "!!float, !!bool and !!null (remove the tag, or quote the value for a string)",
+                   "!!float, !!bool, !!null, !!seq and !!map (remove the tag, or quote the "
+                   "value for a string)",
                    shown);
+}
+
+/* Refuses tag on a node of the kind `where` names ("a single value", "a list", "a
+ * mapping"): a standard tag is told where it belongs, any other is unsupported. */
+static int refused_tag(const loader *l, yaml_mark_t mark, const char *tag, const char *where) {
+  static const char *const standard[] = {"str", "int", "float", "bool", "null", "seq", "map"};
+  bool is_standard = false;
+  for (size_t i = 0; i < sizeof standard / sizeof standard[0]; i++)
+    is_standard = is_standard || is_core_tag(tag, standard[i]);
+  if (!is_standard) return unsupported_tag(l, mark, tag);
+  char shown[128];
+  tag_text(tag, shown, sizeof shown);
+  return mark_errf(l, mark,
+                   "the YAML tag '%s' cannot tag %s: !!str, !!int, !!float, !!bool and !!null "
+                   "tag single values, !!seq lists, !!map mappings",
+                   shown, where);
 }
 
 /* The style a tagged scalar is stored with, so that the readers type it as the tag says
@@ -151,14 +168,14 @@ static int scalar_style(const loader *l, const yaml_event_t *e, yaml_scalar_styl
     *style = YAML_PLAIN_SCALAR_STYLE;
     return NAS_OK;
   }
-  return unsupported_tag(l, e->start_mark, tag);
+  return refused_tag(l, e->start_mark, tag, "a single value");
 }
 
 static int collection_tag(const loader *l, const yaml_event_t *e, const yaml_char_t *tag,
                           const char *core) {
   const char *text = (const char *)tag;
   if (!text || strcmp(text, "!") == 0 || is_core_tag(text, core)) return NAS_OK;
-  return unsupported_tag(l, e->start_mark, text);
+  return refused_tag(l, e->start_mark, text, strcmp(core, "map") == 0 ? "a mapping" : "a list");
 }
 
 static void set_marks(const loader *l, int id, const yaml_event_t *e) {

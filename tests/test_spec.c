@@ -838,6 +838,19 @@ static void other_tags_and_mistyped_values_are_refused(void **state) {
                "t.yaml:3:6: ", "'!!bool' needs true or false, got 'yes'");
 }
 
+/* A standard tag on the wrong kind of node is named as such (it read "the YAML tag '!!str'
+ * is not supported; a spec takes only !!str, ..."). */
+static void standard_tags_in_the_wrong_place_say_where_they_belong(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  a: !!str {x: 1}\n" AFTER_PARAMS, "t.yaml:3:6: ",
+               "the YAML tag '!!str' cannot tag a mapping: !!str, !!int, !!float, !!bool and "
+               "!!null tag single values, !!seq lists, !!map mappings");
+  expect_error(NAME "parameters:\n  a: !!map [1, 2]\n" AFTER_PARAMS, "t.yaml:3:6: ",
+               "the YAML tag '!!map' cannot tag a list");
+  expect_error(NAME "parameters:\n  a: !!seq 3\n" AFTER_PARAMS, "t.yaml:3:6: ",
+               "the YAML tag '!!seq' cannot tag a single value");
+}
+
 static void nesting_past_the_limit_is_refused_at_once(void **state) {
   (void)state;
   char *open = repeated("[", 100000, ""), *close = repeated("]", 100000, "");
@@ -2018,6 +2031,7 @@ int main(void) {
       cmocka_unit_test(plugin_types_are_checked),
       cmocka_unit_test(standard_tags_are_honoured),
       cmocka_unit_test(other_tags_and_mistyped_values_are_refused),
+      cmocka_unit_test(standard_tags_in_the_wrong_place_say_where_they_belong),
       cmocka_unit_test(nesting_past_the_limit_is_refused_at_once),
       cmocka_unit_test(lists_and_mappings_past_the_entry_limit_are_refused),
       cmocka_unit_test(aliases_past_the_value_limit_are_refused),
