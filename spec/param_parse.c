@@ -167,9 +167,13 @@ static int parse_choices(const yaml_ctx *c, const yaml_node_t *map, const char *
     if ((rc = spec_node_scalar_json(c, node, field, &choice))) return rc;
     for (size_t j = 0; j < json_array_size(p->choices); j++) {
       if (!spec_values_equal(choice, json_array_get(p->choices, j))) continue;
-      char text[64];
+      char text[64], first[64];
       spec_describe_value(choice, text, sizeof text);
+      spec_describe_value(json_array_get(p->choices, j), first, sizeof first);
       json_decref(choice);
+      if (strcmp(text, first) != 0)
+        return spec_node_errf(c, node, "%s: %s is the same choice as %s (numbers compare by value)",
+                              field, text, first);
       return spec_node_errf(c, node, "%s: %s appears twice", field, text);
     }
     if (json_array_append_new(p->choices, choice) != 0) return nas_errf(c->err, "out of memory");

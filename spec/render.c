@@ -53,6 +53,10 @@ char *spec_value_text(const json_t *value) {
 void spec_describe_value(const json_t *value, char *buf, size_t cap) {
   if (json_is_string(value)) {
     snprintf(buf, cap, "'%s'", json_string_value(value));
+  } else if (json_is_real(value)) {
+    /* A whole real is written as one, since messages say when a real is not an integer. */
+    scalar_text(value, buf, cap);
+    if (!strpbrk(buf, ".e")) snprintf(buf + strlen(buf), cap - strlen(buf), ".0");
   } else if (!scalar_text(value, buf, cap)) {
     char *dumped = json_dumps(value, JSON_COMPACT | JSON_ENCODE_ANY);
     snprintf(buf, cap, "%s", dumped ? dumped : "?");
