@@ -428,6 +428,8 @@ static char *name_replaced(const char *text, const char *file, const char *name,
     nas_errf(err, "%s: the spec has no name to change", file);
   } else {
     size_t start = mark_offset(text, node->start_mark), end = mark_offset(text, node->end_mark);
+    /* A block scalar (`name: >-`) ends at the start of the next line: keep its line break. */
+    while (end > start && (text[end - 1] == '\n' || text[end - 1] == '\r')) end--;
     const char *quote = spec_scalar_kind_of(name, true) == SCALAR_STRING ? "" : "\"";
     out = nas_asprintf("%.*s%s%s%s%s", (int)start, text, quote, name, quote, text + end);
     if (!out) nas_errf(err, "out of memory");

@@ -2003,6 +2003,20 @@ static void renamed_text_changes_the_name_and_nothing_else(void **state) {
   spec_free(s);
 }
 
+/* A name written as a block scalar (`name: >-` and the name on the next line) ends at the
+ * start of the next line: the renamed text kept the line break out and joined the next
+ * key onto the name's line ("name: uparameters:"), so rename failed with a syntax error. */
+static void renamed_text_keeps_the_line_break_after_a_block_scalar_name(void **state) {
+  (void)state;
+  spec *s = load_ok("name: >-\n  t\n" PARAMS_X AFTER_PARAMS);
+  char *text = NULL;
+  nas_err err = {{0}};
+  if (spec_text_renamed(s, "u", &text, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_string_equal(text, "name: u\n" PARAMS_X AFTER_PARAMS);
+  free(text);
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(full_example_loads_every_field),
@@ -2088,6 +2102,7 @@ int main(void) {
       cmocka_unit_test(warm_start_loads_sources_and_checked_fill_values),
       cmocka_unit_test(diff_names_enqueue_and_warm_start_changes),
       cmocka_unit_test(renamed_text_changes_the_name_and_nothing_else),
+      cmocka_unit_test(renamed_text_keeps_the_line_break_after_a_block_scalar_name),
       cmocka_unit_test(notify_loads_with_defaults),
       cmocka_unit_test(notify_mistakes_are_placed_and_never_quote_the_url),
       cmocka_unit_test(url_shown_hides_path_query_and_password),
