@@ -292,6 +292,10 @@ static int parse_setting_named(const yaml_ctx *c, yaml_node_t *key, const char *
   if (!st) return unknown_setting(c, key, b->model);
   char what[FIELD_CAP], why[300];
   spec_field_join(what, "trial.builtin", name);
+  /* Duplicate keys are refused with the document, so only `pipeline:` can repeat one. */
+  if (json_object_get(b->settings, name))
+    return spec_node_errf(c, key, "%s: given twice (as pipeline.%s and %s); keep one", what,
+                          name + strlen("pipeline_"), name);
   json_t *json;
   int rc = spec_node_scalar_json(c, value, what, &json);
   if (rc) return rc;

@@ -1706,6 +1706,20 @@ static void builtin_recipe_settings_load_and_bad_values_point_at_the_value(void 
 
 /* `pipeline: {stages, chunks, checkpoint}` is the three pipeline_ settings in one mapping;
  * a pipeline and FSDP (devices > 1, sharding) exclude each other. */
+/* `pipeline: {stages: 2}` and `pipeline_stages: 4` set one setting twice; one of them was
+ * silently dropped. */
+static void builtin_setting_given_twice_is_refused(void **state) {
+  (void)state;
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
+                            "{stages: 2}, pipeline_stages: 4}\n"),
+               "t.yaml:10:65: ",
+               "trial.builtin.pipeline_stages: given twice (as pipeline.stages and "
+               "pipeline_stages); keep one");
+  expect_error(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline_chunks: "
+                            "4, pipeline: {chunks: 8}}\n"),
+               "t.yaml:10:73: ", "trial.builtin.pipeline_chunks: given twice");
+}
+
 static void builtin_pipeline_mapping_sets_the_pipeline_settings(void **state) {
   (void)state;
   spec *s = load_ok(BUILTIN_SPEC("trial:\n  builtin: {model: mlp, dataset: digits, pipeline: "
@@ -2092,6 +2106,7 @@ int main(void) {
       cmocka_unit_test(builtin_section_errors_point_at_the_value),
       cmocka_unit_test(builtin_recipe_settings_load_and_bad_values_point_at_the_value),
       cmocka_unit_test(builtin_pipeline_mapping_sets_the_pipeline_settings),
+      cmocka_unit_test(builtin_setting_given_twice_is_refused),
       cmocka_unit_test(builtin_parameters_must_be_settings_with_valid_values),
       cmocka_unit_test(builtin_residual_families_validate_their_settings),
       cmocka_unit_test(diff_reports_builtin_changes),
