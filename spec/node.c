@@ -348,10 +348,10 @@ int spec_node_duration(const yaml_ctx *c, const yaml_node_t *node, const char *w
   if (!text || spec_node_is_null(node) || !duration_seconds(text, &seconds))
     return spec_node_expected(c, node, what,
                               "a duration such as 90, \"90s\", \"10m\", \"1.5h\" or \"2d\"");
-  if (!(seconds > 0) || !isfinite(seconds))
+  if (!(seconds > 0))
     return spec_node_errf(c, node, "%s: must be more than 0 seconds (leave it out for no limit)",
                           what);
-  if (seconds > DURATION_MAX_S)
+  if (!(seconds <= DURATION_MAX_S)) /* infinity too, from 1e308d */
     return spec_node_errf(c, node, "%s: must be at most 100 years (\"36525d\"; leave it out for "
                           "no limit)", what);
   *out = seconds;

@@ -765,6 +765,16 @@ static void trial_env_workdir_timeout_are_checked(void **state) {
                "t.yaml:8:12: ", "trial.workdir: expected a string");
 }
 
+/* A duration whose seconds overflow to infinity is too long; it was said to be too short
+ * ("must be more than 0 seconds"). */
+static void durations_past_the_largest_double_are_too_long(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "  timeout: 1e308d\n" BUDGET,
+               "t.yaml:8:12: ", "trial.timeout: must be at most 100 years");
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 5, wall_time: 1e400}\n",
+               "t.yaml:8:32: ", "budget.wall_time: must be at most 100 years");
+}
+
 static void budget_is_checked(void **state) {
   (void)state;
   expect_error(NAME PARAMS_X OBJECTIVES TRIAL "budget: {trials: 0}\n",
@@ -2074,6 +2084,7 @@ int main(void) {
       cmocka_unit_test(trial_command_must_be_a_list),
       cmocka_unit_test(placeholders_must_name_parameters),
       cmocka_unit_test(trial_env_workdir_timeout_are_checked),
+      cmocka_unit_test(durations_past_the_largest_double_are_too_long),
       cmocka_unit_test(budget_is_checked),
       cmocka_unit_test(plugin_types_are_checked),
       cmocka_unit_test(standard_tags_are_honoured),
