@@ -403,9 +403,10 @@ int spec_load(const char *path, spec **out, nas_err *err) {
 }
 
 /* Byte offset in text of a libyaml mark: its line, then its column counted in characters
- * (UTF-8 sequences are one character). */
+ * (UTF-8 sequences are one character). A byte order mark starting the text is not counted
+ * in the first line's columns. */
 static size_t mark_offset(const char *text, yaml_mark_t mark) {
-  size_t off = 0;
+  size_t off = strncmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
   for (size_t line = 0; line < mark.line && text[off]; off++)
     if (text[off] == '\n') line++;
   for (size_t col = 0; col < mark.column && text[off]; col++)

@@ -2041,6 +2041,20 @@ static void renamed_text_keeps_the_line_break_after_a_block_scalar_name(void **s
   spec_free(s);
 }
 
+/* A file that starts with a UTF-8 byte order mark (as some Windows editors write): the
+ * marks of the first line do not count it, so the name was replaced 3 bytes early and
+ * rename failed with a YAML syntax error. */
+static void renamed_text_skips_a_byte_order_mark(void **state) {
+  (void)state;
+  spec *s = load_ok("\xEF\xBB\xBFname: t\n" PARAMS_X AFTER_PARAMS);
+  char *text = NULL;
+  nas_err err = {{0}};
+  if (spec_text_renamed(s, "u", &text, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_string_equal(text, "\xEF\xBB\xBFname: u\n" PARAMS_X AFTER_PARAMS);
+  free(text);
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(full_example_loads_every_field),
@@ -2129,6 +2143,7 @@ int main(void) {
       cmocka_unit_test(diff_names_enqueue_and_warm_start_changes),
       cmocka_unit_test(renamed_text_changes_the_name_and_nothing_else),
       cmocka_unit_test(renamed_text_keeps_the_line_break_after_a_block_scalar_name),
+      cmocka_unit_test(renamed_text_skips_a_byte_order_mark),
       cmocka_unit_test(notify_loads_with_defaults),
       cmocka_unit_test(notify_mistakes_are_placed_and_never_quote_the_url),
       cmocka_unit_test(url_shown_hides_path_query_and_password),
