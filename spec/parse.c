@@ -440,20 +440,23 @@ static char *name_replaced(const char *text, const char *file, const char *name,
 }
 
 /* Whether renamed_text differs from s's text in the name only (an alias or an odd layout
- * could make a textual replacement change more). Both are read against the same folder,
- * since s may have been read against one this function does not know. */
+ * could make a textual replacement change more, or break the text: replacing an anchored
+ * name drops its anchor). Both are read against the same folder, since s may have been
+ * read against one this function does not know. */
 static int check_only_name_changed(const spec *s, const char *renamed_text, const char *name,
                                    nas_err *err) {
   char *diff = NULL, *expect = NULL;
   spec *before = NULL, *renamed = NULL;
+  nas_err unreadable;
   int rc = spec_parse(s->text, s->path, ".", &before, err);
-  if (rc == NAS_OK) rc = spec_parse(renamed_text, s->path, ".", &renamed, err);
-  if (rc == NAS_OK) rc = spec_diff(before, renamed, &diff, err);
-  if (rc == NAS_OK && !(expect = nas_asprintf("name: %s -> %s\n", s->name, name)))
+  bool readable = rc == NAS_OK &&
+                  spec_parse(renamed_text, s->path, ".", &renamed, &unreadable) == NAS_OK;
+  if (readable) rc = spec_diff(before, renamed, &diff, err);
+  if (readable && rc == NAS_OK && !(expect = nas_asprintf("name: %s -> %s\n", s->name, name)))
     rc = nas_errf(err, "out of memory");
   if (rc == NAS_OK && (!diff || strcmp(diff, expect) != 0))
-    rc = nas_errf(err, "%s: cannot change the name in the spec's text without changing "
-                  "more (is it an alias?)", s->path);
+    rc = nas_errf(err, "experiment '%s': cannot change the name in the spec's text without "
+                  "changing more (is it an alias? write the name out)", s->name);
   free(diff);
   free(expect);
   spec_free(before);
