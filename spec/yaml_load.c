@@ -241,6 +241,10 @@ static int anchor_define(loader *l, const yaml_char_t *anchor, int id, size_t va
 }
 
 static int on_scalar(loader *l, const yaml_event_t *e) {
+  /* A double-quoted "\0" would be cut short by every reader of the text as a C string. */
+  if (memchr(e->data.scalar.value, '\0', e->data.scalar.length))
+    return mark_errf(l, e->start_mark,
+                     "the value holds a NUL character (\\0), which a spec cannot pass on");
   yaml_scalar_style_t style;
   int rc = scalar_style(l, e, &style);
   if (rc) return rc;

@@ -861,6 +861,18 @@ static void standard_tags_in_the_wrong_place_say_where_they_belong(void **state)
                "the YAML tag '!!seq' cannot tag a single value");
 }
 
+/* A double-quoted "\0" puts a NUL inside a value, which every reader of C strings cuts
+ * short there: `name: "a\0b"` was stored as 'a', a command "echo\0rm" ran echo. */
+static void values_holding_a_nul_character_are_refused(void **state) {
+  (void)state;
+  expect_error("name: \"t\\0x\"\n" PARAMS_X AFTER_PARAMS, "t.yaml:1:7: ",
+               "holds a NUL character (\\0), which a spec cannot pass on");
+  expect_error(NAME PARAMS_X OBJECTIVES "trial:\n  command: [\"echo\\0rm\"]\n" BUDGET,
+               "t.yaml:7:13: ", "holds a NUL character");
+  expect_error(NAME "parameters:\n  \"x\\0y\": 1\n" AFTER_PARAMS, "t.yaml:3:3: ",
+               "holds a NUL character");
+}
+
 static void nesting_past_the_limit_is_refused_at_once(void **state) {
   (void)state;
   char *open = repeated("[", 100000, ""), *close = repeated("]", 100000, "");
@@ -2105,6 +2117,7 @@ int main(void) {
       cmocka_unit_test(standard_tags_are_honoured),
       cmocka_unit_test(other_tags_and_mistyped_values_are_refused),
       cmocka_unit_test(standard_tags_in_the_wrong_place_say_where_they_belong),
+      cmocka_unit_test(values_holding_a_nul_character_are_refused),
       cmocka_unit_test(nesting_past_the_limit_is_refused_at_once),
       cmocka_unit_test(lists_and_mappings_past_the_entry_limit_are_refused),
       cmocka_unit_test(aliases_past_the_value_limit_are_refused),
