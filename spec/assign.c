@@ -116,6 +116,13 @@ int spec_parse_enqueue(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   yaml_node_t *list = spec_node_optional(c, root, "enqueue");
   if (!list) return NAS_OK;
   int rc = spec_node_expect_list(c, list, "enqueue");
+  size_t n = rc ? 0 : (size_t)(list->data.sequence.items.top - list->data.sequence.items.start);
+  /* Queued trials run even once the budget is spent (docs/cli.md, nas enqueue). */
+  if (n > (size_t)s->budget.max_trials)
+    return spec_node_errf(c, list,
+                          "enqueue: %zu assignments, more than budget.trials (%d), which they "
+                          "count in; raise the budget or queue fewer",
+                          n, s->budget.max_trials);
   if (rc == NAS_OK && !(s->enqueue = json_array())) rc = nas_errf(c->err, "out of memory");
   size_t i = 0;
   for (yaml_node_item_t *item = list->data.sequence.items.start;

@@ -1942,6 +1942,19 @@ static void enqueue_section_errors_point_at_the_assignment(void **state) {
   expect_error(NAME PARAMS_KNOWN AFTER_PARAMS "enqueue: {lr: 0.5}\n", "t.yaml:13:", "enqueue");
 }
 
+/* Queued trials always run, so an enqueue list longer than budget.trials ran past the
+ * budget (4 trials of a budget of 2) although they count in it. */
+static void enqueue_longer_than_the_budget_is_refused(void **state) {
+  (void)state;
+  expect_error(NAME PARAMS_X OBJECTIVES TRIAL_RUN "budget: {trials: 2}\n"
+               "enqueue: [{x: 0.1}, {x: 0.2}, {x: 0.3}]\n",
+               "t.yaml:9:10: ",
+               "enqueue: 3 assignments, more than budget.trials (2), which they count in; "
+               "raise the budget or queue fewer");
+  spec_free(load_ok(NAME PARAMS_X OBJECTIVES TRIAL_RUN "budget: {trials: 2}\n"
+                    "enqueue: [{x: 0.1}, {x: 0.2}]\n"));
+}
+
 static void assignment_arguments_are_typed_checked_and_completed(void **state) {
   (void)state;
   spec *s = load_ok(NAME PARAMS_KNOWN AFTER_PARAMS);
@@ -2152,6 +2165,7 @@ int main(void) {
       cmocka_unit_test(enqueue_section_stores_full_assignments_as_suggestions_are),
       cmocka_unit_test(an_int_given_as_a_whole_real_is_shown_as_a_real),
       cmocka_unit_test(enqueue_section_errors_point_at_the_assignment),
+      cmocka_unit_test(enqueue_longer_than_the_budget_is_refused),
       cmocka_unit_test(assignment_arguments_are_typed_checked_and_completed),
       cmocka_unit_test(warm_start_loads_sources_and_checked_fill_values),
       cmocka_unit_test(diff_names_enqueue_and_warm_start_changes),
