@@ -44,6 +44,17 @@ static int parse_kind(const yaml_ctx *c, const yaml_node_t *section, multi_fidel
                    guess ? "; did you mean '" : "", guess ? guess : "", guess ? "'?" : "");
 }
 
+/* The built-in section's `epochs:` (set, so trial.builtin is a mapping that has it) differs
+ * from max_epochs, which takes its place: it would be ignored without a word. */
+static int builtin_epochs_error(const yaml_ctx *c, const yaml_node_t *root, int max_epochs) {
+  yaml_node_t *trial = spec_node_optional(c, root, "trial");
+  yaml_node_t *builtin = spec_node_optional(c, trial, "builtin");
+  return spec_node_errf(c, spec_node_optional(c, builtin, "epochs"),
+                        "trial.builtin.epochs: multi_fidelity trains each trial up to max_epochs "
+                        "(%d), which takes the place of this setting; remove it or make it %d",
+                        max_epochs, max_epochs);
+}
+
 int spec_parse_multi_fidelity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   static const char *const keys[] = {"kind", "min_epochs", "max_epochs", "eta", NULL};
   yaml_node_t *section = spec_node_optional(c, root, "multi_fidelity");
@@ -65,6 +76,10 @@ int spec_parse_multi_fidelity(const yaml_ctx *c, const yaml_node_t *root, spec *
     if (strcmp(s->params[i].name, "epochs") == 0)
       rc = spec_node_errf(c, section, "multi_fidelity: decides how many epochs each built-in trial "
                      "trains, so 'epochs' cannot be a searched parameter too; remove it");
+  const json_t *epochs = s->trial.builtin ? json_object_get(s->trial.builtin->settings, "epochs")
+                                           : NULL;
+  if (!rc && epochs && json_integer_value(epochs) != mf->max_epochs)
+    rc = builtin_epochs_error(c, root, mf->max_epochs);
   if (!rc && s->early_stopping.rule != EARLY_STOP_NONE)
     rc = spec_node_errf(c, section, "multi_fidelity: cannot be combined with early_stopping "
                    "(both decide how long trials train); keep one of them");

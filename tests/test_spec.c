@@ -1349,6 +1349,27 @@ static void multi_fidelity_errors_point_at_the_value(void **state) {
                "t.yaml:10:17: ", "cannot be combined with early_stopping");
 }
 
+/* Under multi_fidelity max_epochs takes the place of the built-in epochs setting, so an
+ * `epochs:` in the section that differs was silently ignored (one equal to it is fine). */
+static void multi_fidelity_refuses_the_builtin_epochs_setting(void **state) {
+  (void)state;
+  expect_error("name: b\n"
+               "parameters: {lr: {type: float, low: 0.001, high: 0.1}}\n"
+               "objectives: [{name: accuracy, goal: maximize}]\n"
+               "trial: {builtin: {model: mlp, dataset: digits, epochs: 5}}\n"
+               "budget: {trials: 4}\n"
+               "multi_fidelity: {kind: hyperband, max_epochs: 9}\n",
+               "t.yaml:4:56: ",
+               "trial.builtin.epochs: multi_fidelity trains each trial up to max_epochs (9), "
+               "which takes the place of this setting; remove it or make it 9");
+  spec_free(load_ok("name: b\n"
+                    "parameters: {lr: {type: float, low: 0.001, high: 0.1}}\n"
+                    "objectives: [{name: accuracy, goal: maximize}]\n"
+                    "trial: {builtin: {model: mlp, dataset: digits, epochs: 9}}\n"
+                    "budget: {trials: 4}\n"
+                    "multi_fidelity: {kind: hyperband, max_epochs: 9}\n"));
+}
+
 /* spec_diff's text (NULL: the same), failing the test when the comparison fails. */
 static char *diff_of(const spec *a, const spec *b) {
   char *diff = NULL;
@@ -2088,6 +2109,7 @@ int main(void) {
       cmocka_unit_test(early_stopping_loads_with_defaults_and_rungs),
       cmocka_unit_test(multi_fidelity_loads_with_defaults),
       cmocka_unit_test(multi_fidelity_errors_point_at_the_value),
+      cmocka_unit_test(multi_fidelity_refuses_the_builtin_epochs_setting),
       cmocka_unit_test(diff_names_new_fields),
       cmocka_unit_test(minimal_spec_gets_defaults),
       cmocka_unit_test(optional_keys_without_value_take_defaults),
