@@ -2074,18 +2074,23 @@ static void renamed_text_changes_the_name_and_nothing_else(void **state) {
   spec_free(s);
 }
 
+/* Renaming the experiment of yaml to new_name gives the text expected. */
+static void assert_renamed(const char *yaml, const char *new_name, const char *expected) {
+  spec *s = load_ok(yaml);
+  char *text = NULL;
+  nas_err err = {{0}};
+  if (spec_text_renamed(s, new_name, &text, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_string_equal(text, expected);
+  free(text);
+  spec_free(s);
+}
+
 /* A name written as a block scalar (`name: >-` and the name on the next line) ends at the
  * start of the next line: the renamed text kept the line break out and joined the next
  * key onto the name's line ("name: uparameters:"), so rename failed with a syntax error. */
 static void renamed_text_keeps_the_line_break_after_a_block_scalar_name(void **state) {
   (void)state;
-  spec *s = load_ok("name: >-\n  t\n" PARAMS_X AFTER_PARAMS);
-  char *text = NULL;
-  nas_err err = {{0}};
-  if (spec_text_renamed(s, "u", &text, &err) != NAS_OK) fail_msg("%s", err.msg);
-  assert_string_equal(text, "name: u\n" PARAMS_X AFTER_PARAMS);
-  free(text);
-  spec_free(s);
+  assert_renamed("name: >-\n  t\n" PARAMS_X AFTER_PARAMS, "u", "name: u\n" PARAMS_X AFTER_PARAMS);
 }
 
 /* A file that starts with a UTF-8 byte order mark (as some Windows editors write): the
@@ -2093,13 +2098,8 @@ static void renamed_text_keeps_the_line_break_after_a_block_scalar_name(void **s
  * rename failed with a YAML syntax error. */
 static void renamed_text_skips_a_byte_order_mark(void **state) {
   (void)state;
-  spec *s = load_ok("\xEF\xBB\xBFname: t\n" PARAMS_X AFTER_PARAMS);
-  char *text = NULL;
-  nas_err err = {{0}};
-  if (spec_text_renamed(s, "u", &text, &err) != NAS_OK) fail_msg("%s", err.msg);
-  assert_string_equal(text, "\xEF\xBB\xBFname: u\n" PARAMS_X AFTER_PARAMS);
-  free(text);
-  spec_free(s);
+  assert_renamed("\xEF\xBB\xBFname: t\n" PARAMS_X AFTER_PARAMS, "u",
+                 "\xEF\xBB\xBFname: u\n" PARAMS_X AFTER_PARAMS);
 }
 
 int main(void) {
