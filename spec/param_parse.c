@@ -3,10 +3,11 @@
  * Parameters keep the order they are written in. Names are read in a first pass so a
  * condition naming a parameter declared later gets a message saying so; definitions are
  * read in a second pass, in order, so a condition's parent is always complete when the
- * condition is checked. Invariants of a loaded parameter: low < high; log => low > 0;
- * step > 0 divides high - low; int bounds and steps are integers; categorical choices are
- * >= 2 distinct scalars; a condition's parent comes earlier and every value it names is
- * one the parent can take. */
+ * condition is checked. Invariants of a loaded parameter: low < high, high - low finite;
+ * log => low > 0; step > 0 divides high - low; int bounds and steps are integers; an int or
+ * stepped range spans at most SPEC_MAX_STEPS steps; categorical choices are >= 2 distinct
+ * scalars; a condition's parent comes earlier, every value it names is one the parent can
+ * take, and some value of the parent satisfies it. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>

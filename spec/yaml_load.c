@@ -10,8 +10,10 @@
  * make afterwards is then bounded: the quadratic ones (duplicate keys, choices) look at
  * most SPEC_MAX_ENTRIES entries of one collection.
  *
- * Two more differences from libyaml's loader:
+ * More differences from libyaml's loader:
  * - An alias may only name a node that is complete, so the document has no cycles.
+ * - A scalar holding a NUL character (a double-quoted "\0") is refused: the readers take
+ *   scalars as C strings and would cut it short there.
  * - Tags are applied, not dropped (the document would read `!!str 7` as the number 7):
  *   `!!str` and `!` make a scalar a string exactly as quotes do (the readers type quoted
  *   scalars as strings, so the scalar is stored with a quoted style); `!!int`, `!!float`,
