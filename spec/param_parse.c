@@ -83,7 +83,11 @@ static int read_number(const yaml_ctx *c, const yaml_node_t *node, const char *w
                        const char *key, param_kind kind, double *out) {
   char field[FIELD_CAP];
   spec_field_join(field, what, key);
-  if (kind == PARAM_FLOAT) return spec_node_number(c, node, field, out);
+  if (kind == PARAM_FLOAT) {
+    int rc = spec_node_number(c, node, field, out);
+    if (rc == NAS_OK) *out += 0.0; /* -0.0 is 0: decoded ends and spec_diff showed the sign */
+    return rc;
+  }
   long long value;
   int rc = spec_node_integer(c, node, field, &value);
   if (rc) return rc;

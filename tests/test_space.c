@@ -500,6 +500,22 @@ static void widest_ranges_a_spec_allows_make_a_space(void **state) {
   unload(&f);
 }
 
+/* A bound written -0.0 is 0: the ends decode to 0.0, never -0.0 (a trial got "-0" on its
+ * command line). */
+static void negative_zero_bounds_decode_as_zero(void **state) {
+  (void)state;
+  fixture f = load("name: z\nparameters:\n"
+                   "  x: {type: float, low: -0.0, high: 1}\n"
+                   "  y: {type: float, low: -1, high: -0.0}\n"
+                   "objectives: [{name: f, goal: minimize}]\nbudget: {trials: 3}\n");
+  double x[2] = {0, 1};
+  json_t *params = decode(&f, x);
+  assert_false(signbit(json_real_value(json_object_get(params, "x"))));
+  assert_false(signbit(json_real_value(json_object_get(params, "y"))));
+  json_decref(params);
+  unload(&f);
+}
+
 static void space_of_fixed_values_has_no_dimensions(void **state) {
   (void)state;
   fixture f = load(
@@ -533,6 +549,7 @@ int main(void) {
       cmocka_unit_test(encode_rejects_what_is_not_an_assignment),
       cmocka_unit_test(uniform_coordinates_give_uniform_levels),
       cmocka_unit_test(widest_ranges_a_spec_allows_make_a_space),
+      cmocka_unit_test(negative_zero_bounds_decode_as_zero),
       cmocka_unit_test(space_of_fixed_values_has_no_dimensions),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1591,6 +1591,18 @@ static void diff_names_a_changed_objective_noise(void **state) {
   spec_free(none);
 }
 
+/* -0.0 is another spelling of 0, which a diff does not count ("float [-0, 1] -> float
+ * [0, 1]" refused a rerun). */
+static void negative_zero_is_zero_in_bounds(void **state) {
+  (void)state;
+  spec *a = load_ok(NAME "parameters:\n  x: {type: float, low: -0.0, high: 1}\n" AFTER_PARAMS);
+  spec *b = load_ok(NAME "parameters:\n  x: {type: float, low: 0, high: 1}\n" AFTER_PARAMS);
+  assert_false(signbit(a->params[0].low));
+  assert_null(diff_of(a, b));
+  spec_free(a);
+  spec_free(b);
+}
+
 static void diff_reports_parameter_order_and_commands(void **state) {
   (void)state;
   spec *a = load_ok(
@@ -2173,6 +2185,7 @@ int main(void) {
       cmocka_unit_test(diff_is_null_for_the_same_content),
       cmocka_unit_test(diff_lists_each_changed_field),
       cmocka_unit_test(diff_reports_parameter_order_and_commands),
+      cmocka_unit_test(negative_zero_is_zero_in_bounds),
       cmocka_unit_test(diff_names_a_changed_objective_noise),
       cmocka_unit_test(builtin_trial_loads_without_a_command),
       cmocka_unit_test(builtin_dataset_path_is_made_absolute),
