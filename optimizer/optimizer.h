@@ -26,7 +26,8 @@
  * parameters are pinned to the middle of their range (0 in one-hot). */
 typedef enum {
   DIM_CONTINUOUS, /* float without step */
-  DIM_DISCRETE,   /* int or stepped float: n_levels evenly spaced values in [0, 1] */
+  DIM_DISCRETE,   /* int or stepped float: n_levels values in [0, 1], evenly spaced
+                     unless log (a log int's levels sit at their log positions) */
   DIM_ONEHOT,     /* one choice of a categorical: group of n_levels dimensions */
 } space_dim_kind;
 
