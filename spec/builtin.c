@@ -293,9 +293,11 @@ static int parse_setting_named(const yaml_ctx *c, yaml_node_t *key, const char *
   char what[FIELD_CAP], why[300];
   spec_field_join(what, "trial.builtin", name);
   /* Duplicate keys are refused with the document, so only `pipeline:` can repeat one. */
-  if (json_object_get(b->settings, name))
+  static const char pipeline_prefix[] = "pipeline_";
+  if (json_object_get(b->settings, name) &&
+      strncmp(name, pipeline_prefix, strlen(pipeline_prefix)) == 0)
     return spec_node_errf(c, key, "%s: given twice (as pipeline.%s and %s); keep one", what,
-                          name + strlen("pipeline_"), name);
+                          name + strlen(pipeline_prefix), name);
   json_t *json;
   int rc = spec_node_scalar_json(c, value, what, &json);
   if (rc) return rc;
