@@ -73,22 +73,23 @@ static int get_experiment(serve_request *req, char **parts) {
 }
 
 /* The body is a YAML spec, checked as `nas run` checks one; its relative paths and run
- * folders are the server's current folder's. The same spec again is no error. */
+ * folders are the server's current folder's: it is stored as if it were the file NAME.yaml
+ * there, so whoever loads it later (`nas resume` in another folder) resolves them there too. */
 static int create_experiment(serve_request *req, char **parts) {
   (void)parts;
-  spec *checked = NULL, *s = NULL;
+  spec *s = NULL;
   nas_err err;
   const char *text = req->body ? req->body : "";
-  if (spec_parse(text, "request.yaml", req->srv->cwd, &checked, &err) != NAS_OK ||
-      sched_check_spec(checked, &err) != NAS_OK) {
-    spec_free(checked);
+  if (spec_parse(text, "request.yaml", req->srv->cwd, &s, &err) != NAS_OK ||
+      sched_check_spec(s, &err) != NAS_OK) {
+    spec_free(s);
     return serve_fail(req, MHD_HTTP_BAD_REQUEST, "%s", err.msg);
   }
-  char *path = nas_asprintf("%s/%s.yaml", req->srv->cwd, checked->name);
-  int rc = path ? spec_parse(text, path, req->srv->cwd, &s, &err) : nas_errf(&err, "out of memory");
-  free(path);
+  char *path = nas_asprintf("%s/%s.yaml", req->srv->cwd, s->name);
+  int rc = path ? NAS_OK : nas_errf(&err, "out of memory");
+  if (path) free(s->path), s->path = path; /* spec_parse records "<string>" */
   experiment_row exp = {0};
-  bool existed = rc == NAS_OK && storage_experiment_get(req->st, checked->name, &exp, &err) == NAS_OK;
+  bool existed = rc == NAS_OK && storage_experiment_get(req->st, s->name, &exp, &err) == NAS_OK;
   experiment_row_clear(&exp);
   if (rc == NAS_OK) rc = sched_prepare(s, req->st, &exp, &err);
   if (rc == NAS_OK) {
@@ -100,7 +101,6 @@ static int create_experiment(serve_request *req, char **parts) {
   }
   experiment_row_clear(&exp);
   spec_free(s);
-  spec_free(checked);
   return rc;
 }
 

@@ -122,6 +122,39 @@ static void posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing(void *
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
+/* A spec posted to the server is the server's folder's (docs/api.md): it is stored as the
+ * file NAME.yaml there, so its relative paths (a command ./t.sh, the trials' working
+ * folder) are that folder's for whoever runs it later, from wherever. */
+static void posted_spec_keeps_the_servers_folder_for_a_later_resume(void **state) {
+  fixture *f = *state;
+  char *script = test_write(f->dir, "t.sh", "#!/bin/sh\necho 'nas-metric {\"y\": 1}'\n");
+  chmod(script, 0755);
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments",
+                "name: rel\n"
+                "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                "objectives: [{name: y, goal: minimize}]\n"
+                "trial: {command: [./t.sh]}\n"
+                "budget: {trials: 1}\n",
+                NULL, 201, NULL);
+  json_t *one = get_ok(&srv, "/api/v1/experiments/rel");
+  char *want = nas_asprintf("%s/rel.yaml", f->dir);
+  assert_string_equal(json_string_value(json_object_get(one, "spec_path")), want);
+  json_decref(one);
+  assert_int_equal(test_server_stop(&srv), 0);
+  char *elsewhere = nas_asprintf("%s/elsewhere", f->dir), *out;
+  assert_int_equal(mkdir(elsewhere, 0755), 0);
+  const char *resume[] = {test_nas_bin(), "resume", "rel", "--no-progress", "--storage", f->db, NULL};
+  int rc = test_run(elsewhere, (char *const *)resume, &out);
+  if (rc != 0) fail_msg("nas resume from another folder exited %d: %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "rel");
+  assert_int_equal(count_status(rows, "completed"), 1);
+  json_decref(rows);
+  free(elsewhere), free(want), free(script);
+}
+
 static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **state) {
   fixture *f = *state;
   test_server srv;
@@ -413,6 +446,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
       cmocka_unit_test_setup_teardown(posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(posted_spec_keeps_the_servers_folder_for_a_later_resume, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
