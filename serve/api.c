@@ -46,6 +46,19 @@ static int summary_of(serve_request *req, const char *name, json_t **out) {
   return *out ? NAS_OK : serve_fail_err(req, NAS_ERR, &err);
 }
 
+/* The summary in a list of an experiment whose stored spec does not load (written by
+ * another version of nas, or through the storage RPC): what its row says, and why, so
+ * that it does not hide every other experiment. NULL when its spec loads. */
+static json_t *unloadable_summary(const experiment_row *exp) {
+  spec *s = NULL;
+  nas_err why;
+  int rc = sched_experiment_spec(exp, &s, &why);
+  spec_free(s);
+  if (rc == NAS_OK) return NULL;
+  return json_pack("{s:s, s:s, s:f, s:s}", "name", exp->name, "status", exp->status,
+                   "created_at", exp->created_at, "error", why.msg);
+}
+
 static int list_experiments(serve_request *req, char **parts) {
   (void)parts;
   experiment_row *rows;
@@ -55,8 +68,8 @@ static int list_experiments(serve_request *req, char **parts) {
   if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
   json_t *list = json_array();
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
-    json_t *one;
-    rc = summary_of(req, rows[i].name, &one);
+    json_t *one = unloadable_summary(&rows[i]);
+    if (!one) rc = summary_of(req, rows[i].name, &one);
     if (rc == NAS_OK) json_array_append_new(list, one);
   }
   experiment_rows_free(rows, n);

@@ -200,6 +200,30 @@ static void experiment_page_draws_what_the_cli_reports(void **state) {
   assert_int_equal(test_server_stop(&s.srv), 0);
 }
 
+/* An experiment whose stored spec no longer loads (here written through the storage RPC)
+ * is a row that says why; the page still lists the others. */
+static void experiments_page_lists_one_whose_spec_no_longer_loads(void **state) {
+  if (!have_chromium()) skip();
+  served s;
+  serve_two(state, &s);
+  int code;
+  json_t *made = test_http(&s.srv, "POST", "/api/v1/storage/experiment_create",
+                           "{\"name\": \"broken\", \"spec_text\": \"name: broken\\nfoo: 1\\n\", "
+                           "\"spec_path\": \"/nowhere/broken.yaml\", \"run_root\": \"/nowhere\"}",
+                           NULL, &code);
+  assert_int_equal(code, 200);
+  json_decref(made);
+  char *url = page_url(&s, "#/"), *dom = dump_dom(s.f, url);
+  expect_ready(dom, "experiments");
+  assert_int_equal(dom_attr(dom, "id=\"experiments\"", "data-rows"), 3);
+  assert_non_null(strstr(dom, "data-experiment=\"dash2\""));
+  assert_non_null(strstr(dom, "data-experiment=\"broken\" data-error"));
+  assert_non_null(strstr(dom, "unknown key 'foo'"));
+  screenshot(s.f, url, "experiments-unloadable", 500);
+  free(dom), free(url);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
 static void trial_page_shows_its_parameters_metrics_and_logs(void **state) {
   if (!have_chromium()) skip();
   served s;
@@ -434,6 +458,7 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(dashboard_data_and_files_are_served_without_a_browser, setup, teardown),
       cmocka_unit_test_setup_teardown(experiment_page_draws_what_the_cli_reports, setup, teardown),
+      cmocka_unit_test_setup_teardown(experiments_page_lists_one_whose_spec_no_longer_loads, setup, teardown),
       cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
       cmocka_unit_test_setup_teardown(token_file_page_asks_for_a_token_and_draws_with_it, setup, teardown),

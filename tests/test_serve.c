@@ -155,6 +155,32 @@ static void posted_spec_keeps_the_servers_folder_for_a_later_resume(void **state
   free(elsewhere), free(want), free(script);
 }
 
+/* A stored spec that no longer loads (another version of nas wrote it, or the storage RPC
+ * did) is one experiment's problem: the list still shows every other experiment, and that
+ * one with its name, status and why. */
+static void experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  expect_status(&srv, "POST", "/api/v1/storage/experiment_create",
+                "{\"name\": \"broken\", \"spec_text\": \"name: broken\\nfoo: 1\\n\", "
+                "\"spec_path\": \"/nowhere/broken.yaml\", \"run_root\": \"/nowhere\"}",
+                NULL, 200, NULL);
+  json_t *list = get_ok(&srv, "/api/v1/experiments");
+  const json_t *all = json_object_get(list, "experiments");
+  assert_int_equal(json_array_size(all), 2);
+  const json_t *good = json_array_get(all, 0), *broken = json_array_get(all, 1);
+  assert_string_equal(json_string_value(json_object_get(good, "name")), "asked");
+  assert_null(json_object_get(good, "error"));
+  assert_string_equal(json_string_value(json_object_get(broken, "name")), "broken");
+  assert_string_equal(json_string_value(json_object_get(broken, "status")), "running");
+  assert_non_null(strstr(json_string_value(json_object_get(broken, "error")), "unknown key 'foo'"));
+  json_decref(list);
+  expect_status(&srv, "GET", "/api/v1/experiments/broken", NULL, NULL, 500, "no longer loads");
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
 static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **state) {
   fixture *f = *state;
   test_server srv;
@@ -447,6 +473,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
       cmocka_unit_test_setup_teardown(posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(posted_spec_keeps_the_servers_folder_for_a_later_resume, setup, teardown),
+      cmocka_unit_test_setup_teardown(experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
