@@ -310,7 +310,9 @@
         const cats = [...new Set(values.map(String))].sort();
         return (v) => (v === null || v === undefined ? null : cats.length > 1 ? cats.indexOf(String(v)) / (cats.length - 1) : 0.5);
       }
-      const lo = Math.min(...values), hi = Math.max(...values);
+      /* A loop, not Math.min(...values): that many arguments overflow the stack from ~125 000 on. */
+      let lo = Infinity, hi = -Infinity;
+      for (const v of values) { if (v < lo) lo = v; if (v > hi) hi = v; }
       return (v) => (v === null || v === undefined ? null : hi > lo ? (v - lo) / (hi - lo) : 0.5);
     });
     const colourKey = keys.length - 1;
