@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "serve/serve.h"
@@ -21,6 +22,12 @@ typedef struct {
   size_t n;
 } serve_tokens;
 
+/* A file of secrets (a token file, a TLS key) into an owned NUL-terminated *text: at most
+ * SERVE_SECRET_MOST bytes, so a device such as /dev/zero is refused, not read for ever; a
+ * FIFO is read without waiting for a writer (none: it is empty), a pipe as from <(…) to its
+ * end. */
+#define SERVE_SECRET_MOST (1u << 20)
+int serve_read_secret(const char *path, char **text, nas_err *err);
 int serve_tokens_load(const char *path, serve_tokens *out, nas_err *err);
 void serve_tokens_free(serve_tokens *t);
 /* The scope of the bearer token in an Authorization header value (NULL when absent):
@@ -121,6 +128,8 @@ typedef struct {
   unsigned threads;      /* request threads (serve_options.threads, else its default) */
   serve_committer committer;
   serve_notifiers notifiers;
+  atomic_bool mhd_spoke;  /* libmicrohttpd said something: its first message is kept */
+  char mhd_message[256];  /* why it could not start, when it could not */
 } serve_ctx;
 
 /* One of the dashboard's files built into the binary (assets.c). */

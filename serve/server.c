@@ -15,6 +15,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -339,16 +340,30 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     serve_committer_count(&srv->committer, what == MHD_CONNECTION_NOTIFY_STARTED);
 }
 
+/* libmicrohttpd's first message, which says why it could not start (a certificate it
+ * cannot use, an address taken): kept for the error. Later ones, about clients, are not
+ * logged: a client could flood the log with them. */
+static void on_mhd_message(void *cls, const char *fmt, va_list ap) {
+  serve_ctx *srv = cls;
+  if (atomic_exchange(&srv->mhd_spoke, true)) return;
+  vsnprintf(srv->mhd_message, sizeof srv->mhd_message, fmt, ap);
+  size_t len = strlen(srv->mhd_message);
+  while (len > 0 && (srv->mhd_message[len - 1] == '\n' || srv->mhd_message[len - 1] == '.'))
+    srv->mhd_message[--len] = '\0'; /* the error's own sentence ends it */
+}
+
 static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_storage *addr,
                                        char *cert, char *key) {
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                   MHD_USE_ERROR_LOG;
   if (addr->ss_family == AF_INET6) flags |= MHD_USE_IPv6;
   if (cert) flags |= MHD_USE_TLS;
   uint16_t port = ntohs(addr->ss_family == AF_INET6
                             ? ((const struct sockaddr_in6 *)addr)->sin6_port
                             : ((const struct sockaddr_in *)addr)->sin_port);
   return MHD_start_daemon(
-      flags, port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, addr,
+      flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_message, srv,
+      MHD_OPTION_SOCK_ADDR, addr,
       MHD_OPTION_THREAD_POOL_SIZE, srv->threads, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)SERVE_CLIENT_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)SERVE_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
@@ -368,17 +383,29 @@ static void wait_for_stop(void) {
   }
 }
 
+/* The PEM file at path (--tls-cert or --tls-key, named by option) into an owned *text,
+ * read as serve_read_secret reads (a pipe, as from <(…), is fine; /dev/zero is not). */
+static int read_pem(const char *option, const char *path, char **text, nas_err *err) {
+  int rc = serve_read_secret(path, text, err);
+  if (rc == NAS_OK && !strstr(*text, "-----BEGIN ")) {
+    memset(*text, 0, strlen(*text));
+    free(*text);
+    *text = NULL;
+    rc = nas_errf(err, "%s holds no PEM block ('-----BEGIN …')", path);
+  }
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "%s", option);
+}
+
 static int read_tls(const serve_options *opt, char **cert, char **key, nas_err *err) {
   *cert = *key = NULL;
   if (!opt->tls_cert && !opt->tls_key) return NAS_OK;
   if (!opt->tls_cert || !opt->tls_key)
     return nas_errf(err, "--tls-cert and --tls-key go together");
-  if (nas_read_file(opt->tls_cert, cert, NULL, err) != NAS_OK)
-    return nas_err_prefix(err, "--tls-cert");
-  if (nas_read_file(opt->tls_key, key, NULL, err) != NAS_OK) {
+  if (read_pem("--tls-cert", opt->tls_cert, cert, err) != NAS_OK) return NAS_ERR;
+  if (read_pem("--tls-key", opt->tls_key, key, err) != NAS_OK) {
     free(*cert);
     *cert = NULL;
-    return nas_err_prefix(err, "--tls-key");
+    return NAS_ERR;
   }
   return NAS_OK;
 }
@@ -404,7 +431,12 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
       if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
       wait_for_stop();
     } else {
-      rc = nas_errf(err, "cannot listen on %s: %s", opt->listen ? opt->listen : "127.0.0.1:8470", strerror(errno));
+      const char *listen = opt->listen ? opt->listen : "127.0.0.1:8470";
+      rc = !srv->mhd_spoke ? nas_errf(err, "cannot listen on %s: %s", listen, strerror(errno))
+           : cert ? nas_errf(err, "cannot serve HTTPS on %s with --tls-cert %s and --tls-key %s "
+                              "(a PEM certificate and its private key): %s", listen,
+                              opt->tls_cert, opt->tls_key, srv->mhd_message)
+                  : nas_errf(err, "cannot listen on %s: %s", listen, srv->mhd_message);
     }
     /* Every suspended request is resumed before the daemon stops, as libmicrohttpd needs. */
     if (srv->grouped_writes) serve_committer_stop(&srv->committer, &srv->pool);

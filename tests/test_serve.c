@@ -468,6 +468,40 @@ static void threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused(vo
   }
 }
 
+/* `nas serve ARGS…` exits 1 within seconds, saying want (the test fails if it hangs). */
+static void serve_refuses(fixture *f, const char *const *args, const char *want) {
+  const char *argv[16] = {"timeout", "20", test_nas_bin(), "serve", "--listen", "127.0.0.1:0"};
+  size_t n = 6;
+  while (*args && n < 15) argv[n++] = *args++;
+  char *out = NULL;
+  int rc = test_run(f->dir, (char *const *)argv, &out);
+  if (rc != 1 || !strstr(out, want)) fail_msg("exit %d (want 1), output without '%s': %s", rc, want, out);
+  free(out);
+}
+
+/* HTTPS with files that cannot be a certificate and its key is refused at once, saying
+ * which file and why: no more than 1 MiB is read (/dev/zero filled the memory), a FIFO
+ * without a writer is empty (it waited for ever), a file without a PEM block is named, and
+ * a pair that libmicrohttpd cannot use says so (it said "cannot listen: No such file or
+ * directory"). A token file that is such a FIFO is empty too. */
+static void tls_and_token_files_that_cannot_serve_are_refused_saying_why(void **state) {
+  fixture *f = *state;
+  char *garbage = test_write(f->dir, "garbage.pem", "not a certificate\n");
+  char *bad = test_write(f->dir, "bad.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+  char *fifo = nas_asprintf("%s/fifo", f->dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  serve_refuses(f, (const char *const[]){"--tls-cert", "/dev/zero", "--tls-key", garbage, NULL},
+                "--tls-cert: /dev/zero: larger than 1048576 bytes");
+  serve_refuses(f, (const char *const[]){"--tls-cert", bad, "--tls-key", fifo, NULL},
+                "--tls-key: ");
+  serve_refuses(f, (const char *const[]){"--tls-cert", garbage, "--tls-key", bad, NULL},
+                "holds no PEM block ('-----BEGIN …')");
+  serve_refuses(f, (const char *const[]){"--tls-cert", bad, "--tls-key", bad, NULL},
+                "cannot serve HTTPS");
+  serve_refuses(f, (const char *const[]){"--token-file", fifo, NULL}, "holds no token");
+  free(garbage), free(bad), free(fifo);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
@@ -485,6 +519,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pages_of_other_sites_cannot_drive_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),
       cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
+      cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
