@@ -215,8 +215,14 @@ static const route routes[] = {
 
 enum { max_parts = 4 };
 
+/* Whether a request's method is the route's: HEAD is GET without the body (which
+ * libmicrohttpd leaves out). */
+static bool method_is(const char *method, const route *r) {
+  return strcmp(r->method, method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(r->method, "GET") == 0);
+}
+
 void serve_route(serve_request *req) {
-  bool path_known = false;
+  bool takes_get = false, takes_post = false;
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
     char *path = strdup(req->path), *parts[max_parts];
     size_t n_parts;
@@ -225,8 +231,9 @@ void serve_route(serve_request *req) {
       return;
     }
     bool hit = serve_path_match(routes[i].pattern, path, parts, max_parts, &n_parts);
-    path_known |= hit;
-    if (hit && strcmp(routes[i].method, req->method) == 0) {
+    takes_get |= hit && strcmp(routes[i].method, "GET") == 0;
+    takes_post |= hit && strcmp(routes[i].method, "POST") == 0;
+    if (hit && method_is(req->method, &routes[i])) {
       if (req->scope < routes[i].needs)
         serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
       else
@@ -236,6 +243,11 @@ void serve_route(serve_request *req) {
     }
     free(path);
   }
-  if (path_known) serve_fail(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s is not allowed on %s", req->method, req->path);
-  else serve_fail(req, MHD_HTTP_NOT_FOUND, "no such endpoint: %s (see docs/api.md)", req->path);
+  if (!takes_get && !takes_post) {
+    serve_fail(req, MHD_HTTP_NOT_FOUND, "no such endpoint: %s (see docs/api.md)", req->path);
+    return;
+  }
+  req->allow = takes_get && takes_post ? "GET, HEAD, POST" : takes_get ? "GET, HEAD" : "POST";
+  serve_fail(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s is not allowed on %s (only %s)", req->method,
+             req->path, req->allow);
 }

@@ -155,6 +155,7 @@ typedef struct serve_request {
   storage *st;           /* taken from the pool while the handler runs */
   serve_scope scope;     /* what the client may do (set before the handler runs) */
   int status;            /* of the reply */
+  const char *allow;     /* static: a 405's Allow header, the methods its path takes */
   json_t *reply;         /* owned until sent */
   serve_asset asset;     /* a dashboard file to answer instead, when asset.bytes */
   serve_write *waiting;  /* the write it is suspended for (serve_submit), until answered */

@@ -93,6 +93,7 @@ static enum MHD_Result send_reply(serve_request *req) {
   }
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  if (req->allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, req->allow);
   add_safety_headers(resp);
   enum MHD_Result rc = MHD_queue_response(req->conn, (unsigned)req->status, resp);
   MHD_destroy_response(resp);

@@ -399,10 +399,11 @@ static void pages_of_other_sites_cannot_drive_the_api(void **state) {
   free(evil_host), free(own), free(localhost), free(own_localhost);
 }
 
-/* The headers of an answer, as curl -D - shows them. */
-static char *headers_of(const test_server *srv, const char *path) {
+/* The status line and headers of `curl -X METHOD` on path (HEAD: `curl -I`). */
+static char *headers_of(const test_server *srv, const char *method, const char *path) {
   char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path), *out;
-  char *argv[] = {"curl", "-s", "-S", "-o", "/dev/null", "-D", "-", url, NULL};
+  char *argv[11] = {"curl", "-s", "-S", "-o", "/dev/null", "-D", "-", url, "-X", (char *)method, NULL};
+  if (strcmp(method, "HEAD") == 0) argv[8] = "-I", argv[9] = NULL;
   assert_int_equal(test_run(NULL, argv, &out), 0);
   free(url);
   return out;
@@ -414,13 +415,38 @@ static void answers_are_never_sniffed_or_framed_by_another_site(void **state) {
   start_or_fail(&srv, f, NULL);
   static const char *const paths[] = {"/", "/static/app.js", "/api/v1/experiments", "/api/v1/nothing"};
   for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
-    char *head = headers_of(&srv, paths[i]);
+    char *head = headers_of(&srv, "GET", paths[i]);
     if (!strcasestr(head, "X-Content-Type-Options: nosniff") ||
         !strcasestr(head, "X-Frame-Options: DENY") ||
         !strcasestr(head, "Content-Security-Policy: frame-ancestors 'none'"))
       fail_msg("%s: %s", paths[i], head);
     free(head);
   }
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
+/* HEAD is GET without the body on every GET endpoint (it was 405, so `curl -I` and health
+ * checks saw an error), and a 405 names the methods the path takes (Allow, as HTTP says). */
+static void head_answers_as_get_and_405_says_what_is_allowed(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  char *head = headers_of(&srv, "HEAD", "/api/v1/experiments/asked");
+  if (strncmp(head, "HTTP/1.1 200", 12) != 0 || !strcasestr(head, "Content-Type: application/json"))
+    fail_msg("HEAD: %s", head);
+  free(head);
+  head = headers_of(&srv, "HEAD", "/api/v1/experiments/nope");
+  if (strncmp(head, "HTTP/1.1 404", 12) != 0) fail_msg("HEAD of no experiment: %s", head);
+  free(head);
+  head = headers_of(&srv, "DELETE", "/api/v1/experiments");
+  if (strncmp(head, "HTTP/1.1 405", 12) != 0 || !strcasestr(head, "Allow: GET, HEAD, POST\r\n"))
+    fail_msg("DELETE: %s", head);
+  free(head);
+  head = headers_of(&srv, "GET", "/api/v1/experiments/asked/ask");
+  if (strncmp(head, "HTTP/1.1 405", 12) != 0 || !strcasestr(head, "Allow: POST\r\n"))
+    fail_msg("GET of ask: %s", head);
+  free(head);
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
@@ -518,6 +544,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(refused_requests_are_answered_before_their_body_is_read, setup, teardown),
       cmocka_unit_test_setup_teardown(pages_of_other_sites_cannot_drive_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),
+      cmocka_unit_test_setup_teardown(head_answers_as_get_and_405_says_what_is_allowed, setup, teardown),
       cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
       cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
   };
