@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,9 +125,13 @@ static bool same_secret(const char *a, const char *b, size_t len_b) {
 }
 
 serve_scope serve_tokens_scope(const serve_tokens *t, const char *authorization) {
-  static const char bearer[] = "Bearer ";
-  if (!authorization || strncmp(authorization, bearer, sizeof bearer - 1) != 0) return SCOPE_NONE;
+  /* "Bearer", in any case (HTTP's schemes are case-insensitive), then spaces. */
+  static const char bearer[] = "Bearer";
+  if (!authorization || strncasecmp(authorization, bearer, sizeof bearer - 1) != 0 ||
+      authorization[sizeof bearer - 1] != ' ')
+    return SCOPE_NONE;
   const char *given = authorization + sizeof bearer - 1;
+  while (*given == ' ') given++;
   size_t len = strlen(given);
   serve_scope scope = SCOPE_NONE;
   for (size_t i = 0; i < t->n; i++)

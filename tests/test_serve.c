@@ -297,6 +297,12 @@ static void tokens_decide_who_may_read_and_write(void **state) {
   expect_status(&srv, "GET", "/api/v1/experiments", NULL, NULL, 401, "Authorization");
   expect_status(&srv, "GET", "/api/v1/experiments", NULL, "wrong", 401, "not valid");
   expect_status(&srv, "GET", "/api/v1/experiments", NULL, reader, 200, NULL);
+  /* The scheme is case-insensitive, as HTTP says of every authentication scheme. */
+  char *lower = nas_asprintf("Authorization: bearer  %s", reader);
+  int code;
+  json_decref(test_http_with(&srv, "GET", "/api/v1/experiments", NULL, (const char *const[]){lower, NULL}, &code));
+  assert_int_equal(code, 200);
+  free(lower);
   expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, reader, 403, "only read");
   expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, writer, 201, NULL);
   char *path = strdup(srv.log);
