@@ -353,6 +353,14 @@ static void on_mhd_message(void *cls, const char *fmt, va_list ap) {
     srv->mhd_message[--len] = '\0'; /* the error's own sentence ends it */
 }
 
+/* Decodes the %XX escapes of a path or query argument in place, as libmicrohttpd does,
+ * but leaves one with an escaped NUL as it came: every handler reads C strings, so a NUL
+ * would end the path early and the request would be answered for another one. */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *text) {
+  (void)cls, (void)conn;
+  return strstr(text, "%00") ? strlen(text) : MHD_http_unescape(text);
+}
+
 static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_storage *addr,
                                        char *cert, char *key) {
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
@@ -364,7 +372,7 @@ static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_sto
                             : ((const struct sockaddr_in *)addr)->sin_port);
   return MHD_start_daemon(
       flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_message, srv,
-      MHD_OPTION_SOCK_ADDR, addr,
+      MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
       MHD_OPTION_THREAD_POOL_SIZE, srv->threads, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)SERVE_CLIENT_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)SERVE_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,

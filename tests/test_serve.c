@@ -85,6 +85,10 @@ static void every_read_endpoint_answers_what_the_cli_shows(void **state) {
   expect_status(&srv, "GET", "/api/v1/experiments/nope", NULL, NULL, 404, "no experiment 'nope'");
   expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/99", NULL, NULL, 404, "no trial 99");
   expect_status(&srv, "GET", "/api/v1/experiments/..%2F..%2Fetc/trials", NULL, NULL, 404, NULL);
+  /* An escaped NUL is no end of the path (it was: this answered quick's summary, and the
+   * log showed a path that was not asked for), nor of a query argument. */
+  expect_status(&srv, "GET", "/api/v1/experiments/quick%00xyz/pareto", NULL, NULL, 404, NULL);
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=completed%00x", NULL, NULL, 400, NULL);
   expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=lost", NULL, NULL, 400, "not a trial status");
   assert_int_equal(test_server_stop(&srv), 0);
   free(spec);
