@@ -189,7 +189,7 @@ bool serve_host_is_loopback(const char *host);
 /* Whether an Origin header is this server as the client addressed it (scheme, then the
  * Host header's name and port); false without a host. */
 bool serve_origin_is_host(const char *origin, const char *host);
-/* A decimal count from 0 to max. */
+/* A decimal count from 0 to max, digits only. */
 int serve_parse_count(const char *text, long max, long *out);
 /* body's "step": an integer >= 0 (an intermediate report), else METRIC_FINAL. */
 int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_size);

@@ -90,6 +90,10 @@ static void every_read_endpoint_answers_what_the_cli_shows(void **state) {
   expect_status(&srv, "GET", "/api/v1/experiments/quick%00xyz/pareto", NULL, NULL, 404, NULL);
   expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=completed%00x", NULL, NULL, 400, NULL);
   expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=lost", NULL, NULL, 400, "not a trial status");
+  /* Numbers are digits only: not trial " 1" nor "+1", nor ?limit=+2. */
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/%201", NULL, NULL, 404, "not a trial number");
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/+1", NULL, NULL, 404, "not a trial number");
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?limit=%2B2", NULL, NULL, 400, "not a count");
   assert_int_equal(test_server_stop(&srv), 0);
   free(spec);
 }
