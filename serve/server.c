@@ -275,11 +275,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   return req->waiting ? MHD_YES : send_reply(req);
 }
 
-/* The path as the log shows it (owned; NULL without memory): libmicrohttpd has decoded its
- * %XX escapes, so a control byte (a newline would forge a log line) is escaped again. */
-static char *log_path(const char *path) {
-  char *shown = malloc(3 * strlen(path) + 1), *at = shown;
-  for (const unsigned char *c = (const unsigned char *)path; shown && *c; c++)
+/* The method or path as the log shows it (owned; NULL without memory): libmicrohttpd has
+ * decoded the path's %XX escapes and takes any byte in a method, so a control byte (a
+ * newline would forge a log line, an escape sequence would drive the terminal showing it)
+ * is escaped again. */
+static char *log_text(const char *text) {
+  char *shown = malloc(3 * strlen(text) + 1), *at = shown;
+  for (const unsigned char *c = (const unsigned char *)text; shown && *c; c++)
     at += *c < 0x20 || *c == 0x7f ? sprintf(at, "%%%02X", *c) : sprintf(at, "%c", *c);
   if (shown) *at = '\0';
   return shown;
@@ -294,11 +296,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
   /* Resumed but ended before it was answered: its write's state is freed. */
   if (req->waiting) req->waiting->answer(req, req->waiting->arg);
   double ms = (nas_monotonic() - req->started) * 1e3;
-  char *path = srv->opt->log ? log_path(req->path) : NULL;
+  char *method = srv->opt->log ? log_text(req->method) : NULL;
+  char *path = srv->opt->log ? log_text(req->path) : NULL;
   if (srv->opt->log) /* one call: the lines of concurrent requests never interleave */
-    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", req->method, path ? path : "(path)",
-            req->status, ms,
+    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", method ? method : "(method)",
+            path ? path : "(path)", req->status, ms,
             why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+  free(method);
   free(path);
   request_free(req);
   *state = NULL;

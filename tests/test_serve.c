@@ -469,6 +469,9 @@ static void a_newline_in_a_path_cannot_forge_a_log_line(void **state) {
   test_server srv;
   start_or_fail(&srv, f, NULL);
   expect_status(&srv, "GET", "/api/v1/experiments/x%0AGET%20/forged%20200", NULL, NULL, 404, NULL);
+  /* Nor can a control character in the method (an escape sequence for the terminal that
+   * shows the log). */
+  expect_status(&srv, "G\033[2JET", "/api/v1/experiments", NULL, NULL, 405, NULL);
   char *path = strdup(srv.log);
   assert_int_equal(test_server_stop(&srv), 0);
   char *log = NULL;
@@ -476,6 +479,7 @@ static void a_newline_in_a_path_cannot_forge_a_log_line(void **state) {
   assert_int_equal(nas_read_file(path, &log, NULL, &ignored), NAS_OK);
   assert_non_null(strstr(log, "/api/v1/experiments/x%0AGET /forged 200 404"));
   assert_null(strstr(log, "\nGET /forged"));
+  assert_non_null(strstr(log, "\nG%1B[2JET /api/v1/experiments 405"));
   free(log), free(path);
 }
 
