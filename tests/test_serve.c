@@ -163,6 +163,34 @@ static void posted_spec_keeps_the_servers_folder_for_a_later_resume(void **state
   free(elsewhere), free(want), free(script);
 }
 
+/* A trial may put anything in its run folder: a model.json that is a FIFO is no model
+ * description, and reading the trial does not wait on it (a request thread waited for
+ * ever, for a writer that never came). */
+static void trial_whose_model_json_is_a_fifo_is_read_without_waiting(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "fifo.yaml",
+                          "name: fifo\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'touch \"$NAS_RUN_DIR/weights.nasw\"; "
+                          "mkfifo \"$NAS_RUN_DIR/model.json\"; echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "budget: {trials: 1}\n");
+  run_spec(f, spec);
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  char *url = nas_asprintf("http://127.0.0.1:%d/api/v1/experiments/fifo/trials/0", srv.port), *out;
+  const char *argv[] = {"curl", "-s", "-S", "-m", "10", url, NULL};
+  int rc = test_run(NULL, (char *const *)argv, &out);
+  if (rc != 0) fail_msg("GET %s: curl exited %d (a request that waits for ever?): %s", url, rc, out);
+  json_t *one = json_loads(out, 0, NULL);
+  const json_t *model = json_object_get(one, "model");
+  assert_non_null(strstr(json_string_value(json_object_get(model, "weights")), "weights.nasw"));
+  assert_true(json_is_null(json_object_get(model, "about")));
+  json_decref(one);
+  free(out), free(url), free(spec);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
 /* A stored spec that no longer loads (another version of nas wrote it, or the storage RPC
  * did) is one experiment's problem: the list still shows every other experiment, and that
  * one with its name, status and why. */
@@ -551,6 +579,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
       cmocka_unit_test_setup_teardown(posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(posted_spec_keeps_the_servers_folder_for_a_later_resume, setup, teardown),
+      cmocka_unit_test_setup_teardown(trial_whose_model_json_is_a_fifo_is_read_without_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
