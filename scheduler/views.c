@@ -234,6 +234,18 @@ static json_t *log_tail(const char *run_dir, const char *name) {
   return tail ? tail : json_null();
 }
 
+/* model.json's content, or NULL: only a regular file of at most 1 MiB is read, since a
+ * trial may leave anything in its run folder (a FIFO there blocked the reader for ever). */
+static json_t *model_about(const char *path) {
+  int fd;
+  int64_t size;
+  nas_err ignored;
+  if (nas_open_regular(path, &fd, &size, &ignored) != NAS_OK) return NULL;
+  json_t *about = size <= (1 << 20) ? json_loadfd(fd, 0, NULL) : NULL;
+  close(fd);
+  return about;
+}
+
 /* The model a built-in trial saved in its run folder: {"weights": path of weights.nasw,
  * "about": model.json's content}, or null when there is none. */
 static json_t *saved_model(const char *run_dir) {
@@ -241,7 +253,7 @@ static json_t *saved_model(const char *run_dir) {
   char *about_path = nas_asprintf("%s/model.json", run_dir);
   json_t *model = NULL;
   if (weights && about_path && access(weights, F_OK) == 0) {
-    json_t *about = json_load_file(about_path, 0, NULL);
+    json_t *about = model_about(about_path);
     model = json_pack("{s:s, s:o}", "weights", weights, "about", about ? about : json_null());
   }
   free(weights);

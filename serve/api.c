@@ -46,6 +46,19 @@ static int summary_of(serve_request *req, const char *name, json_t **out) {
   return *out ? NAS_OK : serve_fail_err(req, NAS_ERR, &err);
 }
 
+/* The summary in a list of an experiment whose stored spec does not load (written by
+ * another version of nas, or through the storage RPC): what its row says, and why, so
+ * that it does not hide every other experiment. NULL when its spec loads. */
+static json_t *unloadable_summary(const experiment_row *exp) {
+  spec *s = NULL;
+  nas_err why;
+  int rc = sched_experiment_spec(exp, &s, &why);
+  spec_free(s);
+  if (rc == NAS_OK) return NULL;
+  return json_pack("{s:s, s:s, s:f, s:s}", "name", exp->name, "status", exp->status,
+                   "created_at", exp->created_at, "error", why.msg);
+}
+
 static int list_experiments(serve_request *req, char **parts) {
   (void)parts;
   experiment_row *rows;
@@ -55,8 +68,8 @@ static int list_experiments(serve_request *req, char **parts) {
   if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
   json_t *list = json_array();
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
-    json_t *one;
-    rc = summary_of(req, rows[i].name, &one);
+    json_t *one = unloadable_summary(&rows[i]);
+    if (!one) rc = summary_of(req, rows[i].name, &one);
     if (rc == NAS_OK) json_array_append_new(list, one);
   }
   experiment_rows_free(rows, n);
@@ -73,22 +86,23 @@ static int get_experiment(serve_request *req, char **parts) {
 }
 
 /* The body is a YAML spec, checked as `nas run` checks one; its relative paths and run
- * folders are the server's current folder's. The same spec again is no error. */
+ * folders are the server's current folder's: it is stored as if it were the file NAME.yaml
+ * there, so whoever loads it later (`nas resume` in another folder) resolves them there too. */
 static int create_experiment(serve_request *req, char **parts) {
   (void)parts;
-  spec *checked = NULL, *s = NULL;
+  spec *s = NULL;
   nas_err err;
   const char *text = req->body ? req->body : "";
-  if (spec_parse(text, "request.yaml", req->srv->cwd, &checked, &err) != NAS_OK ||
-      sched_check_spec(checked, &err) != NAS_OK) {
-    spec_free(checked);
+  if (spec_parse(text, "request.yaml", req->srv->cwd, &s, &err) != NAS_OK ||
+      sched_check_spec(s, &err) != NAS_OK) {
+    spec_free(s);
     return serve_fail(req, MHD_HTTP_BAD_REQUEST, "%s", err.msg);
   }
-  char *path = nas_asprintf("%s/%s.yaml", req->srv->cwd, checked->name);
-  int rc = path ? spec_parse(text, path, req->srv->cwd, &s, &err) : nas_errf(&err, "out of memory");
-  free(path);
+  char *path = nas_asprintf("%s/%s.yaml", req->srv->cwd, s->name);
+  int rc = path ? NAS_OK : nas_errf(&err, "out of memory");
+  if (path) free(s->path), s->path = path; /* spec_parse records "<string>" */
   experiment_row exp = {0};
-  bool existed = rc == NAS_OK && storage_experiment_get(req->st, checked->name, &exp, &err) == NAS_OK;
+  bool existed = rc == NAS_OK && storage_experiment_get(req->st, s->name, &exp, &err) == NAS_OK;
   experiment_row_clear(&exp);
   if (rc == NAS_OK) rc = sched_prepare(s, req->st, &exp, &err);
   if (rc == NAS_OK) {
@@ -100,7 +114,6 @@ static int create_experiment(serve_request *req, char **parts) {
   }
   experiment_row_clear(&exp);
   spec_free(s);
-  spec_free(checked);
   return rc;
 }
 
@@ -202,8 +215,14 @@ static const route routes[] = {
 
 enum { max_parts = 4 };
 
+/* Whether a request's method is the route's: HEAD is GET without the body (which
+ * libmicrohttpd leaves out). */
+static bool method_is(const char *method, const route *r) {
+  return strcmp(r->method, method) == 0 || (strcmp(method, "HEAD") == 0 && strcmp(r->method, "GET") == 0);
+}
+
 void serve_route(serve_request *req) {
-  bool path_known = false;
+  bool takes_get = false, takes_post = false;
   for (size_t i = 0; i < sizeof routes / sizeof *routes; i++) {
     char *path = strdup(req->path), *parts[max_parts];
     size_t n_parts;
@@ -212,8 +231,9 @@ void serve_route(serve_request *req) {
       return;
     }
     bool hit = serve_path_match(routes[i].pattern, path, parts, max_parts, &n_parts);
-    path_known |= hit;
-    if (hit && strcmp(routes[i].method, req->method) == 0) {
+    takes_get |= hit && strcmp(routes[i].method, "GET") == 0;
+    takes_post |= hit && strcmp(routes[i].method, "POST") == 0;
+    if (hit && method_is(req->method, &routes[i])) {
       if (req->scope < routes[i].needs)
         serve_fail(req, MHD_HTTP_FORBIDDEN, "this token may only read");
       else
@@ -223,6 +243,11 @@ void serve_route(serve_request *req) {
     }
     free(path);
   }
-  if (path_known) serve_fail(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s is not allowed on %s", req->method, req->path);
-  else serve_fail(req, MHD_HTTP_NOT_FOUND, "no such endpoint: %s (see docs/api.md)", req->path);
+  if (!takes_get && !takes_post) {
+    serve_fail(req, MHD_HTTP_NOT_FOUND, "no such endpoint: %s (see docs/api.md)", req->path);
+    return;
+  }
+  req->allow = takes_get && takes_post ? "GET, HEAD, POST" : takes_get ? "GET, HEAD" : "POST";
+  serve_fail(req, MHD_HTTP_METHOD_NOT_ALLOWED, "%s is not allowed on %s (only %s)", req->method,
+             req->path, req->allow);
 }

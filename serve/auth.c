@@ -6,9 +6,13 @@
  * as ssh refuses such a key. Tokens are compared in constant time, all of them every time,
  * so neither a token's content nor which one matched shows in the answer's timing. */
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "serve/internal.h"
 
@@ -22,6 +26,35 @@ static int check_private(const char *path, nas_err *err) {
     return nas_errf(err, "token file %s may be read by others (mode %03o); make it private: "
                     "chmod 600 %s", path, (unsigned)(st.st_mode & 0777), path);
   return NAS_OK;
+}
+
+int serve_read_secret(const char *path, char **text, nas_err *err) {
+  /* O_NONBLOCK only to open: a FIFO without a writer would make open wait for one. */
+  int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) return nas_errf(err, "%s: %s", path, strerror(errno));
+  char *buf = malloc(SERVE_SECRET_MOST + 1);
+  size_t n = 0;
+  int rc = !buf                          ? nas_errf(err, "%s: out of memory", path)
+           : fcntl(fd, F_SETFL, 0) != 0 ? nas_errf(err, "%s: %s", path, strerror(errno))
+                                         : NAS_OK;
+  while (rc == NAS_OK && n <= SERVE_SECRET_MOST) {
+    ssize_t got = read(fd, buf + n, SERVE_SECRET_MOST + 1 - n);
+    if (got == 0) break;
+    if (got > 0) n += (size_t)got;
+    else if (errno != EINTR) rc = nas_errf(err, "%s: %s", path, strerror(errno));
+  }
+  close(fd);
+  if (rc == NAS_OK && n > SERVE_SECRET_MOST)
+    rc = nas_errf(err, "%s: larger than %u bytes, more than a file of secrets holds", path,
+                  SERVE_SECRET_MOST);
+  if (rc == NAS_OK) {
+    buf[n] = '\0';
+    *text = buf;
+  } else if (buf) {
+    memset(buf, 0, n);
+    free(buf);
+  }
+  return rc;
 }
 
 static int add_token(serve_tokens *t, serve_scope scope, const char *token, size_t len) {
@@ -54,7 +87,7 @@ static int parse_line(serve_tokens *t, const char *path, int number, char *line,
 int serve_tokens_load(const char *path, serve_tokens *out, nas_err *err) {
   memset(out, 0, sizeof *out);
   char *text;
-  if (check_private(path, err) != NAS_OK || nas_read_file(path, &text, NULL, err) != NAS_OK)
+  if (check_private(path, err) != NAS_OK || serve_read_secret(path, &text, err) != NAS_OK)
     return NAS_ERR;
   int rc = NAS_OK, number = 0;
   for (char *line = text, *next; rc == NAS_OK && line; line = next) {
@@ -92,9 +125,13 @@ static bool same_secret(const char *a, const char *b, size_t len_b) {
 }
 
 serve_scope serve_tokens_scope(const serve_tokens *t, const char *authorization) {
-  static const char bearer[] = "Bearer ";
-  if (!authorization || strncmp(authorization, bearer, sizeof bearer - 1) != 0) return SCOPE_NONE;
+  /* "Bearer", in any case (HTTP's schemes are case-insensitive), then spaces. */
+  static const char bearer[] = "Bearer";
+  if (!authorization || strncasecmp(authorization, bearer, sizeof bearer - 1) != 0 ||
+      authorization[sizeof bearer - 1] != ' ')
+    return SCOPE_NONE;
   const char *given = authorization + sizeof bearer - 1;
+  while (*given == ' ') given++;
   size_t len = strlen(given);
   serve_scope scope = SCOPE_NONE;
   for (size_t i = 0; i < t->n; i++)

@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 
 #include "serve/serve.h"
@@ -21,6 +22,12 @@ typedef struct {
   size_t n;
 } serve_tokens;
 
+/* A file of secrets (a token file, a TLS key) into an owned NUL-terminated *text: at most
+ * SERVE_SECRET_MOST bytes, so a device such as /dev/zero is refused, not read for ever; a
+ * FIFO is read without waiting for a writer (none: it is empty), a pipe as from <(…) to its
+ * end. */
+#define SERVE_SECRET_MOST (1u << 20)
+int serve_read_secret(const char *path, char **text, nas_err *err);
 int serve_tokens_load(const char *path, serve_tokens *out, nas_err *err);
 void serve_tokens_free(serve_tokens *t);
 /* The scope of the bearer token in an Authorization header value (NULL when absent):
@@ -121,6 +128,8 @@ typedef struct {
   unsigned threads;      /* request threads (serve_options.threads, else its default) */
   serve_committer committer;
   serve_notifiers notifiers;
+  atomic_bool mhd_spoke;  /* libmicrohttpd said something: its first message is kept */
+  char mhd_message[256];  /* why it could not start, when it could not */
 } serve_ctx;
 
 /* One of the dashboard's files built into the binary (assets.c). */
@@ -146,6 +155,7 @@ typedef struct serve_request {
   storage *st;           /* taken from the pool while the handler runs */
   serve_scope scope;     /* what the client may do (set before the handler runs) */
   int status;            /* of the reply */
+  const char *allow;     /* static: a 405's Allow header, the methods its path takes */
   json_t *reply;         /* owned until sent */
   serve_asset asset;     /* a dashboard file to answer instead, when asset.bytes */
   serve_write *waiting;  /* the write it is suspended for (serve_submit), until answered */
@@ -179,7 +189,7 @@ bool serve_host_is_loopback(const char *host);
 /* Whether an Origin header is this server as the client addressed it (scheme, then the
  * Host header's name and port); false without a host. */
 bool serve_origin_is_host(const char *origin, const char *host);
-/* A decimal count from 0 to max. */
+/* A decimal count from 0 to max, digits only. */
 int serve_parse_count(const char *text, long max, long *out);
 /* body's "step": an integer >= 0 (an intermediate report), else METRIC_FINAL. */
 int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_size);

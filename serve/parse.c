@@ -66,6 +66,7 @@ bool serve_origin_is_host(const char *origin, const char *host) {
 
 int serve_parse_count(const char *text, long max, long *out) {
   char *end;
+  if (*text < '0' || *text > '9') return NAS_ERR; /* strtol would take " 1" and "+1" */
   errno = 0;
   long v = strtol(text, &end, 10);
   if (errno || end == text || *end || v < 0 || v > max) return NAS_ERR;

@@ -15,6 +15,7 @@
 #include <netdb.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -92,6 +93,7 @@ static enum MHD_Result send_reply(serve_request *req) {
   }
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
   MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+  if (req->allow) MHD_add_response_header(resp, MHD_HTTP_HEADER_ALLOW, req->allow);
   add_safety_headers(resp);
   enum MHD_Result rc = MHD_queue_response(req->conn, (unsigned)req->status, resp);
   MHD_destroy_response(resp);
@@ -273,11 +275,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
   return req->waiting ? MHD_YES : send_reply(req);
 }
 
-/* The path as the log shows it (owned; NULL without memory): libmicrohttpd has decoded its
- * %XX escapes, so a control byte (a newline would forge a log line) is escaped again. */
-static char *log_path(const char *path) {
-  char *shown = malloc(3 * strlen(path) + 1), *at = shown;
-  for (const unsigned char *c = (const unsigned char *)path; shown && *c; c++)
+/* The method or path as the log shows it (owned; NULL without memory): libmicrohttpd has
+ * decoded the path's %XX escapes and takes any byte in a method, so a control byte (a
+ * newline would forge a log line, an escape sequence would drive the terminal showing it)
+ * is escaped again. */
+static char *log_text(const char *text) {
+  char *shown = malloc(3 * strlen(text) + 1), *at = shown;
+  for (const unsigned char *c = (const unsigned char *)text; shown && *c; c++)
     at += *c < 0x20 || *c == 0x7f ? sprintf(at, "%%%02X", *c) : sprintf(at, "%c", *c);
   if (shown) *at = '\0';
   return shown;
@@ -292,11 +296,13 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
   /* Resumed but ended before it was answered: its write's state is freed. */
   if (req->waiting) req->waiting->answer(req, req->waiting->arg);
   double ms = (nas_monotonic() - req->started) * 1e3;
-  char *path = srv->opt->log ? log_path(req->path) : NULL;
+  char *method = srv->opt->log ? log_text(req->method) : NULL;
+  char *path = srv->opt->log ? log_text(req->path) : NULL;
   if (srv->opt->log) /* one call: the lines of concurrent requests never interleave */
-    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", req->method, path ? path : "(path)",
-            req->status, ms,
+    fprintf(srv->opt->log, "%s %s %d %.1f ms%s\n", method ? method : "(method)",
+            path ? path : "(path)", req->status, ms,
             why == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" : " (connection ended early)");
+  free(method);
   free(path);
   request_free(req);
   *state = NULL;
@@ -339,16 +345,38 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
     serve_committer_count(&srv->committer, what == MHD_CONNECTION_NOTIFY_STARTED);
 }
 
+/* libmicrohttpd's first message, which says why it could not start (a certificate it
+ * cannot use, an address taken): kept for the error. Later ones, about clients, are not
+ * logged: a client could flood the log with them. */
+static void on_mhd_message(void *cls, const char *fmt, va_list ap) {
+  serve_ctx *srv = cls;
+  if (atomic_exchange(&srv->mhd_spoke, true)) return;
+  vsnprintf(srv->mhd_message, sizeof srv->mhd_message, fmt, ap);
+  size_t len = strlen(srv->mhd_message);
+  while (len > 0 && (srv->mhd_message[len - 1] == '\n' || srv->mhd_message[len - 1] == '.'))
+    srv->mhd_message[--len] = '\0'; /* the error's own sentence ends it */
+}
+
+/* Decodes the %XX escapes of a path or query argument in place, as libmicrohttpd does,
+ * but leaves one with an escaped NUL as it came: every handler reads C strings, so a NUL
+ * would end the path early and the request would be answered for another one. */
+static size_t unescape(void *cls, struct MHD_Connection *conn, char *text) {
+  (void)cls, (void)conn;
+  return strstr(text, "%00") ? strlen(text) : MHD_http_unescape(text);
+}
+
 static struct MHD_Daemon *start_daemon(serve_ctx *srv, const struct sockaddr_storage *addr,
                                        char *cert, char *key) {
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME |
+                   MHD_USE_ERROR_LOG;
   if (addr->ss_family == AF_INET6) flags |= MHD_USE_IPv6;
   if (cert) flags |= MHD_USE_TLS;
   uint16_t port = ntohs(addr->ss_family == AF_INET6
                             ? ((const struct sockaddr_in6 *)addr)->sin6_port
                             : ((const struct sockaddr_in *)addr)->sin_port);
   return MHD_start_daemon(
-      flags, port, NULL, NULL, on_request, srv, MHD_OPTION_SOCK_ADDR, addr,
+      flags, port, NULL, NULL, on_request, srv, MHD_OPTION_EXTERNAL_LOGGER, on_mhd_message, srv,
+      MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
       MHD_OPTION_THREAD_POOL_SIZE, srv->threads, MHD_OPTION_CONNECTION_TIMEOUT,
       (unsigned)SERVE_CLIENT_TIMEOUT_S, MHD_OPTION_CONNECTION_LIMIT,
       (unsigned)SERVE_CONNECTION_LIMIT, MHD_OPTION_NOTIFY_COMPLETED, on_completed, srv,
@@ -368,17 +396,29 @@ static void wait_for_stop(void) {
   }
 }
 
+/* The PEM file at path (--tls-cert or --tls-key, named by option) into an owned *text,
+ * read as serve_read_secret reads (a pipe, as from <(…), is fine; /dev/zero is not). */
+static int read_pem(const char *option, const char *path, char **text, nas_err *err) {
+  int rc = serve_read_secret(path, text, err);
+  if (rc == NAS_OK && !strstr(*text, "-----BEGIN ")) {
+    memset(*text, 0, strlen(*text));
+    free(*text);
+    *text = NULL;
+    rc = nas_errf(err, "%s holds no PEM block ('-----BEGIN …')", path);
+  }
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "%s", option);
+}
+
 static int read_tls(const serve_options *opt, char **cert, char **key, nas_err *err) {
   *cert = *key = NULL;
   if (!opt->tls_cert && !opt->tls_key) return NAS_OK;
   if (!opt->tls_cert || !opt->tls_key)
     return nas_errf(err, "--tls-cert and --tls-key go together");
-  if (nas_read_file(opt->tls_cert, cert, NULL, err) != NAS_OK)
-    return nas_err_prefix(err, "--tls-cert");
-  if (nas_read_file(opt->tls_key, key, NULL, err) != NAS_OK) {
+  if (read_pem("--tls-cert", opt->tls_cert, cert, err) != NAS_OK) return NAS_ERR;
+  if (read_pem("--tls-key", opt->tls_key, key, err) != NAS_OK) {
     free(*cert);
     *cert = NULL;
-    return nas_err_prefix(err, "--tls-key");
+    return NAS_ERR;
   }
   return NAS_OK;
 }
@@ -404,7 +444,12 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
       if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
       wait_for_stop();
     } else {
-      rc = nas_errf(err, "cannot listen on %s: %s", opt->listen ? opt->listen : "127.0.0.1:8470", strerror(errno));
+      const char *listen = opt->listen ? opt->listen : "127.0.0.1:8470";
+      rc = !srv->mhd_spoke ? nas_errf(err, "cannot listen on %s: %s", listen, strerror(errno))
+           : cert ? nas_errf(err, "cannot serve HTTPS on %s with --tls-cert %s and --tls-key %s "
+                              "(a PEM certificate and its private key): %s", listen,
+                              opt->tls_cert, opt->tls_key, srv->mhd_message)
+                  : nas_errf(err, "cannot listen on %s: %s", listen, srv->mhd_message);
     }
     /* Every suspended request is resumed before the daemon stops, as libmicrohttpd needs. */
     if (srv->grouped_writes) serve_committer_stop(&srv->committer, &srv->pool);

@@ -14,6 +14,7 @@
 #include "common/common.h"
 #include "tests/dashboard.h"
 #include "tests/e2e.h"
+#include "serve/serve.h"
 #include "tests/serve.h"
 
 /* Where screenshots go (set by main from argv[0]). */
@@ -197,6 +198,30 @@ static void experiment_page_draws_what_the_cli_reports(void **state) {
   screenshot(s.f, url, "experiments", 500);
   free(dom), free(url);
   json_decref(pareto), json_decref(trials);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+}
+
+/* An experiment whose stored spec no longer loads (here written through the storage RPC)
+ * is a row that says why; the page still lists the others. */
+static void experiments_page_lists_one_whose_spec_no_longer_loads(void **state) {
+  if (!have_chromium()) skip();
+  served s;
+  serve_two(state, &s);
+  int code;
+  json_t *made = test_http(&s.srv, "POST", "/api/v1/storage/experiment_create",
+                           "{\"name\": \"broken\", \"spec_text\": \"name: broken\\nfoo: 1\\n\", "
+                           "\"spec_path\": \"/nowhere/broken.yaml\", \"run_root\": \"/nowhere\"}",
+                           NULL, &code);
+  assert_int_equal(code, 200);
+  json_decref(made);
+  char *url = page_url(&s, "#/"), *dom = dump_dom(s.f, url);
+  expect_ready(dom, "experiments");
+  assert_int_equal(dom_attr(dom, "id=\"experiments\"", "data-rows"), 3);
+  assert_non_null(strstr(dom, "data-experiment=\"dash2\""));
+  assert_non_null(strstr(dom, "data-experiment=\"broken\" data-error"));
+  assert_non_null(strstr(dom, "unknown key 'foo'"));
+  screenshot(s.f, url, "experiments-unloadable", 500);
+  free(dom), free(url);
   assert_int_equal(test_server_stop(&s.srv), 0);
 }
 
@@ -390,6 +415,55 @@ static void plot_keeps_a_metric_named_proto(void **state) {
   free(dom), free(url), free(file), free(spec);
 }
 
+/* The data of an experiment page (…/dashboard's answer) with n completed trials of one
+ * parameter x and one objective y. */
+static json_t *many_trials_dashboard(size_t n) {
+  json_t *number = json_array(), *status = json_array(), *ones = json_array(), *none = json_array();
+  json_t *x = json_array(), *y = json_array();
+  for (size_t i = 0; i < n; i++) {
+    json_array_append_new(number, json_integer((json_int_t)i));
+    json_array_append_new(status, json_string("completed"));
+    json_array_append_new(ones, json_integer(1));
+    json_array_append_new(none, json_null());
+    json_array_append_new(x, json_real((double)(i % 1000) / 1000));
+    json_array_append_new(y, json_real((double)(i % 997) / 997));
+  }
+  return json_pack(
+      "{s:{s:s, s:s, s:i, s:{s:i, s:i, s:i, s:i, s:i}, s:{s:i}, s:n, s:f, s:i, s:{s:s}}, s:[{s:s, s:s}],"
+      " s:[s], s:[s],"
+      " s:{s:o, s:o, s:o, s:o, s:{s:o}, s:{s:o}}, s:{s:[], s:{}}, s:{s:[], s:[], s:[]}, s:{}}",
+      "experiment", "name", "many", "status", "finished", "trials", (int)n, "counts", "completed", (int)n,
+      "running", 0, "failed", 0, "timeout", 0, "stopped", 0,
+      "progress", "budget", (int)n, "best", "hypervolume", 0.0, "front_size", 0, "scheduler", "state", "none",
+      "objectives", "name", "y", "goal", "minimize", "params", "x", "metrics", "y",
+      "trials", "number", number, "status", status, "attempts", ones, "duration", none,
+      "metrics", "y", y, "params", "x", x,
+      "pareto", "front", "reference_point",
+      "hypervolume_history", "completed", "trial", "hypervolume", "curves");
+}
+
+/* 150 000 trials (cheap ones asked for and told from a loop, say) draw: a
+ * parameter's range was found with Math.min(...values), whose arguments overflow the
+ * script's stack from about 125 000 values on, so the whole page was an error. */
+static void parallel_coordinates_draw_150_000_trials(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  const size_t n = 150000;
+  json_t *data = json_pack("{s:s, s:s, s:o}", "page", "experiment", "kind", "parallel",
+                           "dashboard", many_trials_dashboard(n));
+  char *file = nas_asprintf("%s/many.html", f->dir);
+  FILE *out = fopen(file, "w");
+  assert_non_null(out);
+  nas_err err;
+  assert_int_equal(serve_plot_write(out, data, &err), NAS_OK);
+  fclose(out);
+  char *url = nas_asprintf("file://%s", file), *dom = dump_dom(f, url);
+  expect_ready(dom, "experiment");
+  assert_int_equal(dom_attr(dom, "id=\"chart-parallel\"", "data-points"), (long)n);
+  free(dom), free(url), free(file);
+  json_decref(data);
+}
+
 static void plot_refuses_bad_usage(void **state) {
   fixture *f = *state;
   char *spec = dashboard_spec(f, "dash", 1), *out;
@@ -434,12 +508,14 @@ int main(int argc, char **argv) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(dashboard_data_and_files_are_served_without_a_browser, setup, teardown),
       cmocka_unit_test_setup_teardown(experiment_page_draws_what_the_cli_reports, setup, teardown),
+      cmocka_unit_test_setup_teardown(experiments_page_lists_one_whose_spec_no_longer_loads, setup, teardown),
       cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
       cmocka_unit_test_setup_teardown(token_file_page_asks_for_a_token_and_draws_with_it, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_keeps_a_metric_named_proto, setup, teardown),
+      cmocka_unit_test_setup_teardown(parallel_coordinates_draw_150_000_trials, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_refuses_bad_usage, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

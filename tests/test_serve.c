@@ -85,7 +85,15 @@ static void every_read_endpoint_answers_what_the_cli_shows(void **state) {
   expect_status(&srv, "GET", "/api/v1/experiments/nope", NULL, NULL, 404, "no experiment 'nope'");
   expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/99", NULL, NULL, 404, "no trial 99");
   expect_status(&srv, "GET", "/api/v1/experiments/..%2F..%2Fetc/trials", NULL, NULL, 404, NULL);
+  /* An escaped NUL is no end of the path (it was: this answered quick's summary, and the
+   * log showed a path that was not asked for), nor of a query argument. */
+  expect_status(&srv, "GET", "/api/v1/experiments/quick%00xyz/pareto", NULL, NULL, 404, NULL);
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=completed%00x", NULL, NULL, 400, NULL);
   expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?status=lost", NULL, NULL, 400, "not a trial status");
+  /* Numbers are digits only: not trial " 1" nor "+1", nor ?limit=+2. */
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/%201", NULL, NULL, 404, "not a trial number");
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials/+1", NULL, NULL, 404, "not a trial number");
+  expect_status(&srv, "GET", "/api/v1/experiments/quick/trials?limit=%2B2", NULL, NULL, 400, "not a count");
   assert_int_equal(test_server_stop(&srv), 0);
   free(spec);
 }
@@ -119,6 +127,93 @@ static void posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing(void *
   assert_string_equal(json_string_value(json_object_get(one, "status")), "stopped");
   json_decref(one);
   free(other);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
+/* A spec posted to the server is the server's folder's (docs/api.md): it is stored as the
+ * file NAME.yaml there, so its relative paths (a command ./t.sh, the trials' working
+ * folder) are that folder's for whoever runs it later, from wherever. */
+static void posted_spec_keeps_the_servers_folder_for_a_later_resume(void **state) {
+  fixture *f = *state;
+  char *script = test_write(f->dir, "t.sh", "#!/bin/sh\necho 'nas-metric {\"y\": 1}'\n");
+  chmod(script, 0755);
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments",
+                "name: rel\n"
+                "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                "objectives: [{name: y, goal: minimize}]\n"
+                "trial: {command: [./t.sh]}\n"
+                "budget: {trials: 1}\n",
+                NULL, 201, NULL);
+  json_t *one = get_ok(&srv, "/api/v1/experiments/rel");
+  char *want = nas_asprintf("%s/rel.yaml", f->dir);
+  assert_string_equal(json_string_value(json_object_get(one, "spec_path")), want);
+  json_decref(one);
+  assert_int_equal(test_server_stop(&srv), 0);
+  char *elsewhere = nas_asprintf("%s/elsewhere", f->dir), *out;
+  assert_int_equal(mkdir(elsewhere, 0755), 0);
+  const char *resume[] = {test_nas_bin(), "resume", "rel", "--no-progress", "--storage", f->db, NULL};
+  int rc = test_run(elsewhere, (char *const *)resume, &out);
+  if (rc != 0) fail_msg("nas resume from another folder exited %d: %s", rc, out);
+  free(out);
+  json_t *rows = trials_json(f, "rel");
+  assert_int_equal(count_status(rows, "completed"), 1);
+  json_decref(rows);
+  free(elsewhere), free(want), free(script);
+}
+
+/* A trial may put anything in its run folder: a model.json that is a FIFO is no model
+ * description, and reading the trial does not wait on it (a request thread waited for
+ * ever, for a writer that never came). */
+static void trial_whose_model_json_is_a_fifo_is_read_without_waiting(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "fifo.yaml",
+                          "name: fifo\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'touch \"$NAS_RUN_DIR/weights.nasw\"; "
+                          "mkfifo \"$NAS_RUN_DIR/model.json\"; echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "budget: {trials: 1}\n");
+  run_spec(f, spec);
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  char *url = nas_asprintf("http://127.0.0.1:%d/api/v1/experiments/fifo/trials/0", srv.port), *out;
+  const char *argv[] = {"curl", "-s", "-S", "-m", "10", url, NULL};
+  int rc = test_run(NULL, (char *const *)argv, &out);
+  if (rc != 0) fail_msg("GET %s: curl exited %d (a request that waits for ever?): %s", url, rc, out);
+  json_t *one = json_loads(out, 0, NULL);
+  const json_t *model = json_object_get(one, "model");
+  assert_non_null(strstr(json_string_value(json_object_get(model, "weights")), "weights.nasw"));
+  assert_true(json_is_null(json_object_get(model, "about")));
+  json_decref(one);
+  free(out), free(url), free(spec);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
+/* A stored spec that no longer loads (another version of nas wrote it, or the storage RPC
+ * did) is one experiment's problem: the list still shows every other experiment, and that
+ * one with its name, status and why. */
+static void experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  expect_status(&srv, "POST", "/api/v1/storage/experiment_create",
+                "{\"name\": \"broken\", \"spec_text\": \"name: broken\\nfoo: 1\\n\", "
+                "\"spec_path\": \"/nowhere/broken.yaml\", \"run_root\": \"/nowhere\"}",
+                NULL, 200, NULL);
+  json_t *list = get_ok(&srv, "/api/v1/experiments");
+  const json_t *all = json_object_get(list, "experiments");
+  assert_int_equal(json_array_size(all), 2);
+  const json_t *good = json_array_get(all, 0), *broken = json_array_get(all, 1);
+  assert_string_equal(json_string_value(json_object_get(good, "name")), "asked");
+  assert_null(json_object_get(good, "error"));
+  assert_string_equal(json_string_value(json_object_get(broken, "name")), "broken");
+  assert_string_equal(json_string_value(json_object_get(broken, "status")), "running");
+  assert_non_null(strstr(json_string_value(json_object_get(broken, "error")), "unknown key 'foo'"));
+  json_decref(list);
+  expect_status(&srv, "GET", "/api/v1/experiments/broken", NULL, NULL, 500, "no longer loads");
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
@@ -238,6 +333,12 @@ static void tokens_decide_who_may_read_and_write(void **state) {
   expect_status(&srv, "GET", "/api/v1/experiments", NULL, NULL, 401, "Authorization");
   expect_status(&srv, "GET", "/api/v1/experiments", NULL, "wrong", 401, "not valid");
   expect_status(&srv, "GET", "/api/v1/experiments", NULL, reader, 200, NULL);
+  /* The scheme is case-insensitive, as HTTP says of every authentication scheme. */
+  char *lower = nas_asprintf("Authorization: bearer  %s", reader);
+  int code;
+  json_decref(test_http_with(&srv, "GET", "/api/v1/experiments", NULL, (const char *const[]){lower, NULL}, &code));
+  assert_int_equal(code, 200);
+  free(lower);
   expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, reader, 403, "only read");
   expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, writer, 201, NULL);
   char *path = strdup(srv.log);
@@ -340,10 +441,11 @@ static void pages_of_other_sites_cannot_drive_the_api(void **state) {
   free(evil_host), free(own), free(localhost), free(own_localhost);
 }
 
-/* The headers of an answer, as curl -D - shows them. */
-static char *headers_of(const test_server *srv, const char *path) {
+/* The status line and headers of `curl -X METHOD` on path (HEAD: `curl -I`). */
+static char *headers_of(const test_server *srv, const char *method, const char *path) {
   char *url = nas_asprintf("http://127.0.0.1:%d%s", srv->port, path), *out;
-  char *argv[] = {"curl", "-s", "-S", "-o", "/dev/null", "-D", "-", url, NULL};
+  char *argv[11] = {"curl", "-s", "-S", "-o", "/dev/null", "-D", "-", url, "-X", (char *)method, NULL};
+  if (strcmp(method, "HEAD") == 0) argv[8] = "-I", argv[9] = NULL;
   assert_int_equal(test_run(NULL, argv, &out), 0);
   free(url);
   return out;
@@ -355,7 +457,7 @@ static void answers_are_never_sniffed_or_framed_by_another_site(void **state) {
   start_or_fail(&srv, f, NULL);
   static const char *const paths[] = {"/", "/static/app.js", "/api/v1/experiments", "/api/v1/nothing"};
   for (size_t i = 0; i < sizeof paths / sizeof *paths; i++) {
-    char *head = headers_of(&srv, paths[i]);
+    char *head = headers_of(&srv, "GET", paths[i]);
     if (!strcasestr(head, "X-Content-Type-Options: nosniff") ||
         !strcasestr(head, "X-Frame-Options: DENY") ||
         !strcasestr(head, "Content-Security-Policy: frame-ancestors 'none'"))
@@ -365,11 +467,39 @@ static void answers_are_never_sniffed_or_framed_by_another_site(void **state) {
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
+/* HEAD is GET without the body on every GET endpoint (it was 405, so `curl -I` and health
+ * checks saw an error), and a 405 names the methods the path takes (Allow, as HTTP says). */
+static void head_answers_as_get_and_405_says_what_is_allowed(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
+  char *head = headers_of(&srv, "HEAD", "/api/v1/experiments/asked");
+  if (strncmp(head, "HTTP/1.1 200", 12) != 0 || !strcasestr(head, "Content-Type: application/json"))
+    fail_msg("HEAD: %s", head);
+  free(head);
+  head = headers_of(&srv, "HEAD", "/api/v1/experiments/nope");
+  if (strncmp(head, "HTTP/1.1 404", 12) != 0) fail_msg("HEAD of no experiment: %s", head);
+  free(head);
+  head = headers_of(&srv, "DELETE", "/api/v1/experiments");
+  if (strncmp(head, "HTTP/1.1 405", 12) != 0 || !strcasestr(head, "Allow: GET, HEAD, POST\r\n"))
+    fail_msg("DELETE: %s", head);
+  free(head);
+  head = headers_of(&srv, "GET", "/api/v1/experiments/asked/ask");
+  if (strncmp(head, "HTTP/1.1 405", 12) != 0 || !strcasestr(head, "Allow: POST\r\n"))
+    fail_msg("GET of ask: %s", head);
+  free(head);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
 static void a_newline_in_a_path_cannot_forge_a_log_line(void **state) {
   fixture *f = *state;
   test_server srv;
   start_or_fail(&srv, f, NULL);
   expect_status(&srv, "GET", "/api/v1/experiments/x%0AGET%20/forged%20200", NULL, NULL, 404, NULL);
+  /* Nor can a control character in the method (an escape sequence for the terminal that
+   * shows the log). */
+  expect_status(&srv, "G\033[2JET", "/api/v1/experiments", NULL, NULL, 405, NULL);
   char *path = strdup(srv.log);
   assert_int_equal(test_server_stop(&srv), 0);
   char *log = NULL;
@@ -377,6 +507,7 @@ static void a_newline_in_a_path_cannot_forge_a_log_line(void **state) {
   assert_int_equal(nas_read_file(path, &log, NULL, &ignored), NAS_OK);
   assert_non_null(strstr(log, "/api/v1/experiments/x%0AGET /forged 200 404"));
   assert_null(strstr(log, "\nGET /forged"));
+  assert_non_null(strstr(log, "\nG%1B[2JET /api/v1/experiments 405"));
   free(log), free(path);
 }
 
@@ -409,10 +540,47 @@ static void threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused(vo
   }
 }
 
+/* `nas serve ARGS…` exits 1 within seconds, saying want (the test fails if it hangs). */
+static void serve_refuses(fixture *f, const char *const *args, const char *want) {
+  const char *argv[16] = {"timeout", "20", test_nas_bin(), "serve", "--listen", "127.0.0.1:0"};
+  size_t n = 6;
+  while (*args && n < 15) argv[n++] = *args++;
+  char *out = NULL;
+  int rc = test_run(f->dir, (char *const *)argv, &out);
+  if (rc != 1 || !strstr(out, want)) fail_msg("exit %d (want 1), output without '%s': %s", rc, want, out);
+  free(out);
+}
+
+/* HTTPS with files that cannot be a certificate and its key is refused at once, saying
+ * which file and why: no more than 1 MiB is read (/dev/zero filled the memory), a FIFO
+ * without a writer is empty (it waited for ever), a file without a PEM block is named, and
+ * a pair that libmicrohttpd cannot use says so (it said "cannot listen: No such file or
+ * directory"). A token file that is such a FIFO is empty too. */
+static void tls_and_token_files_that_cannot_serve_are_refused_saying_why(void **state) {
+  fixture *f = *state;
+  char *garbage = test_write(f->dir, "garbage.pem", "not a certificate\n");
+  char *bad = test_write(f->dir, "bad.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+  char *fifo = nas_asprintf("%s/fifo", f->dir);
+  assert_int_equal(mkfifo(fifo, 0600), 0);
+  serve_refuses(f, (const char *const[]){"--tls-cert", "/dev/zero", "--tls-key", garbage, NULL},
+                "--tls-cert: /dev/zero: larger than 1048576 bytes");
+  serve_refuses(f, (const char *const[]){"--tls-cert", bad, "--tls-key", fifo, NULL},
+                "--tls-key: ");
+  serve_refuses(f, (const char *const[]){"--tls-cert", garbage, "--tls-key", bad, NULL},
+                "holds no PEM block ('-----BEGIN …')");
+  serve_refuses(f, (const char *const[]){"--tls-cert", bad, "--tls-key", bad, NULL},
+                "cannot serve HTTPS");
+  serve_refuses(f, (const char *const[]){"--token-file", fifo, NULL}, "holds no token");
+  free(garbage), free(bad), free(fifo);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
       cmocka_unit_test_setup_teardown(posted_spec_is_checked_like_a_file_and_bad_ones_store_nothing, setup, teardown),
+      cmocka_unit_test_setup_teardown(posted_spec_keeps_the_servers_folder_for_a_later_resume, setup, teardown),
+      cmocka_unit_test_setup_teardown(trial_whose_model_json_is_a_fifo_is_read_without_waiting, setup, teardown),
+      cmocka_unit_test_setup_teardown(experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
@@ -423,7 +591,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(refused_requests_are_answered_before_their_body_is_read, setup, teardown),
       cmocka_unit_test_setup_teardown(pages_of_other_sites_cannot_drive_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),
+      cmocka_unit_test_setup_teardown(head_answers_as_get_and_405_says_what_is_allowed, setup, teardown),
       cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
+      cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

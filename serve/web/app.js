@@ -310,7 +310,9 @@
         const cats = [...new Set(values.map(String))].sort();
         return (v) => (v === null || v === undefined ? null : cats.length > 1 ? cats.indexOf(String(v)) / (cats.length - 1) : 0.5);
       }
-      const lo = Math.min(...values), hi = Math.max(...values);
+      /* A loop, not Math.min(...values): that many arguments overflow the stack from ~125 000 on. */
+      let lo = Infinity, hi = -Infinity;
+      for (const v of values) { if (v < lo) lo = v; if (v > hi) hi = v; }
       return (v) => (v === null || v === undefined ? null : hi > lo ? (v - lo) / (hi - lo) : 0.5);
     });
     const colourKey = keys.length - 1;
@@ -415,10 +417,13 @@
     const picked = new Set();
     const go = h("button", { disabled: "" }, "compare selected");
     go.addEventListener("click", () => { location.hash = "#/compare/" + [...picked].map(enc).join(","); });
-    const rows = list.experiments.map((e) => h("tr", { "data-experiment": e.name },
-      h("td", {}, h("input", { type: "checkbox", on: { change: (ev) => { ev.target.checked ? picked.add(e.name) : picked.delete(e.name); go.disabled = picked.size < 2; } } })),
+    /* An experiment whose stored spec does not load comes with only its name, status,
+     * start and why (docs/api.md): that row says why, in place of what it cannot show. */
+    const rows = list.experiments.map((e) => h("tr", { "data-experiment": e.name, "data-error": e.error ? "" : null },
+      h("td", {}, e.error ? null : h("input", { type: "checkbox", on: { change: (ev) => { ev.target.checked ? picked.add(e.name) : picked.delete(e.name); go.disabled = picked.size < 2; } } })),
       h("td", {}, h("a", { href: `#/e/${enc(e.name)}` }, e.name)), h("td", {}, badge(e.status)),
-      h("td", {}, progressBar(e)), h("td", {}, bestOrVolume(e)), h("td", {}, badge(e.scheduler.state === "none" ? "idle" : e.scheduler.state)),
+      e.error ? h("td", { colspan: 3, class: "error" }, e.error)
+              : [h("td", {}, progressBar(e)), h("td", {}, bestOrVolume(e)), h("td", {}, badge(e.scheduler.state === "none" ? "idle" : e.scheduler.state))],
       h("td", { title: when(e.created_at) }, when(e.created_at, true)), h("td", { title: when(e.updated_at) }, when(e.updated_at, true))));
     const table = h("table", { id: "experiments", "data-rows": rows.length },
       h("thead", {}, h("tr", {}, ["", "experiment", "status", "progress", "best / hypervolume", "scheduler", "started", "updated"].map((t) => h("th", {}, t)))),

@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "serve/internal.h"
 
@@ -26,8 +27,11 @@ static void check_auth(const char *header) {
   serve_scope scopes[] = {SCOPE_READ, SCOPE_WRITE};
   serve_tokens t = {.tokens = tokens, .scopes = scopes, .n = 2};
   serve_scope got = serve_tokens_scope(&t, header);
-  bool is_reader = strncmp(header, "Bearer ", 7) == 0 && strcmp(header + 7, reader) == 0;
-  bool is_writer = strncmp(header, "Bearer ", 7) == 0 && strcmp(header + 7, writer) == 0;
+  /* The scheme in any case, one space or more, then exactly the token. */
+  const char *given = strncasecmp(header, "Bearer ", 7) == 0 ? header + 7 : NULL;
+  while (given && *given == ' ') given++;
+  bool is_reader = given && strcmp(given, reader) == 0;
+  bool is_writer = given && strcmp(given, writer) == 0;
   if (got != (is_writer ? SCOPE_WRITE : is_reader ? SCOPE_READ : SCOPE_NONE)) abort();
 }
 
