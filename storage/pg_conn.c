@@ -348,7 +348,7 @@ int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *er
     rc = pg_params_set(&p, 1, err, "ti", tokens, result);
     if (rc == NAS_OK) {
       rc = pg_exec(c, NULL, err,
-                   "INSERT INTO write_receipts (token, result, done)"
+                   "WITH " PG_RECEIPTS_PRUNE_CTE " INSERT INTO write_receipts (token, result, done)"
                    " SELECT unnest($1::text[]), $2, true", &p);
     }
   }

@@ -96,11 +96,12 @@ static const char *const migrations[] = {
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
 
-/* The receipt of a single-statement write, as its last common table expression: $1 is the
- * array of tokens (pg_receipt_tokens), `rel` the rows it made or took (the receipt records
- * the id of one). */
+/* The receipt of a single-statement write, as its last common table expressions (old
+ * receipts pruned beside it): $1 is the array of tokens (pg_receipt_tokens), `rel` the rows
+ * it made or took (the receipt records the id of one). */
 #define RECEIPT_FROM(rel)                                                       \
-  "receipt AS (INSERT INTO write_receipts (token, result, done)"                \
+  PG_RECEIPTS_PRUNE_CTE ","                                                     \
+  " receipt AS (INSERT INTO write_receipts (token, result, done)"               \
   " SELECT tokens.token, id, true FROM " rel ", unnest($1::text[]) AS tokens (token))"
 
 /* ---- rows ------------------------------------------------------------------------------ */
@@ -397,7 +398,8 @@ static int prepare_schema(pg_conn *c, nas_err *err) {
   return pg_run(c, &migrate, NULL, err);
 }
 
-/* Receipts outlive any retry that could look them up by far; old ones go at each open. */
+/* Receipts outlive any retry that could look them up by far; old ones go at each open (all
+ * of them) and beside each write with a receipt (a few: PG_RECEIPTS_PRUNE_CTE). */
 static int receipts_prune(pg_conn *c, nas_err *err) {
   void *rows = NULL;
   size_t n = 0;

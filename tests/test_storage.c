@@ -2549,6 +2549,41 @@ static void postgresql_url_options_reach_libpq(void **state) {
   free(url);
 }
 
+/* Stores a receipt written `age` seconds ago, as the server's clock reckons. */
+static void pg_receipt_aged(const fixture *f, const char *token, int64_t result, double age) {
+  char *insert = nas_asprintf("INSERT INTO write_receipts (token, result, done, at)"
+                              " VALUES ('%s', %" PRId64 ", true, extract(epoch FROM now()) - %.0f)",
+                              token, result, age);
+  f->ctx->backend->raw_exec(f->ctx, f->url, insert);
+  free(insert);
+}
+
+/* A storage that stays open (a `nas serve`, a scheduler) lets receipts older than a day go
+ * as it writes, as SQLite does, not only when some process opens the storage: through a
+ * single-statement write (a report) and through a transaction (finishing a trial). */
+static void postgresql_receipts_older_than_a_day_go_while_the_storage_stays_open(
+    void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  double day = 86400; /* STORAGE_RECEIPT_KEEP_S */
+  pg_receipt_aged(f, "an-hour-ago", t.id, 3600);
+  pg_receipt_aged(f, "two-days-ago", t.id, 2 * day);
+  int64_t result = -1;
+  assert_true(key_found(f, "two-days-ago", &result));
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  CHECK(storage_receipt_arm(f->st, "now", err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, -1, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  assert_false(key_found(f, "two-days-ago", &result));
+  assert_true(key_found(f, "an-hour-ago", &result));
+  assert_true(key_found(f, "now", &result));
+  pg_receipt_aged(f, "three-days-ago", t.id, 3 * day);
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_COMPLETED, true, 0, NULL, err));
+  assert_false(key_found(f, "three-days-ago", &result));
+  assert_true(key_found(f, "an-hour-ago", &result));
+  trial_row_clear(&t);
+}
+
 static int delete_experiment(const child_args *args, int worker, nas_err *err) {
   (void)worker;
   storage *st = NULL;
@@ -2953,6 +2988,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
       FIXTURE_TEST(postgresql_trial_numbers_stay_consecutive_under_a_repeatable_read_default),
       FIXTURE_TEST(postgresql_experiment_delete_takes_a_metric_that_lands_meanwhile),
+      FIXTURE_TEST(postgresql_receipts_older_than_a_day_go_while_the_storage_stays_open),
   };
   int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
