@@ -14,6 +14,11 @@
  * storage at once (the scheduler, workers claiming trials, trials reporting with
  * `nas report`), on one machine (SQLite) or many (PostgreSQL).
  *
+ * Text is stored as UTF-8 only (PostgreSQL refuses other bytes, and rows go out as JSON):
+ * a write whose text is not well-formed UTF-8 is refused naming that text, except a trial's
+ * error, which is stored with each bad byte replaced by U+FFFD, so that an outcome is
+ * never lost to the bytes of what ended the trial.
+ *
  * A schema older than the binary's is migrated on open (in one transaction, with a line
  * on stderr when an existing storage is upgraded); a newer one is refused.
  *

@@ -1192,6 +1192,49 @@ static void names_that_are_not_folder_names_are_never_stored(void **state) {
   raw_text_is(f, "SELECT count(*) FROM experiments", "1");
 }
 
+/* Stored text is UTF-8 on every backend: PostgreSQL refuses other bytes, and rows travel as
+ * JSON (the storage RPC, exports), which cannot carry them. A run root in a folder named in
+ * Latin-1 is refused naming what holds the bytes, not stored to break every later listing
+ * through a server (nor refused as "out of memory"). */
+static void text_that_is_not_utf8_is_refused_naming_it_and_stores_nothing(void **state) {
+  fixture *f = *state;
+  nas_err err = {{0}};
+  int64_t id = -1;
+  assert_int_equal(storage_experiment_create(f->st, "latin", "x", "/caf\xe9/x.yaml",
+                                             "/caf\xe9/runs", &id, &err), NAS_ERR);
+  assert_contains(err.msg, "spec path is not valid UTF-8");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "0");
+  trial_row t = make_running_trial(f);
+  trial_row made;
+  assert_int_equal(storage_trial_create(f->st, t.experiment_id, "{\"x\": \"\xff\"}", NULL, &made,
+                                        &err), NAS_ERR);
+  assert_contains(err.msg, "parameters are not valid UTF-8");
+  metric_obs obs[] = {{"loss", 0, 1, 1}, {"lo\xffss", 1, 2, 2}};
+  assert_int_equal(storage_metrics_add(f->st, t.id, obs, 2, 7, &err), NAS_ERR);
+  assert_contains(err.msg, "observation 1's name is not valid UTF-8");
+  assert_int_equal(storage_experiment_set_spec(f->st, t.experiment_id, "name: \xc3", &err), NAS_ERR);
+  assert_contains(err.msg, "spec text is not valid UTF-8");
+  assert_int_equal(trial_count(f, t.experiment_id), 1);
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  trial_row_clear(&t);
+}
+
+/* A trial's error comes from what ended it (a runner's output, a path): its outcome is
+ * stored whatever bytes that holds, each one that is not UTF-8 replaced by U+FFFD. */
+static void trial_error_that_is_not_utf8_is_stored_with_its_bad_bytes_replaced(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_FAILED, true, 1,
+                             "cannot write /caf\xe9/x: \xe2\x82 no space \xe2\x82\xac", err));
+  trial_row got;
+  CHECK(storage_trial_get(f->st, t.id, &got, err));
+  assert_int_equal(got.status, TRIAL_FAILED);
+  assert_string_equal(got.error, "cannot write /caf\xef\xbf\xbd/x: \xef\xbf\xbd\xef\xbf\xbd no "
+                                 "space \xe2\x82\xac");
+  trial_row_clear(&got);
+  trial_row_clear(&t);
+}
+
 static void experiment_import_stores_every_field_of_trials_and_metrics(void **state) {
   fixture *f = *state;
   make_full_experiment(f, "src");
@@ -2898,6 +2941,8 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(experiment_import_stores_every_field_of_trials_and_metrics),
       FIXTURE_TEST(experiment_import_with_a_taken_name_stores_nothing),
       FIXTURE_TEST(names_that_are_not_folder_names_are_never_stored),
+      FIXTURE_TEST(text_that_is_not_utf8_is_refused_naming_it_and_stores_nothing),
+      FIXTURE_TEST(trial_error_that_is_not_utf8_is_stored_with_its_bad_bytes_replaced),
       FIXTURE_TEST(reopening_keeps_everything),
       FIXTURE_TEST(schema_version_table_holds_the_current_version),
       FIXTURE_TEST(processes_creating_the_same_storage_at_once_all_succeed),
