@@ -10,8 +10,20 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Ends text, cut to fit its buffer, before a UTF-8 character the cut left incomplete: a
+ * message must stay UTF-8 to go out as JSON (a storage server's error replies). */
+static void drop_cut_char(char *text) {
+  size_t len = strlen(text), lead = len;
+  while (lead > 0 && len - lead < 3 && ((unsigned char)text[lead - 1] & 0xc0) == 0x80) lead--;
+  if (lead-- == 0) return;
+  unsigned char first = (unsigned char)text[lead];
+  size_t need = first >= 0xf0 ? 4 : first >= 0xe0 ? 3 : first >= 0xc0 ? 2 : 1;
+  if (len - lead < need) text[lead] = '\0';
+}
+
 static int errv(nas_err *err, int code, const char *fmt, va_list ap) {
-  if (err) vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  if (err && vsnprintf(err->msg, sizeof err->msg, fmt, ap) >= (int)sizeof err->msg)
+    drop_cut_char(err->msg);
   return code;
 }
 
@@ -39,10 +51,13 @@ int nas_err_prefix(nas_err *err, const char *fmt, ...) {
   va_start(ap, fmt);
   int n = vsnprintf(joined, sizeof err->msg, fmt, ap);
   va_end(ap);
-  size_t used = n < 0 ? 0 : (size_t)n < sizeof err->msg ? (size_t)n : sizeof err->msg - 1;
+  if (n >= (int)sizeof err->msg) drop_cut_char(joined);
+  size_t used = n < 0 ? 0 : strlen(joined);
   snprintf(joined + used, sizeof joined - used, ": %s", err->msg);
+  bool cut = strlen(joined) >= sizeof err->msg;
   memcpy(err->msg, joined, sizeof err->msg - 1);
   err->msg[sizeof err->msg - 1] = '\0';
+  if (cut) drop_cut_char(err->msg);
   return NAS_ERR;
 }
 

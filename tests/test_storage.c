@@ -1852,6 +1852,27 @@ static void rpc_integers_beyond_an_int_are_refused_not_cut(void **state) {
   trial_row_clear(&t);
 }
 
+/* A message too long for an error is cut at a whole character, so the error still goes out
+ * as JSON (a reply that cannot be written answered 500, which the client retried for its
+ * whole budget as if the server were down). */
+static void rpc_error_cut_in_a_long_non_ascii_message_is_still_answered(void **state) {
+  fixture *f = *state;
+  trial_row t = make_trial(f, make_experiment(f, "e"), "{}");
+  char status[2 * 700 + 2] = "x"; /* 'x' then 700 two-byte characters: a cut may fall inside one */
+  for (int i = 0; i < 700; i++) memcpy(status + 1 + 2 * i, "\xc3\xa9", 3);
+  for (int shift = 0; shift < 2; shift++) {
+    json_t *args = json_pack("{s:I, s:s, s:b, s:n}", "trial_id", (json_int_t)t.id, "status",
+                             status + shift, "has_exit_code", 0, "error");
+    int rc;
+    json_t *reply = rpc_call(f, "trial_finish", NULL, args, &rc);
+    assert_int_equal(rc, NAS_ERR);
+    assert_non_null(reply);
+    assert_contains(json_string_value(json_object_get(reply, "error")), "is not a trial status");
+    json_decref(reply);
+  }
+  trial_row_clear(&t);
+}
+
 /* ---- schema and faults, on every backend --------------------------------------------------- */
 
 static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
@@ -2965,6 +2986,7 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(rpc_metrics_add_reads_doubles_as_their_bits_exactly),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
       FIXTURE_TEST(rpc_integers_beyond_an_int_are_refused_not_cut),
+      FIXTURE_TEST(rpc_error_cut_in_a_long_non_ascii_message_is_still_answered),
   };
   char name[64];
   snprintf(name, sizeof name, "%s schema", ctx->backend->name);
