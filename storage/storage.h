@@ -27,7 +27,9 @@
  * default 30, 0 = no retries), the first connection included unless opened with
  * STORAGE_CONNECT_ONCE. Each connection attempt waits at most connect_timeout seconds for
  * the server (5 unless the URL sets it), so a server that does not answer costs one
- * attempt that long, not the whole budget. An operation then either
+ * attempt that long, not the whole budget; a server that vanishes mid-operation without
+ * closing the connection is noticed by TCP keepalives and a TCP user timeout (pg_conn.c)
+ * in about 25 s, and counts as a lost connection. An operation then either
  * happened exactly once or returned an error: writes that are not idempotent commit a
  * receipt in the same transaction as the write, and after a connection lost while the
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the

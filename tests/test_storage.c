@@ -11,6 +11,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -2613,6 +2614,46 @@ static void postgresql_url_options_reach_libpq(void **state) {
   free(url);
 }
 
+/* TCP settings of this process's connection to the server on port: keepalive on, its idle
+ * seconds and the user timeout in milliseconds. Fails when there is no such connection. */
+static void pg_socket_settings(int port, int *keepalive, int *idle_s, int *user_timeout_ms) {
+  for (int fd = 0; fd < 1024; fd++) {
+    struct sockaddr_in peer;
+    socklen_t len = sizeof peer;
+    if (getpeername(fd, (struct sockaddr *)&peer, &len) != 0 || peer.sin_family != AF_INET ||
+        ntohs(peer.sin_port) != port)
+      continue;
+    socklen_t size = sizeof(int);
+    assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, keepalive, &size), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, idle_s, &size), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms, &size), 0);
+    return;
+  }
+  fail_msg("no connection to port %d", port);
+}
+
+/* A server that vanishes without closing the connection (its machine off, the network cut)
+ * is noticed within the retry budget, not after the kernel's defaults (two hours idle, or
+ * some fifteen minutes of unacknowledged data): keepalives probe an idle connection after
+ * 10 s, and sent data unacknowledged for 30 s breaks it. The URL may set its own. */
+static void postgresql_connections_notice_a_vanished_server_within_the_retry_budget(
+    void **state) {
+  fixture *f = *state;
+  int keepalive = 0, idle_s = 0, user_timeout_ms = 0;
+  pg_socket_settings(f->ctx->server->port, &keepalive, &idle_s, &user_timeout_ms);
+  assert_int_equal(keepalive, 1);
+  assert_int_equal(idle_s, 10);
+  assert_int_equal(user_timeout_ms, 30000);
+  storage_close(f->st);
+  f->st = NULL;
+  char *url = nas_asprintf("%s&keepalives_idle=60&tcp_user_timeout=5000", f->url);
+  f->st = open_or_fail(url);
+  pg_socket_settings(f->ctx->server->port, &keepalive, &idle_s, &user_timeout_ms);
+  assert_int_equal(idle_s, 60);
+  assert_int_equal(user_timeout_ms, 5000);
+  free(url);
+}
+
 /* Stores a receipt written `age` seconds ago, as the server's clock reckons. */
 static void pg_receipt_aged(const fixture *f, const char *token, int64_t result, double age) {
   char *insert = nas_asprintf("INSERT INTO write_receipts (token, result, done, at)"
@@ -3056,6 +3097,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_trial_numbers_stay_consecutive_under_a_repeatable_read_default),
       FIXTURE_TEST(postgresql_experiment_delete_takes_a_metric_that_lands_meanwhile),
       FIXTURE_TEST(postgresql_receipts_older_than_a_day_go_while_the_storage_stays_open),
+      FIXTURE_TEST(postgresql_connections_notice_a_vanished_server_within_the_retry_budget),
   };
   int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
