@@ -168,10 +168,13 @@ static void secret_put_starred(FILE *out, size_t len) {
   for (size_t i = 0; i < len; i++) fputc('*', out);
 }
 
-bool storage_key_is_secret(const char *key, size_t len) {
-  static const char suffix[] = "password";
-  size_t suffix_len = sizeof suffix - 1;
+static bool key_ends_in(const char *key, size_t len, const char *suffix) {
+  size_t suffix_len = strlen(suffix);
   return len >= suffix_len && strncasecmp(key + len - suffix_len, suffix, suffix_len) == 0;
+}
+
+bool storage_key_is_secret(const char *key, size_t len) {
+  return key_ends_in(key, len, "password") || key_ends_in(key, len, "token");
 }
 
 /* Whether a query parameter's key (len bytes, percent-encoded as libpq reads it) names a
@@ -208,7 +211,8 @@ const char *storage_uri_secret_value(const char *param, size_t *len) {
 /* URI form: scheme://user:password@host…?password=…&…. The user part ends at the last
  * '@' (an unencoded '@' or '/' inside a password must not end it early); from its first
  * ':' on it is the password. The values of secret query parameters (see
- * storage_uri_secret_value) are masked too. */
+ * storage_uri_secret_value) are masked too, and those of the fragment (a dashboard link,
+ * http://HOST/#token=…, given as a storage URL). */
 static void redact_uri(FILE *out, const char *url, secret_put put) {
   const char *auth = strstr(url, "://") + 3;
   const char *at = strrchr(auth, '@');
@@ -220,7 +224,7 @@ static void redact_uri(FILE *out, const char *url, secret_put put) {
     s = at;
   }
   while (*s) {
-    bool param_start = s > url && (s[-1] == '?' || s[-1] == '&');
+    bool param_start = s > url && (s[-1] == '?' || s[-1] == '&' || s[-1] == '#');
     size_t len = 0;
     const char *value = param_start ? storage_uri_secret_value(s, &len) : NULL;
     if (value) {
