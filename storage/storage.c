@@ -10,6 +10,7 @@
 
 #include <ctype.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -478,15 +479,15 @@ int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_er
                     "list experiments");
 }
 
+static int check_experiment_status(const char *status, nas_err *err) {
+  for (size_t i = 0; status && i < STORAGE_EXPERIMENT_STATUS_COUNT; i++)
+    if (strcmp(status, storage_experiment_statuses[i]) == 0) return NAS_OK;
+  return nas_errf(err, "'%s' is not running, finished or stopped", status ? status : "(null)");
+}
+
 int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err) {
-  bool known = false;
-  for (size_t i = 0; status && i < STORAGE_EXPERIMENT_STATUS_COUNT; i++) {
-    known |= strcmp(status, storage_experiment_statuses[i]) == 0;
-  }
-  if (!known) {
-    return nas_errf(err, "set status of experiment %" PRId64 ": '%s' is not running, finished "
-                    "or stopped", id, status ? status : "(null)");
-  }
+  if (check_experiment_status(status, err) != NAS_OK)
+    return nas_err_prefix(err, "set status of experiment %" PRId64, id);
   return in_context(st, st->backend->experiment_set_status(st->conn, id, status, err), err,
                     "set status of experiment %" PRId64, id);
 }
@@ -498,14 +499,19 @@ int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, 
   return in_context(st, rc, err, "set spec of experiment %" PRId64, id);
 }
 
-/* Observation i names a metric and has a step >= 0 or METRIC_FINAL. */
-static int check_observation(size_t i, const char *name, int64_t step, nas_err *err) {
+/* Observation i names a metric and has a step >= 0 or METRIC_FINAL, and a finite time
+ * (SQLite cannot store a NaN one, which PostgreSQL would). */
+static int check_observation(size_t i, const char *name, int64_t step, double time,
+                             nas_err *err) {
   if (!name || !name[0]) return nas_errf(err, "observation %zu has no name", i);
   if (check_text(name, err, "observation %zu's name is", i) != NAS_OK) return NAS_ERR;
   if (step < 0 && step != METRIC_FINAL) {
     return nas_errf(err, "observation %zu (%s) has step %" PRId64 "; steps are >= 0, or "
                     "METRIC_FINAL for a final value", i, name, step);
   }
+  if (!isfinite(time))
+    return nas_errf(err, "observation %zu (%s) has time %g; times are finite Unix seconds", i,
+                    name, time);
   return NAS_OK;
 }
 
@@ -555,7 +561,7 @@ static int image_check(const storage_experiment_image *img, nas_err *err) {
     return nas_errf(err, "the experiment lacks its name, spec, run root or status");
   if (nas_check_experiment_name(e->name, err) != NAS_OK) return NAS_ERR;
   int rc = check_experiment_texts(e->spec_text, e->spec_path, e->run_root, err);
-  if (rc == NAS_OK) rc = check_text(e->status, err, "its status is");
+  if (rc == NAS_OK) rc = check_experiment_status(e->status, err);
   for (size_t i = 0; rc == NAS_OK && i < img->n_trials; i++) {
     const trial_row *t = &img->trials[i];
     if (!t->params_json) return nas_errf(err, "trial %zu has no parameters", i);
@@ -566,7 +572,8 @@ static int image_check(const storage_experiment_image *img, nas_err *err) {
   }
   if (rc != NAS_OK) return rc;
   for (size_t i = 0; i < img->n_metrics; i++)
-    if (check_observation(i, img->metrics[i].name, img->metrics[i].step, err) != NAS_OK)
+    if (check_observation(i, img->metrics[i].name, img->metrics[i].step, img->metrics[i].time,
+                          err) != NAS_OK)
       return NAS_ERR;
   return NAS_OK;
 }
@@ -675,7 +682,8 @@ int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size
 
 static int check_observations(const metric_obs *obs, size_t n, nas_err *err) {
   for (size_t i = 0; i < n; i++)
-    if (check_observation(i, obs[i].name, obs[i].step, err) != NAS_OK) return NAS_ERR;
+    if (check_observation(i, obs[i].name, obs[i].step, obs[i].time, err) != NAS_OK)
+      return NAS_ERR;
   return NAS_OK;
 }
 

@@ -1288,6 +1288,37 @@ static void experiment_import_with_a_taken_name_stores_nothing(void **state) {
   image_free(&src);
 }
 
+/* What storage would keep differently per backend, or not at all, is refused alike before
+ * anything is stored: an experiment status other than running, finished or stopped (as
+ * storage_experiment_set_status refuses), an observation time that is not a finite Unix
+ * time (SQLite failed on it, PostgreSQL stored NaN). */
+static void import_with_an_unknown_status_or_a_time_that_is_not_finite_stores_nothing(
+    void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  nas_err err = {{0}};
+  int64_t id = -1;
+  free(src.rows.exp.status);
+  src.rows.exp.status = strdup("bogus");
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
+  assert_contains(err.msg, "'bogus' is not running, finished or stopped");
+  free(src.rows.exp.status);
+  src.rows.exp.status = strdup("finished");
+  src.rows.metrics[0].time = NAN;
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
+  assert_contains(err.msg, "has time nan");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "1");
+  image_free(&src);
+  trial_row t = make_running_trial(f);
+  metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, INFINITY}};
+  assert_int_equal(storage_metrics_add(f->st, t.id, obs, 2, 5, &err), NAS_ERR);
+  assert_contains(err.msg, "observation 1 (loss) has time inf");
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  trial_row_clear(&t);
+}
+
 /* ---- persistence and concurrency ------------------------------------------------------ */
 
 static void reopening_keeps_everything(void **state) {
@@ -3002,6 +3033,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing),
       FIXTURE_TEST(experiment_import_stores_every_field_of_trials_and_metrics),
       FIXTURE_TEST(experiment_import_with_a_taken_name_stores_nothing),
+      FIXTURE_TEST(import_with_an_unknown_status_or_a_time_that_is_not_finite_stores_nothing),
       FIXTURE_TEST(names_that_are_not_folder_names_are_never_stored),
       FIXTURE_TEST(text_that_is_not_utf8_is_refused_naming_it_and_stores_nothing),
       FIXTURE_TEST(trial_error_that_is_not_utf8_is_stored_with_its_bad_bytes_replaced),
