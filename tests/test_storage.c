@@ -2685,6 +2685,26 @@ static void postgresql_connections_notice_a_vanished_server_within_the_retry_bud
   free(url);
 }
 
+/* A connection that may only read (a hot standby, a role granted SELECT alone, or as here
+ * default_transaction_read_only) opens the storage and reads it: letting old receipts go at
+ * open is housekeeping, not a reason to refuse it. Only its writes fail. */
+static void postgresql_read_only_connections_open_and_read(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_full_experiment(f, "seen");
+  char *url = nas_asprintf("%s%%20-cdefault_transaction_read_only%%3Don", f->url);
+  storage *st = open_or_fail(url);
+  experiment_row e;
+  CHECK(storage_experiment_get(st, "seen", &e, err));
+  assert_int_equal(e.id, exp);
+  experiment_row_clear(&e);
+  nas_err err = {{0}};
+  int64_t id = -1;
+  assert_int_equal(storage_experiment_create(st, "new", "x", "/x", "/r", &id, &err), NAS_ERR);
+  assert_contains(err.msg, "read-only");
+  storage_close(st);
+  free(url);
+}
+
 /* Stores a receipt written `age` seconds ago, as the server's clock reckons. */
 static void pg_receipt_aged(const fixture *f, const char *token, int64_t result, double age) {
   char *insert = nas_asprintf("INSERT INTO write_receipts (token, result, done, at)"
@@ -3130,6 +3150,7 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_experiment_delete_takes_a_metric_that_lands_meanwhile),
       FIXTURE_TEST(postgresql_receipts_older_than_a_day_go_while_the_storage_stays_open),
       FIXTURE_TEST(postgresql_connections_notice_a_vanished_server_within_the_retry_budget),
+      FIXTURE_TEST(postgresql_read_only_connections_open_and_read),
   };
   int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,
