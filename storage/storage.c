@@ -622,7 +622,8 @@ int storage_trial_claim(storage *st, int64_t experiment_id, const char *worker, 
     return nas_errf(err, "claim a trial of experiment %" PRId64 ": no worker name", experiment_id);
   }
   int rc = check_text(worker, err, "the worker's name is");
-  if (rc == NAS_OK) rc = st->backend->trial_claim(st->conn, experiment_id, worker, nas_now(), out, err);
+  if (rc == NAS_OK)
+    rc = st->backend->trial_claim(st->conn, experiment_id, worker, nas_now(), out, err);
   return in_context(st, rc, err, "claim a trial of experiment %" PRId64 " for %s", experiment_id,
                     worker);
 }

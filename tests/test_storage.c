@@ -2120,6 +2120,31 @@ static void sqlite_receipts_survive_the_upgrade_to_their_own_btree(void **state)
   trial_row_clear(&t);
 }
 
+/* Rows stored before text had to be UTF-8 (a run root in a folder named in Latin-1, a
+ * trial's error quoting such a path) are still served, their bad bytes as U+FFFD: one such
+ * row made every listing that held it fail, as "out of memory". */
+static void rows_stored_with_bytes_that_are_not_utf8_are_still_served(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_full_experiment(f, "old");
+  char *sql = nas_asprintf("UPDATE experiments SET run_root = CAST(X'2F636166E9' AS TEXT);"
+                           "UPDATE trials SET error = CAST(X'62E92E' AS TEXT)"
+                           " WHERE experiment_id = %" PRId64, exp);
+  f->ctx->backend->raw_exec(f->ctx, f->url, sql);
+  free(sql);
+  int rc;
+  json_t *reply = rpc_call(f, "experiment_list", NULL, json_object(), &rc);
+  assert_int_equal(rc, NAS_OK);
+  json_t *row = json_array_get(json_object_get(reply, "experiments"), 0);
+  assert_string_equal(json_string_value(json_object_get(row, "run_root")), "/caf\xef\xbf\xbd");
+  json_decref(reply);
+  reply = rpc_call(f, "trial_list", NULL, json_pack("{s:I}", "experiment_id", (json_int_t)exp),
+                   &rc);
+  assert_int_equal(rc, NAS_OK);
+  row = json_array_get(json_object_get(reply, "trials"), 1);
+  assert_string_equal(json_string_value(json_object_get(row, "error")), "b\xef\xbf\xbd.");
+  json_decref(reply);
+}
+
 /* Group commit (storage_group_begin): a write failing half-way inside a group is rolled
  * back alone, the writes before and after it commit together, keys included. */
 static void write_failing_midway_in_a_group_fails_alone(void **state) {
@@ -3100,6 +3125,7 @@ static int run_sqlite_tests(void) {
       FIXTURE_TEST(keyed_report_commits_two_pages_more_than_an_unkeyed_one),
       FIXTURE_TEST(receipts_are_kept_a_day_and_then_let_go),
       FIXTURE_TEST(sqlite_receipts_survive_the_upgrade_to_their_own_btree),
+      FIXTURE_TEST(rows_stored_with_bytes_that_are_not_utf8_are_still_served),
       FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
       FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
       FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
