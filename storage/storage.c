@@ -175,7 +175,8 @@ static bool key_ends_in(const char *key, size_t len, const char *suffix) {
 }
 
 bool storage_key_is_secret(const char *key, size_t len) {
-  return key_ends_in(key, len, "password") || key_ends_in(key, len, "token");
+  return key_ends_in(key, len, "password") || key_ends_in(key, len, "token") ||
+         key_ends_in(key, len, "secret");
 }
 
 /* Whether a query parameter's key (len bytes, percent-encoded as libpq reads it) names a

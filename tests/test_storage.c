@@ -2959,6 +2959,9 @@ static void redacted_urls_hide_passwords_in_uri_form(void **state) {
   assert_redacted("postgresql://db/exp?password=50%off&user=nas",
                   "postgresql://db/exp?password=***&user=nas");
   assert_redacted("postgresql://db/exp?pass%7word=x", "postgresql://db/exp?pass%7word=***");
+  /* libpq 18's OAuth client secret too. */
+  assert_redacted("postgresql://db/exp?oauth_client_id=nas&oauth_client_secret=s3cret",
+                  "postgresql://db/exp?oauth_client_id=nas&oauth_client_secret=***");
   assert_redacted("postgresql:///exp?host=/run/pg", "postgresql:///exp?host=/run/pg");
   assert_redacted("sqlite:/tmp/pass:word@x.db", "sqlite:/tmp/pass:word@x.db");
   assert_redacted("sqlite:nas.db", "sqlite:nas.db");
