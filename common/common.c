@@ -3,7 +3,6 @@
 
 #include <errno.h>
 #include <fcntl.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,8 +10,20 @@
 #include <time.h>
 #include <unistd.h>
 
+/* Ends text, cut to fit its buffer, before a UTF-8 character the cut left incomplete: a
+ * message must stay UTF-8 to go out as JSON (a storage server's error replies). */
+static void drop_cut_char(char *text) {
+  size_t len = strlen(text), lead = len;
+  while (lead > 0 && len - lead < 3 && ((unsigned char)text[lead - 1] & 0xc0) == 0x80) lead--;
+  if (lead-- == 0) return;
+  unsigned char first = (unsigned char)text[lead];
+  size_t need = first >= 0xf0 ? 4 : first >= 0xe0 ? 3 : first >= 0xc0 ? 2 : 1;
+  if (len - lead < need) text[lead] = '\0';
+}
+
 static int errv(nas_err *err, int code, const char *fmt, va_list ap) {
-  if (err) vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+  if (err && vsnprintf(err->msg, sizeof err->msg, fmt, ap) >= (int)sizeof err->msg)
+    drop_cut_char(err->msg);
   return code;
 }
 
@@ -40,10 +51,13 @@ int nas_err_prefix(nas_err *err, const char *fmt, ...) {
   va_start(ap, fmt);
   int n = vsnprintf(joined, sizeof err->msg, fmt, ap);
   va_end(ap);
-  size_t used = n < 0 ? 0 : (size_t)n < sizeof err->msg ? (size_t)n : sizeof err->msg - 1;
+  if (n >= (int)sizeof err->msg) drop_cut_char(joined);
+  size_t used = n < 0 ? 0 : strlen(joined);
   snprintf(joined + used, sizeof joined - used, ": %s", err->msg);
+  bool cut = strlen(joined) >= sizeof err->msg;
   memcpy(err->msg, joined, sizeof err->msg - 1);
   err->msg[sizeof err->msg - 1] = '\0';
+  if (cut) drop_cut_char(err->msg);
   return NAS_ERR;
 }
 
@@ -64,11 +78,46 @@ void nas_sleep(double seconds) {
   }
 }
 
+/* The length of the well-formed UTF-8 character at s (RFC 3629, as jansson checks it), or 0
+ * when s does not begin one; never reads past a NUL. */
+static size_t utf8_char_len(const unsigned char *s) {
+  unsigned char first = s[0], low = 0x80, high = 0xbf; /* the second byte's range */
+  size_t len;
+  if (first < 0x80) return 1;
+  if (first >= 0xc2 && first <= 0xdf) len = 2;
+  else if (first >= 0xe0 && first <= 0xef) len = 3;
+  else if (first >= 0xf0 && first <= 0xf4) len = 4;
+  else return 0;
+  if (first == 0xe0) low = 0xa0;  /* overlong */
+  if (first == 0xed) high = 0x9f; /* surrogates */
+  if (first == 0xf0) low = 0x90;  /* overlong */
+  if (first == 0xf4) high = 0x8f; /* above U+10FFFF */
+  if (s[1] < low || s[1] > high) return 0;
+  for (size_t i = 2; i < len; i++)
+    if (s[i] < 0x80 || s[i] > 0xbf) return 0;
+  return len;
+}
+
 bool nas_is_utf8(const char *text) {
-  json_t *probe = json_string(text);
-  bool valid = probe != NULL;
-  json_decref(probe);
-  return valid;
+  const unsigned char *s = (const unsigned char *)text;
+  for (size_t len; *s; s += len)
+    if ((len = utf8_char_len(s)) == 0) return false;
+  return true;
+}
+
+char *nas_utf8_repaired(const char *text) {
+  static const char replacement[] = "\xef\xbf\xbd"; /* U+FFFD */
+  const unsigned char *s = (const unsigned char *)text;
+  char *out = malloc(3 * strlen(text) + 1), *end = out; /* each byte may become 3 */
+  if (!out) return NULL;
+  while (*s) {
+    size_t len = utf8_char_len(s);
+    memcpy(end, len ? (const char *)s : replacement, len ? len : 3);
+    end += len ? len : 3;
+    s += len ? len : 1;
+  }
+  *end = '\0';
+  return out;
 }
 
 int nas_open_regular(const char *path, int *fd, int64_t *size, nas_err *err) {

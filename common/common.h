@@ -43,6 +43,9 @@ void nas_sleep(double seconds);
 /* Whether text is well-formed UTF-8 (jansson's check: no overlong form, no surrogate,
  * nothing above U+10FFFF), as every name and message stored must be to go out as JSON. */
 bool nas_is_utf8(const char *text);
+/* text made well-formed UTF-8: each byte that does not begin a well-formed character is
+ * replaced by U+FFFD. Owned; NULL when out of memory. */
+char *nas_utf8_repaired(const char *text);
 /* Opens a log or data file to read that must be a regular file: a FIFO or a device put in
  * its place (by a trial, in its own run folder) would block the reader or never end. *fd
  * (O_CLOEXEC) and *size on NAS_OK; NAS_ENOTFOUND when it does not exist (err untouched). */

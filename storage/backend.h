@@ -110,7 +110,8 @@ extern const storage_backend storage_http_backend;
 int storage_retry_budget(double *seconds, nas_err *err);
 
 /* Whether a connection parameter named key (len bytes, decoded) holds a secret: password,
- * sslpassword, any name ending in "password" (case aside: masking too much is harmless). */
+ * sslpassword, any name ending in "password", in "token" (a dashboard link's token) or in
+ * "secret" (libpq 18's oauth_client_secret); case aside: masking too much is harmless. */
 bool storage_key_is_secret(const char *key, size_t len);
 /* For a URI query parameter starting at param (just past its '?' or '&'): when its
  * percent-decoded key is secret, its value as written (*len bytes, up to the next '&' or

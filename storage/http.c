@@ -261,7 +261,7 @@ static int url_check(const char *target, nas_err *err) {
   if (memchr(host, '@', authority))
     return nas_errf(err, "credentials do not go in the URL, which others can see: put the token "
                          "in NAS_TOKEN or in a file named by NAS_TOKEN_FILE");
-  if (host[authority] == '?' || host[authority] == '#')
+  if (strpbrk(host + authority, "?#"))
     return nas_errf(err, "a storage URL has no query or fragment");
   return NAS_OK;
 }

@@ -25,12 +25,24 @@
 #define PG_BACKOFF_FIRST_S 0.025
 #define PG_BACKOFF_MAX_S 1.0
 #define PG_CONNECT_TIMEOUT_S "5" /* libpq's connect_timeout, in seconds (docs/cli.md) */
+/* A server that vanishes without closing the connection (its machine off, the network
+ * cut) is noticed in about 25 s when the connection is idle (a keepalive after 10 s, then 3
+ * every 5 s), and in 30 s when data sent goes unacknowledged, instead of the kernel's two
+ * hours or some fifteen minutes: well within the default retry budget, which then
+ * reconnects. A server busy with a long statement still answers both at the TCP level. */
+#define PG_KEEPALIVES_IDLE_S "10"
+#define PG_KEEPALIVES_INTERVAL_S "5"
+#define PG_KEEPALIVES_COUNT "3"
+#define PG_TCP_USER_TIMEOUT_MS "30000"
 
 /* Connection settings placed before the URI, which may override them: a name to show in
- * pg_stat_activity, and a bound on each connection attempt (PG_CONNECT_TIMEOUT_S) so that
+ * pg_stat_activity, a bound on each connection attempt (PG_CONNECT_TIMEOUT_S) so that
  * a host that does not answer cannot take the whole retry budget in one go, nor keep a
- * person waiting on `nas status` long. */
+ * person waiting on `nas status` long, and the bounds above on a connection whose server
+ * vanished. */
 static const char *const connect_keys[] = {"fallback_application_name", "connect_timeout",
+                                           "keepalives_idle", "keepalives_interval",
+                                           "keepalives_count", "tcp_user_timeout",
                                            "dbname", NULL};
 
 /* ---- messages ---------------------------------------------------------------------------- */
@@ -156,7 +168,11 @@ static int connect_once(pg_conn *c, const char *const *values, PGconn **out, nas
  * may find the server accepting just after it refused us while it was starting, so the
  * refusal is final only when a second attempt meets it too. */
 static int conn_connect(pg_conn *c, nas_err *err) {
-  const char *values[] = {"nas", PG_CONNECT_TIMEOUT_S, c->uri, NULL};
+  /* libpq before 12 knows no tcp_user_timeout and would refuse it; a NULL value is skipped. */
+  const char *user_timeout = PQlibVersion() >= 120000 ? PG_TCP_USER_TIMEOUT_MS : NULL;
+  const char *values[] = {"nas", PG_CONNECT_TIMEOUT_S, PG_KEEPALIVES_IDLE_S,
+                          PG_KEEPALIVES_INTERVAL_S, PG_KEEPALIVES_COUNT, user_timeout,
+                          c->uri, NULL};
   PGconn *pg = NULL;
   int rc = connect_once(c, values, &pg, err);
   /* Without a budget there is no retry to decide on: the ping would only wait as long
@@ -348,7 +364,7 @@ int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *er
     rc = pg_params_set(&p, 1, err, "ti", tokens, result);
     if (rc == NAS_OK) {
       rc = pg_exec(c, NULL, err,
-                   "INSERT INTO write_receipts (token, result, done)"
+                   "WITH " PG_RECEIPTS_PRUNE_CTE " INSERT INTO write_receipts (token, result, done)"
                    " SELECT unnest($1::text[]), $2, true", &p);
     }
   }

@@ -92,6 +92,19 @@ int pg_tx_begin(pg_conn *c, nas_err *err);
  * the receipt or the commit. */
 int pg_tx_end(pg_conn *c, int rc, const char *token, int64_t result, nas_err *err);
 
+/* A common table expression, `pruned`, that every write with a receipt runs beside it: it
+ * lets go of a few receipts older than STORAGE_RECEIPT_KEEP_S (backend.h), so that a
+ * connection that stays open for days (a `nas serve`, a scheduler) keeps the table at a
+ * day's receipts, not only an open does. A write adds at most two receipts and may take
+ * up to eight old ones; SKIP LOCKED, so that concurrent writers never wait for each other's
+ * pruning. */
+#define PG_STRINGIFY(x) #x
+#define PG_NUMBER_TEXT(x) PG_STRINGIFY(x)
+#define PG_RECEIPTS_PRUNE_CTE                                                           \
+  "pruned AS (DELETE FROM write_receipts WHERE token IN (SELECT token FROM write_receipts" \
+  " WHERE at < extract(epoch FROM now()) - " PG_NUMBER_TEXT(STORAGE_RECEIPT_KEEP_S)      \
+  " ORDER BY at LIMIT 8 FOR UPDATE SKIP LOCKED))"
+
 /* The receipt tokens a try commits, as a text[] literal: its own token, and the armed
  * request key when there is one (keys are checked to hold only [A-Za-z0-9_-]). */
 #define PG_RECEIPT_TOKENS_LEN 160

@@ -96,11 +96,12 @@ static const char *const migrations[] = {
 #define SCHEMA_VERSION ((int64_t)(sizeof migrations / sizeof migrations[0]))
 
 
-/* The receipt of a single-statement write, as its last common table expression: $1 is the
- * array of tokens (pg_receipt_tokens), `rel` the rows it made or took (the receipt records
- * the id of one). */
+/* The receipt of a single-statement write, as its last common table expressions (old
+ * receipts pruned beside it): $1 is the array of tokens (pg_receipt_tokens), `rel` the rows
+ * it made or took (the receipt records the id of one). */
 #define RECEIPT_FROM(rel)                                                       \
-  "receipt AS (INSERT INTO write_receipts (token, result, done)"                \
+  PG_RECEIPTS_PRUNE_CTE ","                                                     \
+  " receipt AS (INSERT INTO write_receipts (token, result, done)"               \
   " SELECT tokens.token, id, true FROM " rel ", unnest($1::text[]) AS tokens (token))"
 
 /* ---- rows ------------------------------------------------------------------------------ */
@@ -397,17 +398,20 @@ static int prepare_schema(pg_conn *c, nas_err *err) {
   return pg_run(c, &migrate, NULL, err);
 }
 
-/* Receipts outlive any retry that could look them up by far; old ones go at each open. */
-static int receipts_prune(pg_conn *c, nas_err *err) {
+/* Receipts outlive any retry that could look them up by far; old ones go at each open (all
+ * of them) and beside each write with a receipt (a few: PG_RECEIPTS_PRUNE_CTE). Pruning
+ * at open is housekeeping, so its failure is let pass: a connection that may only read (a
+ * hot standby, a role granted SELECT alone) cannot delete, and still opens to read. */
+static void receipts_prune(pg_conn *c) {
   void *rows = NULL;
   size_t n = 0;
-  int rc = query_rows(c, &id_kind, &rows, &n, err,
-                      "WITH pruned AS (DELETE FROM write_receipts"
-                      "   WHERE at < extract(epoch FROM now()) - $1)"
-                      " SELECT 0",
-                      "i", (int64_t)STORAGE_RECEIPT_KEEP_S);
-  free(rows);
-  return rc;
+  nas_err ignored;
+  if (query_rows(c, &id_kind, &rows, &n, &ignored,
+                 "WITH pruned AS (DELETE FROM write_receipts"
+                 "   WHERE at < extract(epoch FROM now()) - $1)"
+                 " SELECT 0",
+                 "i", (int64_t)STORAGE_RECEIPT_KEEP_S) == NAS_OK)
+    free(rows);
 }
 
 static void postgres_close(void *conn) { pg_conn_close(conn); }
@@ -416,7 +420,7 @@ static int postgres_open(const char *target, unsigned flags, void **conn, nas_er
   pg_conn *c = NULL;
   int rc = pg_conn_open(target, flags & STORAGE_CONNECT_ONCE, &c, err);
   if (rc == NAS_OK) rc = prepare_schema(c, err);
-  if (rc == NAS_OK) rc = receipts_prune(c, err);
+  if (rc == NAS_OK) receipts_prune(c);
   if (rc != NAS_OK) {
     pg_conn_close(c);
     return rc;

@@ -81,16 +81,29 @@ void rows_json_strdup(rows_json_reader *r, const char *key, bool nullable, char 
   if (text && !*out) r->rc = nas_errf(r->err, "out of memory");
 }
 
+/* Stored text as a JSON string. Text stored before storage refused what is not UTF-8
+ * (storage.h) goes out with each bad byte as U+FFFD, rather than failing the whole answer
+ * that holds its row. NULL when out of memory. */
+static json_t *text_json(const char *text) {
+  json_t *value = json_string(text);
+  if (value || !text) return value;
+  char *repaired = nas_utf8_repaired(text);
+  value = repaired ? json_string(repaired) : NULL;
+  free(repaired);
+  return value;
+}
+
 /* A string that may be NULL, as JSON. */
-static json_t *text_or_null(const char *text) { return text ? json_string(text) : json_null(); }
+static json_t *text_or_null(const char *text) { return text ? text_json(text) : json_null(); }
 
 /* ---- rows ---------------------------------------------------------------------------------- */
 
 static json_t *experiment_to_json(const void *row) {
   const experiment_row *e = row;
-  return json_pack("{s:I, s:s, s:s, s:s, s:s, s:s, s:o}", "id", (json_int_t)e->id, "name",
-                   e->name, "spec_text", e->spec_text, "spec_path", e->spec_path, "run_root",
-                   e->run_root, "status", e->status, "created_at",
+  return json_pack("{s:I, s:o, s:o, s:o, s:o, s:o, s:o}", "id", (json_int_t)e->id, "name",
+                   text_json(e->name), "spec_text", text_json(e->spec_text), "spec_path",
+                   text_json(e->spec_path), "run_root", text_json(e->run_root), "status",
+                   text_json(e->status), "created_at",
                    rows_json_double(e->created_at));
 }
 
@@ -117,9 +130,9 @@ const rows_json_kind rows_json_experiment = {sizeof(experiment_row), experiment_
 static json_t *trial_to_json(const void *row) {
   const trial_row *t = row;
   return json_pack(
-      "{s:I, s:I, s:i, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:o, s:i}", "id",
+      "{s:I, s:I, s:i, s:s, s:o, s:i, s:o, s:o, s:o, s:o, s:o, s:o, s:I, s:o, s:o, s:i}", "id",
       (json_int_t)t->id, "experiment_id", (json_int_t)t->experiment_id, "number", t->number,
-      "status", trial_status_name(t->status), "params_json", t->params_json, "attempts",
+      "status", trial_status_name(t->status), "params_json", text_json(t->params_json), "attempts",
       t->attempts, "created_at", rows_json_double(t->created_at), "started_at",
       rows_json_double(t->started_at), "finished_at", rows_json_double(t->finished_at),
       "job_id", text_or_null(t->job_id), "exit_code",
@@ -165,8 +178,9 @@ const rows_json_kind rows_json_trial = {sizeof(trial_row), trial_to_json, trial_
 
 static json_t *metric_to_json(const void *row) {
   const metric_row *m = row;
-  return json_pack("{s:I, s:I, s:s, s:I, s:o, s:o}", "id", (json_int_t)m->id, "trial_id",
-                   (json_int_t)m->trial_id, "name", m->name, "step", (json_int_t)m->step,
+  return json_pack("{s:I, s:I, s:o, s:I, s:o, s:o}", "id", (json_int_t)m->id, "trial_id",
+                   (json_int_t)m->trial_id, "name", text_json(m->name), "step",
+                   (json_int_t)m->step,
                    "value", rows_json_double(m->value), "time", rows_json_double(m->time));
 }
 
@@ -195,7 +209,8 @@ const rows_json_kind rows_json_metric = {sizeof(metric_row), metric_to_json, met
 
 static json_t *lease_to_json(const void *row) {
   const storage_lease *l = row;
-  return json_pack("{s:s, s:s, s:I, s:o, s:o}", "token", l->token, "host", l->host, "pid",
+  return json_pack("{s:o, s:o, s:I, s:o, s:o}", "token", text_json(l->token), "host",
+                   text_json(l->host), "pid",
                    (json_int_t)l->pid, "started_at", rows_json_double(l->started_at),
                    "heartbeat_at", rows_json_double(l->heartbeat_at));
 }

@@ -10,6 +10,7 @@
 
 #include <ctype.h>
 #include <inttypes.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -168,10 +169,14 @@ static void secret_put_starred(FILE *out, size_t len) {
   for (size_t i = 0; i < len; i++) fputc('*', out);
 }
 
-bool storage_key_is_secret(const char *key, size_t len) {
-  static const char suffix[] = "password";
-  size_t suffix_len = sizeof suffix - 1;
+static bool key_ends_in(const char *key, size_t len, const char *suffix) {
+  size_t suffix_len = strlen(suffix);
   return len >= suffix_len && strncasecmp(key + len - suffix_len, suffix, suffix_len) == 0;
+}
+
+bool storage_key_is_secret(const char *key, size_t len) {
+  return key_ends_in(key, len, "password") || key_ends_in(key, len, "token") ||
+         key_ends_in(key, len, "secret");
 }
 
 /* Whether a query parameter's key (len bytes, percent-encoded as libpq reads it) names a
@@ -208,7 +213,8 @@ const char *storage_uri_secret_value(const char *param, size_t *len) {
 /* URI form: scheme://user:password@host…?password=…&…. The user part ends at the last
  * '@' (an unencoded '@' or '/' inside a password must not end it early); from its first
  * ':' on it is the password. The values of secret query parameters (see
- * storage_uri_secret_value) are masked too. */
+ * storage_uri_secret_value) are masked too, and those of the fragment (a dashboard link,
+ * http://HOST/#token=…, given as a storage URL). */
 static void redact_uri(FILE *out, const char *url, secret_put put) {
   const char *auth = strstr(url, "://") + 3;
   const char *at = strrchr(auth, '@');
@@ -220,7 +226,7 @@ static void redact_uri(FILE *out, const char *url, secret_put put) {
     s = at;
   }
   while (*s) {
-    bool param_start = s > url && (s[-1] == '?' || s[-1] == '&');
+    bool param_start = s > url && (s[-1] == '?' || s[-1] == '&' || s[-1] == '#');
     size_t len = 0;
     const char *value = param_start ? storage_uri_secret_value(s, &len) : NULL;
     if (value) {
@@ -422,6 +428,30 @@ static int in_context(const storage *st, int rc, nas_err *err, const char *fmt, 
   return rc;
 }
 
+/* Text is stored only as well-formed UTF-8: PostgreSQL refuses other bytes, and every row
+ * goes out as JSON (the storage RPC, exports, the dashboard), which cannot carry them; one
+ * such row stored would fail every listing that holds it. NULL passes. what_fmt names the
+ * text ("spec path is"). */
+static int check_text(const char *text, nas_err *err, const char *what_fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int check_text(const char *text, nas_err *err, const char *what_fmt, ...) {
+  if (!text || nas_is_utf8(text)) return NAS_OK;
+  char what[128];
+  va_list ap;
+  va_start(ap, what_fmt);
+  vsnprintf(what, sizeof what, what_fmt, ap);
+  va_end(ap);
+  return nas_errf(err, "%s not valid UTF-8", what);
+}
+
+static int check_experiment_texts(const char *spec_text, const char *spec_path,
+                                  const char *run_root, nas_err *err) {
+  int rc = check_text(spec_text, err, "its spec text is");
+  if (rc == NAS_OK) rc = check_text(spec_path, err, "its spec path is");
+  if (rc == NAS_OK) rc = check_text(run_root, err, "its run root is");
+  return rc;
+}
+
 int storage_experiment_create(storage *st, const char *name, const char *spec_text,
                               const char *spec_path, const char *run_root, int64_t *id,
                               nas_err *err) {
@@ -432,8 +462,10 @@ int storage_experiment_create(storage *st, const char *name, const char *spec_te
     return nas_errf(err, "create experiment '%s': spec text, spec path and run root are required",
                     name);
   }
-  int rc = st->backend->experiment_create(st->conn, name, spec_text, spec_path, run_root,
-                                          nas_now(), id, err);
+  int rc = check_experiment_texts(spec_text, spec_path, run_root, err);
+  if (rc == NAS_OK)
+    rc = st->backend->experiment_create(st->conn, name, spec_text, spec_path, run_root,
+                                        nas_now(), id, err);
   return in_context(st, rc, err, "create experiment '%s'", name);
 }
 
@@ -448,32 +480,39 @@ int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_er
                     "list experiments");
 }
 
+static int check_experiment_status(const char *status, nas_err *err) {
+  for (size_t i = 0; status && i < STORAGE_EXPERIMENT_STATUS_COUNT; i++)
+    if (strcmp(status, storage_experiment_statuses[i]) == 0) return NAS_OK;
+  return nas_errf(err, "'%s' is not running, finished or stopped", status ? status : "(null)");
+}
+
 int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err) {
-  bool known = false;
-  for (size_t i = 0; status && i < STORAGE_EXPERIMENT_STATUS_COUNT; i++) {
-    known |= strcmp(status, storage_experiment_statuses[i]) == 0;
-  }
-  if (!known) {
-    return nas_errf(err, "set status of experiment %" PRId64 ": '%s' is not running, finished "
-                    "or stopped", id, status ? status : "(null)");
-  }
+  if (check_experiment_status(status, err) != NAS_OK)
+    return nas_err_prefix(err, "set status of experiment %" PRId64, id);
   return in_context(st, st->backend->experiment_set_status(st->conn, id, status, err), err,
                     "set status of experiment %" PRId64, id);
 }
 
 int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, nas_err *err) {
   if (!spec_text) return nas_errf(err, "set spec of experiment %" PRId64 ": no text", id);
-  return in_context(st, st->backend->experiment_set_spec(st->conn, id, spec_text, err), err,
-                    "set spec of experiment %" PRId64, id);
+  int rc = check_text(spec_text, err, "its spec text is");
+  if (rc == NAS_OK) rc = st->backend->experiment_set_spec(st->conn, id, spec_text, err);
+  return in_context(st, rc, err, "set spec of experiment %" PRId64, id);
 }
 
-/* Observation i names a metric and has a step >= 0 or METRIC_FINAL. */
-static int check_observation(size_t i, const char *name, int64_t step, nas_err *err) {
+/* Observation i names a metric and has a step >= 0 or METRIC_FINAL, and a finite time
+ * (SQLite cannot store a NaN one, which PostgreSQL would). */
+static int check_observation(size_t i, const char *name, int64_t step, double time,
+                             nas_err *err) {
   if (!name || !name[0]) return nas_errf(err, "observation %zu has no name", i);
+  if (check_text(name, err, "observation %zu's name is", i) != NAS_OK) return NAS_ERR;
   if (step < 0 && step != METRIC_FINAL) {
     return nas_errf(err, "observation %zu (%s) has step %" PRId64 "; steps are >= 0, or "
                     "METRIC_FINAL for a final value", i, name, step);
   }
+  if (!isfinite(time))
+    return nas_errf(err, "observation %zu (%s) has time %g; times are finite Unix seconds", i,
+                    name, time);
   return NAS_OK;
 }
 
@@ -488,8 +527,9 @@ int storage_experiment_rename(storage *st, int64_t id, const char *new_name,
     return nas_errf(err, "rename experiment %" PRId64 ": no new name or spec text", id);
   if (nas_check_experiment_name(new_name, err) != NAS_OK)
     return nas_err_prefix(err, "rename experiment %" PRId64, id);
-  return in_context(st, st->backend->experiment_rename(st->conn, id, new_name, spec_text, err), err,
-                    "rename experiment %" PRId64 " to '%s'", id, new_name);
+  int rc = check_text(spec_text, err, "its spec text is");
+  if (rc == NAS_OK) rc = st->backend->experiment_rename(st->conn, id, new_name, spec_text, err);
+  return in_context(st, rc, err, "rename experiment %" PRId64 " to '%s'", id, new_name);
 }
 
 /* The index into img->trials of each metric's trial (owned), or an error naming the first
@@ -509,15 +549,32 @@ static int image_metric_trials(const storage_experiment_image *img, size_t *inde
   return NAS_OK;
 }
 
+static int check_trial_texts(const char *params_json, const char *reference_json,
+                             nas_err *err) {
+  int rc = check_text(params_json, err, "its parameters are");
+  if (rc == NAS_OK) rc = check_text(reference_json, err, "its reference point is");
+  return rc;
+}
+
 static int image_check(const storage_experiment_image *img, nas_err *err) {
   const experiment_row *e = img->exp;
   if (!e || !e->name || !e->spec_text || !e->spec_path || !e->run_root || !e->status)
     return nas_errf(err, "the experiment lacks its name, spec, run root or status");
   if (nas_check_experiment_name(e->name, err) != NAS_OK) return NAS_ERR;
-  for (size_t i = 0; i < img->n_trials; i++)
-    if (!img->trials[i].params_json) return nas_errf(err, "trial %zu has no parameters", i);
+  int rc = check_experiment_texts(e->spec_text, e->spec_path, e->run_root, err);
+  if (rc == NAS_OK) rc = check_experiment_status(e->status, err);
+  for (size_t i = 0; rc == NAS_OK && i < img->n_trials; i++) {
+    const trial_row *t = &img->trials[i];
+    if (!t->params_json) return nas_errf(err, "trial %zu has no parameters", i);
+    rc = check_trial_texts(t->params_json, t->reference_json, err);
+    if (rc == NAS_OK) rc = check_text(t->job_id, err, "its job id is");
+    if (rc == NAS_OK) rc = check_text(t->error, err, "its error is");
+    if (rc != NAS_OK) return nas_err_prefix(err, "trial %zu", i);
+  }
+  if (rc != NAS_OK) return rc;
   for (size_t i = 0; i < img->n_metrics; i++)
-    if (check_observation(i, img->metrics[i].name, img->metrics[i].step, err) != NAS_OK)
+    if (check_observation(i, img->metrics[i].name, img->metrics[i].step, img->metrics[i].time,
+                          err) != NAS_OK)
       return NAS_ERR;
   return NAS_OK;
 }
@@ -546,15 +603,18 @@ int storage_trial_create(storage *st, int64_t experiment_id, const char *params_
   if (!params_json) {
     return nas_errf(err, "create trial in experiment %" PRId64 ": no parameters", experiment_id);
   }
-  int rc = st->backend->trial_create(st->conn, experiment_id, params_json, reference_json,
-                                     nas_now(), out, err);
+  int rc = check_trial_texts(params_json, reference_json, err);
+  if (rc == NAS_OK)
+    rc = st->backend->trial_create(st->conn, experiment_id, params_json, reference_json,
+                                   nas_now(), out, err);
   return in_context(st, rc, err, "create trial in experiment %" PRId64, experiment_id);
 }
 
 int storage_trial_start(storage *st, int64_t trial_id, const char *job_id, nas_err *err) {
   if (!job_id) return nas_errf(err, "start trial %" PRId64 ": no job id", trial_id);
-  return in_context(st, st->backend->trial_start(st->conn, trial_id, job_id, nas_now(), err), err,
-                    "start trial %" PRId64, trial_id);
+  int rc = check_text(job_id, err, "its job id is");
+  if (rc == NAS_OK) rc = st->backend->trial_start(st->conn, trial_id, job_id, nas_now(), err);
+  return in_context(st, rc, err, "start trial %" PRId64, trial_id);
 }
 
 int storage_trial_claim(storage *st, int64_t experiment_id, const char *worker, trial_row *out,
@@ -562,7 +622,9 @@ int storage_trial_claim(storage *st, int64_t experiment_id, const char *worker, 
   if (!worker || !worker[0]) {
     return nas_errf(err, "claim a trial of experiment %" PRId64 ": no worker name", experiment_id);
   }
-  int rc = st->backend->trial_claim(st->conn, experiment_id, worker, nas_now(), out, err);
+  int rc = check_text(worker, err, "the worker's name is");
+  if (rc == NAS_OK)
+    rc = st->backend->trial_claim(st->conn, experiment_id, worker, nas_now(), out, err);
   return in_context(st, rc, err, "claim a trial of experiment %" PRId64 " for %s", experiment_id,
                     worker);
 }
@@ -578,8 +640,17 @@ int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
     return nas_errf(err, "finish trial %" PRId64 ": %s is not a final status", trial_id,
                     trial_status_name(status));
   }
+  /* The error comes from whatever ended the trial (a runner's output, a path): its outcome is
+   * stored whatever bytes that holds, made UTF-8 (check_text says why). */
+  char *repaired = NULL;
+  if (error && !nas_is_utf8(error)) {
+    if (!(repaired = nas_utf8_repaired(error)))
+      return nas_errf(err, "finish trial %" PRId64 ": out of memory", trial_id);
+    error = repaired;
+  }
   int rc = st->backend->trial_finish(st->conn, trial_id, status, has_exit_code, exit_code, error,
                                      nas_now(), err);
+  free(repaired);
   return in_context(st, rc, err, "finish trial %" PRId64 " as %s", trial_id,
                     trial_status_name(status));
 }
@@ -613,7 +684,8 @@ int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size
 
 static int check_observations(const metric_obs *obs, size_t n, nas_err *err) {
   for (size_t i = 0; i < n; i++)
-    if (check_observation(i, obs[i].name, obs[i].step, err) != NAS_OK) return NAS_ERR;
+    if (check_observation(i, obs[i].name, obs[i].step, obs[i].time, err) != NAS_OK)
+      return NAS_ERR;
   return NAS_OK;
 }
 
@@ -643,8 +715,12 @@ int storage_lease_take(storage *st, int64_t experiment_id, const char *token, co
   if (!token || !token[0] || !host) {
     return nas_errf(err, "take the lease of experiment %" PRId64 ": no holder", experiment_id);
   }
-  int rc = st->backend->lease_take(st->conn, experiment_id, token, host, pid, replaces,
-                                   nas_now(), err);
+  int rc = check_text(token, err, "the holder's token is");
+  if (rc == NAS_OK) rc = check_text(host, err, "the holder's host name is");
+  if (rc == NAS_OK) rc = check_text(replaces, err, "the token it replaces is");
+  if (rc == NAS_OK)
+    rc = st->backend->lease_take(st->conn, experiment_id, token, host, pid, replaces, nas_now(),
+                                 err);
   return in_context(st, rc, err, "take the lease of experiment %" PRId64, experiment_id);
 }
 

@@ -14,6 +14,11 @@
  * storage at once (the scheduler, workers claiming trials, trials reporting with
  * `nas report`), on one machine (SQLite) or many (PostgreSQL).
  *
+ * Text is stored as UTF-8 only (PostgreSQL refuses other bytes, and rows go out as JSON):
+ * a write whose text is not well-formed UTF-8 is refused naming that text, except a trial's
+ * error, which is stored with each bad byte replaced by U+FFFD, so that an outcome is
+ * never lost to the bytes of what ended the trial.
+ *
  * A schema older than the binary's is migrated on open (in one transaction, with a line
  * on stderr when an existing storage is upgraded); a newer one is refused.
  *
@@ -22,7 +27,9 @@
  * default 30, 0 = no retries), the first connection included unless opened with
  * STORAGE_CONNECT_ONCE. Each connection attempt waits at most connect_timeout seconds for
  * the server (5 unless the URL sets it), so a server that does not answer costs one
- * attempt that long, not the whole budget. An operation then either
+ * attempt that long, not the whole budget; a server that vanishes mid-operation without
+ * closing the connection is noticed by TCP keepalives and a TCP user timeout (pg_conn.c)
+ * in about 25 s, and counts as a lost connection. An operation then either
  * happened exactly once or returned an error: writes that are not idempotent commit a
  * receipt in the same transaction as the write, and after a connection lost while the
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the

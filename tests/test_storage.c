@@ -11,6 +11,7 @@
 
 #include <inttypes.h>
 #include <math.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -1192,6 +1193,49 @@ static void names_that_are_not_folder_names_are_never_stored(void **state) {
   raw_text_is(f, "SELECT count(*) FROM experiments", "1");
 }
 
+/* Stored text is UTF-8 on every backend: PostgreSQL refuses other bytes, and rows travel as
+ * JSON (the storage RPC, exports), which cannot carry them. A run root in a folder named in
+ * Latin-1 is refused naming what holds the bytes, not stored to break every later listing
+ * through a server (nor refused as "out of memory"). */
+static void text_that_is_not_utf8_is_refused_naming_it_and_stores_nothing(void **state) {
+  fixture *f = *state;
+  nas_err err = {{0}};
+  int64_t id = -1;
+  assert_int_equal(storage_experiment_create(f->st, "latin", "x", "/caf\xe9/x.yaml",
+                                             "/caf\xe9/runs", &id, &err), NAS_ERR);
+  assert_contains(err.msg, "spec path is not valid UTF-8");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "0");
+  trial_row t = make_running_trial(f);
+  trial_row made;
+  assert_int_equal(storage_trial_create(f->st, t.experiment_id, "{\"x\": \"\xff\"}", NULL, &made,
+                                        &err), NAS_ERR);
+  assert_contains(err.msg, "parameters are not valid UTF-8");
+  metric_obs obs[] = {{"loss", 0, 1, 1}, {"lo\xffss", 1, 2, 2}};
+  assert_int_equal(storage_metrics_add(f->st, t.id, obs, 2, 7, &err), NAS_ERR);
+  assert_contains(err.msg, "observation 1's name is not valid UTF-8");
+  assert_int_equal(storage_experiment_set_spec(f->st, t.experiment_id, "name: \xc3", &err), NAS_ERR);
+  assert_contains(err.msg, "spec text is not valid UTF-8");
+  assert_int_equal(trial_count(f, t.experiment_id), 1);
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  trial_row_clear(&t);
+}
+
+/* A trial's error comes from what ended it (a runner's output, a path): its outcome is
+ * stored whatever bytes that holds, each one that is not UTF-8 replaced by U+FFFD. */
+static void trial_error_that_is_not_utf8_is_stored_with_its_bad_bytes_replaced(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_FAILED, true, 1,
+                             "cannot write /caf\xe9/x: \xe2\x82 no space \xe2\x82\xac", err));
+  trial_row got;
+  CHECK(storage_trial_get(f->st, t.id, &got, err));
+  assert_int_equal(got.status, TRIAL_FAILED);
+  assert_string_equal(got.error, "cannot write /caf\xef\xbf\xbd/x: \xef\xbf\xbd\xef\xbf\xbd no "
+                                 "space \xe2\x82\xac");
+  trial_row_clear(&got);
+  trial_row_clear(&t);
+}
+
 static void experiment_import_stores_every_field_of_trials_and_metrics(void **state) {
   fixture *f = *state;
   make_full_experiment(f, "src");
@@ -1242,6 +1286,37 @@ static void experiment_import_with_a_taken_name_stores_nothing(void **state) {
   assert_contains(err.msg, "9999");
   raw_text_is(f, "SELECT count(*) FROM experiments", "2");
   image_free(&src);
+}
+
+/* What storage would keep differently per backend, or not at all, is refused alike before
+ * anything is stored: an experiment status other than running, finished or stopped (as
+ * storage_experiment_set_status refuses), an observation time that is not a finite Unix
+ * time (SQLite failed on it, PostgreSQL stored NaN). */
+static void import_with_an_unknown_status_or_a_time_that_is_not_finite_stores_nothing(
+    void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  test_image src;
+  image_read(f, "src", "copy", &src);
+  nas_err err = {{0}};
+  int64_t id = -1;
+  free(src.rows.exp.status);
+  src.rows.exp.status = strdup("bogus");
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
+  assert_contains(err.msg, "'bogus' is not running, finished or stopped");
+  free(src.rows.exp.status);
+  src.rows.exp.status = strdup("finished");
+  src.rows.metrics[0].time = NAN;
+  assert_int_equal(storage_experiment_import(f->st, &src.img, &id, &err), NAS_ERR);
+  assert_contains(err.msg, "has time nan");
+  raw_text_is(f, "SELECT count(*) FROM experiments", "1");
+  image_free(&src);
+  trial_row t = make_running_trial(f);
+  metric_obs obs[] = {{"loss", 0, 1, 1}, {"loss", 1, 2, INFINITY}};
+  assert_int_equal(storage_metrics_add(f->st, t.id, obs, 2, 5, &err), NAS_ERR);
+  assert_contains(err.msg, "observation 1 (loss) has time inf");
+  assert_int_equal(metric_count(f, t.experiment_id), 0);
+  trial_row_clear(&t);
 }
 
 /* ---- persistence and concurrency ------------------------------------------------------ */
@@ -1809,6 +1884,27 @@ static void rpc_integers_beyond_an_int_are_refused_not_cut(void **state) {
   trial_row_clear(&t);
 }
 
+/* A message too long for an error is cut at a whole character, so the error still goes out
+ * as JSON (a reply that cannot be written answered 500, which the client retried for its
+ * whole budget as if the server were down). */
+static void rpc_error_cut_in_a_long_non_ascii_message_is_still_answered(void **state) {
+  fixture *f = *state;
+  trial_row t = make_trial(f, make_experiment(f, "e"), "{}");
+  char status[2 * 700 + 2] = "x"; /* 'x' then 700 two-byte characters: a cut may fall inside one */
+  for (int i = 0; i < 700; i++) memcpy(status + 1 + 2 * i, "\xc3\xa9", 3);
+  for (int shift = 0; shift < 2; shift++) {
+    json_t *args = json_pack("{s:I, s:s, s:b, s:n}", "trial_id", (json_int_t)t.id, "status",
+                             status + shift, "has_exit_code", 0, "error");
+    int rc;
+    json_t *reply = rpc_call(f, "trial_finish", NULL, args, &rc);
+    assert_int_equal(rc, NAS_ERR);
+    assert_non_null(reply);
+    assert_contains(json_string_value(json_object_get(reply, "error")), "is not a trial status");
+    json_decref(reply);
+  }
+  trial_row_clear(&t);
+}
+
 /* ---- schema and faults, on every backend --------------------------------------------------- */
 
 static void raw_text_is(const fixture *f, const char *sql, const char *expect) {
@@ -2022,6 +2118,31 @@ static void sqlite_receipts_survive_the_upgrade_to_their_own_btree(void **state)
   assert_true(found);
   assert_int_equal(result, t.id);
   trial_row_clear(&t);
+}
+
+/* Rows stored before text had to be UTF-8 (a run root in a folder named in Latin-1, a
+ * trial's error quoting such a path) are still served, their bad bytes as U+FFFD: one such
+ * row made every listing that held it fail, as "out of memory". */
+static void rows_stored_with_bytes_that_are_not_utf8_are_still_served(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_full_experiment(f, "old");
+  char *sql = nas_asprintf("UPDATE experiments SET run_root = CAST(X'2F636166E9' AS TEXT);"
+                           "UPDATE trials SET error = CAST(X'62E92E' AS TEXT)"
+                           " WHERE experiment_id = %" PRId64, exp);
+  f->ctx->backend->raw_exec(f->ctx, f->url, sql);
+  free(sql);
+  int rc;
+  json_t *reply = rpc_call(f, "experiment_list", NULL, json_object(), &rc);
+  assert_int_equal(rc, NAS_OK);
+  json_t *row = json_array_get(json_object_get(reply, "experiments"), 0);
+  assert_string_equal(json_string_value(json_object_get(row, "run_root")), "/caf\xef\xbf\xbd");
+  json_decref(reply);
+  reply = rpc_call(f, "trial_list", NULL, json_pack("{s:I}", "experiment_id", (json_int_t)exp),
+                   &rc);
+  assert_int_equal(rc, NAS_OK);
+  row = json_array_get(json_object_get(reply, "trials"), 1);
+  assert_string_equal(json_string_value(json_object_get(row, "error")), "b\xef\xbf\xbd.");
+  json_decref(reply);
 }
 
 /* Group commit (storage_group_begin): a write failing half-way inside a group is rolled
@@ -2549,6 +2670,101 @@ static void postgresql_url_options_reach_libpq(void **state) {
   free(url);
 }
 
+/* TCP settings of this process's connection to the server on port: keepalive on, its idle
+ * seconds and the user timeout in milliseconds. Fails when there is no such connection. */
+static void pg_socket_settings(int port, int *keepalive, int *idle_s, int *user_timeout_ms) {
+  for (int fd = 0; fd < 1024; fd++) {
+    struct sockaddr_in peer;
+    socklen_t len = sizeof peer;
+    if (getpeername(fd, (struct sockaddr *)&peer, &len) != 0 || peer.sin_family != AF_INET ||
+        ntohs(peer.sin_port) != port)
+      continue;
+    socklen_t size = sizeof(int);
+    assert_int_equal(getsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, keepalive, &size), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, idle_s, &size), 0);
+    assert_int_equal(getsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, user_timeout_ms, &size), 0);
+    return;
+  }
+  fail_msg("no connection to port %d", port);
+}
+
+/* A server that vanishes without closing the connection (its machine off, the network cut)
+ * is noticed within the retry budget, not after the kernel's defaults (two hours idle, or
+ * some fifteen minutes of unacknowledged data): keepalives probe an idle connection after
+ * 10 s, and sent data unacknowledged for 30 s breaks it. The URL may set its own. */
+static void postgresql_connections_notice_a_vanished_server_within_the_retry_budget(
+    void **state) {
+  fixture *f = *state;
+  int keepalive = 0, idle_s = 0, user_timeout_ms = 0;
+  pg_socket_settings(f->ctx->server->port, &keepalive, &idle_s, &user_timeout_ms);
+  assert_int_equal(keepalive, 1);
+  assert_int_equal(idle_s, 10);
+  assert_int_equal(user_timeout_ms, 30000);
+  storage_close(f->st);
+  f->st = NULL;
+  char *url = nas_asprintf("%s&keepalives_idle=60&tcp_user_timeout=5000", f->url);
+  f->st = open_or_fail(url);
+  pg_socket_settings(f->ctx->server->port, &keepalive, &idle_s, &user_timeout_ms);
+  assert_int_equal(idle_s, 60);
+  assert_int_equal(user_timeout_ms, 5000);
+  free(url);
+}
+
+/* A connection that may only read (a hot standby, a role granted SELECT alone, or as here
+ * default_transaction_read_only) opens the storage and reads it: letting old receipts go at
+ * open is housekeeping, not a reason to refuse it. Only its writes fail. */
+static void postgresql_read_only_connections_open_and_read(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_full_experiment(f, "seen");
+  char *url = nas_asprintf("%s%%20-cdefault_transaction_read_only%%3Don", f->url);
+  storage *st = open_or_fail(url);
+  experiment_row e;
+  CHECK(storage_experiment_get(st, "seen", &e, err));
+  assert_int_equal(e.id, exp);
+  experiment_row_clear(&e);
+  nas_err err = {{0}};
+  int64_t id = -1;
+  assert_int_equal(storage_experiment_create(st, "new", "x", "/x", "/r", &id, &err), NAS_ERR);
+  assert_contains(err.msg, "read-only");
+  storage_close(st);
+  free(url);
+}
+
+/* Stores a receipt written `age` seconds ago, as the server's clock reckons. */
+static void pg_receipt_aged(const fixture *f, const char *token, int64_t result, double age) {
+  char *insert = nas_asprintf("INSERT INTO write_receipts (token, result, done, at)"
+                              " VALUES ('%s', %" PRId64 ", true, extract(epoch FROM now()) - %.0f)",
+                              token, result, age);
+  f->ctx->backend->raw_exec(f->ctx, f->url, insert);
+  free(insert);
+}
+
+/* A storage that stays open (a `nas serve`, a scheduler) lets receipts older than a day go
+ * as it writes, as SQLite does, not only when some process opens the storage: through a
+ * single-statement write (a report) and through a transaction (finishing a trial). */
+static void postgresql_receipts_older_than_a_day_go_while_the_storage_stays_open(
+    void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  double day = 86400; /* STORAGE_RECEIPT_KEEP_S */
+  pg_receipt_aged(f, "an-hour-ago", t.id, 3600);
+  pg_receipt_aged(f, "two-days-ago", t.id, 2 * day);
+  int64_t result = -1;
+  assert_true(key_found(f, "two-days-ago", &result));
+  metric_obs obs = {"loss", 0, 0.5, 1};
+  CHECK(storage_receipt_arm(f->st, "now", err));
+  CHECK(storage_metrics_add(f->st, t.id, &obs, 1, -1, err));
+  CHECK(storage_receipt_arm(f->st, NULL, err));
+  assert_false(key_found(f, "two-days-ago", &result));
+  assert_true(key_found(f, "an-hour-ago", &result));
+  assert_true(key_found(f, "now", &result));
+  pg_receipt_aged(f, "three-days-ago", t.id, 3 * day);
+  CHECK(storage_trial_finish(f->st, t.id, TRIAL_COMPLETED, true, 0, NULL, err));
+  assert_false(key_found(f, "three-days-ago", &result));
+  assert_true(key_found(f, "an-hour-ago", &result));
+  trial_row_clear(&t);
+}
+
 static int delete_experiment(const child_args *args, int worker, nas_err *err) {
   (void)worker;
   storage *st = NULL;
@@ -2743,6 +2959,9 @@ static void redacted_urls_hide_passwords_in_uri_form(void **state) {
   assert_redacted("postgresql://db/exp?password=50%off&user=nas",
                   "postgresql://db/exp?password=***&user=nas");
   assert_redacted("postgresql://db/exp?pass%7word=x", "postgresql://db/exp?pass%7word=***");
+  /* libpq 18's OAuth client secret too. */
+  assert_redacted("postgresql://db/exp?oauth_client_id=nas&oauth_client_secret=s3cret",
+                  "postgresql://db/exp?oauth_client_id=nas&oauth_client_secret=***");
   assert_redacted("postgresql:///exp?host=/run/pg", "postgresql:///exp?host=/run/pg");
   assert_redacted("sqlite:/tmp/pass:word@x.db", "sqlite:/tmp/pass:word@x.db");
   assert_redacted("sqlite:nas.db", "sqlite:nas.db");
@@ -2862,7 +3081,10 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing),
       FIXTURE_TEST(experiment_import_stores_every_field_of_trials_and_metrics),
       FIXTURE_TEST(experiment_import_with_a_taken_name_stores_nothing),
+      FIXTURE_TEST(import_with_an_unknown_status_or_a_time_that_is_not_finite_stores_nothing),
       FIXTURE_TEST(names_that_are_not_folder_names_are_never_stored),
+      FIXTURE_TEST(text_that_is_not_utf8_is_refused_naming_it_and_stores_nothing),
+      FIXTURE_TEST(trial_error_that_is_not_utf8_is_stored_with_its_bad_bytes_replaced),
       FIXTURE_TEST(reopening_keeps_everything),
       FIXTURE_TEST(schema_version_table_holds_the_current_version),
       FIXTURE_TEST(processes_creating_the_same_storage_at_once_all_succeed),
@@ -2885,6 +3107,7 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(rpc_metrics_add_reads_doubles_as_their_bits_exactly),
       FIXTURE_TEST(rpc_import_of_a_malformed_image_is_refused_naming_the_field),
       FIXTURE_TEST(rpc_integers_beyond_an_int_are_refused_not_cut),
+      FIXTURE_TEST(rpc_error_cut_in_a_long_non_ascii_message_is_still_answered),
   };
   char name[64];
   snprintf(name, sizeof name, "%s schema", ctx->backend->name);
@@ -2905,6 +3128,7 @@ static int run_sqlite_tests(void) {
       FIXTURE_TEST(keyed_report_commits_two_pages_more_than_an_unkeyed_one),
       FIXTURE_TEST(receipts_are_kept_a_day_and_then_let_go),
       FIXTURE_TEST(sqlite_receipts_survive_the_upgrade_to_their_own_btree),
+      FIXTURE_TEST(rows_stored_with_bytes_that_are_not_utf8_are_still_served),
       FIXTURE_TEST(write_failing_midway_in_a_group_fails_alone),
       FIXTURE_TEST(group_rolled_back_stores_none_of_its_writes),
       FIXTURE_TEST(report_to_a_missing_trial_in_a_group_fails_alone),
@@ -2953,6 +3177,9 @@ static int run_postgres_tests(void) {
       FIXTURE_TEST(postgresql_database_of_another_program_is_refused_untouched),
       FIXTURE_TEST(postgresql_trial_numbers_stay_consecutive_under_a_repeatable_read_default),
       FIXTURE_TEST(postgresql_experiment_delete_takes_a_metric_that_lands_meanwhile),
+      FIXTURE_TEST(postgresql_receipts_older_than_a_day_go_while_the_storage_stays_open),
+      FIXTURE_TEST(postgresql_connections_notice_a_vanished_server_within_the_retry_budget),
+      FIXTURE_TEST(postgresql_read_only_connections_open_and_read),
   };
   int failed = run_shared_tests(&ctx) + run_schema_tests(&ctx) +
                run_group("postgresql specifics", specifics,

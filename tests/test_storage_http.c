@@ -580,6 +580,21 @@ static void credentials_in_the_url_are_refused_unshown(void **state) {
   assert_null(strstr(err.msg, "s3cret"));
 }
 
+/* The dashboard's links carry a token (docs/dashboard.md): one given as a storage URL is
+ * refused without showing it. */
+static void dashboard_links_given_as_storage_are_refused_without_their_token(void **state) {
+  (void)state;
+  const char *links[] = {"http://127.0.0.1:1/#token=s3cret-tok",
+                         "http://127.0.0.1:1/#/e/exp?token=s3cret-tok"};
+  for (size_t i = 0; i < 2; i++) {
+    storage *st = NULL;
+    nas_err err;
+    assert_int_equal(storage_open(links[i], &st, &err), NAS_ERR);
+    assert_contains(err.msg, "no query or fragment");
+    assert_null(strstr(err.msg, "s3cret-tok"));
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_client_command_works_through_the_server, setup, teardown),
@@ -596,6 +611,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(unknown_experiments_and_trials_through_the_server_are_not_found, setup, teardown),
       cmocka_unit_test_setup_teardown(server_out_of_reach_is_reported_after_the_retry_budget, setup, teardown),
       cmocka_unit_test(credentials_in_the_url_are_refused_unshown),
+      cmocka_unit_test(dashboard_links_given_as_storage_are_refused_without_their_token),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
