@@ -106,6 +106,15 @@ bool spec_is_identifier(const char *text, const char *extra) {
   return starts && text[spec_name_span(text, extra)] == '\0';
 }
 
+bool spec_is_listing_column(const char *name) {
+  static const char *const columns[] = {"trial",      "status",     "rung",        "reference",
+                                        "error",      "created_at", "started_at",  "finished_at",
+                                        "duration_s", NULL};
+  for (const char *const *column = columns; *column; column++)
+    if (strcmp(name, *column) == 0) return true;
+  return false;
+}
+
 int spec_inline_value(const char *text, json_t **out, nas_err *err) {
   *out = NULL;
   text += strspn(text, " ");

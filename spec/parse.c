@@ -54,6 +54,28 @@ static int check_metric_name(const yaml_ctx *c, const yaml_node_t *node, const c
                         what, name);
 }
 
+/* A metric's name must not be taken by a parameter, by a column of the trial listings or by
+ * the "step" key of metric lines: in each case one of the two would be lost or misread. */
+static int check_metric_unclaimed(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                                  const char *name, const spec *s) {
+  if (strcmp(name, "step") == 0)
+    return spec_node_errf(c, node,
+                          "%s: 'step' is the key that gives a metric line's step; give the "
+                          "metric another name",
+                          what);
+  if (spec_is_listing_column(name))
+    return spec_node_errf(c, node,
+                          "%s: '%s' is a column of every trial listing (trial, status, rung, "
+                          "reference, error, timings); give the metric another name",
+                          what, name);
+  if (spec_param_index(s, name) >= 0)
+    return spec_node_errf(c, node,
+                          "%s: '%s' is also a parameter's name, and trial listings show both in "
+                          "one row; give them different names",
+                          what, name);
+  return NAS_OK;
+}
+
 static int parse_metric_name(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                              char **out) {
   int rc = spec_node_dup_text(c, node, what, out);
@@ -117,6 +139,7 @@ static int parse_objectives(const yaml_ctx *c, const yaml_node_t *root, spec *s)
     snprintf(what, sizeof what, "objectives[%zu]", i);
     s->n_objectives = i + 1;
     if ((rc = parse_objective(c, item, what, &s->objectives[i]))) return rc;
+    if ((rc = check_metric_unclaimed(c, item, what, s->objectives[i].name, s))) return rc;
     for (size_t j = 0; j < i; j++)
       if (strcmp(s->objectives[j].name, s->objectives[i].name) == 0)
         return spec_node_errf(c, item, "%s: objective '%s' appears twice", what,
@@ -163,8 +186,9 @@ static int parse_constraints(const yaml_ctx *c, const yaml_node_t *root, spec *s
     char what[48];
     snprintf(what, sizeof what, "constraints[%zu]", i);
     s->n_constraints = i + 1;
-    rc = parse_constraint(c, spec_node_at(c, list->data.sequence.items.start[i]), what,
-                          &s->constraints[i]);
+    yaml_node_t *item = spec_node_at(c, list->data.sequence.items.start[i]);
+    rc = parse_constraint(c, item, what, &s->constraints[i]);
+    if (!rc) rc = check_metric_unclaimed(c, item, what, s->constraints[i].metric, s);
     if (rc) return rc;
   }
   return NAS_OK;

@@ -218,7 +218,7 @@ static void every_parameter_type_loads(void **state) {
   (void)state;
   spec *s = load_ok(NAME
                     "parameters:\n"
-                    "  f: {type: float, low: -1.5, high: 2.5, step: 0.5}\n"
+                    "  fl: {type: float, low: -1.5, high: 2.5, step: 0.5}\n"
                     "  i: {type: int, low: -3, high: 9, step: 3}\n"
                     "  il: {type: int, low: 1, high: 1024, log: true}\n"
                     "  c: {type: categorical, choices: [a, 2]}\n"
@@ -703,6 +703,34 @@ static void objectives_are_checked(void **state) {
                "t.yaml:5:12: ", "objectives[0].name: '1f' is not a metric name");
 }
 
+/* Trial listings (nas trials/pareto/ask, and their JSON: one flat object per trial) hold the
+ * parameters, the metrics and their own columns side by side, so no two may share a name;
+ * and "step" is the metric lines' own key. */
+static void names_that_listings_or_metric_lines_hold_already_are_refused(void **state) {
+  (void)state;
+  expect_error(NAME "parameters:\n  trial: {type: float, low: 0, high: 1}\n" AFTER_PARAMS,
+               "t.yaml:3:3: ",
+               "parameters: 'trial' is a column of every trial listing (trial, status, rung, "
+               "reference, error, timings); give the parameter another name");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: error, goal: minimize}\n" TRIAL BUDGET,
+               "t.yaml:5:5: ", "objectives[0]: 'error' is a column of every trial listing");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: step, goal: minimize}\n" TRIAL BUDGET,
+               "t.yaml:5:5: ",
+               "objectives[0]: 'step' is the key that gives a metric line's step");
+  expect_error(NAME PARAMS_X "objectives:\n  - {name: x, goal: minimize}\n" TRIAL BUDGET,
+               "t.yaml:5:5: ",
+               "objectives[0]: 'x' is also a parameter's name, and trial listings show both in "
+               "one row; give them different names");
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"x <= 5\"\n", "t.yaml:10:5: ",
+               "constraints[0]: 'x' is also a parameter's name");
+  expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"status >= 1\"\n",
+               "t.yaml:10:5: ", "constraints[0]: 'status' is a column of every trial listing");
+  spec *s = load_ok(NAME "parameters:\n  trials: {type: float, low: 0, high: 1}\n"
+                    "objectives:\n  - {name: error_rate, goal: minimize}\n" TRIAL_RUN BUDGET
+                    "constraints:\n  - \"f <= 5\"\n");
+  spec_free(s);
+}
+
 static void constraints_need_metric_op_number(void **state) {
   (void)state;
   expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"latency_ms < 5\"\n", "t.yaml:10:5: ",
@@ -818,7 +846,7 @@ static void standard_tags_are_honoured(void **state) {
   (void)state;
   spec *s = load_ok(NAME "parameters:\n  a: !!str 7\n  b: !!int '8'\n  c: !!float 2.5\n"
                     "  d: !!bool 'true'\n  e: ! 9\n"
-                    "  f: !!map {type: categorical, choices: !!seq [!!str 1, 1]}\n" AFTER_PARAMS);
+                    "  g: !!map {type: categorical, choices: !!seq [!!str 1, 1]}\n" AFTER_PARAMS);
   assert_string_equal(json_string_value(s->params[0].fixed), "7");
   assert_true(json_is_integer(s->params[1].fixed));
   assert_int_equal(json_integer_value(s->params[1].fixed), 8);
@@ -2154,6 +2182,7 @@ int main(void) {
       cmocka_unit_test(conditions_that_never_hold_are_refused),
       cmocka_unit_test(condition_syntax_errors_are_explained),
       cmocka_unit_test(objectives_are_checked),
+      cmocka_unit_test(names_that_listings_or_metric_lines_hold_already_are_refused),
       cmocka_unit_test(constraints_need_metric_op_number),
       cmocka_unit_test(trial_command_must_be_a_list),
       cmocka_unit_test(placeholders_must_name_parameters),
