@@ -41,10 +41,11 @@ static int build(tr_ctx *ctx, void *arg, tr_cache_content *out, nas_err *err) {
   return NAS_OK;
 }
 
-/* Everything the prepared data depends on besides the source's files. "v1" names the way
- * worker_data_read prepares; change it when that changes. */
+/* Everything the prepared data depends on besides the source's files. "v2" names the way
+ * worker_data_read prepares and what it accepts; change it when that changes (v1 files
+ * may hold infinities from CSV values past float32, which v2 refuses). */
 static char *preparation_key(const worker_plan *plan, uint64_t split_seed) {
-  return nas_asprintf("nas worker data v1: validation %.17g, split seed %llu, limit_train %lld, "
+  return nas_asprintf("nas worker data v2: validation %.17g, split seed %llu, limit_train %lld, "
                       "limit_val %lld, one mean and std of the training part",
                       plan->validation, (unsigned long long)split_seed,
                       (long long)plan->limit_train, (long long)plan->limit_val);

@@ -216,6 +216,30 @@ static void csv_nan_or_infinite_values_are_refused(void **state) {
   free(dir);
 }
 
+/* A value a double holds but float32 does not (past ±3.4e38) would be stored as an
+ * infinity, and standardising would then make every feature NaN: refused like inf. */
+static void csv_values_beyond_float32_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *rows[] = {"1,2,0\n3,1e39,1\n", "1,2,0\n-3.5e38,4,1\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    char *path = test_write(dir, "f.csv", rows[i]);
+    csv_fails_with(path, "f.csv:2");
+    csv_fails_with(path, "float32");
+    free(path);
+  }
+  char *path = test_write(dir, "edge.csv", "3.4e38,-3.4e38,0\n1,2,1\n");
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  tr_dataset ds;
+  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  assert_true(isfinite(tr_get(ds.x, 0)) && isfinite(tr_get(ds.x, 1)));
+  tr_dataset_free(&ds);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* Values below the smallest double (strtod's underflow) are numbers: the first row holding
  * one is not taken for a header and dropped, nor a later one refused. */
 static void csv_values_too_small_for_a_double_load_as_numbers(void **state) {
@@ -471,6 +495,7 @@ int main(void) {
       cmocka_unit_test(idx_data_longer_than_its_dims_say_is_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
+      cmocka_unit_test(csv_values_beyond_float32_are_refused),
       cmocka_unit_test(csv_values_too_small_for_a_double_load_as_numbers),
       cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),
       cmocka_unit_test(csv_errors_name_the_line_of_the_file_counting_blank_lines),

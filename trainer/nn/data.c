@@ -6,6 +6,7 @@
  * the caller, never from ctx's generator, so data order does not shift when a model change
  * draws a different number of random values. */
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -147,7 +148,8 @@ enum { CSV_NOT_NUMBERS = -1, CSV_NOT_FINITE = -2 };
 /* Parses one line of comma-separated numbers into vals (up to cap); returns the count,
  * CSV_NOT_NUMBERS when a field is no number (as in a header), or CSV_NOT_FINITE when one
  * is NaN or infinite (strtod takes "nan" and "inf", and gives inf for too large a value;
- * too small a one is 0 or subnormal, a number all the same). */
+ * too small a one is 0 or subnormal, a number all the same) or past float32's range
+ * (stored as float32, it would be an infinity). */
 static int64_t parse_line(char *line, double *vals, int64_t cap) {
   int64_t n = 0;
   bool finite = true;
@@ -156,7 +158,7 @@ static int64_t parse_line(char *line, double *vals, int64_t cap) {
     char *end;
     double v = strtod(p, &end);
     if (end == p) return CSV_NOT_NUMBERS;
-    finite = finite && isfinite(v);
+    finite = finite && isfinite(v) && fabs(v) <= FLT_MAX;
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (n < cap) vals[n] = v;
     n++;
@@ -219,7 +221,7 @@ static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_
     ncols = parse_line(lines[1].text, probe, 4096);
   }
   if (ncols < 0)
-    return nas_errf(err, "%s:%lld: not a line of finite numbers", path,
+    return nas_errf(err, "%s:%lld: not a line of finite numbers (within float32's +-3.4e38)", path,
                     (long long)lines[first].number);
   if (ncols < 2 || ncols > 4096)
     return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
@@ -239,8 +241,9 @@ static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_
     if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
       tr_release(x);
       free(y);
-      return nas_errf(err, "%s:%lld: expected %lld finite numbers, the label an integer 0 to %d",
-                      path, (long long)lines[first + r].number, (long long)ncols, CSV_MAX_LABEL);
+      return nas_errf(err, "%s:%lld: expected %lld finite numbers (within float32's +-3.4e38), "
+                      "the label an integer 0 to %d", path, (long long)lines[first + r].number,
+                      (long long)ncols, CSV_MAX_LABEL);
     }
     if (y[r] > top) top = y[r];
   }
