@@ -193,7 +193,8 @@ int64_t tr_argmax(const float *values, int64_t n);
  * every global batch. Every rank calls it with the same data and cfg (shuffle seed
  * included); the callbacks run on rank 0 only, which also validates; a failure on any
  * rank stops all of them at the same step. A batch is cut to a multiple of the world size
- * (the last batch of an epoch may lose up to world - 1 examples). *accuracy is rank 0's
+ * (the last batch of an epoch may lose up to world - 1 examples); a batch_size or a
+ * training set smaller than the world is refused, as no batch would train. *accuracy is rank 0's
  * (0 elsewhere). On return m holds the whole trained model on every rank. */
 typedef struct {
   tr_comm *comm;          /* borrowed: this rank's communicator */
@@ -210,7 +211,8 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
 /* What tr_fit does, on one stage of a pipeline (docs/engine-pipeline.md): m cut into the
  * stages of rank's pipeline by pipe, each mini-batch streamed through them as micro-batches.
  * Every stage calls it with the same data and cfg (shuffle seed included) on its own copy
- * of the same model; a batch smaller than pipe->chunks is skipped. The callbacks run on
+ * of the same model; a batch smaller than pipe->chunks is skipped (a batch_size or a training
+ * set smaller is refused, as no batch would train). The callbacks run on
  * stage 0, which also validates: after every epoch the stages' layers are gathered into
  * stage 0's m, which holds the whole trained model on return. *accuracy is stage 0's (0
  * elsewhere). On a CUDA device (cfg->device), m is there and ctx->cuda is its engine;

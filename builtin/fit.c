@@ -143,6 +143,19 @@ int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *
   return rc;
 }
 
+int fit_batches_check(const tr_fit_config *cfg, const tr_dataset *train, int64_t least,
+                      const char *what, nas_err *err) {
+  if (cfg->batch_size < least)
+    return nas_errf(err, "training: batch_size %lld is smaller than the %lld %s: every batch "
+                    "would be skipped and nothing trained", (long long)cfg->batch_size,
+                    (long long)least, what);
+  if (train->n < least)
+    return nas_errf(err, "training: %lld training examples are fewer than the %lld %s: every "
+                    "batch would be skipped and nothing trained", (long long)train->n,
+                    (long long)least, what);
+  return NAS_OK;
+}
+
 char *tr_fit_state_path(const char *base, const char *unit, int index, int count) {
   if (count <= 1) return nas_asprintf("%s", base);
   const char *slash = strrchr(base, '/'), *dot = strrchr(base, '.');
@@ -339,6 +352,9 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
+  /* before any collective: every rank refuses alike */
+  if (fit_batches_check(cfg, train, tr_comm_world(ranks->comm), "ranks", err) != NAS_OK)
+    return NAS_ERR;
   rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0,
                 cfg->label_smoothing};
   tr_fsdp_config fc = ranks->fsdp;

@@ -21,6 +21,12 @@ tr_device fit_module_device(tr_module *m);
 /* *t moved to device (a CPU tensor stays as it is); NAS_ERR with ctx->err set. */
 int fit_move_to(tr_ctx *ctx, tr_tensor **t, tr_device device);
 
+/* A fit that trains only on batches of at least `least` examples (a sharded batch: one
+ * per rank; a pipelined one: one per micro-batch, `what` says which) refuses, saying why,
+ * when the batch size or the training examples are fewer: every batch would be skipped
+ * and the fit would end on its initial weights as if it had trained. */
+int fit_batches_check(const tr_fit_config *cfg, const tr_dataset *train, int64_t least,
+                      const char *what, nas_err *err);
 /* The last epoch a fit trains: cfg->epochs, or stop_epoch when it stops earlier. */
 int fit_last_epoch(const tr_fit_config *cfg);
 /* part's training state (cfg->state_in, at tr_fit_state_path's name for the part) into

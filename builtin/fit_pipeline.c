@@ -82,6 +82,7 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                           nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
+  if (fit_batches_check(cfg, train, pipe->chunks, "micro-batches", err) != NAS_OK) return NAS_ERR;
   stage_run r = {ctx, tr_pipe_new(ctx, m, rank, pipe), NULL, rank->stage == 0};
   if (!r.pipe) return nas_errf(err, "cutting the model into stages: %s", ctx->err.msg);
   r.opt = tr_pipe_optim_new(ctx, r.pipe, &cfg->optim);

@@ -839,6 +839,41 @@ static void augmentation_on_a_dataset_without_images_is_refused(void **state) {
   free(out), free(id), free(fixed), free(searched);
 }
 
+/* Runs experiment name (spec at path, one trial) expecting its trial to fail at its
+ * set-up, before any epoch, with a reason that holds want (the worker run again by hand). */
+static void assert_trial_fails_untrained(fixture *f, const char *name, const char *path,
+                                         const char *want) {
+  char *out;
+  assert_int_equal(nas(f, &out, "run", path, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, name);
+  assert_int_equal(count_status(rows, "failed"), 1);
+  json_decref(rows);
+  char *id = trial_id(f, name, 0);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
+  assert_int_not_equal(test_run(f->dir, argv, &out), 0);
+  if (!strstr(out, want) || strstr(out, "epoch 1/")) fail_msg("trained or no reason: %s", out);
+  free(out), free(id);
+}
+
+/* A sharded batch gives each rank a share and a pipelined one each micro-batch an example:
+ * a trial whose every batch is smaller than its ranks or micro-batches would skip them all
+ * and "complete" on its initial weights, so it fails saying why; whether the batch size or
+ * the training examples are the fewer. */
+static void batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial(void **state) {
+  fixture *f = *state;
+  char *ranks = digits_spec(f, "ranks", "epochs: 1, limit_train: 40, batch_size: 2, devices: 4",
+                            1, 1, "1m");
+  assert_trial_fails_untrained(f, "ranks", ranks, "batch_size 2 is smaller than the 4 ranks");
+  char *few = digits_spec(f, "few", "epochs: 1, limit_train: 3, devices: 4", 1, 1, "1m");
+  assert_trial_fails_untrained(f, "few", few, "3 training examples");
+  char *micro = digits_spec(f, "micro", "epochs: 1, limit_train: 40, batch_size: 2, "
+                            "pipeline: {stages: 2, chunks: 4}", 1, 1, "1m");
+  assert_trial_fails_untrained(f, "micro", micro,
+                               "batch_size 2 is smaller than the 4 micro-batches");
+  free(ranks), free(few), free(micro);
+}
+
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
 /* The plan of a trial whose search picked params (JSON) in a spec that searches devices
  * and pipeline stages: worker_plan_read's verdict, its message in err. */
@@ -976,6 +1011,8 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(augmentation_on_a_dataset_without_images_is_refused, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
                                       teardown),
