@@ -111,8 +111,8 @@ typedef struct {
 
 /* Loads `name`: "digits" (scikit-learn's 8×8 digits, digits.csv.gz), "fashion-mnist"
  * (Debian's dataset-fashion-mnist) or a path: a folder of IDX files
- * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-…; each may end in
- * .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
+ * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-… of images of the
+ * same shape; each may end in .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
  * Named datasets are looked for in the folders dirs (NULL-terminated): digits.csv.gz in
  * each, or a fashion-mnist/ folder in each. */
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,

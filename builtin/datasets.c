@@ -110,16 +110,21 @@ static int reshape_to(tr_ctx *ctx, tr_dataset *ds, tr_input_shape s, nas_err *er
   return NAS_OK;
 }
 
-/* Both parts as images of the training part's shape; the class count covers both. */
+/* Both parts as images of the training part's shape, which the test part's must be (the
+ * same pixel count in another geometry would be scrambled); the class count covers both. */
 static int finish(tr_ctx *ctx, tr_named_dataset *nd, nas_err *err) {
   nd->shape = image_shape(&nd->train);
   if (nd->test.n > 0) {
-    int64_t train_row = nd->train.x->numel / nd->train.n, test_row = nd->test.x->numel / nd->test.n;
-    if (train_row != test_row)
-      return nas_errf(err, "%s: training examples have %lld values, test examples %lld",
-                      nd->source, (long long)train_row, (long long)test_row);
-    int32_t train = nd->train.nclasses, test = nd->test.nclasses;
-    nd->train.nclasses = nd->test.nclasses = train > test ? train : test;
+    tr_input_shape train = nd->shape, test = image_shape(&nd->test);
+    if (train.channels != test.channels || train.height != test.height ||
+        train.width != test.width)
+      return nas_errf(err, "%s: training examples are %lldx%lldx%lld, test examples %lldx%lldx%lld "
+                      "(channels x height x width)", nd->source, (long long)train.channels,
+                      (long long)train.height, (long long)train.width, (long long)test.channels,
+                      (long long)test.height, (long long)test.width);
+    int32_t classes = nd->train.nclasses > nd->test.nclasses ? nd->train.nclasses
+                                                             : nd->test.nclasses;
+    nd->train.nclasses = nd->test.nclasses = classes;
   }
   int rc = reshape_to(ctx, &nd->train, nd->shape, err);
   return rc ? rc : reshape_to(ctx, &nd->test, nd->shape, err);

@@ -274,6 +274,50 @@ static void idx_folder_with_half_a_test_pair_is_refused(void **state) {
   }
 }
 
+/* Test images of another geometry than the training images are refused naming both
+ * shapes, even when their pixel counts agree (2x2 and 1x4 images would be read as 2x2,
+ * their pixels scrambled); a flat IDX file of 4 values per example is 2x2 images. */
+static void idx_test_images_of_another_shape_are_refused(void **state) {
+  (void)state;
+  const unsigned char train[] = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2,
+                                 1, 2, 3, 4, 5, 6, 7, 8};
+  const unsigned char wide[] = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 4,
+                                1, 2, 3, 4, 5, 6, 7, 8};
+  const unsigned char flat[] = {0, 0, 8, 2, 0, 0, 0, 2, 0, 0, 0, 4, 1, 2, 3, 4, 5, 6, 7, 8};
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 2, 0, 1};
+  struct {
+    const unsigned char *test;
+    size_t size;
+    bool loads;
+  } cases[] = {{wide, sizeof wide, false}, {flat, sizeof flat, true}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *dir = test_tmpdir();
+    put_bytes(dir, "train-images-idx3-ubyte", train, sizeof train);
+    put_bytes(dir, "train-labels-idx1-ubyte", labels, sizeof labels);
+    put_bytes(dir, "t10k-images-idx3-ubyte", cases[i].test, cases[i].size);
+    put_bytes(dir, "t10k-labels-idx1-ubyte", labels, sizeof labels);
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 5);
+    tr_named_dataset nd;
+    nas_err err;
+    int rc = tr_named_dataset_load(&ctx, dir, NULL, &nd, &err);
+    if (cases[i].loads) {
+      if (rc != NAS_OK) fail_msg("case %zu: %s", i, err.msg);
+      assert_int_equal(nd.test.x->shape[2], 2);
+      tr_named_dataset_free(&nd);
+    } else {
+      if (rc == NAS_OK) {
+        tr_named_dataset_free(&nd);
+        fail_msg("test images of 1x4 loaded beside training images of 2x2");
+      }
+      if (!strstr(err.msg, "1x2x2") || !strstr(err.msg, "1x1x4"))
+        fail_msg("'%s' does not name both shapes", err.msg);
+    }
+    test_rmtree(dir);
+    free(dir);
+  }
+}
+
 /* IDX folders hold images; a CSV file does when its feature count is a square above 1
  * (digits: 64, an 8x8 image), told from its first line alone. */
 static void datasets_say_whether_they_hold_images(void **state) {
@@ -991,6 +1035,7 @@ int main(void) {
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
       cmocka_unit_test(idx_folder_with_half_a_test_pair_is_refused),
+      cmocka_unit_test(idx_test_images_of_another_shape_are_refused),
       cmocka_unit_test(datasets_say_whether_they_hold_images),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
