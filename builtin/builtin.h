@@ -171,7 +171,9 @@ typedef struct {
 } tr_fit_config;
 
 /* Trains m on train with cross-entropy, evaluating on val after every epoch; *accuracy
- * (may be NULL) gets the last validation accuracy. */
+ * (may be NULL) gets the last validation accuracy. A model with batch norm skips a last
+ * batch of one example when full batches hold more (batch norm cannot normalise one; the
+ * sharded and pipelined fits skip one that leaves a rank or micro-batch one alike). */
 int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset *val,
            const tr_fit_config *cfg, double *accuracy, nas_err *err);
 /* The training state file of part `index` of `count` (unit "rank": a sharded rank;

@@ -21,6 +21,23 @@ tr_device fit_module_device(tr_module *m);
 /* *t moved to device (a CPU tensor stays as it is); NAS_ERR with ctx->err set. */
 int fit_move_to(tr_ctx *ctx, tr_tensor **t, tr_device device);
 
+/* Which batches a fit trains. It cuts each batch into `parts` shares (a sharded fit's
+ * ranks, a pipelined one's micro-batches; 1 for tr_fit) and skips a batch that leaves a
+ * share empty. A model with batch norm also skips one that leaves a share a single example
+ * where a full batch gives each more: batch norm cannot normalise one example (PyTorch
+ * refuses it too), and the last batch of an epoch can come out that small. Its step of the
+ * schedule passes all the same, so a resumed run continues exactly. */
+typedef struct {
+  int64_t parts;
+  int64_t full_share; /* a full batch's share: of the batch size, or of all examples when fewer */
+  bool batch_norm;
+} fit_batching;
+
+/* m's batching (before it is sharded or cut: every rank or stage gets the same answer). */
+fit_batching fit_batching_of(tr_module *m, const tr_fit_config *cfg, const tr_dataset *train,
+                             int64_t parts);
+/* Whether a batch of b examples trains. */
+bool fit_batch_trains(const fit_batching *fb, int64_t b);
 /* A fit that trains only on batches of at least `least` examples (a sharded batch: one
  * per rank; a pipelined one: one per micro-batch, `what` says which) refuses, saying why,
  * when the batch size or the training examples are fewer: every batch would be skipped

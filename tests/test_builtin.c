@@ -918,6 +918,31 @@ static void batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial(void
   free(ranks), free(few), free(micro);
 }
 
+/* Batch norm cannot normalise a single example, and the last batch of an epoch can leave
+ * one to the whole step (33 examples in batches of 32), to a rank (35 in 32s on 2 ranks:
+ * 2 usable, 1 each) or to a micro-batch (37 in 16s in 4 micro-batches: 1, 1, 1, 2): such a
+ * batch is skipped, and the trial trains to its end. */
+static void batch_norm_trials_skip_a_last_batch_of_one_example_per_part(void **state) {
+  fixture *f = *state;
+  const char *names[] = {"whole", "ranks", "micro"};
+  const char *settings[] = {
+      "epochs: 2, norm: batch, limit_train: 33, batch_size: 32",
+      "epochs: 2, norm: batch, limit_train: 35, batch_size: 32, devices: 2",
+      "epochs: 2, norm: batch, limit_train: 37, batch_size: 16, pipeline: {stages: 2, chunks: 4}"};
+  for (int i = 0; i < 3; i++) {
+    char *spec = digits_spec(f, names[i], settings[i], 1, 1, "1m"), *out;
+    assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+    free(out);
+    json_t *rows = trials_json(f, names[i]);
+    if (count_status(rows, "completed") != 1) {
+      char *log = trial_log(f, names[i], 0);
+      fail_msg("%s: not completed: %s", names[i], log);
+    }
+    json_decref(rows);
+    free(spec);
+  }
+}
+
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
 /* The plan of a trial whose search picked params (JSON) in a spec that searches devices
  * and pipeline stages: worker_plan_read's verdict, its message in err. */
@@ -1058,6 +1083,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(
           batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          batch_norm_trials_skip_a_last_batch_of_one_example_per_part, setup, teardown),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
                                       teardown),
