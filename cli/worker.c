@@ -341,10 +341,13 @@ static int worker_prepare(worker *w, nas_err *err) {
 
 /* ---- training ---- */
 
+static void beat_when_due(worker *w) {
+  if (nas_monotonic() - w->last_beat >= heartbeat_every_s) heartbeat(w);
+}
+
 static int on_step(void *arg, nas_err *err) {
   (void)err;
-  worker *w = arg;
-  if (nas_monotonic() - w->last_beat >= heartbeat_every_s) heartbeat(w);
+  beat_when_due(arg);
   return NAS_OK;
 }
 
@@ -503,6 +506,7 @@ static int worker_train(worker *w, double *seconds, nas_err *err) {
 /* One batch-1 request as a server answers it: the example copied into a fresh input,
  * the forward pass, the predicted class read out. */
 typedef struct {
+  worker *w;             /* its heartbeats go on between requests */
   tr_ctx *ctx;
   tr_module *module;
   const tr_dataset *examples;
@@ -521,17 +525,20 @@ static int serve_one(void *arg, nas_err *err) {
   return logits ? NAS_OK : nas_errf(err, "%s", sv->ctx->err.msg);
 }
 
-/* On one thread, in evaluation mode without a graph, cycling through validation examples. */
+static void between_requests(void *arg) { beat_when_due(((serving *)arg)->w); }
+
+/* On one thread, in evaluation mode without a graph, cycling through validation examples;
+ * heartbeats go on between requests (a large model's 1 100 requests take minutes). */
 static int measure_latency(worker *w, metric_latency *out, nas_err *err) {
   const tr_input_shape *in = &w->data.all.shape;
-  serving sv = {&w->ctx, w->model.module, &w->data.val, 0,
+  serving sv = {w, &w->ctx, w->model.module, &w->data.val, 0,
                 in->channels * in->height * in->width,
                 {1, in->channels, in->height, in->width}};
   set_threads(1);
   tr_module_train(w->model.module, false);
   bool grad = tr_set_grad_enabled(&w->ctx, false);
-  int rc = metric_latency_measure(serve_one, &sv, METRIC_LATENCY_WARMUP, METRIC_LATENCY_RUNS,
-                                  out, err);
+  int rc = metric_latency_measure_between(serve_one, between_requests, &sv,
+                                          METRIC_LATENCY_WARMUP, METRIC_LATENCY_RUNS, out, err);
   tr_set_grad_enabled(&w->ctx, grad);
   tr_module_train(w->model.module, true);
   return rc;
@@ -573,13 +580,18 @@ static int report_final(worker *w, double accuracy, double test_accuracy, const 
   return storage_metrics_add(w->st, w->trial.id, obs, n, -1, err);
 }
 
+/* The test split is evaluated first, on the training's threads (latency leaves one), with a
+ * heartbeat after each part, so that a trial under trial.heartbeat_timeout is not lost here. */
 static int worker_finish(worker *w, const char *run_dir, double accuracy, double seconds,
                          nas_err *err) {
   metric_latency lat;
   double test_accuracy = 0;
-  int rc = measure_latency(w, &lat, err);
-  if (rc == NAS_OK && w->data.all.test.n > 0)
+  int rc = NAS_OK;
+  if (w->data.all.test.n > 0)
     rc = tr_evaluate(&w->ctx, w->model.module, &w->data.all.test, 0, &test_accuracy, err);
+  heartbeat(w);
+  if (rc == NAS_OK) rc = measure_latency(w, &lat, err);
+  heartbeat(w);
   if (rc == NAS_OK && run_dir) rc = save_model(w, run_dir, err);
   if (rc == NAS_OK && w->save_dir) rc = save_model(w, w->save_dir, err);
   if (rc == NAS_OK) rc = report_final(w, accuracy, test_accuracy, &lat, seconds, err);

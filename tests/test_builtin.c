@@ -169,6 +169,33 @@ static void latency_percentiles_are_positive_and_ordered(void **state) {
   assert_int_equal(metric_latency_measure(spin, &calls, 0, 0, &lat, &err), NAS_ERR);
 }
 
+/* Requests that spin (spin's calls) with a 2 ms pause after each: a heartbeat's storage
+ * write between requests. */
+typedef struct {
+  int calls, pauses;
+} paced;
+
+static int spin_paced(void *arg, nas_err *err) { return spin(&((paced *)arg)->calls, err); }
+
+static void pause_between(void *arg) {
+  ((paced *)arg)->pauses++;
+  nanosleep(&(struct timespec){0, 2000000}, NULL);
+}
+
+/* A measurement of minutes must still let its trial send heartbeats: `between` runs after
+ * every request, warm-up ones too, and its time is no request's. */
+static void latency_leaves_what_runs_between_requests_untimed(void **state) {
+  (void)state;
+  paced counts = {0, 0};
+  metric_latency lat;
+  nas_err err;
+  if (metric_latency_measure_between(spin_paced, pause_between, &counts, 5, 50, &lat, &err))
+    fail_msg("%s", err.msg);
+  assert_int_equal(counts.calls, 55);
+  assert_int_equal(counts.pauses, 55);
+  assert_true(lat.max_ms < 2.0); /* spins of at most 200 us, never a 2 ms pause */
+}
+
 static void percentiles_use_the_nearest_rank(void **state) {
   (void)state;
   double v[100];
@@ -1057,6 +1084,7 @@ int main(void) {
       cmocka_unit_test(builds_say_why_a_layer_cannot_be_made),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
       cmocka_unit_test(percentiles_use_the_nearest_rank),
+      cmocka_unit_test(latency_leaves_what_runs_between_requests_untimed),
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
       cmocka_unit_test(idx_folder_with_half_a_test_pair_is_refused),
