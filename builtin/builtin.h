@@ -130,10 +130,16 @@ bool tr_input_is_image(tr_input_shape s);
 int tr_named_dataset_holds_images(const char *path, bool *images, nas_err *err);
 /* Keeps the first n examples of ds (all when n is 0 or at least ds->n). */
 int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err);
+/* What tr_standardize did: x became (x - mean) / std. */
+typedef struct {
+  double mean, std;
+} tr_standardization;
 /* One mean and one standard deviation over every value of ref; each dataset in sets
- * (count n) becomes (x - mean) / std in place. One pair for all features, so a pixel that
- * is constant in ref cannot blow up in another split. */
-int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas_err *err);
+ * (count n) becomes (x - mean) / std in place, and *done (may be NULL) gets the pair, which
+ * new inputs need too. One pair for all features, so a pixel that is constant in ref
+ * cannot blow up in another split. */
+int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n,
+                   tr_standardization *done, nas_err *err);
 
 /* What tr_fit does; callbacks may be NULL. A callback that returns non-zero stops
  * training with that return (its message in err). */
@@ -269,6 +275,7 @@ typedef struct {
                            test part, when the dataset has one */
   tr_dataset val;
   float background;     /* the smallest standardised training value: what crops pad with */
+  tr_standardization standardization; /* every part's: what new inputs need too */
   tr_data_cache *cache; /* owned: the mapping the features lie on; NULL when read directly */
   char origin[400];     /* where the data came from, for the trial's log */
 } worker_data;

@@ -230,7 +230,8 @@ int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err) {
   return NAS_OK;
 }
 
-int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas_err *err) {
+int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n,
+                   tr_standardization *done, nas_err *err) {
   if (!ref->x || ref->x->numel == 0 || !tr_is_contiguous(ref->x))
     return nas_errf(err, "standardize: no contiguous reference data");
   const float *v = tr_f32(ref->x);
@@ -239,7 +240,9 @@ int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas
   double mean = sum / count;
   for (int64_t i = 0; i < ref->x->numel; i++) sum2 += (v[i] - mean) * (v[i] - mean);
   double std = sqrt(sum2 / count);
-  float shift = (float)mean, scale = (float)(1.0 / (std > 1e-12 ? std : 1.0));
+  if (std <= 1e-12) std = 1; /* every value alike: shifted only */
+  float shift = (float)mean, scale = (float)(1.0 / std);
+  if (done) *done = (tr_standardization){mean, std};
   for (size_t s = 0; s < n; s++) {
     tr_tensor *x = sets[s]->x;
     if (!x) continue;

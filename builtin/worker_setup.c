@@ -267,7 +267,7 @@ static int prepare(tr_ctx *ctx, const worker_plan *plan, uint64_t split_seed, wo
   int rc = tr_dataset_truncate(ctx, &d->all.train, plan->limit_train, err);
   if (rc == NAS_OK) rc = tr_dataset_truncate(ctx, &d->val, plan->limit_val, err);
   tr_dataset *const parts[] = {&d->all.train, &d->val, &d->all.test};
-  return rc == NAS_OK ? tr_standardize(&d->all.train, parts, 3, err) : rc;
+  return rc == NAS_OK ? tr_standardize(&d->all.train, parts, 3, &d->standardization, err) : rc;
 }
 
 static float smallest_value(const tr_dataset *ds) {

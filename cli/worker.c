@@ -544,15 +544,18 @@ static int measure_latency(worker *w, metric_latency *out, nas_err *err) {
   return rc;
 }
 
-/* DIR/weights.nasw (the engine's format) and DIR/model.json, which says what they are. */
+/* DIR/weights.nasw (the engine's format) and DIR/model.json, which says what they are and
+ * how their inputs were standardised (new inputs need the same). */
 static int save_model(worker *w, const char *dir, nas_err *err) {
   const tr_input_shape *in = &w->data.all.shape;
+  const tr_standardization *st = &w->data.standardization;
   char *weights = nas_asprintf("%s/weights.nasw", dir), *about = nas_asprintf("%s/model.json", dir);
-  json_t *desc = json_pack("{s:s, s:s, s:O, s:[I,I,I], s:i, s:I, s:s}", "model",
+  json_t *desc = json_pack("{s:s, s:s, s:O, s:[I,I,I], s:i, s:I, s:s, s:{s:f, s:f}}", "model",
                            w->s->trial.builtin->model, "dataset", w->data.all.source, "settings",
                            w->settings, "input", (json_int_t)in->channels, (json_int_t)in->height,
                            (json_int_t)in->width, "classes", (int)w->data.all.train.nclasses,
-                           "params", (json_int_t)w->model.params, "weights", "weights.nasw");
+                           "params", (json_int_t)w->model.params, "weights", "weights.nasw",
+                           "standardize", "mean", st->mean, "std", st->std);
   char *text = desc ? json_dumps(desc, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
   int rc = weights && about && text ? nas_mkdirs(dir, err) : nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = tr_module_save(w->model.module, weights, err);

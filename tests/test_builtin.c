@@ -229,7 +229,7 @@ static void digits_load_by_name_as_8x8_images(void **state) {
   assert_int_equal(nd.train.n, 100);
   assert_int_equal(nd.train.x->shape[0], 100);
   tr_dataset *const parts[] = {&nd.train};
-  assert_int_equal(tr_standardize(&nd.train, parts, 1, &err), NAS_OK);
+  assert_int_equal(tr_standardize(&nd.train, parts, 1, NULL, &err), NAS_OK);
   double sum = 0, sum2 = 0;
   for (int64_t i = 0; i < nd.train.x->numel; i++) sum += tr_get(nd.train.x, i);
   for (int64_t i = 0; i < nd.train.x->numel; i++) sum2 += pow(tr_get(nd.train.x, i), 2);
@@ -435,7 +435,25 @@ static bool has_metric(const metric_row *rows, size_t n, const char *name, int64
   return false;
 }
 
-/* The weights the worker saved load into the same architecture built anew. */
+/* The standardisation model.json in dir records ({"mean": m, "std": s}) applied to every
+ * raw digit: the weights need their inputs as (x - mean) / std, as they were trained. */
+static void standardize_as_saved(const char *dir, tr_dataset *digits) {
+  char *about = nas_asprintf("%s/model.json", dir);
+  json_t *saved = json_load_file(about, 0, NULL);
+  free(about);
+  const json_t *standardize = json_object_get(saved, "standardize");
+  if (!json_is_number(json_object_get(standardize, "mean")) ||
+      !(json_number_value(json_object_get(standardize, "std")) > 0))
+    fail_msg("model.json says no standardisation: %s", json_dumps(saved, 0));
+  double mean = json_number_value(json_object_get(standardize, "mean")),
+         std = json_number_value(json_object_get(standardize, "std"));
+  float *x = tr_f32(digits->x);
+  for (int64_t i = 0; i < digits->x->numel; i++) x[i] = (float)((x[i] - mean) / std);
+  json_decref(saved);
+}
+
+/* The weights the worker saved load into the same architecture built anew, and classify
+ * raw digits standardised as model.json says about as well as the trial's validation. */
 static void assert_weights_load(fixture *f, const char *name, const json_t *trial,
                                 tr_norm_kind norm) {
   tr_ctx ctx;
@@ -447,12 +465,21 @@ static void assert_weights_load(fixture *f, const char *name, const json_t *tria
   tr_model m;
   assert_int_equal(tr_mlp_build(&ctx, &cfg, (tr_input_shape){1, 8, 8}, 10, &m), NAS_OK);
   assert_int_equal(m.params, (int64_t)num(trial, "params"));
-  char *weights;
-  assert_true(asprintf(&weights, "%s/runs/%s/%d/weights.nasw", f->dir, name,
-                       (int)num(trial, "trial")) > 0);
+  char *dir = nas_asprintf("%s/runs/%s/%d", f->dir, name, (int)num(trial, "trial"));
+  char *weights = nas_asprintf("%s/weights.nasw", dir);
   nas_err err;
   if (tr_module_load(m.module, weights, &err)) fail_msg("%s", err.msg);
-  free(weights);
+  const char *data = getenv("NAS_DATA_DIR");
+  const char *const dirs[] = {data ? data : "tests/data", NULL};
+  tr_named_dataset digits;
+  if (tr_named_dataset_load(&ctx, "digits", dirs, &digits, &err)) fail_msg("%s", err.msg);
+  standardize_as_saved(dir, &digits.train);
+  double accuracy = 0;
+  if (tr_evaluate(&ctx, m.module, &digits.train, 0, &accuracy, &err)) fail_msg("%s", err.msg);
+  if (accuracy < num(trial, METRIC_ACCURACY) - 0.1)
+    fail_msg("raw digits: accuracy %g, validation %g", accuracy, num(trial, METRIC_ACCURACY));
+  tr_named_dataset_free(&digits);
+  free(weights), free(dir);
   tr_model_free(&m);
 }
 
