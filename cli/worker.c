@@ -39,7 +39,8 @@ static const char worker_help[] =
     "of a sharded or pipelined trial: train_state.rank0.nast ...) to go on from in\n"
     "$NAS_RESUME_DIR, and $NAS_SAVE_DIR to save both in as well.\n";
 
-/* Seconds between heartbeats while an epoch runs. */
+/* Seconds between heartbeats while an epoch runs, at most: a quarter of the trial's
+ * heartbeat_timeout when that is shorter, so that one late beat does not lose the trial. */
 static const double heartbeat_every_s = 5.0;
 
 typedef struct {
@@ -342,7 +343,9 @@ static int worker_prepare(worker *w, nas_err *err) {
 /* ---- training ---- */
 
 static void beat_when_due(worker *w) {
-  if (nas_monotonic() - w->last_beat >= heartbeat_every_s) heartbeat(w);
+  double timeout = w->s->trial.heartbeat_timeout_s;
+  double every = timeout > 0 && timeout / 4 < heartbeat_every_s ? timeout / 4 : heartbeat_every_s;
+  if (nas_monotonic() - w->last_beat >= every) heartbeat(w);
 }
 
 static int on_step(void *arg, nas_err *err) {

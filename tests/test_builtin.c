@@ -972,6 +972,23 @@ static void batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial(void
   free(ranks), free(few), free(micro);
 }
 
+/* A heartbeat_timeout shorter than the worker's usual 5 s between heartbeats: it beats
+ * more often then, so an epoch of seconds is no silence that loses the trial. */
+static void worker_beats_within_a_short_heartbeat_timeout(void **state) {
+  fixture *f = *state;
+  char *spec = digits_experiment(f, "beats", "mlp", "  lr: {type: float, low: 0.001, high: 0.01}\n",
+                                 "epochs: 1, layers: 3, width: 1536, batch_size: 16", 1, 1,
+                                 "2m\n  heartbeat_timeout: 2s\n  max_attempts: 1"),
+       *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, "beats");
+  if (count_status(rows, "completed") != 1)
+    fail_msg("lost: %s", json_dumps(rows, 0));
+  json_decref(rows);
+  free(spec);
+}
+
 /* Batch norm cannot normalise a single example, and the last batch of an epoch can leave
  * one to the whole step (33 examples in batches of 32), to a rank (35 in 32s on 2 ranks:
  * 2 usable, 1 each) or to a micro-batch (37 in 16s in 4 micro-batches: 1, 1, 1, 2): such a
@@ -1140,6 +1157,8 @@ int main(void) {
           batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(
           batch_norm_trials_skip_a_last_batch_of_one_example_per_part, setup, teardown),
+      cmocka_unit_test_setup_teardown(worker_beats_within_a_short_heartbeat_timeout, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
                                       teardown),
