@@ -262,6 +262,32 @@ static void csv_paths_load_with_their_shape(void **state) {
   free(dir);
 }
 
+/* A CSV row of k² features is a k×k image for any k: 64×64 images (4 096 features and
+ * the label: 4 097 columns) load as such, every value where its column put it. */
+static void csv_of_64x64_images_loads_as_images(void **state) {
+  (void)state;
+  enum { SIDE = 64, FEATURES = SIDE * SIDE, ROWS = 3 };
+  char *text = malloc((size_t)ROWS * (FEATURES + 1) * 8), *at = text;
+  for (int r = 0; r < ROWS; r++) {
+    for (int c = 0; c < FEATURES; c++) at += sprintf(at, "%d,", (r * 7 + c) % 256);
+    at += sprintf(at, "%d\n", r);
+  }
+  char *dir = test_tmpdir(), *path = test_write(dir, "big.csv", text);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_named_dataset nd;
+  nas_err err;
+  if (tr_named_dataset_load(&ctx, path, NULL, &nd, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(nd.train.n, ROWS);
+  assert_int_equal(nd.shape.channels, 1);
+  assert_int_equal(nd.shape.height, SIDE);
+  assert_int_equal(nd.shape.width, SIDE);
+  assert_true(tr_get(nd.train.x, 2 * FEATURES + FEATURES - 1) == (2 * 7 + FEATURES - 1) % 256);
+  tr_named_dataset_free(&nd);
+  test_rmtree(dir);
+  free(dir), free(path), free(text);
+}
+
 /* Writes n bytes to dir/name. */
 static void put_bytes(const char *dir, const char *name, const unsigned char *data, size_t n) {
   char *path = nas_asprintf("%s/%s", dir, name);
@@ -1131,6 +1157,7 @@ int main(void) {
       cmocka_unit_test(latency_leaves_what_runs_between_requests_untimed),
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
+      cmocka_unit_test(csv_of_64x64_images_loads_as_images),
       cmocka_unit_test(idx_folder_with_half_a_test_pair_is_refused),
       cmocka_unit_test(idx_test_images_of_another_shape_are_refused),
       cmocka_unit_test(datasets_say_whether_they_hold_images),
