@@ -133,6 +133,13 @@ static void csv_fails_with(const char *path, const char *want) {
   if (!strstr(ctx.err.msg, want)) fail_msg("'%s' does not say '%s'", ctx.err.msg, want);
 }
 
+/* Loads path as CSV (label last) into ds, failing the test on an error. */
+static void csv_loads(const char *path, tr_dataset *ds) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  if (tr_csv_load(&ctx, path, -1, ds)) fail_msg("%s", ctx.err.msg);
+}
+
 /* An IDX images file whose header claims dims (3 images of whatever size they say, with
  * 4 bytes of data) beside labels for 3 images: loading it fails naming it and saying want. */
 static void idx_fails_with(int ndims, const uint32_t *dims, const char *want) {
@@ -229,10 +236,8 @@ static void csv_values_beyond_float32_are_refused(void **state) {
     free(path);
   }
   char *path = test_write(dir, "edge.csv", "3.4e38,-3.4e38,0\n1,2,1\n");
-  tr_ctx ctx;
-  tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  csv_loads(path, &ds);
   assert_true(isfinite(tr_get(ds.x, 0)) && isfinite(tr_get(ds.x, 1)));
   tr_dataset_free(&ds);
   free(path);
@@ -246,10 +251,8 @@ static void csv_values_too_small_for_a_double_load_as_numbers(void **state) {
   (void)state;
   char *dir = test_tmpdir();
   char *path = test_write(dir, "tiny.csv", "1e-320,2,0\n3,1e-400,1\n");
-  tr_ctx ctx;
-  tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  csv_loads(path, &ds);
   assert_int_equal(ds.n, 2);
   assert_true(tr_get(ds.x, 1) == 2.0f && tr_get(ds.x, 3) == 0.0f);
   tr_dataset_free(&ds);
@@ -270,10 +273,8 @@ static void csv_labels_past_the_class_limit_are_refused(void **state) {
   }
   /* the largest label allowed still loads */
   char *path = test_write(dir, "top.csv", "1,2,0\n3,4,65535\n");
-  tr_ctx ctx;
-  tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  csv_loads(path, &ds);
   assert_int_equal(ds.nclasses, 65536);
   tr_dataset_free(&ds);
   free(path);
