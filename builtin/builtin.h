@@ -114,7 +114,7 @@ typedef struct {
  * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-… of images of the
  * same shape; each may end in .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
  * Named datasets are looked for in the folders dirs (NULL-terminated): digits.csv.gz in
- * each, or a fashion-mnist/ folder in each. */
+ * each, or a fashion-mnist/ folder in each. Training examples of one label only are refused. */
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err);
 /* Where tr_named_dataset_load would read `name` from, without reading it: *path (owned) is

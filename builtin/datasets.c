@@ -185,6 +185,13 @@ int tr_named_dataset_find(const char *name, const char *const *dirs, char **path
   return *path ? NAS_OK : nas_errf(err, "out of memory");
 }
 
+/* Whether every example of ds has the same label (ds->n > 0). */
+static bool one_label(const tr_dataset *ds) {
+  for (int64_t i = 1; i < ds->n; i++)
+    if (ds->y[i] != ds->y[0]) return false;
+  return true;
+}
+
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err) {
   memset(out, 0, sizeof *out);
@@ -193,6 +200,10 @@ int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs
   if (rc == NAS_OK) rc = load_path(ctx, path, out, err);
   free(path);
   if (rc == NAS_OK && out->train.n == 0) rc = nas_errf(err, "dataset %s holds no examples", name);
+  /* every model would score 1: most likely the wrong column was taken for the label */
+  if (rc == NAS_OK && one_label(&out->train))
+    rc = nas_errf(err, "dataset %s: every training example has label %d: one class, nothing "
+                  "to classify (a CSV file's label is its last column)", name, out->train.y[0]);
   if (rc == NAS_OK) rc = finish(ctx, out, err);
   if (rc != NAS_OK) tr_named_dataset_free(out);
   return rc;

@@ -288,6 +288,31 @@ static void csv_of_64x64_images_loads_as_images(void **state) {
   free(dir), free(path), free(text);
 }
 
+/* A dataset whose examples all have one label (a constant column taken for the label)
+ * leaves nothing to classify: every model would score 1. It is refused, naming the label. */
+static void dataset_of_one_class_is_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *texts[] = {"1,2,0\n3,4,0\n5,6,0\n", "1,2,3\n3,4,3\n5,6,3\n"};
+  const char *labels[] = {"label 0", "label 3"};
+  for (int i = 0; i < 2; i++) {
+    char *path = test_write(dir, "one.csv", texts[i]);
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 5);
+    tr_named_dataset nd;
+    nas_err err;
+    if (tr_named_dataset_load(&ctx, path, NULL, &nd, &err) == NAS_OK) {
+      tr_named_dataset_free(&nd);
+      fail_msg("a dataset of one class loaded");
+    }
+    if (!strstr(err.msg, "one class") || !strstr(err.msg, labels[i]))
+      fail_msg("'%s' does not say one class, %s", err.msg, labels[i]);
+    free(path);
+  }
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* Writes n bytes to dir/name. */
 static void put_bytes(const char *dir, const char *name, const unsigned char *data, size_t n) {
   char *path = nas_asprintf("%s/%s", dir, name);
@@ -1158,6 +1183,7 @@ int main(void) {
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
       cmocka_unit_test(csv_of_64x64_images_loads_as_images),
+      cmocka_unit_test(dataset_of_one_class_is_refused),
       cmocka_unit_test(idx_folder_with_half_a_test_pair_is_refused),
       cmocka_unit_test(idx_test_images_of_another_shape_are_refused),
       cmocka_unit_test(datasets_say_whether_they_hold_images),
