@@ -131,6 +131,8 @@ int fit_last_epoch(const tr_fit_config *cfg) {
 int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
               const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched, int64_t *step,
               nas_err *err) {
+  if (cfg->batch_size < 1)
+    return nas_errf(err, "training: batch_size %lld (at least 1)", (long long)cfg->batch_size);
   int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size;
   *sched = schedule_for(cfg, per_epoch);
   *step = per_epoch * cfg->first_epoch;
