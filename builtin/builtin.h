@@ -112,9 +112,10 @@ typedef struct {
 /* Loads `name`: "digits" (scikit-learn's 8×8 digits, digits.csv.gz), "fashion-mnist"
  * (Debian's dataset-fashion-mnist) or a path: a folder of IDX files
  * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-… of images of the
- * same shape; each may end in .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
- * Named datasets are looked for in the folders dirs (NULL-terminated): digits.csv.gz in
- * each, or a fashion-mnist/ folder in each. Training examples of one label only are refused. */
+ * same shape; each may end in .gz) or a CSV file (label last; k² features read as a 1×k×k
+ * image, others as k×1×1). Named datasets are looked for in the folders dirs
+ * (NULL-terminated): digits.csv.gz in each, or a fashion-mnist/ folder in each. Training
+ * examples of one label only are refused. */
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err);
 /* Where tr_named_dataset_load would read `name` from, without reading it: *path (owned) is
@@ -202,8 +203,8 @@ int64_t tr_argmax(const float *values, int64_t n);
  * included); the callbacks run on rank 0 only, which also validates; a failure on any
  * rank stops all of them at the same step. A batch is cut to a multiple of the world size
  * (the last batch of an epoch may lose up to world - 1 examples); a batch_size or a
- * training set smaller than the world is refused, as no batch would train. *accuracy is rank 0's
- * (0 elsewhere). On return m holds the whole trained model on every rank. */
+ * training set smaller than the world is refused, as no batch would train. *accuracy is
+ * rank 0's (0 elsewhere). On return m holds the whole trained model on every rank. */
 typedef struct {
   tr_comm *comm;          /* borrowed: this rank's communicator */
   tr_comm *prefetch_comm; /* borrowed; NULL: no prefetch whatever fsdp says (nor on a
@@ -219,9 +220,9 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
 /* What tr_fit does, on one stage of a pipeline (docs/engine-pipeline.md): m cut into the
  * stages of rank's pipeline by pipe, each mini-batch streamed through them as micro-batches.
  * Every stage calls it with the same data and cfg (shuffle seed included) on its own copy
- * of the same model; a batch smaller than pipe->chunks is skipped (a batch_size or a training
- * set smaller is refused, as no batch would train). The callbacks run on
- * stage 0, which also validates: after every epoch the stages' layers are gathered into
+ * of the same model; a batch smaller than pipe->chunks is skipped (a batch_size or a
+ * training set smaller is refused, as no batch would train). The callbacks run on stage 0,
+ * which also validates: after every epoch the stages' layers are gathered into
  * stage 0's m, which holds the whole trained model on return. *accuracy is stage 0's (0
  * elsewhere). On a CUDA device (cfg->device), m is there and ctx->cuda is its engine;
  * the stages then meet over NCCL (one process per GPU). */

@@ -7,8 +7,9 @@
 #include "builtin/builtin.h"
 
 /* The shuffled loader of train, the schedule over every epoch's steps, and m in training
- * mode (a batch_size below 1 is refused); opt NULL means making the optimiser failed, and ctx says why. A resumed run
- * (cfg->first_epoch > 0) gets its loader and *step where those epochs left them. */
+ * mode (a batch_size below 1 is refused); opt NULL means making the optimiser failed, and
+ * ctx says why. A resumed run (cfg->first_epoch > 0) gets its loader and *step where those
+ * epochs left them. */
 int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
               const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched, int64_t *step,
               nas_err *err);
