@@ -1119,6 +1119,29 @@ static void a_trial_drawing_both_devices_and_a_pipeline_is_refused(void **state)
   assert_true(plan.pipe.deferred_batch_norm);
 }
 
+/* A relative NAS_DATA_DIR in trial.env is the trials' folder's (they run in trial.workdir,
+ * the spec's folder), so the check before launching looks there too, not in the folder
+ * nas runs in: digits in SPEC_DIR/data passes it, from wherever the check runs. */
+static void relative_data_dir_of_trial_env_is_checked_where_the_trials_run(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *data = nas_asprintf("%s/data", dir);
+  nas_err err;
+  assert_int_equal(nas_mkdirs(data, &err), NAS_OK);
+  const char *from = getenv("NAS_DATA_DIR");
+  char *copy[] = {"cp", nas_asprintf("%s/digits.csv.gz", from ? from : "tests/data"), data, NULL};
+  assert_int_equal(test_run(NULL, copy, NULL), 0);
+  spec *s = NULL;
+  const char *yaml = "name: t\nparameters:\n  width: {type: int, low: 8, high: 16}\n"
+                     "objectives:\n  - {name: accuracy, goal: maximize}\n"
+                     "trial:\n  builtin: {model: mlp, dataset: digits}\n"
+                     "  env: {NAS_DATA_DIR: data}\nbudget: {trials: 1}\n";
+  assert_int_equal(spec_parse(yaml, "t.yaml", dir, &s, &err), NAS_OK);
+  if (worker_builtin_check(s, &err) != NAS_OK) fail_msg("%s", err.msg);
+  spec_free(s);
+  test_rmtree(dir);
+  free(dir), free(data), free(copy[1]);
+}
+
 static void cuda_trials_without_a_device_are_refused(void **state) {
   fixture *f = *state;
   if (tr_cuda_device_count(NULL) > 0) skip(); /* a machine with a GPU runs them */
@@ -1212,6 +1235,7 @@ int main(void) {
           batch_norm_trials_skip_a_last_batch_of_one_example_per_part, setup, teardown),
       cmocka_unit_test_setup_teardown(worker_beats_within_a_short_heartbeat_timeout, setup,
                                       teardown),
+      cmocka_unit_test(relative_data_dir_of_trial_env_is_checked_where_the_trials_run),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
                                       teardown),
