@@ -111,10 +111,11 @@ typedef struct {
 
 /* Loads `name`: "digits" (scikit-learn's 8×8 digits, digits.csv.gz), "fashion-mnist"
  * (Debian's dataset-fashion-mnist) or a path: a folder of IDX files
- * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-…; each may end in
- * .gz) or a CSV file (label last; k² features read as a 1×k×k image, others as k×1×1).
- * Named datasets are looked for in the folders dirs (NULL-terminated): digits.csv.gz in
- * each, or a fashion-mnist/ folder in each. */
+ * (train-images-idx3-ubyte, train-labels-idx1-ubyte, optionally t10k-… of images of the
+ * same shape; each may end in .gz) or a CSV file (label last; k² features read as a 1×k×k
+ * image, others as k×1×1). Named datasets are looked for in the folders dirs
+ * (NULL-terminated): digits.csv.gz in each, or a fashion-mnist/ folder in each. Training
+ * examples of one label only are refused. */
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err);
 /* Where tr_named_dataset_load would read `name` from, without reading it: *path (owned) is
@@ -130,10 +131,16 @@ bool tr_input_is_image(tr_input_shape s);
 int tr_named_dataset_holds_images(const char *path, bool *images, nas_err *err);
 /* Keeps the first n examples of ds (all when n is 0 or at least ds->n). */
 int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err);
+/* What tr_standardize did: x became (x - mean) / std. */
+typedef struct {
+  double mean, std;
+} tr_standardization;
 /* One mean and one standard deviation over every value of ref; each dataset in sets
- * (count n) becomes (x - mean) / std in place. One pair for all features, so a pixel that
- * is constant in ref cannot blow up in another split. */
-int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas_err *err);
+ * (count n) becomes (x - mean) / std in place, and *done (may be NULL) gets the pair, which
+ * new inputs need too. One pair for all features, so a pixel that is constant in ref
+ * cannot blow up in another split. */
+int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n,
+                   tr_standardization *done, nas_err *err);
 
 /* What tr_fit does; callbacks may be NULL. A callback that returns non-zero stops
  * training with that return (its message in err). */
@@ -171,7 +178,9 @@ typedef struct {
 } tr_fit_config;
 
 /* Trains m on train with cross-entropy, evaluating on val after every epoch; *accuracy
- * (may be NULL) gets the last validation accuracy. */
+ * (may be NULL) gets the last validation accuracy. A model with batch norm skips a last
+ * batch of one example when full batches hold more (batch norm cannot normalise one; the
+ * sharded and pipelined fits skip one that leaves a rank or micro-batch one alike). */
 int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset *val,
            const tr_fit_config *cfg, double *accuracy, nas_err *err);
 /* The training state file of part `index` of `count` (unit "rank": a sharded rank;
@@ -193,8 +202,9 @@ int64_t tr_argmax(const float *values, int64_t n);
  * every global batch. Every rank calls it with the same data and cfg (shuffle seed
  * included); the callbacks run on rank 0 only, which also validates; a failure on any
  * rank stops all of them at the same step. A batch is cut to a multiple of the world size
- * (the last batch of an epoch may lose up to world - 1 examples). *accuracy is rank 0's
- * (0 elsewhere). On return m holds the whole trained model on every rank. */
+ * (the last batch of an epoch may lose up to world - 1 examples); a batch_size or a
+ * training set smaller than the world is refused, as no batch would train. *accuracy is
+ * rank 0's (0 elsewhere). On return m holds the whole trained model on every rank. */
 typedef struct {
   tr_comm *comm;          /* borrowed: this rank's communicator */
   tr_comm *prefetch_comm; /* borrowed; NULL: no prefetch whatever fsdp says (nor on a
@@ -210,8 +220,9 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
 /* What tr_fit does, on one stage of a pipeline (docs/engine-pipeline.md): m cut into the
  * stages of rank's pipeline by pipe, each mini-batch streamed through them as micro-batches.
  * Every stage calls it with the same data and cfg (shuffle seed included) on its own copy
- * of the same model; a batch smaller than pipe->chunks is skipped. The callbacks run on
- * stage 0, which also validates: after every epoch the stages' layers are gathered into
+ * of the same model; a batch smaller than pipe->chunks is skipped (a batch_size or a
+ * training set smaller is refused, as no batch would train). The callbacks run on stage 0,
+ * which also validates: after every epoch the stages' layers are gathered into
  * stage 0's m, which holds the whole trained model on return. *accuracy is stage 0's (0
  * elsewhere). On a CUDA device (cfg->device), m is there and ctx->cuda is its engine;
  * the stages then meet over NCCL (one process per GPU). */
@@ -265,6 +276,7 @@ typedef struct {
                            test part, when the dataset has one */
   tr_dataset val;
   float background;     /* the smallest standardised training value: what crops pad with */
+  tr_standardization standardization; /* every part's: what new inputs need too */
   tr_data_cache *cache; /* owned: the mapping the features lie on; NULL when read directly */
   char origin[400];     /* where the data came from, for the trial's log */
 } worker_data;

@@ -110,16 +110,21 @@ static int reshape_to(tr_ctx *ctx, tr_dataset *ds, tr_input_shape s, nas_err *er
   return NAS_OK;
 }
 
-/* Both parts as images of the training part's shape; the class count covers both. */
+/* Both parts as images of the training part's shape, which the test part's must be (the
+ * same pixel count in another geometry would be scrambled); the class count covers both. */
 static int finish(tr_ctx *ctx, tr_named_dataset *nd, nas_err *err) {
   nd->shape = image_shape(&nd->train);
   if (nd->test.n > 0) {
-    int64_t train_row = nd->train.x->numel / nd->train.n, test_row = nd->test.x->numel / nd->test.n;
-    if (train_row != test_row)
-      return nas_errf(err, "%s: training examples have %lld values, test examples %lld",
-                      nd->source, (long long)train_row, (long long)test_row);
-    int32_t train = nd->train.nclasses, test = nd->test.nclasses;
-    nd->train.nclasses = nd->test.nclasses = train > test ? train : test;
+    tr_input_shape train = nd->shape, test = image_shape(&nd->test);
+    if (train.channels != test.channels || train.height != test.height ||
+        train.width != test.width)
+      return nas_errf(err, "%s: training examples are %lldx%lldx%lld, test examples %lldx%lldx%lld "
+                      "(channels x height x width)", nd->source, (long long)train.channels,
+                      (long long)train.height, (long long)train.width, (long long)test.channels,
+                      (long long)test.height, (long long)test.width);
+    int32_t classes = nd->train.nclasses > nd->test.nclasses ? nd->train.nclasses
+                                                             : nd->test.nclasses;
+    nd->train.nclasses = nd->test.nclasses = classes;
   }
   int rc = reshape_to(ctx, &nd->train, nd->shape, err);
   return rc ? rc : reshape_to(ctx, &nd->test, nd->shape, err);
@@ -180,6 +185,13 @@ int tr_named_dataset_find(const char *name, const char *const *dirs, char **path
   return *path ? NAS_OK : nas_errf(err, "out of memory");
 }
 
+/* Whether every example of ds has the same label (ds->n > 0). */
+static bool one_label(const tr_dataset *ds) {
+  for (int64_t i = 1; i < ds->n; i++)
+    if (ds->y[i] != ds->y[0]) return false;
+  return true;
+}
+
 int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs,
                           tr_named_dataset *out, nas_err *err) {
   memset(out, 0, sizeof *out);
@@ -188,6 +200,10 @@ int tr_named_dataset_load(tr_ctx *ctx, const char *name, const char *const *dirs
   if (rc == NAS_OK) rc = load_path(ctx, path, out, err);
   free(path);
   if (rc == NAS_OK && out->train.n == 0) rc = nas_errf(err, "dataset %s holds no examples", name);
+  /* every model would score 1: most likely the wrong column was taken for the label */
+  if (rc == NAS_OK && one_label(&out->train))
+    rc = nas_errf(err, "dataset %s: every training example has label %d: one class, nothing "
+                  "to classify (a CSV file's label is its last column)", name, out->train.y[0]);
   if (rc == NAS_OK) rc = finish(ctx, out, err);
   if (rc != NAS_OK) tr_named_dataset_free(out);
   return rc;
@@ -225,7 +241,8 @@ int tr_dataset_truncate(tr_ctx *ctx, tr_dataset *ds, int64_t n, nas_err *err) {
   return NAS_OK;
 }
 
-int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas_err *err) {
+int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n,
+                   tr_standardization *done, nas_err *err) {
   if (!ref->x || ref->x->numel == 0 || !tr_is_contiguous(ref->x))
     return nas_errf(err, "standardize: no contiguous reference data");
   const float *v = tr_f32(ref->x);
@@ -234,7 +251,9 @@ int tr_standardize(const tr_dataset *ref, tr_dataset *const *sets, size_t n, nas
   double mean = sum / count;
   for (int64_t i = 0; i < ref->x->numel; i++) sum2 += (v[i] - mean) * (v[i] - mean);
   double std = sqrt(sum2 / count);
-  float shift = (float)mean, scale = (float)(1.0 / (std > 1e-12 ? std : 1.0));
+  if (std <= 1e-12) std = 1; /* every value alike: shifted only */
+  float shift = (float)mean, scale = (float)(1.0 / std);
+  if (done) *done = (tr_standardization){mean, std};
   for (size_t s = 0; s < n; s++) {
     tr_tensor *x = sets[s]->x;
     if (!x) continue;

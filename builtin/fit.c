@@ -131,6 +131,8 @@ int fit_last_epoch(const tr_fit_config *cfg) {
 int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *train,
               const tr_fit_config *cfg, tr_loader *ld, tr_lr_schedule *sched, int64_t *step,
               nas_err *err) {
+  if (cfg->batch_size < 1)
+    return nas_errf(err, "training: batch_size %lld (at least 1)", (long long)cfg->batch_size);
   int64_t per_epoch = (train->n + cfg->batch_size - 1) / cfg->batch_size;
   *sched = schedule_for(cfg, per_epoch);
   *step = per_epoch * cfg->first_epoch;
@@ -141,6 +143,42 @@ int fit_begin(tr_ctx *ctx, tr_module *m, const tr_optim *opt, const tr_dataset *
   int rc = tr_loader_init(ld, train, cfg->batch_size, true, cfg->shuffle_seed, err);
   if (rc == NAS_OK) tr_loader_skip_epochs(ld, cfg->first_epoch);
   return rc;
+}
+
+/* Whether m keeps buffers besides its parameters: only batch norm's running statistics are. */
+static bool has_batch_norm(tr_module *m) {
+  tr_param_list params = {0}, with_buffers = {0};
+  nas_err ignored;
+  bool more = tr_module_parameters(m, false, &params, &ignored) == NAS_OK &&
+              tr_module_parameters(m, true, &with_buffers, &ignored) == NAS_OK &&
+              with_buffers.n > params.n;
+  tr_param_list_free(&params);
+  tr_param_list_free(&with_buffers);
+  return more;
+}
+
+fit_batching fit_batching_of(tr_module *m, const tr_fit_config *cfg, const tr_dataset *train,
+                             int64_t parts) {
+  int64_t full = cfg->batch_size < train->n ? cfg->batch_size : train->n;
+  return (fit_batching){parts, full / parts, has_batch_norm(m)};
+}
+
+bool fit_batch_trains(const fit_batching *fb, int64_t b) {
+  int64_t share = b / fb->parts;
+  return share > 1 || (share == 1 && !(fb->batch_norm && fb->full_share > 1));
+}
+
+int fit_batches_check(const tr_fit_config *cfg, const tr_dataset *train, int64_t least,
+                      const char *what, nas_err *err) {
+  if (cfg->batch_size < least)
+    return nas_errf(err, "training: batch_size %lld is smaller than the %lld %s: every batch "
+                    "would be skipped and nothing trained", (long long)cfg->batch_size,
+                    (long long)least, what);
+  if (train->n < least)
+    return nas_errf(err, "training: %lld training examples are fewer than the %lld %s: every "
+                    "batch would be skipped and nothing trained", (long long)train->n,
+                    (long long)least, what);
+  return NAS_OK;
 }
 
 char *tr_fit_state_path(const char *base, const char *unit, int index, int count) {
@@ -193,8 +231,9 @@ int64_t fit_next_batch(tr_ctx *ctx, tr_loader *ld, const tr_fit_config *cfg, int
 
 /* One pass over the training data; *mean_loss gets the loss averaged over examples. */
 static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
-                       const tr_fit_config *cfg, const tr_lr_schedule *sched, int64_t *step,
-                       double *mean_loss, nas_err *err) {
+                       const tr_fit_config *cfg, const fit_batching *fb,
+                       const tr_lr_schedule *sched, int64_t *step, double *mean_loss,
+                       nas_err *err) {
   double sum = 0;
   int64_t seen = 0, b;
   tr_tensor *x;
@@ -202,14 +241,15 @@ static int train_epoch(tr_ctx *ctx, tr_module *m, tr_optim *opt, tr_loader *ld,
   int rc = NAS_OK;
   while (rc == NAS_OK && (b = fit_next_batch(ctx, ld, cfg, *step, &x, &y)) > 0) {
     double loss = 0;
+    bool trains = fit_batch_trains(fb, b);
     tr_optim_set_lr(opt, tr_lr_at(sched, (*step)++));
-    if (fit_move_to(ctx, &x, cfg->device) != NAS_OK)
+    if (trains && fit_move_to(ctx, &x, cfg->device) != NAS_OK)
       rc = nas_errf(err, "batch to the device: %s", ctx->err.msg);
-    if (rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, cfg, &loss, err);
+    if (trains && rc == NAS_OK) rc = train_step(ctx, m, opt, x, y, cfg, &loss, err);
     tr_release(x);
     free(y);
-    sum += loss * (double)b;
-    seen += b;
+    sum += trains ? loss * (double)b : 0;
+    seen += trains ? b : 0;
     if (rc == NAS_OK && cfg->on_step) rc = cfg->on_step(cfg->arg, err);
   }
   if (rc == NAS_OK && b < 0) rc = nas_errf(err, "batches: %s", ctx->err.msg);
@@ -227,11 +267,12 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   tr_lr_schedule sched;
   int64_t step = 0;
   const tr_train_part whole = {0, 1, "part"};
+  const fit_batching fb = fit_batching_of(m, cfg, train, 1);
   int rc = fit_begin(ctx, m, opt, train, cfg, &ld, &sched, &step, err);
   if (rc == NAS_OK) rc = fit_state_load(ctx, opt, cfg, &whole, err);
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
-    rc = train_epoch(ctx, m, opt, &ld, cfg, &sched, &step, &loss, err);
+    rc = train_epoch(ctx, m, opt, &ld, cfg, &fb, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = tr_evaluate(ctx, m, val, EVAL_BATCH, &acc, err);
     if (rc == NAS_OK && accuracy) *accuracy = acc;
     if (rc == NAS_OK && cfg->on_epoch) rc = cfg->on_epoch(cfg->arg, epoch, loss, acc, err);
@@ -254,6 +295,7 @@ typedef struct {
   tr_comm *comm;
   bool lead; /* rank 0: runs the callbacks and evaluates */
   double label_smoothing;
+  fit_batching batching; /* parts: the ranks */
 } rank_run;
 
 /* Adds up sums (n values) over the ranks in place; a rank that failed (own_rc) counts in
@@ -307,7 +349,8 @@ static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
     tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
     int own = fit_move_to(r->ctx, &x, cfg->device) == NAS_OK
                   ? NAS_OK : nas_errf(err, "batch to the device: %s", r->ctx->err.msg);
-    if (own == NAS_OK && usable > 0) own = rank_step(r, x, y, usable, &loss, &count, err);
+    if (own == NAS_OK && fit_batch_trains(&r->batching, b))
+      own = rank_step(r, x, y, usable, &loss, &count, err);
     if (own == NAS_OK && r->lead && cfg->on_step) own = cfg->on_step(cfg->arg, err);
     double sums[3] = {0, loss * (double)count, (double)count};
     rc = ranks_agree(r, own, sums, 3, err);
@@ -339,8 +382,11 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
                    const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                    nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
+  /* before any collective: every rank refuses alike */
+  if (fit_batches_check(cfg, train, tr_comm_world(ranks->comm), "ranks", err) != NAS_OK)
+    return NAS_ERR;
   rank_run r = {ctx, m, NULL, NULL, ranks->comm, tr_comm_rank(ranks->comm) == 0,
-                cfg->label_smoothing};
+                cfg->label_smoothing, fit_batching_of(m, cfg, train, tr_comm_world(ranks->comm))};
   tr_fsdp_config fc = ranks->fsdp;
   fc.prefetch = fc.prefetch && ranks->prefetch_comm && cfg->device.kind != TR_CUDA;
   if (!(r.fsdp = tr_fsdp_new(ctx, m, ranks->comm, ranks->prefetch_comm, &fc)))

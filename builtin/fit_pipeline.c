@@ -34,9 +34,9 @@ typedef struct {
   bool lead; /* stage 0: runs the callbacks and validates */
 } stage_run;
 
-static int stage_epoch(stage_run *r, tr_loader *ld, const tr_fit_config *cfg, int chunks,
-                       const tr_lr_schedule *sched, int64_t *step, double *mean_loss,
-                       nas_err *err) {
+static int stage_epoch(stage_run *r, tr_loader *ld, const tr_fit_config *cfg,
+                       const fit_batching *fb, const tr_lr_schedule *sched, int64_t *step,
+                       double *mean_loss, nas_err *err) {
   double sum = 0, seen = 0;
   int64_t b;
   tr_tensor *x;
@@ -47,7 +47,7 @@ static int stage_epoch(stage_run *r, tr_loader *ld, const tr_fit_config *cfg, in
     /* every batch takes its step, one too small to split included: the schedule and
      * fit_begin's resumed step count per_epoch steps an epoch, as tr_fit does */
     tr_optim_set_lr(r->opt, tr_lr_at(sched, (*step)++));
-    if (b >= chunks) {
+    if (fit_batch_trains(fb, b)) {
       tr_optim_zero_grad(r->opt);
       micro_targets targets = {y, cfg->label_smoothing};
       rc = tr_pipe_train_step(r->ctx, r->pipe, x, b, micro_loss, &targets, &loss);
@@ -82,6 +82,8 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
                           const tr_dataset *val, const tr_fit_config *cfg, double *accuracy,
                           nas_err *err) {
   if (train->n == 0) return nas_errf(err, "training: no examples");
+  if (fit_batches_check(cfg, train, pipe->chunks, "micro-batches", err) != NAS_OK) return NAS_ERR;
+  const fit_batching fb = fit_batching_of(m, cfg, train, pipe->chunks); /* before the cut */
   stage_run r = {ctx, tr_pipe_new(ctx, m, rank, pipe), NULL, rank->stage == 0};
   if (!r.pipe) return nas_errf(err, "cutting the model into stages: %s", ctx->err.msg);
   r.opt = tr_pipe_optim_new(ctx, r.pipe, &cfg->optim);
@@ -94,7 +96,7 @@ int tr_fit_pipeline_stage(tr_ctx *ctx, tr_module *m, const tr_pipe_rank *rank,
   if (rc == NAS_OK) rc = fit_state_load(ctx, r.opt, cfg, &part, err);
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
-    rc = stage_epoch(&r, &ld, cfg, pipe->chunks, &sched, &step, &loss, err);
+    rc = stage_epoch(&r, &ld, cfg, &fb, &sched, &step, &loss, err);
     if (rc == NAS_OK) rc = stage_validate(&r, m, val, cfg, epoch, loss, &acc, err);
     if (rc == NAS_OK && accuracy && r.lead) *accuracy = acc;
   }

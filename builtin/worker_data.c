@@ -15,7 +15,7 @@
 #include "builtin/builtin.h"
 
 enum { PART_TRAIN, PART_VAL, PART_TEST, N_PARTS };
-enum { META_BACKGROUND };
+enum { META_BACKGROUND, META_MEAN, META_STD };
 
 /* The builder's state: what to read, and whether reading it (not the cache) failed. */
 typedef struct {
@@ -37,14 +37,17 @@ static int build(tr_ctx *ctx, void *arg, tr_cache_content *out, nas_err *err) {
   out->parts[PART_TEST] = d.all.test;
   out->nparts = N_PARTS;
   out->meta[META_BACKGROUND] = d.background;
+  out->meta[META_MEAN] = d.standardization.mean;
+  out->meta[META_STD] = d.standardization.std;
   free(d.all.source); /* the parts now belong to out */
   return NAS_OK;
 }
 
-/* Everything the prepared data depends on besides the source's files. "v1" names the way
- * worker_data_read prepares; change it when that changes. */
+/* Everything the prepared data depends on besides the source's files. "v2" names the way
+ * worker_data_read prepares and what it accepts; change it when that changes (v1 files
+ * may hold infinities from CSV values past float32, which v2 refuses). */
 static char *preparation_key(const worker_plan *plan, uint64_t split_seed) {
-  return nas_asprintf("nas worker data v1: validation %.17g, split seed %llu, limit_train %lld, "
+  return nas_asprintf("nas worker data v2: validation %.17g, split seed %llu, limit_train %lld, "
                       "limit_val %lld, one mean and std of the training part",
                       plan->validation, (unsigned long long)split_seed,
                       (long long)plan->limit_train, (long long)plan->limit_val);
@@ -65,6 +68,7 @@ static int adopt(const char *path, tr_cache_content *content, worker_data *out, 
   out->val = content->parts[PART_VAL];
   out->all.test = content->parts[PART_TEST];
   out->background = (float)content->meta[META_BACKGROUND];
+  out->standardization = (tr_standardization){content->meta[META_MEAN], content->meta[META_STD]};
   const int64_t *dims = out->all.train.x->shape;
   out->all.shape = (tr_input_shape){dims[1], dims[2], dims[3]};
   out->all.source = realpath(path, NULL);

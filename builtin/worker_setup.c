@@ -267,7 +267,7 @@ static int prepare(tr_ctx *ctx, const worker_plan *plan, uint64_t split_seed, wo
   int rc = tr_dataset_truncate(ctx, &d->all.train, plan->limit_train, err);
   if (rc == NAS_OK) rc = tr_dataset_truncate(ctx, &d->val, plan->limit_val, err);
   tr_dataset *const parts[] = {&d->all.train, &d->val, &d->all.test};
-  return rc == NAS_OK ? tr_standardize(&d->all.train, parts, 3, err) : rc;
+  return rc == NAS_OK ? tr_standardize(&d->all.train, parts, 3, &d->standardization, err) : rc;
 }
 
 static float smallest_value(const tr_dataset *ds) {
@@ -339,22 +339,25 @@ int worker_augment_check(const worker_plan *plan, const worker_data *data, nas_e
 /* ---- checks before launching ---- */
 
 /* NAS_DATA_DIR as the trials will see it: the spec's trial.env wins over nas's own
- * environment, as it does in the job's. Borrowed. */
-static const char *trials_data_dir(const spec *s) {
+ * environment, as it does in the job's; a relative one is the trials' folder's (they run
+ * in trial.workdir). Owned; NULL when unset (or out of memory). */
+static char *trials_data_dir(const spec *s) {
   static const char name[] = "NAS_DATA_DIR=";
   const char *value = getenv("NAS_DATA_DIR");
   for (size_t i = 0; i < s->trial.n_env; i++)
     if (strncmp(s->trial.env[i], name, sizeof name - 1) == 0) value = s->trial.env[i] + sizeof name - 1;
-  return value;
+  return value && *value ? nas_abspath(value, s->trial.workdir) : NULL;
 }
 
 /* Where the trials will find the spec's dataset: *path (owned), or an error saying why not. */
 static int trials_dataset(const spec *s, char **path, nas_err *err) {
-  char **dirs = data_dirs(trials_data_dir(s));
+  char *data_dir = trials_data_dir(s);
+  char **dirs = data_dirs(data_dir);
   int rc = dirs ? tr_named_dataset_find(s->trial.builtin->dataset, (const char *const *)dirs,
                                         path, err)
                 : nas_errf(err, "out of memory");
   strings_free(dirs);
+  free(data_dir);
   return rc;
 }
 

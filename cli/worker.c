@@ -39,7 +39,8 @@ static const char worker_help[] =
     "of a sharded or pipelined trial: train_state.rank0.nast ...) to go on from in\n"
     "$NAS_RESUME_DIR, and $NAS_SAVE_DIR to save both in as well.\n";
 
-/* Seconds between heartbeats while an epoch runs. */
+/* Seconds between heartbeats while an epoch runs, at most: a quarter of the trial's
+ * heartbeat_timeout when that is shorter, so that one late beat does not lose the trial. */
 static const double heartbeat_every_s = 5.0;
 
 typedef struct {
@@ -341,10 +342,15 @@ static int worker_prepare(worker *w, nas_err *err) {
 
 /* ---- training ---- */
 
+static void beat_when_due(worker *w) {
+  double timeout = w->s->trial.heartbeat_timeout_s;
+  double every = timeout > 0 && timeout / 4 < heartbeat_every_s ? timeout / 4 : heartbeat_every_s;
+  if (nas_monotonic() - w->last_beat >= every) heartbeat(w);
+}
+
 static int on_step(void *arg, nas_err *err) {
   (void)err;
-  worker *w = arg;
-  if (nas_monotonic() - w->last_beat >= heartbeat_every_s) heartbeat(w);
+  beat_when_due(arg);
   return NAS_OK;
 }
 
@@ -503,6 +509,7 @@ static int worker_train(worker *w, double *seconds, nas_err *err) {
 /* One batch-1 request as a server answers it: the example copied into a fresh input,
  * the forward pass, the predicted class read out. */
 typedef struct {
+  worker *w;             /* its heartbeats go on between requests */
   tr_ctx *ctx;
   tr_module *module;
   const tr_dataset *examples;
@@ -521,31 +528,37 @@ static int serve_one(void *arg, nas_err *err) {
   return logits ? NAS_OK : nas_errf(err, "%s", sv->ctx->err.msg);
 }
 
-/* On one thread, in evaluation mode without a graph, cycling through validation examples. */
+static void between_requests(void *arg) { beat_when_due(((serving *)arg)->w); }
+
+/* On one thread, in evaluation mode without a graph, cycling through validation examples;
+ * heartbeats go on between requests (a large model's 1 100 requests take minutes). */
 static int measure_latency(worker *w, metric_latency *out, nas_err *err) {
   const tr_input_shape *in = &w->data.all.shape;
-  serving sv = {&w->ctx, w->model.module, &w->data.val, 0,
+  serving sv = {w, &w->ctx, w->model.module, &w->data.val, 0,
                 in->channels * in->height * in->width,
                 {1, in->channels, in->height, in->width}};
   set_threads(1);
   tr_module_train(w->model.module, false);
   bool grad = tr_set_grad_enabled(&w->ctx, false);
-  int rc = metric_latency_measure(serve_one, &sv, METRIC_LATENCY_WARMUP, METRIC_LATENCY_RUNS,
-                                  out, err);
+  int rc = metric_latency_measure_between(serve_one, between_requests, &sv,
+                                          METRIC_LATENCY_WARMUP, METRIC_LATENCY_RUNS, out, err);
   tr_set_grad_enabled(&w->ctx, grad);
   tr_module_train(w->model.module, true);
   return rc;
 }
 
-/* DIR/weights.nasw (the engine's format) and DIR/model.json, which says what they are. */
+/* DIR/weights.nasw (the engine's format) and DIR/model.json, which says what they are and
+ * how their inputs were standardised (new inputs need the same). */
 static int save_model(worker *w, const char *dir, nas_err *err) {
   const tr_input_shape *in = &w->data.all.shape;
+  const tr_standardization *st = &w->data.standardization;
   char *weights = nas_asprintf("%s/weights.nasw", dir), *about = nas_asprintf("%s/model.json", dir);
-  json_t *desc = json_pack("{s:s, s:s, s:O, s:[I,I,I], s:i, s:I, s:s}", "model",
+  json_t *desc = json_pack("{s:s, s:s, s:O, s:[I,I,I], s:i, s:I, s:s, s:{s:f, s:f}}", "model",
                            w->s->trial.builtin->model, "dataset", w->data.all.source, "settings",
                            w->settings, "input", (json_int_t)in->channels, (json_int_t)in->height,
                            (json_int_t)in->width, "classes", (int)w->data.all.train.nclasses,
-                           "params", (json_int_t)w->model.params, "weights", "weights.nasw");
+                           "params", (json_int_t)w->model.params, "weights", "weights.nasw",
+                           "standardize", "mean", st->mean, "std", st->std);
   char *text = desc ? json_dumps(desc, JSON_INDENT(2) | JSON_SORT_KEYS) : NULL;
   int rc = weights && about && text ? nas_mkdirs(dir, err) : nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = tr_module_save(w->model.module, weights, err);
@@ -573,13 +586,18 @@ static int report_final(worker *w, double accuracy, double test_accuracy, const 
   return storage_metrics_add(w->st, w->trial.id, obs, n, -1, err);
 }
 
+/* The test split is evaluated first, on the training's threads (latency leaves one), with a
+ * heartbeat after each part, so that a trial under trial.heartbeat_timeout is not lost here. */
 static int worker_finish(worker *w, const char *run_dir, double accuracy, double seconds,
                          nas_err *err) {
   metric_latency lat;
   double test_accuracy = 0;
-  int rc = measure_latency(w, &lat, err);
-  if (rc == NAS_OK && w->data.all.test.n > 0)
+  int rc = NAS_OK;
+  if (w->data.all.test.n > 0)
     rc = tr_evaluate(&w->ctx, w->model.module, &w->data.all.test, 0, &test_accuracy, err);
+  heartbeat(w);
+  if (rc == NAS_OK) rc = measure_latency(w, &lat, err);
+  heartbeat(w);
   if (rc == NAS_OK && run_dir) rc = save_model(w, run_dir, err);
   if (rc == NAS_OK && w->save_dir) rc = save_model(w, w->save_dir, err);
   if (rc == NAS_OK) rc = report_final(w, accuracy, test_accuracy, &lat, seconds, err);

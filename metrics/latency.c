@@ -20,25 +20,34 @@ static int compare_doubles(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-/* Times runs requests into ms (milliseconds each). */
-static int time_requests(metric_request_fn request, void *arg, int runs, double *ms,
-                         nas_err *err) {
+/* Times runs requests into ms (milliseconds each), between (may be NULL) after each. */
+static int time_requests(metric_request_fn request, metric_between_fn between, void *arg,
+                         int runs, double *ms, nas_err *err) {
   for (int i = 0; i < runs; i++) {
     double start = nas_monotonic();
     if (request(arg, err) != NAS_OK) return nas_err_prefix(err, "latency: request %d", i + 1);
     ms[i] = (nas_monotonic() - start) * 1e3;
+    if (between) between(arg);
   }
   return NAS_OK;
 }
 
 int metric_latency_measure(metric_request_fn request, void *arg, int warmup, int runs,
                            metric_latency *out, nas_err *err) {
+  return metric_latency_measure_between(request, NULL, arg, warmup, runs, out, err);
+}
+
+int metric_latency_measure_between(metric_request_fn request, metric_between_fn between,
+                                   void *arg, int warmup, int runs, metric_latency *out,
+                                   nas_err *err) {
   if (runs < 1) return nas_errf(err, "latency: %d timed requests; at least 1 is needed", runs);
-  for (int i = 0; i < warmup; i++)
+  for (int i = 0; i < warmup; i++) {
     if (request(arg, err) != NAS_OK) return nas_err_prefix(err, "latency: warm-up request");
+    if (between) between(arg);
+  }
   double *ms = malloc(sizeof *ms * (size_t)runs);
   if (!ms) return nas_errf(err, "latency: out of memory");
-  int rc = time_requests(request, arg, runs, ms, err);
+  int rc = time_requests(request, between, arg, runs, ms, err);
   if (rc == NAS_OK) {
     qsort(ms, (size_t)runs, sizeof *ms, compare_doubles);
     double sum = 0;

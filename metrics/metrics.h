@@ -104,6 +104,13 @@ typedef struct {
 /* Runs warmup untimed requests, then runs timed ones (runs >= 1), and summarises them. */
 int metric_latency_measure(metric_request_fn request, void *arg, int warmup, int runs,
                            metric_latency *out, nas_err *err);
+/* What runs between requests, outside the timed part: what a measurement of minutes must
+ * still do, such as a trial's heartbeat. */
+typedef void (*metric_between_fn)(void *arg);
+/* The same, calling between (may be NULL) with arg after every request, warm-up ones too. */
+int metric_latency_measure_between(metric_request_fn request, metric_between_fn between,
+                                   void *arg, int warmup, int runs, metric_latency *out,
+                                   nas_err *err);
 /* The p-th percentile (0 < p <= 100) of n >= 1 ascending values by the nearest-rank rule:
  * the smallest value with at least p% of the values at or below it. */
 double metric_percentile(const double *sorted, size_t n, double p);

@@ -169,6 +169,33 @@ static void latency_percentiles_are_positive_and_ordered(void **state) {
   assert_int_equal(metric_latency_measure(spin, &calls, 0, 0, &lat, &err), NAS_ERR);
 }
 
+/* Requests that spin (spin's calls) with a 2 ms pause after each: a heartbeat's storage
+ * write between requests. */
+typedef struct {
+  int calls, pauses;
+} paced;
+
+static int spin_paced(void *arg, nas_err *err) { return spin(&((paced *)arg)->calls, err); }
+
+static void pause_between(void *arg) {
+  ((paced *)arg)->pauses++;
+  nanosleep(&(struct timespec){0, 2000000}, NULL);
+}
+
+/* A measurement of minutes must still let its trial send heartbeats: `between` runs after
+ * every request, warm-up ones too, and its time is no request's. */
+static void latency_leaves_what_runs_between_requests_untimed(void **state) {
+  (void)state;
+  paced counts = {0, 0};
+  metric_latency lat;
+  nas_err err;
+  if (metric_latency_measure_between(spin_paced, pause_between, &counts, 5, 50, &lat, &err))
+    fail_msg("%s", err.msg);
+  assert_int_equal(counts.calls, 55);
+  assert_int_equal(counts.pauses, 55);
+  assert_true(lat.max_ms < 2.0); /* spins of at most 200 us, never a 2 ms pause */
+}
+
 static void percentiles_use_the_nearest_rank(void **state) {
   (void)state;
   double v[100];
@@ -202,7 +229,7 @@ static void digits_load_by_name_as_8x8_images(void **state) {
   assert_int_equal(nd.train.n, 100);
   assert_int_equal(nd.train.x->shape[0], 100);
   tr_dataset *const parts[] = {&nd.train};
-  assert_int_equal(tr_standardize(&nd.train, parts, 1, &err), NAS_OK);
+  assert_int_equal(tr_standardize(&nd.train, parts, 1, NULL, &err), NAS_OK);
   double sum = 0, sum2 = 0;
   for (int64_t i = 0; i < nd.train.x->numel; i++) sum += tr_get(nd.train.x, i);
   for (int64_t i = 0; i < nd.train.x->numel; i++) sum2 += pow(tr_get(nd.train.x, i), 2);
@@ -231,6 +258,57 @@ static void csv_paths_load_with_their_shape(void **state) {
   assert_int_equal(tr_named_dataset_load(&ctx, "/nonexistent/x.csv", NULL, &nd, &err), NAS_ERR);
   assert_non_null(strstr(err.msg, "no such file or folder"));
   free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* A CSV row of k² features is a k×k image for any k: 64×64 images (4 096 features and
+ * the label: 4 097 columns) load as such, every value where its column put it. */
+static void csv_of_64x64_images_loads_as_images(void **state) {
+  (void)state;
+  enum { SIDE = 64, FEATURES = SIDE * SIDE, ROWS = 3 };
+  char *text = malloc((size_t)ROWS * (FEATURES + 1) * 8), *at = text;
+  for (int r = 0; r < ROWS; r++) {
+    for (int c = 0; c < FEATURES; c++) at += sprintf(at, "%d,", (r * 7 + c) % 256);
+    at += sprintf(at, "%d\n", r);
+  }
+  char *dir = test_tmpdir(), *path = test_write(dir, "big.csv", text);
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_named_dataset nd;
+  nas_err err;
+  if (tr_named_dataset_load(&ctx, path, NULL, &nd, &err)) fail_msg("%s", err.msg);
+  assert_int_equal(nd.train.n, ROWS);
+  assert_int_equal(nd.shape.channels, 1);
+  assert_int_equal(nd.shape.height, SIDE);
+  assert_int_equal(nd.shape.width, SIDE);
+  assert_true(tr_get(nd.train.x, 2 * FEATURES + FEATURES - 1) == (2 * 7 + FEATURES - 1) % 256);
+  tr_named_dataset_free(&nd);
+  test_rmtree(dir);
+  free(dir), free(path), free(text);
+}
+
+/* A dataset whose examples all have one label (a constant column taken for the label)
+ * leaves nothing to classify: every model would score 1. It is refused, naming the label. */
+static void dataset_of_one_class_is_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *texts[] = {"1,2,0\n3,4,0\n5,6,0\n", "1,2,3\n3,4,3\n5,6,3\n"};
+  const char *labels[] = {"label 0", "label 3"};
+  for (int i = 0; i < 2; i++) {
+    char *path = test_write(dir, "one.csv", texts[i]);
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 5);
+    tr_named_dataset nd;
+    nas_err err;
+    if (tr_named_dataset_load(&ctx, path, NULL, &nd, &err) == NAS_OK) {
+      tr_named_dataset_free(&nd);
+      fail_msg("a dataset of one class loaded");
+    }
+    if (!strstr(err.msg, "one class") || !strstr(err.msg, labels[i]))
+      fail_msg("'%s' does not say one class, %s", err.msg, labels[i]);
+    free(path);
+  }
   test_rmtree(dir);
   free(dir);
 }
@@ -269,6 +347,50 @@ static void idx_folder_with_half_a_test_pair_is_refused(void **state) {
       fail_msg("%s alone loaded", halves[i][0]);
     }
     if (!strstr(err.msg, halves[i][1])) fail_msg("'%s' does not name %s", err.msg, halves[i][1]);
+    test_rmtree(dir);
+    free(dir);
+  }
+}
+
+/* Test images of another geometry than the training images are refused naming both
+ * shapes, even when their pixel counts agree (2x2 and 1x4 images would be read as 2x2,
+ * their pixels scrambled); a flat IDX file of 4 values per example is 2x2 images. */
+static void idx_test_images_of_another_shape_are_refused(void **state) {
+  (void)state;
+  const unsigned char train[] = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 2, 0, 0, 0, 2,
+                                 1, 2, 3, 4, 5, 6, 7, 8};
+  const unsigned char wide[] = {0, 0, 8, 3, 0, 0, 0, 2, 0, 0, 0, 1, 0, 0, 0, 4,
+                                1, 2, 3, 4, 5, 6, 7, 8};
+  const unsigned char flat[] = {0, 0, 8, 2, 0, 0, 0, 2, 0, 0, 0, 4, 1, 2, 3, 4, 5, 6, 7, 8};
+  const unsigned char labels[] = {0, 0, 8, 1, 0, 0, 0, 2, 0, 1};
+  struct {
+    const unsigned char *test;
+    size_t size;
+    bool loads;
+  } cases[] = {{wide, sizeof wide, false}, {flat, sizeof flat, true}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *dir = test_tmpdir();
+    put_bytes(dir, "train-images-idx3-ubyte", train, sizeof train);
+    put_bytes(dir, "train-labels-idx1-ubyte", labels, sizeof labels);
+    put_bytes(dir, "t10k-images-idx3-ubyte", cases[i].test, cases[i].size);
+    put_bytes(dir, "t10k-labels-idx1-ubyte", labels, sizeof labels);
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 5);
+    tr_named_dataset nd;
+    nas_err err;
+    int rc = tr_named_dataset_load(&ctx, dir, NULL, &nd, &err);
+    if (cases[i].loads) {
+      if (rc != NAS_OK) fail_msg("case %zu: %s", i, err.msg);
+      assert_int_equal(nd.test.x->shape[2], 2);
+      tr_named_dataset_free(&nd);
+    } else {
+      if (rc == NAS_OK) {
+        tr_named_dataset_free(&nd);
+        fail_msg("test images of 1x4 loaded beside training images of 2x2");
+      }
+      if (!strstr(err.msg, "1x2x2") || !strstr(err.msg, "1x1x4"))
+        fail_msg("'%s' does not name both shapes", err.msg);
+    }
     test_rmtree(dir);
     free(dir);
   }
@@ -364,7 +486,25 @@ static bool has_metric(const metric_row *rows, size_t n, const char *name, int64
   return false;
 }
 
-/* The weights the worker saved load into the same architecture built anew. */
+/* The standardisation model.json in dir records ({"mean": m, "std": s}) applied to every
+ * raw digit: the weights need their inputs as (x - mean) / std, as they were trained. */
+static void standardize_as_saved(const char *dir, tr_dataset *digits) {
+  char *about = nas_asprintf("%s/model.json", dir);
+  json_t *saved = json_load_file(about, 0, NULL);
+  free(about);
+  const json_t *standardize = json_object_get(saved, "standardize");
+  if (!json_is_number(json_object_get(standardize, "mean")) ||
+      !(json_number_value(json_object_get(standardize, "std")) > 0))
+    fail_msg("model.json says no standardisation: %s", json_dumps(saved, 0));
+  double mean = json_number_value(json_object_get(standardize, "mean")),
+         std = json_number_value(json_object_get(standardize, "std"));
+  float *x = tr_f32(digits->x);
+  for (int64_t i = 0; i < digits->x->numel; i++) x[i] = (float)((x[i] - mean) / std);
+  json_decref(saved);
+}
+
+/* The weights the worker saved load into the same architecture built anew, and classify
+ * raw digits standardised as model.json says about as well as the trial's validation. */
 static void assert_weights_load(fixture *f, const char *name, const json_t *trial,
                                 tr_norm_kind norm) {
   tr_ctx ctx;
@@ -376,12 +516,21 @@ static void assert_weights_load(fixture *f, const char *name, const json_t *tria
   tr_model m;
   assert_int_equal(tr_mlp_build(&ctx, &cfg, (tr_input_shape){1, 8, 8}, 10, &m), NAS_OK);
   assert_int_equal(m.params, (int64_t)num(trial, "params"));
-  char *weights;
-  assert_true(asprintf(&weights, "%s/runs/%s/%d/weights.nasw", f->dir, name,
-                       (int)num(trial, "trial")) > 0);
+  char *dir = nas_asprintf("%s/runs/%s/%d", f->dir, name, (int)num(trial, "trial"));
+  char *weights = nas_asprintf("%s/weights.nasw", dir);
   nas_err err;
   if (tr_module_load(m.module, weights, &err)) fail_msg("%s", err.msg);
-  free(weights);
+  const char *data = getenv("NAS_DATA_DIR");
+  const char *const dirs[] = {data ? data : "tests/data", NULL};
+  tr_named_dataset digits;
+  if (tr_named_dataset_load(&ctx, "digits", dirs, &digits, &err)) fail_msg("%s", err.msg);
+  standardize_as_saved(dir, &digits.train);
+  double accuracy = 0;
+  if (tr_evaluate(&ctx, m.module, &digits.train, 0, &accuracy, &err)) fail_msg("%s", err.msg);
+  if (accuracy < num(trial, METRIC_ACCURACY) - 0.1)
+    fail_msg("raw digits: accuracy %g, validation %g", accuracy, num(trial, METRIC_ACCURACY));
+  tr_named_dataset_free(&digits);
+  free(weights), free(dir);
   tr_model_free(&m);
 }
 
@@ -839,6 +988,83 @@ static void augmentation_on_a_dataset_without_images_is_refused(void **state) {
   free(out), free(id), free(fixed), free(searched);
 }
 
+/* Runs experiment name (spec at path, one trial) expecting its trial to fail at its
+ * set-up, before any epoch, with a reason that holds want (the worker run again by hand). */
+static void assert_trial_fails_untrained(fixture *f, const char *name, const char *path,
+                                         const char *want) {
+  char *out;
+  assert_int_equal(nas(f, &out, "run", path, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, name);
+  assert_int_equal(count_status(rows, "failed"), 1);
+  json_decref(rows);
+  char *id = trial_id(f, name, 0);
+  char *argv[] = {(char *)test_nas_bin(), "worker", "--trial", id, "--storage", f->db, NULL};
+  assert_int_not_equal(test_run(f->dir, argv, &out), 0);
+  if (!strstr(out, want) || strstr(out, "epoch 1/")) fail_msg("trained or no reason: %s", out);
+  free(out), free(id);
+}
+
+/* A sharded batch gives each rank a share and a pipelined one each micro-batch an example:
+ * a trial whose every batch is smaller than its ranks or micro-batches would skip them all
+ * and "complete" on its initial weights, so it fails saying why; whether the batch size or
+ * the training examples are the fewer. */
+static void batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial(void **state) {
+  fixture *f = *state;
+  char *ranks = digits_spec(f, "ranks", "epochs: 1, limit_train: 40, batch_size: 2, devices: 4",
+                            1, 1, "1m");
+  assert_trial_fails_untrained(f, "ranks", ranks, "batch_size 2 is smaller than the 4 ranks");
+  char *few = digits_spec(f, "few", "epochs: 1, limit_train: 3, devices: 4", 1, 1, "1m");
+  assert_trial_fails_untrained(f, "few", few, "3 training examples");
+  char *micro = digits_spec(f, "micro", "epochs: 1, limit_train: 40, batch_size: 2, "
+                            "pipeline: {stages: 2, chunks: 4}", 1, 1, "1m");
+  assert_trial_fails_untrained(f, "micro", micro,
+                               "batch_size 2 is smaller than the 4 micro-batches");
+  free(ranks), free(few), free(micro);
+}
+
+/* A heartbeat_timeout shorter than the worker's usual 5 s between heartbeats: it beats
+ * more often then, so an epoch of seconds is no silence that loses the trial. */
+static void worker_beats_within_a_short_heartbeat_timeout(void **state) {
+  fixture *f = *state;
+  char *spec = digits_experiment(f, "beats", "mlp", "  lr: {type: float, low: 0.001, high: 0.01}\n",
+                                 "epochs: 1, layers: 3, width: 1536, batch_size: 16", 1, 1,
+                                 "2m\n  heartbeat_timeout: 2s\n  max_attempts: 1"),
+       *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  free(out);
+  json_t *rows = trials_json(f, "beats");
+  if (count_status(rows, "completed") != 1)
+    fail_msg("lost: %s", json_dumps(rows, 0));
+  json_decref(rows);
+  free(spec);
+}
+
+/* Batch norm cannot normalise a single example, and the last batch of an epoch can leave
+ * one to the whole step (33 examples in batches of 32), to a rank (35 in 32s on 2 ranks:
+ * 2 usable, 1 each) or to a micro-batch (37 in 16s in 4 micro-batches: 1, 1, 1, 2): such a
+ * batch is skipped, and the trial trains to its end. */
+static void batch_norm_trials_skip_a_last_batch_of_one_example_per_part(void **state) {
+  fixture *f = *state;
+  const char *names[] = {"whole", "ranks", "micro"};
+  const char *settings[] = {
+      "epochs: 2, norm: batch, limit_train: 33, batch_size: 32",
+      "epochs: 2, norm: batch, limit_train: 35, batch_size: 32, devices: 2",
+      "epochs: 2, norm: batch, limit_train: 37, batch_size: 16, pipeline: {stages: 2, chunks: 4}"};
+  for (int i = 0; i < 3; i++) {
+    char *spec = digits_spec(f, names[i], settings[i], 1, 1, "1m"), *out;
+    assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+    free(out);
+    json_t *rows = trials_json(f, names[i]);
+    if (count_status(rows, "completed") != 1) {
+      char *log = trial_log(f, names[i], 0);
+      fail_msg("%s: not completed: %s", names[i], log);
+    }
+    json_decref(rows);
+    free(spec);
+  }
+}
+
 /* device: cuda where there is no CUDA device is refused at the start, with what to do. */
 /* The plan of a trial whose search picked params (JSON) in a spec that searches devices
  * and pipeline stages: worker_plan_read's verdict, its message in err. */
@@ -891,6 +1117,29 @@ static void a_trial_drawing_both_devices_and_a_pipeline_is_refused(void **state)
   assert_int_equal(plan.pipe.checkpoint, TR_PIPE_CKPT_EXCEPT_LAST);
   assert_int_equal(plan.pipe_balance, TR_FIT_BALANCE_COUNT);
   assert_true(plan.pipe.deferred_batch_norm);
+}
+
+/* A relative NAS_DATA_DIR in trial.env is the trials' folder's (they run in trial.workdir,
+ * the spec's folder), so the check before launching looks there too, not in the folder
+ * nas runs in: digits in SPEC_DIR/data passes it, from wherever the check runs. */
+static void relative_data_dir_of_trial_env_is_checked_where_the_trials_run(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *data = nas_asprintf("%s/data", dir);
+  nas_err err;
+  assert_int_equal(nas_mkdirs(data, &err), NAS_OK);
+  const char *from = getenv("NAS_DATA_DIR");
+  char *copy[] = {"cp", nas_asprintf("%s/digits.csv.gz", from ? from : "tests/data"), data, NULL};
+  assert_int_equal(test_run(NULL, copy, NULL), 0);
+  spec *s = NULL;
+  const char *yaml = "name: t\nparameters:\n  width: {type: int, low: 8, high: 16}\n"
+                     "objectives:\n  - {name: accuracy, goal: maximize}\n"
+                     "trial:\n  builtin: {model: mlp, dataset: digits}\n"
+                     "  env: {NAS_DATA_DIR: data}\nbudget: {trials: 1}\n";
+  assert_int_equal(spec_parse(yaml, "t.yaml", dir, &s, &err), NAS_OK);
+  if (worker_builtin_check(s, &err) != NAS_OK) fail_msg("%s", err.msg);
+  spec_free(s);
+  test_rmtree(dir);
+  free(dir), free(data), free(copy[1]);
 }
 
 static void cuda_trials_without_a_device_are_refused(void **state) {
@@ -953,9 +1202,13 @@ int main(void) {
       cmocka_unit_test(builds_say_why_a_layer_cannot_be_made),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
       cmocka_unit_test(percentiles_use_the_nearest_rank),
+      cmocka_unit_test(latency_leaves_what_runs_between_requests_untimed),
       cmocka_unit_test(digits_load_by_name_as_8x8_images),
       cmocka_unit_test(csv_paths_load_with_their_shape),
+      cmocka_unit_test(csv_of_64x64_images_loads_as_images),
+      cmocka_unit_test(dataset_of_one_class_is_refused),
       cmocka_unit_test(idx_folder_with_half_a_test_pair_is_refused),
+      cmocka_unit_test(idx_test_images_of_another_shape_are_refused),
       cmocka_unit_test(datasets_say_whether_they_hold_images),
       cmocka_unit_test_setup_teardown(worker_stores_every_metric_and_the_weights, setup, teardown),
       cmocka_unit_test_setup_teardown(builtin_experiment_finds_a_front, setup, teardown),
@@ -976,6 +1229,13 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(augmentation_on_a_dataset_without_images_is_refused, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(
+          batches_too_small_for_the_ranks_or_micro_batches_fail_the_trial, setup, teardown),
+      cmocka_unit_test_setup_teardown(
+          batch_norm_trials_skip_a_last_batch_of_one_example_per_part, setup, teardown),
+      cmocka_unit_test_setup_teardown(worker_beats_within_a_short_heartbeat_timeout, setup,
+                                      teardown),
+      cmocka_unit_test(relative_data_dir_of_trial_env_is_checked_where_the_trials_run),
       cmocka_unit_test_setup_teardown(cuda_trials_without_a_device_are_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(recipe_trials_train_and_share_the_data_cache, setup,
                                       teardown),

@@ -173,7 +173,7 @@ static void families_learn_digits(void **state) {
   assert_int_equal(tr_dataset_truncate(&ctx, &train, 600, &err), NAS_OK);
   assert_int_equal(tr_dataset_truncate(&ctx, &val, 300, &err), NAS_OK);
   tr_dataset *const parts[] = {&train, &val};
-  assert_int_equal(tr_standardize(&train, parts, 2, &err), NAS_OK);
+  assert_int_equal(tr_standardize(&train, parts, 2, NULL, &err), NAS_OK);
   tr_mobilenet_config relu_mobilenet = small_mobilenet;
   relu_mobilenet.activation = TR_RELU;
   const void *cfgs[] = {&small_resnet, &small_mobilenet, &relu_mobilenet};

@@ -133,6 +133,13 @@ static void csv_fails_with(const char *path, const char *want) {
   if (!strstr(ctx.err.msg, want)) fail_msg("'%s' does not say '%s'", ctx.err.msg, want);
 }
 
+/* Loads path as CSV (label last) into ds, failing the test on an error. */
+static void csv_loads(const char *path, tr_dataset *ds) {
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 1);
+  if (tr_csv_load(&ctx, path, -1, ds)) fail_msg("%s", ctx.err.msg);
+}
+
 /* An IDX images file whose header claims dims (3 images of whatever size they say, with
  * 4 bytes of data) beside labels for 3 images: loading it fails naming it and saying want. */
 static void idx_fails_with(int ndims, const uint32_t *dims, const char *want) {
@@ -216,16 +223,36 @@ static void csv_nan_or_infinite_values_are_refused(void **state) {
   free(dir);
 }
 
+/* A value a double holds but float32 does not (past ±3.4e38) would be stored as an
+ * infinity, and standardising would then make every feature NaN: refused like inf. */
+static void csv_values_beyond_float32_are_refused(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  const char *rows[] = {"1,2,0\n3,1e39,1\n", "1,2,0\n-3.5e38,4,1\n"};
+  for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+    char *path = test_write(dir, "f.csv", rows[i]);
+    csv_fails_with(path, "f.csv:2");
+    csv_fails_with(path, "float32");
+    free(path);
+  }
+  char *path = test_write(dir, "edge.csv", "3.4e38,-3.4e38,0\n1,2,1\n");
+  tr_dataset ds;
+  csv_loads(path, &ds);
+  assert_true(isfinite(tr_get(ds.x, 0)) && isfinite(tr_get(ds.x, 1)));
+  tr_dataset_free(&ds);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* Values below the smallest double (strtod's underflow) are numbers: the first row holding
  * one is not taken for a header and dropped, nor a later one refused. */
 static void csv_values_too_small_for_a_double_load_as_numbers(void **state) {
   (void)state;
   char *dir = test_tmpdir();
   char *path = test_write(dir, "tiny.csv", "1e-320,2,0\n3,1e-400,1\n");
-  tr_ctx ctx;
-  tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  csv_loads(path, &ds);
   assert_int_equal(ds.n, 2);
   assert_true(tr_get(ds.x, 1) == 2.0f && tr_get(ds.x, 3) == 0.0f);
   tr_dataset_free(&ds);
@@ -246,10 +273,8 @@ static void csv_labels_past_the_class_limit_are_refused(void **state) {
   }
   /* the largest label allowed still loads */
   char *path = test_write(dir, "top.csv", "1,2,0\n3,4,65535\n");
-  tr_ctx ctx;
-  tr_ctx_init(&ctx, 1);
   tr_dataset ds;
-  if (tr_csv_load(&ctx, path, -1, &ds)) fail_msg("%s", ctx.err.msg);
+  csv_loads(path, &ds);
   assert_int_equal(ds.nclasses, 65536);
   tr_dataset_free(&ds);
   free(path);
@@ -471,6 +496,7 @@ int main(void) {
       cmocka_unit_test(idx_data_longer_than_its_dims_say_is_refused),
       cmocka_unit_test(gzip_file_cut_short_is_an_error_not_fewer_rows),
       cmocka_unit_test(csv_nan_or_infinite_values_are_refused),
+      cmocka_unit_test(csv_values_beyond_float32_are_refused),
       cmocka_unit_test(csv_values_too_small_for_a_double_load_as_numbers),
       cmocka_unit_test(csv_labels_past_the_class_limit_are_refused),
       cmocka_unit_test(csv_errors_name_the_line_of_the_file_counting_blank_lines),

@@ -186,6 +186,26 @@ static void resumed_fit_ends_where_an_uninterrupted_one_does(void **state) {
   free(dir);
 }
 
+/* A batch of no examples would make an epoch of infinitely many steps (a division by 0):
+ * refused with what was given, before any step. */
+static void fit_refuses_batches_of_no_examples(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_dataset data = two_class_images(&ctx, 8);
+  tr_model m = mlp(&ctx);
+  tr_fit_config cfg = recipe((tr_optim_config){.kind = TR_SGD, .lr = 0.1});
+  nas_err err;
+  for (int64_t batch = 0; batch >= -1; batch--) {
+    cfg.batch_size = batch;
+    assert_int_equal(tr_fit(&ctx, m.module, &data, &data, &cfg, NULL, &err), NAS_ERR);
+    if (!strstr(err.msg, "batch_size") || !strstr(err.msg, "at least 1"))
+      fail_msg("batch_size %lld: '%s'", (long long)batch, err.msg);
+  }
+  tr_model_free(&m);
+  tr_dataset_free(&data);
+}
+
 /* The test above can fail: without the training state Adam's moments start afresh and the
  * dropout masks differ, and so do the weights. */
 static void resumed_fit_without_the_training_state_ends_elsewhere(void **state) {
@@ -451,6 +471,7 @@ int main(void) {
       cmocka_unit_test(label_smoothing_matches_pytorch_definition),
       cmocka_unit_test(resumed_fit_ends_where_an_uninterrupted_one_does),
       cmocka_unit_test(resumed_fit_without_the_training_state_ends_elsewhere),
+      cmocka_unit_test(fit_refuses_batches_of_no_examples),
       cmocka_unit_test(damaged_training_state_is_refused_with_the_reason),
       cmocka_unit_test(training_state_ending_after_its_magic_is_called_damaged),
       cmocka_unit_test(sharded_fit_resumed_on_two_thread_ranks_ends_where_an_uninterrupted_one_does),

@@ -451,9 +451,9 @@ typedef struct {
 void tr_dataset_free(tr_dataset *ds);
 /* IDX images (n, rows, cols as floats 0..255) and labels; gzip-compressed or plain. */
 int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, tr_dataset *out);
-/* CSV of numbers, one example a line, the label in column label_col (-1: last; an integer
- * 0 to 65535); gzip ok. A first line that does not parse as numbers is taken as a header
- * and skipped. */
+/* CSV of numbers (finite, within float32's range), one example a line, the label in column
+ * label_col (-1: last; an integer 0 to 65535); gzip ok. A first line that does not parse
+ * as numbers is taken as a header and skipped. */
 int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out);
 /* Shuffles with seed and moves the first round(n * val_fraction) examples to val. Both
  * outputs are new datasets; src is left as it was. */

@@ -6,6 +6,7 @@
  * the caller, never from ctx's generator, so data order does not shift when a model change
  * draws a different number of random values. */
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <errno.h>
 #include <stdlib.h>
@@ -144,10 +145,11 @@ int tr_idx_load(tr_ctx *ctx, const char *images_path, const char *labels_path, t
 /* What parse_line says of a line that is not one of finite numbers. */
 enum { CSV_NOT_NUMBERS = -1, CSV_NOT_FINITE = -2 };
 
-/* Parses one line of comma-separated numbers into vals (up to cap); returns the count,
- * CSV_NOT_NUMBERS when a field is no number (as in a header), or CSV_NOT_FINITE when one
- * is NaN or infinite (strtod takes "nan" and "inf", and gives inf for too large a value;
- * too small a one is 0 or subnormal, a number all the same). */
+/* Parses one line of comma-separated numbers into vals (up to cap; cap 0 and vals NULL
+ * count only); returns the count, CSV_NOT_NUMBERS when a field is no number (as in a
+ * header), or CSV_NOT_FINITE when one is NaN or infinite (strtod takes "nan" and "inf",
+ * and gives inf for too large a value; too small a one is 0 or subnormal, a number all the
+ * same) or past float32's range (stored as float32, it would be an infinity). */
 static int64_t parse_line(char *line, double *vals, int64_t cap) {
   int64_t n = 0;
   bool finite = true;
@@ -156,7 +158,7 @@ static int64_t parse_line(char *line, double *vals, int64_t cap) {
     char *end;
     double v = strtod(p, &end);
     if (end == p) return CSV_NOT_NUMBERS;
-    finite = finite && isfinite(v);
+    finite = finite && isfinite(v) && fabs(v) <= FLT_MAX;
     while (*end == ' ' || *end == '\t' || *end == '\r') end++;
     if (n < cap) vals[n] = v;
     n++;
@@ -209,23 +211,9 @@ static int store_row(const double *vals, int64_t ncols, int64_t lc, float *xrow,
   return NAS_OK;
 }
 
-static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_t nlines,
-                    int label_col, tr_dataset *out, nas_err *err) {
-  double probe[4096];
-  int64_t first = 0, ncols = parse_line(lines[0].text, probe, 4096);
-  if (ncols == CSV_NOT_NUMBERS) { /* a header */
-    if (nlines < 2) return nas_errf(err, "%s: a header and no data", path);
-    first = 1;
-    ncols = parse_line(lines[1].text, probe, 4096);
-  }
-  if (ncols < 0)
-    return nas_errf(err, "%s:%lld: not a line of finite numbers", path,
-                    (long long)lines[first].number);
-  if (ncols < 2 || ncols > 4096)
-    return nas_errf(err, "%s: %lld columns (2 to 4096 supported)", path, (long long)ncols);
-  int64_t lc = label_col < 0 ? ncols + label_col : label_col, n = nlines - first;
-  if (lc < 0 || lc >= ncols)
-    return nas_errf(err, "%s: label column %d of %lld", path, label_col, (long long)ncols);
+/* Parses the rows into out; vals has room for ncols values (the first data line's). */
+static int csv_fill(tr_ctx *ctx, const char *path, const csv_line *lines, int64_t n,
+                    int64_t ncols, int64_t lc, double *vals, tr_dataset *out, nas_err *err) {
   tr_tensor *x = tr_empty(ctx, TR_F32, 2, (int64_t[]){n, ncols - 1});
   int32_t *y = malloc(sizeof(int32_t) * (size_t)n);
   if (!x || !y) {
@@ -235,17 +223,42 @@ static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_
   }
   int32_t top = -1;
   for (int64_t r = 0; r < n; r++) {
-    int64_t got = parse_line(lines[first + r].text, probe, 4096);
-    if (got != ncols || store_row(probe, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
+    int64_t got = parse_line(lines[r].text, vals, ncols);
+    if (got != ncols || store_row(vals, ncols, lc, tr_f32(x) + r * (ncols - 1), &y[r])) {
       tr_release(x);
       free(y);
-      return nas_errf(err, "%s:%lld: expected %lld finite numbers, the label an integer 0 to %d",
-                      path, (long long)lines[first + r].number, (long long)ncols, CSV_MAX_LABEL);
+      return nas_errf(err, "%s:%lld: expected %lld finite numbers (within float32's +-3.4e38), "
+                      "the label an integer 0 to %d", path, (long long)lines[r].number,
+                      (long long)ncols, CSV_MAX_LABEL);
     }
     if (y[r] > top) top = y[r];
   }
   *out = (tr_dataset){x, y, n, top + 1};
   return NAS_OK;
+}
+
+/* Columns are counted on the first data line (parse_line counts past a cap of 0), so a
+ * row may be as wide as the file allows: 64x64 images are 4 097 columns. */
+static int csv_rows(tr_ctx *ctx, const char *path, const csv_line *lines, int64_t nlines,
+                    int label_col, tr_dataset *out, nas_err *err) {
+  int64_t first = 0, ncols = parse_line(lines[0].text, NULL, 0);
+  if (ncols == CSV_NOT_NUMBERS) { /* a header */
+    if (nlines < 2) return nas_errf(err, "%s: a header and no data", path);
+    first = 1;
+    ncols = parse_line(lines[1].text, NULL, 0);
+  }
+  if (ncols < 0)
+    return nas_errf(err, "%s:%lld: not a line of finite numbers (within float32's +-3.4e38)", path,
+                    (long long)lines[first].number);
+  if (ncols < 2) return nas_errf(err, "%s: 1 column (a label and at least 1 feature)", path);
+  int64_t lc = label_col < 0 ? ncols + label_col : label_col;
+  if (lc < 0 || lc >= ncols)
+    return nas_errf(err, "%s: label column %d of %lld", path, label_col, (long long)ncols);
+  double *vals = malloc(sizeof *vals * (size_t)ncols);
+  int rc = vals ? csv_fill(ctx, path, lines + first, nlines - first, ncols, lc, vals, out, err)
+                : nas_errf(err, "%s: out of memory", path);
+  free(vals);
+  return rc;
 }
 
 int tr_csv_load(tr_ctx *ctx, const char *path, int label_col, tr_dataset *out) {
