@@ -137,6 +137,30 @@ static void resume_runs_the_rest_beside_a_trial_handed_out_by_ask(void **state) 
   free(spec);
 }
 
+/* `nas stop` asks runners to stop their jobs; a trial handed out by `nas ask` has none (its
+ * job id is the asker's name), so it is left to its asker, without an error about it. */
+static void nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml",
+                          "name: asked\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 3}\n");
+  char *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "stop", "asked", NULL), 0);
+  if (strstr(out, "handle")) fail_msg("nas stop said: %s", out);
+  assert_non_null(strstr(out, "asked 0 running trials to stop"));
+  free(out);
+  json_t *rows = trials_json(f, "asked");
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "running");
+  json_decref(rows);
+  free(spec);
+}
+
 static void nas_stop_from_another_process_stops_the_run(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "long.yaml",
@@ -440,6 +464,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
       cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
       cmocka_unit_test_setup_teardown(resume_runs_the_rest_beside_a_trial_handed_out_by_ask, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
