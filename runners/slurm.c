@@ -404,19 +404,18 @@ static int prepare(const slurm_runner *sr, const runner_job *job, prepared *p, n
   return slurm_job_script_write(&task, &p->script, err);
 }
 
-/* Owned copy of path with every '%' doubled, as sbatch's --output reads it. */
+/* Owned sbatch --output pattern "dir/name": every '%' of dir doubled, so that sbatch reads
+ * the folder as it is, and name kept as a pattern ("%a.log": one file per array task). */
 static char *output_pattern(const char *dir, const char *name) {
-  char *path = nas_asprintf("%s/%s", dir, name);
-  char *out = path ? malloc(2 * strlen(path) + 1) : NULL;
+  char *out = malloc(2 * strlen(dir) + strlen(name) + 2);
   if (out) {
     char *w = out;
-    for (const char *p = path; *p; p++) {
+    for (const char *p = dir; *p; p++) {
       *w++ = *p;
       if (*p == '%') *w++ = '%';
     }
-    *w = '\0';
+    sprintf(w, "/%s", name);
   }
-  free(path);
   return out;
 }
 

@@ -788,6 +788,30 @@ static void job_array_runs_each_trial_in_its_own_run_dir(void **state) {
   runner_free(r);
 }
 
+/* What Slurm itself says about task i of an array (here the notice of a cancel) goes to
+ * trial i's stderr.log through array/i.log, not to one file shared by every task. */
+static void slurm_messages_of_an_array_task_land_in_its_trials_stderr_log(void **state) {
+  fixture *f = cluster_fixture(state);
+  runner *r = runner_with("{\"poll_interval\": 0.2, \"array\": true}");
+  char *sleeper[] = {"sh", "-c", "touch started; exec sleep 300", NULL};
+  char *quick[] = {"true", NULL};
+  char *run_dirs[2] = {run_dir_new(f), run_dir_new(f)}, *handles[2];
+  runner_job jobs[2] = {{.argv = sleeper, .workdir = f->dir, .run_dir = run_dirs[0]},
+                        {.argv = quick, .workdir = f->dir, .run_dir = run_dirs[1]}};
+  nas_err err;
+  if (runner_start_batch(r, jobs, 2, handles, &err) != NAS_OK) fail_msg("%s", err.msg);
+  file_wait(f->dir, "started", WAIT_LIMIT_S);
+  assert_int_equal(runner_stop(r, handles[0], run_dirs[0], &err), NAS_OK);
+  assert_int_equal(wait_end(r, handles[0], run_dirs[0], WAIT_LIMIT_S).state, JOB_STOPPED);
+  assert_int_equal(wait_end(r, handles[1], run_dirs[1], WAIT_LIMIT_S).state, JOB_EXITED);
+  char *errs = file_text(run_dirs[0], "stderr.log");
+  if (!strstr(errs, "CANCELLED")) fail_msg("trial 0's stderr.log: '%s'", errs);
+  assert_false(file_exists(run_dirs[0], "array/%a.log"));
+  free(errs);
+  for (int i = 0; i < 2; i++) free(handles[i]), free(run_dirs[i]);
+  runner_free(r);
+}
+
 /* Writes the spec text to the fixture's folder, runs `nas run` on it (storage in that
  * folder) and returns what `nas trials NAME --format FORMAT` prints (owned). */
 static char *experiment_run(fixture *f, const char *name, const char *yaml, const char *format) {
@@ -1209,6 +1233,7 @@ int main(void) {
       T(builtin_trial_trains_across_two_srun_tasks),
       T(builtin_pipeline_trial_runs_its_stages_as_srun_tasks),
     T(job_array_runs_each_trial_in_its_own_run_dir),
+      T(slurm_messages_of_an_array_task_land_in_its_trials_stderr_log),
       T(batch_without_array_starts_one_job_each),
       T(each_poll_asks_slurm_at_most_once_for_all_jobs),
       T(end_is_learnt_from_exit_json_long_before_the_poll_interval),
