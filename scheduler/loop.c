@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "scheduler/internal.h"
 
@@ -522,6 +523,28 @@ static void on_signal(sched *sc, int sig) {
   }
 }
 
+/* SIGINT and SIGTERM sent to the process go to any of its threads that does not block
+ * them, and libraries start threads before main whose masks the loop cannot set
+ * (OpenBLAS's pool, at load): there the default action ended the process at once,
+ * whatever the loop was doing (a slow squeue, a suggestion). While the loop runs, this
+ * handler, which only such a thread ever runs, hands the signal on to the main thread
+ * (sched_run's), which blocks it and waits for it. */
+static void signal_forward(int sig) {
+  int saved_errno = errno;
+  if (gettid() != getpid()) tgkill(getpid(), getpid(), sig);
+  errno = saved_errno;
+}
+
+/* Installs signal_forward for sig, keeping its action in *old; a signal the caller
+ * ignores (a job started in the background, nohup) stays ignored. */
+static void signal_forward_install(int sig, struct sigaction *old) {
+  sigaction(sig, NULL, old);
+  if (old->sa_handler == SIG_IGN) return;
+  struct sigaction forward = {.sa_handler = signal_forward, .sa_flags = SA_RESTART};
+  sigfillset(&forward.sa_mask);
+  sigaction(sig, &forward, NULL);
+}
+
 /* Sleeps until a child process ends (a job may be done), a signal arrives, or the poll
  * interval passes. Every signal waited on is blocked, so none is lost between checks. */
 static void wait_for_event(sched *sc, bool *interrupted) {
@@ -597,7 +620,11 @@ static void sched_free(sched *sc) {
   runner_free(sc->own_rn);
   free(sc->storage_url);
   free(sc->best_text);
+  /* A signal still pending meets signal_forward on this thread, which drops it: the run
+   * has ended and says how. */
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
+  sigaction(SIGINT, &sc->old_int, NULL);
+  sigaction(SIGTERM, &sc->old_term, NULL);
 }
 
 /* warm_start's observations, said once in the progress output. */
@@ -621,6 +648,8 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   sigaddset(&sc->waited, SIGTERM);
   sigaddset(&sc->waited, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &sc->waited, &sc->old_mask);
+  signal_forward_install(SIGINT, &sc->old_int);
+  signal_forward_install(SIGTERM, &sc->old_term);
   sc->started = nas_monotonic();
   if (s->budget.max_wall_s > 0) sc->deadline = sc->started + s->budget.max_wall_s;
   sc->storage_url = storage_url_absolute(opt->storage_url);

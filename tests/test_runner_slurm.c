@@ -9,7 +9,8 @@
  * tests run. Slurm's commands are reached through PATH wrappers that log every call (to
  * count squeue calls per poll) and fail on request (ctl/TOOL.fail holds how many calls
  * fail with "Socket timed out"; ctl/TOOL.lose makes one call do its work and then fail,
- * as when the controller's reply is lost).
+ * as when the controller's reply is lost; while ctl/TOOL.slow exists, each call first
+ * creates ctl/TOOL.inside and waits 2 s).
  *
  * Without Slurm (no packages, not root) the tests are skipped with a loud message, and
  * fail when CI=true. */
@@ -97,6 +98,9 @@ static void wrapper_write(const group *g, const char *dir, const char *tool) {
                        "  echo '%s: error: Socket timed out on send/recv operation' >&2\n"
                        "  exit 1\n"
                        "fi\n"
+                       "if [ -e \"$ctl/%s.slow\" ]; then\n"
+                       "  : >\"$ctl/%s.inside\"; sleep 2\n"
+                       "fi\n"
                        "if [ -e \"$ctl/%s.lose\" ]; then\n"
                        "  rm -f \"$ctl/%s.lose\"\n"
                        "  '%s' \"$@\" >/dev/null 2>&1\n"
@@ -105,7 +109,7 @@ static void wrapper_write(const group *g, const char *dir, const char *tool) {
                        "fi\n"
                        "exec '%s' \"$@\"\n",
                        tool, g->calls_log, g->ctl, tool, tool, tool, tool, tool, tool, tool,
-                       real, tool, real) > 0);
+                       tool, tool, real, tool, real) > 0);
   char *path = test_write(dir, tool, text);
   assert_int_equal(chmod(path, 0755), 0);
   free(path);
@@ -860,6 +864,63 @@ static void experiment_runs_through_slurm_as_job_arrays(void **state) {
   free(out);
 }
 
+/* Runs `nas run` of one 4-second trial (budget 3, one at a time) in a process group of its
+ * own, as a shell runs a foreground job, and sends sig to it (to_group: to its whole
+ * group, as Ctrl-C does) while a squeue it runs takes 2 s; asserts that the signal only
+ * stopped the launches: the run ends with status 3 once trial 0 has completed. */
+static void signal_during_a_slow_squeue(fixture *f, bool to_group, int sig) {
+  char *spec = test_write(f->dir, "sig.yaml",
+                          "name: sig\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 4; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 3, parallel: 1}\n"
+                          "runner: {type: slurm, poll_interval: 0.2}\n");
+  char *db = NULL, *log = path_join(f->dir, "run.log");
+  assert_true(asprintf(&db, "sqlite:%s/nas.db", f->dir) > 0);
+  int sbatch_before = calls_of(f->g, "sbatch");
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || chdir(f->dir) != 0) _exit(126);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", db, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  double until = nas_monotonic() + WAIT_LIMIT_S;
+  while (calls_of(f->g, "sbatch") == sbatch_before && nas_monotonic() < until) nas_sleep(0.05);
+  free(test_write(f->g->ctl, "squeue.slow", ""));
+  file_wait(f->g->ctl, "squeue.inside", WAIT_LIMIT_S);
+  assert_int_equal(kill(to_group ? -pid : pid, sig), 0);
+  test_rmtree_child(f->g->ctl, "squeue.slow");
+  test_rmtree_child(f->g->ctl, "squeue.inside");
+  int status;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (nas_monotonic() > until) kill(pid, SIGKILL);
+    nas_sleep(0.05);
+  }
+  char *out = file_text(f->dir, "run.log");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 3)
+    fail_msg("nas run ended %s %d: %s", WIFEXITED(status) ? "with status" : "by signal",
+             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+  char *trials[] = {(char *)test_nas_bin(), "trials", "sig", "--storage", db, "--format", "csv",
+                    NULL};
+  free(out);
+  assert_int_equal(test_run(f->dir, trials, &out), 0);
+  if (!strstr(out, "\n0,completed,") || strstr(out, "\n1,")) fail_msg("trials: %s", out);
+  free(out), free(db), free(log), free(spec);
+}
+
+/* A SIGTERM that arrives while the loop is busy (not waiting for signals) is still the
+ * loop's to handle, whichever thread of the process the kernel hands it to. */
+static void sigterm_while_a_slurm_command_runs_lets_running_trials_finish(void **state) {
+  signal_during_a_slow_squeue(cluster_fixture(state), false, SIGTERM);
+}
+
 /* Runs experiment `name` of one built-in trial (builtin: its mapping's settings) as two
  * srun tasks; asserts it completed with a fair accuracy, and that one task alone (rank or
  * stage 0) reported the last epoch. */
@@ -1215,6 +1276,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(quoting_round_trips_hostile_and_random_bytes),
       T(experiment_runs_through_slurm_as_job_arrays),
+      T(sigterm_while_a_slurm_command_runs_lets_running_trials_finish),
       T(slurm_states_map_onto_job_states),
       T(squeue_lines_parse_into_sorted_rows),
       T(slurm_time_limits_parse),
