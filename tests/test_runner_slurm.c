@@ -921,6 +921,12 @@ static void sigterm_while_a_slurm_command_runs_lets_running_trials_finish(void *
   signal_during_a_slow_squeue(cluster_fixture(state), false, SIGTERM);
 }
 
+/* Ctrl-C reaches every process of the terminal's foreground group; the Slurm command
+ * running then is not killed by it (so the run neither fails nor loses its job). */
+static void first_ctrl_c_during_a_slurm_command_lets_running_trials_finish(void **state) {
+  signal_during_a_slow_squeue(cluster_fixture(state), true, SIGINT);
+}
+
 /* Runs experiment `name` of one built-in trial (builtin: its mapping's settings) as two
  * srun tasks; asserts it completed with a fair accuracy, and that one task alone (rank or
  * stage 0) reported the last epoch. */
@@ -1277,6 +1283,7 @@ int main(void) {
       T(quoting_round_trips_hostile_and_random_bytes),
       T(experiment_runs_through_slurm_as_job_arrays),
       T(sigterm_while_a_slurm_command_runs_lets_running_trials_finish),
+      T(first_ctrl_c_during_a_slurm_command_lets_running_trials_finish),
       T(slurm_states_map_onto_job_states),
       T(squeue_lines_parse_into_sorted_rows),
       T(slurm_time_limits_parse),
