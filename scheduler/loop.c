@@ -149,8 +149,11 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
                         js->detail[0] ? ": " : "", js->detail);
     return NAS_OK;
   case JOB_TIMEOUT:
+    /* The runner's own words when it has them: its limit may not be trial.timeout
+     * (Slurm's `time` option, a partition's default, minutes rounded up). */
     *status = TRIAL_TIMEOUT;
-    *why = nas_asprintf("stopped at its time limit of %g s", sc->s->trial.timeout_s);
+    *why = js->detail[0] ? nas_asprintf("stopped at its time limit: %s", js->detail)
+                         : nas_asprintf("stopped at its time limit of %g s", sc->s->trial.timeout_s);
     return NAS_OK;
   case JOB_STOPPED:
     if (job->stop == STOP_SILENT) return judge_lost(sc, job, job->stop_why, status, why);

@@ -22,6 +22,7 @@ typedef struct {
   int exit_code;       /* JOB_EXITED */
   const char *at_start; /* written to stdout.log when it starts (may be NULL) */
   const char *at_end;   /* written to stdout.log just before it ends (may be NULL) */
+  const char *detail;   /* the runner's words on how it ended (may be NULL) */
 } fake_plan;
 
 #define FOREVER (-1)
@@ -122,6 +123,7 @@ static job_status fake_job_poll(fake_job *j) {
                       .signal = j->plan.end == JOB_SIGNALED ? 9 : 0};
     if (j->plan.end == JOB_UNREADABLE)
       snprintf(st.detail, sizeof st.detail, "exit.json is a folder");
+    if (j->plan.detail) snprintf(st.detail, sizeof st.detail, "%s", j->plan.detail);
   } else {
     j->polls++;
   }
@@ -355,6 +357,25 @@ static void each_way_a_job_ends_is_judged_into_its_trial_status(void **state) {
   assert_experiment_status(fx, "finished");
 }
 
+/* A limit the spec did not set (Slurm's `time` option, no trial.timeout): the trial's
+ * error gives the runner's words, not a limit of 0 s. */
+static fake_plan ends_at_slurms_time_limit(int number, int attempt) {
+  (void)number, (void)attempt;
+  return (fake_plan){.polls = 1, .end = JOB_TIMEOUT, .detail = "Slurm job 7 ended TIMEOUT"};
+}
+
+static void a_time_limit_the_runner_set_is_told_in_the_runners_words(void **state) {
+  fixture *fx = *state;
+  experiment(fx, ends_at_slurms_time_limit, "{command: [run]}", "{trials: 1}", "");
+  assert_int_equal(run(fx), SCHED_FINISHED);
+  size_t n;
+  trial_row *rows = trials(fx, &n);
+  assert_int_equal(rows[0].status, TRIAL_TIMEOUT);
+  assert_error_contains(&rows[0], "time limit: Slurm job 7 ended TIMEOUT");
+  if (strstr(rows[0].error, "0 s")) fail_msg("error: %s", rows[0].error);
+  trial_rows_free(rows, n);
+}
+
 /* ---- the failure rate ------------------------------------------------------------------- */
 
 static void more_failures_than_max_failure_rate_stop_launching_after_five_ended(void **state) {
@@ -476,6 +497,7 @@ static void the_budget_launches_exactly_its_trials_never_more_at_once_than_paral
 int main(void) {
   const struct CMUnitTest tests[] = {
       T(each_way_a_job_ends_is_judged_into_its_trial_status),
+      T(a_time_limit_the_runner_set_is_told_in_the_runners_words),
       T(more_failures_than_max_failure_rate_stop_launching_after_five_ended),
       T(failures_within_max_failure_rate_let_the_budget_run_out),
       T(a_lost_job_is_requeued_and_retried_in_a_new_run_folder),
