@@ -268,7 +268,8 @@ static double last_sign_of_life(sched *sc, inflight *job, double timeout, double
   return job->row.heartbeat_at > job->last_heard ? job->row.heartbeat_at : job->last_heard;
 }
 
-/* A trial silent for longer than trial.heartbeat_timeout is treated as lost. */
+/* A trial silent for longer than trial.heartbeat_timeout is treated as lost; the time its
+ * job waited to start (in Slurm's queue) is no silence. */
 static void check_heartbeats(sched *sc) {
   double timeout = sc->s->trial.heartbeat_timeout_s, now = nas_now();
   if (timeout <= 0) return;
@@ -349,6 +350,7 @@ static int poll_jobs(sched *sc, nas_err *err) {
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     bool running = states[i].state == JOB_RUNNING;
     ended |= !running;
+    if (states[i].waiting) sc->jobs[i].last_heard = nas_now(); /* silence counts once it runs */
     rc = ingest_metrics(sc, &sc->jobs[i], !running, running ? &news : NULL, err);
   }
   if (ended) sched_results_stale(sc);

@@ -382,6 +382,10 @@ static void slurm_states_map_onto_job_states(void **state) {
     job_status st = slurm_status_of("42_1", cases[i].state, cases[i].exit_code, "NodeDown");
     if (st.state != cases[i].want)
       fail_msg("%s %s: got %s", cases[i].state, cases[i].exit_code, job_state_name(st.state));
+    bool waits = strcmp(cases[i].state, "PENDING") == 0 ||
+                 strcmp(cases[i].state, "CONFIGURING") == 0 ||
+                 strcmp(cases[i].state, "SUSPENDED") == 0 || strcmp(cases[i].state, "REQUEUED") == 0;
+    if (st.waiting != waits) fail_msg("%s: waiting is %d", cases[i].state, st.waiting);
     assert_int_equal(st.exit_code, cases[i].code);
     assert_int_equal(st.signal, cases[i].sig);
     if (cases[i].detail) {

@@ -23,6 +23,7 @@ typedef struct {
   const char *at_start; /* written to stdout.log when it starts (may be NULL) */
   const char *at_end;   /* written to stdout.log just before it ends (may be NULL) */
   const char *detail;   /* the runner's words on how it ended (may be NULL) */
+  double wait_s;        /* seconds it first waits to start (in a queue), said to polls */
 } fake_plan;
 
 #define FOREVER (-1)
@@ -35,6 +36,7 @@ typedef struct {
   int number, attempt; /* of the trial it runs, read from its NAS_ environment */
   char *run_dir;       /* owned */
   fake_plan plan;
+  double started;      /* monotonic seconds of its start */
   int polls;           /* polls that saw it running */
   bool stop_asked;
   bool ended;
@@ -98,6 +100,7 @@ static int fake_start(void *state, const runner_job *job, char **handle, nas_err
   *j = (fake_job){.number = env_int(job->env, "NAS_TRIAL_NUMBER"),
                   .attempt = env_int(job->env, "NAS_ATTEMPT"), .run_dir = strdup(job->run_dir)};
   j->plan = f->script(j->number, j->attempt);
+  j->started = nas_monotonic();
   mkdirs(j->run_dir);
   log_append(j, j->plan.at_start);
   assert_true(asprintf(handle, "fake:%zu", f->n_jobs++) > 0);
@@ -117,6 +120,8 @@ static job_status fake_job_poll(fake_job *j) {
   job_status st = {.state = JOB_RUNNING};
   if (j->stop_asked) {
     st.state = JOB_STOPPED;
+  } else if (nas_monotonic() - j->started < j->plan.wait_s) {
+    st.waiting = true;
   } else if (j->plan.polls != FOREVER && j->polls >= j->plan.polls) {
     if (!j->ended) log_append(j, j->plan.at_end);
     st = (job_status){.state = j->plan.end, .exit_code = j->plan.exit_code,
@@ -440,6 +445,28 @@ static void a_trial_that_reports_no_heartbeat_is_handled_as_lost(void **state) {
   trial_rows_free(rows, n);
 }
 
+/* A job that waits to start (pending in Slurm's queue) far longer than heartbeat_timeout,
+ * then prints its result. */
+static fake_plan waits_in_the_queue_then_completes(int number, int attempt) {
+  (void)number, (void)attempt;
+  fake_plan p = completes();
+  p.wait_s = 0.5;
+  return p;
+}
+
+static void waiting_in_a_queue_is_no_silence(void **state) {
+  fixture *fx = *state;
+  experiment(fx, waits_in_the_queue_then_completes,
+             "{command: [run], max_attempts: 1, heartbeat_timeout: 0.1}", "{trials: 1}", "");
+  assert_int_equal(run(fx), SCHED_FINISHED);
+  size_t n;
+  trial_row *rows = trials(fx, &n);
+  if (rows[0].status != TRIAL_COMPLETED) fail_msg("trial 0: %s", rows[0].error);
+  trial_rows_free(rows, n);
+  assert_int_equal(fx->fake.n_jobs, 1);
+  assert_int_equal(fx->fake.stops, 0);
+}
+
 /* ---- stopping --------------------------------------------------------------------------- */
 
 static void nas_stop_stops_the_running_trials_and_ends_the_run_interrupted(void **state) {
@@ -502,6 +529,7 @@ int main(void) {
       T(failures_within_max_failure_rate_let_the_budget_run_out),
       T(a_lost_job_is_requeued_and_retried_in_a_new_run_folder),
       T(a_trial_that_reports_no_heartbeat_is_handled_as_lost),
+      T(waiting_in_a_queue_is_no_silence),
       T(nas_stop_stops_the_running_trials_and_ends_the_run_interrupted),
       T(early_stopping_stops_the_trial_whose_curve_is_worse_than_the_median),
       T(the_budget_launches_exactly_its_trials_never_more_at_once_than_parallel),
