@@ -681,13 +681,16 @@ static job_status row_status(const slurm_runner *sr, const slurm_row *row, const
 
 /* Whether to ask Slurm about a job now: one not heard of yet; a running one once the poll
  * interval has passed, at once when its exit.json has just appeared, and then every
- * EXIT_REQUERY_S until Slurm says it ended. */
+ * EXIT_REQUERY_S until Slurm says it ended — unless Slurm says it waits to start: its
+ * exit.json is then an earlier run's (a job requeued after a preemption may wait hours). */
 static bool needs_asking(const slurm_runner *sr, const seen_job *e, bool exit_exists,
                          double now) {
   if (!e) return true;
   if (e->status.state != JOB_RUNNING) return false;
   if (exit_exists && !e->exit_seen) return true;
-  if (exit_exists && now - e->asked_at >= fmin(EXIT_REQUERY_S, sr->poll_interval)) return true;
+  if (exit_exists && !e->status.waiting &&
+      now - e->asked_at >= fmin(EXIT_REQUERY_S, sr->poll_interval))
+    return true;
   return now - sr->last_query >= sr->poll_interval;
 }
 

@@ -820,6 +820,29 @@ static void slurm_messages_of_an_array_task_land_in_its_trials_stderr_log(void *
   runner_free(r);
 }
 
+/* An exit.json beside a job that Slurm says waits to start was left by an earlier run of
+ * the job (requeued after a preemption): it does not make polls ask Slurm every 0.5 s for
+ * as long as the job waits. */
+static void old_exit_json_of_a_job_waiting_to_start_does_not_speed_up_polling(void **state) {
+  fixture *f = cluster_fixture(state);
+  runner *r = runner_with("{\"poll_interval\": 30}");
+  char *argv[] = {"true", NULL};
+  char *run_dir = run_dir_new(f), *handle = NULL;
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  nas_err err;
+  if (runner_start_held(r, &job, &handle, &err) != NAS_OK) fail_msg("%s", err.msg);
+  free(test_write(run_dir, "exit.json",
+                  "{\"state\": \"signaled\", \"exit_code\": 0, \"signal\": 15}\n"));
+  int before = calls_of(f->g, "squeue");
+  for (double until = nas_monotonic() + 2.5; nas_monotonic() < until; nas_sleep(0.05))
+    assert_int_equal(poll1(r, handle, run_dir).state, JOB_RUNNING);
+  int asked = calls_of(f->g, "squeue") - before;
+  if (asked > 1) fail_msg("%d squeue calls in 2.5 s for a job waiting in the queue", asked);
+  assert_int_equal(runner_stop(r, handle, run_dir, &err), NAS_OK);
+  free(handle), free(run_dir);
+  runner_free(r);
+}
+
 /* Writes the spec text to the fixture's folder, runs `nas run` on it (storage in that
  * folder) and returns what `nas trials NAME --format FORMAT` prints (owned). */
 static char *experiment_run(fixture *f, const char *name, const char *yaml, const char *format) {
@@ -1310,6 +1333,7 @@ int main(void) {
       T(batch_without_array_starts_one_job_each),
       T(each_poll_asks_slurm_at_most_once_for_all_jobs),
       T(end_is_learnt_from_exit_json_long_before_the_poll_interval),
+      T(old_exit_json_of_a_job_waiting_to_start_does_not_speed_up_polling),
       T(another_process_reattaches_by_handle),
       T(job_slurm_forgot_is_read_from_exit_json_or_lost),
       T(held_job_runs_only_once_released),
