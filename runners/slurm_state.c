@@ -38,8 +38,8 @@ static const struct {
 
 /* States of a job that has not started running (or was put aside): it cannot print. */
 static const char *const waiting_states[] = {
-    "PENDING", "CONFIGURING", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED",
-    "RESV_DEL_HOLD", "SPECIAL_EXIT",
+    "PENDING", "CONFIGURING", "POWER_UP_NODE", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+    "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
 };
 
 static bool waiting_state(const char *state) {

@@ -359,6 +359,7 @@ static void slurm_states_map_onto_job_states(void **state) {
       {"PENDING", "0", JOB_RUNNING, 0, 0, NULL},
       {"RUNNING", "0", JOB_RUNNING, 0, 0, NULL},
       {"CONFIGURING", "0", JOB_RUNNING, 0, 0, NULL},
+      {"POWER_UP_NODE", "0", JOB_RUNNING, 0, 0, NULL}, /* its node boots (power saving) */
       {"COMPLETING", "0", JOB_RUNNING, 0, 0, NULL},
       {"SUSPENDED", "0", JOB_RUNNING, 0, 0, NULL},
       {"REQUEUED", "0", JOB_RUNNING, 0, 0, NULL},
@@ -384,6 +385,7 @@ static void slurm_states_map_onto_job_states(void **state) {
       fail_msg("%s %s: got %s", cases[i].state, cases[i].exit_code, job_state_name(st.state));
     bool waits = strcmp(cases[i].state, "PENDING") == 0 ||
                  strcmp(cases[i].state, "CONFIGURING") == 0 ||
+                 strcmp(cases[i].state, "POWER_UP_NODE") == 0 ||
                  strcmp(cases[i].state, "SUSPENDED") == 0 || strcmp(cases[i].state, "REQUEUED") == 0;
     if (st.waiting != waits) fail_msg("%s: waiting is %d", cases[i].state, st.waiting);
     assert_int_equal(st.exit_code, cases[i].code);
