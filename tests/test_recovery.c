@@ -161,6 +161,46 @@ static void nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker(void **state)
   free(spec);
 }
 
+/* `nas tell` is for trials handed out by `nas ask`: one that `nas run` runs is refused,
+ * and the run goes on to judge it by its own job (a trial completed under it made the run
+ * fail with "it is completed, not running" once its job ended). */
+static void nas_tell_refuses_a_trial_that_nas_run_runs(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "told.yaml",
+                          "name: told\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 2; echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "budget: {trials: 1}\n");
+  pid_t pid = start_nas_run(f, spec);
+  bool running = false;
+  for (double until = nas_now() + 10; !running && nas_now() < until; nas_sleep(0.05)) {
+    char *out = NULL;
+    int rc = nas(f, &out, "trials", "told", "--format=json");
+    json_t *rows = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    const char *status = json_string_value(json_object_get(json_array_get(rows, 0), "status"));
+    running = status && strcmp(status, "running") == 0;
+    json_decref(rows);
+    free(out);
+  }
+  assert_true(running);
+  char *argv[] = {(char *)test_nas_bin(), "tell", "told", "0", "--complete", "y=5", "--storage",
+                  f->db, NULL};
+  char *out;
+  assert_int_not_equal(test_run(f->dir, argv, &out), 0);
+  if (!strstr(out, "not handed out by ask")) fail_msg("nas tell said: %s", out);
+  free(out);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  json_t *rows = trials_json(f, "told");
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "completed");
+  assert_true(num(row_of(rows, 0), "y") == 1);
+  json_decref(rows);
+  free(spec);
+}
+
 static void nas_stop_from_another_process_stops_the_run(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "long.yaml",
@@ -465,6 +505,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
       cmocka_unit_test_setup_teardown(resume_runs_the_rest_beside_a_trial_handed_out_by_ask, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_tell_refuses_a_trial_that_nas_run_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
