@@ -385,6 +385,13 @@ static int stop_requested(sched *sc, bool *yes, nas_err *err) {
 #define WATCH_SIGNALS_S 0.05
 #define WATCH_STORAGE_S 1.0
 
+/* Whether a SIGINT or SIGTERM waits for the loop to read it (wait_for_event). */
+static bool stop_signal_pending(void) {
+  sigset_t pending;
+  return sigpending(&pending) == 0 &&
+         (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1);
+}
+
 /* The optimizer's watch (optimizer_watch): a suggestion is given up for a pending SIGINT or
  * SIGTERM (the loop reads it right after), a `nas stop`, or a lease that can no longer be
  * kept; meanwhile the lease is renewed, so a long suggestion is not taken for a death. */
@@ -393,10 +400,7 @@ static bool suggestion_cancelled(void *ctx) {
   double now = nas_monotonic();
   if (now - sc->watch_checked < WATCH_SIGNALS_S) return false;
   sc->watch_checked = now;
-  sigset_t pending;
-  if (sigpending(&pending) == 0 &&
-      (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1))
-    return true;
+  if (stop_signal_pending()) return true;
   if (now - sc->watch_stored < WATCH_STORAGE_S) return false;
   sc->watch_stored = now;
   bool stop = false;
@@ -433,11 +437,12 @@ static size_t launch_room(const sched *sc) {
   return n > 0 ? (size_t)n : 0;
 }
 
-/* Launches trials left queued by an earlier process, oldest first, as room allows. */
+/* Launches trials left queued by an earlier process, oldest first, as room allows. A signal
+ * meanwhile ends the round: the first one means "launch nothing more". */
 static int launch_queued(sched *sc, nas_err *err) {
   int rc = NAS_OK;
   while (rc == NAS_OK && sc->n_queued > 0 && !sc->draining &&
-         (int)sc->n_jobs < parallel_limit(sc)) {
+         (int)sc->n_jobs < parallel_limit(sc) && !stop_signal_pending()) {
     trial_row row = sc->queued[0];
     memmove(sc->queued, sc->queued + 1, --sc->n_queued * sizeof *sc->queued);
     rc = sched_launch(sc, &row, err);
@@ -469,7 +474,9 @@ static int launch_new(sched *sc, nas_err *err) {
   if (n > 1 && json_is_true(json_object_get(sc->s->runner.options, "array")))
     rc = sched_launch_batch(sc, rows, n, err);
   else
-    for (size_t i = 0; i < n && rc == NAS_OK; i++) rc = sched_launch(sc, &rows[i], err);
+    for (size_t i = 0; i < n && rc == NAS_OK; i++) /* a signal keeps the rest queued */
+      rc = stop_signal_pending() ? sched_enqueue(sc, &rows[i], err)
+                                 : sched_launch(sc, &rows[i], err);
   trial_rows_free(rows, n);
   return rc;
 }

@@ -8,6 +8,7 @@
  * attempt — stay running for some polls, write metric lines to its stdout.log as a real
  * trial prints them, then end in the scripted state — and it counts what it was asked. */
 #include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include "scheduler/scheduler.h"
@@ -57,6 +58,8 @@ typedef struct {
   /* At this poll (0: never) it marks the experiment stopped, as `nas stop` from another
    * terminal does first. */
   int stop_experiment_at_poll;
+  /* At this start (1: the first; 0: never) it raises SIGINT, as a Ctrl-C meanwhile. */
+  size_t sigint_at_start;
   storage *st;
   int64_t experiment_id;
 } fake_runner;
@@ -104,6 +107,7 @@ static int fake_start(void *state, const runner_job *job, char **handle, nas_err
   mkdirs(j->run_dir);
   log_append(j, j->plan.at_start);
   assert_true(asprintf(handle, "fake:%zu", f->n_jobs++) > 0);
+  if (f->n_jobs == f->sigint_at_start) raise(SIGINT);
   if (++f->running > f->most_running) f->most_running = f->running;
   return NAS_OK;
 }
@@ -487,6 +491,22 @@ static void nas_stop_stops_the_running_trials_and_ends_the_run_interrupted(void 
   assert_experiment_status(fx, "stopped");
 }
 
+/* A Ctrl-C while a round of launches is under way: the rest of the round is not launched
+ * (those trials stay queued, for `nas resume`), and the one started finishes. */
+static void first_ctrl_c_during_a_launch_round_launches_no_more_of_it(void **state) {
+  fixture *fx = *state;
+  experiment(fx, every_trial_completes, "{command: [run]}", "{trials: 8, parallel: 4}", "");
+  fx->fake.sigint_at_start = 1;
+  assert_int_equal(run(fx), SCHED_INTERRUPTED);
+  assert_int_equal(fx->fake.n_jobs, 1);
+  size_t n;
+  trial_row *rows = trials(fx, &n);
+  assert_int_equal(n, 4);
+  assert_int_equal(rows[0].status, TRIAL_COMPLETED);
+  for (size_t i = 1; i < n; i++) assert_int_equal(rows[i].status, TRIAL_QUEUED);
+  trial_rows_free(rows, n);
+}
+
 static void early_stopping_stops_the_trial_whose_curve_is_worse_than_the_median(void **state) {
   fixture *fx = *state;
   experiment(fx, trial_4_learns_badly, "{command: [run]}", "{trials: 5, parallel: 5}",
@@ -531,6 +551,7 @@ int main(void) {
       T(a_trial_that_reports_no_heartbeat_is_handled_as_lost),
       T(waiting_in_a_queue_is_no_silence),
       T(nas_stop_stops_the_running_trials_and_ends_the_run_interrupted),
+      T(first_ctrl_c_during_a_launch_round_launches_no_more_of_it),
       T(early_stopping_stops_the_trial_whose_curve_is_worse_than_the_median),
       T(the_budget_launches_exactly_its_trials_never_more_at_once_than_parallel),
   };
