@@ -110,6 +110,15 @@ static void trials_that_cannot_start_stop_the_run_at_max_failure_rate(void **sta
   free(spec);
 }
 
+/* `nas create SPEC`, then `nas ask NAME`: trial 0 is handed out. */
+static void create_and_ask_one(fixture *f, const char *spec, const char *name) {
+  char *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", name, NULL), 0);
+  free(out);
+}
+
 /* A trial handed out by `nas ask` is no job of the runner's: `nas resume` of an experiment
  * whose spec has a command counts it in the budget and runs the rest, leaving it running
  * for its asker to tell. */
@@ -121,11 +130,8 @@ static void resume_runs_the_rest_beside_a_trial_handed_out_by_ask(void **state) 
                           "objectives: [{name: y, goal: minimize}]\n"
                           "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
                           "budget: {trials: 3}\n");
+  create_and_ask_one(f, spec, "mixed");
   char *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", "mixed", NULL), 0);
-  free(out);
   int rc = nas(f, &out, "resume", "mixed", "--no-progress");
   if (rc != 0) fail_msg("nas resume exited %d: %s", rc, out);
   free(out);
@@ -146,11 +152,8 @@ static void nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker(void **state)
                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
                           "objectives: [{name: y, goal: minimize}]\n"
                           "budget: {trials: 3}\n");
+  create_and_ask_one(f, spec, "asked");
   char *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
-  free(out);
   assert_int_equal(nas(f, &out, "stop", "asked", NULL), 0);
   if (strstr(out, "handle")) fail_msg("nas stop said: %s", out);
   assert_non_null(strstr(out, "asked 0 running trials to stop"));
