@@ -797,15 +797,20 @@ static int slurm_start_held(void *state, const runner_job *job, char **handle, n
   return start_one(state, job, true, handle, err);
 }
 
+/* A job that cannot be released (the controller did not answer, even after retries) is
+ * given up as its starter's death gives it up: no longer held by this runner while its
+ * run folder keeps HELD_FILE, so the next poll cancels it and says lost (it never ran),
+ * and the scheduler runs the trial again, rather than waiting on it forever. */
 static int slurm_release(void *state, const char *handle, nas_err *err) {
   slurm_runner *sr = state;
   if (!slurm_handle_valid(handle)) return nas_errf(err, bad_handle, handle);
   char *argv[] = {"scontrol", "release", (char *)handle, NULL};
-  if (job_command(sr, argv, err) != NAS_OK) return nas_err_prefix(err, "job %s", handle);
+  int rc = job_command(sr, argv, err);
   seen_job *e = seen_find(sr, handle);
-  if (!e) return NAS_OK;
-  e->held = false;
-  return e->run_dir ? file_in_remove(e->run_dir, HELD_FILE, err) : NAS_OK;
+  if (e) e->held = false;
+  if (rc != NAS_OK)
+    return nas_err_prefix(err, "job %s (cancelled and reported lost at the next poll)", handle);
+  return e && e->run_dir ? file_in_remove(e->run_dir, HELD_FILE, err) : NAS_OK;
 }
 
 static int slurm_start_batch(void *state, const runner_job *jobs, size_t n, char **handles,

@@ -1160,6 +1160,27 @@ static void held_job_runs_only_once_released(void **state) {
   free(out), free(handle), free(run_dir);
 }
 
+/* A release the controller never answers (retries spent) gives the job up: the next poll
+ * cancels it and says lost, so the scheduler runs the trial again instead of waiting on a
+ * job held forever. */
+static void held_job_that_cannot_be_released_is_cancelled_and_lost(void **state) {
+  fixture *f = cluster_fixture(state);
+  char *argv[] = {"sh", "-c", "echo ran", NULL};
+  char *run_dir = run_dir_new(f), *handle = NULL;
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  nas_err err;
+  if (runner_start_held(f->r, &job, &handle, &err) != NAS_OK) fail_msg("%s", err.msg);
+  faults_set(f->g, "scontrol", "fail", 5); /* the fixture's runner tries 1 + 4 times */
+  assert_int_equal(runner_release(f->r, handle, &err), NAS_ERR);
+  job_status st = wait_end(f->r, handle, run_dir, 10);
+  assert_int_equal(st.state, JOB_LOST);
+  assert_non_null(strstr(st.detail, "never released"));
+  char *word = slurm_state_word(handle);
+  assert_string_equal(word, "CANCELLED");
+  free(word);
+  free(handle), free(run_dir);
+}
+
 static void held_job_whose_starter_died_is_cancelled_and_lost(void **state) {
   fixture *f = cluster_fixture(state);
   char *run_dir = run_dir_new(f);
@@ -1340,6 +1361,7 @@ int main(void) {
       T(job_slurm_forgot_is_read_from_exit_json_or_lost),
       T(held_job_runs_only_once_released),
       T(held_job_whose_starter_died_is_cancelled_and_lost),
+      T(held_job_that_cannot_be_released_is_cancelled_and_lost),
       T(transient_errors_are_retried_with_backoff),
       T(lost_sbatch_answer_does_not_submit_twice),
       T(permanent_errors_carry_slurms_message_without_retrying),
