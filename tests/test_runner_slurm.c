@@ -1181,6 +1181,24 @@ static void held_job_that_cannot_be_released_is_cancelled_and_lost(void **state)
   free(handle), free(run_dir);
 }
 
+/* A start that submitted a held job and ended before the job's id was stored anywhere (nas
+ * killed between sbatch and storage) leaves a job nobody knows of: starting the trial again
+ * in the same run folder finds it by its submission mark and cancels it. */
+static void held_job_nobody_recorded_is_cancelled_when_its_trial_starts_again(void **state) {
+  fixture *f = cluster_fixture(state);
+  char *run_dir = run_dir_new(f);
+  char orphan[64];
+  char *argv[] = {"sh", "-c", "echo ran", NULL};
+  submit_from_a_process_that_dies(f, run_dir, argv, true, orphan, sizeof orphan);
+  char *handle = start(f, run_dir, argv, NULL);
+  assert_int_equal(wait_end(f->r, handle, run_dir, WAIT_LIMIT_S).state, JOB_EXITED);
+  char *word = slurm_state_word(orphan);
+  assert_string_equal(word, "CANCELLED");
+  char *out = file_text(run_dir, "stdout.log");
+  assert_string_equal(out, "ran\n");
+  free(out), free(word), free(handle), free(run_dir);
+}
+
 static void held_job_whose_starter_died_is_cancelled_and_lost(void **state) {
   fixture *f = cluster_fixture(state);
   char *run_dir = run_dir_new(f);
@@ -1362,6 +1380,7 @@ int main(void) {
       T(held_job_runs_only_once_released),
       T(held_job_whose_starter_died_is_cancelled_and_lost),
       T(held_job_that_cannot_be_released_is_cancelled_and_lost),
+      T(held_job_nobody_recorded_is_cancelled_when_its_trial_starts_again),
       T(transient_errors_are_retried_with_backoff),
       T(lost_sbatch_answer_does_not_submit_twice),
       T(permanent_errors_carry_slurms_message_without_retrying),
