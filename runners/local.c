@@ -21,6 +21,7 @@
  *   soon as a poll sees that monitor's end.
  * - A job does not outlive its monitor: it gets SIGKILL when the monitor dies
  *   (PR_SET_PDEATHSIG), since nobody could observe or time it any more.
+ * - A job polls as waiting while its monitor has no child: held, or waiting for GPUs.
  * - A job started held runs only once the caller writes "go" on the hold pipe (fd 4 in
  *   the monitor). If the caller dies first, or frees the runner, the pipe closes and the
  *   monitor ends without running the job and without exit.json (polling says JOB_LOST).
@@ -137,6 +138,19 @@ static bool monitor_running(monitor_id id) {
   proc_stat st;
   if (proc_stat_read(id.pid, &st) != 0 || st.start != id.start) return false;
   return st.state != 'Z' && st.state != 'X';
+}
+
+/* Whether the monitor has forked its job: a monitor without a child waits for its "go"
+ * (held) or for free GPUs. Read from /proc/PID/task/PID/children; a kernel without that
+ * file says yes. */
+static bool monitor_has_job(monitor_id id) {
+  char path[64], text[32];
+  snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)id.pid, (int)id.pid);
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return true;
+  ssize_t n = read(fd, text, sizeof text);
+  close(fd);
+  return n != 0;
 }
 
 /* Reaps the monitor when it is the caller's child. Called once it has ended or written
@@ -671,7 +685,10 @@ static int poll_one(const char *handle, const char *run_dir, job_status *out, na
   monitor_id id;
   if (handle_parse(handle, &id, err) != NAS_OK) return NAS_ERR;
   *out = (job_status){.state = JOB_RUNNING};
-  if (monitor_running(id)) return NAS_OK;
+  if (monitor_running(id)) {
+    out->waiting = !monitor_has_job(id);
+    return NAS_OK;
+  }
   nas_err why;
   int found = runner_exit_file_read(run_dir, out, &why);
   if (found == 0) out->state = JOB_LOST;

@@ -44,6 +44,8 @@ typedef struct {
   job_state state;
   int exit_code;    /* JOB_EXITED */
   int signal;       /* JOB_SIGNALED */
+  bool waiting;     /* JOB_RUNNING but not started yet (pending in Slurm's queue, its node
+                       booting, suspended): silent by no fault of its own */
   char detail[160]; /* the runner's own words on how the job ended, for messages ("Slurm job
                        12: OUT_OF_MEMORY"); "" when it has none to add */
 } job_status;

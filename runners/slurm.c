@@ -302,10 +302,10 @@ static int file_in_remove(const char *dir, const char *name, nas_err *err) {
   return rc;
 }
 
-static int file_in_create(const char *dir, const char *name, nas_err *err) {
+static int file_in_write(const char *dir, const char *name, const char *text, nas_err *err) {
   char *path = nas_asprintf("%s/%s", dir, name);
   if (!path) return nas_errf(err, "out of memory");
-  int rc = nas_write_file_atomic(path, "", 0, err);
+  int rc = nas_write_file_atomic(path, text, strlen(text), err);
   free(path);
   return rc;
 }
@@ -388,6 +388,8 @@ static int job_check(const runner_job *job, nas_err *err) {
   return slurm_env_check(job->env, err);
 }
 
+static void held_orphan_cancel(const slurm_runner *sr, const char *run_dir);
+
 static int prepare(const slurm_runner *sr, const runner_job *job, prepared *p, nas_err *err) {
   *p = (prepared){0};
   if (job_check(job, err) != NAS_OK) return NAS_ERR;
@@ -395,6 +397,7 @@ static int prepare(const slurm_runner *sr, const runner_job *job, prepared *p, n
   p->workdir = nas_abspath(job->workdir, NULL);
   if (!p->run_dir || !p->workdir) return nas_errf(err, "out of memory");
   if (nas_mkdirs(p->run_dir, err) != NAS_OK) return NAS_ERR;
+  held_orphan_cancel(sr, p->run_dir);
   if (file_in_remove(p->run_dir, RUNNER_EXIT_FILE, err) != NAS_OK ||
       file_in_remove(p->run_dir, HELD_FILE, err) != NAS_OK) /* left by an earlier job */
     return NAS_ERR;
@@ -404,19 +407,18 @@ static int prepare(const slurm_runner *sr, const runner_job *job, prepared *p, n
   return slurm_job_script_write(&task, &p->script, err);
 }
 
-/* Owned copy of path with every '%' doubled, as sbatch's --output reads it. */
+/* Owned sbatch --output pattern "dir/name": every '%' of dir doubled, so that sbatch reads
+ * the folder as it is, and name kept as a pattern ("%a.log": one file per array task). */
 static char *output_pattern(const char *dir, const char *name) {
-  char *path = nas_asprintf("%s/%s", dir, name);
-  char *out = path ? malloc(2 * strlen(path) + 1) : NULL;
+  char *out = malloc(2 * strlen(dir) + strlen(name) + 2);
   if (out) {
     char *w = out;
-    for (const char *p = path; *p; p++) {
+    for (const char *p = dir; *p; p++) {
       *w++ = *p;
       if (*p == '%') *w++ = '%';
     }
-    *w = '\0';
+    sprintf(w, "/%s", name);
   }
-  free(path);
   return out;
 }
 
@@ -501,26 +503,57 @@ typedef struct {
   const char *comment;
 } lost_answer;
 
-static int lost_answer_check(void *ctx, slurm_output *res, nas_err *err) {
-  (void)err;
-  const lost_answer *la = ctx;
+/* The owned id of the user's job submitted with comment (one squeue, no retry), or NULL
+ * when there is none or Slurm cannot be asked. */
+static char *job_with_comment(const slurm_runner *sr, const char *comment) {
   char *argv[] = {"squeue", "-h", "--me", "-t", "all", "-O", "ArrayJobID:|,Comment:|", NULL};
-  slurm_retry once = la->sr->retry;
+  slurm_retry once = sr->retry;
   once.retries = 0;
   slurm_output found;
   nas_err ignored;
   int rc = slurm_cmd_run(&once, argv, NULL, &found, &ignored);
   char *id = NULL;
-  size_t comment_len = strlen(la->comment);
+  size_t comment_len = strlen(comment);
   for (char *line = rc == NAS_OK ? found.out : NULL; line && *line && !id;) {
     char *bar = strchr(line, '|'), *eol = strchrnul(line, '\n');
     if (bar && bar < eol && (size_t)(eol - bar - 1) >= comment_len &&
-        strncmp(bar + 1, la->comment, comment_len) == 0 &&
+        strncmp(bar + 1, comment, comment_len) == 0 &&
         (bar[1 + comment_len] == '|' || bar + 1 + comment_len == eol))
       id = strndup(line, (size_t)(bar - line));
     line = *eol ? eol + 1 : NULL;
   }
   slurm_output_free(&found);
+  return id;
+}
+
+/* A run folder still holding HELD_FILE when its trial starts again: the last start there
+ * submitted a held job and ended before anyone stored the job's id (the scheduler then
+ * starts the trial again in the same folder). That job would wait in the queue forever;
+ * it is found by the submission token HELD_FILE holds, and cancelled. */
+static void held_orphan_cancel(const slurm_runner *sr, const char *run_dir) {
+  char *path = nas_asprintf("%s/%s", run_dir, HELD_FILE), token[64];
+  int fd;
+  int64_t size;
+  if (!path || nas_open_regular(path, &fd, &size, NULL) != NAS_OK) {
+    free(path);
+    return;
+  }
+  ssize_t n = read(fd, token, sizeof token - 1);
+  close(fd);
+  free(path);
+  token[n > 0 ? n : 0] = '\0';
+  if (strncmp(token, "nas-submit-", 11) != 0) return;
+  char *id = job_with_comment(sr, token);
+  if (id && job_cancel(sr, id, NULL) == NAS_OK)
+    nas_log("slurm runner: cancelled job %s, submitted held for %s by a start that ended "
+            "before its id was stored", id, run_dir);
+  free(id);
+}
+
+static int lost_answer_check(void *ctx, slurm_output *res, nas_err *err) {
+  (void)err;
+  const lost_answer *la = ctx;
+  char *id = job_with_comment(la->sr, la->comment);
   if (!id) return 0;
   free(res->out);
   res->out = id;
@@ -536,9 +569,10 @@ static int job_id_read(const char *out, char **id, nas_err *err) {
   return *id ? NAS_OK : nas_errf(err, "out of memory");
 }
 
-/* Submits; *id (owned) is the job id. */
+/* Submits, marked with sub->comment (a fresh token when NULL); *id (owned) is the job id. */
 static int submit(const slurm_runner *sr, submission *sub, char **id, nas_err *err) {
-  char *comment = submit_token();
+  char *own = sub->comment ? NULL : submit_token();
+  const char *comment = own ? own : sub->comment;
   arg_list args = {0};
   sub->comment = comment;
   int rc = comment && sbatch_args(sr, sub, &args) == NAS_OK ? NAS_OK
@@ -550,7 +584,7 @@ static int submit(const slurm_runner *sr, submission *sub, char **id, nas_err *e
   if (rc == NAS_OK) rc = job_id_read(res.out, id, err);
   slurm_output_free(&res);
   args_free(&args);
-  free(comment);
+  free(own);
   return rc;
 }
 
@@ -565,7 +599,10 @@ static int start_one(slurm_runner *sr, const runner_job *job, bool hold, char **
     sub.error = output_pattern(p.run_dir, "stderr.log");
     if (!sub.output || !sub.error) rc = nas_errf(err, "out of memory");
   }
-  if (rc == NAS_OK && hold) rc = file_in_create(p.run_dir, HELD_FILE, err);
+  char *token = hold ? submit_token() : NULL;
+  if (rc == NAS_OK && hold && !token) rc = nas_errf(err, "out of memory");
+  sub.comment = token;
+  if (rc == NAS_OK && hold) rc = file_in_write(p.run_dir, HELD_FILE, token, err);
   if (rc == NAS_OK) rc = submit(sr, &sub, handle, err);
   if (rc == NAS_OK && seen_started(sr, *handle, p.run_dir, hold, err) != NAS_OK) {
     job_cancel(sr, *handle, NULL);
@@ -573,7 +610,7 @@ static int start_one(slurm_runner *sr, const runner_job *job, bool hold, char **
     *handle = NULL;
     rc = NAS_ERR;
   }
-  free(sub.output), free(sub.error);
+  free(sub.output), free(sub.error), free(token);
   prepared_free(&p);
   if (rc != NAS_OK) return nas_err_prefix(err, "cannot submit %s", job->argv[0]);
   return NAS_OK;
@@ -682,13 +719,16 @@ static job_status row_status(const slurm_runner *sr, const slurm_row *row, const
 
 /* Whether to ask Slurm about a job now: one not heard of yet; a running one once the poll
  * interval has passed, at once when its exit.json has just appeared, and then every
- * EXIT_REQUERY_S until Slurm says it ended. */
+ * EXIT_REQUERY_S until Slurm says it ended — unless Slurm says it waits to start: its
+ * exit.json is then an earlier run's (a job requeued after a preemption may wait hours). */
 static bool needs_asking(const slurm_runner *sr, const seen_job *e, bool exit_exists,
                          double now) {
   if (!e) return true;
   if (e->status.state != JOB_RUNNING) return false;
   if (exit_exists && !e->exit_seen) return true;
-  if (exit_exists && now - e->asked_at >= fmin(EXIT_REQUERY_S, sr->poll_interval)) return true;
+  if (exit_exists && !e->status.waiting &&
+      now - e->asked_at >= fmin(EXIT_REQUERY_S, sr->poll_interval))
+    return true;
   return now - sr->last_query >= sr->poll_interval;
 }
 
@@ -795,15 +835,20 @@ static int slurm_start_held(void *state, const runner_job *job, char **handle, n
   return start_one(state, job, true, handle, err);
 }
 
+/* A job that cannot be released (the controller did not answer, even after retries) is
+ * given up as its starter's death gives it up: no longer held by this runner while its
+ * run folder keeps HELD_FILE, so the next poll cancels it and says lost (it never ran),
+ * and the scheduler runs the trial again, rather than waiting on it forever. */
 static int slurm_release(void *state, const char *handle, nas_err *err) {
   slurm_runner *sr = state;
   if (!slurm_handle_valid(handle)) return nas_errf(err, bad_handle, handle);
   char *argv[] = {"scontrol", "release", (char *)handle, NULL};
-  if (job_command(sr, argv, err) != NAS_OK) return nas_err_prefix(err, "job %s", handle);
+  int rc = job_command(sr, argv, err);
   seen_job *e = seen_find(sr, handle);
-  if (!e) return NAS_OK;
-  e->held = false;
-  return e->run_dir ? file_in_remove(e->run_dir, HELD_FILE, err) : NAS_OK;
+  if (e) e->held = false;
+  if (rc != NAS_OK)
+    return nas_err_prefix(err, "job %s (cancelled and reported lost at the next poll)", handle);
+  return e && e->run_dir ? file_in_remove(e->run_dir, HELD_FILE, err) : NAS_OK;
 }
 
 static int slurm_start_batch(void *state, const runner_job *jobs, size_t n, char **handles,

@@ -11,6 +11,9 @@
  * - The child starts with an empty signal mask and default handlers, whatever the caller
  *   (the scheduler blocks SIGCHLD, SIGINT and SIGTERM) has set, stdin on /dev/null, and
  *   no descriptor of the caller's but its pipes.
+ * - The child leads a process group of its own: a Ctrl-C in the caller's terminal is the
+ *   scheduler's to handle (its first one lets running trials finish) and never kills an
+ *   sbatch or squeue half-way; a command past its time limit is killed with its group.
  * - Only the spawned pid is waited for, and always: no zombie is left behind. */
 #include <errno.h>
 #include <fcntl.h>
@@ -116,7 +119,9 @@ static int spawn(char *const *argv, const int out_pipe[2], const int err_pipe[2]
   posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   posix_spawnattr_setsigmask(&attr, &none);
   posix_spawnattr_setsigdefault(&attr, &all);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+  posix_spawnattr_setpgroup(&attr, 0);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
+                                      POSIX_SPAWN_SETPGROUP);
   int rc = posix_spawnp(pid, argv[0], &actions, &attr, argv, environ);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
@@ -154,7 +159,7 @@ static int run_once(char *const *argv, double timeout_s, slurm_output *res, nas_
   int drained = rc == NAS_OK ? captures_drain(c, nas_monotonic() + timeout_s) : NAS_ERR;
   if (rc == NAS_OK && drained < 0) rc = nas_errf(err, "%s: cannot read its output", argv[0]);
   if (pid > 0) {
-    if (drained != 1) kill(pid, SIGKILL);
+    if (drained != 1) kill(-pid, SIGKILL); /* its group: a site's wrapper script too */
     int status = wait_child(pid);
     res->status = drained == 0 ? -1 : status;
   }

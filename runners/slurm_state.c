@@ -3,6 +3,7 @@
  * Reads squeue's answer (SLURM_SQUEUE_FORMAT), maps Slurm's job states onto job_status,
  * and parses job ids and Slurm time limits. The mapping (docs/runners.md):
  *   PENDING, RUNNING, CONFIGURING, COMPLETING, SUSPENDED, REQUEUED, … -> running
+ *     (waiting, as long as it has not started: PENDING, CONFIGURING, SUSPENDED, REQUEUED…)
  *   COMPLETED -> exited 0;  FAILED -> exited N, or signaled S when ExitCode says a signal
  *     (FAILED with ExitCode 0:0 failed before the job script ran: lost)
  *   TIMEOUT, DEADLINE -> timeout;  CANCELLED -> stopped
@@ -35,6 +36,18 @@ static const struct {
     {"BOOT_FAIL", ENDS_LOST},       {"REVOKED", ENDS_LOST},
 };
 
+/* States of a job that has not started running (or was put aside): it cannot print. */
+static const char *const waiting_states[] = {
+    "PENDING", "CONFIGURING", "POWER_UP_NODE", "SUSPENDED", "REQUEUED", "REQUEUE_HOLD",
+    "REQUEUE_FED", "RESV_DEL_HOLD", "SPECIAL_EXIT",
+};
+
+static bool waiting_state(const char *state) {
+  for (size_t i = 0; i < sizeof waiting_states / sizeof *waiting_states; i++)
+    if (strcmp(waiting_states[i], state) == 0) return true;
+  return false;
+}
+
 static ending ending_of(const char *state) {
   for (size_t i = 0; i < sizeof endings / sizeof *endings; i++)
     if (strcmp(endings[i].state, state) == 0) return endings[i].how;
@@ -64,7 +77,9 @@ job_status slurm_status_of(const char *id, const char *state, const char *exit_c
   int code, sig;
   exit_code_read(exit_code, &code, &sig);
   switch (ending_of(state)) {
-  case ENDS_NOT: return st;
+  case ENDS_NOT:
+    st.waiting = waiting_state(state);
+    return st;
   case ENDS_BY_EXIT:
     if (strcmp(state, "FAILED") == 0 && code == 0 && sig == 0) {
       st.state = JOB_LOST; /* failed before the script ran: a launch or prolog failure */

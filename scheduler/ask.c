@@ -156,14 +156,21 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   return NAS_OK;
 }
 
-/* The handed-out trial `number`, refusing one that is not running. */
+/* The handed-out trial `number`, refusing one that is not running, and one that runs as a
+ * runner's job: its job reports for itself, and `nas run` ends it (a trial ended under it
+ * made that run fail when its job ended). */
 static int running_trial(storage *st, const experiment_row *exp, int number, trial_row *t,
                          nas_err *err) {
   int rc = sched_trial_find(st, exp, number, t, err);
   if (rc != NAS_OK) return rc;
-  if (t->status == TRIAL_RUNNING) return NAS_OK;
-  rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' is %s, not running; nothing was stored",
-                number, exp->name, trial_status_name(t->status));
+  if (sched_handed_out(t)) return NAS_OK;
+  if (t->status == TRIAL_RUNNING)
+    rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' runs as job %s of 'nas run', not handed "
+                  "out by ask: its job reports its metrics and 'nas run' ends it; nothing was "
+                  "stored", number, exp->name, t->job_id ? t->job_id : "(none)");
+  else
+    rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' is %s, not running; nothing was stored",
+                  number, exp->name, trial_status_name(t->status));
   trial_row_clear(t);
   return rc;
 }

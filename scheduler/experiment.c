@@ -8,7 +8,7 @@
 
 #include "optimizer/optimizer.h"
 #include "runners/runner.h"
-#include "scheduler/scheduler.h"
+#include "scheduler/internal.h"
 
 /* Whether every line of a spec_diff is about the budget or the webhooks (`notify`), the
  * sections that may change between runs of one experiment: neither changes what a trial
@@ -146,7 +146,8 @@ int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err)
   return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
 }
 
-/* Asks the runner of each running trial's job to stop it; *asked counts them. */
+/* Asks the runner of each running trial's job to stop it; *asked counts them. A trial
+ * handed out by `nas ask` has no job (its job id names its asker): its asker ends it. */
 static int stop_running(const spec *s, storage *st, const experiment_row *exp, FILE *report,
                         size_t *asked, nas_err *err) {
   trial_row *rows;
@@ -155,7 +156,8 @@ static int stop_running(const spec *s, storage *st, const experiment_row *exp, F
   if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
   int rc = runner_create(s->runner.type, s->runner.options, &rn, err);
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
-    if (rows[i].status != TRIAL_RUNNING || !rows[i].job_id) continue;
+    if (rows[i].status != TRIAL_RUNNING || !rows[i].job_id || sched_handed_out(&rows[i]))
+      continue;
     char *run_dir = sched_run_dir(exp, rows[i].number, rows[i].attempts);
     nas_err why;
     if (!run_dir) rc = nas_errf(err, "out of memory");

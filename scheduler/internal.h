@@ -73,6 +73,7 @@ typedef struct {
   double started;             /* monotonic seconds when this run began */
   sigset_t waited;            /* signals the loop blocks and waits on */
   sigset_t old_mask;
+  struct sigaction old_int, old_term; /* SIGINT's and SIGTERM's actions before the run */
   char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */
   sched_lease lease;          /* this process's hold on the experiment */
   sched_imported imported;    /* owned: warm_start's observations, loaded once per run */

@@ -13,6 +13,7 @@
 #include <pthread.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "scheduler/internal.h"
 
@@ -148,8 +149,11 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
                         js->detail[0] ? ": " : "", js->detail);
     return NAS_OK;
   case JOB_TIMEOUT:
+    /* The runner's own words when it has them: its limit may not be trial.timeout
+     * (Slurm's `time` option, a partition's default, minutes rounded up). */
     *status = TRIAL_TIMEOUT;
-    *why = nas_asprintf("stopped at its time limit of %g s", sc->s->trial.timeout_s);
+    *why = js->detail[0] ? nas_asprintf("stopped at its time limit: %s", js->detail)
+                         : nas_asprintf("stopped at its time limit of %g s", sc->s->trial.timeout_s);
     return NAS_OK;
   case JOB_STOPPED:
     if (job->stop == STOP_SILENT) return judge_lost(sc, job, job->stop_why, status, why);
@@ -264,7 +268,8 @@ static double last_sign_of_life(sched *sc, inflight *job, double timeout, double
   return job->row.heartbeat_at > job->last_heard ? job->row.heartbeat_at : job->last_heard;
 }
 
-/* A trial silent for longer than trial.heartbeat_timeout is treated as lost. */
+/* A trial silent for longer than trial.heartbeat_timeout is treated as lost; the time its
+ * job waited to start (in Slurm's queue) is no silence. */
 static void check_heartbeats(sched *sc) {
   double timeout = sc->s->trial.heartbeat_timeout_s, now = nas_now();
   if (timeout <= 0) return;
@@ -345,6 +350,7 @@ static int poll_jobs(sched *sc, nas_err *err) {
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     bool running = states[i].state == JOB_RUNNING;
     ended |= !running;
+    if (states[i].waiting) sc->jobs[i].last_heard = nas_now(); /* silence counts once it runs */
     rc = ingest_metrics(sc, &sc->jobs[i], !running, running ? &news : NULL, err);
   }
   if (ended) sched_results_stale(sc);
@@ -379,6 +385,13 @@ static int stop_requested(sched *sc, bool *yes, nas_err *err) {
 #define WATCH_SIGNALS_S 0.05
 #define WATCH_STORAGE_S 1.0
 
+/* Whether a SIGINT or SIGTERM waits for the loop to read it (wait_for_event). */
+static bool stop_signal_pending(void) {
+  sigset_t pending;
+  return sigpending(&pending) == 0 &&
+         (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1);
+}
+
 /* The optimizer's watch (optimizer_watch): a suggestion is given up for a pending SIGINT or
  * SIGTERM (the loop reads it right after), a `nas stop`, or a lease that can no longer be
  * kept; meanwhile the lease is renewed, so a long suggestion is not taken for a death. */
@@ -387,10 +400,7 @@ static bool suggestion_cancelled(void *ctx) {
   double now = nas_monotonic();
   if (now - sc->watch_checked < WATCH_SIGNALS_S) return false;
   sc->watch_checked = now;
-  sigset_t pending;
-  if (sigpending(&pending) == 0 &&
-      (sigismember(&pending, SIGINT) == 1 || sigismember(&pending, SIGTERM) == 1))
-    return true;
+  if (stop_signal_pending()) return true;
   if (now - sc->watch_stored < WATCH_STORAGE_S) return false;
   sc->watch_stored = now;
   bool stop = false;
@@ -427,11 +437,12 @@ static size_t launch_room(const sched *sc) {
   return n > 0 ? (size_t)n : 0;
 }
 
-/* Launches trials left queued by an earlier process, oldest first, as room allows. */
+/* Launches trials left queued by an earlier process, oldest first, as room allows. A signal
+ * meanwhile ends the round: the first one means "launch nothing more". */
 static int launch_queued(sched *sc, nas_err *err) {
   int rc = NAS_OK;
   while (rc == NAS_OK && sc->n_queued > 0 && !sc->draining &&
-         (int)sc->n_jobs < parallel_limit(sc)) {
+         (int)sc->n_jobs < parallel_limit(sc) && !stop_signal_pending()) {
     trial_row row = sc->queued[0];
     memmove(sc->queued, sc->queued + 1, --sc->n_queued * sizeof *sc->queued);
     rc = sched_launch(sc, &row, err);
@@ -463,7 +474,9 @@ static int launch_new(sched *sc, nas_err *err) {
   if (n > 1 && json_is_true(json_object_get(sc->s->runner.options, "array")))
     rc = sched_launch_batch(sc, rows, n, err);
   else
-    for (size_t i = 0; i < n && rc == NAS_OK; i++) rc = sched_launch(sc, &rows[i], err);
+    for (size_t i = 0; i < n && rc == NAS_OK; i++) /* a signal keeps the rest queued */
+      rc = stop_signal_pending() ? sched_enqueue(sc, &rows[i], err)
+                                 : sched_launch(sc, &rows[i], err);
   trial_rows_free(rows, n);
   return rc;
 }
@@ -520,6 +533,28 @@ static void on_signal(sched *sc, int sig) {
     nas_log("%s: stopping %zu running trials", strsignal(sig), sc->n_jobs);
     stop_all(sc, NULL);
   }
+}
+
+/* SIGINT and SIGTERM sent to the process go to any of its threads that does not block
+ * them, and libraries start threads before main whose masks the loop cannot set
+ * (OpenBLAS's pool, at load): there the default action ended the process at once,
+ * whatever the loop was doing (a slow squeue, a suggestion). While the loop runs, this
+ * handler, which only such a thread ever runs, hands the signal on to the main thread
+ * (sched_run's), which blocks it and waits for it. */
+static void signal_forward(int sig) {
+  int saved_errno = errno;
+  if (gettid() != getpid()) tgkill(getpid(), getpid(), sig);
+  errno = saved_errno;
+}
+
+/* Installs signal_forward for sig, keeping its action in *old; a signal the caller
+ * ignores (a job started in the background, nohup) stays ignored. */
+static void signal_forward_install(int sig, struct sigaction *old) {
+  sigaction(sig, NULL, old);
+  if (old->sa_handler == SIG_IGN) return;
+  struct sigaction forward = {.sa_handler = signal_forward, .sa_flags = SA_RESTART};
+  sigfillset(&forward.sa_mask);
+  sigaction(sig, &forward, NULL);
 }
 
 /* Sleeps until a child process ends (a job may be done), a signal arrives, or the poll
@@ -597,7 +632,11 @@ static void sched_free(sched *sc) {
   runner_free(sc->own_rn);
   free(sc->storage_url);
   free(sc->best_text);
+  /* A signal still pending meets signal_forward on this thread, which drops it: the run
+   * has ended and says how. */
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
+  sigaction(SIGINT, &sc->old_int, NULL);
+  sigaction(SIGTERM, &sc->old_term, NULL);
 }
 
 /* warm_start's observations, said once in the progress output. */
@@ -621,6 +660,8 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   sigaddset(&sc->waited, SIGTERM);
   sigaddset(&sc->waited, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &sc->waited, &sc->old_mask);
+  signal_forward_install(SIGINT, &sc->old_int);
+  signal_forward_install(SIGTERM, &sc->old_term);
   sc->started = nas_monotonic();
   if (s->budget.max_wall_s > 0) sc->deadline = sc->started + s->budget.max_wall_s;
   sc->storage_url = storage_url_absolute(opt->storage_url);

@@ -110,6 +110,15 @@ static void trials_that_cannot_start_stop_the_run_at_max_failure_rate(void **sta
   free(spec);
 }
 
+/* `nas create SPEC`, then `nas ask NAME`: trial 0 is handed out. */
+static void create_and_ask_one(fixture *f, const char *spec, const char *name) {
+  char *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", name, NULL), 0);
+  free(out);
+}
+
 /* A trial handed out by `nas ask` is no job of the runner's: `nas resume` of an experiment
  * whose spec has a command counts it in the budget and runs the rest, leaving it running
  * for its asker to tell. */
@@ -121,11 +130,8 @@ static void resume_runs_the_rest_beside_a_trial_handed_out_by_ask(void **state) 
                           "objectives: [{name: y, goal: minimize}]\n"
                           "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
                           "budget: {trials: 3}\n");
+  create_and_ask_one(f, spec, "mixed");
   char *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", "mixed", NULL), 0);
-  free(out);
   int rc = nas(f, &out, "resume", "mixed", "--no-progress");
   if (rc != 0) fail_msg("nas resume exited %d: %s", rc, out);
   free(out);
@@ -133,6 +139,67 @@ static void resume_runs_the_rest_beside_a_trial_handed_out_by_ask(void **state) 
   assert_int_equal(json_array_size(rows), 3);
   assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "running");
   assert_int_equal(count_status(rows, "completed"), 2);
+  json_decref(rows);
+  free(spec);
+}
+
+/* `nas stop` asks runners to stop their jobs; a trial handed out by `nas ask` has none (its
+ * job id is the asker's name), so it is left to its asker, without an error about it. */
+static void nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml",
+                          "name: asked\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 3}\n");
+  create_and_ask_one(f, spec, "asked");
+  char *out;
+  assert_int_equal(nas(f, &out, "stop", "asked", NULL), 0);
+  if (strstr(out, "handle")) fail_msg("nas stop said: %s", out);
+  assert_non_null(strstr(out, "asked 0 running trials to stop"));
+  free(out);
+  json_t *rows = trials_json(f, "asked");
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "running");
+  json_decref(rows);
+  free(spec);
+}
+
+/* `nas tell` is for trials handed out by `nas ask`: one that `nas run` runs is refused,
+ * and the run goes on to judge it by its own job (a trial completed under it made the run
+ * fail with "it is completed, not running" once its job ended). */
+static void nas_tell_refuses_a_trial_that_nas_run_runs(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "told.yaml",
+                          "name: told\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 2; echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "budget: {trials: 1}\n");
+  pid_t pid = start_nas_run(f, spec);
+  bool running = false;
+  for (double until = nas_now() + 10; !running && nas_now() < until; nas_sleep(0.05)) {
+    char *out = NULL;
+    int rc = nas(f, &out, "trials", "told", "--format=json");
+    json_t *rows = rc == 0 ? json_loads(out, 0, NULL) : NULL;
+    const char *status = json_string_value(json_object_get(json_array_get(rows, 0), "status"));
+    running = status && strcmp(status, "running") == 0;
+    json_decref(rows);
+    free(out);
+  }
+  assert_true(running);
+  char *argv[] = {(char *)test_nas_bin(), "tell", "told", "0", "--complete", "y=5", "--storage",
+                  f->db, NULL};
+  char *out;
+  assert_int_not_equal(test_run(f->dir, argv, &out), 0);
+  if (!strstr(out, "not handed out by ask")) fail_msg("nas tell said: %s", out);
+  free(out);
+  int status;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFEXITED(status));
+  assert_int_equal(WEXITSTATUS(status), 0);
+  json_t *rows = trials_json(f, "told");
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 0), "status")), "completed");
+  assert_true(num(row_of(rows, 0), "y") == 1);
   json_decref(rows);
   free(spec);
 }
@@ -440,6 +507,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
       cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
       cmocka_unit_test_setup_teardown(resume_runs_the_rest_beside_a_trial_handed_out_by_ask, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker, setup, teardown),
+      cmocka_unit_test_setup_teardown(nas_tell_refuses_a_trial_that_nas_run_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),

@@ -652,6 +652,29 @@ static void held_job_runs_only_once_released(void **state) {
   assert_no_children();
 }
 
+/* A job that has not started (held here; waiting for GPUs likewise) polls as waiting, so
+ * that heartbeat_timeout does not count that time as silence; once it runs it does not. */
+static void a_job_not_started_yet_polls_as_waiting(void **state) {
+  fixture *f = *state;
+  char *marker = path_in(f, "started"), *run_dir = run_dir_new(f), *handle = NULL;
+  char *argv[] = {"sh", "-c", "touch started; exec sleep 1", NULL};
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  nas_err err;
+  assert_int_equal(runner_start_held(f->r, &job, &handle, &err), NAS_OK);
+  job_status st = poll1(f, handle, run_dir);
+  assert_int_equal(st.state, JOB_RUNNING);
+  assert_true(st.waiting);
+  assert_int_equal(runner_release(f->r, handle, &err), NAS_OK);
+  for (double until = nas_monotonic() + 5; access(marker, F_OK) != 0; nas_sleep(0.01))
+    assert_true(nas_monotonic() < until);
+  st = poll1(f, handle, run_dir);
+  assert_int_equal(st.state, JOB_RUNNING);
+  assert_false(st.waiting);
+  assert_int_equal(wait_end(f, handle, run_dir, 5).state, JOB_EXITED);
+  free(handle), free(run_dir), free(marker);
+  assert_no_children();
+}
+
 /* The starter dies (here: frees its runner) before releasing: the job never runs and the
  * handle reads as lost, so a scheduler that crashed there retries it exactly once. */
 static void held_job_whose_starter_is_gone_never_runs(void **state) {
@@ -891,6 +914,7 @@ int main(void) {
       T(reused_pid_is_never_taken_for_the_monitor),
       T(bad_options_handles_and_jobs_are_errors),
       T(held_job_runs_only_once_released),
+      T(a_job_not_started_yet_polls_as_waiting),
       T(held_job_whose_starter_is_gone_never_runs),
       T(exit_json_the_job_writes_is_not_taken_for_its_end),
       T(exit_json_the_job_spoils_ends_it_unreadable_with_the_reason),

@@ -9,7 +9,8 @@
  * tests run. Slurm's commands are reached through PATH wrappers that log every call (to
  * count squeue calls per poll) and fail on request (ctl/TOOL.fail holds how many calls
  * fail with "Socket timed out"; ctl/TOOL.lose makes one call do its work and then fail,
- * as when the controller's reply is lost).
+ * as when the controller's reply is lost; while ctl/TOOL.slow exists, each call first
+ * creates ctl/TOOL.inside and waits 2 s).
  *
  * Without Slurm (no packages, not root) the tests are skipped with a loud message, and
  * fail when CI=true. */
@@ -97,6 +98,9 @@ static void wrapper_write(const group *g, const char *dir, const char *tool) {
                        "  echo '%s: error: Socket timed out on send/recv operation' >&2\n"
                        "  exit 1\n"
                        "fi\n"
+                       "if [ -e \"$ctl/%s.slow\" ]; then\n"
+                       "  : >\"$ctl/%s.inside\"; sleep 2\n"
+                       "fi\n"
                        "if [ -e \"$ctl/%s.lose\" ]; then\n"
                        "  rm -f \"$ctl/%s.lose\"\n"
                        "  '%s' \"$@\" >/dev/null 2>&1\n"
@@ -105,7 +109,7 @@ static void wrapper_write(const group *g, const char *dir, const char *tool) {
                        "fi\n"
                        "exec '%s' \"$@\"\n",
                        tool, g->calls_log, g->ctl, tool, tool, tool, tool, tool, tool, tool,
-                       real, tool, real) > 0);
+                       tool, tool, real, tool, real) > 0);
   char *path = test_write(dir, tool, text);
   assert_int_equal(chmod(path, 0755), 0);
   free(path);
@@ -355,6 +359,7 @@ static void slurm_states_map_onto_job_states(void **state) {
       {"PENDING", "0", JOB_RUNNING, 0, 0, NULL},
       {"RUNNING", "0", JOB_RUNNING, 0, 0, NULL},
       {"CONFIGURING", "0", JOB_RUNNING, 0, 0, NULL},
+      {"POWER_UP_NODE", "0", JOB_RUNNING, 0, 0, NULL}, /* its node boots (power saving) */
       {"COMPLETING", "0", JOB_RUNNING, 0, 0, NULL},
       {"SUSPENDED", "0", JOB_RUNNING, 0, 0, NULL},
       {"REQUEUED", "0", JOB_RUNNING, 0, 0, NULL},
@@ -378,6 +383,11 @@ static void slurm_states_map_onto_job_states(void **state) {
     job_status st = slurm_status_of("42_1", cases[i].state, cases[i].exit_code, "NodeDown");
     if (st.state != cases[i].want)
       fail_msg("%s %s: got %s", cases[i].state, cases[i].exit_code, job_state_name(st.state));
+    bool waits = strcmp(cases[i].state, "PENDING") == 0 ||
+                 strcmp(cases[i].state, "CONFIGURING") == 0 ||
+                 strcmp(cases[i].state, "POWER_UP_NODE") == 0 ||
+                 strcmp(cases[i].state, "SUSPENDED") == 0 || strcmp(cases[i].state, "REQUEUED") == 0;
+    if (st.waiting != waits) fail_msg("%s: waiting is %d", cases[i].state, st.waiting);
     assert_int_equal(st.exit_code, cases[i].code);
     assert_int_equal(st.signal, cases[i].sig);
     if (cases[i].detail) {
@@ -788,6 +798,53 @@ static void job_array_runs_each_trial_in_its_own_run_dir(void **state) {
   runner_free(r);
 }
 
+/* What Slurm itself says about task i of an array (here the notice of a cancel) goes to
+ * trial i's stderr.log through array/i.log, not to one file shared by every task. */
+static void slurm_messages_of_an_array_task_land_in_its_trials_stderr_log(void **state) {
+  fixture *f = cluster_fixture(state);
+  runner *r = runner_with("{\"poll_interval\": 0.2, \"array\": true}");
+  char *sleeper[] = {"sh", "-c", "touch started; exec sleep 300", NULL};
+  char *quick[] = {"true", NULL};
+  char *run_dirs[2] = {run_dir_new(f), run_dir_new(f)}, *handles[2];
+  runner_job jobs[2] = {{.argv = sleeper, .workdir = f->dir, .run_dir = run_dirs[0]},
+                        {.argv = quick, .workdir = f->dir, .run_dir = run_dirs[1]}};
+  nas_err err;
+  if (runner_start_batch(r, jobs, 2, handles, &err) != NAS_OK) fail_msg("%s", err.msg);
+  file_wait(f->dir, "started", WAIT_LIMIT_S);
+  assert_int_equal(runner_stop(r, handles[0], run_dirs[0], &err), NAS_OK);
+  assert_int_equal(wait_end(r, handles[0], run_dirs[0], WAIT_LIMIT_S).state, JOB_STOPPED);
+  assert_int_equal(wait_end(r, handles[1], run_dirs[1], WAIT_LIMIT_S).state, JOB_EXITED);
+  char *errs = file_text(run_dirs[0], "stderr.log");
+  if (!strstr(errs, "CANCELLED")) fail_msg("trial 0's stderr.log: '%s'", errs);
+  assert_false(file_exists(run_dirs[0], "array/%a.log"));
+  free(errs);
+  for (int i = 0; i < 2; i++) free(handles[i]), free(run_dirs[i]);
+  runner_free(r);
+}
+
+/* An exit.json beside a job that Slurm says waits to start was left by an earlier run of
+ * the job (requeued after a preemption): it does not make polls ask Slurm every 0.5 s for
+ * as long as the job waits. */
+static void old_exit_json_of_a_job_waiting_to_start_does_not_speed_up_polling(void **state) {
+  fixture *f = cluster_fixture(state);
+  runner *r = runner_with("{\"poll_interval\": 30}");
+  char *argv[] = {"true", NULL};
+  char *run_dir = run_dir_new(f), *handle = NULL;
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  nas_err err;
+  if (runner_start_held(r, &job, &handle, &err) != NAS_OK) fail_msg("%s", err.msg);
+  free(test_write(run_dir, "exit.json",
+                  "{\"state\": \"signaled\", \"exit_code\": 0, \"signal\": 15}\n"));
+  int before = calls_of(f->g, "squeue");
+  for (double until = nas_monotonic() + 2.5; nas_monotonic() < until; nas_sleep(0.05))
+    assert_int_equal(poll1(r, handle, run_dir).state, JOB_RUNNING);
+  int asked = calls_of(f->g, "squeue") - before;
+  if (asked > 1) fail_msg("%d squeue calls in 2.5 s for a job waiting in the queue", asked);
+  assert_int_equal(runner_stop(r, handle, run_dir, &err), NAS_OK);
+  free(handle), free(run_dir);
+  runner_free(r);
+}
+
 /* Writes the spec text to the fixture's folder, runs `nas run` on it (storage in that
  * folder) and returns what `nas trials NAME --format FORMAT` prints (owned). */
 static char *experiment_run(fixture *f, const char *name, const char *yaml, const char *format) {
@@ -834,6 +891,69 @@ static void experiment_runs_through_slurm_as_job_arrays(void **state) {
   }
   assert_int_equal(completed + failed, 4);
   free(out);
+}
+
+/* Runs `nas run` of one 4-second trial (budget 3, one at a time) in a process group of its
+ * own, as a shell runs a foreground job, and sends sig to it (to_group: to its whole
+ * group, as Ctrl-C does) while a squeue it runs takes 2 s; asserts that the signal only
+ * stopped the launches: the run ends with status 3 once trial 0 has completed. */
+static void signal_during_a_slow_squeue(fixture *f, bool to_group, int sig) {
+  char *spec = test_write(f->dir, "sig.yaml",
+                          "name: sig\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 4; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                          "budget: {trials: 3, parallel: 1}\n"
+                          "runner: {type: slurm, poll_interval: 0.2}\n");
+  char *db = NULL, *log = path_join(f->dir, "run.log");
+  assert_true(asprintf(&db, "sqlite:%s/nas.db", f->dir) > 0);
+  int sbatch_before = calls_of(f->g, "sbatch");
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    setpgid(0, 0);
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || chdir(f->dir) != 0) _exit(126);
+    dup2(fd, 1), dup2(fd, 2);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", db, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  setpgid(pid, pid);
+  double until = nas_monotonic() + WAIT_LIMIT_S;
+  while (calls_of(f->g, "sbatch") == sbatch_before && nas_monotonic() < until) nas_sleep(0.05);
+  free(test_write(f->g->ctl, "squeue.slow", ""));
+  file_wait(f->g->ctl, "squeue.inside", WAIT_LIMIT_S);
+  assert_int_equal(kill(to_group ? -pid : pid, sig), 0);
+  test_rmtree_child(f->g->ctl, "squeue.slow");
+  test_rmtree_child(f->g->ctl, "squeue.inside");
+  int status;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (nas_monotonic() > until) kill(pid, SIGKILL);
+    nas_sleep(0.05);
+  }
+  char *out = file_text(f->dir, "run.log");
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 3)
+    fail_msg("nas run ended %s %d: %s", WIFEXITED(status) ? "with status" : "by signal",
+             WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status), out);
+  char *trials[] = {(char *)test_nas_bin(), "trials", "sig", "--storage", db, "--format", "csv",
+                    NULL};
+  free(out);
+  assert_int_equal(test_run(f->dir, trials, &out), 0);
+  if (!strstr(out, "\n0,completed,") || strstr(out, "\n1,")) fail_msg("trials: %s", out);
+  free(out), free(db), free(log), free(spec);
+}
+
+/* A SIGTERM that arrives while the loop is busy (not waiting for signals) is still the
+ * loop's to handle, whichever thread of the process the kernel hands it to. */
+static void sigterm_while_a_slurm_command_runs_lets_running_trials_finish(void **state) {
+  signal_during_a_slow_squeue(cluster_fixture(state), false, SIGTERM);
+}
+
+/* Ctrl-C reaches every process of the terminal's foreground group; the Slurm command
+ * running then is not killed by it (so the run neither fails nor loses its job). */
+static void first_ctrl_c_during_a_slurm_command_lets_running_trials_finish(void **state) {
+  signal_during_a_slow_squeue(cluster_fixture(state), true, SIGINT);
 }
 
 /* Runs experiment `name` of one built-in trial (builtin: its mapping's settings) as two
@@ -1040,6 +1160,45 @@ static void held_job_runs_only_once_released(void **state) {
   free(out), free(handle), free(run_dir);
 }
 
+/* A release the controller never answers (retries spent) gives the job up: the next poll
+ * cancels it and says lost, so the scheduler runs the trial again instead of waiting on a
+ * job held forever. */
+static void held_job_that_cannot_be_released_is_cancelled_and_lost(void **state) {
+  fixture *f = cluster_fixture(state);
+  char *argv[] = {"sh", "-c", "echo ran", NULL};
+  char *run_dir = run_dir_new(f), *handle = NULL;
+  runner_job job = {.argv = argv, .workdir = f->dir, .run_dir = run_dir};
+  nas_err err;
+  if (runner_start_held(f->r, &job, &handle, &err) != NAS_OK) fail_msg("%s", err.msg);
+  faults_set(f->g, "scontrol", "fail", 5); /* the fixture's runner tries 1 + 4 times */
+  assert_int_equal(runner_release(f->r, handle, &err), NAS_ERR);
+  job_status st = wait_end(f->r, handle, run_dir, 10);
+  assert_int_equal(st.state, JOB_LOST);
+  assert_non_null(strstr(st.detail, "never released"));
+  char *word = slurm_state_word(handle);
+  assert_string_equal(word, "CANCELLED");
+  free(word);
+  free(handle), free(run_dir);
+}
+
+/* A start that submitted a held job and ended before the job's id was stored anywhere (nas
+ * killed between sbatch and storage) leaves a job nobody knows of: starting the trial again
+ * in the same run folder finds it by its submission mark and cancels it. */
+static void held_job_nobody_recorded_is_cancelled_when_its_trial_starts_again(void **state) {
+  fixture *f = cluster_fixture(state);
+  char *run_dir = run_dir_new(f);
+  char orphan[64];
+  char *argv[] = {"sh", "-c", "echo ran", NULL};
+  submit_from_a_process_that_dies(f, run_dir, argv, true, orphan, sizeof orphan);
+  char *handle = start(f, run_dir, argv, NULL);
+  assert_int_equal(wait_end(f->r, handle, run_dir, WAIT_LIMIT_S).state, JOB_EXITED);
+  char *word = slurm_state_word(orphan);
+  assert_string_equal(word, "CANCELLED");
+  char *out = file_text(run_dir, "stdout.log");
+  assert_string_equal(out, "ran\n");
+  free(out), free(word), free(handle), free(run_dir);
+}
+
 static void held_job_whose_starter_died_is_cancelled_and_lost(void **state) {
   fixture *f = cluster_fixture(state);
   char *run_dir = run_dir_new(f);
@@ -1191,6 +1350,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(quoting_round_trips_hostile_and_random_bytes),
       T(experiment_runs_through_slurm_as_job_arrays),
+      T(sigterm_while_a_slurm_command_runs_lets_running_trials_finish),
+      T(first_ctrl_c_during_a_slurm_command_lets_running_trials_finish),
       T(slurm_states_map_onto_job_states),
       T(squeue_lines_parse_into_sorted_rows),
       T(slurm_time_limits_parse),
@@ -1209,13 +1370,17 @@ int main(void) {
       T(builtin_trial_trains_across_two_srun_tasks),
       T(builtin_pipeline_trial_runs_its_stages_as_srun_tasks),
     T(job_array_runs_each_trial_in_its_own_run_dir),
+      T(slurm_messages_of_an_array_task_land_in_its_trials_stderr_log),
       T(batch_without_array_starts_one_job_each),
       T(each_poll_asks_slurm_at_most_once_for_all_jobs),
       T(end_is_learnt_from_exit_json_long_before_the_poll_interval),
+      T(old_exit_json_of_a_job_waiting_to_start_does_not_speed_up_polling),
       T(another_process_reattaches_by_handle),
       T(job_slurm_forgot_is_read_from_exit_json_or_lost),
       T(held_job_runs_only_once_released),
       T(held_job_whose_starter_died_is_cancelled_and_lost),
+      T(held_job_that_cannot_be_released_is_cancelled_and_lost),
+      T(held_job_nobody_recorded_is_cancelled_when_its_trial_starts_again),
       T(transient_errors_are_retried_with_backoff),
       T(lost_sbatch_answer_does_not_submit_twice),
       T(permanent_errors_carry_slurms_message_without_retrying),

@@ -8,6 +8,7 @@
  * attempt — stay running for some polls, write metric lines to its stdout.log as a real
  * trial prints them, then end in the scripted state — and it counts what it was asked. */
 #include <errno.h>
+#include <signal.h>
 #include <sys/stat.h>
 
 #include "scheduler/scheduler.h"
@@ -22,6 +23,8 @@ typedef struct {
   int exit_code;       /* JOB_EXITED */
   const char *at_start; /* written to stdout.log when it starts (may be NULL) */
   const char *at_end;   /* written to stdout.log just before it ends (may be NULL) */
+  const char *detail;   /* the runner's words on how it ended (may be NULL) */
+  double wait_s;        /* seconds it first waits to start (in a queue), said to polls */
 } fake_plan;
 
 #define FOREVER (-1)
@@ -34,6 +37,7 @@ typedef struct {
   int number, attempt; /* of the trial it runs, read from its NAS_ environment */
   char *run_dir;       /* owned */
   fake_plan plan;
+  double started;      /* monotonic seconds of its start */
   int polls;           /* polls that saw it running */
   bool stop_asked;
   bool ended;
@@ -54,6 +58,8 @@ typedef struct {
   /* At this poll (0: never) it marks the experiment stopped, as `nas stop` from another
    * terminal does first. */
   int stop_experiment_at_poll;
+  /* At this start (1: the first; 0: never) it raises SIGINT, as a Ctrl-C meanwhile. */
+  size_t sigint_at_start;
   storage *st;
   int64_t experiment_id;
 } fake_runner;
@@ -97,9 +103,11 @@ static int fake_start(void *state, const runner_job *job, char **handle, nas_err
   *j = (fake_job){.number = env_int(job->env, "NAS_TRIAL_NUMBER"),
                   .attempt = env_int(job->env, "NAS_ATTEMPT"), .run_dir = strdup(job->run_dir)};
   j->plan = f->script(j->number, j->attempt);
+  j->started = nas_monotonic();
   mkdirs(j->run_dir);
   log_append(j, j->plan.at_start);
   assert_true(asprintf(handle, "fake:%zu", f->n_jobs++) > 0);
+  if (f->n_jobs == f->sigint_at_start) raise(SIGINT);
   if (++f->running > f->most_running) f->most_running = f->running;
   return NAS_OK;
 }
@@ -116,12 +124,15 @@ static job_status fake_job_poll(fake_job *j) {
   job_status st = {.state = JOB_RUNNING};
   if (j->stop_asked) {
     st.state = JOB_STOPPED;
+  } else if (nas_monotonic() - j->started < j->plan.wait_s) {
+    st.waiting = true;
   } else if (j->plan.polls != FOREVER && j->polls >= j->plan.polls) {
     if (!j->ended) log_append(j, j->plan.at_end);
     st = (job_status){.state = j->plan.end, .exit_code = j->plan.exit_code,
                       .signal = j->plan.end == JOB_SIGNALED ? 9 : 0};
     if (j->plan.end == JOB_UNREADABLE)
       snprintf(st.detail, sizeof st.detail, "exit.json is a folder");
+    if (j->plan.detail) snprintf(st.detail, sizeof st.detail, "%s", j->plan.detail);
   } else {
     j->polls++;
   }
@@ -355,6 +366,25 @@ static void each_way_a_job_ends_is_judged_into_its_trial_status(void **state) {
   assert_experiment_status(fx, "finished");
 }
 
+/* A limit the spec did not set (Slurm's `time` option, no trial.timeout): the trial's
+ * error gives the runner's words, not a limit of 0 s. */
+static fake_plan ends_at_slurms_time_limit(int number, int attempt) {
+  (void)number, (void)attempt;
+  return (fake_plan){.polls = 1, .end = JOB_TIMEOUT, .detail = "Slurm job 7 ended TIMEOUT"};
+}
+
+static void a_time_limit_the_runner_set_is_told_in_the_runners_words(void **state) {
+  fixture *fx = *state;
+  experiment(fx, ends_at_slurms_time_limit, "{command: [run]}", "{trials: 1}", "");
+  assert_int_equal(run(fx), SCHED_FINISHED);
+  size_t n;
+  trial_row *rows = trials(fx, &n);
+  assert_int_equal(rows[0].status, TRIAL_TIMEOUT);
+  assert_error_contains(&rows[0], "time limit: Slurm job 7 ended TIMEOUT");
+  if (strstr(rows[0].error, "0 s")) fail_msg("error: %s", rows[0].error);
+  trial_rows_free(rows, n);
+}
+
 /* ---- the failure rate ------------------------------------------------------------------- */
 
 static void more_failures_than_max_failure_rate_stop_launching_after_five_ended(void **state) {
@@ -419,6 +449,28 @@ static void a_trial_that_reports_no_heartbeat_is_handled_as_lost(void **state) {
   trial_rows_free(rows, n);
 }
 
+/* A job that waits to start (pending in Slurm's queue) far longer than heartbeat_timeout,
+ * then prints its result. */
+static fake_plan waits_in_the_queue_then_completes(int number, int attempt) {
+  (void)number, (void)attempt;
+  fake_plan p = completes();
+  p.wait_s = 0.5;
+  return p;
+}
+
+static void waiting_in_a_queue_is_no_silence(void **state) {
+  fixture *fx = *state;
+  experiment(fx, waits_in_the_queue_then_completes,
+             "{command: [run], max_attempts: 1, heartbeat_timeout: 0.1}", "{trials: 1}", "");
+  assert_int_equal(run(fx), SCHED_FINISHED);
+  size_t n;
+  trial_row *rows = trials(fx, &n);
+  if (rows[0].status != TRIAL_COMPLETED) fail_msg("trial 0: %s", rows[0].error);
+  trial_rows_free(rows, n);
+  assert_int_equal(fx->fake.n_jobs, 1);
+  assert_int_equal(fx->fake.stops, 0);
+}
+
 /* ---- stopping --------------------------------------------------------------------------- */
 
 static void nas_stop_stops_the_running_trials_and_ends_the_run_interrupted(void **state) {
@@ -437,6 +489,22 @@ static void nas_stop_stops_the_running_trials_and_ends_the_run_interrupted(void 
   }
   trial_rows_free(rows, n);
   assert_experiment_status(fx, "stopped");
+}
+
+/* A Ctrl-C while a round of launches is under way: the rest of the round is not launched
+ * (those trials stay queued, for `nas resume`), and the one started finishes. */
+static void first_ctrl_c_during_a_launch_round_launches_no_more_of_it(void **state) {
+  fixture *fx = *state;
+  experiment(fx, every_trial_completes, "{command: [run]}", "{trials: 8, parallel: 4}", "");
+  fx->fake.sigint_at_start = 1;
+  assert_int_equal(run(fx), SCHED_INTERRUPTED);
+  assert_int_equal(fx->fake.n_jobs, 1);
+  size_t n;
+  trial_row *rows = trials(fx, &n);
+  assert_int_equal(n, 4);
+  assert_int_equal(rows[0].status, TRIAL_COMPLETED);
+  for (size_t i = 1; i < n; i++) assert_int_equal(rows[i].status, TRIAL_QUEUED);
+  trial_rows_free(rows, n);
 }
 
 static void early_stopping_stops_the_trial_whose_curve_is_worse_than_the_median(void **state) {
@@ -476,11 +544,14 @@ static void the_budget_launches_exactly_its_trials_never_more_at_once_than_paral
 int main(void) {
   const struct CMUnitTest tests[] = {
       T(each_way_a_job_ends_is_judged_into_its_trial_status),
+      T(a_time_limit_the_runner_set_is_told_in_the_runners_words),
       T(more_failures_than_max_failure_rate_stop_launching_after_five_ended),
       T(failures_within_max_failure_rate_let_the_budget_run_out),
       T(a_lost_job_is_requeued_and_retried_in_a_new_run_folder),
       T(a_trial_that_reports_no_heartbeat_is_handled_as_lost),
+      T(waiting_in_a_queue_is_no_silence),
       T(nas_stop_stops_the_running_trials_and_ends_the_run_interrupted),
+      T(first_ctrl_c_during_a_launch_round_launches_no_more_of_it),
       T(early_stopping_stops_the_trial_whose_curve_is_worse_than_the_median),
       T(the_budget_launches_exactly_its_trials_never_more_at_once_than_parallel),
   };
