@@ -98,22 +98,18 @@ static size_t budget_left(const spec *s, const sched_results *r) {
   return left > 0 ? (size_t)left : 0;
 }
 
-/* Claims up to n queued trials and suggests the rest; *out gets up to n started rows. */
-static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_t n,
-                    const char *worker, trial_row *out, size_t *n_out, nas_err *err) {
-  int rc = NAS_OK;
-  *n_out = 0;
-  while (*n_out < n && (rc = storage_trial_claim(st, exp->id, worker, &out[*n_out], err)) == NAS_OK)
-    (*n_out)++;
-  if (rc != NAS_ENOTFOUND && rc != NAS_OK) return rc;
+/* Suggests up to `wanted` new trials, no more than the budget leaves, and starts them for
+ * worker into out[*n_out…]. NAS_ENOTFOUND (nothing stored) when a finite space has fewer
+ * fresh assignments than that. */
+static int suggest_fresh(storage *st, const spec *s, const experiment_row *exp, size_t wanted,
+                         const char *worker, trial_row *out, size_t *n_out, nas_err *err) {
   sched_results r;
   if (sched_results_load(st, s, exp->id, &r, err) != NAS_OK) return NAS_ERR;
-  size_t fresh = n - *n_out, left = budget_left(s, &r);
-  fresh = fresh < left ? fresh : left;
+  size_t left = budget_left(s, &r), fresh = wanted < left ? wanted : left;
   optimizer *opt = NULL;
   trial_row *made = NULL;
   sched_imported imported = {0};
-  rc = fresh == 0 ? NAS_OK : optimizer_create(s, &opt, err);
+  int rc = fresh == 0 ? NAS_OK : optimizer_create(s, &opt, err);
   if (rc == NAS_OK && fresh > 0) rc = sched_imported_load(st, s, &imported, err);
   if (rc == NAS_OK && fresh > 0)
     rc = sched_suggest(st, s, exp, opt, &r, &imported, fresh, &made, err);
@@ -126,6 +122,30 @@ static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_
   optimizer_free(opt);
   sched_results_free(&r);
   return rc;
+}
+
+/* Claims up to n queued trials and suggests the rest; *out gets up to n started rows. */
+static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_t n,
+                    const char *worker, trial_row *out, size_t *n_out, nas_err *err) {
+  int rc = NAS_OK;
+  *n_out = 0;
+  while (*n_out < n && (rc = storage_trial_claim(st, exp->id, worker, &out[*n_out], err)) == NAS_OK)
+    (*n_out)++;
+  if (rc != NAS_ENOTFOUND && rc != NAS_OK) return rc;
+  size_t wanted = n - *n_out;
+  rc = wanted > 0 ? suggest_fresh(st, s, exp, wanted, worker, out, n_out, err) : NAS_OK;
+  /* A finite space may have fewer fresh assignments than asked for: then as many as it
+   * has, one at a time, each suggestion seeing the ones before it as pending. */
+  if (rc == NAS_ENOTFOUND && wanted > 1) {
+    size_t before;
+    do {
+      before = *n_out;
+      rc = suggest_fresh(st, s, exp, 1, worker, out, n_out, err);
+    } while (rc == NAS_OK && *n_out > before && *n_out < n);
+  }
+  /* Trials handed out already are the asker's (claimed ones are running now): an ask that
+   * found fewer than it wanted answers with those. */
+  return rc == NAS_ENOTFOUND && *n_out > 0 ? NAS_OK : rc;
 }
 
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,

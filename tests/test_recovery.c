@@ -143,6 +143,36 @@ static void resume_runs_the_rest_beside_a_trial_handed_out_by_ask(void **state) 
   free(spec);
 }
 
+/* An ask for more trials than a finite space has left hands out those it has (it failed
+ * whole, "search space exhausted", and handed out none), and the next ask says exhausted. */
+static void ask_for_more_than_a_finite_space_has_hands_out_what_is_left(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "grid.yaml",
+                          "name: grid\n"
+                          "parameters:\n"
+                          "  a: {type: categorical, choices: [p, q]}\n"
+                          "  b: {type: int, low: 1, high: 2}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 10}\n");
+  create_and_ask_one(f, spec, "grid");
+  char *argv[] = {(char *)test_nas_bin(), "ask", "grid", "-n", "6", "--format=json",
+                  "--storage", f->db, NULL};
+  char *out;
+  int rc = test_run(f->dir, argv, &out);
+  if (rc != 0) fail_msg("nas ask -n 6 exited %d: %s", rc, out);
+  json_t *asked = json_loads(out, 0, NULL);
+  assert_int_equal(json_array_size(asked), 3);
+  json_decref(asked);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "grid", NULL), 1);
+  assert_non_null(strstr(out, "exhausted"));
+  free(out);
+  json_t *rows = trials_json(f, "grid");
+  assert_int_equal(count_status(rows, "running"), 4);
+  json_decref(rows);
+  free(spec);
+}
+
 /* `nas stop` asks runners to stop their jobs; a trial handed out by `nas ask` has none (its
  * job id is the asker's name), so it is left to its asker, without an error about it. */
 static void nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker(void **state) {
@@ -507,6 +537,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
       cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
       cmocka_unit_test_setup_teardown(resume_runs_the_rest_beside_a_trial_handed_out_by_ask, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_for_more_than_a_finite_space_has_hands_out_what_is_left, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_tell_refuses_a_trial_that_nas_run_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
