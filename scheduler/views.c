@@ -143,15 +143,37 @@ static json_t *counts_json(const sched_results *r) {
 
 static const char *const liveness_names[] = {"none", "alive", "dead"};
 
-/* The spec's text with the password of its storage line masked (the text is shown to
- * anyone who may read the experiment). Owned; NULL when out of memory. */
+/* text (owned, freed) with every occurrence of what replaced by with; NULL when out of
+ * memory. */
+static char *replaced_everywhere(char *text, const char *what, const char *with) {
+  size_t what_len = strlen(what);
+  for (char *at = text && what_len ? strstr(text, what) : NULL; at; ) {
+    size_t offset = (size_t)(at - text) + strlen(with);
+    char *next = nas_asprintf("%.*s%s%s", (int)(at - text), text, with, at + what_len);
+    free(text);
+    if (!(text = next)) return NULL;
+    at = strstr(text + offset, what);
+  }
+  return text;
+}
+
+/* The spec's text as shown to anyone who may read the experiment (the API, the dashboard,
+ * nas plot's page): its storage line's password masked, and its webhooks' URLs as
+ * spec_url_shown gives them (a Slack webhook's path is its secret). Owned; NULL when out
+ * of memory. */
 static char *spec_text_shown(const spec *s, const char *text) {
-  char *masked = storage_url_redacted(s->storage);
-  const char *at = masked && strcmp(masked, s->storage) != 0 ? strstr(text, s->storage) : NULL;
-  char *shown = at ? nas_asprintf("%.*s%s%s", (int)(at - text), text, masked,
-                                  at + strlen(s->storage))
-                   : strdup(text);
+  char *shown = strdup(text), *masked = storage_url_redacted(s->storage);
+  if (!masked) {
+    free(shown);
+    return NULL;
+  }
+  if (strcmp(masked, s->storage) != 0) shown = replaced_everywhere(shown, s->storage, masked);
   free(masked);
+  for (size_t i = 0; shown && i < s->n_notify; i++) {
+    char *url = spec_url_shown(s->notify[i].url);
+    shown = url ? replaced_everywhere(shown, s->notify[i].url, url) : (free(shown), NULL);
+    free(url);
+  }
   return shown;
 }
 

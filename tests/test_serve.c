@@ -217,6 +217,31 @@ static void experiment_list_names_one_whose_spec_no_longer_loads_beside_the_othe
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
+/* A Slack webhook's URL is its secret: anyone who may read the experiment (a read token,
+ * the dashboard) sees the spec with each webhook's URL cut after its host. */
+static void webhook_urls_in_a_served_spec_show_only_their_host(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments",
+                "name: hooked\n"
+                "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                "objectives: [{name: loss, goal: minimize}]\n"
+                "notify:\n"
+                "  - {url: 'https://hooks.example.com/services/T0/B0/s3cr3t', format: slack}\n"
+                "  - url: http://127.0.0.1:9/hook?token=s3cr3t\n"
+                "budget: {trials: 3}\n",
+                NULL, 201, NULL);
+  json_t *one = get_ok(&srv, "/api/v1/experiments/hooked");
+  const char *text = json_string_value(json_object_get(one, "spec"));
+  assert_non_null(text);
+  if (strstr(text, "s3cr3t")) fail_msg("the served spec holds a webhook's secret: %s", text);
+  assert_non_null(strstr(text, "url: 'https://hooks.example.com/…'"));
+  assert_non_null(strstr(text, "url: http://127.0.0.1:9/…"));
+  json_decref(one);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
 static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **state) {
   fixture *f = *state;
   test_server srv;
@@ -581,6 +606,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(posted_spec_keeps_the_servers_folder_for_a_later_resume, setup, teardown),
       cmocka_unit_test_setup_teardown(trial_whose_model_json_is_a_fifo_is_read_without_waiting, setup, teardown),
       cmocka_unit_test_setup_teardown(experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others, setup, teardown),
+      cmocka_unit_test_setup_teardown(webhook_urls_in_a_served_spec_show_only_their_host, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
