@@ -14,7 +14,8 @@ static const char create_help[] =
     "usage: nas create FILE [--storage URL]\n\n"
     "Stores the experiment described by the YAML spec FILE without running it, to drive it\n"
     "with 'nas ask'/'nas tell' or through 'nas serve'. A spec for ask and tell needs no\n"
-    "'trial' section. The same spec again is no error; a different one is refused.\n"
+    "'trial' section. The same spec again is no error (a changed budget or notify section is\n"
+    "stored); any other difference is refused.\n"
     "Stored in --storage, else $NAS_STORAGE, else the spec's 'storage:' (as 'nas run').\n";
 
 static const char ask_help[] =
