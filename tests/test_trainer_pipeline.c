@@ -799,6 +799,9 @@ static void balance_by_size_and_by_time_isolate_the_heavy_layer(void **state) {
   assert_int_equal(got[0] + got[1], 5);
   assert_int_equal(tr_pipe_balance_by_time(&ctx, m, x, 3, 3, got), NAS_OK);
   assert_int_equal(got[1], 1);
+  /* more stages than children: said once, not "pipeline balance: pipeline balance: …" */
+  assert_int_equal(tr_pipe_balance_by_size(&ctx, m, x, 6, got), NAS_ERR);
+  assert_true(strncmp(ctx.err.msg, "pipeline balance: 6 stages for 5 children", 41) == 0);
   tr_release(x);
   tr_module_free(m);
 }

@@ -194,11 +194,13 @@ static int balance_by(tr_ctx *ctx, balance_kind kind, tr_module *model, tr_tenso
                          : measure_sizes(ctx, children, n, sample, costs);
   if (saved && pipe_buffers_restore(ctx, &state, saved) != NAS_OK && rc == NAS_OK) rc = NAS_ERR;
   skips_empty(children, n);
-  if (rc == NAS_OK) rc = tr_pipe_balance_costs(costs, n, stages, balance, &ctx->err);
+  /* tr_pipe_balance_costs says "pipeline balance" itself */
+  if (rc != NAS_OK) rc = nas_err_prefix(&ctx->err, "pipeline balance");
+  else rc = tr_pipe_balance_costs(costs, n, stages, balance, &ctx->err);
   free(saved);
   free(costs);
   tr_param_list_free(&state);
-  return rc == NAS_OK ? NAS_OK : nas_err_prefix(&ctx->err, "pipeline balance");
+  return rc;
 }
 
 int tr_pipe_balance_by_time(tr_ctx *ctx, tr_module *model, tr_tensor *sample, int stages,
