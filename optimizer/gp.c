@@ -1,10 +1,11 @@
 /* optimizer/gp.c: the GP model of one outcome: its factorisation, its posterior at a point
  * (mean, variance, covariance with a baseline, and their gradients in x) (see gp.h).
  *
- * Invariants of a gp: L is the lower Cholesky factor of K + N + jitter I over the n
- * training inputs (N diagonal: each point's known noise variance, else the fitted one),
- * kinv its inverse and alpha = kinv (y − c), all at the stored θ; the
- * standardisation (shift, scale) is fixed when the GP is made. */
+ * Invariants of a gp: it holds the unit-variance model of the standardised outcomes divided
+ * by √s (s the outputscale, gp.h): y, noise, mean and scale in those model units; L is the
+ * lower Cholesky factor of K + N + jitter I over the n training inputs (N diagonal: each
+ * point's known noise variance, else the fitted one), kinv its inverse and alpha =
+ * kinv (y − mean), all at the stored θ; shift and scale are fixed when the GP is made. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -21,16 +22,17 @@ struct gp {
   gp_kernel kernel;
   size_t n, d;
   double *X;       /* n×d training inputs */
-  double *y;       /* n standardised outcomes */
-  double shift;    /* raw = shift + scale · standardised */
-  double scale;
+  double *y;       /* n outcomes, model units */
+  double shift;    /* raw = shift + scale · model units */
+  double scale;    /* the outcomes' sd times √s */
   double *theta;   /* GP_THETA_LEN(d) */
   double *inv_ls2; /* d: 1/ℓ_k² */
-  double noise;    /* fitted noise variance */
-  double *known;   /* n standardised known noise variances (NaN: the fitted one), or NULL */
+  double noise;    /* fitted noise variance, model units */
+  double mean;     /* constant mean, model units */
+  double *known;   /* n known noise variances, model units (NaN: the fitted one), or NULL */
   double *L;       /* n×n lower Cholesky factor of K + N + jitter I (upper part zero) */
   double *kinv;    /* n×n: (K + N + jitter I)^-1 */
-  double *alpha;   /* n: kinv (y − c) */
+  double *alpha;   /* n: kinv (y − mean) */
 };
 
 /* Largest relative jitter tried; beyond it the matrix is treated as broken. */
@@ -119,10 +121,17 @@ void gp_free(gp *g) {
   free(g);
 }
 
+/* θ, and the noise and mean in model units; the standardised outcomes (g->y) and their sd
+ * (g->scale) into model units. */
 static void set_theta(gp *g, const double *theta) {
-  memcpy(g->theta, theta, GP_THETA_LEN(g->d) * sizeof *theta);
-  for (size_t k = 0; k < g->d; k++) g->inv_ls2[k] = exp(-2.0 * theta[k]);
-  g->noise = exp(theta[GP_THETA_NOISE(g->d)]);
+  size_t d = g->d;
+  memcpy(g->theta, theta, GP_THETA_LEN(d) * sizeof *theta);
+  for (size_t k = 0; k < d; k++) g->inv_ls2[k] = exp(-2.0 * theta[k]);
+  double root = sqrt(exp(theta[GP_THETA_SCALE(d)]));
+  g->noise = exp(theta[GP_THETA_NOISE(d)]); /* θ's noise entry is already noise/s */
+  g->mean = theta[GP_THETA_MEAN(d)] / root;
+  g->scale *= root;
+  for (size_t i = 0; i < g->n; i++) g->y[i] /= root;
 }
 
 /* kinv and alpha from L (which must already hold the factor). */
@@ -134,7 +143,7 @@ static int finish_factor(gp *g, nas_err *err) {
     return nas_errf(err, "gp: cannot invert the %zux%zu kernel matrix", n, n);
   for (size_t i = 0; i < n; i++) /* both triangles, for the full-matrix products */
     for (size_t j = 0; j < i; j++) g->kinv[j * n + i] = g->kinv[i * n + j];
-  double c = g->theta[GP_THETA_MEAN(g->d)];
+  double c = g->mean;
   double *resid = malloc(n * sizeof *resid);
   if (!resid) return nas_errf(err, "gp: out of memory");
   for (size_t i = 0; i < n; i++) resid[i] = g->y[i] - c;
@@ -172,8 +181,8 @@ int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const doub
   if (!g) return nas_errf(err, "gp: out of memory for %zu observations", n);
   memcpy(g->X, X, n * d * sizeof *X);
   gp_standardise(y, n, g->y, &g->shift, &g->scale);
-  if (noise_var) gp_standardise_noise(noise_var, n, g->scale, g->known);
   set_theta(g, theta);
+  if (noise_var) gp_standardise_noise(noise_var, n, g->scale, g->known);
   if (factorise(g, err) != NAS_OK) {
     gp_free(g);
     return NAS_ERR;
@@ -212,7 +221,7 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
     return nas_errf(err, "gp: out of memory for a baseline of %zu points", nb);
   }
   if (nb > 0) memcpy(out->X, Xb, nb * d * sizeof *Xb);
-  double c = g->theta[GP_THETA_MEAN(d)];
+  double c = g->mean;
   for (size_t b = 0; b < nb; b++) {
     gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
     out->mean[b] = c + cblas_ddot((int)n, KbX + b * n, 1, g->alpha, 1);
@@ -238,7 +247,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   bool grad = p->dmean || p->dvar || p->dcov_b;
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
   gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
-  p->mean = g->theta[GP_THETA_MEAN(d)] + sb_dot(n, k, g->alpha);
+  p->mean = g->mean + sb_dot(n, k, g->alpha);
   if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient */
     sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
     p->var = fmax(1.0 - sb_dot(n, k, w), 0.0);

@@ -1,17 +1,27 @@
 /* optimizer/gp.h: exact Gaussian-process regression of one outcome over the unit cube
  * (internal to optimizer/; used by the acquisition functions and the gp backend).
  *
- * Model: outcome = shift + scale · (c + f(x) + ε), where shift/scale standardise the
- * observed values (mean 0, sample variance 1), c is a constant mean, f ~ GP(0, k) with an
- * ARD kernel of unit variance (RBF or Matérn-5/2) and ε ~ N(0, noise), or, at an observation
- * whose noise is known (a reported standard error, a declared noise), N(0, its variance)
- * (fixed, heteroskedastic noise: BoTorch's FixedNoiseGP). Everything below works on the
- * standardised scale unless it says otherwise.
+ * Model: outcome = shift + sd · (c + f(x) + ε), where shift/sd standardise the observed
+ * values (mean 0, sample variance 1), c is a constant mean, f ~ GP(0, s·k) with an ARD
+ * kernel k of unit variance (RBF or Matérn-5/2) and an outputscale s, and ε ~ N(0, noise),
+ * or, at an observation whose noise is known (a reported standard error, a declared noise),
+ * N(0, its variance) (fixed, heteroskedastic noise: BoTorch's FixedNoiseGP). θ and the fit
+ * work on the standardised scale. A gp keeps the model as the unit-variance GP of the
+ * standardised outcomes divided by √s (noise/s, mean c/√s), so its "model units", in which
+ * gp_predict and gp_baseline_make answer, are sd·√s (gp_scale).
  *
- * Hyperparameters θ (GP_THETA_LEN(d) values): log lengthscales (d), log noise variance,
- * constant mean. They are fitted by maximum a posteriori with the priors of BoTorch's
- * current defaults (Hvarfner et al. 2024): lengthscale ~ LogNormal(√2 + log(d)/2, √3),
- * lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-4. */
+ * Hyperparameters θ (GP_THETA_LEN(d) values): log lengthscales (d), log(noise/s), constant
+ * mean, log outputscale. They are fitted by maximum a posteriori with the priors of
+ * BoTorch's current defaults (Hvarfner et al. 2024): lengthscale ~ LogNormal(√2 + log(d)/2,
+ * √3), lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-4·s (a floor on the
+ * noise-to-signal ratio: with the floor on the noise alone, a smooth 2-d function seen at 100
+ * points fitted s = 37 and the posterior covariance of the acquisition's baseline could not
+ * be factorised even with jitter), and the outputscale prior of its earlier ScaleKernel,
+ * s ~ Gamma(2, rate 0.15), 10⁻³ ≤ s ≤ 10⁴. Hvarfner et al. hold s = 1 on standardised outcomes; a fitted s (its prior's mode 6.7: a function that
+ * may range wider than the data seen so far) did better on noisy BraninCurrin (log10 HV gap
+ * 0.43 against 0.53 over 30 seeds; noise-free BraninCurrin unchanged). It is held at 1 where
+ * the mean is held at the worst value (gp_fit_options.worst_mean; bench/RESULTS.md, issue
+ * 22's eleventh round). */
 #ifndef NAS_OPTIMIZER_GP_H
 #define NAS_OPTIMIZER_GP_H
 
@@ -26,9 +36,10 @@
 
 typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
 
-#define GP_THETA_LEN(d) ((d) + 2)
+#define GP_THETA_LEN(d) ((d) + 3)
 #define GP_THETA_NOISE(d) (d)
 #define GP_THETA_MEAN(d) ((d) + 1)
+#define GP_THETA_SCALE(d) ((d) + 2)
 
 /* ---- kernels (gp_kernel.c) ---------------------------------------------------------------
  * A kernel is a function of the scaled squared distance r² = Σ_k (a_k − b_k)²/ℓ_k².
@@ -48,16 +59,16 @@ void gp_kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const
 /* The box the fit searches θ in, and the prior's mode (the fit's first start). */
 void gp_theta_bounds(size_t d, double *lower, double *upper);
 void gp_theta_prior_mode(size_t d, double *theta);
-/* Log prior density of θ (lengthscale and noise priors, flat in the mean); adds its
- * gradient to grad when grad is not NULL. */
+/* Log prior density of θ (outputscale, lengthscale and noise priors, flat in the mean); adds
+ * its gradient to grad when grad is not NULL. */
 double gp_log_prior(size_t d, const double *theta, double *grad);
 
-/* The noise variance on the diagonal at point i: known[i] (standardised) where known is not
- * NULL and it is not NaN, else the fitted noise. */
+/* The noise variance on the diagonal at point i: known[i] (in the outcomes' units) where
+ * known is not NULL and it is not NaN, else the fitted noise. */
 static inline double gp_noise_at(const double *known, size_t i, double fitted) {
   return known && !isnan(known[i]) ? known[i] : fitted;
 }
-/* Raw noise variances (n) → standardised ones (÷ scale²), NaN kept. */
+/* Raw noise variances (n) → ones in units of scale (÷ scale²), NaN kept. */
 void gp_standardise_noise(const double *noise_var, size_t n, double scale, double *out);
 
 /* Log marginal likelihood + log prior of standardised outcomes y (n) at X (n×d) under θ;
@@ -78,7 +89,11 @@ typedef struct {
    * only because nothing is known there (De Ath et al. 2021, "What do you mean? The role
    * of the mean function in Bayesian optimisation"). Unless the data reject it: when the
    * best fit with the mean free beats the held one's log posterior beyond a likelihood-ratio
-   * test at p < 10⁻⁴, the free fit stands (gp_fit.c). */
+   * test at p < 10⁻⁴, the free fit stands (gp_fit.c). Both fits then hold the outputscale
+   * at 1, as the rule was measured: with s fitted there too, DTLZ2 (d = 6, M = 2) lost
+   * (log10 HV gap over 20 seeds −1.06 / −0.92 against −1.13 / −0.99 at q = 1 / 4; not
+   * traced: a larger s puts the held mean fewer prior standard deviations above the data;
+   * bench/RESULTS.md, issue 22's eleventh round). */
   bool worst_mean;
   optimizer_cancel *cancel; /* NULL: never; when it says stop, gp_fit returns NAS_ECANCELED */
   /* NULL, or one known noise variance per observation (raw units², NaN where unknown): used
@@ -109,7 +124,7 @@ void gp_free(gp *g);
 size_t gp_n(const gp *g);
 size_t gp_dim(const gp *g);
 const double *gp_theta(const gp *g);
-/* raw outcome = shift + scale · standardised value */
+/* raw outcome = shift + scale · value in model units (scale: the outcomes' sd times √s) */
 double gp_shift(const gp *g);
 double gp_scale(const gp *g);
 
@@ -119,7 +134,7 @@ double gp_scale(const gp *g);
 typedef struct {
   size_t nb;
   double *X;     /* nb×d (owned copy) */
-  double *mean;  /* nb: posterior mean of c + f, standardised */
+  double *mean;  /* nb: posterior mean of c + f, model units */
   double *cov;   /* nb×nb: posterior covariance of f */
   double *A;     /* nb×n: K(B, X) (K + noise I)^-1 */
 } gp_baseline;
@@ -127,7 +142,7 @@ typedef struct {
 int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out, nas_err *err);
 void gp_baseline_clear(gp_baseline *b);
 
-/* Posterior of c + f(x) on the standardised scale. The pointers marked "or NULL" select what
+/* Posterior of c + f(x) in model units (above). The pointers marked "or NULL" select what
  * is computed; work holds gp_work_len(g) doubles. */
 typedef struct {
   double mean, var;

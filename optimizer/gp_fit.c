@@ -1,8 +1,9 @@
 /* optimizer/gp_fit.c: fitting a GP's hyperparameters by maximum a posteriori (see gp.h).
  *
  * The objective is the log marginal likelihood of the standardised outcomes plus the log
- * densities of BoTorch's default priors, with its analytic gradient:
+ * densities of the priors (gp.h), with its analytic gradient:
  *   log p(y|θ) = −½ rᵀα − ½ log|K| − (n/2) log 2π,  r = y − c,  α = K⁻¹r,
+ *   K = s·(k(X, X) + r I) (known noise: its variance on those diagonal entries instead),
  *   ∂/∂θ_i = ½ tr((ααᵀ − K⁻¹) ∂K/∂θ_i),  ∂/∂c = Σ α.
  * It is maximised by NLopt's bound-constrained L-BFGS from the prior's mode, from
  * `restarts` further starts drawn around it and from the mode with the noise at its floor
@@ -29,6 +30,8 @@ static const double LOG_2PI = 1.83787706640934548356;
 static const double MIN_LENGTHSCALE = 0.025, MAX_LENGTHSCALE = 1e3;
 static const double MIN_NOISE = 1e-4, MAX_NOISE = 10.0;
 static const double NOISE_PRIOR_LOC = -4.0, NOISE_PRIOR_SCALE = 1.0;
+static const double MIN_OUTPUTSCALE = 1e-3, MAX_OUTPUTSCALE = 1e4;
+static const double OUTPUTSCALE_PRIOR_SHAPE = 2.0, OUTPUTSCALE_PRIOR_RATE = 0.15;
 static const double MEAN_BOUND = 10.0;
 /* Half the (1 − 10⁻⁴) quantile of χ² with one degree of freedom: held_mean_rejected's
  * likelihood-ratio test (one parameter, the mean, freed) at 1% over the hundred or so tests
@@ -46,6 +49,15 @@ static double log_lognormal(double u, double loc, double scale, double *d_du) {
   return -u - log(scale) - 0.5 * LOG_2PI - 0.5 * z * z;
 }
 
+/* log Gamma(v; shape, rate) at log v = u, up to a constant (0 at v = 1, so that a fit that
+ * holds the outputscale at 1 sees the log posterior it saw before the outputscale existed),
+ * and its derivative in u: the density of v itself (no Jacobian of the log), as gpytorch
+ * evaluates priors. */
+static double log_gamma_density(double u, double shape, double rate, double *d_du) {
+  if (d_du) *d_du = (shape - 1.0) - rate * exp(u);
+  return (shape - 1.0) * u - rate * (exp(u) - 1.0);
+}
+
 void gp_theta_bounds(size_t d, double *lower, double *upper) {
   for (size_t k = 0; k < d; k++) {
     lower[k] = log(MIN_LENGTHSCALE);
@@ -55,36 +67,50 @@ void gp_theta_bounds(size_t d, double *lower, double *upper) {
   upper[GP_THETA_NOISE(d)] = log(MAX_NOISE);
   lower[GP_THETA_MEAN(d)] = -MEAN_BOUND;
   upper[GP_THETA_MEAN(d)] = MEAN_BOUND;
+  lower[GP_THETA_SCALE(d)] = log(MIN_OUTPUTSCALE);
+  upper[GP_THETA_SCALE(d)] = log(MAX_OUTPUTSCALE);
+}
+
+/* The noise prior's mode, as θ's noise entry (log noise/s) at a log outputscale. */
+static double noise_mode_at(double log_outputscale) {
+  return NOISE_PRIOR_LOC - NOISE_PRIOR_SCALE * NOISE_PRIOR_SCALE - log_outputscale;
 }
 
 void gp_theta_prior_mode(size_t d, double *theta) {
   for (size_t k = 0; k < d; k++) theta[k] = lengthscale_prior_loc(d) - SQRT3 * SQRT3;
-  theta[GP_THETA_NOISE(d)] = NOISE_PRIOR_LOC - NOISE_PRIOR_SCALE * NOISE_PRIOR_SCALE;
   theta[GP_THETA_MEAN(d)] = 0.0;
+  theta[GP_THETA_SCALE(d)] = log((OUTPUTSCALE_PRIOR_SHAPE - 1.0) / OUTPUTSCALE_PRIOR_RATE);
+  theta[GP_THETA_NOISE(d)] = noise_mode_at(theta[GP_THETA_SCALE(d)]);
 }
 
 double gp_log_prior(size_t d, const double *theta, double *grad) {
-  double lp = 0, du;
+  double du, lp = log_gamma_density(theta[GP_THETA_SCALE(d)], OUTPUTSCALE_PRIOR_SHAPE,
+                                    OUTPUTSCALE_PRIOR_RATE, &du);
+  if (grad) grad[GP_THETA_SCALE(d)] += du;
   for (size_t k = 0; k < d; k++) {
     lp += log_lognormal(theta[k], lengthscale_prior_loc(d), SQRT3, &du);
     if (grad) grad[k] += du;
   }
-  size_t in = GP_THETA_NOISE(d);
-  lp += log_lognormal(theta[in], NOISE_PRIOR_LOC, NOISE_PRIOR_SCALE, &du);
-  if (grad) grad[in] += du;
+  size_t in = GP_THETA_NOISE(d), is = GP_THETA_SCALE(d); /* the noise is e^(θ_in + θ_is) */
+  lp += log_lognormal(theta[in] + theta[is], NOISE_PRIOR_LOC, NOISE_PRIOR_SCALE, &du);
+  if (grad) {
+    grad[in] += du;
+    grad[is] += du;
+  }
   return lp;
 }
 
-/* K (with noise on the diagonal, gp_noise_at) and the slopes G_ij = g(r²_ij) of its
- * entries. */
+/* K = s·k(X, X) (with noise on the diagonal, gp_noise_at) and the slopes G_ij = s·g(r²_ij)
+ * of its entries. */
 static void kernel_and_slopes(gp_kernel kind, const double *X, size_t n, size_t d,
                               const double *inv_ls2, const double *known, double noise,
-                              double *K, double *G) {
+                              double outputscale, double *K, double *G) {
   for (size_t i = 0; i < n; i++) {
-    K[i * n + i] = 1.0 + gp_noise_at(known, i, noise);
+    K[i * n + i] = outputscale + gp_noise_at(known, i, noise);
     for (size_t j = 0; j < i; j++) {
       double r2 = gp_kernel_r2(X + i * d, X + j * d, inv_ls2, d);
-      K[i * n + j] = gp_kernel_eval(kind, r2, &G[i * n + j]);
+      K[i * n + j] = outputscale * gp_kernel_eval(kind, r2, &G[i * n + j]);
+      G[i * n + j] *= outputscale;
       K[j * n + i] = K[i * n + j];
     }
   }
@@ -111,13 +137,27 @@ typedef struct {
   double *copy; /* n×n room for gp_cholesky_with */
 } lml_work;
 
+/* The kernel's part of ∂/∂log s: ½ Σ_ij W_ij s·k_ij (s on the diagonal), W = ααᵀ − K⁻¹;
+ * w->K holds K⁻¹, w->copy K itself. */
+static double outputscale_gradient(size_t n, double outputscale, const lml_work *w) {
+  double grad = 0;
+  for (size_t i = 0; i < n; i++) {
+    grad += 0.5 * outputscale * (w->alpha[i] * w->alpha[i] - w->K[i * n + i]);
+    for (size_t j = 0; j < i; j++)
+      grad += (w->alpha[i] * w->alpha[j] - w->K[i * n + j]) * w->copy[i * n + j];
+  }
+  return grad;
+}
+
 static double lml_with_work(gp_kernel kind, const double *X, const double *y,
                             const double *known, size_t n, size_t d, const double *theta,
                             double *grad, lml_work *w, nas_err *err) {
   double inv_ls2[d > 0 ? d : 1];
   for (size_t k = 0; k < d; k++) inv_ls2[k] = exp(-2.0 * theta[k]);
-  double noise = exp(theta[GP_THETA_NOISE(d)]), c = theta[GP_THETA_MEAN(d)];
-  kernel_and_slopes(kind, X, n, d, inv_ls2, known, noise, w->K, w->G);
+  double noise = exp(theta[GP_THETA_NOISE(d)] + theta[GP_THETA_SCALE(d)]);
+  double c = theta[GP_THETA_MEAN(d)], outputscale = exp(theta[GP_THETA_SCALE(d)]);
+  kernel_and_slopes(kind, X, n, d, inv_ls2, known, noise, outputscale, w->K, w->G);
+  /* w->copy keeps K for the outputscale's gradient */
   if (gp_cholesky_with(w->K, n, w->copy, NULL, err) != NAS_OK) return -HUGE_VAL;
   double logdet = 0;
   for (size_t i = 0; i < n; i++) logdet += 2.0 * log(w->K[i * n + i]);
@@ -139,6 +179,8 @@ static double lml_with_work(gp_kernel kind, const double *X, const double *y,
     lengthscale_gradient(X, n, d, inv_ls2, w->G, w->K, w->alpha, grad);
     grad[GP_THETA_NOISE(d)] = 0.5 * noise * trace_w;
     grad[GP_THETA_MEAN(d)] = sum_alpha;
+    /* s scales the fitted noise too */
+    grad[GP_THETA_SCALE(d)] = outputscale_gradient(n, outputscale, w) + grad[GP_THETA_NOISE(d)];
   }
   return value + gp_log_prior(d, theta, grad);
 }
@@ -178,6 +220,10 @@ typedef struct {
   size_t n, d;
   lml_work work;
   double lower_mean, upper_mean; /* bounds of the constant mean (equal when it is fixed) */
+  /* Whether the outputscale stays at 1: then NLopt moves θ without its last entry, the log
+   * outputscale, and full (θ as the log posterior reads it) keeps that entry at 0. */
+  bool unit_scale;
+  double *full;
   double best_value;
   double *best_theta;
   optimizer_cancel *cancel; /* may be NULL */
@@ -191,28 +237,35 @@ static double fit_objective(unsigned len, const double *theta, double *grad, voi
     if (grad) memset(grad, 0, len * sizeof *grad);
     return -1e300;
   }
-  double value =
-      lml_with_work(p->kind, p->X, p->y, p->known, p->n, p->d, theta, grad, &p->work, NULL);
+  size_t full_len = GP_THETA_LEN(p->d);
+  double full_grad[full_len];
+  memcpy(p->full, theta, len * sizeof *theta);
+  double value = lml_with_work(p->kind, p->X, p->y, p->known, p->n, p->d, p->full,
+                               grad ? full_grad : NULL, &p->work, NULL);
   if (!isfinite(value)) {
     if (grad) memset(grad, 0, len * sizeof *grad);
     return -1e300; /* unfactorisable: worse than anything, so the line search backs off */
   }
+  if (grad) memcpy(grad, full_grad, len * sizeof *grad);
   if (value > p->best_value) {
     p->best_value = value;
-    memcpy(p->best_theta, theta, len * sizeof *theta);
+    memcpy(p->best_theta, p->full, full_len * sizeof *theta);
   }
   return value;
 }
 
-/* Start number `start`: the prior's mode, then points drawn around it; the mean within its
- * bounds. */
-static void fit_start(size_t d, int start, gsl_rng *rng, const double *lower,
+/* Start number `start`: the prior's mode, then points drawn around it (the first len
+ * entries of θ but the mean); the mean and the outputscale within their bounds. */
+static void fit_start(size_t d, unsigned len, int start, gsl_rng *rng, const double *lower,
                       const double *upper, double *theta) {
   gp_theta_prior_mode(d, theta);
-  size_t im = GP_THETA_MEAN(d);
+  size_t im = GP_THETA_MEAN(d), is = GP_THETA_SCALE(d);
   theta[im] = fmin(fmax(theta[im], lower[im]), upper[im]);
+  theta[is] = fmin(fmax(theta[is], lower[is]), upper[is]);
+  theta[GP_THETA_NOISE(d)] = noise_mode_at(theta[is]);
   if (start == 0) return;
-  for (size_t i = 0; i < GP_THETA_LEN(d) - 1; i++) {
+  for (size_t i = 0; i < len; i++) {
+    if (i == im) continue;
     theta[i] += gsl_ran_gaussian(rng, 1.0);
     theta[i] = fmin(fmax(theta[i], lower[i]), upper[i]);
   }
@@ -231,7 +284,7 @@ static void fit_start(size_t d, int start, gsl_rng *rng, const double *lower,
  * do better is unchanged. */
 static void low_noise_start(size_t d, const double *lower, const double *upper,
                             double *theta) {
-  fit_start(d, 0, NULL, lower, upper, theta); /* start 0 draws nothing */
+  fit_start(d, 0, 0, NULL, lower, upper, theta); /* start 0 draws nothing */
   theta[GP_THETA_NOISE(d)] = lower[GP_THETA_NOISE(d)];
 }
 
@@ -239,11 +292,14 @@ static void low_noise_start(size_t d, const double *lower, const double *upper,
  * error, not a worse fit: a fit must not depend on how much memory there was, or a resumed
  * experiment would not continue as the uninterrupted one. */
 static int fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng, nas_err *err) {
-  unsigned len = (unsigned)GP_THETA_LEN(p->d);
-  double lower[len], upper[len], theta[len];
+  size_t full_len = GP_THETA_LEN(p->d), is = GP_THETA_SCALE(p->d);
+  unsigned len = (unsigned)(p->unit_scale ? full_len - 1 : full_len); /* the scale is last */
+  double lower[full_len], upper[full_len], theta[full_len], full[full_len];
   gp_theta_bounds(p->d, lower, upper);
   lower[GP_THETA_MEAN(p->d)] = p->lower_mean;
   upper[GP_THETA_MEAN(p->d)] = p->upper_mean;
+  if (p->unit_scale) lower[is] = upper[is] = 0.0;
+  p->full = full;
   nlopt_opt nl = nlopt_create(NLOPT_LD_LBFGS, len);
   if (!nl) return nas_errf(err, "gp: out of memory fitting %zu observations", p->n);
   int rc = NAS_OK;
@@ -255,8 +311,9 @@ static int fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng, nas
   nlopt_set_ftol_rel(nl, 1e-7);
   int last = opt->restarts + 1; /* low_noise_start */
   for (int start = 0; rc == NAS_OK && start <= last && !optimizer_cancelled(p->cancel); start++) {
-    if (start <= opt->restarts) fit_start(p->d, start, rng, lower, upper, theta);
+    if (start <= opt->restarts) fit_start(p->d, len, start, rng, lower, upper, theta);
     else low_noise_start(p->d, lower, upper, theta);
+    memcpy(full, theta, full_len * sizeof *full);
     double value;
     /* Whatever else it returns, best_theta holds the best point seen. */
     nlopt_result result = nlopt_optimize(nl, theta, &value);
@@ -264,6 +321,7 @@ static int fit_runs(fit_problem *p, const gp_fit_options *opt, gsl_rng *rng, nas
       rc = nas_errf(err, "gp: out of memory fitting %zu observations", p->n);
   }
   nlopt_destroy(nl);
+  p->full = NULL;
   return rc;
 }
 
@@ -284,6 +342,7 @@ static int fit_from_mode(fit_problem *p, const gp_fit_options *opt, const double
   set_mean_bounds(p, ystd, worst_mean);
   gp_theta_prior_mode(p->d, p->best_theta);
   p->best_theta[GP_THETA_MEAN(p->d)] = fmin(fmax(0.0, p->lower_mean), p->upper_mean);
+  if (p->unit_scale) p->best_theta[GP_THETA_SCALE(p->d)] = 0.0;
   p->best_value = -HUGE_VAL;
   return fit_runs(p, opt, rng, err);
 }
@@ -321,7 +380,7 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   if (n == 0) return nas_errf(err, "gp: no observations to fit");
   size_t len = GP_THETA_LEN(d);
   fit_problem p = {.kind = opt->kernel, .X = X, .n = n, .d = d, .best_value = -HUGE_VAL,
-                   .cancel = opt->cancel};
+                   .unit_scale = opt->worst_mean, .cancel = opt->cancel};
   double *ystd = malloc(n * sizeof *ystd);
   double *known = opt->noise_var ? malloc(n * sizeof *known) : NULL;
   p.best_theta = malloc(len * sizeof *p.best_theta);

@@ -300,7 +300,7 @@ static void toy_make(toy_models *t, size_t n_gp) {
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
   for (size_t i = 0; i < N_OBS * D; i++) t->X[i] = gsl_rng_uniform(rng);
   for (size_t k = 0; k < n_gp; k++) {
-    double y[N_OBS], theta[D + 2] = {log(0.3 + 0.1 * k), log(0.5), log(1e-3), 0.05};
+    double y[N_OBS], theta[GP_THETA_LEN(D)] = {log(0.3 + 0.1 * k), log(0.5), log(1e-3), 0.05, 0};
     for (size_t i = 0; i < N_OBS; i++) {
       double a = t->X[i * D], b = t->X[i * D + 1];
       y[i] = k == 0 ? a + 0.3 * b * b : k == 1 ? 1 - sqrt(a) + b : a + b - 0.9;
@@ -422,7 +422,7 @@ static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
 static void exact_models(gp **g) {
   double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
   double y[2][5] = {{0, 0.5, 1, 2, 3}, {1, 0.5, 0, -0.5, -0.01}};
-  double theta[D + 2] = {log(0.05), log(0.05), log(1e-8), 0};
+  double theta[GP_THETA_LEN(D)] = {log(0.05), log(0.05), log(1e-8), 0, 0};
   nas_err err;
   for (size_t k = 0; k < 2; k++)
     assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y[k], 5, D, theta, &g[k], &err), NAS_OK);

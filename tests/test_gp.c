@@ -20,7 +20,7 @@ static void fill_uniform(gsl_rng *rng, double *v, size_t n) {
 static void posterior_matches_closed_form_for_two_points(void **state) {
   (void)state;
   double X[2] = {0.2, 0.7}, y[2] = {1.0, 3.0}, ls = 0.5, noise = 0.01, c = 0.3;
-  double theta[3] = {log(ls), log(noise), c};
+  double theta[4] = {log(ls), log(noise), c, 0.0};
   gp *g;
   nas_err err;
   assert_int_equal(gp_create(GP_KERNEL_RBF, X, y, 2, 1, theta, &g, &err), NAS_OK);
@@ -40,11 +40,36 @@ static void posterior_matches_closed_form_for_two_points(void **state) {
   gp_free(g);
 }
 
+/* The same two points with outputscale s = 4 (θ's noise entry is log(noise/s)): on the
+ * standardised scale the kernel is s·k, so mean = c + s·kᵀ(sK + noise I)⁻¹(y − c) and var =
+ * s − s²·kᵀ(sK + noise I)⁻¹k; the gp answers in its model units, which shift and scale take
+ * to the same raw values. */
+static void outputscale_multiplies_the_kernel(void **state) {
+  (void)state;
+  double X[2] = {0.2, 0.7}, y[2] = {1.0, 3.0}, ls = 0.5, noise = 0.01, c = 0.3, s = 4.0;
+  double theta[4] = {log(ls), log(noise / s), c, log(s)};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_create(GP_KERNEL_RBF, X, y, 2, 1, theta, &g, &err), NAS_OK);
+  double ys[2] = {-1 / sqrt(2.0), 1 / sqrt(2.0)};
+  double a = s + noise, b = s * rbf(0.2, 0.7, ls), det = a * a - b * b;
+  double x = 0.4, k[2] = {s * rbf(x, 0.2, ls), s * rbf(x, 0.7, ls)};
+  double kinv_k[2] = {(a * k[0] - b * k[1]) / det, (a * k[1] - b * k[0]) / det};
+  double mean = c + kinv_k[0] * (ys[0] - c) + kinv_k[1] * (ys[1] - c);
+  double var = s - k[0] * kinv_k[0] - k[1] * kinv_k[1];
+  double work[16];
+  gp_prediction p = {0};
+  gp_predict(g, &x, NULL, &p, work);
+  assert_float_equal(gp_shift(g) + gp_scale(g) * p.mean, 2.0 + sqrt(2.0) * mean, 1e-12);
+  assert_float_equal(gp_scale(g) * gp_scale(g) * p.var, 2.0 * var, 1e-12);
+  gp_free(g);
+}
+
 /* One point: mean = c + k(x)(0 − c)/(1 + noise), var = 1 − k(x)²/(1 + noise), with the
  * Matérn-5/2 formula written out. */
 static void matern_posterior_matches_closed_form_for_one_point(void **state) {
   (void)state;
-  double X[2] = {0.1, 0.9}, y[1] = {5.0}, theta[4] = {log(0.3), log(0.7), log(0.05), 0.4};
+  double X[2] = {0.1, 0.9}, y[1] = {5.0}, theta[5] = {log(0.3), log(0.7), log(0.05), 0.4, 0.0};
   gp *g;
   nas_err err;
   assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y, 1, 2, theta, &g, &err), NAS_OK);
@@ -61,12 +86,12 @@ static void matern_posterior_matches_closed_form_for_one_point(void **state) {
 
 /* known: NULL, or N standardised known noise variances (NaN where the fitted one applies). */
 static void check_log_posterior_gradient(gp_kernel kind, const double *known) {
-  enum { N = 14, D = 3, LEN = D + 2 };
+  enum { N = 14, D = 3, LEN = GP_THETA_LEN(D) };
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
   double X[N * D], y[N];
   fill_uniform(rng, X, N * D);
   for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1] * X[i * D + 2];
-  double theta[LEN] = {log(0.4), log(0.9), log(0.25), log(0.02), 0.1}, grad[LEN];
+  double theta[LEN] = {log(0.4), log(0.9), log(0.25), log(0.02), 0.1, log(2.5)}, grad[LEN];
   nas_err err;
   double value = gp_log_posterior(kind, X, y, known, N, D, theta, grad, &err);
   assert_true(isfinite(value));
@@ -100,7 +125,7 @@ static void log_posterior_gradient_matches_finite_differences(void **state) {
 static void known_noise_weighs_each_observation_by_its_precision(void **state) {
   (void)state;
   double X[2] = {0.5, 0.5}, y[2] = {1, 3}, noise_var[2] = {0.5, 2};
-  double theta[3] = {log(0.3), log(0.7), 0.0}, x = 0.5;
+  double theta[4] = {log(0.3), log(0.7), 0.0, 0.0}, x = 0.5;
   gp *g = NULL;
   nas_err err;
   assert_int_equal(gp_create_noisy(GP_KERNEL_RBF, X, y, noise_var, 2, 1, theta, &g, &err), NAS_OK);
@@ -134,7 +159,7 @@ static void check_prediction_gradients(gp_kernel kind) {
   fill_uniform(rng, X, N * D);
   fill_uniform(rng, y, N);
   fill_uniform(rng, Xb, NB * D);
-  double theta[D + 2] = {log(0.3), log(0.5), log(1e-3), 0.2};
+  double theta[GP_THETA_LEN(D)] = {log(0.3), log(0.5), log(1e-3), 0.2, 0.0};
   gp *g;
   gp_baseline b;
   nas_err err;
@@ -175,7 +200,7 @@ static void prediction_ignores_stale_memory(void **state) {
   fill_uniform(rng, X, N * D);
   fill_uniform(rng, y, N);
   fill_uniform(rng, Xb, NB * D);
-  double theta[D + 2] = {log(0.3), log(0.5), log(1e-3), 0.0};
+  double theta[GP_THETA_LEN(D)] = {log(0.3), log(0.5), log(1e-3), 0.0, 0.0};
   gp *g;
   gp_baseline b;
   nas_err err;
@@ -207,7 +232,7 @@ static void baseline_covariance_agrees_with_point_predictions(void **state) {
   fill_uniform(rng, X, N * D);
   fill_uniform(rng, y, N);
   fill_uniform(rng, Xb, NB * D);
-  double theta[D + 2] = {log(0.4), log(0.2), log(1e-2), -0.1};
+  double theta[GP_THETA_LEN(D)] = {log(0.4), log(0.2), log(1e-2), -0.1, 0.0};
   gp *g;
   gp_baseline b;
   nas_err err;
@@ -237,7 +262,7 @@ static void fit_predicts_a_smooth_function(void **state) {
   gp *g;
   nas_err err;
   assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
-  double mode[D + 2], ystd[N], shift, scale;
+  double mode[GP_THETA_LEN(D)], ystd[N], shift, scale;
   gp_theta_prior_mode(D, mode);
   gp_standardise(y, N, ystd, &shift, &scale);
   double fitted = gp_log_posterior(opt.kernel, X, ystd, NULL, N, D, gp_theta(g), NULL, &err);
@@ -270,10 +295,15 @@ static void fit_is_deterministic(void **state) {
   assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &a, &err), NAS_OK);
   gsl_rng_set(rng, 7);
   assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &b, &err), NAS_OK);
-  assert_memory_equal(gp_theta(a), gp_theta(b), (D + 2) * sizeof(double));
+  assert_memory_equal(gp_theta(a), gp_theta(b), GP_THETA_LEN(D) * sizeof(double));
   gp_free(a);
   gp_free(b);
   gsl_rng_free(rng);
+}
+
+/* A gp's model unit in standardised units: √s (gp.h). */
+static double model_unit(const gp *g, size_t d) {
+  return exp(0.5 * gp_theta(g)[GP_THETA_SCALE(d)]);
 }
 
 /* gp_fit with worst_mean (Matérn-5/2); *largest gets the largest standardised outcome. */
@@ -308,7 +338,58 @@ static void worst_mean_is_held_at_the_largest_outcome(void **state) {
   gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
   assert_true(gp_theta(g)[GP_THETA_MEAN(D)] == largest);
   point_values v = predict_values(g, NULL, far);
-  assert_true(fabs(v.mean - largest) < 0.05);
+  assert_true(fabs(v.mean * model_unit(g, D) - largest) < 0.05);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* The outputscale is fitted with the mean, and held at 1 (log 0) with the worst-value mean,
+ * in the held fit and in the free one that can stand in for it (gp.h). */
+static void outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value(void **state) {
+  (void)state;
+  enum { N = 30, D = 3 };
+  double X[N * D], y[N];
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1];
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 100};
+  gp *g = NULL;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
+  assert_true(fabs(gp_theta(g)[GP_THETA_SCALE(D)]) > 0.1);
+  gp_free(g);
+  double largest;
+  g = fit_worst_mean(X, y, N, D, rng, &largest);
+  assert_true(gp_theta(g)[GP_THETA_SCALE(D)] == 0.0);
+  gp_free(g);
+  y[N - 1] = 100; /* an outlier as the worst value: the free fit stands, s still 1 */
+  g = fit_worst_mean(X, y, N, D, rng, &largest);
+  assert_true(gp_theta(g)[GP_THETA_MEAN(D)] < largest - 1);
+  assert_true(gp_theta(g)[GP_THETA_SCALE(D)] == 0.0);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* A smooth noise-free function in 2-d seen at 100 points: with the noise's floor on the noise
+ * alone (not on noise/s) the fit took s = 37 with the noise at the floor, and the posterior
+ * covariance at 48 of the points, the acquisition's baseline, could not be factorised even
+ * with jitter, so the suggestion failed. */
+static void fitted_outputscale_keeps_the_baseline_factorisable(void **state) {
+  (void)state;
+  enum { N = 100, D = 2, NB = 48 };
+  double X[N * D], y[N];
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N; i++) y[i] = pow(X[i * D] - 0.3, 2) + 0.5 * X[i * D + 1];
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 200};
+  gp *g = NULL;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, N, D, &opt, rng, &g, &err), NAS_OK);
+  gp_baseline b;
+  assert_int_equal(gp_baseline_make(g, X, NB, &b, &err), NAS_OK);
+  for (size_t i = 0; i < NB; i++) b.cov[i * NB + i] += 1e-10; /* as the acquisition does */
+  assert_int_equal(gp_cholesky(b.cov, NB, NULL, &err), NAS_OK);
+  gp_baseline_clear(&b);
   gp_free(g);
   gsl_rng_free(rng);
 }
@@ -330,7 +411,7 @@ static void worst_mean_is_freed_when_the_data_reject_it(void **state) {
   gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
   assert_true(gp_theta(g)[GP_THETA_MEAN(D)] < largest - 1);
   point_values v = predict_values(g, NULL, far);
-  assert_true(v.mean < largest - 1);
+  assert_true(v.mean * model_unit(g, D) < largest - 1);
   gp_free(g);
   gsl_rng_free(rng);
 }
@@ -404,6 +485,9 @@ static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(posterior_matches_closed_form_for_two_points),
+      cmocka_unit_test(outputscale_multiplies_the_kernel),
+      cmocka_unit_test(outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value),
+      cmocka_unit_test(fitted_outputscale_keeps_the_baseline_factorisable),
       cmocka_unit_test(outcomes_far_apart_keep_a_finite_scale),
       cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
       cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
