@@ -58,11 +58,12 @@ size_t spec_name_span(const char *text, const char *extra);
 /* Whether text is an ASCII letter or '_' followed by name characters (see spec_name_span).
  * Parameter and metric names allow ".-" as extra, environment names nothing. */
 bool spec_is_identifier(const char *text, const char *extra);
-/* Whether name is a column that trial listings (`nas trials`, `nas pareto`, `nas ask`, and
- * their JSON: one flat object per trial) put beside the parameters and metrics: trial,
- * status, rung, reference, error and the timing columns. A parameter or metric so named
- * would overwrite it, or be overwritten, in every row. */
-bool spec_is_listing_column(const char *name);
+/* Refuses, at node, a parameter or metric (`kind`) named like a column that trial listings
+ * (`nas trials`, `nas pareto`, `nas ask`, and their JSON: one flat object per trial) put
+ * beside the parameters and metrics: trial, status, rung, reference, error and the timing
+ * columns; one of the two would overwrite the other in every row. */
+int spec_check_listing_column(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                              const char *name, const char *kind);
 /* A value written inline in a string ("3", "adam", "'a b'"), surrounding spaces ignored:
  * quoted text is a string, the rest is typed like a plain scalar. *out is owned, NULL when
  * the text is blank; NAS_ERR only when out of memory. */

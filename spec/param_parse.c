@@ -439,11 +439,7 @@ static int read_param_names(const yaml_ctx *c, const yaml_node_t *map, spec *s) 
                             "parameters: '%s' is not a parameter name (a letter or '_', then "
                             "letters, digits, '_', '.' or '-')",
                             name);
-    if (spec_is_listing_column(name))
-      return spec_node_errf(c, key,
-                            "parameters: '%s' is a column of every trial listing (trial, status, "
-                            "rung, reference, error, timings); give the parameter another name",
-                            name);
+    if (spec_check_listing_column(c, key, "parameters", name, "parameter")) return NAS_ERR;
     param_spec *p = &s->params[s->n_params++];
     if (!(p->name = strdup(name))) return nas_errf(c->err, "out of memory");
     p->line = (int)key->start_mark.line + 1;

@@ -63,11 +63,7 @@ static int check_metric_unclaimed(const yaml_ctx *c, const yaml_node_t *node, co
                           "%s: 'step' is the key that gives a metric line's step; give the "
                           "metric another name",
                           what);
-  if (spec_is_listing_column(name))
-    return spec_node_errf(c, node,
-                          "%s: '%s' is a column of every trial listing (trial, status, rung, "
-                          "reference, error, timings); give the metric another name",
-                          what, name);
+  if (spec_check_listing_column(c, node, what, name, "metric")) return NAS_ERR;
   if (spec_param_index(s, name) >= 0)
     return spec_node_errf(c, node,
                           "%s: '%s' is also a parameter's name, and trial listings show both in "
