@@ -53,18 +53,24 @@ typedef struct {
   int64_t shrank_from; /* > 0 when the log was shorter than the offset the last read was
                           given (the trial truncated it): that offset. The read then started
                           again at 0, where the log's new content begins */
+  bool more;           /* the read stopped at its bound (some 8192 observations or 1 MiB of
+                          metric lines) with the log read no further than *offset: read
+                          again from there for the rest */
 } metric_log_notes;
 
 /* Reads the complete lines of the file at path from byte offset *offset on, appends every
  * metric line to set and advances *offset past the last complete line (a partial last
- * line is left for the next call). Malformed lines and a truncated log are noted in notes
+ * line is left for the next call). One call reads a bounded share, whole lines only, so
+ * that its observations and *offset fit one storage report; notes->more says when it
+ * stopped early. Malformed lines and a truncated log are noted in notes
  * (may be NULL). A missing file reads as empty; anything but a regular file (a folder, a
  * FIFO, a device the trial put there) is an error, never waited on. On failure (I/O,
  * memory) set, *offset and notes are left as they were. */
 int metric_log_read(const char *path, int64_t *offset, metric_set *set, metric_log_notes *notes,
                     nas_err *err);
-/* Same for a log that will not grow any more (its job has ended): a last line without
- * its newline is read too, and *offset ends at the end of the file. */
+/* Same for a log that will not grow any more (its job has ended): once a read gets to the
+ * end (notes->more false), a last line without its newline is read too, and *offset ends at
+ * the end of the file. */
 int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set,
                          metric_log_notes *notes, nas_err *err);
 
