@@ -9,7 +9,7 @@
  *   read to its end), and only when the whole call succeeds; on failure the set, the
  *   offset and the counters are as they were. It moves back (to 0) only when the file is
  *   shorter than the offset, i.e. the trial truncated its log.
- * - One read takes a bounded share of a log (READ_OBS_MAX): what it returns with its
+ * - One read takes a bounded share of a log (METRIC_REPORT_MAX): what it returns with its
  *   offset is one storage report of bounded size, so a backlog of any size is stored in
  *   several reports, each with the offset of its own last line, and none counted twice.
  * - The log is the trial's: whatever it put in its place is opened without waiting and
@@ -32,12 +32,11 @@
 #define METRIC_LINE_MAX (64 * 1024) /* longer metric lines are malformed, never buffered */
 #define READ_BLOCK (64 * 1024)
 #define STEP_MAX 9007199254740992.0 /* 2^53: above it a real no longer holds every integer */
-/* One read's bound: it stops after the line that brings it to this many observations or
- * this many bytes of metric lines, so that what it read is one storage report well under
- * the 4 MiB an http request may hold (docs/storage-http.md): some 60 bytes an observation
- * besides its name, and a name's bytes are those of its line. A line is never split, so a
- * read may pass these by one line (at most METRIC_LINE_MAX bytes). */
-#define READ_OBS_MAX 8192
+/* One read's bound: it stops after the line that brings it to METRIC_REPORT_MAX
+ * observations or to this many bytes of metric lines, so that what it read is one storage
+ * report well under the 4 MiB an http request may hold (docs/storage-http.md): some 60
+ * bytes an observation besides its name, and a name's bytes are those of its line. A line
+ * is never split, so a read may pass these by one line (at most METRIC_LINE_MAX bytes). */
 #define READ_METRIC_BYTES_MAX (1024 * 1024)
 
 /* ---- metric sets ---- */
@@ -259,13 +258,14 @@ typedef struct {
   size_t line_len;
   bool overlong;     /* the line has more bytes than line holds */
   int64_t line_at;   /* file offset where the line starts */
-  size_t obs_before; /* set->n when the read began */
+  size_t obs_before;   /* set->n when the read began */
   size_t metric_bytes; /* bytes of the metric lines taken so far */
 } log_reader;
 
-/* Whether the read has taken as much as one read may (READ_OBS_MAX, READ_METRIC_BYTES_MAX). */
+/* Whether the read has taken as much as one read may. */
 static bool reader_full(const log_reader *r) {
-  return r->set->n - r->obs_before >= READ_OBS_MAX || r->metric_bytes >= READ_METRIC_BYTES_MAX;
+  return r->set->n - r->obs_before >= METRIC_REPORT_MAX ||
+         r->metric_bytes >= READ_METRIC_BYTES_MAX;
 }
 
 static void bad_line(log_reader *r, const char *message) {

@@ -26,6 +26,11 @@
 /* "NAME_sem" for metric NAME: owned, NULL when out of memory. */
 char *metric_sem_name(const char *metric);
 
+/* The most observations one storage report carries (a share of a trial's log, of a copied
+ * experiment's metrics): some 60 bytes each besides their names, well under the 4 MiB an
+ * http request may hold (docs/storage-http.md). */
+#define METRIC_REPORT_MAX 8192
+
 /* Observations parsed from text; names are owned by the set. */
 typedef struct {
   metric_obs *obs;
