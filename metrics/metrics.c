@@ -33,11 +33,9 @@
 #define READ_BLOCK (64 * 1024)
 #define STEP_MAX 9007199254740992.0 /* 2^53: above it a real no longer holds every integer */
 /* One read's bound: it stops after the line that brings it to METRIC_REPORT_MAX
- * observations or to this many bytes of metric lines, so that what it read is one storage
- * report well under the 4 MiB an http request may hold (docs/storage-http.md): some 60
- * bytes an observation besides its name, and a name's bytes are those of its line. A line
- * is never split, so a read may pass these by one line (at most METRIC_LINE_MAX bytes). */
-#define READ_METRIC_BYTES_MAX (1024 * 1024)
+ * observations or to METRIC_REPORT_NAME_BYTES bytes of metric lines (a name's bytes are
+ * those of its line), so that what it read is one storage report. A line is never split,
+ * so a read may pass these by one line (at most METRIC_LINE_MAX bytes). */
 
 /* ---- metric sets ---- */
 
@@ -265,7 +263,7 @@ typedef struct {
 /* Whether the read has taken as much as one read may. */
 static bool reader_full(const log_reader *r) {
   return r->set->n - r->obs_before >= METRIC_REPORT_MAX ||
-         r->metric_bytes >= READ_METRIC_BYTES_MAX;
+         r->metric_bytes >= METRIC_REPORT_NAME_BYTES;
 }
 
 static void bad_line(log_reader *r, const char *message) {

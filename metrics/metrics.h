@@ -27,9 +27,11 @@
 char *metric_sem_name(const char *metric);
 
 /* The most observations one storage report carries (a share of a trial's log, of a copied
- * experiment's metrics): some 60 bytes each besides their names, well under the 4 MiB an
- * http request may hold (docs/storage-http.md). */
+ * experiment's metrics), some 60 bytes each besides their names, and about the most bytes
+ * of their names (of their metric lines, for a log): together well under the 4 MiB an http
+ * request may hold (docs/storage-http.md). */
 #define METRIC_REPORT_MAX 8192
+#define METRIC_REPORT_NAME_BYTES (1024 * 1024)
 
 /* Observations parsed from text; names are owned by the set. */
 typedef struct {

@@ -181,14 +181,15 @@ static int64_t copied_trial_id(const trial_row *trials, size_t n_trials, const t
   return -1;
 }
 
-/* Adds metrics[from..] of one trial, at most METRIC_REPORT_MAX of them, to trial id of
- * `to` in one report; *next gets the index after the last one added. Names are borrowed. */
+/* Adds metrics[from..] of one trial to trial id of `to` in one report, as many as one
+ * report carries (METRIC_REPORT_MAX, METRIC_REPORT_NAME_BYTES); *next gets the index
+ * after the last one added. Names are borrowed. */
 static int copy_metrics_share(storage *to, int64_t id, const metric_row *metrics, size_t n,
                               size_t from, size_t *next, nas_err *err) {
-  size_t end = from;
+  size_t end = from, name_bytes = 0;
   while (end < n && end - from < METRIC_REPORT_MAX &&
-         metrics[end].trial_id == metrics[from].trial_id)
-    end++;
+         name_bytes < METRIC_REPORT_NAME_BYTES && metrics[end].trial_id == metrics[from].trial_id)
+    name_bytes += strlen(metrics[end++].name);
   metric_obs *obs = malloc((end - from) * sizeof *obs);
   if (!obs) return nas_errf(err, "out of memory");
   for (size_t i = from; i < end; i++)
@@ -201,7 +202,7 @@ static int copy_metrics_share(storage *to, int64_t id, const metric_row *metrics
 }
 
 /* Adds the metrics of the copied trials to experiment id of `to` (each trial's in their
- * order), METRIC_REPORT_MAX at most a report. */
+ * order), a report at a time. */
 static int copy_metrics(storage *to, int64_t id, const trial_row *trials, size_t n_trials,
                         const metric_row *metrics, size_t n_metrics, nas_err *err) {
   trial_row *copied = NULL;
