@@ -9,6 +9,9 @@
  *   read to its end), and only when the whole call succeeds; on failure the set, the
  *   offset and the counters are as they were. It moves back (to 0) only when the file is
  *   shorter than the offset, i.e. the trial truncated its log.
+ * - One read takes a bounded share of a log (METRIC_REPORT_MAX): what it returns with its
+ *   offset is one storage report of bounded size, so a backlog of any size is stored in
+ *   several reports, each with the offset of its own last line, and none counted twice.
  * - The log is the trial's: whatever it put in its place is opened without waiting and
  *   refused unless it is a regular file.
  */
@@ -29,6 +32,10 @@
 #define METRIC_LINE_MAX (64 * 1024) /* longer metric lines are malformed, never buffered */
 #define READ_BLOCK (64 * 1024)
 #define STEP_MAX 9007199254740992.0 /* 2^53: above it a real no longer holds every integer */
+/* One read's bound: it stops after the line that brings it to METRIC_REPORT_MAX
+ * observations or to METRIC_REPORT_NAME_BYTES bytes of metric lines (a name's bytes are
+ * those of its line), so that what it read is one storage report. A line is never split,
+ * so a read may pass these by one line (at most METRIC_LINE_MAX bytes). */
 
 /* ---- metric sets ---- */
 
@@ -249,7 +256,15 @@ typedef struct {
   size_t line_len;
   bool overlong;     /* the line has more bytes than line holds */
   int64_t line_at;   /* file offset where the line starts */
+  size_t obs_before;   /* set->n when the read began */
+  size_t metric_bytes; /* bytes of the metric lines taken so far */
 } log_reader;
+
+/* Whether the read has taken as much as one read may. */
+static bool reader_full(const log_reader *r) {
+  return r->set->n - r->obs_before >= METRIC_REPORT_MAX ||
+         r->metric_bytes >= METRIC_REPORT_NAME_BYTES;
+}
 
 static void bad_line(log_reader *r, const char *message) {
   if (r->bad++ == 0)
@@ -261,6 +276,7 @@ static void bad_line(log_reader *r, const char *message) {
 static int line_take(log_reader *r, nas_err *err) {
   const char *json = metric_json_start(r->line, r->line_len);
   if (!json) return NAS_OK;
+  r->metric_bytes += r->line_len;
   if (r->overlong) {
     bad_line(r, "metric line longer than 64 KiB");
     return NAS_OK;
@@ -300,20 +316,22 @@ static void line_restart(log_reader *r, int64_t at) {
 }
 
 /* Reads fd from *offset to its end, taking each complete line; *offset moves past the
- * last one, or to the end of the file when the last line is to be taken unfinished. */
+ * last one, or to the end of the file when the last line is to be taken unfinished. A
+ * read that is full (reader_full) stops after its line, and *more is set when it did. */
 static int lines_read(log_reader *r, int fd, int64_t *offset, bool take_unfinished,
-                      nas_err *err) {
+                      bool *more, nas_err *err) {
   char *block = malloc(READ_BLOCK);
   if (!block) return nas_errf(err, "%s: out of memory", r->path);
   int64_t pos = *offset;
   line_restart(r, pos);
   int rc = NAS_OK;
-  for (;;) {
+  *more = false;
+  while (!*more) {
     ssize_t got = pread(fd, block, READ_BLOCK, (off_t)pos);
     if (got < 0 && errno == EINTR) continue;
     if (got < 0) rc = nas_errf(err, "%s: %s", r->path, strerror(errno));
     if (got <= 0) break;
-    for (const char *p = block, *end = block + got; p < end && rc == NAS_OK;) {
+    for (const char *p = block, *end = block + got; p < end && rc == NAS_OK && !*more;) {
       const char *newline = memchr(p, '\n', (size_t)(end - p));
       line_extend(r, p, (size_t)((newline ? newline : end) - p));
       pos += (newline ? newline + 1 : end) - p;
@@ -322,10 +340,11 @@ static int lines_read(log_reader *r, int fd, int64_t *offset, bool take_unfinish
       rc = line_take(r, err);
       line_restart(r, pos);
       *offset = pos;
+      *more = reader_full(r);
     }
     if (rc != NAS_OK) break;
   }
-  if (rc == NAS_OK && take_unfinished && pos > r->line_at) {
+  if (rc == NAS_OK && !*more && take_unfinished && pos > r->line_at) {
     rc = line_take(r, err);
     *offset = pos;
   }
@@ -344,10 +363,12 @@ static int log_read(const char *path, int64_t *offset, metric_set *set, metric_l
   /* Shorter than what was read: truncated (a job's log is only ever appended to), so its
    * new content starts at 0. */
   int64_t shrank_from = size < *offset ? *offset : 0;
-  log_reader r = {.path = path, .set = set, .time = nas_now(), .line = malloc(METRIC_LINE_MAX + 1)};
   size_t n_before = set->n;
+  log_reader r = {.path = path, .set = set, .time = nas_now(), .line = malloc(METRIC_LINE_MAX + 1),
+                  .obs_before = n_before};
   int64_t new_offset = shrank_from ? 0 : *offset;
-  int rc = r.line ? lines_read(&r, fd, &new_offset, to_end, err)
+  bool more = false;
+  int rc = r.line ? lines_read(&r, fd, &new_offset, to_end, &more, err)
                   : nas_errf(err, "%s: out of memory", path);
   close(fd);
   free(r.line);
@@ -360,6 +381,7 @@ static int log_read(const char *path, int64_t *offset, metric_set *set, metric_l
   notes->bad += r.bad;
   if (r.bad) notes->first_bad = r.first_bad;
   notes->shrank_from = shrank_from;
+  notes->more = more;
   return NAS_OK;
 }
 

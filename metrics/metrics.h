@@ -26,6 +26,13 @@
 /* "NAME_sem" for metric NAME: owned, NULL when out of memory. */
 char *metric_sem_name(const char *metric);
 
+/* The most observations one storage report carries (a share of a trial's log, of a copied
+ * experiment's metrics), some 60 bytes each besides their names, and about the most bytes
+ * of their names (of their metric lines, for a log): together well under the 4 MiB an http
+ * request may hold (docs/storage-http.md). */
+#define METRIC_REPORT_MAX 8192
+#define METRIC_REPORT_NAME_BYTES (1024 * 1024)
+
 /* Observations parsed from text; names are owned by the set. */
 typedef struct {
   metric_obs *obs;
@@ -53,18 +60,24 @@ typedef struct {
   int64_t shrank_from; /* > 0 when the log was shorter than the offset the last read was
                           given (the trial truncated it): that offset. The read then started
                           again at 0, where the log's new content begins */
+  bool more;           /* the read stopped at its bound (some 8192 observations or 1 MiB of
+                          metric lines) with the log read no further than *offset: read
+                          again from there for the rest */
 } metric_log_notes;
 
 /* Reads the complete lines of the file at path from byte offset *offset on, appends every
  * metric line to set and advances *offset past the last complete line (a partial last
- * line is left for the next call). Malformed lines and a truncated log are noted in notes
+ * line is left for the next call). One call reads a bounded share, whole lines only, so
+ * that its observations and *offset fit one storage report; notes->more says when it
+ * stopped early. Malformed lines and a truncated log are noted in notes
  * (may be NULL). A missing file reads as empty; anything but a regular file (a folder, a
  * FIFO, a device the trial put there) is an error, never waited on. On failure (I/O,
  * memory) set, *offset and notes are left as they were. */
 int metric_log_read(const char *path, int64_t *offset, metric_set *set, metric_log_notes *notes,
                     nas_err *err);
-/* Same for a log that will not grow any more (its job has ended): a last line without
- * its newline is read too, and *offset ends at the end of the file. */
+/* Same for a log that will not grow any more (its job has ended): once a read gets to the
+ * end (notes->more false), a last line without its newline is read too, and *offset ends at
+ * the end of the file. */
 int metric_log_read_rest(const char *path, int64_t *offset, metric_set *set,
                          metric_log_notes *notes, nas_err *err);
 

@@ -61,26 +61,23 @@ static void log_notes_show(sched *sc, const inflight *job, const metric_log_note
   if (notes->bad > 0) sched_progress_event(sc, &job->row, notes->first_bad.msg);
 }
 
-/* Stores the metric lines the job printed since the last look; `ended` reads a last line
- * without its newline too, since the log will not grow any more. Any new output counts as
- * a sign of life; *news (may be NULL) is set when intermediate values arrived. Only
- * storage errors are the loop's: a log that cannot be read fails nothing here. */
-static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_err *err) {
-  char *log = nas_asprintf("%s/stdout.log", job->run_dir);
-  if (!log) return nas_errf(err, "out of memory");
+/* Stores one read's share of the metric lines the job printed since the last look, with
+ * the offset it read to; *more is set when the read stopped at its bound with lines left.
+ * A log that cannot be read fails nothing here (*more stays false). */
+static int ingest_share(sched *sc, inflight *job, const char *log, bool ended, bool *news,
+                        bool *more, nas_err *err) {
   metric_set set = {0};
   metric_log_notes notes = {0};
   int64_t offset = job->row.log_offset;
   nas_err why;
+  *more = false;
   if ((ended ? metric_log_read_rest : metric_log_read)(log, &offset, &set, &notes, &why) != NAS_OK) {
-    free(log);
     log_unreadable(sc, job, why.msg);
     return NAS_OK;
   }
   free(job->log_problem);
   job->log_problem = NULL;
   log_notes_show(sc, job, &notes, log);
-  free(log);
   int rc = NAS_OK;
   if (offset != job->row.log_offset || notes.shrank_from > 0) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
@@ -90,7 +87,24 @@ static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_
   }
   for (size_t i = 0; news && rc == NAS_OK && i < set.n; i++)
     *news |= set.obs[i].step != METRIC_FINAL;
+  *more = rc == NAS_OK && notes.more;
   metric_set_free(&set);
+  return rc;
+}
+
+/* Stores the metric lines the job printed since the last look; `ended` reads a last line
+ * without its newline too, since the log will not grow any more. A backlog larger than
+ * one read (metric_log_read's bound) is stored share by share, each report with its own
+ * offset, so that each fits one storage request and no line is counted twice. Any new
+ * output counts as a sign of life; *news (may be NULL) is set when intermediate values
+ * arrived. Only storage errors are the loop's. */
+static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_err *err) {
+  char *log = nas_asprintf("%s/stdout.log", job->run_dir);
+  if (!log) return nas_errf(err, "out of memory");
+  bool more = true;
+  int rc = NAS_OK;
+  while (rc == NAS_OK && more) rc = ingest_share(sc, job, log, ended, news, &more, err);
+  free(log);
   return rc;
 }
 

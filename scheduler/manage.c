@@ -4,7 +4,8 @@
  *
  * Each refuses while a scheduler runs the experiment (its lease is alive): that process
  * holds the experiment's rows and run folders and would go on writing under the old name
- * or into rows that are gone. Storage changes are one transaction each (storage.h). Run
+ * or into rows that are gone. Storage changes are one transaction each (storage.h), but
+ * for the copy of an experiment too large for one request, made in steps (sched_copy). Run
  * folders are touched only at runs/<name>/ under the experiment's run_root, where <name>
  * passed the name check (no '/', never '.' or '..'), and a symbolic link there is never
  * followed. */
@@ -16,6 +17,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "metrics/metrics.h"
 #include "scheduler/scheduler.h"
 
 char *sched_experiment_runs_dir(const experiment_row *exp) {
@@ -170,6 +172,75 @@ int sched_rename(storage *st, const spec *s, const experiment_row *exp, const ch
 
 /* ---- copy ----------------------------------------------------------------------------- */
 
+/* The copy's id of the trial that has id `id` in the experiment copied, or -1. */
+static int64_t copied_trial_id(const trial_row *trials, size_t n_trials, const trial_row *copied,
+                               size_t n_copied, int64_t id) {
+  for (size_t t = 0; t < n_trials; t++)
+    for (size_t c = 0; trials[t].id == id && c < n_copied; c++)
+      if (copied[c].number == trials[t].number) return copied[c].id;
+  return -1;
+}
+
+/* Adds metrics[from..] of one trial to trial id of `to` in one report, as many as one
+ * report carries (METRIC_REPORT_MAX, METRIC_REPORT_NAME_BYTES); *next gets the index
+ * after the last one added. Names are borrowed. */
+static int copy_metrics_share(storage *to, int64_t id, const metric_row *metrics, size_t n,
+                              size_t from, size_t *next, nas_err *err) {
+  size_t end = from, name_bytes = 0;
+  while (end < n && end - from < METRIC_REPORT_MAX &&
+         name_bytes < METRIC_REPORT_NAME_BYTES && metrics[end].trial_id == metrics[from].trial_id)
+    name_bytes += strlen(metrics[end++].name);
+  metric_obs *obs = malloc((end - from) * sizeof *obs);
+  if (!obs) return nas_errf(err, "out of memory");
+  for (size_t i = from; i < end; i++)
+    obs[i - from] = (metric_obs){metrics[i].name, metrics[i].step, metrics[i].value,
+                                 metrics[i].time};
+  int rc = storage_metrics_add(to, id, obs, end - from, -1, err);
+  free(obs);
+  if (rc == NAS_OK) *next = end;
+  return rc;
+}
+
+/* Adds the metrics of the copied trials to experiment id of `to` (each trial's in their
+ * order), a report at a time. */
+static int copy_metrics(storage *to, int64_t id, const trial_row *trials, size_t n_trials,
+                        const metric_row *metrics, size_t n_metrics, nas_err *err) {
+  trial_row *copied = NULL;
+  size_t n_copied = 0, i = 0;
+  int rc = storage_trial_list(to, id, &copied, &n_copied, err);
+  while (rc == NAS_OK && i < n_metrics) {
+    int64_t copy_id = copied_trial_id(trials, n_trials, copied, n_copied, metrics[i].trial_id);
+    rc = copy_id >= 0 ? copy_metrics_share(to, copy_id, metrics, n_metrics, i, &i, err)
+                      : nas_errf(err, "trial id %lld was not copied",
+                                 (long long)metrics[i].trial_id);
+  }
+  trial_rows_free(copied, n_copied);
+  if (rc != NAS_OK)
+    return nas_err_prefix(err, "stored %zu of %zu observations", i, n_metrics);
+  return NAS_OK;
+}
+
+/* Stores img in `to`. An image with more than METRIC_REPORT_MAX observations, more than
+ * one request to a `nas serve` may hold, is stored in steps: the experiment and its trials
+ * at once, with status "stopped" (no scheduler nor ask takes it up), then its metrics a
+ * report at a time, then its status; a failure on the way leaves it stopped, and says so. */
+static int copy_store(storage *to, storage_experiment_image img, nas_err *err) {
+  int64_t id;
+  if (img.n_metrics <= METRIC_REPORT_MAX) return storage_experiment_import(to, &img, &id, err);
+  experiment_row stopped = *img.exp;
+  stopped.status = "stopped";
+  storage_experiment_image head = {&stopped, img.trials, img.n_trials, NULL, 0};
+  int rc = storage_experiment_import(to, &head, &id, err);
+  if (rc != NAS_OK) return rc;
+  rc = copy_metrics(to, id, img.trials, img.n_trials, img.metrics, img.n_metrics, err);
+  if (rc == NAS_OK) rc = storage_experiment_set_status(to, id, img.exp->status, err);
+  if (rc != NAS_OK)
+    return nas_err_prefix(err, "copy '%s' is incomplete (status stopped): delete it from the "
+                          "storage copied to with 'nas delete %s' and copy again",
+                          img.exp->name, img.exp->name);
+  return NAS_OK;
+}
+
 int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
                const char *new_name, nas_err *err) {
   experiment_row copy = *exp;
@@ -188,9 +259,8 @@ int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage 
   if (rc == NAS_OK) {
     copy.name = (char *)new_name;
     copy.spec_text = text;
-    storage_experiment_image img = {&copy, trials, n_trials, metrics, n_metrics};
-    int64_t id;
-    rc = storage_experiment_import(to, &img, &id, err);
+    rc = copy_store(to, (storage_experiment_image){&copy, trials, n_trials, metrics, n_metrics},
+                    err);
   }
   free(text);
   trial_rows_free(trials, n_trials);

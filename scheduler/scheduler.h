@@ -107,7 +107,9 @@ int sched_rename(storage *st, const spec *s, const experiment_row *exp, const ch
                  FILE *report, nas_err *err);
 /* Stores a copy of exp (spec s, in storage from) named new_name in `to` (which may be
  * from): its trials with every field, their metrics and curves, its status and run_root, in
- * one transaction; not its lease nor its run folders. Refused while a trial is running. */
+ * one transaction; not its lease nor its run folders. Refused while a trial is running.
+ * More than METRIC_REPORT_MAX observations go in steps instead (docs/cli.md, nas copy): the
+ * copy stays "stopped" until all are stored, and stays so, said in err, if a step fails. */
 int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
                const char *new_name, nas_err *err);
 /* Stores the full assignment params (spec_check_params holds) as a queued trial of exp:

@@ -274,6 +274,80 @@ static void read_rest_takes_the_unfinished_last_line(void **state) {
   free(dir);
 }
 
+/* Reads the log at path share by share to its end as metric_log_read_rest; the number
+ * of reads it took. Each but the last stops early (notes.more), none takes a line twice. */
+static size_t read_in_shares(const char *path, int64_t *offset, metric_set *set) {
+  metric_log_notes notes = {.more = true};
+  nas_err err;
+  size_t reads = 0;
+  while (notes.more) {
+    int64_t before = *offset;
+    assert_int_equal(metric_log_read_rest(path, offset, set, &notes, &err), NAS_OK);
+    assert_true(*offset > before || !notes.more);
+    reads++;
+  }
+  return reads;
+}
+
+static void a_backlog_is_read_in_bounded_shares_each_line_once(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  enum { LINES = 20000 };
+  char *path = tmp_file(dir, "", 0);
+  for (int i = 0; i < LINES; i++) {
+    char line[64];
+    int len = snprintf(line, sizeof line, "nas-metric {\"m\": 1, \"step\": %d}\n", i);
+    append(path, line, (size_t)len);
+  }
+  append(path, "nas-metric {\"z\": 2}", strlen("nas-metric {\"z\": 2}"));
+  metric_set set = {0};
+  metric_log_notes notes = {0};
+  int64_t offset = 0;
+  nas_err err;
+  assert_int_equal(metric_log_read_rest(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_true(notes.more);
+  assert_true(set.n > 0 && set.n < LINES);
+  assert_true(read_in_shares(path, &offset, &set) >= 2);
+  assert_int_equal(set.n, LINES + 1);
+  for (int i = 0; i < LINES; i++) assert_int_equal(set.obs[i].step, i);
+  assert_string_equal(set.obs[LINES].name, "z"); /* the unfinished line comes last, once */
+  struct stat st;
+  assert_int_equal(stat(path, &st), 0);
+  assert_int_equal(offset, st.st_size);
+  metric_set_free(&set);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
+/* Few observations with long names are bounded too: by the bytes of their lines. */
+static void long_metric_lines_are_read_in_bounded_shares(void **state) {
+  (void)state;
+  char *dir = test_tmpdir();
+  enum { LINES = 24, NAME_LEN = 60000 };
+  char *line = malloc(NAME_LEN + 64);
+  assert_non_null(line);
+  char *path = tmp_file(dir, "", 0);
+  for (int i = 0; i < LINES; i++) {
+    int len = sprintf(line, "nas-metric {\"%0*d\": 1}\n", NAME_LEN, i);
+    append(path, line, (size_t)len);
+  }
+  free(line);
+  metric_set set = {0};
+  metric_log_notes notes = {0};
+  int64_t offset = 0;
+  nas_err err;
+  assert_int_equal(metric_log_read(path, &offset, &set, &notes, &err), NAS_OK);
+  assert_true(notes.more);
+  assert_true(set.n < LINES);
+  read_in_shares(path, &offset, &set);
+  assert_int_equal(set.n, LINES);
+  metric_set_free(&set);
+  free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 static void crlf_lines_are_read(void **state) {
   (void)state;
   char *dir = test_tmpdir();
@@ -461,6 +535,8 @@ int main(void) {
       cmocka_unit_test(missing_log_reads_as_empty),
       cmocka_unit_test(partial_last_line_waits_for_its_newline),
       cmocka_unit_test(read_rest_takes_the_unfinished_last_line),
+      cmocka_unit_test(a_backlog_is_read_in_bounded_shares_each_line_once),
+      cmocka_unit_test(long_metric_lines_are_read_in_bounded_shares),
       cmocka_unit_test(crlf_lines_are_read),
       cmocka_unit_test(malformed_lines_are_counted_and_the_first_reported),
       cmocka_unit_test(huge_lines_are_skipped_without_harm),

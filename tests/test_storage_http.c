@@ -236,6 +236,104 @@ static void nas_run_and_its_builtin_workers_report_through_the_server(void **sta
   free(url), free(spec);
 }
 
+/* Observations in the backlog of backlog_is_stored_once_through_the_server: some 5 MiB as
+ * one report, more than the 4 MiB a request may hold. */
+enum { BACKLOG_OBS = 120000 };
+
+/* Whether experiment `name` in storage db holds metric `metric` at each step 0..n-1
+ * exactly once. */
+static bool each_step_stored_once(const char *db, const char *name, const char *metric,
+                                  size_t n) {
+  storage *st = open_or_fail(db);
+  experiment_row exp;
+  metric_row *rows;
+  size_t n_rows, found = 0;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_int_equal(storage_metrics_list(st, exp.id, &rows, &n_rows, &err), NAS_OK);
+  unsigned char *seen = calloc(n, 1);
+  assert_non_null(seen);
+  bool once = true;
+  for (size_t i = 0; i < n_rows; i++) {
+    if (strcmp(rows[i].name, metric) != 0) continue;
+    found++;
+    once &= rows[i].step >= 0 && (size_t)rows[i].step < n && !seen[rows[i].step]++;
+  }
+  free(seen);
+  metric_rows_free(rows, n_rows);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return once && found == n;
+}
+
+/* A trial's log holds more observations than one request can carry (a backlog, as after
+ * the scheduler was down): the scheduler stores it in reports of bounded size, each with
+ * its own log offset, so every line gets through and none is counted twice. */
+static void log_backlog_larger_than_a_request_is_stored_once(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *script = nas_asprintf("awk 'BEGIN { for (i = 0; i < %d; i++) "
+                              "printf \"nas-metric {\\\"m\\\": 1, \\\"step\\\": %%d}\\n\", i }'\n"
+                              "sleep 1\n"
+                              "echo 'nas-metric {\"loss\": 0.5}'\n", BACKLOG_OBS);
+  char *script_path = test_write(f->dir, "backlog.sh", script);
+  char *text = nas_asprintf("name: backlog\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: loss, goal: minimize}]\n"
+                            "trial: {command: [sh, '%s']}\n"
+                            "optimizer: {type: sobol}\n"
+                            "budget: {trials: 1}\n", script_path);
+  char *spec = test_write(f->dir, "backlog.yaml", text);
+  char *url = server_url(&srv), *out;
+  const char *run[] = {"run", spec, "--no-progress", "--storage", url, NULL};
+  if (nas_argv(f, &out, run) != 0) fail_msg("nas run: %s", out);
+  free(out);
+  json_t *rows = trials_json(f, "backlog");
+  assert_int_equal(count_status(rows, "completed"), 1);
+  json_decref(rows);
+  assert_true(each_step_stored_once(f->db, "backlog", "m", BACKLOG_OBS));
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(url), free(spec), free(text), free(script_path), free(script);
+}
+
+/* `nas copy --storage-to http://…` of an experiment with more observations than one
+ * request can carry: stored report by report, every one once, and the copy gets the
+ * status of the experiment copied once it is whole. */
+static void copy_of_more_observations_than_a_request_holds_gets_through(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec);
+  nas_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
+  nas_ok(f, (const char *[]){"ask", "asked", "--storage", f->db, NULL});
+  nas_ok(f, (const char *[]){"tell", "asked", "0", "--complete", "loss=0.5", "--storage", f->db,
+                             NULL});
+  storage *st = open_or_fail(f->db);
+  metric_obs *obs = malloc(BACKLOG_OBS * sizeof *obs);
+  assert_non_null(obs);
+  for (int i = 0; i < BACKLOG_OBS; i++) obs[i] = (metric_obs){"m", i, 1, 1};
+  nas_err err;
+  assert_int_equal(storage_metrics_add(st, trial_id_of(st, "asked", 0), obs, BACKLOG_OBS, -1, &err),
+                   NAS_OK);
+  free(obs);
+  storage_close(st);
+  char *to_db = nas_asprintf("sqlite:%s/to.db", f->dir);
+  test_server srv;
+  start_or_fail(&srv, f->dir, to_db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  nas_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", f->db, "--storage-to", url,
+                             NULL});
+  assert_int_equal(test_server_stop(&srv), 0);
+  assert_true(each_step_stored_once(to_db, "copied", "m", BACKLOG_OBS));
+  storage *from = open_or_fail(f->db), *to = open_or_fail(to_db);
+  experiment_row original, copy;
+  assert_int_equal(storage_experiment_get(from, "asked", &original, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(to, "copied", &copy, &err), NAS_OK);
+  assert_string_equal(copy.status, original.status);
+  experiment_row_clear(&original), experiment_row_clear(&copy);
+  storage_close(from), storage_close(to);
+  free(url), free(to_db), free(spec);
+}
+
 /* A worker started by hand on another machine's trial: `nas worker --storage http://…`. */
 static void worker_started_by_hand_reports_through_the_server(void **state) {
   fixture *f = *state;
@@ -601,6 +699,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(copy_rename_and_delete_work_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_run_and_its_builtin_workers_report_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(worker_started_by_hand_reports_through_the_server, setup, teardown),
+      cmocka_unit_test_setup_teardown(log_backlog_larger_than_a_request_is_stored_once, setup, teardown),
+      cmocka_unit_test_setup_teardown(copy_of_more_observations_than_a_request_holds_gets_through, setup, teardown),
       cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_lose_and_double_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(groups_hold_more_writes_than_request_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_reports_grouped_with_good_ones_fail_alone, setup, teardown),
