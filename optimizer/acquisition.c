@@ -176,7 +176,8 @@ static double *baseline_samples(const mc_acq *a) {
     free(row);
     return NULL;
   }
-  for (size_t o = 0; o < K; o++)
+  /* no feasible baseline (nb 0): BLAS refuses its leading dimension 0, on stdout */
+  for (size_t o = 0; nb > 0 && o < K; o++)
     for (size_t s = 0; s < N; s++) {
       memcpy(row, a->Zb + (o * N + s) * nb, nb * sizeof *row);
       cblas_dtrmv(CblasRowMajor, CblasLower, CblasNoTrans, CblasNonUnit, (int)nb,

@@ -654,6 +654,38 @@ static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
   }
 }
 
+/* Asks and tells `n` trials of experiment `name`, each told `values` (NAME=VALUE words,
+ * then NULL); every ask's output must be JSON alone. */
+static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *values) {
+  for (size_t i = 0; i < n; i++) {
+    json_t *asked = nas_json(f, (char *[]){"ask", (char *)name, "--format", "json", "--storage", f->db, NULL});
+    assert_int_equal(json_array_size(asked), 1);
+    char number[32];
+    snprintf(number, sizeof number, "%lld", (long long)num(json_array_get(asked, 0), "trial"));
+    json_decref(asked);
+    char *argv[16] = {"tell", (char *)name, number, "--complete", "--storage", f->db};
+    for (size_t k = 0; values[k] && k < 9; k++) argv[6 + k] = values[k];
+    expect_refusal(f, argv, 0, "");
+  }
+}
+
+/* With no trial meeting the constraints the optimizer's baseline is empty; a BLAS call on
+ * it printed " ** On entry to DTRMV parameter number 6 had an illegal value" to stdout,
+ * into `nas ask --format json`'s output. */
+static void ask_prints_only_json_when_no_trial_meets_the_constraints(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "never.yaml",
+                          "name: never\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}, {name: z, goal: maximize}]\n"
+                          "constraints: ['lat <= 5']\n"
+                          "budget: {trials: 20}\n"
+                          "optimizer: {type: gp, n_initial: 2}\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  ask_and_tell(f, "never", 4, (char *[]){"y=1", "z=2", "lat=10", NULL});
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -666,6 +698,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
