@@ -686,6 +686,41 @@ static void ask_prints_only_json_when_no_trial_meets_the_constraints(void **stat
   free(spec);
 }
 
+/* Trials read without error (`NAME_sem=0`) beside others the model fits a noise to: the
+ * posterior covariance of the noise-free points is zero up to round-off, which came out
+ * negative beyond the factorisation's jitter and failed every later ask ("4x4 covariance
+ * matrix is not positive definite"). */
+static void ask_goes_on_after_readings_told_with_a_standard_error_of_zero(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "exact.yaml",
+                          "name: exact\n"
+                          "seed: 1\n"
+                          "parameters:\n"
+                          "  x: {type: float, low: 0, high: 1}\n"
+                          "  y: {type: float, low: 1e-3, high: 10, log: true}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                          "budget: {trials: 20}\n"
+                          "optimizer: {type: gp, n_initial: 3}\n"
+                          "enqueue: [{x: 0.8, y: 0.002}, {x: 0.05, y: 2}, {x: 0.55, y: 0.02},"
+                          " {x: 0.05, y: 0.008}, {x: 0.63, y: 2}, {x: 0, y: 8.7}, {x: 0.54, y: 8.7},"
+                          " {x: 0, y: 10}]\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  for (int t = 0; t < 10; t++) {
+    json_t *asked = nas_json(f, (char *[]){"ask", "exact", "--format", "json", "--storage", f->db, NULL});
+    const json_t *row = json_array_get(asked, 0);
+    char number[32], a[64], b[64];
+    snprintf(number, sizeof number, "%lld", (long long)num(row, "trial"));
+    snprintf(a, sizeof a, "a=%.17g", num(row, "x"));
+    snprintf(b, sizeof b, "b=%.17g", num(row, "y"));
+    json_decref(asked);
+    bool exact = t % 2 == 1;
+    expect_refusal(f, (char *[]){"tell", "exact", number, "--complete", a, b, "--storage", f->db,
+                                 exact ? "a_sem=0" : NULL, "b_sem=0", NULL},
+                   0, "");
+  }
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -699,6 +734,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
