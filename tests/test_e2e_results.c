@@ -721,6 +721,35 @@ static void ask_goes_on_after_readings_told_with_a_standard_error_of_zero(void *
   free(spec);
 }
 
+/* Two objectives over ranges near 1e300 (diverged readings) have a hypervolume past the
+ * largest double: JSON cannot hold inf, and `nas pareto`, `nas compare` and `nas plot`
+ * failed with "out of memory". It is null in JSON and inf in tables, as `nas status`
+ * says. */
+static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "vast.yaml",
+                          "name: vast\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                          "budget: {trials: 3}\n"
+                          "enqueue: [{x: 0.1}, {x: 0.2}]\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "vast", "-n", "2", "--storage", f->db, NULL}, 0, "0.2");
+  expect_refusal(f, (char *[]){"tell", "vast", "0", "--complete", "a=1e300", "b=1", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"tell", "vast", "1", "--complete", "a=-1e300", "b=-1e300", "--storage", f->db, NULL}, 0, "");
+  json_t *p = nas_json(f, (char *[]){"pareto", "vast", "--format", "json", "--storage", f->db, NULL});
+  assert_true(json_is_null(json_object_get(p, "hypervolume")));
+  assert_int_equal(json_array_size(json_object_get(p, "front")), 2);
+  json_decref(p);
+  expect_refusal(f, (char *[]){"pareto", "vast", "--storage", f->db, NULL}, 0, "hypervolume inf");
+  json_t *c = nas_json(f, (char *[]){"compare", "vast", "vast", "--format", "json", "--storage", f->db, NULL});
+  assert_true(json_is_null(json_object_get(json_array_get(json_object_get(c, "experiments"), 0), "hypervolume")));
+  json_decref(c);
+  expect_refusal(f, (char *[]){"compare", "vast", "vast", "--storage", f->db, NULL}, 0, "hypervolume inf");
+  expect_refusal(f, (char *[]){"plot", "vast", "--out", "vast.html", "--storage", f->db, NULL}, 0, "");
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -735,6 +764,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
