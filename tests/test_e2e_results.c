@@ -3,6 +3,7 @@
  * Ctrl-C), an experiment exported and imported into a second storage with nothing changed
  * that listings show, bad import files refused before anything is stored, `nas
  * compare` agreeing with `nas pareto`, and `nas pareto --model` weighing noisy readings. */
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -750,6 +751,32 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
   free(spec);
 }
 
+/* Readings of ±1.7e308 span more than the largest double: the inferred reference point
+ * came out inf, which a trial's stored reference (JSON) cannot hold, and `nas ask` failed
+ * with "out of memory" after storing the first of its trials. */
+static void ask_goes_on_after_readings_spanning_more_than_the_largest_double(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "span.yaml",
+                          "name: span\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: minimize}]\n"
+                          "budget: {trials: 10}\n"
+                          "optimizer: {type: gp, n_initial: 2}\n"
+                          "enqueue: [{x: 0.1}, {x: 0.4}, {x: 0.7}]\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "span", "-n", "3", "--storage", f->db, NULL}, 0, "0.7");
+  expect_refusal(f, (char *[]){"tell", "span", "0", "--complete", "a=1.7e308", "b=1", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"tell", "span", "1", "--complete", "a=-1.7e308", "b=2", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"tell", "span", "2", "--complete", "a=-1.7e308", "b=3", "--storage", f->db, NULL}, 0, "");
+  json_t *asked = nas_json(f, (char *[]){"ask", "span", "-n", "2", "--format", "json", "--storage", f->db, NULL});
+  assert_int_equal(json_array_size(asked), 2);
+  json_decref(asked);
+  json_t *rows = trials_json(f, "span");
+  assert_true(num(json_object_get(row_of(rows, 4), "reference"), "a") <= DBL_MAX);
+  json_decref(rows);
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -764,6 +791,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
