@@ -468,6 +468,19 @@ static void outcomes_far_apart_keep_a_finite_scale(void **state) {
   assert_non_null(strstr(err.msg, "not finite"));
 }
 
+/* Readings of ±1.7e308 differ by more than the largest double: their deviations from the
+ * mean were inf, the scale NaN, and every standardised value and model mean with it
+ * (`nas pareto --model` showed an empty front). */
+static void outcomes_farther_apart_than_the_largest_double_keep_a_finite_scale(void **state) {
+  (void)state;
+  double y[4] = {1.7e308, -1.7e308, -1.7e308, -1.7e308}, ystd[4], shift, scale;
+  gp_standardise(y, 4, ystd, &shift, &scale);
+  assert_true(isfinite(shift) && isfinite(scale) && scale > 1e308);
+  for (size_t i = 0; i < 4; i++) assert_true(isfinite(ystd[i]));
+  assert_true(ystd[0] > 0 && ystd[1] < 0 && ystd[1] == ystd[3]);
+  assert_true(fabs(ystd[0] - 1.5) < 1e-12 && fabs(ystd[1] + 0.5) < 1e-12);
+}
+
 /* Duplicate inputs with tiny noise make K singular in floating point: jitter rescues it. */
 static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
   (void)state;
@@ -489,6 +502,7 @@ int main(void) {
       cmocka_unit_test(outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value),
       cmocka_unit_test(fitted_outputscale_keeps_the_baseline_factorisable),
       cmocka_unit_test(outcomes_far_apart_keep_a_finite_scale),
+      cmocka_unit_test(outcomes_farther_apart_than_the_largest_double_keep_a_finite_scale),
       cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
       cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
       cmocka_unit_test(known_noise_weighs_each_observation_by_its_precision),
