@@ -177,8 +177,13 @@ int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t
   return gp_create_noisy(kind, X, y, NULL, n, d, theta, out, err);
 }
 
+/* Known noise is floored (NaN kept): with none, readings told exact (NAME_sem=0, noise: 0)
+ * of a smooth function leave K too ill-conditioned for its posterior covariance. */
+static const double MIN_KNOWN_NOISE = 1e-6; /* GPyTorch's min_fixed_noise for doubles */
+
 void gp_standardise_noise(const double *noise_var, size_t n, double scale, double *out) {
-  for (size_t i = 0; i < n; i++) out[i] = noise_var[i] / (scale * scale);
+  for (size_t i = 0; i < n; i++)
+    out[i] = isnan(noise_var[i]) ? NAN : fmax(noise_var[i] / (scale * scale), MIN_KNOWN_NOISE);
 }
 
 int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const double *noise_var,
