@@ -125,6 +125,10 @@ int cli_trial_number(const char *cmd, const char *text, int *number);
  * else the usage error. */
 int cli_step_option(const char *cmd, const char *arg, long long *step);
 
+/* A hypervolume of `nas pareto`/`nas compare` JSON: null there stands for one past the
+ * largest double (sched_json_number), shown as inf. */
+double cli_hypervolume(const json_t *value);
+
 /* Output of rows in one of three formats: an aligned table, CSV, or a JSON array. */
 typedef enum { FORMAT_TABLE, FORMAT_CSV, FORMAT_JSON } out_format;
 int cli_parse_format(const char *text, out_format *out);

@@ -56,7 +56,7 @@ static void print_summary(const json_t *out, FILE *f) {
             json_string_value(json_object_get(e, "experiment")),
             (long long)json_integer_value(json_object_get(e, "trials")),
             (long long)json_integer_value(json_object_get(e, "front_size")),
-            json_number_value(json_object_get(e, "hypervolume")));
+            cli_hypervolume(json_object_get(e, "hypervolume")));
 }
 
 /* The fronts side by side: experiment, trial, each objective. */

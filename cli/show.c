@@ -220,7 +220,7 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
   fprintf(f, "%s: %zu trials on the front; hypervolume %.6g (reference point",
           json_string_value(json_object_get(pareto, "experiment")),
           json_array_size(json_object_get(pareto, "front")),
-          json_number_value(json_object_get(pareto, "hypervolume")));
+          cli_hypervolume(json_object_get(pareto, "hypervolume")));
   for (size_t j = 0; j < s->n_objectives; j++)
     fprintf(f, "%s %s=%.6g", j ? "," : "", s->objectives[j].name,
             json_number_value(json_object_get(ref, s->objectives[j].name)));

@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -232,4 +233,8 @@ int cli_parse_options(const cli_command *cmd, int argc, char **argv, char **stor
 int cli_format_option(const char *cmd, const char *arg, out_format *out) {
   if (cli_parse_format(arg, out) == NAS_OK) return -1;
   return cli_usage_error(cmd, "unknown format '%s' (expected table, csv or json)", arg);
+}
+
+double cli_hypervolume(const json_t *value) {
+  return json_is_null(value) ? HUGE_VAL : json_number_value(value);
 }

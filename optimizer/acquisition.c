@@ -35,6 +35,7 @@ static const double ETA_CON = 1e-3;    /* smoothing of the feasibility indicator
 static const double PAREGO_RHO = 0.05; /* weight of the linear part of the scalarisation */
 static const double MIN_VAR = 1e-12;
 static const double BASE_JITTER = 1e-10; /* added to baseline covariances (round-off) */
+static const double MAX_BASE_JITTER = 1e-4; /* the most covariance_factor adds */
 static const size_t DEFAULT_SAMPLES = 64;
 /* An extension of a front moves an inferred reference only where its trade-off is bounded
  * (Geoffrion's proper Pareto optimality, acq_trade_off_bounded): what it loses beyond the
@@ -140,10 +141,23 @@ static int draw_base_samples(mc_acq *a, uint64_t seed, nas_err *err) {
 }
 
 /* A posterior covariance of n points (n×n, in place) into its lower Cholesky factor, with
- * BASE_JITTER on the diagonal against round-off. */
+ * BASE_JITTER on the diagonal against round-off. Where points were observed without noise
+ * (a standard error of 0) their posterior covariance is zero up to round-off, which can be
+ * negative beyond any jitter relative to the matrix's own (near-zero) diagonal: then the
+ * jitter grows by 100× up to MAX_BASE_JITTER of the prior variance (1). */
 static int covariance_factor(double *cov, size_t n, nas_err *err) {
-  for (size_t i = 0; i < n; i++) cov[i * n + i] += BASE_JITTER;
-  return n > 0 ? gp_cholesky(cov, n, NULL, err) : NAS_OK;
+  if (n == 0) return NAS_OK;
+  double *orig = malloc(n * n * sizeof *orig);
+  if (!orig) return nas_errf(err, "acquisition: out of memory for a %zux%zu covariance", n, n);
+  memcpy(orig, cov, n * n * sizeof *orig);
+  int rc = NAS_ERR;
+  for (double jitter = BASE_JITTER; rc != NAS_OK && jitter <= MAX_BASE_JITTER; jitter *= 100) {
+    memcpy(cov, orig, n * n * sizeof *cov);
+    for (size_t i = 0; i < n; i++) cov[i * n + i] += jitter;
+    rc = gp_cholesky(cov, n, NULL, err);
+  }
+  free(orig);
+  return rc;
 }
 
 /* Posterior of every outcome at the baseline, and its factor. */
@@ -176,7 +190,8 @@ static double *baseline_samples(const mc_acq *a) {
     free(row);
     return NULL;
   }
-  for (size_t o = 0; o < K; o++)
+  /* no feasible baseline (nb 0): BLAS refuses its leading dimension 0, on stdout */
+  for (size_t o = 0; nb > 0 && o < K; o++)
     for (size_t s = 0; s < N; s++) {
       memcpy(row, a->Zb + (o * N + s) * nb, nb * sizeof *row);
       cblas_dtrmv(CblasRowMajor, CblasLower, CblasNoTrans, CblasNonUnit, (int)nb,

@@ -6,6 +6,7 @@
  * lower Cholesky factor of K + N + jitter I over the n training inputs (N diagonal: each
  * point's known noise variance, else the fitted one), kinv its inverse and alpha =
  * kinv (y − mean), all at the stored θ; shift and scale are fixed when the GP is made. */
+#include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdlib.h>
@@ -68,13 +69,21 @@ int gp_cholesky_with(double *A, size_t n, double *orig, double *jitter, nas_err 
                   "jitter %g times its mean diagonal", n, n, MAX_JITTER);
 }
 
+/* Half of y − mean: finite even where the difference is not (readings near ±1.7e308), and
+ * exactly half of it wherever it is. */
+static double half_deviation(double y, double mean) { return 0.5 * y - 0.5 * mean; }
+
 /* The standard deviation of values so far apart (beyond about 1e154, e.g. a diverged loss)
- * that their squared deviations overflow: summed in units of the largest deviation. */
+ * that their squared deviations overflow: summed in units of the largest deviation, and at
+ * most the largest double. */
 static double sd_of_far_apart(const double *y, size_t n, double mean) {
-  double largest = 0, ss = 0;
-  for (size_t i = 0; i < n; i++) largest = fmax(largest, fabs(y[i] - mean));
-  for (size_t i = 0; i < n; i++) ss += ((y[i] - mean) / largest) * ((y[i] - mean) / largest);
-  return largest * sqrt(ss / (double)(n - 1));
+  double largest = 0, ss = 0; /* in halves */
+  for (size_t i = 0; i < n; i++) largest = fmax(largest, fabs(half_deviation(y[i], mean)));
+  for (size_t i = 0; i < n; i++) {
+    double unit = half_deviation(y[i], mean) / largest;
+    ss += unit * unit;
+  }
+  return fmin(2 * (largest * sqrt(ss / (double)(n - 1))), DBL_MAX);
 }
 
 void gp_standardise(const double *y, size_t n, double *ystd, double *shift, double *scale) {
@@ -82,10 +91,12 @@ void gp_standardise(const double *y, size_t n, double *ystd, double *shift, doub
   for (size_t i = 0; i < n; i++) mean += y[i] / (double)n;
   for (size_t i = 0; i < n; i++) ss += (y[i] - mean) * (y[i] - mean);
   double sd = n > 1 ? sqrt(ss / (double)(n - 1)) : 0;
-  if (!isfinite(sd)) sd = sd_of_far_apart(y, n, mean);
+  bool far_apart = !isfinite(sd);
+  if (far_apart) sd = sd_of_far_apart(y, n, mean);
   *shift = mean;
   *scale = sd > 1e-8 * fmax(1.0, fabs(mean)) ? sd : 1.0; /* constant outcomes: unit scale */
-  for (size_t i = 0; i < n; i++) ystd[i] = (y[i] - *shift) / *scale;
+  for (size_t i = 0; i < n; i++)
+    ystd[i] = far_apart ? half_deviation(y[i], *shift) / (0.5 * *scale) : (y[i] - *shift) / *scale;
 }
 
 static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
@@ -166,8 +177,13 @@ int gp_create(gp_kernel kind, const double *X, const double *y, size_t n, size_t
   return gp_create_noisy(kind, X, y, NULL, n, d, theta, out, err);
 }
 
+/* Known noise is floored (NaN kept): with none, readings told exact (NAME_sem=0, noise: 0)
+ * of a smooth function leave K too ill-conditioned for its posterior covariance. */
+static const double MIN_KNOWN_NOISE = 1e-6; /* GPyTorch's min_fixed_noise for doubles */
+
 void gp_standardise_noise(const double *noise_var, size_t n, double scale, double *out) {
-  for (size_t i = 0; i < n; i++) out[i] = noise_var[i] / (scale * scale);
+  for (size_t i = 0; i < n; i++)
+    out[i] = isnan(noise_var[i]) ? NAN : fmax(noise_var[i] / (scale * scale), MIN_KNOWN_NOISE);
 }
 
 int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const double *noise_var,

@@ -68,7 +68,7 @@ double gp_log_prior(size_t d, const double *theta, double *grad);
 static inline double gp_noise_at(const double *known, size_t i, double fitted) {
   return known && !isnan(known[i]) ? known[i] : fitted;
 }
-/* Raw noise variances (n) → ones in units of scale (÷ scale²), NaN kept. */
+/* Raw noise variances (n) → ones in units of scale (÷ scale²), at least 1e-6; NaN kept. */
 void gp_standardise_noise(const double *noise_var, size_t n, double scale, double *out);
 
 /* Log marginal likelihood + log prior of standardised outcomes y (n) at X (n×d) under θ;

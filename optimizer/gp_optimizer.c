@@ -27,6 +27,7 @@
  *  4. never returns an observed, pending or already suggested assignment (taken.h).
  * Everything random comes from streams of (spec.seed, trial number), so the same spec,
  * observations, pending trials and first_number give the same suggestions. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -368,8 +369,9 @@ static void push_for_pending(const spec *s, const double *rows, size_t n_obs, si
       low = fmin(low, rows[i * m + j]);
       high = fmax(high, rows[i * m + j]);
     }
-    double pushed = ref_obs[j] + (double)n_pending * PENDING_REFERENCE_STEP * (high - low);
-    if (pushed > ref[j]) ref[j] = pushed;
+    double pushed =
+        ref_obs[j] + (double)n_pending * PENDING_REFERENCE_STEP * pareto_range(low, high);
+    if (pushed > ref[j]) ref[j] = fmin(pushed, DBL_MAX);
   }
 }
 

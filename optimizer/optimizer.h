@@ -127,6 +127,9 @@ double pareto_hypervolume(const double *Y, size_t n, size_t m, const double *ref
  * front pushed out by 10% of the observed range). Rows with a NaN or an infinity are
  * ignored; with none left, the inferred coordinates are NaN. */
 void pareto_reference_point(const spec *s, const double *Y, size_t n, double *ref);
+/* high − low of finite values, DBL_MAX where the difference overflows (readings near
+ * ±1.7e308), so that references built from it stay finite. */
+double pareto_range(double low, double high);
 /* pareto_reference_point, and per objective into margin the distance the reference lies
  * beyond the front's nadir: 0 for a threshold, NaN where the coordinate is NaN. */
 void pareto_reference_margins(const spec *s, const double *Y, size_t n, double *ref,

@@ -6,6 +6,7 @@
  * a < b in at least one; so identical rows do not dominate each other and both stay on the
  * front. A row with a NaN is never on a front, dominates nothing and gets rank -1.
  * Invariant: nothing here depends on the order of the rows except the order of the output. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 
@@ -207,10 +208,12 @@ static double inferred_reference(const double *Y, size_t n, size_t m, size_t j, 
   }
   *margin = NAN;
   if (!(low <= high)) return NAN;
-  double range = high - low;
+  double range = pareto_range(low, high);
   *margin = range > 0 ? 0.1 * range : 1e-6 * (1 + fabs(nadir));
-  return nadir + *margin;
+  return fmin(nadir + *margin, DBL_MAX); /* finite: a stored reference is JSON */
 }
+
+double pareto_range(double low, double high) { return fmin(high - low, DBL_MAX); }
 
 void pareto_reference_margins(const spec *s, const double *Y, size_t n, double *ref,
                               double *margin) {

@@ -93,10 +93,11 @@ static int compared_json(const sched_compared *c, const compared_points *p, size
     double hv = pareto_hypervolume(p[e].Y, p[e].n, c[e].s->n_objectives, ref);
     if (isnan(hv)) return nas_errf(err, "hypervolume of '%s': out of memory", c[e].exp->name);
     const json_t *front = json_object_get(p[e].pareto, "front");
-    if (json_array_append_new(list, json_pack("{s:s, s:i, s:i, s:f, s:O}", "experiment",
+    if (json_array_append_new(list, json_pack("{s:s, s:i, s:i, s:o, s:O}", "experiment",
                                               c[e].exp->name, "trials", (int)c[e].r->n_trials,
                                               "front_size", (int)json_array_size(front),
-                                              "hypervolume", hv, "front", front)) != 0)
+                                              "hypervolume", sched_json_number(hv), "front",
+                                              front)) != 0)
       return nas_errf(err, "out of memory");
   }
   return NAS_OK;

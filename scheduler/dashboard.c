@@ -16,8 +16,6 @@
 /* The most points of the hypervolume history: enough for a smooth line at any size. */
 enum { HISTORY_POINTS = 200 };
 
-static json_t *number_or_null(double v) { return isfinite(v) ? json_real(v) : json_null(); }
-
 /* ---- trials as columns ------------------------------------------------------------------- */
 
 json_t *sched_objectives_json(const spec *s) {
@@ -51,7 +49,7 @@ static json_t *metric_columns(const sched_results *r) {
   for (size_t m = 0; columns && m < r->n_metrics; m++) {
     json_t *column = json_array();
     for (size_t i = 0; column && i < r->n_trials; i++)
-      json_array_append_new(column, number_or_null(r->values[i * r->n_metrics + m]));
+      json_array_append_new(column, sched_json_number(r->values[i * r->n_metrics + m]));
     json_object_set_new(columns, r->metric_names[m], column);
   }
   return columns;
@@ -132,7 +130,7 @@ static json_t *hypervolume_history(const spec *s, const sched_results *r, const 
     if (isnan(hv)) rc = nas_errf(err, "hypervolume: out of memory");
     json_array_append_new(done, json_integer((json_int_t)(k + 1)));
     json_array_append_new(trial, json_integer(r->trials[idx[order[k]]].number));
-    json_array_append_new(volume, number_or_null(hv));
+    json_array_append_new(volume, sched_json_number(hv));
   }
   if (rc == NAS_OK && !(out = json_pack("{s:O, s:O, s:O}", "completed", done, "trial", trial,
                                         "hypervolume", volume)))
@@ -189,7 +187,7 @@ static json_t *curves_of(const sched_results *r, const metric_row *rows, size_t 
       last++;
     }
     json_array_append_new(json_array_get(steps, last - 1), json_integer(row->step));
-    json_array_append_new(json_array_get(values, last - 1), number_or_null(row->value));
+    json_array_append_new(json_array_get(values, last - 1), sched_json_number(row->value));
   }
   free(ids);
   return curves;

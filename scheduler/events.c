@@ -83,8 +83,8 @@ static json_t *front_json(const front_view *f) {
   json_t *numbers = json_array();
   for (size_t k = 0; numbers && k < f->n; k++)
     json_array_append_new(numbers, json_integer(f->numbers[k]));
-  return json_pack("{s:I, s:f, s:o}", "size", (json_int_t)f->n, "hypervolume", f->hv,
-                   "trials", numbers);
+  return json_pack("{s:I, s:o, s:o}", "size", (json_int_t)f->n, "hypervolume",
+                   sched_json_number(f->hv), "trials", numbers);
 }
 
 /* Keeps f's trials as the front last announced. */

@@ -274,8 +274,12 @@ int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas
 
 /* ---- results as JSON (views.c): what `nas pareto --format json` and `nas serve` give out */
 
-/* {"experiment", "hypervolume", "reference_point": {objective: value}, "front": [{"trial",
- * each objective, each parameter}]}, the front sorted by the first objective. Owned. */
+/* v as a JSON real, or null where it is not finite (JSON has no inf nor NaN: a
+ * hypervolume of readings near 1e300 overflows a double). Owned. */
+json_t *sched_json_number(double v);
+/* {"experiment", "hypervolume" (null past the largest double), "reference_point":
+ * {objective: value}, "front": [{"trial", each objective, each parameter}]}, the front
+ * sorted by the first objective. Owned. */
 json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_results *r,
                           nas_err *err);
 /* The gp model's posterior means of the objectives at each trial's parameters

@@ -11,7 +11,7 @@
 
 #include "scheduler/scheduler.h"
 
-static json_t *number_or_null(double v) { return isnan(v) ? json_null() : json_real(v); }
+json_t *sched_json_number(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 /* An objective's value in its own direction from the minimisation convention. */
 static double own_direction(const spec *s, size_t j, double v) {
@@ -29,7 +29,7 @@ static json_t *front_row(const spec *s, const sched_results *r, size_t i) {
   json_t *row = json_pack("{s:i}", "trial", r->trials[i].number);
   json_t *params = json_loads(r->trials[i].params_json, 0, NULL);
   for (size_t j = 0; row && j < s->n_objectives; j++)
-    json_object_set_new(row, s->objectives[j].name, number_or_null(r->values[i * r->n_metrics + j]));
+    json_object_set_new(row, s->objectives[j].name, sched_json_number(r->values[i * r->n_metrics + j]));
   for (size_t p = 0; row && p < s->n_params; p++) {
     json_t *v = json_object_get(params, s->params[p].name);
     json_object_set_new(row, s->params[p].name, v ? json_incref(v) : json_null());
@@ -56,7 +56,8 @@ json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_
     json_object_set_new(refs, s->objectives[j].name, json_real(own_direction(s, j, ref[j])));
   for (size_t k = 0; rows && k < n_front; k++)
     json_array_append_new(rows, front_row(s, r, front[k]));
-  json_t *out = json_pack("{s:s, s:f, s:o, s:o}", "experiment", exp->name, "hypervolume", hv,
+  json_t *out = json_pack("{s:s, s:o, s:o, s:o}", "experiment", exp->name, "hypervolume",
+                          sched_json_number(hv),
                           "reference_point", refs, "front", rows);
   free(front), free(ref), free(key);
   if (!out) nas_errf(err, "out of memory");
@@ -80,7 +81,7 @@ static json_t *model_row(const spec *s, const sched_results *r, const double *me
   json_t *row = front_row(s, r, t), *model = json_object();
   for (size_t j = 0; model && j < s->n_objectives; j++)
     json_object_set_new(model, s->objectives[j].name,
-                        number_or_null(means[t * s->n_objectives + j]));
+                        sched_json_number(means[t * s->n_objectives + j]));
   if (row && model && json_object_set_new(row, "model", model) == 0) return row;
   json_decref(row);
   return NULL;
@@ -229,7 +230,7 @@ static json_t *intermediate_json(const metric_row *rows, size_t n, int64_t trial
     json_t *points = json_object_get(curves, rows[i].name);
     if (!points) json_object_set_new(curves, rows[i].name, points = json_array());
     json_array_append_new(points, json_pack("[I, o, f]", (json_int_t)rows[i].step,
-                                            number_or_null(rows[i].value), rows[i].time));
+                                            sched_json_number(rows[i].value), rows[i].time));
   }
   return curves;
 }

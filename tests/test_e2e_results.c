@@ -3,6 +3,7 @@
  * Ctrl-C), an experiment exported and imported into a second storage with nothing changed
  * that listings show, bad import files refused before anything is stored, `nas
  * compare` agreeing with `nas pareto`, and `nas pareto --model` weighing noisy readings. */
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -654,6 +655,128 @@ static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
   }
 }
 
+/* Asks and tells `n` trials of experiment `name`, each told `values` (NAME=VALUE words,
+ * then NULL); every ask's output must be JSON alone. */
+static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *values) {
+  for (size_t i = 0; i < n; i++) {
+    json_t *asked = nas_json(f, (char *[]){"ask", (char *)name, "--format", "json", "--storage", f->db, NULL});
+    assert_int_equal(json_array_size(asked), 1);
+    char number[32];
+    snprintf(number, sizeof number, "%lld", (long long)num(json_array_get(asked, 0), "trial"));
+    json_decref(asked);
+    char *argv[16] = {"tell", (char *)name, number, "--complete", "--storage", f->db};
+    for (size_t k = 0; values[k] && k < 9; k++) argv[6 + k] = values[k];
+    expect_refusal(f, argv, 0, "");
+  }
+}
+
+/* With no trial meeting the constraints the optimizer's baseline is empty; a BLAS call on
+ * it printed " ** On entry to DTRMV parameter number 6 had an illegal value" to stdout,
+ * into `nas ask --format json`'s output. */
+static void ask_prints_only_json_when_no_trial_meets_the_constraints(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "never.yaml",
+                          "name: never\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}, {name: z, goal: maximize}]\n"
+                          "constraints: ['lat <= 5']\n"
+                          "budget: {trials: 20}\n"
+                          "optimizer: {type: gp, n_initial: 2}\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  ask_and_tell(f, "never", 4, (char *[]){"y=1", "z=2", "lat=10", NULL});
+  free(spec);
+}
+
+/* Trials read without error (`NAME_sem=0`) beside others the model fits a noise to: the
+ * posterior covariance of the noise-free points is zero up to round-off, which came out
+ * negative beyond the factorisation's jitter and failed every later ask ("4x4 covariance
+ * matrix is not positive definite"). */
+static void ask_goes_on_after_readings_told_with_a_standard_error_of_zero(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "exact.yaml",
+                          "name: exact\n"
+                          "seed: 1\n"
+                          "parameters:\n"
+                          "  x: {type: float, low: 0, high: 1}\n"
+                          "  y: {type: float, low: 1e-3, high: 10, log: true}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                          "budget: {trials: 20}\n"
+                          "optimizer: {type: gp, n_initial: 3}\n"
+                          "enqueue: [{x: 0.8, y: 0.002}, {x: 0.05, y: 2}, {x: 0.55, y: 0.02},"
+                          " {x: 0.05, y: 0.008}, {x: 0.63, y: 2}, {x: 0, y: 8.7}, {x: 0.54, y: 8.7},"
+                          " {x: 0, y: 10}]\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  for (int t = 0; t < 10; t++) {
+    json_t *asked = nas_json(f, (char *[]){"ask", "exact", "--format", "json", "--storage", f->db, NULL});
+    const json_t *row = json_array_get(asked, 0);
+    char number[32], a[64], b[64];
+    snprintf(number, sizeof number, "%lld", (long long)num(row, "trial"));
+    snprintf(a, sizeof a, "a=%.17g", num(row, "x"));
+    snprintf(b, sizeof b, "b=%.17g", num(row, "y"));
+    json_decref(asked);
+    bool exact = t % 2 == 1;
+    expect_refusal(f, (char *[]){"tell", "exact", number, "--complete", a, b, "--storage", f->db,
+                                 exact ? "a_sem=0" : NULL, "b_sem=0", NULL},
+                   0, "");
+  }
+  free(spec);
+}
+
+/* Two objectives over ranges near 1e300 (diverged readings) have a hypervolume past the
+ * largest double: JSON cannot hold inf, and `nas pareto`, `nas compare` and `nas plot`
+ * failed with "out of memory". It is null in JSON and inf in tables, as `nas status`
+ * says. */
+static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "vast.yaml",
+                          "name: vast\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                          "budget: {trials: 3}\n"
+                          "enqueue: [{x: 0.1}, {x: 0.2}]\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "vast", "-n", "2", "--storage", f->db, NULL}, 0, "0.2");
+  expect_refusal(f, (char *[]){"tell", "vast", "0", "--complete", "a=1e300", "b=1", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"tell", "vast", "1", "--complete", "a=-1e300", "b=-1e300", "--storage", f->db, NULL}, 0, "");
+  json_t *p = nas_json(f, (char *[]){"pareto", "vast", "--format", "json", "--storage", f->db, NULL});
+  assert_true(json_is_null(json_object_get(p, "hypervolume")));
+  assert_int_equal(json_array_size(json_object_get(p, "front")), 2);
+  json_decref(p);
+  expect_refusal(f, (char *[]){"pareto", "vast", "--storage", f->db, NULL}, 0, "hypervolume inf");
+  json_t *c = nas_json(f, (char *[]){"compare", "vast", "vast", "--format", "json", "--storage", f->db, NULL});
+  assert_true(json_is_null(json_object_get(json_array_get(json_object_get(c, "experiments"), 0), "hypervolume")));
+  json_decref(c);
+  expect_refusal(f, (char *[]){"compare", "vast", "vast", "--storage", f->db, NULL}, 0, "hypervolume inf");
+  expect_refusal(f, (char *[]){"plot", "vast", "--out", "vast.html", "--storage", f->db, NULL}, 0, "");
+  free(spec);
+}
+
+/* Readings of ±1.7e308 span more than the largest double: the inferred reference point
+ * came out inf, which a trial's stored reference (JSON) cannot hold, and `nas ask` failed
+ * with "out of memory" after storing the first of its trials. */
+static void ask_goes_on_after_readings_spanning_more_than_the_largest_double(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "span.yaml",
+                          "name: span\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: minimize}]\n"
+                          "budget: {trials: 10}\n"
+                          "optimizer: {type: gp, n_initial: 2}\n"
+                          "enqueue: [{x: 0.1}, {x: 0.4}, {x: 0.7}]\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "span", "-n", "3", "--storage", f->db, NULL}, 0, "0.7");
+  expect_refusal(f, (char *[]){"tell", "span", "0", "--complete", "a=1.7e308", "b=1", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"tell", "span", "1", "--complete", "a=-1.7e308", "b=2", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"tell", "span", "2", "--complete", "a=-1.7e308", "b=3", "--storage", f->db, NULL}, 0, "");
+  json_t *asked = nas_json(f, (char *[]){"ask", "span", "-n", "2", "--format", "json", "--storage", f->db, NULL});
+  assert_int_equal(json_array_size(asked), 2);
+  json_decref(asked);
+  json_t *rows = trials_json(f, "span");
+  assert_true(num(json_object_get(row_of(rows, 4), "reference"), "a") <= DBL_MAX);
+  json_decref(rows);
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(trial_shows_everything_about_one_trial, setup, teardown),
@@ -666,6 +789,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),

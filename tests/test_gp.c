@@ -468,6 +468,50 @@ static void outcomes_far_apart_keep_a_finite_scale(void **state) {
   assert_non_null(strstr(err.msg, "not finite"));
 }
 
+/* Readings of ±1.7e308 differ by more than the largest double: their deviations from the
+ * mean were inf, the scale NaN, and every standardised value and model mean with it
+ * (`nas pareto --model` showed an empty front). */
+static void outcomes_farther_apart_than_the_largest_double_keep_a_finite_scale(void **state) {
+  (void)state;
+  double y[4] = {1.7e308, -1.7e308, -1.7e308, -1.7e308}, ystd[4], shift, scale;
+  gp_standardise(y, 4, ystd, &shift, &scale);
+  assert_true(isfinite(shift) && isfinite(scale) && scale > 1e308);
+  for (size_t i = 0; i < 4; i++) assert_true(isfinite(ystd[i]));
+  assert_true(ystd[0] > 0 && ystd[1] < 0 && ystd[1] == ystd[3]);
+  assert_true(fabs(ystd[0] - 1.5) < 1e-12 && fabs(ystd[1] + 0.5) < 1e-12);
+}
+
+/* Readings told exact (NAME_sem=0, or `noise: 0`) of a smooth function: with no noise on
+ * the diagonal K's condition number passed 1e16, and the posterior covariance came out as
+ * round-off (variances of −4 beside +4 on a prior of 1), which no jitter factorises, so
+ * every later `nas ask` failed. A known noise variance is floored at 1e-6 of the
+ * outcomes' variance, as GPyTorch floors fixed noise in double precision. */
+static void readings_told_exact_leave_a_posterior_covariance_within_the_prior(void **state) {
+  (void)state;
+  enum { N = 24, NB = 8 };
+  double X[N], y[N], noise_var[N], Xb[NB];
+  for (size_t i = 0; i < N; i++) {
+    X[i] = (double)i / (N - 1);
+    y[i] = 2 * X[i] + 0.1 * X[i] * X[i];
+    noise_var[i] = 0;
+  }
+  for (size_t b = 0; b < NB; b++) Xb[b] = X[3 * b] + (b % 2 ? 0.01 : 0);
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  gp_fit_options opt = {.kernel = GP_KERNEL_MATERN52, .restarts = 1, .max_evals = 200,
+                        .noise_var = noise_var};
+  gp *g;
+  nas_err err;
+  assert_int_equal(gp_fit(X, y, N, 1, &opt, rng, &g, &err), NAS_OK);
+  gp_baseline b;
+  assert_int_equal(gp_baseline_make(g, Xb, NB, &b, &err), NAS_OK);
+  for (size_t i = 0; i < NB; i++)
+    if (!(b.cov[i * NB + i] > -1e-6 && b.cov[i * NB + i] < 1 + 1e-6))
+      fail_msg("posterior variance %zu is %g", i, b.cov[i * NB + i]);
+  gp_baseline_clear(&b);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
 /* Duplicate inputs with tiny noise make K singular in floating point: jitter rescues it. */
 static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
   (void)state;
@@ -489,6 +533,8 @@ int main(void) {
       cmocka_unit_test(outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value),
       cmocka_unit_test(fitted_outputscale_keeps_the_baseline_factorisable),
       cmocka_unit_test(outcomes_far_apart_keep_a_finite_scale),
+      cmocka_unit_test(outcomes_farther_apart_than_the_largest_double_keep_a_finite_scale),
+      cmocka_unit_test(readings_told_exact_leave_a_posterior_covariance_within_the_prior),
       cmocka_unit_test(matern_posterior_matches_closed_form_for_one_point),
       cmocka_unit_test(log_posterior_gradient_matches_finite_differences),
       cmocka_unit_test(known_noise_weighs_each_observation_by_its_precision),

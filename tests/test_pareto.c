@@ -4,6 +4,7 @@
 #include "tests/testutil.h"
 
 #include <gsl/gsl_rng.h>
+#include <float.h>
 #include <math.h>
 
 #include "optimizer/optimizer.h"
@@ -387,6 +388,23 @@ static void reference_margins_are_zero_for_thresholds_and_a_tenth_of_the_range(v
   spec_free(s);
 }
 
+/* Values spanning more than the largest double (±1.7e308) made the range, the margin and
+ * the reference inf, which JSON cannot hold: `nas ask` failed with "out of memory". The
+ * reference stays finite: the range at most DBL_MAX, the point too. */
+static void reference_point_stays_finite_for_values_spanning_more_than_a_double(void **state) {
+  (void)state;
+  spec *s = two_objectives("  - {name: a, goal: minimize}\n  - {name: b, goal: minimize}\n");
+  const double Y[] = {1.7e308, 5, -1.7e308, 0}; /* front: the second row alone */
+  double ref[2], margin[2];
+  pareto_reference_margins(s, Y, 2, ref, margin);
+  assert_close(margin[0], 0.1 * DBL_MAX);
+  assert_close(ref[0], -1.7e308 + 0.1 * DBL_MAX);
+  const double both[] = {1.7e308, 1, -1.7e308, 2}; /* nadir 1.7e308: no room for the margin */
+  pareto_reference_margins(s, both, 2, ref, margin);
+  assert_true(ref[0] == DBL_MAX && isfinite(margin[0]));
+  spec_free(s);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(front_keeps_duplicates_and_drops_nan_rows),
@@ -401,6 +419,7 @@ int main(void) {
       cmocka_unit_test(reference_point_uses_thresholds_in_minimisation_terms),
       cmocka_unit_test(reference_point_pushes_the_nadir_out_by_a_tenth_of_the_range),
       cmocka_unit_test(reference_margins_are_zero_for_thresholds_and_a_tenth_of_the_range),
+      cmocka_unit_test(reference_point_stays_finite_for_values_spanning_more_than_a_double),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
