@@ -147,16 +147,21 @@ static int draw_base_samples(mc_acq *a, uint64_t seed, nas_err *err) {
  * jitter grows by 100× up to MAX_BASE_JITTER of the prior variance (1). */
 static int covariance_factor(double *cov, size_t n, nas_err *err) {
   if (n == 0) return NAS_OK;
-  double *orig = malloc(n * n * sizeof *orig);
-  if (!orig) return nas_errf(err, "acquisition: out of memory for a %zux%zu covariance", n, n);
-  memcpy(orig, cov, n * n * sizeof *orig);
-  int rc = NAS_ERR;
-  for (double jitter = BASE_JITTER; rc != NAS_OK && jitter <= MAX_BASE_JITTER; jitter *= 100) {
+  /* Both copies are made here, so that a failure inside the loop is the matrix's, never
+   * memory's: running short must fail the suggestion, not retry with more jitter. */
+  double *orig = malloc(n * n * sizeof *orig), *scratch = malloc(n * n * sizeof *scratch);
+  int rc = orig && scratch
+               ? NAS_ERR
+               : nas_errf(err, "acquisition: out of memory for a %zux%zu covariance", n, n);
+  if (orig && scratch) memcpy(orig, cov, n * n * sizeof *orig);
+  for (double jitter = BASE_JITTER; orig && scratch && rc != NAS_OK && jitter <= MAX_BASE_JITTER;
+       jitter *= 100) {
     memcpy(cov, orig, n * n * sizeof *cov);
     for (size_t i = 0; i < n; i++) cov[i * n + i] += jitter;
-    rc = gp_cholesky(cov, n, NULL, err);
+    rc = gp_cholesky_with(cov, n, scratch, NULL, err);
   }
   free(orig);
+  free(scratch);
   return rc;
 }
 
