@@ -489,7 +489,7 @@ int serve_run(const serve_options *opt, nas_err *err) {
     serve_notifiers_init(&srv.notifiers);
     rc = serve_with(&srv, err);
     serve_notifiers_free(&srv.notifiers);
-    if (opt->log && srv.grouped_writes)
+    if (opt->log && srv.grouped_writes && rc == NAS_OK) /* it served */
       fprintf(opt->log, "nas serve: %lu writes committed in %lu transactions\n",
               srv.committer.writes, srv.committer.commits);
     serve_pool_free(&srv.pool);

@@ -3,6 +3,9 @@
  * are checked like files; ask/tell drives an experiment over HTTP and from the shell;
  * tokens decide who may read and write; bad requests get the right status and a message;
  * --threads is checked. (PostgreSQL's default thread count: test_e2e_postgres.) */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 
 #include "tests/e2e.h"
@@ -576,6 +579,28 @@ static void serve_refuses(fixture *f, const char *const *args, const char *want)
   free(out);
 }
 
+/* A server that cannot listen (its port taken) says so and nothing else: no summary of
+ * writes it never served ("0 writes committed in 0 transactions" came first). */
+static void a_port_in_use_is_refused_without_a_summary_of_writes(void **state) {
+  fixture *f = *state;
+  int taken = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in at = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+  socklen_t len = sizeof at;
+  assert_true(taken >= 0);
+  assert_int_equal(bind(taken, (struct sockaddr *)&at, sizeof at), 0);
+  assert_int_equal(listen(taken, 1), 0);
+  assert_int_equal(getsockname(taken, (struct sockaddr *)&at, &len), 0);
+  char *listen_at = nas_asprintf("127.0.0.1:%d", ntohs(at.sin_port));
+  const char *argv[] = {"timeout", "20", test_nas_bin(), "serve", "--listen", listen_at, NULL};
+  char *out = NULL;
+  int rc = test_run(f->dir, (char *const *)argv, &out);
+  close(taken);
+  if (rc != 1 || !strstr(out, "cannot listen") || strstr(out, "writes committed"))
+    fail_msg("exit %d (want 1): %s", rc, out);
+  free(out);
+  free(listen_at);
+}
+
 /* HTTPS with files that cannot be a certificate and its key is refused at once, saying
  * which file and why: no more than 1 MiB is read (/dev/zero filled the memory), a FIFO
  * without a writer is empty (it waited for ever), a file without a PEM block is named, and
@@ -619,6 +644,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),
       cmocka_unit_test_setup_teardown(head_answers_as_get_and_405_says_what_is_allowed, setup, teardown),
       cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_port_in_use_is_refused_without_a_summary_of_writes, setup, teardown),
       cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
