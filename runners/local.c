@@ -379,6 +379,13 @@ static void adopted_reap(pid_t job) {
   }
 }
 
+/* Whether the monitor has a child, ended or not: every descendant descends through one, so
+ * without one there is nothing to look for in /proc. */
+static bool monitor_has_child(void) {
+  siginfo_t info;
+  return waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
+}
+
 /* Kills every process the ended and reaped job left, round after round while one still
  * runs (the children of a killed one come to the monitor; one may fork before its KILL
  * lands), reaping the ones that come to the monitor, for at most LEFTOVERS_LIMIT_S: one
@@ -389,7 +396,7 @@ static void leftovers_kill(pid_t job) {
   sigemptyset(&child_ended);
   sigaddset(&child_ended, SIGCHLD);
   double give_up = nas_monotonic() + LEFTOVERS_LIMIT_S;
-  while (descendants_signal(SIGKILL, 0)) {
+  while (monitor_has_child() && descendants_signal(SIGKILL, 0)) {
     adopted_reap(job);
     if (nas_monotonic() > give_up) {
       dprintf(2, "nas monitor: processes the job started still run %.0f s after SIGKILL\n",
