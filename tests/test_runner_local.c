@@ -151,8 +151,11 @@ static bool process_ends_within(pid_t pid, double limit_s) {
   return true;
 }
 
-/* Number of processes whose parent is this one, zombies included. */
-static int children_count(void) {
+/* Fields of /proc/PID/stat that processes_count can match. */
+typedef enum { STAT_PPID, STAT_SESSION } stat_field;
+
+/* Number of processes, zombies included, whose field of /proc/PID/stat is id. */
+static int processes_count(stat_field field, pid_t id) {
   DIR *proc = opendir("/proc");
   assert_non_null(proc);
   int count = 0;
@@ -166,16 +169,18 @@ static int children_count(void) {
     size_t n = fread(text, 1, sizeof text - 1, fp);
     fclose(fp);
     text[n] = '\0';
-    const char *rest = strrchr(text, ')');
-    int ppid = 0;
-    if (rest && sscanf(rest + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) count++;
+    const char *rest = strrchr(text, ')'); /* then state, ppid, pgrp, session */
+    int ppid = 0, session = 0;
+    if (rest && sscanf(rest + 1, " %*c %d %*d %d", &ppid, &session) == 2 &&
+        (field == STAT_PPID ? ppid : session) == id)
+      count++;
   }
   closedir(proc);
   return count;
 }
 
 static void assert_no_children(void) {
-  assert_int_equal(children_count(), 0);
+  assert_int_equal(processes_count(STAT_PPID, getpid()), 0);
   assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
   assert_int_equal(errno, ECHILD);
 }
@@ -254,33 +259,19 @@ static bool process_gone_within(pid_t pid, double limit_s) {
   return true;
 }
 
-/* Number of processes of session sid, zombies included. */
-static int session_size(pid_t sid) {
-  DIR *proc = opendir("/proc");
-  assert_non_null(proc);
-  int count = 0;
-  struct dirent *e;
-  while ((e = readdir(proc))) {
-    char path[300], text[512];
-    if (e->d_name[0] < '0' || e->d_name[0] > '9') continue;
-    snprintf(path, sizeof path, "/proc/%s/stat", e->d_name);
-    FILE *fp = fopen(path, "r");
-    if (!fp) continue;
-    size_t n = fread(text, 1, sizeof text - 1, fp);
-    fclose(fp);
-    text[n] = '\0';
-    const char *rest = strrchr(text, ')');
-    int session = 0;
-    if (rest && sscanf(rest + 1, " %*c %*d %*d %d", &session) == 1 && session == sid) count++;
-  }
-  closedir(proc);
-  return count;
-}
-
 /* A job's child that starts a session of its own (setsid), and a daemon that forks twice
  * (its parent exits, so it is nobody's child in the job): both leave the job's group. */
 #define ESCAPE_SETSID "setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' & "
 #define ESCAPE_DAEMON "(setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' &); "
+
+/* Both processes that ESCAPE_SETSID and ESCAPE_DAEMON started are gone, reaped too (both
+ * are looked at, so that a failure leaves neither running). */
+static void assert_escaped_gone(const fixture *f) {
+  bool escaped_gone = process_gone_within(pid_file_wait(f->dir, "escaped.pid"), 0);
+  bool daemon_gone = process_gone_within(pid_file_wait(f->dir, "daemon.pid"), 0);
+  assert_true(escaped_gone);
+  assert_true(daemon_gone);
+}
 
 static void processes_that_leave_the_group_end_with_the_job(void **state) {
   fixture *f = *state;
@@ -304,9 +295,7 @@ static void processes_that_leave_the_group_end_with_the_job(void **state) {
   kill(outsider, SIGKILL);
   assert_int_equal(waitpid(outsider, NULL, 0), outsider);
   assert_true(outsider_runs);
-  bool escaped_gone = process_gone_within(pid_file_wait(f->dir, "escaped.pid"), 0);
-  assert_true(process_gone_within(pid_file_wait(f->dir, "daemon.pid"), 0));
-  assert_true(escaped_gone);
+  assert_escaped_gone(f);
   assert_no_children();
 }
 
@@ -344,15 +333,14 @@ static void stop_ends_processes_that_left_the_group_with_term_first(void **state
   assert_no_children();
 }
 
-/* An escaped process that ignores TERM gets KILL at the grace's end, as the group does. */
+/* Escaped processes that ignore TERM (as the job does: they inherit it) get KILL at the
+ * grace's end, as the group does. */
 static void timeout_kills_processes_that_left_the_group(void **state) {
   fixture *f = *state;
   job_status st = run_sh(f, "trap '' TERM; " ESCAPE_SETSID ESCAPE_DAEMON "wait; wait", 0.3, NULL);
   assert_int_equal(st.state, JOB_TIMEOUT);
   assert_int_equal(st.signal, SIGKILL);
-  bool escaped_gone = process_gone_within(pid_file_wait(f->dir, "escaped.pid"), 0);
-  assert_true(process_gone_within(pid_file_wait(f->dir, "daemon.pid"), 0));
-  assert_true(escaped_gone);
+  assert_escaped_gone(f);
   assert_no_children();
 }
 
@@ -367,8 +355,8 @@ static void escaped_process_forking_while_killed_leaves_nothing(void **state) {
                          0, NULL);
   assert_int_equal(st.state, JOB_EXITED);
   pid_t sid = pid_file_wait(f->dir, "escaped.pid");
-  int left = session_size(sid);
-  for (int i = 0; i < 20 && session_size(sid) > 0; i++) { /* clean up after a failure */
+  int left = processes_count(STAT_SESSION, sid);
+  for (int i = 0; i < 20 && processes_count(STAT_SESSION, sid) > 0; i++) { /* clean up after a failure */
     kill(-sid, SIGKILL);
     nas_sleep(0.05);
   }
