@@ -4,10 +4,10 @@
  * a child subreaper, forks the job into a process group of its own, waits for it, enforces
  * its time limit and stop requests (TERM to the group and to every process the job started
  * that left it, KILL kill_grace seconds later), kills whatever is left of them when the job
- * ends, writes run_dir/exit.json and exits. The monitor does not
- * depend on the caller, so a scheduler killed with -9 and started again finds every job
- * through its handle "PID:STARTTIME" (the monitor's pid and field 22 of /proc/PID/stat,
- * so that a reused pid is never taken for the monitor) and its run_dir.
+ * ends, writes run_dir/exit.json and exits. The monitor does not depend on the caller, so
+ * a scheduler killed with -9 and started again finds every job through its handle
+ * "PID:STARTTIME" (the monitor's pid and field 22 of /proc/PID/stat, so that a reused pid
+ * is never taken for the monitor) and its run_dir.
  *
  * Invariants:
  * - The caller keeps no state per job: handle and run_dir are all that poll and stop need.
@@ -364,9 +364,10 @@ static void job_signal(pid_t job, int sig) {
   descendants_signal(sig, job);
 }
 
-/* Reaps the monitor's ended children other than the job: processes it adopted. waitid
- * with WNOWAIT names an ended child without reaping it, so that the job, ended or not, is
- * only ever reaped by job_reap; when it is the one named, the rest wait for a later call. */
+/* Reaps the monitor's ended children other than the job (0 once job_reap has reaped it):
+ * processes it adopted. waitid with WNOWAIT names an ended child without reaping it, so
+ * that the job, ended or not, is only ever reaped by job_reap; when it is the one named,
+ * the rest wait for a later call. */
 static void adopted_reap(pid_t job) {
   for (;;) {
     siginfo_t info;
@@ -391,13 +392,13 @@ static bool monitor_has_child(void) {
  * lands), reaping the ones that come to the monitor, for at most LEFTOVERS_LIMIT_S: one
  * that a KILL does not end by then (stuck in the kernel) is left to end on its own, and
  * stderr.log says so. */
-static void leftovers_kill(pid_t job) {
+static void leftovers_kill(void) {
   sigset_t child_ended;
   sigemptyset(&child_ended);
   sigaddset(&child_ended, SIGCHLD);
   double give_up = nas_monotonic() + LEFTOVERS_LIMIT_S;
   while (monitor_has_child() && descendants_signal(SIGKILL, 0)) {
-    adopted_reap(job);
+    adopted_reap(0);
     if (nas_monotonic() > give_up) {
       dprintf(2, "nas monitor: processes the job started still run %.0f s after SIGKILL\n",
               LEFTOVERS_LIMIT_S);
@@ -405,7 +406,7 @@ static void leftovers_kill(pid_t job) {
     }
     signal_wait(&child_ended, 0.01); /* no signal comes for a grandchild's end */
   }
-  adopted_reap(job);
+  adopted_reap(0);
 }
 
 /* Whether the job has ended. If so, kills what is left of its process group while the
@@ -419,7 +420,7 @@ static bool job_reap(pid_t job, int *wstatus) {
   killpg(job, SIGKILL);
   while (waitpid(job, wstatus, 0) < 0 && errno == EINTR) {
   }
-  leftovers_kill(job);
+  leftovers_kill();
   return true;
 }
 
