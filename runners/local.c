@@ -1,18 +1,26 @@
 /* runners/local.c: the local backend — every job runs on this machine under a monitor.
  *
- * runner_start forks a monitor: a copy of the caller (no exec) that calls setsid(), forks
- * the job into a process group of its own, waits for it, enforces its time limit and stop
- * requests (TERM to the group, KILL kill_grace seconds later), kills whatever is left of
- * the group when the job ends, writes run_dir/exit.json and exits. The monitor does not
- * depend on the caller, so a scheduler killed with -9 and started again finds every job
- * through its handle "PID:STARTTIME" (the monitor's pid and field 22 of /proc/PID/stat,
- * so that a reused pid is never taken for the monitor) and its run_dir.
+ * runner_start forks a monitor: a copy of the caller (no exec) that calls setsid(), becomes
+ * a child subreaper, forks the job into a process group of its own, waits for it, enforces
+ * its time limit and stop requests (TERM to the group and to every process the job started
+ * that left it, KILL kill_grace seconds later), kills whatever is left of them when the job
+ * ends, writes run_dir/exit.json and exits. The monitor does not depend on the caller, so
+ * a scheduler killed with -9 and started again finds every job through its handle
+ * "PID:STARTTIME" (the monitor's pid and field 22 of /proc/PID/stat, so that a reused pid
+ * is never taken for the monitor) and its run_dir.
  *
  * Invariants:
  * - The caller keeps no state per job: handle and run_dir are all that poll and stop need.
- * - exit.json appears atomically and only after the job's process group is gone;
- *   runner_start removes one left from an earlier run first. Polling reads it only once
- *   the monitor has ended: until then the job may have written one of its own there.
+ * - exit.json appears atomically and only after the job's process group and every other
+ *   process descended from the job are gone and reaped (or, for ones that a KILL does not
+ *   end within LEFTOVERS_LIMIT_S, after stderr.log says so); runner_start removes one left
+ *   from an earlier run first. Polling reads it only once the monitor has ended: until
+ *   then the job may have written one of its own there.
+ * - The monitor is a child subreaper: a process the job started whose parent ends (a
+ *   daemon that forked twice, a setsid child of an ended shell) becomes the monitor's
+ *   child, not init's, so every process that ever descended from the job still descends
+ *   from the monitor, whatever its group or session. The monitor starts no process but the
+ *   job, so all its descendants are the job's to end, and it reaps the ones it adopts.
  * - The monitor never returns into the caller's code and ends with _exit: no atexit
  *   handlers, no flush of the caller's stdio buffers. What can fail in a way the caller
  *   must hear about (folders, log files, environment) is prepared before the fork.
@@ -27,6 +35,7 @@
  *   monitor ends without running the job and without exit.json (polling says JOB_LOST).
  */
 #include <ctype.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -47,6 +56,8 @@
 
 #define DEFAULT_KILL_GRACE_S 5.0
 #define EXIT_NOT_STARTED 127 /* exit code of a job whose command could not run (as in sh) */
+#define DESCENDANTS_MAX 256  /* processes one walk pins (pidfds); more are left to the next */
+#define LEFTOVERS_LIMIT_S 5.0 /* how long an ended job's leftovers may take to die of KILL */
 
 /* A job started held: the write end of the pipe its monitor waits on. */
 typedef struct {
@@ -72,8 +83,23 @@ typedef struct {
 typedef struct {
   char state; /* 'R', 'S', 'Z', … */
   pid_t ppid;
+  pid_t pgrp; /* process group */
   unsigned long long start;
 } proc_stat;
+
+/* A process found to descend from the monitor, pinned by a pidfd: its pid may come to name
+ * another process once it is reaped, the pidfd never does. */
+typedef struct {
+  pid_t pid;
+  int pidfd; /* owned */
+} descendant;
+
+/* One walk over the monitor's descendants (descendants_signal). */
+typedef struct {
+  descendant found[DESCENDANTS_MAX];
+  size_t n;
+  bool any_running; /* one found (or left for a later walk) had not ended: not a zombie */
+} descendant_walk;
 
 /* Everything the monitor needs, prepared by the caller before the fork. */
 typedef struct {
@@ -107,15 +133,17 @@ static int proc_stat_read(pid_t pid, proc_stat *out) {
   if (n <= 0) return -1;
   text[n] = '\0';
   /* The command name (field 2) may hold spaces and ')': fields go on after the last ')'.
-   * Then come state (3), ppid (4), 17 fields we skip (5-21) and the start time (22). */
+   * Then come state (3), ppid (4), pgrp (5), 16 fields we skip (6-21) and the start time
+   * (22). */
   const char *rest = strrchr(text, ')');
-  int ppid;
+  int ppid, pgrp;
   if (!rest || sscanf(rest + 1,
-                      " %c %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s"
+                      " %c %d %d %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s %*s"
                       " %*s %llu",
-                      &out->state, &ppid, &out->start) != 3)
+                      &out->state, &ppid, &pgrp, &out->start) != 4)
     return -1;
   out->ppid = (pid_t)ppid;
+  out->pgrp = (pid_t)pgrp;
   return 0;
 }
 
@@ -256,20 +284,6 @@ static _Noreturn void job_exec(const launch *l, pid_t monitor) {
   _exit(EXIT_NOT_STARTED);
 }
 
-/* Whether the job has ended. If so, kills what is left of its process group while the
- * ended job, not yet reaped, still holds the group's id (so the kill cannot reach a new
- * group that reused it), then reaps it into *wstatus. */
-static bool job_reap(pid_t job, int *wstatus) {
-  siginfo_t info;
-  memset(&info, 0, sizeof info);
-  if (waitid(P_PID, (id_t)job, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
-    return false;
-  killpg(job, SIGKILL);
-  while (waitpid(job, wstatus, 0) < 0 && errno == EINTR) {
-  }
-  return true;
-}
-
 /* Waits for one of the monitor's signals for up to seconds (INFINITY = no limit). */
 static int signal_wait(const sigset_t *set, double seconds) {
   if (isinf(seconds)) return sigwaitinfo(set, NULL);
@@ -279,9 +293,142 @@ static int signal_wait(const sigset_t *set, double seconds) {
   return sigtimedwait(set, NULL, &ts);
 }
 
+/* The process with pid that the walk found, or NULL. */
+static const descendant *walk_find(const descendant_walk *w, pid_t pid) {
+  for (size_t i = 0; i < w->n; i++)
+    if (w->found[i].pid == pid) return &w->found[i];
+  return NULL;
+}
+
+/* Whether a process whose parent is ppid descends from the monitor: ppid is the monitor's,
+ * or that of a process the walk found that still holds it, not reaped (a pidfd signals a
+ * zombie too; EPERM answers for a live process this user may not signal). */
+static bool walk_is_parent(const descendant_walk *w, pid_t ppid) {
+  if (ppid == getpid()) return true;
+  const descendant *parent = walk_find(w, ppid);
+  return parent && (pidfd_send_signal(parent->pidfd, 0, NULL, 0) == 0 || errno == EPERM);
+}
+
+/* Adds the process pid to the walk if it descends from the monitor, and sends it sig unless
+ * it belongs to group skip_group. Returns whether it was added. */
+static bool walk_visit(descendant_walk *w, pid_t pid, int sig, pid_t skip_group) {
+  proc_stat st;
+  if (walk_find(w, pid) || proc_stat_read(pid, &st) != 0 || !walk_is_parent(w, st.ppid))
+    return false;
+  int pidfd = pidfd_open(pid, 0);
+  if (pidfd < 0) {
+    if (errno != ESRCH && errno != ENOSYS) w->any_running = true; /* out of fds: next walk */
+    return false;
+  }
+  /* Read again now that the pidfd pins the process, and check the parent after that read:
+   * still unreaped, it held its pid at the read, so the process then was its child. If the
+   * pinned process ended before the read and another took its pid, the signal below finds
+   * nobody, and the other is not taken for anyone's parent (its pidfd says reaped). */
+  bool descends = proc_stat_read(pid, &st) == 0 && walk_is_parent(w, st.ppid);
+  if (descends && st.state != 'Z' && st.state != 'X') w->any_running = true;
+  if (!descends || w->n == DESCENDANTS_MAX) {
+    close(pidfd);
+    return false;
+  }
+  if (st.pgrp != skip_group) pidfd_send_signal(pidfd, sig, NULL, 0);
+  w->found[w->n++] = (descendant){.pid = pid, .pidfd = pidfd};
+  return true;
+}
+
+/* Sends sig to every process that descends from the monitor (the job and all it started,
+ * in its group or not), except members of group skip_group (0: none), which the caller
+ * signals as a group. Each process is found through its parent's pid in /proc, pass after
+ * pass until one finds nobody new: a child listed before its parent, or forked meanwhile,
+ * is found by a later pass. Returns whether any of them had not ended. Without pidfds
+ * (kernels before 5.3) it finds none. */
+static bool descendants_signal(int sig, pid_t skip_group) {
+  descendant_walk w = {.n = 0};
+  DIR *proc = opendir("/proc");
+  if (!proc) return false;
+  for (bool added = true; added;) {
+    added = false;
+    rewinddir(proc);
+    for (struct dirent *e; (e = readdir(proc));)
+      if (isdigit((unsigned char)e->d_name[0]) &&
+          walk_visit(&w, (pid_t)strtol(e->d_name, NULL, 10), sig, skip_group))
+        added = true;
+  }
+  closedir(proc);
+  for (size_t i = 0; i < w.n; i++) close(w.found[i].pidfd);
+  return w.any_running;
+}
+
+/* Sends sig to the job's process group and to every process it started that left it. */
+static void job_signal(pid_t job, int sig) {
+  killpg(job, sig);
+  descendants_signal(sig, job);
+}
+
+/* Reaps the monitor's ended children other than the job (0 once job_reap has reaped it):
+ * processes it adopted. waitid with WNOWAIT names an ended child without reaping it, so
+ * that the job, ended or not, is only ever reaped by job_reap; when it is the one named,
+ * the rest wait for a later call. */
+static void adopted_reap(pid_t job) {
+  for (;;) {
+    siginfo_t info;
+    memset(&info, 0, sizeof info);
+    if (waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0 ||
+        info.si_pid == job)
+      return;
+    while (waitpid(info.si_pid, NULL, 0) < 0 && errno == EINTR) {
+    }
+  }
+}
+
+/* Whether the monitor has a child, ended or not: every descendant descends through one, so
+ * without one there is nothing to look for in /proc. */
+static bool monitor_has_child(void) {
+  siginfo_t info;
+  return waitid(P_ALL, 0, &info, WEXITED | WNOHANG | WNOWAIT) == 0 || errno != ECHILD;
+}
+
+/* Kills every process the ended and reaped job left, round after round while one still
+ * runs (the children of a killed one come to the monitor; one may fork before its KILL
+ * lands), reaping the ones that come to the monitor, for at most LEFTOVERS_LIMIT_S: one
+ * that a KILL does not end by then (stuck in the kernel) is left to end on its own, and
+ * stderr.log says so. */
+static void leftovers_kill(void) {
+  sigset_t child_ended;
+  sigemptyset(&child_ended);
+  sigaddset(&child_ended, SIGCHLD);
+  double give_up = nas_monotonic() + LEFTOVERS_LIMIT_S;
+  while (monitor_has_child() && descendants_signal(SIGKILL, 0)) {
+    adopted_reap(0);
+    if (nas_monotonic() > give_up) {
+      dprintf(2, "nas monitor: processes the job started still run %.0f s after SIGKILL\n",
+              LEFTOVERS_LIMIT_S);
+      return;
+    }
+    signal_wait(&child_ended, 0.01); /* no signal comes for a grandchild's end */
+  }
+  adopted_reap(0);
+}
+
+/* Whether the job has ended. If so, kills what is left of its process group while the
+ * ended job, not yet reaped, still holds the group's id (so the kill cannot reach a new
+ * group that reused it), reaps it into *wstatus, then ends whatever else it left. */
+static bool job_reap(pid_t job, int *wstatus) {
+  siginfo_t info;
+  memset(&info, 0, sizeof info);
+  if (waitid(P_PID, (id_t)job, &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid == 0)
+    return false;
+  killpg(job, SIGKILL);
+  while (waitpid(job, wstatus, 0) < 0 && errno == EINTR) {
+  }
+  leftovers_kill();
+  return true;
+}
+
 /* Waits for the job to end, ending it at its time limit or on a stop request: TERM to
- * its group, KILL once kill_grace has passed. Every event is acted on only after checking
- * that the job has not ended meanwhile, so a job ending at its deadline counts as exited. */
+ * its group and to the processes that left it, KILL once kill_grace has passed. Every
+ * event is acted on only after checking that the job has not ended meanwhile, so a job
+ * ending at its deadline counts as exited. Adopted processes that end meanwhile are reaped
+ * as they end (a long job may leave many). */
 static job_status monitor_wait(pid_t job, const launch *l) {
   sigset_t waited = monitor_signals();
   job_state cause = JOB_EXITED; /* JOB_TIMEOUT or JOB_STOPPED once the monitor ends it */
@@ -289,13 +436,14 @@ static job_status monitor_wait(pid_t job, const launch *l) {
   double deadline = l->timeout_s > 0 ? nas_monotonic() + l->timeout_s : INFINITY;
   int wstatus = 0;
   while (!job_reap(job, &wstatus)) {
+    adopted_reap(job);
     double now = nas_monotonic();
     if (cause == JOB_EXITED && (stop_requested || now >= deadline)) {
       cause = stop_requested ? JOB_STOPPED : JOB_TIMEOUT;
-      killpg(job, SIGTERM);
+      job_signal(job, SIGTERM);
       deadline = now + l->kill_grace;
     } else if (cause != JOB_EXITED && now >= deadline) {
-      killpg(job, SIGKILL);
+      job_signal(job, SIGKILL);
       deadline = INFINITY;
     }
     int sig = signal_wait(&waited, deadline - nas_monotonic());
@@ -361,6 +509,8 @@ static _Noreturn void monitor_main(launch *l, int report_fd) {
   signals_reset();
   monitor_fds_install(l, report_fd);
   report_fd = 3;
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) /* the job's orphans come here, not to init */
+    monitor_fail(report_fd, "cannot become the job's subreaper");
   sigset_t waited = monitor_signals();
   sigprocmask(SIG_SETMASK, &waited, NULL);
   if (l->hold_fd >= 0) {

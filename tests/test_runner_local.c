@@ -1,5 +1,6 @@
 /* Tests of the local runner with real processes: exit codes, signals, time limits, stop,
- * environment, folders, logs, attaching from another process, lost monitors, zombies. */
+ * processes that leave the job's group, environment, folders, logs, attaching from another
+ * process, lost monitors, zombies. */
 #include "tests/testutil.h"
 
 #include <dirent.h>
@@ -115,6 +116,18 @@ static pid_t pid_file_wait(const char *dir, const char *name) {
   }
 }
 
+/* Waits up to 5 s for dir/name to exist. */
+static void file_wait(const char *dir, const char *name) {
+  char *path = NULL;
+  assert_true(asprintf(&path, "%s/%s", dir, name) > 0);
+  double until = nas_monotonic() + 5;
+  while (access(path, F_OK) != 0) {
+    if (nas_monotonic() > until) fail_msg("no %s", path);
+    nas_sleep(0.01);
+  }
+  free(path);
+}
+
 /* Whether pid names a process that still runs (a zombie does not). */
 static bool process_running(pid_t pid) {
   char path[64], text[512];
@@ -138,8 +151,11 @@ static bool process_ends_within(pid_t pid, double limit_s) {
   return true;
 }
 
-/* Number of processes whose parent is this one, zombies included. */
-static int children_count(void) {
+/* Fields of /proc/PID/stat that processes_count can match. */
+typedef enum { STAT_PPID, STAT_SESSION } stat_field;
+
+/* Number of processes, zombies included, whose field of /proc/PID/stat is id. */
+static int processes_count(stat_field field, pid_t id) {
   DIR *proc = opendir("/proc");
   assert_non_null(proc);
   int count = 0;
@@ -153,16 +169,18 @@ static int children_count(void) {
     size_t n = fread(text, 1, sizeof text - 1, fp);
     fclose(fp);
     text[n] = '\0';
-    const char *rest = strrchr(text, ')');
-    int ppid = 0;
-    if (rest && sscanf(rest + 1, " %*c %d", &ppid) == 1 && ppid == getpid()) count++;
+    const char *rest = strrchr(text, ')'); /* then state, ppid, pgrp, session */
+    int ppid = 0, session = 0;
+    if (rest && sscanf(rest + 1, " %*c %d %*d %d", &ppid, &session) == 2 &&
+        (field == STAT_PPID ? ppid : session) == id)
+      count++;
   }
   closedir(proc);
   return count;
 }
 
 static void assert_no_children(void) {
-  assert_int_equal(children_count(), 0);
+  assert_int_equal(processes_count(STAT_PPID, getpid()), 0);
   assert_int_equal(waitpid(-1, NULL, WNOHANG), -1);
   assert_int_equal(errno, ECHILD);
 }
@@ -224,6 +242,126 @@ static void leftovers_of_an_ended_job_are_killed(void **state) {
   assert_int_equal(st.state, JOB_EXITED);
   assert_int_equal(st.exit_code, 5);
   assert_true(process_ends_within(pid_file_wait(f->dir, "grandchild.pid"), 0));
+}
+
+/* Whether pid is gone within limit_s seconds, reaped too: kill(pid, 0) fails with ESRCH (a
+ * zombie still answers it). One still there is killed with its group (the escaped processes
+ * below lead their own) so that a failing test leaves nothing running. */
+static bool process_gone_within(pid_t pid, double limit_s) {
+  double until = nas_monotonic() + limit_s;
+  while (kill(pid, 0) == 0 || errno != ESRCH) {
+    if (nas_monotonic() > until) {
+      kill(-pid, SIGKILL);
+      return false;
+    }
+    nas_sleep(0.01);
+  }
+  return true;
+}
+
+/* A job's child that starts a session of its own (setsid), and a daemon that forks twice
+ * (its parent exits, so it is nobody's child in the job): both leave the job's group. */
+#define ESCAPE_SETSID "setsid sh -c 'echo $$ > escaped.pid; exec sleep 300' & "
+#define ESCAPE_DAEMON "(setsid sh -c 'echo $$ > daemon.pid; exec sleep 300' &); "
+
+/* Both processes that ESCAPE_SETSID and ESCAPE_DAEMON started are gone, reaped too (both
+ * are looked at, so that a failure leaves neither running). */
+static void assert_escaped_gone(const fixture *f) {
+  bool escaped_gone = process_gone_within(pid_file_wait(f->dir, "escaped.pid"), 0);
+  bool daemon_gone = process_gone_within(pid_file_wait(f->dir, "daemon.pid"), 0);
+  assert_true(escaped_gone);
+  assert_true(daemon_gone);
+}
+
+static void processes_that_leave_the_group_end_with_the_job(void **state) {
+  fixture *f = *state;
+  pid_t outsider = fork(); /* the runner's caller's own child is none of the job's business */
+  if (outsider == 0) {
+    int null_fd = open("/dev/null", O_WRONLY); /* not the test's stdout: nobody waits on it */
+    dup2(null_fd, 1);
+    dup2(null_fd, 2);
+    execlp("sleep", "sleep", "300", (char *)NULL);
+    _exit(127);
+  }
+  assert_true(outsider > 0);
+  job_status st = run_sh(f,
+                         ESCAPE_SETSID ESCAPE_DAEMON
+                         "while [ ! -s escaped.pid ] || [ ! -s daemon.pid ]; do sleep 0.01; done; "
+                         "exit 4",
+                         0, NULL);
+  assert_int_equal(st.state, JOB_EXITED);
+  assert_int_equal(st.exit_code, 4);
+  bool outsider_runs = process_running(outsider);
+  kill(outsider, SIGKILL);
+  assert_int_equal(waitpid(outsider, NULL, 0), outsider);
+  assert_true(outsider_runs);
+  assert_escaped_gone(f);
+  assert_no_children();
+}
+
+/* A stop gives an escaped process TERM as it gives the group, and kill_grace to use it:
+ * the job waits on its TERM for the escaped one to have handled its own (5 s of grace, so
+ * a KILL at the grace's end cannot pass for an end). */
+static void stop_ends_processes_that_left_the_group_with_term_first(void **state) {
+  fixture *f = *state;
+  runner_free(f->r);
+  json_t *options = json_pack("{s:f}", "kill_grace", 5.0);
+  nas_err err;
+  if (runner_create("local", options, &f->r, &err) != NAS_OK) fail_msg("%s", err.msg);
+  json_decref(options);
+  char *argv[] = {"sh", "-c",
+                  "setsid sh -c 'trap \"echo > escaped.term; exit 0\" TERM; echo $$ > escaped.pid; "
+                  "while :; do sleep 0.05; done' & "
+                  "trap 'while [ ! -e escaped.term ]; do sleep 0.01; done; exit 0' TERM; "
+                  "while [ ! -s escaped.pid ]; do sleep 0.01; done; echo > ready; "
+                  "while :; do sleep 0.05; done",
+                  NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start(f, run_dir, argv, NULL, NULL, 0);
+  file_wait(f->dir, "ready");
+  double t0 = nas_monotonic();
+  assert_int_equal(runner_stop(f->r, handle, run_dir, &err), NAS_OK);
+  job_status st = wait_end(f, handle, run_dir, 10);
+  assert_int_equal(st.state, JOB_STOPPED);
+  assert_int_equal(st.signal, 0); /* ended by its own trap, not by KILL */
+  assert_int_equal(st.exit_code, 0);
+  assert_true(nas_monotonic() - t0 < 4);
+  char *term = path_in(f, "escaped.term");
+  assert_int_equal(access(term, F_OK), 0);
+  assert_true(process_gone_within(pid_file_wait(f->dir, "escaped.pid"), 0));
+  free(term), free(handle), free(run_dir);
+  assert_no_children();
+}
+
+/* Escaped processes that ignore TERM (as the job does: they inherit it) get KILL at the
+ * grace's end, as the group does. */
+static void timeout_kills_processes_that_left_the_group(void **state) {
+  fixture *f = *state;
+  job_status st = run_sh(f, "trap '' TERM; " ESCAPE_SETSID ESCAPE_DAEMON "wait; wait", 0.3, NULL);
+  assert_int_equal(st.state, JOB_TIMEOUT);
+  assert_int_equal(st.signal, SIGKILL);
+  assert_escaped_gone(f);
+  assert_no_children();
+}
+
+/* An escaped process still forking while the monitor ends it: the monitor goes on until
+ * none of its session is left (the loop is bounded, so a failure leaves at most 300). */
+static void escaped_process_forking_while_killed_leaves_nothing(void **state) {
+  fixture *f = *state;
+  job_status st = run_sh(f,
+                         "setsid sh -c 'echo $$ > escaped.pid; i=0; while [ $i -lt 300 ]; do "
+                         "sleep 300 & i=$((i+1)); done; wait' & "
+                         "while [ ! -s escaped.pid ]; do sleep 0.01; done; sleep 0.1",
+                         0, NULL);
+  assert_int_equal(st.state, JOB_EXITED);
+  pid_t sid = pid_file_wait(f->dir, "escaped.pid");
+  int left = processes_count(STAT_SESSION, sid);
+  for (int i = 0; i < 20 && processes_count(STAT_SESSION, sid) > 0; i++) { /* clean up after a failure */
+    kill(-sid, SIGKILL);
+    nas_sleep(0.05);
+  }
+  assert_int_equal(left, 0);
+  assert_no_children();
 }
 
 static void job_ending_at_its_deadline_is_exited_or_timeout(void **state) {
@@ -696,18 +834,6 @@ static void held_job_whose_starter_is_gone_never_runs(void **state) {
   assert_no_children();
 }
 
-/* Waits up to 5 s for dir/name to exist. */
-static void file_wait(const char *dir, const char *name) {
-  char *path = NULL;
-  assert_true(asprintf(&path, "%s/%s", dir, name) > 0);
-  double until = nas_monotonic() + 5;
-  while (access(path, F_OK) != 0) {
-    if (nas_monotonic() > until) fail_msg("no %s", path);
-    nas_sleep(0.01);
-  }
-  free(path);
-}
-
 /* The job can write in its run folder too: an exit.json of its own, malformed or not, is
  * neither an error nor taken for its end while it runs, and the monitor's replaces it. */
 /* ---- GPUs (a made-up device list: no GPU is needed, only the lock files) ---- */
@@ -896,6 +1022,10 @@ int main(void) {
       T(timeout_kills_whole_process_group),
       T(timeout_escalates_to_kill_when_term_is_ignored),
       T(leftovers_of_an_ended_job_are_killed),
+      T(processes_that_leave_the_group_end_with_the_job),
+      T(stop_ends_processes_that_left_the_group_with_term_first),
+      T(timeout_kills_processes_that_left_the_group),
+      T(escaped_process_forking_while_killed_leaves_nothing),
       T(job_ending_at_its_deadline_is_exited_or_timeout),
       T(stop_ends_a_running_job),
       T(stop_escalates_to_kill_when_term_is_ignored),
