@@ -834,8 +834,6 @@ static void held_job_whose_starter_is_gone_never_runs(void **state) {
   assert_no_children();
 }
 
-/* The job can write in its run folder too: an exit.json of its own, malformed or not, is
- * neither an error nor taken for its end while it runs, and the monitor's replaces it. */
 /* ---- GPUs (a made-up device list: no GPU is needed, only the lock files) ---- */
 
 /* Checks the local runner's options_json (kill_grace 0.2 s added) with the GPU lock files
@@ -970,6 +968,8 @@ static void bad_gpu_options_are_refused_and_no_gpus_means_no_limit(void **state)
   assert_int_equal(runner_capacity(f->r), 0);
 }
 
+/* The job can write in its run folder too: an exit.json of its own, malformed or not, is
+ * neither an error nor taken for its end while it runs, and the monitor's replaces it. */
 static void exit_json_the_job_writes_is_not_taken_for_its_end(void **state) {
   fixture *f = *state;
   char *run_dir = run_dir_new(f), *script;
