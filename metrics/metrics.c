@@ -37,6 +37,10 @@
  * those of its line), so that what it read is one storage report. A line is never split,
  * so a read may pass these by one line (at most METRIC_LINE_MAX bytes). */
 
+bool metric_report_full(size_t n, size_t text_bytes) {
+  return n >= METRIC_REPORT_MAX || text_bytes >= METRIC_REPORT_NAME_BYTES;
+}
+
 /* ---- metric sets ---- */
 
 int metric_set_add(metric_set *set, const char *name, int64_t step, double value,
@@ -262,8 +266,7 @@ typedef struct {
 
 /* Whether the read has taken as much as one read may. */
 static bool reader_full(const log_reader *r) {
-  return r->set->n - r->obs_before >= METRIC_REPORT_MAX ||
-         r->metric_bytes >= METRIC_REPORT_NAME_BYTES;
+  return metric_report_full(r->set->n - r->obs_before, r->metric_bytes);
 }
 
 static void bad_line(log_reader *r, const char *message) {

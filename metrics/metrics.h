@@ -32,6 +32,11 @@ char *metric_sem_name(const char *metric);
  * request may hold (docs/storage-http.md). */
 #define METRIC_REPORT_MAX 8192
 #define METRIC_REPORT_NAME_BYTES (1024 * 1024)
+/* Whether a report of n observations (or rows) holding text_bytes bytes of names (or of
+ * other texts) has reached those bounds, so takes no more: the one rule for every bounded
+ * write, a log's share (metric_log_read) as a copy's shares of trials and observations
+ * (sched_copy). */
+bool metric_report_full(size_t n, size_t text_bytes);
 
 /* Observations parsed from text; names are owned by the set. */
 typedef struct {
