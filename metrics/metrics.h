@@ -53,6 +53,10 @@ int metric_set_add(metric_set *set, const char *name, int64_t step, double value
  * a name that is not empty and is valid UTF-8, a finite value, >= 0 for a NAME_sem.
  * NAS_ERR with a message naming the metric when one fails. */
 int metric_check(const char *name, double value, nas_err *err);
+/* Reads text, the value of metric name from a command line (`nas report NAME=VALUE`, `nas
+ * tell`), by a line's rules: a number in JSON's syntax alone (no hexadecimal, no blanks, no
+ * "1e"), passing metric_check. NAS_ERR with a message naming the metric otherwise. */
+int metric_value_parse(const char *name, const char *text, double *value, nas_err *err);
 
 /* Parses one line (without its newline). Returns 1 and appends to set when it is a metric
  * line, 0 when it is not one, NAS_ERR (with a message) when it is a malformed one. */
