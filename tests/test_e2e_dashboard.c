@@ -3,7 +3,7 @@
  * drew (the data-* attributes the page's script sets after drawing) against the CLI: the
  * front has `nas pareto`'s points, the table every trial, a trial page its parameters,
  * the comparison `nas compare`'s fronts; and a `nas plot` file draws the same from disk. A
- * live page held open (tests/browser.py) lives through its server killed and restarted.
+ * live page held open (scripts/browser.py) lives through its server killed and restarted.
  * Screenshots of each page are left in dashboard-screenshots/ beside this test's binary
  * (the path is printed) for a person to look at. Skipped, saying so, without chromium. */
 #include <jansson.h>
@@ -334,7 +334,7 @@ static void token_file_page_asks_for_a_token_and_draws_with_it(void **state) {
 
 /* ---- a page that lives through a server restart ---------------------------------------- */
 
-/* A page held open in Chromium by tests/browser.py, which answers one line per command. */
+/* A page held open in Chromium by scripts/browser.py, which answers one line per command. */
 typedef struct {
   pid_t pid;
   FILE *to, *from;
@@ -353,7 +353,7 @@ static void browser_open(browser *b, fixture *f, const char *url) {
     prctl(PR_SET_PDEATHSIG, SIGTERM); /* a test that fails half-way takes it along */
     dup2(in[0], 0), dup2(out[1], 1);
     close(in[0]), close(in[1]), close(out[0]), close(out[1]);
-    execlp("python3", "python3", "tests/browser.py", profile, url, (char *)NULL);
+    execlp("python3", "python3", "scripts/browser.py", profile, url, (char *)NULL);
     _exit(127);
   }
   close(in[0]), close(out[1]);
@@ -370,7 +370,7 @@ static char *browser_ask(browser *b, const char *command) {
   char *line = NULL;
   size_t cap = 0;
   ssize_t len = getline(&line, &cap, b->from);
-  if (len <= 0) fail_msg("tests/browser.py gave no answer to: %s", command);
+  if (len <= 0) fail_msg("scripts/browser.py gave no answer to: %s", command);
   line[strcspn(line, "\n")] = '\0';
   return line;
 }

@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
-"""tests/browser.py PROFILE_DIR URL: one page in headless Chromium, kept open while a test
-drives it a line at a time, for what --dump-dom cannot see: a page living through a server
-that stops and starts again (tests/test_e2e_dashboard.c). Chromium is driven over the
-DevTools protocol on a pipe (--remote-debugging-pipe: NUL-separated JSON on fds 3 and 4, as
-bench/first_paint.py does), so no websocket library is needed.
+"""scripts/browser.py PROFILE_DIR URL [WIDTH,HEIGHT]: one page in headless Chromium, kept
+open while a program drives it a line at a time, for what --dump-dom cannot see: a page
+living through a server that stops and starts again (tests/test_e2e_dashboard.c), when a
+page's first paint came (bench/first_paint.py). Chromium is driven over the DevTools
+protocol on a pipe (--remote-debugging-pipe: NUL-separated JSON on fds 3 and 4), so no
+websocket library is needed. The window is 1400,900 unless said.
 
 Commands on stdin, one a line, each answered by one line on stdout:
-  wait SECONDS EXPRESSION  evaluates the JavaScript EXPRESSION in the page every 50 ms until
+  navigate URL             loads URL in the page; answers "ok"
+  wait SECONDS EXPRESSION  evaluates the JavaScript EXPRESSION in the page every 20 ms until
                            it is truthy; answers its value as JSON, or "timeout"
   screenshot PATH          saves the page as a PNG at PATH; answers "ok"
 End of input closes the browser."""
 import base64, json, os, subprocess, sys, time
 
 profile, url = sys.argv[1], sys.argv[2]
+window = sys.argv[3] if len(sys.argv) > 3 else "1400,900"
 to_chrome_r, to_chrome_w = os.pipe()
 from_chrome_r, from_chrome_w = os.pipe()
 
@@ -24,7 +27,7 @@ def pipes_on_3_and_4():
 
 
 chrome = subprocess.Popen(["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                           "--hide-scrollbars", "--user-data-dir=" + profile, "--window-size=1400,900",
+                           "--hide-scrollbars", "--user-data-dir=" + profile, "--window-size=" + window,
                            "--remote-debugging-pipe"],
                           preexec_fn=pipes_on_3_and_4, close_fds=False, stderr=subprocess.DEVNULL)
 os.close(to_chrome_r)
@@ -58,7 +61,7 @@ def wait(seconds, expression):
         value = reply.get("result", {}).get("value")
         if value:
             return json.dumps(value)
-        time.sleep(0.05)
+        time.sleep(0.02)
     return "timeout"
 
 
@@ -74,7 +77,10 @@ try:
     call("Page.navigate", {"url": url})
     for line in sys.stdin:
         command, _, rest = line.strip().partition(" ")
-        if command == "wait":
+        if command == "navigate":
+            call("Page.navigate", {"url": rest})
+            answer = "ok"
+        elif command == "wait":
             seconds, _, expression = rest.partition(" ")
             answer = wait(float(seconds), expression)
         elif command == "screenshot":
