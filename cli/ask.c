@@ -35,7 +35,8 @@ static const char tell_help[] =
     "  --complete        the values (if any) are final and the trial is done; every\n"
     "                    objective must have been reported\n"
     "  --fail MESSAGE    the trial failed (no NAME=VALUE with it)\n"
-    "Without --step, --complete or --fail the values are final and the trial goes on.\n";
+    "Without --step, --complete or --fail the values are final and the trial goes on.\n"
+    "A VALUE is a finite number as JSON writes it (3, -0.25, 1e-3; not 0x10, .5 or ' 1').\n";
 
 /* Opens storage and experiment `name` with its spec, or prints why not. */
 static int open_named(const char *url, const char *name, storage **st, experiment_row *exp,

@@ -114,8 +114,9 @@ int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *
 enum { CLI_HINT_MAX = 1200 };
 void cli_storage_hint(const char *url, char *out, size_t size);
 
-/* Parses NAME=VALUE into set at step (METRIC_FINAL for final values), checked as a
- * metric line's values are (metric_check), each NAME once, "step" none of them. */
+/* Parses NAME=VALUE into set at step (METRIC_FINAL for final values), read and checked as
+ * a metric line's values are (metric_value_parse: a JSON number), each NAME once, "step"
+ * none of them. */
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err);
 /* Whether text is a whole number from low to high (into *out). */
 bool cli_parse_count(const char *text, long low, long high, long *out);

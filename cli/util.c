@@ -103,27 +103,25 @@ int cli_open_experiment(const char *url, unsigned flags, const char *name, stora
   return NAS_ERR;
 }
 
-/* The checks of a metric line (metric_check), and the two a line gets from its JSON
- * object: no name twice, and "step" is the step (--step here), not a metric. */
-static int metric_arg_check(const char *name, double value, const metric_set *set,
-                            nas_err *err) {
+/* The two checks a line's names get from its JSON object: no name twice, and "step" is
+ * the step (--step here), not a metric. */
+static int metric_arg_check(const char *name, const metric_set *set, nas_err *err) {
   if (strcmp(name, "step") == 0)
     return nas_errf(err, "'step' is not a metric name: give the step with --step N");
   for (size_t i = 0; i < set->n; i++)
     if (strcmp(set->obs[i].name, name) == 0)
       return nas_errf(err, "metric \"%s\" is given twice", name);
-  return metric_check(name, value, err);
+  return NAS_OK;
 }
 
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err) {
   const char *eq = strchr(arg, '=');
   if (!eq || eq == arg) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
-  char *end;
-  double value = strtod(eq + 1, &end);
-  if (end == eq + 1 || *end != '\0') return nas_errf(err, "'%s': the value is not a number", arg);
   char *name = strndup(arg, (size_t)(eq - arg));
   if (!name) return nas_errf(err, "out of memory");
-  int rc = metric_arg_check(name, value, set, err);
+  double value;
+  int rc = metric_arg_check(name, set, err);
+  if (rc == NAS_OK) rc = metric_value_parse(name, eq + 1, &value, err);
   if (rc == NAS_OK) rc = metric_set_add(set, name, step, value, nas_now(), err);
   free(name);
   return rc;

@@ -296,19 +296,17 @@ char *nas_dirname(const char *path) {
   return strndup(path, (size_t)(slash - path));
 }
 
-enum { EXPERIMENT_NAME_MAX = 64 };
-
 int nas_check_experiment_name(const char *name, nas_err *err) {
   size_t len = 0;
   for (char ch = name[0]; ch; ch = name[++len]) {
     bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
     if (!alnum && (len == 0 || !strchr("_.-", ch))) break;
   }
-  if (len > 0 && name[len] == '\0' && len <= EXPERIMENT_NAME_MAX) return NAS_OK;
+  if (len > 0 && name[len] == '\0' && len <= NAS_EXPERIMENT_NAME_MAX) return NAS_OK;
   return nas_errf(err,
                   "'%.40s%s' is not an experiment name: a letter or digit, then letters, "
                   "digits, '_', '.' or '-', at most %d characters",
-                  name, strlen(name) > 40 ? "..." : "", EXPERIMENT_NAME_MAX);
+                  name, strlen(name) > 40 ? "..." : "", NAS_EXPERIMENT_NAME_MAX);
 }
 
 int nas_memstream_close(FILE *stream, char **buf, nas_err *err) {

@@ -72,6 +72,7 @@ char *nas_dirname(const char *path);
  * argument (`nas resume NAME`): a letter or digit (so never '.', '..' or '--option'), then
  * letters, digits, '_', '.' or '-', at most 64. Checked where a spec is read and again
  * where storage stores a name (a client of `nas serve` can send any). */
+#define NAS_EXPERIMENT_NAME_MAX 64
 int nas_check_experiment_name(const char *name, nas_err *err);
 
 /* Closes a stream made by open_memstream(buf, …). NAS_OK: *buf is the owned text. NAS_ERR

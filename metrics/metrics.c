@@ -37,6 +37,10 @@
  * those of its line), so that what it read is one storage report. A line is never split,
  * so a read may pass these by one line (at most METRIC_LINE_MAX bytes). */
 
+bool metric_report_full(size_t n, size_t text_bytes) {
+  return n >= METRIC_REPORT_MAX || text_bytes >= METRIC_REPORT_NAME_BYTES;
+}
+
 /* ---- metric sets ---- */
 
 int metric_set_add(metric_set *set, const char *name, int64_t step, double value,
@@ -178,6 +182,22 @@ static int value_check(const char *name, const json_t *value, nas_err *err) {
   return metric_check(name, json_number_value(value), err);
 }
 
+int metric_value_parse(const char *name, const char *text, double *value, nas_err *err) {
+  json_error_t jerr;
+  /* a word for a value that is not finite is caught by name, as in a line */
+  bool nonfinite = text[0] && nonfinite_len(text) == strlen(text);
+  /* jansson allows blanks around a value; a line's value has none inside its word */
+  json_t *v = nonfinite ? json_string(text)
+              : text[strcspn(text, " \t\r\n")] ? NULL
+                                                : json_loads(text, JSON_DECODE_ANY, &jerr);
+  int rc = v ? value_check(name, v, err)
+             : nas_errf(err, "metric \"%s\" is '%s', not a number (a decimal number as JSON "
+                        "writes it: 3, -0.25, 1e-3)", name, text);
+  if (rc == NAS_OK) *value = json_number_value(v);
+  json_decref(v);
+  return rc;
+}
+
 char *metric_sem_name(const char *metric) {
   return nas_asprintf("%s%s", metric, METRIC_SEM_SUFFIX);
 }
@@ -262,8 +282,7 @@ typedef struct {
 
 /* Whether the read has taken as much as one read may. */
 static bool reader_full(const log_reader *r) {
-  return r->set->n - r->obs_before >= METRIC_REPORT_MAX ||
-         r->metric_bytes >= METRIC_REPORT_NAME_BYTES;
+  return metric_report_full(r->set->n - r->obs_before, r->metric_bytes);
 }
 
 static void bad_line(log_reader *r, const char *message) {

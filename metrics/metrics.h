@@ -32,6 +32,11 @@ char *metric_sem_name(const char *metric);
  * request may hold (docs/storage-http.md). */
 #define METRIC_REPORT_MAX 8192
 #define METRIC_REPORT_NAME_BYTES (1024 * 1024)
+/* Whether a report of n observations (or rows) holding text_bytes bytes of names (or of
+ * other texts) has reached those bounds, so takes no more: the one rule for every bounded
+ * write, a log's share (metric_log_read) as a copy's shares of trials and observations
+ * (sched_copy). */
+bool metric_report_full(size_t n, size_t text_bytes);
 
 /* Observations parsed from text; names are owned by the set. */
 typedef struct {
@@ -48,6 +53,10 @@ int metric_set_add(metric_set *set, const char *name, int64_t step, double value
  * a name that is not empty and is valid UTF-8, a finite value, >= 0 for a NAME_sem.
  * NAS_ERR with a message naming the metric when one fails. */
 int metric_check(const char *name, double value, nas_err *err);
+/* Reads text, the value of metric name from a command line (`nas report NAME=VALUE`, `nas
+ * tell`), by a line's rules: a number in JSON's syntax alone (no hexadecimal, no blanks, no
+ * "1e"), passing metric_check. NAS_ERR with a message naming the metric otherwise. */
+int metric_value_parse(const char *name, const char *text, double *value, nas_err *err);
 
 /* Parses one line (without its newline). Returns 1 and appends to set when it is a metric
  * line, 0 when it is not one, NAS_ERR (with a message) when it is a malformed one. */

@@ -72,6 +72,15 @@ static const gp *outcome(const mc_acq *a, size_t o) {
   return o < a->n_obj ? a->models.obj[o] : a->models.con[o - a->n_obj];
 }
 
+/* Prefixes err with what failed for outcome o (objectives, then constraints) of models,
+ * named by its metric: "WHAT of objective 'loss'". Returns NAS_ERR. */
+static int outcome_failed(const acq_models *models, size_t o, const char *what, nas_err *err) {
+  if (o < models->n_obj)
+    return nas_err_prefix(err, "%s of objective '%s'", what, models->obj_names[o]);
+  return nas_err_prefix(err, "%s of the constraint on '%s'", what,
+                        models->con_names[o - models->n_obj]);
+}
+
 void mc_acq_free(mc_acq *a) {
   if (!a) return;
   for (size_t o = 0; a->base && o < a->K; o++) gp_baseline_clear(&a->base[o]);
@@ -173,7 +182,7 @@ static int make_baselines(mc_acq *a, const double *Xb, nas_err *err) {
     double *L = a->L + o * nb * nb;
     memcpy(L, a->base[o].cov, nb * nb * sizeof *L);
     if (covariance_factor(L, nb, err) != NAS_OK)
-      return nas_err_prefix(err, "acquisition baseline of outcome %zu", o);
+      return outcome_failed(&a->models, o, "acquisition baseline", err);
   }
   return NAS_OK;
 }
@@ -471,7 +480,7 @@ int acq_posterior_draw(const acq_models *models, const double *X, size_t n, size
     gp_baseline b;
     rc = gp_baseline_make(g, X, n, &b, err);
     if (rc == NAS_OK && covariance_factor(b.cov, n, err) != NAS_OK)
-      rc = nas_err_prefix(err, "posterior draw of outcome %zu", o);
+      rc = outcome_failed(models, o, "posterior draw", err);
     for (size_t t = 0; rc == NAS_OK && t < n_draws; t++)
       for (size_t i = 0; i < n; i++) Z[i * n_draws + t] = gsl_ran_gaussian_ziggurat(rngs[t], 1.0);
     if (rc == NAS_OK && n > 0 && n_draws > 0)

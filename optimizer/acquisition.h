@@ -30,11 +30,13 @@
  * when grad is not NULL. Not thread safe: the context holds scratch space. */
 typedef double (*acq_fn)(void *ctx, const double *x, double *grad);
 
-/* The GPs an acquisition reads (borrowed; they outlive it). */
+/* The GPs an acquisition reads, and what each models (all borrowed; they outlive it). */
 typedef struct {
   size_t n_obj, n_con;
-  gp *const *obj; /* n_obj objectives, minimisation convention */
-  gp *const *con; /* n_con constraint slacks */
+  gp *const *obj;               /* n_obj objectives, minimisation convention */
+  gp *const *con;               /* n_con constraint slacks */
+  const char *const *obj_names; /* n_obj: each objective's metric, for messages */
+  const char *const *con_names; /* n_con: the metric each constraint bounds, likewise */
 } acq_models;
 
 /* ---- scalar pieces (logei.c) ---------------------------------------------------------- */

@@ -290,6 +290,8 @@ typedef struct {
   size_t m, c;   /* objectives; constraints with data (the others cannot be modelled) */
   gp **obj;      /* m */
   gp **con;      /* c */
+  const char **obj_names; /* m: each objective's metric (borrowed from the spec) */
+  const char **con_names; /* c: the metric each modelled constraint bounds, likewise */
   double *ideal; /* m: best observed value per objective */
 } bo_models;
 
@@ -298,7 +300,15 @@ static void models_clear(bo_models *md) {
   for (size_t k = 0; md->con && k < md->c; k++) gp_free(md->con[k]);
   free(md->obj);
   free(md->con);
+  free(md->obj_names);
+  free(md->con_names);
   free(md->ideal);
+}
+
+/* What an acquisition reads of md: its first n_obj objectives and every constraint. */
+static acq_models acq_models_of(const bo_models *md, size_t n_obj) {
+  return (acq_models){.n_obj = n_obj, .n_con = md->c, .obj = md->obj, .con = md->con,
+                      .obj_names = md->obj_names, .con_names = md->con_names};
 }
 
 /* Fits a GP to column `col` (stride `stride`) of V over the rows where it is finite, with
@@ -491,7 +501,7 @@ static int reach_reference(const gp_state *st, const bo_data *d, const bo_models
   bool *on_front = malloc(n_rows + 1);
   int rc = X ? NAS_OK : NAS_ERR;
   if (rc == NAS_OK && (!F || !on_front)) rc = nas_errf(err, "optimizer gp: out of memory");
-  acq_models models = {.n_obj = m, .n_con = md->c, .obj = md->obj, .con = md->con};
+  acq_models models = acq_models_of(md, m);
   if (rc == NAS_OK) rc = acq_posterior_draw(&models, X, n, reach_draws, seed ^ 1, F, err);
   double low[m], high[m], reach = -HUGE_VAL; /* the farthest, in margins past the front */
   size_t farthest = 0;
@@ -566,17 +576,21 @@ static int fit_models(gp_state *st, const bo_data *d, int number, bo_models *md,
   *md = (bo_models){.m = d->m};
   md->obj = calloc(d->m + 1, sizeof *md->obj);
   md->con = calloc(d->c + 1, sizeof *md->con);
+  md->obj_names = calloc(d->m + 1, sizeof *md->obj_names);
+  md->con_names = calloc(d->c + 1, sizeof *md->con_names);
   md->ideal = malloc((d->m + 1) * sizeof *md->ideal);
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-  int rc = md->obj && md->con && md->ideal && rng
+  int rc = md->obj && md->con && md->obj_names && md->con_names && md->ideal && rng
                ? NAS_OK
                : nas_errf(err, "optimizer gp: out of memory");
   if (rng) gsl_rng_set(rng, design_stream_seed(s->seed, STREAM_FIT | (uint64_t)number));
   for (size_t j = 0; rc == NAS_OK && j < d->m; j++) {
+    md->obj_names[j] = s->objectives[j].name;
     rc = fit_column(st, d, d->Y, d->N, true, d->m, j, rng, &md->obj[j], err);
     if (rc != NAS_OK) nas_err_prefix(err, "objective '%s'", s->objectives[j].name);
   }
   for (size_t k = 0; rc == NAS_OK && k < d->c; k++) {
+    md->con_names[md->c] = s->constraints[k].metric;
     rc = fit_column(st, d, d->C, NULL, false, d->c, k, rng, &md->con[md->c], err);
     if (rc != NAS_OK) nas_err_prefix(err, "constraint on '%s'", s->constraints[k].metric);
     else if (md->con[md->c]) md->c++;
@@ -611,7 +625,7 @@ static int make_logei(const bo_data *d, const bo_models *md, bo_acq *a, nas_err 
   size_t k = 0;
   for (size_t i = 0; i < d->n; i++)
     if (isfinite(d->Y[i])) memcpy(X + k++ * d->dim, d->X + i * d->dim, d->dim * sizeof *X);
-  acq_models m = {.n_obj = 1, .n_con = md->c, .obj = md->obj, .con = md->con};
+  acq_models m = acq_models_of(md, 1);
   int rc = logei_create(&m, X, k, &a->ei, err);
   free(X);
   a->f = logei_eval;
@@ -669,7 +683,7 @@ static int make_mc(const gp_state *st, const bo_data *d, const bo_models *md, in
                    const double *front, size_t n_front, bo_acq *a, double *ref_out,
                    nas_err *err) {
   const spec *s = space_spec(st->sp);
-  acq_models m = {.n_obj = md->m, .n_con = md->c, .obj = md->obj, .con = md->con};
+  acq_models m = acq_models_of(md, md->m);
   size_t nb = 0;
   double weights[md->m], ref[md->m], margin[md->m];
   if (pick_reference(st, d, md, number, front, n_front, ref, margin, &a->far, err) != NAS_OK)

@@ -5,7 +5,8 @@
  * Each refuses while a scheduler runs the experiment (its lease is alive): that process
  * holds the experiment's rows and run folders and would go on writing under the old name
  * or into rows that are gone. Storage changes are one transaction each (storage.h), but
- * for the copy of an experiment too large for one request, made in steps (sched_copy). Run
+ * for the copy of an experiment too large for one request, made in steps under a name that
+ * says so until it is whole (sched_copy). Run
  * folders are touched only at runs/<name>/ under the experiment's run_root, where <name>
  * passed the name check (no '/', never '.' or '..'), and a symbolic link there is never
  * followed. */
@@ -172,6 +173,40 @@ int sched_rename(storage *st, const spec *s, const experiment_row *exp, const ch
 
 /* ---- copy ----------------------------------------------------------------------------- */
 
+/* What the name of a copy made in steps ends with until the copy is whole. */
+#define COPY_INCOMPLETE_SUFFIX ".incomplete"
+
+/* Bytes of the texts a trial row carries. */
+static size_t trial_text_bytes(const trial_row *t) {
+  return strlen(t->params_json) + (t->reference_json ? strlen(t->reference_json) : 0) +
+         (t->job_id ? strlen(t->job_id) : 0) + (t->error ? strlen(t->error) : 0);
+}
+
+/* Whether img goes in one request to a `nas serve`: its trials and observations together
+ * are not a full report (metric_report_full), its spec's text included. */
+static bool copy_fits_one_report(const storage_experiment_image *img) {
+  size_t bytes = strlen(img->exp->spec_text);
+  for (size_t i = 0; i < img->n_trials; i++) bytes += trial_text_bytes(&img->trials[i]);
+  for (size_t i = 0; i < img->n_metrics; i++) bytes += strlen(img->metrics[i].name);
+  return !metric_report_full(img->n_trials + img->n_metrics, bytes);
+}
+
+/* Adds trials to experiment id of `to`, a share at a time: each as many as one report
+ * carries (metric_report_full), in one transaction. */
+static int copy_trials(storage *to, int64_t id, const trial_row *trials, size_t n,
+                       nas_err *err) {
+  size_t from = 0;
+  while (from < n) {
+    size_t end = from, bytes = 0;
+    while (end < n && !metric_report_full(end - from, bytes))
+      bytes += trial_text_bytes(&trials[end++]);
+    if (storage_trials_import(to, id, trials + from, end - from, err) != NAS_OK)
+      return nas_err_prefix(err, "stored %zu of %zu trials", from, n);
+    from = end;
+  }
+  return NAS_OK;
+}
+
 /* The copy's id of the trial that has id `id` in the experiment copied, or -1. */
 static int64_t copied_trial_id(const trial_row *trials, size_t n_trials, const trial_row *copied,
                                size_t n_copied, int64_t id) {
@@ -182,13 +217,13 @@ static int64_t copied_trial_id(const trial_row *trials, size_t n_trials, const t
 }
 
 /* Adds metrics[from..] of one trial to trial id of `to` in one report, as many as one
- * report carries (METRIC_REPORT_MAX, METRIC_REPORT_NAME_BYTES); *next gets the index
- * after the last one added. Names are borrowed. */
+ * report carries (metric_report_full); *next gets the index after the last one added.
+ * Names are borrowed. */
 static int copy_metrics_share(storage *to, int64_t id, const metric_row *metrics, size_t n,
                               size_t from, size_t *next, nas_err *err) {
   size_t end = from, name_bytes = 0;
-  while (end < n && end - from < METRIC_REPORT_MAX &&
-         name_bytes < METRIC_REPORT_NAME_BYTES && metrics[end].trial_id == metrics[from].trial_id)
+  while (end < n && !metric_report_full(end - from, name_bytes) &&
+         metrics[end].trial_id == metrics[from].trial_id)
     name_bytes += strlen(metrics[end++].name);
   metric_obs *obs = malloc((end - from) * sizeof *obs);
   if (!obs) return nas_errf(err, "out of memory");
@@ -220,25 +255,73 @@ static int copy_metrics(storage *to, int64_t id, const trial_row *trials, size_t
   return NAS_OK;
 }
 
-/* Stores img in `to`. An image with more than METRIC_REPORT_MAX observations, more than
- * one request to a `nas serve` may hold, is stored in steps: the experiment and its trials
- * at once, with status "stopped" (no scheduler nor ask takes it up), then its metrics a
- * report at a time, then its status; a failure on the way leaves it stopped, and says so. */
-static int copy_store(storage *to, storage_experiment_image img, nas_err *err) {
-  int64_t id;
-  if (img.n_metrics <= METRIC_REPORT_MAX) return storage_experiment_import(to, &img, &id, err);
-  experiment_row stopped = *img.exp;
-  stopped.status = "stopped";
-  storage_experiment_image head = {&stopped, img.trials, img.n_trials, NULL, 0};
-  int rc = storage_experiment_import(to, &head, &id, err);
+/* NAS_OK when `to` has no experiment `name`, else NAS_EEXIST (or the storage's error). */
+static int check_name_free(storage *to, const char *name, nas_err *err) {
+  experiment_row existing;
+  int rc = storage_experiment_get(to, name, &existing, err);
+  if (rc == NAS_ENOTFOUND) return NAS_OK;
   if (rc != NAS_OK) return rc;
-  rc = copy_metrics(to, id, img.trials, img.n_trials, img.metrics, img.n_metrics, err);
-  if (rc == NAS_OK) rc = storage_experiment_set_status(to, id, img.exp->status, err);
+  experiment_row_clear(&existing);
+  return nas_errc(err, NAS_EEXIST, "store experiment '%s': an experiment of that name exists "
+                  "already", name);
+}
+
+/* Stores the experiment of img, without its trials and metrics, under its name while
+ * incomplete (stopped: no scheduler nor ask takes it up); *name gets that name (owned). */
+static int copy_store_head(storage *to, const spec *s, const experiment_row *exp, char **name,
+                           int64_t *id, nas_err *err) {
+  int keep = NAS_EXPERIMENT_NAME_MAX - (int)strlen(COPY_INCOMPLETE_SUFFIX);
+  char *text = NULL;
+  *name = nas_asprintf("%.*s" COPY_INCOMPLETE_SUFFIX, keep, exp->name);
+  int rc = *name ? spec_text_renamed(s, *name, &text, err) : nas_errf(err, "out of memory");
+  experiment_row head = *exp;
+  head.name = *name, head.spec_text = text, head.status = "stopped";
+  if (rc == NAS_OK)
+    rc = storage_experiment_import(to, &(storage_experiment_image){&head, NULL, 0, NULL, 0}, id,
+                                   err);
+  if (rc == NAS_EEXIST)
+    nas_err_prefix(err, "a copy that stopped part way left '%s': delete it with 'nas delete %s' "
+                   "and copy again", *name, *name);
+  free(text);
+  return rc;
+}
+
+/* Stores img, more than one request to a `nas serve` holds, in steps (docs/cli.md, nas
+ * copy): the experiment under a name that says it is incomplete (copy_store_head), its
+ * trials and then their observations a report at a time, its status, and last its name
+ * and spec in one transaction. So an experiment under the copy's name is always whole; a
+ * failure on the way leaves the incomplete one, and says so. */
+static int copy_store_in_steps(storage *to, const spec *s, const storage_experiment_image *img,
+                               nas_err *err) {
+  const experiment_row *exp = img->exp;
+  char *name = NULL;
+  int64_t id;
+  int rc = check_name_free(to, exp->name, err);
+  if (rc == NAS_OK) rc = copy_store_head(to, s, exp, &name, &id, err);
+  if (rc != NAS_OK) {
+    free(name);
+    return rc;
+  }
+  rc = copy_trials(to, id, img->trials, img->n_trials, err);
+  if (rc == NAS_OK)
+    rc = copy_metrics(to, id, img->trials, img->n_trials, img->metrics, img->n_metrics, err);
+  if (rc == NAS_OK) rc = storage_experiment_set_status(to, id, exp->status, err);
+  if (rc == NAS_OK) rc = storage_experiment_rename(to, id, exp->name, exp->spec_text, err);
   if (rc != NAS_OK)
-    return nas_err_prefix(err, "copy '%s' is incomplete (status stopped): delete it from the "
-                          "storage copied to with 'nas delete %s' and copy again",
-                          img.exp->name, img.exp->name);
-  return NAS_OK;
+    nas_err_prefix(err, "copy '%s' is incomplete, stored as experiment '%s' (never under '%s'): "
+                   "delete it with 'nas delete %s' and copy again", exp->name, name, exp->name,
+                   name);
+  free(name);
+  return rc;
+}
+
+/* Stores img in `to`: in one transaction when it goes in one request to a `nas serve`,
+ * else in steps. */
+static int copy_store(storage *to, const spec *s, const storage_experiment_image *img,
+                      nas_err *err) {
+  int64_t id;
+  if (copy_fits_one_report(img)) return storage_experiment_import(to, img, &id, err);
+  return copy_store_in_steps(to, s, img, err);
 }
 
 int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
@@ -259,8 +342,8 @@ int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage 
   if (rc == NAS_OK) {
     copy.name = (char *)new_name;
     copy.spec_text = text;
-    rc = copy_store(to, (storage_experiment_image){&copy, trials, n_trials, metrics, n_metrics},
-                    err);
+    rc = copy_store(to, s,
+                    &(storage_experiment_image){&copy, trials, n_trials, metrics, n_metrics}, err);
   }
   free(text);
   trial_rows_free(trials, n_trials);

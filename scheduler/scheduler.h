@@ -108,8 +108,10 @@ int sched_rename(storage *st, const spec *s, const experiment_row *exp, const ch
 /* Stores a copy of exp (spec s, in storage from) named new_name in `to` (which may be
  * from): its trials with every field, their metrics and curves, its status and run_root, in
  * one transaction; not its lease nor its run folders. Refused while a trial is running.
- * More than METRIC_REPORT_MAX observations go in steps instead (docs/cli.md, nas copy): the
- * copy stays "stopped" until all are stored, and stays so, said in err, if a step fails. */
+ * An experiment more than one request to a `nas serve` holds (metric_report_full over its
+ * trials and observations together) goes in steps instead (docs/cli.md, nas copy): under
+ * the name NEW_NAME.incomplete, stopped, until all is stored and it takes new_name; a
+ * failure on the way leaves it so, said in err. */
 int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage *to,
                const char *new_name, nas_err *err);
 /* Stores the full assignment params (spec_check_params holds) as a queued trial of exp:

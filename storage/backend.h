@@ -37,6 +37,9 @@ typedef struct storage_backend {
   int (*experiment_import)(void *conn, const storage_experiment_image *img,
                            const metric_obs *obs, const size_t *metric_trial, int64_t *id,
                            nas_err *err);
+  /* trials are checked by storage.c. */
+  int (*trials_import)(void *conn, int64_t experiment_id, const trial_row *trials, size_t n,
+                       nas_err *err);
 
   int (*trial_create)(void *conn, int64_t experiment_id, const char *params_json,
                       const char *reference_json, double now,
@@ -82,10 +85,10 @@ typedef struct storage_backend {
   int (*lease_get)(void *conn, int64_t experiment_id, storage_lease *out, nas_err *err);
 
   /* Idempotency keys (storage.h). arm makes the next write that is not idempotent
-   * (experiment_create, experiment_delete, experiment_import, trial_create, trial_start,
-   * trial_claim, trial_finish, trial_requeue, metrics_add) commit key, borrowed until armed
-   * again, with its result (the id of the experiment or trial it made, deleted, took or
-   * changed) in its own transaction; NULL disarms.
+   * (experiment_create, experiment_delete, experiment_import, trials_import, trial_create,
+   * trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) commit key, borrowed
+   * until armed again, with its result (the id of the experiment or trial it made, deleted,
+   * took, changed or added to) in its own transaction; NULL disarms.
    * receipt_find looks a committed key up. */
   void (*receipt_arm)(void *conn, const char *key);
   int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);

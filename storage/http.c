@@ -409,6 +409,14 @@ static int http_experiment_import(void *conn, const storage_experiment_image *im
   return call_id(conn, "experiment_import", rows_json_image(img), id, err);
 }
 
+static int http_trials_import(void *conn, int64_t experiment_id, const trial_row *trials,
+                              size_t n, nas_err *err) {
+  return call(conn, "trials_import",
+              json_pack("{s:I, s:o}", "experiment_id", (json_int_t)experiment_id, "trials",
+                        rows_json_array(&rows_json_trial, trials, n)),
+              NULL, err);
+}
+
 /* ---- trials -------------------------------------------------------------------------------- */
 
 static int http_trial_create(void *conn, int64_t experiment_id, const char *params_json,
@@ -573,6 +581,7 @@ const storage_backend storage_http_backend = {
     .experiment_delete = http_experiment_delete,
     .experiment_rename = http_experiment_rename,
     .experiment_import = http_experiment_import,
+    .trials_import = http_trials_import,
     .trial_create = http_trial_create,
     .trial_start = http_trial_start,
     .trial_claim = http_trial_claim,

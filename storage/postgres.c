@@ -690,6 +690,31 @@ static int postgres_experiment_import(void *conn, const storage_experiment_image
   return rc;
 }
 
+typedef struct {
+  int64_t experiment_id;
+  const trial_row *trials;
+  size_t n;
+} trials_import_ctx;
+
+static int trials_import_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
+  const trials_import_ctx *x = ctx;
+  int64_t id;
+  int rc = pg_tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = experiment_lock(c, x->experiment_id, err);
+  for (size_t i = 0; rc == NAS_OK && i < x->n; i++)
+    rc = trial_import(c, x->experiment_id, &x->trials[i], &id, err);
+  return pg_tx_end(c, rc, token, x->experiment_id, err);
+}
+
+/* A second try after a commit that was lost would find the numbers taken: a receipt. */
+static int postgres_trials_import(void *conn, int64_t experiment_id, const trial_row *trials,
+                                  size_t n, nas_err *err) {
+  static const pg_op op = {.attempt = trials_import_attempt, .receipt = true};
+  trials_import_ctx x = {experiment_id, trials, n};
+  return pg_run(conn, &op, &x, err);
+}
+
 /* ---- trials ------------------------------------------------------------------------------ */
 
 static int trial_get(pg_conn *c, int64_t trial_id, trial_row *out, nas_err *err) {
@@ -1128,6 +1153,7 @@ const storage_backend storage_postgres_backend = {
     .experiment_delete = postgres_experiment_delete,
     .experiment_rename = postgres_experiment_rename,
     .experiment_import = postgres_experiment_import,
+    .trials_import = postgres_trials_import,
     .trial_create = postgres_trial_create,
     .trial_start = postgres_trial_start,
     .trial_claim = postgres_trial_claim,

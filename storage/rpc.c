@@ -143,6 +143,21 @@ static int experiment_import_run(storage *st, rows_json_reader *a, json_t *out, 
   return rc == NAS_OK ? put(out, "id", json_integer(id), err) : rc;
 }
 
+static int trials_import_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  (void)out;
+  int64_t experiment_id;
+  trial_row *trials = NULL;
+  size_t n = 0;
+  rows_json_int(a, "experiment_id", &experiment_id);
+  if (a->rc != NAS_OK) return a->rc;
+  int rc = rows_json_array_read(&rows_json_trial, json_object_get(a->obj, "trials"),
+                                (void **)&trials, &n, err);
+  if (rc != NAS_OK) return nas_err_prefix(err, "field 'trials'");
+  rc = storage_trials_import(st, experiment_id, trials, n, err);
+  trial_rows_free(trials, n);
+  return rc;
+}
+
 /* ---- trials ------------------------------------------------------------------------------------ */
 
 static int trial_create_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
@@ -344,6 +359,7 @@ static const storage_rpc_op ops[] = {
     {"experiment_delete", true, true, REPLAY_NOTHING, experiment_delete_run},
     {"experiment_rename", true, false, REPLAY_NOTHING, experiment_rename_run},
     {"experiment_import", true, true, REPLAY_ID, experiment_import_run},
+    {"trials_import", true, true, REPLAY_NOTHING, trials_import_run},
     {"trial_create", true, true, REPLAY_TRIAL, trial_create_run},
     {"trial_start", true, true, REPLAY_NOTHING, trial_start_run},
     {"trial_claim", true, true, REPLAY_TRIAL, trial_claim_run},

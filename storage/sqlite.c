@@ -851,6 +851,20 @@ static int sqlite_experiment_import(void *conn, const storage_experiment_image *
   return rc;
 }
 
+static int sqlite_trials_import(void *conn, int64_t experiment_id, const trial_row *trials,
+                                size_t n, nas_err *err) {
+  sqlite_conn *c = conn;
+  bool found = false;
+  int64_t id;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = exists(c, &found, err, "SELECT 1 FROM experiments WHERE id = ?", "i", experiment_id);
+  if (rc == NAS_OK && !found) rc = nas_errc(err, NAS_ENOTFOUND, "no such experiment");
+  for (size_t i = 0; rc == NAS_OK && i < n; i++)
+    rc = trial_import(c, experiment_id, &trials[i], &id, err);
+  return tx_end_receipt(c, rc, experiment_id, err);
+}
+
 /* ---- trials ------------------------------------------------------------------------------ */
 
 static int trial_get(const sqlite_conn *c, int64_t trial_id, trial_row *out, nas_err *err) {
@@ -1260,6 +1274,7 @@ const storage_backend storage_sqlite_backend = {
     .experiment_delete = sqlite_experiment_delete,
     .experiment_rename = sqlite_experiment_rename,
     .experiment_import = sqlite_experiment_import,
+    .trials_import = sqlite_trials_import,
     .trial_create = sqlite_trial_create,
     .trial_start = sqlite_trial_start,
     .trial_claim = sqlite_trial_claim,

@@ -556,6 +556,19 @@ static int check_trial_texts(const char *params_json, const char *reference_json
   return rc;
 }
 
+/* The texts of trials an image (or a share of one) stores. */
+static int image_trials_check(const trial_row *trials, size_t n, nas_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    const trial_row *t = &trials[i];
+    if (!t->params_json) return nas_errf(err, "trial %zu has no parameters", i);
+    int rc = check_trial_texts(t->params_json, t->reference_json, err);
+    if (rc == NAS_OK) rc = check_text(t->job_id, err, "its job id is");
+    if (rc == NAS_OK) rc = check_text(t->error, err, "its error is");
+    if (rc != NAS_OK) return nas_err_prefix(err, "trial %zu", i);
+  }
+  return NAS_OK;
+}
+
 static int image_check(const storage_experiment_image *img, nas_err *err) {
   const experiment_row *e = img->exp;
   if (!e || !e->name || !e->spec_text || !e->spec_path || !e->run_root || !e->status)
@@ -563,14 +576,7 @@ static int image_check(const storage_experiment_image *img, nas_err *err) {
   if (nas_check_experiment_name(e->name, err) != NAS_OK) return NAS_ERR;
   int rc = check_experiment_texts(e->spec_text, e->spec_path, e->run_root, err);
   if (rc == NAS_OK) rc = check_experiment_status(e->status, err);
-  for (size_t i = 0; rc == NAS_OK && i < img->n_trials; i++) {
-    const trial_row *t = &img->trials[i];
-    if (!t->params_json) return nas_errf(err, "trial %zu has no parameters", i);
-    rc = check_trial_texts(t->params_json, t->reference_json, err);
-    if (rc == NAS_OK) rc = check_text(t->job_id, err, "its job id is");
-    if (rc == NAS_OK) rc = check_text(t->error, err, "its error is");
-    if (rc != NAS_OK) return nas_err_prefix(err, "trial %zu", i);
-  }
+  if (rc == NAS_OK) rc = image_trials_check(img->trials, img->n_trials, err);
   if (rc != NAS_OK) return rc;
   for (size_t i = 0; i < img->n_metrics; i++)
     if (check_observation(i, img->metrics[i].name, img->metrics[i].step, img->metrics[i].time,
@@ -596,6 +602,13 @@ int storage_experiment_import(storage *st, const storage_experiment_image *img, 
   free(obs);
   return in_context(st, rc, err, "store experiment '%s'",
                     img->exp && img->exp->name ? img->exp->name : "(no name)");
+}
+
+int storage_trials_import(storage *st, int64_t experiment_id, const trial_row *trials, size_t n,
+                          nas_err *err) {
+  int rc = image_trials_check(trials, n, err);
+  if (rc == NAS_OK) rc = st->backend->trials_import(st->conn, experiment_id, trials, n, err);
+  return in_context(st, rc, err, "store %zu trials in experiment %" PRId64, n, experiment_id);
 }
 
 int storage_trial_create(storage *st, int64_t experiment_id, const char *params_json,

@@ -236,6 +236,13 @@ typedef struct {
 /* Stores img as a new experiment; *id gets its id. NAS_EEXIST when its name is taken. */
 int storage_experiment_import(storage *st, const storage_experiment_image *img, int64_t *id,
                               nas_err *err);
+/* Adds trials[0..n-1] (as an image's: every field but id and experiment_id as it was) to
+ * experiment experiment_id in one transaction: what `nas copy` stores a share at a time
+ * when an image is more than one request to a `nas serve` holds. A number the experiment
+ * has already is refused and nothing is stored; NAS_ENOTFOUND when no experiment has that
+ * id. */
+int storage_trials_import(storage *st, int64_t experiment_id, const trial_row *trials, size_t n,
+                          nas_err *err);
 
 /* ---- the scheduler lease --------------------------------------------------------------
  * One scheduler per experiment: a process that runs an experiment holds its lease, a row
@@ -268,9 +275,10 @@ void storage_lease_clear(storage_lease *lease);
 /* ---- idempotency keys: the server side of the storage RPC (serve/api_storage.c) ---------
  * A client that lost the answer to a write sends it again under the same key. Armed on a
  * storage, a key is committed by the next write that is not idempotent (experiment_create,
- * experiment_delete, experiment_import, trial_create, trial_start, trial_claim,
- * trial_finish, trial_requeue, metrics_add) in that write's own transaction, with the id of the experiment or trial it made, took or
- * changed; two writes under one key cannot both commit. Keys are kept for a day. */
+ * experiment_delete, experiment_import, trials_import, trial_create, trial_start,
+ * trial_claim, trial_finish, trial_requeue, metrics_add) in that write's own transaction,
+ * with the id of the experiment or trial it made, took, changed or added to; two writes
+ * under one key cannot both commit. Keys are kept for a day. */
 #define STORAGE_KEY_MAX 64
 /* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */
 int storage_key_check(const char *key, nas_err *err);

@@ -392,6 +392,32 @@ static void mc_acquisition_gradients_match_finite_differences(void **state) {
   toy_free(&t, 3);
 }
 
+/* A covariance that cannot be factorised (here a baseline point that is not finite) fails
+ * the acquisition and the posterior draw naming the metric of the outcome that failed,
+ * an objective's or a constraint's: "outcome 0" says nothing to a person. */
+static void factorisation_failures_name_the_outcomes_metric(void **state) {
+  (void)state;
+  toy_models t;
+  toy_make(&t, 3);
+  const char *obj_names[] = {"loss", "latency"}, *con_names[] = {"memory"};
+  acq_models m = {.n_obj = 2, .n_con = 1, .obj = t.g, .con = t.g + 2, .obj_names = obj_names,
+                  .con_names = con_names};
+  double ref[2] = {1.5, 1.5}, ideal[2] = {0, 0}, weights[2] = {0.3, 0.7};
+  mc_options opt = {.utility = MC_HVI, .n_samples = 8, .seed = 5, .ref = ref,
+                    .weights = weights, .ideal = ideal};
+  double Xb[2 * D] = {0.3, 0.8, NAN, 0.5}, F[2 * 3];
+  mc_acq *a = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(mc_acq_create(&m, Xb, 2, &opt, &a, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "acquisition baseline of objective 'loss'"));
+  assert_int_equal(acq_posterior_draw(&m, Xb, 2, 1, 7, F, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "posterior draw of objective 'loss'"));
+  acq_models constraint_only = {.n_con = 1, .con = t.g + 2, .con_names = con_names};
+  assert_int_equal(acq_posterior_draw(&constraint_only, Xb, 2, 1, 7, F, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "posterior draw of the constraint on 'memory'"));
+  toy_free(&t, 3);
+}
+
 /* Same seed: same value; a candidate at an observed point adds little next to one in an
  * unexplored corner that the models predict to be good. */
 static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
@@ -550,6 +576,7 @@ int main(void) {
       cmocka_unit_test(logei_equals_log_of_expected_improvement),
       cmocka_unit_test(logei_gradient_matches_finite_differences),
       cmocka_unit_test(mc_acquisition_gradients_match_finite_differences),
+      cmocka_unit_test(factorisation_failures_name_the_outcomes_metric),
       cmocka_unit_test(mc_hvi_is_deterministic_and_prefers_improvement),
       cmocka_unit_test(followed_reference_values_extensions_at_a_bounded_trade_off),
       cmocka_unit_test(trade_off_bound_counts_loss_and_gain_in_front_extents),

@@ -2,7 +2,8 @@
  * starts `nas serve`, loads its pages in Debian's headless Chromium and checks what they
  * drew (the data-* attributes the page's script sets after drawing) against the CLI: the
  * front has `nas pareto`'s points, the table every trial, a trial page its parameters,
- * the comparison `nas compare`'s fronts; and a `nas plot` file draws the same from disk.
+ * the comparison `nas compare`'s fronts; and a `nas plot` file draws the same from disk. A
+ * live page held open (scripts/browser.py) lives through its server killed and restarted.
  * Screenshots of each page are left in dashboard-screenshots/ beside this test's binary
  * (the path is printed) for a person to look at. Skipped, saying so, without chromium. */
 #include <jansson.h>
@@ -331,6 +332,149 @@ static void token_file_page_asks_for_a_token_and_draws_with_it(void **state) {
   assert_int_equal(test_server_stop(&s.srv), 0);
 }
 
+/* ---- a page that lives through a server restart ---------------------------------------- */
+
+/* A page held open in Chromium by scripts/browser.py, which answers one line per command. */
+typedef struct {
+  pid_t pid;
+  FILE *to, *from;
+} browser;
+
+static void browser_open(browser *b, fixture *f, const char *url) {
+  int in[2], out[2];
+  /* close-on-exec: a server started later must not hold the pipes (the script would never
+   * see the end of its input) */
+  assert_int_equal(pipe2(in, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(out, O_CLOEXEC), 0);
+  char *profile = nas_asprintf("%s/chromium", f->dir);
+  b->pid = fork();
+  assert_true(b->pid >= 0);
+  if (b->pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGTERM); /* a test that fails half-way takes it along */
+    dup2(in[0], 0), dup2(out[1], 1);
+    close(in[0]), close(in[1]), close(out[0]), close(out[1]);
+    execlp("python3", "python3", "scripts/browser.py", profile, url, (char *)NULL);
+    _exit(127);
+  }
+  close(in[0]), close(out[1]);
+  free(profile);
+  b->to = fdopen(in[1], "w");
+  b->from = fdopen(out[0], "r");
+  assert_true(b->to && b->from);
+}
+
+/* Sends one command line; its answer (owned, without the newline). */
+static char *browser_ask(browser *b, const char *command) {
+  fprintf(b->to, "%s\n", command);
+  fflush(b->to);
+  char *line = NULL;
+  size_t cap = 0;
+  ssize_t len = getline(&line, &cap, b->from);
+  if (len <= 0) fail_msg("scripts/browser.py gave no answer to: %s", command);
+  line[strcspn(line, "\n")] = '\0';
+  return line;
+}
+
+/* Waits up to seconds for the JavaScript expression to be truthy; its value as JSON. */
+static char *browser_wait(browser *b, int seconds, const char *expression) {
+  char *command = nas_asprintf("wait %d %s", seconds, expression);
+  char *answer = browser_ask(b, command);
+  if (strcmp(answer, "timeout") == 0) fail_msg("not within %d s: %s", seconds, expression);
+  free(command);
+  return answer;
+}
+
+static void browser_close(browser *b) {
+  fclose(b->to);
+  fclose(b->from);
+  int status = 0;
+  waitpid(b->pid, &status, 0);
+  assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+}
+
+/* What the page's header says, once <body data-live> is state. */
+static char *live_mark_once(browser *b, int seconds, const char *state) {
+  char *expression = nas_asprintf("document.body.dataset.live === '%s' && "
+                                  "document.getElementById('live').textContent", state);
+  char *mark = browser_wait(b, seconds, expression);
+  free(expression);
+  return mark;
+}
+
+/* The front's points on the page, once it shows `points`. */
+static void wait_front_points(browser *b, int seconds, int points) {
+  char *expression = nas_asprintf("document.body.dataset.ready === 'experiment' && "
+                                  "document.getElementById('chart-front').dataset.points === '%d'",
+                                  points);
+  free(browser_wait(b, seconds, expression));
+  free(expression);
+}
+
+/* Trial `number` of ask/tell experiment "live" asked and told completed. */
+static void ask_and_complete(fixture *f, int number) {
+  char trial[16], y[32], z[32];
+  snprintf(trial, sizeof trial, "%d", number);
+  snprintf(y, sizeof y, "y=%g", 0.1 * (number + 1));
+  snprintf(z, sizeof z, "z=%g", 1 - 0.1 * (number + 1));
+  json_decref(nas_json(f, (char *[]){"ask", "live", "--format", "json", "--storage", f->db, NULL}));
+  char *argv[] = {(char *)test_nas_bin(), "tell", "live", trial, "--complete", y, z, "--storage",
+                  f->db, NULL}, *out;
+  if (test_run(f->dir, argv, &out) != 0) fail_msg("nas tell: %s", out);
+  free(out);
+}
+
+/* docs/dashboard.md, live updates: a live page whose server goes away (killed, restarting,
+ * a network hiccup) keeps what it shows, says "connection lost, retrying…" with the time of
+ * its last update, and tries again with a growing pause; once the server answers again
+ * on its port, it polls and draws as before (a trial told meanwhile appears). A 404 (the
+ * experiment deleted) still ends the page. It stopped for good, blank, after one failed
+ * poll. */
+static void live_page_retries_through_a_server_restart_and_resumes(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "live.yaml",
+                          "name: live\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}, {name: z, goal: minimize}]\n"
+                          "optimizer: {type: random}\n"
+                          "budget: {trials: 10}\n");
+  char *out;
+  if (nas(f, &out, "create", spec, NULL) != 0) fail_msg("nas create: %s", out);
+  free(out);
+  for (int i = 0; i < 3; i++) ask_and_complete(f, i);
+  served s = {.f = f};
+  assert_true(test_server_start(&s.srv, f->dir, f->db, NULL));
+  char *url = page_url(&s, "#/e/live"), *listen = nas_asprintf("127.0.0.1:%d", s.srv.port);
+  browser b;
+  browser_open(&b, f, url);
+  wait_front_points(&b, 60, 3);
+  free(browser_wait(&b, 5, "document.getElementById('live').textContent.startsWith('● live')"));
+
+  test_server_kill(&s.srv); /* as a crash would; the page polls every 3 s */
+  free(s.srv.log);
+  char *mark = live_mark_once(&b, 20, "retrying");
+  if (!strstr(mark, "connection lost, retrying") || !strstr(mark, "last update 20"))
+    fail_msg("the page says %s", mark);
+  wait_front_points(&b, 1, 3); /* still drawn */
+  char *shot = nas_asprintf("screenshot %s/retrying.png", screenshot_dir);
+  char *answer = browser_ask(&b, shot);
+  assert_string_equal(answer, "ok");
+  printf("screenshot: %s/retrying.png\n", screenshot_dir);
+  free(answer), free(shot), free(mark);
+
+  ask_and_complete(f, 3);
+  assert_true(test_server_start_on(&s.srv, f->dir, f->db, listen, NULL));
+  wait_front_points(&b, 45, 4); /* retries at 3, 6, 12… s after the first failure */
+  free(live_mark_once(&b, 1, "live"));
+
+  if (nas(f, &out, "delete", "live", "--yes") != 0) fail_msg("nas delete: %s", out);
+  free(out);
+  free(browser_wait(&b, 10, "document.body.dataset.ready === 'error' && document.body.dataset.live === ''"));
+  browser_close(&b);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+  free(url), free(listen), free(spec);
+}
+
 static void plot_file_draws_from_disk_without_a_server(void **state) {
   if (!have_chromium()) skip();
   fixture *f = *state;
@@ -512,6 +656,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(trial_page_shows_its_parameters_metrics_and_logs, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
       cmocka_unit_test_setup_teardown(token_file_page_asks_for_a_token_and_draws_with_it, setup, teardown),
+      cmocka_unit_test_setup_teardown(live_page_retries_through_a_server_restart_and_resumes, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_keeps_a_metric_named_proto, setup, teardown),

@@ -655,6 +655,30 @@ static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
   }
 }
 
+/* `nas report`/`nas tell` values were read by strtod, which takes what a metric line's
+ * JSON refuses: hexadecimal (0x10 was stored as 16), "1e", blanks around, "+1". */
+static void report_and_tell_take_only_numbers_a_metric_line_takes(void **state) {
+  fixture *f = *state;
+  struct {
+    const char *arg, *expected;
+  } cases[] = {
+      {"acc=0x10", "metric \"acc\" is '0x10', not a number (a decimal number as JSON writes it"},
+      {"acc=1e", "metric \"acc\" is '1e', not a number"},
+      {"acc= 1", "metric \"acc\" is ' 1', not a number"},
+      {"acc=1 ", "metric \"acc\" is '1 ', not a number"},
+      {"acc=+1", "metric \"acc\" is '+1', not a number"},
+      {"acc=", "metric \"acc\" is '', not a number"},
+      {"acc=-inf", "metric \"acc\" is -inf, not a finite number"},
+      {"acc=\"1\"", "metric \"acc\" is a string, not a number"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *arg = (char *)cases[i].arg;
+    expect_refusal(f, (char *[]){"report", arg, "--experiment", "e", "--trial", "0", NULL}, 2,
+                   cases[i].expected);
+    expect_refusal(f, (char *[]){"tell", "e", "0", arg, NULL}, 2, cases[i].expected);
+  }
+}
+
 /* Asks and tells `n` trials of experiment `name`, each told `values` (NAME=VALUE words,
  * then NULL); every ask's output must be JSON alone. */
 static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *values) {
@@ -803,6 +827,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
+      cmocka_unit_test_setup_teardown(report_and_tell_take_only_numbers_a_metric_line_takes, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

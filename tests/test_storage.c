@@ -1288,6 +1288,37 @@ static void experiment_import_with_a_taken_name_stores_nothing(void **state) {
   image_free(&src);
 }
 
+/* What `nas copy` stores a share at a time: trials with every field, added to an
+ * experiment that exists; a share with a number taken, or for no experiment, stores
+ * nothing. */
+static void trials_import_adds_every_field_and_a_taken_number_stores_nothing(void **state) {
+  fixture *f = *state;
+  make_full_experiment(f, "src");
+  int64_t to = make_experiment(f, "to");
+  test_image src;
+  image_read(f, "src", "src", &src);
+  CHECK(storage_trials_import(f->st, to, src.rows.trials, src.rows.n_trials, err));
+  trial_row *got;
+  size_t n;
+  CHECK(storage_trial_list(f->st, to, &got, &n, err));
+  assert_int_equal(n, src.rows.n_trials);
+  for (size_t i = 0; i < n; i++) {
+    trial_row expect = src.rows.trials[i];
+    expect.id = got[i].id;
+    expect.experiment_id = to;
+    assert_trials_equal(&got[i], &expect);
+  }
+  trial_rows_free(got, n);
+  nas_err err = {{0}};
+  src.rows.trials[0].number = 100; /* a new number, then one taken: neither is stored */
+  assert_int_equal(storage_trials_import(f->st, to, src.rows.trials, src.rows.n_trials, &err),
+                   NAS_ERR);
+  assert_int_equal(storage_trials_import(f->st, to + 100, src.rows.trials, 1, &err),
+                   NAS_ENOTFOUND);
+  assert_int_equal(trial_count(f, to), src.rows.n_trials);
+  image_free(&src);
+}
+
 /* What storage would keep differently per backend, or not at all, is refused alike before
  * anything is stored: an experiment status other than running, finished or stopped (as
  * storage_experiment_set_status refuses), an observation time that is not a finite Unix
@@ -3081,6 +3112,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(experiment_rename_to_a_taken_name_is_eexist_and_changes_nothing),
       FIXTURE_TEST(experiment_import_stores_every_field_of_trials_and_metrics),
       FIXTURE_TEST(experiment_import_with_a_taken_name_stores_nothing),
+      FIXTURE_TEST(trials_import_adds_every_field_and_a_taken_number_stores_nothing),
       FIXTURE_TEST(import_with_an_unknown_status_or_a_time_that_is_not_finite_stores_nothing),
       FIXTURE_TEST(names_that_are_not_folder_names_are_never_stored),
       FIXTURE_TEST(text_that_is_not_utf8_is_refused_naming_it_and_stores_nothing),

@@ -334,6 +334,136 @@ static void copy_of_more_observations_than_a_request_holds_gets_through(void **s
   free(url), free(to_db), free(spec);
 }
 
+/* Trials of copy_of_more_trials_than_a_request_holds_gets_through: some 7 MiB as one
+ * request, more than the 4 MiB a request may hold. */
+enum { MANY_TRIALS = 20000 };
+
+/* Stores MANY_TRIALS completed trials, each with a final "loss", in experiment `name` of db. */
+static void store_many_trials(const char *db, const char *name) {
+  storage *st = open_or_fail(db);
+  experiment_row exp;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  trial_row *trials = calloc(MANY_TRIALS, sizeof *trials);
+  assert_non_null(trials);
+  for (int i = 0; i < MANY_TRIALS; i++)
+    trials[i] = (trial_row){.number = i, .status = TRIAL_COMPLETED, .params_json = "{\"x\":0.5}",
+                            .attempts = 1, .created_at = 1e9 + i, .started_at = 1e9 + i,
+                            .finished_at = 2e9 + i, .job_id = "job", .has_exit_code = true};
+  assert_int_equal(storage_trials_import(st, exp.id, trials, MANY_TRIALS, &err), NAS_OK);
+  free(trials);
+  for (int number = 0; number < MANY_TRIALS; number += MANY_TRIALS / 4) {
+    metric_obs loss = {"loss", METRIC_FINAL, number, 1};
+    assert_int_equal(storage_metrics_add(st, trial_id_of(st, name, number), &loss, 1, -1, &err),
+                     NAS_OK);
+  }
+  experiment_row_clear(&exp);
+  storage_close(st);
+}
+
+/* Whether experiment `name` of db has the status, trials and metrics store_many_trials gave. */
+static void assert_many_trials(const char *db, const char *name, const char *status) {
+  storage *st = open_or_fail(db);
+  experiment_row exp;
+  trial_row *rows;
+  metric_row *metrics;
+  size_t n;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, name, &exp, &err), NAS_OK);
+  assert_string_equal(exp.status, status);
+  assert_int_equal(storage_trial_list(st, exp.id, &rows, &n, &err), NAS_OK);
+  assert_int_equal(n, MANY_TRIALS);
+  for (size_t i = 0; i < n; i++) {
+    assert_int_equal(rows[i].number, (int)i);
+    assert_int_equal(rows[i].status, TRIAL_COMPLETED);
+    assert_true(rows[i].finished_at == 2e9 + (double)i);
+  }
+  trial_rows_free(rows, n);
+  assert_int_equal(storage_metrics_list(st, exp.id, &metrics, &n, &err), NAS_OK);
+  assert_int_equal(n, 4);
+  metric_rows_free(metrics, n);
+  experiment_row_clear(&exp);
+  storage_close(st);
+}
+
+/* `nas copy` into a `nas serve`, and out of it, of an experiment with more trials than one
+ * request can carry: the trials go a share at a time under a name that says the copy is
+ * incomplete, and the copy has its name, every trial and its status once whole. */
+static void copy_of_more_trials_than_a_request_holds_gets_through(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec);
+  nas_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
+  store_many_trials(f->db, "asked");
+  char *to_db = nas_asprintf("sqlite:%s/to.db", f->dir), *out;
+  char *back_db = nas_asprintf("sqlite:%s/back.db", f->dir);
+  test_server srv;
+  start_or_fail(&srv, f->dir, to_db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  nas_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", f->db, "--storage-to", url,
+                             NULL});
+  nas_ok(f, (const char *[]){"copy", "copied", "again", "--storage", url, NULL});
+  nas_ok(f, (const char *[]){"copy", "again", "back", "--storage", url, "--storage-to", back_db,
+                             NULL});
+  const char *taken[] = {"copy", "asked", "again", "--storage", f->db, "--storage-to", url, NULL};
+  assert_int_not_equal(nas_argv(f, &out, taken), 0);
+  assert_contains(out, "exists already");
+  free(out);
+  char *list = shown_by(f, "status", NULL, url);
+  assert_null(strstr(list, "incomplete"));
+  free(list);
+  assert_int_equal(test_server_stop(&srv), 0);
+  assert_many_trials(to_db, "copied", "running");
+  assert_many_trials(to_db, "again", "running");
+  assert_many_trials(back_db, "back", "running");
+  free(url), free(to_db), free(back_db), free(spec);
+}
+
+/* A `nas copy` into a `nas serve` that fails part way (here a trial with parameters of
+ * 5 MiB, more than any request holds, after one of 1 MiB that went through) leaves what
+ * it stored under a name that says the copy is incomplete, stopped, and never under the
+ * copy's name; the error says which and what to do. */
+static void copy_failing_part_way_is_left_under_a_name_that_says_so(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec);
+  nas_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
+  size_t sizes[] = {1 << 20, 10, 5 << 20};
+  trial_row trials[3];
+  for (int i = 0; i < 3; i++) {
+    char *pad = malloc(sizes[i] + 1);
+    assert_non_null(pad);
+    memset(pad, 'a', sizes[i]);
+    pad[sizes[i]] = '\0';
+    trials[i] = (trial_row){.number = i, .status = TRIAL_QUEUED,
+                            .params_json = nas_asprintf("{\"x\":0.5,\"pad\":\"%s\"}", pad)};
+    free(pad);
+  }
+  storage *st = open_or_fail(f->db);
+  experiment_row exp;
+  nas_err err;
+  assert_int_equal(storage_experiment_get(st, "asked", &exp, &err), NAS_OK);
+  assert_int_equal(storage_trials_import(st, exp.id, trials, 3, &err), NAS_OK);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  for (int i = 0; i < 3; i++) free(trials[i].params_json);
+  char *to_db = nas_asprintf("sqlite:%s/to.db", f->dir), *out;
+  test_server srv;
+  start_or_fail(&srv, f->dir, to_db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  const char *copy[] = {"copy", "asked", "copied", "--storage", f->db, "--storage-to", url, NULL};
+  assert_int_not_equal(nas_argv(f, &out, copy), 0);
+  assert_contains(out, "copy 'copied' is incomplete, stored as experiment 'copied.incomplete'");
+  assert_contains(out, "stored 1 of 3 trials");
+  free(out);
+  assert_int_equal(test_server_stop(&srv), 0);
+  storage *to = open_or_fail(to_db);
+  assert_int_equal(storage_experiment_get(to, "copied", &exp, &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_experiment_get(to, "copied.incomplete", &exp, &err), NAS_OK);
+  assert_string_equal(exp.status, "stopped");
+  experiment_row_clear(&exp);
+  storage_close(to);
+  free(url), free(to_db), free(spec);
+}
+
 /* A worker started by hand on another machine's trial: `nas worker --storage http://…`. */
 static void worker_started_by_hand_reports_through_the_server(void **state) {
   fixture *f = *state;
@@ -701,6 +831,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(worker_started_by_hand_reports_through_the_server, setup, teardown),
       cmocka_unit_test_setup_teardown(log_backlog_larger_than_a_request_is_stored_once, setup, teardown),
       cmocka_unit_test_setup_teardown(copy_of_more_observations_than_a_request_holds_gets_through, setup, teardown),
+      cmocka_unit_test_setup_teardown(copy_of_more_trials_than_a_request_holds_gets_through, setup, teardown),
+      cmocka_unit_test_setup_teardown(copy_failing_part_way_is_left_under_a_name_that_says_so, setup, teardown),
       cmocka_unit_test_setup_teardown(thirty_two_clients_reporting_at_once_lose_and_double_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(groups_hold_more_writes_than_request_threads, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_reports_grouped_with_good_ones_fail_alone, setup, teardown),

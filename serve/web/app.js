@@ -17,6 +17,8 @@
     ? document.addEventListener("DOMContentLoaded", resolve) : resolve()));
   let app = null;
   const POLL_MS = 3000;        /* live updates while an experiment runs */
+  /* A live page whose poll got no answer retries after this long, doubling up to the most. */
+  const RETRY_FIRST_MS = 3000, RETRY_MOST_MS = 30000;
   const TABLE_PAGE = 200;      /* rows of the trial table shown at once */
   const page = { charts: [], timer: null, token: 0 };
   const tableState = { sort: "number", desc: false, filter: "", status: "", shown: TABLE_PAGE };
@@ -99,16 +101,27 @@
   }
   /* Thrown by api() on a 401: the page then asks for a token (tokenPage). */
   class TokenNeeded extends Error {}
+  /* Thrown by api() when no whole answer came (the server is down or restarting, the
+   * network failed) or a gateway in front of it said so (502-504): a live page keeps what
+   * it shows and tries again (show). Every other failure is the server's answer. */
+  class ConnectionLost extends Error {}
 
   async function api(path) {
     const token = sessionStorage.getItem(TOKEN_KEY);
-    const resp = await fetch("api/v1/" + path, { headers: token ? { Authorization: "Bearer " + token } : {} });
+    let resp;
+    try {
+      resp = await fetch("api/v1/" + path, { headers: token ? { Authorization: "Bearer " + token } : {} });
+    } catch (err) {
+      throw new ConnectionLost(String(err.message || err));
+    }
     if (resp.status === 401) {
       sessionStorage.removeItem(TOKEN_KEY);
       throw new TokenNeeded(token ? "That token was refused." : "");
     }
-    const body = await resp.json().catch(() => ({ error: resp.statusText }));
-    if (!resp.ok) throw new Error(body.error || resp.statusText);
+    if (resp.status >= 502 && resp.status <= 504) throw new ConnectionLost(resp.statusText);
+    const body = await resp.json().catch(() => null);
+    if (body === null && resp.ok) throw new ConnectionLost("the answer was cut off");
+    if (!resp.ok) throw new Error((body && body.error) || resp.statusText);
     return body;
   }
 
@@ -410,7 +423,19 @@
   function crumbs(...parts) {
     document.getElementById("crumbs").replaceChildren(...parts.map((p) => (p.href ? h("a", { href: p.href }, "/ " + p.text) : h("span", {}, "/ " + p.text))));
   }
-  function live(on) { document.getElementById("live").textContent = on ? "● live (updates every 3 s)" : ""; }
+  /* The header's mark of a polled page; <body data-live> says which ("live", "retrying" or
+   * "") for the end-to-end test. */
+  function mark(state, text) {
+    const el = document.getElementById("live");
+    el.textContent = text;
+    el.className = state;
+    document.body.dataset.live = state;
+  }
+  function live(on) { mark(on ? "live" : "", on ? "● live (updates every 3 s)" : ""); }
+  /* updatedAt: Unix seconds of the last answer; retryMs: when the next try goes. */
+  function retrying(updatedAt, retryMs) {
+    mark("retrying", `connection lost, retrying… (last update ${when(updatedAt)}; next try in ${retryMs / 1000} s)`);
+  }
 
   function listPage(list) {
     crumbs();
@@ -594,13 +619,18 @@
 
   /* Draws a page from load() (a promise of its data) with draw(data, first) → whether to
    * keep polling (first: the page's first draw, not a redraw); polls again while it says
-   * so, redrawing only when the data changed. */
+   * so, redrawing only when the data changed. A poll of a drawn page that gets no answer
+   * (ConnectionLost) leaves the page as it is, says so, and tries again after
+   * RETRY_FIRST_MS, doubling up to RETRY_MOST_MS, until the server answers; any other
+   * failure (a 404: the experiment was deleted; a refused token) ends the page. */
   async function show(load, draw, ready) {
     const token = ++page.token;
-    let last = null;
+    let last = null, updatedAt = 0, retryMs = RETRY_FIRST_MS;
     const step = async () => {
       try {
         const data = await load();
+        updatedAt = Date.now() / 1000;
+        retryMs = RETRY_FIRST_MS;
         await documentReady;
         app = document.getElementById("app");
         if (token !== page.token) return;
@@ -630,6 +660,12 @@
         await documentReady;
         app = document.getElementById("app");
         if (token !== page.token) return;
+        if (err instanceof ConnectionLost && last !== null && !inlined) {
+          retrying(updatedAt, retryMs);
+          page.timer = setTimeout(step, retryMs);
+          retryMs = Math.min(2 * retryMs, RETRY_MOST_MS);
+          return;
+        }
         clear();
         live(false);
         if (err instanceof TokenNeeded) {
