@@ -484,6 +484,38 @@ static void pareto_model_shows_the_front_of_the_posterior_means(void **state) {
   free(spec);
 }
 
+/* Counts the lines of text and checks that each has as many fields (commas) as the first. */
+static size_t csv_lines_of_one_width(const char *text) {
+  size_t lines = 0, width = 0;
+  for (const char *line = text; *line; lines++) {
+    const char *end = strchr(line, '\n');
+    assert_non_null(end);
+    size_t commas = 0;
+    for (const char *p = line; p < end; p++) commas += *p == ',';
+    if (lines == 0) width = commas;
+    if (commas != width) fail_msg("line %zu has %zu commas, the header %zu: %s", lines, commas, width, text);
+    line = end + 1;
+  }
+  return lines;
+}
+
+/* Both fronts in CSV are one table (a "front" column tells them apart), not two tables
+ * of different columns one after the other, which no CSV reader takes. */
+static void pareto_model_in_csv_is_one_table(void **state) {
+  fixture *f = *state;
+  char *spec = noisy_spec(f);
+  run_spec(f, spec);
+  char *out, *argv[] = {"sh", "-c", "\"$0\" pareto noisy --model --format csv --storage \"$1\" 2>/dev/null",
+                        (char *)test_nas_bin(), f->db, NULL};
+  assert_int_equal(test_run(f->dir, argv, &out), 0);
+  assert_int_equal(strncmp(out, "front,trial,y (model),z (model),y,z,x\n", 37), 0);
+  assert_int_equal(csv_lines_of_one_width(out), 1 + 3 + 5); /* the header, observed, model */
+  assert_non_null(strstr(out, "\nobserved,2,,,0.5,0.1,0.5\n"));
+  assert_non_null(strstr(out, "\nmodel,2,0.5"));
+  free(out);
+  free(spec);
+}
+
 static void compare_with_itself_gives_the_pareto_hypervolume(void **state) {
   fixture *f = *state;
   char *one = curves_spec(f, "one", 4), *two = curves_spec(f, "two", 5);
@@ -789,6 +821,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
+      cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,
