@@ -104,7 +104,8 @@ int api_ask(serve_request *req, char **parts) {
   if (rc == NAS_OK) {
     rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker),
                    serve_notifiers_get(&req->srv->notifiers, &e.exp), &rows, &got, &err);
-    if (rc == NAS_ENOTFOUND) serve_fail(req, MHD_HTTP_CONFLICT, "%s", err.msg);
+    if (rc == NAS_ENOTFOUND) /* nothing left to hand out: the budget, or a finite space */
+      serve_reply(req, MHD_HTTP_CONFLICT, json_pack("{s:s, s:b}", "error", err.msg, "done", 1));
     else if (rc != NAS_OK) tell_failed(req, rc, &err);
     api_unload(&e);
   }
