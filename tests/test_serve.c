@@ -601,6 +601,17 @@ static void a_port_in_use_is_refused_without_a_summary_of_writes(void **state) {
   free(listen_at);
 }
 
+/* A port that is no port is refused: getaddrinfo kept the low 16 bits of any number, so
+ * --listen 127.0.0.1:99999 listened on port 34463. */
+static void a_listen_port_past_65535_is_refused(void **state) {
+  fixture *f = *state;
+  static const char *const bad[] = {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1",
+                                    "127.0.0.1:80x", "127.0.0.1: 80", "127.0.0.1:99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    serve_refuses(f, (const char *const[]){"--listen", bad[i], NULL},
+                  "the port must be a number from 0 to 65535");
+}
+
 /* HTTPS with files that cannot be a certificate and its key is refused at once, saying
  * which file and why: no more than 1 MiB is read (/dev/zero filled the memory), a FIFO
  * without a writer is empty (it waited for ever), a file without a PEM block is named, and
@@ -645,6 +656,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(head_answers_as_get_and_405_says_what_is_allowed, setup, teardown),
       cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
       cmocka_unit_test_setup_teardown(a_port_in_use_is_refused_without_a_summary_of_writes, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_listen_port_past_65535_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
