@@ -183,14 +183,30 @@ void cli_storage_hint(const char *url, char *out, size_t size) {
   free(shown);
 }
 
+/* Whether word is "--NAME=VALUE" for a long option of options that takes no value and
+ * stands for letter (getopt_long's optopt then; NAME may be abbreviated, as it accepts). */
+static bool value_given_to_flag(const char *word, int letter, const struct option *options) {
+  const char *eq = strchr(word, '=');
+  if (strncmp(word, "--", 2) != 0 || !eq) return false;
+  size_t len = (size_t)(eq - word - 2);
+  for (const struct option *o = options; o->name; o++)
+    if (strncmp(o->name, word + 2, len) == 0 && o->has_arg == no_argument && o->val == letter)
+      return true;
+  return false;
+}
+
 /* The usage error for what getopt_long returned as c for an option it did not take: a
- * missing value (c == ':', with a leading ':' in the option string) or an unknown option.
- * An unknown letter is named by itself (optopt): inside a group such as '-xy', optind has
- * not yet moved past the group, so argv[optind - 1] would be the word before it. */
-static int option_error(const char *cmd, int c, char *const argv[]) {
-  if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+ * missing value (c == ':', with a leading ':' in the option string), a value given to a
+ * long option that takes none ('--yes=no': optopt is that option's letter), or an unknown
+ * option. An unknown letter is named by itself (optopt): inside a group such as '-xy',
+ * optind has not yet moved past the group, so argv[optind - 1] would be the word before it. */
+static int option_error(const char *cmd, int c, char *const argv[], const struct option *options) {
+  const char *word = argv[optind - 1];
+  if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", word);
+  if (optopt && value_given_to_flag(word, optopt, options))
+    return cli_usage_error(cmd, "option '%.*s' takes no value", (int)strcspn(word, "="), word);
   if (optopt) return cli_usage_error(cmd, "unknown option '-%c'", optopt);
-  return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+  return cli_usage_error(cmd, "unknown option '%s'", word);
 }
 
 /* cmd's long options: --storage and --help, then its own. Owned; NULL when out of memory. */
@@ -222,7 +238,7 @@ int cli_parse_options(const cli_command *cmd, int argc, char **argv, char **stor
   while (status < 0 && (c = getopt_long(argc, argv, letters, options, NULL)) != -1) {
     if (c == 'h') status = (fputs(cmd->help, stdout), EXIT_DONE);
     else if (c == 's') status = take_storage(cmd->name, optarg, storage);
-    else if (c == ':' || c == '?' || !cmd->take) status = option_error(cmd->name, c, argv);
+    else if (c == ':' || c == '?' || !cmd->take) status = option_error(cmd->name, c, argv, options);
     else status = cmd->take(cmd->name, c, optarg, cmd->ctx);
   }
   free(options);

@@ -589,6 +589,12 @@ static void an_option_another_command_takes_is_unknown_by_its_own_name(void **st
   /* and an abbreviation is read among the command's own options only */
   expect_refusal(f, (char *[]){"trial", "e", "0", "--fo", NULL}, 2,
                  "nas trial: option '--fo' needs a value");
+  /* A value given to an option that takes none names that option (it said "unknown
+   * option '-h'" for --help=x, and '-y' for --yes=no). */
+  expect_refusal(f, (char *[]){"status", "--help=x", NULL}, 2, "nas status: option '--help' takes no value");
+  expect_refusal(f, (char *[]){"delete", "e", "--yes=no", NULL}, 2, "nas delete: option '--yes' takes no value");
+  expect_refusal(f, (char *[]){"pareto", "e", "--mod=1", NULL}, 2, "nas pareto: option '--mod' takes no value");
+  expect_refusal(f, (char *[]){"delete", "e", "--runs", "-zy", NULL}, 2, "nas delete: unknown option '-z'");
 }
 
 /* NAME.yaml in the fixture's folder: a spec of one parameter and one objective, without
