@@ -102,10 +102,11 @@ int sched_check_spec(const spec *s, nas_err *err) {
 
 int sched_check_runnable(const spec *s, nas_err *err) {
   if (spec_trial_runs(s)) return NAS_OK;
-  return nas_errf(err, "%s: the spec's trial section runs nothing (neither trial.command nor "
-                  "trial.builtin), so there is nothing for 'nas run' to launch; hand its "
-                  "trials out with 'nas ask'/'nas tell' or 'nas serve' (docs/api.md)",
-                  s->path);
+  /* Named by the experiment: a stored spec (nas resume) has no file, its path "<string>". */
+  return nas_errf(err, "experiment '%s': the spec's trial section runs nothing (neither "
+                  "trial.command nor trial.builtin), so there is nothing for 'nas run' to "
+                  "launch; hand its trials out with 'nas ask'/'nas tell' or 'nas serve' "
+                  "(docs/api.md)", s->name);
 }
 
 /* Stores a new experiment of s with its `enqueue:` assignments as queued trials. */

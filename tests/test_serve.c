@@ -323,6 +323,8 @@ static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) 
   free(out);
   assert_int_equal(nas(f, &out, "resume", "asked", "--no-progress"), 1);
   assert_non_null(strstr(out, "nothing for 'nas run' to launch"));
+  /* named by the experiment: the stored spec has no file (it said "<string>: …") */
+  assert_non_null(strstr(out, "nas: experiment 'asked': the spec's trial section runs nothing"));
   free(out);
   free(spec);
 }
