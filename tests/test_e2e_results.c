@@ -660,6 +660,14 @@ static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **s
                  "nas tell: --step wants a non-negative integer, not ''");
   expect_refusal(f, (char *[]){"report", "y=1", "--step", "", NULL}, 2,
                  "nas report: --step wants a non-negative integer, not ''");
+  /* report's --trial too, as bad usage (exit 2) before any storage is opened */
+  const char *bad[] = {"12abc", "-1", "", "99999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char *want = nas_asprintf("nas report: '%s' is not a trial number", bad[i]);
+    expect_refusal(f, (char *[]){"report", "y=1", "--experiment", "e", "--trial", (char *)bad[i], NULL},
+                   2, want);
+    free(want);
+  }
 }
 
 /* The values were parsed and then dropped unseen: a failed trial stores none. */
