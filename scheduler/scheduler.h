@@ -258,6 +258,12 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
  * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err);
+/* Posts to nt (borrowed; NULL: nothing) what trial `number`, just ended as stopped by a
+ * report's early-stopping verdict (sched_tell_report's *stop), means to the webhooks:
+ * experiment_finished when it was the last of the budget to end (a stopped trial has no
+ * event of its own). Called once the report is stored; failures are logged. */
+void sched_tell_stopped_events(storage *st, const spec *s, const experiment_row *exp,
+                               int number, notifier *nt);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
  * trial left running, when an objective was never reported. With a notifier (borrowed,
  * started from s's notify: section; NULL for none) the end is posted as a run posts it:
