@@ -169,17 +169,19 @@ int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *
   return rc;
 }
 
+char *cli_shell_word(const char *text) {
+  bool plain = *text && strspn(text, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_/:.@=-+,%") == strlen(text);
+  return plain ? strdup(text) : nas_shell_quote(text);
+}
+
 void cli_storage_hint(const char *url, char *out, size_t size) {
   out[0] = '\0';
   if (!url || strcmp(url, cli_storage_url(NULL)) == 0) return;
   char *shown = storage_url_redacted(url);
-  if (!shown) return;
-  /* Quoted for the shell unless every character is plainly safe. */
-  bool plain = strspn(shown, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                             "_/:.@=-+,%") == strlen(shown);
-  char *word = plain ? shown : nas_shell_quote(shown);
+  char *word = shown ? cli_shell_word(shown) : NULL;
   if (word) snprintf(out, size, " --storage %s", word);
-  if (word != shown) free(word);
+  free(word);
   free(shown);
 }
 

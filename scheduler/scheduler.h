@@ -138,7 +138,8 @@ int sched_check_runnable(const spec *s, nas_err *err);
 
 /* Finds the experiment of spec s in st, creating it when new. An existing experiment
  * with a different spec is refused with the differences listed, except for changes
- * confined to `budget` and `notify`, which are stored and accepted. A new experiment is
+ * confined to `budget` and `notify`, which are stored and accepted; one stopped is marked
+ * running again, unless a scheduler still holds it. A new experiment is
  * stored with the spec's `enqueue:` assignments as queued trials, in the same transaction,
  * so they are queued exactly once. */
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err);

@@ -527,9 +527,9 @@ static void commands_other_than_run_refuse_a_missing_database(void **state) {
   free(url), free(path);
 }
 
-/* The hint a command prints to go on ("'nas resume E --storage URL' continues it") quotes a
- * URL with a quote in it as one shell word: it was printed as '…'…', which a shell reads
- * as something else. */
+/* The hint a command prints to go on ("'nas resume E --storage URL' continues it", here
+ * `nas create`'s for an ask-and-tell experiment) quotes a URL with a quote in it as one shell
+ * word: it was printed as '…'…', which a shell reads as something else. */
 static void a_storage_path_with_a_quote_is_one_shell_word_in_hints(void **state) {
   fixture *f = *state;
   char *url = nas_asprintf("sqlite:%s/it's.db", f->dir), *out = NULL;
@@ -543,8 +543,9 @@ static void a_storage_path_with_a_quote_is_one_shell_word_in_hints(void **state)
   free(out);
   char *stop[] = {(char *)test_nas_bin(), "stop", "quoted", "--storage", url, NULL};
   assert_int_equal(test_run(f->dir, stop, &out), 0);
-  char *hint = nas_asprintf("'nas resume quoted --storage 'sqlite:%s/it'\\''s.db'' continues it",
-                            f->dir);
+  /* (an ask-and-tell spec: `nas create` of it, not `nas resume`, goes on) */
+  char *hint = nas_asprintf("'nas create %s --storage 'sqlite:%s/it'\\''s.db'' opens it again",
+                            spec, f->dir);
   if (!strstr(out, hint)) fail_msg("\"%s\" does not contain \"%s\"", out, hint);
   free(hint), free(out), free(spec), free(url);
 }

@@ -329,6 +329,39 @@ static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) 
   free(spec);
 }
 
+/* An ask-and-tell experiment stopped goes on once its spec is stored again (`nas create`,
+ * POST /experiments): it could never hand out a trial again, and `nas stop` pointed at
+ * `nas resume`, which refuses a spec that runs nothing. */
+static void a_stopped_ask_and_tell_experiment_is_opened_again_by_create(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "stop", "asked", NULL), 0);
+  if (strstr(out, "nas resume") || !strstr(out, "'nas create ")) fail_msg("stop said: %s", out);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 1);
+  assert_non_null(strstr(out, "is stopped"));
+  free(out);
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
+  free(out);
+
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/stop", NULL, NULL, 200, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{}", NULL, 409, "is stopped");
+  int code;
+  json_t *summary = test_http(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, &code);
+  assert_int_equal(code, 200);
+  assert_string_equal(json_string_value(json_object_get(summary, "status")), "running");
+  json_decref(summary);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{}", NULL, 200, NULL);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(spec);
+}
+
 /* `nas create` stores the experiment where the spec's storage: says, as `nas run` does,
  * unless --storage or NAS_STORAGE says otherwise. */
 static void create_stores_where_the_spec_storage_section_says(void **state) {
@@ -649,6 +682,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
       cmocka_unit_test_setup_teardown(create_stores_where_the_spec_storage_section_says, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_stopped_ask_and_tell_experiment_is_opened_again_by_create, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused, setup, teardown),
