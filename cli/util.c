@@ -169,6 +169,10 @@ int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *
   return rc;
 }
 
+const char *cli_queued_runner(const spec *s) {
+  return spec_trial_runs(s) ? "nas resume" : "nas ask";
+}
+
 char *cli_shell_word(const char *text) {
   bool plain = *text && strspn(text, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
                                      "0123456789_/:.@=-+,%") == strlen(text);

@@ -644,7 +644,7 @@ static void hints_carry_the_storage_when_it_is_not_the_default(void **state) {
   expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0,
                  "'nas ask hint --storage sqlite:");
   expect_refusal(f, (char *[]){"enqueue", "hint", "x=0.5", "--storage", f->db, NULL}, 0,
-                 "run it with: nas resume hint --storage sqlite:");
+                 "run it with: nas ask hint --storage sqlite:");
   expect_refusal(f, (char *[]){"status", "hint", "--storage", f->db, NULL}, 0,
                  "'nas pareto hint --storage sqlite:");
   free(spec);

@@ -362,6 +362,35 @@ static void a_stopped_ask_and_tell_experiment_is_opened_again_by_create(void **s
   free(spec);
 }
 
+/* Trials queued again (`nas retry`) or by hand (`nas enqueue`) in an ask-and-tell
+ * experiment are handed out by the next ask, as the hints now say: they named `nas resume`,
+ * which refuses a spec that runs nothing. */
+static void queued_trials_of_an_ask_and_tell_experiment_are_hinted_to_nas_ask(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
+  free(out);
+  char *fail[] = {(char *)test_nas_bin(), "tell", "asked", "0", "--fail", "broke", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, fail, &out), 0);
+  free(out);
+  char *retry[] = {(char *)test_nas_bin(), "retry", "asked", "--failed", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, retry, &out), 0);
+  if (!strstr(out, "run them with: nas ask asked") || strstr(out, "nas resume")) fail_msg("retry said: %s", out);
+  free(out);
+  char *enqueue[] = {(char *)test_nas_bin(), "enqueue", "asked", "x=0.5", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, enqueue, &out), 0);
+  if (!strstr(out, "run it with: nas ask asked") || strstr(out, "nas resume")) fail_msg("enqueue said: %s", out);
+  free(out);
+  char *ask[] = {(char *)test_nas_bin(), "ask", "asked", "-n", "2", "--format", "csv", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, ask, &out), 0);
+  assert_non_null(strstr(out, "\n0,")); /* the retried trial, */
+  assert_non_null(strstr(out, "\n1,0.5\n")); /* and the one enqueued */
+  free(out);
+  free(spec);
+}
+
 /* `nas create` stores the experiment where the spec's storage: says, as `nas run` does,
  * unless --storage or NAS_STORAGE says otherwise. */
 static void create_stores_where_the_spec_storage_section_says(void **state) {
@@ -683,6 +712,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
       cmocka_unit_test_setup_teardown(create_stores_where_the_spec_storage_section_says, setup, teardown),
       cmocka_unit_test_setup_teardown(a_stopped_ask_and_tell_experiment_is_opened_again_by_create, setup, teardown),
+      cmocka_unit_test_setup_teardown(queued_trials_of_an_ask_and_tell_experiment_are_hinted_to_nas_ask, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused, setup, teardown),
