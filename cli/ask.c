@@ -236,6 +236,11 @@ static int tell_it(storage *st, const spec *s, const experiment_row *exp, const 
   if (a->fail || a->complete) return tell_end(st, s, exp, a, set, err);
   bool stop = false;
   int rc = sched_tell_report(st, s, exp, a->number, set->obs, set->n, &stop, err);
+  if (rc == NAS_OK && stop) { /* early stopping ended the trial: maybe the experiment too */
+    notifier *nt = webhooks_start(s, exp);
+    sched_tell_stopped_events(st, s, exp, a->number, nt);
+    notifier_close(nt);
+  }
   if (rc == NAS_OK && a->step != METRIC_FINAL) puts(stop ? "stop" : "continue");
   return rc;
 }

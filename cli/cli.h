@@ -113,6 +113,13 @@ int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *
  * sqlite:nas.db); a password shows masked. Written into out. */
 enum { CLI_HINT_MAX = 1200 };
 void cli_storage_hint(const char *url, char *out, size_t size);
+/* The command that runs the queued trials of an experiment of spec s, for hints: "nas
+ * resume" when its trials run a command or a built-in, else "nas ask" (which hands queued
+ * trials out first; `nas resume` refuses a spec that runs nothing). */
+const char *cli_queued_runner(const spec *s);
+/* text as one word of a shell command in a printed hint: as it is when every character is
+ * plainly safe, else quoted (nas_shell_quote). Owned; NULL when out of memory. */
+char *cli_shell_word(const char *text);
 
 /* Parses NAME=VALUE into set at step (METRIC_FINAL for final values), read and checked as
  * a metric line's values are (metric_value_parse: a JSON number), each NAME once, "step"

@@ -1,4 +1,5 @@
 /* cli/main.c: `nas COMMAND …` dispatch, --help and --version. */
+#include <errno.h>
 #include <gsl/gsl_errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -49,6 +50,19 @@ static void usage(FILE *f) {
              "$NAS_STORAGE, else sqlite:nas.db.\n");
 }
 
+/* A command's status, unless what it printed did not all reach stdout (a full disk, a
+ * closed pipe with SIGPIPE ignored): `nas export EXP > backup.json` must not end 0 with half
+ * a file. stdio keeps a failed write's error in the stream and retries its buffer on the
+ * flush, which says why. */
+static int with_stdout_written(int status) {
+  bool failed_before = ferror(stdout);
+  errno = 0;
+  if (fflush(stdout) == 0 && !failed_before) return status;
+  fprintf(stderr, "nas: cannot write the output to stdout%s%s\n", errno ? ": " : "",
+          errno ? strerror(errno) : "");
+  return status == EXIT_DONE ? EXIT_FAILED : status;
+}
+
 int main(int argc, char **argv) {
   /* GSL aborts the process on errors by default; every GSL call here checks its result. */
   gsl_set_error_handler_off();
@@ -60,19 +74,21 @@ int main(int argc, char **argv) {
     /* `nas help run` is `nas run --help` (`nas help --help` is `nas --help`, below). */
     char *help_argv[] = {argv[2], "--help", NULL};
     for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-      if (strcmp(argv[2], commands[i].name) == 0) return commands[i].run(2, help_argv);
+      if (strcmp(argv[2], commands[i].name) == 0)
+        return with_stdout_written(commands[i].run(2, help_argv));
     argv[1] = argv[2]; /* an unknown command: said as such below */
   } else if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0 ||
              strcmp(argv[1], "help") == 0) {
     usage(stdout);
-    return EXIT_DONE;
+    return with_stdout_written(EXIT_DONE);
   }
   if (strcmp(argv[1], "--version") == 0) {
     printf("nas %s\n", NAS_VERSION);
-    return EXIT_DONE;
+    return with_stdout_written(EXIT_DONE);
   }
   for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
-    if (strcmp(argv[1], commands[i].name) == 0) return commands[i].run(argc - 1, argv + 1);
+    if (strcmp(argv[1], commands[i].name) == 0)
+      return with_stdout_written(commands[i].run(argc - 1, argv + 1));
   fprintf(stderr, "nas: unknown command '%s'\n", argv[1]);
   for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
     if (nas_edit_distance(argv[1], commands[i].name) <= 2)

@@ -41,7 +41,8 @@ static const char copy_help[] =
 static const char enqueue_help[] =
     "usage: nas enqueue EXPERIMENT NAME=VALUE [NAME=VALUE …] [--storage URL]\n\n"
     "Queues one trial with the parameter values given: the next 'nas run' or 'nas resume'\n"
-    "launches it before any suggestion of the optimizer, and it counts in budget.trials.\n"
+    "launches it before any suggestion of the optimizer (the next 'nas ask' hands it out\n"
+    "first where the spec runs nothing), and it counts in budget.trials.\n"
     "Values are written as in YAML (3, 0.01, adam; quote text that looks like a number) and\n"
     "checked against the space: type, range, step, choices and conditions. Every active\n"
     "parameter needs a value except fixed ones, which are filled in.\n\n"
@@ -211,8 +212,8 @@ static int enqueue_trial(const manage_args *a, storage *st, const experiment_row
   if (rc == NAS_OK) {
     char at[CLI_HINT_MAX];
     cli_storage_hint(cli_storage_url(a->storage), at, sizeof at);
-    fprintf(stderr, "nas: trial %d of %s queued with %s; run it with: nas resume %s%s\n",
-            row.number, exp->name, row.params_json, exp->name, at);
+    fprintf(stderr, "nas: trial %d of %s queued with %s; run it with: %s %s%s\n",
+            row.number, exp->name, row.params_json, cli_queued_runner(s), exp->name, at);
   }
   trial_row_clear(&row);
   json_decref(params);

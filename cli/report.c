@@ -28,7 +28,8 @@ static const char report_help[] =
 typedef struct {
   long long step;
   const char *experiment; /* --experiment; NULL when not given */
-  const char *number;     /* --trial NUMBER; NULL when not given */
+  const char *number;     /* --trial NUMBER as given; NULL when not given */
+  int trial;              /* … as a number (checked by parse_args) */
   bool force;
   char *storage;          /* owned: --storage (cli_storage_flag), NULL when not given */
 } report_args;
@@ -64,6 +65,7 @@ static int parse_args(int argc, char **argv, report_args *a) {
   if (optind == argc) return cli_usage_error("report", "expected NAME=VALUE");
   if (a->experiment && !a->number)
     return cli_usage_error("report", "--experiment needs --trial NUMBER");
+  if (a->number && (status = cli_trial_number("report", a->number, &a->trial)) >= 0) return status;
   if (a->number && !a->experiment && !(a->experiment = getenv("NAS_EXPERIMENT")))
     return cli_usage_error("report", "--trial %s: name its experiment with --experiment NAME",
                            a->number);
@@ -76,18 +78,15 @@ static int parse_args(int argc, char **argv, report_args *a) {
 /* The trial of that number in the named experiment, and the experiment. */
 static int trial_by_number(storage *st, const report_args *a, trial_row *out,
                            experiment_row *exp, nas_err *err) {
-  long long number;
-  if (parse_long(a->number, &number) != NAS_OK || number < 0)
-    return nas_errf(err, "--trial wants a trial number (0, 1, …), not '%s'", a->number);
   int rc = cli_get_experiment(st, cli_storage_url(a->storage), a->experiment, exp, err);
   trial_row *rows = NULL;
   size_t n = 0;
   if (rc == NAS_OK) rc = storage_trial_list(st, exp->id, &rows, &n, err);
   if (rc != NAS_OK) return rc;
-  rc = nas_errf(err, "experiment '%s' has no trial %lld (see 'nas trials %s')", a->experiment,
-                number, a->experiment);
+  rc = nas_errf(err, "experiment '%s' has no trial %d (see 'nas trials %s')", a->experiment,
+                a->trial, a->experiment);
   for (size_t i = 0; i < n && rc != NAS_OK; i++) {
-    if (rows[i].number != number) continue;
+    if (rows[i].number != a->trial) continue;
     *out = rows[i];
     memset(&rows[i], 0, sizeof rows[i]); /* moved to out */
     rc = NAS_OK;

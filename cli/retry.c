@@ -12,8 +12,9 @@ static const char retry_help[] =
     "       nas retry EXPERIMENT --failed [--storage URL]\n\n"
     "Queues the trials numbered N (as 'nas trials' shows them), or with --failed every\n"
     "failed and timed-out trial, to run again: once the trial is fixed, 'nas resume\n"
-    "EXPERIMENT' (or 'nas run') launches them before any new trial. Each stays the same\n"
-    "trial, with its parameters and its attempts so far, and counts once in budget.trials.\n"
+    "EXPERIMENT' (or 'nas run') launches them before any new trial ('nas ask' hands them\n"
+    "out first where the spec runs nothing). Each stays the same trial, with its\n"
+    "parameters and its attempts so far, and counts once in budget.trials.\n"
     "Only failed and timed-out trials can be retried; naming any other refuses the whole\n"
     "request and changes nothing.\n\n"
     "  --failed        every failed and timed-out trial\n"
@@ -77,8 +78,8 @@ int cmd_retry(int argc, char **argv) {
   {
     char at[CLI_HINT_MAX];
     cli_storage_hint(cli_storage_url(a.storage), at, sizeof at);
-    fprintf(stderr, "nas: %zu trial%s queued; run them with: nas resume %s%s\n", retried,
-            retried == 1 ? "" : "s", exp.name, at);
+    fprintf(stderr, "nas: %zu trial%s queued; run them with: %s %s%s\n", retried,
+            retried == 1 ? "" : "s", cli_queued_runner(s), exp.name, at);
   }
   spec_free(s);
   experiment_row_clear(&exp);

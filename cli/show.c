@@ -201,7 +201,8 @@ static const char pareto_help[] =
     "adds the front of the model's estimates: the gp optimizer's posterior mean of each\n"
     "objective at each such trial's parameters (reported NAME_sem standard errors and the\n"
     "spec's noise: taken as known noise), with the readings beside them; in JSON, as\n"
-    "\"model_front\" (front rows with \"model\": {objective: posterior mean}).\n";
+    "\"model_front\" (front rows with \"model\": {objective: posterior mean}); in csv,\n"
+    "both fronts in one table whose first column, front, says observed or model.\n";
 
 /* Says that a front holds this experiment's own trials only, when warm_start imported
  * observations that are not on it. */
@@ -228,11 +229,11 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
   print_warm_start_note(f, s);
 }
 
-/* The front's rows as a table: trial, (with model: each objective's posterior mean,) the
- * objectives as observed, the parameters. */
-static int pareto_table(const spec *s, const json_t *front, bool model, cli_table *t) {
-  static const char *const head[] = {"trial"};
-  int rc = cli_table_init(t, head, 1);
+/* The columns of a front's table: (with label: front,) trial, (with model: each objective's
+ * posterior mean,) the objectives as observed, the parameters. */
+static int pareto_columns(const spec *s, bool model, bool label, cli_table *t) {
+  static const char *const head[] = {"front", "trial"};
+  int rc = cli_table_init(t, head + !label, label ? 2 : 1);
   for (size_t j = 0; model && rc == NAS_OK && j < s->n_objectives; j++) {
     char *name = nas_asprintf("%s (model)", s->objectives[j].name);
     rc = name ? cli_table_add_column(t, name) : NAS_ERR;
@@ -242,30 +243,58 @@ static int pareto_table(const spec *s, const json_t *front, bool model, cli_tabl
     rc = cli_table_add_column(t, s->objectives[j].name);
   for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
     rc = cli_table_add_column(t, s->params[p].name);
-  size_t k, first = 1 + (model ? s->n_objectives : 0);
+  return rc;
+}
+
+/* Appends front's rows to t (made by pareto_columns): label in the first column when
+ * given; a posterior mean from the row's "model", empty where it has none. */
+static int pareto_rows(const spec *s, const json_t *front, bool model, const char *label,
+                       cli_table *t) {
+  size_t k, first = (label ? 2 : 1), means_end = first + (model ? s->n_objectives : 0);
   const json_t *row;
+  int rc = NAS_OK;
   json_array_foreach(front, k, row) {
     json_t *cells = json_array();
-    for (size_t c = 0; rc == NAS_OK && c < t->n_columns; c++) {
-      bool mean = c > 0 && c < first;
+    if (label) json_array_append_new(cells, json_string(label));
+    for (size_t c = first - 1; c < t->n_columns; c++) {
+      bool mean = c >= first && c < means_end;
       const json_t *from = mean ? json_object_get(row, "model") : row;
-      const char *key = mean ? s->objectives[c - 1].name : t->columns[c];
-      json_array_append(cells, json_object_get(from, key));
+      const char *key = mean ? s->objectives[c - first].name : t->columns[c];
+      const json_t *cell = json_object_get(from, key);
+      json_array_append_new(cells, cell ? json_incref((json_t *)cell) : json_null());
     }
     if (rc == NAS_OK) rc = cli_table_add_row(t, cells);
+    else json_decref(cells);
   }
   return rc;
 }
 
-/* The front of the model's posterior means, after the observed one (--model). */
-static int print_model_front(const spec *s, const json_t *model_front, out_format format) {
-  FILE *f = format == FORMAT_TABLE ? stdout : stderr;
-  fprintf(f, "\nmodel: %zu trials on the front of the posterior means (what the model "
-          "expects at each trial's parameters, known noise included; the observed readings "
-          "beside them)\n", json_array_size(model_front));
+/* The front's rows as a table (pareto_columns without a label). */
+static int pareto_table(const spec *s, const json_t *front, bool model, cli_table *t) {
+  int rc = pareto_columns(s, model, false, t);
+  return rc == NAS_OK ? pareto_rows(s, front, model, NULL, t) : rc;
+}
+
+/* The front of the model's posterior means, after the observed one (--model), in a table. */
+static int print_model_front(const spec *s, const json_t *model_front) {
+  printf("\nmodel: %zu trials on the front of the posterior means (what the model "
+         "expects at each trial's parameters, known noise included; the observed readings "
+         "beside them)\n", json_array_size(model_front));
   cli_table t;
   int rc = pareto_table(s, model_front, true, &t);
-  if (rc == NAS_OK) cli_table_print(&t, format);
+  if (rc == NAS_OK) cli_table_print(&t, FORMAT_TABLE);
+  cli_table_free(&t);
+  return rc;
+}
+
+/* Both fronts as one CSV table (--model --format csv), so that it reads as one: a "front"
+ * column says observed or model, and the posterior means are empty on observed rows. */
+static int print_fronts_csv(const spec *s, const json_t *front, const json_t *model_front) {
+  cli_table t;
+  int rc = pareto_columns(s, true, true, &t);
+  if (rc == NAS_OK) rc = pareto_rows(s, front, true, "observed", &t);
+  if (rc == NAS_OK) rc = pareto_rows(s, model_front, true, "model", &t);
+  if (rc == NAS_OK) cli_table_print(&t, FORMAT_CSV);
   cli_table_free(&t);
   return rc;
 }
@@ -283,12 +312,14 @@ static int show_pareto(const show_args *a, const spec *s, const experiment_row *
   if (a->format == FORMAT_JSON) {
     if (model) json_object_set(pareto, "model_front", model);
     cli_print_json(pareto);
+  } else if (model && a->format == FORMAT_CSV) {
+    rc = print_fronts_csv(s, json_object_get(pareto, "front"), model);
   } else {
     cli_table t;
     rc = pareto_table(s, json_object_get(pareto, "front"), false, &t);
     if (rc == NAS_OK) cli_table_print(&t, a->format);
     cli_table_free(&t);
-    if (rc == NAS_OK && model) rc = print_model_front(s, model, a->format);
+    if (rc == NAS_OK && model) rc = print_model_front(s, model);
   }
   json_decref(model);
   json_decref(pareto);

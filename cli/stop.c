@@ -12,7 +12,18 @@ static const char stop_help[] =
     "usage: nas stop EXPERIMENT [--storage URL]\n\n"
     "Stops an experiment: launches no more trials and stops the running ones (TERM, then\n"
     "KILL after the runner's grace period); they are recorded as stopped, with their data.\n"
-    "'nas resume EXPERIMENT' continues it later.\n";
+    "'nas resume EXPERIMENT' continues it later; one whose trials 'nas ask' hands out (its\n"
+    "spec runs nothing) is opened again by 'nas create' of its spec.\n";
+
+/* What `nas stop` did to an experiment whose trials `nas ask` hands out (its spec runs
+ * nothing, so `nas resume` refuses it), and what opens it again (at: the storage hint). */
+static void print_asked_stop(const experiment_row *exp, const char *at) {
+  char *spec = cli_shell_word(exp->spec_path);
+  printf("%s: marked stopped: 'nas ask' hands out no more trials (those handed out may still "
+         "be told); 'nas create %s%s' opens it again\n", exp->name, spec ? spec : exp->spec_path,
+         at);
+  free(spec);
+}
 
 static int stop_experiment(const char *url, const char *name) {
   nas_err err;
@@ -28,10 +39,12 @@ static int stop_experiment(const char *url, const char *name) {
   cli_storage_hint(cli_storage_url(url), at, sizeof at);
   if (rc == NAS_OK && done.was_finished)
     printf("%s: finished already (its budget is spent); nothing to stop\n", exp.name);
-  else if (rc == NAS_OK)
+  else if (rc == NAS_OK && spec_trial_runs(s))
     printf("%s: marked stopped (a running 'nas run' ends within a second); asked %zu running "
            "trial%s to stop; 'nas resume %s%s' continues it\n", exp.name, done.asked,
            done.asked == 1 ? "" : "s", exp.name, at);
+  else if (rc == NAS_OK) /* trials handed out by ask only: nas resume would refuse it */
+    print_asked_stop(&exp, at);
   spec_free(s);
   experiment_row_clear(&exp);
   storage_close(st);

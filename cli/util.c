@@ -167,28 +167,50 @@ int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *
   return rc;
 }
 
+const char *cli_queued_runner(const spec *s) {
+  return spec_trial_runs(s) ? "nas resume" : "nas ask";
+}
+
+char *cli_shell_word(const char *text) {
+  bool plain = *text && strspn(text, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_/:.@=-+,%") == strlen(text);
+  return plain ? strdup(text) : nas_shell_quote(text);
+}
+
 void cli_storage_hint(const char *url, char *out, size_t size) {
   out[0] = '\0';
   if (!url || strcmp(url, cli_storage_url(NULL)) == 0) return;
   char *shown = storage_url_redacted(url);
-  if (!shown) return;
-  /* Quoted for the shell unless every character is plainly safe. */
-  bool plain = strspn(shown, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789"
-                             "_/:.@=-+,%") == strlen(shown);
-  char *word = plain ? shown : nas_shell_quote(shown);
+  char *word = shown ? cli_shell_word(shown) : NULL;
   if (word) snprintf(out, size, " --storage %s", word);
-  if (word != shown) free(word);
+  free(word);
   free(shown);
 }
 
+/* Whether word is "--NAME=VALUE" for a long option of options that takes no value and
+ * stands for letter (getopt_long's optopt then; NAME may be abbreviated, as it accepts). */
+static bool value_given_to_flag(const char *word, int letter, const struct option *options) {
+  const char *eq = strchr(word, '=');
+  if (strncmp(word, "--", 2) != 0 || !eq) return false;
+  size_t len = (size_t)(eq - word - 2);
+  for (const struct option *o = options; o->name; o++)
+    if (strncmp(o->name, word + 2, len) == 0 && o->has_arg == no_argument && o->val == letter)
+      return true;
+  return false;
+}
+
 /* The usage error for what getopt_long returned as c for an option it did not take: a
- * missing value (c == ':', with a leading ':' in the option string) or an unknown option.
- * An unknown letter is named by itself (optopt): inside a group such as '-xy', optind has
- * not yet moved past the group, so argv[optind - 1] would be the word before it. */
-static int option_error(const char *cmd, int c, char *const argv[]) {
-  if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+ * missing value (c == ':', with a leading ':' in the option string), a value given to a
+ * long option that takes none ('--yes=no': optopt is that option's letter), or an unknown
+ * option. An unknown letter is named by itself (optopt): inside a group such as '-xy',
+ * optind has not yet moved past the group, so argv[optind - 1] would be the word before it. */
+static int option_error(const char *cmd, int c, char *const argv[], const struct option *options) {
+  const char *word = argv[optind - 1];
+  if (c == ':') return cli_usage_error(cmd, "option '%s' needs a value", word);
+  if (optopt && value_given_to_flag(word, optopt, options))
+    return cli_usage_error(cmd, "option '%.*s' takes no value", (int)strcspn(word, "="), word);
   if (optopt) return cli_usage_error(cmd, "unknown option '-%c'", optopt);
-  return cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+  return cli_usage_error(cmd, "unknown option '%s'", word);
 }
 
 /* cmd's long options: --storage and --help, then its own. Owned; NULL when out of memory. */
@@ -220,7 +242,7 @@ int cli_parse_options(const cli_command *cmd, int argc, char **argv, char **stor
   while (status < 0 && (c = getopt_long(argc, argv, letters, options, NULL)) != -1) {
     if (c == 'h') status = (fputs(cmd->help, stdout), EXIT_DONE);
     else if (c == 's') status = take_storage(cmd->name, optarg, storage);
-    else if (c == ':' || c == '?' || !cmd->take) status = option_error(cmd->name, c, argv);
+    else if (c == ':' || c == '?' || !cmd->take) status = option_error(cmd->name, c, argv, options);
     else status = cmd->take(cmd->name, c, optarg, cmd->ctx);
   }
   free(options);

@@ -231,6 +231,21 @@ int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int
   return rc;
 }
 
+void sched_tell_stopped_events(storage *st, const spec *s, const experiment_row *exp,
+                               int number, notifier *nt) {
+  if (!nt) return;
+  trial_row t;
+  nas_err err;
+  if (sched_trial_find(st, exp, number, &t, &err) != NAS_OK) {
+    nas_log("%s: trial %d: webhooks not told of its stop: %s", exp->name, number, err.msg);
+    return;
+  }
+  sched sc;
+  tell_events_begin(&sc, st, s, exp, nt);
+  tell_events_end(&sc, &t, TRIAL_STOPPED, t.error);
+  trial_row_clear(&t);
+}
+
 /* The first objective that neither trial t's stored results nor obs (the final values
  * about to be stored with its completion) hold, or NULL. */
 static const char *missing_objective(const spec *s, const sched_results *r, int64_t trial_id,

@@ -71,9 +71,24 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
   return rc;
 }
 
-/* The stored experiment of spec s, its spec checked against s. */
+/* A stopped experiment marked running again, as storing its spec once more asks (`nas
+ * create`, POST /experiments; `nas run` marks it so itself): without this, one whose
+ * trials `nas ask` hands out could never go on after `nas stop`. Not while a scheduler
+ * still holds it: its `nas run` is to see the stop. */
+static int reopen_stopped(storage *st, const experiment_row *exp, nas_err *err) {
+  if (strcmp(exp->status, "stopped") != 0) return NAS_OK;
+  sched_liveness scheduler;
+  char *holder;
+  if (sched_scheduler_state(st, exp, &scheduler, &holder, err) != NAS_OK) return NAS_ERR;
+  free(holder);
+  if (scheduler == SCHEDULER_ALIVE) return NAS_OK;
+  return storage_experiment_set_status(st, exp->id, "running", err);
+}
+
+/* The stored experiment of spec s, its spec checked against s, opened again if stopped. */
 static int prepare_existing(const spec *s, storage *st, experiment_row *exp, nas_err *err) {
   int rc = compare_with_stored(s, st, exp, err);
+  if (rc == NAS_OK) rc = reopen_stopped(st, exp, err);
   experiment_row_clear(exp);
   return rc == NAS_OK ? storage_experiment_get(st, s->name, exp, err) : rc;
 }
@@ -102,10 +117,11 @@ int sched_check_spec(const spec *s, nas_err *err) {
 
 int sched_check_runnable(const spec *s, nas_err *err) {
   if (spec_trial_runs(s)) return NAS_OK;
-  return nas_errf(err, "%s: the spec's trial section runs nothing (neither trial.command nor "
-                  "trial.builtin), so there is nothing for 'nas run' to launch; hand its "
-                  "trials out with 'nas ask'/'nas tell' or 'nas serve' (docs/api.md)",
-                  s->path);
+  /* Named by the experiment: a stored spec (nas resume) has no file, its path "<string>". */
+  return nas_errf(err, "experiment '%s': the spec's trial section runs nothing (neither "
+                  "trial.command nor trial.builtin), so there is nothing for 'nas run' to "
+                  "launch; hand its trials out with 'nas ask'/'nas tell' or 'nas serve' "
+                  "(docs/api.md)", s->name);
 }
 
 /* Stores a new experiment of s with its `enqueue:` assignments as queued trials. */

@@ -140,7 +140,8 @@ int sched_check_runnable(const spec *s, nas_err *err);
 
 /* Finds the experiment of spec s in st, creating it when new. An existing experiment
  * with a different spec is refused with the differences listed, except for changes
- * confined to `budget` and `notify`, which are stored and accepted. A new experiment is
+ * confined to `budget` and `notify`, which are stored and accepted; one stopped is marked
+ * running again, unless a scheduler still holds it. A new experiment is
  * stored with the spec's `enqueue:` assignments as queued trials, in the same transaction,
  * so they are queued exactly once. */
 int sched_prepare(const spec *s, storage *st, experiment_row *exp, nas_err *err);
@@ -260,6 +261,12 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
  * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err);
+/* Posts to nt (borrowed; NULL: nothing) what trial `number`, just ended as stopped by a
+ * report's early-stopping verdict (sched_tell_report's *stop), means to the webhooks:
+ * experiment_finished when it was the last of the budget to end (a stopped trial has no
+ * event of its own). Called once the report is stored; failures are logged. */
+void sched_tell_stopped_events(storage *st, const spec *s, const experiment_row *exp,
+                               int number, notifier *nt);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
  * trial left running, when an objective was never reported. With a notifier (borrowed,
  * started from s's notify: section; NULL for none) the end is posted as a run posts it:

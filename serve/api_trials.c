@@ -104,7 +104,8 @@ int api_ask(serve_request *req, char **parts) {
   if (rc == NAS_OK) {
     rc = sched_ask(req->st, e.s, &e.exp, (size_t)n, json_string_value(worker),
                    serve_notifiers_get(&req->srv->notifiers, &e.exp), &rows, &got, &err);
-    if (rc == NAS_ENOTFOUND) serve_fail(req, MHD_HTTP_CONFLICT, "%s", err.msg);
+    if (rc == NAS_ENOTFOUND) /* nothing left to hand out: the budget, or a finite space */
+      serve_reply(req, MHD_HTTP_CONFLICT, json_pack("{s:s, s:b}", "error", err.msg, "done", 1));
     else if (rc != NAS_OK) tell_failed(req, rc, &err);
     api_unload(&e);
   }
@@ -160,6 +161,7 @@ typedef struct {
   tell_call call;
   metric_obs *obs; /* owned; names borrowed from call.body */
   size_t n;
+  notifier *nt;    /* borrowed: the experiment's webhooks (serve_notifiers_get), or NULL */
   bool stop;
   int rc;
   nas_err err;
@@ -171,8 +173,24 @@ static void report_write_run(storage *st, void *arg) {
   w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, w->obs, w->n, &w->stop, &w->err);
 }
 
+/* The webhooks of a trial a report stopped, once the report is committed: not in
+ * report_write_run, which a group that fails runs again (and whose first run rolled back).
+ * A resumed request has given its connection back: it takes one for this. */
+static void report_write_tell_stop(serve_request *req, const report_write *w) {
+  storage *st = req->st;
+  nas_err err;
+  if (!st && serve_pool_take(&req->srv->pool, &st, &err) != NAS_OK) {
+    nas_log("%s: trial %d: webhooks not told of its stop: %s", w->call.e.exp.name,
+            w->call.number, err.msg);
+    return;
+  }
+  sched_tell_stopped_events(st, w->call.e.s, &w->call.e.exp, w->call.number, w->nt);
+  if (st != req->st) serve_pool_give(&req->srv->pool, st);
+}
+
 static void report_write_answer(serve_request *req, void *arg) {
   report_write *w = arg;
+  if (w->rc == NAS_OK && w->stop && w->nt) report_write_tell_stop(req, w);
   if (w->rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", w->stop));
   else tell_failed(req, w->rc, &w->err);
   free(w->obs);
@@ -192,6 +210,7 @@ int api_report(serve_request *req, char **parts) {
     free(w);
     return NAS_ERR;
   }
+  w->nt = serve_notifiers_get(&req->srv->notifiers, &w->call.e.exp);
   w->write = (serve_write){.run = report_write_run, .answer = report_write_answer, .arg = w};
   serve_submit(req, &w->write);
   return NAS_OK;

@@ -310,11 +310,19 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
 
 /* ---- start and stop ---------------------------------------------------------------------- */
 
-/* HOST:PORT (HOST may be a name, an IPv4 address or [IPv6]) into an address to bind. */
+/* HOST:PORT (HOST may be a name, an IPv4 address or [IPv6]; PORT 0 to 65535) into an
+ * address to bind. The port is checked here: getaddrinfo takes any number and keeps its
+ * low 16 bits, so 99999 would listen on 34463. */
 static int parse_listen(const char *listen, struct sockaddr_storage *addr, nas_err *err) {
   const char *colon = strrchr(listen, ':');
   if (!colon || colon == listen || !colon[1])
     return nas_errf(err, "--listen '%s': expected HOST:PORT, e.g. 127.0.0.1:8470", listen);
+  const char *port = colon + 1;
+  char *end;
+  errno = 0;
+  long number = strtol(port, &end, 10);
+  if (port[0] < '0' || port[0] > '9' || *end || errno || number > 65535)
+    return nas_errf(err, "--listen '%s': the port must be a number from 0 to 65535", listen);
   char host[256];
   size_t len = (size_t)(colon - listen);
   if (listen[0] == '[' && colon[-1] == ']') listen++, len -= 2;

@@ -456,6 +456,23 @@ static void every_command_has_help_and_bad_usage_exits_2(void **state) {
   free(out);
 }
 
+/* What a command prints that cannot reach stdout (here a full device) fails it, saying
+ * so: `nas export EXP > backup.json` on a full disk must not exit 0 with half a file. */
+static void output_that_cannot_be_written_fails_the_command(void **state) {
+  fixture *f = *state;
+  free(test_write(f->dir, "nas.db", "")); /* a database without experiments */
+  const char *commands[] = {"\"$0\" status --storage \"$1\" >/dev/full",
+                            "\"$0\" status --format json --storage \"$1\" >/dev/full",
+                            "\"$0\" --help >/dev/full", "\"$0\" help trials >/dev/full"};
+  for (size_t i = 0; i < sizeof commands / sizeof *commands; i++) {
+    char *out, *argv[] = {"sh", "-c", (char *)commands[i], (char *)test_nas_bin(), f->db, NULL};
+    int rc = test_run(f->dir, argv, &out);
+    if (rc != 1 || !strstr(out, "nas: cannot write the output to stdout"))
+      fail_msg("%s exited %d: %s", commands[i], rc, out);
+    free(out);
+  }
+}
+
 /* The spec's storage line as written, with a password: a new password alone is the same
  * experiment (passwords rotate); any other change to it is refused, and the message shows
  * both lines with their passwords masked. (The storage used is --storage, so the line is
@@ -510,9 +527,9 @@ static void commands_other_than_run_refuse_a_missing_database(void **state) {
   free(url), free(path);
 }
 
-/* The hint a command prints to go on ("'nas resume E --storage URL' continues it") quotes a
- * URL with a quote in it as one shell word: it was printed as '…'…', which a shell reads
- * as something else. */
+/* The hint a command prints to go on ("'nas resume E --storage URL' continues it", here
+ * `nas create`'s for an ask-and-tell experiment) quotes a URL with a quote in it as one shell
+ * word: it was printed as '…'…', which a shell reads as something else. */
 static void a_storage_path_with_a_quote_is_one_shell_word_in_hints(void **state) {
   fixture *f = *state;
   char *url = nas_asprintf("sqlite:%s/it's.db", f->dir), *out = NULL;
@@ -526,8 +543,9 @@ static void a_storage_path_with_a_quote_is_one_shell_word_in_hints(void **state)
   free(out);
   char *stop[] = {(char *)test_nas_bin(), "stop", "quoted", "--storage", url, NULL};
   assert_int_equal(test_run(f->dir, stop, &out), 0);
-  char *hint = nas_asprintf("'nas resume quoted --storage 'sqlite:%s/it'\\''s.db'' continues it",
-                            f->dir);
+  /* (an ask-and-tell spec: `nas create` of it, not `nas resume`, goes on) */
+  char *hint = nas_asprintf("'nas create %s --storage 'sqlite:%s/it'\\''s.db'' opens it again",
+                            spec, f->dir);
   if (!strstr(out, hint)) fail_msg("\"%s\" does not contain \"%s\"", out, hint);
   free(hint), free(out), free(spec), free(url);
 }
@@ -608,6 +626,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(output_that_cannot_be_written_fails_the_command, setup, teardown),
       cmocka_unit_test_setup_teardown(storage_line_password_is_masked_and_may_change_alone, setup, teardown),
       cmocka_unit_test_setup_teardown(commands_other_than_run_refuse_a_missing_database, setup, teardown),
       cmocka_unit_test_setup_teardown(a_storage_path_with_a_quote_is_one_shell_word_in_hints, setup, teardown),

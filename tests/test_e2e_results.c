@@ -484,6 +484,38 @@ static void pareto_model_shows_the_front_of_the_posterior_means(void **state) {
   free(spec);
 }
 
+/* Counts the lines of text and checks that each has as many fields (commas) as the first. */
+static size_t csv_lines_of_one_width(const char *text) {
+  size_t lines = 0, width = 0;
+  for (const char *line = text; *line; lines++) {
+    const char *end = strchr(line, '\n');
+    assert_non_null(end);
+    size_t commas = 0;
+    for (const char *p = line; p < end; p++) commas += *p == ',';
+    if (lines == 0) width = commas;
+    if (commas != width) fail_msg("line %zu has %zu commas, the header %zu: %s", lines, commas, width, text);
+    line = end + 1;
+  }
+  return lines;
+}
+
+/* Both fronts in CSV are one table (a "front" column tells them apart), not two tables
+ * of different columns one after the other, which no CSV reader takes. */
+static void pareto_model_in_csv_is_one_table(void **state) {
+  fixture *f = *state;
+  char *spec = noisy_spec(f);
+  run_spec(f, spec);
+  char *out, *argv[] = {"sh", "-c", "\"$0\" pareto noisy --model --format csv --storage \"$1\" 2>/dev/null",
+                        (char *)test_nas_bin(), f->db, NULL};
+  assert_int_equal(test_run(f->dir, argv, &out), 0);
+  assert_int_equal(strncmp(out, "front,trial,y (model),z (model),y,z,x\n", 37), 0);
+  assert_int_equal(csv_lines_of_one_width(out), 1 + 3 + 5); /* the header, observed, model */
+  assert_non_null(strstr(out, "\nobserved,2,,,0.5,0.1,0.5\n"));
+  assert_non_null(strstr(out, "\nmodel,2,0.5"));
+  free(out);
+  free(spec);
+}
+
 static void compare_with_itself_gives_the_pareto_hypervolume(void **state) {
   fixture *f = *state;
   char *one = curves_spec(f, "one", 4), *two = curves_spec(f, "two", 5);
@@ -557,6 +589,12 @@ static void an_option_another_command_takes_is_unknown_by_its_own_name(void **st
   /* and an abbreviation is read among the command's own options only */
   expect_refusal(f, (char *[]){"trial", "e", "0", "--fo", NULL}, 2,
                  "nas trial: option '--fo' needs a value");
+  /* A value given to an option that takes none names that option (it said "unknown
+   * option '-h'" for --help=x, and '-y' for --yes=no). */
+  expect_refusal(f, (char *[]){"status", "--help=x", NULL}, 2, "nas status: option '--help' takes no value");
+  expect_refusal(f, (char *[]){"delete", "e", "--yes=no", NULL}, 2, "nas delete: option '--yes' takes no value");
+  expect_refusal(f, (char *[]){"pareto", "e", "--mod=1", NULL}, 2, "nas pareto: option '--mod' takes no value");
+  expect_refusal(f, (char *[]){"delete", "e", "--runs", "-zy", NULL}, 2, "nas delete: unknown option '-z'");
 }
 
 /* NAME.yaml in the fixture's folder: a spec of one parameter and one objective, without
@@ -606,7 +644,7 @@ static void hints_carry_the_storage_when_it_is_not_the_default(void **state) {
   expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0,
                  "'nas ask hint --storage sqlite:");
   expect_refusal(f, (char *[]){"enqueue", "hint", "x=0.5", "--storage", f->db, NULL}, 0,
-                 "run it with: nas resume hint --storage sqlite:");
+                 "run it with: nas ask hint --storage sqlite:");
   expect_refusal(f, (char *[]){"status", "hint", "--storage", f->db, NULL}, 0,
                  "'nas pareto hint --storage sqlite:");
   free(spec);
@@ -622,6 +660,14 @@ static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **s
                  "nas tell: --step wants a non-negative integer, not ''");
   expect_refusal(f, (char *[]){"report", "y=1", "--step", "", NULL}, 2,
                  "nas report: --step wants a non-negative integer, not ''");
+  /* report's --trial too, as bad usage (exit 2) before any storage is opened */
+  const char *bad[] = {"12abc", "-1", "", "99999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char *want = nas_asprintf("nas report: '%s' is not a trial number", bad[i]);
+    expect_refusal(f, (char *[]){"report", "y=1", "--experiment", "e", "--trial", (char *)bad[i], NULL},
+                   2, want);
+    free(want);
+  }
 }
 
 /* The values were parsed and then dropped unseen: a failed trial stores none. */
@@ -813,6 +859,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
+      cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,

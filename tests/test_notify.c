@@ -615,6 +615,68 @@ static void ask_and_tell_through_the_server_tell_each_end_the_front_and_the_fini
   receiver_stop(rv);
 }
 
+/* A spec for ask and tell of 2 trials whose early-stopping rule stops a trial reporting
+ * worse than the median of the others at step 1, posting every event to /name. */
+static char *stopping_spec(const char *name, int port) {
+  return nas_asprintf("name: %s\n"
+                      "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                      "objectives: [{name: y, goal: minimize}]\n"
+                      "optimizer: {type: sobol}\n"
+                      "early_stopping: {rule: median, min_steps: 1, min_trials: 1}\n"
+                      "budget: {trials: 2}\n"
+                      "notify: [{url: \"http://127.0.0.1:%d/%s\"}]\n",
+                      name, port, name);
+}
+
+/* The last trial of the budget to end is stopped by early stopping at a report: that ends
+ * the experiment, and its finish is told (it was told only when a tell completed or failed
+ * the last trial), from the shell and through the server alike. */
+static void a_last_trial_stopped_early_tells_the_finish(void **state) {
+  fixture *f = *state;
+  receiver *rv = receiver_start(0, 200, 0);
+  char *text = stopping_spec("early", rv->port), *spec = test_write(f->dir, "early.yaml", text), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  const char *ask[] = {"ask", "early", "-n", "2", NULL};
+  const char *curve[] = {"tell", "early", "0", "--step", "1", "y=0.1", NULL};
+  const char *first[] = {"tell", "early", "0", "--complete", NULL};
+  const char *worse[] = {"tell", "early", "1", "--step", "1", "y=5", NULL};
+  assert_int_equal(nas_args(f, &out, ask), 0);
+  free(out);
+  assert_int_equal(nas_args(f, &out, curve), 0);
+  free(out);
+  assert_int_equal(nas_args(f, &out, first), 0);
+  free(out);
+  assert_int_equal(nas_args(f, &out, worse), 0);
+  assert_non_null(strstr(out, "stop"));
+  free(out);
+  assert_int_equal(count_received(rv, "/early", "experiment_finished"), 1);
+
+  char *served = stopping_spec("early-served", rv->port);
+  test_server srv;
+  assert_true(test_server_start(&srv, f->dir, f->db, NULL));
+  int code;
+  json_decref(test_http(&srv, "POST", "/api/v1/experiments", served, NULL, &code));
+  assert_int_equal(code, 201);
+  json_decref(test_http(&srv, "POST", "/api/v1/experiments/early-served/ask", "{\"n\": 2}", NULL, &code));
+  assert_int_equal(code, 200);
+  json_decref(test_http(&srv, "POST", "/api/v1/experiments/early-served/trials/0/report",
+                        "{\"metrics\": {\"y\": 0.1}, \"step\": 1}", NULL, &code));
+  assert_int_equal(code, 200);
+  json_decref(test_http(&srv, "POST", "/api/v1/experiments/early-served/trials/0/complete",
+                        "{}", NULL, &code));
+  assert_int_equal(code, 200);
+  json_t *stop = test_http(&srv, "POST", "/api/v1/experiments/early-served/trials/1/report",
+                           "{\"metrics\": {\"y\": 5}, \"step\": 1}", NULL, &code);
+  assert_int_equal(code, 200);
+  assert_true(json_is_true(json_object_get(stop, "stop")));
+  json_decref(stop);
+  assert_int_equal(test_server_stop(&srv), 0); /* flushes the webhooks */
+  assert_int_equal(count_received(rv, "/early-served", "experiment_finished"), 1);
+  free(spec), free(text), free(served);
+  receiver_stop(rv);
+}
+
 /* Experiments told through one server, their webhooks all stalled: stopping the server
  * gives their events NOTIFY_FLUSH_S together, not one after the other. */
 static void a_server_stops_within_one_flush_time_whatever_the_stalled_webhooks(void **state) {
@@ -698,6 +760,7 @@ int main(void) {
           notify_may_change_between_runs_and_its_secret_is_never_shown, setup, teardown),
       cmocka_unit_test_setup_teardown(
           ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_last_trial_stopped_early_tells_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(
           ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(

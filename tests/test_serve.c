@@ -323,6 +323,70 @@ static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) 
   free(out);
   assert_int_equal(nas(f, &out, "resume", "asked", "--no-progress"), 1);
   assert_non_null(strstr(out, "nothing for 'nas run' to launch"));
+  /* named by the experiment: the stored spec has no file (it said "<string>: …") */
+  assert_non_null(strstr(out, "nas: experiment 'asked': the spec's trial section runs nothing"));
+  free(out);
+  free(spec);
+}
+
+/* An ask-and-tell experiment stopped goes on once its spec is stored again (`nas create`,
+ * POST /experiments): it could never hand out a trial again, and `nas stop` pointed at
+ * `nas resume`, which refuses a spec that runs nothing. */
+static void a_stopped_ask_and_tell_experiment_is_opened_again_by_create(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "stop", "asked", NULL), 0);
+  if (strstr(out, "nas resume") || !strstr(out, "'nas create ")) fail_msg("stop said: %s", out);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 1);
+  assert_non_null(strstr(out, "is stopped"));
+  free(out);
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
+  free(out);
+
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/stop", NULL, NULL, 200, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{}", NULL, 409, "is stopped");
+  int code;
+  json_t *summary = test_http(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, &code);
+  assert_int_equal(code, 200);
+  assert_string_equal(json_string_value(json_object_get(summary, "status")), "running");
+  json_decref(summary);
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{}", NULL, 200, NULL);
+  assert_int_equal(test_server_stop(&srv), 0);
+  free(spec);
+}
+
+/* Trials queued again (`nas retry`) or by hand (`nas enqueue`) in an ask-and-tell
+ * experiment are handed out by the next ask, as the hints now say: they named `nas resume`,
+ * which refuses a spec that runs nothing. */
+static void queued_trials_of_an_ask_and_tell_experiment_are_hinted_to_nas_ask(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
+  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+  free(out);
+  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
+  free(out);
+  char *fail[] = {(char *)test_nas_bin(), "tell", "asked", "0", "--fail", "broke", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, fail, &out), 0);
+  free(out);
+  char *retry[] = {(char *)test_nas_bin(), "retry", "asked", "--failed", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, retry, &out), 0);
+  if (!strstr(out, "run them with: nas ask asked") || strstr(out, "nas resume")) fail_msg("retry said: %s", out);
+  free(out);
+  char *enqueue[] = {(char *)test_nas_bin(), "enqueue", "asked", "x=0.5", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, enqueue, &out), 0);
+  if (!strstr(out, "run it with: nas ask asked") || strstr(out, "nas resume")) fail_msg("enqueue said: %s", out);
+  free(out);
+  char *ask[] = {(char *)test_nas_bin(), "ask", "asked", "-n", "2", "--format", "csv", "--storage", f->db, NULL};
+  assert_int_equal(test_run(f->dir, ask, &out), 0);
+  assert_non_null(strstr(out, "\n0,")); /* the retried trial, */
+  assert_non_null(strstr(out, "\n1,0.5\n")); /* and the one enqueued */
   free(out);
   free(spec);
 }
@@ -601,6 +665,17 @@ static void a_port_in_use_is_refused_without_a_summary_of_writes(void **state) {
   free(listen_at);
 }
 
+/* A port that is no port is refused: getaddrinfo kept the low 16 bits of any number, so
+ * --listen 127.0.0.1:99999 listened on port 34463. */
+static void a_listen_port_past_65535_is_refused(void **state) {
+  fixture *f = *state;
+  static const char *const bad[] = {"127.0.0.1:99999", "127.0.0.1:65536", "127.0.0.1:-1",
+                                    "127.0.0.1:80x", "127.0.0.1: 80", "127.0.0.1:99999999999999999999"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++)
+    serve_refuses(f, (const char *const[]){"--listen", bad[i], NULL},
+                  "the port must be a number from 0 to 65535");
+}
+
 /* HTTPS with files that cannot be a certificate and its key is refused at once, saying
  * which file and why: no more than 1 MiB is read (/dev/zero filled the memory), a FIFO
  * without a writer is empty (it waited for ever), a file without a PEM block is named, and
@@ -636,6 +711,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
       cmocka_unit_test_setup_teardown(create_stores_where_the_spec_storage_section_says, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_stopped_ask_and_tell_experiment_is_opened_again_by_create, setup, teardown),
+      cmocka_unit_test_setup_teardown(queued_trials_of_an_ask_and_tell_experiment_are_hinted_to_nas_ask, setup, teardown),
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused, setup, teardown),
@@ -645,6 +722,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(head_answers_as_get_and_405_says_what_is_allowed, setup, teardown),
       cmocka_unit_test_setup_teardown(answers_are_never_sniffed_or_framed_by_another_site, setup, teardown),
       cmocka_unit_test_setup_teardown(a_port_in_use_is_refused_without_a_summary_of_writes, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_listen_port_past_65535_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -105,7 +105,8 @@ class Conflict(NasError):
 
 
 class ExperimentDone(Conflict):
-    """409 to an ask: the experiment is stopped, or its whole budget has been handed out."""
+    """409 to an ask: the experiment is stopped, or its whole budget (or every assignment of
+    a finite search space) has been handed out."""
 
 
 class ServerError(NasError):
@@ -119,12 +120,17 @@ _ERRORS_BY_STATUS: dict[int, type[NasError]] = {
 
 
 def _error_of(status: int, body: bytes, method: str, url: str) -> NasError:
-    """The NasError of an HTTP error answer, with the server's {"error": message}."""
+    """The NasError of an HTTP error answer, with the server's {"error": message}; an ask's
+    409 that says {"done": true} (nothing left to hand out) is ExperimentDone."""
     try:
-        message = json.loads(body)["error"]
-    except (ValueError, TypeError, KeyError):
+        answer = json.loads(body)
+        message, done = answer["error"], answer.get("done") is True
+    except (ValueError, TypeError, KeyError, AttributeError):
         message = body.decode("utf-8", "replace").strip() or http.client.responses.get(status, "")
+        done = False
     cls = ServerError if status >= 500 else _ERRORS_BY_STATUS.get(status, NasError)
+    if cls is Conflict and done:
+        cls = ExperimentDone
     return cls(str(message), status, method, url)
 
 
@@ -364,7 +370,8 @@ class Experiment:
     def ask(self, n: int = 1, worker: str | None = None) -> list[Trial]:
         """Hands out up to n trials (queued ones first, then new suggestions), each running
         until you end it. `worker` names you in the trials' job id (``ask:WORKER``).
-        ExperimentDone when the experiment is stopped or its budget is all handed out."""
+        ExperimentDone when the experiment is stopped, or its budget (or a finite search
+        space) is all handed out."""
         body: dict[str, Any] = {"n": n}
         if worker is not None:
             body["worker"] = worker
@@ -375,8 +382,10 @@ class Experiment:
         return [Trial(self, t["number"], t["params"]) for t in answer["trials"]]
 
     def _done_or(self, conflict: Conflict) -> Conflict:
-        """ExperimentDone when the experiment's summary says so, else the conflict itself
-        (e.g. `nas run` is running the experiment)."""
+        """ExperimentDone when the server or the experiment's summary says so, else the
+        conflict itself (e.g. `nas run` is running the experiment)."""
+        if isinstance(conflict, ExperimentDone):
+            return conflict
         summary = self.info()
         budget = summary["progress"]["budget"]
         if summary["status"] == "stopped" or 0 < budget <= summary["trials"]:

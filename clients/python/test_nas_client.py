@@ -205,6 +205,23 @@ class AskAndTellTest(LiveServerTest):
         self.assertIn("spent its budget of 3 trials", raised.exception.message)
         self.assertEqual(exp.info()["counts"]["completed"], 3)
 
+    def test_ask_until_done_ends_when_a_finite_space_is_used_up(self):
+        # Two assignments and a budget of 5: the third ask finds nothing left to hand out.
+        exp = self.client.create(
+            "name: finite-space\n"
+            "parameters: {x: {type: int, low: 0, high: 1}}\n"
+            "objectives: [{name: loss, goal: minimize}]\n"
+            "optimizer: {type: sobol}\n"
+            "budget: {trials: 5}\n")
+        told = []
+        for trial in exp.ask_until_done():
+            trial.complete(loss=trial.params["x"])
+            told.append(trial.params["x"])
+        self.assertEqual(sorted(told), [0, 1])
+        with self.assertRaises(ExperimentDone) as raised:
+            exp.ask()
+        self.assertIn("search space exhausted", raised.exception.message)
+
     def test_a_stopped_experiment_hands_out_nothing(self):
         exp = self.new_experiment()
         self.assertEqual(exp.stop()["status"], "stopped")
