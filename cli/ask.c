@@ -36,7 +36,7 @@ static const char tell_help[] =
     "                    objective must have been reported\n"
     "  --fail MESSAGE    the trial failed (no NAME=VALUE with it)\n"
     "Without --step, --complete or --fail the values are final and the trial goes on.\n"
-    "A VALUE is a finite number as JSON writes it (3, -0.25, 1e-3; not 0x10, .5 or ' 1').\n";
+    "A VALUE is a finite decimal number (3, -0.25, .5, 1e-3; not 0x10, inf or ' 1').\n";
 
 /* Opens storage and experiment `name` with its spec, or prints why not. */
 static int open_named(const char *url, const char *name, storage **st, experiment_row *exp,

@@ -182,20 +182,40 @@ static int value_check(const char *name, const json_t *value, nas_err *err) {
   return metric_check(name, json_number_value(value), err);
 }
 
+#define DIGITS "0123456789"
+
+/* Length of the decimal number p starts with: an optional sign, digits with at most one
+ * point (at least one digit in all), an optional exponent with digits; 0 when there is none. */
+static size_t decimal_len(const char *p) {
+  const char *q = p + (*p == '+' || *p == '-');
+  size_t digits = strspn(q, DIGITS);
+  q += digits;
+  if (*q == '.') {
+    size_t fraction = strspn(q + 1, DIGITS);
+    q += 1 + fraction;
+    digits += fraction;
+  }
+  if (!digits) return 0;
+  if (*q == 'e' || *q == 'E') {
+    const char *exponent = q + 1 + (q[1] == '+' || q[1] == '-');
+    size_t exponent_digits = strspn(exponent, DIGITS);
+    if (!exponent_digits) return 0;
+    q = exponent + exponent_digits;
+  }
+  return (size_t)(q - p);
+}
+
 int metric_value_parse(const char *name, const char *text, double *value, nas_err *err) {
-  json_error_t jerr;
+  size_t len = strlen(text);
   /* a word for a value that is not finite is caught by name, as in a line */
-  bool nonfinite = text[0] && nonfinite_len(text) == strlen(text);
-  /* jansson allows blanks around a value; a line's value has none inside its word */
-  json_t *v = nonfinite ? json_string(text)
-              : text[strcspn(text, " \t\r\n")] ? NULL
-                                                : json_loads(text, JSON_DECODE_ANY, &jerr);
-  int rc = v ? value_check(name, v, err)
-             : nas_errf(err, "metric \"%s\" is '%s', not a number (a decimal number as JSON "
-                        "writes it: 3, -0.25, 1e-3)", name, text);
-  if (rc == NAS_OK) *value = json_number_value(v);
-  json_decref(v);
-  return rc;
+  if (len && nonfinite_len(text) == len)
+    return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
+  /* decimal only: strtod alone also reads hexadecimal, "inf" and blanks before the number */
+  if (!len || decimal_len(text) != len)
+    return nas_errf(err, "metric \"%s\" is '%s', not a number (a decimal number: 3, -0.25, .5, "
+                    "1e-3)", name, text);
+  *value = strtod(text, NULL); /* past the double's range: ±inf, which metric_check refuses */
+  return metric_check(name, *value, err);
 }
 
 char *metric_sem_name(const char *metric) {

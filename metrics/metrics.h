@@ -54,7 +54,8 @@ int metric_set_add(metric_set *set, const char *name, int64_t step, double value
  * NAS_ERR with a message naming the metric when one fails. */
 int metric_check(const char *name, double value, nas_err *err);
 /* Reads text, the value of metric name from a command line (`nas report NAME=VALUE`, `nas
- * tell`), by a line's rules: a number in JSON's syntax alone (no hexadecimal, no blanks, no
+ * tell`): a decimal number alone (a sign, a point without digits on one side and an
+ * exponent allowed, as people type them: "+1", ".5", "1E3"; no hexadecimal, no blanks, no
  * "1e"), passing metric_check. NAS_ERR with a message naming the metric otherwise. */
 int metric_value_parse(const char *name, const char *text, double *value, nas_err *err);
 

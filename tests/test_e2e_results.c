@@ -701,21 +701,24 @@ static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
   }
 }
 
-/* `nas report`/`nas tell` values were read by strtod, which takes what a metric line's
- * JSON refuses: hexadecimal (0x10 was stored as 16), "1e", blanks around, "+1". */
-static void report_and_tell_take_only_numbers_a_metric_line_takes(void **state) {
+/* `nas report`/`nas tell` values were read by strtod alone, which takes hexadecimal (0x10
+ * was stored as 16), "1e" (as 1) and blanks before the number. Decimal numbers as people
+ * type them are taken: ".5", "5.", "+1", "1E3". */
+static void report_and_tell_take_only_decimal_numbers(void **state) {
   fixture *f = *state;
   struct {
     const char *arg, *expected;
   } cases[] = {
-      {"acc=0x10", "metric \"acc\" is '0x10', not a number (a decimal number as JSON writes it"},
+      {"acc=0x10", "metric \"acc\" is '0x10', not a number (a decimal number: 3, -0.25, .5"},
       {"acc=1e", "metric \"acc\" is '1e', not a number"},
       {"acc= 1", "metric \"acc\" is ' 1', not a number"},
       {"acc=1 ", "metric \"acc\" is '1 ', not a number"},
-      {"acc=+1", "metric \"acc\" is '+1', not a number"},
+      {"acc=.", "metric \"acc\" is '.', not a number"},
+      {"acc=1.2.3", "metric \"acc\" is '1.2.3', not a number"},
       {"acc=", "metric \"acc\" is '', not a number"},
       {"acc=-inf", "metric \"acc\" is -inf, not a finite number"},
-      {"acc=\"1\"", "metric \"acc\" is a string, not a number"},
+      {"acc=1e999", "metric \"acc\" is inf, not a finite number"},
+      {"acc=\"1\"", "metric \"acc\" is '\"1\"', not a number"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     char *arg = (char *)cases[i].arg;
@@ -754,6 +757,24 @@ static void ask_prints_only_json_when_no_trial_meets_the_constraints(void **stat
                           "optimizer: {type: gp, n_initial: 2}\n");
   expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
   ask_and_tell(f, "never", 4, (char *[]){"y=1", "z=2", "lat=10", NULL});
+  free(spec);
+}
+
+/* Decimal numbers as people type them are values: ".5", "+1", "1E3", "5.". */
+static void tell_takes_decimal_numbers_as_typed(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "typed.yaml",
+                          "name: typed\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                          "budget: {trials: 5}\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  ask_and_tell(f, "typed", 1, (char *[]){"a=.5", "b=+1", "c=1E3", "d=5.", NULL});
+  json_t *trial = nas_json(f, (char *[]){"trial", "typed", "0", "--format", "json", "--storage", f->db, NULL});
+  json_t *metrics = json_object_get(trial, "metrics");
+  assert_true(num(metrics, "a") == 0.5 && num(metrics, "b") == 1);
+  assert_true(num(metrics, "c") == 1000 && num(metrics, "d") == 5);
+  json_decref(trial);
   free(spec);
 }
 
@@ -861,6 +882,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
+      cmocka_unit_test_setup_teardown(tell_takes_decimal_numbers_as_typed, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,
                                       teardown),
@@ -874,7 +896,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
-      cmocka_unit_test_setup_teardown(report_and_tell_take_only_numbers_a_metric_line_takes, setup, teardown),
+      cmocka_unit_test_setup_teardown(report_and_tell_take_only_decimal_numbers, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
