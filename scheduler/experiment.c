@@ -30,6 +30,14 @@ int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err) {
   free(dir);
   if (rc != NAS_OK)
     return nas_err_prefix(err, "experiment '%s': its stored spec no longer loads", exp->name);
+  char *path = strdup(exp->spec_path); /* spec_parse records "<string>" */
+  if (!path) {
+    spec_free(*out);
+    *out = NULL;
+    return nas_errf(err, "out of memory");
+  }
+  free((*out)->path);
+  (*out)->path = path;
   return NAS_OK;
 }
 

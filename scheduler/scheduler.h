@@ -123,7 +123,7 @@ int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *pa
 char *sched_run_dir(const experiment_row *exp, int number, int attempt);
 
 /* The spec an experiment was stored with, parsed again (relative paths against the folder
- * of the file it came from). */
+ * of the file it came from; its path is that file's, for messages). */
 int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err);
 
 /* Checks the runner's and the optimizer's options of s as those plug-ins read them, all

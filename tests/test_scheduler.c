@@ -316,6 +316,23 @@ static void plugin_options_that_hold_only_together_are_checked_together(void **s
   }
 }
 
+/* A stored spec knows the file it came from: `nas resume` of an ask-and-tell experiment
+ * named it "<string>" when refusing to run it. */
+static void stored_spec_is_named_by_its_file(void **state) {
+  (void)state;
+  experiment_row exp = {.name = "asked",
+                        .spec_text = "name: asked\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+                                     "objectives: [{name: y, goal: minimize}]\nbudget: {trials: 2}\n",
+                        .spec_path = "/home/me/asked.yaml"};
+  spec *s;
+  nas_err err;
+  if (sched_experiment_spec(&exp, &s, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_string_equal(s->path, "/home/me/asked.yaml");
+  assert_int_equal(sched_check_runnable(s, &err), NAS_ERR);
+  if (strncmp(err.msg, "/home/me/asked.yaml: ", 21) != 0) fail_msg("not named by its file: %s", err.msg);
+  spec_free(s);
+}
+
 /* Hyperband with eta 3 from 1 epoch: bracket s starts n_0 trials at r_0 epochs and keeps a
  * third of them at each rung for three times the epochs. */
 static void hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs(void **state) {
@@ -402,6 +419,7 @@ int main(void) {
       cmocka_unit_test(hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs),
       cmocka_unit_test(hyperband_deals_trials_into_brackets_by_number),
       cmocka_unit_test(plugin_options_that_hold_only_together_are_checked_together),
+      cmocka_unit_test(stored_spec_is_named_by_its_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
