@@ -30,6 +30,14 @@ int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err) {
   free(dir);
   if (rc != NAS_OK)
     return nas_err_prefix(err, "experiment '%s': its stored spec no longer loads", exp->name);
+  char *path = strdup(exp->spec_path); /* spec_parse records "<string>" */
+  if (!path) {
+    spec_free(*out);
+    *out = NULL;
+    return nas_errf(err, "out of memory");
+  }
+  free((*out)->path);
+  (*out)->path = path;
   return NAS_OK;
 }
 
@@ -95,19 +103,44 @@ static int prepare_existing(const spec *s, storage *st, experiment_row *exp, nas
 
 typedef int (*options_validator)(const char *type, const json_t *options, nas_err *err);
 
+/* Whether the options of p without key pass validate. */
+static bool valid_without(const plugin_spec *p, const char *key, options_validator validate) {
+  json_t *rest = json_deep_copy(p->options);
+  nas_err ignored;
+  bool valid = rest && json_object_del(rest, key) == 0 && validate(p->type, rest, &ignored) == NAS_OK;
+  json_decref(rest);
+  return valid;
+}
+
+/* err, already set, prefixed with key's place in the spec. */
+static int at_option(const plugin_spec *p, const char *section, const char *key, nas_err *err) {
+  const char *where = json_string_value(json_object_get(p->where, key));
+  return nas_err_prefix(err, "%s: %s.%s", where ? where : "spec", section, key);
+}
+
+/* Checks a plug-in's options as the plug-in will take them: all together, since some hold
+ * only with others (the local runner's gpus_per_trial given alone means gpus: auto). A
+ * refusal is named at the option that causes it: the one without which the rest pass,
+ * else the first that fails on its own, else the section. */
 static int check_plugin(const plugin_spec *p, const char *section, options_validator validate,
                         nas_err *err) {
+  if (validate(p->type, p->options, err) == NAS_OK) return NAS_OK;
   const char *key;
   json_t *value;
   json_object_foreach(p->options, key, value) {
-    json_t *alone = json_pack("{sO}", key, value);
-    int rc = alone ? validate(p->type, alone, err) : nas_errf(err, "out of memory");
-    json_decref(alone);
-    const char *where = json_string_value(json_object_get(p->where, key));
-    if (rc != NAS_OK) return nas_err_prefix(err, "%s: %s.%s", where ? where : "spec", section, key);
+    if (valid_without(p, key, validate)) return at_option(p, section, key, err);
   }
-  if (validate(p->type, p->options, err) != NAS_OK) return nas_err_prefix(err, "%s", section);
-  return NAS_OK;
+  json_object_foreach(p->options, key, value) {
+    json_t *alone = json_pack("{sO}", key, value);
+    nas_err alone_err;
+    int rc = alone ? validate(p->type, alone, &alone_err) : nas_errf(&alone_err, "out of memory");
+    json_decref(alone);
+    if (rc != NAS_OK) {
+      *err = alone_err;
+      return at_option(p, section, key, err);
+    }
+  }
+  return nas_err_prefix(err, "%s", section);
 }
 
 int sched_check_spec(const spec *s, nas_err *err) {
@@ -117,7 +150,7 @@ int sched_check_spec(const spec *s, nas_err *err) {
 
 int sched_check_runnable(const spec *s, nas_err *err) {
   if (spec_trial_runs(s)) return NAS_OK;
-  /* Named by the experiment: a stored spec (nas resume) has no file, its path "<string>". */
+  /* Named by the experiment: a stored spec (nas resume) may name a file long gone. */
   return nas_errf(err, "experiment '%s': the spec's trial section runs nothing (neither "
                   "trial.command nor trial.builtin), so there is nothing for 'nas run' to "
                   "launch; hand its trials out with 'nas ask'/'nas tell' or 'nas serve' "

@@ -58,7 +58,13 @@ static void log_notes_show(sched *sc, const inflight *job, const metric_log_note
     sched_progress_event(sc, &job->row, what ? what : "truncated its log");
     free(what);
   }
-  if (notes->bad > 0) sched_progress_event(sc, &job->row, notes->first_bad.msg);
+  if (notes->bad == 1) sched_progress_event(sc, &job->row, notes->first_bad.msg);
+  if (notes->bad > 1) {
+    char *what = nas_asprintf("%s (and %zu more malformed metric lines)", notes->first_bad.msg,
+                              notes->bad - 1);
+    sched_progress_event(sc, &job->row, what ? what : notes->first_bad.msg);
+    free(what);
+  }
 }
 
 /* Stores one read's share of the metric lines the job printed since the last look, with

@@ -125,12 +125,12 @@ int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *pa
 char *sched_run_dir(const experiment_row *exp, int number, int attempt);
 
 /* The spec an experiment was stored with, parsed again (relative paths against the folder
- * of the file it came from). */
+ * of the file it came from; its path is that file's, for messages). */
 int sched_experiment_spec(const experiment_row *exp, spec **out, nas_err *err);
 
-/* Checks the runner's and the optimizer's options of s as those plug-ins read them, each
- * option on its own first, so that a bad one is reported at the place it was written
- * ("exp.yaml:12:16: optimizer.n_initial: ..."), then all together. The spec module cannot
+/* Checks the runner's and the optimizer's options of s as those plug-ins read them, all
+ * together (some hold only with others), and reports a refusal at the place of the option
+ * that causes it ("exp.yaml:12:16: optimizer.n_initial: ..."). The spec module cannot
  * check them itself (the plug-ins depend on spec/, not the reverse). Call it before storing
  * anything of a spec: a stored experiment whose options are refused cannot be run. */
 int sched_check_spec(const spec *s, nas_err *err);

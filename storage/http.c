@@ -26,8 +26,8 @@
  * nothing here).
  *
  * Authentication: `Authorization: Bearer TOKEN` with the token from NAS_TOKEN, else from
- * the file named by NAS_TOKEN_FILE (its first line); never from the URL, which people see
- * (a URL with user:password@ is refused). Without either, no header is sent (a server
+ * the file named by NAS_TOKEN_FILE (its first line that is neither blank nor a # comment);
+ * never from the URL, which people see (a URL with user:password@ is refused). Without either, no header is sent (a server
  * without a token file serves loopback clients). https:// verifies the server against the
  * system's CA certificates, or against NAS_CA_FILE (PEM) when set.
  *
@@ -189,7 +189,25 @@ static int call(http_conn *c, const char *op, json_t *args, json_t **reply, nas_
 
 /* ---- opening --------------------------------------------------------------------------- */
 
-/* The token from NAS_TOKEN, else the first line of NAS_TOKEN_FILE; NULL (and NAS_OK)
+/* The token in a token file's text: its first line that is neither blank nor a # comment,
+ * without the blanks around it, as the Python client reads the same file. Points into
+ * text, which it cuts there; NULL when there is none. */
+static char *token_in_file_text(char *text) {
+  char *line = text;
+  while (*line) {
+    size_t len = strcspn(line, "\r\n");
+    char *next = line + len + strspn(line + len, "\r\n");
+    line[len] = '\0';
+    line += strspn(line, " \t");
+    len = strlen(line);
+    while (len > 0 && (line[len - 1] == ' ' || line[len - 1] == '\t')) line[--len] = '\0';
+    if (len > 0 && line[0] != '#') return line;
+    line = next;
+  }
+  return NULL;
+}
+
+/* The token from NAS_TOKEN, else from the file NAS_TOKEN_FILE names; NULL (and NAS_OK)
  * when neither is set. Owned. */
 static int token_read(char **token, nas_err *err) {
   const char *env = getenv("NAS_TOKEN"), *file = getenv("NAS_TOKEN_FILE");
@@ -197,14 +215,16 @@ static int token_read(char **token, nas_err *err) {
   if (env && *env) return (*token = strdup(env)) ? NAS_OK : nas_errf(err, "out of memory");
   if (!file || !*file) return NAS_OK;
   char *text = NULL;
-  if (nas_read_file(file, &text, NULL, err) != NAS_OK) return nas_err_prefix(err, "NAS_TOKEN_FILE");
-  text[strcspn(text, "\r\n")] = '\0';
-  if (!text[0]) {
-    free(text);
-    return nas_errf(err, "NAS_TOKEN_FILE %s holds no token", file);
-  }
-  *token = text;
-  return NAS_OK;
+  size_t size;
+  if (nas_read_file(file, &text, &size, err) != NAS_OK) return nas_err_prefix(err, "NAS_TOKEN_FILE");
+  const char *found = token_in_file_text(text);
+  int rc = !found ? nas_errf(err, "NAS_TOKEN_FILE %s holds no token (a line that is neither "
+                              "blank nor a # comment)", file)
+           : (*token = strdup(found)) ? NAS_OK
+                                      : nas_errf(err, "out of memory");
+  memset(text, 0, size); /* a secret */
+  free(text);
+  return rc;
 }
 
 static int headers_make(http_conn *c, nas_err *err) {

@@ -282,6 +282,57 @@ static void early_stopping_that_can_never_fire_is_told_from_the_spec(void **stat
   spec_free(s);
 }
 
+/* Plug-in options are checked before anything is stored, each at its place. Some hold only
+ * together: gpus_per_trial alone means gpus: auto, which a machine without an NVIDIA GPU
+ * refuses, so checking it alone refused a spec with a list of devices; a pair that is
+ * wrong together is named at the option that breaks it. */
+static void plugin_options_that_hold_only_together_are_checked_together(void **state) {
+  (void)state;
+  const char *base = "name: g\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+                     "objectives: [{name: y, goal: minimize}]\n"
+                     "trial: {command: [run]}\nbudget: {trials: 4}\n";
+  const struct {
+    const char *runner, *error; /* error NULL: the spec passes */
+  } cases[] = {
+      {"runner: {type: local, gpus: [0, 1], gpus_per_trial: 2}\n", NULL},
+      {"runner: {type: local, gpus: [0], gpus_per_trial: 2}\n",
+       "g.yaml:6:50: runner.gpus_per_trial: runner local: option gpus_per_trial: 2, but only 1 GPU"},
+      {"runner: {type: local, gpus: [0, 1], gpus_per_trial: 2, kill_grace: -1}\n",
+       "g.yaml:6:68: runner.kill_grace: runner local: option kill_grace: expected"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *text;
+    assert_true(asprintf(&text, "%s%s", base, cases[i].runner) > 0);
+    spec *s;
+    nas_err err = {{0}};
+    if (spec_parse(text, "g.yaml", "/tmp", &s, &err) != NAS_OK) fail_msg("%s", err.msg);
+    int rc = sched_check_spec(s, &err);
+    if (!cases[i].error && rc != NAS_OK) fail_msg("%s: refused: %s", cases[i].runner, err.msg);
+    if (cases[i].error && (rc == NAS_OK || !strstr(err.msg, cases[i].error)))
+      fail_msg("%s: expected '%s', got '%s'", cases[i].runner, cases[i].error,
+               rc == NAS_OK ? "no error" : err.msg);
+    spec_free(s);
+    free(text);
+  }
+}
+
+/* A stored spec knows the file it came from: `nas resume` of an ask-and-tell experiment
+ * named it "<string>" when refusing to run it. */
+static void stored_spec_is_named_by_its_file(void **state) {
+  (void)state;
+  experiment_row exp = {.name = "asked",
+                        .spec_text = "name: asked\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+                                     "objectives: [{name: y, goal: minimize}]\nbudget: {trials: 2}\n",
+                        .spec_path = "/home/me/asked.yaml"};
+  spec *s;
+  nas_err err;
+  if (sched_experiment_spec(&exp, &s, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_string_equal(s->path, "/home/me/asked.yaml");
+  assert_int_equal(sched_check_runnable(s, &err), NAS_ERR);
+  if (strncmp(err.msg, "/home/me/asked.yaml: ", 21) != 0) fail_msg("not named by its file: %s", err.msg);
+  spec_free(s);
+}
+
 /* Hyperband with eta 3 from 1 epoch: bracket s starts n_0 trials at r_0 epochs and keeps a
  * third of them at each rung for three times the epochs. */
 static void hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs(void **state) {
@@ -367,6 +418,8 @@ int main(void) {
       cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
       cmocka_unit_test(hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs),
       cmocka_unit_test(hyperband_deals_trials_into_brackets_by_number),
+      cmocka_unit_test(plugin_options_that_hold_only_together_are_checked_together),
+      cmocka_unit_test(stored_spec_is_named_by_its_file),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

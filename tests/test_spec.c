@@ -1,9 +1,11 @@
 /* Tests for spec/: loading experiment specs, their error messages (file:line:col and
  * text), parameter activity and checks, command rendering, value text and spec diffs. */
 #include <float.h>
+#include <glob.h>
 #include <math.h>
 #include <sys/stat.h>
 
+#include "scheduler/scheduler.h"
 #include "spec/spec.h"
 #include "tests/testutil.h"
 
@@ -2142,6 +2144,57 @@ static void renamed_text_skips_a_byte_order_mark(void **state) {
                  "\xEF\xBB\xBFname: u\n" PARAMS_X AFTER_PARAMS);
 }
 
+/* Each ```yaml block of the documentation that is a whole spec (it begins with `name:`)
+ * loads and passes the checks of `nas create`, in the repository's README.md and docs/, as
+ * every example spec of examples/ does: a reader copies them. Returns the specs checked. */
+static size_t documented_specs_in(const char *path) {
+  char *text;
+  size_t len, checked = 0;
+  nas_err err;
+  if (nas_read_file(path, &text, &len, &err) != NAS_OK) fail_msg("%s", err.msg);
+  static const char open[] = "\n```yaml\n";
+  for (char *at = strstr(text, open); at; at = strstr(at, open)) {
+    char *block = at + strlen(open), *end = strstr(block, "\n```");
+    if (!end) fail_msg("%s: a ```yaml block without its end", path);
+    *end = '\0';
+    if (strncmp(block, "name:", 5) == 0) {
+      int line = 1; /* of the block's first line, so that an error's LINE counts from it */
+      for (const char *c = text; c < block; c++) line += *c == '\n';
+      char where[256];
+      snprintf(where, sizeof where, "%s (the block from line %d)", path, line);
+      spec *s;
+      if (spec_parse(block, where, ".", &s, &err) != NAS_OK || sched_check_spec(s, &err) != NAS_OK)
+        fail_msg("%s", err.msg);
+      spec_free(s);
+      checked++;
+    }
+    at = end + 1;
+  }
+  free(text);
+  return checked;
+}
+
+static void documented_and_example_specs_load(void **state) {
+  (void)state;
+  size_t checked = documented_specs_in("README.md");
+  glob_t found;
+  assert_int_equal(glob("docs/*.md", 0, NULL, &found), 0);
+  for (size_t i = 0; i < found.gl_pathc; i++) checked += documented_specs_in(found.gl_pathv[i]);
+  globfree(&found);
+  assert_true(checked >= 3); /* README's quickstart, docs/spec.md's complete example and its fashion-nas */
+  assert_int_equal(glob("examples/*.yaml", 0, NULL, &found), 0);
+  assert_int_equal(glob("examples/*/spec.yaml", GLOB_APPEND, NULL, &found), 0);
+  assert_true(found.gl_pathc >= 8);
+  for (size_t i = 0; i < found.gl_pathc; i++) {
+    spec *s;
+    nas_err err;
+    if (spec_load(found.gl_pathv[i], &s, &err) != NAS_OK || sched_check_spec(s, &err) != NAS_OK)
+      fail_msg("%s", err.msg);
+    spec_free(s);
+  }
+  globfree(&found);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(full_example_loads_every_field),
@@ -2240,6 +2293,7 @@ int main(void) {
       cmocka_unit_test(notify_mistakes_are_placed_and_never_quote_the_url),
       cmocka_unit_test(url_shown_hides_path_query_and_password),
       cmocka_unit_test(diff_shows_notify_changes_without_secrets),
+      cmocka_unit_test(documented_and_example_specs_load),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

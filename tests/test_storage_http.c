@@ -716,7 +716,10 @@ static void tokens_decide_what_a_storage_client_may_do(void **state) {
   const char *reader = "r0000000000000000000000000000000000000001";
   const char *writer = "w0000000000000000000000000000000000000002";
   char *text = nas_asprintf("read %s\nwrite %s\n", reader, writer);
-  char *tokens = test_write(f->dir, "tokens", text), *writer_file = test_write(f->dir, "mine", writer);
+  /* A client's token file as the Python client reads it too: its first line that is
+   * neither blank nor a # comment, without the spaces around it. */
+  char *mine = nas_asprintf("# the write token of this server\n\n  %s \n", writer);
+  char *tokens = test_write(f->dir, "tokens", text), *writer_file = test_write(f->dir, "mine", mine);
   chmod(tokens, 0600);
   const char *extra[] = {"--token-file", tokens, NULL};
   test_server srv;
@@ -752,7 +755,7 @@ static void tokens_decide_what_a_storage_client_may_do(void **state) {
   assert_int_equal(nas_read_file(log, &logged, NULL, &err), NAS_OK);
   assert_null(strstr(logged, reader));
   assert_null(strstr(logged, writer));
-  free(logged), free(log), free(url), free(text), free(tokens), free(writer_file);
+  free(logged), free(log), free(url), free(text), free(mine), free(tokens), free(writer_file);
 }
 
 static void unknown_experiments_and_trials_through_the_server_are_not_found(void **state) {

@@ -81,6 +81,32 @@ static void truncated_log_loses_no_metric_and_is_warned(void **state) {
   free(spec);
 }
 
+/* Every malformed metric line is counted in the warning: the first one is named with its
+ * byte offset and what is wrong, and the others of the same look are counted after it (the
+ * warning used to name the first alone, as if it were the only one). */
+static void malformed_metric_lines_are_warned_with_their_count(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "bad.yaml",
+                          "name: bad\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial:\n"
+                          "  command: [printf, 'nas-metric {{\"y\": NaN}}\\nnas-metric [1]\\n"
+                          "nas-metric {{}}\\nnas-metric {{\"y\": 2}}\\n']\n"
+                          "budget: {trials: 1}\n");
+  char *out;
+  int rc = nas(f, &out, "run", spec, "--no-progress");
+  if (rc != 0) fail_msg("nas run exited %d: %s", rc, out);
+  if (!strstr(out, "stdout.log, byte 0: metric \"y\" is NaN, not a finite number (and 2 more "
+                   "malformed metric lines)"))
+    fail_msg("no count of the malformed lines in: %s", out);
+  free(out);
+  json_t *rows = trials_json(f, "bad");
+  assert_true(num(row_of(rows, 0), "y") == 2);
+  json_decref(rows);
+  free(spec);
+}
+
 /* Runs `nas ARGS` (no --storage added) in the fixture folder; returns the exit status. */
 static int nas_argv(fixture *f, char **out, char *const *args) {
   char *argv[16] = {(char *)test_nas_bin()};
@@ -179,6 +205,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       T(malformed_run_folder_files_fail_only_their_trial),
       T(truncated_log_loses_no_metric_and_is_warned),
+      T(malformed_metric_lines_are_warned_with_their_count),
       T(fixed_trial_resumes_past_old_failures_and_retry_reruns_them),
       T(early_stopping_with_nothing_to_judge_is_warned),
   };
