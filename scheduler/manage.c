@@ -152,11 +152,25 @@ static int move_runs(const experiment_row *exp, const char *new_name, bool back,
   return rc;
 }
 
+/* NAS_OK when `to` has no experiment `name`, else NAS_EEXIST (or the storage's error). */
+static int check_name_free(storage *to, const char *name, nas_err *err) {
+  experiment_row existing;
+  int rc = storage_experiment_get(to, name, &existing, err);
+  if (rc == NAS_ENOTFOUND) return NAS_OK;
+  if (rc != NAS_OK) return rc;
+  experiment_row_clear(&existing);
+  return nas_errc(err, NAS_EEXIST, "an experiment named '%s' exists already", name);
+}
+
 int sched_rename(storage *st, const spec *s, const experiment_row *exp, const char *new_name,
                  FILE *report, nas_err *err) {
   char *text = NULL;
   bool moved = false, unused;
   int rc = sched_check_idle(st, exp, "rename", err);
+  /* before the run folder, whose clash would say less; the storage's own refusal names the
+   * experiment by its id */
+  if (rc == NAS_OK && (rc = check_name_free(st, new_name, err)) != NAS_OK)
+    nas_err_prefix(err, "cannot rename '%s' to '%s'", exp->name, new_name);
   if (rc == NAS_OK) rc = check_none_running(st, exp, "rename", err);
   if (rc == NAS_OK) rc = spec_text_renamed(s, new_name, &text, err);
   if (rc == NAS_OK) rc = move_runs(exp, new_name, false, &moved, err);
@@ -255,17 +269,6 @@ static int copy_metrics(storage *to, int64_t id, const trial_row *trials, size_t
   return NAS_OK;
 }
 
-/* NAS_OK when `to` has no experiment `name`, else NAS_EEXIST (or the storage's error). */
-static int check_name_free(storage *to, const char *name, nas_err *err) {
-  experiment_row existing;
-  int rc = storage_experiment_get(to, name, &existing, err);
-  if (rc == NAS_ENOTFOUND) return NAS_OK;
-  if (rc != NAS_OK) return rc;
-  experiment_row_clear(&existing);
-  return nas_errc(err, NAS_EEXIST, "store experiment '%s': an experiment of that name exists "
-                  "already", name);
-}
-
 /* Stores the experiment of img, without its trials and metrics, under its name while
  * incomplete (stopped: no scheduler nor ask takes it up); *name gets that name (owned). */
 static int copy_store_head(storage *to, const spec *s, const experiment_row *exp, char **name,
@@ -297,6 +300,7 @@ static int copy_store_in_steps(storage *to, const spec *s, const storage_experim
   char *name = NULL;
   int64_t id;
   int rc = check_name_free(to, exp->name, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "store experiment '%s'", exp->name);
   if (rc == NAS_OK) rc = copy_store_head(to, s, exp, &name, &id, err);
   if (rc != NAS_OK) {
     free(name);

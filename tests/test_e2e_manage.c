@@ -181,7 +181,8 @@ static void renamed_experiment_continues_from_a_spec_with_the_new_name(void **st
   run_ok(f, a);
   run_ok(f, taken);
   assert_int_equal(nas_no_tty(f, &out, "rename a t"), 1);
-  assert_contains(out, "exists already");
+  /* named as the user named them; it said "rename experiment 1 to 't'" (the storage id) */
+  assert_contains(out, "cannot rename 'a' to 't': an experiment named 't' exists already");
   free(out);
   assert_int_equal(nas_no_tty(f, &out, "rename a ../up"), 1);
   assert_contains(out, "not an experiment name");
