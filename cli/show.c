@@ -339,7 +339,9 @@ int cmd_pareto(int argc, char **argv) {
 static const char status_help[] =
     "usage: nas status [EXPERIMENT] [--format table|csv|json] [--storage URL]\n\n"
     "Without EXPERIMENT: every experiment in the storage with its trial counts.\n"
-    "With one: its trial counts by status and its front.\n"
+    "With one: its trial counts by status, then (in the table format) its scheduler and\n"
+    "the front's size and hypervolume; 'nas pareto EXPERIMENT' gives the front in every\n"
+    "format.\n"
     "The scheduler column says whether a scheduler ('nas run'/'nas resume') runs the\n"
     "experiment now: alive, none, or dead (it stopped renewing its lease; the next\n"
     "'nas resume' takes over).\n";
