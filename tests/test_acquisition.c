@@ -419,13 +419,15 @@ static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
  * the baseline, and two candidates beyond its nadir in the first objective: one that buys
  * half the front's extent in the second for one extent in the first, one that buys a
  * hundredth for two. */
+static const double exact_points[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+
 static void exact_models(gp **g) {
-  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
   double y[2][5] = {{0, 0.5, 1, 2, 3}, {1, 0.5, 0, -0.5, -0.01}};
   double theta[GP_THETA_LEN(D)] = {log(0.05), log(0.05), log(1e-8), 0, 0};
   nas_err err;
   for (size_t k = 0; k < 2; k++)
-    assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y[k], 5, D, theta, &g[k], &err), NAS_OK);
+    assert_int_equal(gp_create(GP_KERNEL_MATERN52, exact_points, y[k], 5, D, theta, &g[k], &err),
+                     NAS_OK);
 }
 
 /* Beyond a fixed reference a candidate improves nothing; a reference that follows the
@@ -438,7 +440,7 @@ static void followed_reference_values_extensions_at_a_bounded_trade_off(void **s
   gp *g[2];
   exact_models(g);
   acq_models m = {.n_obj = 2, .obj = g};
-  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+  const double *X = exact_points;
   double ref[2] = {1.1, 1.1}, margin[2] = {0.1, 0.1};
   mc_options fixed = {.utility = MC_HVI, .n_samples = 16, .seed = 3, .ref = ref};
   mc_options follow = fixed;
@@ -502,7 +504,7 @@ static void mc_hvi_counts_no_candidate_sample_below_a_floor(void **state) {
   gp *g[2];
   exact_models(g);
   acq_models m = {.n_obj = 2, .obj = g};
-  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+  const double *X = exact_points;
   double ref[2] = {3, 1.1}, at_best[2] = {NAN, 0}, far_below[2] = {-1e9, -1e9};
   mc_options none = {.utility = MC_HVI, .n_samples = 16, .seed = 3, .ref = ref};
   mc_options floored = none, below = none;
