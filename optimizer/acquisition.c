@@ -54,6 +54,7 @@ struct mc_acq {
   double *offset;            /* K: sample value = posterior value + offset */
   double *scal;              /* n_obj: ParEGO weights with the normalisation folded in */
   double *margin;            /* n_obj: mc_options' margin in standardised units (0: fixed) */
+  double *floor;             /* n_obj: mc_options' floor in sample units (-inf: none) */
   box_list boxes;            /* MC_HVI: all samples' boxes */
   size_t *box_first, *box_count; /* N */
   double *low, *high;        /* N·n_obj: each sample's front's best and worst values */
@@ -84,7 +85,8 @@ static int outcome_failed(const acq_models *models, size_t o, const char *what, 
 void mc_acq_free(mc_acq *a) {
   if (!a) return;
   for (size_t o = 0; a->base && o < a->K; o++) gp_baseline_clear(&a->base[o]);
-  void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->margin, a->box_first,
+  void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->margin, a->floor,
+                   a->box_first,
                    a->box_count, a->low, a->high, a->best, a->work, a->dvar, a->l, a->dl,
                    a->mean, a->dmean, a->sd,  a->dsd, a->F,    a->G,    a->u,
                    a->tmp};
@@ -104,6 +106,7 @@ static int alloc_arrays(mc_acq *a) {
   a->offset = malloc(K * sizeof *a->offset);
   a->scal = malloc(a->n_obj * sizeof *a->scal);
   a->margin = malloc(a->n_obj * sizeof *a->margin);
+  a->floor = malloc(a->n_obj * sizeof *a->floor);
   a->box_first = malloc(N * sizeof *a->box_first);
   a->box_count = malloc(N * sizeof *a->box_count);
   a->best = malloc(N * sizeof *a->best);
@@ -121,7 +124,8 @@ static int alloc_arrays(mc_acq *a) {
   a->G = malloc(N * K * sizeof *a->G);
   a->u = malloc(N * sizeof *a->u);
   a->tmp = malloc((nb + 1) * sizeof *a->tmp);
-  return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->margin && a->box_first &&
+  return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->margin && a->floor &&
+                 a->box_first &&
                  a->box_count && a->low && a->high && a->best && a->work && a->dvar && a->l &&
                  a->dl && a->mean && a->dmean && a->sd && a->dsd && a->F && a->G && a->u && a->tmp
              ? NAS_OK
@@ -193,6 +197,14 @@ static void set_offsets(mc_acq *a, const double *ref) {
     double target = o < a->n_obj ? ref[o] : 0.0;
     a->offset[o] = (gp_shift(g) - target) / gp_scale(g);
   }
+}
+
+/* mc_options' floors in the samples' units, (y − ref)/scale (-inf where none). */
+static void set_floors(mc_acq *a, const mc_options *opt) {
+  for (size_t j = 0; j < a->n_obj; j++)
+    a->floor[j] = opt->floor && isfinite(opt->floor[j])
+                      ? (opt->floor[j] - opt->ref[j]) / gp_scale(a->models.obj[j])
+                      : -HUGE_VAL;
 }
 
 /* Fb[(s·nb + i)·K + o]: sample s of outcome o at baseline point i. */
@@ -328,6 +340,7 @@ int mc_acq_create(const acq_models *models, const double *Xb, size_t nb, const m
   if (rc == NAS_OK) rc = make_baselines(a, Xb, err);
   if (rc == NAS_OK) {
     set_offsets(a, opt->ref);
+    set_floors(a, opt);
     set_scalarisation(a, opt);
     set_margins(a, opt);
     rc = summarise_baseline_samples(a, err);
@@ -366,6 +379,28 @@ static void sample_outcome(mc_acq *a, size_t o, const double *x, bool grad) {
   }
   for (size_t s = 0; s < N; s++) a->F[s * K + o] = a->mean[o] + a->sd[o] * a->zx[o * N + s];
   if (nb > 0) sb_mv(N, nb, 1.0, a->Zb + o * N * nb, nb, l, 1.0, a->F + o, K);
+  for (size_t s = 0; o < a->n_obj && s < N; s++)
+    a->F[s * K + o] = fmax(a->F[s * K + o], a->floor[o]);
+}
+
+static bool rows_differ(const double *a, const double *b, size_t m) {
+  for (size_t j = 0; j < m; j++)
+    if (a[j] != b[j]) return true;
+  return false;
+}
+
+void acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
+                      const double *low, double *floor) {
+  for (size_t j = 0; j < m; j++) {
+    floor[j] = NAN;
+    const double *first = NULL; /* the first front row at the best value */
+    for (size_t i = 0; i < k && isnan(floor[j]); i++) {
+      const double *y = Y + i * m;
+      if (!on_front[i] || y[j] != low[j]) continue;
+      if (!first) first = y;
+      else if (rows_differ(first, y, m)) floor[j] = low[j];
+    }
+  }
 }
 
 bool acq_trade_off_bounded(const double *f, size_t m, size_t j, const double *low,
@@ -410,10 +445,14 @@ static double sample_utility(const mc_acq *a, size_t s, bool grad) {
   return u;
 }
 
-/* ∂acq/∂x from G = ∂acq/∂F through F[s·K + o] = mean_o + l_oᵀ z_B[s] + σ_r,o z_x[s]. */
+/* ∂acq/∂x from G = ∂acq/∂F through F[s·K + o] = mean_o + l_oᵀ z_B[s] + σ_r,o z_x[s]; a
+ * sample held at its objective's floor does not move with x. */
 static void backpropagate(mc_acq *a, double *grad) {
   size_t N = a->N, K = a->K, nb = a->nb, d = a->d;
   memset(grad, 0, d * sizeof *grad);
+  for (size_t s = 0; s < N; s++)
+    for (size_t o = 0; o < a->n_obj; o++)
+      if (a->F[s * K + o] <= a->floor[o]) a->G[s * K + o] = 0;
   for (size_t o = 0; o < K; o++) {
     double gsum = 0, gz = 0;
     for (size_t s = 0; s < N; s++) {

@@ -80,6 +80,9 @@ typedef struct {
    * candidate's improvement is measured against max(ref[j], y[j] + margin[j]), the
    * reference the data would give once y is observed (raw units) */
   const double *margin;
+  /* n_obj (NULL: none): where finite, objective j's floor (raw, acq_front_floors): a
+   * candidate's samples below it count as at it */
+  const double *floor;
 } mc_options;
 
 typedef struct mc_acq mc_acq;
@@ -97,6 +100,17 @@ void mc_acq_free(mc_acq *a);
  * on_front: k entries of scratch); NaN when k is 0. */
 void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, double *low,
                       double *high);
+
+/* The floors of the front of the k rows Y (k×m; on_front and low as acq_front_bounds
+ * computed them) into floor (m): where two front rows that differ both have objective j's
+ * best value low[j] exactly, that value, else NaN. Two points of a front can share their
+ * best value only where no point beats it along a whole face of the front (DTLZ2 with three
+ * objectives: f3 = 0 wherever x0 = 0), i.e. where the objective has reached a bound the
+ * models cannot know of: their samples and draws fall below it by their noise, and a
+ * hypervolume measured against a distant reference makes that noise look like a gain
+ * across the whole face. With two objectives distinct front points never share a value. */
+void acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
+                      const double *low, double *floor);
 
 /* Whether outcome f (m objectives), lying past the front's worst value high[j] in objective
  * j, extends the front at a bounded trade-off (Geoffrion's proper Pareto optimality): its

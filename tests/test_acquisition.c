@@ -445,13 +445,15 @@ static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
  * the baseline, and two candidates beyond its nadir in the first objective: one that buys
  * half the front's extent in the second for one extent in the first, one that buys a
  * hundredth for two. */
+static const double exact_points[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+
 static void exact_models(gp **g) {
-  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
   double y[2][5] = {{0, 0.5, 1, 2, 3}, {1, 0.5, 0, -0.5, -0.01}};
   double theta[GP_THETA_LEN(D)] = {log(0.05), log(0.05), log(1e-8), 0, 0};
   nas_err err;
   for (size_t k = 0; k < 2; k++)
-    assert_int_equal(gp_create(GP_KERNEL_MATERN52, X, y[k], 5, D, theta, &g[k], &err), NAS_OK);
+    assert_int_equal(gp_create(GP_KERNEL_MATERN52, exact_points, y[k], 5, D, theta, &g[k], &err),
+                     NAS_OK);
 }
 
 /* Beyond a fixed reference a candidate improves nothing; a reference that follows the
@@ -464,7 +466,7 @@ static void followed_reference_values_extensions_at_a_bounded_trade_off(void **s
   gp *g[2];
   exact_models(g);
   acq_models m = {.n_obj = 2, .obj = g};
-  double X[5 * D] = {0.1, 0.1, 0.5, 0.5, 0.9, 0.9, 0.1, 0.9, 0.9, 0.1};
+  const double *X = exact_points;
   double ref[2] = {1.1, 1.1}, margin[2] = {0.1, 0.1};
   mc_options fixed = {.utility = MC_HVI, .n_samples = 16, .seed = 3, .ref = ref};
   mc_options follow = fixed;
@@ -497,6 +499,70 @@ static void trade_off_bound_counts_loss_and_gain_in_front_extents(void **state) 
   double point[2] = {0.5, 0.5}, wide[2] = {1, 1};
   assert_true(acq_trade_off_bounded((double[]){1, 0.4}, 2, 0, point, point, wide));
   assert_false(acq_trade_off_bounded((double[]){2, 0.4}, 2, 0, point, point, wide));
+}
+
+/* A front's floor: two distinct front points sharing an objective's best value (a face of a
+ * three-objective front) make it one; a single point at it, or the same row twice (one
+ * configuration evaluated twice), does not. */
+static void front_floors_are_best_values_that_distinct_front_points_share(void **state) {
+  (void)state;
+  double Y[] = {0, 1.3, 0.2, 0, 0.9, 0.6, 0.5, 0.5, 0.5, 1, 0, 1, 2, 2, 2};
+  bool on_front[5];
+  double low[3], high[3], floor[3];
+  acq_front_bounds(Y, 5, 3, on_front, low, high);
+  acq_front_floors(Y, 5, 3, on_front, low, floor);
+  assert_float_equal(floor[0], 0, 0);
+  assert_true(isnan(floor[1]));
+  assert_true(isnan(floor[2]));
+  double twice[] = {0, 1, 0, 1, 1, 0};
+  acq_front_bounds(twice, 3, 2, on_front, low, high);
+  acq_front_floors(twice, 3, 2, on_front, low, floor);
+  assert_true(isnan(floor[0]) && isnan(floor[1]));
+}
+
+/* exact_models' candidate (2, -0.5) improves on the front (0, 1), (0.5, 0.5), (1, 0) only
+ * below the second objective's best value 0: against the reference (3, 1.1) it is worth
+ * [2, 3] × [-0.5, 0], and nothing once 0 is that objective's floor (its samples held at 0 are
+ * dominated by (1, 0)). A floor below every sample changes no value; where it holds some
+ * samples, the gradient still matches finite differences. */
+static void mc_hvi_counts_no_candidate_sample_below_a_floor(void **state) {
+  (void)state;
+  gp *g[2];
+  exact_models(g);
+  acq_models m = {.n_obj = 2, .obj = g};
+  const double *X = exact_points;
+  double ref[2] = {3, 1.1}, at_best[2] = {NAN, 0}, far_below[2] = {-1e9, -1e9};
+  mc_options none = {.utility = MC_HVI, .n_samples = 16, .seed = 3, .ref = ref};
+  mc_options floored = none, below = none;
+  floored.floor = at_best;
+  below.floor = far_below;
+  mc_acq *a, *b, *c;
+  nas_err err;
+  assert_int_equal(mc_acq_create(&m, X, 3, &none, &a, &err), NAS_OK);
+  assert_int_equal(mc_acq_create(&m, X, 3, &floored, &b, &err), NAS_OK);
+  assert_int_equal(mc_acq_create(&m, X, 3, &below, &c, &err), NAS_OK);
+  const double *candidate = X + 3 * D;
+  double unfloored = mc_acq_eval(a, candidate, NULL);
+  assert_true(unfloored > log(0.1));
+  assert_true(mc_acq_eval(b, candidate, NULL) < unfloored - 5.0);
+  double between[D] = {0.3, 0.6};
+  assert_float_equal(mc_acq_eval(c, between, NULL), mc_acq_eval(a, between, NULL), 0.0);
+  mc_acq_free(a);
+  mc_acq_free(b);
+  mc_acq_free(c);
+  gp_free(g[0]);
+  gp_free(g[1]);
+  toy_models t;
+  toy_make(&t, 2);
+  acq_models toy = {.n_obj = 2, .obj = t.g};
+  double toy_ref[2] = {1.5, 1.5}, toy_floor[2] = {0.3, 0.8};
+  mc_options opt = {.utility = MC_HVI, .n_samples = 32, .seed = 5, .ref = toy_ref,
+                    .floor = toy_floor};
+  assert_int_equal(mc_acq_create(&toy, t.X, 4, &opt, &a, &err), NAS_OK);
+  double xs[3][D] = {{0.3, 0.8}, {0.9, 0.1}, {0.05, 0.5}};
+  for (int i = 0; i < 3; i++) check_gradient(mc_acq_eval, a, xs[i], 1e-4);
+  mc_acq_free(a);
+  toy_free(&t, 2);
 }
 
 /* The points of the posterior draws' tests: the five exact_models knows, then one far
@@ -580,6 +646,8 @@ int main(void) {
       cmocka_unit_test(mc_hvi_is_deterministic_and_prefers_improvement),
       cmocka_unit_test(followed_reference_values_extensions_at_a_bounded_trade_off),
       cmocka_unit_test(trade_off_bound_counts_loss_and_gain_in_front_extents),
+      cmocka_unit_test(front_floors_are_best_values_that_distinct_front_points_share),
+      cmocka_unit_test(mc_hvi_counts_no_candidate_sample_below_a_floor),
       cmocka_unit_test(posterior_draw_keeps_known_points_and_varies_elsewhere),
       cmocka_unit_test(posterior_draws_are_each_the_draw_of_their_own_seed),
       cmocka_unit_test(pruning_drops_surely_dominated_points),
