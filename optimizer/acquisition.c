@@ -389,8 +389,38 @@ static bool rows_differ(const double *a, const double *b, size_t m) {
   return false;
 }
 
-void acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
-                      const double *low, double *floor) {
+/* One objective's column of the rows, for qsort_r's comparison of row indices. */
+typedef struct {
+  const double *Y;
+  size_t m, j;
+} column_ref;
+
+static int by_column_value(const void *a, const void *b, void *ctx) {
+  const column_ref *c = ctx;
+  double u = c->Y[*(const size_t *)a * c->m + c->j], v = c->Y[*(const size_t *)b * c->m + c->j];
+  return (u > v) - (u < v);
+}
+
+/* Whether objective j's value repeats exactly between rows that differ at some value other
+ * than best: the mark of a metric of few distinct values (a count, an accuracy over a small
+ * validation set, rounded readings), whose tie at its best says nothing of a bound. order:
+ * k indices of scratch. */
+static bool ties_elsewhere(const double *Y, size_t k, size_t m, size_t j, double best,
+                           size_t *order) {
+  for (size_t i = 0; i < k; i++) order[i] = i;
+  column_ref column = {.Y = Y, .m = m, .j = j};
+  qsort_r(order, k, sizeof *order, by_column_value, &column);
+  for (size_t i = 1; i < k; i++) {
+    const double *before = Y + order[i - 1] * m, *y = Y + order[i] * m;
+    if (y[j] == before[j] && y[j] != best && rows_differ(before, y, m)) return true;
+  }
+  return false;
+}
+
+int acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
+                     const double *low, double *floor, nas_err *err) {
+  size_t *order = malloc((k + 1) * sizeof *order);
+  if (!order) return nas_errf(err, "out of memory");
   for (size_t j = 0; j < m; j++) {
     floor[j] = NAN;
     const double *first = NULL; /* the first front row at the best value */
@@ -400,7 +430,10 @@ void acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
       if (!first) first = y;
       else if (rows_differ(first, y, m)) floor[j] = low[j];
     }
+    if (!isnan(floor[j]) && ties_elsewhere(Y, k, m, j, low[j], order)) floor[j] = NAN;
   }
+  free(order);
+  return NAS_OK;
 }
 
 bool acq_trade_off_bounded(const double *f, size_t m, size_t j, const double *low,

@@ -108,9 +108,12 @@ void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, doubl
  * objectives: f3 = 0 wherever x0 = 0), i.e. where the objective has reached a bound the
  * models cannot know of: their samples and draws fall below it by their noise, and a
  * hypervolume measured against a distant reference makes that noise look like a gain
- * across the whole face. With two objectives distinct front points never share a value. */
-void acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
-                      const double *low, double *floor);
+ * across the whole face. With two objectives distinct front points never share a value.
+ * An objective whose values also repeat exactly elsewhere (between rows that differ) gets
+ * none: there ties are its few distinct values (a count, an accuracy over a small validation
+ * set, rounded readings), not a bound. NAS_ERR only when out of memory. */
+int acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
+                     const double *low, double *floor, nas_err *err);
 
 /* Whether outcome f (m objectives), lying past the front's worst value high[j] in objective
  * j, extends the front at a bounded trade-off (Geoffrion's proper Pareto optimality): its

@@ -544,9 +544,9 @@ static int observed_floors(const double *rows, size_t n, size_t m, double *floor
   if (!on_front) return nas_errf(err, "optimizer gp: out of memory");
   double low[m], high[m];
   acq_front_bounds(rows, n, m, on_front, low, high);
-  acq_front_floors(rows, n, m, on_front, low, floor);
+  int rc = acq_front_floors(rows, n, m, on_front, low, floor, err);
   free(on_front);
-  return NAS_OK;
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "optimizer gp");
 }
 
 /* The reference point of one pick: from the thresholds, else inferred (pareto_reference_point, as

@@ -510,14 +510,33 @@ static void front_floors_are_best_values_that_distinct_front_points_share(void *
   bool on_front[5];
   double low[3], high[3], floor[3];
   acq_front_bounds(Y, 5, 3, on_front, low, high);
-  acq_front_floors(Y, 5, 3, on_front, low, floor);
+  nas_err err;
+  assert_int_equal(acq_front_floors(Y, 5, 3, on_front, low, floor, &err), NAS_OK);
   assert_float_equal(floor[0], 0, 0);
   assert_true(isnan(floor[1]));
   assert_true(isnan(floor[2]));
   double twice[] = {0, 1, 0, 1, 1, 0};
   acq_front_bounds(twice, 3, 2, on_front, low, high);
-  acq_front_floors(twice, 3, 2, on_front, low, floor);
+  assert_int_equal(acq_front_floors(twice, 3, 2, on_front, low, floor, &err), NAS_OK);
   assert_true(isnan(floor[0]) && isnan(floor[1]));
+}
+
+/* A metric of few distinct values (here objective 0, repeating 0.5 between two different
+ * rows off its best) ties at its best by chance, not at a bound: no floor, and a value
+ * repeated only by one row observed twice does not count as such a tie. */
+static void front_floors_skip_objectives_whose_values_tie_elsewhere(void **state) {
+  (void)state;
+  double Y[] = {0, 1.3, 0.2, 0, 0.9, 0.6, 0.5, 0.5, 0.5, 0.5, 0.7, 0.4, 2, 2, 2};
+  bool on_front[5];
+  double low[3], high[3], floor[3];
+  nas_err err;
+  acq_front_bounds(Y, 5, 3, on_front, low, high);
+  assert_int_equal(acq_front_floors(Y, 5, 3, on_front, low, floor, &err), NAS_OK);
+  assert_true(isnan(floor[0]));
+  double repeated[] = {0, 1.3, 0.2, 0, 0.9, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 2, 2, 2};
+  acq_front_bounds(repeated, 5, 3, on_front, low, high);
+  assert_int_equal(acq_front_floors(repeated, 5, 3, on_front, low, floor, &err), NAS_OK);
+  assert_float_equal(floor[0], 0, 0);
 }
 
 /* exact_models' candidate (2, -0.5) improves on the front (0, 1), (0.5, 0.5), (1, 0) only
@@ -647,6 +666,7 @@ int main(void) {
       cmocka_unit_test(followed_reference_values_extensions_at_a_bounded_trade_off),
       cmocka_unit_test(trade_off_bound_counts_loss_and_gain_in_front_extents),
       cmocka_unit_test(front_floors_are_best_values_that_distinct_front_points_share),
+      cmocka_unit_test(front_floors_skip_objectives_whose_values_tie_elsewhere),
       cmocka_unit_test(mc_hvi_counts_no_candidate_sample_below_a_floor),
       cmocka_unit_test(posterior_draw_keeps_known_points_and_varies_elsewhere),
       cmocka_unit_test(posterior_draws_are_each_the_draw_of_their_own_seed),
