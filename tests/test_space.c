@@ -168,6 +168,61 @@ static void snap_is_idempotent(void **state) {
   unload(&f);
 }
 
+/* The same kinds of parameter with no conditions (space_snap_near's own path). */
+static const char *const unconditional_yaml =
+    "name: plain\n"
+    "seed: 7\n"
+    "parameters:\n"
+    "  lr: {type: float, low: 1.0e-5, high: 0.1, log: true}\n"
+    "  dropout: {type: float, low: 0, high: 0.5}\n"
+    "  shift: {type: float, low: -3, high: 5}\n"
+    "  layers: {type: int, low: 1, high: 8}\n"
+    "  width: {type: int, low: 16, high: 1024, log: true}\n"
+    "  batch: {type: int, low: 16, high: 256, step: 16}\n"
+    "  momentum: {type: float, low: 0.1, high: 1.0, step: 0.1}\n"
+    "  opt: {type: categorical, choices: [sgd, adam, adamw]}\n"
+    "  act: {type: categorical, choices: [1, 2.5, relu]}\n"
+    "  seed_fixed: {type: fixed, value: 42}\n"
+    "objectives:\n"
+    "  - {name: loss, goal: minimize}\n"
+    "trial:\n"
+    "  command: [train]\n"
+    "budget:\n"
+    "  trials: 10\n";
+
+/* A snapped point with one coordinate (or one-hot group) moved, as the local search and
+ * the reach make neighbours: space_snap_near gives exactly space_snap's point. */
+static void snap_near_gives_the_whole_snap(void **state) {
+  (void)state;
+  const char *yamls[] = {unconditional_yaml, mixed_yaml};
+  for (size_t y = 0; y < 2; y++) {
+    fixture f = load(yamls[y]);
+    const space_dim *dims = space_dims(f.sp);
+    gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(rng, 11);
+    double ref[64], near[64], whole[64];
+    nas_err err = {{0}};
+    for (int t = 0; t < 3000; t++) {
+      random_point(rng, ref, f.dim);
+      assert_int_equal(space_snap(f.sp, ref, &err), 0);
+      memcpy(near, ref, sizeof near);
+      size_t d = gsl_rng_uniform_int(rng, f.dim);
+      if (dims[d].kind == DIM_ONEHOT) { /* another choice */
+        memset(near + dims[d].group_start, 0, dims[d].n_levels * sizeof *near);
+        near[dims[d].group_start + gsl_rng_uniform_int(rng, dims[d].n_levels)] = 1.0;
+      } else {
+        near[d] = gsl_rng_uniform(rng);
+      }
+      memcpy(whole, near, sizeof whole);
+      assert_int_equal(space_snap(f.sp, whole, &err), 0);
+      assert_int_equal(space_snap_near(f.sp, ref, near, &err), 0);
+      assert_same_point(whole, near, f.dim);
+    }
+    gsl_rng_free(rng);
+    unload(&f);
+  }
+}
+
 static void range_ends_round_trip_exactly(void **state) {
   (void)state;
   fixture f = load(mixed_yaml);
@@ -537,6 +592,7 @@ int main(void) {
       cmocka_unit_test(layout_gives_each_kind_its_dimensions),
       cmocka_unit_test(decoded_assignments_are_valid_and_round_trip_exactly),
       cmocka_unit_test(snap_is_idempotent),
+      cmocka_unit_test(snap_near_gives_the_whole_snap),
       cmocka_unit_test(range_ends_round_trip_exactly),
       cmocka_unit_test(integers_and_steps_round_trip),
       cmocka_unit_test(log_int_sits_at_its_log_position_and_rounds_in_value_space),
