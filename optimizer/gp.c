@@ -23,6 +23,7 @@ struct gp {
   gp_kernel kernel;
   size_t n, d;
   double *X;       /* n×d training inputs */
+  double *Xt;      /* d×n: X transposed (for gp_kernel_column) */
   double *y;       /* n outcomes, model units */
   double shift;    /* raw = shift + scale · model units */
   double scale;    /* the outcomes' sd times √s */
@@ -106,13 +107,14 @@ static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
   g->n = n;
   g->d = d;
   g->X = malloc(n * d * sizeof *g->X);
+  g->Xt = malloc(n * d * sizeof *g->Xt);
   g->y = malloc(n * sizeof *g->y);
   g->theta = malloc(GP_THETA_LEN(d) * sizeof *g->theta);
   g->inv_ls2 = malloc(d * sizeof *g->inv_ls2);
   g->L = malloc(n * n * sizeof *g->L);
   g->kinv = malloc(n * n * sizeof *g->kinv);
   g->alpha = malloc(n * sizeof *g->alpha);
-  if (!g->X || !g->y || !g->theta || !g->inv_ls2 || !g->L || !g->kinv || !g->alpha) {
+  if (!g->X || !g->Xt || !g->y || !g->theta || !g->inv_ls2 || !g->L || !g->kinv || !g->alpha) {
     gp_free(g);
     return NULL;
   }
@@ -122,6 +124,7 @@ static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
 void gp_free(gp *g) {
   if (!g) return;
   free(g->X);
+  free(g->Xt);
   free(g->y);
   free(g->theta);
   free(g->inv_ls2);
@@ -196,6 +199,7 @@ int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const doub
   }
   if (!g) return nas_errf(err, "gp: out of memory for %zu observations", n);
   memcpy(g->X, X, n * d * sizeof *X);
+  gp_transpose(X, n, d, g->Xt);
   gp_standardise(y, n, g->y, &g->shift, &g->scale);
   set_theta(g, theta);
   if (noise_var) gp_standardise_noise(noise_var, n, g->scale, g->known);
@@ -214,7 +218,7 @@ double gp_shift(const gp *g) { return g->shift; }
 double gp_scale(const gp *g) { return g->scale; }
 
 void gp_baseline_clear(gp_baseline *b) {
-  free(b->X);
+  free(b->Xt);
   free(b->mean);
   free(b->cov);
   free(b->A);
@@ -226,20 +230,20 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
   size_t n = g->n, d = g->d;
   memset(out, 0, sizeof *out);
   out->nb = nb;
-  out->X = malloc((nb * d + 1) * sizeof *out->X);
+  out->Xt = malloc((nb * d + 1) * sizeof *out->Xt);
   out->mean = malloc((nb + 1) * sizeof *out->mean);
   out->cov = malloc((nb * nb + 1) * sizeof *out->cov);
   out->A = malloc((nb * n + 1) * sizeof *out->A);
   double *KbX = malloc((nb * n + 1) * sizeof *KbX);
-  if (!out->X || !out->mean || !out->cov || !out->A || !KbX) {
+  if (!out->Xt || !out->mean || !out->cov || !out->A || !KbX) {
     free(KbX);
     gp_baseline_clear(out);
     return nas_errf(err, "gp: out of memory for a baseline of %zu points", nb);
   }
-  if (nb > 0) memcpy(out->X, Xb, nb * d * sizeof *Xb);
+  gp_transpose(Xb, nb, d, out->Xt);
   double c = g->mean;
   for (size_t b = 0; b < nb; b++) {
-    gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
+    gp_kernel_column(g->kernel, g->Xt, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
     out->mean[b] = c + cblas_ddot((int)n, KbX + b * n, 1, g->alpha, 1);
   }
   if (nb > 0) {
@@ -262,7 +266,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   size_t n = g->n, d = g->d;
   bool grad = p->dmean || p->dvar || p->dcov_b;
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
-  gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
+  gp_kernel_column(g->kernel, g->Xt, n, d, g->inv_ls2, x, k, dk);
   p->mean = g->mean + sb_dot(n, k, g->alpha);
   if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient */
     sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
@@ -275,7 +279,7 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
   if (p->dvar) sb_mtv(n, d, -2.0, dk, d, w, 1, 0.0, p->dvar);
   if (!b || !p->cov_b || b->nb == 0) return;
-  gp_kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
+  gp_kernel_column(g->kernel, b->Xt, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
   sb_mv(b->nb, n, -1.0, b->A, n, k, 1.0, p->cov_b, 1);
   if (p->dcov_b) sb_mm_sub(b->nb, d, n, b->A, n, dk, d, p->dcov_b, d);
 }

@@ -50,9 +50,16 @@ double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, siz
 /* K[i·n + j] = k(X_i, X_j) for the n×d rows of X (full symmetric matrix). */
 void gp_kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
                    double *K);
-/* k[i] = k(X_i, x); when dk is not NULL, dk[i·d + j] = ∂k[i]/∂x_j. */
-void gp_kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+/* r2[i] = gp_kernel_r2(x, X_i) to the bit, i < n, for the points X_i held transposed:
+ * coordinate k of point i at Xt[k·ld + i] (ld ≥ n). */
+void gp_kernel_r2_column(const double *Xt, size_t ld, size_t n, size_t d,
+                         const double *inv_ls2, const double *x, double *r2);
+/* k[i] = k(X_i, x) for the n points of Xt (d×n: X transposed); when dk is not NULL,
+ * dk[i·d + j] = ∂k[i]/∂x_j. */
+void gp_kernel_column(gp_kernel kind, const double *Xt, size_t n, size_t d, const double *inv_ls2,
                    const double *x, double *k, double *dk);
+/* Xt (d×n) = X (n×d) transposed. */
+void gp_transpose(const double *X, size_t n, size_t d, double *Xt);
 
 /* ---- priors and the fitting objective (gp_fit.c) --------------------------------------- */
 
@@ -133,7 +140,7 @@ double gp_scale(const gp *g);
  * cov(f(B), f(x)) in O(nb·n) per candidate. */
 typedef struct {
   size_t nb;
-  double *X;     /* nb×d (owned copy) */
+  double *Xt;    /* d×nb: the points transposed (owned) */
   double *mean;  /* nb: posterior mean of c + f, model units */
   double *cov;   /* nb×nb: posterior covariance of f */
   double *A;     /* nb×n: K(B, X) (K + noise I)^-1 */

@@ -100,16 +100,24 @@ double gp_log_prior(size_t d, const double *theta, double *grad) {
   return lp;
 }
 
+typedef struct {
+  double *K, *G, *alpha;
+  double *copy; /* n×n room for gp_cholesky_with */
+  double *Xt;   /* d×n: the inputs transposed, for gp_kernel_r2_column */
+  double *r2;   /* n: one row's squared distances */
+} lml_work;
+
 /* K = s·k(X, X) (with noise on the diagonal, gp_noise_at) and the slopes G_ij = s·g(r²_ij)
  * of its entries. */
 static void kernel_and_slopes(gp_kernel kind, const double *X, size_t n, size_t d,
                               const double *inv_ls2, const double *known, double noise,
-                              double outputscale, double *K, double *G) {
+                              double outputscale, lml_work *w) {
+  double *K = w->K, *G = w->G;
   for (size_t i = 0; i < n; i++) {
     K[i * n + i] = outputscale + gp_noise_at(known, i, noise);
+    gp_kernel_r2_column(w->Xt, n, i, d, inv_ls2, X + i * d, w->r2); /* to the points j < i */
     for (size_t j = 0; j < i; j++) {
-      double r2 = gp_kernel_r2(X + i * d, X + j * d, inv_ls2, d);
-      K[i * n + j] = outputscale * gp_kernel_eval(kind, r2, &G[i * n + j]);
+      K[i * n + j] = outputscale * gp_kernel_eval(kind, w->r2[j], &G[i * n + j]);
       G[i * n + j] *= outputscale;
       K[j * n + i] = K[i * n + j];
     }
@@ -117,25 +125,23 @@ static void kernel_and_slopes(gp_kernel kind, const double *X, size_t n, size_t 
 }
 
 /* ∂/∂log ℓ_k = ½ Σ_ij W_ij G_ij Δ²_ijk/ℓ_k² = Σ_{i>j} W_ij G_ij Δ²_ijk/ℓ_k² (Δ = 0 on the
- * diagonal). W = ααᵀ − K⁻¹ is passed as kinv and alpha. */
+ * diagonal). W = ααᵀ − K⁻¹ is passed as kinv and alpha. Each grad[k] sums the pairs in
+ * order; the dimensions run side by side (SIMD). */
 static void lengthscale_gradient(const double *X, size_t n, size_t d, const double *inv_ls2,
                                  const double *G, const double *kinv, const double *alpha,
                                  double *grad) {
   for (size_t i = 0; i < n; i++)
     for (size_t j = 0; j < i; j++) {
       double wg = (alpha[i] * alpha[j] - kinv[i * n + j]) * G[i * n + j];
+      const double *xi = X + i * d, *xj = X + j * d;
+#pragma omp simd
       for (size_t k = 0; k < d; k++) {
-        double diff = X[i * d + k] - X[j * d + k];
+        double diff = xi[k] - xj[k];
         grad[k] += wg * diff * diff;
       }
     }
   for (size_t k = 0; k < d; k++) grad[k] *= inv_ls2[k];
 }
-
-typedef struct {
-  double *K, *G, *alpha;
-  double *copy; /* n×n room for gp_cholesky_with */
-} lml_work;
 
 /* The kernel's part of ∂/∂log s: ½ Σ_ij W_ij s·k_ij (s on the diagonal), W = ααᵀ − K⁻¹;
  * w->K holds K⁻¹, w->copy K itself. */
@@ -156,7 +162,7 @@ static double lml_with_work(gp_kernel kind, const double *X, const double *y,
   for (size_t k = 0; k < d; k++) inv_ls2[k] = exp(-2.0 * theta[k]);
   double noise = exp(theta[GP_THETA_NOISE(d)] + theta[GP_THETA_SCALE(d)]);
   double c = theta[GP_THETA_MEAN(d)], outputscale = exp(theta[GP_THETA_SCALE(d)]);
-  kernel_and_slopes(kind, X, n, d, inv_ls2, known, noise, outputscale, w->K, w->G);
+  kernel_and_slopes(kind, X, n, d, inv_ls2, known, noise, outputscale, w);
   /* w->copy keeps K for the outputscale's gradient */
   if (gp_cholesky_with(w->K, n, w->copy, NULL, err) != NAS_OK) return -HUGE_VAL;
   double logdet = 0;
@@ -185,12 +191,17 @@ static double lml_with_work(gp_kernel kind, const double *X, const double *y,
   return value + gp_log_prior(d, theta, grad);
 }
 
-static int lml_work_alloc(size_t n, lml_work *w) {
+/* Scratch for the log posterior at the n×d inputs X (kept transposed in it). */
+static int lml_work_alloc(const double *X, size_t n, size_t d, lml_work *w) {
   w->K = malloc(n * n * sizeof *w->K);
   w->G = malloc(n * n * sizeof *w->G);
   w->alpha = malloc(n * sizeof *w->alpha);
   w->copy = malloc(n * n * sizeof *w->copy);
-  return w->K && w->G && w->alpha && w->copy ? NAS_OK : NAS_ERR;
+  w->Xt = malloc((n * d + 1) * sizeof *w->Xt);
+  w->r2 = malloc(n * sizeof *w->r2);
+  if (!w->K || !w->G || !w->alpha || !w->copy || !w->Xt || !w->r2) return NAS_ERR;
+  gp_transpose(X, n, d, w->Xt);
+  return NAS_OK;
 }
 
 static void lml_work_free(lml_work *w) {
@@ -198,13 +209,15 @@ static void lml_work_free(lml_work *w) {
   free(w->G);
   free(w->alpha);
   free(w->copy);
+  free(w->Xt);
+  free(w->r2);
 }
 
 double gp_log_posterior(gp_kernel kind, const double *X, const double *y, const double *known,
                         size_t n, size_t d, const double *theta, double *grad, nas_err *err) {
   lml_work w;
   double value = -HUGE_VAL;
-  if (lml_work_alloc(n, &w) == NAS_OK)
+  if (lml_work_alloc(X, n, d, &w) == NAS_OK)
     value = lml_with_work(kind, X, y, known, n, d, theta, grad, &w, err);
   else
     nas_errf(err, "gp: out of memory for %zu observations", n);
@@ -386,7 +399,7 @@ int gp_fit(const double *X, const double *y, size_t n, size_t d, const gp_fit_op
   p.best_theta = malloc(len * sizeof *p.best_theta);
   int rc = NAS_ERR;
   if (!ystd || (opt->noise_var && !known) || !p.best_theta ||
-      lml_work_alloc(n, &p.work) != NAS_OK) {
+      lml_work_alloc(X, n, d, &p.work) != NAS_OK) {
     nas_errf(err, "gp: out of memory fitting %zu observations", n);
     goto done;
   }
