@@ -4,8 +4,9 @@
  * Invariants of a gp: it holds the unit-variance model of the standardised outcomes divided
  * by √s (s the outputscale, gp.h): y, noise, mean and scale in those model units; L is the
  * lower Cholesky factor of K + N + jitter I over the n training inputs (N diagonal: each
- * point's known noise variance, else the fitted one), kinv its inverse and alpha =
- * kinv (y − mean), all at the stored θ; shift and scale are fixed when the GP is made. */
+ * point's known noise variance, else the fitted one), kept transposed (Lt), kinv its
+ * inverse (both triangles, exactly symmetric) and alpha = kinv (y − mean), all at the
+ * stored θ; shift and scale are fixed when the GP is made. */
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
@@ -32,7 +33,7 @@ struct gp {
   double noise;    /* fitted noise variance, model units */
   double mean;     /* constant mean, model units */
   double *known;   /* n known noise variances, model units (NaN: the fitted one), or NULL */
-  double *L;       /* n×n lower Cholesky factor of K + N + jitter I (upper part zero) */
+  double *Lt;      /* n×n: Lᵀ, L the lower Cholesky factor of K + N + jitter I */
   double *kinv;    /* n×n: (K + N + jitter I)^-1 */
   double *alpha;   /* n: kinv (y − mean) */
 };
@@ -111,10 +112,10 @@ static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
   g->y = malloc(n * sizeof *g->y);
   g->theta = malloc(GP_THETA_LEN(d) * sizeof *g->theta);
   g->inv_ls2 = malloc(d * sizeof *g->inv_ls2);
-  g->L = malloc(n * n * sizeof *g->L);
+  g->Lt = malloc(n * n * sizeof *g->Lt);
   g->kinv = malloc(n * n * sizeof *g->kinv);
   g->alpha = malloc(n * sizeof *g->alpha);
-  if (!g->X || !g->Xt || !g->y || !g->theta || !g->inv_ls2 || !g->L || !g->kinv || !g->alpha) {
+  if (!g->X || !g->Xt || !g->y || !g->theta || !g->inv_ls2 || !g->Lt || !g->kinv || !g->alpha) {
     gp_free(g);
     return NULL;
   }
@@ -128,7 +129,7 @@ void gp_free(gp *g) {
   free(g->y);
   free(g->theta);
   free(g->inv_ls2);
-  free(g->L);
+  free(g->Lt);
   free(g->kinv);
   free(g->alpha);
   free(g->known);
@@ -148,10 +149,15 @@ static void set_theta(gp *g, const double *theta) {
   for (size_t i = 0; i < g->n; i++) g->y[i] /= root;
 }
 
-/* kinv and alpha from L (which must already hold the factor). */
+/* kinv and alpha from the factor L (in g->Lt, not yet transposed), then Lt = Lᵀ. */
 static int finish_factor(gp *g, nas_err *err) {
   size_t n = g->n;
-  memcpy(g->kinv, g->L, n * n * sizeof *g->kinv);
+  memcpy(g->kinv, g->Lt, n * n * sizeof *g->kinv);
+  for (size_t i = 0; i < n; i++) /* L's upper part is zero */
+    for (size_t j = 0; j < i; j++) {
+      g->Lt[j * n + i] = g->Lt[i * n + j];
+      g->Lt[i * n + j] = 0.0;
+    }
   gsl_matrix_view kinv = gsl_matrix_view_array(g->kinv, n, n);
   if (gsl_linalg_cholesky_invert(&kinv.matrix) != GSL_SUCCESS)
     return nas_errf(err, "gp: cannot invert the %zux%zu kernel matrix", n, n);
@@ -169,9 +175,9 @@ static int finish_factor(gp *g, nas_err *err) {
 
 static int factorise(gp *g, nas_err *err) {
   size_t n = g->n;
-  gp_kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
-  for (size_t i = 0; i < n; i++) g->L[i * n + i] += gp_noise_at(g->known, i, g->noise);
-  if (gp_cholesky(g->L, n, NULL, err) != NAS_OK) return NAS_ERR;
+  gp_kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->Lt);
+  for (size_t i = 0; i < n; i++) g->Lt[i * n + i] += gp_noise_at(g->known, i, g->noise);
+  if (gp_cholesky(g->Lt, n, NULL, err) != NAS_OK) return NAS_ERR;
   return finish_factor(g, err);
 }
 
@@ -268,12 +274,12 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
   gp_kernel_column(g->kernel, g->Xt, n, d, g->inv_ls2, x, k, dk);
   p->mean = g->mean + sb_dot(n, k, g->alpha);
-  if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient */
-    sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
+  if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient (kinv symmetric: by columns) */
+    sb_mtv(n, n, 1.0, g->kinv, n, k, 1, 0.0, w);
     p->var = fmax(1.0 - sb_dot(n, k, w), 0.0);
   } else { /* |L⁻¹k|²: half the flops */
     memcpy(w, k, n * sizeof *w);
-    sb_lower_solve(n, 1, g->L, n, w, 1);
+    sb_lower_solve_t(n, g->Lt, n, w);
     p->var = fmax(1.0 - sb_dot(n, w, w), 0.0);
   }
   if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
