@@ -175,7 +175,7 @@ static int finish_factor(gp *g, nas_err *err) {
 
 static int factorise(gp *g, nas_err *err) {
   size_t n = g->n;
-  gp_kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->Lt);
+  gp_kernel_matrix(g->kernel, g->X, g->Xt, n, g->d, g->inv_ls2, g->Lt);
   for (size_t i = 0; i < n; i++) g->Lt[i * n + i] += gp_noise_at(g->known, i, g->noise);
   if (gp_cholesky(g->Lt, n, NULL, err) != NAS_OK) return NAS_ERR;
   return finish_factor(g, err);
@@ -255,7 +255,7 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
   if (nb > 0) {
     cblas_dsymm(CblasRowMajor, CblasRight, CblasLower, (int)nb, (int)n, 1.0, g->kinv, (int)n,
                 KbX, (int)n, 0.0, out->A, (int)n);
-    gp_kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
+    gp_kernel_matrix(g->kernel, Xb, out->Xt, nb, d, g->inv_ls2, out->cov);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nb, (int)n, -1.0, out->A,
                 (int)n, KbX, (int)n, 1.0, out->cov, (int)nb);
   }

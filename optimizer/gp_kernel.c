@@ -40,15 +40,16 @@ double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, siz
   return r2;
 }
 
-void gp_kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
-                   double *K) {
+void gp_kernel_matrix(gp_kernel kind, const double *X, const double *Xt, size_t n, size_t d,
+                      const double *inv_ls2, double *K) {
   for (size_t i = 0; i < n; i++) {
-    K[i * n + i] = 1.0;
+    double *row = K + i * n; /* r² to the points before i, then their kernel values */
+    gp_kernel_r2_column(Xt, n, i, d, inv_ls2, X + i * d, row);
     for (size_t j = 0; j < i; j++) {
-      double kij = gp_kernel_eval(kind, gp_kernel_r2(X + i * d, X + j * d, inv_ls2, d), NULL);
-      K[i * n + j] = kij;
-      K[j * n + i] = kij;
+      row[j] = gp_kernel_eval(kind, row[j], NULL);
+      K[j * n + i] = row[j];
     }
+    row[i] = 1.0;
   }
 }
 
