@@ -46,13 +46,12 @@ typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
  * gp_kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
  * ∂k/∂a_k = −g·(a_k − b_k)/ℓ_k² and ∂k/∂log ℓ_k = g·(a_k − b_k)²/ℓ_k² (finite at r = 0). */
 double gp_kernel_eval(gp_kernel kind, double r2, double *slope);
-double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
 /* K[i·n + j] = k(X_i, X_j) for the n×d rows of X, Xt the same transposed (d×n) (full
  * symmetric matrix). */
 void gp_kernel_matrix(gp_kernel kind, const double *X, const double *Xt, size_t n, size_t d,
                       const double *inv_ls2, double *K);
-/* r2[i] = gp_kernel_r2(x, X_i) to the bit, i < n, for the points X_i held transposed:
- * coordinate k of point i at Xt[k·ld + i] (ld ≥ n). */
+/* r2[i] = Σ_k (x_k − X_ik)²/ℓ_k², the terms added in the order of k, for the n points X_i
+ * held transposed: coordinate k of point i at Xt[k·ld + i] (ld ≥ n). */
 void gp_kernel_r2_column(const double *Xt, size_t ld, size_t n, size_t d,
                          const double *inv_ls2, const double *x, double *r2);
 /* k[i] = k(X_i, x) for the n points of Xt (d×n: X transposed); when dk is not NULL,

@@ -7,10 +7,10 @@
  *
  * The distances of many points to one (a kernel column, a row of the fit's kernel matrix)
  * are summed a dimension at a time over all the points, from the points transposed (d×n):
- * each point's sum still adds its dimensions in order, so r² is gp_kernel_r2's to the bit,
- * but the sums of different points are independent and run side by side (SIMD), where one
- * point's sum is a chain of d dependent additions (in a 65-dimension space that chain was
- * most of a fit's time). */
+ * each point's sum still adds its dimensions in order (so r² is the same to the bit as the
+ * sum of one point's dimensions in a loop), but the sums of different points are
+ * independent and run side by side (SIMD), where one point's sum is a chain of d dependent
+ * additions (in a 65-dimension space that chain was most of a fit's time). */
 #include <math.h>
 
 #include "optimizer/gp.h"
@@ -29,15 +29,6 @@ double gp_kernel_eval(gp_kernel kind, double r2, double *slope) {
   double e = exp(-s5r);
   if (slope) *slope = 5.0 / 3.0 * (1.0 + s5r) * e;
   return (1.0 + s5r + 5.0 / 3.0 * r2) * e;
-}
-
-double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d) {
-  double r2 = 0;
-  for (size_t k = 0; k < d; k++) {
-    double diff = a[k] - b[k];
-    r2 += diff * diff * inv_ls2[k];
-  }
-  return r2;
 }
 
 void gp_kernel_matrix(gp_kernel kind, const double *X, const double *Xt, size_t n, size_t d,

@@ -5,6 +5,7 @@
 #include <gsl/gsl_rng.h>
 
 #include "optimizer/gp.h"
+#include "optimizer/small_blas.h"
 #include "tests/testutil.h"
 
 static double rbf(double a, double b, double ls) {
@@ -526,8 +527,58 @@ static void cholesky_adds_jitter_to_a_singular_matrix(void **state) {
   assert_non_null(strstr(err.msg, "not positive definite"));
 }
 
+/* The kernels' distances sum the dimensions of each pair in order, as one loop over them
+ * would, so that summing many points at once (a dimension at a time, SIMD) changes no
+ * bit of a kernel, a fit or a suggestion. 65 dimensions: a wide search space's cube. */
+static void kernel_distances_add_dimensions_in_order(void **state) {
+  (void)state;
+  enum { N = 37, D = 65 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  gsl_rng_set(rng, 5);
+  double X[N * D], Xt[N * D], inv_ls2[D], r2[N], K[N * N];
+  fill_uniform(rng, X, N * D);
+  for (size_t k = 0; k < D; k++) inv_ls2[k] = 1.0 / (0.05 + gsl_rng_uniform(rng));
+  gp_transpose(X, N, D, Xt);
+  gp_kernel_matrix(GP_KERNEL_MATERN52, X, Xt, N, D, inv_ls2, K);
+  for (size_t i = 0; i < N; i++) {
+    gp_kernel_r2_column(Xt, N, N, D, inv_ls2, X + i * D, r2);
+    for (size_t j = 0; j < N; j++) {
+      double one_loop = 0;
+      for (size_t k = 0; k < D; k++) {
+        double diff = X[i * D + k] - X[j * D + k];
+        one_loop += diff * diff * inv_ls2[k];
+      }
+      assert_true(r2[j] == one_loop);
+      assert_true(K[i * N + j] == (i == j ? 1.0 : gp_kernel_eval(GP_KERNEL_MATERN52, one_loop, NULL)));
+    }
+  }
+  gsl_rng_free(rng);
+}
+
+/* L⁻¹b solved by columns of L (from Lᵀ) is the solve by rows to the bit. */
+static void lower_solve_by_columns_equals_the_solve_by_rows(void **state) {
+  (void)state;
+  enum { N = 29 };
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  gsl_rng_set(rng, 9);
+  double L[N * N] = {0}, U[N * N] = {0}, by_rows[N], by_columns[N];
+  for (size_t i = 0; i < N; i++) {
+    for (size_t j = 0; j < i; j++) L[i * N + j] = gsl_rng_uniform(rng) - 0.5;
+    L[i * N + i] = 0.5 + gsl_rng_uniform(rng);
+    by_rows[i] = by_columns[i] = gsl_rng_uniform(rng) - 0.5;
+  }
+  for (size_t i = 0; i < N; i++)
+    for (size_t j = 0; j < N; j++) U[j * N + i] = L[i * N + j];
+  sb_lower_solve(N, 1, L, N, by_rows, 1);
+  sb_lower_solve_t(N, U, N, by_columns);
+  for (size_t i = 0; i < N; i++) assert_true(by_rows[i] == by_columns[i]);
+  gsl_rng_free(rng);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(kernel_distances_add_dimensions_in_order),
+      cmocka_unit_test(lower_solve_by_columns_equals_the_solve_by_rows),
       cmocka_unit_test(posterior_matches_closed_form_for_two_points),
       cmocka_unit_test(outputscale_multiplies_the_kernel),
       cmocka_unit_test(outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value),
