@@ -168,27 +168,26 @@ static void snap_is_idempotent(void **state) {
   unload(&f);
 }
 
-/* The same kinds of parameter with no conditions (space_snap_near's own path). */
+/* Every kind of parameter again (other ranges), with no conditions: space_snap_near's own
+ * path. */
 static const char *const unconditional_yaml =
     "name: plain\n"
-    "seed: 7\n"
+    "seed: 3\n"
     "parameters:\n"
-    "  lr: {type: float, low: 1.0e-5, high: 0.1, log: true}\n"
-    "  dropout: {type: float, low: 0, high: 0.5}\n"
-    "  shift: {type: float, low: -3, high: 5}\n"
-    "  layers: {type: int, low: 1, high: 8}\n"
-    "  width: {type: int, low: 16, high: 1024, log: true}\n"
-    "  batch: {type: int, low: 16, high: 256, step: 16}\n"
-    "  momentum: {type: float, low: 0.1, high: 1.0, step: 0.1}\n"
-    "  opt: {type: categorical, choices: [sgd, adam, adamw]}\n"
-    "  act: {type: categorical, choices: [1, 2.5, relu]}\n"
-    "  seed_fixed: {type: fixed, value: 42}\n"
+    "  wd: {type: float, low: 1.0e-6, high: 0.01, log: true}\n"
+    "  momentum: {type: float, low: 0.5, high: 0.99}\n"
+    "  bias: {type: float, low: -1, high: 1}\n"
+    "  depth: {type: int, low: 2, high: 12}\n"
+    "  units: {type: int, low: 8, high: 512, log: true}\n"
+    "  batch: {type: int, low: 32, high: 512, step: 32}\n"
+    "  warmup: {type: float, low: 0, high: 0.3, step: 0.05}\n"
+    "  act: {type: categorical, choices: [relu, gelu, silu, 2]}\n"
+    "  norm: {type: categorical, choices: [true, false]}\n"
+    "  tag: {type: fixed, value: plain}\n"
     "objectives:\n"
-    "  - {name: loss, goal: minimize}\n"
-    "trial:\n"
-    "  command: [train]\n"
-    "budget:\n"
-    "  trials: 10\n";
+    "  - {name: err, goal: minimize}\n"
+    "trial: {command: [train]}\n"
+    "budget: {trials: 20}\n";
 
 /* A snapped point with one coordinate (or one-hot group) moved, as the local search and
  * the reach make neighbours: space_snap_near gives exactly space_snap's point. */
