@@ -206,7 +206,7 @@ static void run_close(run_state *r) {
 static void evaluate(run_state *r, const problem *p, const json_t *params) {
   double x[MAX_D], *f = r->Ytrue + r->n * p->m, *seen = r->Y + r->n * p->m;
   for (size_t i = 0; i < p->d; i++) {
-    char name[16];
+    char name[24]; /* "x" and any size_t */
     snprintf(name, sizeof name, "x%zu", i);
     x[i] = json_number_value(json_object_get(params, name));
   }

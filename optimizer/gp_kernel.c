@@ -5,12 +5,14 @@
  * distance r², so that lengthscale and input gradients share one factor, the slope
  * g(r²) = −2 dk/d(r²), which stays finite at r = 0 (Matérn-5/2 has no 1/r there).
  *
- * The distances of many points to one (a kernel column, a row of the fit's kernel matrix)
- * are summed a dimension at a time over all the points, from the points transposed (d×n):
- * each point's sum still adds its dimensions in order (so r² is the same to the bit as the
- * sum of one point's dimensions in a loop), but the sums of different points are
- * independent and run side by side (SIMD), where one point's sum is a chain of d dependent
- * additions (in a 65-dimension space that chain was most of a fit's time). */
+ * The distances of many points to one (a kernel column, a row of a kernel matrix) are
+ * summed a dimension at a time over all the points, from the points transposed (d×n): each
+ * point's sum still adds its dimensions in order (so r² is the same to the bit as the sum
+ * of one point's dimensions in a loop), but the sums of different points are independent
+ * and run side by side (SIMD), where one point's sum is a chain of d dependent additions
+ * (in a 65-dimension space those chains were most of an acquisition evaluation's kernel
+ * time). The fit's kernel matrices, built thousands of times per suggestion, take their
+ * distances from one BLAS-3 product instead (gp_fit.c). */
 #include <math.h>
 
 #include "optimizer/gp.h"
