@@ -85,23 +85,31 @@ static void matern_posterior_matches_closed_form_for_one_point(void **state) {
   gp_free(g);
 }
 
-/* known: NULL, or N standardised known noise variances (NaN where the fitted one applies). */
-static void check_log_posterior_gradient(gp_kernel kind, const double *known) {
-  enum { N = 14, D = 3, LEN = GP_THETA_LEN(D) };
+/* known: NULL, or n standardised known noise variances (NaN where the fitted one applies);
+ * repeat: whether point 1 repeats point 0 (as discrete spaces make: distance 0 from a
+ * product of sums that round off). */
+static void check_log_posterior_gradient(gp_kernel kind, const double *known, size_t n,
+                                         size_t d, bool repeat) {
+  const double ls[3] = {0.4, 0.9, 0.25};
+  size_t len = GP_THETA_LEN(d);
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-  double X[N * D], y[N];
-  fill_uniform(rng, X, N * D);
-  for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1] * X[i * D + 2];
-  double theta[LEN] = {log(0.4), log(0.9), log(0.25), log(0.02), 0.1, log(2.5)}, grad[LEN];
+  double X[n * d], y[n], theta[len], grad[len];
+  fill_uniform(rng, X, n * d);
+  if (repeat) memcpy(X + d, X, d * sizeof *X);
+  for (size_t i = 0; i < n; i++) y[i] = sin(6 * X[i * d]) + X[i * d + 1] * X[i * d + 2];
+  for (size_t k = 0; k < d; k++) theta[k] = log(ls[k % 3]);
+  theta[GP_THETA_NOISE(d)] = log(0.02);
+  theta[GP_THETA_MEAN(d)] = 0.1;
+  theta[GP_THETA_SCALE(d)] = log(2.5);
   nas_err err;
-  double value = gp_log_posterior(kind, X, y, known, N, D, theta, grad, &err);
+  double value = gp_log_posterior(kind, X, y, known, n, d, theta, grad, &err);
   assert_true(isfinite(value));
-  for (size_t i = 0; i < LEN; i++) {
+  for (size_t i = 0; i < len; i++) {
     double h = 1e-5, save = theta[i];
     theta[i] = save + h;
-    double up = gp_log_posterior(kind, X, y, known, N, D, theta, NULL, &err);
+    double up = gp_log_posterior(kind, X, y, known, n, d, theta, NULL, &err);
     theta[i] = save - h;
-    double down = gp_log_posterior(kind, X, y, known, N, D, theta, NULL, &err);
+    double down = gp_log_posterior(kind, X, y, known, n, d, theta, NULL, &err);
     theta[i] = save;
     double fd = (up - down) / (2 * h);
     assert_float_equal(grad[i], fd, 1e-5 * fmax(1.0, fabs(fd)));
@@ -111,11 +119,14 @@ static void check_log_posterior_gradient(gp_kernel kind, const double *known) {
 
 static void log_posterior_gradient_matches_finite_differences(void **state) {
   (void)state;
-  check_log_posterior_gradient(GP_KERNEL_RBF, NULL);
-  check_log_posterior_gradient(GP_KERNEL_MATERN52, NULL);
+  check_log_posterior_gradient(GP_KERNEL_RBF, NULL, 14, 3, false);
+  check_log_posterior_gradient(GP_KERNEL_MATERN52, NULL, 14, 3, false);
   double known[14];
   for (size_t i = 0; i < 14; i++) known[i] = i % 2 ? NAN : 0.01 * (double)(i + 1);
-  check_log_posterior_gradient(GP_KERNEL_MATERN52, known);
+  check_log_posterior_gradient(GP_KERNEL_MATERN52, known, 14, 3, false);
+  /* a wide space's cube, a point observed twice */
+  check_log_posterior_gradient(GP_KERNEL_MATERN52, NULL, 30, 65, true);
+  check_log_posterior_gradient(GP_KERNEL_RBF, NULL, 30, 65, true);
 }
 
 /* Two observations of f at one point, y = 1 with noise variance 0.5 and y = 3 with 2, and
