@@ -266,11 +266,11 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
 size_t gp_work_len(const gp *g) { return g->n * (g->d + 2); }
 
 /* With k = k(X, x), w = kinv k: mean = c + k·alpha, var = 1 − k·w, and for the baseline
- * cov_b = k(B, x) − A k; gradients follow from dk = ∂k/∂x. */
+ * cov_b = k(B, x) − A k; gradients follow from dk = ∂k/∂x (kept in work for gp_cov_b_vjp). */
 void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_prediction *p,
                 double *work) {
   size_t n = g->n, d = g->d;
-  bool grad = p->dmean || p->dvar || p->dcov_b;
+  bool grad = p->dmean || p->dvar;
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
   gp_kernel_column(g->kernel, g->Xt, n, d, g->inv_ls2, x, k, dk);
   p->mean = g->mean + sb_dot(n, k, g->alpha);
@@ -285,7 +285,27 @@ void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_predictio
   if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
   if (p->dvar) sb_mtv(n, d, -2.0, dk, d, w, 1, 0.0, p->dvar);
   if (!b || !p->cov_b || b->nb == 0) return;
-  gp_kernel_column(g->kernel, b->Xt, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
+  gp_kernel_column(g->kernel, b->Xt, b->nb, d, g->inv_ls2, x, p->cov_b, NULL);
   sb_mv(b->nb, n, -1.0, b->A, n, k, 1.0, p->cov_b, 1);
-  if (p->dcov_b) sb_mm_sub(b->nb, d, n, b->A, n, dk, d, p->dcov_b, d);
+}
+
+/* Σ_i u_i ∂cov_b[i]/∂x = Σ_i u_i ∂k(B_i, x)/∂x − Σ_p (Aᵀu)_p ∂k(X_p, x)/∂x, the first with
+ * ∂k(B_i, x)/∂x_j = −g_i (x_j − B_ij)/ℓ_j² (g_i the kernel's slope, gp.h). */
+void gp_cov_b_vjp(const gp *g, const double *x, const gp_baseline *b, const double *u,
+                  const double *work, double *scratch, double *grad) {
+  size_t n = g->n, d = g->d, nb = b->nb;
+  double *At_u = scratch, *coef = scratch + n;
+  sb_mtv(nb, n, 1.0, b->A, n, u, 1, 0.0, At_u);
+  sb_mtv(n, d, -1.0, work + 2 * n, d, At_u, 1, 1.0, grad);
+  gp_kernel_r2_column(b->Xt, nb, nb, d, g->inv_ls2, x, coef);
+  for (size_t i = 0; i < nb; i++) {
+    double slope;
+    gp_kernel_eval(g->kernel, coef[i], &slope);
+    coef[i] = u[i] * slope;
+  }
+  for (size_t j = 0; j < d; j++) {
+    double sum = 0;
+    for (size_t i = 0; i < nb; i++) sum += coef[i] * (x[j] - b->Xt[j * nb + i]);
+    grad[j] -= sum * g->inv_ls2[j];
+  }
 }

@@ -156,12 +156,17 @@ typedef struct {
   double *dmean;  /* d, or NULL: ∂mean/∂x */
   double *dvar;   /* d, or NULL: ∂var/∂x */
   double *cov_b;  /* nb, or NULL: cov(f(B_i), f(x)) with the baseline */
-  double *dcov_b; /* nb×d, or NULL (needs cov_b): ∂cov_b[i]/∂x_j at [i·d + j] */
 } gp_prediction;
 
 size_t gp_work_len(const gp *g);
 void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_prediction *p,
                 double *work);
+/* After gp_predict(g, x, b, p, work) asked for dmean or dvar (work, untouched since, then
+ * holds ∂k(X, x)/∂x): grad (d) += Σ_i u[i] ∂cov_b[i]/∂x, the gradient of the cross
+ * covariances weighted by u (nb), in O(nb·n + (n + nb)·d) where their Jacobian costs
+ * nb·n·d (most of an acquisition gradient in a wide space). scratch: n + nb doubles. */
+void gp_cov_b_vjp(const gp *g, const double *x, const gp_baseline *b, const double *u,
+                  const double *work, double *scratch, double *grad);
 
 /* Cholesky factorisation with jitter escalation: factorises A (n×n, row-major, symmetric;
  * only the lower triangle is read) in place into its lower factor, adding the smallest

@@ -44,19 +44,6 @@ static inline void sb_mtv(size_t m, size_t n, double alpha, const double *A, siz
   }
 }
 
-/* C (m×n, ldc) −= A (m×k, lda) · B (k×n, ldb). */
-static inline void sb_mm_sub(size_t m, size_t n, size_t k, const double *A, size_t lda,
-                             const double *B, size_t ldb, double *C, size_t ldc) {
-  for (size_t i = 0; i < m; i++)
-    for (size_t p = 0; p < k; p++) {
-      double a = A[i * lda + p];
-      double *ci = C + i * ldc;
-      const double *bp = B + p * ldb;
-#pragma omp simd
-      for (size_t j = 0; j < n; j++) ci[j] -= a * bp[j];
-    }
-}
-
 /* B (n×m, ldb) ← L⁻¹ B for the lower-triangular L (n×n, ldl); m = 1 solves a vector. */
 static inline void sb_lower_solve(size_t n, size_t m, const double *L, size_t ldl, double *B,
                                   size_t ldb) {
@@ -83,6 +70,17 @@ static inline void sb_lower_solve_t(size_t n, const double *U, size_t ldu, doubl
     const double bp = b[p], *row = U + p * ldu;
 #pragma omp simd
     for (size_t i = p + 1; i < n; i++) b[i] -= row[i] * bp;
+  }
+}
+
+/* b (n) ← L⁻ᵀ b for the lower-triangular L (n×n, ldl): back substitution, a row of L (a
+ * column of Lᵀ) at a time. */
+static inline void sb_lower_transpose_solve(size_t n, const double *L, size_t ldl, double *b) {
+  for (size_t i = n; i-- > 0;) {
+    b[i] /= L[i * ldl + i];
+    const double bi = b[i], *row = L + i * ldl;
+#pragma omp simd
+    for (size_t p = 0; p < i; p++) b[p] -= row[p] * bi;
   }
 }
 
