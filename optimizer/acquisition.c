@@ -66,7 +66,8 @@ struct mc_acq {
   double *mean, *dmean;      /* K, K·d */
   double *sd, *dsd;          /* K, K·d: residual standard deviation σ_r, its gradient
                               * through σ_x² alone (backpropagate adds the part through l) */
-  double *l_coef;            /* K: ∂σ_r/∂(lᵀl) · −2 = −1/σ_r, or 0 where σ_r is floored */
+  double *l_coef;            /* K: ∂σ_r/∂l = l_coef·l, l_coef = −1/σ_r (0 where σ_r is
+                              * floored) */
   double *vjp;               /* max(n) + nb: gp_cov_b_vjp's scratch */
   double *F, *G;             /* N·K: sample values F[s·K + o] and ∂acq/∂F */
   double *u;                 /* N: per-sample utilities */
