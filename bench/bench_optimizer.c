@@ -6,8 +6,10 @@
  *       `problem,q,method,seed,evals,hv,tip` (hypervolume of the first `evals` evaluations,
  *       evals = 10, 20, … and the problem's budget; tip = 1/0 whether those evaluations
  *       reached the tip of the front's far piece, empty for problems without one) to stdout;
- *   bench_optimizer timing [--sizes LIST] [--repeats N]
- *       times one gp suggestion (q = 1) after N random observations of DTLZ2 (M = 2, d = 6);
+ *   bench_optimizer timing [--sizes LIST] [--repeats N] [--spaces LIST]
+ *       times one gp suggestion (q = 1) after N random observations in each listed space
+ *       (timing_space): "6" (the default) DTLZ2 (M = 2, d = 6); "20", "40" that many floats;
+ *       "mixed" 40 floats, 5 categoricals of 4 choices and 5 ints (65 cube dimensions);
  *   bench_optimizer table FILE…
  *       reads such CSV files (nas's and Optuna's) and prints log10(max HV − HV), mean ± std
  *       over seeds, per problem, q and method at each checkpoint.
@@ -204,7 +206,7 @@ static void run_close(run_state *r) {
 static void evaluate(run_state *r, const problem *p, const json_t *params) {
   double x[MAX_D], *f = r->Ytrue + r->n * p->m, *seen = r->Y + r->n * p->m;
   for (size_t i = 0; i < p->d; i++) {
-    char name[16];
+    char name[24]; /* "x" and any size_t */
     snprintf(name, sizeof name, "x%zu", i);
     x[i] = json_number_value(json_object_get(params, name));
   }
@@ -320,38 +322,114 @@ static double cpu_seconds(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* One gp suggestion after n random observations of DTLZ2 (M = 2, d = 6): wall seconds
+/* ---- suggestion time -------------------------------------------------------------------- */
+
+/* A search space the timing measures: n_float floats in [0, 1], n_cat categoricals of
+ * CAT_CHOICES choices (one-hot: CAT_CHOICES cube dimensions each), n_int ints 0..INT_HIGH.
+ * "6" is the benchmark's DTLZ2 (M = 2, d = 6), as the timing measured before it had spaces;
+ * the wider ones are what NAS spaces look like (20–60 parameters, many discrete). */
+enum { CAT_CHOICES = 4, INT_HIGH = 7, MAX_TIMING_PARAMS = 64 };
+
+typedef struct {
+  const char *name;
+  size_t n_float, n_cat, n_int;
+} timing_space;
+
+static const timing_space timing_spaces[] = {
+    {"6", 6, 0, 0}, {"20", 20, 0, 0}, {"40", 40, 0, 0}, {"mixed", 40, 5, 5}};
+enum { n_timing_spaces = sizeof timing_spaces / sizeof timing_spaces[0] };
+
+static size_t timing_dims(const timing_space *ts) {
+  return ts->n_float + ts->n_cat * CAT_CHOICES + ts->n_int;
+}
+
+/* gp's spec over the space (objectives f0, f1), the same for "6" as run's DTLZ2_M2 but for
+ * n_initial, which only says from how many observations on gp models (so every size the
+ * timing lists is a modelled suggestion). */
+static char *timing_yaml(const timing_space *ts, long seed) {
+  size_t len = 96 * (ts->n_float + ts->n_cat + ts->n_int) + 1;
+  char *params = malloc(len);
+  if (!params) return NULL;
+  size_t used = 0;
+  for (size_t i = 0; i < ts->n_float; i++)
+    used += snprintf(params + used, len - used, "  x%zu: {type: float, low: 0, high: 1}\n", i);
+  for (size_t i = 0; i < ts->n_cat; i++)
+    used += snprintf(params + used, len - used,
+                     "  c%zu: {type: categorical, choices: [a, b, c, d]}\n", i);
+  for (size_t i = 0; i < ts->n_int; i++)
+    used += snprintf(params + used, len - used, "  i%zu: {type: int, low: 0, high: %d}\n", i,
+                     INT_HIGH);
+  char *yaml = nas_asprintf("name: bench\nseed: %ld\nparameters:\n%sobjectives:\n"
+                            "  - {name: f0, goal: minimize}\n  - {name: f1, goal: minimize}\n"
+                            "trial: {command: [x]}\nbudget: {trials: 50}\n"
+                            "optimizer: {type: gp, n_initial: 10}\n",
+                            seed, params);
+  free(params);
+  return yaml;
+}
+
+/* A random assignment of the space into params and its outcomes into f: DTLZ2 (M = 2) over
+ * the floats, plus a tenth per categorical not at its first choice and a fiftieth per unit
+ * an int is from 3 (so that the discrete parameters matter to the model). */
+static void random_assignment(const timing_space *ts, gsl_rng *rng, json_t *params, double *f) {
+  double x[MAX_TIMING_PARAMS], extra = 0;
+  char name[32];
+  for (size_t k = 0; k < ts->n_float; k++) {
+    snprintf(name, sizeof name, "x%zu", k);
+    x[k] = gsl_rng_uniform(rng);
+    json_object_set_new(params, name, json_real(x[k]));
+  }
+  for (size_t k = 0; k < ts->n_cat; k++) {
+    unsigned long c = gsl_rng_uniform_int(rng, CAT_CHOICES);
+    snprintf(name, sizeof name, "c%zu", k);
+    json_object_set_new(params, name, json_stringn(&"abcd"[c], 1));
+    extra += c > 0 ? 0.1 : 0.0;
+  }
+  for (size_t k = 0; k < ts->n_int; k++) {
+    long v = (long)gsl_rng_uniform_int(rng, INT_HIGH + 1);
+    snprintf(name, sizeof name, "i%zu", k);
+    json_object_set_new(params, name, json_integer(v));
+    extra += 0.02 * (double)labs(v - 3);
+  }
+  dtlz2(x, ts->n_float, f, 2);
+  f[0] += extra;
+  f[1] += extra;
+}
+
+/* One gp suggestion (q = 1) after n random observations of the space: wall seconds
  * (negative on failure) and CPU seconds into *cpu. */
-static double time_suggestion(size_t n, long seed, double *cpu, nas_err *err) {
-  const problem *p = &problems[2];
-  run_state r;
-  double *Y = malloc(n * p->m * sizeof *Y), elapsed = -1;
+static double time_suggestion(const timing_space *ts, size_t n, long seed, double *cpu,
+                              nas_err *err) {
+  spec *s = NULL;
+  optimizer *opt = NULL;
+  double *Y = malloc(2 * n * sizeof *Y), elapsed = -1;
   json_t **params = calloc(n, sizeof *params);
   observation *obs = malloc(n * sizeof *obs);
   gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
-  if (!Y || !params || !obs || !rng || run_open(&r, p, "gp", seed, NULL, err) < 0) goto done;
+  char *yaml = timing_yaml(ts, seed);
+  if (!Y || !params || !obs || !rng || !yaml) {
+    nas_errf(err, "out of memory");
+    goto done;
+  }
+  if (spec_parse(yaml, "<bench>", "/tmp", &s, err) < 0 || optimizer_create(s, &opt, err) < 0)
+    goto done;
   gsl_rng_set(rng, (unsigned long)seed + 1);
   for (size_t i = 0; i < n; i++) {
     params[i] = json_object();
-    double x[MAX_D];
-    for (size_t k = 0; k < p->d; k++) {
-      char name[16];
-      snprintf(name, sizeof name, "x%zu", k);
-      x[k] = gsl_rng_uniform(rng);
-      json_object_set_new(params[i], name, json_real(x[k]));
-    }
-    p->eval(x, Y + i * p->m, NULL);
-    obs[i] = (observation){params[i], Y + i * p->m, NULL, NULL};
+    random_assignment(ts, rng, params[i], Y + 2 * i);
+    obs[i] = (observation){params[i], Y + 2 * i, NULL, NULL};
   }
   json_t *out[1];
   double t0 = nas_monotonic(), c0 = cpu_seconds();
-  if (optimizer_suggest(r.opt, obs, n, NULL, 0, 1, (int)n, out, NULL, err) == NAS_OK) {
+  if (optimizer_suggest(opt, obs, n, NULL, 0, 1, (int)n, out, NULL, err) == NAS_OK) {
     elapsed = nas_monotonic() - t0;
     *cpu = cpu_seconds() - c0;
     json_decref(out[0]);
   }
-  run_close(&r);
 done:
+  optimizer_free(opt);
+  spec_free(s);
+  free(yaml);
   for (size_t i = 0; params && i < n; i++) json_decref(params[i]);
   free(params);
   free(Y);
@@ -360,32 +438,43 @@ done:
   return elapsed;
 }
 
+/* One row of the timing table: repeats suggestions, seeds 0..repeats−1. */
+static int time_row(const timing_space *ts, size_t n, int repeats, nas_err *err) {
+  double sum = 0, lo = HUGE_VAL, hi = 0, cpu_sum = 0;
+  for (int r = 0; r < repeats; r++) {
+    double cpu = 0, t = time_suggestion(ts, n, r, &cpu, err);
+    if (t < 0) return nas_err_prefix(err, "space %s at %zu observations", ts->name, n);
+    sum += t;
+    cpu_sum += cpu;
+    lo = fmin(lo, t);
+    hi = fmax(hi, t);
+  }
+  printf("| %s | %zu | %zu | %.3f | %.3f | %.3f | %.3f |\n", ts->name, timing_dims(ts), n,
+         sum / repeats, lo, hi, cpu_sum / repeats);
+  fflush(stdout);
+  return NAS_OK;
+}
+
 static int cmd_timing(int argc, char **argv) {
   const char *sizes = flag(argc, argv, "--sizes"), *repeats_arg = flag(argc, argv, "--repeats");
+  const char *spaces = flag(argc, argv, "--spaces");
   const size_t all_sizes[] = {50, 100, 200, 500};
   int repeats = repeats_arg ? atoi(repeats_arg) : 3;
+  if (repeats < 1) repeats = 1;
   nas_err err = {{0}};
-  printf("| observations | wall s, mean of %d | min | max | CPU s, mean |\n", repeats);
-  printf("|---|---|---|---|---|\n");
-  for (size_t i = 0; i < 4; i++) {
-    char text[16];
-    snprintf(text, sizeof text, "%zu", all_sizes[i]);
-    if (!listed(sizes, text)) continue;
-    double sum = 0, lo = HUGE_VAL, hi = 0, cpu_sum = 0;
-    for (int r = 0; r < repeats; r++) {
-      double cpu = 0, t = time_suggestion(all_sizes[i], r, &cpu, &err);
-      if (t < 0) {
-        fprintf(stderr, "bench_optimizer: timing at %zu: %s\n", all_sizes[i], err.msg);
+  printf("| space | cube dims | observations | wall s, mean of %d | min | max | CPU s, mean |\n",
+         repeats);
+  printf("|---|---|---|---|---|---|---|\n");
+  for (size_t si = 0; si < n_timing_spaces; si++) {
+    if (!listed(spaces ? spaces : "6", timing_spaces[si].name)) continue;
+    for (size_t i = 0; i < 4; i++) {
+      char text[16];
+      snprintf(text, sizeof text, "%zu", all_sizes[i]);
+      if (listed(sizes, text) && time_row(&timing_spaces[si], all_sizes[i], repeats, &err)) {
+        fprintf(stderr, "bench_optimizer: timing: %s\n", err.msg);
         return 1;
       }
-      sum += t;
-      cpu_sum += cpu;
-      lo = fmin(lo, t);
-      hi = fmax(hi, t);
     }
-    printf("| %zu | %.3f | %.3f | %.3f | %.3f |\n", all_sizes[i], sum / repeats, lo, hi,
-           cpu_sum / repeats);
-    fflush(stdout);
   }
   return 0;
 }
@@ -490,6 +579,9 @@ int main(int argc, char **argv) {
           "                           [--methods gp,gp-ref,gp-noise,gp-follow,sobol,random]\n"
           "                           [--problems NAMES] [--gp-options TEXT]\n"
           "       bench_optimizer timing [--sizes 50,100,200,500] [--repeats N]\n"
+          "                              [--spaces 6,20,40,mixed]\n"
+          "           (spaces: 6 = DTLZ2 d = 6, the default; 20, 40 floats; mixed = 40 floats,\n"
+          "            5 categoricals of 4 choices, 5 ints)\n"
           "       bench_optimizer table FILE...\n");
   return 2;
 }

@@ -3,7 +3,8 @@
 # against Optuna 3.1's TPE and NSGA-II on BraninCurrin, ZDT1, DTLZ2 (M = 2, 3), DTLZ7 (a front
 # in pieces), C2-DTLZ2 (constrained) and a noisy BraninCurrin (the last two at the protocol
 # of BoTorch's tutorials), then the time of one gp suggestion at 50, 100, 200 and 500
-# observations.
+# observations, in DTLZ2's 6-d space and in wide ones (20, 40 floats; 40 floats with
+# categoricals and ints).
 #
 # Knobs (environment): SEEDS (default 10), Q (default 1,4; the tutorial problems keep their
 # own), PROBLEMS (default all seven),
@@ -46,6 +47,7 @@ echo
 cat "$OUT/optuna.log"
 if [ "${TIMING:-1}" != 0 ]; then
   echo
-  echo "time of one gp suggestion (q = 1), DTLZ2 M = 2, d = 6, random observations:"
-  "$bin" timing
+  echo "time of one gp suggestion (q = 1) after random observations: DTLZ2 M = 2, d = 6, then"
+  echo "20 and 40 floats, and 40 floats + 5 categoricals + 5 ints (65 cube dimensions):"
+  "$bin" timing --spaces 6,20,40,mixed
 fi

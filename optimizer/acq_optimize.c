@@ -181,9 +181,9 @@ static int climb(search_work *w, double *x, nas_err *err) {
 
 /* ---- neighbourhood search -------------------------------------------------------------- */
 
-/* The nearest snapped point one level up (dir = 1) or down (−1) in discrete dimension d
- * into w->trial; *found is false when there is none. Log-scaled levels are unevenly
- * spaced, hence growing steps. */
+/* The nearest snapped point one level up (dir = 1) or down (−1) in discrete dimension d of
+ * x (snapped) into w->trial; *found is false when there is none. Log-scaled levels are
+ * unevenly spaced, hence growing steps. */
 static int level_neighbour(search_work *w, const double *x, size_t d, int dir, bool *found,
                            nas_err *err) {
   const space_dim *dims = space_dims(w->s->sp);
@@ -192,19 +192,21 @@ static int level_neighbour(search_work *w, const double *x, size_t d, int dir, b
   for (double mult = 0.6; !*found && mult <= 8; mult *= 2) {
     memcpy(w->trial, x, w->dim * sizeof *x);
     w->trial[d] = fmin(fmax(x[d] + dir * mult * spacing, 0.0), 1.0);
-    if (space_snap(w->s->sp, w->trial, err) != NAS_OK) return NAS_ERR;
+    if (space_snap_near(w->s->sp, x, w->trial, err) != NAS_OK) return NAS_ERR;
     *found = !same_point(w->trial, x, w->dim);
   }
   return NAS_OK;
 }
 
+/* x (snapped) with choice `choice` of the one-hot group starting at dimension `group`,
+ * snapped, into w->trial; *found is false when that is x itself. */
 static int choice_neighbour(search_work *w, const double *x, size_t group, size_t choice,
                             bool *found, nas_err *err) {
   const space_dim *dims = space_dims(w->s->sp);
   memcpy(w->trial, x, w->dim * sizeof *x);
   memset(w->trial + group, 0, dims[group].n_levels * sizeof *x);
   w->trial[group + choice] = 1.0;
-  if (space_snap(w->s->sp, w->trial, err) != NAS_OK) return NAS_ERR;
+  if (space_snap_near(w->s->sp, x, w->trial, err) != NAS_OK) return NAS_ERR;
   *found = !same_point(w->trial, x, w->dim);
   return NAS_OK;
 }

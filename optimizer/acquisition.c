@@ -60,10 +60,16 @@ struct mc_acq {
   double *low, *high;        /* N·n_obj: each sample's front's best and worst values */
   double *best;              /* MC_PAREGO: N best scalarised baseline values (≤ 0) */
   /* scratch for one evaluation */
-  double *work, *dvar;
-  double *l, *dl;            /* K·nb and K·nb·d: L⁻¹Σ_Bx and its gradient */
+  double *work;              /* K·work_len: each outcome's gp_predict work (gp_cov_b_vjp) */
+  size_t work_len;
+  double *dvar;              /* d */
+  double *l;                 /* K·nb: L⁻¹Σ_Bx */
   double *mean, *dmean;      /* K, K·d */
-  double *sd, *dsd;          /* K, K·d: residual standard deviation σ_r */
+  double *sd, *dsd;          /* K, K·d: residual standard deviation σ_r, its gradient
+                              * through σ_x² alone (backpropagate adds the part through l) */
+  double *l_coef;            /* K: ∂σ_r/∂l = l_coef·l, l_coef = −1/σ_r (0 where σ_r is
+                              * floored) */
+  double *vjp;               /* max(n) + nb: gp_cov_b_vjp's scratch */
   double *F, *G;             /* N·K: sample values F[s·K + o] and ∂acq/∂F */
   double *u;                 /* N: per-sample utilities */
   double *tmp;               /* max(nb, 1) */
@@ -86,9 +92,8 @@ void mc_acq_free(mc_acq *a) {
   if (!a) return;
   for (size_t o = 0; a->base && o < a->K; o++) gp_baseline_clear(&a->base[o]);
   void *owned[] = {a->base, a->L,    a->Zb,  a->zx, a->offset, a->scal, a->margin, a->floor,
-                   a->box_first,
-                   a->box_count, a->low, a->high, a->best, a->work, a->dvar, a->l, a->dl,
-                   a->mean, a->dmean, a->sd,  a->dsd, a->F,    a->G,    a->u,
+                   a->box_first, a->box_count, a->low, a->high, a->best, a->work, a->dvar, a->l,
+                   a->mean, a->dmean, a->sd,  a->dsd, a->l_coef, a->vjp, a->F, a->G, a->u,
                    a->tmp};
   for (size_t i = 0; i < sizeof owned / sizeof *owned; i++) free(owned[i]);
   box_list_clear(&a->boxes);
@@ -96,9 +101,12 @@ void mc_acq_free(mc_acq *a) {
 }
 
 static int alloc_arrays(mc_acq *a) {
-  size_t K = a->K, N = a->N, nb = a->nb, d = a->d, work = 0;
-  for (size_t o = 0; o < K; o++)
+  size_t K = a->K, N = a->N, nb = a->nb, d = a->d, work = 0, n_most = 0;
+  for (size_t o = 0; o < K; o++) {
     if (gp_work_len(outcome(a, o)) > work) work = gp_work_len(outcome(a, o));
+    if (gp_n(outcome(a, o)) > n_most) n_most = gp_n(outcome(a, o));
+  }
+  a->work_len = work;
   a->base = calloc(K, sizeof *a->base);
   a->L = malloc((K * nb * nb + 1) * sizeof *a->L);
   a->Zb = malloc((K * N * nb + 1) * sizeof *a->Zb);
@@ -112,14 +120,15 @@ static int alloc_arrays(mc_acq *a) {
   a->best = malloc(N * sizeof *a->best);
   a->low = malloc(N * a->n_obj * sizeof *a->low);
   a->high = malloc(N * a->n_obj * sizeof *a->high);
-  a->work = malloc(work * sizeof *a->work);
+  a->work = malloc(K * work * sizeof *a->work);
   a->dvar = malloc(d * sizeof *a->dvar);
   a->l = malloc((K * nb + 1) * sizeof *a->l);
-  a->dl = malloc((K * nb * d + 1) * sizeof *a->dl);
   a->mean = malloc(K * sizeof *a->mean);
   a->dmean = malloc(K * d * sizeof *a->dmean);
   a->sd = malloc(K * sizeof *a->sd);
   a->dsd = malloc(K * d * sizeof *a->dsd);
+  a->l_coef = malloc(K * sizeof *a->l_coef);
+  a->vjp = malloc((n_most + nb + 1) * sizeof *a->vjp);
   a->F = malloc(N * K * sizeof *a->F);
   a->G = malloc(N * K * sizeof *a->G);
   a->u = malloc(N * sizeof *a->u);
@@ -127,7 +136,8 @@ static int alloc_arrays(mc_acq *a) {
   return a->base && a->L && a->Zb && a->zx && a->offset && a->scal && a->margin && a->floor &&
                  a->box_first &&
                  a->box_count && a->low && a->high && a->best && a->work && a->dvar && a->l &&
-                 a->dl && a->mean && a->dmean && a->sd && a->dsd && a->F && a->G && a->u && a->tmp
+                 a->mean && a->dmean && a->sd && a->dsd && a->l_coef && a->vjp && a->F &&
+                 a->G && a->u && a->tmp
              ? NAS_OK
              : NAS_ERR;
 }
@@ -353,30 +363,27 @@ int mc_acq_create(const acq_models *models, const double *Xb, size_t nb, const m
   return NAS_OK;
 }
 
-/* Outcome o at x: mean, residual sd, l = L⁻¹Σ_Bx (and gradients), then its N samples. */
+/* Outcome o at x: mean, residual sd, l = L⁻¹Σ_Bx, the gradients of the mean and of the sd
+ * through σ_x² (the part through l is backpropagate's), then its N samples. */
 static void sample_outcome(mc_acq *a, size_t o, const double *x, bool grad) {
   size_t nb = a->nb, d = a->d, N = a->N, K = a->K;
-  double *l = a->l + o * nb, *dl = a->dl + o * nb * d, *dsd = a->dsd + o * d;
+  double *l = a->l + o * nb, *dsd = a->dsd + o * d;
   gp_prediction p = {.dmean = grad ? a->dmean + o * d : NULL,
                      .dvar = grad ? a->dvar : NULL,
-                     .cov_b = nb ? l : NULL,
-                     .dcov_b = nb && grad ? dl : NULL};
-  gp_predict(outcome(a, o), x, &a->base[o], &p, a->work);
+                     .cov_b = nb ? l : NULL};
+  gp_predict(outcome(a, o), x, &a->base[o], &p, a->work + o * a->work_len);
   const double *L = a->L + o * nb * nb;
   double ll = 0;
   if (nb > 0) {
     sb_lower_solve(nb, 1, L, nb, l, 1);
     ll = sb_dot(nb, l, l);
-    if (grad) sb_lower_solve(nb, d, L, nb, dl, d);
   }
   double rest = p.var - ll;
   a->sd[o] = sqrt(fmax(rest, MIN_VAR));
   a->mean[o] = p.mean + a->offset[o];
-  for (size_t j = 0; grad && j < d; j++) {
-    double dll = 0;
-    for (size_t i = 0; i < nb; i++) dll += 2 * l[i] * dl[i * d + j];
-    dsd[j] = rest > MIN_VAR ? (a->dvar[j] - dll) / (2 * a->sd[o]) : 0.0;
-  }
+  a->l_coef[o] = rest > MIN_VAR ? -1.0 / a->sd[o] : 0.0;
+  for (size_t j = 0; grad && j < d; j++)
+    dsd[j] = rest > MIN_VAR ? a->dvar[j] / (2 * a->sd[o]) : 0.0;
   for (size_t s = 0; s < N; s++) a->F[s * K + o] = a->mean[o] + a->sd[o] * a->zx[o * N + s];
   if (nb > 0) sb_mv(N, nb, 1.0, a->Zb + o * N * nb, nb, l, 1.0, a->F + o, K);
   for (size_t s = 0; o < a->n_obj && s < N; s++)
@@ -478,9 +485,12 @@ static double sample_utility(const mc_acq *a, size_t s, bool grad) {
   return u;
 }
 
-/* ∂acq/∂x from G = ∂acq/∂F through F[s·K + o] = mean_o + l_oᵀ z_B[s] + σ_r,o z_x[s]; a
+/* ∂acq/∂x from G = ∂acq/∂F through F[s·K + o] = mean_o + l_oᵀ z_B[s] + σ_r,o z_x[s], with
+ * l = L⁻¹Σ_Bx and σ_r² = σ_x² − lᵀl, in reverse: the adjoint of l, r = Σ_s G_s z_B[s] +
+ * (Σ_s G_s z_x[s]) ∂σ_r/∂l, becomes the weights u = L⁻ᵀr of the cross covariances' gradient
+ * (gp_cov_b_vjp), so l's Jacobian (nb×d, costing nb·n·d per outcome) is never formed. A
  * sample held at its objective's floor does not move with x. */
-static void backpropagate(mc_acq *a, double *grad) {
+static void backpropagate(mc_acq *a, const double *x, double *grad) {
   size_t N = a->N, K = a->K, nb = a->nb, d = a->d;
   memset(grad, 0, d * sizeof *grad);
   for (size_t s = 0; s < N; s++)
@@ -495,8 +505,12 @@ static void backpropagate(mc_acq *a, double *grad) {
     for (size_t j = 0; j < d; j++)
       grad[j] += gsum * a->dmean[o * d + j] + gz * a->dsd[o * d + j];
     if (nb == 0) continue;
-    sb_mtv(N, nb, 1.0, a->Zb + o * N * nb, nb, a->G + o, K, 0.0, a->tmp);
-    sb_mtv(nb, d, 1.0, a->dl + o * nb * d, d, a->tmp, 1, 1.0, grad);
+    double *r = a->tmp;
+    const double *l = a->l + o * nb;
+    sb_mtv(N, nb, 1.0, a->Zb + o * N * nb, nb, a->G + o, K, 0.0, r);
+    for (size_t i = 0; i < nb; i++) r[i] += gz * a->l_coef[o] * l[i];
+    sb_lower_transpose_solve(nb, a->L + o * nb * nb, nb, r);
+    gp_cov_b_vjp(outcome(a, o), x, &a->base[o], r, a->work + o * a->work_len, a->vjp, grad);
   }
 }
 
@@ -520,7 +534,7 @@ double mc_acq_eval(void *ctx, const double *x, double *grad) {
       double w = exp(a->u[s] - max) / sum; /* ∂ logmeanexp/∂u_s */
       for (size_t o = 0; o < K; o++) a->G[s * K + o] *= w;
     }
-    backpropagate(a, grad);
+    backpropagate(a, x, grad);
   }
   return max + log(sum / (double)N);
 }

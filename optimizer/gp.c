@@ -4,8 +4,9 @@
  * Invariants of a gp: it holds the unit-variance model of the standardised outcomes divided
  * by √s (s the outputscale, gp.h): y, noise, mean and scale in those model units; L is the
  * lower Cholesky factor of K + N + jitter I over the n training inputs (N diagonal: each
- * point's known noise variance, else the fitted one), kinv its inverse and alpha =
- * kinv (y − mean), all at the stored θ; shift and scale are fixed when the GP is made. */
+ * point's known noise variance, else the fitted one), kept transposed (Lt), kinv its
+ * inverse (both triangles, exactly symmetric) and alpha = kinv (y − mean), all at the
+ * stored θ; shift and scale are fixed when the GP is made. */
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
@@ -23,6 +24,7 @@ struct gp {
   gp_kernel kernel;
   size_t n, d;
   double *X;       /* n×d training inputs */
+  double *Xt;      /* d×n: X transposed (for gp_kernel_column) */
   double *y;       /* n outcomes, model units */
   double shift;    /* raw = shift + scale · model units */
   double scale;    /* the outcomes' sd times √s */
@@ -31,7 +33,7 @@ struct gp {
   double noise;    /* fitted noise variance, model units */
   double mean;     /* constant mean, model units */
   double *known;   /* n known noise variances, model units (NaN: the fitted one), or NULL */
-  double *L;       /* n×n lower Cholesky factor of K + N + jitter I (upper part zero) */
+  double *Lt;      /* n×n: Lᵀ, L the lower Cholesky factor of K + N + jitter I */
   double *kinv;    /* n×n: (K + N + jitter I)^-1 */
   double *alpha;   /* n: kinv (y − mean) */
 };
@@ -106,13 +108,14 @@ static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
   g->n = n;
   g->d = d;
   g->X = malloc(n * d * sizeof *g->X);
+  g->Xt = malloc(n * d * sizeof *g->Xt);
   g->y = malloc(n * sizeof *g->y);
   g->theta = malloc(GP_THETA_LEN(d) * sizeof *g->theta);
   g->inv_ls2 = malloc(d * sizeof *g->inv_ls2);
-  g->L = malloc(n * n * sizeof *g->L);
+  g->Lt = malloc(n * n * sizeof *g->Lt);
   g->kinv = malloc(n * n * sizeof *g->kinv);
   g->alpha = malloc(n * sizeof *g->alpha);
-  if (!g->X || !g->y || !g->theta || !g->inv_ls2 || !g->L || !g->kinv || !g->alpha) {
+  if (!g->X || !g->Xt || !g->y || !g->theta || !g->inv_ls2 || !g->Lt || !g->kinv || !g->alpha) {
     gp_free(g);
     return NULL;
   }
@@ -122,10 +125,11 @@ static gp *gp_alloc(gp_kernel kind, size_t n, size_t d) {
 void gp_free(gp *g) {
   if (!g) return;
   free(g->X);
+  free(g->Xt);
   free(g->y);
   free(g->theta);
   free(g->inv_ls2);
-  free(g->L);
+  free(g->Lt);
   free(g->kinv);
   free(g->alpha);
   free(g->known);
@@ -145,10 +149,15 @@ static void set_theta(gp *g, const double *theta) {
   for (size_t i = 0; i < g->n; i++) g->y[i] /= root;
 }
 
-/* kinv and alpha from L (which must already hold the factor). */
+/* kinv and alpha from the factor L (in g->Lt, not yet transposed), then Lt = Lᵀ. */
 static int finish_factor(gp *g, nas_err *err) {
   size_t n = g->n;
-  memcpy(g->kinv, g->L, n * n * sizeof *g->kinv);
+  memcpy(g->kinv, g->Lt, n * n * sizeof *g->kinv);
+  for (size_t i = 0; i < n; i++) /* L's upper part is zero */
+    for (size_t j = 0; j < i; j++) {
+      g->Lt[j * n + i] = g->Lt[i * n + j];
+      g->Lt[i * n + j] = 0.0;
+    }
   gsl_matrix_view kinv = gsl_matrix_view_array(g->kinv, n, n);
   if (gsl_linalg_cholesky_invert(&kinv.matrix) != GSL_SUCCESS)
     return nas_errf(err, "gp: cannot invert the %zux%zu kernel matrix", n, n);
@@ -166,9 +175,9 @@ static int finish_factor(gp *g, nas_err *err) {
 
 static int factorise(gp *g, nas_err *err) {
   size_t n = g->n;
-  gp_kernel_matrix(g->kernel, g->X, n, g->d, g->inv_ls2, g->L);
-  for (size_t i = 0; i < n; i++) g->L[i * n + i] += gp_noise_at(g->known, i, g->noise);
-  if (gp_cholesky(g->L, n, NULL, err) != NAS_OK) return NAS_ERR;
+  gp_kernel_matrix(g->kernel, g->X, g->Xt, n, g->d, g->inv_ls2, g->Lt);
+  for (size_t i = 0; i < n; i++) g->Lt[i * n + i] += gp_noise_at(g->known, i, g->noise);
+  if (gp_cholesky(g->Lt, n, NULL, err) != NAS_OK) return NAS_ERR;
   return finish_factor(g, err);
 }
 
@@ -196,6 +205,7 @@ int gp_create_noisy(gp_kernel kind, const double *X, const double *y, const doub
   }
   if (!g) return nas_errf(err, "gp: out of memory for %zu observations", n);
   memcpy(g->X, X, n * d * sizeof *X);
+  gp_transpose(X, n, d, g->Xt);
   gp_standardise(y, n, g->y, &g->shift, &g->scale);
   set_theta(g, theta);
   if (noise_var) gp_standardise_noise(noise_var, n, g->scale, g->known);
@@ -214,7 +224,7 @@ double gp_shift(const gp *g) { return g->shift; }
 double gp_scale(const gp *g) { return g->scale; }
 
 void gp_baseline_clear(gp_baseline *b) {
-  free(b->X);
+  free(b->Xt);
   free(b->mean);
   free(b->cov);
   free(b->A);
@@ -226,26 +236,26 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
   size_t n = g->n, d = g->d;
   memset(out, 0, sizeof *out);
   out->nb = nb;
-  out->X = malloc((nb * d + 1) * sizeof *out->X);
+  out->Xt = malloc((nb * d + 1) * sizeof *out->Xt);
   out->mean = malloc((nb + 1) * sizeof *out->mean);
   out->cov = malloc((nb * nb + 1) * sizeof *out->cov);
   out->A = malloc((nb * n + 1) * sizeof *out->A);
   double *KbX = malloc((nb * n + 1) * sizeof *KbX);
-  if (!out->X || !out->mean || !out->cov || !out->A || !KbX) {
+  if (!out->Xt || !out->mean || !out->cov || !out->A || !KbX) {
     free(KbX);
     gp_baseline_clear(out);
     return nas_errf(err, "gp: out of memory for a baseline of %zu points", nb);
   }
-  if (nb > 0) memcpy(out->X, Xb, nb * d * sizeof *Xb);
+  gp_transpose(Xb, nb, d, out->Xt);
   double c = g->mean;
   for (size_t b = 0; b < nb; b++) {
-    gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
+    gp_kernel_column(g->kernel, g->Xt, n, d, g->inv_ls2, Xb + b * d, KbX + b * n, NULL);
     out->mean[b] = c + cblas_ddot((int)n, KbX + b * n, 1, g->alpha, 1);
   }
   if (nb > 0) {
     cblas_dsymm(CblasRowMajor, CblasRight, CblasLower, (int)nb, (int)n, 1.0, g->kinv, (int)n,
                 KbX, (int)n, 0.0, out->A, (int)n);
-    gp_kernel_matrix(g->kernel, Xb, nb, d, g->inv_ls2, out->cov);
+    gp_kernel_matrix(g->kernel, Xb, out->Xt, nb, d, g->inv_ls2, out->cov);
     cblas_dgemm(CblasRowMajor, CblasNoTrans, CblasTrans, (int)nb, (int)nb, (int)n, -1.0, out->A,
                 (int)n, KbX, (int)n, 1.0, out->cov, (int)nb);
   }
@@ -256,26 +266,46 @@ int gp_baseline_make(const gp *g, const double *Xb, size_t nb, gp_baseline *out,
 size_t gp_work_len(const gp *g) { return g->n * (g->d + 2); }
 
 /* With k = k(X, x), w = kinv k: mean = c + k·alpha, var = 1 − k·w, and for the baseline
- * cov_b = k(B, x) − A k; gradients follow from dk = ∂k/∂x. */
+ * cov_b = k(B, x) − A k; gradients follow from dk = ∂k/∂x (kept in work for gp_cov_b_vjp). */
 void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_prediction *p,
                 double *work) {
   size_t n = g->n, d = g->d;
-  bool grad = p->dmean || p->dvar || p->dcov_b;
+  bool grad = p->dmean || p->dvar;
   double *k = work, *w = work + n, *dk = grad ? work + 2 * n : NULL;
-  gp_kernel_column(g->kernel, g->X, n, d, g->inv_ls2, x, k, dk);
+  gp_kernel_column(g->kernel, g->Xt, n, d, g->inv_ls2, x, k, dk);
   p->mean = g->mean + sb_dot(n, k, g->alpha);
-  if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient */
-    sb_mv(n, n, 1.0, g->kinv, n, k, 0.0, w, 1);
+  if (p->dvar) { /* kᵀK⁻¹k, keeping w = K⁻¹k for the gradient (kinv symmetric: by columns) */
+    sb_mtv(n, n, 1.0, g->kinv, n, k, 1, 0.0, w);
     p->var = fmax(1.0 - sb_dot(n, k, w), 0.0);
   } else { /* |L⁻¹k|²: half the flops */
     memcpy(w, k, n * sizeof *w);
-    sb_lower_solve(n, 1, g->L, n, w, 1);
+    sb_lower_solve_t(n, g->Lt, n, w);
     p->var = fmax(1.0 - sb_dot(n, w, w), 0.0);
   }
   if (p->dmean) sb_mtv(n, d, 1.0, dk, d, g->alpha, 1, 0.0, p->dmean);
   if (p->dvar) sb_mtv(n, d, -2.0, dk, d, w, 1, 0.0, p->dvar);
   if (!b || !p->cov_b || b->nb == 0) return;
-  gp_kernel_column(g->kernel, b->X, b->nb, d, g->inv_ls2, x, p->cov_b, p->dcov_b);
+  gp_kernel_column(g->kernel, b->Xt, b->nb, d, g->inv_ls2, x, p->cov_b, NULL);
   sb_mv(b->nb, n, -1.0, b->A, n, k, 1.0, p->cov_b, 1);
-  if (p->dcov_b) sb_mm_sub(b->nb, d, n, b->A, n, dk, d, p->dcov_b, d);
+}
+
+/* Σ_i u_i ∂cov_b[i]/∂x = Σ_i u_i ∂k(B_i, x)/∂x − Σ_p (Aᵀu)_p ∂k(X_p, x)/∂x, the first with
+ * ∂k(B_i, x)/∂x_j = −g_i (x_j − B_ij)/ℓ_j² (g_i the kernel's slope, gp.h). */
+void gp_cov_b_vjp(const gp *g, const double *x, const gp_baseline *b, const double *u,
+                  const double *work, double *scratch, double *grad) {
+  size_t n = g->n, d = g->d, nb = b->nb;
+  double *At_u = scratch, *coef = scratch + n;
+  sb_mtv(nb, n, 1.0, b->A, n, u, 1, 0.0, At_u);
+  sb_mtv(n, d, -1.0, work + 2 * n, d, At_u, 1, 1.0, grad);
+  gp_kernel_r2_column(b->Xt, nb, nb, d, g->inv_ls2, x, coef);
+  for (size_t i = 0; i < nb; i++) {
+    double slope;
+    gp_kernel_eval(g->kernel, coef[i], &slope);
+    coef[i] = u[i] * slope;
+  }
+  for (size_t j = 0; j < d; j++) {
+    double sum = 0;
+    for (size_t i = 0; i < nb; i++) sum += coef[i] * (x[j] - b->Xt[j * nb + i]);
+    grad[j] -= sum * g->inv_ls2[j];
+  }
 }

@@ -46,13 +46,20 @@ typedef enum { GP_KERNEL_RBF, GP_KERNEL_MATERN52 } gp_kernel;
  * gp_kernel_eval returns k(r²) and, when slope is not NULL, g(r²) = −2 dk/d(r²), so that
  * ∂k/∂a_k = −g·(a_k − b_k)/ℓ_k² and ∂k/∂log ℓ_k = g·(a_k − b_k)²/ℓ_k² (finite at r = 0). */
 double gp_kernel_eval(gp_kernel kind, double r2, double *slope);
-double gp_kernel_r2(const double *a, const double *b, const double *inv_ls2, size_t d);
-/* K[i·n + j] = k(X_i, X_j) for the n×d rows of X (full symmetric matrix). */
-void gp_kernel_matrix(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
-                   double *K);
-/* k[i] = k(X_i, x); when dk is not NULL, dk[i·d + j] = ∂k[i]/∂x_j. */
-void gp_kernel_column(gp_kernel kind, const double *X, size_t n, size_t d, const double *inv_ls2,
+/* K[i·n + j] = k(X_i, X_j) for the n×d rows of X, Xt the same transposed (d×n) (full
+ * symmetric matrix). */
+void gp_kernel_matrix(gp_kernel kind, const double *X, const double *Xt, size_t n, size_t d,
+                      const double *inv_ls2, double *K);
+/* r2[i] = Σ_k (x_k − X_ik)²/ℓ_k², the terms added in the order of k, for the n points X_i
+ * held transposed: coordinate k of point i at Xt[k·ld + i] (ld ≥ n). */
+void gp_kernel_r2_column(const double *Xt, size_t ld, size_t n, size_t d,
+                         const double *inv_ls2, const double *x, double *r2);
+/* k[i] = k(X_i, x) for the n points of Xt (d×n: X transposed); when dk is not NULL,
+ * dk[i·d + j] = ∂k[i]/∂x_j. */
+void gp_kernel_column(gp_kernel kind, const double *Xt, size_t n, size_t d, const double *inv_ls2,
                    const double *x, double *k, double *dk);
+/* Xt (d×n) = X (n×d) transposed. */
+void gp_transpose(const double *X, size_t n, size_t d, double *Xt);
 
 /* ---- priors and the fitting objective (gp_fit.c) --------------------------------------- */
 
@@ -133,7 +140,7 @@ double gp_scale(const gp *g);
  * cov(f(B), f(x)) in O(nb·n) per candidate. */
 typedef struct {
   size_t nb;
-  double *X;     /* nb×d (owned copy) */
+  double *Xt;    /* d×nb: the points transposed (owned) */
   double *mean;  /* nb: posterior mean of c + f, model units */
   double *cov;   /* nb×nb: posterior covariance of f */
   double *A;     /* nb×n: K(B, X) (K + noise I)^-1 */
@@ -149,12 +156,17 @@ typedef struct {
   double *dmean;  /* d, or NULL: ∂mean/∂x */
   double *dvar;   /* d, or NULL: ∂var/∂x */
   double *cov_b;  /* nb, or NULL: cov(f(B_i), f(x)) with the baseline */
-  double *dcov_b; /* nb×d, or NULL (needs cov_b): ∂cov_b[i]/∂x_j at [i·d + j] */
 } gp_prediction;
 
 size_t gp_work_len(const gp *g);
 void gp_predict(const gp *g, const double *x, const gp_baseline *b, gp_prediction *p,
                 double *work);
+/* After gp_predict(g, x, b, p, work) asked for dmean or dvar (work, untouched since, then
+ * holds ∂k(X, x)/∂x): grad (d) += Σ_i u[i] ∂cov_b[i]/∂x, the gradient of the cross
+ * covariances weighted by u (nb), in O(nb·n + (n + nb)·d) where their Jacobian costs
+ * nb·n·d (most of an acquisition gradient in a wide space). scratch: n + nb doubles. */
+void gp_cov_b_vjp(const gp *g, const double *x, const gp_baseline *b, const double *u,
+                  const double *work, double *scratch, double *grad);
 
 /* Cholesky factorisation with jitter escalation: factorises A (n×n, row-major, symmetric;
  * only the lower triangle is read) in place into its lower factor, adding the smallest

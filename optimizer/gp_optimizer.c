@@ -442,7 +442,8 @@ enum { reach_draws = 16 };
 static const double reach_far_margins = 4;
 
 /* n_front front points (rows of `front`) with one numeric dimension moved to a uniform
- * value, snapped: *n rows, owned. */
+ * value, snapped: *n rows, owned. The front is snapped once, so that each neighbour snaps
+ * its moved dimension alone (space_snap_near; the same point as snapping it whole). */
 static double *front_neighbours(const space *sp, const double *front, size_t n_front,
                                 gsl_rng *rng, size_t *n, nas_err *err) {
   size_t dim = space_ndim(sp), n_numeric = 0;
@@ -453,13 +454,18 @@ static double *front_neighbours(const space *sp, const double *front, size_t n_f
   size_t k = n_front * n_numeric * reach_moves_per_dim;
   if (k > reach_max_points) k = reach_max_points;
   double *X = malloc((k * dim + 1) * sizeof *X);
-  int rc = X ? NAS_OK : nas_errf(err, "optimizer gp: out of memory");
+  double *snapped = malloc((n_front * dim + 1) * sizeof *snapped);
+  int rc = X && snapped ? NAS_OK : nas_errf(err, "optimizer gp: out of memory");
+  if (rc == NAS_OK) memcpy(snapped, front, n_front * dim * sizeof *snapped);
+  for (size_t i = 0; rc == NAS_OK && i < n_front; i++) rc = space_snap(sp, snapped + i * dim, err);
   for (size_t i = 0; rc == NAS_OK && i < k; i++) {
     double *x = X + i * dim;
-    memcpy(x, front + gsl_rng_uniform_int(rng, n_front) * dim, dim * sizeof *x);
+    const double *centre = snapped + gsl_rng_uniform_int(rng, n_front) * dim;
+    memcpy(x, centre, dim * sizeof *x);
     x[numeric[gsl_rng_uniform_int(rng, n_numeric)]] = gsl_rng_uniform(rng);
-    rc = space_snap(sp, x, err);
+    rc = space_snap_near(sp, centre, x, err);
   }
+  free(snapped);
   if (rc != NAS_OK) {
     free(X);
     return NULL;

@@ -52,6 +52,10 @@ int space_encode(const space *sp, const json_t *params, double *x, nas_err *err)
 int space_decode(const space *sp, const double *x, json_t **params, nas_err *err);
 /* x → encode(decode(x)) in place: the point the assignment really lies at. */
 int space_snap(const space *sp, double *x, nas_err *err);
+/* The same for an x that differs from ref, a snapped point (space_snap leaves it as it is),
+ * in a few coordinates: the result is space_snap's, at the cost of the parameters whose
+ * coordinates differ (all of them where the spec has conditions). */
+int space_snap_near(const space *sp, const double *ref, double *x, nas_err *err);
 
 /* ---- optimizers ------------------------------------------------------------------------ */
 

@@ -473,6 +473,32 @@ int space_snap(const space *sp, double *x, nas_err *err) {
   return rc;
 }
 
+/* The one expensive part of a snap is decoding floats (their shortest decimal), so a point
+ * that differs from a snapped one in a few coordinates (a neighbour in a local search)
+ * snaps only the parameters whose coordinates differ: a snap treats each parameter on its
+ * own but for activity, and a snapped parameter is its own snap. With conditions a change
+ * can switch other parameters on or off, so there the whole point is snapped. */
+int space_snap_near(const space *sp, const double *ref, double *x, nas_err *err) {
+  const spec *s = sp->s;
+  for (size_t i = 0; i < s->n_params; i++)
+    if (s->params[i].conditional) return space_snap(sp, x, err);
+  for (size_t i = 0; i < s->n_params; i++) {
+    const param_spec *p = &s->params[i];
+    size_t at = sp->layout[i].dim, nd = param_ndim(p);
+    if (nd == 0 || memcmp(x + at, ref + at, nd * sizeof *x) == 0) continue;
+    for (size_t k = at; k < at + nd; k++)
+      if (isnan(x[k])) return nas_errf(err, "space: coordinate %zu is NaN", k);
+    json_t *value = decode_value(sp, i, x);
+    if (!value) return nas_errf(err, "space: out of memory decoding '%s'", p->name);
+    int rc = p->kind == PARAM_CATEGORICAL ? encode_categorical(p, value, x + at, err)
+                                          : encode_numeric(p, &sp->layout[i].ax, value, x + at,
+                                                           err);
+    json_decref(value);
+    if (rc < 0) return rc;
+  }
+  return NAS_OK;
+}
+
 /* ---- designs ----------------------------------------------------------------------------- */
 
 /* The level a uniform u in [0,1) picks when every level is equally likely. */

@@ -168,6 +168,60 @@ static void snap_is_idempotent(void **state) {
   unload(&f);
 }
 
+/* Every kind of parameter again (other ranges), with no conditions: space_snap_near's own
+ * path. */
+static const char *const unconditional_yaml =
+    "name: plain\n"
+    "seed: 3\n"
+    "parameters:\n"
+    "  wd: {type: float, low: 1.0e-6, high: 0.01, log: true}\n"
+    "  momentum: {type: float, low: 0.5, high: 0.99}\n"
+    "  bias: {type: float, low: -1, high: 1}\n"
+    "  depth: {type: int, low: 2, high: 12}\n"
+    "  units: {type: int, low: 8, high: 512, log: true}\n"
+    "  batch: {type: int, low: 32, high: 512, step: 32}\n"
+    "  warmup: {type: float, low: 0, high: 0.3, step: 0.05}\n"
+    "  act: {type: categorical, choices: [relu, gelu, silu, 2]}\n"
+    "  norm: {type: categorical, choices: [true, false]}\n"
+    "  tag: {type: fixed, value: plain}\n"
+    "objectives:\n"
+    "  - {name: err, goal: minimize}\n"
+    "trial: {command: [train]}\n"
+    "budget: {trials: 20}\n";
+
+/* A snapped point with one coordinate (or one-hot group) moved, as the local search and
+ * the reach make neighbours: space_snap_near gives exactly space_snap's point. */
+static void snap_near_gives_the_whole_snap(void **state) {
+  (void)state;
+  const char *yamls[] = {unconditional_yaml, mixed_yaml};
+  for (size_t y = 0; y < 2; y++) {
+    fixture f = load(yamls[y]);
+    const space_dim *dims = space_dims(f.sp);
+    gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+    gsl_rng_set(rng, 11);
+    double ref[64], near[64], whole[64];
+    nas_err err = {{0}};
+    for (int t = 0; t < 3000; t++) {
+      random_point(rng, ref, f.dim);
+      assert_int_equal(space_snap(f.sp, ref, &err), 0);
+      memcpy(near, ref, sizeof near);
+      size_t d = gsl_rng_uniform_int(rng, f.dim);
+      if (dims[d].kind == DIM_ONEHOT) { /* another choice */
+        memset(near + dims[d].group_start, 0, dims[d].n_levels * sizeof *near);
+        near[dims[d].group_start + gsl_rng_uniform_int(rng, dims[d].n_levels)] = 1.0;
+      } else {
+        near[d] = gsl_rng_uniform(rng);
+      }
+      memcpy(whole, near, sizeof whole);
+      assert_int_equal(space_snap(f.sp, whole, &err), 0);
+      assert_int_equal(space_snap_near(f.sp, ref, near, &err), 0);
+      assert_same_point(whole, near, f.dim);
+    }
+    gsl_rng_free(rng);
+    unload(&f);
+  }
+}
+
 static void range_ends_round_trip_exactly(void **state) {
   (void)state;
   fixture f = load(mixed_yaml);
@@ -537,6 +591,7 @@ int main(void) {
       cmocka_unit_test(layout_gives_each_kind_its_dimensions),
       cmocka_unit_test(decoded_assignments_are_valid_and_round_trip_exactly),
       cmocka_unit_test(snap_is_idempotent),
+      cmocka_unit_test(snap_near_gives_the_whole_snap),
       cmocka_unit_test(range_ends_round_trip_exactly),
       cmocka_unit_test(integers_and_steps_round_trip),
       cmocka_unit_test(log_int_sits_at_its_log_position_and_rounds_in_value_space),
