@@ -30,9 +30,11 @@ int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_r
   return rc;
 }
 
-bool sched_handed_out(const trial_row *t) {
-  return t->status == TRIAL_RUNNING && t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
+bool sched_asked(const trial_row *t) {
+  return t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
 }
+
+bool sched_handed_out(const trial_row *t) { return t->status == TRIAL_RUNNING && sched_asked(t); }
 
 /* events.c's context for the webhooks of one tell (nt borrowed, may be NULL): the front
  * before the trial ends is noted, so that its end can say whether it changed. */

@@ -246,6 +246,10 @@ int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimiz
  * again (until trial.max_attempts) by a later ask. */
 #define SCHED_ASK_PREFIX "ask:"
 
+/* Whether trial t was last handed out by an asker (its job id starts SCHED_ASK_PREFIX),
+ * whatever its status now: it ran in the asker's own loop, not as a runner's job. */
+bool sched_asked(const trial_row *t);
+
 /* Trial `number` of exp (owned row); NAS_ENOTFOUND when there is none. */
 int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
                      nas_err *err);

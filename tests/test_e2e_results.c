@@ -778,6 +778,27 @@ static void ask_and_tell_finishes_when_its_budget_is_spent_and_reopens_for_more(
   free(spec);
 }
 
+/* A trial handed out by `nas ask` runs in the asker's own loop, which nas keeps no log
+ * of: `nas logs` said it had no log "yet", and --follow waited for one for ever. */
+static void logs_of_an_asked_trial_say_it_runs_outside_nas(void **state) {
+  fixture *f = *state;
+  char *spec = ask_tell_spec(f, "asked");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "asked", "--storage", f->db, NULL}, 0, "0 ");
+  const char *said = "trial 0 of 'asked' (running) has no log: it was handed out by 'nas ask' "
+                     "and runs outside nas";
+  expect_refusal(f, (char *[]){"logs", "asked", "0", "--storage", f->db, NULL}, 1, said);
+  expect_refusal(f, (char *[]){"logs", "asked", "0", "--follow", "--storage", f->db, NULL}, 1, said);
+  expect_refusal(f, (char *[]){"tell", "asked", "0", "--complete", "y=1", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"logs", "asked", "0", "--stderr", "--storage", f->db, NULL}, 1,
+                 "trial 0 of 'asked' (completed) has no log: it was handed out by 'nas ask'");
+  expect_refusal(f, (char *[]){"enqueue", "asked", "x=0.5", "--storage", f->db, NULL}, 0, "queued");
+  expect_refusal(f, (char *[]){"logs", "asked", "1", "--storage", f->db, NULL}, 1,
+                 "trial 1 of 'asked' (queued) has no log: the trials of 'asked' are handed out by "
+                 "'nas ask' and run outside nas");
+  free(spec);
+}
+
 /* With no trial meeting the constraints the optimizer's baseline is empty; a BLAS call on
  * it printed " ** On entry to DTRMV parameter number 6 had an illegal value" to stdout,
  * into `nas ask --format json`'s output. */
@@ -918,6 +939,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_takes_decimal_numbers_as_typed, setup, teardown),
+      cmocka_unit_test_setup_teardown(logs_of_an_asked_trial_say_it_runs_outside_nas, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_and_tell_finishes_when_its_budget_is_spent_and_reopens_for_more,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
