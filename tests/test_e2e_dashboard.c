@@ -410,6 +410,20 @@ static void wait_front_points(browser *b, int seconds, int points) {
   free(expression);
 }
 
+/* Waits for the page to retry, its header saying `says`, with its front of `points` still
+ * drawn; saves it as screenshot_dir/NAME.png. The header's text (owned). */
+static char *expect_retrying(browser *b, const char *says, int points, const char *name) {
+  char *mark = live_mark_once(b, 20, "retrying");
+  if (!strstr(mark, says)) fail_msg("the page says %s", mark);
+  wait_front_points(b, 1, points);
+  char *shot = nas_asprintf("screenshot %s/%s.png", screenshot_dir, name);
+  char *answer = browser_ask(b, shot);
+  assert_string_equal(answer, "ok");
+  printf("screenshot: %s/%s.png\n", screenshot_dir, name);
+  free(answer), free(shot);
+  return mark;
+}
+
 /* Trial `number` of ask/tell experiment `name` asked, told y at step 0 (a learning curve)
  * and told completed. */
 static void ask_and_complete(fixture *f, const char *name, int number) {
@@ -464,15 +478,9 @@ static void live_page_retries_through_a_server_restart_and_resumes(void **state)
 
   test_server_kill(&s.srv); /* as a crash would; the page polls every 3 s */
   free(s.srv.log);
-  char *mark = live_mark_once(&b, 20, "retrying");
-  if (!strstr(mark, "connection lost, retrying") || !strstr(mark, "last update 20"))
-    fail_msg("the page says %s", mark);
-  wait_front_points(&b, 1, 3); /* still drawn */
-  char *shot = nas_asprintf("screenshot %s/retrying.png", screenshot_dir);
-  char *answer = browser_ask(&b, shot);
-  assert_string_equal(answer, "ok");
-  printf("screenshot: %s/retrying.png\n", screenshot_dir);
-  free(answer), free(shot), free(mark);
+  char *mark = expect_retrying(&b, "connection lost, retrying", 3, "retrying");
+  if (!strstr(mark, "last update 20")) fail_msg("the page says %s", mark);
+  free(mark);
 
   ask_and_complete(f, "live", 3);
   assert_true(test_server_start_on(&s.srv, f->dir, f->db, listen, NULL));
@@ -522,15 +530,7 @@ static void live_page_retries_a_server_error_and_loads_curves_lost_on_the_way(vo
   wait_front_points(&b, 1, 3);
 
   browser_fault(&b, "/dashboard", "500", 2);
-  mark = live_mark_once(&b, 20, "retrying");
-  if (!strstr(mark, "server error (injected by scripts/browser.py), retrying"))
-    fail_msg("the page says %s", mark);
-  wait_front_points(&b, 1, 3); /* still drawn */
-  char *shot = nas_asprintf("screenshot %s/server-error.png", screenshot_dir);
-  char *answer = browser_ask(&b, shot);
-  assert_string_equal(answer, "ok");
-  printf("screenshot: %s/server-error.png\n", screenshot_dir);
-  free(answer), free(shot), free(mark);
+  free(expect_retrying(&b, "server error (injected by scripts/browser.py), retrying", 3, "server-error"));
   ask_and_complete(f, "flaky", 3);
   wait_front_points(&b, 45, 4); /* retries at 3, then 6 s */
   free(live_mark_once(&b, 1, "live"));
