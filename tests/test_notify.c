@@ -664,6 +664,15 @@ static char *stopping_spec(const char *name, int port) {
                       name, port, name);
 }
 
+/* The state `nas status` shows of experiment name is finished, as experiment_finished
+ * said (ask-and-tell experiments stayed "running" after it). */
+static void expect_finished(fixture *f, const char *name) {
+  json_t *rows = nas_json(f, (char *[]){"status", (char *)name, "--format", "json", "--storage", f->db, NULL});
+  const char *state = json_string_value(json_object_get(json_array_get(rows, 0), "state"));
+  if (!state || strcmp(state, "finished") != 0) fail_msg("%s is %s, not finished", name, state ? state : "?");
+  json_decref(rows);
+}
+
 /* The last trial of the budget to end is stopped by early stopping at a report: that ends
  * the experiment, and its finish is told (it was told only when a tell completed or failed
  * the last trial), from the shell and through the server alike. */
@@ -687,6 +696,7 @@ static void a_last_trial_stopped_early_tells_the_finish(void **state) {
   assert_non_null(strstr(out, "stop"));
   free(out);
   assert_int_equal(count_received(rv, "/early", "experiment_finished"), 1);
+  expect_finished(f, "early");
 
   char *served = stopping_spec("early-served", rv->port);
   test_server srv;
@@ -709,6 +719,7 @@ static void a_last_trial_stopped_early_tells_the_finish(void **state) {
   json_decref(stop);
   assert_int_equal(test_server_stop(&srv), 0); /* flushes the webhooks */
   assert_int_equal(count_received(rv, "/early-served", "experiment_finished"), 1);
+  expect_finished(f, "early-served");
   free(spec), free(text), free(served);
   receiver_stop(rv);
 }
@@ -770,6 +781,7 @@ static void a_handed_out_trial_lost_for_good_is_told_as_failed(void **state) {
   assert_int_equal(count_received(rv, "/lost", "trial_failed"), 1);
   assert_int_equal(count_received(rv, "/lost", "experiment_finished"), 1);
   assert_int_equal(count_received(rv, "/lost", "trial_completed"), 0);
+  expect_finished(f, "lost");
   free(spec), free(text);
   receiver_stop(rv);
 }
