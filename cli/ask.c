@@ -24,7 +24,10 @@ static const char ask_help[] =
     "then new suggestions of the experiment's optimizer, within its trial budget. Prints\n"
     "each trial's number and parameters. Report with 'nas tell'; a trial with no report nor\n"
     "heartbeat for trial.heartbeat_timeout (default 10 minutes) is handed out again.\n"
-    "Exit status 1 when the budget is spent.\n";
+    "Exit status 1 when the budget is spent. The tell that ends the last trial of the\n"
+    "budget marks the experiment finished; an ask that hands out a trial queued by\n"
+    "'nas retry' or 'nas enqueue', or allowed by a budget 'nas create' raised, marks it\n"
+    "running again.\n";
 
 static const char tell_help[] =
     "usage: nas tell EXPERIMENT TRIAL [--step N] [--complete | --fail MESSAGE]\n"
@@ -238,7 +241,7 @@ static int tell_it(storage *st, const spec *s, const experiment_row *exp, const 
   int rc = sched_tell_report(st, s, exp, a->number, set->obs, set->n, &stop, err);
   if (rc == NAS_OK && stop) { /* early stopping ended the trial: maybe the experiment too */
     notifier *nt = webhooks_start(s, exp);
-    sched_tell_stopped_events(st, s, exp, a->number, nt);
+    sched_tell_stopped_end(st, s, exp, a->number, nt);
     notifier_close(nt);
   }
   if (rc == NAS_OK && a->step != METRIC_FINAL) puts(stop ? "stop" : "continue");

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -12,8 +13,9 @@
 static const char delete_help[] =
     "usage: nas delete EXPERIMENT [--runs] [--yes] [--storage URL]\n\n"
     "Deletes an experiment from its storage: its trials, their metrics and its scheduler\n"
-    "lease, in one transaction. Asks first, on the terminal; without a terminal (a script)\n"
-    "it refuses unless --yes is given. Refused while a scheduler runs the experiment.\n\n"
+    "lease, in one transaction. Asks first, on the terminal (y or yes, in any case, deletes);\n"
+    "without a terminal (a script) it refuses unless --yes is given. Refused while a\n"
+    "scheduler runs the experiment.\n\n"
     "  --runs          also remove its run folders: runs/EXPERIMENT/ under the folder the\n"
     "                  experiment was first run from (symbolic links there are not followed)\n"
     "  --yes, -y       do not ask\n"
@@ -125,7 +127,7 @@ static int confirm_delete(storage *st, const experiment_row *exp, bool runs, boo
   fputs("? [y/N] ", stderr);
   char answer[16] = "";
   if (fgets(answer, sizeof answer, stdin))
-    *go = strcmp(answer, "y\n") == 0 || strcmp(answer, "yes\n") == 0;
+    *go = strcasecmp(answer, "y\n") == 0 || strcasecmp(answer, "yes\n") == 0;
   if (!*go) fprintf(stderr, "nas: nothing deleted\n");
   return NAS_OK;
 }

@@ -33,7 +33,8 @@ static const char logs_help[] =
     "Prints trial N's stdout.log (with --stderr its stderr.log) from the run folder of its\n"
     "current attempt. With --follow (-f), keeps printing what the trial writes until it is\n"
     "no longer queued or running (a log cut short is read again from its start, and a new\n"
-    "attempt's log is followed); Ctrl-C ends it with status 0.\n";
+    "attempt's log is followed); Ctrl-C ends it with status 0. A trial handed out by\n"
+    "'nas ask' runs outside nas and has no log.\n";
 
 typedef struct {
   char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
@@ -289,6 +290,40 @@ static int print_log_once(storage *st, const experiment_row *exp, const trial_ar
   return rc;
 }
 
+/* Prints the log once, or follows it (a->follow). */
+static int print_log(storage *st, const experiment_row *exp, const trial_args *a, nas_err *err) {
+  if (!a->follow) return print_log_once(st, exp, a, err);
+  /* Ctrl-C ends following between two reads, never in the middle of one. */
+  sigset_t signals, before;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  sigprocmask(SIG_BLOCK, &signals, &before);
+  int rc = follow_log(st, exp, a, &signals, err);
+  sigprocmask(SIG_SETMASK, &before, NULL);
+  return rc;
+}
+
+/* Refuses the logs of a trial that runs outside nas, in an asker's own loop: one handed
+ * out by `nas ask`, or any trial of a spec that runs nothing. nas keeps no log of those,
+ * and one would never come. */
+static int check_logged(storage *st, const experiment_row *exp, const spec *s,
+                        const trial_args *a, nas_err *err) {
+  trial_row t;
+  if (sched_trial_find(st, exp, a->number, &t, err) != NAS_OK) return NAS_ERR;
+  int rc = NAS_OK;
+  if (sched_asked(&t))
+    rc = nas_errf(err, "trial %d of '%s' (%s) has no log: it was handed out by 'nas ask' and "
+                  "runs outside nas, in its asker's own loop", a->number, exp->name,
+                  trial_status_name(t.status));
+  else if (!spec_trial_runs(s))
+    rc = nas_errf(err, "trial %d of '%s' (%s) has no log: the trials of '%s' are handed out "
+                  "by 'nas ask' and run outside nas, in their askers' own loops", a->number,
+                  exp->name, trial_status_name(t.status), exp->name);
+  trial_row_clear(&t);
+  return rc;
+}
+
 static int show_logs(const trial_args *a) {
   nas_err err;
   storage *st;
@@ -297,19 +332,8 @@ static int show_logs(const trial_args *a) {
   if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->experiment, &st,
                           &exp, &s, &err) != NAS_OK)
     return cli_fail(&err);
-  int rc;
-  if (a->follow) {
-    /* Ctrl-C ends following between two reads, never in the middle of one. */
-    sigset_t signals, before;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    sigprocmask(SIG_BLOCK, &signals, &before);
-    rc = follow_log(st, &exp, a, &signals, &err);
-    sigprocmask(SIG_SETMASK, &before, NULL);
-  } else {
-    rc = print_log_once(st, &exp, a, &err);
-  }
+  int rc = check_logged(st, &exp, s, a, &err);
+  if (rc == NAS_OK) rc = print_log(st, &exp, a, &err);
   spec_free(s);
   experiment_row_clear(&exp);
   storage_close(st);

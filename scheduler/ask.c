@@ -30,9 +30,11 @@ int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_r
   return rc;
 }
 
-bool sched_handed_out(const trial_row *t) {
-  return t->status == TRIAL_RUNNING && t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
+bool sched_asked(const trial_row *t) {
+  return t->job_id && strncmp(t->job_id, SCHED_ASK_PREFIX, strlen(SCHED_ASK_PREFIX)) == 0;
 }
+
+bool sched_handed_out(const trial_row *t) { return t->status == TRIAL_RUNNING && sched_asked(t); }
 
 /* events.c's context for the webhooks of one tell (nt borrowed, may be NULL): the front
  * before the trial ends is noted, so that its end can say whether it changed. */
@@ -43,13 +45,43 @@ static void tell_events_begin(sched *sc, storage *st, const spec *s, const exper
   if (nt) sched_events_note_front(sc);
 }
 
-/* Posts the end of trial t as status (ended NULL: it did not end), and frees sc. */
+/* Whether every trial the budget allows exists and has ended, as a run ends with its
+ * budget spent (SCHED_FINISHED); counts them into sc for experiment_finished. */
+static bool budget_spent_and_ended(sched *sc, const sched_results *r) {
+  memset(&sc->counts, 0, sizeof sc->counts);
+  bool ended = true;
+  for (size_t t = 0; t < r->n_trials; t++) {
+    sched_count(sc, TRIAL_STATUS_COUNT, r->trials[t].status);
+    ended &= trial_status_final(r->trials[t].status);
+  }
+  return ended && sc->counts.total >= sc->s->budget.max_trials;
+}
+
+/* The one place an ask-and-tell experiment finishes: once a trial's end leaves the budget
+ * spent and no trial queued or running, the experiment is marked finished and then
+ * experiment_finished posted, so its status and the webhook always agree. A failure is
+ * logged, not returned: the trial's end is stored already. */
+static void finish_if_spent(sched *sc) {
+  nas_err err;
+  const sched_results *r = sched_results_now(sc, &err);
+  if (r && !budget_spent_and_ended(sc, r)) return;
+  if (r && storage_experiment_set_status(sc->st, sc->exp->id, "finished", &err) == NAS_OK) {
+    sched_events_finished(sc);
+    return;
+  }
+  nas_log("%s: its budget is spent but it is not marked finished: %s", sc->exp->name, err.msg);
+}
+
+/* Posts the end of trial t as status (ended NULL: it did not end), finishes the experiment
+ * when that was the last trial of its budget, and frees sc. */
 static void tell_events_end(sched *sc, const trial_row *ended, trial_status status,
                             const char *why) {
-  if (sc->notifier && ended) {
+  if (ended) {
     trial_row row = *ended;
     row.status = status;
-    sched_events_told(sc, &row, why);
+    if (sc->notifier) sched_events_told(sc, &row, why);
+    else sched_results_stale(sc);
+    finish_if_spent(sc);
   }
   sched_events_release(sc);
 }
@@ -148,6 +180,14 @@ static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_
   return rc == NAS_ENOTFOUND && *n_out > 0 ? NAS_OK : rc;
 }
 
+/* A finished experiment that hands out a trial again (one queued by `nas retry` or `nas
+ * enqueue`, or a new one within a budget `nas create` raised) runs again, as `nas resume`
+ * marks a finished experiment running; its last trial's end finishes it once more. */
+static int reopen_finished(storage *st, const experiment_row *exp, nas_err *err) {
+  if (strcmp(exp->status, "finished") != 0) return NAS_OK;
+  return storage_experiment_set_status(st, exp->id, "running", err);
+}
+
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
               const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err) {
   *out = NULL;
@@ -160,6 +200,7 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   int rc = who && rows ? take_lease(st, exp, &lease, err) : nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = expire_silent(st, s, exp, nt, err);
   if (rc == NAS_OK) rc = hand_out(st, s, exp, n, who, rows, n_out, err);
+  if (rc == NAS_OK && *n_out > 0) rc = reopen_finished(st, exp, err);
   sched_lease_release(st, exp, &lease);
   free(who);
   if (rc != NAS_OK) {
@@ -169,8 +210,9 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   }
   if (*n_out == 0 && n > 0) {
     free(rows);
-    return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has spent its budget of %d trials",
-                    exp->name, s->budget.max_trials);
+    return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has spent its budget of %d trials "
+                    "(raise budget.trials and create it again, or queue trials with retry or "
+                    "enqueue)", exp->name, s->budget.max_trials);
   }
   *out = rows;
   return NAS_OK;
@@ -231,13 +273,13 @@ int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int
   return rc;
 }
 
-void sched_tell_stopped_events(storage *st, const spec *s, const experiment_row *exp,
-                               int number, notifier *nt) {
-  if (!nt) return;
+void sched_tell_stopped_end(storage *st, const spec *s, const experiment_row *exp,
+                            int number, notifier *nt) {
   trial_row t;
   nas_err err;
   if (sched_trial_find(st, exp, number, &t, &err) != NAS_OK) {
-    nas_log("%s: trial %d: webhooks not told of its stop: %s", exp->name, number, err.msg);
+    nas_log("%s: trial %d stopped; whether it finished the experiment is unknown: %s",
+            exp->name, number, err.msg);
     return;
   }
   sched sc;

@@ -211,25 +211,9 @@ void sched_events_note_front(sched *sc) {
 
 /* ---- ask and tell ---------------------------------------------------------------------- */
 
-/* Whether every trial the budget allows exists and has ended; counts them into sc. */
-static bool budget_spent_and_ended(sched *sc, const sched_results *r) {
-  memset(&sc->counts, 0, sizeof sc->counts);
-  bool ended = true;
-  for (size_t t = 0; t < r->n_trials; t++) {
-    sched_count(sc, TRIAL_STATUS_COUNT, r->trials[t].status);
-    ended &= trial_status_final(r->trials[t].status);
-  }
-  return ended && sc->counts.total >= sc->s->budget.max_trials;
-}
-
 void sched_events_told(sched *sc, const trial_row *row, const char *why) {
   sched_results_stale(sc);
   sched_events_trial_end(sc, row, why);
-  if (!wanted(sc, NOTIFY_EXPERIMENT_FINISHED)) return;
-  nas_err err;
-  const sched_results *r = sched_results_now(sc, &err);
-  if (!r) nas_log("%s: experiment_finished not sent: %s", sc->exp->name, err.msg);
-  else if (budget_spent_and_ended(sc, r)) sched_events_finished(sc);
 }
 
 void sched_events_release(sched *sc) {

@@ -138,7 +138,7 @@ void sched_events_start(sched *sc);
 /* A trial ended as row->status says (why: its error, may be NULL): trial_completed or
  * trial_failed, then front_changed when the trials on the front changed. */
 void sched_events_trial_end(sched *sc, const trial_row *row, const char *why);
-/* The run ended with its budget spent: experiment_finished. */
+/* The run ended with its budget spent: experiment_finished (counts as in sc->counts). */
 void sched_events_finished(sched *sc);
 /* Flushes (at most NOTIFY_FLUSH_S) and stops the webhooks. */
 void sched_events_stop(sched *sc);
@@ -146,7 +146,7 @@ void sched_events_stop(sched *sc);
 void sched_events_note_front(sched *sc);
 /* ask/tell (ask.c), on a context holding only st, s, exp and a borrowed notifier: a trial
  * ended by a tell, as sched_events_trial_end (storage has changed since the front was
- * noted), then experiment_finished when every trial of the budget has ended. */
+ * noted). ask.c decides whether the experiment finished with it. */
 void sched_events_told(sched *sc, const trial_row *row, const char *why);
 /* Frees what events.c and the results cache hold, leaving the notifier open. */
 void sched_events_release(sched *sc);

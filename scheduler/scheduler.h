@@ -246,14 +246,19 @@ int sched_suggest(storage *st, const spec *s, const experiment_row *exp, optimiz
  * again (until trial.max_attempts) by a later ask. */
 #define SCHED_ASK_PREFIX "ask:"
 
+/* Whether trial t was last handed out by an asker (its job id starts SCHED_ASK_PREFIX),
+ * whatever its status now: it ran in the asker's own loop, not as a runner's job. */
+bool sched_asked(const trial_row *t);
+
 /* Trial `number` of exp (owned row); NAS_ENOTFOUND when there is none. */
 int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
                      nas_err *err);
 /* Hands out up to n trials to worker (a name for people; may be NULL): queued ones first,
  * then new suggestions, within the trial budget; *out gets *n_out started rows (owned).
  * NAS_ENOTFOUND when the budget is spent, NAS_EEXIST when a scheduler runs the experiment
- * or it is stopped. A silent trial failed for good on the way is posted as trial_failed
- * to nt (as sched_tell_fail says; NULL for no webhooks). */
+ * or it is stopped. A finished experiment that hands out a trial (queued by retry or
+ * enqueue, or within a raised budget) is marked running again. A silent trial failed for
+ * good on the way is ended as sched_tell_fail ends one (nt: NULL for no webhooks). */
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
               const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err);
 /* Stores metrics of running trial `number` (intermediate ones with steps >= 0) as a sign
@@ -261,21 +266,23 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
  * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err);
-/* Posts to nt (borrowed; NULL: nothing) what trial `number`, just ended as stopped by a
- * report's early-stopping verdict (sched_tell_report's *stop), means to the webhooks:
- * experiment_finished when it was the last of the budget to end (a stopped trial has no
- * event of its own). Called once the report is stored; failures are logged. */
-void sched_tell_stopped_events(storage *st, const spec *s, const experiment_row *exp,
-                               int number, notifier *nt);
+/* What trial `number`, just ended as stopped by a report's early-stopping verdict
+ * (sched_tell_report's *stop), means for the experiment: when it was the last of the
+ * budget to end, the experiment is marked finished and experiment_finished posted to nt
+ * (borrowed; NULL: no webhooks; a stopped trial has no event of its own). Called once the
+ * report is stored; failures are logged. */
+void sched_tell_stopped_end(storage *st, const spec *s, const experiment_row *exp,
+                            int number, notifier *nt);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
- * trial left running, when an objective was never reported. With a notifier (borrowed,
- * started from s's notify: section; NULL for none) the end is posted as a run posts it:
- * trial_completed, front_changed when the trial joined the front, experiment_finished
- * when it was the last of the budget to end. */
+ * trial left running, when an objective was never reported. When it was the last trial of
+ * the budget to end (none queued or running), the experiment is marked finished. With a
+ * notifier (borrowed, started from s's notify: section; NULL for none) the end is posted
+ * as a run posts it: trial_completed, front_changed when the trial joined the front,
+ * experiment_finished when the experiment finished. */
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
                         const metric_obs *obs, size_t n, notifier *nt, nas_err *err);
-/* Ends the running trial failed with why (may be NULL); trial_failed (and
- * experiment_finished) posted as sched_tell_complete says. */
+/* Ends the running trial failed with why (may be NULL); the experiment finished and
+ * trial_failed (and experiment_finished) posted as sched_tell_complete says. */
 int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
                     const char *why, notifier *nt, nas_err *err);
 /* A sign of life of the running trial. */

@@ -11,6 +11,12 @@ Commands on stdin, one a line, each answered by one line on stdout:
   wait SECONDS EXPRESSION  evaluates the JavaScript EXPRESSION in the page every 20 ms until
                            it is truthy; answers its value as JSON, or "timeout"
   screenshot PATH          saves the page as a PNG at PATH; answers "ok"
+  fault TEXT ANSWER COUNT  the page's next COUNT requests whose URL holds TEXT get ANSWER
+                           instead of reaching the server: an HTTP status (a JSON body
+                           {"error": "injected by scripts/browser.py"}) or "reset" (the
+                           connection drops); answers "ok". Requests are held in the browser
+                           (DevTools' Fetch domain) and answered while a command runs, so a
+                           "wait" should follow.
 End of input closes the browser."""
 import base64, json, os, subprocess, sys, time
 
@@ -33,15 +39,23 @@ chrome = subprocess.Popen(["chromium", "--headless", "--no-sandbox", "--disable-
 os.close(to_chrome_r)
 os.close(from_chrome_w)
 pending, last_id, session = b"", 0, None
+faults = []  # [text, answer, count left] of the fault commands, in their order
 
 
-def call(method, params=None):
-    global pending, last_id
+def send(method, params=None):
+    """Sends a command without waiting for its reply; returns its id."""
+    global last_id
     last_id += 1
     message = {"id": last_id, "method": method, "params": params or {}}
     if session:
         message["sessionId"] = session
     os.write(to_chrome_w, json.dumps(message).encode() + b"\0")
+    return last_id
+
+
+def call(method, params=None):
+    global pending
+    sent = send(method, params)
     while True:
         while b"\0" not in pending:
             chunk = os.read(from_chrome_r, 1 << 16)
@@ -50,8 +64,34 @@ def call(method, params=None):
             pending += chunk
         raw, pending = pending.split(b"\0", 1)
         reply = json.loads(raw)
-        if reply.get("id") == last_id:
+        if reply.get("id") == sent:
             return reply.get("result", reply)
+        if reply.get("method") == "Fetch.requestPaused":
+            answer_paused(reply["params"])
+
+
+def answer_paused(request):
+    """Answers a request held by the Fetch domain as the first fault matching it says, or
+    lets it go to the server."""
+    rid, url = request["requestId"], request["request"]["url"]
+    fault = next((f for f in faults if f[0] in url and f[2] > 0), None)
+    if not fault:
+        send("Fetch.continueRequest", {"requestId": rid})
+        return
+    fault[2] -= 1
+    if fault[1] == "reset":
+        send("Fetch.failRequest", {"requestId": rid, "errorReason": "ConnectionReset"})
+        return
+    body = json.dumps({"error": "injected by scripts/browser.py"}).encode()
+    send("Fetch.fulfillRequest", {"requestId": rid, "responseCode": int(fault[1]),
+                                  "responseHeaders": [{"name": "Content-Type", "value": "application/json"}],
+                                  "body": base64.b64encode(body).decode()})
+
+
+def fault(text, answer, count):
+    faults.append([text, answer, int(count)])
+    call("Fetch.enable", {"patterns": [{"urlPattern": "*" + f[0] + "*"} for f in faults]})
+    return "ok"
 
 
 def wait(seconds, expression):
@@ -85,6 +125,8 @@ try:
             answer = wait(float(seconds), expression)
         elif command == "screenshot":
             answer = screenshot(rest)
+        elif command == "fault":
+            answer = fault(*rest.split(" "))
         else:
             answer = "unknown command " + command
         print(answer, flush=True)

@@ -173,24 +173,25 @@ static void report_write_run(storage *st, void *arg) {
   w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, w->obs, w->n, &w->stop, &w->err);
 }
 
-/* The webhooks of a trial a report stopped, once the report is committed: not in
- * report_write_run, which a group that fails runs again (and whose first run rolled back).
- * A resumed request has given its connection back: it takes one for this. */
+/* What a trial a report stopped means for its experiment (finished? webhooks), once the
+ * report is committed: not in report_write_run, which a group that fails runs again (and
+ * whose first run rolled back). A resumed request has given its connection back: it takes
+ * one for this. */
 static void report_write_tell_stop(serve_request *req, const report_write *w) {
   storage *st = req->st;
   nas_err err;
   if (!st && serve_pool_take(&req->srv->pool, &st, &err) != NAS_OK) {
-    nas_log("%s: trial %d: webhooks not told of its stop: %s", w->call.e.exp.name,
+    nas_log("%s: trial %d stopped; whether it finished the experiment is unknown: %s", w->call.e.exp.name,
             w->call.number, err.msg);
     return;
   }
-  sched_tell_stopped_events(st, w->call.e.s, &w->call.e.exp, w->call.number, w->nt);
+  sched_tell_stopped_end(st, w->call.e.s, &w->call.e.exp, w->call.number, w->nt);
   if (st != req->st) serve_pool_give(&req->srv->pool, st);
 }
 
 static void report_write_answer(serve_request *req, void *arg) {
   report_write *w = arg;
-  if (w->rc == NAS_OK && w->stop && w->nt) report_write_tell_stop(req, w);
+  if (w->rc == NAS_OK && w->stop) report_write_tell_stop(req, w);
   if (w->rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:b}", "stop", w->stop));
   else tell_failed(req, w->rc, &w->err);
   free(w->obs);

@@ -126,16 +126,16 @@ static int answer_failure(const http_conn *c, long status, nas_err *err) {
   const char *msg = json_string_value(json_object_get(body, "error"));
   const char *code = json_string_value(json_object_get(body, "code"));
   int rc;
-  if (msg && code) rc = nas_errc(err, rows_json_code_parse(code), "%s: %s", c->shown, msg);
-  else if (msg) rc = nas_errf(err, "%s: HTTP %ld: %s", c->shown, status, msg);
-  else rc = nas_errf(err, "%s: HTTP %ld without a storage answer (is it a nas serve?)",
-                     c->shown, status);
+  if (msg && code) rc = nas_errc(err, rows_json_code_parse(code), "%s", msg);
+  else if (msg) rc = nas_errf(err, "HTTP %ld: %s", status, msg);
+  else rc = nas_errf(err, "HTTP %ld without a storage answer (is it a nas serve?)", status);
   json_decref(body);
   return rc;
 }
 
 /* POSTs args to operation op (once when once is set, else retrying within the budget);
- * on 200, *reply gets the answer's owned JSON object. */
+ * on 200, *reply gets the answer's owned JSON object. Its errors do not name the server:
+ * its callers do, once (call; storage_open for the "open" handshake). */
 static int call_with(http_conn *c, const char *op, const json_t *args, bool once,
                      json_t **reply, nas_err *err) {
   char key[STORAGE_TOKEN_LEN + 1] = "", key_header[32 + STORAGE_KEY_MAX];
@@ -161,14 +161,14 @@ static int call_with(http_conn *c, const char *op, const json_t *args, bool once
   free(url), free(body);
   int out;
   if (rc != CURLE_OK) {
-    out = nas_errf(err, "%s: %s", c->shown, c->curl_error[0] ? c->curl_error : curl_easy_strerror(rc));
+    out = nas_errf(err, "%s", c->curl_error[0] ? c->curl_error : curl_easy_strerror(rc));
   } else if (status != 200) {
     out = answer_failure(c, status, err);
   } else {
     json_error_t jerr;
     *reply = json_loadb(c->reply ? c->reply : "", c->reply_len, 0, &jerr);
-    out = json_is_object(*reply) ? NAS_OK : nas_errf(err, "%s: the answer is not a JSON object: %s",
-                                                     c->shown, jerr.text);
+    out = json_is_object(*reply) ? NAS_OK : nas_errf(err, "the answer is not a JSON object: %s",
+                                                     jerr.text);
   }
   if (out != NAS_OK && !once && curl_retryable(rc) && c->retry_s > 0)
     nas_err_prefix(err, "gave up after %g s of retries", c->retry_s);
@@ -181,6 +181,7 @@ static int call(http_conn *c, const char *op, json_t *args, json_t **reply, nas_
   if (!args) return nas_errf(err, "out of memory");
   json_t *answer = NULL;
   int rc = call_with(c, op, args, false, &answer, err);
+  if (rc != NAS_OK) nas_err_prefix(err, "%s", c->shown);
   json_decref(args);
   if (rc == NAS_OK && reply) *reply = answer;
   else json_decref(answer);

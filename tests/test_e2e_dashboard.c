@@ -410,17 +410,52 @@ static void wait_front_points(browser *b, int seconds, int points) {
   free(expression);
 }
 
-/* Trial `number` of ask/tell experiment "live" asked and told completed. */
-static void ask_and_complete(fixture *f, int number) {
+/* Waits for the page to retry, its header saying `says`, with its front of `points` still
+ * drawn; saves it as screenshot_dir/NAME.png. The header's text (owned). */
+static char *expect_retrying(browser *b, const char *says, int points, const char *name) {
+  char *mark = live_mark_once(b, 20, "retrying");
+  if (!strstr(mark, says)) fail_msg("the page says %s", mark);
+  wait_front_points(b, 1, points);
+  char *shot = nas_asprintf("screenshot %s/%s.png", screenshot_dir, name);
+  char *answer = browser_ask(b, shot);
+  assert_string_equal(answer, "ok");
+  printf("screenshot: %s/%s.png\n", screenshot_dir, name);
+  free(answer), free(shot);
+  return mark;
+}
+
+/* Trial `number` of ask/tell experiment `name` asked, told y at step 0 (a learning curve)
+ * and told completed. */
+static void ask_and_complete(fixture *f, const char *name, int number) {
   char trial[16], y[32], z[32];
   snprintf(trial, sizeof trial, "%d", number);
   snprintf(y, sizeof y, "y=%g", 0.1 * (number + 1));
   snprintf(z, sizeof z, "z=%g", 1 - 0.1 * (number + 1));
-  json_decref(nas_json(f, (char *[]){"ask", "live", "--format", "json", "--storage", f->db, NULL}));
-  char *argv[] = {(char *)test_nas_bin(), "tell", "live", trial, "--complete", y, z, "--storage",
+  json_decref(nas_json(f, (char *[]){"ask", (char *)name, "--format", "json", "--storage", f->db, NULL}));
+  char *step[] = {(char *)test_nas_bin(), "tell", (char *)name, trial, "--step", "0", y, "--storage",
                   f->db, NULL}, *out;
-  if (test_run(f->dir, argv, &out) != 0) fail_msg("nas tell: %s", out);
+  if (test_run(f->dir, step, &out) != 0) fail_msg("nas tell --step: %s", out);
   free(out);
+  char *end[] = {(char *)test_nas_bin(), "tell", (char *)name, trial, "--complete", y, z, "--storage",
+                 f->db, NULL};
+  if (test_run(f->dir, end, &out) != 0) fail_msg("nas tell: %s", out);
+  free(out);
+}
+
+/* The spec of ask/tell experiment `name` (two objectives, 10 trials), created with 3
+ * trials completed. */
+static char *live_experiment(fixture *f, const char *name) {
+  char *text = nas_asprintf("name: %s\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}, {name: z, goal: minimize}]\n"
+                            "optimizer: {type: random}\n"
+                            "budget: {trials: 10}\n", name);
+  char *file = nas_asprintf("%s.yaml", name), *out;
+  char *spec = test_write(f->dir, file, text);
+  if (nas(f, &out, "create", spec, NULL) != 0) fail_msg("nas create: %s", out);
+  free(out), free(file), free(text);
+  for (int i = 0; i < 3; i++) ask_and_complete(f, name, i);
+  return spec;
 }
 
 /* docs/dashboard.md, live updates: a live page whose server goes away (killed, restarting,
@@ -432,16 +467,7 @@ static void ask_and_complete(fixture *f, int number) {
 static void live_page_retries_through_a_server_restart_and_resumes(void **state) {
   if (!have_chromium()) skip();
   fixture *f = *state;
-  char *spec = test_write(f->dir, "live.yaml",
-                          "name: live\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}, {name: z, goal: minimize}]\n"
-                          "optimizer: {type: random}\n"
-                          "budget: {trials: 10}\n");
-  char *out;
-  if (nas(f, &out, "create", spec, NULL) != 0) fail_msg("nas create: %s", out);
-  free(out);
-  for (int i = 0; i < 3; i++) ask_and_complete(f, i);
+  char *spec = live_experiment(f, "live"), *out;
   served s = {.f = f};
   assert_true(test_server_start(&s.srv, f->dir, f->db, NULL));
   char *url = page_url(&s, "#/e/live"), *listen = nas_asprintf("127.0.0.1:%d", s.srv.port);
@@ -452,17 +478,11 @@ static void live_page_retries_through_a_server_restart_and_resumes(void **state)
 
   test_server_kill(&s.srv); /* as a crash would; the page polls every 3 s */
   free(s.srv.log);
-  char *mark = live_mark_once(&b, 20, "retrying");
-  if (!strstr(mark, "connection lost, retrying") || !strstr(mark, "last update 20"))
-    fail_msg("the page says %s", mark);
-  wait_front_points(&b, 1, 3); /* still drawn */
-  char *shot = nas_asprintf("screenshot %s/retrying.png", screenshot_dir);
-  char *answer = browser_ask(&b, shot);
-  assert_string_equal(answer, "ok");
-  printf("screenshot: %s/retrying.png\n", screenshot_dir);
-  free(answer), free(shot), free(mark);
+  char *mark = expect_retrying(&b, "connection lost, retrying", 3, "retrying");
+  if (!strstr(mark, "last update 20")) fail_msg("the page says %s", mark);
+  free(mark);
 
-  ask_and_complete(f, 3);
+  ask_and_complete(f, "live", 3);
   assert_true(test_server_start_on(&s.srv, f->dir, f->db, listen, NULL));
   wait_front_points(&b, 45, 4); /* retries at 3, 6, 12… s after the first failure */
   free(live_mark_once(&b, 1, "live"));
@@ -473,6 +493,56 @@ static void live_page_retries_through_a_server_restart_and_resumes(void **state)
   browser_close(&b);
   assert_int_equal(test_server_stop(&s.srv), 0);
   free(url), free(listen), free(spec);
+}
+
+/* Sends `fault TEXT ANSWER COUNT` to scripts/browser.py: the page's next COUNT requests
+ * whose URL holds TEXT get ANSWER (an HTTP status, or "reset") instead of the server's. */
+static void browser_fault(browser *b, const char *text, const char *answer, int count) {
+  char *command = nas_asprintf("fault %s %s %d", text, answer, count);
+  char *reply = browser_ask(b, command);
+  assert_string_equal(reply, "ok");
+  free(reply), free(command);
+}
+
+/* docs/dashboard.md, live updates: a 500 (a database busy, a server restarting) is retried
+ * as a lost connection is, saying the server's error; a 4xx still ends the page. And a
+ * page whose first learning-curves request was lost (the connection dropped while it was
+ * in flight) draws its curves once the server answers again: the card stayed "Loading…",
+ * since the next answer was the same data and nothing was drawn again; a 500 ended the
+ * page. */
+static void live_page_retries_a_server_error_and_loads_curves_lost_on_the_way(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  char *spec = live_experiment(f, "flaky");
+  served s = {.f = f};
+  assert_true(test_server_start(&s.srv, f->dir, f->db, NULL));
+  char *url = page_url(&s, "#/e/flaky"), *navigate = nas_asprintf("navigate %s", url);
+  browser b;
+  browser_open(&b, f, "about:blank");
+  browser_fault(&b, "/curves", "reset", 1);
+  free(browser_ask(&b, navigate));
+  /* drawn but for its curves, so not ready */
+  char *mark = live_mark_once(&b, 60, "retrying");
+  if (!strstr(mark, "connection lost, retrying")) fail_msg("the page says %s", mark);
+  free(mark);
+  free(browser_wait(&b, 30, "document.body.dataset.live === 'live' && "
+                            "document.getElementById('chart-curves').dataset.curves === '3'"));
+  wait_front_points(&b, 1, 3);
+
+  browser_fault(&b, "/dashboard", "500", 2);
+  free(expect_retrying(&b, "server error (injected by scripts/browser.py), retrying", 3, "server-error"));
+  ask_and_complete(f, "flaky", 3);
+  wait_front_points(&b, 45, 4); /* retries at 3, then 6 s */
+  free(live_mark_once(&b, 1, "live"));
+
+  browser_fault(&b, "/dashboard", "409", 1);
+  char *error = browser_wait(&b, 10, "document.body.dataset.ready === 'error' && document.body.dataset.live === '' && "
+                                     "document.getElementById('app').textContent");
+  assert_non_null(strstr(error, "injected by scripts/browser.py"));
+  free(error);
+  browser_close(&b);
+  assert_int_equal(test_server_stop(&s.srv), 0);
+  free(url), free(navigate), free(spec);
 }
 
 static void plot_file_draws_from_disk_without_a_server(void **state) {
@@ -657,6 +727,8 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(compare_page_draws_nas_compare_fronts, setup, teardown),
       cmocka_unit_test_setup_teardown(token_file_page_asks_for_a_token_and_draws_with_it, setup, teardown),
       cmocka_unit_test_setup_teardown(live_page_retries_through_a_server_restart_and_resumes, setup, teardown),
+      cmocka_unit_test_setup_teardown(live_page_retries_a_server_error_and_loads_curves_lost_on_the_way,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_keeps_a_metric_named_proto, setup, teardown),

@@ -743,6 +743,62 @@ static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *va
   }
 }
 
+/* The state `nas status` shows of experiment name. */
+static void expect_state(fixture *f, const char *name, const char *state) {
+  json_t *rows = nas_json(f, (char *[]){"status", (char *)name, "--format", "json", "--storage", f->db, NULL});
+  const char *shown = json_string_value(json_object_get(json_array_get(rows, 0), "state"));
+  if (!shown || strcmp(shown, state) != 0) fail_msg("%s is %s, not %s", name, shown ? shown : "?", state);
+  json_decref(rows);
+}
+
+/* An ask-and-tell experiment stayed "running" after the last trial of its budget ended
+ * (while experiment_finished was posted). It finishes then, and a trial queued again by
+ * `nas retry` or `nas enqueue`, or a budget `nas create` raised, reopens it at the next
+ * ask, as `nas resume` reopens a finished run. */
+static void ask_and_tell_finishes_when_its_budget_is_spent_and_reopens_for_more(void **state) {
+  fixture *f = *state;
+  char *spec = ask_tell_spec(f, "done");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  ask_and_tell(f, "done", 1, (char *[]){"y=1", NULL});
+  expect_state(f, "done", "running");
+  expect_refusal(f, (char *[]){"ask", "done", "--storage", f->db, NULL}, 0, "1 ");
+  expect_refusal(f, (char *[]){"tell", "done", "1", "--fail", "boom", "--storage", f->db, NULL}, 0, "");
+  expect_state(f, "done", "finished");
+  expect_refusal(f, (char *[]){"ask", "done", "--storage", f->db, NULL}, 1, "has spent its budget of 2 trials");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_state(f, "done", "finished");
+  expect_refusal(f, (char *[]){"retry", "done", "1", "--storage", f->db, NULL}, 0, "queued again");
+  expect_refusal(f, (char *[]){"ask", "done", "--storage", f->db, NULL}, 0, "1 ");
+  expect_state(f, "done", "running");
+  expect_refusal(f, (char *[]){"tell", "done", "1", "--complete", "y=2", "--storage", f->db, NULL}, 0, "");
+  expect_state(f, "done", "finished");
+  expect_refusal(f, (char *[]){"enqueue", "done", "x=0.25", "--storage", f->db, NULL}, 0, "queued");
+  ask_and_tell(f, "done", 1, (char *[]){"y=3", NULL});
+  expect_state(f, "done", "finished");
+  free(spec);
+}
+
+/* A trial handed out by `nas ask` runs in the asker's own loop, which nas keeps no log
+ * of: `nas logs` said it had no log "yet", and --follow waited for one for ever. */
+static void logs_of_an_asked_trial_say_it_runs_outside_nas(void **state) {
+  fixture *f = *state;
+  char *spec = ask_tell_spec(f, "asked");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "asked", "--storage", f->db, NULL}, 0, "0 ");
+  const char *said = "trial 0 of 'asked' (running) has no log: it was handed out by 'nas ask' "
+                     "and runs outside nas";
+  expect_refusal(f, (char *[]){"logs", "asked", "0", "--storage", f->db, NULL}, 1, said);
+  expect_refusal(f, (char *[]){"logs", "asked", "0", "--follow", "--storage", f->db, NULL}, 1, said);
+  expect_refusal(f, (char *[]){"tell", "asked", "0", "--complete", "y=1", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"logs", "asked", "0", "--stderr", "--storage", f->db, NULL}, 1,
+                 "trial 0 of 'asked' (completed) has no log: it was handed out by 'nas ask'");
+  expect_refusal(f, (char *[]){"enqueue", "asked", "x=0.5", "--storage", f->db, NULL}, 0, "queued");
+  expect_refusal(f, (char *[]){"logs", "asked", "1", "--storage", f->db, NULL}, 1,
+                 "trial 1 of 'asked' (queued) has no log: the trials of 'asked' are handed out by "
+                 "'nas ask' and run outside nas");
+  free(spec);
+}
+
 /* With no trial meeting the constraints the optimizer's baseline is empty; a BLAS call on
  * it printed " ** On entry to DTRMV parameter number 6 had an illegal value" to stdout,
  * into `nas ask --format json`'s output. */
@@ -883,6 +939,9 @@ int main(void) {
       cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_takes_decimal_numbers_as_typed, setup, teardown),
+      cmocka_unit_test_setup_teardown(logs_of_an_asked_trial_say_it_runs_outside_nas, setup, teardown),
+      cmocka_unit_test_setup_teardown(ask_and_tell_finishes_when_its_budget_is_spent_and_reopens_for_more,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,
                                       teardown),

@@ -782,6 +782,12 @@ static void unknown_experiments_and_trials_through_the_server_are_not_found(void
   free(expect), free(url);
 }
 
+/* Fails unless text names url exactly once. */
+static void assert_url_once(const char *text, const char *url) {
+  const char *first = strstr(text, url);
+  if (!first || strstr(first + 1, url)) fail_msg("'%s' is not named once in: %s", url, text);
+}
+
 static void server_out_of_reach_is_reported_after_the_retry_budget(void **state) {
   (void)state;
   test_server gone = {0};
@@ -797,8 +803,19 @@ static void server_out_of_reach_is_reported_after_the_retry_budget(void **state)
   double took = nas_monotonic() - started;
   unsetenv("NAS_STORAGE_RETRY_S");
   assert_true(took >= 0.1 && took < 3);
-  assert_contains(err.msg, url);
   assert_contains(err.msg, "gave up after 0.3 s");
+  assert_url_once(err.msg, url);
+  /* the URL was named twice: "storage URL: URL: gave up …" */
+  char *want = nas_asprintf("storage %s: gave up after 0.3 s of retries: ", url);
+  assert_contains(err.msg, want);
+  free(want);
+  char *out;
+  const char *status[] = {"status", "--storage", url, NULL};
+  setenv("NAS_STORAGE_RETRY_S", "0", 1);
+  assert_int_equal(nas_argv(f, &out, status), 1);
+  unsetenv("NAS_STORAGE_RETRY_S");
+  assert_url_once(out, url);
+  free(out);
   free(url);
 }
 

@@ -96,28 +96,78 @@ static void help_missing_values_and_typos_are_answered(void **state) {
   free(a), free(spec);
 }
 
-static void progress_line_shows_ended_counts_elapsed_and_eta(void **state) {
-  fixture *f = *state;
-  char *spec = test_write(f->dir, "quick.yaml", quick_spec);
+/* `nas ARGS… --storage DB` on a terminal of its own in the fixture's folder, its user
+ * typing `typed` (NULL: nothing; the terminal holds it until nas reads); all the terminal
+ * showed until nas ended (owned). */
+static char *nas_on_terminal(fixture *f, char *const *args, const char *typed) {
+  char *argv[16] = {(char *)test_nas_bin()};
+  size_t n = 1;
+  while (*args && n < 13) argv[n++] = *args++;
+  argv[n++] = "--storage", argv[n++] = f->db, argv[n] = NULL;
   int master;
   pid_t pid = forkpty(&master, NULL, NULL, NULL);
   assert_true(pid >= 0);
   if (pid == 0) {
     if (chdir(f->dir) != 0) _exit(126);
-    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", f->db, (char *)NULL);
+    execv(argv[0], argv);
     _exit(127);
   }
-  char screen[65536];
-  size_t len = 0;
+  if (typed) assert_true(write(master, typed, strlen(typed)) == (ssize_t)strlen(typed));
+  size_t cap = 65536, len = 0;
+  char *screen = malloc(cap);
+  assert_non_null(screen);
   ssize_t got;
-  while (len < sizeof screen - 1 && (got = read(master, screen + len, sizeof screen - 1 - len)) > 0)
-    len += (size_t)got;
+  while (len < cap - 1 && (got = read(master, screen + len, cap - 1 - len)) > 0) len += (size_t)got;
   screen[len] = '\0';
   waitpid(pid, NULL, 0);
   close(master);
+  return screen;
+}
+
+static void progress_line_shows_ended_counts_elapsed_and_eta(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "quick.yaml", quick_spec);
+  char *screen = nas_on_terminal(f, (char *[]){"run", spec, NULL}, NULL);
   if (!strstr(screen, "4 of 4 ended") || !strstr(screen, ", ETA ") || !strstr(screen, "2 of 4 ended"))
     fail_msg("progress line: %s", screen);
-  free(spec);
+  free(screen), free(spec);
+}
+
+/* `nas delete name` on a terminal whose user types answer; what the terminal showed
+ * (owned). */
+static char *delete_answering(fixture *f, const char *name, const char *answer) {
+  char *typed = nas_asprintf("%s\n", answer);
+  char *screen = nas_on_terminal(f, (char *[]){"delete", (char *)name, NULL}, typed);
+  free(typed);
+  return screen;
+}
+
+/* docs/cli.md, nas delete: the question takes y or yes in any case (Y, YES were read as
+ * no); anything else deletes nothing. */
+static void delete_takes_yes_in_any_case_and_nothing_else(void **state) {
+  fixture *f = *state;
+  static const struct {
+    const char *answer;
+    bool deletes;
+  } cases[] = {{"y", true}, {"Y", true}, {"yes", true}, {"YES", true}, {"Yes", true},
+               {"", false}, {"n", false}, {"NO", false}, {"yess", false}, {"y es", false}};
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char *text = nas_asprintf("name: gone%zu\n"
+                              "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                              "objectives: [{name: y, goal: minimize}]\n"
+                              "budget: {trials: 1}\n", i);
+    char *file = nas_asprintf("gone%zu.yaml", i), *name = nas_asprintf("gone%zu", i), *out;
+    char *spec = test_write(f->dir, file, text);
+    assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
+    free(out);
+    char *screen = delete_answering(f, name, cases[i].answer);
+    if (!strstr(screen, "[y/N]")) fail_msg("no question on the terminal: %s", screen);
+    int rc = nas(f, &out, "status", name, NULL);
+    if ((rc == 1) != cases[i].deletes)
+      fail_msg("answering '%s': nas status %s exited %d: %s\n(the terminal: %s)", cases[i].answer,
+               name, rc, out, screen);
+    free(out), free(screen), free(spec), free(name), free(file), free(text);
+  }
 }
 
 /* The trials' parameters in number order, as one text. */
@@ -163,6 +213,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(hints_carry_the_storage_they_need, setup, teardown),
       cmocka_unit_test_setup_teardown(help_missing_values_and_typos_are_answered, setup, teardown),
       cmocka_unit_test_setup_teardown(progress_line_shows_ended_counts_elapsed_and_eta, setup, teardown),
+      cmocka_unit_test_setup_teardown(delete_takes_yes_in_any_case_and_nothing_else, setup, teardown),
       cmocka_unit_test_setup_teardown(seed_gives_the_same_initial_design_whatever_parallel, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

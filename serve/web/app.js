@@ -101,10 +101,12 @@
   }
   /* Thrown by api() on a 401: the page then asks for a token (tokenPage). */
   class TokenNeeded extends Error {}
-  /* Thrown by api() when no whole answer came (the server is down or restarting, the
-   * network failed) or a gateway in front of it said so (502-504): a live page keeps what
-   * it shows and tries again (show). Every other failure is the server's answer. */
-  class ConnectionLost extends Error {}
+  /* Thrown by api() for what usually passes: no whole answer came (the server is down or
+   * restarting, the network failed), a gateway in front of it said so (502-504), or the
+   * server failed (500: a database busy or restarting). A live page keeps what it shows and
+   * tries again (show); its message is what the header says. Every other failure (4xx) is
+   * the server's answer. */
+  class TryAgain extends Error {}
 
   async function api(path) {
     const token = sessionStorage.getItem(TOKEN_KEY);
@@ -112,16 +114,18 @@
     try {
       resp = await fetch("api/v1/" + path, { headers: token ? { Authorization: "Bearer " + token } : {} });
     } catch (err) {
-      throw new ConnectionLost(String(err.message || err));
+      throw new TryAgain("connection lost");
     }
     if (resp.status === 401) {
       sessionStorage.removeItem(TOKEN_KEY);
       throw new TokenNeeded(token ? "That token was refused." : "");
     }
-    if (resp.status >= 502 && resp.status <= 504) throw new ConnectionLost(resp.statusText);
+    if (resp.status >= 502 && resp.status <= 504) throw new TryAgain("connection lost");
     const body = await resp.json().catch(() => null);
-    if (body === null && resp.ok) throw new ConnectionLost("the answer was cut off");
-    if (!resp.ok) throw new Error((body && body.error) || resp.statusText);
+    if (body === null && resp.ok) throw new TryAgain("the answer was cut off");
+    const why = (body && body.error) || resp.statusText;
+    if (resp.status === 500) throw new TryAgain(`server error (${why})`);
+    if (!resp.ok) throw new Error(why);
     return body;
   }
 
@@ -432,9 +436,10 @@
     document.body.dataset.live = state;
   }
   function live(on) { mark(on ? "live" : "", on ? "● live (updates every 3 s)" : ""); }
-  /* updatedAt: Unix seconds of the last answer; retryMs: when the next try goes. */
-  function retrying(updatedAt, retryMs) {
-    mark("retrying", `connection lost, retrying… (last update ${when(updatedAt)}; next try in ${retryMs / 1000} s)`);
+  /* why: what went wrong (TryAgain's message); updatedAt: Unix seconds of the last answer;
+   * retryMs: when the next try goes. */
+  function retrying(why, updatedAt, retryMs) {
+    mark("retrying", `${why}, retrying… (last update ${when(updatedAt)}; next try in ${retryMs / 1000} s)`);
   }
 
   function listPage(list) {
@@ -620,12 +625,15 @@
   /* Draws a page from load() (a promise of its data) with draw(data, first) → whether to
    * keep polling (first: the page's first draw, not a redraw); polls again while it says
    * so, redrawing only when the data changed. A poll of a drawn page that gets no answer
-   * (ConnectionLost) leaves the page as it is, says so, and tries again after
+   * or a 500 (TryAgain) leaves the page as it is, says so, and tries again after
    * RETRY_FIRST_MS, doubling up to RETRY_MOST_MS, until the server answers; any other
-   * failure (a 404: the experiment was deleted; a refused token) ends the page. */
+   * failure (a 404: the experiment was deleted; a refused token) ends the page. A draw
+   * that failed on the way (its learning curves' request lost) is drawn again by the
+   * next answer, changed or not. */
   async function show(load, draw, ready) {
     const token = ++page.token;
-    let last = null, updatedAt = 0, retryMs = RETRY_FIRST_MS;
+    /* last: the snapshot of the data last drawn whole; null while a draw is unfinished */
+    let drawn = false, last = null, updatedAt = 0, retryMs = RETRY_FIRST_MS;
     const step = async () => {
       try {
         const data = await load();
@@ -635,12 +643,14 @@
         app = document.getElementById("app");
         if (token !== page.token) return;
         /* The first draw does not wait for the text (tens of ms at 10 000 trials). */
-        const first = last === null, text = first ? null : snapshot(data);
+        const first = !drawn, text = first ? null : snapshot(data);
         let again = true;
-        if (first || text !== last) {
+        if (first || last === null || text !== last) {
           const started = performance.now();
           clear();
-          const drawn = draw(data, first);
+          const drawing = draw(data, first);
+          drawn = true;
+          last = null;
           document.body.dataset.renderMs = Math.round(performance.now() - started);
           if (first) {
             /* Painted: the frame after drawing has passed (Chart.js renders in it). Since the
@@ -649,8 +659,8 @@
             await nextFrame();
             if (!document.body.dataset.firstDrawMs) document.body.dataset.firstDrawMs = Math.round(performance.now());
           }
+          again = await drawing;
           last = text === null ? snapshot(data) : text;
-          again = await drawn;
           if (token !== page.token) return;
           document.body.dataset.ready = ready;
         }
@@ -660,8 +670,8 @@
         await documentReady;
         app = document.getElementById("app");
         if (token !== page.token) return;
-        if (err instanceof ConnectionLost && last !== null && !inlined) {
-          retrying(updatedAt, retryMs);
+        if (err instanceof TryAgain && drawn && !inlined) {
+          retrying(err.message, updatedAt, retryMs);
           page.timer = setTimeout(step, retryMs);
           retryMs = Math.min(2 * retryMs, RETRY_MOST_MS);
           return;
