@@ -599,10 +599,17 @@ static int parse_weights(const unsigned char *data, size_t n, const char *path, 
     return nas_errf(err, "%s: weights file version %u, this nas reads version 1", path, version);
   if (count != list->n)
     return nas_errf(err, "%s: %u tensors, the model has %zu", path, count, list->n);
-  for (size_t i = 0; i < list->n; i++)
-    if (ser_take_tensor(&r, path, list->names[i], list->items[i], err)) return NAS_ERR;
-  if (r.left != 0) return nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r.left);
-  return NAS_OK;
+  /* every record checked before any is written: a file that does not fit leaves m as it was */
+  const unsigned char **values = calloc(list->n ? list->n : 1, sizeof *values);
+  if (!values) return nas_errf(err, "%s: out of memory", path);
+  int rc = NAS_OK;
+  for (size_t i = 0; i < list->n && rc == NAS_OK; i++)
+    rc = ser_check_tensor(&r, path, list->names[i], list->items[i], &values[i], err);
+  if (rc == NAS_OK && r.left != 0)
+    rc = nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r.left);
+  for (size_t i = 0; i < list->n && rc == NAS_OK; i++) ser_fill_tensor(list->items[i], values[i]);
+  free(values);
+  return rc;
 }
 
 int tr_module_load(tr_module *m, const char *path, nas_err *err) {
