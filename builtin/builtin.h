@@ -192,7 +192,8 @@ char *tr_fit_state_path(const char *base, const char *unit, int index, int count
  * graph, batch examples at a time; leaves m in training mode. */
 int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
                 double *accuracy, nas_err *err);
-/* Index of the largest of n values (the first on ties). */
+/* Index of the largest of n values (the first on ties); -1 when one is NaN: an output
+ * that is not a number predicts no class (a diverged model scores no example). */
 int64_t tr_argmax(const float *values, int64_t n);
 
 /* ================================================================ sharded training */

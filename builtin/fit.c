@@ -25,8 +25,10 @@ enum { EVAL_BATCH = 500 };
 
 int64_t tr_argmax(const float *values, int64_t n) {
   int64_t best = 0;
-  for (int64_t i = 1; i < n; i++)
+  for (int64_t i = 0; i < n; i++) {
+    if (isnan(values[i])) return -1; /* compares false both ways: it would pick index 0 */
     if (values[i] > values[best]) best = i;
+  }
   return best;
 }
 

@@ -1,7 +1,8 @@
 /* FSDP on thread ranks (trainer.h's FSDP section): training under every sharding mode,
  * world size and option gives the parameters of single-rank training on the same global
- * batch; prefetch and checkpointing change no bit; each rank holds 1/N of the memory;
- * checkpointing lowers the peak; nonsense configurations and batches are refused.
+ * batch; prefetch and checkpointing change no bit (batch norm's running statistics
+ * included); each rank holds 1/N of the memory; checkpointing lowers the peak; nonsense
+ * configurations and batches are refused.
  *
  * Every rank builds its model from its own seed, so matching the reference also shows that
  * the start broadcasts rank 0's parameters. Each rank's dropout stream is seeded by its
@@ -30,6 +31,7 @@ typedef enum {
   MODEL_CNN,         /* conv, relu, pool, conv, relu, pool, flatten, linear on 1x8x8 */
   MODEL_DEEP,        /* 64 -> 8 blocks (Linear 128, LayerNorm, GELU) -> 10 */
   MODEL_WIDE,        /* 256-512-512-10: big enough that allocator rounding is noise */
+  MODEL_MLP_BN,      /* 20-32-5 with batch norm after the first layer */
 } model_kind;
 
 /* ---------------------------------------------------------------- models and data */
@@ -63,6 +65,15 @@ static tr_module *cnn_new(tr_ctx *ctx) {
   return m;
 }
 
+static tr_module *mlp_bn_new(tr_ctx *ctx) {
+  tr_module *m = tr_sequential_new(ctx);
+  add(ctx, m, tr_linear_new(ctx, 20, 32, true));
+  add(ctx, m, tr_batchnorm_new(ctx, 32));
+  add(ctx, m, tr_activation_new(ctx, TR_RELU));
+  add(ctx, m, tr_linear_new(ctx, 32, 5, true));
+  return m;
+}
+
 /* Each block a Sequential child of its own, so the per-child policy makes it one unit. */
 static tr_module *deep_new(tr_ctx *ctx) {
   tr_module *m = tr_sequential_new(ctx);
@@ -84,6 +95,7 @@ static tr_module *model_new(tr_ctx *ctx, model_kind kind) {
   case MODEL_CNN: return cnn_new(ctx);
   case MODEL_DEEP: return deep_new(ctx);
   case MODEL_WIDE: return mlp_new(ctx, (int64_t[]){256, 512, 512, 10}, 4, false);
+  case MODEL_MLP_BN: return mlp_bn_new(ctx);
   }
   return NULL;
 }
@@ -118,6 +130,9 @@ typedef struct {
   double clip; /* > 0: clip the global gradient norm to it every step */
   /* filled by the ranks */
   float *params[MAX_WORLD]; /* owned: the full parameters each rank sees at the end */
+  float *values0; /* owned: rank 0's parameters and buffers (each rank's batch norm has its own
+                     running statistics) */
+  int64_t n_values;
   int64_t n_params;
   double norms[MAX_WORLD][MAX_STEPS];
   tr_fsdp_memory memory[MAX_WORLD]; /* after the last step */
@@ -186,6 +201,7 @@ static int train_rank(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
     int64_t n;
     run->params[rank->rank] = module_values_copy(s.model, false, &n);
     if (rank->rank == 0) run->n_params = n; /* the same on every rank; one writer */
+    if (rank->rank == 0) run->values0 = module_values_copy(s.model, true, &run->n_values);
     rc = tr_fsdp_release_full(&s.ctx, s.f);
   }
   if (rc) nas_errf(err, "%s", s.ctx.err.msg);
@@ -206,6 +222,8 @@ static void run_world(run_spec *run, int world) {
 }
 
 static void run_free(run_spec *run) {
+  free(run->values0);
+  run->values0 = NULL;
   for (int r = 0; r < MAX_WORLD; r++) {
     free(run->params[r]);
     run->params[r] = NULL;
@@ -349,19 +367,34 @@ static void prefetch_changes_no_bit(void **state) {
   }
 }
 
+/* Rank 0's parameters and buffers after 3 steps on 2 ranks, with and without
+ * checkpointing, in every mode: the same bits. */
+static void assert_checkpointing_changes_no_bit(model_kind model) {
+  for (int mode = 0; mode < 3; mode++) {
+    run_spec plain = {.model = model, .fsdp = {.mode = (tr_shard_mode)mode},
+                      .optim = optimisers[1], .steps = 3, .batch = 16};
+    run_spec recompute = plain;
+    recompute.fsdp.checkpoint = true;
+    run_world(&plain, 2);
+    run_world(&recompute, 2);
+    assert_int_equal(plain.n_values, recompute.n_values);
+    assert_memory_equal(plain.values0, recompute.values0,
+                        (size_t)plain.n_values * sizeof *plain.values0);
+    run_free(&plain);
+    run_free(&recompute);
+  }
+}
+
 static void checkpointing_with_dropout_changes_no_bit(void **state) {
   (void)state;
-  for (int mode = 0; mode < 3; mode++) {
-    tr_fsdp_config plain = {.mode = (tr_shard_mode)mode};
-    tr_fsdp_config recompute = plain;
-    recompute.checkpoint = true;
-    int64_t n;
-    float *a = train_params(MODEL_MLP_DROPOUT, 2, plain, &n);
-    float *b = train_params(MODEL_MLP_DROPOUT, 2, recompute, &n);
-    assert_memory_equal(a, b, (size_t)n * sizeof *a);
-    free(a);
-    free(b);
-  }
+  assert_checkpointing_changes_no_bit(MODEL_MLP_DROPOUT);
+}
+
+/* The recomputed forward runs batch norm in training mode again: the running statistics
+ * must move once per step, as without checkpointing. */
+static void checkpointing_with_batch_norm_changes_no_bit(void **state) {
+  (void)state;
+  assert_checkpointing_changes_no_bit(MODEL_MLP_BN);
 }
 
 /* ---------------------------------------------------------------- clipping */
@@ -1089,6 +1122,7 @@ int main(void) {
       cmocka_unit_test(units_grouped_by_a_threshold_train_like_single_rank),
       cmocka_unit_test(prefetch_changes_no_bit),
       cmocka_unit_test(checkpointing_with_dropout_changes_no_bit),
+      cmocka_unit_test(checkpointing_with_batch_norm_changes_no_bit),
       cmocka_unit_test(clipping_uses_the_global_norm_over_all_ranks),
       cmocka_unit_test(full_shard_keeps_a_world_th_of_params_grads_and_state_per_rank),
       cmocka_unit_test(grad_op_keeps_a_world_th_of_grads_and_state_per_rank),

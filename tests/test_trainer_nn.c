@@ -103,15 +103,18 @@ static void clip_grad_norm_scales_all_grads_jointly(void **state) {
 
 /* ---------------------------------------------------------------- modules */
 
-static tr_module *mlp(tr_ctx *ctx) {
+/* 4 features in, `outputs` out. */
+static tr_module *mlp_to(tr_ctx *ctx, int64_t outputs) {
   tr_module *m = tr_sequential_new(ctx);
   assert_int_equal(tr_sequential_add(ctx, m, tr_linear_new(ctx, 4, 8, true)), NAS_OK);
   assert_int_equal(tr_sequential_add(ctx, m, tr_batchnorm_new(ctx, 8)), NAS_OK);
   assert_int_equal(tr_sequential_add(ctx, m, tr_activation_new(ctx, TR_RELU)), NAS_OK);
   assert_int_equal(tr_sequential_add(ctx, m, tr_dropout_new(ctx, 0.2)), NAS_OK);
-  assert_int_equal(tr_sequential_add(ctx, m, tr_linear_new(ctx, 8, 3, true)), NAS_OK);
+  assert_int_equal(tr_sequential_add(ctx, m, tr_linear_new(ctx, 8, outputs, true)), NAS_OK);
   return m;
 }
+
+static tr_module *mlp(tr_ctx *ctx) { return mlp_to(ctx, 3); }
 
 static void sequential_names_parameters_like_torch(void **state) {
   (void)state;
@@ -254,6 +257,34 @@ static void corrupt_truncated_or_mismatched_weights_are_rejected(void **state) {
   free(data);
   tr_module_free(wider);
   tr_module_free(a);
+  test_rmtree(dir);
+  free(path);
+  free(dir);
+}
+
+/* A file whose last tensor does not fit the model is refused before anything is written:
+ * the model keeps every weight it had (the first records used to be loaded already). */
+static void weights_that_do_not_fit_leave_the_model_as_it_was(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 8);
+  char *dir = test_tmpdir();
+  char *path = nas_asprintf("%s/w.nasw", dir);
+  tr_module *a = mlp(&ctx), *b = mlp_to(&ctx, 5); /* names alike, the last layer wider */
+  nas_err err = {{0}};
+  assert_int_equal(tr_module_save(a, path, &err), NAS_OK);
+  tr_param_list before = {0};
+  assert_int_equal(tr_module_parameters(b, true, &before, &err), NAS_OK);
+  float kept[4 * 8];
+  memcpy(kept, tr_f32(before.items[0]), sizeof kept);
+  uint64_t version = before.items[0]->storage->version;
+  assert_int_equal(tr_module_load(b, path, &err), NAS_ERR);
+  assert_non_null(strstr(err.msg, "4.weight"));
+  assert_memory_equal(tr_f32(before.items[0]), kept, sizeof kept);
+  assert_int_equal(before.items[0]->storage->version, version);
+  tr_param_list_free(&before);
+  tr_module_free(a);
+  tr_module_free(b);
   test_rmtree(dir);
   free(path);
   free(dir);
@@ -469,6 +500,7 @@ int main(void) {
       cmocka_unit_test(batchnorm_moves_running_statistics_only_in_training),
       cmocka_unit_test(save_then_load_restores_weights_and_running_statistics),
       cmocka_unit_test(corrupt_truncated_or_mismatched_weights_are_rejected),
+      cmocka_unit_test(weights_that_do_not_fit_leave_the_model_as_it_was),
       cmocka_unit_test(weights_file_ending_inside_its_head_is_called_truncated),
       cmocka_unit_test(skip_pop_adds_or_concatenates_what_its_stash_kept),
       cmocka_unit_test(flattened_parameters_live_in_one_buffer_and_still_train),

@@ -41,9 +41,9 @@ typedef struct {
   /* Children of the model per stage, summing to the model's children; all zero: as even
    * a split by count as there is (tr_pipe_balance_* compute better ones). */
   int balance[TR_PIPE_MAX_STAGES];
-  /* Batch norm children of a stage update their running statistics once per mini-batch,
-   * from the statistics of the whole mini-batch (torchgpipe's DeferredBatchNorm), instead
-   * of once per micro-batch. */
+  /* The batch norms of a stage (inside its children too) update their running statistics
+   * once per mini-batch, from the statistics of the whole mini-batch (torchgpipe's
+   * DeferredBatchNorm), instead of once per micro-batch. */
   bool deferred_batch_norm;
 } tr_pipe_config;
 

@@ -364,7 +364,8 @@ int tr_module_flatten(tr_ctx *ctx, tr_module *m, tr_tensor **params, tr_tensor *
 
 /* Weights file (docs/engine.md): "NASW", version, then per tensor its name, dtype, shape and
  * little-endian data, then a CRC-32 of everything before. Load checks the checksum and that
- * names and shapes match m's parameters and buffers. */
+ * names and shapes match m's parameters and buffers, and changes m only when all of them
+ * do. */
 int tr_module_save(tr_module *m, const char *path, nas_err *err);
 int tr_module_load(tr_module *m, const char *path, nas_err *err);
 

@@ -106,8 +106,9 @@ void tn_storage_release(tr_storage *s);
 
 /* ---------------------------------------------------------------- modules */
 
-/* The children of a Sequential (borrowed; *n of them), in order; *n is 0 for other kinds.
- * FSDP (fsdp.c) cuts a model into units along them. */
+/* The children of m (borrowed; *n of them), in order: a Sequential's, a block's branches
+ * (residual: body, shortcut; squeeze-and-excitation: gate); *n is 0 for other kinds. FSDP
+ * (fsdp.c) cuts a model into units along a Sequential's. */
 tr_module *const *tn_module_children(const tr_module *m, size_t *n);
 /* Whether m is an end of a skip connection (tr_skip_new): then the slot both ends share
  * (borrowed; it holds the owned tensor the stash kept, or NULL) and *stashes (may be NULL)
@@ -118,6 +119,14 @@ tr_tensor **tn_module_skip(const tr_module *m, bool *stashes);
  * it is in training mode. The pipeline's deferred batch norm (dist/pipeline_bn.c) uses it. */
 bool tn_module_batch_norm(const tr_module *m, tr_tensor **running_mean, tr_tensor **running_var,
                           double *momentum, bool *training);
+/* A batch norm module with a hook runs hook(ctx, arg, m, x) in place of its forward, which
+ * the hook runs itself with tn_batchnorm_forward: the pipeline's deferred batch norm sees
+ * the input of every batch norm of its stage that way, nested ones included. NULL removes
+ * the hook. */
+typedef tr_tensor *(*tn_bn_hook)(tr_ctx *ctx, void *arg, tr_module *m, tr_tensor *x);
+void tn_module_set_bn_hook(tr_module *m, tn_bn_hook hook, void *arg);
+/* A batch norm module's own forward, whatever its hook. */
+tr_tensor *tn_batchnorm_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x);
 
 /* ---------------------------------------------------------------- tensor helpers */
 

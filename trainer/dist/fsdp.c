@@ -28,7 +28,8 @@
  *   and AdamW and adds nothing to norms.
  * - Checkpointing saves the ctx generator before a unit's forward and replays it for the
  *   recompute, then puts back the current state: the masks match and the stream after the
- *   step is the one without checkpointing.
+ *   step is the one without checkpointing. The recompute puts batch norm's running
+ *   statistics back as the forward left them, so they move once per step, as without.
  * - Every buffer is on the model's device (fsdp_device.c): full's data comes from and goes
  *   back to its storage's allocator, which for a device model is the engine's device
  *   allocator; the collectives there are NCCL's, which wait for the device first. */
@@ -38,6 +39,7 @@
 #include <string.h>
 
 #include "trainer/dist/fsdp_internal.h"
+#include "trainer/dist/pipeline_internal.h"
 
 /* ---------------------------------------------------------------- full buffers */
 
@@ -202,8 +204,17 @@ static tr_tensor *unit_run(tr_ctx *ctx, const fsdp_unit *u, tr_tensor *x) {
   return cur;
 }
 
+/* The parameters and buffers of the unit's children (owned list). */
+static int unit_state(tr_ctx *ctx, const fsdp_unit *u, tr_param_list *state) {
+  for (size_t i = 0; i < u->n_children; i++)
+    if (tr_module_parameters(u->children[i], true, state, &ctx->err) != NAS_OK) return NAS_ERR;
+  return NAS_OK;
+}
+
 /* Checkpointing: the unit's forward again, with grad and the generator it had then; the
- * inner graph's output (owned). */
+ * inner graph's output (owned). Batch norm in training mode moves its running statistics
+ * in every forward; the forward already moved them, so the recompute puts them back (the
+ * pipeline's recompute does the same with the same helpers). */
 static tr_tensor *unit_recompute(tr_ctx *ctx, const unit_node *rec) {
   const tr_tensor *in = rec->input;
   if (in->storage->version != rec->input_version)
@@ -212,13 +223,29 @@ static tr_tensor *unit_recompute(tr_ctx *ctx, const unit_node *rec) {
                    "operation after the forward (version %llu now, %llu then)",
                    rec->unit->index, (unsigned long long)in->storage->version,
                    (unsigned long long)rec->input_version);
+  tr_param_list state = {0};
+  if (unit_state(ctx, rec->unit, &state) != NAS_OK) {
+    tr_param_list_free(&state);
+    return NULL;
+  }
+  tr_tensor **saved = calloc(state.n ? state.n : 1, sizeof *saved);
   uint64_t now[4];
   memcpy(now, ctx->rng, sizeof now);
   memcpy(ctx->rng, rec->rng, sizeof now);
   bool prev = tr_set_grad_enabled(ctx, true);
-  tr_tensor *y = unit_run(ctx, rec->unit, rec->input);
+  tr_tensor *y = NULL;
+  if (!saved)
+    tr_fail(ctx, "FsdpUnitBackward: out of memory");
+  else if (pipe_buffers_save(ctx, &state, saved) == NAS_OK)
+    y = unit_run(ctx, rec->unit, rec->input);
   tr_set_grad_enabled(ctx, prev);
   memcpy(ctx->rng, now, sizeof now);
+  if (saved && pipe_buffers_restore(ctx, &state, saved) != NAS_OK) {
+    tr_release(y);
+    y = NULL;
+  }
+  free(saved);
+  tr_param_list_free(&state);
   return y;
 }
 

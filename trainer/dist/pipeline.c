@@ -266,13 +266,13 @@ static bool is_checkpointed(const tr_pipe *p, int i) {
  * tracking (forwards do, recomputations not). */
 static tr_tensor *stage_run(tr_ctx *ctx, tr_pipe *p, tr_tensor *x, bool tracking) {
   tr_tensor *cur = tr_retain(x);
+  if (p->bn) pipe_bn_track(p->bn, tracking);
   for (int k = 0; k < p->count && cur; k++) {
-    bool deferred = tracking && p->bn && pipe_bn_tracks(p->bn, k);
-    tr_tensor *next = deferred ? pipe_bn_forward(ctx, p->bn, k, cur)
-                               : tr_module_forward(ctx, p->children[p->first + k], cur);
+    tr_tensor *next = tr_module_forward(ctx, p->children[p->first + k], cur);
     tr_release(cur);
     cur = next;
   }
+  if (p->bn) pipe_bn_track(p->bn, false);
   return cur;
 }
 

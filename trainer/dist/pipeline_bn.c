@@ -7,16 +7,19 @@
  * Invariants: between begin and end, every tracked forward leaves the running statistics
  * as they were at begin (the module's own update is undone), while per-channel sums of x
  * and x², in double, and the count of values per channel grow; end applies the momentum
- * once. Only batch norm children of the stage itself are tracked (the model's top-level
- * children, as the built-in families make them), and only in training mode. On a CUDA
- * stage the sums are taken from a host copy of each micro-batch's input and the new
- * statistics are computed on the host and copied to the device. */
+ * once. Every batch norm of the stage is tracked, those inside its children (a residual
+ * block's, as built-in ResNets and MobileNets have them) too: each gets a hook
+ * (tn_module_set_bn_hook) through which its forward passes, and which adds up its input
+ * while the stage runs a forward (not a recomputation) in training mode. On a CUDA stage
+ * the sums are taken from a host copy of each micro-batch's input and the new statistics
+ * are computed on the host and copied to the device. */
 #include <stdlib.h>
 #include <string.h>
 
 #include "trainer/dist/pipeline_internal.h"
 
 typedef struct {
+  pipe_bn *owner;         /* borrowed: the stage's state, which says when to track */
   tr_module *module;      /* borrowed */
   tr_tensor *mean, *var;  /* borrowed: its running statistics */
   double momentum;
@@ -26,8 +29,9 @@ typedef struct {
 } bn_track;
 
 struct pipe_bn {
-  int n_children;
-  bn_track *tracks; /* owned, one per child; module NULL where the child is no batch norm */
+  int n_tracks;
+  bn_track *tracks; /* owned, one per batch norm of the stage (nested ones included) */
+  bool tracking;    /* the stage runs a forward whose statistics count */
 };
 
 static void track_clear(bn_track *t) {
@@ -38,7 +42,8 @@ static void track_clear(bn_track *t) {
 
 void pipe_bn_free(pipe_bn *bn) {
   if (!bn) return;
-  for (int k = 0; k < bn->n_children; k++) {
+  for (int k = 0; k < bn->n_tracks; k++) {
+    tn_module_set_bn_hook(bn->tracks[k].module, NULL, NULL);
     track_clear(&bn->tracks[k]);
     free(bn->tracks[k].sums);
   }
@@ -46,45 +51,60 @@ void pipe_bn_free(pipe_bn *bn) {
   free(bn);
 }
 
+static tr_tensor *tracked_forward(tr_ctx *ctx, void *arg, tr_module *m, tr_tensor *x);
+
+/* Calls add(bn, m) for every batch norm of m and below, in module order; counts them. */
+static int each_batch_norm(tr_module *m, pipe_bn *bn, int (*add)(pipe_bn *, tr_module *)) {
+  tr_tensor *mean, *var;
+  double momentum;
+  bool training;
+  if (tn_module_batch_norm(m, &mean, &var, &momentum, &training)) return add ? add(bn, m) : 1;
+  size_t n = 0;
+  tr_module *const *children = tn_module_children(m, &n);
+  int found = 0;
+  for (size_t i = 0; i < n; i++) {
+    int got = each_batch_norm(children[i], bn, add);
+    if (got < 0) return got;
+    found += got;
+  }
+  return found;
+}
+
+/* m as the next track, hooked: 1, or -1 when out of memory. */
+static int hook_batch_norm(pipe_bn *bn, tr_module *m) {
+  bn_track *t = &bn->tracks[bn->n_tracks];
+  bool training;
+  tn_module_batch_norm(m, &t->mean, &t->var, &t->momentum, &training);
+  t->channels = t->mean->numel;
+  t->sums = calloc((size_t)(2 * t->channels), sizeof *t->sums);
+  if (!t->sums) return -1;
+  t->owner = bn;
+  t->module = m;
+  bn->n_tracks++;
+  tn_module_set_bn_hook(m, tracked_forward, t);
+  return 1;
+}
+
 pipe_bn *pipe_bn_new(tr_ctx *ctx, tr_module *const *children, int n) {
+  int found = 0;
+  for (int k = 0; k < n; k++) found += each_batch_norm(children[k], NULL, NULL);
   pipe_bn *bn = calloc(1, sizeof *bn);
-  if (bn) bn->tracks = calloc((size_t)n, sizeof *bn->tracks);
-  if (!bn || !bn->tracks) {
-    free(bn);
+  if (bn) bn->tracks = calloc((size_t)(found ? found : 1), sizeof *bn->tracks);
+  bool ok = bn && bn->tracks;
+  for (int k = 0; ok && k < n; k++) ok = each_batch_norm(children[k], bn, hook_batch_norm) >= 0;
+  if (!ok) {
+    pipe_bn_free(bn);
     tr_fail(ctx, "pipeline: out of memory");
     return NULL;
-  }
-  bn->n_children = n;
-  for (int k = 0; k < n; k++) {
-    bn_track *t = &bn->tracks[k];
-    bool training;
-    if (!tn_module_batch_norm(children[k], &t->mean, &t->var, &t->momentum, &training))
-      continue;
-    t->module = children[k];
-    t->channels = t->mean->numel;
-    t->sums = calloc((size_t)(2 * t->channels), sizeof *t->sums);
-    if (!t->sums) {
-      pipe_bn_free(bn);
-      tr_fail(ctx, "pipeline: out of memory");
-      return NULL;
-    }
   }
   return bn;
 }
 
-bool pipe_bn_tracks(const pipe_bn *bn, int k) {
-  const bn_track *t = &bn->tracks[k];
-  tr_tensor *mean, *var;
-  double momentum;
-  bool training = false;
-  return t->module && tn_module_batch_norm(t->module, &mean, &var, &momentum, &training) &&
-         training;
-}
+void pipe_bn_track(pipe_bn *bn, bool on) { bn->tracking = on; }
 
 int pipe_bn_begin(tr_ctx *ctx, pipe_bn *bn) {
-  for (int k = 0; k < bn->n_children; k++) {
+  for (int k = 0; k < bn->n_tracks; k++) {
     bn_track *t = &bn->tracks[k];
-    if (!t->module) continue;
     track_clear(t);
     t->start_mean = tn_clone(ctx, t->mean);
     t->start_var = tn_clone(ctx, t->var);
@@ -123,15 +143,24 @@ static tr_tensor *host_values(tr_ctx *ctx, tr_tensor *x) {
   return host;
 }
 
-tr_tensor *pipe_bn_forward(tr_ctx *ctx, pipe_bn *bn, int k, tr_tensor *x) {
-  bn_track *t = &bn->tracks[k];
-  if (x->ndim < 2 || x->shape[1] != t->channels)
-    return tr_module_forward(ctx, t->module, x); /* the module says what is wrong */
+/* The hook of a tracked batch norm: while its stage runs a forward in training mode, adds
+ * x (one micro-batch) to the sums, runs the module, and puts the running statistics back
+ * as they were at begin; else the module's plain forward. */
+static tr_tensor *tracked_forward(tr_ctx *ctx, void *arg, tr_module *m, tr_tensor *x) {
+  bn_track *t = arg;
+  tr_tensor *mean, *var;
+  double momentum;
+  bool training;
+  tn_module_batch_norm(m, &mean, &var, &momentum, &training);
+  /* a wrong shape: the module says what is wrong */
+  if (!t->owner->tracking || !training || !t->start_mean || x->ndim < 2 ||
+      x->shape[1] != t->channels)
+    return tn_batchnorm_forward(ctx, m, x);
   tr_tensor *xc = host_values(ctx, x);
   if (!xc) return NULL;
   track_add(t, xc);
   tr_release(xc);
-  tr_tensor *out = tr_module_forward(ctx, t->module, x);
+  tr_tensor *out = tn_batchnorm_forward(ctx, m, x);
   if (out && (pipe_copy_values(ctx, t->mean, t->start_mean) != NAS_OK ||
               pipe_copy_values(ctx, t->var, t->start_var) != NAS_OK)) {
     tr_release(out);
@@ -161,9 +190,9 @@ static int blend(tr_ctx *ctx, tr_tensor *stat, tr_tensor *start, const double *b
 
 int pipe_bn_end(tr_ctx *ctx, pipe_bn *bn) {
   int rc = NAS_OK;
-  for (int k = 0; k < bn->n_children && rc == NAS_OK; k++) {
+  for (int k = 0; k < bn->n_tracks && rc == NAS_OK; k++) {
     bn_track *t = &bn->tracks[k];
-    if (!t->module || t->count < 2) continue;
+    if (t->count < 2) continue;
     double n = (double)t->count;
     /* the sums are spent: they become the mini-batch's mean and unbiased variance */
     for (int64_t ch = 0; ch < t->channels; ch++) {

@@ -109,16 +109,17 @@ tr_tensor *pipe_zeros_like(tr_ctx *ctx, const tr_tensor *t);
 
 typedef struct pipe_bn pipe_bn; /* the deferred statistics of one stage */
 
-/* The state for the batch norm children of children (n); NULL with ctx->err set. */
+/* The state for every batch norm of children (n) and of their children, each hooked
+ * (tn_module_set_bn_hook) until pipe_bn_free, which must come before the model's free;
+ * NULL with ctx->err set. */
 pipe_bn *pipe_bn_new(tr_ctx *ctx, tr_module *const *children, int n);
 void pipe_bn_free(pipe_bn *bn);
 /* Starts a mini-batch: remembers the running statistics, clears the sums. */
 int pipe_bn_begin(tr_ctx *ctx, pipe_bn *bn);
-/* Whether child k is a batch norm the state tracks (in training mode). */
-bool pipe_bn_tracks(const pipe_bn *bn, int k);
-/* Adds x (the input of child k, one micro-batch) to its sums, runs the child, and puts the
- * running statistics back as they were at begin; the child's output (owned) or NULL. */
-tr_tensor *pipe_bn_forward(tr_ctx *ctx, pipe_bn *bn, int k, tr_tensor *x);
+/* Whether the forwards that follow count (a micro-batch's forward) or not (its
+ * recomputation, anything else): while on, a tracked batch norm in training mode adds its
+ * input to its sums, runs, and puts the running statistics back as they were at begin. */
+void pipe_bn_track(pipe_bn *bn, bool on);
 /* Ends the mini-batch: running = (1 - momentum) * running + momentum * statistics of all
  * the micro-batches together (unbiased variance, as torch). */
 int pipe_bn_end(tr_ctx *ctx, pipe_bn *bn);

@@ -38,6 +38,8 @@ struct tr_module {
   size_t n_children, cap_children;
   nn_skip *skip;                         /* stash and pop: shared with the other end */
   tr_skip_merge merge;                   /* pop */
+  tn_bn_hook bn_hook;                    /* batch norm: runs the forward when set */
+  void *bn_hook_arg;                     /* borrowed: the hook's */
 };
 
 /* ---------------------------------------------------------------- construction */
@@ -364,14 +366,18 @@ static tr_tensor *pop_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   return out;
 }
 
+tr_tensor *tn_batchnorm_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
+  return tr_batch_norm(ctx, x, m->weight, m->bias, m->running_mean, m->running_var, m->training,
+                       m->momentum, m->eps);
+}
+
 tr_tensor *tr_module_forward(tr_ctx *ctx, tr_module *m, tr_tensor *x) {
   switch (m->kind) {
   case TR_LINEAR: return tr_linear(ctx, x, m->weight, m->bias);
   case TR_CONV2D:
     return tr_conv2d_grouped(ctx, x, m->weight, m->bias, m->stride, m->padding, m->groups);
   case TR_BATCHNORM:
-    return tr_batch_norm(ctx, x, m->weight, m->bias, m->running_mean, m->running_var, m->training,
-                         m->momentum, m->eps);
+    return m->bn_hook ? m->bn_hook(ctx, m->bn_hook_arg, m, x) : tn_batchnorm_forward(ctx, m, x);
   case TR_LAYERNORM: return tr_layer_norm(ctx, x, m->weight, m->bias, m->eps);
   case TR_RELU: return tr_relu(ctx, x);
   case TR_GELU: return tr_gelu(ctx, x);
@@ -473,6 +479,11 @@ bool tn_module_batch_norm(const tr_module *m, tr_tensor **running_mean, tr_tenso
   *momentum = m->momentum;
   *training = m->training;
   return true;
+}
+
+void tn_module_set_bn_hook(tr_module *m, tn_bn_hook hook, void *arg) {
+  m->bn_hook = hook;
+  m->bn_hook_arg = arg;
 }
 
 /* ---------------------------------------------------------------- init */
@@ -588,10 +599,17 @@ static int parse_weights(const unsigned char *data, size_t n, const char *path, 
     return nas_errf(err, "%s: weights file version %u, this nas reads version 1", path, version);
   if (count != list->n)
     return nas_errf(err, "%s: %u tensors, the model has %zu", path, count, list->n);
-  for (size_t i = 0; i < list->n; i++)
-    if (ser_take_tensor(&r, path, list->names[i], list->items[i], err)) return NAS_ERR;
-  if (r.left != 0) return nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r.left);
-  return NAS_OK;
+  /* every record checked before any is written: a file that does not fit leaves m as it was */
+  const unsigned char **values = calloc(list->n ? list->n : 1, sizeof *values);
+  if (!values) return nas_errf(err, "%s: out of memory", path);
+  int rc = NAS_OK;
+  for (size_t i = 0; i < list->n && rc == NAS_OK; i++)
+    rc = ser_check_tensor(&r, path, list->names[i], list->items[i], &values[i], err);
+  if (rc == NAS_OK && r.left != 0)
+    rc = nas_errf(err, "%s: %zu stray bytes after the last tensor", path, r.left);
+  for (size_t i = 0; i < list->n && rc == NAS_OK; i++) ser_fill_tensor(list->items[i], values[i]);
+  free(values);
+  return rc;
 }
 
 int tr_module_load(tr_module *m, const char *path, nas_err *err) {

@@ -77,7 +77,8 @@ bool ser_take_i64(ser_reader *r, int64_t *v) {
   return true;
 }
 
-int ser_take_tensor(ser_reader *r, const char *path, const char *name, tr_tensor *t, nas_err *err) {
+int ser_check_tensor(ser_reader *r, const char *path, const char *name, const tr_tensor *t,
+                     const unsigned char **data, nas_err *err) {
   uint32_t len;
   unsigned char head[2];
   char got[256];
@@ -100,9 +101,21 @@ int ser_take_tensor(ser_reader *r, const char *path, const char *name, tr_tensor
   if (r->left < nbytes) return nas_errf(err, "%s: truncated data of %s", path, name);
   if (!tr_is_contiguous(t))
     return nas_errf(err, "%s: %s is not contiguous in the model", path, name);
-  memcpy(tr_data(t), r->p, nbytes); /* loading writes leaves on purpose: no grad-mode check */
-  t->storage->version++;
+  *data = r->p;
   ser_take(r, NULL, nbytes);
+  return NAS_OK;
+}
+
+void ser_fill_tensor(tr_tensor *t, const unsigned char *data) {
+  /* loading writes leaves on purpose: no grad-mode check */
+  memcpy(tr_data(t), data, (size_t)t->numel * tr_dtype_size(t->dtype));
+  t->storage->version++;
+}
+
+int ser_take_tensor(ser_reader *r, const char *path, const char *name, tr_tensor *t, nas_err *err) {
+  const unsigned char *data;
+  if (ser_check_tensor(r, path, name, t, &data, err) != NAS_OK) return NAS_ERR;
+  ser_fill_tensor(t, data);
   return NAS_OK;
 }
 

@@ -32,8 +32,14 @@ typedef struct {
 bool ser_take(ser_reader *r, void *dst, size_t n);
 bool ser_take_u32(ser_reader *r, uint32_t *v);
 bool ser_take_i64(ser_reader *r, int64_t *v);
-/* The record of tensor `name` into t (contiguous, on the CPU): the name, dtype and shape
- * must be t's; the first mismatch or a truncation is reported with path and name. */
+/* The record of tensor `name` for t (contiguous, on the CPU): the name, dtype and shape
+ * must be t's; the first mismatch or a truncation is reported with path and name. *data
+ * gets where its values are in r's bytes; t is not written. */
+int ser_check_tensor(ser_reader *r, const char *path, const char *name, const tr_tensor *t,
+                     const unsigned char **data, nas_err *err);
+/* t's values from data (what ser_check_tensor found for t); bumps t's version. */
+void ser_fill_tensor(tr_tensor *t, const unsigned char *data);
+/* ser_check_tensor, then ser_fill_tensor. */
 int ser_take_tensor(ser_reader *r, const char *path, const char *name, tr_tensor *t, nas_err *err);
 /* The n bytes of a file at path that must start with the 4-byte magic and end with the
  * CRC-32 of the rest; *r gets the bytes between the two. `what` names the kind of file in
