@@ -123,4 +123,21 @@ static inline pid_t start_nas_run(fixture *f, const char *spec) {
   return pid;
 }
 
+/* Waits (up to 10 s) until experiment name has n trials running at once: its scheduler has
+ * stored them and is well under way, whatever the machine's load. */
+static inline void wait_until_n_running(fixture *f, const char *name, size_t n) {
+  for (int i = 0; i < 200; i++) {
+    char *out = NULL;
+    json_t *rows = nas(f, &out, "trials", name, "--format=json") == 0 ? json_loads(out, 0, NULL) : NULL;
+    bool running = rows && count_status(rows, "running") >= n;
+    json_decref(rows);
+    free(out);
+    if (running) return;
+    nas_sleep(0.05);
+  }
+  fail_msg("experiment %s never had %zu trials running", name, n);
+}
+
+static inline void wait_until_running(fixture *f, const char *name) { wait_until_n_running(f, name, 1); }
+
 #endif

@@ -276,7 +276,7 @@ static void interrupt_lets_running_trials_finish_and_resume_completes(void **sta
   fixture *f = *state;
   char *spec = timing_spec(f, 6, 2, "0.8"), *out;
   pid_t pid = start_nas_run(f, spec);
-  nas_sleep_ms(400);
+  wait_until_n_running(f, "timing", 2); /* a fixed 0.4 s could pass before any launch under load */
   kill(pid, SIGINT);
   int status;
   waitpid(pid, &status, 0);

@@ -92,23 +92,6 @@ static void trial_shows_everything_about_one_trial(void **state) {
   free(spec);
 }
 
-/* Waits until experiment name has trial 0 running. */
-static void wait_until_running(fixture *f, const char *name) {
-  for (int i = 0; i < 200; i++) {
-    char *out;
-    char *argv[] = {(char *)test_nas_bin(), "trials", (char *)name, "--storage", f->db,
-                    "--format", "json", NULL};
-    int rc = test_run(f->dir, argv, &out);
-    json_t *rows = rc == 0 ? json_loads(out, 0, NULL) : NULL;
-    free(out);
-    bool running = rows && json_array_size(rows) > 0 && count_status(rows, "running") > 0;
-    json_decref(rows);
-    if (running) return;
-    nas_sleep_ms(50);
-  }
-  fail_msg("trial 0 of %s never ran", name);
-}
-
 /* A training log of 2 GiB (sparse: no disk) ending in text, shown by `nas trial` limited to
  * 1 GiB of address space (where it can start so): the view shows the log's last 4 KiB, read alone (reading the
  * whole log first would fail, and the server answers this view for any reader). */

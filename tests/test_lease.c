@@ -46,20 +46,6 @@ static int exit_status(pid_t pid) {
   return WEXITSTATUS(status);
 }
 
-/* Waits until the experiment has a running trial (its scheduler is well under way). */
-static void wait_for_running_trial(fixture *f, const char *name) {
-  for (int i = 0; i < 100; i++) {
-    char *out = NULL;
-    if (nas(f, &out, "trials", name, "--format=json") == 0 && strstr(out, "\"running\"")) {
-      free(out);
-      return;
-    }
-    free(out);
-    nas_sleep(0.05);
-  }
-  fail_msg("experiment %s never had a running trial", name);
-}
-
 /* `nas status NAME --format json`: the experiment's scheduler column. Owned. */
 static char *scheduler_column(fixture *f, const char *name) {
   char *out;
@@ -76,7 +62,7 @@ static char *scheduler_column(fixture *f, const char *name) {
 static void rival_schedulers_never_double_the_budget(fixture *f) {
   char *spec = test_write(f->dir, "slow.yaml", slow_spec);
   pid_t first = start_logged(f, spec, "first.log");
-  wait_for_running_trial(f, "slow");
+  wait_until_running(f, "slow");
   char *state = scheduler_column(f, "slow");
   assert_string_equal(state, "alive");
   free(state);
@@ -123,7 +109,7 @@ static void scheduler_killed_with_9_is_taken_over_at_once(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "slow.yaml", slow_spec);
   pid_t first = start_logged(f, spec, "first.log");
-  wait_for_running_trial(f, "slow");
+  wait_until_running(f, "slow");
   kill(first, SIGKILL);
   waitpid(first, NULL, 0);
   char *state_now = scheduler_column(f, "slow");
@@ -196,7 +182,7 @@ static void deleting_the_database_mid_run_stops_with_an_error(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "slow.yaml", slow_spec);
   pid_t run = start_logged(f, spec, "run.log");
-  wait_for_running_trial(f, "slow");
+  wait_until_running(f, "slow");
   const char *suffixes[] = {"", "-wal", "-shm"};
   for (int i = 0; i < 3; i++) {
     char *path = nas_asprintf("%s/nas.db%s", f->dir, suffixes[i]);

@@ -59,7 +59,7 @@ static void hints_carry_the_storage_they_need(void **state) {
   assert_int_equal(nas(f, &out, "stop", "sleepy", NULL), 1); /* no database yet */
   free(out);
   pid_t pid = start_nas_run(f, spec);
-  nas_sleep(0.4);
+  wait_until_running(f, "sleepy"); /* a fixed 0.4 s was too short under load: nothing stored */
   kill(pid, SIGINT);
   waitpid(pid, NULL, 0);
   /* `nas stop` prints the same hint as an interrupted run; f->db is not the default. */
