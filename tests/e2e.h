@@ -6,6 +6,7 @@
 #include <jansson.h>
 #include <signal.h>
 
+#include "common/common.h"
 #include "tests/testutil.h"
 
 typedef struct {
