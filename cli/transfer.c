@@ -409,11 +409,11 @@ static int store_import(storage *st, const import_file *f, const char *url, nas_
     free(shown);
   }
   if (rc != NAS_OK) return NAS_ERR;
-  rc = storage_experiment_set_status(st, id, "stopped", err);
+  rc = storage_experiment_set_status(st, id, "stopped", NULL, err);
   size_t n = json_array_size(f->trials), i = 0;
   while (rc == NAS_OK && i < n)
     if ((rc = store_trial(st, id, json_array_get(f->trials, i), err)) == NAS_OK) i++;
-  if (rc == NAS_OK) rc = storage_experiment_set_status(st, id, f->status, err);
+  if (rc == NAS_OK) rc = storage_experiment_set_status(st, id, f->status, NULL, err);
   if (rc != NAS_OK)
     return nas_err_prefix(err, "import of %s stopped at trial %zu of %zu, leaving experiment '%s' "
                           "incomplete (status stopped, %zu trials): delete it with 'nas "
