@@ -304,7 +304,9 @@ static int read_import_file(const char *path, const char *new_name, import_file 
   json_error_t jerr;
   if (!(f->doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr))) {
     if (access(path, R_OK) != 0) return nas_errf(err, "%s: %s", path, strerror(errno));
-    return nas_errf(err, "%s:%d:%d: not JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    int line, column;
+    nas_json_error_where(&jerr, &line, &column);
+    return nas_errf(err, "%s:%d:%d: not JSON: %s", path, line, column, jerr.text);
   }
   const char *format = json_string_value(json_object_get(f->doc, "format"));
   const json_t *version = json_object_get(f->doc, "version");
