@@ -73,7 +73,7 @@ static int parse_export_args(int argc, char **argv, export_args *a) {
                                           {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
   a->format = FORMAT_JSON;
-  const cli_command cmd = {"export", export_help, options, "f:", take_export_option, a};
+  const cli_command cmd = {"export", export_help, options, NULL, take_export_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (argc - optind != 1) return cli_usage_error("export", "expected one EXPERIMENT");
@@ -434,7 +434,7 @@ static int take_import_option(const char *cmd, int c, char *arg, void *ctx) {
 int cmd_import(int argc, char **argv) {
   static const struct option options[] = {{"name", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
   const char *new_name = NULL;
-  const cli_command cmd = {"import", import_help, options, "n:", take_import_option, &new_name};
+  const cli_command cmd = {"import", import_help, options, NULL, take_import_option, &new_name};
   char *url; /* owned (cli_storage_flag) */
   int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && argc - optind != 1) status = cli_usage_error("import", "expected one FILE");
