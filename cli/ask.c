@@ -163,7 +163,7 @@ int cmd_ask(int argc, char **argv) {
                                           {"format", required_argument, NULL, 'f'},
                                           {NULL, 0, NULL, 0}};
   ask_args a = {.n = 1, .format = FORMAT_TABLE};
-  const cli_command cmd = {"ask", ask_help, options, "w:f:n:", take_ask_option, &a};
+  const cli_command cmd = {"ask", ask_help, options, "n:", take_ask_option, &a};
   char *url; /* owned (cli_storage_flag) */
   int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && optind != argc - 1) status = cli_usage_error("ask", "expected exactly one EXPERIMENT");
@@ -199,7 +199,7 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
                                           {"fail", required_argument, NULL, 'x'},
                                           {NULL, 0, NULL, 0}};
   *a = (tell_args){.step = METRIC_FINAL};
-  const cli_command cmd = {"tell", tell_help, options, "n:cx:", take_tell_option, a};
+  const cli_command cmd = {"tell", tell_help, options, NULL, take_tell_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->url);
   if (status >= 0) return status;
   if (argc - optind < 2) return cli_usage_error("tell", "expected EXPERIMENT TRIAL");

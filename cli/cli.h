@@ -58,13 +58,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
  * the exit status (a usage error). */
 typedef int (*cli_take_option)(const char *cmd, int c, char *arg, void *ctx);
 
-/* How a command reads its options: its own, and --storage URL (-s) and --help (-h), which
- * every command takes. */
+/* How a command reads its options: its own, and --storage URL and --help (-h), which every
+ * command takes. A short option is one its --help names (tests/test_e2e.c checks). */
 typedef struct {
   const char *name;             /* "ask": what usage errors name */
   const char *help;             /* what --help prints */
   const struct option *options; /* its own long options, {NULL}-terminated; NULL: none */
-  const char *letters;          /* its own short options as getopt spells them ("w:f:n:"); NULL: none */
+  const char *letters;          /* its own short options as getopt spells them ("n:"); NULL: none */
   cli_take_option take;         /* takes its own options; NULL when it has none */
   void *ctx;                    /* handed to take */
 } cli_command;

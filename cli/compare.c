@@ -128,7 +128,7 @@ int cmd_compare(int argc, char **argv) {
   static const struct option options[] = {{"format", required_argument, NULL, 'f'},
                                           {NULL, 0, NULL, 0}};
   out_format format = FORMAT_TABLE;
-  const cli_command cmd = {"compare", compare_help, options, "f:", take_compare_option, &format};
+  const cli_command cmd = {"compare", compare_help, options, NULL, take_compare_option, &format};
   char *url; /* owned (cli_storage_flag) */
   int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && argc - optind < 2)

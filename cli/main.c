@@ -46,7 +46,7 @@ static void usage(FILE *f) {
              "commands:\n");
   for (size_t i = 0; i < sizeof commands / sizeof *commands; i++)
     fprintf(f, "  %-8s %s\n", commands[i].name, commands[i].summary);
-  fprintf(f, "\n'nas COMMAND --help' describes one command. Storage: --storage URL, else "
+  fprintf(f, "\n'nas COMMAND --help' (or -h) describes one command. Storage: --storage URL, else "
              "$NAS_STORAGE, else sqlite:nas.db.\n");
 }
 

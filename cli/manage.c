@@ -145,7 +145,7 @@ int cmd_delete(int argc, char **argv) {
                                           {"runs", no_argument, NULL, 'r'},
                                           {NULL, 0, NULL, 0}};
   manage_args a = {0};
-  const cli_command cmd = {"delete", delete_help, options, "yr", take_manage_option, &a};
+  const cli_command cmd = {"delete", delete_help, options, "y", take_manage_option, &a};
   int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args != 1)
     status = cli_usage_error("delete", "expected exactly one EXPERIMENT");
@@ -193,7 +193,7 @@ int cmd_copy(int argc, char **argv) {
   static const struct option options[] = {{"storage-to", required_argument, NULL, 't'},
                                           {NULL, 0, NULL, 0}};
   manage_args a = {0};
-  const cli_command cmd = {"copy", copy_help, options, "t:", take_manage_option, &a};
+  const cli_command cmd = {"copy", copy_help, options, NULL, take_manage_option, &a};
   int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args != 2)
     status = cli_usage_error("copy", "expected an EXPERIMENT and the NEW_NAME of its copy");

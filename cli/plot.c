@@ -129,7 +129,7 @@ int cmd_plot(int argc, char **argv) {
                                           {"kind", required_argument, NULL, 'k'},
                                           {NULL, 0, NULL, 0}};
   plot_args a = {0};
-  const cli_command cmd = {"plot", plot_help, options, "o:k:", take_plot_option, &a};
+  const cli_command cmd = {"plot", plot_help, options, NULL, take_plot_option, &a};
   char *url; /* owned (cli_storage_flag) */
   int status = cli_parse_options(&cmd, argc, argv, &url);
   size_t n = argc > optind ? (size_t)(argc - optind) : 0;

@@ -59,7 +59,7 @@ static int parse_args(int argc, char **argv, report_args *a) {
                                           {"force", no_argument, NULL, 'f'},
                                           {NULL, 0, NULL, 0}};
   *a = (report_args){.step = METRIC_FINAL};
-  const cli_command cmd = {"report", report_help, options, "n:e:t:f", take_report_option, a};
+  const cli_command cmd = {"report", report_help, options, NULL, take_report_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (optind == argc) return cli_usage_error("report", "expected NAME=VALUE");

@@ -37,7 +37,7 @@ static int take_retry_option(const char *cmd, int c, char *arg, void *ctx) {
 /* Returns -1 when the command should go on, else the exit status. */
 static int parse_args(int argc, char **argv, retry_args *a) {
   static const struct option options[] = {{"failed", no_argument, NULL, 'f'}, {NULL, 0, NULL, 0}};
-  const cli_command cmd = {"retry", retry_help, options, "f", take_retry_option, a};
+  const cli_command cmd = {"retry", retry_help, options, NULL, take_retry_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (optind >= argc) return cli_usage_error("retry", "expected an EXPERIMENT");

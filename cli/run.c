@@ -52,7 +52,7 @@ static int parse_args(const char *cmd, const char *help, int argc, char **argv, 
   static const struct option options[] = {{"no-progress", no_argument, NULL, 'q'},
                                           {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
-  const cli_command command = {cmd, help, options, "q", take_run_option, a};
+  const cli_command command = {cmd, help, options, NULL, take_run_option, a};
   int status = cli_parse_options(&command, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (optind != argc - 1)

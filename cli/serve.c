@@ -64,7 +64,7 @@ int cmd_serve(int argc, char **argv) {
                                           {"threads", required_argument, NULL, 'n'},
                                           {NULL, 0, NULL, 0}};
   serve_options opt = {.listen = "127.0.0.1:8470", .log = stderr};
-  const cli_command cmd = {"serve", serve_help, options, "l:t:c:k:n:", take_serve_option, &opt};
+  const cli_command cmd = {"serve", serve_help, options, NULL, take_serve_option, &opt};
   char *storage_flag; /* owned (cli_storage_flag) */
   int status = cli_parse_options(&cmd, argc, argv, &storage_flag);
   if (status < 0 && optind != argc)

@@ -38,7 +38,7 @@ static int parse_args(const char *cmd, const char *help, bool need_experiment, i
                                                  {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
   const cli_command command = {cmd, help, strcmp(cmd, "pareto") == 0 ? pareto_options : options,
-                               "f:", take_show_option, a};
+                               NULL, take_show_option, a};
   int status = cli_parse_options(&command, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (argc - optind > 1) return cli_usage_error(cmd, "too many arguments");

@@ -73,7 +73,7 @@ static int parse_export_args(int argc, char **argv, export_args *a) {
                                           {NULL, 0, NULL, 0}};
   memset(a, 0, sizeof *a);
   a->format = FORMAT_JSON;
-  const cli_command cmd = {"export", export_help, options, "f:", take_export_option, a};
+  const cli_command cmd = {"export", export_help, options, NULL, take_export_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (argc - optind != 1) return cli_usage_error("export", "expected one EXPERIMENT");
@@ -304,7 +304,9 @@ static int read_import_file(const char *path, const char *new_name, import_file 
   json_error_t jerr;
   if (!(f->doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr))) {
     if (access(path, R_OK) != 0) return nas_errf(err, "%s: %s", path, strerror(errno));
-    return nas_errf(err, "%s:%d:%d: not JSON: %s", path, jerr.line, jerr.column, jerr.text);
+    int line, column;
+    nas_json_error_where(&jerr, &line, &column);
+    return nas_errf(err, "%s:%d:%d: not JSON: %s", path, line, column, jerr.text);
   }
   const char *format = json_string_value(json_object_get(f->doc, "format"));
   const json_t *version = json_object_get(f->doc, "version");
@@ -409,11 +411,11 @@ static int store_import(storage *st, const import_file *f, const char *url, nas_
     free(shown);
   }
   if (rc != NAS_OK) return NAS_ERR;
-  rc = storage_experiment_set_status(st, id, "stopped", err);
+  rc = storage_experiment_set_status(st, id, "stopped", NULL, err);
   size_t n = json_array_size(f->trials), i = 0;
   while (rc == NAS_OK && i < n)
     if ((rc = store_trial(st, id, json_array_get(f->trials, i), err)) == NAS_OK) i++;
-  if (rc == NAS_OK) rc = storage_experiment_set_status(st, id, f->status, err);
+  if (rc == NAS_OK) rc = storage_experiment_set_status(st, id, f->status, NULL, err);
   if (rc != NAS_OK)
     return nas_err_prefix(err, "import of %s stopped at trial %zu of %zu, leaving experiment '%s' "
                           "incomplete (status stopped, %zu trials): delete it with 'nas "
@@ -432,7 +434,7 @@ static int take_import_option(const char *cmd, int c, char *arg, void *ctx) {
 int cmd_import(int argc, char **argv) {
   static const struct option options[] = {{"name", required_argument, NULL, 'n'}, {NULL, 0, NULL, 0}};
   const char *new_name = NULL;
-  const cli_command cmd = {"import", import_help, options, "n:", take_import_option, &new_name};
+  const cli_command cmd = {"import", import_help, options, NULL, take_import_option, &new_name};
   char *url; /* owned (cli_storage_flag) */
   int status = cli_parse_options(&cmd, argc, argv, &url);
   if (status < 0 && argc - optind != 1) status = cli_usage_error("import", "expected one FILE");

@@ -235,7 +235,7 @@ int cli_parse_options(const cli_command *cmd, int argc, char **argv, char **stor
   *storage = NULL;
   struct option *options = long_options(cmd);
   /* The leading ':' makes getopt say ':' for a missing value, apart from '?'. */
-  char *letters = nas_asprintf(":s:h%s", cmd->letters ? cmd->letters : "");
+  char *letters = nas_asprintf(":h%s", cmd->letters ? cmd->letters : "");
   int c, status = options && letters ? -1 : cli_usage_error(cmd->name, "out of memory");
   optind = 1;
   opterr = 0; /* the messages are ours */

@@ -88,7 +88,7 @@ static int parse_args(int argc, char **argv, worker_args *a) {
                                           {"run-dir", required_argument, NULL, 'r'},
                                           {NULL, 0, NULL, 0}};
   *a = (worker_args){.trial = getenv("NAS_TRIAL_ID"), .run_dir = getenv("NAS_RUN_DIR")};
-  const cli_command cmd = {"worker", worker_help, options, "t:r:", take_worker_option, a};
+  const cli_command cmd = {"worker", worker_help, options, NULL, take_worker_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (optind != argc) return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);

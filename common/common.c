@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -394,4 +395,10 @@ const char *nas_nearest(const char *word, const char *const *names, size_t n) {
     }
   }
   return best;
+}
+
+void nas_json_error_where(const struct json_error_t *e, int *line, int *column) {
+  bool cut_short = json_error_code(e) == json_error_premature_end_of_input;
+  *line = e->line > 0 ? e->line : 1;
+  *column = e->column + (cut_short || e->column < 1);
 }

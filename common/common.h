@@ -93,6 +93,12 @@ size_t nas_edit_distance(const char *a, const char *b);
  * fewer than word has letters), else NULL; borrowed from names. */
 const char *nas_nearest(const char *word, const char *const *names, size_t n);
 
+/* Where jansson's error e is, as line:column (both from 1) like every file:line:column
+ * message: jansson counts the characters it has read on the line, so at an input cut
+ * short the place is one past them (it said column 0 after a last newline). */
+struct json_error_t;
+void nas_json_error_where(const struct json_error_t *e, int *line, int *column);
+
 /* Log lines to stderr: "2026-11-23T05:03:35Z nas: message". */
 void nas_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 

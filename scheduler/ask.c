@@ -59,14 +59,16 @@ static bool budget_spent_and_ended(sched *sc, const sched_results *r) {
 
 /* The one place an ask-and-tell experiment finishes: once a trial's end leaves the budget
  * spent and no trial queued or running, the experiment is marked finished and then
- * experiment_finished posted, so its status and the webhook always agree. A failure is
- * logged, not returned: the trial's end is stored already. */
+ * experiment_finished posted, so its status and the webhook always agree. Two last tells
+ * at once both see every trial ended; only the one whose update changed the status posts.
+ * A failure is logged, not returned: the trial's end is stored already. */
 static void finish_if_spent(sched *sc) {
   nas_err err;
   const sched_results *r = sched_results_now(sc, &err);
   if (r && !budget_spent_and_ended(sc, r)) return;
-  if (r && storage_experiment_set_status(sc->st, sc->exp->id, "finished", &err) == NAS_OK) {
-    sched_events_finished(sc);
+  bool changed = false;
+  if (r && storage_experiment_set_status(sc->st, sc->exp->id, "finished", &changed, &err) == NAS_OK) {
+    if (changed) sched_events_finished(sc);
     return;
   }
   nas_log("%s: its budget is spent but it is not marked finished: %s", sc->exp->name, err.msg);
@@ -185,7 +187,7 @@ static int hand_out(storage *st, const spec *s, const experiment_row *exp, size_
  * marks a finished experiment running; its last trial's end finishes it once more. */
 static int reopen_finished(storage *st, const experiment_row *exp, nas_err *err) {
   if (strcmp(exp->status, "finished") != 0) return NAS_OK;
-  return storage_experiment_set_status(st, exp->id, "running", err);
+  return storage_experiment_set_status(st, exp->id, "running", NULL, err);
 }
 
 int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,

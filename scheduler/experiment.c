@@ -90,7 +90,7 @@ static int reopen_stopped(storage *st, const experiment_row *exp, nas_err *err) 
   if (sched_scheduler_state(st, exp, &scheduler, &holder, err) != NAS_OK) return NAS_ERR;
   free(holder);
   if (scheduler == SCHEDULER_ALIVE) return NAS_OK;
-  return storage_experiment_set_status(st, exp->id, "running", err);
+  return storage_experiment_set_status(st, exp->id, "running", NULL, err);
 }
 
 /* The stored experiment of spec s, its spec checked against s, opened again if stopped. */
@@ -224,7 +224,7 @@ int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *repo
                sched_stopped *done, nas_err *err) {
   *done = (sched_stopped){.was_finished = strcmp(exp->status, "finished") == 0};
   if (done->was_finished) return NAS_OK;
-  if (storage_experiment_set_status(st, exp->id, "stopped", err) != NAS_OK) return NAS_ERR;
+  if (storage_experiment_set_status(st, exp->id, "stopped", NULL, err) != NAS_OK) return NAS_ERR;
   return stop_running(s, st, exp, report, &done->asked, err);
 }
 

@@ -699,14 +699,14 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
 /* The run itself, once this process holds the experiment's lease. */
 static int run_held(sched *sc, nas_err *err) {
   bool interrupted = false;
-  int rc = storage_experiment_set_status(sc->st, sc->exp->id, "running", err);
+  int rc = storage_experiment_set_status(sc->st, sc->exp->id, "running", NULL, err);
   if (rc == NAS_OK) rc = rebuild(sc, err);
   if (rc == NAS_OK) sched_events_start(sc);
   if (rc == NAS_OK) rc = loop(sc, &interrupted, err);
   if (interrupted) sc->outcome = SCHED_INTERRUPTED;
   if (rc == NAS_OK)
     rc = storage_experiment_set_status(sc->st, sc->exp->id,
-                                       sc->outcome == SCHED_FINISHED ? "finished" : "stopped",
+                                       sc->outcome == SCHED_FINISHED ? "finished" : "stopped", NULL,
                                        err);
   if (rc == NAS_OK && sc->outcome == SCHED_FINISHED) sched_events_finished(sc);
   sched_progress_done(sc);

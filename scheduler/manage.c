@@ -309,7 +309,7 @@ static int copy_store_in_steps(storage *to, const spec *s, const storage_experim
   rc = copy_trials(to, id, img->trials, img->n_trials, err);
   if (rc == NAS_OK)
     rc = copy_metrics(to, id, img->trials, img->n_trials, img->metrics, img->n_metrics, err);
-  if (rc == NAS_OK) rc = storage_experiment_set_status(to, id, exp->status, err);
+  if (rc == NAS_OK) rc = storage_experiment_set_status(to, id, exp->status, NULL, err);
   if (rc == NAS_OK) rc = storage_experiment_rename(to, id, exp->name, exp->spec_text, err);
   if (rc != NAS_OK)
     nas_err_prefix(err, "copy '%s' is incomplete, stored as experiment '%s' (never under '%s'): "

@@ -61,8 +61,10 @@ json_t *serve_body_json(serve_request *req) {
   json_error_t jerr;
   json_t *body = json_loadb(req->body, req->body_len, 0, &jerr);
   if (!body) {
+    int line, column;
+    nas_json_error_where(&jerr, &line, &column);
     serve_fail(req, MHD_HTTP_BAD_REQUEST, "the body is not JSON: %s at line %d column %d",
-               jerr.text, jerr.line, jerr.column);
+               jerr.text, line, column);
   } else if (!json_is_object(body)) {
     json_decref(body);
     body = NULL;

@@ -101,6 +101,10 @@ int spec_node_expect_list(const yaml_ctx *c, const yaml_node_t *node, const char
 /* A scalar with a value, as written (numbers and bools as their text); borrowed. */
 int spec_node_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, const char **out);
 int spec_node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *what, char **out);
+/* As spec_node_dup_text for a field that only a string may be: a plain number, true/false
+ * or nothing is refused too ("what: expected `expected`, got …"). */
+int spec_node_dup_string(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                         const char *expected, char **out);
 int spec_node_number(const yaml_ctx *c, const yaml_node_t *node, const char *what, double *out);
 int spec_node_integer(const yaml_ctx *c, const yaml_node_t *node, const char *what, long long *out);
 int spec_node_bool(const yaml_ctx *c, const yaml_node_t *node, const char *what, bool *out);

@@ -301,6 +301,13 @@ int spec_node_dup_text(const yaml_ctx *c, const yaml_node_t *node, const char *w
   return *out ? NAS_OK : spec_node_errf(c, node, "%s: out of memory", what);
 }
 
+int spec_node_dup_string(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                         const char *expected, char **out) {
+  if (node->type != YAML_SCALAR_NODE || node_scalar_kind(node) != SCALAR_STRING)
+    return spec_node_expected(c, node, what, expected);
+  return spec_node_dup_text(c, node, what, out);
+}
+
 /* The quoted number hint turns `low: "0.5"` into an error that says how to fix it. */
 static int expected_number(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                            const char *expected) {

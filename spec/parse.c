@@ -33,7 +33,9 @@ static int parse_identity(const yaml_ctx *c, const yaml_node_t *root, spec *s) {
   if (rc) return rc;
   node = spec_node_optional(c, root, "storage");
   if (node)
-    rc = spec_node_dup_text(c, node, "storage", &s->storage);
+    rc = spec_node_dup_string(c, node, "storage",
+                              "a storage URL (sqlite:PATH, postgresql://…, http://HOST:PORT)",
+                              &s->storage);
   else if (!(s->storage = strdup("sqlite:nas.db")))
     rc = nas_errf(c->err, "out of memory");
   if (rc) return rc;

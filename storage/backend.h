@@ -27,7 +27,9 @@ typedef struct storage_backend {
                            int64_t *id, nas_err *err);
   int (*experiment_get)(void *conn, const char *name, experiment_row *out, nas_err *err);
   int (*experiment_list)(void *conn, experiment_row **out, size_t *n, nas_err *err);
-  int (*experiment_set_status)(void *conn, int64_t id, const char *status, nas_err *err);
+  /* Not idempotent in its answer (*changed): commits a receipt with *changed as result. */
+  int (*experiment_set_status)(void *conn, int64_t id, const char *status, bool *changed,
+                               nas_err *err);
   int (*experiment_set_spec)(void *conn, int64_t id, const char *spec_text, nas_err *err);
   int (*experiment_delete)(void *conn, int64_t id, nas_err *err);
   int (*experiment_rename)(void *conn, int64_t id, const char *new_name, const char *spec_text,

@@ -476,10 +476,28 @@ static int experiment_update(pg_conn *c, const char *sql, const char *value, int
   return rc;
 }
 
+/* The update applies only to another status (a racing caller's update, once committed,
+ * makes the row fail the re-checked condition), so whether it returned a row says whether
+ * this call changed it. The receipt records that for a retry, changed or not. */
 static int postgres_experiment_set_status(void *conn, int64_t id, const char *status,
-                                          nas_err *err) {
-  return experiment_update(conn, "UPDATE experiments SET status = $1 WHERE id = $2 RETURNING id",
-                           status, id, err);
+                                          bool *changed, nas_err *err) {
+  statement s = {
+      .kind = &id_kind,
+      .sql = "WITH changed AS ("
+             "  UPDATE experiments SET status = $2 WHERE id = $3 AND status <> $2 RETURNING id),"
+             " " RECEIPT_FROM("(SELECT count(*) AS id FROM changed) AS n")
+             " SELECT id FROM changed"};
+  int rc = pg_params_set(&s.params, 2, err, "ti", status, id);
+  if (rc == NAS_OK) rc = statement_run(conn, &s, true, err);
+  *changed = rc == NAS_OK && (s.recovered ? s.recovered_id != 0 : s.n == 1);
+  statement_free(&s);
+  if (rc != NAS_OK || *changed) return rc;
+  void *rows = NULL;
+  size_t n = 0;
+  rc = query_rows(conn, &id_kind, &rows, &n, err, "SELECT id FROM experiments WHERE id = $1", "i",
+                  id);
+  free(rows);
+  return rc == NAS_OK && n == 0 ? nas_errc(err, NAS_ENOTFOUND, "no such experiment") : rc;
 }
 
 static int postgres_experiment_set_spec(void *conn, int64_t id, const char *spec_text,

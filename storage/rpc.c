@@ -23,6 +23,7 @@ typedef enum {
   REPLAY_NOTHING, /* {} */
   REPLAY_ID,      /* {"id": id} */
   REPLAY_TRIAL,   /* {"trial": the trial's row now} */
+  REPLAY_CHANGED, /* {"changed": whether its recorded result is not 0} */
 } replay_kind;
 
 struct storage_rpc_op {
@@ -97,12 +98,13 @@ static int experiment_list_run(storage *st, rows_json_reader *a, json_t *out, na
 
 static int experiment_set_status_run(storage *st, rows_json_reader *a, json_t *out,
                                      nas_err *err) {
-  (void)out;
   int64_t id;
   const char *status;
   rows_json_int(a, "id", &id);
   rows_json_text(a, "status", false, &status);
-  return a->rc != NAS_OK ? a->rc : storage_experiment_set_status(st, id, status, err);
+  bool changed = false;
+  int rc = a->rc != NAS_OK ? a->rc : storage_experiment_set_status(st, id, status, &changed, err);
+  return rc == NAS_OK ? put(out, "changed", json_boolean(changed), err) : rc;
 }
 
 static int experiment_set_spec_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
@@ -354,7 +356,7 @@ static const storage_rpc_op ops[] = {
     {"experiment_create", true, true, REPLAY_ID, experiment_create_run},
     {"experiment_get", false, false, REPLAY_NOTHING, experiment_get_run},
     {"experiment_list", false, false, REPLAY_NOTHING, experiment_list_run},
-    {"experiment_set_status", true, false, REPLAY_NOTHING, experiment_set_status_run},
+    {"experiment_set_status", true, true, REPLAY_CHANGED, experiment_set_status_run},
     {"experiment_set_spec", true, false, REPLAY_NOTHING, experiment_set_spec_run},
     {"experiment_delete", true, true, REPLAY_NOTHING, experiment_delete_run},
     {"experiment_rename", true, false, REPLAY_NOTHING, experiment_rename_run},
@@ -395,6 +397,7 @@ bool storage_rpc_keyed(const storage_rpc_op *op) { return op->keyed; }
 static int replay(storage *st, const storage_rpc_op *op, int64_t result, json_t *out,
                   nas_err *err) {
   if (op->replay == REPLAY_ID) return put(out, "id", json_integer(result), err);
+  if (op->replay == REPLAY_CHANGED) return put(out, "changed", json_boolean(result != 0), err);
   if (op->replay == REPLAY_NOTHING) return NAS_OK;
   trial_row t;
   int rc = storage_trial_get(st, result, &t, err);

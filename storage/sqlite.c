@@ -732,10 +732,21 @@ static int experiment_update(const sqlite_conn *c, const char *sql, const char *
   return tx_end(c, rc, err);
 }
 
+/* The update applies only to another status, so sqlite3_changes says whether this call
+ * changed it; the write lock (BEGIN IMMEDIATE) orders racing callers. */
 static int sqlite_experiment_set_status(void *conn, int64_t id, const char *status,
-                                        nas_err *err) {
-  return experiment_update(conn, "UPDATE experiments SET status = ? WHERE id = ?", status, id,
-                           err);
+                                        bool *changed, nas_err *err) {
+  const sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  bool found = true;
+  rc = run(c, err, "UPDATE experiments SET status = ?1 WHERE id = ?2 AND status <> ?1", "ti",
+           status, id);
+  *changed = rc == NAS_OK && sqlite3_changes(c->db) == 1;
+  if (rc == NAS_OK && !*changed)
+    rc = exists(c, &found, err, "SELECT 1 FROM experiments WHERE id = ?", "i", id);
+  if (rc == NAS_OK && !found) rc = nas_errc(err, NAS_ENOTFOUND, "no such experiment");
+  return tx_end_receipt(c, rc, *changed, err);
 }
 
 static int sqlite_experiment_set_spec(void *conn, int64_t id, const char *spec_text,

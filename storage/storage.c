@@ -486,10 +486,15 @@ static int check_experiment_status(const char *status, nas_err *err) {
   return nas_errf(err, "'%s' is not running, finished or stopped", status ? status : "(null)");
 }
 
-int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err) {
+int storage_experiment_set_status(storage *st, int64_t id, const char *status, bool *changed,
+                                  nas_err *err) {
   if (check_experiment_status(status, err) != NAS_OK)
     return nas_err_prefix(err, "set status of experiment %" PRId64, id);
-  return in_context(st, st->backend->experiment_set_status(st->conn, id, status, err), err,
+  bool ignored;
+  return in_context(st,
+                    st->backend->experiment_set_status(st->conn, id, status,
+                                                       changed ? changed : &ignored, err),
+                    err,
                     "set status of experiment %" PRId64, id);
 }
 

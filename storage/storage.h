@@ -150,7 +150,11 @@ int storage_experiment_create(storage *st, const char *name, const char *spec_te
                               nas_err *err);
 int storage_experiment_get(storage *st, const char *name, experiment_row *out, nas_err *err);
 int storage_experiment_list(storage *st, experiment_row **out, size_t *n, nas_err *err);
-int storage_experiment_set_status(storage *st, int64_t id, const char *status, nas_err *err);
+/* *changed (may be NULL): whether the experiment had another status, so that of callers
+ * setting the same status at once exactly one hears true (an ask-and-tell experiment
+ * finishes once, however many last tells race). */
+int storage_experiment_set_status(storage *st, int64_t id, const char *status, bool *changed,
+                                  nas_err *err);
 int storage_experiment_set_spec(storage *st, int64_t id, const char *spec_text, nas_err *err);
 /* Deletes the experiment, its trials, their metrics and its scheduler lease, in one
  * transaction. NAS_ENOTFOUND when no experiment has that id. Run folders are the
@@ -275,9 +279,10 @@ void storage_lease_clear(storage_lease *lease);
 /* ---- idempotency keys: the server side of the storage RPC (serve/api_storage.c) ---------
  * A client that lost the answer to a write sends it again under the same key. Armed on a
  * storage, a key is committed by the next write that is not idempotent (experiment_create,
- * experiment_delete, experiment_import, trials_import, trial_create, trial_start,
- * trial_claim, trial_finish, trial_requeue, metrics_add) in that write's own transaction,
- * with the id of the experiment or trial it made, took, changed or added to; two writes
+ * experiment_set_status, experiment_delete, experiment_import, trials_import,
+ * trial_create, trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) in that
+ * write's own transaction, with the id of the experiment or trial it made, took, changed
+ * or added to (experiment_set_status: 1 when it changed the status, else 0); two writes
  * under one key cannot both commit. Keys are kept for a day. */
 #define STORAGE_KEY_MAX 64
 /* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */

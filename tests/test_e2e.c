@@ -2,6 +2,7 @@
  * folder. What a user sees: budgets kept exactly, parallelism never exceeded, every way a
  * trial can end recorded, a bad spec writing nothing, Ctrl-C then resume, and a front
  * that matches one computed here independently. */
+#include <ctype.h>
 #include <jansson.h>
 #include <math.h>
 #include <arpa/inet.h>
@@ -456,6 +457,48 @@ static void every_command_has_help_and_bad_usage_exits_2(void **state) {
   free(out);
 }
 
+/* Whether text names option "-letter" as a word (not inside "--long" or "a-b"). */
+static bool mentions_short_option(const char *text, char letter) {
+  for (const char *at = strchr(text, '-'); at; at = strchr(at + 1, '-')) {
+    bool starts = at == text || !(isalnum((unsigned char)at[-1]) || at[-1] == '-');
+    if (starts && at[1] == letter && !(isalnum((unsigned char)at[2]) || at[2] == '-')) return true;
+  }
+  return false;
+}
+
+/* Every short option a command takes is in its --help (`nas tell -x` was taken as --fail,
+ * said nowhere), but -h, which every command takes for --help, and `nas --help` says so.
+ * The commands are those `nas --help` lists; a letter is taken unless getopt calls it
+ * unknown. */
+static void every_short_option_a_command_takes_is_in_its_help(void **state) {
+  fixture *f = *state;
+  char *top, *help_argv[] = {(char *)test_nas_bin(), "--help", NULL};
+  assert_int_equal(test_run(f->dir, help_argv, &top), 0);
+  assert_true(mentions_short_option(top, 'h'));
+  const char *line = strstr(top, "commands:\n");
+  assert_non_null(line);
+  int commands = 0;
+  for (line = strchr(line, '\n') + 1; strncmp(line, "  ", 2) == 0; line = strchr(line, '\n') + 1) {
+    char cmd[32], *help, *out;
+    assert_int_equal(sscanf(line, "%31s", cmd), 1);
+    char *cmd_help[] = {(char *)test_nas_bin(), cmd, "--help", NULL};
+    assert_int_equal(test_run(f->dir, cmd_help, &help), 0);
+    for (const char *letters = "abcdefgijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"; *letters; letters++) {
+      char option[3] = {'-', *letters, '\0'}, unknown[32];
+      char *argv[] = {(char *)test_nas_bin(), cmd, option, NULL};
+      test_run(f->dir, argv, &out);
+      snprintf(unknown, sizeof unknown, "unknown option '%s'", option);
+      if (!strstr(out, unknown) && !mentions_short_option(help, *letters))
+        fail_msg("nas %s takes %s, which its --help does not mention: %s", cmd, option, out);
+      free(out);
+    }
+    free(help);
+    commands++;
+  }
+  assert_true(commands >= 20);
+  free(top);
+}
+
 /* What a command prints that cannot reach stdout (here a full device) fails it, saying
  * so: `nas export EXP > backup.json` on a full disk must not exit 0 with half a file. */
 static void output_that_cannot_be_written_fails_the_command(void **state) {
@@ -626,6 +669,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
+      cmocka_unit_test_setup_teardown(every_short_option_a_command_takes_is_in_its_help, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(output_that_cannot_be_written_fails_the_command, setup, teardown),
       cmocka_unit_test_setup_teardown(storage_line_password_is_masked_and_may_change_alone, setup, teardown),
       cmocka_unit_test_setup_teardown(commands_other_than_run_refuse_a_missing_database, setup, teardown),

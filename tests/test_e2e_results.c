@@ -374,14 +374,19 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
   run_spec(f, spec);
   json_t *doc = nas_json(f, (char *[]){"export", "good", "--storage", f->db, NULL});
   struct {
-    const char *edit, *expected;
+    const char *edit, *expected, *text; /* text: the file, instead of an edit of doc */
   } cases[] = {
-      {"not json", "bad.json:1:"},
-      {"format", "format: not \"nas-experiment\""},
-      {"version", "this nas reads version 1"},
-      {"status", "trials[2].status: not a trial status"},
-      {"params", "trials[1].params:"},
-      {"spec", "experiment.spec"},
+      {"not json", "bad.json:1:", "{\"format\": oops}"},
+      /* cut short: the error is where the input ends, just past its last character (it
+       * was reported at column 0 of the line after a last newline) */
+      {"cut after a newline", "bad.json:2:1: not JSON", "{\"format\": \"nas-experiment\",\n"},
+      {"cut inside a line", "bad.json:2:12: not JSON", "{\"format\": 1,\n \"b\": [1, 2"},
+      {"empty", "bad.json:1:1: not JSON", ""},
+      {"format", "format: not \"nas-experiment\"", NULL},
+      {"version", "this nas reads version 1", NULL},
+      {"status", "trials[2].status: not a trial status", NULL},
+      {"params", "trials[1].params:", NULL},
+      {"spec", "experiment.spec", NULL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
     json_t *bad = json_deep_copy(doc);
@@ -394,7 +399,7 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
       json_object_set_new(json_object_get(json_array_get(trials, 1), "params"), "x", json_real(7));
     if (strcmp(cases[i].edit, "spec") == 0)
       json_object_set_new(json_object_get(bad, "experiment"), "spec", json_string("name: bad\nparameters: 3\n"));
-    char *text = strcmp(cases[i].edit, "not json") == 0 ? strdup("{\"format\": oops}") : json_dumps(bad, 0);
+    char *text = cases[i].text ? strdup(cases[i].text) : json_dumps(bad, 0);
     free(test_write(f->dir, "bad.json", text));
     expect_refusal(f, (char *[]){"import", "bad.json", "--storage", f->db, NULL}, 1, cases[i].expected);
     free(text);

@@ -14,6 +14,9 @@
 
 #include "common/common.h"
 #include "notify/notify.h"
+#include "scheduler/scheduler.h"
+#include "spec/spec.h"
+#include "storage/storage.h"
 #include "tests/e2e.h"
 #include "tests/serve.h"
 
@@ -724,6 +727,45 @@ static void a_last_trial_stopped_early_tells_the_finish(void **state) {
   receiver_stop(rv);
 }
 
+/* Two last tells at once: each stores its trial's end, then sees every trial ended and
+ * finishes the experiment. Played here in the order that raced — one tell whole, then the
+ * other's finishing step (what sched_tell_stopped_end runs after its trial's end) —
+ * experiment_finished is posted once, by the tell that changed the status. */
+static void two_last_tells_at_once_finish_the_experiment_once(void **state) {
+  fixture *f = *state;
+  hooked h;
+  hooked_start(&h, 0, 200, 0, NOTIFY_ALL_EVENTS);
+  char *text = stopping_spec("racing", h.rv->port), *file = test_write(f->dir, "racing.yaml", text);
+  char *out;
+  assert_int_equal(nas(f, &out, "create", file, NULL), 0);
+  free(out);
+  storage *st = NULL;
+  spec *s = NULL;
+  experiment_row exp;
+  trial_row *asked = NULL;
+  size_t n_asked = 0;
+  nas_err err = {{0}};
+  if (storage_open(f->db, &st, &err) != NAS_OK || storage_experiment_get(st, "racing", &exp, &err) ||
+      spec_parse(exp.spec_text, "racing.yaml", f->dir, &s, &err) ||
+      sched_ask(st, s, &exp, 2, NULL, NULL, &asked, &n_asked, &err))
+    fail_msg("%s", err.msg);
+  assert_int_equal(n_asked, 2);
+  for (int t = 0; t < 2; t++) {
+    metric_obs y = {"y", METRIC_FINAL, t + 1.0, nas_now()};
+    if (sched_tell_complete(st, s, &exp, t, &y, 1, h.nt, &err) != NAS_OK) fail_msg("%s", err.msg);
+  }
+  sched_tell_stopped_end(st, s, &exp, 0, h.nt); /* the first tell's finish, come late */
+  notifier_close(h.nt);
+  assert_int_equal(count_received(h.rv, "/hook", "experiment_finished"), 1);
+  expect_finished(f, "racing");
+  trial_rows_free(asked, n_asked);
+  experiment_row_clear(&exp);
+  spec_free(s);
+  storage_close(st);
+  free(file), free(text);
+  receiver_stop(h.rv);
+}
+
 /* Experiments told through one server, their webhooks all stalled: stopping the server
  * gives their events NOTIFY_FLUSH_S together, not one after the other. */
 static void a_server_stops_within_one_flush_time_whatever_the_stalled_webhooks(void **state) {
@@ -809,6 +851,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(
           ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(a_last_trial_stopped_early_tells_the_finish, setup, teardown),
+      cmocka_unit_test_setup_teardown(two_last_tells_at_once_finish_the_experiment_once, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(
           ask_and_tell_through_the_server_tell_each_end_the_front_and_the_finish, setup, teardown),
       cmocka_unit_test_setup_teardown(

@@ -147,7 +147,7 @@ static int fake_poll(void *state, char *const *handles, char *const *run_dirs, s
   if (++f->polls > FAKE_MAX_POLLS)
     fail_msg("the scheduler still polls after %d polls", FAKE_MAX_POLLS);
   if (f->polls == f->stop_experiment_at_poll &&
-      storage_experiment_set_status(f->st, f->experiment_id, "stopped", err) != NAS_OK)
+      storage_experiment_set_status(f->st, f->experiment_id, "stopped", NULL, err) != NAS_OK)
     return NAS_ERR;
   for (size_t i = 0; i < n; i++) {
     fake_job *j = job_of(f, handles[i]);

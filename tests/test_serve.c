@@ -450,6 +450,9 @@ static void malformed_and_oversized_requests_get_clear_errors(void **state) {
   start_or_fail(&srv, f, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments", asked_spec, NULL, 201, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{bad", NULL, 400, "not JSON");
+  /* a body cut short is wrong where it ends, just past its last character */
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "{\"n\": 2,\n", NULL, 400,
+                "at line 2 column 1");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/ask", "[1]", NULL, 400, "JSON object");
   expect_status(&srv, "DELETE", "/api/v1/experiments", NULL, NULL, 405, "not allowed");
   expect_status(&srv, "GET", "/api/v2/anything", NULL, NULL, 404, "no such endpoint");

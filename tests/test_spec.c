@@ -394,6 +394,20 @@ static void missing_required_keys_are_named(void **state) {
   expect_error("name:\n" PARAMS_X AFTER_PARAMS, "t.yaml:1:1: ", "spec: 'name' has no value");
 }
 
+/* storage: only a string is a storage URL: a number, true/false or a list is refused when
+ * the spec loads, where it stands (it was refused only once the storage was opened, and not
+ * at all when --storage said another). */
+static void a_storage_that_is_no_string_is_refused_at_load(void **state) {
+  (void)state;
+  expect_error(NAME "storage: 3\n" PARAMS_X AFTER_PARAMS, "t.yaml:2:10: ",
+               "storage: expected a storage URL");
+  expect_error(NAME "storage: true\n" PARAMS_X AFTER_PARAMS, "t.yaml:2:10: ", "got 'true'");
+  expect_error(NAME "storage: [a]\n" PARAMS_X AFTER_PARAMS, "t.yaml:2:10: ", "got a list");
+  spec *s = load_ok(NAME "storage: \"3\"\n" PARAMS_X AFTER_PARAMS); /* quoted: a string */
+  assert_string_equal(s->storage, "3");
+  spec_free(s);
+}
+
 /* For ask and tell: no trial section, or one with limits only, runs nothing. */
 static void trial_section_may_run_nothing(void **state) {
   (void)state;
@@ -2218,6 +2232,7 @@ int main(void) {
       cmocka_unit_test(unknown_keys_suggest_the_nearest),
       cmocka_unit_test(keys_of_another_parameter_type_are_named),
       cmocka_unit_test(missing_required_keys_are_named),
+      cmocka_unit_test(a_storage_that_is_no_string_is_refused_at_load),
       cmocka_unit_test(trial_section_may_run_nothing),
       cmocka_unit_test(duplicate_keys_are_errors),
       cmocka_unit_test(wrong_types_say_what_was_expected),

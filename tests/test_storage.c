@@ -422,7 +422,11 @@ static void experiment_list_is_in_creation_order(void **state) {
 static void experiment_status_and_spec_can_be_changed(void **state) {
   fixture *f = *state;
   int64_t id = make_experiment(f, "e");
-  CHECK(storage_experiment_set_status(f->st, id, "finished", err));
+  bool changed = false;
+  CHECK(storage_experiment_set_status(f->st, id, "finished", &changed, err));
+  assert_true(changed);
+  CHECK(storage_experiment_set_status(f->st, id, "finished", &changed, err));
+  assert_false(changed); /* finished already: the same status again changes nothing */
   CHECK(storage_experiment_set_spec(f->st, id, "objectives: [acc]\n", err));
   experiment_row row;
   CHECK(storage_experiment_get(f->st, "e", &row, err));
@@ -435,10 +439,10 @@ static void experiment_changes_reject_unknown_ids_and_statuses(void **state) {
   fixture *f = *state;
   int64_t id = make_experiment(f, "e");
   nas_err err = {{0}};
-  assert_int_equal(storage_experiment_set_status(f->st, id + 100, "stopped", &err), NAS_ENOTFOUND);
+  assert_int_equal(storage_experiment_set_status(f->st, id + 100, "stopped", NULL, &err), NAS_ENOTFOUND);
   assert_contains(err.msg, "experiment");
   assert_int_equal(storage_experiment_set_spec(f->st, id + 100, "x", &err), NAS_ENOTFOUND);
-  assert_int_equal(storage_experiment_set_status(f->st, id, "paused", &err), NAS_ERR);
+  assert_int_equal(storage_experiment_set_status(f->st, id, "paused", NULL, &err), NAS_ERR);
   assert_contains(err.msg, "'paused'");
   experiment_row row;
   CHECK(storage_experiment_get(f->st, "e", &row, err));
@@ -1603,6 +1607,62 @@ static void sixteen_processes_claiming_and_reporting_at_once_lose_nothing(void *
   metric_rows_free(metrics, n_metrics);
   trial_rows_free(trials, n);
   trial_rows_free(queued, CLAIMED_TRIALS);
+}
+
+enum { STATUS_SETTERS = 8, STATUS_ROUNDS = 5 };
+
+/* Waits for the parent's go (a byte on the pipe), sets the experiment finished and reports
+ * "worker changed" (1 or 0). */
+static int finish_worker(const child_args *args, int worker, nas_err *err) {
+  storage *st = NULL;
+  int rc = storage_open(args->url, &st, err);
+  char go;
+  if (rc == NAS_OK && read(args->stop_fd, &go, 1) != 1) rc = nas_errf(err, "no go");
+  bool changed = false;
+  if (rc == NAS_OK) rc = storage_experiment_set_status(st, args->experiment_id, "finished",
+                                                       &changed, err);
+  if (rc == NAS_OK) dprintf(args->report_fd, "%d %d\n", worker, changed);
+  storage_close(st);
+  return rc;
+}
+
+/* Of processes setting the same status at once, exactly one hears that it changed it (so
+ * two last tells of an ask-and-tell experiment post experiment_finished once). */
+static void of_processes_setting_a_status_at_once_one_changes_it(void **state) {
+  fixture *f = *state;
+  int64_t exp = make_experiment(f, "racing");
+  bool changed = false;
+  CHECK(storage_experiment_set_status(f->st, exp, "running", &changed, err));
+  assert_false(changed); /* it was running */
+  storage_close(f->st);
+  f->st = NULL;
+  for (int round = 0; round < STATUS_ROUNDS; round++) {
+    int report[2], go[2];
+    assert_int_equal(pipe2(report, O_CLOEXEC), 0);
+    assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+    child_args args = {f->url, exp, report[1], go[0]};
+    pid_t pids[STATUS_SETTERS];
+    start_children(STATUS_SETTERS, finish_worker, &args, pids);
+    close(report[1]);
+    close(go[0]);
+    nas_sleep(0.2); /* every child connected and waiting */
+    char gos[STATUS_SETTERS] = {0};
+    assert_int_equal(write(go[1], gos, sizeof gos), (ssize_t)sizeof gos);
+    close(go[1]);
+    FILE *in = fdopen(report[0], "r");
+    assert_non_null(in);
+    int worker, said, changers = 0, heard = 0;
+    while (fscanf(in, "%d %d", &worker, &said) == 2) changers += said, heard++;
+    fclose(in);
+    wait_children(STATUS_SETTERS, pids);
+    assert_int_equal(heard, STATUS_SETTERS);
+    if (changers != 1) fail_msg("round %d: %d processes changed the status", round, changers);
+    storage *st = open_or_fail(f->url);
+    CHECK(storage_experiment_set_status(st, exp, "running", &changed, err));
+    assert_true(changed);
+    storage_close(st);
+  }
+  f->st = open_or_fail(f->url);
 }
 
 /* Two processes opening the same new storage at once: one creates the schema, the other
@@ -3122,6 +3182,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(processes_creating_the_same_storage_at_once_all_succeed),
       FIXTURE_TEST(two_processes_writing_at_once_lose_nothing),
       FIXTURE_TEST(sixteen_processes_claiming_and_reporting_at_once_lose_nothing),
+      FIXTURE_TEST(of_processes_setting_a_status_at_once_one_changes_it),
   };
   return run_group(ctx->backend->name, tests, sizeof tests / sizeof tests[0], ctx);
 }

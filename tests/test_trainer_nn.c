@@ -67,6 +67,48 @@ static void adam_and_adamw_steps_match_hand_computed_values(void **state) {
   NEAR(v[1], 0.78110000398);
 }
 
+/* Two parameters at 1: on step 1 only a has a gradient (b is frozen, or in a branch the
+ * step did not use), on step 2 both have 0.5. Each counts its own steps, as torch's
+ * state['step']: b's first step is its t = 1, where the bias-corrected moments are exactly g
+ * and g^2, so it moves lr * g / (|g| + eps) as a's first step did (with one count for all,
+ * b's t was 2: m_hat = 0.05 / 0.19, v_hat = 0.00025 / 0.001999, and b went to 0.9256). A
+ * training state saved after step 1 keeps the counts: the step after its load is the same. */
+static void adam_counts_each_parameters_own_steps(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *path;
+  assert_true(asprintf(&path, "%s/state.nast", dir) > 0);
+  for (int reload = 0; reload < 2; reload++) {
+    tr_ctx ctx;
+    tr_ctx_init(&ctx, 1);
+    tr_tensor *ps[2] = {tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0), tr_full(&ctx, TR_F64, 1, SHAPE(1), 1.0)};
+    tr_optim_config adam = {.kind = TR_ADAM, .lr = 0.1};
+    tr_optim *opt = tr_optim_new(&ctx, &adam, ps, 2);
+    assert_non_null(opt);
+    ps[0]->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
+    assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
+    NEAR(tr_item(ps[0]), 0.900000002);
+    NEAR(tr_item(ps[1]), 1.0);
+    nas_err err;
+    if (reload) {
+      assert_int_equal(tr_train_state_save(&ctx, opt, NULL, path, &err), NAS_OK);
+      tr_optim_free(opt);
+      opt = tr_optim_new(&ctx, &adam, ps, 2);
+      assert_non_null(opt);
+      if (tr_train_state_load(&ctx, opt, NULL, path, &err) != NAS_OK) fail_msg("%s", err.msg);
+    }
+    ps[1]->grad = tr_full(&ctx, TR_F64, 1, SHAPE(1), 0.5);
+    assert_int_equal(tr_optim_step(&ctx, opt), NAS_OK);
+    NEAR(tr_item(ps[0]), 0.800000004);
+    NEAR(tr_item(ps[1]), 0.900000002);
+    tr_optim_free(opt);
+    tr_release(ps[0]);
+    tr_release(ps[1]);
+  }
+  test_rmtree(dir);
+  free(dir);
+  free(path);
+}
+
 static void lr_schedules_warm_up_then_decay(void **state) {
   (void)state;
   tr_lr_schedule warm_step = {
@@ -493,6 +535,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(sgd_steps_match_hand_computed_values),
       cmocka_unit_test(adam_and_adamw_steps_match_hand_computed_values),
+      cmocka_unit_test(adam_counts_each_parameters_own_steps),
       cmocka_unit_test(lr_schedules_warm_up_then_decay),
       cmocka_unit_test(clip_grad_norm_scales_all_grads_jointly),
       cmocka_unit_test(sequential_names_parameters_like_torch),

@@ -18,6 +18,7 @@
 
 #include <dirent.h>
 #include <math.h>
+#include <omp.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 
@@ -370,6 +371,16 @@ static void launch_name(char *name, size_t cap, const char *tag) {
            (unsigned long long)(nas_monotonic() * 1e9));
 }
 
+/* fork() for a child that runs the engine. libgomp's thread pool does not survive fork:
+ * a child of a process that has run a parallel region (every test before, with OpenBLAS
+ * on one thread, when the engine's loops use OpenMP's threads) waits forever in its first
+ * parallel region for threads it does not have. Releasing them first (OpenMP 5.0's pause)
+ * leaves both sides to start a pool of their own. */
+static pid_t fork_stage(void) {
+  assert_int_equal(omp_pause_resource_all(omp_pause_hard), 0);
+  return fork();
+}
+
 /* Runs the stages as processes: stages 1.. forked, stage 0 played by the test process
  * (so run->state is its gathered model); each forked stage's error and loss come back in
  * run. The stages' return codes and the driver's message of stage 0 into *rc0 / err. */
@@ -383,7 +394,7 @@ static int run_processes(run_spec *run, int stages, double timeout_s, nas_err *e
   fflush(stdout);
   fflush(stderr);
   for (int s = 1; s < stages; s++) {
-    pids[s] = fork();
+    pids[s] = fork_stage();
     assert_true(pids[s] >= 0);
     if (pids[s] == 0) {
       nas_err mine = {{0}};
@@ -1162,7 +1173,7 @@ static void run_gpu_stages(run_spec *run, int stages, gpu_reports *r) {
   fflush(stdout);
   fflush(stderr);
   for (int s = 0; s < stages; s++) {
-    pids[s] = fork();
+    pids[s] = fork_stage();
     assert_true(pids[s] >= 0);
     if (pids[s] == 0) {
       gpu_stage_process(run, name, s, stages, r);
@@ -1237,7 +1248,7 @@ static void a_gpu_stage_among_thread_stages_is_refused(void **state) {
   run_spec run = run_defaults(MODEL_MLP, 2, TR_PIPE_CKPT_NEVER);
   run.cuda = true;
   fflush(stdout);
-  pid_t pid = fork();
+  pid_t pid = fork_stage();
   assert_true(pid >= 0);
   if (pid == 0) {
     r->stages[0].rc = tr_pipe_run_threads(1, TIMEOUT_S, train_stage, &run, &r->stages[0].error);

@@ -290,10 +290,10 @@ static void damaged_training_state_is_refused_with_the_reason(void **state) {
   file_put(bad, bytes, n, false);
   expect_refused(&ctx, m.module, adam, bad, "checksum mismatch");
   bytes[n / 2] ^= 0x40;
-  bytes[4] = 3; /* version 3, checksum made good */
+  bytes[4] = 4; /* version 4, checksum made good */
   file_put(bad, bytes, n, true);
-  expect_refused(&ctx, m.module, adam, bad, "training state version 3, this nas reads versions 1 to 2");
-  bytes[4] = 2;
+  expect_refused(&ctx, m.module, adam, bad, "training state version 4, this nas reads versions 1 to 3");
+  bytes[4] = 3;
   file_put(bad, bytes, n - 4, true); /* the last 4 bytes of data missing, checksum good */
   expect_refused(&ctx, m.module, adam, bad, "truncated data of");
   expect_refused(&ctx, m.module, (tr_optim_config){.kind = TR_SGD, .lr = 0.1, .momentum = 0.9},

@@ -70,7 +70,10 @@ int tr_pipe_run_threads(int stages, double timeout_s, tr_pipe_rank_fn fn, void *
  * them (each waits up to timeout_s for the others), runs fn, and returns as
  * tr_pipe_run_threads does. Stages exchange tensors through mailboxes in a shared-memory
  * segment (/dev/shm/nas-pipe-NAME, unlinked once all have joined); a stage whose process
- * exits while another waits for it fails every stage with one message naming it. */
+ * exits while another waits for it fails every stage with one message naming it. A
+ * process that forks its stages after it ran parallel ops releases OpenMP's threads first
+ * (omp_pause_resource_all(omp_pause_hard)): libgomp's pool does not survive fork, and a
+ * child's first parallel region would wait forever for its threads. */
 int tr_pipe_run_process(const char *name, int stage, int stages, double timeout_s,
                         tr_pipe_rank_fn fn, void *arg, nas_err *err);
 /* The same for a process group this process has joined already (borrowed): stage

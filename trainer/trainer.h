@@ -389,7 +389,9 @@ typedef struct tr_optim tr_optim;
 /* params are borrowed (retained by the optimiser). */
 tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params, size_t n);
 void tr_optim_free(tr_optim *opt);
-/* One update from the parameters' current .grad (parameters without grad are skipped). */
+/* One update from the parameters' current .grad (parameters without grad are skipped, and
+ * do not count the step: Adam's bias correction uses each parameter's own count of
+ * updates, as torch does). */
 int tr_optim_step(tr_ctx *ctx, tr_optim *opt);
 /* Clears the parameters' gradients: a grad of its own is dropped (set to none, so the next
  * backward writes a fresh one without a zeroing pass), one in a shared (flat) buffer is
@@ -406,7 +408,7 @@ typedef struct {
 } tr_train_part;
 /* Training state file (docs/engine.md): what a run holds besides the weights, so that one
  * stopped after a step goes on exactly as if it had not stopped: the optimiser's kind, step
- * count and state tensors (SGD's momentum buffers, Adam's moments; zeros where no step made
+ * counts (its own and each parameter's) and state tensors (SGD's momentum buffers, Adam's moments; zeros where no step made
  * them yet), ctx's generator (dropout's masks) and which part of the training it is (part
  * NULL: the whole, part 0 of 1). Written atomically. Load checks the checksum, the version,
  * that the state is this part's of as many parts, of this optimiser's kind and parameters,

@@ -22,8 +22,10 @@ struct tr_optim {
   tr_optim_config cfg;
   tr_tensor **params; /* owned references */
   tr_tensor **state;  /* 2 per parameter (momentum | m, v); owned, NULL until first used */
+  int64_t *updates;   /* per parameter: the steps that updated it (it had a gradient), Adam's
+                         t in its bias correction, as torch's per-parameter state['step'] */
   size_t n;
-  int64_t steps; /* steps taken, for Adam's bias correction */
+  int64_t steps; /* steps taken */
 };
 
 tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const *params,
@@ -45,10 +47,12 @@ tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const
   }
   tr_optim *opt = calloc(1, sizeof *opt);
   tr_tensor **ps = calloc(n ? n : 1, sizeof *ps), **st = calloc(2 * (n ? n : 1), sizeof *st);
-  if (!opt || !ps || !st) {
+  int64_t *updates = calloc(n ? n : 1, sizeof *updates);
+  if (!opt || !ps || !st || !updates) {
     free(opt);
     free(ps);
     free(st);
+    free(updates);
     tr_fail(ctx, "optim: out of memory");
     return NULL;
   }
@@ -59,6 +63,7 @@ tr_optim *tr_optim_new(tr_ctx *ctx, const tr_optim_config *cfg, tr_tensor *const
   for (size_t i = 0; i < n; i++) ps[i] = tr_retain(params[i]);
   opt->params = ps;
   opt->state = st;
+  opt->updates = updates;
   opt->n = n;
   return opt;
 }
@@ -72,6 +77,7 @@ void tr_optim_free(tr_optim *opt) {
   }
   free(opt->params);
   free(opt->state);
+  free(opt->updates);
   free(opt);
 }
 
@@ -133,8 +139,10 @@ static void update_part(void *arg, int part, int parts) {
                 c->beta1, c->beta2, c->eps, c->weight_decay, c->kind == TR_ADAMW, j->bc1, j->bc2);
 }
 
-static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, double bc1, double bc2) {
+/* Updates parameter i, its update number t (Adam's bias correction is 1 - beta^t). */
+static int step_param(tr_ctx *ctx, tr_optim *opt, size_t i, int64_t t) {
   const tr_optim_config *c = &opt->cfg;
+  double bc1 = 1 - pow(c->beta1, (double)t), bc2 = 1 - pow(c->beta2, (double)t);
   tr_tensor *p = opt->params[i], *g = p->grad;
   if (tn_on_cuda(p) || tn_on_cuda(g))
     return tc_optim_update(ctx, c, p, &opt->state[2 * i], bc1, bc2);
@@ -159,10 +167,13 @@ int tr_optim_step(tr_ctx *ctx, tr_optim *opt) {
   if (!(opt->cfg.lr >= 0))
     return nas_errf(&ctx->err, "optim: lr %g (from 0; a schedule's rate?)", opt->cfg.lr);
   opt->steps++;
-  double bc1 = 1 - pow(opt->cfg.beta1, (double)opt->steps);
-  double bc2 = 1 - pow(opt->cfg.beta2, (double)opt->steps);
-  for (size_t i = 0; i < opt->n; i++)
-    if (opt->params[i]->grad && step_param(ctx, opt, i, bc1, bc2)) return NAS_ERR;
+  /* A parameter without a gradient (frozen, or in a branch this step did not use) is not
+   * updated and does not count the step: its first update is its t = 1, as in torch. */
+  for (size_t i = 0; i < opt->n; i++) {
+    if (!opt->params[i]->grad) continue;
+    if (step_param(ctx, opt, i, opt->updates[i] + 1)) return NAS_ERR;
+    opt->updates[i]++;
+  }
   return NAS_OK;
 }
 
@@ -234,7 +245,7 @@ int tr_clip_grad_norm(tr_ctx *ctx, tr_tensor *const *params, size_t n, double ma
 
 /* The file's layout (docs/engine.md, "Training state file"); version 1 had no part and
  * count of parts, and is read as the whole (part 0 of 1). */
-enum { STATE_VERSION = 2, STATE_RNG_WORDS = 4 };
+enum { STATE_VERSION = 3, STATE_RNG_WORDS = 4 };
 static const char *const kind_names[] = {"sgd", "adam", "adamw"};
 /* What a state of single-process training is: its only part. */
 static const tr_train_part whole_training = {0, 1, "part"};
@@ -279,6 +290,8 @@ int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, c
                : NAS_OK;
   for (int j = 0; j < STATE_RNG_WORDS && rc == NAS_OK; j++)
     if (ser_put_i64(&b, (int64_t)ctx->rng[j])) rc = nas_errf(err, "out of memory");
+  for (size_t i = 0; i < opt->n && rc == NAS_OK; i++)
+    if (ser_put_i64(&b, opt->updates[i])) rc = nas_errf(err, "out of memory");
   for (size_t i = 0; i < opt->n && rc == NAS_OK; i++)
     for (int k = 0; k < (int)slots && rc == NAS_OK; k++) rc = put_slot(ctx, &b, opt, i, k, err);
   if (rc == NAS_OK) rc = ser_seal_and_write(&b, path, err);
@@ -348,6 +361,18 @@ static int take_slot(tr_ctx *ctx, ser_reader *r, const tr_optim *opt, size_t i, 
   return rc;
 }
 
+/* Each parameter's update count into updates (opt->n): version 3 keeps them; before, one
+ * count stood for all (steps). */
+static int take_updates(ser_reader *r, const state_head *h, size_t n, const char *path,
+                        int64_t *updates, nas_err *err) {
+  for (size_t i = 0; i < n; i++) {
+    if (h->version < 3) updates[i] = h->steps;
+    else if (!ser_take_i64(r, &updates[i]) || updates[i] < 0 || updates[i] > h->steps)
+      return nas_errf(err, "%s: the update count of parameter %zu is damaged", path, i);
+  }
+  return NAS_OK;
+}
+
 /* The file's body into opt and ctx; nothing changes unless all of it is good. */
 static int parse_state(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, ser_reader *r,
                        const char *path, nas_err *err) {
@@ -355,7 +380,9 @@ static int parse_state(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, se
   if (take_state_head(r, opt, part, path, &h, err) != NAS_OK) return NAS_ERR;
   size_t n = 2 * opt->n;
   tr_tensor **loaded = calloc(n ? n : 1, sizeof *loaded);
-  int rc = loaded ? NAS_OK : nas_errf(err, "out of memory");
+  int64_t *updates = calloc(opt->n ? opt->n : 1, sizeof *updates);
+  int rc = loaded && updates ? take_updates(r, &h, opt->n, path, updates, err)
+                             : nas_errf(err, "out of memory");
   for (size_t i = 0; i < opt->n && rc == NAS_OK; i++)
     for (int k = 0; k < (int)h.slots && rc == NAS_OK; k++)
       rc = take_slot(ctx, r, opt, i, k, path, &loaded[2 * i + (size_t)k], err);
@@ -370,6 +397,8 @@ static int parse_state(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, se
     opt->state[j] = loaded[j];
   }
   free(loaded);
+  if (rc == NAS_OK) memcpy(opt->updates, updates, opt->n * sizeof *updates);
+  free(updates);
   if (rc != NAS_OK) return rc;
   opt->steps = h.steps;
   memcpy(ctx->rng, h.rng, sizeof ctx->rng);
