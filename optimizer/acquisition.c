@@ -424,16 +424,16 @@ static bool ties_elsewhere(const double *Y, size_t k, size_t m, size_t j, double
   return false;
 }
 
-int acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
-                     const double *low, double *floor, nas_err *err) {
+int acq_front_floors(const double *Y, size_t k, size_t m, const double *low, double *floor,
+                     nas_err *err) {
   size_t *order = malloc((k + 1) * sizeof *order);
   if (!order) return nas_errf(err, "out of memory");
   for (size_t j = 0; j < m; j++) {
     floor[j] = NAN;
-    const double *first = NULL; /* the first front row at the best value */
+    const double *first = NULL; /* the first row at the best value */
     for (size_t i = 0; i < k && isnan(floor[j]); i++) {
       const double *y = Y + i * m;
-      if (!on_front[i] || y[j] != low[j]) continue;
+      if (y[j] != low[j]) continue;
       if (!first) first = y;
       else if (rows_differ(first, y, m)) floor[j] = low[j];
     }

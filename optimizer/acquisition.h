@@ -101,19 +101,19 @@ void mc_acq_free(mc_acq *a);
 void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, double *low,
                       double *high);
 
-/* The floors of the front of the k rows Y (k×m; on_front and low as acq_front_bounds
- * computed them) into floor (m): where two front rows that differ both have objective j's
- * best value low[j] exactly, that value, else NaN. Two points of a front can share their
- * best value only where no point beats it along a whole face of the front (DTLZ2 with three
- * objectives: f3 = 0 wherever x0 = 0), i.e. where the objective has reached a bound the
- * models cannot know of: their samples and draws fall below it by their noise, and a
- * hypervolume measured against a distant reference makes that noise look like a gain
- * across the whole face. With two objectives distinct front points never share a value.
- * An objective whose values also repeat exactly elsewhere (between rows that differ) gets
- * none: there ties are its few distinct values (a count, an accuracy over a small validation
- * set, rounded readings), not a bound. NAS_ERR only when out of memory. */
-int acq_front_floors(const double *Y, size_t k, size_t m, const bool *on_front,
-                     const double *low, double *floor, nas_err *err);
+/* The floors of the k rows Y (k×m; low as acq_front_bounds computed it, each objective's
+ * best value) into floor (m): where two rows that differ both have objective j's best value
+ * low[j] exactly, that value, else NaN. Distinct configurations share their best value only
+ * where no point beats it along a whole face of the front (DTLZ2: with three objectives f3 = 0
+ * wherever x0 = 0; with two f2 = 0 wherever x0 = 0, whatever the other parameters, so one
+ * front point and trials behind it), i.e. where the objective has reached a bound the models
+ * cannot know of: their samples and draws fall below it by their noise, and a hypervolume
+ * measured against a distant reference makes that noise look like a gain across the whole
+ * face. An objective whose values also repeat exactly elsewhere (between rows that differ)
+ * gets none: there ties are its few distinct values (a count, an accuracy over a small
+ * validation set, rounded readings), not a bound. NAS_ERR only when out of memory. */
+int acq_front_floors(const double *Y, size_t k, size_t m, const double *low, double *floor,
+                     nas_err *err);
 
 /* Whether outcome f (m objectives), lying past the front's worst value high[j] in objective
  * j, extends the front at a bounded trade-off (Geoffrion's proper Pareto optimality): its
