@@ -1,6 +1,7 @@
 /* Tests of the acquisition functions (optimizer/boxes.c, logei.c, acquisition.c): box
  * decompositions against brute-force hypervolume, log-space values against their plain
  * counterparts, analytic gradients against central finite differences. */
+#include <float.h>
 #include <math.h>
 
 #include <gsl/gsl_rng.h>
@@ -86,7 +87,7 @@ static void box_hvi_equals_brute_force_hypervolume_improvement(void **state) {
       for (int t = 0; t < 20; t++) {
         for (size_t j = 0; j < m; j++) y[j] = 1.2 * gsl_rng_uniform(rng);
         double expect = brute_hvi(P, k, m, ref, y);
-        assert_float_equal(box_hvi(&boxes, 0, boxes.n, y), expect, 1e-12);
+        assert_near(box_hvi(&boxes, 0, boxes.n, y), expect, 1e-12);
       }
       box_list_clear(&boxes);
     }
@@ -101,7 +102,7 @@ static void boxes_cover_the_non_dominated_region_exactly(void **state) {
   box_list boxes = {0};
   nas_err err;
   assert_int_equal(box_decompose(P, 3, 3, ref, &boxes, &err), NAS_OK);
-  assert_float_equal(box_hvi(&boxes, 0, boxes.n, y), 1.0 - brute_hv(P, 3, 3, ref), 1e-12);
+  assert_near(box_hvi(&boxes, 0, boxes.n, y), 1.0 - brute_hv(P, 3, 3, ref), 1e-12);
   box_list_clear(&boxes);
 }
 
@@ -118,7 +119,7 @@ static void log_hvi_equals_log_of_hvi_where_hvi_is_not_tiny(void **state) {
     for (size_t j = 0; j < 3; j++) y[j] = gsl_rng_uniform(rng);
     double hvi = box_hvi(&boxes, 0, boxes.n, y);
     if (hvi < 1e-3) continue;
-    assert_float_equal(box_log_hvi(&boxes, 0, boxes.n, y, 1e-6, NULL), log(hvi), 1e-4);
+    assert_near(box_log_hvi(&boxes, 0, boxes.n, y, 1e-6, NULL), log(hvi), 1e-4);
     checked++;
   }
   assert_true(checked > 20);
@@ -137,7 +138,7 @@ static void log_hvi_rises_towards_the_front_where_hvi_is_zero(void **state) {
   double previous = -HUGE_VAL;
   for (double t = 3.0; t >= 0.7; t -= 0.1) {
     double y[2] = {t, t}, grad[2];
-    assert_float_equal(box_hvi(&boxes, 0, boxes.n, y), 0.0, 0.0);
+    assert_near(box_hvi(&boxes, 0, boxes.n, y), 0.0, 0.0);
     double v = box_log_hvi(&boxes, 0, boxes.n, y, 1e-6, grad);
     assert_true(isfinite(v) && v > previous);
     assert_true(grad[0] < 0 && grad[1] < 0);
@@ -165,7 +166,7 @@ static void log_hvi_gradient_matches_finite_differences(void **state) {
       y[j] = save - h;
       double down = box_log_hvi(&boxes, 0, boxes.n, y, tau, NULL);
       y[j] = save;
-      assert_float_equal(grad[j], (up - down) / (2 * h), 1e-4 * fmax(1, fabs(grad[j])));
+      assert_near(grad[j], (up - down) / (2 * h), 1e-4 * fmax(1, fabs(grad[j])));
     }
   }
   box_list_clear(&boxes);
@@ -192,8 +193,8 @@ static void capped_log_hvi_equals_log_of_hvi_against_the_cap(void **state) {
     box_cap cap = {.upper = upper, .moves = moves};
     double hvi = brute_hvi(P, 8, 3, upper, y);
     if (hvi < 1e-3) continue;
-    assert_float_equal(box_log_hvi_capped(&boxes, 0, boxes.n, y, &cap, 1e-6, NULL), log(hvi),
-                       1e-4);
+    assert_near(box_log_hvi_capped(&boxes, 0, boxes.n, y, &cap, 1e-6, NULL), log(hvi),
+                1e-4);
     checked++;
   }
   assert_true(checked > 20);
@@ -230,7 +231,7 @@ static void capped_log_hvi_gradient_matches_finite_differences(void **state) {
       }
       y[j] = save;
       upper[j] = fmax(1.1, y[j] + margin);
-      assert_float_equal(grad[j], (at[0] - at[1]) / (2 * h), 1e-4 * fmax(1, fabs(grad[j])));
+      assert_near(grad[j], (at[0] - at[1]) / (2 * h), 1e-4 * fmax(1, fabs(grad[j])));
     }
   }
   box_list_clear(&boxes);
@@ -248,10 +249,10 @@ static void log_h_equals_log_ei_where_ei_is_not_tiny(void **state) {
   (void)state;
   for (double z = -8; z <= 8; z += 0.125) {
     double slope, value = acq_log_h(z, &slope);
-    assert_float_equal(value, (double)logl(h_direct(z)), 1e-9 * fmax(1, fabs(value)));
+    assert_near(value, (double)logl(h_direct(z)), 1e-9 * fmax(1, fabs(value)));
     /* d log h/dz = Φ(z)/h(z) */
     long double cdf = 0.5L * erfcl(-(long double)z / sqrtl(2.0L));
-    assert_float_equal(slope, (double)(cdf / h_direct(z)), 1e-8 * fmax(1, slope));
+    assert_near(slope, (double)(cdf / h_direct(z)), 1e-8 * fmax(1, slope));
   }
 }
 
@@ -266,8 +267,8 @@ static void log_h_stays_finite_and_monotone_in_the_far_tail(void **state) {
     previous = v;
   }
   double z = -1e3;
-  assert_float_equal(acq_log_h(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - 2 * log(-z), 1e-5);
-  assert_float_equal(acq_log_ndtr(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - log(-z), 1e-5);
+  assert_near(acq_log_h(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - 2 * log(-z), 1e-5);
+  assert_near(acq_log_ndtr(z, NULL), -0.5 * z * z - 0.5 * log(2 * M_PI) - log(-z), 1e-5);
 }
 
 static void log_ndtr_and_fat_sigmoid_slopes_match_finite_differences(void **state) {
@@ -275,13 +276,15 @@ static void log_ndtr_and_fat_sigmoid_slopes_match_finite_differences(void **stat
   for (double z = -40; z <= 10; z += 0.37) {
     double h = 1e-6, s1, s2;
     acq_log_ndtr(z, &s1);
-    assert_float_equal(s1, (acq_log_ndtr(z + h, NULL) - acq_log_ndtr(z - h, NULL)) / (2 * h),
-                       1e-5 * fmax(1, fabs(s1)));
+    assert_near(s1, (acq_log_ndtr(z + h, NULL) - acq_log_ndtr(z - h, NULL)) / (2 * h),
+                1e-5 * fmax(1, fabs(s1)));
     acq_log_fat_sigmoid(z, &s2);
     double fd2 = (acq_log_fat_sigmoid(z + h, NULL) - acq_log_fat_sigmoid(z - h, NULL)) / (2 * h);
-    assert_float_equal(s2, fd2, 1e-5 * fmax(1, fabs(s2)));
-    assert_float_equal(acq_log_ndtr(z, NULL), log(0.5 * erfc(-z / sqrt(2))),
-                       1e-9 * fmax(1, -z * z));
+    assert_near(s2, fd2, 1e-5 * fmax(1, fabs(s2)));
+    /* Below z of about -37.5 erfc's value is subnormal (digits lost, then 0): no reference
+     * there; the tail's asymptote is checked above. */
+    double cdf = 0.5 * erfc(-z / sqrt(2));
+    if (cdf >= DBL_MIN) assert_near(acq_log_ndtr(z, NULL), log(cdf), 1e-9);
   }
 }
 
@@ -328,7 +331,7 @@ static void check_gradient(acq_fn f, void *ctx, const double *x0, double tol) {
     x[j] = save - h;
     double down = f(ctx, x, NULL);
     x[j] = save;
-    assert_float_equal(grad[j], (up - down) / (2 * h), tol * fmax(1, fabs(grad[j])));
+    assert_near(grad[j], (up - down) / (2 * h), tol * fmax(1, fabs(grad[j])));
   }
 }
 
@@ -352,7 +355,7 @@ static void logei_equals_log_of_expected_improvement(void **state) {
   gp_predict(t.g[0], x, NULL, &p, work);
   double sd = sqrt(p.var), ei = sd * (double)h_direct((best - p.mean) / sd);
   assert_true(ei > 1e-6);
-  assert_float_equal(logei_eval(a, x, NULL), log(ei), 1e-9);
+  assert_near(logei_eval(a, x, NULL), log(ei), 1e-9);
   logei_free(a);
   toy_free(&t, 1);
 }
@@ -432,7 +435,7 @@ static void mc_hvi_is_deterministic_and_prefers_improvement(void **state) {
   assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &opt, &a, &err), NAS_OK);
   assert_int_equal(mc_acq_create(&m, t.X, N_OBS, &opt, &b, &err), NAS_OK);
   double x[D] = {0.4, 0.02};
-  assert_float_equal(mc_acq_eval(a, x, NULL), mc_acq_eval(b, x, NULL), 0.0);
+  assert_near(mc_acq_eval(a, x, NULL), mc_acq_eval(b, x, NULL), 0.0);
   double worst[D] = {1.0, 1.0};
   assert_true(mc_acq_eval(a, worst, NULL) < mc_acq_eval(a, x, NULL) - 1.0);
   assert_true(mc_acq_eval(a, t.X, NULL) < mc_acq_eval(a, x, NULL));
@@ -479,7 +482,7 @@ static void followed_reference_values_extensions_at_a_bounded_trade_off(void **s
   assert_true(mc_acq_eval(b, bounded, NULL) > mc_acq_eval(a, bounded, NULL) + 5.0);
   assert_true(mc_acq_eval(b, bounded, NULL) > log(1e-3));
   double at_fixed = mc_acq_eval(a, unbounded, NULL);
-  assert_float_equal(mc_acq_eval(b, unbounded, NULL), at_fixed, 1e-9 * fabs(at_fixed));
+  assert_near(mc_acq_eval(b, unbounded, NULL), at_fixed, 1e-9 * fabs(at_fixed));
   mc_acq_free(a);
   mc_acq_free(b);
   gp_free(g[0]);
@@ -512,7 +515,7 @@ static void front_floors_are_best_values_that_distinct_front_points_share(void *
   acq_front_bounds(Y, 5, 3, on_front, low, high);
   nas_err err;
   assert_int_equal(acq_front_floors(Y, 5, 3, low, floor, &err), NAS_OK);
-  assert_float_equal(floor[0], 0, 0);
+  assert_near(floor[0], 0, 0);
   assert_true(isnan(floor[1]));
   assert_true(isnan(floor[2]));
   double twice[] = {0, 1, 0, 1, 1, 0};
@@ -534,7 +537,7 @@ static void front_floors_count_rows_behind_the_front(void **state) {
   assert_false(on_front[0]);
   assert_int_equal(acq_front_floors(Y, 4, 2, low, floor, &err), NAS_OK);
   assert_true(isnan(floor[0]));
-  assert_true(floor[1] == 0); /* not assert_float_equal: cmocka's passes NaN */
+  assert_near(floor[1], 0, 0);
 }
 
 /* A metric of few distinct values (here objective 0, repeating 0.5 between two different
@@ -552,7 +555,7 @@ static void front_floors_skip_objectives_whose_values_tie_elsewhere(void **state
   double repeated[] = {0, 1.3, 0.2, 0, 0.9, 0.6, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5, 2, 2, 2};
   acq_front_bounds(repeated, 5, 3, on_front, low, high);
   assert_int_equal(acq_front_floors(repeated, 5, 3, low, floor, &err), NAS_OK);
-  assert_float_equal(floor[0], 0, 0);
+  assert_near(floor[0], 0, 0);
 }
 
 /* exact_models' candidate (2, -0.5) improves on the front (0, 1), (0.5, 0.5), (1, 0) only
@@ -581,7 +584,7 @@ static void mc_hvi_counts_no_candidate_sample_below_a_floor(void **state) {
   assert_true(unfloored > log(0.1));
   assert_true(mc_acq_eval(b, candidate, NULL) < unfloored - 5.0);
   double between[D] = {0.3, 0.6};
-  assert_float_equal(mc_acq_eval(c, between, NULL), mc_acq_eval(a, between, NULL), 0.0);
+  assert_near(mc_acq_eval(c, between, NULL), mc_acq_eval(a, between, NULL), 0.0);
   mc_acq_free(a);
   mc_acq_free(b);
   mc_acq_free(c);
@@ -618,7 +621,7 @@ static void posterior_draw_keeps_known_points_and_varies_elsewhere(void **state)
   assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 7, again, &err), NAS_OK);
   assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 8, other, &err), NAS_OK);
   for (size_t i = 0; i < 5; i++)
-    for (size_t k = 0; k < 2; k++) assert_float_equal(F[i * 2 + k], y[k][i], 1e-3);
+    for (size_t k = 0; k < 2; k++) assert_near(F[i * 2 + k], y[k][i], 1e-3);
   assert_memory_equal(F, again, sizeof F);
   assert_true(fabs(F[5 * 2] - other[5 * 2]) > 1e-3 || fabs(F[5 * 2 + 1] - other[5 * 2 + 1]) > 1e-3);
   gp_free(g[0]);
@@ -638,7 +641,7 @@ static void posterior_draws_are_each_the_draw_of_their_own_seed(void **state) {
   assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 3, 7, three, &err), NAS_OK);
   for (size_t t = 0; t < 3; t++) {
     assert_int_equal(acq_posterior_draw(&m, draw_points, 6, 1, 7 + t, single, &err), NAS_OK);
-    for (size_t i = 0; i < 6 * 2; i++) assert_float_equal(three[t * 12 + i], single[i], 1e-9);
+    for (size_t i = 0; i < 6 * 2; i++) assert_near(three[t * 12 + i], single[i], 1e-9);
   }
   assert_true(fabs(three[5 * 2] - three[12 + 5 * 2]) > 1e-3);
   gp_free(g[0]);

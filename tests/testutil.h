@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +17,19 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+
+/* Fails unless actual lies within tolerance of expected, in double precision. cmocka 1.1.5's
+ * assert_float_equal converts both to float (so a tolerance under about 1e-7 of the values
+ * checks nothing) and passes a NaN (its comparisons are false both ways); this fails on a NaN. */
+#define assert_near(actual, expected, tolerance)                                             \
+  test_assert_near((actual), (expected), (tolerance), #actual, __FILE__, __LINE__)
+
+static inline void test_assert_near(double actual, double expected, double tolerance,
+                                    const char *what, const char *file, int line) {
+  if (fabs(actual - expected) <= tolerance) return;
+  print_error("%s is %.17g, expected %.17g within %g\n", what, actual, expected, tolerance);
+  _fail(file, line);
+}
 
 /* An owned fresh folder under $TMPDIR (or /tmp). */
 static inline char *test_tmpdir(void) {
