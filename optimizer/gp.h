@@ -13,10 +13,13 @@
  * Hyperparameters θ (GP_THETA_LEN(d) values): log lengthscales (d), log(noise/s), constant
  * mean, log outputscale. They are fitted by maximum a posteriori with the priors of
  * BoTorch's current defaults (Hvarfner et al. 2024): lengthscale ~ LogNormal(√2 + log(d)/2,
- * √3), lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-4·s (a floor on the
+ * √3), lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-5·s (a floor on the
  * noise-to-signal ratio: with the floor on the noise alone, a smooth 2-d function seen at 100
  * points fitted s = 37 and the posterior covariance of the acquisition's baseline could not
- * be factorised even with jitter), and the outputscale prior of its earlier ScaleKernel,
+ * be factorised even with jitter; BoTorch's 1e-4, a noise sd of 1% of the prior's, smoothed
+ * noise-free objectives over differences of 0.1% of their spread, which decide where a narrow
+ * minimum is pinned: DTLZ7's far tip, bench/RESULTS.md, issue 22's fourteenth round), and
+ * the outputscale prior of its earlier ScaleKernel,
  * s ~ Gamma(2, rate 0.15), 10⁻³ ≤ s ≤ 10⁴. Hvarfner et al. hold s = 1 on standardised outcomes; a fitted s (its prior's mode 6.7: a function that
  * may range wider than the data seen so far) did better on noisy BraninCurrin (log10 HV gap
  * 0.43 against 0.53 over 30 seeds; noise-free BraninCurrin unchanged). Where the mean is

@@ -34,7 +34,7 @@ static const double SQRT2 = 1.41421356237309504880;
 static const double SQRT3 = 1.73205080756887729353;
 static const double LOG_2PI = 1.83787706640934548356;
 static const double MIN_LENGTHSCALE = 0.025, MAX_LENGTHSCALE = 1e3;
-static const double MIN_NOISE = 1e-4, MAX_NOISE = 10.0;
+static const double MIN_NOISE = 1e-5, MAX_NOISE = 10.0;
 static const double NOISE_PRIOR_LOC = -4.0, NOISE_PRIOR_SCALE = 1.0;
 static const double MIN_OUTPUTSCALE = 1e-3, MAX_OUTPUTSCALE = 1e4;
 static const double OUTPUTSCALE_PRIOR_SHAPE = 2.0, OUTPUTSCALE_PRIOR_RATE = 0.15;
