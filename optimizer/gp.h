@@ -13,15 +13,19 @@
  * Hyperparameters θ (GP_THETA_LEN(d) values): log lengthscales (d), log(noise/s), constant
  * mean, log outputscale. They are fitted by maximum a posteriori with the priors of
  * BoTorch's current defaults (Hvarfner et al. 2024): lengthscale ~ LogNormal(√2 + log(d)/2,
- * √3), lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-4·s (a floor on the
+ * √3), lengthscale ≥ 0.025, noise ~ LogNormal(−4, 1), noise ≥ 1e-5·s (a floor on the
  * noise-to-signal ratio: with the floor on the noise alone, a smooth 2-d function seen at 100
  * points fitted s = 37 and the posterior covariance of the acquisition's baseline could not
- * be factorised even with jitter), and the outputscale prior of its earlier ScaleKernel,
+ * be factorised even with jitter; BoTorch's 1e-4, a noise sd of 1% of the prior's, smoothed
+ * noise-free objectives over differences of 0.1% of their spread, which decide where a narrow
+ * minimum is pinned: DTLZ7's far tip, bench/RESULTS.md, issue 22's fourteenth round), and
+ * the outputscale prior of its earlier ScaleKernel,
  * s ~ Gamma(2, rate 0.15), 10⁻³ ≤ s ≤ 10⁴. Hvarfner et al. hold s = 1 on standardised outcomes; a fitted s (its prior's mode 6.7: a function that
  * may range wider than the data seen so far) did better on noisy BraninCurrin (log10 HV gap
- * 0.43 against 0.53 over 30 seeds; noise-free BraninCurrin unchanged). It is held at 1 where
- * the mean is held at the worst value (gp_fit_options.worst_mean; bench/RESULTS.md, issue
- * 22's eleventh round). */
+ * 0.43 against 0.53 over 30 seeds; noise-free BraninCurrin unchanged). Where the mean is
+ * held at the worst value (gp_fit_options.worst_mean) it is held in units of √s, so that s
+ * does not change how far above the data the prior puts unexplored regions (bench/RESULTS.md,
+ * issue 22's eleventh and thirteenth rounds). */
 #ifndef NAS_OPTIMIZER_GP_H
 #define NAS_OPTIMIZER_GP_H
 
@@ -90,17 +94,15 @@ typedef struct {
   int restarts;     /* extra L-BFGS starts drawn around the prior's mode (0: the prior's mode
                      * and its low-noise variant only, see gp_fit.c) */
   int max_evals;    /* per start */
-  /* Fix the constant mean at the largest standardised outcome instead of fitting it: away
-   * from the data the model then expects the worst value seen (outcomes are minimised),
+  /* Fix the constant mean at the largest standardised outcome, in units of the prior's
+   * standard deviation (c = worst·√s, s fitted with it), instead of fitting it: away from
+   * the data the model then expects a value as bad as the worst seen (outcomes are minimised),
    * which stops the acquisition from chasing the far corners of a high-dimensional cube
    * only because nothing is known there (De Ath et al. 2021, "What do you mean? The role
    * of the mean function in Bayesian optimisation"). Unless the data reject it: when the
    * best fit with the mean free beats the held one's log posterior beyond a likelihood-ratio
-   * test at p < 10⁻⁴, the free fit stands (gp_fit.c). Both fits then hold the outputscale
-   * at 1, as the rule was measured: with s fitted there too, DTLZ2 (d = 6, M = 2) lost
-   * (log10 HV gap over 20 seeds −1.06 / −0.92 against −1.13 / −0.99 at q = 1 / 4; not
-   * traced: a larger s puts the held mean fewer prior standard deviations above the data;
-   * bench/RESULTS.md, issue 22's eleventh round). */
+   * test at p < 10⁻⁴, the free fit (s fitted too) stands (gp_fit.c; why the units of √s:
+   * set_mean_bounds there). */
   bool worst_mean;
   optimizer_cancel *cancel; /* NULL: never; when it says stop, gp_fit returns NAS_ECANCELED */
   /* NULL, or one known noise variance per observation (raw units², NaN where unknown): used

@@ -338,9 +338,10 @@ static gp *fit_worst_mean(const double *X, const double *y, size_t n, size_t d, 
   return g;
 }
 
-/* With worst_mean the constant mean is the largest standardised outcome, whatever the fit
- * does with the lengthscales and the noise; far from the data the posterior mean returns
- * to it, i.e. to the worst value observed. */
+/* With worst_mean the constant mean is the largest standardised outcome in units of the
+ * prior's standard deviation √s (c = largest·√s), whatever the fit does with the
+ * lengthscales, the noise and s; far from the data the posterior mean returns to it: in
+ * model units (gp.h), the worst value's standardised value. */
 static void worst_mean_is_held_at_the_largest_outcome(void **state) {
   (void)state;
   enum { N = 12, D = 3 };
@@ -351,16 +352,16 @@ static void worst_mean_is_held_at_the_largest_outcome(void **state) {
   fill_uniform(rng, y, N);
   double largest;
   gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
-  assert_true(gp_theta(g)[GP_THETA_MEAN(D)] == largest);
+  assert_true(fabs(gp_theta(g)[GP_THETA_MEAN(D)] - largest * model_unit(g, D)) < 1e-12);
   point_values v = predict_values(g, NULL, far);
-  assert_true(fabs(v.mean * model_unit(g, D) - largest) < 0.05);
+  assert_true(fabs(v.mean - largest) < 0.05);
   gp_free(g);
   gsl_rng_free(rng);
 }
 
-/* The outputscale is fitted with the mean, and held at 1 (log 0) with the worst-value mean,
- * in the held fit and in the free one that can stand in for it (gp.h). */
-static void outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value(void **state) {
+/* The outputscale is fitted with the mean free, with the worst-value mean held (which moves
+ * with it, c = largest·√s) and in the free fit that can stand in for the held one. */
+static void outputscale_is_fitted_also_where_the_mean_is_held(void **state) {
   (void)state;
   enum { N = 30, D = 3 };
   double X[N * D], y[N];
@@ -375,12 +376,40 @@ static void outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value(voi
   gp_free(g);
   double largest;
   g = fit_worst_mean(X, y, N, D, rng, &largest);
-  assert_true(gp_theta(g)[GP_THETA_SCALE(D)] == 0.0);
+  assert_true(fabs(gp_theta(g)[GP_THETA_SCALE(D)]) > 0.1);
+  assert_true(fabs(gp_theta(g)[GP_THETA_MEAN(D)] - largest * model_unit(g, D)) < 1e-12);
   gp_free(g);
-  y[N - 1] = 100; /* an outlier as the worst value: the free fit stands, s still 1 */
+  y[N - 1] = 100; /* an outlier as the worst value: the free fit stands, s fitted */
   g = fit_worst_mean(X, y, N, D, rng, &largest);
   assert_true(gp_theta(g)[GP_THETA_MEAN(D)] < largest - 1);
-  assert_true(gp_theta(g)[GP_THETA_SCALE(D)] == 0.0);
+  assert_true(fabs(gp_theta(g)[GP_THETA_SCALE(D)]) > 0.1);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* The held fit maximises the log posterior over s with the mean moving as c = largest·√s
+ * (the fit's gradient follows the mean's move): neither a larger nor a smaller s, the mean
+ * moved with it, does better. */
+static void held_mean_fit_is_a_maximum_as_the_mean_moves_with_s(void **state) {
+  (void)state;
+  enum { N = 30, D = 3 };
+  double X[N * D], y[N], ystd[N], shift, scale;
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = 0; i < N; i++) y[i] = sin(6 * X[i * D]) + X[i * D + 1];
+  double largest;
+  gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
+  gp_standardise(y, N, ystd, &shift, &scale);
+  double theta[GP_THETA_LEN(D)];
+  nas_err err;
+  memcpy(theta, gp_theta(g), sizeof theta);
+  double best = gp_log_posterior(GP_KERNEL_MATERN52, X, ystd, NULL, N, D, theta, NULL, &err);
+  for (int sign = -1; sign <= 1; sign += 2) {
+    theta[GP_THETA_SCALE(D)] = gp_theta(g)[GP_THETA_SCALE(D)] + sign * 0.05;
+    theta[GP_THETA_MEAN(D)] = largest * exp(0.5 * theta[GP_THETA_SCALE(D)]);
+    assert_true(gp_log_posterior(GP_KERNEL_MATERN52, X, ystd, NULL, N, D, theta, NULL, &err) <
+                best + 1e-6);
+  }
   gp_free(g);
   gsl_rng_free(rng);
 }
@@ -461,6 +490,34 @@ static void fit_interpolates_noise_free_structure_instead_of_calling_it_noise(vo
   gp_standardise(y, N, ystd, &shift, &scale);
   assert_true(gp_log_posterior(GP_KERNEL_MATERN52, X, ystd, NULL, N, D, gp_theta(g), NULL,
                                &err) > 0);
+  gp_free(g);
+  gsl_rng_free(rng);
+}
+
+/* DTLZ7's far tip (d = 6), noise-free: 24 random points and 16 on the face x1..x5 = 0
+ * around the minimum of f2 (x0 0.80–0.92; the minimum 2.3070 at x0 = 0.8594, 0.0042 lower
+ * than at 0.849). Where a run pins the tip depends on such differences, about 0.1% of the
+ * outcomes' spread. With the noise-to-signal ratio floored at 10⁻⁴ (the noise's sd 1% of
+ * the prior's, 0.06 here) the fit smoothed over them: the posterior mean 2.348 at the
+ * minimum, 0.001 below its value at 0.849 (bench/RESULTS.md, issue 22's fourteenth round). */
+static void noise_free_fit_resolves_a_narrow_minimum(void **state) {
+  (void)state;
+  enum { N = 40, D = 6, ON_FACE = 16 };
+  double X[N * D], y[N], tip[D] = {0.8594}, beside[D] = {0.849};
+  gsl_rng *rng = gsl_rng_alloc(gsl_rng_mt19937);
+  gsl_rng_set(rng, 5);
+  fill_uniform(rng, X, N * D);
+  for (size_t i = N - ON_FACE; i < N; i++) {
+    X[i * D] = 0.80 + 0.12 * (double)(i - (N - ON_FACE)) / (ON_FACE - 1);
+    for (size_t k = 1; k < D; k++) X[i * D + k] = 0;
+  }
+  for (size_t i = 0; i < N; i++) y[i] = dtlz7_f2(X + i * D);
+  double largest;
+  gp *g = fit_worst_mean(X, y, N, D, rng, &largest);
+  double at_tip = gp_shift(g) + gp_scale(g) * predict_values(g, NULL, tip).mean;
+  double at_beside = gp_shift(g) + gp_scale(g) * predict_values(g, NULL, beside).mean;
+  assert_true(fabs(at_tip - dtlz7_f2(tip)) < 0.02);
+  assert_true(at_beside - at_tip > 0.5 * (dtlz7_f2(beside) - dtlz7_f2(tip)));
   gp_free(g);
   gsl_rng_free(rng);
 }
@@ -595,8 +652,10 @@ int main(void) {
       cmocka_unit_test(lower_solve_by_columns_equals_the_solve_by_rows),
       cmocka_unit_test(posterior_matches_closed_form_for_two_points),
       cmocka_unit_test(outputscale_multiplies_the_kernel),
-      cmocka_unit_test(outputscale_is_fitted_unless_the_mean_is_held_at_the_worst_value),
+      cmocka_unit_test(outputscale_is_fitted_also_where_the_mean_is_held),
+      cmocka_unit_test(held_mean_fit_is_a_maximum_as_the_mean_moves_with_s),
       cmocka_unit_test(fitted_outputscale_keeps_the_baseline_factorisable),
+      cmocka_unit_test(noise_free_fit_resolves_a_narrow_minimum),
       cmocka_unit_test(outcomes_far_apart_keep_a_finite_scale),
       cmocka_unit_test(outcomes_farther_apart_than_the_largest_double_keep_a_finite_scale),
       cmocka_unit_test(readings_told_exact_leave_a_posterior_covariance_within_the_prior),
