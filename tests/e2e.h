@@ -50,12 +50,17 @@ static inline int nas(fixture *f, char **output, const char *cmd, const char *ar
   return test_run(f->dir, argv, output);
 }
 
+/* nas(f, …, cmd, arg, extra) that must exit 0: fails the test with its output otherwise. */
+static inline void nas_ok(fixture *f, const char *cmd, const char *arg, const char *extra) {
+  char *out;
+  int rc = nas(f, &out, cmd, arg, extra);
+  if (rc != 0) fail_msg("nas %s %s exited %d: %s", cmd, arg ? arg : "", rc, out);
+  free(out);
+}
+
 /* `nas run SPEC --no-progress` in the fixture folder; fails the test unless it exits 0. */
 static inline void run_spec(fixture *f, const char *spec) {
-  char *out;
-  int rc = nas(f, &out, "run", spec, "--no-progress");
-  if (rc != 0) fail_msg("nas run failed (%d): %s", rc, out);
-  free(out);
+  nas_ok(f, "run", spec, "--no-progress");
 }
 
 /* Runs argv (NULL-terminated, after "nas") in the fixture folder; parses stdout as JSON. */

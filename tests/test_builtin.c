@@ -661,8 +661,7 @@ static void assert_promoted_trial_resumes_exactly(fixture *f, const char *settin
   if (rc != 0) fail_msg("nas run hb failed (%d): %s", rc, out);
   assert_non_null(strstr(out, "promoted to rung 1: trains on to 3 epochs"));
   free(out);
-  assert_int_equal(nas(f, &out, "run", full, "--no-progress"), 0);
-  free(out);
+  run_spec(f, full);
   json_t *hb_rows = trials_json(f, "hb"), *full_rows = trials_json(f, "full");
   int promoted = -1;
   for (int number = 0; number < 3; number++) {
@@ -1005,8 +1004,7 @@ static void augmentation_on_a_dataset_without_images_is_refused(void **state) {
                               "objectives: [{name: accuracy, goal: maximize}]\n"
                               "trial:\n  builtin: {model: mlp, dataset: ./table.csv, epochs: 1}\n"
                               "budget: {trials: 1}\n");
-  assert_int_equal(nas(f, &out, "run", searched, "--no-progress"), 0);
-  free(out);
+  run_spec(f, searched);
   json_t *rows = trials_json(f, "searched");
   assert_int_equal(count_status(rows, "failed"), 1);
   json_decref(rows);
@@ -1022,8 +1020,7 @@ static void augmentation_on_a_dataset_without_images_is_refused(void **state) {
 static void assert_trial_fails_untrained(fixture *f, const char *name, const char *path,
                                          const char *want) {
   char *out;
-  assert_int_equal(nas(f, &out, "run", path, "--no-progress"), 0);
-  free(out);
+  run_spec(f, path);
   json_t *rows = trials_json(f, name);
   assert_int_equal(count_status(rows, "failed"), 1);
   json_decref(rows);
@@ -1058,10 +1055,8 @@ static void worker_beats_within_a_short_heartbeat_timeout(void **state) {
   fixture *f = *state;
   char *spec = digits_experiment(f, "beats", "mlp", "  lr: {type: float, low: 0.001, high: 0.01}\n",
                                  "epochs: 1, layers: 3, width: 1536, batch_size: 16", 1, 1,
-                                 "2m\n  heartbeat_timeout: 2s\n  max_attempts: 1"),
-       *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-  free(out);
+                                 "2m\n  heartbeat_timeout: 2s\n  max_attempts: 1");
+  run_spec(f, spec);
   json_t *rows = trials_json(f, "beats");
   if (count_status(rows, "completed") != 1)
     fail_msg("lost: %s", json_dumps(rows, 0));
@@ -1081,9 +1076,8 @@ static void batch_norm_trials_skip_a_last_batch_of_one_example_per_part(void **s
       "epochs: 2, norm: batch, limit_train: 35, batch_size: 32, devices: 2",
       "epochs: 2, norm: batch, limit_train: 37, batch_size: 16, pipeline: {stages: 2, chunks: 4}"};
   for (int i = 0; i < 3; i++) {
-    char *spec = digits_spec(f, names[i], settings[i], 1, 1, "1m"), *out;
-    assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-    free(out);
+    char *spec = digits_spec(f, names[i], settings[i], 1, 1, "1m");
+    run_spec(f, spec);
     json_t *rows = trials_json(f, names[i]);
     if (count_status(rows, "completed") != 1) {
       char *log = trial_log(f, names[i], 0);

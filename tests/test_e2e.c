@@ -397,8 +397,7 @@ static void gpus_cap_parallel_and_each_trial_sees_its_own(void **state) {
 static void changed_spec_is_refused_with_its_differences(void **state) {
   fixture *f = *state;
   char *spec = timing_spec(f, 2, 2, "0"), *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-  free(out);
+  run_spec(f, spec);
   free(spec);
   spec = test_write(f->dir, "timing.yaml",
                     "name: timing\n"
@@ -604,8 +603,7 @@ static void report_by_number_to_a_finished_trial_needs_force(void **state) {
                           "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 5}}\"']}\n"
                           "budget: {trials: 1}\n");
   char *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-  free(out);
+  run_spec(f, spec);
   char *report[] = {(char *)test_nas_bin(), "report", "y=7", "--experiment", "done", "--trial",
                     "0", "--storage", f->db, NULL, NULL};
   assert_int_equal(test_run(f->dir, report, &out), 1);

@@ -94,10 +94,8 @@ static void every_command_works_on_postgresql(void **state) {
   assert_true(num(json_array_get(rows, 0), "latency_ms_p50") > 0);
   json_decref(rows);
   /* stop and resume: a stopped experiment continues to its budget. */
-  assert_int_equal(nas(f, &out, "stop", "pg", NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "resume", "pg", "--no-progress"), 0);
-  free(out);
+  nas_ok(f, "stop", "pg", NULL);
+  nas_ok(f, "resume", "pg", "--no-progress");
   unsetenv("NAS_STORAGE");
   free(spec), free(builtin), free(url);
   teardown((void **)&f);

@@ -601,8 +601,7 @@ static void ask_and_tell_from_the_shell_tell_each_end_the_front_and_the_finish(v
   fixture *f = *state;
   receiver *rv = receiver_start(0, 200, 0);
   char *text = told_spec("told", rv->port), *spec = test_write(f->dir, "told.yaml", text), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
   for (int i = 0; i < 3; i++) {
     assert_int_equal(nas(f, &out, "ask", "told", "--format=json"), 0);
     json_t *asked = json_loads(out, 0, NULL);
@@ -683,8 +682,7 @@ static void a_last_trial_stopped_early_tells_the_finish(void **state) {
   fixture *f = *state;
   receiver *rv = receiver_start(0, 200, 0);
   char *text = stopping_spec("early", rv->port), *spec = test_write(f->dir, "early.yaml", text), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
   const char *ask[] = {"ask", "early", "-n", "2", NULL};
   const char *curve[] = {"tell", "early", "0", "--step", "1", "y=0.1", NULL};
   const char *first[] = {"tell", "early", "0", "--complete", NULL};
@@ -736,9 +734,7 @@ static void two_last_tells_at_once_finish_the_experiment_once(void **state) {
   hooked h;
   hooked_start(&h, 0, 200, 0, NOTIFY_ALL_EVENTS);
   char *text = stopping_spec("racing", h.rv->port), *file = test_write(f->dir, "racing.yaml", text);
-  char *out;
-  assert_int_equal(nas(f, &out, "create", file, NULL), 0);
-  free(out);
+  nas_ok(f, "create", file, NULL);
   storage *st = NULL;
   spec *s = NULL;
   experiment_row exp;
@@ -812,10 +808,8 @@ static void a_handed_out_trial_lost_for_good_is_told_as_failed(void **state) {
                             "budget: {trials: 1}\n"
                             "notify: [{url: \"http://127.0.0.1:%d/lost\"}]\n", rv->port);
   char *spec = test_write(f->dir, "lost.yaml", text), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", "lost", NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
+  nas_ok(f, "ask", "lost", NULL);
   nas_sleep(1.5);
   assert_int_equal(nas(f, &out, "ask", "lost", NULL), 1);
   assert_non_null(strstr(out, "spent its budget"));

@@ -112,11 +112,8 @@ static void trials_that_cannot_start_stop_the_run_at_max_failure_rate(void **sta
 
 /* `nas create SPEC`, then `nas ask NAME`: trial 0 is handed out. */
 static void create_and_ask_one(fixture *f, const char *spec, const char *name) {
-  char *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", name, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
+  nas_ok(f, "ask", name, NULL);
 }
 
 /* A trial handed out by `nas ask` is no job of the runner's: `nas resume` of an experiment
@@ -245,10 +242,8 @@ static void nas_stop_from_another_process_stops_the_run(void **state) {
                           "runner: {type: local, kill_grace: 1}\n");
   pid_t pid = start_nas_run(f, spec);
   nas_sleep_ms(1000);
-  char *out;
   double start = nas_now();
-  assert_int_equal(nas(f, &out, "stop", "long", NULL), 0);
-  free(out);
+  nas_ok(f, "stop", "long", NULL);
   int status;
   waitpid(pid, &status, 0);
   assert_true(nas_now() - start < 10);

@@ -58,8 +58,7 @@ static void expect_status(const test_server *srv, const char *method, const char
 static void every_read_endpoint_answers_what_the_cli_shows(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "quick.yaml", quick_spec), *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-  free(out);
+  run_spec(f, spec);
   test_server srv;
   start_or_fail(&srv, f, NULL);
   json_t *list = get_ok(&srv, "/api/v1/experiments");
@@ -286,8 +285,7 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
 static void shell_loop_drives_ask_and_tell_without_a_server(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
   for (int i = 0; i < 3; i++) {
     const char *ask[] = {test_nas_bin(), "ask", "asked", "--format", "json", "--storage", f->db, NULL};
     assert_int_equal(test_run(f->dir, (char *const *)ask, &out), 0);
@@ -319,8 +317,7 @@ static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) 
   free(out);
   assert_int_equal(nas(f, &out, "status", NULL, NULL), 1); /* nothing was stored: no database */
   free(out);
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
   assert_int_equal(nas(f, &out, "resume", "asked", "--no-progress"), 1);
   assert_non_null(strstr(out, "nothing for 'nas run' to launch"));
   /* named by the experiment: the stored spec has no file (it said "<string>: …") */
@@ -335,18 +332,15 @@ static void spec_without_a_trial_section_is_for_ask_and_tell_only(void **state) 
 static void a_stopped_ask_and_tell_experiment_is_opened_again_by_create(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
   assert_int_equal(nas(f, &out, "stop", "asked", NULL), 0);
   if (strstr(out, "nas resume") || !strstr(out, "'nas create ")) fail_msg("stop said: %s", out);
   free(out);
   assert_int_equal(nas(f, &out, "ask", "asked", NULL), 1);
   assert_non_null(strstr(out, "is stopped"));
   free(out);
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
+  nas_ok(f, "ask", "asked", NULL);
 
   test_server srv;
   start_or_fail(&srv, f, NULL);
@@ -368,10 +362,8 @@ static void a_stopped_ask_and_tell_experiment_is_opened_again_by_create(void **s
 static void queued_trials_of_an_ask_and_tell_experiment_are_hinted_to_nas_ask(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
-  assert_int_equal(nas(f, &out, "ask", "asked", NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
+  nas_ok(f, "ask", "asked", NULL);
   char *fail[] = {(char *)test_nas_bin(), "tell", "asked", "0", "--fail", "broke", "--storage", f->db, NULL};
   assert_int_equal(test_run(f->dir, fail, &out), 0);
   free(out);

@@ -134,7 +134,7 @@ static void every_client_command_works_through_the_server(void **state) {
 }
 
 /* Runs `nas ARGV…` and fails the test with its output unless it exits 0. */
-static void nas_ok(fixture *f, const char *const *args) {
+static void nas_argv_ok(fixture *f, const char *const *args) {
   char *out;
   if (nas_argv(f, &out, args) != 0) fail_msg("nas %s: %s", args[0], out);
   free(out);
@@ -160,13 +160,13 @@ static void copy_rename_and_delete_work_through_the_server(void **state) {
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv), *spec = test_write(f->dir, "asked.yaml", asked_spec);
-  nas_ok(f, (const char *[]){"create", spec, "--storage", url, NULL});
-  nas_ok(f, (const char *[]){"ask", "asked", "-n", "2", "--storage", url, NULL});
+  nas_argv_ok(f, (const char *[]){"create", spec, "--storage", url, NULL});
+  nas_argv_ok(f, (const char *[]){"ask", "asked", "-n", "2", "--storage", url, NULL});
   for (int i = 0; i < 2; i++)
-    nas_ok(f, (const char *[]){"tell", "asked", i ? "1" : "0", "--complete", "loss=0.5",
-                               "--storage", url, NULL});
-  nas_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", url, NULL});
-  nas_ok(f, (const char *[]){"rename", "copied", "renamed", "--storage", url, NULL});
+    nas_argv_ok(f, (const char *[]){"tell", "asked", i ? "1" : "0", "--complete", "loss=0.5",
+                                    "--storage", url, NULL});
+  nas_argv_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", url, NULL});
+  nas_argv_ok(f, (const char *[]){"rename", "copied", "renamed", "--storage", url, NULL});
   size_t n;
   assert_int_equal(stored_trials(f, "copied", &n), NAS_ENOTFOUND);
   assert_int_equal(stored_trials(f, "renamed", &n), NAS_OK);
@@ -174,7 +174,7 @@ static void copy_rename_and_delete_work_through_the_server(void **state) {
   json_t *rows = trials_json(f, "renamed");
   assert_int_equal(count_status(rows, "completed"), 2);
   json_decref(rows);
-  nas_ok(f, (const char *[]){"delete", "renamed", "--yes", "--storage", url, NULL});
+  nas_argv_ok(f, (const char *[]){"delete", "renamed", "--yes", "--storage", url, NULL});
   assert_int_equal(stored_trials(f, "renamed", &n), NAS_ENOTFOUND);
   assert_int_equal(stored_trials(f, "asked", &n), NAS_OK);
   assert_int_equal(n, 2);
@@ -303,10 +303,10 @@ static void log_backlog_larger_than_a_request_is_stored_once(void **state) {
 static void copy_of_more_observations_than_a_request_holds_gets_through(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec);
-  nas_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
-  nas_ok(f, (const char *[]){"ask", "asked", "--storage", f->db, NULL});
-  nas_ok(f, (const char *[]){"tell", "asked", "0", "--complete", "loss=0.5", "--storage", f->db,
-                             NULL});
+  nas_argv_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
+  nas_argv_ok(f, (const char *[]){"ask", "asked", "--storage", f->db, NULL});
+  nas_argv_ok(f, (const char *[]){"tell", "asked", "0", "--complete", "loss=0.5", "--storage",
+                                  f->db, NULL});
   storage *st = open_or_fail(f->db);
   metric_obs *obs = malloc(BACKLOG_OBS * sizeof *obs);
   assert_non_null(obs);
@@ -320,8 +320,8 @@ static void copy_of_more_observations_than_a_request_holds_gets_through(void **s
   test_server srv;
   start_or_fail(&srv, f->dir, to_db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);
-  nas_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", f->db, "--storage-to", url,
-                             NULL});
+  nas_argv_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", f->db, "--storage-to",
+                                  url, NULL});
   assert_int_equal(test_server_stop(&srv), 0);
   assert_true(each_step_stored_once(to_db, "copied", "m", BACKLOG_OBS));
   storage *from = open_or_fail(f->db), *to = open_or_fail(to_db);
@@ -392,18 +392,18 @@ static void assert_many_trials(const char *db, const char *name, const char *sta
 static void copy_of_more_trials_than_a_request_holds_gets_through(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec);
-  nas_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
+  nas_argv_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
   store_many_trials(f->db, "asked");
   char *to_db = nas_asprintf("sqlite:%s/to.db", f->dir), *out;
   char *back_db = nas_asprintf("sqlite:%s/back.db", f->dir);
   test_server srv;
   start_or_fail(&srv, f->dir, to_db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);
-  nas_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", f->db, "--storage-to", url,
-                             NULL});
-  nas_ok(f, (const char *[]){"copy", "copied", "again", "--storage", url, NULL});
-  nas_ok(f, (const char *[]){"copy", "again", "back", "--storage", url, "--storage-to", back_db,
-                             NULL});
+  nas_argv_ok(f, (const char *[]){"copy", "asked", "copied", "--storage", f->db, "--storage-to",
+                                  url, NULL});
+  nas_argv_ok(f, (const char *[]){"copy", "copied", "again", "--storage", url, NULL});
+  nas_argv_ok(f, (const char *[]){"copy", "again", "back", "--storage", url, "--storage-to",
+                                  back_db, NULL});
   const char *taken[] = {"copy", "asked", "again", "--storage", f->db, "--storage-to", url, NULL};
   assert_int_not_equal(nas_argv(f, &out, taken), 0);
   assert_contains(out, "exists already");
@@ -425,7 +425,7 @@ static void copy_of_more_trials_than_a_request_holds_gets_through(void **state) 
 static void copy_failing_part_way_is_left_under_a_name_that_says_so(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec);
-  nas_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
+  nas_argv_ok(f, (const char *[]){"create", spec, "--storage", f->db, NULL});
   size_t sizes[] = {1 << 20, 10, 5 << 20};
   trial_row trials[3];
   for (int i = 0; i < 3; i++) {
@@ -468,8 +468,7 @@ static void copy_failing_part_way_is_left_under_a_name_that_says_so(void **state
 static void worker_started_by_hand_reports_through_the_server(void **state) {
   fixture *f = *state;
   char *spec = digits_spec(f, 1), *out;
-  assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-  free(out);
+  nas_ok(f, "create", spec, NULL);
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);

@@ -28,9 +28,8 @@ static const char quick_spec[] =
 
 static void wall_time_stops_trials_and_says_so(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "sleepy.yaml", sleepy_spec), *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-  free(out);
+  char *spec = test_write(f->dir, "sleepy.yaml", sleepy_spec);
+  run_spec(f, spec);
   json_t *rows = trials_json(f, "sleepy");
   assert_int_equal(count_status(rows, "stopped"), 2);
   const char *error = json_string_value(json_object_get(json_array_get(rows, 0), "error"));
@@ -42,8 +41,7 @@ static void wall_time_stops_trials_and_says_so(void **state) {
 static void nas_stop_says_what_it_did_and_leaves_a_finished_experiment_finished(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "quick.yaml", quick_spec), *out;
-  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
-  free(out);
+  run_spec(f, spec);
   assert_int_equal(nas(f, &out, "stop", "quick", NULL), 0);
   assert_non_null(strstr(out, "finished already"));
   free(out);
@@ -158,8 +156,7 @@ static void delete_takes_yes_in_any_case_and_nothing_else(void **state) {
                               "budget: {trials: 1}\n", i);
     char *file = nas_asprintf("gone%zu.yaml", i), *name = nas_asprintf("gone%zu", i), *out;
     char *spec = test_write(f->dir, file, text);
-    assert_int_equal(nas(f, &out, "create", spec, NULL), 0);
-    free(out);
+    nas_ok(f, "create", spec, NULL);
     char *screen = delete_answering(f, name, cases[i].answer);
     if (!strstr(screen, "[y/N]")) fail_msg("no question on the terminal: %s", screen);
     int rc = nas(f, &out, "status", name, NULL);
