@@ -497,13 +497,13 @@ static int keep_far(const double *X, size_t dim, size_t farthest, double reach, 
   return NAS_OK;
 }
 
-/* Moves the inferred coordinates of ref out to the front's reach (see above): rows are the
- * n_rows complete observations, margin the inferred coordinates' margins. Under the fixed
- * reference, a neighbour whose draw reaches reach_far_margins past the front goes to *far
- * (owned; untouched if none). */
+/* Moves the inferred coordinates of ref out to the front's reach (see above): low and high
+ * are the front's bounds over the complete observations (acq_front_bounds), margin the
+ * inferred coordinates' margins. Under the fixed reference, a neighbour whose draw reaches
+ * reach_far_margins past the front goes to *far (owned; untouched if none). */
 static int reach_reference(const gp_state *st, const bo_data *d, const bo_models *md, int number,
-                           const double *front, size_t n_front, const double *rows,
-                           size_t n_rows, const double *margin, const double *floor,
+                           const double *front, size_t n_front, const double *low,
+                           const double *high, const double *margin, const double *floor,
                            double *ref, double **far, nas_err *err) {
   const spec *s = space_spec(st->sp);
   size_t m = d->m, K = m + md->c, n = 0;
@@ -516,14 +516,12 @@ static int reach_reference(const gp_state *st, const bo_data *d, const bo_models
   gsl_rng_set(rng, (unsigned long)seed);
   double *X = front_neighbours(st->sp, front, n_front, rng, &n, err);
   double *F = X ? malloc((reach_draws * n * K + 1) * sizeof *F) : NULL;
-  bool *on_front = malloc(n_rows + 1);
   int rc = X ? NAS_OK : NAS_ERR;
-  if (rc == NAS_OK && (!F || !on_front)) rc = nas_errf(err, "optimizer gp: out of memory");
+  if (rc == NAS_OK && !F) rc = nas_errf(err, "optimizer gp: out of memory");
   acq_models models = acq_models_of(md, m);
   if (rc == NAS_OK) rc = acq_posterior_draw(&models, X, n, reach_draws, seed ^ 1, F, err);
-  double low[m], high[m], reach = -HUGE_VAL; /* the farthest, in margins past the front */
+  double reach = -HUGE_VAL; /* the farthest, in margins past the front */
   size_t farthest = 0;
-  if (rc == NAS_OK) acq_front_bounds(rows, n_rows, m, on_front, low, high);
   for (size_t i = 0; rc == NAS_OK && i < reach_draws * n; i++) {
     double f[K]; /* the draw, no objective below its floor (none where NaN) */
     for (size_t c = 0; c < K; c++) f[c] = c < m ? fmax(F[i * K + c], floor[c]) : F[i * K + c];
@@ -542,32 +540,29 @@ static int reach_reference(const gp_state *st, const bo_data *d, const bo_models
   }
   /* `follow` values a point past the reference already: no far pick there */
   if (rc == NAS_OK && !st->follow_reference) rc = keep_far(X, d->dim, farthest, reach, far, err);
-  free(on_front);
   free(F);
   free(X);
   gsl_rng_free(rng);
   return rc;
 }
 
-/* The objectives' floors (acq_front_floors) of the n complete observed rows: where several
- * distinct rows share an objective's best value exactly, the objective has reached a bound
- * there, and a model's value below it is its noise. On DTLZ2 with three objectives (a face
- * of the front at each objective's 0) the acquisition's samples and the reach's draws below
- * 0 made gains across a whole face: 100 of 108 picks lay on a face (seeds 0-2, q = 1), 72
- * outside the benchmark's reference box, and the reach moved the reference out to 1.5-2.0
- * where the front's nadir is 1 (bench/RESULTS.md, issue 22's twelfth round). With two
- * objectives the face is the front's end, one front point and the rows behind it at the
- * same 0 (x0 = 0, any g): 163 of 360 picks went to the ends without the floor, 130 with it
- * (48 told the reference; q = 4, seeds 0-9), and the front ended with 9.1 points on average
- * against 11.3 (18.6; issue 22's thirteenth round). */
-static int observed_floors(const double *rows, size_t n, size_t m, double *floor, nas_err *err) {
-  bool *on_front = malloc(n + 1);
-  if (!on_front) return nas_errf(err, "optimizer gp: out of memory");
-  double low[m], high[m];
-  acq_front_bounds(rows, n, m, on_front, low, high);
-  int rc = acq_front_floors(rows, n, m, low, floor, err);
-  free(on_front);
-  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "optimizer gp");
+/* The objectives' floors (acq_front_floors) of the n complete observed rows (low: their
+ * front's best values, acq_front_bounds): where several distinct rows share an objective's
+ * best value exactly, the objective has reached a bound there, and a model's value below it
+ * is its noise. On DTLZ2 with three objectives (a face of the front at each objective's 0)
+ * the acquisition's samples and the reach's draws below 0 made gains across a whole face:
+ * 100 of 108 picks lay on a face (seeds 0-2, q = 1), 72 outside the benchmark's reference
+ * box, and the reach moved the reference out to 1.5-2.0 where the front's nadir is 1
+ * (bench/RESULTS.md, issue 22's twelfth round). With two objectives the face is the front's
+ * end, one front point and the rows behind it at the same 0 (x0 = 0, any g): 163 of 360
+ * picks went to the ends without the floor, 130 with it (48 told the reference; q = 4,
+ * seeds 0-9), and the front ended with 9.1 points on average against 11.3 (18.6; issue 22's
+ * thirteenth round). */
+static int observed_floors(const double *rows, size_t n, size_t m, const double *low,
+                           double *floor, nas_err *err) {
+  if (acq_front_floors(rows, n, m, low, floor, err) != NAS_OK)
+    return nas_err_prefix(err, "optimizer gp");
+  return NAS_OK;
 }
 
 /* The reference point of one pick: from the thresholds, else inferred (pareto_reference_point, as
@@ -591,9 +586,11 @@ static int pick_reference(const gp_state *st, const bo_data *d, const bo_models 
     if (gp_work_len(md->obj[j]) > work_len) work_len = gp_work_len(md->obj[j]);
   double *rows = malloc(((d->n + d->np) * d->m + 1) * sizeof *rows);
   double *work = malloc((work_len + 1) * sizeof *work);
-  if (!rows || !work) {
+  bool *on_front = malloc(d->n + 1);
+  if (!rows || !work || !on_front) {
     free(rows);
     free(work);
+    free(on_front);
     return nas_errf(err, "optimizer gp: out of memory");
   }
   size_t k = 0;
@@ -604,12 +601,15 @@ static int pick_reference(const gp_state *st, const bo_data *d, const bo_models 
     predict_objectives(md, d->P + i * d->dim, work, rows + k++ * d->m);
   pareto_reference_margins(s, rows, k, ref, margin);
   push_for_pending(s, rows, k - d->np, d->np, ref);
-  int rc = observed_floors(rows, k - d->np, d->m, floor, err);
+  double low[d->m], high[d->m]; /* the observed front's bounds */
+  acq_front_bounds(rows, k - d->np, d->m, on_front, low, high);
+  int rc = observed_floors(rows, k - d->np, d->m, low, floor, err);
   if (rc == NAS_OK)
-    rc = reach_reference(st, d, md, number, front, n_front, rows, k - d->np, margin, floor, ref,
-                         far, err);
+    rc = reach_reference(st, d, md, number, front, n_front, low, high, margin, floor, ref, far,
+                         err);
   free(rows);
   free(work);
+  free(on_front);
   return rc;
 }
 

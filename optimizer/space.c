@@ -396,6 +396,15 @@ static bool param_active(const spec *s, size_t i, const json_t *params) {
   return !s->params[i].conditional || spec_param_active(s, i, params);
 }
 
+/* Parameter i (not fixed) at value into its coordinates of x. */
+static int encode_value(const space *sp, size_t i, const json_t *value, double *x,
+                        nas_err *err) {
+  const param_spec *p = &sp->s->params[i];
+  double *xi = x + sp->layout[i].dim;
+  return p->kind == PARAM_CATEGORICAL ? encode_categorical(p, value, xi, err)
+                                      : encode_numeric(p, &sp->layout[i].ax, value, xi, err);
+}
+
 int space_encode(const space *sp, const json_t *params, double *x, nas_err *err) {
   if (!json_is_object(params)) return nas_errf(err, "space: parameters are not an object");
   const spec *s = sp->s;
@@ -409,8 +418,7 @@ int space_encode(const space *sp, const json_t *params, double *x, nas_err *err)
     }
     const json_t *value = json_object_get(params, p->name);
     if (!value) return nas_errf(err, "parameter '%s' is missing", p->name);
-    int rc = p->kind == PARAM_CATEGORICAL ? encode_categorical(p, value, xi, err)
-                                          : encode_numeric(p, &sp->layout[i].ax, value, xi, err);
+    int rc = encode_value(sp, i, value, x, err);
     if (rc < 0) return rc;
   }
   return 0;
@@ -490,9 +498,7 @@ int space_snap_near(const space *sp, const double *ref, double *x, nas_err *err)
       if (isnan(x[k])) return nas_errf(err, "space: coordinate %zu is NaN", k);
     json_t *value = decode_value(sp, i, x);
     if (!value) return nas_errf(err, "space: out of memory decoding '%s'", p->name);
-    int rc = p->kind == PARAM_CATEGORICAL ? encode_categorical(p, value, x + at, err)
-                                          : encode_numeric(p, &sp->layout[i].ax, value, x + at,
-                                                           err);
+    int rc = encode_value(sp, i, value, x, err);
     json_decref(value);
     if (rc < 0) return rc;
   }
