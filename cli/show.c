@@ -252,7 +252,6 @@ static int pareto_rows(const spec *s, const json_t *front, bool model, const cha
                        cli_table *t) {
   size_t k, first = (label ? 2 : 1), means_end = first + (model ? s->n_objectives : 0);
   const json_t *row;
-  int rc = NAS_OK;
   json_array_foreach(front, k, row) {
     json_t *cells = json_array();
     if (label) json_array_append_new(cells, json_string(label));
@@ -263,10 +262,9 @@ static int pareto_rows(const spec *s, const json_t *front, bool model, const cha
       const json_t *cell = json_object_get(from, key);
       json_array_append_new(cells, cell ? json_incref((json_t *)cell) : json_null());
     }
-    if (rc == NAS_OK) rc = cli_table_add_row(t, cells);
-    else json_decref(cells);
+    if (cli_table_add_row(t, cells) != NAS_OK) return NAS_ERR;
   }
-  return rc;
+  return NAS_OK;
 }
 
 /* The front's rows as a table (pareto_columns without a label). */

@@ -408,11 +408,11 @@ typedef struct {
 } tr_train_part;
 /* Training state file (docs/engine.md): what a run holds besides the weights, so that one
  * stopped after a step goes on exactly as if it had not stopped: the optimiser's kind, step
- * counts (its own and each parameter's) and state tensors (SGD's momentum buffers, Adam's moments; zeros where no step made
- * them yet), ctx's generator (dropout's masks) and which part of the training it is (part
- * NULL: the whole, part 0 of 1). Written atomically. Load checks the checksum, the version,
- * that the state is this part's of as many parts, of this optimiser's kind and parameters,
- * and changes nothing unless all of it is good. */
+ * counts (its own and each parameter's) and state tensors (SGD's momentum buffers, Adam's
+ * moments; zeros where no step made them yet), ctx's generator (dropout's masks) and which
+ * part of the training it is (part NULL: the whole, part 0 of 1). Written atomically. Load
+ * checks the checksum, the version, that the state is this part's of as many parts, of this
+ * optimiser's kind and parameters, and changes nothing unless all of it is good. */
 int tr_train_state_save(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, const char *path,
                         nas_err *err);
 int tr_train_state_load(tr_ctx *ctx, tr_optim *opt, const tr_train_part *part, const char *path,
