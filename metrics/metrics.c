@@ -172,11 +172,18 @@ int metric_check(const char *name, double value, nas_err *err) {
   return NAS_OK;
 }
 
+/* Refuses text when it is a word for a value that is not finite ("nan", "-Infinity"), as
+ * a metric line or an argument may hold one: named by the metric, not refused as no number. */
+static int nonfinite_word_check(const char *name, const char *text, nas_err *err) {
+  if (text[0] && nonfinite_len(text) == strlen(text))
+    return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
+  return NAS_OK;
+}
+
 static int value_check(const char *name, const json_t *value, nas_err *err) {
   if (!name[0]) return nas_errf(err, "a metric has an empty name");
   const char *text = json_is_string(value) ? json_string_value(value) : "";
-  if (text[0] && nonfinite_len(text) == strlen(text))
-    return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
+  if (nonfinite_word_check(name, text, err) != NAS_OK) return NAS_ERR;
   if (!json_is_number(value))
     return nas_errf(err, "metric \"%s\" is %s, not a number", name, json_kind(value));
   return metric_check(name, json_number_value(value), err);
@@ -206,10 +213,8 @@ static size_t decimal_len(const char *p) {
 }
 
 int metric_value_parse(const char *name, const char *text, double *value, nas_err *err) {
+  if (nonfinite_word_check(name, text, err) != NAS_OK) return NAS_ERR;
   size_t len = strlen(text);
-  /* a word for a value that is not finite is caught by name, as in a line */
-  if (len && nonfinite_len(text) == len)
-    return nas_errf(err, "metric \"%s\" is %s, not a finite number", name, text);
   /* decimal only: strtod alone also reads hexadecimal, "inf" and blanks before the number */
   if (!len || decimal_len(text) != len)
     return nas_errf(err, "metric \"%s\" is '%s', not a number (a decimal number: 3, -0.25, .5, "

@@ -47,14 +47,30 @@ static void tell_events_begin(sched *sc, storage *st, const spec *s, const exper
 
 /* Whether every trial the budget allows exists and has ended, as a run ends with its
  * budget spent (SCHED_FINISHED); counts them into sc for experiment_finished. */
-static bool budget_spent_and_ended(sched *sc, const sched_results *r) {
+static bool budget_spent_and_ended(sched *sc, const trial_row *trials, size_t n) {
   memset(&sc->counts, 0, sizeof sc->counts);
   bool ended = true;
-  for (size_t t = 0; t < r->n_trials; t++) {
-    sched_count(sc, TRIAL_STATUS_COUNT, r->trials[t].status);
-    ended &= trial_status_final(r->trials[t].status);
+  for (size_t t = 0; t < n; t++) {
+    sched_count(sc, TRIAL_STATUS_COUNT, trials[t].status);
+    ended &= trial_status_final(trials[t].status);
   }
   return ended && sc->counts.total >= sc->s->budget.max_trials;
+}
+
+/* Whether the experiment's trials, as they are since the tell, leave its budget spent and
+ * ended: those of the results events.c loaded for the tell's webhooks, else the trials
+ * alone, since every tell asks and the results would read every metric too. */
+static int budget_spent_now(sched *sc, bool *spent, nas_err *err) {
+  if (sc->results_fresh) {
+    *spent = budget_spent_and_ended(sc, sc->results.trials, sc->results.n_trials);
+    return NAS_OK;
+  }
+  trial_row *trials = NULL;
+  size_t n = 0;
+  if (storage_trial_list(sc->st, sc->exp->id, &trials, &n, err) != NAS_OK) return NAS_ERR;
+  *spent = budget_spent_and_ended(sc, trials, n);
+  trial_rows_free(trials, n);
+  return NAS_OK;
 }
 
 /* The one place an ask-and-tell experiment finishes: once a trial's end leaves the budget
@@ -64,10 +80,11 @@ static bool budget_spent_and_ended(sched *sc, const sched_results *r) {
  * A failure is logged, not returned: the trial's end is stored already. */
 static void finish_if_spent(sched *sc) {
   nas_err err;
-  const sched_results *r = sched_results_now(sc, &err);
-  if (r && !budget_spent_and_ended(sc, r)) return;
-  bool changed = false;
-  if (r && storage_experiment_set_status(sc->st, sc->exp->id, "finished", &changed, &err) == NAS_OK) {
+  bool spent = false, changed = false;
+  int rc = budget_spent_now(sc, &spent, &err);
+  if (rc == NAS_OK && !spent) return;
+  if (rc == NAS_OK &&
+      storage_experiment_set_status(sc->st, sc->exp->id, "finished", &changed, &err) == NAS_OK) {
     if (changed) sched_events_finished(sc);
     return;
   }
@@ -82,7 +99,6 @@ static void tell_events_end(sched *sc, const trial_row *ended, trial_status stat
     trial_row row = *ended;
     row.status = status;
     if (sc->notifier) sched_events_told(sc, &row, why);
-    else sched_results_stale(sc);
     finish_if_spent(sc);
   }
   sched_events_release(sc);

@@ -58,10 +58,10 @@ static void log_notes_show(sched *sc, const inflight *job, const metric_log_note
     sched_progress_event(sc, &job->row, what ? what : "truncated its log");
     free(what);
   }
-  if (notes->bad == 1) sched_progress_event(sc, &job->row, notes->first_bad.msg);
-  if (notes->bad > 1) {
-    char *what = nas_asprintf("%s (and %zu more malformed metric lines)", notes->first_bad.msg,
-                              notes->bad - 1);
+  if (notes->bad > 0) {
+    char *what = notes->bad == 1 ? NULL
+                                 : nas_asprintf("%s (and %zu more malformed metric lines)",
+                                                notes->first_bad.msg, notes->bad - 1);
     sched_progress_event(sc, &job->row, what ? what : notes->first_bad.msg);
     free(what);
   }

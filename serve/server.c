@@ -319,11 +319,8 @@ static int parse_listen(const char *listen, struct sockaddr_storage *addr, nas_e
   const char *colon = strrchr(listen, ':');
   if (!colon || colon == listen || !colon[1])
     return nas_errf(err, "--listen '%s': expected HOST:PORT, e.g. 127.0.0.1:8470", listen);
-  const char *port = colon + 1;
-  char *end;
-  errno = 0;
-  long number = strtol(port, &end, 10);
-  if (port[0] < '0' || port[0] > '9' || *end || errno || number > 65535)
+  long port;
+  if (serve_parse_count(colon + 1, 65535, &port) != NAS_OK)
     return nas_errf(err, "--listen '%s': the port must be a number from 0 to 65535", listen);
   char host[256];
   size_t len = (size_t)(colon - listen);
