@@ -240,22 +240,19 @@ static bool interrupted_within(const sigset_t *signals, double seconds) {
   return sigtimedwait(signals, NULL, &wait) > 0;
 }
 
-/* Prints the log as it grows until the trial is neither queued nor running, or a signal
- * in `signals` comes. The status is read before the log each round, so everything the
- * trial wrote before it ended is printed. */
-static int follow_log(storage *st, const experiment_row *exp, const trial_args *a,
+/* Prints the log of trial `id` as it grows until the trial is neither queued nor running,
+ * or a signal in `signals` comes. The status is read before the log each round, so
+ * everything the trial wrote before it ended is printed. */
+static int follow_log(storage *st, const experiment_row *exp, int64_t id, bool stderr_log,
                       const sigset_t *signals, nas_err *err) {
   trial_row t;
-  if (sched_trial_find(st, exp, a->number, &t, err) != NAS_OK) return NAS_ERR;
-  int64_t id = t.id;
-  trial_row_clear(&t);
   char *current = NULL;
   off_t offset = 0;
   int rc = NAS_OK;
   for (;;) {
     if ((rc = storage_trial_get(st, id, &t, err)) != NAS_OK) break;
     bool live = t.status == TRIAL_QUEUED || t.status == TRIAL_RUNNING;
-    char *path = log_path(exp, &t, a->stderr_log);
+    char *path = log_path(exp, &t, stderr_log);
     trial_row_clear(&t);
     if (!path) {
       rc = nas_errf(err, "out of memory");
@@ -275,31 +272,29 @@ static int follow_log(storage *st, const experiment_row *exp, const trial_args *
   return rc;
 }
 
-static int print_log_once(storage *st, const experiment_row *exp, const trial_args *a,
+static int print_log_once(const experiment_row *exp, const trial_row *t, bool stderr_log,
                           nas_err *err) {
-  trial_row t;
-  if (sched_trial_find(st, exp, a->number, &t, err) != NAS_OK) return NAS_ERR;
-  char *path = log_path(exp, &t, a->stderr_log);
+  char *path = log_path(exp, t, stderr_log);
   off_t offset = 0;
   int rc = path ? copy_new(path, &offset, err) : nas_errf(err, "out of memory");
   if (rc == NAS_ENOTFOUND)
-    nas_errf(err, "trial %d of '%s' (%s) has no %s yet", a->number, exp->name,
-             trial_status_name(t.status), path);
+    nas_errf(err, "trial %d of '%s' (%s) has no %s yet", t->number, exp->name,
+             trial_status_name(t->status), path);
   free(path);
-  trial_row_clear(&t);
   return rc;
 }
 
-/* Prints the log once, or follows it (a->follow). */
-static int print_log(storage *st, const experiment_row *exp, const trial_args *a, nas_err *err) {
-  if (!a->follow) return print_log_once(st, exp, a, err);
+/* Prints t's log once, or follows it (a->follow). */
+static int print_log(storage *st, const experiment_row *exp, const trial_args *a,
+                     const trial_row *t, nas_err *err) {
+  if (!a->follow) return print_log_once(exp, t, a->stderr_log, err);
   /* Ctrl-C ends following between two reads, never in the middle of one. */
   sigset_t signals, before;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
   sigprocmask(SIG_BLOCK, &signals, &before);
-  int rc = follow_log(st, exp, a, &signals, err);
+  int rc = follow_log(st, exp, t->id, a->stderr_log, &signals, err);
   sigprocmask(SIG_SETMASK, &before, NULL);
   return rc;
 }
@@ -307,21 +302,17 @@ static int print_log(storage *st, const experiment_row *exp, const trial_args *a
 /* Refuses the logs of a trial that runs outside nas, in an asker's own loop: one handed
  * out by `nas ask`, or any trial of a spec that runs nothing. nas keeps no log of those,
  * and one would never come. */
-static int check_logged(storage *st, const experiment_row *exp, const spec *s,
-                        const trial_args *a, nas_err *err) {
-  trial_row t;
-  if (sched_trial_find(st, exp, a->number, &t, err) != NAS_OK) return NAS_ERR;
-  int rc = NAS_OK;
-  if (sched_asked(&t))
-    rc = nas_errf(err, "trial %d of '%s' (%s) has no log: it was handed out by 'nas ask' and "
-                  "runs outside nas, in its asker's own loop", a->number, exp->name,
-                  trial_status_name(t.status));
-  else if (!spec_trial_runs(s))
-    rc = nas_errf(err, "trial %d of '%s' (%s) has no log: the trials of '%s' are handed out "
-                  "by 'nas ask' and run outside nas, in their askers' own loops", a->number,
-                  exp->name, trial_status_name(t.status), exp->name);
-  trial_row_clear(&t);
-  return rc;
+static int check_logged(const experiment_row *exp, const spec *s, const trial_row *t,
+                        nas_err *err) {
+  if (sched_asked(t))
+    return nas_errf(err, "trial %d of '%s' (%s) has no log: it was handed out by 'nas ask' "
+                    "and runs outside nas, in its asker's own loop", t->number, exp->name,
+                    trial_status_name(t->status));
+  if (!spec_trial_runs(s))
+    return nas_errf(err, "trial %d of '%s' (%s) has no log: the trials of '%s' are handed "
+                    "out by 'nas ask' and run outside nas, in their askers' own loops",
+                    t->number, exp->name, trial_status_name(t->status), exp->name);
+  return NAS_OK;
 }
 
 static int show_logs(const trial_args *a) {
@@ -332,8 +323,13 @@ static int show_logs(const trial_args *a) {
   if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST, a->experiment, &st,
                           &exp, &s, &err) != NAS_OK)
     return cli_fail(&err);
-  int rc = check_logged(st, &exp, s, a, &err);
-  if (rc == NAS_OK) rc = print_log(st, &exp, a, &err);
+  trial_row t;
+  int rc = sched_trial_find(st, &exp, a->number, &t, &err);
+  if (rc == NAS_OK) {
+    rc = check_logged(&exp, s, &t, &err);
+    if (rc == NAS_OK) rc = print_log(st, &exp, a, &t, &err);
+    trial_row_clear(&t);
+  }
   spec_free(s);
   experiment_row_clear(&exp);
   storage_close(st);

@@ -107,7 +107,8 @@ typedef int (*options_validator)(const char *type, const json_t *options, nas_er
 static bool valid_without(const plugin_spec *p, const char *key, options_validator validate) {
   json_t *rest = json_deep_copy(p->options);
   nas_err ignored;
-  bool valid = rest && json_object_del(rest, key) == 0 && validate(p->type, rest, &ignored) == NAS_OK;
+  bool valid =
+      rest && json_object_del(rest, key) == 0 && validate(p->type, rest, &ignored) == NAS_OK;
   json_decref(rest);
   return valid;
 }

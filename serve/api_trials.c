@@ -50,8 +50,9 @@ int api_list_trials(serve_request *req, char **parts) {
     matching++;
   }
   api_unload(&e);
-  serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:i, s:i, s:o}", "total", (int)matching,
-                                          "offset", (int)offset, "limit", (int)limit, "trials", list));
+  serve_reply(req, MHD_HTTP_OK,
+              json_pack("{s:i, s:i, s:i, s:o}", "total", (int)matching, "offset", (int)offset,
+                        "limit", (int)limit, "trials", list));
   return NAS_OK;
 }
 
@@ -59,7 +60,8 @@ int api_list_trials(serve_request *req, char **parts) {
 int api_get_trial(serve_request *req, char **parts) {
   int number = -1;
   api_experiment e;
-  if (trial_number(req, parts[1], &number) != NAS_OK || api_load(req, parts[0], &e, false) != NAS_OK)
+  if (trial_number(req, parts[1], &number) != NAS_OK ||
+      api_load(req, parts[0], &e, false) != NAS_OK)
     return NAS_ERR;
   sched_results one_trial;
   nas_err err;
@@ -91,7 +93,8 @@ int api_ask(serve_request *req, char **parts) {
   if (!body) return NAS_ERR;
   json_t *n_value = json_object_get(body, "n"), *worker = json_object_get(body, "worker");
   json_int_t n = n_value ? json_integer_value(n_value) : 1;
-  if ((n_value && !json_is_integer(n_value)) || n < 1 || n > 1000 || (worker && !json_is_string(worker))) {
+  if ((n_value && !json_is_integer(n_value)) || n < 1 || n > 1000 ||
+      (worker && !json_is_string(worker))) {
     json_decref(body);
     return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT,
                       "expected {\"n\": 1..1000, \"worker\": \"name\"} (both optional)");
@@ -181,8 +184,8 @@ static void report_write_tell_stop(serve_request *req, const report_write *w) {
   storage *st = req->st;
   nas_err err;
   if (!st && serve_pool_take(&req->srv->pool, &st, &err) != NAS_OK) {
-    nas_log("%s: trial %d stopped; whether it finished the experiment is unknown: %s", w->call.e.exp.name,
-            w->call.number, err.msg);
+    nas_log("%s: trial %d stopped; whether it finished the experiment is unknown: %s",
+            w->call.e.exp.name, w->call.number, err.msg);
     return;
   }
   sched_tell_stopped_end(st, w->call.e.s, &w->call.e.exp, w->call.number, w->nt);
@@ -227,8 +230,11 @@ int api_complete(serve_request *req, char **parts) {
   if (rc == NAS_OK) {
     rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n,
                              serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
-    if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));
-    else tell_failed(req, rc, &err);
+    if (rc == NAS_OK)
+      serve_reply(req, MHD_HTTP_OK,
+                  json_pack("{s:i, s:s}", "number", c.number, "status", "completed"));
+    else
+      tell_failed(req, rc, &err);
   }
   free(obs);
   tell_end(&c);
@@ -244,8 +250,11 @@ int api_fail(serve_request *req, char **parts) {
                ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
                : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, json_string_value(why),
                                  serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
-  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));
-  else if (!req->reply) tell_failed(req, rc, &err);
+  if (rc == NAS_OK)
+    serve_reply(req, MHD_HTTP_OK,
+                json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));
+  else if (!req->reply)
+    tell_failed(req, rc, &err);
   tell_end(&c);
   return rc;
 }

@@ -27,9 +27,10 @@
  *
  * Authentication: `Authorization: Bearer TOKEN` with the token from NAS_TOKEN, else from
  * the file named by NAS_TOKEN_FILE (its first line that is neither blank nor a # comment);
- * never from the URL, which people see (a URL with user:password@ is refused). Without either, no header is sent (a server
- * without a token file serves loopback clients). https:// verifies the server against the
- * system's CA certificates, or against NAS_CA_FILE (PEM) when set.
+ * never from the URL, which people see (a URL with user:password@ is refused). Without
+ * either, no header is sent (a server without a token file serves loopback clients).
+ * https:// verifies the server against the system's CA certificates, or against
+ * NAS_CA_FILE (PEM) when set.
  *
  * Times: the server's storage reads its own clock; `now` from storage.c is not sent. */
 #include <curl/curl.h>
@@ -143,7 +144,8 @@ static int call_with(http_conn *c, const char *op, const json_t *args, bool once
   const storage_rpc_op *rpc = storage_rpc_find(op);
   bool keyed = rpc && storage_rpc_keyed(rpc);
   if (keyed && !c->request_key && storage_random_token(key, err) != NAS_OK) return NAS_ERR;
-  snprintf(key_header, sizeof key_header, "Idempotency-Key: %s", c->request_key ? c->request_key : key);
+  snprintf(key_header, sizeof key_header, "Idempotency-Key: %s",
+           c->request_key ? c->request_key : key);
   char *url = nas_asprintf("%s" HTTP_API_PREFIX "%s", c->base, op);
   char *body = json_dumps(args, ROWS_JSON_DUMP_FLAGS);
   if (!url || !body) {
@@ -217,7 +219,8 @@ static int token_read(char **token, nas_err *err) {
   if (!file || !*file) return NAS_OK;
   char *text = NULL;
   size_t size;
-  if (nas_read_file(file, &text, &size, err) != NAS_OK) return nas_err_prefix(err, "NAS_TOKEN_FILE");
+  if (nas_read_file(file, &text, &size, err) != NAS_OK)
+    return nas_err_prefix(err, "NAS_TOKEN_FILE");
   const char *found = token_in_file_text(text);
   int rc = !found ? nas_errf(err, "NAS_TOKEN_FILE %s holds no token (a line that is neither "
                               "blank nor a # comment)", file)
@@ -300,7 +303,8 @@ static bool server_reads_bits(const json_t *open_answer) {
 
 static int http_open(const char *target, unsigned flags, void **conn, nas_err *err) {
   if (url_check(target, err) != NAS_OK) return NAS_ERR;
-  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK) return nas_errf(err, "libcurl cannot start");
+  if (curl_global_init(CURL_GLOBAL_DEFAULT) != CURLE_OK)
+    return nas_errf(err, "libcurl cannot start");
   http_conn *c = calloc(1, sizeof *c);
   if (!c) {
     curl_global_cleanup();

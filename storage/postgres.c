@@ -476,28 +476,49 @@ static int experiment_update(pg_conn *c, const char *sql, const char *value, int
   return rc;
 }
 
-/* The update applies only to another status (a racing caller's update, once committed,
- * makes the row fail the re-checked condition), so whether it returned a row says whether
- * this call changed it. The receipt records that for a retry, changed or not. */
+/* One status change: what to set, and what the try found. */
+typedef struct status_change {
+  int64_t id;
+  const char *status; /* borrowed */
+  bool changed;       /* the try (or the lost try that committed) changed the status */
+} status_change;
+
+/* Reads the status under the row's lock and updates it only when it differs, so the
+ * finding (no such experiment, the same status, another one) and the update are one
+ * decision: a racing caller waits for the lock, then finds the status set. A try that
+ * finds no experiment rolls back, its receipt (and idempotency key) with it. */
+static int status_change_attempt(pg_conn *c, const char *token, void *ctx, nas_err *err) {
+  status_change *sc = ctx;
+  pg_params p = {0};
+  PGresult *res = NULL;
+  int rc = pg_params_set(&p, 1, err, "ti", sc->status, sc->id);
+  if (rc == NAS_OK) rc = pg_tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = pg_exec(c, &res, err, "SELECT status <> $1 FROM experiments WHERE id = $2 FOR UPDATE",
+               &p);
+  if (rc == NAS_OK && PQntuples(res) == 0) rc = nas_errc(err, NAS_ENOTFOUND, "no such experiment");
+  sc->changed = rc == NAS_OK && strcmp(PQgetvalue(res, 0, 0), "t") == 0;
+  PQclear(res);
+  if (sc->changed)
+    rc = pg_exec(c, NULL, err, "UPDATE experiments SET status = $1 WHERE id = $2", &p);
+  return pg_tx_end(c, rc, token, sc->changed, err);
+}
+
+static int status_change_recover(pg_conn *c, int64_t result, void *ctx, nas_err *err) {
+  (void)c, (void)err;
+  ((status_change *)ctx)->changed = result != 0;
+  return NAS_OK;
+}
+
+/* The receipt records whether the try changed the status, for a retry to read back. */
 static int postgres_experiment_set_status(void *conn, int64_t id, const char *status,
                                           bool *changed, nas_err *err) {
-  statement s = {
-      .kind = &id_kind,
-      .sql = "WITH changed AS ("
-             "  UPDATE experiments SET status = $2 WHERE id = $3 AND status <> $2 RETURNING id),"
-             " " RECEIPT_FROM("(SELECT count(*) AS id FROM changed) AS n")
-             " SELECT id FROM changed"};
-  int rc = pg_params_set(&s.params, 2, err, "ti", status, id);
-  if (rc == NAS_OK) rc = statement_run(conn, &s, true, err);
-  *changed = rc == NAS_OK && (s.recovered ? s.recovered_id != 0 : s.n == 1);
-  statement_free(&s);
-  if (rc != NAS_OK || *changed) return rc;
-  void *rows = NULL;
-  size_t n = 0;
-  rc = query_rows(conn, &id_kind, &rows, &n, err, "SELECT id FROM experiments WHERE id = $1", "i",
-                  id);
-  free(rows);
-  return rc == NAS_OK && n == 0 ? nas_errc(err, NAS_ENOTFOUND, "no such experiment") : rc;
+  static const pg_op op = {
+      .attempt = status_change_attempt, .recover = status_change_recover, .receipt = true};
+  status_change sc = {.id = id, .status = status};
+  int rc = pg_run(conn, &op, &sc, err);
+  *changed = rc == NAS_OK && sc.changed;
+  return rc;
 }
 
 static int postgres_experiment_set_spec(void *conn, int64_t id, const char *spec_text,

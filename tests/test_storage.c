@@ -1769,6 +1769,22 @@ static void rpc_delete_and_import_retried_under_one_key_happen_once(void **state
   image_free(&src);
 }
 
+/* A status change that finds no experiment fails, and its key is not stored with it: the
+ * same request sent again under its key is refused as the first was, not answered
+ * "unchanged" from a key committed beside the failure. */
+static void rpc_status_change_of_an_unknown_experiment_fails_and_stores_no_key(void **state) {
+  fixture *f = *state;
+  int64_t missing = make_experiment(f, "e") + 100;
+  int rc;
+  for (int i = 0; i < 2; i++) {
+    json_t *args = json_pack("{s:I, s:s}", "id", (json_int_t)missing, "status", "stopped");
+    json_decref(rpc_call(f, "experiment_set_status", "status-1", args, &rc));
+    assert_int_equal(rc, NAS_ENOTFOUND);
+  }
+  int64_t result = -1;
+  assert_false(key_found(f, "status-1", &result));
+}
+
 /* metrics_add's arguments for one report of obs to trial_id (observations as columns, the
  * doubles as the given form). */
 static json_t *report_args_as(int64_t trial_id, const metric_obs *obs, size_t n,
@@ -3195,6 +3211,7 @@ static int run_schema_tests(backend_ctx *ctx) {
       FIXTURE_TEST(schema_version_1_is_upgraded_keeping_everything),
       FIXTURE_TEST(idempotency_key_commits_with_its_write_and_only_once),
       FIXTURE_TEST(rpc_delete_and_import_retried_under_one_key_happen_once),
+      FIXTURE_TEST(rpc_status_change_of_an_unknown_experiment_fails_and_stores_no_key),
       FIXTURE_TEST(rpc_reports_creates_claims_and_starts_retried_under_one_key_happen_once),
       FIXTURE_TEST(rpc_metrics_add_takes_columns_and_the_rows_of_older_clients),
       FIXTURE_TEST(rpc_metrics_add_reads_doubles_as_their_bits_exactly),
