@@ -16,6 +16,7 @@
  * smoothed improvement of a Chebyshev scalarisation over the sample's best baseline value;
  * constraints add log s(−slack/η) with a fat-tailed sigmoid s. The acquisition is the log of
  * the mean over samples of exp(utility). Gradients flow back through f_x[s] analytically. */
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -409,20 +410,29 @@ static int by_column_value(const void *a, const void *b, void *ctx) {
 }
 
 /* Whether objective j's value repeats exactly between rows that differ at some value other
- * than best: the mark of a metric of few distinct values (a count, an accuracy over a small
- * validation set, rounded readings), whose tie at its best says nothing of a bound. order:
- * k indices of scratch. */
+ * than best (farther from it than tie, see acq_front_floors): the mark of a metric of few
+ * distinct values (a count, an accuracy over a small validation set, rounded readings), whose
+ * tie at its best says nothing of a bound. order: k indices of scratch. */
 static bool ties_elsewhere(const double *Y, size_t k, size_t m, size_t j, double best,
-                           size_t *order) {
+                           double tie, size_t *order) {
   for (size_t i = 0; i < k; i++) order[i] = i;
   column_ref column = {.Y = Y, .m = m, .j = j};
   qsort_r(order, k, sizeof *order, by_column_value, &column);
   for (size_t i = 1; i < k; i++) {
     const double *before = Y + order[i - 1] * m, *y = Y + order[i] * m;
-    if (y[j] == before[j] && y[j] != best && rows_differ(before, y, m)) return true;
+    if (y[j] == before[j] && y[j] - best > tie && rows_differ(before, y, m)) return true;
   }
   return false;
 }
+
+/* Values of an objective within this share of its observed range above its best value count
+ * as the best: a bound that the objective's computation reaches in floating point lands on it
+ * only up to round-off, differently for each trial (DTLZ2's f1 = (1 + g)·cos(x0·π/2)·… is
+ * 6·10⁻¹⁷·(1 + g)·… at x0 = 1, where f2 = (1 + g)·cos(x0·π/2)·sin(x1·π/2) is 0 exactly at
+ * x1 = 0), so an exact tie would find the bound of one objective and not of the other. A few
+ * units of double precision's round-off at the scale of the range, far below any difference
+ * a metric reports on purpose. */
+static const double ROUND_OFF_TIE = 8 * DBL_EPSILON;
 
 int acq_front_floors(const double *Y, size_t k, size_t m, const double *low, double *floor,
                      nas_err *err) {
@@ -430,14 +440,17 @@ int acq_front_floors(const double *Y, size_t k, size_t m, const double *low, dou
   if (!order) return nas_errf(err, "out of memory");
   for (size_t j = 0; j < m; j++) {
     floor[j] = NAN;
+    double highest = low[j];
+    for (size_t i = 0; i < k; i++) highest = fmax(highest, Y[i * m + j]);
+    double tie = ROUND_OFF_TIE * fmin(highest - low[j], DBL_MAX);
     const double *first = NULL; /* the first row at the best value */
     for (size_t i = 0; i < k && isnan(floor[j]); i++) {
       const double *y = Y + i * m;
-      if (y[j] != low[j]) continue;
+      if (!(y[j] - low[j] <= tie)) continue;
       if (!first) first = y;
       else if (rows_differ(first, y, m)) floor[j] = low[j];
     }
-    if (!isnan(floor[j]) && ties_elsewhere(Y, k, m, j, low[j], order)) floor[j] = NAN;
+    if (!isnan(floor[j]) && ties_elsewhere(Y, k, m, j, low[j], tie, order)) floor[j] = NAN;
   }
   free(order);
   return NAS_OK;

@@ -103,7 +103,8 @@ void acq_front_bounds(const double *Y, size_t k, size_t m, bool *on_front, doubl
 
 /* The floors of the k rows Y (k×m; low as acq_front_bounds computed it, each objective's
  * best value) into floor (m): where two rows that differ both have objective j's best value
- * low[j] exactly, that value, else NaN. Distinct configurations share their best value only
+ * low[j] (exactly, or within round-off: 8 ε of the objective's observed range above it),
+ * that value, else NaN. Distinct configurations share their best value only
  * where no point beats it along a whole face of the front (DTLZ2: with three objectives f3 = 0
  * wherever x0 = 0; with two f2 = 0 wherever x0 = 0, whatever the other parameters, so one
  * front point and trials behind it), i.e. where the objective has reached a bound the models

@@ -540,6 +540,26 @@ static void front_floors_count_rows_behind_the_front(void **state) {
   assert_near(floor[1], 0, 0);
 }
 
+/* A bound reached in floating point: DTLZ2's f1 at x0 = 1 is (1 + g)·cos(π/2)·… ≈ 6·10⁻¹⁷
+ * times a factor that differs between trials, never 0. Values within round-off of the
+ * objective's range above its best tie with it, so that bound is a floor as an exact 0 would
+ * be; values merely small (10⁻⁹ of the range apart) are distinct. */
+static void front_floors_take_values_within_round_off_of_the_best_as_ties(void **state) {
+  (void)state;
+  double Y[] = {6.1e-17, 1.2, 1.3e-16, 0.9, 0.5, 0.5, 1.5, 0};
+  bool on_front[4];
+  double low[2], high[2], floor[2];
+  nas_err err;
+  acq_front_bounds(Y, 4, 2, on_front, low, high);
+  assert_int_equal(acq_front_floors(Y, 4, 2, low, floor, &err), NAS_OK);
+  assert_near(floor[0], 6.1e-17, 0);
+  assert_true(isnan(floor[1]));
+  double small[] = {1e-9, 1.2, 2.5e-9, 0.9, 0.5, 0.5, 1.5, 0};
+  acq_front_bounds(small, 4, 2, on_front, low, high);
+  assert_int_equal(acq_front_floors(small, 4, 2, low, floor, &err), NAS_OK);
+  assert_true(isnan(floor[0]) && isnan(floor[1]));
+}
+
 /* A metric of few distinct values (here objective 0, repeating 0.5 between two different
  * rows off its best) ties at its best by chance, not at a bound: no floor, and a value
  * repeated only by one row observed twice does not count as such a tie. */
@@ -686,6 +706,7 @@ int main(void) {
       cmocka_unit_test(trade_off_bound_counts_loss_and_gain_in_front_extents),
       cmocka_unit_test(front_floors_are_best_values_that_distinct_front_points_share),
       cmocka_unit_test(front_floors_skip_objectives_whose_values_tie_elsewhere),
+      cmocka_unit_test(front_floors_take_values_within_round_off_of_the_best_as_ties),
       cmocka_unit_test(front_floors_count_rows_behind_the_front),
       cmocka_unit_test(mc_hvi_counts_no_candidate_sample_below_a_floor),
       cmocka_unit_test(posterior_draw_keeps_known_points_and_varies_elsewhere),
