@@ -549,8 +549,9 @@ static int reach_reference(const gp_state *st, const bo_data *d, const bo_models
 /* The objectives' floors (acq_front_floors) of the n complete observed rows (low: their
  * front's best values, acq_front_bounds): where several distinct rows share an objective's
  * best value (exactly or within round-off), the objective has reached a bound there, and a
- * model's value below it is its noise. On DTLZ2 with three objectives (a face of the front at each objective's 0)
- * the acquisition's samples and the reach's draws below 0 made gains across a whole face:
+ * model's value below it is its noise. On DTLZ2 with three objectives (a face of the front at
+ * each objective's 0) the acquisition's samples and the reach's draws below 0 made gains
+ * across a whole face:
  * 100 of 108 picks lay on a face (seeds 0-2, q = 1), 72 outside the benchmark's reference
  * box, and the reach moved the reference out to 1.5-2.0 where the front's nadir is 1
  * (bench/RESULTS.md, issue 22's twelfth round). With two objectives the face is the front's
