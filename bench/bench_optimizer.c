@@ -143,10 +143,14 @@ static size_t budget_of(const problem *p) { return p->budget ? p->budget : 50; }
 
 /* Method "gp-ref" is gp told the reference point as the objectives' thresholds, "gp-noise"
  * gp told the objectives' noise (`noise:`, the problem's noise sd; 0 for the noise-free
- * ones), "gp-follow" gp with the option `reference: follow`; gp_extra (e.g. ", kernel: rbf") is appended to gp's options. */
+ * ones), "gp-noise-ref" both (what the BoTorch tutorials tell their optimizers),
+ * "gp-follow" gp with the option `reference: follow`; gp_extra (e.g. ", kernel: rbf") is
+ * appended to gp's options. */
 static char *problem_yaml(const problem *p, const char *method, long seed, const char *gp_extra) {
   char params[512] = "", objectives[512] = "", options[128] = "";
-  bool with_ref = strcmp(method, "gp-ref") == 0, with_noise = strcmp(method, "gp-noise") == 0;
+  bool both = strcmp(method, "gp-noise-ref") == 0;
+  bool with_ref = both || strcmp(method, "gp-ref") == 0;
+  bool with_noise = both || strcmp(method, "gp-noise") == 0;
   bool with_follow = strcmp(method, "gp-follow") == 0;
   const char *type = with_ref || with_noise || with_follow ? "gp" : method;
   for (size_t i = 0; i < p->d; i++) {
@@ -155,11 +159,11 @@ static char *problem_yaml(const problem *p, const char *method, long seed, const
   }
   for (size_t j = 0; j < p->m; j++) {
     size_t used = strlen(objectives);
-    char threshold[48] = "";
+    char threshold[48] = "", noise[48] = "";
     if (with_ref) snprintf(threshold, sizeof threshold, ", threshold: %.17g", p->ref[j]);
-    if (with_noise) snprintf(threshold, sizeof threshold, ", noise: %.17g", p->noise_sd[j]);
-    snprintf(objectives + used, sizeof objectives - used, "  - {name: f%zu, goal: minimize%s}\n",
-             j, threshold);
+    if (with_noise) snprintf(noise, sizeof noise, ", noise: %.17g", p->noise_sd[j]);
+    snprintf(objectives + used, sizeof objectives - used,
+             "  - {name: f%zu, goal: minimize%s%s}\n", j, threshold, noise);
   }
   if (strcmp(type, "gp") == 0)
     snprintf(options, sizeof options, ", n_initial: %zu%s%s", initial_size(p),
@@ -282,9 +286,10 @@ static const char *flag(int argc, char **argv, const char *name) {
 /* One problem at one q: every listed method and seed. */
 static int run_problem(const problem *p, size_t q, const char *methods, long seeds,
                        const char *gp_extra) {
-  const char *all_methods[] = {"gp", "gp-ref", "gp-noise", "gp-follow", "sobol", "random"};
+  const char *all_methods[] = {"gp",        "gp-ref", "gp-noise", "gp-noise-ref",
+                               "gp-follow", "sobol",  "random"};
   nas_err err = {{0}};
-  for (size_t mi = 0; mi < 5; mi++)
+  for (size_t mi = 0; mi < sizeof all_methods / sizeof *all_methods; mi++)
     for (long seed = 0; seed < seeds && listed(methods, all_methods[mi]); seed++)
       if (run_one(p, all_methods[mi], seed, q, gp_extra, &err) < 0) {
         fprintf(stderr, "bench_optimizer: %s %s seed %ld: %s\n", p->name, all_methods[mi], seed,
@@ -576,7 +581,8 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "table") == 0) return cmd_table(argc, argv);
   fprintf(stderr,
           "usage: bench_optimizer run [--seeds N] [--q 1,4]\n"
-          "                           [--methods gp,gp-ref,gp-noise,gp-follow,sobol,random]\n"
+          "                           [--methods gp,gp-ref,gp-noise,gp-noise-ref,\n"
+          "                                      gp-follow,sobol,random]\n"
           "                           [--problems NAMES] [--gp-options TEXT]\n"
           "       bench_optimizer timing [--sizes 50,100,200,500] [--repeats N]\n"
           "                              [--spaces 6,20,40,mixed]\n"

@@ -10,8 +10,9 @@
 # own), PROBLEMS (default all seven),
 # METHODS (nas methods, default gp,gp-ref,gp-follow,sobol,random; gp-ref is gp told the
 # reference point as objective thresholds, gp-follow gp with `reference: follow`; gp-noise,
-# gp told the noise, only matters on BraninCurrinNoisy), OPTUNA_METHODS (default tpe,nsga2), OUT (folder for the CSV files,
-# default a fresh temporary one), TIMING=0 to skip the timing.
+# gp told the noise, and gp-noise-ref, told both as the BoTorch tutorial's optimizer is, only
+# differ from gp and gp-ref on BraninCurrinNoisy), OPTUNA_METHODS (default tpe,nsga2), OUT
+# (folder for the CSV files, default a fresh temporary one), TIMING=0 to skip the timing.
 # The quality runs of nas and of Optuna go side by side (one core each); the timing runs
 # alone afterwards.
 set -euo pipefail
