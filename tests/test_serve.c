@@ -694,6 +694,29 @@ static void tls_and_token_files_that_cannot_serve_are_refused_saying_why(void **
   free(garbage), free(bad), free(fifo);
 }
 
+/* Options that cannot serve are refused before the storage is opened: a mistyped --listen
+ * or a --tls-cert without its key created an empty nas.db in the folder, and the server
+ * said it served this machine with 4 request threads before saying it could not. */
+static void options_that_cannot_serve_are_refused_before_storage_is_opened(void **state) {
+  fixture *f = *state;
+  static const char *const bad[][3] = {
+      {"--listen", "localhost8470", "expected HOST:PORT"},
+      {"--listen", "127.0.0.1:99999", "the port must be a number"},
+      {"--tls-cert", "cert.pem", "--tls-cert and --tls-key go together"}};
+  char *db = nas_asprintf("%s/nas.db", f->dir);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const char *argv[] = {"timeout", "20", test_nas_bin(), "serve", bad[i][0], bad[i][1], NULL};
+    char *out = NULL;
+    int rc = test_run(f->dir, (char *const *)argv, &out);
+    if (rc != 1 || !strstr(out, bad[i][2]) || strstr(out, "request threads") ||
+        strstr(out, "serving clients") || access(db, F_OK) == 0)
+      fail_msg("%s %s: exit %d (want 1), %s created: %s", bad[i][0], bad[i][1], rc,
+               access(db, F_OK) == 0 ? "nas.db" : "nothing", out);
+    free(out);
+  }
+  free(db);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(every_read_endpoint_answers_what_the_cli_shows, setup, teardown),
@@ -719,6 +742,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_port_in_use_is_refused_without_a_summary_of_writes, setup, teardown),
       cmocka_unit_test_setup_teardown(a_listen_port_past_65535_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
+      cmocka_unit_test_setup_teardown(options_that_cannot_serve_are_refused_before_storage_is_opened, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
