@@ -888,6 +888,34 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
   free(spec);
 }
 
+/* Before a trial is on the front, an objective without a threshold has no reference point
+ * yet: JSON leaves it out, and `nas pareto` and `nas compare` said "b=0", a point nothing
+ * had inferred. */
+static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) {
+  fixture *f = *state;
+  static const char rest[] = "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "objectives: [{name: a, goal: minimize, threshold: 2}, {name: b, goal: minimize}]\n"
+                             "budget: {trials: 2}\n";
+  char *text = nas_asprintf("name: early\n%s", rest), *spec = test_write(f->dir, "early.yaml", text);
+  char *other_text = nas_asprintf("name: other\n%s", rest);
+  char *other = test_write(f->dir, "other.yaml", other_text);
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"create", other, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"compare", "early", "other", "--storage", f->db, NULL}, 0,
+                 "reference point: a=2, b=?; ? is inferred once a trial is on the front\n");
+  const char *said = "early: 0 trials on the front; hypervolume 0 (reference point a=2, b=?; "
+                     "? is inferred once a trial is on the front)";
+  expect_refusal(f, (char *[]){"pareto", "early", "--storage", f->db, NULL}, 0, said);
+  expect_refusal(f, (char *[]){"pareto", "early", "--format", "csv", "--storage", f->db, NULL}, 0, said);
+  json_t *front = nas_json(f, (char *[]){"pareto", "early", "--format", "json", "--storage", f->db, NULL});
+  assert_null(json_object_get(json_object_get(front, "reference_point"), "b"));
+  json_decref(front);
+  ask_and_tell(f, "early", 1, (char *[]){"a=1", "b=3", NULL});
+  expect_refusal(f, (char *[]){"pareto", "early", "--storage", f->db, NULL}, 0,
+                 "(reference point a=2, b=3)\n");
+  free(text), free(spec), free(other_text), free(other);
+}
+
 /* Readings of ±1.7e308 span more than the largest double: the inferred reference point
  * came out inf, which a trial's stored reference (JSON) cannot hold, and `nas ask` failed
  * with "out of memory" after storing the first of its trials. */
@@ -937,6 +965,7 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
