@@ -888,6 +888,27 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
   free(spec);
 }
 
+/* A metric name not in the spec is a metric like any other (docs/metrics-protocol.md), so
+ * a misspelt objective is stored as one; a completion that then misses the objective said
+ * so without naming the misspelt name it was given. */
+static void complete_without_an_objective_names_the_likely_misspelling(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "typo.yaml",
+                          "name: typo\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: loss, goal: minimize}]\n"
+                          "budget: {trials: 1}\n");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "typo", "--storage", f->db, NULL}, 0, "0 ");
+  expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "los=0.5", "--storage", f->db, NULL}, 1,
+                 "trial 0 of 'typo' has not reported objective 'loss' (given: 'los'; did you mean "
+                 "'loss'?); report it, or end the trial as failed; nothing was stored");
+  expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "acc=0.5", "--storage", f->db, NULL}, 1,
+                 "trial 0 of 'typo' has not reported objective 'loss'; report it");
+  expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "loss=0.5", "--storage", f->db, NULL}, 0, "");
+  free(spec);
+}
+
 /* Before a trial is on the front, an objective without a threshold has no reference point
  * yet: JSON leaves it out, and `nas pareto` and `nas compare` said "b=0", a point nothing
  * had inferred. */
@@ -966,6 +987,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),
+      cmocka_unit_test_setup_teardown(complete_without_an_objective_names_the_likely_misspelling, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),
