@@ -416,6 +416,12 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
                  "trials[0].metrics: must be an object of numbers under non-empty names");
   free(text);
   json_decref(unnamed);
+  /* A folder read as an empty file: "folder:1:1: not JSON: … near end of file". */
+  char *folder = nas_asprintf("%s/exports", f->dir);
+  assert_int_equal(mkdir(folder, 0700), 0);
+  expect_refusal(f, (char *[]){"import", "exports", "--name", "fresh", "--storage", f->db, NULL}, 1,
+                 "exports: a folder; give a file 'nas export --format json' wrote");
+  free(folder);
   json_t *status = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
   assert_int_equal(json_array_size(status), 1); /* only "good" */
   json_decref(status);
