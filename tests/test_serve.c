@@ -691,6 +691,13 @@ static void tls_and_token_files_that_cannot_serve_are_refused_saying_why(void **
   serve_refuses(f, (const char *const[]){"--tls-cert", bad, "--tls-key", bad, NULL},
                 "cannot serve HTTPS");
   serve_refuses(f, (const char *const[]){"--token-file", fifo, NULL}, "holds no token");
+  /* A folder was "may be read by others (mode 755); make it private: chmod 600", and a
+   * missing file "cannot be read", without why. */
+  char *folder = nas_asprintf("%s/tokens", f->dir), *missing = nas_asprintf("%s/none", f->dir);
+  assert_int_equal(mkdir(folder, 0755), 0);
+  serve_refuses(f, (const char *const[]){"--token-file", folder, NULL}, "tokens: a folder, not a token file");
+  serve_refuses(f, (const char *const[]){"--token-file", missing, NULL}, "none: No such file or directory");
+  free(folder), free(missing);
   free(garbage), free(bad), free(fifo);
 }
 
