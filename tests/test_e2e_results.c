@@ -724,6 +724,14 @@ static void report_and_tell_take_only_decimal_numbers(void **state) {
   }
 }
 
+/* Writes the spec text to file in the fixture folder and stores it with `nas create`;
+ * returns the file's owned path. */
+static char *create_spec(fixture *f, const char *file, const char *text) {
+  char *spec = test_write(f->dir, file, text);
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  return spec;
+}
+
 /* Asks and tells `n` trials of experiment `name`, each told `values` (NAME=VALUE words,
  * then NULL); every ask's output must be JSON alone. */
 static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *values) {
@@ -815,12 +823,11 @@ static void ask_prints_only_json_when_no_trial_meets_the_constraints(void **stat
 /* Decimal numbers as people type them are values: ".5", "+1", "1E3", "5.". */
 static void tell_takes_decimal_numbers_as_typed(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "typed.yaml",
-                          "name: typed\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
-                          "budget: {trials: 5}\n");
-  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  char *spec = create_spec(f, "typed.yaml",
+                           "name: typed\n"
+                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                           "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                           "budget: {trials: 5}\n");
   ask_and_tell(f, "typed", 1, (char *[]){"a=.5", "b=+1", "c=1E3", "d=5.", NULL});
   json_t *trial = nas_json(f, (char *[]){"trial", "typed", "0", "--format", "json", "--storage", f->db, NULL});
   json_t *metrics = json_object_get(trial, "metrics");
@@ -899,12 +906,8 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
  * so without naming the misspelt name it was given. */
 static void complete_without_an_objective_names_the_likely_misspelling(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "typo.yaml",
-                          "name: typo\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: loss, goal: minimize}]\n"
-                          "budget: {trials: 1}\n");
-  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  char *spec = create_spec(f, "typo.yaml", "{name: typo, parameters: {x: {type: float, low: 0, high: 1}},\n"
+                                           " objectives: [{name: loss, goal: minimize}], budget: {trials: 1}}\n");
   expect_refusal(f, (char *[]){"ask", "typo", "--storage", f->db, NULL}, 0, "0 ");
   expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "los=0.5", "--storage", f->db, NULL}, 1,
                  "trial 0 of 'typo' has not reported objective 'loss' (given: 'los'; did you mean "
@@ -923,11 +926,9 @@ static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) 
   static const char rest[] = "parameters: {x: {type: float, low: 0, high: 1}}\n"
                              "objectives: [{name: a, goal: minimize, threshold: 2}, {name: b, goal: minimize}]\n"
                              "budget: {trials: 2}\n";
-  char *text = nas_asprintf("name: early\n%s", rest), *spec = test_write(f->dir, "early.yaml", text);
+  char *text = nas_asprintf("name: early\n%s", rest), *spec = create_spec(f, "early.yaml", text);
   char *other_text = nas_asprintf("name: other\n%s", rest);
-  char *other = test_write(f->dir, "other.yaml", other_text);
-  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
-  expect_refusal(f, (char *[]){"create", other, "--storage", f->db, NULL}, 0, "is ready");
+  char *other = create_spec(f, "other.yaml", other_text);
   expect_refusal(f, (char *[]){"compare", "early", "other", "--storage", f->db, NULL}, 0,
                  "reference point: a=2, b=?; ? is inferred once a trial is on the front\n");
   const char *said = "early: 0 trials on the front; hypervolume 0 (reference point a=2, b=?; "
