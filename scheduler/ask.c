@@ -211,7 +211,9 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   *out = NULL;
   *n_out = 0;
   if (strcmp(exp->status, "stopped") == 0)
-    return nas_errc(err, NAS_EEXIST, "experiment '%s' is stopped; nothing is handed out", exp->name);
+    return nas_errc(err, NAS_EEXIST, "experiment '%s' is stopped; nothing is handed out until "
+                    "its spec is stored again, which opens it ('nas create %s', or POST "
+                    "/api/v1/experiments)", exp->name, exp->spec_path);
   char *who = nas_asprintf("%s%s", SCHED_ASK_PREFIX, worker && *worker ? worker : "client");
   trial_row *rows = calloc(n ? n : 1, sizeof *rows);
   sched_lease lease = {0};
