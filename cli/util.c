@@ -115,8 +115,8 @@ static int metric_arg_check(const char *name, const metric_set *set, nas_err *er
 }
 
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err) {
+  if (!spec_is_assignment(arg)) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
   const char *eq = strchr(arg, '=');
-  if (!eq || eq == arg) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
   char *name = strndup(arg, (size_t)(eq - arg));
   if (!name) return nas_errf(err, "out of memory");
   double value;
