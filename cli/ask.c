@@ -27,7 +27,10 @@ static const char ask_help[] =
     "Exit status 1 when the budget is spent. The tell that ends the last trial of the\n"
     "budget marks the experiment finished; an ask that hands out a trial queued by\n"
     "'nas retry' or 'nas enqueue', or allowed by a budget 'nas create' raised, marks it\n"
-    "running again.\n";
+    "running again.\n\n"
+    "  -n K             how many trials, 1 to 1000 (default 1)\n"
+    "  --worker NAME    who asks: the trials' job becomes ask:NAME (default ask:client),\n"
+    "                   as 'nas trial' shows it\n";
 
 static const char tell_help[] =
     "usage: nas tell EXPERIMENT TRIAL [--step N] [--complete | --fail MESSAGE]\n"

@@ -43,14 +43,10 @@ static int load_compared(storage *st, const char *url, const char *name, compare
 
 /* The reference point and each experiment's hypervolume, for people. */
 static void print_summary(const json_t *out, FILE *f) {
-  const json_t *ref = json_object_get(out, "reference_point"), *e, *o;
+  const json_t *ref = json_object_get(out, "reference_point"), *e;
   fprintf(f, "reference point:");
-  size_t k, j;
-  json_array_foreach(json_object_get(out, "objectives"), j, o) {
-    const char *name = json_string_value(json_object_get(o, "name"));
-    fprintf(f, "%s %s=%.6g", j ? "," : "", name, json_number_value(json_object_get(ref, name)));
-  }
-  fprintf(f, "\n");
+  cli_print_reference_point(f, ref, json_object_get(out, "objectives"), false);
+  size_t k;
   json_array_foreach(json_object_get(out, "experiments"), k, e)
     fprintf(f, "%s: %lld trials, %lld on the front, hypervolume %.6g\n",
             json_string_value(json_object_get(e, "experiment")),

@@ -228,6 +228,9 @@ int cmd_enqueue(int argc, char **argv) {
   int status = parse_args(&cmd, argc, argv, &a);
   if (status < 0 && a.n_args < 2)
     status = cli_usage_error("enqueue", "expected an EXPERIMENT and NAME=VALUE for its parameters");
+  for (int i = 1; status < 0 && i < a.n_args; i++)
+    if (!spec_is_assignment(a.args[i]))
+      status = cli_usage_error("enqueue", "'%s' is not NAME=VALUE", a.args[i]);
   if (status < 0) status = with_experiment(&a, enqueue_trial);
   manage_args_free(&a);
   return status;

@@ -29,10 +29,16 @@ static const char serve_help[] =
 
 typedef struct {
   const char *url;
+  bool without_tokens; /* no --token-file */
 } listening_ctx;
 
+/* Said once the server listens, not before: options or a storage that turn out unusable
+ * end it first, and it never served anyone. */
 static void say_listening(void *ctx, int port) {
   const listening_ctx *l = ctx;
+  if (l->without_tokens)
+    fprintf(stderr, "nas serve: no --token-file: serving clients on this machine (loopback) "
+                    "only, without tokens\n");
   char *shown = storage_url_redacted(l->url);
   fprintf(stderr, "nas serve: listening on port %d (storage %s)\n", port, shown ? shown : "?");
   fflush(stderr);
@@ -74,12 +80,9 @@ int cmd_serve(int argc, char **argv) {
     return status;
   }
   opt.storage_url = cli_storage_url(storage_flag);
-  listening_ctx l = {opt.storage_url};
+  listening_ctx l = {opt.storage_url, !opt.token_file};
   opt.on_listening = say_listening;
   opt.on_listening_ctx = &l;
-  if (!opt.token_file)
-    fprintf(stderr, "nas serve: no --token-file: serving clients on this machine (loopback) "
-                    "only, without tokens\n");
   /* Asks run the GP on the request threads: OpenBLAS's own threads would only compete
    * with them for the cores (as in `nas run`, cli/run.c). */
   openblas_set_num_threads(1);

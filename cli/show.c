@@ -222,10 +222,9 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
           json_string_value(json_object_get(pareto, "experiment")),
           json_array_size(json_object_get(pareto, "front")),
           cli_hypervolume(json_object_get(pareto, "hypervolume")));
-  for (size_t j = 0; j < s->n_objectives; j++)
-    fprintf(f, "%s %s=%.6g", j ? "," : "", s->objectives[j].name,
-            json_number_value(json_object_get(ref, s->objectives[j].name)));
-  fprintf(f, ")\n");
+  json_t *objectives = sched_objectives_json(s); /* NULL (out of memory): none shown */
+  cli_print_reference_point(f, ref, objectives, true);
+  json_decref(objectives);
   print_warm_start_note(f, s);
 }
 

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -302,6 +303,10 @@ static int read_import_file(const char *path, const char *new_name, import_file 
   memset(f, 0, sizeof *f);
   f->path = path;
   json_error_t jerr;
+  /* jansson reads a folder as an empty file; a pipe (/dev/stdin, <(…)) is fine. */
+  struct stat st;
+  if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+    return nas_errf(err, "%s: a folder; give a file 'nas export --format json' wrote", path);
   if (!(f->doc = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr))) {
     if (access(path, R_OK) != 0) return nas_errf(err, "%s: %s", path, strerror(errno));
     int line, column;

@@ -115,8 +115,8 @@ static int metric_arg_check(const char *name, const metric_set *set, nas_err *er
 }
 
 int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *err) {
+  if (!spec_is_assignment(arg)) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
   const char *eq = strchr(arg, '=');
-  if (!eq || eq == arg) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
   char *name = strndup(arg, (size_t)(eq - arg));
   if (!name) return nas_errf(err, "out of memory");
   double value;
@@ -257,4 +257,24 @@ int cli_format_option(const char *cmd, const char *arg, out_format *out) {
 
 double cli_hypervolume(const json_t *value) {
   return json_is_null(value) ? HUGE_VAL : json_number_value(value);
+}
+
+void cli_print_reference_point(FILE *f, const json_t *ref, const json_t *objectives,
+                               bool close_paren) {
+  bool inferred_later = false;
+  size_t j;
+  const json_t *objective;
+  json_array_foreach(objectives, j, objective) {
+    const char *name = json_string_value(json_object_get(objective, "name"));
+    const json_t *value = json_object_get(ref, name);
+    fprintf(f, "%s %s=", j ? "," : "", name);
+    if (value) {
+      fprintf(f, "%.6g", json_number_value(value));
+    } else {
+      fputc('?', f);
+      inferred_later = true;
+    }
+  }
+  fprintf(f, "%s%s\n", inferred_later ? "; ? is inferred once a trial is on the front" : "",
+          close_paren ? ")" : "");
 }

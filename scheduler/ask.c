@@ -211,7 +211,9 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   *out = NULL;
   *n_out = 0;
   if (strcmp(exp->status, "stopped") == 0)
-    return nas_errc(err, NAS_EEXIST, "experiment '%s' is stopped; nothing is handed out", exp->name);
+    return nas_errc(err, NAS_EEXIST, "experiment '%s' is stopped; nothing is handed out until "
+                    "its spec is stored again, which opens it ('nas create %s', or POST "
+                    "/api/v1/experiments)", exp->name, exp->spec_path);
   char *who = nas_asprintf("%s%s", SCHED_ASK_PREFIX, worker && *worker ? worker : "client");
   trial_row *rows = calloc(n ? n : 1, sizeof *rows);
   sched_lease lease = {0};
@@ -322,6 +324,14 @@ static const char *missing_objective(const spec *s, const sched_results *r, int6
   return NULL;
 }
 
+/* The name in obs that looks like a misspelling of objective, or NULL: a metric of any
+ * name is stored (docs/metrics-protocol.md), so nothing else points out 'los=0.5'. */
+static const char *misspelt_as(const char *objective, const metric_obs *obs, size_t n) {
+  for (size_t k = 0; k < n; k++)
+    if (nas_nearest(obs[k].name, &objective, 1)) return obs[k].name;
+  return NULL;
+}
+
 /* Refuses a completion that would leave an objective unreported, before anything is
  * stored: a client that sends the whole set again must not store the rest twice. */
 static int check_complete(storage *st, const spec *s, const experiment_row *exp,
@@ -329,10 +339,16 @@ static int check_complete(storage *st, const spec *s, const experiment_row *exp,
   sched_results r;
   if (sched_results_of_trial(st, s, exp, t->number, &r, err) != NAS_OK) return NAS_ERR;
   const char *missing = missing_objective(s, &r, t->id, obs, n);
-  int rc = missing ? nas_errc(err, NAS_EINVAL, "trial %d has not reported objective '%s'; "
-                              "report it, or end the trial as failed; nothing was stored",
-                              t->number, missing)
-                   : NAS_OK;
+  const char *given = missing ? misspelt_as(missing, obs, n) : NULL;
+  int rc = NAS_OK;
+  if (given)
+    rc = nas_errc(err, NAS_EINVAL, "trial %d of '%s' has not reported objective '%s' (given: "
+                  "'%s'; did you mean '%s'?); report it, or end the trial as failed; nothing "
+                  "was stored", t->number, exp->name, missing, given, missing);
+  else if (missing)
+    rc = nas_errc(err, NAS_EINVAL, "trial %d of '%s' has not reported objective '%s'; report "
+                  "it, or end the trial as failed; nothing was stored", t->number, exp->name,
+                  missing);
   sched_results_free(&r);
   return rc;
 }

@@ -21,7 +21,8 @@
 
 static int check_private(const char *path, nas_err *err) {
   struct stat st;
-  if (stat(path, &st) != 0) return nas_errf(err, "token file %s cannot be read", path);
+  if (stat(path, &st) != 0) return nas_errf(err, "token file %s: %s", path, strerror(errno));
+  if (S_ISDIR(st.st_mode)) return nas_errf(err, "token file %s: a folder, not a token file", path);
   if (st.st_mode & (S_IRWXG | S_IRWXO))
     return nas_errf(err, "token file %s may be read by others (mode %03o); make it private: "
                     "chmod 600 %s", path, (unsigned)(st.st_mode & 0777), path);

@@ -430,13 +430,10 @@ static int read_tls(const serve_options *opt, char **cert, char **key, nas_err *
   return NAS_OK;
 }
 
-static int serve_with(serve_ctx *srv, nas_err *err) {
+/* Serves at addr (with TLS when cert, key are given: PEM texts) until SIGINT or SIGTERM. */
+static int serve_with(serve_ctx *srv, const struct sockaddr_storage *addr, char *cert, char *key,
+                      nas_err *err) {
   const serve_options *opt = srv->opt;
-  struct sockaddr_storage addr = {0};
-  char *cert = NULL, *key = NULL;
-  if (parse_listen(opt->listen ? opt->listen : "127.0.0.1:8470", &addr, err) != NAS_OK ||
-      read_tls(opt, &cert, &key, err) != NAS_OK)
-    return NAS_ERR;
   /* Signals are waited for here; the request threads inherit the mask and never see them. */
   sigset_t stop, old;
   sigemptyset(&stop);
@@ -446,7 +443,7 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
   /* The committer (a thread and one more storage connection) only where writes are grouped. */
   int rc = srv->grouped_writes ? serve_committer_start(&srv->committer, &srv->pool, err) : NAS_OK;
   if (rc == NAS_OK) {
-    struct MHD_Daemon *d = start_daemon(srv, &addr, cert, key);
+    struct MHD_Daemon *d = start_daemon(srv, addr, cert, key);
     if (d) {
       if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
       wait_for_stop();
@@ -464,9 +461,6 @@ static int serve_with(serve_ctx *srv, nas_err *err) {
     if (srv->grouped_writes) serve_committer_free(&srv->committer);
   }
   pthread_sigmask(SIG_SETMASK, &old, NULL);
-  free(cert);
-  if (key) memset(key, 0, strlen(key));
-  free(key);
   return rc;
 }
 
@@ -476,7 +470,13 @@ int serve_run(const serve_options *opt, nas_err *err) {
   serve_ctx srv = {.opt = opt, .open_to_loopback = !opt->token_file};
   srv.cwd = getcwd(NULL, 0);
   if (!srv.cwd) return nas_errf(err, "cannot read the current folder: %s", strerror(errno));
-  int rc = opt->token_file ? serve_tokens_load(opt->token_file, &srv.tokens, err) : NAS_OK;
+  /* Every option is checked before the storage is opened: a mistyped one must not leave
+   * a new, empty SQLite file behind. */
+  struct sockaddr_storage addr = {0};
+  char *cert = NULL, *key = NULL;
+  int rc = parse_listen(opt->listen ? opt->listen : "127.0.0.1:8470", &addr, err);
+  if (rc == NAS_OK) rc = read_tls(opt, &cert, &key, err);
+  if (rc == NAS_OK && opt->token_file) rc = serve_tokens_load(opt->token_file, &srv.tokens, err);
   /* Room for one idle connection per thread of the most allowed: the threads in use
    * bound the connections open, since each holds at most one. */
   if (rc == NAS_OK) rc = serve_pool_init(&srv.pool, opt->storage_url, SERVE_THREADS_MOST, err);
@@ -494,7 +494,7 @@ int serve_run(const serve_options *opt, nas_err *err) {
                                : SERVE_THREADS_OTHER;
     if (opt->log) fprintf(opt->log, "nas serve: %u request threads\n", srv.threads);
     serve_notifiers_init(&srv.notifiers);
-    rc = serve_with(&srv, err);
+    rc = serve_with(&srv, &addr, cert, key, err);
     serve_notifiers_free(&srv.notifiers);
     if (opt->log && srv.grouped_writes && rc == NAS_OK) /* it served */
       fprintf(opt->log, "nas serve: %lu writes committed in %lu transactions\n",
@@ -502,6 +502,9 @@ int serve_run(const serve_options *opt, nas_err *err) {
     serve_pool_free(&srv.pool);
   }
   serve_tokens_free(&srv.tokens);
+  free(cert);
+  if (key) memset(key, 0, strlen(key));
+  free(key);
   free(srv.cwd);
   return rc;
 }

@@ -58,10 +58,15 @@ static int assign(const spec *s, json_t *params, const char *name, size_t len,
                                                             : nas_errf(err, "out of memory");
 }
 
+bool spec_is_assignment(const char *arg) {
+  const char *eq = strchr(arg, '=');
+  return eq && eq != arg;
+}
+
 /* One NAME=VALUE argument into params. */
 static int assign_argument(const spec *s, json_t *params, const char *arg, nas_err *err) {
+  if (!spec_is_assignment(arg)) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
   const char *eq = strchr(arg, '=');
-  if (!eq || eq == arg) return nas_errf(err, "'%s' is not NAME=VALUE", arg);
   json_t *value = NULL;
   int rc = spec_inline_value(eq + 1, &value, err);
   if (rc == NAS_OK && !value) rc = nas_errf(err, "'%s' has no value after '='", arg);

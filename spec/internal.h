@@ -31,6 +31,9 @@ enum {
  * with no document gives a document without a root). Syntax errors, limits passed and
  * unsupported tags are reported as "FILE:LINE:COL: ...". */
 int spec_yaml_load(const char *text, const char *file, yaml_document_t *doc, nas_err *err);
+/* Line and column (1-based; columns in characters, as libyaml counts them) of a byte
+ * offset of text, for the mistakes that carry only the offset. */
+void spec_offset_position(const char *text, size_t offset, size_t *line, size_t *col);
 
 /* ---- node.c: reading the YAML document ---- */
 

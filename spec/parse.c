@@ -413,10 +413,13 @@ int spec_load(const char *path, spec **out, nas_err *err) {
   size_t len = 0;
   int rc = read_spec_file(path, &text, &len, err);
   if (rc) return rc;
-  if (strlen(text) != len)
-    rc = nas_errf(err, "%s: holds a NUL byte; a spec is a text file", path);
-  else if (!(abs_path = nas_abspath(path, NULL)) || !(dir = nas_dirname(abs_path)))
+  size_t line, column;
+  if (strlen(text) != len) {
+    spec_offset_position(text, strlen(text), &line, &column);
+    rc = nas_errf(err, "%s:%zu:%zu: holds a NUL byte; a spec is a text file", path, line, column);
+  } else if (!(abs_path = nas_abspath(path, NULL)) || !(dir = nas_dirname(abs_path))) {
     rc = nas_errf(err, "%s: out of memory", path);
+  }
   if (!rc) rc = parse_spec(text, path, dir, abs_path, out, err);
   free(text);
   free(abs_path);

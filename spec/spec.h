@@ -242,6 +242,9 @@ int spec_check_params(const spec *s, const json_t *params, nas_err *err);
  * names get a did-you-mean. *out is an owned JSON object. */
 int spec_assignment_parse(const spec *s, char *const *args, size_t n, json_t **out,
                           nas_err *err);
+/* Whether arg has the shape NAME=VALUE (an '=' after a non-empty name), which commands
+ * check before anything else; what NAME and VALUE may be is each reader's. */
+bool spec_is_assignment(const char *arg);
 /* s's text with the value of its `name:` changed to new_name (checked as
  * nas_check_experiment_name),
  * all else byte for byte; the result is checked to load with that name. Owned *out. */

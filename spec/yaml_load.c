@@ -70,16 +70,16 @@ static int mark_errf(const loader *l, yaml_mark_t mark, const char *fmt, ...) {
   return nas_errf(l->err, "%s:%zu:%zu: %s", l->file, mark.line + 1, mark.column + 1, msg);
 }
 
-/* Line and column (1-based) of a byte offset, for libyaml reader errors that carry only
- * the offset. */
-static void offset_position(const char *text, size_t offset, size_t *line, size_t *col) {
+void spec_offset_position(const char *text, size_t offset, size_t *line, size_t *col) {
   *line = 1;
   *col = 1;
-  for (size_t i = 0; i < offset && text[i]; i++) {
+  /* a byte order mark starting the text is no column, as for libyaml's marks */
+  size_t first = strncmp(text, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+  for (size_t i = first; i < offset && text[i]; i++) {
     if (text[i] == '\n') {
       (*line)++;
       *col = 1;
-    } else {
+    } else if (((unsigned char)text[i] & 0xC0) != 0x80) { /* not inside a UTF-8 sequence */
       (*col)++;
     }
   }
@@ -92,7 +92,7 @@ static int syntax_error(const yaml_parser_t *parser, const char *text, const cha
     return nas_errf(err, "%s: out of memory", file);
   size_t line = parser->problem_mark.line + 1, col = parser->problem_mark.column + 1;
   if (parser->error == YAML_READER_ERROR)
-    offset_position(text, parser->problem_offset, &line, &col);
+    spec_offset_position(text, parser->problem_offset, &line, &col);
   const char *problem = parser->problem ? parser->problem : "cannot be read";
   /* libyaml's words for a tab are "cannot start any token"; say what to change. */
   bool tab = parser->error == YAML_SCANNER_ERROR && parser->problem_mark.index < strlen(text) &&

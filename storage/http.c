@@ -128,6 +128,9 @@ static int answer_failure(const http_conn *c, long status, nas_err *err) {
   const char *code = json_string_value(json_object_get(body, "code"));
   int rc;
   if (msg && code) rc = nas_errc(err, rows_json_code_parse(code), "%s", msg);
+  else if (msg && (status == 401 || status == 403)) /* a CLI user sets no header */
+    rc = nas_errf(err, "HTTP %ld: %s (nas sends the token in $NAS_TOKEN, else the one in the "
+                  "file $NAS_TOKEN_FILE names)", status, msg);
   else if (msg) rc = nas_errf(err, "HTTP %ld: %s", status, msg);
   else rc = nas_errf(err, "HTTP %ld without a storage answer (is it a nas serve?)", status);
   json_decref(body);

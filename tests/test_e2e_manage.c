@@ -305,6 +305,17 @@ static void new_commands_have_help_and_bad_usage_exits_2(void **state) {
     assert_int_equal(test_run(f->dir, bare, &out), 2);
     free(out);
   }
+  /* An operand that is no NAME=VALUE is bad usage, as for 'nas tell' and 'nas report': it
+   * was exit 1, after opening the storage (which need not exist). */
+  const char *shapeless[] = {"lr", "=0.5"};
+  for (size_t i = 0; i < sizeof shapeless / sizeof *shapeless; i++) {
+    char *argv[] = {(char *)test_nas_bin(), "enqueue", "exp", "x=1", (char *)shapeless[i], NULL};
+    int rc = test_run(f->dir, argv, &out);
+    char *said = nas_asprintf("nas enqueue: '%s' is not NAME=VALUE", shapeless[i]);
+    if (rc != 2 || !strstr(out, said)) fail_msg("exit %d (want 2): %s", rc, out);
+    free(said);
+    free(out);
+  }
 }
 
 int main(void) {

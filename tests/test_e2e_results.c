@@ -416,6 +416,12 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
                  "trials[0].metrics: must be an object of numbers under non-empty names");
   free(text);
   json_decref(unnamed);
+  /* A folder read as an empty file: "folder:1:1: not JSON: … near end of file". */
+  char *folder = nas_asprintf("%s/exports", f->dir);
+  assert_int_equal(mkdir(folder, 0700), 0);
+  expect_refusal(f, (char *[]){"import", "exports", "--name", "fresh", "--storage", f->db, NULL}, 1,
+                 "exports: a folder; give a file 'nas export --format json' wrote");
+  free(folder);
   json_t *status = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
   assert_int_equal(json_array_size(status), 1); /* only "good" */
   json_decref(status);
@@ -718,6 +724,14 @@ static void report_and_tell_take_only_decimal_numbers(void **state) {
   }
 }
 
+/* Writes the spec text to file in the fixture folder and stores it with `nas create`;
+ * returns the file's owned path. */
+static char *create_spec(fixture *f, const char *file, const char *text) {
+  char *spec = test_write(f->dir, file, text);
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  return spec;
+}
+
 /* Asks and tells `n` trials of experiment `name`, each told `values` (NAME=VALUE words,
  * then NULL); every ask's output must be JSON alone. */
 static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *values) {
@@ -809,12 +823,11 @@ static void ask_prints_only_json_when_no_trial_meets_the_constraints(void **stat
 /* Decimal numbers as people type them are values: ".5", "+1", "1E3", "5.". */
 static void tell_takes_decimal_numbers_as_typed(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "typed.yaml",
-                          "name: typed\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
-                          "budget: {trials: 5}\n");
-  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  char *spec = create_spec(f, "typed.yaml",
+                           "name: typed\n"
+                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                           "objectives: [{name: a, goal: minimize}, {name: b, goal: maximize}]\n"
+                           "budget: {trials: 5}\n");
   ask_and_tell(f, "typed", 1, (char *[]){"a=.5", "b=+1", "c=1E3", "d=5.", NULL});
   json_t *trial = nas_json(f, (char *[]){"trial", "typed", "0", "--format", "json", "--storage", f->db, NULL});
   json_t *metrics = json_object_get(trial, "metrics");
@@ -888,6 +901,49 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
   free(spec);
 }
 
+/* A metric name not in the spec is a metric like any other (docs/metrics-protocol.md), so
+ * a misspelt objective is stored as one; a completion that then misses the objective said
+ * so without naming the misspelt name it was given. */
+static void complete_without_an_objective_names_the_likely_misspelling(void **state) {
+  fixture *f = *state;
+  char *spec = create_spec(f, "typo.yaml", "{name: typo, parameters: {x: {type: float, low: 0, high: 1}},\n"
+                                           " objectives: [{name: loss, goal: minimize}], budget: {trials: 1}}\n");
+  expect_refusal(f, (char *[]){"ask", "typo", "--storage", f->db, NULL}, 0, "0 ");
+  expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "los=0.5", "--storage", f->db, NULL}, 1,
+                 "trial 0 of 'typo' has not reported objective 'loss' (given: 'los'; did you mean "
+                 "'loss'?); report it, or end the trial as failed; nothing was stored");
+  expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "acc=0.5", "--storage", f->db, NULL}, 1,
+                 "trial 0 of 'typo' has not reported objective 'loss'; report it");
+  expect_refusal(f, (char *[]){"tell", "typo", "0", "--complete", "loss=0.5", "--storage", f->db, NULL}, 0, "");
+  free(spec);
+}
+
+/* Before a trial is on the front, an objective without a threshold has no reference point
+ * yet: JSON leaves it out, and `nas pareto` and `nas compare` said "b=0", a point nothing
+ * had inferred. */
+static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) {
+  fixture *f = *state;
+  static const char rest[] = "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "objectives: [{name: a, goal: minimize, threshold: 2}, {name: b, goal: minimize}]\n"
+                             "budget: {trials: 2}\n";
+  char *text = nas_asprintf("name: early\n%s", rest), *spec = create_spec(f, "early.yaml", text);
+  char *other_text = nas_asprintf("name: other\n%s", rest);
+  char *other = create_spec(f, "other.yaml", other_text);
+  expect_refusal(f, (char *[]){"compare", "early", "other", "--storage", f->db, NULL}, 0,
+                 "reference point: a=2, b=?; ? is inferred once a trial is on the front\n");
+  const char *said = "early: 0 trials on the front; hypervolume 0 (reference point a=2, b=?; "
+                     "? is inferred once a trial is on the front)";
+  expect_refusal(f, (char *[]){"pareto", "early", "--storage", f->db, NULL}, 0, said);
+  expect_refusal(f, (char *[]){"pareto", "early", "--format", "csv", "--storage", f->db, NULL}, 0, said);
+  json_t *front = nas_json(f, (char *[]){"pareto", "early", "--format", "json", "--storage", f->db, NULL});
+  assert_null(json_object_get(json_object_get(front, "reference_point"), "b"));
+  json_decref(front);
+  ask_and_tell(f, "early", 1, (char *[]){"a=1", "b=3", NULL});
+  expect_refusal(f, (char *[]){"pareto", "early", "--storage", f->db, NULL}, 0,
+                 "(reference point a=2, b=3)\n");
+  free(text), free(spec), free(other_text), free(other);
+}
+
 /* Readings of ±1.7e308 span more than the largest double: the inferred reference point
  * came out inf, which a trial's stored reference (JSON) cannot hold, and `nas ask` failed
  * with "out of memory" after storing the first of its trials. */
@@ -937,6 +993,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
+      cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),
+      cmocka_unit_test_setup_teardown(complete_without_an_objective_names_the_likely_misspelling, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
       cmocka_unit_test_setup_teardown(an_unknown_letter_in_a_group_is_named_itself, setup, teardown),

@@ -337,7 +337,12 @@ static void a_stopped_ask_and_tell_experiment_is_opened_again_by_create(void **s
   if (strstr(out, "nas resume") || !strstr(out, "'nas create ")) fail_msg("stop said: %s", out);
   free(out);
   assert_int_equal(nas(f, &out, "ask", "asked", NULL), 1);
-  assert_non_null(strstr(out, "is stopped"));
+  /* it said only "is stopped; nothing is handed out", not what opens it again */
+  char *said = nas_asprintf("experiment 'asked' is stopped; nothing is handed out until its "
+                            "spec is stored again, which opens it ('nas create %s', or POST "
+                            "/api/v1/experiments)", spec);
+  if (!strstr(out, said)) fail_msg("ask said: %s", out);
+  free(said);
   free(out);
   nas_ok(f, "create", spec, NULL);
   nas_ok(f, "ask", "asked", NULL);
@@ -691,7 +696,37 @@ static void tls_and_token_files_that_cannot_serve_are_refused_saying_why(void **
   serve_refuses(f, (const char *const[]){"--tls-cert", bad, "--tls-key", bad, NULL},
                 "cannot serve HTTPS");
   serve_refuses(f, (const char *const[]){"--token-file", fifo, NULL}, "holds no token");
+  /* A folder was "may be read by others (mode 755); make it private: chmod 600", and a
+   * missing file "cannot be read", without why. */
+  char *folder = nas_asprintf("%s/tokens", f->dir), *missing = nas_asprintf("%s/none", f->dir);
+  assert_int_equal(mkdir(folder, 0755), 0);
+  serve_refuses(f, (const char *const[]){"--token-file", folder, NULL}, "tokens: a folder, not a token file");
+  serve_refuses(f, (const char *const[]){"--token-file", missing, NULL}, "none: No such file or directory");
+  free(folder), free(missing);
   free(garbage), free(bad), free(fifo);
+}
+
+/* Options that cannot serve are refused before the storage is opened: a mistyped --listen
+ * or a --tls-cert without its key created an empty nas.db in the folder, and the server
+ * said it served this machine with 4 request threads before saying it could not. */
+static void options_that_cannot_serve_are_refused_before_storage_is_opened(void **state) {
+  fixture *f = *state;
+  static const char *const bad[][3] = {
+      {"--listen", "localhost8470", "expected HOST:PORT"},
+      {"--listen", "127.0.0.1:99999", "the port must be a number"},
+      {"--tls-cert", "cert.pem", "--tls-cert and --tls-key go together"}};
+  char *db = nas_asprintf("%s/nas.db", f->dir);
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    const char *argv[] = {"timeout", "20", test_nas_bin(), "serve", bad[i][0], bad[i][1], NULL};
+    char *out = NULL;
+    int rc = test_run(f->dir, (char *const *)argv, &out);
+    if (rc != 1 || !strstr(out, bad[i][2]) || strstr(out, "request threads") ||
+        strstr(out, "serving clients") || access(db, F_OK) == 0)
+      fail_msg("%s %s: exit %d (want 1), %s created: %s", bad[i][0], bad[i][1], rc,
+               access(db, F_OK) == 0 ? "nas.db" : "nothing", out);
+    free(out);
+  }
+  free(db);
 }
 
 int main(void) {
@@ -719,6 +754,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_port_in_use_is_refused_without_a_summary_of_writes, setup, teardown),
       cmocka_unit_test_setup_teardown(a_listen_port_past_65535_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(tls_and_token_files_that_cannot_serve_are_refused_saying_why, setup, teardown),
+      cmocka_unit_test_setup_teardown(options_that_cannot_serve_are_refused_before_storage_is_opened, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -331,6 +331,28 @@ static void spec_load_keeps_exact_text_and_absolute_path(void **state) {
   free(dir);
 }
 
+/* A NUL byte in a spec file (a binary file given by mistake) is placed as every other
+ * mistake is, by line and column (characters, as libyaml counts them); it was named by the
+ * file alone. */
+static void a_nul_byte_in_a_spec_file_is_placed_by_line_and_column(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *path = nas_asprintf("%s/binary.yaml", dir);
+  static const char text[] = "name: a\nseed: \xc3\xa9\0\n";
+  FILE *f = fopen(path, "wb");
+  assert_non_null(f);
+  assert_int_equal(fwrite(text, 1, sizeof text - 1, f), sizeof text - 1);
+  assert_int_equal(fclose(f), 0);
+  spec *s = NULL;
+  nas_err err = {{0}};
+  assert_int_equal(spec_load(path, &s, &err), NAS_ERR);
+  assert_null(s);
+  char *want = nas_asprintf("%s:2:8: holds a NUL byte; a spec is a text file", path);
+  assert_string_equal(err.msg, want);
+  free(want), free(path);
+  test_rmtree(dir);
+  free(dir);
+}
+
 /* ---- errors: YAML and structure ---- */
 
 static void yaml_syntax_errors_have_line_and_column(void **state) {
@@ -2227,6 +2249,7 @@ int main(void) {
       cmocka_unit_test(durations_accept_numbers_and_suffixes),
       cmocka_unit_test(workdir_is_resolved_against_the_spec_folder),
       cmocka_unit_test(spec_load_keeps_exact_text_and_absolute_path),
+      cmocka_unit_test(a_nul_byte_in_a_spec_file_is_placed_by_line_and_column),
       cmocka_unit_test(yaml_syntax_errors_have_line_and_column),
       cmocka_unit_test(empty_and_odd_documents_are_errors),
       cmocka_unit_test(unknown_keys_suggest_the_nearest),

@@ -730,6 +730,8 @@ static void tokens_decide_what_a_storage_client_may_do(void **state) {
   assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
   assert_contains(err.msg, url);
   assert_contains(err.msg, "missing 'Authorization");
+  /* what a user of the CLI can do about it, who sets no header (it said only the above) */
+  assert_contains(err.msg, "nas sends the token in $NAS_TOKEN, else the one in the file $NAS_TOKEN_FILE names");
   setenv("NAS_TOKEN", "w0000000000000000000000000000000000000009", 1);
   assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
   assert_contains(err.msg, "not valid");
@@ -742,6 +744,7 @@ static void tokens_decide_what_a_storage_client_may_do(void **state) {
   experiment_rows_free(rows, n);
   assert_int_equal(storage_experiment_create(st, "e", "x", "/x", "/r", &id, &err), NAS_ERR);
   assert_contains(err.msg, "only read");
+  assert_contains(err.msg, "$NAS_TOKEN_FILE");
   storage_close(st);
   unsetenv("NAS_TOKEN");
   setenv("NAS_TOKEN_FILE", writer_file, 1);
