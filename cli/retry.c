@@ -1,5 +1,5 @@
-/* cli/retry.c: `nas retry EXPERIMENT [N …|--failed]` — queues failed and timed-out trials
- * again (after the trial was fixed), for the next `nas resume` or `nas run` to launch. */
+/* cli/retry.c: `nas retry EXPERIMENT [N …|--failed]` — queues failed, timed-out or stopped
+ * trials again (after the trial was fixed), for the next `nas resume` or `nas run` to launch. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,8 +15,9 @@ static const char retry_help[] =
     "EXPERIMENT' (or 'nas run') launches them before any new trial ('nas ask' hands them\n"
     "out first where the spec runs nothing). Each stays the same trial, with its\n"
     "parameters and its attempts so far, and counts once in budget.trials.\n"
-    "Only failed and timed-out trials can be retried; naming any other refuses the whole\n"
-    "request and changes nothing.\n\n"
+    "A number may also name a stopped trial (a second Ctrl-C, 'nas stop', the wall-time\n"
+    "budget or early stopping cut it short); --failed leaves those. Naming a trial in any\n"
+    "other status refuses the whole request and changes nothing.\n\n"
     "  --failed        every failed and timed-out trial\n"
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n";
 

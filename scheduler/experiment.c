@@ -229,8 +229,16 @@ int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *repo
   return stop_running(s, st, exp, report, &done->asked, err);
 }
 
+/* What `--failed` (no numbers) queues again: trials that ended by a fault. */
 static bool retryable(trial_status status) {
   return status == TRIAL_FAILED || status == TRIAL_TIMEOUT;
+}
+
+/* What a number may name besides: a stopped trial (a second Ctrl-C, `nas stop`, the wall-time
+ * budget, early stopping) did not fail, so --failed leaves it, but its work was cut short, and
+ * one stopped by an interrupt has no other way back into the budget it counts in. */
+static bool retryable_by_number(trial_status status) {
+  return retryable(status) || status == TRIAL_STOPPED;
 }
 
 /* The row of trial `number` in rows (ordered by number), or NULL. */
@@ -248,9 +256,9 @@ static int retry_check(const experiment_row *exp, const trial_row *rows, size_t 
     if (!row)
       return nas_errf(err, "experiment '%s' has no trial %d (its trials are 0 to %zu)",
                       exp->name, numbers[i], n_rows ? n_rows - 1 : 0);
-    if (!retryable(row->status))
-      return nas_errf(err, "trial %d of '%s' is %s; only failed or timed-out trials can be "
-                      "retried", numbers[i], exp->name, trial_status_name(row->status));
+    if (!retryable_by_number(row->status))
+      return nas_errf(err, "trial %d of '%s' is %s; only failed, timed-out or stopped trials "
+                      "can be retried", numbers[i], exp->name, trial_status_name(row->status));
     for (size_t j = 0; j < i; j++)
       if (numbers[j] == numbers[i]) return nas_errf(err, "trial %d is named twice", numbers[i]);
   }
@@ -276,7 +284,7 @@ int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size
   int rc = retry_check(exp, rows, n_rows, numbers, n, err);
   for (size_t i = 0; rc == NAS_OK && i < (n ? n : n_rows); i++) {
     const trial_row *row = n ? trial_numbered(rows, n_rows, numbers[i]) : &rows[i];
-    if (!retryable(row->status)) continue; /* with no numbers given: the others */
+    if (!n && !retryable(row->status)) continue; /* with no numbers given: the others */
     rc = retry_one(st, exp, row, report, err);
     if (rc == NAS_OK) ++*retried;
   }

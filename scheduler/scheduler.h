@@ -79,9 +79,9 @@ typedef struct {
 int sched_stop(const spec *s, storage *st, const experiment_row *exp, FILE *report,
                sched_stopped *done, nas_err *err);
 
-/* Queues failed and timed-out trials of exp again (`nas retry`): those numbered in
- * numbers[0..n-1], or every failed and timed-out one when n is 0. They keep their attempts
- * and count once in the budget (they are the same trials); the next sched_run launches
+/* Queues trials of exp again (`nas retry`): those numbered in numbers[0..n-1] (failed,
+ * timed-out or stopped), or every failed and timed-out one when n is 0. They keep their
+ * attempts and count once in the budget (they are the same trials); the next sched_run launches
  * them first. A number naming no trial, or a trial in any other status, refuses the whole
  * request before anything changes. Each trial queued again is reported on `report` (may be
  * NULL), one line each; *retried gets how many were. */

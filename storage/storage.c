@@ -86,8 +86,9 @@ int storage_check_heartbeat(trial_status current, nas_err *err) {
 
 /* Only a trial that ended badly is run again; a completed or stopped one keeps its data. */
 int storage_check_requeue(trial_status current, nas_err *err) {
-  if (current == TRIAL_FAILED || current == TRIAL_TIMEOUT) return NAS_OK;
-  return nas_errf(err, "it is %s; only a failed or timed-out trial can be retried",
+  if (current == TRIAL_FAILED || current == TRIAL_TIMEOUT || current == TRIAL_STOPPED)
+    return NAS_OK;
+  return nas_errf(err, "it is %s; only a failed, timed-out or stopped trial can be retried",
                   trial_status_name(current));
 }
 

@@ -297,6 +297,37 @@ static void interrupt_lets_running_trials_finish_and_resume_completes(void **sta
   free(spec);
 }
 
+/* A second Ctrl-C stops the running trials; they count in the budget, so `nas retry` by
+ * number is their way back into the queue (--failed leaves them: they did not fail). */
+static void trials_a_second_interrupt_stopped_are_retried_by_number(void **state) {
+  fixture *f = *state;
+  char *spec = timing_spec(f, 3, 2, "30"), *out;
+  pid_t pid = start_nas_run(f, spec);
+  wait_until_n_running(f, "timing", 2);
+  kill(pid, SIGINT);
+  wait_until_n_running(f, "timing", 2); /* still running: the first signal only drains */
+  kill(pid, SIGINT);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_true(WIFEXITED(status));
+  json_t *rows = trials_json(f, "timing");
+  assert_int_equal(count_status(rows, "stopped"), 2);
+  json_decref(rows);
+  int rc = nas(f, &out, "retry", "timing", "--failed");
+  if (rc != 0) fail_msg("nas retry --failed failed (%d): %s", rc, out);
+  assert_non_null(strstr(out, "no failed or timed-out trial"));
+  free(out);
+  char *both[] = {(char *)test_nas_bin(), "retry", "timing", "0", "1", "--storage", f->db, NULL};
+  rc = test_run(f->dir, both, &out);
+  if (rc != 0) fail_msg("nas retry timing 0 1 failed (%d): %s", rc, out);
+  assert_non_null(strstr(out, "trial 1 queued again (was stopped"));
+  free(out);
+  rows = trials_json(f, "timing");
+  assert_int_equal(count_status(rows, "queued"), 2);
+  json_decref(rows);
+  free(spec);
+}
+
 /* Every one of the n trials of experiment name completed with y = z = its parameter x. */
 static void assert_trials_reported_x_as_y_and_z(fixture *f, const char *name, size_t n) {
   json_t *rows = trials_json(f, name);
@@ -661,6 +692,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_plugin_options_are_refused_at_their_place_and_write_nothing,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_a_second_interrupt_stopped_are_retried_by_number, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(trials_find_the_running_nas_by_name_and_nas_bin, setup, teardown),
       cmocka_unit_test_setup_teardown(gpus_cap_parallel_and_each_trial_sees_its_own, setup, teardown),

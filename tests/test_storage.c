@@ -688,11 +688,11 @@ static void trial_retry_from_a_final_status_clears_the_previous_outcome(void **s
   trial_row_clear(&got);
 }
 
-/* `nas retry`: a failed or timed-out trial goes back to the queue as the same trial, its
- * attempts kept; any other status is refused by name and left as it is. */
-static void trial_requeue_takes_back_only_failed_and_timed_out_trials(void **state) {
+/* `nas retry`: a failed, timed-out or stopped trial goes back to the queue as the same
+ * trial, its attempts kept; a completed one is refused by name and left as it is. */
+static void trial_requeue_takes_back_only_trials_that_did_not_complete(void **state) {
   fixture *f = *state;
-  trial_status ends[] = {TRIAL_FAILED, TRIAL_TIMEOUT, TRIAL_COMPLETED, TRIAL_STOPPED};
+  trial_status ends[] = {TRIAL_FAILED, TRIAL_TIMEOUT, TRIAL_STOPPED, TRIAL_COMPLETED};
   int64_t exp = make_experiment(f, "e");
   for (size_t i = 0; i < sizeof ends / sizeof *ends; i++) {
     trial_row t = make_trial(f, exp, "{}"), got;
@@ -701,7 +701,7 @@ static void trial_requeue_takes_back_only_failed_and_timed_out_trials(void **sta
     nas_err err = {{0}};
     int rc = storage_trial_requeue(f->st, t.id, &err);
     CHECK(storage_trial_get(f->st, t.id, &got, err));
-    if (i < 2) {
+    if (i < 3) {
       assert_int_equal(rc, NAS_OK);
       assert_int_equal(got.status, TRIAL_QUEUED);
       assert_int_equal(got.attempts, 1);
@@ -3166,7 +3166,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(trial_finish_to_running_is_refused),
       FIXTURE_TEST(lost_trial_requeued_keeps_attempts_and_starts_again),
       FIXTURE_TEST(trial_retry_from_a_final_status_clears_the_previous_outcome),
-      FIXTURE_TEST(trial_requeue_takes_back_only_failed_and_timed_out_trials),
+      FIXTURE_TEST(trial_requeue_takes_back_only_trials_that_did_not_complete),
       FIXTURE_TEST(trial_promote_moves_a_completed_trial_up_one_rung_once),
       FIXTURE_TEST(trial_fields_round_trip_exactly),
       FIXTURE_TEST(trial_list_holds_one_experiment_ordered_by_number),
