@@ -605,6 +605,18 @@ static void plot_data_cannot_close_its_script(void **state) {
   free(page), free(file), free(spec);
 }
 
+/* The DOM of `nas plot NAME --kind KIND`'s file (NAME.html in the fixture folder) once drawn;
+ * *url (owned) is its file:// address. */
+static char *plot_dom(fixture *f, const char *name, const char *kind, char **url) {
+  char *file = nas_asprintf("%s/%s.html", f->dir, name);
+  char *argv[] = {(char *)test_nas_bin(), "plot", (char *)name, "--storage", f->db, "--out", file,
+                  "--kind", (char *)kind, NULL};
+  assert_int_equal(test_run(f->dir, argv, NULL), 0);
+  *url = nas_asprintf("file://%s", file);
+  free(file);
+  return dump_dom(f, *url);
+}
+
 /* A plot file's data is parsed as JSON, as the served page's: a metric named "__proto__"
  * is a metric there too (as a script's object literal it set the prototype and vanished). */
 static void plot_keeps_a_metric_named_proto(void **state) {
@@ -619,14 +631,9 @@ static void plot_keeps_a_metric_named_proto(void **state) {
                           "budget: {trials: 3}\n"
                           "optimizer: {type: random}\n");
   run_spec(f, spec);
-  char *file = nas_asprintf("%s/proto.html", f->dir);
-  char *argv[] = {(char *)test_nas_bin(), "plot", "proto", "--storage", f->db, "--out", file,
-                  "--kind", "curves", NULL};
-  assert_int_equal(test_run(f->dir, argv, NULL), 0);
-  char *url = nas_asprintf("file://%s", file);
-  char *dom = dump_dom(f, url);
+  char *url, *dom = plot_dom(f, "proto", "curves", &url);
   assert_int_equal(dom_attr(dom, "id=\"chart-curves\"", "data-curves"), 3);
-  free(dom), free(url), free(file), free(spec);
+  free(dom), free(url), free(spec);
 }
 
 /* The front's chart holds every completed trial within its axes: here the trials off the
@@ -648,17 +655,12 @@ static void front_chart_holds_every_trial(void **state) {
                           "          {x: 0.6, off: 1}]\n"
                           "budget: {trials: 5}\n");
   run_spec(f, spec);
-  char *file = nas_asprintf("%s/spread.html", f->dir);
-  char *argv[] = {(char *)test_nas_bin(), "plot", "spread", "--storage", f->db, "--out", file,
-                  "--kind", "front", NULL};
-  assert_int_equal(test_run(f->dir, argv, NULL), 0);
-  char *url = nas_asprintf("file://%s", file);
-  char *dom = dump_dom(f, url);
+  char *url, *dom = plot_dom(f, "spread", "front", &url);
   assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-front"), 2);
   assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-points"), 5);
   assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-offscale"), 0);
   screenshot(f, url, "front-spread", 500);
-  free(dom), free(url), free(file), free(spec);
+  free(dom), free(url), free(spec);
 }
 
 /* The data of an experiment page (…/dashboard's answer) with n completed trials of one
