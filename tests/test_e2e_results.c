@@ -570,6 +570,14 @@ static void new_commands_have_help_and_refuse_bad_usage(void **state) {
   expect_refusal(f, (char *[]){"export", "e", "--format", "csv", "--with", "curves", NULL}, 2,
                  "json export only");
   expect_refusal(f, (char *[]){"import", "missing.json", NULL}, 1, "missing.json: No such file");
+  /* A trial id that is no id is named as given (it said "no trial: give --trial ID"). */
+  expect_refusal(f, (char *[]){"worker", "--trial", "abc", NULL}, 2,
+                 "nas worker: --trial 'abc' is not a trial id (a whole number from 1)");
+  setenv("NAS_TRIAL_ID", "0", 1);
+  expect_refusal(f, (char *[]){"worker", NULL}, 2,
+                 "nas worker: NAS_TRIAL_ID '0' is not a trial id (a whole number from 1)");
+  unsetenv("NAS_TRIAL_ID");
+  expect_refusal(f, (char *[]){"worker", NULL}, 2, "nas worker: no trial: give --trial ID");
 }
 
 /* Each command knows only its own options: one of another command's is unknown, named as
