@@ -64,7 +64,9 @@ static const char trials_help[] =
     "the spec; empty where inactive or never reported), and the error of failed trials.\n"
     "With several objectives, also the reference point the optimizer aimed the trial's\n"
     "hypervolume improvement at when it suggested it (empty for initial design points and\n"
-    "optimizers without one). Numbers are exact in csv and json.\n";
+    "optimizers without one). Numbers are exact in csv and json. A metric a trial\n"
+    "reported beyond the spec's, named like a parameter or one of these columns (x,\n"
+    "error), is headed 'NAME (metric)'.\n";
 
 /* The recorded reference point (a JSON object of objective → value): the object itself in
  * JSON, else "name=value, …" in the spec's objective order (6 significant digits in a
@@ -119,6 +121,19 @@ static int add_timing_cells(json_t *cells, const trial_row *row) {
   return rc == 0 ? NAS_OK : NAS_ERR;
 }
 
+/* A metric's column. The spec keeps its objectives and constraints clear of the listing's
+ * own columns and of the parameters, but a trial may report any other metric: one named
+ * like those ("x", "error") is headed `NAME (metric)`, so that neither value hides the
+ * other (a JSON row has one key per name). */
+static int add_metric_column(cli_table *t, const spec *s, const char *name) {
+  if (!spec_is_listing_column(name) && spec_param_index(s, name) < 0)
+    return cli_table_add_column(t, name);
+  char *heading = nas_asprintf("%s (metric)", name);
+  int rc = heading ? cli_table_add_column(t, heading) : NAS_ERR;
+  free(heading);
+  return rc;
+}
+
 int cli_trials_table(const spec *s, const sched_results *r, out_format format, bool timings,
                      cli_table *t) {
   static const char *const head[] = {"trial", "status"};
@@ -129,7 +144,7 @@ int cli_trials_table(const spec *s, const sched_results *r, out_format format, b
   for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++)
     rc = cli_table_add_column(t, s->params[p].name);
   for (size_t m = 0; rc == NAS_OK && m < r->n_metrics; m++)
-    rc = cli_table_add_column(t, r->metric_names[m]);
+    rc = add_metric_column(t, s, r->metric_names[m]);
   if (rc == NAS_OK && s->n_objectives > 1) rc = cli_table_add_column(t, "reference");
   if (rc == NAS_OK) rc = cli_table_add_column(t, "error");
   for (size_t c = 0; timings && rc == NAS_OK && c < 4; c++) rc = cli_table_add_column(t, times[c]);

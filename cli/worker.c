@@ -46,6 +46,7 @@ static const double heartbeat_every_s = 5.0;
 typedef struct {
   char *storage; /* owned: --storage (cli_storage_flag), NULL when not given */
   const char *run_dir, *trial;
+  const char *trial_from; /* where trial came from, for messages: --trial or NAS_TRIAL_ID */
 } worker_args;
 
 /* One trial being run; everything owned. */
@@ -76,8 +77,12 @@ typedef struct {
 static int take_worker_option(const char *cmd, int c, char *arg, void *ctx) {
   worker_args *a = ctx;
   (void)cmd;
-  if (c == 't') a->trial = arg;
-  else a->run_dir = arg; /* --run-dir */
+  if (c == 't') {
+    a->trial = arg;
+    a->trial_from = "--trial";
+  } else {
+    a->run_dir = arg; /* --run-dir */
+  }
   return -1;
 }
 
@@ -87,15 +92,19 @@ static int parse_args(int argc, char **argv, worker_args *a) {
   static const struct option options[] = {{"trial", required_argument, NULL, 't'},
                                           {"run-dir", required_argument, NULL, 'r'},
                                           {NULL, 0, NULL, 0}};
-  *a = (worker_args){.trial = getenv("NAS_TRIAL_ID"), .run_dir = getenv("NAS_RUN_DIR")};
+  *a = (worker_args){.trial = getenv("NAS_TRIAL_ID"), .trial_from = "NAS_TRIAL_ID",
+                     .run_dir = getenv("NAS_RUN_DIR")};
   const cli_command cmd = {"worker", worker_help, options, NULL, take_worker_option, a};
   int status = cli_parse_options(&cmd, argc, argv, &a->storage);
   if (status >= 0) return status;
   if (optind != argc) return cli_usage_error("worker", "unexpected argument '%s'", argv[optind]);
-  char *end = NULL;
-  if (!a->trial || strtoll(a->trial, &end, 10) < 1 || *end != '\0')
+  if (!a->trial || !*a->trial)
     return cli_usage_error("worker", "no trial: give --trial ID (or run it as a trial, which "
                                      "sets NAS_TRIAL_ID)");
+  char *end = NULL;
+  if (strtoll(a->trial, &end, 10) < 1 || *end != '\0')
+    return cli_usage_error("worker", "%s '%s' is not a trial id (a whole number from 1)",
+                           a->trial_from, a->trial);
   return -1;
 }
 

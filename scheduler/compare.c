@@ -77,15 +77,6 @@ static int common_reference(const sched_compared *c, const compared_points *p, s
   return NAS_OK;
 }
 
-/* {objective: value in its own direction} of a point in the minimisation convention. */
-static json_t *point_json(const spec *s, const double *ref) {
-  json_t *point = json_object();
-  for (size_t j = 0; point && j < s->n_objectives; j++)
-    json_object_set_new(point, s->objectives[j].name,
-                        json_real(s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j]));
-  return point;
-}
-
 /* Each experiment's entry at the common point ref. */
 static int compared_json(const sched_compared *c, const compared_points *p, size_t n,
                          const double *ref, json_t *list, nas_err *err) {
@@ -121,7 +112,7 @@ json_t *sched_compare_json(const sched_compared *c, size_t n, nas_err *err) {
   if (rc == NAS_OK) rc = compared_json(c, p, n, ref, list, err);
   if (rc == NAS_OK) {
     out = json_pack("{s:o, s:o, s:O}", "objectives", sched_objectives_json(c[0].s),
-                    "reference_point", point_json(c[0].s, ref), "experiments", list);
+                    "reference_point", sched_point_json(c[0].s, ref), "experiments", list);
     if (!out) nas_errf(err, "out of memory");
   }
   for (size_t e = 0; p && e < n; e++) points_free(&p[e]);

@@ -2,7 +2,8 @@
  * event as a JSON payload and a one-line text for chat:
  *
  *   {"event": "trial_completed" | "trial_failed", "experiment", "time", "trial": {…}}
- *   {"event": "front_changed", "experiment", "time", "front": {size, hypervolume, trials}}
+ *   {"event": "front_changed", "experiment", "time",
+ *    "front": {size, hypervolume, reference_point, trials}}
  *   {"event": "experiment_finished", "experiment", "time", "trials": {counts}, "front": {…}}
  *
  * "trial" has the shape `nas serve` gives a trial (sched_trial_json); "time" is Unix
@@ -49,11 +50,13 @@ typedef struct {
   int *numbers;   /* owned: their numbers */
   size_t n;
   double hv;
+  double *ref;    /* owned: the reference point hv is measured at (minimisation convention) */
 } front_view;
 
 static void front_view_free(front_view *f) {
   free(f->ids);
   free(f->numbers);
+  free(f->ref);
 }
 
 static int front_now(sched *sc, front_view *f, nas_err *err) {
@@ -61,11 +64,13 @@ static int front_now(sched *sc, front_view *f, nas_err *err) {
   const sched_results *r = sched_results_now(sc, err);
   if (!r) return NAS_ERR;
   size_t *idx = NULL;
-  double *ref = calloc(sc->s->n_objectives, sizeof *ref);
-  int rc = ref ? sched_front(sc->s, r, &idx, &f->n, &f->hv, ref, err)
-               : nas_errf(err, "out of memory");
-  free(ref);
-  if (rc != NAS_OK) return rc;
+  f->ref = calloc(sc->s->n_objectives, sizeof *f->ref);
+  int rc = f->ref ? sched_front(sc->s, r, &idx, &f->n, &f->hv, f->ref, err)
+                  : nas_errf(err, "out of memory");
+  if (rc != NAS_OK) {
+    front_view_free(f);
+    return rc;
+  }
   f->ids = malloc((f->n ? f->n : 1) * sizeof *f->ids);
   f->numbers = malloc((f->n ? f->n : 1) * sizeof *f->numbers);
   for (size_t k = 0; f->ids && f->numbers && k < f->n; k++) {
@@ -78,13 +83,16 @@ static int front_now(sched *sc, front_view *f, nas_err *err) {
   return nas_errf(err, "out of memory");
 }
 
-/* {"size", "hypervolume", "trials": [numbers]}. */
-static json_t *front_json(const front_view *f) {
+/* {"size", "hypervolume", "reference_point": {objective: value}, "trials": [numbers]}: the
+ * point with the hypervolume, since without thresholds it is inferred from the trials so
+ * far and moves as they come (as `nas pareto` gives them). */
+static json_t *front_json(const spec *s, const front_view *f) {
   json_t *numbers = json_array();
   for (size_t k = 0; numbers && k < f->n; k++)
     json_array_append_new(numbers, json_integer(f->numbers[k]));
-  return json_pack("{s:I, s:o, s:o}", "size", (json_int_t)f->n, "hypervolume",
-                   sched_json_number(f->hv), "trials", numbers);
+  return json_pack("{s:I, s:o, s:o, s:o}", "size", (json_int_t)f->n, "hypervolume",
+                   sched_json_number(f->hv), "reference_point", sched_point_json(s, f->ref),
+                   "trials", numbers);
 }
 
 /* Keeps f's trials as the front last announced. */
@@ -110,7 +118,7 @@ static void check_front(sched *sc) {
   }
   if (front_is_new(sc, &f))
     post(sc, NOTIFY_FRONT_CHANGED,
-         with(payload_new(sc, NOTIFY_FRONT_CHANGED), "front", front_json(&f)),
+         with(payload_new(sc, NOTIFY_FRONT_CHANGED), "front", front_json(sc->s, &f)),
          nas_asprintf("nas: %s: the Pareto front changed: %zu trial%s, hypervolume %.6g",
                       sc->exp->name, f.n, f.n == 1 ? "" : "s", f.hv));
   front_remember(sc, &f);
@@ -179,7 +187,7 @@ void sched_events_finished(sched *sc) {
   }
   const int *by = sc->counts.by_status;
   json_t *payload = with(payload_new(sc, NOTIFY_EXPERIMENT_FINISHED), "trials", counts_json(sc));
-  post(sc, NOTIFY_EXPERIMENT_FINISHED, with(payload, "front", front_json(&f)),
+  post(sc, NOTIFY_EXPERIMENT_FINISHED, with(payload, "front", front_json(sc->s, &f)),
        nas_asprintf("nas: %s finished: %d trials: %d completed, %d failed, %d timed out, "
                     "%d stopped; front of %zu trial%s, hypervolume %.6g",
                     sc->exp->name, sc->counts.total, by[TRIAL_COMPLETED], by[TRIAL_FAILED],

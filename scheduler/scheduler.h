@@ -293,6 +293,10 @@ int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas
 /* v as a JSON real, or null where it is not finite (JSON has no inf nor NaN: a
  * hypervolume of readings near 1e300 overflows a double). Owned. */
 json_t *sched_json_number(double v);
+/* A reference point ref (one value per objective, in the minimisation convention) as
+ * {objective: value}, each value in its objective's own direction. Owned; NULL when out of
+ * memory. */
+json_t *sched_point_json(const spec *s, const double *ref);
 /* {"experiment", "hypervolume" (null past the largest double), "reference_point":
  * {objective: value}, "front": [{"trial", each objective, each parameter}]}, the front
  * sorted by the first objective. Owned. */

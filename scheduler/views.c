@@ -13,9 +13,12 @@
 
 json_t *sched_json_number(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
-/* An objective's value in its own direction from the minimisation convention. */
-static double own_direction(const spec *s, size_t j, double v) {
-  return s->objectives[j].goal == GOAL_MAXIMIZE ? -v : v;
+json_t *sched_point_json(const spec *s, const double *ref) {
+  json_t *point = json_object();
+  for (size_t j = 0; point && j < s->n_objectives; j++)
+    json_object_set_new(point, s->objectives[j].name,
+                        json_real(s->objectives[j].goal == GOAL_MAXIMIZE ? -ref[j] : ref[j]));
+  return point;
 }
 
 static int cmp_by_key(const void *a, const void *b, void *ctx) {
@@ -51,9 +54,7 @@ json_t *sched_pareto_json(const spec *s, const experiment_row *exp, const sched_
   /* Sorted by the first objective, as a trade-off is read. */
   for (size_t i = 0; i < r->n_trials; i++) key[i] = r->values[i * r->n_metrics];
   qsort_r(front, n_front, sizeof *front, cmp_by_key, key);
-  json_t *refs = json_object(), *rows = json_array();
-  for (size_t j = 0; refs && j < s->n_objectives; j++)
-    json_object_set_new(refs, s->objectives[j].name, json_real(own_direction(s, j, ref[j])));
+  json_t *refs = sched_point_json(s, ref), *rows = json_array();
   for (size_t k = 0; rows && k < n_front; k++)
     json_array_append_new(rows, front_row(s, r, front[k]));
   json_t *out = json_pack("{s:s, s:o, s:o, s:o}", "experiment", exp->name, "hypervolume",

@@ -106,17 +106,22 @@ bool spec_is_identifier(const char *text, const char *extra) {
   return starts && text[spec_name_span(text, extra)] == '\0';
 }
 
-int spec_check_listing_column(const yaml_ctx *c, const yaml_node_t *node, const char *what,
-                              const char *name, const char *kind) {
+bool spec_is_listing_column(const char *name) {
   static const char *const columns[] = {"trial",      "status",     "rung",        "reference",
                                         "error",      "created_at", "started_at",  "finished_at",
                                         "duration_s", NULL};
   for (const char *const *column = columns; *column; column++)
-    if (strcmp(name, *column) == 0)
-      return spec_node_errf(c, node,
-                            "%s: '%s' is a column of every trial listing (trial, status, rung, "
-                            "reference, error, timings); give the %s another name",
-                            what, name, kind);
+    if (strcmp(name, *column) == 0) return true;
+  return false;
+}
+
+int spec_check_listing_column(const yaml_ctx *c, const yaml_node_t *node, const char *what,
+                              const char *name, const char *kind) {
+  if (spec_is_listing_column(name))
+    return spec_node_errf(c, node,
+                          "%s: '%s' is a column of every trial listing (trial, status, rung, "
+                          "reference, error, timings); give the %s another name",
+                          what, name, kind);
   return NAS_OK;
 }
 

@@ -605,6 +605,18 @@ static void plot_data_cannot_close_its_script(void **state) {
   free(page), free(file), free(spec);
 }
 
+/* The DOM of `nas plot NAME --kind KIND`'s file (NAME.html in the fixture folder) once drawn;
+ * *url (owned) is its file:// address. */
+static char *plot_dom(fixture *f, const char *name, const char *kind, char **url) {
+  char *file = nas_asprintf("%s/%s.html", f->dir, name);
+  char *argv[] = {(char *)test_nas_bin(), "plot", (char *)name, "--storage", f->db, "--out", file,
+                  "--kind", (char *)kind, NULL};
+  assert_int_equal(test_run(f->dir, argv, NULL), 0);
+  *url = nas_asprintf("file://%s", file);
+  free(file);
+  return dump_dom(f, *url);
+}
+
 /* A plot file's data is parsed as JSON, as the served page's: a metric named "__proto__"
  * is a metric there too (as a script's object literal it set the prototype and vanished). */
 static void plot_keeps_a_metric_named_proto(void **state) {
@@ -619,14 +631,36 @@ static void plot_keeps_a_metric_named_proto(void **state) {
                           "budget: {trials: 3}\n"
                           "optimizer: {type: random}\n");
   run_spec(f, spec);
-  char *file = nas_asprintf("%s/proto.html", f->dir);
-  char *argv[] = {(char *)test_nas_bin(), "plot", "proto", "--storage", f->db, "--out", file,
-                  "--kind", "curves", NULL};
-  assert_int_equal(test_run(f->dir, argv, NULL), 0);
-  char *url = nas_asprintf("file://%s", file);
-  char *dom = dump_dom(f, url);
+  char *url, *dom = plot_dom(f, "proto", "curves", &url);
   assert_int_equal(dom_attr(dom, "id=\"chart-curves\"", "data-curves"), 3);
-  free(dom), free(url), free(file), free(spec);
+  free(dom), free(url), free(spec);
+}
+
+/* The front's chart holds every completed trial within its axes: here the trials off the
+ * front, in the order they ran, begin and end inside the range of the front and the
+ * reference point, and the largest y lies between (the chart took its x axis from the
+ * first and last of them, and left that trial out). */
+static void front_chart_holds_every_trial(void **state) {
+  if (!have_chromium()) skip();
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "spread.yaml",
+                          "name: spread\n"
+                          "parameters:\n"
+                          "  x: {type: float, low: 0, high: 1}\n"
+                          "  off: {type: int, low: 0, high: 1}\n"
+                          "objectives: [{name: y, goal: minimize, threshold: 0.8}, {name: z, goal: minimize, threshold: 2}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}, \\\"z\\\": "
+                          "$(awk \"BEGIN {{ print 1 - {x} + {off} }}\")}}\"']}\n"
+                          "enqueue: [{x: 0.3, off: 0}, {x: 0.7, off: 0}, {x: 0.5, off: 1}, {x: 0.9, off: 1},\n"
+                          "          {x: 0.6, off: 1}]\n"
+                          "budget: {trials: 5}\n");
+  run_spec(f, spec);
+  char *url, *dom = plot_dom(f, "spread", "front", &url);
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-front"), 2);
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-points"), 5);
+  assert_int_equal(dom_attr(dom, "id=\"chart-front\"", "data-offscale"), 0);
+  screenshot(f, url, "front-spread", 500);
+  free(dom), free(url), free(spec);
 }
 
 /* The data of an experiment page (…/dashboard's answer) with n completed trials of one
@@ -732,6 +766,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup_teardown(plot_file_draws_from_disk_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_data_cannot_close_its_script, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_keeps_a_metric_named_proto, setup, teardown),
+      cmocka_unit_test_setup_teardown(front_chart_holds_every_trial, setup, teardown),
       cmocka_unit_test_setup_teardown(parallel_coordinates_draw_150_000_trials, setup, teardown),
       cmocka_unit_test_setup_teardown(plot_refuses_bad_usage, setup, teardown),
   };

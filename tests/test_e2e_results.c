@@ -570,6 +570,14 @@ static void new_commands_have_help_and_refuse_bad_usage(void **state) {
   expect_refusal(f, (char *[]){"export", "e", "--format", "csv", "--with", "curves", NULL}, 2,
                  "json export only");
   expect_refusal(f, (char *[]){"import", "missing.json", NULL}, 1, "missing.json: No such file");
+  /* A trial id that is no id is named as given (it said "no trial: give --trial ID"). */
+  expect_refusal(f, (char *[]){"worker", "--trial", "abc", NULL}, 2,
+                 "nas worker: --trial 'abc' is not a trial id (a whole number from 1)");
+  setenv("NAS_TRIAL_ID", "0", 1);
+  expect_refusal(f, (char *[]){"worker", NULL}, 2,
+                 "nas worker: NAS_TRIAL_ID '0' is not a trial id (a whole number from 1)");
+  unsetenv("NAS_TRIAL_ID");
+  expect_refusal(f, (char *[]){"worker", NULL}, 2, "nas worker: no trial: give --trial ID");
 }
 
 /* Each command knows only its own options: one of another command's is unknown, named as
@@ -944,6 +952,27 @@ static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) 
   free(text), free(spec), free(other_text), free(other);
 }
 
+/* A trial may report metrics besides the spec's objectives, named as it likes: one named
+ * like a parameter ("x") or a listing's own column ("error", "trial") took that key of a
+ * `nas trials --format json` row, hiding the parameter's value, the error or the trial's
+ * number, and the table and CSV had two columns of one name. */
+static void a_metric_named_like_a_column_is_listed_beside_it(void **state) {
+  fixture *f = *state;
+  char *spec = create_spec(f, "extra.yaml", "{name: extra, parameters: {x: {type: float, low: 0, high: 1}},\n"
+                                            " objectives: [{name: y, goal: minimize}], budget: {trials: 1}}\n");
+  ask_and_tell(f, "extra", 1, (char *[]){"y=0.3", "x=5", "error=0.5", "trial=9", NULL});
+  json_t *rows = nas_json(f, (char *[]){"trials", "extra", "--format", "json", "--storage", f->db, NULL});
+  const json_t *row = json_array_get(rows, 0);
+  assert_int_equal(num(row, "trial"), 0);
+  assert_true(num(row, "x") >= 0 && num(row, "x") <= 1);
+  assert_true(json_is_null(json_object_get(row, "error")));
+  assert_true(num(row, "x (metric)") == 5 && num(row, "error (metric)") == 0.5 && num(row, "trial (metric)") == 9);
+  expect_refusal(f, (char *[]){"trials", "extra", "--format", "csv", "--storage", f->db, NULL}, 0,
+                 "trial,status,x,y,error (metric),trial (metric),x (metric),error\n");
+  json_decref(rows);
+  free(spec);
+}
+
 /* Readings of ±1.7e308 span more than the largest double: the inferred reference point
  * came out inf, which a trial's stored reference (JSON) cannot hold, and `nas ask` failed
  * with "out of memory" after storing the first of its trials. */
@@ -1004,6 +1033,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_take_only_decimal_numbers, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_metric_named_like_a_column_is_listed_beside_it, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

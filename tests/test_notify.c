@@ -430,6 +430,7 @@ static void run_tells_each_trial_end_the_front_and_the_finish_in_both_formats(vo
       const json_t *front = json_object_get(body, "front");
       assert_true(json_integer_value(json_object_get(front, "size")) >= 1);
       assert_true(json_is_number(json_object_get(front, "hypervolume")));
+      assert_int_equal(json_object_size(json_object_get(front, "reference_point")), 1);
     }
   }
   assert_int_equal(count_received(rv, "/slack", NULL),
@@ -445,7 +446,14 @@ static void run_tells_each_trial_end_the_front_and_the_finish_in_both_formats(vo
   assert_non_null(finished);
   assert_int_equal(json_integer_value(json_object_get(json_object_get(finished, "trials"), "completed")),
                    8);
-  json_decref(rows);
+  /* Its front is nas pareto's: the hypervolume with the reference point it is measured at
+   * (inferred from the trials so far, so it moves as they come; without it a receiver
+   * cannot tell a smaller front from a further point). */
+  json_t *pareto = nas_json(f, (char *[]){"pareto", "hooks", "--format", "json", "--storage", f->db, NULL});
+  const json_t *front = json_object_get(finished, "front");
+  assert_true(json_equal(json_object_get(front, "reference_point"), json_object_get(pareto, "reference_point")));
+  assert_true(json_equal(json_object_get(front, "hypervolume"), json_object_get(pareto, "hypervolume")));
+  json_decref(pareto), json_decref(rows);
   free(out), free(spec), free(notify);
   receiver_stop(rv);
 }

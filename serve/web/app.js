@@ -178,6 +178,14 @@
       } } } },
     };
   }
+  /* How many points of a drawn chart lie outside its axes' bounds (none should). */
+  function pointsOffScale(c) {
+    const { x, y } = c.scales;
+    let n = 0;
+    for (const set of c.data.datasets)
+      for (const p of set.data) if (p.x < x.min || p.x > x.max || p.y < y.min || p.y > y.max) n++;
+    return n;
+  }
   /* Segments (arrays of {x, y}) as one dataset's points, separated by gaps: thousands of
    * curves draw as a few datasets. owner[k] is the trial of point k. */
   function segments(list) {
@@ -205,19 +213,22 @@
       return card;
     }
     const pairs = [];
+    const offscale = []; /* per pair of objectives: trials drawn outside its chart's axes */
     for (let a = 0; a < d.objectives.length; a++)
       for (let b = a + 1; b < d.objectives.length; b++) pairs.push([a, b]);
     const holder = pairs.length > 1 ? h("div", { class: "pairs", style: `grid-template-columns: repeat(${Math.min(pairs.length, 3)}, 1fr)` }) : card;
     if (holder !== card) card.append(holder);
     for (const [a, b] of pairs) {
       const na = d.objectives[a].name, nb = d.objectives[b].name;
-      const others = rows.filter((r) => !onFront.has(r.number) && r["m:" + na] !== null && r["m:" + nb] !== null);
+      /* Sorted by x: Chart.js takes data that skips parsing as sorted along x and sizes that
+       * axis from its first and last points, so trials in their own order fell off the chart. */
+      const others = rows.filter((r) => !onFront.has(r.number) && r["m:" + na] !== null && r["m:" + nb] !== null)
+        .sort((p, q) => p["m:" + na] - q["m:" + na]);
       const line = front.map((r) => ({ x: r[na], y: r[nb], t: r.trial })).sort((p, q) => p.x - q.x);
       const ref = d.pareto.reference_point;
       /* Every trial's point is drawn without an outline (borderWidth 0; here and in the
        * objectives' charts): stroking 10 000 circles triples the drawing time. Its {x, y}
-       * need no parsing (parsing: false, a third less time): a scatter's points are found
-       * by position, never by a search that would need them sorted, and no axis has bounds. */
+       * need no parsing (parsing: false, a third less time). */
       const sets = [
         { label: "trials", data: others.map((r) => ({ x: r["m:" + na], y: r["m:" + nb] })), owner: others.map((r) => r.number),
           backgroundColor: "rgba(95,107,122,0.35)", pointRadius: 2.5, pointHoverRadius: 5, borderWidth: 0, parsing: false },
@@ -229,7 +240,14 @@
       ];
       const box = h("div", { class: "chart" });
       holder.append(box);
-      chart(box, { type: "scatter", data: { datasets: sets }, options: Object.assign({
+      /* The axes exist once the chart is laid out in the page: count then what they leave out. */
+      const pair = offscale.length;
+      offscale.push(0);
+      const countOffScale = { id: "offscale", afterUpdate: (c) => {
+        offscale[pair] = pointsOffScale(c);
+        card.dataset.offscale = offscale.reduce((sum, n) => sum + n, 0);
+      } };
+      chart(box, { type: "scatter", data: { datasets: sets }, plugins: [countOffScale], options: Object.assign({
         scales: { x: axis(`${na} (${d.objectives[a].goal})`), y: axis(`${nb} (${d.objectives[b].goal})`) },
       }, trialEvents(d, (ds, k) => sets[ds].owner[k], (n, ctx) => `trial ${n}: ${na}=${fmt(ctx.parsed.x)}, ${nb}=${fmt(ctx.parsed.y)}`)) });
     }
