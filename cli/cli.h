@@ -136,12 +136,11 @@ int cli_step_option(const char *cmd, const char *arg, long long *step);
 /* A hypervolume of `nas pareto`/`nas compare` JSON: null there stands for one past the
  * largest double (sched_json_number), shown as inf. */
 double cli_hypervolume(const json_t *value);
-/* Prints the reference point ref of `nas pareto`/`nas compare` JSON as " NAME=VALUE, …", for
- * each of objectives ([{"name", "goal"}], as in compare's JSON), then ")" when close_paren,
- * and a newline. An objective whose point is inferred has none before a trial is on the
- * front (the JSON leaves it out): it shows as "NAME=?", with a note saying so. */
-void cli_print_reference_point(FILE *f, const json_t *ref, const json_t *objectives,
-                               bool close_paren);
+/* Prints " NAME=VALUE" (6 significant digits), comma-separated, of the reference point ref
+ * for each of objectives ([{"name", "goal"}], as in compare's JSON); the caller ends the
+ * line. An objective whose point is inferred has none before a trial is on the front (the
+ * JSON leaves it out): it shows as "NAME=?", with a note saying so. */
+void cli_print_reference_point(FILE *f, const json_t *ref, const json_t *objectives);
 
 /* Output of rows in one of three formats: an aligned table, CSV, or a JSON array. */
 typedef enum { FORMAT_TABLE, FORMAT_CSV, FORMAT_JSON } out_format;

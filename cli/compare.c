@@ -45,7 +45,8 @@ static int load_compared(storage *st, const char *url, const char *name, compare
 static void print_summary(const json_t *out, FILE *f) {
   const json_t *ref = json_object_get(out, "reference_point"), *e;
   fprintf(f, "reference point:");
-  cli_print_reference_point(f, ref, json_object_get(out, "objectives"), false);
+  cli_print_reference_point(f, ref, json_object_get(out, "objectives"));
+  fprintf(f, "\n");
   size_t k;
   json_array_foreach(json_object_get(out, "experiments"), k, e)
     fprintf(f, "%s: %lld trials, %lld on the front, hypervolume %.6g\n",

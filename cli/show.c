@@ -238,7 +238,8 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
           json_array_size(json_object_get(pareto, "front")),
           cli_hypervolume(json_object_get(pareto, "hypervolume")));
   json_t *objectives = sched_objectives_json(s); /* NULL (out of memory): none shown */
-  cli_print_reference_point(f, ref, objectives, true);
+  cli_print_reference_point(f, ref, objectives);
+  fprintf(f, ")\n");
   json_decref(objectives);
   print_warm_start_note(f, s);
 }

@@ -259,8 +259,7 @@ double cli_hypervolume(const json_t *value) {
   return json_is_null(value) ? HUGE_VAL : json_number_value(value);
 }
 
-void cli_print_reference_point(FILE *f, const json_t *ref, const json_t *objectives,
-                               bool close_paren) {
+void cli_print_reference_point(FILE *f, const json_t *ref, const json_t *objectives) {
   bool inferred_later = false;
   size_t j;
   const json_t *objective;
@@ -275,6 +274,5 @@ void cli_print_reference_point(FILE *f, const json_t *ref, const json_t *objecti
       inferred_later = true;
     }
   }
-  fprintf(f, "%s%s\n", inferred_later ? "; ? is inferred once a trial is on the front" : "",
-          close_paren ? ")" : "");
+  if (inferred_later) fprintf(f, "; ? is inferred once a trial is on the front");
 }
