@@ -336,6 +336,11 @@ json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
  * when the caller has it (the front is then not worked out again), else NULL. Owned. */
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
                               const sched_results *r, const json_t *known_pareto, nas_err *err);
+/* Every experiment's summary (sched_experiment_json), in creation order: {"experiments":
+ * [...]}, what `nas status --format json` prints and GET /api/v1/experiments answers. One
+ * whose stored spec no longer loads is listed as {"name", "status", "created_at", "error"}
+ * so that it does not hide the others. Into an owned *out; the code of a storage failure. */
+int sched_experiment_list_json(storage *st, json_t **out, nas_err *err);
 
 /* ---- the dashboard's data (dashboard.c): GET …/dashboard and `nas plot` ---------------- */
 
