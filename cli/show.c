@@ -366,8 +366,6 @@ static const char status_help[] =
     "/api/v1/experiments/EXPERIMENT (its summary: name, status, created_at, trials,\n"
     "counts by status, progress, best, hypervolume, front_size, scheduler; docs/api.md).\n";
 
-static const char *const liveness_names[] = {"none", "alive", "dead"};
-
 static json_t *count_cells(const experiment_row *exp, const trial_row *rows, size_t n,
                            sched_liveness scheduler) {
   int by[TRIAL_STATUS_COUNT] = {0};
@@ -377,7 +375,7 @@ static json_t *count_cells(const experiment_row *exp, const trial_row *rows, siz
   json_t *cells = json_pack("[s, s, i]", exp->name, exp->status, (int)n);
   for (int st = 0; st < TRIAL_STATUS_COUNT; st++) json_array_append_new(cells, json_integer(by[st]));
   json_array_append_new(cells, json_string(created));
-  json_array_append_new(cells, json_string(liveness_names[scheduler]));
+  json_array_append_new(cells, json_string(sched_liveness_name(scheduler)));
   return cells;
 }
 

@@ -63,6 +63,8 @@ typedef enum {
 bool sched_lease_holder_dead(const storage_lease *lease, double now);
 /* "host h, pid p, running for …, last heartbeat … ago". Owned; NULL when out of memory. */
 char *sched_lease_describe(const storage_lease *lease, double now);
+/* "none", "alive" or "dead", as `nas status` and the API's summary name it. Static. */
+const char *sched_liveness_name(sched_liveness state);
 /* Whether a scheduler runs exp; *text (owned, NULL for SCHEDULER_NONE) describes it. */
 int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness *state,
                           char **text, nas_err *err);

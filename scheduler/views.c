@@ -143,8 +143,6 @@ static json_t *counts_json(const sched_results *r) {
   return counts;
 }
 
-static const char *const liveness_names[] = {"none", "alive", "dead"};
-
 /* text (owned, freed) with every occurrence of what replaced by with; NULL when out of
  * memory. */
 static char *replaced_everywhere(char *text, const char *what, const char *with) {
@@ -211,7 +209,7 @@ json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *
       "updated_at", updated, "best", best,
       "hypervolume", json_object_get(pareto, "hypervolume"), "front_size",
       (int)json_array_size(json_object_get(pareto, "front")), "scheduler", "state",
-      liveness_names[alive], "holder", holder ? json_string(holder) : json_null());
+      sched_liveness_name(alive), "holder", holder ? json_string(holder) : json_null());
   if (!text) json_decref(best);
   json_decref(pareto);
   free(holder);
