@@ -166,6 +166,11 @@ void cli_table_free(cli_table *t);
  * finished_at (Unix seconds) and duration_s (`nas export --format csv --with timings`). */
 int cli_trials_table(const spec *s, const sched_results *r, out_format format, bool timings,
                      cli_table *t);
+/* text as a table or text view shows it (owned; NULL without memory): a string a client
+ * stored (an error, a metric's name, a worker) may hold any character, and a newline would
+ * start a false row or line and an escape sequence drive the terminal, so each control
+ * character is written as \n, \t or \xHH. JSON and CSV keep text exact. */
+char *cli_text_shown(const char *text);
 /* A JSON value on stdout as every --format json prints one: indented, exact numbers. */
 void cli_print_json(const json_t *value);
 /* Unix seconds as "2026-11-23T05:03:35Z" into buf (cap >= 21 bytes). */

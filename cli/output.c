@@ -43,11 +43,28 @@ void cli_table_free(cli_table *t) {
   memset(t, 0, sizeof *t);
 }
 
-/* A cell as text: exact for CSV, 6 significant digits in a table. Owned. */
-static char *cell_text(const json_t *cell, bool round) {
+char *cli_text_shown(const char *text) {
+  char *shown = malloc(4 * strlen(text) + 1), *at = shown;
+  for (const unsigned char *c = (const unsigned char *)text; shown && *c; c++) {
+    if (*c == '\n') at += sprintf(at, "\\n");
+    else if (*c == '\t') at += sprintf(at, "\\t");
+    else if (*c < 0x20 || *c == 0x7f) at += sprintf(at, "\\x%02x", *c);
+    else *at++ = (char)*c;
+  }
+  if (shown) *at = '\0';
+  return shown;
+}
+
+/* A cell as text: exact for CSV; in a table (shown) 6 significant digits, and control
+ * characters escaped (cli_text_shown). Owned. */
+static char *cell_text(const json_t *cell, bool shown) {
   if (!cell || json_is_null(cell)) return strdup("");
-  if (json_is_real(cell) && round) return nas_asprintf("%.6g", json_real_value(cell));
-  return spec_value_text(cell);
+  if (json_is_real(cell) && shown) return nas_asprintf("%.6g", json_real_value(cell));
+  char *text = spec_value_text(cell);
+  if (!shown || !text) return text;
+  char *escaped = cli_text_shown(text);
+  free(text);
+  return escaped;
 }
 
 static void print_csv_field(const char *text) {
@@ -118,7 +135,7 @@ static void print_aligned(const cli_table *t) {
     free(cells), free(width);
     return;
   }
-  for (size_t c = 0; c < nc; c++) cells[c] = strdup(t->columns[c]);
+  for (size_t c = 0; c < nc; c++) cells[c] = cli_text_shown(t->columns[c]);
   for (size_t r = 0; r < n_rows; r++)
     for (size_t c = 0; c < nc; c++)
       cells[(r + 1) * nc + c] = cell_text(json_array_get(json_array_get(t->rows, r), c), true);

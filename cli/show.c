@@ -164,10 +164,12 @@ static int print_trials(const spec *s, const sched_results *r, out_format format
   return rc;
 }
 
+/* What a command shows of one experiment, from its results (st: the storage they came from). */
+typedef int show_fn(storage *st, const show_args *a, const spec *s, const experiment_row *exp,
+                    const sched_results *r, nas_err *err);
+
 /* Loads the experiment named in a and hands its results to show(). */
-static int with_results(const show_args *a,
-                        int (*show)(const show_args *, const spec *, const experiment_row *,
-                                    const sched_results *, nas_err *)) {
+static int with_results(const show_args *a, show_fn *show) {
   nas_err err;
   storage *st;
   experiment_row exp;
@@ -180,7 +182,7 @@ static int with_results(const show_args *a,
   if (sched_results_load(st, s, exp.id, &r, &err) != NAS_OK) {
     status = cli_fail(&err);
   } else {
-    if (show(a, s, &exp, &r, &err) != NAS_OK) status = cli_fail(&err);
+    if (show(st, a, s, &exp, &r, &err) != NAS_OK) status = cli_fail(&err);
     sched_results_free(&r);
   }
   spec_free(s);
@@ -189,9 +191,9 @@ static int with_results(const show_args *a,
   return status;
 }
 
-static int show_trials(const show_args *a, const spec *s, const experiment_row *exp,
-                       const sched_results *r, nas_err *err) {
-  (void)exp;
+static int show_trials(storage *st, const show_args *a, const spec *s,
+                       const experiment_row *exp, const sched_results *r, nas_err *err) {
+  (void)st, (void)exp;
   return print_trials(s, r, a->format) == NAS_OK ? NAS_OK : nas_errf(err, "out of memory");
 }
 
@@ -312,8 +314,9 @@ static int print_fronts_csv(const spec *s, const json_t *front, const json_t *mo
   return rc;
 }
 
-static int show_pareto(const show_args *a, const spec *s, const experiment_row *exp,
-                       const sched_results *r, nas_err *err) {
+static int show_pareto(storage *st, const show_args *a, const spec *s,
+                       const experiment_row *exp, const sched_results *r, nas_err *err) {
+  (void)st;
   json_t *pareto = sched_pareto_json(s, exp, r, err);
   json_t *model = pareto && a->model ? sched_model_front_json(s, r, err) : NULL;
   if (!pareto || (a->model && !model)) {
@@ -357,9 +360,11 @@ static const char status_help[] =
     "format.\n"
     "The scheduler column says whether a scheduler ('nas run'/'nas resume') runs the\n"
     "experiment now: alive, none, or dead (it stopped renewing its lease; the next\n"
-    "'nas resume' takes over).\n";
-
-static const char *const liveness_names[] = {"none", "alive", "dead"};
+    "'nas resume' takes over).\n"
+    "--format json prints what 'nas serve' answers at GET /api/v1/experiments\n"
+    "({\"experiments\": [summary, …]}), or with EXPERIMENT at GET\n"
+    "/api/v1/experiments/EXPERIMENT (its summary: name, status, created_at, trials,\n"
+    "counts by status, progress, best, hypervolume, front_size, scheduler; docs/api.md).\n";
 
 static json_t *count_cells(const experiment_row *exp, const trial_row *rows, size_t n,
                            sched_liveness scheduler) {
@@ -370,7 +375,7 @@ static json_t *count_cells(const experiment_row *exp, const trial_row *rows, siz
   json_t *cells = json_pack("[s, s, i]", exp->name, exp->status, (int)n);
   for (int st = 0; st < TRIAL_STATUS_COUNT; st++) json_array_append_new(cells, json_integer(by[st]));
   json_array_append_new(cells, json_string(created));
-  json_array_append_new(cells, json_string(liveness_names[scheduler]));
+  json_array_append_new(cells, json_string(sched_liveness_name(scheduler)));
   return cells;
 }
 
@@ -432,9 +437,37 @@ static void print_front_line(storage *st, const experiment_row *exp, const char 
   spec_free(s);
 }
 
+/* `nas status EXPERIMENT --format json`: its summary, as GET /api/v1/experiments/NAME. */
+static int show_summary(storage *st, const show_args *a, const spec *s,
+                        const experiment_row *exp, const sched_results *r, nas_err *err) {
+  (void)a;
+  json_t *summary = sched_experiment_json(st, s, exp, r, NULL, err);
+  if (!summary) return NAS_ERR;
+  cli_print_json(summary);
+  json_decref(summary);
+  return NAS_OK;
+}
+
+/* `nas status --format json`: every summary, as GET /api/v1/experiments. */
+static int print_summaries(const show_args *a) {
+  nas_err err;
+  storage *st;
+  json_t *list = NULL;
+  if (storage_open_with(cli_storage_url(a->storage), SHOW_OPEN, &st, &err) != NAS_OK)
+    return cli_fail(&err);
+  int rc = sched_experiment_list_json(st, &list, &err);
+  storage_close(st);
+  if (rc != NAS_OK) return cli_fail(&err);
+  cli_print_json(list);
+  json_decref(list);
+  return EXIT_DONE;
+}
+
 int cmd_status(int argc, char **argv) {
   show_args a;
   int status = parse_args("status", status_help, false, argc, argv, &a);
+  if (status < 0 && a.format == FORMAT_JSON)
+    status = a.experiment ? with_results(&a, show_summary) : print_summaries(&a);
   if (status >= 0) {
     free(a.storage);
     return status;

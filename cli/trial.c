@@ -81,6 +81,13 @@ static void print_time(const char *label, const json_t *when) {
   printf("%-10s %s\n", label, text);
 }
 
+/* printf(format, text) with text as cli_text_shown shows it: what a client stored. */
+static void print_shown(const char *format, const char *text) {
+  char *shown = cli_text_shown(text);
+  printf(format, shown ? shown : "?");
+  free(shown);
+}
+
 /* "name  value" lines of a JSON object, under a heading; nothing when it is empty. */
 static void print_values(const char *heading, const json_t *values) {
   if (json_object_size(values) == 0) return;
@@ -89,7 +96,8 @@ static void print_values(const char *heading, const json_t *values) {
   const json_t *v;
   json_object_foreach((json_t *)values, name, v) {
     char *text = json_is_real(v) ? nas_asprintf("%.6g", json_real_value(v)) : spec_value_text(v);
-    printf("  %-16s %s\n", name, text ? text : "?");
+    print_shown("  %-16s", name);
+    print_shown(" %s\n", text ? text : "?");
     free(text);
   }
 }
@@ -101,7 +109,7 @@ static void print_curves(const json_t *curves) {
   const char *name;
   const json_t *points;
   json_object_foreach((json_t *)curves, name, points) {
-    printf("  %-16s", name);
+    print_shown("  %-16s", name);
     size_t k;
     const json_t *p;
     json_array_foreach(points, k, p)
@@ -127,14 +135,14 @@ static void print_trial_text(const char *experiment, bool rungs, const json_t *t
          json_string_value(json_object_get(t, "status")),
          (long long)json_integer_value(json_object_get(t, "attempts")));
   if (rungs) printf(", rung %lld", (long long)json_integer_value(json_object_get(t, "rung")));
-  printf("%s%s\n", json_is_string(job) ? ", job " : "", json_is_string(job) ? json_string_value(job) : "");
+  print_shown(json_is_string(job) ? ", job %s\n" : "%s\n", json_is_string(job) ? json_string_value(job) : "");
   print_time("created", json_object_get(t, "created_at"));
   print_time("started", json_object_get(t, "started_at"));
   print_time("finished", json_object_get(t, "finished_at"));
   const json_t *started = json_object_get(t, "started_at"), *ended = json_object_get(t, "finished_at");
   if (json_is_number(started) && json_is_number(ended))
     printf("%-10s %.3f s\n", "duration", json_number_value(ended) - json_number_value(started));
-  if (json_is_string(error)) printf("%-10s %s\n", "error", json_string_value(error));
+  if (json_is_string(error)) print_shown("error      %s\n", json_string_value(error));
   print_values("parameters", json_object_get(t, "params"));
   print_values("metrics", json_object_get(t, "metrics"));
   print_values("reference point", json_object_get(t, "reference_point"));

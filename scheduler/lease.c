@@ -129,6 +129,11 @@ void sched_lease_release(storage *st, const experiment_row *exp, sched_lease *mi
   mine->held = false;
 }
 
+const char *sched_liveness_name(sched_liveness state) {
+  static const char *const names[] = {"none", "alive", "dead"};
+  return names[state];
+}
+
 int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness *state,
                           char **text, nas_err *err) {
   storage_lease lease;

@@ -63,6 +63,8 @@ typedef enum {
 bool sched_lease_holder_dead(const storage_lease *lease, double now);
 /* "host h, pid p, running for …, last heartbeat … ago". Owned; NULL when out of memory. */
 char *sched_lease_describe(const storage_lease *lease, double now);
+/* "none", "alive" or "dead", as `nas status` and the API's summary name it. Static. */
+const char *sched_liveness_name(sched_liveness state);
 /* Whether a scheduler runs exp; *text (owned, NULL for SCHEDULER_NONE) describes it. */
 int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness *state,
                           char **text, nas_err *err);
@@ -336,6 +338,11 @@ json_t *sched_export_json(storage *st, const spec *s, const experiment_row *exp,
  * when the caller has it (the front is then not worked out again), else NULL. Owned. */
 json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *exp,
                               const sched_results *r, const json_t *known_pareto, nas_err *err);
+/* Every experiment's summary (sched_experiment_json), in creation order: {"experiments":
+ * [...]}, what `nas status --format json` prints and GET /api/v1/experiments answers. One
+ * whose stored spec no longer loads is listed as {"name", "status", "created_at", "error"}
+ * so that it does not hide the others. Into an owned *out; the code of a storage failure. */
+int sched_experiment_list_json(storage *st, json_t **out, nas_err *err);
 
 /* ---- the dashboard's data (dashboard.c): GET …/dashboard and `nas plot` ---------------- */
 

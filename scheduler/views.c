@@ -1,8 +1,8 @@
 /* scheduler/views.c: an experiment's results as JSON, the one form both the CLI (`nas
- * pareto --format json`, `nas trial`, `nas export`) and `nas serve` give out, so the two
- * never disagree: the Pareto front with its reference point and hypervolume, one trial
- * (in brief, or in full with its curves, log tails and model), an experiment's summary,
- * and the whole experiment as an export. Numbers never reported are null; objective values
+ * status`, `nas pareto` and `nas trial` --format json, `nas export`) and `nas serve` give
+ * out, so the two never disagree: the Pareto front with its reference point and
+ * hypervolume, one trial (in brief, or in full with its curves, log tails and model), an
+ * experiment's summary (and the list of them), and the whole experiment as an export. Numbers never reported are null; objective values
  * are in their own direction. */
 #include <math.h>
 #include <stdlib.h>
@@ -143,8 +143,6 @@ static json_t *counts_json(const sched_results *r) {
   return counts;
 }
 
-static const char *const liveness_names[] = {"none", "alive", "dead"};
-
 /* text (owned, freed) with every occurrence of what replaced by with; NULL when out of
  * memory. */
 static char *replaced_everywhere(char *text, const char *what, const char *with) {
@@ -211,13 +209,57 @@ json_t *sched_experiment_json(storage *st, const spec *s, const experiment_row *
       "updated_at", updated, "best", best,
       "hypervolume", json_object_get(pareto, "hypervolume"), "front_size",
       (int)json_array_size(json_object_get(pareto, "front")), "scheduler", "state",
-      liveness_names[alive], "holder", holder ? json_string(holder) : json_null());
+      sched_liveness_name(alive), "holder", holder ? json_string(holder) : json_null());
   if (!text) json_decref(best);
   json_decref(pareto);
   free(holder);
   free(text);
   if (!out) nas_errf(err, "out of memory");
   return out;
+}
+
+/* One experiment's entry in the list, from its row: its spec parsed once. One whose stored
+ * spec does not load (written by another version of nas, or through the storage RPC) gets
+ * what its row says, and why. */
+static int experiment_list_entry(storage *st, const experiment_row *exp, json_t **out,
+                                 nas_err *err) {
+  spec *s = NULL;
+  nas_err why;
+  if (sched_experiment_spec(exp, &s, &why) != NAS_OK) {
+    spec_free(s);
+    *out = json_pack("{s:s, s:s, s:f, s:s}", "name", exp->name, "status", exp->status,
+                     "created_at", exp->created_at, "error", why.msg);
+    return *out ? NAS_OK : nas_errf(err, "out of memory");
+  }
+  sched_results r;
+  int rc = sched_results_load(st, s, exp->id, &r, err);
+  if (rc == NAS_OK) {
+    *out = sched_experiment_json(st, s, exp, &r, NULL, err);
+    if (!*out) rc = NAS_ERR;
+    sched_results_free(&r);
+  }
+  spec_free(s);
+  return rc;
+}
+
+int sched_experiment_list_json(storage *st, json_t **out, nas_err *err) {
+  experiment_row *rows;
+  size_t n;
+  *out = NULL;
+  int rc = storage_experiment_list(st, &rows, &n, err);
+  if (rc != NAS_OK) return rc;
+  json_t *list = json_array();
+  if (!list) rc = nas_errf(err, "out of memory");
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
+    json_t *one = NULL;
+    rc = experiment_list_entry(st, &rows[i], &one, err);
+    if (rc == NAS_OK && json_array_append_new(list, one) != 0) rc = nas_errf(err, "out of memory");
+  }
+  experiment_rows_free(rows, n);
+  if (rc == NAS_OK && !(*out = json_pack("{s:o}", "experiments", list)))
+    return nas_errf(err, "out of memory"); /* json_pack took list even so */
+  if (rc != NAS_OK) json_decref(list);
+  return rc;
 }
 
 /* ---- one trial in full ----------------------------------------------------------------- */

@@ -46,46 +46,14 @@ static int summary_of(serve_request *req, const char *name, json_t **out) {
   return *out ? NAS_OK : serve_fail_err(req, NAS_ERR, &err);
 }
 
-/* One experiment's summary in the list, from its row: its spec parsed once. One whose stored
- * spec does not load (written by another version of nas, or through the storage RPC) gets
- * what its row says, and why, so that it does not hide every other experiment. */
-static int list_entry(serve_request *req, const experiment_row *exp, json_t **out) {
-  spec *s = NULL;
-  nas_err err;
-  if (sched_experiment_spec(exp, &s, &err) != NAS_OK) {
-    spec_free(s);
-    *out = json_pack("{s:s, s:s, s:f, s:s}", "name", exp->name, "status", exp->status,
-                     "created_at", exp->created_at, "error", err.msg);
-    return *out ? NAS_OK : serve_fail(req, MHD_HTTP_INTERNAL_SERVER_ERROR, "out of memory");
-  }
-  sched_results r;
-  int rc = sched_results_load(req->st, s, exp->id, &r, &err);
-  if (rc == NAS_OK) {
-    *out = sched_experiment_json(req->st, s, exp, &r, NULL, &err);
-    if (!*out) rc = NAS_ERR;
-    sched_results_free(&r);
-  }
-  spec_free(s);
-  return rc == NAS_OK ? NAS_OK : serve_fail_err(req, rc, &err);
-}
-
 static int list_experiments(serve_request *req, char **parts) {
   (void)parts;
-  experiment_row *rows;
-  size_t n;
+  json_t *list;
   nas_err err;
-  int rc = storage_experiment_list(req->st, &rows, &n, &err);
+  int rc = sched_experiment_list_json(req->st, &list, &err);
   if (rc != NAS_OK) return serve_fail_err(req, rc, &err);
-  json_t *list = json_array();
-  for (size_t i = 0; rc == NAS_OK && i < n; i++) {
-    json_t *one = NULL;
-    rc = list_entry(req, &rows[i], &one);
-    if (rc == NAS_OK) json_array_append_new(list, one);
-  }
-  experiment_rows_free(rows, n);
-  if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:o}", "experiments", list));
-  else json_decref(list);
-  return rc;
+  serve_reply(req, MHD_HTTP_OK, list);
+  return NAS_OK;
 }
 
 static int get_experiment(serve_request *req, char **parts) {

@@ -423,7 +423,7 @@ static void bad_import_files_are_refused_before_anything_is_stored(void **state)
                  "exports: a folder; give a file 'nas export --format json' wrote");
   free(folder);
   json_t *status = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
-  assert_int_equal(json_array_size(status), 1); /* only "good" */
+  assert_int_equal(json_array_size(json_object_get(status, "experiments")), 1); /* only "good" */
   json_decref(status);
   json_decref(doc);
   free(spec);
@@ -757,10 +757,10 @@ static void ask_and_tell(fixture *f, const char *name, size_t n, char *const *va
 
 /* The state `nas status` shows of experiment name. */
 static void expect_state(fixture *f, const char *name, const char *state) {
-  json_t *rows = nas_json(f, (char *[]){"status", (char *)name, "--format", "json", "--storage", f->db, NULL});
-  const char *shown = json_string_value(json_object_get(json_array_get(rows, 0), "state"));
+  json_t *summary = nas_json(f, (char *[]){"status", (char *)name, "--format", "json", "--storage", f->db, NULL});
+  const char *shown = json_string_value(json_object_get(summary, "status"));
   if (!shown || strcmp(shown, state) != 0) fail_msg("%s is %s, not %s", name, shown ? shown : "?", state);
-  json_decref(rows);
+  json_decref(summary);
 }
 
 /* An ask-and-tell experiment stayed "running" after the last trial of its budget ended

@@ -46,14 +46,14 @@ static int exit_status(pid_t pid) {
   return WEXITSTATUS(status);
 }
 
-/* `nas status NAME --format json`: the experiment's scheduler column. Owned. */
-static char *scheduler_column(fixture *f, const char *name) {
+/* `nas status NAME --format json`: the state of the experiment's scheduler. Owned. */
+static char *scheduler_state_of(fixture *f, const char *name) {
   char *out;
   assert_int_equal(nas(f, &out, "status", name, "--format=json"), 0);
-  json_t *rows = json_loads(out, 0, NULL);
-  assert_non_null(rows);
-  char *state = strdup(json_string_value(json_object_get(json_array_get(rows, 0), "scheduler")));
-  json_decref(rows);
+  json_t *summary = json_loads(out, 0, NULL);
+  assert_non_null(summary);
+  char *state = strdup(json_string_value(json_object_get(json_object_get(summary, "scheduler"), "state")));
+  json_decref(summary);
   free(out);
   return state;
 }
@@ -63,7 +63,7 @@ static void rival_schedulers_never_double_the_budget(fixture *f) {
   char *spec = test_write(f->dir, "slow.yaml", slow_spec);
   pid_t first = start_logged(f, spec, "first.log");
   wait_until_running(f, "slow");
-  char *state = scheduler_column(f, "slow");
+  char *state = scheduler_state_of(f, "slow");
   assert_string_equal(state, "alive");
   free(state);
   char *out;
@@ -79,7 +79,7 @@ static void rival_schedulers_never_double_the_budget(fixture *f) {
   assert_int_equal(json_array_size(rows), 4);
   assert_int_equal(count_status(rows, "completed"), 4);
   json_decref(rows);
-  state = scheduler_column(f, "slow");
+  state = scheduler_state_of(f, "slow");
   assert_string_equal(state, "none");
   free(state);
   free(spec);
@@ -112,7 +112,7 @@ static void scheduler_killed_with_9_is_taken_over_at_once(void **state) {
   wait_until_running(f, "slow");
   kill(first, SIGKILL);
   waitpid(first, NULL, 0);
-  char *state_now = scheduler_column(f, "slow");
+  char *state_now = scheduler_state_of(f, "slow");
   assert_string_equal(state_now, "dead");
   free(state_now);
   char *out;

@@ -677,10 +677,10 @@ static char *stopping_spec(const char *name, int port) {
 /* The state `nas status` shows of experiment name is finished, as experiment_finished
  * said (ask-and-tell experiments stayed "running" after it). */
 static void expect_finished(fixture *f, const char *name) {
-  json_t *rows = nas_json(f, (char *[]){"status", (char *)name, "--format", "json", "--storage", f->db, NULL});
-  const char *state = json_string_value(json_object_get(json_array_get(rows, 0), "state"));
+  json_t *summary = nas_json(f, (char *[]){"status", (char *)name, "--format", "json", "--storage", f->db, NULL});
+  const char *state = json_string_value(json_object_get(summary, "status"));
   if (!state || strcmp(state, "finished") != 0) fail_msg("%s is %s, not finished", name, state ? state : "?");
-  json_decref(rows);
+  json_decref(summary);
 }
 
 /* The last trial of the budget to end is stopped by early stopping at a report: that ends

@@ -73,6 +73,16 @@ static void every_read_endpoint_answers_what_the_cli_shows(void **state) {
   free(out);
   assert_true(json_equal(cli, http));
   json_decref(cli), json_decref(http);
+  /* The summaries are the very answers of `nas status --format json` (it printed its table's
+   * rows, with other names: "experiment", "state", "created", "scheduler": "none"). */
+  const char *summaries[][2] = {{NULL, "/api/v1/experiments"}, {"quick", "/api/v1/experiments/quick"}};
+  for (size_t k = 0; k < 2; k++) {
+    assert_int_equal(nas(f, &out, "status", summaries[k][0], "--format=json"), 0);
+    cli = json_loads(out, 0, NULL), http = get_ok(&srv, summaries[k][1]);
+    if (!json_equal(cli, http)) fail_msg("nas status: %s\nGET %s: %s", out, summaries[k][1], json_dumps(http, 0));
+    free(out);
+    json_decref(cli), json_decref(http);
+  }
   json_t *page = get_ok(&srv, "/api/v1/experiments/quick/trials?status=completed&offset=1&limit=2");
   assert_int_equal(json_integer_value(json_object_get(page, "total")), 4);
   assert_int_equal(json_array_size(json_object_get(page, "trials")), 2);
@@ -214,6 +224,10 @@ static void experiment_list_names_one_whose_spec_no_longer_loads_beside_the_othe
   assert_string_equal(json_string_value(json_object_get(broken, "name")), "broken");
   assert_string_equal(json_string_value(json_object_get(broken, "status")), "running");
   assert_non_null(strstr(json_string_value(json_object_get(broken, "error")), "unknown key 'foo'"));
+  /* `nas status --format json` lists it alike. */
+  json_t *cli = nas_json(f, (char *[]){"status", "--format", "json", "--storage", f->db, NULL});
+  assert_true(json_equal(cli, list));
+  json_decref(cli);
   json_decref(list);
   expect_status(&srv, "GET", "/api/v1/experiments/broken", NULL, NULL, 500, "no longer loads");
   assert_int_equal(test_server_stop(&srv), 0);

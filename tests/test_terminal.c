@@ -203,6 +203,52 @@ static void seed_gives_the_same_initial_design_whatever_parallel(void **state) {
   free(designs[0]), free(designs[1]);
 }
 
+/* A string a client stored (a --fail message or an HTTP client's "error", a metric's name
+ * from a report, a --worker) reached the terminal as it came: a newline started a false
+ * row of `nas trials` and a false line of `nas trial`, an escape sequence drove the
+ * terminal. The table and text views show each control character escaped; JSON and CSV
+ * keep the text exact. */
+static void control_characters_stored_by_clients_are_shown_escaped(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "told.yaml",
+                          "name: told\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 2}\n"), *out;
+  nas_ok(f, "create", spec, NULL);
+  char *const steps[][8] = {
+      {"ask", "told", "--worker", "w\x1b]0;title\x07", NULL},
+      {"tell", "told", "0", "--fail", "bad\nfake row\x1b[31mred", NULL},
+      {"ask", "told", NULL},
+      {"tell", "told", "1", "l\x1b[2Jz=1", NULL},
+  };
+  for (size_t i = 0; i < sizeof steps / sizeof *steps; i++) {
+    char *argv[12] = {(char *)test_nas_bin()};
+    size_t n = 1;
+    for (size_t k = 0; steps[i][k]; k++) argv[n++] = steps[i][k];
+    argv[n++] = "--storage", argv[n++] = f->db, argv[n] = NULL;
+    if (test_run(f->dir, argv, &out) != 0) fail_msg("nas %s: %s", argv[1], out);
+    free(out);
+  }
+  const char *shown[][2] = {{"trials", "bad\\nfake row\\x1b[31mred"}, {"trials", "l\\x1b[2Jz"},
+                            {"trial", "bad\\nfake row\\x1b[31mred"}, {"trial", "ask:w\\x1b]0;title\\x07"}};
+  for (size_t i = 0; i < sizeof shown / sizeof *shown; i++) {
+    bool one = strcmp(shown[i][0], "trial") == 0;
+    char *argv[] = {(char *)test_nas_bin(), (char *)shown[i][0], "told", one ? "0" : "--storage",
+                    one ? "--storage" : f->db, one ? f->db : NULL, NULL};
+    assert_int_equal(test_run(f->dir, argv, &out), 0);
+    if (!strstr(out, shown[i][1]) || strchr(out, '\x1b') || strstr(out, "\nfake row"))
+      fail_msg("nas %s told: wanted '%s' and no control character: %s", shown[i][0], shown[i][1], out);
+    free(out);
+  }
+  json_t *rows = trials_json(f, "told"); /* exact in JSON */
+  assert_string_equal(json_string_value(json_object_get(json_array_get(rows, 0), "error")),
+                      "bad\nfake row\x1b[31mred");
+  assert_non_null(json_object_get(json_array_get(rows, 1), "l\x1b[2Jz"));
+  json_decref(rows);
+  free(spec);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(wall_time_stops_trials_and_says_so, setup, teardown),
@@ -212,6 +258,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(progress_line_shows_ended_counts_elapsed_and_eta, setup, teardown),
       cmocka_unit_test_setup_teardown(delete_takes_yes_in_any_case_and_nothing_else, setup, teardown),
       cmocka_unit_test_setup_teardown(seed_gives_the_same_initial_design_whatever_parallel, setup, teardown),
+      cmocka_unit_test_setup_teardown(control_characters_stored_by_clients_are_shown_escaped, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

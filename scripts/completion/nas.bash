@@ -1,8 +1,9 @@
 # bash completion for nas, installed by `make install` as
 # <prefix>/share/bash-completion/completions/nas.
 # Commands and their options come from nas's own --help (so they follow the binary being
-# completed), experiment names from `nas status --format json` of the storage the command
-# line names with --storage, else $NAS_STORAGE, else sqlite:nas.db.
+# completed), experiment names from the first column of `nas status --format csv` (cheap:
+# no fronts worked out) of the storage the command line names with --storage, else
+# $NAS_STORAGE, else sqlite:nas.db.
 
 # The experiments of the storage the words name; $1 is the nas being completed.
 _nas_experiments() {
@@ -10,8 +11,7 @@ _nas_experiments() {
   for ((i = 1; i < ${#COMP_WORDS[@]} - 1; i++)); do
     [[ ${COMP_WORDS[i]} == --storage ]] && storage=(--storage "${COMP_WORDS[i + 1]}")
   done
-  "$nas" status --format json "${storage[@]}" 2>/dev/null |
-    sed -n 's/^ *"experiment": "\(.*\)",$/\1/p'
+  "$nas" status --format csv "${storage[@]}" 2>/dev/null | sed '1d; s/,.*//'
 }
 
 _nas() {
