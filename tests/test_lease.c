@@ -14,13 +14,15 @@
 #include "tests/pgserver.h"
 
 /* Four trials of a second each, two at a time: long enough to start a rival meanwhile. */
-static const char slow_spec[] =
-    "name: slow\n"
-    "parameters: {x: {type: float, low: 0, high: 1}}\n"
-    "objectives: [{name: y, goal: minimize}]\n"
-    "trial: {command: [sh, -c, 'sleep 1; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
-    "optimizer: {type: random}\n"
-    "budget: {trials: 4, parallel: 2}\n";
+#define SLOW_SPEC_HEAD                                                                          \
+  "name: slow\n"                                                                                \
+  "parameters: {x: {type: float, low: 0, high: 1}}\n"                                           \
+  "objectives: [{name: y, goal: minimize}]\n"                                                   \
+  "trial: {command: [sh, -c, 'sleep 1; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"              \
+  "optimizer: {type: random}\n"
+static const char slow_spec[] = SLOW_SPEC_HEAD "budget: {trials: 4, parallel: 2}\n";
+/* The same with a larger budget: a change `nas run` stores when it runs the experiment. */
+static const char larger_slow_spec[] = SLOW_SPEC_HEAD "budget: {trials: 6, parallel: 2}\n";
 
 /* Starts `nas run SPEC` in the background with its stderr into dir/name; returns its pid. */
 static pid_t start_logged(fixture *f, const char *spec, const char *name) {
@@ -74,11 +76,20 @@ static void rival_schedulers_never_double_the_budget(fixture *f) {
   assert_int_equal(nas(f, &out, "resume", "slow", "--no-progress"), 1);
   assert_non_null(strstr(out, "is being run by another scheduler"));
   free(out);
+  /* A refused run with a larger budget stores nothing either: the next resume would
+   * otherwise spend the budget of a command that never ran. */
+  char *larger = test_write(f->dir, "slow6.yaml", larger_slow_spec);
+  assert_int_equal(nas(f, &out, "run", larger, "--no-progress"), 1);
+  if (!strstr(out, "is being run by another scheduler")) fail_msg("larger 'nas run' said: %s", out);
+  free(out);
   assert_int_equal(exit_status(first), 0);
+  assert_int_equal(nas(f, &out, "resume", "slow", "--no-progress"), 0);
+  free(out);
   json_t *rows = trials_json(f, "slow");
   assert_int_equal(json_array_size(rows), 4);
   assert_int_equal(count_status(rows, "completed"), 4);
   json_decref(rows);
+  free(larger);
   state = scheduler_column(f, "slow");
   assert_string_equal(state, "none");
   free(state);
