@@ -28,6 +28,8 @@ typedef struct {
   size_t next_rung;     /* ASHA: first rung not yet passed */
   char *log_problem;    /* owned: why its stdout.log could not be read at the last look;
                            NULL when it could */
+  size_t bad_lines;     /* malformed metric lines read by this process, nothing recorded */
+  char *first_bad;      /* owned: what was wrong with the first of them (NULL: none) */
 } inflight;
 
 /* Counts of trials per status, for progress and stopping decisions. */
@@ -85,6 +87,11 @@ typedef struct {
   int64_t *front_ids;         /* owned: trials on the front last announced (events.c) */
   size_t n_front_ids;
 } sched;
+
+/* views.c */
+/* The last SCHED_LOG_TAIL_BYTES of run_dir/name, starting at a whole UTF-8 character, and
+ * NUL-terminated (*len bytes before it); NULL when it cannot be read. Owned. */
+char *sched_log_tail(const char *run_dir, const char *name, size_t *len);
 
 /* lease.c */
 /* Takes exp's lease into *mine, taking over a dead holder's; refuses with who holds it. */

@@ -36,6 +36,14 @@ void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status) 
 
 /* ---- metrics and final states ---------------------------------------------------------- */
 
+static void inflight_clear(inflight *job) {
+  trial_row_clear(&job->row);
+  free(job->run_dir);
+  free(job->stop_why);
+  free(job->log_problem);
+  free(job->first_bad);
+}
+
 /* A log the trial made unreadable (a folder, a FIFO in its place, no permission) is the
  * trial's fault, not the loop's: said once in the progress output, and kept for the
  * trial's error should it end without its objectives. */
@@ -84,6 +92,8 @@ static int ingest_share(sched *sc, inflight *job, const char *log, bool ended, b
   free(job->log_problem);
   job->log_problem = NULL;
   log_notes_show(sc, job, &notes, log);
+  if (notes.bad > 0 && !job->first_bad) job->first_bad = strdup(notes.first_bad.msg);
+  job->bad_lines += notes.bad;
   int rc = NAS_OK;
   if (offset != job->row.log_offset || notes.shrank_from > 0) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
@@ -140,6 +150,62 @@ static int judge_lost(const sched *sc, const inflight *job, const char *cause,
   return NAS_OK;
 }
 
+/* The last line of run_dir/stderr.log, where a failing command says why (a traceback's
+ * last line, "cannot run …"), for the failure's reason: the part after the last newline or
+ * carriage return (a progress bar's latest state), blanks trimmed, control characters as
+ * '?', at most STDERR_QUOTE_BYTES. NULL when the log is empty or unreadable. Owned. */
+#define STDERR_QUOTE_BYTES 200
+static char *stderr_last_line(const char *run_dir) {
+  size_t len;
+  char *tail = sched_log_tail(run_dir, "stderr.log", &len);
+  if (!tail) return NULL;
+  while (len > 0 && strchr(" \t\r\n", tail[len - 1])) len--;
+  size_t start = len;
+  while (start > 0 && tail[start - 1] != '\n' && tail[start - 1] != '\r') start--;
+  while (start < len && (tail[start] == ' ' || tail[start] == '\t')) start++;
+  if (len - start > STDERR_QUOTE_BYTES) {
+    len = start + STDERR_QUOTE_BYTES;
+    while (len > start && ((unsigned char)tail[len] & 0xC0) == 0x80) len--; /* a cut character */
+  }
+  for (size_t i = start; i < len; i++)
+    if ((unsigned char)tail[i] < 0x20 || tail[i] == 0x7f) tail[i] = '?';
+  tail[len] = '\0';
+  char *line = len > start ? nas_utf8_repaired(tail + start) : NULL;
+  free(tail);
+  return line;
+}
+
+/* what (owned, taken) followed by the quoted last line of stderr.log and where the log is:
+ * `exited with status 3: "ValueError: bad shape" (last line of RUN/stderr.log)`. */
+static char *with_stderr_quoted(char *what, const char *run_dir) {
+  char *line = stderr_last_line(run_dir);
+  char *why = line ? nas_asprintf("%s: \"%s\" (last line of %s/stderr.log)", what, line, run_dir)
+                   : nas_asprintf("%s (%s/stderr.log is empty)", what, run_dir);
+  free(line);
+  free(what);
+  return why;
+}
+
+/* Why a trial that exited 0 failed: an objective it never reported, and what may explain
+ * it (a log that could not be read, metric lines that were malformed: a NaN loss). */
+static char *objective_missing_why(const inflight *job, const char *missing) {
+  char *malformed =
+      job->bad_lines == 0 ? strdup("")
+      : job->bad_lines == 1
+          ? nas_asprintf("; 1 malformed metric line was not recorded: %s", job->first_bad)
+          : nas_asprintf("; %zu malformed metric lines were not recorded, the first: %s",
+                         job->bad_lines, job->first_bad);
+  char *why = malformed ? nas_asprintf("exited 0 without reporting objective '%s' (print a line "
+                                       "'nas-metric {\"%s\": VALUE}' or run 'nas report "
+                                       "%s=VALUE')%s%s%s",
+                                       missing, missing, missing, malformed,
+                                       job->log_problem ? "; its log could not be read: " : "",
+                                       job->log_problem ? job->log_problem : "")
+                        : NULL;
+  free(malformed);
+  return why;
+}
+
 /* Decides a finished job's trial status and error text (owned, or NULL). */
 static int judge(sched *sc, const inflight *job, const job_status *js, trial_status *status,
                  char **why, nas_err *err) {
@@ -148,25 +214,21 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
   case JOB_EXITED:
     if (js->exit_code != 0) {
       *status = TRIAL_FAILED;
-      *why = nas_asprintf("exited with status %d (see %s/stderr.log)", js->exit_code,
-                          job->run_dir);
+      char *what = nas_asprintf("exited with status %d", js->exit_code);
+      *why = what ? with_stderr_quoted(what, job->run_dir) : NULL;
       return NAS_OK;
     }
     int rc;
     const char *missing = missing_objective(sc, &job->row, err, &rc);
     if (rc != NAS_OK) return rc;
     *status = missing ? TRIAL_FAILED : TRIAL_COMPLETED;
-    if (missing)
-      *why = nas_asprintf("exited 0 without reporting objective '%s' (print a line "
-                          "'nas-metric {\"%s\": VALUE}' or run 'nas report %s=VALUE')%s%s",
-                          missing, missing, missing,
-                          job->log_problem ? "; its log could not be read: " : "",
-                          job->log_problem ? job->log_problem : "");
+    if (missing) *why = objective_missing_why(job, missing);
     return NAS_OK;
   case JOB_SIGNALED:
     *status = TRIAL_FAILED;
-    *why = nas_asprintf("killed by signal %d (%s)%s%s", js->signal, strsignal(js->signal),
-                        js->detail[0] ? ": " : "", js->detail);
+    char *what = nas_asprintf("killed by signal %d (%s)%s%s", js->signal,
+                              strsignal(js->signal), js->detail[0] ? ": " : "", js->detail);
+    *why = what ? with_stderr_quoted(what, job->run_dir) : NULL;
     return NAS_OK;
   case JOB_TIMEOUT:
     /* The runner's own words when it has them: its limit may not be trial.timeout
@@ -250,10 +312,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   sched_progress_event(sc, &job->row, why);
   sched_events_trial_end(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
-  trial_row_clear(&job->row);
-  free(job->run_dir);
-  free(job->stop_why);
-  free(job->log_problem);
+  inflight_clear(job);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
   if (rc == NAS_OK && trial_status_final(status)) rc = sched_trial_ended(sc, why, err);
   free(why);
@@ -638,12 +697,7 @@ static int loop(sched *sc, bool *interrupted, nas_err *err) {
 
 static void sched_free(sched *sc) {
   sched_events_stop(sc);
-  for (size_t i = 0; i < sc->n_jobs; i++) {
-    trial_row_clear(&sc->jobs[i].row);
-    free(sc->jobs[i].run_dir);
-    free(sc->jobs[i].stop_why);
-    free(sc->jobs[i].log_problem);
-  }
+  for (size_t i = 0; i < sc->n_jobs; i++) inflight_clear(&sc->jobs[i]);
   free(sc->jobs);
   sched_results_free(&sc->results);
   sched_imported_free(&sc->imported);
