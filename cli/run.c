@@ -29,7 +29,9 @@ static const char resume_help[] =
     "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
     "Continues an interrupted experiment from its storage: running trials are re-attached\n"
     "(or, when their process is gone, queued again until trial.max_attempts), queued ones\n"
-    "are launched, and the optimizer goes on from everything stored.\n\n"
+    "are launched, and the optimizer goes on from everything stored. With its budget\n"
+    "spent it says so and runs nothing: 'nas run' of the spec with a larger budget.trials\n"
+    "runs more.\n\n"
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n"
     "  --no-progress   plain log lines even on a terminal\n"
     "Exit status: as for 'nas run'.\n";

@@ -562,6 +562,14 @@ static int launch_new(sched *sc, nas_err *err) {
 
 /* ---- start-up: rebuild from storage ----------------------------------------------------- */
 
+/* Whether the budget is spent with no trial running or queued: a resume has nothing to do.
+ * (With multi_fidelity, promotions of its trials to their next rungs may still be due.) */
+static bool nothing_left(const sched *sc) {
+  return sc->s->multi_fidelity.kind == MULTI_FIDELITY_NONE &&
+         sc->counts.total >= sc->s->budget.max_trials && sc->n_queued == 0 &&
+         sc->counts.by_status[TRIAL_RUNNING] == 0 && sc->counts.by_status[TRIAL_QUEUED] == 0;
+}
+
 /* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
  * (created before a crash, or retried, never launched) to be launched first as room
  * allows. A trial handed out by `nas ask` counts as running (it takes its share of the
@@ -588,6 +596,10 @@ static int rebuild(sched *sc, nas_err *err) {
     }
   }
   trial_rows_free(rows, n);
+  if (rc == NAS_OK && nothing_left(sc))
+    nas_log("%s: its budget of %d trials (budget.trials) is spent; nothing to run (to run more, "
+            "give 'nas run' its spec with a larger budget.trials)",
+            sc->exp->name, sc->s->budget.max_trials);
   return rc;
 }
 

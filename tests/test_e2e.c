@@ -297,6 +297,11 @@ static void interrupt_lets_running_trials_finish_and_resume_completes(void **sta
   assert_int_equal(json_array_size(rows), 6);
   assert_int_equal(count_status(rows, "completed"), 6);
   json_decref(rows);
+  /* Once more: nothing is left to run, and resume says so and how to run more. */
+  assert_int_equal(nas(f, &out, "resume", "timing", "--no-progress"), 0);
+  if (!strstr(out, "timing: its budget of 6 trials (budget.trials) is spent; nothing to run"))
+    fail_msg("a resume with no budget left said: %s", out);
+  free(out);
   free(spec);
 }
 
