@@ -40,8 +40,9 @@ static int stop_experiment(const char *url, const char *name) {
   if (rc == NAS_OK && done.was_finished)
     printf("%s: finished already (its budget is spent); nothing to stop\n", exp.name);
   else if (rc == NAS_OK && spec_trial_runs(s))
-    printf("%s: marked stopped (a running 'nas run' ends within a second); asked %zu running "
-           "trial%s to stop; 'nas resume %s%s' continues it\n", exp.name, done.asked,
+    printf("%s: marked stopped (a running 'nas run' sees it within a second and ends once its "
+           "trials have stopped); asked %zu running trial%s to stop; then 'nas resume %s%s' "
+           "continues it\n", exp.name, done.asked,
            done.asked == 1 ? "" : "s", exp.name, at);
   else if (rc == NAS_OK) /* trials handed out by ask only: nas resume would refuse it */
     print_asked_stop(&exp, at);

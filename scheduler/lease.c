@@ -50,16 +50,24 @@ static int new_token(char token[SCHED_LEASE_TOKEN_LEN + 1], nas_err *err) {
   return NAS_OK;
 }
 
-/* The refusal when a live scheduler holds the lease. */
+/* The refusal when a live scheduler holds the lease. One that `nas stop` marked stopped is
+ * only waiting for its trials to end (the runner's grace period): stopping it is done. */
 static int refuse(const experiment_row *exp, const storage_lease *held, nas_err *err) {
   char *who = sched_lease_describe(held, nas_now());
-  int rc = nas_errc(err, NAS_EEXIST,
-                    "experiment '%s' is being run by another scheduler (%s); only one may run "
-                    "it at a time. Wait for it to end, or stop it with 'nas stop %s'. A "
-                    "scheduler that died is taken over once its heartbeat is %.0f s old (at "
-                    "once on the host it ran on).",
-                    exp->name, who ? who : "out of memory", exp->name,
-                    SCHED_LEASE_TIMEOUT_S);
+  int rc;
+  if (exp->status && strcmp(exp->status, "stopped") == 0)
+    rc = nas_errc(err, NAS_EEXIST,
+                  "experiment '%s' is ending after 'nas stop': its scheduler (%s) waits for "
+                  "its trials to stop (TERM, then KILL after the runner's grace period). Try "
+                  "again once it has ended.",
+                  exp->name, who ? who : "out of memory");
+  else
+    rc = nas_errc(err, NAS_EEXIST,
+                  "experiment '%s' is being run by another scheduler (%s); only one may run "
+                  "it at a time. Wait for it to end, or stop it with 'nas stop %s'. A "
+                  "scheduler that died is taken over once its heartbeat is %.0f s old (at "
+                  "once on the host it ran on).",
+                  exp->name, who ? who : "out of memory", exp->name, SCHED_LEASE_TIMEOUT_S);
   free(who);
   return rc;
 }

@@ -256,6 +256,32 @@ static void nas_stop_from_another_process_stops_the_run(void **state) {
   free(spec);
 }
 
+/* The trials of a stopped run take their grace period to end, and the run ends after
+ * them: `nas stop` says so, and a resume meanwhile is told to wait, not to `nas stop`. */
+static void resume_while_a_stopped_run_ends_is_told_to_wait(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "slowstop.yaml",
+                          "name: slowstop\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'trap \"sleep 2; exit 1\" TERM; sleep 30 & wait']}\n"
+                          "budget: {trials: 4, parallel: 2}\n");
+  pid_t pid = start_nas_run(f, spec);
+  wait_until_n_running(f, "slowstop", 2);
+  char *out;
+  assert_int_equal(nas(f, &out, "stop", "slowstop", NULL), 0);
+  if (!strstr(out, "ends once its trials have stopped")) fail_msg("nas stop said: %s", out);
+  free(out);
+  assert_int_equal(nas(f, &out, "resume", "slowstop", "--no-progress"), 1);
+  if (!strstr(out, "is ending after 'nas stop'") || strstr(out, "stop it with"))
+    fail_msg("resume beside the stopping run said: %s", out);
+  free(out);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_int_equal(WEXITSTATUS(status), 3);
+  free(spec);
+}
+
 static void early_stopping_ends_bad_trials_and_keeps_good_ones(void **state) {
   fixture *f = *state;
   char *spec = test_write(
@@ -537,6 +563,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_tell_refuses_a_trial_that_nas_run_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(resume_while_a_stopped_run_ends_is_told_to_wait, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_between_rungs_then_resume_runs_each_rung_once, setup, teardown),
