@@ -577,7 +577,8 @@ static bool nothing_left(const sched *sc) {
  * spec's early stopping can never fire. */
 static int rebuild(sched *sc, nas_err *err) {
   char why[256];
-  if (sched_early_stop_futile(sc->s, why, sizeof why)) early_futile_say(sc, why);
+  if (!sc->opt->stop_only && sched_early_stop_futile(sc->s, why, sizeof why))
+    early_futile_say(sc, why);
   trial_row *rows;
   size_t n;
   if (storage_trial_list(sc->st, sc->exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
@@ -596,7 +597,7 @@ static int rebuild(sched *sc, nas_err *err) {
     }
   }
   trial_rows_free(rows, n);
-  if (rc == NAS_OK && nothing_left(sc))
+  if (rc == NAS_OK && !sc->opt->stop_only && nothing_left(sc))
     nas_log("%s: its budget of %d trials (budget.trials) is spent; nothing to run (to run more, "
             "give 'nas run' its spec with a larger budget.trials)",
             sc->exp->name, sc->s->budget.max_trials);
@@ -759,14 +760,20 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
     return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
   optimizer_set_watch(sc->opt_model, (optimizer_watch){.cancelled = suggestion_cancelled, .ctx = sc});
-  return load_imported(sc, err);
+  return sc->opt->stop_only ? NAS_OK : load_imported(sc, err);
 }
 
 /* The run itself, once this process holds the experiment's lease. */
 static int run_held(sched *sc, nas_err *err) {
   bool interrupted = false;
-  int rc = storage_experiment_set_status(sc->st, sc->exp->id, "running", NULL, err);
+  int rc = sc->opt->stop_only
+               ? NAS_OK /* it stays stopped */
+               : storage_experiment_set_status(sc->st, sc->exp->id, "running", NULL, err);
   if (rc == NAS_OK) rc = rebuild(sc, err);
+  if (rc == NAS_OK && sc->opt->stop_only) {
+    interrupted = sc->draining = true;
+    stop_all(sc, "stopped by 'nas stop'");
+  }
   if (rc == NAS_OK) sched_events_start(sc);
   if (rc == NAS_OK) rc = loop(sc, &interrupted, err);
   if (interrupted) sc->outcome = SCHED_INTERRUPTED;

@@ -256,6 +256,37 @@ static void nas_stop_from_another_process_stops_the_run(void **state) {
   free(spec);
 }
 
+/* `nas stop` of an experiment whose scheduler was killed stops its trials and records them
+ * stopped itself: no scheduler is left to, and `nas resume` would launch more. */
+static void stop_after_the_scheduler_died_records_its_trials_stopped(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "orphans.yaml",
+                          "name: orphans\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1, \\\"step\\\": 1}}\"; sleep 30']}\n"
+                          "budget: {trials: 4, parallel: 2}\n"
+                          "runner: {type: local, kill_grace: 1}\n");
+  pid_t pid = start_nas_run(f, spec);
+  wait_until_n_running(f, "orphans", 2);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  char *out;
+  assert_int_equal(nas(f, &out, "stop", "orphans", NULL), 0);
+  if (!strstr(out, "recorded them stopped")) fail_msg("nas stop said: %s", out);
+  free(out);
+  json_t *rows = trials_json(f, "orphans");
+  assert_int_equal(json_array_size(rows), 2);
+  assert_int_equal(count_status(rows, "stopped"), 2);
+  assert_true(num(row_of(rows, 0), "y") == 1); /* what it reported before is kept */
+  json_decref(rows);
+  assert_int_equal(nas(f, &out, "status", "orphans", "--format=json"), 0);
+  if (!strstr(out, "\"state\": \"stopped\"") || !strstr(out, "\"scheduler\": \"none\""))
+    fail_msg("status after the stop: %s", out);
+  free(out);
+  free(spec);
+}
+
 /* The trials of a stopped run take their grace period to end, and the run ends after
  * them: `nas stop` says so, and a resume meanwhile is told to wait, not to `nas stop`. */
 static void resume_while_a_stopped_run_ends_is_told_to_wait(void **state) {
@@ -565,6 +596,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
       cmocka_unit_test_setup_teardown(resume_while_a_stopped_run_ends_is_told_to_wait, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(stop_after_the_scheduler_died_records_its_trials_stopped,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_between_rungs_then_resume_runs_each_rung_once, setup, teardown),
