@@ -58,11 +58,14 @@ static int diff_masked(const spec *stored, const spec *s, char **diff, nas_err *
 
 /* Stores s in place of exp's spec, under the experiment's lease: a live scheduler runs on
  * with the spec it read, so a change stored beside it would be a budget that no command
- * runs with, spent by the next `nas resume` (a refused `nas run` must change nothing). */
+ * runs with, spent by the next `nas resume` (a refused `nas run` must change nothing).
+ * Refused at once while a run holds it; an ask (all that holds the lease of a spec that
+ * runs nothing) holds it for an instant, and is waited for. */
 static int store_changed_spec(const spec *s, storage *st, const experiment_row *exp,
                               const char *diff, nas_err *err) {
   sched_lease lease = {0};
-  int rc = sched_lease_take(st, exp, &lease, err);
+  int rc = sched_lease_take_waiting(st, exp, &lease, spec_trial_runs(s) ? 0 : SCHED_ASK_WAIT_S,
+                                    err);
   if (rc == NAS_OK) {
     nas_log("experiment '%s': spec changed:\n%s", exp->name, diff);
     rc = storage_experiment_set_spec(st, exp->id, s->text, err);

@@ -96,6 +96,12 @@ char *sched_log_tail(const char *run_dir, const char *name, size_t *len);
 /* lease.c */
 /* Takes exp's lease into *mine, taking over a dead holder's; refuses with who holds it. */
 int sched_lease_take(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err);
+/* How long a process waits for an ask of the same experiment to finish with the lease. */
+#define SCHED_ASK_WAIT_S 5.0
+/* sched_lease_take, trying again for up to wait_s seconds while another process holds the
+ * lease (an ask holds it for an instant). */
+int sched_lease_take_waiting(storage *st, const experiment_row *exp, sched_lease *mine,
+                             double wait_s, nas_err *err);
 /* Renews the lease when due; an error when another process has taken it over. */
 int sched_lease_keep(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err);
 /* Gives the lease up (when held). */

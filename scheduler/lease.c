@@ -115,6 +115,15 @@ int sched_lease_take(storage *st, const experiment_row *exp, sched_lease *mine, 
   return NAS_OK;
 }
 
+int sched_lease_take_waiting(storage *st, const experiment_row *exp, sched_lease *mine,
+                             double wait_s, nas_err *err) {
+  double until = nas_monotonic() + wait_s;
+  int rc;
+  while ((rc = sched_lease_take(st, exp, mine, err)) == NAS_EEXIST && nas_monotonic() < until)
+    nas_sleep(0.02);
+  return rc;
+}
+
 int sched_lease_keep(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err) {
   if (!mine->held || nas_monotonic() - mine->renewed < SCHED_LEASE_RENEW_S) return NAS_OK;
   int rc = storage_lease_renew(st, exp->id, mine->token, err);

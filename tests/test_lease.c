@@ -189,6 +189,42 @@ static void lease_changes_hands_only_by_compare_and_swap(void **state) {
   storage_close(st);
 }
 
+/* A changed spec is stored under the lease; an ask holds that lease for an instant, so
+ * `nas create` of an ask-and-tell spec waits for it instead of failing. */
+static void create_of_a_changed_spec_waits_for_an_ask_holding_the_lease(void **state) {
+  fixture *f = *state;
+  static const char head[] = "name: asked\n"
+                             "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "objectives: [{name: y, goal: minimize}]\n";
+  char *two = nas_asprintf("%sbudget: {trials: 2}\n", head);
+  char *five = nas_asprintf("%sbudget: {trials: 5}\n", head);
+  char *spec = test_write(f->dir, "asked.yaml", two), *larger = test_write(f->dir, "asked5.yaml", five);
+  nas_ok(f, "create", spec, NULL);
+  storage *st;
+  nas_err err;
+  experiment_row exp;
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(st, "asked", &exp, &err), NAS_OK);
+  char host[256];
+  assert_int_equal(gethostname(host, sizeof host), 0);
+  assert_int_equal(storage_lease_take(st, exp.id, "asker", host, getpid(), NULL, &err), NAS_OK);
+  pid_t create = fork();
+  assert_true(create >= 0);
+  if (create == 0) {
+    execl(test_nas_bin(), test_nas_bin(), "create", larger, "--storage", f->db, (char *)NULL);
+    _exit(127);
+  }
+  nas_sleep(0.5);
+  assert_int_equal(storage_lease_release(st, exp.id, "asker", &err), NAS_OK);
+  assert_int_equal(exit_status(create), 0);
+  experiment_row_clear(&exp);
+  assert_int_equal(storage_experiment_get(st, "asked", &exp, &err), NAS_OK);
+  assert_non_null(strstr(exp.spec_text, "trials: 5"));
+  experiment_row_clear(&exp);
+  storage_close(st);
+  free(two), free(five), free(spec), free(larger);
+}
+
 static void deleting_the_database_mid_run_stops_with_an_error(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "slow.yaml", slow_spec);
@@ -215,6 +251,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(scheduler_killed_with_9_is_taken_over_at_once, setup, teardown),
       cmocka_unit_test(lease_is_judged_by_its_heartbeat_and_its_pid),
       cmocka_unit_test_setup_teardown(lease_changes_hands_only_by_compare_and_swap, setup, teardown),
+      cmocka_unit_test_setup_teardown(create_of_a_changed_spec_waits_for_an_ask_holding_the_lease,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(deleting_the_database_mid_run_stops_with_an_error, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
