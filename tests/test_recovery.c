@@ -256,19 +256,32 @@ static void nas_stop_from_another_process_stops_the_run(void **state) {
   free(spec);
 }
 
+/* Starts `nas run` of experiment name, four trials of command two at a time (3 s of grace
+ * after TERM), once two run; *spec gets the spec's path (owned). Returns the run's pid. */
+static pid_t start_two_running(fixture *f, const char *name, const char *command, char **spec) {
+  char *file = nas_asprintf("%s.yaml", name);
+  char *text = nas_asprintf("name: %s\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {command: %s}\n"
+                            "budget: {trials: 4, parallel: 2}\n"
+                            "runner: {type: local, kill_grace: 3}\n",
+                            name, command);
+  *spec = test_write(f->dir, file, text);
+  free(file), free(text);
+  pid_t pid = start_nas_run(f, *spec);
+  wait_until_n_running(f, name, 2);
+  return pid;
+}
+
 /* `nas stop` of an experiment whose scheduler was killed stops its trials and records them
  * stopped itself: no scheduler is left to, and `nas resume` would launch more. */
 static void stop_after_the_scheduler_died_records_its_trials_stopped(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "orphans.yaml",
-                          "name: orphans\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}]\n"
-                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1, \\\"step\\\": 1}}\"; sleep 30']}\n"
-                          "budget: {trials: 4, parallel: 2}\n"
-                          "runner: {type: local, kill_grace: 1}\n");
-  pid_t pid = start_nas_run(f, spec);
-  wait_until_n_running(f, "orphans", 2);
+  char *spec;
+  pid_t pid = start_two_running(
+      f, "orphans", "[sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1, \\\"step\\\": 1}}\"; sleep 30']",
+      &spec);
   kill(pid, SIGKILL);
   waitpid(pid, NULL, 0);
   char *out;
@@ -291,14 +304,9 @@ static void stop_after_the_scheduler_died_records_its_trials_stopped(void **stat
  * them: `nas stop` says so, and a resume meanwhile is told to wait, not to `nas stop`. */
 static void resume_while_a_stopped_run_ends_is_told_to_wait(void **state) {
   fixture *f = *state;
-  char *spec = test_write(f->dir, "slowstop.yaml",
-                          "name: slowstop\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}]\n"
-                          "trial: {command: [sh, -c, 'trap \"sleep 2; exit 1\" TERM; sleep 30 & wait']}\n"
-                          "budget: {trials: 4, parallel: 2}\n");
-  pid_t pid = start_nas_run(f, spec);
-  wait_until_n_running(f, "slowstop", 2);
+  char *spec;
+  pid_t pid = start_two_running(
+      f, "slowstop", "[sh, -c, 'trap \"sleep 2; exit 1\" TERM; sleep 30 & wait']", &spec);
   char *out;
   assert_int_equal(nas(f, &out, "stop", "slowstop", NULL), 0);
   if (!strstr(out, "ends once its trials have stopped")) fail_msg("nas stop said: %s", out);
