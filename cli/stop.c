@@ -42,9 +42,9 @@ static int scheduler_alive(storage *st, const experiment_row *exp, bool *alive, 
  * launches nothing re-attaches to them, stops them and records them. *recorded is false
  * when a scheduler started meanwhile (it records them). */
 static int record_stopped(const spec *s, storage *st, const experiment_row *exp,
-                          const char *url, bool *recorded, nas_err *err) {
+                          const char *url, const char *at, bool *recorded, nas_err *err) {
   sched_options opt = {.storage_url = url, .progress = stderr, .poll_interval = 0.2,
-                       .stop_only = true};
+                       .stop_only = true, .storage_hint = at};
   sched_outcome outcome;
   int rc = sched_run(s, st, exp, &opt, &outcome, err);
   *recorded = rc == NAS_OK;
@@ -59,14 +59,14 @@ static int stop_experiment(const char *url, const char *name) {
   if (cli_open_experiment(cli_storage_url(url), STORAGE_MUST_EXIST, name, &st, &exp, &s,
                           &err) != NAS_OK)
     return cli_fail(&err);
+  char at[CLI_HINT_MAX];
+  cli_storage_hint(cli_storage_url(url), at, sizeof at);
   sched_stopped done;
   bool alive = true, recorded = false;
   int rc = spec_trial_runs(s) ? scheduler_alive(st, &exp, &alive, &err) : NAS_OK;
   if (rc == NAS_OK) rc = sched_stop(s, st, &exp, stderr, &done, &err);
   if (rc == NAS_OK && !alive && done.asked > 0)
-    rc = record_stopped(s, st, &exp, cli_storage_url(url), &recorded, &err);
-  char at[CLI_HINT_MAX];
-  cli_storage_hint(cli_storage_url(url), at, sizeof at);
+    rc = record_stopped(s, st, &exp, cli_storage_url(url), at, &recorded, &err);
   if (rc == NAS_OK && done.was_finished)
     printf("%s: finished already (its budget is spent); nothing to stop\n", exp.name);
   else if (rc == NAS_OK && recorded)

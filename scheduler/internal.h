@@ -77,6 +77,9 @@ typedef struct {
   sigset_t old_mask;
   struct sigaction old_int, old_term; /* SIGINT's and SIGTERM's actions before the run */
   char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */
+  int *cut_short;             /* owned: numbers of the trials this run stopped part way (a
+                                 second Ctrl-C, `nas stop`, the wall time), in order */
+  size_t n_cut_short;
   sched_lease lease;          /* this process's hold on the experiment */
   sched_imported imported;    /* owned: warm_start's observations, loaded once per run */
   double watch_checked;       /* monotonic: the optimizer's watch last looked at signals */

@@ -294,6 +294,49 @@ int sched_trial_ended(sched *sc, const char *why, nas_err *err) {
   return check_patience(sc, err);
 }
 
+/* Keeps the number of a trial stopped part way, for cut_short_say (only a hint is lost
+ * when memory runs out). */
+static void note_cut_short(sched *sc, int number) {
+  int *grown = realloc(sc->cut_short, (sc->n_cut_short + 1) * sizeof *grown);
+  if (!grown) return;
+  sc->cut_short = grown;
+  sc->cut_short[sc->n_cut_short++] = number;
+}
+
+static int ascending(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* numbers[0..n-1] as text: "3, 4 and 5" in prose, else "3 4 5" (arguments). Owned, or NULL
+ * when out of memory. */
+static char *numbers_text(const int *numbers, size_t n, bool prose) {
+  char *text = NULL;
+  size_t len;
+  FILE *out = open_memstream(&text, &len);
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i++)
+    fprintf(out, "%s%d", i == 0 ? "" : !prose ? " " : i + 1 == n ? " and " : ", ", numbers[i]);
+  return nas_memstream_close(out, &text, NULL) == NAS_OK ? text : NULL;
+}
+
+/* Trials stopped part way count in budget.trials and nothing runs them again unless asked:
+ * names them ("trials 3, 4 and 5 were …") and the `nas retry` that queues them. */
+static void cut_short_say(sched *sc) {
+  size_t n = sc->n_cut_short;
+  if (n == 0) return;
+  qsort(sc->cut_short, n, sizeof *sc->cut_short, ascending);
+  char *listed = numbers_text(sc->cut_short, n, true);
+  char *args = numbers_text(sc->cut_short, n, false);
+  if (listed && args)
+    nas_log("%s: trial%s %s %s stopped part way and count in budget.trials; 'nas retry %s %s%s' "
+            "queues %s to run again first", sc->exp->name, n == 1 ? "" : "s", listed,
+            n == 1 ? "was" : "were", sc->exp->name, args,
+            sc->opt->storage_hint ? sc->opt->storage_hint : "", n == 1 ? "it" : "them");
+  free(listed);
+  free(args);
+}
+
 static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   inflight *job = &sc->jobs[i];
   trial_status status;
@@ -307,6 +350,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
     return nas_err_prefix(err, "trial %d", job->row.number);
   }
   sched_count(sc, job->row.status, status);
+  if (status == TRIAL_STOPPED && job->stop == STOP_REQUESTED) note_cut_short(sc, job->row.number);
   job->row.status = status;
   sched_results_set_status(sc, job->row.id, status);
   sched_progress_event(sc, &job->row, why);
@@ -719,6 +763,7 @@ static void sched_free(sched *sc) {
   runner_free(sc->own_rn);
   free(sc->storage_url);
   free(sc->best_text);
+  free(sc->cut_short);
   /* A signal still pending meets signal_forward on this thread, which drops it: the run
    * has ended and says how. */
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
@@ -782,6 +827,7 @@ static int run_held(sched *sc, nas_err *err) {
                                        sc->outcome == SCHED_FINISHED ? "finished" : "stopped", NULL,
                                        err);
   if (rc == NAS_OK && sc->outcome == SCHED_FINISHED) sched_events_finished(sc);
+  cut_short_say(sc);
   sched_progress_done(sc);
   return rc;
 }

@@ -38,6 +38,7 @@ typedef struct {
                             scheduler's unit tests pass a scripted fake here. */
   bool stop_only;        /* `nas stop` with no scheduler alive: re-attach to the running
                             trials, stop them, record how they ended, launch nothing */
+  const char *storage_hint; /* " --storage URL" for the commands hints name, or NULL */
 } sched_options;
 
 /* Runs (or continues) the experiment exp, whose spec is s, until its budget is spent or

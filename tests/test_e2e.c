@@ -336,6 +336,25 @@ static void trials_a_second_interrupt_stopped_are_retried_by_number(void **state
   free(spec);
 }
 
+/* Trials the wall time (or a second Ctrl-C) cut short count in the budget: the run names
+ * them and the `nas retry` that runs them again. */
+static void trials_cut_short_are_named_with_their_retry(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "cut.yaml",
+                          "name: cut\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sleep, '30']}\n"
+                          "budget: {trials: 3, parallel: 2, wall_time: 1s}\n"
+                          "runner: {type: local, kill_grace: 1}\n");
+  char *out, *retry = nas_asprintf("'nas retry cut 0 1 --storage sqlite:%s/nas.db'", f->dir);
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  if (!strstr(out, "cut: trials 0 and 1 were stopped part way and count in budget.trials") ||
+      !strstr(out, retry))
+    fail_msg("the run said: %s", out);
+  free(out), free(retry), free(spec);
+}
+
 /* Every one of the n trials of experiment name completed with y = z = its parameter x. */
 static void assert_trials_reported_x_as_y_and_z(fixture *f, const char *name, size_t n) {
   json_t *rows = trials_json(f, name);
@@ -700,6 +719,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_plugin_options_are_refused_at_their_place_and_write_nothing,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_cut_short_are_named_with_their_retry, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(trials_a_second_interrupt_stopped_are_retried_by_number, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),
