@@ -827,8 +827,8 @@ static int run_held(sched *sc, nas_err *err) {
                                        sc->outcome == SCHED_FINISHED ? "finished" : "stopped", NULL,
                                        err);
   if (rc == NAS_OK && sc->outcome == SCHED_FINISHED) sched_events_finished(sc);
+  sched_progress_done(sc); /* clears a terminal's status line first */
   cut_short_say(sc);
-  sched_progress_done(sc);
   return rc;
 }
 
