@@ -206,7 +206,8 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   char *who = nas_asprintf("%s%s", SCHED_ASK_PREFIX, worker && *worker ? worker : "client");
   trial_row *rows = calloc(n ? n : 1, sizeof *rows);
   sched_lease lease = {0};
-  int rc = who && rows ? sched_lease_take_waiting(st, exp, &lease, SCHED_ASK_WAIT_S, err) : nas_errf(err, "out of memory");
+  int rc = who && rows ? sched_lease_take_waiting(st, exp, &lease, SCHED_ASK_WAIT_S, err)
+                       : nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = expire_silent(st, s, exp, nt, err);
   if (rc == NAS_OK) rc = hand_out(st, s, exp, n, who, rows, n_out, err);
   if (rc == NAS_OK && *n_out > 0) rc = reopen_finished(st, exp, err);

@@ -198,7 +198,8 @@ static void create_of_a_changed_spec_waits_for_an_ask_holding_the_lease(void **s
                              "objectives: [{name: y, goal: minimize}]\n";
   char *two = nas_asprintf("%sbudget: {trials: 2}\n", head);
   char *five = nas_asprintf("%sbudget: {trials: 5}\n", head);
-  char *spec = test_write(f->dir, "asked.yaml", two), *larger = test_write(f->dir, "asked5.yaml", five);
+  char *spec = test_write(f->dir, "asked.yaml", two);
+  char *larger = test_write(f->dir, "asked5.yaml", five);
   nas_ok(f, "create", spec, NULL);
   storage *st;
   nas_err err;
