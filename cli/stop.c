@@ -71,8 +71,8 @@ static int stop_experiment(const char *url, const char *name) {
     printf("%s: finished already (its budget is spent); nothing to stop\n", exp.name);
   else if (rc == NAS_OK && recorded)
     printf("%s: marked stopped; no scheduler was running it, so this stopped its %zu running "
-           "trial%s and recorded them stopped; 'nas resume %s%s' continues it\n", exp.name,
-           done.asked, done.asked == 1 ? "" : "s", exp.name, at);
+           "trial%s and recorded how they ended (above); 'nas resume %s%s' continues it\n",
+           exp.name, done.asked, done.asked == 1 ? "" : "s", exp.name, at);
   else if (rc == NAS_OK && spec_trial_runs(s))
     printf("%s: marked stopped (a running 'nas run' sees it within a second and ends once its "
            "trials have stopped); asked %zu running trial%s to stop; then 'nas resume %s%s' "

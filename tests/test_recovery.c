@@ -286,7 +286,7 @@ static void stop_after_the_scheduler_died_records_its_trials_stopped(void **stat
   waitpid(pid, NULL, 0);
   char *out;
   assert_int_equal(nas(f, &out, "stop", "orphans", NULL), 0);
-  if (!strstr(out, "recorded them stopped")) fail_msg("nas stop said: %s", out);
+  if (!strstr(out, "recorded how they ended")) fail_msg("nas stop said: %s", out);
   free(out);
   json_t *rows = trials_json(f, "orphans");
   assert_int_equal(json_array_size(rows), 2);
