@@ -27,13 +27,30 @@ static void host_name(char *out, size_t size) {
   out[size - 1] = '\0';
 }
 
+/* Whether pid has ended but is not reaped yet: a scheduler killed with -9 whose parent does
+ * not wait for it (a container's first process that is no init) stays such a zombie, which
+ * kill(pid, 0) still finds. The state is the field after the command's name in
+ * /proc/PID/stat, a name that may hold ") ", hence the last one. */
+static bool pid_is_zombie(pid_t pid) {
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t len = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[len] = '\0';
+  const char *name_end = strrchr(stat, ')');
+  return name_end && name_end[1] == ' ' && name_end[2] == 'Z';
+}
+
 bool sched_lease_holder_dead(const storage_lease *lease, double now) {
   if (now - lease->heartbeat_at > SCHED_LEASE_TIMEOUT_S) return true;
   char here[256];
   host_name(here, sizeof here);
   if (strcmp(lease->host, here) != 0 || lease->pid <= 0) return false;
   /* A recycled pid keeps a dead holder's lease alive until the timeout: safe, only slow. */
-  return kill((pid_t)lease->pid, 0) != 0 && errno == ESRCH;
+  if (kill((pid_t)lease->pid, 0) != 0) return errno == ESRCH;
+  return pid_is_zombie((pid_t)lease->pid);
 }
 
 char *sched_lease_describe(const storage_lease *lease, double now) {
