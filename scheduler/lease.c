@@ -27,7 +27,7 @@ static void host_name(char *out, size_t size) {
   out[size - 1] = '\0';
 }
 
-/* Whether pid has ended but is not reaped yet: a scheduler killed with -9 whose parent does
+/* Whether pid has ended but is not reaped yet (Z, or X while it goes): a scheduler killed with -9 whose parent does
  * not wait for it (a container's first process that is no init) stays such a zombie, which
  * kill(pid, 0) still finds. The state is the field after the command's name in
  * /proc/PID/stat, a name that may hold ") ", hence the last one. */
@@ -40,7 +40,7 @@ static bool pid_is_zombie(pid_t pid) {
   fclose(f);
   stat[len] = '\0';
   const char *name_end = strrchr(stat, ')');
-  return name_end && name_end[1] == ' ' && name_end[2] == 'Z';
+  return name_end && name_end[1] == ' ' && (name_end[2] == 'Z' || name_end[2] == 'X');
 }
 
 bool sched_lease_holder_dead(const storage_lease *lease, double now) {
