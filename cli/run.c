@@ -29,7 +29,9 @@ static const char resume_help[] =
     "usage: nas resume EXPERIMENT [--storage URL] [--no-progress]\n\n"
     "Continues an interrupted experiment from its storage: running trials are re-attached\n"
     "(or, when their process is gone, queued again until trial.max_attempts), queued ones\n"
-    "are launched, and the optimizer goes on from everything stored.\n\n"
+    "are launched, and the optimizer goes on from everything stored. With its budget\n"
+    "spent it says so and runs nothing: 'nas run' of the spec with a larger budget.trials\n"
+    "runs more.\n\n"
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n"
     "  --no-progress   plain log lines even on a terminal\n"
     "Exit status: as for 'nas run'.\n";
@@ -66,14 +68,14 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
   /* The GP's matrices are small: OpenBLAS threads cost more than they give here, and the
    * trials need the cores (measured: about half the speed with 2 threads on 2 cores). */
   openblas_set_num_threads(1);
+  char at[CLI_HINT_MAX];
+  cli_storage_hint(url, at, sizeof at);
   sched_options opt = {.storage_url = url, .progress = stderr,
                        .progress_tty = !no_progress && isatty(STDERR_FILENO),
-                       .poll_interval = 0.2};
+                       .poll_interval = 0.2, .storage_hint = at};
   sched_outcome outcome;
   nas_err err;
   if (sched_run(s, st, exp, &opt, &outcome, &err) != NAS_OK) return cli_fail(&err);
-  char at[CLI_HINT_MAX];
-  cli_storage_hint(url, at, sizeof at);
   switch (outcome) {
   case SCHED_INTERRUPTED:
     fprintf(stderr, "nas: interrupted; continue with: nas resume %s%s\n", exp->name, at);

@@ -19,8 +19,6 @@
 
 /* A handed-out trial silent this long is lost, unless the spec sets trial.heartbeat_timeout. */
 #define ASK_DEFAULT_TIMEOUT_S 600.0
-/* How long an ask waits for another ask of the same experiment to finish. */
-#define ASK_WAIT_S 5.0
 
 int sched_trial_find(storage *st, const experiment_row *exp, int number, trial_row *out,
                      nas_err *err) {
@@ -133,15 +131,6 @@ static int expire_silent(storage *st, const spec *s, const experiment_row *exp, 
   return rc;
 }
 
-/* The lease, waiting a little while another asker holds it. */
-static int take_lease(storage *st, const experiment_row *exp, sched_lease *lease, nas_err *err) {
-  double until = nas_monotonic() + ASK_WAIT_S;
-  int rc;
-  while ((rc = sched_lease_take(st, exp, lease, err)) == NAS_EEXIST && nas_monotonic() < until)
-    nas_sleep(0.02);
-  return rc;
-}
-
 /* How many more trials the budget allows, queued ones aside. */
 static size_t budget_left(const spec *s, const sched_results *r) {
   long left = (long)s->budget.max_trials - (long)r->n_trials;
@@ -217,7 +206,8 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   char *who = nas_asprintf("%s%s", SCHED_ASK_PREFIX, worker && *worker ? worker : "client");
   trial_row *rows = calloc(n ? n : 1, sizeof *rows);
   sched_lease lease = {0};
-  int rc = who && rows ? take_lease(st, exp, &lease, err) : nas_errf(err, "out of memory");
+  int rc = who && rows ? sched_lease_take_waiting(st, exp, &lease, SCHED_ASK_WAIT_S, err)
+                       : nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = expire_silent(st, s, exp, nt, err);
   if (rc == NAS_OK) rc = hand_out(st, s, exp, n, who, rows, n_out, err);
   if (rc == NAS_OK && *n_out > 0) rc = reopen_finished(st, exp, err);

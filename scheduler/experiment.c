@@ -56,6 +56,24 @@ static int diff_masked(const spec *stored, const spec *s, char **diff, nas_err *
   return rc;
 }
 
+/* Stores s in place of exp's spec, under the experiment's lease: a live scheduler runs on
+ * with the spec it read, so a change stored beside it would be a budget that no command
+ * runs with, spent by the next `nas resume` (a refused `nas run` must change nothing).
+ * Refused at once while a run holds it; an ask (all that holds the lease of a spec that
+ * runs nothing) holds it for an instant, and is waited for. */
+static int store_changed_spec(const spec *s, storage *st, const experiment_row *exp,
+                              const char *diff, nas_err *err) {
+  sched_lease lease = {0};
+  int rc = sched_lease_take_waiting(st, exp, &lease, spec_trial_runs(s) ? 0 : SCHED_ASK_WAIT_S,
+                                    err);
+  if (rc == NAS_OK) {
+    nas_log("experiment '%s': spec changed:\n%s", exp->name, diff);
+    rc = storage_experiment_set_spec(st, exp->id, s->text, err);
+  }
+  sched_lease_release(st, exp, &lease);
+  return rc;
+}
+
 static int compare_with_stored(const spec *s, storage *st, const experiment_row *exp,
                                nas_err *err) {
   spec *stored = NULL;
@@ -66,8 +84,7 @@ static int compare_with_stored(const spec *s, storage *st, const experiment_row 
   spec_free(stored);
   if (rc != NAS_OK || !diff) return rc;
   if (only_changeable_changed(diff)) {
-    nas_log("experiment '%s': spec changed:\n%s", exp->name, diff);
-    rc = storage_experiment_set_spec(st, exp->id, s->text, err);
+    rc = store_changed_spec(s, st, exp, diff, err);
   } else {
     rc = nas_errc(err, NAS_EEXIST,
                   "experiment '%s' already exists with a different spec:\n%s"

@@ -28,6 +28,8 @@ typedef struct {
   size_t next_rung;     /* ASHA: first rung not yet passed */
   char *log_problem;    /* owned: why its stdout.log could not be read at the last look;
                            NULL when it could */
+  size_t bad_lines;     /* malformed metric lines read by this process, nothing recorded */
+  char *first_bad;      /* owned: what was wrong with the first of them (NULL: none) */
 } inflight;
 
 /* Counts of trials per status, for progress and stopping decisions. */
@@ -75,6 +77,9 @@ typedef struct {
   sigset_t old_mask;
   struct sigaction old_int, old_term; /* SIGINT's and SIGTERM's actions before the run */
   char *best_text;            /* owned: last summary shown, e.g. "front 4, HV 12.3" */
+  int *cut_short;             /* owned: numbers of the trials this run stopped part way (a
+                                 second Ctrl-C, `nas stop`, the wall time), in order */
+  size_t n_cut_short;
   sched_lease lease;          /* this process's hold on the experiment */
   sched_imported imported;    /* owned: warm_start's observations, loaded once per run */
   double watch_checked;       /* monotonic: the optimizer's watch last looked at signals */
@@ -86,9 +91,20 @@ typedef struct {
   size_t n_front_ids;
 } sched;
 
+/* views.c */
+/* The last SCHED_LOG_TAIL_BYTES of run_dir/name, starting at a whole UTF-8 character, and
+ * NUL-terminated (*len bytes before it); NULL when it cannot be read. Owned. */
+char *sched_log_tail(const char *run_dir, const char *name, size_t *len);
+
 /* lease.c */
 /* Takes exp's lease into *mine, taking over a dead holder's; refuses with who holds it. */
 int sched_lease_take(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err);
+/* How long a process waits for an ask of the same experiment to finish with the lease. */
+#define SCHED_ASK_WAIT_S 5.0
+/* sched_lease_take, trying again for up to wait_s seconds while another process holds the
+ * lease (an ask holds it for an instant). */
+int sched_lease_take_waiting(storage *st, const experiment_row *exp, sched_lease *mine,
+                             double wait_s, nas_err *err);
 /* Renews the lease when due; an error when another process has taken it over. */
 int sched_lease_keep(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err);
 /* Gives the lease up (when held). */

@@ -27,13 +27,30 @@ static void host_name(char *out, size_t size) {
   out[size - 1] = '\0';
 }
 
+/* Whether pid has ended but is not reaped yet (Z, or X while it goes): a scheduler killed with -9 whose parent does
+ * not wait for it (a container's first process that is no init) stays such a zombie, which
+ * kill(pid, 0) still finds. The state is the field after the command's name in
+ * /proc/PID/stat, a name that may hold ") ", hence the last one. */
+static bool pid_is_zombie(pid_t pid) {
+  char path[64], stat[512];
+  snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t len = fread(stat, 1, sizeof stat - 1, f);
+  fclose(f);
+  stat[len] = '\0';
+  const char *name_end = strrchr(stat, ')');
+  return name_end && name_end[1] == ' ' && (name_end[2] == 'Z' || name_end[2] == 'X');
+}
+
 bool sched_lease_holder_dead(const storage_lease *lease, double now) {
   if (now - lease->heartbeat_at > SCHED_LEASE_TIMEOUT_S) return true;
   char here[256];
   host_name(here, sizeof here);
   if (strcmp(lease->host, here) != 0 || lease->pid <= 0) return false;
   /* A recycled pid keeps a dead holder's lease alive until the timeout: safe, only slow. */
-  return kill((pid_t)lease->pid, 0) != 0 && errno == ESRCH;
+  if (kill((pid_t)lease->pid, 0) != 0) return errno == ESRCH;
+  return pid_is_zombie((pid_t)lease->pid);
 }
 
 char *sched_lease_describe(const storage_lease *lease, double now) {
@@ -50,16 +67,24 @@ static int new_token(char token[SCHED_LEASE_TOKEN_LEN + 1], nas_err *err) {
   return NAS_OK;
 }
 
-/* The refusal when a live scheduler holds the lease. */
+/* The refusal when a live scheduler holds the lease. One that `nas stop` marked stopped is
+ * only waiting for its trials to end (the runner's grace period): stopping it is done. */
 static int refuse(const experiment_row *exp, const storage_lease *held, nas_err *err) {
   char *who = sched_lease_describe(held, nas_now());
-  int rc = nas_errc(err, NAS_EEXIST,
-                    "experiment '%s' is being run by another scheduler (%s); only one may run "
-                    "it at a time. Wait for it to end, or stop it with 'nas stop %s'. A "
-                    "scheduler that died is taken over once its heartbeat is %.0f s old (at "
-                    "once on the host it ran on).",
-                    exp->name, who ? who : "out of memory", exp->name,
-                    SCHED_LEASE_TIMEOUT_S);
+  int rc;
+  if (exp->status && strcmp(exp->status, "stopped") == 0)
+    rc = nas_errc(err, NAS_EEXIST,
+                  "experiment '%s' is ending after 'nas stop': its scheduler (%s) waits for "
+                  "its trials to stop (TERM, then KILL after the runner's grace period). Try "
+                  "again once it has ended.",
+                  exp->name, who ? who : "out of memory");
+  else
+    rc = nas_errc(err, NAS_EEXIST,
+                  "experiment '%s' is being run by another scheduler (%s); only one may run "
+                  "it at a time. Wait for it to end, or stop it with 'nas stop %s'. A "
+                  "scheduler that died is taken over once its heartbeat is %.0f s old (at "
+                  "once on the host it ran on).",
+                  exp->name, who ? who : "out of memory", exp->name, SCHED_LEASE_TIMEOUT_S);
   free(who);
   return rc;
 }
@@ -105,6 +130,15 @@ int sched_lease_take(storage *st, const experiment_row *exp, sched_lease *mine, 
   mine->held = true;
   mine->renewed = nas_monotonic();
   return NAS_OK;
+}
+
+int sched_lease_take_waiting(storage *st, const experiment_row *exp, sched_lease *mine,
+                             double wait_s, nas_err *err) {
+  double until = nas_monotonic() + wait_s;
+  int rc;
+  while ((rc = sched_lease_take(st, exp, mine, err)) == NAS_EEXIST && nas_monotonic() < until)
+    nas_sleep(0.02);
+  return rc;
 }
 
 int sched_lease_keep(storage *st, const experiment_row *exp, sched_lease *mine, nas_err *err) {

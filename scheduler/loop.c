@@ -36,6 +36,14 @@ void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status) 
 
 /* ---- metrics and final states ---------------------------------------------------------- */
 
+static void inflight_clear(inflight *job) {
+  trial_row_clear(&job->row);
+  free(job->run_dir);
+  free(job->stop_why);
+  free(job->log_problem);
+  free(job->first_bad);
+}
+
 /* A log the trial made unreadable (a folder, a FIFO in its place, no permission) is the
  * trial's fault, not the loop's: said once in the progress output, and kept for the
  * trial's error should it end without its objectives. */
@@ -84,6 +92,8 @@ static int ingest_share(sched *sc, inflight *job, const char *log, bool ended, b
   free(job->log_problem);
   job->log_problem = NULL;
   log_notes_show(sc, job, &notes, log);
+  if (notes.bad > 0 && !job->first_bad) job->first_bad = strdup(notes.first_bad.msg);
+  job->bad_lines += notes.bad;
   int rc = NAS_OK;
   if (offset != job->row.log_offset || notes.shrank_from > 0) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
@@ -140,6 +150,62 @@ static int judge_lost(const sched *sc, const inflight *job, const char *cause,
   return NAS_OK;
 }
 
+/* The last line of run_dir/stderr.log, where a failing command says why (a traceback's
+ * last line, "cannot run …"), for the failure's reason: the part after the last newline or
+ * carriage return (a progress bar's latest state), blanks trimmed, control characters as
+ * '?', at most STDERR_QUOTE_BYTES. NULL when the log is empty or unreadable. Owned. */
+#define STDERR_QUOTE_BYTES 200
+static char *stderr_last_line(const char *run_dir) {
+  size_t len;
+  char *tail = sched_log_tail(run_dir, "stderr.log", &len);
+  if (!tail) return NULL;
+  while (len > 0 && strchr(" \t\r\n", tail[len - 1])) len--;
+  size_t start = len;
+  while (start > 0 && tail[start - 1] != '\n' && tail[start - 1] != '\r') start--;
+  while (start < len && (tail[start] == ' ' || tail[start] == '\t')) start++;
+  if (len - start > STDERR_QUOTE_BYTES) {
+    len = start + STDERR_QUOTE_BYTES;
+    while (len > start && ((unsigned char)tail[len] & 0xC0) == 0x80) len--; /* a cut character */
+  }
+  for (size_t i = start; i < len; i++)
+    if ((unsigned char)tail[i] < 0x20 || tail[i] == 0x7f) tail[i] = '?';
+  tail[len] = '\0';
+  char *line = len > start ? nas_utf8_repaired(tail + start) : NULL;
+  free(tail);
+  return line;
+}
+
+/* what (owned, taken) followed by the quoted last line of stderr.log and where the log is:
+ * `exited with status 3: "ValueError: bad shape" (last line of RUN/stderr.log)`. */
+static char *with_stderr_quoted(char *what, const char *run_dir) {
+  char *line = stderr_last_line(run_dir);
+  char *why = line ? nas_asprintf("%s: \"%s\" (last line of %s/stderr.log)", what, line, run_dir)
+                   : nas_asprintf("%s (%s/stderr.log is empty)", what, run_dir);
+  free(line);
+  free(what);
+  return why;
+}
+
+/* Why a trial that exited 0 failed: an objective it never reported, and what may explain
+ * it (a log that could not be read, metric lines that were malformed: a NaN loss). */
+static char *objective_missing_why(const inflight *job, const char *missing) {
+  char *malformed =
+      job->bad_lines == 0 ? strdup("")
+      : job->bad_lines == 1
+          ? nas_asprintf("; 1 malformed metric line was not recorded: %s", job->first_bad)
+          : nas_asprintf("; %zu malformed metric lines were not recorded, the first: %s",
+                         job->bad_lines, job->first_bad);
+  char *why = malformed ? nas_asprintf("exited 0 without reporting objective '%s' (print a line "
+                                       "'nas-metric {\"%s\": VALUE}' or run 'nas report "
+                                       "%s=VALUE')%s%s%s",
+                                       missing, missing, missing, malformed,
+                                       job->log_problem ? "; its log could not be read: " : "",
+                                       job->log_problem ? job->log_problem : "")
+                        : NULL;
+  free(malformed);
+  return why;
+}
+
 /* Decides a finished job's trial status and error text (owned, or NULL). */
 static int judge(sched *sc, const inflight *job, const job_status *js, trial_status *status,
                  char **why, nas_err *err) {
@@ -148,25 +214,21 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
   case JOB_EXITED:
     if (js->exit_code != 0) {
       *status = TRIAL_FAILED;
-      *why = nas_asprintf("exited with status %d (see %s/stderr.log)", js->exit_code,
-                          job->run_dir);
+      char *what = nas_asprintf("exited with status %d", js->exit_code);
+      *why = what ? with_stderr_quoted(what, job->run_dir) : NULL;
       return NAS_OK;
     }
     int rc;
     const char *missing = missing_objective(sc, &job->row, err, &rc);
     if (rc != NAS_OK) return rc;
     *status = missing ? TRIAL_FAILED : TRIAL_COMPLETED;
-    if (missing)
-      *why = nas_asprintf("exited 0 without reporting objective '%s' (print a line "
-                          "'nas-metric {\"%s\": VALUE}' or run 'nas report %s=VALUE')%s%s",
-                          missing, missing, missing,
-                          job->log_problem ? "; its log could not be read: " : "",
-                          job->log_problem ? job->log_problem : "");
+    if (missing) *why = objective_missing_why(job, missing);
     return NAS_OK;
   case JOB_SIGNALED:
     *status = TRIAL_FAILED;
-    *why = nas_asprintf("killed by signal %d (%s)%s%s", js->signal, strsignal(js->signal),
-                        js->detail[0] ? ": " : "", js->detail);
+    char *what = nas_asprintf("killed by signal %d (%s)%s%s", js->signal,
+                              strsignal(js->signal), js->detail[0] ? ": " : "", js->detail);
+    *why = what ? with_stderr_quoted(what, job->run_dir) : NULL;
     return NAS_OK;
   case JOB_TIMEOUT:
     /* The runner's own words when it has them: its limit may not be trial.timeout
@@ -232,6 +294,49 @@ int sched_trial_ended(sched *sc, const char *why, nas_err *err) {
   return check_patience(sc, err);
 }
 
+/* Keeps the number of a trial stopped part way, for cut_short_say (only a hint is lost
+ * when memory runs out). */
+static void note_cut_short(sched *sc, int number) {
+  int *grown = realloc(sc->cut_short, (sc->n_cut_short + 1) * sizeof *grown);
+  if (!grown) return;
+  sc->cut_short = grown;
+  sc->cut_short[sc->n_cut_short++] = number;
+}
+
+static int ascending(const void *a, const void *b) {
+  int x = *(const int *)a, y = *(const int *)b;
+  return (x > y) - (x < y);
+}
+
+/* numbers[0..n-1] as text: "3, 4 and 5" in prose, else "3 4 5" (arguments). Owned, or NULL
+ * when out of memory. */
+static char *numbers_text(const int *numbers, size_t n, bool prose) {
+  char *text = NULL;
+  size_t len;
+  FILE *out = open_memstream(&text, &len);
+  if (!out) return NULL;
+  for (size_t i = 0; i < n; i++)
+    fprintf(out, "%s%d", i == 0 ? "" : !prose ? " " : i + 1 == n ? " and " : ", ", numbers[i]);
+  return nas_memstream_close(out, &text, NULL) == NAS_OK ? text : NULL;
+}
+
+/* Trials stopped part way count in budget.trials and nothing runs them again unless asked:
+ * names them ("trials 3, 4 and 5 were …") and the `nas retry` that queues them. */
+static void cut_short_say(sched *sc) {
+  size_t n = sc->n_cut_short;
+  if (n == 0) return;
+  qsort(sc->cut_short, n, sizeof *sc->cut_short, ascending);
+  char *listed = numbers_text(sc->cut_short, n, true);
+  char *args = numbers_text(sc->cut_short, n, false);
+  if (listed && args)
+    nas_log("%s: trial%s %s %s stopped part way and count in budget.trials; 'nas retry %s %s%s' "
+            "queues %s to run again first", sc->exp->name, n == 1 ? "" : "s", listed,
+            n == 1 ? "was" : "were", sc->exp->name, args,
+            sc->opt->storage_hint ? sc->opt->storage_hint : "", n == 1 ? "it" : "them");
+  free(listed);
+  free(args);
+}
+
 static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   inflight *job = &sc->jobs[i];
   trial_status status;
@@ -245,15 +350,13 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
     return nas_err_prefix(err, "trial %d", job->row.number);
   }
   sched_count(sc, job->row.status, status);
+  if (status == TRIAL_STOPPED && job->stop == STOP_REQUESTED) note_cut_short(sc, job->row.number);
   job->row.status = status;
   sched_results_set_status(sc, job->row.id, status);
   sched_progress_event(sc, &job->row, why);
   sched_events_trial_end(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
-  trial_row_clear(&job->row);
-  free(job->run_dir);
-  free(job->stop_why);
-  free(job->log_problem);
+  inflight_clear(job);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
   if (rc == NAS_OK && trial_status_final(status)) rc = sched_trial_ended(sc, why, err);
   free(why);
@@ -503,6 +606,14 @@ static int launch_new(sched *sc, nas_err *err) {
 
 /* ---- start-up: rebuild from storage ----------------------------------------------------- */
 
+/* Whether the budget is spent with no trial running or queued: a resume has nothing to do.
+ * (With multi_fidelity, promotions of its trials to their next rungs may still be due.) */
+static bool nothing_left(const sched *sc) {
+  return sc->s->multi_fidelity.kind == MULTI_FIDELITY_NONE &&
+         sc->counts.total >= sc->s->budget.max_trials && sc->n_queued == 0 &&
+         sc->counts.by_status[TRIAL_RUNNING] == 0 && sc->counts.by_status[TRIAL_QUEUED] == 0;
+}
+
 /* Counts every stored trial, re-attaches to the running ones and keeps the queued ones
  * (created before a crash, or retried, never launched) to be launched first as room
  * allows. A trial handed out by `nas ask` counts as running (it takes its share of the
@@ -510,7 +621,8 @@ static int launch_new(sched *sc, nas_err *err) {
  * spec's early stopping can never fire. */
 static int rebuild(sched *sc, nas_err *err) {
   char why[256];
-  if (sched_early_stop_futile(sc->s, why, sizeof why)) early_futile_say(sc, why);
+  if (!sc->opt->stop_only && sched_early_stop_futile(sc->s, why, sizeof why))
+    early_futile_say(sc, why);
   trial_row *rows;
   size_t n;
   if (storage_trial_list(sc->st, sc->exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
@@ -529,6 +641,10 @@ static int rebuild(sched *sc, nas_err *err) {
     }
   }
   trial_rows_free(rows, n);
+  if (rc == NAS_OK && !sc->opt->stop_only && nothing_left(sc))
+    nas_log("%s: its budget of %d trials (budget.trials) is spent; nothing to run (to run more, "
+            "give 'nas run' its spec with a larger budget.trials)",
+            sc->exp->name, sc->s->budget.max_trials);
   return rc;
 }
 
@@ -638,12 +754,7 @@ static int loop(sched *sc, bool *interrupted, nas_err *err) {
 
 static void sched_free(sched *sc) {
   sched_events_stop(sc);
-  for (size_t i = 0; i < sc->n_jobs; i++) {
-    trial_row_clear(&sc->jobs[i].row);
-    free(sc->jobs[i].run_dir);
-    free(sc->jobs[i].stop_why);
-    free(sc->jobs[i].log_problem);
-  }
+  for (size_t i = 0; i < sc->n_jobs; i++) inflight_clear(&sc->jobs[i]);
   free(sc->jobs);
   sched_results_free(&sc->results);
   sched_imported_free(&sc->imported);
@@ -652,6 +763,7 @@ static void sched_free(sched *sc) {
   runner_free(sc->own_rn);
   free(sc->storage_url);
   free(sc->best_text);
+  free(sc->cut_short);
   /* A signal still pending meets signal_forward on this thread, which drops it: the run
    * has ended and says how. */
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
@@ -693,14 +805,20 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
     return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
   optimizer_set_watch(sc->opt_model, (optimizer_watch){.cancelled = suggestion_cancelled, .ctx = sc});
-  return load_imported(sc, err);
+  return sc->opt->stop_only ? NAS_OK : load_imported(sc, err);
 }
 
 /* The run itself, once this process holds the experiment's lease. */
 static int run_held(sched *sc, nas_err *err) {
   bool interrupted = false;
-  int rc = storage_experiment_set_status(sc->st, sc->exp->id, "running", NULL, err);
+  int rc = sc->opt->stop_only
+               ? NAS_OK /* it stays stopped */
+               : storage_experiment_set_status(sc->st, sc->exp->id, "running", NULL, err);
   if (rc == NAS_OK) rc = rebuild(sc, err);
+  if (rc == NAS_OK && sc->opt->stop_only) {
+    interrupted = sc->draining = true;
+    stop_all(sc, "stopped by 'nas stop'");
+  }
   if (rc == NAS_OK) sched_events_start(sc);
   if (rc == NAS_OK) rc = loop(sc, &interrupted, err);
   if (interrupted) sc->outcome = SCHED_INTERRUPTED;
@@ -709,7 +827,8 @@ static int run_held(sched *sc, nas_err *err) {
                                        sc->outcome == SCHED_FINISHED ? "finished" : "stopped", NULL,
                                        err);
   if (rc == NAS_OK && sc->outcome == SCHED_FINISHED) sched_events_finished(sc);
-  sched_progress_done(sc);
+  sched_progress_done(sc); /* clears a terminal's status line first */
+  cut_short_say(sc);
   return rc;
 }
 

@@ -36,6 +36,9 @@ typedef struct {
   runner *runner;        /* borrowed: where trials run; NULL (what `nas run` passes) for the
                             runner the spec names, created and freed by sched_run. The
                             scheduler's unit tests pass a scripted fake here. */
+  bool stop_only;        /* `nas stop` with no scheduler alive: re-attach to the running
+                            trials, stop them, record how they ended, launch nothing */
+  const char *storage_hint; /* " --storage URL" for the commands hints name, or NULL */
 } sched_options;
 
 /* Runs (or continues) the experiment exp, whose spec is s, until its budget is spent or

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "scheduler/scheduler.h"
+#include "scheduler/internal.h"
 
 json_t *sched_json_number(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
@@ -278,25 +278,39 @@ static json_t *intermediate_json(const metric_row *rows, size_t n, int64_t trial
   return curves;
 }
 
-/* The last SCHED_LOG_TAIL_BYTES of run_dir/name (starting at a whole UTF-8 character), or
- * null when it cannot be read or is not text. Only the tail is read: a training log may
- * hold gigabytes, and the server answers this for any reader. */
-static json_t *log_tail(const char *run_dir, const char *name) {
-  char *path = nas_asprintf("%s/%s", run_dir, name), text[SCHED_LOG_TAIL_BYTES];
+/* Only the tail is read: a training log may hold gigabytes, and the server answers this
+ * for any reader. */
+char *sched_log_tail(const char *run_dir, const char *name, size_t *len) {
+  char *path = nas_asprintf("%s/%s", run_dir, name), *text = malloc(SCHED_LOG_TAIL_BYTES + 1);
   int fd = -1;
   int64_t size = 0;
   nas_err ignored;
-  json_t *tail = NULL;
-  if (path && nas_open_regular(path, &fd, &size, &ignored) == NAS_OK) {
+  ssize_t got = -1;
+  if (path && text && nas_open_regular(path, &fd, &size, &ignored) == NAS_OK) {
     int64_t from = size > SCHED_LOG_TAIL_BYTES ? size - SCHED_LOG_TAIL_BYTES : 0;
-    ssize_t len = pread(fd, text, sizeof text, (off_t)from);
-    size_t start = 0;
-    while (len > 0 && start < (size_t)len && ((unsigned char)text[start] & 0xC0) == 0x80)
-      start++; /* a cut character */
-    if (len >= 0) tail = json_stringn(text + start, (size_t)len - start); /* NULL when not UTF-8 */
+    got = pread(fd, text, SCHED_LOG_TAIL_BYTES, (off_t)from);
     close(fd);
   }
   free(path);
+  if (got < 0) {
+    free(text);
+    return NULL;
+  }
+  size_t start = 0;
+  while (start < (size_t)got && ((unsigned char)text[start] & 0xC0) == 0x80)
+    start++; /* a cut character */
+  *len = (size_t)got - start;
+  memmove(text, text + start, *len);
+  text[*len] = '\0';
+  return text;
+}
+
+/* The tail of run_dir/name as a JSON string, or null when it cannot be read or is not text. */
+static json_t *log_tail(const char *run_dir, const char *name) {
+  size_t len;
+  char *text = sched_log_tail(run_dir, name, &len);
+  json_t *tail = text ? json_stringn(text, len) : NULL; /* NULL when not UTF-8 */
+  free(text);
   return tail ? tail : json_null();
 }
 

@@ -150,7 +150,7 @@ static void every_way_a_trial_ends_is_recorded(void **state) {
       "    silent) ;;\n"
       "    garbage) head -c 3000 /dev/urandom; echo; echo \"nas-metric {{oops\"; echo \"nas-metric {{\\\"y\\\": 2}}\";;\n"
       "    slow) sleep 30;;\n"
-      "    crash) kill -SEGV $$;;\n"
+      "    crash) echo dying >&2; kill -SEGV $$;;\n"
       "  esac']\n"
       "  timeout: 1s\n"
       "budget: {trials: 30, parallel: 6, max_failure_rate: 1}\n"
@@ -175,9 +175,12 @@ static void every_way_a_trial_ends_is_recorded(void **state) {
     } else {
       assert_string_equal(status, "failed");
       assert_non_null(error);
-      if (strcmp(mode, "fail") == 0) assert_non_null(strstr(error, "status 3"));
+      /* A failure quotes the last line of stderr.log, where the trial said why. */
+      if (strcmp(mode, "fail") == 0 && !strstr(error, "status 3: \"broken\" (last line of "))
+        fail_msg("fail's error: %s", error);
       if (strcmp(mode, "silent") == 0) assert_non_null(strstr(error, "without reporting"));
-      if (strcmp(mode, "crash") == 0) assert_non_null(strstr(error, "signal 11"));
+      if (strcmp(mode, "crash") == 0 && !strstr(error, "signal 11 (Segmentation fault): \"dying\""))
+        fail_msg("crash's error: %s", error);
     }
   }
   json_decref(rows);
@@ -294,6 +297,11 @@ static void interrupt_lets_running_trials_finish_and_resume_completes(void **sta
   assert_int_equal(json_array_size(rows), 6);
   assert_int_equal(count_status(rows, "completed"), 6);
   json_decref(rows);
+  /* Once more: nothing is left to run, and resume says so and how to run more. */
+  assert_int_equal(nas(f, &out, "resume", "timing", "--no-progress"), 0);
+  if (!strstr(out, "timing: its budget of 6 trials (budget.trials) is spent; nothing to run"))
+    fail_msg("a resume with no budget left said: %s", out);
+  free(out);
   free(spec);
 }
 
@@ -326,6 +334,25 @@ static void trials_a_second_interrupt_stopped_are_retried_by_number(void **state
   assert_int_equal(count_status(rows, "queued"), 2);
   json_decref(rows);
   free(spec);
+}
+
+/* Trials the wall time (or a second Ctrl-C) cut short count in the budget: the run names
+ * them and the `nas retry` that runs them again. */
+static void trials_cut_short_are_named_with_their_retry(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "cut.yaml",
+                          "name: cut\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sleep, '30']}\n"
+                          "budget: {trials: 3, parallel: 2, wall_time: 1s}\n"
+                          "runner: {type: local, kill_grace: 1}\n");
+  char *out, *retry = nas_asprintf("'nas retry cut 0 1 --storage sqlite:%s/nas.db'", f->dir);
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 0);
+  if (!strstr(out, "cut: trials 0 and 1 were stopped part way and count in budget.trials") ||
+      !strstr(out, retry))
+    fail_msg("the run said: %s", out);
+  free(out), free(retry), free(spec);
 }
 
 /* Every one of the n trials of experiment name completed with y = z = its parameter x. */
@@ -692,6 +719,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(bad_plugin_options_are_refused_at_their_place_and_write_nothing,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(interrupt_lets_running_trials_finish_and_resume_completes, setup, teardown),
+      cmocka_unit_test_setup_teardown(trials_cut_short_are_named_with_their_retry, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(trials_a_second_interrupt_stopped_are_retried_by_number, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(report_command_stores_metrics_for_the_trial, setup, teardown),

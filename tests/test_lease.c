@@ -14,13 +14,15 @@
 #include "tests/pgserver.h"
 
 /* Four trials of a second each, two at a time: long enough to start a rival meanwhile. */
-static const char slow_spec[] =
-    "name: slow\n"
-    "parameters: {x: {type: float, low: 0, high: 1}}\n"
-    "objectives: [{name: y, goal: minimize}]\n"
-    "trial: {command: [sh, -c, 'sleep 1; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
-    "optimizer: {type: random}\n"
-    "budget: {trials: 4, parallel: 2}\n";
+#define SLOW_SPEC_HEAD                                                                          \
+  "name: slow\n"                                                                                \
+  "parameters: {x: {type: float, low: 0, high: 1}}\n"                                           \
+  "objectives: [{name: y, goal: minimize}]\n"                                                   \
+  "trial: {command: [sh, -c, 'sleep 1; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"              \
+  "optimizer: {type: random}\n"
+static const char slow_spec[] = SLOW_SPEC_HEAD "budget: {trials: 4, parallel: 2}\n";
+/* The same with a larger budget: a change `nas run` stores when it runs the experiment. */
+static const char larger_slow_spec[] = SLOW_SPEC_HEAD "budget: {trials: 6, parallel: 2}\n";
 
 /* Starts `nas run SPEC` in the background with its stderr into dir/name; returns its pid. */
 static pid_t start_logged(fixture *f, const char *spec, const char *name) {
@@ -74,11 +76,20 @@ static void rival_schedulers_never_double_the_budget(fixture *f) {
   assert_int_equal(nas(f, &out, "resume", "slow", "--no-progress"), 1);
   assert_non_null(strstr(out, "is being run by another scheduler"));
   free(out);
+  /* A refused run with a larger budget stores nothing either: the next resume would
+   * otherwise spend the budget of a command that never ran. */
+  char *larger = test_write(f->dir, "slow6.yaml", larger_slow_spec);
+  assert_int_equal(nas(f, &out, "run", larger, "--no-progress"), 1);
+  if (!strstr(out, "is being run by another scheduler")) fail_msg("larger 'nas run' said: %s", out);
+  free(out);
   assert_int_equal(exit_status(first), 0);
+  assert_int_equal(nas(f, &out, "resume", "slow", "--no-progress"), 0);
+  free(out);
   json_t *rows = trials_json(f, "slow");
   assert_int_equal(json_array_size(rows), 4);
   assert_int_equal(count_status(rows, "completed"), 4);
   json_decref(rows);
+  free(larger);
   state = scheduler_state_of(f, "slow");
   assert_string_equal(state, "none");
   free(state);
@@ -143,10 +154,15 @@ static void lease_is_judged_by_its_heartbeat_and_its_pid(void **state) {
   storage_lease here = {.token = "t", .host = host, .pid = getpid(), .started_at = now,
                         .heartbeat_at = now};
   assert_false(sched_lease_holder_dead(&here, now));
-  pid_t gone = fork();
-  if (gone == 0) _exit(0);
-  waitpid(gone, NULL, 0);
-  here.pid = gone;
+  /* A scheduler killed with -9 whose parent does not reap it (a container's first process
+   * that is no init, a parent busy elsewhere) stays a zombie: dead all the same. */
+  pid_t zombie = fork();
+  if (zombie == 0) _exit(0);
+  siginfo_t info;
+  assert_int_equal(waitid(P_PID, (id_t)zombie, &info, WEXITED | WNOWAIT), 0); /* not reaped */
+  here.pid = zombie;
+  assert_true(sched_lease_holder_dead(&here, now));
+  waitpid(zombie, NULL, 0);
   assert_true(sched_lease_holder_dead(&here, now));
 }
 
@@ -178,6 +194,43 @@ static void lease_changes_hands_only_by_compare_and_swap(void **state) {
   storage_close(st);
 }
 
+/* A changed spec is stored under the lease; an ask holds that lease for an instant, so
+ * `nas create` of an ask-and-tell spec waits for it instead of failing. */
+static void create_of_a_changed_spec_waits_for_an_ask_holding_the_lease(void **state) {
+  fixture *f = *state;
+  static const char head[] = "name: asked\n"
+                             "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "objectives: [{name: y, goal: minimize}]\n";
+  char *two = nas_asprintf("%sbudget: {trials: 2}\n", head);
+  char *five = nas_asprintf("%sbudget: {trials: 5}\n", head);
+  char *spec = test_write(f->dir, "asked.yaml", two);
+  char *larger = test_write(f->dir, "asked5.yaml", five);
+  nas_ok(f, "create", spec, NULL);
+  storage *st;
+  nas_err err;
+  experiment_row exp;
+  assert_int_equal(storage_open(f->db, &st, &err), NAS_OK);
+  assert_int_equal(storage_experiment_get(st, "asked", &exp, &err), NAS_OK);
+  char host[256];
+  assert_int_equal(gethostname(host, sizeof host), 0);
+  assert_int_equal(storage_lease_take(st, exp.id, "asker", host, getpid(), NULL, &err), NAS_OK);
+  pid_t create = fork();
+  assert_true(create >= 0);
+  if (create == 0) {
+    execl(test_nas_bin(), test_nas_bin(), "create", larger, "--storage", f->db, (char *)NULL);
+    _exit(127);
+  }
+  nas_sleep(0.5);
+  assert_int_equal(storage_lease_release(st, exp.id, "asker", &err), NAS_OK);
+  assert_int_equal(exit_status(create), 0);
+  experiment_row_clear(&exp);
+  assert_int_equal(storage_experiment_get(st, "asked", &exp, &err), NAS_OK);
+  assert_non_null(strstr(exp.spec_text, "trials: 5"));
+  experiment_row_clear(&exp);
+  storage_close(st);
+  free(two), free(five), free(spec), free(larger);
+}
+
 static void deleting_the_database_mid_run_stops_with_an_error(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "slow.yaml", slow_spec);
@@ -204,6 +257,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(scheduler_killed_with_9_is_taken_over_at_once, setup, teardown),
       cmocka_unit_test(lease_is_judged_by_its_heartbeat_and_its_pid),
       cmocka_unit_test_setup_teardown(lease_changes_hands_only_by_compare_and_swap, setup, teardown),
+      cmocka_unit_test_setup_teardown(create_of_a_changed_spec_waits_for_an_ask_holding_the_lease,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(deleting_the_database_mid_run_stops_with_an_error, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

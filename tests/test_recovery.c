@@ -256,6 +256,77 @@ static void nas_stop_from_another_process_stops_the_run(void **state) {
   free(spec);
 }
 
+/* Starts `nas run` of experiment name, four trials of command two at a time (3 s of grace
+ * after TERM), once two run; *spec gets the spec's path (owned). Returns the run's pid. */
+static pid_t start_two_running(fixture *f, const char *name, const char *command, char **spec) {
+  char *file = nas_asprintf("%s.yaml", name);
+  char *text = nas_asprintf("name: %s\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {command: %s}\n"
+                            "budget: {trials: 4, parallel: 2}\n"
+                            "runner: {type: local, kill_grace: 3}\n",
+                            name, command);
+  *spec = test_write(f->dir, file, text);
+  free(file), free(text);
+  pid_t pid = start_nas_run(f, *spec);
+  wait_until_n_running(f, name, 2);
+  return pid;
+}
+
+/* `nas stop` of an experiment whose scheduler was killed stops its trials and records them
+ * stopped itself: no scheduler is left to, and `nas resume` would launch more. */
+static void stop_after_the_scheduler_died_records_its_trials_stopped(void **state) {
+  fixture *f = *state;
+  char *spec;
+  pid_t pid = start_two_running(
+      f, "orphans", "[sh, -c, 'echo \"nas-metric {{\\\"y\\\": 1, \\\"step\\\": 1}}\"; sleep 30']",
+      &spec);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  char *out;
+  assert_int_equal(nas(f, &out, "stop", "orphans", NULL), 0);
+  if (!strstr(out, "recorded how they ended")) fail_msg("nas stop said: %s", out);
+  free(out);
+  json_t *rows = trials_json(f, "orphans");
+  assert_int_equal(json_array_size(rows), 2);
+  assert_int_equal(count_status(rows, "stopped"), 2);
+  assert_true(num(row_of(rows, 0), "y") == 1); /* what it reported before is kept */
+  json_decref(rows);
+  assert_int_equal(nas(f, &out, "status", "orphans", "--format=json"), 0);
+  json_t *summary = json_loads(out, 0, NULL);
+  assert_non_null(summary);
+  const char *status = json_string_value(json_object_get(summary, "status"));
+  const char *scheduler =
+      json_string_value(json_object_get(json_object_get(summary, "scheduler"), "state"));
+  if (!status || strcmp(status, "stopped") != 0 || !scheduler || strcmp(scheduler, "none") != 0)
+    fail_msg("status after the stop: %s", out);
+  json_decref(summary);
+  free(out);
+  free(spec);
+}
+
+/* The trials of a stopped run take their grace period to end, and the run ends after
+ * them: `nas stop` says so, and a resume meanwhile is told to wait, not to `nas stop`. */
+static void resume_while_a_stopped_run_ends_is_told_to_wait(void **state) {
+  fixture *f = *state;
+  char *spec;
+  pid_t pid = start_two_running(
+      f, "slowstop", "[sh, -c, 'trap \"sleep 2; exit 1\" TERM; sleep 30 & wait']", &spec);
+  char *out;
+  assert_int_equal(nas(f, &out, "stop", "slowstop", NULL), 0);
+  if (!strstr(out, "ends once its trials have stopped")) fail_msg("nas stop said: %s", out);
+  free(out);
+  assert_int_equal(nas(f, &out, "resume", "slowstop", "--no-progress"), 1);
+  if (!strstr(out, "is ending after 'nas stop'") || strstr(out, "stop it with"))
+    fail_msg("resume beside the stopping run said: %s", out);
+  free(out);
+  int status;
+  waitpid(pid, &status, 0);
+  assert_int_equal(WEXITSTATUS(status), 3);
+  free(spec);
+}
+
 static void early_stopping_ends_bad_trials_and_keeps_good_ones(void **state) {
   fixture *f = *state;
   char *spec = test_write(
@@ -537,6 +608,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nas_stop_leaves_a_trial_handed_out_by_ask_to_its_asker, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_tell_refuses_a_trial_that_nas_run_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(nas_stop_from_another_process_stops_the_run, setup, teardown),
+      cmocka_unit_test_setup_teardown(resume_while_a_stopped_run_ends_is_told_to_wait, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(stop_after_the_scheduler_died_records_its_trials_stopped,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(early_stopping_ends_bad_trials_and_keeps_good_ones, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_at_random_moments_then_resume_keeps_the_budget_exactly, setup, teardown),
       cmocka_unit_test_setup_teardown(kill_9_between_rungs_then_resume_runs_each_rung_once, setup, teardown),

@@ -107,6 +107,28 @@ static void malformed_metric_lines_are_warned_with_their_count(void **state) {
   free(spec);
 }
 
+/* A trial that reported its objective only as NaN (a diverged run) fails for the malformed
+ * line, not with a hint to print the line it printed. */
+static void objective_reported_only_malformed_fails_naming_the_line(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "nan.yaml",
+                          "name: nan\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial:\n"
+                          "  command: [printf, 'nas-metric {{\"y\": NaN}}\\nnas-metric [1]\\n']\n"
+                          "budget: {trials: 1}\n");
+  nas_ok(f, "run", spec, "--no-progress");
+  json_t *rows = trials_json(f, "nan");
+  const char *error = text_of(row_of(rows, 0), "error");
+  if (!strstr(error, "exited 0 without reporting objective 'y'") ||
+      !strstr(error, "2 malformed metric lines were not recorded, the first: ") ||
+      !strstr(error, "stdout.log, byte 0: metric \"y\" is NaN, not a finite number"))
+    fail_msg("error: %s", error);
+  json_decref(rows);
+  free(spec);
+}
+
 /* Runs `nas ARGS` (no --storage added) in the fixture folder; returns the exit status. */
 static int nas_argv(fixture *f, char **out, char *const *args) {
   char *argv[16] = {(char *)test_nas_bin()};
@@ -206,6 +228,7 @@ int main(void) {
       T(malformed_run_folder_files_fail_only_their_trial),
       T(truncated_log_loses_no_metric_and_is_warned),
       T(malformed_metric_lines_are_warned_with_their_count),
+      T(objective_reported_only_malformed_fails_naming_the_line),
       T(fixed_trial_resumes_past_old_failures_and_retry_reruns_them),
       T(early_stopping_with_nothing_to_judge_is_warned),
   };
