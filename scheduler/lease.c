@@ -27,10 +27,10 @@ static void host_name(char *out, size_t size) {
   out[size - 1] = '\0';
 }
 
-/* Whether pid has ended but is not reaped yet (Z, or X while it goes): a scheduler killed with -9 whose parent does
- * not wait for it (a container's first process that is no init) stays such a zombie, which
- * kill(pid, 0) still finds. The state is the field after the command's name in
- * /proc/PID/stat, a name that may hold ") ", hence the last one. */
+/* Whether pid has ended but is not reaped yet (Z, or X while it goes): a scheduler killed
+ * with -9 whose parent does not wait for it (a container's first process that is no init)
+ * stays such a zombie, which kill(pid, 0) still finds. The state is the field after the
+ * command's name in /proc/PID/stat, a name that may hold ") ", hence the last one. */
 static bool pid_is_zombie(pid_t pid) {
   char path[64], stat[512];
   snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
