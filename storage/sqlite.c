@@ -1027,6 +1027,32 @@ static int sqlite_trial_finish(void *conn, int64_t trial_id, trial_status status
   return tx_end_receipt(c, rc, trial_id, err);
 }
 
+/* The write lock taken by BEGIN IMMEDIATE makes check-then-write atomic: of two
+ * completions of one attempt exactly one finds it running and stores its values. */
+static int trial_complete_in_tx(const sqlite_conn *c, int64_t trial_id, int attempt,
+                                const metric_obs *obs, size_t n, double now, nas_err *err) {
+  trial_row row;
+  int rc = trial_get(c, trial_id, &row, err);
+  if (rc != NAS_OK) return rc;
+  rc = storage_check_complete(row.status, row.attempts, attempt, err);
+  trial_row_clear(&row);
+  if (rc == NAS_OK) rc = metrics_insert(c, trial_id, obs, n, err);
+  if (rc != NAS_OK) return rc;
+  return run(c, err,
+             "UPDATE trials SET status = 'completed', finished_at = ?, exit_code = NULL,"
+             " error = NULL WHERE id = ?",
+             "di", now, trial_id);
+}
+
+static int sqlite_trial_complete(void *conn, int64_t trial_id, int attempt,
+                                 const metric_obs *obs, size_t n, double now, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = trial_complete_in_tx(c, trial_id, attempt, obs, n, now, err);
+  return tx_end_receipt(c, rc, trial_id, err);
+}
+
 static int trial_requeue_in_tx(const sqlite_conn *c, int64_t trial_id, nas_err *err) {
   trial_status current;
   int rc = trial_status_read(c, trial_id, &current, err);
@@ -1291,6 +1317,7 @@ const storage_backend storage_sqlite_backend = {
     .trial_claim = sqlite_trial_claim,
     .trial_heartbeat = sqlite_trial_heartbeat,
     .trial_finish = sqlite_trial_finish,
+    .trial_complete = sqlite_trial_complete,
     .trial_requeue = sqlite_trial_requeue,
     .trial_promote = sqlite_trial_promote,
     .trial_get = sqlite_trial_get,
