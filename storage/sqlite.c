@@ -17,6 +17,7 @@
  * - Times are REAL Unix seconds; NULL stands for "not yet" (read back as 0), for a final
  *   metric's step (METRIC_FINAL) and for a NaN metric value (SQLite stores NaN as NULL). */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <sqlite3.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "storage/backend.h"
 
@@ -604,11 +606,25 @@ static int check_path(const char *path, bool must_exist, nas_err *err) {
   return rc;
 }
 
+/* A new file is made here, not by SQLite (0644 less the umask: readable by everyone under
+ * the usual 022), because the spec texts it holds may carry secrets (a Slack webhook URL
+ * is one). Others get no access; the group gets what the umask gives it (0640 under 022,
+ * 0660 under 002), since a team shares one file through its group and SQLite needs every
+ * user of it to write it. SQLite gives the -wal, -shm and journal files it makes later the
+ * database file's mode. An existing file is left as it is. */
+static int create_file(const char *path, nas_err *err) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+  if (fd < 0 && errno != EEXIST) return nas_errf(err, "cannot create %s: %s", path, strerror(errno));
+  if (fd >= 0) close(fd);
+  return NAS_OK;
+}
+
 /* Connection settings, none of which writes to the file:
  * - foreign keys are off by default in SQLite and must be asked for per connection;
  * - the busy timeout makes a connection wait for the write lock instead of failing. */
 static int connect(sqlite_conn *c, bool create, nas_err *err) {
   int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
+  if (create && create_file(c->path, err) != NAS_OK) return NAS_ERR;
   if (sqlite3_open_v2(c->path, &c->db, flags, NULL) != SQLITE_OK) {
     return c->db ? db_fail(c, err) : out_of_memory(err);
   }

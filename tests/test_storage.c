@@ -2257,6 +2257,43 @@ static void sqlite_file_is_in_wal_mode(void **state) {
   free(path);
 }
 
+/* The permission bits of path plus suffix, or -1 when it does not exist. */
+static int mode_of(const char *path, const char *suffix) {
+  char *name = nas_asprintf("%s%s", path, suffix);
+  struct stat st;
+  int mode = name && stat(name, &st) == 0 ? (int)(st.st_mode & 07777) : -1;
+  free(name);
+  return mode;
+}
+
+/* A new SQLite file holds spec texts, which may carry secrets (webhook URLs): it and its
+ * -wal and -shm give others no access whatever the umask, the group what the umask gives
+ * it; an existing file keeps its mode. */
+static void sqlite_new_file_and_its_wal_give_others_no_access(void **state) {
+  fixture *f = *state;
+  static const struct { mode_t umask; int mode; } cases[] = {{022, 0640}, {002, 0660}, {077, 0600}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *path = nas_asprintf("%s/new-%zu.db", f->dir, i), *url = nas_asprintf("sqlite:%s", path);
+    mode_t before = umask(cases[i].umask);
+    storage *st = open_or_fail(url);
+    umask(before);
+    int64_t id;
+    CHECK(storage_experiment_create(st, "e", "notify: [{url: https://hooks.slack.com/x}]\n",
+                                    "/specs/e.yaml", "/runs", &id, err));
+    assert_int_equal(mode_of(path, ""), cases[i].mode);
+    assert_int_equal(mode_of(path, "-wal"), cases[i].mode);
+    assert_int_equal(mode_of(path, "-shm"), cases[i].mode);
+    storage_close(st);
+    free(path), free(url);
+  }
+  char *path = db_path(f);
+  storage_close(f->st);
+  assert_int_equal(chmod(path, 0644), 0);
+  f->st = open_or_fail(f->url);
+  assert_int_equal(mode_of(path, ""), 0644);
+  free(path);
+}
+
 /* The WAL frames (pages) that one report of one observation commits, under key (NULL:
  * none), counted from an emptied WAL. */
 static int wal_frames_of_one_report(fixture *f, int64_t trial_id, const char *key) {
@@ -3358,6 +3395,7 @@ static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
+      FIXTURE_TEST(sqlite_new_file_and_its_wal_give_others_no_access),
       FIXTURE_TEST(keyed_report_commits_two_pages_more_than_an_unkeyed_one),
       FIXTURE_TEST(receipts_are_kept_a_day_and_then_let_go),
       FIXTURE_TEST(sqlite_receipts_survive_the_upgrade_to_their_own_btree),
