@@ -909,14 +909,6 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
   free(spec);
 }
 
-static int file_mode(const fixture *f, const char *name) {
-  char *path = nas_asprintf("%s/%s", f->dir, name);
-  struct stat st;
-  int mode = path && stat(path, &st) == 0 ? (int)(st.st_mode & 07777) : -1;
-  free(path);
-  return mode;
-}
-
 /* A new SQLite file holds the spec, whose webhook URLs may be secrets: others get no access
  * to it (the group what the umask gives, for a team sharing it). A plot file holds no
  * secret and gets 0644 less the umask as any output does (it was 0644 whatever the umask). */
@@ -934,9 +926,9 @@ static void a_new_storage_file_keeps_others_out_and_a_plot_file_takes_the_umask(
   umask(027);
   expect_refusal(f, (char *[]){"plot", "private", "--out", "closed.html", "--storage", db, NULL}, 0, "");
   umask(before);
-  assert_int_equal(file_mode(f, "private.db"), 0660);
-  assert_int_equal(file_mode(f, "private.html"), 0644);
-  assert_int_equal(file_mode(f, "closed.html"), 0640);
+  assert_int_equal(test_mode_of(f->dir, "private.db"), 0660);
+  assert_int_equal(test_mode_of(f->dir, "private.html"), 0644);
+  assert_int_equal(test_mode_of(f->dir, "closed.html"), 0640);
   free(spec), free(db);
 }
 

@@ -1644,6 +1644,39 @@ static void sixteen_processes_claiming_and_reporting_at_once_lose_nothing(void *
   trial_rows_free(queued, CLAIMED_TRIALS);
 }
 
+/* Starts n children running work on (url, experiment_id), lets them go at once (a byte,
+ * go_byte, each on its stop_fd once they have had time to connect), waits for them, and
+ * counts their reports, lines "worker said": *heard of them, *yes of them saying 1, *last
+ * the last worker that said 1. */
+static void race_children(int n, child_work work, const char *url, int64_t experiment_id,
+                          unsigned char go_byte, int *heard, int *yes, int *last) {
+  int report[2], go[2];
+  assert_int_equal(pipe2(report, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+  child_args args = {url, experiment_id, report[1], go[0]};
+  pid_t pids[MAX_CHILDREN];
+  assert_true(n <= MAX_CHILDREN);
+  start_children(n, work, &args, pids);
+  close(report[1]);
+  close(go[0]);
+  nas_sleep(0.2); /* every child connected and waiting */
+  unsigned char gos[MAX_CHILDREN];
+  memset(gos, go_byte, sizeof gos);
+  assert_int_equal(write(go[1], gos, (size_t)n), (ssize_t)n);
+  close(go[1]);
+  FILE *in = fdopen(report[0], "r");
+  assert_non_null(in);
+  int worker, said;
+  *heard = *yes = 0;
+  *last = -1;
+  while (fscanf(in, "%d %d", &worker, &said) == 2) {
+    ++*heard;
+    if (said) ++*yes, *last = worker;
+  }
+  fclose(in);
+  wait_children(n, pids);
+}
+
 enum { STATUS_SETTERS = 8, STATUS_ROUNDS = 5 };
 
 /* Waits for the parent's go (a byte on the pipe), sets the experiment finished and reports
@@ -1672,24 +1705,8 @@ static void of_processes_setting_a_status_at_once_one_changes_it(void **state) {
   storage_close(f->st);
   f->st = NULL;
   for (int round = 0; round < STATUS_ROUNDS; round++) {
-    int report[2], go[2];
-    assert_int_equal(pipe2(report, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(go, O_CLOEXEC), 0);
-    child_args args = {f->url, exp, report[1], go[0]};
-    pid_t pids[STATUS_SETTERS];
-    start_children(STATUS_SETTERS, finish_worker, &args, pids);
-    close(report[1]);
-    close(go[0]);
-    nas_sleep(0.2); /* every child connected and waiting */
-    char gos[STATUS_SETTERS] = {0};
-    assert_int_equal(write(go[1], gos, sizeof gos), (ssize_t)sizeof gos);
-    close(go[1]);
-    FILE *in = fdopen(report[0], "r");
-    assert_non_null(in);
-    int worker, said, changers = 0, heard = 0;
-    while (fscanf(in, "%d %d", &worker, &said) == 2) changers += said, heard++;
-    fclose(in);
-    wait_children(STATUS_SETTERS, pids);
+    int heard, changers, last;
+    race_children(STATUS_SETTERS, finish_worker, f->url, exp, 0, &heard, &changers, &last);
     assert_int_equal(heard, STATUS_SETTERS);
     if (changers != 1) fail_msg("round %d: %d processes changed the status", round, changers);
     storage *st = open_or_fail(f->url);
@@ -1746,28 +1763,9 @@ static void of_processes_completing_one_trial_at_once_one_stores_its_values(void
   storage_close(f->st);
   f->st = NULL;
   for (int round = 0; round < COMPLETE_ROUNDS; round++) {
-    int report[2], go[2];
-    assert_int_equal(pipe2(report, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(go, O_CLOEXEC), 0);
-    child_args args = {f->url, exp_id, report[1], go[0]};
-    pid_t pids[COMPLETERS];
-    start_children(COMPLETERS, complete_worker, &args, pids);
-    close(report[1]);
-    close(go[0]);
-    nas_sleep(0.2); /* every child connected and waiting */
-    unsigned char gos[COMPLETERS];
-    memset(gos, asked[round].number, sizeof gos);
-    assert_int_equal(write(go[1], gos, sizeof gos), (ssize_t)sizeof gos);
-    close(go[1]);
-    FILE *in = fdopen(report[0], "r");
-    assert_non_null(in);
-    int worker, said, completers = 0, heard = 0, winner = -1;
-    while (fscanf(in, "%d %d", &worker, &said) == 2) {
-      heard++;
-      if (said) completers++, winner = worker;
-    }
-    fclose(in);
-    wait_children(COMPLETERS, pids);
+    int heard, completers, winner;
+    race_children(COMPLETERS, complete_worker, f->url, exp_id, (unsigned char)asked[round].number,
+                  &heard, &completers, &winner);
     assert_int_equal(heard, COMPLETERS);
     if (completers != 1) fail_msg("round %d: %d processes completed the trial", round, completers);
     f->st = open_or_fail(f->url);
@@ -2257,15 +2255,6 @@ static void sqlite_file_is_in_wal_mode(void **state) {
   free(path);
 }
 
-/* The permission bits of path plus suffix, or -1 when it does not exist. */
-static int mode_of(const char *path, const char *suffix) {
-  char *name = nas_asprintf("%s%s", path, suffix);
-  struct stat st;
-  int mode = name && stat(name, &st) == 0 ? (int)(st.st_mode & 07777) : -1;
-  free(name);
-  return mode;
-}
-
 /* A new SQLite file holds spec texts, which may carry secrets (webhook URLs): it and its
  * -wal and -shm give others no access whatever the umask, the group what the umask gives
  * it; an existing file keeps its mode. */
@@ -2273,24 +2262,25 @@ static void sqlite_new_file_and_its_wal_give_others_no_access(void **state) {
   fixture *f = *state;
   static const struct { mode_t umask; int mode; } cases[] = {{022, 0640}, {002, 0660}, {077, 0600}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-    char *path = nas_asprintf("%s/new-%zu.db", f->dir, i), *url = nas_asprintf("sqlite:%s", path);
+    char *name = nas_asprintf("new-%zu.db", i), *url = nas_asprintf("sqlite:%s/%s", f->dir, name);
     mode_t before = umask(cases[i].umask);
     storage *st = open_or_fail(url);
     umask(before);
     int64_t id;
     CHECK(storage_experiment_create(st, "e", "notify: [{url: https://hooks.slack.com/x}]\n",
                                     "/specs/e.yaml", "/runs", &id, err));
-    assert_int_equal(mode_of(path, ""), cases[i].mode);
-    assert_int_equal(mode_of(path, "-wal"), cases[i].mode);
-    assert_int_equal(mode_of(path, "-shm"), cases[i].mode);
+    char *wal = nas_asprintf("%s-wal", name), *shm = nas_asprintf("%s-shm", name);
+    assert_int_equal(test_mode_of(f->dir, name), cases[i].mode);
+    assert_int_equal(test_mode_of(f->dir, wal), cases[i].mode);
+    assert_int_equal(test_mode_of(f->dir, shm), cases[i].mode);
     storage_close(st);
-    free(path), free(url);
+    free(name), free(url), free(wal), free(shm);
   }
   char *path = db_path(f);
   storage_close(f->st);
   assert_int_equal(chmod(path, 0644), 0);
   f->st = open_or_fail(f->url);
-  assert_int_equal(mode_of(path, ""), 0644);
+  assert_int_equal(test_mode_of(f->dir, strrchr(path, '/') + 1), 0644);
   free(path);
 }
 
