@@ -67,25 +67,17 @@ static json_t *experiment_data(storage *st, const char *url, const char *name, c
   return data;
 }
 
-/* Writes the page to path through a temporary file beside it, renamed into place. */
+/* Writes the page to path atomically, with the mode any file written here gets (0644 less
+ * the umask): it holds no secret (the spec stays out of it, experiment_data). */
 static int write_page(const char *path, const json_t *data, nas_err *err) {
-  char *tmp = nas_asprintf("%s.tmp-XXXXXX", path);
-  int fd = tmp ? mkstemp(tmp) : -1;
-  if (fd < 0) {
-    int rc = nas_errf(err, "cannot write %s: %s", path, tmp ? strerror(errno) : "out of memory");
-    free(tmp);
-    return rc;
-  }
-  FILE *f = fdopen(fd, "w");
-  int rc = f ? serve_plot_write(f, data, err) : nas_errf(err, "cannot write %s: %s", path, strerror(errno));
-  if (!f) close(fd);
-  if (f && fclose(f) != 0 && rc == NAS_OK) rc = nas_errf(err, "cannot write %s: %s", path, strerror(errno));
-  /* mkstemp made it private; a report is for reading like any file written here. */
-  if (rc == NAS_OK && (chmod(tmp, 0644) != 0 || rename(tmp, path) != 0))
-    rc = nas_errf(err, "cannot write %s: %s", path, strerror(errno));
-  if (rc != NAS_OK) unlink(tmp);
-  free(tmp);
-  return rc;
+  char *text = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&text, &len);
+  int rc = f ? serve_plot_write(f, data, err) : nas_errf(err, "out of memory");
+  if (f && nas_memstream_close(f, &text, rc == NAS_OK ? err : NULL) != NAS_OK) rc = NAS_ERR;
+  if (rc == NAS_OK) rc = nas_write_file_atomic(path, text, len, err);
+  free(text);
+  return rc == NAS_OK ? NAS_OK : nas_err_prefix(err, "cannot write %s", path);
 }
 
 static int plot(const char *url, char **names, size_t n, const char *kind, const char *out,

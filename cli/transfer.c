@@ -31,6 +31,7 @@ static const char export_help[] =
     "                  (storage password masked) and every trial with its parameters,\n"
     "                  metrics, status, error, attempts, rung and times; --with curves adds\n"
     "                  every intermediate value. The format is versioned (docs/cli.md).\n"
+    "                  The spec's webhook URLs are in it: keep a file of it private.\n"
     "  csv             one row per trial: number, status, rung (multi-fidelity only),\n"
     "                  parameters, metrics, reference point, error (as 'nas trials --format\n"
     "                  csv'); --with timings adds created_at, started_at, finished_at\n"

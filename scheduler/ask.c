@@ -343,6 +343,21 @@ static int check_complete(storage *st, const spec *s, const experiment_row *exp,
   return rc;
 }
 
+/* The error of a completion that lost its trial (attempt t) after it was read: another
+ * completion or end came first, or the attempt went silent and the trial was handed out
+ * again. Worded as running_trial words a trial that was not running to begin with. */
+static int complete_lost(storage *st, const experiment_row *exp, const trial_row *t,
+                         nas_err *err) {
+  trial_row now;
+  int rc = running_trial(st, exp, t->number, &now, err);
+  if (rc != NAS_OK) return rc;
+  rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' was handed out again (attempt %d) after "
+                "attempt %d went silent; nothing was stored", t->number, exp->name,
+                now.attempts, t->attempts);
+  trial_row_clear(&now);
+  return rc;
+}
+
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
                         const metric_obs *obs, size_t n, notifier *nt, nas_err *err) {
   trial_row t;
@@ -354,8 +369,8 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
   }
   sched sc;
   tell_events_begin(&sc, st, s, exp, nt);
-  rc = n > 0 ? storage_metrics_add(st, t.id, obs, n, -1, err) : NAS_OK;
-  if (rc == NAS_OK) rc = storage_trial_finish(st, t.id, TRIAL_COMPLETED, false, 0, NULL, err);
+  rc = storage_trial_complete(st, t.id, t.attempts, obs, n, err);
+  if (rc == NAS_EEXIST) rc = complete_lost(st, exp, &t, err);
   tell_events_end(&sc, rc == NAS_OK ? &t : NULL, TRIAL_COMPLETED, NULL);
   trial_row_clear(&t);
   return rc;

@@ -152,6 +152,18 @@ static int move_runs(const experiment_row *exp, const char *new_name, bool back,
   return rc;
 }
 
+/* Puts runs/<new> back as runs/<old> after storage refused the rename (rc, err); when that
+ * fails too, err says so and where the folder is, since storage still has the old name. */
+static void undo_move(const experiment_row *exp, const char *new_name, int rc, nas_err *err) {
+  nas_err undo;
+  bool moved_back;
+  if (move_runs(exp, new_name, true, &moved_back, &undo) == NAS_OK) return;
+  nas_err refused = *err;
+  nas_errc(err, rc, "%s; and its run folder could not be put back (%s): it is %s/runs/%s "
+           "while the experiment is still named '%s'; move it back by hand", refused.msg,
+           undo.msg, exp->run_root, new_name, exp->name);
+}
+
 /* NAS_OK when `to` has no experiment `name`, else NAS_EEXIST (or the storage's error). */
 static int check_name_free(storage *to, const char *name, nas_err *err) {
   experiment_row existing;
@@ -165,7 +177,7 @@ static int check_name_free(storage *to, const char *name, nas_err *err) {
 int sched_rename(storage *st, const spec *s, const experiment_row *exp, const char *new_name,
                  FILE *report, nas_err *err) {
   char *text = NULL;
-  bool moved = false, unused;
+  bool moved = false;
   int rc = sched_check_idle(st, exp, "rename", err);
   /* before the run folder, whose clash would say less; the storage's own refusal names the
    * experiment by its id */
@@ -175,7 +187,7 @@ int sched_rename(storage *st, const spec *s, const experiment_row *exp, const ch
   if (rc == NAS_OK) rc = spec_text_renamed(s, new_name, &text, err);
   if (rc == NAS_OK) rc = move_runs(exp, new_name, false, &moved, err);
   if (rc == NAS_OK) rc = storage_experiment_rename(st, exp->id, new_name, text, err);
-  if (rc != NAS_OK && moved) move_runs(exp, new_name, true, &unused, NULL); /* undo */
+  if (rc != NAS_OK && moved) undo_move(exp, new_name, rc, err);
   if (rc == NAS_OK && report) {
     fprintf(report, "nas: renamed '%s' to '%s'", exp->name, new_name);
     if (moved) fprintf(report, ", and its run folder to %s/runs/%s", exp->run_root, new_name);

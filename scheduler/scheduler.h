@@ -106,7 +106,8 @@ int sched_check_idle(storage *st, const experiment_row *exp, const char *doing, 
 int sched_delete(storage *st, const experiment_row *exp, bool runs, FILE *report,
                  nas_err *err);
 /* Renames exp (whose spec is s) to new_name: the stored spec's `name:` changes with it, and
- * runs/<old> becomes runs/<new> (put back if storage then refuses). Refused while its
+ * runs/<old> becomes runs/<new> (put back if storage then refuses; if that fails too, the
+ * error says where the folder is and which name storage kept). Refused while its
  * scheduler runs or a trial of it is running, and when new_name is taken (NAS_EEXIST). */
 int sched_rename(storage *st, const spec *s, const experiment_row *exp, const char *new_name,
                  FILE *report, nas_err *err);

@@ -58,6 +58,10 @@ typedef struct storage_backend {
   /* Must call storage_check_finish likewise; status is final (checked by storage.c). */
   int (*trial_finish)(void *conn, int64_t trial_id, trial_status status, bool has_exit_code,
                       int exit_code, const char *error, double now, nas_err *err);
+  /* Must call storage_check_complete on the trial's status and attempts inside the
+   * transaction that stores obs[0..n-1] (valid, as metrics_add's) and ends the trial. */
+  int (*trial_complete)(void *conn, int64_t trial_id, int attempt, const metric_obs *obs,
+                        size_t n, double now, nas_err *err);
   /* Must call storage_check_requeue likewise. */
   int (*trial_requeue)(void *conn, int64_t trial_id, nas_err *err);
   /* Must call storage_check_promote likewise; changes nothing unless the trial is completed
@@ -88,7 +92,8 @@ typedef struct storage_backend {
 
   /* Idempotency keys (storage.h). arm makes the next write that is not idempotent
    * (experiment_create, experiment_delete, experiment_import, trials_import, trial_create,
-   * trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) commit key, borrowed
+   * trial_start, trial_claim, trial_finish, trial_complete, trial_requeue, metrics_add)
+   * commit key, borrowed
    * until armed again, with its result (the id of the experiment or trial it made, deleted,
    * took, changed or added to) in its own transaction; NULL disarms.
    * receipt_find looks a committed key up. */
@@ -134,6 +139,8 @@ int storage_random_token(char out[STORAGE_TOKEN_LEN + 1], nas_err *err);
 int storage_check_start(trial_status current, nas_err *err);
 int storage_check_finish(trial_status current, trial_status to, nas_err *err);
 int storage_check_heartbeat(trial_status current, nas_err *err);
+/* NAS_EEXIST unless the trial is running attempt `attempt` (it has made `attempts`). */
+int storage_check_complete(trial_status current, int attempts, int attempt, nas_err *err);
 int storage_check_requeue(trial_status current, nas_err *err);
 int storage_check_promote(trial_status current, nas_err *err);
 

@@ -498,6 +498,16 @@ static int http_trial_finish(void *conn, int64_t trial_id, trial_status status,
               NULL, err);
 }
 
+static int http_trial_complete(void *conn, int64_t trial_id, int attempt,
+                               const metric_obs *obs, size_t n, double now, nas_err *err) {
+  (void)now;
+  http_conn *c = conn;
+  return call(c, "trial_complete",
+              json_pack("{s:I, s:i, s:o}", "trial_id", (json_int_t)trial_id, "attempt", attempt,
+                        "observations", rows_json_observations(obs, n, c->doubles)),
+              NULL, err);
+}
+
 static int http_trial_requeue(void *conn, int64_t trial_id, nas_err *err) {
   return call(conn, "trial_requeue", json_pack("{s:I}", "trial_id", (json_int_t)trial_id), NULL,
               err);
@@ -621,6 +631,7 @@ const storage_backend storage_http_backend = {
     .trial_claim = http_trial_claim,
     .trial_heartbeat = http_trial_heartbeat,
     .trial_finish = http_trial_finish,
+    .trial_complete = http_trial_complete,
     .trial_requeue = http_trial_requeue,
     .trial_promote = http_trial_promote,
     .trial_get = http_trial_get,

@@ -838,6 +838,8 @@ static int postgres_trial_create(void *conn, int64_t experiment_id, const char *
 typedef struct transition {
   int64_t trial_id;
   trial_status to; /* the final status, for finish */
+  int attempt;     /* the attempt a completion ends */
+  int attempts;    /* the trial's attempts as locked, for allowed */
   int (*allowed)(const struct transition *t, trial_status current, nas_err *err);
   const char *update_sql;
   pg_params params;
@@ -849,7 +851,8 @@ static int transition_in_tx(pg_conn *c, transition *t, nas_err *err) {
   int rc = pg_params_set(&lock, 1, err, "i", t->trial_id);
   if (rc == NAS_OK) rc = pg_params_set(&t->params, 1, err, "i", t->trial_id);
   if (rc == NAS_OK) {
-    rc = pg_exec(c, &res, err, "SELECT status FROM trials WHERE id = $1 FOR UPDATE", &lock);
+    rc = pg_exec(c, &res, err, "SELECT status, attempts FROM trials WHERE id = $1 FOR UPDATE",
+                 &lock);
   }
   if (rc != NAS_OK) return rc;
   trial_status current = TRIAL_QUEUED;
@@ -857,6 +860,8 @@ static int transition_in_tx(pg_conn *c, transition *t, nas_err *err) {
   else if (trial_status_parse(PQgetvalue(res, 0, 0), &current) != NAS_OK) {
     rc = nas_errf(err, "trial %" PRId64 " has unknown status '%s'", t->trial_id,
                   PQgetvalue(res, 0, 0));
+  } else {
+    t->attempts = atoi(PQgetvalue(res, 0, 1));
   }
   PQclear(res);
   if (rc == NAS_OK) rc = t->allowed(t, current, err);
@@ -907,6 +912,37 @@ static int postgres_trial_finish(void *conn, int64_t trial_id, trial_status stat
   int rc = pg_params_set(&t.params, 2, err, "tdot", trial_status_name(status), now,
                          has_exit_code ? &code : NULL, error);
   return rc == NAS_OK ? pg_run(conn, &transition_op, &t, err) : rc;
+}
+
+static int complete_allowed(const transition *t, trial_status current, nas_err *err) {
+  return storage_check_complete(current, t->attempts, t->attempt, err);
+}
+
+static int metric_columns(const metric_obs *obs, size_t n, char *columns[4], nas_err *err);
+
+/* The trial's row is locked and checked first (transition), so the values are stored only
+ * by the completion that ends it. */
+static int postgres_trial_complete(void *conn, int64_t trial_id, int attempt,
+                                   const metric_obs *obs, size_t n, double now, nas_err *err) {
+  char *columns[4];
+  int rc = metric_columns(obs, n, columns, err);
+  if (rc != NAS_OK) return rc;
+  transition t = {.trial_id = trial_id,
+                  .attempt = attempt,
+                  .allowed = complete_allowed,
+                  .update_sql =
+                      "WITH ended AS (UPDATE trials SET status = 'completed', finished_at = $2,"
+                      "   exit_code = NULL, error = NULL WHERE id = $1)"
+                      " INSERT INTO metrics (trial_id, name, step, value, time)"
+                      " SELECT $1::bigint, o.name, o.step, o.value, o.time FROM"
+                      "   unnest($3::text[], $4::bigint[], $5::float8[], $6::float8[])"
+                      "     WITH ORDINALITY AS o (name, step, value, time, i)"
+                      " ORDER BY o.i"};
+  rc = pg_params_set(&t.params, 2, err, "dtttt", now, columns[0], columns[1], columns[2],
+                     columns[3]);
+  if (rc == NAS_OK) rc = pg_run(conn, &transition_op, &t, err);
+  for (int k = 0; k < 4; k++) free(columns[k]);
+  return rc;
 }
 
 static int requeue_allowed(const transition *t, trial_status current, nas_err *err) {
@@ -1198,6 +1234,7 @@ const storage_backend storage_postgres_backend = {
     .trial_claim = postgres_trial_claim,
     .trial_heartbeat = postgres_trial_heartbeat,
     .trial_finish = postgres_trial_finish,
+    .trial_complete = postgres_trial_complete,
     .trial_requeue = postgres_trial_requeue,
     .trial_promote = postgres_trial_promote,
     .trial_get = postgres_trial_get,

@@ -220,6 +220,21 @@ static int trial_finish_run(storage *st, rows_json_reader *a, json_t *out, nas_e
                                                 exit_code, error, err);
 }
 
+static int trial_complete_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  (void)out;
+  int64_t trial_id;
+  int attempt;
+  rows_json_int(a, "trial_id", &trial_id);
+  rows_json_int32(a, "attempt", &attempt);
+  metric_obs *obs = NULL;
+  size_t n = 0;
+  if (a->rc != NAS_OK) return a->rc;
+  int rc = rows_json_observations_read(json_object_get(a->obj, "observations"), &obs, &n, err);
+  if (rc == NAS_OK) rc = storage_trial_complete(st, trial_id, attempt, obs, n, err);
+  free(obs);
+  return rc;
+}
+
 static int trial_requeue_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
   (void)out;
   int64_t trial_id;
@@ -367,6 +382,7 @@ static const storage_rpc_op ops[] = {
     {"trial_claim", true, true, REPLAY_TRIAL, trial_claim_run},
     {"trial_heartbeat", true, false, REPLAY_NOTHING, trial_heartbeat_run},
     {"trial_finish", true, true, REPLAY_NOTHING, trial_finish_run},
+    {"trial_complete", true, true, REPLAY_NOTHING, trial_complete_run},
     {"trial_requeue", true, true, REPLAY_NOTHING, trial_requeue_run},
     {"trial_promote", true, false, REPLAY_NOTHING, trial_promote_run},
     {"trial_get", false, false, REPLAY_NOTHING, trial_get_run},

@@ -17,6 +17,7 @@
  * - Times are REAL Unix seconds; NULL stands for "not yet" (read back as 0), for a final
  *   metric's step (METRIC_FINAL) and for a NaN metric value (SQLite stores NaN as NULL). */
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <math.h>
 #include <sqlite3.h>
@@ -24,6 +25,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "storage/backend.h"
 
@@ -604,11 +606,25 @@ static int check_path(const char *path, bool must_exist, nas_err *err) {
   return rc;
 }
 
+/* A new file is made here, not by SQLite (0644 less the umask: readable by everyone under
+ * the usual 022), because the spec texts it holds may carry secrets (a Slack webhook URL
+ * is one). Others get no access; the group gets what the umask gives it (0640 under 022,
+ * 0660 under 002), since a team shares one file through its group and SQLite needs every
+ * user of it to write it. SQLite gives the -wal, -shm and journal files it makes later the
+ * database file's mode. An existing file is left as it is. */
+static int create_file(const char *path, nas_err *err) {
+  int fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+  if (fd < 0 && errno != EEXIST) return nas_errf(err, "cannot create %s: %s", path, strerror(errno));
+  if (fd >= 0) close(fd);
+  return NAS_OK;
+}
+
 /* Connection settings, none of which writes to the file:
  * - foreign keys are off by default in SQLite and must be asked for per connection;
  * - the busy timeout makes a connection wait for the write lock instead of failing. */
 static int connect(sqlite_conn *c, bool create, nas_err *err) {
   int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
+  if (create && create_file(c->path, err) != NAS_OK) return NAS_ERR;
   if (sqlite3_open_v2(c->path, &c->db, flags, NULL) != SQLITE_OK) {
     return c->db ? db_fail(c, err) : out_of_memory(err);
   }
@@ -1027,6 +1043,32 @@ static int sqlite_trial_finish(void *conn, int64_t trial_id, trial_status status
   return tx_end_receipt(c, rc, trial_id, err);
 }
 
+/* The write lock taken by BEGIN IMMEDIATE makes check-then-write atomic: of two
+ * completions of one attempt exactly one finds it running and stores its values. */
+static int trial_complete_in_tx(const sqlite_conn *c, int64_t trial_id, int attempt,
+                                const metric_obs *obs, size_t n, double now, nas_err *err) {
+  trial_row row;
+  int rc = trial_get(c, trial_id, &row, err);
+  if (rc != NAS_OK) return rc;
+  rc = storage_check_complete(row.status, row.attempts, attempt, err);
+  trial_row_clear(&row);
+  if (rc == NAS_OK) rc = metrics_insert(c, trial_id, obs, n, err);
+  if (rc != NAS_OK) return rc;
+  return run(c, err,
+             "UPDATE trials SET status = 'completed', finished_at = ?, exit_code = NULL,"
+             " error = NULL WHERE id = ?",
+             "di", now, trial_id);
+}
+
+static int sqlite_trial_complete(void *conn, int64_t trial_id, int attempt,
+                                 const metric_obs *obs, size_t n, double now, nas_err *err) {
+  sqlite_conn *c = conn;
+  int rc = tx_begin(c, err);
+  if (rc != NAS_OK) return rc;
+  rc = trial_complete_in_tx(c, trial_id, attempt, obs, n, now, err);
+  return tx_end_receipt(c, rc, trial_id, err);
+}
+
 static int trial_requeue_in_tx(const sqlite_conn *c, int64_t trial_id, nas_err *err) {
   trial_status current;
   int rc = trial_status_read(c, trial_id, &current, err);
@@ -1291,6 +1333,7 @@ const storage_backend storage_sqlite_backend = {
     .trial_claim = sqlite_trial_claim,
     .trial_heartbeat = sqlite_trial_heartbeat,
     .trial_finish = sqlite_trial_finish,
+    .trial_complete = sqlite_trial_complete,
     .trial_requeue = sqlite_trial_requeue,
     .trial_promote = sqlite_trial_promote,
     .trial_get = sqlite_trial_get,

@@ -84,6 +84,16 @@ int storage_check_heartbeat(trial_status current, nas_err *err) {
   return nas_errf(err, "it is %s, not running", trial_status_name(current));
 }
 
+/* A completion names the attempt it ends: one of an attempt since lost and handed out again
+ * must not end (nor store values on) the attempt that now runs. */
+int storage_check_complete(trial_status current, int attempts, int attempt, nas_err *err) {
+  if (current != TRIAL_RUNNING)
+    return nas_errc(err, NAS_EEXIST, "it is %s, not running", trial_status_name(current));
+  if (attempts != attempt)
+    return nas_errc(err, NAS_EEXIST, "it runs attempt %d, not attempt %d", attempts, attempt);
+  return NAS_OK;
+}
+
 /* Only a trial that ended badly is run again; a completed or stopped one keeps its data. */
 int storage_check_requeue(trial_status current, nas_err *err) {
   if (current == TRIAL_FAILED || current == TRIAL_TIMEOUT || current == TRIAL_STOPPED)
@@ -706,6 +716,14 @@ static int check_observations(const metric_obs *obs, size_t n, nas_err *err) {
     if (check_observation(i, obs[i].name, obs[i].step, obs[i].time, err) != NAS_OK)
       return NAS_ERR;
   return NAS_OK;
+}
+
+int storage_trial_complete(storage *st, int64_t trial_id, int attempt, const metric_obs *obs,
+                           size_t n, nas_err *err) {
+  int rc = check_observations(obs, n, err);
+  if (rc == NAS_OK)
+    rc = st->backend->trial_complete(st->conn, trial_id, attempt, obs, n, nas_now(), err);
+  return in_context(st, rc, err, "complete trial %" PRId64 " (attempt %d)", trial_id, attempt);
 }
 
 int storage_metrics_add(storage *st, int64_t trial_id, const metric_obs *obs, size_t n,

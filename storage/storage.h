@@ -191,6 +191,13 @@ int storage_trial_heartbeat(storage *st, int64_t trial_id, nas_err *err);
  * queued, to retry a trial whose job was lost (error says why; attempts are kept). */
 int storage_trial_finish(storage *st, int64_t trial_id, trial_status status,
                          bool has_exit_code, int exit_code, const char *error, nas_err *err);
+/* running → completed with its final observations obs[0..n-1] (n may be 0), in one
+ * transaction, and only while the trial still runs attempt `attempt` (the one the caller
+ * read): of two completions of one trial exactly one stores its values, and a completion
+ * of an attempt since handed out again stores nothing. NAS_EEXIST, naming its status or
+ * attempt, when it does not run that attempt; NAS_ENOTFOUND for an unknown trial. */
+int storage_trial_complete(storage *st, int64_t trial_id, int attempt, const metric_obs *obs,
+                           size_t n, nas_err *err);
 /* failed or timeout → queued, to run the trial again (`nas retry`): its attempts are kept
  * (it is the same trial, counted once in the budget) and the last attempt's exit code,
  * error and finished_at cleared. An error naming the status for any other trial. */
@@ -280,7 +287,8 @@ void storage_lease_clear(storage_lease *lease);
  * A client that lost the answer to a write sends it again under the same key. Armed on a
  * storage, a key is committed by the next write that is not idempotent (experiment_create,
  * experiment_set_status, experiment_delete, experiment_import, trials_import,
- * trial_create, trial_start, trial_claim, trial_finish, trial_requeue, metrics_add) in that
+ * trial_create, trial_start, trial_claim, trial_finish, trial_complete, trial_requeue,
+ * metrics_add) in that
  * write's own transaction, with the id of the experiment or trial it made, took, changed
  * or added to (experiment_set_status: 1 when it changed the status, else 0); two writes
  * under one key cannot both commit. Keys are kept for a day. */

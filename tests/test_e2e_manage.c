@@ -203,6 +203,49 @@ static void renamed_experiment_continues_from_a_spec_with_the_new_name(void **st
   free(taken);
 }
 
+/* A rename whose storage write fails after the run folder moved puts the folder back; when
+ * that fails too (runs/<old> made meanwhile), it was silent: the error now says where the
+ * folder is and that storage keeps the old name. Played with the database's write lock
+ * held (the rename waits its busy timeout out, then fails) and runs/a made meanwhile. */
+static void rename_whose_folder_cannot_be_put_back_says_where_it_is(void **state) {
+  fixture *f = *state;
+  char *a = spec_named(f, "a", "", 1, ""), *path = nas_asprintf("%s/nas.db", f->dir);
+  run_ok(f, a);
+  sqlite3 *db;
+  assert_int_equal(sqlite3_open(path, &db), SQLITE_OK);
+  assert_int_equal(sqlite3_exec(db, "BEGIN IMMEDIATE", NULL, NULL, NULL), SQLITE_OK);
+  int report[2];
+  assert_int_equal(pipe(report), 0);
+  fflush(NULL);
+  pid_t child = fork();
+  assert_true(child >= 0);
+  if (child == 0) {
+    char *out = NULL;
+    int rc = nas_no_tty(f, &out, "rename a a2");
+    dprintf(report[1], "%d %s", rc, out ? out : "");
+    _exit(0);
+  }
+  close(report[1]);
+  for (int i = 0; i < 500 && !exists(f, "runs/a2"); i++) nas_sleep_ms(10);
+  assert_true(exists(f, "runs/a2"));
+  char *old = nas_asprintf("%s/runs/a", f->dir);
+  assert_int_equal(mkdir(old, 0755), 0);
+  char said[4096] = "";
+  ssize_t n, got = 0;
+  while ((n = read(report[0], said + got, sizeof said - 1 - (size_t)got)) > 0) got += n;
+  said[got] = '\0';
+  close(report[0]);
+  assert_int_equal(waitpid(child, NULL, 0), child);
+  sqlite3_exec(db, "ROLLBACK", NULL, NULL, NULL);
+  sqlite3_close(db);
+  assert_int_equal(atoi(said), 1);
+  assert_contains(said, "could not be put back");
+  assert_contains(said, "runs/a2 while the experiment is still named 'a'");
+  assert_true(exists(f, "runs/a2/0"));
+  json_decref(trials_json(f, "a"));
+  free(old), free(path), free(a);
+}
+
 static void copy_keeps_trials_and_metrics_in_the_same_or_another_storage(void **state) {
   fixture *f = *state;
   char *a = spec_named(f, "a", "", 3, ""), *out;
@@ -325,6 +368,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(trial_after_delete_keeping_runs_is_judged_on_its_own_output, setup, teardown),
       cmocka_unit_test_setup_teardown(delete_and_rename_are_refused_while_a_scheduler_runs, setup, teardown),
       cmocka_unit_test_setup_teardown(renamed_experiment_continues_from_a_spec_with_the_new_name, setup, teardown),
+      cmocka_unit_test_setup_teardown(rename_whose_folder_cannot_be_put_back_says_where_it_is,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(copy_keeps_trials_and_metrics_in_the_same_or_another_storage, setup, teardown),
       cmocka_unit_test_setup_teardown(enqueued_configurations_run_first_once_and_count_in_the_budget, setup, teardown),
       cmocka_unit_test_setup_teardown(warm_start_imports_fitting_trials_without_counting_them, setup, teardown),

@@ -909,6 +909,29 @@ static void a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tab
   free(spec);
 }
 
+/* A new SQLite file holds the spec, whose webhook URLs may be secrets: others get no access
+ * to it (the group what the umask gives, for a team sharing it). A plot file holds no
+ * secret and gets 0644 less the umask as any output does (it was 0644 whatever the umask). */
+static void a_new_storage_file_keeps_others_out_and_a_plot_file_takes_the_umask(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "private.yaml",
+                          "name: private\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "budget: {trials: 2}\n");
+  char *db = nas_asprintf("sqlite:%s/private.db", f->dir);
+  mode_t before = umask(002);
+  expect_refusal(f, (char *[]){"create", spec, "--storage", db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"plot", "private", "--out", "private.html", "--storage", db, NULL}, 0, "");
+  umask(027);
+  expect_refusal(f, (char *[]){"plot", "private", "--out", "closed.html", "--storage", db, NULL}, 0, "");
+  umask(before);
+  assert_int_equal(test_mode_of(f->dir, "private.db"), 0660);
+  assert_int_equal(test_mode_of(f->dir, "private.html"), 0644);
+  assert_int_equal(test_mode_of(f->dir, "closed.html"), 0640);
+  free(spec), free(db);
+}
+
 /* A metric name not in the spec is a metric like any other (docs/metrics-protocol.md), so
  * a misspelt objective is stored as one; a completion that then misses the objective said
  * so without naming the misspelt name it was given. */
@@ -1020,6 +1043,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_told_with_a_standard_error_of_zero, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_goes_on_after_readings_spanning_more_than_the_largest_double, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(a_new_storage_file_keeps_others_out_and_a_plot_file_takes_the_umask,
+                                      setup, teardown),
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),

@@ -18,6 +18,7 @@
 
 #include "storage/rows_json.h"
 #include "storage/rpc.h"
+#include "scheduler/scheduler.h"
 #include "storage/storage.h"
 #include "tests/pgserver.h"
 #include "tests/serve.h"
@@ -589,6 +590,40 @@ static void trial_finish_records_outcome_and_time(void **state) {
   assert_string_equal(got.job_id, "job-1");
   trial_row_clear(&t);
   trial_row_clear(&got);
+}
+
+/* A completion stores the final values and ends the trial in one step, once: a second
+ * completion, or one of an attempt since lost and handed out again, stores nothing. */
+static void trial_complete_stores_final_values_once_for_the_attempt_running(void **state) {
+  fixture *f = *state;
+  trial_row t = make_running_trial(f);
+  metric_obs first[] = {{"loss", METRIC_FINAL, 0.5, nas_now()}, {"acc", METRIC_FINAL, 0.9, nas_now()}};
+  CHECK(storage_trial_complete(f->st, t.id, 1, first, 2, err));
+  trial_row got;
+  CHECK(storage_trial_get(f->st, t.id, &got, err));
+  assert_int_equal(got.status, TRIAL_COMPLETED);
+  assert_true(got.finished_at > 0);
+  assert_false(got.has_exit_code);
+  trial_row_clear(&got);
+  nas_err err = {{0}};
+  metric_obs again = {"loss", METRIC_FINAL, 0.25, nas_now()};
+  assert_int_equal(storage_trial_complete(f->st, t.id, 1, &again, 1, &err), NAS_EEXIST);
+  assert_contains(err.msg, "it is completed, not running");
+  assert_int_equal(metric_count(f, t.experiment_id), 2);
+
+  trial_row u = make_trial(f, t.experiment_id, "{}");
+  CHECK(storage_trial_start(f->st, u.id, "job-1", err));
+  CHECK(storage_trial_finish(f->st, u.id, TRIAL_QUEUED, false, 0, "lost", err));
+  CHECK(storage_trial_start(f->st, u.id, "job-2", err));
+  assert_int_equal(storage_trial_complete(f->st, u.id, 1, &again, 1, &err), NAS_EEXIST);
+  assert_contains(err.msg, "it runs attempt 2, not attempt 1");
+  assert_int_equal(metric_count(f, t.experiment_id), 2);
+  CHECK(storage_trial_get(f->st, u.id, &got, err));
+  assert_int_equal(got.status, TRIAL_RUNNING);
+  trial_row_clear(&got);
+  assert_int_equal(storage_trial_complete(f->st, u.id + 100, 1, NULL, 0, &err), NAS_ENOTFOUND);
+  trial_row_clear(&t);
+  trial_row_clear(&u);
 }
 
 static void queued_trial_that_could_not_start_can_only_fail(void **state) {
@@ -1609,6 +1644,39 @@ static void sixteen_processes_claiming_and_reporting_at_once_lose_nothing(void *
   trial_rows_free(queued, CLAIMED_TRIALS);
 }
 
+/* Starts n children running work on (url, experiment_id), lets them go at once (a byte,
+ * go_byte, each on its stop_fd once they have had time to connect), waits for them, and
+ * counts their reports, lines "worker said": *heard of them, *yes of them saying 1, *last
+ * the last worker that said 1. */
+static void race_children(int n, child_work work, const char *url, int64_t experiment_id,
+                          unsigned char go_byte, int *heard, int *yes, int *last) {
+  int report[2], go[2];
+  assert_int_equal(pipe2(report, O_CLOEXEC), 0);
+  assert_int_equal(pipe2(go, O_CLOEXEC), 0);
+  child_args args = {url, experiment_id, report[1], go[0]};
+  pid_t pids[MAX_CHILDREN];
+  assert_true(n <= MAX_CHILDREN);
+  start_children(n, work, &args, pids);
+  close(report[1]);
+  close(go[0]);
+  nas_sleep(0.2); /* every child connected and waiting */
+  unsigned char gos[MAX_CHILDREN];
+  memset(gos, go_byte, sizeof gos);
+  assert_int_equal(write(go[1], gos, (size_t)n), (ssize_t)n);
+  close(go[1]);
+  FILE *in = fdopen(report[0], "r");
+  assert_non_null(in);
+  int worker, said;
+  *heard = *yes = 0;
+  *last = -1;
+  while (fscanf(in, "%d %d", &worker, &said) == 2) {
+    ++*heard;
+    if (said) ++*yes, *last = worker;
+  }
+  fclose(in);
+  wait_children(n, pids);
+}
+
 enum { STATUS_SETTERS = 8, STATUS_ROUNDS = 5 };
 
 /* Waits for the parent's go (a byte on the pipe), sets the experiment finished and reports
@@ -1637,24 +1705,8 @@ static void of_processes_setting_a_status_at_once_one_changes_it(void **state) {
   storage_close(f->st);
   f->st = NULL;
   for (int round = 0; round < STATUS_ROUNDS; round++) {
-    int report[2], go[2];
-    assert_int_equal(pipe2(report, O_CLOEXEC), 0);
-    assert_int_equal(pipe2(go, O_CLOEXEC), 0);
-    child_args args = {f->url, exp, report[1], go[0]};
-    pid_t pids[STATUS_SETTERS];
-    start_children(STATUS_SETTERS, finish_worker, &args, pids);
-    close(report[1]);
-    close(go[0]);
-    nas_sleep(0.2); /* every child connected and waiting */
-    char gos[STATUS_SETTERS] = {0};
-    assert_int_equal(write(go[1], gos, sizeof gos), (ssize_t)sizeof gos);
-    close(go[1]);
-    FILE *in = fdopen(report[0], "r");
-    assert_non_null(in);
-    int worker, said, changers = 0, heard = 0;
-    while (fscanf(in, "%d %d", &worker, &said) == 2) changers += said, heard++;
-    fclose(in);
-    wait_children(STATUS_SETTERS, pids);
+    int heard, changers, last;
+    race_children(STATUS_SETTERS, finish_worker, f->url, exp, 0, &heard, &changers, &last);
     assert_int_equal(heard, STATUS_SETTERS);
     if (changers != 1) fail_msg("round %d: %d processes changed the status", round, changers);
     storage *st = open_or_fail(f->url);
@@ -1663,6 +1715,73 @@ static void of_processes_setting_a_status_at_once_one_changes_it(void **state) {
     storage_close(st);
   }
   f->st = open_or_fail(f->url);
+}
+
+enum { COMPLETERS = 8, COMPLETE_ROUNDS = 3 };
+
+static const char told_spec[] = "name: told\nparameters: {x: {type: float, low: 0, high: 1}}\n"
+                                "objectives: [{name: y, goal: minimize}]\nbudget: {trials: 4}\n";
+
+/* Waits for the parent's go (a byte: the trial's number), tells that trial of experiment
+ * "told" complete with y = worker, and reports "worker completed" (1 or 0).
+ * A loser must say that nothing was stored. */
+static int complete_worker(const child_args *args, int worker, nas_err *err) {
+  storage *st = NULL;
+  experiment_row exp = {0};
+  spec *s = NULL;
+  int rc = storage_open(args->url, &st, err);
+  if (rc == NAS_OK) rc = storage_experiment_get(st, "told", &exp, err);
+  if (rc == NAS_OK) rc = sched_experiment_spec(&exp, &s, err);
+  unsigned char number;
+  if (rc == NAS_OK && read(args->stop_fd, &number, 1) != 1) rc = nas_errf(err, "no go");
+  metric_obs y = {"y", METRIC_FINAL, worker, nas_now()};
+  if (rc == NAS_OK) rc = sched_tell_complete(st, s, &exp, number, &y, 1, NULL, err);
+  bool lost = rc == NAS_EEXIST && strstr(err->msg, "nothing was stored");
+  if (rc == NAS_OK || lost) dprintf(args->report_fd, "%d %d\n", worker, rc == NAS_OK);
+  spec_free(s);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  return rc == NAS_OK || lost ? NAS_OK : NAS_ERR;
+}
+
+/* Of processes completing one trial at once, exactly one does, and only its value is
+ * stored (the check that it runs and the write were separate transactions: every
+ * process that passed the check stored its values). */
+static void of_processes_completing_one_trial_at_once_one_stores_its_values(void **state) {
+  fixture *f = *state;
+  int64_t exp_id;
+  CHECK(storage_experiment_create(f->st, "told", told_spec, "/specs/told.yaml", f->dir, &exp_id,
+                                  err));
+  experiment_row exp;
+  spec *s = NULL;
+  trial_row *asked = NULL;
+  size_t n_asked = 0;
+  CHECK(storage_experiment_get(f->st, "told", &exp, err));
+  CHECK(sched_experiment_spec(&exp, &s, err));
+  CHECK(sched_ask(f->st, s, &exp, COMPLETE_ROUNDS, NULL, NULL, &asked, &n_asked, err));
+  assert_int_equal(n_asked, COMPLETE_ROUNDS);
+  storage_close(f->st);
+  f->st = NULL;
+  for (int round = 0; round < COMPLETE_ROUNDS; round++) {
+    int heard, completers, winner;
+    race_children(COMPLETERS, complete_worker, f->url, exp_id, (unsigned char)asked[round].number,
+                  &heard, &completers, &winner);
+    assert_int_equal(heard, COMPLETERS);
+    if (completers != 1) fail_msg("round %d: %d processes completed the trial", round, completers);
+    f->st = open_or_fail(f->url);
+    metric_row *metrics = NULL;
+    size_t n = 0;
+    CHECK(storage_metrics_of_trial(f->st, asked[round].id, &metrics, &n, err));
+    if (n != 1) fail_msg("round %d: %zu final values stored", round, n);
+    assert_true(metrics[0].value == winner);
+    metric_rows_free(metrics, n);
+    storage_close(f->st);
+    f->st = NULL;
+  }
+  f->st = open_or_fail(f->url);
+  trial_rows_free(asked, n_asked);
+  spec_free(s);
+  experiment_row_clear(&exp);
 }
 
 /* Two processes opening the same new storage at once: one creates the schema, the other
@@ -2133,6 +2252,35 @@ static void sqlite_file_is_in_wal_mode(void **state) {
   char *mode = sqlite_query_text(path, "PRAGMA journal_mode");
   assert_string_equal(mode, "wal");
   free(mode);
+  free(path);
+}
+
+/* A new SQLite file holds spec texts, which may carry secrets (webhook URLs): it and its
+ * -wal and -shm give others no access whatever the umask, the group what the umask gives
+ * it; an existing file keeps its mode. */
+static void sqlite_new_file_and_its_wal_give_others_no_access(void **state) {
+  fixture *f = *state;
+  static const struct { mode_t umask; int mode; } cases[] = {{022, 0640}, {002, 0660}, {077, 0600}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char *name = nas_asprintf("new-%zu.db", i), *url = nas_asprintf("sqlite:%s/%s", f->dir, name);
+    mode_t before = umask(cases[i].umask);
+    storage *st = open_or_fail(url);
+    umask(before);
+    int64_t id;
+    CHECK(storage_experiment_create(st, "e", "notify: [{url: https://hooks.slack.com/x}]\n",
+                                    "/specs/e.yaml", "/runs", &id, err));
+    char *wal = nas_asprintf("%s-wal", name), *shm = nas_asprintf("%s-shm", name);
+    assert_int_equal(test_mode_of(f->dir, name), cases[i].mode);
+    assert_int_equal(test_mode_of(f->dir, wal), cases[i].mode);
+    assert_int_equal(test_mode_of(f->dir, shm), cases[i].mode);
+    storage_close(st);
+    free(name), free(url), free(wal), free(shm);
+  }
+  char *path = db_path(f);
+  storage_close(f->st);
+  assert_int_equal(chmod(path, 0644), 0);
+  f->st = open_or_fail(f->url);
+  assert_int_equal(test_mode_of(f->dir, strrchr(path, '/') + 1), 0644);
   free(path);
 }
 
@@ -3161,6 +3309,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(trial_start_of_running_trial_fails_naming_trial_and_status),
       FIXTURE_TEST(trial_start_and_finish_of_missing_trial_are_enotfound),
       FIXTURE_TEST(trial_finish_records_outcome_and_time),
+      FIXTURE_TEST(trial_complete_stores_final_values_once_for_the_attempt_running),
       FIXTURE_TEST(trial_finish_is_allowed_only_from_running),
       FIXTURE_TEST(queued_trial_that_could_not_start_can_only_fail),
       FIXTURE_TEST(trial_finish_to_running_is_refused),
@@ -3199,6 +3348,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(two_processes_writing_at_once_lose_nothing),
       FIXTURE_TEST(sixteen_processes_claiming_and_reporting_at_once_lose_nothing),
       FIXTURE_TEST(of_processes_setting_a_status_at_once_one_changes_it),
+      FIXTURE_TEST(of_processes_completing_one_trial_at_once_one_stores_its_values),
   };
   return run_group(ctx->backend->name, tests, sizeof tests / sizeof tests[0], ctx);
 }
@@ -3235,6 +3385,7 @@ static int run_sqlite_tests(void) {
   backend_ctx ctx = {.backend = &sqlite_backend};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(sqlite_file_is_in_wal_mode),
+      FIXTURE_TEST(sqlite_new_file_and_its_wal_give_others_no_access),
       FIXTURE_TEST(keyed_report_commits_two_pages_more_than_an_unkeyed_one),
       FIXTURE_TEST(receipts_are_kept_a_day_and_then_let_go),
       FIXTURE_TEST(sqlite_receipts_survive_the_upgrade_to_their_own_btree),

@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +72,16 @@ static inline char *test_write(const char *dir, const char *name, const char *te
   fputs(text, f);
   fclose(f);
   return path;
+}
+
+/* The permission bits of dir/name, or -1 when there is none. */
+static inline int test_mode_of(const char *dir, const char *name) {
+  char *path = NULL;
+  struct stat st;
+  int mode = asprintf(&path, "%s/%s", dir, name) >= 0 && stat(path, &st) == 0
+                 ? (int)(st.st_mode & 07777) : -1;
+  free(path);
+  return mode;
 }
 
 /* Runs argv (no shell) in dir with stdout+stderr captured into *output (owned, may be
