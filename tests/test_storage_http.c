@@ -3,8 +3,8 @@
  * trials reporting through the server, many clients at once, a server killed with -9 and
  * restarted under load (each report stored exactly once), tokens, unknown experiments,
  * copy, rename and delete, a server out of reach, and a nas run that loses its server (it
- * names the trials it leaves running). (tests/test_storage.c also runs the whole shared storage suite
- * through a server.) */
+ * names the trials it leaves running). (tests/test_storage.c also runs the whole shared
+ * storage suite through a server.) */
 #include <inttypes.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -834,7 +834,8 @@ static void run_losing_its_server_names_the_trials_left_running(void **state) {
                           "name: gone\n"
                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
                           "objectives: [{name: y, goal: minimize}]\n"
-                          "trial: {command: [sh, -c, 'sleep 2; echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "trial: {command: [sh, -c, 'sleep 2; "
+                          "echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
                           "optimizer: {type: sobol}\n"
                           "budget: {trials: 2, parallel: 2}\n");
   char *log = nas_asprintf("%s/run.log", f->dir);
