@@ -22,7 +22,9 @@ static const char serve_help[] =
     "  --token-file FILE  lines 'read TOKEN' or 'write TOKEN'; requests then need\n"
     "                     'Authorization: Bearer TOKEN'. Without it only clients on this\n"
     "                     machine (loopback) are served. The file must be private (chmod 600).\n"
-    "  --tls-cert FILE, --tls-key FILE  serve HTTPS with this PEM certificate and key\n"
+    "  --tls-cert FILE, --tls-key FILE  serve HTTPS with this PEM certificate and key;\n"
+    "                     without them tokens cross the network in clear text (a warning\n"
+    "                     says so when the server listens beyond loopback)\n"
     "  --threads N        requests served at once, 1 to 64, each on a storage connection of\n"
     "                     its own (default: 4 on SQLite, whose writes the server groups;\n"
     "                     16 on PostgreSQL, whose commits run side by side)\n";

@@ -1,7 +1,11 @@
 /* runners/slurm_cmd.c: running Slurm's commands (sbatch, squeue, scancel) for the runner.
  *
  * A command is spawned with posix_spawnp from an argv, never through a shell; it is found
- * in PATH and inherits the caller's environment (so SLURM_CONF is honoured). Its stdout
+ * in PATH and inherits the caller's environment (so SLURM_CONF is honoured) less its
+ * secrets, NAS_STORAGE (which may hold a database password) and NAS_TOKEN: sbatch
+ * --export=ALL would hand them to Slurm, which keeps a job's environment in its
+ * controller's state and may keep it in accounting; a trial gets its own from its run
+ * folder's env.sh, which only its user can read. Its stdout
  * and stderr are read together until both close; a command past its time limit is killed.
  * A failure that looks transient (the controller did not answer, a socket timed out) is
  * retried after a wait that doubles each time, a bounded number of times; any other
@@ -103,6 +107,30 @@ static int captures_drain(capture *c, double deadline) {
   return 1;
 }
 
+/* Variables of the caller's environment that never reach a Slurm command. */
+static const char *const secret_names[] = {"NAS_STORAGE", "NAS_TOKEN"};
+
+static bool is_secret(const char *entry) {
+  for (size_t i = 0; i < sizeof secret_names / sizeof *secret_names; i++) {
+    size_t len = strlen(secret_names[i]);
+    if (strncmp(entry, secret_names[i], len) == 0 && entry[len] == '=') return true;
+  }
+  return false;
+}
+
+/* The caller's environment less its secrets: an owned array of pointers into environ,
+ * NULL-terminated, or NULL when out of memory. */
+static char **environ_without_secrets(void) {
+  size_t n = 0;
+  while (environ[n]) n++;
+  char **kept = calloc(n + 1, sizeof *kept);
+  if (!kept) return NULL;
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++)
+    if (!is_secret(environ[i])) kept[k++] = environ[i];
+  return kept;
+}
+
 /* Spawns argv with stdout and stderr on the write ends of out_pipe and err_pipe. */
 static int spawn(char *const *argv, const int out_pipe[2], const int err_pipe[2], pid_t *pid,
                  nas_err *err) {
@@ -122,7 +150,9 @@ static int spawn(char *const *argv, const int out_pipe[2], const int err_pipe[2]
   posix_spawnattr_setpgroup(&attr, 0);
   posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF |
                                       POSIX_SPAWN_SETPGROUP);
-  int rc = posix_spawnp(pid, argv[0], &actions, &attr, argv, environ);
+  char **env = environ_without_secrets();
+  int rc = env ? posix_spawnp(pid, argv[0], &actions, &attr, argv, env) : ENOMEM;
+  free(env);
   posix_spawn_file_actions_destroy(&actions);
   posix_spawnattr_destroy(&attr);
   if (rc != 0)

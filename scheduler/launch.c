@@ -54,11 +54,13 @@ static char *thread_default(const sched *sc, const char *name) {
   return nas_asprintf("%s=%ld", name, share > 0 ? share : 1);
 }
 
-/* The trial's environment: thread shares, the spec's `env`, then what nas tells every
- * trial (which wins over the spec when names clash). Owned, NULL-terminated. */
+/* The trial's environment: thread shares, the token nas holds for a `nas serve` (a Slurm
+ * trial gets it from env.sh alone: Slurm's commands run without it), the spec's `env`, then
+ * what nas tells every trial (which wins over the spec when names clash). Owned,
+ * NULL-terminated. */
 static char **trial_env(const sched *sc, const trial_row *row, const json_t *params,
                         const char *run_dir) {
-  size_t cap = sc->s->trial.n_env + json_object_size(params) + 11 + SCHED_HYPERBAND_ENV_MAX,
+  size_t cap = sc->s->trial.n_env + json_object_size(params) + 12 + SCHED_HYPERBAND_ENV_MAX,
          n = 0;
   char **env = calloc(cap, sizeof *env);
   if (!env) return NULL;
@@ -67,6 +69,8 @@ static char **trial_env(const sched *sc, const trial_row *row, const json_t *par
     char *entry = thread_default(sc, pools[i]);
     if (entry) env[n++] = entry;
   }
+  const char *token = getenv("NAS_TOKEN");
+  if (token) env[n++] = nas_asprintf("NAS_TOKEN=%s", token);
   for (size_t i = 0; i < sc->s->trial.n_env; i++) env[n++] = strdup(sc->s->trial.env[i]);
   char *params_text = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);
   env[n++] = nas_asprintf("NAS_TRIAL_ID=%lld", (long long)row->id);

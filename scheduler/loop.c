@@ -337,6 +337,20 @@ static void cut_short_say(sched *sc) {
   free(args);
 }
 
+/* A run that ends on an error (its storage out of reach past its retries) leaves its
+ * trials running, their ends unrecorded: says so, and what records them, since the summary
+ * above counts them nowhere. */
+static void left_running_say(const sched *sc) {
+  size_t n = sc->n_jobs;
+  if (n == 0) return;
+  bool one = n == 1;
+  nas_log("%s: %zu trial%s left running, %s not stored yet; once the storage answers, "
+          "'nas resume %s%s' re-attaches to %s and records how %s ended", sc->exp->name, n,
+          one ? "" : "s", one ? "its end" : "their ends", sc->exp->name,
+          sc->opt->storage_hint ? sc->opt->storage_hint : "", one ? "it" : "them",
+          one ? "it" : "they");
+}
+
 static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   inflight *job = &sc->jobs[i];
   trial_status status;
@@ -829,6 +843,7 @@ static int run_held(sched *sc, nas_err *err) {
   if (rc == NAS_OK && sc->outcome == SCHED_FINISHED) sched_events_finished(sc);
   sched_progress_done(sc); /* clears a terminal's status line first */
   cut_short_say(sc);
+  if (rc != NAS_OK && !sc->opt->stop_only) left_running_say(sc);
   return rc;
 }
 

@@ -430,6 +430,15 @@ static int read_tls(const serve_options *opt, char **cert, char **key, nas_err *
   return NAS_OK;
 }
 
+/* Tokens sent over plain HTTP can be read by anyone on the network between client and
+ * server: says so when the server takes tokens, has no TLS and listens beyond loopback. */
+static void warn_of_tokens_in_clear(const serve_options *opt, const char *cert) {
+  const char *listen = opt->listen ? opt->listen : "127.0.0.1:8470";
+  if (!opt->log || !opt->token_file || cert || serve_host_is_loopback(listen)) return;
+  fprintf(opt->log, "nas serve: warning: listening on %s without --tls-cert and --tls-key: "
+                    "tokens cross the network in clear text\n", listen);
+}
+
 /* Serves at addr (with TLS when cert, key are given: PEM texts) until SIGINT or SIGTERM. */
 static int serve_with(serve_ctx *srv, const struct sockaddr_storage *addr, char *cert, char *key,
                       nas_err *err) {
@@ -445,6 +454,7 @@ static int serve_with(serve_ctx *srv, const struct sockaddr_storage *addr, char 
   if (rc == NAS_OK) {
     struct MHD_Daemon *d = start_daemon(srv, addr, cert, key);
     if (d) {
+      warn_of_tokens_in_clear(opt, cert);
       if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
       wait_for_stop();
     } else {

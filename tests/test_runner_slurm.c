@@ -731,6 +731,30 @@ static void environment_and_setup_reach_the_job_in_order(void **state) {
   runner_free(r);
 }
 
+/* The caller's NAS_STORAGE (a database password) and NAS_TOKEN never reach Slurm, which
+ * keeps a job's environment in its controller's state and may keep it in accounting: the
+ * job's setup lines do not see them, and the trial gets its own from env.sh. */
+static void callers_secrets_reach_the_job_from_env_sh_alone(void **state) {
+  fixture *f = cluster_fixture(state);
+  runner *r = runner_with("{\"poll_interval\": 0.2, \"setup\": \"echo setup sees "
+                          "${NAS_STORAGE-unset} ${NAS_TOKEN-unset}\"}");
+  setenv("NAS_STORAGE", "postgresql://nas:pw-of-caller@db/x", 1);
+  setenv("NAS_TOKEN", "token-of-caller", 1);
+  char *env[] = {"NAS_STORAGE=postgresql://nas:pw-of-trial@db/x", "NAS_TOKEN=token-of-trial",
+                 NULL};
+  char *argv[] = {"sh", "-c", "echo trial sees $NAS_STORAGE $NAS_TOKEN", NULL};
+  char *run_dir = run_dir_new(f);
+  char *handle = start_on(r, run_dir, argv, f->dir, env, 0);
+  unsetenv("NAS_STORAGE");
+  unsetenv("NAS_TOKEN");
+  assert_int_equal(wait_end(r, handle, run_dir, WAIT_LIMIT_S).exit_code, 0);
+  char *out = file_text(run_dir, "stdout.log");
+  assert_string_equal(out, "setup sees unset unset\n"
+                           "trial sees postgresql://nas:pw-of-trial@db/x token-of-trial\n");
+  free(out), free(handle), free(run_dir);
+  runner_free(r);
+}
+
 /* ntasks: 2 with srun: the command runs once per task, each seeing its own rank. */
 static void srun_runs_the_command_once_per_task(void **state) {
   fixture *f = cluster_fixture(state);
@@ -864,6 +888,25 @@ static char *experiment_run(fixture *f, const char *name, const char *yaml, cons
 
 /* The whole product on Slurm: `nas run` of an experiment whose trials go out as one job
  * array per launch round, some succeeding and some failing, all recorded. */
+/* The token nas run holds for a nas serve reaches its Slurm trials (from env.sh: Slurm's
+ * commands run without it), so that their reports get through. */
+static void slurm_trials_get_the_token_of_nas_run(void **state) {
+  fixture *f = cluster_fixture(state);
+  setenv("NAS_TOKEN", "token-for-trials", 1);
+  char *out = experiment_run(f, "tokened",
+                             "name: tokened\n"
+                             "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "objectives: [{name: y, goal: minimize}]\n"
+                             "trial: {command: [sh, -c, 'test \"$NAS_TOKEN\" = token-for-trials "
+                             "|| exit 5; echo \"nas-metric {{\\\"y\\\": {x}}}\"']}\n"
+                             "budget: {trials: 1}\n"
+                             "runner: {type: slurm, poll_interval: 0.2}\n",
+                             "csv");
+  unsetenv("NAS_TOKEN");
+  if (!strstr(out, ",completed,")) fail_msg("%s", out);
+  free(out);
+}
+
 static void experiment_runs_through_slurm_as_job_arrays(void **state) {
   fixture *f = cluster_fixture(state);
   int sbatch_before = calls_of(f->g, "sbatch");
@@ -1366,6 +1409,8 @@ int main(void) {
       T(missing_command_or_workdir_exits_127),
       T(hostile_argv_env_and_paths_round_trip_exactly),
       T(environment_and_setup_reach_the_job_in_order),
+      T(callers_secrets_reach_the_job_from_env_sh_alone),
+      T(slurm_trials_get_the_token_of_nas_run),
       T(srun_runs_the_command_once_per_task),
       T(builtin_trial_trains_across_two_srun_tasks),
       T(builtin_pipeline_trial_runs_its_stages_as_srun_tasks),

@@ -491,6 +491,29 @@ static int post_file(const test_server *srv, const char *path, const char *file,
   return code;
 }
 
+/* Tokens sent over plain HTTP can be read on the network: a server with a token file
+ * that listens beyond loopback without TLS says so; on loopback it says nothing. */
+static void tokens_over_plain_http_beyond_loopback_are_warned_of(void **state) {
+  fixture *f = *state;
+  char *tokens = test_write(f->dir, "tokens", "write w0000000000000000000000000000000000000002\n");
+  chmod(tokens, 0600);
+  const char *const extra[] = {"--token-file", tokens, NULL};
+  const char *const listens[] = {"0.0.0.0:0", "127.0.0.1:0"};
+  for (size_t i = 0; i < 2; i++) {
+    test_server srv;
+    if (!test_server_start_on(&srv, f->dir, f->db, listens[i], extra))
+      fail_msg("nas serve --listen %s did not start", listens[i]);
+    char *log = NULL;
+    nas_err ignored;
+    assert_int_equal(nas_read_file(srv.log, &log, NULL, &ignored), NAS_OK);
+    bool warned = strstr(log, "tokens cross the network in clear text") != NULL;
+    if (warned != (i == 0)) fail_msg("--listen %s: %s", listens[i], log);
+    free(log);
+    assert_int_equal(test_server_stop(&srv), 0);
+  }
+  free(tokens);
+}
+
 static void refused_requests_are_answered_before_their_body_is_read(void **state) {
   fixture *f = *state;
   char *tokens = test_write(f->dir, "tokens", "write w0000000000000000000000000000000000000002\n");
@@ -760,6 +783,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tokens_decide_who_may_read_and_write, setup, teardown),
       cmocka_unit_test_setup_teardown(malformed_and_oversized_requests_get_clear_errors, setup, teardown),
       cmocka_unit_test_setup_teardown(threads_are_four_on_sqlite_unless_told_and_bad_counts_are_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(tokens_over_plain_http_beyond_loopback_are_warned_of, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(refused_requests_are_answered_before_their_body_is_read, setup, teardown),
       cmocka_unit_test_setup_teardown(pages_of_other_sites_cannot_drive_the_api, setup, teardown),
       cmocka_unit_test_setup_teardown(a_newline_in_a_path_cannot_forge_a_log_line, setup, teardown),

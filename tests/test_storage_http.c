@@ -2,8 +2,9 @@
  * on 127.0.0.1: every client command through --storage http:// and NAS_STORAGE, built-in
  * trials reporting through the server, many clients at once, a server killed with -9 and
  * restarted under load (each report stored exactly once), tokens, unknown experiments,
- * copy, rename and delete, and a server out of reach. (tests/test_storage.c also runs the whole shared storage suite
- * through a server.) */
+ * copy, rename and delete, a server out of reach, and a nas run that loses its server (it
+ * names the trials it leaves running). (tests/test_storage.c also runs the whole shared
+ * storage suite through a server.) */
 #include <inttypes.h>
 #include <sqlite3.h>
 #include <sys/stat.h>
@@ -821,6 +822,55 @@ static void server_out_of_reach_is_reported_after_the_retry_budget(void **state)
   free(url);
 }
 
+/* A nas run whose server goes away for longer than its retries ends with an error and
+ * leaves its trials running: it says so, and names the 'nas resume' that records how they
+ * ended, which then stores both (nothing lost, nothing run twice). */
+static void run_losing_its_server_names_the_trials_left_running(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  char *spec = test_write(f->dir, "gone.yaml",
+                          "name: gone\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial: {command: [sh, -c, 'sleep 2; "
+                          "echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                          "optimizer: {type: sobol}\n"
+                          "budget: {trials: 2, parallel: 2}\n");
+  char *log = nas_asprintf("%s/run.log", f->dir);
+  pid_t run = fork();
+  assert_true(run >= 0);
+  if (run == 0) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (fd < 0 || chdir(f->dir) != 0) _exit(126);
+    dup2(fd, 1), dup2(fd, 2);
+    setenv("NAS_STORAGE_RETRY_S", "0.5", 1);
+    execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", url, "--no-progress",
+          (char *)NULL);
+    _exit(127);
+  }
+  wait_until_n_running(f, "gone", 2);
+  test_server_kill(&srv);
+  free(srv.log);
+  int status = 0;
+  assert_int_equal(waitpid(run, &status, 0), run);
+  char *text = NULL;
+  nas_err ignored;
+  assert_int_equal(nas_read_file(log, &text, NULL, &ignored), NAS_OK);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) fail_msg("nas run: %s", text);
+  assert_contains(text, "gave up after 0.5 s");
+  assert_contains(text, "gone: 2 trials left running, their ends not stored yet");
+  char *hint = nas_asprintf("'nas resume gone --storage %s' re-attaches to them", url);
+  assert_contains(text, hint);
+  nas_ok(f, "resume", "gone", "--no-progress");
+  json_t *rows = trials_json(f, "gone");
+  assert_int_equal(json_array_size(rows), 2);
+  assert_int_equal(count_status(rows, "completed"), 2);
+  json_decref(rows);
+  free(hint), free(text), free(log), free(spec), free(url);
+}
+
 static void credentials_in_the_url_are_refused_unshown(void **state) {
   (void)state;
   storage *st = NULL;
@@ -864,6 +914,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(tokens_decide_what_a_storage_client_may_do, setup, teardown),
       cmocka_unit_test_setup_teardown(unknown_experiments_and_trials_through_the_server_are_not_found, setup, teardown),
       cmocka_unit_test_setup_teardown(server_out_of_reach_is_reported_after_the_retry_budget, setup, teardown),
+      cmocka_unit_test_setup_teardown(run_losing_its_server_names_the_trials_left_running, setup,
+                                      teardown),
       cmocka_unit_test(credentials_in_the_url_are_refused_unshown),
       cmocka_unit_test(dashboard_links_given_as_storage_are_refused_without_their_token),
   };
