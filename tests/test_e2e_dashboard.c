@@ -196,6 +196,9 @@ static void experiment_page_draws_what_the_cli_reports(void **state) {
   expect_ready(dom, "experiments");
   assert_non_null(strstr(dom, "data-experiment=\"dash\""));
   assert_non_null(strstr(dom, "data-experiment=\"dash2\""));
+  /* No scheduler runs them: the list says so in the word of `nas status` and the
+   * experiment's page, not a word of its own. */
+  assert_int_equal(count_of(dom, "<span class=\"badge none\">none</span>"), 2);
   screenshot(s.f, url, "experiments", 500);
   free(dom), free(url);
   json_decref(pareto), json_decref(trials);

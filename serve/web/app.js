@@ -471,7 +471,7 @@
       h("td", {}, e.error ? null : h("input", { type: "checkbox", on: { change: (ev) => { ev.target.checked ? picked.add(e.name) : picked.delete(e.name); go.disabled = picked.size < 2; } } })),
       h("td", {}, h("a", { href: `#/e/${enc(e.name)}` }, e.name)), h("td", {}, badge(e.status)),
       e.error ? h("td", { colspan: 3, class: "error" }, e.error)
-              : [h("td", {}, progressBar(e)), h("td", {}, bestOrVolume(e)), h("td", {}, badge(e.scheduler.state === "none" ? "idle" : e.scheduler.state))],
+              : [h("td", {}, progressBar(e)), h("td", {}, bestOrVolume(e)), h("td", {}, badge(e.scheduler.state))],
       h("td", { title: when(e.created_at) }, when(e.created_at, true)), h("td", { title: when(e.updated_at) }, when(e.updated_at, true))));
     const table = h("table", { id: "experiments", "data-rows": rows.length },
       h("thead", {}, h("tr", {}, ["", "experiment", "status", "progress", "best / hypervolume", "scheduler", "started", "updated"].map((t) => h("th", {}, t)))),
