@@ -135,6 +135,17 @@ enum {
 };
 int storage_open_with(const char *url, unsigned flags, storage **out, nas_err *err);
 void storage_close(storage *st);
+/* While its server is out of reach (PostgreSQL, http), an operation waits between
+ * retries; a watch lets the caller end that wait: cancelled(ctx) is asked at least every
+ * STORAGE_WATCH_S seconds of it, and once it says true the operation gives up at once
+ * with NAS_ECANCELED ("given up on request while the storage was out of reach"). SQLite
+ * has no server to wait for and never asks. A zero watch (the default) never gives up. */
+typedef struct {
+  bool (*cancelled)(void *ctx);
+  void *ctx;
+} storage_watch;
+#define STORAGE_WATCH_S 0.05
+void storage_set_watch(storage *st, storage_watch watch);
 /* The URL with a relative sqlite path made absolute (to hand to trials). Owned. */
 char *storage_url_absolute(const char *url);
 /* The URL as it may be shown: any password replaced by "***". Owned. */
