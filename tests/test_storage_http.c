@@ -59,7 +59,8 @@ static int nas_argv(fixture *f, char **out, const char *const *args) {
 }
 
 static void assert_contains(const char *text, const char *part) {
-  if (!text || !strstr(text, part)) fail_msg("\"%s\" does not contain \"%s\"", text, part);
+  if (!text) fail_msg("nothing to look for \"%s\" in", part);
+  if (!strstr(text, part)) fail_msg("\"%s\" does not contain \"%s\"", text, part);
 }
 
 /* The id of trial `number` of experiment `name`. */
@@ -840,6 +841,34 @@ static pid_t run_through(fixture *f, const char *spec, const char *url, const ch
   return run;
 }
 
+/* Writes f->dir/NAME.yaml: experiment NAME of two trials at once running command (a YAML
+ * sequence). The path is owned. */
+static char *two_trials_spec(fixture *f, const char *name, const char *command) {
+  char *file = nas_asprintf("%s.yaml", name);
+  char *text = nas_asprintf("name: %s\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {command: %s}\n"
+                            "optimizer: {type: sobol}\n"
+                            "budget: {trials: 2, parallel: 2}\n", name, command);
+  char *path = test_write(f->dir, file, text);
+  free(file), free(text);
+  return path;
+}
+
+/* Waits for run, which must end with an error (exit 1); its output from log (owned), and in
+ * *took the seconds since `since` (monotonic). */
+static char *failed_run_output(pid_t run, const char *log, double since, double *took) {
+  int status = 0;
+  assert_int_equal(waitpid(run, &status, 0), run);
+  *took = nas_monotonic() - since;
+  char *text = NULL;
+  nas_err ignored;
+  assert_int_equal(nas_read_file(log, &text, NULL, &ignored), NAS_OK);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) fail_msg("nas run: %s", text);
+  return text;
+}
+
 /* A nas run whose server goes away for longer than its retries ends with an error and
  * leaves its trials running: it says so, and names the 'nas resume' that records how they
  * ended, which then takes the lease over and stores both (nothing lost, nothing run twice).
@@ -849,27 +878,16 @@ static void run_losing_its_server_names_the_trials_left_running(void **state) {
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);
-  char *spec = test_write(f->dir, "gone.yaml",
-                          "name: gone\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}]\n"
-                          "trial: {command: [sh, -c, 'sleep 2; "
-                          "echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
-                          "optimizer: {type: sobol}\n"
-                          "budget: {trials: 2, parallel: 2}\n");
+  char *spec = two_trials_spec(f, "gone", "[sh, -c, 'sleep 2; "
+                                         "echo \"nas-metric {{\\\"y\\\": 1}}\"']");
   char *log = nas_asprintf("%s/run.log", f->dir);
   pid_t run = run_through(f, spec, url, "4", log);
   wait_until_n_running(f, "gone", 2);
   test_server_kill(&srv);
   double killed = nas_monotonic();
   free(srv.log);
-  int status = 0;
-  assert_int_equal(waitpid(run, &status, 0), run);
-  double took = nas_monotonic() - killed;
-  char *text = NULL;
-  nas_err ignored;
-  assert_int_equal(nas_read_file(log, &text, NULL, &ignored), NAS_OK);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) fail_msg("nas run: %s", text);
+  double took;
+  char *text = failed_run_output(run, log, killed, &took);
   assert_contains(text, "gave up after 4 s");
   /* one retry budget (3 to 4 s: its waits grow to 1 s), not a second one to release the
    * lease, which expires on its own */
@@ -895,13 +913,7 @@ static void ctrl_c_while_the_server_is_gone_is_heard_at_once(void **state) {
   test_server srv;
   start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
   char *url = server_url(&srv);
-  char *spec = test_write(f->dir, "cut.yaml",
-                          "name: cut\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}]\n"
-                          "trial: {command: [sleep, '60']}\n"
-                          "optimizer: {type: sobol}\n"
-                          "budget: {trials: 2, parallel: 2}\n");
+  char *spec = two_trials_spec(f, "cut", "[sleep, '60']");
   char *log = nas_asprintf("%s/run.log", f->dir);
   pid_t run = run_through(f, spec, url, "20", log);
   wait_until_n_running(f, "cut", 2);
@@ -912,14 +924,9 @@ static void ctrl_c_while_the_server_is_gone_is_heard_at_once(void **state) {
   kill(run, SIGINT);
   nas_sleep(0.3);
   kill(run, SIGINT);
-  int status = 0;
-  assert_int_equal(waitpid(run, &status, 0), run);
-  double took = nas_monotonic() - pressed;
-  char *text = NULL;
-  nas_err ignored;
-  assert_int_equal(nas_read_file(log, &text, NULL, &ignored), NAS_OK);
+  double took;
+  char *text = failed_run_output(run, log, pressed, &took);
   if (took > 5) fail_msg("nas run took %.1f s after Ctrl-C: %s", took, text);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) fail_msg("nas run: %s", text);
   assert_contains(text, "launching no new trials");
   assert_contains(text, "stopping 2 running trials");
   assert_contains(text, "given up on request while the storage was out of reach");
