@@ -35,6 +35,7 @@
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the
  * operation is tried again. Only when the server stays out of reach for the whole budget
  * after the outcome became unknown does the error say that the write may have happened.
+ * A caller's watch (storage_set_watch) can end the retries early (Ctrl-C in `nas run`).
  *
  * Over HTTP the same holds end to end: the client retries lost connections and 5xx
  * answers within NAS_STORAGE_RETRY_S, and names each write that is not idempotent with an
