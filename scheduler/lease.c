@@ -159,7 +159,9 @@ void sched_lease_release(storage *st, const experiment_row *exp, sched_lease *mi
   nas_err err;
   /* A lease left behind only delays the next scheduler until its holder is seen dead. */
   if (storage_lease_release(st, exp->id, mine->token, &err) != NAS_OK)
-    nas_log("%s: %s", exp->name, err.msg);
+    nas_log("%s: could not release the lease; it expires on its own %g s after its last "
+            "renewal, at once for a 'nas resume' on this host (%s)", exp->name,
+            SCHED_LEASE_TIMEOUT_S, err.msg);
   mine->held = false;
 }
 

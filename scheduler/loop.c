@@ -337,16 +337,17 @@ static void cut_short_say(sched *sc) {
   free(args);
 }
 
-/* A run that ends on an error (its storage out of reach past its retries) leaves its
- * trials running, their ends unrecorded: says so, and what records them, since the summary
- * above counts them nowhere. */
+/* A run that ends on an error (its storage out of reach past its retries, or a second
+ * Ctrl-C while it waited for it) leaves its trials running, or asked to stop, their ends
+ * unrecorded: says so, and what records them, since the summary above counts them nowhere. */
 static void left_running_say(const sched *sc) {
   size_t n = sc->n_jobs;
   if (n == 0) return;
   bool one = n == 1;
-  nas_log("%s: %zu trial%s left running, %s not stored yet; once the storage answers, "
+  nas_log("%s: %zu trial%s %s, %s not stored yet; once the storage answers, "
           "'nas resume %s%s' re-attaches to %s and records how %s ended", sc->exp->name, n,
-          one ? "" : "s", one ? "its end" : "their ends", sc->exp->name,
+          one ? "" : "s", sc->stopping ? "asked to stop" : "left running",
+          one ? "its end" : "their ends", sc->exp->name,
           sc->opt->storage_hint ? sc->opt->storage_hint : "", one ? "it" : "them",
           one ? "it" : "they");
 }
@@ -675,6 +676,7 @@ static void stop_all(sched *sc, const char *why) {
 
 /* First SIGINT/SIGTERM: launch nothing more, let running trials finish. Second: stop them. */
 static void on_signal(sched *sc, int sig) {
+  sc->interrupted = true;
   if (!sc->draining) {
     sc->draining = true;
     nas_log("%s: launching no new trials; waiting for %zu running (signal again to stop "
@@ -683,6 +685,23 @@ static void on_signal(sched *sc, int sig) {
     nas_log("%s: stopping %zu running trials", strsignal(sig), sc->n_jobs);
     stop_all(sc, NULL);
   }
+}
+
+/* The storage's watch (storage_watch), asked while its server is out of reach: each
+ * SIGINT or SIGTERM is read and handled at once, as the loop would, so that none waits for
+ * the retries nor merges with the next; the wait ends at a signal that leaves the trials
+ * stopped (the second: nothing is left to wait for), and at once after the run failed
+ * (releasing the lease tries once: it expires on its own). */
+static bool storage_wait_cancelled(void *ctx) {
+  sched *sc = ctx;
+  sigset_t stops;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGINT);
+  sigaddset(&stops, SIGTERM);
+  const struct timespec now = {0};
+  bool heard = false;
+  for (int sig; (sig = sigtimedwait(&stops, NULL, &now)) > 0; heard = true) on_signal(sc, sig);
+  return (heard && sc->stopping) || sc->failed;
 }
 
 /* SIGINT and SIGTERM sent to the process go to any of its threads that does not block
@@ -709,15 +728,12 @@ static void signal_forward_install(int sig, struct sigaction *old) {
 
 /* Sleeps until a child process ends (a job may be done), a signal arrives, or the poll
  * interval passes. Every signal waited on is blocked, so none is lost between checks. */
-static void wait_for_event(sched *sc, bool *interrupted) {
+static void wait_for_event(sched *sc) {
   double interval = sc->opt->poll_interval > 0 ? sc->opt->poll_interval : 0.2;
   struct timespec ts = {.tv_sec = (time_t)interval,
                         .tv_nsec = (long)((interval - (double)(time_t)interval) * 1e9)};
   int sig = sigtimedwait(&sc->waited, NULL, &ts);
-  if (sig == SIGINT || sig == SIGTERM) {
-    *interrupted = true;
-    on_signal(sc, sig);
-  }
+  if (sig == SIGINT || sig == SIGTERM) on_signal(sc, sig);
 }
 
 static void check_deadline(sched *sc) {
@@ -731,14 +747,13 @@ static void check_deadline(sched *sc) {
   free(why);
 }
 
-static int check_stop_request(sched *sc, bool *interrupted, nas_err *err) {
+static int check_stop_request(sched *sc, nas_err *err) {
   bool stop = false;
   if (sc->stopping) return NAS_OK;
   if (stop_requested(sc, &stop, err) != NAS_OK) return NAS_ERR;
   if (stop) {
     nas_log("%s: stopped by 'nas stop': stopping %zu running trials", sc->exp->name, sc->n_jobs);
-    *interrupted = true;
-    sc->draining = true;
+    sc->interrupted = sc->draining = true;
     stop_all(sc, "stopped by 'nas stop'");
   }
   return NAS_OK;
@@ -749,10 +764,10 @@ static bool done(const sched *sc) {
   return sc->draining || (sc->counts.total >= sc->s->budget.max_trials && sc->n_queued == 0);
 }
 
-static int loop(sched *sc, bool *interrupted, nas_err *err) {
+static int loop(sched *sc, nas_err *err) {
   while (true) {
     if (sched_lease_keep(sc->st, sc->exp, &sc->lease, err) != NAS_OK || poll_jobs(sc, err) != NAS_OK ||
-        check_stop_request(sc, interrupted, err) != NAS_OK)
+        check_stop_request(sc, err) != NAS_OK)
       return NAS_ERR;
     check_deadline(sc);
     /* Promotions first: a promoted trial is launched before new suggestions. */
@@ -760,7 +775,7 @@ static int loop(sched *sc, bool *interrupted, nas_err *err) {
       return NAS_ERR;
     sched_progress_tick(sc);
     if (done(sc)) return NAS_OK;
-    wait_for_event(sc, interrupted);
+    wait_for_event(sc);
   }
 }
 
@@ -780,6 +795,7 @@ static void sched_free(sched *sc) {
   free(sc->cut_short);
   /* A signal still pending meets signal_forward on this thread, which drops it: the run
    * has ended and says how. */
+  storage_set_watch(sc->st, (storage_watch){0});
   pthread_sigmask(SIG_SETMASK, &sc->old_mask, NULL);
   sigaction(SIGINT, &sc->old_int, NULL);
   sigaction(SIGTERM, &sc->old_term, NULL);
@@ -819,23 +835,23 @@ static int sched_init(sched *sc, const spec *s, storage *st, const experiment_ro
   if (optimizer_create(s, &sc->opt_model, err) != NAS_OK)
     return nas_err_prefix(err, "optimizer '%s'", s->optimizer.type);
   optimizer_set_watch(sc->opt_model, (optimizer_watch){.cancelled = suggestion_cancelled, .ctx = sc});
+  storage_set_watch(st, (storage_watch){.cancelled = storage_wait_cancelled, .ctx = sc});
   return sc->opt->stop_only ? NAS_OK : load_imported(sc, err);
 }
 
 /* The run itself, once this process holds the experiment's lease. */
 static int run_held(sched *sc, nas_err *err) {
-  bool interrupted = false;
   int rc = sc->opt->stop_only
                ? NAS_OK /* it stays stopped */
                : storage_experiment_set_status(sc->st, sc->exp->id, "running", NULL, err);
   if (rc == NAS_OK) rc = rebuild(sc, err);
   if (rc == NAS_OK && sc->opt->stop_only) {
-    interrupted = sc->draining = true;
+    sc->interrupted = sc->draining = true;
     stop_all(sc, "stopped by 'nas stop'");
   }
   if (rc == NAS_OK) sched_events_start(sc);
-  if (rc == NAS_OK) rc = loop(sc, &interrupted, err);
-  if (interrupted) sc->outcome = SCHED_INTERRUPTED;
+  if (rc == NAS_OK) rc = loop(sc, err);
+  if (sc->interrupted) sc->outcome = SCHED_INTERRUPTED;
   if (rc == NAS_OK)
     rc = storage_experiment_set_status(sc->st, sc->exp->id,
                                        sc->outcome == SCHED_FINISHED ? "finished" : "stopped", NULL,
@@ -856,6 +872,7 @@ int sched_run(const spec *s, storage *st, const experiment_row *exp,
   if (rc == NAS_OK) rc = sched_lease_take(st, exp, &sc.lease, err);
   if (rc == NAS_OK) rc = run_held(&sc, err);
   *outcome = sc.outcome;
+  sc.failed = rc != NAS_OK;
   sched_lease_release(st, exp, &sc.lease);
   sched_free(&sc);
   return rc;

@@ -98,6 +98,9 @@ typedef struct storage_backend {
    * took, changed or added to) in its own transaction; NULL disarms.
    * receipt_find looks a committed key up. */
   void (*receipt_arm)(void *conn, const char *key);
+  /* Optional (NULL: a backend that never waits for a server): keeps the watch, which
+   * outlives the connection, for storage_backoff_sleep. */
+  void (*set_watch)(void *conn, const storage_watch *watch);
   int (*receipt_find)(void *conn, const char *key, bool *found, int64_t *result, nas_err *err);
 
   /* Group commit (storage.h); NULL in a backend without it. group_begin opens one
@@ -118,6 +121,12 @@ extern const storage_backend storage_http_backend;
 #define STORAGE_RETRY_MAX_S 3600.0
 #define STORAGE_RECEIPT_KEEP_S 86400
 int storage_retry_budget(double *seconds, nas_err *err);
+/* Sleeps seconds before a retry, asking watch (may be NULL) every STORAGE_WATCH_S; false
+ * as soon as it says stop. */
+bool storage_backoff_sleep(const storage_watch *watch, double seconds);
+/* Puts in front of err (the last try's failure) that the retries were given up on
+ * request; returns NAS_ECANCELED. */
+int storage_given_up_on_request(nas_err *err);
 
 /* Whether a connection parameter named key (len bytes, decoded) holds a secret: password,
  * sslpassword, any name ending in "password", in "token" (a dashboard link's token) or in

@@ -56,6 +56,7 @@ typedef struct http_conn {
   struct curl_slist *headers; /* owned: sent with every request */
   double retry_s;
   const char *request_key;    /* borrowed: the armed idempotency key, or NULL */
+  const storage_watch *watch; /* borrowed: asked between retries; NULL when none is set */
   rows_json_doubles doubles;  /* how observations' doubles go: as the server says it reads */
   uint64_t jitter;            /* state of the backoff's random jitter */
   char *reply;                /* owned: the body of the last answer */
@@ -98,14 +99,13 @@ static double jitter_next(http_conn *c) {
   return (double)(c->jitter >> 11) / 9007199254740992.0;
 }
 
-/* Waits before the next try (a delay drawn from [delay/2, delay)); false when that would
- * pass the deadline. */
-static bool backoff_wait(http_conn *c, double deadline, double *delay) {
+/* Waits before the next try (a delay drawn from [delay/2, delay)): NAS_OK, NAS_ERR when
+ * that would pass the deadline, or NAS_ECANCELED when the caller's watch said stop. */
+static int backoff_wait(http_conn *c, double deadline, double *delay) {
   double wait = *delay * (0.5 + 0.5 * jitter_next(c));
-  if (nas_monotonic() + wait > deadline) return false;
-  nas_sleep(wait);
+  if (nas_monotonic() + wait > deadline) return NAS_ERR;
   *delay = fmin(2 * *delay, HTTP_BACKOFF_MAX_S);
-  return true;
+  return storage_backoff_sleep(c->watch, wait) ? NAS_OK : NAS_ECANCELED;
 }
 
 /* One try: the transfer's code, and the HTTP status when there was an answer. */
@@ -158,10 +158,11 @@ static int call_with(http_conn *c, const char *op, const json_t *args, bool once
   double deadline = nas_monotonic() + (once ? 0 : c->retry_s), delay = HTTP_BACKOFF_FIRST_S;
   long status = 0;
   CURLcode rc;
+  int waited = NAS_OK;
   for (;;) {
     rc = try_once(c, url, body, keyed ? &key_node : c->headers, &status);
     bool again = rc == CURLE_OK ? status >= 500 : curl_retryable(rc);
-    if (!again || !backoff_wait(c, deadline, &delay)) break;
+    if (!again || (waited = backoff_wait(c, deadline, &delay)) != NAS_OK) break;
   }
   free(url), free(body);
   int out;
@@ -175,6 +176,7 @@ static int call_with(http_conn *c, const char *op, const json_t *args, bool once
     out = json_is_object(*reply) ? NAS_OK : nas_errf(err, "the answer is not a JSON object: %s",
                                                      jerr.text);
   }
+  if (out != NAS_OK && waited == NAS_ECANCELED) return storage_given_up_on_request(err);
   if (out != NAS_OK && !once && curl_retryable(rc) && c->retry_s > 0)
     nas_err_prefix(err, "gave up after %g s of retries", c->retry_s);
   return out;
@@ -599,6 +601,11 @@ static int http_lease_get(void *conn, int64_t experiment_id, storage_lease *out,
 
 /* ---- idempotency keys -------------------------------------------------------------------- */
 
+static void http_set_watch(void *conn, const storage_watch *watch) {
+  http_conn *c = conn;
+  c->watch = watch;
+}
+
 static void http_receipt_arm(void *conn, const char *key) {
   http_conn *c = conn;
   c->request_key = key;
@@ -645,5 +652,6 @@ const storage_backend storage_http_backend = {
     .lease_release = http_lease_release,
     .lease_get = http_lease_get,
     .receipt_arm = http_receipt_arm,
+    .set_watch = http_set_watch,
     .receipt_find = http_receipt_find,
 };

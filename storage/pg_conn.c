@@ -436,12 +436,13 @@ typedef struct backoff {
   double delay;    /* the next wait */
 } backoff;
 
-/* Waits before the next retry; false when that would pass the deadline. */
-static bool backoff_wait(backoff *b) {
-  if (nas_monotonic() + b->delay > b->deadline) return false;
-  nas_sleep(b->delay);
+/* Waits before the next retry: NAS_OK, NAS_ERR when that would pass the deadline, or
+ * NAS_ECANCELED when the caller's watch said stop meanwhile. */
+static int backoff_wait(const pg_conn *c, backoff *b, nas_err *err) {
+  if (nas_monotonic() + b->delay > b->deadline) return NAS_ERR;
+  bool slept = storage_backoff_sleep(c->watch, b->delay);
   b->delay = b->delay == 0 ? PG_BACKOFF_FIRST_S : fmin(2 * b->delay, PG_BACKOFF_MAX_S);
-  return true;
+  return slept ? NAS_OK : storage_given_up_on_request(err);
 }
 
 static int give_up(const pg_conn *c, bool unsettled, nas_err *err) {
@@ -471,6 +472,8 @@ int pg_run(pg_conn *c, const pg_op *op, void *ctx, nas_err *err) {
       rc = op->recover(c, result, ctx, err);
     }
     if (rc != PG_LOST && rc != PG_AGAIN) return rc;
-    if (!backoff_wait(&b)) return give_up(c, phase == PHASE_SETTLE, err);
+    rc = backoff_wait(c, &b, err);
+    if (rc == NAS_ECANCELED) return rc;
+    if (rc != NAS_OK) return give_up(c, phase == PHASE_SETTLE, err);
   }
 }

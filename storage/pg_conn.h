@@ -33,6 +33,7 @@
 #include <stdint.h>
 
 #include "common/common.h"
+#include "storage/storage.h"
 
 /* Outcomes of one try besides NAS_OK and the NAS_E* codes (which end the operation). */
 enum {
@@ -48,6 +49,7 @@ typedef struct pg_conn {
   /* Borrowed: the idempotency key the next write with a receipt commits beside its own
    * token (storage.h); NULL when none is armed. */
   const char *request_key;
+  const storage_watch *watch; /* borrowed: asked between retries; NULL when none is set */
 } pg_conn;
 
 /* Connects to uri: once when once is set, else retrying within the budget from

@@ -1204,6 +1204,11 @@ static void postgres_receipt_arm(void *conn, const char *key) {
   c->request_key = key;
 }
 
+static void postgres_set_watch(void *conn, const storage_watch *watch) {
+  pg_conn *c = conn;
+  c->watch = watch;
+}
+
 static int postgres_receipt_find(void *conn, const char *key, bool *found, int64_t *result,
                                  nas_err *err) {
   int64_t *rows = NULL;
@@ -1248,5 +1253,6 @@ const storage_backend storage_postgres_backend = {
     .lease_release = postgres_lease_release,
     .lease_get = postgres_lease_get,
     .receipt_arm = postgres_receipt_arm,
+    .set_watch = postgres_set_watch,
     .receipt_find = postgres_receipt_find,
 };

@@ -26,6 +26,7 @@ struct storage {
   void *conn;                     /* owned by the backend */
   bool bare_errors;               /* failures without the operation in front (storage.h) */
   char *request_key;              /* owned: the armed idempotency key, or NULL */
+  storage_watch watch;            /* handed to the backend by address */
 };
 
 /* Every backend this binary has, looked up by name from the URL's scheme. */
@@ -349,6 +350,21 @@ void storage_close(storage *st) {
   free(st);
 }
 
+bool storage_backoff_sleep(const storage_watch *watch, double seconds) {
+  double until = nas_monotonic() + seconds;
+  for (;;) {
+    if (watch && watch->cancelled && watch->cancelled(watch->ctx)) return false;
+    double left = until - nas_monotonic();
+    if (left <= 0) return true;
+    nas_sleep(fmin(left, STORAGE_WATCH_S));
+  }
+}
+
+int storage_given_up_on_request(nas_err *err) {
+  nas_err_prefix(err, "given up on request while the storage was out of reach");
+  return NAS_ECANCELED;
+}
+
 int storage_retry_budget(double *seconds, nas_err *err) {
   const char *text = getenv("NAS_STORAGE_RETRY_S");
   *seconds = STORAGE_RETRY_DEFAULT_S;
@@ -384,6 +400,11 @@ int storage_key_check(const char *key, nas_err *err) {
   if (plain) return NAS_OK;
   return nas_errf(err, "an idempotency key has 1 to %d of the characters A-Z a-z 0-9 _ -",
                   STORAGE_KEY_MAX);
+}
+
+void storage_set_watch(storage *st, storage_watch watch) {
+  st->watch = watch;
+  if (st->backend->set_watch) st->backend->set_watch(st->conn, &st->watch);
 }
 
 int storage_receipt_arm(storage *st, const char *key, nas_err *err) {

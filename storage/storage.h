@@ -35,6 +35,7 @@
  * outcome was unknown the receipt is looked up (and fenced off when missing) before the
  * operation is tried again. Only when the server stays out of reach for the whole budget
  * after the outcome became unknown does the error say that the write may have happened.
+ * A caller's watch (storage_set_watch) can end the retries early (Ctrl-C in `nas run`).
  *
  * Over HTTP the same holds end to end: the client retries lost connections and 5xx
  * answers within NAS_STORAGE_RETRY_S, and names each write that is not idempotent with an
@@ -135,6 +136,17 @@ enum {
 };
 int storage_open_with(const char *url, unsigned flags, storage **out, nas_err *err);
 void storage_close(storage *st);
+/* While its server is out of reach (PostgreSQL, http), an operation waits between
+ * retries; a watch lets the caller end that wait: cancelled(ctx) is asked at least every
+ * STORAGE_WATCH_S seconds of it, and once it says true the operation gives up at once
+ * with NAS_ECANCELED ("given up on request while the storage was out of reach"). SQLite
+ * has no server to wait for and never asks. A zero watch (the default) never gives up. */
+typedef struct {
+  bool (*cancelled)(void *ctx);
+  void *ctx;
+} storage_watch;
+#define STORAGE_WATCH_S 0.05
+void storage_set_watch(storage *st, storage_watch watch);
 /* The URL with a relative sqlite path made absolute (to hand to trials). Owned. */
 char *storage_url_absolute(const char *url);
 /* The URL as it may be shown: any password replaced by "***". Owned. */

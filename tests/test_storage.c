@@ -2904,6 +2904,34 @@ static void postgresql_write_while_the_server_stays_down_is_reported_and_not_sto
   trial_row_clear(&t);
 }
 
+static bool past(void *ctx) { return nas_monotonic() >= *(const double *)ctx; }
+
+/* While the server is down, an operation's retries end as soon as its watch says stop
+ * (a Ctrl-C in `nas run`): NAS_ECANCELED, saying why, long before the budget; the same
+ * handle works once the server is back. */
+static void postgresql_retries_end_when_the_watch_says_stop(void **state) {
+  fixture *f = *state;
+  make_experiment(f, "watched");
+  setenv("NAS_STORAGE_RETRY_S", "20", 1);
+  storage *st = open_or_fail(f->url);
+  unsetenv("NAS_STORAGE_RETRY_S");
+  double stop_at = 0;
+  storage_set_watch(st, (storage_watch){.cancelled = past, .ctx = &stop_at});
+  server_down(f, "fast");
+  stop_at = nas_monotonic() + 0.5;
+  experiment_row row;
+  nas_err err = {{0}};
+  assert_int_equal(storage_experiment_get(st, "watched", &row, &err), NAS_ECANCELED);
+  double took = nas_monotonic() - stop_at;
+  if (took > 2) fail_msg("the retries went on %.1f s after the watch said stop", took);
+  assert_contains(err.msg, "given up on request while the storage was out of reach");
+  server_up(f);
+  storage_set_watch(st, (storage_watch){0});
+  CHECK(storage_experiment_get(st, "watched", &row, err));
+  experiment_row_clear(&row);
+  storage_close(st);
+}
+
 /* libpq options travel in the URL untouched: every PostgreSQL test puts its storage in a
  * schema of its own with options=-csearch_path=…; here more options ride along, and the
  * tables are where the option said. */
@@ -3432,6 +3460,7 @@ static int run_postgres_tests(void) {
   backend_ctx ctx = {.backend = &postgres_backend, .server = &server};
   struct CMUnitTest specifics[] = {
       FIXTURE_TEST(postgresql_writes_survive_server_restarts_exactly_once),
+      FIXTURE_TEST(postgresql_retries_end_when_the_watch_says_stop),
       FIXTURE_TEST(postgresql_lost_commit_acknowledgements_are_settled_not_repeated),
       FIXTURE_TEST(postgresql_write_while_the_server_stays_down_is_reported_and_not_stored),
       FIXTURE_TEST(postgresql_url_options_reach_libpq),

@@ -59,7 +59,8 @@ static int nas_argv(fixture *f, char **out, const char *const *args) {
 }
 
 static void assert_contains(const char *text, const char *part) {
-  if (!text || !strstr(text, part)) fail_msg("\"%s\" does not contain \"%s\"", text, part);
+  if (!text) fail_msg("nothing to look for \"%s\" in", part);
+  if (!strstr(text, part)) fail_msg("\"%s\" does not contain \"%s\"", text, part);
 }
 
 /* The id of trial `number` of experiment `name`. */
@@ -822,44 +823,76 @@ static void server_out_of_reach_is_reported_after_the_retry_budget(void **state)
   free(url);
 }
 
-/* A nas run whose server goes away for longer than its retries ends with an error and
- * leaves its trials running: it says so, and names the 'nas resume' that records how they
- * ended, which then stores both (nothing lost, nothing run twice). */
-static void run_losing_its_server_names_the_trials_left_running(void **state) {
-  fixture *f = *state;
-  test_server srv;
-  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
-  char *url = server_url(&srv);
-  char *spec = test_write(f->dir, "gone.yaml",
-                          "name: gone\n"
-                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
-                          "objectives: [{name: y, goal: minimize}]\n"
-                          "trial: {command: [sh, -c, 'sleep 2; "
-                          "echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
-                          "optimizer: {type: sobol}\n"
-                          "budget: {trials: 2, parallel: 2}\n");
-  char *log = nas_asprintf("%s/run.log", f->dir);
+/* Starts `nas run spec --storage url` in f->dir with NAS_STORAGE_RETRY_S=retry_s, its output
+ * going to log. */
+static pid_t run_through(fixture *f, const char *spec, const char *url, const char *retry_s,
+                         const char *log) {
   pid_t run = fork();
   assert_true(run >= 0);
   if (run == 0) {
     int fd = open(log, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || chdir(f->dir) != 0) _exit(126);
     dup2(fd, 1), dup2(fd, 2);
-    setenv("NAS_STORAGE_RETRY_S", "0.5", 1);
+    setenv("NAS_STORAGE_RETRY_S", retry_s, 1);
     execl(test_nas_bin(), test_nas_bin(), "run", spec, "--storage", url, "--no-progress",
           (char *)NULL);
     _exit(127);
   }
-  wait_until_n_running(f, "gone", 2);
-  test_server_kill(&srv);
-  free(srv.log);
+  return run;
+}
+
+/* Writes f->dir/NAME.yaml: experiment NAME of two trials at once running command (a YAML
+ * sequence). The path is owned. */
+static char *two_trials_spec(fixture *f, const char *name, const char *command) {
+  char *file = nas_asprintf("%s.yaml", name);
+  char *text = nas_asprintf("name: %s\n"
+                            "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                            "objectives: [{name: y, goal: minimize}]\n"
+                            "trial: {command: %s}\n"
+                            "optimizer: {type: sobol}\n"
+                            "budget: {trials: 2, parallel: 2}\n", name, command);
+  char *path = test_write(f->dir, file, text);
+  free(file), free(text);
+  return path;
+}
+
+/* Waits for run, which must end with an error (exit 1); its output from log (owned), and in
+ * *took the seconds since `since` (monotonic). */
+static char *failed_run_output(pid_t run, const char *log, double since, double *took) {
   int status = 0;
   assert_int_equal(waitpid(run, &status, 0), run);
+  *took = nas_monotonic() - since;
   char *text = NULL;
   nas_err ignored;
   assert_int_equal(nas_read_file(log, &text, NULL, &ignored), NAS_OK);
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) fail_msg("nas run: %s", text);
-  assert_contains(text, "gave up after 0.5 s");
+  return text;
+}
+
+/* A nas run whose server goes away for longer than its retries ends with an error and
+ * leaves its trials running: it says so, and names the 'nas resume' that records how they
+ * ended, which then takes the lease over and stores both (nothing lost, nothing run twice).
+ * Its lease is given up after one try, not after a second retry budget. */
+static void run_losing_its_server_names_the_trials_left_running(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  char *spec = two_trials_spec(f, "gone", "[sh, -c, 'sleep 2; "
+                                         "echo \"nas-metric {{\\\"y\\\": 1}}\"']");
+  char *log = nas_asprintf("%s/run.log", f->dir);
+  pid_t run = run_through(f, spec, url, "4", log);
+  wait_until_n_running(f, "gone", 2);
+  test_server_kill(&srv);
+  double killed = nas_monotonic();
+  free(srv.log);
+  double took;
+  char *text = failed_run_output(run, log, killed, &took);
+  assert_contains(text, "gave up after 4 s");
+  /* one retry budget (3 to 4 s: its waits grow to 1 s), not a second one to release the
+   * lease, which expires on its own */
+  if (took > 5.5) fail_msg("nas run ended %.1f s after its server: %s", took, text);
+  assert_contains(text, "gone: could not release the lease; it expires on its own");
   assert_contains(text, "gone: 2 trials left running, their ends not stored yet");
   char *hint = nas_asprintf("'nas resume gone --storage %s' re-attaches to them", url);
   assert_contains(text, hint);
@@ -869,6 +902,42 @@ static void run_losing_its_server_names_the_trials_left_running(void **state) {
   assert_int_equal(count_status(rows, "completed"), 2);
   json_decref(rows);
   free(hint), free(text), free(log), free(spec), free(url);
+}
+
+/* Ctrl-C while a run waits through its retries for a server that is gone is heard at once,
+ * each press counted: the first says that nothing more launches, the second stops the
+ * trials and ends the wait; the lease is then given up after one try (it expires on its
+ * own), not after a second retry budget, and 'nas resume' takes the experiment over. */
+static void ctrl_c_while_the_server_is_gone_is_heard_at_once(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f->dir, f->db, "127.0.0.1:0", NULL);
+  char *url = server_url(&srv);
+  char *spec = two_trials_spec(f, "cut", "[sleep, '60']");
+  char *log = nas_asprintf("%s/run.log", f->dir);
+  pid_t run = run_through(f, spec, url, "20", log);
+  wait_until_n_running(f, "cut", 2);
+  test_server_kill(&srv);
+  free(srv.log);
+  nas_sleep(1); /* the run finds the server gone and retries */
+  double pressed = nas_monotonic();
+  kill(run, SIGINT);
+  nas_sleep(0.3);
+  kill(run, SIGINT);
+  double took;
+  char *text = failed_run_output(run, log, pressed, &took);
+  if (took > 5) fail_msg("nas run took %.1f s after Ctrl-C: %s", took, text);
+  assert_contains(text, "launching no new trials");
+  assert_contains(text, "stopping 2 running trials");
+  assert_contains(text, "given up on request while the storage was out of reach");
+  assert_contains(text, "cut: 2 trials asked to stop, their ends not stored yet");
+  assert_contains(text, "cut: could not release the lease; it expires");
+  nas_ok(f, "resume", "cut", "--no-progress");
+  json_t *rows = trials_json(f, "cut");
+  assert_int_equal(json_array_size(rows), 2);
+  assert_int_equal(count_status(rows, "running"), 0);
+  json_decref(rows);
+  free(text), free(log), free(spec), free(url);
 }
 
 static void credentials_in_the_url_are_refused_unshown(void **state) {
@@ -915,6 +984,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(unknown_experiments_and_trials_through_the_server_are_not_found, setup, teardown),
       cmocka_unit_test_setup_teardown(server_out_of_reach_is_reported_after_the_retry_budget, setup, teardown),
       cmocka_unit_test_setup_teardown(run_losing_its_server_names_the_trials_left_running, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(ctrl_c_while_the_server_is_gone_is_heard_at_once, setup,
                                       teardown),
       cmocka_unit_test(credentials_in_the_url_are_refused_unshown),
       cmocka_unit_test(dashboard_links_given_as_storage_are_refused_without_their_token),
