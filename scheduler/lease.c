@@ -53,7 +53,8 @@ bool sched_lease_holder_dead(const storage_lease *lease, double now) {
   return pid_is_zombie((pid_t)lease->pid);
 }
 
-char *sched_lease_describe(const storage_lease *lease, double now) {
+/* "host h, pid p, running for …, last heartbeat … ago". Owned; NULL when out of memory. */
+static char *lease_describe(const storage_lease *lease, double now) {
   return nas_asprintf("host %s, pid %lld, running for %.0f s, last heartbeat %.0f s ago",
                       lease->host, (long long)lease->pid, now - lease->started_at,
                       now - lease->heartbeat_at);
@@ -70,7 +71,7 @@ static int new_token(char token[SCHED_LEASE_TOKEN_LEN + 1], nas_err *err) {
 /* The refusal when a live scheduler holds the lease. One that `nas stop` marked stopped is
  * only waiting for its trials to end (the runner's grace period): stopping it is done. */
 static int refuse(const experiment_row *exp, const storage_lease *held, nas_err *err) {
-  char *who = sched_lease_describe(held, nas_now());
+  char *who = lease_describe(held, nas_now());
   int rc;
   if (exp->status && strcmp(exp->status, "stopped") == 0)
     rc = nas_errc(err, NAS_EEXIST,
@@ -102,7 +103,7 @@ static int take_once(storage *st, const experiment_row *exp, sched_lease *mine, 
   if (!sched_lease_holder_dead(&held, nas_now())) {
     rc = refuse(exp, &held, err);
   } else {
-    char *who = sched_lease_describe(&held, nas_now());
+    char *who = lease_describe(&held, nas_now());
     rc = storage_lease_take(st, exp->id, mine->token, mine->host, (int64_t)getpid(), held.token,
                             err);
     if (rc == NAS_OK)
@@ -182,7 +183,7 @@ int sched_scheduler_state(storage *st, const experiment_row *exp, sched_liveness
   if (rc != NAS_OK) return rc;
   double now = nas_now();
   *state = sched_lease_holder_dead(&lease, now) ? SCHEDULER_DEAD : SCHEDULER_ALIVE;
-  *text = sched_lease_describe(&lease, now);
+  *text = lease_describe(&lease, now);
   storage_lease_clear(&lease);
   return *text ? NAS_OK : nas_errf(err, "out of memory");
 }

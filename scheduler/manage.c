@@ -25,7 +25,9 @@ char *sched_experiment_runs_dir(const experiment_row *exp) {
   return nas_asprintf("%s/runs/%s", exp->run_root, exp->name);
 }
 
-int sched_check_idle(storage *st, const experiment_row *exp, const char *doing, nas_err *err) {
+/* An error saying so when a scheduler (a live lease) runs exp; doing ("delete") names the
+ * refused action. */
+static int check_idle(storage *st, const experiment_row *exp, const char *doing, nas_err *err) {
   sched_liveness state;
   char *holder = NULL;
   int rc = sched_scheduler_state(st, exp, &state, &holder, err);
@@ -114,7 +116,7 @@ static int remove_runs(const experiment_row *exp, bool *removed, nas_err *err) {
 
 int sched_delete(storage *st, const experiment_row *exp, bool runs, FILE *report,
                  nas_err *err) {
-  if (sched_check_idle(st, exp, "delete", err) != NAS_OK) return NAS_ERR;
+  if (check_idle(st, exp, "delete", err) != NAS_OK) return NAS_ERR;
   if (storage_experiment_delete(st, exp->id, err) != NAS_OK) return NAS_ERR;
   if (report) fprintf(report, "nas: deleted experiment '%s' with its trials and metrics\n", exp->name);
   if (!runs) return NAS_OK;
@@ -178,7 +180,7 @@ int sched_rename(storage *st, const spec *s, const experiment_row *exp, const ch
                  FILE *report, nas_err *err) {
   char *text = NULL;
   bool moved = false;
-  int rc = sched_check_idle(st, exp, "rename", err);
+  int rc = check_idle(st, exp, "rename", err);
   /* before the run folder, whose clash would say less; the storage's own refusal names the
    * experiment by its id */
   if (rc == NAS_OK && (rc = check_name_free(st, new_name, err)) != NAS_OK)

@@ -66,8 +66,6 @@ typedef enum {
 /* Whether the holder of lease is gone: its heartbeat older than SCHED_LEASE_TIMEOUT_S at
  * Unix time now, or it ran on this host and its pid no longer exists. */
 bool sched_lease_holder_dead(const storage_lease *lease, double now);
-/* "host h, pid p, running for …, last heartbeat … ago". Owned; NULL when out of memory. */
-char *sched_lease_describe(const storage_lease *lease, double now);
 /* "none", "alive" or "dead", as `nas status` and the API's summary name it. Static. */
 const char *sched_liveness_name(sched_liveness state);
 /* Whether a scheduler runs exp; *text (owned, NULL for SCHEDULER_NONE) describes it. */
@@ -99,9 +97,6 @@ int sched_retry(storage *st, const experiment_row *exp, const int *numbers, size
 
 /* runs/<name> under exp's run_root: the folder of all its trials' run folders. Owned. */
 char *sched_experiment_runs_dir(const experiment_row *exp);
-/* An error saying so when a scheduler (a live lease) runs exp; doing ("delete") names the
- * refused action. */
-int sched_check_idle(storage *st, const experiment_row *exp, const char *doing, nas_err *err);
 /* Deletes exp with its trials, metrics and lease (one transaction) and, with runs, its run
  * folder runs/<name>/ under its run_root (a link there is refused, never followed). Refused
  * while its scheduler runs. What was removed is said on report (may be NULL). */

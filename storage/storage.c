@@ -393,7 +393,8 @@ int storage_random_token(char out[STORAGE_TOKEN_LEN + 1], nas_err *err) {
 
 void storage_bare_errors(storage *st, bool bare) { st->bare_errors = bare; }
 
-int storage_key_check(const char *key, nas_err *err) {
+/* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */
+static int key_check(const char *key, nas_err *err) {
   size_t len = key ? strlen(key) : 0;
   bool plain = len >= 1 && len <= STORAGE_KEY_MAX &&
                strspn(key, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-") == len;
@@ -408,7 +409,7 @@ void storage_set_watch(storage *st, storage_watch watch) {
 }
 
 int storage_receipt_arm(storage *st, const char *key, nas_err *err) {
-  if (key && storage_key_check(key, err) != NAS_OK) return NAS_ERR;
+  if (key && key_check(key, err) != NAS_OK) return NAS_ERR;
   char *copy = key ? strdup(key) : NULL;
   if (key && !copy) return nas_errf(err, "out of memory");
   st->backend->receipt_arm(st->conn, copy);
@@ -421,7 +422,7 @@ int storage_receipt_find(storage *st, const char *key, bool *found, int64_t *res
                          nas_err *err) {
   *found = false;
   *result = 0;
-  if (storage_key_check(key, err) != NAS_OK) return NAS_ERR;
+  if (key_check(key, err) != NAS_OK) return NAS_ERR;
   return st->backend->receipt_find(st->conn, key, found, result, err);
 }
 

@@ -305,8 +305,6 @@ void storage_lease_clear(storage_lease *lease);
  * or added to (experiment_set_status: 1 when it changed the status, else 0); two writes
  * under one key cannot both commit. Keys are kept for a day. */
 #define STORAGE_KEY_MAX 64
-/* NAS_OK when key is 1 to STORAGE_KEY_MAX of [A-Za-z0-9_-]. */
-int storage_key_check(const char *key, nas_err *err);
 /* Arms key (copied) until armed again; NULL disarms. The caller makes one write under it. */
 int storage_receipt_arm(storage *st, const char *key, nas_err *err);
 /* Whether a write committed key, and the id it recorded. */
