@@ -2,8 +2,8 @@
  * status`, `nas pareto` and `nas trial` --format json, `nas export`) and `nas serve` give
  * out, so the two never disagree: the Pareto front with its reference point and
  * hypervolume, one trial (in brief, or in full with its curves, log tails and model), an
- * experiment's summary (and the list of them), and the whole experiment as an export. Numbers never reported are null; objective values
- * are in their own direction. */
+ * experiment's summary (and the list of them), and the whole experiment as an export.
+ * Numbers never reported are null; objective values are in their own direction. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

@@ -315,6 +315,11 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **state,
 /* HOST:PORT (HOST may be a name, an IPv4 address or [IPv6]; PORT 0 to 65535) into an
  * address to bind. The port is checked here: getaddrinfo takes any number and keeps its
  * low 16 bits, so 99999 would listen on 34463. */
+/* Where the server listens: --listen, else loopback on nas's port. */
+static const char *listen_address(const serve_options *opt) {
+  return opt->listen ? opt->listen : "127.0.0.1:8470";
+}
+
 static int parse_listen(const char *listen, struct sockaddr_storage *addr, nas_err *err) {
   const char *colon = strrchr(listen, ':');
   if (!colon || colon == listen || !colon[1])
@@ -433,7 +438,7 @@ static int read_tls(const serve_options *opt, char **cert, char **key, nas_err *
 /* Tokens sent over plain HTTP can be read by anyone on the network between client and
  * server: says so when the server takes tokens, has no TLS and listens beyond loopback. */
 static void warn_of_tokens_in_clear(const serve_options *opt, const char *cert) {
-  const char *listen = opt->listen ? opt->listen : "127.0.0.1:8470";
+  const char *listen = listen_address(opt);
   if (!opt->log || !opt->token_file || cert || serve_host_is_loopback(listen)) return;
   fprintf(opt->log, "nas serve: warning: listening on %s without --tls-cert and --tls-key: "
                     "tokens cross the network in clear text\n", listen);
@@ -458,7 +463,7 @@ static int serve_with(serve_ctx *srv, const struct sockaddr_storage *addr, char 
       if (opt->on_listening) opt->on_listening(opt->on_listening_ctx, bound_port(d));
       wait_for_stop();
     } else {
-      const char *listen = opt->listen ? opt->listen : "127.0.0.1:8470";
+      const char *listen = listen_address(opt);
       rc = !srv->mhd_spoke ? nas_errf(err, "cannot listen on %s: %s", listen, strerror(errno))
            : cert ? nas_errf(err, "cannot serve HTTPS on %s with --tls-cert %s and --tls-key %s "
                               "(a PEM certificate and its private key): %s", listen,
@@ -484,7 +489,7 @@ int serve_run(const serve_options *opt, nas_err *err) {
    * a new, empty SQLite file behind. */
   struct sockaddr_storage addr = {0};
   char *cert = NULL, *key = NULL;
-  int rc = parse_listen(opt->listen ? opt->listen : "127.0.0.1:8470", &addr, err);
+  int rc = parse_listen(listen_address(opt), &addr, err);
   if (rc == NAS_OK) rc = read_tls(opt, &cert, &key, err);
   if (rc == NAS_OK && opt->token_file) rc = serve_tokens_load(opt->token_file, &srv.tokens, err);
   /* Room for one idle connection per thread of the most allowed: the threads in use

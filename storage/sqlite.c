@@ -1019,6 +1019,16 @@ static int sqlite_trial_heartbeat(void *conn, int64_t trial_id, double now, nas_
   return tx_end(c, rc, err);
 }
 
+/* Records a trial's end (after its caller checked that it may end so). */
+static int trial_set_ended(const sqlite_conn *c, int64_t trial_id, trial_status status,
+                           const int64_t *exit_code, const char *error, double now,
+                           nas_err *err) {
+  return run(c, err,
+             "UPDATE trials SET status = ?, finished_at = ?, exit_code = ?, error = ?"
+             " WHERE id = ?",
+             "tdoti", trial_status_name(status), now, exit_code, error, trial_id);
+}
+
 static int trial_finish_in_tx(const sqlite_conn *c, int64_t trial_id, trial_status status,
                               const int64_t *exit_code, const char *error, double now,
                               nas_err *err) {
@@ -1026,10 +1036,7 @@ static int trial_finish_in_tx(const sqlite_conn *c, int64_t trial_id, trial_stat
   int rc = trial_status_read(c, trial_id, &current, err);
   if (rc == NAS_OK) rc = storage_check_finish(current, status, err);
   if (rc != NAS_OK) return rc;
-  return run(c, err,
-             "UPDATE trials SET status = ?, finished_at = ?, exit_code = ?, error = ?"
-             " WHERE id = ?",
-             "tdoti", trial_status_name(status), now, exit_code, error, trial_id);
+  return trial_set_ended(c, trial_id, status, exit_code, error, now, err);
 }
 
 static int sqlite_trial_finish(void *conn, int64_t trial_id, trial_status status,
@@ -1054,10 +1061,7 @@ static int trial_complete_in_tx(const sqlite_conn *c, int64_t trial_id, int atte
   trial_row_clear(&row);
   if (rc == NAS_OK) rc = metrics_insert(c, trial_id, obs, n, err);
   if (rc != NAS_OK) return rc;
-  return run(c, err,
-             "UPDATE trials SET status = 'completed', finished_at = ?, exit_code = NULL,"
-             " error = NULL WHERE id = ?",
-             "di", now, trial_id);
+  return trial_set_ended(c, trial_id, TRIAL_COMPLETED, NULL, NULL, now, err);
 }
 
 static int sqlite_trial_complete(void *conn, int64_t trial_id, int attempt,
