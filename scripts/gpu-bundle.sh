@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Packs what the GPU checks need for a machine that has a GPU and CUDA but none of nas's
-# Debian libraries and no network (issue 21): the CUDA build's bin/nas, the four GPU test
-# binaries and bench_engine, with every shared library they load except glibc's, libstdc++'s
+# Debian libraries and no network (issue 21): the CUDA build's bin/nas, the five test
+# binaries with GPU tests and bench_engine, with every shared library they load except glibc's, libstdc++'s
 # and CUDA's own (the machine's cuBLAS and NCCL are used), into .gpu/bundle.tar.xz, which git
 # ignores. The machine needs a glibc at least as new as the build's. Then, there, from a copy
 # of this checkout holding .gpu/: scripts/gpu-check.sh.
@@ -10,7 +10,9 @@ cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build}
 BIN=${BIN:-bin}
 bins=("$BIN/nas" "$BUILD/bench/bench_engine")
-for t in cuda fsdp comm pipeline; do bins+=("$BUILD/tests/test_trainer_$t"); done
+for t in trainer_cuda trainer_fsdp trainer_comm trainer_pipeline builtin; do
+  bins+=("$BUILD/tests/test_$t")
+done
 make -j"$(nproc)" "${bins[@]}" >/dev/null
 nm "$BIN/nas" | grep ' cudaGetDeviceCount$' >/dev/null || # (not -q: nm would get SIGPIPE)
   { echo "gpu-bundle.sh: $BIN/nas is not a CUDA build (is nvcc on the PATH?)" >&2; exit 1; }
