@@ -277,17 +277,20 @@ int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int
 void sched_tell_stopped_end(storage *st, const spec *s, const experiment_row *exp,
                             int number, notifier *nt);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
- * trial left running, when an objective was never reported. When it was the last trial of
+ * trial left running, when an objective was never reported. attempt: the one the asker was
+ * handed (trial_row.attempts), or 0 for whichever runs; NAS_EEXIST, naming both, when the
+ * trial was handed out again since and runs another. When it was the last trial of
  * the budget to end (none queued or running), the experiment is marked finished. With a
  * notifier (borrowed, started from s's notify: section; NULL for none) the end is posted
  * as a run posts it: trial_completed, front_changed when the trial joined the front,
  * experiment_finished when the experiment finished. */
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err);
-/* Ends the running trial failed with why (may be NULL); the experiment finished and
- * trial_failed (and experiment_finished) posted as sched_tell_complete says. */
+                        int attempt, const metric_obs *obs, size_t n, notifier *nt,
+                        nas_err *err);
+/* Ends the running trial failed with why (may be NULL); attempt, the experiment finished
+ * and trial_failed (and experiment_finished) posted as sched_tell_complete says. */
 int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
-                    const char *why, notifier *nt, nas_err *err);
+                    int attempt, const char *why, notifier *nt, nas_err *err);
 /* A sign of life of the running trial. */
 int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err);
 
