@@ -750,6 +750,15 @@ static void tokens_decide_what_a_storage_client_may_do(void **state) {
   storage_close(st);
   unsetenv("NAS_TOKEN");
   setenv("NAS_TOKEN_FILE", writer_file, 1);
+  /* a file of secrets others may read is refused, as the server refuses its own; the
+   * client read it without a word */
+  chmod(writer_file, 0644);
+  assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
+  char *said = nas_asprintf("NAS_TOKEN_FILE %s may be read by others (mode 644); make it "
+                            "private: chmod 600 %s", writer_file, writer_file);
+  assert_contains(err.msg, said);
+  free(said);
+  chmod(writer_file, 0600);
   st = open_or_fail(url);
   assert_int_equal(storage_experiment_create(st, "e", "x", "/x", "/r", &id, &err), NAS_OK);
   storage_close(st);

@@ -164,7 +164,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def _read_token_file(path: str | os.PathLike[str]) -> str:
-    """The token in a file: its first line that is neither blank nor a # comment."""
+    """The token in a file: its first line that is neither blank nor a # comment. A file its
+    group or others may read is refused, as `nas serve` refuses its token file and nas's
+    own storage client a $NAS_TOKEN_FILE (common/common.c, nas_check_private)."""
+    mode = os.stat(path).st_mode
+    if mode & 0o077:
+        raise ValueError(f"token file {os.fspath(path)} may be read by others (mode {mode & 0o777:03o}); "
+                         f"make it private: chmod 600 {os.fspath(path)}")
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()

@@ -330,6 +330,11 @@ class TokenTest(LiveServerTest):
     def test_a_token_file_or_the_environment_gives_the_write_token(self):
         token_file = Path(self.folder, "client-token")
         token_file.write_text(f"# nas\n{WRITER}\n")
+        token_file.chmod(0o644)  # refused where others can read it, as nas serve refuses its own
+        with self.assertRaisesRegex(ValueError, r"client-token may be read by others \(mode 644\); "
+                                    r"make it private: chmod 600 "):
+            Client(self.url, token_file=token_file)
+        token_file.chmod(0o600)
         self.assertEqual(Client(self.url, token_file=token_file).create(spec("by-file")).name, "by-file")
         os.environ["NAS_TOKEN"] = WRITER
         try:
