@@ -44,7 +44,8 @@ typedef struct {
 /* Runs (or continues) the experiment exp, whose spec is s, until its budget is spent or
  * it is interrupted. SIGINT and SIGTERM are blocked for the duration and read by the loop,
  * and by st's watch while its server is out of reach (the second signal then ends that
- * wait: the run fails, naming the trials it leaves): the first stops launching and lets
+ * wait: the run ends with NAS_ECANCELED, *outcome SCHED_INTERRUPTED and err saying what
+ * was not stored, naming the trials it leaves): the first stops launching and lets
  * running trials finish, the second stops them. Runs
  * on the process's main thread: other threads hand these signals on to it. */
 int sched_run(const spec *s, storage *st, const experiment_row *exp,
