@@ -427,7 +427,7 @@ static int complete_newest(storage *st, const spec *s, const experiment_row *exp
   size_t n;
   if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK || n == 0) return NAS_ERR;
   metric_obs obs[2] = {{"f1", METRIC_FINAL, 0.5, nas_now()}, {"f2", METRIC_FINAL, 0.5, nas_now()}};
-  int rc = sched_tell_complete(st, s, exp, rows[n - 1].number, obs, 2, NULL, err);
+  int rc = sched_tell_complete(st, s, exp, rows[n - 1].number, 0, obs, 2, NULL, err);
   trial_rows_free(rows, n);
   return rc;
 }

@@ -2,6 +2,7 @@
  * loop or any program, without a scheduler and without a server (scheduler/ask.c; the same
  * calls as the /ask and /trials/N/… endpoints of `nas serve`). */
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,9 @@ static const char ask_help[] =
     "usage: nas ask EXPERIMENT [-n K] [--worker NAME] [--format table|csv|json] [--storage URL]\n\n"
     "Hands out K trials (default 1) to evaluate: trials handed out before and lost first,\n"
     "then new suggestions of the experiment's optimizer, within its trial budget. Prints\n"
-    "each trial's number and parameters. Report with 'nas tell'; a trial with no report nor\n"
-    "heartbeat for trial.heartbeat_timeout (default 10 minutes) is handed out again.\n"
+    "each trial's number, attempt and parameters. Report with 'nas tell'; a trial with no\n"
+    "report nor heartbeat for trial.heartbeat_timeout (default 10 minutes) is handed out\n"
+    "again, as its next attempt.\n"
     "Exit status 1 when the budget is spent. The tell that ends the last trial of the\n"
     "budget marks the experiment finished; an ask that hands out a trial queued by\n"
     "'nas retry' or 'nas enqueue', or allowed by a budget 'nas create' raised, marks it\n"
@@ -34,13 +36,15 @@ static const char ask_help[] =
 
 static const char tell_help[] =
     "usage: nas tell EXPERIMENT TRIAL [--step N] [--complete | --fail MESSAGE]\n"
-    "                [NAME=VALUE …] [--storage URL]\n\n"
+    "                [--attempt A] [NAME=VALUE …] [--storage URL]\n\n"
     "Stores metrics of trial number TRIAL, handed out by 'nas ask':\n"
     "  --step N          the values are intermediate, at step N; prints 'stop' when the\n"
     "                    early-stopping rule stops the trial there, else 'continue'\n"
     "  --complete        the values (if any) are final and the trial is done; every\n"
     "                    objective must have been reported\n"
     "  --fail MESSAGE    the trial failed (no NAME=VALUE with it)\n"
+    "  --attempt A       with --complete or --fail: the attempt 'nas ask' printed; refused\n"
+    "                    when the trial was handed out again since (it runs another)\n"
     "Without --step, --complete or --fail the values are final and the trial goes on.\n"
     "A VALUE is a finite decimal number (3, -0.25, .5, 1e-3; not 0x10, inf or ' 1').\n";
 
@@ -105,12 +109,13 @@ static notifier *webhooks_start(const spec *s, const experiment_row *exp) {
 
 static int print_asked(const spec *s, const trial_row *rows, size_t n, out_format format) {
   cli_table t;
-  static const char *const head[] = {"trial"};
-  int rc = cli_table_init(&t, head, 1);
+  static const char *const head[] = {"trial", "attempt"};
+  int rc = cli_table_init(&t, head, 2);
   for (size_t p = 0; rc == NAS_OK && p < s->n_params; p++) rc = cli_table_add_column(&t, s->params[p].name);
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     json_t *params = json_loads(rows[i].params_json, 0, NULL), *cells = json_array();
     json_array_append_new(cells, json_integer(rows[i].number));
+    json_array_append_new(cells, json_integer(rows[i].attempts));
     for (size_t p = 0; p < s->n_params; p++) {
       json_t *v = json_object_get(params, s->params[p].name);
       json_array_append_new(cells, v ? json_incref(v) : json_null());
@@ -181,6 +186,7 @@ typedef struct {
   long long step;          /* METRIC_FINAL unless --step */
   bool complete;
   const char *fail;        /* --fail MESSAGE, or NULL */
+  int attempt;             /* --attempt A, or 0: whichever attempt runs */
   const char *experiment;
   int number;
   int first_metric;        /* argv index of the first NAME=VALUE */
@@ -188,8 +194,12 @@ typedef struct {
 
 static int take_tell_option(const char *cmd, int c, char *arg, void *ctx) {
   tell_args *a = ctx;
-  if (c == 'n') return cli_step_option(cmd, arg, &a->step);
-  if (c == 'c') a->complete = true;
+  long attempt;
+  if (c == 'a' && !cli_parse_count(arg, 1, INT_MAX, &attempt))
+    return cli_usage_error(cmd, "--attempt wants an attempt number (1, 2, …), not '%s'", arg);
+  if (c == 'a') a->attempt = (int)attempt;
+  else if (c == 'n') return cli_step_option(cmd, arg, &a->step);
+  else if (c == 'c') a->complete = true;
   else a->fail = arg; /* --fail */
   return -1;
 }
@@ -200,6 +210,7 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
   static const struct option options[] = {{"step", required_argument, NULL, 'n'},
                                           {"complete", no_argument, NULL, 'c'},
                                           {"fail", required_argument, NULL, 'x'},
+                                          {"attempt", required_argument, NULL, 'a'},
                                           {NULL, 0, NULL, 0}};
   *a = (tell_args){.step = METRIC_FINAL};
   const cli_command cmd = {"tell", tell_help, options, NULL, take_tell_option, a};
@@ -213,6 +224,8 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
     return cli_usage_error("tell", "--step reports intermediate values; it goes with neither "
                                    "--complete nor --fail");
   if (a->complete && a->fail) return cli_usage_error("tell", "--complete or --fail, not both");
+  if (a->attempt && !a->complete && !a->fail)
+    return cli_usage_error("tell", "--attempt goes with --complete or --fail");
   /* A failed trial takes no final values (sched_tell_fail stores none): refused rather
    * than dropped unseen. */
   if (a->fail && a->first_metric < argc)
@@ -231,8 +244,9 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
 static int tell_end(storage *st, const spec *s, const experiment_row *exp, const tell_args *a,
                     const metric_set *set, nas_err *err) {
   notifier *nt = webhooks_start(s, exp);
-  int rc = a->fail ? sched_tell_fail(st, s, exp, a->number, a->fail, nt, err)
-                   : sched_tell_complete(st, s, exp, a->number, set->obs, set->n, nt, err);
+  int rc = a->fail ? sched_tell_fail(st, s, exp, a->number, a->attempt, a->fail, nt, err)
+                   : sched_tell_complete(st, s, exp, a->number, a->attempt, set->obs, set->n,
+                                         nt, err);
   notifier_close(nt);
   return rc;
 }

@@ -75,7 +75,11 @@ static int run_experiment(const spec *s, storage *st, const experiment_row *exp,
                        .poll_interval = 0.2, .storage_hint = at};
   sched_outcome outcome;
   nas_err err;
-  if (sched_run(s, st, exp, &opt, &outcome, &err) != NAS_OK) return cli_fail(&err);
+  int rc = sched_run(s, st, exp, &opt, &outcome, &err);
+  if (rc == NAS_ECANCELED) /* a second Ctrl-C ended its wait for storage: interrupted */
+    fprintf(stderr, "nas: %s\n", err.msg);
+  else if (rc != NAS_OK)
+    return cli_fail(&err);
   switch (outcome) {
   case SCHED_INTERRUPTED:
     fprintf(stderr, "nas: interrupted; continue with: nas resume %s%s\n", exp->name, at);

@@ -139,6 +139,16 @@ int nas_open_regular(const char *path, int *fd, int64_t *size, nas_err *err) {
   return nas_errf(err, "%s: %s", path, problem);
 }
 
+int nas_check_private(const char *path, const char *what, nas_err *err) {
+  struct stat st;
+  if (stat(path, &st) != 0) return nas_errf(err, "%s %s: %s", what, path, strerror(errno));
+  if (S_ISDIR(st.st_mode)) return nas_errf(err, "%s %s: a folder, not a token file", what, path);
+  if (st.st_mode & (S_IRWXG | S_IRWXO))
+    return nas_errf(err, "%s %s may be read by others (mode %03o); make it private: "
+                    "chmod 600 %s", what, path, (unsigned)(st.st_mode & 0777), path);
+  return NAS_OK;
+}
+
 int nas_read_file(const char *path, char **out, size_t *len, nas_err *err) {
   FILE *f = fopen(path, "rb");
   if (!f) return nas_errf(err, "%s: %s", path, strerror(errno));

@@ -50,6 +50,10 @@ char *nas_utf8_repaired(const char *text);
  * its place (by a trial, in its own run folder) would block the reader or never end. *fd
  * (O_CLOEXEC) and *size on NAS_OK; NAS_ENOTFOUND when it does not exist (err untouched). */
 int nas_open_regular(const char *path, int *fd, int64_t *size, nas_err *err);
+/* Refuses a file of secrets (what: how the message names it, "token file") that its group
+ * or others may read or write, as ssh refuses such a key, saying how to make it private;
+ * and a folder. Checked before the file is read. */
+int nas_check_private(const char *path, const char *what, nas_err *err);
 /* Reads a whole file into a NUL-terminated owned buffer; *len gets its size if not NULL. */
 int nas_read_file(const char *path, char **out, size_t *len, nas_err *err);
 /* Writes data to path atomically (temporary file in the same folder, fsync, rename). */

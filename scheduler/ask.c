@@ -228,15 +228,31 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
   return NAS_OK;
 }
 
-/* The handed-out trial `number`, refusing one that is not running, and one that runs as a
- * runner's job: its job reports for itself, and `nas run` ends it (a trial ended under it
- * made that run fail when its job ended). */
-static int running_trial(storage *st, const experiment_row *exp, int number, trial_row *t,
+/* The refusal of a tell of attempt `attempt` of handed-out trial t, which runs another. */
+static int other_attempt(const experiment_row *exp, const trial_row *t, int attempt,
                          nas_err *err) {
+  if (attempt < t->attempts)
+    return nas_errc(err, NAS_EEXIST, "trial %d of '%s' runs attempt %d, not attempt %d: it "
+                    "was handed out again after attempt %d went silent or was retried; nothing "
+                    "was stored", t->number, exp->name, t->attempts, attempt, attempt);
+  return nas_errc(err, NAS_EEXIST, "trial %d of '%s' runs attempt %d, not attempt %d, which "
+                  "was never handed out; nothing was stored", t->number, exp->name,
+                  t->attempts, attempt);
+}
+
+/* The handed-out trial `number`, refusing one that is not running, one that runs as a
+ * runner's job (its job reports for itself, and `nas run` ends it: a trial ended under it
+ * made that run fail when its job ended), and one that runs another attempt than the
+ * asker's (attempt > 0; 0: any): the asker's went silent or was retried and the trial was
+ * handed out again, to an asker whose attempt the old one's values must not end. */
+static int running_trial(storage *st, const experiment_row *exp, int number, int attempt,
+                         trial_row *t, nas_err *err) {
   int rc = sched_trial_find(st, exp, number, t, err);
   if (rc != NAS_OK) return rc;
-  if (sched_handed_out(t)) return NAS_OK;
-  if (t->status == TRIAL_RUNNING)
+  if (sched_handed_out(t) && (attempt <= 0 || attempt == t->attempts)) return NAS_OK;
+  if (sched_handed_out(t))
+    rc = other_attempt(exp, t, attempt, err);
+  else if (t->status == TRIAL_RUNNING)
     rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' runs as job %s of 'nas run', not handed "
                   "out by ask: its job reports its metrics and 'nas run' ends it; nothing was "
                   "stored", number, exp->name, t->job_id ? t->job_id : "(none)");
@@ -271,7 +287,7 @@ int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int
                       const metric_obs *obs, size_t n, bool *stop, nas_err *err) {
   trial_row t;
   *stop = false;
-  int rc = running_trial(st, exp, number, &t, err);
+  int rc = running_trial(st, exp, number, 0, &t, err);
   if (rc != NAS_OK) return rc;
   rc = storage_metrics_add(st, t.id, obs, n, -1, err);
   if (rc == NAS_OK) rc = storage_trial_heartbeat(st, t.id, err);
@@ -349,7 +365,7 @@ static int check_complete(storage *st, const spec *s, const experiment_row *exp,
 static int complete_lost(storage *st, const experiment_row *exp, const trial_row *t,
                          nas_err *err) {
   trial_row now;
-  int rc = running_trial(st, exp, t->number, &now, err);
+  int rc = running_trial(st, exp, t->number, 0, &now, err);
   if (rc != NAS_OK) return rc;
   rc = nas_errc(err, NAS_EEXIST, "trial %d of '%s' was handed out again (attempt %d) after "
                 "attempt %d went silent; nothing was stored", t->number, exp->name,
@@ -359,9 +375,10 @@ static int complete_lost(storage *st, const experiment_row *exp, const trial_row
 }
 
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err) {
+                        int attempt, const metric_obs *obs, size_t n, notifier *nt,
+                        nas_err *err) {
   trial_row t;
-  int rc = running_trial(st, exp, number, &t, err);
+  int rc = running_trial(st, exp, number, attempt, &t, err);
   if (rc != NAS_OK) return rc;
   if ((rc = check_complete(st, s, exp, &t, obs, n, err)) != NAS_OK) {
     trial_row_clear(&t);
@@ -377,9 +394,9 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
 }
 
 int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
-                    const char *why, notifier *nt, nas_err *err) {
+                    int attempt, const char *why, notifier *nt, nas_err *err) {
   trial_row t;
-  int rc = running_trial(st, exp, number, &t, err);
+  int rc = running_trial(st, exp, number, attempt, &t, err);
   if (rc != NAS_OK) return rc;
   const char *error = why && *why ? why : "failed (reported by the client)";
   sched sc;
@@ -392,7 +409,7 @@ int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int n
 
 int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err) {
   trial_row t;
-  int rc = running_trial(st, exp, number, &t, err);
+  int rc = running_trial(st, exp, number, 0, &t, err);
   if (rc != NAS_OK) return rc;
   rc = storage_trial_heartbeat(st, t.id, err);
   trial_row_clear(&t);

@@ -68,6 +68,7 @@ typedef struct {
   bool stopping;              /* running trials were told to stop */
   bool interrupted;           /* by a signal or `nas stop`: `nas resume` goes on */
   bool failed;                /* the run ended on an error: storage retries end at once */
+  bool storage_given_up;      /* a second signal ended a wait for storage out of reach */
   sched_outcome outcome;      /* what ended (or is ending) the run */
   double early_checked;       /* monotonic time of the last early-stopping check */
   bool early_futile_said;     /* the warning that early stopping can never fire was shown */

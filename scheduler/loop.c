@@ -701,6 +701,7 @@ static bool storage_wait_cancelled(void *ctx) {
   const struct timespec now = {0};
   bool heard = false;
   for (int sig; (sig = sigtimedwait(&stops, NULL, &now)) > 0; heard = true) on_signal(sc, sig);
+  sc->storage_given_up |= heard && sc->stopping;
   return (heard && sc->stopping) || sc->failed;
 }
 
@@ -851,6 +852,9 @@ static int run_held(sched *sc, nas_err *err) {
   }
   if (rc == NAS_OK) sched_events_start(sc);
   if (rc == NAS_OK) rc = loop(sc, err);
+  /* The user ended the wait for storage: the run was interrupted, as `nas run` then says
+   * (err keeps why it could not record the trials' ends). */
+  if (rc != NAS_OK && sc->storage_given_up) rc = NAS_ECANCELED;
   if (sc->interrupted) sc->outcome = SCHED_INTERRUPTED;
   if (rc == NAS_OK)
     rc = storage_experiment_set_status(sc->st, sc->exp->id,

@@ -44,7 +44,8 @@ typedef struct {
 /* Runs (or continues) the experiment exp, whose spec is s, until its budget is spent or
  * it is interrupted. SIGINT and SIGTERM are blocked for the duration and read by the loop,
  * and by st's watch while its server is out of reach (the second signal then ends that
- * wait: the run fails, naming the trials it leaves): the first stops launching and lets
+ * wait: the run ends with NAS_ECANCELED, *outcome SCHED_INTERRUPTED and err saying what
+ * was not stored, naming the trials it leaves): the first stops launching and lets
  * running trials finish, the second stops them. Runs
  * on the process's main thread: other threads hand these signals on to it. */
 int sched_run(const spec *s, storage *st, const experiment_row *exp,
@@ -277,17 +278,20 @@ int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int
 void sched_tell_stopped_end(storage *st, const spec *s, const experiment_row *exp,
                             int number, notifier *nt);
 /* Stores the final metrics (may be none) and ends the trial completed; NAS_EINVAL, and the
- * trial left running, when an objective was never reported. When it was the last trial of
+ * trial left running, when an objective was never reported. attempt: the one the asker was
+ * handed (trial_row.attempts), or 0 for whichever runs; NAS_EEXIST, naming both, when the
+ * trial was handed out again since and runs another. When it was the last trial of
  * the budget to end (none queued or running), the experiment is marked finished. With a
  * notifier (borrowed, started from s's notify: section; NULL for none) the end is posted
  * as a run posts it: trial_completed, front_changed when the trial joined the front,
  * experiment_finished when the experiment finished. */
 int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, int number,
-                        const metric_obs *obs, size_t n, notifier *nt, nas_err *err);
-/* Ends the running trial failed with why (may be NULL); the experiment finished and
- * trial_failed (and experiment_finished) posted as sched_tell_complete says. */
+                        int attempt, const metric_obs *obs, size_t n, notifier *nt,
+                        nas_err *err);
+/* Ends the running trial failed with why (may be NULL); attempt, the experiment finished
+ * and trial_failed (and experiment_finished) posted as sched_tell_complete says. */
 int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
-                    const char *why, notifier *nt, nas_err *err);
+                    int attempt, const char *why, notifier *nt, nas_err *err);
 /* A sign of life of the running trial. */
 int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err);
 

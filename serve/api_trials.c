@@ -116,7 +116,8 @@ int api_ask(serve_request *req, char **parts) {
   if (rc != NAS_OK) return rc;
   json_t *list = json_array();
   for (size_t i = 0; i < got; i++)
-    json_array_append_new(list, json_pack("{s:i, s:o}", "number", rows[i].number, "params",
+    json_array_append_new(list, json_pack("{s:i, s:i, s:o}", "number", rows[i].number,
+                                          "attempt", rows[i].attempts, "params",
                                           json_loads(rows[i].params_json, 0, NULL)));
   trial_rows_free(rows, got);
   serve_reply(req, MHD_HTTP_OK, json_pack("{s:o}", "trials", list));
@@ -131,6 +132,20 @@ static int body_metrics(serve_request *req, const json_t *body, bool required, b
   if ((with_step && serve_parse_step(body, &step, why, sizeof why) != NAS_OK) ||
       serve_parse_metrics(body, required, step, nas_now(), obs, n, why, sizeof why) != NAS_OK)
     return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "%s", why);
+  return NAS_OK;
+}
+
+/* The body's "attempt": the one the ask handed out, which a complete or fail ends (a 409
+ * when the trial was handed out again since); 0, whichever runs, when absent (clients
+ * from before it was sent). A 422 reply when it is no attempt number. */
+static int body_attempt(serve_request *req, const json_t *body, int *attempt) {
+  const json_t *v = json_object_get(body, "attempt");
+  *attempt = 0;
+  if (!v || json_is_null(v)) return NAS_OK;
+  if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > INT_MAX)
+    return serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT,
+                      "\"attempt\" must be an integer >= 1 (the one the ask answered)");
+  *attempt = (int)json_integer_value(v);
   return NAS_OK;
 }
 
@@ -226,9 +241,11 @@ int api_complete(serve_request *req, char **parts) {
   metric_obs *obs = NULL;
   size_t n = 0;
   nas_err err;
-  int rc = body_metrics(req, c.body, false, false, &obs, &n);
+  int attempt;
+  int rc = body_attempt(req, c.body, &attempt);
+  if (rc == NAS_OK) rc = body_metrics(req, c.body, false, false, &obs, &n);
   if (rc == NAS_OK) {
-    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, obs, n,
+    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, attempt, obs, n,
                              serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
     if (rc == NAS_OK)
       serve_reply(req, MHD_HTTP_OK,
@@ -246,10 +263,14 @@ int api_fail(serve_request *req, char **parts) {
   if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
   const json_t *why = json_object_get(c.body, "error");
   nas_err err;
-  int rc = why && !json_is_string(why)
-               ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
-               : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, json_string_value(why),
-                                 serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
+  int attempt;
+  int rc = body_attempt(req, c.body, &attempt);
+  if (rc == NAS_OK)
+    rc = why && !json_is_string(why)
+             ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
+             : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, attempt,
+                               json_string_value(why),
+                               serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
   if (rc == NAS_OK)
     serve_reply(req, MHD_HTTP_OK,
                 json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));

@@ -11,23 +11,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "serve/internal.h"
 
 /* The shortest token accepted: 16 bytes of randomness written in hex. */
 #define SERVE_TOKEN_MIN_LEN 32
-
-static int check_private(const char *path, nas_err *err) {
-  struct stat st;
-  if (stat(path, &st) != 0) return nas_errf(err, "token file %s: %s", path, strerror(errno));
-  if (S_ISDIR(st.st_mode)) return nas_errf(err, "token file %s: a folder, not a token file", path);
-  if (st.st_mode & (S_IRWXG | S_IRWXO))
-    return nas_errf(err, "token file %s may be read by others (mode %03o); make it private: "
-                    "chmod 600 %s", path, (unsigned)(st.st_mode & 0777), path);
-  return NAS_OK;
-}
 
 int serve_read_secret(const char *path, char **text, nas_err *err) {
   /* O_NONBLOCK only to open: a FIFO without a writer would make open wait for one. */
@@ -88,7 +77,7 @@ static int parse_line(serve_tokens *t, const char *path, int number, char *line,
 int serve_tokens_load(const char *path, serve_tokens *out, nas_err *err) {
   memset(out, 0, sizeof *out);
   char *text;
-  if (check_private(path, err) != NAS_OK || serve_read_secret(path, &text, err) != NAS_OK)
+  if (nas_check_private(path, "token file", err) != NAS_OK || serve_read_secret(path, &text, err) != NAS_OK)
     return NAS_ERR;
   int rc = NAS_OK, number = 0;
   for (char *line = text, *next; rc == NAS_OK && line; line = next) {

@@ -63,7 +63,7 @@ size_t spec_name_span(const char *text, const char *extra);
 bool spec_is_identifier(const char *text, const char *extra);
 /* Refuses, at node, a parameter or metric (`kind`) named like a column that trial listings
  * (`nas trials`, `nas pareto`, `nas ask`, and their JSON: one flat object per trial) put
- * beside the parameters and metrics: trial, status, rung, reference, error and the timing
+ * beside the parameters and metrics: trial, attempt, status, rung, reference, error, timing
  * columns; one of the two would overwrite the other in every row. */
 int spec_check_listing_column(const yaml_ctx *c, const yaml_node_t *node, const char *what,
                               const char *name, const char *kind);

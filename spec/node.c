@@ -107,9 +107,9 @@ bool spec_is_identifier(const char *text, const char *extra) {
 }
 
 bool spec_is_listing_column(const char *name) {
-  static const char *const columns[] = {"trial",      "status",     "rung",        "reference",
-                                        "error",      "created_at", "started_at",  "finished_at",
-                                        "duration_s", NULL};
+  static const char *const columns[] = {"trial",      "attempt",    "status",      "rung",
+                                        "reference",  "error",      "created_at",  "started_at",
+                                        "finished_at", "duration_s", NULL};
   for (const char *const *column = columns; *column; column++)
     if (strcmp(name, *column) == 0) return true;
   return false;
@@ -119,8 +119,8 @@ int spec_check_listing_column(const yaml_ctx *c, const yaml_node_t *node, const 
                               const char *name, const char *kind) {
   if (spec_is_listing_column(name))
     return spec_node_errf(c, node,
-                          "%s: '%s' is a column of every trial listing (trial, status, rung, "
-                          "reference, error, timings); give the %s another name",
+                          "%s: '%s' is a column of the trial listings (trial, attempt, status, "
+                          "rung, reference, error, timings); give the %s another name",
                           what, name, kind);
   return NAS_OK;
 }

@@ -225,7 +225,7 @@ char *spec_param_env_name(const char *name);
 
 /* Index of the parameter called name, or -1. */
 int spec_param_index(const spec *s, const char *name);
-/* Whether name is one of the columns every trial listing has (trial, status, rung,
+/* Whether name is one of the columns trial listings have (trial, attempt, status, rung,
  * reference, error and the timings), which no parameter, objective or constraint may take. */
 bool spec_is_listing_column(const char *name);
 /* Whether the spec's trials run something (a command or a built-in model); a spec without

@@ -26,7 +26,8 @@
  * nothing here).
  *
  * Authentication: `Authorization: Bearer TOKEN` with the token from NAS_TOKEN, else from
- * the file named by NAS_TOKEN_FILE (its first line that is neither blank nor a # comment);
+ * the file named by NAS_TOKEN_FILE (its first line that is neither blank nor a # comment;
+ * a file its group or others may read is refused, as `nas serve` refuses its token file);
  * never from the URL, which people see (a URL with user:password@ is refused). Without
  * either, no header is sent (a server without a token file serves loopback clients).
  * https:// verifies the server against the system's CA certificates, or against
@@ -224,6 +225,7 @@ static int token_read(char **token, nas_err *err) {
   if (!file || !*file) return NAS_OK;
   char *text = NULL;
   size_t size;
+  if (nas_check_private(file, "NAS_TOKEN_FILE", err) != NAS_OK) return NAS_ERR;
   if (nas_read_file(file, &text, &size, err) != NAS_OK)
     return nas_err_prefix(err, "NAS_TOKEN_FILE");
   const char *found = token_in_file_text(text);

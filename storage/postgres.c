@@ -104,6 +104,15 @@ static const char *const migrations[] = {
   " receipt AS (INSERT INTO write_receipts (token, result, done)"               \
   " SELECT tokens.token, id, true FROM " rel ", unnest($1::text[]) AS tokens (token))"
 
+/* The INSERT of one trial's observations in their order (unnest keeps it, ORDINALITY
+ * says it): `trial` is the SQL of the trial's id, `from` what the SELECT reads beside the
+ * arrays ("" or "t,"), a b c d the parameter numbers of metric_columns' four arrays. */
+#define METRICS_INSERT(trial, from, a, b, c, d)                                 \
+  "INSERT INTO metrics (trial_id, name, step, value, time)"                     \
+  " SELECT " trial ", o.name, o.step, o.value, o.time FROM " from               \
+  " unnest($" #a "::text[], $" #b "::bigint[], $" #c "::float8[], $" #d "::float8[])" \
+  "   WITH ORDINALITY AS o (name, step, value, time, i) ORDER BY o.i"
+
 /* ---- rows ------------------------------------------------------------------------------ */
 
 /* How to read one kind of row from a result, and how to free what a row owns. A reader
@@ -679,12 +688,7 @@ static int metrics_import(pg_conn *c, int64_t trial_id, const metric_obs *obs, s
   rc = pg_params_set(&p, 1, err, "itttt", trial_id, columns[0], columns[1], columns[2],
                      columns[3]);
   if (rc == NAS_OK)
-    rc = pg_exec(c, NULL, err,
-                 "INSERT INTO metrics (trial_id, name, step, value, time)"
-                 " SELECT $1, o.name, o.step, o.value, o.time FROM"
-                 " unnest($2::text[], $3::bigint[], $4::float8[], $5::float8[])"
-                 "   WITH ORDINALITY AS o (name, step, value, time, i) ORDER BY o.i",
-                 &p);
+    rc = pg_exec(c, NULL, err, METRICS_INSERT("$1", "", 2, 3, 4, 5), &p);
   for (int k = 0; k < 4; k++) free(columns[k]);
   return rc;
 }
@@ -932,12 +936,8 @@ static int postgres_trial_complete(void *conn, int64_t trial_id, int attempt,
                   .allowed = complete_allowed,
                   .update_sql =
                       "WITH ended AS (UPDATE trials SET status = 'completed', finished_at = $2,"
-                      "   exit_code = NULL, error = NULL WHERE id = $1)"
-                      " INSERT INTO metrics (trial_id, name, step, value, time)"
-                      " SELECT $1::bigint, o.name, o.step, o.value, o.time FROM"
-                      "   unnest($3::text[], $4::bigint[], $5::float8[], $6::float8[])"
-                      "     WITH ORDINALITY AS o (name, step, value, time, i)"
-                      " ORDER BY o.i"};
+                      "   exit_code = NULL, error = NULL WHERE id = $1) "
+                      METRICS_INSERT("$1::bigint", "", 3, 4, 5, 6)};
   rc = pg_params_set(&t.params, 2, err, "dtttt", now, columns[0], columns[1], columns[2],
                      columns[3]);
   if (rc == NAS_OK) rc = pg_run(conn, &transition_op, &t, err);
@@ -1088,11 +1088,7 @@ static int postgres_metrics_add(void *conn, int64_t trial_id, const metric_obs *
       .sql = "WITH t AS (SELECT id FROM trials WHERE id = $2),"
              " moved AS (UPDATE trials SET log_offset = $7"
              "   WHERE id = $2 AND $7::bigint >= 0),"
-             " added AS (INSERT INTO metrics (trial_id, name, step, value, time)"
-             "   SELECT t.id, o.name, o.step, o.value, o.time FROM t,"
-             "     unnest($3::text[], $4::bigint[], $5::float8[], $6::float8[])"
-             "       WITH ORDINALITY AS o (name, step, value, time, i)"
-             "   ORDER BY o.i),"
+             " added AS (" METRICS_INSERT("t.id", "t,", 3, 4, 5, 6) "),"
              " " RECEIPT_FROM("t") " SELECT id FROM t"};
   rc = pg_params_set(&s.params, 2, err, "itttti", trial_id, columns[0], columns[1],
                      columns[2], columns[3], new_log_offset);

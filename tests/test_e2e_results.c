@@ -684,6 +684,30 @@ static void tell_refuses_values_with_fail(void **state) {
                  "nas tell: --fail's message is not valid UTF-8");
 }
 
+/* `nas tell --attempt` ends only the attempt `nas ask` printed: a trial failed, queued
+ * again by `nas retry` and handed out as attempt 2 is not ended by attempt 1's asker. */
+static void tell_with_an_attempt_ends_only_that_attempt(void **state) {
+  fixture *f = *state;
+  char *spec = ask_tell_spec(f, "again");
+  expect_refusal(f, (char *[]){"create", spec, "--storage", f->db, NULL}, 0, "is ready");
+  expect_refusal(f, (char *[]){"ask", "again", "--format", "csv", "--storage", f->db, NULL}, 0,
+                 "trial,attempt,x\n0,1,");
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "1", "--fail", "boom", "--storage", f->db, NULL}, 0, "");
+  expect_refusal(f, (char *[]){"retry", "again", "0", "--storage", f->db, NULL}, 0, "queued again");
+  expect_refusal(f, (char *[]){"ask", "again", "--format", "csv", "--storage", f->db, NULL}, 0, "\n0,2,");
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "1", "--complete", "y=1", "--storage", f->db, NULL},
+                 1, "nas: trial 0 of 'again' runs attempt 2, not attempt 1: it was handed out again");
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "2", "--complete", "y=2", "--storage", f->db, NULL}, 0, "");
+  json_t *t = nas_json(f, (char *[]){"trial", "again", "0", "--storage", f->db, "--format", "json", NULL});
+  assert_true(num(json_object_get(t, "metrics"), "y") == 2);
+  json_decref(t);
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "0", "--complete", NULL}, 2,
+                 "nas tell: --attempt wants an attempt number (1, 2, …), not '0'");
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "1", "y=1", NULL}, 2,
+                 "nas tell: --attempt goes with --complete or --fail");
+  free(spec);
+}
+
 /* `nas report`/`nas tell` values were checked less than a metric line's: a negative
  * standard error, a metric called "step", a name given twice or not UTF-8 were stored. */
 static void report_and_tell_check_values_as_a_metric_line_does(void **state) {
@@ -1056,6 +1080,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(hints_carry_the_storage_when_it_is_not_the_default, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_an_empty_step_or_trial_number_as_the_others_do, setup, teardown),
       cmocka_unit_test_setup_teardown(tell_refuses_values_with_fail, setup, teardown),
+      cmocka_unit_test_setup_teardown(tell_with_an_attempt_ends_only_that_attempt, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_check_values_as_a_metric_line_does, setup, teardown),
       cmocka_unit_test_setup_teardown(report_and_tell_take_only_decimal_numbers, setup, teardown),
       cmocka_unit_test_setup_teardown(a_metric_named_like_a_column_is_listed_beside_it, setup, teardown),

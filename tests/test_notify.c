@@ -756,7 +756,7 @@ static void two_last_tells_at_once_finish_the_experiment_once(void **state) {
   assert_int_equal(n_asked, 2);
   for (int t = 0; t < 2; t++) {
     metric_obs y = {"y", METRIC_FINAL, t + 1.0, nas_now()};
-    if (sched_tell_complete(st, s, &exp, t, &y, 1, h.nt, &err) != NAS_OK) fail_msg("%s", err.msg);
+    if (sched_tell_complete(st, s, &exp, t, 0, &y, 1, h.nt, &err) != NAS_OK) fail_msg("%s", err.msg);
   }
   sched_tell_stopped_end(st, s, &exp, 0, h.nt); /* the first tell's finish, come late */
   notifier_close(h.nt);

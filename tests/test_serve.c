@@ -296,6 +296,56 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
   assert_int_equal(test_server_stop(&srv), 0);
 }
 
+/* The attempt of trial 0 the ask answered with. */
+static json_int_t asked_attempt(const test_server *srv) {
+  int code;
+  json_t *asked = test_http(srv, "POST", "/api/v1/experiments/silent/ask", "{}", NULL, &code);
+  assert_int_equal(code, 200);
+  json_t *trial = json_array_get(json_object_get(asked, "trials"), 0);
+  assert_int_equal(json_integer_value(json_object_get(trial, "number")), 0);
+  json_int_t attempt = json_integer_value(json_object_get(trial, "attempt"));
+  json_decref(asked);
+  return attempt;
+}
+
+/* An asker whose trial went silent and was handed out again told it complete afterwards:
+ * the trial's new attempt ended completed with the old attempt's values. The ask answers
+ * each trial's attempt; a complete or fail naming one the trial no longer runs is a 409
+ * naming both, and stores nothing; without one (older clients) it ends whichever runs. */
+static void a_tell_of_an_attempt_handed_out_again_is_refused(void **state) {
+  fixture *f = *state;
+  test_server srv;
+  start_or_fail(&srv, f, NULL);
+  expect_status(&srv, "POST", "/api/v1/experiments",
+                "name: silent\n"
+                "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                "objectives: [{name: loss, goal: minimize}]\n"
+                "trial: {heartbeat_timeout: 0.2, max_attempts: 3}\n"
+                "budget: {trials: 1}\n", NULL, 201, NULL);
+  assert_int_equal(asked_attempt(&srv), 1);
+  usleep(400 * 1000); /* silent past heartbeat_timeout: the next ask hands it out again */
+  assert_int_equal(asked_attempt(&srv), 2);
+  const char *trial0 = "/api/v1/experiments/silent/trials/0";
+  char *complete = nas_asprintf("%s/complete", trial0), *fail = nas_asprintf("%s/fail", trial0);
+  expect_status(&srv, "POST", complete, "{\"metrics\": {\"loss\": 1}, \"attempt\": 1}", NULL, 409,
+                "trial 0 of 'silent' runs attempt 2, not attempt 1");
+  expect_status(&srv, "POST", fail, "{\"attempt\": 1}", NULL, 409, "runs attempt 2, not attempt 1");
+  expect_status(&srv, "POST", fail, "{\"attempt\": 3}", NULL, 409, "not attempt 3, which was never handed out");
+  expect_status(&srv, "POST", complete, "{\"attempt\": 0}", NULL, 422, "\"attempt\" must be an integer >= 1");
+  expect_status(&srv, "POST", fail, "{\"attempt\": \"2\"}", NULL, 422, "\"attempt\" must be an integer >= 1");
+  json_t *trial = get_ok(&srv, trial0);
+  assert_string_equal(json_string_value(json_object_get(trial, "status")), "running");
+  assert_null(json_object_get(json_object_get(trial, "metrics"), "loss")); /* nothing stored */
+  json_decref(trial);
+  expect_status(&srv, "POST", complete, "{\"metrics\": {\"loss\": 2}, \"attempt\": 2}", NULL, 200, NULL);
+  trial = get_ok(&srv, trial0);
+  assert_string_equal(json_string_value(json_object_get(trial, "status")), "completed");
+  assert_true(json_number_value(json_object_get(json_object_get(trial, "metrics"), "loss")) == 2);
+  json_decref(trial);
+  free(complete), free(fail);
+  assert_int_equal(test_server_stop(&srv), 0);
+}
+
 static void shell_loop_drives_ask_and_tell_without_a_server(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "asked.yaml", asked_spec), *out;
@@ -306,11 +356,12 @@ static void shell_loop_drives_ask_and_tell_without_a_server(void **state) {
     json_t *rows = json_loads(out, 0, NULL);
     free(out);
     assert_int_equal(json_array_size(rows), 1);
-    char number[16], metric[64];
+    char number[16], attempt[16], metric[64];
     snprintf(number, sizeof number, "%lld", (long long)json_integer_value(json_object_get(json_array_get(rows, 0), "trial")));
+    snprintf(attempt, sizeof attempt, "%lld", (long long)json_integer_value(json_object_get(json_array_get(rows, 0), "attempt")));
     snprintf(metric, sizeof metric, "loss=%g", json_number_value(json_object_get(json_array_get(rows, 0), "x")));
     json_decref(rows);
-    const char *tell[] = {test_nas_bin(), "tell", "asked", number, "--complete", metric, "--storage", f->db, NULL};
+    const char *tell[] = {test_nas_bin(), "tell", "asked", number, "--attempt", attempt, "--complete", metric, "--storage", f->db, NULL};
     assert_int_equal(test_run(f->dir, (char *const *)tell, &out), 0);
     free(out);
   }
@@ -396,8 +447,8 @@ static void queued_trials_of_an_ask_and_tell_experiment_are_hinted_to_nas_ask(vo
   free(out);
   char *ask[] = {(char *)test_nas_bin(), "ask", "asked", "-n", "2", "--format", "csv", "--storage", f->db, NULL};
   assert_int_equal(test_run(f->dir, ask, &out), 0);
-  assert_non_null(strstr(out, "\n0,")); /* the retried trial, */
-  assert_non_null(strstr(out, "\n1,0.5\n")); /* and the one enqueued */
+  assert_non_null(strstr(out, "\n0,2,")); /* the retried trial, its second attempt, */
+  assert_non_null(strstr(out, "\n1,1,0.5\n")); /* and the one enqueued */
   free(out);
   free(spec);
 }
@@ -775,6 +826,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(experiment_list_names_one_whose_spec_no_longer_loads_beside_the_others, setup, teardown),
       cmocka_unit_test_setup_teardown(webhook_urls_in_a_served_spec_show_only_their_host, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_report_complete_and_fail_drive_an_experiment_over_http, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_tell_of_an_attempt_handed_out_again_is_refused, setup, teardown),
       cmocka_unit_test_setup_teardown(shell_loop_drives_ask_and_tell_without_a_server, setup, teardown),
       cmocka_unit_test_setup_teardown(spec_without_a_trial_section_is_for_ask_and_tell_only, setup, teardown),
       cmocka_unit_test_setup_teardown(create_stores_where_the_spec_storage_section_says, setup, teardown),

@@ -748,10 +748,13 @@ static void names_that_listings_or_metric_lines_hold_already_are_refused(void **
   (void)state;
   expect_error(NAME "parameters:\n  trial: {type: float, low: 0, high: 1}\n" AFTER_PARAMS,
                "t.yaml:3:3: ",
-               "parameters: 'trial' is a column of every trial listing (trial, status, rung, "
-               "reference, error, timings); give the parameter another name");
+               "parameters: 'trial' is a column of the trial listings (trial, attempt, status, "
+               "rung, reference, error, timings); give the parameter another name");
+  /* nas ask prints the attempt it hands out beside the parameters */
+  expect_error(NAME "parameters:\n  attempt: {type: int, low: 1, high: 3}\n" AFTER_PARAMS,
+               "t.yaml:3:3: ", "parameters: 'attempt' is a column of the trial listings");
   expect_error(NAME PARAMS_X "objectives:\n  - {name: error, goal: minimize}\n" TRIAL BUDGET,
-               "t.yaml:5:5: ", "objectives[0]: 'error' is a column of every trial listing");
+               "t.yaml:5:5: ", "objectives[0]: 'error' is a column of the trial listings");
   expect_error(NAME PARAMS_X "objectives:\n  - {name: step, goal: minimize}\n" TRIAL BUDGET,
                "t.yaml:5:5: ",
                "objectives[0]: 'step' is the key that gives a metric line's step");
@@ -762,7 +765,7 @@ static void names_that_listings_or_metric_lines_hold_already_are_refused(void **
   expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"x <= 5\"\n", "t.yaml:10:5: ",
                "constraints[0]: 'x' is also a parameter's name");
   expect_error(NAME PARAMS_X AFTER_PARAMS "constraints:\n  - \"status >= 1\"\n",
-               "t.yaml:10:5: ", "constraints[0]: 'status' is a column of every trial listing");
+               "t.yaml:10:5: ", "constraints[0]: 'status' is a column of the trial listings");
   spec *s = load_ok(NAME "parameters:\n  trials: {type: float, low: 0, high: 1}\n"
                     "objectives:\n  - {name: error_rate, goal: minimize}\n" TRIAL_RUN BUDGET
                     "constraints:\n  - \"f <= 5\"\n");

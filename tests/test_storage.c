@@ -1735,7 +1735,7 @@ static int complete_worker(const child_args *args, int worker, nas_err *err) {
   unsigned char number;
   if (rc == NAS_OK && read(args->stop_fd, &number, 1) != 1) rc = nas_errf(err, "no go");
   metric_obs y = {"y", METRIC_FINAL, worker, nas_now()};
-  if (rc == NAS_OK) rc = sched_tell_complete(st, s, &exp, number, &y, 1, NULL, err);
+  if (rc == NAS_OK) rc = sched_tell_complete(st, s, &exp, number, 0, &y, 1, NULL, err);
   bool lost = rc == NAS_EEXIST && strstr(err->msg, "nothing was stored");
   if (rc == NAS_OK || lost) dprintf(args->report_fd, "%d %d\n", worker, rc == NAS_OK);
   spec_free(s);

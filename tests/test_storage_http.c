@@ -750,6 +750,15 @@ static void tokens_decide_what_a_storage_client_may_do(void **state) {
   storage_close(st);
   unsetenv("NAS_TOKEN");
   setenv("NAS_TOKEN_FILE", writer_file, 1);
+  /* a file of secrets others may read is refused, as the server refuses its own; the
+   * client read it without a word */
+  chmod(writer_file, 0644);
+  assert_int_equal(storage_open(url, &st, &err), NAS_ERR);
+  char *said = nas_asprintf("NAS_TOKEN_FILE %s may be read by others (mode 644); make it "
+                            "private: chmod 600 %s", writer_file, writer_file);
+  assert_contains(err.msg, said);
+  free(said);
+  chmod(writer_file, 0600);
   st = open_or_fail(url);
   assert_int_equal(storage_experiment_create(st, "e", "x", "/x", "/r", &id, &err), NAS_OK);
   storage_close(st);
@@ -856,16 +865,17 @@ static char *two_trials_spec(fixture *f, const char *name, const char *command) 
   return path;
 }
 
-/* Waits for run, which must end with an error (exit 1); its output from log (owned), and in
+/* Waits for run, which must exit with status want; its output from log (owned), and in
  * *took the seconds since `since` (monotonic). */
-static char *failed_run_output(pid_t run, const char *log, double since, double *took) {
+static char *ended_run_output(pid_t run, const char *log, int want, double since, double *took) {
   int status = 0;
   assert_int_equal(waitpid(run, &status, 0), run);
   *took = nas_monotonic() - since;
   char *text = NULL;
   nas_err ignored;
   assert_int_equal(nas_read_file(log, &text, NULL, &ignored), NAS_OK);
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 1) fail_msg("nas run: %s", text);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != want)
+    fail_msg("nas run exited %d, not %d: %s", WIFEXITED(status) ? WEXITSTATUS(status) : -1, want, text);
   return text;
 }
 
@@ -887,7 +897,7 @@ static void run_losing_its_server_names_the_trials_left_running(void **state) {
   double killed = nas_monotonic();
   free(srv.log);
   double took;
-  char *text = failed_run_output(run, log, killed, &took);
+  char *text = ended_run_output(run, log, 1, killed, &took);
   assert_contains(text, "gave up after 4 s");
   /* one retry budget (3 to 4 s: its waits grow to 1 s), not a second one to release the
    * lease, which expires on its own */
@@ -907,7 +917,8 @@ static void run_losing_its_server_names_the_trials_left_running(void **state) {
 /* Ctrl-C while a run waits through its retries for a server that is gone is heard at once,
  * each press counted: the first says that nothing more launches, the second stops the
  * trials and ends the wait; the lease is then given up after one try (it expires on its
- * own), not after a second retry budget, and 'nas resume' takes the experiment over. */
+ * own), not after a second retry budget, the run exits as interrupted (3, as docs/cli.md
+ * says) and 'nas resume' takes the experiment over. */
 static void ctrl_c_while_the_server_is_gone_is_heard_at_once(void **state) {
   fixture *f = *state;
   test_server srv;
@@ -925,13 +936,16 @@ static void ctrl_c_while_the_server_is_gone_is_heard_at_once(void **state) {
   nas_sleep(0.3);
   kill(run, SIGINT);
   double took;
-  char *text = failed_run_output(run, log, pressed, &took);
+  char *text = ended_run_output(run, log, 3, pressed, &took); /* interrupted: it exited 1 */
   if (took > 5) fail_msg("nas run took %.1f s after Ctrl-C: %s", took, text);
   assert_contains(text, "launching no new trials");
   assert_contains(text, "stopping 2 running trials");
   assert_contains(text, "given up on request while the storage was out of reach");
   assert_contains(text, "cut: 2 trials asked to stop, their ends not stored yet");
   assert_contains(text, "cut: could not release the lease; it expires");
+  char *hint = nas_asprintf("nas: interrupted; continue with: nas resume cut --storage %s", url);
+  assert_contains(text, hint);
+  free(hint);
   nas_ok(f, "resume", "cut", "--no-progress");
   json_t *rows = trials_json(f, "cut");
   assert_int_equal(json_array_size(rows), 2);

@@ -164,7 +164,13 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
 
 
 def _read_token_file(path: str | os.PathLike[str]) -> str:
-    """The token in a file: its first line that is neither blank nor a # comment."""
+    """The token in a file: its first line that is neither blank nor a # comment. A file its
+    group or others may read is refused, as `nas serve` refuses its token file and nas's
+    own storage client a $NAS_TOKEN_FILE (common/common.c, nas_check_private)."""
+    mode = os.stat(path).st_mode
+    if mode & 0o077:
+        raise ValueError(f"token file {os.fspath(path)} may be read by others (mode {mode & 0o777:03o}); "
+                         f"make it private: chmod 600 {os.fspath(path)}")
     with open(path, encoding="utf-8") as f:
         for line in f:
             line = line.strip()
@@ -379,7 +385,7 @@ class Experiment:
             answer = self.client._request("POST", Client._experiment_path(self.name, "ask"), body)
         except Conflict as e:
             raise self._done_or(e) from None
-        return [Trial(self, t["number"], t["params"]) for t in answer["trials"]]
+        return [Trial(self, t["number"], t["params"], t.get("attempt")) for t in answer["trials"]]
 
     def _done_or(self, conflict: Conflict) -> Conflict:
         """ExperimentDone when the server or the experiment's summary says so, else the
@@ -435,22 +441,33 @@ class Trial:
     the server's reason and BadRequest is raised: a loop that forgot to report is a bug.
     """
 
-    def __init__(self, experiment: Experiment, number: int, params: dict[str, Any]):
+    def __init__(self, experiment: Experiment, number: int, params: dict[str, Any],
+                 attempt: int | None = None):
         self.experiment = experiment
         self.number = number
         self.params = params
+        #: The attempt the ask handed out (1, 2, …; None from a server that sends none).
+        #: complete() and fail() send it: once this trial went silent and was handed out
+        #: again, they are refused (Conflict) rather than end the new attempt.
+        self.attempt = attempt
         #: "running", then "completed", "failed" or "stopped".
         self.status = "running"
         #: True once early stopping stopped the trial (report() returned True).
         self.should_stop = False
 
     def __repr__(self) -> str:
-        return (f"Trial({self.experiment.name!r}, number={self.number}, params={self.params!r}, "
-                f"status={self.status!r})")
+        return (f"Trial({self.experiment.name!r}, number={self.number}, attempt={self.attempt}, "
+                f"params={self.params!r}, status={self.status!r})")
 
     def _tell(self, what: str, body: dict[str, Any] | None = None) -> Any:
         path = Client._experiment_path(self.experiment.name, "trials", self.number, what)
         return self.experiment.client._request("POST", path, body)
+
+    def _end(self, what: str, body: dict[str, Any]) -> None:
+        """Ends this attempt of the trial (complete or fail), not one handed out since."""
+        if self.attempt is not None:
+            body["attempt"] = self.attempt
+        self._tell(what, body)
 
     def report(self, metrics: Mapping[str, Any] | None = None, /, *, step: int | None = None,
                **named: Any) -> bool:
@@ -472,18 +489,20 @@ class Trial:
     def complete(self, metrics: Mapping[str, Any] | None = None, /, **named: Any) -> None:
         """Ends the trial completed, storing these final metrics first (may be none when the
         objectives were reported already). BadRequest when an objective was never reported;
-        the trial is then still running."""
+        the trial is then still running. Conflict when it was handed out again since (this
+        attempt went silent for longer than trial.heartbeat_timeout, or `nas retry`)."""
         if self.status == "stopped":
             return
         values = _metrics_of(metrics, named)
-        self._tell("complete", {"metrics": values} if values else {})
+        self._end("complete", {"metrics": values} if values else {})
         self.status = "completed"
 
     def fail(self, message: str = "") -> None:
-        """Ends the trial failed, with why (shown by `nas trials` and the API)."""
+        """Ends the trial failed, with why (shown by `nas trials` and the API); Conflict as
+        complete() says."""
         if self.status == "stopped":
             return
-        self._tell("fail", {"error": message} if message else {})
+        self._end("fail", {"error": message} if message else {})
         self.status = "failed"
 
     def heartbeat(self) -> None:

@@ -36,12 +36,12 @@ def setUpModule() -> None:
         os.environ.pop(key, None)
 
 
-def spec(name: str, budget: int = 3, extra: str = "") -> str:
+def spec(name: str, budget: int = 3, extra: str = "", trial: str = "{command: [echo, unused]}") -> str:
     """An experiment for ask and tell: one parameter x, one objective loss."""
     return (f"name: {name}\n"
             "parameters: {x: {type: float, low: 0, high: 1}}\n"
             "objectives: [{name: loss, goal: minimize}]\n"
-            "trial: {command: [echo, unused]}\n"
+            f"trial: {trial}\n"
             "optimizer: {type: sobol}\n"
             f"budget: {{trials: {budget}}}\n" + extra)
 
@@ -132,6 +132,22 @@ class AskAndTellTest(LiveServerTest):
         self.assertEqual(trial.status, "failed")
         stored = exp.trial(trial.number)
         self.assertEqual((stored["status"], stored["error"]), ("failed", "out of memory on the GPU"))
+
+    def test_a_trial_handed_out_again_is_not_ended_by_its_old_attempt(self):
+        name = self._testMethodName.replace("_", "-")[:60]
+        exp = self.client.create(spec(name, 1, trial="{heartbeat_timeout: 0.2, max_attempts: 3}"))
+        old, = exp.ask()
+        time.sleep(0.4)  # silent past heartbeat_timeout: the next ask hands it out again
+        new, = exp.ask()
+        self.assertEqual((old.number, old.attempt, new.number, new.attempt), (0, 1, 0, 2))
+        with self.assertRaisesRegex(Conflict, "runs attempt 2, not attempt 1"):
+            old.complete(loss=1)
+        with self.assertRaisesRegex(Conflict, "runs attempt 2, not attempt 1"):
+            old.fail("too late")
+        self.assertEqual(exp.trial(0)["status"], "running")
+        new.complete(loss=2)
+        stored = exp.trial(0)
+        self.assertEqual((stored["status"], stored["metrics"], stored["attempts"]), ("completed", {"loss": 2}, 2))
 
     def test_an_exception_in_the_with_block_fails_the_trial_and_propagates(self):
         exp = self.new_experiment()
@@ -314,6 +330,11 @@ class TokenTest(LiveServerTest):
     def test_a_token_file_or_the_environment_gives_the_write_token(self):
         token_file = Path(self.folder, "client-token")
         token_file.write_text(f"# nas\n{WRITER}\n")
+        token_file.chmod(0o644)  # refused where others can read it, as nas serve refuses its own
+        with self.assertRaisesRegex(ValueError, r"client-token may be read by others \(mode 644\); "
+                                    r"make it private: chmod 600 "):
+            Client(self.url, token_file=token_file)
+        token_file.chmod(0o600)
         self.assertEqual(Client(self.url, token_file=token_file).create(spec("by-file")).name, "by-file")
         os.environ["NAS_TOKEN"] = WRITER
         try:
