@@ -232,6 +232,12 @@ static void percentiles_use_the_nearest_rank(void **state) {
   assert_true(metric_percentile(v, 3, 50) == 2);  /* rank ceil(1.5) = 2 */
   assert_true(metric_percentile(v, 3, 99) == 3);
   assert_true(metric_percentile(v, 1, 1) == 1);
+  /* ranks p·n/100 that are whole numbers are taken as they are, though p/100·n in floating
+   * point comes out a hair above them (0.07·100 = 7.000000000000001) */
+  assert_true(metric_percentile(v, 100, 7) == 7);
+  assert_true(metric_percentile(v, 50, 14) == 7);
+  assert_true(metric_percentile(v, 25, 28) == 7);
+  assert_true(metric_percentile(v, 75, 68) == 51);
 }
 
 /* ---- datasets ---- */
