@@ -2,7 +2,8 @@
  * trainer/: the model families (models.c), datasets by name (datasets.c), the training
  * loop with per-epoch validation, on one rank or sharded over several (fit.c), and a
  * trial's settings turned into all of these (worker_setup.c). They use only the public
- * API of trainer/trainer.h and trainer/dist.h. */
+ * API of trainer/: trainer.h, dist.h, pipeline.h and nn/data_cache.h (the dataset cache,
+ * worker_data.c). */
 #ifndef NAS_BUILTIN_H
 #define NAS_BUILTIN_H
 
