@@ -2,7 +2,8 @@
  * trainer/: the model families (models.c), datasets by name (datasets.c), the training
  * loop with per-epoch validation, on one rank or sharded over several (fit.c), and a
  * trial's settings turned into all of these (worker_setup.c). They use only the public
- * API of trainer/trainer.h and trainer/dist.h. */
+ * API of trainer/: trainer.h, dist.h, pipeline.h and nn/data_cache.h (the dataset cache,
+ * worker_data.c). */
 #ifndef NAS_BUILTIN_H
 #define NAS_BUILTIN_H
 
@@ -172,7 +173,8 @@ typedef struct {
   tr_device device;          /* where the model is (zero: the CPU); batches are moved there */
   /* After every epoch (1-based) with the mean training loss and validation accuracy. */
   int (*on_epoch)(void *arg, int epoch, double train_loss, double val_accuracy, nas_err *err);
-  /* After every training step; for heartbeats. */
+  /* After every training step and every slice of a validation pass (a pass over many
+   * examples can take minutes): for heartbeats. */
   int (*on_step)(void *arg, nas_err *err);
   void *arg;
 } tr_fit_config;
@@ -192,6 +194,12 @@ char *tr_fit_state_path(const char *base, const char *unit, int index, int count
  * graph, batch examples at a time; leaves m in training mode. */
 int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
                 double *accuracy, nas_err *err);
+/* The same, calling between(arg) (may be NULL) after every batch of examples: what a pass
+ * of minutes must still do, such as a trial's heartbeat. A non-zero return stops the pass
+ * with that return (its message in err). */
+int tr_evaluate_between(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
+                        int (*between)(void *arg, nas_err *err), void *arg, double *accuracy,
+                        nas_err *err);
 /* Index of the largest of n values (the first on ties); -1 when one is NaN: an output
  * that is not a number predicts no class (a diverged model scores no example). */
 int64_t tr_argmax(const float *values, int64_t n);

@@ -71,6 +71,12 @@ static int count_correct(tr_ctx *ctx, tr_module *m, tr_tensor *x, const int32_t 
 
 int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
                 double *accuracy, nas_err *err) {
+  return tr_evaluate_between(ctx, m, ds, batch, NULL, NULL, accuracy, err);
+}
+
+int tr_evaluate_between(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
+                        int (*between)(void *arg, nas_err *err), void *arg, double *accuracy,
+                        nas_err *err) {
   if (ds->n == 0) return nas_errf(err, "evaluation: no examples");
   if (batch < 1) batch = EVAL_BATCH;
   tr_module_train(m, false);
@@ -83,6 +89,7 @@ int tr_evaluate(tr_ctx *ctx, tr_module *m, const tr_dataset *ds, int64_t batch,
     rc = slice ? count_correct(ctx, m, slice, ds->y + start, &correct, err)
                : nas_errf(err, "evaluation: %s", ctx->err.msg);
     tr_release(slice);
+    if (rc == NAS_OK && between) rc = between(arg, err);
   }
   tr_set_grad_enabled(ctx, grad);
   tr_module_train(m, true);
@@ -275,7 +282,8 @@ int tr_fit(tr_ctx *ctx, tr_module *m, const tr_dataset *train, const tr_dataset 
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = train_epoch(ctx, m, opt, &ld, cfg, &fb, &sched, &step, &loss, err);
-    if (rc == NAS_OK) rc = tr_evaluate(ctx, m, val, EVAL_BATCH, &acc, err);
+    if (rc == NAS_OK)
+      rc = tr_evaluate_between(ctx, m, val, EVAL_BATCH, cfg->on_step, cfg->arg, &acc, err);
     if (rc == NAS_OK && accuracy) *accuracy = acc;
     if (rc == NAS_OK && cfg->on_epoch) rc = cfg->on_epoch(cfg->arg, epoch, loss, acc, err);
   }
@@ -371,7 +379,9 @@ static int rank_validate(rank_run *r, const tr_dataset *val, const tr_fit_config
                          double loss, double *accuracy, nas_err *err) {
   int own = tr_fsdp_summon_full(r->ctx, r->fsdp);
   if (own != NAS_OK) return nas_errf(err, "gathering the parameters: %s", r->ctx->err.msg);
-  if (r->lead) own = tr_evaluate(r->ctx, r->model, val, EVAL_BATCH, accuracy, err);
+  if (r->lead)
+    own = tr_evaluate_between(r->ctx, r->model, val, EVAL_BATCH, cfg->on_step, cfg->arg, accuracy,
+                              err);
   if (own == NAS_OK && tr_fsdp_release_full(r->ctx, r->fsdp) != NAS_OK)
     own = nas_errf(err, "releasing the parameters: %s", r->ctx->err.msg);
   if (own == NAS_OK && r->lead && cfg->on_epoch)

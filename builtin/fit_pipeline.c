@@ -72,7 +72,7 @@ static int stage_validate(stage_run *r, tr_module *m, const tr_dataset *val,
   if (tr_pipe_gather_model(r->ctx, r->pipe) != NAS_OK)
     return nas_errf(err, "gathering the stages: %s", r->ctx->err.msg);
   if (!r->lead) return NAS_OK;
-  int rc = tr_evaluate(r->ctx, m, val, 0, accuracy, err);
+  int rc = tr_evaluate_between(r->ctx, m, val, 0, cfg->on_step, cfg->arg, accuracy, err);
   if (rc == NAS_OK && cfg->on_epoch) rc = cfg->on_epoch(cfg->arg, epoch, loss, *accuracy, err);
   return rc;
 }

@@ -595,15 +595,17 @@ static int report_final(worker *w, double accuracy, double test_accuracy, const 
   return storage_metrics_add(w->st, w->trial.id, obs, n, -1, err);
 }
 
-/* The test split is evaluated first, on the training's threads (latency leaves one), with a
- * heartbeat after each part, so that a trial under trial.heartbeat_timeout is not lost here. */
+/* The test split is evaluated first, on the training's threads (latency leaves one), with
+ * heartbeats going on through each part, so that a trial under trial.heartbeat_timeout is
+ * not lost here. */
 static int worker_finish(worker *w, const char *run_dir, double accuracy, double seconds,
                          nas_err *err) {
   metric_latency lat;
   double test_accuracy = 0;
   int rc = NAS_OK;
   if (w->data.all.test.n > 0)
-    rc = tr_evaluate(&w->ctx, w->model.module, &w->data.all.test, 0, &test_accuracy, err);
+    rc = tr_evaluate_between(&w->ctx, w->model.module, &w->data.all.test, 0, on_step, w,
+                             &test_accuracy, err);
   heartbeat(w);
   if (rc == NAS_OK) rc = measure_latency(w, &lat, err);
   heartbeat(w);

@@ -10,7 +10,9 @@
 #include "metrics/metrics.h"
 
 double metric_percentile(const double *sorted, size_t n, double p) {
-  double rank = ceil(p / 100.0 * (double)n);
+  /* p·n first: for whole p and n it is exact, so a whole rank stays whole (p/100·n would
+   * make 7% of 100 come out as 7.000000000000001, rank 8) */
+  double rank = ceil(p * (double)n / 100.0);
   size_t index = rank < 1 ? 0 : (size_t)rank - 1;
   return sorted[index < n ? index : n - 1];
 }

@@ -31,7 +31,7 @@
 
 #define METRIC_LINE_MAX (64 * 1024) /* longer metric lines are malformed, never buffered */
 #define READ_BLOCK (64 * 1024)
-#define STEP_MAX 9007199254740992.0 /* 2^53: above it a real no longer holds every integer */
+#define STEP_MAX 9007199254740992.0 /* 2^53: from it on a real no longer holds every integer */
 /* One read's bound: it stops after the line that brings it to METRIC_REPORT_MAX
  * observations or to METRIC_REPORT_NAME_BYTES bytes of metric lines (a name's bytes are
  * those of its line), so that what it read is one storage report. A line is never split,
@@ -148,15 +148,13 @@ static const char *json_kind(const json_t *value) {
   }
 }
 
+/* Numbers are parsed as reals (line_check): one below 2^53 that is whole is the integer
+ * printed, exactly; a larger one may have been rounded to it, so it is refused. */
 static int step_read(const json_t *value, int64_t *step, nas_err *err) {
   double real = json_number_value(value);
-  if (json_is_integer(value) && json_integer_value(value) >= 0) {
-    *step = json_integer_value(value);
-  } else if (json_is_real(value) && real >= 0 && real <= STEP_MAX && real == floor(real)) {
-    *step = (int64_t)real;
-  } else {
+  if (!json_is_number(value) || !(real >= 0) || real >= STEP_MAX || real != floor(real))
     return nas_errf(err, "\"step\" must be a non-negative integer");
-  }
+  *step = (int64_t)real;
   return NAS_OK;
 }
 
@@ -245,12 +243,14 @@ static int object_check(json_t *root, int64_t *step, nas_err *err) {
   return NAS_OK;
 }
 
-/* Parses and checks the JSON of a metric line into an owned *root. NAS_ERR: malformed. */
+/* Parses and checks the JSON of a metric line into an owned *root. NAS_ERR: malformed.
+ * Every number is read as a real (a metric is a double wherever it is stored), so an
+ * integer past int64 is a value like any other, not "too big integer". */
 static int line_check(const char *json, json_t **root, int64_t *step, nas_err *err) {
   char *quoted = nonfinite_quoted(json);
   if (!quoted) return nas_errf(err, "out of memory");
   json_error_t jerr;
-  *root = json_loads(quoted, JSON_REJECT_DUPLICATES, &jerr);
+  *root = json_loads(quoted, JSON_REJECT_DUPLICATES | JSON_DECODE_INT_AS_REAL, &jerr);
   free(quoted);
   if (!*root) return nas_errf(err, "malformed metric line: %s", jerr.text);
   if (object_check(*root, step, err) != NAS_OK) {

@@ -612,14 +612,6 @@ static int log_open(const char *run_dir, const char *name, int *fd, nas_err *err
   return rc;
 }
 
-static int job_check(const runner_job *job, nas_err *err) {
-  if (!job->argv || !job->argv[0] || !job->argv[0][0]) return nas_errf(err, "job has no command");
-  if (!job->workdir || !job->run_dir) return nas_errf(err, "job needs a workdir and a run_dir");
-  if (!(job->timeout_s >= 0) || !isfinite(job->timeout_s))
-    return nas_errf(err, "job timeout must be a non-negative number of seconds");
-  return NAS_OK;
-}
-
 static void launch_release(launch *l) {
   free(l->envp);
   for (int i = 0; i < 2; i++) free(l->self_env[i]);
@@ -757,10 +749,10 @@ static int local_create(const json_t *options, void **state, nas_err *err) {
   return NAS_OK;
 }
 
-/* Starts a job, held when hold_fd (the monitor's end of the hold pipe) is >= 0. */
+/* Starts a job (checked by runner.c), held when hold_fd (the monitor's end of the hold
+ * pipe) is >= 0. */
 static int start_job(local_runner *lr, const runner_job *job, int hold_fd, char **handle,
                      nas_err *err) {
-  if (job_check(job, err) != NAS_OK) return NAS_ERR;
   launch l;
   int rc = launch_prepare(lr, job, &l, err);
   l.hold_fd = hold_fd;

@@ -6,6 +6,7 @@
 #include "runners/runner.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -97,7 +98,7 @@ size_t runner_capacity(const runner *r) {
  * start empty. A link is removed, never followed. */
 static int logs_remove(const char *run_dir, nas_err *err) {
   static const char *const names[] = {"stdout.log", "stderr.log"};
-  for (size_t i = 0; run_dir && i < sizeof names / sizeof names[0]; i++) {
+  for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
     char *path = nas_asprintf("%s/%s", run_dir, names[i]);
     if (!path) return nas_errf(err, "out of memory");
     int rc = unlink(path) == 0 || errno == ENOENT || errno == ENOTDIR
@@ -109,14 +110,29 @@ static int logs_remove(const char *run_dir, nas_err *err) {
   return NAS_OK;
 }
 
+/* What every backend needs of a job, checked before its run folder is touched: a job
+ * refused for bad input removes nothing. */
+static int job_check(const runner_job *job, nas_err *err) {
+  if (!job->argv || !job->argv[0] || !job->argv[0][0]) return nas_errf(err, "job has no command");
+  if (!job->workdir || !job->run_dir) return nas_errf(err, "job needs a workdir and a run_dir");
+  if (!(job->timeout_s >= 0) || !isfinite(job->timeout_s))
+    return nas_errf(err, "job timeout must be a non-negative number of seconds");
+  return NAS_OK;
+}
+
+/* A job checked, then its run folder cleared of an earlier job's logs. */
+static int job_ready(const runner_job *job, nas_err *err) {
+  return job_check(job, err) == NAS_OK ? logs_remove(job->run_dir, err) : NAS_ERR;
+}
+
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err) {
-  if (logs_remove(job->run_dir, err) != NAS_OK) return NAS_ERR;
+  if (job_ready(job, err) != NAS_OK) return NAS_ERR;
   return r->backend->start(r->state, job, handle, err);
 }
 
 int runner_start_held(runner *r, const runner_job *job, char **handle, nas_err *err) {
   if (!r->backend->start_held) return runner_start(r, job, handle, err);
-  if (logs_remove(job->run_dir, err) != NAS_OK) return NAS_ERR;
+  if (job_ready(job, err) != NAS_OK) return NAS_ERR;
   return r->backend->start_held(r->state, job, handle, err);
 }
 
@@ -143,6 +159,8 @@ int runner_start_batch(runner *r, const runner_job *jobs, size_t n, char **handl
                        nas_err *err) {
   for (size_t i = 0; i < n; i++) handles[i] = NULL;
   if (n == 0) return NAS_OK;
+  for (size_t i = 0; i < n; i++)
+    if (job_check(&jobs[i], err) != NAS_OK) return NAS_ERR;
   for (size_t i = 0; i < n; i++)
     if (logs_remove(jobs[i].run_dir, err) != NAS_OK) return NAS_ERR;
   if (r->backend->start_batch) {

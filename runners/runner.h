@@ -65,7 +65,9 @@ int runner_validate_options(const char *type, const json_t *options, nas_err *er
  * at once than this, whatever budget.parallel says. */
 size_t runner_capacity(const runner *r);
 
-/* Starts a job; *handle (owned) identifies it from now on, also to another process. */
+/* Starts a job; *handle (owned) identifies it from now on, also to another process. A job
+ * without a command, a workdir or a run_dir, or whose timeout is no non-negative number,
+ * is refused before its run folder is touched (as by every start below). */
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err);
 /* Starts n jobs; handles[i] (owned) identifies jobs[i] exactly as runner_start's handle
  * would. A backend that can submits them as one unit (slurm with `array: true`: one job

@@ -377,11 +377,8 @@ static void prepared_free(prepared *p) {
   *p = (prepared){0};
 }
 
+/* What Slurm needs of a job besides what runner.c checks of every job. */
 static int job_check(const runner_job *job, nas_err *err) {
-  if (!job->argv || !job->argv[0] || !job->argv[0][0]) return nas_errf(err, "job has no command");
-  if (!job->workdir || !job->run_dir) return nas_errf(err, "job needs a workdir and a run_dir");
-  if (!(job->timeout_s >= 0) || !isfinite(job->timeout_s))
-    return nas_errf(err, "job timeout must be a non-negative number of seconds");
   if (strchr(job->run_dir, '\\'))
     return nas_errf(err, "run_dir '%s' holds a backslash, which sbatch's --output cannot "
                          "take", job->run_dir);

@@ -190,12 +190,14 @@ const slurm_row *slurm_rows_find(const slurm_row *rows, size_t n, const char *id
   return n ? bsearch(&key, rows, n, sizeof *rows, row_cmp) : NULL;
 }
 
-/* Reads a non-negative integer of at most 9 digits; NULL when there is none. */
+/* Reads a non-negative integer of at most 9 digits; NULL when there is none (or more
+ * digits: those are counted, never added up, as a long cannot hold every run of them). */
 static const char *number_read(const char *p, long *out) {
   if (!isdigit((unsigned char)*p)) return NULL;
   long v = 0;
   int digits = 0;
-  for (; isdigit((unsigned char)*p); p++, digits++) v = v * 10 + (*p - '0');
+  for (; isdigit((unsigned char)*p); p++, digits++)
+    if (digits < 9) v = v * 10 + (*p - '0');
   if (digits > 9) return NULL;
   *out = v;
   return p;

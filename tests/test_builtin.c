@@ -129,6 +129,42 @@ static void a_model_with_nan_outputs_classifies_nothing(void **state) {
   tr_module_free(m);
 }
 
+static int count_calls(void *arg, nas_err *err) {
+  (void)err;
+  ++*(int *)arg;
+  return NAS_OK;
+}
+
+/* A validation pass over many examples takes as long as many training steps: on_step (the
+ * worker's heartbeat) is called after each of its slices too, not only after training
+ * steps, so a trial under a heartbeat_timeout shorter than its validation pass is not
+ * lost. One step of 10 examples, then 1 500 validation examples in 3 slices of 500. */
+static void validation_passes_call_on_step_between_their_slices(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 3);
+  tr_module *m = tr_linear_new(&ctx, 4, 3, true);
+  int32_t *train_y = calloc(10, sizeof *train_y), *val_y = calloc(1500, sizeof *val_y);
+  for (int i = 0; i < 10; i++) train_y[i] = i % 3;
+  tr_dataset train = {tr_randn(&ctx, TR_F32, 2, (int64_t[]){10, 4}, 1.0), train_y, 10, 3};
+  tr_dataset val = {tr_randn(&ctx, TR_F32, 2, (int64_t[]){1500, 4}, 1.0), val_y, 1500, 3};
+  int calls = 0;
+  tr_fit_config cfg = {.epochs = 1, .batch_size = 10, .optim = {.kind = TR_SGD, .lr = 0.1},
+                       .on_step = count_calls, .arg = &calls};
+  nas_err err;
+  double accuracy = -1;
+  if (tr_fit(&ctx, m, &train, &val, &cfg, &accuracy, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_int_equal(calls, 1 + 3);
+  assert_true(accuracy >= 0 && accuracy <= 1);
+  calls = 0;
+  assert_int_equal(tr_evaluate_between(&ctx, m, &val, 400, count_calls, &calls, &accuracy, &err),
+                   NAS_OK);
+  assert_int_equal(calls, 4); /* 400, 400, 400, 300 */
+  tr_dataset_free(&train);
+  tr_dataset_free(&val);
+  tr_module_free(m);
+}
+
 /* A layer that cannot be made fails the build with its own reason, not "no module to add";
  * sizes below 1 are refused by name. */
 static void builds_say_why_a_layer_cannot_be_made(void **state) {
@@ -232,6 +268,12 @@ static void percentiles_use_the_nearest_rank(void **state) {
   assert_true(metric_percentile(v, 3, 50) == 2);  /* rank ceil(1.5) = 2 */
   assert_true(metric_percentile(v, 3, 99) == 3);
   assert_true(metric_percentile(v, 1, 1) == 1);
+  /* ranks p·n/100 that are whole numbers are taken as they are, though p/100·n in floating
+   * point comes out a hair above them (0.07·100 = 7.000000000000001) */
+  assert_true(metric_percentile(v, 100, 7) == 7);
+  assert_true(metric_percentile(v, 50, 14) == 7);
+  assert_true(metric_percentile(v, 25, 28) == 7);
+  assert_true(metric_percentile(v, 75, 68) == 51);
 }
 
 /* ---- datasets ---- */
@@ -1260,6 +1302,7 @@ int main(void) {
       cmocka_unit_test(cnn_counts_match_hand_counts),
       cmocka_unit_test(built_models_run_forward),
       cmocka_unit_test(a_model_with_nan_outputs_classifies_nothing),
+      cmocka_unit_test(validation_passes_call_on_step_between_their_slices),
       cmocka_unit_test(builds_say_why_a_layer_cannot_be_made),
       cmocka_unit_test(latency_percentiles_are_positive_and_ordered),
       cmocka_unit_test(percentiles_use_the_nearest_rank),

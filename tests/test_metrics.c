@@ -91,6 +91,25 @@ static void step_gives_intermediate_values(void **state) {
   metric_set_free(&set);
 }
 
+/* A value is any JSON number, an integer past int64 included (Python prints a count of
+ * 10^20 FLOPs as its digits, and `nas report` takes it too); a step is an integer a double
+ * holds exactly, below 2^53, so that the step stored is the one printed. */
+static void integers_of_any_size_are_values_and_steps_stay_exact(void **state) {
+  (void)state;
+  metric_set set;
+  nas_err err;
+  if (parse("nas-metric {\"flops\": 123456789012345678901}", &set, &err) != 1)
+    fail_msg("%s", err.msg);
+  assert_true(set.obs[0].value == 123456789012345678901.0);
+  assert_int_equal(metric_line_parse("nas-metric {\"step\": 9007199254740991, \"a\": 1}", 0, &set,
+                                     &err), 1);
+  assert_true(set.obs[1].step == 9007199254740991LL);
+  metric_set_free(&set);
+  /* 2^53 + 1 would be stored as 2^53 */
+  assert_malformed("nas-metric {\"step\": 9007199254740993, \"a\": 1}",
+                   "\"step\" must be a non-negative integer");
+}
+
 static void other_lines_are_not_metric_lines(void **state) {
   (void)state;
   const char *lines[] = {"", "epoch 3 loss 0.2", "nas-metrics {\"a\": 1}", "xnas-metric {\"a\": 1}",
@@ -524,6 +543,7 @@ int main(void) {
       cmocka_unit_test(final_line_gives_final_values),
       cmocka_unit_test(standard_error_is_stored_beside_its_metric_and_must_not_be_negative),
       cmocka_unit_test(step_gives_intermediate_values),
+      cmocka_unit_test(integers_of_any_size_are_values_and_steps_stay_exact),
       cmocka_unit_test(other_lines_are_not_metric_lines),
       cmocka_unit_test(blanks_before_prefix_and_carriage_return_are_accepted),
       cmocka_unit_test(metric_check_wants_a_utf8_name_and_a_finite_value),

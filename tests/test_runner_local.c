@@ -556,6 +556,33 @@ static void output_lands_in_the_logs_of_a_new_run_dir(void **state) {
   free(run_dir);
 }
 
+/* A job the runner refuses (no command, a timeout that is no number of seconds) starts
+ * nothing and removes nothing: the logs a job left in the run folder stay (they went
+ * before the refusal, for every runner, when runner.c cleared the folder first). */
+static void a_refused_job_leaves_the_run_folder_as_it_was(void **state) {
+  fixture *f = *state;
+  char *run_dir = NULL;
+  assert_int_equal(run_sh(f, "echo kept", 0, &run_dir).state, JOB_EXITED);
+  char *argv[] = {"true", NULL}, *none[] = {NULL};
+  runner_job bad[] = {{.argv = argv, .workdir = f->dir, .run_dir = run_dir, .timeout_s = -1},
+                      {.argv = argv, .workdir = f->dir, .run_dir = run_dir, .timeout_s = NAN},
+                      {.argv = none, .workdir = f->dir, .run_dir = run_dir}};
+  const char *why[] = {"timeout", "timeout", "no command"};
+  for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+    char *handle = NULL;
+    nas_err err;
+    assert_int_equal(runner_start(f->r, &bad[i], &handle, &err), NAS_ERR);
+    if (!strstr(err.msg, why[i])) fail_msg("job %zu: '%s' says nothing of %s", i, err.msg, why[i]);
+    assert_null(handle);
+    assert_int_equal(runner_start_held(f->r, &bad[i], &handle, &err), NAS_ERR);
+    assert_int_equal(runner_start_batch(f->r, &bad[i], 1, &handle, &err), NAS_ERR);
+    char *out = file_text(run_dir, "stdout.log");
+    assert_string_equal(out, "kept\n");
+    free(out);
+  }
+  free(run_dir);
+}
+
 static void missing_command_exits_127_with_a_message(void **state) {
   fixture *f = *state;
   char *argv[] = {"nas-no-such-command", "x", NULL};
@@ -1035,6 +1062,7 @@ int main(void) {
       T(job_is_told_of_the_running_binary_first_on_its_path),
       T(relative_command_runs_from_workdir),
       T(output_lands_in_the_logs_of_a_new_run_dir),
+      T(a_refused_job_leaves_the_run_folder_as_it_was),
       T(missing_command_exits_127_with_a_message),
       T(garbage_output_keeps_its_metric_lines),
       T(attach_from_another_process_sees_running_then_exit),
