@@ -204,6 +204,19 @@ static void front_leaves_out_trials_beyond_a_threshold(void **state) {
   spec_free(s);
 }
 
+/* A SQLite storage in dir holding s as experiment "t" (its id in *exp). */
+static storage *stored_experiment(const spec *s, const char *dir, int64_t *exp) {
+  char *url;
+  assert_true(asprintf(&url, "sqlite:%s/nas.db", dir) > 0);
+  storage *st;
+  nas_err err;
+  if (storage_open(url, &st, &err) != NAS_OK ||
+      storage_experiment_create(st, "t", s->text, "/tmp/t.yaml", dir, exp, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  free(url);
+  return st;
+}
+
 /* The built-in NAS case: accuracy after every epoch, params only at the end (of the trials
  * that finished). Curves come from real storage; params, never reported with a step, must
  * not keep the median rule from stopping the one clearly bad trial. */
@@ -212,14 +225,10 @@ static void final_only_objective_leaves_early_stopping_to_the_others(void **stat
   spec *s = load("early_stopping: {rule: median, min_steps: 1, min_trials: 4}",
                  "[{name: accuracy, goal: maximize}, {name: params, goal: minimize}]",
                  "{trials: 10}");
-  char *dir = test_tmpdir(), *url;
-  assert_true(asprintf(&url, "sqlite:%s/nas.db", dir) > 0);
-  storage *st;
-  nas_err err;
+  char *dir = test_tmpdir();
   int64_t exp;
-  if (storage_open(url, &st, &err) != NAS_OK ||
-      storage_experiment_create(st, "t", s->text, "/tmp/t.yaml", dir, &exp, &err) != NAS_OK)
-    fail_msg("%s", err.msg);
+  storage *st = stored_experiment(s, dir, &exp);
+  nas_err err;
   int64_t ids[6];
   for (int i = 0; i < 6; i++) {
     trial_row t;
@@ -246,7 +255,7 @@ static void final_only_objective_leaves_early_stopping_to_the_others(void **stat
   sched_curves_free(curves, n);
   storage_close(st);
   test_rmtree(dir);
-  free(dir), free(url);
+  free(dir);
   spec_free(s);
 }
 
@@ -284,15 +293,11 @@ static int put_trial(storage *st, const spec *s, const experiment_row *exp, int 
 static void results_kept_one_trial_at_a_time_equal_a_fresh_load(void **state) {
   (void)state;
   spec *s = load("", "[{name: y, goal: minimize}, {name: z, goal: minimize}]", "{trials: 40}");
-  char *dir = test_tmpdir(), *url;
-  assert_true(asprintf(&url, "sqlite:%s/nas.db", dir) > 0);
-  storage *st;
-  nas_err err;
+  char *dir = test_tmpdir();
   experiment_row exp;
-  if (storage_open(url, &st, &err) != NAS_OK ||
-      storage_experiment_create(st, "t", s->text, "/tmp/t.yaml", dir, &exp.id, &err) != NAS_OK ||
-      storage_experiment_get(st, "t", &exp, &err) != NAS_OK)
-    fail_msg("%s", err.msg);
+  storage *st = stored_experiment(s, dir, &exp.id);
+  nas_err err;
+  if (storage_experiment_get(st, "t", &exp, &err) != NAS_OK) fail_msg("%s", err.msg);
   trial_row first; /* reports a metric the others do not: their cells of it stay NaN */
   metric_obs acc = {"acc", 1, 0.9, 1};
   if (storage_trial_create(st, exp.id, "{}", NULL, &first, &err) != NAS_OK ||
@@ -336,7 +341,7 @@ static void results_kept_one_trial_at_a_time_equal_a_fresh_load(void **state) {
   experiment_row_clear(&exp);
   storage_close(st);
   test_rmtree(dir);
-  free(dir), free(url);
+  free(dir);
   spec_free(s);
 }
 
