@@ -160,16 +160,17 @@ static void print_trial_text(const char *experiment, bool rungs, const json_t *t
   print_tail("stderr.log", json_object_get(t, "stderr_tail"));
 }
 
-/* The index of trial `number` in r, or an error naming the experiment. */
-static int find_number(const sched_results *r, const char *experiment, int number, size_t *i,
-                       nas_err *err) {
-  for (*i = 0; *i < r->n_trials; ++*i)
-    if (r->trials[*i].number == number) return NAS_OK;
-  if (r->n_trials == 0)
+/* The error for a trial number exp does not have, naming the numbers it has. */
+static int no_such_trial(storage *st, const experiment_row *exp, int number, nas_err *err) {
+  trial_row *trials;
+  size_t n;
+  if (storage_trial_list(st, exp->id, &trials, &n, err) != NAS_OK) return NAS_ERR;
+  trial_rows_free(trials, n);
+  if (n == 0)
     return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d (it has none yet)",
-                    experiment, number);
+                    exp->name, number);
   return nas_errc(err, NAS_ENOTFOUND, "experiment '%s' has no trial %d (its trials are 0 to %zu)",
-                  experiment, number, r->n_trials - 1);
+                  exp->name, number, n - 1);
 }
 
 static int show_trial(const trial_args *a) {
@@ -180,13 +181,13 @@ static int show_trial(const trial_args *a) {
   if (cli_open_experiment(cli_storage_url(a->storage), STORAGE_MUST_EXIST | STORAGE_CONNECT_ONCE,
                           a->experiment, &st, &exp, &s, &err) != NAS_OK)
     return cli_fail(&err);
+  /* The trial's own rows, as nas serve reads them, not the whole experiment. */
   sched_results r;
-  size_t i;
   json_t *detail = NULL;
-  int rc = sched_results_load(st, s, exp.id, &r, &err);
+  int rc = sched_results_of_trial(st, s, &exp, a->number, &r, &err);
+  if (rc == NAS_ENOTFOUND) no_such_trial(st, &exp, a->number, &err);
   if (rc == NAS_OK) {
-    if (find_number(&r, exp.name, a->number, &i, &err) == NAS_OK &&
-        (detail = sched_trial_detail_json(st, &exp, &r, i, &err))) {
+    if ((detail = sched_trial_detail_json(st, &exp, &r, 0, &err))) {
       if (a->format == FORMAT_JSON) cli_print_json(detail);
       else print_trial_text(exp.name, s->multi_fidelity.kind != MULTI_FIDELITY_NONE, detail);
     }

@@ -314,22 +314,6 @@ void sched_tell_stopped_end(storage *st, const spec *s, const experiment_row *ex
   trial_row_clear(&t);
 }
 
-/* The first objective that neither trial t's stored results nor obs (the final values
- * about to be stored with its completion) hold, or NULL. */
-static const char *missing_objective(const spec *s, const sched_results *r, int64_t trial_id,
-                                     const metric_obs *obs, size_t n) {
-  for (size_t i = 0; i < r->n_trials; i++) {
-    if (r->trials[i].id != trial_id) continue;
-    for (size_t j = 0; j < s->n_objectives; j++) {
-      bool told = !isnan(r->values[i * r->n_metrics + j]);
-      for (size_t k = 0; k < n && !told; k++)
-        told = obs[k].step == METRIC_FINAL && strcmp(obs[k].name, s->objectives[j].name) == 0;
-      if (!told) return s->objectives[j].name;
-    }
-  }
-  return NULL;
-}
-
 /* The name in obs that looks like a misspelling of objective, or NULL: a metric of any
  * name is stored (docs/metrics-protocol.md), so nothing else points out 'los=0.5'. */
 static const char *misspelt_as(const char *objective, const metric_obs *obs, size_t n) {
@@ -344,7 +328,7 @@ static int check_complete(storage *st, const spec *s, const experiment_row *exp,
                           const trial_row *t, const metric_obs *obs, size_t n, nas_err *err) {
   sched_results r;
   if (sched_results_of_trial(st, s, exp, t->number, &r, err) != NAS_OK) return NAS_ERR;
-  const char *missing = missing_objective(s, &r, t->id, obs, n);
+  const char *missing = sched_results_missing_objective(s, &r, t->id, obs, n);
   const char *given = missing ? misspelt_as(missing, obs, n) : NULL;
   int rc = NAS_OK;
   if (given)

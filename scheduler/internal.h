@@ -135,8 +135,12 @@ int sched_trial_ended(sched *sc, const char *why, nas_err *err);
 /* results cache (loop.c): one load serves every reader until storage changes. */
 /* The current results, loaded when stale; NULL on error. Borrowed. */
 const sched_results *sched_results_now(sched *sc, nas_err *err);
-/* Storage changed in a way the cache cannot follow (new trials, new metric values). */
+/* Storage changed in a way the cache cannot follow (trials queued again by a promotion). */
 void sched_results_stale(sched *sc);
+/* Trial row (new, or with new values or a new end) is read again from storage into the
+ * cache, alone: reloading the whole experiment at each trial's end made a run quadratic in
+ * its trials (bench/RESULTS.md, "Scale"). The cache goes stale when it cannot take it. */
+void sched_results_refresh(sched *sc, const trial_row *row);
 /* A trial's status changed: updated in the cache when it holds the trial. */
 void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status);
 

@@ -29,6 +29,16 @@ const sched_results *sched_results_now(sched *sc, nas_err *err) {
 
 void sched_results_stale(sched *sc) { sc->results_fresh = false; }
 
+void sched_results_refresh(sched *sc, const trial_row *row) {
+  if (!sc->results_fresh) return;
+  sched_results one;
+  nas_err err; /* a trial the cache cannot take is read with the rest at the next use */
+  if (sched_results_of_trial(sc->st, sc->s, sc->exp, row->number, &one, &err) != NAS_OK ||
+      sched_results_put(&sc->results, &one, &err) != NAS_OK)
+    sc->results_fresh = false;
+  sched_results_free(&one);
+}
+
 void sched_results_set_status(sched *sc, int64_t trial_id, trial_status status) {
   for (size_t t = 0; sc->results_fresh && t < sc->results.n_trials; t++)
     if (sc->results.trials[t].id == trial_id) sc->results.trials[t].status = status;
@@ -98,7 +108,7 @@ static int ingest_share(sched *sc, inflight *job, const char *log, bool ended, b
   if (offset != job->row.log_offset || notes.shrank_from > 0) {
     rc = storage_metrics_add(sc->st, job->row.id, set.obs, set.n, offset, err);
     if (rc == NAS_OK) job->row.log_offset = offset;
-    if (set.n > 0) sched_results_stale(sc);
+    if (set.n > 0) sched_results_refresh(sc, &job->row);
     job->last_heard = nas_now();
   }
   for (size_t i = 0; news && rc == NAS_OK && i < set.n; i++)
@@ -124,17 +134,15 @@ static int ingest_metrics(sched *sc, inflight *job, bool ended, bool *news, nas_
   return rc;
 }
 
-/* The first objective the trial never reported, or NULL when it reported them all. */
+/* The first objective the trial never reported, or NULL when it reported them all: from
+ * storage, where `nas report` stores values that no log line brings. */
 static const char *missing_objective(sched *sc, const trial_row *row, nas_err *err,
                                      int *rc) {
-  const sched_results *r = sched_results_now(sc, err);
-  *rc = r ? NAS_OK : NAS_ERR;
-  const char *missing = NULL;
-  for (size_t t = 0; r && t < r->n_trials && !missing; t++) {
-    if (r->trials[t].id != row->id) continue;
-    for (size_t j = 0; j < sc->s->n_objectives && !missing; j++)
-      if (isnan(r->values[t * r->n_metrics + j])) missing = sc->s->objectives[j].name;
-  }
+  sched_results r;
+  *rc = sched_results_of_trial(sc->st, sc->s, sc->exp, row->number, &r, err);
+  if (*rc != NAS_OK) return NULL;
+  const char *missing = sched_results_missing_objective(sc->s, &r, row->id, NULL, 0);
+  sched_results_free(&r);
   return missing;
 }
 
@@ -367,7 +375,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   sched_count(sc, job->row.status, status);
   if (status == TRIAL_STOPPED && job->stop == STOP_REQUESTED) note_cut_short(sc, job->row.number);
   job->row.status = status;
-  sched_results_set_status(sc, job->row.id, status);
+  sched_results_refresh(sc, &job->row);
   sched_progress_event(sc, &job->row, why);
   sched_events_trial_end(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
@@ -481,17 +489,14 @@ static int poll_jobs(sched *sc, nas_err *err) {
     dirs[i] = sc->jobs[i].run_dir;
   }
   if (rc == NAS_OK) rc = runner_poll(sc->rn, handles, dirs, n, states, err);
-  bool news = false, ended = false;
-  /* Every job's new lines first, the last ones of ended jobs included; then one fresh
-   * results view (values stored by `nas report` cannot be seen otherwise) judges all
-   * ended jobs. */
+  bool news = false;
+  /* Every job's new lines first, the last ones of ended jobs included; then each ended
+   * job is judged by what storage holds of it (values stored by `nas report` included). */
   for (size_t i = 0; rc == NAS_OK && i < n; i++) {
     bool running = states[i].state == JOB_RUNNING;
-    ended |= !running;
     if (states[i].waiting) sc->jobs[i].last_heard = nas_now(); /* silence counts once it runs */
     rc = ingest_metrics(sc, &sc->jobs[i], !running, running ? &news : NULL, err);
   }
-  if (ended) sched_results_stale(sc);
   /* Walk backwards: finish_job moves the last job into the finished one's place. */
   for (size_t i = n; rc == NAS_OK && i-- > 0;)
     if (states[i].state != JOB_RUNNING) rc = finish_job(sc, i, &states[i], err);
@@ -555,7 +560,8 @@ static int suggest_trials(sched *sc, size_t n, trial_row **rows, nas_err *err) {
   const sched_results *r = sched_results_now(sc, err);
   if (!r) return NAS_ERR;
   int rc = sched_suggest(sc->st, sc->s, sc->exp, sc->opt_model, r, &sc->imported, n, rows, err);
-  sched_results_stale(sc); /* new trials */
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) sched_results_refresh(sc, &(*rows)[i]);
+  if (rc != NAS_OK) sched_results_stale(sc); /* some may be stored */
   for (size_t i = 0; rc == NAS_OK && i < n; i++) sched_count(sc, TRIAL_STATUS_COUNT, TRIAL_QUEUED);
   return rc;
 }

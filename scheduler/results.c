@@ -109,6 +109,7 @@ static int results_fill(sched_results *out, const spec *s, metric_row *rows, siz
   if (rc == NAS_OK && !(out->values = malloc((cells ? cells : 1) * sizeof *out->values)))
     rc = nas_errf(err, "out of memory");
   if (rc == NAS_OK) rc = fill_values(out, rows, n_rows, err);
+  out->room = out->n_trials;
   metric_rows_free(rows, n_rows);
   if (rc != NAS_OK) sched_results_free(out);
   return rc;
@@ -156,8 +157,66 @@ void sched_results_free(sched_results *r) {
   memset(r, 0, sizeof *r);
 }
 
+/* Position of the trial numbered number in r (trials in number order), or where it would go. */
+static size_t number_position(const sched_results *r, int number) {
+  size_t lo = 0, hi = r->n_trials;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (r->trials[mid].number < number) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Room for one trial more in r, doubling. */
+static int grow_room(sched_results *r, nas_err *err) {
+  if (r->n_trials < r->room) return NAS_OK;
+  size_t room = r->room ? 2 * r->room : 16, cells = room * (r->n_metrics ? r->n_metrics : 1);
+  trial_row *trials = realloc(r->trials, room * sizeof *trials);
+  if (trials) r->trials = trials;
+  double *values = trials ? realloc(r->values, cells * sizeof *values) : NULL;
+  if (!values) return nas_errf(err, "out of memory for %zu trials' results", room);
+  r->values = values;
+  r->room = room;
+  return NAS_OK;
+}
+
+int sched_results_put(sched_results *r, sched_results *one, nas_err *err) {
+  if (one->n_trials != 1) return NAS_ENOTFOUND;
+  for (size_t m = 0; m < one->n_metrics; m++)
+    if (sched_results_metric(r, one->metric_names[m]) < 0) return NAS_ENOTFOUND;
+  const trial_row *t = &one->trials[0];
+  size_t at = number_position(r, t->number);
+  bool known = at < r->n_trials && r->trials[at].id == t->id;
+  if (!known && at < r->n_trials) return NAS_ENOTFOUND;
+  if (!known && grow_room(r, err) != NAS_OK) return NAS_ERR;
+  if (known) trial_row_clear(&r->trials[at]);
+  else r->n_trials++;
+  r->trials[at] = *t;
+  one->n_trials = 0; /* its row is r's now */
+  double *row = r->values + at * r->n_metrics;
+  for (size_t j = 0; j < r->n_metrics; j++) row[j] = NAN;
+  for (size_t m = 0; m < one->n_metrics; m++)
+    row[sched_results_metric(r, one->metric_names[m])] = one->values[m];
+  return NAS_OK;
+}
+
 int sched_results_metric(const sched_results *r, const char *name) {
   return name_index(r->metric_names, r->n_metrics, name);
+}
+
+const char *sched_results_missing_objective(const spec *s, const sched_results *r,
+                                            int64_t trial_id, const metric_obs *obs, size_t n) {
+  for (size_t i = 0; i < r->n_trials; i++) {
+    if (r->trials[i].id != trial_id) continue;
+    for (size_t j = 0; j < s->n_objectives; j++) {
+      bool told = !isnan(r->values[i * r->n_metrics + j]); /* objectives come first */
+      for (size_t k = 0; k < n && !told; k++)
+        told = obs[k].step == METRIC_FINAL && strcmp(obs[k].name, s->objectives[j].name) == 0;
+      if (!told) return s->objectives[j].name;
+    }
+  }
+  return NULL;
 }
 
 /* Whether trial t is within every objective threshold the user gave (the worst values

@@ -159,6 +159,7 @@ typedef struct {
   size_t n_metrics;
   double *values;        /* n_trials × n_metrics: the final value (else the value at the
                             highest step) of each metric; NaN where never reported */
+  size_t room;           /* trials (and rows of values) allocated, for sched_results_put */
 } sched_results;
 
 int sched_results_load(storage *st, const spec *s, int64_t experiment_id,
@@ -168,8 +169,18 @@ void sched_results_free(sched_results *r);
  * reading the rest of the experiment); NAS_ENOTFOUND when there is none. */
 int sched_results_of_trial(storage *st, const spec *s, const experiment_row *exp, int number,
                            sched_results *out, nas_err *err);
+/* Puts the trial of one (as sched_results_of_trial gives it) into r: in place of r's row of
+ * that trial, or after r's last trial when it is numbered after it; one's trial row moves
+ * into r. NAS_ENOTFOUND, r unchanged, when it fits neither way or one has a metric that r
+ * has no column for: load r again then. */
+int sched_results_put(sched_results *r, sched_results *one, nas_err *err);
 /* Index of metric name in r, or -1. */
 int sched_results_metric(const sched_results *r, const char *name);
+/* The first objective of s that neither trial trial_id's results in r nor obs (final
+ * values about to be stored with it; NULL when n is 0) hold, or NULL when it has them all.
+ * Points into s. */
+const char *sched_results_missing_objective(const spec *s, const sched_results *r,
+                                            int64_t trial_id, const metric_obs *obs, size_t n);
 /* Whether trial r->trials[t] met every outcome constraint. */
 bool sched_results_feasible(const spec *s, const sched_results *r, size_t t);
 

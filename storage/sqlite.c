@@ -620,10 +620,13 @@ static int create_file(const char *path, nas_err *err) {
 }
 
 /* Connection settings, none of which writes to the file:
+ * - no mutex: a connection is used by one thread at a time (nas serve hands each to one
+ *   request thread, or to its committer), and SQLite's own lock around every call on it
+ *   cost a quarter of reading an experiment's observations (bench/RESULTS.md, "Scale");
  * - foreign keys are off by default in SQLite and must be asked for per connection;
  * - the busy timeout makes a connection wait for the write lock instead of failing. */
 static int connect(sqlite_conn *c, bool create, nas_err *err) {
-  int flags = SQLITE_OPEN_READWRITE | (create ? SQLITE_OPEN_CREATE : 0);
+  int flags = SQLITE_OPEN_READWRITE | SQLITE_OPEN_NOMUTEX | (create ? SQLITE_OPEN_CREATE : 0);
   if (create && create_file(c->path, err) != NAS_OK) return NAS_ERR;
   if (sqlite3_open_v2(c->path, &c->db, flags, NULL) != SQLITE_OK) {
     return c->db ? db_fail(c, err) : out_of_memory(err);

@@ -204,6 +204,19 @@ static void front_leaves_out_trials_beyond_a_threshold(void **state) {
   spec_free(s);
 }
 
+/* A SQLite storage in dir holding s as experiment "t" (its id in *exp). */
+static storage *stored_experiment(const spec *s, const char *dir, int64_t *exp) {
+  char *url;
+  assert_true(asprintf(&url, "sqlite:%s/nas.db", dir) > 0);
+  storage *st;
+  nas_err err;
+  if (storage_open(url, &st, &err) != NAS_OK ||
+      storage_experiment_create(st, "t", s->text, "/tmp/t.yaml", dir, exp, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  free(url);
+  return st;
+}
+
 /* The built-in NAS case: accuracy after every epoch, params only at the end (of the trials
  * that finished). Curves come from real storage; params, never reported with a step, must
  * not keep the median rule from stopping the one clearly bad trial. */
@@ -212,14 +225,10 @@ static void final_only_objective_leaves_early_stopping_to_the_others(void **stat
   spec *s = load("early_stopping: {rule: median, min_steps: 1, min_trials: 4}",
                  "[{name: accuracy, goal: maximize}, {name: params, goal: minimize}]",
                  "{trials: 10}");
-  char *dir = test_tmpdir(), *url;
-  assert_true(asprintf(&url, "sqlite:%s/nas.db", dir) > 0);
-  storage *st;
-  nas_err err;
+  char *dir = test_tmpdir();
   int64_t exp;
-  if (storage_open(url, &st, &err) != NAS_OK ||
-      storage_experiment_create(st, "t", s->text, "/tmp/t.yaml", dir, &exp, &err) != NAS_OK)
-    fail_msg("%s", err.msg);
+  storage *st = stored_experiment(s, dir, &exp);
+  nas_err err;
   int64_t ids[6];
   for (int i = 0; i < 6; i++) {
     trial_row t;
@@ -246,7 +255,93 @@ static void final_only_objective_leaves_early_stopping_to_the_others(void **stat
   sched_curves_free(curves, n);
   storage_close(st);
   test_rmtree(dir);
-  free(dir), free(url);
+  free(dir);
+  spec_free(s);
+}
+
+/* Asserts that a and b hold the same trials (ids, numbers, statuses) and values. */
+static void assert_same_results(const sched_results *a, const sched_results *b) {
+  assert_int_equal(a->n_trials, b->n_trials);
+  assert_int_equal(a->n_metrics, b->n_metrics);
+  for (size_t m = 0; m < a->n_metrics; m++)
+    assert_string_equal(a->metric_names[m], b->metric_names[m]);
+  for (size_t t = 0; t < a->n_trials; t++) {
+    assert_int_equal(a->trials[t].id, b->trials[t].id);
+    assert_int_equal(a->trials[t].number, b->trials[t].number);
+    assert_int_equal(a->trials[t].status, b->trials[t].status);
+    for (size_t m = 0; m < a->n_metrics; m++) {
+      double x = a->values[t * a->n_metrics + m], y = b->values[t * b->n_metrics + m];
+      assert_true(isnan(x) ? isnan(y) : x == y);
+    }
+  }
+}
+
+/* Puts trial `number` of exp, read back alone, into r; returns what sched_results_put says. */
+static int put_trial(storage *st, const spec *s, const experiment_row *exp, int number,
+                     sched_results *r) {
+  sched_results one;
+  nas_err err;
+  if (sched_results_of_trial(st, s, exp, number, &one, &err) != NAS_OK) fail_msg("%s", err.msg);
+  int rc = sched_results_put(r, &one, &err);
+  sched_results_free(&one);
+  return rc;
+}
+
+/* The loop keeps its results by reading back only the trial that changed: a new trial
+ * goes after the last, new values and a new status replace its row, and what it cannot
+ * place (a metric it has no column for) it refuses, so that the whole is loaded again. */
+static void results_kept_one_trial_at_a_time_equal_a_fresh_load(void **state) {
+  (void)state;
+  spec *s = load("", "[{name: y, goal: minimize}, {name: z, goal: minimize}]", "{trials: 40}");
+  char *dir = test_tmpdir();
+  experiment_row exp;
+  storage *st = stored_experiment(s, dir, &exp.id);
+  nas_err err;
+  if (storage_experiment_get(st, "t", &exp, &err) != NAS_OK) fail_msg("%s", err.msg);
+  trial_row first; /* reports a metric the others do not: their cells of it stay NaN */
+  metric_obs acc = {"acc", 1, 0.9, 1};
+  if (storage_trial_create(st, exp.id, "{}", NULL, &first, &err) != NAS_OK ||
+      storage_metrics_add(st, first.id, &acc, 1, -1, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  trial_row_clear(&first);
+  sched_results kept, fresh;
+  if (sched_results_load(st, s, exp.id, &kept, &err) != NAS_OK) fail_msg("%s", err.msg);
+  for (int i = 0; i < 20; i++) { /* beyond the first room of 16 */
+    trial_row t;
+    if (storage_trial_create(st, exp.id, "{\"x\": 0.5}", NULL, &t, &err) != NAS_OK)
+      fail_msg("%s", err.msg);
+    assert_int_equal(put_trial(st, s, &exp, t.number, &kept), NAS_OK);
+    metric_obs obs[2] = {{"y", 1, 2.0 + i, 1}, {"y", METRIC_FINAL, 1.0 + i, 2}};
+    if (storage_trial_start(st, t.id, "job", &err) != NAS_OK ||
+        storage_metrics_add(st, t.id, obs, i % 2 ? 2 : 1, -1, &err) != NAS_OK ||
+        storage_trial_finish(st, t.id, TRIAL_COMPLETED, true, 0, NULL, &err) != NAS_OK)
+      fail_msg("%s", err.msg);
+    assert_int_equal(put_trial(st, s, &exp, t.number, &kept), NAS_OK);
+    trial_row_clear(&t);
+  }
+  if (sched_results_load(st, s, exp.id, &fresh, &err) != NAS_OK) fail_msg("%s", err.msg);
+  assert_same_results(&kept, &fresh);
+  assert_true(kept.values[4 * kept.n_metrics] == 4.0); /* trial 4's final value */
+  assert_true(kept.values[5 * kept.n_metrics] == 6.0); /* trial 5's, at its highest step */
+  metric_obs other = {"loss", 1, 0.5, 3};
+  if (storage_metrics_add(st, kept.trials[7].id, &other, 1, -1, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(put_trial(st, s, &exp, 7, &kept), NAS_ENOTFOUND);
+  assert_same_results(&kept, &fresh); /* unchanged */
+  trial_row t20, t21; /* a trial numbered before one it holds, which it never saw */
+  if (storage_trial_create(st, exp.id, "{}", NULL, &t20, &err) != NAS_OK ||
+      storage_trial_create(st, exp.id, "{}", NULL, &t21, &err) != NAS_OK)
+    fail_msg("%s", err.msg);
+  assert_int_equal(put_trial(st, s, &exp, t21.number, &kept), NAS_OK);
+  assert_int_equal(put_trial(st, s, &exp, t20.number, &kept), NAS_ENOTFOUND);
+  assert_int_equal(kept.n_trials, 22);
+  trial_row_clear(&t20), trial_row_clear(&t21);
+  sched_results_free(&kept);
+  sched_results_free(&fresh);
+  experiment_row_clear(&exp);
+  storage_close(st);
+  test_rmtree(dir);
+  free(dir);
   spec_free(s);
 }
 
@@ -415,6 +510,7 @@ int main(void) {
       cmocka_unit_test(hyperband_trials_expected_count_epochs_per_trial),
       cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
       cmocka_unit_test(final_only_objective_leaves_early_stopping_to_the_others),
+      cmocka_unit_test(results_kept_one_trial_at_a_time_equal_a_fresh_load),
       cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
       cmocka_unit_test(hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs),
       cmocka_unit_test(hyperband_deals_trials_into_brackets_by_number),
