@@ -184,6 +184,45 @@ bool sched_results_feasible(const spec *s, const sched_results *r, size_t t) {
   return true;
 }
 
+/* "a <= -5, b >= 3": the thresholds given, as the worst values still worth having. Owned;
+ * NULL when memory runs out. */
+static char *thresholds_text(const spec *s) {
+  char *text = strdup("");
+  for (size_t j = 0; text && j < s->n_objectives; j++) {
+    const objective_spec *o = &s->objectives[j];
+    if (!o->has_threshold) continue;
+    char *longer = nas_asprintf("%s%s%s %s %.6g", text, *text ? ", " : "", o->name,
+                                o->goal == GOAL_MINIMIZE ? "<=" : ">=", o->threshold);
+    free(text);
+    text = longer;
+  }
+  return text;
+}
+
+char *sched_front_empty_why(const spec *s, const sched_results *r) {
+  size_t completed = 0, feasible = 0;
+  for (size_t t = 0; t < r->n_trials; t++) {
+    if (r->trials[t].status != TRIAL_COMPLETED) continue;
+    completed++;
+    if (!sched_results_feasible(s, r, t)) continue;
+    feasible++;
+    if (within_thresholds(s, r, t)) return NULL; /* so is a trial that dominates it */
+  }
+  if (completed == 0) return NULL;
+  const char *trials = completed == 1 ? "trial" : "trials";
+  if (feasible == 0)
+    return nas_asprintf("%zu %s completed; none meets every constraint", completed, trials);
+  char *thresholds = thresholds_text(s);
+  char *why = thresholds ? nas_asprintf("%zu %s completed; none %sis within the objectives' "
+                                        "thresholds: %s", completed, trials,
+                                        feasible < completed ? "of those that meet every "
+                                                               "constraint " : "",
+                                        thresholds)
+                         : NULL;
+  free(thresholds);
+  return why;
+}
+
 int sched_completed_points(const spec *s, const sched_results *r, double **Y, size_t **idx,
                            size_t *n, nas_err *err) {
   size_t m = s->n_objectives, cap = r->n_trials ? r->n_trials : 1;

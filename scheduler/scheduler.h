@@ -184,6 +184,12 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);
 
+/* Why sched_front finds no trial although trials completed: none met the constraints, or
+ * none that did is within the objectives' thresholds ("2 trials completed; none is within
+ * the objectives' thresholds: a <= -5"). NULL when the front has a trial, no trial
+ * completed, or memory runs out. Owned. */
+char *sched_front_empty_why(const spec *s, const sched_results *r);
+
 /* ---- multi-fidelity (hyperband.c) ------------------------------------------------------
  * spec.multi_fidelity's Hyperband: trials are dealt, by number, into brackets s = s_max …
  * 0, round after round; bracket s starts n_0 trials at r_0 epochs, and rung i keeps

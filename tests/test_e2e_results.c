@@ -999,6 +999,30 @@ static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) 
   free(text), free(spec), free(other_text), free(other);
 }
 
+/* Completed trials and an empty front: `nas pareto` and `nas status` said "0 trials on the
+ * front" and no more, as if nothing had completed, when no trial met the constraints or
+ * every one was past an objective's threshold (the worst value worth having). */
+static void an_empty_front_of_completed_trials_says_why(void **state) {
+  fixture *f = *state;
+  char *spec = create_spec(f, "far.yaml",
+                           "name: far\n"
+                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                           "objectives: [{name: a, goal: minimize, threshold: -5}, {name: b, goal: maximize}]\n"
+                           "constraints: ['lat <= 5']\n"
+                           "budget: {trials: 4}\n");
+  ask_and_tell(f, "far", 1, (char *[]){"a=1", "b=2", "lat=10", NULL});
+  const char *infeasible = "(1 trial completed; none meets every constraint)";
+  expect_refusal(f, (char *[]){"pareto", "far", "--storage", f->db, NULL}, 0, infeasible);
+  expect_refusal(f, (char *[]){"status", "far", "--storage", f->db, NULL}, 0, infeasible);
+  ask_and_tell(f, "far", 1, (char *[]){"a=1", "b=2", "lat=1", NULL});
+  const char *past = "(2 trials completed; none of those that meet every constraint is within "
+                     "the objectives' thresholds: a <= -5)";
+  expect_refusal(f, (char *[]){"pareto", "far", "--storage", f->db, NULL}, 0, past);
+  expect_refusal(f, (char *[]){"pareto", "far", "--format", "csv", "--storage", f->db, NULL}, 0, past);
+  expect_refusal(f, (char *[]){"status", "far", "--storage", f->db, NULL}, 0, past);
+  free(spec);
+}
+
 /* A trial may report metrics besides the spec's objectives, named as it likes: one named
  * like a parameter ("x") or a listing's own column ("error", "trial") took that key of a
  * `nas trials --format json` row, hiding the parameter's value, the error or the trial's
@@ -1072,6 +1096,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),
+      cmocka_unit_test_setup_teardown(an_empty_front_of_completed_trials_says_why, setup, teardown),
       cmocka_unit_test_setup_teardown(complete_without_an_objective_names_the_likely_misspelling, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
