@@ -199,6 +199,49 @@ static char *thresholds_text(const spec *s) {
   return text;
 }
 
+/* Whether a completed trial of r reported metric m. */
+static bool metric_reported(const sched_results *r, size_t m) {
+  for (size_t t = 0; t < r->n_trials; t++)
+    if (r->trials[t].status == TRIAL_COMPLETED && !isnan(r->values[t * r->n_metrics + m]))
+      return true;
+  return false;
+}
+
+/* ": no trial reported 'latncy_ms' (did you mean 'latency_ms'?), which 'latncy_ms <= 5'
+ * needs" for the first constraint whose metric no completed trial reported (a typo in the
+ * spec makes every trial infeasible), else "". Owned; NULL when memory runs out. */
+static char *unreported_constraint_text(const spec *s, const sched_results *r) {
+  for (size_t c = 0; c < s->n_constraints; c++) {
+    const constraint_spec *k = &s->constraints[c];
+    int m = sched_results_metric(r, k->metric);
+    if (m >= 0 && metric_reported(r, (size_t)m)) continue;
+    const char **reported = malloc((r->n_metrics ? r->n_metrics : 1) * sizeof *reported);
+    if (!reported) return NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_metrics; i++)
+      if (metric_reported(r, i)) reported[n++] = r->metric_names[i];
+    const char *near = nas_nearest(k->metric, reported, n);
+    char *text = nas_asprintf(": no trial reported '%s'%s%s%s, which '%s %s %.6g' needs",
+                              k->metric, near ? " (did you mean '" : "", near ? near : "",
+                              near ? "'?)" : "", k->metric, k->op == CONSTRAINT_LE ? "<=" : ">=",
+                              k->bound);
+    free(reported);
+    return text;
+  }
+  return strdup("");
+}
+
+/* "2 trials completed; none meets every constraint", and which metric was never reported. */
+static char *none_feasible_text(const spec *s, const sched_results *r, size_t completed) {
+  char *unreported = unreported_constraint_text(s, r);
+  char *why = unreported ? nas_asprintf("%zu %s completed; none meets every constraint%s",
+                                        completed, completed == 1 ? "trial" : "trials",
+                                        unreported)
+                         : NULL;
+  free(unreported);
+  return why;
+}
+
 char *sched_front_empty_why(const spec *s, const sched_results *r) {
   size_t completed = 0, feasible = 0;
   for (size_t t = 0; t < r->n_trials; t++) {
@@ -210,8 +253,7 @@ char *sched_front_empty_why(const spec *s, const sched_results *r) {
   }
   if (completed == 0) return NULL;
   const char *trials = completed == 1 ? "trial" : "trials";
-  if (feasible == 0)
-    return nas_asprintf("%zu %s completed; none meets every constraint", completed, trials);
+  if (feasible == 0) return none_feasible_text(s, r, completed);
   char *thresholds = thresholds_text(s);
   char *why = thresholds ? nas_asprintf("%zu %s completed; none %sis within the objectives' "
                                         "thresholds: %s", completed, trials,

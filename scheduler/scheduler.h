@@ -186,7 +186,8 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
 
 /* Why sched_front finds no trial although trials completed: none met the constraints, or
  * none that did is within the objectives' thresholds ("2 trials completed; none is within
- * the objectives' thresholds: a <= -5"). NULL when the front has a trial, no trial
+ * the objectives' thresholds: a <= -5"), naming a constraint's metric that no trial
+ * reported. NULL when the front has a trial, no trial
  * completed, or memory runs out. Owned. */
 char *sched_front_empty_why(const spec *s, const sched_results *r);
 

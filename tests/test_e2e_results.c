@@ -1023,6 +1023,26 @@ static void an_empty_front_of_completed_trials_says_why(void **state) {
   free(spec);
 }
 
+/* A constraint on a metric no trial reports (a typo: latncy_ms) made every trial
+ * infeasible without a word: the run ended with "front 0, HV 0" and nothing else. */
+static void a_run_whose_front_is_empty_says_which_constraint_no_trial_reported(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "typo.yaml",
+                          "name: typo\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "constraints: ['latncy_ms <= 5']\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}, \\\"latency_ms\\\": 1}}\"']}\n"
+                          "budget: {trials: 2}\n");
+  const char *why = "2 trials completed; none meets every constraint: no trial reported "
+                    "'latncy_ms' (did you mean 'latency_ms'?), which 'latncy_ms <= 5' needs";
+  char *said = nas_asprintf("nas: typo: the front is empty: %s\n", why);
+  expect_refusal(f, (char *[]){"run", spec, "--no-progress", "--storage", f->db, NULL}, 0, said);
+  expect_refusal(f, (char *[]){"pareto", "typo", "--storage", f->db, NULL}, 0, why);
+  free(said);
+  free(spec);
+}
+
 /* A trial may report metrics besides the spec's objectives, named as it likes: one named
  * like a parameter ("x") or a listing's own column ("error", "trial") took that key of a
  * `nas trials --format json` row, hiding the parameter's value, the error or the trial's
@@ -1097,6 +1117,7 @@ int main(void) {
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),
       cmocka_unit_test_setup_teardown(an_empty_front_of_completed_trials_says_why, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_run_whose_front_is_empty_says_which_constraint_no_trial_reported, setup, teardown),
       cmocka_unit_test_setup_teardown(complete_without_an_objective_names_the_likely_misspelling, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),
