@@ -160,9 +160,7 @@ int sched_results_metric(const sched_results *r, const char *name) {
   return name_index(r->metric_names, r->n_metrics, name);
 }
 
-/* Whether trial t is within every objective threshold the user gave (the worst values
- * still of interest). */
-static bool within_thresholds(const spec *s, const sched_results *r, size_t t) {
+bool sched_results_within_thresholds(const spec *s, const sched_results *r, size_t t) {
   for (size_t j = 0; j < s->n_objectives; j++) {
     const objective_spec *o = &s->objectives[j];
     double v = r->values[t * r->n_metrics + j]; /* objectives come first */
@@ -249,7 +247,7 @@ char *sched_front_empty_why(const spec *s, const sched_results *r) {
     completed++;
     if (!sched_results_feasible(s, r, t)) continue;
     feasible++;
-    if (within_thresholds(s, r, t)) return NULL; /* so is a trial that dominates it */
+    if (sched_results_within_thresholds(s, r, t)) return NULL; /* so is a trial that dominates it */
   }
   if (completed == 0) return NULL;
   const char *trials = completed == 1 ? "trial" : "trials";
@@ -304,7 +302,7 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, 
   }
   size_t f = 0;
   for (size_t i = 0; i < k; i++)
-    if (on_front[i] && within_thresholds(s, r, cand[i])) cand[f++] = cand[i];
+    if (on_front[i] && sched_results_within_thresholds(s, r, cand[i])) cand[f++] = cand[i];
   *idx = cand;
   *n = f;
   free(Y), free(on_front);

@@ -172,6 +172,9 @@ int sched_results_of_trial(storage *st, const spec *s, const experiment_row *exp
 int sched_results_metric(const sched_results *r, const char *name);
 /* Whether trial r->trials[t] met every outcome constraint. */
 bool sched_results_feasible(const spec *s, const sched_results *r, size_t t);
+/* Whether trial r->trials[t] is within every objective threshold the spec gives (the worst
+ * values still worth having): only such trials are on a front. */
+bool sched_results_within_thresholds(const spec *s, const sched_results *r, size_t t);
 
 /* The completed trials that meet every constraint, as rows of Y (n × n_objectives,
  * minimisation convention, in trial order) with their indices into r->trials. Owned. */

@@ -999,6 +999,30 @@ static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) 
   free(text), free(spec), free(other_text), free(other);
 }
 
+/* An experiment whose thresholds no trial reaches has an empty front, yet compared with
+ * one without thresholds (the common point then inferred) it was given the hypervolume of
+ * trials its front leaves out: "0 on the front, hypervolume 0.57". */
+static void compare_measures_only_the_trials_on_each_front(void **state) {
+  fixture *f = *state;
+  static const char rest[] = "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "budget: {trials: 2}\n";
+  char *strict_text = nas_asprintf("name: strict\n%sobjectives: [{name: a, goal: minimize, "
+                                   "threshold: -5}, {name: b, goal: minimize}]\n", rest);
+  char *free_text = nas_asprintf("name: loose\n%sobjectives: [{name: a, goal: minimize}, "
+                                 "{name: b, goal: minimize}]\n", rest);
+  char *strict = create_spec(f, "strict.yaml", strict_text), *loose = create_spec(f, "loose.yaml", free_text);
+  ask_and_tell(f, "strict", 2, (char *[]){"a=1", "b=2", NULL});
+  ask_and_tell(f, "loose", 1, (char *[]){"a=2", "b=1", NULL});
+  json_t *both = nas_json(f, (char *[]){"compare", "strict", "loose", "--format", "json", "--storage", f->db, NULL});
+  json_t *first = json_array_get(json_object_get(both, "experiments"), 0);
+  assert_string_equal(json_string_value(json_object_get(first, "experiment")), "strict");
+  assert_int_equal(num(first, "front_size"), 0);
+  if (num(first, "hypervolume") != 0) fail_msg("an empty front measured %g", num(first, "hypervolume"));
+  assert_true(num(json_array_get(json_object_get(both, "experiments"), 1), "hypervolume") > 0);
+  json_decref(both);
+  free(strict_text), free(free_text), free(strict), free(loose);
+}
+
 /* Completed trials and an empty front: `nas pareto` and `nas status` said "0 trials on the
  * front" and no more, as if nothing had completed, when no trial met the constraints or
  * every one was past an objective's threshold (the worst value worth having). */
@@ -1101,6 +1125,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(rungs_are_shown_and_kept_by_export_then_import, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
+      cmocka_unit_test_setup_teardown(compare_measures_only_the_trials_on_each_front, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
