@@ -229,12 +229,13 @@ static char *unreported_constraint_text(const spec *s, const sched_results *r) {
   return strdup("");
 }
 
-/* "2 trials completed; none meets every constraint", and which metric was never reported. */
-static char *none_feasible_text(const spec *s, const sched_results *r, size_t completed) {
+/* "2 trials completed; none meets every constraint", and which metric was never reported
+ * (trials: "trial" or "trials", as completed says). */
+static char *none_feasible_text(const spec *s, const sched_results *r, size_t completed,
+                                const char *trials) {
   char *unreported = unreported_constraint_text(s, r);
   char *why = unreported ? nas_asprintf("%zu %s completed; none meets every constraint%s",
-                                        completed, completed == 1 ? "trial" : "trials",
-                                        unreported)
+                                        completed, trials, unreported)
                          : NULL;
   free(unreported);
   return why;
@@ -251,7 +252,7 @@ char *sched_front_empty_why(const spec *s, const sched_results *r) {
   }
   if (completed == 0) return NULL;
   const char *trials = completed == 1 ? "trial" : "trials";
-  if (feasible == 0) return none_feasible_text(s, r, completed);
+  if (feasible == 0) return none_feasible_text(s, r, completed, trials);
   char *thresholds = thresholds_text(s);
   char *why = thresholds ? nas_asprintf("%zu %s completed; none %sis within the objectives' "
                                         "thresholds: %s", completed, trials,
