@@ -122,6 +122,11 @@ int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage 
  * the next run launches it before any suggestion, and it counts in the budget. */
 int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *params,
                         trial_row *out, nas_err *err);
+/* The last trial of exp numbered below `below` whose parameters are params (numbers
+ * compared by value), into *number and *status; *number -1 when none. An enqueue that
+ * repeats a configuration says so. */
+int sched_trial_twin(storage *st, const experiment_row *exp, const json_t *params, int below,
+                     int *number, trial_status *status, nas_err *err);
 
 /* The run folder of a trial's attempt: runs/<experiment>/<number> for the first,
  * runs/<experiment>/<number>.<attempt> for later ones, under the experiment's run_root.
