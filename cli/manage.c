@@ -47,7 +47,8 @@ static const char enqueue_help[] =
     "first where the spec runs nothing), and it counts in budget.trials.\n"
     "Values are written as in YAML (3, 0.01, adam; quote text that looks like a number) and\n"
     "checked against the space: type, range, step, choices and conditions. Every active\n"
-    "parameter needs a value except fixed ones, which are filled in.\n\n"
+    "parameter needs a value except fixed ones, which are filled in. A configuration an\n"
+    "earlier trial has is queued all the same (to measure it again), naming that trial.\n\n"
     "  --storage URL   default: $NAS_STORAGE, else sqlite:nas.db\n";
 
 /* The options and operands of these commands. */
@@ -211,11 +212,20 @@ static int enqueue_trial(const manage_args *a, storage *st, const experiment_row
   int rc = spec_assignment_parse(s, a->args + 1, (size_t)(a->n_args - 1), &params, err);
   if (rc != NAS_OK) nas_err_prefix(err, "experiment '%s'", exp->name);
   if (rc == NAS_OK) rc = sched_trial_enqueue(st, exp, params, &row, err);
+  int twin = -1;
+  trial_status twin_status = TRIAL_QUEUED;
+  nas_err ignored; /* the note on a repeat is a courtesy: the trial is queued either way */
+  if (rc == NAS_OK && sched_trial_twin(st, exp, params, row.number, &twin, &twin_status,
+                                       &ignored) != NAS_OK)
+    twin = -1;
   if (rc == NAS_OK) {
     char at[CLI_HINT_MAX];
     cli_storage_hint(cli_storage_url(a->storage), at, sizeof at);
     fprintf(stderr, "nas: trial %d of %s queued with %s; run it with: %s %s%s\n",
             row.number, exp->name, row.params_json, cli_queued_runner(s), exp->name, at);
+    if (twin >= 0)
+      fprintf(stderr, "(trial %d, %s, has the same parameters: this trial runs them again)\n",
+              twin, trial_status_name(twin_status));
   }
   trial_row_clear(&row);
   json_decref(params);

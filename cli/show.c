@@ -209,11 +209,13 @@ int cmd_trials(int argc, char **argv) {
 
 static const char pareto_help[] =
     "usage: nas pareto EXPERIMENT [--model] [--format table|csv|json] [--storage URL]\n\n"
-    "Shows the completed trials that meet every constraint and that no other such trial\n"
-    "dominates (better or equal in every objective, better in one), sorted by the first\n"
-    "objective, with the hypervolume they dominate up to the reference point (the\n"
-    "objectives' thresholds, else inferred from the observed values). The front is of the\n"
-    "experiment's own trials: observations a spec's warm_start imports are not on it.\n\n"
+    "Shows the completed trials that meet every constraint, are within every objective's\n"
+    "threshold (the worst value worth having) and that no other such trial dominates\n"
+    "(better or equal in every objective, better in one), sorted by the first objective,\n"
+    "with the hypervolume they dominate up to the reference point (the objectives'\n"
+    "thresholds, else inferred from the observed values); an empty front of completed\n"
+    "trials says which of these left them out. The front is of the experiment's own\n"
+    "trials: observations a spec's warm_start imports are not on it.\n\n"
     "These are observed readings: with noisy metrics the front favours lucky draws. --model\n"
     "adds the front of the model's estimates: the gp optimizer's posterior mean of each\n"
     "objective at each such trial's parameters (reported NAME_sem standard errors and the\n"
@@ -233,7 +235,16 @@ static void print_warm_start_note(FILE *f, const spec *s) {
   fputs(" inform the optimizer and are not on this front)\n", f);
 }
 
-static void print_front_summary(const spec *s, const json_t *pareto, out_format format) {
+/* Says why a front is empty although trials completed (their readings are not shown
+ * otherwise, and "0 trials on the front" reads as if none had). */
+static void print_empty_front_note(FILE *f, const spec *s, const sched_results *r) {
+  char *why = sched_front_empty_why(s, r);
+  if (why) fprintf(f, "(%s)\n", why);
+  free(why);
+}
+
+static void print_front_summary(const spec *s, const sched_results *r, const json_t *pareto,
+                                out_format format) {
   if (format == FORMAT_JSON) return;
   FILE *f = format == FORMAT_TABLE ? stdout : stderr;
   const json_t *ref = json_object_get(pareto, "reference_point");
@@ -245,6 +256,7 @@ static void print_front_summary(const spec *s, const json_t *pareto, out_format 
   cli_print_reference_point(f, ref, objectives);
   fprintf(f, ")\n");
   json_decref(objectives);
+  print_empty_front_note(f, s, r);
   print_warm_start_note(f, s);
 }
 
@@ -326,7 +338,7 @@ static int show_pareto(storage *st, const show_args *a, const spec *s,
     return nas_err_prefix(err, "pareto");
   }
   int rc = NAS_OK;
-  print_front_summary(s, pareto, a->format);
+  print_front_summary(s, r, pareto, a->format);
   if (a->format == FORMAT_JSON) {
     if (model) json_object_set(pareto, "model_front", model);
     cli_print_json(pareto);
@@ -358,8 +370,8 @@ static const char status_help[] =
     "usage: nas status [EXPERIMENT] [--format table|csv|json] [--storage URL]\n\n"
     "Without EXPERIMENT: every experiment in the storage with its trial counts.\n"
     "With one: its trial counts by status, then (in the table format) its scheduler and\n"
-    "the front's size and hypervolume; 'nas pareto EXPERIMENT' gives the front in every\n"
-    "format.\n"
+    "the front's size and hypervolume (and, when it is empty though trials completed, why);\n"
+    "'nas pareto EXPERIMENT' gives the front in every format.\n"
     "The scheduler column says whether a scheduler ('nas run'/'nas resume') runs the\n"
     "experiment now: alive, none, or dead (it stopped renewing its lease; the next\n"
     "'nas resume' takes over).\n"
@@ -431,6 +443,7 @@ static void print_front_line(storage *st, const experiment_row *exp, const char 
   if (ref && sched_front(s, &r, &front, &n_front, &hv, ref, &err) == NAS_OK) {
     printf("front: %zu trials, hypervolume %.6g ('nas pareto %s%s' lists them)\n", n_front, hv,
            exp->name, at);
+    print_empty_front_note(stdout, s, &r);
     print_warm_start_note(stdout, s);
     free(front);
   }

@@ -77,11 +77,28 @@ static int common_reference(const sched_compared *c, const compared_points *p, s
   return NAS_OK;
 }
 
+/* The hypervolume at ref of p's trials within c's own thresholds, those its front is made
+ * of: trials past them count for nothing in `nas pareto`, so they must not here either
+ * (the common point ignores thresholds the experiments disagree on). NaN when out of
+ * memory. */
+static double front_hypervolume(const sched_compared *c, const compared_points *p,
+                                const double *ref) {
+  size_t m = c->s->n_objectives, k = 0;
+  double *Y = malloc((p->n ? p->n : 1) * m * sizeof *Y);
+  if (!Y) return NAN;
+  for (size_t i = 0; i < p->n; i++)
+    if (sched_results_within_thresholds(c->s, c->r, p->idx[i]))
+      memcpy(Y + k++ * m, p->Y + i * m, m * sizeof *Y);
+  double hv = pareto_hypervolume(Y, k, m, ref);
+  free(Y);
+  return hv;
+}
+
 /* Each experiment's entry at the common point ref. */
 static int compared_json(const sched_compared *c, const compared_points *p, size_t n,
                          const double *ref, json_t *list, nas_err *err) {
   for (size_t e = 0; e < n; e++) {
-    double hv = pareto_hypervolume(p[e].Y, p[e].n, c[e].s->n_objectives, ref);
+    double hv = front_hypervolume(&c[e], &p[e], ref);
     if (isnan(hv)) return nas_errf(err, "hypervolume of '%s': out of memory", c[e].exp->name);
     const json_t *front = json_object_get(p[e].pareto, "front");
     if (json_array_append_new(list, json_pack("{s:s, s:i, s:i, s:o, s:O}", "experiment",

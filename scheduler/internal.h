@@ -64,6 +64,9 @@ typedef struct {
   trial_counts counts;
   trial_counts ended_here;    /* trials that ended for good during this sched_run, by
                                  status: what the failure rate is judged on */
+  char *last_failure;         /* owned: "trial N: error" of the last of them that failed
+                                 or timed out, which the failure-rate stop quotes (the
+                                 trial that tips the rate may have completed); NULL: none */
   bool draining;              /* launch nothing more (first signal, wall time) */
   bool stopping;              /* running trials were told to stop */
   bool interrupted;           /* by a signal or `nas stop`: `nas resume` goes on */
@@ -128,9 +131,10 @@ int sched_launch_batch(sched *sc, trial_row *rows, size_t n, nas_err *err);
 int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err);
 
 /* loop.c: the checks that follow every trial that ended for good — failed to start,
- * judged after its job, or stopped — why being its error (may be NULL): the failure rate
- * (budget.max_failure_rate) and patience. */
-int sched_trial_ended(sched *sc, const char *why, nas_err *err);
+ * judged after its job, or stopped — trial `number` having ended `status` with error why
+ * (may be NULL): the failure rate (budget.max_failure_rate) and patience. */
+int sched_trial_ended(sched *sc, int number, trial_status status, const char *why,
+                      nas_err *err);
 
 /* results cache (loop.c): one load serves every reader until storage changes. */
 /* The current results, loaded when stale; NULL on error. Borrowed. */

@@ -151,7 +151,7 @@ static int record_launch_failure(sched *sc, trial_row *row, const char *why, nas
   sched_results_set_status(sc, row->id, TRIAL_FAILED);
   sched_progress_event(sc, row, why);
   sched_events_trial_end(sc, row, why);
-  return sched_trial_ended(sc, why, err);
+  return sched_trial_ended(sc, row->number, TRIAL_FAILED, why, err);
 }
 
 int sched_track(sched *sc, trial_row *row, char *run_dir, nas_err *err) {

@@ -264,10 +264,20 @@ static int judge(sched *sc, const inflight *job, const job_status *js, trial_sta
                     status, why);
 }
 
+/* Keeps the error of a trial that failed or timed out, for check_failure_rate; only the
+ * quote is lost when memory runs out. */
+static void note_failure(sched *sc, int number, trial_status status, const char *why) {
+  if (status != TRIAL_FAILED && status != TRIAL_TIMEOUT) return;
+  char *said = nas_asprintf("trial %d: %s", number, why ? why : "no error recorded");
+  if (!said) return;
+  free(sc->last_failure);
+  sc->last_failure = said;
+}
+
 /* Too many failures: launch nothing more and end with a failure outcome. Only trials that
  * ended in this run count: the failures of an earlier run (before the trial was fixed)
  * must not stop the next one. */
-static void check_failure_rate(sched *sc, const char *last_error) {
+static void check_failure_rate(sched *sc) {
   const int *by = sc->ended_here.by_status;
   int failed = by[TRIAL_FAILED] + by[TRIAL_TIMEOUT];
   int ended = sc->ended_here.total;
@@ -277,7 +287,8 @@ static void check_failure_rate(sched *sc, const char *last_error) {
     return;
   nas_log("%s: %d of the %d trials that ended in this run failed, more than "
           "budget.max_failure_rate %g allows; launching no more (last error: %s)",
-          sc->exp->name, failed, ended, rate, last_error ? last_error : "none recorded");
+          sc->exp->name, failed, ended, rate,
+          sc->last_failure ? sc->last_failure : "none recorded");
   sc->draining = true;
   sc->outcome = SCHED_TOO_MANY_FAILURES;
 }
@@ -297,8 +308,10 @@ static int check_patience(sched *sc, nas_err *err) {
   return NAS_OK;
 }
 
-int sched_trial_ended(sched *sc, const char *why, nas_err *err) {
-  check_failure_rate(sc, why);
+int sched_trial_ended(sched *sc, int number, trial_status status, const char *why,
+                      nas_err *err) {
+  note_failure(sc, number, status, why);
+  check_failure_rate(sc);
   return check_patience(sc, err);
 }
 
@@ -379,9 +392,11 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   sched_progress_event(sc, &job->row, why);
   sched_events_trial_end(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
+  int number = job->row.number;
   inflight_clear(job);
   sc->jobs[i] = sc->jobs[--sc->n_jobs];
-  if (rc == NAS_OK && trial_status_final(status)) rc = sched_trial_ended(sc, why, err);
+  if (rc == NAS_OK && trial_status_final(status))
+    rc = sched_trial_ended(sc, number, status, why, err);
   free(why);
   return rc;
 }
@@ -799,6 +814,7 @@ static void sched_free(sched *sc) {
   runner_free(sc->own_rn);
   free(sc->storage_url);
   free(sc->best_text);
+  free(sc->last_failure);
   free(sc->cut_short);
   /* A signal still pending meets signal_forward on this thread, which drops it: the run
    * has ended and says how. */

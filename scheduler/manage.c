@@ -371,6 +371,40 @@ int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage 
 
 /* ---- known configurations -------------------------------------------------------------- */
 
+/* Whether assignments a and b give every parameter the same value, numbers by value (a
+ * float written 1 by hand is 1.0 as an optimizer stores it). */
+static bool same_assignment(const json_t *a, const json_t *b) {
+  if (json_object_size(a) != json_object_size(b)) return false;
+  const char *name;
+  const json_t *value;
+  json_object_foreach((json_t *)a, name, value) {
+    const json_t *other = json_object_get(b, name);
+    bool numbers = json_is_number(value) && json_is_number(other);
+    if (!other || (numbers ? json_number_value(value) != json_number_value(other)
+                           : !json_equal((json_t *)value, (json_t *)other)))
+      return false;
+  }
+  return true;
+}
+
+int sched_trial_twin(storage *st, const experiment_row *exp, const json_t *params, int below,
+                     int *number, trial_status *status, nas_err *err) {
+  trial_row *rows;
+  size_t n;
+  *number = -1;
+  if (storage_trial_list(st, exp->id, &rows, &n, err) != NAS_OK) return NAS_ERR;
+  for (size_t i = 0; i < n && rows[i].number < below; i++) {
+    json_t *theirs = json_loads(rows[i].params_json, 0, NULL);
+    if (theirs && same_assignment(params, theirs)) {
+      *number = rows[i].number;
+      *status = rows[i].status;
+    }
+    json_decref(theirs);
+  }
+  trial_rows_free(rows, n);
+  return NAS_OK;
+}
+
 int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *params,
                         trial_row *out, nas_err *err) {
   char *text = json_dumps(params, JSON_COMPACT | JSON_SORT_KEYS);

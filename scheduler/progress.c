@@ -121,6 +121,15 @@ void sched_progress_tick(sched *sc) {
   fflush(out(sc));
 }
 
+/* Says why the front is empty when trials completed (a constraint whose metric no trial
+ * reports, a threshold none reaches): "front 0" alone reads as if nothing had. Only from
+ * results known current, since the run may be ending because storage is out of reach. */
+static void empty_front_say(const sched *sc) {
+  char *why = sc->results_fresh ? sched_front_empty_why(sc->s, &sc->results) : NULL;
+  if (why) fprintf(out(sc), "nas: %s: the front is empty: %s\n", sc->exp->name, why);
+  free(why);
+}
+
 void sched_progress_done(sched *sc) {
   clear_status_line(sc);
   const int *by = sc->counts.by_status;
@@ -128,4 +137,5 @@ void sched_progress_done(sched *sc) {
           sc->exp->name, sc->counts.total, by[TRIAL_COMPLETED], by[TRIAL_FAILED],
           by[TRIAL_TIMEOUT], by[TRIAL_STOPPED], sc->best_text ? "; " : "",
           sc->best_text ? sc->best_text : "");
+  empty_front_say(sc);
 }

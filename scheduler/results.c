@@ -221,7 +221,7 @@ const char *sched_results_missing_objective(const spec *s, const sched_results *
 
 /* Whether trial t is within every objective threshold the user gave (the worst values
  * still of interest). */
-static bool within_thresholds(const spec *s, const sched_results *r, size_t t) {
+bool sched_results_within_thresholds(const spec *s, const sched_results *r, size_t t) {
   for (size_t j = 0; j < s->n_objectives; j++) {
     const objective_spec *o = &s->objectives[j];
     double v = r->values[t * r->n_metrics + j]; /* objectives come first */
@@ -241,6 +241,88 @@ bool sched_results_feasible(const spec *s, const sched_results *r, size_t t) {
       return false;
   }
   return true;
+}
+
+/* "a <= -5, b >= 3": the thresholds given, as the worst values still worth having. Owned;
+ * NULL when memory runs out. */
+static char *thresholds_text(const spec *s) {
+  char *text = strdup("");
+  for (size_t j = 0; text && j < s->n_objectives; j++) {
+    const objective_spec *o = &s->objectives[j];
+    if (!o->has_threshold) continue;
+    char *longer = nas_asprintf("%s%s%s %s %.6g", text, *text ? ", " : "", o->name,
+                                o->goal == GOAL_MINIMIZE ? "<=" : ">=", o->threshold);
+    free(text);
+    text = longer;
+  }
+  return text;
+}
+
+/* Whether a completed trial of r reported metric m. */
+static bool metric_reported(const sched_results *r, size_t m) {
+  for (size_t t = 0; t < r->n_trials; t++)
+    if (r->trials[t].status == TRIAL_COMPLETED && !isnan(r->values[t * r->n_metrics + m]))
+      return true;
+  return false;
+}
+
+/* ": no trial reported 'latncy_ms' (did you mean 'latency_ms'?), which 'latncy_ms <= 5'
+ * needs" for the first constraint whose metric no completed trial reported (a typo in the
+ * spec makes every trial infeasible), else "". Owned; NULL when memory runs out. */
+static char *unreported_constraint_text(const spec *s, const sched_results *r) {
+  for (size_t c = 0; c < s->n_constraints; c++) {
+    const constraint_spec *k = &s->constraints[c];
+    int m = sched_results_metric(r, k->metric);
+    if (m >= 0 && metric_reported(r, (size_t)m)) continue;
+    const char **reported = malloc((r->n_metrics ? r->n_metrics : 1) * sizeof *reported);
+    if (!reported) return NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < r->n_metrics; i++)
+      if (metric_reported(r, i)) reported[n++] = r->metric_names[i];
+    const char *near = nas_nearest(k->metric, reported, n);
+    char *text = nas_asprintf(": no trial reported '%s'%s%s%s, which '%s %s %.6g' needs",
+                              k->metric, near ? " (did you mean '" : "", near ? near : "",
+                              near ? "'?)" : "", k->metric, k->op == CONSTRAINT_LE ? "<=" : ">=",
+                              k->bound);
+    free(reported);
+    return text;
+  }
+  return strdup("");
+}
+
+/* "2 trials completed; none meets every constraint", and which metric was never reported
+ * (trials: "trial" or "trials", as completed says). */
+static char *none_feasible_text(const spec *s, const sched_results *r, size_t completed,
+                                const char *trials) {
+  char *unreported = unreported_constraint_text(s, r);
+  char *why = unreported ? nas_asprintf("%zu %s completed; none meets every constraint%s",
+                                        completed, trials, unreported)
+                         : NULL;
+  free(unreported);
+  return why;
+}
+
+char *sched_front_empty_why(const spec *s, const sched_results *r) {
+  size_t completed = 0, feasible = 0;
+  for (size_t t = 0; t < r->n_trials; t++) {
+    if (r->trials[t].status != TRIAL_COMPLETED) continue;
+    completed++;
+    if (!sched_results_feasible(s, r, t)) continue;
+    feasible++;
+    if (sched_results_within_thresholds(s, r, t)) return NULL; /* so is a trial that dominates it */
+  }
+  if (completed == 0) return NULL;
+  const char *trials = completed == 1 ? "trial" : "trials";
+  if (feasible == 0) return none_feasible_text(s, r, completed, trials);
+  char *thresholds = thresholds_text(s);
+  char *why = thresholds ? nas_asprintf("%zu %s completed; none %sis within the objectives' "
+                                        "thresholds: %s", completed, trials,
+                                        feasible < completed ? "of those that meet every "
+                                                               "constraint " : "",
+                                        thresholds)
+                         : NULL;
+  free(thresholds);
+  return why;
 }
 
 int sched_completed_points(const spec *s, const sched_results *r, double **Y, size_t **idx,
@@ -282,7 +364,7 @@ int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n, 
   }
   size_t f = 0;
   for (size_t i = 0; i < k; i++)
-    if (on_front[i] && within_thresholds(s, r, cand[i])) cand[f++] = cand[i];
+    if (on_front[i] && sched_results_within_thresholds(s, r, cand[i])) cand[f++] = cand[i];
   *idx = cand;
   *n = f;
   free(Y), free(on_front);

@@ -122,6 +122,11 @@ int sched_copy(storage *from, const spec *s, const experiment_row *exp, storage 
  * the next run launches it before any suggestion, and it counts in the budget. */
 int sched_trial_enqueue(storage *st, const experiment_row *exp, const json_t *params,
                         trial_row *out, nas_err *err);
+/* The last trial of exp numbered below `below` whose parameters are params (numbers
+ * compared by value), into *number and *status; *number -1 when none. An enqueue that
+ * repeats a configuration says so. */
+int sched_trial_twin(storage *st, const experiment_row *exp, const json_t *params, int below,
+                     int *number, trial_status *status, nas_err *err);
 
 /* The run folder of a trial's attempt: runs/<experiment>/<number> for the first,
  * runs/<experiment>/<number>.<attempt> for later ones, under the experiment's run_root.
@@ -183,6 +188,9 @@ const char *sched_results_missing_objective(const spec *s, const sched_results *
                                             int64_t trial_id, const metric_obs *obs, size_t n);
 /* Whether trial r->trials[t] met every outcome constraint. */
 bool sched_results_feasible(const spec *s, const sched_results *r, size_t t);
+/* Whether trial r->trials[t] is within every objective threshold the spec gives (the worst
+ * values still worth having): only such trials are on a front. */
+bool sched_results_within_thresholds(const spec *s, const sched_results *r, size_t t);
 
 /* The completed trials that meet every constraint, as rows of Y (n × n_objectives,
  * minimisation convention, in trial order) with their indices into r->trials. Owned. */
@@ -194,6 +202,13 @@ int sched_completed_points(const spec *s, const sched_results *r, double **Y, si
  * s->n_objectives entries, minimisation convention). Owned *idx. */
 int sched_front(const spec *s, const sched_results *r, size_t **idx, size_t *n,
                 double *hv, double *ref, nas_err *err);
+
+/* Why sched_front finds no trial although trials completed: none met the constraints, or
+ * none that did is within the objectives' thresholds ("2 trials completed; none is within
+ * the objectives' thresholds: a <= -5"), naming a constraint's metric that no trial
+ * reported. NULL when the front has a trial, no trial
+ * completed, or memory runs out. Owned. */
+char *sched_front_empty_why(const spec *s, const sched_results *r);
 
 /* ---- multi-fidelity (hyperband.c) ------------------------------------------------------
  * spec.multi_fidelity's Hyperband: trials are dealt, by number, into brackets s = s_max …

@@ -156,6 +156,37 @@ static int parse_range(const yaml_ctx *c, const yaml_node_t *map, const char *wh
   return p->kind == PARAM_INT ? check_step_count(c, high, what, p, 1) : NAS_OK;
 }
 
+/* Refuses choice when one of p's choices so far equals it, or differs from it only in type
+ * (1 and '1', true and 'true'): {name} and NAS_PARAM_<NAME> give a trial both as the same
+ * text, so the two would be configurations it cannot tell apart. choice is borrowed. */
+static int check_choice_distinct(const yaml_ctx *c, const yaml_node_t *node, const char *field,
+                                 const param_spec *p, const json_t *choice) {
+  char *text = spec_value_text(choice), *env = spec_param_env_name(p->name);
+  int rc = text && env ? NAS_OK : nas_errf(c->err, "out of memory");
+  for (size_t j = 0; rc == NAS_OK && j < json_array_size(p->choices); j++) {
+    const json_t *earlier = json_array_get(p->choices, j);
+    char *earlier_text = spec_value_text(earlier);
+    bool same = spec_values_equal(choice, earlier);
+    if (!earlier_text) rc = nas_errf(c->err, "out of memory");
+    else if (same || strcmp(text, earlier_text) == 0) {
+      char said[64], first[64];
+      spec_describe_value(choice, said, sizeof said);
+      spec_describe_value(earlier, first, sizeof first);
+      if (!same)
+        rc = spec_node_errf(c, node, "%s: %s is written to the trial as %s is ('%s' in {%s} "
+                            "and %s); keep one", field, said, first, text, p->name, env);
+      else if (strcmp(said, first) != 0)
+        rc = spec_node_errf(c, node, "%s: %s is the same choice as %s (numbers compare by value)",
+                            field, said, first);
+      else rc = spec_node_errf(c, node, "%s: %s appears twice", field, said);
+    }
+    free(earlier_text);
+  }
+  free(text);
+  free(env);
+  return rc;
+}
+
 static int parse_choices(const yaml_ctx *c, const yaml_node_t *map, const char *what,
                          param_spec *p) {
   yaml_node_t *list;
@@ -170,16 +201,9 @@ static int parse_choices(const yaml_ctx *c, const yaml_node_t *map, const char *
     yaml_node_t *node = spec_node_at(c, *item);
     json_t *choice;
     if ((rc = spec_node_scalar_json(c, node, field, &choice))) return rc;
-    for (size_t j = 0; j < json_array_size(p->choices); j++) {
-      if (!spec_values_equal(choice, json_array_get(p->choices, j))) continue;
-      char text[64], first[64];
-      spec_describe_value(choice, text, sizeof text);
-      spec_describe_value(json_array_get(p->choices, j), first, sizeof first);
+    if ((rc = check_choice_distinct(c, node, field, p, choice))) {
       json_decref(choice);
-      if (strcmp(text, first) != 0)
-        return spec_node_errf(c, node, "%s: %s is the same choice as %s (numbers compare by value)",
-                              field, text, first);
-      return spec_node_errf(c, node, "%s: %s appears twice", field, text);
+      return rc;
     }
     if (json_array_append_new(p->choices, choice) != 0) return nas_errf(c->err, "out of memory");
   }

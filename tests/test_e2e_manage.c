@@ -296,11 +296,17 @@ static void enqueued_configurations_run_first_once_and_count_in_the_budget(void 
   assert_int_equal(nas_no_tty(f, &out, "enqueue a x=0.75 c=8"), 0);
   assert_contains(out, "trial 3 of a queued");
   free(out);
+  /* A configuration tried before is queued all the same (to measure it again), with a word
+   * on which trial had it: an enqueue that repeats one by mistake said nothing. */
+  assert_int_equal(nas_no_tty(f, &out, "enqueue a x=0.25 c=16"), 0);
+  assert_contains(out, "trial 4 of a queued");
+  assert_contains(out, "(trial 0, completed, has the same parameters: this trial runs them again)");
+  free(out);
   nas_ok(f, "resume", "a", "--no-progress");
   rows = trials_json(f, "a");
-  assert_int_equal(json_array_size(rows), 4); /* the spec's enqueue is not queued again */
+  assert_int_equal(json_array_size(rows), 5); /* the spec's enqueue is not queued again */
   assert_true(num(row_of(rows, 3), "x") == 0.75);
-  assert_int_equal(count_status(rows, "completed"), 4);
+  assert_int_equal(count_status(rows, "completed"), 5);
   json_decref(rows);
   free(a);
 }

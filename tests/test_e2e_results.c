@@ -999,6 +999,74 @@ static void pareto_says_which_reference_point_is_not_inferred_yet(void **state) 
   free(text), free(spec), free(other_text), free(other);
 }
 
+/* An experiment whose thresholds no trial reaches has an empty front, yet compared with
+ * one without thresholds (the common point then inferred) it was given the hypervolume of
+ * trials its front leaves out: "0 on the front, hypervolume 0.57". */
+static void compare_measures_only_the_trials_on_each_front(void **state) {
+  fixture *f = *state;
+  static const char rest[] = "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                             "budget: {trials: 2}\n";
+  char *strict_text = nas_asprintf("name: strict\n%sobjectives: [{name: a, goal: minimize, "
+                                   "threshold: -5}, {name: b, goal: minimize}]\n", rest);
+  char *free_text = nas_asprintf("name: loose\n%sobjectives: [{name: a, goal: minimize}, "
+                                 "{name: b, goal: minimize}]\n", rest);
+  char *strict = create_spec(f, "strict.yaml", strict_text), *loose = create_spec(f, "loose.yaml", free_text);
+  ask_and_tell(f, "strict", 2, (char *[]){"a=1", "b=2", NULL});
+  ask_and_tell(f, "loose", 1, (char *[]){"a=2", "b=1", NULL});
+  json_t *both = nas_json(f, (char *[]){"compare", "strict", "loose", "--format", "json", "--storage", f->db, NULL});
+  json_t *first = json_array_get(json_object_get(both, "experiments"), 0);
+  assert_string_equal(json_string_value(json_object_get(first, "experiment")), "strict");
+  assert_int_equal(num(first, "front_size"), 0);
+  if (num(first, "hypervolume") != 0) fail_msg("an empty front measured %g", num(first, "hypervolume"));
+  assert_true(num(json_array_get(json_object_get(both, "experiments"), 1), "hypervolume") > 0);
+  json_decref(both);
+  free(strict_text), free(free_text), free(strict), free(loose);
+}
+
+/* Completed trials and an empty front: `nas pareto` and `nas status` said "0 trials on the
+ * front" and no more, as if nothing had completed, when no trial met the constraints or
+ * every one was past an objective's threshold (the worst value worth having). */
+static void an_empty_front_of_completed_trials_says_why(void **state) {
+  fixture *f = *state;
+  char *spec = create_spec(f, "far.yaml",
+                           "name: far\n"
+                           "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                           "objectives: [{name: a, goal: minimize, threshold: -5}, {name: b, goal: maximize}]\n"
+                           "constraints: ['lat <= 5']\n"
+                           "budget: {trials: 4}\n");
+  ask_and_tell(f, "far", 1, (char *[]){"a=1", "b=2", "lat=10", NULL});
+  const char *infeasible = "(1 trial completed; none meets every constraint)";
+  expect_refusal(f, (char *[]){"pareto", "far", "--storage", f->db, NULL}, 0, infeasible);
+  expect_refusal(f, (char *[]){"status", "far", "--storage", f->db, NULL}, 0, infeasible);
+  ask_and_tell(f, "far", 1, (char *[]){"a=1", "b=2", "lat=1", NULL});
+  const char *past = "(2 trials completed; none of those that meet every constraint is within "
+                     "the objectives' thresholds: a <= -5)";
+  expect_refusal(f, (char *[]){"pareto", "far", "--storage", f->db, NULL}, 0, past);
+  expect_refusal(f, (char *[]){"pareto", "far", "--format", "csv", "--storage", f->db, NULL}, 0, past);
+  expect_refusal(f, (char *[]){"status", "far", "--storage", f->db, NULL}, 0, past);
+  free(spec);
+}
+
+/* A constraint on a metric no trial reports (a typo: latncy_ms) made every trial
+ * infeasible without a word: the run ended with "front 0, HV 0" and nothing else. */
+static void a_run_whose_front_is_empty_says_which_constraint_no_trial_reported(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "typo.yaml",
+                          "name: typo\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "constraints: ['latncy_ms <= 5']\n"
+                          "trial: {command: [sh, -c, 'echo \"nas-metric {{\\\"y\\\": {x}, \\\"latency_ms\\\": 1}}\"']}\n"
+                          "budget: {trials: 2}\n");
+  const char *why = "2 trials completed; none meets every constraint: no trial reported "
+                    "'latncy_ms' (did you mean 'latency_ms'?), which 'latncy_ms <= 5' needs";
+  char *said = nas_asprintf("nas: typo: the front is empty: %s\n", why);
+  expect_refusal(f, (char *[]){"run", spec, "--no-progress", "--storage", f->db, NULL}, 0, said);
+  expect_refusal(f, (char *[]){"pareto", "typo", "--storage", f->db, NULL}, 0, why);
+  free(said);
+  free(spec);
+}
+
 /* A trial may report metrics besides the spec's objectives, named as it likes: one named
  * like a parameter ("x") or a listing's own column ("error", "trial") took that key of a
  * `nas trials --format json` row, hiding the parameter's value, the error or the trial's
@@ -1057,6 +1125,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(rungs_are_shown_and_kept_by_export_then_import, setup, teardown),
       cmocka_unit_test_setup_teardown(bad_import_files_are_refused_before_anything_is_stored, setup, teardown),
       cmocka_unit_test_setup_teardown(compare_with_itself_gives_the_pareto_hypervolume, setup, teardown),
+      cmocka_unit_test_setup_teardown(compare_measures_only_the_trials_on_each_front, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_shows_the_front_of_the_posterior_means, setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_model_in_csv_is_one_table, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_prints_only_json_when_no_trial_meets_the_constraints, setup, teardown),
@@ -1072,6 +1141,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(a_hypervolume_past_the_largest_double_is_null_in_json_and_inf_in_tables,
                                       setup, teardown),
       cmocka_unit_test_setup_teardown(pareto_says_which_reference_point_is_not_inferred_yet, setup, teardown),
+      cmocka_unit_test_setup_teardown(an_empty_front_of_completed_trials_says_why, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_run_whose_front_is_empty_says_which_constraint_no_trial_reported, setup, teardown),
       cmocka_unit_test_setup_teardown(complete_without_an_objective_names_the_likely_misspelling, setup, teardown),
       cmocka_unit_test_setup_teardown(new_commands_have_help_and_refuse_bad_usage, setup, teardown),
       cmocka_unit_test_setup_teardown(an_option_another_command_takes_is_unknown_by_its_own_name, setup, teardown),

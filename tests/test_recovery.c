@@ -83,6 +83,31 @@ static void too_many_failures_stop_the_run_with_status_4(void **state) {
   free(spec);
 }
 
+/* The stop names the last failure even when the trial that tips the rate over completed:
+ * four failures, then a completed trial, make 4 of 5 ended. */
+static void the_failure_rate_stop_names_the_last_failure(void **state) {
+  fixture *f = *state;
+  char *spec = test_write(f->dir, "tipped.yaml",
+                          "name: tipped\n"
+                          "parameters: {x: {type: float, low: 0, high: 1}}\n"
+                          "objectives: [{name: y, goal: minimize}]\n"
+                          "trial:\n"
+                          "  command: [sh, -c, 'if [ $NAS_TRIAL_NUMBER -lt 4 ]; then"
+                          " echo \"bad input $NAS_TRIAL_NUMBER\" >&2; exit 2; fi;"
+                          " echo \"nas-metric {{\\\"y\\\": {x}}}\"']\n"
+                          "budget: {trials: 20, parallel: 1, max_failure_rate: 0.5}\n");
+  char *out;
+  assert_int_equal(nas(f, &out, "run", spec, "--no-progress"), 4);
+  if (!strstr(out, "launching no more (last error: trial 3: exited with status 2: \"bad input 3\""))
+    fail_msg("the stop does not name trial 3's error: %s", out);
+  free(out);
+  json_t *rows = trials_json(f, "tipped");
+  assert_int_equal(json_array_size(rows), 5);
+  assert_string_equal(json_string_value(json_object_get(row_of(rows, 4), "status")), "completed");
+  json_decref(rows);
+  free(spec);
+}
+
 /* Trials whose jobs cannot even start (here their run folder cannot be made: a file holds
  * its place) count as failures too: the run stops at the failure rate instead of failing
  * the whole budget and calling that finished. */
@@ -601,6 +626,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(lost_trial_is_retried_and_completes, setup, teardown),
       cmocka_unit_test_setup_teardown(silent_trial_is_retried_then_failed, setup, teardown),
       cmocka_unit_test_setup_teardown(too_many_failures_stop_the_run_with_status_4, setup, teardown),
+      cmocka_unit_test_setup_teardown(the_failure_rate_stop_names_the_last_failure, setup, teardown),
       cmocka_unit_test_setup_teardown(trials_that_cannot_start_stop_the_run_at_max_failure_rate, setup, teardown),
       cmocka_unit_test_setup_teardown(resume_runs_the_rest_beside_a_trial_handed_out_by_ask, setup, teardown),
       cmocka_unit_test_setup_teardown(ask_for_more_than_a_finite_space_has_hands_out_what_is_left, setup,

@@ -609,6 +609,12 @@ static void categorical_needs_distinct_scalar_choices(void **state) {
                "t.yaml:3:42: ", "parameters.c.choices: 'a' appears twice");
   expect_error(NAME "parameters:\n  c: {type: categorical, choices: [1, 1.0]}\n" AFTER_PARAMS,
                "t.yaml:3:39: ", "1.0 is the same choice as 1 (numbers compare by value)");
+  /* 1 and '1' differ in NAS_PARAMS, but {c} and NAS_PARAM_C give a trial the same text
+   * for both: two configurations the trial cannot tell apart, each burning a trial. */
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [1, '1']}\n" AFTER_PARAMS,
+               "t.yaml:3:39: ", "parameters.c.choices: '1' is written to the trial as 1 is ('1'");
+  expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a, \"true\", true]}\n" AFTER_PARAMS,
+               "t.yaml:3:47: ", "true is written to the trial as 'true' is");
   expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a, [b]]}\n" AFTER_PARAMS,
                "t.yaml:3:39: ", "expected a string, number or bool, got a list");
   expect_error(NAME "parameters:\n  c: {type: categorical, choices: [a, ~]}\n" AFTER_PARAMS,
@@ -887,7 +893,7 @@ static void standard_tags_are_honoured(void **state) {
   (void)state;
   spec *s = load_ok(NAME "parameters:\n  a: !!str 7\n  b: !!int '8'\n  c: !!float 2.5\n"
                     "  d: !!bool 'true'\n  e: ! 9\n"
-                    "  g: !!map {type: categorical, choices: !!seq [!!str 1, 1]}\n" AFTER_PARAMS);
+                    "  g: !!map {type: categorical, choices: !!seq [!!str 1, 2]}\n" AFTER_PARAMS);
   assert_string_equal(json_string_value(s->params[0].fixed), "7");
   assert_true(json_is_integer(s->params[1].fixed));
   assert_int_equal(json_integer_value(s->params[1].fixed), 8);
