@@ -583,6 +583,28 @@ static void a_refused_job_leaves_the_run_folder_as_it_was(void **state) {
   free(run_dir);
 }
 
+/* A batch whose last job cannot start (its run folder lies under a file) is all or
+ * nothing: the jobs already started are stopped and their monitors reaped before
+ * runner_start_batch returns, so no job runs on and no zombie is left. */
+static void batch_failing_part_way_leaves_no_job_and_no_zombie(void **state) {
+  fixture *f = *state;
+  char *blocker = path_in(f, "a-file");
+  free(test_write(f->dir, "a-file", "not a folder\n"));
+  char *run_dirs[3] = {run_dir_new(f), run_dir_new(f), NULL};
+  assert_true(asprintf(&run_dirs[2], "%s/run", blocker) > 0);
+  char *argv[] = {"sleep", "30", NULL};
+  runner_job jobs[3];
+  for (int i = 0; i < 3; i++)
+    jobs[i] = (runner_job){.argv = argv, .workdir = f->dir, .run_dir = run_dirs[i]};
+  char *handles[3];
+  nas_err err;
+  assert_int_equal(runner_start_batch(f->r, jobs, 3, handles, &err), NAS_ERR);
+  for (int i = 0; i < 3; i++) assert_null(handles[i]);
+  assert_no_children();
+  for (int i = 0; i < 3; i++) free(run_dirs[i]);
+  free(blocker);
+}
+
 static void missing_command_exits_127_with_a_message(void **state) {
   fixture *f = *state;
   char *argv[] = {"nas-no-such-command", "x", NULL};
@@ -1103,6 +1125,7 @@ int main(void) {
       T(relative_command_runs_from_workdir),
       T(output_lands_in_the_logs_of_a_new_run_dir),
       T(a_refused_job_leaves_the_run_folder_as_it_was),
+      T(batch_failing_part_way_leaves_no_job_and_no_zombie),
       T(missing_command_exits_127_with_a_message),
       T(garbage_output_keeps_its_metric_lines),
       T(attach_from_another_process_sees_running_then_exit),
