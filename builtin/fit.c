@@ -10,9 +10,11 @@
  * back in training mode. Only the API of trainer/trainer.h and trainer/dist.h is used.
  *
  * Ranks stay in lockstep: every rank draws the same global batches (same shuffle seed),
- * trains on its slice, and after every step all ranks add up [failed, loss sum, examples]
- * in one all-reduce, so a failure anywhere outside a collective (a callback, the loader)
- * stops every rank at the same step instead of leaving the others waiting. */
+ * trains on its slice, and after every step all ranks add up [failed, failing ranks, loss
+ * sum, examples] in one all-reduce, so a failure anywhere outside a collective (a callback,
+ * the loader) stops every rank at the same step instead of leaving the others waiting; the
+ * set-up (loader, optimiser, resumed state) is agreed the same way before the first step.
+ * When one rank failed, a second all-reduce hands its message to the others. */
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -308,17 +310,43 @@ typedef struct {
   fit_batching batching; /* parts: the ranks */
 } rank_run;
 
-/* Adds up sums (n values) over the ranks in place; a rank that failed (own_rc) counts in
- * sums[0]. Returns NAS_ERR when any rank failed, with err saying which; own_rc's message
- * is kept when this rank is the one. */
+/* sums[0] and sums[1] of every ranks_agree call are its own: the ranks that failed, and
+ * the sum of their numbers + 1 (which is the failing rank's number + 1 when one failed). */
+enum { AGREE_SLOTS = 2, AGREE_REASON_MAX = 200 };
+
+/* The failing rank's message (own_rc and err on that rank, NULL elsewhere) into reason on
+ * every rank: its bytes travel as float64s, added up with zeros from the other ranks. Only
+ * called once a failure was agreed, so a step that fails nowhere costs nothing more. */
+static int reason_share(rank_run *r, const nas_err *own_err, char reason[AGREE_REASON_MAX]) {
+  double bytes[AGREE_REASON_MAX] = {0};
+  for (int i = 0; own_err && i < AGREE_REASON_MAX - 1 && own_err->msg[i]; i++)
+    bytes[i] = (unsigned char)own_err->msg[i];
+  if (tr_fsdp_all_reduce_host(r->ctx, r->fsdp, bytes, AGREE_REASON_MAX, TR_REDUCE_SUM) != NAS_OK)
+    return NAS_ERR;
+  for (int i = 0; i < AGREE_REASON_MAX; i++) reason[i] = (char)bytes[i];
+  reason[AGREE_REASON_MAX - 1] = '\0';
+  return NAS_OK;
+}
+
+/* Adds up sums (n values, the first AGREE_SLOTS this call's own) over the ranks in place;
+ * a rank that failed (own_rc) counts in them. Returns NAS_ERR when any rank failed, with
+ * err naming it and, when it failed alone, saying its reason; own_rc's message is kept
+ * when this rank is the one. Every rank calls it whether or not its own part worked, so
+ * none is left waiting in a later collective for a rank that gave up. */
 static int ranks_agree(rank_run *r, int own_rc, double *sums, int64_t n, nas_err *err) {
   sums[0] = own_rc != NAS_OK;
+  sums[1] = own_rc != NAS_OK ? tr_comm_rank(r->comm) + 1 : 0;
   /* through FSDP: on a GPU the sums travel via device memory, which is all NCCL moves */
   if (tr_fsdp_all_reduce_host(r->ctx, r->fsdp, sums, n, TR_REDUCE_SUM) != NAS_OK)
     return own_rc != NAS_OK ? own_rc : nas_errf(err, "%s", r->ctx->err.msg);
+  if (sums[0] == 0) return NAS_OK;
+  char reason[AGREE_REASON_MAX] = "";
+  if (sums[0] == 1 && reason_share(r, own_rc != NAS_OK ? err : NULL, reason) != NAS_OK &&
+      own_rc == NAS_OK)
+    return nas_errf(err, "stopped: rank %g failed (%s)", sums[1] - 1, r->ctx->err.msg);
   if (own_rc != NAS_OK) return own_rc;
-  if (sums[0] > 0) return nas_errf(err, "stopped: %g other rank(s) failed", sums[0]);
-  return NAS_OK;
+  if (sums[0] > 1) return nas_errf(err, "stopped: %g other ranks failed", sums[0]);
+  return nas_errf(err, "stopped: rank %g failed: %s", sums[1] - 1, reason);
 }
 
 /* One step on this rank's slice of the global batch x (b examples) with labels y. */
@@ -362,10 +390,10 @@ static int rank_epoch(rank_run *r, tr_loader *ld, const tr_fit_config *cfg,
     if (own == NAS_OK && fit_batch_trains(&r->batching, b))
       own = rank_step(r, x, y, usable, &loss, &count, err);
     if (own == NAS_OK && r->lead && cfg->on_step) own = cfg->on_step(cfg->arg, err);
-    double sums[3] = {0, loss * (double)count, (double)count};
-    rc = ranks_agree(r, own, sums, 3, err);
-    loss_sum += sums[1];
-    seen += sums[2];
+    double sums[AGREE_SLOTS + 2] = {0, 0, loss * (double)count, (double)count};
+    rc = ranks_agree(r, own, sums, AGREE_SLOTS + 2, err);
+    loss_sum += sums[AGREE_SLOTS];
+    seen += sums[AGREE_SLOTS + 1];
     tr_release(x);
     free(y);
   }
@@ -386,8 +414,8 @@ static int rank_validate(rank_run *r, const tr_dataset *val, const tr_fit_config
     own = nas_errf(err, "releasing the parameters: %s", r->ctx->err.msg);
   if (own == NAS_OK && r->lead && cfg->on_epoch)
     own = cfg->on_epoch(cfg->arg, epoch, loss, *accuracy, err);
-  double sums[1];
-  return ranks_agree(r, own, sums, 1, err);
+  double sums[AGREE_SLOTS];
+  return ranks_agree(r, own, sums, AGREE_SLOTS, err);
 }
 
 int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const tr_dataset *train,
@@ -409,10 +437,13 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
   int64_t step = 0;
   /* each rank its shards' state, in a file of its own: no rank holds more than its shards */
   tr_train_part part = {tr_comm_rank(ranks->comm), tr_comm_world(ranks->comm), "rank"};
-  double agreed[1];
+  double agreed[AGREE_SLOTS];
   int rc = fit_begin(ctx, m, r.opt, train, cfg, &ld, &sched, &step, err);
-  if (rc == NAS_OK && cfg->state_in)
-    rc = ranks_agree(&r, fit_state_load(ctx, r.opt, cfg, &part, err), agreed, 1, err);
+  if (rc == NAS_OK) rc = fit_state_load(ctx, r.opt, cfg, &part, err);
+  /* set-up agreed before the first step: a rank whose set-up failed would otherwise leave
+   * the others in the step's first collective, up to TR_COMM_TIMEOUT_S over NCCL, which
+   * does not notice a rank that is gone */
+  rc = ranks_agree(&r, rc, agreed, AGREE_SLOTS, err);
   for (int epoch = cfg->first_epoch + 1; rc == NAS_OK && epoch <= fit_last_epoch(cfg); epoch++) {
     double loss = 0, acc = 0;
     rc = rank_epoch(&r, &ld, cfg, &sched, &step, &loss, err);
@@ -420,7 +451,7 @@ int tr_fit_sharded(tr_ctx *ctx, tr_module *m, const tr_fit_ranks *ranks, const t
     if (rc == NAS_OK && accuracy) *accuracy = acc;
   }
   if (rc == NAS_OK && cfg->state_out)
-    rc = ranks_agree(&r, fit_state_save(ctx, r.opt, cfg, &part, err), agreed, 1, err);
+    rc = ranks_agree(&r, fit_state_save(ctx, r.opt, cfg, &part, err), agreed, AGREE_SLOTS, err);
   /* Every rank leaves with the whole model in m's own tensors. */
   if (rc == NAS_OK && tr_fsdp_summon_full(ctx, r.fsdp) != NAS_OK)
     rc = nas_errf(err, "gathering the parameters: %s", ctx->err.msg);

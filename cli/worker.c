@@ -61,7 +61,8 @@ typedef struct {
   worker_data data;
   tr_model model;
   double last_beat;   /* monotonic seconds of the last heartbeat */
-  double started;     /* monotonic seconds when training started */
+  double started;     /* monotonic seconds when training started, before setting up
+                         ranks or stages (docs/metrics.md, train_seconds) */
   tr_comm *comm;      /* owned: this process's rank when launched as one of several (srun
                          tasks); NULL otherwise */
   char comm_name[TR_COMM_NAME_MAX]; /* comm's group name: a pipeline names its segment so */

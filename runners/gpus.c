@@ -47,13 +47,34 @@ static int list_read(const json_t *gpus, gpu_pool *pool, nas_err *err) {
   return NAS_OK;
 }
 
-/* $TMPDIR/nas-gpus-UID (made 0700) and one lock file path per device. */
+/* The lock folder is ours alone: in a shared /tmp another user could have made it first
+ * and then hold (or swap) the lock files. lstat, so a symlink is refused, not followed. */
+static int locks_dir_check(const char *dir, nas_err *err) {
+  struct stat st;
+  if (lstat(dir, &st) != 0)
+    return nas_errf(err, "cannot read the GPU lock folder %s: %s", dir, strerror(errno));
+  char why[96];
+  if (!S_ISDIR(st.st_mode))
+    snprintf(why, sizeof why, "it is not a directory (a symlink or a file)");
+  else if (st.st_uid != getuid())
+    snprintf(why, sizeof why, "it is owned by uid %u, not by this user (uid %u)",
+             (unsigned)st.st_uid, (unsigned)getuid());
+  else if (st.st_mode & 022)
+    snprintf(why, sizeof why, "group or others may write to it (mode %03o)",
+             (unsigned)(st.st_mode & 0777));
+  else
+    return NAS_OK;
+  return nas_errf(err, "GPU lock folder %s refused: %s; remove it (or set TMPDIR to a "
+                  "folder of your own) so that nas makes it again, mode 0700", dir, why);
+}
+
+/* $TMPDIR/nas-gpus-UID (made 0700, checked) and one lock file path per device. */
 static int locks_prepare(gpu_pool *pool, nas_err *err) {
   const char *tmp = getenv("TMPDIR");
   char *dir = nas_asprintf("%s/nas-gpus-%u", tmp && *tmp ? tmp : "/tmp", (unsigned)getuid());
   if (!dir) return nas_errf(err, "out of memory");
   int rc = mkdir(dir, 0700) == 0 || errno == EEXIST
-               ? NAS_OK
+               ? locks_dir_check(dir, err)
                : nas_errf(err, "cannot make the GPU lock folder %s: %s", dir, strerror(errno));
   if (rc == NAS_OK && !(pool->lock_paths = calloc(pool->n, sizeof *pool->lock_paths)))
     rc = nas_errf(err, "out of memory");

@@ -29,7 +29,8 @@ typedef struct {
 
 /* Reads the `gpus` and `gpus_per_trial` options (either may be NULL: not given) into
  * *pool. `auto` takes every NVIDIA device of this machine (/proc/driver/nvidia/gpus) and
- * is refused when there is none. Creates the lock folder. */
+ * is refused when there is none. Creates the lock folder, or refuses an existing one that
+ * is not a directory of this user (a symlink is not followed) or that others may write to. */
 int gpu_pool_read(const json_t *gpus, const json_t *per_job, gpu_pool *pool, nas_err *err);
 void gpu_pool_free(gpu_pool *pool);
 /* How many jobs the pool lets run at once; 0 when it holds no devices (no limit). */

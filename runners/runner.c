@@ -20,6 +20,9 @@ struct runner {
 
 static const runner_backend *const backends[] = {&runner_local_backend, &runner_slurm_backend};
 #define N_BACKENDS (sizeof backends / sizeof backends[0])
+/* Longest wait for the jobs a failed batch start stopped: the local runner's default
+ * kill_grace and its leftovers limit (5 s each) with room to spare. */
+#define UNDO_WAIT_S 30.0
 
 const char *job_state_name(job_state state) {
   switch (state) {
@@ -140,19 +143,47 @@ int runner_release(runner *r, const char *handle, nas_err *err) {
   return r->backend->release ? r->backend->release(r->state, handle, err) : NAS_OK;
 }
 
-/* Starts the jobs one by one; stops those started when one fails. */
+static bool any_running(const job_status *states, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (states[i].state == JOB_RUNNING) return true;
+  return false;
+}
+
+/* Polls the n stopped jobs until none runs, or UNDO_WAIT_S has passed (a backend that
+ * cannot learn their end, a job that ignores SIGTERM for a long kill_grace): a poll is
+ * what notices an end, and the local runner reaps a job's monitor only there, so a job
+ * stopped and never polled again would leave a zombie behind. */
+static void stopped_wait(runner *r, char *const *handles, const runner_job *jobs, size_t n) {
+  char **run_dirs = calloc(n, sizeof *run_dirs);
+  job_status *states = calloc(n, sizeof *states);
+  for (size_t i = 0; run_dirs && i < n; i++) run_dirs[i] = (char *)jobs[i].run_dir;
+  double until = nas_monotonic() + UNDO_WAIT_S, pause_s = 0.01;
+  bool running = run_dirs && states;
+  while (running && nas_monotonic() < until) {
+    nas_sleep(pause_s);
+    pause_s = pause_s < 0.25 ? pause_s * 2 : 0.5;
+    running = runner_poll(r, handles, run_dirs, n, states, NULL) == NAS_OK &&
+              any_running(states, n);
+  }
+  free(run_dirs);
+  free(states);
+}
+
+/* Starts the jobs one by one; when one fails, stops those started and waits for their end
+ * (all or nothing: none is left running). */
 static int start_each(runner *r, const runner_job *jobs, size_t n, char **handles,
                       nas_err *err) {
-  for (size_t i = 0; i < n; i++) {
-    if (r->backend->start(r->state, &jobs[i], &handles[i], err) == NAS_OK) continue;
-    while (i-- > 0) {
-      runner_stop(r, handles[i], jobs[i].run_dir, NULL);
-      free(handles[i]);
-      handles[i] = NULL;
-    }
-    return NAS_ERR;
+  size_t started = 0;
+  while (started < n && r->backend->start(r->state, &jobs[started], &handles[started], err) == NAS_OK)
+    started++;
+  if (started == n) return NAS_OK;
+  for (size_t i = 0; i < started; i++) runner_stop(r, handles[i], jobs[i].run_dir, NULL);
+  if (started > 0) stopped_wait(r, handles, jobs, started);
+  for (size_t i = 0; i < started; i++) {
+    free(handles[i]);
+    handles[i] = NULL;
   }
-  return NAS_OK;
+  return NAS_ERR;
 }
 
 int runner_start_batch(runner *r, const runner_job *jobs, size_t n, char **handles,

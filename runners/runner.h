@@ -71,8 +71,9 @@ size_t runner_capacity(const runner *r);
 int runner_start(runner *r, const runner_job *job, char **handle, nas_err *err);
 /* Starts n jobs; handles[i] (owned) identifies jobs[i] exactly as runner_start's handle
  * would. A backend that can submits them as one unit (slurm with `array: true`: one job
- * array); the others start them one by one. All or nothing: on failure no job is left
- * running and no handle is returned. */
+ * array); the others start them one by one. All or nothing: on failure no handle is
+ * returned, and the jobs already started are stopped and polled until they end (up to
+ * 30 s), so none runs on untracked and the local runner leaves no zombie monitor. */
 int runner_start_batch(runner *r, const runner_job *jobs, size_t n, char **handles,
                        nas_err *err);
 /* Like runner_start, but the job waits until runner_release: the caller stores the handle

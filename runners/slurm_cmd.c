@@ -6,7 +6,9 @@
  * --export=ALL would hand them to Slurm, which keeps a job's environment in its
  * controller's state and may keep it in accounting; a trial gets its own from its run
  * folder's env.sh, which only its user can read. Its stdout
- * and stderr are read together until both close; a command past its time limit is killed.
+ * and stderr are read together until both close and it is waited for, both within its
+ * time limit; a command past it (one that closed its output but kept running too) is
+ * killed.
  * A failure that looks transient (the controller did not answer, a socket timed out) is
  * retried after a wait that doubles each time, a bounded number of times; any other
  * failure is reported at once with what the command wrote to stderr.
@@ -161,11 +163,32 @@ static int spawn(char *const *argv, const int out_pipe[2], const int err_pipe[2]
   return NAS_OK;
 }
 
+static int exit_status(int wstatus) {
+  return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+}
+
 static int wait_child(pid_t pid) {
   int wstatus = 0;
   while (waitpid(pid, &wstatus, 0) < 0 && errno == EINTR) {
   }
-  return WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+  return exit_status(wstatus);
+}
+
+/* Waits for pid until deadline (monotonic seconds): true, with *status, once it ended.
+ * A command may close its stdout and stderr and keep running (a site's wrapper that
+ * leaves a helper behind, an sbatch stuck on a dead controller): the deadline still
+ * holds after its pipes close. Polls, pausing 1 ms at first and up to 50 ms. */
+static bool wait_child_until(pid_t pid, double deadline, int *status) {
+  for (double pause_s = 0.001;; pause_s = pause_s < 0.025 ? pause_s * 2 : 0.05) {
+    int wstatus = 0;
+    pid_t got = waitpid(pid, &wstatus, WNOHANG);
+    if (got == pid || (got < 0 && errno != EINTR)) {
+      *status = exit_status(wstatus);
+      return true;
+    }
+    if (nas_monotonic() >= deadline) return false;
+    nas_sleep(pause_s);
+  }
 }
 
 static void fd_close(int *fd) {
@@ -186,12 +209,17 @@ static int run_once(char *const *argv, double timeout_s, slurm_output *res, nas_
   capture c[2] = {{.fd = out_pipe[0]}, {.fd = err_pipe[0]}}; /* they own the read ends */
   if (rc == NAS_OK && (capture_alloc(&c[0]) != NAS_OK || capture_alloc(&c[1]) != NAS_OK))
     rc = nas_errf(err, "%s: out of memory", argv[0]);
-  int drained = rc == NAS_OK ? captures_drain(c, nas_monotonic() + timeout_s) : NAS_ERR;
+  double deadline = nas_monotonic() + timeout_s;
+  int drained = rc == NAS_OK ? captures_drain(c, deadline) : NAS_ERR;
   if (rc == NAS_OK && drained < 0) rc = nas_errf(err, "%s: cannot read its output", argv[0]);
   if (pid > 0) {
-    if (drained != 1) kill(-pid, SIGKILL); /* its group: a site's wrapper script too */
-    int status = wait_child(pid);
-    res->status = drained == 0 ? -1 : status;
+    int status;
+    bool ended = drained == 1 && wait_child_until(pid, deadline, &status);
+    if (!ended) {
+      kill(-pid, SIGKILL); /* its group: a site's wrapper script too */
+      status = wait_child(pid);
+    }
+    res->status = drained >= 0 && !ended ? -1 : status;
   }
   fd_close(&c[0].fd);
   fd_close(&c[1].fd);
@@ -208,9 +236,11 @@ static bool looks_transient(const slurm_output *res) {
 }
 
 /* The failure's message: what the command wrote to stderr, its lines joined into one. */
-static int failure(char *const *argv, const slurm_output *res, int attempts, nas_err *err) {
+static int failure(char *const *argv, const slurm_output *res, int attempts, double timeout_s,
+                   nas_err *err) {
   if (res->status == -1)
-    return nas_errf(err, "%s did not answer in time (%d attempts)", argv[0], attempts);
+    return nas_errf(err, "%s did not end within %g s and was killed (%d attempt%s)", argv[0],
+                    timeout_s, attempts, attempts == 1 ? "" : "s");
   nas_errf(err, "%s failed with status %d%s: %s", argv[0], res->status,
            attempts > 1 ? " (after retries)" : "", res->errs ? res->errs : "");
   if (!err) return NAS_ERR;
@@ -230,7 +260,7 @@ int slurm_cmd_run(const slurm_retry *retry, char *const *argv, const slurm_recov
     if (run_once(argv, retry->timeout_s, res, err) != NAS_OK) return NAS_ERR;
     if (res->status == 0) return NAS_OK;
     res->transient = looks_transient(res);
-    if (!res->transient || attempt > retry->retries) return failure(argv, res, attempt, err);
+    if (!res->transient || attempt > retry->retries) return failure(argv, res, attempt, retry->timeout_s, err);
     if (recover) {
       int found = recover->check(recover->ctx, res, err);
       if (found < 0) return NAS_ERR;

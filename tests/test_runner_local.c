@@ -583,6 +583,28 @@ static void a_refused_job_leaves_the_run_folder_as_it_was(void **state) {
   free(run_dir);
 }
 
+/* A batch whose last job cannot start (its run folder lies under a file) is all or
+ * nothing: the jobs already started are stopped and their monitors reaped before
+ * runner_start_batch returns, so no job runs on and no zombie is left. */
+static void batch_failing_part_way_leaves_no_job_and_no_zombie(void **state) {
+  fixture *f = *state;
+  char *blocker = path_in(f, "a-file");
+  free(test_write(f->dir, "a-file", "not a folder\n"));
+  char *run_dirs[3] = {run_dir_new(f), run_dir_new(f), NULL};
+  assert_true(asprintf(&run_dirs[2], "%s/run", blocker) > 0);
+  char *argv[] = {"sleep", "30", NULL};
+  runner_job jobs[3];
+  for (int i = 0; i < 3; i++)
+    jobs[i] = (runner_job){.argv = argv, .workdir = f->dir, .run_dir = run_dirs[i]};
+  char *handles[3];
+  nas_err err;
+  assert_int_equal(runner_start_batch(f->r, jobs, 3, handles, &err), NAS_ERR);
+  for (int i = 0; i < 3; i++) assert_null(handles[i]);
+  assert_no_children();
+  for (int i = 0; i < 3; i++) free(run_dirs[i]);
+  free(blocker);
+}
+
 static void missing_command_exits_127_with_a_message(void **state) {
   fixture *f = *state;
   char *argv[] = {"nas-no-such-command", "x", NULL};
@@ -995,6 +1017,46 @@ static void bad_gpu_options_are_refused_and_no_gpus_means_no_limit(void **state)
   assert_int_equal(runner_capacity(f->r), 0);
 }
 
+/* The lock folder another user could have made first in a shared /tmp: one that is not a
+ * directory of this user that only it may write to is refused (its locks could be held or
+ * swapped by others), and a symlink is not followed. */
+static void gpu_lock_folder_others_control_is_refused(void **state) {
+  fixture *f = *state;
+  char name[64];
+  snprintf(name, sizeof name, "nas-gpus-%u", (unsigned)getuid());
+  char *lock_dir = path_in(f, name), *elsewhere = path_in(f, "elsewhere");
+  static const char *const refusals[] = {"group or others may write", "not a directory",
+                                         "owned by uid"};
+  for (size_t i = 0; i < sizeof refusals / sizeof *refusals; i++) {
+    if (i == 0) {
+      assert_int_equal(mkdir(lock_dir, 0700), 0);
+      assert_int_equal(chmod(lock_dir, 0777), 0);
+    } else if (i == 1) {
+      assert_int_equal(rmdir(lock_dir), 0);
+      assert_int_equal(mkdir(elsewhere, 0700), 0);
+      assert_int_equal(symlink(elsewhere, lock_dir), 0); /* to a good folder: still refused */
+    } else {
+      if (getuid() != 0) break; /* only root can give the folder to someone else */
+      assert_int_equal(unlink(lock_dir), 0);
+      assert_int_equal(mkdir(lock_dir, 0700), 0);
+      assert_int_equal(chown(lock_dir, getuid() + 1, (gid_t)-1), 0);
+    }
+    nas_err err;
+    assert_int_equal(gpu_runner_create(f, "{\"gpus\": [0]}", NULL, &err), NAS_ERR);
+    if (!strstr(err.msg, refusals[i]) || !strstr(err.msg, lock_dir))
+      fail_msg("'%s' lacks '%s' or the folder", err.msg, refusals[i]);
+  }
+  /* Once the folder is this user's own again, the options are taken. */
+  if (getuid() == 0) assert_int_equal(rmdir(lock_dir), 0);
+  else assert_int_equal(unlink(lock_dir), 0);
+  nas_err err;
+  assert_int_equal(gpu_runner_create(f, "{\"gpus\": [0]}", NULL, &err), NAS_OK);
+  struct stat st;
+  assert_int_equal(lstat(lock_dir, &st), 0);
+  assert_int_equal(st.st_mode & 0777, 0700);
+  free(lock_dir), free(elsewhere);
+}
+
 /* The job can write in its run folder too: an exit.json of its own, malformed or not, is
  * neither an error nor taken for its end while it runs, and the monitor's replaces it. */
 static void exit_json_the_job_writes_is_not_taken_for_its_end(void **state) {
@@ -1063,6 +1125,7 @@ int main(void) {
       T(relative_command_runs_from_workdir),
       T(output_lands_in_the_logs_of_a_new_run_dir),
       T(a_refused_job_leaves_the_run_folder_as_it_was),
+      T(batch_failing_part_way_leaves_no_job_and_no_zombie),
       T(missing_command_exits_127_with_a_message),
       T(garbage_output_keeps_its_metric_lines),
       T(attach_from_another_process_sees_running_then_exit),
@@ -1080,6 +1143,7 @@ int main(void) {
       T(trials_get_disjoint_gpus_and_wait_for_free_ones),
       T(stop_ends_a_trial_still_waiting_for_gpus),
       T(bad_gpu_options_are_refused_and_no_gpus_means_no_limit),
+      T(gpu_lock_folder_others_control_is_refused),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -425,6 +425,41 @@ static void squeue_lines_parse_into_sorted_rows(void **state) {
   assert_non_null(strstr(err.msg, "12_[0-3]"));
 }
 
+/* A Slurm command that closes its stdout and stderr but keeps running (a stuck sbatch, a
+ * site's wrapper leaving a helper behind) is killed at its time limit, not waited for
+ * without end, and the error names the command and the limit. A fake squeue first on
+ * PATH; no cluster needed. */
+static void slurm_command_that_closes_its_output_and_hangs_is_killed_in_time(void **state) {
+  (void)state;
+  char *dir = test_tmpdir(), *pid_file = path_join(dir, "pid");
+  char *script = NULL;
+  assert_true(asprintf(&script, "#!/bin/sh\necho $$ >'%s'\nexec >&- 2>&-\nexec sleep 30\n",
+                       pid_file) > 0);
+  char *fake = test_write(dir, "squeue", script);
+  assert_int_equal(chmod(fake, 0755), 0);
+  char *old_path = strdup(getenv("PATH")), *path = NULL;
+  assert_true(asprintf(&path, "%s:%s", dir, old_path) > 0);
+  setenv("PATH", path, 1);
+  slurm_retry retry = {.retries = 0, .backoff_s = 0.01, .timeout_s = 0.5};
+  char *argv[] = {"squeue", "-h", NULL};
+  slurm_output res;
+  nas_err err;
+  double t0 = nas_monotonic();
+  assert_int_equal(slurm_cmd_run(&retry, argv, NULL, &res, &err), NAS_ERR);
+  double took = nas_monotonic() - t0;
+  setenv("PATH", old_path, 1);
+  assert_true(took >= 0.5 && took < 5);
+  assert_int_equal(res.status, -1);
+  assert_non_null(strstr(err.msg, "squeue did not end within 0.5 s"));
+  char *pid_text = file_text(dir, "pid");
+  pid_t pid = (pid_t)atol(pid_text);
+  assert_true(pid > 0);
+  assert_int_equal(kill(pid, 0), -1); /* killed and reaped: no zombie either */
+  slurm_output_free(&res);
+  test_rmtree(dir);
+  free(pid_text), free(old_path), free(path), free(fake), free(script), free(pid_file), free(dir);
+}
+
 static void slurm_time_limits_parse(void **state) {
   (void)state;
   struct {
@@ -1401,6 +1436,7 @@ int main(void) {
       T(slurm_states_map_onto_job_states),
       T(squeue_lines_parse_into_sorted_rows),
       T(slurm_time_limits_parse),
+      T(slurm_command_that_closes_its_output_and_hangs_is_killed_in_time),
       T(bad_options_are_errors_that_name_the_option),
       T(env_names_bash_cannot_export_are_refused_before_submitting),
       T(job_script_holds_no_secret_and_only_its_owner_reads_the_environment),

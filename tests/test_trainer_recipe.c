@@ -8,6 +8,7 @@
 #include "tests/testutil.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <zlib.h>
 
 #include "builtin/builtin.h"
@@ -464,6 +465,50 @@ static void pipelined_fit_resumed_through_two_thread_stages_ends_where_an_uninte
   split_resume_ends_where_straight_does(run_pipelined, 2, "stage");
 }
 
+/* A sharded run whose rank 1 fails in its set-up, before the first step. */
+typedef struct {
+  split_run run;
+  atomic_bool lead_returned;  /* rank 0's tr_fit_sharded has returned */
+  bool lead_returned_in_time; /* rank 1 saw it while it was still in the group */
+} set_up_failure;
+
+/* Rank 1 resumes after an epoch past the last (its fit_begin refuses), then stays in the
+ * group up to 20 s waiting for rank 0 to give up, as a process rank over NCCL does: NCCL
+ * does not notice a rank that left, so only an agreement before the first step stops the
+ * others in time. */
+static int rank_failing_set_up(const tr_fsdp_rank *rank, void *arg, nas_err *err) {
+  set_up_failure *sf = arg;
+  tr_ctx ctx;
+  tr_model m;
+  tr_fit_ranks ranks = {rank->comm, rank->prefetch_comm, {.mode = TR_SHARD_FULL}};
+  tr_fit_config cfg = sf->run.cfg;
+  if (rank->rank == 1) cfg.first_epoch = cfg.epochs + 1;
+  int rc = split_model(&sf->run, &ctx, &m, err);
+  if (rc == NAS_OK)
+    rc = tr_fit_sharded(&ctx, m.module, &ranks, sf->run.data, sf->run.data, &cfg, NULL, err);
+  if (rank->rank == 0) atomic_store(&sf->lead_returned, true);
+  for (double until = nas_monotonic() + 20; rank->rank == 1 && nas_monotonic() < until;)
+    if ((sf->lead_returned_in_time = atomic_load(&sf->lead_returned))) break;
+    else nas_sleep(0.01);
+  return split_finish(&sf->run, false, &ctx, &m, rc, err);
+}
+
+static void set_up_failing_on_one_rank_stops_every_rank_before_the_first_step(void **state) {
+  (void)state;
+  tr_ctx ctx;
+  tr_ctx_init(&ctx, 5);
+  tr_dataset data = two_class_images(&ctx, 64);
+  set_up_failure sf = {.run = {&data, recipe((tr_optim_config){.kind = TR_SGD, .lr = 0.1})}};
+  atomic_init(&sf.lead_returned, false);
+  nas_err err = {{0}};
+  assert_int_equal(tr_fsdp_run_threads(2, rank_failing_set_up, &sf, &err), NAS_ERR);
+  assert_true(sf.lead_returned_in_time);
+  /* rank 0's error (the driver reports the first rank's) names rank 1 and its reason */
+  assert_non_null(strstr(err.msg, "rank 0: stopped: rank 1 failed: training: resuming after "
+                                  "epoch 4 of 3"));
+  tr_dataset_free(&data);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(one_cycle_follows_pytorch_one_cycle_lr),
@@ -475,6 +520,7 @@ int main(void) {
       cmocka_unit_test(damaged_training_state_is_refused_with_the_reason),
       cmocka_unit_test(training_state_ending_after_its_magic_is_called_damaged),
       cmocka_unit_test(sharded_fit_resumed_on_two_thread_ranks_ends_where_an_uninterrupted_one_does),
+      cmocka_unit_test(set_up_failing_on_one_rank_stops_every_rank_before_the_first_step),
       cmocka_unit_test(
           pipelined_fit_resumed_through_two_thread_stages_ends_where_an_uninterrupted_one_does),
   };
