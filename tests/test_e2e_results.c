@@ -684,8 +684,9 @@ static void tell_refuses_values_with_fail(void **state) {
                  "nas tell: --fail's message is not valid UTF-8");
 }
 
-/* `nas tell --attempt` ends only the attempt `nas ask` printed: a trial failed, queued
- * again by `nas retry` and handed out as attempt 2 is not ended by attempt 1's asker. */
+/* `nas tell --attempt` tells only the attempt `nas ask` printed: a trial failed, queued
+ * again by `nas retry` and handed out as attempt 2 is neither ended nor reported to by
+ * attempt 1's asker. */
 static void tell_with_an_attempt_ends_only_that_attempt(void **state) {
   fixture *f = *state;
   char *spec = ask_tell_spec(f, "again");
@@ -697,14 +698,15 @@ static void tell_with_an_attempt_ends_only_that_attempt(void **state) {
   expect_refusal(f, (char *[]){"ask", "again", "--format", "csv", "--storage", f->db, NULL}, 0, "\n0,2,");
   expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "1", "--complete", "y=1", "--storage", f->db, NULL},
                  1, "nas: trial 0 of 'again' runs attempt 2, not attempt 1: it was handed out again");
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "1", "--step", "0", "y=1", "--storage", f->db, NULL},
+                 1, "nas: trial 0 of 'again' runs attempt 2, not attempt 1");
+  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "2", "--step", "0", "y=3", "--storage", f->db, NULL}, 0, "continue");
   expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "2", "--complete", "y=2", "--storage", f->db, NULL}, 0, "");
   json_t *t = nas_json(f, (char *[]){"trial", "again", "0", "--storage", f->db, "--format", "json", NULL});
   assert_true(num(json_object_get(t, "metrics"), "y") == 2);
   json_decref(t);
   expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "0", "--complete", NULL}, 2,
                  "nas tell: --attempt wants an attempt number (1, 2, …), not '0'");
-  expect_refusal(f, (char *[]){"tell", "again", "0", "--attempt", "1", "y=1", NULL}, 2,
-                 "nas tell: --attempt goes with --complete or --fail");
   free(spec);
 }
 
