@@ -654,16 +654,23 @@ static void hints_carry_the_storage_when_it_is_not_the_default(void **state) {
   free(spec);
 }
 
-/* Empty values were read as 0 by `nas tell` alone. */
+/* Empty values were read as 0 by `nas tell` alone. A step is one by the same check and with
+ * the same message wherever it is given: `nas report --step` took steps up to 2^63 - 1, which
+ * a metric line refuses from 2^53 on. */
 static void tell_refuses_an_empty_step_or_trial_number_as_the_others_do(void **state) {
   fixture *f = *state;
   expect_refusal(f, (char *[]){"tell", "e", "", "y=1", NULL}, 2,
                  "nas tell: '' is not a trial number");
   expect_refusal(f, (char *[]){"trial", "e", "", NULL}, 2, "nas trial: '' is not a trial number");
   expect_refusal(f, (char *[]){"tell", "e", "0", "--step", "", "y=1", NULL}, 2,
-                 "nas tell: --step wants a non-negative integer, not ''");
+                 "nas tell: --step '': \"step\" must be a whole number from 0 to 2^53 - 1");
   expect_refusal(f, (char *[]){"report", "y=1", "--step", "", NULL}, 2,
-                 "nas report: --step wants a non-negative integer, not ''");
+                 "nas report: --step '': \"step\" must be a whole number from 0 to 2^53 - 1");
+  expect_refusal(f, (char *[]){"report", "y=1", "--step", "9007199254740992", NULL}, 2,
+                 "nas report: --step '9007199254740992': \"step\" must be a whole number from 0 "
+                 "to 2^53 - 1 (9007199254740991)");
+  expect_refusal(f, (char *[]){"tell", "e", "0", "--step", "9223372036854775807", "y=1", NULL}, 2,
+                 "nas tell: --step '9223372036854775807': \"step\" must be a whole number");
   /* report's --trial too, as bad usage (exit 2) before any storage is opened */
   const char *bad[] = {"12abc", "-1", "", "99999999999"};
   for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {

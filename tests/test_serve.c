@@ -275,6 +275,10 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
   assert_int_equal(code, 200);
   assert_true(json_is_false(json_object_get(reply, "stop")));
   json_decref(reply);
+  /* a step as a metric line's: below 2^53, with the same message */
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/report",
+                "{\"metrics\": {\"loss\": 0.5}, \"step\": 9007199254740992}", NULL, 422,
+                "\"step\" must be a whole number from 0 to 2^53 - 1 (9007199254740991)");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/complete", "{\"metrics\": {\"loss\": 0.25}}", NULL, 200, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/complete", "{}", NULL, 422, "has not reported objective 'loss'");
   /* refused whole: sending the full set again stores "acc" once */
