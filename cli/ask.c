@@ -43,8 +43,8 @@ static const char tell_help[] =
     "  --complete        the values (if any) are final and the trial is done; every\n"
     "                    objective must have been reported\n"
     "  --fail MESSAGE    the trial failed (no NAME=VALUE with it)\n"
-    "  --attempt A       with --complete or --fail: the attempt 'nas ask' printed; refused\n"
-    "                    when the trial was handed out again since (it runs another)\n"
+    "  --attempt A       the attempt 'nas ask' printed; the tell is refused when the\n"
+    "                    trial was handed out again since (it runs another)\n"
     "Without --step, --complete or --fail the values are final and the trial goes on.\n"
     "A VALUE is a finite decimal number (3, -0.25, .5, 1e-3; not 0x10, inf or ' 1').\n";
 
@@ -224,8 +224,6 @@ static int parse_tell(int argc, char **argv, tell_args *a) {
     return cli_usage_error("tell", "--step reports intermediate values; it goes with neither "
                                    "--complete nor --fail");
   if (a->complete && a->fail) return cli_usage_error("tell", "--complete or --fail, not both");
-  if (a->attempt && !a->complete && !a->fail)
-    return cli_usage_error("tell", "--attempt goes with --complete or --fail");
   /* A failed trial takes no final values (sched_tell_fail stores none): refused rather
    * than dropped unseen. */
   if (a->fail && a->first_metric < argc)
@@ -255,7 +253,7 @@ static int tell_it(storage *st, const spec *s, const experiment_row *exp, const 
                    const metric_set *set, nas_err *err) {
   if (a->fail || a->complete) return tell_end(st, s, exp, a, set, err);
   bool stop = false;
-  int rc = sched_tell_report(st, s, exp, a->number, set->obs, set->n, &stop, err);
+  int rc = sched_tell_report(st, s, exp, a->number, a->attempt, set->obs, set->n, &stop, err);
   if (rc == NAS_OK && stop) { /* early stopping ended the trial: maybe the experiment too */
     notifier *nt = webhooks_start(s, exp);
     sched_tell_stopped_end(st, s, exp, a->number, nt);

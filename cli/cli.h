@@ -129,7 +129,7 @@ int cli_parse_metric(const char *arg, int64_t step, metric_set *set, nas_err *er
 bool cli_parse_count(const char *text, long low, long high, long *out);
 /* A trial number operand (0, 1, …) into number: -1 to go on, else the usage error. */
 int cli_trial_number(const char *cmd, const char *text, int *number);
-/* --step N of `nas report` and `nas tell` (a non-negative integer) into step: -1 to go on,
+/* --step N of `nas report` and `nas tell` (metric_step_check's) into step: -1 to go on,
  * else the usage error. */
 int cli_step_option(const char *cmd, const char *arg, long long *step);
 

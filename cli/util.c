@@ -148,8 +148,10 @@ int cli_step_option(const char *cmd, const char *arg, long long *step) {
   char *end;
   errno = 0;
   *step = strtoll(arg, &end, 10);
-  if (errno == 0 && end != arg && *end == '\0' && *step >= 0) return -1;
-  return cli_usage_error(cmd, "--step wants a non-negative integer, not '%s'", arg);
+  bool integer = errno == 0 && end != arg && *end == '\0';
+  nas_err err; /* a long long past 2^53 becomes a double of at least 2^53: still refused */
+  if (metric_step_check(integer ? (double)*step : NAN, &err) == NAS_OK) return -1;
+  return cli_usage_error(cmd, "--step '%s': %s", arg, err.msg);
 }
 
 int cli_experiment_by_id(storage *st, int64_t id, experiment_row *out, nas_err *err) {

@@ -148,12 +148,18 @@ static const char *json_kind(const json_t *value) {
   }
 }
 
+int metric_step_check(double step, nas_err *err) {
+  if (!(step >= 0) || step >= STEP_MAX || step != floor(step))
+    return nas_errf(err, "\"step\" must be a whole number from 0 to 2^53 - 1 "
+                         "(9007199254740991)");
+  return NAS_OK;
+}
+
 /* Numbers are parsed as reals (line_check): one below 2^53 that is whole is the integer
  * printed, exactly; a larger one may have been rounded to it, so it is refused. */
 static int step_read(const json_t *value, int64_t *step, nas_err *err) {
-  double real = json_number_value(value);
-  if (!json_is_number(value) || !(real >= 0) || real >= STEP_MAX || real != floor(real))
-    return nas_errf(err, "\"step\" must be a non-negative integer");
+  double real = json_is_number(value) ? json_number_value(value) : NAN; /* NaN: refused */
+  if (metric_step_check(real, err) != NAS_OK) return NAS_ERR;
   *step = (int64_t)real;
   return NAS_OK;
 }

@@ -49,6 +49,12 @@ void metric_set_free(metric_set *set);
 int metric_set_add(metric_set *set, const char *name, int64_t step, double value,
                    double time, nas_err *err);
 
+/* Whether step, read from wherever it was given (a metric line's "step", `nas report
+ * --step`, an HTTP report's "step"), is one: a whole number from 0 to 2^53 - 1, every one of
+ * which a double holds exactly (a metric line's numbers are read as doubles, so 2^53 + 1
+ * would be stored as 2^53). NAS_ERR with the one message that says so otherwise. */
+int metric_step_check(double step, nas_err *err);
+
 /* The checks every reported metric passes, from a line or from `nas report`/`nas tell`:
  * a name that is not empty and is valid UTF-8, a finite value, >= 0 for a NAME_sem.
  * NAS_ERR with a message naming the metric when one fails. */

@@ -60,7 +60,9 @@ int space_snap_near(const space *sp, const double *ref, double *x, nas_err *err)
 /* ---- optimizers ------------------------------------------------------------------------ */
 
 /* A finished trial as the optimizer sees it. Values are the raw reported metrics, in the
- * order of spec.objectives and spec.constraints; NaN where missing. */
+ * order of spec.objectives and spec.constraints; NaN where missing. A trial that ended
+ * without results (failed, timed out, stopped) comes with every value NaN: its assignment
+ * is never proposed again, and the models learn nothing from it. */
 typedef struct {
   const json_t *params;       /* borrowed */
   const double *objectives;   /* spec.n_objectives values */
@@ -107,7 +109,7 @@ int optimizer_validate_options(const char *type, const json_t *options, nas_err 
  * was measured against (minimisation convention, as pareto_reference_point), NaN where it was
  * measured against none (an initial design point, one objective, another optimizer).
  * Returns NAS_ENOTFOUND when the space has no n assignments left that are neither observed
- * nor pending (a finite space used up). */
+ * (failed ones included) nor pending (a finite space used up). */
 int optimizer_suggest(optimizer *opt, const observation *obs, size_t n_obs,
                       const json_t *const *pending, size_t n_pending, size_t n,
                       int first_number, json_t **out, double *refs, nas_err *err);

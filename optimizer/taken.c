@@ -223,7 +223,7 @@ static int take_listed(taken_set *t, long seed, int number, double *x, nas_err *
   if (rc == 0 && n_free == 0)
     rc = nas_errc(err, NAS_ENOTFOUND,
                   "optimizer: search space exhausted: all %zu of its assignments are "
-                  "observed or pending",
+                  "observed (failed trials included: 'nas retry' runs one again) or pending",
                   n_all);
   gsl_rng *rng = rc == 0 ? stream_rng(seed, number, random_attempts, err) : NULL;
   if (rc == 0 && !rng) rc = NAS_ERR;

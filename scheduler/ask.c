@@ -284,10 +284,10 @@ static int judge_early(storage *st, const spec *s, const experiment_row *exp,
 }
 
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
-                      const metric_obs *obs, size_t n, bool *stop, nas_err *err) {
+                      int attempt, const metric_obs *obs, size_t n, bool *stop, nas_err *err) {
   trial_row t;
   *stop = false;
-  int rc = running_trial(st, exp, number, 0, &t, err);
+  int rc = running_trial(st, exp, number, attempt, &t, err);
   if (rc != NAS_OK) return rc;
   rc = storage_metrics_add(st, t.id, obs, n, -1, err);
   if (rc == NAS_OK) rc = storage_trial_heartbeat(st, t.id, err);
@@ -391,9 +391,10 @@ int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int n
   return rc;
 }
 
-int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err) {
+int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, int attempt,
+                         nas_err *err) {
   trial_row t;
-  int rc = running_trial(st, exp, number, 0, &t, err);
+  int rc = running_trial(st, exp, number, attempt, &t, err);
   if (rc != NAS_OK) return rc;
   rc = storage_trial_heartbeat(st, t.id, err);
   trial_row_clear(&t);

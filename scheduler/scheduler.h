@@ -293,9 +293,11 @@ int sched_ask(storage *st, const spec *s, const experiment_row *exp, size_t n,
               const char *worker, notifier *nt, trial_row **out, size_t *n_out, nas_err *err);
 /* Stores metrics of running trial `number` (intermediate ones with steps >= 0) as a sign
  * of life; *stop says whether the early-stopping rule stopped the trial (it is then ended
- * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none. */
+ * as stopped). NAS_EEXIST for a trial that is not running, NAS_ENOTFOUND for none.
+ * attempt as sched_tell_complete says: an asker whose attempt was handed out again must
+ * neither write into the new attempt's learning curve nor keep it alive. */
 int sched_tell_report(storage *st, const spec *s, const experiment_row *exp, int number,
-                      const metric_obs *obs, size_t n, bool *stop, nas_err *err);
+                      int attempt, const metric_obs *obs, size_t n, bool *stop, nas_err *err);
 /* What trial `number`, just ended as stopped by a report's early-stopping verdict
  * (sched_tell_report's *stop), means for the experiment: when it was the last of the
  * budget to end, the experiment is marked finished and experiment_finished posted to nt
@@ -318,8 +320,9 @@ int sched_tell_complete(storage *st, const spec *s, const experiment_row *exp, i
  * and trial_failed (and experiment_finished) posted as sched_tell_complete says. */
 int sched_tell_fail(storage *st, const spec *s, const experiment_row *exp, int number,
                     int attempt, const char *why, notifier *nt, nas_err *err);
-/* A sign of life of the running trial. */
-int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, nas_err *err);
+/* A sign of life of the running trial; attempt as sched_tell_report says. */
+int sched_tell_heartbeat(storage *st, const experiment_row *exp, int number, int attempt,
+                         nas_err *err);
 
 /* ---- results as JSON (views.c): what `nas pareto --format json` and `nas serve` give out */
 

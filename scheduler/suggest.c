@@ -1,7 +1,8 @@
 /* scheduler/suggest.c: from stored results to new trials — completed trials become the
- * optimizer's observations, queued and running ones its pending points, and each
- * suggestion is stored as a queued trial with the reference point it aimed at. The loop of
- * `nas run` and ask/tell (ask.c) both suggest through here. */
+ * optimizer's observations, failed, timed-out and stopped ones observations without values
+ * (tried: never suggested again, `nas retry` runs one again), queued and running ones its
+ * pending points, and each suggestion is stored as a queued trial with the reference point
+ * it aimed at. The loop of `nas run` and ask/tell (ask.c) both suggest through here. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,12 +12,13 @@
 
 #include "scheduler/internal.h"
 
-/* Completed trials as observations, and the parameters of pending ones. */
+/* Ended trials as observations (values NaN unless completed), and the parameters of
+ * pending ones. */
 typedef struct {
   const sched_results *r;   /* borrowed */
   observation *obs;
   json_t **params;          /* owned, one per trial */
-  double *values;           /* objectives then constraints, per observation */
+  double *values;           /* objectives then constraints, per observation; NaN unless completed */
   double *sems;             /* the objectives' standard errors (NAME_sem), per observation */
   const json_t **pending;
   size_t n_obs, n_pending;
@@ -55,6 +57,13 @@ static void sems_of(const spec *s, const sched_results *r, size_t t, const int *
     out[j] = sem_col[j] < 0 ? NAN : r->values[t * r->n_metrics + (size_t)sem_col[j]];
 }
 
+/* Whether a trial in this status has ended: its assignment was tried. A failed one counts
+ * too (an observation the models learn nothing from), or a finite space would hand the
+ * same failing assignment out again and again. */
+static bool ended(trial_status status) {
+  return status != TRIAL_QUEUED && status != TRIAL_RUNNING;
+}
+
 static int history_load(const spec *s, const sched_results *r, const sched_imported *im,
                         history *h, nas_err *err) {
   memset(h, 0, sizeof *h);
@@ -78,17 +87,18 @@ static int history_load(const spec *s, const sched_results *r, const sched_impor
       history_free(h);
       return nas_errf(err, "trial %d: stored parameters are not JSON", row->number);
     }
-    if (row->status == TRIAL_QUEUED || row->status == TRIAL_RUNNING) {
+    if (!ended(row->status)) {
       h->pending[h->n_pending++] = h->params[t];
-    } else if (row->status == TRIAL_COMPLETED) {
-      /* metric_names begin with the objectives, then the constraints (results.c). */
-      double *v = h->values + h->n_obs * k, *sem = h->sems + h->n_obs * s->n_objectives;
-      memcpy(v, h->r->values + t * h->r->n_metrics, k * sizeof *v);
-      sems_of(s, h->r, t, sem_col, sem);
-      h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
-                                         .constraints = v + s->n_objectives,
-                                         .objective_sems = sem};
+      continue;
     }
+    /* metric_names begin with the objectives, then the constraints (results.c). */
+    double *v = h->values + h->n_obs * k, *sem = h->sems + h->n_obs * s->n_objectives;
+    bool completed = row->status == TRIAL_COMPLETED;
+    for (size_t j = 0; j < k; j++) v[j] = completed ? h->r->values[t * h->r->n_metrics + j] : NAN;
+    sems_of(s, h->r, t, sem_col, sem);
+    h->obs[h->n_obs++] = (observation){.params = h->params[t], .objectives = v,
+                                       .constraints = v + s->n_objectives,
+                                       .objective_sems = completed ? sem : NULL};
   }
   history_add_imported(s, im, h);
   return NAS_OK;
@@ -104,7 +114,7 @@ int sched_model_means(const spec *s, const sched_results *r, double *means, nas_
   for (size_t t = 0, k = 0; rc == NAS_OK && t < r->n_trials; t++) { /* history_load's order */
     bool completed = r->trials[t].status == TRIAL_COMPLETED;
     for (size_t j = 0; j < m; j++) means[t * m + j] = completed ? per_obs[k * m + j] : NAN;
-    k += completed;
+    k += ended(r->trials[t].status);
   }
   free(per_obs);
   history_free(&h);

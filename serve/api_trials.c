@@ -135,9 +135,9 @@ static int body_metrics(serve_request *req, const json_t *body, bool required, b
   return NAS_OK;
 }
 
-/* The body's "attempt": the one the ask handed out, which a complete or fail ends (a 409
- * when the trial was handed out again since); 0, whichever runs, when absent (clients
- * from before it was sent). A 422 reply when it is no attempt number. */
+/* The body's "attempt": the one the ask handed out, which a report, heartbeat, complete or
+ * fail is for (a 409 when the trial was handed out again since); 0, whichever runs, when
+ * absent (clients from before it was sent). A 422 reply when it is no attempt number. */
 static int body_attempt(serve_request *req, const json_t *body, int *attempt) {
   const json_t *v = json_object_get(body, "attempt");
   *attempt = 0;
@@ -149,10 +149,11 @@ static int body_attempt(serve_request *req, const json_t *body, int *attempt) {
   return NAS_OK;
 }
 
-/* What report, complete and fail share: the body, the trial number, the experiment. */
+/* What report, heartbeat, complete and fail share: the body, the trial number, the
+ * attempt (body_attempt), the experiment. */
 typedef struct {
   json_t *body;
-  int number;
+  int number, attempt;
   api_experiment e;
 } tell_call;
 
@@ -160,7 +161,8 @@ static int tell_begin(serve_request *req, char **parts, tell_call *c) {
   memset(c, 0, sizeof *c);
   if (trial_number(req, parts[1], &c->number) != NAS_OK || !(c->body = serve_body_json(req)))
     return NAS_ERR;
-  if (api_load(req, parts[0], &c->e, false) != NAS_OK) {
+  if (body_attempt(req, c->body, &c->attempt) != NAS_OK ||
+      api_load(req, parts[0], &c->e, false) != NAS_OK) {
     json_decref(c->body);
     return NAS_ERR;
   }
@@ -188,7 +190,8 @@ typedef struct {
 static void report_write_run(storage *st, void *arg) {
   report_write *w = arg;
   const tell_call *c = &w->call;
-  w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, w->obs, w->n, &w->stop, &w->err);
+  w->rc = sched_tell_report(st, c->e.s, &c->e.exp, c->number, c->attempt, w->obs, w->n,
+                            &w->stop, &w->err);
 }
 
 /* What a trial a report stopped means for its experiment (finished? webhooks), once the
@@ -241,11 +244,9 @@ int api_complete(serve_request *req, char **parts) {
   metric_obs *obs = NULL;
   size_t n = 0;
   nas_err err;
-  int attempt;
-  int rc = body_attempt(req, c.body, &attempt);
-  if (rc == NAS_OK) rc = body_metrics(req, c.body, false, false, &obs, &n);
+  int rc = body_metrics(req, c.body, false, false, &obs, &n);
   if (rc == NAS_OK) {
-    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, attempt, obs, n,
+    rc = sched_tell_complete(req->st, c.e.s, &c.e.exp, c.number, c.attempt, obs, n,
                              serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
     if (rc == NAS_OK)
       serve_reply(req, MHD_HTTP_OK,
@@ -263,14 +264,11 @@ int api_fail(serve_request *req, char **parts) {
   if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
   const json_t *why = json_object_get(c.body, "error");
   nas_err err;
-  int attempt;
-  int rc = body_attempt(req, c.body, &attempt);
-  if (rc == NAS_OK)
-    rc = why && !json_is_string(why)
-             ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
-             : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, attempt,
-                               json_string_value(why),
-                               serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
+  int rc = why && !json_is_string(why)
+               ? serve_fail(req, MHD_HTTP_UNPROCESSABLE_CONTENT, "\"error\" must be a string")
+               : sched_tell_fail(req->st, c.e.s, &c.e.exp, c.number, c.attempt,
+                                 json_string_value(why),
+                                 serve_notifiers_get(&req->srv->notifiers, &c.e.exp), &err);
   if (rc == NAS_OK)
     serve_reply(req, MHD_HTTP_OK,
                 json_pack("{s:i, s:s}", "number", c.number, "status", "failed"));
@@ -284,7 +282,7 @@ int api_heartbeat(serve_request *req, char **parts) {
   tell_call c;
   if (tell_begin(req, parts, &c) != NAS_OK) return NAS_ERR;
   nas_err err;
-  int rc = sched_tell_heartbeat(req->st, &c.e.exp, c.number, &err);
+  int rc = sched_tell_heartbeat(req->st, &c.e.exp, c.number, c.attempt, &err);
   if (rc == NAS_OK) serve_reply(req, MHD_HTTP_OK, json_pack("{s:i}", "number", c.number));
   else tell_failed(req, rc, &err);
   tell_end(&c);

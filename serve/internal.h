@@ -191,7 +191,8 @@ bool serve_host_is_loopback(const char *host);
 bool serve_origin_is_host(const char *origin, const char *host);
 /* A decimal count from 0 to max, digits only. */
 int serve_parse_count(const char *text, long max, long *out);
-/* body's "step": an integer >= 0 (an intermediate report), else METRIC_FINAL. */
+/* body's "step": an integer that passes metric_step_check (an intermediate report), else
+ * METRIC_FINAL. */
 int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_size);
 /* body's "metrics" object of numbers as observations at step, reported at time now; names
  * are borrowed from body, *obs is owned. NAS_ERR with why when it is not such an object

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <strings.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,8 +79,10 @@ int serve_parse_step(const json_t *body, int64_t *step, char *why, size_t why_si
   const json_t *v = json_object_get(body, "step");
   *step = METRIC_FINAL;
   if (!v || json_is_null(v)) return NAS_OK;
-  if (!json_is_integer(v) || json_integer_value(v) < 0) {
-    snprintf(why, why_size, "\"step\" must be an integer >= 0");
+  nas_err err; /* an integer past 2^53 becomes a double of at least 2^53: still refused */
+  double real = json_is_integer(v) ? (double)json_integer_value(v) : NAN; /* NaN: refused */
+  if (metric_step_check(real, &err) != NAS_OK) {
+    snprintf(why, why_size, "%s", err.msg);
     return NAS_ERR;
   }
   *step = json_integer_value(v);

@@ -491,6 +491,49 @@ static void used_up_finite_space_ends_the_experiment_early(void **state) {
   free(spec);
 }
 
+/* A failed trial's assignment counts as tried: a finite space half of whose assignments
+ * fail hands out each assignment once (nas retry is for running one again), and the end
+ * says the failed ones are counted. */
+static void failed_assignments_are_not_suggested_again(void **state) {
+  fixture *f = *state;
+  const char *optimizers[] = {"gp", "random", "sobol"};
+  for (size_t o = 0; o < sizeof optimizers / sizeof *optimizers; o++) {
+    char *text = NULL, *name = NULL;
+    assert_true(asprintf(&name, "fails_%s", optimizers[o]) > 0);
+    assert_true(asprintf(&text,
+                         "name: %s\n"
+                         "parameters:\n"
+                         "  a: {type: categorical, choices: [p, q]}\n"
+                         "  b: {type: categorical, choices: [u, v, w]}\n"
+                         "objectives: [{name: y, goal: minimize}]\n"
+                         "optimizer: {type: %s}\n"
+                         "trial: {command: [sh, -c, 'test {b} = u && exit 1; "
+                         "echo \"nas-metric {{\\\"y\\\": 1}}\"']}\n"
+                         "budget: {trials: 12, parallel: 1, max_failure_rate: 1}\n",
+                         name, optimizers[o]) > 0);
+    char *spec = test_write(f->dir, "fails.yaml", text), *out;
+    int rc = nas(f, &out, "run", spec, "--no-progress");
+    if (rc != 0) fail_msg("%s: nas run failed (%d): %s", name, rc, out);
+    if (!strstr(out, "exhausted") || !strstr(out, "failed trials included"))
+      fail_msg("%s: no exhausted space counting failed trials: %s", name, out);
+    free(out);
+    json_t *rows = trials_json(f, name);
+    if (json_array_size(rows) != 6)
+      fail_msg("%s: %zu trials for 6 assignments", name, json_array_size(rows));
+    assert_int_equal(count_status(rows, "failed"), 2);
+    assert_int_equal(count_status(rows, "completed"), 4);
+    size_t i, j;
+    json_t *row, *other;
+    json_array_foreach(rows, i, row) json_array_foreach(rows, j, other) if (i < j) {
+      bool same = json_equal(json_object_get(row, "a"), json_object_get(other, "a")) &&
+                  json_equal(json_object_get(row, "b"), json_object_get(other, "b"));
+      if (same) fail_msg("%s: trials %zu and %zu have the same assignment", name, i, j);
+    }
+    json_decref(rows);
+    free(spec), free(text), free(name);
+  }
+}
+
 static void every_command_has_help_and_bad_usage_exits_2(void **state) {
   fixture *f = *state;
   const char *cmds[] = {"run", "resume", "status", "trials", "pareto", "report", "retry"};
@@ -728,6 +771,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(gpus_cap_parallel_and_each_trial_sees_its_own, setup, teardown),
       cmocka_unit_test_setup_teardown(changed_spec_is_refused_with_its_differences, setup, teardown),
       cmocka_unit_test_setup_teardown(used_up_finite_space_ends_the_experiment_early, setup, teardown),
+      cmocka_unit_test_setup_teardown(failed_assignments_are_not_suggested_again, setup, teardown),
       cmocka_unit_test_setup_teardown(every_command_has_help_and_bad_usage_exits_2, setup, teardown),
       cmocka_unit_test_setup_teardown(every_short_option_a_command_takes_is_in_its_help, setup,
                                       teardown),

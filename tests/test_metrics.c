@@ -107,7 +107,7 @@ static void integers_of_any_size_are_values_and_steps_stay_exact(void **state) {
   metric_set_free(&set);
   /* 2^53 + 1 would be stored as 2^53 */
   assert_malformed("nas-metric {\"step\": 9007199254740993, \"a\": 1}",
-                   "\"step\" must be a non-negative integer");
+                   "\"step\" must be a whole number from 0 to 2^53 - 1 (9007199254740991)");
 }
 
 static void other_lines_are_not_metric_lines(void **state) {
@@ -150,7 +150,7 @@ static void malformed_lines_say_what_is_wrong(void **state) {
   assert_malformed("nas-metric {\"bad\xff\": 1}", "unable to decode byte");
   assert_malformed("nas-metric {\"a\": 1e999}", "malformed metric line");
   assert_malformed("nas-metric {\"step\": -1, \"a\": 1}",
-                   "\"step\" must be a non-negative integer");
+                   "\"step\" must be a whole number from 0 to 2^53 - 1 (9007199254740991)");
   assert_malformed("nas-metric {\"step\": 1.5, \"a\": 1}", "\"step\"");
   assert_malformed("nas-metric {\"step\": \"3\", \"a\": 1}", "\"step\"");
 }

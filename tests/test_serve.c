@@ -275,6 +275,10 @@ static void ask_report_complete_and_fail_drive_an_experiment_over_http(void **st
   assert_int_equal(code, 200);
   assert_true(json_is_false(json_object_get(reply, "stop")));
   json_decref(reply);
+  /* a step as a metric line's: below 2^53, with the same message */
+  expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/report",
+                "{\"metrics\": {\"loss\": 0.5}, \"step\": 9007199254740992}", NULL, 422,
+                "\"step\" must be a whole number from 0 to 2^53 - 1 (9007199254740991)");
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/0/complete", "{\"metrics\": {\"loss\": 0.25}}", NULL, 200, NULL);
   expect_status(&srv, "POST", "/api/v1/experiments/asked/trials/1/complete", "{}", NULL, 422, "has not reported objective 'loss'");
   /* refused whole: sending the full set again stores "acc" once */
@@ -309,9 +313,11 @@ static json_int_t asked_attempt(const test_server *srv) {
 }
 
 /* An asker whose trial went silent and was handed out again told it complete afterwards:
- * the trial's new attempt ended completed with the old attempt's values. The ask answers
- * each trial's attempt; a complete or fail naming one the trial no longer runs is a 409
- * naming both, and stores nothing; without one (older clients) it ends whichever runs. */
+ * the trial's new attempt ended completed with the old attempt's values (and its reports
+ * and heartbeats went into the new attempt's learning curve and kept it alive). The ask
+ * answers each trial's attempt; a report, heartbeat, complete or fail naming one the trial
+ * no longer runs is a 409 naming both, and stores nothing; without one (older clients) it
+ * tells whichever runs. */
 static void a_tell_of_an_attempt_handed_out_again_is_refused(void **state) {
   fixture *f = *state;
   test_server srv;
@@ -327,6 +333,11 @@ static void a_tell_of_an_attempt_handed_out_again_is_refused(void **state) {
   assert_int_equal(asked_attempt(&srv), 2);
   const char *trial0 = "/api/v1/experiments/silent/trials/0";
   char *complete = nas_asprintf("%s/complete", trial0), *fail = nas_asprintf("%s/fail", trial0);
+  char *report = nas_asprintf("%s/report", trial0), *heartbeat = nas_asprintf("%s/heartbeat", trial0);
+  expect_status(&srv, "POST", report, "{\"metrics\": {\"loss\": 5}, \"step\": 0, \"attempt\": 1}", NULL,
+                409, "trial 0 of 'silent' runs attempt 2, not attempt 1");
+  expect_status(&srv, "POST", heartbeat, "{\"attempt\": 1}", NULL, 409, "runs attempt 2, not attempt 1");
+  expect_status(&srv, "POST", heartbeat, "{\"attempt\": -1}", NULL, 422, "\"attempt\" must be an integer >= 1");
   expect_status(&srv, "POST", complete, "{\"metrics\": {\"loss\": 1}, \"attempt\": 1}", NULL, 409,
                 "trial 0 of 'silent' runs attempt 2, not attempt 1");
   expect_status(&srv, "POST", fail, "{\"attempt\": 1}", NULL, 409, "runs attempt 2, not attempt 1");
@@ -336,13 +347,16 @@ static void a_tell_of_an_attempt_handed_out_again_is_refused(void **state) {
   json_t *trial = get_ok(&srv, trial0);
   assert_string_equal(json_string_value(json_object_get(trial, "status")), "running");
   assert_null(json_object_get(json_object_get(trial, "metrics"), "loss")); /* nothing stored */
+  assert_true(json_is_null(json_object_get(trial, "heartbeat_at"))); /* nor kept alive */
   json_decref(trial);
+  expect_status(&srv, "POST", heartbeat, "{\"attempt\": 2}", NULL, 200, NULL);
+  expect_status(&srv, "POST", report, "{\"metrics\": {\"loss\": 3}, \"step\": 0, \"attempt\": 2}", NULL, 200, NULL);
   expect_status(&srv, "POST", complete, "{\"metrics\": {\"loss\": 2}, \"attempt\": 2}", NULL, 200, NULL);
   trial = get_ok(&srv, trial0);
   assert_string_equal(json_string_value(json_object_get(trial, "status")), "completed");
   assert_true(json_number_value(json_object_get(json_object_get(trial, "metrics"), "loss")) == 2);
   json_decref(trial);
-  free(complete), free(fail);
+  free(complete), free(fail), free(report), free(heartbeat);
   assert_int_equal(test_server_stop(&srv), 0);
 }
 

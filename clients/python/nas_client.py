@@ -447,8 +447,9 @@ class Trial:
         self.number = number
         self.params = params
         #: The attempt the ask handed out (1, 2, …; None from a server that sends none).
-        #: complete() and fail() send it: once this trial went silent and was handed out
-        #: again, they are refused (Conflict) rather than end the new attempt.
+        #: report(), heartbeat(), complete() and fail() send it: once this trial went silent
+        #: and was handed out again, they are refused (Conflict) rather than write into the
+        #: new attempt, keep it alive or end it.
         self.attempt = attempt
         #: "running", then "completed", "failed" or "stopped".
         self.status = "running"
@@ -459,22 +460,20 @@ class Trial:
         return (f"Trial({self.experiment.name!r}, number={self.number}, attempt={self.attempt}, "
                 f"params={self.params!r}, status={self.status!r})")
 
-    def _tell(self, what: str, body: dict[str, Any] | None = None) -> Any:
-        path = Client._experiment_path(self.experiment.name, "trials", self.number, what)
-        return self.experiment.client._request("POST", path, body)
-
-    def _end(self, what: str, body: dict[str, Any]) -> None:
-        """Ends this attempt of the trial (complete or fail), not one handed out since."""
+    def _tell(self, what: str, body: dict[str, Any]) -> Any:
+        """Tells this attempt of the trial, not one handed out since."""
         if self.attempt is not None:
             body["attempt"] = self.attempt
-        self._tell(what, body)
+        path = Client._experiment_path(self.experiment.name, "trials", self.number, what)
+        return self.experiment.client._request("POST", path, body)
 
     def report(self, metrics: Mapping[str, Any] | None = None, /, *, step: int | None = None,
                **named: Any) -> bool:
         """Stores metrics — intermediate ones at `step` (an epoch), final ones without — and
         counts as a heartbeat. Returns True when early stopping stopped the trial: break out
         of the loop then (the trial has ended as stopped; later reports, complete() and
-        fail() send nothing). ``report({"val/acc": 0.9}, step=3)`` takes any metric name."""
+        fail() send nothing). ``report({"val/acc": 0.9}, step=3)`` takes any metric name.
+        Conflict as complete() says."""
         if self.should_stop:
             return True
         if step is not None and (isinstance(step, bool) or not isinstance(step, int) or step < 0):
@@ -494,7 +493,7 @@ class Trial:
         if self.status == "stopped":
             return
         values = _metrics_of(metrics, named)
-        self._end("complete", {"metrics": values} if values else {})
+        self._tell("complete", {"metrics": values} if values else {})
         self.status = "completed"
 
     def fail(self, message: str = "") -> None:
@@ -502,13 +501,14 @@ class Trial:
         complete() says."""
         if self.status == "stopped":
             return
-        self._end("fail", {"error": message} if message else {})
+        self._tell("fail", {"error": message} if message else {})
         self.status = "failed"
 
     def heartbeat(self) -> None:
         """A sign of life for a long step without reports: a handed-out trial silent for
-        longer than the spec's trial.heartbeat_timeout (default 10 minutes) is taken back."""
-        self._tell("heartbeat")
+        longer than the spec's trial.heartbeat_timeout (default 10 minutes) is taken back;
+        Conflict as complete() says."""
+        self._tell("heartbeat", {})
 
     def __enter__(self) -> Trial:
         return self

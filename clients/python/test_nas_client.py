@@ -141,6 +141,10 @@ class AskAndTellTest(LiveServerTest):
         new, = exp.ask()
         self.assertEqual((old.number, old.attempt, new.number, new.attempt), (0, 1, 0, 2))
         with self.assertRaisesRegex(Conflict, "runs attempt 2, not attempt 1"):
+            old.report(loss=5, step=0)
+        with self.assertRaisesRegex(Conflict, "runs attempt 2, not attempt 1"):
+            old.heartbeat()
+        with self.assertRaisesRegex(Conflict, "runs attempt 2, not attempt 1"):
             old.complete(loss=1)
         with self.assertRaisesRegex(Conflict, "runs attempt 2, not attempt 1"):
             old.fail("too late")
