@@ -44,30 +44,20 @@ static void tell_events_begin(sched *sc, storage *st, const spec *s, const exper
 }
 
 /* Whether every trial the budget allows exists and has ended, as a run ends with its
- * budget spent (SCHED_FINISHED); counts them into sc for experiment_finished. */
-static bool budget_spent_and_ended(sched *sc, const trial_row *trials, size_t n) {
+ * budget spent (SCHED_FINISHED), by the experiment's trials as they are since the tell;
+ * counts them into sc for experiment_finished. Storage counts them: every tell asks, and
+ * the trials' rows are not needed. */
+static int budget_spent_now(sched *sc, bool *spent, nas_err *err) {
+  int64_t by_status[TRIAL_STATUS_COUNT];
+  if (storage_trial_counts(sc->st, sc->exp->id, by_status, err) != NAS_OK) return NAS_ERR;
   memset(&sc->counts, 0, sizeof sc->counts);
   bool ended = true;
-  for (size_t t = 0; t < n; t++) {
-    sched_count(sc, TRIAL_STATUS_COUNT, trials[t].status);
-    ended &= trial_status_final(trials[t].status);
+  for (int status = 0; status < TRIAL_STATUS_COUNT; status++) {
+    sc->counts.by_status[status] = (int)by_status[status];
+    sc->counts.total += (int)by_status[status];
+    ended &= by_status[status] == 0 || trial_status_final((trial_status)status);
   }
-  return ended && sc->counts.total >= sc->s->budget.max_trials;
-}
-
-/* Whether the experiment's trials, as they are since the tell, leave its budget spent and
- * ended: those of the results events.c loaded for the tell's webhooks, else the trials
- * alone, since every tell asks and the results would read every metric too. */
-static int budget_spent_now(sched *sc, bool *spent, nas_err *err) {
-  if (sc->results_fresh) {
-    *spent = budget_spent_and_ended(sc, sc->results.trials, sc->results.n_trials);
-    return NAS_OK;
-  }
-  trial_row *trials = NULL;
-  size_t n = 0;
-  if (storage_trial_list(sc->st, sc->exp->id, &trials, &n, err) != NAS_OK) return NAS_ERR;
-  *spent = budget_spent_and_ended(sc, trials, n);
-  trial_rows_free(trials, n);
+  *spent = ended && sc->counts.total >= sc->s->budget.max_trials;
   return NAS_OK;
 }
 
