@@ -121,10 +121,15 @@ static int expire_silent(storage *st, const spec *s, const experiment_row *exp, 
   return rc;
 }
 
-/* How many more trials the budget allows, queued ones aside. */
-static size_t budget_left(const spec *s, const sched_results *r) {
-  long left = (long)s->budget.max_trials - (long)r->n_trials;
-  return left > 0 ? (size_t)left : 0;
+/* How many more trials the budget allows, queued ones aside; counted by storage, so that
+ * an ask of an experiment whose budget is spent reads no trial. */
+static int budget_left(storage *st, const spec *s, const experiment_row *exp, size_t *left,
+                       nas_err *err) {
+  int64_t by_status[TRIAL_STATUS_COUNT], total = 0;
+  if (storage_trial_counts(st, exp->id, by_status, err) != NAS_OK) return NAS_ERR;
+  for (int status = 0; status < TRIAL_STATUS_COUNT; status++) total += by_status[status];
+  *left = total < s->budget.max_trials ? (size_t)(s->budget.max_trials - total) : 0;
+  return NAS_OK;
 }
 
 /* Suggests up to `wanted` new trials, no more than the budget leaves, and starts them for
@@ -132,16 +137,18 @@ static size_t budget_left(const spec *s, const sched_results *r) {
  * fresh assignments than that. */
 static int suggest_fresh(storage *st, const spec *s, const experiment_row *exp, size_t wanted,
                          const char *worker, trial_row *out, size_t *n_out, nas_err *err) {
+  size_t left;
+  if (budget_left(st, s, exp, &left, err) != NAS_OK) return NAS_ERR;
+  size_t fresh = wanted < left ? wanted : left;
+  if (fresh == 0) return NAS_OK;
   sched_results r;
   if (sched_results_load(st, s, exp->id, &r, err) != NAS_OK) return NAS_ERR;
-  size_t left = budget_left(s, &r), fresh = wanted < left ? wanted : left;
   optimizer *opt = NULL;
   trial_row *made = NULL;
   sched_imported imported = {0};
-  int rc = fresh == 0 ? NAS_OK : optimizer_create(s, &opt, err);
-  if (rc == NAS_OK && fresh > 0) rc = sched_imported_load(st, s, &imported, err);
-  if (rc == NAS_OK && fresh > 0)
-    rc = sched_suggest(st, s, exp, opt, &r, &imported, fresh, &made, err);
+  int rc = optimizer_create(s, &opt, err);
+  if (rc == NAS_OK) rc = sched_imported_load(st, s, &imported, err);
+  if (rc == NAS_OK) rc = sched_suggest(st, s, exp, opt, &r, &imported, fresh, &made, err);
   sched_imported_free(&imported);
   for (size_t i = 0; rc == NAS_OK && i < fresh; i++) {
     rc = storage_trial_start(st, made[i].id, worker, err);
