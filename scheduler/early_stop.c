@@ -242,6 +242,7 @@ int sched_curve_set_load(storage *st, const spec *s, int64_t experiment_id,
   if (!out->reported) return nas_errf(err, "out of memory");
   int rc = curves_load(st, s, experiment_id, &out->curves, &out->n, out->reported, err);
   if (rc != NAS_OK) sched_curve_set_free(out);
+  out->room = out->n;
   return rc;
 }
 
@@ -260,12 +261,16 @@ static int curve_place(sched_curve_set *set, sched_curve *c, nas_err *err) {
     curve_clear(c);
     return NAS_OK;
   }
-  sched_curve *grown = realloc(set->curves, (set->n + 1) * sizeof *grown);
-  if (!grown) {
-    curve_clear(c);
-    return nas_errf(err, "out of memory");
+  if (set->n == set->room) { /* doubled, so that adding the trials one by one stays linear */
+    size_t room = set->room ? 2 * set->room : 16;
+    sched_curve *grown = realloc(set->curves, room * sizeof *grown);
+    if (!grown) {
+      curve_clear(c);
+      return nas_errf(err, "out of memory");
+    }
+    set->curves = grown;
+    set->room = room;
   }
-  set->curves = grown;
   set->curves[set->n++] = *c;
   return NAS_OK;
 }

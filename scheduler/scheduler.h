@@ -429,7 +429,7 @@ void sched_curves_free(sched_curve *curves, size_t n);
  * report then costs that trial's observations, not the experiment's. */
 typedef struct {
   sched_curve *curves; /* owned: as sched_curves_load gives them, in any order */
-  size_t n;
+  size_t n, room;      /* curves held, and allocated */
   bool *reported;      /* owned: per judged objective, whether some curve reports it */
 } sched_curve_set;
 
