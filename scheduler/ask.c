@@ -44,30 +44,20 @@ static void tell_events_begin(sched *sc, storage *st, const spec *s, const exper
 }
 
 /* Whether every trial the budget allows exists and has ended, as a run ends with its
- * budget spent (SCHED_FINISHED); counts them into sc for experiment_finished. */
-static bool budget_spent_and_ended(sched *sc, const trial_row *trials, size_t n) {
+ * budget spent (SCHED_FINISHED), by the experiment's trials as they are since the tell;
+ * counts them into sc for experiment_finished. Storage counts them: every tell asks, and
+ * the trials' rows are not needed. */
+static int budget_spent_now(sched *sc, bool *spent, nas_err *err) {
+  int64_t by_status[TRIAL_STATUS_COUNT];
+  if (storage_trial_counts(sc->st, sc->exp->id, by_status, err) != NAS_OK) return NAS_ERR;
   memset(&sc->counts, 0, sizeof sc->counts);
   bool ended = true;
-  for (size_t t = 0; t < n; t++) {
-    sched_count(sc, TRIAL_STATUS_COUNT, trials[t].status);
-    ended &= trial_status_final(trials[t].status);
+  for (int status = 0; status < TRIAL_STATUS_COUNT; status++) {
+    sc->counts.by_status[status] = (int)by_status[status];
+    sc->counts.total += (int)by_status[status];
+    ended &= by_status[status] == 0 || trial_status_final((trial_status)status);
   }
-  return ended && sc->counts.total >= sc->s->budget.max_trials;
-}
-
-/* Whether the experiment's trials, as they are since the tell, leave its budget spent and
- * ended: those of the results events.c loaded for the tell's webhooks, else the trials
- * alone, since every tell asks and the results would read every metric too. */
-static int budget_spent_now(sched *sc, bool *spent, nas_err *err) {
-  if (sc->results_fresh) {
-    *spent = budget_spent_and_ended(sc, sc->results.trials, sc->results.n_trials);
-    return NAS_OK;
-  }
-  trial_row *trials = NULL;
-  size_t n = 0;
-  if (storage_trial_list(sc->st, sc->exp->id, &trials, &n, err) != NAS_OK) return NAS_ERR;
-  *spent = budget_spent_and_ended(sc, trials, n);
-  trial_rows_free(trials, n);
+  *spent = ended && sc->counts.total >= sc->s->budget.max_trials;
   return NAS_OK;
 }
 
@@ -131,10 +121,15 @@ static int expire_silent(storage *st, const spec *s, const experiment_row *exp, 
   return rc;
 }
 
-/* How many more trials the budget allows, queued ones aside. */
-static size_t budget_left(const spec *s, const sched_results *r) {
-  long left = (long)s->budget.max_trials - (long)r->n_trials;
-  return left > 0 ? (size_t)left : 0;
+/* How many more trials the budget allows, queued ones aside; counted by storage, so that
+ * an ask of an experiment whose budget is spent reads no trial. */
+static int budget_left(storage *st, const spec *s, const experiment_row *exp, size_t *left,
+                       nas_err *err) {
+  int64_t by_status[TRIAL_STATUS_COUNT], total = 0;
+  if (storage_trial_counts(st, exp->id, by_status, err) != NAS_OK) return NAS_ERR;
+  for (int status = 0; status < TRIAL_STATUS_COUNT; status++) total += by_status[status];
+  *left = total < s->budget.max_trials ? (size_t)(s->budget.max_trials - total) : 0;
+  return NAS_OK;
 }
 
 /* Suggests up to `wanted` new trials, no more than the budget leaves, and starts them for
@@ -142,16 +137,18 @@ static size_t budget_left(const spec *s, const sched_results *r) {
  * fresh assignments than that. */
 static int suggest_fresh(storage *st, const spec *s, const experiment_row *exp, size_t wanted,
                          const char *worker, trial_row *out, size_t *n_out, nas_err *err) {
+  size_t left;
+  if (budget_left(st, s, exp, &left, err) != NAS_OK) return NAS_ERR;
+  size_t fresh = wanted < left ? wanted : left;
+  if (fresh == 0) return NAS_OK;
   sched_results r;
   if (sched_results_load(st, s, exp->id, &r, err) != NAS_OK) return NAS_ERR;
-  size_t left = budget_left(s, &r), fresh = wanted < left ? wanted : left;
   optimizer *opt = NULL;
   trial_row *made = NULL;
   sched_imported imported = {0};
-  int rc = fresh == 0 ? NAS_OK : optimizer_create(s, &opt, err);
-  if (rc == NAS_OK && fresh > 0) rc = sched_imported_load(st, s, &imported, err);
-  if (rc == NAS_OK && fresh > 0)
-    rc = sched_suggest(st, s, exp, opt, &r, &imported, fresh, &made, err);
+  int rc = optimizer_create(s, &opt, err);
+  if (rc == NAS_OK) rc = sched_imported_load(st, s, &imported, err);
+  if (rc == NAS_OK) rc = sched_suggest(st, s, exp, opt, &r, &imported, fresh, &made, err);
   sched_imported_free(&imported);
   for (size_t i = 0; rc == NAS_OK && i < fresh; i++) {
     rc = storage_trial_start(st, made[i].id, worker, err);

@@ -149,31 +149,58 @@ static int build_curve(const spec *s, const metric_row *rows, size_t from, size_
   return NAS_OK;
 }
 
-/* Makes each judged objective that no curve reports 0 everywhere (see sched_curve). */
-static void unreported_left_out(sched_curve *curves, size_t n, size_t m) {
+/* Whether curve c reports judged objective j (of m) at some step. */
+static bool curve_reports(const sched_curve *c, size_t j, size_t m) {
+  for (size_t k = 0; k < c->n_steps; k++)
+    if (!isnan(c->values[k * m + j])) return true;
+  return false;
+}
+
+static void curve_left_out(sched_curve *c, size_t j, size_t m) {
+  for (size_t k = 0; k < c->n_steps; k++) c->values[k * m + j] = 0;
+}
+
+/* Makes each judged objective that no curve reports 0 everywhere (see sched_curve);
+ * reported[j] (NULL: not wanted) says whether some curve reports objective j. */
+static void unreported_left_out(sched_curve *curves, size_t n, size_t m, bool *reported) {
   for (size_t j = 0; j < m; j++) {
-    bool reported = false;
-    for (size_t i = 0; i < n && !reported; i++)
-      for (size_t k = 0; k < curves[i].n_steps && !reported; k++)
-        reported = !isnan(curves[i].values[k * m + j]);
-    for (size_t i = 0; i < n && !reported; i++)
-      for (size_t k = 0; k < curves[i].n_steps; k++) curves[i].values[k * m + j] = 0;
+    bool some = false;
+    for (size_t i = 0; i < n && !some; i++) some = curve_reports(&curves[i], j, m);
+    for (size_t i = 0; i < n && !some; i++) curve_left_out(&curves[i], j, m);
+    if (reported) reported[j] = some;
   }
 }
 
-int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_curve **out,
-                      size_t *n, nas_err *err) {
-  metric_row *rows;
-  size_t n_rows, kept = 0;
-  *out = NULL;
-  *n = 0;
-  if (storage_metrics_list(st, experiment_id, &rows, &n_rows, err) != NAS_OK) return NAS_ERR;
-  for (size_t i = 0; i < n_rows; i++) /* keep judged intermediate rows, in order */
+static void curve_clear(sched_curve *c) {
+  free(c->steps);
+  free(c->values);
+  c->steps = NULL;
+  c->values = NULL;
+  c->n_steps = 0;
+}
+
+/* Moves the judged intermediate rows of rows[0..n) to its front, in order; their count. */
+static size_t judged_rows_first(const spec *s, metric_row *rows, size_t n) {
+  size_t kept = 0;
+  for (size_t i = 0; i < n; i++)
     if (rows[i].step != METRIC_FINAL && judged_index(s, rows[i].name) >= 0) {
       metric_row tmp = rows[kept];
       rows[kept++] = rows[i];
       rows[i] = tmp;
     }
+  return kept;
+}
+
+/* sched_curves_load, and reported[j] (NULL: not wanted) whether any curve reports
+ * judged objective j. */
+static int curves_load(storage *st, const spec *s, int64_t experiment_id, sched_curve **out,
+                       size_t *n, bool *reported, nas_err *err) {
+  metric_row *rows;
+  size_t n_rows;
+  *out = NULL;
+  *n = 0;
+  if (storage_metrics_list(st, experiment_id, &rows, &n_rows, err) != NAS_OK) return NAS_ERR;
+  size_t kept = judged_rows_first(s, rows, n_rows);
   sched_curve *curves = calloc(kept ? kept : 1, sizeof *curves);
   int rc = curves ? NAS_OK : nas_errf(err, "out of memory");
   size_t count = 0;
@@ -190,16 +217,97 @@ int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_c
     sched_curves_free(curves, count);
     return rc;
   }
-  unreported_left_out(curves, count, s->early_stopping.n_objectives);
+  unreported_left_out(curves, count, s->early_stopping.n_objectives, reported);
   *out = curves;
   *n = count;
   return NAS_OK;
 }
 
+int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_curve **out,
+                      size_t *n, nas_err *err) {
+  return curves_load(st, s, experiment_id, out, n, NULL, err);
+}
+
 void sched_curves_free(sched_curve *curves, size_t n) {
-  for (size_t i = 0; curves && i < n; i++) {
-    free(curves[i].steps);
-    free(curves[i].values);
-  }
+  for (size_t i = 0; curves && i < n; i++) curve_clear(&curves[i]);
   free(curves);
+}
+
+/* ---- curves kept one trial at a time ---------------------------------------------------- */
+
+int sched_curve_set_load(storage *st, const spec *s, int64_t experiment_id,
+                         sched_curve_set *out, nas_err *err) {
+  memset(out, 0, sizeof *out);
+  out->reported = calloc(s->early_stopping.n_objectives + 1, sizeof *out->reported);
+  if (!out->reported) return nas_errf(err, "out of memory");
+  int rc = curves_load(st, s, experiment_id, &out->curves, &out->n, out->reported, err);
+  if (rc != NAS_OK) sched_curve_set_free(out);
+  out->room = out->n;
+  return rc;
+}
+
+/* Puts curve c (owned) in trial_id's place in set, or adds it; one without steps only
+ * frees what the trial had, as a load keeps no curve for a trial without values. */
+static int curve_place(sched_curve_set *set, sched_curve *c, nas_err *err) {
+  size_t at = 0;
+  while (at < set->n && set->curves[at].trial_id != c->trial_id) at++;
+  if (at < set->n) {
+    curve_clear(&set->curves[at]);
+    set->curves[at] = *c;
+    if (c->n_steps == 0) set->curves[at] = set->curves[--set->n]; /* order decides nothing */
+    return NAS_OK;
+  }
+  if (c->n_steps == 0) {
+    curve_clear(c);
+    return NAS_OK;
+  }
+  if (set->n == set->room) { /* doubled, so that adding the trials one by one stays linear */
+    size_t room = set->room ? 2 * set->room : 16;
+    sched_curve *grown = realloc(set->curves, room * sizeof *grown);
+    if (!grown) {
+      curve_clear(c);
+      return nas_errf(err, "out of memory");
+    }
+    set->curves = grown;
+    set->room = room;
+  }
+  set->curves[set->n++] = *c;
+  return NAS_OK;
+}
+
+/* Whether curve c reports an objective no curve of set but its own trial's reported: the
+ * others then hold 0 where a load would give their values, and only a load can tell. */
+static bool reports_new_objective(const sched_curve_set *set, const sched_curve *c, size_t m) {
+  bool others = false;
+  for (size_t i = 0; i < set->n && !others; i++) others = set->curves[i].trial_id != c->trial_id;
+  for (size_t j = 0; others && j < m; j++)
+    if (!set->reported[j] && curve_reports(c, j, m)) return true;
+  return false;
+}
+
+int sched_curve_set_put(const spec *s, sched_curve_set *set, int64_t trial_id,
+                        metric_row *rows, size_t n_rows, bool *stale, nas_err *err) {
+  size_t m = s->early_stopping.n_objectives, kept = judged_rows_first(s, rows, n_rows);
+  sched_curve c = {.trial_id = trial_id};
+  *stale = false;
+  if (kept > 0 && build_curve(s, rows, 0, kept, &c) != NAS_OK) {
+    curve_clear(&c);
+    return nas_errf(err, "out of memory");
+  }
+  if (reports_new_objective(set, &c, m)) {
+    curve_clear(&c);
+    *stale = true;
+    return NAS_OK;
+  }
+  for (size_t j = 0; j < m; j++) {
+    set->reported[j] |= curve_reports(&c, j, m);
+    if (!set->reported[j]) curve_left_out(&c, j, m);
+  }
+  return curve_place(set, &c, err);
+}
+
+void sched_curve_set_free(sched_curve_set *set) {
+  sched_curves_free(set->curves, set->n);
+  free(set->reported);
+  memset(set, 0, sizeof *set);
 }

@@ -77,6 +77,8 @@ typedef struct {
   bool early_futile_said;     /* the warning that early stopping can never fire was shown */
   sched_results results;      /* owned: the results view as last loaded */
   bool results_fresh;         /* results match storage (statuses kept current in place) */
+  sched_curve_set curves;     /* owned: early stopping's curves as last brought up to date */
+  bool curves_fresh;          /* curves match storage but for the running trials' news */
   double deadline;            /* monotonic seconds; 0 = none */
   double started;             /* monotonic seconds when this run began */
   sigset_t waited;            /* signals the loop blocks and waits on */

@@ -373,6 +373,23 @@ static void left_running_say(const sched *sc) {
           one ? "it" : "they");
 }
 
+/* Brings trial_id's curve in the loop's set up to date from its own observations; what
+ * the set cannot take this way is loaded with the rest at the next check. */
+static void curves_refresh(sched *sc, int64_t trial_id) {
+  if (!sc->curves_fresh) return;
+  metric_row *rows;
+  size_t n;
+  bool stale = false;
+  nas_err err;
+  if (storage_metrics_of_trial(sc->st, trial_id, &rows, &n, &err) != NAS_OK) {
+    sc->curves_fresh = false;
+    return;
+  }
+  if (sched_curve_set_put(sc->s, &sc->curves, trial_id, rows, n, &stale, &err) != NAS_OK || stale)
+    sc->curves_fresh = false;
+  metric_rows_free(rows, n);
+}
+
 static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   inflight *job = &sc->jobs[i];
   trial_status status;
@@ -389,6 +406,7 @@ static int finish_job(sched *sc, size_t i, const job_status *js, nas_err *err) {
   if (status == TRIAL_STOPPED && job->stop == STOP_REQUESTED) note_cut_short(sc, job->row.number);
   job->row.status = status;
   sched_results_refresh(sc, &job->row);
+  curves_refresh(sc, job->row.id);
   sched_progress_event(sc, &job->row, why);
   sched_events_trial_end(sc, &job->row, why);
   rc = status == TRIAL_QUEUED ? sched_enqueue(sc, &job->row, err) : NAS_OK;
@@ -470,11 +488,22 @@ static void early_futile_check_curves(sched *sc, size_t n_curves) {
   early_futile_say(sc, why);
 }
 
+/* Every trial's curve as storage holds it: loaded once, then only the running trials'
+ * read again (an ended trial's curve was brought up to date as it ended). */
+static int curves_now(sched *sc, nas_err *err) {
+  for (size_t i = 0; sc->curves_fresh && i < sc->n_jobs; i++) curves_refresh(sc, sc->jobs[i].row.id);
+  if (sc->curves_fresh) return NAS_OK;
+  sched_curve_set_free(&sc->curves);
+  if (sched_curve_set_load(sc->st, sc->s, sc->exp->id, &sc->curves, err) != NAS_OK) return NAS_ERR;
+  sc->curves_fresh = true;
+  return NAS_OK;
+}
+
 /* Applies the early-stopping rule to every running trial. */
 static int check_early_stopping(sched *sc, nas_err *err) {
-  sched_curve *curves;
-  size_t n;
-  if (sched_curves_load(sc->st, sc->s, sc->exp->id, &curves, &n, err) != NAS_OK) return NAS_ERR;
+  if (curves_now(sc, err) != NAS_OK) return NAS_ERR;
+  const sched_curve *curves = sc->curves.curves;
+  size_t n = sc->curves.n;
   early_futile_check_curves(sc, n);
   for (size_t i = 0; i < sc->n_jobs; i++) {
     inflight *job = &sc->jobs[i];
@@ -487,7 +516,6 @@ static int check_early_stopping(sched *sc, nas_err *err) {
                nas_asprintf("stopped early at step %lld: %zu of the %zu trials there did better",
                             (long long)v.step, v.better, v.compared));
   }
-  sched_curves_free(curves, n);
   return NAS_OK;
 }
 
@@ -808,6 +836,7 @@ static void sched_free(sched *sc) {
   for (size_t i = 0; i < sc->n_jobs; i++) inflight_clear(&sc->jobs[i]);
   free(sc->jobs);
   sched_results_free(&sc->results);
+  sched_curve_set_free(&sc->curves);
   sched_imported_free(&sc->imported);
   trial_rows_free(sc->queued, sc->n_queued);
   optimizer_free(sc->opt_model);

@@ -428,6 +428,24 @@ int sched_curves_load(storage *st, const spec *s, int64_t experiment_id, sched_c
                       size_t *n, nas_err *err);
 void sched_curves_free(sched_curve *curves, size_t n);
 
+/* Curves kept up to date one trial at a time, as the loop judges its running trials: a
+ * report then costs that trial's observations, not the experiment's. */
+typedef struct {
+  sched_curve *curves; /* owned: as sched_curves_load gives them, in any order */
+  size_t n, room;      /* curves held, and allocated */
+  bool *reported;      /* owned: per judged objective, whether some curve reports it */
+} sched_curve_set;
+
+int sched_curve_set_load(storage *st, const spec *s, int64_t experiment_id,
+                         sched_curve_set *out, nas_err *err);
+/* Replaces trial_id's curve in set by one built from rows (all its observations, in
+ * storage's order; reordered), as a fresh load would give it. *stale: the trial reports a
+ * judged objective no other trial reported, which the others' curves left out (see
+ * sched_curve), so set is unchanged and only a load brings it up to date. */
+int sched_curve_set_put(const spec *s, sched_curve_set *set, int64_t trial_id,
+                        metric_row *rows, size_t n_rows, bool *stale, nas_err *err);
+void sched_curve_set_free(sched_curve_set *set);
+
 typedef struct {
   bool stop;          /* the trial should stop */
   int64_t step;       /* the step it was judged at */

@@ -72,6 +72,8 @@ typedef struct storage_backend {
                     nas_err *err);
   int (*trial_list)(void *conn, int64_t experiment_id, trial_row **out, size_t *n,
                     nas_err *err);
+  /* by_status[s] (zeroed by the caller) gets how many of its trials have status s. */
+  int (*trial_counts)(void *conn, int64_t experiment_id, int64_t *by_status, nas_err *err);
 
   /* obs[0..n-1] are valid (names non-empty, steps >= 0 or METRIC_FINAL). */
   int (*metrics_add)(void *conn, int64_t trial_id, const metric_obs *obs, size_t n,

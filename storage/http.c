@@ -542,6 +542,20 @@ static int http_trial_list(void *conn, int64_t experiment_id, trial_row **out, s
                    &rows_json_trial, (void **)out, n, err);
 }
 
+static int http_trial_counts(void *conn, int64_t experiment_id, int64_t *by_status,
+                             nas_err *err) {
+  json_t *reply = NULL;
+  int rc = call(conn, "trial_counts",
+                json_pack("{s:I}", "experiment_id", (json_int_t)experiment_id), &reply, err);
+  if (rc != NAS_OK) return rc;
+  rows_json_reader counts = {.obj = json_object_get(reply, "counts"), .err = err};
+  if (!json_is_object(counts.obj)) counts.rc = nas_errf(err, "the answer has no 'counts' object");
+  for (int s = 0; s < TRIAL_STATUS_COUNT; s++)
+    rows_json_int(&counts, trial_status_name((trial_status)s), &by_status[s]);
+  json_decref(reply);
+  return counts.rc;
+}
+
 /* ---- metrics ------------------------------------------------------------------------------- */
 
 static int http_metrics_add(void *conn, int64_t trial_id, const metric_obs *obs, size_t n,
@@ -646,6 +660,7 @@ const storage_backend storage_http_backend = {
     .trial_get = http_trial_get,
     .trial_find = http_trial_find,
     .trial_list = http_trial_list,
+    .trial_counts = http_trial_counts,
     .metrics_add = http_metrics_add,
     .metrics_list = http_metrics_list,
     .metrics_of_trial = http_metrics_of_trial,

@@ -1030,6 +1030,40 @@ static int postgres_trial_list(void *conn, int64_t experiment_id, trial_row **ou
   return rc;
 }
 
+/* One status's count of trials, as trial_counts reads it. */
+typedef struct {
+  trial_status status;
+  int64_t n;
+} status_count;
+
+static int status_count_read(const PGresult *res, int row, void *out, nas_err *err) {
+  status_count *sc = out;
+  const char *name = PQgetvalue(res, row, 0);
+  if (trial_status_parse(name, &sc->status) != NAS_OK)
+    return nas_errf(err, "a trial has unknown status '%s'", name);
+  sc->n = pg_int(res, row, 1);
+  return NAS_OK;
+}
+
+static void status_count_clear(void *row) { (void)row; }
+
+static const row_kind status_count_kind = {sizeof(status_count), status_count_read,
+                                           status_count_clear};
+
+static int postgres_trial_counts(void *conn, int64_t experiment_id, int64_t *by_status,
+                                 nas_err *err) {
+  void *rows = NULL;
+  size_t n = 0;
+  int rc = query_rows(conn, &status_count_kind, &rows, &n, err,
+                      "SELECT status, count(*) FROM trials WHERE experiment_id = $1"
+                      " GROUP BY status",
+                      "i", experiment_id);
+  const status_count *counts = rows;
+  for (size_t i = 0; rc == NAS_OK && i < n; i++) by_status[counts[i].status] = counts[i].n;
+  rows_free(&status_count_kind, rows, n);
+  return rc;
+}
+
 /* ---- metrics ------------------------------------------------------------------------------ */
 
 /* Appends text to a PostgreSQL array literal as a quoted element. */
@@ -1240,6 +1274,7 @@ const storage_backend storage_postgres_backend = {
     .trial_promote = postgres_trial_promote,
     .trial_get = postgres_trial_get,
     .trial_find = postgres_trial_find,
+    .trial_counts = postgres_trial_counts,
     .trial_list = postgres_trial_list,
     .metrics_add = postgres_metrics_add,
     .metrics_list = postgres_metrics_list,

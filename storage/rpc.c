@@ -270,6 +270,22 @@ static int trial_find_run(storage *st, rows_json_reader *a, json_t *out, nas_err
   return rc == NAS_OK ? put_row(out, "trial", &rows_json_trial, &t, err) : rc;
 }
 
+static int trial_counts_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
+  int64_t experiment_id, by_status[TRIAL_STATUS_COUNT];
+  rows_json_int(a, "experiment_id", &experiment_id);
+  int rc = a->rc != NAS_OK ? a->rc : storage_trial_counts(st, experiment_id, by_status, err);
+  json_t *counts = rc == NAS_OK ? json_object() : NULL;
+  for (int s = 0; counts && s < TRIAL_STATUS_COUNT; s++)
+    if (json_object_set_new(counts, trial_status_name((trial_status)s),
+                            json_integer((json_int_t)by_status[s])) != 0) {
+      json_decref(counts);
+      counts = NULL;
+    }
+  if (rc == NAS_OK && (!counts || json_object_set_new(out, "counts", counts) != 0))
+    rc = nas_errf(err, "out of memory");
+  return rc;
+}
+
 static int trial_list_run(storage *st, rows_json_reader *a, json_t *out, nas_err *err) {
   int64_t experiment_id;
   rows_json_int(a, "experiment_id", &experiment_id);
@@ -388,6 +404,7 @@ static const storage_rpc_op ops[] = {
     {"trial_get", false, false, REPLAY_NOTHING, trial_get_run},
     {"trial_find", false, false, REPLAY_NOTHING, trial_find_run},
     {"trial_list", false, false, REPLAY_NOTHING, trial_list_run},
+    {"trial_counts", false, false, REPLAY_NOTHING, trial_counts_run},
     {"metrics_add", true, true, REPLAY_NOTHING, metrics_add_run},
     {"metrics_list", false, false, REPLAY_NOTHING, metrics_list_run},
     {"metrics_of_trial", false, false, REPLAY_NOTHING, metrics_of_trial_run},

@@ -1136,6 +1136,27 @@ static int sqlite_trial_list(void *conn, int64_t experiment_id, trial_row **out,
   return rc;
 }
 
+static int sqlite_trial_counts(void *conn, int64_t experiment_id, int64_t *by_status,
+                               nas_err *err) {
+  const sqlite_conn *c = conn;
+  sqlite3_stmt *s = NULL;
+  int rc = stmt_open(c, &s, err,
+                     "SELECT status, count(*) FROM trials WHERE experiment_id = ? GROUP BY status",
+                     "i", experiment_id);
+  if (rc != NAS_OK) return rc;
+  while ((rc = stmt_step(c, s, err)) == 1) {
+    const char *name = (const char *)sqlite3_column_text(s, 0);
+    trial_status status;
+    if (trial_status_parse(name, &status) != NAS_OK) {
+      rc = nas_errf(err, "a trial has unknown status '%s'", name ? name : "(null)");
+      break;
+    }
+    by_status[status] = sqlite3_column_int64(s, 1);
+  }
+  stmt_close(c, s);
+  return rc < 0 ? rc : NAS_OK;
+}
+
 /* ---- metrics ------------------------------------------------------------------------------ */
 
 static int metrics_insert(const sqlite_conn *c, int64_t trial_id, const metric_obs *obs,
@@ -1345,6 +1366,7 @@ const storage_backend storage_sqlite_backend = {
     .trial_promote = sqlite_trial_promote,
     .trial_get = sqlite_trial_get,
     .trial_find = sqlite_trial_find,
+    .trial_counts = sqlite_trial_counts,
     .trial_list = sqlite_trial_list,
     .metrics_add = sqlite_metrics_add,
     .metrics_list = sqlite_metrics_list,

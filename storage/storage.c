@@ -727,6 +727,13 @@ int storage_trial_find(storage *st, int64_t experiment_id, int number, trial_row
                     "get trial %d of experiment %" PRId64, number, experiment_id);
 }
 
+int storage_trial_counts(storage *st, int64_t experiment_id,
+                         int64_t by_status[TRIAL_STATUS_COUNT], nas_err *err) {
+  memset(by_status, 0, TRIAL_STATUS_COUNT * sizeof *by_status);
+  return in_context(st, st->backend->trial_counts(st->conn, experiment_id, by_status, err), err,
+                    "count the trials of experiment %" PRId64, experiment_id);
+}
+
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
                        nas_err *err) {
   return in_context(st, st->backend->trial_list(st->conn, experiment_id, out, n, err), err,

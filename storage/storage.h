@@ -227,6 +227,10 @@ int storage_trial_find(storage *st, int64_t experiment_id, int number, trial_row
 /* All trials of an experiment ordered by number. */
 int storage_trial_list(storage *st, int64_t experiment_id, trial_row **out, size_t *n,
                        nas_err *err);
+/* How many trials of an experiment have each status, counted by storage (for a budget
+ * that needs no trial's row). */
+int storage_trial_counts(storage *st, int64_t experiment_id,
+                         int64_t by_status[TRIAL_STATUS_COUNT], nas_err *err);
 void trial_row_clear(trial_row *row);
 void trial_rows_free(trial_row *rows, size_t n);
 

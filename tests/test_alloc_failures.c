@@ -659,6 +659,29 @@ static int curves_load_op(void *ctx, nas_err *err) {
   return NAS_OK;
 }
 
+/* The loop's curves: loaded, then one trial's put back from its own observations. */
+static int curve_set_op(void *ctx, nas_err *err) {
+  sched_ctx *c = ctx;
+  sched_curve_set set;
+  int rc = sched_curve_set_load(c->store.st, c->s, c->store.exp_id, &set, err);
+  if (rc != NAS_OK) return rc;
+  if (set.n == 0) fail_msg("sched_curve_set_load read no curve");
+  int64_t trial_id = set.curves[0].trial_id;
+  metric_row *rows = NULL;
+  size_t n_rows = 0;
+  bool stale = false;
+  rc = storage_metrics_of_trial(c->store.st, trial_id, &rows, &n_rows, err);
+  if (rc == NAS_OK) {
+    rc = sched_curve_set_put(c->s, &set, trial_id, rows, n_rows, &stale, err);
+    metric_rows_free(rows, n_rows);
+  }
+  size_t n = set.n;
+  sched_curve_set_free(&set);
+  if (rc == NAS_OK && (stale || n != c->n_curves))
+    fail_msg("the curve set holds %zu curves%s, not %zu", n, stale ? " (stale)" : "", c->n_curves);
+  return rc;
+}
+
 static void results_and_curves_load_fail_cleanly(void **state) {
   (void)state;
   sched_ctx c;
@@ -669,6 +692,9 @@ static void results_and_curves_load_fail_cleanly(void **state) {
   failalloc_case curves = {.name = "sched_curves_load", .ctx = &c, .before = sched_before,
                            .op = curves_load_op, .after = sched_after, .max_runs = RUNS_STORAGE};
   failalloc_run(&curves, NULL);
+  failalloc_case set = {.name = "sched_curve_set_put", .ctx = &c, .before = sched_before,
+                        .op = curve_set_op, .after = sched_after, .max_runs = RUNS_STORAGE};
+  failalloc_run(&set, NULL);
   sched_destroy(&c);
 }
 

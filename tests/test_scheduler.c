@@ -259,6 +259,82 @@ static void final_only_objective_leaves_early_stopping_to_the_others(void **stat
   spec_free(s);
 }
 
+/* Asserts that every curve of a fresh load judges the same against the curves kept. */
+static void assert_same_verdicts(const spec *s, const sched_curve_set *kept,
+                                 const sched_curve *fresh, size_t n) {
+  assert_int_equal(kept->n, n);
+  for (size_t i = 0; i < n; i++) {
+    size_t k = 0, rung_fresh = 0, rung_kept = 0;
+    while (k < kept->n && kept->curves[k].trial_id != fresh[i].trial_id) k++;
+    assert_true(k < kept->n);
+    sched_verdict a, b;
+    sched_early_stop_judge(s, fresh, n, i, &rung_fresh, &a);
+    sched_early_stop_judge(s, kept->curves, kept->n, k, &rung_kept, &b);
+    assert_int_equal(a.stop, b.stop);
+    assert_int_equal(a.step, b.step);
+    assert_int_equal(a.better, b.better);
+    assert_int_equal(a.compared, b.compared);
+  }
+}
+
+/* A recorded sequence of reports (trials at different paces, steps skipped, the same step
+ * reported twice, loss only from the 40th report on): after each one, the curves kept one
+ * trial at a time (as the loop keeps them) give every trial the verdict a fresh load gives. */
+static void curves_kept_one_trial_at_a_time_judge_as_a_fresh_load(void **state) {
+  (void)state;
+  spec *s = load("early_stopping: {rule: median, min_steps: 2, min_trials: 3}",
+                 "[{name: accuracy, goal: maximize}, {name: loss, goal: minimize}]",
+                 "{trials: 12}");
+  char *dir = test_tmpdir();
+  int64_t exp, ids[8];
+  storage *st = stored_experiment(s, dir, &exp);
+  nas_err err;
+  for (int i = 0; i < 8; i++) {
+    trial_row t;
+    if (storage_trial_create(st, exp, "{}", NULL, &t, &err) != NAS_OK) fail_msg("%s", err.msg);
+    ids[i] = t.id;
+    trial_row_clear(&t);
+  }
+  sched_curve_set kept;
+  if (sched_curve_set_load(st, s, exp, &kept, &err) != NAS_OK) fail_msg("%s", err.msg);
+  int64_t steps[8] = {0};
+  unsigned seed = 7;
+  int reloads = 0;
+  for (int report = 0; report < 120; report++) {
+    seed = seed * 1103515245u + 12345u;
+    int i = (int)(seed >> 16) % 8;
+    steps[i] += 1 + (int)(seed >> 8) % 2 * (report % 3 == 0); /* sometimes a step skipped */
+    double accuracy = 0.1 * (i % 4) + 0.001 * (double)((seed >> 4) % 97);
+    metric_obs obs[3] = {{"accuracy", steps[i], accuracy, 1}, {"loss", steps[i], 1 - accuracy, 2},
+                         {"accuracy", steps[i], accuracy / 2, 3}};
+    size_t n_obs = report < 40 ? 1 : report % 5 == 0 ? 3 : 2;
+    if (storage_metrics_add(st, ids[i], obs, n_obs, -1, &err) != NAS_OK) fail_msg("%s", err.msg);
+    metric_row *rows;
+    size_t n_rows;
+    bool stale;
+    if (storage_metrics_of_trial(st, ids[i], &rows, &n_rows, &err) != NAS_OK ||
+        sched_curve_set_put(s, &kept, ids[i], rows, n_rows, &stale, &err) != NAS_OK)
+      fail_msg("%s", err.msg);
+    metric_rows_free(rows, n_rows);
+    if (stale) { /* loss, reported for the first time: the loop loads them all again */
+      reloads++;
+      sched_curve_set_free(&kept);
+      if (sched_curve_set_load(st, s, exp, &kept, &err) != NAS_OK) fail_msg("%s", err.msg);
+    }
+    sched_curve *fresh;
+    size_t n;
+    if (sched_curves_load(st, s, exp, &fresh, &n, &err) != NAS_OK) fail_msg("%s", err.msg);
+    assert_same_verdicts(s, &kept, fresh, n);
+    sched_curves_free(fresh, n);
+  }
+  assert_int_equal(reloads, 1);
+  sched_curve_set_free(&kept);
+  storage_close(st);
+  test_rmtree(dir);
+  free(dir);
+  spec_free(s);
+}
+
 /* Asserts that a and b hold the same trials (ids, numbers, statuses) and values. */
 static void assert_same_results(const sched_results *a, const sched_results *b) {
   assert_int_equal(a->n_trials, b->n_trials);
@@ -511,6 +587,7 @@ int main(void) {
       cmocka_unit_test(front_leaves_out_trials_beyond_a_threshold),
       cmocka_unit_test(final_only_objective_leaves_early_stopping_to_the_others),
       cmocka_unit_test(results_kept_one_trial_at_a_time_equal_a_fresh_load),
+      cmocka_unit_test(curves_kept_one_trial_at_a_time_judge_as_a_fresh_load),
       cmocka_unit_test(early_stopping_that_can_never_fire_is_told_from_the_spec),
       cmocka_unit_test(hyperband_brackets_for_eta_3_from_1_to_9_and_27_epochs),
       cmocka_unit_test(hyperband_deals_trials_into_brackets_by_number),

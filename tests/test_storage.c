@@ -960,6 +960,28 @@ static void trial_list_holds_one_experiment_ordered_by_number(void **state) {
   trial_row_clear(&other);
 }
 
+static void trial_counts_count_one_experiment_by_status(void **state) {
+  fixture *f = *state;
+  int64_t a = make_experiment(f, "a"), b = make_experiment(f, "b");
+  trial_row made[5];
+  for (int i = 0; i < 5; i++) made[i] = make_trial(f, a, "{}");
+  trial_row other = make_trial(f, b, "{}");
+  CHECK(storage_trial_start(f->st, made[0].id, "j0", err));
+  CHECK(storage_trial_start(f->st, made[1].id, "j1", err));
+  CHECK(storage_trial_finish(f->st, made[1].id, TRIAL_STOPPED, false, 0, "early", err));
+  CHECK(storage_trial_start(f->st, made[2].id, "j2", err));
+  CHECK(storage_trial_finish(f->st, made[2].id, TRIAL_COMPLETED, true, 0, NULL, err));
+  int64_t counts[TRIAL_STATUS_COUNT];
+  CHECK(storage_trial_counts(f->st, a, counts, err));
+  int64_t expect[TRIAL_STATUS_COUNT] = {[TRIAL_QUEUED] = 2, [TRIAL_RUNNING] = 1,
+                                        [TRIAL_COMPLETED] = 1, [TRIAL_STOPPED] = 1};
+  for (int s = 0; s < TRIAL_STATUS_COUNT; s++) assert_int_equal(counts[s], expect[s]);
+  CHECK(storage_trial_counts(f->st, b + 100, counts, err));
+  for (int s = 0; s < TRIAL_STATUS_COUNT; s++) assert_int_equal(counts[s], 0);
+  for (int i = 0; i < 5; i++) trial_row_clear(&made[i]);
+  trial_row_clear(&other);
+}
+
 static void trial_find_reads_one_trial_by_its_number_within_its_experiment(void **state) {
   fixture *f = *state;
   int64_t a = make_experiment(f, "a"), b = make_experiment(f, "b");
@@ -3348,6 +3370,7 @@ static int run_shared_tests(backend_ctx *ctx) {
       FIXTURE_TEST(trial_fields_round_trip_exactly),
       FIXTURE_TEST(trial_list_holds_one_experiment_ordered_by_number),
       FIXTURE_TEST(trial_find_reads_one_trial_by_its_number_within_its_experiment),
+      FIXTURE_TEST(trial_counts_count_one_experiment_by_status),
       FIXTURE_TEST(trial_claim_takes_the_oldest_queued_trial_and_starts_it),
       FIXTURE_TEST(trial_claim_with_nothing_queued_is_enotfound),
       FIXTURE_TEST(trial_heartbeat_records_when_a_running_trial_was_last_alive),
