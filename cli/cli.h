@@ -169,7 +169,8 @@ int cli_trials_table(const spec *s, const sched_results *r, out_format format, b
 /* text as a table or text view shows it (owned; NULL without memory): a string a client
  * stored (an error, a metric's name, a worker) may hold any character, and a newline would
  * start a false row or line and an escape sequence drive the terminal, so each control
- * character is written as \n, \t or \xHH. JSON and CSV keep text exact. */
+ * character is written as \n, \t or \xHH, and each C1 control and direction override as
+ * \uHHHH. JSON and CSV keep text exact. */
 char *cli_text_shown(const char *text);
 /* A JSON value on stdout as every --format json prints one: indented, exact numbers. */
 void cli_print_json(const json_t *value);

@@ -43,12 +43,30 @@ void cli_table_free(cli_table *t) {
   memset(t, 0, sizeof *t);
 }
 
+/* The code point of the UTF-8 character at c when a terminal acts on it rather than
+ * showing it: a C1 control (U+0080-U+009F; U+009B is an 8-bit CSI) or a direction
+ * override or isolate (U+202A-U+202E, U+2066-U+2069: what follows shows reversed, so a row
+ * could show text it does not hold); else 0. *len gets its length in bytes. */
+static unsigned acting_character(const unsigned char *c, size_t *len) {
+  if (c[0] == 0xc2 && c[1] >= 0x80 && c[1] <= 0x9f) {
+    *len = 2;
+    return c[1];
+  }
+  bool override = c[0] == 0xe2 && ((c[1] == 0x80 && c[2] >= 0xaa && c[2] <= 0xae) ||
+                                   (c[1] == 0x81 && c[2] >= 0xa6 && c[2] <= 0xa9));
+  *len = 3;
+  return override ? 0x2000u + ((c[1] & 0x3fu) << 6) + (c[2] & 0x3fu) : 0;
+}
+
 char *cli_text_shown(const char *text) {
   char *shown = malloc(4 * strlen(text) + 1), *at = shown;
   for (const unsigned char *c = (const unsigned char *)text; shown && *c; c++) {
+    size_t len;
+    unsigned acting = acting_character(c, &len);
     if (*c == '\n') at += sprintf(at, "\\n");
     else if (*c == '\t') at += sprintf(at, "\\t");
     else if (*c < 0x20 || *c == 0x7f) at += sprintf(at, "\\x%02x", *c);
+    else if (acting) at += sprintf(at, "\\u%04x", acting), c += len - 1;
     else *at++ = (char)*c;
   }
   if (shown) *at = '\0';

@@ -206,8 +206,9 @@ static void seed_gives_the_same_initial_design_whatever_parallel(void **state) {
 /* A string a client stored (a --fail message or an HTTP client's "error", a metric's name
  * from a report, a --worker) reached the terminal as it came: a newline started a false
  * row of `nas trials` and a false line of `nas trial`, an escape sequence drove the
- * terminal. The table and text views show each control character escaped; JSON and CSV
- * keep the text exact. */
+ * terminal, a right-to-left override showed the rest of the row reversed and a C1 control
+ * (U+009B, an 8-bit CSI) began a sequence too. The table and text views show each control
+ * character escaped; JSON and CSV keep the text exact. */
 static void control_characters_stored_by_clients_are_shown_escaped(void **state) {
   fixture *f = *state;
   char *spec = test_write(f->dir, "told.yaml",
@@ -218,7 +219,7 @@ static void control_characters_stored_by_clients_are_shown_escaped(void **state)
   nas_ok(f, "create", spec, NULL);
   char *const steps[][8] = {
       {"ask", "told", "--worker", "w\x1b]0;title\x07", NULL},
-      {"tell", "told", "0", "--fail", "bad\nfake row\x1b[31mred", NULL},
+      {"tell", "told", "0", "--fail", "bad\nfake row\x1b[31mred\xe2\x80\xae" "ever\xc2\x9b" "2J", NULL},
       {"ask", "told", NULL},
       {"tell", "told", "1", "l\x1b[2Jz=1", NULL},
   };
@@ -230,20 +231,22 @@ static void control_characters_stored_by_clients_are_shown_escaped(void **state)
     if (test_run(f->dir, argv, &out) != 0) fail_msg("nas %s: %s", argv[1], out);
     free(out);
   }
-  const char *shown[][2] = {{"trials", "bad\\nfake row\\x1b[31mred"}, {"trials", "l\\x1b[2Jz"},
-                            {"trial", "bad\\nfake row\\x1b[31mred"}, {"trial", "ask:w\\x1b]0;title\\x07"}};
+  const char *failed = "bad\\nfake row\\x1b[31mred\\u202eever\\u009b2J";
+  const char *shown[][2] = {{"trials", failed}, {"trials", "l\\x1b[2Jz"}, {"trial", failed},
+                            {"trial", "ask:w\\x1b]0;title\\x07"}};
   for (size_t i = 0; i < sizeof shown / sizeof *shown; i++) {
     bool one = strcmp(shown[i][0], "trial") == 0;
     char *argv[] = {(char *)test_nas_bin(), (char *)shown[i][0], "told", one ? "0" : "--storage",
                     one ? "--storage" : f->db, one ? f->db : NULL, NULL};
     assert_int_equal(test_run(f->dir, argv, &out), 0);
-    if (!strstr(out, shown[i][1]) || strchr(out, '\x1b') || strstr(out, "\nfake row"))
+    if (!strstr(out, shown[i][1]) || strchr(out, '\x1b') || strstr(out, "\nfake row") ||
+        strstr(out, "\xe2\x80\xae") || strstr(out, "\xc2\x9b"))
       fail_msg("nas %s told: wanted '%s' and no control character: %s", shown[i][0], shown[i][1], out);
     free(out);
   }
   json_t *rows = trials_json(f, "told"); /* exact in JSON */
   assert_string_equal(json_string_value(json_object_get(json_array_get(rows, 0), "error")),
-                      "bad\nfake row\x1b[31mred");
+                      "bad\nfake row\x1b[31mred\xe2\x80\xae" "ever\xc2\x9b" "2J");
   assert_non_null(json_object_get(json_array_get(rows, 1), "l\x1b[2Jz"));
   json_decref(rows);
   free(spec);
