@@ -57,13 +57,6 @@ static void sems_of(const spec *s, const sched_results *r, size_t t, const int *
     out[j] = sem_col[j] < 0 ? NAN : r->values[t * r->n_metrics + (size_t)sem_col[j]];
 }
 
-/* Whether a trial in this status has ended: its assignment was tried. A failed one counts
- * too (an observation the models learn nothing from), or a finite space would hand the
- * same failing assignment out again and again. */
-static bool ended(trial_status status) {
-  return status != TRIAL_QUEUED && status != TRIAL_RUNNING;
-}
-
 static int history_load(const spec *s, const sched_results *r, const sched_imported *im,
                         history *h, nas_err *err) {
   memset(h, 0, sizeof *h);
@@ -87,7 +80,9 @@ static int history_load(const spec *s, const sched_results *r, const sched_impor
       history_free(h);
       return nas_errf(err, "trial %d: stored parameters are not JSON", row->number);
     }
-    if (!ended(row->status)) {
+    /* an ended trial's assignment was tried, a failed one's too (an observation the models
+     * learn nothing from), or a finite space would hand a failing assignment out again */
+    if (!trial_status_final(row->status)) {
       h->pending[h->n_pending++] = h->params[t];
       continue;
     }
@@ -114,7 +109,7 @@ int sched_model_means(const spec *s, const sched_results *r, double *means, nas_
   for (size_t t = 0, k = 0; rc == NAS_OK && t < r->n_trials; t++) { /* history_load's order */
     bool completed = r->trials[t].status == TRIAL_COMPLETED;
     for (size_t j = 0; j < m; j++) means[t * m + j] = completed ? per_obs[k * m + j] : NAN;
-    k += ended(r->trials[t].status);
+    k += trial_status_final(r->trials[t].status);
   }
   free(per_obs);
   history_free(&h);
